@@ -1,0 +1,55 @@
+//! Builds `health-ebpf` for the bpf target with the pinned nightly (see
+//! `ebpf-toolchain.toml`) and leaves the object in `OUT_DIR/health`, where
+//! `src/object.rs` embeds it into the agent binary.
+
+use std::{env, error::Error, path::PathBuf, process::Command};
+
+#[path = "../xtask/src/pin.rs"]
+mod pin;
+
+const SETUP_HINT: &str = "run `cargo xtask setup` to install the pinned eBPF toolchain";
+
+fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    let root = manifest_dir
+        .parent()
+        .ok_or("health-agent has no parent directory")?;
+    println!(
+        "cargo::rerun-if-changed={}",
+        root.join(pin::FILE_NAME).display()
+    );
+    let pin = pin::EbpfPin::read(root)?;
+
+    let nightly_ok = Command::new("rustup")
+        .args(["run", &pin.nightly, "rustc", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !nightly_ok {
+        return Err(format!(
+            "the eBPF toolchain {} is not installed; {SETUP_HINT}",
+            pin.nightly
+        )
+        .into());
+    }
+    match Command::new("bpf-linker").arg("--version").output() {
+        Ok(out) if String::from_utf8_lossy(&out.stdout).contains(&pin.bpf_linker) => {}
+        Ok(out) => println!(
+            "cargo::warning=bpf-linker reports {:?} but {} is pinned; {SETUP_HINT}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            pin.bpf_linker
+        ),
+        Err(err) => return Err(format!("bpf-linker not found ({err}); {SETUP_HINT}").into()),
+    }
+
+    let ebpf_dir = root.join("health-ebpf");
+    let ebpf_dir = ebpf_dir.to_str().ok_or("workspace path is not UTF-8")?;
+    aya_build::build_ebpf(
+        [aya_build::Package {
+            name: "health-ebpf",
+            root_dir: ebpf_dir,
+            ..Default::default()
+        }],
+        aya_build::Toolchain::Custom(&pin.nightly),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,4 @@
+//! The health agent as a library: the binary (`main.rs`) and the integration
+//! tests both drive it through these modules.
+
+pub mod object;

@@ -1,0 +1,3 @@
+fn main() {
+    println!("{}", health_agent::object::HEALTH_EBPF.len());
+}

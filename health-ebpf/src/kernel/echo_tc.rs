@@ -1,0 +1,52 @@
+//! ICMP echo responder at tc (tcx ingress): the reply is redirected out of
+//! the interface the request came in on.
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::{__sk_buff, TC_ACT_SHOT, TC_ACT_UNSPEC},
+    helpers::bpf_redirect,
+    macros::classifier,
+    programs::TcContext,
+};
+use aya_log_ebpf::debug;
+use health_common::{
+    echo::{Verdict, respond},
+    headers::{EthHdr, IcmpEchoHdr, Ipv4Hdr},
+};
+
+use super::{
+    counters::{count, endpoint_addr},
+    packet::PacketFrame,
+};
+
+/// Bytes of an echo request without IP options: all the responder touches.
+const HEADERS_LEN: u32 = (EthHdr::LEN + Ipv4Hdr::LEN + IcmpEchoHdr::LEN) as u32;
+
+#[classifier]
+pub fn health_echo_tc(ctx: TcContext) -> i32 {
+    // Make the headers directly addressable when the skb is non-linear.
+    let linear = (ctx.data_end() - ctx.data()) as u32;
+    if linear < HEADERS_LEN && ctx.len() >= HEADERS_LEN {
+        let _ = ctx.pull_data(HEADERS_LEN);
+    }
+    let mut frame = PacketFrame::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
+    let verdict = respond(&mut frame, endpoint_addr());
+    count(verdict.counter());
+    match verdict {
+        Verdict::Reply => {
+            // SAFETY: the context of a classifier is its __sk_buff.
+            let ifindex = unsafe { (*ctx.as_ptr().cast::<__sk_buff>()).ifindex };
+            // SAFETY: plain helper call; returns TC_ACT_REDIRECT on success.
+            unsafe { bpf_redirect(ifindex, 0) as i32 }
+        }
+        // TCX_NEXT: let any later program on this hook see the packet.
+        Verdict::Pass(_) => TC_ACT_UNSPEC,
+        Verdict::Malformed(reason) => {
+            debug!(
+                &ctx,
+                "tc: dropped malformed packet, reason {}", reason as u8
+            );
+            TC_ACT_SHOT
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! Programs, maps and the packet view they share.
+
+mod counters;
+mod echo_tc;
+mod echo_xdp;
+mod maps;
+mod packet;
+
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic path, so this is never called.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

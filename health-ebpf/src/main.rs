@@ -1,0 +1,9 @@
+//! The health datapath's kernel programs. Built only for the bpf target; on
+//! the host this is an empty binary so `cargo clippy --workspace` still works.
+#![cfg_attr(target_arch = "bpf", no_std, no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod kernel;
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

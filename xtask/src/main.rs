@@ -1,0 +1,2 @@
+mod pin;
+fn main() {}
