@@ -1,4 +1,7 @@
 //! The health agent as a library: the binary (`main.rs`) and the integration
 //! tests both drive it through these modules.
 
+pub mod netlink;
+pub mod netns;
 pub mod object;
+pub mod responder;

@@ -1,1 +1,20 @@
-//! fixtures
+//! Fixtures for the integration tests and benchmarks: namespaces that play
+//! nodes, packet builders with their own checksum code, a raw-socket pinger.
+//!
+//! Everything here runs as root and only ever addresses 198.18.0.0/15 inside
+//! namespaces it created (or loopback).
+
+pub mod names;
+pub mod packets;
+pub mod pinger;
+pub mod pins;
+pub mod topology;
+
+/// Fails loudly (rather than skipping) when the tests are not run as root:
+/// a skipped test proves nothing.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests need root (network namespaces, BPF): run them with sudo or as root"
+    );
+}

@@ -1,0 +1,204 @@
+//! Links and addresses through rtnetlink, never by running `ip`.
+//!
+//! A netlink socket talks to the namespace its creating thread was in, so
+//! [`in_netns`] builds the connection on a thread that entered the namespace
+//! and drives it with a current-thread runtime there.
+
+use std::{future::Future, net::Ipv4Addr, os::fd::AsRawFd as _};
+
+use futures::TryStreamExt as _;
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, new_connection};
+
+use crate::netns::{Netns, NetnsError, run_in};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetlinkError {
+    #[error("{op}: {source}")]
+    Request {
+        op: String,
+        source: rtnetlink::Error,
+    },
+    #[error("interface {name:?} does not exist")]
+    NoSuchLink { name: String },
+    #[error("opening a netlink socket: {0}")]
+    Socket(#[source] std::io::Error),
+    #[error("starting the runtime for netlink work: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+}
+
+/// Counters of an interface, from `IFLA_STATS64`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    pub rx_dropped: u64,
+    pub tx_dropped: u64,
+}
+
+/// A netlink connection bound to one namespace.
+#[derive(Clone)]
+pub struct Netlink {
+    handle: Handle,
+}
+
+/// Runs `work` with a netlink connection inside `netns` (or the calling
+/// thread's namespace when `None`), on a dedicated thread.
+pub fn in_netns<T, F, Fut>(netns: Option<&Netns>, work: F) -> Result<T, NetlinkError>
+where
+    T: Send,
+    F: FnOnce(Netlink) -> Fut + Send,
+    Fut: Future<Output = Result<T, NetlinkError>>,
+{
+    let go = move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(NetlinkError::Runtime)?;
+        rt.block_on(async move {
+            let (conn, handle, _) = new_connection().map_err(NetlinkError::Socket)?;
+            let task = tokio::spawn(conn);
+            let out = work(Netlink { handle }).await;
+            task.abort();
+            out
+        })
+    };
+    match netns {
+        Some(_) => run_in(netns, go)?,
+        // Keep the caller's runtime untouched: a nested block_on would panic.
+        None => std::thread::scope(|s| s.spawn(go).join())
+            .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+    }
+}
+
+fn req(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
+    let op = op.into();
+    move |source| NetlinkError::Request { op, source }
+}
+
+impl Netlink {
+    /// The index of `name`, or `None` when there is no such interface.
+    pub async fn link_index(&self, name: &str) -> Result<Option<u32>, NetlinkError> {
+        Ok(self.link_by_name(name).await?.map(|m| m.header.index))
+    }
+
+    /// Like [`Self::link_index`] but a missing link is an error naming it.
+    pub async fn require_link(&self, name: &str) -> Result<u32, NetlinkError> {
+        self.link_index(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })
+    }
+
+    async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>, NetlinkError> {
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_owned())
+            .execute();
+        match links.try_next().await {
+            Ok(link) => Ok(link),
+            // ENODEV: no such device.
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+            Err(e) => Err(req(format!("looking up interface {name:?}"))(e)),
+        }
+    }
+
+    /// Creates a veth pair `name` <-> `peer`; the peer is created directly in
+    /// `peer_netns` when given.
+    pub async fn add_veth(
+        &self,
+        name: &str,
+        peer: &str,
+        peer_netns: Option<&Netns>,
+    ) -> Result<(), NetlinkError> {
+        let ns_file = peer_netns.map(Netns::open).transpose()?;
+        let mut peer_msg = LinkMessageBuilder::<LinkUnspec>::new().name(peer.to_owned());
+        if let Some(f) = &ns_file {
+            peer_msg = peer_msg.setns_by_fd(f.as_raw_fd());
+        }
+        let msg = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
+            .name(name.to_owned())
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg.build())))
+            .build();
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(req(format!("creating veth {name:?} <-> {peer:?}")))
+    }
+
+    /// Sets an interface administratively up.
+    pub async fn set_up(&self, name: &str) -> Result<(), NetlinkError> {
+        let index = self.require_link(name).await?;
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).up().build())
+            .execute()
+            .await
+            .map_err(req(format!("setting {name:?} up")))
+    }
+
+    /// Sets an interface administratively down.
+    pub async fn set_down(&self, name: &str) -> Result<(), NetlinkError> {
+        let index = self.require_link(name).await?;
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).down().build())
+            .execute()
+            .await
+            .map_err(req(format!("setting {name:?} down")))
+    }
+
+    /// Adds `addr/prefix` to an interface.
+    pub async fn add_address(
+        &self,
+        name: &str,
+        addr: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(name).await?;
+        self.handle
+            .address()
+            .add(index, addr.into(), prefix)
+            .execute()
+            .await
+            .map_err(req(format!("adding {addr}/{prefix} to {name:?}")))
+    }
+
+    /// Deletes an interface (for a veth, both ends go).
+    pub async fn delete_link(&self, name: &str) -> Result<(), NetlinkError> {
+        let index = self.require_link(name).await?;
+        self.handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .map_err(req(format!("deleting {name:?}")))
+    }
+
+    /// The interface's `IFLA_STATS64` counters.
+    pub async fn link_stats(&self, name: &str) -> Result<LinkStats, NetlinkError> {
+        let link = self
+            .link_by_name(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })?;
+        let stats = link.attributes.iter().find_map(|a| match a {
+            LinkAttribute::Stats64(s) => Some(LinkStats {
+                rx_packets: s.rx_packets,
+                tx_packets: s.tx_packets,
+                rx_bytes: s.rx_bytes,
+                tx_bytes: s.tx_bytes,
+                rx_dropped: s.rx_dropped,
+                tx_dropped: s.tx_dropped,
+            }),
+            _ => None,
+        });
+        Ok(stats.unwrap_or_default())
+    }
+}

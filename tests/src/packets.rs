@@ -1,0 +1,227 @@
+//! Test packets, built and checked with checksum code of their own
+//! (independent of `health_common::checksum`, the code under test).
+
+use std::net::Ipv4Addr;
+
+/// RFC 1071 Internet checksum of `data` (odd lengths padded with a zero).
+#[must_use]
+pub fn inet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u64 = data
+        .chunks(2)
+        .map(|c| u64::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+        .sum();
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An ICMP echo request (or, with `kind = 0`, reply) in an Ethernet frame.
+#[derive(Debug, Clone)]
+pub struct Echo {
+    pub src_mac: [u8; 6],
+    pub dst_mac: [u8; 6],
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub ttl: u8,
+    pub ip_id: u16,
+    pub kind: u8,
+    pub identifier: u16,
+    pub sequence: u16,
+    pub payload: Vec<u8>,
+}
+
+impl Echo {
+    #[must_use]
+    pub fn request(src: Ipv4Addr, dst: Ipv4Addr, identifier: u16, sequence: u16) -> Self {
+        Self {
+            src_mac: [0x02, 0, 0, 0, 0, 0x01],
+            dst_mac: [0x02, 0, 0, 0, 0, 0x02],
+            src,
+            dst,
+            ttl: 33,
+            ip_id: 0x1c46,
+            kind: 8,
+            identifier,
+            sequence,
+            payload: (0..56u8).collect(),
+        }
+    }
+
+    /// The IPv4 packet (header without options, ICMP header, payload).
+    #[must_use]
+    pub fn ip_packet(&self) -> Vec<u8> {
+        let mut icmp = vec![self.kind, 0, 0, 0];
+        icmp.extend_from_slice(&self.identifier.to_be_bytes());
+        icmp.extend_from_slice(&self.sequence.to_be_bytes());
+        icmp.extend_from_slice(&self.payload);
+        let c = inet_checksum(&icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        let mut ip = ipv4_header(self.src, self.dst, 1, self.ttl, self.ip_id, icmp.len());
+        ip.extend_from_slice(&icmp);
+        ip
+    }
+
+    /// The whole Ethernet frame.
+    #[must_use]
+    pub fn frame(&self) -> Vec<u8> {
+        ethernet(self.dst_mac, self.src_mac, 0x0800, &self.ip_packet())
+    }
+
+    /// The reply a correct responder produces for this request, built from
+    /// scratch: addresses swapped, TTL 64, type 0, checksums recomputed.
+    #[must_use]
+    pub fn expected_reply(&self) -> Self {
+        Self {
+            src_mac: self.dst_mac,
+            dst_mac: self.src_mac,
+            src: self.dst,
+            dst: self.src,
+            ttl: 64,
+            kind: 0,
+            ..self.clone()
+        }
+    }
+}
+
+/// A 20-byte IPv4 header (DF set) with a correct checksum.
+#[must_use]
+pub fn ipv4_header(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    proto: u8,
+    ttl: u8,
+    id: u16,
+    payload_len: usize,
+) -> Vec<u8> {
+    let total = u16::try_from(20 + payload_len).expect("packet fits in 64 KiB");
+    let mut h = vec![0x45, 0];
+    h.extend_from_slice(&total.to_be_bytes());
+    h.extend_from_slice(&id.to_be_bytes());
+    h.extend_from_slice(&[0x40, 0, ttl, proto, 0, 0]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    let c = inet_checksum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    h
+}
+
+#[must_use]
+pub fn ethernet(dst: [u8; 6], src: [u8; 6], ether_type: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = dst.to_vec();
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&ether_type.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Recomputes the IPv4 header checksum of a frame in place.
+pub fn fix_ip_checksum(frame: &mut [u8]) {
+    let ihl = usize::from(frame[14] & 0x0f) * 4;
+    frame[24..26].fill(0);
+    let c = inet_checksum(&frame[14..14 + ihl]);
+    frame[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+/// A request with a 4-byte IP option (NOP, NOP, NOP, EOL) block.
+#[must_use]
+pub fn with_ip_options(echo: &Echo) -> Vec<u8> {
+    let frame = echo.frame();
+    let mut out = frame[..34].to_vec();
+    out.extend_from_slice(&[1, 1, 1, 0]);
+    out.extend_from_slice(&frame[34..]);
+    out[14] = 0x46;
+    let total = u16::try_from(out.len() - 14).expect("small");
+    out[16..18].copy_from_slice(&total.to_be_bytes());
+    fix_ip_checksum(&mut out);
+    out
+}
+
+/// The request as a first fragment (more-fragments set).
+#[must_use]
+pub fn as_fragment(echo: &Echo) -> Vec<u8> {
+    let mut f = echo.frame();
+    f[20] = 0x20;
+    f[21] = 0;
+    fix_ip_checksum(&mut f);
+    f
+}
+
+/// A UDP datagram between the same addresses.
+#[must_use]
+pub fn udp(echo: &Echo) -> Vec<u8> {
+    let mut udp = vec![0x30, 0x39, 0x10, 0x90, 0, 12, 0, 0];
+    udp.extend_from_slice(b"ping");
+    let mut ip = ipv4_header(echo.src, echo.dst, 17, 64, 1, udp.len());
+    ip.extend_from_slice(&udp);
+    ethernet(echo.dst_mac, echo.src_mac, 0x0800, &ip)
+}
+
+/// An ICMPv6 echo request (checksum left zero: it is never looked at).
+#[must_use]
+pub fn ipv6_echo(echo: &Echo) -> Vec<u8> {
+    let mut p = vec![0x60, 0, 0, 0, 0, 8, 58, 64];
+    p.extend_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    p.extend_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+    p.extend_from_slice(&[128, 0, 0, 0, 0, 1, 0, 1]);
+    ethernet(echo.dst_mac, echo.src_mac, 0x86dd, &p)
+}
+
+/// Checks an IPv4 packet carrying ICMP (as a raw socket returns it): both
+/// checksums, and that the lengths agree. Returns the ICMP part.
+pub fn verify_ipv4_icmp(packet: &[u8]) -> Result<&[u8], String> {
+    if packet.len() < 28 {
+        return Err(format!(
+            "{} bytes is too short for IPv4 + ICMP",
+            packet.len()
+        ));
+    }
+    let ihl = usize::from(packet[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([packet[2], packet[3]]));
+    if packet[0] >> 4 != 4 || ihl < 20 || total != packet.len() {
+        return Err(format!(
+            "bad IPv4 header: version/ihl {:#x}, total {total}, got {}",
+            packet[0],
+            packet.len()
+        ));
+    }
+    if inet_checksum(&packet[..ihl]) != 0 {
+        return Err("IPv4 header checksum is wrong".into());
+    }
+    let icmp = &packet[ihl..];
+    if inet_checksum(icmp) != 0 {
+        return Err("ICMP checksum is wrong".into());
+    }
+    Ok(icmp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_of_known_header() {
+        // The classic example header from RFC 791 era tutorials.
+        let h = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8,
+            0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
+        ];
+        assert_eq!(inet_checksum(&h), 0xb861);
+    }
+
+    #[test]
+    fn built_packets_verify() {
+        let e = Echo::request(
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 18, 0, 2),
+            7,
+            9,
+        );
+        let ip = e.ip_packet();
+        let icmp = verify_ipv4_icmp(&ip).expect("valid");
+        assert_eq!(icmp[0], 8);
+        let mut broken = ip.clone();
+        broken[40] ^= 1;
+        assert!(verify_ipv4_icmp(&broken).is_err());
+    }
+}

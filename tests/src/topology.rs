@@ -1,0 +1,87 @@
+//! Two namespaces playing two nodes, joined by a veth pair:
+//! `a` (198.18.0.1/24 on `veth-a`) <-> `b` (198.18.0.2/24 on `veth-b`).
+//! Removed on drop, including when a test panics; namespaces left by a test
+//! process that died are swept at the next creation.
+
+use std::{fs, net::Ipv4Addr, path::Path};
+
+use health_agent::{
+    netlink::in_netns,
+    netns::{NETNS_RUN_DIR, Netns},
+};
+
+use crate::names;
+
+pub const A_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+pub const B_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+pub const PREFIX_LEN: u8 = 24;
+pub const A_IF: &str = "veth-a";
+pub const B_IF: &str = "veth-b";
+
+pub struct TwoNodes {
+    pub a: Netns,
+    pub b: Netns,
+}
+
+impl TwoNodes {
+    /// Builds the pair; panics with the failing step on error.
+    #[must_use]
+    pub fn new() -> Self {
+        crate::require_root();
+        sweep_stale();
+        let a = Netns::create(&names::unique("a")).expect("create netns a");
+        // From here on, drop cleans up whatever was made.
+        let mut nodes = Self { b: a.clone(), a };
+        nodes.b = Netns::create(&names::unique("b")).expect("create netns b");
+        let b = nodes.b.clone();
+        in_netns(Some(&nodes.a), |nl| async move {
+            nl.add_veth(A_IF, B_IF, Some(&b)).await?;
+            nl.add_address(A_IF, A_IP, PREFIX_LEN).await?;
+            nl.set_up(A_IF).await?;
+            nl.set_up("lo").await
+        })
+        .expect("veth in netns a");
+        in_netns(Some(&nodes.b), |nl| async move {
+            nl.add_address(B_IF, B_IP, PREFIX_LEN).await?;
+            nl.set_up(B_IF).await?;
+            nl.set_up("lo").await
+        })
+        .expect("veth in netns b");
+        nodes
+    }
+
+    /// Sets a sysctl (path under /proc/sys, e.g. `net/ipv4/icmp_echo_ignore_all`) in `ns`.
+    pub fn sysctl(ns: &Netns, key: &str, value: &str) {
+        let path = Path::new("/proc/sys").join(key);
+        ns.run(|| fs::write(&path, value))
+            .expect("enter netns")
+            .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
+    }
+}
+
+impl Default for TwoNodes {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TwoNodes {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            if let Err(e) = ns.delete() {
+                eprintln!("warning: could not remove {}: {e}", ns.path().display());
+            }
+        }
+    }
+}
+
+fn sweep_stale() {
+    let Ok(entries) = fs::read_dir(NETNS_RUN_DIR) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_str().is_some_and(names::is_stale) {
+            let _ = Netns::at(entry.path()).delete();
+        }
+    }
+}
