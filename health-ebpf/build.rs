@@ -4,7 +4,7 @@ fn main() {
     match which::which("bpf-linker") {
         Ok(path) => println!("cargo::rerun-if-changed={}", path.display()),
         Err(err) => {
-            println!("cargo::warning=bpf-linker not found ({err}); run `cargo xtask setup`")
+            println!("cargo::warning=bpf-linker not found ({err}); run `cargo xtask setup`");
         }
     }
 }

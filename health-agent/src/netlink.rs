@@ -14,16 +14,16 @@ use crate::netns::{Netns, NetnsError, run_in};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
-    #[error("{op}: {source}")]
+    #[error("{op}")]
     Request {
         op: String,
         source: rtnetlink::Error,
     },
     #[error("interface {name:?} does not exist")]
     NoSuchLink { name: String },
-    #[error("opening a netlink socket: {0}")]
+    #[error("opening a netlink socket")]
     Socket(#[source] std::io::Error),
-    #[error("starting the runtime for netlink work: {0}")]
+    #[error("starting the runtime for netlink work")]
     Runtime(#[source] std::io::Error),
     #[error(transparent)]
     Netns(#[from] NetnsError),

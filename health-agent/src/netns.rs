@@ -28,15 +28,15 @@ pub enum NetnsError {
     InvalidName { name: String },
     #[error("network namespace {name:?} already exists at {path}")]
     Exists { name: String, path: PathBuf },
-    #[error("opening network namespace {path}: {source}")]
+    #[error("opening network namespace {path}")]
     Open { path: PathBuf, source: io::Error },
-    #[error("{call} for network namespace {path}: {source}")]
+    #[error("{call} for network namespace {path}")]
     Syscall {
         call: &'static str,
         path: PathBuf,
         source: nix::Error,
     },
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         op: &'static str,
         path: PathBuf,

@@ -146,7 +146,7 @@ fn classify<F: Frame>(frame: &mut F, local: [u8; 4]) -> Result<(), Verdict> {
 const fn is_martian_source(src: [u8; 4]) -> bool {
     matches!(
         src,
-        [0, 0, 0, 0] | [127, ..] | [224..=239, ..] | [255, 255, 255, 255]
+        [0, 0, 0, 0] | [127 | 224..=239, ..] | [255, 255, 255, 255]
     )
 }
 

@@ -3,6 +3,14 @@
 //!
 //! Everything here runs as root and only ever addresses 198.18.0.0/15 inside
 //! namespaces it created (or loopback).
+#![allow(
+    clippy::print_stderr,
+    reason = "fixtures warn on stderr when cleanup fails in Drop"
+)]
+#![allow(
+    clippy::missing_panics_doc,
+    reason = "test fixtures panic on purpose, naming the failed step"
+)]
 
 pub mod names;
 pub mod packets;

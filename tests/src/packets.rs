@@ -157,7 +157,7 @@ pub fn udp(echo: &Echo) -> Vec<u8> {
     ethernet(echo.dst_mac, echo.src_mac, 0x0800, &ip)
 }
 
-/// An ICMPv6 echo request (checksum left zero: it is never looked at).
+/// An `ICMPv6` echo request (checksum left zero: it is never looked at).
 #[must_use]
 pub fn ipv6_echo(echo: &Echo) -> Vec<u8> {
     let mut p = vec![0x60, 0, 0, 0, 0, 8, 58, 64];

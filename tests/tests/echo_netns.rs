@@ -19,7 +19,10 @@ fn echo_over_veth(mode: AttachMode, identifier: u16) {
 
     // Control: with the kernel's echo off and no responder, nothing answers.
     let control = ping(&nodes.a, B_IP, identifier, 1, Duration::from_millis(300)).expect("ping");
-    assert!(control[0].reply.is_none(), "{mode}: the kernel answered although icmp_echo_ignore_all=1");
+    assert!(
+        control[0].reply.is_none(),
+        "{mode}: the kernel answered although icmp_echo_ignore_all=1"
+    );
 
     let pins = PinDir::new();
     let mut responder = Responder::load(pins.path()).expect("load");
@@ -29,18 +32,33 @@ fn echo_over_veth(mode: AttachMode, identifier: u16) {
     responder.attach(&iface, mode, Some(&peer)).expect("attach");
     let before = responder.stats().expect("stats");
 
-    let exchanges = ping(&nodes.a, B_IP, identifier, REQUESTS, Duration::from_secs(1)).expect("ping");
-    let failures: Vec<String> = exchanges.iter().filter_map(|e| check_reply(e, identifier).err()).collect();
-    assert!(failures.is_empty(), "{mode}: {} of {REQUESTS} exchanges failed: {failures:#?}", failures.len());
+    let exchanges =
+        ping(&nodes.a, B_IP, identifier, REQUESTS, Duration::from_secs(1)).expect("ping");
+    let failures: Vec<String> = exchanges
+        .iter()
+        .filter_map(|e| check_reply(e, identifier).err())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{mode}: {} of {REQUESTS} exchanges failed: {failures:#?}",
+        failures.len()
+    );
 
     let delta = responder.stats().expect("stats").since(before);
-    assert_eq!(delta.answered, u64::from(REQUESTS), "{mode}: answered counter");
+    assert_eq!(
+        delta.answered,
+        u64::from(REQUESTS),
+        "{mode}: answered counter"
+    );
     assert_eq!(delta.malformed, 0, "{mode}: malformed counter");
 
     // Detach: the endpoint goes quiet again.
     drop(responder);
     let after = ping(&nodes.a, B_IP, identifier, 1, Duration::from_millis(300)).expect("ping");
-    assert!(after[0].reply.is_none(), "{mode}: replies continued after the responder was dropped");
+    assert!(
+        after[0].reply.is_none(),
+        "{mode}: replies continued after the responder was dropped"
+    );
 }
 
 #[test]

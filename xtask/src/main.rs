@@ -1,2 +1,159 @@
+//! `cargo xtask`: the project's developer tasks.
+//!
+//! Kept free of the agent's dependencies so that `cargo xtask setup` builds
+//! and runs on a machine that does not yet have the eBPF toolchain.
+#![allow(clippy::print_stderr, reason = "xtask reports progress on stderr")]
+#![allow(
+    clippy::doc_markdown,
+    reason = "clap turns these doc comments into --help text, shown verbatim"
+)]
+
+mod cmd;
+mod lint;
 mod pin;
-fn main() {}
+mod setup;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Developer tasks for the health workspace"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install what the build needs (apt packages, the pinned nightly with
+    /// rust-src, bpf-linker against the pinned LLVM); quick when all is there.
+    Setup,
+    /// Build the workspace (the eBPF object is built by health-agent/build.rs).
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// rustfmt check and `clippy -D warnings`, host side and eBPF side.
+    Lint,
+    /// setup, lint, then every test: host unit tests and the root-only
+    /// namespace and BPF_PROG_TEST_RUN integration tests.
+    Test {
+        /// Skip the lint step.
+        #[arg(long)]
+        no_lint: bool,
+        /// Extra arguments for `cargo test` (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Benchmarks; results go to BENCHMARKS.md by hand, with the command.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+    /// The main job: a local demo on this machine (namespaces as nodes).
+    Run {
+        /// Extra arguments for `health-lab demo`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Echo replies per second: the eBPF responder in each attach mode
+    /// against the kernel stack's own echo, on one veth, in one run.
+    Echo {
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 2)]
+        seconds: u32,
+        /// Interleaved rounds; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+    },
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_owned()
+}
+
+fn run() -> anyhow::Result<()> {
+    let root = workspace_root();
+    let pin = pin::EbpfPin::read(&root).context("reading the eBPF toolchain pin")?;
+    match Cli::parse().task {
+        Task::Setup => setup::run(&pin),
+        Task::Build { release } => {
+            setup::run(&pin)?;
+            let mut args = vec!["build", "--workspace"];
+            if release {
+                args.push("--release");
+            }
+            cmd::cargo(&root, &args)
+        }
+        Task::Lint => {
+            setup::run(&pin)?;
+            lint::run(&root, &pin)
+        }
+        Task::Test { no_lint, args } => {
+            setup::run(&pin)?;
+            if !no_lint {
+                lint::run(&root, &pin)?;
+            }
+            cmd::require_root("the integration tests create namespaces and load BPF programs")?;
+            let mut test = vec!["test", "--workspace", "--all-targets", "--no-fail-fast"];
+            if !args.is_empty() {
+                test.push("--");
+                test.extend(args.iter().map(String::as_str));
+            }
+            cmd::cargo(&root, &test)
+        }
+        Task::Bench {
+            which: Bench::Echo { seconds, rounds },
+        } => {
+            setup::run(&pin)?;
+            cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
+            let (s, r) = (seconds.to_string(), rounds.to_string());
+            lab(&root, &["bench-echo", "--seconds", &s, "--rounds", &r])
+        }
+        Task::Run { args } => {
+            setup::run(&pin)?;
+            cmd::require_root("the demo creates namespaces and loads BPF programs")?;
+            let mut lab_args = vec!["demo"];
+            lab_args.extend(args.iter().map(String::as_str));
+            lab(&root, &lab_args)
+        }
+    }
+}
+
+/// Builds (release) and runs the `health-lab` binary of the tests crate.
+fn lab(root: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
+    let mut all = vec![
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "health-tests",
+        "--bin",
+        "health-lab",
+        "--",
+    ];
+    all.extend_from_slice(args);
+    cmd::cargo(root, &all)
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

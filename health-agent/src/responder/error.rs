@@ -7,11 +7,11 @@ use crate::netns::NetnsError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResponderError {
-    #[error("bpffs directory {path}: {source}")]
+    #[error("bpffs directory {path}")]
     PinDir { path: PathBuf, source: io::Error },
     #[error("{path} is not on a bpf filesystem (mount one with `mount -t bpf bpf /sys/fs/bpf`)")]
     NotBpffs { path: PathBuf },
-    #[error("loading the health kernel object (maps pinned under {pin_dir}): {source}")]
+    #[error("loading the health kernel object (maps pinned under {pin_dir})")]
     Object {
         pin_dir: PathBuf,
         source: Box<aya::EbpfError>,
@@ -20,18 +20,18 @@ pub enum ResponderError {
     MissingProgram { program: &'static str },
     #[error("map {map} is missing from the kernel object")]
     MissingMap { map: &'static str },
-    #[error("program {program}: {source}")]
+    #[error("program {program}")]
     Program {
         program: &'static str,
         source: ProgramError,
     },
-    #[error("the verifier rejected program {program}: {source}\nverifier log:\n{log}")]
+    #[error("the verifier rejected program {program}; verifier log:\n{log}")]
     Verifier {
         program: &'static str,
         source: io::Error,
         log: String,
     },
-    #[error("attaching {program} to {interface} in {mode} mode: {source}")]
+    #[error("attaching {program} to {interface} in {mode} mode")]
     Attach {
         program: &'static str,
         interface: String,
@@ -40,12 +40,12 @@ pub enum ResponderError {
     },
     #[error("interface name {name:?} contains a NUL byte")]
     BadInterfaceName { name: String },
-    #[error("map {map}: {source}")]
+    #[error("map {map}")]
     Map {
         map: &'static str,
         source: aya::maps::MapError,
     },
-    #[error("pinned map {path}: {source}")]
+    #[error("pinned map {path}")]
     PinnedMap {
         path: PathBuf,
         source: aya::maps::MapError,

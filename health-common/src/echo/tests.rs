@@ -11,11 +11,11 @@ const MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0, 0xb];
 /// Reference RFC 1071 checksum, written separately from `checksum`.
 fn inet_sum(data: &[u8]) -> u16 {
     let mut sum: u64 = 0;
-    let mut it = data.chunks_exact(2);
-    for w in &mut it {
-        sum += u64::from(w[0]) << 8 | u64::from(w[1]);
+    let (words, rest) = data.as_chunks::<2>();
+    for w in words {
+        sum += u64::from(u16::from_be_bytes(*w));
     }
-    if let [last] = it.remainder() {
+    if let [last] = rest {
         sum += u64::from(*last) << 8;
     }
     while sum > 0xffff {

@@ -24,6 +24,11 @@ const HEADERS_LEN: u32 = (EthHdr::LEN + Ipv4Hdr::LEN + IcmpEchoHdr::LEN) as u32;
 
 #[classifier]
 pub fn health_echo_tc(ctx: TcContext) -> i32 {
+    echo(&ctx)
+}
+
+#[inline(always)]
+fn echo(ctx: &TcContext) -> i32 {
     // Make the headers directly addressable when the skb is non-linear.
     let linear = (ctx.data_end() - ctx.data()) as u32;
     if linear < HEADERS_LEN && ctx.len() >= HEADERS_LEN {

@@ -11,6 +11,11 @@ use super::{
 
 #[xdp]
 pub fn health_echo_xdp(ctx: XdpContext) -> u32 {
+    echo(&ctx)
+}
+
+#[inline(always)]
+fn echo(ctx: &XdpContext) -> u32 {
     let (start, end) = (ctx.data(), ctx.data_end());
     let mut frame = PacketFrame::new(start, end, end - start);
     let verdict = respond(&mut frame, endpoint_addr());

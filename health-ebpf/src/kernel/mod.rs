@@ -1,4 +1,8 @@
 //! Programs, maps and the packet view they share.
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "aya's program macros require entry points to take their context by value"
+)]
 
 mod counters;
 mod echo_tc;

@@ -1,0 +1,163 @@
+//! `cargo xtask setup`: installs exactly what `ebpf-toolchain.toml` pins.
+//! Every step checks first, so a machine that has everything is done in
+//! about a second.
+
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+
+use crate::{cmd, pin::EbpfPin};
+
+/// Debian packages the tests and tools use at run time.
+const RUNTIME_PACKAGES: &[&str] = &["iproute2"];
+
+/// rust-src for `-Z build-std=core`, clippy for `cargo xtask lint`.
+const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];
+
+pub fn run(pin: &EbpfPin) -> anyhow::Result<()> {
+    let mut apt = Apt::default();
+    apt.ensure(RUNTIME_PACKAGES)?;
+    ensure_nightly(pin)?;
+    ensure_bpf_linker(pin, &mut apt)?;
+    eprintln!(
+        "xtask: setup ok: {} with rust-src and clippy, bpf-linker {} on LLVM {}",
+        pin.nightly, pin.bpf_linker, pin.llvm_major
+    );
+    Ok(())
+}
+
+#[derive(Default)]
+struct Apt {
+    updated: bool,
+}
+
+impl Apt {
+    fn ensure(&mut self, packages: &[&str]) -> anyhow::Result<()> {
+        let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
+        if !self.updated {
+            cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
+            self.updated = true;
+        }
+        cmd::run(
+            Command::new("apt-get")
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(&missing),
+        )
+    }
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
+
+fn ensure_nightly(pin: &EbpfPin) -> anyhow::Result<()> {
+    let components = cmd::output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        &pin.nightly,
+    ]))?;
+    let listed = String::from_utf8_lossy(&components.stdout);
+    let complete = components.status.success()
+        && NIGHTLY_COMPONENTS
+            .iter()
+            .all(|c| listed.lines().any(|l| l.trim().starts_with(c)));
+    if !complete {
+        cmd::run(
+            Command::new("rustup")
+                .args(["toolchain", "install", &pin.nightly, "--profile", "minimal"])
+                .args(NIGHTLY_COMPONENTS.iter().flat_map(|c| ["--component", c])),
+        )?;
+    }
+    // The nightly's LLVM must be the pinned one, or bpf-linker cannot read
+    // the bitcode it emits.
+    let vv = cmd::output(Command::new("rustup").args(["run", &pin.nightly, "rustc", "-vV"]))?;
+    let vv = String::from_utf8_lossy(&vv.stdout);
+    let llvm = vv
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .context("rustc -vV printed no LLVM version")?;
+    if llvm.split('.').next() != Some(pin.llvm_major.as_str()) {
+        bail!(
+            "{} uses LLVM {llvm}, but llvm-major = {} is pinned: fix ebpf-toolchain.toml",
+            pin.nightly,
+            pin.llvm_major
+        );
+    }
+    Ok(())
+}
+
+fn ensure_bpf_linker(pin: &EbpfPin, apt: &mut Apt) -> anyhow::Result<()> {
+    if let Some(problem) = bpf_linker_problem(pin) {
+        eprintln!(
+            "xtask: building bpf-linker {} against LLVM {}: {problem}",
+            pin.bpf_linker, pin.llvm_major
+        );
+        let m = &pin.llvm_major;
+        apt.ensure(&[
+            &format!("llvm-{m}-dev"),
+            &format!("libpolly-{m}-dev"),
+            "libzstd-dev",
+            "zlib1g-dev",
+        ])?;
+        cmd::run(
+            Command::new("cargo")
+                .env("LLVM_PREFIX", format!("/usr/lib/llvm-{m}"))
+                .args([
+                    "install",
+                    "bpf-linker",
+                    "--force",
+                    "--locked",
+                    "--no-default-features",
+                ])
+                .args([
+                    "--version",
+                    &pin.bpf_linker,
+                    "--features",
+                    &format!("llvm-{m}"),
+                ]),
+        )?;
+        if let Some(problem) = bpf_linker_problem(pin) {
+            bail!("bpf-linker still unusable after installing it: {problem}");
+        }
+    }
+    Ok(())
+}
+
+/// Why the installed bpf-linker does not match the pin, or `None` when it does.
+fn bpf_linker_problem(pin: &EbpfPin) -> Option<String> {
+    let Ok(out) = Command::new("bpf-linker").arg("--version").output() else {
+        return Some("not installed".into());
+    };
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if version != format!("bpf-linker {}", pin.bpf_linker) {
+        return Some(format!("found {version:?}"));
+    }
+    let path = which_bpf_linker()?;
+    let ldd = Command::new("ldd").arg(&path).output().ok()?;
+    let libs = String::from_utf8_lossy(&ldd.stdout);
+    let want = format!("libLLVM.so.{}", pin.llvm_major);
+    let want_alt = format!("libLLVM-{}", pin.llvm_major);
+    if libs.contains("libLLVM") && !libs.contains(&want) && !libs.contains(&want_alt) {
+        return Some(format!("{path} links another LLVM"));
+    }
+    None
+}
+
+fn which_bpf_linker() -> Option<String> {
+    let out = Command::new("sh")
+        .args(["-c", "command -v bpf-linker"])
+        .output()
+        .ok()?;
+    let p = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (!p.is_empty()).then_some(p)
+}
