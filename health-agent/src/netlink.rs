@@ -86,6 +86,23 @@ impl Netlink {
         Ok(self.link_by_name(name).await?.map(|m| m.header.index))
     }
 
+    /// Index and MAC address of `name`.
+    pub async fn link_l2(&self, name: &str) -> Result<(u32, [u8; 6]), NetlinkError> {
+        let link = self
+            .link_by_name(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })?;
+        let mac = link
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                LinkAttribute::Address(m) => <[u8; 6]>::try_from(m.as_slice()).ok(),
+                _ => None,
+            })
+            .unwrap_or_default();
+        Ok((link.header.index, mac))
+    }
+
     /// Like [`Self::link_index`] but a missing link is an error naming it.
     pub async fn require_link(&self, name: &str) -> Result<u32, NetlinkError> {
         self.link_index(name)

@@ -12,6 +12,9 @@
     reason = "test fixtures panic on purpose, naming the failed step"
 )]
 
+pub mod bench_echo;
+pub mod blaster;
+pub mod demo;
 pub mod names;
 pub mod packets;
 pub mod pinger;

@@ -132,20 +132,23 @@ fn run() -> anyhow::Result<()> {
     }
 }
 
-/// Builds (release) and runs the `health-lab` binary of the tests crate.
+/// Builds `health-agent` and `health-lab` (release, side by side: the lab
+/// starts the agent binary) and runs the lab.
 fn lab(root: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
-    let mut all = vec![
-        "run",
-        "--release",
-        "--quiet",
-        "-p",
-        "health-tests",
-        "--bin",
-        "health-lab",
-        "--",
-    ];
-    all.extend_from_slice(args);
-    cmd::cargo(root, &all)
+    cmd::cargo(
+        root,
+        &[
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "health-agent",
+            "-p",
+            "health-tests",
+            "--bins",
+        ],
+    )?;
+    cmd::run(std::process::Command::new(root.join("target/release/health-lab")).args(args))
 }
 
 fn main() -> ExitCode {

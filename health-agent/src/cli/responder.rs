@@ -14,7 +14,7 @@ use crate::{
 };
 
 /// Default attach mode, from `cargo xtask bench echo` on a veth (BENCHMARKS.md).
-pub const DEFAULT_MODE: AttachMode = AttachMode::XdpNative;
+pub const DEFAULT_MODE: AttachMode = AttachMode::Tcx;
 
 #[derive(Debug, Subcommand)]
 pub enum ResponderCommand {
