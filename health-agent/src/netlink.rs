@@ -7,8 +7,13 @@
 use std::{future::Future, net::Ipv4Addr, os::fd::AsRawFd as _};
 
 use futures::TryStreamExt as _;
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage};
-use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, new_connection};
+use netlink_packet_route::{
+    address::AddressAttribute,
+    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage},
+    neighbour::NeighbourState,
+    route::{RouteAddress, RouteAttribute, RouteScope},
+};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder, new_connection};
 
 use crate::netns::{Netns, NetnsError, run_in};
 
@@ -38,6 +43,15 @@ pub struct LinkStats {
     pub tx_bytes: u64,
     pub rx_dropped: u64,
     pub tx_dropped: u64,
+}
+
+/// An IPv4 route of the main table, as far as the agent cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteV4 {
+    pub destination: Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: Option<Ipv4Addr>,
+    pub oif: Option<u32>,
 }
 
 /// A netlink connection bound to one namespace.
@@ -218,4 +232,117 @@ impl Netlink {
         });
         Ok(stats.unwrap_or_default())
     }
+
+    /// Adds (or replaces) an IPv4 route `destination/prefix` out of
+    /// `iface`, through `gateway` when given (on-link: the gateway need not
+    /// be in any connected subnet).
+    pub async fn replace_route(
+        &self,
+        destination: Ipv4Addr,
+        prefix: u8,
+        iface: &str,
+        gateway: Option<Ipv4Addr>,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(destination, prefix)
+            .output_interface(index);
+        b = match gateway {
+            Some(gw) => b.gateway(gw).onlink(),
+            None => b.scope(RouteScope::Link),
+        };
+        let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+        self.handle
+            .route()
+            .add(b.build())
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!(
+                "adding route {destination}/{prefix}{via} dev {iface}"
+            )))
+    }
+
+    /// IPv4 routes of the main table.
+    pub async fn routes_v4(&self) -> Result<Vec<RouteV4>, NetlinkError> {
+        let mut stream = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream
+            .try_next()
+            .await
+            .map_err(req("listing IPv4 routes"))?
+        {
+            let mut r = RouteV4 {
+                destination: Ipv4Addr::UNSPECIFIED,
+                prefix: msg.header.destination_prefix_length,
+                gateway: None,
+                oif: None,
+            };
+            for a in &msg.attributes {
+                match a {
+                    RouteAttribute::Destination(RouteAddress::Inet(d)) => r.destination = *d,
+                    RouteAttribute::Gateway(RouteAddress::Inet(g)) => r.gateway = Some(*g),
+                    RouteAttribute::Oif(i) => r.oif = Some(*i),
+                    _ => {}
+                }
+            }
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    /// Adds (or replaces) a permanent neighbour entry `ip -> mac` on `iface`.
+    pub async fn replace_neighbour(
+        &self,
+        iface: &str,
+        ip: Ipv4Addr,
+        mac: [u8; 6],
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        self.handle
+            .neighbours()
+            .add(index, ip.into())
+            .link_layer_address(&mac)
+            .state(NeighbourState::Permanent)
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!("adding neighbour {ip} on {iface}")))
+    }
+
+    /// Every IPv4 address configured in this namespace, with its interface index.
+    pub async fn addresses_v4(&self) -> Result<Vec<(u32, Ipv4Addr, u8)>, NetlinkError> {
+        let mut stream = self.handle.address().get().execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream.try_next().await.map_err(req("listing addresses"))? {
+            for a in &msg.attributes {
+                if let AddressAttribute::Address(std::net::IpAddr::V4(ip)) = a {
+                    out.push((msg.header.index, *ip, msg.header.prefix_len));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Sends `()` on `tx` for every link event (new, changed, deleted link) in
+/// the namespace of the calling thread, until `tx` is closed. Run it on a
+/// runtime that lives in that namespace.
+pub async fn watch_links(tx: tokio::sync::mpsc::Sender<()>) -> Result<(), NetlinkError> {
+    use futures::StreamExt as _;
+    let (conn, _handle, mut messages) =
+        rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
+            .map_err(NetlinkError::Socket)?;
+    let task = tokio::spawn(conn);
+    while messages.next().await.is_some() {
+        if tx.try_send(()).is_err() && tx.is_closed() {
+            break;
+        }
+    }
+    task.abort();
+    Ok(())
 }

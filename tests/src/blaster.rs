@@ -107,7 +107,7 @@ fn send_for(ifindex: u32, frame: &[u8], duration: Duration) -> io::Result<u64> {
             }
             return Err(e);
         }
-        sent += n.unsigned_abs() as u64;
+        sent += u64::from(n.unsigned_abs());
     }
     Ok(sent)
 }
