@@ -1,10 +1,17 @@
 //! The health agent as a library: the binary (`main.rs`) and the integration
 //! tests both drive it through these modules.
 
+pub mod api;
 pub mod cli;
+pub mod daemon;
+pub mod endpoint;
+pub mod errors;
+pub mod icmp;
+pub mod ipam;
 pub mod logging;
 pub mod netlink;
 pub mod netns;
 pub mod object;
+pub mod pidfile;
 pub mod responder;
 pub mod signals;

@@ -4,7 +4,10 @@
     reason = "clap turns these doc comments into --help text, shown verbatim"
 )]
 
-mod responder;
+mod daemon;
+mod duration;
+mod endpoint;
+pub(crate) mod responder;
 
 use std::path::PathBuf;
 
@@ -32,6 +35,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the agent: create and keep the health endpoint, serve the API.
+    Daemon(Box<daemon::DaemonArgs>),
+    /// Inspect the health endpoint through the agent's API.
+    #[command(subcommand)]
+    Endpoint(endpoint::EndpointCommand),
     /// The kernel ICMP echo responder.
     #[command(subcommand)]
     Responder(responder::ResponderCommand),
@@ -53,6 +61,14 @@ pub struct PinArgs {
     pub dir: PathBuf,
 }
 
+/// The API socket, for the daemon and every client command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SocketArgs {
+    /// Unix socket of the agent's API.
+    #[arg(long = "socket", default_value = crate::api::DEFAULT_SOCKET, env = crate::api::SOCKET_ENV)]
+    pub path: PathBuf,
+}
+
 /// Parses `--netns`: a name under /run/netns, or a path to an nsfs file.
 pub fn parse_netns(s: &str) -> Result<Netns, NetnsError> {
     if s.contains('/') {
@@ -66,6 +82,8 @@ impl Cli {
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Responder(cmd) => cmd.run().await,
+            Command::Daemon(args) => args.run().await,
+            Command::Endpoint(cmd) => cmd.run().await,
         }
     }
 }

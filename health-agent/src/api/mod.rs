@@ -1,0 +1,11 @@
+//! The agent's API: JSON over HTTP/1.1 on a unix socket, shaped after
+//! Cilium's health API (`/v1/healthz`, `/v1/endpoints`, ...).
+
+pub mod client;
+pub mod server;
+pub mod types;
+
+/// Default socket path.
+pub const DEFAULT_SOCKET: &str = "/var/run/health-agent/health.sock";
+/// Environment variable that overrides the socket path.
+pub const SOCKET_ENV: &str = "HEALTH_AGENT_SOCK";

@@ -1,0 +1,138 @@
+//! The API server. It starts before the endpoint is created and answers
+//! from the published view, never waiting for the endpoint's work.
+
+use std::{
+    io,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use axum::{
+    Json, Router,
+    extract::{Path as UrlPath, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use tokio::net::UnixListener;
+
+use super::types::{ApiError, Healthz};
+use crate::endpoint::{EndpointView, SharedView, lifecycle};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+#[derive(Clone)]
+struct AppState {
+    endpoint: SharedView,
+    started: Instant,
+}
+
+/// Removes the socket file when dropped.
+pub struct SocketGuard {
+    path: PathBuf,
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Binds `path` (mode 0660) and serves the API on the current runtime.
+pub fn bind(
+    path: &Path,
+    endpoint: SharedView,
+) -> Result<(SocketGuard, tokio::task::JoinHandle<()>), ServerError> {
+    let io = |op, source| ServerError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io("creating the directory of", e))?;
+    }
+    let listener = UnixListener::bind(path).map_err(|e| io("binding", e))?;
+    let guard = SocketGuard {
+        path: path.to_owned(),
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| io("setting mode 0660 on", e))?;
+    let app = router(AppState {
+        endpoint,
+        started: Instant::now(),
+    });
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("API server stopped: {e}");
+        }
+    });
+    Ok((guard, task))
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/healthz", get(healthz))
+        .route("/v1/endpoints", get(endpoints))
+        .route("/v1/endpoints/{id}", get(endpoint))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+fn error(code: StatusCode, message: impl Into<String>) -> Response {
+    (
+        code,
+        Json(ApiError {
+            code: code.as_u16(),
+            message: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    error(StatusCode::NOT_FOUND, format!("no such API path: {uri}"))
+}
+
+fn current(state: &AppState) -> Option<EndpointView> {
+    state.endpoint.read().ok().and_then(|v| v.clone())
+}
+
+async fn healthz(State(state): State<AppState>) -> Json<Healthz> {
+    let ep_state = current(&state).and_then(|v| v.state);
+    let label = match ep_state {
+        Some(lifecycle::State::Ready) => "ok".to_owned(),
+        Some(s) => format!("endpoint {s}"),
+        None => "starting".to_owned(),
+    };
+    Json(Healthz {
+        state: label,
+        uptime_seconds: state.started.elapsed().as_secs(),
+        pid: std::process::id(),
+    })
+}
+
+async fn endpoints(State(state): State<AppState>) -> Json<Vec<EndpointView>> {
+    Json(current(&state).into_iter().collect())
+}
+
+async fn endpoint(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Response {
+    let Ok(id) = id.parse::<u16>() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("endpoint ID {id:?} is not a number from 0 to 65535"),
+        );
+    };
+    match current(&state) {
+        Some(v) if v.id == id => Json(v).into_response(),
+        _ => error(StatusCode::NOT_FOUND, format!("endpoint {id} not found")),
+    }
+}

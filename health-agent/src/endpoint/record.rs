@@ -1,0 +1,174 @@
+//! What the agent persists about its endpoint, so a restarted agent keeps the
+//! same IP and endpoint ID (`<state-dir>/endpoint.json`).
+
+use std::{
+    fs, io,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ipam::Ipv4Cidr;
+
+pub const FILE_NAME: &str = "endpoint.json";
+
+/// Reserved identity of the health endpoint, as in Cilium.
+pub const HEALTH_IDENTITY: u32 = 4;
+pub const HEALTH_LABEL: &str = "reserved:health";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointRecord {
+    pub id: u16,
+    pub ipv4: Ipv4Addr,
+    pub cidr: Ipv4Cidr,
+    pub netns: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{path} is not a valid endpoint record (fix or remove it)")]
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+impl EndpointRecord {
+    /// The record in `state_dir`, `None` when there is none. A record that
+    /// cannot be parsed is an error, never silently replaced.
+    pub fn load(state_dir: &Path) -> Result<Option<Self>, RecordError> {
+        let path = state_dir.join(FILE_NAME);
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(RecordError::Io {
+                    op: "reading",
+                    path,
+                    source,
+                });
+            }
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|source| RecordError::Corrupt { path, source })
+    }
+
+    /// Writes the record atomically (temporary file, fsync, rename).
+    pub fn save(&self, state_dir: &Path) -> Result<(), RecordError> {
+        let io = |op, path: &Path| {
+            let path = path.to_owned();
+            move |source| RecordError::Io { op, path, source }
+        };
+        fs::create_dir_all(state_dir).map_err(io("creating", state_dir))?;
+        let path = state_dir.join(FILE_NAME);
+        let tmp = state_dir.join(format!(".{FILE_NAME}.tmp"));
+        let json = serde_json::to_vec_pretty(self)
+            .map_err(io::Error::other)
+            .map_err(io("serializing", &path))?;
+        {
+            use io::Write as _;
+            let mut f = fs::File::create(&tmp).map_err(io("creating", &tmp))?;
+            f.write_all(&json).map_err(io("writing", &tmp))?;
+            f.sync_all().map_err(io("syncing", &tmp))?;
+        }
+        fs::rename(&tmp, &path).map_err(io("renaming into", &path))
+    }
+
+    /// Removes the record (the endpoint was deleted for good).
+    pub fn remove(state_dir: &Path) -> Result<(), RecordError> {
+        let path = state_dir.join(FILE_NAME);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(RecordError::Io {
+                op: "removing",
+                path,
+                source,
+            }),
+        }
+    }
+}
+
+/// A random endpoint ID in 1..=4095 (Cilium's endpoint ID range) that is not
+/// in `taken`.
+#[must_use]
+pub fn new_endpoint_id(taken: &[u16]) -> u16 {
+    loop {
+        let mut b = [0u8; 2];
+        // SAFETY: writes at most 2 bytes into `b`. getrandom(2) does not fail
+        // for requests this small once the pool is initialised; on the
+        // impossible failure the zeroes still give a valid (retried) id.
+        let _ = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+        let id = u16::from_ne_bytes(b) % 4095 + 1;
+        if !taken.contains(&id) {
+            return id;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("health-record-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn round_trips_and_is_absent_when_missing() {
+        let dir = tmp_dir("rt");
+        assert!(
+            EndpointRecord::load(&dir)
+                .expect("missing is fine")
+                .is_none()
+        );
+        let r = EndpointRecord {
+            id: 123,
+            ipv4: Ipv4Addr::new(198, 18, 64, 2),
+            cidr: "198.18.64.0/24".parse().expect("cidr"),
+            netns: "health".into(),
+        };
+        r.save(&dir).expect("save");
+        assert_eq!(EndpointRecord::load(&dir).expect("load"), Some(r));
+        EndpointRecord::remove(&dir).expect("remove");
+        assert!(EndpointRecord::load(&dir).expect("load").is_none());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_corrupt_record_is_an_error_naming_the_file() {
+        let dir = tmp_dir("corrupt");
+        fs::create_dir_all(&dir).expect("mkdir");
+        fs::write(dir.join(FILE_NAME), b"{\"id\": 1, \"ipv4\": \"nope\"").expect("write");
+        let err = EndpointRecord::load(&dir).expect_err("corrupt").to_string();
+        assert!(
+            err.contains("endpoint.json") && err.contains("not a valid endpoint record"),
+            "{err}"
+        );
+        // The bad file is left for the operator, not overwritten.
+        assert!(dir.join(FILE_NAME).exists());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn endpoint_ids_are_in_range_and_avoid_taken_ones() {
+        let taken: Vec<u16> = (1..=4094).collect();
+        for _ in 0..20 {
+            assert_eq!(new_endpoint_id(&taken), 4095);
+        }
+        for _ in 0..1000 {
+            let id = new_endpoint_id(&[]);
+            assert!((1..=4095).contains(&id));
+        }
+    }
+}
