@@ -12,6 +12,7 @@
     reason = "test fixtures panic on purpose, naming the failed step"
 )]
 
+pub mod agent;
 pub mod bench_echo;
 pub mod blaster;
 pub mod demo;

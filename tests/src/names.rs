@@ -30,3 +30,15 @@ pub fn owner_pid(name: &str) -> Option<u32> {
 pub fn is_stale(name: &str) -> bool {
     owner_pid(name).is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
 }
+
+/// Removes namespaces under /run/netns left by test processes that died.
+pub fn sweep_stale_netns() {
+    let Ok(entries) = std::fs::read_dir(health_agent::netns::NETNS_RUN_DIR) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_str().is_some_and(is_stale) {
+            let _ = health_agent::netns::Netns::at(entry.path()).delete();
+        }
+    }
+}

@@ -5,10 +5,7 @@
 
 use std::{fs, net::Ipv4Addr, path::Path};
 
-use health_agent::{
-    netlink::in_netns,
-    netns::{NETNS_RUN_DIR, Netns},
-};
+use health_agent::{netlink::in_netns, netns::Netns};
 
 use crate::names;
 
@@ -28,7 +25,7 @@ impl TwoNodes {
     #[must_use]
     pub fn new() -> Self {
         crate::require_root();
-        sweep_stale();
+        names::sweep_stale_netns();
         let a = Netns::create(&names::unique("a")).expect("create netns a");
         // From here on, drop cleans up whatever was made.
         let mut nodes = Self { b: a.clone(), a };
@@ -71,17 +68,6 @@ impl Drop for TwoNodes {
             if let Err(e) = ns.delete() {
                 eprintln!("warning: could not remove {}: {e}", ns.path().display());
             }
-        }
-    }
-}
-
-fn sweep_stale() {
-    let Ok(entries) = fs::read_dir(NETNS_RUN_DIR) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry.file_name().to_str().is_some_and(names::is_stale) {
-            let _ = Netns::at(entry.path()).delete();
         }
     }
 }

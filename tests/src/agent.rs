@@ -1,0 +1,237 @@
+//! A node namespace with a real `health-agent daemon` running as its agent.
+//!
+//! The daemon process enters only the node's network namespace (as
+//! `nsenter --net` does), so the endpoint namespace it creates under
+//! /run/netns and its bpffs pins are visible to the test. Everything is
+//! named uniquely and removed on drop.
+
+use std::{
+    fs,
+    net::Ipv4Addr,
+    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use health_agent::{netlink::in_netns, netns::Netns, responder::remove_pins};
+use serde_json::Value;
+
+use crate::{names, require_root};
+
+/// The node's own address, on its uplink veth.
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
+pub const HEALTH_CIDR: &str = "198.18.64.0/24";
+
+pub struct AgentNode {
+    pub node: Netns,
+    pub endpoint_netns: String,
+    pub dir: PathBuf,
+    pub pins: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl AgentNode {
+    #[must_use]
+    pub fn new() -> Self {
+        require_root();
+        names::sweep_stale_netns();
+        let node = Netns::create(&names::unique("node")).expect("node netns");
+        let dir = std::env::temp_dir().join(names::unique("agent"));
+        fs::create_dir_all(&dir).expect("temp dir");
+        let me = Self {
+            endpoint_netns: names::unique("ep"),
+            pins: Path::new(health_agent::responder::BPFFS_ROOT).join(names::unique("pins")),
+            node,
+            dir,
+            daemon: None,
+        };
+        in_netns(Some(&me.node), |nl| async move {
+            nl.set_up("lo").await?;
+            nl.add_veth("uplink", "uplink-peer", None).await?;
+            nl.add_address("uplink", NODE_IP, 24).await?;
+            nl.set_up("uplink").await?;
+            nl.set_up("uplink-peer").await
+        })
+        .expect("node uplink");
+        me
+    }
+
+    #[must_use]
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("health.sock")
+    }
+
+    #[must_use]
+    pub fn pidfile(&self) -> PathBuf {
+        self.dir.join("health-agent.pid")
+    }
+
+    #[must_use]
+    pub fn endpoint_ns(&self) -> Netns {
+        Netns::named(&self.endpoint_netns).expect("valid name")
+    }
+
+    fn daemon_command(&self, cidr: &str, extra: &[&str]) -> Command {
+        let mut cmd = Command::new(agent_binary());
+        cmd.args([
+            "daemon",
+            "--health-cidr",
+            cidr,
+            "--endpoint-netns",
+            &self.endpoint_netns,
+        ])
+        .arg("--state-dir")
+        .arg(self.dir.join("state"))
+        .arg("--pidfile")
+        .arg(self.pidfile())
+        .arg("--socket")
+        .arg(self.socket())
+        .arg("--bpffs-dir")
+        .arg(&self.pins)
+        .args(extra)
+        .env("RUST_LOG", "info");
+        let ns = self.node.open().expect("open node netns");
+        // SAFETY: setns is async-signal-safe. The closure owns `ns`, so the
+        // fd stays open for as long as the command can spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Starts the daemon in the background; its log goes to `daemon.log`.
+    pub fn start(&mut self, extra: &[&str]) {
+        let log = fs::File::create(self.dir.join("daemon.log")).expect("log file");
+        let child = self
+            .daemon_command(HEALTH_CIDR, extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn health-agent daemon");
+        self.daemon = Some(child);
+    }
+
+    /// Runs the daemon with `cidr` expecting it to exit by itself.
+    #[must_use]
+    pub fn run_to_exit(&self, cidr: &str) -> Output {
+        self.daemon_command(cidr, &[])
+            .output()
+            .expect("run health-agent daemon")
+    }
+
+    #[must_use]
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Sends `signal` to the daemon and waits for it to exit.
+    pub fn stop(&mut self, signal: nix::sys::signal::Signal) -> ExitStatus {
+        let mut child = self.daemon.take().expect("daemon running");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        nix::sys::signal::kill(pid, signal).expect("signal the daemon");
+        child.wait().expect("wait for the daemon")
+    }
+
+    /// `health-agent ARGS --socket <ours>`, returning the output.
+    #[must_use]
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(agent_binary())
+            .args(args)
+            .arg("--socket")
+            .arg(self.socket())
+            .output()
+            .expect("run health-agent")
+    }
+
+    /// `endpoint list -o json`, or `None` while the socket does not answer.
+    #[must_use]
+    pub fn endpoints(&self) -> Option<Vec<Value>> {
+        let out = self.cli(&["endpoint", "list", "-o", "json"]);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).expect("endpoint list is JSON"))
+    }
+
+    /// Waits until the endpoint is ready and `accept` holds; returns it.
+    pub fn wait_endpoint(&self, timeout: Duration, accept: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(ep) = self.endpoints().and_then(|v| v.into_iter().next())
+                && ep["state"] == "ready"
+                && accept(&ep)
+            {
+                return ep;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "endpoint not ready in {timeout:?}; daemon log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether `name` exists in the node's namespace.
+    #[must_use]
+    pub fn node_has_link(&self, name: &str) -> bool {
+        let name = name.to_owned();
+        in_netns(
+            Some(&self.node),
+            |nl| async move { nl.link_index(&name).await },
+        )
+        .expect("netlink")
+        .is_some()
+    }
+
+    /// Whether the node has any route to `addr`.
+    #[must_use]
+    pub fn node_has_route_to(&self, addr: Ipv4Addr) -> bool {
+        in_netns(Some(&self.node), |nl| async move { nl.routes_v4().await })
+            .expect("netlink")
+            .iter()
+            .any(|r| r.destination == addr && r.prefix == 32)
+    }
+}
+
+impl Default for AgentNode {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for AgentNode {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.daemon.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = self.endpoint_ns().delete();
+        let _ = self.node.delete();
+        let _ = remove_pins(&self.pins);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The `health-agent` binary next to the test executable's directory
+/// (`target/<profile>/`), built by `cargo test --workspace`.
+#[must_use]
+pub fn agent_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>");
+    let bin = profile_dir.join("health-agent");
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build -p health-agent` (cargo xtask test does)",
+        bin.display()
+    );
+    bin
+}
