@@ -1,22 +1,42 @@
 //! `health-agent daemon`: the long-running agent.
 //!
-//! Order matters: the pidfile and API socket come first (stale ones from a
-//! crash are cleared), so the socket answers while the endpoint is still
-//! being created; then the endpoint; then the controller, which runs every
-//! interval and on every link event; SIGINT/SIGTERM disconnects.
+//! Start order: pidfile (stale ones from a crash cleared), node set (a bad
+//! nodes file fails the start here, naming the line), prober, API socket
+//! (which answers from here on, before the endpoint or any probe round
+//! exists), the endpoint, the :4240 responders, then the controller, the
+//! discovery watch, the node-set sync runner and the probe loop.
+//! SIGINT/SIGTERM disconnects the endpoint and removes what was made.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    net::Ipv4Addr,
+    path::PathBuf,
+    sync::{Arc, Mutex as StdMutex, RwLock},
+    time::Duration,
+};
 
 use anyhow::Context as _;
-use tokio::sync::{Mutex, mpsc};
+use tokio::{
+    sync::{Mutex, Notify, mpsc, watch},
+    task::JoinHandle,
+};
 use tracing::{debug, error, info, warn};
 
 use crate::{
     api,
+    cluster::{
+        NodeSet,
+        discovery::{self, NodesView, SharedNodes},
+        nodes_file,
+        routes::PeerRoutes,
+        sync,
+    },
     endpoint::{Endpoint, EndpointConfig, shared_view},
     errors::chain,
+    hello,
     netlink::watch_links,
+    netns::Netns,
     pidfile::Pidfile,
+    probe::{ProbeConfig, Prober},
     signals::wait_for_shutdown,
 };
 
@@ -27,52 +47,133 @@ pub struct DaemonConfig {
     pub pidfile: PathBuf,
     pub controller_interval: Duration,
     pub keep_endpoint: bool,
+    pub node_name: Option<String>,
+    pub nodes_file: Option<PathBuf>,
+    pub probe: ProbeConfig,
+    pub initial_delay: Duration,
+    pub sync: sync::Limits,
 }
 
 /// Runs until SIGINT or SIGTERM.
 pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let _pidfile = Pidfile::acquire(&cfg.pidfile, &cfg.socket)?;
+    raise_fd_limit();
+
+    let nodes_view: SharedNodes = Arc::new(RwLock::new(NodesView {
+        source: cfg
+            .nodes_file
+            .as_ref()
+            .map_or_else(|| "none".into(), |p| format!("file:{}", p.display())),
+        ..NodesView::default()
+    }));
+    let (nodes_tx, nodes_rx) = watch::channel(NodeSet::new());
+    if let Some(path) = &cfg.nodes_file {
+        let nodes = nodes_file::load(path)?;
+        info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
+        discovery::accept(&nodes_view, &nodes_tx, nodes);
+    }
+    let prober = Prober::new(cfg.probe.clone()).context("opening the ICMP probe socket")?;
+    prober.set_nodes(nodes_rx.borrow().clone());
+
     let view = shared_view();
-    let (_socket, api_task) = api::server::bind(&cfg.socket, view.clone())?;
+    let api_state = api::server::ApiState::new(view.clone(), prober.clone(), nodes_view.clone());
+    let (_socket, api_task) = api::server::bind(&cfg.socket, api_state)?;
     info!(socket = %cfg.socket.display(), "API listening");
+    enable_forwarding();
 
     let ep_cfg = cfg.endpoint.clone();
     let endpoint = tokio::task::spawn_blocking(move || Endpoint::start(ep_cfg, view))
         .await
         .context("the endpoint task panicked")?
         .context("creating the health endpoint")?;
-    info!(
-        id = endpoint.record().id,
-        ipv4 = %endpoint.record().ipv4,
-        netns = %endpoint.record().netns,
-        "health endpoint ready"
-    );
+    let own_ip = endpoint.record().ipv4;
+    info!(id = endpoint.record().id, ipv4 = %own_ip, netns = %endpoint.record().netns, "health endpoint ready");
     let endpoint = Arc::new(Mutex::new(endpoint));
 
+    let port = cfg.probe.http_port;
+    let node_hello = tokio::spawn(hello::serve(
+        tokio::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+            .await
+            .with_context(|| format!("binding the health responder on port {port}"))?,
+    ));
+    let ep_netns = Netns::named(&cfg.endpoint.netns_name)?;
+    let ep_hello = Arc::new(StdMutex::new(Some(spawn_endpoint_hello(&ep_netns, port)?)));
+
+    let mut tasks: Vec<JoinHandle<()>> = vec![api_task, node_hello];
     let (events_tx, events_rx) = mpsc::channel(1);
-    let watcher = tokio::spawn(async move {
+    tasks.push(tokio::spawn(async move {
         if let Err(e) = watch_links(events_tx).await {
-            warn!("link events unavailable, relying on the interval alone: {e}");
+            warn!(
+                "link events unavailable, relying on the interval alone: {}",
+                chain(&e)
+            );
         }
-    });
-    let controller = tokio::spawn(controller(
+    }));
+    tasks.push(tokio::spawn(controller(
         endpoint.clone(),
         cfg.controller_interval,
         events_rx,
-    ));
+        (ep_netns, port, ep_hello.clone()),
+    )));
+    if let Some(path) = cfg.nodes_file.clone() {
+        let (view, tx) = (nodes_view.clone(), nodes_tx.clone());
+        tasks.push(tokio::spawn(discovery::watch_file(
+            path,
+            Duration::from_millis(500),
+            view,
+            tx,
+        )));
+    }
+    let routes = Arc::new(StdMutex::new(PeerRoutes::default()));
+    tasks.push(tokio::spawn(sync_nodes(
+        cfg.sync,
+        nodes_rx,
+        prober.clone(),
+        routes.clone(),
+        cfg.node_name.clone(),
+        own_ip,
+    )));
+    tasks.push(tokio::spawn(probe_loop(prober, cfg.initial_delay)));
 
     let signal = wait_for_shutdown().await?;
     info!(signal, "shutting down");
-    controller.abort();
-    watcher.abort();
+    for t in &tasks {
+        t.abort();
+    }
+    if let Some(t) = ep_hello.lock().ok().and_then(|mut h| h.take()) {
+        t.abort();
+    }
     let keep = cfg.keep_endpoint;
     let mut ep = endpoint.lock_owned().await;
-    tokio::task::spawn_blocking(move || ep.shutdown(keep, &format!("agent received {signal}")))
-        .await
-        .context("the shutdown task panicked")??;
-    api_task.abort();
+    tokio::task::spawn_blocking(move || {
+        if !keep && let Ok(mut r) = routes.lock() {
+            r.clear();
+        }
+        ep.shutdown(keep, &format!("agent received {signal}"))
+    })
+    .await
+    .context("the shutdown task panicked")??;
     Ok(())
 }
+
+/// The :4240 responder inside the endpoint's namespace: the listening
+/// socket is created there, then served from the runtime.
+fn spawn_endpoint_hello(netns: &Netns, port: u16) -> anyhow::Result<JoinHandle<()>> {
+    let std_listener = netns
+        .run(|| std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))?
+        .with_context(|| {
+            format!(
+                "binding the health responder on port {port} in {}",
+                netns.path().display()
+            )
+        })?;
+    std_listener.set_nonblocking(true)?;
+    Ok(tokio::spawn(hello::serve(
+        tokio::net::TcpListener::from_std(std_listener)?,
+    )))
+}
+
+type EndpointHello = (Netns, u16, Arc<StdMutex<Option<JoinHandle<()>>>>);
 
 /// Runs the endpoint's check-and-repair every `interval`, and shortly after
 /// any link event in the node's namespace.
@@ -80,6 +181,7 @@ async fn controller(
     endpoint: Arc<Mutex<Endpoint>>,
     interval: Duration,
     mut events: mpsc::Receiver<()>,
+    hello: EndpointHello,
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -104,6 +206,9 @@ async fn controller(
         match result {
             Ok(Ok(run)) if run.repaired => {
                 info!(trigger, missing = ?run.missing, "controller repaired the endpoint");
+                if run.missing.iter().any(|m| m == "namespace") {
+                    rebind_endpoint_hello(&hello);
+                }
             }
             Ok(Ok(_)) => debug!(trigger, "controller: endpoint in place"),
             Ok(Err(e)) => error!(
@@ -117,5 +222,91 @@ async fn controller(
         // raise link events: they must not trigger the next run.
         tokio::time::sleep(Duration::from_millis(50)).await;
         while events.try_recv().is_ok() {}
+    }
+}
+
+fn rebind_endpoint_hello((netns, port, slot): &EndpointHello) {
+    match spawn_endpoint_hello(netns, *port) {
+        Ok(task) => {
+            if let Ok(mut s) = slot.lock()
+                && let Some(old) = s.replace(task)
+            {
+                old.abort();
+            }
+        }
+        Err(e) => error!("rebinding the endpoint's health responder: {e:#}"),
+    }
+}
+
+/// Applies node-set changes through the bounded-frequency runner.
+async fn sync_nodes(
+    limits: sync::Limits,
+    mut nodes: watch::Receiver<NodeSet>,
+    prober: Arc<Prober>,
+    routes: Arc<StdMutex<PeerRoutes>>,
+    local_name: Option<String>,
+    own_ip: Ipv4Addr,
+) {
+    let wake = Arc::new(Notify::new());
+    let waker = wake.clone();
+    let mut changes = nodes.clone();
+    let forward = tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            waker.notify_one();
+        }
+    });
+    // The first run installs routes for the initial set.
+    wake.notify_one();
+    sync::run(limits, &wake, || {
+        let set = nodes.borrow_and_update().clone();
+        let (prober, routes, local) = (prober.clone(), routes.clone(), local_name.clone());
+        async move {
+            let desired = PeerRoutes::desired(&set, local.as_deref(), own_ip);
+            prober.set_nodes(set);
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Ok(mut r) = routes.lock() {
+                    r.apply(&desired);
+                }
+            })
+            .await;
+        }
+    })
+    .await;
+    forward.abort();
+}
+
+async fn probe_loop(prober: Arc<Prober>, initial_delay: Duration) {
+    tokio::time::sleep(initial_delay).await;
+    let mut tick = tokio::time::interval(prober.config().interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let status = prober.round().await;
+        if let Some(r) = &status.round {
+            debug!(
+                probes = r.probes,
+                duration_ms = r.duration_ms,
+                reachable = status.reachable(),
+                "probe round"
+            );
+        }
+    }
+}
+
+/// Probes to hundreds of peers hold a socket each: lift the soft limit.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        warn!("could not raise the open-file limit from {soft}: {e}");
+    }
+}
+
+/// The node forwards between its uplink and the endpoint (routed mode).
+fn enable_forwarding() {
+    if let Err(e) = std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
+        warn!("could not enable IPv4 forwarding: {e}");
     }
 }

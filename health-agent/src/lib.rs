@@ -3,9 +3,12 @@
 
 pub mod api;
 pub mod cli;
+pub mod cluster;
 pub mod daemon;
+pub mod duration;
 pub mod endpoint;
 pub mod errors;
+pub mod hello;
 pub mod icmp;
 pub mod ipam;
 pub mod logging;
@@ -13,5 +16,7 @@ pub mod netlink;
 pub mod netns;
 pub mod object;
 pub mod pidfile;
+pub mod probe;
 pub mod responder;
 pub mod signals;
+pub mod timefmt;

@@ -164,6 +164,30 @@ impl Netlink {
             .map_err(req(format!("creating veth {name:?} <-> {peer:?}")))
     }
 
+    /// Creates a bridge.
+    pub async fn add_bridge(&self, name: &str) -> Result<(), NetlinkError> {
+        self.handle
+            .link()
+            .add(rtnetlink::LinkBridge::new(name).build())
+            .execute()
+            .await
+            .map_err(req(format!("creating bridge {name:?}")))
+    }
+
+    /// Enslaves `port` to the bridge `bridge`.
+    pub async fn set_controller(&self, port: &str, bridge: &str) -> Result<(), NetlinkError> {
+        let (p, b) = (
+            self.require_link(port).await?,
+            self.require_link(bridge).await?,
+        );
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(p).controller(b).build())
+            .execute()
+            .await
+            .map_err(req(format!("adding {port:?} to bridge {bridge:?}")))
+    }
+
     /// Sets an interface administratively up.
     pub async fn set_up(&self, name: &str) -> Result<(), NetlinkError> {
         let index = self.require_link(name).await?;
@@ -261,6 +285,45 @@ impl Netlink {
             .map_err(req(format!(
                 "adding route {destination}/{prefix}{via} dev {iface}"
             )))
+    }
+
+    /// Adds (or replaces) `destination/prefix via gateway`, letting the
+    /// kernel pick the interface that reaches the gateway.
+    pub async fn replace_route_via(
+        &self,
+        destination: Ipv4Addr,
+        prefix: u8,
+        gateway: Ipv4Addr,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(destination, prefix)
+            .gateway(gateway)
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!(
+                "adding route {destination}/{prefix} via {gateway}"
+            )))
+    }
+
+    /// Deletes the main-table route to `destination/prefix`; a missing one is fine.
+    pub async fn delete_route(
+        &self,
+        destination: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(destination, prefix)
+            .build();
+        match self.handle.route().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+            Err(e) => Err(req(format!("deleting route {destination}/{prefix}"))(e)),
+        }
     }
 
     /// IPv4 routes of the main table.

@@ -8,7 +8,6 @@
 use std::{
     fs,
     net::Ipv4Addr,
-    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Output, Stdio},
     time::{Duration, Instant},
@@ -91,17 +90,7 @@ impl AgentNode {
         .arg(&self.pins)
         .args(extra)
         .env("RUST_LOG", "info");
-        let ns = self.node.open().expect("open node netns");
-        // SAFETY: setns is async-signal-safe. The closure owns `ns`, so the
-        // fd stays open for as long as the command can spawn.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::process::enter(&mut cmd, &self.node);
         cmd
     }
 

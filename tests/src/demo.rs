@@ -3,8 +3,6 @@
 //! kernel while b's own stack ignores echo; node a probes it live.
 
 use std::{
-    os::fd::AsRawFd as _,
-    os::unix::process::CommandExt as _,
     path::PathBuf,
     process::{Child, Command},
     sync::atomic::{AtomicBool, Ordering},
@@ -98,7 +96,6 @@ struct Agent {
 impl Agent {
     fn start(nodes: &TwoNodes, pins: &PinDir, mode: Option<&str>) -> anyhow::Result<Self> {
         let bin = sibling_binary("health-agent")?;
-        let ns = nodes.b.open()?;
         let mut cmd = Command::new(&bin);
         cmd.args([
             "responder",
@@ -115,17 +112,8 @@ impl Agent {
         if let Some(m) = mode {
             cmd.args(["--mode", m]);
         }
-        let fd = ns.as_raw_fd();
-        // SAFETY: setns is async-signal-safe; the child enters node b's
-        // namespace before exec, so the agent runs as node b's agent.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // The agent runs as node b's agent, inside its namespace.
+        crate::process::enter(&mut cmd, &nodes.b);
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;

@@ -15,11 +15,14 @@
 pub mod agent;
 pub mod bench_echo;
 pub mod blaster;
+pub mod cluster;
 pub mod demo;
+pub mod faults;
 pub mod names;
 pub mod packets;
 pub mod pinger;
 pub mod pins;
+pub mod process;
 pub mod topology;
 
 /// Fails loudly (rather than skipping) when the tests are not run as root:

@@ -107,6 +107,10 @@ fn run() -> anyhow::Result<()> {
                 lint::run(&root, &pin)?;
             }
             cmd::require_root("the integration tests create namespaces and load BPF programs")?;
+            // The integration tests run the real binaries (the agent as each
+            // node's daemon): `cargo test` alone does not build another
+            // package's binaries.
+            cmd::cargo(&root, &["build", "--workspace", "--bins"])?;
             let mut test = vec!["test", "--workspace", "--all-targets", "--no-fail-fast"];
             if !args.is_empty() {
                 test.push("--");

@@ -32,7 +32,20 @@ pub enum ClientError {
 
 /// `GET path` on the socket, decoded from JSON.
 pub async fn get<T: DeserializeOwned>(socket: &Path, path: &str) -> Result<T, ClientError> {
-    let (status, body) = request(socket, "GET", path).await?;
+    call(socket, "GET", path).await
+}
+
+/// `PUT path` (no body) on the socket, decoded from JSON.
+pub async fn put<T: DeserializeOwned>(socket: &Path, path: &str) -> Result<T, ClientError> {
+    call(socket, "PUT", path).await
+}
+
+async fn call<T: DeserializeOwned>(
+    socket: &Path,
+    method: &str,
+    path: &str,
+) -> Result<T, ClientError> {
+    let (status, body) = request(socket, method, path).await?;
     if !status.is_success() {
         let message = serde_json::from_slice::<ApiError>(&body).map_or_else(
             |_| String::from_utf8_lossy(&body).into_owned(),

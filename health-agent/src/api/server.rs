@@ -5,7 +5,8 @@ use std::{
     io,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    time::Instant,
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
 use axum::{
@@ -13,12 +14,19 @@ use axum::{
     extract::{Path as UrlPath, State},
     http::StatusCode,
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{get, put},
 };
 use tokio::net::UnixListener;
 
 use super::types::{ApiError, Healthz};
-use crate::endpoint::{EndpointView, SharedView, lifecycle};
+use crate::{
+    cluster::discovery::{NodesView, SharedNodes},
+    endpoint::{EndpointView, SharedView, lifecycle},
+    probe::{Prober, status::ClusterStatus},
+};
+
+/// Longest deadline a `PUT /v1/status/probe` may ask for.
+const MAX_PROBE_DEADLINE: Duration = Duration::from_secs(120);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -30,11 +38,28 @@ pub enum ServerError {
     },
 }
 
+/// What the handlers read: published views only, never locks held by work.
 #[derive(Clone)]
-struct AppState {
+pub struct ApiState {
     endpoint: SharedView,
+    prober: Arc<Prober>,
+    nodes: SharedNodes,
     started: Instant,
 }
+
+impl ApiState {
+    #[must_use]
+    pub fn new(endpoint: SharedView, prober: Arc<Prober>, nodes: SharedNodes) -> Self {
+        Self {
+            endpoint,
+            prober,
+            nodes,
+            started: Instant::now(),
+        }
+    }
+}
+
+type AppState = ApiState;
 
 /// Removes the socket file when dropped.
 pub struct SocketGuard {
@@ -50,7 +75,7 @@ impl Drop for SocketGuard {
 /// Binds `path` (mode 0660) and serves the API on the current runtime.
 pub fn bind(
     path: &Path,
-    endpoint: SharedView,
+    state: ApiState,
 ) -> Result<(SocketGuard, tokio::task::JoinHandle<()>), ServerError> {
     let io = |op, source| ServerError::Io {
         op,
@@ -66,10 +91,7 @@ pub fn bind(
     };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .map_err(|e| io("setting mode 0660 on", e))?;
-    let app = router(AppState {
-        endpoint,
-        started: Instant::now(),
-    });
+    let app = router(state);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!("API server stopped: {e}");
@@ -83,6 +105,9 @@ fn router(state: AppState) -> Router {
         .route("/v1/healthz", get(healthz))
         .route("/v1/endpoints", get(endpoints))
         .route("/v1/endpoints/{id}", get(endpoint))
+        .route("/v1/status", get(status))
+        .route("/v1/status/probe", put(probe))
+        .route("/v1/nodes", get(nodes))
         .fallback(not_found)
         .with_state(state)
 }
@@ -135,4 +160,60 @@ async fn endpoint(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -
         Some(v) if v.id == id => Json(v).into_response(),
         _ => error(StatusCode::NOT_FOUND, format!("endpoint {id} not found")),
     }
+}
+
+async fn status(State(state): State<AppState>) -> Json<ClusterStatus> {
+    Json(ClusterStatus::clone(&state.prober.status()))
+}
+
+/// A fresh round, synchronously, within `?timeout=` (default 30s).
+async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    let mut deadline = Duration::from_secs(30);
+    for pair in uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=') {
+            Some(("timeout", v)) => match crate::duration::parse(v) {
+                Ok(d) if d <= MAX_PROBE_DEADLINE => deadline = d,
+                Ok(_) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("timeout {v} is over the {MAX_PROBE_DEADLINE:?} limit"),
+                    );
+                }
+                Err(e) => return error(StatusCode::BAD_REQUEST, format!("timeout: {e}")),
+            },
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {pair:?} (only timeout=DURATION)"),
+                );
+            }
+        }
+    }
+    match tokio::time::timeout(deadline, state.prober.round()).await {
+        Ok(status) => Json(ClusterStatus::clone(&status)).into_response(),
+        Err(_) => error(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "the probe round did not finish within {}",
+                humanize(deadline)
+            ),
+        ),
+    }
+}
+
+fn humanize(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+async fn nodes(State(state): State<AppState>) -> Json<NodesView> {
+    Json(state.nodes.read().map(|v| v.clone()).unwrap_or_default())
 }

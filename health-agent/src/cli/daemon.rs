@@ -6,10 +6,12 @@ use clap::Args;
 
 use super::{PinArgs, SocketArgs};
 use crate::{
+    cluster::sync::Limits,
     daemon::{DaemonConfig, run},
     endpoint::EndpointConfig,
     ipam::Ipv4Cidr,
     netns::Netns,
+    probe::{ProbeConfig, http::HEALTH_PORT, path::Thresholds},
     responder::AttachMode,
 };
 
@@ -33,7 +35,7 @@ pub struct DaemonArgs {
     #[arg(long, default_value = "/var/run/health-agent/health-agent.pid")]
     pub pidfile: PathBuf,
     /// How often the controller verifies the endpoint (it also runs on link events).
-    #[arg(long, default_value = "60s", value_parser = super::duration::parse)]
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
     pub controller_interval: Duration,
     /// Attach mode of the echo responder.
     #[arg(long, value_enum, default_value_t = super::responder::DEFAULT_MODE)]
@@ -41,10 +43,60 @@ pub struct DaemonArgs {
     /// On shutdown, leave the namespace, veth, pins and record for the next agent.
     #[arg(long)]
     pub keep_endpoint: bool,
+    /// This node's name in the node set (default: the hostname).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Nodes file (YAML or JSON), watched for changes.
+    #[arg(long, value_name = "PATH")]
+    pub nodes_file: Option<PathBuf>,
+    /// Time between probe rounds.
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    pub probe_interval: Duration,
+    /// Timeout of each probe.
+    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
+    pub probe_timeout: Duration,
+    /// Delay before the first round.
+    #[arg(long, default_value = "0s", value_parser = parse_delay)]
+    pub probe_initial_delay: Duration,
+    /// Probe starts are spread uniformly over this window.
+    #[arg(long, default_value = "100ms", value_parser = crate::duration::parse)]
+    pub probe_spread: Duration,
+    /// Consecutive successes that make a path Success.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub success_threshold: u32,
+    /// Consecutive failures that make a path Failure.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub failure_threshold: u32,
+    /// Probes in flight at once.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_in_flight: u64,
+    /// Node-set changes are applied at most this often (with --sync-burst slack)...
+    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
+    pub sync_min_interval: Duration,
+    /// ...and at least this often.
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    pub sync_max_interval: Duration,
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sync_burst: u32,
     #[command(flatten)]
     pub pins: PinArgs,
     #[command(flatten)]
     pub socket: SocketArgs,
+}
+
+fn parse_delay(s: &str) -> Result<Duration, String> {
+    if s == "0" || s == "0s" {
+        Ok(Duration::ZERO)
+    } else {
+        crate::duration::parse(s)
+    }
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
 }
 
 fn validate_netns_name(s: &str) -> Result<String, String> {
@@ -69,6 +121,26 @@ impl DaemonArgs {
             pidfile: self.pidfile,
             controller_interval: self.controller_interval,
             keep_endpoint: self.keep_endpoint,
+            probe: ProbeConfig {
+                interval: self.probe_interval,
+                timeout: self.probe_timeout,
+                thresholds: Thresholds {
+                    success: self.success_threshold,
+                    failure: self.failure_threshold,
+                },
+                spread: self.probe_spread,
+                max_in_flight: usize::try_from(self.max_in_flight).unwrap_or(1024),
+                http_port: HEALTH_PORT,
+                local_node: self.node_name.clone().or_else(hostname),
+            },
+            node_name: self.node_name.or_else(hostname),
+            nodes_file: self.nodes_file,
+            initial_delay: self.probe_initial_delay,
+            sync: Limits {
+                min_interval: self.sync_min_interval,
+                max_interval: self.sync_max_interval,
+                burst: self.sync_burst,
+            },
         })
         .await
     }

@@ -5,9 +5,9 @@
 )]
 
 mod daemon;
-mod duration;
 mod endpoint;
 pub(crate) mod responder;
+mod status;
 
 use std::path::PathBuf;
 
@@ -37,6 +37,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the agent: create and keep the health endpoint, serve the API.
     Daemon(Box<daemon::DaemonArgs>),
+    /// Cluster health as this node's agent sees it.
+    Status(status::StatusArgs),
     /// Inspect the health endpoint through the agent's API.
     #[command(subcommand)]
     Endpoint(endpoint::EndpointCommand),
@@ -84,6 +86,7 @@ impl Cli {
             Command::Responder(cmd) => cmd.run().await,
             Command::Daemon(args) => args.run().await,
             Command::Endpoint(cmd) => cmd.run().await,
+            Command::Status(args) => args.run().await,
         }
     }
 }

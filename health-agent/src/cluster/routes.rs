@@ -1,0 +1,118 @@
+//! Routed mode: every peer's health address is reachable through the peer's
+//! node IP, so the agent keeps one `<health-ip>/32 via <node-ip>` route per
+//! peer, and removes those of nodes that left.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use tracing::{info, warn};
+
+use super::NodeSet;
+use crate::{errors::chain, netlink::in_netns};
+
+#[derive(Debug, Default)]
+pub struct PeerRoutes {
+    /// health IP -> node IP, as installed.
+    installed: BTreeMap<Ipv4Addr, Ipv4Addr>,
+}
+
+impl PeerRoutes {
+    /// The routes `nodes` calls for: all but this node's own (by name, or by
+    /// its endpoint's address).
+    #[must_use]
+    pub fn desired(
+        nodes: &NodeSet,
+        local_name: Option<&str>,
+        local_health_ip: Ipv4Addr,
+    ) -> BTreeMap<Ipv4Addr, Ipv4Addr> {
+        nodes
+            .iter()
+            .filter(|n| Some(n.name.as_str()) != local_name && n.health_ip != local_health_ip)
+            .map(|n| (n.health_ip, n.node_ip))
+            .collect()
+    }
+
+    /// Installs and removes routes to match `desired`, in one netlink
+    /// session. Blocking; failures are logged and retried on the next sync.
+    pub fn apply(&mut self, desired: &BTreeMap<Ipv4Addr, Ipv4Addr>) {
+        let add: Vec<(Ipv4Addr, Ipv4Addr)> = desired
+            .iter()
+            .filter(|(h, n)| self.installed.get(h) != Some(n))
+            .map(|(h, n)| (*h, *n))
+            .collect();
+        let del: Vec<Ipv4Addr> = self
+            .installed
+            .keys()
+            .filter(|h| !desired.contains_key(h))
+            .copied()
+            .collect();
+        if add.is_empty() && del.is_empty() {
+            return;
+        }
+        let done = in_netns(None, |nl| async move {
+            let mut added = Vec::new();
+            let mut removed = Vec::new();
+            for (health, node) in add {
+                match nl.replace_route_via(health, 32, node).await {
+                    Ok(()) => added.push((health, node)),
+                    Err(e) => warn!("{}", chain(&e)),
+                }
+            }
+            for health in del {
+                match nl.delete_route(health, 32).await {
+                    Ok(()) => removed.push(health),
+                    Err(e) => warn!("{}", chain(&e)),
+                }
+            }
+            Ok((added, removed))
+        });
+        match done {
+            Ok((added, removed)) => {
+                if !added.is_empty() || !removed.is_empty() {
+                    info!(
+                        added = added.len(),
+                        removed = removed.len(),
+                        "routes to peer endpoints updated"
+                    );
+                }
+                self.installed.extend(added);
+                for h in removed {
+                    self.installed.remove(&h);
+                }
+            }
+            Err(e) => warn!("updating routes to peer endpoints: {}", chain(&e)),
+        }
+    }
+
+    /// Removes every route this agent installed (on shutdown).
+    pub fn clear(&mut self) {
+        self.apply(&BTreeMap::new());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Node;
+
+    fn node(name: &str, n: u8) -> Node {
+        Node {
+            name: name.into(),
+            node_ip: Ipv4Addr::new(198, 18, 0, n),
+            health_ip: Ipv4Addr::new(198, 18, 64 + n, 2),
+        }
+    }
+
+    #[test]
+    fn desired_routes_skip_the_local_node() {
+        let nodes = vec![node("a", 1), node("b", 2), node("c", 3)];
+        let by_name = PeerRoutes::desired(&nodes, Some("a"), Ipv4Addr::UNSPECIFIED);
+        assert_eq!(by_name.len(), 2);
+        assert_eq!(
+            by_name.get(&Ipv4Addr::new(198, 18, 66, 2)),
+            Some(&Ipv4Addr::new(198, 18, 0, 2))
+        );
+        let by_ip = PeerRoutes::desired(&nodes, None, Ipv4Addr::new(198, 18, 67, 2));
+        assert!(!by_ip.contains_key(&Ipv4Addr::new(198, 18, 67, 2)));
+        assert_eq!(by_ip.len(), 2);
+    }
+}

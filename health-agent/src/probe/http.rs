@@ -1,0 +1,107 @@
+//! `GET /hello` on port 4240 with a minimal HTTP/1.1 exchange: 2xx is
+//! success, 3xx success with a warning, anything else a failure.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpStream,
+};
+
+use super::path::Outcome;
+
+pub const HEALTH_PORT: u16 = 4240;
+
+pub async fn probe(ip: Ipv4Addr, port: u16, timeout: Duration) -> Outcome {
+    match tokio::time::timeout(timeout, exchange(ip, port)).await {
+        Ok(Ok((status, rtt))) => classify(status, rtt),
+        Ok(Err(e)) => Outcome::Failed(e),
+        Err(_) => Outcome::Failed(format!("no HTTP answer within {} ms", timeout.as_millis())),
+    }
+}
+
+fn classify(status: u16, rtt: Duration) -> Outcome {
+    match status {
+        200..=299 => Outcome::Ok { rtt, warning: None },
+        300..=399 => Outcome::Ok {
+            rtt,
+            warning: Some(format!("HTTP {status} (redirect)")),
+        },
+        _ => Outcome::Failed(format!("HTTP {status}")),
+    }
+}
+
+async fn exchange(ip: Ipv4Addr, port: u16) -> Result<(u16, Duration), String> {
+    let start = Instant::now();
+    let mut stream = TcpStream::connect(SocketAddrV4::new(ip, port))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let req = format!(
+        "GET /hello HTTP/1.1\r\nHost: {ip}:{port}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
+    );
+    stream
+        .write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let mut buf = [0u8; 512];
+    let mut len = 0;
+    while !buf[..len].windows(2).any(|w| w == b"\r\n") {
+        let n = stream
+            .read(&mut buf[len..])
+            .await
+            .map_err(|e| format!("receive: {e}"))?;
+        if n == 0 {
+            return Err("connection closed before a status line".into());
+        }
+        len += n;
+        if len == buf.len() {
+            return Err("status line too long".into());
+        }
+    }
+    let rtt = start.elapsed();
+    parse_status(&buf[..len]).map(|s| (s, rtt))
+}
+
+fn parse_status(head: &[u8]) -> Result<u16, String> {
+    let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+    let text = std::str::from_utf8(line).map_err(|_| "status line is not text".to_owned())?;
+    let mut parts = text.split(' ');
+    match (
+        parts.next(),
+        parts.next().and_then(|c| c.parse::<u16>().ok()),
+    ) {
+        (Some(v), Some(code)) if v.starts_with("HTTP/1.") => Ok(code),
+        _ => Err(format!("not an HTTP status line: {text:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_classify_like_kubelet() {
+        let rtt = Duration::from_millis(1);
+        assert_eq!(classify(200, rtt), Outcome::Ok { rtt, warning: None });
+        assert!(matches!(
+            classify(302, rtt),
+            Outcome::Ok {
+                warning: Some(_),
+                ..
+            }
+        ));
+        assert_eq!(classify(404, rtt), Outcome::Failed("HTTP 404".into()));
+        assert_eq!(classify(500, rtt), Outcome::Failed("HTTP 500".into()));
+    }
+
+    #[test]
+    fn status_lines_parse_or_are_rejected() {
+        assert_eq!(parse_status(b"HTTP/1.1 200 OK\r\n"), Ok(200));
+        assert_eq!(parse_status(b"HTTP/1.0 404 Not Found\r\n"), Ok(404));
+        assert!(parse_status(b"SSH-2.0-OpenSSH\r\n").is_err());
+        assert!(parse_status(b"HTTP/1.1 abc\r\n").is_err());
+    }
+}

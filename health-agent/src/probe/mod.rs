@@ -1,0 +1,11 @@
+//! The full-mesh prober: for every node, ICMP and HTTP to its node IP and to
+//! its health IP, all at once (bounded, with jittered starts), so a round
+//! over N nodes costs about one timeout plus the spread.
+
+pub mod http;
+pub mod icmp;
+pub mod path;
+mod round;
+pub mod status;
+
+pub use round::{ProbeConfig, Prober};

@@ -1,0 +1,194 @@
+//! Per-path probe state with kubelet semantics: a path starts `Unknown`,
+//! becomes `Success` after `success_threshold` consecutive successes and
+//! `Failure` after `failure_threshold` consecutive failures.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeResult {
+    Success,
+    Failure,
+    Unknown,
+}
+
+/// Where an RTT figure was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RttSource {
+    /// Timestamped by the kernel programs (BPF maps).
+    Kernel,
+    /// Measured by the agent around the socket calls.
+    Userspace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Thresholds {
+    pub success: u32,
+    pub failure: u32,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            success: 1,
+            failure: 3,
+        }
+    }
+}
+
+/// What one probe of a path gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Ok {
+        rtt: Duration,
+        warning: Option<String>,
+    },
+    Failed(String),
+}
+
+/// The state of one path, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathState {
+    pub result: ProbeResult,
+    pub consecutive_successes: u32,
+    pub consecutive_failures: u32,
+    /// RTT of the last successful probe, in nanoseconds.
+    pub rtt_ns: Option<u64>,
+    pub rtt_source: Option<RttSource>,
+    /// The last failure's error text (kept after recovery, for reference).
+    pub last_error: Option<String>,
+    pub warning: Option<String>,
+    pub probes: u64,
+    /// Epoch milliseconds of the last probe.
+    pub last_probe_ms: Option<u64>,
+}
+
+impl Default for PathState {
+    fn default() -> Self {
+        Self {
+            result: ProbeResult::Unknown,
+            consecutive_successes: 0,
+            consecutive_failures: 0,
+            rtt_ns: None,
+            rtt_source: None,
+            last_error: None,
+            warning: None,
+            probes: 0,
+            last_probe_ms: None,
+        }
+    }
+}
+
+impl PathState {
+    /// Applies one probe outcome.
+    pub fn record(&mut self, outcome: Outcome, thresholds: Thresholds, at_ms: u64) {
+        self.probes += 1;
+        self.last_probe_ms = Some(at_ms);
+        match outcome {
+            Outcome::Ok { rtt, warning } => {
+                self.consecutive_successes = self.consecutive_successes.saturating_add(1);
+                self.consecutive_failures = 0;
+                self.rtt_ns = Some(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX));
+                self.rtt_source = Some(RttSource::Userspace);
+                self.warning = warning;
+                if self.consecutive_successes >= thresholds.success.max(1) {
+                    self.result = ProbeResult::Success;
+                }
+            }
+            Outcome::Failed(error) => {
+                self.consecutive_failures = self.consecutive_failures.saturating_add(1);
+                self.consecutive_successes = 0;
+                self.last_error = Some(error);
+                self.warning = None;
+                if self.consecutive_failures >= thresholds.failure.max(1) {
+                    self.result = ProbeResult::Failure;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> Outcome {
+        Outcome::Ok {
+            rtt: Duration::from_micros(250),
+            warning: None,
+        }
+    }
+
+    fn fail() -> Outcome {
+        Outcome::Failed("timeout".into())
+    }
+
+    #[test]
+    fn starts_unknown_and_follows_the_thresholds() {
+        let t = Thresholds {
+            success: 2,
+            failure: 3,
+        };
+        let mut p = PathState::default();
+        assert_eq!(p.result, ProbeResult::Unknown);
+        p.record(fail(), t, 1);
+        p.record(fail(), t, 2);
+        assert_eq!(
+            p.result,
+            ProbeResult::Unknown,
+            "two failures are below the threshold"
+        );
+        p.record(fail(), t, 3);
+        assert_eq!(p.result, ProbeResult::Failure);
+        assert_eq!(p.last_error.as_deref(), Some("timeout"));
+        p.record(ok(), t, 4);
+        assert_eq!(
+            p.result,
+            ProbeResult::Failure,
+            "one success is below the threshold"
+        );
+        p.record(ok(), t, 5);
+        assert_eq!(p.result, ProbeResult::Success);
+        assert_eq!(p.rtt_ns, Some(250_000));
+        assert_eq!(p.rtt_source, Some(RttSource::Userspace));
+        p.record(fail(), t, 6);
+        assert_eq!(
+            p.result,
+            ProbeResult::Success,
+            "a single failure does not flip it"
+        );
+        assert_eq!(p.probes, 6);
+        assert_eq!(p.last_probe_ms, Some(6));
+    }
+
+    #[test]
+    fn interleaved_outcomes_reset_the_streaks() {
+        let t = Thresholds::default();
+        let mut p = PathState::default();
+        for _ in 0..10 {
+            p.record(fail(), t, 0);
+            p.record(fail(), t, 0);
+            p.record(ok(), t, 0);
+        }
+        assert_eq!(p.result, ProbeResult::Success);
+        assert_eq!(p.consecutive_failures, 0);
+    }
+
+    #[test]
+    fn warnings_are_kept_with_success() {
+        let mut p = PathState::default();
+        p.record(
+            Outcome::Ok {
+                rtt: Duration::from_millis(1),
+                warning: Some("HTTP 301".into()),
+            },
+            Thresholds::default(),
+            0,
+        );
+        assert_eq!(p.result, ProbeResult::Success);
+        assert_eq!(p.warning.as_deref(), Some("HTTP 301"));
+    }
+}

@@ -1,0 +1,287 @@
+//! A local cluster: a fabric namespace with a bridge, and N namespaces
+//! playing nodes on it (198.18.0.11, .12, ... /24), each running the real
+//! `health-agent daemon` with its own health CIDR (198.18.64.0/24,
+//! 198.18.65.0/24, ...) and discovering the others through a shared nodes
+//! file. Used by the integration tests and by `cargo xtask run`.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use health_agent::{
+    netlink::in_netns, netns::Netns, probe::status::ClusterStatus, responder::remove_pins,
+};
+
+use crate::{agent::agent_binary, names, process, require_root};
+
+/// Probe settings for the agents.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub nodes: usize,
+    pub probe_interval: &'static str,
+    pub probe_timeout: &'static str,
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+    pub extra_args: Vec<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            probe_interval: "1s",
+            probe_timeout: "500ms",
+            failure_threshold: 3,
+            success_threshold: 1,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+pub struct ClusterNode {
+    pub name: String,
+    pub ns: Netns,
+    pub ip: Ipv4Addr,
+    pub cidr: String,
+    pub endpoint_netns: String,
+    pub dir: PathBuf,
+    pub pins: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl ClusterNode {
+    #[must_use]
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("health.sock")
+    }
+
+    #[must_use]
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    /// The node's health status as its agent publishes it, via the CLI.
+    #[must_use]
+    pub fn status(&self) -> Option<ClusterStatus> {
+        let out = Command::new(agent_binary())
+            .args(["status", "-o", "json", "--socket"])
+            .arg(self.socket())
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).expect("status is JSON"))
+    }
+
+    /// Sets the node's uplink up or down.
+    pub fn set_uplink(&self, up: bool) {
+        in_netns(Some(&self.ns), |nl| async move {
+            if up {
+                nl.set_up("uplink").await
+            } else {
+                nl.set_down("uplink").await
+            }
+        })
+        .expect("set uplink");
+    }
+}
+
+pub struct Cluster {
+    pub fabric: Netns,
+    pub nodes: Vec<ClusterNode>,
+    pub dir: PathBuf,
+    pub nodes_file: PathBuf,
+}
+
+impl Cluster {
+    /// Builds the namespaces, writes the nodes file and starts every agent.
+    #[must_use]
+    pub fn start(settings: &Settings) -> Self {
+        require_root();
+        names::sweep_stale_netns();
+        let dir = std::env::temp_dir().join(names::unique("cluster"));
+        fs::create_dir_all(&dir).expect("cluster dir");
+        let fabric = Netns::create(&names::unique("fabric")).expect("fabric netns");
+        let mut cluster = Self {
+            fabric,
+            nodes: Vec::new(),
+            nodes_file: dir.join("nodes.yaml"),
+            dir,
+        };
+        in_netns(Some(&cluster.fabric), |nl| async move {
+            nl.add_bridge("br0").await?;
+            nl.set_up("br0").await
+        })
+        .expect("fabric bridge");
+        for i in 0..settings.nodes {
+            let node = cluster.add_node(i);
+            cluster.nodes.push(node);
+        }
+        cluster.write_nodes_file(settings.nodes);
+        for i in 0..settings.nodes {
+            cluster.spawn_agent(i, settings);
+        }
+        cluster
+    }
+
+    fn add_node(&self, i: usize) -> ClusterNode {
+        let name = format!("node-{}", i + 1);
+        let ns = Netns::create(&names::unique(&name)).expect("node netns");
+        let ip = node_ip(i);
+        let port = format!("n{}", i + 1);
+        let node_ns = ns.clone();
+        in_netns(Some(&self.fabric), |nl| async move {
+            nl.add_veth(&port, "uplink", Some(&node_ns)).await?;
+            nl.set_controller(&port, "br0").await?;
+            nl.set_up(&port).await
+        })
+        .expect("node uplink");
+        in_netns(Some(&ns), |nl| async move {
+            nl.set_up("lo").await?;
+            nl.add_address("uplink", ip, 24).await?;
+            nl.set_up("uplink").await
+        })
+        .expect("node address");
+        let dir = self.dir.join(&name);
+        fs::create_dir_all(&dir).expect("node dir");
+        ClusterNode {
+            cidr: health_cidr(i),
+            endpoint_netns: names::unique(&format!("{name}-ep")),
+            pins: Path::new(health_agent::responder::BPFFS_ROOT)
+                .join(names::unique(&format!("{name}-pins"))),
+            name,
+            ns,
+            ip,
+            dir,
+            daemon: None,
+        }
+    }
+
+    /// Writes the nodes file listing the first `n` nodes.
+    pub fn write_nodes_file(&self, n: usize) {
+        let mut yaml = String::from("nodes:\n");
+        for i in 0..n {
+            let _ = write!(
+                yaml,
+                "  - name: node-{}\n    node-ip: {}\n    health-cidr: {}\n",
+                i + 1,
+                node_ip(i),
+                health_cidr(i)
+            );
+        }
+        let tmp = self.nodes_file.with_extension("tmp");
+        fs::write(&tmp, yaml).expect("write nodes file");
+        fs::rename(&tmp, &self.nodes_file).expect("replace nodes file");
+    }
+
+    fn spawn_agent(&mut self, i: usize, s: &Settings) {
+        let nodes_file = self.nodes_file.clone();
+        let node = &mut self.nodes[i];
+        let mut cmd = Command::new(agent_binary());
+        cmd.args([
+            "daemon",
+            "--node-name",
+            &node.name,
+            "--health-cidr",
+            &node.cidr,
+        ])
+        .args(["--endpoint-netns", &node.endpoint_netns])
+        .arg("--nodes-file")
+        .arg(&nodes_file)
+        .arg("--state-dir")
+        .arg(node.dir.join("state"))
+        .arg("--pidfile")
+        .arg(node.dir.join("agent.pid"))
+        .arg("--socket")
+        .arg(node.socket())
+        .arg("--bpffs-dir")
+        .arg(&node.pins)
+        .args([
+            "--probe-interval",
+            s.probe_interval,
+            "--probe-timeout",
+            s.probe_timeout,
+        ])
+        .args(["--failure-threshold", &s.failure_threshold.to_string()])
+        .args(["--success-threshold", &s.success_threshold.to_string()])
+        .args(["--sync-min-interval", "200ms"])
+        .args(&s.extra_args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(node.dir.join("daemon.log")).expect("log"));
+        process::enter(&mut cmd, &node.ns);
+        node.daemon = Some(cmd.spawn().expect("spawn health-agent"));
+    }
+
+    /// Polls `node`'s status until `accept` holds; panics with the status
+    /// and the agent's log after `timeout`.
+    pub fn wait_status(
+        &self,
+        node: usize,
+        timeout: Duration,
+        accept: impl Fn(&ClusterStatus) -> bool,
+    ) -> ClusterStatus {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            if let Some(s) = self.nodes[node].status() {
+                if accept(&s) {
+                    return s;
+                }
+                last = Some(s);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "condition not met in {timeout:?}; last status of {}:\n{:#?}\nlog:\n{}",
+                self.nodes[node].name,
+                last,
+                self.nodes[node].log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops every agent with SIGTERM (they remove their endpoints).
+    pub fn stop_agents(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.daemon.take() {
+                let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_agents();
+        for node in &self.nodes {
+            let _ = Netns::named(&node.endpoint_netns).map(|ns| ns.delete());
+            let _ = node.ns.delete();
+            let _ = remove_pins(&node.pins);
+        }
+        let _ = self.fabric.delete();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[must_use]
+pub fn node_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(
+        198,
+        18,
+        0,
+        11 + u8::try_from(i).expect("fewer than 200 nodes"),
+    )
+}
+
+#[must_use]
+pub fn health_cidr(i: usize) -> String {
+    format!("198.18.{}.0/24", 64 + i)
+}

@@ -1,0 +1,107 @@
+//! Fault injection for tests: a tcx program, assembled here, that drops
+//! every IPv4 ICMP packet entering an interface. It stands in for
+//! `tc filter ... u32 match ip protocol 1 action drop` on kernels built
+//! without `act_gact`, and is detached when the guard is dropped.
+
+use std::{
+    ffi::CString,
+    io,
+    os::fd::{FromRawFd as _, OwnedFd},
+};
+
+use health_agent::netns::Netns;
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+const BPF_TCX_INGRESS: u32 = 46;
+
+/// One `struct bpf_insn`; `off` and `imm` are stored as their
+/// two's-complement bits, as the kernel reads them.
+#[allow(
+    clippy::cast_sign_loss,
+    reason = "reinterpreting signed fields as their bits"
+)]
+const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
+    let regs = (src << 4) | dst;
+    (code as u64)
+        | ((regs as u64) << 8)
+        | (((off as u16) as u64) << 16)
+        | (((imm as u32) as u64) << 32)
+}
+
+/// `skb->data`, `skb->data_end` bounds check, then: IPv4 with protocol 1
+/// -> `TC_ACT_SHOT`, anything else -> `TCX_NEXT`.
+const DROP_ICMP: [u64; 13] = [
+    insn(0x61, 2, 1, 76, 0), // r2 = skb->data
+    insn(0x61, 3, 1, 80, 0), // r3 = skb->data_end
+    insn(0xbf, 4, 2, 0, 0),  // r4 = r2
+    insn(0x07, 4, 0, 0, 24), // r4 += 24 (Ethernet + IPv4 up to the protocol byte)
+    insn(0x2d, 4, 3, 6, 0),  // if r4 > r3 goto pass
+    insn(0x69, 5, 2, 12, 0), // r5 = ethertype (big-endian bytes read little-endian)
+    insn(0x55, 5, 0, 4, 8),  // if r5 != 0x0008 goto pass
+    insn(0x71, 5, 2, 23, 0), // r5 = IPv4 protocol
+    insn(0x55, 5, 0, 2, 1),  // if r5 != ICMP goto pass
+    insn(0xb7, 0, 0, 0, 2),  // r0 = TC_ACT_SHOT
+    insn(0x95, 0, 0, 0, 0),  // exit
+    insn(0xb7, 0, 0, 0, -1), // pass: r0 = TCX_NEXT
+    insn(0x95, 0, 0, 0, 0),  // exit
+];
+
+fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<OwnedFd> {
+    // SAFETY: attr is a zero-padded bpf_attr of the size passed.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).map_err(io::Error::other)?) })
+}
+
+fn put(attr: &mut [u8; 128], at: usize, bytes: &[u8]) {
+    attr[at..at + bytes.len()].copy_from_slice(bytes);
+}
+
+/// Drops ICMP entering `iface` in `ns` until dropped.
+pub struct DropIcmp {
+    _prog: OwnedFd,
+    _link: OwnedFd,
+}
+
+impl DropIcmp {
+    pub fn attach(ns: &Netns, iface: &str) -> io::Result<Self> {
+        let license = CString::new("GPL").map_err(io::Error::other)?;
+        let mut attr = [0u8; 128];
+        put(&mut attr, 0, &BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
+        put(
+            &mut attr,
+            4,
+            &u32::try_from(DROP_ICMP.len())
+                .map_err(io::Error::other)?
+                .to_ne_bytes(),
+        );
+        put(&mut attr, 8, &(DROP_ICMP.as_ptr() as u64).to_ne_bytes());
+        put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
+        let prog = bpf(BPF_PROG_LOAD, &mut attr)?;
+        let name = CString::new(iface).map_err(io::Error::other)?;
+        let prog_fd = std::os::fd::AsRawFd::as_raw_fd(&prog);
+        let link = ns
+            .run(|| {
+                // SAFETY: plain libc call on a valid C string.
+                let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+                if ifindex == 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let mut attr = [0u8; 128];
+                put(&mut attr, 0, &prog_fd.to_ne_bytes());
+                put(&mut attr, 4, &ifindex.to_ne_bytes());
+                put(&mut attr, 8, &BPF_TCX_INGRESS.to_ne_bytes());
+                bpf(BPF_LINK_CREATE, &mut attr)
+            })
+            .map_err(io::Error::other)??;
+        Ok(Self {
+            _prog: prog,
+            _link: link,
+        })
+    }
+}
