@@ -24,8 +24,9 @@ use tracing::{debug, error, info, warn};
 use crate::{
     api,
     cluster::{
-        NodeSet,
-        discovery::{self, NodesView, SharedNodes},
+        Node, NodeSet,
+        discovery::{self, EtcdSource, FileSource, NodeSource, NodesView, SharedNodes},
+        etcd::{self, EtcdConfig, Registration},
         nodes_file,
         routes::PeerRoutes,
         sync,
@@ -52,6 +53,11 @@ pub struct DaemonConfig {
     pub probe: ProbeConfig,
     pub initial_delay: Duration,
     pub sync: sync::Limits,
+    /// etcd discovery (instead of the nodes file).
+    pub etcd: Option<EtcdConfig>,
+    /// This node's address as published in etcd (default: the source
+    /// address of the route to etcd).
+    pub node_ip: Option<Ipv4Addr>,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -60,10 +66,11 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     raise_fd_limit();
 
     let nodes_view: SharedNodes = Arc::new(RwLock::new(NodesView {
-        source: cfg
-            .nodes_file
-            .as_ref()
-            .map_or_else(|| "none".into(), |p| format!("file:{}", p.display())),
+        source: match (&cfg.nodes_file, &cfg.etcd) {
+            (Some(p), _) => format!("file:{}", p.display()),
+            (None, Some(e)) => format!("etcd:{}{}", e.endpoint, e.prefix),
+            (None, None) => "none".into(),
+        },
         ..NodesView::default()
     }));
     let (nodes_tx, nodes_rx) = watch::channel(NodeSet::new());
@@ -115,14 +122,12 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         events_rx,
         (ep_netns, port, ep_hello.clone()),
     )));
-    if let Some(path) = cfg.nodes_file.clone() {
-        let (view, tx) = (nodes_view.clone(), nodes_tx.clone());
-        tasks.push(tokio::spawn(discovery::watch_file(
-            path,
-            Duration::from_millis(500),
-            view,
-            tx,
-        )));
+    let registration = Registration::default();
+    if let Some(source) = node_source(&cfg, own_ip, &registration)? {
+        debug!(source = source.describe(), "node discovery");
+        tasks.push(tokio::spawn(
+            source.run(nodes_view.clone(), nodes_tx.clone()),
+        ));
     }
     let routes = Arc::new(StdMutex::new(PeerRoutes::default()));
     tasks.push(tokio::spawn(sync_nodes(
@@ -142,6 +147,9 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     if let Some(t) = ep_hello.lock().ok().and_then(|mut h| h.take()) {
         t.abort();
+    }
+    if let Some(etcd) = &cfg.etcd {
+        etcd::deregister(&etcd.endpoint, &registration).await;
     }
     let keep = cfg.keep_endpoint;
     let mut ep = endpoint.lock_owned().await;
@@ -290,6 +298,56 @@ async fn probe_loop(prober: Arc<Prober>, initial_delay: Duration) {
                 "probe round"
             );
         }
+    }
+}
+
+/// The configured node source, if any.
+fn node_source(
+    cfg: &DaemonConfig,
+    own_ip: Ipv4Addr,
+    registration: &Registration,
+) -> anyhow::Result<Option<Box<dyn NodeSource>>> {
+    Ok(match (&cfg.nodes_file, &cfg.etcd) {
+        (Some(path), _) => Some(Box::new(FileSource {
+            path: path.clone(),
+            poll: Duration::from_millis(500),
+        })),
+        (None, Some(etcd)) => {
+            let node_ip = match cfg.node_ip {
+                Some(ip) => ip,
+                None => route_source_to(&etcd.endpoint).with_context(|| {
+                    format!(
+                        "finding this node's address toward etcd at {} (give --node-ip)",
+                        etcd.endpoint
+                    )
+                })?,
+            };
+            let me = Node {
+                name: cfg
+                    .node_name
+                    .clone()
+                    .context("etcd discovery needs --node-name (or a hostname)")?,
+                node_ip,
+                health_ip: own_ip,
+            };
+            info!(name = %me.name, %node_ip, health_ip = %own_ip, "joining the cluster through etcd");
+            Some(Box::new(EtcdSource {
+                cfg: etcd.clone(),
+                me,
+                registration: registration.clone(),
+            }))
+        }
+        (None, None) => None,
+    })
+}
+
+/// The local address the kernel would use toward `endpoint` (`host:port`).
+fn route_source_to(endpoint: &str) -> anyhow::Result<Ipv4Addr> {
+    let sock = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    sock.connect(endpoint)?;
+    match sock.local_addr()?.ip() {
+        std::net::IpAddr::V4(ip) if !ip.is_unspecified() => Ok(ip),
+        other => anyhow::bail!("no IPv4 source address toward {endpoint} (got {other})"),
     }
 }
 

@@ -41,7 +41,8 @@ pub fn short(d: Duration) -> String {
     } else if ns < 1_000_000_000 {
         #[allow(clippy::cast_precision_loss, reason = "display only")]
         let ms = ns as f64 / 1e6;
-        format!("{ms:.3}ms")
+        let text = format!("{ms:.3}");
+        format!("{}ms", text.trim_end_matches('0').trim_end_matches('.'))
     } else {
         format!("{:.1}s", d.as_secs_f64())
     }
@@ -62,6 +63,7 @@ mod tests {
     fn durations() {
         assert_eq!(short(Duration::from_micros(412)), "412µs");
         assert_eq!(short(Duration::from_micros(1204)), "1.204ms");
+        assert_eq!(short(Duration::from_millis(83)), "83ms");
         assert_eq!(short(Duration::from_millis(2500)), "2.5s");
     }
 }

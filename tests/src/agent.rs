@@ -207,20 +207,27 @@ impl Drop for AgentNode {
     }
 }
 
-/// The `health-agent` binary next to the test executable's directory
-/// (`target/<profile>/`), built by `cargo test --workspace`.
+/// The `health-agent` binary of the same build: next to this executable
+/// (`target/<profile>/health-lab`) or one level up from a test executable
+/// (`target/<profile>/deps/<test>`).
 #[must_use]
 pub fn agent_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>");
-    let bin = profile_dir.join("health-agent");
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build -p health-agent` (cargo xtask test does)",
-        bin.display()
-    );
-    bin
+    let dir = exe.parent().expect("executable directory");
+    let candidates = [
+        dir.join("health-agent"),
+        dir.parent()
+            .map(|p| p.join("health-agent"))
+            .unwrap_or_default(),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "{} missing: run `cargo build -p health-agent` (cargo xtask test does)",
+                candidates[1].display()
+            )
+        })
 }

@@ -28,6 +28,9 @@ pub struct Settings {
     pub failure_threshold: u32,
     pub success_threshold: u32,
     pub extra_args: Vec<String>,
+    /// Discover through etcd (run in the fabric namespace) instead of the
+    /// nodes file.
+    pub etcd: bool,
 }
 
 impl Default for Settings {
@@ -39,6 +42,7 @@ impl Default for Settings {
             failure_threshold: 3,
             success_threshold: 1,
             extra_args: Vec::new(),
+            etcd: false,
         }
     }
 }
@@ -96,7 +100,13 @@ pub struct Cluster {
     pub nodes: Vec<ClusterNode>,
     pub dir: PathBuf,
     pub nodes_file: PathBuf,
+    settings: Settings,
+    etcd: Option<Child>,
 }
+
+/// etcd's client address, on the fabric bridge.
+pub const ETCD_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+pub const ETCD_ENDPOINT: &str = "198.18.0.1:2379";
 
 impl Cluster {
     /// Builds the namespaces, writes the nodes file and starts every agent.
@@ -112,21 +122,76 @@ impl Cluster {
             nodes: Vec::new(),
             nodes_file: dir.join("nodes.yaml"),
             dir,
+            settings: settings.clone(),
+            etcd: None,
         };
         in_netns(Some(&cluster.fabric), |nl| async move {
             nl.add_bridge("br0").await?;
-            nl.set_up("br0").await
+            nl.add_address("br0", ETCD_IP, 24).await?;
+            nl.set_up("br0").await?;
+            nl.set_up("lo").await
         })
         .expect("fabric bridge");
         for i in 0..settings.nodes {
             let node = cluster.add_node(i);
             cluster.nodes.push(node);
         }
-        cluster.write_nodes_file(settings.nodes);
+        if settings.etcd {
+            cluster.start_etcd();
+        } else {
+            cluster.write_nodes_file(settings.nodes);
+        }
         for i in 0..settings.nodes {
-            cluster.spawn_agent(i, settings);
+            cluster.start_agent(i);
         }
         cluster
+    }
+
+    /// Starts etcd in the fabric namespace (same data directory each time)
+    /// and waits until it answers.
+    pub fn start_etcd(&mut self) {
+        assert!(self.etcd.is_none(), "etcd already running");
+        let data = self.dir.join("etcd");
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", "fabric", "--data-dir"])
+            .arg(&data)
+            .args(["--listen-client-urls", &format!("http://{ETCD_ENDPOINT}")])
+            .args([
+                "--advertise-client-urls",
+                &format!("http://{ETCD_ENDPOINT}"),
+            ])
+            .args(["--listen-peer-urls", "http://127.0.0.1:2380"])
+            .args(["--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
+            .args(["--initial-cluster", "fabric=http://127.0.0.1:2380"])
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(self.dir.join("etcd.log")).expect("etcd log"));
+        process::enter(&mut cmd, &self.fabric);
+        self.etcd = Some(
+            cmd.spawn()
+                .expect("start etcd (Debian package etcd-server)"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self
+            .fabric
+            .run(|| std::net::TcpStream::connect(ETCD_ENDPOINT).is_err())
+            .expect("fabric netns")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not start:\n{}",
+                fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops etcd (SIGTERM) and waits for it.
+    pub fn stop_etcd(&mut self) {
+        if let Some(mut child) = self.etcd.take() {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = child.wait();
+        }
     }
 
     fn add_node(&self, i: usize) -> ClusterNode {
@@ -179,7 +244,9 @@ impl Cluster {
         fs::rename(&tmp, &self.nodes_file).expect("replace nodes file");
     }
 
-    fn spawn_agent(&mut self, i: usize, s: &Settings) {
+    /// Starts node `i`'s agent.
+    pub fn start_agent(&mut self, i: usize) {
+        let s = self.settings.clone();
         let nodes_file = self.nodes_file.clone();
         let node = &mut self.nodes[i];
         let mut cmd = Command::new(agent_binary());
@@ -191,8 +258,6 @@ impl Cluster {
             &node.cidr,
         ])
         .args(["--endpoint-netns", &node.endpoint_netns])
-        .arg("--nodes-file")
-        .arg(&nodes_file)
         .arg("--state-dir")
         .arg(node.dir.join("state"))
         .arg("--pidfile")
@@ -211,6 +276,7 @@ impl Cluster {
         .args(["--success-threshold", &s.success_threshold.to_string()])
         .args(["--sync-min-interval", "200ms"])
         .args(&s.extra_args)
+        .args(discovery_args(&s, &nodes_file))
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(fs::File::create(node.dir.join("daemon.log")).expect("log"));
@@ -246,14 +312,19 @@ impl Cluster {
         }
     }
 
+    /// Stops node `i`'s agent with `signal` and waits for it.
+    pub fn stop_agent(&mut self, i: usize, signal: nix::sys::signal::Signal) {
+        if let Some(mut child) = self.nodes[i].daemon.take() {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+            let _ = nix::sys::signal::kill(pid, signal);
+            let _ = child.wait();
+        }
+    }
+
     /// Stops every agent with SIGTERM (they remove their endpoints).
     pub fn stop_agents(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.daemon.take() {
-                let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-                let _ = child.wait();
-            }
+        for i in 0..self.nodes.len() {
+            self.stop_agent(i, nix::sys::signal::Signal::SIGTERM);
         }
     }
 }
@@ -261,6 +332,7 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop_agents();
+        self.stop_etcd();
         for node in &self.nodes {
             let _ = Netns::named(&node.endpoint_netns).map(|ns| ns.delete());
             let _ = node.ns.delete();
@@ -268,6 +340,24 @@ impl Drop for Cluster {
         }
         let _ = self.fabric.delete();
         let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The agent flags for the cluster's node discovery.
+fn discovery_args(s: &Settings, nodes_file: &Path) -> Vec<String> {
+    if s.etcd {
+        [
+            "--kvstore",
+            "etcd",
+            "--kvstore-endpoint",
+            ETCD_ENDPOINT,
+            "--kvstore-lease-ttl",
+            "3s",
+        ]
+        .map(String::from)
+        .to_vec()
+    } else {
+        vec!["--nodes-file".into(), nodes_file.display().to_string()]
     }
 }
 

@@ -1,34 +1,34 @@
-//! `cargo xtask run`: two namespaces playing two nodes; node b runs the real
-//! `health-agent` binary (inside its namespace), which answers echo in the
-//! kernel while b's own stack ignores echo; node a probes it live.
+//! `cargo xtask run`: a local cluster on this machine. N namespaces play
+//! nodes on a bridge in 198.18.0.0/15, each running the real
+//! `health-agent daemon` with its own health endpoint, discovering the
+//! others through a shared nodes file; a live status view refreshes until
+//! Ctrl-C, which stops the agents and removes everything.
 
 use std::{
-    path::PathBuf,
-    process::{Child, Command},
+    fmt::Write as _,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
-use health_agent::responder::read_pinned_stats;
+use anyhow::bail;
+use health_agent::cli::status::render;
 
-use crate::{
-    pinger::{check_reply, ping},
-    pins::PinDir,
-    topology::{A_IF, A_IP, B_IF, B_IP, TwoNodes},
-};
+use crate::cluster::{Cluster, Settings};
 
 #[derive(Debug, clap::Args)]
 pub struct Options {
-    /// Probe interval in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    pub interval_ms: u64,
-    /// Stop after this many probes (default: run until Ctrl-C).
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Probe interval of the agents.
+    #[arg(long, default_value = "2s")]
+    pub probe_interval: String,
+    /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long)]
-    pub count: Option<u32>,
-    /// Attach mode for the agent (default: the agent's own default).
+    pub seconds: Option<u64>,
+    /// Print every view below the previous one instead of redrawing.
     #[arg(long)]
-    pub mode: Option<String>,
+    pub no_redraw: bool,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -38,117 +38,62 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
+    if !(1..=100).contains(&opts.nodes) {
+        bail!("--nodes {} is out of range (1 to 100)", opts.nodes);
+    }
+    health_agent::duration::parse(&opts.probe_interval)
+        .map_err(|e| anyhow::anyhow!("--probe-interval: {e}"))?;
     install_stop_handler()?;
-    let nodes = TwoNodes::new();
-    let pins = PinDir::new();
-    TwoNodes::sysctl(&nodes.b, "net/ipv4/icmp_echo_ignore_all", "1");
-    println!("node a: {A_IP} on {A_IF} in {}", nodes.a.path().display());
     println!(
-        "node b: {B_IP} on {B_IF} in {} (kernel echo disabled)",
-        nodes.b.path().display()
+        "starting a {}-node cluster (namespaces on a bridge, 198.18.0.0/15)...",
+        opts.nodes
     );
-
-    let mut agent = Agent::start(&nodes, &pins, opts.mode.as_deref())?;
-    // Wait until the agent has pinned its maps and attached.
-    let ready = Instant::now() + Duration::from_secs(10);
-    while read_pinned_stats(pins.path()).is_err() {
-        if let Some(status) = agent.child.try_wait()? {
-            bail!("health-agent exited before attaching ({status})");
-        }
-        if Instant::now() > ready {
-            bail!("health-agent did not pin its maps within 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    println!(
-        "probing {B_IP} from node a every {} ms; Ctrl-C stops and tears down",
-        opts.interval_ms
-    );
-
-    let mut seq_total = 0u32;
-    while !STOP.load(Ordering::Relaxed) && opts.count.is_none_or(|c| seq_total < c) {
-        let ex = ping(&nodes.a, B_IP, 0xd3e0, 1, Duration::from_secs(1))?.remove(0);
-        let stats = read_pinned_stats(pins.path())?;
-        let verdict = match (&ex.rtt, check_reply(&ex, 0xd3e0)) {
-            (Some(rtt), Ok(())) => {
-                format!("reply in {:.3} ms, checksums ok", rtt.as_secs_f64() * 1e3)
+    let interval: &'static str = Box::leak(opts.probe_interval.clone().into_boxed_str());
+    let mut cluster = Cluster::start(&Settings {
+        nodes: opts.nodes,
+        probe_interval: interval,
+        probe_timeout: "1s",
+        ..Settings::default()
+    });
+    println!("agents' logs and sockets: {}", cluster.dir.display());
+    let end = opts
+        .seconds
+        .map(|s| Instant::now() + Duration::from_secs(s));
+    while !STOP.load(Ordering::Relaxed) && end.is_none_or(|e| Instant::now() < e) {
+        let mut view = String::new();
+        for node in &cluster.nodes {
+            match node.status() {
+                Some(s) if node.name == cluster.nodes[0].name => view.push_str(&render(&s, false)),
+                Some(s) => {
+                    let _ = writeln!(
+                        view,
+                        "  {} sees {}/{} reachable",
+                        node.name,
+                        s.reachable(),
+                        s.nodes.len()
+                    );
+                }
+                None => {
+                    let _ = writeln!(view, "  {}: agent not answering yet", node.name);
+                }
             }
-            (_, Err(e)) => format!("FAILED: {e}"),
-            (None, Ok(())) => "no reply".into(),
-        };
-        println!(
-            "probe {seq_total:>4}: {verdict:<40} answered in kernel={} passed={} malformed={}",
-            stats.answered, stats.passed, stats.malformed
-        );
-        seq_total += 1;
-        sleep_unless_stopped(Duration::from_millis(opts.interval_ms));
+        }
+        if opts.no_redraw {
+            println!("{view}");
+        } else {
+            // Clear the screen and draw the view at the top.
+            print!(
+                "\x1b[2J\x1b[H{} (Ctrl-C stops and tears down)\n\n{view}",
+                cluster.nodes[0].name
+            );
+        }
+        sleep_unless_stopped(Duration::from_secs(1));
     }
-    println!("stopping: SIGTERM to health-agent, then removing the namespaces and pins");
-    agent.stop()?;
+    println!("\nstopping the agents (SIGTERM) and removing namespaces, pins and files...");
+    cluster.stop_agents();
+    drop(cluster);
+    println!("done");
     Ok(())
-}
-
-struct Agent {
-    child: Child,
-}
-
-impl Agent {
-    fn start(nodes: &TwoNodes, pins: &PinDir, mode: Option<&str>) -> anyhow::Result<Self> {
-        let bin = sibling_binary("health-agent")?;
-        let mut cmd = Command::new(&bin);
-        cmd.args([
-            "responder",
-            "run",
-            "--iface",
-            B_IF,
-            "--address",
-            &B_IP.to_string(),
-        ])
-        .args(["--xdp-peer", A_IF, "--xdp-peer-netns"])
-        .arg(nodes.a.path())
-        .arg("--bpffs-dir")
-        .arg(pins.path());
-        if let Some(m) = mode {
-            cmd.args(["--mode", m]);
-        }
-        // The agent runs as node b's agent, inside its namespace.
-        crate::process::enter(&mut cmd, &nodes.b);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        Ok(Self { child })
-    }
-
-    fn stop(&mut self) -> anyhow::Result<()> {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let status = self.child.wait()?;
-        println!("health-agent exited: {status}");
-        Ok(())
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A binary built next to this one (`cargo build` puts them together).
-fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
-    let me = std::env::current_exe()?;
-    let path = me.with_file_name(name);
-    if !path.exists() {
-        bail!(
-            "{} not found: build it first (`cargo build -p health-agent`)",
-            path.display()
-        );
-    }
-    Ok(path)
 }
 
 fn install_stop_handler() -> anyhow::Result<()> {

@@ -181,16 +181,17 @@ fn nodes_file_edits_add_and_remove_peers_and_bad_edits_keep_the_last_good_set() 
 
 /// Polls `GET /v1/nodes` of node-1 until its error mentions `needle`.
 fn wait_nodes_error(cluster: &Cluster, needle: &str) -> serde_json::Value {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let socket = cluster.nodes[0].socket();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let out = std::process::Command::new("curl")
-            .arg("--silent")
-            .arg("--unix-socket")
-            .arg(cluster.nodes[0].socket())
-            .arg("http://agent/v1/nodes")
-            .output();
-        if let Ok(out) = out
-            && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        let view: Option<serde_json::Value> = rt
+            .block_on(health_agent::api::client::get(&socket, "/v1/nodes"))
+            .ok();
+        if let Some(v) = view
             && v["error"].as_str().is_some_and(|e| e.contains(needle))
         {
             return v;

@@ -55,9 +55,13 @@ enum Task {
         #[command(subcommand)]
         which: Bench,
     },
-    /// The main job: a local demo on this machine (namespaces as nodes).
+    /// The main job: a local cluster on this machine (namespaces as nodes,
+    /// one agent each) with a live status view until Ctrl-C.
     Run {
-        /// Extra arguments for `health-lab demo`.
+        /// Number of nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Extra arguments for `health-lab demo` (e.g. -- --seconds 20).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -126,10 +130,11 @@ fn run() -> anyhow::Result<()> {
             let (s, r) = (seconds.to_string(), rounds.to_string());
             lab(&root, &["bench-echo", "--seconds", &s, "--rounds", &r])
         }
-        Task::Run { args } => {
+        Task::Run { nodes, args } => {
             setup::run(&pin)?;
-            cmd::require_root("the demo creates namespaces and loads BPF programs")?;
-            let mut lab_args = vec!["demo"];
+            cmd::require_root("the cluster creates namespaces and loads BPF programs")?;
+            let n = nodes.to_string();
+            let mut lab_args = vec!["demo", "--nodes", &n];
             lab_args.extend(args.iter().map(String::as_str));
             lab(&root, &lab_args)
         }

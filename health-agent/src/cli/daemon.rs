@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::{PinArgs, SocketArgs};
 use crate::{
-    cluster::sync::Limits,
+    cluster::{etcd::EtcdConfig, sync::Limits},
     daemon::{DaemonConfig, run},
     endpoint::EndpointConfig,
     ipam::Ipv4Cidr,
@@ -47,8 +47,24 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub node_name: Option<String>,
     /// Nodes file (YAML or JSON), watched for changes.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "kvstore")]
     pub nodes_file: Option<PathBuf>,
+    /// Discover nodes through a key-value store instead of a file.
+    #[arg(long, value_enum)]
+    pub kvstore: Option<Kvstore>,
+    /// Client address of the kvstore, `host:port`.
+    #[arg(long, default_value = "127.0.0.1:2379", value_name = "HOST:PORT")]
+    pub kvstore_endpoint: String,
+    /// Key prefix under which nodes register.
+    #[arg(long, default_value = "/health/nodes/")]
+    pub kvstore_prefix: String,
+    /// TTL of this node's registration lease (kept alive while the agent runs).
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
+    pub kvstore_lease_ttl: Duration,
+    /// This node's IP as published in the kvstore (default: the source
+    /// address of the route to the kvstore).
+    #[arg(long)]
+    pub node_ip: Option<std::net::Ipv4Addr>,
     /// Time between probe rounds.
     #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
     pub probe_interval: Duration,
@@ -82,6 +98,12 @@ pub struct DaemonArgs {
     pub pins: PinArgs,
     #[command(flatten)]
     pub socket: SocketArgs,
+}
+
+/// Supported key-value stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kvstore {
+    Etcd,
 }
 
 fn parse_delay(s: &str) -> Result<Duration, String> {
@@ -135,6 +157,12 @@ impl DaemonArgs {
             },
             node_name: self.node_name.or_else(hostname),
             nodes_file: self.nodes_file,
+            etcd: self.kvstore.map(|Kvstore::Etcd| EtcdConfig {
+                endpoint: self.kvstore_endpoint,
+                prefix: self.kvstore_prefix,
+                lease_ttl: self.kvstore_lease_ttl,
+            }),
+            node_ip: self.node_ip,
             initial_delay: self.probe_initial_delay,
             sync: Limits {
                 min_interval: self.sync_min_interval,

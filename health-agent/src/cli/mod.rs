@@ -7,7 +7,7 @@
 mod daemon;
 mod endpoint;
 pub(crate) mod responder;
-mod status;
+pub mod status;
 
 use std::path::PathBuf;
 

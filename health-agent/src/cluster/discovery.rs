@@ -93,3 +93,62 @@ pub async fn watch_file(
         last = Some(text);
     }
 }
+
+/// A source of node sets: the nodes file or etcd.
+pub trait NodeSource: Send + 'static {
+    /// How `GET /v1/nodes` names the source.
+    fn describe(&self) -> String;
+    /// Publishes node sets on `tx` (and problems in `view`) until dropped.
+    fn run(
+        self: Box<Self>,
+        view: SharedNodes,
+        tx: watch::Sender<NodeSet>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// The watched nodes file.
+pub struct FileSource {
+    pub path: PathBuf,
+    pub poll: Duration,
+}
+
+impl NodeSource for FileSource {
+    fn describe(&self) -> String {
+        format!("file:{}", self.path.display())
+    }
+
+    fn run(
+        self: Box<Self>,
+        view: SharedNodes,
+        tx: watch::Sender<NodeSet>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(watch_file(self.path, self.poll, view, tx))
+    }
+}
+
+/// etcd: register this node, list and watch the prefix.
+pub struct EtcdSource {
+    pub cfg: super::etcd::EtcdConfig,
+    pub me: super::Node,
+    pub registration: super::etcd::Registration,
+}
+
+impl NodeSource for EtcdSource {
+    fn describe(&self) -> String {
+        format!("etcd:{}{}", self.cfg.endpoint, self.cfg.prefix)
+    }
+
+    fn run(
+        self: Box<Self>,
+        view: SharedNodes,
+        tx: watch::Sender<NodeSet>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(super::etcd::run(
+            self.cfg,
+            self.me,
+            view,
+            tx,
+            self.registration,
+        ))
+    }
+}

@@ -2,6 +2,7 @@
 //! changes to that set are applied (the bounded-frequency sync runner).
 
 pub mod discovery;
+pub mod etcd;
 pub mod nodes_file;
 pub mod routes;
 pub mod sync;
