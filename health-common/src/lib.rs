@@ -11,7 +11,10 @@
 extern crate std;
 
 pub mod checksum;
+pub mod ct;
 pub mod echo;
+pub mod flow;
 pub mod frame;
 pub mod headers;
 pub mod maps;
+pub mod rtt;

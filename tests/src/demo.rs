@@ -29,6 +29,10 @@ pub struct Options {
     /// Print every view below the previous one instead of redrawing.
     #[arg(long)]
     pub no_redraw: bool,
+    /// Discover nodes through a local etcd (started in the fabric
+    /// namespace) instead of the nodes file.
+    #[arg(long, value_parser = ["file", "etcd"], default_value = "file")]
+    pub kvstore: String,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -53,6 +57,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         nodes: opts.nodes,
         probe_interval: interval,
         probe_timeout: "1s",
+        etcd: opts.kvstore == "etcd",
         ..Settings::default()
     });
     println!("agents' logs and sockets: {}", cluster.dir.display());

@@ -90,6 +90,12 @@ fn daemon_brings_the_endpoint_to_ready_and_the_responder_answers() {
         ]
     );
     assert!(node.node_has_route_to(ip), "host route to the endpoint");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(node.socket())
+            .expect("socket")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o660, "API socket mode");
     assert_answered_in_kernel(&node, ip, 5);
 
     // The table form names the same endpoint.

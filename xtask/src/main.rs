@@ -61,6 +61,9 @@ enum Task {
         /// Number of nodes.
         #[arg(long, default_value_t = 3)]
         nodes: usize,
+        /// Node discovery: the shared nodes file, or a local etcd.
+        #[arg(long, value_parser = ["file", "etcd"], default_value = "file")]
+        kvstore: String,
         /// Extra arguments for `health-lab demo` (e.g. -- --seconds 20).
         #[arg(last = true)]
         args: Vec<String>,
@@ -130,11 +133,15 @@ fn run() -> anyhow::Result<()> {
             let (s, r) = (seconds.to_string(), rounds.to_string());
             lab(&root, &["bench-echo", "--seconds", &s, "--rounds", &r])
         }
-        Task::Run { nodes, args } => {
+        Task::Run {
+            nodes,
+            kvstore,
+            args,
+        } => {
             setup::run(&pin)?;
             cmd::require_root("the cluster creates namespaces and loads BPF programs")?;
             let n = nodes.to_string();
-            let mut lab_args = vec!["demo", "--nodes", &n];
+            let mut lab_args = vec!["demo", "--nodes", &n, "--kvstore", &kvstore];
             lab_args.extend(args.iter().map(String::as_str));
             lab(&root, &lab_args)
         }

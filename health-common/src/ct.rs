@@ -1,0 +1,260 @@
+//! Connection tracking on the health endpoint's veth: keys, entries and the
+//! per-packet decisions, shared by the tc programs and the agent.
+//!
+//! Tuples are written from the endpoint's side: an `Out` entry is a flow
+//! the endpoint opened (its probes), an `In` entry one a peer opened (probes
+//! of this endpoint). Packets from the endpoint count as tx, packets to it
+//! as rx. For ICMP echo the identifier stands in for a port: requests carry
+//! it as the destination port, replies as the source port, so a reply's
+//! reversed tuple is its request's.
+
+use crate::headers::IPPROTO_ICMP;
+
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+
+pub const DIR_OUT: u8 = 1;
+pub const DIR_IN: u8 = 2;
+
+/// TCP flag bits as in the header.
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
+
+/// Map key: 16 bytes, no implicit padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub saddr: [u8; 4],
+    pub daddr: [u8; 4],
+    /// Network byte order.
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    pub proto: u8,
+    pub dir: u8,
+    pub pad: [u8; 2],
+}
+
+impl CtKey {
+    /// The same flow seen from the other end, with direction `dir`.
+    #[must_use]
+    pub const fn reversed(&self, dir: u8) -> Self {
+        Self {
+            saddr: self.daddr,
+            daddr: self.saddr,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+            dir,
+            pad: [0; 2],
+        }
+    }
+}
+
+/// Map value: 72 bytes, no implicit padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtEntry {
+    /// `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) at creation.
+    pub created_ns: u64,
+    /// When the entry may be collected (`CLOCK_MONOTONIC` ns).
+    pub expires_ns: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub last_rx_ns: u64,
+    pub last_tx_ns: u64,
+    pub rx_flags_seen: u8,
+    pub tx_flags_seen: u8,
+    pub pad: [u8; 6],
+}
+
+/// Lifetimes in seconds, set by the agent (one entry of `CT_CONFIG`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtConfig {
+    pub icmp_s: u32,
+    pub udp_s: u32,
+    pub tcp_syn_s: u32,
+    pub tcp_established_s: u32,
+    pub tcp_closed_s: u32,
+    pub pad: u32,
+}
+
+impl Default for CtConfig {
+    fn default() -> Self {
+        Self {
+            icmp_s: 60,
+            udp_s: 60,
+            tcp_syn_s: 60,
+            tcp_established_s: 21_600,
+            tcp_closed_s: 10,
+            pad: 0,
+        }
+    }
+}
+
+/// Indices of the per-CPU `CT_STATS` counters.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtCounter {
+    Lookups = 0,
+    Created = 1,
+    InsertFailures = 2,
+    /// Added by the agent's garbage collector.
+    Removed = 3,
+    /// Packets the programs could not parse (passed on untouched).
+    Unparsed = 4,
+}
+
+impl CtCounter {
+    pub const COUNT: u32 = 5;
+    pub const ALL: [Self; 5] = [
+        Self::Lookups,
+        Self::Created,
+        Self::InsertFailures,
+        Self::Removed,
+        Self::Unparsed,
+    ];
+
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Lookups => "lookups",
+            Self::Created => "created",
+            Self::InsertFailures => "insert_failures",
+            Self::Removed => "removed",
+            Self::Unparsed => "unparsed",
+        }
+    }
+}
+
+/// What the parser extracts from a packet for tracking and RTT.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flow {
+    /// The tuple as the packet travels (source = sender).
+    pub key: CtKey,
+    pub tcp_flags: u8,
+    /// ICMP echo: type (8 request, 0 reply) and sequence.
+    pub icmp_type: u8,
+    pub icmp_seq: [u8; 2],
+    pub len: u32,
+}
+
+/// Lifetime of an entry after a packet with `flags_seen` (both directions
+/// merged) of protocol `proto`.
+#[must_use]
+pub const fn lifetime_s(cfg: &CtConfig, proto: u8, flags_seen: u8) -> u32 {
+    match proto {
+        IPPROTO_ICMP => cfg.icmp_s,
+        IPPROTO_TCP => {
+            if flags_seen & (TCP_FIN | TCP_RST) != 0 {
+                cfg.tcp_closed_s
+            } else if flags_seen & TCP_ACK != 0 {
+                cfg.tcp_established_s
+            } else {
+                cfg.tcp_syn_s
+            }
+        }
+        _ => cfg.udp_s,
+    }
+}
+
+impl CtEntry {
+    /// Accounts one packet of `len` bytes; `from_endpoint` selects tx or rx.
+    pub const fn account(
+        &mut self,
+        now: u64,
+        len: u32,
+        tcp_flags: u8,
+        from_endpoint: bool,
+        cfg: &CtConfig,
+        proto: u8,
+    ) {
+        if from_endpoint {
+            self.tx_packets += 1;
+            self.tx_bytes += len as u64;
+            self.tx_flags_seen |= tcp_flags;
+            self.last_tx_ns = now;
+        } else {
+            self.rx_packets += 1;
+            self.rx_bytes += len as u64;
+            self.rx_flags_seen |= tcp_flags;
+            self.last_rx_ns = now;
+        }
+        let seen = self.rx_flags_seen | self.tx_flags_seen;
+        self.expires_ns = now + lifetime_s(cfg, proto, seen) as u64 * 1_000_000_000;
+    }
+}
+
+const _: () = {
+    assert!(size_of::<CtKey>() == 16);
+    assert!(size_of::<CtEntry>() == 72);
+    assert!(size_of::<CtConfig>() == 24);
+};
+
+// SAFETY: repr(C), explicit padding, every bit pattern valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for CtKey {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for CtEntry {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for CtConfig {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_reversed_is_its_request() {
+        let req = CtKey {
+            saddr: [198, 18, 64, 2],
+            daddr: [198, 18, 65, 2],
+            sport: [0, 0],
+            dport: 0x1234u16.to_be_bytes(),
+            proto: IPPROTO_ICMP,
+            dir: DIR_OUT,
+            pad: [0; 2],
+        };
+        let reply = req.reversed(0);
+        assert_eq!(reply.saddr, req.daddr);
+        assert_eq!(reply.sport, req.dport);
+        assert_eq!(reply.reversed(DIR_OUT), req);
+    }
+
+    #[test]
+    fn tcp_lifetimes_follow_the_flags() {
+        let cfg = CtConfig::default();
+        assert_eq!(lifetime_s(&cfg, IPPROTO_TCP, TCP_SYN), cfg.tcp_syn_s);
+        assert_eq!(
+            lifetime_s(&cfg, IPPROTO_TCP, TCP_SYN | TCP_ACK),
+            cfg.tcp_established_s
+        );
+        assert_eq!(
+            lifetime_s(&cfg, IPPROTO_TCP, TCP_SYN | TCP_ACK | TCP_FIN),
+            cfg.tcp_closed_s
+        );
+        assert_eq!(lifetime_s(&cfg, IPPROTO_TCP, TCP_RST), cfg.tcp_closed_s);
+        assert_eq!(lifetime_s(&cfg, IPPROTO_ICMP, 0), cfg.icmp_s);
+        assert_eq!(lifetime_s(&cfg, IPPROTO_UDP, 0), cfg.udp_s);
+    }
+
+    #[test]
+    fn accounting_splits_directions_and_extends_expiry() {
+        let cfg = CtConfig::default();
+        let mut e = CtEntry::default();
+        e.account(1_000, 98, 0, true, &cfg, IPPROTO_ICMP);
+        e.account(2_000, 98, 0, false, &cfg, IPPROTO_ICMP);
+        e.account(3_000, 60, 0, true, &cfg, IPPROTO_ICMP);
+        assert_eq!(
+            (e.tx_packets, e.tx_bytes, e.rx_packets, e.rx_bytes),
+            (2, 158, 1, 98)
+        );
+        assert_eq!(e.expires_ns, 3_000 + 60 * 1_000_000_000);
+        assert_eq!((e.last_tx_ns, e.last_rx_ns), (3_000, 2_000));
+    }
+}

@@ -1,0 +1,226 @@
+//! In-kernel RTT: probe requests leaving the endpoint are timestamped
+//! (`RTT_PENDING`), the matching reply closes the sample into the peer's
+//! statistics (`RTT_STATS`, per CPU); the agent sweeps requests that were
+//! never answered into `RTT_LOSSES`.
+
+use crate::ct::{CtKey, IPPROTO_TCP};
+
+/// Buckets of the log2 histogram of RTTs in microseconds: bucket `i` holds
+/// RTTs in `[2^(i-1), 2^i)` µs (bucket 0: under 1 µs), the last one the rest.
+pub const HIST_BUCKETS: usize = 24;
+
+/// A request waiting for its reply (12 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PendingKey {
+    pub peer: [u8; 4],
+    /// ICMP: identifier; TCP: the endpoint's port.
+    pub a: [u8; 2],
+    /// ICMP: sequence; TCP: the peer's port.
+    pub b: [u8; 2],
+    pub proto: u8,
+    pub pad: [u8; 3],
+}
+
+/// Per peer and protocol (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RttKey {
+    pub peer: [u8; 4],
+    pub proto: u8,
+    pub pad: [u8; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RttStats {
+    pub last_ns: u64,
+    /// When `last_ns` was measured (`CLOCK_MONOTONIC` ns).
+    pub last_at_ns: u64,
+    pub min_ns: u64,
+    pub max_ns: u64,
+    pub sum_ns: u64,
+    pub count: u64,
+    pub hist: [u64; HIST_BUCKETS],
+}
+
+impl Default for RttStats {
+    fn default() -> Self {
+        Self {
+            last_ns: 0,
+            last_at_ns: 0,
+            min_ns: u64::MAX,
+            max_ns: 0,
+            sum_ns: 0,
+            count: 0,
+            hist: [0; HIST_BUCKETS],
+        }
+    }
+}
+
+/// The histogram bucket of `rtt_ns`.
+#[must_use]
+#[inline(always)]
+pub const fn bucket(rtt_ns: u64) -> usize {
+    let us = rtt_ns / 1000;
+    let b = us.bit_width() as usize;
+    if b >= HIST_BUCKETS {
+        HIST_BUCKETS - 1
+    } else {
+        b
+    }
+}
+
+impl RttStats {
+    #[inline(always)]
+    pub fn record(&mut self, rtt_ns: u64, now: u64) {
+        self.last_ns = rtt_ns;
+        self.last_at_ns = now;
+        if rtt_ns < self.min_ns {
+            self.min_ns = rtt_ns;
+        }
+        if rtt_ns > self.max_ns {
+            self.max_ns = rtt_ns;
+        }
+        self.sum_ns += rtt_ns;
+        self.count += 1;
+        let b = bucket(rtt_ns);
+        if b < HIST_BUCKETS {
+            self.hist[b] += 1;
+        }
+    }
+
+    /// Folds another CPU's statistics into these.
+    pub fn merge(&mut self, other: &Self) {
+        if other.last_at_ns > self.last_at_ns {
+            self.last_ns = other.last_ns;
+            self.last_at_ns = other.last_at_ns;
+        }
+        self.min_ns = self.min_ns.min(other.min_ns);
+        self.max_ns = self.max_ns.max(other.max_ns);
+        self.sum_ns += other.sum_ns;
+        self.count += other.count;
+        for (a, b) in self.hist.iter_mut().zip(other.hist.iter()) {
+            *a += b;
+        }
+    }
+}
+
+/// The pending key a request leaving the endpoint opens: ICMP echo by
+/// (peer, identifier, sequence), TCP SYN by (peer, ports).
+#[must_use]
+#[inline(always)]
+pub const fn request_key(flow_key: &CtKey, icmp_seq: [u8; 2]) -> PendingKey {
+    if flow_key.proto == IPPROTO_TCP {
+        PendingKey {
+            peer: flow_key.daddr,
+            a: flow_key.sport,
+            b: flow_key.dport,
+            proto: IPPROTO_TCP,
+            pad: [0; 3],
+        }
+    } else {
+        PendingKey {
+            peer: flow_key.daddr,
+            a: flow_key.dport,
+            b: icmp_seq,
+            proto: flow_key.proto,
+            pad: [0; 3],
+        }
+    }
+}
+
+/// The pending key the reply coming back to the endpoint closes.
+#[must_use]
+#[inline(always)]
+pub const fn reply_key(flow_key: &CtKey, icmp_seq: [u8; 2]) -> PendingKey {
+    if flow_key.proto == IPPROTO_TCP {
+        PendingKey {
+            peer: flow_key.saddr,
+            a: flow_key.dport,
+            b: flow_key.sport,
+            proto: IPPROTO_TCP,
+            pad: [0; 3],
+        }
+    } else {
+        PendingKey {
+            peer: flow_key.saddr,
+            a: flow_key.sport,
+            b: icmp_seq,
+            proto: flow_key.proto,
+            pad: [0; 3],
+        }
+    }
+}
+
+const _: () = {
+    assert!(size_of::<PendingKey>() == 12);
+    assert!(size_of::<RttKey>() == 8);
+    assert!(size_of::<RttStats>() == 48 + 8 * HIST_BUCKETS);
+};
+
+// SAFETY: repr(C), explicit padding, every bit pattern valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PendingKey {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for RttKey {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for RttStats {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::headers::IPPROTO_ICMP;
+
+    #[test]
+    fn buckets_are_log2_microseconds() {
+        assert_eq!(bucket(500), 0);
+        assert_eq!(bucket(1_000), 1);
+        assert_eq!(bucket(3_999), 2);
+        assert_eq!(bucket(1_000_000), 10);
+        assert_eq!(bucket(u64::MAX), HIST_BUCKETS - 1);
+    }
+
+    #[test]
+    fn request_and_reply_keys_meet() {
+        let req = CtKey {
+            saddr: [198, 18, 64, 2],
+            daddr: [198, 18, 65, 2],
+            sport: [0, 0],
+            dport: [0xab, 0xcd],
+            proto: IPPROTO_ICMP,
+            ..CtKey::default()
+        };
+        let reply = req.reversed(0);
+        assert_eq!(request_key(&req, [0, 9]), reply_key(&reply, [0, 9]));
+        assert_ne!(request_key(&req, [0, 9]), reply_key(&reply, [0, 8]));
+        let syn = CtKey {
+            sport: [0x9c, 0x40],
+            dport: [0x10, 0x90],
+            proto: IPPROTO_TCP,
+            ..req
+        };
+        assert_eq!(
+            request_key(&syn, [0, 0]),
+            reply_key(&syn.reversed(0), [0, 0])
+        );
+    }
+
+    #[test]
+    fn stats_record_and_merge() {
+        let mut a = RttStats::default();
+        a.record(2_000, 10);
+        a.record(4_000, 20);
+        let mut b = RttStats::default();
+        b.record(1_000, 30);
+        a.merge(&b);
+        assert_eq!(
+            (a.count, a.sum_ns, a.min_ns, a.max_ns),
+            (3, 7_000, 1_000, 4_000)
+        );
+        assert_eq!((a.last_ns, a.last_at_ns), (1_000, 30));
+        assert_eq!(a.hist.iter().sum::<u64>(), 3);
+    }
+}
