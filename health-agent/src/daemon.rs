@@ -58,6 +58,8 @@ pub struct DaemonConfig {
     /// This node's address as published in etcd (default: the source
     /// address of the route to etcd).
     pub node_ip: Option<Ipv4Addr>,
+    /// Period of the CT garbage collector and the RTT loss sweep.
+    pub ct_gc_interval: Duration,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -65,20 +67,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let _pidfile = Pidfile::acquire(&cfg.pidfile, &cfg.socket)?;
     raise_fd_limit();
 
-    let nodes_view: SharedNodes = Arc::new(RwLock::new(NodesView {
-        source: match (&cfg.nodes_file, &cfg.etcd) {
-            (Some(p), _) => format!("file:{}", p.display()),
-            (None, Some(e)) => format!("etcd:{}{}", e.endpoint, e.prefix),
-            (None, None) => "none".into(),
-        },
-        ..NodesView::default()
-    }));
-    let (nodes_tx, nodes_rx) = watch::channel(NodeSet::new());
-    if let Some(path) = &cfg.nodes_file {
-        let nodes = nodes_file::load(path)?;
-        info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
-        discovery::accept(&nodes_view, &nodes_tx, nodes);
-    }
+    let (nodes_view, nodes_tx, nodes_rx) = initial_nodes(&cfg)?;
     let prober = Prober::new(cfg.probe.clone()).context("opening the ICMP probe socket")?;
     prober.set_nodes(nodes_rx.borrow().clone());
 
@@ -108,8 +97,9 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
 
     let mut tasks: Vec<JoinHandle<()>> = vec![api_task, node_hello];
     let (events_tx, events_rx) = mpsc::channel(1);
+    let (sync_events_tx, sync_events_rx) = mpsc::channel(1);
     tasks.push(tokio::spawn(async move {
-        if let Err(e) = watch_links(events_tx).await {
+        if let Err(e) = watch_links(vec![events_tx, sync_events_tx]).await {
             warn!(
                 "link events unavailable, relying on the interval alone: {}",
                 chain(&e)
@@ -137,6 +127,12 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         routes.clone(),
         cfg.node_name.clone(),
         own_ip,
+        sync_events_rx,
+    )));
+    tasks.push(tokio::spawn(maintain_datapath(
+        cfg.endpoint.pin_dir.clone(),
+        cfg.ct_gc_interval,
+        cfg.probe.timeout,
     )));
     tasks.push(tokio::spawn(probe_loop(prober, cfg.initial_delay)));
 
@@ -162,6 +158,32 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     .await
     .context("the shutdown task panicked")??;
     Ok(())
+}
+
+/// The node set before discovery starts: a bad nodes file fails the start
+/// here, naming the line.
+fn initial_nodes(
+    cfg: &DaemonConfig,
+) -> anyhow::Result<(
+    SharedNodes,
+    watch::Sender<NodeSet>,
+    watch::Receiver<NodeSet>,
+)> {
+    let view: SharedNodes = Arc::new(RwLock::new(NodesView {
+        source: match (&cfg.nodes_file, &cfg.etcd) {
+            (Some(p), _) => format!("file:{}", p.display()),
+            (None, Some(e)) => format!("etcd:{}{}", e.endpoint, e.prefix),
+            (None, None) => "none".into(),
+        },
+        ..NodesView::default()
+    }));
+    let (tx, rx) = watch::channel(NodeSet::new());
+    if let Some(path) = &cfg.nodes_file {
+        let nodes = nodes_file::load(path)?;
+        info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
+        discovery::accept(&view, &tx, nodes);
+    }
+    Ok((view, tx, rx))
 }
 
 /// The :4240 responder inside the endpoint's namespace: the listening
@@ -254,9 +276,17 @@ async fn sync_nodes(
     routes: Arc<StdMutex<PeerRoutes>>,
     local_name: Option<String>,
     own_ip: Ipv4Addr,
+    mut link_events: mpsc::Receiver<()>,
 ) {
     let wake = Arc::new(Notify::new());
     let waker = wake.clone();
+    // A link going down takes its routes with it: re-check them.
+    let link_waker = wake.clone();
+    let relinks = tokio::spawn(async move {
+        while link_events.recv().await.is_some() {
+            link_waker.notify_one();
+        }
+    });
     let mut changes = nodes.clone();
     let forward = tokio::spawn(async move {
         while changes.changed().await.is_ok() {
@@ -281,6 +311,32 @@ async fn sync_nodes(
     })
     .await;
     forward.abort();
+    relinks.abort();
+}
+
+/// Collects expired CT entries and counts unanswered probes as RTT losses.
+async fn maintain_datapath(pins: PathBuf, every: Duration, probe_timeout: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let dir = pins.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let removed = crate::datapath::ct::gc(&dir);
+            let lost = crate::datapath::rtt::sweep(&dir, probe_timeout);
+            (removed, lost)
+        })
+        .await;
+        match done {
+            Ok((Ok(removed), Ok(lost))) => debug!(removed, lost, "datapath maintenance"),
+            Ok((r, l)) => {
+                for e in [r.err(), l.err()].into_iter().flatten() {
+                    warn!("datapath maintenance: {}", chain(&e));
+                }
+            }
+            Err(e) => warn!("datapath maintenance task failed: {e}"),
+        }
+    }
 }
 
 async fn probe_loop(prober: Arc<Prober>, initial_delay: Duration) {

@@ -5,6 +5,7 @@ pub mod api;
 pub mod cli;
 pub mod cluster;
 pub mod daemon;
+pub mod datapath;
 pub mod duration;
 pub mod endpoint;
 pub mod errors;

@@ -392,17 +392,23 @@ impl Netlink {
     }
 }
 
-/// Sends `()` on `tx` for every link event (new, changed, deleted link) in
+/// Sends `()` to every subscriber for every link event (new, changed, deleted link) in
 /// the namespace of the calling thread, until `tx` is closed. Run it on a
 /// runtime that lives in that namespace.
-pub async fn watch_links(tx: tokio::sync::mpsc::Sender<()>) -> Result<(), NetlinkError> {
+pub async fn watch_links(
+    subscribers: Vec<tokio::sync::mpsc::Sender<()>>,
+) -> Result<(), NetlinkError> {
     use futures::StreamExt as _;
     let (conn, _handle, mut messages) =
         rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
             .map_err(NetlinkError::Socket)?;
     let task = tokio::spawn(conn);
     while messages.next().await.is_some() {
-        if tx.try_send(()).is_err() && tx.is_closed() {
+        // A full channel already holds a wake-up: dropping this one is fine.
+        for tx in &subscribers {
+            let _ = tx.try_send(());
+        }
+        if subscribers.iter().all(tokio::sync::mpsc::Sender::is_closed) {
             break;
         }
     }

@@ -5,12 +5,36 @@ pub const ECHO_STATS: &str = "ECHO_STATS";
 /// Array with one [`EchoConfig`] at index 0.
 pub const ECHO_CONFIG: &str = "ECHO_CONFIG";
 
+/// Connection tracking and RTT maps (see `ct` and `rtt`).
+pub const CT_MAP: &str = "CT_MAP";
+pub const CT_CONFIG: &str = "CT_CONFIG";
+pub const CT_STATS: &str = "CT_STATS";
+pub const RTT_PENDING: &str = "RTT_PENDING";
+pub const RTT_STATS: &str = "RTT_STATS";
+pub const RTT_LOSSES: &str = "RTT_LOSSES";
+
+/// Every map the object pins, for listing and cleanup.
+pub const ALL_MAPS: [&str; 9] = [
+    ECHO_STATS,
+    ECHO_CONFIG,
+    CT_MAP,
+    CT_CONFIG,
+    CT_STATS,
+    RTT_PENDING,
+    RTT_STATS,
+    RTT_LOSSES,
+    "AYA_LOGS",
+];
+
 /// Program names in the object file.
 pub const PROG_ECHO_XDP: &str = "health_echo_xdp";
 pub const PROG_ECHO_TC: &str = "health_echo_tc";
 /// An `XDP_PASS` program for the far end of a veth: native-mode `XDP_TX` on a
 /// veth only delivers when the peer has an XDP program of its own.
 pub const PROG_XDP_PASS: &str = "health_xdp_pass";
+/// Tracking on the host side of the endpoint's veth: from / to the endpoint.
+pub const PROG_LXC_INGRESS: &str = "health_lxc_ingress";
+pub const PROG_LXC_EGRESS: &str = "health_lxc_egress";
 
 /// Indices into [`ECHO_STATS`].
 #[repr(u32)]

@@ -74,7 +74,15 @@ impl Lab {
                 nl.add_address("peers", Ipv4Addr::new(198, 18, 2, k), 16)
                     .await?;
             }
-            nl.set_up("peers").await
+            nl.set_up("peers").await?;
+            // Probes come from the agent's health endpoint: route replies
+            // to its CIDR back through the agent's node.
+            nl.replace_route_via(
+                Ipv4Addr::new(198, 19, 64, 0),
+                24,
+                Ipv4Addr::new(198, 18, 0, 1),
+            )
+            .await
         })
         .expect("peer side");
         lab

@@ -5,6 +5,8 @@ use std::{path::PathBuf, time::Duration};
 use clap::Args;
 
 use super::{PinArgs, SocketArgs};
+use health_common::ct::CtConfig;
+
 use crate::{
     cluster::{etcd::EtcdConfig, sync::Limits},
     daemon::{DaemonConfig, run},
@@ -71,6 +73,26 @@ pub struct DaemonArgs {
     /// Timeout of each probe.
     #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
     pub probe_timeout: Duration,
+    /// Where probes leave from: the health endpoint (so they cross
+    /// lxc_health and the datapath tracks and times them) or the node.
+    #[arg(long, value_enum, default_value_t = ProbeFrom::Endpoint)]
+    pub probe_from: ProbeFrom,
+    /// Connection-tracking lifetime of ICMP entries.
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    pub ct_lifetime_icmp: Duration,
+    /// Connection-tracking lifetime of established TCP entries.
+    #[arg(long, default_value = "6h", value_parser = crate::duration::parse)]
+    pub ct_lifetime_tcp: Duration,
+    /// Lifetime of TCP entries before the handshake completes, and of UDP.
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    pub ct_lifetime_syn: Duration,
+    /// Lifetime of closed (FIN/RST) TCP entries.
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
+    pub ct_lifetime_closed: Duration,
+    /// How often expired CT entries are collected and unanswered probes
+    /// counted as RTT losses.
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
+    pub ct_gc_interval: Duration,
     /// Delay before the first round.
     #[arg(long, default_value = "0s", value_parser = parse_delay)]
     pub probe_initial_delay: Duration,
@@ -98,6 +120,17 @@ pub struct DaemonArgs {
     pub pins: PinArgs,
     #[command(flatten)]
     pub socket: SocketArgs,
+}
+
+/// Where probes leave from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProbeFrom {
+    Endpoint,
+    Node,
+}
+
+fn secs(d: Duration) -> u32 {
+    u32::try_from(d.as_secs().max(1)).unwrap_or(u32::MAX)
 }
 
 /// Supported key-value stores.
@@ -129,6 +162,7 @@ fn validate_netns_name(s: &str) -> Result<String, String> {
 
 impl DaemonArgs {
     pub async fn run(self) -> anyhow::Result<()> {
+        let endpoint_netns = self.endpoint_netns.clone();
         run(DaemonConfig {
             endpoint: EndpointConfig {
                 cidr: self.health_cidr,
@@ -136,9 +170,18 @@ impl DaemonArgs {
                 host_iface: self.host_iface,
                 ep_iface: self.endpoint_iface,
                 state_dir: self.state_dir,
-                pin_dir: self.pins.dir,
+                pin_dir: self.pins.dir.clone(),
                 mode: self.mode,
+                ct: CtConfig {
+                    icmp_s: secs(self.ct_lifetime_icmp),
+                    udp_s: secs(self.ct_lifetime_syn),
+                    tcp_syn_s: secs(self.ct_lifetime_syn),
+                    tcp_established_s: secs(self.ct_lifetime_tcp),
+                    tcp_closed_s: secs(self.ct_lifetime_closed),
+                    pad: 0,
+                },
             },
+            ct_gc_interval: self.ct_gc_interval,
             socket: self.socket.path,
             pidfile: self.pidfile,
             controller_interval: self.controller_interval,
@@ -154,6 +197,13 @@ impl DaemonArgs {
                 max_in_flight: usize::try_from(self.max_in_flight).unwrap_or(1024),
                 http_port: HEALTH_PORT,
                 local_node: self.node_name.clone().or_else(hostname),
+                source_netns: match self.probe_from {
+                    ProbeFrom::Endpoint => {
+                        Some(Netns::named(&endpoint_netns).map_err(|e| anyhow::anyhow!("{e}"))?)
+                    }
+                    ProbeFrom::Node => None,
+                },
+                kernel_rtt: (self.probe_from == ProbeFrom::Endpoint).then(|| self.pins.dir.clone()),
             },
             node_name: self.node_name.or_else(hostname),
             nodes_file: self.nodes_file,

@@ -31,42 +31,45 @@ impl PeerRoutes {
             .collect()
     }
 
-    /// Installs and removes routes to match `desired`, in one netlink
-    /// session. Blocking; failures are logged and retried on the next sync.
+    /// Makes the kernel's routes match `desired`, in one netlink session:
+    /// missing or changed routes are (re)installed, whatever the agent
+    /// believes it installed (the kernel flushes routes through an
+    /// interface that goes down), and routes of departed peers removed.
+    /// Blocking; failures are logged and retried on the next sync.
     pub fn apply(&mut self, desired: &BTreeMap<Ipv4Addr, Ipv4Addr>) {
-        let add: Vec<(Ipv4Addr, Ipv4Addr)> = desired
-            .iter()
-            .filter(|(h, n)| self.installed.get(h) != Some(n))
-            .map(|(h, n)| (*h, *n))
-            .collect();
-        let del: Vec<Ipv4Addr> = self
+        let desired = desired.clone();
+        let ours: Vec<Ipv4Addr> = self
             .installed
             .keys()
             .filter(|h| !desired.contains_key(h))
             .copied()
             .collect();
-        if add.is_empty() && del.is_empty() {
-            return;
-        }
         let done = in_netns(None, |nl| async move {
+            let table = nl.routes_v4().await?;
             let mut added = Vec::new();
             let mut removed = Vec::new();
-            for (health, node) in add {
-                match nl.replace_route_via(health, 32, node).await {
-                    Ok(()) => added.push((health, node)),
+            for (health, node) in &desired {
+                let present = table.iter().any(|r| {
+                    r.destination == *health && r.prefix == 32 && r.gateway == Some(*node)
+                });
+                if present {
+                    continue;
+                }
+                match nl.replace_route_via(*health, 32, *node).await {
+                    Ok(()) => added.push(*health),
                     Err(e) => warn!("{}", chain(&e)),
                 }
             }
-            for health in del {
+            for health in ours {
                 match nl.delete_route(health, 32).await {
                     Ok(()) => removed.push(health),
                     Err(e) => warn!("{}", chain(&e)),
                 }
             }
-            Ok((added, removed))
+            Ok((desired, added, removed))
         });
         match done {
-            Ok((added, removed)) => {
+            Ok((desired, added, removed)) => {
                 if !added.is_empty() || !removed.is_empty() {
                     info!(
                         added = added.len(),
@@ -74,9 +77,13 @@ impl PeerRoutes {
                         "routes to peer endpoints updated"
                     );
                 }
-                self.installed.extend(added);
                 for h in removed {
                     self.installed.remove(&h);
+                }
+                for h in added {
+                    if let Some(n) = desired.get(&h) {
+                        self.installed.insert(h, *n);
+                    }
                 }
             }
             Err(e) => warn!("updating routes to peer endpoints: {}", chain(&e)),

@@ -41,6 +41,8 @@ pub struct EndpointConfig {
     pub state_dir: PathBuf,
     pub pin_dir: PathBuf,
     pub mode: AttachMode,
+    /// Connection-tracking lifetimes for the programs on the host interface.
+    pub ct: health_common::ct::CtConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -211,6 +213,8 @@ impl Endpoint {
         let iface = Interface::new(self.cfg.ep_iface.clone(), Some(self.plan.netns.clone()));
         let peer = Interface::new(self.cfg.host_iface.clone(), None);
         r.attach(&iface, self.cfg.mode, Some(&peer))?;
+        r.set_ct_config(self.cfg.ct)?;
+        r.attach_tracking(&peer)?;
         self.attached_to = self.ep_index()?;
         self.responder = Some(r);
         Ok(())

@@ -11,12 +11,14 @@ use tokio::{
     net::TcpStream,
 };
 
-use super::path::Outcome;
+use super::path::{Outcome, RttSource};
+use crate::netns::Netns;
 
 pub const HEALTH_PORT: u16 = 4240;
 
-pub async fn probe(ip: Ipv4Addr, port: u16, timeout: Duration) -> Outcome {
-    match tokio::time::timeout(timeout, exchange(ip, port)).await {
+/// `GET /hello` from a socket opened in `from` (the caller's namespace when `None`).
+pub async fn probe(ip: Ipv4Addr, port: u16, timeout: Duration, from: Option<&Netns>) -> Outcome {
+    match tokio::time::timeout(timeout, exchange(ip, port, from)).await {
         Ok(Ok((status, rtt))) => classify(status, rtt),
         Ok(Err(e)) => Outcome::Failed(e),
         Err(_) => Outcome::Failed(format!("no HTTP answer within {} ms", timeout.as_millis())),
@@ -25,18 +27,46 @@ pub async fn probe(ip: Ipv4Addr, port: u16, timeout: Duration) -> Outcome {
 
 fn classify(status: u16, rtt: Duration) -> Outcome {
     match status {
-        200..=299 => Outcome::Ok { rtt, warning: None },
+        200..=299 => Outcome::Ok {
+            rtt,
+            warning: None,
+            source: RttSource::Userspace,
+        },
         300..=399 => Outcome::Ok {
             rtt,
             warning: Some(format!("HTTP {status} (redirect)")),
+            source: RttSource::Userspace,
         },
         _ => Outcome::Failed(format!("HTTP {status}")),
     }
 }
 
-async fn exchange(ip: Ipv4Addr, port: u16) -> Result<(u16, Duration), String> {
+/// A TCP socket created in `from` (sockets keep their namespace for life).
+fn socket_in(from: Option<&Netns>) -> Result<tokio::net::TcpSocket, String> {
+    let make = || {
+        let s = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        s.set_nonblocking(true)?;
+        Ok::<_, std::io::Error>(s)
+    };
+    let sock = crate::netns::run_in(from, make)
+        .map_err(|e| format!("entering the probe namespace: {e}"))?
+        .map_err(|e| format!("socket: {e}"))?;
+    Ok(tokio::net::TcpSocket::from_std_stream(sock.into()))
+}
+
+async fn exchange(
+    ip: Ipv4Addr,
+    port: u16,
+    from: Option<&Netns>,
+) -> Result<(u16, Duration), String> {
+    let socket = socket_in(from)?;
     let start = Instant::now();
-    let mut stream = TcpStream::connect(SocketAddrV4::new(ip, port))
+    let mut stream: TcpStream = socket
+        .connect(SocketAddrV4::new(ip, port).into())
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let req = format!(
@@ -85,7 +115,14 @@ mod tests {
     #[test]
     fn statuses_classify_like_kubelet() {
         let rtt = Duration::from_millis(1);
-        assert_eq!(classify(200, rtt), Outcome::Ok { rtt, warning: None });
+        assert_eq!(
+            classify(200, rtt),
+            Outcome::Ok {
+                rtt,
+                warning: None,
+                source: RttSource::Userspace
+            }
+        );
         assert!(matches!(
             classify(302, rtt),
             Outcome::Ok {

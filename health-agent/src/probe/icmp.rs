@@ -33,9 +33,13 @@ impl Drop for IcmpProber {
 }
 
 impl IcmpProber {
-    /// Opens the socket in the caller's namespace; needs a tokio runtime.
-    pub fn new() -> io::Result<Self> {
-        let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?;
+    /// Opens the socket in `netns` (the caller's when `None`); needs a
+    /// tokio runtime.
+    pub fn new(netns: Option<&crate::netns::Netns>) -> io::Result<Self> {
+        let sock = crate::netns::run_in(netns, || {
+            Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))
+        })
+        .map_err(io::Error::other)??;
         sock.set_nonblocking(true)?;
         let _ = sock.set_recv_buffer_size(4 << 20);
         // SAFETY: the AsyncFd owns the socket and keeps its fd open.

@@ -45,6 +45,7 @@ pub enum Outcome {
     Ok {
         rtt: Duration,
         warning: Option<String>,
+        source: RttSource,
     },
     Failed(String),
 }
@@ -88,11 +89,15 @@ impl PathState {
         self.probes += 1;
         self.last_probe_ms = Some(at_ms);
         match outcome {
-            Outcome::Ok { rtt, warning } => {
+            Outcome::Ok {
+                rtt,
+                warning,
+                source,
+            } => {
                 self.consecutive_successes = self.consecutive_successes.saturating_add(1);
                 self.consecutive_failures = 0;
                 self.rtt_ns = Some(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX));
-                self.rtt_source = Some(RttSource::Userspace);
+                self.rtt_source = Some(source);
                 self.warning = warning;
                 if self.consecutive_successes >= thresholds.success.max(1) {
                     self.result = ProbeResult::Success;
@@ -119,6 +124,7 @@ mod tests {
         Outcome::Ok {
             rtt: Duration::from_micros(250),
             warning: None,
+            source: RttSource::Userspace,
         }
     }
 
@@ -184,6 +190,7 @@ mod tests {
             Outcome::Ok {
                 rtt: Duration::from_millis(1),
                 warning: Some("HTTP 301".into()),
+                source: RttSource::Userspace,
             },
             Thresholds::default(),
             0,

@@ -10,7 +10,7 @@ use tokio::{sync::Semaphore, task::JoinSet};
 use super::{
     http::{self, HEALTH_PORT},
     icmp::IcmpProber,
-    path::{Outcome, PathState, Thresholds},
+    path::{Outcome, PathState, RttSource, Thresholds},
     status::{ClusterStatus, Connectivity, NodeStatus, RoundInfo},
 };
 use crate::cluster::{Node, NodeSet};
@@ -26,6 +26,12 @@ pub struct ProbeConfig {
     pub max_in_flight: usize,
     pub http_port: u16,
     pub local_node: Option<String>,
+    /// Namespace the probes leave from (the health endpoint's); the
+    /// caller's when `None`.
+    pub source_netns: Option<crate::netns::Netns>,
+    /// bpffs directory of the datapath maps: RTTs are taken from the
+    /// kernel's samples when there are any.
+    pub kernel_rtt: Option<std::path::PathBuf>,
 }
 
 impl Default for ProbeConfig {
@@ -38,6 +44,8 @@ impl Default for ProbeConfig {
             max_in_flight: 1024,
             http_port: HEALTH_PORT,
             local_node: None,
+            source_netns: None,
+            kernel_rtt: None,
         }
     }
 }
@@ -56,9 +64,19 @@ enum Proto {
 
 type PathKey = (String, Target, Proto);
 
+/// The IP protocol whose kernel RTT stands for a path's.
+const fn key_proto(key: &PathKey) -> u8 {
+    match key.2 {
+        Proto::Icmp => health_common::headers::IPPROTO_ICMP,
+        Proto::Http => health_common::ct::IPPROTO_TCP,
+    }
+}
+
 pub struct Prober {
     cfg: ProbeConfig,
-    icmp: IcmpProber,
+    /// The ICMP socket, with the inode of the namespace it was opened in:
+    /// reopened when the endpoint's namespace is recreated.
+    icmp: Mutex<Option<(u64, Arc<IcmpProber>)>>,
     nodes: RwLock<NodeSet>,
     paths: Mutex<BTreeMap<PathKey, PathState>>,
     /// One round at a time: kubelet counters must see each round once.
@@ -76,11 +94,11 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Prober {
-    /// Needs a tokio runtime (the ICMP receive task).
+    /// Needs a tokio runtime (the ICMP receive task). Sockets are opened
+    /// when the first round needs them.
     pub fn new(cfg: ProbeConfig) -> std::io::Result<Arc<Self>> {
-        let icmp = IcmpProber::new()?;
         let me = Arc::new(Self {
-            icmp,
+            icmp: Mutex::new(None),
             nodes: RwLock::default(),
             paths: Mutex::default(),
             round_lock: tokio::sync::Mutex::new(()),
@@ -177,10 +195,34 @@ impl Prober {
         }
     }
 
+    /// The ICMP prober for the source namespace as it is now.
+    fn icmp(&self) -> Result<Arc<IcmpProber>, String> {
+        use std::os::unix::fs::MetadataExt as _;
+        let ino = match &self.cfg.source_netns {
+            Some(ns) => std::fs::metadata(ns.path())
+                .map_err(|e| format!("probe namespace {}: {e}", ns.path().display()))?
+                .ino(),
+            None => 0,
+        };
+        let mut slot = self.icmp.lock().map_err(|_| "ICMP state poisoned")?;
+        if let Some((at, p)) = slot.as_ref()
+            && *at == ino
+        {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(
+            IcmpProber::new(self.cfg.source_netns.as_ref())
+                .map_err(|e| format!("ICMP socket: {e}"))?,
+        );
+        *slot = Some((ino, p.clone()));
+        Ok(p)
+    }
+
     /// Runs one round over the current node set and publishes it.
     pub async fn round(self: &Arc<Self>) -> Arc<ClusterStatus> {
         let _one_at_a_time = self.round_lock.lock().await;
         let started = SystemTime::now();
+        let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
         let t0 = Instant::now();
         let nodes = self.nodes();
         let sem = Arc::new(Semaphore::new(self.cfg.max_in_flight.max(1)));
@@ -199,15 +241,16 @@ impl Prober {
                         tokio::time::sleep(jitter).await;
                         let _permit = sem.acquire().await;
                         let outcome = me.probe(ip, proto).await;
-                        (key, outcome)
+                        (key, ip, outcome)
                     });
                 }
             }
         }
         let mut outcomes = Vec::with_capacity(tasks.len());
         while let Some(res) = tasks.join_next().await {
-            if let Ok(r) = res {
-                outcomes.push(r);
+            if let Ok((key, ip, outcome)) = res {
+                let proto = key_proto(&key);
+                outcomes.push((key, self.with_kernel_rtt(ip, proto, outcome, started_mono)));
             }
         }
         let at = epoch_ms(SystemTime::now());
@@ -236,11 +279,51 @@ impl Prober {
 
     async fn probe(&self, ip: Ipv4Addr, proto: Proto) -> Outcome {
         match proto {
-            Proto::Icmp => match self.icmp.echo(ip, self.cfg.timeout).await {
-                Ok(rtt) => Outcome::Ok { rtt, warning: None },
-                Err(e) => Outcome::Failed(e),
-            },
-            Proto::Http => http::probe(ip, self.cfg.http_port, self.cfg.timeout).await,
+            Proto::Icmp => {
+                let icmp = match self.icmp() {
+                    Ok(p) => p,
+                    Err(e) => return Outcome::Failed(e),
+                };
+                match icmp.echo(ip, self.cfg.timeout).await {
+                    Ok(rtt) => Outcome::Ok {
+                        rtt,
+                        warning: None,
+                        source: RttSource::Userspace,
+                    },
+                    Err(e) => Outcome::Failed(e),
+                }
+            }
+            Proto::Http => {
+                http::probe(
+                    ip,
+                    self.cfg.http_port,
+                    self.cfg.timeout,
+                    self.cfg.source_netns.as_ref(),
+                )
+                .await
+            }
+        }
+    }
+
+    /// Replaces a user-space RTT by the kernel's sample of the same round
+    /// (ICMP: the echo; HTTP: the TCP handshake), when there is one.
+    fn with_kernel_rtt(&self, ip: Ipv4Addr, proto: u8, outcome: Outcome, since: u64) -> Outcome {
+        match (outcome, &self.cfg.kernel_rtt) {
+            (Outcome::Ok { warning, rtt, .. }, Some(dir)) => {
+                match crate::datapath::rtt::last_sample_since(dir, ip, proto, since) {
+                    Some(kernel) => Outcome::Ok {
+                        rtt: kernel,
+                        warning,
+                        source: RttSource::Kernel,
+                    },
+                    None => Outcome::Ok {
+                        rtt,
+                        warning,
+                        source: RttSource::Userspace,
+                    },
+                }
+            }
+            (other, _) => other,
         }
     }
 }

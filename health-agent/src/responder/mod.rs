@@ -20,7 +20,13 @@ use aya::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode, tc::TcAttach,
     },
 };
-use health_common::maps::{ECHO_CONFIG, EchoConfig, PROG_ECHO_TC, PROG_ECHO_XDP, PROG_XDP_PASS};
+use health_common::{
+    ct::CtConfig,
+    maps::{
+        CT_CONFIG, ECHO_CONFIG, EchoConfig, PROG_ECHO_TC, PROG_ECHO_XDP, PROG_LXC_EGRESS,
+        PROG_LXC_INGRESS, PROG_XDP_PASS,
+    },
+};
 use tracing::{debug, info, warn};
 
 pub use self::{
@@ -91,9 +97,10 @@ impl Responder {
             let prog: &mut Xdp = program(&mut ebpf, name)?;
             prog.load().map_err(|e| ResponderError::load(name, e))?;
         }
-        let tc: &mut SchedClassifier = program(&mut ebpf, PROG_ECHO_TC)?;
-        tc.load()
-            .map_err(|e| ResponderError::load(PROG_ECHO_TC, e))?;
+        for name in [PROG_ECHO_TC, PROG_LXC_INGRESS, PROG_LXC_EGRESS] {
+            let tc: &mut SchedClassifier = program(&mut ebpf, name)?;
+            tc.load().map_err(|e| ResponderError::load(name, e))?;
+        }
         debug!(pin_dir = %pin_dir.display(), "loaded the health kernel object");
         Ok(Self {
             ebpf,
@@ -127,6 +134,53 @@ impl Responder {
                 map: ECHO_CONFIG,
                 source,
             })
+    }
+
+    /// Sets the connection-tracking lifetimes.
+    pub fn set_ct_config(&mut self, cfg: CtConfig) -> Result<(), ResponderError> {
+        let map = self
+            .ebpf
+            .map_mut(CT_CONFIG)
+            .ok_or(ResponderError::MissingMap { map: CT_CONFIG })?;
+        let mut config: Array<_, CtConfig> =
+            Array::try_from(map).map_err(|source| ResponderError::Map {
+                map: CT_CONFIG,
+                source,
+            })?;
+        config
+            .set(0, &cfg, 0)
+            .map_err(|source| ResponderError::Map {
+                map: CT_CONFIG,
+                source,
+            })
+    }
+
+    /// Attaches connection tracking and RTT to the host side of the
+    /// endpoint's veth: tcx ingress (from the endpoint) and egress (to it).
+    pub fn attach_tracking(&mut self, host_iface: &Interface) -> Result<(), ResponderError> {
+        let name = host_iface.c_name()?;
+        for (program_name, attach_type) in [
+            (PROG_LXC_INGRESS, TcAttachType::Ingress),
+            (PROG_LXC_EGRESS, TcAttachType::Egress),
+        ] {
+            let prog: &mut SchedClassifier = program(&mut self.ebpf, program_name)?;
+            let attach = || {
+                prog.attach(
+                    &name,
+                    TcAttach::Tcx {
+                        attach_type,
+                        order: LinkOrder::default(),
+                    },
+                )
+            };
+            crate::netns::run_in(host_iface.netns.as_ref(), attach)?.map_err(|e| {
+                ResponderError::attach(program_name, host_iface, AttachMode::Tcx, e)
+            })?;
+            self.attached
+                .push(format!("{program_name} on {host_iface}"));
+        }
+        info!(interface = %host_iface, "connection tracking and RTT attached");
+        Ok(())
     }
 
     /// Attaches the responder to `iface` (ingress). In native XDP mode on a
@@ -209,6 +263,21 @@ impl Responder {
     /// The XDP responder, for `BPF_PROG_TEST_RUN`.
     pub fn xdp_program(&mut self) -> Result<&mut Xdp, ResponderError> {
         program(&mut self.ebpf, PROG_ECHO_XDP)
+    }
+
+    /// A tracking program (`from_endpoint`: the ingress one), for `BPF_PROG_TEST_RUN`.
+    pub fn tracking_program(
+        &mut self,
+        from_endpoint: bool,
+    ) -> Result<&mut SchedClassifier, ResponderError> {
+        program(
+            &mut self.ebpf,
+            if from_endpoint {
+                PROG_LXC_INGRESS
+            } else {
+                PROG_LXC_EGRESS
+            },
+        )
     }
 
     /// The tc responder, for `BPF_PROG_TEST_RUN`.

@@ -5,7 +5,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use health_common::maps::{ECHO_CONFIG, ECHO_STATS};
+use health_common::maps::ALL_MAPS;
 
 use super::ResponderError;
 
@@ -72,10 +72,7 @@ fn mount_bpffs_root() -> Result<(), ResponderError> {
 /// The pinned maps of the responder under `dir`.
 #[must_use]
 pub fn pin_paths(dir: &Path) -> Vec<PathBuf> {
-    [ECHO_STATS, ECHO_CONFIG, "AYA_LOGS"]
-        .iter()
-        .map(|m| dir.join(m))
-        .collect()
+    ALL_MAPS.iter().map(|m| dir.join(m)).collect()
 }
 
 /// Removes the responder's pins and then `dir` itself if it is empty.

@@ -3,9 +3,13 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
-use health_common::maps::{EchoConfig, EchoCounter};
+use health_common::{
+    ct::{CtConfig, CtCounter, CtEntry, CtKey},
+    maps::{EchoConfig, EchoCounter},
+    rtt::{PendingKey, RttKey, RttStats},
+};
 
 /// Per-CPU counters, indexed by `EchoCounter`: no atomics needed (the bpf
 /// target has no `fetch_add`), the agent sums the CPUs.
@@ -15,3 +19,27 @@ pub static ECHO_STATS: PerCpuArray<u64> = PerCpuArray::pinned(EchoCounter::COUNT
 /// The endpoint address the responder answers for.
 #[map]
 pub static ECHO_CONFIG: Array<EchoConfig> = Array::pinned(1, 0);
+
+/// Connection tracking entries (LRU: the oldest go first when full).
+#[map]
+pub static CT_MAP: LruHashMap<CtKey, CtEntry> = LruHashMap::pinned(65_536, 0);
+
+/// Lifetimes, set by the agent.
+#[map]
+pub static CT_CONFIG: Array<CtConfig> = Array::pinned(1, 0);
+
+/// Per-CPU counters, indexed by `CtCounter`.
+#[map]
+pub static CT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(CtCounter::COUNT, 0);
+
+/// Requests waiting for their reply: timestamp (ns) of the request.
+#[map]
+pub static RTT_PENDING: LruHashMap<PendingKey, u64> = LruHashMap::pinned(16_384, 0);
+
+/// Per peer and protocol RTT statistics, per CPU.
+#[map]
+pub static RTT_STATS: PerCpuHashMap<RttKey, RttStats> = PerCpuHashMap::pinned(4_096, 0);
+
+/// Unanswered requests per peer and protocol, counted by the agent's sweep.
+#[map]
+pub static RTT_LOSSES: HashMap<RttKey, u64> = HashMap::pinned(4_096, 0);

@@ -9,6 +9,7 @@ mod echo_tc;
 mod echo_xdp;
 mod maps;
 mod packet;
+mod track;
 
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

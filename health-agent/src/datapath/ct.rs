@@ -1,0 +1,198 @@
+//! The connection tracking table: listing, counters, garbage collection.
+
+use std::{net::Ipv4Addr, path::Path};
+
+use aya::maps::{HashMap, PerCpuArray, PerCpuValues};
+use health_common::{
+    ct::{CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, IPPROTO_TCP, IPPROTO_UDP},
+    headers::IPPROTO_ICMP,
+    maps::{CT_MAP, CT_STATS},
+};
+use serde::Serialize;
+
+use super::{DatapathError, maps::open};
+
+/// One entry, decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CtRow {
+    pub proto: &'static str,
+    pub dir: &'static str,
+    pub src: Ipv4Addr,
+    pub sport: u16,
+    pub dst: Ipv4Addr,
+    pub dport: u16,
+    /// Seconds of `CLOCK_MONOTONIC` when the entry expires, and how far
+    /// ahead of now that is (negative: due for collection).
+    pub expires: u64,
+    pub expires_in_seconds: i64,
+    pub created_seconds_ago: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_flags_seen: u8,
+    pub tx_flags_seen: u8,
+}
+
+#[must_use]
+pub const fn proto_name(p: u8) -> &'static str {
+    match p {
+        IPPROTO_ICMP => "ICMP",
+        IPPROTO_TCP => "TCP",
+        IPPROTO_UDP => "UDP",
+        _ => "OTHER",
+    }
+}
+
+fn row(k: &CtKey, e: &CtEntry, now: u64) -> CtRow {
+    CtRow {
+        proto: proto_name(k.proto),
+        dir: match k.dir {
+            DIR_OUT => "OUT",
+            DIR_IN => "IN",
+            _ => "?",
+        },
+        src: Ipv4Addr::from(k.saddr),
+        sport: u16::from_be_bytes(k.sport),
+        dst: Ipv4Addr::from(k.daddr),
+        dport: u16::from_be_bytes(k.dport),
+        expires: e.expires_ns / 1_000_000_000,
+        expires_in_seconds: (i128::from(e.expires_ns) - i128::from(now))
+            .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+            / 1_000_000_000,
+        created_seconds_ago: now.saturating_sub(e.created_ns) / 1_000_000_000,
+        rx_packets: e.rx_packets,
+        rx_bytes: e.rx_bytes,
+        tx_packets: e.tx_packets,
+        tx_bytes: e.tx_bytes,
+        rx_flags_seen: e.rx_flags_seen,
+        tx_flags_seen: e.tx_flags_seen,
+    }
+}
+
+impl CtRow {
+    /// `cilium bpf ct list global` style.
+    #[must_use]
+    pub fn line(&self) -> String {
+        format!(
+            "{} {} {}:{} -> {}:{} expires={} ({}s) RxPackets={} RxBytes={} RxFlagsSeen={:#04x} TxPackets={} TxBytes={} TxFlagsSeen={:#04x} Created={}sec ago",
+            self.proto,
+            self.dir,
+            self.src,
+            self.sport,
+            self.dst,
+            self.dport,
+            self.expires,
+            self.expires_in_seconds,
+            self.rx_packets,
+            self.rx_bytes,
+            self.rx_flags_seen,
+            self.tx_packets,
+            self.tx_bytes,
+            self.tx_flags_seen,
+            self.created_seconds_ago
+        )
+    }
+}
+
+/// Every entry of the pinned CT map, sorted.
+pub fn list(dir: &Path) -> Result<Vec<CtRow>, DatapathError> {
+    let map = open(dir, CT_MAP)?;
+    let ct = HashMap::<_, CtKey, CtEntry>::try_from(&map).map_err(|source| DatapathError::Map {
+        name: CT_MAP,
+        source,
+    })?;
+    let now = super::monotonic_ns()?;
+    let mut rows: Vec<CtRow> = ct
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(k, e)| row(&k, &e, now))
+        .collect();
+    rows.sort_by(|a, b| {
+        (a.proto, a.dir, a.src, a.sport, a.dst, a.dport)
+            .cmp(&(b.proto, b.dir, b.src, b.sport, b.dst, b.dport))
+    });
+    Ok(rows)
+}
+
+/// The per-CPU CT counters, summed, by name.
+pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
+    let map = open(dir, CT_STATS)?;
+    let stats = PerCpuArray::<_, u64>::try_from(&map).map_err(|source| DatapathError::Map {
+        name: CT_STATS,
+        source,
+    })?;
+    CtCounter::ALL
+        .iter()
+        .map(|c| {
+            let v = stats
+                .get(&(*c as u32), 0)
+                .map_err(|source| DatapathError::Map {
+                    name: CT_STATS,
+                    source,
+                })?;
+            Ok((c.name(), v.iter().sum()))
+        })
+        .collect()
+}
+
+/// Removes expired entries; returns how many, also added to the
+/// `removed` counter.
+pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
+    let now = super::monotonic_ns()?;
+    let mut map = open(dir, CT_MAP)?;
+    let mut ct =
+        HashMap::<_, CtKey, CtEntry>::try_from(&mut map).map_err(|source| DatapathError::Map {
+            name: CT_MAP,
+            source,
+        })?;
+    let expired: Vec<CtKey> = ct
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, e)| e.expires_ns < now)
+        .map(|(k, _)| k)
+        .collect();
+    let mut removed = 0u64;
+    for k in &expired {
+        if ct.remove(k).is_ok() {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        add_removed(dir, removed)?;
+    }
+    Ok(removed)
+}
+
+/// Adds to CPU 0's slot of the `removed` counter (only the agent writes it).
+fn add_removed(dir: &Path, n: u64) -> Result<(), DatapathError> {
+    let mut map = open(dir, CT_STATS)?;
+    let mut stats =
+        PerCpuArray::<_, u64>::try_from(&mut map).map_err(|source| DatapathError::Map {
+            name: CT_STATS,
+            source,
+        })?;
+    let idx = CtCounter::Removed as u32;
+    let mut values: Vec<u64> = stats
+        .get(&idx, 0)
+        .map_err(|source| DatapathError::Map {
+            name: CT_STATS,
+            source,
+        })?
+        .iter()
+        .copied()
+        .collect();
+    if let Some(first) = values.first_mut() {
+        *first += n;
+    }
+    let values = PerCpuValues::try_from(values).map_err(|e| DatapathError::Map {
+        name: CT_STATS,
+        source: aya::maps::MapError::from(std::io::Error::other(e.to_string())),
+    })?;
+    stats
+        .set(idx, values, 0)
+        .map_err(|source| DatapathError::Map {
+            name: CT_STATS,
+            source,
+        })
+}

@@ -1,0 +1,113 @@
+//! Opening the pinned maps, and the `bpf map list` view of all of them.
+
+use std::path::Path;
+
+use aya::maps::{HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap};
+use health_common::{
+    ct::{CtEntry, CtKey},
+    maps::ALL_MAPS,
+    rtt::{PendingKey, RttKey, RttStats},
+};
+use serde::Serialize;
+
+use super::DatapathError;
+
+/// Opens the map pinned as `dir/name`.
+pub fn open(dir: &Path, name: &str) -> Result<Map, DatapathError> {
+    let path = dir.join(name);
+    let pinned = |source| DatapathError::Pinned {
+        path: path.clone(),
+        source,
+    };
+    let data = MapData::from_pin(&path).map_err(pinned)?;
+    Map::from_map_data(data).map_err(pinned)
+}
+
+/// One row of `bpf map list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MapRow {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub entries: u64,
+    pub max_entries: u32,
+    /// entries / max entries.
+    pub pressure: f64,
+}
+
+/// Every pinned map of the datapath in `dir` (missing ones are skipped).
+pub fn list(dir: &Path) -> Result<Vec<MapRow>, DatapathError> {
+    let mut rows = Vec::new();
+    for name in ALL_MAPS {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let info = MapInfo::from_pin(&path).map_err(|source| DatapathError::Pinned {
+            path: path.clone(),
+            source,
+        })?;
+        let kind = info
+            .map_type()
+            .map_or_else(|_| "unknown".to_owned(), |t| type_name(t).to_owned());
+        let entries = count(dir, name, &info)?;
+        #[allow(clippy::cast_precision_loss, reason = "a ratio for display")]
+        let pressure = if info.max_entries() == 0 {
+            0.0
+        } else {
+            entries as f64 / f64::from(info.max_entries())
+        };
+        rows.push(MapRow {
+            name: name.to_owned(),
+            kind,
+            entries,
+            max_entries: info.max_entries(),
+            pressure,
+        });
+    }
+    Ok(rows)
+}
+
+fn type_name(t: MapType) -> &'static str {
+    match t {
+        MapType::Hash => "hash",
+        MapType::LruHash => "lru_hash",
+        MapType::Array => "array",
+        MapType::PerCpuArray => "percpu_array",
+        MapType::PerCpuHash => "percpu_hash",
+        MapType::RingBuf => "ringbuf",
+        _ => "other",
+    }
+}
+
+/// Entries in a map: every key of a hash map, every slot of an array (as
+/// bpftool dumps them), bytes in use are not counted for ring buffers.
+fn count(dir: &Path, name: &'static str, info: &MapInfo) -> Result<u64, DatapathError> {
+    let err = |source| DatapathError::Map { name, source };
+    let map = open(dir, name)?;
+    let n = match (name, &map) {
+        (health_common::maps::CT_MAP, _) => HashMap::<_, CtKey, CtEntry>::try_from(&map)
+            .map_err(err)?
+            .keys()
+            .count(),
+        (health_common::maps::RTT_PENDING, _) => HashMap::<_, PendingKey, u64>::try_from(&map)
+            .map_err(err)?
+            .keys()
+            .count(),
+        (health_common::maps::RTT_LOSSES, _) => HashMap::<_, RttKey, u64>::try_from(&map)
+            .map_err(err)?
+            .keys()
+            .count(),
+        (health_common::maps::RTT_STATS, _) => PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map)
+            .map_err(err)?
+            .keys()
+            .count(),
+        (_, Map::Array(_) | Map::PerCpuArray(_)) => info.max_entries() as usize,
+        (_, Map::RingBuf(_)) => 0,
+        _ => {
+            let _ = PerCpuArray::<_, u64>::try_from(&map);
+            0
+        }
+    };
+    Ok(n as u64)
+}

@@ -1,0 +1,144 @@
+//! In-kernel RTT statistics per peer and protocol, and the loss sweep.
+
+use std::{net::Ipv4Addr, path::Path, time::Duration};
+
+use aya::maps::{HashMap, PerCpuHashMap};
+use health_common::{
+    maps::{RTT_LOSSES, RTT_PENDING, RTT_STATS},
+    rtt::{PendingKey, RttKey, RttStats},
+};
+use serde::Serialize;
+
+use super::{DatapathError, ct::proto_name, maps::open};
+
+/// One row of `bpf rtt list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RttRow {
+    pub peer: Ipv4Addr,
+    pub proto: &'static str,
+    pub samples: u64,
+    pub losses: u64,
+    pub last_ns: u64,
+    pub min_ns: u64,
+    pub avg_ns: u64,
+    pub max_ns: u64,
+    /// Seconds of `CLOCK_MONOTONIC` when the last sample was taken.
+    pub last_at_ns: u64,
+    /// Log2 histogram of RTTs in µs (bucket i: [2^(i-1), 2^i) µs).
+    pub histogram: Vec<u64>,
+}
+
+fn stats_map_err(source: aya::maps::MapError) -> DatapathError {
+    DatapathError::Map {
+        name: RTT_STATS,
+        source,
+    }
+}
+
+/// Per-peer statistics merged over CPUs, with losses; sorted.
+pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
+    let map = open(dir, RTT_STATS)?;
+    let stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map).map_err(stats_map_err)?;
+    let losses_map = open(dir, RTT_LOSSES)?;
+    let losses =
+        HashMap::<_, RttKey, u64>::try_from(&losses_map).map_err(|source| DatapathError::Map {
+            name: RTT_LOSSES,
+            source,
+        })?;
+    let mut keys: Vec<RttKey> = stats.keys().filter_map(Result::ok).collect();
+    keys.extend(losses.keys().filter_map(Result::ok));
+    keys.sort();
+    keys.dedup();
+    let mut rows = Vec::with_capacity(keys.len());
+    for k in keys {
+        let mut merged = RttStats::default();
+        if let Ok(per_cpu) = stats.get(&k, 0) {
+            for s in per_cpu.iter() {
+                merged.merge(s);
+            }
+        }
+        rows.push(RttRow {
+            peer: Ipv4Addr::from(k.peer),
+            proto: proto_name(k.proto),
+            samples: merged.count,
+            losses: losses.get(&k, 0).unwrap_or(0),
+            last_ns: merged.last_ns,
+            min_ns: if merged.count == 0 { 0 } else { merged.min_ns },
+            avg_ns: merged.sum_ns.checked_div(merged.count).unwrap_or(0),
+            max_ns: merged.max_ns,
+            last_at_ns: merged.last_at_ns,
+            histogram: merged.hist.to_vec(),
+        });
+    }
+    Ok(rows)
+}
+
+/// The last kernel sample for `peer`/`proto` taken at or after `since_ns`
+/// (`CLOCK_MONOTONIC`), if any.
+#[must_use]
+pub fn last_sample_since(dir: &Path, peer: Ipv4Addr, proto: u8, since_ns: u64) -> Option<Duration> {
+    let map = open(dir, RTT_STATS).ok()?;
+    let stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map).ok()?;
+    let key = RttKey {
+        peer: peer.octets(),
+        proto,
+        pad: [0; 3],
+    };
+    let mut merged = RttStats::default();
+    for s in stats.get(&key, 0).ok()?.iter() {
+        merged.merge(s);
+    }
+    (merged.count > 0 && merged.last_at_ns >= since_ns)
+        .then(|| Duration::from_nanos(merged.last_ns))
+}
+
+/// Moves requests unanswered for longer than `timeout` from the pending
+/// map into the per-peer loss counters; returns how many.
+pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
+    let now = super::monotonic_ns()?;
+    let cutoff = now.saturating_sub(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
+    let mut pending_map = open(dir, RTT_PENDING)?;
+    let mut pending =
+        HashMap::<_, PendingKey, u64>::try_from(&mut pending_map).map_err(|source| {
+            DatapathError::Map {
+                name: RTT_PENDING,
+                source,
+            }
+        })?;
+    let lost: Vec<PendingKey> = pending
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, sent)| *sent < cutoff)
+        .map(|(k, _)| k)
+        .collect();
+    if lost.is_empty() {
+        return Ok(0);
+    }
+    let mut losses_map = open(dir, RTT_LOSSES)?;
+    let mut losses = HashMap::<_, RttKey, u64>::try_from(&mut losses_map).map_err(|source| {
+        DatapathError::Map {
+            name: RTT_LOSSES,
+            source,
+        }
+    })?;
+    let mut n = 0;
+    for k in lost {
+        if pending.remove(&k).is_err() {
+            continue; // answered meanwhile
+        }
+        let key = RttKey {
+            peer: k.peer,
+            proto: k.proto,
+            pad: [0; 3],
+        };
+        let so_far = losses.get(&key, 0).unwrap_or(0);
+        losses
+            .insert(&key, &(so_far + 1), 0)
+            .map_err(|source| DatapathError::Map {
+                name: RTT_LOSSES,
+                source,
+            })?;
+        n += 1;
+    }
+    Ok(n)
+}

@@ -1,0 +1,151 @@
+//! Connection tracking and in-kernel RTT on `lxc_health`, both directions.
+//! Never drops: untracked or unparsable packets are counted and passed on.
+
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, TC_ACT_UNSPEC},
+    helpers::bpf_ktime_get_ns,
+    macros::classifier,
+    programs::TcContext,
+};
+use health_common::{
+    ct::{
+        CtConfig, CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, TCP_ACK, TCP_SYN,
+    },
+    flow,
+    headers::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST},
+    rtt::{self, RttKey, RttStats},
+};
+
+use super::{
+    maps::{CT_CONFIG, CT_MAP, CT_STATS, RTT_PENDING, RTT_STATS},
+    packet::PacketFrame,
+};
+
+/// Bytes that cover Ethernet, an IPv4 header with options and the L4 fields read.
+const PULL: u32 = 14 + 60 + 14;
+
+/// Packets leaving the endpoint (ingress of the host side of its veth).
+#[classifier]
+pub fn health_lxc_ingress(ctx: TcContext) -> i32 {
+    track(&ctx, true)
+}
+
+/// Packets going to the endpoint (egress of the host side of its veth).
+#[classifier]
+pub fn health_lxc_egress(ctx: TcContext) -> i32 {
+    track(&ctx, false)
+}
+
+#[inline(always)]
+fn count(counter: CtCounter) {
+    if let Some(slot) = CT_STATS.get_ptr_mut(counter as u32) {
+        // SAFETY: per-CPU slot.
+        unsafe { *slot += 1 };
+    }
+}
+
+#[inline(always)]
+fn track(ctx: &TcContext, from_endpoint: bool) -> i32 {
+    let linear = (ctx.data_end() - ctx.data()) as u32;
+    if linear < PULL {
+        let _ = ctx.pull_data(if ctx.len() < PULL { ctx.len() } else { PULL });
+    }
+    let mut frame = PacketFrame::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
+    let Some(flow) = flow::parse(&mut frame) else {
+        count(CtCounter::Unparsed);
+        return TC_ACT_UNSPEC;
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cfg = CT_CONFIG.get(0).copied().unwrap_or_default();
+    account(&flow, from_endpoint, now, &cfg);
+    if from_endpoint {
+        start_rtt(&flow, now);
+    } else {
+        finish_rtt(&flow, now);
+    }
+    TC_ACT_UNSPEC
+}
+
+/// Finds the flow's entry (its own direction first, then the reverse of a
+/// flow the other side opened) and accounts the packet; creates an entry
+/// for a new flow.
+#[inline(always)]
+fn account(flow: &Flow, from_endpoint: bool, now: u64, cfg: &CtConfig) {
+    count(CtCounter::Lookups);
+    let (own_dir, other_dir) = if from_endpoint {
+        (DIR_OUT, DIR_IN)
+    } else {
+        (DIR_IN, DIR_OUT)
+    };
+    let own = CtKey {
+        dir: own_dir,
+        ..flow.key
+    };
+    let reply = flow.key.reversed(other_dir);
+    let proto = flow.key.proto;
+    if let Some(e) = CT_MAP.get_ptr_mut(&reply) {
+        // SAFETY: a valid map value pointer; concurrent updates from other
+        // CPUs may lose an increment (no atomics on this target).
+        unsafe { (*e).account(now, flow.len, flow.tcp_flags, from_endpoint, cfg, proto) };
+        return;
+    }
+    if let Some(e) = CT_MAP.get_ptr_mut(&own) {
+        // SAFETY: as above.
+        unsafe { (*e).account(now, flow.len, flow.tcp_flags, from_endpoint, cfg, proto) };
+        return;
+    }
+    let mut entry = CtEntry {
+        created_ns: now,
+        ..CtEntry::default()
+    };
+    entry.account(now, flow.len, flow.tcp_flags, from_endpoint, cfg, proto);
+    if CT_MAP.insert(&own, &entry, u64::from(BPF_NOEXIST)).is_ok() {
+        count(CtCounter::Created);
+    } else {
+        count(CtCounter::InsertFailures);
+    }
+}
+
+/// Timestamps echo requests and TCP SYNs leaving the endpoint.
+#[inline(always)]
+fn start_rtt(flow: &Flow, now: u64) {
+    let is_syn = flow.key.proto == IPPROTO_TCP && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    if flow.icmp_type == ICMP_ECHO_REQUEST && flow.key.proto != IPPROTO_TCP || is_syn {
+        let key = rtt::request_key(&flow.key, flow.icmp_seq);
+        let _ = RTT_PENDING.insert(&key, &now, 0);
+    }
+}
+
+/// Closes the sample on an echo reply or SYN-ACK coming back.
+#[inline(always)]
+fn finish_rtt(flow: &Flow, now: u64) {
+    let is_synack =
+        flow.key.proto == IPPROTO_TCP && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
+    let is_echo_reply = flow.key.proto != IPPROTO_TCP
+        && flow.icmp_type == ICMP_ECHO_REPLY
+        && flow.key.sport != [0, 0];
+    if !is_synack && !is_echo_reply {
+        return;
+    }
+    let key = rtt::reply_key(&flow.key, flow.icmp_seq);
+    // SAFETY: the value is read before the entry is removed.
+    let Some(sent) = (unsafe { RTT_PENDING.get(&key) }).copied() else {
+        return;
+    };
+    let _ = RTT_PENDING.remove(&key);
+    let sample = now.saturating_sub(sent);
+    let stats_key = RttKey {
+        peer: key.peer,
+        proto: key.proto,
+        pad: [0; 3],
+    };
+    if let Some(s) = RTT_STATS.get_ptr_mut(&stats_key) {
+        // SAFETY: this CPU's copy of the value.
+        unsafe { (*s).record(sample, now) };
+    } else {
+        let mut s = RttStats::default();
+        s.record(sample, now);
+        let _ = RTT_STATS.insert(&stats_key, &s, 0);
+    }
+}
