@@ -90,8 +90,12 @@ impl RttStats {
         }
     }
 
-    /// Folds another CPU's statistics into these.
+    /// Folds another CPU's statistics into these. A CPU that never took a
+    /// sample holds an all-zero slot, which is skipped.
     pub fn merge(&mut self, other: &Self) {
+        if other.count == 0 {
+            return;
+        }
         if other.last_at_ns > self.last_at_ns {
             self.last_ns = other.last_ns;
             self.last_at_ns = other.last_at_ns;
@@ -222,5 +226,12 @@ mod tests {
         );
         assert_eq!((a.last_ns, a.last_at_ns), (1_000, 30));
         assert_eq!(a.hist.iter().sum::<u64>(), 3);
+        // The zeroed slot of a CPU that never sampled changes nothing.
+        let zeroed = RttStats {
+            min_ns: 0,
+            ..RttStats::default()
+        };
+        a.merge(&zeroed);
+        assert_eq!((a.count, a.min_ns), (3, 1_000));
     }
 }

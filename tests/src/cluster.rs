@@ -312,6 +312,35 @@ impl Cluster {
         }
     }
 
+    /// Waits until every node's health endpoint is ready.
+    pub fn wait_endpoints_ready(&self, timeout: Duration) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let deadline = Instant::now() + timeout;
+        for node in &self.nodes {
+            loop {
+                let eps: Option<Vec<serde_json::Value>> = rt
+                    .block_on(health_agent::api::client::get(
+                        &node.socket(),
+                        "/v1/endpoints",
+                    ))
+                    .ok();
+                if eps.is_some_and(|e| e.first().is_some_and(|ep| ep["state"] == "ready")) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{}'s endpoint not ready; log:\n{}",
+                    node.name,
+                    node.log()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
     /// Stops node `i`'s agent with `signal` and waits for it.
     pub fn stop_agent(&mut self, i: usize, signal: nix::sys::signal::Signal) {
         if let Some(mut child) = self.nodes[i].daemon.take() {

@@ -9,7 +9,7 @@ use anyhow::{Context as _, bail};
 use crate::{cmd, pin::EbpfPin};
 
 /// Debian packages the tests and tools use at run time.
-const RUNTIME_PACKAGES: &[&str] = &["iproute2", "etcd-server"];
+const RUNTIME_PACKAGES: &[&str] = &["iproute2", "etcd-server", "bpftool"];
 
 /// rust-src for `-Z build-std=core`, clippy for `cargo xtask lint`.
 const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];

@@ -4,6 +4,7 @@
     reason = "clap turns these doc comments into --help text, shown verbatim"
 )]
 
+mod bpf;
 mod daemon;
 mod endpoint;
 pub(crate) mod responder;
@@ -37,6 +38,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the agent: create and keep the health endpoint, serve the API.
     Daemon(Box<daemon::DaemonArgs>),
+    /// The datapath's BPF maps (CT, RTT, counters), read from the pins.
+    #[command(subcommand)]
+    Bpf(bpf::BpfCommand),
     /// Cluster health as this node's agent sees it.
     Status(status::StatusArgs),
     /// Inspect the health endpoint through the agent's API.
@@ -87,6 +91,7 @@ impl Cli {
             Command::Daemon(args) => args.run().await,
             Command::Endpoint(cmd) => cmd.run().await,
             Command::Status(args) => args.run().await,
+            Command::Bpf(cmd) => cmd.run(),
         }
     }
 }

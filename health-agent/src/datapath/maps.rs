@@ -23,6 +23,30 @@ pub fn open(dir: &Path, name: &str) -> Result<Map, DatapathError> {
     Map::from_map_data(data).map_err(pinned)
 }
 
+/// The configuration arrays (`ECHO_CONFIG`, `CT_CONFIG`), decoded.
+pub fn dump_config(dir: &Path, name: &'static str) -> Result<serde_json::Value, DatapathError> {
+    use aya::maps::Array;
+    use health_common::{ct::CtConfig, maps::EchoConfig};
+    let err = |source| DatapathError::Map { name, source };
+    let map = open(dir, name)?;
+    Ok(if name == "CT_CONFIG" {
+        let c = Array::<_, CtConfig>::try_from(&map)
+            .map_err(err)?
+            .get(&0, 0)
+            .map_err(err)?;
+        serde_json::json!({
+            "icmp_lifetime_s": c.icmp_s, "udp_lifetime_s": c.udp_s, "tcp_syn_lifetime_s": c.tcp_syn_s,
+            "tcp_established_lifetime_s": c.tcp_established_s, "tcp_closed_lifetime_s": c.tcp_closed_s,
+        })
+    } else {
+        let c = Array::<_, EchoConfig>::try_from(&map)
+            .map_err(err)?
+            .get(&0, 0)
+            .map_err(err)?;
+        serde_json::json!({ "endpoint_address": std::net::Ipv4Addr::from(c.addr).to_string() })
+    })
+}
+
 /// One row of `bpf map list`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MapRow {

@@ -73,6 +73,36 @@ pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
     Ok(rows)
 }
 
+/// A request still waiting for its reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PendingRow {
+    pub peer: Ipv4Addr,
+    pub proto: &'static str,
+    /// ICMP: identifier and sequence; TCP: the endpoint's and the peer's ports.
+    pub a: u16,
+    pub b: u16,
+    pub sent_ns: u64,
+}
+
+/// The pending requests.
+pub fn pending(dir: &Path) -> Result<Vec<PendingRow>, DatapathError> {
+    let map = open(dir, RTT_PENDING)?;
+    let p = HashMap::<_, PendingKey, u64>::try_from(&map).map_err(|source| DatapathError::Map {
+        name: RTT_PENDING,
+        source,
+    })?;
+    Ok(p.iter()
+        .filter_map(Result::ok)
+        .map(|(k, sent_ns)| PendingRow {
+            peer: Ipv4Addr::from(k.peer),
+            proto: proto_name(k.proto),
+            a: u16::from_be_bytes(k.a),
+            b: u16::from_be_bytes(k.b),
+            sent_ns,
+        })
+        .collect())
+}
+
 /// The last kernel sample for `peer`/`proto` taken at or after `since_ns`
 /// (`CLOCK_MONOTONIC`), if any.
 #[must_use]
