@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use aya::maps::{HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap};
+use aya::maps::{HashMap, Map, MapData, MapInfo, MapType, PerCpuHashMap};
 use health_common::{
     ct::{CtEntry, CtKey},
     maps::ALL_MAPS,
@@ -105,7 +105,7 @@ fn type_name(t: MapType) -> &'static str {
 }
 
 /// Entries in a map: every key of a hash map, every slot of an array (as
-/// bpftool dumps them), bytes in use are not counted for ring buffers.
+/// bpftool dumps them); ring buffers hold no entries.
 fn count(dir: &Path, name: &'static str, info: &MapInfo) -> Result<u64, DatapathError> {
     let err = |source| DatapathError::Map { name, source };
     let map = open(dir, name)?;
@@ -127,11 +127,7 @@ fn count(dir: &Path, name: &'static str, info: &MapInfo) -> Result<u64, Datapath
             .keys()
             .count(),
         (_, Map::Array(_) | Map::PerCpuArray(_)) => info.max_entries() as usize,
-        (_, Map::RingBuf(_)) => 0,
-        _ => {
-            let _ = PerCpuArray::<_, u64>::try_from(&map);
-            0
-        }
+        _ => 0,
     };
     Ok(n as u64)
 }

@@ -51,12 +51,7 @@ pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
     keys.dedup();
     let mut rows = Vec::with_capacity(keys.len());
     for k in keys {
-        let mut merged = RttStats::default();
-        if let Ok(per_cpu) = stats.get(&k, 0) {
-            for s in per_cpu.iter() {
-                merged.merge(s);
-            }
-        }
+        let merged = merged(&stats, k).unwrap_or_default();
         rows.push(RttRow {
             peer: Ipv4Addr::from(k.peer),
             proto: proto_name(k.proto),
@@ -103,23 +98,45 @@ pub fn pending(dir: &Path) -> Result<Vec<PendingRow>, DatapathError> {
         .collect())
 }
 
-/// The last kernel sample for `peer`/`proto` taken at or after `since_ns`
-/// (`CLOCK_MONOTONIC`), if any.
-#[must_use]
-pub fn last_sample_since(dir: &Path, peer: Ipv4Addr, proto: u8, since_ns: u64) -> Option<Duration> {
-    let map = open(dir, RTT_STATS).ok()?;
-    let stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map).ok()?;
-    let key = RttKey {
-        peer: peer.octets(),
-        proto,
-        pad: [0; 3],
-    };
-    let mut merged = RttStats::default();
-    for s in stats.get(&key, 0).ok()?.iter() {
-        merged.merge(s);
+/// The kernel's RTT statistics, opened once and looked up many times (a
+/// probe round asks for every path's sample).
+pub struct KernelRtt {
+    map: aya::maps::Map,
+}
+
+impl KernelRtt {
+    /// `None` when the map is not pinned in `dir` (no datapath loaded).
+    #[must_use]
+    pub fn open(dir: &Path) -> Option<Self> {
+        open(dir, RTT_STATS).ok().map(|map| Self { map })
     }
-    (merged.count > 0 && merged.last_at_ns >= since_ns)
-        .then(|| Duration::from_nanos(merged.last_ns))
+
+    /// The last sample for `peer`/`proto` taken at or after `since_ns`
+    /// (`CLOCK_MONOTONIC`), if any.
+    #[must_use]
+    pub fn last_sample_since(&self, peer: Ipv4Addr, proto: u8, since_ns: u64) -> Option<Duration> {
+        let stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&self.map).ok()?;
+        let key = RttKey {
+            peer: peer.octets(),
+            proto,
+            pad: [0; 3],
+        };
+        let merged = merged(&stats, key)?;
+        (merged.count > 0 && merged.last_at_ns >= since_ns)
+            .then(|| Duration::from_nanos(merged.last_ns))
+    }
+}
+
+/// A key's statistics folded over CPUs.
+fn merged<T: std::borrow::Borrow<aya::maps::MapData>>(
+    stats: &PerCpuHashMap<T, RttKey, RttStats>,
+    key: RttKey,
+) -> Option<RttStats> {
+    let mut m = RttStats::default();
+    for s in stats.get(&key, 0).ok()?.iter() {
+        m.merge(s);
+    }
+    Some(m)
 }
 
 /// Moves requests unanswered for longer than `timeout` from the pending

@@ -13,7 +13,10 @@ use super::{
     path::{Outcome, PathState, RttSource, Thresholds},
     status::{ClusterStatus, Connectivity, NodeStatus, RoundInfo},
 };
-use crate::cluster::{Node, NodeSet};
+use crate::{
+    cluster::{Node, NodeSet},
+    datapath::rtt::KernelRtt,
+};
 
 #[derive(Debug, Clone)]
 pub struct ProbeConfig {
@@ -246,11 +249,16 @@ impl Prober {
                 }
             }
         }
+        // The kernel's RTT map, opened once for the whole round.
+        let kernel = self.cfg.kernel_rtt.as_deref().and_then(KernelRtt::open);
         let mut outcomes = Vec::with_capacity(tasks.len());
         while let Some(res) = tasks.join_next().await {
             if let Ok((key, ip, outcome)) = res {
                 let proto = key_proto(&key);
-                outcomes.push((key, self.with_kernel_rtt(ip, proto, outcome, started_mono)));
+                outcomes.push((
+                    key,
+                    with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono),
+                ));
             }
         }
         let at = epoch_ms(SystemTime::now());
@@ -304,26 +312,32 @@ impl Prober {
             }
         }
     }
+}
 
-    /// Replaces a user-space RTT by the kernel's sample of the same round
-    /// (ICMP: the echo; HTTP: the TCP handshake), when there is one.
-    fn with_kernel_rtt(&self, ip: Ipv4Addr, proto: u8, outcome: Outcome, since: u64) -> Outcome {
-        match (outcome, &self.cfg.kernel_rtt) {
-            (Outcome::Ok { warning, rtt, .. }, Some(dir)) => {
-                match crate::datapath::rtt::last_sample_since(dir, ip, proto, since) {
-                    Some(kernel) => Outcome::Ok {
-                        rtt: kernel,
-                        warning,
-                        source: RttSource::Kernel,
-                    },
-                    None => Outcome::Ok {
-                        rtt,
-                        warning,
-                        source: RttSource::Userspace,
-                    },
-                }
+/// Replaces a user-space RTT by the kernel's sample of the same round
+/// (ICMP: the echo; HTTP: the TCP handshake), when there is one.
+fn with_kernel_rtt(
+    kernel: Option<&KernelRtt>,
+    ip: Ipv4Addr,
+    proto: u8,
+    outcome: Outcome,
+    since: u64,
+) -> Outcome {
+    match (outcome, kernel) {
+        (Outcome::Ok { warning, rtt, .. }, Some(k)) => {
+            match k.last_sample_since(ip, proto, since) {
+                Some(kernel_rtt) => Outcome::Ok {
+                    rtt: kernel_rtt,
+                    warning,
+                    source: RttSource::Kernel,
+                },
+                None => Outcome::Ok {
+                    rtt,
+                    warning,
+                    source: RttSource::Userspace,
+                },
             }
-            (other, _) => other,
         }
+        (other, _) => other,
     }
 }
