@@ -1,4 +1,6 @@
-//! One ICMP echo over a raw socket, for checks made by the agent itself.
+//! ICMP echo packets for the agent's own use: building requests, matching
+//! replies (shared by the prober's many-at-once echo in `probe::icmp`), and
+//! one blocking exchange for the endpoint controller's check.
 
 use std::{
     io,
@@ -7,7 +9,37 @@ use std::{
     time::{Duration, Instant},
 };
 
+use health_common::checksum;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+/// An echo request (ICMP header and an 8-byte payload) with its checksum.
+#[must_use]
+pub fn echo_request(identifier: u16, sequence: u16) -> [u8; 16] {
+    let mut req = [
+        8u8, 0, 0, 0, 0, 0, 0, 0, b'h', b'e', b'a', b'l', b't', b'h', b'!', b'!',
+    ];
+    req[4..6].copy_from_slice(&identifier.to_be_bytes());
+    req[6..8].copy_from_slice(&sequence.to_be_bytes());
+    let sum: u32 = req
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    req[2..4].copy_from_slice(&(!checksum::fold(sum)).to_be_bytes());
+    req
+}
+
+/// `(source, sequence)` of an echo reply carrying `identifier`, in a packet
+/// as a raw socket returns it (IPv4 header first).
+#[must_use]
+pub fn parse_reply(pkt: &[u8], identifier: u16) -> Option<(Ipv4Addr, u16)> {
+    let ihl = usize::from(*pkt.first()? & 0x0f) * 4;
+    let icmp = pkt.get(ihl..ihl + 8)?;
+    if ihl < 20 || icmp[0] != 0 || icmp[4..6] != identifier.to_be_bytes() {
+        return None;
+    }
+    let src = Ipv4Addr::new(pkt[12], pkt[13], pkt[14], pkt[15]);
+    Some((src, u16::from_be_bytes([icmp[6], icmp[7]])))
+}
 
 /// Sends one echo request to `dst` and waits up to `timeout` for its reply.
 /// Returns the round-trip time, or `None` when no reply came. Blocking.
@@ -18,15 +50,11 @@ pub fn echo(
     timeout: Duration,
 ) -> io::Result<Option<Duration>> {
     let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?;
-    let mut req = [
-        8u8, 0, 0, 0, 0, 0, 0, 0, b'h', b'e', b'a', b'l', b't', b'h', 0, 0,
-    ];
-    req[4..6].copy_from_slice(&identifier.to_be_bytes());
-    req[6..8].copy_from_slice(&sequence.to_be_bytes());
-    let sum = checksum(&req);
-    req[2..4].copy_from_slice(&sum.to_be_bytes());
     let start = Instant::now();
-    sock.send_to(&req, &SockAddr::from(SocketAddrV4::new(dst, 0)))?;
+    sock.send_to(
+        &echo_request(identifier, sequence),
+        &SockAddr::from(SocketAddrV4::new(dst, 0)),
+    )?;
     let deadline = start + timeout;
     let mut buf = [MaybeUninit::<u8>::uninit(); 1500];
     loop {
@@ -52,57 +80,53 @@ pub fn echo(
             .iter()
             .map(|b| unsafe { b.assume_init() })
             .collect();
-        if is_reply(&pkt, dst, identifier, sequence) {
+        if parse_reply(&pkt, identifier) == Some((dst, sequence)) {
             return Ok(Some(start.elapsed()));
         }
     }
-}
-
-fn is_reply(pkt: &[u8], from: Ipv4Addr, id: u16, seq: u16) -> bool {
-    let ihl = usize::from(pkt.first().copied().unwrap_or(0) & 0x0f) * 4;
-    pkt.len() >= ihl + 8
-        && ihl >= 20
-        && pkt[12..16] == from.octets()
-        && pkt[ihl] == 0
-        && pkt[ihl + 4..ihl + 6] == id.to_be_bytes()
-        && pkt[ihl + 6..ihl + 8] == seq.to_be_bytes()
-}
-
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
-        .sum();
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn replies_are_matched_on_source_identifier_and_sequence() {
-        let from = Ipv4Addr::new(198, 18, 0, 2);
-        let mut p = vec![
-            0x45, 0, 0, 28, 0, 0, 0, 0, 64, 1, 0, 0, 198, 18, 0, 2, 198, 18, 0, 1,
-        ];
-        p.extend_from_slice(&[0, 0, 0, 0, 0x12, 0x34, 0, 9]);
-        assert!(is_reply(&p, from, 0x1234, 9));
-        assert!(!is_reply(&p, from, 0x1234, 8));
-        assert!(!is_reply(&p, Ipv4Addr::new(198, 18, 0, 3), 0x1234, 9));
-        p[20] = 8; // a request, not a reply
-        assert!(!is_reply(&p, from, 0x1234, 9));
-        assert!(!is_reply(&p[..25], from, 0x1234, 9));
+    fn reply(from: [u8; 4], id: u16, seq: u16) -> Vec<u8> {
+        let mut p = vec![0x45, 0, 0, 28, 0, 0, 0, 0, 64, 1, 0, 0];
+        p.extend_from_slice(&from);
+        p.extend_from_slice(&[198, 18, 0, 1, 0, 0, 0, 0]);
+        p.extend_from_slice(&id.to_be_bytes());
+        p.extend_from_slice(&seq.to_be_bytes());
+        p
     }
 
     #[test]
-    fn checksum_of_a_request_verifies() {
-        let mut req = [8u8, 0, 0, 0, 0x12, 0x34, 0, 1, 1, 2, 3];
-        let c = checksum(&req);
-        req[2..4].copy_from_slice(&c.to_be_bytes());
-        assert_eq!(checksum(&req), 0);
+    fn replies_are_matched_on_source_identifier_and_sequence() {
+        let from = Ipv4Addr::new(198, 18, 0, 2);
+        let mut p = reply(from.octets(), 0x1234, 9);
+        assert_eq!(parse_reply(&p, 0x1234), Some((from, 9)));
+        assert_ne!(parse_reply(&p, 0x1234), Some((from, 8)));
+        assert_ne!(
+            parse_reply(&p, 0x1234),
+            Some((Ipv4Addr::new(198, 18, 0, 3), 9))
+        );
+        assert_eq!(parse_reply(&p, 0x1235), None, "another prober's reply");
+        assert_eq!(parse_reply(&p[..25], 0x1234), None, "truncated");
+        p[20] = 8;
+        assert_eq!(parse_reply(&p, 0x1234), None, "a request, not a reply");
+    }
+
+    #[test]
+    fn requests_carry_a_valid_checksum() {
+        let req = echo_request(0x1234, 7);
+        let sum: u32 = req
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+            .sum();
+        assert_eq!(
+            checksum::fold(sum),
+            0xffff,
+            "a valid checksum sums to all ones"
+        );
+        assert_eq!((req[0], &req[4..8]), (8, &[0x12, 0x34, 0, 7][..]));
     }
 }

@@ -14,6 +14,8 @@ use std::{
 };
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::icmp::{echo_request, parse_reply};
 use tokio::{io::unix::AsyncFd, sync::oneshot};
 
 type Pending = Arc<Mutex<HashMap<(Ipv4Addr, u16), oneshot::Sender<Instant>>>>;
@@ -98,23 +100,6 @@ impl IcmpProber {
     }
 }
 
-fn echo_request(identifier: u16, seq: u16) -> [u8; 16] {
-    let mut req = [
-        8u8, 0, 0, 0, 0, 0, 0, 0, b'h', b'e', b'a', b'l', b't', b'h', b'!', b'!',
-    ];
-    req[4..6].copy_from_slice(&identifier.to_be_bytes());
-    req[6..8].copy_from_slice(&seq.to_be_bytes());
-    let mut sum: u32 = req
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-        .sum();
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    req[2..4].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    req
-}
-
 async fn receive(sock: Arc<AsyncFd<Socket>>, identifier: u16, pending: Pending) {
     let mut buf = [MaybeUninit::<u8>::uninit(); 1500];
     loop {
@@ -140,47 +125,5 @@ async fn receive(sock: Arc<AsyncFd<Socket>>, identifier: u16, pending: Pending) 
                 Err(_would_block) => break,
             }
         }
-    }
-}
-
-/// `(source, sequence)` of an echo reply carrying our identifier.
-fn parse_reply(pkt: &[u8], identifier: u16) -> Option<(Ipv4Addr, u16)> {
-    let ihl = usize::from(*pkt.first()? & 0x0f) * 4;
-    let icmp = pkt.get(ihl..ihl + 8)?;
-    if ihl < 20 || icmp[0] != 0 || icmp[4..6] != identifier.to_be_bytes() {
-        return None;
-    }
-    let src = Ipv4Addr::new(pkt[12], pkt[13], pkt[14], pkt[15]);
-    Some((src, u16::from_be_bytes([icmp[6], icmp[7]])))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_checksum_and_replies_parse() {
-        let req = echo_request(0x1234, 7);
-        let mut sum: u32 = req
-            .chunks(2)
-            .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-            .sum();
-        while sum >> 16 != 0 {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        assert_eq!(sum, 0xffff, "a valid checksum sums to all ones");
-        let mut reply = vec![
-            0x45, 0, 0, 36, 0, 0, 0, 0, 64, 1, 0, 0, 198, 18, 0, 9, 198, 18, 0, 1,
-        ];
-        reply.extend_from_slice(&req);
-        reply[20] = 0;
-        assert_eq!(
-            parse_reply(&reply, 0x1234),
-            Some((Ipv4Addr::new(198, 18, 0, 9), 7))
-        );
-        assert_eq!(parse_reply(&reply, 0x1235), None, "another prober's reply");
-        reply[20] = 8;
-        assert_eq!(parse_reply(&reply, 0x1234), None, "a request");
-        assert_eq!(parse_reply(&reply[..24], 0x1234), None, "truncated");
     }
 }
