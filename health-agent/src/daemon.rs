@@ -236,7 +236,7 @@ async fn controller(
         match result {
             Ok(Ok(run)) if run.repaired => {
                 info!(trigger, missing = ?run.missing, "controller repaired the endpoint");
-                if run.missing.iter().any(|m| m == "namespace") {
+                if run.namespace_recreated {
                     rebind_endpoint_hello(&hello);
                 }
             }

@@ -190,24 +190,27 @@ impl Netlink {
 
     /// Sets an interface administratively up.
     pub async fn set_up(&self, name: &str) -> Result<(), NetlinkError> {
-        let index = self.require_link(name).await?;
-        self.handle
-            .link()
-            .set(LinkUnspec::new_with_index(index).up().build())
-            .execute()
-            .await
-            .map_err(req(format!("setting {name:?} up")))
+        self.set_admin(name, true).await
     }
 
     /// Sets an interface administratively down.
     pub async fn set_down(&self, name: &str) -> Result<(), NetlinkError> {
+        self.set_admin(name, false).await
+    }
+
+    async fn set_admin(&self, name: &str, up: bool) -> Result<(), NetlinkError> {
         let index = self.require_link(name).await?;
+        let msg = LinkUnspec::new_with_index(index);
+        let msg = if up { msg.up() } else { msg.down() };
         self.handle
             .link()
-            .set(LinkUnspec::new_with_index(index).down().build())
+            .set(msg.build())
             .execute()
             .await
-            .map_err(req(format!("setting {name:?} down")))
+            .map_err(req(format!(
+                "setting {name:?} {}",
+                if up { "up" } else { "down" }
+            )))
     }
 
     /// Adds `addr/prefix` to an interface.

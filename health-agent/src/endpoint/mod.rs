@@ -74,6 +74,9 @@ impl From<ResponderError> for EndpointError {
 pub struct ControllerRun {
     pub missing: Vec<String>,
     pub repaired: bool,
+    /// The namespace itself was recreated: whatever was bound inside the
+    /// old one (the endpoint's :4240 responder) must be bound again.
+    pub namespace_recreated: bool,
 }
 
 /// The endpoint at run time.
@@ -238,10 +241,9 @@ impl Endpoint {
         &mut self,
         echo_timeout: Duration,
     ) -> Result<ControllerRun, EndpointError> {
-        let mut missing: Vec<String> = plumbing::inspect(&self.plan)?
-            .iter()
-            .map(|m| m.as_str().to_owned())
-            .collect();
+        let found = plumbing::inspect(&self.plan)?;
+        let namespace_recreated = found.contains(&Missing::Namespace);
+        let mut missing: Vec<String> = found.iter().map(|m| m.as_str().to_owned()).collect();
         if missing.is_empty() && self.ep_index()? != self.attached_to {
             missing.push("programs".into());
         }
@@ -274,6 +276,7 @@ impl Endpoint {
         Ok(ControllerRun {
             missing,
             repaired: true,
+            namespace_recreated,
         })
     }
 
