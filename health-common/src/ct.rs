@@ -141,6 +141,8 @@ pub struct Flow {
     pub icmp_type: u8,
     pub icmp_seq: [u8; 2],
     pub len: u32,
+    /// Offset of the L4 header in the frame.
+    pub l4: u16,
 }
 
 /// Lifetime of an entry after a packet with `flags_seen` (both directions

@@ -52,6 +52,7 @@ pub fn parse<F: Frame>(frame: &mut F) -> Option<Flow> {
     };
     let mut flow = Flow {
         len: u32::try_from(frame.wire_len()).unwrap_or(u32::MAX),
+        l4: u16::try_from(l4).unwrap_or(0),
         ..Flow::default()
     };
     match ip.protocol() {
@@ -110,6 +111,7 @@ mod tests {
         assert_eq!(flow.key.dport, 4240u16.to_be_bytes());
         assert_eq!(flow.tcp_flags, TCP_SYN);
         assert_eq!(flow.len as usize, f.len());
+        assert_eq!(flow.l4, 34);
     }
 
     #[test]

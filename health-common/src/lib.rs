@@ -17,4 +17,5 @@ pub mod flow;
 pub mod frame;
 pub mod headers;
 pub mod maps;
+pub mod nat;
 pub mod rtt;

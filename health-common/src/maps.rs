@@ -13,8 +13,13 @@ pub const RTT_PENDING: &str = "RTT_PENDING";
 pub const RTT_STATS: &str = "RTT_STATS";
 pub const RTT_LOSSES: &str = "RTT_LOSSES";
 
+/// Masquerade maps (see `nat`).
+pub const NAT_MAP: &str = "NAT_MAP";
+pub const NAT_CONFIG: &str = "NAT_CONFIG";
+pub const NAT_STATS: &str = "NAT_STATS";
+
 /// Every map the object pins, for listing and cleanup.
-pub const ALL_MAPS: [&str; 9] = [
+pub const ALL_MAPS: [&str; 12] = [
     ECHO_STATS,
     ECHO_CONFIG,
     CT_MAP,
@@ -23,6 +28,9 @@ pub const ALL_MAPS: [&str; 9] = [
     RTT_PENDING,
     RTT_STATS,
     RTT_LOSSES,
+    NAT_MAP,
+    NAT_CONFIG,
+    NAT_STATS,
     "AYA_LOGS",
 ];
 
@@ -35,6 +43,9 @@ pub const PROG_XDP_PASS: &str = "health_xdp_pass";
 /// Tracking on the host side of the endpoint's veth: from / to the endpoint.
 pub const PROG_LXC_INGRESS: &str = "health_lxc_ingress";
 pub const PROG_LXC_EGRESS: &str = "health_lxc_egress";
+/// Masquerade on the node's uplink: SNAT leaving, reverse translation arriving.
+pub const PROG_NAT_EGRESS: &str = "health_nat_egress";
+pub const PROG_NAT_INGRESS: &str = "health_nat_ingress";
 
 /// Indices into [`ECHO_STATS`].
 #[repr(u32)]

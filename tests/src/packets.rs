@@ -195,6 +195,81 @@ pub fn verify_ipv4_icmp(packet: &[u8]) -> Result<&[u8], String> {
     Ok(icmp)
 }
 
+/// Checksum over the IPv4 pseudo-header and `segment` (TCP or UDP).
+#[must_use]
+pub fn l4_checksum(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, segment: &[u8]) -> u16 {
+    let mut data = src.octets().to_vec();
+    data.extend_from_slice(&dst.octets());
+    data.extend_from_slice(&[0, proto]);
+    data.extend_from_slice(&u16::try_from(segment.len()).expect("small").to_be_bytes());
+    data.extend_from_slice(segment);
+    inet_checksum(&data)
+}
+
+/// A TCP segment (20-byte header, `payload`) in an Ethernet frame, with
+/// correct checksums.
+#[must_use]
+pub fn tcp(src: Ipv4Addr, dst: Ipv4Addr, ports: (u16, u16), flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut seg = vec![0u8; 20];
+    seg[0..2].copy_from_slice(&ports.0.to_be_bytes());
+    seg[2..4].copy_from_slice(&ports.1.to_be_bytes());
+    seg[4..8].copy_from_slice(&0x0102_0304u32.to_be_bytes());
+    seg[12] = 0x50;
+    seg[13] = flags;
+    seg[14..16].copy_from_slice(&64_240u16.to_be_bytes());
+    seg.extend_from_slice(payload);
+    let c = l4_checksum(src, dst, 6, &seg);
+    seg[16..18].copy_from_slice(&c.to_be_bytes());
+    let mut ip = ipv4_header(src, dst, 6, 64, 1, seg.len());
+    ip.extend_from_slice(&seg);
+    ethernet([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1], 0x0800, &ip)
+}
+
+/// A UDP datagram in an Ethernet frame; `checksum` false leaves it zero
+/// ("none", allowed for UDP over IPv4).
+#[must_use]
+pub fn udp_datagram(src: Ipv4Addr, dst: Ipv4Addr, ports: (u16, u16), checksum: bool) -> Vec<u8> {
+    let mut seg = vec![0u8; 8];
+    seg[0..2].copy_from_slice(&ports.0.to_be_bytes());
+    seg[2..4].copy_from_slice(&ports.1.to_be_bytes());
+    seg.extend_from_slice(b"health");
+    let len = u16::try_from(seg.len()).expect("small");
+    seg[4..6].copy_from_slice(&len.to_be_bytes());
+    if checksum {
+        let c = l4_checksum(src, dst, 17, &seg);
+        seg[6..8].copy_from_slice(&c.to_be_bytes());
+    }
+    let mut ip = ipv4_header(src, dst, 17, 64, 1, seg.len());
+    ip.extend_from_slice(&seg);
+    ethernet([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1], 0x0800, &ip)
+}
+
+/// An IPv4 frame's addresses, protocol and L4 bytes, after checking the
+/// IPv4 checksum and the L4 checksum (ICMP over its message; TCP and UDP
+/// over the pseudo-header; a zero UDP checksum is "none").
+pub fn verify_frame(frame: &[u8]) -> Result<(Ipv4Addr, Ipv4Addr, u8, &[u8]), String> {
+    let ip = frame.get(14..).ok_or("no IPv4 header")?;
+    let ihl = usize::from(ip.first().ok_or("empty")? & 0x0f) * 4;
+    if ip.len() < ihl || inet_checksum(&ip[..ihl]) != 0 {
+        return Err("IPv4 header checksum is wrong".into());
+    }
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    let proto = ip[9];
+    let l4 = &ip[ihl..];
+    let ok = match proto {
+        1 => inet_checksum(l4) == 0,
+        17 if l4.get(6..8) == Some(&[0, 0]) => true,
+        6 | 17 => l4_checksum(src, dst, proto, l4) == 0,
+        _ => return Err(format!("protocol {proto}")),
+    };
+    if ok {
+        Ok((src, dst, proto, l4))
+    } else {
+        Err(format!("protocol {proto} checksum is wrong"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +298,26 @@ mod tests {
         let mut broken = ip.clone();
         broken[40] ^= 1;
         assert!(verify_ipv4_icmp(&broken).is_err());
+    }
+
+    #[test]
+    fn built_segments_verify_and_damage_is_caught() {
+        let (a, b) = (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
+        for frame in [
+            tcp(a, b, (40_000, 4240), 0x02, b"x"),
+            udp_datagram(a, b, (1, 2), true),
+            udp_datagram(a, b, (1, 2), false),
+            Echo::request(a, b, 1, 1).frame(),
+        ] {
+            let (src, dst, _, _) = verify_frame(&frame).expect("valid");
+            assert_eq!((src, dst), (a, b));
+            let mut moved = frame.clone();
+            moved[26..30].copy_from_slice(&[198, 18, 0, 9]);
+            fix_ip_checksum(&mut moved);
+            let icmp = frame[23] == 1;
+            let no_udp_sum = frame[23] == 17 && frame[40..42] == [0, 0];
+            // A new source breaks TCP and UDP (pseudo-header), not ICMP.
+            assert_eq!(verify_frame(&moved).is_ok(), icmp || no_udp_sum);
+        }
     }
 }

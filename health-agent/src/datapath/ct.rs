@@ -2,7 +2,7 @@
 
 use std::{net::Ipv4Addr, path::Path};
 
-use aya::maps::{HashMap, PerCpuArray, PerCpuValues};
+use aya::maps::HashMap;
 use health_common::{
     ct::{CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, IPPROTO_TCP, IPPROTO_UDP},
     headers::IPPROTO_ICMP,
@@ -117,23 +117,11 @@ pub fn list(dir: &Path) -> Result<Vec<CtRow>, DatapathError> {
 
 /// The per-CPU CT counters, summed, by name.
 pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
-    let map = open(dir, CT_STATS)?;
-    let stats = PerCpuArray::<_, u64>::try_from(&map).map_err(|source| DatapathError::Map {
-        name: CT_STATS,
-        source,
-    })?;
-    CtCounter::ALL
+    let wanted: Vec<_> = CtCounter::ALL
         .iter()
-        .map(|c| {
-            let v = stats
-                .get(&(*c as u32), 0)
-                .map_err(|source| DatapathError::Map {
-                    name: CT_STATS,
-                    source,
-                })?;
-            Ok((c.name(), v.iter().sum()))
-        })
-        .collect()
+        .map(|c| (c.name(), *c as u32))
+        .collect();
+    super::maps::read_counters(dir, CT_STATS, &wanted)
 }
 
 /// Removes expired entries; returns how many, also added to the
@@ -159,40 +147,7 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
         }
     }
     if removed > 0 {
-        add_removed(dir, removed)?;
+        super::maps::add_to_counter(dir, CT_STATS, CtCounter::Removed as u32, removed)?;
     }
     Ok(removed)
-}
-
-/// Adds to CPU 0's slot of the `removed` counter (only the agent writes it).
-fn add_removed(dir: &Path, n: u64) -> Result<(), DatapathError> {
-    let mut map = open(dir, CT_STATS)?;
-    let mut stats =
-        PerCpuArray::<_, u64>::try_from(&mut map).map_err(|source| DatapathError::Map {
-            name: CT_STATS,
-            source,
-        })?;
-    let idx = CtCounter::Removed as u32;
-    let mut values: Vec<u64> = stats
-        .get(&idx, 0)
-        .map_err(|source| DatapathError::Map {
-            name: CT_STATS,
-            source,
-        })?
-        .iter()
-        .copied()
-        .collect();
-    if let Some(first) = values.first_mut() {
-        *first += n;
-    }
-    let values = PerCpuValues::try_from(values).map_err(|e| DatapathError::Map {
-        name: CT_STATS,
-        source: aya::maps::MapError::from(std::io::Error::other(e.to_string())),
-    })?;
-    stats
-        .set(idx, values, 0)
-        .map_err(|source| DatapathError::Map {
-            name: CT_STATS,
-            source,
-        })
 }

@@ -2,10 +2,13 @@
 
 use std::path::Path;
 
-use aya::maps::{HashMap, Map, MapData, MapInfo, MapType, PerCpuHashMap};
+use aya::maps::{
+    HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap, PerCpuValues,
+};
 use health_common::{
     ct::{CtEntry, CtKey},
     maps::ALL_MAPS,
+    nat::NatEntry,
     rtt::{PendingKey, RttKey, RttStats},
 };
 use serde::Serialize;
@@ -110,6 +113,10 @@ fn count(dir: &Path, name: &'static str, info: &MapInfo) -> Result<u64, Datapath
     let err = |source| DatapathError::Map { name, source };
     let map = open(dir, name)?;
     let n = match (name, &map) {
+        (health_common::maps::NAT_MAP, _) => HashMap::<_, CtKey, NatEntry>::try_from(&map)
+            .map_err(err)?
+            .keys()
+            .count(),
         (health_common::maps::CT_MAP, _) => HashMap::<_, CtKey, CtEntry>::try_from(&map)
             .map_err(err)?
             .keys()
@@ -130,4 +137,42 @@ fn count(dir: &Path, name: &'static str, info: &MapInfo) -> Result<u64, Datapath
         _ => 0,
     };
     Ok(n as u64)
+}
+
+/// Per-CPU `u64` counters of array `map`, summed over the CPUs, by name.
+pub fn read_counters(
+    dir: &Path,
+    map: &'static str,
+    wanted: &[(&'static str, u32)],
+) -> Result<Vec<(&'static str, u64)>, DatapathError> {
+    let err = |source| DatapathError::Map { name: map, source };
+    let opened = open(dir, map)?;
+    let stats = PerCpuArray::<_, u64>::try_from(&opened).map_err(err)?;
+    wanted
+        .iter()
+        .map(|(name, idx)| Ok((*name, stats.get(idx, 0).map_err(err)?.iter().sum())))
+        .collect()
+}
+
+/// Adds `n` to CPU 0's slot of counter `idx` in `map` (a counter only the
+/// agent writes, such as entries removed by its garbage collector).
+pub fn add_to_counter(
+    dir: &Path,
+    map: &'static str,
+    idx: u32,
+    n: u64,
+) -> Result<(), DatapathError> {
+    let err = |source| DatapathError::Map { name: map, source };
+    let mut opened = open(dir, map)?;
+    let mut stats = PerCpuArray::<_, u64>::try_from(&mut opened).map_err(err)?;
+    let mut values: Vec<u64> = stats.get(&idx, 0).map_err(err)?.iter().copied().collect();
+    if let Some(first) = values.first_mut() {
+        *first += n;
+    }
+    let values = PerCpuValues::try_from(values).map_err(|e| {
+        err(aya::maps::MapError::from(std::io::Error::other(
+            e.to_string(),
+        )))
+    })?;
+    stats.set(idx, values, 0).map_err(err)
 }

@@ -5,6 +5,7 @@
 
 pub mod ct;
 pub mod maps;
+pub mod nat;
 pub mod rtt;
 
 use std::path::PathBuf;

@@ -23,9 +23,10 @@ use aya::{
 use health_common::{
     ct::CtConfig,
     maps::{
-        CT_CONFIG, ECHO_CONFIG, EchoConfig, PROG_ECHO_TC, PROG_ECHO_XDP, PROG_LXC_EGRESS,
-        PROG_LXC_INGRESS, PROG_XDP_PASS,
+        CT_CONFIG, ECHO_CONFIG, EchoConfig, NAT_CONFIG, PROG_ECHO_TC, PROG_ECHO_XDP,
+        PROG_LXC_EGRESS, PROG_LXC_INGRESS, PROG_NAT_EGRESS, PROG_NAT_INGRESS, PROG_XDP_PASS,
     },
+    nat::NatConfig,
 };
 use tracing::{debug, info, warn};
 
@@ -97,7 +98,13 @@ impl Responder {
             let prog: &mut Xdp = program(&mut ebpf, name)?;
             prog.load().map_err(|e| ResponderError::load(name, e))?;
         }
-        for name in [PROG_ECHO_TC, PROG_LXC_INGRESS, PROG_LXC_EGRESS] {
+        for name in [
+            PROG_ECHO_TC,
+            PROG_LXC_INGRESS,
+            PROG_LXC_EGRESS,
+            PROG_NAT_EGRESS,
+            PROG_NAT_INGRESS,
+        ] {
             let tc: &mut SchedClassifier = program(&mut ebpf, name)?;
             tc.load().map_err(|e| ResponderError::load(name, e))?;
         }
@@ -116,52 +123,66 @@ impl Responder {
 
     /// Sets the address the responder answers for (`0.0.0.0`: none).
     pub fn set_address(&mut self, addr: Ipv4Addr) -> Result<(), ResponderError> {
-        let map = self
-            .ebpf
-            .map_mut(ECHO_CONFIG)
-            .ok_or(ResponderError::MissingMap { map: ECHO_CONFIG })?;
-        let mut config: Array<_, EchoConfig> =
-            Array::try_from(map).map_err(|source| ResponderError::Map {
-                map: ECHO_CONFIG,
-                source,
-            })?;
-        let value = EchoConfig {
-            addr: addr.octets(),
-        };
-        config
-            .set(0, &value, 0)
-            .map_err(|source| ResponderError::Map {
-                map: ECHO_CONFIG,
-                source,
-            })
+        self.set_config(
+            ECHO_CONFIG,
+            EchoConfig {
+                addr: addr.octets(),
+            },
+        )
     }
 
     /// Sets the connection-tracking lifetimes.
     pub fn set_ct_config(&mut self, cfg: CtConfig) -> Result<(), ResponderError> {
+        self.set_config(CT_CONFIG, cfg)
+    }
+
+    /// Sets (or, all zero, clears) the masquerade configuration.
+    pub fn set_nat_config(&mut self, cfg: NatConfig) -> Result<(), ResponderError> {
+        self.set_config(NAT_CONFIG, cfg)
+    }
+
+    fn set_config<T: aya::Pod>(
+        &mut self,
+        name: &'static str,
+        value: T,
+    ) -> Result<(), ResponderError> {
+        let err = |source| ResponderError::Map { map: name, source };
         let map = self
             .ebpf
-            .map_mut(CT_CONFIG)
-            .ok_or(ResponderError::MissingMap { map: CT_CONFIG })?;
-        let mut config: Array<_, CtConfig> =
-            Array::try_from(map).map_err(|source| ResponderError::Map {
-                map: CT_CONFIG,
-                source,
-            })?;
-        config
-            .set(0, &cfg, 0)
-            .map_err(|source| ResponderError::Map {
-                map: CT_CONFIG,
-                source,
-            })
+            .map_mut(name)
+            .ok_or(ResponderError::MissingMap { map: name })?;
+        Array::<_, T>::try_from(map)
+            .map_err(err)?
+            .set(0, &value, 0)
+            .map_err(err)
     }
 
     /// Attaches connection tracking and RTT to the host side of the
     /// endpoint's veth: tcx ingress (from the endpoint) and egress (to it).
     pub fn attach_tracking(&mut self, host_iface: &Interface) -> Result<(), ResponderError> {
-        let name = host_iface.c_name()?;
+        self.attach_tcx_pair(host_iface, PROG_LXC_INGRESS, PROG_LXC_EGRESS)?;
+        info!(interface = %host_iface, "connection tracking and RTT attached");
+        Ok(())
+    }
+
+    /// Attaches masquerade to the node's uplink: SNAT on tcx egress, the
+    /// reverse translation on tcx ingress (before the stack sees a reply).
+    pub fn attach_nat(&mut self, uplink: &Interface) -> Result<(), ResponderError> {
+        self.attach_tcx_pair(uplink, PROG_NAT_INGRESS, PROG_NAT_EGRESS)?;
+        info!(interface = %uplink, "masquerade attached");
+        Ok(())
+    }
+
+    fn attach_tcx_pair(
+        &mut self,
+        iface: &Interface,
+        ingress: &'static str,
+        egress: &'static str,
+    ) -> Result<(), ResponderError> {
+        let name = iface.c_name()?;
         for (program_name, attach_type) in [
-            (PROG_LXC_INGRESS, TcAttachType::Ingress),
-            (PROG_LXC_EGRESS, TcAttachType::Egress),
+            (ingress, TcAttachType::Ingress),
+            (egress, TcAttachType::Egress),
         ] {
             let prog: &mut SchedClassifier = program(&mut self.ebpf, program_name)?;
             let attach = || {
@@ -173,13 +194,10 @@ impl Responder {
                     },
                 )
             };
-            crate::netns::run_in(host_iface.netns.as_ref(), attach)?.map_err(|e| {
-                ResponderError::attach(program_name, host_iface, AttachMode::Tcx, e)
-            })?;
-            self.attached
-                .push(format!("{program_name} on {host_iface}"));
+            crate::netns::run_in(iface.netns.as_ref(), attach)?
+                .map_err(|e| ResponderError::attach(program_name, iface, AttachMode::Tcx, e))?;
+            self.attached.push(format!("{program_name} on {iface}"));
         }
-        info!(interface = %host_iface, "connection tracking and RTT attached");
         Ok(())
     }
 
@@ -276,6 +294,18 @@ impl Responder {
                 PROG_LXC_INGRESS
             } else {
                 PROG_LXC_EGRESS
+            },
+        )
+    }
+
+    /// A masquerade program (`egress`: the SNAT one), for `BPF_PROG_TEST_RUN`.
+    pub fn nat_program(&mut self, egress: bool) -> Result<&mut SchedClassifier, ResponderError> {
+        program(
+            &mut self.ebpf,
+            if egress {
+                PROG_NAT_EGRESS
+            } else {
+                PROG_NAT_INGRESS
             },
         )
     }

@@ -8,6 +8,7 @@ use aya_ebpf::{
 use health_common::{
     ct::{CtConfig, CtCounter, CtEntry, CtKey},
     maps::{EchoConfig, EchoCounter},
+    nat::{NatConfig, NatCounter, NatEntry, NatKey},
     rtt::{PendingKey, RttKey, RttStats},
 };
 
@@ -43,3 +44,17 @@ pub static RTT_STATS: PerCpuHashMap<RttKey, RttStats> = PerCpuHashMap::pinned(4_
 /// Unanswered requests per peer and protocol, counted by the agent's sweep.
 #[map]
 pub static RTT_LOSSES: HashMap<RttKey, u64> = HashMap::pinned(4_096, 0);
+
+/// Masquerade pairs (`OUT` and `IN` halves of each flow; LRU like Cilium's
+/// SNAT table: a full table evicts the least recently used pair, and the
+/// egress program restores an evicted reverse half on the next packet).
+#[map]
+pub static NAT_MAP: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(65_536, 0);
+
+/// Masquerade settings, set by the agent (all zero: off).
+#[map]
+pub static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
+
+/// Per-CPU counters, indexed by `NatCounter`.
+#[map]
+pub static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::COUNT, 0);

@@ -8,6 +8,7 @@ mod counters;
 mod echo_tc;
 mod echo_xdp;
 mod maps;
+mod nat;
 mod packet;
 mod track;
 

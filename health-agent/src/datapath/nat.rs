@@ -1,0 +1,261 @@
+//! The masquerade table: listing, counters, and the collector that removes
+//! a flow's pair of entries together with its connection-tracking entry.
+
+use std::{net::Ipv4Addr, path::Path};
+
+use aya::maps::{Array, HashMap, MapData};
+use health_common::{
+    ct::{CtConfig, CtEntry, CtKey, DIR_IN, DIR_OUT, lifetime_s},
+    maps::{CT_CONFIG, CT_MAP, NAT_MAP, NAT_STATS},
+    nat::{NatCounter, NatEntry, NatKey, ct_key_of, in_key, out_key_of},
+};
+use serde::Serialize;
+
+use super::{DatapathError, ct::proto_name, maps::open};
+
+/// One entry, decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NatRow {
+    pub proto: &'static str,
+    pub dir: &'static str,
+    pub src: Ipv4Addr,
+    pub sport: u16,
+    pub dst: Ipv4Addr,
+    pub dport: u16,
+    /// `XLATE_SRC` (OUT: the new source) or `XLATE_DST` (IN: the new
+    /// destination).
+    pub xlate: &'static str,
+    pub xlate_addr: Ipv4Addr,
+    pub xlate_port: u16,
+    pub created_seconds_ago: u64,
+    pub last_used_seconds_ago: u64,
+}
+
+impl NatRow {
+    /// `cilium bpf nat list` style.
+    #[must_use]
+    pub fn line(&self) -> String {
+        format!(
+            "{} {} {}:{} -> {}:{} {} {}:{} Created={}sec ago LastUsed={}sec ago",
+            self.proto,
+            self.dir,
+            self.src,
+            self.sport,
+            self.dst,
+            self.dport,
+            self.xlate,
+            self.xlate_addr,
+            self.xlate_port,
+            self.created_seconds_ago,
+            self.last_used_seconds_ago
+        )
+    }
+}
+
+fn row(k: &NatKey, e: &NatEntry, now: u64) -> NatRow {
+    let out = k.dir == DIR_OUT;
+    NatRow {
+        proto: proto_name(k.proto),
+        dir: if out { "OUT" } else { "IN" },
+        src: Ipv4Addr::from(k.saddr),
+        sport: u16::from_be_bytes(k.sport),
+        dst: Ipv4Addr::from(k.daddr),
+        dport: u16::from_be_bytes(k.dport),
+        xlate: if out { "XLATE_SRC" } else { "XLATE_DST" },
+        xlate_addr: Ipv4Addr::from(e.xlate_addr),
+        xlate_port: u16::from_be_bytes(e.xlate_port),
+        created_seconds_ago: now.saturating_sub(e.created_ns) / 1_000_000_000,
+        last_used_seconds_ago: now.saturating_sub(e.last_ns) / 1_000_000_000,
+    }
+}
+
+fn nat_map(
+    map: &mut aya::maps::Map,
+) -> Result<HashMap<&mut MapData, NatKey, NatEntry>, DatapathError> {
+    HashMap::try_from(map).map_err(|source| DatapathError::Map {
+        name: NAT_MAP,
+        source,
+    })
+}
+
+/// Every entry of the pinned NAT map, `OUT` before `IN`, sorted.
+pub fn list(dir: &Path) -> Result<Vec<NatRow>, DatapathError> {
+    let mut map = open(dir, NAT_MAP)?;
+    let nat = nat_map(&mut map)?;
+    let now = super::monotonic_ns()?;
+    let mut rows: Vec<NatRow> = nat
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(k, e)| row(&k, &e, now))
+        .collect();
+    rows.sort_by(|a, b| {
+        b.dir.cmp(a.dir).then_with(|| {
+            (a.proto, a.src, a.sport, a.dst, a.dport)
+                .cmp(&(b.proto, b.src, b.sport, b.dst, b.dport))
+        })
+    });
+    Ok(rows)
+}
+
+/// The per-CPU NAT counters, summed, by name.
+pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
+    let wanted: Vec<_> = NatCounter::ALL
+        .iter()
+        .map(|c| (c.name(), *c as u32))
+        .collect();
+    super::maps::read_counters(dir, NAT_STATS, &wanted)
+}
+
+/// Whether the pair of a flow may go, given its connection-tracking entry
+/// (on `lxc_health`): while that entry lives, so does the pair; once it
+/// expired, the pair goes with it. A flow conntrack never saw (or lost to
+/// its LRU) keeps its pair until it has been idle for its protocol's
+/// lifetime.
+#[must_use]
+pub fn collectable(
+    ct: Option<&CtEntry>,
+    nat: &NatEntry,
+    proto: u8,
+    cfg: &CtConfig,
+    now: u64,
+) -> bool {
+    match ct {
+        Some(e) => e.expires_ns < now,
+        None => {
+            let idle = u64::from(lifetime_s(cfg, proto, 0)) * 1_000_000_000;
+            now.saturating_sub(nat.last_ns) > idle
+        }
+    }
+}
+
+/// Removes the pairs whose flows are over (see [`collectable`]) and
+/// reverse halves no `OUT` entry points to any more; returns how many
+/// entries went, also added to the `removed` counter. Run it before the CT
+/// collector, so an expired CT entry is still there to be seen.
+pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
+    let now = super::monotonic_ns()?;
+    let cfg = {
+        let map = open(dir, CT_CONFIG)?;
+        Array::<_, CtConfig>::try_from(&map)
+            .and_then(|a| a.get(&0, 0))
+            .map_err(|source| DatapathError::Map {
+                name: CT_CONFIG,
+                source,
+            })?
+    };
+    let ct_map = open(dir, CT_MAP)?;
+    let ct =
+        HashMap::<_, CtKey, CtEntry>::try_from(&ct_map).map_err(|source| DatapathError::Map {
+            name: CT_MAP,
+            source,
+        })?;
+    let mut map = open(dir, NAT_MAP)?;
+    let mut nat = nat_map(&mut map)?;
+    let entries: Vec<(NatKey, NatEntry)> = nat.iter().filter_map(Result::ok).collect();
+    let mut doomed = Vec::new();
+    for (k, e) in &entries {
+        if k.dir == DIR_OUT {
+            let tracked = ct.get(&ct_key_of(k), 0).ok();
+            if collectable(tracked.as_ref(), e, k.proto, &cfg, now) {
+                doomed.push(*k);
+                doomed.push(in_key(k, e.xlate_addr, e.xlate_port));
+            }
+        } else if k.dir == DIR_IN {
+            let owner = out_key_of(k, e);
+            let paired = nat
+                .get(&owner, 0)
+                .is_ok_and(|o| o.xlate_port == k.dport && o.xlate_addr == k.daddr);
+            if !paired && collectable(None, e, k.proto, &cfg, now) {
+                doomed.push(*k);
+            }
+        }
+    }
+    doomed.sort_by_key(|k| (k.saddr, k.daddr, k.sport, k.dport, k.proto, k.dir));
+    doomed.dedup();
+    let mut removed = 0u64;
+    for k in &doomed {
+        if nat.remove(k).is_ok() {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        super::maps::add_to_counter(dir, NAT_STATS, NatCounter::Removed as u32, removed)?;
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use health_common::ct::IPPROTO_TCP;
+
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_pair_lives_as_long_as_its_ct_entry() {
+        let cfg = CtConfig::default();
+        let nat = NatEntry {
+            last_ns: 0,
+            ..NatEntry::default()
+        };
+        let live = CtEntry {
+            expires_ns: 100 * S,
+            ..CtEntry::default()
+        };
+        // Idle far beyond any lifetime, but the CT entry still lives.
+        assert!(!collectable(Some(&live), &nat, IPPROTO_TCP, &cfg, 99 * S));
+        assert!(collectable(Some(&live), &nat, IPPROTO_TCP, &cfg, 101 * S));
+    }
+
+    #[test]
+    fn an_untracked_pair_goes_after_its_idle_lifetime() {
+        let cfg = CtConfig::default();
+        let nat = NatEntry {
+            last_ns: 10 * S,
+            ..NatEntry::default()
+        };
+        let icmp = health_common::headers::IPPROTO_ICMP;
+        assert!(!collectable(None, &nat, icmp, &cfg, (10 + 60) * S));
+        assert!(collectable(None, &nat, icmp, &cfg, (10 + 61) * S));
+    }
+
+    #[test]
+    fn rows_read_like_cilium() {
+        let k = NatKey {
+            saddr: [198, 18, 64, 2],
+            daddr: [198, 18, 0, 12],
+            sport: 513u16.to_be_bytes(),
+            dport: [0, 0],
+            proto: 1,
+            dir: DIR_OUT,
+            pad: [0; 2],
+        };
+        let e = NatEntry {
+            created_ns: S,
+            last_ns: 3 * S,
+            xlate_addr: [198, 18, 0, 11],
+            xlate_port: 61_001u16.to_be_bytes(),
+            pad: [0; 2],
+        };
+        assert_eq!(
+            row(&k, &e, 5 * S).line(),
+            "ICMP OUT 198.18.64.2:513 -> 198.18.0.12:0 XLATE_SRC 198.18.0.11:61001 Created=4sec ago LastUsed=2sec ago"
+        );
+        let back = in_key(&k, e.xlate_addr, e.xlate_port);
+        assert_eq!(back.dir, DIR_IN);
+        let r = row(
+            &back,
+            &NatEntry {
+                xlate_addr: k.saddr,
+                xlate_port: k.sport,
+                ..e
+            },
+            5 * S,
+        );
+        assert_eq!(
+            (r.dir, r.xlate, r.xlate_addr, r.xlate_port),
+            ("IN", "XLATE_DST", Ipv4Addr::new(198, 18, 64, 2), 513)
+        );
+    }
+}

@@ -1,0 +1,269 @@
+//! Masquerade NAT on the node's uplink: keys, entries and the per-packet
+//! decisions shared by the tc programs and the agent.
+//!
+//! Traffic from the node's health CIDR to destinations outside the health
+//! range leaves the uplink with the node IP as source (SNAT on egress) and
+//! its replies are translated back on ingress, before the stack sees them.
+//! Each translated flow holds a pair of entries in one map:
+//!
+//! - `OUT` keyed by the original tuple (`endpoint:port -> peer:port`),
+//!   value `XLATE_SRC node_ip:allocated_port`;
+//! - `IN` keyed by the reply tuple as it arrives (`peer:port ->
+//!   node_ip:allocated_port`), value `XLATE_DST endpoint:port`.
+//!
+//! Unlike connection tracking, ICMP echo puts its identifier on the side of
+//! the host that chose it: `OUT 198.18.64.2:513 -> 198.18.0.12:0`, `IN
+//! 198.18.0.12:0 -> 198.18.0.11:513`. The `IN` key is what makes an
+//! allocation unique: it is inserted with `BPF_NOEXIST`, so two flows can
+//! never own the same (peer, protocol, node port).
+
+use crate::{
+    ct::{CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP},
+    headers::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP},
+};
+
+/// NAT map key: the same 16-byte tuple as connection tracking, `dir` is
+/// [`DIR_OUT`] or [`DIR_IN`].
+pub type NatKey = CtKey;
+
+/// NAT map value: 24 bytes, no implicit padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatEntry {
+    /// `bpf_ktime_get_ns` when the pair was made.
+    pub created_ns: u64,
+    /// Last packet translated through this entry.
+    pub last_ns: u64,
+    /// `OUT`: the new source; `IN`: the new destination.
+    pub xlate_addr: [u8; 4],
+    /// Network byte order.
+    pub xlate_port: [u8; 2],
+    pub pad: [u8; 2],
+}
+
+/// NAT configuration, the only entry of `NAT_CONFIG`. All-zero: disabled.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatConfig {
+    /// 1: masquerade on.
+    pub enabled: u32,
+    /// The address flows are masqueraded to.
+    pub node_ip: [u8; 4],
+    /// Sources that are masqueraded (the node's health CIDR).
+    pub src_net: [u8; 4],
+    pub src_mask: [u8; 4],
+    /// Destinations never masqueraded (the cluster's health range).
+    pub exclude_net: [u8; 4],
+    pub exclude_mask: [u8; 4],
+    /// Ports and ICMP identifiers handed out, inclusive, host byte order.
+    pub port_min: u16,
+    pub port_max: u16,
+}
+
+impl NatConfig {
+    /// Whether a packet `src -> dst` is masqueraded.
+    #[must_use]
+    pub fn masquerades(&self, src: [u8; 4], dst: [u8; 4]) -> bool {
+        self.enabled == 1
+            && in_net(src, self.src_net, self.src_mask)
+            && !in_net(dst, self.exclude_net, self.exclude_mask)
+            && dst != self.node_ip
+    }
+
+    /// How many ports the range holds (0 when misconfigured).
+    #[must_use]
+    pub const fn range_len(&self) -> u32 {
+        if self.port_max < self.port_min {
+            0
+        } else {
+            self.port_max as u32 - self.port_min as u32 + 1
+        }
+    }
+
+    /// The port to try at `attempt`: first the flow's own port when it lies
+    /// in the range (nothing to rewrite then), later a random one.
+    #[must_use]
+    pub fn candidate(&self, own: u16, attempt: u32, random: u32) -> u16 {
+        let len = self.range_len();
+        if len == 0 {
+            return 0;
+        }
+        if attempt == 0 && own >= self.port_min && own <= self.port_max {
+            return own;
+        }
+        #[allow(clippy::cast_possible_truncation, reason = "below port_max")]
+        let port = (u32::from(self.port_min) + random % len) as u16;
+        port
+    }
+}
+
+#[inline(always)]
+fn in_net(addr: [u8; 4], net: [u8; 4], mask: [u8; 4]) -> bool {
+    u32::from_ne_bytes(addr) & u32::from_ne_bytes(mask) == u32::from_ne_bytes(net)
+}
+
+/// Indices of the per-CPU `NAT_STATS` counters.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NatCounter {
+    /// Packets whose source was rewritten (egress).
+    Snat = 0,
+    /// Replies whose destination was rewritten back (ingress).
+    RevSnat = 1,
+    /// New pairs made.
+    Created = 2,
+    /// No free port after every retry: the packet was dropped, never sent
+    /// with the endpoint's address.
+    AllocFailures = 3,
+    /// Removed by the agent's garbage collector.
+    Removed = 4,
+    /// A checksum or store helper failed: the packet was dropped.
+    RewriteFailures = 5,
+}
+
+impl NatCounter {
+    pub const COUNT: u32 = 6;
+    pub const ALL: [Self; 6] = [
+        Self::Snat,
+        Self::RevSnat,
+        Self::Created,
+        Self::AllocFailures,
+        Self::Removed,
+        Self::RewriteFailures,
+    ];
+
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Snat => "snat",
+            Self::RevSnat => "rev_snat",
+            Self::Created => "created",
+            Self::AllocFailures => "alloc_failures",
+            Self::Removed => "removed",
+            Self::RewriteFailures => "rewrite_failures",
+        }
+    }
+}
+
+/// Attempts at finding a free port before the packet is dropped.
+pub const ALLOC_RETRIES: u32 = 32;
+
+/// The `OUT` key of a packet leaving the node, and the port it carries
+/// (the echo identifier for ICMP). `None`: not translatable (ICMP other
+/// than an echo request).
+#[must_use]
+pub fn out_key(flow: &Flow) -> Option<(NatKey, [u8; 2])> {
+    let mut key = NatKey {
+        dir: DIR_OUT,
+        ..flow.key
+    };
+    match flow.key.proto {
+        IPPROTO_ICMP if flow.icmp_type == ICMP_ECHO_REQUEST => {
+            // Conntrack's request tuple has the identifier as dport.
+            key.sport = flow.key.dport;
+            key.dport = [0, 0];
+        }
+        IPPROTO_TCP | IPPROTO_UDP => {}
+        _ => return None,
+    }
+    Some((key, key.sport))
+}
+
+/// The `IN` key of the replies to `out` once its source is `node_ip:port`.
+#[must_use]
+pub const fn in_key(out: &NatKey, node_ip: [u8; 4], port: [u8; 2]) -> NatKey {
+    NatKey {
+        saddr: out.daddr,
+        daddr: node_ip,
+        sport: out.dport,
+        dport: port,
+        proto: out.proto,
+        dir: DIR_IN,
+        pad: [0; 2],
+    }
+}
+
+/// The `IN` key of a packet arriving on the uplink. `None`: not a reply
+/// NAT could have made (ICMP other than an echo reply).
+#[must_use]
+pub fn arriving_key(flow: &Flow) -> Option<NatKey> {
+    let mut key = NatKey {
+        dir: DIR_IN,
+        ..flow.key
+    };
+    match flow.key.proto {
+        IPPROTO_ICMP if flow.icmp_type == ICMP_ECHO_REPLY => {
+            // Conntrack's reply tuple has the identifier as sport.
+            key.dport = flow.key.sport;
+            key.sport = [0, 0];
+        }
+        IPPROTO_TCP | IPPROTO_UDP => {}
+        _ => return None,
+    }
+    Some(key)
+}
+
+/// The connection-tracking key (on `lxc_health`) of the flow an `OUT` entry
+/// translates: NAT entries live as long as it does.
+#[must_use]
+pub const fn ct_key_of(out: &NatKey) -> CtKey {
+    let mut key = *out;
+    key.dir = DIR_OUT;
+    if out.proto == IPPROTO_ICMP {
+        key.dport = out.sport;
+        key.sport = [0, 0];
+    }
+    key
+}
+
+/// The `OUT` key an `IN` entry answers, from its key and value.
+#[must_use]
+pub const fn out_key_of(inbound: &NatKey, value: &NatEntry) -> NatKey {
+    NatKey {
+        saddr: value.xlate_addr,
+        daddr: inbound.saddr,
+        sport: value.xlate_port,
+        dport: inbound.sport,
+        proto: inbound.proto,
+        dir: DIR_OUT,
+        pad: [0; 2],
+    }
+}
+
+/// Byte offset of the L4 checksum from the start of the L4 header.
+#[must_use]
+pub const fn l4_csum_offset(proto: u8) -> Option<usize> {
+    match proto {
+        IPPROTO_TCP => Some(16),
+        IPPROTO_UDP => Some(6),
+        IPPROTO_ICMP => Some(2),
+        _ => None,
+    }
+}
+
+/// Byte offset, from the start of the L4 header, of the port NAT rewrites:
+/// the source port (SNAT) or destination port (reverse); ICMP's identifier
+/// sits at 4 either way.
+#[must_use]
+pub const fn port_offset(proto: u8, source: bool) -> usize {
+    match (proto, source) {
+        (IPPROTO_ICMP, _) => 4,
+        (_, true) => 0,
+        (_, false) => 2,
+    }
+}
+
+const _: () = {
+    assert!(size_of::<NatEntry>() == 24);
+    assert!(size_of::<NatConfig>() == 28);
+};
+
+// SAFETY: repr(C), explicit padding, every bit pattern valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for NatEntry {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for NatConfig {}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,255 @@
+//! Masquerade on the node's uplink: SNAT of health traffic leaving the
+//! node (egress) and the reverse translation of its replies (ingress),
+//! before the stack sees them. A flow that cannot be translated is
+//! dropped, never sent with the endpoint's own address.
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_SHOT, TC_ACT_UNSPEC},
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    macros::classifier,
+    programs::TcContext,
+};
+use health_common::{
+    ct::{Flow, IPPROTO_TCP, IPPROTO_UDP},
+    flow,
+    headers::EthHdr,
+    nat::{self, ALLOC_RETRIES, NatConfig, NatCounter, NatEntry, NatKey},
+};
+
+use super::{
+    maps::{NAT_CONFIG, NAT_MAP, NAT_STATS},
+    packet::PacketFrame,
+};
+
+/// Bytes that cover Ethernet, an IPv4 header with options and the L4
+/// fields read.
+const PULL: u32 = 14 + 60 + 14;
+/// Offsets of the IPv4 checksum, source and destination in the frame.
+const IP_CSUM: usize = EthHdr::LEN + 10;
+const IP_SRC: usize = EthHdr::LEN + 12;
+const IP_DST: usize = EthHdr::LEN + 16;
+
+/// Leaving the node: masquerade health sources.
+#[classifier]
+pub fn health_nat_egress(ctx: TcContext) -> i32 {
+    let Some((cfg, flow)) = prepare(&ctx) else {
+        return TC_ACT_UNSPEC;
+    };
+    if !cfg.masquerades(flow.key.saddr, flow.key.daddr) {
+        return TC_ACT_UNSPEC;
+    }
+    let Some((out, port)) = nat::out_key(&flow) else {
+        return TC_ACT_UNSPEC;
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(xlate) = mapping(&cfg, &out, port, now) else {
+        count(NatCounter::AllocFailures);
+        return TC_ACT_SHOT;
+    };
+    let side = Side {
+        addr_at: IP_SRC,
+        port_at: usize::from(flow.l4) + nat::port_offset(flow.key.proto, true),
+    };
+    let done = rewrite(&ctx, &flow, &side, (out.saddr, cfg.node_ip), (port, xlate));
+    verdict(done, NatCounter::Snat)
+}
+
+/// Arriving at the node: translate replies of masqueraded flows back.
+#[classifier]
+pub fn health_nat_ingress(ctx: TcContext) -> i32 {
+    let Some((cfg, flow)) = prepare(&ctx) else {
+        return TC_ACT_UNSPEC;
+    };
+    if flow.key.daddr != cfg.node_ip {
+        return TC_ACT_UNSPEC;
+    }
+    let Some(key) = nat::arriving_key(&flow) else {
+        return TC_ACT_UNSPEC;
+    };
+    let Some(e) = NAT_MAP.get_ptr_mut(&key) else {
+        // The node's own traffic.
+        return TC_ACT_UNSPEC;
+    };
+    // SAFETY: a valid map value pointer; the copy is taken before any
+    // helper call that could invalidate it.
+    let back = unsafe {
+        (*e).last_ns = bpf_ktime_get_ns();
+        *e
+    };
+    let side = Side {
+        addr_at: IP_DST,
+        port_at: usize::from(flow.l4) + nat::port_offset(flow.key.proto, false),
+    };
+    let done = rewrite(
+        &ctx,
+        &flow,
+        &side,
+        (cfg.node_ip, back.xlate_addr),
+        (key.dport, back.xlate_port),
+    );
+    verdict(done, NatCounter::RevSnat)
+}
+
+#[inline(always)]
+fn count(counter: NatCounter) {
+    if let Some(slot) = NAT_STATS.get_ptr_mut(counter as u32) {
+        // SAFETY: per-CPU slot.
+        unsafe { *slot += 1 };
+    }
+}
+
+#[inline(always)]
+fn verdict(done: Result<(), i64>, counter: NatCounter) -> i32 {
+    if done.is_ok() {
+        count(counter);
+        TC_ACT_UNSPEC
+    } else {
+        count(NatCounter::RewriteFailures);
+        TC_ACT_SHOT
+    }
+}
+
+/// The configuration when masquerade is on, and the packet's flow.
+#[inline(always)]
+fn prepare(ctx: &TcContext) -> Option<(NatConfig, Flow)> {
+    let cfg = *NAT_CONFIG.get(0)?;
+    if cfg.enabled != 1 {
+        return None;
+    }
+    let linear = (ctx.data_end() - ctx.data()) as u32;
+    if linear < PULL {
+        let _ = ctx.pull_data(if ctx.len() < PULL { ctx.len() } else { PULL });
+    }
+    let mut frame = PacketFrame::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
+    Some((cfg, flow::parse(&mut frame)?))
+}
+
+/// The node port of flow `out`: its existing pair's, or a newly allocated
+/// one. `None` when every attempt collided.
+#[inline(always)]
+fn mapping(cfg: &NatConfig, out: &NatKey, port: [u8; 2], now: u64) -> Option<[u8; 2]> {
+    if let Some(e) = NAT_MAP.get_ptr_mut(out) {
+        // SAFETY: a valid map value pointer, copied before further calls.
+        let fwd = unsafe {
+            (*e).last_ns = now;
+            *e
+        };
+        let inbound = nat::in_key(out, cfg.node_ip, fwd.xlate_port);
+        // SAFETY: only checked for presence.
+        if unsafe { NAT_MAP.get(&inbound) }.is_some() {
+            return Some(fwd.xlate_port);
+        }
+        // The LRU evicted the reverse half: restore it, or start over if
+        // another flow has taken the port since.
+        let back = reverse_entry(out, port, now, fwd.created_ns);
+        if NAT_MAP
+            .insert(&inbound, &back, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            return Some(fwd.xlate_port);
+        }
+        let _ = NAT_MAP.remove(out);
+    }
+    allocate(cfg, out, port, now)
+}
+
+#[inline(always)]
+const fn reverse_entry(out: &NatKey, port: [u8; 2], now: u64, created_ns: u64) -> NatEntry {
+    NatEntry {
+        created_ns,
+        last_ns: now,
+        xlate_addr: out.saddr,
+        xlate_port: port,
+        pad: [0; 2],
+    }
+}
+
+/// Claims a free node port for `out` by inserting its `IN` entry with
+/// `BPF_NOEXIST` (the claim is atomic), then records the `OUT` entry.
+#[inline(always)]
+fn allocate(cfg: &NatConfig, out: &NatKey, port: [u8; 2], now: u64) -> Option<[u8; 2]> {
+    if cfg.range_len() == 0 {
+        return None;
+    }
+    let own = u16::from_be_bytes(port);
+    let back = reverse_entry(out, port, now, now);
+    let mut chosen = None;
+    for attempt in 0..ALLOC_RETRIES {
+        // SAFETY: plain helper call.
+        let random = unsafe { bpf_get_prandom_u32() };
+        let candidate = cfg.candidate(own, attempt, random).to_be_bytes();
+        let inbound = nat::in_key(out, cfg.node_ip, candidate);
+        if NAT_MAP
+            .insert(&inbound, &back, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            chosen = Some(candidate);
+            break;
+        }
+    }
+    let chosen = chosen?;
+    let fwd = NatEntry {
+        created_ns: now,
+        last_ns: now,
+        xlate_addr: cfg.node_ip,
+        xlate_port: chosen,
+        pad: [0; 2],
+    };
+    if NAT_MAP.insert(out, &fwd, u64::from(BPF_NOEXIST)).is_err() {
+        // Another CPU made this flow's pair first: use it, free ours.
+        let _ = NAT_MAP.remove(&nat::in_key(out, cfg.node_ip, chosen));
+        // SAFETY: copied out at once.
+        return unsafe { NAT_MAP.get(out) }.map(|e| e.xlate_port);
+    }
+    count(NatCounter::Created);
+    Some(chosen)
+}
+
+/// Where the rewritten address and port sit in the frame.
+struct Side {
+    addr_at: usize,
+    port_at: usize,
+}
+
+/// Replaces an address (and, when it changes, a port) and updates the
+/// IPv4 and L4 checksums incrementally, pseudo-header included.
+#[inline(always)]
+fn rewrite(
+    ctx: &TcContext,
+    flow: &Flow,
+    side: &Side,
+    (old_addr, new_addr): ([u8; 4], [u8; 4]),
+    (old_port, new_port): ([u8; 2], [u8; 2]),
+) -> Result<(), i64> {
+    let proto = flow.key.proto;
+    let csum_at = usize::from(flow.l4) + nat::l4_csum_offset(proto).ok_or(-1i64)?;
+    let mangled0 = if proto == IPPROTO_UDP {
+        u64::from(BPF_F_MARK_MANGLED_0)
+    } else {
+        0
+    };
+    let (from_a, to_a) = (
+        u64::from(u32::from_ne_bytes(old_addr)),
+        u64::from(u32::from_ne_bytes(new_addr)),
+    );
+    if proto == IPPROTO_TCP || proto == IPPROTO_UDP {
+        ctx.l4_csum_replace(
+            csum_at,
+            from_a,
+            to_a,
+            u64::from(BPF_F_PSEUDO_HDR) | mangled0 | 4,
+        )?;
+    }
+    if old_port != new_port {
+        let (from_p, to_p) = (
+            u64::from(u16::from_ne_bytes(old_port)),
+            u64::from(u16::from_ne_bytes(new_port)),
+        );
+        ctx.l4_csum_replace(csum_at, from_p, to_p, mangled0 | 2)?;
+        ctx.store(side.port_at, &new_port, 0)?;
+    }
+    ctx.l3_csum_replace(IP_CSUM, from_a, to_a, 4)?;
+    ctx.store(side.addr_at, &new_addr, 0)?;
+    Ok(())
+}
