@@ -1,7 +1,8 @@
 //! `health-agent daemon`: the long-running agent.
 //!
 //! Start order: pidfile (stale ones from a crash cleared), node set (a bad
-//! nodes file fails the start here, naming the line), prober, API socket
+//! nodes file fails the start here, naming the line), masquerade settings
+//! (checked against the node), prober, API socket
 //! (which answers from here on, before the endpoint or any probe round
 //! exists), the endpoint, the :4240 responders, then the controller, the
 //! discovery watch, the node-set sync runner and the probe loop.
@@ -34,6 +35,8 @@ use crate::{
     endpoint::{Endpoint, EndpointConfig, shared_view},
     errors::chain,
     hello,
+    ipam::Ipv4Cidr,
+    masquerade::{self, PortRange},
     netlink::watch_links,
     netns::Netns,
     pidfile::Pidfile,
@@ -60,6 +63,16 @@ pub struct DaemonConfig {
     pub node_ip: Option<Ipv4Addr>,
     /// Period of the CT garbage collector and the RTT loss sweep.
     pub ct_gc_interval: Duration,
+    /// Masquerade mode (`None`: routed).
+    pub masquerade: Option<MasqueradeFlags>,
+}
+
+/// Masquerade as asked on the command line; the node IP is found at start.
+#[derive(Debug, Clone)]
+pub struct MasqueradeFlags {
+    pub health_range: Ipv4Cidr,
+    pub uplink: Option<String>,
+    pub ports: PortRange,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -68,6 +81,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     raise_fd_limit();
 
     let (nodes_view, nodes_tx, nodes_rx) = initial_nodes(&cfg)?;
+    let masquerade = resolve_masquerade(&cfg, &nodes_rx.borrow())?;
     let prober = Prober::new(cfg.probe.clone()).context("opening the ICMP probe socket")?;
     prober.set_nodes(nodes_rx.borrow().clone());
 
@@ -77,7 +91,8 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     info!(socket = %cfg.socket.display(), "API listening");
     enable_forwarding();
 
-    let ep_cfg = cfg.endpoint.clone();
+    let mut ep_cfg = cfg.endpoint.clone();
+    ep_cfg.masquerade = masquerade;
     let endpoint = tokio::task::spawn_blocking(move || Endpoint::start(ep_cfg, view))
         .await
         .context("the endpoint task panicked")?
@@ -184,6 +199,31 @@ fn initial_nodes(
         discovery::accept(&view, &tx, nodes);
     }
     Ok((view, tx, rx))
+}
+
+/// Masquerade settings checked against this node, or `None` in routed mode.
+/// The node IP is `--node-ip`, or this node's entry in the initial node set.
+fn resolve_masquerade(
+    cfg: &DaemonConfig,
+    nodes: &NodeSet,
+) -> anyhow::Result<Option<masquerade::Masquerade>> {
+    let Some(flags) = &cfg.masquerade else {
+        return Ok(None);
+    };
+    let name = cfg.node_name.clone().unwrap_or_default();
+    let node_ip = cfg
+        .node_ip
+        .or_else(|| nodes.iter().find(|n| n.name == name).map(|n| n.node_ip))
+        .ok_or(masquerade::MasqueradeError::NoNodeIp { name })?;
+    let m = masquerade::resolve(&masquerade::Request {
+        node_ip,
+        uplink: flags.uplink.clone(),
+        health_cidr: cfg.endpoint.cidr,
+        health_range: flags.health_range,
+        ports: flags.ports,
+    })?;
+    info!(uplink = %m.uplink, %node_ip, ports = %flags.ports, "masquerade on");
+    Ok(Some(m))
 }
 
 /// The :4240 responder inside the endpoint's namespace: the listening
@@ -322,6 +362,11 @@ async fn maintain_datapath(pins: PathBuf, every: Duration, probe_timeout: Durati
         tick.tick().await;
         let dir = pins.clone();
         let done = tokio::task::spawn_blocking(move || {
+            // NAT first: it removes pairs whose CT entry expired, which the
+            // CT collector is about to delete.
+            if let Err(e) = crate::datapath::nat::gc(&dir) {
+                warn!("NAT garbage collection: {}", chain(&e));
+            }
             let removed = crate::datapath::ct::gc(&dir);
             let lost = crate::datapath::rtt::sweep(&dir, probe_timeout);
             (removed, lost)

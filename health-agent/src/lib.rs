@@ -13,6 +13,7 @@ pub mod hello;
 pub mod icmp;
 pub mod ipam;
 pub mod logging;
+pub mod masquerade;
 pub mod netlink;
 pub mod netns;
 pub mod object;

@@ -117,6 +117,24 @@ impl Netlink {
         Ok((link.header.index, mac))
     }
 
+    /// The name of the interface with index `index`, if there is one.
+    pub async fn link_name(&self, index: u32) -> Result<Option<String>, NetlinkError> {
+        let mut links = self.handle.link().get().match_index(index).execute();
+        match links.try_next().await {
+            Ok(link) => Ok(link.and_then(|l| {
+                l.attributes.into_iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n),
+                    _ => None,
+                })
+            })),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+            Err(source) => Err(NetlinkError::Request {
+                op: format!("looking up interface index {index}"),
+                source,
+            }),
+        }
+    }
+
     /// Like [`Self::link_index`] but a missing link is an error naming it.
     pub async fn require_link(&self, name: &str) -> Result<u32, NetlinkError> {
         self.link_index(name)

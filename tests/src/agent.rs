@@ -106,10 +106,11 @@ impl AgentNode {
         self.daemon = Some(child);
     }
 
-    /// Runs the daemon with `cidr` expecting it to exit by itself.
+    /// Runs the daemon with `cidr` (and `extra` flags) expecting it to exit
+    /// by itself.
     #[must_use]
-    pub fn run_to_exit(&self, cidr: &str) -> Output {
-        self.daemon_command(cidr, &[])
+    pub fn run_to_exit(&self, cidr: &str, extra: &[&str]) -> Output {
+        self.daemon_command(cidr, extra)
             .output()
             .expect("run health-agent daemon")
     }

@@ -15,6 +15,7 @@
 pub mod agent;
 pub mod bench_echo;
 pub mod blaster;
+pub mod capture;
 pub mod cluster;
 pub mod demo;
 pub mod faults;

@@ -195,13 +195,13 @@ fn exhausted_and_malformed_cidrs_fail_clearly_and_create_nothing() {
     let node = AgentNode::new();
     // 198.18.0.8/30: .8 network, .9 router, .11 broadcast, and .10 is the
     // node's own address: nothing left.
-    let out = node.run_to_exit("198.18.0.8/30");
+    let out = node.run_to_exit("198.18.0.8/30", &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("no free address in 198.18.0.8/30"), "{err}");
     assert_nothing_left(&node, None);
 
-    let out = node.run_to_exit("198.18.64.0/33");
+    let out = node.run_to_exit("198.18.64.0/33", &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -209,6 +209,58 @@ fn exhausted_and_malformed_cidrs_fail_clearly_and_create_nothing() {
         "{err}"
     );
     assert_nothing_left(&node, None);
+}
+
+#[test]
+fn bad_masquerade_settings_fail_clearly_and_create_nothing() {
+    let node = AgentNode::new();
+    let m = ["--routing", "masquerade"];
+    let cases: [(&[&str], &[&str]); 5] = [
+        // No node IP: not given, and no nodes file to find it in.
+        (&[], &["--node-ip"]),
+        // Nothing on this node holds the address.
+        (&["--node-ip", "198.18.0.99"], &["198.18.0.99", "--uplink"]),
+        (
+            &["--node-ip", "198.18.0.10", "--uplink", "nope0"],
+            &["nope0"],
+        ),
+        // The node's own ports (32768-60999 by default) would collide.
+        (
+            &[
+                "--node-ip",
+                "198.18.0.10",
+                "--nat-port-range",
+                "40000-50000",
+            ],
+            &["40000-50000", "ip_local_port_range", "--nat-port-range"],
+        ),
+        (
+            &[
+                "--node-ip",
+                "198.18.0.10",
+                "--health-range",
+                "198.18.100.0/24",
+            ],
+            &["198.18.100.0/24", "--health-range"],
+        ),
+    ];
+    for (extra, needles) in cases {
+        let args: Vec<&str> = m.iter().chain(extra).copied().collect();
+        let out = node.run_to_exit("198.18.64.0/24", &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {n:?} not in {err}");
+        }
+        assert_nothing_left(&node, None);
+    }
+    let out = node.run_to_exit("198.18.64.0/24", &["--nat-port-range", "9-1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--nat-port-range") && err.contains("MIN is above MAX"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{OutputFormat, PinArgs};
 use crate::{
-    datapath::{ct, maps, rtt},
+    datapath::{ct, maps, nat, rtt},
     timefmt::short,
 };
 
@@ -17,6 +17,9 @@ pub enum BpfCommand {
     /// Connection tracking.
     #[command(subcommand)]
     Ct(CtCommand),
+    /// Masquerade (SNAT) pairs.
+    #[command(subcommand)]
+    Nat(NatCommand),
     /// In-kernel RTT per peer and protocol.
     #[command(subcommand)]
     Rtt(RttCommand),
@@ -31,6 +34,18 @@ pub enum CtCommand {
     List {
         #[arg(value_parser = ["global"])]
         table: String,
+        #[command(flatten)]
+        pins: PinArgs,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NatCommand {
+    /// One line per entry: each masqueraded flow has an OUT (XLATE_SRC)
+    /// and an IN (XLATE_DST) entry.
+    List {
         #[command(flatten)]
         pins: PinArgs,
         #[arg(short, long, value_enum, default_value_t)]
@@ -78,6 +93,17 @@ impl BpfCommand {
                     OutputFormat::Table => rows
                         .iter()
                         .map(ct::CtRow::line)
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                }
+            }
+            Self::Nat(NatCommand::List { pins, output }) => {
+                let rows = nat::list(&pins.dir)?;
+                match output {
+                    OutputFormat::Json => serde_json::to_string_pretty(&rows)?,
+                    OutputFormat::Table => rows
+                        .iter()
+                        .map(nat::NatRow::line)
                         .collect::<Vec<_>>()
                         .join("\n"),
                 }
@@ -153,7 +179,9 @@ fn render_maps(rows: &[maps::MapRow], output: OutputFormat) -> anyhow::Result<St
 
 /// A map's content as JSON, decoded by what the map holds.
 fn dump(dir: &Path, name: &str) -> anyhow::Result<Value> {
-    use health_common::maps::{CT_MAP, CT_STATS, ECHO_STATS, RTT_LOSSES, RTT_PENDING, RTT_STATS};
+    use health_common::maps::{
+        CT_MAP, CT_STATS, ECHO_STATS, NAT_MAP, NAT_STATS, RTT_LOSSES, RTT_PENDING, RTT_STATS,
+    };
     Ok(match name {
         CT_MAP => serde_json::to_value(ct::list(dir)?)?,
         RTT_STATS | RTT_LOSSES => serde_json::to_value(rtt::list(dir)?)?,
@@ -163,9 +191,16 @@ fn dump(dir: &Path, name: &str) -> anyhow::Result<Value> {
                 .into_iter()
                 .collect::<std::collections::BTreeMap<_, _>>()
         ),
+        NAT_MAP => serde_json::to_value(nat::list(dir)?)?,
+        NAT_STATS => json!(
+            nat::counters(dir)?
+                .into_iter()
+                .collect::<std::collections::BTreeMap<_, _>>()
+        ),
         ECHO_STATS => serde_json::to_value(crate::responder::read_pinned_stats(dir)?)?,
         "ECHO_CONFIG" => maps::dump_config(dir, "ECHO_CONFIG")?,
         "CT_CONFIG" => maps::dump_config(dir, "CT_CONFIG")?,
+        "NAT_CONFIG" => maps::dump_config(dir, "NAT_CONFIG")?,
         _ => anyhow::bail!(
             "no decoder for map {name:?}: known maps are {}",
             health_common::maps::ALL_MAPS

@@ -9,9 +9,10 @@ use health_common::ct::CtConfig;
 
 use crate::{
     cluster::{etcd::EtcdConfig, sync::Limits},
-    daemon::{DaemonConfig, run},
+    daemon::{DaemonConfig, MasqueradeFlags, run},
     endpoint::EndpointConfig,
     ipam::Ipv4Cidr,
+    masquerade::PortRange,
     netns::Netns,
     probe::{ProbeConfig, http::HEALTH_PORT, path::Thresholds},
     responder::AttachMode,
@@ -22,6 +23,24 @@ pub struct DaemonArgs {
     /// The node's share of the pod range; the endpoint's address comes from it.
     #[arg(long, value_name = "CIDR")]
     pub health_cidr: Ipv4Cidr,
+    /// How the endpoint reaches peers. `routed`: routes to every peer's
+    /// health CIDR via its node IP, no NAT. `masquerade`: additionally,
+    /// traffic to destinations outside --health-range leaves with the node
+    /// IP as source (SNAT in BPF on the uplink).
+    #[arg(long, value_enum, default_value_t = Routing::Routed)]
+    pub routing: Routing,
+    /// The cluster-wide health range: destinations inside it are never
+    /// masqueraded (default: --health-cidr alone).
+    #[arg(long, value_name = "CIDR")]
+    pub health_range: Option<Ipv4Cidr>,
+    /// The node's uplink, where masquerade is attached (default: the
+    /// interface that holds the node IP).
+    #[arg(long, value_name = "IFACE")]
+    pub uplink: Option<String>,
+    /// Ports and ICMP echo identifiers masquerade hands out; must not
+    /// overlap the node's net.ipv4.ip_local_port_range.
+    #[arg(long, value_name = "MIN-MAX", default_value = "61000-65535")]
+    pub nat_port_range: PortRange,
     /// Name of the endpoint's network namespace (under /run/netns).
     #[arg(long, default_value = "health", value_parser = validate_netns_name)]
     pub endpoint_netns: String,
@@ -122,6 +141,13 @@ pub struct DaemonArgs {
     pub socket: SocketArgs,
 }
 
+/// How the endpoint reaches peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Routing {
+    Routed,
+    Masquerade,
+}
+
 /// Where probes leave from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProbeFrom {
@@ -180,7 +206,13 @@ impl DaemonArgs {
                     tcp_closed_s: secs(self.ct_lifetime_closed),
                     pad: 0,
                 },
+                masquerade: None,
             },
+            masquerade: (self.routing == Routing::Masquerade).then(|| MasqueradeFlags {
+                health_range: self.health_range.unwrap_or(self.health_cidr),
+                uplink: self.uplink,
+                ports: self.nat_port_range,
+            }),
             ct_gc_interval: self.ct_gc_interval,
             socket: self.socket.path,
             pidfile: self.pidfile,

@@ -26,13 +26,28 @@ pub fn open(dir: &Path, name: &str) -> Result<Map, DatapathError> {
     Map::from_map_data(data).map_err(pinned)
 }
 
-/// The configuration arrays (`ECHO_CONFIG`, `CT_CONFIG`), decoded.
+/// The configuration arrays (`ECHO_CONFIG`, `CT_CONFIG`, `NAT_CONFIG`), decoded.
 pub fn dump_config(dir: &Path, name: &'static str) -> Result<serde_json::Value, DatapathError> {
     use aya::maps::Array;
     use health_common::{ct::CtConfig, maps::EchoConfig};
     let err = |source| DatapathError::Map { name, source };
     let map = open(dir, name)?;
-    Ok(if name == "CT_CONFIG" {
+    Ok(if name == "NAT_CONFIG" {
+        let c = Array::<_, health_common::nat::NatConfig>::try_from(&map)
+            .map_err(err)?
+            .get(&0, 0)
+            .map_err(err)?;
+        let ip = std::net::Ipv4Addr::from;
+        let prefix = |m: [u8; 4]| u32::from_be_bytes(m).count_ones();
+        serde_json::json!({
+            "enabled": c.enabled == 1,
+            "node_ip": ip(c.node_ip).to_string(),
+            "masqueraded_sources": format!("{}/{}", ip(c.src_net), prefix(c.src_mask)),
+            "health_range": format!("{}/{}", ip(c.exclude_net), prefix(c.exclude_mask)),
+            "port_min": c.port_min,
+            "port_max": c.port_max,
+        })
+    } else if name == "CT_CONFIG" {
         let c = Array::<_, CtConfig>::try_from(&map)
             .map_err(err)?
             .get(&0, 0)

@@ -119,13 +119,11 @@ pub fn collectable(
     cfg: &CtConfig,
     now: u64,
 ) -> bool {
-    match ct {
-        Some(e) => e.expires_ns < now,
-        None => {
-            let idle = u64::from(lifetime_s(cfg, proto, 0)) * 1_000_000_000;
-            now.saturating_sub(nat.last_ns) > idle
-        }
+    if let Some(e) = ct {
+        return e.expires_ns < now;
     }
+    let idle = u64::from(lifetime_s(cfg, proto, 0)) * 1_000_000_000;
+    now.saturating_sub(nat.last_ns) > idle
 }
 
 /// Removes the pairs whose flows are over (see [`collectable`]) and

@@ -43,6 +43,8 @@ pub struct EndpointConfig {
     pub mode: AttachMode,
     /// Connection-tracking lifetimes for the programs on the host interface.
     pub ct: health_common::ct::CtConfig,
+    /// Masquerade on the node's uplink (`None`: routed mode).
+    pub masquerade: Option<crate::masquerade::Masquerade>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +220,13 @@ impl Endpoint {
         r.attach(&iface, self.cfg.mode, Some(&peer))?;
         r.set_ct_config(self.cfg.ct)?;
         r.attach_tracking(&peer)?;
+        // Always written: pins reused from a masquerading run must not keep
+        // translating after a switch to routed mode.
+        let nat = self.cfg.masquerade.as_ref();
+        r.set_nat_config(nat.map(|m| m.config).unwrap_or_default())?;
+        if let Some(m) = nat {
+            r.attach_nat(&Interface::new(m.uplink.clone(), None))?;
+        }
         self.attached_to = self.ep_index()?;
         self.responder = Some(r);
         Ok(())

@@ -1,0 +1,152 @@
+//! A packet capture on one interface of a namespace (an `AF_PACKET`
+//! socket, both directions), so a test can see what a peer node received:
+//! addresses and the port or echo identifier of every IPv4 packet.
+
+use std::{
+    io,
+    net::Ipv4Addr,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use health_agent::{netlink::in_netns, netns::Netns};
+
+/// One IPv4 packet seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub proto: u8,
+    /// ICMP echo: type; otherwise 0.
+    pub icmp_type: u8,
+    /// TCP/UDP source port, or the ICMP echo identifier.
+    pub sport: u16,
+    pub dport: u16,
+}
+
+impl Seen {
+    fn parse(ip: &[u8]) -> Option<Self> {
+        let ihl = usize::from(*ip.first()? & 0x0f) * 4;
+        if ip[0] >> 4 != 4 || ip.len() < ihl + 8 {
+            return None;
+        }
+        let l4 = &ip[ihl..];
+        let word = |i: usize| u16::from_be_bytes([l4[i], l4[i + 1]]);
+        let proto = ip[9];
+        let (icmp_type, sport, dport) = match proto {
+            1 => (l4[0], word(4), 0),
+            _ => (0, word(0), word(2)),
+        };
+        Some(Self {
+            src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+            dst: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+            proto,
+            icmp_type,
+            sport,
+            dport,
+        })
+    }
+}
+
+/// A running capture; [`Capture::stop`] returns what it saw.
+pub struct Capture {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Vec<Seen>>,
+}
+
+const ETH_P_IP: u16 = 0x0800;
+
+impl Capture {
+    /// Starts capturing IPv4 on `iface` in `ns`.
+    pub fn start(ns: &Netns, iface: &str) -> io::Result<Self> {
+        let name = iface.to_owned();
+        let index = in_netns(Some(ns), |nl| async move { nl.require_link(&name).await })
+            .map_err(io::Error::other)?;
+        let fd = ns
+            .run(|| packet_socket(index))
+            .map_err(io::Error::other)??;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut buf = vec![0u8; 65_536];
+            while !flag.load(Ordering::Relaxed) {
+                // SAFETY: buf is valid for its length; fd is open.
+                let n =
+                    unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if let Ok(n) = usize::try_from(n)
+                    && let Some(s) = Seen::parse(&buf[..n])
+                {
+                    seen.push(s);
+                }
+            }
+            seen
+        });
+        Ok(Self { stop, thread })
+    }
+
+    /// Stops and returns every packet seen.
+    #[must_use]
+    pub fn stop(self) -> Vec<Seen> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("capture thread")
+    }
+}
+
+/// An `AF_PACKET` datagram socket (IPv4 only, no link header) bound to
+/// `index`, with a short receive timeout so the reader can stop.
+fn packet_socket(index: u32) -> io::Result<OwnedFd> {
+    let proto = i32::from(ETH_P_IP.to_be());
+    // SAFETY: plain syscall; the result is checked.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            proto,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: an all-zero sockaddr_ll is valid; fields set below.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = ETH_P_IP.to_be();
+    addr.sll_ifindex = i32::try_from(index).map_err(io::Error::other)?;
+    // SAFETY: addr is a valid sockaddr_ll of the given size.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&raw const addr).cast(),
+            u32::try_from(size_of::<libc::sockaddr_ll>()).map_err(io::Error::other)?,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let timeout = libc::timeval {
+        tv_sec: 0,
+        tv_usec: i64::try_from(Duration::from_millis(100).as_micros()).unwrap_or(100_000),
+    };
+    // SAFETY: timeout is a valid timeval of the given size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const timeout).cast(),
+            u32::try_from(size_of::<libc::timeval>()).map_err(io::Error::other)?,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
