@@ -95,7 +95,7 @@ fn masquerade_end_to_end() {
     }
     let ids = assert_no_identifier_collision(&pins);
     let seen = capture.stop();
-    assert_peer_saw_only_the_node_ip(&seen, &ids);
+    assert_peer_saw_only_the_node_ip(&seen, ids);
 }
 
 /// An ICMP and a TCP pair for node 2's IP, each OUT entry mirrored by its IN.
@@ -194,7 +194,7 @@ fn assert_no_identifier_collision(pins: &Path) -> [u16; 2] {
 
 /// Node 2 received the masqueraded flows from node 1's IP only, with both
 /// node-side identifiers, and never an endpoint address.
-fn assert_peer_saw_only_the_node_ip(seen: &[Seen], ids: &[u16; 2]) {
+fn assert_peer_saw_only_the_node_ip(seen: &[Seen], ids: [u16; 2]) {
     let to_node2: Vec<&Seen> = seen.iter().filter(|p| p.dst == NODE2).collect();
     assert!(
         !to_node2.iter().any(|p| p.src == EP1 || p.src == EP1_B),
@@ -212,7 +212,7 @@ fn assert_peer_saw_only_the_node_ip(seen: &[Seen], ids: &[u16; 2]) {
         let n = to_node2
             .iter()
             .filter(from_node1)
-            .filter(|p| p.proto == 1 && p.icmp_type == 8 && p.sport == *id)
+            .filter(|p| p.proto == 1 && p.icmp_type == 8 && p.sport == id)
             .count();
         assert_eq!(n, 3, "echo requests with node identifier {id}");
     }
