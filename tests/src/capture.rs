@@ -17,8 +17,10 @@ use std::{
 use health_agent::{netlink::in_netns, netns::Netns};
 
 /// One IPv4 packet seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
+    /// The whole IPv4 packet.
+    pub bytes: Vec<u8>,
     pub src: Ipv4Addr,
     pub dst: Ipv4Addr,
     pub proto: u8,
@@ -43,6 +45,7 @@ impl Seen {
             _ => (0, word(0), word(2)),
         };
         Some(Self {
+            bytes: ip.to_vec(),
             src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
             dst: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
             proto,
@@ -68,7 +71,7 @@ impl Capture {
         let index = in_netns(Some(ns), |nl| async move { nl.require_link(&name).await })
             .map_err(io::Error::other)?;
         let fd = ns
-            .run(|| packet_socket(index))
+            .run(|| packet_socket(index, libc::SOCK_DGRAM))
             .map_err(io::Error::other)??;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -98,18 +101,31 @@ impl Capture {
     }
 }
 
-/// An `AF_PACKET` datagram socket (IPv4 only, no link header) bound to
-/// `index`, with a short receive timeout so the reader can stop.
-fn packet_socket(index: u32) -> io::Result<OwnedFd> {
+/// Sends whole Ethernet frames, as given, out of `iface` in `ns`.
+pub fn send_frames(ns: &Netns, iface: &str, frames: &[Vec<u8>]) -> io::Result<()> {
+    let name = iface.to_owned();
+    let index = in_netns(Some(ns), |nl| async move { nl.require_link(&name).await })
+        .map_err(io::Error::other)?;
+    let fd = ns
+        .run(|| packet_socket(index, libc::SOCK_RAW))
+        .map_err(io::Error::other)??;
+    for f in frames {
+        // SAFETY: f is valid for its length; fd is open.
+        let n = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
+        if usize::try_from(n).ok() != Some(f.len()) {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// An `AF_PACKET` socket (`SOCK_DGRAM`: IPv4 only, no link header;
+/// `SOCK_RAW`: whole frames) bound to `index`, with a short receive
+/// timeout so a reader can stop.
+fn packet_socket(index: u32, kind: i32) -> io::Result<OwnedFd> {
     let proto = i32::from(ETH_P_IP.to_be());
     // SAFETY: plain syscall; the result is checked.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_PACKET,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            proto,
-        )
-    };
+    let raw = unsafe { libc::socket(libc::AF_PACKET, kind | libc::SOCK_CLOEXEC, proto) };
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -33,6 +33,10 @@ pub struct Options {
     /// namespace) instead of the nodes file.
     #[arg(long, value_parser = ["file", "etcd"], default_value = "file")]
     pub kvstore: String,
+    /// How endpoints reach peers: routes only, or masquerade (SNAT to the
+    /// node IP in BPF) toward node IPs.
+    #[arg(long, value_parser = ["routed", "masquerade"], default_value = "routed")]
+    pub routing: String,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -58,6 +62,18 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         probe_interval: interval,
         probe_timeout: "1s",
         etcd: opts.kvstore == "etcd",
+        extra_args: if opts.routing == "masquerade" {
+            [
+                "--routing",
+                "masquerade",
+                "--health-range",
+                "198.18.64.0/18",
+            ]
+            .map(String::from)
+            .to_vec()
+        } else {
+            Vec::new()
+        },
         ..Settings::default()
     });
     println!("agents' logs and sockets: {}", cluster.dir.display());
@@ -82,6 +98,17 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     let _ = writeln!(view, "  {}: agent not answering yet", node.name);
                 }
             }
+        }
+        if opts.routing == "masquerade"
+            && let Ok(rows) = health_agent::datapath::nat::list(&cluster.nodes[0].pins)
+        {
+            let _ = writeln!(
+                view,
+                "\n  {} masquerade: {} NAT pairs (health-agent bpf nat list --bpffs-dir {})",
+                cluster.nodes[0].name,
+                rows.len() / 2,
+                cluster.nodes[0].pins.display()
+            );
         }
         if opts.no_redraw {
             println!("{view}");

@@ -12,11 +12,14 @@ use std::{
 
 use health_agent::{
     datapath::{ct, maps, rtt},
+    netlink::in_netns,
     netns::Netns,
 };
 use health_tests::{
     agent::agent_binary,
+    capture::{Capture, send_frames},
     cluster::{Cluster, Settings},
+    packets::{self, Echo},
     pinger::{Exchange, check_reply, ping},
 };
 
@@ -183,4 +186,129 @@ fn assert_collected_after_lifetime(pins: &Path) {
         .find(|(n, _)| *n == "removed")
         .map(|(_, v)| *v);
     assert!(removed >= Some(1), "removed counter {removed:?}");
+}
+
+/// IPv4 with a 4-byte options block (NOP, NOP, NOP, EOL) inserted.
+fn with_options(frame: &[u8]) -> Vec<u8> {
+    let mut out = frame[..34].to_vec();
+    out.extend_from_slice(&[1, 1, 1, 0]);
+    out.extend_from_slice(&frame[34..]);
+    out[14] = 0x46;
+    let total = u16::try_from(out.len() - 14).expect("small");
+    out[16..18].copy_from_slice(&total.to_be_bytes());
+    packets::fix_ip_checksum(&mut out);
+    out
+}
+
+/// Odd and malformed frames sent from the endpoint, straight onto its
+/// veth: unparsable ones are counted and left to the stack (which drops the
+/// broken ones), odd but valid ones are tracked or passed and reach the
+/// peer byte for byte, and the endpoint's echo keeps working throughout.
+#[test]
+fn malformed_and_odd_traffic_never_stops_or_corrupts_the_datapath() {
+    let cluster = quiet_cluster();
+    let node = &cluster.nodes[0];
+    let ep_ns = Netns::named(&node.endpoint_netns).expect("ns");
+    let (src, dst) = (endpoint_ip(0), endpoint_ip(1));
+    let ep_mac = in_netns(Some(&ep_ns), |nl| async move { nl.link_l2("eth0").await })
+        .expect("eth0")
+        .1;
+    let host_mac = in_netns(Some(&node.ns), |nl| async move {
+        nl.link_l2("lxc_health").await
+    })
+    .expect("lxc_health")
+    .1;
+    let eth = |mut f: Vec<u8>| {
+        f[0..6].copy_from_slice(&host_mac);
+        f[6..12].copy_from_slice(&ep_mac);
+        f
+    };
+    // Valid but odd: tracked (options, a first fragment) or not (ICMP
+    // timestamp); each is forwarded to the peer.
+    let options = eth(with_options(&packets::udp_datagram(
+        src,
+        dst,
+        (7001, 9),
+        true,
+    )));
+    let mut fragment = eth(packets::udp_datagram(src, dst, (7002, 9), true));
+    fragment[20] = 0x20;
+    packets::fix_ip_checksum(&mut fragment);
+    let mut timestamp = Echo::request(src, dst, 7003, 1);
+    timestamp.kind = 13;
+    let timestamp = eth(timestamp.frame());
+    // Broken: unparsable, and dropped by the stack after the program.
+    let mut cut_tcp = packets::tcp(src, dst, (7004, 4240), 0x02, b"");
+    cut_tcp.truncate(14 + 20 + 6);
+    cut_tcp[16..18].copy_from_slice(&26u16.to_be_bytes());
+    packets::fix_ip_checksum(&mut cut_tcp);
+    let mut bad_ihl = Echo::request(src, dst, 7005, 1).frame();
+    bad_ihl[14] = 0x43;
+    let not_ip = packets::ethernet(host_mac, ep_mac, 0x88b5, &[0xa5; 46]);
+    let round = [
+        options.clone(),
+        fragment.clone(),
+        timestamp.clone(),
+        eth(cut_tcp),
+        eth(bad_ihl),
+        not_ip,
+    ];
+    let unparsable_per_round = 4; // timestamp, cut TCP, bad IHL, not IPv4
+    let rounds = 10u16;
+
+    let unparsed_before = ct_counter(&node.pins, "unparsed");
+    let capture = Capture::start(&cluster.nodes[1].ns, "uplink").expect("capture");
+    for r in 0..rounds {
+        send_frames(&ep_ns, "eth0", &round).expect("send");
+        let ex = ping(&ep_ns, dst, ID + 2, 1, Duration::from_secs(1)).expect("ping");
+        check_reply(&ex[0], ID + 2).unwrap_or_else(|e| panic!("round {r}: {e}"));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let seen = capture.stop();
+
+    let unparsed = ct_counter(&node.pins, "unparsed") - unparsed_before;
+    assert!(
+        unparsed >= u64::from(rounds) * unparsable_per_round,
+        "unparsed counted {unparsed}"
+    );
+    let rows = ct::list(&node.pins).expect("ct");
+    for sport in [7001, 7002] {
+        let e = rows
+            .iter()
+            .find(|r| r.proto == "UDP" && r.sport == sport)
+            .unwrap_or_else(|| panic!("no CT entry for UDP {sport}: {rows:#?}"));
+        assert_eq!(e.tx_packets, u64::from(rounds), "{e:?}");
+    }
+    assert!(
+        !rows.iter().any(|r| r.sport == 7004),
+        "a cut segment was tracked"
+    );
+    // The peer got every valid odd packet, unchanged but for TTL and the
+    // header checksum the forwarding node rewrote.
+    for sent in [&options, &fragment, &timestamp] {
+        let want = &sent[14..];
+        let same = |got: &[u8]| {
+            got.len() == want.len()
+                && got[..8] == want[..8]
+                && got[9] == want[9]
+                && got[12..] == want[12..]
+                && got[8] == want[8] - 1
+        };
+        let n = seen.iter().filter(|p| same(&p.bytes)).count();
+        assert_eq!(n, usize::from(rounds), "intact copies of {want:02x?}");
+    }
+    assert!(
+        !seen
+            .iter()
+            .any(|p| p.src == src && (p.sport == 7004 || p.sport == 7005)),
+        "a broken packet was forwarded"
+    );
+}
+
+fn ct_counter(pins: &Path, name: &str) -> u64 {
+    ct::counters(pins)
+        .expect("counters")
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| v)
 }

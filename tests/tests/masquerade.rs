@@ -94,6 +94,7 @@ fn masquerade_end_to_end() {
         }
     }
     let ids = assert_no_identifier_collision(&pins);
+    assert_bpftool_counts_the_pairs(&pins);
     let seen = capture.stop();
     assert_peer_saw_only_the_node_ip(&seen, ids);
 }
@@ -249,4 +250,27 @@ impl Drop for SecondEndpoint {
         // The host side of the veth goes with the namespace.
         let _ = self.ns.delete();
     }
+}
+
+/// `bpf map list` and bpftool count the same NAT entries.
+fn assert_bpftool_counts_the_pairs(pins: &Path) {
+    let listed = health_agent::datapath::maps::list(pins)
+        .expect("map list")
+        .into_iter()
+        .find(|m| m.name == "NAT_MAP")
+        .expect("NAT_MAP listed");
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(pins.join("NAT_MAP"))
+        .output()
+        .expect("bpftool");
+    let dumped: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("bpftool json");
+    // Pairs come and go with the probes: compare with a fresh listing.
+    let now = nat::list(pins).expect("nat").len();
+    assert!(listed.entries > 0);
+    assert!(
+        dumped.len().abs_diff(now) <= 2,
+        "bpftool {} vs nat list {now}",
+        dumped.len()
+    );
 }

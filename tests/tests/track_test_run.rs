@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use aya::programs::{TestRun as _, TestRunOptions};
 use health_agent::{
-    datapath::{ct, rtt},
+    datapath::{ct, maps, rtt},
     responder::Responder,
 };
 use health_common::ct::CtConfig;
@@ -173,4 +173,45 @@ fn unparsable_packets_are_counted_and_passed_unchanged() {
         0,
         "nothing tracked"
     );
+}
+
+/// More flows than the table holds: every packet is still handed on
+/// unchanged, the table stays within its size, the newest flows are
+/// tracked, and what the LRU dropped is counted as evicted.
+#[test]
+fn a_full_table_evicts_old_flows_and_keeps_passing_packets() {
+    let (mut r, pins) = loaded();
+    let size = maps::list(pins.path())
+        .expect("maps")
+        .into_iter()
+        .find(|m| m.name == "CT_MAP")
+        .expect("CT_MAP")
+        .max_entries;
+    let flows = size + 2_000;
+    let frame = |i: u32| {
+        let [_, a, b, c] = i.to_be_bytes();
+        let src = Ipv4Addr::new(198, 18, 64, 2);
+        let dst = Ipv4Addr::new(198, 19, a, b);
+        packets::udp_datagram(src, dst, (10_000 + u16::from(c), 53), true)
+    };
+    for i in 0..flows {
+        run(&mut r, true, &frame(i));
+    }
+    let c = |name| counter(&pins, name);
+    let rows = ct::list(pins.path()).expect("ct");
+    let entries = rows.len() as u64;
+    assert!(entries <= u64::from(size), "{entries} > {size}");
+    assert_eq!(
+        c("created"),
+        u64::from(flows),
+        "every new flow got an entry"
+    );
+    assert_eq!(c("evicted"), u64::from(flows) - entries);
+    assert!(c("evicted") >= 2_000);
+    let last = frame(flows - 1);
+    let newest = rows.iter().any(|r| {
+        r.dst.octets() == [last[30], last[31], last[32], last[33]]
+            && r.sport == u16::from_be_bytes([last[34], last[35]])
+    });
+    assert!(newest, "the newest flow is tracked");
 }

@@ -64,6 +64,10 @@ enum Task {
         /// Node discovery: the shared nodes file, or a local etcd.
         #[arg(long, value_parser = ["file", "etcd"], default_value = "file")]
         kvstore: String,
+        /// How endpoints reach peers: routes only, or masquerade (SNAT to
+        /// the node IP in BPF on each node's uplink).
+        #[arg(long, value_parser = ["routed", "masquerade"], default_value = "routed")]
+        routing: String,
         /// Extra arguments for `health-lab demo` (e.g. -- --seconds 20).
         #[arg(last = true)]
         args: Vec<String>,
@@ -136,12 +140,21 @@ fn run() -> anyhow::Result<()> {
         Task::Run {
             nodes,
             kvstore,
+            routing,
             args,
         } => {
             setup::run(&pin)?;
             cmd::require_root("the cluster creates namespaces and loads BPF programs")?;
             let n = nodes.to_string();
-            let mut lab_args = vec!["demo", "--nodes", &n, "--kvstore", &kvstore];
+            let mut lab_args = vec![
+                "demo",
+                "--nodes",
+                &n,
+                "--kvstore",
+                &kvstore,
+                "--routing",
+                &routing,
+            ];
             lab_args.extend(args.iter().map(String::as_str));
             lab(&root, &lab_args)
         }

@@ -115,13 +115,34 @@ pub fn list(dir: &Path) -> Result<Vec<CtRow>, DatapathError> {
     Ok(rows)
 }
 
-/// The per-CPU CT counters, summed, by name.
+/// The per-CPU CT counters, summed, by name, and `evicted`: entries the
+/// LRU map dropped to make room when full. The programs never delete, so
+/// every entry created is either still there, removed by the collector
+/// (counted), or evicted: `evicted = created - removed - entries`.
 pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
     let wanted: Vec<_> = CtCounter::ALL
         .iter()
         .map(|c| (c.name(), *c as u32))
         .collect();
-    super::maps::read_counters(dir, CT_STATS, &wanted)
+    let mut out = super::maps::read_counters(dir, CT_STATS, &wanted)?;
+    let get = |name| out.iter().find(|(n, _)| *n == name).map_or(0, |(_, v)| *v);
+    let (created, removed) = (
+        get(CtCounter::Created.name()),
+        get(CtCounter::Removed.name()),
+    );
+    let map = open(dir, CT_MAP)?;
+    let entries = HashMap::<_, CtKey, CtEntry>::try_from(&map)
+        .map_err(|source| DatapathError::Map {
+            name: CT_MAP,
+            source,
+        })?
+        .keys()
+        .count() as u64;
+    out.push((
+        "evicted",
+        created.saturating_sub(removed).saturating_sub(entries),
+    ));
+    Ok(out)
 }
 
 /// Removes expired entries; returns how many, also added to the
