@@ -13,6 +13,7 @@
 )]
 
 pub mod agent;
+pub mod bench_datapath;
 pub mod bench_echo;
 pub mod blaster;
 pub mod capture;

@@ -86,6 +86,13 @@ enum Bench {
         #[arg(long, default_value_t = 3)]
         rounds: u32,
     },
+    /// Per-packet cost of the CT/RTT and masquerade programs, measured by
+    /// the kernel with `BPF_PROG_TEST_RUN`.
+    Datapath {
+        /// Runs per case; the mean is reported.
+        #[arg(long, default_value_t = 100_000)]
+        samples: u32,
+    },
 }
 
 fn workspace_root() -> PathBuf {
@@ -136,6 +143,16 @@ fn run() -> anyhow::Result<()> {
             cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
             let (s, r) = (seconds.to_string(), rounds.to_string());
             lab(&root, &["bench-echo", "--seconds", &s, "--rounds", &r])
+        }
+        Task::Bench {
+            which: Bench::Datapath { samples },
+        } => {
+            setup::run(&pin)?;
+            cmd::require_root("the benchmark loads BPF programs")?;
+            lab(
+                &root,
+                &["bench-datapath", "--samples", &samples.to_string()],
+            )
         }
         Task::Run {
             nodes,

@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use health_tests::{bench_echo, demo};
+use health_tests::{bench_datapath, bench_echo, demo};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -33,6 +33,11 @@ enum Command {
         #[arg(long)]
         senders: Option<usize>,
     },
+    /// Per-packet cost of the CT and masquerade programs (`BPF_PROG_TEST_RUN`).
+    BenchDatapath {
+        #[arg(long, default_value_t = 100_000)]
+        samples: u32,
+    },
     /// Two nodes, a health-agent answering echo in the kernel, live probes.
     Demo(demo::Options),
 }
@@ -53,6 +58,8 @@ fn main() -> ExitCode {
             bench_echo::run(&opts, &mut |line| eprintln!("{line}"))
                 .map(|r| print!("{}", bench_echo::render(&r, &opts)))
         }
+        Command::BenchDatapath { samples } => bench_datapath::run(samples.max(1))
+            .map(|r| print!("{}", bench_datapath::render(&r, samples.max(1)))),
         Command::Demo(opts) => demo::run(&opts),
     };
     match result {

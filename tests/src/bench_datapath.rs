@@ -1,0 +1,131 @@
+//! `cargo xtask bench datapath`: what each datapath program costs per
+//! packet, measured by the kernel (`BPF_PROG_TEST_RUN`).
+//!
+//! A rewriting program changes the test packet in place, so `repeat` would
+//! time the rewrite once and then the pass-through path: every sample is
+//! one run on a fresh copy of the packet instead, and the kernel's own
+//! duration (which excludes the syscall) is averaged over many samples.
+//! Every flow exists before timing starts: these are the steady-state
+//! (hit) paths a probe takes.
+
+use std::{fmt::Write as _, net::Ipv4Addr, time::Duration};
+
+use anyhow::Context as _;
+use aya::programs::{SchedClassifier, TestRun as _, TestRunOptions};
+use health_agent::responder::Responder;
+use health_common::{ct::CtConfig, nat::NatConfig};
+
+use crate::{packets::Echo, pins::PinDir};
+
+const EP: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 2);
+const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 11);
+const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 12);
+const PEER_HEALTH: Ipv4Addr = Ipv4Addr::new(198, 18, 65, 2);
+/// The node-side identifier the first request gets (in range: kept).
+const ID: u16 = 62_000;
+
+/// One measured case.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub name: &'static str,
+    pub per_packet: Duration,
+}
+
+/// Which program a case runs.
+#[derive(Clone, Copy)]
+enum Prog {
+    Track,
+    NatEgress,
+    NatIngress,
+}
+
+fn program(r: &mut Responder, p: Prog) -> anyhow::Result<&mut SchedClassifier> {
+    Ok(match p {
+        Prog::Track => r.tracking_program(true)?,
+        Prog::NatEgress => r.nat_program(true)?,
+        Prog::NatIngress => r.nat_program(false)?,
+    })
+}
+
+fn once(r: &mut Responder, p: Prog, frame: &[u8]) -> anyhow::Result<Duration> {
+    let mut out = vec![0u8; frame.len() + 64];
+    let res = program(r, p)?
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        })
+        .context("BPF_PROG_TEST_RUN")?;
+    anyhow::ensure!(
+        res.return_value == u32::MAX,
+        "the program did not pass the packet"
+    );
+    Ok(res.duration)
+}
+
+/// Runs every case `samples` times; reports the mean per packet.
+pub fn run(samples: u32) -> anyhow::Result<Vec<Case>> {
+    let pins = PinDir::new();
+    let mut r = Responder::load(pins.path())?;
+    r.set_ct_config(CtConfig::default())?;
+    r.set_nat_config(NatConfig {
+        enabled: 1,
+        node_ip: NODE.octets(),
+        src_net: [198, 18, 64, 0],
+        src_mask: [255, 255, 255, 0],
+        exclude_net: [198, 18, 64, 0],
+        exclude_mask: [255, 255, 192, 0],
+        port_min: 61_000,
+        port_max: 65_535,
+    })?;
+    let request = Echo::request(EP, PEER, ID, 1).frame();
+    let mut reply = Echo::request(PEER, NODE, ID, 1);
+    reply.kind = 0;
+    let reply = reply.frame();
+    let routed = Echo::request(EP, PEER_HEALTH, ID, 1).frame();
+    let cases: [(&'static str, Prog, &[u8]); 4] = [
+        (
+            "CT + RTT on lxc_health (echo request, entry exists)",
+            Prog::Track,
+            &request,
+        ),
+        (
+            "masquerade SNAT (echo request, pair exists)",
+            Prog::NatEgress,
+            &request,
+        ),
+        (
+            "masquerade reverse SNAT (echo reply)",
+            Prog::NatIngress,
+            &reply,
+        ),
+        (
+            "masquerade, not translated (to the health range)",
+            Prog::NatEgress,
+            &routed,
+        ),
+    ];
+    let mut results = Vec::new();
+    for (name, prog, frame) in cases {
+        // Warm up: creates the flow's entries.
+        once(&mut r, prog, frame)?;
+        let mut total = Duration::ZERO;
+        for _ in 0..samples {
+            total += once(&mut r, prog, frame)?;
+        }
+        results.push(Case {
+            name,
+            per_packet: total / samples.max(1),
+        });
+    }
+    Ok(results)
+}
+
+#[must_use]
+pub fn render(cases: &[Case], samples: u32) -> String {
+    let mut out = format!("per packet, kernel-measured mean of {samples} runs each\n");
+    for c in cases {
+        let _ = writeln!(out, "  {:<55} {:>6} ns", c.name, c.per_packet.as_nanos());
+    }
+    out
+}
