@@ -62,6 +62,9 @@ pub struct Capture {
     thread: JoinHandle<Vec<Seen>>,
 }
 
+/// Every protocol: only `ETH_P_ALL` sockets see outgoing packets too
+/// (non-IPv4 packets are skipped when parsed).
+const ETH_P_ALL: u16 = 0x0003;
 const ETH_P_IP: u16 = 0x0800;
 
 impl Capture {
@@ -79,10 +82,22 @@ impl Capture {
             let mut seen = Vec::new();
             let mut buf = vec![0u8; 65_536];
             while !flag.load(Ordering::Relaxed) {
-                // SAFETY: buf is valid for its length; fd is open.
-                let n =
-                    unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+                // SAFETY: all-zero is a valid sockaddr_ll.
+                let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+                let mut from_len = u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap_or(0);
+                // SAFETY: buf and from are valid for their lengths; fd is open.
+                let n = unsafe {
+                    libc::recvfrom(
+                        fd.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        0,
+                        (&raw mut from).cast(),
+                        &raw mut from_len,
+                    )
+                };
                 if let Ok(n) = usize::try_from(n)
+                    && from.sll_protocol == ETH_P_IP.to_be()
                     && let Some(s) = Seen::parse(&buf[..n])
                 {
                     seen.push(s);
@@ -119,11 +134,11 @@ pub fn send_frames(ns: &Netns, iface: &str, frames: &[Vec<u8>]) -> io::Result<()
     Ok(())
 }
 
-/// An `AF_PACKET` socket (`SOCK_DGRAM`: IPv4 only, no link header;
+/// An `AF_PACKET` socket (`SOCK_DGRAM`: no link header;
 /// `SOCK_RAW`: whole frames) bound to `index`, with a short receive
 /// timeout so a reader can stop.
 fn packet_socket(index: u32, kind: i32) -> io::Result<OwnedFd> {
-    let proto = i32::from(ETH_P_IP.to_be());
+    let proto = i32::from(ETH_P_ALL.to_be());
     // SAFETY: plain syscall; the result is checked.
     let raw = unsafe { libc::socket(libc::AF_PACKET, kind | libc::SOCK_CLOEXEC, proto) };
     if raw < 0 {
@@ -134,7 +149,7 @@ fn packet_socket(index: u32, kind: i32) -> io::Result<OwnedFd> {
     // SAFETY: an all-zero sockaddr_ll is valid; fields set below.
     let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_protocol = ETH_P_IP.to_be();
+    addr.sll_protocol = ETH_P_ALL.to_be();
     addr.sll_ifindex = i32::try_from(index).map_err(io::Error::other)?;
     // SAFETY: addr is a valid sockaddr_ll of the given size.
     let rc = unsafe {

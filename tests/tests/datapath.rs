@@ -312,3 +312,73 @@ fn ct_counter(pins: &Path, name: &str) -> u64 {
         .find(|(n, _)| *n == name)
         .map_or(0, |(_, v)| v)
 }
+
+/// HTTP exchanges from the endpoint: one CT entry per connection whose
+/// packet and byte counts equal what crossed the endpoint's interface
+/// (captured there, both ways), and one kernel TCP RTT sample per
+/// answered SYN.
+#[test]
+fn http_flows_are_counted_exactly_and_timed() {
+    use std::io::{Read as _, Write as _};
+    let cluster = quiet_cluster();
+    let node = &cluster.nodes[0];
+    let ep_ns = Netns::named(&node.endpoint_netns).expect("ns");
+    let (src, dst) = (endpoint_ip(0), endpoint_ip(1));
+    let capture = Capture::start(&ep_ns, "eth0").expect("capture");
+    let mut ports = Vec::new();
+    for _ in 0..3 {
+        let mut stream = ep_ns
+            .run(|| {
+                std::net::TcpStream::connect_timeout(&(dst, 4240).into(), Duration::from_secs(2))
+            })
+            .expect("enter")
+            .expect("connect");
+        ports.push(stream.local_addr().expect("addr").port());
+        stream
+            .write_all(b"GET /hello HTTP/1.1\r\nHost: health\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut body = String::new();
+        stream.read_to_string(&mut body).expect("response");
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let seen = capture.stop();
+    let rows = ct::list(&node.pins).expect("ct");
+    for port in &ports {
+        let e = rows
+            .iter()
+            .find(|r| r.proto == "TCP" && r.dir == "OUT" && r.src == src && r.sport == *port)
+            .unwrap_or_else(|| panic!("no CT entry for port {port}: {rows:#?}"));
+        let tally = |from_ep: bool| {
+            seen.iter()
+                .filter(|p| p.proto == 6)
+                .filter(|p| {
+                    if from_ep {
+                        p.src == src && p.sport == *port
+                    } else {
+                        p.dst == src && p.dport == *port
+                    }
+                })
+                .fold((0u64, 0u64), |(n, b), p| {
+                    (n + 1, b + p.bytes.len() as u64 + 14)
+                })
+        };
+        assert_eq!(
+            (e.tx_packets, e.tx_bytes),
+            tally(true),
+            "sent on port {port}: {e:?}"
+        );
+        assert_eq!(
+            (e.rx_packets, e.rx_bytes),
+            tally(false),
+            "received on port {port}: {e:?}"
+        );
+        assert!(e.tx_packets >= 4 && e.rx_packets >= 4, "{e:?}");
+    }
+    let tcp = rtt::list(&node.pins)
+        .expect("rtt")
+        .into_iter()
+        .find(|r| r.peer == dst && r.proto == "TCP")
+        .expect("TCP RTT samples");
+    assert_eq!(tcp.samples, 3, "{tcp:?}");
+}
