@@ -16,7 +16,7 @@ use health_common::{
 
 use super::{
     counters::{count, endpoint_addr},
-    packet::PacketFrame,
+    packet,
 };
 
 /// Bytes of an echo request without IP options: all the responder touches.
@@ -29,12 +29,7 @@ pub fn health_echo_tc(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn echo(ctx: &TcContext) -> i32 {
-    // Make the headers directly addressable when the skb is non-linear.
-    let linear = (ctx.data_end() - ctx.data()) as u32;
-    if linear < HEADERS_LEN && ctx.len() >= HEADERS_LEN {
-        let _ = ctx.pull_data(HEADERS_LEN);
-    }
-    let mut frame = PacketFrame::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
+    let mut frame = packet::headers(ctx, HEADERS_LEN);
     let verdict = respond(&mut frame, endpoint_addr());
     count(verdict.counter());
     match verdict {

@@ -18,12 +18,9 @@ use health_common::{
 
 use super::{
     maps::{NAT_CONFIG, NAT_MAP, NAT_STATS},
-    packet::PacketFrame,
+    packet::{self, FLOW_HEADERS},
 };
 
-/// Bytes that cover Ethernet, an IPv4 header with options and the L4
-/// fields read.
-const PULL: u32 = 14 + 60 + 14;
 /// Offsets of the IPv4 checksum, source and destination in the frame.
 const IP_CSUM: usize = EthHdr::LEN + 10;
 const IP_SRC: usize = EthHdr::LEN + 12;
@@ -117,11 +114,7 @@ fn prepare(ctx: &TcContext) -> Option<(NatConfig, Flow)> {
     if cfg.enabled != 1 {
         return None;
     }
-    let linear = (ctx.data_end() - ctx.data()) as u32;
-    if linear < PULL {
-        let _ = ctx.pull_data(if ctx.len() < PULL { ctx.len() } else { PULL });
-    }
-    let mut frame = PacketFrame::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
+    let mut frame = packet::headers(ctx, FLOW_HEADERS);
     Some((cfg, flow::parse(&mut frame)?))
 }
 

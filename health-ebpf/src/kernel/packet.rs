@@ -1,6 +1,26 @@
 //! `Frame` over a packet's directly addressable bytes.
 
+use aya_ebpf::programs::TcContext;
 use health_common::frame::Frame;
+
+/// Bytes that cover Ethernet, an IPv4 header with options and the L4
+/// fields the flow parser reads.
+pub const FLOW_HEADERS: u32 = 14 + 60 + 14;
+
+/// The packet as a frame whose first `want` bytes (all of it, when it is
+/// shorter) are directly addressable. The pull helper is only called when
+/// some of those bytes lie outside the linear part: it makes the head
+/// writable, which copies the head of a cloned skb (every TCP segment a
+/// local socket sends), so calling it on every packet costs a copy each.
+#[inline(always)]
+pub fn headers(ctx: &TcContext, want: u32) -> PacketFrame {
+    let linear = (ctx.data_end() - ctx.data()) as u32;
+    let need = if ctx.len() < want { ctx.len() } else { want };
+    if linear < need {
+        let _ = ctx.pull_data(need);
+    }
+    PacketFrame::new(ctx.data(), ctx.data_end(), ctx.len() as usize)
+}
 
 pub struct PacketFrame {
     start: usize,

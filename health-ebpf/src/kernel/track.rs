@@ -18,11 +18,8 @@ use health_common::{
 
 use super::{
     maps::{CT_CONFIG, CT_MAP, CT_STATS, RTT_PENDING, RTT_STATS},
-    packet::PacketFrame,
+    packet::{self, FLOW_HEADERS},
 };
-
-/// Bytes that cover Ethernet, an IPv4 header with options and the L4 fields read.
-const PULL: u32 = 14 + 60 + 14;
 
 /// Packets leaving the endpoint (ingress of the host side of its veth).
 #[classifier]
@@ -46,11 +43,7 @@ fn count(counter: CtCounter) {
 
 #[inline(always)]
 fn track(ctx: &TcContext, from_endpoint: bool) -> i32 {
-    let linear = (ctx.data_end() - ctx.data()) as u32;
-    if linear < PULL {
-        let _ = ctx.pull_data(if ctx.len() < PULL { ctx.len() } else { PULL });
-    }
-    let mut frame = PacketFrame::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
+    let mut frame = packet::headers(ctx, FLOW_HEADERS);
     let Some(flow) = flow::parse(&mut frame) else {
         count(CtCounter::Unparsed);
         return TC_ACT_UNSPEC;
