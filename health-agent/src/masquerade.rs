@@ -122,10 +122,9 @@ pub fn resolve(req: &Request) -> Result<Masquerade, MasqueradeError> {
     }
     let uplink = match &req.uplink {
         Some(name) => {
-            let name = name.clone();
             let n = name.clone();
             in_netns(None, |nl| async move { nl.require_link(&n).await })?;
-            name
+            name.clone()
         }
         None => uplink_holding(req.node_ip)?,
     };

@@ -87,26 +87,10 @@ impl BpfCommand {
     pub fn run(self) -> anyhow::Result<()> {
         let text = match self {
             Self::Ct(CtCommand::List { pins, output, .. }) => {
-                let rows = ct::list(&pins.dir)?;
-                match output {
-                    OutputFormat::Json => serde_json::to_string_pretty(&rows)?,
-                    OutputFormat::Table => rows
-                        .iter()
-                        .map(ct::CtRow::line)
-                        .collect::<Vec<_>>()
-                        .join("\n"),
-                }
+                render_lines(&ct::list(&pins.dir)?, output, ct::CtRow::line)?
             }
             Self::Nat(NatCommand::List { pins, output }) => {
-                let rows = nat::list(&pins.dir)?;
-                match output {
-                    OutputFormat::Json => serde_json::to_string_pretty(&rows)?,
-                    OutputFormat::Table => rows
-                        .iter()
-                        .map(nat::NatRow::line)
-                        .collect::<Vec<_>>()
-                        .join("\n"),
-                }
+                render_lines(&nat::list(&pins.dir)?, output, nat::NatRow::line)?
             }
             Self::Rtt(RttCommand::List { pins, output }) => {
                 render_rtt(&rtt::list(&pins.dir)?, output)?
@@ -127,6 +111,18 @@ impl BpfCommand {
         }
         Ok(())
     }
+}
+
+/// JSON, or one `line` per row (the `cilium bpf ... list` style).
+fn render_lines<T: serde::Serialize>(
+    rows: &[T],
+    output: OutputFormat,
+    line: fn(&T) -> String,
+) -> anyhow::Result<String> {
+    Ok(match output {
+        OutputFormat::Json => serde_json::to_string_pretty(rows)?,
+        OutputFormat::Table => rows.iter().map(line).collect::<Vec<_>>().join("\n"),
+    })
 }
 
 fn render_rtt(rows: &[rtt::RttRow], output: OutputFormat) -> anyhow::Result<String> {

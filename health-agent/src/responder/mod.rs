@@ -160,7 +160,13 @@ impl Responder {
     /// Attaches connection tracking and RTT to the host side of the
     /// endpoint's veth: tcx ingress (from the endpoint) and egress (to it).
     pub fn attach_tracking(&mut self, host_iface: &Interface) -> Result<(), ResponderError> {
-        self.attach_tcx_pair(host_iface, PROG_LXC_INGRESS, PROG_LXC_EGRESS)?;
+        self.attach_tcx_programs(
+            host_iface,
+            &[
+                (PROG_LXC_INGRESS, TcAttachType::Ingress),
+                (PROG_LXC_EGRESS, TcAttachType::Egress),
+            ],
+        )?;
         info!(interface = %host_iface, "connection tracking and RTT attached");
         Ok(())
     }
@@ -168,22 +174,25 @@ impl Responder {
     /// Attaches masquerade to the node's uplink: SNAT on tcx egress, the
     /// reverse translation on tcx ingress (before the stack sees a reply).
     pub fn attach_nat(&mut self, uplink: &Interface) -> Result<(), ResponderError> {
-        self.attach_tcx_pair(uplink, PROG_NAT_INGRESS, PROG_NAT_EGRESS)?;
+        self.attach_tcx_programs(
+            uplink,
+            &[
+                (PROG_NAT_INGRESS, TcAttachType::Ingress),
+                (PROG_NAT_EGRESS, TcAttachType::Egress),
+            ],
+        )?;
         info!(interface = %uplink, "masquerade attached");
         Ok(())
     }
 
-    fn attach_tcx_pair(
+    /// Attaches each program to `iface` with tcx, in its direction.
+    fn attach_tcx_programs(
         &mut self,
         iface: &Interface,
-        ingress: &'static str,
-        egress: &'static str,
+        programs: &[(&'static str, TcAttachType)],
     ) -> Result<(), ResponderError> {
         let name = iface.c_name()?;
-        for (program_name, attach_type) in [
-            (ingress, TcAttachType::Ingress),
-            (egress, TcAttachType::Egress),
-        ] {
+        for &(program_name, attach_type) in programs {
             let prog: &mut SchedClassifier = program(&mut self.ebpf, program_name)?;
             let attach = || {
                 prog.attach(
@@ -211,7 +220,9 @@ impl Responder {
         xdp_peer: Option<&Interface>,
     ) -> Result<(), ResponderError> {
         match mode {
-            AttachMode::Tcx => self.attach_tcx(iface)?,
+            AttachMode::Tcx => {
+                self.attach_tcx_programs(iface, &[(PROG_ECHO_TC, TcAttachType::Ingress)])?;
+            }
             AttachMode::XdpNative | AttachMode::XdpGeneric => {
                 let xdp_mode = if mode == AttachMode::XdpNative {
                     XdpMode::Driver
@@ -231,24 +242,6 @@ impl Responder {
             }
         }
         info!(interface = %iface, %mode, "echo responder attached");
-        Ok(())
-    }
-
-    fn attach_tcx(&mut self, iface: &Interface) -> Result<(), ResponderError> {
-        let name = iface.c_name()?;
-        let prog: &mut SchedClassifier = program(&mut self.ebpf, PROG_ECHO_TC)?;
-        let attach = || {
-            prog.attach(
-                &name,
-                TcAttach::Tcx {
-                    attach_type: TcAttachType::Ingress,
-                    order: LinkOrder::default(),
-                },
-            )
-        };
-        crate::netns::run_in(iface.netns.as_ref(), attach)?
-            .map_err(|e| ResponderError::attach(PROG_ECHO_TC, iface, AttachMode::Tcx, e))?;
-        self.attached.push(format!("{PROG_ECHO_TC} on {iface}"));
         Ok(())
     }
 
