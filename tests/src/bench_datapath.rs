@@ -8,19 +8,19 @@
 //! Every flow exists before timing starts: these are the steady-state
 //! (hit) paths a probe takes.
 
-use std::{fmt::Write as _, net::Ipv4Addr, time::Duration};
+use std::{fmt::Write as _, time::Duration};
 
 use anyhow::Context as _;
 use aya::programs::{SchedClassifier, TestRun as _, TestRunOptions};
 use health_agent::responder::Responder;
-use health_common::{ct::CtConfig, nat::NatConfig};
+use health_common::ct::CtConfig;
 
-use crate::{packets::Echo, pins::PinDir};
+use crate::{
+    nat_setup::{EP, NODE, PEER, PEER_HEALTH, config},
+    packets::Echo,
+    pins::PinDir,
+};
 
-const EP: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 2);
-const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 11);
-const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 12);
-const PEER_HEALTH: Ipv4Addr = Ipv4Addr::new(198, 18, 65, 2);
 /// The node-side identifier the first request gets (in range: kept).
 const ID: u16 = 62_000;
 
@@ -68,16 +68,7 @@ pub fn run(samples: u32) -> anyhow::Result<Vec<Case>> {
     let pins = PinDir::new();
     let mut r = Responder::load(pins.path())?;
     r.set_ct_config(CtConfig::default())?;
-    r.set_nat_config(NatConfig {
-        enabled: 1,
-        node_ip: NODE.octets(),
-        src_net: [198, 18, 64, 0],
-        src_mask: [255, 255, 255, 0],
-        exclude_net: [198, 18, 64, 0],
-        exclude_mask: [255, 255, 192, 0],
-        port_min: 61_000,
-        port_max: 65_535,
-    })?;
+    r.set_nat_config(config(61_000, 65_535))?;
     let request = Echo::request(EP, PEER, ID, 1).frame();
     let mut reply = Echo::request(PEER, NODE, ID, 1);
     reply.kind = 0;

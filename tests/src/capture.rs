@@ -70,12 +70,7 @@ const ETH_P_IP: u16 = 0x0800;
 impl Capture {
     /// Starts capturing IPv4 on `iface` in `ns`.
     pub fn start(ns: &Netns, iface: &str) -> io::Result<Self> {
-        let name = iface.to_owned();
-        let index = in_netns(Some(ns), |nl| async move { nl.require_link(&name).await })
-            .map_err(io::Error::other)?;
-        let fd = ns
-            .run(|| packet_socket(index, libc::SOCK_DGRAM))
-            .map_err(io::Error::other)??;
+        let fd = packet_socket(ns, iface, libc::SOCK_DGRAM)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -118,12 +113,7 @@ impl Capture {
 
 /// Sends whole Ethernet frames, as given, out of `iface` in `ns`.
 pub fn send_frames(ns: &Netns, iface: &str, frames: &[Vec<u8>]) -> io::Result<()> {
-    let name = iface.to_owned();
-    let index = in_netns(Some(ns), |nl| async move { nl.require_link(&name).await })
-        .map_err(io::Error::other)?;
-    let fd = ns
-        .run(|| packet_socket(index, libc::SOCK_RAW))
-        .map_err(io::Error::other)??;
+    let fd = packet_socket(ns, iface, libc::SOCK_RAW)?;
     for f in frames {
         // SAFETY: f is valid for its length; fd is open.
         let n = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
@@ -134,10 +124,19 @@ pub fn send_frames(ns: &Netns, iface: &str, frames: &[Vec<u8>]) -> io::Result<()
     Ok(())
 }
 
-/// An `AF_PACKET` socket (`SOCK_DGRAM`: no link header;
-/// `SOCK_RAW`: whole frames) bound to `index`, with a short receive
-/// timeout so a reader can stop.
-fn packet_socket(index: u32, kind: i32) -> io::Result<OwnedFd> {
+/// An `AF_PACKET` socket on `iface` of `ns` (`SOCK_DGRAM`: no link header;
+/// `SOCK_RAW`: whole frames), with a short receive timeout so a reader can
+/// stop.
+fn packet_socket(ns: &Netns, iface: &str, kind: i32) -> io::Result<OwnedFd> {
+    let name = iface.to_owned();
+    let index = in_netns(Some(ns), |nl| async move { nl.require_link(&name).await })
+        .map_err(io::Error::other)?;
+    ns.run(|| bound_socket(index, kind))
+        .map_err(io::Error::other)?
+}
+
+/// The socket of [`packet_socket`], made in the calling thread's namespace.
+fn bound_socket(index: u32, kind: i32) -> io::Result<OwnedFd> {
     let proto = i32::from(ETH_P_ALL.to_be());
     // SAFETY: plain syscall; the result is checked.
     let raw = unsafe { libc::socket(libc::AF_PACKET, kind | libc::SOCK_CLOEXEC, proto) };

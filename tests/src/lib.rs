@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod demo;
 pub mod faults;
 pub mod names;
+pub mod nat_setup;
 pub mod packets;
 pub mod pinger;
 pub mod pins;
@@ -34,4 +35,14 @@ pub fn require_root() {
         nix::unistd::geteuid().is_root(),
         "these tests need root (network namespaces, BPF): run them with sudo or as root"
     );
+}
+
+/// Counter `name` among `counters` (as the datapath's `counters` functions
+/// return them); panics naming a counter that is not there.
+#[must_use]
+pub fn counter(counters: &[(&str, u64)], name: &str) -> u64 {
+    counters.iter().find(|(n, _)| *n == name).map_or_else(
+        || panic!("no counter {name:?} in {counters:?}"),
+        |(_, v)| *v,
+    )
 }

@@ -123,10 +123,10 @@ pub fn fix_ip_checksum(frame: &mut [u8]) {
     frame[24..26].copy_from_slice(&c.to_be_bytes());
 }
 
-/// A request with a 4-byte IP option (NOP, NOP, NOP, EOL) block.
+/// An IPv4 frame (20-byte header) with a 4-byte IP option (NOP, NOP, NOP,
+/// EOL) block inserted.
 #[must_use]
-pub fn with_ip_options(echo: &Echo) -> Vec<u8> {
-    let frame = echo.frame();
+pub fn with_ip_options(frame: &[u8]) -> Vec<u8> {
     let mut out = frame[..34].to_vec();
     out.extend_from_slice(&[1, 1, 1, 0]);
     out.extend_from_slice(&frame[34..]);

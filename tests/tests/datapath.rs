@@ -180,24 +180,8 @@ fn assert_collected_after_lifetime(pins: &Path) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let counters = ct::counters(pins).expect("counters");
-    let removed = counters
-        .iter()
-        .find(|(n, _)| *n == "removed")
-        .map(|(_, v)| *v);
-    assert!(removed >= Some(1), "removed counter {removed:?}");
-}
-
-/// IPv4 with a 4-byte options block (NOP, NOP, NOP, EOL) inserted.
-fn with_options(frame: &[u8]) -> Vec<u8> {
-    let mut out = frame[..34].to_vec();
-    out.extend_from_slice(&[1, 1, 1, 0]);
-    out.extend_from_slice(&frame[34..]);
-    out[14] = 0x46;
-    let total = u16::try_from(out.len() - 14).expect("small");
-    out[16..18].copy_from_slice(&total.to_be_bytes());
-    packets::fix_ip_checksum(&mut out);
-    out
+    let removed = ct_counter(pins, "removed");
+    assert!(removed >= 1, "removed counter {removed}");
 }
 
 /// Odd and malformed frames sent from the endpoint, straight onto its
@@ -225,7 +209,7 @@ fn malformed_and_odd_traffic_never_stops_or_corrupts_the_datapath() {
     };
     // Valid but odd: tracked (options, a first fragment) or not (ICMP
     // timestamp); each is forwarded to the peer.
-    let options = eth(with_options(&packets::udp_datagram(
+    let options = eth(packets::with_ip_options(&packets::udp_datagram(
         src,
         dst,
         (7001, 9),
@@ -306,11 +290,7 @@ fn malformed_and_odd_traffic_never_stops_or_corrupts_the_datapath() {
 }
 
 fn ct_counter(pins: &Path, name: &str) -> u64 {
-    ct::counters(pins)
-        .expect("counters")
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .map_or(0, |(_, v)| v)
+    health_tests::counter(&ct::counters(pins).expect("counters"), name)
 }
 
 /// HTTP exchanges from the endpoint: one CT entry per connection whose

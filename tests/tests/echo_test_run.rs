@@ -132,7 +132,7 @@ fn packets_not_for_the_responder_pass_untouched() {
     let cases = [
         ("echo to another address", other.frame()),
         ("echo reply", reply.frame()),
-        ("IP options", packets::with_ip_options(&request())),
+        ("IP options", packets::with_ip_options(&request().frame())),
         ("fragment", packets::as_fragment(&request())),
         ("UDP", packets::udp(&request())),
         ("IPv6 echo", packets::ipv6_echo(&request())),

@@ -170,12 +170,8 @@ fn assert_pairs_go_with_their_ct_entries(pins: &Path) {
     let rows = nat::list(pins).expect("nat");
     let outs = rows.iter().filter(|r| r.dir == "OUT").count();
     assert_eq!(rows.len(), 2 * outs, "every OUT has its IN: {rows:#?}");
-    let removed = nat::counters(pins)
-        .expect("counters")
-        .into_iter()
-        .find(|(n, _)| *n == "removed")
-        .map(|(_, v)| v);
-    assert!(removed >= Some(2), "{removed:?}");
+    let removed = health_tests::counter(&nat::counters(pins).expect("counters"), "removed");
+    assert!(removed >= 2, "removed {removed}");
 }
 
 /// The two sources' flows with the same identifier got different node

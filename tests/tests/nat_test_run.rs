@@ -9,32 +9,14 @@ use aya::programs::{TestRun as _, TestRunOptions};
 use health_agent::{datapath::nat, responder::Responder};
 use health_common::{ct::CtConfig, nat::NatConfig};
 use health_tests::{
+    nat_setup::{EP, EP2, NODE, PEER, PEER_HEALTH, PEER2, config},
     packets::{self, Echo, verify_frame},
     pins::PinDir,
     require_root,
 };
 
-const EP: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 2);
-/// A second source in the node's health CIDR ("another endpoint").
-const EP2: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 3);
-const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 11);
-const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 12);
-const PEER_HEALTH: Ipv4Addr = Ipv4Addr::new(198, 18, 65, 2);
 const TCX_NEXT: u32 = u32::MAX;
 const TC_ACT_SHOT: u32 = 2;
-
-fn config(port_min: u16, port_max: u16) -> NatConfig {
-    NatConfig {
-        enabled: 1,
-        node_ip: NODE.octets(),
-        src_net: [198, 18, 64, 0],
-        src_mask: [255, 255, 255, 0],
-        exclude_net: [198, 18, 64, 0],
-        exclude_mask: [255, 255, 192, 0],
-        port_min,
-        port_max,
-    }
-}
 
 fn loaded(cfg: NatConfig) -> (Responder, PinDir) {
     require_root();
@@ -75,12 +57,7 @@ fn echo_id(frame: &[u8]) -> u16 {
 }
 
 fn counter(pins: &PinDir, name: &str) -> u64 {
-    nat::counters(pins.path())
-        .expect("counters")
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| v)
-        .expect(name)
+    health_tests::counter(&nat::counters(pins.path()).expect("counters"), name)
 }
 
 #[test]
@@ -268,16 +245,9 @@ fn no_free_port_drops_the_packet_and_counts_it() {
     );
     assert_eq!(counter(&pins, "alloc_failures"), 1);
     // The same port toward another peer is free: pairs are per peer.
-    let other = pass(
-        &mut r,
-        true,
-        &Echo::request(EP2, PEER_HEALTH_OUTSIDE, 9, 1).frame(),
-    );
+    let other = pass(&mut r, true, &Echo::request(EP2, PEER2, 9, 1).frame());
     assert_eq!(echo_id(&other), 61_000);
 }
-
-/// A peer outside the health range other than `PEER`.
-const PEER_HEALTH_OUTSIDE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 13);
 
 #[test]
 fn malformed_packets_pass_unchanged() {

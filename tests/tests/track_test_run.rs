@@ -46,12 +46,7 @@ fn run(r: &mut Responder, from_endpoint: bool, input: &[u8]) {
 }
 
 fn counter(pins: &PinDir, name: &str) -> u64 {
-    ct::counters(pins.path())
-        .expect("counters")
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| v)
-        .expect(name)
+    health_tests::counter(&ct::counters(pins.path()).expect("counters"), name)
 }
 
 #[test]
