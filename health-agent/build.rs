@@ -1,11 +1,10 @@
 //! Builds `health-ebpf` for the bpf target with the pinned nightly (see
 //! `ebpf-toolchain.toml`) and leaves the object in `OUT_DIR/health`, where
-//! `src/object.rs` embeds it into the agent binary.
+//! `src/datapath/object.rs` embeds it into the agent binary.
 
 use std::{env, error::Error, path::PathBuf, process::Command};
 
-#[path = "../xtask/src/pin.rs"]
-mod pin;
+use xtask::pin;
 
 const SETUP_HINT: &str = "run `cargo xtask setup` to install the pinned eBPF toolchain";
 

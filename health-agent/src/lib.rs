@@ -1,24 +1,26 @@
-//! The health agent as a library: the binary (`main.rs`) and the integration
-//! tests both drive it through these modules.
+//! The health agent as a library: the `health-agent` binary (its CLI lives
+//! in `src/bin/health-agent/`) and the integration tests drive it through
+//! these modules.
+//!
+//! Layers, each using only those below it:
+//!
+//! | layer | modules | owns |
+//! | --- | --- | --- |
+//! | OS adapters | [`sys`] | namespaces, netlink, pidfile, signals, raw ICMP sockets |
+//! | kernel object | [`datapath`] | loading, pinning and attaching every program; typed map access |
+//! | components | [`endpoint`], [`probe`], [`cluster`] | the health endpoint, the prober, the node set |
+//! | tasks | [`supervisor`] | running, watching, restarting and stopping long-lived tasks |
+//! | service | [`api`], [`daemon`] | the unix-socket API; the supervisor that runs it all |
+//!
+//! [`util`] holds small helpers every layer may use (durations, times,
+//! error chains).
 
 pub mod api;
-pub mod cli;
 pub mod cluster;
 pub mod daemon;
 pub mod datapath;
-pub mod duration;
 pub mod endpoint;
-pub mod errors;
-pub mod hello;
-pub mod icmp;
-pub mod ipam;
-pub mod logging;
-pub mod masquerade;
-pub mod netlink;
-pub mod netns;
-pub mod object;
-pub mod pidfile;
 pub mod probe;
-pub mod responder;
-pub mod signals;
-pub mod timefmt;
+pub mod supervisor;
+pub mod sys;
+pub mod util;

@@ -1,53 +1,262 @@
 //! Names, keys and values of the maps the kernel programs share with the agent.
 
-/// Per-CPU array of `u64`, indexed by [`EchoCounter`].
-pub const ECHO_STATS: &str = "ECHO_STATS";
-/// Array with one [`EchoConfig`] at index 0.
-pub const ECHO_CONFIG: &str = "ECHO_CONFIG";
+use crate::{
+    ct::{CtConfig, CtEntry, CtKey},
+    nat::{NatConfig, NatEntry, NatKey},
+    rtt::{PendingKey, RttKey, RttStats},
+};
 
-/// Connection tracking and RTT maps (see `ct` and `rtt`).
-pub const CT_MAP: &str = "CT_MAP";
-pub const CT_CONFIG: &str = "CT_CONFIG";
-pub const CT_STATS: &str = "CT_STATS";
-pub const RTT_PENDING: &str = "RTT_PENDING";
-pub const RTT_STATS: &str = "RTT_STATS";
-pub const RTT_LOSSES: &str = "RTT_LOSSES";
+/// The version of the pinned maps' layout as a whole. Bumped whenever a
+/// map's type, key or value changes; recorded in [`MapId::PinLayout`] so an
+/// agent finds out which layout the pins it inherits were made with.
+pub const PIN_LAYOUT_VERSION: u32 = 1;
 
-/// Masquerade maps (see `nat`).
-pub const NAT_MAP: &str = "NAT_MAP";
-pub const NAT_CONFIG: &str = "NAT_CONFIG";
-pub const NAT_STATS: &str = "NAT_STATS";
+/// The kind of a map, as the kernel names its `bpf_map_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    Hash,
+    Array,
+    PerCpuHash,
+    PerCpuArray,
+    LruHash,
+    RingBuf,
+}
 
-/// Every map the object pins, for listing and cleanup.
-pub const ALL_MAPS: [&str; 12] = [
-    ECHO_STATS,
-    ECHO_CONFIG,
-    CT_MAP,
-    CT_CONFIG,
-    CT_STATS,
-    RTT_PENDING,
-    RTT_STATS,
-    RTT_LOSSES,
-    NAT_MAP,
-    NAT_CONFIG,
-    NAT_STATS,
-    "AYA_LOGS",
-];
+impl MapKind {
+    /// The kernel's `bpf_map_type` number.
+    #[must_use]
+    pub const fn bpf_map_type(self) -> u32 {
+        match self {
+            Self::Hash => 1,
+            Self::Array => 2,
+            Self::PerCpuHash => 5,
+            Self::PerCpuArray => 6,
+            Self::LruHash => 9,
+            Self::RingBuf => 27,
+        }
+    }
 
-/// Program names in the object file.
-pub const PROG_ECHO_XDP: &str = "health_echo_xdp";
-pub const PROG_ECHO_TC: &str = "health_echo_tc";
-/// An `XDP_PASS` program for the far end of a veth: native-mode `XDP_TX` on a
-/// veth only delivers when the peer has an XDP program of its own.
-pub const PROG_XDP_PASS: &str = "health_xdp_pass";
-/// Tracking on the host side of the endpoint's veth: from / to the endpoint.
-pub const PROG_LXC_INGRESS: &str = "health_lxc_ingress";
-pub const PROG_LXC_EGRESS: &str = "health_lxc_egress";
-/// Masquerade on the node's uplink: SNAT leaving, reverse translation arriving.
-pub const PROG_NAT_EGRESS: &str = "health_nat_egress";
-pub const PROG_NAT_INGRESS: &str = "health_nat_ingress";
+    /// The name `bpf map list` shows.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Hash => "hash",
+            Self::Array => "array",
+            Self::PerCpuHash => "percpu_hash",
+            Self::PerCpuArray => "percpu_array",
+            Self::LruHash => "lru_hash",
+            Self::RingBuf => "ringbuf",
+        }
+    }
 
-/// Indices into [`ECHO_STATS`].
+    /// Whether the map holds keys (hash kinds) rather than fixed slots.
+    #[must_use]
+    pub const fn is_hash(self) -> bool {
+        matches!(self, Self::Hash | Self::PerCpuHash | Self::LruHash)
+    }
+}
+
+/// Every map of the kernel object: the one registry that the loader, the
+/// pin checks and `bpf map list|dump` share. The kernel side declares each
+/// with the same name, key and value (`health-ebpf/src/kernel/maps.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapId {
+    /// Per-CPU `u64` counters, indexed by [`EchoCounter`].
+    EchoStats,
+    /// One [`EchoConfig`] at index 0.
+    EchoConfig,
+    /// Connection tracking: [`CtKey`] -> [`CtEntry`].
+    CtMap,
+    /// One [`CtConfig`] at index 0.
+    CtConfig,
+    /// Per-CPU `u64` counters, indexed by `CtCounter`.
+    CtStats,
+    /// Requests waiting for their reply: [`PendingKey`] -> timestamp (ns).
+    RttPending,
+    /// Per-CPU [`RttStats`] per peer and protocol.
+    RttStats,
+    /// Unanswered requests per peer and protocol.
+    RttLosses,
+    /// Masquerade pairs: [`NatKey`] -> [`NatEntry`].
+    NatMap,
+    /// One [`NatConfig`] at index 0.
+    NatConfig,
+    /// Per-CPU `u64` counters, indexed by `NatCounter`.
+    NatStats,
+    /// One `u32`: the [`PIN_LAYOUT_VERSION`] the pins were made with.
+    PinLayout,
+    /// aya-log's ring buffer.
+    AyaLogs,
+}
+
+impl MapId {
+    pub const ALL: [Self; 13] = [
+        Self::EchoStats,
+        Self::EchoConfig,
+        Self::CtMap,
+        Self::CtConfig,
+        Self::CtStats,
+        Self::RttPending,
+        Self::RttStats,
+        Self::RttLosses,
+        Self::NatMap,
+        Self::NatConfig,
+        Self::NatStats,
+        Self::PinLayout,
+        Self::AyaLogs,
+    ];
+
+    /// The map's name in the object file, and of its pin.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::EchoStats => ECHO_STATS,
+            Self::EchoConfig => ECHO_CONFIG,
+            Self::CtMap => CT_MAP,
+            Self::CtConfig => CT_CONFIG,
+            Self::CtStats => CT_STATS,
+            Self::RttPending => RTT_PENDING,
+            Self::RttStats => RTT_STATS,
+            Self::RttLosses => RTT_LOSSES,
+            Self::NatMap => NAT_MAP,
+            Self::NatConfig => NAT_CONFIG,
+            Self::NatStats => NAT_STATS,
+            Self::PinLayout => PIN_LAYOUT,
+            Self::AyaLogs => AYA_LOGS,
+        }
+    }
+
+    /// The map called `name`, if the object has one.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    #[must_use]
+    pub const fn kind(self) -> MapKind {
+        match self {
+            Self::EchoConfig | Self::CtConfig | Self::NatConfig | Self::PinLayout => MapKind::Array,
+            Self::EchoStats | Self::CtStats | Self::NatStats => MapKind::PerCpuArray,
+            Self::CtMap | Self::RttPending | Self::NatMap => MapKind::LruHash,
+            Self::RttStats => MapKind::PerCpuHash,
+            Self::RttLosses => MapKind::Hash,
+            Self::AyaLogs => MapKind::RingBuf,
+        }
+    }
+
+    /// Key size in bytes (`u32` indices for arrays; 0 for the ring buffer).
+    #[must_use]
+    pub const fn key_size(self) -> u32 {
+        (match self {
+            Self::CtMap => size_of::<CtKey>(),
+            Self::NatMap => size_of::<NatKey>(),
+            Self::RttPending => size_of::<PendingKey>(),
+            Self::RttStats | Self::RttLosses => size_of::<RttKey>(),
+            Self::AyaLogs => 0,
+            _ => size_of::<u32>(),
+        }) as u32
+    }
+
+    /// Value size in bytes (per CPU for the per-CPU kinds; 0 for the ring
+    /// buffer).
+    #[must_use]
+    pub const fn value_size(self) -> u32 {
+        (match self {
+            Self::EchoStats
+            | Self::CtStats
+            | Self::NatStats
+            | Self::RttPending
+            | Self::RttLosses => size_of::<u64>(),
+            Self::EchoConfig => size_of::<EchoConfig>(),
+            Self::CtConfig => size_of::<CtConfig>(),
+            Self::NatConfig => size_of::<NatConfig>(),
+            Self::CtMap => size_of::<CtEntry>(),
+            Self::NatMap => size_of::<NatEntry>(),
+            Self::RttStats => size_of::<RttStats>(),
+            Self::PinLayout => size_of::<u32>(),
+            Self::AyaLogs => 0,
+        }) as u32
+    }
+}
+
+const ECHO_STATS: &str = "ECHO_STATS";
+const ECHO_CONFIG: &str = "ECHO_CONFIG";
+const CT_MAP: &str = "CT_MAP";
+const CT_CONFIG: &str = "CT_CONFIG";
+const CT_STATS: &str = "CT_STATS";
+const RTT_PENDING: &str = "RTT_PENDING";
+const RTT_STATS: &str = "RTT_STATS";
+const RTT_LOSSES: &str = "RTT_LOSSES";
+const NAT_MAP: &str = "NAT_MAP";
+const NAT_CONFIG: &str = "NAT_CONFIG";
+const NAT_STATS: &str = "NAT_STATS";
+const PIN_LAYOUT: &str = "PIN_LAYOUT";
+const AYA_LOGS: &str = "AYA_LOGS";
+
+/// The hook a program is written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgKind {
+    Xdp,
+    /// tc / tcx (`BPF_PROG_TYPE_SCHED_CLS`).
+    SchedClassifier,
+}
+
+/// Every program of the kernel object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgId {
+    /// The echo responder at XDP.
+    EchoXdp,
+    /// The echo responder at tc ingress.
+    EchoTc,
+    /// An `XDP_PASS` program for the far end of a veth: native-mode
+    /// `XDP_TX` on a veth only delivers when the peer has an XDP program.
+    XdpPass,
+    /// Tracking and RTT on the host side of the endpoint's veth: packets
+    /// from the endpoint (tc ingress there).
+    LxcIngress,
+    /// The same, packets to the endpoint (tc egress there).
+    LxcEgress,
+    /// Masquerade SNAT on the node's uplink, leaving.
+    NatEgress,
+    /// The reverse translation on the uplink, arriving.
+    NatIngress,
+}
+
+impl ProgId {
+    pub const ALL: [Self; 7] = [
+        Self::EchoXdp,
+        Self::EchoTc,
+        Self::XdpPass,
+        Self::LxcIngress,
+        Self::LxcEgress,
+        Self::NatEgress,
+        Self::NatIngress,
+    ];
+
+    /// The program's name in the object file.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::EchoXdp => "health_echo_xdp",
+            Self::EchoTc => "health_echo_tc",
+            Self::XdpPass => "health_xdp_pass",
+            Self::LxcIngress => "health_lxc_ingress",
+            Self::LxcEgress => "health_lxc_egress",
+            Self::NatEgress => "health_nat_egress",
+            Self::NatIngress => "health_nat_ingress",
+        }
+    }
+
+    #[must_use]
+    pub const fn kind(self) -> ProgKind {
+        match self {
+            Self::EchoXdp | Self::XdpPass => ProgKind::Xdp,
+            _ => ProgKind::SchedClassifier,
+        }
+    }
+}
+
+/// Indices into [`MapId::EchoStats`].
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EchoCounter {
@@ -73,7 +282,7 @@ impl EchoCounter {
     }
 }
 
-/// Responder configuration, the only entry of [`ECHO_CONFIG`].
+/// Responder configuration, the only entry of [`MapId::EchoConfig`].
 ///
 /// `addr` is the endpoint's IPv4 address in network byte order; all zeroes
 /// means "no address yet": every packet is passed.
@@ -88,3 +297,34 @@ const _: () = assert!(size_of::<EchoConfig>() == 4);
 // SAFETY: repr(C), no padding (asserted above), every bit pattern valid.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for EchoConfig {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_round_trip() {
+        for (i, a) in MapId::ALL.iter().enumerate() {
+            assert_eq!(MapId::from_name(a.name()), Some(*a));
+            for b in &MapId::ALL[i + 1..] {
+                assert_ne!(a.name(), b.name());
+            }
+        }
+        for (i, a) in ProgId::ALL.iter().enumerate() {
+            for b in &ProgId::ALL[i + 1..] {
+                assert_ne!(a.name(), b.name());
+            }
+        }
+        assert_eq!(MapId::from_name("NO_SUCH_MAP"), None);
+    }
+
+    #[test]
+    fn sizes_follow_the_shared_types() {
+        assert_eq!(MapId::CtMap.key_size() as usize, size_of::<CtKey>());
+        assert_eq!(MapId::RttStats.value_size() as usize, size_of::<RttStats>());
+        assert_eq!(MapId::EchoStats.key_size(), 4);
+        assert_eq!(MapId::AyaLogs.kind(), MapKind::RingBuf);
+        assert!(MapId::NatMap.kind().is_hash());
+        assert!(!MapId::NatConfig.kind().is_hash());
+    }
+}

@@ -13,8 +13,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use health_agent::{netlink::in_netns, netns::Netns, responder::remove_pins};
-use serde_json::Value;
+use health_agent::{
+    datapath::remove_pins,
+    endpoint::{EndpointView, lifecycle::State},
+    sys::{netlink::in_netns, netns::Netns},
+};
 
 use crate::{names, require_root};
 
@@ -40,7 +43,7 @@ impl AgentNode {
         fs::create_dir_all(&dir).expect("temp dir");
         let me = Self {
             endpoint_netns: names::unique("ep"),
-            pins: Path::new(health_agent::responder::BPFFS_ROOT).join(names::unique("pins")),
+            pins: Path::new(health_agent::datapath::BPFFS_ROOT).join(names::unique("pins")),
             node,
             dir,
             daemon: None,
@@ -128,6 +131,27 @@ impl AgentNode {
         child.wait().expect("wait for the daemon")
     }
 
+    /// Waits for the daemon to exit by itself, within `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.daemon.take().expect("daemon running");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the daemon did not exit within {timeout:?}; log:
+{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// `health-agent ARGS --socket <ours>`, returning the output.
     #[must_use]
     pub fn cli(&self, args: &[&str]) -> Output {
@@ -139,21 +163,22 @@ impl AgentNode {
             .expect("run health-agent")
     }
 
-    /// `endpoint list -o json`, or `None` while the socket does not answer.
+    /// `GET /v1/endpoints`, or `None` while the socket does not answer.
     #[must_use]
-    pub fn endpoints(&self) -> Option<Vec<Value>> {
-        let out = self.cli(&["endpoint", "list", "-o", "json"]);
-        out.status
-            .success()
-            .then(|| serde_json::from_slice(&out.stdout).expect("endpoint list is JSON"))
+    pub fn endpoints(&self) -> Option<Vec<EndpointView>> {
+        crate::api::call(&self.socket(), |c| async move { c.endpoints().await }).ok()
     }
 
     /// Waits until the endpoint is ready and `accept` holds; returns it.
-    pub fn wait_endpoint(&self, timeout: Duration, accept: impl Fn(&Value) -> bool) -> Value {
+    pub fn wait_endpoint(
+        &self,
+        timeout: Duration,
+        accept: impl Fn(&EndpointView) -> bool,
+    ) -> EndpointView {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(ep) = self.endpoints().and_then(|v| v.into_iter().next())
-                && ep["state"] == "ready"
+                && ep.state == Some(State::Ready)
                 && accept(&ep)
             {
                 return ep;

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use health_agent::{netlink::in_netns, netns::Netns};
+use health_agent::sys::{netlink::in_netns, netns::Netns};
 
 /// One IPv4 packet seen.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,9 @@ use std::{
 };
 
 use health_agent::{
-    netlink::in_netns, netns::Netns, probe::status::ClusterStatus, responder::remove_pins,
+    datapath::remove_pins,
+    probe::status::ClusterStatus,
+    sys::{netlink::in_netns, netns::Netns},
 };
 
 use crate::{agent::agent_binary, names, process, require_root};
@@ -80,6 +82,18 @@ impl ClusterNode {
         out.status
             .success()
             .then(|| serde_json::from_slice(&out.stdout).expect("status is JSON"))
+    }
+
+    /// `health-agent status` as the operator reads it (the table).
+    #[must_use]
+    pub fn status_text(&self) -> String {
+        Command::new(agent_binary())
+            .arg("status")
+            .arg("--socket")
+            .arg(self.socket())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
     }
 
     /// Sets the node's uplink up or down.
@@ -217,7 +231,7 @@ impl Cluster {
         ClusterNode {
             cidr: health_cidr(i),
             endpoint_netns: names::unique(&format!("{name}-ep")),
-            pins: Path::new(health_agent::responder::BPFFS_ROOT)
+            pins: Path::new(health_agent::datapath::BPFFS_ROOT)
                 .join(names::unique(&format!("{name}-pins"))),
             name,
             ns,
@@ -314,20 +328,16 @@ impl Cluster {
 
     /// Waits until every node's health endpoint is ready.
     pub fn wait_endpoints_ready(&self, timeout: Duration) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
         let deadline = Instant::now() + timeout;
         for node in &self.nodes {
             loop {
-                let eps: Option<Vec<serde_json::Value>> = rt
-                    .block_on(health_agent::api::client::get(
-                        &node.socket(),
-                        "/v1/endpoints",
-                    ))
-                    .ok();
-                if eps.is_some_and(|e| e.first().is_some_and(|ep| ep["state"] == "ready")) {
+                let eps =
+                    crate::api::call(&node.socket(), |c| async move { c.endpoints().await }).ok();
+                if eps.is_some_and(|e| {
+                    e.first().is_some_and(|ep| {
+                        ep.state == Some(health_agent::endpoint::lifecycle::State::Ready)
+                    })
+                }) {
                     break;
                 }
                 assert!(

@@ -9,7 +9,7 @@ use std::{
     os::fd::{FromRawFd as _, OwnedFd},
 };
 
-use health_agent::netns::Netns;
+use health_agent::sys::netns::Netns;
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;

@@ -1,4 +1,5 @@
-//! Fixtures for the integration tests and benchmarks: namespaces that play
+//! Fixtures shared by the integration tests (`tests/integration`) and the
+//! benchmarks and demo (the `health-lab` crate): namespaces that play
 //! nodes, packet builders with their own checksum code, a raw-socket pinger.
 //!
 //! Everything here runs as root and only ever addresses 198.18.0.0/15 inside
@@ -13,12 +14,9 @@
 )]
 
 pub mod agent;
-pub mod bench_datapath;
-pub mod bench_echo;
-pub mod blaster;
+pub mod api;
 pub mod capture;
 pub mod cluster;
-pub mod demo;
 pub mod faults;
 pub mod names;
 pub mod nat_setup;

@@ -33,12 +33,12 @@ pub fn is_stale(name: &str) -> bool {
 
 /// Removes namespaces under /run/netns left by test processes that died.
 pub fn sweep_stale_netns() {
-    let Ok(entries) = std::fs::read_dir(health_agent::netns::NETNS_RUN_DIR) else {
+    let Ok(entries) = std::fs::read_dir(health_agent::sys::netns::NETNS_RUN_DIR) else {
         return;
     };
     for entry in entries.flatten() {
         if entry.file_name().to_str().is_some_and(is_stale) {
-            let _ = health_agent::netns::Netns::at(entry.path()).delete();
+            let _ = health_agent::sys::netns::Netns::at(entry.path()).delete();
         }
     }
 }

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use health_agent::netns::Netns;
+use health_agent::sys::netns::Netns;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::packets::{Echo, verify_ipv4_icmp};

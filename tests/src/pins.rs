@@ -2,11 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
-use health_agent::responder::remove_pins;
+use health_agent::datapath::remove_pins;
 
 use crate::names;
 
-use health_agent::responder::BPFFS_ROOT as BPFFS;
+use health_agent::datapath::BPFFS_ROOT as BPFFS;
 
 pub struct PinDir {
     path: PathBuf,

@@ -6,7 +6,7 @@ use std::{
     process::Command,
 };
 
-use health_agent::netns::Netns;
+use health_agent::sys::netns::Netns;
 
 /// Makes `cmd` enter `ns` between fork and exec.
 pub fn enter<'a>(cmd: &'a mut Command, ns: &Netns) -> &'a mut Command {

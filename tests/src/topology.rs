@@ -5,7 +5,7 @@
 
 use std::{fs, net::Ipv4Addr, path::Path};
 
-use health_agent::{netlink::in_netns, netns::Netns};
+use health_agent::sys::{netlink::in_netns, netns::Netns};
 
 use crate::names;
 

@@ -2,7 +2,9 @@
 
 use std::{path::Path, process::Command};
 
-use crate::{cmd, pin::EbpfPin};
+use xtask::pin::EbpfPin;
+
+use crate::cmd;
 
 pub fn run(root: &Path, pin: &EbpfPin) -> anyhow::Result<()> {
     cmd::cargo(root, &["fmt", "--all", "--", "--check"])?;

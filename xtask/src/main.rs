@@ -10,13 +10,13 @@
 
 mod cmd;
 mod lint;
-mod pin;
 mod setup;
 
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use xtask::pin;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -190,7 +190,7 @@ fn lab(root: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
             "-p",
             "health-agent",
             "-p",
-            "health-tests",
+            "health-lab",
             "--bins",
         ],
     )?;

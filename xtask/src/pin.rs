@@ -1,7 +1,7 @@
 //! Reads `ebpf-toolchain.toml`, the one place that pins the kernel-side build.
 //!
-//! Shared by xtask and by `health-agent/build.rs` (through `#[path]`), so it
-//! depends on nothing but std. The file is a flat list of `key = "value"`
+//! Shared by xtask and by `health-agent/build.rs` (the xtask library), and
+//! written with std alone. The file is a flat list of `key = "value"`
 //! lines; anything else is an error naming the line.
 
 use std::{fmt, fs, path::Path};

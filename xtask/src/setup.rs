@@ -6,7 +6,9 @@ use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
-use crate::{cmd, pin::EbpfPin};
+use xtask::pin::EbpfPin;
+
+use crate::cmd;
 
 /// Debian packages the tests and tools use at run time.
 const RUNTIME_PACKAGES: &[&str] = &["iproute2", "etcd-server", "bpftool"];

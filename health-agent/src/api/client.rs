@@ -1,6 +1,10 @@
-//! A small client for the API socket.
+//! A typed client of the API socket: it owns the paths and decodes every
+//! answer into the server's own types.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use http_body_util::{BodyExt as _, Empty};
 use hyper::{Request, StatusCode, body::Bytes};
@@ -8,7 +12,8 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use tokio::net::UnixStream;
 
-use super::types::ApiError;
+use super::types::{ApiError, Healthz, NodesView, paths};
+use crate::{endpoint::EndpointView, probe::status::ClusterStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -30,33 +35,88 @@ pub enum ClientError {
     },
 }
 
-/// `GET path` on the socket, decoded from JSON.
-pub async fn get<T: DeserializeOwned>(socket: &Path, path: &str) -> Result<T, ClientError> {
-    call(socket, "GET", path).await
-}
-
-/// `PUT path` (no body) on the socket, decoded from JSON.
-pub async fn put<T: DeserializeOwned>(socket: &Path, path: &str) -> Result<T, ClientError> {
-    call(socket, "PUT", path).await
-}
-
-async fn call<T: DeserializeOwned>(
-    socket: &Path,
-    method: &str,
-    path: &str,
-) -> Result<T, ClientError> {
-    let (status, body) = request(socket, method, path).await?;
-    if !status.is_success() {
-        let message = serde_json::from_slice::<ApiError>(&body).map_or_else(
-            |_| String::from_utf8_lossy(&body).into_owned(),
-            |e| e.message,
-        );
-        return Err(ClientError::Api { status, message });
+impl ClientError {
+    /// The HTTP status of an error answer.
+    #[must_use]
+    pub const fn status(&self) -> Option<StatusCode> {
+        match self {
+            Self::Api { status, .. } => Some(*status),
+            _ => None,
+        }
     }
-    serde_json::from_slice(&body).map_err(|source| ClientError::Decode {
-        what: path.to_owned(),
-        source,
-    })
+}
+
+/// The agent's API on a unix socket.
+#[derive(Debug, Clone)]
+pub struct Client {
+    socket: PathBuf,
+}
+
+impl Client {
+    #[must_use]
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+        }
+    }
+
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `GET /v1/healthz`.
+    pub async fn healthz(&self) -> Result<Healthz, ClientError> {
+        self.call("GET", paths::HEALTHZ).await
+    }
+
+    /// `GET /v1/status`: the last published round.
+    pub async fn status(&self) -> Result<ClusterStatus, ClientError> {
+        self.call("GET", paths::STATUS).await
+    }
+
+    /// `PUT /v1/status/probe`: a fresh round within `timeout`.
+    pub async fn probe(&self, timeout: Duration) -> Result<ClusterStatus, ClientError> {
+        let path = format!("{}?timeout={}ms", paths::STATUS_PROBE, timeout.as_millis());
+        self.call("PUT", &path).await
+    }
+
+    /// `GET /v1/nodes`.
+    pub async fn nodes(&self) -> Result<NodesView, ClientError> {
+        self.call("GET", paths::NODES).await
+    }
+
+    /// `GET /v1/endpoints`.
+    pub async fn endpoints(&self) -> Result<Vec<EndpointView>, ClientError> {
+        self.call("GET", paths::ENDPOINTS).await
+    }
+
+    /// `GET /v1/endpoints/{id}`; `id` as given (the server checks it).
+    pub async fn endpoint(&self, id: &str) -> Result<EndpointView, ClientError> {
+        let path = paths::ENDPOINT.replace("{id}", id);
+        self.call("GET", &path).await
+    }
+
+    /// Any request, for paths and methods the typed calls do not cover
+    /// (and for tests of bad requests): the status and the raw body.
+    pub async fn raw(&self, method: &str, path: &str) -> Result<(StatusCode, Bytes), ClientError> {
+        request(&self.socket, method, path).await
+    }
+
+    async fn call<T: DeserializeOwned>(&self, method: &str, path: &str) -> Result<T, ClientError> {
+        let (status, body) = request(&self.socket, method, path).await?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<ApiError>(&body).map_or_else(
+                |_| String::from_utf8_lossy(&body).into_owned(),
+                |e| e.message,
+            );
+            return Err(ClientError::Api { status, message });
+        }
+        serde_json::from_slice(&body).map_err(|source| ClientError::Decode {
+            what: path.to_owned(),
+            source,
+        })
+    }
 }
 
 async fn request(
@@ -83,7 +143,10 @@ async fn request(
         .uri(path)
         .header("host", "health-agent")
         .body(Empty::<Bytes>::new())
-        .expect("a static request is valid");
+        .map_err(|e| ClientError::Api {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("invalid request {method} {path}: {e}"),
+        })?;
     let resp = sender.send_request(req).await.map_err(http)?;
     let status = resp.status();
     let body = resp.into_body().collect().await.map_err(http)?.to_bytes();

@@ -18,11 +18,14 @@ use axum::{
 };
 use tokio::net::UnixListener;
 
-use super::types::{ApiError, Healthz};
+use tokio_util::sync::CancellationToken;
+
+use super::types::{ApiError, Healthz, NodesView, paths};
 use crate::{
-    cluster::discovery::{NodesView, SharedNodes},
+    cluster::discovery::Nodes,
     endpoint::{EndpointView, SharedView, lifecycle},
     probe::{Prober, status::ClusterStatus},
+    supervisor::{Health, TaskState},
 };
 
 /// Longest deadline a `PUT /v1/status/probe` may ask for.
@@ -36,6 +39,8 @@ pub enum ServerError {
         path: PathBuf,
         source: io::Error,
     },
+    #[error("serving the API")]
+    Serve(#[source] io::Error),
 }
 
 /// What the handlers read: published views only, never locks held by work.
@@ -43,17 +48,28 @@ pub enum ServerError {
 pub struct ApiState {
     endpoint: SharedView,
     prober: Arc<Prober>,
-    nodes: SharedNodes,
+    nodes: Nodes,
+    tasks: Health,
+    degraded_for: Duration,
     started: Instant,
 }
 
 impl ApiState {
+    /// `degraded_for`: how long a task that failed shows as degraded.
     #[must_use]
-    pub fn new(endpoint: SharedView, prober: Arc<Prober>, nodes: SharedNodes) -> Self {
+    pub fn new(
+        endpoint: SharedView,
+        prober: Arc<Prober>,
+        nodes: Nodes,
+        tasks: Health,
+        degraded_for: Duration,
+    ) -> Self {
         Self {
             endpoint,
             prober,
             nodes,
+            tasks,
+            degraded_for,
             started: Instant::now(),
         }
     }
@@ -72,11 +88,8 @@ impl Drop for SocketGuard {
     }
 }
 
-/// Binds `path` (mode 0660) and serves the API on the current runtime.
-pub fn bind(
-    path: &Path,
-    state: ApiState,
-) -> Result<(SocketGuard, tokio::task::JoinHandle<()>), ServerError> {
+/// Binds `path` (mode 0660); the socket file goes when the guard drops.
+pub fn bind(path: &Path) -> Result<(SocketGuard, UnixListener), ServerError> {
     let io = |op, source| ServerError::Io {
         op,
         path: path.to_owned(),
@@ -91,23 +104,30 @@ pub fn bind(
     };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .map_err(|e| io("setting mode 0660 on", e))?;
-    let app = router(state);
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("API server stopped: {e}");
-        }
-    });
-    Ok((guard, task))
+    Ok((guard, listener))
+}
+
+/// Serves the API on `listener` until `shutdown`, then lets requests in
+/// flight finish.
+pub async fn serve(
+    listener: UnixListener,
+    state: ApiState,
+    shutdown: CancellationToken,
+) -> Result<(), ServerError> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .map_err(ServerError::Serve)
 }
 
 fn router(state: AppState) -> Router {
     Router::new()
-        .route("/v1/healthz", get(healthz))
-        .route("/v1/endpoints", get(endpoints))
-        .route("/v1/endpoints/{id}", get(endpoint))
-        .route("/v1/status", get(status))
-        .route("/v1/status/probe", put(probe))
-        .route("/v1/nodes", get(nodes))
+        .route(paths::HEALTHZ, get(healthz))
+        .route(paths::ENDPOINTS, get(endpoints))
+        .route(paths::ENDPOINT, get(endpoint))
+        .route(paths::STATUS, get(status))
+        .route(paths::STATUS_PROBE, put(probe))
+        .route(paths::NODES, get(nodes))
         .fallback(not_found)
         .with_state(state)
 }
@@ -133,15 +153,26 @@ fn current(state: &AppState) -> Option<EndpointView> {
 
 async fn healthz(State(state): State<AppState>) -> Json<Healthz> {
     let ep_state = current(&state).and_then(|v| v.state);
-    let label = match ep_state {
-        Some(lifecycle::State::Ready) => "ok".to_owned(),
-        Some(s) => format!("endpoint {s}"),
-        None => "starting".to_owned(),
+    let tasks = state.tasks.tasks(state.degraded_for);
+    let degraded: Vec<&str> = tasks
+        .iter()
+        .filter(|t| t.degraded && t.state != TaskState::Starting)
+        .map(|t| t.name.as_str())
+        .collect();
+    let label = if degraded.is_empty() {
+        match ep_state {
+            Some(lifecycle::State::Ready) => "ok".to_owned(),
+            Some(s) => format!("endpoint {s}"),
+            None => "starting".to_owned(),
+        }
+    } else {
+        format!("degraded: {}", degraded.join(", "))
     };
     Json(Healthz {
         state: label,
         uptime_seconds: state.started.elapsed().as_secs(),
         pid: std::process::id(),
+        tasks,
     })
 }
 
@@ -176,7 +207,7 @@ async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response 
         .filter(|p| !p.is_empty())
     {
         match pair.split_once('=') {
-            Some(("timeout", v)) => match crate::duration::parse(v) {
+            Some(("timeout", v)) => match crate::util::duration::parse(v) {
                 Ok(d) if d <= MAX_PROBE_DEADLINE => deadline = d,
                 Ok(_) => {
                     return error(
@@ -215,5 +246,5 @@ fn humanize(d: Duration) -> String {
 }
 
 async fn nodes(State(state): State<AppState>) -> Json<NodesView> {
-    Json(state.nodes.read().map(|v| v.clone()).unwrap_or_default())
+    Json(NodesView::new(state.nodes.current(), state.nodes.status()))
 }

@@ -1,14 +1,58 @@
-//! Request and response bodies.
+//! Request and response bodies, and the API's paths.
 
 use serde::{Deserialize, Serialize};
+
+use crate::{
+    cluster::{NodeSet, discovery::SourceStatus},
+    supervisor::TaskStatus,
+};
+
+/// The API's paths, for the server's routes and the client's calls.
+pub mod paths {
+    pub const HEALTHZ: &str = "/v1/healthz";
+    pub const ENDPOINTS: &str = "/v1/endpoints";
+    pub const ENDPOINT: &str = "/v1/endpoints/{id}";
+    pub const STATUS: &str = "/v1/status";
+    pub const STATUS_PROBE: &str = "/v1/status/probe";
+    pub const NODES: &str = "/v1/nodes";
+}
 
 /// `GET /v1/healthz`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Healthz {
-    /// `ok` once the endpoint is ready, otherwise what the agent is doing.
+    /// `ok` once the endpoint is ready and no task is degraded; otherwise
+    /// what the agent is doing (`starting`, `endpoint regenerating`) or
+    /// `degraded: <task>, ...`.
     pub state: String,
     pub uptime_seconds: u64,
     pub pid: u32,
+    /// The agent's supervised tasks.
+    #[serde(default)]
+    pub tasks: Vec<TaskStatus>,
+}
+
+/// `GET /v1/nodes`: the node set in use and how its source is doing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodesView {
+    /// `file:<path>`, `etcd:<endpoint><prefix>`, or `none`.
+    pub source: String,
+    pub nodes: NodeSet,
+    /// Why the latest update was rejected (the set above is the last good one).
+    pub error: Option<String>,
+    /// Epoch milliseconds of the last accepted update.
+    pub updated_ms: Option<u64>,
+}
+
+impl NodesView {
+    #[must_use]
+    pub fn new(nodes: NodeSet, status: SourceStatus) -> Self {
+        Self {
+            source: status.source,
+            nodes,
+            error: status.error,
+            updated_ms: status.updated_ms,
+        }
+    }
 }
 
 /// The body of every error response.

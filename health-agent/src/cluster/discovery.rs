@@ -1,6 +1,7 @@
-//! Where the node set comes from. Every source publishes whole node sets
-//! on a `watch` channel and keeps a view (source, last error) for the API;
-//! a bad update is reported and the last good set is kept.
+//! Where the node set comes from: the nodes file or etcd. A source
+//! publishes immutable [`NodeSet`] snapshots on a `watch` channel (the one
+//! copy every reader shares) and keeps its status (source, last error) for
+//! the API; a bad update is reported and the last good set is kept.
 
 use std::{
     path::PathBuf,
@@ -10,23 +11,90 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{NodeSet, nodes_file};
+use super::{
+    NodeSet,
+    etcd::{self, EtcdConfig, Registration},
+    nodes_file,
+};
+use crate::cluster::Node;
 
-/// What `GET /v1/nodes` shows.
+/// How the node set is doing: where it comes from and whether the latest
+/// update was taken (`GET /v1/nodes` adds the set itself).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodesView {
-    /// `file:<path>`, `etcd:<endpoints>`, or `none`.
+pub struct SourceStatus {
+    /// `file:<path>`, `etcd:<endpoint><prefix>`, or `none`.
     pub source: String,
-    pub nodes: NodeSet,
-    /// Why the latest update was rejected (the set above is the last good one).
+    /// Why the latest update was rejected (the set in use is the last good one).
     pub error: Option<String>,
     /// Epoch milliseconds of the last accepted update.
     pub updated_ms: Option<u64>,
 }
 
-pub type SharedNodes = Arc<RwLock<NodesView>>;
+/// The published node set and the status of its source.
+#[derive(Debug, Clone)]
+pub struct Nodes {
+    status: Arc<RwLock<SourceStatus>>,
+    tx: watch::Sender<NodeSet>,
+}
+
+impl Nodes {
+    /// An empty set from `source` (as [`NodeSource::describe`] names it).
+    #[must_use]
+    pub fn new(source: String) -> Self {
+        Self {
+            status: Arc::new(RwLock::new(SourceStatus {
+                source,
+                ..SourceStatus::default()
+            })),
+            tx: watch::Sender::new(NodeSet::default()),
+        }
+    }
+
+    /// The current snapshot (shared, not copied).
+    #[must_use]
+    pub fn current(&self) -> NodeSet {
+        self.tx.borrow().clone()
+    }
+
+    /// A receiver of every new snapshot.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<NodeSet> {
+        self.tx.subscribe()
+    }
+
+    #[must_use]
+    pub fn status(&self) -> SourceStatus {
+        self.status.read().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Records an accepted set and publishes it (readers are woken only
+    /// when it differs from the current one).
+    pub fn accept(&self, nodes: NodeSet) {
+        if let Ok(mut s) = self.status.write() {
+            s.error = None;
+            s.updated_ms = Some(now_ms());
+        }
+        self.tx.send_if_modified(|cur| {
+            if *cur == nodes {
+                false
+            } else {
+                *cur = nodes;
+                true
+            }
+        });
+    }
+
+    /// Records a rejected update; the last good set stays.
+    pub fn reject(&self, error: String) {
+        warn!("node set update rejected, keeping the last good set: {error}");
+        if let Ok(mut s) = self.status.write() {
+            s.error = Some(error);
+        }
+    }
+}
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -34,39 +102,9 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Records an accepted set and publishes it.
-pub fn accept(view: &SharedNodes, tx: &watch::Sender<NodeSet>, nodes: NodeSet) {
-    if let Ok(mut v) = view.write() {
-        v.nodes.clone_from(&nodes);
-        v.error = None;
-        v.updated_ms = Some(now_ms());
-    }
-    tx.send_if_modified(|cur| {
-        if *cur == nodes {
-            false
-        } else {
-            *cur = nodes;
-            true
-        }
-    });
-}
-
-/// Records a rejected update; the last good set stays.
-pub fn reject(view: &SharedNodes, error: String) {
-    warn!("node set update rejected, keeping the last good set: {error}");
-    if let Ok(mut v) = view.write() {
-        v.error = Some(error);
-    }
-}
-
 /// Watches the nodes file (polling its content every `poll`, which also
 /// catches editors that replace the file), publishing each valid version.
-pub async fn watch_file(
-    path: PathBuf,
-    poll: Duration,
-    view: SharedNodes,
-    tx: watch::Sender<NodeSet>,
-) {
+async fn watch_file(path: PathBuf, poll: Duration, nodes: Nodes) {
     let mut last: Option<String> = std::fs::read_to_string(&path).ok();
     loop {
         tokio::time::sleep(poll).await;
@@ -74,7 +112,7 @@ pub async fn watch_file(
             Ok(t) => t,
             Err(e) => {
                 if last.is_some() {
-                    reject(&view, format!("{}: cannot read: {e}", path.display()));
+                    nodes.reject(format!("{}: cannot read: {e}", path.display()));
                     last = None;
                 }
                 continue;
@@ -84,71 +122,67 @@ pub async fn watch_file(
             continue;
         }
         match nodes_file::parse(&path, &text) {
-            Ok(nodes) => {
-                info!(path = %path.display(), nodes = nodes.len(), "nodes file changed");
-                accept(&view, &tx, nodes);
+            Ok(set) => {
+                info!(path = %path.display(), nodes = set.len(), "nodes file changed");
+                nodes.accept(set);
             }
-            Err(e) => reject(&view, e.to_string()),
+            Err(e) => nodes.reject(e.to_string()),
         }
         last = Some(text);
     }
 }
 
-/// A source of node sets: the nodes file or etcd.
-pub trait NodeSource: Send + 'static {
+/// A source of node sets.
+#[derive(Debug, Clone)]
+pub enum NodeSource {
+    /// The watched nodes file.
+    File { path: PathBuf, poll: Duration },
+    /// etcd: this node registers under a lease; the prefix is watched.
+    Etcd {
+        cfg: EtcdConfig,
+        me: Node,
+        registration: Registration,
+    },
+    /// No discovery: the set stays empty.
+    None,
+}
+
+impl NodeSource {
     /// How `GET /v1/nodes` names the source.
-    fn describe(&self) -> String;
-    /// Publishes node sets on `tx` (and problems in `view`) until dropped.
-    fn run(
-        self: Box<Self>,
-        view: SharedNodes,
-        tx: watch::Sender<NodeSet>,
-    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
-}
-
-/// The watched nodes file.
-pub struct FileSource {
-    pub path: PathBuf,
-    pub poll: Duration,
-}
-
-impl NodeSource for FileSource {
-    fn describe(&self) -> String {
-        format!("file:{}", self.path.display())
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match self {
+            Self::File { path, .. } => format!("file:{}", path.display()),
+            Self::Etcd { cfg, .. } => format!("etcd:{}{}", cfg.endpoint, cfg.prefix),
+            Self::None => "none".into(),
+        }
     }
 
-    fn run(
-        self: Box<Self>,
-        view: SharedNodes,
-        tx: watch::Sender<NodeSet>,
-    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(watch_file(self.path, self.poll, view, tx))
-    }
-}
-
-/// etcd: register this node, list and watch the prefix.
-pub struct EtcdSource {
-    pub cfg: super::etcd::EtcdConfig,
-    pub me: super::Node,
-    pub registration: super::etcd::Registration,
-}
-
-impl NodeSource for EtcdSource {
-    fn describe(&self) -> String {
-        format!("etcd:{}{}", self.cfg.endpoint, self.cfg.prefix)
-    }
-
-    fn run(
-        self: Box<Self>,
-        view: SharedNodes,
-        tx: watch::Sender<NodeSet>,
-    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(super::etcd::run(
-            self.cfg,
-            self.me,
-            view,
-            tx,
-            self.registration,
-        ))
+    /// Publishes node sets on `nodes` until `shutdown`; an etcd member
+    /// leaves (revokes its lease) on the way out.
+    pub async fn run(&self, nodes: Nodes, shutdown: CancellationToken) {
+        match self {
+            Self::File { path, poll } => {
+                shutdown
+                    .run_until_cancelled(watch_file(path.clone(), *poll, nodes))
+                    .await;
+            }
+            Self::Etcd {
+                cfg,
+                me,
+                registration,
+            } => {
+                shutdown
+                    .run_until_cancelled(etcd::run(
+                        cfg.clone(),
+                        me.clone(),
+                        nodes,
+                        registration.clone(),
+                    ))
+                    .await;
+                etcd::deregister(&cfg.endpoint, registration).await;
+            }
+            Self::None => shutdown.cancelled().await,
+        }
     }
 }

@@ -13,13 +13,10 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::{Request, body::Bytes};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::{net::TcpStream, sync::watch};
+use tokio::net::TcpStream;
 use tracing::{info, warn};
 
-use super::{
-    Node, NodeSet,
-    discovery::{SharedNodes, accept, reject},
-};
+use super::{Node, NodeSet, discovery::Nodes};
 
 #[derive(Debug, Clone)]
 pub struct EtcdConfig {
@@ -60,8 +57,46 @@ pub enum EtcdError {
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The lease this agent registered under, for revocation at shutdown.
-pub type Registration = Arc<Mutex<Option<String>>>;
+/// An etcd lease ID (the JSON gateway writes the int64 as a string).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseId(i64);
+
+impl LeaseId {
+    fn parse(path: &str, text: &str) -> Result<Self, EtcdError> {
+        text.parse().map(Self).map_err(|_| EtcdError::Decode {
+            path: path.into(),
+            detail: format!("lease ID {text:?} is not an integer"),
+        })
+    }
+}
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The lease this agent is registered under, for revocation at shutdown.
+#[derive(Debug, Clone, Default)]
+pub struct Registration(Arc<Mutex<Option<LeaseId>>>);
+
+impl Registration {
+    fn set(&self, lease: LeaseId) {
+        if let Ok(mut r) = self.0.lock() {
+            *r = Some(lease);
+        }
+    }
+
+    fn take(&self) -> Option<LeaseId> {
+        self.0.lock().ok().and_then(|mut r| r.take())
+    }
+
+    /// The lease registered now, if any.
+    #[must_use]
+    pub fn current(&self) -> Option<LeaseId> {
+        self.0.lock().ok().and_then(|r| *r)
+    }
+}
 
 struct Client {
     endpoint: String,
@@ -159,7 +194,7 @@ fn str_field<'a>(v: &'a Value, path: &str, field: &str) -> Result<&'a str, EtcdE
 /// Decodes a range response into nodes; entries that do not parse are
 /// skipped with a warning naming their key.
 fn nodes_from_range(v: &Value) -> NodeSet {
-    let mut nodes: NodeSet = v["kvs"]
+    let mut nodes: Vec<Node> = v["kvs"]
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or_default()
@@ -174,28 +209,19 @@ fn nodes_from_range(v: &Value) -> NodeSet {
         .collect();
     nodes.sort();
     nodes.dedup_by(|a, b| a.name == b.name);
-    nodes
+    NodeSet::new(nodes).unwrap_or_default()
 }
 
 /// Keeps this agent registered and the node set in sync, forever.
-pub async fn run(
-    cfg: EtcdConfig,
-    me: Node,
-    view: SharedNodes,
-    tx: watch::Sender<NodeSet>,
-    registration: Registration,
-) {
+pub async fn run(cfg: EtcdConfig, me: Node, nodes: Nodes, registration: Registration) {
     let mut backoff = Duration::from_millis(200);
     loop {
-        let err = session(&cfg, &me, &view, &tx, &registration).await;
-        reject(
-            &view,
-            format!(
-                "etcd at {}: {}; probing the last known set",
-                cfg.endpoint,
-                crate::errors::chain(&err)
-            ),
-        );
+        let err = session(&cfg, &me, &nodes, &registration).await;
+        nodes.reject(format!(
+            "etcd at {}: {}; probing the last known set",
+            cfg.endpoint,
+            crate::util::errors::chain(&err)
+        ));
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(3));
     }
@@ -204,11 +230,10 @@ pub async fn run(
 async fn session(
     cfg: &EtcdConfig,
     me: &Node,
-    view: &SharedNodes,
-    tx: &watch::Sender<NodeSet>,
+    nodes: &Nodes,
     registration: &Registration,
 ) -> EtcdError {
-    match session_inner(cfg, me, view, tx, registration).await {
+    match session_inner(cfg, me, nodes, registration).await {
         Ok(never) => match never {},
         Err(e) => e,
     }
@@ -217,8 +242,7 @@ async fn session(
 async fn session_inner(
     cfg: &EtcdConfig,
     me: &Node,
-    view: &SharedNodes,
-    tx: &watch::Sender<NodeSet>,
+    nodes: &Nodes,
     registration: &Registration,
 ) -> Result<std::convert::Infallible, EtcdError> {
     let client = Client {
@@ -228,26 +252,27 @@ async fn session_inner(
     let grant = client
         .post("/v3/lease/grant", json!({ "TTL": ttl }))
         .await?;
-    let lease = str_field(&grant, "/v3/lease/grant", "ID")?.to_owned();
+    let lease = LeaseId::parse(
+        "/v3/lease/grant",
+        str_field(&grant, "/v3/lease/grant", "ID")?,
+    )?;
     let key = format!("{}{}", cfg.prefix, me.name);
     let value = serde_json::to_vec(me).unwrap_or_default();
     client
         .post(
             "/v3/kv/put",
-            json!({ "key": B64.encode(&key), "value": B64.encode(value), "lease": lease }),
+            json!({ "key": B64.encode(&key), "value": B64.encode(value), "lease": lease.to_string() }),
         )
         .await?;
-    if let Ok(mut r) = registration.lock() {
-        *r = Some(lease.clone());
-    }
-    info!(key, lease, "registered in etcd");
+    registration.set(lease);
+    info!(key, %lease, "registered in etcd");
     let range_req =
         json!({ "key": B64.encode(&cfg.prefix), "range_end": B64.encode(range_end(&cfg.prefix)) });
     let list = client.post("/v3/kv/range", range_req.clone()).await?;
     let revision: u64 = str_field(&list["header"], "/v3/kv/range", "revision")?
         .parse()
         .unwrap_or(0);
-    accept(view, tx, nodes_from_range(&list));
+    nodes.accept(nodes_from_range(&list));
 
     let watch_req = json!({ "create_request": {
         "key": B64.encode(&cfg.prefix),
@@ -260,7 +285,7 @@ async fn session_inner(
     loop {
         tokio::select! {
             _ = keepalive.tick() => {
-                let ka = client.post("/v3/lease/keepalive", json!({ "ID": lease })).await?;
+                let ka = client.post("/v3/lease/keepalive", json!({ "ID": lease.to_string() })).await?;
                 if ka["result"]["TTL"].as_str().is_none_or(|t| t == "0") {
                     return Err(EtcdError::LeaseExpired);
                 }
@@ -271,7 +296,7 @@ async fn session_inner(
                         // Any change under the prefix: re-list (simple and
                         // immune to partial event decoding).
                         let list = client.post("/v3/kv/range", range_req.clone()).await?;
-                        accept(view, tx, nodes_from_range(&list));
+                        nodes.accept(nodes_from_range(&list));
                     }
                     Some(Ok(_)) => {}
                     Some(Err(source)) => return Err(EtcdError::Http { endpoint: cfg.endpoint.clone(), source }),
@@ -284,18 +309,21 @@ async fn session_inner(
 
 /// Revokes this agent's lease (its key goes with it): a graceful leave.
 pub async fn deregister(endpoint: &str, registration: &Registration) {
-    let Some(lease) = registration.lock().ok().and_then(|mut r| r.take()) else {
+    let Some(lease) = registration.take() else {
         return;
     };
     let client = Client {
         endpoint: endpoint.to_owned(),
     };
     match client
-        .post("/v3/lease/revoke", json!({ "ID": lease }))
+        .post("/v3/lease/revoke", json!({ "ID": lease.to_string() }))
         .await
     {
-        Ok(_) => info!(lease, "left etcd (lease revoked)"),
-        Err(e) => warn!("revoking the etcd lease: {}", crate::errors::chain(&e)),
+        Ok(_) => info!(%lease, "left etcd (lease revoked)"),
+        Err(e) => warn!(
+            "revoking the etcd lease: {}",
+            crate::util::errors::chain(&e)
+        ),
     }
 }
 
@@ -318,6 +346,6 @@ mod tests {
         let nodes = nodes_from_range(&v);
         assert_eq!(nodes.len(), 1);
         assert_eq!(nodes[0].name, "n1");
-        assert_eq!(nodes_from_range(&json!({})), NodeSet::new());
+        assert_eq!(nodes_from_range(&json!({})), NodeSet::default());
     }
 }

@@ -16,7 +16,7 @@ use std::{collections::BTreeMap, fmt, net::Ipv4Addr, path::Path};
 use serde::Deserialize;
 
 use super::{Node, NodeSet};
-use crate::ipam::Ipv4Cidr;
+use crate::util::cidr::Ipv4Cidr;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct NodesFileError {
@@ -74,8 +74,10 @@ pub fn parse(path: &Path, text: &str) -> Result<NodeSet, NodesFileError> {
     };
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = Vec::with_capacity(file.nodes.len());
+    // Entry i starts at the i-th `name` key: one pass over the text.
+    let mut entry_lines = entry_lines(text);
     for (i, e) in file.nodes.into_iter().enumerate() {
-        let line = line_of_entry(text, i);
+        let line = entry_lines.next();
         if e.name.is_empty() {
             return Err(err(line, format!("node {}: field `name` is empty", i + 1)));
         }
@@ -136,8 +138,7 @@ pub fn parse(path: &Path, text: &str) -> Result<NodeSet, NodesFileError> {
             health_ip,
         });
     }
-    out.sort();
-    Ok(out)
+    NodeSet::new(out).map_err(|e| err(None, e.to_string()))
 }
 
 /// Reads and parses the file.
@@ -156,14 +157,13 @@ fn strip_location(msg: &str) -> String {
         .map_or_else(|| msg.to_owned(), |i| msg[..i].to_owned())
 }
 
-/// The line of the `index`-th entry (1-based): the line of its `name` key.
-/// serde reports semantic problems without positions, so entries are found
-/// by their name keys, in order.
-fn line_of_entry(text: &str, index: usize) -> Option<usize> {
+/// The lines (1-based) of the entries' `name` keys, in order: serde
+/// reports semantic problems without positions, so entries are found by
+/// their name keys.
+fn entry_lines(text: &str) -> impl Iterator<Item = usize> + '_ {
     text.lines()
         .enumerate()
         .filter(|(_, l)| is_name_key(l))
-        .nth(index)
         .map(|(n, _)| n + 1)
 }
 

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use tracing::{info, warn};
 
 use super::NodeSet;
-use crate::{errors::chain, netlink::in_netns};
+use crate::{sys::netlink::in_netns, util::errors::chain};
 
 #[derive(Debug, Default)]
 pub struct PeerRoutes {
@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn desired_routes_skip_the_local_node() {
-        let nodes = vec![node("a", 1), node("b", 2), node("c", 3)];
+        let nodes = NodeSet::new(vec![node("a", 1), node("b", 2), node("c", 3)]).expect("unique");
         let by_name = PeerRoutes::desired(&nodes, Some("a"), Ipv4Addr::UNSPECIFIED);
         assert_eq!(by_name.len(), 2);
         assert_eq!(

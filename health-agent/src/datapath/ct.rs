@@ -6,7 +6,7 @@ use aya::maps::HashMap;
 use health_common::{
     ct::{CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, IPPROTO_TCP, IPPROTO_UDP},
     headers::IPPROTO_ICMP,
-    maps::{CT_MAP, CT_STATS},
+    maps::MapId,
 };
 use serde::Serialize;
 
@@ -97,9 +97,9 @@ impl CtRow {
 
 /// Every entry of the pinned CT map, sorted.
 pub fn list(dir: &Path) -> Result<Vec<CtRow>, DatapathError> {
-    let map = open(dir, CT_MAP)?;
+    let map = open(dir, MapId::CtMap)?;
     let ct = HashMap::<_, CtKey, CtEntry>::try_from(&map).map_err(|source| DatapathError::Map {
-        name: CT_MAP,
+        map: MapId::CtMap,
         source,
     })?;
     let now = super::monotonic_ns()?;
@@ -124,16 +124,16 @@ pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
         .iter()
         .map(|c| (c.name(), *c as u32))
         .collect();
-    let mut out = super::maps::read_counters(dir, CT_STATS, &wanted)?;
+    let mut out = super::maps::read_counters(dir, MapId::CtStats, &wanted)?;
     let get = |name| out.iter().find(|(n, _)| *n == name).map_or(0, |(_, v)| *v);
     let (created, removed) = (
         get(CtCounter::Created.name()),
         get(CtCounter::Removed.name()),
     );
-    let map = open(dir, CT_MAP)?;
+    let map = open(dir, MapId::CtMap)?;
     let entries = HashMap::<_, CtKey, CtEntry>::try_from(&map)
         .map_err(|source| DatapathError::Map {
-            name: CT_MAP,
+            map: MapId::CtMap,
             source,
         })?
         .keys()
@@ -149,10 +149,10 @@ pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
 /// `removed` counter.
 pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
     let now = super::monotonic_ns()?;
-    let mut map = open(dir, CT_MAP)?;
+    let mut map = open(dir, MapId::CtMap)?;
     let mut ct =
         HashMap::<_, CtKey, CtEntry>::try_from(&mut map).map_err(|source| DatapathError::Map {
-            name: CT_MAP,
+            map: MapId::CtMap,
             source,
         })?;
     let expired: Vec<CtKey> = ct
@@ -168,7 +168,7 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
         }
     }
     if removed > 0 {
-        super::maps::add_to_counter(dir, CT_STATS, CtCounter::Removed as u32, removed)?;
+        super::maps::add_to_counter(dir, MapId::CtStats, CtCounter::Removed as u32, removed)?;
     }
     Ok(removed)
 }

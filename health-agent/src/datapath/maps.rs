@@ -1,23 +1,24 @@
-//! Opening the pinned maps, and the `bpf map list` view of all of them.
+//! Typed access to the pinned maps, through the registry in
+//! `health_common::maps` ([`MapId`]): opening, `bpf map list` (with
+//! pressure), `bpf map dump` and the per-CPU counters.
 
-use std::path::Path;
+use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
 
-use aya::maps::{
-    HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap, PerCpuValues,
-};
+use aya::maps::{Array, HashMap, Map, MapData, MapInfo, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use health_common::{
-    ct::{CtEntry, CtKey},
-    maps::ALL_MAPS,
-    nat::NatEntry,
+    ct::{CtConfig, CtEntry, CtKey},
+    maps::{EchoConfig, MapId, MapKind},
+    nat::{NatConfig, NatEntry},
     rtt::{PendingKey, RttKey, RttStats},
 };
 use serde::Serialize;
+use serde_json::{Value, json};
 
-use super::DatapathError;
+use super::{DatapathError, ct, nat, rtt, stats::read_pinned_stats};
 
-/// Opens the map pinned as `dir/name`.
-pub fn open(dir: &Path, name: &str) -> Result<Map, DatapathError> {
-    let path = dir.join(name);
+/// Opens the map pinned as `dir/<name>`.
+pub fn open(dir: &Path, id: MapId) -> Result<Map, DatapathError> {
+    let path = dir.join(id.name());
     let pinned = |source| DatapathError::Pinned {
         path: path.clone(),
         source,
@@ -26,43 +27,79 @@ pub fn open(dir: &Path, name: &str) -> Result<Map, DatapathError> {
     Map::from_map_data(data).map_err(pinned)
 }
 
-/// The configuration arrays (`ECHO_CONFIG`, `CT_CONFIG`, `NAT_CONFIG`), decoded.
-pub fn dump_config(dir: &Path, name: &'static str) -> Result<serde_json::Value, DatapathError> {
-    use aya::maps::Array;
-    use health_common::{ct::CtConfig, maps::EchoConfig};
-    let err = |source| DatapathError::Map { name, source };
-    let map = open(dir, name)?;
-    Ok(if name == "NAT_CONFIG" {
-        let c = Array::<_, health_common::nat::NatConfig>::try_from(&map)
-            .map_err(err)?
-            .get(&0, 0)
-            .map_err(err)?;
-        let ip = std::net::Ipv4Addr::from;
-        let prefix = |m: [u8; 4]| u32::from_be_bytes(m).count_ones();
-        serde_json::json!({
-            "enabled": c.enabled == 1,
-            "node_ip": ip(c.node_ip).to_string(),
-            "masqueraded_sources": format!("{}/{}", ip(c.src_net), prefix(c.src_mask)),
-            "health_range": format!("{}/{}", ip(c.exclude_net), prefix(c.exclude_mask)),
-            "port_min": c.port_min,
-            "port_max": c.port_max,
-        })
-    } else if name == "CT_CONFIG" {
-        let c = Array::<_, CtConfig>::try_from(&map)
-            .map_err(err)?
-            .get(&0, 0)
-            .map_err(err)?;
-        serde_json::json!({
-            "icmp_lifetime_s": c.icmp_s, "udp_lifetime_s": c.udp_s, "tcp_syn_lifetime_s": c.tcp_syn_s,
-            "tcp_established_lifetime_s": c.tcp_established_s, "tcp_closed_lifetime_s": c.tcp_closed_s,
-        })
-    } else {
-        let c = Array::<_, EchoConfig>::try_from(&map)
-            .map_err(err)?
-            .get(&0, 0)
-            .map_err(err)?;
-        serde_json::json!({ "endpoint_address": std::net::Ipv4Addr::from(c.addr).to_string() })
+/// Entry 0 of the configuration array `id`.
+fn config<T: aya::Pod>(dir: &Path, id: MapId) -> Result<T, DatapathError> {
+    let err = |source| DatapathError::Map { map: id, source };
+    let map = open(dir, id)?;
+    Array::<_, T>::try_from(&map)
+        .map_err(err)?
+        .get(&0, 0)
+        .map_err(err)
+}
+
+/// A configuration array, decoded for `bpf map dump`.
+fn dump_config(dir: &Path, id: MapId) -> Result<Value, DatapathError> {
+    let ip = Ipv4Addr::from;
+    let prefix = |m: [u8; 4]| u32::from_be_bytes(m).count_ones();
+    Ok(match id {
+        MapId::NatConfig => {
+            let c: NatConfig = config(dir, id)?;
+            json!({
+                "enabled": c.enabled == 1,
+                "node_ip": ip(c.node_ip).to_string(),
+                "masqueraded_sources": format!("{}/{}", ip(c.src_net), prefix(c.src_mask)),
+                "health_range": format!("{}/{}", ip(c.exclude_net), prefix(c.exclude_mask)),
+                "port_min": c.port_min,
+                "port_max": c.port_max,
+            })
+        }
+        MapId::CtConfig => {
+            let c: CtConfig = config(dir, id)?;
+            json!({
+                "icmp_lifetime_s": c.icmp_s, "udp_lifetime_s": c.udp_s, "tcp_syn_lifetime_s": c.tcp_syn_s,
+                "tcp_established_lifetime_s": c.tcp_established_s, "tcp_closed_lifetime_s": c.tcp_closed_s,
+            })
+        }
+        MapId::PinLayout => json!({ "layout_version": config::<u32>(dir, id)? }),
+        _ => {
+            let c: EchoConfig = config(dir, id)?;
+            json!({ "endpoint_address": ip(c.addr).to_string() })
+        }
     })
+}
+
+/// A map's content as JSON, decoded by what the map holds (`bpf map dump`).
+pub fn dump(dir: &Path, id: MapId) -> Result<Value, DatapathError> {
+    let json = |v: Result<Value, serde_json::Error>| {
+        v.map_err(|e| DatapathError::Encode {
+            map: id,
+            detail: e.to_string(),
+        })
+    };
+    let counters = |c: Vec<(&'static str, u64)>| json!(c.into_iter().collect::<BTreeMap<_, _>>());
+    match id {
+        MapId::CtMap => json(serde_json::to_value(ct::list(dir)?)),
+        MapId::RttStats | MapId::RttLosses => json(serde_json::to_value(rtt::list(dir)?)),
+        MapId::RttPending => json(serde_json::to_value(rtt::pending(dir)?)),
+        MapId::CtStats => Ok(counters(ct::counters(dir)?)),
+        MapId::NatMap => json(serde_json::to_value(nat::list(dir)?)),
+        MapId::NatStats => Ok(counters(nat::counters(dir)?)),
+        MapId::EchoStats => json(serde_json::to_value(read_pinned_stats(dir)?)),
+        MapId::EchoConfig | MapId::CtConfig | MapId::NatConfig | MapId::PinLayout => {
+            dump_config(dir, id)
+        }
+        MapId::AyaLogs => Err(DatapathError::NoDecoder { map: id }),
+    }
+}
+
+/// The maps `bpf map dump` decodes.
+#[must_use]
+pub fn dumpable() -> Vec<&'static str> {
+    MapId::ALL
+        .into_iter()
+        .filter(|m| *m != MapId::AyaLogs)
+        .map(MapId::name)
+        .collect()
 }
 
 /// One row of `bpf map list`.
@@ -80,8 +117,8 @@ pub struct MapRow {
 /// Every pinned map of the datapath in `dir` (missing ones are skipped).
 pub fn list(dir: &Path) -> Result<Vec<MapRow>, DatapathError> {
     let mut rows = Vec::new();
-    for name in ALL_MAPS {
-        let path = dir.join(name);
+    for id in MapId::ALL {
+        let path = dir.join(id.name());
         if !path.exists() {
             continue;
         }
@@ -89,10 +126,7 @@ pub fn list(dir: &Path) -> Result<Vec<MapRow>, DatapathError> {
             path: path.clone(),
             source,
         })?;
-        let kind = info
-            .map_type()
-            .map_or_else(|_| "unknown".to_owned(), |t| type_name(t).to_owned());
-        let entries = count(dir, name, &info)?;
+        let entries = count(dir, id, &info)?;
         #[allow(clippy::cast_precision_loss, reason = "a ratio for display")]
         let pressure = if info.max_entries() == 0 {
             0.0
@@ -100,8 +134,8 @@ pub fn list(dir: &Path) -> Result<Vec<MapRow>, DatapathError> {
             entries as f64 / f64::from(info.max_entries())
         };
         rows.push(MapRow {
-            name: name.to_owned(),
-            kind,
+            name: id.name().to_owned(),
+            kind: id.kind().name().to_owned(),
             entries,
             max_entries: info.max_entries(),
             pressure,
@@ -110,45 +144,38 @@ pub fn list(dir: &Path) -> Result<Vec<MapRow>, DatapathError> {
     Ok(rows)
 }
 
-fn type_name(t: MapType) -> &'static str {
-    match t {
-        MapType::Hash => "hash",
-        MapType::LruHash => "lru_hash",
-        MapType::Array => "array",
-        MapType::PerCpuArray => "percpu_array",
-        MapType::PerCpuHash => "percpu_hash",
-        MapType::RingBuf => "ringbuf",
-        _ => "other",
-    }
-}
-
 /// Entries in a map: every key of a hash map, every slot of an array (as
 /// bpftool dumps them); ring buffers hold no entries.
-fn count(dir: &Path, name: &'static str, info: &MapInfo) -> Result<u64, DatapathError> {
-    let err = |source| DatapathError::Map { name, source };
-    let map = open(dir, name)?;
-    let n = match (name, &map) {
-        (health_common::maps::NAT_MAP, _) => HashMap::<_, CtKey, NatEntry>::try_from(&map)
+fn count(dir: &Path, id: MapId, info: &MapInfo) -> Result<u64, DatapathError> {
+    let err = |source| DatapathError::Map { map: id, source };
+    if !id.kind().is_hash() {
+        return Ok(match id.kind() {
+            MapKind::RingBuf => 0,
+            _ => u64::from(info.max_entries()),
+        });
+    }
+    let map = open(dir, id)?;
+    let n = match id {
+        MapId::NatMap => HashMap::<_, CtKey, NatEntry>::try_from(&map)
             .map_err(err)?
             .keys()
             .count(),
-        (health_common::maps::CT_MAP, _) => HashMap::<_, CtKey, CtEntry>::try_from(&map)
+        MapId::CtMap => HashMap::<_, CtKey, CtEntry>::try_from(&map)
             .map_err(err)?
             .keys()
             .count(),
-        (health_common::maps::RTT_PENDING, _) => HashMap::<_, PendingKey, u64>::try_from(&map)
+        MapId::RttPending => HashMap::<_, PendingKey, u64>::try_from(&map)
             .map_err(err)?
             .keys()
             .count(),
-        (health_common::maps::RTT_LOSSES, _) => HashMap::<_, RttKey, u64>::try_from(&map)
+        MapId::RttLosses => HashMap::<_, RttKey, u64>::try_from(&map)
             .map_err(err)?
             .keys()
             .count(),
-        (health_common::maps::RTT_STATS, _) => PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map)
+        MapId::RttStats => PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map)
             .map_err(err)?
             .keys()
             .count(),
-        (_, Map::Array(_) | Map::PerCpuArray(_)) => info.max_entries() as usize,
         _ => 0,
     };
     Ok(n as u64)
@@ -157,10 +184,10 @@ fn count(dir: &Path, name: &'static str, info: &MapInfo) -> Result<u64, Datapath
 /// Per-CPU `u64` counters of array `map`, summed over the CPUs, by name.
 pub fn read_counters(
     dir: &Path,
-    map: &'static str,
+    map: MapId,
     wanted: &[(&'static str, u32)],
 ) -> Result<Vec<(&'static str, u64)>, DatapathError> {
-    let err = |source| DatapathError::Map { name: map, source };
+    let err = |source| DatapathError::Map { map, source };
     let opened = open(dir, map)?;
     let stats = PerCpuArray::<_, u64>::try_from(&opened).map_err(err)?;
     wanted
@@ -171,13 +198,8 @@ pub fn read_counters(
 
 /// Adds `n` to CPU 0's slot of counter `idx` in `map` (a counter only the
 /// agent writes, such as entries removed by its garbage collector).
-pub fn add_to_counter(
-    dir: &Path,
-    map: &'static str,
-    idx: u32,
-    n: u64,
-) -> Result<(), DatapathError> {
-    let err = |source| DatapathError::Map { name: map, source };
+pub fn add_to_counter(dir: &Path, map: MapId, idx: u32, n: u64) -> Result<(), DatapathError> {
+    let err = |source| DatapathError::Map { map, source };
     let mut opened = open(dir, map)?;
     let mut stats = PerCpuArray::<_, u64>::try_from(&mut opened).map_err(err)?;
     let mut values: Vec<u64> = stats.get(&idx, 0).map_err(err)?.iter().copied().collect();

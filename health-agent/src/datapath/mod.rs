@@ -1,30 +1,39 @@
-//! The datapath's pinned maps, read and maintained from user space: the CT
-//! table and its garbage collector, RTT statistics and the loss sweep, and
-//! a listing of every map. Everything works from the pins alone, so the
-//! `bpf` commands work while no agent runs.
+//! The datapath: the one kernel object (`health-ebpf`, embedded in the
+//! binary) and everything user space does with it.
+//!
+//! - [`Datapath`] loads the object with its maps pinned (pins carry a
+//!   layout version; an incompatible pin is replaced, never a reason not to
+//!   start), attaches the echo responder and CT/RTT on the endpoint's veth
+//!   and masquerade on the uplink, and hands programs to
+//!   `BPF_PROG_TEST_RUN`.
+//! - [`maps`], [`ct`], [`nat`], [`rtt`] read and maintain the pinned maps
+//!   through the registry of `health_common::maps`, from the pins alone, so
+//!   the `bpf` commands work while no agent runs.
+//! - [`maintenance`] is the node's long-lived datapath task: masquerade on
+//!   the uplink, the CT and NAT collectors, the RTT loss sweep.
 
 pub mod ct;
+mod error;
+mod interface;
+mod loader;
+pub mod maintenance;
 pub mod maps;
+pub mod masquerade;
+mod mode;
 pub mod nat;
+mod object;
+mod pins;
 pub mod rtt;
+mod stats;
 
-use std::path::PathBuf;
-
-#[derive(Debug, thiserror::Error)]
-pub enum DatapathError {
-    #[error("pinned map {path} (is the agent's --bpffs-dir right?)")]
-    Pinned {
-        path: PathBuf,
-        source: aya::maps::MapError,
-    },
-    #[error("map {name}")]
-    Map {
-        name: &'static str,
-        source: aya::maps::MapError,
-    },
-    #[error("reading the monotonic clock")]
-    Clock(#[source] nix::Error),
-}
+pub use self::{
+    error::DatapathError,
+    interface::Interface,
+    loader::Datapath,
+    mode::AttachMode,
+    pins::{BPFFS_ROOT, DEFAULT_PIN_DIR, ensure_pin_dir, recorded_layout, remove_pins},
+    stats::{EchoStats, read_pinned_stats},
+};
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> Result<u64, DatapathError> {

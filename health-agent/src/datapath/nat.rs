@@ -6,7 +6,7 @@ use std::{net::Ipv4Addr, path::Path};
 use aya::maps::{Array, HashMap, MapData};
 use health_common::{
     ct::{CtConfig, CtEntry, CtKey, DIR_IN, DIR_OUT, lifetime_s},
-    maps::{CT_CONFIG, CT_MAP, NAT_MAP, NAT_STATS},
+    maps::MapId,
     nat::{NatCounter, NatEntry, NatKey, ct_key_of, in_key, out_key_of},
 };
 use serde::Serialize;
@@ -73,14 +73,14 @@ fn nat_map(
     map: &mut aya::maps::Map,
 ) -> Result<HashMap<&mut MapData, NatKey, NatEntry>, DatapathError> {
     HashMap::try_from(map).map_err(|source| DatapathError::Map {
-        name: NAT_MAP,
+        map: MapId::NatMap,
         source,
     })
 }
 
 /// Every entry of the pinned NAT map, `OUT` before `IN`, sorted.
 pub fn list(dir: &Path) -> Result<Vec<NatRow>, DatapathError> {
-    let mut map = open(dir, NAT_MAP)?;
+    let mut map = open(dir, MapId::NatMap)?;
     let nat = nat_map(&mut map)?;
     let now = super::monotonic_ns()?;
     let mut rows: Vec<NatRow> = nat
@@ -103,7 +103,7 @@ pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
         .iter()
         .map(|c| (c.name(), *c as u32))
         .collect();
-    super::maps::read_counters(dir, NAT_STATS, &wanted)
+    super::maps::read_counters(dir, MapId::NatStats, &wanted)
 }
 
 /// Whether the pair of a flow may go, given its connection-tracking entry
@@ -133,21 +133,21 @@ pub fn collectable(
 pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
     let now = super::monotonic_ns()?;
     let cfg = {
-        let map = open(dir, CT_CONFIG)?;
+        let map = open(dir, MapId::CtConfig)?;
         Array::<_, CtConfig>::try_from(&map)
             .and_then(|a| a.get(&0, 0))
             .map_err(|source| DatapathError::Map {
-                name: CT_CONFIG,
+                map: MapId::CtConfig,
                 source,
             })?
     };
-    let ct_map = open(dir, CT_MAP)?;
+    let ct_map = open(dir, MapId::CtMap)?;
     let ct =
         HashMap::<_, CtKey, CtEntry>::try_from(&ct_map).map_err(|source| DatapathError::Map {
-            name: CT_MAP,
+            map: MapId::CtMap,
             source,
         })?;
-    let mut map = open(dir, NAT_MAP)?;
+    let mut map = open(dir, MapId::NatMap)?;
     let mut nat = nat_map(&mut map)?;
     let entries: Vec<(NatKey, NatEntry)> = nat.iter().filter_map(Result::ok).collect();
     let mut doomed = Vec::new();
@@ -176,7 +176,7 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
         }
     }
     if removed > 0 {
-        super::maps::add_to_counter(dir, NAT_STATS, NatCounter::Removed as u32, removed)?;
+        super::maps::add_to_counter(dir, MapId::NatStats, NatCounter::Removed as u32, removed)?;
     }
     Ok(removed)
 }

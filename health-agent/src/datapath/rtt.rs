@@ -4,7 +4,7 @@ use std::{net::Ipv4Addr, path::Path, time::Duration};
 
 use aya::maps::{HashMap, PerCpuHashMap};
 use health_common::{
-    maps::{RTT_LOSSES, RTT_PENDING, RTT_STATS},
+    maps::MapId,
     rtt::{PendingKey, RttKey, RttStats},
 };
 use serde::Serialize;
@@ -30,19 +30,19 @@ pub struct RttRow {
 
 fn stats_map_err(source: aya::maps::MapError) -> DatapathError {
     DatapathError::Map {
-        name: RTT_STATS,
+        map: MapId::RttStats,
         source,
     }
 }
 
 /// Per-peer statistics merged over CPUs, with losses; sorted.
 pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
-    let map = open(dir, RTT_STATS)?;
+    let map = open(dir, MapId::RttStats)?;
     let stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map).map_err(stats_map_err)?;
-    let losses_map = open(dir, RTT_LOSSES)?;
+    let losses_map = open(dir, MapId::RttLosses)?;
     let losses =
         HashMap::<_, RttKey, u64>::try_from(&losses_map).map_err(|source| DatapathError::Map {
-            name: RTT_LOSSES,
+            map: MapId::RttLosses,
             source,
         })?;
     let mut keys: Vec<RttKey> = stats.keys().filter_map(Result::ok).collect();
@@ -81,9 +81,9 @@ pub struct PendingRow {
 
 /// The pending requests.
 pub fn pending(dir: &Path) -> Result<Vec<PendingRow>, DatapathError> {
-    let map = open(dir, RTT_PENDING)?;
+    let map = open(dir, MapId::RttPending)?;
     let p = HashMap::<_, PendingKey, u64>::try_from(&map).map_err(|source| DatapathError::Map {
-        name: RTT_PENDING,
+        map: MapId::RttPending,
         source,
     })?;
     Ok(p.iter()
@@ -108,7 +108,7 @@ impl KernelRtt {
     /// `None` when the map is not pinned in `dir` (no datapath loaded).
     #[must_use]
     pub fn open(dir: &Path) -> Option<Self> {
-        open(dir, RTT_STATS).ok().map(|map| Self { map })
+        open(dir, MapId::RttStats).ok().map(|map| Self { map })
     }
 
     /// The last sample for `peer`/`proto` taken at or after `since_ns`
@@ -144,11 +144,11 @@ fn merged<T: std::borrow::Borrow<aya::maps::MapData>>(
 pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
     let now = super::monotonic_ns()?;
     let cutoff = now.saturating_sub(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
-    let mut pending_map = open(dir, RTT_PENDING)?;
+    let mut pending_map = open(dir, MapId::RttPending)?;
     let mut pending =
         HashMap::<_, PendingKey, u64>::try_from(&mut pending_map).map_err(|source| {
             DatapathError::Map {
-                name: RTT_PENDING,
+                map: MapId::RttPending,
                 source,
             }
         })?;
@@ -161,10 +161,10 @@ pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
     if lost.is_empty() {
         return Ok(0);
     }
-    let mut losses_map = open(dir, RTT_LOSSES)?;
+    let mut losses_map = open(dir, MapId::RttLosses)?;
     let mut losses = HashMap::<_, RttKey, u64>::try_from(&mut losses_map).map_err(|source| {
         DatapathError::Map {
-            name: RTT_LOSSES,
+            map: MapId::RttLosses,
             source,
         }
     })?;
@@ -182,7 +182,7 @@ pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
         losses
             .insert(&key, &(so_far + 1), 0)
             .map_err(|source| DatapathError::Map {
-                name: RTT_LOSSES,
+                map: MapId::RttLosses,
                 source,
             })?;
         n += 1;

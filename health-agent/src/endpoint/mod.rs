@@ -2,6 +2,8 @@
 //! `lxc_health` veth, an address from the health CIDR, endpoint ID and the
 //! reserved identity 4, walked through Cilium's endpoint lifecycle.
 
+pub mod controller;
+pub mod ipam;
 pub mod lifecycle;
 pub mod plumbing;
 pub mod record;
@@ -15,6 +17,7 @@ use std::{
     time::Duration,
 };
 
+use health_common::maps::ProgId;
 use tracing::{info, warn};
 
 pub use self::view::{EndpointView, SharedView};
@@ -24,11 +27,12 @@ use self::{
     record::{EndpointRecord, RecordError, new_endpoint_id},
 };
 use crate::{
-    errors::chain,
-    ipam::{IpamError, Ipv4Cidr, allocate},
-    netlink::{NetlinkError, in_netns},
-    netns::{Netns, NetnsError},
-    responder::{AttachMode, Interface, Responder, ResponderError, remove_pins},
+    datapath::{AttachMode, Datapath, DatapathError, Interface},
+    endpoint::ipam::{IpamError, allocate},
+    sys::netlink::{NetlinkError, in_netns},
+    sys::netns::{Netns, NetnsError},
+    util::cidr::Ipv4Cidr,
+    util::errors::chain,
 };
 
 /// What the endpoint is made from.
@@ -40,11 +44,10 @@ pub struct EndpointConfig {
     pub ep_iface: String,
     pub state_dir: PathBuf,
     pub pin_dir: PathBuf,
+    /// Attach mode of the echo responder.
     pub mode: AttachMode,
-    /// Connection-tracking lifetimes for the programs on the host interface.
-    pub ct: health_common::ct::CtConfig,
-    /// Masquerade on the node's uplink (`None`: routed mode).
-    pub masquerade: Option<crate::masquerade::Masquerade>,
+    /// On shutdown, leave namespace, veth and record for the next agent.
+    pub keep: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +59,7 @@ pub enum EndpointError {
     #[error("endpoint plumbing")]
     Plumbing(#[from] PlumbingError),
     #[error("endpoint datapath")]
-    Responder(#[source] Box<ResponderError>),
+    Datapath(#[source] Box<DatapathError>),
     #[error(transparent)]
     Netns(#[from] NetnsError),
     #[error(transparent)]
@@ -65,16 +68,16 @@ pub enum EndpointError {
     Transition(#[from] InvalidTransition),
 }
 
-impl From<ResponderError> for EndpointError {
-    fn from(e: ResponderError) -> Self {
-        Self::Responder(Box::new(e))
+impl From<DatapathError> for EndpointError {
+    fn from(e: DatapathError) -> Self {
+        Self::Datapath(Box::new(e))
     }
 }
 
 /// What a controller run found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ControllerRun {
-    pub missing: Vec<String>,
+    pub missing: Vec<Missing>,
     pub repaired: bool,
     /// The namespace itself was recreated: whatever was bound inside the
     /// old one (the endpoint's :4240 responder) must be bound again.
@@ -88,7 +91,8 @@ pub struct Endpoint {
     plan: Plan,
     lifecycle: Lifecycle,
     repairs: u64,
-    responder: Option<Responder>,
+    /// The echo and tracking programs, attached.
+    datapath: Option<Datapath>,
     /// Index of the endpoint interface the responder was attached to.
     attached_to: Option<u32>,
     shared: SharedView,
@@ -148,7 +152,7 @@ impl Endpoint {
             plan,
             lifecycle,
             repairs: 0,
-            responder: None,
+            datapath: None,
             attached_to: None,
             shared,
             echo_seq: 0,
@@ -175,11 +179,10 @@ impl Endpoint {
                     "creating the endpoint failed, removing what was made: {}",
                     chain(&e)
                 );
-                ep.responder = None;
+                ep.datapath = None;
                 if let Err(c) = plumbing::remove(&ep.plan) {
                     warn!("cleanup after the failure: {}", chain(&c));
                 }
-                let _ = remove_pins(&ep.cfg.pin_dir);
             }
             return Err(e);
         }
@@ -210,25 +213,26 @@ impl Endpoint {
         Ok(made)
     }
 
+    /// Attaches the echo responder (on the endpoint's side of the veth)
+    /// and CT/RTT (on the host side); the maps are the node's, shared
+    /// through the pins.
     fn attach(&mut self) -> Result<(), EndpointError> {
-        // Drop the old links first: one responder per interface.
-        self.responder = None;
-        let mut r = Responder::load(&self.cfg.pin_dir)?;
-        r.set_address(self.record.ipv4)?;
+        // Drop the old links first: one program of each per interface.
+        self.datapath = None;
+        let mut programs = vec![ProgId::LxcIngress, ProgId::LxcEgress];
+        programs.extend(match self.cfg.mode {
+            AttachMode::Tcx => &[ProgId::EchoTc][..],
+            AttachMode::XdpNative => &[ProgId::EchoXdp, ProgId::XdpPass][..],
+            AttachMode::XdpGeneric => &[ProgId::EchoXdp][..],
+        });
+        let mut d = Datapath::load_programs(&self.cfg.pin_dir, &programs)?;
+        d.set_echo_address(self.record.ipv4)?;
         let iface = Interface::new(self.cfg.ep_iface.clone(), Some(self.plan.netns.clone()));
         let peer = Interface::new(self.cfg.host_iface.clone(), None);
-        r.attach(&iface, self.cfg.mode, Some(&peer))?;
-        r.set_ct_config(self.cfg.ct)?;
-        r.attach_tracking(&peer)?;
-        // Always written: pins reused from a masquerading run must not keep
-        // translating after a switch to routed mode.
-        let nat = self.cfg.masquerade.as_ref();
-        r.set_nat_config(nat.map(|m| m.config).unwrap_or_default())?;
-        if let Some(m) = nat {
-            r.attach_nat(&Interface::new(m.uplink.clone(), None))?;
-        }
+        d.attach_echo(&iface, self.cfg.mode, Some(&peer))?;
+        d.attach_tracking(&peer)?;
         self.attached_to = self.ep_index()?;
-        self.responder = Some(r);
+        self.datapath = Some(d);
         Ok(())
     }
 
@@ -250,26 +254,30 @@ impl Endpoint {
         &mut self,
         echo_timeout: Duration,
     ) -> Result<ControllerRun, EndpointError> {
-        let found = plumbing::inspect(&self.plan)?;
-        let namespace_recreated = found.contains(&Missing::Namespace);
-        let mut missing: Vec<String> = found.iter().map(|m| m.as_str().to_owned()).collect();
+        let mut missing = plumbing::inspect(&self.plan)?;
+        let namespace_recreated = missing.contains(&Missing::Namespace);
         if missing.is_empty() && self.ep_index()? != self.attached_to {
-            missing.push("programs".into());
+            missing.push(Missing::Programs);
         }
         if missing.is_empty() {
             self.echo_seq = self.echo_seq.wrapping_add(1);
-            let answered = crate::icmp::echo(self.record.ipv4, 0x4845, self.echo_seq, echo_timeout)
-                .map_err(|e| warn!("echo check: {e}"))
-                .ok()
-                .flatten();
+            let answered =
+                crate::sys::icmp::echo(self.record.ipv4, 0x4845, self.echo_seq, echo_timeout)
+                    .map_err(|e| warn!("echo check: {e}"))
+                    .ok()
+                    .flatten();
             if answered.is_none() {
-                missing.push("echo reply".into());
+                missing.push(Missing::EchoReply);
             }
         }
         if missing.is_empty() {
             return Ok(ControllerRun::default());
         }
-        let what = missing.join(", ");
+        let what = missing
+            .iter()
+            .map(|m| m.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
         warn!(missing = %what, "endpoint needs repair");
         self.transition(
             State::WaitingToRegenerate,
@@ -289,17 +297,17 @@ impl Endpoint {
         })
     }
 
-    /// Deletes the endpoint (disconnecting -> disconnected). With `keep`,
-    /// the namespace, veth, pins and record stay for the next agent, which
-    /// restores them; the programs detach when this process exits.
-    pub fn shutdown(&mut self, keep: bool, reason: &str) -> Result<(), EndpointError> {
+    /// Deletes the endpoint (disconnecting -> disconnected). With `keep`
+    /// in its configuration, the namespace, veth and record stay for the
+    /// next agent, which restores them; the programs detach now.
+    pub fn shutdown(&mut self, reason: &str) -> Result<(), EndpointError> {
+        let keep = self.cfg.keep;
         self.transition(State::Disconnecting, reason.to_owned())?;
-        self.responder = None;
+        self.datapath = None;
         if keep {
             info!("keeping the endpoint for the next agent (--keep-endpoint)");
         } else {
             plumbing::remove(&self.plan)?;
-            remove_pins(&self.cfg.pin_dir)?;
             EndpointRecord::remove(&self.cfg.state_dir)?;
         }
         self.transition(

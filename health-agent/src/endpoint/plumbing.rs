@@ -17,9 +17,9 @@
 use std::net::Ipv4Addr;
 
 use crate::{
-    ipam::Ipv4Cidr,
-    netlink::{NetlinkError, in_netns},
-    netns::{Netns, NetnsError},
+    sys::netlink::{NetlinkError, in_netns},
+    sys::netns::{Netns, NetnsError},
+    util::cidr::Ipv4Cidr,
 };
 
 /// Everything that describes the endpoint's plumbing.
@@ -62,6 +62,10 @@ pub enum Missing {
     HostRoute,
     DefaultRoute,
     RouterNeighbour,
+    /// The programs are not attached to the endpoint's interface as it is now.
+    Programs,
+    /// Everything is in place but the endpoint does not answer an echo.
+    EchoReply,
 }
 
 impl Missing {
@@ -75,6 +79,8 @@ impl Missing {
             Self::HostRoute => "host route",
             Self::DefaultRoute => "default route",
             Self::RouterNeighbour => "router neighbour",
+            Self::Programs => "programs",
+            Self::EchoReply => "echo reply",
         }
     }
 }

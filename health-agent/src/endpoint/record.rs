@@ -9,7 +9,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::Ipv4Cidr;
+use crate::util::cidr::Ipv4Cidr;
 
 pub const FILE_NAME: &str = "endpoint.json";
 

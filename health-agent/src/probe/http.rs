@@ -11,8 +11,11 @@ use tokio::{
     net::TcpStream,
 };
 
-use super::path::{Outcome, RttSource};
-use crate::netns::Netns;
+use super::{
+    error::{ProbeError, Proto},
+    path::{Outcome, RttSource},
+};
+use crate::sys::netns::Netns;
 
 pub const HEALTH_PORT: u16 = 4240;
 
@@ -21,7 +24,10 @@ pub async fn probe(ip: Ipv4Addr, port: u16, timeout: Duration, from: Option<&Net
     match tokio::time::timeout(timeout, exchange(ip, port, from)).await {
         Ok(Ok((status, rtt))) => classify(status, rtt),
         Ok(Err(e)) => Outcome::Failed(e),
-        Err(_) => Outcome::Failed(format!("no HTTP answer within {} ms", timeout.as_millis())),
+        Err(_) => Outcome::Failed(ProbeError::Timeout {
+            proto: Proto::Http,
+            after: timeout,
+        }),
     }
 }
 
@@ -37,12 +43,12 @@ fn classify(status: u16, rtt: Duration) -> Outcome {
             warning: Some(format!("HTTP {status} (redirect)")),
             source: RttSource::Userspace,
         },
-        _ => Outcome::Failed(format!("HTTP {status}")),
+        _ => Outcome::Failed(ProbeError::HttpStatus(status)),
     }
 }
 
 /// A TCP socket created in `from` (sockets keep their namespace for life).
-fn socket_in(from: Option<&Netns>) -> Result<tokio::net::TcpSocket, String> {
+fn socket_in(from: Option<&Netns>) -> Result<tokio::net::TcpSocket, ProbeError> {
     let make = || {
         let s = socket2::Socket::new(
             socket2::Domain::IPV4,
@@ -52,9 +58,9 @@ fn socket_in(from: Option<&Netns>) -> Result<tokio::net::TcpSocket, String> {
         s.set_nonblocking(true)?;
         Ok::<_, std::io::Error>(s)
     };
-    let sock = crate::netns::run_in(from, make)
-        .map_err(|e| format!("entering the probe namespace: {e}"))?
-        .map_err(|e| format!("socket: {e}"))?;
+    let sock = crate::sys::netns::run_in(from, make)
+        .map_err(|e| ProbeError::Namespace(format!("entering the probe namespace: {e}")))?
+        .map_err(|e| ProbeError::io("socket", &e))?;
     Ok(tokio::net::TcpSocket::from_std_stream(sock.into()))
 }
 
@@ -62,49 +68,54 @@ async fn exchange(
     ip: Ipv4Addr,
     port: u16,
     from: Option<&Netns>,
-) -> Result<(u16, Duration), String> {
+) -> Result<(u16, Duration), ProbeError> {
     let socket = socket_in(from)?;
     let start = Instant::now();
     let mut stream: TcpStream = socket
         .connect(SocketAddrV4::new(ip, port).into())
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| ProbeError::io("connect", &e))?;
     let req = format!(
         "GET /hello HTTP/1.1\r\nHost: {ip}:{port}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
     );
     stream
         .write_all(req.as_bytes())
         .await
-        .map_err(|e| format!("send: {e}"))?;
+        .map_err(|e| ProbeError::io("send", &e))?;
     let mut buf = [0u8; 512];
     let mut len = 0;
     while !buf[..len].windows(2).any(|w| w == b"\r\n") {
         let n = stream
             .read(&mut buf[len..])
             .await
-            .map_err(|e| format!("receive: {e}"))?;
+            .map_err(|e| ProbeError::io("receive", &e))?;
         if n == 0 {
-            return Err("connection closed before a status line".into());
+            return Err(ProbeError::Protocol(
+                "connection closed before a status line".into(),
+            ));
         }
         len += n;
         if len == buf.len() {
-            return Err("status line too long".into());
+            return Err(ProbeError::Protocol("status line too long".into()));
         }
     }
     let rtt = start.elapsed();
     parse_status(&buf[..len]).map(|s| (s, rtt))
 }
 
-fn parse_status(head: &[u8]) -> Result<u16, String> {
+fn parse_status(head: &[u8]) -> Result<u16, ProbeError> {
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
-    let text = std::str::from_utf8(line).map_err(|_| "status line is not text".to_owned())?;
+    let text = std::str::from_utf8(line)
+        .map_err(|_| ProbeError::Protocol("status line is not text".into()))?;
     let mut parts = text.split(' ');
     match (
         parts.next(),
         parts.next().and_then(|c| c.parse::<u16>().ok()),
     ) {
         (Some(v), Some(code)) if v.starts_with("HTTP/1.") => Ok(code),
-        _ => Err(format!("not an HTTP status line: {text:?}")),
+        _ => Err(ProbeError::Protocol(format!(
+            "not an HTTP status line: {text:?}"
+        ))),
     }
 }
 
@@ -130,8 +141,14 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(classify(404, rtt), Outcome::Failed("HTTP 404".into()));
-        assert_eq!(classify(500, rtt), Outcome::Failed("HTTP 500".into()));
+        assert_eq!(
+            classify(404, rtt),
+            Outcome::Failed(ProbeError::HttpStatus(404))
+        );
+        assert_eq!(
+            classify(500, rtt),
+            Outcome::Failed(ProbeError::HttpStatus(500))
+        );
     }
 
     #[test]

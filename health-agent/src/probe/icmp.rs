@@ -15,7 +15,8 @@ use std::{
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::icmp::{echo_request, parse_reply};
+use super::error::{ProbeError, Proto};
+use crate::sys::icmp::{echo_request, parse_reply};
 use tokio::{io::unix::AsyncFd, sync::oneshot};
 
 type Pending = Arc<Mutex<HashMap<(Ipv4Addr, u16), oneshot::Sender<Instant>>>>;
@@ -37,8 +38,8 @@ impl Drop for IcmpProber {
 impl IcmpProber {
     /// Opens the socket in `netns` (the caller's when `None`); needs a
     /// tokio runtime.
-    pub fn new(netns: Option<&crate::netns::Netns>) -> io::Result<Self> {
-        let sock = crate::netns::run_in(netns, || {
+    pub fn new(netns: Option<&crate::sys::netns::Netns>) -> io::Result<Self> {
+        let sock = crate::sys::netns::run_in(netns, || {
             Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))
         })
         .map_err(io::Error::other)??;
@@ -62,13 +63,13 @@ impl IcmpProber {
         })
     }
 
-    /// One echo exchange with `dst`; `Err` carries the reason as text.
-    pub async fn echo(&self, dst: Ipv4Addr, timeout: Duration) -> Result<Duration, String> {
+    /// One echo exchange with `dst`.
+    pub async fn echo(&self, dst: Ipv4Addr, timeout: Duration) -> Result<Duration, ProbeError> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending
             .lock()
-            .map_err(|_| "ICMP state poisoned")?
+            .map_err(|_| ProbeError::ReceiverStopped)?
             .insert((dst, seq), tx);
         let request = echo_request(self.identifier, seq);
         let start = Instant::now();
@@ -86,11 +87,14 @@ impl IcmpProber {
             }
         };
         let result = match sent {
-            Err(e) => Err(format!("sending echo request: {e}")),
+            Err(e) => Err(ProbeError::io("sending echo request", &e)),
             Ok(_) => match tokio::time::timeout(timeout, rx).await {
                 Ok(Ok(at)) => Ok(at.saturating_duration_since(start)),
-                Ok(Err(_)) => Err("ICMP receiver stopped".into()),
-                Err(_) => Err(format!("no echo reply within {} ms", timeout.as_millis())),
+                Ok(Err(_)) => Err(ProbeError::ReceiverStopped),
+                Err(_) => Err(ProbeError::Timeout {
+                    proto: Proto::Icmp,
+                    after: timeout,
+                }),
             },
         };
         if let Ok(mut p) = self.pending.lock() {

@@ -1,11 +1,15 @@
 //! The full-mesh prober: for every node, ICMP and HTTP to its node IP and to
 //! its health IP, all at once (bounded, with jittered starts), so a round
-//! over N nodes costs about one timeout plus the spread.
+//! over N nodes costs about one timeout plus the spread. Also the :4240
+//! responder ([`hello`]) that answers other nodes' HTTP probes.
 
+pub mod error;
+pub mod hello;
 pub mod http;
 pub mod icmp;
 pub mod path;
 mod round;
+pub mod scheduler;
 pub mod status;
 
 pub use round::{ProbeConfig, Prober};

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::error::ProbeError;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProbeResult {
@@ -47,7 +49,7 @@ pub enum Outcome {
         warning: Option<String>,
         source: RttSource,
     },
-    Failed(String),
+    Failed(ProbeError),
 }
 
 /// The state of one path, as the API shows it.
@@ -106,7 +108,7 @@ impl PathState {
             Outcome::Failed(error) => {
                 self.consecutive_failures = self.consecutive_failures.saturating_add(1);
                 self.consecutive_successes = 0;
-                self.last_error = Some(error);
+                self.last_error = Some(error.to_string());
                 self.warning = None;
                 if self.consecutive_failures >= thresholds.failure.max(1) {
                     self.result = ProbeResult::Failure;
@@ -129,7 +131,7 @@ mod tests {
     }
 
     fn fail() -> Outcome {
-        Outcome::Failed("timeout".into())
+        Outcome::Failed(ProbeError::Protocol("timeout".into()))
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::{
 use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{
+    error::ProbeError,
     http::{self, HEALTH_PORT},
     icmp::IcmpProber,
     path::{Outcome, PathState, RttSource, Thresholds},
@@ -31,7 +32,7 @@ pub struct ProbeConfig {
     pub local_node: Option<String>,
     /// Namespace the probes leave from (the health endpoint's); the
     /// caller's when `None`.
-    pub source_netns: Option<crate::netns::Netns>,
+    pub source_netns: Option<crate::sys::netns::Netns>,
     /// bpffs directory of the datapath maps: RTTs are taken from the
     /// kernel's samples when there are any.
     pub kernel_rtt: Option<std::path::PathBuf>,
@@ -84,6 +85,9 @@ pub struct Prober {
     paths: Mutex<BTreeMap<PathKey, PathState>>,
     /// One round at a time: kubelet counters must see each round once.
     round_lock: tokio::sync::Mutex<()>,
+    /// Numbers rounds in the order they start: publishing compares these,
+    /// never wall-clock times (which NTP may step back).
+    round_seq: std::sync::atomic::AtomicU64,
     published: RwLock<Arc<ClusterStatus>>,
 }
 
@@ -99,12 +103,14 @@ fn ms(d: Duration) -> u64 {
 impl Prober {
     /// Needs a tokio runtime (the ICMP receive task). Sockets are opened
     /// when the first round needs them.
-    pub fn new(cfg: ProbeConfig) -> std::io::Result<Arc<Self>> {
-        let me = Arc::new(Self {
+    #[must_use]
+    pub fn new(cfg: ProbeConfig) -> Arc<Self> {
+        Arc::new(Self {
             icmp: Mutex::new(None),
             nodes: RwLock::default(),
             paths: Mutex::default(),
             round_lock: tokio::sync::Mutex::new(()),
+            round_seq: std::sync::atomic::AtomicU64::new(0),
             published: RwLock::new(Arc::new(ClusterStatus {
                 local_node: cfg.local_node.clone(),
                 probe_interval_ms: ms(cfg.interval),
@@ -113,8 +119,7 @@ impl Prober {
                 nodes: Vec::new(),
             })),
             cfg,
-        });
-        Ok(me)
+        })
     }
 
     #[must_use]
@@ -139,7 +144,7 @@ impl Prober {
     /// start Unknown, and the published status shows the new set at once.
     pub fn set_nodes(&self, nodes: NodeSet) {
         if let Ok(mut paths) = self.paths.lock() {
-            paths.retain(|(name, _, _), _| nodes.iter().any(|n| &n.name == name));
+            paths.retain(|(name, _, _), _| nodes.contains(name));
         }
         if let Ok(mut n) = self.nodes.write() {
             *n = nodes;
@@ -189,7 +194,7 @@ impl Prober {
             return;
         };
         let newer = match (&status.round, &published.round) {
-            (Some(new), Some(old)) => new.started_ms >= old.started_ms,
+            (Some(new), Some(old)) => new.seq >= old.seq,
             (Some(_), None) => true,
             (None, _) => force,
         };
@@ -199,15 +204,17 @@ impl Prober {
     }
 
     /// The ICMP prober for the source namespace as it is now.
-    fn icmp(&self) -> Result<Arc<IcmpProber>, String> {
+    fn icmp(&self) -> Result<Arc<IcmpProber>, ProbeError> {
         use std::os::unix::fs::MetadataExt as _;
         let ino = match &self.cfg.source_netns {
             Some(ns) => std::fs::metadata(ns.path())
-                .map_err(|e| format!("probe namespace {}: {e}", ns.path().display()))?
+                .map_err(|e| {
+                    ProbeError::Namespace(format!("probe namespace {}: {e}", ns.path().display()))
+                })?
                 .ino(),
             None => 0,
         };
-        let mut slot = self.icmp.lock().map_err(|_| "ICMP state poisoned")?;
+        let mut slot = self.icmp.lock().map_err(|_| ProbeError::ReceiverStopped)?;
         if let Some((at, p)) = slot.as_ref()
             && *at == ino
         {
@@ -215,7 +222,7 @@ impl Prober {
         }
         let p = Arc::new(
             IcmpProber::new(self.cfg.source_netns.as_ref())
-                .map_err(|e| format!("ICMP socket: {e}"))?,
+                .map_err(|e| ProbeError::io("ICMP socket", &e))?,
         );
         *slot = Some((ino, p.clone()));
         Ok(p)
@@ -224,13 +231,17 @@ impl Prober {
     /// Runs one round over the current node set and publishes it.
     pub async fn round(self: &Arc<Self>) -> Arc<ClusterStatus> {
         let _one_at_a_time = self.round_lock.lock().await;
+        let seq = self
+            .round_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         let started = SystemTime::now();
         let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
         let t0 = Instant::now();
         let nodes = self.nodes();
         let sem = Arc::new(Semaphore::new(self.cfg.max_in_flight.max(1)));
         let mut tasks = JoinSet::new();
-        for node in &nodes {
+        for node in nodes.iter() {
             for (target, ip) in [
                 (Target::Host, node.node_ip),
                 (Target::Endpoint, node.health_ip),
@@ -263,12 +274,11 @@ impl Prober {
         }
         let at = epoch_ms(SystemTime::now());
         let probes = outcomes.len();
+        // A node removed during the round is not brought back.
+        let current = self.nodes();
         if let Ok(mut paths) = self.paths.lock() {
             for (key, outcome) in outcomes {
-                // A node removed during the round is not brought back.
-                if nodes.iter().any(|n| n.name == key.0)
-                    && self.nodes().iter().any(|n| n.name == key.0)
-                {
+                if current.contains(&key.0) {
                     paths
                         .entry(key)
                         .or_default()
@@ -277,6 +287,7 @@ impl Prober {
             }
         }
         let status = self.snapshot(Some(RoundInfo {
+            seq,
             started_ms: epoch_ms(started),
             duration_ms: ms(t0.elapsed()),
             probes,

@@ -52,6 +52,10 @@ fn summarize<const N: usize>(results: [ProbeResult; N]) -> ProbeResult {
 /// The round a status comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoundInfo {
+    /// The round's number in this agent's run (1, 2, ...): rounds are
+    /// ordered by it, not by wall-clock times.
+    #[serde(default)]
+    pub seq: u64,
     /// Epoch milliseconds when the round started.
     pub started_ms: u64,
     pub duration_ms: u64,

@@ -58,3 +58,9 @@ pub static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
 /// Per-CPU counters, indexed by `NatCounter`.
 #[map]
 pub static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::COUNT, 0);
+
+/// The layout version of these maps (`PIN_LAYOUT_VERSION`), written by the
+/// agent after loading: pinned with the rest, it tells the next agent which
+/// layout the pins it inherits were made with. No program reads it.
+#[map]
+pub static PIN_LAYOUT: Array<u32> = Array::pinned(1, 0);

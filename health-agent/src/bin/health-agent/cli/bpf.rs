@@ -1,0 +1,205 @@
+//! `health-agent bpf ...`: the datapath's pinned maps, read directly (so
+//! these work while no agent runs), in the style of `cilium bpf`.
+
+use std::{fmt::Write as _, path::Path, time::Duration};
+
+use clap::Subcommand;
+use health_common::maps::MapId;
+use serde_json::Value;
+
+use super::{OutputFormat, PinArgs};
+use health_agent::{
+    datapath::{DatapathError, ct, maps, nat, rtt},
+    util::timefmt::short,
+};
+
+#[derive(Debug, Subcommand)]
+pub enum BpfCommand {
+    /// Connection tracking.
+    #[command(subcommand)]
+    Ct(CtCommand),
+    /// Masquerade (SNAT) pairs.
+    #[command(subcommand)]
+    Nat(NatCommand),
+    /// In-kernel RTT per peer and protocol.
+    #[command(subcommand)]
+    Rtt(RttCommand),
+    /// The datapath's maps.
+    #[command(subcommand)]
+    Map(MapCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtCommand {
+    /// One line per entry (`global`: the only table).
+    List {
+        #[arg(value_parser = ["global"])]
+        table: String,
+        #[command(flatten)]
+        pins: PinArgs,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NatCommand {
+    /// One line per entry: each masqueraded flow has an OUT (XLATE_SRC)
+    /// and an IN (XLATE_DST) entry.
+    List {
+        #[command(flatten)]
+        pins: PinArgs,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RttCommand {
+    /// last/min/avg/max RTT, samples and losses per peer and protocol.
+    List {
+        #[command(flatten)]
+        pins: PinArgs,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MapCommand {
+    /// Name, type, entries / max entries and pressure of every map.
+    List {
+        #[command(flatten)]
+        pins: PinArgs,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// One map's keys and values, decoded.
+    Dump {
+        name: String,
+        #[command(flatten)]
+        pins: PinArgs,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+}
+
+impl BpfCommand {
+    pub fn run(self) -> anyhow::Result<()> {
+        let text = match self {
+            Self::Ct(CtCommand::List { pins, output, .. }) => {
+                render_lines(&ct::list(&pins.dir)?, output, ct::CtRow::line)?
+            }
+            Self::Nat(NatCommand::List { pins, output }) => {
+                render_lines(&nat::list(&pins.dir)?, output, nat::NatRow::line)?
+            }
+            Self::Rtt(RttCommand::List { pins, output }) => {
+                render_rtt(&rtt::list(&pins.dir)?, output)?
+            }
+            Self::Map(MapCommand::List { pins, output }) => {
+                render_maps(&maps::list(&pins.dir)?, output)?
+            }
+            Self::Map(MapCommand::Dump { name, pins, output }) => {
+                let v = dump(&pins.dir, &name)?;
+                match output {
+                    OutputFormat::Json => serde_json::to_string_pretty(&v)?,
+                    OutputFormat::Table => dump_table(&v),
+                }
+            }
+        };
+        if !text.is_empty() {
+            println!("{text}");
+        }
+        Ok(())
+    }
+}
+
+/// JSON, or one `line` per row (the `cilium bpf ... list` style).
+fn render_lines<T: serde::Serialize>(
+    rows: &[T],
+    output: OutputFormat,
+    line: fn(&T) -> String,
+) -> anyhow::Result<String> {
+    Ok(match output {
+        OutputFormat::Json => serde_json::to_string_pretty(rows)?,
+        OutputFormat::Table => rows.iter().map(line).collect::<Vec<_>>().join("\n"),
+    })
+}
+
+fn render_rtt(rows: &[rtt::RttRow], output: OutputFormat) -> anyhow::Result<String> {
+    if output == OutputFormat::Json {
+        return Ok(serde_json::to_string_pretty(rows)?);
+    }
+    let mut out = format!(
+        "{:<16} {:<5} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}\n",
+        "PEER", "PROTO", "LAST", "MIN", "AVG", "MAX", "SAMPLES", "LOSSES"
+    );
+    let d = |ns: u64| short(Duration::from_nanos(ns));
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<16} {:<5} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}",
+            r.peer,
+            r.proto,
+            d(r.last_ns),
+            d(r.min_ns),
+            d(r.avg_ns),
+            d(r.max_ns),
+            r.samples,
+            r.losses
+        );
+    }
+    Ok(out.trim_end().to_owned())
+}
+
+fn render_maps(rows: &[maps::MapRow], output: OutputFormat) -> anyhow::Result<String> {
+    if output == OutputFormat::Json {
+        return Ok(serde_json::to_string_pretty(rows)?);
+    }
+    let mut out = format!(
+        "{:<12} {:<13} {:>8} {:>8} {:>9}\n",
+        "NAME", "TYPE", "ENTRIES", "MAX", "PRESSURE"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<12} {:<13} {:>8} {:>8} {:>8.1}%",
+            r.name,
+            r.kind,
+            r.entries,
+            r.max_entries,
+            r.pressure * 100.0
+        );
+    }
+    Ok(out.trim_end().to_owned())
+}
+
+/// A map's content as JSON, decoded by what the map holds; the name is
+/// checked against the registry first.
+fn dump(dir: &Path, name: &str) -> anyhow::Result<Value> {
+    let known = || maps::dumpable().join(", ");
+    let id = MapId::from_name(name)
+        .ok_or_else(|| anyhow::anyhow!("no map {name:?}: known maps are {}", known()))?;
+    maps::dump(dir, id).map_err(|e| match e {
+        DatapathError::NoDecoder { .. } => {
+            anyhow::anyhow!("no decoder for map {name:?}: known maps are {}", known())
+        }
+        e => e.into(),
+    })
+}
+
+fn dump_table(v: &Value) -> String {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| format!("{k:<16} {v}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,274 @@
+//! `health-agent daemon`.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::Args;
+
+use super::{PinArgs, SocketArgs};
+use health_common::ct::CtConfig;
+
+use anyhow::Context as _;
+use health_agent::{
+    cluster::{etcd::EtcdConfig, sync::Limits},
+    daemon::{
+        self, DaemonConfig, DatapathSettings, Discovery, EndpointSettings, MasqueradeFlags,
+        ProbeSettings,
+    },
+    datapath::{AttachMode, masquerade::PortRange},
+    probe::{http::HEALTH_PORT, path::Thresholds},
+    supervisor::Policy,
+    sys::netns::Netns,
+    util::cidr::Ipv4Cidr,
+};
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// The node's share of the pod range; the endpoint's address comes from it.
+    #[arg(long, value_name = "CIDR")]
+    pub health_cidr: Ipv4Cidr,
+    /// How the endpoint reaches peers. `routed`: routes to every peer's
+    /// health CIDR via its node IP, no NAT. `masquerade`: additionally,
+    /// traffic to destinations outside --health-range leaves with the node
+    /// IP as source (SNAT in BPF on the uplink).
+    #[arg(long, value_enum, default_value_t = Routing::Routed)]
+    pub routing: Routing,
+    /// The cluster-wide health range: destinations inside it are never
+    /// masqueraded (default: --health-cidr alone).
+    #[arg(long, value_name = "CIDR")]
+    pub health_range: Option<Ipv4Cidr>,
+    /// The node's uplink, where masquerade is attached (default: the
+    /// interface that holds the node IP).
+    #[arg(long, value_name = "IFACE")]
+    pub uplink: Option<String>,
+    /// Ports and ICMP echo identifiers masquerade hands out; must not
+    /// overlap the node's net.ipv4.ip_local_port_range.
+    #[arg(long, value_name = "MIN-MAX", default_value = "61000-65535")]
+    pub nat_port_range: PortRange,
+    /// Name of the endpoint's network namespace (under /run/netns).
+    #[arg(long, default_value = "health", value_parser = validate_netns_name)]
+    pub endpoint_netns: String,
+    /// Host side of the endpoint's veth.
+    #[arg(long, default_value = "lxc_health")]
+    pub host_iface: String,
+    /// Endpoint side of the veth, inside its namespace.
+    #[arg(long, default_value = "eth0")]
+    pub endpoint_iface: String,
+    /// Where the endpoint record (IP, endpoint ID) is kept across restarts.
+    #[arg(long, default_value = "/var/lib/health-agent")]
+    pub state_dir: PathBuf,
+    #[arg(long, default_value = "/var/run/health-agent/health-agent.pid")]
+    pub pidfile: PathBuf,
+    /// How often the controller verifies the endpoint (it also runs on link events).
+    #[arg(long, default_value = "60s", value_parser = health_agent::util::duration::parse)]
+    pub controller_interval: Duration,
+    /// Attach mode of the echo responder.
+    #[arg(long, value_enum, default_value_t = super::echo::DEFAULT_MODE)]
+    pub mode: AttachMode,
+    /// On shutdown, leave the namespace, veth, pins and record for the next agent.
+    #[arg(long)]
+    pub keep_endpoint: bool,
+    /// This node's name in the node set (default: the hostname).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Nodes file (YAML or JSON), watched for changes.
+    #[arg(long, value_name = "PATH", conflicts_with = "kvstore")]
+    pub nodes_file: Option<PathBuf>,
+    /// Discover nodes through a key-value store instead of a file.
+    #[arg(long, value_enum)]
+    pub kvstore: Option<Kvstore>,
+    /// Client address of the kvstore, `host:port`.
+    #[arg(long, default_value = "127.0.0.1:2379", value_name = "HOST:PORT")]
+    pub kvstore_endpoint: String,
+    /// Key prefix under which nodes register.
+    #[arg(long, default_value = "/health/nodes/")]
+    pub kvstore_prefix: String,
+    /// TTL of this node's registration lease (kept alive while the agent runs).
+    #[arg(long, default_value = "10s", value_parser = health_agent::util::duration::parse)]
+    pub kvstore_lease_ttl: Duration,
+    /// This node's IP as published in the kvstore (default: the source
+    /// address of the route to the kvstore).
+    #[arg(long)]
+    pub node_ip: Option<std::net::Ipv4Addr>,
+    /// Time between probe rounds.
+    #[arg(long, default_value = "60s", value_parser = health_agent::util::duration::parse)]
+    pub probe_interval: Duration,
+    /// Timeout of each probe.
+    #[arg(long, default_value = "1s", value_parser = health_agent::util::duration::parse)]
+    pub probe_timeout: Duration,
+    /// Where probes leave from: the health endpoint (so they cross
+    /// lxc_health and the datapath tracks and times them) or the node.
+    #[arg(long, value_enum, default_value_t = ProbeFrom::Endpoint)]
+    pub probe_from: ProbeFrom,
+    /// Connection-tracking lifetime of ICMP entries.
+    #[arg(long, default_value = "60s", value_parser = health_agent::util::duration::parse)]
+    pub ct_lifetime_icmp: Duration,
+    /// Connection-tracking lifetime of established TCP entries.
+    #[arg(long, default_value = "6h", value_parser = health_agent::util::duration::parse)]
+    pub ct_lifetime_tcp: Duration,
+    /// Lifetime of TCP entries before the handshake completes, and of UDP.
+    #[arg(long, default_value = "60s", value_parser = health_agent::util::duration::parse)]
+    pub ct_lifetime_syn: Duration,
+    /// Lifetime of closed (FIN/RST) TCP entries.
+    #[arg(long, default_value = "10s", value_parser = health_agent::util::duration::parse)]
+    pub ct_lifetime_closed: Duration,
+    /// How often expired CT entries are collected and unanswered probes
+    /// counted as RTT losses.
+    #[arg(long, default_value = "10s", value_parser = health_agent::util::duration::parse)]
+    pub ct_gc_interval: Duration,
+    /// Delay before the first round.
+    #[arg(long, default_value = "0s", value_parser = parse_delay)]
+    pub probe_initial_delay: Duration,
+    /// Probe starts are spread uniformly over this window.
+    #[arg(long, default_value = "100ms", value_parser = health_agent::util::duration::parse)]
+    pub probe_spread: Duration,
+    /// Consecutive successes that make a path Success.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub success_threshold: u32,
+    /// Consecutive failures that make a path Failure.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub failure_threshold: u32,
+    /// Probes in flight at once.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_in_flight: u64,
+    /// Node-set changes are applied at most this often (with --sync-burst slack)...
+    #[arg(long, default_value = "1s", value_parser = health_agent::util::duration::parse)]
+    pub sync_min_interval: Duration,
+    /// ...and at least this often.
+    #[arg(long, default_value = "60s", value_parser = health_agent::util::duration::parse)]
+    pub sync_max_interval: Duration,
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sync_burst: u32,
+    /// On SIGTERM, every task must have stopped (and removed what it made)
+    /// within this; the rest are aborted.
+    #[arg(long, default_value = "1500ms", value_parser = health_agent::util::duration::parse)]
+    pub shutdown_timeout: Duration,
+    #[command(flatten)]
+    pub pins: PinArgs,
+    #[command(flatten)]
+    pub socket: SocketArgs,
+}
+
+/// How the endpoint reaches peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Routing {
+    Routed,
+    Masquerade,
+}
+
+/// Where probes leave from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProbeFrom {
+    Endpoint,
+    Node,
+}
+
+fn secs(d: Duration) -> u32 {
+    u32::try_from(d.as_secs().max(1)).unwrap_or(u32::MAX)
+}
+
+/// Supported key-value stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kvstore {
+    Etcd,
+}
+
+fn parse_delay(s: &str) -> Result<Duration, String> {
+    if s == "0" || s == "0s" {
+        Ok(Duration::ZERO)
+    } else {
+        health_agent::util::duration::parse(s)
+    }
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+fn validate_netns_name(s: &str) -> Result<String, String> {
+    Netns::named(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+impl DaemonArgs {
+    /// The daemon's configuration, in one value (the hostname is read once,
+    /// when --node-name is not given).
+    fn config(self) -> anyhow::Result<DaemonConfig> {
+        let node_name = match self.node_name {
+            Some(n) => n,
+            None => hostname().context("no --node-name and no hostname to default it to")?,
+        };
+        Ok(DaemonConfig {
+            node_name,
+            node_ip: self.node_ip,
+            socket: self.socket.path,
+            pidfile: self.pidfile,
+            pin_dir: self.pins.dir,
+            endpoint: EndpointSettings {
+                cidr: self.health_cidr,
+                netns_name: self.endpoint_netns,
+                host_iface: self.host_iface,
+                ep_iface: self.endpoint_iface,
+                state_dir: self.state_dir,
+                mode: self.mode,
+                controller_interval: self.controller_interval,
+                keep: self.keep_endpoint,
+            },
+            datapath: DatapathSettings {
+                ct: CtConfig {
+                    icmp_s: secs(self.ct_lifetime_icmp),
+                    udp_s: secs(self.ct_lifetime_syn),
+                    tcp_syn_s: secs(self.ct_lifetime_syn),
+                    tcp_established_s: secs(self.ct_lifetime_tcp),
+                    tcp_closed_s: secs(self.ct_lifetime_closed),
+                    pad: 0,
+                },
+                gc_interval: self.ct_gc_interval,
+                masquerade: (self.routing == Routing::Masquerade).then(|| MasqueradeFlags {
+                    health_range: self.health_range.unwrap_or(self.health_cidr),
+                    uplink: self.uplink,
+                    ports: self.nat_port_range,
+                }),
+            },
+            probe: ProbeSettings {
+                interval: self.probe_interval,
+                timeout: self.probe_timeout,
+                thresholds: Thresholds {
+                    success: self.success_threshold,
+                    failure: self.failure_threshold,
+                },
+                spread: self.probe_spread,
+                max_in_flight: usize::try_from(self.max_in_flight).unwrap_or(1024),
+                http_port: HEALTH_PORT,
+                initial_delay: self.probe_initial_delay,
+                from_endpoint: self.probe_from == ProbeFrom::Endpoint,
+            },
+            discovery: match (self.nodes_file, self.kvstore) {
+                (Some(path), _) => Discovery::File(path),
+                (None, Some(Kvstore::Etcd)) => Discovery::Etcd(EtcdConfig {
+                    endpoint: self.kvstore_endpoint,
+                    prefix: self.kvstore_prefix,
+                    lease_ttl: self.kvstore_lease_ttl,
+                }),
+                (None, None) => Discovery::None,
+            },
+            sync: Limits {
+                min_interval: self.sync_min_interval,
+                max_interval: self.sync_max_interval,
+                burst: self.sync_burst,
+            },
+            supervisor: Policy {
+                stop_deadline: self.shutdown_timeout,
+                ..Policy::default()
+            },
+        })
+    }
+
+    pub async fn run(self) -> anyhow::Result<()> {
+        daemon::run(self.config()?).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,102 @@
+//! `health-agent endpoint list|get`, in the spirit of `cilium endpoint list`.
+
+use std::fmt::Write as _;
+
+use clap::Subcommand;
+
+use super::{OutputFormat, SocketArgs};
+use health_agent::{api::client::Client, endpoint::EndpointView, util::timefmt::rfc3339_millis};
+
+#[derive(Debug, Subcommand)]
+pub enum EndpointCommand {
+    /// List the node's endpoints.
+    List {
+        #[arg(short, long, value_enum, default_value_t)]
+        output: OutputFormat,
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+    /// Show one endpoint with its state history (default: the only one).
+    Get {
+        id: Option<u16>,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: OutputFormat,
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+}
+
+impl EndpointCommand {
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self {
+            Self::List { output, socket } => {
+                let eps = Client::new(socket.path).endpoints().await?;
+                println!("{}", render_list(&eps, output)?);
+            }
+            Self::Get { id, output, socket } => {
+                let client = Client::new(socket.path);
+                let ep: EndpointView = match id {
+                    Some(id) => client.endpoint(&id.to_string()).await?,
+                    None => client
+                        .endpoints()
+                        .await?
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| anyhow::anyhow!("the agent has no endpoint yet"))?,
+                };
+                println!("{}", render_one(&ep, output)?);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn state(ep: &EndpointView) -> &'static str {
+    ep.state.map_or("unknown", |s| s.as_str())
+}
+
+pub fn render_list(eps: &[EndpointView], output: OutputFormat) -> anyhow::Result<String> {
+    if output == OutputFormat::Json {
+        return Ok(serde_json::to_string_pretty(eps)?);
+    }
+    let mut out = format!(
+        "{:<10} {:<10} {:<18} {:<16} {:<12} {}\n",
+        "ENDPOINT", "IDENTITY", "LABELS", "IPv4", "INTERFACE", "STATUS"
+    );
+    for ep in eps {
+        let _ = writeln!(
+            out,
+            "{:<10} {:<10} {:<18} {:<16} {:<12} {}",
+            ep.id,
+            ep.identity,
+            ep.labels.join(","),
+            ep.ipv4,
+            ep.interface,
+            state(ep)
+        );
+    }
+    Ok(out.trim_end().to_owned())
+}
+
+pub fn render_one(ep: &EndpointView, output: OutputFormat) -> anyhow::Result<String> {
+    if output == OutputFormat::Json {
+        return Ok(serde_json::to_string_pretty(ep)?);
+    }
+    let mut out = render_list(std::slice::from_ref(ep), output)?;
+    let _ = write!(
+        out,
+        "\n\nNetns: {}\nRepairs: {}\n\nSTATE HISTORY\n",
+        ep.netns, ep.repairs
+    );
+    for t in &ep.history {
+        let from = t.from.map_or("(new)", |s| s.as_str());
+        let _ = writeln!(
+            out,
+            "{}  {from} -> {}: {}",
+            rfc3339_millis(t.at_ms),
+            t.to,
+            t.reason
+        );
+    }
+    Ok(out.trim_end().to_owned())
+}

@@ -1,0 +1,155 @@
+//! `health-agent status`, in the style of `cilium-health status`.
+
+use std::{fmt::Write as _, time::Duration};
+
+use clap::Args;
+
+use super::{OutputFormat, SocketArgs};
+use health_agent::{
+    api::client::Client,
+    probe::{
+        path::{PathState, ProbeResult},
+        status::{ClusterStatus, Connectivity},
+    },
+    util::timefmt::{rfc3339, short},
+};
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Per node and path: result, RTT, errors.
+    #[arg(short, long)]
+    verbose: bool,
+    /// Ask for a fresh probe round instead of the last published one.
+    #[arg(long)]
+    probe: bool,
+    /// Deadline of a --probe round.
+    #[arg(long, default_value = "30s", value_parser = health_agent::util::duration::parse)]
+    probe_timeout: Duration,
+    #[arg(short, long, value_enum, default_value_t)]
+    output: OutputFormat,
+    #[command(flatten)]
+    socket: SocketArgs,
+}
+
+impl StatusArgs {
+    pub async fn run(self) -> anyhow::Result<()> {
+        let client = Client::new(self.socket.path);
+        let status: ClusterStatus = if self.probe {
+            client.probe(self.probe_timeout).await?
+        } else {
+            client.status().await?
+        };
+        match self.output {
+            OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&status)?),
+            OutputFormat::Table => print!("{}", render(&status, self.verbose)),
+        }
+        Ok(())
+    }
+}
+
+fn word(r: ProbeResult) -> &'static str {
+    match r {
+        ProbeResult::Success => "reachable",
+        ProbeResult::Failure => "unreachable",
+        ProbeResult::Unknown => "unknown",
+    }
+}
+
+fn path_line(p: &PathState) -> String {
+    let rtt = || {
+        p.rtt_ns
+            .map(|ns| short(Duration::from_nanos(ns)))
+            .unwrap_or_default()
+    };
+    let source = p
+        .rtt_source
+        .map(|s| {
+            format!(
+                " ({})",
+                serde_json::to_value(s)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            )
+        })
+        .unwrap_or_default();
+    match p.result {
+        ProbeResult::Success => {
+            let warn = p
+                .warning
+                .as_ref()
+                .map(|w| format!(", warning: {w}"))
+                .unwrap_or_default();
+            format!("OK, RTT={}{source}{warn}", rtt())
+        }
+        ProbeResult::Failure => format!(
+            "Failure: {}",
+            p.last_error.as_deref().unwrap_or("unknown error")
+        ),
+        ProbeResult::Unknown if p.probes == 0 => "Unknown (not probed yet)".to_owned(),
+        ProbeResult::Unknown => format!(
+            "Unknown ({} of the failure threshold; last: {})",
+            p.consecutive_failures,
+            p.last_error.as_deref().unwrap_or("-")
+        ),
+    }
+}
+
+fn connectivity(out: &mut String, what: &str, c: &Connectivity) {
+    let _ = writeln!(out, "    {what} connectivity to {}:", c.ip);
+    let _ = writeln!(out, "      ICMP to stack:   {}", path_line(&c.icmp));
+    let _ = writeln!(out, "      HTTP to agent:   {}", path_line(&c.http));
+}
+
+/// The human form of a status.
+#[must_use]
+pub fn render(s: &ClusterStatus, verbose: bool) -> String {
+    let mut out = String::new();
+    let when = s.round.as_ref().map_or_else(
+        || "no probe round finished yet".to_owned(),
+        |r| rfc3339(r.started_ms),
+    );
+    let _ = writeln!(
+        out,
+        "Cluster health: {}/{} reachable ({when}) (Probe interval: {})",
+        s.reachable(),
+        s.nodes.len(),
+        short(Duration::from_millis(s.probe_interval_ms))
+    );
+    if let Some(r) = &s.round {
+        let _ = writeln!(
+            out,
+            "Last round: {} probes in {}",
+            r.probes,
+            short(Duration::from_millis(r.duration_ms))
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  {:<20} {:<16} {:<12} ENDPOINTS",
+        "NAME", "IP", "NODE"
+    );
+    for n in &s.nodes {
+        let local = if s.local_node.as_deref() == Some(n.name.as_str()) {
+            " (localhost)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  {:<20} {:<16} {:<12} {}",
+            format!("{}{local}", n.name),
+            n.host.ip,
+            word(n.host.summary()),
+            word(n.endpoint.summary())
+        );
+    }
+    if verbose {
+        for n in &s.nodes {
+            let _ = writeln!(out, "\n  {} ({}):", n.name, n.host.ip);
+            connectivity(&mut out, "Host", &n.host);
+            connectivity(&mut out, "Endpoint", &n.endpoint);
+        }
+    }
+    out
+}

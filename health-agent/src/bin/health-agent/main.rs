@@ -1,0 +1,38 @@
+//! `health-agent`: errors reach the user here, on stderr, with their causes.
+#![allow(
+    clippy::print_stderr,
+    reason = "the binary edge reports errors on stderr"
+)]
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+mod cli;
+mod logging;
+
+use cli::Cli;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = logging::init(&cli.log_level) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli.run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

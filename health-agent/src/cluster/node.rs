@@ -1,0 +1,132 @@
+//! A node of the cluster and the node set: an immutable snapshot, sorted by
+//! name with names unique (the constructor enforces both), shared by every
+//! reader without copying.
+
+use std::{fmt, net::Ipv4Addr, ops::Deref, sync::Arc};
+
+use serde::{Deserialize, Serialize};
+
+/// One node of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    /// The node's own address: ICMP to its stack, HTTP to its agent.
+    pub node_ip: Ipv4Addr,
+    /// The address of the node's health endpoint.
+    pub health_ip: Ipv4Addr,
+}
+
+/// Two records with the same name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("duplicate node {name:?}")]
+pub struct DuplicateNode {
+    pub name: String,
+}
+
+/// The nodes of the cluster, sorted by name, names unique. Cloning shares
+/// the snapshot; a change is a new set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeSet(Arc<[Node]>);
+
+impl NodeSet {
+    /// Sorts `nodes` by name; two with the same name are refused.
+    pub fn new(mut nodes: Vec<Node>) -> Result<Self, DuplicateNode> {
+        nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        if let Some(w) = nodes.windows(2).find(|w| w[0].name == w[1].name) {
+            return Err(DuplicateNode {
+                name: w[0].name.clone(),
+            });
+        }
+        Ok(Self(nodes.into()))
+    }
+
+    /// The node called `name`.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<&Node> {
+        self.0
+            .binary_search_by(|n| n.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.0[i])
+    }
+
+    /// Whether a node called `name` is in the set.
+    #[must_use]
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Whether both hold the very same snapshot (no comparison of nodes).
+    #[must_use]
+    pub fn same_snapshot(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Deref for NodeSet {
+    type Target = [Node];
+
+    fn deref(&self) -> &[Node] {
+        &self.0
+    }
+}
+
+impl Serialize for NodeSet {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeSet {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::new(Vec::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}, health {})",
+            self.name, self.node_ip, self.health_ip
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, n: u8) -> Node {
+        Node {
+            name: name.into(),
+            node_ip: Ipv4Addr::new(198, 18, 0, n),
+            health_ip: Ipv4Addr::new(198, 18, 64 + n, 2),
+        }
+    }
+
+    #[test]
+    fn sorted_by_name_and_searchable() {
+        let set = NodeSet::new(vec![node("c", 3), node("a", 1), node("b", 2)]).expect("unique");
+        let names: Vec<_> = set.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(
+            set.get("b").map(|n| n.node_ip),
+            Some(Ipv4Addr::new(198, 18, 0, 2))
+        );
+        assert!(!set.contains("d"));
+        let shared = set.clone();
+        assert!(shared.same_snapshot(&set));
+    }
+
+    #[test]
+    fn duplicates_are_refused_naming_the_node() {
+        let err = NodeSet::new(vec![node("a", 1), node("b", 2), node("a", 3)]).expect_err("dup");
+        assert_eq!(err.to_string(), "duplicate node \"a\"");
+        let err = serde_json::from_str::<NodeSet>(
+            r#"[{"name":"x","node_ip":"198.18.0.1","health_ip":"198.18.64.2"},
+                {"name":"x","node_ip":"198.18.0.2","health_ip":"198.18.65.2"}]"#,
+        )
+        .expect_err("dup");
+        assert!(err.to_string().contains("duplicate node \"x\""), "{err}");
+    }
+}

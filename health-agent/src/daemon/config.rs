@@ -1,0 +1,162 @@
+//! The daemon's configuration: what the command line (or a test) gives, in
+//! one value, and what is resolved from the node at start (the initial node
+//! set, the node IP, masquerade) before anything is created.
+
+use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+
+use health_common::ct::CtConfig;
+use tracing::info;
+
+use crate::{
+    cluster::{NodeSet, etcd::EtcdConfig, nodes_file, sync},
+    datapath::{
+        AttachMode,
+        masquerade::{self, Masquerade, MasqueradeError, PortRange},
+    },
+    probe::path::Thresholds,
+    supervisor::Policy,
+    util::cidr::Ipv4Cidr,
+};
+
+/// Everything `health-agent daemon` is told.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// This node's name in the node set.
+    pub node_name: String,
+    /// This node's IP (default: its entry in the nodes file, or the source
+    /// address toward etcd).
+    pub node_ip: Option<Ipv4Addr>,
+    pub socket: PathBuf,
+    pub pidfile: PathBuf,
+    /// bpffs directory of the pinned maps.
+    pub pin_dir: PathBuf,
+    pub endpoint: EndpointSettings,
+    pub datapath: DatapathSettings,
+    pub probe: ProbeSettings,
+    pub discovery: Discovery,
+    /// The bounded-frequency runner applying node-set changes.
+    pub sync: sync::Limits,
+    pub supervisor: Policy,
+}
+
+/// The health endpoint.
+#[derive(Debug, Clone)]
+pub struct EndpointSettings {
+    pub cidr: Ipv4Cidr,
+    pub netns_name: String,
+    pub host_iface: String,
+    pub ep_iface: String,
+    pub state_dir: PathBuf,
+    pub mode: AttachMode,
+    pub controller_interval: Duration,
+    /// On shutdown, leave the namespace, veth, pins and record.
+    pub keep: bool,
+}
+
+/// The node's datapath.
+#[derive(Debug, Clone)]
+pub struct DatapathSettings {
+    pub ct: CtConfig,
+    pub gc_interval: Duration,
+    /// Masquerade mode (`None`: routed).
+    pub masquerade: Option<MasqueradeFlags>,
+}
+
+/// Masquerade as asked; the node IP and uplink are found at start.
+#[derive(Debug, Clone)]
+pub struct MasqueradeFlags {
+    pub health_range: Ipv4Cidr,
+    pub uplink: Option<String>,
+    pub ports: PortRange,
+}
+
+/// The prober.
+#[derive(Debug, Clone)]
+pub struct ProbeSettings {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub thresholds: Thresholds,
+    pub spread: Duration,
+    pub max_in_flight: usize,
+    pub http_port: u16,
+    pub initial_delay: Duration,
+    /// Probes leave from the endpoint (crossing the datapath, which times
+    /// them) or from the node.
+    pub from_endpoint: bool,
+}
+
+/// Where the node set comes from.
+#[derive(Debug, Clone)]
+pub enum Discovery {
+    File(PathBuf),
+    Etcd(EtcdConfig),
+    None,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    NodesFile(#[from] nodes_file::NodesFileError),
+    #[error(transparent)]
+    Masquerade(#[from] MasqueradeError),
+}
+
+/// What is found on the node at start.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The nodes file's set (empty with etcd, until it answers).
+    pub initial_nodes: NodeSet,
+    /// `--node-ip`, or this node's entry in the nodes file.
+    pub node_ip: Option<Ipv4Addr>,
+    pub masquerade: Option<Masquerade>,
+}
+
+impl DaemonConfig {
+    /// Reads the nodes file and checks masquerade against the node: a bad
+    /// file or flag fails here, before anything is created, naming it.
+    pub fn resolve(&self) -> Result<Resolved, ConfigError> {
+        let initial_nodes = match &self.discovery {
+            Discovery::File(path) => {
+                let nodes = nodes_file::load(path)?;
+                info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
+                nodes
+            }
+            Discovery::Etcd(_) | Discovery::None => NodeSet::default(),
+        };
+        let node_ip = self
+            .node_ip
+            .or_else(|| initial_nodes.get(&self.node_name).map(|n| n.node_ip));
+        let masquerade = match &self.datapath.masquerade {
+            None => None,
+            Some(flags) => {
+                let node_ip = node_ip.ok_or_else(|| MasqueradeError::NoNodeIp {
+                    name: self.node_name.clone(),
+                })?;
+                let m = masquerade::resolve(&masquerade::Request {
+                    node_ip,
+                    uplink: flags.uplink.clone(),
+                    health_cidr: self.endpoint.cidr,
+                    health_range: flags.health_range,
+                    ports: flags.ports,
+                })?;
+                info!(uplink = %m.uplink, %node_ip, ports = %flags.ports, "masquerade on");
+                Some(m)
+            }
+        };
+        Ok(Resolved {
+            initial_nodes,
+            node_ip,
+            masquerade,
+        })
+    }
+
+    /// How the node set's source is named in `GET /v1/nodes`.
+    #[must_use]
+    pub fn source_name(&self) -> String {
+        match &self.discovery {
+            Discovery::File(p) => format!("file:{}", p.display()),
+            Discovery::Etcd(e) => format!("etcd:{}{}", e.endpoint, e.prefix),
+            Discovery::None => "none".into(),
+        }
+    }
+}

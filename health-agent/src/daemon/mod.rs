@@ -1,0 +1,270 @@
+//! `health-agent daemon`: the long-running agent, as supervised tasks.
+//!
+//! Start order, each task ready before the next starts: signals are caught
+//! first (a SIGTERM at any later moment is a clean stop), the pidfile is
+//! locked, the configuration is resolved (a bad nodes file or masquerade
+//! flag fails here, before anything is made), then
+//!
+//! | task | owns |
+//! | --- | --- |
+//! | `api` | the unix socket; answers from here on |
+//! | `links` | link events of the node's namespace |
+//! | `datapath` | pins, datapath configuration, masquerade, CT/NAT GC, RTT sweep |
+//! | `endpoint` | the health endpoint, its :4240 responder, its controller |
+//! | `hello` | the node's :4240 responder |
+//! | `discovery` | the node set (file or etcd) |
+//! | `sync` | node-set changes applied to the prober and the peer routes |
+//! | `probe` | the probe rounds |
+//!
+//! A task that ends, fails or panics is logged, shown as degraded in
+//! `/v1/healthz` and restarted (within the supervisor's budget; past it the
+//! agent exits non-zero). SIGINT/SIGTERM stops the tasks in reverse order,
+//! each removing what it made.
+
+pub mod config;
+mod node_sync;
+mod tasks;
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+pub use self::config::{
+    DaemonConfig, DatapathSettings, Discovery, EndpointSettings, MasqueradeFlags, ProbeSettings,
+};
+use crate::{
+    api,
+    cluster::{
+        Node,
+        discovery::{NodeSource, Nodes},
+        etcd::Registration,
+    },
+    datapath::maintenance::{self, DatapathConfig},
+    endpoint::{EndpointConfig, controller::ControllerConfig, shared_view},
+    probe::{ProbeConfig, Prober},
+    supervisor::{Health, Supervisor, SupervisorError},
+    sys::{
+        netns::Netns,
+        pidfile::{Pidfile, PidfileError},
+        signals::Signals,
+    },
+    util::errors::chain,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("catching SIGINT and SIGTERM")]
+    Signals(#[source] std::io::Error),
+    #[error(transparent)]
+    Pidfile(#[from] PidfileError),
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Api(#[from] api::server::ServerError),
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+    #[error("endpoint namespace name")]
+    Netns(#[from] crate::sys::netns::NetnsError),
+    #[error("finding this node's address toward etcd at {endpoint} (give --node-ip)")]
+    NodeIp {
+        endpoint: String,
+        source: std::io::Error,
+    },
+}
+
+/// Runs the agent until SIGINT or SIGTERM (`Ok`), or until a task fails
+/// for good (`Err`, naming it).
+pub async fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
+    let mut signals = Signals::install().map_err(DaemonError::Signals)?;
+    let stop = CancellationToken::new();
+    let stopper = stop.clone();
+    tokio::spawn(async move {
+        let signal = signals.recv().await;
+        info!(signal, "shutting down");
+        stopper.cancel();
+    });
+    run_until(cfg, stop).await
+}
+
+/// Runs the agent until `stop` is cancelled: the daemon without its signal
+/// handling, for running it in-process.
+pub async fn run_until(cfg: DaemonConfig, stop: CancellationToken) -> Result<(), DaemonError> {
+    let _pidfile = Pidfile::acquire(&cfg.pidfile, &cfg.socket)?;
+    raise_fd_limit();
+    let resolved = cfg.resolve()?;
+    if stop.is_cancelled() {
+        return Ok(());
+    }
+    // Whatever ends the agent from here on, the pins go with it.
+    let _pins = maintenance::PinsGuard {
+        dir: cfg.pin_dir.clone(),
+        keep: cfg.endpoint.keep,
+    };
+    let health = Health::default();
+    let mut sup = Supervisor::new(cfg.supervisor, health.clone(), stop);
+
+    let nodes = Nodes::new(cfg.source_name());
+    nodes.accept(resolved.initial_nodes.clone());
+    let view = shared_view();
+    let prober = Prober::new(probe_config(&cfg)?);
+    prober.set_nodes(nodes.current());
+
+    let api_state = api::server::ApiState::new(
+        view.clone(),
+        prober.clone(),
+        nodes.clone(),
+        health,
+        cfg.supervisor.degraded_for,
+    );
+    let (links, _) = broadcast::channel(16);
+    // Each start waits for its task to be ready; `false`: stopped meanwhile.
+    macro_rules! start {
+        ($started:expr) => {
+            if !$started.await? {
+                return Ok(());
+            }
+        };
+    }
+    start!(tasks::api(&mut sup, cfg.socket.clone(), api_state));
+    start!(tasks::links(&mut sup, links.clone()));
+    start!(tasks::datapath(&mut sup, datapath_config(&cfg, &resolved)));
+    let controller = ControllerConfig {
+        endpoint: endpoint_config(&cfg),
+        interval: cfg.endpoint.controller_interval,
+        http_port: cfg.probe.http_port,
+    };
+    start!(tasks::endpoint(
+        &mut sup,
+        controller,
+        view.clone(),
+        links.clone()
+    ));
+    let own_ip = view
+        .read()
+        .ok()
+        .and_then(|v| v.as_ref().map(|v| v.ipv4))
+        .unwrap_or(Ipv4Addr::UNSPECIFIED);
+    start!(tasks::hello(&mut sup, cfg.probe.http_port));
+    let source = node_source(&cfg, &resolved, own_ip)?;
+    debug!(source = %cfg.source_name(), "node discovery");
+    start!(tasks::discovery(&mut sup, source, nodes.clone()));
+    let sync = node_sync::NodeSync {
+        limits: cfg.sync,
+        prober: prober.clone(),
+        local_name: cfg.node_name.clone(),
+        own_ip,
+        keep_routes: cfg.endpoint.keep,
+    };
+    start!(tasks::sync(&mut sup, sync, nodes, links));
+    start!(tasks::probe(&mut sup, prober, cfg.probe.initial_delay));
+
+    info!(node = %cfg.node_name, "agent running");
+    sup.run().await.map_err(DaemonError::from)
+}
+
+fn datapath_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> DatapathConfig {
+    DatapathConfig {
+        pin_dir: cfg.pin_dir.clone(),
+        ct: cfg.datapath.ct,
+        masquerade: resolved.masquerade.clone(),
+        gc_interval: cfg.datapath.gc_interval,
+        probe_timeout: cfg.probe.timeout,
+        keep_pins: cfg.endpoint.keep,
+    }
+}
+
+fn endpoint_config(cfg: &DaemonConfig) -> EndpointConfig {
+    let e = &cfg.endpoint;
+    EndpointConfig {
+        cidr: e.cidr,
+        netns_name: e.netns_name.clone(),
+        host_iface: e.host_iface.clone(),
+        ep_iface: e.ep_iface.clone(),
+        state_dir: e.state_dir.clone(),
+        pin_dir: cfg.pin_dir.clone(),
+        mode: e.mode,
+        keep: e.keep,
+    }
+}
+
+fn probe_config(cfg: &DaemonConfig) -> Result<ProbeConfig, DaemonError> {
+    let p = &cfg.probe;
+    Ok(ProbeConfig {
+        interval: p.interval,
+        timeout: p.timeout,
+        thresholds: p.thresholds,
+        spread: p.spread,
+        max_in_flight: p.max_in_flight,
+        http_port: p.http_port,
+        local_node: Some(cfg.node_name.clone()),
+        source_netns: if p.from_endpoint {
+            Some(Netns::named(&cfg.endpoint.netns_name)?)
+        } else {
+            None
+        },
+        kernel_rtt: p.from_endpoint.then(|| cfg.pin_dir.clone()),
+    })
+}
+
+/// The configured node source.
+fn node_source(
+    cfg: &DaemonConfig,
+    resolved: &config::Resolved,
+    own_ip: Ipv4Addr,
+) -> Result<NodeSource, DaemonError> {
+    Ok(match &cfg.discovery {
+        Discovery::File(path) => NodeSource::File {
+            path: path.clone(),
+            poll: Duration::from_millis(500),
+        },
+        Discovery::Etcd(etcd) => {
+            let node_ip = match resolved.node_ip {
+                Some(ip) => ip,
+                None => route_source_to(&etcd.endpoint).map_err(|source| DaemonError::NodeIp {
+                    endpoint: etcd.endpoint.clone(),
+                    source,
+                })?,
+            };
+            let me = Node {
+                name: cfg.node_name.clone(),
+                node_ip,
+                health_ip: own_ip,
+            };
+            info!(name = %me.name, %node_ip, health_ip = %own_ip, "joining the cluster through etcd");
+            NodeSource::Etcd {
+                cfg: etcd.clone(),
+                me,
+                registration: Registration::default(),
+            }
+        }
+        Discovery::None => NodeSource::None,
+    })
+}
+
+/// The local address the kernel would use toward `endpoint` (`host:port`).
+fn route_source_to(endpoint: &str) -> std::io::Result<Ipv4Addr> {
+    let sock = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    sock.connect(endpoint)?;
+    match sock.local_addr()?.ip() {
+        std::net::IpAddr::V4(ip) if !ip.is_unspecified() => Ok(ip),
+        other => Err(std::io::Error::other(format!(
+            "no IPv4 source address toward {endpoint} (got {other})"
+        ))),
+    }
+}
+
+/// Probes to hundreds of peers hold a socket each: lift the soft limit.
+pub fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        warn!(
+            "could not raise the open-file limit from {soft}: {}",
+            chain(&e)
+        );
+    }
+}

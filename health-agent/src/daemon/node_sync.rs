@@ -1,0 +1,80 @@
+//! Node-set changes applied, through the bounded-frequency runner, to the
+//! prober (the same snapshot, not a copy) and to the peer routes (also
+//! re-checked after link events: a link going down takes its routes).
+
+use std::{
+    net::Ipv4Addr,
+    sync::{Arc, Mutex},
+};
+
+use tokio::sync::{Notify, broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    cluster::{NodeSet, routes::PeerRoutes, sync},
+    probe::Prober,
+};
+
+#[derive(Clone)]
+pub(super) struct NodeSync {
+    pub limits: sync::Limits,
+    pub prober: Arc<Prober>,
+    pub local_name: String,
+    pub own_ip: Ipv4Addr,
+    /// On shutdown, leave the routes (the endpoint is kept too).
+    pub keep_routes: bool,
+}
+
+impl NodeSync {
+    /// Applies changes until `shutdown`, then removes the routes it made
+    /// (unless they are kept).
+    pub async fn run(
+        self,
+        mut nodes: watch::Receiver<NodeSet>,
+        mut links: broadcast::Receiver<()>,
+        shutdown: CancellationToken,
+    ) {
+        let routes = Arc::new(Mutex::new(PeerRoutes::default()));
+        let wake = Arc::new(Notify::new());
+        let mut changes = nodes.clone();
+        let waker = wake.clone();
+        let watch = async move {
+            loop {
+                tokio::select! {
+                    r = changes.changed() => if r.is_err() { break },
+                    r = links.recv() => if matches!(r, Err(broadcast::error::RecvError::Closed)) { break },
+                }
+                waker.notify_one();
+            }
+        };
+        // The first run installs routes for the initial set.
+        wake.notify_one();
+        let apply = sync::run(self.limits, &wake, || {
+            let set = nodes.borrow_and_update().clone();
+            let (prober, routes) = (self.prober.clone(), routes.clone());
+            let desired = PeerRoutes::desired(&set, Some(&self.local_name), self.own_ip);
+            async move {
+                prober.set_nodes(set);
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Ok(mut r) = routes.lock() {
+                        r.apply(&desired);
+                    }
+                })
+                .await;
+            }
+        });
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = watch => {}
+            () = apply => {}
+        }
+        if !self.keep_routes {
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Ok(mut r) = routes.lock() {
+                    r.clear();
+                }
+            })
+            .await;
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The agent's tasks as the supervisor runs them: each factory builds its
+//! component's `run(config, shutdown)` afresh for every (re)start.
+
+use std::{net::Ipv4Addr, path::PathBuf, sync::Arc, time::Duration};
+
+use tokio::{net::TcpListener, sync::broadcast};
+use tracing::info;
+
+use super::node_sync::NodeSync;
+use crate::{
+    api::server::{self, ApiState},
+    cluster::discovery::{NodeSource, Nodes},
+    datapath::maintenance::{self, DatapathConfig},
+    endpoint::{
+        SharedView,
+        controller::{self, ControllerConfig},
+    },
+    probe::{Prober, hello, scheduler},
+    supervisor::{Restart, Supervisor, SupervisorError, task},
+    sys::netlink::{NetlinkError, watch_links},
+};
+
+type Started = Result<bool, SupervisorError>;
+
+/// The API on its unix socket (removed when the task ends).
+pub(super) async fn api(sup: &mut Supervisor, socket: PathBuf, state: ApiState) -> Started {
+    sup.start("api", Restart::WithinBudget, move |ctx| {
+        let (state, socket) = (state.clone(), socket.clone());
+        task(async move {
+            let (_guard, listener) = server::bind(&socket)?;
+            info!(socket = %socket.display(), "API listening");
+            ctx.ready.done();
+            server::serve(listener, state, ctx.shutdown).await
+        })
+    })
+    .await
+}
+
+/// Link events of the node's namespace, for the endpoint and the routes.
+pub(super) async fn links(sup: &mut Supervisor, links: broadcast::Sender<()>) -> Started {
+    sup.start("links", Restart::WithinBudget, move |ctx| {
+        let links = links.clone();
+        task(async move {
+            ctx.ready.done();
+            ctx.shutdown
+                .run_until_cancelled(watch_links(links))
+                .await
+                .transpose()?;
+            Ok::<_, NetlinkError>(())
+        })
+    })
+    .await
+}
+
+/// The node's datapath: pins, configuration, masquerade, maintenance.
+pub(super) async fn datapath(sup: &mut Supervisor, cfg: DatapathConfig) -> Started {
+    sup.start("datapath", Restart::WithinBudget, move |ctx| {
+        task(maintenance::run(cfg.clone(), ctx.shutdown, move || {
+            ctx.ready.done();
+        }))
+    })
+    .await
+}
+
+/// The health endpoint and its controller.
+pub(super) async fn endpoint(
+    sup: &mut Supervisor,
+    cfg: ControllerConfig,
+    view: SharedView,
+    links: broadcast::Sender<()>,
+) -> Started {
+    sup.start("endpoint", Restart::WithinBudget, move |ctx| {
+        let (cfg, view, events) = (cfg.clone(), view.clone(), links.subscribe());
+        task(controller::run(
+            cfg,
+            view,
+            events,
+            ctx.shutdown,
+            move || {
+                ctx.ready.done();
+            },
+        ))
+    })
+    .await
+}
+
+/// The node's own :4240 responder.
+pub(super) async fn hello(sup: &mut Supervisor, port: u16) -> Started {
+    sup.start("hello", Restart::WithinBudget, move |ctx| {
+        task(async move {
+            let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+                .await
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("binding the health responder on port {port}: {e}"),
+                    )
+                })?;
+            ctx.ready.done();
+            hello::serve(listener, ctx.shutdown).await;
+            Ok::<_, std::io::Error>(())
+        })
+    })
+    .await
+}
+
+/// Node discovery.
+pub(super) async fn discovery(sup: &mut Supervisor, source: NodeSource, nodes: Nodes) -> Started {
+    sup.start("discovery", Restart::WithinBudget, move |ctx| {
+        let (source, nodes) = (source.clone(), nodes.clone());
+        task(async move {
+            ctx.ready.done();
+            source.run(nodes, ctx.shutdown).await;
+            Ok::<_, std::convert::Infallible>(())
+        })
+    })
+    .await
+}
+
+/// Node-set changes applied to the prober and the routes.
+pub(super) async fn sync(
+    sup: &mut Supervisor,
+    sync: NodeSync,
+    nodes: Nodes,
+    links: broadcast::Sender<()>,
+) -> Started {
+    sup.start("sync", Restart::WithinBudget, move |ctx| {
+        let sync = sync.clone();
+        let (nodes, links) = (nodes.subscribe(), links.subscribe());
+        task(async move {
+            ctx.ready.done();
+            sync.run(nodes, links, ctx.shutdown).await;
+            Ok::<_, std::convert::Infallible>(())
+        })
+    })
+    .await
+}
+
+/// The probe rounds.
+pub(super) async fn probe(
+    sup: &mut Supervisor,
+    prober: Arc<Prober>,
+    initial_delay: Duration,
+) -> Started {
+    sup.start("probe", Restart::WithinBudget, move |ctx| {
+        let prober = prober.clone();
+        // A restarted loop probes at once: the first delay is for start-up.
+        let delay = if ctx.restarts == 0 {
+            initial_delay
+        } else {
+            Duration::ZERO
+        };
+        task(async move {
+            ctx.ready.done();
+            scheduler::run(prober, delay, ctx.shutdown).await;
+            Ok::<_, std::convert::Infallible>(())
+        })
+    })
+    .await
+}

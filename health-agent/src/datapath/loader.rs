@@ -1,0 +1,316 @@
+//! The kernel object: loaded once per user (the endpoint's programs, the
+//! uplink's, a test), with its maps pinned and shared through the pins, and
+//! its programs attached with tcx or XDP.
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::Array,
+    programs::{
+        LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode, tc::TcAttach,
+    },
+};
+use health_common::{
+    ct::CtConfig,
+    maps::{EchoConfig, MapId, PIN_LAYOUT_VERSION, ProgId, ProgKind},
+    nat::NatConfig,
+};
+use tracing::{debug, info, warn};
+
+use super::{AttachMode, DatapathError, EchoStats, Interface, object::HEALTH_EBPF, pins, stats};
+
+/// The loaded kernel object. Dropping it detaches every program it attached;
+/// the pinned maps stay (their counters survive restarts) until
+/// [`pins::remove_pins`](super::remove_pins).
+pub struct Datapath {
+    ebpf: Ebpf,
+    pin_dir: PathBuf,
+    attached: Vec<String>,
+}
+
+impl Datapath {
+    /// Loads the embedded object with its maps pinned under `pin_dir` and
+    /// every program loaded, so a verifier rejection surfaces here with its
+    /// log.
+    pub fn load(pin_dir: &Path) -> Result<Self, DatapathError> {
+        Self::load_programs(pin_dir, &ProgId::ALL)
+    }
+
+    /// Loads the object with its maps pinned under `pin_dir` and the
+    /// `programs` loaded into the kernel (the others stay unloaded).
+    ///
+    /// Pins left by an earlier run are reused when their layout matches
+    /// the registry; an incompatible pin is replaced (and said so), so an
+    /// upgrade that changes a map never keeps the agent from starting. The
+    /// layout version is recorded in [`MapId::PinLayout`].
+    pub fn load_programs(pin_dir: &Path, programs: &[ProgId]) -> Result<Self, DatapathError> {
+        pins::ensure_pin_dir(pin_dir)?;
+        pins::report_layout(pin_dir);
+        let mut ebpf = load_object(pin_dir)?;
+        for &id in programs {
+            let loaded = match id.kind() {
+                ProgKind::Xdp => program::<Xdp>(&mut ebpf, id)?.load(),
+                ProgKind::SchedClassifier => program::<SchedClassifier>(&mut ebpf, id)?.load(),
+            };
+            loaded.map_err(|e| DatapathError::load(id, e))?;
+        }
+        let mut me = Self {
+            ebpf,
+            pin_dir: pin_dir.to_owned(),
+            attached: Vec::new(),
+        };
+        me.set_config(MapId::PinLayout, PIN_LAYOUT_VERSION)?;
+        debug!(pin_dir = %pin_dir.display(), "loaded the health kernel object");
+        Ok(me)
+    }
+
+    #[must_use]
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// Sets the address the echo responder answers for (`0.0.0.0`: none).
+    pub fn set_echo_address(&mut self, addr: Ipv4Addr) -> Result<(), DatapathError> {
+        self.set_config(
+            MapId::EchoConfig,
+            EchoConfig {
+                addr: addr.octets(),
+            },
+        )
+    }
+
+    /// Sets the connection-tracking lifetimes.
+    pub fn set_ct_config(&mut self, cfg: CtConfig) -> Result<(), DatapathError> {
+        self.set_config(MapId::CtConfig, cfg)
+    }
+
+    /// Sets (or, all zero, clears) the masquerade configuration.
+    pub fn set_nat_config(&mut self, cfg: NatConfig) -> Result<(), DatapathError> {
+        self.set_config(MapId::NatConfig, cfg)
+    }
+
+    fn set_config<T: aya::Pod>(&mut self, map: MapId, value: T) -> Result<(), DatapathError> {
+        let err = |source| DatapathError::Map { map, source };
+        let m = self
+            .ebpf
+            .map_mut(map.name())
+            .ok_or(DatapathError::MissingMap { map })?;
+        Array::<_, T>::try_from(m)
+            .map_err(err)?
+            .set(0, &value, 0)
+            .map_err(err)
+    }
+
+    /// Attaches connection tracking and RTT to the host side of the
+    /// endpoint's veth: tcx ingress (from the endpoint) and egress (to it).
+    pub fn attach_tracking(&mut self, host_iface: &Interface) -> Result<(), DatapathError> {
+        self.attach_tcx_programs(
+            host_iface,
+            &[
+                (ProgId::LxcIngress, TcAttachType::Ingress),
+                (ProgId::LxcEgress, TcAttachType::Egress),
+            ],
+        )?;
+        info!(interface = %host_iface, "connection tracking and RTT attached");
+        Ok(())
+    }
+
+    /// Attaches masquerade to the node's uplink: SNAT on tcx egress, the
+    /// reverse translation on tcx ingress (before the stack sees a reply).
+    pub fn attach_nat(&mut self, uplink: &Interface) -> Result<(), DatapathError> {
+        self.attach_tcx_programs(
+            uplink,
+            &[
+                (ProgId::NatIngress, TcAttachType::Ingress),
+                (ProgId::NatEgress, TcAttachType::Egress),
+            ],
+        )?;
+        info!(interface = %uplink, "masquerade attached");
+        Ok(())
+    }
+
+    /// Attaches each program to `iface` with tcx, in its direction.
+    fn attach_tcx_programs(
+        &mut self,
+        iface: &Interface,
+        programs: &[(ProgId, TcAttachType)],
+    ) -> Result<(), DatapathError> {
+        let name = iface.c_name()?;
+        for &(id, attach_type) in programs {
+            let prog: &mut SchedClassifier = program(&mut self.ebpf, id)?;
+            let attach = || {
+                prog.attach(
+                    &name,
+                    TcAttach::Tcx {
+                        attach_type,
+                        order: LinkOrder::default(),
+                    },
+                )
+            };
+            crate::sys::netns::run_in(iface.netns.as_ref(), attach)?
+                .map_err(|e| DatapathError::attach(id, iface, AttachMode::Tcx, e))?;
+            self.attached.push(format!("{} on {iface}", id.name()));
+        }
+        Ok(())
+    }
+
+    /// Attaches the echo responder to `iface` (ingress). In native XDP mode
+    /// on a veth, the far end needs an XDP program for `XDP_TX` to be
+    /// delivered: `xdp_peer` names it and gets an `XDP_PASS` program.
+    pub fn attach_echo(
+        &mut self,
+        iface: &Interface,
+        mode: AttachMode,
+        xdp_peer: Option<&Interface>,
+    ) -> Result<(), DatapathError> {
+        match mode {
+            AttachMode::Tcx => {
+                self.attach_tcx_programs(iface, &[(ProgId::EchoTc, TcAttachType::Ingress)])?;
+            }
+            AttachMode::XdpNative | AttachMode::XdpGeneric => {
+                let xdp_mode = if mode == AttachMode::XdpNative {
+                    XdpMode::Driver
+                } else {
+                    XdpMode::Skb
+                };
+                if let (AttachMode::XdpNative, Some(peer)) = (mode, xdp_peer) {
+                    self.attach_xdp(ProgId::XdpPass, peer, XdpMode::Driver, mode)?;
+                } else if mode == AttachMode::XdpNative {
+                    warn!(
+                        interface = %iface,
+                        "native XDP without an XDP program on the veth peer: XDP_TX replies are \
+                         dropped on veth; pass the peer to attach one"
+                    );
+                }
+                self.attach_xdp(ProgId::EchoXdp, iface, xdp_mode, mode)?;
+            }
+        }
+        info!(interface = %iface, %mode, "echo responder attached");
+        Ok(())
+    }
+
+    fn attach_xdp(
+        &mut self,
+        id: ProgId,
+        iface: &Interface,
+        xdp_mode: XdpMode,
+        mode: AttachMode,
+    ) -> Result<(), DatapathError> {
+        let name = iface.c_name()?;
+        let prog: &mut Xdp = program(&mut self.ebpf, id)?;
+        crate::sys::netns::run_in(iface.netns.as_ref(), || prog.attach(&name, xdp_mode))?
+            .map_err(|e| DatapathError::attach(id, iface, mode, e))?;
+        self.attached.push(format!("{} on {iface}", id.name()));
+        Ok(())
+    }
+
+    /// Where programs are attached, for logs and status.
+    #[must_use]
+    pub fn attachments(&self) -> &[String] {
+        &self.attached
+    }
+
+    /// The echo responder's per-CPU counters, summed.
+    pub fn echo_stats(&self) -> Result<EchoStats, DatapathError> {
+        stats::read_from(&self.ebpf)
+    }
+
+    /// An XDP program of the object, for `BPF_PROG_TEST_RUN`.
+    pub fn xdp(&mut self, id: ProgId) -> Result<&mut Xdp, DatapathError> {
+        program(&mut self.ebpf, id)
+    }
+
+    /// A tc program of the object, for `BPF_PROG_TEST_RUN`.
+    pub fn classifier(&mut self, id: ProgId) -> Result<&mut SchedClassifier, DatapathError> {
+        program(&mut self.ebpf, id)
+    }
+
+    /// Forwards the kernel programs' aya-log records into `tracing` (through
+    /// the `log` bridge) until the runtime stops.
+    pub fn spawn_log_forwarder(&mut self) -> Result<tokio::task::JoinHandle<()>, DatapathError> {
+        let logger = aya_log::EbpfLogger::init(&mut self.ebpf)
+            .map_err(|e| DatapathError::Logger(e.to_string()))?;
+        // SAFETY: the logger owns its ring buffer fd and keeps it open for as
+        // long as the AsyncFd (which owns the logger) lives.
+        let mut fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| DatapathError::Logger(e.to_string()))?;
+        Ok(tokio::spawn(async move {
+            loop {
+                let Ok(mut guard) = fd.readable_mut().await else {
+                    return;
+                };
+                guard.get_inner_mut().flush();
+                guard.clear_ready();
+            }
+        }))
+    }
+}
+
+/// The object with its maps created or taken from the pins. A pin whose
+/// layout differs is replaced, once per map at most.
+fn load_object(pin_dir: &Path) -> Result<Ebpf, DatapathError> {
+    let log_level = kernel_log_level();
+    let mut replaced = Vec::new();
+    loop {
+        let loaded = EbpfLoader::new()
+            .default_map_pin_directory(pin_dir)
+            .override_global(aya_log::LEVEL, &log_level, false)
+            .load(HEALTH_EBPF);
+        let err = match loaded {
+            Ok(ebpf) => return Ok(ebpf),
+            Err(err) if replaced.len() < MapId::ALL.len() => err,
+            Err(err) => return Err(object_error(pin_dir, err)),
+        };
+        match pins::replace_incompatible(pin_dir, err) {
+            Ok(name) if !replaced.contains(&name) => replaced.push(name),
+            Ok(name) => {
+                return Err(DatapathError::Unpin {
+                    path: pin_dir.join(name),
+                    source: std::io::Error::other("the pin came back after it was removed"),
+                });
+            }
+            Err(err) => return Err(object_error(pin_dir, err)),
+        }
+    }
+}
+
+fn object_error(pin_dir: &Path, source: aya::EbpfError) -> DatapathError {
+    DatapathError::Object {
+        pin_dir: pin_dir.to_owned(),
+        source: Box::new(source),
+    }
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, id: ProgId) -> Result<&'a mut T, DatapathError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    let prog = ebpf
+        .program_mut(id.name())
+        .ok_or(DatapathError::MissingProgram { program: id })?;
+    prog.try_into().map_err(|source| DatapathError::Program {
+        program: id,
+        source,
+    })
+}
+
+/// The aya-log level compiled into the kernel programs: what `tracing`
+/// would show, so filtered-out records cost nothing in the kernel.
+fn kernel_log_level() -> u8 {
+    use tracing::level_filters::LevelFilter;
+    let level = match LevelFilter::current() {
+        LevelFilter::OFF => return 0,
+        LevelFilter::ERROR => aya_log::Level::Error,
+        LevelFilter::WARN => aya_log::Level::Warn,
+        LevelFilter::INFO => aya_log::Level::Info,
+        LevelFilter::DEBUG => aya_log::Level::Debug,
+        _ => aya_log::Level::Trace,
+    };
+    level as u8
+}

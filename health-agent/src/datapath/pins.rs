@@ -1,0 +1,166 @@
+//! The bpffs directory holding the pinned maps.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    EbpfError,
+    maps::{Array, Map, MapData, MapError},
+};
+use health_common::maps::{MapId, PIN_LAYOUT_VERSION};
+use tracing::{info, warn};
+
+use super::DatapathError;
+
+/// Default bpffs directory for the pinned maps.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/health";
+
+/// `BPF_FS_MAGIC` from `linux/magic.h`.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Where bpffs is mounted by convention.
+pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
+
+/// Creates `dir` (and parents) and checks that it is on a bpf filesystem.
+/// A directory under `/sys/fs/bpf` gets a bpffs mounted there first when
+/// none is (as on a host where nothing has used BPF pins yet).
+pub fn ensure_pin_dir(dir: &Path) -> Result<(), DatapathError> {
+    if dir.starts_with(BPFFS_ROOT) {
+        mount_bpffs_root()?;
+    }
+    fs::create_dir_all(dir).map_err(|source| DatapathError::PinDir {
+        path: dir.to_owned(),
+        source,
+    })?;
+    if is_bpffs(dir)? {
+        Ok(())
+    } else {
+        Err(DatapathError::NotBpffs {
+            path: dir.to_owned(),
+        })
+    }
+}
+
+fn is_bpffs(path: &Path) -> Result<bool, DatapathError> {
+    let st = nix::sys::statfs::statfs(path).map_err(|e| DatapathError::PinDir {
+        path: path.to_owned(),
+        source: io::Error::from(e),
+    })?;
+    #[allow(
+        clippy::cast_lossless,
+        reason = "f_type width differs across libc targets"
+    )]
+    Ok(st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+}
+
+fn mount_bpffs_root() -> Result<(), DatapathError> {
+    let root = Path::new(BPFFS_ROOT);
+    if is_bpffs(root)? {
+        return Ok(());
+    }
+    tracing::info!(path = BPFFS_ROOT, "mounting a bpf filesystem");
+    nix::mount::mount(
+        Some("bpf"),
+        root,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        Some("mode=0700"),
+    )
+    .map_err(|e| DatapathError::PinDir {
+        path: root.to_owned(),
+        source: io::Error::from(e),
+    })
+}
+
+/// The pinned maps of the datapath under `dir`.
+#[must_use]
+pub fn pin_paths(dir: &Path) -> Vec<PathBuf> {
+    MapId::ALL.iter().map(|m| dir.join(m.name())).collect()
+}
+
+/// The layout version recorded with the pins in `dir`: `None` when there
+/// are no pins (or they predate the record).
+#[must_use]
+pub fn recorded_layout(dir: &Path) -> Option<u32> {
+    let data = MapData::from_pin(dir.join(MapId::PinLayout.name())).ok()?;
+    let map = Map::Array(data);
+    Array::<_, u32>::try_from(&map).ok()?.get(&0, 0).ok()
+}
+
+/// Says which layout the pins in `dir` were made with, when it is not
+/// this agent's.
+pub(super) fn report_layout(dir: &Path) {
+    match recorded_layout(dir) {
+        Some(v) if v != PIN_LAYOUT_VERSION => info!(
+            dir = %dir.display(),
+            from = v,
+            to = PIN_LAYOUT_VERSION,
+            "pinned maps were made with another layout version: incompatible maps are replaced"
+        ),
+        _ => {}
+    }
+}
+
+/// When `err` is aya refusing to reuse a pinned map whose layout differs
+/// from the object's, removes that pin (the map is made anew on the next
+/// load, empty) and returns its name; any other error is handed back.
+pub(super) fn replace_incompatible(dir: &Path, err: EbpfError) -> Result<String, EbpfError> {
+    let EbpfError::MapError(MapError::IncompatiblePinnedMap {
+        name,
+        property,
+        expected,
+        actual,
+    }) = err
+    else {
+        return Err(err);
+    };
+    warn!(
+        map = %name,
+        property,
+        expected,
+        actual,
+        "pinned map has another layout: replacing it, its entries are reset"
+    );
+    match fs::remove_file(dir.join(&name)) {
+        Ok(()) => Ok(name),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(name),
+        Err(e) => {
+            warn!(map = %name, "removing the incompatible pin: {e}");
+            Err(EbpfError::MapError(MapError::IncompatiblePinnedMap {
+                name,
+                property,
+                expected,
+                actual,
+            }))
+        }
+    }
+}
+
+/// Removes the datapath's pins and then `dir` itself if it is empty.
+/// Missing pins are fine; anything else left in `dir` is kept.
+pub fn remove_pins(dir: &Path) -> Result<(), DatapathError> {
+    for path in pin_paths(dir) {
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(DatapathError::PinDir { path, source }),
+        }
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::DirectoryNotEmpty
+            ) =>
+        {
+            Ok(())
+        }
+        Err(source) => Err(DatapathError::PinDir {
+            path: dir.to_owned(),
+            source,
+        }),
+    }
+}

@@ -1,0 +1,167 @@
+//! The endpoint's controller, as Cilium's: it creates (or restores) the
+//! endpoint, serves the endpoint's own :4240 responder inside its
+//! namespace, checks and repairs everything every interval and shortly
+//! after any link event, and on shutdown removes the endpoint (or keeps it
+//! for the next agent).
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use tokio::{net::TcpListener, sync::broadcast, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info};
+
+use super::{Endpoint, EndpointConfig, EndpointError, SharedView};
+use crate::{probe::hello, sys::netns::Netns, util::errors::chain};
+
+/// What the controller needs besides the endpoint's configuration.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    pub endpoint: EndpointConfig,
+    /// Period of the check-and-repair.
+    pub interval: Duration,
+    /// Port of the endpoint's HTTP responder.
+    pub http_port: u16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("binding the health responder on port {port} in {netns}")]
+    Bind {
+        port: u16,
+        netns: String,
+        source: std::io::Error,
+    },
+    #[error("endpoint work panicked: {0}")]
+    Panicked(String),
+}
+
+/// Runs the endpoint until `shutdown`; `ready` is called once it is ready
+/// and its responder listens.
+pub async fn run(
+    cfg: ControllerConfig,
+    view: SharedView,
+    mut link_events: broadcast::Receiver<()>,
+    shutdown: CancellationToken,
+    ready: impl FnOnce() + Send,
+) -> Result<(), ControllerError> {
+    let ep_cfg = cfg.endpoint.clone();
+    let mut endpoint = blocking(move || Endpoint::start(ep_cfg, view)).await?;
+    info!(
+        id = endpoint.record().id,
+        ipv4 = %endpoint.record().ipv4,
+        netns = %endpoint.record().netns,
+        "health endpoint ready"
+    );
+    let netns = Netns::named(&cfg.endpoint.netns_name).map_err(EndpointError::from)?;
+    let mut responder = match serve_hello(&netns, cfg.http_port, &shutdown) {
+        Ok(r) => r,
+        Err(e) => {
+            // Nothing may stay behind a failed start.
+            let _ = blocking(move || endpoint.shutdown("the endpoint could not start")).await;
+            return Err(e);
+        }
+    };
+    ready();
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate; the endpoint was just made
+    let result = loop {
+        let trigger = tokio::select! {
+            () = shutdown.cancelled() => break Ok(()),
+            _ = tick.tick() => "interval",
+            Ok(()) = link_events.recv() => {
+                // Let a burst of events (a veth pair going away) settle.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                drain(&mut link_events);
+                "link event"
+            }
+        };
+        let timeout = cfg
+            .interval
+            .clamp(Duration::from_millis(200), Duration::from_secs(1));
+        let mut ep = endpoint;
+        let (ep, result) = match tokio::task::spawn_blocking(move || {
+            let r = ep.check_and_repair(timeout);
+            (ep, r)
+        })
+        .await
+        {
+            Ok(done) => done,
+            // The endpoint's state went with the panic; its plumbing stays
+            // for the restarted task, which restores it.
+            Err(e) => return Err(ControllerError::Panicked(e.to_string())),
+        };
+        endpoint = ep;
+        match result {
+            Ok(run) if run.repaired => {
+                info!(trigger, missing = ?run.missing, "controller repaired the endpoint");
+                if run.namespace_recreated {
+                    responder.abort();
+                    match serve_hello(&netns, cfg.http_port, &shutdown) {
+                        Ok(r) => responder = r,
+                        Err(e) => {
+                            error!("rebinding the endpoint's health responder: {}", chain(&e));
+                        }
+                    }
+                }
+            }
+            Ok(_) => debug!(trigger, "controller: endpoint in place"),
+            Err(e) => error!(
+                trigger,
+                "controller could not repair the endpoint: {}",
+                chain(&e)
+            ),
+        }
+        // The run's own changes (a recreated veth, re-attached programs)
+        // raise link events: they must not trigger the next run.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drain(&mut link_events);
+    };
+    responder.abort();
+    let reason = if result.is_ok() {
+        "the agent is stopping"
+    } else {
+        "the controller failed"
+    };
+    blocking(move || endpoint.shutdown(reason)).await?;
+    result
+}
+
+fn drain(events: &mut broadcast::Receiver<()>) {
+    while !matches!(
+        events.try_recv(),
+        Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)
+    ) {}
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, EndpointError> + Send + 'static,
+) -> Result<T, ControllerError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ControllerError::Panicked(e.to_string()))?
+        .map_err(ControllerError::from)
+}
+
+/// The :4240 responder inside the endpoint's namespace: the listening
+/// socket is created there, then served from the runtime.
+fn serve_hello(
+    netns: &Netns,
+    port: u16,
+    shutdown: &CancellationToken,
+) -> Result<JoinHandle<()>, ControllerError> {
+    let bind_err = |source| ControllerError::Bind {
+        port,
+        netns: netns.path().display().to_string(),
+        source,
+    };
+    let std_listener = netns
+        .run(|| std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
+        .map_err(EndpointError::from)?
+        .map_err(bind_err)?;
+    std_listener.set_nonblocking(true).map_err(bind_err)?;
+    let listener = TcpListener::from_std(std_listener).map_err(bind_err)?;
+    Ok(tokio::spawn(hello::serve(listener, shutdown.child_token())))
+}

@@ -1,0 +1,431 @@
+//! Links and addresses through rtnetlink, never by running `ip`.
+//!
+//! A netlink socket talks to the namespace its creating thread was in, so
+//! [`in_netns`] builds the connection on a thread that entered the namespace
+//! and drives it with a current-thread runtime there.
+
+use std::{future::Future, net::Ipv4Addr, os::fd::AsRawFd as _};
+
+use futures::TryStreamExt as _;
+use netlink_packet_route::{
+    address::AddressAttribute,
+    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage},
+    neighbour::NeighbourState,
+    route::{RouteAddress, RouteAttribute, RouteScope},
+};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder, new_connection};
+
+use crate::sys::netns::{Netns, NetnsError, run_in};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetlinkError {
+    #[error("{op}")]
+    Request {
+        op: String,
+        source: rtnetlink::Error,
+    },
+    #[error("interface {name:?} does not exist")]
+    NoSuchLink { name: String },
+    #[error("opening a netlink socket")]
+    Socket(#[source] std::io::Error),
+    #[error("starting the runtime for netlink work")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+}
+
+/// Counters of an interface, from `IFLA_STATS64`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    pub rx_dropped: u64,
+    pub tx_dropped: u64,
+}
+
+/// An IPv4 route of the main table, as far as the agent cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteV4 {
+    pub destination: Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: Option<Ipv4Addr>,
+    pub oif: Option<u32>,
+}
+
+/// A netlink connection bound to one namespace.
+#[derive(Clone)]
+pub struct Netlink {
+    handle: Handle,
+}
+
+/// Runs `work` with a netlink connection inside `netns` (or the calling
+/// thread's namespace when `None`), on a dedicated thread.
+pub fn in_netns<T, F, Fut>(netns: Option<&Netns>, work: F) -> Result<T, NetlinkError>
+where
+    T: Send,
+    F: FnOnce(Netlink) -> Fut + Send,
+    Fut: Future<Output = Result<T, NetlinkError>>,
+{
+    let go = move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(NetlinkError::Runtime)?;
+        rt.block_on(async move {
+            let (conn, handle, _) = new_connection().map_err(NetlinkError::Socket)?;
+            let task = tokio::spawn(conn);
+            let out = work(Netlink { handle }).await;
+            task.abort();
+            out
+        })
+    };
+    match netns {
+        Some(_) => run_in(netns, go)?,
+        // Keep the caller's runtime untouched: a nested block_on would panic.
+        None => std::thread::scope(|s| s.spawn(go).join())
+            .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+    }
+}
+
+fn req(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
+    let op = op.into();
+    move |source| NetlinkError::Request { op, source }
+}
+
+impl Netlink {
+    /// The index of `name`, or `None` when there is no such interface.
+    pub async fn link_index(&self, name: &str) -> Result<Option<u32>, NetlinkError> {
+        Ok(self.link_by_name(name).await?.map(|m| m.header.index))
+    }
+
+    /// Index and MAC address of `name`.
+    pub async fn link_l2(&self, name: &str) -> Result<(u32, [u8; 6]), NetlinkError> {
+        let link = self
+            .link_by_name(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })?;
+        let mac = link
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                LinkAttribute::Address(m) => <[u8; 6]>::try_from(m.as_slice()).ok(),
+                _ => None,
+            })
+            .unwrap_or_default();
+        Ok((link.header.index, mac))
+    }
+
+    /// The name of the interface with index `index`, if there is one.
+    pub async fn link_name(&self, index: u32) -> Result<Option<String>, NetlinkError> {
+        let mut links = self.handle.link().get().match_index(index).execute();
+        match links.try_next().await {
+            Ok(link) => Ok(link.and_then(|l| {
+                l.attributes.into_iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n),
+                    _ => None,
+                })
+            })),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+            Err(source) => Err(NetlinkError::Request {
+                op: format!("looking up interface index {index}"),
+                source,
+            }),
+        }
+    }
+
+    /// Like [`Self::link_index`] but a missing link is an error naming it.
+    pub async fn require_link(&self, name: &str) -> Result<u32, NetlinkError> {
+        self.link_index(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })
+    }
+
+    async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>, NetlinkError> {
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_owned())
+            .execute();
+        match links.try_next().await {
+            Ok(link) => Ok(link),
+            // ENODEV: no such device.
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+            Err(e) => Err(req(format!("looking up interface {name:?}"))(e)),
+        }
+    }
+
+    /// Creates a veth pair `name` <-> `peer`; the peer is created directly in
+    /// `peer_netns` when given.
+    pub async fn add_veth(
+        &self,
+        name: &str,
+        peer: &str,
+        peer_netns: Option<&Netns>,
+    ) -> Result<(), NetlinkError> {
+        let ns_file = peer_netns.map(Netns::open).transpose()?;
+        let mut peer_msg = LinkMessageBuilder::<LinkUnspec>::new().name(peer.to_owned());
+        if let Some(f) = &ns_file {
+            peer_msg = peer_msg.setns_by_fd(f.as_raw_fd());
+        }
+        let msg = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
+            .name(name.to_owned())
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg.build())))
+            .build();
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(req(format!("creating veth {name:?} <-> {peer:?}")))
+    }
+
+    /// Creates a bridge.
+    pub async fn add_bridge(&self, name: &str) -> Result<(), NetlinkError> {
+        self.handle
+            .link()
+            .add(rtnetlink::LinkBridge::new(name).build())
+            .execute()
+            .await
+            .map_err(req(format!("creating bridge {name:?}")))
+    }
+
+    /// Enslaves `port` to the bridge `bridge`.
+    pub async fn set_controller(&self, port: &str, bridge: &str) -> Result<(), NetlinkError> {
+        let (p, b) = (
+            self.require_link(port).await?,
+            self.require_link(bridge).await?,
+        );
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(p).controller(b).build())
+            .execute()
+            .await
+            .map_err(req(format!("adding {port:?} to bridge {bridge:?}")))
+    }
+
+    /// Sets an interface administratively up.
+    pub async fn set_up(&self, name: &str) -> Result<(), NetlinkError> {
+        self.set_admin(name, true).await
+    }
+
+    /// Sets an interface administratively down.
+    pub async fn set_down(&self, name: &str) -> Result<(), NetlinkError> {
+        self.set_admin(name, false).await
+    }
+
+    async fn set_admin(&self, name: &str, up: bool) -> Result<(), NetlinkError> {
+        let index = self.require_link(name).await?;
+        let msg = LinkUnspec::new_with_index(index);
+        let msg = if up { msg.up() } else { msg.down() };
+        self.handle
+            .link()
+            .set(msg.build())
+            .execute()
+            .await
+            .map_err(req(format!(
+                "setting {name:?} {}",
+                if up { "up" } else { "down" }
+            )))
+    }
+
+    /// Adds `addr/prefix` to an interface.
+    pub async fn add_address(
+        &self,
+        name: &str,
+        addr: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(name).await?;
+        self.handle
+            .address()
+            .add(index, addr.into(), prefix)
+            .execute()
+            .await
+            .map_err(req(format!("adding {addr}/{prefix} to {name:?}")))
+    }
+
+    /// Deletes an interface (for a veth, both ends go).
+    pub async fn delete_link(&self, name: &str) -> Result<(), NetlinkError> {
+        let index = self.require_link(name).await?;
+        self.handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .map_err(req(format!("deleting {name:?}")))
+    }
+
+    /// The interface's `IFLA_STATS64` counters.
+    pub async fn link_stats(&self, name: &str) -> Result<LinkStats, NetlinkError> {
+        let link = self
+            .link_by_name(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })?;
+        let stats = link.attributes.iter().find_map(|a| match a {
+            LinkAttribute::Stats64(s) => Some(LinkStats {
+                rx_packets: s.rx_packets,
+                tx_packets: s.tx_packets,
+                rx_bytes: s.rx_bytes,
+                tx_bytes: s.tx_bytes,
+                rx_dropped: s.rx_dropped,
+                tx_dropped: s.tx_dropped,
+            }),
+            _ => None,
+        });
+        Ok(stats.unwrap_or_default())
+    }
+
+    /// Adds (or replaces) an IPv4 route `destination/prefix` out of
+    /// `iface`, through `gateway` when given (on-link: the gateway need not
+    /// be in any connected subnet).
+    pub async fn replace_route(
+        &self,
+        destination: Ipv4Addr,
+        prefix: u8,
+        iface: &str,
+        gateway: Option<Ipv4Addr>,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(destination, prefix)
+            .output_interface(index);
+        b = match gateway {
+            Some(gw) => b.gateway(gw).onlink(),
+            None => b.scope(RouteScope::Link),
+        };
+        let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+        self.handle
+            .route()
+            .add(b.build())
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!(
+                "adding route {destination}/{prefix}{via} dev {iface}"
+            )))
+    }
+
+    /// Adds (or replaces) `destination/prefix via gateway`, letting the
+    /// kernel pick the interface that reaches the gateway.
+    pub async fn replace_route_via(
+        &self,
+        destination: Ipv4Addr,
+        prefix: u8,
+        gateway: Ipv4Addr,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(destination, prefix)
+            .gateway(gateway)
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!(
+                "adding route {destination}/{prefix} via {gateway}"
+            )))
+    }
+
+    /// Deletes the main-table route to `destination/prefix`; a missing one is fine.
+    pub async fn delete_route(
+        &self,
+        destination: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(destination, prefix)
+            .build();
+        match self.handle.route().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+            Err(e) => Err(req(format!("deleting route {destination}/{prefix}"))(e)),
+        }
+    }
+
+    /// IPv4 routes of the main table.
+    pub async fn routes_v4(&self) -> Result<Vec<RouteV4>, NetlinkError> {
+        let mut stream = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream
+            .try_next()
+            .await
+            .map_err(req("listing IPv4 routes"))?
+        {
+            let mut r = RouteV4 {
+                destination: Ipv4Addr::UNSPECIFIED,
+                prefix: msg.header.destination_prefix_length,
+                gateway: None,
+                oif: None,
+            };
+            for a in &msg.attributes {
+                match a {
+                    RouteAttribute::Destination(RouteAddress::Inet(d)) => r.destination = *d,
+                    RouteAttribute::Gateway(RouteAddress::Inet(g)) => r.gateway = Some(*g),
+                    RouteAttribute::Oif(i) => r.oif = Some(*i),
+                    _ => {}
+                }
+            }
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    /// Adds (or replaces) a permanent neighbour entry `ip -> mac` on `iface`.
+    pub async fn replace_neighbour(
+        &self,
+        iface: &str,
+        ip: Ipv4Addr,
+        mac: [u8; 6],
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        self.handle
+            .neighbours()
+            .add(index, ip.into())
+            .link_layer_address(&mac)
+            .state(NeighbourState::Permanent)
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!("adding neighbour {ip} on {iface}")))
+    }
+
+    /// Every IPv4 address configured in this namespace, with its interface index.
+    pub async fn addresses_v4(&self) -> Result<Vec<(u32, Ipv4Addr, u8)>, NetlinkError> {
+        let mut stream = self.handle.address().get().execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream.try_next().await.map_err(req("listing addresses"))? {
+            for a in &msg.attributes {
+                if let AddressAttribute::Address(std::net::IpAddr::V4(ip)) = a {
+                    out.push((msg.header.index, *ip, msg.header.prefix_len));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Sends `()` on `events` for every link event (new, changed, deleted link)
+/// in the namespace of the calling thread, until the multicast stream ends.
+/// Run it on a runtime that lives in that namespace. A subscriber that
+/// lags only misses wake-ups it would have coalesced anyway.
+pub async fn watch_links(events: tokio::sync::broadcast::Sender<()>) -> Result<(), NetlinkError> {
+    use futures::StreamExt as _;
+    let (conn, _handle, mut messages) =
+        rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
+            .map_err(NetlinkError::Socket)?;
+    let task = tokio::spawn(conn);
+    while messages.next().await.is_some() {
+        let _ = events.send(());
+    }
+    task.abort();
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! Small helpers shared by every layer: duration parsing, time formatting,
+//! error chains.
+
+pub mod cidr;
+pub mod duration;
+pub mod errors;
+pub mod timefmt;

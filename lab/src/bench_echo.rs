@@ -1,0 +1,276 @@
+//! `cargo xtask bench echo`: echo replies per second on one veth, the eBPF
+//! responder in each attach mode against the kernel stack's own echo.
+//!
+//! Node `a` floods node `b` with one prebuilt echo request over `AF_PACKET`
+//! (`sendmmsg`, no qdisc) from one thread per CPU; replies are counted from
+//! `a`'s interface counters. Modes are interleaved over rounds and the
+//! median is reported, so drift on the machine hits every mode alike.
+
+use std::{fmt::Write as _, time::Duration};
+
+use health_agent::{
+    datapath::{AttachMode, Datapath, Interface},
+    sys::netlink::in_netns,
+};
+
+use crate::blaster::blast;
+use health_tests::{
+    packets::Echo,
+    pinger::ping,
+    pins::PinDir,
+    topology::{A_IF, A_IP, B_IF, B_IP, TwoNodes},
+};
+
+/// Who answers the echo requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EchoResponder {
+    Kernel,
+    Ebpf(AttachMode),
+}
+
+impl EchoResponder {
+    pub const ALL: [Self; 4] = [
+        Self::Kernel,
+        Self::Ebpf(AttachMode::Tcx),
+        Self::Ebpf(AttachMode::XdpGeneric),
+        Self::Ebpf(AttachMode::XdpNative),
+    ];
+
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Kernel => "kernel stack",
+            Self::Ebpf(m) => m.as_str(),
+        }
+    }
+}
+
+/// One measurement window.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub offered_pps: f64,
+    pub replies_pps: f64,
+    /// Replies the eBPF program counted as answered (0 for the kernel).
+    pub answered_in_kernel_program: u64,
+}
+
+pub struct Options {
+    pub seconds: u32,
+    pub rounds: u32,
+    pub senders: usize,
+}
+
+/// What one benchmark run found.
+pub struct Results {
+    /// Frames per second the sender pushes when nothing answers.
+    pub sender_ceiling_pps: f64,
+    /// Median sample per responder.
+    pub medians: Vec<(EchoResponder, Sample)>,
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Results> {
+    let nodes = TwoNodes::new();
+    let pins = PinDir::new();
+    let (a_index, a_mac) = in_netns(Some(&nodes.a), |nl| async move { nl.link_l2(A_IF).await })?;
+    let (_, b_mac) = in_netns(Some(&nodes.b), |nl| async move { nl.link_l2(B_IF).await })?;
+    let mut req = Echo::request(A_IP, B_IP, 0xbe7c, 1);
+    req.src_mac = a_mac;
+    req.dst_mac = b_mac;
+    let frame = req.frame();
+    // Let b learn a's MAC (the kernel's replies need it) and check the path.
+    let warm = ping(&nodes.a, B_IP, 0xbe7d, 1, Duration::from_secs(1))?;
+    anyhow::ensure!(
+        warm[0].reply.is_some(),
+        "no echo reply from node b before the benchmark"
+    );
+
+    let window = Duration::from_secs(u64::from(opts.seconds));
+    let ceiling = sender_ceiling(&nodes, &pins, a_index, &frame, opts.senders, window)?;
+    progress(&format!(
+        "sender ceiling (frames dropped on arrival): {ceiling:>10.0}/s"
+    ));
+    let mut samples: Vec<(EchoResponder, Vec<Sample>)> = EchoResponder::ALL
+        .iter()
+        .map(|k| (*k, Vec::new()))
+        .collect();
+    for round in 1..=opts.rounds {
+        for (kind, list) in &mut samples {
+            let s = measure(&nodes, &pins, *kind, a_index, &frame, opts.senders, window)?;
+            progress(&format!(
+                "round {round}/{}: {:<12} offered {:>10.0}/s  replies {:>10.0}/s",
+                opts.rounds,
+                kind.name(),
+                s.offered_pps,
+                s.replies_pps
+            ));
+            list.push(s);
+        }
+    }
+    Ok(Results {
+        sender_ceiling_pps: ceiling,
+        medians: samples
+            .into_iter()
+            .map(|(k, list)| (k, median(list)))
+            .collect(),
+    })
+}
+
+/// What the sender can push when the far side does the least possible:
+/// frames with a corrupt IPv4 checksum, dropped by the XDP (generic)
+/// responder right after parsing. Checks every frame was seen and dropped.
+fn sender_ceiling(
+    nodes: &TwoNodes,
+    pins: &PinDir,
+    a_index: u32,
+    frame: &[u8],
+    senders: usize,
+    window: Duration,
+) -> anyhow::Result<f64> {
+    let mut bad = frame.to_vec();
+    bad[24] ^= 0xff;
+    let mut r = Datapath::load(pins.path())?;
+    r.set_echo_address(B_IP)?;
+    r.attach_echo(
+        &Interface::new(B_IF, Some(nodes.b.clone())),
+        AttachMode::XdpGeneric,
+        None,
+    )?;
+    let before = r.echo_stats()?;
+    let sent = blast(&nodes.a, a_index, &bad, senders, window)?;
+    let dropped = r.echo_stats()?.since(before).malformed;
+    anyhow::ensure!(
+        dropped == sent,
+        "sender ceiling: sent {sent} frames but the responder dropped {dropped}"
+    );
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "packet counts stay far below 2^52"
+    )]
+    Ok(sent as f64 / window.as_secs_f64())
+}
+
+fn measure(
+    nodes: &TwoNodes,
+    pins: &PinDir,
+    kind: EchoResponder,
+    a_index: u32,
+    frame: &[u8],
+    senders: usize,
+    window: Duration,
+) -> anyhow::Result<Sample> {
+    // The kernel's echo is on only when it is the responder measured, so an
+    // eBPF figure can never include replies from the stack.
+    let ignore_all = if kind == EchoResponder::Kernel {
+        "0"
+    } else {
+        "1"
+    };
+    TwoNodes::sysctl(&nodes.b, "net/ipv4/icmp_echo_ignore_all", ignore_all);
+    let responder = match kind {
+        EchoResponder::Kernel => None,
+        EchoResponder::Ebpf(mode) => {
+            let mut r = Datapath::load(pins.path())?;
+            r.set_echo_address(B_IP)?;
+            let iface = Interface::new(B_IF, Some(nodes.b.clone()));
+            let peer = Interface::new(A_IF, Some(nodes.a.clone()));
+            r.attach_echo(&iface, mode, Some(&peer))?;
+            Some(r)
+        }
+    };
+    // Warm up caches and NAPI state outside the window.
+    blast(
+        &nodes.a,
+        a_index,
+        frame,
+        senders,
+        Duration::from_millis(200),
+    )?;
+    std::thread::sleep(Duration::from_millis(50));
+    let answered_before = responder
+        .as_ref()
+        .map(Datapath::echo_stats)
+        .transpose()?
+        .unwrap_or_default();
+    let rx_before = rx_packets(nodes)?;
+    let sent = blast(&nodes.a, a_index, frame, senders, window)?;
+    std::thread::sleep(Duration::from_millis(50));
+    let rx_after = rx_packets(nodes)?;
+    let answered_after = responder
+        .as_ref()
+        .map(Datapath::echo_stats)
+        .transpose()?
+        .unwrap_or_default();
+    let secs = window.as_secs_f64();
+    let replies = rx_after.saturating_sub(rx_before);
+    let answered = answered_after.since(answered_before).answered;
+    // In eBPF rows every reply must come from the program (the stack ignores
+    // echo there); allow a few frames of slack for packets in flight.
+    if responder.is_some() && answered + 1024 < replies {
+        anyhow::bail!(
+            "{}: {replies} replies seen but the program answered only {answered}",
+            kind.name()
+        );
+    }
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "packet counts stay far below 2^52"
+    )]
+    Ok(Sample {
+        offered_pps: sent as f64 / secs,
+        replies_pps: replies as f64 / secs,
+        answered_in_kernel_program: answered,
+    })
+}
+
+fn rx_packets(nodes: &TwoNodes) -> anyhow::Result<u64> {
+    Ok(in_netns(
+        Some(&nodes.a),
+        |nl| async move { nl.link_stats(A_IF).await },
+    )?
+    .rx_packets)
+}
+
+fn median(mut list: Vec<Sample>) -> Sample {
+    list.sort_by(|x, y| x.replies_pps.total_cmp(&y.replies_pps));
+    list[list.len() / 2]
+}
+
+/// The result table, with each mode's ratio to the kernel stack.
+#[must_use]
+pub fn render(results: &Results, opts: &Options) -> String {
+    let kernel = results
+        .medians
+        .iter()
+        .find(|(k, _)| *k == EchoResponder::Kernel)
+        .map_or(f64::NAN, |(_, s)| s.replies_pps);
+    let mut out = format!(
+        "echo replies per second on one veth ({} s windows, median of {} rounds, {} sender thread(s))\n",
+        opts.seconds, opts.rounds, opts.senders
+    );
+    let _ = writeln!(
+        out,
+        "{:<14} {:>12} {:>12} {:>9} {:>10} {:>14}",
+        "responder", "offered/s", "replies/s", "answered", "vs kernel", "by program"
+    );
+    for (kind, s) in &results.medians {
+        let _ = writeln!(
+            out,
+            "{:<14} {:>12.0} {:>12.0} {:>8.1}% {:>9.2}x {:>14}",
+            kind.name(),
+            s.offered_pps,
+            s.replies_pps,
+            100.0 * s.replies_pps / s.offered_pps.max(1.0),
+            s.replies_pps / kernel,
+            s.answered_in_kernel_program
+        );
+    }
+    let _ = writeln!(
+        out,
+        "sender ceiling (frames dropped by XDP on arrival): {:.0}/s. veth runs the receiver in the\n\
+         sender's softirq, so each row is what the whole path sustains on the CPUs: the sender is\n\
+         the same in every row and the responder's cost is what differs",
+        results.sender_ceiling_pps
+    );
+    out
+}

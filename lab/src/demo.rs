@@ -1,0 +1,152 @@
+//! `cargo xtask run`: a local cluster on this machine. N namespaces play
+//! nodes on a bridge in 198.18.0.0/15, each running the real
+//! `health-agent daemon` with its own health endpoint, discovering the
+//! others through a shared nodes file; a live status view refreshes until
+//! Ctrl-C, which stops the agents and removes everything.
+
+use std::{
+    fmt::Write as _,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::bail;
+
+use health_tests::cluster::{Cluster, Settings};
+
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Probe interval of the agents.
+    #[arg(long, default_value = "2s")]
+    pub probe_interval: String,
+    /// Stop after this many seconds (default: run until Ctrl-C).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Print every view below the previous one instead of redrawing.
+    #[arg(long)]
+    pub no_redraw: bool,
+    /// Discover nodes through a local etcd (started in the fabric
+    /// namespace) instead of the nodes file.
+    #[arg(long, value_parser = ["file", "etcd"], default_value = "file")]
+    pub kvstore: String,
+    /// How endpoints reach peers: routes only, or masquerade (SNAT to the
+    /// node IP in BPF) toward node IPs.
+    #[arg(long, value_parser = ["routed", "masquerade"], default_value = "routed")]
+    pub routing: String,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    if !(1..=100).contains(&opts.nodes) {
+        bail!("--nodes {} is out of range (1 to 100)", opts.nodes);
+    }
+    health_agent::util::duration::parse(&opts.probe_interval)
+        .map_err(|e| anyhow::anyhow!("--probe-interval: {e}"))?;
+    install_stop_handler()?;
+    println!(
+        "starting a {}-node cluster (namespaces on a bridge, 198.18.0.0/15)...",
+        opts.nodes
+    );
+    let interval: &'static str = Box::leak(opts.probe_interval.clone().into_boxed_str());
+    let mut cluster = Cluster::start(&Settings {
+        nodes: opts.nodes,
+        probe_interval: interval,
+        probe_timeout: "1s",
+        etcd: opts.kvstore == "etcd",
+        extra_args: if opts.routing == "masquerade" {
+            [
+                "--routing",
+                "masquerade",
+                "--health-range",
+                "198.18.64.0/18",
+            ]
+            .map(String::from)
+            .to_vec()
+        } else {
+            Vec::new()
+        },
+        ..Settings::default()
+    });
+    println!("agents' logs and sockets: {}", cluster.dir.display());
+    let end = opts
+        .seconds
+        .map(|s| Instant::now() + Duration::from_secs(s));
+    while !STOP.load(Ordering::Relaxed) && end.is_none_or(|e| Instant::now() < e) {
+        let mut view = String::new();
+        for node in &cluster.nodes {
+            match node.status() {
+                // Node 1's view as its operator sees it: `health-agent status`.
+                Some(_) if node.name == cluster.nodes[0].name => view.push_str(&node.status_text()),
+                Some(s) => {
+                    let _ = writeln!(
+                        view,
+                        "  {} sees {}/{} reachable",
+                        node.name,
+                        s.reachable(),
+                        s.nodes.len()
+                    );
+                }
+                None => {
+                    let _ = writeln!(view, "  {}: agent not answering yet", node.name);
+                }
+            }
+        }
+        if opts.routing == "masquerade"
+            && let Ok(rows) = health_agent::datapath::nat::list(&cluster.nodes[0].pins)
+        {
+            let _ = writeln!(
+                view,
+                "\n  {} masquerade: {} NAT pairs (health-agent bpf nat list --bpffs-dir {})",
+                cluster.nodes[0].name,
+                rows.len() / 2,
+                cluster.nodes[0].pins.display()
+            );
+        }
+        if opts.no_redraw {
+            println!("{view}");
+        } else {
+            // Clear the screen and draw the view at the top.
+            print!(
+                "\x1b[2J\x1b[H{} (Ctrl-C stops and tears down)\n\n{view}",
+                cluster.nodes[0].name
+            );
+        }
+        sleep_unless_stopped(Duration::from_secs(1));
+    }
+    println!("\nstopping the agents (SIGTERM) and removing namespaces, pins and files...");
+    cluster.stop_agents();
+    drop(cluster);
+    println!("done");
+    Ok(())
+}
+
+fn install_stop_handler() -> anyhow::Result<()> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { sigaction(sig, &action) }?;
+    }
+    Ok(())
+}
+
+fn sleep_unless_stopped(total: Duration) {
+    let end = Instant::now() + total;
+    while !STOP.load(Ordering::Relaxed) && Instant::now() < end {
+        std::thread::sleep(
+            Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! Local clusters of namespaces, each node running the real agent: full-mesh
+//! probing, reachability changes, partial failures.
+
+use std::time::Duration;
+
+use health_agent::api::types::NodesView;
+
+use health_agent::probe::{path::ProbeResult, status::ClusterStatus};
+use health_tests::{
+    cluster::{Cluster, Settings},
+    faults::DropIcmp,
+};
+
+fn all_paths(s: &ClusterStatus, r: ProbeResult) -> bool {
+    s.nodes.iter().all(|n| {
+        [
+            &n.host.icmp,
+            &n.host.http,
+            &n.endpoint.icmp,
+            &n.endpoint.http,
+        ]
+        .iter()
+        .all(|p| p.result == r)
+    })
+}
+
+fn node<'a>(s: &'a ClusterStatus, name: &str) -> &'a health_agent::probe::status::NodeStatus {
+    s.nodes
+        .iter()
+        .find(|n| n.name == name)
+        .unwrap_or_else(|| panic!("{name} missing from {s:#?}"))
+}
+
+#[test]
+fn five_nodes_reach_five_of_five_with_all_paths_ok() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 5,
+        ..Settings::default()
+    });
+    for i in 0..5 {
+        let s = cluster.wait_status(i, Duration::from_secs(20), |s| {
+            s.nodes.len() == 5 && s.reachable() == 5 && all_paths(s, ProbeResult::Success)
+        });
+        assert_eq!(
+            s.local_node.as_deref(),
+            Some(format!("node-{}", i + 1).as_str())
+        );
+        for n in &s.nodes {
+            for p in [
+                &n.host.icmp,
+                &n.host.http,
+                &n.endpoint.icmp,
+                &n.endpoint.http,
+            ] {
+                assert!(
+                    p.rtt_ns.is_some_and(|ns| ns > 0),
+                    "{}: no RTT in {p:?}",
+                    n.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_node_whose_link_goes_down_turns_unreachable_then_recovers() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 3,
+        failure_threshold: 2,
+        success_threshold: 1,
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    cluster.nodes[2].set_uplink(false);
+    let down = cluster.wait_status(0, Duration::from_secs(10), |s| {
+        !node(s, "node-3").reachable()
+    });
+    let n3 = node(&down, "node-3");
+    assert_eq!(n3.host.icmp.result, ProbeResult::Failure, "{n3:#?}");
+    assert!(
+        n3.host.icmp.consecutive_failures >= 2,
+        "failure only after the threshold: {n3:#?}"
+    );
+    assert!(n3.host.icmp.last_error.is_some());
+    assert!(
+        node(&down, "node-2").reachable(),
+        "the others stay reachable"
+    );
+    assert!(node(&down, "node-1").reachable());
+
+    cluster.nodes[2].set_uplink(true);
+    let up = cluster.wait_status(0, Duration::from_secs(10), |s| s.reachable() == 3);
+    assert!(node(&up, "node-3").host.icmp.consecutive_successes >= 1);
+}
+
+#[test]
+fn icmp_dropped_toward_a_node_shows_icmp_failing_and_http_ok() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 3,
+        failure_threshold: 2,
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    // Drop ICMP entering node-3 (for its node IP and its endpoint alike).
+    let _filter = DropIcmp::attach(&cluster.nodes[2].ns, "uplink").expect("tc filter on node-3");
+    let s = cluster.wait_status(0, Duration::from_secs(10), |s| {
+        let n = node(s, "node-3");
+        n.host.icmp.result == ProbeResult::Failure && n.endpoint.icmp.result == ProbeResult::Failure
+    });
+    let n3 = node(&s, "node-3");
+    assert_eq!(n3.host.http.result, ProbeResult::Success, "{n3:#?}");
+    assert_eq!(n3.endpoint.http.result, ProbeResult::Success, "{n3:#?}");
+    assert!(!n3.reachable());
+    assert!(node(&s, "node-2").reachable());
+    // The verbose table says the same in words.
+    let out = std::process::Command::new(health_tests::agent::agent_binary())
+        .args(["status", "--verbose", "--socket"])
+        .arg(cluster.nodes[0].socket())
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Cluster health: 2/3 reachable"), "{text}");
+    assert!(
+        text.contains("ICMP to stack:   Failure: no echo reply"),
+        "{text}"
+    );
+    assert!(text.contains("HTTP to agent:   OK, RTT="), "{text}");
+}
+
+#[test]
+fn nodes_file_edits_add_and_remove_peers_and_bad_edits_keep_the_last_good_set() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 3,
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    // node-3 leaves the file: gone from the status within a sync.
+    cluster.write_nodes_file(2);
+    cluster.wait_status(0, Duration::from_secs(5), |s| s.nodes.len() == 2);
+    // ...and joins again.
+    cluster.write_nodes_file(3);
+    cluster.wait_status(0, Duration::from_secs(10), |s| {
+        s.nodes.len() == 3 && s.reachable() == 3
+    });
+
+    let good = std::fs::read_to_string(&cluster.nodes_file).expect("read");
+    let nodes_json = |c: &Cluster| -> serde_json::Value {
+        let out = std::process::Command::new(health_tests::agent::agent_binary())
+            .args(["status", "-o", "json", "--socket"])
+            .arg(c.nodes[0].socket())
+            .output()
+            .expect("status");
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    for (bad, needle) in [
+        (
+            good.replace("node-ip: 198.18.0.12", "node-ip: [198.18"),
+            "nodes.yaml:",
+        ),
+        (
+            good.replace("name: node-3", "name: node-2"),
+            "duplicate node \"node-2\"",
+        ),
+        (
+            good.replace("node-ip: 198.18.0.13", "node-ip: 198.18.0.300"),
+            "node-ip",
+        ),
+    ] {
+        std::fs::write(&cluster.nodes_file, &bad).expect("write");
+        let view = wait_nodes_error(&cluster, needle);
+        assert_eq!(view.nodes.len(), 3, "last good set kept: {view:?}");
+        assert_eq!(
+            nodes_json(&cluster)["nodes"].as_array().map(Vec::len),
+            Some(3)
+        );
+    }
+    std::fs::write(&cluster.nodes_file, &good).expect("restore");
+}
+
+/// Polls `GET /v1/nodes` of node-1 until its error mentions `needle`.
+fn wait_nodes_error(cluster: &Cluster, needle: &str) -> NodesView {
+    let socket = cluster.nodes[0].socket();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let view = health_tests::api::call(&socket, |c| async move { c.nodes().await }).ok();
+        if let Some(v) = view
+            && v.error.as_deref().is_some_and(|e| e.contains(needle))
+        {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no nodes error mentioning {needle:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_bad_nodes_file_at_start_is_refused_naming_the_line() {
+    let dir = std::env::temp_dir().join(health_tests::names::unique("badfile"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("nodes.yaml");
+    std::fs::write(&file, "nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-ip: 198.18.64.2\n  - name: a\n    node-ip: 198.18.0.2\n    health-ip: 198.18.65.2\n").expect("write");
+    let out = std::process::Command::new(health_tests::agent::agent_binary())
+        .args(["daemon", "--health-cidr", "198.18.64.0/24", "--nodes-file"])
+        .arg(&file)
+        .arg("--pidfile")
+        .arg(dir.join("pid"))
+        .arg("--socket")
+        .arg(dir.join("sock"))
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("nodes.yaml:5: duplicate node \"a\""), "{err}");
+    assert!(
+        !dir.join("sock").exists() && !dir.join("pid").exists(),
+        "nothing left behind"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,239 @@
+//! The echo programs run by the kernel on crafted packets (`BPF_PROG_TEST_RUN`):
+//! verdicts, output bytes and counters, for the XDP and the tc program.
+
+use health_common::maps::ProgId;
+use std::net::Ipv4Addr;
+
+use aya::programs::{TestRun as _, TestRunOptions};
+use health_agent::datapath::{Datapath, EchoStats};
+use health_tests::{
+    packets::{self, Echo},
+    pins::PinDir,
+    require_root,
+};
+
+const LOCAL: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 2);
+const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 1);
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+/// `TC_ACT_UNSPEC` (-1), i.e. `TCX_NEXT`.
+const TC_NEXT: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug)]
+enum Prog {
+    Xdp,
+    Tc,
+}
+
+struct Verdicts {
+    reply: u32,
+    pass: u32,
+    drop: u32,
+}
+
+impl Prog {
+    const fn verdicts(self) -> Verdicts {
+        match self {
+            Self::Xdp => Verdicts {
+                reply: XDP_TX,
+                pass: XDP_PASS,
+                drop: XDP_DROP,
+            },
+            Self::Tc => Verdicts {
+                reply: TC_ACT_REDIRECT,
+                pass: TC_NEXT,
+                drop: TC_ACT_SHOT,
+            },
+        }
+    }
+}
+
+fn loaded() -> (Datapath, PinDir) {
+    require_root();
+    let pins = PinDir::new();
+    let mut r = Datapath::load(pins.path()).expect("load the kernel object");
+    r.set_echo_address(LOCAL).expect("configure the address");
+    (r, pins)
+}
+
+/// Runs `prog` once on `input`; returns the verdict and the output packet.
+fn run(r: &mut Datapath, prog: Prog, input: &[u8]) -> (u32, Vec<u8>) {
+    let mut out = vec![0u8; input.len() + 256];
+    let opts = TestRunOptions {
+        data_in: Some(input),
+        data_out: Some(&mut out),
+        ..TestRunOptions::default()
+    };
+    let res = match prog {
+        Prog::Xdp => r.xdp(ProgId::EchoXdp).expect("xdp").test_run(opts),
+        Prog::Tc => r.classifier(ProgId::EchoTc).expect("tc").test_run(opts),
+    }
+    .unwrap_or_else(|e| panic!("{prog:?} test run on {} bytes: {e}", input.len()));
+    out.truncate(res.data_size_out as usize);
+    (res.return_value, out)
+}
+
+fn request() -> Echo {
+    Echo::request(PEER, LOCAL, 0x4d2, 3)
+}
+
+fn for_both(check: impl Fn(&mut Datapath, Prog)) {
+    let (mut r, _pins) = loaded();
+    for prog in [Prog::Xdp, Prog::Tc] {
+        check(&mut r, prog);
+    }
+}
+
+#[test]
+fn valid_echo_request_becomes_the_exact_reply() {
+    for_both(|r, prog| {
+        let req = request();
+        let before = r.echo_stats().expect("stats");
+        let (verdict, out) = run(r, prog, &req.frame());
+        assert_eq!(verdict, prog.verdicts().reply, "{prog:?} verdict");
+        assert_eq!(out, req.expected_reply().frame(), "{prog:?} reply bytes");
+        packets::verify_ipv4_icmp(&out[14..]).unwrap_or_else(|e| panic!("{prog:?}: {e}"));
+        let delta = r.echo_stats().expect("stats").since(before);
+        assert_eq!(
+            delta,
+            EchoStats {
+                answered: 1,
+                passed: 0,
+                malformed: 0
+            },
+            "{prog:?}"
+        );
+    });
+}
+
+#[test]
+fn odd_sized_and_empty_payloads_are_answered_correctly() {
+    for_both(|r, prog| {
+        for len in [0usize, 1, 7, 1000] {
+            let mut req = request();
+            req.payload = (0..len).map(|i| (i * 13) as u8).collect();
+            let (verdict, out) = run(r, prog, &req.frame());
+            assert_eq!(verdict, prog.verdicts().reply, "{prog:?} payload {len}");
+            assert_eq!(out, req.expected_reply().frame(), "{prog:?} payload {len}");
+        }
+    });
+}
+
+/// Packets the responder must hand on byte for byte.
+#[test]
+fn packets_not_for_the_responder_pass_untouched() {
+    let mut other = request();
+    other.dst = Ipv4Addr::new(198, 18, 7, 99);
+    let mut reply = request();
+    reply.kind = 0;
+    let cases = [
+        ("echo to another address", other.frame()),
+        ("echo reply", reply.frame()),
+        ("IP options", packets::with_ip_options(&request().frame())),
+        ("fragment", packets::as_fragment(&request())),
+        ("UDP", packets::udp(&request())),
+        ("IPv6 echo", packets::ipv6_echo(&request())),
+        (
+            "ARP-sized non-IP",
+            packets::ethernet([0xff; 6], [2, 0, 0, 0, 0, 1], 0x0806, &[0; 28]),
+        ),
+    ];
+    for_both(|r, prog| {
+        for (what, input) in &cases {
+            let before = r.echo_stats().expect("stats");
+            let (verdict, out) = run(r, prog, input);
+            assert_eq!(verdict, prog.verdicts().pass, "{prog:?}: {what}");
+            assert_eq!(&out, input, "{prog:?}: {what} was modified");
+            let delta = r.echo_stats().expect("stats").since(before);
+            assert_eq!(
+                delta,
+                EchoStats {
+                    answered: 0,
+                    passed: 1,
+                    malformed: 0
+                },
+                "{prog:?}: {what}"
+            );
+        }
+    });
+}
+
+#[test]
+fn malformed_packets_are_dropped_and_counted() {
+    let frame = request().frame();
+    let mut bad_sum = frame.clone();
+    bad_sum[24] ^= 0xff;
+    let mut bad_version = frame.clone();
+    bad_version[14] = 0x55;
+    packets::fix_ip_checksum(&mut bad_version);
+    let mut long_total = frame.clone();
+    long_total[16..18].copy_from_slice(&2000u16.to_be_bytes());
+    packets::fix_ip_checksum(&mut long_total);
+    // IP total length 24: only 4 bytes of ICMP header.
+    let mut short_icmp = frame[..38].to_vec();
+    short_icmp[16..18].copy_from_slice(&24u16.to_be_bytes());
+    packets::fix_ip_checksum(&mut short_icmp);
+    let cases = [
+        ("IPv4 header checksum wrong", bad_sum),
+        ("IP version 5", bad_version),
+        ("total length beyond the frame", long_total),
+        ("ICMP header cut at 4 bytes", short_icmp),
+    ];
+    // The kernel's skb test runner refuses IPv4 frames shorter than an IP
+    // header, so that truncation can only be fed to the XDP program.
+    let xdp_only = [("IPv4 header cut at 10 bytes", frame[..24].to_vec())];
+    for_both(|r, prog| {
+        let extra = match prog {
+            Prog::Xdp => &xdp_only[..],
+            Prog::Tc => &[],
+        };
+        for (what, input) in cases.iter().chain(extra) {
+            let before = r.echo_stats().expect("stats");
+            let (verdict, _) = run(r, prog, input);
+            assert_eq!(verdict, prog.verdicts().drop, "{prog:?}: {what}");
+            let delta = r.echo_stats().expect("stats").since(before);
+            assert_eq!(
+                delta,
+                EchoStats {
+                    answered: 0,
+                    passed: 0,
+                    malformed: 1
+                },
+                "{prog:?}: {what}"
+            );
+        }
+    });
+}
+
+#[test]
+fn without_an_address_nothing_is_answered() {
+    for_both(|r, prog| {
+        r.set_echo_address(Ipv4Addr::UNSPECIFIED)
+            .expect("clear address");
+        let input = request().frame();
+        let (verdict, out) = run(r, prog, &input);
+        assert_eq!(verdict, prog.verdicts().pass, "{prog:?}");
+        assert_eq!(out, input, "{prog:?}");
+    });
+}
+
+#[test]
+fn counters_are_read_back_from_the_pins() {
+    let (mut r, pins) = loaded();
+    let frame = request().frame();
+    for _ in 0..5 {
+        assert_eq!(run(&mut r, Prog::Xdp, &frame).0, XDP_TX);
+    }
+    let live = r.echo_stats().expect("stats");
+    let pinned = health_agent::datapath::read_pinned_stats(pins.path()).expect("pinned stats");
+    assert_eq!(live.answered, 5);
+    assert_eq!(pinned, live);
+    // A second load reuses the pinned maps: counters carry over.
+    drop(r);
+    let again = Datapath::load(pins.path()).expect("reload");
+    assert_eq!(again.echo_stats().expect("stats").answered, 5);
+}

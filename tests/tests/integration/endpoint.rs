@@ -1,0 +1,348 @@
+//! The health endpoint owned by a real `health-agent daemon` running as the
+//! agent of a namespace that plays its node.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use health_agent::endpoint::EndpointView;
+use health_agent::{datapath::read_pinned_stats, sys::netlink::in_netns};
+use health_tests::{
+    agent::{AgentNode, HEALTH_CIDR},
+    pinger::{check_reply, ping},
+    topology::TwoNodes,
+};
+use nix::sys::signal::Signal;
+
+const READY: Duration = Duration::from_secs(10);
+
+const fn ipv4(ep: &EndpointView) -> Ipv4Addr {
+    ep.ipv4
+}
+
+fn states(ep: &EndpointView) -> Vec<&'static str> {
+    ep.history.iter().map(|t| t.to.as_str()).collect()
+}
+
+/// `get` of the only endpoint, through the CLI's JSON (which must decode
+/// as the API's own type).
+fn get(node: &AgentNode) -> EndpointView {
+    let out = node.cli(&["endpoint", "get", "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "endpoint get: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// Echo from the node to the endpoint, with the endpoint's kernel echo off:
+/// every reply must come from the eBPF responder.
+fn assert_answered_in_kernel(node: &AgentNode, ip: Ipv4Addr, n: u16) {
+    TwoNodes::sysctl(&node.endpoint_ns(), "net/ipv4/icmp_echo_ignore_all", "1");
+    let before = read_pinned_stats(&node.pins)
+        .expect("pinned stats")
+        .answered;
+    let ex = ping(&node.node, ip, 0x5e01, n, Duration::from_secs(1)).expect("ping");
+    for e in &ex {
+        check_reply(e, 0x5e01).unwrap_or_else(|err| panic!("{err}; daemon log:\n{}", node.log()));
+    }
+    let after = read_pinned_stats(&node.pins)
+        .expect("pinned stats")
+        .answered;
+    assert!(
+        after >= before + u64::from(n),
+        "answered counter {before} -> {after} after {n} replies"
+    );
+}
+
+#[test]
+fn daemon_brings_the_endpoint_to_ready_and_the_responder_answers() {
+    let mut node = AgentNode::new();
+    node.start(&[]);
+    let ep = node.wait_endpoint(READY, |_| true);
+    assert_eq!(ep.identity, 4);
+    assert_eq!(ep.labels, ["reserved:health"]);
+    assert_eq!(ep.interface, "lxc_health");
+    let ip = ipv4(&ep);
+    assert!(
+        HEALTH_CIDR
+            .parse::<health_agent::util::cidr::Ipv4Cidr>()
+            .expect("cidr")
+            .is_usable(ip),
+        "{ip}"
+    );
+    let id = ep.id;
+    assert!((1..=4095).contains(&id), "{id}");
+    assert_eq!(
+        states(&get(&node)),
+        [
+            "waiting-for-identity",
+            "waiting-to-regenerate",
+            "regenerating",
+            "ready"
+        ]
+    );
+    assert!(node.node_has_route_to(ip), "host route to the endpoint");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(node.socket())
+            .expect("socket")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o660, "API socket mode");
+    assert_answered_in_kernel(&node, ip, 5);
+
+    // The table form names the same endpoint.
+    let table = node.cli(&["endpoint", "list"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("reserved:health")
+            && text.contains(&ip.to_string())
+            && text.contains("ready"),
+        "{text}"
+    );
+    // Bad requests: a clear error, non-zero exit.
+    let unknown = node.cli(&["endpoint", "get", "4096"]);
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("endpoint 4096 not found"));
+    let bad = node.cli(&["endpoint", "get", "abc"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("abc"));
+}
+
+#[test]
+fn deleted_lxc_health_is_recreated_within_one_controller_interval() {
+    let mut node = AgentNode::new();
+    node.start(&["--controller-interval", "1s"]);
+    let ep = node.wait_endpoint(READY, |_| true);
+    let (ip, id) = (ipv4(&ep), ep.id);
+    in_netns(Some(&node.node), |nl| async move {
+        nl.delete_link("lxc_health").await
+    })
+    .expect("delete lxc_health");
+    // One interval (1 s) plus the repair itself.
+    let repaired = node.wait_endpoint(Duration::from_millis(2500), |e| e.repairs >= 1);
+    assert_eq!(ipv4(&repaired), ip, "same IP after the repair");
+    assert_eq!(repaired.id, id, "same endpoint ID");
+    assert!(node.node_has_link("lxc_health"));
+    let history = states(&get(&node));
+    assert!(
+        history.ends_with(&["waiting-to-regenerate", "regenerating", "ready"]),
+        "{history:?}"
+    );
+    assert_answered_in_kernel(&node, ip, 3);
+}
+
+#[test]
+fn kill_9_then_a_new_daemon_restores_ip_id_and_counters() {
+    let mut node = AgentNode::new();
+    node.start(&[]);
+    let ep = node.wait_endpoint(READY, |_| true);
+    let (ip, id) = (ipv4(&ep), ep.id);
+    assert_answered_in_kernel(&node, ip, 4);
+    let answered = read_pinned_stats(&node.pins).expect("stats").answered;
+    node.stop(Signal::SIGKILL);
+    assert!(
+        node.pidfile().exists() && node.socket().exists(),
+        "kill -9 leaves pidfile and socket"
+    );
+
+    node.start(&[]);
+    let restored = node.wait_endpoint(READY, |_| true);
+    assert_eq!(ipv4(&restored), ip);
+    assert_eq!(restored.id, id);
+    assert_eq!(states(&get(&node)), ["restoring", "regenerating", "ready"]);
+    let now = read_pinned_stats(&node.pins).expect("stats").answered;
+    assert!(
+        now >= answered,
+        "pinned counters were reset: {answered} -> {now}"
+    );
+    assert_answered_in_kernel(&node, ip, 2);
+}
+
+fn assert_nothing_left(node: &AgentNode, ip: Option<Ipv4Addr>) {
+    assert!(
+        !node.endpoint_ns().exists(),
+        "endpoint namespace left behind"
+    );
+    assert!(!node.node_has_link("lxc_health"), "lxc_health left behind");
+    if let Some(ip) = ip {
+        assert!(!node.node_has_route_to(ip), "route to {ip} left behind");
+    }
+    assert!(
+        !node.pins.exists(),
+        "pins left behind at {}",
+        node.pins.display()
+    );
+    assert!(!node.socket().exists(), "socket left behind");
+    assert!(!node.pidfile().exists(), "pidfile left behind");
+}
+
+#[test]
+fn exhausted_and_malformed_cidrs_fail_clearly_and_create_nothing() {
+    let node = AgentNode::new();
+    // 198.18.0.8/30: .8 network, .9 router, .11 broadcast, and .10 is the
+    // node's own address: nothing left.
+    let out = node.run_to_exit("198.18.0.8/30", &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no free address in 198.18.0.8/30"), "{err}");
+    assert_nothing_left(&node, None);
+
+    let out = node.run_to_exit("198.18.64.0/33", &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--health-cidr") && err.contains("198.18.64.0/33"),
+        "{err}"
+    );
+    assert_nothing_left(&node, None);
+}
+
+#[test]
+fn bad_masquerade_settings_fail_clearly_and_create_nothing() {
+    let node = AgentNode::new();
+    let m = ["--routing", "masquerade"];
+    let cases: [(&[&str], &[&str]); 5] = [
+        // No node IP: not given, and no nodes file to find it in.
+        (&[], &["--node-ip"]),
+        // Nothing on this node holds the address.
+        (&["--node-ip", "198.18.0.99"], &["198.18.0.99", "--uplink"]),
+        (
+            &["--node-ip", "198.18.0.10", "--uplink", "nope0"],
+            &["nope0"],
+        ),
+        // The node's own ports (32768-60999 by default) would collide.
+        (
+            &[
+                "--node-ip",
+                "198.18.0.10",
+                "--nat-port-range",
+                "40000-50000",
+            ],
+            &["40000-50000", "ip_local_port_range", "--nat-port-range"],
+        ),
+        (
+            &[
+                "--node-ip",
+                "198.18.0.10",
+                "--health-range",
+                "198.18.100.0/24",
+            ],
+            &["198.18.100.0/24", "--health-range"],
+        ),
+    ];
+    for (extra, needles) in cases {
+        let args: Vec<&str> = m.iter().chain(extra).copied().collect();
+        let out = node.run_to_exit("198.18.64.0/24", &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {n:?} not in {err}");
+        }
+        assert_nothing_left(&node, None);
+    }
+    let out = node.run_to_exit("198.18.64.0/24", &["--nat-port-range", "9-1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--nat-port-range") && err.contains("MIN is above MAX"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sigterm_leaves_nothing_behind() {
+    let mut node = AgentNode::new();
+    node.start(&[]);
+    let ip = ipv4(&node.wait_endpoint(READY, |_| true));
+    let status = node.stop(Signal::SIGTERM);
+    assert!(status.success(), "{status}; log:\n{}", node.log());
+    assert_nothing_left(&node, Some(ip));
+    assert!(node.log().contains("disconnected"), "{}", node.log());
+}
+
+#[test]
+fn keep_endpoint_survives_sigterm_and_is_restored() {
+    let mut node = AgentNode::new();
+    node.start(&["--keep-endpoint"]);
+    let ep = node.wait_endpoint(READY, |_| true);
+    assert!(node.stop(Signal::SIGTERM).success());
+    assert!(
+        node.endpoint_ns().exists() && node.node_has_link("lxc_health"),
+        "endpoint kept"
+    );
+    assert!(!node.socket().exists() && !node.pidfile().exists());
+    node.start(&[]);
+    let restored = node.wait_endpoint(READY, |_| true);
+    assert_eq!((ipv4(&restored), restored.id), (ipv4(&ep), ep.id));
+    assert_eq!(states(&get(&node))[0], "restoring");
+}
+
+/// A supervised task that fails for real: masquerade's uplink is deleted
+/// under a running agent. The datapath task cannot attach again, so it
+/// fails, `/v1/healthz` names it as degraded while it is restarted with
+/// backoff, and past the restart budget the agent exits non-zero, naming
+/// the task, after removing everything it made.
+#[test]
+fn a_failing_task_is_shown_degraded_restarted_then_the_agent_exits_non_zero() {
+    let mut node = AgentNode::new();
+    node.start(&[
+        "--routing",
+        "masquerade",
+        "--node-ip",
+        "198.18.0.10",
+        "--ct-gc-interval",
+        "1s",
+    ]);
+    let ip = ipv4(&node.wait_endpoint(READY, |_| true));
+    let healthz = || health_tests::api::call(&node.socket(), |c| async move { c.healthz().await });
+    assert_eq!(healthz().expect("healthz").state, "ok");
+    in_netns(Some(&node.node), |nl| async move {
+        nl.delete_link("uplink").await
+    })
+    .expect("delete");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let degraded = loop {
+        if let Ok(h) = healthz()
+            && h.state.starts_with("degraded")
+        {
+            break h;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never degraded; log:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(degraded.state, "degraded: datapath", "{degraded:?}");
+    let task = degraded
+        .tasks
+        .iter()
+        .find(|t| t.name == "datapath")
+        .expect("datapath task listed");
+    assert!(task.degraded, "{task:?}");
+    let why = task.last_error.as_deref().unwrap_or_default();
+    assert!(why.contains("uplink"), "the error names the uplink: {why}");
+    let others_fine = degraded
+        .tasks
+        .iter()
+        .filter(|t| t.name != "datapath")
+        .all(|t| !t.degraded);
+    assert!(others_fine, "{degraded:?}");
+
+    // Restarts keep failing: past the budget the agent stops, non-zero.
+    let status = node.wait_exit(Duration::from_secs(30));
+    let log = node.log();
+    assert!(!status.success(), "{status}; log:\n{log}");
+    assert!(
+        log.contains("datapath failed and is not restarted (restarted 5 times)"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("task ended").count(),
+        5,
+        "five restarts; log:\n{log}"
+    );
+    assert_nothing_left(&node, Some(ip));
+}

@@ -1,0 +1,15 @@
+//! The root-only integration tests, in one binary (one link of aya, axum
+//! and hyper instead of one per file): a module per area. Each test builds
+//! its own namespaces, veths and bpffs directories with unique names
+//! (`health_tests::names`) and removes them on drop, panics included.
+
+mod cluster;
+mod datapath;
+mod echo_netns;
+mod echo_test_run;
+mod endpoint;
+mod etcd;
+mod masquerade;
+mod nat_test_run;
+mod scale;
+mod track_test_run;

@@ -1,0 +1,281 @@
+//! The masquerade programs (tcx on the node's uplink) run by the kernel on
+//! crafted packets: SNAT to the node IP with a collision-free port or echo
+//! identifier, valid checksums, the reverse translation of replies, the
+//! pair of entries in `NAT_MAP`, and what happens when no port is free.
+
+use health_common::maps::ProgId;
+use std::net::Ipv4Addr;
+
+use aya::programs::{TestRun as _, TestRunOptions};
+use health_agent::{datapath::Datapath, datapath::nat};
+use health_common::{ct::CtConfig, nat::NatConfig};
+use health_tests::{
+    nat_setup::{EP, EP2, NODE, PEER, PEER_HEALTH, PEER2, config},
+    packets::{self, Echo, verify_frame},
+    pins::PinDir,
+    require_root,
+};
+
+const TCX_NEXT: u32 = u32::MAX;
+const TC_ACT_SHOT: u32 = 2;
+
+fn loaded(cfg: NatConfig) -> (Datapath, PinDir) {
+    require_root();
+    let pins = PinDir::new();
+    let mut r = Datapath::load(pins.path()).expect("load");
+    r.set_ct_config(CtConfig::default()).expect("ct config");
+    r.set_nat_config(cfg).expect("nat config");
+    (r, pins)
+}
+
+/// Runs the egress (SNAT) or ingress program: its verdict and the frame.
+fn run(r: &mut Datapath, egress: bool, input: &[u8]) -> (u32, Vec<u8>) {
+    let mut out = vec![0u8; input.len() + 64];
+    let res = r
+        .classifier(if egress {
+            ProgId::NatEgress
+        } else {
+            ProgId::NatIngress
+        })
+        .expect("program")
+        .test_run(TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        })
+        .expect("test run");
+    out.truncate(res.data_size_out as usize);
+    (res.return_value, out)
+}
+
+/// Runs and asserts the packet went on, returning it checked.
+fn pass(r: &mut Datapath, egress: bool, input: &[u8]) -> Vec<u8> {
+    let (verdict, out) = run(r, egress, input);
+    assert_eq!(verdict, TCX_NEXT, "handed on");
+    assert_eq!(out.len(), input.len(), "length kept");
+    verify_frame(&out).expect("checksums valid after the rewrite");
+    out
+}
+
+fn echo_id(frame: &[u8]) -> u16 {
+    u16::from_be_bytes([frame[38], frame[39]])
+}
+
+fn counter(pins: &PinDir, name: &str) -> u64 {
+    health_tests::counter(&nat::counters(pins.path()).expect("counters"), name)
+}
+
+#[test]
+fn an_echo_is_masqueraded_and_its_reply_translated_back() {
+    let (mut r, pins) = loaded(config(61_000, 65_535));
+    let req = Echo::request(EP, PEER, 0x0201, 1);
+    let out = pass(&mut r, true, &req.frame());
+    let (src, dst, _, icmp) = verify_frame(&out).expect("valid");
+    assert_eq!((src, dst), (NODE, PEER), "the peer sees the node IP");
+    let id = echo_id(&out);
+    assert!((61_000..=65_535).contains(&id), "identifier {id} in range");
+    assert_eq!(&icmp[6..], &req.frame()[40..], "sequence and payload kept");
+    assert_eq!(
+        out[..24],
+        req.frame()[..24],
+        "headers before the checksum untouched"
+    );
+
+    // The pair, as `bpf nat list` shows it.
+    let rows = nat::list(pins.path()).expect("nat list");
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    let (o, i) = (&rows[0], &rows[1]);
+    assert_eq!(
+        (
+            o.proto,
+            o.dir,
+            o.src,
+            o.sport,
+            o.dst,
+            o.dport,
+            o.xlate,
+            o.xlate_addr,
+            o.xlate_port
+        ),
+        ("ICMP", "OUT", EP, 0x0201, PEER, 0, "XLATE_SRC", NODE, id)
+    );
+    assert_eq!(
+        (
+            i.dir,
+            i.src,
+            i.sport,
+            i.dst,
+            i.dport,
+            i.xlate,
+            i.xlate_addr,
+            i.xlate_port
+        ),
+        ("IN", PEER, 0, NODE, id, "XLATE_DST", EP, 0x0201)
+    );
+
+    // The peer's reply, to the node IP and the allocated identifier.
+    let mut reply = req.expected_reply();
+    reply.dst = NODE;
+    reply.identifier = id;
+    let back = pass(&mut r, false, &reply.frame());
+    let (src, dst, _, _) = verify_frame(&back).expect("valid");
+    assert_eq!((src, dst, echo_id(&back)), (PEER, EP, 0x0201));
+
+    // The next request of the flow reuses the pair.
+    let again = pass(&mut r, true, &Echo::request(EP, PEER, 0x0201, 2).frame());
+    assert_eq!(echo_id(&again), id);
+    assert_eq!(nat::list(pins.path()).expect("nat").len(), 2);
+    assert_eq!(
+        (
+            counter(&pins, "snat"),
+            counter(&pins, "rev_snat"),
+            counter(&pins, "created")
+        ),
+        (2, 1, 1)
+    );
+}
+
+#[test]
+fn two_endpoints_with_the_same_identifier_never_share_a_node_port() {
+    let (mut r, pins) = loaded(config(61_000, 65_535));
+    // 62000 is in the range: the first flow keeps it, the second cannot.
+    let a = pass(&mut r, true, &Echo::request(EP, PEER, 62_000, 1).frame());
+    let b = pass(&mut r, true, &Echo::request(EP2, PEER, 62_000, 1).frame());
+    assert_eq!(echo_id(&a), 62_000, "kept: nothing to rewrite");
+    assert_ne!(echo_id(&b), echo_id(&a), "no collision");
+    // Many more flows from both, all with the same identifier per source.
+    let mut ids = vec![echo_id(&a), echo_id(&b)];
+    for n in 0..50u8 {
+        let src = Ipv4Addr::new(198, 18, 64, 10 + n);
+        ids.push(echo_id(&pass(
+            &mut r,
+            true,
+            &Echo::request(src, PEER, 62_000, 1).frame(),
+        )));
+    }
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "identifiers collide: {ids:?}");
+    // Each reply goes back to its own source.
+    for (src, id) in [(EP, echo_id(&a)), (EP2, echo_id(&b))] {
+        let mut reply = Echo::request(PEER, NODE, id, 1);
+        reply.kind = 0;
+        let back = pass(&mut r, false, &reply.frame());
+        let (_, dst, _, _) = verify_frame(&back).expect("valid");
+        assert_eq!((dst, echo_id(&back)), (src, 62_000));
+    }
+    assert_eq!(nat::list(pins.path()).expect("nat").len(), 2 * ids.len());
+}
+
+#[test]
+fn tcp_and_udp_get_ports_and_valid_checksums() {
+    let (mut r, pins) = loaded(config(61_000, 65_535));
+    let syn = packets::tcp(EP, PEER, (40_000, 4240), 0x02, b"");
+    let out = pass(&mut r, true, &syn);
+    let (src, _, proto, seg) = verify_frame(&out).expect("valid");
+    let port = u16::from_be_bytes([seg[0], seg[1]]);
+    assert_eq!(
+        (src, proto, u16::from_be_bytes([seg[2], seg[3]])),
+        (NODE, 6, 4240)
+    );
+    assert!((61_000..=65_535).contains(&port));
+    let synack = packets::tcp(PEER, NODE, (4240, port), 0x12, b"");
+    let back = pass(&mut r, false, &synack);
+    let (_, dst, _, seg) = verify_frame(&back).expect("valid");
+    assert_eq!((dst, u16::from_be_bytes([seg[2], seg[3]])), (EP, 40_000));
+    // Data segments of the same flow keep the port.
+    let data = pass(
+        &mut r,
+        true,
+        &packets::tcp(EP, PEER, (40_000, 4240), 0x18, b"GET /hello"),
+    );
+    assert_eq!(u16::from_be_bytes([data[34], data[35]]), port);
+
+    for checksum in [true, false] {
+        let sport = if checksum { 5353 } else { 5354 };
+        let out = pass(
+            &mut r,
+            true,
+            &packets::udp_datagram(EP, PEER, (sport, 53), checksum),
+        );
+        assert_eq!(
+            out[40..42] == [0, 0],
+            !checksum,
+            "a zero UDP checksum stays zero, a real one is updated"
+        );
+    }
+    assert_eq!(counter(&pins, "created"), 3);
+}
+
+#[test]
+fn traffic_that_is_not_masqueraded_is_untouched() {
+    let (mut r, pins) = loaded(config(61_000, 65_535));
+    let cases = [
+        // To another node's health address: routed.
+        (true, Echo::request(EP, PEER_HEALTH, 7, 1).frame()),
+        // The node's own traffic.
+        (true, Echo::request(NODE, PEER, 7, 1).frame()),
+        (true, packets::tcp(NODE, PEER, (40_000, 4240), 0x02, b"")),
+        // Replies to the node's own flows (no NAT entry).
+        (false, packets::tcp(PEER, NODE, (4240, 62_000), 0x12, b"")),
+        // The endpoint answering a ping: echo replies are not SNATed.
+        (true, Echo::request(PEER, EP, 7, 1).expected_reply().frame()),
+    ];
+    for (egress, input) in &cases {
+        let (verdict, out) = run(&mut r, *egress, input);
+        assert_eq!((verdict, &out), (TCX_NEXT, input));
+    }
+    assert_eq!(
+        nat::list(pins.path()).expect("nat").len(),
+        0,
+        "nothing translated"
+    );
+    // Masquerade off: even the endpoint's traffic to a node IP passes as is.
+    r.set_nat_config(NatConfig::default()).expect("off");
+    let req = Echo::request(EP, PEER, 7, 1).frame();
+    assert_eq!(run(&mut r, true, &req), (TCX_NEXT, req));
+}
+
+#[test]
+fn no_free_port_drops_the_packet_and_counts_it() {
+    // A one-port range: the second flow cannot be masqueraded.
+    let (mut r, pins) = loaded(config(61_000, 61_000));
+    let first = pass(&mut r, true, &Echo::request(EP, PEER, 9, 1).frame());
+    assert_eq!(echo_id(&first), 61_000);
+    let (verdict, _) = run(&mut r, true, &Echo::request(EP2, PEER, 9, 1).frame());
+    assert_eq!(
+        verdict, TC_ACT_SHOT,
+        "never sent with the endpoint's address"
+    );
+    assert_eq!(counter(&pins, "alloc_failures"), 1);
+    // The same port toward another peer is free: pairs are per peer.
+    let other = pass(&mut r, true, &Echo::request(EP2, PEER2, 9, 1).frame());
+    assert_eq!(echo_id(&other), 61_000);
+}
+
+#[test]
+fn malformed_packets_pass_unchanged() {
+    let (mut r, pins) = loaded(config(61_000, 65_535));
+    let mut cut_tcp = packets::tcp(EP, PEER, (1, 2), 0x02, b"");
+    cut_tcp.truncate(14 + 20 + 6);
+    let mut bad_ihl = Echo::request(EP, PEER, 1, 1).frame();
+    bad_ihl[14] = 0x43;
+    let cases = [
+        cut_tcp,
+        bad_ihl,
+        packets::ipv6_echo(&Echo::request(EP, PEER, 1, 1)),
+        packets::ethernet([0xff; 6], [2, 0, 0, 0, 0, 1], 0x0806, &[0; 28]),
+        vec![0u8; 14],
+    ];
+    for input in &cases {
+        for egress in [true, false] {
+            assert_eq!(run(&mut r, egress, input), (TCX_NEXT, input.clone()));
+        }
+    }
+    assert_eq!(
+        nat::list(pins.path()).expect("nat").len(),
+        0,
+        "nothing translated"
+    );
+}

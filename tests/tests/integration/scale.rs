@@ -1,0 +1,302 @@
+//! One agent, 200 peers of which 100 never answer: a probe round costs
+//! about one timeout (not one per silent peer), and the API keeps answering
+//! while the round runs.
+
+use std::{
+    fmt::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use health_agent::{
+    datapath::remove_pins,
+    probe::status::ClusterStatus,
+    sys::{netlink::in_netns, netns::Netns},
+};
+use health_tests::{agent::agent_binary, names, process, require_root};
+
+const TIMEOUT_MS: u64 = 1000;
+const SPREAD_MS: u64 = 100;
+
+/// Everything the test made, removed on drop.
+struct Lab {
+    node: Netns,
+    peers: Netns,
+    dir: PathBuf,
+    pins: PathBuf,
+    ep_netns: String,
+    daemon: Option<Child>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        let _ = Netns::named(&self.ep_netns).map(|n| n.delete());
+        let _ = self.node.delete();
+        let _ = self.peers.delete();
+        let _ = remove_pins(&self.pins);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Lab {
+    fn new() -> Self {
+        require_root();
+        names::sweep_stale_netns();
+        let lab = Self {
+            node: Netns::create(&names::unique("scale-node")).expect("node"),
+            peers: Netns::create(&names::unique("scale-peers")).expect("peers"),
+            dir: std::env::temp_dir().join(names::unique("scale")),
+            pins: Path::new("/sys/fs/bpf").join(names::unique("scale-pins")),
+            ep_netns: names::unique("scale-ep"),
+            daemon: None,
+        };
+        std::fs::create_dir_all(&lab.dir).expect("dir");
+        let peers = lab.peers.clone();
+        in_netns(Some(&lab.node), |nl| async move {
+            nl.set_up("lo").await?;
+            nl.add_veth("uplink", "peers", Some(&peers)).await?;
+            nl.add_address("uplink", Ipv4Addr::new(198, 18, 0, 1), 16)
+                .await?;
+            nl.set_up("uplink").await
+        })
+        .expect("node side");
+        // The 100 answering peers: node IPs 198.18.1.k, health IPs
+        // 198.18.2.k, all on one namespace answering ICMP and HTTP :4240.
+        in_netns(Some(&lab.peers), |nl| async move {
+            nl.set_up("lo").await?;
+            for k in 1..=100u8 {
+                nl.add_address("peers", Ipv4Addr::new(198, 18, 1, k), 16)
+                    .await?;
+                nl.add_address("peers", Ipv4Addr::new(198, 18, 2, k), 16)
+                    .await?;
+            }
+            nl.set_up("peers").await?;
+            // Probes come from the agent's health endpoint: route replies
+            // to its CIDR back through the agent's node.
+            nl.replace_route_via(
+                Ipv4Addr::new(198, 19, 64, 0),
+                24,
+                Ipv4Addr::new(198, 18, 0, 1),
+            )
+            .await
+        })
+        .expect("peer side");
+        lab
+    }
+
+    fn serve_peers(&self, rt: &tokio::runtime::Runtime) {
+        let listener = self
+            .peers
+            .run(|| std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 4240)))
+            .expect("netns")
+            .expect("bind :4240");
+        listener.set_nonblocking(true).expect("nonblocking");
+        rt.spawn(async move {
+            health_agent::probe::hello::serve(
+                tokio::net::TcpListener::from_std(listener).expect("listener"),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .await;
+        });
+    }
+
+    /// 100 answering peers and 100 silent ones (198.18.3.k / 198.18.4.k:
+    /// on-link, nobody there).
+    fn nodes_file(&self) -> PathBuf {
+        let mut yaml = String::from("nodes:\n");
+        for k in 1..=100 {
+            let _ = write!(
+                yaml,
+                "  - name: peer-{k}\n    node-ip: 198.18.1.{k}\n    health-ip: 198.18.2.{k}\n"
+            );
+            let _ = write!(
+                yaml,
+                "  - name: silent-{k}\n    node-ip: 198.18.3.{k}\n    health-ip: 198.18.4.{k}\n"
+            );
+        }
+        let path = self.dir.join("nodes.yaml");
+        std::fs::write(&path, yaml).expect("nodes file");
+        path
+    }
+
+    fn start_agent(&mut self, nodes_file: &Path) {
+        let mut cmd = Command::new(agent_binary());
+        cmd.args([
+            "daemon",
+            "--node-name",
+            "scale",
+            "--health-cidr",
+            "198.19.64.0/24",
+        ])
+        .args(["--endpoint-netns", &self.ep_netns, "--nodes-file"])
+        .arg(nodes_file)
+        .arg("--state-dir")
+        .arg(self.dir.join("state"))
+        .arg("--pidfile")
+        .arg(self.dir.join("pid"))
+        .arg("--socket")
+        .arg(self.socket())
+        .arg("--bpffs-dir")
+        .arg(&self.pins)
+        .args([
+            "--probe-interval",
+            "60s",
+            "--probe-timeout",
+            &format!("{TIMEOUT_MS}ms"),
+        ])
+        .args([
+            "--probe-spread",
+            &format!("{SPREAD_MS}ms"),
+            "--failure-threshold",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(self.dir.join("daemon.log")).expect("log"));
+        process::enter(&mut cmd, &self.node);
+        self.daemon = Some(cmd.spawn().expect("daemon"));
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("health.sock")
+    }
+}
+
+/// Queries the status as fast as it can from the moment the socket exists
+/// until the first round is published. Returns each query's latency (and
+/// whether the round was done) and the first complete status.
+async fn poll_until_first_round(socket: &Path) -> (Vec<(Duration, bool)>, ClusterStatus) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut latencies = Vec::new();
+    loop {
+        assert!(Instant::now() < deadline, "no complete round within 30 s");
+        let t = Instant::now();
+        if let Ok(s) = health_agent::api::client::Client::new(socket)
+            .status()
+            .await
+        {
+            let done = s.round.is_some();
+            latencies.push((t.elapsed(), done));
+            if done {
+                return (latencies, s);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[test]
+fn a_round_over_200_peers_with_100_silent_costs_about_one_timeout() {
+    let mut lab = Lab::new();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    lab.serve_peers(&rt);
+    let nodes_file = lab.nodes_file();
+    lab.start_agent(&nodes_file);
+    let (latencies, status) = rt.block_on(poll_until_first_round(&lab.socket()));
+
+    let round = status.round.as_ref().expect("round");
+    assert_eq!(round.probes, 800, "4 paths x 200 peers");
+    assert!(
+        round.duration_ms <= 2 * TIMEOUT_MS + SPREAD_MS,
+        "round took {} ms, more than 2 x timeout + spread",
+        round.duration_ms
+    );
+    assert_eq!(status.reachable(), 100, "the 100 answering peers");
+    let during = latencies.iter().filter(|(_, done)| !done).count();
+    assert!(
+        during >= 10,
+        "too few status queries while the round ran: {during}"
+    );
+    let worst = latencies.iter().map(|(d, _)| *d).max().expect("samples");
+    assert!(
+        worst < Duration::from_millis(100),
+        "GET /v1/status took {worst:?} during the round"
+    );
+    println!(
+        "round: {} probes in {} ms; {during} status queries during it, slowest {worst:?}",
+        round.probes, round.duration_ms
+    );
+}
+
+#[test]
+fn sigterm_during_a_round_over_200_peers_half_silent_exits_within_2s_leaving_nothing() {
+    let mut lab = Lab::new();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    lab.serve_peers(&rt);
+    let nodes_file = lab.nodes_file();
+    lab.start_agent(&nodes_file);
+    let socket = lab.socket();
+    // Wait for the endpoint, then for the first round to be under way:
+    // the probe task starts right after the endpoint is ready, and with
+    // 100 silent peers the round takes about a second.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ready = health_tests::api::call(&socket, |c| async move { c.healthz().await })
+            .is_ok_and(|h| h.state == "ok");
+        if ready {
+            break;
+        }
+        assert!(Instant::now() < deadline, "agent not ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let status =
+        health_tests::api::call(&socket, |c| async move { c.status().await }).expect("status");
+    assert!(
+        status.round.is_none(),
+        "the first round must still be in flight"
+    );
+    // Routes to the answering peers' health IPs are in place by now.
+    let routes = || {
+        in_netns(Some(&lab.node), |nl| async move { nl.routes_v4().await })
+            .expect("routes")
+            .into_iter()
+            .filter(|r| {
+                r.prefix == 32 && (r.destination.octets()[2] == 2 || r.destination.octets()[2] == 4)
+            })
+            .count()
+    };
+    assert!(routes() > 0, "peer routes installed");
+
+    let mut daemon = lab.daemon.take().expect("running");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(daemon.id()).expect("pid"));
+    let t = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let exit = daemon.wait().expect("wait");
+    let took = t.elapsed();
+    let log = std::fs::read_to_string(lab.dir.join("daemon.log")).unwrap_or_default();
+    assert!(exit.success(), "exit {exit:?}; log:\n{log}");
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?} to stop; log:\n{log}"
+    );
+
+    assert!(
+        !Netns::named(&lab.ep_netns).expect("name").exists(),
+        "endpoint namespace left"
+    );
+    let links = in_netns(Some(&lab.node), |nl| async move {
+        nl.link_index("lxc_health").await
+    })
+    .expect("netlink");
+    assert!(links.is_none(), "lxc_health left");
+    assert_eq!(routes(), 0, "peer routes left");
+    let pins_left: Vec<_> = std::fs::read_dir(&lab.pins)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(pins_left.is_empty(), "pins left: {pins_left:?}");
+    assert!(!socket.exists(), "socket left");
+    assert!(!lab.dir.join("pid").exists(), "pidfile left");
+    println!("stopped in {took:?} during a round over 200 peers, nothing left");
+}

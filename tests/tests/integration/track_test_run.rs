@@ -1,0 +1,217 @@
+//! The tracking programs (tcx on `lxc_health`) run by the kernel on crafted
+//! packets: they never change or drop a packet; they create and account CT
+//! entries, time echo and TCP handshakes, and count what they cannot parse.
+
+use health_common::maps::ProgId;
+use std::net::Ipv4Addr;
+
+use aya::programs::{TestRun as _, TestRunOptions};
+use health_agent::{
+    datapath::Datapath,
+    datapath::{ct, maps, rtt},
+};
+use health_common::ct::CtConfig;
+use health_tests::{
+    packets::{self, Echo},
+    pins::PinDir,
+    require_root,
+};
+
+const EP: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 2);
+const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 65, 2);
+const TCX_NEXT: u32 = u32::MAX;
+
+fn loaded() -> (Datapath, PinDir) {
+    require_root();
+    let pins = PinDir::new();
+    let mut r = Datapath::load(pins.path()).expect("load");
+    r.set_ct_config(CtConfig::default()).expect("ct config");
+    (r, pins)
+}
+
+/// Runs the ingress (`from_endpoint`) or egress program; asserts the
+/// packet is passed on unchanged.
+fn run(r: &mut Datapath, from_endpoint: bool, input: &[u8]) {
+    let mut out = vec![0u8; input.len() + 64];
+    let res = r
+        .classifier(if from_endpoint {
+            ProgId::LxcIngress
+        } else {
+            ProgId::LxcEgress
+        })
+        .expect("program")
+        .test_run(TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        })
+        .expect("test run");
+    assert_eq!(res.return_value, TCX_NEXT, "always handed on");
+    assert_eq!(&out[..res.data_size_out as usize], input, "never modified");
+}
+
+fn counter(pins: &PinDir, name: &str) -> u64 {
+    health_tests::counter(&ct::counters(pins.path()).expect("counters"), name)
+}
+
+#[test]
+fn an_echo_exchange_is_tracked_and_timed() {
+    let (mut r, pins) = loaded();
+    let req = Echo::request(EP, PEER, 0x0abc, 1);
+    let reply = req.expected_reply();
+    run(&mut r, true, &req.frame());
+    assert_eq!(rtt::pending(pins.path()).expect("pending").len(), 1);
+    run(&mut r, false, &reply.frame());
+    let rows = ct::list(pins.path()).expect("ct");
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    let e = &rows[0];
+    assert_eq!(
+        (e.proto, e.dir, e.src, e.dst, e.dport),
+        ("ICMP", "OUT", EP, PEER, 0x0abc)
+    );
+    let len = req.frame().len() as u64;
+    assert_eq!(
+        (e.tx_packets, e.tx_bytes, e.rx_packets, e.rx_bytes),
+        (1, len, 1, len)
+    );
+    assert!(e.expires_in_seconds > 50, "ICMP lifetime 60 s: {e:?}");
+    let samples = rtt::list(pins.path()).expect("rtt");
+    assert_eq!(samples.len(), 1);
+    assert_eq!(
+        (samples[0].peer, samples[0].proto, samples[0].samples),
+        (PEER, "ICMP", 1)
+    );
+    assert!(
+        rtt::pending(pins.path()).expect("pending").is_empty(),
+        "the reply closed it"
+    );
+    assert_eq!(counter(&pins, "created"), 1);
+}
+
+#[test]
+fn a_peer_probing_the_endpoint_is_an_in_entry() {
+    let (mut r, pins) = loaded();
+    let req = Echo::request(PEER, EP, 0x0def, 9);
+    run(&mut r, false, &req.frame());
+    run(&mut r, true, &req.expected_reply().frame());
+    let rows = ct::list(pins.path()).expect("ct");
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(
+        (
+            rows[0].dir,
+            rows[0].src,
+            rows[0].rx_packets,
+            rows[0].tx_packets
+        ),
+        ("IN", PEER, 1, 1)
+    );
+    assert!(
+        rtt::list(pins.path()).expect("rtt").is_empty(),
+        "only the endpoint's own probes are timed"
+    );
+}
+
+fn tcp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    let mut seg = vec![0u8; 20];
+    seg[0..2].copy_from_slice(&sport.to_be_bytes());
+    seg[2..4].copy_from_slice(&dport.to_be_bytes());
+    seg[12] = 0x50;
+    seg[13] = flags;
+    let mut ip = packets::ipv4_header(src, dst, 6, 64, 1, seg.len());
+    ip.extend_from_slice(&seg);
+    packets::ethernet([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1], 0x0800, &ip)
+}
+
+#[test]
+fn a_tcp_handshake_is_timed_and_its_flags_decide_the_lifetime() {
+    let (mut r, pins) = loaded();
+    run(&mut r, true, &tcp(EP, PEER, 40_000, 4240, 0x02));
+    run(&mut r, false, &tcp(PEER, EP, 4240, 40_000, 0x12));
+    run(&mut r, true, &tcp(EP, PEER, 40_000, 4240, 0x10));
+    let samples = rtt::list(pins.path()).expect("rtt");
+    assert_eq!(
+        (samples.len(), samples[0].proto, samples[0].samples),
+        (1, "TCP", 1)
+    );
+    let rows = ct::list(pins.path()).expect("ct");
+    assert_eq!((rows[0].tx_flags_seen, rows[0].rx_flags_seen), (0x12, 0x12));
+    assert!(
+        rows[0].expires_in_seconds > 3600,
+        "established: long lifetime: {:?}",
+        rows[0]
+    );
+    run(&mut r, true, &tcp(EP, PEER, 40_000, 4240, 0x11));
+    let rows = ct::list(pins.path()).expect("ct");
+    assert!(
+        rows[0].expires_in_seconds <= 10,
+        "closing: short lifetime: {:?}",
+        rows[0]
+    );
+}
+
+#[test]
+fn unparsable_packets_are_counted_and_passed_unchanged() {
+    let (mut r, pins) = loaded();
+    let mut cut_tcp = tcp(EP, PEER, 1, 2, 0x02);
+    cut_tcp.truncate(14 + 20 + 6);
+    let cases = [
+        cut_tcp,
+        packets::ipv6_echo(&Echo::request(EP, PEER, 1, 1)),
+        packets::ethernet([0xff; 6], [2, 0, 0, 0, 0, 1], 0x0806, &[0; 28]),
+        {
+            let mut unreachable = Echo::request(EP, PEER, 1, 1);
+            unreachable.kind = 3;
+            unreachable.frame()
+        },
+    ];
+    for (i, input) in cases.iter().enumerate() {
+        run(&mut r, i % 2 == 0, input);
+    }
+    assert_eq!(counter(&pins, "unparsed"), cases.len() as u64);
+    assert_eq!(
+        ct::list(pins.path()).expect("ct").len(),
+        0,
+        "nothing tracked"
+    );
+}
+
+/// More flows than the table holds: every packet is still handed on
+/// unchanged, the table stays within its size, the newest flows are
+/// tracked, and what the LRU dropped is counted as evicted.
+#[test]
+fn a_full_table_evicts_old_flows_and_keeps_passing_packets() {
+    let (mut r, pins) = loaded();
+    let size = maps::list(pins.path())
+        .expect("maps")
+        .into_iter()
+        .find(|m| m.name == "CT_MAP")
+        .expect("CT_MAP")
+        .max_entries;
+    let flows = size + 2_000;
+    let frame = |i: u32| {
+        let [_, a, b, c] = i.to_be_bytes();
+        let src = Ipv4Addr::new(198, 18, 64, 2);
+        let dst = Ipv4Addr::new(198, 19, a, b);
+        packets::udp_datagram(src, dst, (10_000 + u16::from(c), 53), true)
+    };
+    for i in 0..flows {
+        run(&mut r, true, &frame(i));
+    }
+    let c = |name| counter(&pins, name);
+    let rows = ct::list(pins.path()).expect("ct");
+    let entries = rows.len() as u64;
+    assert!(entries <= u64::from(size), "{entries} > {size}");
+    assert_eq!(
+        c("created"),
+        u64::from(flows),
+        "every new flow got an entry"
+    );
+    assert_eq!(c("evicted"), u64::from(flows) - entries);
+    assert!(c("evicted") >= 2_000);
+    let last = frame(flows - 1);
+    let newest = rows.iter().any(|r| {
+        r.dst.octets() == [last[30], last[31], last[32], last[33]]
+            && r.sport == u16::from_be_bytes([last[34], last[35]])
+    });
+    assert!(newest, "the newest flow is tracked");
+}
