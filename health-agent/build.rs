@@ -4,6 +4,9 @@
 
 use std::{env, error::Error, path::PathBuf, process::Command};
 
+// Named as a build dependency only so that cargo rebuilds the embedded
+// object when the kernel crate changes.
+use health_ebpf as _;
 use xtask::pin;
 
 const SETUP_HINT: &str = "run `cargo xtask setup` to install the pinned eBPF toolchain";

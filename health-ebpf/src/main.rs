@@ -7,3 +7,7 @@ mod kernel;
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {}
+
+// On the host this binary is empty: its dependencies serve the bpf build.
+#[cfg(not(target_arch = "bpf"))]
+use {aya_ebpf as _, aya_log_ebpf as _, health_common as _, health_ebpf as _};

@@ -27,7 +27,7 @@ const ID: u16 = 62_000;
 
 /// One measured case.
 #[derive(Debug, Clone)]
-pub struct Case {
+pub(crate) struct Case {
     pub name: &'static str,
     pub per_packet: Duration,
 }
@@ -65,7 +65,7 @@ fn once(r: &mut Datapath, p: Prog, frame: &[u8]) -> anyhow::Result<Duration> {
 }
 
 /// Runs every case `samples` times; reports the mean per packet.
-pub fn run(samples: u32) -> anyhow::Result<Vec<Case>> {
+pub(crate) fn run(samples: u32) -> anyhow::Result<Vec<Case>> {
     let pins = PinDir::new();
     let mut r = Datapath::load(pins.path())?;
     r.set_ct_config(CtConfig::default())?;
@@ -114,7 +114,7 @@ pub fn run(samples: u32) -> anyhow::Result<Vec<Case>> {
 }
 
 #[must_use]
-pub fn render(cases: &[Case], samples: u32) -> String {
+pub(crate) fn render(cases: &[Case], samples: u32) -> String {
     let mut out = format!("per packet, kernel-measured mean of {samples} runs each\n");
     for c in cases {
         let _ = writeln!(out, "  {:<55} {:>6} ns", c.name, c.per_packet.as_nanos());

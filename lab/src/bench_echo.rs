@@ -23,13 +23,13 @@ use health_tests::{
 
 /// Who answers the echo requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EchoResponder {
+pub(crate) enum EchoResponder {
     Kernel,
     Ebpf(AttachMode),
 }
 
 impl EchoResponder {
-    pub const ALL: [Self; 4] = [
+    pub(crate) const ALL: [Self; 4] = [
         Self::Kernel,
         Self::Ebpf(AttachMode::Tcx),
         Self::Ebpf(AttachMode::XdpGeneric),
@@ -37,7 +37,7 @@ impl EchoResponder {
     ];
 
     #[must_use]
-    pub const fn name(self) -> &'static str {
+    pub(crate) const fn name(self) -> &'static str {
         match self {
             Self::Kernel => "kernel stack",
             Self::Ebpf(m) => m.as_str(),
@@ -47,21 +47,21 @@ impl EchoResponder {
 
 /// One measurement window.
 #[derive(Debug, Clone, Copy)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub offered_pps: f64,
     pub replies_pps: f64,
     /// Replies the eBPF program counted as answered (0 for the kernel).
     pub answered_in_kernel_program: u64,
 }
 
-pub struct Options {
+pub(crate) struct Options {
     pub seconds: u32,
     pub rounds: u32,
     pub senders: usize,
 }
 
 /// What one benchmark run found.
-pub struct Results {
+pub(crate) struct Results {
     /// Frames per second the sender pushes when nothing answers.
     pub sender_ceiling_pps: f64,
     /// Median sample per responder.
@@ -69,7 +69,7 @@ pub struct Results {
 }
 
 /// Runs the benchmark.
-pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Results> {
+pub(crate) fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Results> {
     let nodes = TwoNodes::new();
     let pins = PinDir::new();
     let (a_index, a_mac) = in_netns(Some(&nodes.a), |nl| async move { nl.link_l2(A_IF).await })?;
@@ -238,7 +238,7 @@ fn median(mut list: Vec<Sample>) -> Sample {
 
 /// The result table, with each mode's ratio to the kernel stack.
 #[must_use]
-pub fn render(results: &Results, opts: &Options) -> String {
+pub(crate) fn render(results: &Results, opts: &Options) -> String {
     let kernel = results
         .medians
         .iter()

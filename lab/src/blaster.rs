@@ -15,7 +15,7 @@ const BATCH: usize = 64;
 
 /// Sends `frame` out of interface `ifindex` (in `ns`) from `threads` threads
 /// for `duration`; returns how many frames the kernel accepted.
-pub fn blast(
+pub(crate) fn blast(
     ns: &Netns,
     ifindex: u32,
     frame: &[u8],

@@ -15,7 +15,7 @@ use anyhow::bail;
 use health_tests::cluster::{Cluster, Settings};
 
 #[derive(Debug, clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Number of nodes.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
@@ -44,7 +44,7 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-pub fn run(opts: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     if !(1..=100).contains(&opts.nodes) {
         bail!("--nodes {} is out of range (1 to 100)", opts.nodes);
     }

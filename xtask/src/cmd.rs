@@ -8,7 +8,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Prints and runs `cmd`; a non-zero exit is an error naming the command.
-pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
     eprintln!("xtask: $ {}", display(cmd));
     let status = cmd
         .status()
@@ -20,18 +20,18 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// Runs `cmd` quietly and returns its output (exit status not checked).
-pub fn output(cmd: &mut Command) -> anyhow::Result<Output> {
+pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<Output> {
     cmd.output()
         .with_context(|| format!("starting {}", display(cmd)))
 }
 
 /// `cargo ARGS` in the workspace root, with the cargo that runs xtask.
-pub fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(Command::new(cargo).current_dir(root).args(args))
 }
 
-pub fn require_root(why: &str) -> anyhow::Result<()> {
+pub(crate) fn require_root(why: &str) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         bail!("run as root: {why}");

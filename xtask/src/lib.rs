@@ -3,3 +3,9 @@
 //! `health-agent/build.rs` (which builds the kernel programs with it).
 
 pub mod pin;
+
+// `unused_crate_dependencies` judges each target alone: these serve the
+// `cargo xtask` binary.
+use anyhow as _;
+use clap as _;
+use libc as _;

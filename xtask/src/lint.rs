@@ -6,7 +6,7 @@ use xtask::pin::EbpfPin;
 
 use crate::cmd;
 
-pub fn run(root: &Path, pin: &EbpfPin) -> anyhow::Result<()> {
+pub(crate) fn run(root: &Path, pin: &EbpfPin) -> anyhow::Result<()> {
     cmd::cargo(root, &["fmt", "--all", "--", "--check"])?;
     cmd::cargo(
         root,

@@ -16,7 +16,7 @@ const RUNTIME_PACKAGES: &[&str] = &["iproute2", "etcd-server", "bpftool"];
 /// rust-src for `-Z build-std=core`, clippy for `cargo xtask lint`.
 const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];
 
-pub fn run(pin: &EbpfPin) -> anyhow::Result<()> {
+pub(crate) fn run(pin: &EbpfPin) -> anyhow::Result<()> {
     let mut apt = Apt::default();
     apt.ensure(RUNTIME_PACKAGES)?;
     ensure_nightly(pin)?;

@@ -17,18 +17,18 @@ use crate::{
 
 #[derive(Clone)]
 pub(super) struct NodeSync {
-    pub limits: sync::Limits,
-    pub prober: Arc<Prober>,
-    pub local_name: String,
-    pub own_ip: Ipv4Addr,
+    pub(super) limits: sync::Limits,
+    pub(super) prober: Arc<Prober>,
+    pub(super) local_name: String,
+    pub(super) own_ip: Ipv4Addr,
     /// On shutdown, leave the routes (the endpoint is kept too).
-    pub keep_routes: bool,
+    pub(super) keep_routes: bool,
 }
 
 impl NodeSync {
     /// Applies changes until `shutdown`, then removes the routes it made
     /// (unless they are kept).
-    pub async fn run(
+    pub(super) async fn run(
         self,
         mut nodes: watch::Receiver<NodeSet>,
         mut links: broadcast::Receiver<()>,

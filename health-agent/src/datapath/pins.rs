@@ -76,7 +76,7 @@ fn mount_bpffs_root() -> Result<(), DatapathError> {
 
 /// The pinned maps of the datapath under `dir`.
 #[must_use]
-pub fn pin_paths(dir: &Path) -> Vec<PathBuf> {
+fn pin_paths(dir: &Path) -> Vec<PathBuf> {
     MapId::ALL.iter().map(|m| dir.join(m.name())).collect()
 }
 

@@ -346,3 +346,38 @@ fn a_failing_task_is_shown_degraded_restarted_then_the_agent_exits_non_zero() {
     );
     assert_nothing_left(&node, Some(ip));
 }
+
+/// An upgrade that changes maps: a pin of another layout sits at every
+/// map's path (a hash map of 16-byte values, as an older agent might have
+/// left). The agent replaces each, says so, reaches ready and counts again.
+#[test]
+fn incompatible_pins_at_every_map_path_are_replaced_and_the_agent_counts_again() {
+    use aya::maps::{HashMap, MapData};
+    use health_common::maps::{MapId, PIN_LAYOUT_VERSION};
+
+    let mut node = AgentNode::new();
+    health_agent::datapath::ensure_pin_dir(&node.pins).expect("pin dir");
+    for id in MapId::ALL {
+        HashMap::<MapData, [u8; 4], [u8; 16]>::create(16, 0)
+            .expect("a standalone hash map")
+            .pin(node.pins.join(id.name()))
+            .expect("pin it where the agent's map goes");
+    }
+    node.start(&[]);
+    let ip = ipv4(&node.wait_endpoint(READY, |_| true));
+    let log = node.log();
+    // aya-log's ring buffer is the object's only map that is not pinned.
+    for id in MapId::ALL.into_iter().filter(|m| *m != MapId::AyaLogs) {
+        assert!(
+            log.contains(&format!("map={}", id.name())) && log.contains("replacing it"),
+            "{} not reported as replaced; log:\n{log}",
+            id.name()
+        );
+    }
+    assert_eq!(
+        health_agent::datapath::recorded_layout(&node.pins),
+        Some(PIN_LAYOUT_VERSION),
+        "the layout version is recorded with the new pins"
+    );
+    assert_answered_in_kernel(&node, ip, 3);
+}

@@ -3,6 +3,11 @@
 //! its own namespaces, veths and bpffs directories with unique names
 //! (`health_tests::names`) and removes them on drop, panics included.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "a test target sees every dependency of the package; most serve its fixtures"
+)]
+
 mod cluster;
 mod datapath;
 mod echo_netns;

@@ -5,7 +5,7 @@ use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber, writing to stderr. `RUST_LOG` overrides
 /// `default_filter`.
-pub fn init(default_filter: &str) -> anyhow::Result<()> {
+pub(crate) fn init(default_filter: &str) -> anyhow::Result<()> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.is_empty() => {
             EnvFilter::try_new(&v).map_err(|e| anyhow::anyhow!("RUST_LOG={v:?}: {e}"))?
@@ -16,6 +16,8 @@ pub fn init(default_filter: &str) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours for a terminal only: a log file or the journal gets text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init()
         .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
 }

@@ -3,6 +3,10 @@
     clippy::print_stderr,
     reason = "the binary edge reports errors on stderr"
 )]
+#![allow(
+    unused_crate_dependencies,
+    reason = "the binary sees every dependency of the package; most serve its library"
+)]
 
 use std::process::ExitCode;
 

@@ -14,7 +14,7 @@ use health_agent::{
 };
 
 #[derive(Debug, Subcommand)]
-pub enum BpfCommand {
+pub(crate) enum BpfCommand {
     /// Connection tracking.
     #[command(subcommand)]
     Ct(CtCommand),
@@ -30,7 +30,7 @@ pub enum BpfCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum CtCommand {
+pub(crate) enum CtCommand {
     /// One line per entry (`global`: the only table).
     List {
         #[arg(value_parser = ["global"])]
@@ -43,7 +43,7 @@ pub enum CtCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum NatCommand {
+pub(crate) enum NatCommand {
     /// One line per entry: each masqueraded flow has an OUT (XLATE_SRC)
     /// and an IN (XLATE_DST) entry.
     List {
@@ -55,7 +55,7 @@ pub enum NatCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum RttCommand {
+pub(crate) enum RttCommand {
     /// last/min/avg/max RTT, samples and losses per peer and protocol.
     List {
         #[command(flatten)]
@@ -66,7 +66,7 @@ pub enum RttCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum MapCommand {
+pub(crate) enum MapCommand {
     /// Name, type, entries / max entries and pressure of every map.
     List {
         #[command(flatten)]
@@ -85,7 +85,7 @@ pub enum MapCommand {
 }
 
 impl BpfCommand {
-    pub fn run(self) -> anyhow::Result<()> {
+    pub(crate) fn run(self) -> anyhow::Result<()> {
         let text = match self {
             Self::Ct(CtCommand::List { pins, output, .. }) => {
                 render_lines(&ct::list(&pins.dir)?, output, ct::CtRow::line)?

@@ -22,7 +22,7 @@ use health_agent::{
 };
 
 #[derive(Debug, Args)]
-pub struct DaemonArgs {
+pub(crate) struct DaemonArgs {
     /// The node's share of the pod range; the endpoint's address comes from it.
     #[arg(long, value_name = "CIDR")]
     pub health_cidr: Ipv4Cidr,
@@ -150,14 +150,14 @@ pub struct DaemonArgs {
 
 /// How the endpoint reaches peers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Routing {
+pub(crate) enum Routing {
     Routed,
     Masquerade,
 }
 
 /// Where probes leave from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ProbeFrom {
+pub(crate) enum ProbeFrom {
     Endpoint,
     Node,
 }
@@ -168,7 +168,7 @@ fn secs(d: Duration) -> u32 {
 
 /// Supported key-value stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Kvstore {
+pub(crate) enum Kvstore {
     Etcd,
 }
 
@@ -267,7 +267,7 @@ impl DaemonArgs {
         })
     }
 
-    pub async fn run(self) -> anyhow::Result<()> {
+    pub(crate) async fn run(self) -> anyhow::Result<()> {
         daemon::run(self.config()?).await?;
         Ok(())
     }

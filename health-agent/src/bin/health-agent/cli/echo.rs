@@ -14,10 +14,10 @@ use health_agent::{
 };
 
 /// Default attach mode, from `cargo xtask bench echo` on a veth (BENCHMARKS.md).
-pub const DEFAULT_MODE: AttachMode = AttachMode::Tcx;
+pub(crate) const DEFAULT_MODE: AttachMode = AttachMode::Tcx;
 
 #[derive(Debug, Subcommand)]
-pub enum ResponderCommand {
+pub(crate) enum ResponderCommand {
     /// Load the responder, attach it, and keep it attached until SIGINT/SIGTERM.
     Run {
         /// Interface whose ingress gets the responder.
@@ -52,7 +52,7 @@ pub enum ResponderCommand {
 }
 
 impl ResponderCommand {
-    pub async fn run(self) -> anyhow::Result<()> {
+    pub(crate) async fn run(self) -> anyhow::Result<()> {
         match self {
             Self::Run {
                 iface,

@@ -8,7 +8,7 @@ use super::{OutputFormat, SocketArgs};
 use health_agent::{api::client::Client, endpoint::EndpointView, util::timefmt::rfc3339_millis};
 
 #[derive(Debug, Subcommand)]
-pub enum EndpointCommand {
+pub(crate) enum EndpointCommand {
     /// List the node's endpoints.
     List {
         #[arg(short, long, value_enum, default_value_t)]
@@ -27,7 +27,7 @@ pub enum EndpointCommand {
 }
 
 impl EndpointCommand {
-    pub async fn run(self) -> anyhow::Result<()> {
+    pub(crate) async fn run(self) -> anyhow::Result<()> {
         match self {
             Self::List { output, socket } => {
                 let eps = Client::new(socket.path).endpoints().await?;
@@ -55,7 +55,7 @@ fn state(ep: &EndpointView) -> &'static str {
     ep.state.map_or("unknown", |s| s.as_str())
 }
 
-pub fn render_list(eps: &[EndpointView], output: OutputFormat) -> anyhow::Result<String> {
+pub(crate) fn render_list(eps: &[EndpointView], output: OutputFormat) -> anyhow::Result<String> {
     if output == OutputFormat::Json {
         return Ok(serde_json::to_string_pretty(eps)?);
     }
@@ -78,7 +78,7 @@ pub fn render_list(eps: &[EndpointView], output: OutputFormat) -> anyhow::Result
     Ok(out.trim_end().to_owned())
 }
 
-pub fn render_one(ep: &EndpointView, output: OutputFormat) -> anyhow::Result<String> {
+pub(crate) fn render_one(ep: &EndpointView, output: OutputFormat) -> anyhow::Result<String> {
     if output == OutputFormat::Json {
         return Ok(serde_json::to_string_pretty(ep)?);
     }

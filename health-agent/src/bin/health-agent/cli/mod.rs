@@ -8,7 +8,7 @@ mod bpf;
 mod daemon;
 mod echo;
 mod endpoint;
-pub mod status;
+pub(crate) mod status;
 
 use std::path::PathBuf;
 
@@ -25,7 +25,7 @@ use health_agent::{
     version,
     about = "eBPF-accelerated node and endpoint health datapath"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log filter (`info`, `debug`, `health_agent=trace`, ...); RUST_LOG overrides.
     #[arg(long, global = true, default_value = "info", env = "HEALTH_AGENT_LOG")]
     pub log_level: String,
@@ -35,7 +35,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the agent: create and keep the health endpoint, serve the API.
     Daemon(Box<daemon::DaemonArgs>),
     /// The datapath's BPF maps (CT, RTT, counters), read from the pins.
@@ -53,7 +53,7 @@ pub enum Command {
 
 /// Output format of the read commands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     #[default]
     Table,
     Json,
@@ -61,7 +61,7 @@ pub enum OutputFormat {
 
 /// Options shared by every command that touches the pinned maps.
 #[derive(Debug, Clone, clap::Args)]
-pub struct PinArgs {
+pub(crate) struct PinArgs {
     /// bpffs directory holding the pinned maps.
     #[arg(long = "bpffs-dir", default_value = DEFAULT_PIN_DIR, env = "HEALTH_AGENT_BPFFS_DIR")]
     pub dir: PathBuf,
@@ -69,14 +69,14 @@ pub struct PinArgs {
 
 /// The API socket, for the daemon and every client command.
 #[derive(Debug, Clone, clap::Args)]
-pub struct SocketArgs {
+pub(crate) struct SocketArgs {
     /// Unix socket of the agent's API.
     #[arg(long = "socket", default_value = health_agent::api::DEFAULT_SOCKET, env = health_agent::api::SOCKET_ENV)]
     pub path: PathBuf,
 }
 
 /// Parses `--netns`: a name under /run/netns, or a path to an nsfs file.
-pub fn parse_netns(s: &str) -> Result<Netns, NetnsError> {
+pub(crate) fn parse_netns(s: &str) -> Result<Netns, NetnsError> {
     if s.contains('/') {
         Ok(Netns::at(s))
     } else {
@@ -85,7 +85,7 @@ pub fn parse_netns(s: &str) -> Result<Netns, NetnsError> {
 }
 
 impl Cli {
-    pub async fn run(self) -> anyhow::Result<()> {
+    pub(crate) async fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Responder(cmd) => cmd.run().await,
             Command::Daemon(args) => args.run().await,

@@ -15,7 +15,7 @@ use health_agent::{
 };
 
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Per node and path: result, RTT, errors.
     #[arg(short, long)]
     verbose: bool,
@@ -32,7 +32,7 @@ pub struct StatusArgs {
 }
 
 impl StatusArgs {
-    pub async fn run(self) -> anyhow::Result<()> {
+    pub(crate) async fn run(self) -> anyhow::Result<()> {
         let client = Client::new(self.socket.path);
         let status: ClusterStatus = if self.probe {
             client.probe(self.probe_timeout).await?
@@ -103,7 +103,7 @@ fn connectivity(out: &mut String, what: &str, c: &Connectivity) {
 
 /// The human form of a status.
 #[must_use]
-pub fn render(s: &ClusterStatus, verbose: bool) -> String {
+pub(crate) fn render(s: &ClusterStatus, verbose: bool) -> String {
     let mut out = String::new();
     let when = s.round.as_ref().map_or_else(
         || "no probe round finished yet".to_owned(),
