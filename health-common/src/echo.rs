@@ -5,8 +5,8 @@ use crate::{
     checksum,
     frame::Frame,
     headers::{
-        ETH_P_IP, EthHdr, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP, IcmpEchoHdr, Ipv4Hdr,
-        REPLY_TTL,
+        EthHdr, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP, Icmpv4Hdr, Ipv4Hdr, REPLY_TTL,
+        ipv4_bytes, ipv4_header_len, ipv4_total_len, is_fragment, is_ipv4,
     },
     maps::EchoCounter,
 };
@@ -87,10 +87,10 @@ fn classify<F: Frame>(frame: &mut F, local: [u8; 4]) -> Result<(), Verdict> {
     let pass = |r| Err(Verdict::Pass(r));
     let bad = |r| Err(Verdict::Malformed(r));
 
-    let Some(eth) = frame.header_mut::<EthHdr>(0) else {
+    let Some(eth) = frame.read::<EthHdr>(0) else {
         return bad(M::TruncatedEthernet);
     };
-    if eth.ether_type() != ETH_P_IP {
+    if !is_ipv4(&eth) {
         return pass(P::NotIpv4);
     }
     let wire_ip_len = frame.wire_len().saturating_sub(EthHdr::LEN);
@@ -98,43 +98,44 @@ fn classify<F: Frame>(frame: &mut F, local: [u8; 4]) -> Result<(), Verdict> {
         return bad(M::TruncatedIpv4);
     };
     let ip = *ip;
-    if ip.version() != 4 {
+    let (header_len, total_len) = (ipv4_header_len(&ip), ipv4_total_len(&ip));
+    if ip.vihl >> 4 != 4 {
         return bad(M::BadVersion);
     }
-    if ip.header_len() < Ipv4Hdr::LEN {
+    if header_len < Ipv4Hdr::LEN {
         return bad(M::BadHeaderLength);
     }
-    if ip.total_len() < ip.header_len() || ip.total_len() > wire_ip_len {
+    if total_len < header_len || total_len > wire_ip_len {
         return bad(M::BadTotalLength);
     }
-    if ip.header_len() != Ipv4Hdr::LEN {
+    if header_len != Ipv4Hdr::LEN {
         return pass(P::IpOptions);
     }
-    if checksum::ipv4_header_sum(&ip.bytes) != 0xffff {
+    if checksum::ipv4_header_sum(&ipv4_bytes(&ip)) != 0xffff {
         return bad(M::BadIpChecksum);
     }
-    if ip.is_fragment() {
+    if is_fragment(&ip) {
         return pass(P::Fragment);
     }
-    if ip.protocol() != IPPROTO_ICMP {
+    if ip.proto != IPPROTO_ICMP {
         return pass(P::NotIcmp);
     }
     if local == [0; 4] {
         return pass(P::NoAddress);
     }
-    if ip.dst() != local {
+    if ip.dst_addr != local {
         return pass(P::NotForEndpoint);
     }
-    if is_martian_source(ip.src()) {
+    if is_martian_source(ip.src_addr) {
         return pass(P::MartianSource);
     }
-    if ip.total_len() < Ipv4Hdr::LEN + IcmpEchoHdr::LEN {
+    if total_len < Ipv4Hdr::LEN + Icmpv4Hdr::LEN {
         return bad(M::TruncatedIcmp);
     }
-    let Some(icmp) = frame.header_mut::<IcmpEchoHdr>(ICMP_OFF) else {
+    let Some(icmp) = frame.header_mut::<Icmpv4Hdr>(ICMP_OFF) else {
         return bad(M::TruncatedIcmp);
     };
-    if icmp.kind != ICMP_ECHO_REQUEST || icmp.code != 0 {
+    if icmp.type_ != ICMP_ECHO_REQUEST || icmp.code != 0 {
         return pass(P::NotEchoRequest);
     }
     Ok(())
@@ -155,34 +156,32 @@ const fn is_martian_source(src: [u8; 4]) -> bool {
 #[inline(always)]
 fn rewrite<F: Frame>(frame: &mut F) -> Verdict {
     let truncated = Verdict::Malformed(MalformedReason::TruncatedIcmp);
-    let Some(eth) = frame.header_mut::<EthHdr>(0) else {
+    let Some(mut eth) = frame.read::<EthHdr>(0) else {
         return truncated;
     };
-    core::mem::swap(&mut eth.dst, &mut eth.src);
+    core::mem::swap(&mut eth.dst_addr, &mut eth.src_addr);
+    if !frame.write(0, eth) {
+        return truncated;
+    }
 
     let Some(ip) = frame.header_mut::<Ipv4Hdr>(IP_OFF) else {
         return truncated;
     };
     // Swapping the two addresses leaves the header sum unchanged; the TTL
     // shares its 16-bit word with the protocol.
-    let b = &mut ip.bytes;
-    for i in 12..16 {
-        b.swap(i, i + 4);
-    }
-    let old = u16::from_be_bytes([b[8], b[9]]);
-    let new = u16::from_be_bytes([REPLY_TTL, b[9]]);
-    let check = checksum::update16(u16::from_be_bytes([b[10], b[11]]), old, new);
-    b[8] = REPLY_TTL;
-    b[10..12].copy_from_slice(&check.to_be_bytes());
+    core::mem::swap(&mut ip.src_addr, &mut ip.dst_addr);
+    let old = u16::from_be_bytes([ip.ttl, ip.proto]);
+    let new = u16::from_be_bytes([REPLY_TTL, ip.proto]);
+    ip.check = checksum::update16(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+    ip.ttl = REPLY_TTL;
 
-    let Some(icmp) = frame.header_mut::<IcmpEchoHdr>(ICMP_OFF) else {
+    let Some(icmp) = frame.header_mut::<Icmpv4Hdr>(ICMP_OFF) else {
         return truncated;
     };
-    let old = u16::from_be_bytes([icmp.kind, icmp.code]);
+    let old = u16::from_be_bytes([icmp.type_, icmp.code]);
     let new = u16::from_be_bytes([ICMP_ECHO_REPLY, icmp.code]);
-    let check = checksum::update16(u16::from_be_bytes(icmp.checksum), old, new);
-    icmp.kind = ICMP_ECHO_REPLY;
-    icmp.checksum = check.to_be_bytes();
+    icmp.check = checksum::update16(u16::from_be_bytes(icmp.check), old, new).to_be_bytes();
+    icmp.type_ = ICMP_ECHO_REPLY;
     Verdict::Reply
 }
 

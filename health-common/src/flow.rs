@@ -4,50 +4,33 @@ use crate::{
     ct::{CtKey, Flow, IPPROTO_TCP, IPPROTO_UDP},
     frame::Frame,
     headers::{
-        ETH_P_IP, EthHdr, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP, IcmpEchoHdr, Ipv4Hdr,
+        EthHdr, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP, Icmpv4Hdr, Ipv4Hdr, TcpHdr,
+        UdpHdr, echo_id_seq, ipv4_header_len, is_ipv4, is_later_fragment, tcp_flags,
     },
 };
-
-/// The first 14 bytes of a TCP header we look at (ports, seq, ack, flags).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct TcpHead {
-    sport: [u8; 2],
-    dport: [u8; 2],
-    seq_ack: [u8; 8],
-    off: u8,
-    flags: u8,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Ports {
-    sport: [u8; 2],
-    dport: [u8; 2],
-}
 
 /// The flow of `frame`, or `None` for anything not tracked (not IPv4, a
 /// non-first fragment, another protocol, ICMP other than echo) or too short.
 #[inline(always)]
 pub fn parse<F: Frame>(frame: &mut F) -> Option<Flow> {
-    let eth = *frame.header_mut::<EthHdr>(0)?;
-    if eth.ether_type() != ETH_P_IP {
+    let eth = frame.read::<EthHdr>(0)?;
+    if !is_ipv4(&eth) {
         return None;
     }
     let ip = *frame.header_mut::<Ipv4Hdr>(EthHdr::LEN)?;
-    let ihl = ip.header_len();
-    if ip.version() != 4 || !(20..=60).contains(&ihl) {
+    let ihl = ipv4_header_len(&ip);
+    if ip.vihl >> 4 != 4 || !(20..=60).contains(&ihl) {
         return None;
     }
     // A non-first fragment carries no L4 header.
-    if u16::from_be_bytes([ip.bytes[6], ip.bytes[7]]) & 0x1fff != 0 {
+    if is_later_fragment(&ip) {
         return None;
     }
     let l4 = EthHdr::LEN + ihl;
     let mut key = CtKey {
-        saddr: ip.src(),
-        daddr: ip.dst(),
-        proto: ip.protocol(),
+        saddr: ip.src_addr,
+        daddr: ip.dst_addr,
+        proto: ip.proto,
         ..CtKey::default()
     };
     let mut flow = Flow {
@@ -55,27 +38,28 @@ pub fn parse<F: Frame>(frame: &mut F) -> Option<Flow> {
         l4: u16::try_from(l4).unwrap_or(0),
         ..Flow::default()
     };
-    match ip.protocol() {
+    match ip.proto {
         IPPROTO_TCP => {
-            let tcp = *frame.header_mut::<TcpHead>(l4)?;
-            key.sport = tcp.sport;
-            key.dport = tcp.dport;
-            flow.tcp_flags = tcp.flags;
+            let tcp = *frame.header_mut::<TcpHdr>(l4)?;
+            key.sport = tcp.source;
+            key.dport = tcp.dest;
+            flow.tcp_flags = tcp_flags(&tcp);
         }
         IPPROTO_UDP => {
-            let p = *frame.header_mut::<Ports>(l4)?;
-            key.sport = p.sport;
-            key.dport = p.dport;
+            let udp = *frame.header_mut::<UdpHdr>(l4)?;
+            key.sport = udp.src;
+            key.dport = udp.dst;
         }
         IPPROTO_ICMP => {
-            let icmp = *frame.header_mut::<IcmpEchoHdr>(l4)?;
-            match icmp.kind {
-                ICMP_ECHO_REQUEST => key.dport = icmp.identifier,
-                ICMP_ECHO_REPLY => key.sport = icmp.identifier,
+            let icmp = *frame.header_mut::<Icmpv4Hdr>(l4)?;
+            let (identifier, sequence) = echo_id_seq(&icmp);
+            match icmp.type_ {
+                ICMP_ECHO_REQUEST => key.dport = identifier,
+                ICMP_ECHO_REPLY => key.sport = identifier,
                 _ => return None,
             }
-            flow.icmp_type = icmp.kind;
-            flow.icmp_seq = icmp.sequence;
+            flow.icmp_type = icmp.type_;
+            flow.icmp_seq = sequence;
         }
         _ => return None,
     }

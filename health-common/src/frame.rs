@@ -1,19 +1,57 @@
-//! Bounds-checked access to a packet, the one abstraction the echo logic
+//! Bounds-checked access to a packet, the one abstraction the packet logic
 //! needs from its environment.
 //!
 //! The kernel programs implement [`Frame`] over `data..data_end` (each access
 //! is a `start + offset + size <= end` check the verifier can follow); the host
 //! implements it over a byte slice, so the same logic is unit-tested here.
 
-/// A packet whose headers can be viewed in place.
+/// A packet whose headers can be read and written in place.
 pub trait Frame {
     /// Length of the whole packet on the wire, including any part that is
     /// not directly addressable (non-linear skb data).
     fn wire_len(&self) -> usize;
 
-    /// A mutable view of a `T` at `offset`, or `None` when the packet is too
-    /// short. `T` must be a header type of alignment 1 (see `headers`).
-    fn header_mut<T: Copy>(&mut self, offset: usize) -> Option<&mut T>;
+    /// A pointer to `size_of::<T>()` addressable bytes at `offset`, or
+    /// `None` when the packet is too short. It may be unaligned for `T`.
+    fn ptr_at<T>(&mut self, offset: usize) -> Option<*mut T>;
+
+    /// A mutable view of a `T` at `offset`. `T` must have alignment 1 (the
+    /// byte-array headers), checked at compile time.
+    #[inline(always)]
+    fn header_mut<T: Copy>(&mut self, offset: usize) -> Option<&mut T> {
+        const {
+            assert!(
+                align_of::<T>() == 1,
+                "view in place only alignment-1 headers"
+            );
+        };
+        // SAFETY: in bounds (ptr_at), alignment 1, and every bit pattern is
+        // a valid header.
+        self.ptr_at::<T>(offset).map(|p| unsafe { &mut *p })
+    }
+
+    /// A copy of the `T` at `offset` (any alignment).
+    #[inline(always)]
+    fn read<T: Copy>(&mut self, offset: usize) -> Option<T> {
+        // SAFETY: in bounds (ptr_at); read_unaligned makes no alignment
+        // assumption; header types are valid for every bit pattern.
+        self.ptr_at::<T>(offset)
+            .map(|p| unsafe { p.read_unaligned() })
+    }
+
+    /// Writes `value` at `offset` (any alignment); `false` when out of bounds.
+    #[inline(always)]
+    fn write<T: Copy>(&mut self, offset: usize, value: T) -> bool {
+        match self.ptr_at::<T>(offset) {
+            // SAFETY: in bounds (ptr_at); write_unaligned makes no alignment
+            // assumption.
+            Some(p) => {
+                unsafe { p.write_unaligned(value) };
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// [`Frame`] over a host byte slice.
@@ -33,12 +71,20 @@ impl Frame for SliceFrame<'_> {
         self.bytes.len()
     }
 
-    fn header_mut<T: Copy>(&mut self, offset: usize) -> Option<&mut T> {
-        debug_assert_eq!(align_of::<T>(), 1, "header types are byte arrays");
+    fn ptr_at<T>(&mut self, offset: usize) -> Option<*mut T> {
         let end = offset.checked_add(size_of::<T>())?;
         let bytes = self.bytes.get_mut(offset..end)?;
-        // SAFETY: `bytes` is exactly size_of::<T>() long, T has alignment 1 and
-        // is a plain byte-array struct for which every bit pattern is valid.
-        Some(unsafe { &mut *bytes.as_mut_ptr().cast::<T>() })
+        Some(bytes.as_mut_ptr().cast::<T>())
     }
+}
+
+/// A copy of the `T` at `offset` of `bytes` (any alignment), or `None` when
+/// `bytes` is too short: for host code reading headers out of a buffer.
+#[must_use]
+pub fn read_at<T: Copy>(bytes: &[u8], offset: usize) -> Option<T> {
+    let end = offset.checked_add(size_of::<T>())?;
+    let src = bytes.get(offset..end)?;
+    // SAFETY: `src` holds size_of::<T>() bytes; read_unaligned makes no
+    // alignment assumption; header types are valid for every bit pattern.
+    Some(unsafe { src.as_ptr().cast::<T>().read_unaligned() })
 }

@@ -1,8 +1,20 @@
-//! Wire headers as byte arrays: alignment 1, so a pointer anywhere into a
-//! packet may be viewed as one, and no field ever needs a byte swap to move.
+//! Wire headers: the `network-types` structs (the design card's package),
+//! shared by the kernel programs and the host, plus the few constants and
+//! views the datapath needs on top of them.
+//!
+//! `Ipv4Hdr` and `Icmpv4Hdr` are byte-array structs of alignment 1, so a
+//! pointer anywhere into a packet may be viewed as one in place.
+//! `EthHdr` holds its `EtherType` as a `u16` (alignment 2): it is read and
+//! written by value (`Frame::read`/`Frame::write`), never viewed in place.
 
-/// `ETH_P_IP`.
-pub const ETH_P_IP: u16 = 0x0800;
+pub use network_types::{
+    eth::{EthHdr, EtherType},
+    icmp::Icmpv4Hdr,
+    ip::Ipv4Hdr,
+    tcp::TcpHdr,
+    udp::UdpHdr,
+};
+
 /// `IPPROTO_ICMP`.
 pub const IPPROTO_ICMP: u8 = 1;
 /// ICMP echo request type.
@@ -12,124 +24,99 @@ pub const ICMP_ECHO_REPLY: u8 = 0;
 /// TTL the responder gives its replies, like the kernel's `ip_default_ttl`.
 pub const REPLY_TTL: u8 = 64;
 
-/// Ethernet II header.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EthHdr {
-    pub dst: [u8; 6],
-    pub src: [u8; 6],
-    pub ether_type: [u8; 2],
+/// Whether `eth` carries IPv4 (`EtherType` values are stored in network
+/// order, as the field is).
+#[must_use]
+#[inline(always)]
+pub const fn is_ipv4(eth: &EthHdr) -> bool {
+    eth.ether_type == EtherType::Ipv4 as u16
 }
 
-impl EthHdr {
-    pub const LEN: usize = 14;
-
-    #[must_use]
-    #[inline(always)]
-    pub const fn ether_type(&self) -> u16 {
-        u16::from_be_bytes(self.ether_type)
-    }
+/// The 20 bytes of an IPv4 header (for the header checksum).
+#[must_use]
+#[inline(always)]
+pub const fn ipv4_bytes(ip: &Ipv4Hdr) -> [u8; 20] {
+    // SAFETY: `Ipv4Hdr` is repr(C), 20 bytes of u8 and [u8; N] fields with
+    // no padding (asserted below): every byte is initialised.
+    unsafe { core::mem::transmute::<Ipv4Hdr, [u8; 20]>(*ip) }
 }
 
-/// IPv4 header without options (options are never parsed: packets carrying
-/// them are left to the kernel).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ipv4Hdr {
-    pub bytes: [u8; 20],
+/// Whether the More Fragments flag or a fragment offset is set.
+#[must_use]
+#[inline(always)]
+pub const fn is_fragment(ip: &Ipv4Hdr) -> bool {
+    u16::from_be_bytes(ip.frags) & 0x3fff != 0
 }
 
-impl Ipv4Hdr {
-    pub const LEN: usize = 20;
-
-    #[must_use]
-    #[inline(always)]
-    pub const fn version(&self) -> u8 {
-        self.bytes[0] >> 4
-    }
-
-    /// Header length in bytes (IHL * 4).
-    #[must_use]
-    #[inline(always)]
-    pub const fn header_len(&self) -> usize {
-        ((self.bytes[0] & 0x0f) as usize) * 4
-    }
-
-    #[must_use]
-    #[inline(always)]
-    pub const fn total_len(&self) -> usize {
-        u16::from_be_bytes([self.bytes[2], self.bytes[3]]) as usize
-    }
-
-    /// More-fragments flag set or a non-zero fragment offset.
-    #[must_use]
-    #[inline(always)]
-    pub const fn is_fragment(&self) -> bool {
-        let frag = u16::from_be_bytes([self.bytes[6], self.bytes[7]]);
-        frag & 0x3fff != 0
-    }
-
-    #[must_use]
-    #[inline(always)]
-    pub const fn ttl(&self) -> u8 {
-        self.bytes[8]
-    }
-
-    #[must_use]
-    #[inline(always)]
-    pub const fn protocol(&self) -> u8 {
-        self.bytes[9]
-    }
-
-    #[must_use]
-    #[inline(always)]
-    pub const fn checksum(&self) -> u16 {
-        u16::from_be_bytes([self.bytes[10], self.bytes[11]])
-    }
-
-    #[must_use]
-    #[inline(always)]
-    pub const fn src(&self) -> [u8; 4] {
-        [
-            self.bytes[12],
-            self.bytes[13],
-            self.bytes[14],
-            self.bytes[15],
-        ]
-    }
-
-    #[must_use]
-    #[inline(always)]
-    pub const fn dst(&self) -> [u8; 4] {
-        [
-            self.bytes[16],
-            self.bytes[17],
-            self.bytes[18],
-            self.bytes[19],
-        ]
-    }
+/// Whether the fragment offset is non-zero (a later fragment: no L4 header).
+#[must_use]
+#[inline(always)]
+pub const fn is_later_fragment(ip: &Ipv4Hdr) -> bool {
+    u16::from_be_bytes(ip.frags) & 0x1fff != 0
 }
 
-/// ICMP header of an echo request or reply.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IcmpEchoHdr {
-    pub kind: u8,
-    pub code: u8,
-    pub checksum: [u8; 2],
-    pub identifier: [u8; 2],
-    pub sequence: [u8; 2],
+/// The IPv4 header's length in bytes (IHL * 4).
+#[must_use]
+#[inline(always)]
+pub const fn ipv4_header_len(ip: &Ipv4Hdr) -> usize {
+    ((ip.vihl & 0x0f) as usize) * 4
 }
 
-impl IcmpEchoHdr {
-    pub const LEN: usize = 8;
+/// The IPv4 total length.
+#[must_use]
+#[inline(always)]
+pub const fn ipv4_total_len(ip: &Ipv4Hdr) -> usize {
+    u16::from_be_bytes(ip.tot_len) as usize
+}
+
+/// The TCP flags byte (CWR ... FIN), as the wire has it.
+#[must_use]
+#[inline(always)]
+pub const fn tcp_flags(tcp: &TcpHdr) -> u8 {
+    // SAFETY: `TcpHdr` is repr(C), 20 bytes of byte-array fields with no
+    // padding (asserted below); the flags are its 14th byte.
+    let bytes = unsafe { core::mem::transmute::<TcpHdr, [u8; 20]>(*tcp) };
+    bytes[13]
+}
+
+/// The identifier and sequence of an echo request or reply.
+#[must_use]
+#[inline(always)]
+pub const fn echo_id_seq(icmp: &Icmpv4Hdr) -> ([u8; 2], [u8; 2]) {
+    ([icmp.data[0], icmp.data[1]], [icmp.data[2], icmp.data[3]])
 }
 
 const _: () = {
-    assert!(size_of::<EthHdr>() == EthHdr::LEN);
-    assert!(size_of::<Ipv4Hdr>() == Ipv4Hdr::LEN);
-    assert!(size_of::<IcmpEchoHdr>() == IcmpEchoHdr::LEN);
-    assert!(align_of::<EthHdr>() == 1);
+    assert!(size_of::<EthHdr>() == EthHdr::LEN && EthHdr::LEN == 14);
+    assert!(size_of::<Ipv4Hdr>() == Ipv4Hdr::LEN && Ipv4Hdr::LEN == 20);
+    assert!(size_of::<Icmpv4Hdr>() == Icmpv4Hdr::LEN && Icmpv4Hdr::LEN == 8);
     assert!(align_of::<Ipv4Hdr>() == 1);
-    assert!(align_of::<IcmpEchoHdr>() == 1);
+    assert!(align_of::<Icmpv4Hdr>() == 1);
+    assert!(size_of::<TcpHdr>() == 20 && align_of::<TcpHdr>() == 1);
+    assert!(size_of::<UdpHdr>() == 8 && align_of::<UdpHdr>() == 1);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_of_a_known_header() {
+        let bytes: [u8; 20] = [
+            0x45, 0, 0, 84, 0x12, 0x34, 0x20, 0, 64, 1, 0, 0, 198, 18, 0, 1, 198, 18, 0, 2,
+        ];
+        // SAFETY: 20 bytes into a 20-byte, alignment-1 header.
+        let ip: Ipv4Hdr = unsafe { core::mem::transmute(bytes) };
+        assert_eq!(ipv4_bytes(&ip), bytes);
+        assert_eq!(ipv4_header_len(&ip), 20);
+        assert_eq!(ipv4_total_len(&ip), 84);
+        assert!(is_fragment(&ip), "MF set");
+        assert!(!is_later_fragment(&ip), "offset 0");
+        let eth = EthHdr {
+            dst_addr: [0; 6],
+            src_addr: [0; 6],
+            ether_type: u16::from_ne_bytes([0x08, 0x00]),
+        };
+        assert!(is_ipv4(&eth));
+    }
+}

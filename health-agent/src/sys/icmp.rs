@@ -9,17 +9,38 @@ use std::{
     time::{Duration, Instant},
 };
 
-use health_common::checksum;
+use health_common::{
+    checksum,
+    frame::read_at,
+    headers::{
+        ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Icmpv4Hdr, Ipv4Hdr, echo_id_seq, ipv4_header_len,
+    },
+};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 /// An echo request (ICMP header and an 8-byte payload) with its checksum.
 #[must_use]
 pub fn echo_request(identifier: u16, sequence: u16) -> [u8; 16] {
-    let mut req = [
-        8u8, 0, 0, 0, 0, 0, 0, 0, b'h', b'e', b'a', b'l', b't', b'h', b'!', b'!',
-    ];
-    req[4..6].copy_from_slice(&identifier.to_be_bytes());
-    req[6..8].copy_from_slice(&sequence.to_be_bytes());
+    let [i0, i1] = identifier.to_be_bytes();
+    let [s0, s1] = sequence.to_be_bytes();
+    let header = Icmpv4Hdr {
+        type_: ICMP_ECHO_REQUEST,
+        code: 0,
+        check: [0; 2],
+        data: [i0, i1, s0, s1],
+    };
+    let mut req = [0u8; 16];
+    req[..8].copy_from_slice(&[
+        header.type_,
+        header.code,
+        0,
+        0,
+        header.data[0],
+        header.data[1],
+        header.data[2],
+        header.data[3],
+    ]);
+    req[8..].copy_from_slice(b"health!!");
     let sum: u32 = req
         .chunks(2)
         .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
@@ -32,13 +53,17 @@ pub fn echo_request(identifier: u16, sequence: u16) -> [u8; 16] {
 /// as a raw socket returns it (IPv4 header first).
 #[must_use]
 pub fn parse_reply(pkt: &[u8], identifier: u16) -> Option<(Ipv4Addr, u16)> {
-    let ihl = usize::from(*pkt.first()? & 0x0f) * 4;
-    let icmp = pkt.get(ihl..ihl + 8)?;
-    if ihl < 20 || icmp[0] != 0 || icmp[4..6] != identifier.to_be_bytes() {
+    let ip: Ipv4Hdr = read_at(pkt, 0)?;
+    let ihl = ipv4_header_len(&ip);
+    if ihl < Ipv4Hdr::LEN {
         return None;
     }
-    let src = Ipv4Addr::new(pkt[12], pkt[13], pkt[14], pkt[15]);
-    Some((src, u16::from_be_bytes([icmp[6], icmp[7]])))
+    let icmp: Icmpv4Hdr = read_at(pkt, ihl)?;
+    let (id, seq) = echo_id_seq(&icmp);
+    if icmp.type_ != ICMP_ECHO_REPLY || id != identifier.to_be_bytes() {
+        return None;
+    }
+    Some((Ipv4Addr::from(ip.src_addr), u16::from_be_bytes(seq)))
 }
 
 /// Sends one echo request to `dst` and waits up to `timeout` for its reply.

@@ -11,7 +11,7 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use health_common::{
     echo::{Verdict, respond},
-    headers::{EthHdr, IcmpEchoHdr, Ipv4Hdr},
+    headers::{EthHdr, Icmpv4Hdr, Ipv4Hdr},
 };
 
 use super::{
@@ -20,7 +20,7 @@ use super::{
 };
 
 /// Bytes of an echo request without IP options: all the responder touches.
-const HEADERS_LEN: u32 = (EthHdr::LEN + Ipv4Hdr::LEN + IcmpEchoHdr::LEN) as u32;
+const HEADERS_LEN: u32 = (EthHdr::LEN + Ipv4Hdr::LEN + Icmpv4Hdr::LEN) as u32;
 
 #[classifier]
 pub fn health_echo_tc(ctx: TcContext) -> i32 {

@@ -4,8 +4,8 @@ use aya_ebpf::programs::TcContext;
 use health_common::frame::Frame;
 
 /// Bytes that cover Ethernet, an IPv4 header with options and the L4
-/// fields the flow parser reads.
-pub const FLOW_HEADERS: u32 = 14 + 60 + 14;
+/// header the flow parser reads (TCP's, the longest).
+pub const FLOW_HEADERS: u32 = 14 + 60 + 20;
 
 /// The packet as a frame whose first `want` bytes (all of it, when it is
 /// shorter) are directly addressable. The pull helper is only called when
@@ -46,13 +46,12 @@ impl Frame for PacketFrame {
     }
 
     #[inline(always)]
-    fn header_mut<T: Copy>(&mut self, offset: usize) -> Option<&mut T> {
+    fn ptr_at<T>(&mut self, offset: usize) -> Option<*mut T> {
         let at = self.start + offset;
         // The check the verifier needs before any access through `at`.
         if at + size_of::<T>() > self.end {
             return None;
         }
-        // SAFETY: in bounds (checked above); header types have alignment 1.
-        Some(unsafe { &mut *(at as *mut T) })
+        Some(at as *mut T)
     }
 }
