@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 
 mod bench_datapath;
 mod bench_echo;
+mod bench_round;
 mod blaster;
 mod demo;
 
@@ -42,6 +43,20 @@ enum Command {
         #[arg(long, default_value_t = 100_000)]
         samples: u32,
     },
+    /// One agent probing N peers behind a router: round time, agent CPU,
+    /// RSS, status latency, correctness, and fping as the reference.
+    BenchRound {
+        #[arg(long, default_value_t = 5000)]
+        peers: usize,
+        /// Percent of peers that never answer.
+        #[arg(long, default_value_t = 50)]
+        silent: u32,
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Probe interval of the agent.
+        #[arg(long, default_value = "3s", value_parser = health_agent::util::duration::parse)]
+        interval: std::time::Duration,
+    },
     /// Two nodes, a health-agent answering echo in the kernel, live probes.
     Demo(demo::Options),
 }
@@ -64,6 +79,18 @@ fn main() -> ExitCode {
         }
         Command::BenchDatapath { samples } => bench_datapath::run(samples.max(1))
             .map(|r| print!("{}", bench_datapath::render(&r, samples.max(1)))),
+        Command::BenchRound {
+            peers,
+            silent,
+            rounds,
+            interval,
+        } => bench_round::run(&bench_round::Options {
+            peers,
+            silent_pct: silent,
+            rounds: rounds.max(1),
+            interval,
+        })
+        .map(|r| print!("{}", r.text())),
         Command::Demo(opts) => demo::run(&opts),
     };
     match result {

@@ -86,6 +86,21 @@ enum Bench {
         #[arg(long, default_value_t = 3)]
         rounds: u32,
     },
+    /// One agent probing N peers behind a router (half silent by default):
+    /// round wall time, agent CPU and RSS, status latency under 8 clients,
+    /// correctness, and fping over the same targets in the same run.
+    Round {
+        #[arg(long, default_value_t = 5000)]
+        peers: usize,
+        /// Percent of peers that never answer.
+        #[arg(long, default_value_t = 50)]
+        silent: u32,
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Probe interval of the agent (the time between round starts).
+        #[arg(long, default_value = "3s")]
+        interval: String,
+    },
     /// Per-packet cost of the CT/RTT and masquerade programs, measured by
     /// the kernel with `BPF_PROG_TEST_RUN`.
     Datapath {
@@ -143,6 +158,33 @@ fn run() -> anyhow::Result<()> {
             cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
             let (s, r) = (seconds.to_string(), rounds.to_string());
             lab(&root, &["bench-echo", "--seconds", &s, "--rounds", &r])
+        }
+        Task::Bench {
+            which:
+                Bench::Round {
+                    peers,
+                    silent,
+                    rounds,
+                    interval,
+                },
+        } => {
+            setup::run(&pin)?;
+            cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
+            let (p, s, r) = (peers.to_string(), silent.to_string(), rounds.to_string());
+            lab(
+                &root,
+                &[
+                    "bench-round",
+                    "--peers",
+                    &p,
+                    "--silent",
+                    &s,
+                    "--rounds",
+                    &r,
+                    "--interval",
+                    &interval,
+                ],
+            )
         }
         Task::Bench {
             which: Bench::Datapath { samples },

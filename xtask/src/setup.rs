@@ -11,7 +11,7 @@ use xtask::pin::EbpfPin;
 use crate::cmd;
 
 /// Debian packages the tests and tools use at run time.
-const RUNTIME_PACKAGES: &[&str] = &["iproute2", "etcd-server", "bpftool"];
+const RUNTIME_PACKAGES: &[&str] = &["iproute2", "etcd-server", "bpftool", "fping"];
 
 /// rust-src for `-Z build-std=core`, clippy for `cargo xtask lint`.
 const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];

@@ -13,7 +13,10 @@ use serde::de::DeserializeOwned;
 use tokio::net::UnixStream;
 
 use super::types::{ApiError, Healthz, NodesView, paths};
-use crate::{endpoint::EndpointView, probe::status::ClusterStatus};
+use crate::{
+    endpoint::EndpointView,
+    probe::status::{ClusterStatus, StatusSummary},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -73,6 +76,18 @@ impl Client {
     /// `GET /v1/status`: the last published round.
     pub async fn status(&self) -> Result<ClusterStatus, ClientError> {
         self.call("GET", paths::STATUS).await
+    }
+
+    /// `GET /v1/status?QUERY` (`state=failure`, `node=NAME`, ...).
+    pub async fn status_filtered(&self, query: &str) -> Result<ClusterStatus, ClientError> {
+        self.call("GET", &format!("{}?{query}", paths::STATUS))
+            .await
+    }
+
+    /// `GET /v1/status?summary=true`.
+    pub async fn status_summary(&self) -> Result<StatusSummary, ClientError> {
+        self.call("GET", &format!("{}?summary=true", paths::STATUS))
+            .await
     }
 
     /// `PUT /v1/status/probe`: a fresh round within `timeout`.

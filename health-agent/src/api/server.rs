@@ -24,7 +24,7 @@ use super::types::{ApiError, Healthz, NodesView, paths};
 use crate::{
     cluster::discovery::Nodes,
     endpoint::{EndpointView, SharedView, lifecycle},
-    probe::{Prober, status::ClusterStatus},
+    probe::{Prober, path::ProbeResult, status::ClusterStatus},
     supervisor::{Health, TaskState},
 };
 
@@ -193,8 +193,60 @@ async fn endpoint(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -
     }
 }
 
-async fn status(State(state): State<AppState>) -> Json<ClusterStatus> {
-    Json(ClusterStatus::clone(&state.prober.status()))
+/// The last published round: as serialised once when it was published,
+/// or filtered (`?state=success|failure|unknown`, `?node=NAME`) or
+/// summarised (`?summary=true`: counts only).
+async fn status(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    let Some(query) = uri.query().filter(|q| !q.is_empty()) else {
+        return (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            state.prober.status_json(),
+        )
+            .into_response();
+    };
+    let mut want_state = None;
+    let mut want_node = None;
+    let mut summary = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("state", v)) => match v {
+                "success" => want_state = Some(ProbeResult::Success),
+                "failure" => want_state = Some(ProbeResult::Failure),
+                "unknown" => want_state = Some(ProbeResult::Unknown),
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("state {v:?}: expected success, failure or unknown"),
+                    );
+                }
+            },
+            Some(("node", v)) if !v.is_empty() => want_node = Some(v.to_owned()),
+            Some(("summary", "true")) => summary = true,
+            Some(("summary", "false")) => summary = false,
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "unknown query parameter {pair:?} (state=success|failure|unknown, node=NAME, summary=true)"
+                    ),
+                );
+            }
+        }
+    }
+    let status = state.prober.status();
+    if summary {
+        return Json(status.summary()).into_response();
+    }
+    let filtered = status.filtered(|n| {
+        want_state.is_none_or(|s| n.state() == s) && want_node.as_ref().is_none_or(|w| &n.name == w)
+    });
+    if let Some(name) = &want_node
+        && filtered.nodes.is_empty()
+        && !status.nodes.iter().any(|n| &n.name == name)
+    {
+        return error(StatusCode::NOT_FOUND, format!("node {name:?} not found"));
+    }
+    Json(filtered).into_response()
 }
 
 /// A fresh round, synchronously, within `?timeout=` (default 30s).

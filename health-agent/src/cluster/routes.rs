@@ -13,6 +13,17 @@ use crate::{sys::netlink::in_netns, util::errors::chain};
 pub struct PeerRoutes {
     /// health IP -> node IP, as installed.
     installed: BTreeMap<Ipv4Addr, Ipv4Addr>,
+    /// Peers left without a route because their node IP is not on-link,
+    /// as last reported (the warning is said again only when it changes).
+    not_on_link: usize,
+}
+
+/// Whether `ip` lies in one of the node's connected networks.
+fn on_link(ip: Ipv4Addr, connected: &[(Ipv4Addr, u8)]) -> bool {
+    connected.iter().any(|(net, prefix)| {
+        let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
+        u32::from(ip) & mask == u32::from(*net) & mask
+    })
 }
 
 impl PeerRoutes {
@@ -38,14 +49,25 @@ impl PeerRoutes {
     /// Blocking; failures are logged and retried on the next sync.
     pub fn apply(&mut self, desired: &BTreeMap<Ipv4Addr, Ipv4Addr>) {
         let desired = desired.clone();
-        let ours: Vec<Ipv4Addr> = self
-            .installed
-            .keys()
-            .filter(|h| !desired.contains_key(h))
-            .copied()
-            .collect();
+        let installed_keys: Vec<Ipv4Addr> = self.installed.keys().copied().collect();
         let done = in_netns(None, |nl| async move {
             let table = nl.routes_v4().await?;
+            let connected: Vec<(Ipv4Addr, u8)> = nl
+                .addresses_v4()
+                .await?
+                .into_iter()
+                .map(|(_, a, p)| (a, p))
+                .collect();
+            // A route via a node IP the node cannot reach directly would be
+            // refused (routed L3 fabrics route the health CIDRs themselves).
+            let mut desired = desired;
+            let before = desired.len();
+            desired.retain(|_, node| on_link(*node, &connected));
+            let skipped = before - desired.len();
+            let ours: Vec<Ipv4Addr> = installed_keys
+                .into_iter()
+                .filter(|h| !desired.contains_key(h))
+                .collect();
             let mut added = Vec::new();
             let mut removed = Vec::new();
             for (health, node) in &desired {
@@ -66,10 +88,19 @@ impl PeerRoutes {
                     Err(e) => warn!("{}", chain(&e)),
                 }
             }
-            Ok((desired, added, removed))
+            Ok((desired, added, removed, skipped))
         });
         match done {
-            Ok((desired, added, removed)) => {
+            Ok((desired, added, removed, skipped)) => {
+                if skipped != self.not_on_link {
+                    if skipped > 0 {
+                        warn!(
+                            peers = skipped,
+                            "peers whose node IP is not on-link get no per-peer route (the network must route their health IPs)"
+                        );
+                    }
+                    self.not_on_link = skipped;
+                }
                 if !added.is_empty() || !removed.is_empty() {
                     info!(
                         added = added.len(),
@@ -107,6 +138,22 @@ mod tests {
             node_ip: Ipv4Addr::new(198, 18, 0, n),
             health_ip: Ipv4Addr::new(198, 18, 64 + n, 2),
         }
+    }
+
+    #[test]
+    fn on_link_means_inside_a_connected_network() {
+        let connected = [
+            (Ipv4Addr::new(198, 18, 0, 10), 24),
+            (Ipv4Addr::new(198, 19, 1, 1), 32),
+        ];
+        assert!(on_link(Ipv4Addr::new(198, 18, 0, 77), &connected));
+        assert!(!on_link(Ipv4Addr::new(198, 18, 1, 77), &connected));
+        assert!(on_link(Ipv4Addr::new(198, 19, 1, 1), &connected));
+        assert!(!on_link(Ipv4Addr::new(198, 19, 1, 2), &connected));
+        assert!(on_link(
+            Ipv4Addr::new(198, 19, 1, 2),
+            &[(Ipv4Addr::UNSPECIFIED, 0)]
+        ));
     }
 
     #[test]

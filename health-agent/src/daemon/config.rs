@@ -77,7 +77,8 @@ pub struct ProbeSettings {
     pub timeout: Duration,
     pub thresholds: Thresholds,
     pub spread: Duration,
-    pub max_in_flight: usize,
+    /// HTTP probes in flight at once; `None`: from the open-file limit.
+    pub max_in_flight: Option<usize>,
     pub http_port: u16,
     pub initial_delay: Duration,
     /// Probes leave from the endpoint (crossing the datapath, which times

@@ -92,7 +92,7 @@ pub async fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
 /// handling, for running it in-process.
 pub async fn run_until(cfg: DaemonConfig, stop: CancellationToken) -> Result<(), DaemonError> {
     let _pidfile = Pidfile::acquire(&cfg.pidfile, &cfg.socket)?;
-    raise_fd_limit();
+    let open_files = raise_fd_limit();
     let resolved = cfg.resolve()?;
     if stop.is_cancelled() {
         return Ok(());
@@ -108,7 +108,7 @@ pub async fn run_until(cfg: DaemonConfig, stop: CancellationToken) -> Result<(),
     let nodes = Nodes::new(cfg.source_name());
     nodes.accept(resolved.initial_nodes.clone());
     let view = shared_view();
-    let prober = Prober::new(probe_config(&cfg)?);
+    let prober = Prober::new(probe_config(&cfg, open_files)?);
     prober.set_nodes(nodes.current());
 
     let api_state = api::server::ApiState::new(
@@ -189,14 +189,21 @@ fn endpoint_config(cfg: &DaemonConfig) -> EndpointConfig {
     }
 }
 
-fn probe_config(cfg: &DaemonConfig) -> Result<ProbeConfig, DaemonError> {
+/// Sockets kept for everything but HTTP probes (API, etcd, netlink, ...).
+const RESERVED_FILES: u64 = 512;
+
+fn probe_config(cfg: &DaemonConfig, open_files: u64) -> Result<ProbeConfig, DaemonError> {
     let p = &cfg.probe;
+    let budget =
+        usize::try_from(open_files.saturating_sub(RESERVED_FILES).max(64)).unwrap_or(usize::MAX);
+    let max_in_flight = p.max_in_flight.map_or(budget, |m| m.min(budget));
+    info!(max_in_flight, open_files, "HTTP probes in flight at most");
     Ok(ProbeConfig {
         interval: p.interval,
         timeout: p.timeout,
         thresholds: p.thresholds,
         spread: p.spread,
-        max_in_flight: p.max_in_flight,
+        max_in_flight,
         http_port: p.http_port,
         local_node: Some(cfg.node_name.clone()),
         source_netns: if p.from_endpoint {
@@ -255,16 +262,22 @@ fn route_source_to(endpoint: &str) -> std::io::Result<Ipv4Addr> {
     }
 }
 
-/// Probes to hundreds of peers hold a socket each: lift the soft limit.
-pub fn raise_fd_limit() {
+/// HTTP probes to thousands of peers hold a socket each: lifts the soft
+/// open-file limit to the hard one; returns the limit in force.
+pub fn raise_fd_limit() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
-        && soft < hard
-        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
-    {
-        warn!(
-            "could not raise the open-file limit from {soft}: {}",
-            chain(&e)
-        );
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                warn!(
+                    "could not raise the open-file limit from {soft}: {}",
+                    chain(&e)
+                );
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => 1024,
     }
 }

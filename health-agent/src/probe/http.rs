@@ -15,12 +15,18 @@ use super::{
     error::{ProbeError, Proto},
     path::{Outcome, RttSource},
 };
-use crate::sys::netns::Netns;
+use crate::sys::socket_factory::SocketFactory;
 
 pub const HEALTH_PORT: u16 = 4240;
 
-/// `GET /hello` from a socket opened in `from` (the caller's namespace when `None`).
-pub async fn probe(ip: Ipv4Addr, port: u16, timeout: Duration, from: Option<&Netns>) -> Outcome {
+/// `GET /hello` from a socket made by `from` (in the caller's namespace
+/// when `None`).
+pub async fn probe(
+    ip: Ipv4Addr,
+    port: u16,
+    timeout: Duration,
+    from: Option<&SocketFactory>,
+) -> Outcome {
     match tokio::time::timeout(timeout, exchange(ip, port, from)).await {
         Ok(Ok((status, rtt))) => classify(status, rtt),
         Ok(Err(e)) => Outcome::Failed(e),
@@ -47,29 +53,31 @@ fn classify(status: u16, rtt: Duration) -> Outcome {
     }
 }
 
-/// A TCP socket created in `from` (sockets keep their namespace for life).
-fn socket_in(from: Option<&Netns>) -> Result<tokio::net::TcpSocket, ProbeError> {
-    let make = || {
-        let s = socket2::Socket::new(
-            socket2::Domain::IPV4,
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
-        s.set_nonblocking(true)?;
-        Ok::<_, std::io::Error>(s)
-    };
-    let sock = crate::sys::netns::run_in(from, make)
-        .map_err(|e| ProbeError::Namespace(format!("entering the probe namespace: {e}")))?
-        .map_err(|e| ProbeError::io("socket", &e))?;
+/// A non-blocking TCP socket made by `from` (sockets keep their namespace
+/// for life), or in the caller's namespace.
+async fn socket_in(from: Option<&SocketFactory>) -> Result<tokio::net::TcpSocket, ProbeError> {
+    let (domain, ty, proto) = (
+        socket2::Domain::IPV4,
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    );
+    let sock = match from {
+        Some(factory) => factory.socket(domain, ty, proto).await,
+        None => socket2::Socket::new(domain, ty, proto).and_then(|s| {
+            s.set_nonblocking(true)?;
+            Ok(s)
+        }),
+    }
+    .map_err(|e| ProbeError::io("socket", &e))?;
     Ok(tokio::net::TcpSocket::from_std_stream(sock.into()))
 }
 
 async fn exchange(
     ip: Ipv4Addr,
     port: u16,
-    from: Option<&Netns>,
+    from: Option<&SocketFactory>,
 ) -> Result<(u16, Duration), ProbeError> {
-    let socket = socket_in(from)?;
+    let socket = socket_in(from).await?;
     let start = Instant::now();
     let mut stream: TcpStream = socket
         .connect(SocketAddrV4::new(ip, port).into())

@@ -1,11 +1,19 @@
+//! A probe round: every path of every node at once. ICMP goes through one
+//! engine call (no task or timer per probe); HTTP probes are futures of one
+//! task, bounded by the open-file budget, with sockets made in the source
+//! namespace by one long-lived thread. Results are kept per node (four
+//! paths each) and the published status is serialised once per change.
+
 use std::{
-    collections::BTreeMap,
+    collections::HashMap,
     net::Ipv4Addr,
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use tokio::{sync::Semaphore, task::JoinSet};
+use bytes::Bytes;
+use futures::{StreamExt as _, stream::FuturesUnordered};
+use tokio::sync::Semaphore;
 
 use super::{
     error::ProbeError,
@@ -17,6 +25,7 @@ use super::{
 use crate::{
     cluster::{Node, NodeSet},
     datapath::rtt::KernelRtt,
+    sys::{netns::Netns, socket_factory::SocketFactory},
 };
 
 #[derive(Debug, Clone)]
@@ -26,13 +35,13 @@ pub struct ProbeConfig {
     pub thresholds: Thresholds,
     /// Probe starts are spread uniformly over this window.
     pub spread: Duration,
-    /// Probes in flight at once.
+    /// HTTP probes in flight at once (each holds a socket).
     pub max_in_flight: usize,
     pub http_port: u16,
     pub local_node: Option<String>,
     /// Namespace the probes leave from (the health endpoint's); the
     /// caller's when `None`.
-    pub source_netns: Option<crate::sys::netns::Netns>,
+    pub source_netns: Option<Netns>,
     /// bpffs directory of the datapath maps: RTTs are taken from the
     /// kernel's samples when there are any.
     pub kernel_rtt: Option<std::path::PathBuf>,
@@ -54,41 +63,40 @@ impl Default for ProbeConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Target {
-    Host,
-    Endpoint,
+/// The four paths of a node, in this order.
+const HOST_ICMP: usize = 0;
+const HOST_HTTP: usize = 1;
+const EP_ICMP: usize = 2;
+const EP_HTTP: usize = 3;
+
+type NodePaths = [PathState; 4];
+
+/// The sockets of the source namespace as it was when they were made
+/// (its inode): made again when the endpoint's namespace is recreated.
+struct Sockets {
+    ino: u64,
+    icmp: Arc<IcmpProber>,
+    factory: Option<Arc<SocketFactory>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Proto {
-    Icmp,
-    Http,
-}
-
-type PathKey = (String, Target, Proto);
-
-/// The IP protocol whose kernel RTT stands for a path's.
-const fn key_proto(key: &PathKey) -> u8 {
-    match key.2 {
-        Proto::Icmp => health_common::headers::IPPROTO_ICMP,
-        Proto::Http => health_common::ct::IPPROTO_TCP,
-    }
+/// The published status, and its JSON made once.
+#[derive(Clone)]
+struct Published {
+    status: Arc<ClusterStatus>,
+    json: Bytes,
 }
 
 pub struct Prober {
     cfg: ProbeConfig,
-    /// The ICMP socket, with the inode of the namespace it was opened in:
-    /// reopened when the endpoint's namespace is recreated.
-    icmp: Mutex<Option<(u64, Arc<IcmpProber>)>>,
+    sockets: Mutex<Option<Sockets>>,
     nodes: RwLock<NodeSet>,
-    paths: Mutex<BTreeMap<PathKey, PathState>>,
+    paths: Mutex<HashMap<String, NodePaths>>,
     /// One round at a time: kubelet counters must see each round once.
     round_lock: tokio::sync::Mutex<()>,
     /// Numbers rounds in the order they start: publishing compares these,
     /// never wall-clock times (which NTP may step back).
     round_seq: std::sync::atomic::AtomicU64,
-    published: RwLock<Arc<ClusterStatus>>,
+    published: RwLock<Published>,
 }
 
 fn epoch_ms(t: SystemTime) -> u64 {
@@ -100,18 +108,25 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+fn serialised(status: ClusterStatus) -> Published {
+    let json = serde_json::to_vec(&status).unwrap_or_default();
+    Published {
+        status: Arc::new(status),
+        json: Bytes::from(json),
+    }
+}
+
 impl Prober {
-    /// Needs a tokio runtime (the ICMP receive task). Sockets are opened
-    /// when the first round needs them.
+    /// Sockets are opened when the first round needs them.
     #[must_use]
     pub fn new(cfg: ProbeConfig) -> Arc<Self> {
         Arc::new(Self {
-            icmp: Mutex::new(None),
+            sockets: Mutex::new(None),
             nodes: RwLock::default(),
             paths: Mutex::default(),
             round_lock: tokio::sync::Mutex::new(()),
             round_seq: std::sync::atomic::AtomicU64::new(0),
-            published: RwLock::new(Arc::new(ClusterStatus {
+            published: RwLock::new(serialised(ClusterStatus {
                 local_node: cfg.local_node.clone(),
                 probe_interval_ms: ms(cfg.interval),
                 probe_timeout_ms: ms(cfg.timeout),
@@ -127,12 +142,22 @@ impl Prober {
         &self.cfg
     }
 
-    /// The published status (cached; never waits for a round).
-    #[must_use]
-    pub fn status(&self) -> Arc<ClusterStatus> {
+    fn published(&self) -> Published {
         self.published
             .read()
             .map_or_else(|p| p.into_inner().clone(), |s| s.clone())
+    }
+
+    /// The published status (cached; never waits for a round).
+    #[must_use]
+    pub fn status(&self) -> Arc<ClusterStatus> {
+        self.published().status
+    }
+
+    /// The published status as JSON, serialised once when it was published.
+    #[must_use]
+    pub fn status_json(&self) -> Bytes {
+        self.published().json
     }
 
     #[must_use]
@@ -140,11 +165,12 @@ impl Prober {
         self.nodes.read().map(|n| n.clone()).unwrap_or_default()
     }
 
-    /// Replaces the node set: removed nodes' paths are forgotten, new ones
-    /// start Unknown, and the published status shows the new set at once.
+    /// Replaces the node set (the snapshot, shared): removed nodes' paths
+    /// are forgotten, new ones start Unknown, and the published status
+    /// shows the new set at once.
     pub fn set_nodes(&self, nodes: NodeSet) {
         if let Ok(mut paths) = self.paths.lock() {
-            paths.retain(|(name, _, _), _| nodes.contains(name));
+            paths.retain(|name, _| nodes.contains(name));
         }
         if let Ok(mut n) = self.nodes.write() {
             *n = nodes;
@@ -154,28 +180,30 @@ impl Prober {
     }
 
     fn snapshot(&self, round: Option<RoundInfo>) -> ClusterStatus {
-        let paths = self.paths.lock().map(|p| p.clone()).unwrap_or_default();
-        let get = |node: &Node, t, p| {
-            paths
-                .get(&(node.name.clone(), t, p))
-                .cloned()
-                .unwrap_or_default()
-        };
-        let nodes = self
-            .nodes()
+        let nodes = self.nodes();
+        let paths = self.paths.lock();
+        let unknown = NodePaths::default();
+        let nodes = nodes
             .iter()
-            .map(|n| NodeStatus {
-                name: n.name.clone(),
-                host: Connectivity {
-                    ip: n.node_ip,
-                    icmp: get(n, Target::Host, Proto::Icmp),
-                    http: get(n, Target::Host, Proto::Http),
-                },
-                endpoint: Connectivity {
-                    ip: n.health_ip,
-                    icmp: get(n, Target::Endpoint, Proto::Icmp),
-                    http: get(n, Target::Endpoint, Proto::Http),
-                },
+            .map(|n| {
+                let p = paths
+                    .as_ref()
+                    .ok()
+                    .and_then(|p| p.get(&n.name))
+                    .unwrap_or(&unknown);
+                NodeStatus {
+                    name: n.name.clone(),
+                    host: Connectivity {
+                        ip: n.node_ip,
+                        icmp: p[HOST_ICMP].clone(),
+                        http: p[HOST_HTTP].clone(),
+                    },
+                    endpoint: Connectivity {
+                        ip: n.health_ip,
+                        icmp: p[EP_ICMP].clone(),
+                        http: p[EP_HTTP].clone(),
+                    },
+                }
             })
             .collect();
         ClusterStatus {
@@ -190,21 +218,28 @@ impl Prober {
     /// Publishes `status` unless a round that started later is already
     /// published (`force`: a node-set change, which keeps the round info).
     fn publish(&self, status: ClusterStatus, force: bool) {
-        let Ok(mut published) = self.published.write() else {
-            return;
-        };
-        let newer = match (&status.round, &published.round) {
-            (Some(new), Some(old)) => new.seq >= old.seq,
-            (Some(_), None) => true,
-            (None, _) => force,
+        let newer = {
+            let Ok(published) = self.published.read() else {
+                return;
+            };
+            match (&status.round, &published.status.round) {
+                (Some(new), Some(old)) => new.seq >= old.seq,
+                (Some(_), None) => true,
+                (None, _) => force,
+            }
         };
         if newer || force {
-            *published = Arc::new(status);
+            // Serialised outside the lock: readers keep the old one meanwhile.
+            let made = serialised(status);
+            if let Ok(mut published) = self.published.write() {
+                *published = made;
+            }
         }
     }
 
-    /// The ICMP prober for the source namespace as it is now.
-    fn icmp(&self) -> Result<Arc<IcmpProber>, ProbeError> {
+    /// The ICMP engine and the socket factory for the source namespace as
+    /// it is now.
+    fn sockets(&self) -> Result<(Arc<IcmpProber>, Option<Arc<SocketFactory>>), ProbeError> {
         use std::os::unix::fs::MetadataExt as _;
         let ino = match &self.cfg.source_netns {
             Some(ns) => std::fs::metadata(ns.path())
@@ -214,18 +249,31 @@ impl Prober {
                 .ino(),
             None => 0,
         };
-        let mut slot = self.icmp.lock().map_err(|_| ProbeError::ReceiverStopped)?;
-        if let Some((at, p)) = slot.as_ref()
-            && *at == ino
+        let mut slot = self
+            .sockets
+            .lock()
+            .map_err(|_| ProbeError::ReceiverStopped)?;
+        if let Some(s) = slot.as_ref()
+            && s.ino == ino
         {
-            return Ok(p.clone());
+            return Ok((s.icmp.clone(), s.factory.clone()));
         }
-        let p = Arc::new(
+        let icmp = Arc::new(
             IcmpProber::new(self.cfg.source_netns.as_ref())
                 .map_err(|e| ProbeError::io("ICMP socket", &e))?,
         );
-        *slot = Some((ino, p.clone()));
-        Ok(p)
+        let factory = match &self.cfg.source_netns {
+            Some(ns) => Some(Arc::new(SocketFactory::new(ns).map_err(|e| {
+                ProbeError::Namespace(format!("entering the probe namespace: {e}"))
+            })?)),
+            None => None,
+        };
+        *slot = Some(Sockets {
+            ino,
+            icmp: icmp.clone(),
+            factory: factory.clone(),
+        });
+        Ok((icmp, factory))
     }
 
     /// Runs one round over the current node set and publishes it.
@@ -239,50 +287,41 @@ impl Prober {
         let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
         let t0 = Instant::now();
         let nodes = self.nodes();
-        let sem = Arc::new(Semaphore::new(self.cfg.max_in_flight.max(1)));
-        let mut tasks = JoinSet::new();
-        for node in nodes.iter() {
-            for (target, ip) in [
-                (Target::Host, node.node_ip),
-                (Target::Endpoint, node.health_ip),
-            ] {
-                for proto in [Proto::Icmp, Proto::Http] {
-                    let me = self.clone();
-                    let sem = sem.clone();
-                    let key = (node.name.clone(), target, proto);
-                    let jitter = self.cfg.spread.mul_f64(fastrand::f64());
-                    tasks.spawn(async move {
-                        tokio::time::sleep(jitter).await;
-                        let _permit = sem.acquire().await;
-                        let outcome = me.probe(ip, proto).await;
-                        (key, ip, outcome)
-                    });
-                }
-            }
-        }
+        let sockets = self.sockets();
+        let (icmp, http) = tokio::join!(
+            self.icmp_round(&nodes, sockets.as_ref()),
+            self.http_round(&nodes, sockets.as_ref())
+        );
         // The kernel's RTT map, opened once for the whole round.
         let kernel = self.cfg.kernel_rtt.as_deref().and_then(KernelRtt::open);
-        let mut outcomes = Vec::with_capacity(tasks.len());
-        while let Some(res) = tasks.join_next().await {
-            if let Ok((key, ip, outcome)) = res {
-                let proto = key_proto(&key);
-                outcomes.push((
-                    key,
-                    with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono),
-                ));
-            }
-        }
         let at = epoch_ms(SystemTime::now());
-        let probes = outcomes.len();
         // A node removed during the round is not brought back.
         let current = self.nodes();
+        let mut probes = 0;
         if let Ok(mut paths) = self.paths.lock() {
-            for (key, outcome) in outcomes {
-                if current.contains(&key.0) {
-                    paths
-                        .entry(key)
-                        .or_default()
-                        .record(outcome, self.cfg.thresholds, at);
+            let outcomes = icmp.into_iter().zip(http).enumerate();
+            for (i, (icmp, http)) in outcomes {
+                let node = &nodes[i / 2];
+                if !current.contains(&node.name) {
+                    continue;
+                }
+                let (ip, icmp_slot, http_slot) = if i % 2 == 0 {
+                    (node.node_ip, HOST_ICMP, HOST_HTTP)
+                } else {
+                    (node.health_ip, EP_ICMP, EP_HTTP)
+                };
+                let entry = match paths.get_mut(&node.name) {
+                    Some(e) => e,
+                    None => paths.entry(node.name.clone()).or_default(),
+                };
+                for (slot, proto, outcome) in [
+                    (icmp_slot, health_common::headers::IPPROTO_ICMP, icmp),
+                    (http_slot, health_common::ct::IPPROTO_TCP, http),
+                ] {
+                    let outcome =
+                        with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono);
+                    entry[slot].record(outcome, self.cfg.thresholds, at);
+                    probes += 1;
                 }
             }
         }
@@ -296,32 +335,96 @@ impl Prober {
         self.status()
     }
 
-    async fn probe(&self, ip: Ipv4Addr, proto: Proto) -> Outcome {
-        match proto {
-            Proto::Icmp => {
-                let icmp = match self.icmp() {
-                    Ok(p) => p,
-                    Err(e) => return Outcome::Failed(e),
-                };
-                match icmp.echo(ip, self.cfg.timeout).await {
-                    Ok(rtt) => Outcome::Ok {
-                        rtt,
-                        warning: None,
-                        source: RttSource::Userspace,
-                    },
-                    Err(e) => Outcome::Failed(e),
-                }
-            }
-            Proto::Http => {
-                http::probe(
-                    ip,
-                    self.cfg.http_port,
-                    self.cfg.timeout,
-                    self.cfg.source_netns.as_ref(),
-                )
-                .await
+    /// ICMP to both addresses of every node: node IP at `2i`, health IP at
+    /// `2i + 1`. The engine runs as a task of its own, beside the HTTP ones.
+    async fn icmp_round(
+        &self,
+        nodes: &[Node],
+        sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
+    ) -> Vec<Outcome> {
+        let targets: Vec<Ipv4Addr> = nodes
+            .iter()
+            .flat_map(|n| [n.node_ip, n.health_ip])
+            .collect();
+        let icmp = match sockets {
+            Ok((icmp, _)) => icmp.clone(),
+            Err(e) => return vec![Outcome::Failed(e.clone()); targets.len()],
+        };
+        let n = targets.len();
+        let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
+        let results = tokio::spawn(async move { icmp.round(&targets, timeout, spread).await })
+            .await
+            .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); n]);
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(rtt) => Outcome::Ok {
+                    rtt,
+                    warning: None,
+                    source: RttSource::Userspace,
+                },
+                Err(e) => Outcome::Failed(e),
+            })
+            .collect()
+    }
+
+    /// HTTP to both addresses of every node (same order as ICMP): the
+    /// probes are futures of a few tasks (one per CPU, not one per probe),
+    /// starts jittered over the spread, at most `max_in_flight` at once
+    /// (each holds a socket).
+    async fn http_round(
+        &self,
+        nodes: &[Node],
+        sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
+    ) -> Vec<Outcome> {
+        let targets: Vec<Ipv4Addr> = nodes
+            .iter()
+            .flat_map(|n| [n.node_ip, n.health_ip])
+            .collect();
+        let n = targets.len();
+        let factory = match sockets {
+            Ok((_, factory)) => factory.clone(),
+            Err(e) => return vec![Outcome::Failed(e.clone()); n],
+        };
+        let slots = Arc::new(Semaphore::new(self.cfg.max_in_flight.max(1)));
+        let workers = std::thread::available_parallelism().map_or(1, usize::from);
+        let targets = Arc::new(targets);
+        let (port, timeout, spread) = (self.cfg.http_port, self.cfg.timeout, self.cfg.spread);
+        let tasks: Vec<_> = (0..workers)
+            .map(|w| {
+                let (targets, slots, factory) = (targets.clone(), slots.clone(), factory.clone());
+                tokio::spawn(async move {
+                    let factory = factory.as_deref();
+                    let mut probes: FuturesUnordered<_> = (w..targets.len())
+                        .step_by(workers)
+                        .map(|i| {
+                            let (ip, slots) = (targets[i], &slots);
+                            let jitter = spread.mul_f64(fastrand::f64());
+                            async move {
+                                tokio::time::sleep(jitter).await;
+                                let _slot = slots.acquire().await;
+                                (i, http::probe(ip, port, timeout, factory).await)
+                            }
+                        })
+                        .collect();
+                    let mut done = Vec::with_capacity(probes.len());
+                    while let Some(r) = probes.next().await {
+                        done.push(r);
+                    }
+                    done
+                })
+            })
+            .collect();
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
+        for task in tasks {
+            for (i, outcome) in task.await.unwrap_or_default() {
+                outcomes[i] = Some(outcome);
             }
         }
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or(Outcome::Failed(ProbeError::ReceiverStopped)))
+            .collect()
     }
 }
 

@@ -34,7 +34,14 @@ impl NodeStatus {
     /// Reachable: all four paths succeed.
     #[must_use]
     pub fn reachable(&self) -> bool {
-        summarize([self.host.summary(), self.endpoint.summary()]) == ProbeResult::Success
+        self.state() == ProbeResult::Success
+    }
+
+    /// The node's state over its four paths: Failure if any failed, else
+    /// Unknown if any is unknown, else Success.
+    #[must_use]
+    pub fn state(&self) -> ProbeResult {
+        summarize([self.host.summary(), self.endpoint.summary()])
     }
 }
 
@@ -77,6 +84,46 @@ impl ClusterStatus {
     pub fn reachable(&self) -> usize {
         self.nodes.iter().filter(|n| n.reachable()).count()
     }
+
+    /// Counts only: what a large cluster's operator looks at first.
+    #[must_use]
+    pub fn summary(&self) -> StatusSummary {
+        let count = |r| self.nodes.iter().filter(|n| n.state() == r).count();
+        StatusSummary {
+            local_node: self.local_node.clone(),
+            round: self.round.clone(),
+            nodes: self.nodes.len(),
+            reachable: count(ProbeResult::Success),
+            unreachable: count(ProbeResult::Failure),
+            unknown: count(ProbeResult::Unknown),
+        }
+    }
+
+    /// The same status with only the nodes `keep` accepts.
+    #[must_use]
+    pub fn filtered(&self, keep: impl Fn(&NodeStatus) -> bool) -> Self {
+        Self {
+            local_node: self.local_node.clone(),
+            probe_interval_ms: self.probe_interval_ms,
+            probe_timeout_ms: self.probe_timeout_ms,
+            round: self.round.clone(),
+            nodes: self.nodes.iter().filter(|n| keep(n)).cloned().collect(),
+        }
+    }
+}
+
+/// `GET /v1/status?summary=true`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusSummary {
+    pub local_node: Option<String>,
+    pub round: Option<RoundInfo>,
+    pub nodes: usize,
+    /// All four paths succeed.
+    pub reachable: usize,
+    /// At least one path failed.
+    pub unreachable: usize,
+    /// Not failed, but at least one path not known yet.
+    pub unknown: usize,
 }
 
 #[cfg(test)]

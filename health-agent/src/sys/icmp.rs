@@ -66,6 +66,27 @@ pub fn parse_reply(pkt: &[u8], identifier: u16) -> Option<(Ipv4Addr, u16)> {
     Some((Ipv4Addr::from(ip.src_addr), u16::from_be_bytes(seq)))
 }
 
+/// `(source, identifier, sequence)` of any echo reply, in a packet as a raw
+/// socket returns it (IPv4 header first).
+#[must_use]
+pub fn parse_any_reply(pkt: &[u8]) -> Option<(Ipv4Addr, u16, u16)> {
+    let ip: Ipv4Hdr = read_at(pkt, 0)?;
+    let ihl = ipv4_header_len(&ip);
+    if ihl < Ipv4Hdr::LEN {
+        return None;
+    }
+    let icmp: Icmpv4Hdr = read_at(pkt, ihl)?;
+    if icmp.type_ != ICMP_ECHO_REPLY {
+        return None;
+    }
+    let (id, seq) = echo_id_seq(&icmp);
+    Some((
+        Ipv4Addr::from(ip.src_addr),
+        u16::from_be_bytes(id),
+        u16::from_be_bytes(seq),
+    ))
+}
+
 /// Sends one echo request to `dst` and waits up to `timeout` for its reply.
 /// Returns the round-trip time, or `None` when no reply came. Blocking.
 pub fn echo(

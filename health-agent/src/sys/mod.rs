@@ -7,4 +7,5 @@ pub mod netlink;
 pub mod netns;
 pub mod pidfile;
 pub mod signals;
+pub mod socket_factory;
 pub mod sysctl;

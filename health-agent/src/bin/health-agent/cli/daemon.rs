@@ -127,9 +127,11 @@ pub(crate) struct DaemonArgs {
     /// Consecutive failures that make a path Failure.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub failure_threshold: u32,
-    /// Probes in flight at once.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
-    pub max_in_flight: u64,
+    /// HTTP probes in flight at once (each holds a socket; ICMP probes hold
+    /// none). Default: the open-file limit, raised to its hard limit at
+    /// start, less 512 for everything else.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub max_in_flight: Option<u64>,
     /// Node-set changes are applied at most this often (with --sync-burst slack)...
     #[arg(long, default_value = "1s", value_parser = health_agent::util::duration::parse)]
     pub sync_min_interval: Duration,
@@ -241,7 +243,7 @@ impl DaemonArgs {
                     failure: self.failure_threshold,
                 },
                 spread: self.probe_spread,
-                max_in_flight: usize::try_from(self.max_in_flight).unwrap_or(1024),
+                max_in_flight: self.max_in_flight.and_then(|n| usize::try_from(n).ok()),
                 http_port: HEALTH_PORT,
                 initial_delay: self.probe_initial_delay,
                 from_endpoint: self.probe_from == ProbeFrom::Endpoint,

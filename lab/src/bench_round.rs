@@ -1,0 +1,532 @@
+//! `bench-round`: one agent probing N peers in a routed L3 topology.
+//!
+//! ```text
+//! agent node (198.18.0.2) --uplink-- router (198.18.0.1 | 198.18.1.1) --peers-- peers
+//! ```
+//!
+//! The peers namespace holds the node IPs (198.18.64.0/18) and health IPs
+//! (198.19.0.0/18) of the answering peers and answers ICMP (its kernel) and
+//! HTTP :4240 (one `hello` listener). A silent peer's addresses are held by
+//! nobody: the router forwards to the peers namespace, which does not
+//! forward and drops them without a word, as a host that is down.
+//!
+//! Reported: first and steady rounds' wall time, agent CPU per round, RSS,
+//! `GET /v1/status` latency under 8 concurrent clients during the first
+//! round, correctness (every answering path OK, no silent path OK), and
+//! `fping -i0` over the same ICMP targets in the same run.
+
+use std::{
+    fmt::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use health_agent::{
+    api::client::Client,
+    datapath::remove_pins,
+    probe::{path::ProbeResult, status::ClusterStatus},
+    sys::{netlink::in_netns, netns::Netns},
+};
+use health_tests::{agent::agent_binary, names, process, topology::TwoNodes};
+
+pub(crate) struct Options {
+    pub(crate) peers: usize,
+    pub(crate) silent_pct: u32,
+    pub(crate) rounds: u32,
+    pub(crate) interval: Duration,
+}
+
+/// Everything made for the run, removed on drop.
+struct Lab {
+    agent: Netns,
+    router: Netns,
+    peers: Netns,
+    dir: PathBuf,
+    pins: PathBuf,
+    ep_netns: String,
+    daemon: Option<Child>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            if let Ok(pid) = i32::try_from(d.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let _ = d.wait();
+        }
+        let _ = Netns::named(&self.ep_netns).map(|n| n.delete());
+        for ns in [&self.agent, &self.router, &self.peers] {
+            let _ = ns.delete();
+        }
+        let _ = remove_pins(&self.pins);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The `k`-th peer's node and health IPs.
+fn peer_ips(k: usize) -> (Ipv4Addr, Ipv4Addr) {
+    let k = u32::try_from(k).unwrap_or(u32::MAX);
+    (
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 64, 0)) + k),
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + k),
+    )
+}
+
+/// Whether the `k`-th peer is silent: `pct` percent of them, spread out.
+const fn silent(k: usize, pct: u32) -> bool {
+    (k % 100) < pct as usize
+}
+
+impl Lab {
+    fn new(opts: &Options) -> anyhow::Result<Self> {
+        names::sweep_stale_netns();
+        let lab = Self {
+            agent: Netns::create(&names::unique("round-agent"))?,
+            router: Netns::create(&names::unique("round-router"))?,
+            peers: Netns::create(&names::unique("round-peers"))?,
+            dir: std::env::temp_dir().join(names::unique("round")),
+            pins: Path::new("/sys/fs/bpf").join(names::unique("round-pins")),
+            ep_netns: names::unique("round-ep"),
+            daemon: None,
+        };
+        std::fs::create_dir_all(&lab.dir)?;
+        let (router, peers) = (lab.router.clone(), lab.peers.clone());
+        in_netns(Some(&lab.agent), |nl| async move {
+            nl.set_up("lo").await?;
+            nl.add_veth("uplink", "r-agent", Some(&router)).await?;
+            nl.add_address("uplink", Ipv4Addr::new(198, 18, 0, 2), 24)
+                .await?;
+            nl.set_up("uplink").await?;
+            nl.replace_route_via(Ipv4Addr::UNSPECIFIED, 0, Ipv4Addr::new(198, 18, 0, 1))
+                .await
+        })?;
+        in_netns(Some(&lab.router), |nl| async move {
+            nl.set_up("lo").await?;
+            nl.add_veth("r-peers", "peers", Some(&peers)).await?;
+            nl.add_address("r-agent", Ipv4Addr::new(198, 18, 0, 1), 24)
+                .await?;
+            nl.add_address("r-peers", Ipv4Addr::new(198, 18, 1, 1), 24)
+                .await?;
+            nl.set_up("r-agent").await?;
+            nl.set_up("r-peers").await?;
+            let via_peers = Ipv4Addr::new(198, 18, 1, 2);
+            nl.replace_route_via(Ipv4Addr::new(198, 18, 64, 0), 18, via_peers)
+                .await?;
+            nl.replace_route_via(Ipv4Addr::new(198, 19, 0, 0), 18, via_peers)
+                .await?;
+            // The agent's health CIDR is behind the agent's node.
+            nl.replace_route_via(
+                Ipv4Addr::new(198, 19, 255, 0),
+                24,
+                Ipv4Addr::new(198, 18, 0, 2),
+            )
+            .await
+        })?;
+        TwoNodes::sysctl(&lab.router, "net/ipv4/ip_forward", "1");
+        let (n, pct) = (opts.peers, opts.silent_pct);
+        in_netns(Some(&lab.peers), |nl| async move {
+            nl.set_up("lo").await?;
+            nl.add_address("peers", Ipv4Addr::new(198, 18, 1, 2), 24)
+                .await?;
+            nl.set_up("peers").await?;
+            for k in (0..n).filter(|k| !silent(*k, pct)) {
+                let (node, health) = peer_ips(k);
+                nl.add_address("lo", node, 32).await?;
+                nl.add_address("lo", health, 32).await?;
+            }
+            nl.replace_route_via(Ipv4Addr::UNSPECIFIED, 0, Ipv4Addr::new(198, 18, 1, 1))
+                .await
+        })?;
+        Ok(lab)
+    }
+
+    fn nodes_file(&self, n: usize) -> anyhow::Result<PathBuf> {
+        let mut yaml = String::with_capacity(n * 80);
+        yaml.push_str("nodes:\n");
+        for k in 0..n {
+            let (node, health) = peer_ips(k);
+            let _ = writeln!(
+                yaml,
+                "  - name: peer-{k:05}\n    node-ip: {node}\n    health-ip: {health}"
+            );
+        }
+        let path = self.dir.join("nodes.yaml");
+        std::fs::write(&path, yaml)?;
+        Ok(path)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("health.sock")
+    }
+
+    fn start_agent(&mut self, nodes_file: &Path, interval: Duration) -> anyhow::Result<u32> {
+        let mut cmd = Command::new(agent_binary());
+        cmd.args([
+            "daemon",
+            "--node-name",
+            "bench",
+            "--health-cidr",
+            "198.19.255.0/24",
+        ])
+        .args(["--endpoint-netns", &self.ep_netns, "--nodes-file"])
+        .arg(nodes_file)
+        .arg("--state-dir")
+        .arg(self.dir.join("state"))
+        .arg("--pidfile")
+        .arg(self.dir.join("pid"))
+        .arg("--socket")
+        .arg(self.socket())
+        .arg("--bpffs-dir")
+        .arg(&self.pins)
+        .args(["--probe-interval", &format!("{}ms", interval.as_millis())])
+        .args(["--probe-timeout", "1s", "--failure-threshold", "1"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(self.dir.join("daemon.log"))?);
+        process::enter(&mut cmd, &self.agent);
+        let child = cmd.spawn().context("starting health-agent")?;
+        let pid = child.id();
+        self.daemon = Some(child);
+        Ok(pid)
+    }
+}
+
+/// CPU time (user + system) of `pid`, and its resident set.
+fn usage(pid: u32) -> anyhow::Result<(Duration, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    let hz = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100))
+        .unwrap_or(100);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    Ok((Duration::from_millis(ticks * 1000 / hz), rss_kib))
+}
+
+/// Per-round figures.
+struct Round {
+    seq: u64,
+    wall_ms: u64,
+    cpu: Duration,
+    rss_kib: u64,
+}
+
+pub(crate) struct Report {
+    text: String,
+}
+
+impl Report {
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
+    if opts.peers == 0 || opts.peers > 16_000 {
+        bail!("--peers {} is out of range (1 to 16000)", opts.peers);
+    }
+    if opts.silent_pct > 100 {
+        bail!("--silent {} is not a percentage", opts.silent_pct);
+    }
+    eprintln!(
+        "building the topology: {} peers, {}% silent...",
+        opts.peers, opts.silent_pct
+    );
+    let mut lab = Lab::new(opts)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let stop_peers = serve_peers(&rt, &lab.peers)?;
+    let nodes_file = lab.nodes_file(opts.peers)?;
+    let started = Instant::now();
+    let pid = lab.start_agent(&nodes_file, opts.interval)?;
+    let socket = lab.socket();
+    let client = Client::new(&socket);
+
+    // The socket serves within...
+    let served = loop {
+        if rt.block_on(client.healthz()).is_ok() {
+            break started.elapsed();
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "the agent's socket did not serve within 60 s; log in {}",
+                lab.dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+
+    // 8 clients hammer GET /v1/status until the first round is published.
+    let first_done = Arc::new(AtomicBool::new(false));
+    let latencies = status_clients(&client, &first_done);
+
+    let mut rounds: Vec<Round> = Vec::new();
+    let mut last_seq = 0;
+    let (mut cpu_before, _) = usage(pid)?;
+    let deadline = Instant::now() + Duration::from_secs(60) + opts.interval * (opts.rounds + 1);
+    let mut first: Option<ClusterStatus> = None;
+    while rounds.len() < opts.rounds as usize {
+        if Instant::now() > deadline {
+            bail!(
+                "{} rounds did not finish in time; log in {}",
+                opts.rounds,
+                lab.dir.display()
+            );
+        }
+        if let Ok(summary) = rt.block_on(client.status_summary())
+            && let Some(r) = summary.round
+            && r.seq != last_seq
+        {
+            let (cpu, rss) = usage(pid)?;
+            if first.is_none() {
+                first_done.store(true, Ordering::Relaxed);
+                first = Some(rt.block_on(client.status())?);
+            }
+            rounds.push(Round {
+                seq: r.seq,
+                wall_ms: r.duration_ms,
+                cpu: cpu.saturating_sub(cpu_before),
+                rss_kib: rss,
+            });
+            cpu_before = cpu;
+            last_seq = r.seq;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first_done.store(true, Ordering::Relaxed);
+    let lat: Vec<Duration> = latencies
+        .into_iter()
+        .flat_map(|h| h.join().unwrap_or_default())
+        .collect();
+    let p99 = percentile(lat.clone(), 99);
+    let first = first.context("no round")?;
+    let (live_ok, false_ok) = correctness(&first, opts.silent_pct);
+    let live_paths = 4
+        * (0..opts.peers)
+            .filter(|k| !silent(*k, opts.silent_pct))
+            .count();
+
+    // The reference, in the same run: fping over the same ICMP targets,
+    // from the agent's node.
+    let fping = fping(&lab.agent, opts.peers)?;
+    stop_peers.cancel();
+    drop(lab);
+
+    let measured = Measured {
+        served,
+        rounds,
+        answers: lat.len(),
+        p99,
+        live_ok,
+        live_paths,
+        false_ok,
+        fping,
+    };
+    let text = render(opts, &measured);
+    if false_ok > 0 || live_ok < live_paths {
+        bail!("wrong results:\n{text}");
+    }
+    Ok(Report { text })
+}
+
+/// What a run measured.
+struct Measured {
+    served: Duration,
+    rounds: Vec<Round>,
+    answers: usize,
+    p99: Duration,
+    live_ok: usize,
+    live_paths: usize,
+    false_ok: usize,
+    fping: Duration,
+}
+
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "MiB and ratios for display, from values far below 2^52"
+)]
+fn render(opts: &Options, m: &Measured) -> String {
+    let (served, rounds, p99, fping) = (m.served, &m.rounds, m.p99, m.fping);
+    let (live_ok, live_paths, false_ok) = (m.live_ok, m.live_paths, m.false_ok);
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "bench-round: {} peers ({} probes a round), {}% silent, timeout 1 s",
+        opts.peers,
+        4 * opts.peers,
+        opts.silent_pct
+    );
+    let _ = writeln!(text, "socket served after {} ms", served.as_millis());
+    for r in rounds {
+        let _ = writeln!(
+            text,
+            "round {:>3}: {:>6} ms wall, {:>6} ms agent CPU, RSS {:>6.1} MiB",
+            r.seq,
+            r.wall_ms,
+            r.cpu.as_millis(),
+            r.rss_kib as f64 / 1024.0
+        );
+    }
+    let steady: Vec<&Round> = rounds.iter().skip(1).collect();
+    if !steady.is_empty() {
+        let n = steady.len() as u64;
+        let _ = writeln!(
+            text,
+            "steady rounds: mean {} ms wall, {} ms CPU",
+            steady.iter().map(|r| r.wall_ms).sum::<u64>() / n,
+            steady.iter().map(|r| r.cpu.as_millis() as u64).sum::<u64>() / n
+        );
+        let rss: Vec<u64> = rounds.iter().map(|r| r.rss_kib).collect();
+        let (lo, hi) = (
+            rss.iter().min().copied().unwrap_or(0),
+            rss.iter().max().copied().unwrap_or(0),
+        );
+        let _ = writeln!(
+            text,
+            "RSS over {} rounds: {:.1} .. {:.1} MiB ({:+.1}% from the lowest)",
+            rounds.len(),
+            lo as f64 / 1024.0,
+            hi as f64 / 1024.0,
+            100.0 * (hi as f64 - lo as f64) / (lo.max(1) as f64)
+        );
+    }
+    let _ = writeln!(
+        text,
+        "GET /v1/status during the first round, 8 clients: {} answers, p99 {:.2} ms",
+        m.answers,
+        p99.as_secs_f64() * 1000.0
+    );
+    let _ = writeln!(
+        text,
+        "correctness: {live_ok}/{live_paths} live paths OK, {false_ok} silent paths OK (false OK)"
+    );
+    let first_ms = rounds.first().map_or(0, |r| r.wall_ms);
+    let _ = writeln!(
+        text,
+        "fping -i0 over the same {} ICMP targets: {} ms; first round / fping = {:.2}x",
+        2 * opts.peers,
+        fping.as_millis(),
+        first_ms as f64 / fping.as_millis().max(1) as f64
+    );
+    text
+}
+
+/// The answering peers' :4240, one listener in the peers' namespace.
+fn serve_peers(
+    rt: &tokio::runtime::Runtime,
+    peers: &Netns,
+) -> anyhow::Result<tokio_util::sync::CancellationToken> {
+    let listener = peers.run(|| std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 4240)))??;
+    listener.set_nonblocking(true)?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _guard = rt.enter();
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    rt.spawn(health_agent::probe::hello::serve(listener, stop.clone()));
+    Ok(stop)
+}
+
+/// 8 clients asking `GET /v1/status` (the whole body) as fast as they can
+/// until `done`; each returns its latencies.
+fn status_clients(
+    client: &Client,
+    done: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Vec<Duration>>> {
+    (0..8)
+        .map(|_| {
+            let (client, done) = (client.clone(), done.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                let mut samples = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    if rt.block_on(client.raw("GET", "/v1/status")).is_ok() {
+                        samples.push(t.elapsed());
+                    }
+                }
+                samples
+            })
+        })
+        .collect()
+}
+
+/// The `pct`-th percentile of `samples`.
+fn percentile(mut samples: Vec<Duration>, pct: usize) -> Duration {
+    samples.sort_unstable();
+    samples
+        .get((samples.len() * pct / 100).min(samples.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
+}
+
+/// Live paths that are OK, and silent paths that are (wrongly) OK.
+fn correctness(status: &ClusterStatus, pct: u32) -> (usize, usize) {
+    let (mut live_ok, mut false_ok) = (0, 0);
+    for n in &status.nodes {
+        let k: usize = n
+            .name
+            .trim_start_matches("peer-")
+            .parse()
+            .unwrap_or(usize::MAX);
+        let ok = [
+            &n.host.icmp,
+            &n.host.http,
+            &n.endpoint.icmp,
+            &n.endpoint.http,
+        ]
+        .iter()
+        .filter(|p| p.result == ProbeResult::Success)
+        .count();
+        if silent(k, pct) {
+            false_ok += ok;
+        } else {
+            live_ok += ok;
+        }
+    }
+    (live_ok, false_ok)
+}
+
+/// Wall time of `fping -i0 -q -t 1000 -r 0` over every node and health IP.
+fn fping(from: &Netns, n: usize) -> anyhow::Result<Duration> {
+    let mut targets = String::with_capacity(n * 32);
+    for k in 0..n {
+        let (a, b) = peer_ips(k);
+        let _ = writeln!(targets, "{a}\n{b}");
+    }
+    let mut cmd = Command::new("fping");
+    cmd.args(["-i0", "-q", "-t", "1000", "-r", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    process::enter(&mut cmd, from);
+    let t = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .context("starting fping (apt-get install fping)")?;
+    if let Some(mut stdin) = child.stdin.take() {
+        std::io::Write::write_all(&mut stdin, targets.as_bytes())?;
+    }
+    child.wait()?;
+    Ok(t.elapsed())
+}
