@@ -5,6 +5,11 @@
 #[cfg(target_arch = "bpf")]
 mod kernel;
 
+// The library target exists only so that health-agent can name this crate
+// as a build dependency (`unused_crate_dependencies` judges each target).
+#[cfg(target_arch = "bpf")]
+use health_ebpf as _;
+
 #[cfg(not(target_arch = "bpf"))]
 fn main() {}
 

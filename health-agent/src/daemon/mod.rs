@@ -10,8 +10,8 @@
 //! | `api` | the unix socket; answers from here on |
 //! | `links` | link events of the node's namespace |
 //! | `datapath` | pins, datapath configuration, masquerade, CT/NAT GC, RTT sweep |
-//! | `endpoint` | the health endpoint, its :4240 responder, its controller |
-//! | `hello` | the node's :4240 responder |
+//! | `endpoint` | the health endpoint, its :4240 hello server, its controller |
+//! | `hello` | the node's :4240 hello server |
 //! | `discovery` | the node set (file or etcd) |
 //! | `sync` | node-set changes applied to the prober and the peer routes |
 //! | `probe` | the probe rounds |

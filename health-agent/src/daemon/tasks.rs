@@ -84,7 +84,7 @@ pub(super) async fn endpoint(
     .await
 }
 
-/// The node's own :4240 responder.
+/// The node's own :4240 hello server.
 pub(super) async fn hello(sup: &mut Supervisor, port: u16) -> Started {
     sup.start("hello", Restart::WithinBudget, move |ctx| {
         task(async move {
@@ -93,7 +93,7 @@ pub(super) async fn hello(sup: &mut Supervisor, port: u16) -> Started {
                 .map_err(|e| {
                     std::io::Error::new(
                         e.kind(),
-                        format!("binding the health responder on port {port}: {e}"),
+                        format!("binding the hello server on port {port}: {e}"),
                     )
                 })?;
             ctx.ready.done();

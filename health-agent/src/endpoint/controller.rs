@@ -1,5 +1,5 @@
 //! The endpoint's controller, as Cilium's: it creates (or restores) the
-//! endpoint, serves the endpoint's own :4240 responder inside its
+//! endpoint, serves the endpoint's own :4240 hello server inside its
 //! namespace, checks and repairs everything every interval and shortly
 //! after any link event, and on shutdown removes the endpoint (or keeps it
 //! for the next agent).
@@ -19,7 +19,7 @@ pub struct ControllerConfig {
     pub endpoint: EndpointConfig,
     /// Period of the check-and-repair.
     pub interval: Duration,
-    /// Port of the endpoint's HTTP responder.
+    /// Port of the endpoint's hello server.
     pub http_port: u16,
 }
 
@@ -27,7 +27,7 @@ pub struct ControllerConfig {
 pub enum ControllerError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
-    #[error("binding the health responder on port {port} in {netns}")]
+    #[error("binding the hello server on port {port} in {netns}")]
     Bind {
         port: u16,
         netns: String,
@@ -38,7 +38,7 @@ pub enum ControllerError {
 }
 
 /// Runs the endpoint until `shutdown`; `ready` is called once it is ready
-/// and its responder listens.
+/// and its hello server listens.
 pub async fn run(
     cfg: ControllerConfig,
     view: SharedView,
@@ -55,7 +55,7 @@ pub async fn run(
         "health endpoint ready"
     );
     let netns = Netns::named(&cfg.endpoint.netns_name).map_err(EndpointError::from)?;
-    let mut responder = match serve_hello(&netns, cfg.http_port, &shutdown) {
+    let mut hello_server = match serve_hello(&netns, cfg.http_port, &shutdown) {
         Ok(r) => r,
         Err(e) => {
             // Nothing may stay behind a failed start.
@@ -98,11 +98,11 @@ pub async fn run(
             Ok(run) if run.repaired => {
                 info!(trigger, missing = ?run.missing, "controller repaired the endpoint");
                 if run.namespace_recreated {
-                    responder.abort();
+                    hello_server.abort();
                     match serve_hello(&netns, cfg.http_port, &shutdown) {
-                        Ok(r) => responder = r,
+                        Ok(r) => hello_server = r,
                         Err(e) => {
-                            error!("rebinding the endpoint's health responder: {}", chain(&e));
+                            error!("rebinding the endpoint's hello server: {}", chain(&e));
                         }
                     }
                 }
@@ -119,7 +119,7 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(50)).await;
         drain(&mut link_events);
     };
-    responder.abort();
+    hello_server.abort();
     let reason = if result.is_ok() {
         "the agent is stopping"
     } else {
@@ -145,7 +145,7 @@ async fn blocking<T: Send + 'static>(
         .map_err(ControllerError::from)
 }
 
-/// The :4240 responder inside the endpoint's namespace: the listening
+/// The :4240 hello server inside the endpoint's namespace: the listening
 /// socket is created there, then served from the runtime.
 fn serve_hello(
     netns: &Netns,

@@ -80,7 +80,7 @@ pub struct ControllerRun {
     pub missing: Vec<Missing>,
     pub repaired: bool,
     /// The namespace itself was recreated: whatever was bound inside the
-    /// old one (the endpoint's :4240 responder) must be bound again.
+    /// old one (the endpoint's :4240 hello server) must be bound again.
     pub namespace_recreated: bool,
 }
 

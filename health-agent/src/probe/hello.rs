@@ -1,4 +1,4 @@
-//! The HTTP responder on port 4240: `GET /hello` answers 200, anything else
+//! The HTTP hello server on port 4240: `GET /hello` answers 200, anything else
 //! a 4xx. Small and bounded: at most `MAX_CONNECTIONS` at once (more are
 //! closed at once), 4 KiB of request head, 2 s to send it.
 

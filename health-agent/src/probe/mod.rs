@@ -1,7 +1,7 @@
 //! The full-mesh prober: for every node, ICMP and HTTP to its node IP and to
 //! its health IP, all at once (bounded, with jittered starts), so a round
 //! over N nodes costs about one timeout plus the spread. Also the :4240
-//! responder ([`hello`]) that answers other nodes' HTTP probes.
+//! hello server ([`hello`]) that answers other nodes' HTTP probes.
 
 pub mod error;
 pub mod hello;

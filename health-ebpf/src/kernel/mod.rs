@@ -3,6 +3,10 @@
     clippy::needless_pass_by_value,
     reason = "aya's program macros require entry points to take their context by value"
 )]
+#![allow(
+    unreachable_pub,
+    reason = "programs and maps are reached by the loader through their exported symbols, and the rest of this private tree is what they share"
+)]
 
 mod counters;
 mod echo_tc;

@@ -224,6 +224,40 @@ fn a_round_over_200_peers_with_100_silent_costs_about_one_timeout() {
         "round: {} probes in {} ms; {during} status queries during it, slowest {worst:?}",
         round.probes, round.duration_ms
     );
+
+    // The forms for large clusters: counts only, and filters.
+    let client = health_agent::api::client::Client::new(lab.socket());
+    let summary = rt.block_on(client.status_summary()).expect("summary");
+    assert_eq!(
+        (
+            summary.nodes,
+            summary.reachable,
+            summary.unreachable,
+            summary.unknown
+        ),
+        (200, 100, 100, 0),
+        "{summary:?}"
+    );
+    assert_eq!(summary.round.map(|r| r.seq), Some(round.seq));
+    let failing = rt
+        .block_on(client.status_filtered("state=failure"))
+        .expect("filtered");
+    assert_eq!(failing.nodes.len(), 100);
+    assert!(failing.nodes.iter().all(|n| n.name.starts_with("silent-")));
+    let one = rt
+        .block_on(client.status_filtered("node=peer-7"))
+        .expect("one node");
+    assert_eq!(one.nodes.len(), 1);
+    assert!(one.nodes[0].reachable(), "{:?}", one.nodes[0]);
+    let missing = rt
+        .block_on(client.status_filtered("node=nobody"))
+        .expect_err("no such node");
+    assert_eq!(missing.status().map(|s| s.as_u16()), Some(404), "{missing}");
+    let bad = rt
+        .block_on(client.status_filtered("state=sideways"))
+        .expect_err("bad state");
+    assert_eq!(bad.status().map(|s| s.as_u16()), Some(400), "{bad}");
+    assert!(bad.to_string().contains("sideways"), "{bad}");
 }
 
 #[test]
