@@ -1,6 +1,12 @@
 //! Routed mode: every peer's health address is reachable through the peer's
 //! node IP, so the agent keeps one `<health-ip>/32 via <node-ip>` route per
-//! peer, and removes those of nodes that left.
+//! peer whose node IP is on-link, and removes those of nodes that left.
+//!
+//! The routes carry the agent's own route protocol number
+//! ([`ROUTE_PROTOCOL`], `ip route` shows `proto 201`): a route to a peer's
+//! health IP that someone else installed is never replaced or deleted, and
+//! routes of the agent's left by an earlier run (after `kill -9`) are found
+//! by their protocol and removed at the first sync.
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
@@ -9,13 +15,18 @@ use tracing::{info, warn};
 use super::NodeSet;
 use crate::{sys::netlink::in_netns, util::errors::chain};
 
+/// The `rtm_protocol` of the agent's routes (unassigned in iproute2's
+/// `rt_protos`).
+pub const ROUTE_PROTOCOL: u8 = 201;
+
 #[derive(Debug, Default)]
 pub struct PeerRoutes {
-    /// health IP -> node IP, as installed.
-    installed: BTreeMap<Ipv4Addr, Ipv4Addr>,
     /// Peers left without a route because their node IP is not on-link,
     /// as last reported (the warning is said again only when it changes).
     not_on_link: usize,
+    /// Peers whose health IP already has a route the agent did not
+    /// install, as last reported.
+    foreign: usize,
 }
 
 /// Whether `ip` lies in one of the node's connected networks.
@@ -24,6 +35,15 @@ fn on_link(ip: Ipv4Addr, connected: &[(Ipv4Addr, u8)]) -> bool {
         let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
         u32::from(ip) & mask == u32::from(*net) & mask
     })
+}
+
+/// What one sync did.
+#[derive(Debug, Default)]
+struct Applied {
+    added: usize,
+    removed: usize,
+    not_on_link: usize,
+    foreign: usize,
 }
 
 impl PeerRoutes {
@@ -43,13 +63,12 @@ impl PeerRoutes {
     }
 
     /// Makes the kernel's routes match `desired`, in one netlink session:
-    /// missing or changed routes are (re)installed, whatever the agent
-    /// believes it installed (the kernel flushes routes through an
-    /// interface that goes down), and routes of departed peers removed.
+    /// missing or changed routes of the agent's are (re)installed (the
+    /// kernel flushes routes through an interface that goes down), and
+    /// every route of the agent's protocol that is not desired is removed.
     /// Blocking; failures are logged and retried on the next sync.
     pub fn apply(&mut self, desired: &BTreeMap<Ipv4Addr, Ipv4Addr>) {
         let desired = desired.clone();
-        let installed_keys: Vec<Ipv4Addr> = self.installed.keys().copied().collect();
         let done = in_netns(None, |nl| async move {
             let table = nl.routes_v4().await?;
             let connected: Vec<(Ipv4Addr, u8)> = nl
@@ -58,70 +77,80 @@ impl PeerRoutes {
                 .into_iter()
                 .map(|(_, a, p)| (a, p))
                 .collect();
-            // A route via a node IP the node cannot reach directly would be
-            // refused (routed L3 fabrics route the health CIDRs themselves).
-            let mut desired = desired;
-            let before = desired.len();
-            desired.retain(|_, node| on_link(*node, &connected));
-            let skipped = before - desired.len();
-            let ours: Vec<Ipv4Addr> = installed_keys
-                .into_iter()
-                .filter(|h| !desired.contains_key(h))
-                .collect();
-            let mut added = Vec::new();
-            let mut removed = Vec::new();
+            let mut applied = Applied::default();
             for (health, node) in &desired {
-                let present = table.iter().any(|r| {
-                    r.destination == *health && r.prefix == 32 && r.gateway == Some(*node)
-                });
-                if present {
+                // A route via a node IP the node cannot reach directly would
+                // be refused (routed L3 fabrics route health CIDRs themselves).
+                if !on_link(*node, &connected) {
+                    applied.not_on_link += 1;
                     continue;
                 }
-                match nl.replace_route_via(*health, 32, *node).await {
-                    Ok(()) => added.push(*health),
+                let existing = table
+                    .iter()
+                    .find(|r| r.destination == *health && r.prefix == 32);
+                match existing {
+                    Some(r) if r.protocol != ROUTE_PROTOCOL => {
+                        applied.foreign += 1;
+                        continue;
+                    }
+                    Some(r) if r.gateway == Some(*node) => continue,
+                    _ => {}
+                }
+                match nl
+                    .replace_route_owned(*health, 32, *node, ROUTE_PROTOCOL)
+                    .await
+                {
+                    Ok(()) => applied.added += 1,
                     Err(e) => warn!("{}", chain(&e)),
                 }
             }
-            for health in ours {
-                match nl.delete_route(health, 32).await {
-                    Ok(()) => removed.push(health),
+            let stale = table.iter().filter(|r| {
+                r.protocol == ROUTE_PROTOCOL
+                    && r.prefix == 32
+                    && !desired
+                        .get(&r.destination)
+                        .is_some_and(|node| on_link(*node, &connected))
+            });
+            for r in stale {
+                match nl
+                    .delete_route_owned(r.destination, 32, ROUTE_PROTOCOL)
+                    .await
+                {
+                    Ok(()) => applied.removed += 1,
                     Err(e) => warn!("{}", chain(&e)),
                 }
             }
-            Ok((desired, added, removed, skipped))
+            Ok(applied)
         });
         match done {
-            Ok((desired, added, removed, skipped)) => {
-                if skipped != self.not_on_link {
-                    if skipped > 0 {
-                        warn!(
-                            peers = skipped,
-                            "peers whose node IP is not on-link get no per-peer route (the network must route their health IPs)"
-                        );
-                    }
-                    self.not_on_link = skipped;
-                }
-                if !added.is_empty() || !removed.is_empty() {
+            Ok(a) => {
+                if a.added > 0 || a.removed > 0 {
                     info!(
-                        added = added.len(),
-                        removed = removed.len(),
+                        added = a.added,
+                        removed = a.removed,
                         "routes to peer endpoints updated"
                     );
                 }
-                for h in removed {
-                    self.installed.remove(&h);
+                if a.not_on_link != self.not_on_link && a.not_on_link > 0 {
+                    warn!(
+                        peers = a.not_on_link,
+                        "peers whose node IP is not on-link get no per-peer route (the network must route their health IPs)"
+                    );
                 }
-                for h in added {
-                    if let Some(n) = desired.get(&h) {
-                        self.installed.insert(h, *n);
-                    }
+                if a.foreign != self.foreign && a.foreign > 0 {
+                    warn!(
+                        peers = a.foreign,
+                        "peers whose health IP already has a route the agent did not install: left as it is"
+                    );
                 }
+                self.not_on_link = a.not_on_link;
+                self.foreign = a.foreign;
             }
             Err(e) => warn!("updating routes to peer endpoints: {}", chain(&e)),
         }
     }
 
-    /// Removes every route this agent installed (on shutdown).
+    /// Removes every route of the agent's (on shutdown).
     pub fn clear(&mut self) {
         self.apply(&BTreeMap::new());
     }

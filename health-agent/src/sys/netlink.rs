@@ -11,7 +11,7 @@ use netlink_packet_route::{
     address::AddressAttribute,
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage},
     neighbour::NeighbourState,
-    route::{RouteAddress, RouteAttribute, RouteScope},
+    route::{RouteAddress, RouteAttribute, RouteProtocol, RouteScope},
 };
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder, new_connection};
 
@@ -52,6 +52,8 @@ pub struct RouteV4 {
     pub prefix: u8,
     pub gateway: Option<Ipv4Addr>,
     pub oif: Option<u32>,
+    /// Who installed it (`rtm_protocol`: 2 kernel, 3 boot, 4 static, ...).
+    pub protocol: u8,
 }
 
 /// A netlink connection bound to one namespace.
@@ -331,6 +333,54 @@ impl Netlink {
             )))
     }
 
+    /// Adds `destination/prefix via gateway` marked as installed by
+    /// `protocol`, replacing a route to the same destination (callers
+    /// check that any such route is theirs first).
+    pub async fn replace_route_owned(
+        &self,
+        destination: Ipv4Addr,
+        prefix: u8,
+        gateway: Ipv4Addr,
+        protocol: u8,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(destination, prefix)
+            .gateway(gateway)
+            .protocol(RouteProtocol::from(protocol))
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!(
+                "adding route {destination}/{prefix} via {gateway} (protocol {protocol})"
+            )))
+    }
+
+    /// Deletes the main-table route to `destination/prefix` installed by
+    /// `protocol`; the kernel leaves a route of another protocol alone. A
+    /// missing one is fine.
+    pub async fn delete_route_owned(
+        &self,
+        destination: Ipv4Addr,
+        prefix: u8,
+        protocol: u8,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(destination, prefix)
+            .protocol(RouteProtocol::from(protocol))
+            .build();
+        match self.handle.route().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+            Err(e) => Err(req(format!(
+                "deleting route {destination}/{prefix} (protocol {protocol})"
+            ))(e)),
+        }
+    }
+
     /// Deletes the main-table route to `destination/prefix`; a missing one is fine.
     pub async fn delete_route(
         &self,
@@ -365,6 +415,7 @@ impl Netlink {
                 prefix: msg.header.destination_prefix_length,
                 gateway: None,
                 oif: None,
+                protocol: u8::from(msg.header.protocol),
             };
             for a in &msg.attributes {
                 match a {

@@ -381,3 +381,89 @@ fn incompatible_pins_at_every_map_path_are_replaced_and_the_agent_counts_again()
     );
     assert_answered_in_kernel(&node, ip, 3);
 }
+
+/// Routes carry the agent's protocol number: a route it did not install is
+/// never replaced or deleted, a stale route of its own (an earlier run
+/// killed with -9) is removed, and a peer whose node IP is not on-link gets
+/// no route, with one summarised warning.
+#[test]
+fn the_agent_touches_only_its_own_routes_and_only_on_link_ones() {
+    use health_agent::{cluster::routes::ROUTE_PROTOCOL, sys::netlink::RouteV4};
+
+    const STATIC: u8 = 4;
+    let ip = |c: u8, d: u8| Ipv4Addr::new(198, 18, c, d);
+    let mut node = AgentNode::new();
+    in_netns(Some(&node.node), |nl| async move {
+        // Someone else's route to a peer's health IP, and a stale one of ours.
+        nl.replace_route_owned(ip(100, 2), 32, ip(0, 30), STATIC)
+            .await?;
+        nl.replace_route_owned(ip(103, 2), 32, ip(0, 22), ROUTE_PROTOCOL)
+            .await
+    })
+    .expect("routes before the agent");
+    let nodes = node.dir.join("nodes.yaml");
+    std::fs::write(
+        &nodes,
+        "nodes:\n\
+         - {name: me, node-ip: 198.18.0.10, health-ip: 198.18.64.2}\n\
+         - {name: foreign, node-ip: 198.18.0.20, health-ip: 198.18.100.2}\n\
+         - {name: ours, node-ip: 198.18.0.21, health-ip: 198.18.101.2}\n\
+         - {name: far, node-ip: 198.18.200.9, health-ip: 198.18.102.2}\n",
+    )
+    .expect("nodes file");
+    let nodes = nodes.to_str().expect("utf-8").to_owned();
+    node.start(&["--node-name", "me", "--nodes-file", &nodes]);
+    node.wait_endpoint(READY, |_| true);
+    let node_ns = node.node.clone();
+    let routes = || -> Vec<RouteV4> {
+        in_netns(Some(&node_ns), |nl| async move { nl.routes_v4().await })
+            .expect("routes")
+            .into_iter()
+            .filter(|r| r.prefix == 32)
+            .collect()
+    };
+    let to = |rs: &[RouteV4], dst: Ipv4Addr| rs.iter().find(|r| r.destination == dst).copied();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let rs = loop {
+        let rs = routes();
+        if to(&rs, ip(101, 2)).is_some() && to(&rs, ip(103, 2)).is_none() {
+            break rs;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{rs:?}; log:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let ours = to(&rs, ip(101, 2)).expect("our route");
+    assert_eq!(
+        (ours.gateway, ours.protocol),
+        (Some(ip(0, 21)), ROUTE_PROTOCOL)
+    );
+    let foreign = to(&rs, ip(100, 2)).expect("the foreign route survives");
+    assert_eq!(
+        (foreign.gateway, foreign.protocol),
+        (Some(ip(0, 30)), STATIC)
+    );
+    assert!(
+        to(&rs, ip(102, 2)).is_none(),
+        "no route via an off-link node IP"
+    );
+    let log = node.log();
+    assert_eq!(
+        log.matches("not on-link").count(),
+        1,
+        "one summarised warning:\n{log}"
+    );
+    assert_eq!(log.matches("did not install").count(), 1, "{log}");
+
+    assert!(node.stop(Signal::SIGTERM).success());
+    let rs = routes();
+    assert!(to(&rs, ip(101, 2)).is_none(), "ours removed on shutdown");
+    assert_eq!(
+        to(&rs, ip(100, 2)).map(|r| r.gateway),
+        Some(Some(ip(0, 30))),
+        "the foreign route is still there"
+    );
+}
