@@ -310,7 +310,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             cpu_before = cpu;
             last_seq = r.seq;
         }
-        std::thread::sleep(Duration::from_millis(5));
+        // Polled often enough to catch every round, seldom enough not to
+        // weigh on the agent it measures.
+        std::thread::sleep(Duration::from_millis(25));
     }
     first_done.store(true, Ordering::Relaxed);
     let lat: Vec<Duration> = latencies

@@ -342,10 +342,7 @@ impl Prober {
         nodes: &[Node],
         sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
     ) -> Vec<Outcome> {
-        let targets: Vec<Ipv4Addr> = nodes
-            .iter()
-            .flat_map(|n| [n.node_ip, n.health_ip])
-            .collect();
+        let targets = targets(nodes);
         let icmp = match sockets {
             Ok((icmp, _)) => icmp.clone(),
             Err(e) => return vec![Outcome::Failed(e.clone()); targets.len()],
@@ -377,10 +374,7 @@ impl Prober {
         nodes: &[Node],
         sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
     ) -> Vec<Outcome> {
-        let targets: Vec<Ipv4Addr> = nodes
-            .iter()
-            .flat_map(|n| [n.node_ip, n.health_ip])
-            .collect();
+        let targets = targets(nodes);
         let n = targets.len();
         let factory = match sockets {
             Ok((_, factory)) => factory.clone(),
@@ -426,6 +420,14 @@ impl Prober {
             .map(|o| o.unwrap_or(Outcome::Failed(ProbeError::ReceiverStopped)))
             .collect()
     }
+}
+
+/// Both addresses of every node: node IP at `2i`, health IP at `2i + 1`.
+fn targets(nodes: &[Node]) -> Vec<Ipv4Addr> {
+    nodes
+        .iter()
+        .flat_map(|n| [n.node_ip, n.health_ip])
+        .collect()
 }
 
 /// Replaces a user-space RTT by the kernel's sample of the same round

@@ -88,15 +88,22 @@ impl ClusterStatus {
     /// Counts only: what a large cluster's operator looks at first.
     #[must_use]
     pub fn summary(&self) -> StatusSummary {
-        let count = |r| self.nodes.iter().filter(|n| n.state() == r).count();
-        StatusSummary {
+        let mut s = StatusSummary {
             local_node: self.local_node.clone(),
             round: self.round.clone(),
             nodes: self.nodes.len(),
-            reachable: count(ProbeResult::Success),
-            unreachable: count(ProbeResult::Failure),
-            unknown: count(ProbeResult::Unknown),
+            reachable: 0,
+            unreachable: 0,
+            unknown: 0,
+        };
+        for n in &self.nodes {
+            match n.state() {
+                ProbeResult::Success => s.reachable += 1,
+                ProbeResult::Failure => s.unreachable += 1,
+                ProbeResult::Unknown => s.unknown += 1,
+            }
         }
+        s
     }
 
     /// The same status with only the nodes `keep` accepts.

@@ -17,6 +17,9 @@ use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder, new
 
 use crate::sys::netns::{Netns, NetnsError, run_in};
 
+/// `RTPROT_BOOT`, what `ip route add` marks a route with by default.
+const RTPROT_BOOT: u8 = 3;
+
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
     #[error("{op}")]
@@ -318,19 +321,8 @@ impl Netlink {
         prefix: u8,
         gateway: Ipv4Addr,
     ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(destination, prefix)
-            .gateway(gateway)
-            .build();
-        self.handle
-            .route()
-            .add(msg)
-            .replace()
-            .execute()
+        self.replace_route_owned(destination, prefix, gateway, RTPROT_BOOT)
             .await
-            .map_err(req(format!(
-                "adding route {destination}/{prefix} via {gateway}"
-            )))
     }
 
     /// Adds `destination/prefix via gateway` marked as installed by
@@ -378,22 +370,6 @@ impl Netlink {
             Err(e) => Err(req(format!(
                 "deleting route {destination}/{prefix} (protocol {protocol})"
             ))(e)),
-        }
-    }
-
-    /// Deletes the main-table route to `destination/prefix`; a missing one is fine.
-    pub async fn delete_route(
-        &self,
-        destination: Ipv4Addr,
-        prefix: u8,
-    ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(destination, prefix)
-            .build();
-        match self.handle.route().del(msg).execute().await {
-            Ok(()) => Ok(()),
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
-            Err(e) => Err(req(format!("deleting route {destination}/{prefix}"))(e)),
         }
     }
 
