@@ -76,7 +76,9 @@ impl RttStats {
     pub fn record(&mut self, rtt_ns: u64, now: u64) {
         self.last_ns = rtt_ns;
         self.last_at_ns = now;
-        if rtt_ns < self.min_ns {
+        // A per-CPU slot the kernel zeroed (the entry was made on another
+        // CPU) holds min 0 with no sample: the first sample sets the min.
+        if self.count == 0 || rtt_ns < self.min_ns {
             self.min_ns = rtt_ns;
         }
         if rtt_ns > self.max_ns {
@@ -233,5 +235,20 @@ mod tests {
         };
         a.merge(&zeroed);
         assert_eq!((a.count, a.min_ns), (3, 1_000));
+    }
+
+    #[test]
+    fn a_zeroed_per_cpu_slot_takes_its_first_sample_as_the_minimum() {
+        // The entry was created on another CPU: this CPU's slot is all zero.
+        let mut slot = RttStats {
+            min_ns: 0,
+            ..RttStats::default()
+        };
+        slot.record(5_000, 1);
+        slot.record(7_000, 2);
+        assert_eq!((slot.count, slot.min_ns, slot.max_ns), (2, 5_000, 7_000));
+        let mut merged = RttStats::default();
+        merged.merge(&slot);
+        assert_eq!(merged.min_ns, 5_000, "never 0 for real samples");
     }
 }

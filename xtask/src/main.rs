@@ -236,7 +236,9 @@ fn lab(root: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
             "--bins",
         ],
     )?;
-    cmd::run(std::process::Command::new(root.join("target/release/health-lab")).args(args))
+    cmd::run_forwarding_signals(
+        std::process::Command::new(root.join("target/release/health-lab")).args(args),
+    )
 }
 
 fn main() -> ExitCode {

@@ -13,6 +13,8 @@ pub enum PidfileError {
     Running { pid: i32, path: PathBuf },
     #[error("the API socket {path} is in use by a running agent")]
     SocketInUse { path: PathBuf },
+    #[error("{path} (--socket) exists and is not a socket: refusing to remove it")]
+    NotASocket { path: PathBuf },
     #[error("{op} {path}")]
     Io {
         op: &'static str,
@@ -21,34 +23,52 @@ pub enum PidfileError {
     },
 }
 
-/// Holds the pidfile; removes it when dropped.
+/// Holds the pidfile, locked (`flock`) for the agent's life; removes it
+/// when dropped.
 pub struct Pidfile {
     path: PathBuf,
+    /// The open, locked file: the lock goes with the descriptor.
+    _file: fs::File,
 }
 
 impl Pidfile {
-    /// Removes a pidfile whose process is gone (a crashed agent) and a stale
-    /// socket nobody listens on, then writes our pid.
+    /// Locks the pidfile (two agents started together cannot both get it),
+    /// removes a stale API socket nobody listens on, then writes our pid. A
+    /// pidfile left by a crashed agent is unlocked, so it is simply taken.
     pub fn acquire(path: &Path, socket: &Path) -> Result<Self, PidfileError> {
+        use std::{io::Write as _, os::unix::fs::FileTypeExt as _};
         let io = |op, p: &Path| {
             let path = p.to_owned();
             move |source| PidfileError::Io { op, path, source }
         };
-        if let Ok(text) = fs::read_to_string(path) {
-            match text.trim().parse::<i32>() {
-                Ok(pid) if pid != 0 && is_agent(pid) => {
-                    return Err(PidfileError::Running {
-                        pid,
-                        path: path.to_owned(),
-                    });
-                }
-                _ => {
-                    info!(path = %path.display(), "removing a stale pidfile left by a previous agent");
-                    fs::remove_file(path).map_err(io("removing", path))?;
-                }
-            }
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(io("creating", dir))?;
         }
-        if socket.exists() {
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io("opening", path))?;
+        if let Err(e) = file.try_lock() {
+            return match e {
+                fs::TryLockError::WouldBlock => Err(PidfileError::Running {
+                    pid: fs::read_to_string(path)
+                        .ok()
+                        .and_then(|t| t.trim().parse().ok())
+                        .unwrap_or(0),
+                    path: path.to_owned(),
+                }),
+                fs::TryLockError::Error(source) => Err(io("locking", path)(source)),
+            };
+        }
+        if let Ok(meta) = fs::symlink_metadata(socket) {
+            if !meta.file_type().is_socket() {
+                return Err(PidfileError::NotASocket {
+                    path: socket.to_owned(),
+                });
+            }
             if std::os::unix::net::UnixStream::connect(socket).is_ok() {
                 return Err(PidfileError::SocketInUse {
                     path: socket.to_owned(),
@@ -57,12 +77,12 @@ impl Pidfile {
             info!(path = %socket.display(), "removing a stale API socket left by a previous agent");
             fs::remove_file(socket).map_err(io("removing", socket))?;
         }
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).map_err(io("creating", dir))?;
-        }
-        fs::write(path, format!("{}\n", std::process::id())).map_err(io("writing", path))?;
+        file.set_len(0).map_err(io("truncating", path))?;
+        file.write_all(format!("{}\n", std::process::id()).as_bytes())
+            .map_err(io("writing", path))?;
         Ok(Self {
             path: path.to_owned(),
+            _file: file,
         })
     }
 }
@@ -71,12 +91,6 @@ impl Drop for Pidfile {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
     }
-}
-
-/// Whether `pid` is a live process running a health-agent binary.
-fn is_agent(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .is_ok_and(|c| c.trim().starts_with("health-agent"))
 }
 
 #[cfg(test)]
@@ -118,6 +132,39 @@ mod tests {
             .err()
             .expect("refused");
         assert!(matches!(err, PidfileError::SocketInUse { .. }), "{err}");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn two_agents_started_together_cannot_both_hold_the_pidfile() {
+        let d = dir("twice");
+        let pid = d.join("d.pid");
+        let first = Pidfile::acquire(&pid, &d.join("d1.sock")).expect("first");
+        let err = Pidfile::acquire(&pid, &d.join("d2.sock"))
+            .err()
+            .expect("the second is refused");
+        match err {
+            PidfileError::Running { pid: held_by, .. } => {
+                assert_eq!(u32::try_from(held_by).ok(), Some(std::process::id()));
+            }
+            other => panic!("{other}"),
+        }
+        drop(first);
+        let _again = Pidfile::acquire(&pid, &d.join("d2.sock")).expect("free again");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_file_at_the_socket_path_that_is_not_a_socket_is_never_removed() {
+        let d = dir("notsock");
+        let sock = d.join("e.sock");
+        fs::write(&sock, "precious").expect("write");
+        let err = Pidfile::acquire(&d.join("e.pid"), &sock)
+            .err()
+            .expect("refused");
+        assert!(matches!(err, PidfileError::NotASocket { .. }), "{err}");
+        assert!(err.to_string().contains("--socket"), "{err}");
+        assert_eq!(fs::read_to_string(&sock).expect("kept"), "precious");
         let _ = fs::remove_dir_all(&d);
     }
 

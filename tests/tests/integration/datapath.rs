@@ -132,6 +132,14 @@ fn assert_kernel_rtt_agrees(pins: &Path, dst: Ipv4Addr, ex: &[Exchange]) {
     assert_eq!(s.samples, 5);
     let user_avg = ex.iter().filter_map(|e| e.rtt).sum::<Duration>() / 5;
     let kernel_avg = Duration::from_nanos(s.avg_ns);
+    // The minimum is one of the samples: above zero, at most the average.
+    assert!(
+        s.min_ns > 0 && s.min_ns <= s.avg_ns && s.avg_ns <= s.max_ns,
+        "min {} avg {} max {}",
+        s.min_ns,
+        s.avg_ns,
+        s.max_ns
+    );
     assert!(
         kernel_avg > Duration::ZERO && kernel_avg <= user_avg + Duration::from_micros(200),
         "kernel {kernel_avg:?} vs user {user_avg:?}"
