@@ -19,14 +19,18 @@ use crate::sys::socket_factory::SocketFactory;
 
 pub const HEALTH_PORT: u16 = 4240;
 
-/// `GET /hello` from a socket made by `from` (in the caller's namespace
-/// when `None`).
-pub async fn probe(
-    ip: Ipv4Addr,
-    port: u16,
-    timeout: Duration,
-    from: Option<&SocketFactory>,
-) -> Outcome {
+/// Where an HTTP probe's socket comes from.
+pub enum SocketSource<'a> {
+    /// Made now in the caller's namespace.
+    Here,
+    /// Made now by a factory living in the probe namespace.
+    Factory(&'a SocketFactory),
+    /// Made beforehand (a round asks for its sockets in one go).
+    Made(socket2::Socket),
+}
+
+/// `GET /hello` from a socket of `from`.
+pub async fn probe(ip: Ipv4Addr, port: u16, timeout: Duration, from: SocketSource<'_>) -> Outcome {
     match tokio::time::timeout(timeout, exchange(ip, port, from)).await {
         Ok(Ok((status, rtt))) => classify(status, rtt),
         Ok(Err(e)) => Outcome::Failed(e),
@@ -53,17 +57,21 @@ fn classify(status: u16, rtt: Duration) -> Outcome {
     }
 }
 
-/// A non-blocking TCP socket made by `from` (sockets keep their namespace
-/// for life), or in the caller's namespace.
-async fn socket_in(from: Option<&SocketFactory>) -> Result<tokio::net::TcpSocket, ProbeError> {
-    let (domain, ty, proto) = (
-        socket2::Domain::IPV4,
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    );
+/// The kind of socket an HTTP probe uses.
+pub const TCP_V4: (socket2::Domain, socket2::Type, Option<socket2::Protocol>) = (
+    socket2::Domain::IPV4,
+    socket2::Type::STREAM,
+    Some(socket2::Protocol::TCP),
+);
+
+/// A non-blocking TCP socket from `from` (sockets keep the namespace they
+/// were made in for life).
+async fn socket_in(from: SocketSource<'_>) -> Result<tokio::net::TcpSocket, ProbeError> {
+    let (domain, ty, proto) = TCP_V4;
     let sock = match from {
-        Some(factory) => factory.socket(domain, ty, proto).await,
-        None => socket2::Socket::new(domain, ty, proto).and_then(|s| {
+        SocketSource::Made(s) => Ok(s),
+        SocketSource::Factory(factory) => factory.socket(domain, ty, proto).await,
+        SocketSource::Here => socket2::Socket::new(domain, ty, proto).and_then(|s| {
             s.set_nonblocking(true)?;
             Ok(s)
         }),
@@ -75,7 +83,7 @@ async fn socket_in(from: Option<&SocketFactory>) -> Result<tokio::net::TcpSocket
 async fn exchange(
     ip: Ipv4Addr,
     port: u16,
-    from: Option<&SocketFactory>,
+    from: SocketSource<'_>,
 ) -> Result<(u16, Duration), ProbeError> {
     let socket = socket_in(from).await?;
     let start = Instant::now();

@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     error::ProbeError,
-    http::{self, HEALTH_PORT},
+    http::{self, HEALTH_PORT, SocketSource},
     icmp::IcmpProber,
     path::{Outcome, PathState, RttSource, Thresholds},
     status::{ClusterStatus, Connectivity, NodeStatus, RoundInfo},
@@ -384,20 +384,39 @@ impl Prober {
         let workers = std::thread::available_parallelism().map_or(1, usize::from);
         let targets = Arc::new(targets);
         let (port, timeout, spread) = (self.cfg.http_port, self.cfg.timeout, self.cfg.spread);
+        // When every probe may be in flight at once, each task asks the
+        // namespace's thread for all its sockets in one request.
+        let batch = n <= self.cfg.max_in_flight;
         let tasks: Vec<_> = (0..workers)
             .map(|w| {
                 let (targets, slots, factory) = (targets.clone(), slots.clone(), factory.clone());
                 tokio::spawn(async move {
+                    let mine: Vec<usize> = (w..targets.len()).step_by(workers).collect();
+                    let mut made = match (&factory, batch) {
+                        (Some(maker), true) => {
+                            let (domain, ty, proto) = http::TCP_V4;
+                            maker
+                                .sockets(domain, ty, proto, mine.len())
+                                .await
+                                .unwrap_or_default()
+                        }
+                        _ => Vec::new(),
+                    };
                     let factory = factory.as_deref();
-                    let mut probes: FuturesUnordered<_> = (w..targets.len())
-                        .step_by(workers)
+                    let mut probes: FuturesUnordered<_> = mine
+                        .into_iter()
                         .map(|i| {
                             let (ip, slots) = (targets[i], &slots);
+                            let from = match (made.pop(), factory) {
+                                (Some(s), _) => SocketSource::Made(s),
+                                (None, Some(maker)) => SocketSource::Factory(maker),
+                                (None, None) => SocketSource::Here,
+                            };
                             let jitter = spread.mul_f64(fastrand::f64());
                             async move {
                                 tokio::time::sleep(jitter).await;
                                 let _slot = slots.acquire().await;
-                                (i, http::probe(ip, port, timeout, factory).await)
+                                (i, http::probe(ip, port, timeout, from).await)
                             }
                         })
                         .collect();

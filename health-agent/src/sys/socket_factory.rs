@@ -14,11 +14,13 @@ use tokio::sync::oneshot;
 
 use super::netns::{Netns, NetnsError};
 
+/// `count` sockets of one kind, made in one go.
 type Request = (
     Domain,
     Type,
     Option<Protocol>,
-    oneshot::Sender<io::Result<Socket>>,
+    usize,
+    oneshot::Sender<io::Result<Vec<Socket>>>,
 );
 
 /// Makes sockets inside one namespace, from a thread that lives there.
@@ -45,11 +47,14 @@ impl SocketFactory {
                     return;
                 }
                 drop(file);
-                while let Ok((domain, ty, proto, reply)) = rx.recv() {
-                    let made = Socket::new(domain, ty, proto).and_then(|s| {
-                        s.set_nonblocking(true)?;
-                        Ok(s)
-                    });
+                while let Ok((domain, ty, proto, count, reply)) = rx.recv() {
+                    let made = (0..count)
+                        .map(|_| {
+                            let s = Socket::new(domain, ty, proto)?;
+                            s.set_nonblocking(true)?;
+                            Ok(s)
+                        })
+                        .collect();
                     let _ = reply.send(made);
                 }
             })
@@ -78,11 +83,26 @@ impl SocketFactory {
         ty: Type,
         proto: Option<Protocol>,
     ) -> io::Result<Socket> {
+        self.sockets(domain, ty, proto, 1)
+            .await?
+            .pop()
+            .ok_or_else(|| io::Error::other("the namespace's socket thread made no socket"))
+    }
+
+    /// `count` non-blocking sockets made in the factory's namespace, in one
+    /// request (one wake-up of its thread).
+    pub async fn sockets(
+        &self,
+        domain: Domain,
+        ty: Type,
+        proto: Option<Protocol>,
+        count: usize,
+    ) -> io::Result<Vec<Socket>> {
         let (reply, made) = oneshot::channel();
         self.requests
             .lock()
             .map_err(|_| io::Error::other("socket factory poisoned"))?
-            .send((domain, ty, proto, reply))
+            .send((domain, ty, proto, count, reply))
             .map_err(|_| io::Error::other("the namespace's socket thread is gone"))?;
         made.await
             .map_err(|_| io::Error::other("the namespace's socket thread is gone"))?
