@@ -4,6 +4,24 @@
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
+use nix::sys::signal::{SigSet, SigmaskHow, Signal as Sig, pthread_sigmask};
+
+fn stop_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Sig::SIGINT);
+    set.add(Sig::SIGTERM);
+    set
+}
+
+/// Holds SIGINT and SIGTERM pending (blocked) on the calling thread and the
+/// threads it starts from now on, so that one arriving before [`Signals`]
+/// is installed is not the default action (death, leaving whatever was made
+/// behind) but a stop once it is. Call it first thing in `main`.
+pub fn hold_until_installed() -> std::io::Result<()> {
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&stop_signals()), None)
+        .map_err(std::io::Error::from)
+}
+
 /// SIGINT and SIGTERM, caught from the moment this is made.
 pub struct Signals {
     term: Signal,
@@ -11,12 +29,17 @@ pub struct Signals {
 }
 
 impl Signals {
-    /// Needs a tokio runtime.
+    /// Needs a tokio runtime. Releases the signals held by
+    /// [`hold_until_installed`] on this thread: one that came meanwhile is
+    /// delivered now, to these handlers.
     pub fn install() -> std::io::Result<Self> {
-        Ok(Self {
+        let me = Self {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
-        })
+        };
+        pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&stop_signals()), None)
+            .map_err(std::io::Error::from)?;
+        Ok(me)
     }
 
     /// Resolves with the signal's name on the next SIGINT or SIGTERM.

@@ -467,3 +467,26 @@ fn the_agent_touches_only_its_own_routes_and_only_on_link_ones() {
         "the foreign route is still there"
     );
 }
+
+/// SIGTERM at several moments of the start-up: whatever was made by then is
+/// removed, and once the agent is under way (signals are caught before it
+/// creates anything) it exits cleanly rather than dying of the signal.
+#[test]
+fn sigterm_at_any_moment_of_start_up_leaves_nothing() {
+    for after_ms in [50u64, 100, 200, 400, 800] {
+        let mut node = AgentNode::new();
+        node.start(&["--controller-interval", "1s"]);
+        std::thread::sleep(Duration::from_millis(after_ms));
+        let status = node.stop(Signal::SIGTERM);
+        assert!(
+            status.success(),
+            "SIGTERM {after_ms} ms after start: {status}; log:\n{}",
+            node.log()
+        );
+        assert_nothing_left(&node, None);
+        assert!(
+            !node.node_has_link("lxc_health"),
+            "lxc_health left after SIGTERM at {after_ms} ms"
+        );
+    }
+}

@@ -18,6 +18,15 @@ use cli::Cli;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The daemon creates namespaces, links and pins: a SIGINT/SIGTERM from
+    // now on must stop it cleanly, so the signals are held until its
+    // handlers are in place (its threads inherit the mask).
+    if cli.is_daemon()
+        && let Err(e) = health_agent::sys::signals::hold_until_installed()
+    {
+        eprintln!("error: holding SIGINT/SIGTERM until the handlers are in place: {e}");
+        return ExitCode::FAILURE;
+    }
     if let Err(e) = logging::init(&cli.log_level) {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;

@@ -85,6 +85,11 @@ pub(crate) fn parse_netns(s: &str) -> Result<Netns, NetnsError> {
 }
 
 impl Cli {
+    /// Whether this runs the long-lived agent.
+    pub(crate) const fn is_daemon(&self) -> bool {
+        matches!(self.command, Command::Daemon(_))
+    }
+
     pub(crate) async fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Responder(cmd) => cmd.run().await,
