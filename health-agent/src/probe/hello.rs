@@ -1,8 +1,15 @@
 //! The HTTP hello server on port 4240: `GET /hello` answers 200, anything else
-//! a 4xx. Small and bounded: at most `MAX_CONNECTIONS` at once (more are
-//! closed at once), 4 KiB of request head, 2 s to send it.
+//! a 4xx. Small and bounded: at most `MAX_CONNECTIONS` at once and
+//! `PER_SOURCE` from one address (more are closed at once, so a peer holding
+//! many idle or slow connections cannot starve the others), 4 KiB of
+//! request head, 2 s to send it.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
@@ -10,7 +17,12 @@ use tokio::{
     sync::Semaphore,
 };
 
-pub const MAX_CONNECTIONS: usize = 256;
+/// Connections served at once: enough for thousands of peers probing within
+/// one spread (each exchange takes well under a millisecond).
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Connections served at once from one address (a peer probes each of our
+/// addresses once a round).
+pub const PER_SOURCE: usize = 32;
 const MAX_HEAD: usize = 4096;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -20,11 +32,53 @@ pub async fn serve(listener: TcpListener, shutdown: tokio_util::sync::Cancellati
     shutdown.run_until_cancelled(accept_loop(listener)).await;
 }
 
+/// Connections open per source address.
+type PerSource = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// One source's share, given back when the connection ends.
+struct SourceSlot {
+    ip: IpAddr,
+    counts: PerSource,
+}
+
+impl SourceSlot {
+    fn take(counts: &PerSource, ip: IpAddr) -> Option<Self> {
+        let mut c = counts.lock().ok()?;
+        let n = c.entry(ip).or_insert(0);
+        if *n >= PER_SOURCE {
+            return None;
+        }
+        *n += 1;
+        Some(Self {
+            ip,
+            counts: counts.clone(),
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.counts.lock()
+            && let Some(n) = c.get_mut(&self.ip)
+        {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(&self.ip);
+            }
+        }
+    }
+}
+
 async fn accept_loop(listener: TcpListener) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_source = PerSource::default();
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Some(source) = SourceSlot::take(&per_source, peer.ip()) else {
+            drop(stream);
             continue;
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
@@ -33,7 +87,7 @@ async fn accept_loop(listener: TcpListener) {
         };
         tokio::spawn(async move {
             let _ = tokio::time::timeout(HEAD_TIMEOUT * 2, handle(stream)).await;
-            drop(permit);
+            drop((permit, source));
         });
     }
 }
@@ -109,6 +163,62 @@ mod tests {
         assert!(respond(b"POST /hello HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
         assert!(respond(b"\x16\x03\x01 garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
         assert!(respond(b"GET /hello\r\n\r\n").starts_with("HTTP/1.1 400"));
+    }
+
+    /// One peer holds 1,000 idle connections open: another peer is still
+    /// answered at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_holding_a_thousand_idle_connections_does_not_starve_the_others() {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        // 1,000 client sockets plus the server's: lift the soft limit.
+        if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+            && soft < 4096
+        {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard.min(8192), hard);
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(serve(listener, tokio_util::sync::CancellationToken::new()));
+        let mut idle = Vec::new();
+        for _ in 0..1000 {
+            idle.push(TcpStream::connect(addr).await.expect("idle connection"));
+        }
+        // Another peer: a source address of its own on loopback.
+        let t = std::time::Instant::now();
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        let mut s = socket.connect(addr).await.expect("connect");
+        s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("send");
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut out))
+            .await
+            .expect("answered within 1 s")
+            .expect("read");
+        assert!(
+            String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200 OK"),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        // The idle peer was held to its share: its connections past
+        // PER_SOURCE were closed by the server.
+        let mut closed = 0;
+        for c in &mut idle {
+            let mut b = [0u8; 1];
+            if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(5), c.read(&mut b)).await
+            {
+                closed += 1;
+            }
+        }
+        assert!(
+            closed >= 1000 - PER_SOURCE,
+            "{closed} of the idle connections closed"
+        );
+        server.abort();
     }
 
     #[tokio::test]
