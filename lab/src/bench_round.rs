@@ -34,7 +34,11 @@ use health_agent::{
     probe::{path::ProbeResult, status::ClusterStatus},
     sys::{netlink::in_netns, netns::Netns},
 };
-use health_tests::{agent::agent_binary, names, process, topology::TwoNodes};
+use health_tests::{
+    agent::{daemon_command, socket_in},
+    names, process,
+    topology::TwoNodes,
+};
 
 pub(crate) struct Options {
     pub(crate) peers: usize,
@@ -167,34 +171,24 @@ impl Lab {
     }
 
     fn socket(&self) -> PathBuf {
-        self.dir.join("health.sock")
+        socket_in(&self.dir)
     }
 
     fn start_agent(&mut self, nodes_file: &Path, interval: Duration) -> anyhow::Result<u32> {
-        let mut cmd = Command::new(agent_binary());
-        cmd.args([
-            "daemon",
-            "--node-name",
-            "bench",
-            "--health-cidr",
+        let mut cmd = daemon_command(
+            &self.agent,
+            &self.dir,
+            &self.pins,
+            &self.ep_netns,
             "198.19.255.0/24",
-        ])
-        .args(["--endpoint-netns", &self.ep_netns, "--nodes-file"])
-        .arg(nodes_file)
-        .arg("--state-dir")
-        .arg(self.dir.join("state"))
-        .arg("--pidfile")
-        .arg(self.dir.join("pid"))
-        .arg("--socket")
-        .arg(self.socket())
-        .arg("--bpffs-dir")
-        .arg(&self.pins)
-        .args(["--probe-interval", &format!("{}ms", interval.as_millis())])
-        .args(["--probe-timeout", "1s", "--failure-threshold", "1"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(self.dir.join("daemon.log"))?);
-        process::enter(&mut cmd, &self.agent);
+        );
+        cmd.args(["--node-name", "bench", "--nodes-file"])
+            .arg(nodes_file)
+            .args(["--probe-interval", &format!("{}ms", interval.as_millis())])
+            .args(["--probe-timeout", "1s", "--failure-threshold", "1"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("daemon.log"))?);
         let child = cmd.spawn().context("starting health-agent")?;
         let pid = child.id();
         self.daemon = Some(child);

@@ -61,12 +61,12 @@ impl AgentNode {
 
     #[must_use]
     pub fn socket(&self) -> PathBuf {
-        self.dir.join("health.sock")
+        socket_in(&self.dir)
     }
 
     #[must_use]
     pub fn pidfile(&self) -> PathBuf {
-        self.dir.join("health-agent.pid")
+        pidfile_in(&self.dir)
     }
 
     #[must_use]
@@ -75,25 +75,14 @@ impl AgentNode {
     }
 
     fn daemon_command(&self, cidr: &str, extra: &[&str]) -> Command {
-        let mut cmd = Command::new(agent_binary());
-        cmd.args([
-            "daemon",
-            "--health-cidr",
-            cidr,
-            "--endpoint-netns",
+        let mut cmd = daemon_command(
+            &self.node,
+            &self.dir,
+            &self.pins,
             &self.endpoint_netns,
-        ])
-        .arg("--state-dir")
-        .arg(self.dir.join("state"))
-        .arg("--pidfile")
-        .arg(self.pidfile())
-        .arg("--socket")
-        .arg(self.socket())
-        .arg("--bpffs-dir")
-        .arg(&self.pins)
-        .args(extra)
-        .env("RUST_LOG", "info");
-        crate::process::enter(&mut cmd, &self.node);
+            cidr,
+        );
+        cmd.args(extra).env("RUST_LOG", "info");
         cmd
     }
 
@@ -231,6 +220,49 @@ impl Drop for AgentNode {
         let _ = remove_pins(&self.pins);
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The API socket of an agent whose files are under `dir`.
+#[must_use]
+pub fn socket_in(dir: &Path) -> PathBuf {
+    dir.join("health.sock")
+}
+
+/// The pidfile of an agent whose files are under `dir`.
+#[must_use]
+pub fn pidfile_in(dir: &Path) -> PathBuf {
+    dir.join("health-agent.pid")
+}
+
+/// `health-agent daemon` as the agent of `node` (it enters that namespace
+/// only), its endpoint in `endpoint_netns`, its state, pidfile and socket
+/// under `dir` and its pins in `pins`: every test agent's own files.
+#[must_use]
+pub fn daemon_command(
+    node: &Netns,
+    dir: &Path,
+    pins: &Path,
+    endpoint_netns: &str,
+    cidr: &str,
+) -> Command {
+    let mut cmd = Command::new(agent_binary());
+    cmd.args([
+        "daemon",
+        "--health-cidr",
+        cidr,
+        "--endpoint-netns",
+        endpoint_netns,
+    ])
+    .arg("--state-dir")
+    .arg(dir.join("state"))
+    .arg("--pidfile")
+    .arg(pidfile_in(dir))
+    .arg("--socket")
+    .arg(socket_in(dir))
+    .arg("--bpffs-dir")
+    .arg(pins);
+    crate::process::enter(&mut cmd, node);
+    cmd
 }
 
 /// The `health-agent` binary of the same build: next to this executable

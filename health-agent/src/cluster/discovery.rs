@@ -148,16 +148,6 @@ pub enum NodeSource {
 }
 
 impl NodeSource {
-    /// How `GET /v1/nodes` names the source.
-    #[must_use]
-    pub fn describe(&self) -> String {
-        match self {
-            Self::File { path, .. } => format!("file:{}", path.display()),
-            Self::Etcd { cfg, .. } => format!("etcd:{}{}", cfg.endpoint, cfg.prefix),
-            Self::None => "none".into(),
-        }
-    }
-
     /// Publishes node sets on `nodes` until `shutdown`; an etcd member
     /// leaves (revokes its lease) on the way out.
     pub async fn run(&self, nodes: Nodes, shutdown: CancellationToken) {

@@ -287,42 +287,51 @@ impl Prober {
         let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
         let t0 = Instant::now();
         let nodes = self.nodes();
+        let targets = Arc::new(targets(&nodes));
         let sockets = self.sockets();
         let (icmp, http) = tokio::join!(
-            self.icmp_round(&nodes, sockets.as_ref()),
-            self.http_round(&nodes, sockets.as_ref())
+            self.icmp_round(&targets, sockets.as_ref()),
+            self.http_round(&targets, sockets.as_ref())
         );
-        // The kernel's RTT map, opened once for the whole round.
+        // Kernel RTTs replace user-space ones before the paths are locked:
+        // the map lookups are syscalls, not work to do under the lock. The
+        // map is opened once for the whole round.
         let kernel = self.cfg.kernel_rtt.as_deref().and_then(KernelRtt::open);
+        let kernel_rtt =
+            |ip, proto, outcome| with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono);
+        let outcomes: Vec<(Outcome, Outcome)> = icmp
+            .into_iter()
+            .zip(http)
+            .zip(targets.iter())
+            .map(|((icmp, http), ip)| {
+                (
+                    kernel_rtt(*ip, health_common::headers::IPPROTO_ICMP, icmp),
+                    kernel_rtt(*ip, health_common::ct::IPPROTO_TCP, http),
+                )
+            })
+            .collect();
         let at = epoch_ms(SystemTime::now());
         // A node removed during the round is not brought back.
         let current = self.nodes();
         let mut probes = 0;
         if let Ok(mut paths) = self.paths.lock() {
-            let outcomes = icmp.into_iter().zip(http).enumerate();
-            for (i, (icmp, http)) in outcomes {
+            for (i, (icmp, http)) in outcomes.into_iter().enumerate() {
                 let node = &nodes[i / 2];
                 if !current.contains(&node.name) {
                     continue;
                 }
-                let (ip, icmp_slot, http_slot) = if i % 2 == 0 {
-                    (node.node_ip, HOST_ICMP, HOST_HTTP)
+                let (icmp_slot, http_slot) = if i % 2 == 0 {
+                    (HOST_ICMP, HOST_HTTP)
                 } else {
-                    (node.health_ip, EP_ICMP, EP_HTTP)
+                    (EP_ICMP, EP_HTTP)
                 };
                 let entry = match paths.get_mut(&node.name) {
                     Some(e) => e,
                     None => paths.entry(node.name.clone()).or_default(),
                 };
-                for (slot, proto, outcome) in [
-                    (icmp_slot, health_common::headers::IPPROTO_ICMP, icmp),
-                    (http_slot, health_common::ct::IPPROTO_TCP, http),
-                ] {
-                    let outcome =
-                        with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono);
-                    entry[slot].record(outcome, self.cfg.thresholds, at);
-                    probes += 1;
-                }
+                entry[icmp_slot].record(icmp, self.cfg.thresholds, at);
+                entry[http_slot].record(http, self.cfg.thresholds, at);
+                probes += 2;
             }
         }
         let status = self.snapshot(Some(RoundInfo {
@@ -339,10 +348,10 @@ impl Prober {
     /// `2i + 1`. The engine runs as a task of its own, beside the HTTP ones.
     async fn icmp_round(
         &self,
-        nodes: &[Node],
+        targets: &Arc<Vec<Ipv4Addr>>,
         sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
     ) -> Vec<Outcome> {
-        let targets = targets(nodes);
+        let targets = targets.clone();
         let icmp = match sockets {
             Ok((icmp, _)) => icmp.clone(),
             Err(e) => return vec![Outcome::Failed(e.clone()); targets.len()],
@@ -371,10 +380,9 @@ impl Prober {
     /// (each holds a socket).
     async fn http_round(
         &self,
-        nodes: &[Node],
+        targets: &Arc<Vec<Ipv4Addr>>,
         sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
     ) -> Vec<Outcome> {
-        let targets = targets(nodes);
         let n = targets.len();
         let factory = match sockets {
             Ok((_, factory)) => factory.clone(),
@@ -382,7 +390,6 @@ impl Prober {
         };
         let slots = Arc::new(Semaphore::new(self.cfg.max_in_flight.max(1)));
         let workers = std::thread::available_parallelism().map_or(1, usize::from);
-        let targets = Arc::new(targets);
         let (port, timeout, spread) = (self.cfg.http_port, self.cfg.timeout, self.cfg.spread);
         // When every probe may be in flight at once, each task asks the
         // namespace's thread for all its sockets in one request.

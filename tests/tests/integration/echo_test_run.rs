@@ -237,3 +237,34 @@ fn counters_are_read_back_from_the_pins() {
     let again = Datapath::load(pins.path()).expect("reload");
     assert_eq!(again.echo_stats().expect("stats").answered, 5);
 }
+
+/// The registry in `health-common` (what the loader, the pin checks and
+/// `bpf map list|dump` go by) says of every map what the kernel object
+/// really made: kind, key size and value size, read back from the pins.
+#[test]
+fn the_map_registry_matches_the_maps_the_object_pins() {
+    use aya::maps::{MapInfo, MapType};
+    use health_common::maps::{MapId, MapKind};
+
+    let (_r, pins) = loaded();
+    // aya-log's ring buffer is the only map of the object that is not pinned.
+    for id in MapId::ALL.into_iter().filter(|m| *m != MapId::AyaLogs) {
+        let info = MapInfo::from_pin(pins.path().join(id.name()))
+            .unwrap_or_else(|e| panic!("{} is not pinned: {e}", id.name()));
+        let kind = match info.map_type().expect("map type") {
+            MapType::Hash => MapKind::Hash,
+            MapType::Array => MapKind::Array,
+            MapType::PerCpuHash => MapKind::PerCpuHash,
+            MapType::PerCpuArray => MapKind::PerCpuArray,
+            MapType::LruHash => MapKind::LruHash,
+            MapType::RingBuf => MapKind::RingBuf,
+            other => panic!("{}: unexpected map type {other:?}", id.name()),
+        };
+        assert_eq!(
+            (kind, info.key_size(), info.value_size()),
+            (id.kind(), id.key_size(), id.value_size()),
+            "{}",
+            id.name()
+        );
+    }
+}

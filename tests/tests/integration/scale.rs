@@ -6,7 +6,7 @@ use std::{
     fmt::Write as _,
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
@@ -15,7 +15,10 @@ use health_agent::{
     probe::status::ClusterStatus,
     sys::{netlink::in_netns, netns::Netns},
 };
-use health_tests::{agent::agent_binary, names, process, require_root};
+use health_tests::{
+    agent::{daemon_command, pidfile_in, socket_in},
+    names, require_root,
+};
 
 const TIMEOUT_MS: u64 = 1000;
 const SPREAD_MS: u64 = 100;
@@ -126,44 +129,34 @@ impl Lab {
     }
 
     fn start_agent(&mut self, nodes_file: &Path) {
-        let mut cmd = Command::new(agent_binary());
-        cmd.args([
-            "daemon",
-            "--node-name",
-            "scale",
-            "--health-cidr",
+        let mut cmd = daemon_command(
+            &self.node,
+            &self.dir,
+            &self.pins,
+            &self.ep_netns,
             "198.19.64.0/24",
-        ])
-        .args(["--endpoint-netns", &self.ep_netns, "--nodes-file"])
-        .arg(nodes_file)
-        .arg("--state-dir")
-        .arg(self.dir.join("state"))
-        .arg("--pidfile")
-        .arg(self.dir.join("pid"))
-        .arg("--socket")
-        .arg(self.socket())
-        .arg("--bpffs-dir")
-        .arg(&self.pins)
-        .args([
-            "--probe-interval",
-            "60s",
-            "--probe-timeout",
-            &format!("{TIMEOUT_MS}ms"),
-        ])
-        .args([
-            "--probe-spread",
-            &format!("{SPREAD_MS}ms"),
-            "--failure-threshold",
-            "1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(self.dir.join("daemon.log")).expect("log"));
-        process::enter(&mut cmd, &self.node);
+        );
+        cmd.args(["--node-name", "scale", "--nodes-file"])
+            .arg(nodes_file)
+            .args([
+                "--probe-interval",
+                "60s",
+                "--probe-timeout",
+                &format!("{TIMEOUT_MS}ms"),
+            ])
+            .args([
+                "--probe-spread",
+                &format!("{SPREAD_MS}ms"),
+                "--failure-threshold",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("daemon.log")).expect("log"));
         self.daemon = Some(cmd.spawn().expect("daemon"));
     }
 
     fn socket(&self) -> PathBuf {
-        self.dir.join("health.sock")
+        socket_in(&self.dir)
     }
 }
 
@@ -331,6 +324,6 @@ fn sigterm_during_a_round_over_200_peers_half_silent_exits_within_2s_leaving_not
         .unwrap_or_default();
     assert!(pins_left.is_empty(), "pins left: {pins_left:?}");
     assert!(!socket.exists(), "socket left");
-    assert!(!lab.dir.join("pid").exists(), "pidfile left");
+    assert!(!pidfile_in(&lab.dir).exists(), "pidfile left");
     println!("stopped in {took:?} during a round over 200 peers, nothing left");
 }
