@@ -20,9 +20,12 @@ use tokio::{
 /// Connections served at once: enough for thousands of peers probing within
 /// one spread (each exchange takes well under a millisecond).
 pub const MAX_CONNECTIONS: usize = 4096;
-/// Connections served at once from one address (a peer probes each of our
-/// addresses once a round).
-pub const PER_SOURCE: usize = 32;
+/// Connections served at once from one address. A peer probes each of our
+/// addresses once a round, but many agents may share one address behind
+/// SNAT, and a benchmark's peers share one server: 256 (what the server
+/// once allowed in all) keeps room for those while a peer holding idle
+/// connections still takes at most this share of `MAX_CONNECTIONS`.
+pub const PER_SOURCE: usize = 256;
 const MAX_HEAD: usize = 4096;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
