@@ -15,6 +15,13 @@ pub trait Frame {
     /// `None` when the packet is too short. It may be unaligned for `T`.
     fn ptr_at<T>(&mut self, offset: usize) -> Option<*mut T>;
 
+    /// The one's-complement sum of the `len` bytes at `offset` (the whole
+    /// packet, linear or not), as a 32-bit accumulator for
+    /// [`checksum::fold`](crate::checksum::fold); `None` when they are not
+    /// all there or the environment cannot sum that many. The sum may be
+    /// in either byte order: a valid checksum folds to `0xffff` in both.
+    fn ones_sum(&mut self, offset: usize, len: usize) -> Option<u32>;
+
     /// A mutable view of a `T` at `offset`. `T` must have alignment 1 (the
     /// byte-array headers), checked at compile time.
     #[inline(always)]
@@ -75,6 +82,26 @@ impl Frame for SliceFrame<'_> {
         let end = offset.checked_add(size_of::<T>())?;
         let bytes = self.bytes.get_mut(offset..end)?;
         Some(bytes.as_mut_ptr().cast::<T>())
+    }
+
+    fn ones_sum(&mut self, offset: usize, len: usize) -> Option<u32> {
+        let bytes = self.bytes.get(offset..offset.checked_add(len)?)?;
+        let (words, rest) = bytes.as_chunks::<2>();
+        let mut sum: u64 = words
+            .iter()
+            .map(|w| u64::from(u16::from_be_bytes(*w)))
+            .sum();
+        if let [last] = rest {
+            sum += u64::from(*last) << 8;
+        }
+        while sum >> 32 != 0 {
+            sum = (sum & 0xffff_ffff) + (sum >> 32);
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "folded into 32 bits just above"
+        )]
+        Some(sum as u32)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::{
 /// The version of the pinned maps' layout as a whole. Bumped whenever a
 /// map's type, key or value changes; recorded in [`MapId::PinLayout`] so an
 /// agent finds out which layout the pins it inherits were made with.
-pub const PIN_LAYOUT_VERSION: u32 = 1;
+pub const PIN_LAYOUT_VERSION: u32 = 2;
 
 /// The kind of a map, as the kernel names its `bpf_map_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,15 +284,28 @@ impl EchoCounter {
 
 /// Responder configuration, the only entry of [`MapId::EchoConfig`].
 ///
-/// `addr` is the endpoint's IPv4 address in network byte order; all zeroes
-/// means "no address yet": every packet is passed.
+/// `addr` is the endpoint's IPv4 address in network byte order and `mac`
+/// the MAC of the interface the responder is attached to; either all
+/// zeroes means "not configured": every packet is passed.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EchoConfig {
     pub addr: [u8; 4],
+    /// Frames to this MAC are for this host; a reply to a request sent to
+    /// a broadcast or multicast MAC leaves from it, as the kernel's does.
+    pub mac: [u8; 6],
+    /// `DROP_UNICAST_IN_L2_MULTICAST` or nothing.
+    pub flags: u8,
+    pub reserved: u8,
 }
 
-const _: () = assert!(size_of::<EchoConfig>() == 4);
+impl EchoConfig {
+    /// The interface drops unicast IP in link-layer broadcast or multicast
+    /// frames (`net.ipv4.conf.*.drop_unicast_in_l2_multicast`).
+    pub const DROP_UNICAST_IN_L2_MULTICAST: u8 = 1;
+}
+
+const _: () = assert!(size_of::<EchoConfig>() == 12);
 
 // SAFETY: repr(C), no padding (asserted above), every bit pattern valid.
 #[cfg(feature = "user")]

@@ -130,12 +130,9 @@ fn sender_ceiling(
     let mut bad = frame.to_vec();
     bad[24] ^= 0xff;
     let mut r = Datapath::load(pins.path())?;
-    r.set_echo_address(B_IP)?;
-    r.attach_echo(
-        &Interface::new(B_IF, Some(nodes.b.clone())),
-        AttachMode::XdpGeneric,
-        None,
-    )?;
+    let iface = Interface::new(B_IF, Some(nodes.b.clone()));
+    r.set_echo_target(&iface, B_IP)?;
+    r.attach_echo(&iface, AttachMode::XdpGeneric, None)?;
     let before = r.echo_stats()?;
     let sent = blast(&nodes.a, a_index, &bad, senders, window)?;
     let dropped = r.echo_stats()?.since(before).malformed;
@@ -171,8 +168,8 @@ fn measure(
         EchoResponder::Kernel => None,
         EchoResponder::Ebpf(mode) => {
             let mut r = Datapath::load(pins.path())?;
-            r.set_echo_address(B_IP)?;
             let iface = Interface::new(B_IF, Some(nodes.b.clone()));
+            r.set_echo_target(&iface, B_IP)?;
             let peer = Interface::new(A_IF, Some(nodes.a.clone()));
             r.attach_echo(&iface, mode, Some(&peer))?;
             Some(r)

@@ -124,6 +124,51 @@ pub fn send_frames(ns: &Netns, iface: &str, frames: &[Vec<u8>]) -> io::Result<()
     Ok(())
 }
 
+/// `sll_pkttype` of a frame this host sent.
+const PACKET_OUTGOING: u8 = 4;
+
+/// Sends one whole Ethernet frame out of `iface` in `ns` and returns every
+/// frame that arrives on `iface` within `window` after it (frames sent by
+/// this host are left out).
+pub fn exchange(
+    ns: &Netns,
+    iface: &str,
+    frame: &[u8],
+    window: Duration,
+) -> io::Result<Vec<Vec<u8>>> {
+    let fd = packet_socket(ns, iface, libc::SOCK_RAW)?;
+    // SAFETY: frame is valid for its length; fd is open.
+    let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+    if usize::try_from(n).ok() != Some(frame.len()) {
+        return Err(io::Error::last_os_error());
+    }
+    let deadline = std::time::Instant::now() + window;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65_536];
+    while std::time::Instant::now() < deadline {
+        // SAFETY: all-zero is a valid sockaddr_ll.
+        let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut from_len = u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap_or(0);
+        // SAFETY: buf and from are valid for their lengths; fd is open.
+        let n = unsafe {
+            libc::recvfrom(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&raw mut from).cast(),
+                &raw mut from_len,
+            )
+        };
+        if let Ok(n) = usize::try_from(n)
+            && from.sll_pkttype != PACKET_OUTGOING
+        {
+            got.push(buf[..n].to_vec());
+        }
+    }
+    Ok(got)
+}
+
 /// An `AF_PACKET` socket on `iface` of `ns` (`SOCK_DGRAM`: no link header;
 /// `SOCK_RAW`: whole frames), with a short receive timeout so a reader can
 /// stop.

@@ -17,6 +17,7 @@ pub mod agent;
 pub mod api;
 pub mod capture;
 pub mod cluster;
+pub mod echo_classes;
 pub mod faults;
 pub mod names;
 pub mod nat_setup;

@@ -68,6 +68,17 @@ pub enum DatapathError {
     Clock(#[source] nix::Error),
     #[error(transparent)]
     Netns(#[from] NetnsError),
+    #[error("reading the MAC address of {interface}")]
+    LinkAddress {
+        interface: String,
+        source: Box<crate::sys::netlink::NetlinkError>,
+    },
+    #[error("reading sysctl {path} in the namespace of {interface}")]
+    Sysctl {
+        interface: String,
+        path: String,
+        source: io::Error,
+    },
 }
 
 impl DatapathError {

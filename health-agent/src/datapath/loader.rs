@@ -73,14 +73,23 @@ impl Datapath {
         &self.pin_dir
     }
 
-    /// Sets the address the echo responder answers for (`0.0.0.0`: none).
-    pub fn set_echo_address(&mut self, addr: Ipv4Addr) -> Result<(), DatapathError> {
-        self.set_config(
-            MapId::EchoConfig,
-            EchoConfig {
-                addr: addr.octets(),
-            },
-        )
+    /// Makes the echo responder answer for `addr` on `iface`, as that
+    /// interface's stack would: its MAC and its
+    /// `drop_unicast_in_l2_multicast` setting are read now, from its
+    /// namespace.
+    pub fn set_echo_target(
+        &mut self,
+        iface: &Interface,
+        addr: Ipv4Addr,
+    ) -> Result<(), DatapathError> {
+        let cfg = super::echo_target::read(iface, addr)?;
+        self.set_echo_config(cfg)
+    }
+
+    /// Sets the echo responder's configuration as given (all zero: answer
+    /// nothing).
+    pub fn set_echo_config(&mut self, cfg: EchoConfig) -> Result<(), DatapathError> {
+        self.set_config(MapId::EchoConfig, cfg)
     }
 
     /// Sets the connection-tracking lifetimes.

@@ -63,7 +63,12 @@ fn dump_config(dir: &Path, id: MapId) -> Result<Value, DatapathError> {
         MapId::PinLayout => json!({ "layout_version": config::<u32>(dir, id)? }),
         _ => {
             let c: EchoConfig = config(dir, id)?;
-            json!({ "endpoint_address": ip(c.addr).to_string() })
+            let m = c.mac;
+            json!({
+                "endpoint_address": ip(c.addr).to_string(),
+                "interface_mac": format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]),
+                "drop_unicast_in_l2_multicast": c.flags & EchoConfig::DROP_UNICAST_IN_L2_MULTICAST != 0,
+            })
         }
     })
 }

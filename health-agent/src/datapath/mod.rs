@@ -13,6 +13,7 @@
 //!   the uplink, the CT and NAT collectors, the RTT loss sweep.
 
 pub mod ct;
+mod echo_target;
 mod error;
 mod interface;
 mod loader;

@@ -226,8 +226,8 @@ impl Endpoint {
             AttachMode::XdpGeneric => &[ProgId::EchoXdp][..],
         });
         let mut d = Datapath::load_programs(&self.cfg.pin_dir, &programs)?;
-        d.set_echo_address(self.record.ipv4)?;
         let iface = Interface::new(self.cfg.ep_iface.clone(), Some(self.plan.netns.clone()));
+        d.set_echo_target(&iface, self.record.ipv4)?;
         let peer = Interface::new(self.cfg.host_iface.clone(), None);
         d.attach_echo(&iface, self.cfg.mode, Some(&peer))?;
         d.attach_tracking(&peer)?;

@@ -1,4 +1,4 @@
-use std::vec::Vec;
+use std::{vec, vec::Vec};
 
 use super::*;
 use crate::frame::SliceFrame;
@@ -7,6 +7,12 @@ const LOCAL: [u8; 4] = [198, 18, 0, 2];
 const PEER: [u8; 4] = [198, 18, 0, 1];
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0xa];
 const MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0, 0xb];
+const CFG: EchoConfig = EchoConfig {
+    addr: LOCAL,
+    mac: MAC_B,
+    flags: 0,
+    reserved: 0,
+};
 
 /// Reference RFC 1071 checksum, written separately from `checksum`.
 fn inet_sum(data: &[u8]) -> u16 {
@@ -50,9 +56,19 @@ fn echo_request(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
     p
 }
 
-fn run(mut p: Vec<u8>) -> (Verdict, Vec<u8>) {
-    let v = respond(&mut SliceFrame::new(&mut p), LOCAL);
+fn run(p: Vec<u8>) -> (Verdict, Vec<u8>) {
+    run_with(p, &CFG)
+}
+
+fn run_with(mut p: Vec<u8>, cfg: &EchoConfig) -> (Verdict, Vec<u8>) {
+    let v = respond(&mut SliceFrame::new(&mut p), cfg, false);
     (v, p)
+}
+
+fn reply_len(req: &[u8]) -> Verdict {
+    Verdict::Reply {
+        len: u16::try_from(req.len()).expect("small"),
+    }
 }
 
 fn assert_untouched(input: &[u8], expect: Verdict) {
@@ -66,7 +82,7 @@ fn valid_request_becomes_reply_with_valid_checksums() {
     let payload: Vec<u8> = (0..56u8).collect();
     let req = echo_request(PEER, LOCAL, &payload);
     let (v, out) = run(req.clone());
-    assert_eq!(v, Verdict::Reply);
+    assert_eq!(v, reply_len(&req));
     assert_eq!(out.len(), req.len());
     assert_eq!(out[0..6], MAC_A, "dst MAC is the requester");
     assert_eq!(out[6..12], MAC_B);
@@ -86,8 +102,128 @@ fn odd_length_payload_and_padding_survive() {
     let mut req = echo_request(PEER, LOCAL, &[0xff; 3]);
     req.extend_from_slice(&[0; 15]); // Ethernet minimum-frame padding
     let (v, out) = run(req);
-    assert_eq!(v, Verdict::Reply);
+    // The reply is cut to the datagram: the padding is not echoed.
+    assert_eq!(v, Verdict::Reply { len: 14 + 20 + 11 });
     assert_eq!(inet_sum(&out[34..34 + 11]), 0);
+}
+
+#[test]
+fn bytes_past_the_total_length_are_not_checksummed_or_echoed() {
+    // Non-zero trailing bytes (not link padding): the ICMP checksum covers
+    // only what the IPv4 total length bounds, as the kernel's does after
+    // trimming the skb.
+    let mut req = echo_request(PEER, LOCAL, b"abcdef");
+    let datagram = req.len();
+    req.extend_from_slice(&[0xa5; 9]);
+    let (v, out) = run(req);
+    assert_eq!(
+        v,
+        Verdict::Reply {
+            len: u16::try_from(datagram).expect("small")
+        }
+    );
+    assert_eq!(inet_sum(&out[34..datagram]), 0, "reply checksum");
+
+    // Total length cutting into the ICMP message: the checksum of what is
+    // left no longer holds, and the kernel drops it.
+    let mut cut = echo_request(PEER, LOCAL, b"abcdefgh");
+    let total = u16::from_be_bytes([cut[16], cut[17]]) - 4;
+    cut[16..18].copy_from_slice(&total.to_be_bytes());
+    refresh_ip_checksum(&mut cut);
+    assert_untouched(&cut, Verdict::Malformed(MalformedReason::BadIcmpChecksum));
+}
+
+#[test]
+fn a_wrong_icmp_checksum_is_dropped() {
+    for at in [36usize, 37, 42, 45] {
+        let mut req = echo_request(PEER, LOCAL, b"0123");
+        req[at] ^= 0x10;
+        assert_untouched(&req, Verdict::Malformed(MalformedReason::BadIcmpChecksum));
+    }
+}
+
+#[test]
+fn an_echo_with_a_nonzero_code_is_answered_keeping_the_code() {
+    let mut req = echo_request(PEER, LOCAL, b"xy");
+    req[35] = 7;
+    let sum = inet_sum(&{
+        let mut m = req[34..].to_vec();
+        m[2] = 0;
+        m[3] = 0;
+        m
+    });
+    req[36..38].copy_from_slice(&sum.to_be_bytes());
+    let (v, out) = run(req.clone());
+    assert_eq!(v, reply_len(&req));
+    assert_eq!((out[34], out[35]), (ICMP_ECHO_REPLY, 7));
+    assert_eq!(inet_sum(&out[34..]), 0);
+}
+
+#[test]
+fn frames_for_another_host_are_passed() {
+    let mut req = echo_request(PEER, LOCAL, b"x");
+    req[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xc]);
+    assert_untouched(&req, Verdict::Pass(PassReason::OtherHost));
+}
+
+#[test]
+fn group_addressed_frames_are_answered_from_the_interface_mac() {
+    for dst in [
+        [0xff; 6],
+        [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01],
+        [0x33, 0x33, 0x00, 0x00, 0x00, 0x01],
+    ] {
+        let mut req = echo_request(PEER, LOCAL, b"x");
+        req[0..6].copy_from_slice(&dst);
+        let (v, out) = run(req.clone());
+        assert_eq!(v, reply_len(&req), "{dst:02x?}");
+        assert_eq!(out[0..6], MAC_A, "to the requester");
+        assert_eq!(out[6..12], MAC_B, "from the interface, not {dst:02x?}");
+        // Where the interface drops unicast IP in L2 multicast, the stack
+        // decides (and drops it).
+        let strict = EchoConfig {
+            flags: EchoConfig::DROP_UNICAST_IN_L2_MULTICAST,
+            ..CFG
+        };
+        let (v, out) = run_with(req.clone(), &strict);
+        assert_eq!(v, Verdict::Pass(PassReason::UnicastInL2Multicast));
+        assert_eq!(out, req);
+    }
+}
+
+#[test]
+fn group_or_zero_source_macs_are_passed() {
+    for src in [[0xff; 6], [0x01, 0x00, 0x5e, 0, 0, 1], [0; 6]] {
+        let mut req = echo_request(PEER, LOCAL, b"x");
+        req[6..12].copy_from_slice(&src);
+        assert_untouched(&req, Verdict::Pass(PassReason::BadSourceMac));
+    }
+}
+
+#[test]
+fn vlan_tagged_frames_are_passed() {
+    let plain = echo_request(PEER, LOCAL, b"x");
+    for tpid in [0x8100u16, 0x88a8] {
+        // Tag still in the frame (XDP sees it so).
+        let mut tagged = plain[..12].to_vec();
+        tagged.extend_from_slice(&tpid.to_be_bytes());
+        tagged.extend_from_slice(&[0x00, 0x05]);
+        tagged.extend_from_slice(&plain[12..]);
+        assert_untouched(&tagged, Verdict::Pass(PassReason::Vlan));
+    }
+    // Tag already taken off by the stack (tc sees it so).
+    let mut p = plain.clone();
+    let v = respond(&mut SliceFrame::new(&mut p), &CFG, true);
+    assert_eq!(v, Verdict::Pass(PassReason::Vlan));
+    assert_eq!(p, plain);
+}
+
+#[test]
+fn messages_longer_than_the_checked_limit_go_to_the_stack() {
+    let req = echo_request(PEER, LOCAL, &vec![7u8; MAX_CHECKED_ICMP - 8 + 1]);
+    assert_untouched(&req, Verdict::Pass(PassReason::TooLong));
+    let req = echo_request(PEER, LOCAL, &vec![7u8; MAX_CHECKED_ICMP - 8]);
+    assert_eq!(run(req.clone()).0, reply_len(&req));
 }
 
 #[test]
@@ -99,7 +235,14 @@ fn request_to_another_address_is_passed() {
 #[test]
 fn no_configured_address_passes_everything() {
     let mut req = echo_request(PEER, LOCAL, b"x");
-    let v = respond(&mut SliceFrame::new(&mut req), [0; 4]);
+    let v = respond(
+        &mut SliceFrame::new(&mut req),
+        &EchoConfig::default(),
+        false,
+    );
+    assert_eq!(v, Verdict::Pass(PassReason::NoAddress));
+    let no_mac = EchoConfig { mac: [0; 6], ..CFG };
+    let v = respond(&mut SliceFrame::new(&mut req), &no_mac, false);
     assert_eq!(v, Verdict::Pass(PassReason::NoAddress));
 }
 
@@ -169,6 +312,8 @@ fn ip_options_are_passed() {
 fn martian_sources_are_passed() {
     for src in [
         [0, 0, 0, 0],
+        [0, 1, 2, 3],
+        LOCAL,
         [127, 0, 0, 1],
         [224, 0, 0, 1],
         [255, 255, 255, 255],
@@ -236,7 +381,7 @@ fn invalid_ip_headers_are_malformed() {
 
 #[test]
 fn verdicts_map_to_counters() {
-    assert_eq!(Verdict::Reply.counter(), EchoCounter::Answered);
+    assert_eq!(Verdict::Reply { len: 42 }.counter(), EchoCounter::Answered);
     assert_eq!(
         Verdict::Pass(PassReason::NotIcmp).counter(),
         EchoCounter::Passed

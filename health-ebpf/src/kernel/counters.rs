@@ -11,10 +11,9 @@ pub fn count(counter: EchoCounter) {
     }
 }
 
-/// The configured endpoint address (all zeroes when none is set).
+/// The responder's configuration (all zeroes, "answer nothing", when none
+/// is set).
 #[inline(always)]
-pub fn endpoint_addr() -> [u8; 4] {
-    ECHO_CONFIG
-        .get(0)
-        .map_or([0; 4], |EchoConfig { addr }| *addr)
+pub fn echo_config() -> EchoConfig {
+    ECHO_CONFIG.get(0).copied().unwrap_or_default()
 }

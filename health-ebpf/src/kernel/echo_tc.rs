@@ -4,7 +4,7 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{__sk_buff, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::bpf_redirect,
+    helpers::{bpf_redirect, bpf_skb_change_tail},
     macros::classifier,
     programs::TcContext,
 };
@@ -15,7 +15,7 @@ use health_common::{
 };
 
 use super::{
-    counters::{count, endpoint_addr},
+    counters::{count, echo_config},
     packet,
 };
 
@@ -29,15 +29,23 @@ pub fn health_echo_tc(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn echo(ctx: &TcContext) -> i32 {
+    let skb = ctx.as_ptr().cast::<__sk_buff>();
+    // SAFETY: the context of a classifier is its __sk_buff. The stack took
+    // any VLAN tag off before tc ingress and kept it here.
+    let tagged = unsafe { (*skb).vlan_present } != 0;
     let mut frame = packet::headers(ctx, HEADERS_LEN);
-    let verdict = respond(&mut frame, endpoint_addr());
+    let verdict = respond(&mut frame, &echo_config(), tagged);
     count(verdict.counter());
     match verdict {
-        Verdict::Reply => {
-            // SAFETY: the context of a classifier is its __sk_buff.
-            let ifindex = unsafe { (*ctx.as_ptr().cast::<__sk_buff>()).ifindex };
-            // SAFETY: plain helper call; returns TC_ACT_REDIRECT on success.
-            unsafe { bpf_redirect(ifindex, 0) as i32 }
+        Verdict::Reply { len } => {
+            // SAFETY: plain helper calls on this program's skb.
+            unsafe {
+                if ctx.len() > u32::from(len) && bpf_skb_change_tail(skb, u32::from(len), 0) != 0 {
+                    return TC_ACT_SHOT;
+                }
+                // Returns TC_ACT_REDIRECT on success.
+                bpf_redirect((*skb).ifindex, 0) as i32
+            }
         }
         // TCX_NEXT: let any later program on this hook see the packet.
         Verdict::Pass(_) => TC_ACT_UNSPEC,

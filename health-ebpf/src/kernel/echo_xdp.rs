@@ -1,12 +1,15 @@
 //! ICMP echo responder at XDP (native or generic).
 
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    EbpfContext as _, bindings::xdp_action, helpers::bpf_xdp_adjust_tail, macros::xdp,
+    programs::XdpContext,
+};
 use aya_log_ebpf::debug;
 use health_common::echo::{Verdict, respond};
 
 use super::{
-    counters::{count, endpoint_addr},
-    packet::PacketFrame,
+    counters::{count, echo_config},
+    packet::xdp_frame,
 };
 
 #[xdp]
@@ -16,12 +19,24 @@ pub fn health_echo_xdp(ctx: XdpContext) -> u32 {
 
 #[inline(always)]
 fn echo(ctx: &XdpContext) -> u32 {
-    let (start, end) = (ctx.data(), ctx.data_end());
-    let mut frame = PacketFrame::new(start, end, end - start);
-    let verdict = respond(&mut frame, endpoint_addr());
+    let mut frame = xdp_frame(ctx);
+    // A tag is still in the frame at XDP: `respond` sees it.
+    let verdict = respond(&mut frame, &echo_config(), false);
     count(verdict.counter());
     match verdict {
-        Verdict::Reply => xdp_action::XDP_TX,
+        Verdict::Reply { len } => {
+            #[allow(
+                clippy::cast_possible_wrap,
+                clippy::cast_possible_truncation,
+                reason = "an XDP buffer is at most a page"
+            )]
+            let extra = (ctx.data_end() - ctx.data()) as i32 - i32::from(len);
+            // SAFETY: plain helper call; shrinks the buffer by `extra`.
+            if extra > 0 && unsafe { bpf_xdp_adjust_tail(ctx.as_ptr().cast(), -extra) } != 0 {
+                return xdp_action::XDP_DROP;
+            }
+            xdp_action::XDP_TX
+        }
         Verdict::Pass(_) => xdp_action::XDP_PASS,
         Verdict::Malformed(reason) => {
             debug!(

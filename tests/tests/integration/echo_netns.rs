@@ -4,11 +4,17 @@
 
 use std::time::Duration;
 
-use health_agent::datapath::{AttachMode, Datapath, Interface};
+use health_agent::{
+    datapath::{AttachMode, Datapath, Interface},
+    sys::netlink::in_netns,
+};
 use health_tests::{
+    capture::exchange,
+    echo_classes::{Expect, classes},
+    packets::{Echo, verify_ipv4_icmp},
     pinger::{check_reply, ping},
     pins::PinDir,
-    topology::{A_IF, B_IF, B_IP, TwoNodes},
+    topology::{A_IF, A_IP, B_IF, B_IP, TwoNodes},
 };
 
 const REQUESTS: u16 = 50;
@@ -26,8 +32,8 @@ fn echo_over_veth(mode: AttachMode, identifier: u16) {
 
     let pins = PinDir::new();
     let mut responder = Datapath::load(pins.path()).expect("load");
-    responder.set_echo_address(B_IP).expect("address");
     let iface = Interface::new(B_IF, Some(nodes.b.clone()));
+    responder.set_echo_target(&iface, B_IP).expect("address");
     let peer = Interface::new(A_IF, Some(nodes.a.clone()));
     responder
         .attach_echo(&iface, mode, Some(&peer))
@@ -76,4 +82,115 @@ fn xdp_generic_answers_every_request() {
 #[test]
 fn xdp_native_answers_every_request() {
     echo_over_veth(AttachMode::XdpNative, 0x7103);
+}
+
+/// The echo reply to `frame` (sent from A) that arrives at A within the
+/// window: matched by identifier and by the sequence the frame carries.
+fn reply_to(nodes: &TwoNodes, frame: &[u8], identifier: u16) -> Option<Vec<u8>> {
+    let ip = match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x8100 | 0x88a8 => 18,
+        _ => 14,
+    };
+    let seq = [frame[ip + 26], frame[ip + 27]];
+    let got = exchange(&nodes.a, A_IF, frame, Duration::from_millis(250)).expect("exchange");
+    let mut replies = got.into_iter().filter(|f| {
+        f.len() >= 42
+            && f[12..14] == [0x08, 0x00]
+            && f[23] == 1
+            && f[34] == 0
+            && f[38..40] == identifier.to_be_bytes()
+            && f[40..42] == seq
+    });
+    let first = replies.next();
+    assert!(replies.next().is_none(), "two replies to one request");
+    first
+}
+
+/// What two correct replies to one request share: the kernel's own reply
+/// differs from the responder's only in the IPv4 identification and flags.
+fn essentials(reply: &[u8]) -> Vec<u8> {
+    verify_ipv4_icmp(&reply[14..]).unwrap_or_else(|e| panic!("reply does not verify: {e}"));
+    let mut v = reply[..14].to_vec(); // MACs, EtherType
+    v.extend_from_slice(&reply[14..18]); // version, IHL, TOS, total length
+    v.extend_from_slice(&reply[22..24]); // TTL, protocol
+    v.extend_from_slice(&reply[26..]); // addresses, ICMP message
+    v
+}
+
+/// Every frame class, sent over the veth from A: first to the kernel alone
+/// (its own echo on, no responder), the oracle; then to the responder with
+/// the kernel's echo off. The responder answers exactly the classes the
+/// kernel answers (byte for byte the expected reply, equal to the kernel's
+/// but for IP ID and flags), drops what the kernel drops, and passes the
+/// rest untouched; the counters say which it did.
+fn frame_classes_over_veth(mode: AttachMode, identifier: u16) {
+    let nodes = TwoNodes::new();
+    let (_, a_mac) =
+        in_netns(Some(&nodes.a), |nl| async move { nl.link_l2(A_IF).await }).expect("A's MAC");
+    let (_, b_mac) =
+        in_netns(Some(&nodes.b), |nl| async move { nl.link_l2(B_IF).await }).expect("B's MAC");
+    let mut base = Echo::request(A_IP, B_IP, identifier, 100);
+    base.src_mac = a_mac;
+    base.dst_mac = b_mac;
+    let all = classes(&base);
+
+    let kernel: Vec<Option<Vec<u8>>> = all
+        .iter()
+        .map(|c| reply_to(&nodes, &c.frame, identifier))
+        .collect();
+
+    TwoNodes::sysctl(&nodes.b, "net/ipv4/icmp_echo_ignore_all", "1");
+    let pins = PinDir::new();
+    let mut responder = Datapath::load(pins.path()).expect("load");
+    let iface = Interface::new(B_IF, Some(nodes.b.clone()));
+    responder.set_echo_target(&iface, B_IP).expect("address");
+    let peer = Interface::new(A_IF, Some(nodes.a.clone()));
+    responder
+        .attach_echo(&iface, mode, Some(&peer))
+        .expect("attach");
+
+    for (class, by_kernel) in all.iter().zip(&kernel) {
+        let what = format!("{mode}: {}", class.name);
+        let before = responder.echo_stats().expect("stats");
+        let got = reply_to(&nodes, &class.frame, identifier);
+        let delta = responder.echo_stats().expect("stats").since(before);
+        match &class.expect {
+            Expect::Reply(want) => {
+                assert_eq!(got.as_ref(), Some(want), "{what}: the responder's reply");
+                let k = by_kernel
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{what}: the kernel did not answer"));
+                assert_eq!(
+                    essentials(k),
+                    essentials(want),
+                    "{what}: kernel vs responder"
+                );
+                assert_eq!(delta.answered, 1, "{what}: counters {delta:?}");
+            }
+            Expect::Drop => {
+                assert_eq!(got, None, "{what}: answered");
+                assert_eq!(by_kernel, &None, "{what}: the kernel answered it");
+                assert_eq!(delta.malformed, 1, "{what}: counters {delta:?}");
+            }
+            Expect::Pass => {
+                assert_eq!(got, None, "{what}: answered with the kernel's echo off");
+                assert_eq!(delta.passed, 1, "{what}: counters {delta:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn tcx_treats_every_frame_class_as_the_kernel_does() {
+    frame_classes_over_veth(AttachMode::Tcx, 0x7201);
+}
+
+#[test]
+fn xdp_generic_treats_every_frame_class_as_the_kernel_does() {
+    frame_classes_over_veth(AttachMode::XdpGeneric, 0x7202);
+}
+
+#[test]
+fn xdp_native_treats_every_frame_class_as_the_kernel_does() {
+    frame_classes_over_veth(AttachMode::XdpNative, 0x7203);
 }

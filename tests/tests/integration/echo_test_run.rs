@@ -1,7 +1,7 @@
 //! The echo programs run by the kernel on crafted packets (`BPF_PROG_TEST_RUN`):
 //! verdicts, output bytes and counters, for the XDP and the tc program.
 
-use health_common::maps::ProgId;
+use health_common::maps::{EchoConfig, ProgId};
 use std::net::Ipv4Addr;
 
 use aya::programs::{TestRun as _, TestRunOptions};
@@ -14,6 +14,8 @@ use health_tests::{
 
 const LOCAL: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 2);
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 1);
+/// The responder's interface: the test requests' destination MAC.
+const LOCAL_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -56,7 +58,7 @@ fn loaded() -> (Datapath, PinDir) {
     require_root();
     let pins = PinDir::new();
     let mut r = Datapath::load(pins.path()).expect("load the kernel object");
-    r.set_echo_address(LOCAL).expect("configure the address");
+    r.set_echo_config(config()).expect("configure the address");
     (r, pins)
 }
 
@@ -75,6 +77,14 @@ fn run(r: &mut Datapath, prog: Prog, input: &[u8]) -> (u32, Vec<u8>) {
     .unwrap_or_else(|e| panic!("{prog:?} test run on {} bytes: {e}", input.len()));
     out.truncate(res.data_size_out as usize);
     (res.return_value, out)
+}
+
+fn config() -> EchoConfig {
+    EchoConfig {
+        addr: LOCAL.octets(),
+        mac: LOCAL_MAC,
+        ..EchoConfig::default()
+    }
 }
 
 fn request() -> Echo {
@@ -212,7 +222,7 @@ fn malformed_packets_are_dropped_and_counted() {
 #[test]
 fn without_an_address_nothing_is_answered() {
     for_both(|r, prog| {
-        r.set_echo_address(Ipv4Addr::UNSPECIFIED)
+        r.set_echo_config(EchoConfig::default())
             .expect("clear address");
         let input = request().frame();
         let (verdict, out) = run(r, prog, &input);
@@ -267,4 +277,41 @@ fn the_map_registry_matches_the_maps_the_object_pins() {
             id.name()
         );
     }
+}
+
+/// Every frame class of `health_tests::echo_classes` (what an independent
+/// checker sends): the verdict, the exact output bytes (replies checked with
+/// the tests' own checksum code) and the counters, in both programs.
+#[test]
+fn every_frame_class_gets_what_the_kernel_would_do() {
+    use health_tests::echo_classes::{Expect, classes};
+
+    let mut base = request();
+    base.dst_mac = LOCAL_MAC;
+    let all = classes(&base);
+    for_both(|r, prog| {
+        for class in &all {
+            let before = r.echo_stats().expect("stats");
+            let (verdict, out) = run(r, prog, &class.frame);
+            let delta = r.echo_stats().expect("stats").since(before);
+            let what = format!("{prog:?}: {}", class.name);
+            match &class.expect {
+                Expect::Reply(want) => {
+                    assert_eq!(verdict, prog.verdicts().reply, "{what}: verdict");
+                    assert_eq!(&out, want, "{what}: reply bytes");
+                    packets::verify_ipv4_icmp(&out[14..]).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(delta.answered, 1, "{what}: counters {delta:?}");
+                }
+                Expect::Pass => {
+                    assert_eq!(verdict, prog.verdicts().pass, "{what}: verdict");
+                    assert_eq!(out, class.frame, "{what}: modified");
+                    assert_eq!(delta.passed, 1, "{what}: counters {delta:?}");
+                }
+                Expect::Drop => {
+                    assert_eq!(verdict, prog.verdicts().drop, "{what}: verdict");
+                    assert_eq!(delta.malformed, 1, "{what}: counters {delta:?}");
+                }
+            }
+        }
+    });
 }

@@ -89,7 +89,7 @@ async fn run(
     pins: &PinArgs,
 ) -> anyhow::Result<()> {
     let mut responder = Datapath::load(&pins.dir)?;
-    responder.set_echo_address(address)?;
+    responder.set_echo_target(iface, address)?;
     if let Err(e) = responder.spawn_log_forwarder() {
         warn!("kernel log records will not be shown: {e}");
     }
