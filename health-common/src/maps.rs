@@ -11,6 +11,61 @@ use crate::{
 /// agent finds out which layout the pins it inherits were made with.
 pub const PIN_LAYOUT_VERSION: u32 = 2;
 
+/// How many entries the maps that grow with the cluster hold. The kernel
+/// object declares [`MapSizes::DEFAULT`]; the loader sizes each map from
+/// the agent's flags before creating it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Peers the RTT maps hold (each has [`MapSizes::RTT_KEYS_PER_PEER`]
+    /// keys).
+    pub max_peers: u32,
+    /// Connection-tracking entries.
+    pub ct: u32,
+    /// Masquerade entries (two per flow).
+    pub nat: u32,
+}
+
+impl MapSizes {
+    /// RTT keys per peer: ICMP and TCP, to its node IP and its health IP.
+    pub const RTT_KEYS_PER_PEER: u32 = 4;
+    /// CT and NAT entries per peer by default: a round makes about six
+    /// (ICMP and HTTP to two addresses, each direction of a TCP flow), so
+    /// eight leaves headroom for flows still closing.
+    pub const FLOWS_PER_PEER: u32 = 8;
+    pub const DEFAULT_MAX_PEERS: u32 = 16_384;
+    pub const DEFAULT: Self = Self::for_peers(Self::DEFAULT_MAX_PEERS);
+
+    /// The default sizes for `max_peers` peers.
+    #[must_use]
+    pub const fn for_peers(max_peers: u32) -> Self {
+        let flows = max_peers.saturating_mul(Self::FLOWS_PER_PEER);
+        Self {
+            max_peers,
+            ct: flows,
+            nat: flows,
+        }
+    }
+
+    /// The size of `map`, for the maps that grow with the cluster.
+    #[must_use]
+    pub const fn max_entries(&self, map: MapId) -> Option<u32> {
+        match map {
+            MapId::RttStats | MapId::RttLosses | MapId::RttPending => {
+                Some(self.max_peers.saturating_mul(Self::RTT_KEYS_PER_PEER))
+            }
+            MapId::CtMap => Some(self.ct),
+            MapId::NatMap => Some(self.nat),
+            _ => None,
+        }
+    }
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 /// The kind of a map, as the kernel names its `bpf_map_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapKind {
@@ -19,6 +74,7 @@ pub enum MapKind {
     PerCpuHash,
     PerCpuArray,
     LruHash,
+    LruPerCpuHash,
     RingBuf,
 }
 
@@ -32,6 +88,7 @@ impl MapKind {
             Self::PerCpuHash => 5,
             Self::PerCpuArray => 6,
             Self::LruHash => 9,
+            Self::LruPerCpuHash => 10,
             Self::RingBuf => 27,
         }
     }
@@ -45,6 +102,7 @@ impl MapKind {
             Self::PerCpuHash => "percpu_hash",
             Self::PerCpuArray => "percpu_array",
             Self::LruHash => "lru_hash",
+            Self::LruPerCpuHash => "lru_percpu_hash",
             Self::RingBuf => "ringbuf",
         }
     }
@@ -52,7 +110,19 @@ impl MapKind {
     /// Whether the map holds keys (hash kinds) rather than fixed slots.
     #[must_use]
     pub const fn is_hash(self) -> bool {
-        matches!(self, Self::Hash | Self::PerCpuHash | Self::LruHash)
+        matches!(
+            self,
+            Self::Hash | Self::PerCpuHash | Self::LruHash | Self::LruPerCpuHash
+        )
+    }
+
+    /// Whether each entry holds one value per CPU.
+    #[must_use]
+    pub const fn is_per_cpu(self) -> bool {
+        matches!(
+            self,
+            Self::PerCpuHash | Self::PerCpuArray | Self::LruPerCpuHash
+        )
     }
 }
 
@@ -137,9 +207,8 @@ impl MapId {
         match self {
             Self::EchoConfig | Self::CtConfig | Self::NatConfig | Self::PinLayout => MapKind::Array,
             Self::EchoStats | Self::CtStats | Self::NatStats => MapKind::PerCpuArray,
-            Self::CtMap | Self::RttPending | Self::NatMap => MapKind::LruHash,
-            Self::RttStats => MapKind::PerCpuHash,
-            Self::RttLosses => MapKind::Hash,
+            Self::CtMap | Self::RttPending | Self::NatMap | Self::RttLosses => MapKind::LruHash,
+            Self::RttStats => MapKind::LruPerCpuHash,
             Self::AyaLogs => MapKind::RingBuf,
         }
     }
@@ -329,6 +398,23 @@ mod tests {
             }
         }
         assert_eq!(MapId::from_name("NO_SUCH_MAP"), None);
+    }
+
+    #[test]
+    fn default_sizes_hold_every_path_of_the_default_peers() {
+        let s = MapSizes::default();
+        assert_eq!(s.max_entries(MapId::RttStats), Some(16_384 * 4));
+        assert_eq!(s.max_entries(MapId::CtMap), Some(131_072));
+        assert_eq!(s.max_entries(MapId::EchoStats), None);
+        assert_eq!(MapSizes::for_peers(u32::MAX).ct, u32::MAX, "saturates");
+        for id in MapId::ALL {
+            assert_eq!(
+                s.max_entries(id).is_some(),
+                id.kind().is_hash(),
+                "{}: every hash map grows with the cluster",
+                id.name()
+            );
+        }
     }
 
     #[test]

@@ -243,16 +243,11 @@ impl Cluster {
 
     /// Writes the nodes file listing the first `n` nodes.
     pub fn write_nodes_file(&self, n: usize) {
-        let mut yaml = String::from("nodes:\n");
-        for i in 0..n {
-            let _ = write!(
-                yaml,
-                "  - name: node-{}\n    node-ip: {}\n    health-cidr: {}\n",
-                i + 1,
-                node_ip(i),
-                health_cidr(i)
-            );
-        }
+        self.write_nodes_text(&nodes_yaml(n));
+    }
+
+    /// Replaces the nodes file with `yaml`, at once (a rename).
+    pub fn write_nodes_text(&self, yaml: &str) {
         let tmp = self.nodes_file.with_extension("tmp");
         fs::write(&tmp, yaml).expect("write nodes file");
         fs::rename(&tmp, &self.nodes_file).expect("replace nodes file");
@@ -398,6 +393,23 @@ fn discovery_args(s: &Settings, nodes_file: &Path) -> Vec<String> {
     } else {
         vec!["--nodes-file".into(), nodes_file.display().to_string()]
     }
+}
+
+/// The nodes file's text listing the first `n` nodes: a `nodes:` line, then
+/// three lines per node (`name`, `node-ip`, `health-cidr`).
+#[must_use]
+pub fn nodes_yaml(n: usize) -> String {
+    let mut yaml = String::from("nodes:\n");
+    for i in 0..n {
+        let _ = write!(
+            yaml,
+            "  - name: node-{}\n    node-ip: {}\n    health-cidr: {}\n",
+            i + 1,
+            node_ip(i),
+            health_cidr(i)
+        );
+    }
+    yaml
 }
 
 #[must_use]

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    cluster::{NodeSet, discovery::SourceStatus},
+    cluster::{NodeSet, discovery::SourceStatus, validate::RejectedRecord},
     supervisor::TaskStatus,
 };
 
@@ -37,10 +37,18 @@ pub struct NodesView {
     /// `file:<path>`, `etcd:<endpoint><prefix>`, or `none`.
     pub source: String,
     pub nodes: NodeSet,
-    /// Why the latest update was rejected (the set above is the last good one).
+    /// Why the latest update was rejected as a whole (the set above is the
+    /// last good one).
     pub error: Option<String>,
     /// Epoch milliseconds of the last accepted update.
     pub updated_ms: Option<u64>,
+    /// The records of the set's update that were rejected one by one
+    /// (where, name, why): the first 100, in file or key order.
+    #[serde(default)]
+    pub rejected: Vec<RejectedRecord>,
+    /// How many records were rejected in all.
+    #[serde(default)]
+    pub rejected_total: usize,
 }
 
 impl NodesView {
@@ -51,6 +59,8 @@ impl NodesView {
             nodes,
             error: status.error,
             updated_ms: status.updated_ms,
+            rejected: status.rejected,
+            rejected_total: status.rejected_total,
         }
     }
 }

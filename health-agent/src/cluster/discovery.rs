@@ -1,7 +1,10 @@
 //! Where the node set comes from: the nodes file or etcd. A source
 //! publishes immutable [`NodeSet`] snapshots on a `watch` channel (the one
 //! copy every reader shares) and keeps its status (source, last error) for
-//! the API; a bad update is reported and the last good set is kept.
+//! the API. Records are validated one by one ([`super::validate`]): the
+//! rejected ones are listed in the status (one warning per update sums them
+//! up) and the others used; an update that cannot be read at all is
+//! reported and the last good set is kept.
 
 use std::{
     path::PathBuf,
@@ -18,6 +21,7 @@ use super::{
     NodeSet,
     etcd::{self, EtcdConfig, Registration},
     nodes_file,
+    validate::{LocalNode, MAX_REJECTED_SHOWN, RejectedRecord, Validated},
 };
 use crate::cluster::Node;
 
@@ -31,6 +35,13 @@ pub struct SourceStatus {
     pub error: Option<String>,
     /// Epoch milliseconds of the last accepted update.
     pub updated_ms: Option<u64>,
+    /// The records of the accepted update that were rejected, each with
+    /// why (the first [`MAX_REJECTED_SHOWN`]).
+    #[serde(default)]
+    pub rejected: Vec<RejectedRecord>,
+    /// How many records of the accepted update were rejected in all.
+    #[serde(default)]
+    pub rejected_total: usize,
 }
 
 /// The published node set and the status of its source.
@@ -70,13 +81,25 @@ impl Nodes {
         self.status.read().map(|s| s.clone()).unwrap_or_default()
     }
 
-    /// Records an accepted set and publishes it (readers are woken only
-    /// when it differs from the current one).
-    pub fn accept(&self, nodes: NodeSet) {
+    /// Records an accepted update and publishes its set (readers are
+    /// woken only when it differs from the current one); its rejected
+    /// records are summed up in one warning and listed in the status.
+    pub fn accept(&self, update: Validated) {
+        if let Some(summary) = update.summary() {
+            warn!(rejected = update.rejected.len(), "{summary}");
+        }
         if let Ok(mut s) = self.status.write() {
             s.error = None;
             s.updated_ms = Some(now_ms());
+            s.rejected_total = update.rejected.len();
+            s.rejected = update
+                .rejected
+                .iter()
+                .take(MAX_REJECTED_SHOWN)
+                .map(RejectedRecord::from)
+                .collect();
         }
+        let nodes = update.nodes;
         self.tx.send_if_modified(|cur| {
             if *cur == nodes {
                 false
@@ -87,7 +110,8 @@ impl Nodes {
         });
     }
 
-    /// Records a rejected update; the last good set stays.
+    /// Records an update rejected as a whole; the last good set stays (and
+    /// so does the list of its rejected records).
     pub fn reject(&self, error: String) {
         warn!("node set update rejected, keeping the last good set: {error}");
         if let Ok(mut s) = self.status.write() {
@@ -104,7 +128,7 @@ fn now_ms() -> u64 {
 
 /// Watches the nodes file (polling its content every `poll`, which also
 /// catches editors that replace the file), publishing each valid version.
-async fn watch_file(path: PathBuf, poll: Duration, nodes: Nodes) {
+async fn watch_file(path: PathBuf, poll: Duration, local: LocalNode, nodes: Nodes) {
     let mut last: Option<String> = std::fs::read_to_string(&path).ok();
     loop {
         tokio::time::sleep(poll).await;
@@ -121,10 +145,15 @@ async fn watch_file(path: PathBuf, poll: Duration, nodes: Nodes) {
         if last.as_deref() == Some(text.as_str()) {
             continue;
         }
-        match nodes_file::parse(&path, &text) {
-            Ok(set) => {
-                info!(path = %path.display(), nodes = set.len(), "nodes file changed");
-                nodes.accept(set);
+        match nodes_file::parse(&path, &text, &local) {
+            Ok(update) => {
+                info!(
+                    path = %path.display(),
+                    nodes = update.nodes.len(),
+                    rejected = update.rejected.len(),
+                    "nodes file changed"
+                );
+                nodes.accept(update);
             }
             Err(e) => nodes.reject(e.to_string()),
         }
@@ -135,12 +164,17 @@ async fn watch_file(path: PathBuf, poll: Duration, nodes: Nodes) {
 /// A source of node sets.
 #[derive(Debug, Clone)]
 pub enum NodeSource {
-    /// The watched nodes file.
-    File { path: PathBuf, poll: Duration },
+    /// The watched nodes file; `local` is this node, for validation.
+    File {
+        path: PathBuf,
+        poll: Duration,
+        local: LocalNode,
+    },
     /// etcd: this node registers under a lease; the prefix is watched.
     Etcd {
         cfg: EtcdConfig,
         me: Node,
+        local: LocalNode,
         registration: Registration,
     },
     /// No discovery: the set stays empty.
@@ -152,20 +186,22 @@ impl NodeSource {
     /// leaves (revokes its lease) on the way out.
     pub async fn run(&self, nodes: Nodes, shutdown: CancellationToken) {
         match self {
-            Self::File { path, poll } => {
+            Self::File { path, poll, local } => {
                 shutdown
-                    .run_until_cancelled(watch_file(path.clone(), *poll, nodes))
+                    .run_until_cancelled(watch_file(path.clone(), *poll, local.clone(), nodes))
                     .await;
             }
             Self::Etcd {
                 cfg,
                 me,
+                local,
                 registration,
             } => {
                 shutdown
                     .run_until_cancelled(etcd::run(
                         cfg.clone(),
                         me.clone(),
+                        local.clone(),
                         nodes,
                         registration.clone(),
                     ))

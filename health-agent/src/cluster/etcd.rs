@@ -16,7 +16,11 @@ use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
-use super::{Node, NodeSet, discovery::Nodes};
+use super::{
+    Node,
+    discovery::Nodes,
+    validate::{self, Candidate, LocalNode, Origin, Record, Validated},
+};
 
 #[derive(Debug, Clone)]
 pub struct EtcdConfig {
@@ -191,32 +195,70 @@ fn str_field<'a>(v: &'a Value, path: &str, field: &str) -> Result<&'a str, EtcdE
     })
 }
 
-/// Decodes a range response into nodes; entries that do not parse are
-/// skipped with a warning naming their key.
-fn nodes_from_range(v: &Value) -> NodeSet {
-    let mut nodes: Vec<Node> = v["kvs"]
+/// Decodes a range response into node records, in key order, and
+/// validates them: a record that does not decode or breaks a rule is
+/// rejected naming its key; the others make the set.
+fn nodes_from_range(v: &Value, prefix: &str, local: &LocalNode) -> Validated {
+    let mut candidates: Vec<Candidate> = v["kvs"]
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or_default()
         .iter()
-        .filter_map(|kv| {
-            let key = kv["key"].as_str().and_then(|k| B64.decode(k).ok()).unwrap_or_default();
-            let value = kv["value"].as_str().and_then(|x| B64.decode(x).ok()).unwrap_or_default();
-            serde_json::from_slice::<Node>(&value)
-                .map_err(|e| warn!(key = %String::from_utf8_lossy(&key), "ignoring a bad node entry in etcd: {e}"))
-                .ok()
+        .map(|kv| {
+            let key = kv["key"]
+                .as_str()
+                .and_then(|k| B64.decode(k).ok())
+                .map_or_else(
+                    || "<a key that is not base64>".to_owned(),
+                    |k| String::from_utf8_lossy(&k).into_owned(),
+                );
+            let node = kv["value"]
+                .as_str()
+                .and_then(|x| B64.decode(x).ok())
+                .ok_or_else(|| "the value is not base64".to_owned())
+                .and_then(|value| {
+                    serde_json::from_slice::<Node>(&value)
+                        .map_err(|e| format!("the value is not a node record: {e}"))
+                });
+            Candidate {
+                record: Record {
+                    name: node.as_ref().ok().map(|n| n.name.clone()),
+                    origin: Origin::Etcd {
+                        prefix_len: if key.starts_with(prefix) {
+                            prefix.len()
+                        } else {
+                            0
+                        },
+                        key,
+                    },
+                },
+                node,
+            }
         })
         .collect();
-    nodes.sort();
-    nodes.dedup_by(|a, b| a.name == b.name);
-    NodeSet::new(nodes).unwrap_or_default()
+    // etcd lists keys in order; the first of two conflicting records wins.
+    candidates.sort_by(|a, b| key_of(a).cmp(key_of(b)));
+    validate::validate(candidates, local)
+}
+
+fn key_of(c: &Candidate) -> &str {
+    match &c.record.origin {
+        Origin::Etcd { key, .. } => key,
+        Origin::File { .. } => "",
+    }
 }
 
 /// Keeps this agent registered and the node set in sync, forever.
-pub async fn run(cfg: EtcdConfig, me: Node, nodes: Nodes, registration: Registration) {
+pub async fn run(
+    cfg: EtcdConfig,
+    me: Node,
+    local: LocalNode,
+    nodes: Nodes,
+    registration: Registration,
+) {
     let mut backoff = Duration::from_millis(200);
     loop {
-        let err = session(&cfg, &me, &nodes, &registration).await;
+        let err = session(&cfg, &me, &local, &nodes, &registration).await;
         nodes.reject(format!(
             "etcd at {}: {}; probing the last known set",
             cfg.endpoint,
@@ -230,10 +272,11 @@ pub async fn run(cfg: EtcdConfig, me: Node, nodes: Nodes, registration: Registra
 async fn session(
     cfg: &EtcdConfig,
     me: &Node,
+    local: &LocalNode,
     nodes: &Nodes,
     registration: &Registration,
 ) -> EtcdError {
-    match session_inner(cfg, me, nodes, registration).await {
+    match session_inner(cfg, me, local, nodes, registration).await {
         Ok(never) => match never {},
         Err(e) => e,
     }
@@ -242,6 +285,7 @@ async fn session(
 async fn session_inner(
     cfg: &EtcdConfig,
     me: &Node,
+    local: &LocalNode,
     nodes: &Nodes,
     registration: &Registration,
 ) -> Result<std::convert::Infallible, EtcdError> {
@@ -272,7 +316,7 @@ async fn session_inner(
     let revision: u64 = str_field(&list["header"], "/v3/kv/range", "revision")?
         .parse()
         .unwrap_or(0);
-    nodes.accept(nodes_from_range(&list));
+    nodes.accept(nodes_from_range(&list, &cfg.prefix, local));
 
     let watch_req = json!({ "create_request": {
         "key": B64.encode(&cfg.prefix),
@@ -296,7 +340,7 @@ async fn session_inner(
                         // Any change under the prefix: re-list (simple and
                         // immune to partial event decoding).
                         let list = client.post("/v3/kv/range", range_req.clone()).await?;
-                        nodes.accept(nodes_from_range(&list));
+                        nodes.accept(nodes_from_range(&list, &cfg.prefix, local));
                     }
                     Some(Ok(_)) => {}
                     Some(Err(source)) => return Err(EtcdError::Http { endpoint: cfg.endpoint.clone(), source }),
@@ -336,16 +380,162 @@ mod tests {
         assert_eq!(range_end("/health/nodes/"), b"/health/nodes0".to_vec());
     }
 
+    fn local() -> LocalNode {
+        LocalNode {
+            name: Some("n1".into()),
+            health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+        }
+    }
+
+    fn kv(key: &str, value: &Value) -> Value {
+        json!({"key": B64.encode(key), "value": B64.encode(value.to_string())})
+    }
+
+    fn record(name: &str, node_ip: &str, health_ip: &str) -> Value {
+        json!({"name": name, "node_ip": node_ip, "health_ip": health_ip})
+    }
+
+    fn outcome(v: &Validated) -> (Vec<&str>, Vec<String>) {
+        (
+            v.nodes.iter().map(|n| n.name.as_str()).collect(),
+            v.rejected.iter().map(ToString::to_string).collect(),
+        )
+    }
+
     #[test]
-    fn range_responses_decode_and_skip_garbage() {
-        let node = json!({"name": "n1", "node_ip": "198.18.0.11", "health_ip": "198.18.64.2"});
+    fn range_responses_decode_and_reject_garbage_by_key() {
         let v = json!({"header": {"revision": "5"}, "kvs": [
-            {"key": B64.encode("/h/n1"), "value": B64.encode(node.to_string())},
+            kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2")),
             {"key": B64.encode("/h/bad"), "value": B64.encode("not json")},
+            {"key": B64.encode("/h/bad64"), "value": "%%%"},
+            kv("/h/n2", &record("n2", "198.18.0.12", "198.18.65.2")),
         ]});
-        let nodes = nodes_from_range(&v);
-        assert_eq!(nodes.len(), 1);
-        assert_eq!(nodes[0].name, "n1");
-        assert_eq!(nodes_from_range(&json!({})), NodeSet::default());
+        let got = nodes_from_range(&v, "/h/", &local());
+        let (kept, rejected) = outcome(&got);
+        assert_eq!(kept, ["n1", "n2"]);
+        assert_eq!(rejected.len(), 2, "{rejected:?}");
+        assert!(
+            rejected[0].starts_with("etcd key \"/h/bad\": the value is not a node record: "),
+            "{rejected:?}"
+        );
+        assert_eq!(
+            rejected[1],
+            "etcd key \"/h/bad64\": the value is not base64"
+        );
+        assert_eq!(
+            nodes_from_range(&json!({}), "/h/", &local()),
+            Validated::default()
+        );
+    }
+
+    #[test]
+    fn each_rule_rejects_the_record_by_key_and_keeps_the_others() {
+        let good = kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2"));
+        for (bad, needle) in [
+            (
+                kv("/h/n5", &record("n5", "127.0.0.1", "198.18.66.2")),
+                "etcd key \"/h/n5\": node-ip 127.0.0.1 is loopback",
+            ),
+            (
+                kv("/h/n5", &record("n5", "198.18.0.15", "0.0.0.0")),
+                "etcd key \"/h/n5\": health-ip 0.0.0.0 is unspecified",
+            ),
+            (
+                kv("/h/n5", &record("n5", "169.254.9.9", "198.18.66.2")),
+                "node-ip 169.254.9.9 is link-local",
+            ),
+            (
+                kv("/h/n5", &record("n5", "198.18.0.15", "239.1.1.1")),
+                "health-ip 239.1.1.1 is multicast",
+            ),
+            (
+                kv("/h/n5", &record("n5", "255.255.255.255", "198.18.66.2")),
+                "limited broadcast",
+            ),
+            (
+                kv("/h/n5", &record("n5", "198.18.0.15", "241.0.0.1")),
+                "reserved (240.0.0.0/4)",
+            ),
+            (
+                kv("/h/n5", &record("n5", "198.18.0.15", "198.18.64.77")),
+                "etcd key \"/h/n5\": health-ip 198.18.64.77 is inside this node's health CIDR 198.18.64.0/24",
+            ),
+            (
+                kv("/h/n5", &record("other", "198.18.0.15", "198.18.66.2")),
+                "etcd key \"/h/n5\": the name \"other\" is not the key's last segment \"n5\"",
+            ),
+            (
+                kv("/h/", &record("", "198.18.0.15", "198.18.66.2")),
+                "etcd key \"/h/\": the name is empty",
+            ),
+            (
+                kv("/h/a b", &record("a b", "198.18.0.15", "198.18.66.2")),
+                "the name \"a b\" is not a node name",
+            ),
+            (
+                kv("/h/n5", &record("n5", "198.18.0.11", "198.18.66.2")),
+                "etcd key \"/h/n5\": node-ip 198.18.0.11 is already the node-ip of node \"n1\" at etcd key \"/h/n1\", which is kept",
+            ),
+            (
+                kv("/h/n5", &record("n5", "198.18.0.15", "198.18.0.11")),
+                "health-ip 198.18.0.11 is already the node-ip of node \"n1\"",
+            ),
+        ] {
+            let v = json!({"kvs": [good.clone(), bad]});
+            let got = nodes_from_range(&v, "/h/", &local());
+            let (kept, rejected) = outcome(&got);
+            assert_eq!(kept, ["n1"], "{needle}");
+            assert_eq!(rejected.len(), 1, "{rejected:?}");
+            assert!(
+                rejected[0].contains(needle),
+                "{} lacks {needle:?}",
+                rejected[0]
+            );
+        }
+    }
+
+    #[test]
+    fn the_name_is_the_last_segment_after_the_prefix() {
+        // A prefix without a trailing '/': the agent registers `<prefix><name>`.
+        let v = json!({"kvs": [
+            kv("/health/nodesn1", &record("n1", "198.18.0.11", "198.18.64.2")),
+            kv("/health/nodesn2", &record("n2", "198.18.0.12", "198.18.65.2")),
+            kv("/health/nodesx/n3", &record("n3", "198.18.0.13", "198.18.66.2")),
+            kv("/health/nodesn4", &record("nodesn4", "198.18.0.14", "198.18.67.2")),
+        ]});
+        let got = nodes_from_range(&v, "/health/nodes", &local());
+        let (kept, rejected) = outcome(&got);
+        assert_eq!(kept, ["n1", "n2", "n3"]);
+        assert_eq!(
+            rejected,
+            [
+                "etcd key \"/health/nodesn4\": the name \"nodesn4\" is not the key's last segment \"n4\""
+            ]
+        );
+    }
+
+    #[test]
+    fn conflicts_keep_the_first_key_and_this_node_wins() {
+        // Listed out of order: key order decides which of two is kept.
+        let v = json!({"kvs": [
+            kv("/h/b/x", &record("x", "198.18.0.13", "198.18.67.2")),
+            kv("/h/a/x", &record("x", "198.18.0.12", "198.18.66.2")),
+            kv("/h/0", &record("0", "198.18.0.11", "198.18.65.2")),
+            kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2")),
+        ]});
+        let got = nodes_from_range(&v, "/h/", &local());
+        let (kept, rejected) = outcome(&got);
+        assert_eq!(kept, ["n1", "x"]);
+        assert_eq!(
+            got.nodes.get("x").map(|n| n.node_ip.to_string()),
+            Some("198.18.0.12".into())
+        );
+        assert_eq!(
+            rejected,
+            [
+                "etcd key \"/h/0\": node-ip 198.18.0.11 is already the node-ip of node \"n1\" at etcd key \"/h/n1\", which is kept",
+                "etcd key \"/h/b/x\": duplicate name \"x\": node \"x\" at etcd key \"/h/a/x\" has it and is kept",
+            ]
+        );
     }
 }

@@ -7,5 +7,6 @@ mod node;
 pub mod nodes_file;
 pub mod routes;
 pub mod sync;
+pub mod validate;
 
 pub use self::node::{DuplicateNode, Node, NodeSet};

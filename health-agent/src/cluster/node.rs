@@ -40,6 +40,17 @@ impl NodeSet {
         Ok(Self(nodes.into()))
     }
 
+    /// Sorts `nodes` by name; their names are unique already (validation
+    /// made sure of it).
+    pub(in crate::cluster) fn from_unique(mut nodes: Vec<Node>) -> Self {
+        nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        debug_assert!(
+            nodes.windows(2).all(|w| w[0].name != w[1].name),
+            "validated names are unique"
+        );
+        Self(nodes.into())
+    }
+
     /// The node called `name`.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<&Node> {

@@ -8,16 +8,30 @@
 //!     health-cidr: 198.18.64.0/24   # the endpoint gets its first usable address
 //! ```
 //!
-//! Errors name the line (and field) at fault; the caller keeps the last good
-//! set when a new version of the file does not parse.
+//! A file that does not parse as a whole (bad syntax, no `nodes` list) is
+//! refused with the line at fault, and the caller keeps the last good set.
+//! Otherwise each record is decoded and validated on its own
+//! ([`super::validate`]): a bad one is rejected, named by its line and
+//! name, and the others are used.
 
-use std::{collections::BTreeMap, fmt, net::Ipv4Addr, path::Path};
+use std::{
+    collections::{HashMap, VecDeque},
+    fmt,
+    net::Ipv4Addr,
+    path::Path,
+    sync::Arc,
+};
 
 use serde::Deserialize;
+use serde_json::{Map, Value};
 
-use super::{Node, NodeSet};
+use super::{
+    Node,
+    validate::{self, Candidate, LocalNode, Origin, Record, Validated},
+};
 use crate::util::cidr::Ipv4Cidr;
 
+/// The whole file is refused: unreadable or unparsable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct NodesFileError {
     pub path: String,
@@ -34,23 +48,19 @@ impl fmt::Display for NodesFileError {
     }
 }
 
+/// The file's shape; each record is kept undecoded, to be decoded alone.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
-    nodes: Vec<Entry>,
+    nodes: Vec<Value>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct Entry {
-    name: String,
-    node_ip: Ipv4Addr,
-    health_ip: Option<Ipv4Addr>,
-    health_cidr: Option<Ipv4Cidr>,
-}
+/// The fields of a record.
+const FIELDS: [&str; 4] = ["name", "node-ip", "health-ip", "health-cidr"];
 
-/// Parses the file's text; `path` decides the format and names the file in errors.
-pub fn parse(path: &Path, text: &str) -> Result<NodeSet, NodesFileError> {
+/// Parses the file's text; `path` decides the format and names the file in
+/// errors; `local` is this node, for the rules that depend on it.
+pub fn parse(path: &Path, text: &str, local: &LocalNode) -> Result<Validated, NodesFileError> {
     let shown = path.display().to_string();
     let err = |line, message: String| NodesFileError {
         path: shown.clone(),
@@ -72,83 +82,110 @@ pub fn parse(path: &Path, text: &str) -> Result<NodeSet, NodesFileError> {
         serde_json::from_str(text)
             .map_err(|e| err(Some(e.line()), strip_location(&e.to_string())))?
     };
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    let mut out = Vec::with_capacity(file.nodes.len());
-    // Entry i starts at the i-th `name` key: one pass over the text.
-    let mut entry_lines = entry_lines(text);
-    for (i, e) in file.nodes.into_iter().enumerate() {
-        let line = entry_lines.next();
-        if e.name.is_empty() {
-            return Err(err(line, format!("node {}: field `name` is empty", i + 1)));
-        }
-        if let Some(first) = seen.insert(e.name.clone(), i) {
-            return Err(err(
-                line,
-                format!(
-                    "duplicate node {:?} (also node {} of the file)",
-                    e.name,
-                    first + 1
-                ),
-            ));
-        }
-        let health_ip = match (e.health_ip, e.health_cidr) {
-            (Some(ip), None) => ip,
-            (None, Some(cidr)) => cidr.usable().next().ok_or_else(|| {
-                err(
-                    line,
-                    format!(
-                        "node {:?}: field `health-cidr` {cidr} has no usable address",
-                        e.name
-                    ),
-                )
-            })?,
-            (Some(_), Some(_)) => {
-                return Err(err(
-                    line,
-                    format!(
-                        "node {:?}: give `health-ip` or `health-cidr`, not both",
-                        e.name
-                    ),
-                ));
+    let path: Arc<str> = shown.as_str().into();
+    // Records are found in the text by their names: one pass over it.
+    let mut lines = name_lines(text);
+    let candidates = file
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let name = v.get("name").and_then(Value::as_str).map(str::to_owned);
+            let line = name
+                .as_deref()
+                .and_then(|n| lines.get_mut(n))
+                .and_then(VecDeque::pop_front);
+            Candidate {
+                record: Record {
+                    origin: Origin::File {
+                        path: path.clone(),
+                        line,
+                        entry: i + 1,
+                    },
+                    name,
+                },
+                node: decode(v),
             }
-            (None, None) => {
-                return Err(err(
-                    line,
-                    format!(
-                        "node {:?}: missing field `health-ip` (or `health-cidr`)",
-                        e.name
-                    ),
-                ));
-            }
-        };
-        for (field, ip) in [("node-ip", e.node_ip), ("health-ip", health_ip)] {
-            if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
-                return Err(err(
-                    line,
-                    format!(
-                        "node {:?}: field `{field}` {ip} is not a unicast node address",
-                        e.name
-                    ),
-                ));
-            }
-        }
-        out.push(Node {
-            name: e.name,
-            node_ip: e.node_ip,
-            health_ip,
-        });
-    }
-    NodeSet::new(out).map_err(|e| err(None, e.to_string()))
+        })
+        .collect();
+    Ok(validate::validate(candidates, local))
 }
 
 /// Reads and parses the file.
-pub fn load(path: &Path) -> Result<NodeSet, NodesFileError> {
+pub fn load(path: &Path, local: &LocalNode) -> Result<Validated, NodesFileError> {
     let text = std::fs::read_to_string(path).map_err(|e| NodesFileError {
         path: path.display().to_string(),
         line: None,
         message: format!("cannot read: {e}"),
     })?;
-    parse(path, &text)
+    parse(path, &text, local)
+}
+
+/// Decodes one record; the error names the field at fault.
+fn decode(v: &Value) -> Result<Node, String> {
+    let Value::Object(map) = v else {
+        return Err(format!(
+            "expected a mapping of {}, found {}",
+            FIELDS.join(", "),
+            kind(v)
+        ));
+    };
+    if let Some(k) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field `{k}`, expected one of `name`, `node-ip`, `health-ip`, `health-cidr`"
+        ));
+    }
+    let name = string(map, "name")?.ok_or("missing field `name`")?;
+    let node_ip = string(map, "node-ip")?
+        .map(|s| address(s, "node-ip"))
+        .transpose()?
+        .ok_or("missing field `node-ip`")?;
+    let health_ip = match (string(map, "health-ip")?, string(map, "health-cidr")?) {
+        (Some(ip), None) => address(ip, "health-ip")?,
+        (None, Some(cidr)) => {
+            let cidr: Ipv4Cidr = cidr
+                .parse()
+                .map_err(|e| format!("field `health-cidr`: {e}"))?;
+            cidr.usable()
+                .next()
+                .ok_or_else(|| format!("field `health-cidr` {cidr} has no usable address"))?
+        }
+        (Some(_), Some(_)) => return Err("give `health-ip` or `health-cidr`, not both".into()),
+        (None, None) => return Err("missing field `health-ip` (or `health-cidr`)".into()),
+    };
+    Ok(Node {
+        name: name.to_owned(),
+        node_ip,
+        health_ip,
+    })
+}
+
+/// A string field (absent or null: `None`).
+fn string<'a>(map: &'a Map<String, Value>, field: &str) -> Result<Option<&'a str>, String> {
+    match map.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(format!(
+            "field `{field}`: expected a string, found {}",
+            kind(other)
+        )),
+    }
+}
+
+fn address(s: &str, field: &str) -> Result<Ipv4Addr, String> {
+    s.parse()
+        .map_err(|_| format!("field `{field}`: invalid IPv4 address {s:?}"))
+}
+
+fn kind(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("boolean `{b}`"),
+        Value::Number(n) => format!("number `{n}`"),
+        Value::String(s) => format!("string {s:?}"),
+        Value::Array(_) => "a list".into(),
+        Value::Object(_) => "a mapping".into(),
+    }
 }
 
 /// serde's messages end in " at line L column C"; the line is shown up front.
@@ -157,45 +194,114 @@ fn strip_location(msg: &str) -> String {
         .map_or_else(|| msg.to_owned(), |i| msg[..i].to_owned())
 }
 
-/// The lines (1-based) of the entries' `name` keys, in order: serde
-/// reports semantic problems without positions, so entries are found by
-/// their name keys.
-fn entry_lines(text: &str) -> impl Iterator<Item = usize> + '_ {
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| is_name_key(l))
-        .map(|(n, _)| n + 1)
+/// The lines (1-based) of the `name` keys, by the name they give, in
+/// order: serde reports no positions for values, so a record is found by
+/// its name (the n-th record called `a` at the n-th `name: a`). YAML block
+/// and flow style and JSON alike; a name written with escapes is not found
+/// and its record is named by its number instead.
+fn name_lines(text: &str) -> HashMap<&str, VecDeque<usize>> {
+    let mut out: HashMap<&str, VecDeque<usize>> = HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
+        let mut from = 0;
+        while let Some(i) = line[from..].find("name") {
+            let at = from + i;
+            from = at + "name".len();
+            if let Some(value) = name_value(line, at) {
+                out.entry(value).or_default().push_back(n + 1);
+            }
+        }
+    }
+    out
 }
 
-fn is_name_key(line: &str) -> bool {
-    let t = line.trim_start().trim_start_matches(['-', '{', ' ']);
-    t.starts_with("name:") || t.starts_with("\"name\"")
+/// The value of a `name` key found at byte `at` of `line`, if it is one.
+fn name_value(line: &str, at: usize) -> Option<&str> {
+    let before = &line[..at];
+    let after = &line[at + "name".len()..];
+    // `name`, `"name"` or `'name'`, as a key: after a separator, then `:`.
+    let (before, after) = match before.chars().next_back() {
+        Some(q @ ('"' | '\'')) => (&before[..before.len() - 1], after.strip_prefix(q)?),
+        _ => (before, after),
+    };
+    if !matches!(
+        before.chars().next_back(),
+        None | Some(' ' | '\t' | '{' | ',')
+    ) {
+        return None;
+    }
+    let value = after.trim_start().strip_prefix(':')?.trim_start();
+    if let Some(q @ ('"' | '\'')) = value.chars().next() {
+        return value[1..].split(q).next();
+    }
+    let end = value
+        .find([',', '}', ']'])
+        .into_iter()
+        .chain(value.find(" #"))
+        .min()
+        .unwrap_or(value.len());
+    Some(value[..end].trim_end())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fmt::Write as _;
+
     use super::*;
+    use crate::cluster::NodeSet;
 
     const YAML: &str = "nodes:\n  - name: node-2\n    node-ip: 198.18.0.12\n    health-cidr: 198.18.65.0/24\n  - name: node-1\n    node-ip: 198.18.0.11\n    health-ip: 198.18.64.2\n";
 
-    fn yaml(text: &str) -> Result<NodeSet, NodesFileError> {
-        parse(Path::new("nodes.yaml"), text)
+    /// This node is node-1, health CIDR 198.18.64.0/24.
+    fn local() -> LocalNode {
+        LocalNode {
+            name: Some("node-1".into()),
+            health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+        }
     }
 
-    fn json(text: &str) -> Result<NodeSet, NodesFileError> {
-        parse(Path::new("nodes.json"), text)
+    fn yaml(text: &str) -> Result<Validated, NodesFileError> {
+        parse(Path::new("nodes.yaml"), text, &local())
+    }
+
+    fn json(text: &str) -> Result<Validated, NodesFileError> {
+        parse(Path::new("nodes.json"), text, &local())
+    }
+
+    fn good(text: &str) -> NodeSet {
+        let v = yaml(text).expect("parses");
+        assert!(v.rejected.is_empty(), "{:?}", v.rejected);
+        v.nodes
+    }
+
+    /// The names kept and the rejections' texts.
+    fn outcome(v: &Validated) -> (Vec<String>, Vec<String>) {
+        (
+            v.nodes.iter().map(|n| n.name.clone()).collect(),
+            v.rejected.iter().map(ToString::to_string).collect(),
+        )
+    }
+
+    /// Two good records around `bad` (YAML lines, indented as a record).
+    fn around(bad: &str) -> String {
+        format!(
+            "nodes:\n  - name: node-1\n    node-ip: 198.18.0.11\n    health-ip: 198.18.64.2\n{bad}  - name: node-3\n    node-ip: 198.18.0.13\n    health-ip: 198.18.66.2\n"
+        )
     }
 
     #[test]
     fn yaml_and_json_give_the_same_sorted_set() {
-        let from_yaml = yaml(YAML).expect("valid");
+        let from_yaml = good(YAML);
         let from_json = json(
             r#"{"nodes": [
             {"name": "node-2", "node-ip": "198.18.0.12", "health-cidr": "198.18.65.0/24"},
             {"name": "node-1", "node-ip": "198.18.0.11", "health-ip": "198.18.64.2"}]}"#,
         )
         .expect("valid");
-        assert_eq!(from_yaml, from_json);
+        assert!(from_json.rejected.is_empty(), "{:?}", from_json.rejected);
+        assert_eq!(from_yaml, from_json.nodes);
         assert_eq!(from_yaml[0].name, "node-1");
         assert_eq!(
             from_yaml[1].health_ip,
@@ -205,43 +311,266 @@ mod tests {
     }
 
     #[test]
-    fn syntax_errors_name_the_line() {
+    fn syntax_errors_refuse_the_whole_file_naming_the_line() {
         let e = yaml("nodes:\n  - name: a\n    node-ip: [\n").expect_err("bad");
         assert!(e.line.is_some(), "{e}");
         assert!(e.to_string().starts_with("nodes.yaml:"), "{e}");
         let e = json("{\"nodes\": [\n  {\"name\": \"a\",\n   \"node-ip\": \"198.18.0.1\",,\n")
             .expect_err("bad");
         assert_eq!(e.line, Some(3), "{e}");
+        let e = yaml("nodez:\n  - name: a\n").expect_err("no nodes list");
+        assert!(e.message.contains("nodez"), "{e}");
+        let e = yaml("nodes: 3\n").expect_err("not a list");
+        assert!(e.to_string().starts_with("nodes.yaml:"), "{e}");
     }
 
     #[test]
-    fn bad_addresses_name_line_and_field() {
-        let e =
-            yaml("nodes:\n  - name: a\n    node-ip: 198.18.0.300\n    health-ip: 198.18.64.2\n")
-                .expect_err("bad");
-        assert_eq!(e.line, Some(3), "{e}");
-        assert!(
-            e.message.contains("node-ip") && e.message.contains("invalid IPv4 address"),
-            "{e}"
+    fn bad_addresses_reject_the_record_naming_line_name_and_field() {
+        let v = yaml(&around(
+            "  - name: bad\n    node-ip: 198.18.0.300\n    health-ip: 198.18.65.2\n",
+        ))
+        .expect("parses");
+        assert_eq!(
+            outcome(&v),
+            (
+                vec!["node-1".to_owned(), "node-3".to_owned()],
+                vec![
+                    "nodes.yaml:5: node \"bad\": field `node-ip`: invalid IPv4 address \"198.18.0.300\""
+                        .to_owned()
+                ]
+            )
         );
-        let e = yaml("nodes:\n  - name: a\n    node-ip: 0.0.0.0\n    health-ip: 198.18.64.2\n")
-            .expect_err("bad");
-        assert!(e.message.contains("`node-ip`"), "{e}");
-        let e =
-            yaml("nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-cidr: 198.18.64.1/24\n")
-                .expect_err("bad");
-        assert!(e.message.contains("198.18.64.1/24"), "{e}");
+        for (record, needle) in [
+            (
+                "  - name: bad\n    node-ip: 0.0.0.0\n    health-ip: 198.18.65.2\n",
+                "node-ip 0.0.0.0 is unspecified (0.0.0.0/8), not a node address",
+            ),
+            (
+                "  - name: bad\n    node-ip: 127.0.0.1\n    health-ip: 198.18.65.2\n",
+                "node-ip 127.0.0.1 is loopback (127.0.0.0/8), not a node address",
+            ),
+            (
+                "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 169.254.0.2\n",
+                "health-ip 169.254.0.2 is link-local",
+            ),
+            (
+                "  - name: bad\n    node-ip: 224.0.0.5\n    health-ip: 198.18.65.2\n",
+                "node-ip 224.0.0.5 is multicast",
+            ),
+            (
+                "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 255.255.255.255\n",
+                "health-ip 255.255.255.255 is the limited broadcast address",
+            ),
+            (
+                "  - name: bad\n    node-ip: 250.1.2.3\n    health-ip: 198.18.65.2\n",
+                "node-ip 250.1.2.3 is reserved (240.0.0.0/4)",
+            ),
+            (
+                "  - name: bad\n    node-ip: 198.18.0.12\n    health-cidr: 198.18.65.1/24\n",
+                "field `health-cidr`: invalid CIDR \"198.18.65.1/24\"",
+            ),
+            (
+                "  - name: bad\n    node-ip: 198.18.0.12\n    health-cidr: 198.18.65.0/31\n",
+                "198.18.65.0/31 has no usable address",
+            ),
+            (
+                "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 198.18.64.9\n",
+                "health-ip 198.18.64.9 is inside this node's health CIDR 198.18.64.0/24",
+            ),
+        ] {
+            let (kept, rejected) = outcome(&yaml(&around(record)).expect("parses"));
+            assert_eq!(kept, ["node-1", "node-3"], "{record}");
+            assert_eq!(rejected.len(), 1, "{rejected:?}");
+            assert!(
+                rejected[0].starts_with("nodes.yaml:5: node \"bad\": ")
+                    && rejected[0].contains(needle),
+                "{} lacks {needle:?}",
+                rejected[0]
+            );
+        }
     }
 
     #[test]
-    fn duplicates_and_missing_fields_are_named() {
-        let dup = "nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-ip: 198.18.64.2\n  - name: a\n    node-ip: 198.18.0.2\n    health-ip: 198.18.65.2\n";
-        let e = yaml(dup).expect_err("duplicate");
-        assert_eq!(e.line, Some(5), "{e}");
-        assert!(e.message.contains("duplicate node \"a\""), "{e}");
-        let e = yaml("nodes:\n  - name: b\n    node-ip: 198.18.0.1\n").expect_err("missing");
-        assert!(e.message.contains("health-ip"), "{e}");
-        let e = yaml("nodes:\n  - name: b\n    node-ip: 198.18.0.1\n    health-ip: 198.18.64.2\n    colour: red\n").expect_err("unknown");
-        assert!(e.message.contains("colour"), "{e}");
+    fn this_nodes_own_record_may_sit_in_its_health_cidr() {
+        let v = good(YAML);
+        assert_eq!(
+            v.get("node-1").map(|n| n.health_ip),
+            Some(Ipv4Addr::new(198, 18, 64, 2))
+        );
+    }
+
+    #[test]
+    fn missing_unknown_and_mistyped_fields_reject_the_record() {
+        for (record, needle) in [
+            (
+                "  - name: bad\n    node-ip: 198.18.0.12\n",
+                "missing field `health-ip` (or `health-cidr`)",
+            ),
+            (
+                "  - name: bad\n    health-ip: 198.18.65.2\n",
+                "missing field `node-ip`",
+            ),
+            (
+                "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n    colour: red\n",
+                "unknown field `colour`",
+            ),
+            (
+                "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n    health-cidr: 198.18.65.0/24\n",
+                "give `health-ip` or `health-cidr`, not both",
+            ),
+            (
+                "  - name: bad\n    node-ip: 5\n    health-ip: 198.18.65.2\n",
+                "field `node-ip`: expected a string, found number `5`",
+            ),
+            (
+                "  - name: \"\"\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n",
+                "the name is empty",
+            ),
+        ] {
+            let (kept, rejected) = outcome(&yaml(&around(record)).expect("parses"));
+            assert_eq!(kept, ["node-1", "node-3"], "{record}");
+            assert_eq!(rejected.len(), 1, "{rejected:?}");
+            assert!(
+                rejected[0].starts_with("nodes.yaml:5: node "),
+                "{}",
+                rejected[0]
+            );
+            assert!(
+                rejected[0].contains(needle),
+                "{} lacks {needle:?}",
+                rejected[0]
+            );
+        }
+        // Without a name (or not a string), the record is named by its number.
+        for record in [
+            "  - node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n",
+            "  - name: [x]\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n",
+            "  - just a string\n",
+        ] {
+            let (kept, rejected) = outcome(&yaml(&around(record)).expect("parses"));
+            assert_eq!(kept, ["node-1", "node-3"], "{record}");
+            assert!(
+                rejected[0].starts_with("nodes.yaml: node #2: "),
+                "{}",
+                rejected[0]
+            );
+        }
+    }
+
+    #[test]
+    fn bad_names_reject_the_record() {
+        for (name, needle) in [
+            ("\"a b\"", "the name \"a b\" is not a node name"),
+            ("a/b", "the name \"a/b\" is not a node name"),
+            ("-x", "the name \"-x\" is not a node name"),
+        ] {
+            let record =
+                format!("  - name: {name}\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n");
+            let (kept, rejected) = outcome(&yaml(&around(&record)).expect("parses"));
+            assert_eq!(kept, ["node-1", "node-3"]);
+            assert!(
+                rejected[0].starts_with("nodes.yaml:5: node "),
+                "{}",
+                rejected[0]
+            );
+            assert!(
+                rejected[0].contains(needle),
+                "{} lacks {needle:?}",
+                rejected[0]
+            );
+        }
+        let long = "n".repeat(254);
+        let record =
+            format!("  - name: {long}\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n");
+        let (_, rejected) = outcome(&yaml(&around(&record)).expect("parses"));
+        assert!(
+            rejected[0].ends_with("the name is 254 bytes long, more than 253"),
+            "{}",
+            rejected[0]
+        );
+    }
+
+    #[test]
+    fn conflicts_keep_the_first_record_and_name_both() {
+        let text = "nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-ip: 198.18.65.2\n  - name: a\n    node-ip: 198.18.0.2\n    health-ip: 198.18.66.2\n  - name: b\n    node-ip: 198.18.0.1\n    health-ip: 198.18.67.2\n  - name: c\n    node-ip: 198.18.0.3\n    health-ip: 198.18.0.1\n  - name: d\n    node-ip: 198.18.0.4\n    health-ip: 198.18.68.2\n";
+        let v = yaml(text).expect("parses");
+        assert_eq!(
+            outcome(&v),
+            (
+                vec!["a".to_owned(), "d".to_owned()],
+                vec![
+                    "nodes.yaml:5: node \"a\": duplicate name \"a\": node \"a\" at nodes.yaml:2 has it and is kept".to_owned(),
+                    "nodes.yaml:8: node \"b\": node-ip 198.18.0.1 is already the node-ip of node \"a\" at nodes.yaml:2, which is kept".to_owned(),
+                    "nodes.yaml:11: node \"c\": health-ip 198.18.0.1 is already the node-ip of node \"a\" at nodes.yaml:2, which is kept".to_owned(),
+                ]
+            )
+        );
+        assert_eq!(
+            v.nodes.get("a").map(|n| n.node_ip),
+            Some(Ipv4Addr::new(198, 18, 0, 1)),
+            "the first a"
+        );
+    }
+
+    #[test]
+    fn json_and_flow_yaml_records_are_found_by_line() {
+        let v = json(
+            "{\"nodes\": [\n  {\"name\": \"node-1\", \"node-ip\": \"198.18.0.11\", \"health-ip\": \"198.18.64.2\"},\n  {\"name\": \"bad\", \"node-ip\": \"127.0.0.1\", \"health-ip\": \"198.18.65.2\"},\n  {\"node-ip\": \"198.18.0.13\", \"name\": \"bad\", \"health-ip\": \"198.18.66.2\"}\n]}\n",
+        )
+        .expect("parses");
+        let (kept, rejected) = outcome(&v);
+        assert_eq!(kept, ["bad", "node-1"], "the second bad is good");
+        assert!(
+            rejected[0].starts_with("nodes.json:3: node \"bad\": node-ip 127.0.0.1 is loopback"),
+            "{rejected:?}"
+        );
+        let v = yaml("nodes:\n- {name: node-1, node-ip: 198.18.0.11, health-ip: 198.18.64.2}\n# name: x\n- {node-ip: 198.18.0.12, 'name': 'x', health-ip: 169.254.1.1}  # a comment\n")
+            .expect("parses");
+        let (_, rejected) = outcome(&v);
+        assert!(
+            rejected[0].starts_with("nodes.yaml:4: node \"x\": health-ip 169.254.1.1"),
+            "{rejected:?}"
+        );
+    }
+
+    #[test]
+    fn name_lines_find_keys_not_values() {
+        let text = "nodes:\n  - name: a  # first\n    node-name: x\n    hostname: y\n  - {\"name\" : \"b\", other: 1}\n  - {nickname: z, name: c}\n";
+        let lines = name_lines(text);
+        let get = |n: &str| lines.get(n).map(|l| l.iter().copied().collect::<Vec<_>>());
+        assert_eq!(get("a"), Some(vec![2]));
+        assert_eq!(get("b"), Some(vec![5]));
+        assert_eq!(get("c"), Some(vec![6]));
+        assert_eq!(lines.len(), 3, "{lines:?}");
+    }
+
+    #[test]
+    fn ten_thousand_records_parse_in_one_pass() {
+        let mut text = String::from("nodes:\n");
+        for k in 0..10_000u32 {
+            let node = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + k);
+            let health = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + k);
+            let _ = write!(
+                text,
+                "  - name: peer-{k:05}\n    node-ip: {node}\n    health-ip: {health}\n"
+            );
+        }
+        text.push_str("  - name: peer-00001\n    node-ip: 198.18.0.1\n    health-ip: 198.18.0.2\n");
+        let started = std::time::Instant::now();
+        let v = yaml(&text).expect("parses");
+        assert_eq!(v.nodes.len(), 10_000);
+        assert_eq!(v.rejected.len(), 1);
+        assert!(
+            v.rejected[0]
+                .to_string()
+                .starts_with("nodes.yaml:30002: node \"peer-00001\": duplicate name"),
+            "{}",
+            v.rejected[0]
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

@@ -8,7 +8,11 @@ use health_common::ct::CtConfig;
 use tracing::info;
 
 use crate::{
-    cluster::{NodeSet, etcd::EtcdConfig, nodes_file, sync},
+    cluster::{
+        etcd::EtcdConfig,
+        nodes_file, sync,
+        validate::{LocalNode, Validated},
+    },
     datapath::{
         AttachMode,
         masquerade::{self, Masquerade, MasqueradeError, PortRange},
@@ -60,6 +64,8 @@ pub struct DatapathSettings {
     pub gc_interval: Duration,
     /// Masquerade mode (`None`: routed).
     pub masquerade: Option<MasqueradeFlags>,
+    /// Sizes of the maps that grow with the cluster.
+    pub map_sizes: health_common::maps::MapSizes,
 }
 
 /// Masquerade as asked; the node IP and uplink are found at start.
@@ -105,28 +111,36 @@ pub enum ConfigError {
 /// What is found on the node at start.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    /// The nodes file's set (empty with etcd, until it answers).
-    pub initial_nodes: NodeSet,
+    /// The nodes file's set and its rejected records (empty with etcd,
+    /// until it answers).
+    pub initial_nodes: Validated,
     /// `--node-ip`, or this node's entry in the nodes file.
     pub node_ip: Option<Ipv4Addr>,
     pub masquerade: Option<Masquerade>,
 }
 
 impl DaemonConfig {
-    /// Reads the nodes file and checks masquerade against the node: a bad
-    /// file or flag fails here, before anything is created, naming it.
+    /// Reads the nodes file and checks masquerade against the node: a file
+    /// that does not parse, or a bad flag, fails here, before anything is
+    /// created, naming it (bad records of a file that parses are rejected
+    /// one by one, and the agent starts with the others).
     pub fn resolve(&self) -> Result<Resolved, ConfigError> {
         let initial_nodes = match &self.discovery {
             Discovery::File(path) => {
-                let nodes = nodes_file::load(path)?;
-                info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
-                nodes
+                let update = nodes_file::load(path, &self.local_node())?;
+                info!(
+                    path = %path.display(),
+                    nodes = update.nodes.len(),
+                    rejected = update.rejected.len(),
+                    "nodes file loaded"
+                );
+                update
             }
-            Discovery::Etcd(_) | Discovery::None => NodeSet::default(),
+            Discovery::Etcd(_) | Discovery::None => Validated::default(),
         };
         let node_ip = self
             .node_ip
-            .or_else(|| initial_nodes.get(&self.node_name).map(|n| n.node_ip));
+            .or_else(|| initial_nodes.nodes.get(&self.node_name).map(|n| n.node_ip));
         let masquerade = match &self.datapath.masquerade {
             None => None,
             Some(flags) => {
@@ -149,6 +163,17 @@ impl DaemonConfig {
             node_ip,
             masquerade,
         })
+    }
+
+    /// This node, as node records are validated against it: its own record
+    /// is exempt from the rule that no peer's address is inside its health
+    /// CIDR.
+    #[must_use]
+    pub fn local_node(&self) -> LocalNode {
+        LocalNode {
+            name: Some(self.node_name.clone()),
+            health_cidr: Some(self.endpoint.cidr),
+        }
     }
 
     /// How the node set's source is named in `GET /v1/nodes`.

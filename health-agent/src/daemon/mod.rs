@@ -172,6 +172,7 @@ fn datapath_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> DatapathC
         gc_interval: cfg.datapath.gc_interval,
         probe_timeout: cfg.probe.timeout,
         keep_pins: cfg.endpoint.keep,
+        map_sizes: cfg.datapath.map_sizes,
     }
 }
 
@@ -186,6 +187,7 @@ fn endpoint_config(cfg: &DaemonConfig) -> EndpointConfig {
         pin_dir: cfg.pin_dir.clone(),
         mode: e.mode,
         keep: e.keep,
+        map_sizes: cfg.datapath.map_sizes,
     }
 }
 
@@ -225,6 +227,7 @@ fn node_source(
         Discovery::File(path) => NodeSource::File {
             path: path.clone(),
             poll: Duration::from_millis(500),
+            local: cfg.local_node(),
         },
         Discovery::Etcd(etcd) => {
             let node_ip = match resolved.node_ip {
@@ -243,6 +246,7 @@ fn node_source(
             NodeSource::Etcd {
                 cfg: etcd.clone(),
                 me,
+                local: cfg.local_node(),
                 registration: Registration::default(),
             }
         }

@@ -16,12 +16,14 @@ use aya::{
 };
 use health_common::{
     ct::CtConfig,
-    maps::{EchoConfig, MapId, PIN_LAYOUT_VERSION, ProgId, ProgKind},
+    maps::{EchoConfig, MapId, MapSizes, PIN_LAYOUT_VERSION, ProgId, ProgKind},
     nat::NatConfig,
 };
 use tracing::{debug, info, warn};
 
-use super::{AttachMode, DatapathError, EchoStats, Interface, object::HEALTH_EBPF, pins, stats};
+use super::{
+    AttachMode, DatapathError, EchoStats, Interface, carry, object::HEALTH_EBPF, pins, stats,
+};
 
 /// The loaded kernel object. Dropping it detaches every program it attached;
 /// the pinned maps stay (their counters survive restarts) until
@@ -48,9 +50,21 @@ impl Datapath {
     /// upgrade that changes a map never keeps the agent from starting. The
     /// layout version is recorded in [`MapId::PinLayout`].
     pub fn load_programs(pin_dir: &Path, programs: &[ProgId]) -> Result<Self, DatapathError> {
+        Self::load_sized(pin_dir, programs, &MapSizes::DEFAULT)
+    }
+
+    /// [`Self::load_programs`] with the maps that grow with the cluster
+    /// sized by `sizes`. Every user of one pin directory must pass the
+    /// same sizes: a pinned map of another size is replaced (its entries
+    /// carried over as far as they fit).
+    pub fn load_sized(
+        pin_dir: &Path,
+        programs: &[ProgId],
+        sizes: &MapSizes,
+    ) -> Result<Self, DatapathError> {
         pins::ensure_pin_dir(pin_dir)?;
         pins::report_layout(pin_dir);
-        let mut ebpf = load_object(pin_dir)?;
+        let mut ebpf = load_object(pin_dir, sizes)?;
         for &id in programs {
             let loaded = match id.kind() {
                 ProgKind::Xdp => program::<Xdp>(&mut ebpf, id)?.load(),
@@ -262,20 +276,41 @@ impl Datapath {
 }
 
 /// The object with its maps created or taken from the pins. A pin whose
-/// layout differs is replaced, once per map at most.
-fn load_object(pin_dir: &Path) -> Result<Ebpf, DatapathError> {
+/// layout differs is replaced, once per map at most, its entries carried
+/// into the new map where their layout allows.
+fn load_object(pin_dir: &Path, sizes: &MapSizes) -> Result<Ebpf, DatapathError> {
     let log_level = kernel_log_level();
     let mut replaced = Vec::new();
+    let mut carried = Vec::new();
     loop {
-        let loaded = EbpfLoader::new()
-            .default_map_pin_directory(pin_dir)
-            .override_global(aya_log::LEVEL, &log_level, false)
-            .load(HEALTH_EBPF);
-        let err = match loaded {
-            Ok(ebpf) => return Ok(ebpf),
+        let mut loader = EbpfLoader::new();
+        loader.default_map_pin_directory(pin_dir).override_global(
+            aya_log::LEVEL,
+            &log_level,
+            false,
+        );
+        for id in MapId::ALL {
+            if let Some(n) = sizes.max_entries(id) {
+                loader.map_max_entries(id.name(), n);
+            }
+        }
+        let err = match loader.load(HEALTH_EBPF) {
+            Ok(mut ebpf) => {
+                restore(&mut ebpf, carried);
+                return Ok(ebpf);
+            }
             Err(err) if replaced.len() < MapId::ALL.len() => err,
             Err(err) => return Err(object_error(pin_dir, err)),
         };
+        if let aya::EbpfError::MapError(aya::maps::MapError::IncompatiblePinnedMap { name, .. }) =
+            &err
+            && let Some(id) = MapId::from_name(name)
+        {
+            match carry::save(pin_dir, id) {
+                Ok(saved) => carried.push((id, saved)),
+                Err(why) => info!(map = %name, "entries not carried over: {why}"),
+            }
+        }
         match pins::replace_incompatible(pin_dir, err) {
             Ok(name) if !replaced.contains(&name) => replaced.push(name),
             Ok(name) => {
@@ -285,6 +320,23 @@ fn load_object(pin_dir: &Path) -> Result<Ebpf, DatapathError> {
                 });
             }
             Err(err) => return Err(object_error(pin_dir, err)),
+        }
+    }
+}
+
+/// Writes the entries saved from replaced pins into their new maps.
+fn restore(ebpf: &mut Ebpf, carried: Vec<(MapId, carry::Saved)>) {
+    for (id, saved) in carried {
+        match carry::restore(ebpf, id, saved) {
+            Ok((kept, 0)) => info!(
+                map = id.name(),
+                kept, "entries carried over into the new map"
+            ),
+            Ok((kept, lost)) => warn!(
+                map = id.name(),
+                kept, lost, "entries carried over; the new map is smaller and some did not fit"
+            ),
+            Err(e) => warn!(map = id.name(), "entries not carried over: {e}"),
         }
     }
 }

@@ -8,12 +8,15 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use health_common::{ct::CtConfig, maps::ProgId};
+use health_common::{
+    ct::CtConfig,
+    maps::{MapSizes, ProgId},
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    Datapath, DatapathError, Interface, ct, masquerade::Masquerade, nat, remove_pins, rtt,
+    Datapath, DatapathError, Interface, ct, maps, masquerade::Masquerade, nat, remove_pins, rtt,
 };
 
 use crate::{
@@ -36,6 +39,46 @@ pub struct DatapathConfig {
     pub probe_timeout: Duration,
     /// On shutdown, leave the pins for the next agent.
     pub keep_pins: bool,
+    /// Sizes of the maps that grow with the cluster (`--max-peers`,
+    /// `--ct-map-size`, `--nat-map-size`); the endpoint loads with the same.
+    pub map_sizes: MapSizes,
+}
+
+/// A map is said to be under pressure above this share of its entries,
+/// once, and again only after it fell below [`PRESSURE_CLEAR`].
+pub const PRESSURE_WARN: f64 = 0.9;
+pub const PRESSURE_CLEAR: f64 = 0.8;
+
+/// Which maps were last said to be under pressure.
+#[derive(Debug, Default)]
+pub struct Pressure {
+    warned: Vec<String>,
+}
+
+impl Pressure {
+    /// Warns once for each map of `rows` that went above
+    /// [`PRESSURE_WARN`]; returns the names newly warned about.
+    pub fn check(&mut self, rows: &[maps::MapRow]) -> Vec<String> {
+        let mut new = Vec::new();
+        for row in rows {
+            let warned = self.warned.contains(&row.name);
+            if row.pressure > PRESSURE_WARN && !warned {
+                warn!(
+                    map = %row.name,
+                    entries = row.entries,
+                    max_entries = row.max_entries,
+                    "map is over {:.0} % full: raise --max-peers (RTT maps) or --ct-map-size / --nat-map-size",
+                    PRESSURE_WARN * 100.0
+                );
+                self.warned.push(row.name.clone());
+                new.push(row.name.clone());
+            } else if row.pressure < PRESSURE_CLEAR && warned {
+                info!(map = %row.name, "map pressure is back under {:.0} %", PRESSURE_CLEAR * 100.0);
+                self.warned.retain(|n| n != &row.name);
+            }
+        }
+        new
+    }
 }
 
 /// Removes the pins under its directory when dropped (the agent's end,
@@ -60,6 +103,7 @@ impl Drop for PinsGuard {
 struct Node {
     datapath: Datapath,
     uplink_index: Option<u32>,
+    pressure: Pressure,
 }
 
 /// Runs until `shutdown`; `ready` is called once the configuration is
@@ -113,7 +157,7 @@ fn set_up(cfg: &DatapathConfig) -> Result<Node, DatapathError> {
     } else {
         &[]
     };
-    let mut datapath = Datapath::load_programs(&cfg.pin_dir, programs)?;
+    let mut datapath = Datapath::load_sized(&cfg.pin_dir, programs, &cfg.map_sizes)?;
     datapath.set_ct_config(cfg.ct)?;
     // Always written: pins reused from a masquerading run must not keep
     // translating after a switch to routed mode.
@@ -133,6 +177,7 @@ fn set_up(cfg: &DatapathConfig) -> Result<Node, DatapathError> {
     Ok(Node {
         datapath,
         uplink_index,
+        pressure: Pressure::default(),
     })
 }
 
@@ -147,6 +192,15 @@ fn uplink_index(name: &str) -> Option<u32> {
 /// One maintenance pass: masquerade still on the uplink, then the
 /// collectors and the sweep (failures are logged; the next pass retries).
 fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
+    let mut node = maintain_maps(cfg, node)?;
+    match maps::list(node.datapath.pin_dir()) {
+        Ok(rows) => drop(node.pressure.check(&rows)),
+        Err(e) => warn!("reading map pressure: {}", chain(&e)),
+    }
+    Ok(node)
+}
+
+fn maintain_maps(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
     let node = match &cfg.masquerade {
         Some(m) if uplink_index(&m.uplink) != node.uplink_index => {
             warn!(uplink = %m.uplink, "the uplink was recreated: attaching masquerade again");
@@ -172,4 +226,40 @@ fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
         }
     }
     Ok(node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(entries: u64) -> maps::MapRow {
+        maps::MapRow {
+            name: "CT_MAP".into(),
+            kind: "lru_hash".into(),
+            entries,
+            max_entries: 100,
+            #[allow(clippy::cast_precision_loss, reason = "small test counts")]
+            pressure: entries as f64 / 100.0,
+        }
+    }
+
+    #[test]
+    fn pressure_is_said_once_and_again_only_after_it_eased() {
+        let mut p = Pressure::default();
+        assert_eq!(p.check(&[row(50)]), Vec::<String>::new());
+        assert_eq!(p.check(&[row(95)]), ["CT_MAP"]);
+        assert_eq!(p.check(&[row(99)]), Vec::<String>::new(), "not repeated");
+        assert_eq!(
+            p.check(&[row(85)]),
+            Vec::<String>::new(),
+            "still above the clear mark"
+        );
+        assert_eq!(
+            p.check(&[row(92)]),
+            Vec::<String>::new(),
+            "not re-armed yet"
+        );
+        assert_eq!(p.check(&[row(10)]), Vec::<String>::new());
+        assert_eq!(p.check(&[row(91)]), ["CT_MAP"], "re-armed below 80 %");
+    }
 }

@@ -12,6 +12,7 @@
 //! - [`maintenance`] is the node's long-lived datapath task: masquerade on
 //!   the uplink, the CT and NAT collectors, the RTT loss sweep.
 
+mod carry;
 pub mod ct;
 mod echo_target;
 mod error;

@@ -105,7 +105,7 @@ pub(super) fn report_layout(dir: &Path) {
 
 /// When `err` is aya refusing to reuse a pinned map whose layout differs
 /// from the object's, removes that pin (the map is made anew on the next
-/// load, empty) and returns its name; any other error is handed back.
+/// load) and returns its name; any other error is handed back.
 pub(super) fn replace_incompatible(dir: &Path, err: EbpfError) -> Result<String, EbpfError> {
     let EbpfError::MapError(MapError::IncompatiblePinnedMap {
         name,
@@ -121,7 +121,7 @@ pub(super) fn replace_incompatible(dir: &Path, err: EbpfError) -> Result<String,
         property,
         expected,
         actual,
-        "pinned map has another layout: replacing it, its entries are reset"
+        "pinned map has another layout or size: replacing it"
     );
     match fs::remove_file(dir.join(&name)) {
         Ok(()) => Ok(name),

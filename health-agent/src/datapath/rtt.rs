@@ -189,3 +189,36 @@ pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
     }
     Ok(n)
 }
+
+/// Removes the RTT statistics and loss counters of every peer address
+/// `keep` refuses (peers that left the cluster); returns how many keys went.
+pub fn prune(dir: &Path, keep: impl Fn(Ipv4Addr) -> bool) -> Result<u64, DatapathError> {
+    let mut removed = 0;
+    let mut stats_map = open(dir, MapId::RttStats)?;
+    let mut stats =
+        PerCpuHashMap::<_, RttKey, RttStats>::try_from(&mut stats_map).map_err(stats_map_err)?;
+    let gone: Vec<RttKey> = stats
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !keep(Ipv4Addr::from(k.peer)))
+        .collect();
+    for k in gone {
+        removed += u64::from(stats.remove(&k).is_ok());
+    }
+    let mut losses_map = open(dir, MapId::RttLosses)?;
+    let mut losses = HashMap::<_, RttKey, u64>::try_from(&mut losses_map).map_err(|source| {
+        DatapathError::Map {
+            map: MapId::RttLosses,
+            source,
+        }
+    })?;
+    let gone: Vec<RttKey> = losses
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !keep(Ipv4Addr::from(k.peer)))
+        .collect();
+    for k in gone {
+        removed += u64::from(losses.remove(&k).is_ok());
+    }
+    Ok(removed)
+}

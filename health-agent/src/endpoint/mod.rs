@@ -48,6 +48,9 @@ pub struct EndpointConfig {
     pub mode: AttachMode,
     /// On shutdown, leave namespace, veth and record for the next agent.
     pub keep: bool,
+    /// Sizes of the shared maps (the node's datapath task loads with the
+    /// same, so neither replaces the other's pins).
+    pub map_sizes: health_common::maps::MapSizes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -225,7 +228,7 @@ impl Endpoint {
             AttachMode::XdpNative => &[ProgId::EchoXdp, ProgId::XdpPass][..],
             AttachMode::XdpGeneric => &[ProgId::EchoXdp][..],
         });
-        let mut d = Datapath::load_programs(&self.cfg.pin_dir, &programs)?;
+        let mut d = Datapath::load_sized(&self.cfg.pin_dir, &programs, &self.cfg.map_sizes)?;
         let iface = Interface::new(self.cfg.ep_iface.clone(), Some(self.plan.netns.clone()));
         d.set_echo_target(&iface, self.record.ipv4)?;
         let peer = Interface::new(self.cfg.host_iface.clone(), None);

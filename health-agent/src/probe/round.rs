@@ -169,8 +169,14 @@ impl Prober {
     /// are forgotten, new ones start Unknown, and the published status
     /// shows the new set at once.
     pub fn set_nodes(&self, nodes: NodeSet) {
+        let mut left = false;
         if let Ok(mut paths) = self.paths.lock() {
+            let before = paths.len();
             paths.retain(|name, _| nodes.contains(name));
+            left = paths.len() < before;
+        }
+        if left && let Some(dir) = self.cfg.kernel_rtt.clone() {
+            prune_kernel_rtt(dir, &nodes);
         }
         if let Ok(mut n) = self.nodes.write() {
             *n = nodes;
@@ -449,6 +455,23 @@ impl Prober {
 }
 
 /// Both addresses of every node: node IP at `2i`, health IP at `2i + 1`.
+/// Removes the kernel's RTT entries of peers no longer in `nodes`, off the
+/// caller's thread (it walks the RTT maps).
+fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
+    let keep: std::collections::HashSet<Ipv4Addr> = targets(nodes).into_iter().collect();
+    let work = move || match crate::datapath::rtt::prune(&dir, |ip| keep.contains(&ip)) {
+        Ok(removed) => tracing::debug!(removed, "kernel RTT entries of departed peers removed"),
+        Err(e) => tracing::warn!(
+            "removing kernel RTT entries of departed peers: {}",
+            crate::util::errors::chain(&e)
+        ),
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(work)),
+        Err(_) => work(),
+    }
+}
+
 fn targets(nodes: &[Node]) -> Vec<Ipv4Addr> {
     nodes
         .iter()

@@ -3,11 +3,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, LruHashMap, LruPerCpuHashMap, PerCpuArray},
 };
 use health_common::{
     ct::{CtConfig, CtCounter, CtEntry, CtKey},
-    maps::{EchoConfig, EchoCounter},
+    maps::{EchoConfig, EchoCounter, MapSizes},
     nat::{NatConfig, NatCounter, NatEntry, NatKey},
     rtt::{PendingKey, RttKey, RttStats},
 };
@@ -21,9 +21,14 @@ pub static ECHO_STATS: PerCpuArray<u64> = PerCpuArray::pinned(EchoCounter::COUNT
 #[map]
 pub static ECHO_CONFIG: Array<EchoConfig> = Array::pinned(1, 0);
 
+/// Sizes declared here are the defaults; the loader sizes every map that
+/// grows with the cluster from the agent's flags (`MapSizes`).
+const SIZES: MapSizes = MapSizes::DEFAULT;
+const RTT_KEYS: u32 = SIZES.max_peers * MapSizes::RTT_KEYS_PER_PEER;
+
 /// Connection tracking entries (LRU: the oldest go first when full).
 #[map]
-pub static CT_MAP: LruHashMap<CtKey, CtEntry> = LruHashMap::pinned(65_536, 0);
+pub static CT_MAP: LruHashMap<CtKey, CtEntry> = LruHashMap::pinned(SIZES.ct, 0);
 
 /// Lifetimes, set by the agent.
 #[map]
@@ -35,21 +40,22 @@ pub static CT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(CtCounter::COUNT, 0)
 
 /// Requests waiting for their reply: timestamp (ns) of the request.
 #[map]
-pub static RTT_PENDING: LruHashMap<PendingKey, u64> = LruHashMap::pinned(16_384, 0);
+pub static RTT_PENDING: LruHashMap<PendingKey, u64> = LruHashMap::pinned(RTT_KEYS, 0);
 
-/// Per peer and protocol RTT statistics, per CPU.
+/// Per peer and protocol RTT statistics, per CPU (LRU: a peer never seen
+/// again goes first; the agent also removes peers that left the cluster).
 #[map]
-pub static RTT_STATS: PerCpuHashMap<RttKey, RttStats> = PerCpuHashMap::pinned(4_096, 0);
+pub static RTT_STATS: LruPerCpuHashMap<RttKey, RttStats> = LruPerCpuHashMap::pinned(RTT_KEYS, 0);
 
 /// Unanswered requests per peer and protocol, counted by the agent's sweep.
 #[map]
-pub static RTT_LOSSES: HashMap<RttKey, u64> = HashMap::pinned(4_096, 0);
+pub static RTT_LOSSES: LruHashMap<RttKey, u64> = LruHashMap::pinned(RTT_KEYS, 0);
 
 /// Masquerade pairs (`OUT` and `IN` halves of each flow; LRU like Cilium's
 /// SNAT table: a full table evicts the least recently used pair, and the
 /// egress program restores an evicted reverse half on the next packet).
 #[map]
-pub static NAT_MAP: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(65_536, 0);
+pub static NAT_MAP: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(SIZES.nat, 0);
 
 /// Masquerade settings, set by the agent (all zero: off).
 #[map]

@@ -7,7 +7,7 @@ use health_agent::api::types::NodesView;
 
 use health_agent::probe::{path::ProbeResult, status::ClusterStatus};
 use health_tests::{
-    cluster::{Cluster, Settings},
+    cluster::{Cluster, Settings, nodes_yaml},
     faults::DropIcmp,
 };
 
@@ -152,19 +152,14 @@ fn nodes_file_edits_add_and_remove_peers_and_bad_edits_keep_the_last_good_set() 
             .expect("status");
         serde_json::from_slice(&out.stdout).expect("json")
     };
+    // A file that does not parse as a whole (bad records alone are
+    // rejected one by one: see the next test).
     for (bad, needle) in [
         (
             good.replace("node-ip: 198.18.0.12", "node-ip: [198.18"),
             "nodes.yaml:",
         ),
-        (
-            good.replace("name: node-3", "name: node-2"),
-            "duplicate node \"node-2\"",
-        ),
-        (
-            good.replace("node-ip: 198.18.0.13", "node-ip: 198.18.0.300"),
-            "node-ip",
-        ),
+        (good.replace("nodes:", "nodez:"), "unknown field `nodez`"),
     ] {
         std::fs::write(&cluster.nodes_file, &bad).expect("write");
         let view = wait_nodes_error(&cluster, needle);
@@ -175,6 +170,123 @@ fn nodes_file_edits_add_and_remove_peers_and_bad_edits_keep_the_last_good_set() 
         );
     }
     std::fs::write(&cluster.nodes_file, &good).expect("restore");
+}
+
+#[test]
+fn bad_records_in_the_nodes_file_are_rejected_alone_and_named_on_the_api() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 3,
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    // Three good records (lines 2-10), then three bad ones.
+    let mut yaml = nodes_yaml(3);
+    yaml.push_str("  - name: bad-loopback\n    node-ip: 127.0.0.1\n    health-ip: 198.18.90.2\n");
+    yaml.push_str("  - name: node-2\n    node-ip: 198.18.0.99\n    health-ip: 198.18.91.2\n");
+    // Inside node-1's own health CIDR (198.18.64.0/24).
+    yaml.push_str("  - name: inside\n    node-ip: 198.18.0.98\n    health-ip: 198.18.64.77\n");
+    let edited = now_ms();
+    cluster.write_nodes_text(&yaml);
+
+    let view = wait_nodes(&cluster, |v| v.rejected_total == 3);
+    assert!(view.error.is_none(), "the file was taken: {view:?}");
+    assert_eq!(
+        view.nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect::<Vec<_>>(),
+        ["node-1", "node-2", "node-3"],
+        "the good records are kept, the first node-2 among them"
+    );
+    assert_eq!(
+        view.nodes.get("node-2").map(|n| n.node_ip.to_string()),
+        Some("198.18.0.12".into())
+    );
+    let file = cluster.nodes_file.display().to_string();
+    let got: Vec<(String, Option<&str>, &str)> = view
+        .rejected
+        .iter()
+        .map(|r| (r.record.clone(), r.name.as_deref(), r.reason.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                format!("{file}:11"),
+                Some("bad-loopback"),
+                "node-ip 127.0.0.1 is loopback (127.0.0.0/8), not a node address",
+            ),
+            (
+                format!("{file}:14"),
+                Some("node-2"),
+                &*format!(
+                    "duplicate name \"node-2\": node \"node-2\" at {file}:5 has it and is kept"
+                ),
+            ),
+            (
+                format!("{file}:17"),
+                Some("inside"),
+                "health-ip 198.18.64.77 is inside this node's health CIDR 198.18.64.0/24",
+            ),
+        ]
+    );
+
+    // Probing goes on over the good ones: a round started after the edit.
+    let s = cluster.wait_status(0, Duration::from_secs(10), |s| {
+        s.round.as_ref().is_some_and(|r| r.started_ms > edited)
+    });
+    assert_eq!(
+        s.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        ["node-1", "node-2", "node-3"]
+    );
+    assert_eq!(s.reachable(), 3, "{s:#?}");
+
+    // One warning for the update, naming the count and the first records.
+    let log = cluster.nodes[0].log();
+    assert_eq!(
+        log.matches("node records rejected").count(),
+        1,
+        "one summarised warning:\n{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "3 node records rejected, 3 in use: {file}:11: node \"bad-loopback\": node-ip 127.0.0.1 is loopback"
+        )),
+        "{log}"
+    );
+
+    // The bad records removed: nothing is rejected any more.
+    cluster.write_nodes_file(3);
+    let view = wait_nodes(&cluster, |v| v.rejected_total == 0);
+    assert!(view.rejected.is_empty(), "{view:?}");
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Polls `GET /v1/nodes` of node-1 until `accept` holds.
+fn wait_nodes(cluster: &Cluster, accept: impl Fn(&NodesView) -> bool) -> NodesView {
+    let socket = cluster.nodes[0].socket();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut last = None;
+    loop {
+        let view = health_tests::api::call(&socket, |c| async move { c.nodes().await }).ok();
+        if let Some(v) = view {
+            if accept(&v) {
+                return v;
+            }
+            last = Some(v);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not met; last view: {last:#?}\nlog:\n{}",
+            cluster.nodes[0].log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Polls `GET /v1/nodes` of node-1 until its error mentions `needle`.
@@ -201,7 +313,11 @@ fn a_bad_nodes_file_at_start_is_refused_naming_the_line() {
     let dir = std::env::temp_dir().join(health_tests::names::unique("badfile"));
     std::fs::create_dir_all(&dir).expect("dir");
     let file = dir.join("nodes.yaml");
-    std::fs::write(&file, "nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-ip: 198.18.64.2\n  - name: a\n    node-ip: 198.18.0.2\n    health-ip: 198.18.65.2\n").expect("write");
+    std::fs::write(
+        &file,
+        "nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-ip: 198.18.64.2\n  - name: b\n    node-ip: [198.18.0.2\n",
+    )
+    .expect("write");
     let out = std::process::Command::new(health_tests::agent::agent_binary())
         .args(["daemon", "--health-cidr", "198.18.64.0/24", "--nodes-file"])
         .arg(&file)
@@ -213,7 +329,7 @@ fn a_bad_nodes_file_at_start_is_refused_naming_the_line() {
         .expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("nodes.yaml:5: duplicate node \"a\""), "{err}");
+    assert!(err.contains("nodes.yaml:7: "), "{err}");
     assert!(
         !dir.join("sock").exists() && !dir.join("pid").exists(),
         "nothing left behind"

@@ -267,6 +267,7 @@ fn the_map_registry_matches_the_maps_the_object_pins() {
             MapType::PerCpuHash => MapKind::PerCpuHash,
             MapType::PerCpuArray => MapKind::PerCpuArray,
             MapType::LruHash => MapKind::LruHash,
+            MapType::LruPerCpuHash => MapKind::LruPerCpuHash,
             MapType::RingBuf => MapKind::RingBuf,
             other => panic!("{}: unexpected map type {other:?}", id.name()),
         };

@@ -14,6 +14,7 @@ mod echo_netns;
 mod echo_test_run;
 mod endpoint;
 mod etcd;
+mod maps;
 mod masquerade;
 mod nat_test_run;
 mod scale;

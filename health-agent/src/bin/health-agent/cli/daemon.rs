@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use clap::Args;
 
 use super::{PinArgs, SocketArgs};
-use health_common::ct::CtConfig;
+use health_common::{ct::CtConfig, maps::MapSizes};
 
 use anyhow::Context as _;
 use health_agent::{
@@ -115,6 +115,18 @@ pub(crate) struct DaemonArgs {
     /// counted as RTT losses.
     #[arg(long, default_value = "10s", value_parser = health_agent::util::duration::parse)]
     pub ct_gc_interval: Duration,
+    /// Peers the kernel's RTT maps hold (4 keys each: ICMP and TCP to the
+    /// node and the health address); also sets the default CT and NAT map
+    /// sizes (8 entries per peer).
+    #[arg(long, default_value_t = MapSizes::DEFAULT_MAX_PEERS,
+          value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub max_peers: u32,
+    /// Connection-tracking map entries (default: 8 per --max-peers).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
+    pub ct_map_size: Option<u32>,
+    /// Masquerade map entries, two per flow (default: 8 per --max-peers).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
+    pub nat_map_size: Option<u32>,
     /// Delay before the first round.
     #[arg(long, default_value = "0s", value_parser = parse_delay)]
     pub probe_initial_delay: Duration,
@@ -229,6 +241,14 @@ impl DaemonArgs {
                     pad: 0,
                 },
                 gc_interval: self.ct_gc_interval,
+                map_sizes: {
+                    let d = MapSizes::for_peers(self.max_peers);
+                    MapSizes {
+                        max_peers: self.max_peers,
+                        ct: self.ct_map_size.unwrap_or(d.ct),
+                        nat: self.nat_map_size.unwrap_or(d.nat),
+                    }
+                },
                 masquerade: (self.routing == Routing::Masquerade).then(|| MasqueradeFlags {
                     health_range: self.health_range.unwrap_or(self.health_cidr),
                     uplink: self.uplink,

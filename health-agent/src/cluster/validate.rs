@@ -1,0 +1,714 @@
+//! Node records are untrusted (anyone who can write the nodes file or put a
+//! key under the etcd prefix writes them): every record, from either
+//! source, is checked here, one by one. A bad record is rejected with an
+//! error naming it and the rule it breaks; the others make the set.
+//!
+//! The rules:
+//!
+//! - the name is non-empty, at most [`MAX_NAME_LEN`] bytes, of letters,
+//!   digits, `.`, `_` and `-`, and starts with a letter or a digit; in etcd
+//!   it is the last segment of the record's key;
+//! - neither address is unspecified (`0.0.0.0/8`), loopback, link-local
+//!   (`169.254.0.0/16`), multicast, the limited broadcast address or
+//!   otherwise reserved (`240.0.0.0/4`);
+//! - a peer's addresses are not inside this node's own health CIDR (this
+//!   node's own record is exempt: its endpoint's address is in it);
+//! - names are unique and so are addresses: no address is the node IP or
+//!   the health IP of two records, or both of one.
+//!
+//! When two records conflict the first (in file order, or etcd key order)
+//! is kept and the later one is rejected, naming the first; this node's own
+//! record is taken first wherever it is, so that no other record can push
+//! it out. Uniqueness is checked with hash maps: one pass, O(N).
+
+use std::{collections::HashMap, fmt, fmt::Write as _, net::Ipv4Addr, sync::Arc};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Node, NodeSet};
+use crate::util::cidr::Ipv4Cidr;
+
+/// The longest node name, in bytes (a DNS name's limit).
+pub const MAX_NAME_LEN: usize = 253;
+
+/// Rejected records the API lists for the set in use (the count covers
+/// them all).
+pub const MAX_REJECTED_SHOWN: usize = 100;
+
+/// Rejected records named in the one warning logged per update.
+pub const MAX_REJECTED_LOGGED: usize = 5;
+
+/// This node, as the rules that depend on it see it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LocalNode {
+    /// This node's name: its own record is exempt from the CIDR rule and
+    /// taken first.
+    pub name: Option<String>,
+    /// This node's health CIDR: no peer's address may be inside it.
+    pub health_cidr: Option<Ipv4Cidr>,
+}
+
+/// Where a record comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The `entry`-th (1-based) record of the nodes file at `path`, whose
+    /// `name` key is on `line` when it could be found.
+    File {
+        path: Arc<str>,
+        line: Option<usize>,
+        entry: usize,
+    },
+    /// The etcd key holding the record; the first `prefix_len` bytes are
+    /// the watched prefix.
+    Etcd { key: String, prefix_len: usize },
+}
+
+/// A node record: where it is and, when it has one, its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub origin: Origin,
+    pub name: Option<String>,
+}
+
+impl Record {
+    /// Where the record is: `nodes.yaml:12`, `nodes.yaml (node #3)` when
+    /// its line is not known, or its etcd key.
+    #[must_use]
+    pub fn location(&self) -> String {
+        match &self.origin {
+            Origin::File {
+                path,
+                line: Some(line),
+                ..
+            } => format!("{path}:{line}"),
+            Origin::File {
+                path,
+                line: None,
+                entry,
+            } => format!("{path} (node #{entry})"),
+            Origin::Etcd { key, .. } => key.clone(),
+        }
+    }
+
+    /// The record as a conflict names its first holder: `node "a" at
+    /// nodes.yaml:5`, `node "a" at etcd key "/health/nodes/a"`.
+    fn describe(&self) -> String {
+        let name = self
+            .name
+            .as_ref()
+            .map_or_else(|| "a node".to_owned(), |n| format!("node {n:?}"));
+        match &self.origin {
+            Origin::File { .. } => format!("{name} at {}", self.location()),
+            Origin::Etcd { key, .. } => format!("{name} at etcd key {key:?}"),
+        }
+    }
+}
+
+impl fmt::Display for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.origin, &self.name) {
+            (Origin::Etcd { key, .. }, _) => write!(f, "etcd key {key:?}"),
+            (Origin::File { line: Some(_), .. }, Some(name)) => {
+                write!(f, "{}: node {name:?}", self.location())
+            }
+            (Origin::File { path, entry, .. }, Some(name)) => {
+                write!(f, "{path}: node #{entry} {name:?}")
+            }
+            (Origin::File { path, entry, .. }, None) => write!(f, "{path}: node #{entry}"),
+        }
+    }
+}
+
+/// A record's address fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    NodeIp,
+    HealthIp,
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NodeIp => "node-ip",
+            Self::HealthIp => "health-ip",
+        })
+    }
+}
+
+/// The rule a record breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rule {
+    /// The record does not decode (a field missing, of the wrong type, or
+    /// not an address); the text says which field.
+    #[error("{0}")]
+    Malformed(String),
+    #[error("the name is empty")]
+    EmptyName,
+    #[error("the name is {len} bytes long, more than {MAX_NAME_LEN}")]
+    NameTooLong { len: usize },
+    #[error(
+        "the name {name:?} is not a node name (letters, digits, '.', '_' and '-', starting with a letter or digit)"
+    )]
+    NameCharset { name: String },
+    #[error("the name {name:?} is not the key's last segment {segment:?}")]
+    KeyMismatch { name: String, segment: String },
+    #[error("{field} {ip} is {class}, not a node address")]
+    Address {
+        field: Field,
+        ip: Ipv4Addr,
+        class: &'static str,
+    },
+    #[error("{field} {ip} is inside this node's health CIDR {cidr}")]
+    InLocalCidr {
+        field: Field,
+        ip: Ipv4Addr,
+        cidr: Ipv4Cidr,
+    },
+    #[error("node-ip and health-ip are the same address {ip}")]
+    SameAddresses { ip: Ipv4Addr },
+    #[error("duplicate name {name:?}: {} has it and is kept", .first.describe())]
+    DuplicateName { name: String, first: Box<Record> },
+    #[error("{field} {ip} is already the {first_field} of {}, which is kept", .first.describe())]
+    DuplicateAddress {
+        field: Field,
+        ip: Ipv4Addr,
+        first: Box<Record>,
+        first_field: Field,
+    },
+}
+
+/// A rejected record and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{record}: {rule}")]
+pub struct Rejected {
+    pub record: Record,
+    pub rule: Rule,
+}
+
+/// A rejected record as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedRecord {
+    /// Where it is: `<path>:<line>` of the nodes file, or the etcd key.
+    pub record: String,
+    /// Its name, when it has one.
+    pub name: Option<String>,
+    /// The rule it breaks.
+    pub reason: String,
+}
+
+impl From<&Rejected> for RejectedRecord {
+    fn from(r: &Rejected) -> Self {
+        Self {
+            record: r.record.location(),
+            name: r.record.name.clone(),
+            reason: r.rule.to_string(),
+        }
+    }
+}
+
+/// A record to check: where it is, and the node it decoded to or why it
+/// did not decode.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub record: Record,
+    pub node: Result<Node, String>,
+}
+
+/// The outcome of an update: the set of the good records, and the others.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Validated {
+    pub nodes: NodeSet,
+    /// In the order the records were checked: this node's own first, then
+    /// file or key order.
+    pub rejected: Vec<Rejected>,
+}
+
+impl Validated {
+    /// One line for the log: the count, then the first few rejections.
+    #[must_use]
+    pub fn summary(&self) -> Option<String> {
+        let n = self.rejected.len();
+        if n == 0 {
+            return None;
+        }
+        let mut out = format!(
+            "{n} node record{} rejected, {} in use: ",
+            if n == 1 { "" } else { "s" },
+            self.nodes.len()
+        );
+        for (i, r) in self.rejected.iter().take(MAX_REJECTED_LOGGED).enumerate() {
+            if i > 0 {
+                out.push_str("; ");
+            }
+            out.push_str(&r.to_string());
+        }
+        if n > MAX_REJECTED_LOGGED {
+            let _ = write!(
+                out,
+                "; and {} more (GET /v1/nodes lists them)",
+                n - MAX_REJECTED_LOGGED
+            );
+        }
+        Some(out)
+    }
+}
+
+/// What is wrong with `ip` as a node's address, if anything.
+#[must_use]
+pub fn address_class(ip: Ipv4Addr) -> Option<&'static str> {
+    let [a, b, ..] = ip.octets();
+    if a == 0 {
+        Some("unspecified (0.0.0.0/8)")
+    } else if ip.is_loopback() {
+        Some("loopback (127.0.0.0/8)")
+    } else if a == 169 && b == 254 {
+        Some("link-local (169.254.0.0/16)")
+    } else if ip.is_multicast() {
+        Some("multicast (224.0.0.0/4)")
+    } else if ip.is_broadcast() {
+        Some("the limited broadcast address")
+    } else if a >= 240 {
+        Some("reserved (240.0.0.0/4)")
+    } else {
+        None
+    }
+}
+
+/// Checks a name alone.
+fn check_name(name: &str) -> Result<(), Rule> {
+    if name.is_empty() {
+        return Err(Rule::EmptyName);
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Rule::NameTooLong { len: name.len() });
+    }
+    let first_ok = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric());
+    if !first_ok
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(Rule::NameCharset {
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a record alone (everything but uniqueness).
+fn check_record(
+    node: &Node,
+    origin: &Origin,
+    is_local: bool,
+    local: &LocalNode,
+) -> Result<(), Rule> {
+    check_name(&node.name)?;
+    if let Origin::Etcd { key, prefix_len } = origin {
+        // The last segment after the prefix (which may not end in '/').
+        let after = key.get(*prefix_len..).unwrap_or(key);
+        let segment = after.rsplit('/').next().unwrap_or(after);
+        if segment != node.name {
+            return Err(Rule::KeyMismatch {
+                name: node.name.clone(),
+                segment: segment.to_owned(),
+            });
+        }
+    }
+    let fields = [
+        (Field::NodeIp, node.node_ip),
+        (Field::HealthIp, node.health_ip),
+    ];
+    for (field, ip) in fields {
+        if let Some(class) = address_class(ip) {
+            return Err(Rule::Address { field, ip, class });
+        }
+    }
+    if node.node_ip == node.health_ip {
+        return Err(Rule::SameAddresses { ip: node.node_ip });
+    }
+    if let Some(cidr) = local.health_cidr
+        && !is_local
+    {
+        for (field, ip) in fields {
+            if cidr.contains(ip) {
+                return Err(Rule::InLocalCidr { field, ip, cidr });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks every candidate: the good ones make the set, the others are
+/// rejected, each with its rule.
+#[must_use]
+pub fn validate(candidates: Vec<Candidate>, local: &LocalNode) -> Validated {
+    let n = candidates.len();
+    // This node's own record (the first one with its name) is taken first.
+    let local_at = local.name.as_deref().and_then(|me| {
+        candidates
+            .iter()
+            .position(|c| c.node.as_ref().is_ok_and(|node| node.name == me))
+    });
+    let order = local_at
+        .into_iter()
+        .chain((0..n).filter(|i| Some(*i) != local_at));
+    let mut names: HashMap<&str, usize> = HashMap::with_capacity(n);
+    let mut addrs: HashMap<Ipv4Addr, (usize, Field)> = HashMap::with_capacity(2 * n);
+    let mut keep = vec![false; n];
+    let mut rejected = Vec::new();
+    for i in order {
+        let c = &candidates[i];
+        let outcome = match &c.node {
+            Err(detail) => Err(Rule::Malformed(detail.clone())),
+            Ok(node) => {
+                check_record(node, &c.record.origin, Some(i) == local_at, local).and_then(|()| {
+                    if let Some(&first) = names.get(node.name.as_str()) {
+                        return Err(Rule::DuplicateName {
+                            name: node.name.clone(),
+                            first: Box::new(candidates[first].record.clone()),
+                        });
+                    }
+                    for (field, ip) in [
+                        (Field::NodeIp, node.node_ip),
+                        (Field::HealthIp, node.health_ip),
+                    ] {
+                        if let Some(&(first, first_field)) = addrs.get(&ip) {
+                            return Err(Rule::DuplicateAddress {
+                                field,
+                                ip,
+                                first: Box::new(candidates[first].record.clone()),
+                                first_field,
+                            });
+                        }
+                    }
+                    Ok(node)
+                })
+            }
+        };
+        match outcome {
+            Ok(node) => {
+                names.insert(node.name.as_str(), i);
+                addrs.insert(node.node_ip, (i, Field::NodeIp));
+                addrs.insert(node.health_ip, (i, Field::HealthIp));
+                keep[i] = true;
+            }
+            Err(rule) => rejected.push(Rejected {
+                record: c.record.clone(),
+                rule,
+            }),
+        }
+    }
+    let nodes = candidates
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(c, keep)| keep.then_some(c.node.ok()).flatten())
+        .collect();
+    Validated {
+        nodes: NodeSet::from_unique(nodes),
+        rejected,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().expect("test address")
+    }
+
+    fn file(entry: usize, name: &str, node_ip: &str, health_ip: &str) -> Candidate {
+        Candidate {
+            record: Record {
+                origin: Origin::File {
+                    path: "nodes.yaml".into(),
+                    line: Some(entry * 3),
+                    entry,
+                },
+                name: Some(name.into()),
+            },
+            node: Ok(Node {
+                name: name.into(),
+                node_ip: ip(node_ip),
+                health_ip: ip(health_ip),
+            }),
+        }
+    }
+
+    fn local() -> LocalNode {
+        LocalNode {
+            name: Some("me".into()),
+            health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+        }
+    }
+
+    fn names(v: &Validated) -> Vec<&str> {
+        v.nodes.iter().map(|n| n.name.as_str()).collect()
+    }
+
+    #[test]
+    fn good_records_make_the_set() {
+        let v = validate(
+            vec![
+                file(1, "me", "198.18.0.10", "198.18.64.2"),
+                file(2, "b", "198.18.0.12", "198.18.65.2"),
+            ],
+            &local(),
+        );
+        assert!(v.rejected.is_empty(), "{:?}", v.rejected);
+        assert_eq!(names(&v), ["b", "me"]);
+        assert_eq!(v.summary(), None);
+    }
+
+    #[test]
+    fn unusable_addresses_are_rejected_naming_record_field_and_class() {
+        for (addr, class) in [
+            ("0.0.0.0", "unspecified"),
+            ("0.1.2.3", "unspecified"),
+            ("127.0.0.1", "loopback"),
+            ("169.254.1.1", "link-local"),
+            ("224.0.0.1", "multicast"),
+            ("239.255.255.250", "multicast"),
+            ("255.255.255.255", "broadcast"),
+            ("240.0.0.1", "reserved"),
+        ] {
+            for (node_ip, health_ip, field) in [
+                (addr, "198.18.66.2", "node-ip"),
+                ("198.18.0.13", addr, "health-ip"),
+            ] {
+                let v = validate(
+                    vec![
+                        file(1, "a", "198.18.0.11", "198.18.65.2"),
+                        file(2, "bad", node_ip, health_ip),
+                        file(3, "c", "198.18.0.14", "198.18.67.2"),
+                    ],
+                    &local(),
+                );
+                assert_eq!(names(&v), ["a", "c"], "the good ones stay");
+                assert_eq!(v.rejected.len(), 1);
+                let text = v.rejected[0].to_string();
+                assert!(
+                    text.starts_with("nodes.yaml:6: node \"bad\": ")
+                        && text.contains(&format!("{field} {addr} is "))
+                        && text.contains(class),
+                    "{text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn address_classes() {
+        assert_eq!(address_class(ip("198.18.0.1")), None);
+        assert_eq!(address_class(ip("10.0.0.1")), None);
+        assert_eq!(address_class(ip("169.253.0.1")), None);
+        assert_eq!(address_class(ip("223.255.255.255")), None);
+        assert!(address_class(ip("127.255.0.1")).is_some());
+    }
+
+    #[test]
+    fn peers_inside_this_nodes_health_cidr_are_rejected_but_not_this_node() {
+        let v = validate(
+            vec![
+                file(1, "peer", "198.18.0.11", "198.18.64.9"),
+                file(2, "me", "198.18.0.10", "198.18.64.2"),
+                file(3, "peer2", "198.18.64.7", "198.18.66.2"),
+                file(4, "ok", "198.18.0.12", "198.18.65.2"),
+            ],
+            &local(),
+        );
+        assert_eq!(names(&v), ["me", "ok"]);
+        let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            texts,
+            [
+                "nodes.yaml:3: node \"peer\": health-ip 198.18.64.9 is inside this node's health CIDR 198.18.64.0/24",
+                "nodes.yaml:9: node \"peer2\": node-ip 198.18.64.7 is inside this node's health CIDR 198.18.64.0/24",
+            ]
+        );
+        // Without a local CIDR (no endpoint known) the rule does not apply.
+        let v = validate(
+            vec![file(1, "peer", "198.18.0.11", "198.18.64.9")],
+            &LocalNode::default(),
+        );
+        assert_eq!(names(&v), ["peer"]);
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let long = "a".repeat(MAX_NAME_LEN + 1);
+        let just = "a".repeat(MAX_NAME_LEN);
+        for (name, needle) in [
+            ("", "the name is empty"),
+            (long.as_str(), "254 bytes long, more than 253"),
+            ("a b", "\"a b\" is not a node name"),
+            ("a/b", "\"a/b\" is not a node name"),
+            ("-rf", "\"-rf\" is not a node name"),
+            (".hidden", "\".hidden\" is not a node name"),
+            ("nöde", "is not a node name"),
+            ("a\nb", "is not a node name"),
+        ] {
+            let v = validate(
+                vec![
+                    file(1, name, "198.18.0.11", "198.18.65.2"),
+                    file(2, "good", "198.18.0.12", "198.18.66.2"),
+                ],
+                &local(),
+            );
+            assert_eq!(names(&v), ["good"], "{name:?}");
+            let text = v.rejected[0].to_string();
+            assert!(text.contains(needle), "{text}");
+            assert!(text.starts_with("nodes.yaml:3: node "), "{text}");
+        }
+        for name in [just.as_str(), "node-1.example_a", "0a", "A"] {
+            let v = validate(vec![file(1, name, "198.18.0.11", "198.18.65.2")], &local());
+            assert!(v.rejected.is_empty(), "{name:?}: {:?}", v.rejected);
+        }
+    }
+
+    #[test]
+    fn conflicts_keep_the_first_and_name_both() {
+        let v = validate(
+            vec![
+                file(1, "a", "198.18.0.11", "198.18.65.2"),
+                file(2, "a", "198.18.0.12", "198.18.66.2"),
+                file(3, "b", "198.18.0.11", "198.18.67.2"),
+                file(4, "c", "198.18.0.13", "198.18.65.2"),
+                file(5, "d", "198.18.0.14", "198.18.0.11"),
+                file(6, "e", "198.18.65.2", "198.18.68.2"),
+                file(7, "f", "198.18.0.15", "198.18.0.15"),
+                file(8, "g", "198.18.0.16", "198.18.69.2"),
+            ],
+            &local(),
+        );
+        assert_eq!(names(&v), ["a", "g"]);
+        let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            texts,
+            [
+                "nodes.yaml:6: node \"a\": duplicate name \"a\": node \"a\" at nodes.yaml:3 has it and is kept",
+                "nodes.yaml:9: node \"b\": node-ip 198.18.0.11 is already the node-ip of node \"a\" at nodes.yaml:3, which is kept",
+                "nodes.yaml:12: node \"c\": health-ip 198.18.65.2 is already the health-ip of node \"a\" at nodes.yaml:3, which is kept",
+                "nodes.yaml:15: node \"d\": health-ip 198.18.0.11 is already the node-ip of node \"a\" at nodes.yaml:3, which is kept",
+                "nodes.yaml:18: node \"e\": node-ip 198.18.65.2 is already the health-ip of node \"a\" at nodes.yaml:3, which is kept",
+                "nodes.yaml:21: node \"f\": node-ip and health-ip are the same address 198.18.0.15",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_rejected_record_claims_nothing() {
+        // The first "a" is bad: the second one, and its addresses, are free.
+        let v = validate(
+            vec![
+                file(1, "a", "127.0.0.1", "198.18.65.2"),
+                file(2, "a", "198.18.0.12", "198.18.65.2"),
+            ],
+            &local(),
+        );
+        assert_eq!(names(&v), ["a"]);
+        assert_eq!(v.nodes[0].node_ip, ip("198.18.0.12"));
+        assert_eq!(v.rejected.len(), 1);
+    }
+
+    #[test]
+    fn this_nodes_record_wins_conflicts_wherever_it_is() {
+        let v = validate(
+            vec![
+                file(1, "impostor", "198.18.0.10", "198.18.65.2"),
+                file(2, "me", "198.18.0.10", "198.18.64.2"),
+            ],
+            &local(),
+        );
+        assert_eq!(names(&v), ["me"]);
+        assert!(
+            v.rejected[0]
+                .to_string()
+                .contains("node \"impostor\": node-ip 198.18.0.10 is already the node-ip of node \"me\" at nodes.yaml:6"),
+            "{}",
+            v.rejected[0]
+        );
+    }
+
+    #[test]
+    fn etcd_records_must_match_their_keys() {
+        let at = |key: &str, name: &str, node_ip: &str, health_ip: &str| Candidate {
+            record: Record {
+                origin: Origin::Etcd {
+                    key: key.into(),
+                    prefix_len: "/h".len(),
+                },
+                name: Some(name.into()),
+            },
+            node: Ok(Node {
+                name: name.into(),
+                node_ip: ip(node_ip),
+                health_ip: ip(health_ip),
+            }),
+        };
+        let v = validate(
+            vec![
+                at("/h/a", "a", "198.18.0.11", "198.18.65.2"),
+                at("/h/b", "x", "198.18.0.12", "198.18.66.2"),
+                at("/h/c", "a", "198.18.0.13", "198.18.67.2"),
+            ],
+            &local(),
+        );
+        assert_eq!(names(&v), ["a"]);
+        let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            texts,
+            [
+                "etcd key \"/h/b\": the name \"x\" is not the key's last segment \"b\"",
+                "etcd key \"/h/c\": the name \"a\" is not the key's last segment \"c\"",
+            ]
+        );
+        let api = RejectedRecord::from(&v.rejected[0]);
+        assert_eq!(api.record, "/h/b");
+        assert_eq!(api.name.as_deref(), Some("x"));
+        assert_eq!(
+            api.reason,
+            "the name \"x\" is not the key's last segment \"b\""
+        );
+    }
+
+    #[test]
+    fn the_summary_counts_and_names_the_first_few() {
+        let mut all = vec![file(1, "ok", "198.18.0.1", "198.18.65.1")];
+        all.extend((2..=9).map(|i| file(i, &format!("n{i}"), "127.0.0.1", "198.18.66.1")));
+        let v = validate(all, &local());
+        let s = v.summary().expect("rejections");
+        assert!(s.starts_with("8 node records rejected, 1 in use: nodes.yaml:6: node \"n2\": node-ip 127.0.0.1 is loopback"), "{s}");
+        assert!(
+            s.contains("node \"n6\"") && !s.contains("node \"n7\""),
+            "{s}"
+        );
+        assert!(
+            s.ends_with("; and 3 more (GET /v1/nodes lists them)"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn ten_thousand_records_validate_quickly() {
+        let all: Vec<Candidate> = (0..10_000u32)
+            .map(|k| {
+                let node = Ipv4Addr::from(u32::from(ip("198.18.64.0")) + k).to_string();
+                let health = Ipv4Addr::from(u32::from(ip("198.19.0.0")) + k + 1).to_string();
+                file(k as usize + 1, &format!("peer-{k:05}"), &node, &health)
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        let v = validate(all, &LocalNode::default());
+        assert_eq!(v.nodes.len(), 10_000);
+        assert_eq!(v.rejected, []);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! Carrying entries across a replaced pin: when an upgrade (or a new size)
+//! makes a pinned map incompatible, its entries are read out before the pin
+//! goes and written into the map that replaces it, wherever key and value
+//! keep their layout. The configuration arrays are not carried: the agent
+//! writes them anew at every start.
+
+use std::path::Path;
+
+use aya::{
+    Ebpf, Pod,
+    maps::{HashMap, Map, MapData, MapError, MapInfo, PerCpuArray, PerCpuHashMap, PerCpuValues},
+};
+use health_common::{
+    ct::{CtEntry, CtKey},
+    maps::MapId,
+    nat::{NatEntry, NatKey},
+    rtt::{PendingKey, RttKey, RttStats},
+};
+
+/// The entries of one replaced map.
+pub(super) enum Saved {
+    Ct(Vec<(CtKey, CtEntry)>),
+    Nat(Vec<(NatKey, NatEntry)>),
+    Pending(Vec<(PendingKey, u64)>),
+    Losses(Vec<(RttKey, u64)>),
+    Rtt(Vec<(RttKey, PerCpuValues<RttStats>)>),
+    Counters(Vec<PerCpuValues<u64>>),
+}
+
+/// Why the entries of a map were not carried over.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NotCarried {
+    #[error(
+        "its entries changed layout (key {key} bytes, value {value} bytes, per CPU: {per_cpu})"
+    )]
+    Layout { key: u32, value: u32, per_cpu: bool },
+    #[error("the agent writes it anew")]
+    Config,
+    #[error("reading it: {0}")]
+    Read(#[from] MapError),
+}
+
+/// Reads the entries of the map pinned at `dir/<map>` when they can be
+/// carried into the registry's layout.
+pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
+    let path = dir.join(map.name());
+    let info = MapInfo::from_pin(&path)?;
+    let per_cpu = info.map_type().is_ok_and(|t| {
+        matches!(
+            t,
+            aya::maps::MapType::PerCpuHash
+                | aya::maps::MapType::LruPerCpuHash
+                | aya::maps::MapType::PerCpuArray
+        )
+    });
+    if (info.key_size(), info.value_size(), per_cpu)
+        != (map.key_size(), map.value_size(), map.kind().is_per_cpu())
+    {
+        return Err(NotCarried::Layout {
+            key: info.key_size(),
+            value: info.value_size(),
+            per_cpu,
+        });
+    }
+    let old = Map::from_map_data(MapData::from_pin(&path)?)?;
+    Ok(match map {
+        MapId::CtMap => Saved::Ct(entries(&old)?),
+        MapId::NatMap => Saved::Nat(entries(&old)?),
+        MapId::RttPending => Saved::Pending(entries(&old)?),
+        MapId::RttLosses => Saved::Losses(entries(&old)?),
+        MapId::RttStats => Saved::Rtt(
+            PerCpuHashMap::<_, RttKey, RttStats>::try_from(&old)?
+                .iter()
+                .collect::<Result<_, _>>()?,
+        ),
+        MapId::EchoStats | MapId::CtStats | MapId::NatStats => Saved::Counters(
+            PerCpuArray::<_, u64>::try_from(&old)?
+                .iter()
+                .collect::<Result<_, _>>()?,
+        ),
+        _ => return Err(NotCarried::Config),
+    })
+}
+
+fn entries<K: Pod, V: Pod>(map: &Map) -> Result<Vec<(K, V)>, MapError> {
+    HashMap::<_, K, V>::try_from(map)?.iter().collect()
+}
+
+/// Writes `saved` into the object's map `map`; returns how many entries
+/// went in and how many did not (a smaller map that is full).
+pub(super) fn restore(
+    ebpf: &mut Ebpf,
+    map: MapId,
+    saved: Saved,
+) -> Result<(usize, usize), MapError> {
+    let Some(m) = ebpf.map_mut(map.name()) else {
+        return Ok((0, 0));
+    };
+    let mut tally = (0, 0);
+    let mut count = |ok: bool| {
+        if ok {
+            tally.0 += 1;
+        } else {
+            tally.1 += 1;
+        }
+    };
+    match saved {
+        Saved::Ct(v) => put(m, v, &mut count)?,
+        Saved::Nat(v) => put(m, v, &mut count)?,
+        Saved::Pending(v) => put(m, v, &mut count)?,
+        Saved::Losses(v) => put(m, v, &mut count)?,
+        Saved::Rtt(v) => {
+            let mut h = PerCpuHashMap::<_, RttKey, RttStats>::try_from(m)?;
+            for (k, vals) in v {
+                count(h.insert(&k, vals, 0).is_ok());
+            }
+        }
+        Saved::Counters(v) => {
+            let mut a = PerCpuArray::<_, u64>::try_from(m)?;
+            for (i, vals) in (0u32..).zip(v) {
+                count(a.set(i, vals, 0).is_ok());
+            }
+        }
+    }
+    Ok(tally)
+}
+
+fn put<K: Pod, V: Pod>(
+    m: &mut Map,
+    entries: Vec<(K, V)>,
+    count: &mut impl FnMut(bool),
+) -> Result<(), MapError> {
+    let mut h = HashMap::<_, K, V>::try_from(m)?;
+    for (k, v) in entries {
+        count(h.insert(&k, &v, 0).is_ok());
+    }
+    Ok(())
+}
