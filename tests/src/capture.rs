@@ -77,21 +77,7 @@ impl Capture {
             let mut seen = Vec::new();
             let mut buf = vec![0u8; 65_536];
             while !flag.load(Ordering::Relaxed) {
-                // SAFETY: all-zero is a valid sockaddr_ll.
-                let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-                let mut from_len = u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap_or(0);
-                // SAFETY: buf and from are valid for their lengths; fd is open.
-                let n = unsafe {
-                    libc::recvfrom(
-                        fd.as_raw_fd(),
-                        buf.as_mut_ptr().cast(),
-                        buf.len(),
-                        0,
-                        (&raw mut from).cast(),
-                        &raw mut from_len,
-                    )
-                };
-                if let Ok(n) = usize::try_from(n)
+                if let Some((n, from)) = recv(&fd, &mut buf)
                     && from.sll_protocol == ETH_P_IP.to_be()
                     && let Some(s) = Seen::parse(&buf[..n])
                 {
@@ -124,6 +110,26 @@ pub fn send_frames(ns: &Netns, iface: &str, frames: &[Vec<u8>]) -> io::Result<()
     Ok(())
 }
 
+/// One frame from `fd` into `buf` (`None` when the receive timed out):
+/// its length and where it came from.
+fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<(usize, libc::sockaddr_ll)> {
+    // SAFETY: all-zero is a valid sockaddr_ll.
+    let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    let mut from_len = u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap_or(0);
+    // SAFETY: buf and from are valid for their lengths; fd is open.
+    let n = unsafe {
+        libc::recvfrom(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            0,
+            (&raw mut from).cast(),
+            &raw mut from_len,
+        )
+    };
+    usize::try_from(n).ok().map(|n| (n, from))
+}
+
 /// `sll_pkttype` of a frame this host sent.
 const PACKET_OUTGOING: u8 = 4;
 
@@ -146,21 +152,7 @@ pub fn exchange(
     let mut got = Vec::new();
     let mut buf = vec![0u8; 65_536];
     while std::time::Instant::now() < deadline {
-        // SAFETY: all-zero is a valid sockaddr_ll.
-        let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        let mut from_len = u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap_or(0);
-        // SAFETY: buf and from are valid for their lengths; fd is open.
-        let n = unsafe {
-            libc::recvfrom(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                0,
-                (&raw mut from).cast(),
-                &raw mut from_len,
-            )
-        };
-        if let Ok(n) = usize::try_from(n)
+        if let Some((n, from)) = recv(&fd, &mut buf)
             && from.sll_pkttype != PACKET_OUTGOING
         {
             got.push(buf[..n].to_vec());

@@ -197,12 +197,7 @@ pub fn prune(dir: &Path, keep: impl Fn(Ipv4Addr) -> bool) -> Result<u64, Datapat
     let mut stats_map = open(dir, MapId::RttStats)?;
     let mut stats =
         PerCpuHashMap::<_, RttKey, RttStats>::try_from(&mut stats_map).map_err(stats_map_err)?;
-    let gone: Vec<RttKey> = stats
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|k| !keep(Ipv4Addr::from(k.peer)))
-        .collect();
-    for k in gone {
+    for k in departed(stats.keys(), &keep) {
         removed += u64::from(stats.remove(&k).is_ok());
     }
     let mut losses_map = open(dir, MapId::RttLosses)?;
@@ -212,13 +207,19 @@ pub fn prune(dir: &Path, keep: impl Fn(Ipv4Addr) -> bool) -> Result<u64, Datapat
             source,
         }
     })?;
-    let gone: Vec<RttKey> = losses
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|k| !keep(Ipv4Addr::from(k.peer)))
-        .collect();
-    for k in gone {
+    for k in departed(losses.keys(), &keep) {
         removed += u64::from(losses.remove(&k).is_ok());
     }
     Ok(removed)
+}
+
+/// The keys of peers `keep` refuses, collected before any is removed (a
+/// hash map's key walk restarts when the key it stands on goes).
+fn departed(
+    keys: impl Iterator<Item = Result<RttKey, aya::maps::MapError>>,
+    keep: &impl Fn(Ipv4Addr) -> bool,
+) -> Vec<RttKey> {
+    keys.filter_map(Result::ok)
+        .filter(|k| !keep(Ipv4Addr::from(k.peer)))
+        .collect()
 }
