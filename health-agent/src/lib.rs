@@ -26,7 +26,10 @@ pub mod sys;
 pub mod util;
 
 // `unused_crate_dependencies` judges each target alone: these serve the
-// binary's edge (error reports, the log subscriber and its `log` bridge).
+// binary's edge (error reports, the log subscriber and its `log` bridge,
+// shell completions and man pages).
 use anyhow as _;
+use clap_complete as _;
+use clap_mangen as _;
 use log as _;
 use tracing_subscriber as _;

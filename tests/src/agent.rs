@@ -88,9 +88,16 @@ impl AgentNode {
 
     /// Starts the daemon in the background; its log goes to `daemon.log`.
     pub fn start(&mut self, extra: &[&str]) {
+        self.start_with(extra, |_| {});
+    }
+
+    /// [`Self::start`], with `adjust` applied to the command (environment,
+    /// credentials) before it is spawned.
+    pub fn start_with(&mut self, extra: &[&str], adjust: impl FnOnce(&mut Command)) {
         let log = fs::File::create(self.dir.join("daemon.log")).expect("log file");
-        let child = self
-            .daemon_command(HEALTH_CIDR, extra)
+        let mut cmd = self.daemon_command(HEALTH_CIDR, extra);
+        adjust(&mut cmd);
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -110,6 +117,13 @@ impl AgentNode {
     #[must_use]
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Sends `signal` to the daemon, which keeps running.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let child = self.daemon.as_ref().expect("daemon running");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        nix::sys::signal::kill(pid, signal).expect("signal the daemon");
     }
 
     /// Sends `signal` to the daemon and waits for it to exit.

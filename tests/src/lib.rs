@@ -49,4 +49,4 @@ pub fn counter(counters: &[(&str, u64)], name: &str) -> u64 {
 // The integration tests' own dependencies, seen by this library's unit
 // tests too (`unused_crate_dependencies` judges each target alone).
 #[cfg(test)]
-use {aya as _, tokio_util as _};
+use {aya as _, tokio_util as _, xtask as _};

@@ -1,7 +1,9 @@
-//! What the developer tasks share with the build: the eBPF toolchain pin,
-//! read by `cargo xtask setup` (which installs it) and by
-//! `health-agent/build.rs` (which builds the kernel programs with it).
+//! What the developer tasks share with the build and the tests: the eBPF
+//! toolchain pin, read by `cargo xtask setup` (which installs it) and by
+//! `health-agent/build.rs` (which builds the kernel programs with it); the
+//! Debian package, built by `cargo xtask package` and by the package test.
 
+pub mod package;
 pub mod pin;
 
 // `unused_crate_dependencies` judges each target alone: these serve the

@@ -12,7 +12,10 @@ mod cmd;
 mod lint;
 mod setup;
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -37,6 +40,13 @@ enum Task {
     Build {
         #[arg(long)]
         release: bool,
+    },
+    /// The Debian package (release build): binary, systemd unit, default
+    /// config, completions and man pages.
+    Package {
+        /// Where the .deb goes.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
     },
     /// rustfmt check and `clippy -D warnings`, host side and eBPF side.
     Lint,
@@ -117,6 +127,18 @@ fn workspace_root() -> PathBuf {
         .to_owned()
 }
 
+/// `cargo xtask package`: a release build, then the .deb.
+fn package(root: &Path, pin: &pin::EbpfPin, out_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    setup::run(pin)?;
+    cmd::cargo(root, &["build", "--release", "-p", "health-agent"])?;
+    let out_dir = out_dir.unwrap_or_else(|| root.join("target/debian"));
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let deb = xtask::package::build_deb(&root.join("target/release/health-agent"), root, &out_dir)
+        .context("building the Debian package")?;
+    eprintln!("xtask: {}", deb.display());
+    Ok(())
+}
+
 fn run() -> anyhow::Result<()> {
     let root = workspace_root();
     let pin = pin::EbpfPin::read(&root).context("reading the eBPF toolchain pin")?;
@@ -130,6 +152,7 @@ fn run() -> anyhow::Result<()> {
             }
             cmd::cargo(&root, &args)
         }
+        Task::Package { out_dir } => package(&root, &pin, out_dir),
         Task::Lint => {
             setup::run(&pin)?;
             lint::run(&root, &pin)
@@ -222,7 +245,7 @@ fn run() -> anyhow::Result<()> {
 
 /// Builds `health-agent` and `health-lab` (release, side by side: the lab
 /// starts the agent binary) and runs the lab.
-fn lab(root: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
+fn lab(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     cmd::cargo(
         root,
         &[

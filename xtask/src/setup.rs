@@ -10,8 +10,9 @@ use xtask::pin::EbpfPin;
 
 use crate::cmd;
 
-/// Debian packages the tests and tools use at run time.
-const RUNTIME_PACKAGES: &[&str] = &["iproute2", "etcd-server", "bpftool", "fping"];
+/// Debian packages the tests and tools use at run time (`systemd` for
+/// `systemd-analyze verify` of the packaged unit).
+const RUNTIME_PACKAGES: &[&str] = &["iproute2", "etcd-server", "bpftool", "fping", "systemd"];
 
 /// rust-src for `-Z build-std=core`, clippy for `cargo xtask lint`.
 const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];

@@ -16,7 +16,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, put},
 };
-use tokio::net::UnixListener;
+use tokio::{net::UnixListener, sync::watch};
 
 use tokio_util::sync::CancellationToken;
 
@@ -41,13 +41,16 @@ pub enum ServerError {
     },
     #[error("serving the API")]
     Serve(#[source] io::Error),
+    #[error("socket group {group:?}: {reason}")]
+    Group { group: String, reason: String },
 }
 
 /// What the handlers read: published views only, never locks held by work.
 #[derive(Clone)]
 pub struct ApiState {
     endpoint: SharedView,
-    prober: Arc<Prober>,
+    /// The prober in service (replaced when a reload changes its settings).
+    prober: watch::Receiver<Arc<Prober>>,
     nodes: Nodes,
     tasks: Health,
     degraded_for: Duration,
@@ -59,7 +62,7 @@ impl ApiState {
     #[must_use]
     pub fn new(
         endpoint: SharedView,
-        prober: Arc<Prober>,
+        prober: watch::Receiver<Arc<Prober>>,
         nodes: Nodes,
         tasks: Health,
         degraded_for: Duration,
@@ -72,6 +75,12 @@ impl ApiState {
             degraded_for,
             started: Instant::now(),
         }
+    }
+}
+
+impl ApiState {
+    fn prober(&self) -> Arc<Prober> {
+        self.prober.borrow().clone()
     }
 }
 
@@ -88,8 +97,10 @@ impl Drop for SocketGuard {
     }
 }
 
-/// Binds `path` (mode 0660); the socket file goes when the guard drops.
-pub fn bind(path: &Path) -> Result<(SocketGuard, UnixListener), ServerError> {
+/// Binds `path` (mode 0660, owned by `group` when given: a group name or
+/// number, whose members may then use the API); the socket file goes when
+/// the guard drops.
+pub fn bind(path: &Path, group: Option<&str>) -> Result<(SocketGuard, UnixListener), ServerError> {
     let io = |op, source| ServerError::Io {
         op,
         path: path.to_owned(),
@@ -104,7 +115,30 @@ pub fn bind(path: &Path) -> Result<(SocketGuard, UnixListener), ServerError> {
     };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .map_err(|e| io("setting mode 0660 on", e))?;
+    if let Some(group) = group {
+        let gid = group_id(group)?;
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .map_err(|e| io("changing the group of", e))?;
+    }
     Ok((guard, listener))
+}
+
+/// The ID of `group`, a name or a number.
+fn group_id(group: &str) -> Result<u32, ServerError> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => Err(ServerError::Group {
+            group: group.to_owned(),
+            reason: "no such group".into(),
+        }),
+        Err(e) => Err(ServerError::Group {
+            group: group.to_owned(),
+            reason: e.to_string(),
+        }),
+    }
 }
 
 /// Serves the API on `listener` until `shutdown`, then lets requests in
@@ -200,7 +234,7 @@ async fn status(State(state): State<AppState>, uri: axum::http::Uri) -> Response
     let Some(query) = uri.query().filter(|q| !q.is_empty()) else {
         return (
             [(axum::http::header::CONTENT_TYPE, "application/json")],
-            state.prober.status_json(),
+            state.prober().status_json(),
         )
             .into_response();
     };
@@ -233,7 +267,7 @@ async fn status(State(state): State<AppState>, uri: axum::http::Uri) -> Response
             }
         }
     }
-    let status = state.prober.status();
+    let status = state.prober().status();
     if summary {
         return Json(status.summary()).into_response();
     }
@@ -277,7 +311,7 @@ async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response 
             }
         }
     }
-    match tokio::time::timeout(deadline, state.prober.round()).await {
+    match tokio::time::timeout(deadline, state.prober().round()).await {
         Ok(status) => Json(ClusterStatus::clone(&status)).into_response(),
         Err(_) => error(
             StatusCode::GATEWAY_TIMEOUT,

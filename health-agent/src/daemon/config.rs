@@ -31,6 +31,8 @@ pub struct DaemonConfig {
     /// address toward etcd).
     pub node_ip: Option<Ipv4Addr>,
     pub socket: PathBuf,
+    /// Group owning the API socket (its members may use the API).
+    pub socket_group: Option<String>,
     pub pidfile: PathBuf,
     /// bpffs directory of the pinned maps.
     pub pin_dir: PathBuf,

@@ -19,15 +19,20 @@
 //! A task that ends, fails or panics is logged, shown as degraded in
 //! `/v1/healthz` and restarted (within the supervisor's budget; past it the
 //! agent exits non-zero). SIGINT/SIGTERM stops the tasks in reverse order,
-//! each removing what it made.
+//! each removing what it made. SIGHUP re-reads the configuration
+//! ([`reload`]). Started by systemd (`Type=notify`), the agent sends
+//! `READY=1` once every task has started (the API serving first), and
+//! `STOPPING=1` when it stops.
 
 pub mod config;
 mod node_sync;
+pub mod reload;
 mod tasks;
 
 use std::{net::Ipv4Addr, time::Duration};
 
-use tokio::sync::broadcast;
+use sd_notify::NotifyState;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -48,7 +53,7 @@ use crate::{
     sys::{
         netns::Netns,
         pidfile::{Pidfile, PidfileError},
-        signals::Signals,
+        signals::{Hangups, Signals},
     },
     util::errors::chain,
 };
@@ -75,22 +80,33 @@ pub enum DaemonError {
 }
 
 /// Runs the agent until SIGINT or SIGTERM (`Ok`), or until a task fails
-/// for good (`Err`, naming it).
-pub async fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
+/// for good (`Err`, naming it). On SIGHUP, `reload` (if any) re-reads the
+/// configuration.
+pub async fn run(cfg: DaemonConfig, reload: Option<reload::Reload>) -> Result<(), DaemonError> {
     let mut signals = Signals::install().map_err(DaemonError::Signals)?;
+    let hangups = Hangups::install().map_err(DaemonError::Signals)?;
     let stop = CancellationToken::new();
     let stopper = stop.clone();
     tokio::spawn(async move {
         let signal = signals.recv().await;
         info!(signal, "shutting down");
+        reload::notify(&[NotifyState::Stopping]);
         stopper.cancel();
     });
-    run_until(cfg, stop).await
+    run_inner(cfg, stop, Some((hangups, reload))).await
 }
 
 /// Runs the agent until `stop` is cancelled: the daemon without its signal
 /// handling, for running it in-process.
 pub async fn run_until(cfg: DaemonConfig, stop: CancellationToken) -> Result<(), DaemonError> {
+    run_inner(cfg, stop, None).await
+}
+
+async fn run_inner(
+    cfg: DaemonConfig,
+    stop: CancellationToken,
+    hangups: Option<(Hangups, Option<reload::Reload>)>,
+) -> Result<(), DaemonError> {
     let _pidfile = Pidfile::acquire(&cfg.pidfile, &cfg.socket)?;
     let open_files = raise_fd_limit();
     let resolved = cfg.resolve()?;
@@ -103,6 +119,7 @@ pub async fn run_until(cfg: DaemonConfig, stop: CancellationToken) -> Result<(),
         keep: cfg.endpoint.keep,
     };
     let health = Health::default();
+    let stopping = stop.clone();
     let mut sup = Supervisor::new(cfg.supervisor, health.clone(), stop);
 
     let nodes = Nodes::new(cfg.source_name());
@@ -110,6 +127,8 @@ pub async fn run_until(cfg: DaemonConfig, stop: CancellationToken) -> Result<(),
     let view = shared_view();
     let prober = Prober::new(probe_config(&cfg, open_files)?);
     prober.set_nodes(nodes.current());
+    // The prober in service; a reload that changes its settings replaces it.
+    let (probers, prober) = watch::channel(prober);
 
     let api_state = api::server::ApiState::new(
         view.clone(),
@@ -127,7 +146,12 @@ pub async fn run_until(cfg: DaemonConfig, stop: CancellationToken) -> Result<(),
             }
         };
     }
-    start!(tasks::api(&mut sup, cfg.socket.clone(), api_state));
+    start!(tasks::api(
+        &mut sup,
+        cfg.socket.clone(),
+        cfg.socket_group.clone(),
+        api_state
+    ));
     start!(tasks::links(&mut sup, links.clone()));
     start!(tasks::datapath(&mut sup, datapath_config(&cfg, &resolved)));
     let controller = ControllerConfig {
@@ -161,7 +185,20 @@ pub async fn run_until(cfg: DaemonConfig, stop: CancellationToken) -> Result<(),
     start!(tasks::probe(&mut sup, prober, cfg.probe.initial_delay));
 
     info!(node = %cfg.node_name, "agent running");
-    sup.run().await.map_err(DaemonError::from)
+    reload::notify(&[NotifyState::Ready, NotifyState::Status("running")]);
+    // SIGHUPs are answered while the agent runs; not once it stops.
+    let reloads = hangups.map(|(hangups, reload)| {
+        tokio::spawn(stopping.run_until_cancelled_owned(reload::run(
+            hangups,
+            reload,
+            probers.clone(),
+        )))
+    });
+    let result = sup.run().await.map_err(DaemonError::from);
+    if let Some(reloads) = reloads {
+        reloads.abort();
+    }
+    result
 }
 
 fn datapath_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> DatapathConfig {

@@ -18,7 +18,8 @@ use crate::{
 #[derive(Clone)]
 pub(super) struct NodeSync {
     pub(super) limits: sync::Limits,
-    pub(super) prober: Arc<Prober>,
+    /// The prober in service (replaced when a reload changes its settings).
+    pub(super) prober: watch::Receiver<Arc<Prober>>,
     pub(super) local_name: String,
     pub(super) own_ip: Ipv4Addr,
     /// On shutdown, leave the routes (the endpoint is kept too).
@@ -51,7 +52,7 @@ impl NodeSync {
         wake.notify_one();
         let apply = sync::run(self.limits, &wake, || {
             let set = nodes.borrow_and_update().clone();
-            let (prober, routes) = (self.prober.clone(), routes.clone());
+            let (prober, routes) = (self.prober.borrow().clone(), routes.clone());
             let desired = PeerRoutes::desired(&set, Some(&self.local_name), self.own_ip);
             async move {
                 prober.set_nodes(set);

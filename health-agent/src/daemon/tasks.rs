@@ -3,7 +3,10 @@
 
 use std::{net::Ipv4Addr, path::PathBuf, sync::Arc, time::Duration};
 
-use tokio::{net::TcpListener, sync::broadcast};
+use tokio::{
+    net::TcpListener,
+    sync::{broadcast, watch},
+};
 use tracing::info;
 
 use super::node_sync::NodeSync;
@@ -23,11 +26,16 @@ use crate::{
 type Started = Result<bool, SupervisorError>;
 
 /// The API on its unix socket (removed when the task ends).
-pub(super) async fn api(sup: &mut Supervisor, socket: PathBuf, state: ApiState) -> Started {
+pub(super) async fn api(
+    sup: &mut Supervisor,
+    socket: PathBuf,
+    group: Option<String>,
+    state: ApiState,
+) -> Started {
     sup.start("api", Restart::WithinBudget, move |ctx| {
-        let (state, socket) = (state.clone(), socket.clone());
+        let (state, socket, group) = (state.clone(), socket.clone(), group.clone());
         task(async move {
-            let (_guard, listener) = server::bind(&socket)?;
+            let (_guard, listener) = server::bind(&socket, group.as_deref())?;
             info!(socket = %socket.display(), "API listening");
             ctx.ready.done();
             server::serve(listener, state, ctx.shutdown).await
@@ -136,23 +144,36 @@ pub(super) async fn sync(
     .await
 }
 
-/// The probe rounds.
+/// The probe rounds, by the prober in service: when a reload replaces it
+/// (after the new one's first round), its rounds go on one interval later.
 pub(super) async fn probe(
     sup: &mut Supervisor,
-    prober: Arc<Prober>,
+    probers: watch::Receiver<Arc<Prober>>,
     initial_delay: Duration,
 ) -> Started {
     sup.start("probe", Restart::WithinBudget, move |ctx| {
-        let prober = prober.clone();
+        let mut probers = probers.clone();
         // A restarted loop probes at once: the first delay is for start-up.
-        let delay = if ctx.restarts == 0 {
+        let mut delay = if ctx.restarts == 0 {
             initial_delay
         } else {
             Duration::ZERO
         };
         task(async move {
             ctx.ready.done();
-            scheduler::run(prober, delay, ctx.shutdown).await;
+            loop {
+                let prober = probers.borrow_and_update().clone();
+                let rounds = scheduler::run(prober, delay, ctx.shutdown.clone());
+                tokio::select! {
+                    () = rounds => break,
+                    changed = probers.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        delay = probers.borrow().config().interval;
+                    }
+                }
+            }
             Ok::<_, std::convert::Infallible>(())
         })
     })

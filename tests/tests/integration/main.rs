@@ -9,6 +9,7 @@
 )]
 
 mod cluster;
+mod config;
 mod datapath;
 mod echo_netns;
 mod echo_test_run;
@@ -17,5 +18,7 @@ mod etcd;
 mod maps;
 mod masquerade;
 mod nat_test_run;
+mod package;
 mod scale;
+mod service;
 mod track_test_run;

@@ -10,14 +10,18 @@
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
 mod cli;
 mod logging;
 
-use cli::Cli;
-
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, invocation) = match cli::config::parse_command_line(std::env::args_os().collect()) {
+        Ok(parsed) => parsed,
+        Err(cli::config::ConfigFileError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("error: {}", health_agent::util::errors::chain(&e));
+            return ExitCode::from(2);
+        }
+    };
     // The daemon creates namespaces, links and pins: a SIGINT/SIGTERM from
     // now on must stop it cleanly, so the signals are held until its
     // handlers are in place (its threads inherit the mask).
@@ -41,7 +45,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli.run()) {
+    match runtime.block_on(cli.run(invocation)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -4,8 +4,12 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 
-use super::{PinArgs, SocketArgs};
+use super::{
+    PinArgs, SocketArgs,
+    config::{self, Invocation},
+};
 use health_common::{ct::CtConfig, maps::MapSizes};
+use tracing::{error, info, warn};
 
 use anyhow::Context as _;
 use health_agent::{
@@ -13,6 +17,7 @@ use health_agent::{
     daemon::{
         self, DaemonConfig, DatapathSettings, Discovery, EndpointSettings, MasqueradeFlags,
         ProbeSettings,
+        reload::{ProbeTuning, Reload},
     },
     datapath::{AttachMode, masquerade::PortRange},
     probe::{http::HEALTH_PORT, path::Thresholds},
@@ -21,8 +26,14 @@ use health_agent::{
     util::cidr::Ipv4Cidr,
 };
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct DaemonArgs {
+    /// YAML file of settings: one key per flag of this command, same name
+    /// (`probe-interval: 10s`); flags and their environment variables
+    /// override it. Re-read on SIGHUP (see `health-agent config
+    /// print-defaults`).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// The node's share of the pod range; the endpoint's address comes from it.
     #[arg(long, value_name = "CIDR")]
     pub health_cidr: Ipv4Cidr,
@@ -156,6 +167,10 @@ pub(crate) struct DaemonArgs {
     /// within this; the rest are aborted.
     #[arg(long, default_value = "1500ms", value_parser = health_agent::util::duration::parse)]
     pub shutdown_timeout: Duration,
+    /// Group owning the API socket (mode 0660): its members may run
+    /// `health-agent status` and the other API commands.
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
     #[command(flatten)]
     pub pins: PinArgs,
     #[command(flatten)]
@@ -219,6 +234,7 @@ impl DaemonArgs {
             node_name,
             node_ip: self.node_ip,
             socket: self.socket.path,
+            socket_group: self.socket_group,
             pidfile: self.pidfile,
             pin_dir: self.pins.dir,
             endpoint: EndpointSettings {
@@ -289,8 +305,57 @@ impl DaemonArgs {
         })
     }
 
-    pub(crate) async fn run(self) -> anyhow::Result<()> {
-        daemon::run(self.config()?).await?;
+    pub(crate) async fn run(self, invocation: Option<Invocation>) -> anyhow::Result<()> {
+        daemon::run(self.config()?, invocation.map(reloader)).await?;
         Ok(())
     }
+}
+
+/// What SIGHUP does: reads the file again with the same command line over
+/// it; applies the log level here and hands the probe settings to the
+/// daemon; names every other changed key as needing a restart. A file
+/// that no longer parses changes nothing.
+fn reloader(mut inv: Invocation) -> Reload {
+    Box::new(move || {
+        let (cli, values) = match inv.reread() {
+            Ok(v) => v,
+            Err(e) => {
+                error!("config file refused, the running settings stay: {e:#}");
+                return None;
+            }
+        };
+        let super::Command::Daemon(args) = cli.command else {
+            return None;
+        };
+        let (now, later): (Vec<String>, Vec<String>) = config::changed(&inv.values, &values)
+            .into_iter()
+            .partition(|k| config::RELOADABLE.contains(&k.as_str()));
+        if !later.is_empty() {
+            warn!(
+                keys = %later.join(", "),
+                "config file: these changes need a restart of the agent to take effect"
+            );
+        }
+        for key in &now {
+            if key == "log-level"
+                && let Err(e) = crate::logging::set_level(&cli.log_level)
+            {
+                error!("log-level: {e:#}");
+                continue;
+            }
+            match values.get(key) {
+                Some(v) => inv.values.insert(key.clone(), v.clone()),
+                None => inv.values.remove(key),
+            };
+        }
+        info!(applied = %now.join(", "), "config file re-read");
+        Some(ProbeTuning {
+            interval: args.probe_interval,
+            timeout: args.probe_timeout,
+            thresholds: Thresholds {
+                success: args.success_threshold,
+                failure: args.failure_threshold,
+            },
+        })
+    })
 }

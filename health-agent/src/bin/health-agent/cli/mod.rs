@@ -5,6 +5,7 @@
 )]
 
 mod bpf;
+pub(crate) mod config;
 mod daemon;
 mod echo;
 mod endpoint;
@@ -12,7 +13,8 @@ pub(crate) mod status;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use anyhow::Context as _;
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 
 use health_agent::{
     datapath::DEFAULT_PIN_DIR,
@@ -49,6 +51,43 @@ pub(crate) enum Command {
     /// The kernel ICMP echo responder.
     #[command(subcommand)]
     Responder(echo::ResponderCommand),
+    /// The daemon's configuration file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Print a shell completion script (e.g. `health-agent completions bash
+    /// > /usr/share/bash-completion/completions/health-agent`).
+    Completions {
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Write the man pages (health-agent.1 and one per subcommand) into a
+    /// directory.
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out_dir: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Print a complete configuration file: every key, commented, at its
+    /// default.
+    PrintDefaults,
+    /// Check a configuration file (keys, values, and the daemon's command
+    /// line it makes) without starting anything.
+    Check {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+}
+
+/// Shells completion scripts are made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 /// Output format of the read commands.
@@ -90,21 +129,63 @@ impl Cli {
         matches!(self.command, Command::Daemon(_))
     }
 
-    pub(crate) async fn run(self) -> anyhow::Result<()> {
+    /// Runs the command; `invocation`: how the daemon was started with a
+    /// config file, to read it again on SIGHUP.
+    pub(crate) async fn run(self, invocation: Option<config::Invocation>) -> anyhow::Result<()> {
         match self.command {
             Command::Responder(cmd) => cmd.run().await,
-            Command::Daemon(args) => args.run().await,
+            Command::Daemon(args) => args.run(invocation).await,
             Command::Endpoint(cmd) => cmd.run().await,
             Command::Status(args) => args.run().await,
             Command::Bpf(cmd) => cmd.run(),
+            Command::Config(cmd) => cmd.run(),
+            Command::Completions { shell } => {
+                completions(shell, &mut std::io::stdout().lock());
+                Ok(())
+            }
+            Command::Man { out_dir } => {
+                std::fs::create_dir_all(&out_dir)
+                    .with_context(|| format!("creating {}", out_dir.display()))?;
+                clap_mangen::generate_to(Self::command(), &out_dir)
+                    .with_context(|| format!("writing the man pages into {}", out_dir.display()))
+            }
         }
+    }
+}
+
+/// Writes `shell`'s completion script for the whole CLI.
+fn completions(shell: Shell, out: &mut dyn std::io::Write) {
+    let shell = match shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut Cli::command(), "health-agent", out);
+}
+
+impl ConfigCommand {
+    fn run(self) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        match self {
+            Self::PrintDefaults => {
+                std::io::stdout()
+                    .lock()
+                    .write_all(config::defaults().as_bytes())
+                    .context("writing to stdout")?;
+            }
+            Self::Check { file } => {
+                let entries = config::load(&file)?;
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}: {} settings, valid", file.display(), entries.len())
+                    .context("writing to stdout")?;
+            }
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory as _;
-
     use super::*;
 
     #[test]
@@ -161,6 +242,42 @@ mod tests {
                     .to_string();
             assert!(err.contains(needle), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn completions_cover_every_subcommand_and_daemon_flag() {
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let mut out = Vec::new();
+            completions(shell, &mut out);
+            let script = String::from_utf8(out).expect("utf-8");
+            for word in [
+                "daemon",
+                "status",
+                "print-defaults",
+                "probe-interval",
+                "socket-group",
+            ] {
+                assert!(script.contains(word), "{shell:?}: {word} missing");
+            }
+        }
+    }
+
+    #[test]
+    fn man_pages_are_made_for_the_cli_and_its_subcommands() {
+        let dir = std::env::temp_dir().join(format!("health-agent-man-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        clap_mangen::generate_to(Cli::command(), &dir).expect("man pages");
+        let main = std::fs::read_to_string(dir.join("health-agent.1")).expect("health-agent.1");
+        let daemon = std::fs::read_to_string(dir.join("health-agent-daemon.1"))
+            .expect("health-agent-daemon.1");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            main.starts_with(".ie") || main.contains(".TH health-agent 1"),
+            "{main}"
+        );
+        assert!(main.contains("completions"), "{main}");
+        assert!(daemon.contains("probe\\-interval"), "{daemon}");
     }
 
     #[test]

@@ -1,0 +1,93 @@
+//! SIGHUP: the configuration is re-read (by the caller's [`Reload`], which
+//! knows where it came from) and the settings that can change at run time
+//! are applied. The prober's settings (interval, timeout, thresholds) are
+//! fixed for a prober's life, so a change makes a new prober with the same
+//! node set: it runs its first round while the old one keeps serving, then
+//! replaces it in the API, the node sync and the probe loop. The new
+//! prober's paths start from that round (as kubelet's counters restart with
+//! a new probe): a failing path shows Unknown until it reaches the new
+//! failure threshold.
+
+use std::{sync::Arc, time::Duration};
+
+use sd_notify::NotifyState;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::{
+    probe::{Prober, path::Thresholds},
+    sys::signals::Hangups,
+};
+
+/// The probe settings a reload may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeTuning {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub thresholds: Thresholds,
+}
+
+/// Called on SIGHUP: re-reads the configuration, applies what it owns
+/// itself (the log level), reports what needs a restart, and returns the
+/// probe settings to run with from now on (`None`: keep the running ones,
+/// e.g. when the new configuration is refused).
+pub type Reload = Box<dyn FnMut() -> Option<ProbeTuning> + Send>;
+
+/// Sends `states` to the service manager (nothing when not started by one).
+pub(super) fn notify(states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        warn!("notifying the service manager: {e}");
+    }
+}
+
+/// Answers SIGHUPs until the task is dropped.
+pub(super) async fn run(
+    mut hangups: Hangups,
+    mut reload: Option<Reload>,
+    probers: watch::Sender<Arc<Prober>>,
+) {
+    while hangups.recv().await {
+        let Some(reload) = reload.as_mut() else {
+            info!("SIGHUP: no configuration file, nothing to re-read");
+            continue;
+        };
+        info!("SIGHUP: re-reading the configuration");
+        let mut reloading = vec![NotifyState::Reloading];
+        reloading.extend(NotifyState::monotonic_usec_now().ok());
+        notify(&reloading);
+        if let Some(tuning) = reload() {
+            apply(tuning, &probers).await;
+        }
+        notify(&[NotifyState::Ready]);
+    }
+}
+
+async fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
+    let old = probers.borrow().clone();
+    let mut cfg = old.config().clone();
+    let current = ProbeTuning {
+        interval: cfg.interval,
+        timeout: cfg.timeout,
+        thresholds: cfg.thresholds,
+    };
+    if current == tuning {
+        debug!("probe settings unchanged");
+        return;
+    }
+    cfg.interval = tuning.interval;
+    cfg.timeout = tuning.timeout;
+    cfg.thresholds = tuning.thresholds;
+    let new = Prober::new(cfg);
+    new.set_nodes(old.nodes());
+    new.round().await;
+    // Whatever changed in the node set meanwhile went to the old one.
+    new.set_nodes(old.nodes());
+    probers.send_replace(new);
+    info!(
+        interval = ?tuning.interval,
+        timeout = ?tuning.timeout,
+        success_threshold = tuning.thresholds.success,
+        failure_threshold = tuning.thresholds.failure,
+        "probe settings applied"
+    );
+}

@@ -1,0 +1,116 @@
+//! The Debian package (`cargo xtask package`, here from the binary under
+//! test): it builds, `dpkg -i` installs every file where the system looks
+//! for it, `systemd-analyze verify` accepts the installed unit, and
+//! `dpkg -r` / `dpkg --purge` take everything away again.
+
+use std::{
+    path::Path,
+    process::{Command, Output},
+};
+
+use health_tests::{agent::agent_binary, names};
+
+const FILES: [&str; 6] = [
+    "/usr/bin/health-agent",
+    "/lib/systemd/system/health-agent.service",
+    "/usr/share/bash-completion/completions/health-agent",
+    "/usr/share/zsh/vendor-completions/_health-agent",
+    "/usr/share/fish/vendor_completions.d/health-agent.fish",
+    "/usr/share/man/man1/health-agent-daemon.1.gz",
+];
+const CONFIG: &str = "/etc/health-agent/config.yaml";
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}
+
+fn ok(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn installed() -> bool {
+    run(Command::new("dpkg-query").args(["-W", "-f=${Status}", "health-agent"]))
+        .stdout
+        .starts_with(b"install ok installed")
+}
+
+fn group_exists() -> bool {
+    nix::unistd::Group::from_name("health-agent").is_ok_and(|g| g.is_some())
+}
+
+/// Purges the package if the test stops half-way.
+struct Purge;
+
+impl Drop for Purge {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg")
+            .args(["--purge", "health-agent"])
+            .output();
+    }
+}
+
+#[test]
+fn the_debian_package_installs_verifies_and_removes_cleanly() {
+    health_tests::require_root();
+    assert!(
+        !installed() && !Path::new(FILES[0]).exists(),
+        "health-agent is installed on this machine already: the test would remove it"
+    );
+    let out = std::env::temp_dir().join(names::unique("deb"));
+    std::fs::create_dir_all(&out).expect("out dir");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let deb = xtask::package::build_deb(&agent_binary(), &workspace, &out).expect("build the .deb");
+    let contents = ok(Command::new("dpkg-deb").arg("--contents").arg(&deb));
+    for f in FILES.iter().chain([&CONFIG]) {
+        assert!(
+            contents.contains(&format!(".{f}\n")),
+            "{f} not in:\n{contents}"
+        );
+    }
+
+    let _purge = Purge;
+    ok(Command::new("dpkg").arg("-i").arg(&deb));
+    assert!(installed());
+    for f in FILES.iter().chain([&CONFIG]) {
+        assert!(Path::new(f).is_file(), "{f} not installed");
+    }
+    assert!(group_exists(), "no health-agent group");
+    let version = ok(Command::new("/usr/bin/health-agent").arg("--version"));
+    assert!(version.starts_with("health-agent "), "{version}");
+    // The packaged config is the defaults, with the socket for the group.
+    let check = ok(Command::new("/usr/bin/health-agent").args(["config", "check", CONFIG]));
+    assert!(check.contains("valid"), "{check}");
+    let config = std::fs::read_to_string(CONFIG).expect("config");
+    assert!(
+        config.contains("\nsocket-group: health-agent\n"),
+        "{config}"
+    );
+    // Man pages are checked above; `man` itself need not be installed.
+    ok(Command::new("systemd-analyze").args([
+        "verify",
+        "--man=no",
+        "/lib/systemd/system/health-agent.service",
+    ]));
+
+    ok(Command::new("dpkg").args(["-r", "health-agent"]));
+    for f in FILES {
+        assert!(!Path::new(f).exists(), "{f} left by dpkg -r");
+    }
+    // A conffile stays until purge, as Debian policy wants.
+    assert!(Path::new(CONFIG).exists());
+    ok(Command::new("dpkg").args(["--purge", "health-agent"]));
+    assert!(!Path::new(CONFIG).exists(), "{CONFIG} left by purge");
+    assert!(!Path::new("/etc/health-agent").exists());
+    assert!(!group_exists(), "group left by purge");
+    assert!(!installed());
+    let _ = std::fs::remove_dir_all(&out);
+}
