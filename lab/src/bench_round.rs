@@ -186,9 +186,15 @@ impl Lab {
             .arg(nodes_file)
             .args(["--probe-interval", &format!("{}ms", interval.as_millis())])
             .args(["--probe-timeout", "1s", "--failure-threshold", "1"])
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.dir.join("daemon.log"))?);
+            .stderr(match std::env::var_os("BENCH_AGENT_LOG_FILE") {
+                Some(path) => std::fs::File::create(path)?,
+                None => std::fs::File::create(self.dir.join("daemon.log"))?,
+            });
         let child = cmd.spawn().context("starting health-agent")?;
         let pid = child.id();
         self.daemon = Some(child);
@@ -316,6 +322,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let p99 = percentile(lat.clone(), 99);
     let first = first.context("no round")?;
     let (live_ok, false_ok) = correctness(&first, opts.silent_pct);
+    for (why, n) in live_failures(&first, opts.silent_pct).iter().take(5) {
+        println!("first round: {n} live paths not OK: {why}");
+    }
     let live_paths = 4
         * (0..opts.peers)
             .filter(|k| !silent(*k, opts.silent_pct))
@@ -431,12 +440,21 @@ fn serve_peers(
     rt: &tokio::runtime::Runtime,
     peers: &Netns,
 ) -> anyhow::Result<tokio_util::sync::CancellationToken> {
-    let listener = peers.run(|| std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 4240)))??;
-    listener.set_nonblocking(true)?;
+    let listener = peers.run(|| health_agent::probe::hello::listen(4240))??;
     let stop = tokio_util::sync::CancellationToken::new();
     let _guard = rt.enter();
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    rt.spawn(health_agent::probe::hello::serve(listener, stop.clone()));
+    // One server answers for every peer: each peer's server would see one
+    // connection per round from the agent, so no per-source share applies.
+    let limits = health_agent::probe::hello::Limits {
+        total: 65_536,
+        per_source: 65_536,
+    };
+    rt.spawn(health_agent::probe::hello::serve_with(
+        listener,
+        stop.clone(),
+        limits,
+    ));
     Ok(stop)
 }
 
@@ -474,6 +492,35 @@ fn percentile(mut samples: Vec<Duration>, pct: usize) -> Duration {
         .get((samples.len() * pct / 100).min(samples.len().saturating_sub(1)))
         .copied()
         .unwrap_or_default()
+}
+
+/// Why live paths failed: (path, error) with counts, most frequent first.
+fn live_failures(status: &ClusterStatus, pct: u32) -> Vec<(String, usize)> {
+    let mut tally: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for n in &status.nodes {
+        let k: usize = n
+            .name
+            .trim_start_matches("peer-")
+            .parse()
+            .unwrap_or(usize::MAX);
+        if silent(k, pct) {
+            continue;
+        }
+        for (path, p) in [
+            ("node ICMP", &n.host.icmp),
+            ("node HTTP", &n.host.http),
+            ("endpoint ICMP", &n.endpoint.icmp),
+            ("endpoint HTTP", &n.endpoint.http),
+        ] {
+            if p.result != ProbeResult::Success {
+                let why = p.last_error.as_deref().unwrap_or("never probed");
+                *tally.entry(format!("{path}: {why}")).or_default() += 1;
+            }
+        }
+    }
+    let mut v: Vec<_> = tally.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v
 }
 
 /// Live paths that are OK, and silent paths that are (wrongly) OK.

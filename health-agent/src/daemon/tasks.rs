@@ -1,7 +1,7 @@
 //! The agent's tasks as the supervisor runs them: each factory builds its
 //! component's `run(config, shutdown)` afresh for every (re)start.
 
-use std::{net::Ipv4Addr, path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::{
     net::TcpListener,
@@ -96,8 +96,8 @@ pub(super) async fn endpoint(
 pub(super) async fn hello(sup: &mut Supervisor, port: u16) -> Started {
     sup.start("hello", Restart::WithinBudget, move |ctx| {
         task(async move {
-            let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
-                .await
+            let listener = hello::listen(port)
+                .and_then(TcpListener::from_std)
                 .map_err(|e| {
                     std::io::Error::new(
                         e.kind(),

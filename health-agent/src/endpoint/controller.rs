@@ -4,7 +4,7 @@
 //! after any link event, and on shutdown removes the endpoint (or keeps it
 //! for the next agent).
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::time::Duration;
 
 use tokio::{net::TcpListener, sync::broadcast, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -158,10 +158,9 @@ fn serve_hello(
         source,
     };
     let std_listener = netns
-        .run(|| std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
+        .run(|| hello::listen(port))
         .map_err(EndpointError::from)?
         .map_err(bind_err)?;
-    std_listener.set_nonblocking(true).map_err(bind_err)?;
     let listener = TcpListener::from_std(std_listener).map_err(bind_err)?;
     Ok(tokio::spawn(hello::serve(listener, shutdown.child_token())))
 }

@@ -29,10 +29,60 @@ pub const PER_SOURCE: usize = 256;
 const MAX_HEAD: usize = 4096;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Pending connections the listener queues (the kernel caps it at
+/// `net.core.somaxconn`, 4096 by default): a node of a large cluster gets a
+/// connection from every peer within each prober's spread, and a SYN that
+/// finds the queue full is dropped and retried only after a second, past
+/// the prober's timeout. std's and tokio's defaults are 128 and 1024.
+pub const BACKLOG: i32 = 65_535;
+
+/// A non-blocking listener on `0.0.0.0:port` of the calling thread's
+/// namespace, with [`BACKLOG`].
+pub fn listen(port: u16) -> std::io::Result<std::net::TcpListener> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.set_reuse_address(true)?;
+    sock.bind(&std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port)).into())?;
+    sock.listen(BACKLOG)?;
+    sock.set_nonblocking(true)?;
+    Ok(sock.into())
+}
+
 /// Serves until `shutdown` (connections being answered finish on their own,
 /// bounded by the head timeout).
 pub async fn serve(listener: TcpListener, shutdown: tokio_util::sync::CancellationToken) {
-    shutdown.run_until_cancelled(accept_loop(listener)).await;
+    serve_with(listener, shutdown, Limits::NODE).await;
+}
+
+/// How many connections a hello server answers at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub total: usize,
+    pub per_source: usize,
+}
+
+impl Limits {
+    /// A node's server: [`MAX_CONNECTIONS`], [`PER_SOURCE`].
+    pub const NODE: Self = Self {
+        total: MAX_CONNECTIONS,
+        per_source: PER_SOURCE,
+    };
+}
+
+/// [`serve`] with other limits: a benchmark's one server standing in for
+/// thousands of peers sees every probe of a prober from one address, which
+/// a real peer's server never does.
+pub async fn serve_with(
+    listener: TcpListener,
+    shutdown: tokio_util::sync::CancellationToken,
+    limits: Limits,
+) {
+    shutdown
+        .run_until_cancelled(accept_loop(listener, limits))
+        .await;
 }
 
 /// Connections open per source address.
@@ -45,10 +95,10 @@ struct SourceSlot {
 }
 
 impl SourceSlot {
-    fn take(counts: &PerSource, ip: IpAddr) -> Option<Self> {
+    fn take(counts: &PerSource, ip: IpAddr, limit: usize) -> Option<Self> {
         let mut c = counts.lock().ok()?;
         let n = c.entry(ip).or_insert(0);
-        if *n >= PER_SOURCE {
+        if *n >= limit {
             return None;
         }
         *n += 1;
@@ -72,15 +122,15 @@ impl Drop for SourceSlot {
     }
 }
 
-async fn accept_loop(listener: TcpListener) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+async fn accept_loop(listener: TcpListener, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.total));
     let per_source = PerSource::default();
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Some(source) = SourceSlot::take(&per_source, peer.ip()) else {
+        let Some(source) = SourceSlot::take(&per_source, peer.ip(), limits.per_source) else {
             drop(stream);
             continue;
         };

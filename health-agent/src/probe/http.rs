@@ -29,9 +29,16 @@ pub enum SocketSource<'a> {
     Made(socket2::Socket),
 }
 
-/// `GET /hello` from a socket of `from`.
-pub async fn probe(ip: Ipv4Addr, port: u16, timeout: Duration, from: SocketSource<'_>) -> Outcome {
-    match tokio::time::timeout(timeout, exchange(ip, port, from)).await {
+/// `GET /hello` from a socket of `from`, given up at `deadline` (the
+/// probe's start plus `timeout`, named in the error).
+pub async fn probe(
+    ip: Ipv4Addr,
+    port: u16,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    from: SocketSource<'_>,
+) -> Outcome {
+    match tokio::time::timeout_at(deadline, exchange(ip, port, from)).await {
         Ok(Ok((status, rtt))) => classify(status, rtt),
         Ok(Err(e)) => Outcome::Failed(e),
         Err(_) => Outcome::Failed(ProbeError::Timeout {

@@ -295,9 +295,9 @@ impl Prober {
         let nodes = self.nodes();
         let targets = Arc::new(targets(&nodes));
         let sockets = self.sockets();
-        let (icmp, http) = tokio::join!(
-            self.icmp_round(&targets, sockets.as_ref()),
-            self.http_round(&targets, sockets.as_ref())
+        let ((icmp, icmp_done), (http, http_done)) = tokio::join!(
+            timed(t0, self.icmp_round(&targets, sockets.as_ref())),
+            timed(t0, self.http_round(&targets, sockets.as_ref()))
         );
         // Kernel RTTs replace user-space ones before the paths are locked:
         // the map lookups are syscalls, not work to do under the lock. The
@@ -340,6 +340,7 @@ impl Prober {
                 probes += 2;
             }
         }
+        let merged = t0.elapsed();
         let status = self.snapshot(Some(RoundInfo {
             seq,
             started_ms: epoch_ms(started),
@@ -347,6 +348,14 @@ impl Prober {
             probes,
         }));
         self.publish(status, false);
+        tracing::debug!(
+            seq,
+            icmp_ms = ms(icmp_done),
+            http_ms = ms(http_done),
+            merged_ms = ms(merged),
+            published_ms = ms(t0.elapsed()),
+            "round done"
+        );
         self.status()
     }
 
@@ -384,6 +393,14 @@ impl Prober {
     /// probes are futures of a few tasks (one per CPU, not one per probe),
     /// starts jittered over the spread, at most `max_in_flight` at once
     /// (each holds a socket).
+    ///
+    /// A probe's timeout runs from its scheduled start (its place in the
+    /// spread), as the ICMP engine's does, not from when a busy CPU got to
+    /// its `connect`, so the round ends about one timeout after the spread
+    /// however long issuing thousands of connects takes; a probe started
+    /// late still gets at least half the timeout from its `connect`, so a
+    /// busy agent does not fail live paths. A wait for an in-flight slot
+    /// (`--max-in-flight`, a configured limit) moves a probe's start.
     async fn http_round(
         &self,
         targets: &Arc<Vec<Ipv4Addr>>,
@@ -400,10 +417,14 @@ impl Prober {
         // When every probe may be in flight at once, each task asks the
         // namespace's thread for all its sockets in one request.
         let batch = n <= self.cfg.max_in_flight;
+        let t0 = tokio::time::Instant::now();
+        let latest_start = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let tasks: Vec<_> = (0..workers)
             .map(|w| {
                 let (targets, slots, factory) = (targets.clone(), slots.clone(), factory.clone());
+                let latest_start = latest_start.clone();
                 tokio::spawn(async move {
+                    let latest_start = &*latest_start;
                     let mine: Vec<usize> = (w..targets.len()).step_by(workers).collect();
                     let mut made = match (&factory, batch) {
                         (Some(maker), true) => {
@@ -425,11 +446,23 @@ impl Prober {
                                 (None, Some(maker)) => SocketSource::Factory(maker),
                                 (None, None) => SocketSource::Here,
                             };
-                            let jitter = spread.mul_f64(fastrand::f64());
+                            let scheduled = t0 + spread.mul_f64(fastrand::f64());
+                            let latest = &latest_start;
                             async move {
-                                tokio::time::sleep(jitter).await;
-                                let _slot = slots.acquire().await;
-                                (i, http::probe(ip, port, timeout, from).await)
+                                tokio::time::sleep_until(scheduled).await;
+                                let (_slot, start) = match slots.try_acquire() {
+                                    Ok(slot) => (Some(slot), scheduled),
+                                    Err(_) => {
+                                        let slot = slots.acquire().await.ok();
+                                        (slot, tokio::time::Instant::now())
+                                    }
+                                };
+                                let late =
+                                    u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
+                                latest.fetch_max(late, std::sync::atomic::Ordering::Relaxed);
+                                let deadline = (start + timeout)
+                                    .max(tokio::time::Instant::now() + timeout / 2);
+                                (i, http::probe(ip, port, deadline, timeout, from).await)
                             }
                         })
                         .collect();
@@ -447,6 +480,11 @@ impl Prober {
                 outcomes[i] = Some(outcome);
             }
         }
+        tracing::debug!(
+            latest_start_ms = latest_start.load(std::sync::atomic::Ordering::Relaxed) / 1000,
+            done_ms = ms(t0.elapsed()),
+            "HTTP probes"
+        );
         outcomes
             .into_iter()
             .map(|o| o.unwrap_or(Outcome::Failed(ProbeError::ReceiverStopped)))
@@ -454,7 +492,12 @@ impl Prober {
     }
 }
 
-/// Both addresses of every node: node IP at `2i`, health IP at `2i + 1`.
+/// `f`'s output and when it was ready, counted from `t0`.
+async fn timed<T>(t0: Instant, f: impl Future<Output = T>) -> (T, Duration) {
+    let out = f.await;
+    (out, t0.elapsed())
+}
+
 /// Removes the kernel's RTT entries of peers no longer in `nodes`, off the
 /// caller's thread (it walks the RTT maps).
 fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
@@ -472,6 +515,7 @@ fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
     }
 }
 
+/// Both addresses of every node: node IP at `2i`, health IP at `2i + 1`.
 fn targets(nodes: &[Node]) -> Vec<Ipv4Addr> {
     nodes
         .iter()
