@@ -78,10 +78,9 @@ async fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
     cfg.timeout = tuning.timeout;
     cfg.thresholds = tuning.thresholds;
     let new = Prober::new(cfg);
-    new.set_nodes(old.nodes());
-    new.round().await;
-    // Whatever changed in the node set meanwhile went to the old one.
-    new.set_nodes(old.nodes());
+    // Every path keeps its counters and last result: only the settings
+    // change.
+    new.take_over(&old);
     probers.send_replace(new);
     info!(
         interval = ?tuning.interval,

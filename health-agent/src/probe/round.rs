@@ -142,6 +142,26 @@ impl Prober {
         &self.cfg
     }
 
+    /// Takes over `old`'s state: its node set, every path's kubelet
+    /// counters and last results, its round numbering and its published
+    /// status, so a prober made with new settings (a reload) goes on where
+    /// the old one stopped instead of starting every path Unknown.
+    pub fn take_over(&self, old: &Self) {
+        let nodes = old.nodes();
+        if let (Ok(mut mine), Ok(theirs)) = (self.paths.lock(), old.paths.lock()) {
+            mine.clone_from(&theirs);
+        }
+        self.round_seq.store(
+            old.round_seq.load(std::sync::atomic::Ordering::Relaxed),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if let Ok(mut n) = self.nodes.write() {
+            *n = nodes;
+        }
+        let round = old.status().round.clone();
+        self.publish(self.snapshot(round), true);
+    }
+
     fn published(&self) -> Published {
         self.published
             .read()

@@ -120,6 +120,7 @@ fn sighup_applies_each_reloadable_setting_and_only_those() {
         &file,
         &(config(&nodes, "300ms", "200ms", 1, "debug") + "controller-interval: 5s\n"),
     );
+    let pre = status(&node).expect("status before the reload");
     node.signal(Signal::SIGHUP);
     let after = wait_status(&node, Duration::from_secs(10), "the reload", |s| {
         s.probe_interval_ms == 300
@@ -133,6 +134,21 @@ fn sighup_applies_each_reloadable_setting_and_only_those() {
         |s| s.round.as_ref().is_some_and(|r| r.duration_ms < 1000),
     );
     let seq = fast.round.as_ref().expect("round").seq;
+    // The reload changed settings, not history: every path's counters go
+    // on from where they were, and rounds keep their numbering.
+    let probes = |s: &ClusterStatus| {
+        s.nodes
+            .iter()
+            .find(|n| n.name == "silent")
+            .map(|n| (n.host.icmp.probes, n.host.icmp.consecutive_failures))
+            .expect("the silent node")
+    };
+    let (was, now) = (probes(&pre), probes(&fast));
+    assert!(
+        was.0 >= 1 && now.0 > was.0 && now.1 > was.1,
+        "{was:?} then {now:?}"
+    );
+    assert!(seq > pre.round.as_ref().expect("round").seq);
     // Thresholds of 1: one result decides each path.
     assert_eq!(
         results(&fast, "self"),
