@@ -322,9 +322,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let p99 = percentile(lat.clone(), 99);
     let first = first.context("no round")?;
     let (live_ok, false_ok) = correctness(&first, opts.silent_pct);
-    for (why, n) in live_failures(&first, opts.silent_pct).iter().take(5) {
-        println!("first round: {n} live paths not OK: {why}");
-    }
+    print_live_failures(&first, opts.silent_pct);
     let live_paths = 4
         * (0..opts.peers)
             .filter(|k| !silent(*k, opts.silent_pct))
@@ -519,8 +517,15 @@ fn live_failures(status: &ClusterStatus, pct: u32) -> Vec<(String, usize)> {
         }
     }
     let mut v: Vec<_> = tally.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|e| std::cmp::Reverse(e.1));
     v
+}
+
+/// The most frequent reasons live paths failed in `status`.
+fn print_live_failures(status: &ClusterStatus, pct: u32) {
+    for (why, n) in live_failures(status, pct).iter().take(5) {
+        println!("first round: {n} live paths not OK: {why}");
+    }
 }
 
 /// Live paths that are OK, and silent paths that are (wrongly) OK.

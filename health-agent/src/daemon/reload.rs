@@ -56,13 +56,13 @@ pub(super) async fn run(
         reloading.extend(NotifyState::monotonic_usec_now().ok());
         notify(&reloading);
         if let Some(tuning) = reload() {
-            apply(tuning, &probers).await;
+            apply(tuning, &probers);
         }
         notify(&[NotifyState::Ready]);
     }
 }
 
-async fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
+fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
     let old = probers.borrow().clone();
     let mut cfg = old.config().clone();
     let current = ProbeTuning {

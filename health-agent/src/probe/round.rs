@@ -470,12 +470,11 @@ impl Prober {
                             let latest = &latest_start;
                             async move {
                                 tokio::time::sleep_until(scheduled).await;
-                                let (_slot, start) = match slots.try_acquire() {
-                                    Ok(slot) => (Some(slot), scheduled),
-                                    Err(_) => {
-                                        let slot = slots.acquire().await.ok();
-                                        (slot, tokio::time::Instant::now())
-                                    }
+                                let (_slot, start) = if let Ok(slot) = slots.try_acquire() {
+                                    (Some(slot), scheduled)
+                                } else {
+                                    let slot = slots.acquire().await.ok();
+                                    (slot, tokio::time::Instant::now())
                                 };
                                 let late =
                                     u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
