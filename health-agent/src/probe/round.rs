@@ -411,16 +411,12 @@ impl Prober {
 
     /// HTTP to both addresses of every node (same order as ICMP): the
     /// probes are futures of a few tasks (one per CPU, not one per probe),
-    /// starts jittered over the spread, at most `max_in_flight` at once
-    /// (each holds a socket).
+    /// each task pacing its starts evenly over the spread with one timer,
+    /// at most `max_in_flight` at once (each holds a socket).
     ///
-    /// A probe's timeout runs from its scheduled start (its place in the
-    /// spread), as the ICMP engine's does, not from when a busy CPU got to
-    /// its `connect`, so the round ends about one timeout after the spread
-    /// however long issuing thousands of connects takes; a probe started
-    /// late still gets at least half the timeout from its `connect`, so a
-    /// busy agent does not fail live paths. A wait for an in-flight slot
-    /// (`--max-in-flight`, a configured limit) moves a probe's start.
+    /// A probe's timeout runs from its `connect` (kubelet's semantics): an
+    /// agent slowed by its own CPU never fails a live path for it, and the
+    /// round lasts the time to issue every connect plus one timeout.
     async fn http_round(
         &self,
         targets: &Arc<Vec<Ipv4Addr>>,
@@ -457,37 +453,37 @@ impl Prober {
                         _ => Vec::new(),
                     };
                     let factory = factory.as_deref();
-                    let mut probes: FuturesUnordered<_> = mine
-                        .into_iter()
-                        .map(|i| {
+                    // Paced by this loop, one timer for the task (not one
+                    // per probe): probe k starts at t0 + k * step.
+                    let count = mine.len();
+                    let step = spread / u32::try_from(count).unwrap_or(u32::MAX).max(1);
+                    let at = |k: usize| t0 + step * u32::try_from(k).unwrap_or(u32::MAX);
+                    let mut queue = mine.into_iter().enumerate().peekable();
+                    let mut probes = FuturesUnordered::new();
+                    let mut done = Vec::with_capacity(count);
+                    loop {
+                        let now = tokio::time::Instant::now();
+                        while let Some((_, i)) = queue.next_if(|(k, _)| at(*k) <= now) {
                             let (ip, slots) = (targets[i], &slots);
                             let from = match (made.pop(), factory) {
                                 (Some(s), _) => SocketSource::Made(s),
                                 (None, Some(maker)) => SocketSource::Factory(maker),
                                 (None, None) => SocketSource::Here,
                             };
-                            let scheduled = t0 + spread.mul_f64(fastrand::f64());
-                            let latest = &latest_start;
-                            async move {
-                                tokio::time::sleep_until(scheduled).await;
-                                let (_slot, start) = if let Ok(slot) = slots.try_acquire() {
-                                    (Some(slot), scheduled)
-                                } else {
-                                    let slot = slots.acquire().await.ok();
-                                    (slot, tokio::time::Instant::now())
-                                };
-                                let late =
-                                    u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
-                                latest.fetch_max(late, std::sync::atomic::Ordering::Relaxed);
-                                let deadline = (start + timeout)
-                                    .max(tokio::time::Instant::now() + timeout / 2);
-                                (i, http::probe(ip, port, deadline, timeout, from).await)
-                            }
-                        })
-                        .collect();
-                    let mut done = Vec::with_capacity(probes.len());
-                    while let Some(r) = probes.next().await {
-                        done.push(r);
+                            probes.push(async move {
+                                let _slot = slots.acquire().await.ok();
+                                let start = tokio::time::Instant::now();
+                                let late = u64::try_from((start - t0).as_micros()).unwrap_or(u64::MAX);
+                                latest_start.fetch_max(late, std::sync::atomic::Ordering::Relaxed);
+                                (i, http::probe(ip, port, start + timeout, timeout, from).await)
+                            });
+                        }
+                        let wake = queue.peek().map(|(k, _)| at(*k));
+                        tokio::select! {
+                            Some(r) = probes.next(), if !probes.is_empty() => done.push(r),
+                            () = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
+                            else => break,
+                        }
                     }
                     done
                 })
