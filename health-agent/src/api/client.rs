@@ -36,6 +36,11 @@ pub enum ClientError {
         what: String,
         source: serde_json::Error,
     },
+    #[error("the health agent's gzipped answer to {path} does not decompress")]
+    Gzip {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 impl ClientError {
@@ -157,6 +162,7 @@ async fn request(
         .method(method)
         .uri(path)
         .header("host", "health-agent")
+        .header("accept-encoding", "gzip")
         .body(Empty::<Bytes>::new())
         .map_err(|e| ClientError::Api {
             status: StatusCode::BAD_REQUEST,
@@ -164,7 +170,20 @@ async fn request(
         })?;
     let resp = sender.send_request(req).await.map_err(http)?;
     let status = resp.status();
+    let gzipped = resp
+        .headers()
+        .get("content-encoding")
+        .is_some_and(|v| v.as_bytes() == b"gzip");
     let body = resp.into_body().collect().await.map_err(http)?.to_bytes();
     conn.abort();
+    if gzipped {
+        let mut plain = Vec::with_capacity(body.len() * 8);
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut plain)
+            .map_err(|source| ClientError::Gzip {
+                path: path.to_owned(),
+                source,
+            })?;
+        return Ok((status, Bytes::from(plain)));
+    }
     Ok((status, body))
 }

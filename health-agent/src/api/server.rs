@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::types::{ApiError, Healthz, NodesView, paths};
 use crate::{
     cluster::discovery::Nodes,
+    datapath::KernelReport,
     endpoint::{EndpointView, SharedView, lifecycle},
     probe::{Prober, path::ProbeResult, status::ClusterStatus},
     supervisor::{Health, TaskState},
@@ -55,6 +56,8 @@ pub struct ApiState {
     tasks: Health,
     degraded_for: Duration,
     started: Instant,
+    /// The kernel and the hooks chosen on it (`/v1/healthz`).
+    kernel: Option<KernelReport>,
 }
 
 impl ApiState {
@@ -74,7 +77,16 @@ impl ApiState {
             tasks,
             degraded_for,
             started: Instant::now(),
+            kernel: None,
         }
+    }
+
+    /// Shows `kernel` (with the programs attached at each request) in
+    /// `/v1/healthz`.
+    #[must_use]
+    pub fn with_kernel(mut self, kernel: KernelReport) -> Self {
+        self.kernel = Some(kernel);
+        self
     }
 }
 
@@ -207,6 +219,10 @@ async fn healthz(State(state): State<AppState>) -> Json<Healthz> {
         uptime_seconds: state.started.elapsed().as_secs(),
         pid: std::process::id(),
         tasks,
+        kernel: state.kernel.clone().map(|mut k| {
+            k.programs = crate::datapath::attached_programs();
+            k
+        }),
     })
 }
 
@@ -230,13 +246,35 @@ async fn endpoint(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -
 /// The last published round: as serialised once when it was published,
 /// or filtered (`?state=success|failure|unknown`, `?node=NAME`) or
 /// summarised (`?summary=true`: counts only).
-async fn status(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+async fn status(
+    State(state): State<AppState>,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    use axum::http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE};
     let Some(query) = uri.query().filter(|q| !q.is_empty()) else {
-        return (
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
-            state.prober().status_json(),
-        )
-            .into_response();
+        let gzip = headers
+            .get_all(ACCEPT_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|e| e.split(';').next().is_some_and(|e| e.trim() == "gzip"));
+        return if gzip {
+            (
+                [
+                    (CONTENT_TYPE, "application/json"),
+                    (CONTENT_ENCODING, "gzip"),
+                ],
+                state.prober().status_json_gzip(),
+            )
+                .into_response()
+        } else {
+            (
+                [(CONTENT_TYPE, "application/json")],
+                state.prober().status_json(),
+            )
+                .into_response()
+        };
     };
     let mut want_state = None;
     let mut want_node = None;

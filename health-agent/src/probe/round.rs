@@ -84,6 +84,8 @@ struct Sockets {
 struct Published {
     status: Arc<ClusterStatus>,
     json: Bytes,
+    /// `json` gzipped, made by the first client that asks for it.
+    gzip: Arc<std::sync::OnceLock<Bytes>>,
 }
 
 pub struct Prober {
@@ -108,11 +110,23 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+fn gzip(bytes: &[u8]) -> Bytes {
+    use std::io::Write as _;
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 8),
+        flate2::Compression::fast(),
+    );
+    // Writing to a Vec cannot fail.
+    let _ = enc.write_all(bytes);
+    Bytes::from(enc.finish().unwrap_or_default())
+}
+
 fn serialised(status: ClusterStatus) -> Published {
     let json = serde_json::to_vec(&status).unwrap_or_default();
     Published {
         status: Arc::new(status),
         json: Bytes::from(json),
+        gzip: Arc::default(),
     }
 }
 
@@ -178,6 +192,15 @@ impl Prober {
     #[must_use]
     pub fn status_json(&self) -> Bytes {
         self.published().json
+    }
+
+    /// [`Self::status_json`] gzipped, compressed once per published status
+    /// (by the first client that asks): a 5,000-node status is 4.7 MB of
+    /// JSON and about a tenth of that gzipped.
+    #[must_use]
+    pub fn status_json_gzip(&self) -> Bytes {
+        let p = self.published();
+        p.gzip.get_or_init(|| gzip(&p.json)).clone()
     }
 
     #[must_use]
@@ -563,5 +586,31 @@ fn with_kernel_rtt(
             }
         }
         (other, _) => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gzipped_status_is_the_status_and_made_once() {
+        let prober = Prober::new(ProbeConfig::default());
+        let nodes = (0..500u16)
+            .map(|i| Node {
+                name: format!("node-{i:04}"),
+                node_ip: Ipv4Addr::new(198, 18, (i >> 8) as u8, i as u8),
+                health_ip: Ipv4Addr::new(198, 19, (i >> 8) as u8, i as u8),
+            })
+            .collect();
+        prober.set_nodes(NodeSet::new(nodes).expect("unique"));
+        let (json, gz) = (prober.status_json(), prober.status_json_gzip());
+        let mut plain = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut plain)
+            .expect("gunzip");
+        assert_eq!(plain, json.to_vec());
+        assert!(gz.len() * 5 < json.len(), "{} of {} bytes", gz.len(), json.len());
+        // The same bytes (one compression) until the next publish.
+        assert_eq!(prober.status_json_gzip().as_ptr(), gz.as_ptr());
     }
 }
