@@ -35,13 +35,70 @@ pub(super) async fn api(
     sup.start("api", Restart::WithinBudget, move |ctx| {
         let (state, socket, group) = (state.clone(), socket.clone(), group.clone());
         task(async move {
-            let (_guard, listener) = server::bind(&socket, group.as_deref())?;
+            let (bound_tx, bound) = tokio::sync::oneshot::channel();
+            let served = api_thread(socket.clone(), group, state, ctx.shutdown, bound_tx)?;
+            // The thread says whether the socket is bound before serving.
+            bound.await.map_err(|_| api_thread_gone(&socket))??;
             info!(socket = %socket.display(), "API listening");
             ctx.ready.done();
-            server::serve(listener, state, ctx.shutdown).await
+            served.await.map_err(|_| api_thread_gone(&socket))?
         })
     })
     .await
+}
+
+/// Serves the API from a thread and runtime of its own, so that answers do
+/// not queue behind thousands of probe futures on the agent's workers (a
+/// status request during a 5,000-peer round): the kernel shares the CPUs
+/// between the threads. A synchronous `PUT /v1/status/probe` runs its round
+/// there too.
+fn api_thread(
+    socket: PathBuf,
+    group: Option<String>,
+    state: ApiState,
+    shutdown: tokio_util::sync::CancellationToken,
+    bound: tokio::sync::oneshot::Sender<Result<(), server::ServerError>>,
+) -> Result<tokio::sync::oneshot::Receiver<Result<(), server::ServerError>>, server::ServerError> {
+    let (done_tx, done) = tokio::sync::oneshot::channel();
+    let path = socket.clone();
+    let io = move |source| server::ServerError::Io {
+        op: "starting the API thread for",
+        path: path.clone(),
+        source,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("api")
+        .enable_all()
+        .build()
+        .map_err(&io)?;
+    std::thread::Builder::new()
+        .name("api".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let (guard, listener) = match server::bind(&socket, group.as_deref()) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = bound.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = bound.send(Ok(()));
+                let served = server::serve(listener, state, shutdown).await;
+                drop(guard);
+                let _ = done_tx.send(served);
+            });
+        })
+        .map_err(&io)?;
+    Ok(done)
+}
+
+fn api_thread_gone(socket: &std::path::Path) -> server::ServerError {
+    server::ServerError::Io {
+        op: "the API thread stopped while serving",
+        path: socket.to_owned(),
+        source: std::io::Error::other("the API thread panicked"),
+    }
 }
 
 /// Link events of the node's namespace, for the endpoint and the routes.
