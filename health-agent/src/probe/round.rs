@@ -609,7 +609,12 @@ mod tests {
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut plain)
             .expect("gunzip");
         assert_eq!(plain, json.to_vec());
-        assert!(gz.len() * 5 < json.len(), "{} of {} bytes", gz.len(), json.len());
+        assert!(
+            gz.len() * 5 < json.len(),
+            "{} of {} bytes",
+            gz.len(),
+            json.len()
+        );
         // The same bytes (one compression) until the next publish.
         assert_eq!(prober.status_json_gzip().as_ptr(), gz.as_ptr());
     }
