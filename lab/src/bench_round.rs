@@ -310,13 +310,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             cpu_before = cpu;
             last_seq = r.seq;
         }
-        // Polled often enough to catch every round (a twentieth of the
-        // interval), seldom enough not to weigh on the agent it measures:
-        // at a 60 s interval, polling every 25 ms cost the agent more CPU
-        // than its rounds did.
-        std::thread::sleep(
-            (opts.interval / 20).clamp(Duration::from_millis(25), Duration::from_secs(1)),
-        );
+        std::thread::sleep(poll_period(opts.interval));
     }
     first_done.store(true, Ordering::Relaxed);
     let lat: Vec<Duration> = latencies
@@ -523,6 +517,14 @@ fn live_failures(status: &ClusterStatus, pct: u32) -> Vec<(String, usize)> {
     let mut v: Vec<_> = tally.into_iter().collect();
     v.sort_by_key(|e| std::cmp::Reverse(e.1));
     v
+}
+
+/// How often the agent is asked whether a round ended: often enough to
+/// catch every round (a twentieth of the interval), seldom enough not to
+/// weigh on the agent it measures (at a 60 s interval, polling every 25 ms
+/// cost the agent more CPU than its rounds did).
+fn poll_period(interval: Duration) -> Duration {
+    (interval / 20).clamp(Duration::from_millis(25), Duration::from_secs(1))
 }
 
 /// The most frequent reasons live paths failed in `status`.
