@@ -82,7 +82,9 @@ impl AgentNode {
             &self.endpoint_netns,
             cidr,
         );
-        cmd.args(extra).env("RUST_LOG", "info");
+        cmd.args(crate::agent_env_args())
+            .args(extra)
+            .env("RUST_LOG", "info");
         cmd
     }
 
@@ -178,6 +180,7 @@ impl AgentNode {
         timeout: Duration,
         accept: impl Fn(&EndpointView) -> bool,
     ) -> EndpointView {
+        let timeout = crate::patience(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(ep) = self.endpoints().and_then(|v| v.into_iter().next())

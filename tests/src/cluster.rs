@@ -284,6 +284,7 @@ impl Cluster {
         .args(["--failure-threshold", &s.failure_threshold.to_string()])
         .args(["--success-threshold", &s.success_threshold.to_string()])
         .args(["--sync-min-interval", "200ms"])
+        .args(crate::agent_env_args())
         .args(&s.extra_args)
         .args(discovery_args(&s, &nodes_file))
         .env("RUST_LOG", "info")
@@ -301,6 +302,7 @@ impl Cluster {
         timeout: Duration,
         accept: impl Fn(&ClusterStatus) -> bool,
     ) -> ClusterStatus {
+        let timeout = crate::patience(timeout);
         let deadline = Instant::now() + timeout;
         let mut last = None;
         loop {
@@ -323,7 +325,7 @@ impl Cluster {
 
     /// Waits until every node's health endpoint is ready.
     pub fn wait_endpoints_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + crate::patience(timeout);
         for node in &self.nodes {
             loop {
                 let eps =

@@ -36,6 +36,32 @@ pub fn require_root() {
     );
 }
 
+/// `d` stretched by `HEALTH_TEST_TIME_SCALE` (a number, default 1): the
+/// guests of `cargo xtask test --kernel` run under TCG, several times
+/// slower than the host, and set it. Deadlines of readiness and
+/// convergence go through this; nothing else changes.
+#[must_use]
+pub fn patience(d: std::time::Duration) -> std::time::Duration {
+    let scale = std::env::var("HEALTH_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 1.0)
+        .unwrap_or(1.0);
+    d.mul_f64(scale)
+}
+
+/// Flags every test agent gets from the environment:
+/// `HEALTH_TEST_ATTACH=tc|tcx|auto` adds `--attach VALUE` (to run any
+/// selection of the tests on the classic tc hook).
+#[must_use]
+pub fn agent_env_args() -> Vec<String> {
+    std::env::var("HEALTH_TEST_ATTACH")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map(|v| vec!["--attach".to_owned(), v])
+        .unwrap_or_default()
+}
+
 /// Counter `name` among `counters` (as the datapath's `counters` functions
 /// return them); panics naming a counter that is not there.
 #[must_use]

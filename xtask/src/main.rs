@@ -11,6 +11,7 @@
 mod cmd;
 mod lint;
 mod setup;
+mod vm;
 
 use std::{
     path::{Path, PathBuf},
@@ -51,12 +52,21 @@ enum Task {
     /// rustfmt check and `clippy -D warnings`, host side and eBPF side.
     Lint,
     /// setup, lint, then every test: host unit tests and the root-only
-    /// namespace and BPF_PROG_TEST_RUN integration tests.
+    /// namespace and BPF_PROG_TEST_RUN integration tests. With --kernel
+    /// 6.1 or 6.12: a focused selection of the integration tests inside
+    /// Debian's own kernel of that series, booted in QEMU (virtme-ng).
     Test {
         /// Skip the lint step.
         #[arg(long)]
         no_lint: bool,
-        /// Extra arguments for `cargo test` (after `--`).
+        /// The kernel to test on: `host` (every test, on this machine's
+        /// kernel), or `6.1` / `6.12` (Debian bookworm's kernel packages in
+        /// a VM, the focused selection).
+        #[arg(long, default_value = "host", value_name = "6.1|6.12|host")]
+        kernel: String,
+        /// Extra arguments for `cargo test` (after `--`); with a VM kernel,
+        /// arguments for the test binary instead of the selection (e.g.
+        /// `-- attach::`).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -157,23 +167,12 @@ fn run() -> anyhow::Result<()> {
             setup::run(&pin)?;
             lint::run(&root, &pin)
         }
-        Task::Test { no_lint, args } => {
-            setup::run(&pin)?;
-            if !no_lint {
-                lint::run(&root, &pin)?;
-            }
-            cmd::require_root("the integration tests create namespaces and load BPF programs")?;
-            // The integration tests run the real binaries (the agent as each
-            // node's daemon): `cargo test` alone does not build another
-            // package's binaries.
-            cmd::cargo(&root, &["build", "--workspace", "--bins"])?;
-            let mut test = vec!["test", "--workspace", "--all-targets", "--no-fail-fast"];
-            if !args.is_empty() {
-                test.push("--");
-                test.extend(args.iter().map(String::as_str));
-            }
-            cmd::cargo(&root, &test)
-        }
+        Task::Test {
+            no_lint,
+            kernel,
+            args,
+        } if kernel != "host" => test_in_vm(&root, &pin, &kernel, no_lint, &args),
+        Task::Test { no_lint, args, .. } => test_on_host(&root, &pin, no_lint, &args),
         Task::Bench {
             which: Bench::Echo { seconds, rounds },
         } => {
@@ -241,6 +240,49 @@ fn run() -> anyhow::Result<()> {
             lab(&root, &lab_args)
         }
     }
+}
+
+/// `cargo xtask test`: everything, on this machine's kernel.
+fn test_on_host(
+    root: &Path,
+    pin: &pin::EbpfPin,
+    no_lint: bool,
+    args: &[String],
+) -> anyhow::Result<()> {
+    setup::run(pin)?;
+    if !no_lint {
+        lint::run(root, pin)?;
+    }
+    cmd::require_root("the integration tests create namespaces and load BPF programs")?;
+    // The integration tests run the real binaries (the agent as each
+    // node's daemon): `cargo test` alone does not build another
+    // package's binaries.
+    cmd::cargo(root, &["build", "--workspace", "--bins"])?;
+    let mut test = vec!["test", "--workspace", "--all-targets", "--no-fail-fast"];
+    if !args.is_empty() {
+        test.push("--");
+        test.extend(args.iter().map(String::as_str));
+    }
+    cmd::cargo(root, &test)
+}
+
+/// `cargo xtask test --kernel 6.1|6.12`: the focused selection in a VM.
+fn test_in_vm(
+    root: &Path,
+    pin: &pin::EbpfPin,
+    kernel: &str,
+    no_lint: bool,
+    args: &[String],
+) -> anyhow::Result<()> {
+    let k = vm::kernel(kernel)?;
+    setup::run(pin)?;
+    vm::ensure_tools(&mut setup::Apt::default())?;
+    if !no_lint {
+        lint::run(root, pin)?;
+    }
+    cmd::require_root("the guest's tests create namespaces and load BPF programs")?;
+    let binary = vm::build_tests(root)?;
+    vm::run(root, &k, &binary, args)
 }
 
 /// Builds `health-agent` and `health-lab` (release, side by side: the lab

@@ -29,13 +29,14 @@ pub(crate) fn run(pin: &EbpfPin) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `apt-get install` of what is missing, `apt-get update` once first.
 #[derive(Default)]
-struct Apt {
+pub(crate) struct Apt {
     updated: bool,
 }
 
 impl Apt {
-    fn ensure(&mut self, packages: &[&str]) -> anyhow::Result<()> {
+    pub(crate) fn ensure(&mut self, packages: &[&str]) -> anyhow::Result<()> {
         let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
         if missing.is_empty() {
             return Ok(());

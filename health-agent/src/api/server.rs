@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::types::{ApiError, Healthz, NodesView, paths};
 use crate::{
     cluster::discovery::Nodes,
+    datapath::KernelReport,
     endpoint::{EndpointView, SharedView, lifecycle},
     probe::{Prober, path::ProbeResult, status::ClusterStatus},
     supervisor::{Health, TaskState},
@@ -55,6 +56,8 @@ pub struct ApiState {
     tasks: Health,
     degraded_for: Duration,
     started: Instant,
+    /// The kernel and the hooks chosen on it (`/v1/healthz`).
+    kernel: Option<KernelReport>,
 }
 
 impl ApiState {
@@ -74,7 +77,16 @@ impl ApiState {
             tasks,
             degraded_for,
             started: Instant::now(),
+            kernel: None,
         }
+    }
+
+    /// Shows `kernel` (with the programs attached at each request) in
+    /// `/v1/healthz`.
+    #[must_use]
+    pub fn with_kernel(mut self, kernel: KernelReport) -> Self {
+        self.kernel = Some(kernel);
+        self
     }
 }
 
@@ -207,6 +219,10 @@ async fn healthz(State(state): State<AppState>) -> Json<Healthz> {
         uptime_seconds: state.started.elapsed().as_secs(),
         pid: std::process::id(),
         tasks,
+        kernel: state.kernel.clone().map(|mut k| {
+            k.programs = crate::datapath::attached_programs();
+            k
+        }),
     })
 }
 

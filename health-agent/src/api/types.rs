@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     cluster::{NodeSet, discovery::SourceStatus, validate::RejectedRecord},
+    datapath::KernelReport,
     supervisor::TaskStatus,
 };
 
@@ -29,6 +30,9 @@ pub struct Healthz {
     /// The agent's supervised tasks.
     #[serde(default)]
     pub tasks: Vec<TaskStatus>,
+    /// The kernel release, its features, and how each program is attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelReport>,
 }
 
 /// `GET /v1/nodes`: the node set in use and how its source is doing.

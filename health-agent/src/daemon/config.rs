@@ -14,7 +14,8 @@ use crate::{
         validate::{LocalNode, Validated},
     },
     datapath::{
-        AttachMode,
+        AttachMode, KernelFeatures, TcHook, TcPolicy,
+        kernel::KernelError,
         masquerade::{self, Masquerade, MasqueradeError, PortRange},
     },
     probe::path::Thresholds,
@@ -36,6 +37,8 @@ pub struct DaemonConfig {
     pub pidfile: PathBuf,
     /// bpffs directory of the pinned maps.
     pub pin_dir: PathBuf,
+    /// `--attach`: tcx where the kernel has it, or forced.
+    pub attach: TcPolicy,
     pub endpoint: EndpointSettings,
     pub datapath: DatapathSettings,
     pub probe: ProbeSettings,
@@ -53,7 +56,9 @@ pub struct EndpointSettings {
     pub host_iface: String,
     pub ep_iface: String,
     pub state_dir: PathBuf,
-    pub mode: AttachMode,
+    /// The echo responder's attach mode; `None`: the tc hook `--attach`
+    /// chose (tcx where the kernel has it, classic tc elsewhere).
+    pub mode: Option<AttachMode>,
     pub controller_interval: Duration,
     /// On shutdown, leave the namespace, veth, pins and record.
     pub keep: bool,
@@ -108,6 +113,8 @@ pub enum ConfigError {
     NodesFile(#[from] nodes_file::NodesFileError),
     #[error(transparent)]
     Masquerade(#[from] MasqueradeError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
 }
 
 /// What is found on the node at start.
@@ -119,6 +126,12 @@ pub struct Resolved {
     /// `--node-ip`, or this node's entry in the nodes file.
     pub node_ip: Option<Ipv4Addr>,
     pub masquerade: Option<Masquerade>,
+    /// What the running kernel supports.
+    pub kernel: KernelFeatures,
+    /// The hook of the tc programs (tracking, masquerade).
+    pub tc_hook: TcHook,
+    /// The echo responder's attach mode.
+    pub echo_mode: AttachMode,
 }
 
 impl DaemonConfig {
@@ -127,6 +140,26 @@ impl DaemonConfig {
     /// created, naming it (bad records of a file that parses are rejected
     /// one by one, and the agent starts with the others).
     pub fn resolve(&self) -> Result<Resolved, ConfigError> {
+        let kernel = KernelFeatures::probe()?;
+        let tc_hook = kernel.choose(self.attach)?;
+        let echo_mode = self.endpoint.mode.unwrap_or(tc_hook.echo_mode());
+        if echo_mode == AttachMode::Tcx && !kernel.tcx {
+            return Err(KernelError::NoTcx {
+                release: kernel.release,
+            }
+            .into());
+        }
+        info!(
+            kernel = %kernel.release,
+            tcx = kernel.tcx,
+            btf = kernel.btf,
+            attach = %self.attach,
+            tc_hook = %tc_hook,
+            echo = %echo_mode,
+            "kernel features probed: tc programs on {}, the echo responder on {}",
+            tc_hook,
+            echo_mode
+        );
         let initial_nodes = match &self.discovery {
             Discovery::File(path) => {
                 let update = nodes_file::load(path, &self.local_node())?;
@@ -164,6 +197,9 @@ impl DaemonConfig {
             initial_nodes,
             node_ip,
             masquerade,
+            kernel,
+            tc_hook,
+            echo_mode,
         })
     }
 

@@ -136,7 +136,13 @@ async fn run_inner(
         nodes.clone(),
         health,
         cfg.supervisor.degraded_for,
-    );
+    )
+    .with_kernel(crate::datapath::KernelReport {
+        features: resolved.kernel.clone(),
+        policy: cfg.attach,
+        tc_hook: resolved.tc_hook,
+        programs: Vec::new(),
+    });
     let (links, _) = broadcast::channel(16);
     // Each start waits for its task to be ready; `false`: stopped meanwhile.
     macro_rules! start {
@@ -155,7 +161,7 @@ async fn run_inner(
     start!(tasks::links(&mut sup, links.clone()));
     start!(tasks::datapath(&mut sup, datapath_config(&cfg, &resolved)));
     let controller = ControllerConfig {
-        endpoint: endpoint_config(&cfg),
+        endpoint: endpoint_config(&cfg, &resolved),
         interval: cfg.endpoint.controller_interval,
         http_port: cfg.probe.http_port,
     };
@@ -210,10 +216,11 @@ fn datapath_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> DatapathC
         probe_timeout: cfg.probe.timeout,
         keep_pins: cfg.endpoint.keep,
         map_sizes: cfg.datapath.map_sizes,
+        tc_hook: resolved.tc_hook,
     }
 }
 
-fn endpoint_config(cfg: &DaemonConfig) -> EndpointConfig {
+fn endpoint_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> EndpointConfig {
     let e = &cfg.endpoint;
     EndpointConfig {
         cidr: e.cidr,
@@ -222,7 +229,8 @@ fn endpoint_config(cfg: &DaemonConfig) -> EndpointConfig {
         ep_iface: e.ep_iface.clone(),
         state_dir: e.state_dir.clone(),
         pin_dir: cfg.pin_dir.clone(),
-        mode: e.mode,
+        mode: resolved.echo_mode,
+        tc_hook: resolved.tc_hook,
         keep: e.keep,
         map_sizes: cfg.datapath.map_sizes,
     }

@@ -62,6 +62,13 @@ pub enum DatapathError {
     Encode { map: MapId, detail: String },
     #[error("forwarding kernel logs: {0}")]
     Logger(String),
+    #[error("listing the tc filters of {interface}")]
+    TcFilters {
+        interface: String,
+        source: Box<crate::sys::netlink::NetlinkError>,
+    },
+    #[error(transparent)]
+    Kernel(#[from] super::kernel::KernelError),
     #[error("datapath work panicked: {0}")]
     Panicked(String),
     #[error("reading the monotonic clock")]

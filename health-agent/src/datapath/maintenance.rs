@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    Datapath, DatapathError, Interface, ct, maps, masquerade::Masquerade, nat, remove_pins, rtt,
+    Datapath, DatapathError, Interface, TcHook, ct, maps, masquerade::Masquerade, nat, remove_pins,
+    rtt,
 };
 
 use crate::{
@@ -42,6 +43,8 @@ pub struct DatapathConfig {
     /// Sizes of the maps that grow with the cluster (`--max-peers`,
     /// `--ct-map-size`, `--nat-map-size`); the endpoint loads with the same.
     pub map_sizes: MapSizes,
+    /// The tc hook masquerade is attached with (tcx or classic tc).
+    pub tc_hook: TcHook,
 }
 
 /// A map is said to be under pressure above this share of its entries,
@@ -169,7 +172,7 @@ fn set_up(cfg: &DatapathConfig) -> Result<Node, DatapathError> {
     )?;
     let uplink_index = match &cfg.masquerade {
         Some(m) => {
-            datapath.attach_nat(&Interface::new(m.uplink.clone(), None))?;
+            datapath.attach_nat(&Interface::new(m.uplink.clone(), None), cfg.tc_hook)?;
             uplink_index(&m.uplink)
         }
         None => None,
@@ -189,6 +192,15 @@ fn uplink_index(name: &str) -> Option<u32> {
         .flatten()
 }
 
+/// The masquerade programs no longer on the uplink (a tc filter deleted
+/// by someone else, the clsact qdisc removed, a tcx link detached).
+fn missing_nat(node: &Node) -> Vec<String> {
+    node.datapath
+        .missing_attachments()
+        .map_err(|e| warn!("checking the uplink's programs: {}", chain(&e)))
+        .unwrap_or_default()
+}
+
 /// One maintenance pass: masquerade still on the uplink, then the
 /// collectors and the sweep (failures are logged; the next pass retries).
 fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
@@ -204,6 +216,17 @@ fn maintain_maps(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError
     let node = match &cfg.masquerade {
         Some(m) if uplink_index(&m.uplink) != node.uplink_index => {
             warn!(uplink = %m.uplink, "the uplink was recreated: attaching masquerade again");
+            drop(node);
+            let node = set_up(cfg)?;
+            info!(uplink = %m.uplink, "masquerade attached again");
+            node
+        }
+        Some(m) if !missing_nat(&node).is_empty() => {
+            warn!(
+                uplink = %m.uplink,
+                missing = %missing_nat(&node).join(", "),
+                "masquerade programs were detached from the uplink: attaching them again"
+            );
             drop(node);
             let node = set_up(cfg)?;
             info!(uplink = %m.uplink, "masquerade attached again");

@@ -4,8 +4,8 @@
 //! - [`Datapath`] loads the object with its maps pinned (pins carry a
 //!   layout version; an incompatible pin is replaced, never a reason not to
 //!   start), attaches the echo responder and CT/RTT on the endpoint's veth
-//!   and masquerade on the uplink, and hands programs to
-//!   `BPF_PROG_TEST_RUN`.
+//!   and masquerade on the uplink (tcx or classic tc, as [`kernel`] chose
+//!   for the running kernel), and hands programs to `BPF_PROG_TEST_RUN`.
 //! - [`maps`], [`ct`], [`nat`], [`rtt`] read and maintain the pinned maps
 //!   through the registry of `health_common::maps`, from the pins alone, so
 //!   the `bpf` commands work while no agent runs.
@@ -13,10 +13,12 @@
 //!   the uplink, the CT and NAT collectors, the RTT loss sweep.
 
 mod carry;
+pub mod classic;
 pub mod ct;
 mod echo_target;
 mod error;
 mod interface;
+pub mod kernel;
 mod loader;
 pub mod maintenance;
 pub mod maps;
@@ -31,7 +33,8 @@ mod stats;
 pub use self::{
     error::DatapathError,
     interface::Interface,
-    loader::Datapath,
+    kernel::{KernelFeatures, KernelReport, TcHook, TcPolicy},
+    loader::{Datapath, attached_programs},
     mode::AttachMode,
     pins::{BPFFS_ROOT, DEFAULT_PIN_DIR, ensure_pin_dir, recorded_layout, remove_pins},
     stats::{EchoStats, read_pinned_stats},

@@ -9,6 +9,9 @@ pub enum AttachMode {
     /// tc ingress through tcx links (kernel >= 6.6); replies are redirected
     /// back out of the interface.
     Tcx,
+    /// tc ingress through the classic hook: a clsact qdisc and a `cls_bpf`
+    /// filter in direct-action mode (any supported kernel).
+    Tc,
     /// XDP in the driver; on a veth the peer needs an XDP program too.
     XdpNative,
     /// XDP in the generic (skb) path.
@@ -16,15 +19,24 @@ pub enum AttachMode {
 }
 
 impl AttachMode {
-    pub const ALL: [Self; 3] = [Self::Tcx, Self::XdpNative, Self::XdpGeneric];
+    pub const ALL: [Self; 4] = [Self::Tcx, Self::Tc, Self::XdpNative, Self::XdpGeneric];
 
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Tcx => "tcx",
+            Self::Tc => "tc",
             Self::XdpNative => "xdp-native",
             Self::XdpGeneric => "xdp-generic",
         }
+    }
+}
+
+impl AttachMode {
+    /// Whether the responder runs at the tc hook (tcx or classic).
+    #[must_use]
+    pub const fn is_tc(self) -> bool {
+        matches!(self, Self::Tcx | Self::Tc)
     }
 }
 

@@ -55,8 +55,22 @@ fn is_bpffs(path: &Path) -> Result<bool, DatapathError> {
     Ok(st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
 }
 
+/// Mounts bpffs at [`BPFFS_ROOT`] unless one is there. Agents starting
+/// together (a fresh machine, a test cluster) serialise on a lock of the
+/// mount point itself: a second mount stacked on the first would hide the
+/// pin directories made under it.
 fn mount_bpffs_root() -> Result<(), DatapathError> {
     let root = Path::new(BPFFS_ROOT);
+    if is_bpffs(root)? {
+        return Ok(());
+    }
+    let io_err = |source| DatapathError::PinDir {
+        path: root.to_owned(),
+        source,
+    };
+    let dir = fs::File::open(root).map_err(io_err)?;
+    let _lock = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| io_err(io::Error::from(e)))?;
     if is_bpffs(root)? {
         return Ok(());
     }

@@ -27,7 +27,7 @@ use self::{
     record::{EndpointRecord, RecordError, new_endpoint_id},
 };
 use crate::{
-    datapath::{AttachMode, Datapath, DatapathError, Interface},
+    datapath::{AttachMode, Datapath, DatapathError, Interface, TcHook},
     endpoint::ipam::{IpamError, allocate},
     sys::netlink::{NetlinkError, in_netns},
     sys::netns::{Netns, NetnsError},
@@ -46,6 +46,9 @@ pub struct EndpointConfig {
     pub pin_dir: PathBuf,
     /// Attach mode of the echo responder.
     pub mode: AttachMode,
+    /// The hook of the tracking programs on the host side (tcx or classic
+    /// tc).
+    pub tc_hook: TcHook,
     /// On shutdown, leave namespace, veth and record for the next agent.
     pub keep: bool,
     /// Sizes of the shared maps (the node's datapath task loads with the
@@ -224,7 +227,7 @@ impl Endpoint {
         self.datapath = None;
         let mut programs = vec![ProgId::LxcIngress, ProgId::LxcEgress];
         programs.extend(match self.cfg.mode {
-            AttachMode::Tcx => &[ProgId::EchoTc][..],
+            AttachMode::Tcx | AttachMode::Tc => &[ProgId::EchoTc][..],
             AttachMode::XdpNative => &[ProgId::EchoXdp, ProgId::XdpPass][..],
             AttachMode::XdpGeneric => &[ProgId::EchoXdp][..],
         });
@@ -233,7 +236,16 @@ impl Endpoint {
         d.set_echo_target(&iface, self.record.ipv4)?;
         let peer = Interface::new(self.cfg.host_iface.clone(), None);
         d.attach_echo(&iface, self.cfg.mode, Some(&peer))?;
-        d.attach_tracking(&peer)?;
+        d.attach_tracking(&peer, self.cfg.tc_hook)?;
+        for a in d.attachments() {
+            info!(
+                program = %a.program,
+                interface = %a.interface,
+                attach = %a.attach,
+                detail = a.detail.as_deref().unwrap_or(""),
+                "program attached"
+            );
+        }
         self.attached_to = self.ep_index()?;
         self.datapath = Some(d);
         Ok(())
@@ -261,6 +273,18 @@ impl Endpoint {
         let namespace_recreated = missing.contains(&Missing::Namespace);
         if missing.is_empty() && self.ep_index()? != self.attached_to {
             missing.push(Missing::Programs);
+        }
+        if missing.is_empty()
+            && let Some(d) = &self.datapath
+        {
+            // tcx links and tc filters still where they were attached: a
+            // filter deleted by someone else (or its clsact qdisc) leaves
+            // the interfaces as they were.
+            let gone = d.missing_attachments()?;
+            if !gone.is_empty() {
+                warn!(programs = %gone.join(", "), "programs detached from the endpoint");
+                missing.push(Missing::Programs);
+            }
         }
         if missing.is_empty() {
             self.echo_seq = self.echo_seq.wrapping_add(1);

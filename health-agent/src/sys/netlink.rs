@@ -12,6 +12,7 @@ use netlink_packet_route::{
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage},
     neighbour::NeighbourState,
     route::{RouteAddress, RouteAttribute, RouteProtocol, RouteScope},
+    tc::TcAttribute,
 };
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder, new_connection};
 
@@ -57,6 +58,56 @@ pub struct RouteV4 {
     pub oif: Option<u32>,
     /// Who installed it (`rtm_protocol`: 2 kernel, 3 boot, 4 static, ...).
     pub protocol: u8,
+}
+
+/// A direction of the clsact qdisc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcDirection {
+    Ingress,
+    Egress,
+}
+
+/// A classic tc filter, as far as the agent cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcFilter {
+    pub priority: u16,
+    pub handle: u32,
+    /// `bpf`, `matchall`, `u32`, ...
+    pub kind: String,
+    /// For `bpf` filters: the program's ID and name.
+    pub bpf_id: Option<u32>,
+    pub bpf_name: Option<String>,
+}
+
+impl TcFilter {
+    fn from_message(msg: &netlink_packet_route::tc::TcMessage) -> Self {
+        use netlink_packet_route::tc::{TcFilterBpfOption, TcOption};
+        let mut f = Self {
+            priority: (msg.header.info >> 16) as u16,
+            handle: (u32::from(msg.header.handle.major) << 16) | u32::from(msg.header.handle.minor),
+            kind: String::new(),
+            bpf_id: None,
+            bpf_name: None,
+        };
+        for a in &msg.attributes {
+            match a {
+                TcAttribute::Kind(k) => f.kind.clone_from(k),
+                TcAttribute::Options(opts) => {
+                    for o in opts {
+                        match o {
+                            TcOption::Bpf(TcFilterBpfOption::ProgId(id)) => f.bpf_id = Some(*id),
+                            TcOption::Bpf(TcFilterBpfOption::ProgName(n)) => {
+                                f.bpf_name = Some(n.clone());
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        f
+    }
 }
 
 /// A netlink connection bound to one namespace.
@@ -261,6 +312,99 @@ impl Netlink {
             .execute()
             .await
             .map_err(req(format!("deleting {name:?}")))
+    }
+
+    /// The classic tc filters of `name` at the clsact `direction`
+    /// (`tc filter show dev NAME ingress|egress`); an interface that has
+    /// no clsact qdisc has none.
+    pub async fn tc_filters(
+        &self,
+        name: &str,
+        direction: TcDirection,
+    ) -> Result<Vec<TcFilter>, NetlinkError> {
+        let index = self.require_link(name).await?;
+        let get = self
+            .handle
+            .traffic_filter(i32::try_from(index).unwrap_or(i32::MAX))
+            .get();
+        let get = match direction {
+            TcDirection::Ingress => get.ingress(),
+            TcDirection::Egress => get.egress(),
+        };
+        let mut filters = Vec::new();
+        let mut dump = get.execute();
+        loop {
+            match dump.try_next().await {
+                Ok(Some(msg)) => filters.push(TcFilter::from_message(&msg)),
+                Ok(None) => break,
+                // No clsact qdisc: no filters (EINVAL on older kernels,
+                // ENOENT on newer).
+                Err(rtnetlink::Error::NetlinkError(e))
+                    if matches!(-e.raw_code(), libc::EINVAL | libc::ENOENT) =>
+                {
+                    break;
+                }
+                Err(e) => return Err(req(format!("listing tc filters of {name:?}"))(e)),
+            }
+        }
+        // A dump lists each filter's chain head (no handle) too.
+        filters.retain(|f| f.handle != 0);
+        Ok(filters)
+    }
+
+    /// Whether `name` has a clsact qdisc.
+    pub async fn has_clsact(&self, name: &str) -> Result<bool, NetlinkError> {
+        let index = self.require_link(name).await?;
+        let mut dump = self
+            .handle
+            .qdisc()
+            .get()
+            .index(i32::try_from(index).unwrap_or(i32::MAX))
+            .execute();
+        while let Some(q) = dump
+            .try_next()
+            .await
+            .map_err(req(format!("listing the qdiscs of {name:?}")))?
+        {
+            let clsact = q.header.index == i32::try_from(index).unwrap_or(i32::MAX)
+                && q.attributes
+                    .iter()
+                    .any(|a| matches!(a, TcAttribute::Kind(k) if k == "clsact"));
+            if clsact {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Deletes the clsact qdisc of `name` (and with it every filter under
+    /// it); none there is not an error.
+    pub async fn delete_clsact(&self, name: &str) -> Result<(), NetlinkError> {
+        let Some(index) = self.link_index(name).await? else {
+            return Ok(());
+        };
+        let mut del = self
+            .handle
+            .qdisc()
+            .del(i32::try_from(index).unwrap_or(i32::MAX));
+        let msg = del.message_mut();
+        msg.header.parent = netlink_packet_route::tc::TcHandle {
+            major: 0xffff,
+            minor: 0xfff1,
+        };
+        msg.header.handle = netlink_packet_route::tc::TcHandle {
+            major: 0xffff,
+            minor: 0,
+        };
+        match del.execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e))
+                if matches!(-e.raw_code(), libc::EINVAL | libc::ENOENT) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(req(format!("deleting the clsact qdisc of {name:?}"))(e)),
+        }
     }
 
     /// The interface's `IFLA_STATS64` counters.

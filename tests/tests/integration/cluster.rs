@@ -3,7 +3,14 @@
 
 use std::time::Duration;
 
-use health_agent::api::types::NodesView;
+use health_agent::{
+    api::types::NodesView,
+    datapath::classic::PRIORITY,
+    sys::{
+        netlink::{TcDirection, in_netns},
+        netns::Netns,
+    },
+};
 
 use health_agent::probe::{path::ProbeResult, status::ClusterStatus};
 use health_tests::{
@@ -59,6 +66,49 @@ fn five_nodes_reach_five_of_five_with_all_paths_ok() {
                 );
             }
         }
+    }
+}
+
+/// The cluster of the kernel matrix (`cargo xtask test --kernel`): three
+/// nodes reach 3/3 with every path OK, each with the tc hook its kernel
+/// has, then SIGTERM leaves nothing on any node: no endpoint namespace,
+/// no `lxc_health`, no tc filter of the agent's, no pins.
+#[test]
+fn three_nodes_reach_three_of_three_and_sigterm_leaves_nothing() {
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 3,
+        ..Settings::default()
+    });
+    for i in 0..3 {
+        cluster.wait_status(i, Duration::from_secs(20), |s| {
+            s.nodes.len() == 3 && s.reachable() == 3 && all_paths(s, ProbeResult::Success)
+        });
+    }
+    cluster.stop_agents();
+    for node in &cluster.nodes {
+        let ep = Netns::named(&node.endpoint_netns).expect("name");
+        assert!(!ep.exists(), "{}: endpoint namespace left", node.name);
+        let links = in_netns(Some(&node.ns), |nl| async move {
+            let lxc = nl.link_index("lxc_health").await?;
+            let mut ours = 0;
+            for dir in [TcDirection::Ingress, TcDirection::Egress] {
+                ours += nl
+                    .tc_filters("uplink", dir)
+                    .await?
+                    .iter()
+                    .filter(|f| f.priority == PRIORITY)
+                    .count();
+            }
+            Ok((lxc, ours))
+        })
+        .expect("netlink");
+        assert_eq!(
+            links,
+            (None, 0),
+            "{}: lxc_health or tc filters left",
+            node.name
+        );
+        assert!(!node.pins.exists(), "{}: pins left", node.name);
     }
 }
 

@@ -47,6 +47,21 @@ fn quiet_cluster() -> Cluster {
     });
     cluster.wait_status(0, Duration::from_secs(20), |s| s.nodes.len() == 2);
     cluster.wait_endpoints_ready(Duration::from_secs(20));
+    // The route to the peer's endpoint comes with the next sync; the
+    // tests' first echo must not race it (slow guests of the kernel
+    // matrix do).
+    let deadline = Instant::now() + health_tests::patience(Duration::from_secs(5));
+    let peer = endpoint_ip(1);
+    while !in_netns(Some(&cluster.nodes[0].ns), |nl| async move {
+        nl.routes_v4().await
+    })
+    .expect("routes")
+    .iter()
+    .any(|r| r.destination == peer && r.prefix == 32)
+    {
+        assert!(Instant::now() < deadline, "no route to {peer} on node-1");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     cluster
 }
 
@@ -144,10 +159,17 @@ fn assert_kernel_rtt_agrees(pins: &Path, dst: Ipv4Addr, ex: &[Exchange]) {
         kernel_avg > Duration::ZERO && kernel_avg <= user_avg + Duration::from_micros(200),
         "kernel {kernel_avg:?} vs user {user_avg:?}"
     );
-    assert!(
-        user_avg.saturating_sub(kernel_avg) < Duration::from_micros(500),
-        "kernel {kernel_avg:?} vs user {user_avg:?}"
-    );
+    // Closeness says the two clocks time the same exchange; it holds on
+    // real CPUs. In an emulated guest (TCG: `HEALTH_TEST_TIME_SCALE` > 1)
+    // the syscalls around the user-space timing cost milliseconds, so
+    // there only the bounds above are asserted (the host run, in CI too,
+    // asserts this one).
+    if health_tests::patience(Duration::from_secs(1)) == Duration::from_secs(1) {
+        assert!(
+            user_avg.saturating_sub(kernel_avg) < Duration::from_micros(500),
+            "kernel {kernel_avg:?} vs user {user_avg:?}"
+        );
+    }
 }
 
 /// bpftool counts the same entries as `bpf map list` in every map.

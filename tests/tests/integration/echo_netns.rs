@@ -74,6 +74,13 @@ fn tcx_answers_every_request() {
     echo_over_veth(AttachMode::Tcx, 0x7101);
 }
 
+/// The classic hook (clsact + `cls_bpf`), on any kernel: what the agent
+/// uses where tcx is missing.
+#[test]
+fn tc_answers_every_request() {
+    echo_over_veth(AttachMode::Tc, 0x7104);
+}
+
 #[test]
 fn xdp_generic_answers_every_request() {
     echo_over_veth(AttachMode::XdpGeneric, 0x7102);
@@ -183,6 +190,11 @@ fn frame_classes_over_veth(mode: AttachMode, identifier: u16) {
 #[test]
 fn tcx_treats_every_frame_class_as_the_kernel_does() {
     frame_classes_over_veth(AttachMode::Tcx, 0x7201);
+}
+
+#[test]
+fn tc_treats_every_frame_class_as_the_kernel_does() {
+    frame_classes_over_veth(AttachMode::Tc, 0x7204);
 }
 
 #[test]

@@ -8,6 +8,7 @@
     reason = "a test target sees every dependency of the package; most serve its fixtures"
 )]
 
+mod attach;
 mod cluster;
 mod config;
 mod datapath;

@@ -19,7 +19,7 @@ use health_agent::{
         ProbeSettings,
         reload::{ProbeTuning, Reload},
     },
-    datapath::{AttachMode, masquerade::PortRange},
+    datapath::{AttachMode, TcPolicy, masquerade::PortRange},
     probe::{http::HEALTH_PORT, path::Thresholds},
     supervisor::Policy,
     sys::netns::Netns,
@@ -72,9 +72,17 @@ pub(crate) struct DaemonArgs {
     /// How often the controller verifies the endpoint (it also runs on link events).
     #[arg(long, default_value = "60s", value_parser = health_agent::util::duration::parse)]
     pub controller_interval: Duration,
-    /// Attach mode of the echo responder.
-    #[arg(long, value_enum, default_value_t = super::echo::DEFAULT_MODE)]
-    pub mode: AttachMode,
+    /// Attach mode of the echo responder (default: the tc hook --attach
+    /// picks: tcx where the kernel has it, classic tc otherwise).
+    #[arg(long, value_enum)]
+    pub mode: Option<AttachMode>,
+    /// How the tc programs (tracking on lxc_health, masquerade on the
+    /// uplink, the echo responder by default) are attached: `tcx` links
+    /// (Linux >= 6.6), classic `tc` (clsact qdisc + cls_bpf filter in
+    /// direct-action mode), or `auto`: tcx where the kernel has it, tc
+    /// otherwise.
+    #[arg(long, value_enum, default_value_t = TcPolicy::Auto)]
+    pub attach: TcPolicy,
     /// On shutdown, leave the namespace, veth, pins and record for the next agent.
     #[arg(long)]
     pub keep_endpoint: bool,
@@ -237,6 +245,7 @@ impl DaemonArgs {
             socket_group: self.socket_group,
             pidfile: self.pidfile,
             pin_dir: self.pins.dir,
+            attach: self.attach,
             endpoint: EndpointSettings {
                 cidr: self.health_cidr,
                 netns_name: self.endpoint_netns,

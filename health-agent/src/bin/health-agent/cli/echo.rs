@@ -8,13 +8,22 @@ use tracing::{info, warn};
 
 use super::{OutputFormat, PinArgs, parse_netns};
 use health_agent::{
-    datapath::{AttachMode, Datapath, EchoStats, Interface, read_pinned_stats},
+    datapath::{
+        AttachMode, Datapath, EchoStats, Interface, KernelFeatures, TcPolicy, read_pinned_stats,
+    },
     sys::netns::Netns,
     sys::signals::wait_for_shutdown,
 };
 
-/// Default attach mode, from `cargo xtask bench echo` on a veth (BENCHMARKS.md).
-pub(crate) const DEFAULT_MODE: AttachMode = AttachMode::Tcx;
+/// Default attach mode: tc ingress (the fastest on a veth, `cargo xtask
+/// bench echo`, BENCHMARKS.md) with tcx where the kernel has it, classic tc
+/// elsewhere.
+fn default_mode() -> anyhow::Result<AttachMode> {
+    let kernel = KernelFeatures::probe()?;
+    let hook = kernel.choose(TcPolicy::Auto)?;
+    info!(kernel = %kernel.release, tcx = kernel.tcx, mode = %hook.echo_mode(), "attach mode chosen");
+    Ok(hook.echo_mode())
+}
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ResponderCommand {
@@ -29,8 +38,10 @@ pub(crate) enum ResponderCommand {
         /// The endpoint address the responder answers for.
         #[arg(long)]
         address: Ipv4Addr,
-        #[arg(long, value_enum, default_value_t = DEFAULT_MODE)]
-        mode: AttachMode,
+        /// Default: tc ingress, with tcx where the kernel has it (>= 6.6) and
+        /// classic tc (clsact + cls_bpf) elsewhere.
+        #[arg(long, value_enum)]
+        mode: Option<AttachMode>,
         /// Far end of the veth (xdp-native only): gets an XDP_PASS program so
         /// that XDP_TX replies are delivered.
         #[arg(long)]
@@ -65,6 +76,10 @@ impl ResponderCommand {
             } => {
                 let iface = Interface::new(iface, netns);
                 let peer = xdp_peer.map(|p| Interface::new(p, xdp_peer_netns));
+                let mode = match mode {
+                    Some(m) => m,
+                    None => default_mode()?,
+                };
                 run(&iface, address, mode, peer.as_ref(), &pins).await
             }
             Self::Stats { pins, output } => {

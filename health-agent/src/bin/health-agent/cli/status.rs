@@ -7,6 +7,7 @@ use clap::Args;
 use super::{OutputFormat, SocketArgs};
 use health_agent::{
     api::client::Client,
+    datapath::KernelReport,
     probe::{
         path::{PathState, ProbeResult},
         status::{ClusterStatus, Connectivity, NodeStatus},
@@ -45,10 +46,43 @@ impl StatusArgs {
         };
         match self.output {
             OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&status)?),
-            OutputFormat::Table => print!("{}", render(&status, self.verbose, self.all)),
+            OutputFormat::Table => {
+                if self.verbose
+                    && let Some(kernel) = client.healthz().await.ok().and_then(|h| h.kernel)
+                {
+                    print!("{}", render_kernel(&kernel));
+                }
+                print!("{}", render(&status, self.verbose, self.all));
+            }
         }
         Ok(())
     }
+}
+
+/// The kernel and how each program is attached (`status --verbose`).
+fn render_kernel(k: &KernelReport) -> String {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let mut out = format!(
+        "Kernel:           {} (tcx: {}, BTF: {}); --attach {} -> {}\n",
+        k.features.release,
+        yes(k.features.tcx),
+        yes(k.features.btf),
+        k.policy,
+        k.tc_hook
+    );
+    for p in &k.programs {
+        let detail = p
+            .detail
+            .as_ref()
+            .map(|d| format!(" ({d})"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:<20} {:<12} on {}{detail}",
+            p.program, p.attach, p.interface
+        );
+    }
+    out
 }
 
 fn word(r: ProbeResult) -> &'static str {

@@ -1,0 +1,333 @@
+//! `cargo xtask test --kernel 6.1|6.12`: the root integration tests that
+//! matter for kernel compatibility, run on Debian bookworm's own kernel
+//! packages booted in QEMU with virtme-ng. The guest sees the host's
+//! filesystem (9p, read-only but for an overlay) and runs the host's test
+//! binary and agent; only the kernel differs.
+//!
+//! Under TCG (no nested KVM on the project's machines; `HEALTH_VM_KVM=1`
+//! uses KVM where it works) the guest is several times slower than the host, so the selection is focused ([`selection`])
+//! and the tests' deadlines are stretched (`HEALTH_TEST_TIME_SCALE`).
+//! Unix sockets cannot live on 9p: the guest mounts a tmpfs on /tmp, where
+//! the tests keep their sockets, pidfiles and state.
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{cmd, setup::Apt};
+
+/// A kernel of the matrix: a Debian bookworm package, pinned, with a
+/// pattern to fall back on when the archive no longer carries the pin (the
+/// security archive drops old ABIs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Kernel {
+    pub name: &'static str,
+    package: &'static str,
+    /// `apt-cache search --names-only` regex of the same series.
+    series: &'static str,
+    /// Whether the kernel has tcx links (tests that force tcx run only there).
+    tcx: bool,
+}
+
+pub(crate) const KERNELS: [Kernel; 2] = [
+    Kernel {
+        name: "6.1",
+        package: "linux-image-6.1.0-47-amd64-unsigned",
+        series: r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$",
+        tcx: false,
+    },
+    Kernel {
+        name: "6.12",
+        package: "linux-image-6.12.117+deb12-amd64-unsigned",
+        series: r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$",
+        tcx: true,
+    },
+];
+
+pub(crate) fn kernel(name: &str) -> anyhow::Result<Kernel> {
+    KERNELS
+        .iter()
+        .find(|k| k.name == name)
+        .copied()
+        .with_context(|| format!("no kernel {name:?} in the matrix: use 6.1, 6.12 or host"))
+}
+
+/// Debian packages the guests need: QEMU, `depmod`, the initramfs's
+/// busybox, and udev (virtme-ng finds its virtio-serial ports through it;
+/// without, the guest's exit code is lost).
+const VM_PACKAGES: &[&str] = &["qemu-system-x86", "kmod", "busybox-static", "udev"];
+/// virtme-ng from PyPI, pinned.
+const VIRTME_NG: &str = "virtme-ng==1.42";
+
+/// The focused selection (exact test names): echo on every hook the
+/// kernel has, the endpoint's life (ready, echo in eBPF, tc filters
+/// coexisting/repaired/replaced/removed, SIGTERM), CT, NAT and RTT, and a
+/// 3-node cluster. About 6 minutes per kernel under TCG.
+#[must_use]
+pub(crate) fn selection(k: &Kernel) -> Vec<&'static str> {
+    let mut tests = vec![
+        "echo_test_run::valid_echo_request_becomes_the_exact_reply",
+        "echo_netns::tc_answers_every_request",
+        "echo_netns::xdp_generic_answers_every_request",
+        "attach::auto_attach_uses_tcx_where_the_kernel_has_it_and_says_so",
+        "attach::classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_sigterm",
+        "endpoint::sigterm_leaves_nothing_behind",
+        "nat_test_run::an_echo_is_masqueraded_and_its_reply_translated_back",
+        "datapath::ct_counts_rtt_expiry_losses_and_bpftool_agree",
+        "cluster::three_nodes_reach_three_of_three_and_sigterm_leaves_nothing",
+    ];
+    if k.tcx {
+        tests.insert(2, "echo_netns::tcx_answers_every_request");
+    }
+    tests
+}
+
+pub(crate) fn ensure_tools(apt: &mut Apt) -> anyhow::Result<()> {
+    apt.ensure(VM_PACKAGES)?;
+    if Command::new("vng").arg("--version").output().is_err() {
+        cmd::run(Command::new("pip").args([
+            "install",
+            "--quiet",
+            "--root-user-action=ignore",
+            VIRTME_NG,
+        ]))?;
+    }
+    Ok(())
+}
+
+/// The kernel's files under `target/vm-kernels/PACKAGE` (downloaded and
+/// unpacked once, modules indexed for the guest), and its release.
+pub(crate) fn ensure_kernel(root: &Path, k: &Kernel) -> anyhow::Result<(PathBuf, String)> {
+    let cache = root.join("target/vm-kernels");
+    std::fs::create_dir_all(&cache).context("creating target/vm-kernels")?;
+    let package = available(k)?;
+    let dir = cache.join(&package);
+    let ready = dir.join(".ready");
+    if !ready.exists() {
+        eprintln!("xtask: fetching {package}");
+        cmd::run(
+            Command::new("apt-get")
+                .current_dir(&cache)
+                .args(["download", "-q", &package]),
+        )?;
+        let deb = std::fs::read_dir(&cache)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{package}_")))
+                    && p.extension().is_some_and(|e| e == "deb")
+            })
+            .with_context(|| format!("apt-get download left no {package}_*.deb"))?;
+        let _ = std::fs::remove_dir_all(&dir);
+        cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&dir))?;
+        let release = release_in(&dir)?;
+        cmd::run(Command::new("depmod").arg("-b").arg(&dir).arg(&release))?;
+        std::fs::remove_file(&deb).ok();
+        std::fs::write(&ready, &release)?;
+    }
+    let release = release_in(&dir)?;
+    Ok((dir, release))
+}
+
+/// The pinned package, or the newest of its series the archive has.
+fn available(k: &Kernel) -> anyhow::Result<String> {
+    let shown = cmd::output(Command::new("apt-cache").args(["show", "-q", k.package]))?;
+    if shown.status.success() && !shown.stdout.is_empty() {
+        return Ok(k.package.to_owned());
+    }
+    let found = cmd::output(Command::new("apt-cache").args(["search", "--names-only", k.series]))?;
+    let mut names: Vec<String> = String::from_utf8_lossy(&found.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    names.sort_by_key(|n| version_key(n));
+    let newest = names.pop().with_context(|| {
+        format!(
+            "neither {} nor any package matching {} is in the apt sources (apt-get update?)",
+            k.package, k.series
+        )
+    })?;
+    eprintln!(
+        "xtask: {} is gone from the archive; using {newest}",
+        k.package
+    );
+    Ok(newest)
+}
+
+/// Numbers of a package name, for ordering versions.
+fn version_key(name: &str) -> Vec<u64> {
+    name.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+fn release_in(dir: &Path) -> anyhow::Result<String> {
+    let modules = dir.join("lib/modules");
+    std::fs::read_dir(&modules)
+        .with_context(|| format!("reading {}", modules.display()))?
+        .filter_map(Result::ok)
+        .find_map(|e| e.file_name().to_str().map(str::to_owned))
+        .with_context(|| format!("no kernel release under {}", modules.display()))
+}
+
+/// The integration test binary of the current build (`cargo test --no-run`
+/// prints it).
+pub(crate) fn build_tests(root: &Path) -> anyhow::Result<PathBuf> {
+    cmd::cargo(root, &["build", "--workspace", "--bins"])?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = cmd::output(Command::new(cargo).current_dir(root).args([
+        // --workspace as the host run: the same features, so nothing is
+        // rebuilt after it.
+        "test",
+        "--workspace",
+        "--test",
+        "integration",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]))?;
+    if !out.status.success() {
+        bail!(
+            "building the integration tests failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split("\"executable\":\"").nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .find(|p| {
+            Path::new(p)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("integration-"))
+        })
+        .map(PathBuf::from)
+        .context("cargo test --no-run named no integration test binary")
+}
+
+/// Boots `k` and runs `tests` (exact names; empty: the kernel's
+/// [`selection`]) in it. The guest's exit code is the tests'.
+pub(crate) fn run(root: &Path, k: &Kernel, binary: &Path, tests: &[String]) -> anyhow::Result<()> {
+    let (dir, release) = ensure_kernel(root, k)?;
+    let vmlinuz = dir.join(format!("boot/vmlinuz-{release}"));
+    // TCG unless asked: on the project's machines /dev/kvm opens but
+    // nested KVM fails at the first vCPU setup.
+    let kvm = std::env::var("HEALTH_VM_KVM").is_ok_and(|v| v == "1");
+    // TCG runs the guest several times slower than the host.
+    let scale = if kvm { "2" } else { "6" };
+    let (args, exact) = if tests.is_empty() {
+        (
+            selection(k).into_iter().map(str::to_owned).collect(),
+            " --exact",
+        )
+    } else {
+        (tests.to_vec(), "")
+    };
+    let mut script = String::from("set -u\n");
+    // Sockets and pidfiles cannot live on 9p: /tmp is the guest's own.
+    script.push_str("mount -t tmpfs -o mode=1777 tmpfs /tmp\n");
+    script.push_str("mkdir -p /run/netns\n");
+    // As systemd does on a booted host.
+    script.push_str("mountpoint -q /sys/fs/bpf || mount -t bpf -o mode=0700 bpf /sys/fs/bpf\n");
+    let _ = writeln!(
+        script,
+        "export TMPDIR=/tmp HEALTH_TEST_TIME_SCALE={scale} RUST_BACKTRACE=1"
+    );
+    script.push_str("echo \"guest: Linux $(uname -r), $(nproc) CPUs\"\n");
+    let _ = writeln!(script, "cd {}", shell_quote(&root.join("tests")));
+    let _ = write!(
+        script,
+        "exec {} --test-threads=1{exact}",
+        shell_quote(binary)
+    );
+    for t in &args {
+        let _ = write!(script, " {}", shell_quote(Path::new(t)));
+    }
+    script.push('\n');
+    let vm_dir = root.join("target/vm");
+    std::fs::create_dir_all(&vm_dir)?;
+    let script_path = vm_dir.join(format!("guest-{}.sh", k.name));
+    std::fs::write(&script_path, script)?;
+
+    let started = Instant::now();
+    let mut vng = Command::new("vng");
+    vng.arg("--run")
+        .arg(&vmlinuz)
+        .args(["--force-9p", "--memory", "2G", "--cpus", "2"])
+        .arg("--rwdir")
+        .arg(&dir)
+        .arg("--exec")
+        .arg(format!("sh {}", shell_quote(&script_path)));
+    if !kvm {
+        vng.arg("--disable-kvm");
+    }
+    eprintln!(
+        "xtask: Linux {release} ({}) under {}: {} tests",
+        k.name,
+        if kvm { "KVM" } else { "TCG" },
+        args.len()
+    );
+    let result = cmd::run_forwarding_signals(&mut vng);
+    eprintln!(
+        "xtask: Linux {release}: {} in {:.0?}",
+        if result.is_ok() { "passed" } else { "FAILED" },
+        started.elapsed()
+    );
+    result.with_context(|| format!("the tests on Linux {release} ({})", k.name))
+}
+
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_of_the_matrix_runs_echo_endpoint_datapath_and_a_cluster() {
+        for k in KERNELS {
+            let s = selection(&k);
+            for area in [
+                "echo_",
+                "attach::",
+                "endpoint::",
+                "datapath::",
+                "nat_",
+                "cluster::",
+            ] {
+                assert!(s.iter().any(|t| t.starts_with(area)), "{}: {area}", k.name);
+            }
+            assert_eq!(
+                s.iter().any(|t| t.contains("::tcx_")),
+                k.tcx,
+                "{}: tcx-only tests only where tcx exists",
+                k.name
+            );
+        }
+    }
+
+    #[test]
+    fn newest_version_sorts_last() {
+        let mut v = [
+            "linux-image-6.1.0-9-amd64-unsigned",
+            "linux-image-6.1.0-47-amd64-unsigned",
+            "linux-image-6.1.0-10-amd64-unsigned",
+        ];
+        v.sort_by_key(|n| version_key(n));
+        assert_eq!(v[2], "linux-image-6.1.0-47-amd64-unsigned");
+    }
+
+    #[test]
+    fn unknown_kernels_are_refused_naming_the_choices() {
+        let err = kernel("5.10").expect_err("not in the matrix").to_string();
+        assert!(err.contains("6.1, 6.12 or host"), "{err}");
+    }
+}
