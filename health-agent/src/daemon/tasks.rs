@@ -50,8 +50,10 @@ pub(super) async fn api(
 /// Serves the API from a thread and runtime of its own, so that answers do
 /// not queue behind thousands of probe futures on the agent's workers (a
 /// status request during a 5,000-peer round): the kernel shares the CPUs
-/// between the threads. A synchronous `PUT /v1/status/probe` runs its round
-/// there too.
+/// between the threads. Its threads run at a lower priority ([`API_NICE`]):
+/// when clients keep the API busy, probing (whose timing is the product)
+/// still gets the CPU first. A synchronous `PUT /v1/status/probe` runs its
+/// round there too.
 fn api_thread(
     socket: PathBuf,
     group: Option<String>,
@@ -69,12 +71,14 @@ fn api_thread(
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("api")
+        .on_thread_start(lower_priority)
         .enable_all()
         .build()
         .map_err(&io)?;
     std::thread::Builder::new()
         .name("api".into())
         .spawn(move || {
+            lower_priority();
             rt.block_on(async move {
                 let (guard, listener) = match server::bind(&socket, group.as_deref()) {
                     Ok(b) => b,
@@ -91,6 +95,29 @@ fn api_thread(
         })
         .map_err(&io)?;
     Ok(done)
+}
+
+/// The nice value of the API's threads (the agent's others keep 0).
+pub(super) const API_NICE: libc::c_int = 10;
+
+/// Gives the calling thread [`API_NICE`] (the nice value is per thread on
+/// Linux); a failure only costs the preference, and is logged.
+fn lower_priority() {
+    // SAFETY: plain syscalls on the calling thread.
+    let rc = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid);
+        libc::setpriority(
+            libc::PRIO_PROCESS,
+            libc::id_t::try_from(tid).unwrap_or(0),
+            API_NICE,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "lowering the API thread's priority: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 fn api_thread_gone(socket: &std::path::Path) -> server::ServerError {

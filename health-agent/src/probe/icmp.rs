@@ -40,12 +40,23 @@ impl IcmpProber {
         })
         .map_err(io::Error::other)??;
         sock.set_nonblocking(true)?;
-        // Replies of a whole round may arrive in one burst.
-        let _ = sock.set_recv_buffer_size(8 << 20);
-        let _ = sock.set_send_buffer_size(4 << 20);
+        // Replies of a whole round may arrive in one burst, and all ICMP of
+        // the namespace lands here: SO_RCVBUF is capped by
+        // net.core.rmem_max (about 200 KiB, a few hundred replies), so the
+        // privileged agent forces its size past the cap.
+        force_buffer(&sock, libc::SO_RCVBUFFORCE, 16 << 20)
+            .or_else(|_| sock.set_recv_buffer_size(16 << 20))?;
+        force_buffer(&sock, libc::SO_SNDBUFFORCE, 4 << 20)
+            .or_else(|_| sock.set_send_buffer_size(4 << 20))?;
         // SAFETY: the AsyncFd owns the socket and keeps its fd open.
         let sock = unsafe { AsyncFd::register(sock)? };
         Ok(Self { sock })
+    }
+
+    /// The receive buffer's size as the kernel keeps it (twice what was
+    /// asked, for bookkeeping).
+    pub fn recv_buffer_size(&self) -> io::Result<usize> {
+        self.sock.get_ref().recv_buffer_size()
     }
 
     /// One echo to each of `targets`, the requests spread evenly over
@@ -163,6 +174,27 @@ fn match_reply(pkt: &[u8], base: u16, targets: &[Ipv4Addr]) -> Option<usize> {
     (targets.get(i) == Some(&src)).then_some(i)
 }
 
+/// Sets a socket buffer size past `net.core.[rw]mem_max` (`SO_RCVBUFFORCE`
+/// or `SO_SNDBUFFORCE`; needs `CAP_NET_ADMIN`).
+fn force_buffer(sock: &Socket, opt: libc::c_int, bytes: libc::c_int) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a valid socket, an int option value of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&raw const bytes).cast(),
+            libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,5 +243,20 @@ mod tests {
             "wraps to the next identifier"
         );
         assert_eq!(ident(7, 70_000), (8, 4_464));
+    }
+
+    #[tokio::test]
+    async fn the_receive_buffer_holds_a_round_of_replies_past_rmem_max() {
+        let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .expect("rmem_max")
+            .trim()
+            .parse()
+            .expect("a number");
+        let prober = IcmpProber::new(None).expect("raw ICMP socket (run as root)");
+        let size = prober.recv_buffer_size().expect("SO_RCVBUF");
+        assert!(
+            size >= 16 << 20 && size > 2 * rmem_max,
+            "receive buffer {size} bytes (rmem_max {rmem_max})"
+        );
     }
 }

@@ -72,6 +72,7 @@ fn daemon_brings_the_endpoint_to_ready_and_the_responder_answers() {
     );
     let id = ep.id;
     assert!((1..=4095).contains(&id), "{id}");
+    assert_api_threads_yield_to_probing(&node);
     assert_eq!(
         states(&get(&node)),
         [
@@ -156,6 +157,39 @@ fn kill_9_then_a_new_daemon_restores_ip_id_and_counters() {
         "pinned counters were reset: {answered} -> {now}"
     );
     assert_answered_in_kernel(&node, ip, 2);
+}
+
+/// The API's threads (named `api`) run at nice 10, every other thread of
+/// the agent at 0: under load, probing gets the CPU first.
+fn assert_api_threads_yield_to_probing(node: &AgentNode) {
+    let pid = std::fs::read_to_string(node.pidfile()).expect("pidfile");
+    let tasks = std::path::Path::new("/proc").join(pid.trim()).join("task");
+    let mut niceness: Vec<(String, i64)> = std::fs::read_dir(&tasks)
+        .expect("threads")
+        .filter_map(Result::ok)
+        .filter_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            // Fields after the parenthesised name: state is field 3, nice 19.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let nice = rest.split(' ').nth(16)?.parse().ok()?;
+            Some((comm.trim().to_owned(), nice))
+        })
+        .collect();
+    niceness.sort();
+    let api: Vec<i64> = niceness
+        .iter()
+        .filter(|(c, _)| c == "api")
+        .map(|(_, n)| *n)
+        .collect();
+    assert!(
+        !api.is_empty() && api.iter().all(|n| *n == 10),
+        "{niceness:?}"
+    );
+    assert!(
+        niceness.iter().any(|(c, n)| c != "api" && *n == 0),
+        "{niceness:?}"
+    );
 }
 
 fn assert_nothing_left(node: &AgentNode, ip: Option<Ipv4Addr>) {
