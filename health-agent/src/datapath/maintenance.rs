@@ -52,13 +52,33 @@ pub struct DatapathConfig {
 pub const PRESSURE_WARN: f64 = 0.9;
 pub const PRESSURE_CLEAR: f64 = 0.8;
 
+/// How often map pressure is looked at: counting a map's entries walks it
+/// with a syscall per key, so it is done once a minute, not at every pass
+/// of the collectors.
+pub const PRESSURE_EVERY: Duration = Duration::from_secs(60);
+
 /// Which maps were last said to be under pressure.
 #[derive(Debug, Default)]
 pub struct Pressure {
     warned: Vec<String>,
+    /// When the maps were last counted.
+    last: Option<std::time::Instant>,
 }
 
 impl Pressure {
+    /// Whether the maps are due to be counted again (and, if so, notes that
+    /// they are being counted now).
+    pub fn due(&mut self, now: std::time::Instant) -> bool {
+        if self
+            .last
+            .is_some_and(|at| now.saturating_duration_since(at) < PRESSURE_EVERY)
+        {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+
     /// Warns once for each map of `rows` that went above
     /// [`PRESSURE_WARN`]; returns the names newly warned about.
     pub fn check(&mut self, rows: &[maps::MapRow]) -> Vec<String> {
@@ -205,9 +225,11 @@ fn missing_nat(node: &Node) -> Vec<String> {
 /// collectors and the sweep (failures are logged; the next pass retries).
 fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
     let mut node = maintain_maps(cfg, node)?;
-    match maps::list(node.datapath.pin_dir()) {
-        Ok(rows) => drop(node.pressure.check(&rows)),
-        Err(e) => warn!("reading map pressure: {}", chain(&e)),
+    if node.pressure.due(std::time::Instant::now()) {
+        match maps::list(node.datapath.pin_dir()) {
+            Ok(rows) => drop(node.pressure.check(&rows)),
+            Err(e) => warn!("reading map pressure: {}", chain(&e)),
+        }
     }
     Ok(node)
 }
@@ -264,6 +286,17 @@ mod tests {
             #[allow(clippy::cast_precision_loss, reason = "small test counts")]
             pressure: entries as f64 / 100.0,
         }
+    }
+
+    #[test]
+    fn pressure_is_counted_once_a_minute() {
+        let mut p = Pressure::default();
+        let t0 = std::time::Instant::now();
+        assert!(p.due(t0), "at the first pass");
+        assert!(!p.due(t0 + Duration::from_secs(10)));
+        assert!(!p.due(t0 + Duration::from_secs(59)));
+        assert!(p.due(t0 + PRESSURE_EVERY));
+        assert!(!p.due(t0 + PRESSURE_EVERY + Duration::from_secs(1)));
     }
 
     #[test]
