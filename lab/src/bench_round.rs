@@ -490,15 +490,18 @@ fn percentile(mut samples: Vec<Duration>, pct: usize) -> Duration {
         .unwrap_or_default()
 }
 
+/// The index `k` of the node `peer-k` (`usize::MAX` for any other name).
+fn peer_index(name: &str) -> usize {
+    name.trim_start_matches("peer-")
+        .parse()
+        .unwrap_or(usize::MAX)
+}
+
 /// Why live paths failed: (path, error) with counts, most frequent first.
 fn live_failures(status: &ClusterStatus, pct: u32) -> Vec<(String, usize)> {
     let mut tally: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for n in &status.nodes {
-        let k: usize = n
-            .name
-            .trim_start_matches("peer-")
-            .parse()
-            .unwrap_or(usize::MAX);
+        let k = peer_index(&n.name);
         if silent(k, pct) {
             continue;
         }
@@ -538,11 +541,7 @@ fn print_live_failures(status: &ClusterStatus, pct: u32) {
 fn correctness(status: &ClusterStatus, pct: u32) -> (usize, usize) {
     let (mut live_ok, mut false_ok) = (0, 0);
     for n in &status.nodes {
-        let k: usize = n
-            .name
-            .trim_start_matches("peer-")
-            .parse()
-            .unwrap_or(usize::MAX);
+        let k = peer_index(&n.name);
         let ok = [
             &n.host.icmp,
             &n.host.http,
