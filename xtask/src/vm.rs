@@ -7,8 +7,9 @@
 //! Under TCG (no nested KVM on the project's machines; `HEALTH_VM_KVM=1`
 //! uses KVM where it works) the guest is several times slower than the host, so the selection is focused ([`selection`])
 //! and the tests' deadlines are stretched (`HEALTH_TEST_TIME_SCALE`).
-//! Unix sockets cannot live on 9p: the guest mounts a tmpfs on /tmp, where
-//! the tests keep their sockets, pidfiles and state.
+//! Unix sockets cannot live on 9p: the guest mounts a tmpfs on /tmp (or, when
+//! the workspace itself is under /tmp, on /mnt), where the tests keep their
+//! sockets, pidfiles and state.
 
 use std::{
     fmt::Write as _,
@@ -231,14 +232,23 @@ pub(crate) fn run(root: &Path, k: &Kernel, binary: &Path, tests: &[String]) -> a
         (tests.to_vec(), "")
     };
     let mut script = String::from("set -u\n");
-    // Sockets and pidfiles cannot live on 9p: /tmp is the guest's own.
-    script.push_str("mount -t tmpfs -o mode=1777 tmpfs /tmp\n");
+    // Sockets and pidfiles cannot live on 9p: the tests' temporary files go
+    // to a tmpfs of the guest's own, on the first of these directories that
+    // does not hold the workspace (a checkout under /tmp, as CI's may be,
+    // must stay visible).
+    let _ = writeln!(
+        script,
+        "for d in /tmp /mnt /media /srv; do case {}/ in \"$d\"/*) continue;; esac; \
+         [ -d \"$d\" ] && TMPFS=\"$d\" && break; done",
+        shell_quote(root)
+    );
+    script.push_str("mount -t tmpfs -o mode=1777 tmpfs \"$TMPFS\"\n");
     script.push_str("mkdir -p /run/netns\n");
     // As systemd does on a booted host.
     script.push_str("mountpoint -q /sys/fs/bpf || mount -t bpf -o mode=0700 bpf /sys/fs/bpf\n");
     let _ = writeln!(
         script,
-        "export TMPDIR=/tmp HEALTH_TEST_TIME_SCALE={scale} RUST_BACKTRACE=1"
+        "export TMPDIR=\"$TMPFS\" HEALTH_TEST_TIME_SCALE={scale} RUST_BACKTRACE=1"
     );
     script.push_str("echo \"guest: Linux $(uname -r), $(nproc) CPUs\"\n");
     let _ = writeln!(script, "cd {}", shell_quote(&root.join("tests")));
