@@ -36,6 +36,16 @@ pub(crate) fn run_forwarding_signals(cmd: &mut Command) -> anyhow::Result<()> {
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", display(cmd)))?;
+    // Streams the caller piped are copied through: the child writes to a
+    // pipe, never to our own stdout, which it could reopen and truncate.
+    let copiers = [
+        child.stdout.take().map(|mut s| {
+            std::thread::spawn(move || drop(std::io::copy(&mut s, &mut std::io::stdout())))
+        }),
+        child.stderr.take().map(|mut s| {
+            std::thread::spawn(move || drop(std::io::copy(&mut s, &mut std::io::stderr())))
+        }),
+    ];
     // SAFETY: the handler only stores to an atomic, which is
     // async-signal-safe; sigaction with a zeroed mask and flags is valid.
     unsafe {
@@ -58,6 +68,9 @@ pub(crate) fn run_forwarding_signals(cmd: &mut Command) -> anyhow::Result<()> {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
+    for copier in copiers.into_iter().flatten() {
+        let _ = copier.join();
+    }
     if !status.success() {
         bail!("`{}` failed ({status})", display(cmd));
     }

@@ -278,6 +278,11 @@ pub(crate) fn run(root: &Path, k: &Kernel, binary: &Path, tests: &[String]) -> a
     if !kvm {
         vng.arg("--disable-kvm");
     }
+    // virtme-ng reopens the guest console's output: given our stdout as it
+    // is, it truncated a log file that stdout was redirected to (everything
+    // CI had printed before the guest was lost). Through pipes it cannot.
+    vng.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     eprintln!(
         "xtask: Linux {release} ({}) under {}: {} tests",
         k.name,
