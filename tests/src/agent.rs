@@ -116,6 +116,34 @@ impl AgentNode {
             .expect("run health-agent daemon")
     }
 
+    /// With the kernel's own echo off in the endpoint, `n` pings from the
+    /// node to `ip` (identifier `id`) each get a correct reply, and the
+    /// eBPF responder's pinned counter counts them: the replies came from
+    /// the responder.
+    pub fn assert_echo_answered_in_kernel(&self, ip: Ipv4Addr, id: u16, n: u16) {
+        crate::topology::TwoNodes::sysctl(
+            &self.endpoint_ns(),
+            "net/ipv4/icmp_echo_ignore_all",
+            "1",
+        );
+        let answered = || {
+            health_agent::datapath::read_pinned_stats(&self.pins)
+                .expect("pinned stats")
+                .answered
+        };
+        let before = answered();
+        let ex = crate::pinger::ping(&self.node, ip, id, n, Duration::from_secs(1)).expect("ping");
+        for e in &ex {
+            crate::pinger::check_reply(e, id)
+                .unwrap_or_else(|err| panic!("{err}; daemon log:\n{}", self.log()));
+        }
+        let after = answered();
+        assert!(
+            after >= before + u64::from(n),
+            "the eBPF responder's answered counter {before} -> {after} after {n} replies"
+        );
+    }
+
     #[must_use]
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()

@@ -28,6 +28,13 @@ pub struct RttRow {
     pub histogram: Vec<u64>,
 }
 
+fn losses_map_err(source: aya::maps::MapError) -> DatapathError {
+    DatapathError::Map {
+        map: MapId::RttLosses,
+        source,
+    }
+}
+
 fn stats_map_err(source: aya::maps::MapError) -> DatapathError {
     DatapathError::Map {
         map: MapId::RttStats,
@@ -162,12 +169,8 @@ pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
         return Ok(0);
     }
     let mut losses_map = open(dir, MapId::RttLosses)?;
-    let mut losses = HashMap::<_, RttKey, u64>::try_from(&mut losses_map).map_err(|source| {
-        DatapathError::Map {
-            map: MapId::RttLosses,
-            source,
-        }
-    })?;
+    let mut losses =
+        HashMap::<_, RttKey, u64>::try_from(&mut losses_map).map_err(losses_map_err)?;
     let mut n = 0;
     for k in lost {
         if pending.remove(&k).is_err() {
@@ -201,12 +204,8 @@ pub fn prune(dir: &Path, keep: impl Fn(Ipv4Addr) -> bool) -> Result<u64, Datapat
         removed += u64::from(stats.remove(&k).is_ok());
     }
     let mut losses_map = open(dir, MapId::RttLosses)?;
-    let mut losses = HashMap::<_, RttKey, u64>::try_from(&mut losses_map).map_err(|source| {
-        DatapathError::Map {
-            map: MapId::RttLosses,
-            source,
-        }
-    })?;
+    let mut losses =
+        HashMap::<_, RttKey, u64>::try_from(&mut losses_map).map_err(losses_map_err)?;
     for k in departed(losses.keys(), &keep) {
         removed += u64::from(losses.remove(&k).is_ok());
     }

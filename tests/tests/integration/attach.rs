@@ -13,7 +13,7 @@ use health_agent::{
     datapath::{
         KernelReport, TcHook, TcPolicy,
         classic::{PRIORITY, handle},
-        ct, read_pinned_stats,
+        ct,
     },
     sys::{
         netlink::{TcDirection, TcFilter, in_netns},
@@ -21,12 +21,7 @@ use health_agent::{
     },
 };
 use health_common::maps::ProgId;
-use health_tests::{
-    agent::AgentNode,
-    pinger::{check_reply, ping},
-    process,
-    topology::TwoNodes,
-};
+use health_tests::{agent::AgentNode, process};
 use nix::sys::signal::Signal;
 
 const READY: Duration = Duration::from_secs(10);
@@ -106,20 +101,6 @@ fn add_foreign_filter(node: &AgentNode, iface: &str, dir: &str) {
     );
 }
 
-fn ping_endpoint(node: &AgentNode, ip: std::net::Ipv4Addr, id: u16, n: u16) {
-    TwoNodes::sysctl(&node.endpoint_ns(), "net/ipv4/icmp_echo_ignore_all", "1");
-    let before = read_pinned_stats(&node.pins).expect("stats").answered;
-    let ex = ping(&node.node, ip, id, n, Duration::from_secs(1)).expect("ping");
-    for e in &ex {
-        check_reply(e, id).unwrap_or_else(|err| panic!("{err}; log:\n{}", node.log()));
-    }
-    let after = read_pinned_stats(&node.pins).expect("stats").answered;
-    assert!(
-        after >= before + u64::from(n),
-        "the eBPF responder answered {before} -> {after}"
-    );
-}
-
 #[test]
 fn auto_attach_uses_tcx_where_the_kernel_has_it_and_says_so() {
     let mut node = AgentNode::new();
@@ -162,7 +143,7 @@ fn auto_attach_uses_tcx_where_the_kernel_has_it_and_says_so() {
             && text.contains("health_lxc_ingress"),
         "{text}"
     );
-    ping_endpoint(&node, ep.ipv4, 0x7a01, 3);
+    node.assert_echo_answered_in_kernel(ep.ipv4, 0x7a01, 3);
     // The filters of the classic hook exist only in tc mode.
     let tc_filters = ours(&node.node, "lxc_health", TcDirection::Ingress).len();
     assert_eq!(tc_filters, usize::from(want == TcHook::Tc));
@@ -213,7 +194,7 @@ fn classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_
     // A foreign filter on lxc_health, in front of ours (prio 100 < 18501):
     // ours still sees every packet.
     add_foreign_filter(&node, "lxc_health", "ingress");
-    ping_endpoint(&node, ep.ipv4, 0x7a02, 5);
+    node.assert_echo_answered_in_kernel(ep.ipv4, 0x7a02, 5);
     // The tracking filters (after the foreign one on ingress) saw the
     // exchange both ways: 5 requests to the endpoint, 5 replies from it.
     let flow = ct::list(&node.pins)
@@ -257,7 +238,7 @@ fn classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_
         2,
         "ours and the foreign one"
     );
-    ping_endpoint(&node, ep.ipv4, 0x7a03, 3);
+    node.assert_echo_answered_in_kernel(ep.ipv4, 0x7a03, 3);
 
     // SIGTERM: ours go, the foreign filter and its qdisc stay.
     assert!(node.stop(Signal::SIGTERM).success(), "{}", node.log());

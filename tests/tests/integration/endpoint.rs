@@ -5,11 +5,7 @@ use std::{net::Ipv4Addr, time::Duration};
 
 use health_agent::endpoint::EndpointView;
 use health_agent::{datapath::read_pinned_stats, sys::netlink::in_netns};
-use health_tests::{
-    agent::{AgentNode, HEALTH_CIDR},
-    pinger::{check_reply, ping},
-    topology::TwoNodes,
-};
+use health_tests::agent::{AgentNode, HEALTH_CIDR};
 use nix::sys::signal::Signal;
 
 const READY: Duration = Duration::from_secs(10);
@@ -36,24 +32,6 @@ fn get(node: &AgentNode) -> EndpointView {
 
 /// Echo from the node to the endpoint, with the endpoint's kernel echo off:
 /// every reply must come from the eBPF responder.
-fn assert_answered_in_kernel(node: &AgentNode, ip: Ipv4Addr, n: u16) {
-    TwoNodes::sysctl(&node.endpoint_ns(), "net/ipv4/icmp_echo_ignore_all", "1");
-    let before = read_pinned_stats(&node.pins)
-        .expect("pinned stats")
-        .answered;
-    let ex = ping(&node.node, ip, 0x5e01, n, Duration::from_secs(1)).expect("ping");
-    for e in &ex {
-        check_reply(e, 0x5e01).unwrap_or_else(|err| panic!("{err}; daemon log:\n{}", node.log()));
-    }
-    let after = read_pinned_stats(&node.pins)
-        .expect("pinned stats")
-        .answered;
-    assert!(
-        after >= before + u64::from(n),
-        "answered counter {before} -> {after} after {n} replies"
-    );
-}
-
 #[test]
 fn daemon_brings_the_endpoint_to_ready_and_the_responder_answers() {
     let mut node = AgentNode::new();
@@ -89,7 +67,7 @@ fn daemon_brings_the_endpoint_to_ready_and_the_responder_answers() {
             .permissions(),
     );
     assert_eq!(mode & 0o777, 0o660, "API socket mode");
-    assert_answered_in_kernel(&node, ip, 5);
+    node.assert_echo_answered_in_kernel(ip, 0x5e01, 5);
 
     // The table form names the same endpoint.
     let table = node.cli(&["endpoint", "list"]);
@@ -129,7 +107,7 @@ fn deleted_lxc_health_is_recreated_within_one_controller_interval() {
         history.ends_with(&["waiting-to-regenerate", "regenerating", "ready"]),
         "{history:?}"
     );
-    assert_answered_in_kernel(&node, ip, 3);
+    node.assert_echo_answered_in_kernel(ip, 0x5e01, 3);
 }
 
 #[test]
@@ -138,7 +116,7 @@ fn kill_9_then_a_new_daemon_restores_ip_id_and_counters() {
     node.start(&[]);
     let ep = node.wait_endpoint(READY, |_| true);
     let (ip, id) = (ipv4(&ep), ep.id);
-    assert_answered_in_kernel(&node, ip, 4);
+    node.assert_echo_answered_in_kernel(ip, 0x5e01, 4);
     let answered = read_pinned_stats(&node.pins).expect("stats").answered;
     node.stop(Signal::SIGKILL);
     assert!(
@@ -156,7 +134,7 @@ fn kill_9_then_a_new_daemon_restores_ip_id_and_counters() {
         now >= answered,
         "pinned counters were reset: {answered} -> {now}"
     );
-    assert_answered_in_kernel(&node, ip, 2);
+    node.assert_echo_answered_in_kernel(ip, 0x5e01, 2);
 }
 
 /// The API's threads (named `api`) run at nice 10, every other thread of
@@ -413,7 +391,7 @@ fn incompatible_pins_at_every_map_path_are_replaced_and_the_agent_counts_again()
         Some(PIN_LAYOUT_VERSION),
         "the layout version is recorded with the new pins"
     );
-    assert_answered_in_kernel(&node, ip, 3);
+    node.assert_echo_answered_in_kernel(ip, 0x5e01, 3);
 }
 
 /// Routes carry the agent's protocol number: a route it did not install is
