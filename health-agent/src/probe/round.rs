@@ -484,6 +484,11 @@ impl Prober {
                     let mut queue = mine.into_iter().enumerate().peekable();
                     let mut probes = FuturesUnordered::new();
                     let mut done = Vec::with_capacity(count);
+                    // One timer for the task, moved only when the next
+                    // start changes (not a new one per completed probe).
+                    let pace = tokio::time::sleep_until(t0);
+                    tokio::pin!(pace);
+                    let mut armed = None;
                     loop {
                         let now = tokio::time::Instant::now();
                         while let Some((_, i)) = queue.next_if(|(k, _)| at(*k) <= now) {
@@ -496,15 +501,25 @@ impl Prober {
                             probes.push(async move {
                                 let _slot = slots.acquire().await.ok();
                                 let start = tokio::time::Instant::now();
-                                let late = u64::try_from((start - t0).as_micros()).unwrap_or(u64::MAX);
+                                let late =
+                                    u64::try_from((start - t0).as_micros()).unwrap_or(u64::MAX);
                                 latest_start.fetch_max(late, std::sync::atomic::Ordering::Relaxed);
-                                (i, http::probe(ip, port, start + timeout, timeout, from).await)
+                                (
+                                    i,
+                                    http::probe(ip, port, start + timeout, timeout, from).await,
+                                )
                             });
                         }
                         let wake = queue.peek().map(|(k, _)| at(*k));
+                        if let Some(w) = wake
+                            && armed != Some(w)
+                        {
+                            pace.as_mut().reset(w);
+                            armed = Some(w);
+                        }
                         tokio::select! {
                             Some(r) = probes.next(), if !probes.is_empty() => done.push(r),
-                            () = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
+                            () = &mut pace, if wake.is_some() => {}
                             else => break,
                         }
                     }
