@@ -10,7 +10,7 @@
 //! | kernel object | [`datapath`] | loading, pinning and attaching every program; typed map access |
 //! | components | [`endpoint`], [`probe`], [`cluster`] | the health endpoint, the prober, the node set |
 //! | tasks | [`supervisor`] | running, watching, restarting and stopping long-lived tasks |
-//! | service | [`api`], [`daemon`] | the unix-socket API; the supervisor that runs it all |
+//! | service | [`api`], [`metrics`], [`web`], [`page`], [`daemon`] | the unix-socket API; Prometheus metrics; the metrics listener; the connectivity page; the supervisor that runs it all |
 //!
 //! [`util`] holds small helpers every layer may use (durations, times,
 //! error chains).
@@ -20,10 +20,13 @@ pub mod cluster;
 pub mod daemon;
 pub mod datapath;
 pub mod endpoint;
+pub mod metrics;
+pub mod page;
 pub mod probe;
 pub mod supervisor;
 pub mod sys;
 pub mod util;
+pub mod web;
 
 // `unused_crate_dependencies` judges each target alone: these serve the
 // binary's edge (error reports, the log subscriber and its `log` bridge,

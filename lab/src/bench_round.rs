@@ -186,6 +186,8 @@ impl Lab {
             .arg(nodes_file)
             .args(["--probe-interval", &format!("{}ms", interval.as_millis())])
             .args(["--probe-timeout", "1s", "--failure-threshold", "1"])
+            // A full mesh: the round over every peer is what is measured.
+            .args(["--probe-peers", "all"])
             .env(
                 "RUST_LOG",
                 std::env::var("BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()),

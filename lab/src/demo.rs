@@ -76,6 +76,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
         ..Settings::default()
     });
     println!("agents' logs and sockets: {}", cluster.dir.display());
+    let page = forward_page(&cluster);
     let end = opts
         .seconds
         .map(|s| Instant::now() + Duration::from_secs(s));
@@ -115,7 +116,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
         } else {
             // Clear the screen and draw the view at the top.
             print!(
-                "\x1b[2J\x1b[H{} (Ctrl-C stops and tears down)\n\n{view}",
+                "\x1b[2J\x1b[H{} (Ctrl-C stops and tears down){page}\n\n{view}",
                 cluster.nodes[0].name
             );
         }
@@ -126,6 +127,32 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     drop(cluster);
     println!("done");
     Ok(())
+}
+
+/// Forwards the host's loopback (port 9962, or any free one) to node 1's
+/// metrics listener, prints the page's and the metrics' addresses, and
+/// returns them for the header of the live view.
+fn forward_page(cluster: &Cluster) -> String {
+    let first = &cluster.nodes[0];
+    let local = std::net::SocketAddr::from(([127, 0, 0, 1], health_tests::cluster::WEB_PORT));
+    match crate::forward::start(local, &cluster.fabric, first.web_addr()) {
+        Ok(local) => {
+            println!(
+                "{} connectivity page: http://{local}/ (forwarded to {} in its namespace)",
+                first.name,
+                first.web_url()
+            );
+            println!("{} metrics: http://{local}/metrics", first.name);
+            format!("\npage: http://{local}/  metrics: http://{local}/metrics")
+        }
+        Err(e) => {
+            println!(
+                "could not forward {}'s page to the host's loopback: {e}",
+                first.name
+            );
+            String::new()
+        }
+    }
 }
 
 fn install_stop_handler() -> anyhow::Result<()> {

@@ -10,11 +10,15 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench_cluster_sim;
 mod bench_datapath;
 mod bench_echo;
+mod bench_etcd_load;
+mod bench_page;
 mod bench_round;
 mod blaster;
 mod demo;
+mod forward;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,6 +61,54 @@ enum Command {
         #[arg(long, default_value = "3s", value_parser = health_agent::util::duration::parse)]
         interval: std::time::Duration,
     },
+    /// The connectivity page of an agent with N silent peers, in headless
+    /// Chromium: fetch-to-painted time of the page, against 1 s.
+    BenchPage {
+        #[arg(long, default_value_t = 5000)]
+        peers: usize,
+        /// Refreshes measured after the first view.
+        #[arg(long, default_value_t = 10)]
+        refreshes: u32,
+        /// Probe interval of the agent (the page polls at this pace).
+        #[arg(long, default_value = "3s", value_parser = health_agent::util::duration::parse)]
+        interval: std::time::Duration,
+    },
+    /// Subset probing and the cluster view at N simulated nodes (no
+    /// network): the agent's selection, summaries and verdicts, with
+    /// injected faults.
+    BenchClusterSim {
+        #[arg(long, default_value_t = 50_000)]
+        nodes: usize,
+        /// K: peers probed outside the zone.
+        #[arg(long, default_value_t = 32)]
+        peers: usize,
+        /// Zones (default: one per 20 nodes).
+        #[arg(long)]
+        zones: Option<usize>,
+        #[arg(long, default_value_t = 16)]
+        rounds: u32,
+        /// Consecutive failed rounds that make a path Failure (the agent's
+        /// --failure-threshold).
+        #[arg(long, default_value_t = 3)]
+        failure_threshold: u32,
+    },
+    /// A local etcd under N simulated agents (a lease and a summary put
+    /// each per interval) and W watchers: write rate, watch delivery
+    /// latency against 1 s at p99, etcd's database size.
+    BenchEtcdLoad {
+        #[arg(long, default_value_t = 1000)]
+        agents: usize,
+        #[arg(long, default_value_t = 30)]
+        seconds: u32,
+        /// How often each agent puts its summary.
+        #[arg(long, default_value = "1s", value_parser = health_agent::util::duration::parse)]
+        interval: std::time::Duration,
+        #[arg(long, default_value_t = 10)]
+        watchers: usize,
+        /// Client connections the agents' traffic is spread over.
+        #[arg(long, default_value_t = 4)]
+        connections: usize,
+    },
     /// Two nodes, a health-agent answering echo in the kernel, live probes.
     Demo(demo::Options),
 }
@@ -91,6 +143,44 @@ fn main() -> ExitCode {
             interval,
         })
         .map(|r| print!("{}", r.text())),
+        Command::BenchPage {
+            peers,
+            refreshes,
+            interval,
+        } => bench_page::run(&bench_page::Options {
+            peers,
+            refreshes: refreshes.max(1),
+            interval,
+        })
+        .map(|text| print!("{text}")),
+        Command::BenchClusterSim {
+            nodes,
+            peers,
+            zones,
+            rounds,
+            failure_threshold,
+        } => bench_cluster_sim::run(&bench_cluster_sim::Options {
+            nodes,
+            peers,
+            zones,
+            rounds,
+            failure_threshold,
+        })
+        .map(|text| print!("{text}")),
+        Command::BenchEtcdLoad {
+            agents,
+            seconds,
+            interval,
+            watchers,
+            connections,
+        } => bench_etcd_load::run(&bench_etcd_load::Options {
+            agents: agents.max(1),
+            seconds: seconds.max(1),
+            interval,
+            watchers,
+            connections,
+        })
+        .map(|text| print!("{text}")),
         Command::Demo(opts) => demo::run(&opts),
     };
     match result {

@@ -33,6 +33,11 @@ pub struct Settings {
     /// Discover through etcd (run in the fabric namespace) instead of the
     /// nodes file.
     pub etcd: bool,
+    /// `--kvstore-lease-ttl`: how long a node that stopped (without
+    /// deregistering) stays in the others' node sets.
+    pub lease_ttl: &'static str,
+    /// etcd over TLS and/or with authentication (the agents get the flags).
+    pub etcd_security: crate::etcd::Security,
 }
 
 impl Default for Settings {
@@ -45,6 +50,8 @@ impl Default for Settings {
             success_threshold: 1,
             extra_args: Vec::new(),
             etcd: false,
+            lease_ttl: "3s",
+            etcd_security: crate::etcd::Security::default(),
         }
     }
 }
@@ -96,6 +103,20 @@ impl ClusterNode {
             .unwrap_or_default()
     }
 
+    /// The agent's metrics listener (`/metrics`, the connectivity page,
+    /// `/api`), on the node's address: reachable from the fabric namespace
+    /// and the other nodes.
+    #[must_use]
+    pub fn web_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from((self.ip, WEB_PORT))
+    }
+
+    /// The connectivity page's address.
+    #[must_use]
+    pub fn web_url(&self) -> String {
+        format!("http://{}/", self.web_addr())
+    }
+
     /// Sets the node's uplink up or down.
     pub fn set_uplink(&self, up: bool) {
         in_netns(Some(&self.ns), |nl| async move {
@@ -117,6 +138,9 @@ pub struct Cluster {
     settings: Settings,
     etcd: Option<Child>,
 }
+
+/// Port of every agent's metrics listener.
+pub const WEB_PORT: u16 = 9962;
 
 /// etcd's client address, on the fabric bridge.
 pub const ETCD_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -162,41 +186,38 @@ impl Cluster {
     }
 
     /// Starts etcd in the fabric namespace (same data directory each time)
-    /// and waits until it answers.
+    /// and waits until it answers; the first time, with
+    /// `etcd_security.auth`, switches its authentication on.
     pub fn start_etcd(&mut self) {
         assert!(self.etcd.is_none(), "etcd already running");
         let data = self.dir.join("etcd");
-        let mut cmd = Command::new("etcd");
-        cmd.args(["--name", "fabric", "--data-dir"])
-            .arg(&data)
-            .args(["--listen-client-urls", &format!("http://{ETCD_ENDPOINT}")])
-            .args([
-                "--advertise-client-urls",
-                &format!("http://{ETCD_ENDPOINT}"),
-            ])
-            .args(["--listen-peer-urls", "http://127.0.0.1:2380"])
-            .args(["--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
-            .args(["--initial-cluster", "fabric=http://127.0.0.1:2380"])
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(self.dir.join("etcd.log")).expect("etcd log"));
-        process::enter(&mut cmd, &self.fabric);
-        self.etcd = Some(
-            cmd.spawn()
-                .expect("start etcd (Debian package etcd-server)"),
-        );
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while self
-            .fabric
-            .run(|| std::net::TcpStream::connect(ETCD_ENDPOINT).is_err())
-            .expect("fabric netns")
-        {
-            assert!(
-                Instant::now() < deadline,
-                "etcd did not start:\n{}",
-                fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+        let first = !data.exists();
+        let pki = self.etcd_pki();
+        self.etcd = Some(crate::etcd::spawn(
+            Some(&self.fabric),
+            &data,
+            ETCD_ENDPOINT,
+            2380,
+            pki.as_ref(),
+            &self.dir.join("etcd.log"),
+        ));
+        if first && self.settings.etcd_security.auth {
+            crate::etcd::enable_auth(Some(&self.fabric), ETCD_ENDPOINT, pki.as_ref());
         }
+    }
+
+    /// The TLS material of etcd and the agents (made on first use), when
+    /// `etcd_security.tls`.
+    #[must_use]
+    pub fn etcd_pki(&self) -> Option<crate::etcd::Pki> {
+        let dir = self.dir.join("pki");
+        self.settings.etcd_security.tls.then(|| {
+            if dir.join("client.pem").exists() {
+                crate::etcd::Pki { dir }
+            } else {
+                crate::etcd::Pki::generate(&dir, ETCD_IP)
+            }
+        })
     }
 
     /// Stops etcd (SIGTERM) and waits for it.
@@ -256,7 +277,7 @@ impl Cluster {
     /// Starts node `i`'s agent.
     pub fn start_agent(&mut self, i: usize) {
         let s = self.settings.clone();
-        let nodes_file = self.nodes_file.clone();
+        let discovery = discovery_args(&s, &self.nodes_file, self.etcd_pki(), &self.nodes[i].dir);
         let node = &mut self.nodes[i];
         let mut cmd = Command::new(agent_binary());
         cmd.args([
@@ -284,9 +305,10 @@ impl Cluster {
         .args(["--failure-threshold", &s.failure_threshold.to_string()])
         .args(["--success-threshold", &s.success_threshold.to_string()])
         .args(["--sync-min-interval", "200ms"])
+        .args(["--prometheus-serve-addr", &node.web_addr().to_string()])
         .args(crate::agent_env_args())
         .args(&s.extra_args)
-        .args(discovery_args(&s, &nodes_file))
+        .args(discovery)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(fs::File::create(node.dir.join("daemon.log")).expect("log"));
@@ -379,22 +401,58 @@ impl Drop for Cluster {
     }
 }
 
-/// The agent flags for the cluster's node discovery.
-fn discovery_args(s: &Settings, nodes_file: &Path) -> Vec<String> {
-    if s.etcd {
-        [
-            "--kvstore",
-            "etcd",
-            "--kvstore-endpoint",
-            ETCD_ENDPOINT,
-            "--kvstore-lease-ttl",
-            "3s",
-        ]
-        .map(String::from)
-        .to_vec()
-    } else {
-        vec!["--nodes-file".into(), nodes_file.display().to_string()]
+/// The agent flags for the cluster's node discovery. With etcd's
+/// security, each node reads its CA and password from its own directory
+/// (`etcd-ca.pem`, `etcd-password`, written here unless present), so that a
+/// test can give one node wrong ones.
+fn discovery_args(
+    s: &Settings,
+    nodes_file: &Path,
+    pki: Option<crate::etcd::Pki>,
+    node_dir: &Path,
+) -> Vec<String> {
+    if !s.etcd {
+        return vec!["--nodes-file".into(), nodes_file.display().to_string()];
     }
+    let mut args = [
+        "--kvstore",
+        "etcd",
+        "--kvstore-endpoint",
+        ETCD_ENDPOINT,
+        "--kvstore-lease-ttl",
+        s.lease_ttl,
+    ]
+    .map(String::from)
+    .to_vec();
+    let path = |p: PathBuf| p.display().to_string();
+    if let Some(pki) = pki {
+        let ca = node_dir.join("etcd-ca.pem");
+        if !ca.exists() {
+            fs::copy(pki.path("ca.pem"), &ca).expect("node's CA");
+        }
+        args.extend([
+            "--kvstore-ca".into(),
+            path(ca),
+            "--kvstore-cert".into(),
+            path(pki.path("client.pem")),
+            "--kvstore-key".into(),
+            path(pki.path("client-key.pem")),
+        ]);
+    }
+    if s.etcd_security.auth {
+        let password = node_dir.join("etcd-password");
+        if !password.exists() {
+            fs::write(&password, format!("{}\n", crate::etcd::AGENT_PASSWORD))
+                .expect("node's etcd password");
+        }
+        args.extend([
+            "--kvstore-user".into(),
+            crate::etcd::AGENT_USER.into(),
+            "--kvstore-password-file".into(),
+            path(password),
+        ]);
+    }
+    args
 }
 
 /// The nodes file's text listing the first `n` nodes: a `nodes:` line, then

@@ -48,6 +48,29 @@ const DROP_ICMP: [u64; 13] = [
     insn(0x95, 0, 0, 0, 0),  // exit
 ];
 
+/// As [`DROP_ICMP`], only for IPv4 ICMP from one source address (`imm` of
+/// instruction 9, a 32-bit compare of the address as read from the packet).
+const fn drop_icmp_from(src: [u8; 4]) -> [u64; 15] {
+    [
+        insn(0x61, 2, 1, 76, 0), // r2 = skb->data
+        insn(0x61, 3, 1, 80, 0), // r3 = skb->data_end
+        insn(0xbf, 4, 2, 0, 0),  // r4 = r2
+        insn(0x07, 4, 0, 0, 34), // r4 += 34 (Ethernet + IPv4 header)
+        insn(0x2d, 4, 3, 8, 0),  // if r4 > r3 goto pass
+        insn(0x69, 5, 2, 12, 0), // r5 = ethertype
+        insn(0x55, 5, 0, 6, 8),  // if r5 != 0x0008 goto pass
+        insn(0x71, 5, 2, 23, 0), // r5 = IPv4 protocol
+        insn(0x55, 5, 0, 4, 1),  // if r5 != ICMP goto pass
+        insn(0x61, 5, 2, 26, 0), // r5 = IPv4 source (network order, read little-endian)
+        // if w5 != src goto pass (BPF_JMP32: the low 32 bits only)
+        insn(0x56, 5, 0, 2, i32::from_le_bytes(src)),
+        insn(0xb7, 0, 0, 0, 2),  // r0 = TC_ACT_SHOT
+        insn(0x95, 0, 0, 0, 0),  // exit
+        insn(0xb7, 0, 0, 0, -1), // pass: r0 = TCX_NEXT
+        insn(0x95, 0, 0, 0, 0),  // exit
+    ]
+}
+
 fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<OwnedFd> {
     // SAFETY: attr is a zero-padded bpf_attr of the size passed.
     let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
@@ -70,17 +93,27 @@ pub struct DropIcmp {
 
 impl DropIcmp {
     pub fn attach(ns: &Netns, iface: &str) -> io::Result<Self> {
+        Self::attach_program(ns, iface, &DROP_ICMP)
+    }
+
+    /// Drops only the ICMP that `src` sends into `iface`: one node's path
+    /// to this one, the others' untouched.
+    pub fn attach_from(ns: &Netns, iface: &str, src: std::net::Ipv4Addr) -> io::Result<Self> {
+        Self::attach_program(ns, iface, &drop_icmp_from(src.octets()))
+    }
+
+    fn attach_program(ns: &Netns, iface: &str, insns: &[u64]) -> io::Result<Self> {
         let license = CString::new("GPL").map_err(io::Error::other)?;
         let mut attr = [0u8; 128];
         put(&mut attr, 0, &BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
         put(
             &mut attr,
             4,
-            &u32::try_from(DROP_ICMP.len())
+            &u32::try_from(insns.len())
                 .map_err(io::Error::other)?
                 .to_ne_bytes(),
         );
-        put(&mut attr, 8, &(DROP_ICMP.as_ptr() as u64).to_ne_bytes());
+        put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
         put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
         let prog = bpf(BPF_PROG_LOAD, &mut attr)?;
         let name = CString::new(iface).map_err(io::Error::other)?;

@@ -15,9 +15,11 @@
 
 pub mod agent;
 pub mod api;
+pub mod browser;
 pub mod capture;
 pub mod cluster;
 pub mod echo_classes;
+pub mod etcd;
 pub mod faults;
 pub mod names;
 pub mod nat_setup;
@@ -25,6 +27,7 @@ pub mod packets;
 pub mod pinger;
 pub mod pins;
 pub mod process;
+pub mod prometheus;
 pub mod topology;
 
 /// Fails loudly (rather than skipping) when the tests are not run as root:
@@ -75,4 +78,4 @@ pub fn counter(counters: &[(&str, u64)], name: &str) -> u64 {
 // The integration tests' own dependencies, seen by this library's unit
 // tests too (`unused_crate_dependencies` judges each target alone).
 #[cfg(test)]
-use {aya as _, tokio_util as _, xtask as _};
+use {axum as _, aya as _, tokio_util as _, xtask as _};

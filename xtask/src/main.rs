@@ -121,6 +121,43 @@ enum Bench {
         #[arg(long, default_value = "3s")]
         interval: String,
     },
+    /// The connectivity page of an agent with N silent peers (all failing),
+    /// in headless Chromium: fetch-to-painted time against 1 s.
+    Page {
+        #[arg(long, default_value_t = 5000)]
+        peers: usize,
+        /// Refreshes measured after the first view.
+        #[arg(long, default_value_t = 10)]
+        refreshes: u32,
+    },
+    /// Subset probing and the cluster view at N simulated nodes, in one
+    /// process with the agent's own selection, summary and verdict code,
+    /// with injected faults (needs no root).
+    ClusterSim {
+        #[arg(long, default_value_t = 50_000)]
+        nodes: usize,
+        /// K: peers each node probes outside its zone.
+        #[arg(long, default_value_t = 32)]
+        peers: usize,
+        /// Zones (default: one per 20 nodes).
+        #[arg(long)]
+        zones: Option<usize>,
+        #[arg(long, default_value_t = 16)]
+        rounds: u32,
+        /// Consecutive failed rounds that make a path Failure.
+        #[arg(long, default_value_t = 3)]
+        failure_threshold: u32,
+    },
+    /// A local etcd (loopback, temporary data) under N simulated agents,
+    /// each with its lease and a 1.5 KiB summary put every second, and 10
+    /// watchers: write rate, watch delivery latency p50/p99 against 1 s,
+    /// etcd's database size.
+    EtcdLoad {
+        #[arg(long, default_value_t = 1000)]
+        agents: usize,
+        #[arg(long, default_value_t = 30)]
+        seconds: u32,
+    },
     /// Per-packet cost of the CT/RTT and masquerade programs, measured by
     /// the kernel with `BPF_PROG_TEST_RUN`.
     Datapath {
@@ -149,6 +186,50 @@ fn package(root: &Path, pin: &pin::EbpfPin, out_dir: Option<PathBuf>) -> anyhow:
     Ok(())
 }
 
+/// `cargo xtask bench etcd-load`: no root needed (loopback only).
+fn bench_etcd_load(
+    root: &Path,
+    pin: &pin::EbpfPin,
+    agents: usize,
+    seconds: u32,
+) -> anyhow::Result<()> {
+    setup::run(pin)?;
+    let (a, s) = (agents.to_string(), seconds.to_string());
+    lab(root, &["bench-etcd-load", "--agents", &a, "--seconds", &s])
+}
+
+/// `cargo xtask bench cluster-sim`: a simulation in one process, no root.
+fn bench_cluster_sim(root: &Path, pin: &pin::EbpfPin, which: &Bench) -> anyhow::Result<()> {
+    let Bench::ClusterSim {
+        nodes,
+        peers,
+        zones,
+        rounds,
+        failure_threshold,
+    } = which
+    else {
+        anyhow::bail!("not the cluster-sim benchmark");
+    };
+    setup::run(pin)?;
+    let mut args = vec!["bench-cluster-sim".to_owned()];
+    for (flag, value) in [
+        ("--nodes", Some(nodes.to_string())),
+        ("--peers", Some(peers.to_string())),
+        ("--zones", zones.map(|z| z.to_string())),
+        ("--rounds", Some(rounds.to_string())),
+        ("--failure-threshold", Some(failure_threshold.to_string())),
+    ] {
+        if let Some(value) = value {
+            args.extend([flag.to_owned(), value]);
+        }
+    }
+    lab(root, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+#[allow(
+    clippy::too_many_lines,
+    reason = "one arm per task, each a call or a few lines"
+)]
 fn run() -> anyhow::Result<()> {
     let root = workspace_root();
     let pin = pin::EbpfPin::read(&root).context("reading the eBPF toolchain pin")?;
@@ -209,6 +290,17 @@ fn run() -> anyhow::Result<()> {
             )
         }
         Task::Bench {
+            which: Bench::Page { peers, refreshes },
+        } => {
+            setup::run(&pin)?;
+            cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
+            let (p, r) = (peers.to_string(), refreshes.to_string());
+            lab(&root, &["bench-page", "--peers", &p, "--refreshes", &r])
+        }
+        Task::Bench {
+            which: Bench::EtcdLoad { agents, seconds },
+        } => bench_etcd_load(&root, &pin, agents, seconds),
+        Task::Bench {
             which: Bench::Datapath { samples },
         } => {
             setup::run(&pin)?;
@@ -218,6 +310,9 @@ fn run() -> anyhow::Result<()> {
                 &["bench-datapath", "--samples", &samples.to_string()],
             )
         }
+        Task::Bench {
+            which: which @ Bench::ClusterSim { .. },
+        } => bench_cluster_sim(&root, &pin, &which),
         Task::Run {
             nodes,
             kvstore,

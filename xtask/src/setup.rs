@@ -11,8 +11,21 @@ use xtask::pin::EbpfPin;
 use crate::cmd;
 
 /// Debian packages the tests and tools use at run time (`systemd` for
-/// `systemd-analyze verify` of the packaged unit).
-const RUNTIME_PACKAGES: &[&str] = &["iproute2", "etcd-server", "bpftool", "fping", "systemd"];
+/// `systemd-analyze verify` of the packaged unit; Prometheus scrapes the
+/// agents and Chromium loads the connectivity page in the tests; protoc and
+/// the well-known `.proto` files for the etcd-client crate's build script).
+const RUNTIME_PACKAGES: &[&str] = &[
+    "iproute2",
+    "etcd-server",
+    "bpftool",
+    "fping",
+    "systemd",
+    "prometheus",
+    "chromium",
+    "chromium-driver",
+    "protobuf-compiler",
+    "libprotobuf-dev",
+];
 
 /// rust-src for `-Z build-std=core`, clippy for `cargo xtask lint`.
 const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];

@@ -15,7 +15,10 @@ use tokio::net::UnixStream;
 use super::types::{ApiError, Healthz, NodesView, paths};
 use crate::{
     endpoint::EndpointView,
-    probe::status::{ClusterStatus, StatusSummary},
+    probe::{
+        history::{HistoryStats, HistoryStrips, NodeHistory},
+        status::{ClusterStatus, StatusSummary},
+    },
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -89,9 +92,33 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/cluster`: the cluster view (with etcd discovery).
+    pub async fn cluster(&self) -> Result<crate::cluster::view::ClusterView, ClientError> {
+        self.call("GET", paths::CLUSTER).await
+    }
+
     /// `GET /v1/status?summary=true`.
     pub async fn status_summary(&self) -> Result<StatusSummary, ClientError> {
         self.call("GET", &format!("{}?summary=true", paths::STATUS))
+            .await
+    }
+
+    /// `GET /v1/status/history?node=NAME`: the node's paths over the
+    /// history's window (404 for a node not in the set).
+    pub async fn history(&self, node: &str) -> Result<NodeHistory, ClientError> {
+        self.call("GET", &format!("{}?node={node}", paths::STATUS_HISTORY))
+            .await
+    }
+
+    /// `GET /v1/status/history`: every node's paths as strips.
+    pub async fn history_strips(&self) -> Result<HistoryStrips, ClientError> {
+        self.call("GET", paths::STATUS_HISTORY).await
+    }
+
+    /// `GET /v1/status/history?stats=true`: every node's loss ratio and
+    /// RTT percentiles over the window.
+    pub async fn history_stats(&self) -> Result<HistoryStats, ClientError> {
+        self.call("GET", &format!("{}?stats=true", paths::STATUS_HISTORY))
             .await
     }
 

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::types::{ApiError, Healthz, NodesView, paths};
 use crate::{
-    cluster::discovery::Nodes,
+    cluster::{discovery::Nodes, view_cell::ClusterViewCell},
     datapath::KernelReport,
     endpoint::{EndpointView, SharedView, lifecycle},
     probe::{Prober, path::ProbeResult, status::ClusterStatus},
@@ -58,6 +58,10 @@ pub struct ApiState {
     started: Instant,
     /// The kernel and the hooks chosen on it (`/v1/healthz`).
     kernel: Option<KernelReport>,
+    /// What `GET /metrics` encodes.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The cluster view (`GET /v1/cluster`), when there is one.
+    cluster: Option<ClusterViewCell>,
 }
 
 impl ApiState {
@@ -78,6 +82,8 @@ impl ApiState {
             degraded_for,
             started: Instant::now(),
             kernel: None,
+            metrics: None,
+            cluster: None,
         }
     }
 
@@ -86,6 +92,20 @@ impl ApiState {
     #[must_use]
     pub fn with_kernel(mut self, kernel: KernelReport) -> Self {
         self.kernel = Some(kernel);
+        self
+    }
+
+    /// Serves the view of `cell` at `GET /v1/cluster`.
+    #[must_use]
+    pub fn with_cluster(mut self, cell: ClusterViewCell) -> Self {
+        self.cluster = Some(cell);
+        self
+    }
+
+    /// Serves `metrics` at `GET /metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 }
@@ -173,8 +193,21 @@ fn router(state: AppState) -> Router {
         .route(paths::ENDPOINT, get(endpoint))
         .route(paths::STATUS, get(status))
         .route(paths::STATUS_PROBE, put(probe))
+        .route(paths::STATUS_HISTORY, get(history))
         .route(paths::NODES, get(nodes))
+        .route(paths::METRICS, get(metrics))
+        .route(paths::CLUSTER, get(cluster))
         .fallback(not_found)
+        .with_state(state)
+}
+
+/// The read-only views the metrics listener also serves (under `/api`, for
+/// the connectivity page): the status, its history and the cluster view.
+pub fn read_only_routes(state: AppState) -> Router {
+    Router::new()
+        .route(paths::STATUS, get(status))
+        .route(paths::STATUS_HISTORY, get(history))
+        .route(paths::CLUSTER, get(cluster))
         .with_state(state)
 }
 
@@ -191,6 +224,38 @@ fn error(code: StatusCode, message: impl Into<String>) -> Response {
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     error(StatusCode::NOT_FOUND, format!("no such API path: {uri}"))
+}
+
+/// The cluster view: every agent's last round put together, with a
+/// verdict per node.
+async fn cluster(State(state): State<AppState>) -> Response {
+    use axum::http::header::CONTENT_TYPE;
+    match state.cluster.as_ref().map(ClusterViewCell::json) {
+        Some(Some(json)) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
+        Some(None) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the cluster view is not assembled yet (after the first probe interval)",
+        ),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "no cluster view: it is assembled from the agents' summaries in etcd (--kvstore etcd)",
+        ),
+    }
+}
+
+/// The Prometheus metrics, as on the metrics listener.
+async fn metrics(State(state): State<AppState>) -> Response {
+    match &state.metrics {
+        Some(m) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                crate::metrics::CONTENT_TYPE,
+            )],
+            m.encode(),
+        )
+            .into_response(),
+        None => error(StatusCode::NOT_FOUND, "this agent keeps no metrics"),
+    }
 }
 
 fn current(state: &AppState) -> Option<EndpointView> {
@@ -321,6 +386,63 @@ async fn status(
     Json(filtered).into_response()
 }
 
+/// The paths' recent results: a node's (`?node=NAME`), every node's loss
+/// ratio and RTT percentiles (`?stats=true`), or every node's results as
+/// strips (no parameter). Made and serialised off the runtime's threads:
+/// a 5,000-node answer walks 20,000 paths.
+async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    use axum::http::header::CONTENT_TYPE;
+    let mut node = None;
+    let mut want_stats = false;
+    for pair in uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=') {
+            Some(("node", "")) => {}
+            Some(("node", v)) => node = Some(v.to_owned()),
+            Some(("stats", "true")) => want_stats = true,
+            Some(("stats", "false")) => want_stats = false,
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {pair:?} (node=NAME or stats=true)"),
+                );
+            }
+        }
+    }
+    if want_stats && node.is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "node=NAME and stats=true do not go together (stats=true covers every node)",
+        );
+    }
+    let prober = state.prober();
+    let made = tokio::task::spawn_blocking(move || match node {
+        Some(name) => prober
+            .node_history(&name)
+            .map(|h| serde_json::to_vec(&h))
+            .ok_or(name),
+        None if want_stats => Ok(serde_json::to_vec(&prober.history_stats())),
+        None => Ok(serde_json::to_vec(&prober.history_strips())),
+    })
+    .await;
+    match made {
+        Ok(Ok(Ok(json))) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
+        Ok(Err(name)) => error(StatusCode::NOT_FOUND, format!("node {name:?} not found")),
+        Ok(Ok(Err(e))) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("serialising the history: {e}"),
+        ),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("making the history: {e}"),
+        ),
+    }
+}
+
 /// A fresh round, synchronously, within `?timeout=` (default 30s).
 async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
     let mut deadline = Duration::from_secs(30);
@@ -371,4 +493,194 @@ fn humanize(d: Duration) -> String {
 
 async fn nodes(State(state): State<AppState>) -> Json<NodesView> {
     Json(NodesView::new(state.nodes.current(), state.nodes.status()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{net::Ipv4Addr, time::Duration};
+
+    use super::*;
+    use crate::{
+        api::client::Client,
+        cluster::{Node, NodeSet},
+        probe::{
+            ProbeConfig,
+            error::{ProbeError, Proto},
+            history::EntryOutcome,
+            path::{Outcome, RttSource},
+        },
+    };
+
+    /// A prober of nodes `a` and `b` with 4 rounds recorded (3 kept): `a`'s
+    /// host ICMP path times out in rounds 2 and 4.
+    fn prober() -> Arc<Prober> {
+        let prober = Prober::new(ProbeConfig {
+            history_length: 3,
+            ..ProbeConfig::default()
+        });
+        let set = NodeSet::new(
+            ["a", "b"]
+                .iter()
+                .zip(1u8..)
+                .map(|(name, i)| Node {
+                    name: (*name).to_owned(),
+                    node_ip: Ipv4Addr::new(198, 18, 0, i),
+                    health_ip: Ipv4Addr::new(198, 19, 0, i),
+                    zone: None,
+                })
+                .collect(),
+        )
+        .expect("unique");
+        prober.set_nodes(set.clone());
+        let ok = |us| Outcome::Ok {
+            rtt: Duration::from_micros(us),
+            warning: None,
+            source: RttSource::Kernel,
+        };
+        let timeout = Outcome::Failed(ProbeError::Timeout {
+            proto: Proto::Icmp,
+            after: Duration::from_secs(1),
+        });
+        for seq in 1..=4u64 {
+            let a_icmp = if seq % 2 == 0 {
+                timeout.clone()
+            } else {
+                ok(100 * seq)
+            };
+            let outcomes = vec![
+                (a_icmp, ok(1)),
+                (ok(1), ok(1)),
+                (ok(1), ok(1)),
+                (ok(1), ok(1)),
+            ];
+            prober.record(&set, outcomes, seq, seq * 1000, seq * 1000 + 1);
+        }
+        prober
+    }
+
+    /// Serves `prober` on a socket of its own (within a runtime) until the
+    /// token is cancelled.
+    fn serve_prober(prober: Arc<Prober>) -> (Client, SocketGuard, CancellationToken) {
+        let path = std::env::temp_dir().join(format!(
+            "health-agent-history-{}-{}.sock",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let (guard, listener) = bind(&path, None).expect("bind");
+        let (_, probers) = watch::channel(prober);
+        let state = ApiState::new(
+            crate::endpoint::shared_view(),
+            probers,
+            Nodes::new("none".into()),
+            Health::default(),
+            Duration::from_secs(1),
+        );
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, state, stop.clone()));
+        (Client::new(path), guard, stop)
+    }
+
+    #[tokio::test]
+    async fn history_is_served_per_node_as_strips_and_as_figures() {
+        let (client, _guard, stop) = serve_prober(prober());
+
+        let a = client.history("a").await.expect("a's history");
+        assert_eq!((a.node.as_str(), a.window, a.paths.len()), ("a", 3, 4));
+        let icmp = &a.paths[0];
+        assert_eq!(
+            (icmp.path.as_str(), icmp.ip),
+            ("host-icmp", Ipv4Addr::new(198, 18, 0, 1))
+        );
+        let seen: Vec<(u64, EntryOutcome, Option<u64>)> = icmp
+            .entries
+            .iter()
+            .map(|e| (e.at_ms, e.outcome, e.rtt_ns))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (2001, EntryOutcome::Failure, None),
+                (3001, EntryOutcome::Success, Some(300_000)),
+                (4001, EntryOutcome::Failure, None)
+            ]
+        );
+        assert_eq!(icmp.entries[0].error.as_deref(), Some("timeout"));
+        assert!((icmp.loss_ratio.expect("results") - 2.0 / 3.0).abs() < 1e-9);
+        assert_eq!(
+            (icmp.rtt_p50_ns, icmp.rtt_p99_ns),
+            (Some(300_000), Some(300_000))
+        );
+        assert_eq!(a.paths[3].path, "endpoint-http");
+        assert_eq!(a.paths[3].ip, Ipv4Addr::new(198, 19, 0, 1));
+
+        // The JSON is exactly the documented shape.
+        let (code, body) = client
+            .raw("GET", "/v1/status/history?node=a")
+            .await
+            .expect("raw");
+        assert_eq!(code, StatusCode::OK);
+        let json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        let keys = |v: &serde_json::Value| {
+            let mut k: Vec<String> = v.as_object().expect("object").keys().cloned().collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(&json), ["node", "paths", "window"]);
+        assert_eq!(
+            keys(&json["paths"][0]),
+            [
+                "entries",
+                "ip",
+                "loss_ratio",
+                "path",
+                "rtt_p50_ns",
+                "rtt_p99_ns"
+            ]
+        );
+        assert_eq!(
+            json["paths"][0]["entries"][0],
+            serde_json::json!({"at_ms": 2001, "outcome": "failure", "rtt_ns": null, "error": "timeout"})
+        );
+
+        let strips = client.history_strips().await.expect("strips");
+        assert_eq!(strips.window, 3);
+        assert_eq!(
+            strips.rounds.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            [2, 3, 4]
+        );
+        assert_eq!(strips.rounds[0].started_ms, 2000);
+        let names: Vec<&str> = strips.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(
+            strips.nodes[0].paths,
+            ["FSF", "SSS", "SSS", "SSS"].map(String::from)
+        );
+        // An empty node is the strips too.
+        let (code, body) = client
+            .raw("GET", "/v1/status/history?node=")
+            .await
+            .expect("raw");
+        assert_eq!(code, StatusCode::OK);
+        let json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(json["nodes"][0]["paths"][0], "FSF");
+
+        let stats = client.history_stats().await.expect("stats");
+        assert_eq!(stats.nodes[1].name, "b");
+        assert_eq!(stats.nodes[1].paths[0].loss_ratio, Some(0.0));
+        assert_eq!(stats.nodes[0].paths[0].results, 3);
+
+        let missing = client.history("nobody").await.expect_err("no such node");
+        assert_eq!(missing.status(), Some(StatusCode::NOT_FOUND), "{missing}");
+        assert!(missing.to_string().contains("\"nobody\""), "{missing}");
+        for bad in ["?since=1", "?node=a&stats=true", "?stats=maybe"] {
+            let (code, body) = client
+                .raw("GET", &format!("/v1/status/history{bad}"))
+                .await
+                .expect("raw");
+            assert_eq!(code, StatusCode::BAD_REQUEST, "{bad}");
+            let err: ApiError = serde_json::from_slice(&body).expect("an API error");
+            assert_eq!(err.code, 400);
+        }
+        stop.cancel();
+    }
 }

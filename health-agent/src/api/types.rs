@@ -15,7 +15,14 @@ pub mod paths {
     pub const ENDPOINT: &str = "/v1/endpoints/{id}";
     pub const STATUS: &str = "/v1/status";
     pub const STATUS_PROBE: &str = "/v1/status/probe";
+    /// `?node=NAME`: a node's paths; `?stats=true`: every node's figures;
+    /// neither: every node's strips.
+    pub const STATUS_HISTORY: &str = "/v1/status/history";
     pub const NODES: &str = "/v1/nodes";
+    /// Prometheus metrics (`OpenMetrics` text), as on the metrics listener.
+    pub const METRICS: &str = "/metrics";
+    /// The cluster view assembled from every agent's summaries.
+    pub const CLUSTER: &str = "/v1/cluster";
 }
 
 /// `GET /v1/healthz`.

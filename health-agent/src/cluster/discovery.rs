@@ -49,6 +49,8 @@ pub struct SourceStatus {
 pub struct Nodes {
     status: Arc<RwLock<SourceStatus>>,
     tx: watch::Sender<NodeSet>,
+    /// Updates rejected as a whole since the agent started.
+    rejected_updates: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Nodes {
@@ -61,7 +63,15 @@ impl Nodes {
                 ..SourceStatus::default()
             })),
             tx: watch::Sender::new(NodeSet::default()),
+            rejected_updates: Arc::default(),
         }
+    }
+
+    /// Updates rejected as a whole since the agent started.
+    #[must_use]
+    pub fn updates_rejected(&self) -> u64 {
+        self.rejected_updates
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The current snapshot (shared, not copied).
@@ -114,6 +124,8 @@ impl Nodes {
     /// so does the list of its rejected records).
     pub fn reject(&self, error: String) {
         warn!("node set update rejected, keeping the last good set: {error}");
+        self.rejected_updates
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut s) = self.status.write() {
             s.error = Some(error);
         }
@@ -206,7 +218,7 @@ impl NodeSource {
                         registration.clone(),
                     ))
                     .await;
-                etcd::deregister(&cfg.endpoint, registration).await;
+                etcd::deregister(registration).await;
             }
             Self::None => shutdown.cancelled().await,
         }

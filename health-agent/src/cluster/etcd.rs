@@ -1,250 +1,45 @@
-//! Node discovery through etcd's v3 JSON gateway (HTTP/1.1): each agent
-//! registers `<prefix><name>` under a lease it keeps alive, lists the prefix
-//! and watches it. When etcd is unreachable the last known set stays in use
-//! (probing goes on) and the agent reconnects, re-registers and re-syncs.
+//! Node discovery through etcd (over [`super::kvstore`]): each agent puts
+//! its record at `<prefix><name>` with its lease (kept alive by the
+//! lease-keepalive stream), reads the prefix once and then follows it from
+//! the watch stream's events, one record at a time. When etcd is
+//! unreachable the last known set stays in use (probing goes on); when it
+//! returns the prefix is read again and the watch resumes after it.
 
 use std::{
-    sync::{Arc, Mutex},
+    collections::BTreeMap,
+    sync::{Arc, OnceLock},
     time::Duration,
 };
 
-use base64::{Engine as _, engine::general_purpose::STANDARD as B64};
-use http_body_util::{BodyExt as _, Full};
-use hyper::{Request, body::Bytes};
-use hyper_util::rt::TokioIo;
-use serde_json::{Value, json};
-use tokio::net::TcpStream;
+use tokio::{sync::mpsc, time::Instant};
 use tracing::{info, warn};
 
+pub use super::kvstore::EtcdConfig;
 use super::{
     Node,
     discovery::Nodes,
+    kvstore::{Entry, KvStore, Link, WatchEvent},
     validate::{self, Candidate, LocalNode, Origin, Record, Validated},
 };
 
-#[derive(Debug, Clone)]
-pub struct EtcdConfig {
-    /// `host:port` of an etcd client URL (plain HTTP).
-    pub endpoint: String,
-    pub prefix: String,
-    pub lease_ttl: Duration,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EtcdError {
-    #[error("connecting to etcd at {endpoint}")]
-    Connect {
-        endpoint: String,
-        source: std::io::Error,
-    },
-    #[error("talking to etcd at {endpoint}")]
-    Http {
-        endpoint: String,
-        source: hyper::Error,
-    },
-    #[error("etcd at {endpoint} answered {path} with {status}: {body}")]
-    Status {
-        endpoint: String,
-        path: String,
-        status: hyper::StatusCode,
-        body: String,
-    },
-    #[error("etcd's answer to {path} is not what this client expects: {detail}")]
-    Decode { path: String, detail: String },
-    #[error("etcd at {endpoint} did not answer {path} in time")]
-    Timeout { endpoint: String, path: String },
-    #[error("the lease expired")]
-    LeaseExpired,
-    #[error("the watch stream ended")]
-    WatchEnded,
-}
-
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// An etcd lease ID (the JSON gateway writes the int64 as a string).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseId(i64);
-
-impl LeaseId {
-    fn parse(path: &str, text: &str) -> Result<Self, EtcdError> {
-        text.parse().map(Self).map_err(|_| EtcdError::Decode {
-            path: path.into(),
-            detail: format!("lease ID {text:?} is not an integer"),
-        })
-    }
-}
-
-impl std::fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-/// The lease this agent is registered under, for revocation at shutdown.
+/// The agent's etcd client and lease, shared by everything that writes
+/// with the lease (node discovery, the cluster view) and revoked at
+/// shutdown.
 #[derive(Debug, Clone, Default)]
-pub struct Registration(Arc<Mutex<Option<LeaseId>>>);
+pub struct Registration(Arc<OnceLock<KvStore>>);
 
 impl Registration {
-    fn set(&self, lease: LeaseId) {
-        if let Ok(mut r) = self.0.lock() {
-            *r = Some(lease);
-        }
-    }
-
-    fn take(&self) -> Option<LeaseId> {
-        self.0.lock().ok().and_then(|mut r| r.take())
+    /// The agent's [`KvStore`], made from `cfg` by the first caller; every
+    /// later caller gets the same one (one connection, one lease).
+    #[must_use]
+    pub fn store(&self, cfg: &EtcdConfig) -> KvStore {
+        self.0.get_or_init(|| KvStore::new(cfg)).clone()
     }
 
     /// The lease registered now, if any.
     #[must_use]
-    pub fn current(&self) -> Option<LeaseId> {
-        self.0.lock().ok().and_then(|r| *r)
-    }
-}
-
-struct Client {
-    endpoint: String,
-}
-
-impl Client {
-    async fn send(
-        &self,
-        path: &str,
-        body: &Value,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, EtcdError> {
-        let stream =
-            TcpStream::connect(&self.endpoint)
-                .await
-                .map_err(|source| EtcdError::Connect {
-                    endpoint: self.endpoint.clone(),
-                    source,
-                })?;
-        let http = |source| EtcdError::Http {
-            endpoint: self.endpoint.clone(),
-            source,
-        };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(http)?;
-        tokio::spawn(conn);
-        let req = Request::post(path)
-            .header("host", &self.endpoint)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| EtcdError::Decode {
-                path: path.into(),
-                detail: e.to_string(),
-            })?;
-        let resp = sender.send_request(req).await.map_err(http)?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map(http_body_util::Collected::to_bytes)
-                .unwrap_or_default();
-            return Err(EtcdError::Status {
-                endpoint: self.endpoint.clone(),
-                path: path.into(),
-                status,
-                body: String::from_utf8_lossy(&body).into_owned(),
-            });
-        }
-        Ok(resp)
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
-        let call = async {
-            let resp = self.send(path, &body).await?;
-            let bytes = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|source| EtcdError::Http {
-                    endpoint: self.endpoint.clone(),
-                    source,
-                })?;
-            serde_json::from_slice(&bytes.to_bytes()).map_err(|e| EtcdError::Decode {
-                path: path.into(),
-                detail: e.to_string(),
-            })
-        };
-        tokio::time::timeout(REQUEST_TIMEOUT, call)
-            .await
-            .map_err(|_| EtcdError::Timeout {
-                endpoint: self.endpoint.clone(),
-                path: path.into(),
-            })?
-    }
-}
-
-/// The end of the key range that has `prefix` as its prefix.
-fn range_end(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
-    if let Some(last) = end.last_mut() {
-        *last = last.saturating_add(1);
-    }
-    end
-}
-
-fn str_field<'a>(v: &'a Value, path: &str, field: &str) -> Result<&'a str, EtcdError> {
-    v[field].as_str().ok_or_else(|| EtcdError::Decode {
-        path: path.into(),
-        detail: format!("no {field:?} in {v}"),
-    })
-}
-
-/// Decodes a range response into node records, in key order, and
-/// validates them: a record that does not decode or breaks a rule is
-/// rejected naming its key; the others make the set.
-fn nodes_from_range(v: &Value, prefix: &str, local: &LocalNode) -> Validated {
-    let mut candidates: Vec<Candidate> = v["kvs"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .map(|kv| {
-            let key = kv["key"]
-                .as_str()
-                .and_then(|k| B64.decode(k).ok())
-                .map_or_else(
-                    || "<a key that is not base64>".to_owned(),
-                    |k| String::from_utf8_lossy(&k).into_owned(),
-                );
-            let node = kv["value"]
-                .as_str()
-                .and_then(|x| B64.decode(x).ok())
-                .ok_or_else(|| "the value is not base64".to_owned())
-                .and_then(|value| {
-                    serde_json::from_slice::<Node>(&value)
-                        .map_err(|e| format!("the value is not a node record: {e}"))
-                });
-            Candidate {
-                record: Record {
-                    name: node.as_ref().ok().map(|n| n.name.clone()),
-                    origin: Origin::Etcd {
-                        prefix_len: if key.starts_with(prefix) {
-                            prefix.len()
-                        } else {
-                            0
-                        },
-                        key,
-                    },
-                },
-                node,
-            }
-        })
-        .collect();
-    // etcd lists keys in order; the first of two conflicting records wins.
-    candidates.sort_by(|a, b| key_of(a).cmp(key_of(b)));
-    validate::validate(candidates, local)
-}
-
-fn key_of(c: &Candidate) -> &str {
-    match &c.record.origin {
-        Origin::Etcd { key, .. } => key,
-        Origin::File { .. } => "",
+    pub fn current(&self) -> Option<i64> {
+        self.0.get().and_then(KvStore::lease)
     }
 }
 
@@ -256,114 +51,203 @@ pub async fn run(
     nodes: Nodes,
     registration: Registration,
 ) {
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        let err = session(&cfg, &me, &local, &nodes, &registration).await;
-        nodes.reject(format!(
-            "etcd at {}: {}; probing the last known set",
-            cfg.endpoint,
-            crate::util::errors::chain(&err)
-        ));
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(3));
-    }
-}
-
-async fn session(
-    cfg: &EtcdConfig,
-    me: &Node,
-    local: &LocalNode,
-    nodes: &Nodes,
-    registration: &Registration,
-) -> EtcdError {
-    match session_inner(cfg, me, local, nodes, registration).await {
-        Ok(never) => match never {},
-        Err(e) => e,
-    }
-}
-
-async fn session_inner(
-    cfg: &EtcdConfig,
-    me: &Node,
-    local: &LocalNode,
-    nodes: &Nodes,
-    registration: &Registration,
-) -> Result<std::convert::Infallible, EtcdError> {
-    let client = Client {
-        endpoint: cfg.endpoint.clone(),
-    };
-    let ttl = cfg.lease_ttl.as_secs().max(2);
-    let grant = client
-        .post("/v3/lease/grant", json!({ "TTL": ttl }))
-        .await?;
-    let lease = LeaseId::parse(
-        "/v3/lease/grant",
-        str_field(&grant, "/v3/lease/grant", "ID")?,
-    )?;
+    let store = registration.store(&cfg);
     let key = format!("{}{}", cfg.prefix, me.name);
-    let value = serde_json::to_vec(me).unwrap_or_default();
-    client
-        .post(
-            "/v3/kv/put",
-            json!({ "key": B64.encode(&key), "value": B64.encode(value), "lease": lease.to_string() }),
-        )
-        .await?;
-    registration.set(lease);
-    info!(key, %lease, "registered in etcd");
-    let range_req =
-        json!({ "key": B64.encode(&cfg.prefix), "range_end": B64.encode(range_end(&cfg.prefix)) });
-    let list = client.post("/v3/kv/range", range_req.clone()).await?;
-    let revision: u64 = str_field(&list["header"], "/v3/kv/range", "revision")?
-        .parse()
-        .unwrap_or(0);
-    nodes.accept(nodes_from_range(&list, &cfg.prefix, local));
+    match serde_json::to_vec(&me) {
+        Ok(value) => {
+            info!(key, "registering in etcd");
+            if let Err(e) = Box::pin(store.put_leased(key, value)).await {
+                warn!("etcd: {}", crate::util::errors::chain(&e));
+            }
+        }
+        Err(e) => warn!("encoding this node's record: {e}"),
+    }
+    let events = store.watch_prefix(cfg.prefix.as_bytes());
+    // Boxed: the client's futures are large, and so would be the caller's.
+    tokio::join!(
+        Box::pin(store.run()),
+        Box::pin(follow(&store, events, &cfg, &local, &nodes))
+    );
+}
 
-    let watch_req = json!({ "create_request": {
-        "key": B64.encode(&cfg.prefix),
-        "range_end": B64.encode(range_end(&cfg.prefix)),
-        "start_revision": (revision + 1).to_string(),
-    }});
-    let mut events = client.send("/v3/watch", &watch_req).await?.into_body();
-    let mut keepalive = tokio::time::interval(Duration::from_secs(ttl) / 3);
-    keepalive.tick().await;
+/// Publishes the node set from the prefix's events (a burst of events is
+/// published once), and the etcd errors in its status (once per outage).
+async fn follow(
+    store: &KvStore,
+    mut events: mpsc::Receiver<WatchEvent>,
+    cfg: &EtcdConfig,
+    local: &LocalNode,
+    nodes: &Nodes,
+) {
+    let mut link = store.link();
+    let mut view = View::new(&cfg.prefix);
     loop {
+        let grace_end = view.link_grace_end();
         tokio::select! {
-            _ = keepalive.tick() => {
-                let ka = client.post("/v3/lease/keepalive", json!({ "ID": lease.to_string() })).await?;
-                if ka["result"]["TTL"].as_str().is_none_or(|t| t == "0") {
-                    return Err(EtcdError::LeaseExpired);
+            ev = events.recv() => {
+                let Some(ev) = ev else { return };
+                view.apply(ev);
+                while let Ok(ev) = events.try_recv() {
+                    view.apply(ev);
                 }
             }
-            frame = events.frame() => {
-                match frame {
-                    Some(Ok(f)) if f.is_data() => {
-                        // Any change under the prefix: re-list (simple and
-                        // immune to partial event decoding).
-                        let list = client.post("/v3/kv/range", range_req.clone()).await?;
-                        nodes.accept(nodes_from_range(&list, &cfg.prefix, local));
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(source)) => return Err(EtcdError::Http { endpoint: cfg.endpoint.clone(), source }),
-                    None => return Err(EtcdError::WatchEnded),
+            changed = link.changed() => {
+                if changed.is_err() {
+                    return;
                 }
+                view.link_error = match &*link.borrow_and_update() {
+                    Link::Down { error } => Some((error.clone(), Instant::now())),
+                    Link::Connecting | Link::Up { .. } => None,
+                };
             }
+            () = until(grace_end) => {}
+        }
+        view.publish(&cfg.endpoint, local, nodes);
+    }
+}
+
+/// How long the lease session may stay down, with the watch in sync,
+/// before its error is shown in the node set's status.
+const LINK_GRACE: Duration = Duration::from_secs(10);
+
+/// Sleeps until `deadline`, or forever.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The node records under the prefix, by key, as the watch left them.
+#[derive(Debug)]
+struct View<'a> {
+    prefix: &'a str,
+    records: BTreeMap<String, Candidate>,
+    /// A snapshot was applied since the watch last broke.
+    synced: bool,
+    /// The records changed since they were last published.
+    dirty: bool,
+    watch_error: Option<String>,
+    /// The lease session's error, and since when.
+    link_error: Option<(String, Instant)>,
+    /// An error is in the status now.
+    shown_error: bool,
+}
+
+impl<'a> View<'a> {
+    fn new(prefix: &'a str) -> Self {
+        Self {
+            prefix,
+            records: BTreeMap::new(),
+            synced: false,
+            dirty: false,
+            watch_error: None,
+            link_error: None,
+            shown_error: false,
+        }
+    }
+
+    fn apply(&mut self, ev: WatchEvent) {
+        match ev {
+            WatchEvent::Snapshot { entries, .. } => {
+                self.records = entries
+                    .iter()
+                    .map(|e| (e.key_str().into_owned(), candidate(e, self.prefix)))
+                    .collect();
+                self.synced = true;
+                self.dirty = true;
+                self.watch_error = None;
+            }
+            WatchEvent::Put(e) => {
+                self.records
+                    .insert(e.key_str().into_owned(), candidate(&e, self.prefix));
+                self.dirty = true;
+            }
+            WatchEvent::Delete { key, .. } => {
+                self.records.remove(String::from_utf8_lossy(&key).as_ref());
+                self.dirty = true;
+            }
+            WatchEvent::Lost { error } => {
+                self.synced = false;
+                self.watch_error = Some(crate::util::errors::chain(&*error));
+            }
+        }
+    }
+
+    /// The error to show. The lease session's counts once it has
+    /// outlasted [`LINK_GRACE`] with the watch in sync: when etcd returns,
+    /// the watch and the lease session come back within a backoff of each
+    /// other, and the outage is reported once.
+    fn error(&self) -> Option<&str> {
+        self.watch_error.as_deref().or_else(|| {
+            self.link_error
+                .as_ref()
+                .filter(|(_, since)| !self.synced || since.elapsed() >= LINK_GRACE)
+                .map(|(e, _)| e.as_str())
+        })
+    }
+
+    /// When the lease session's error starts to count, if it is pending.
+    fn link_grace_end(&self) -> Option<Instant> {
+        match &self.link_error {
+            Some((_, since)) if self.synced && !self.shown_error => Some(*since + LINK_GRACE),
+            _ => None,
+        }
+    }
+
+    /// The set, validated (etcd key order: the first of two conflicting
+    /// records wins).
+    fn validated(&self, local: &LocalNode) -> Validated {
+        validate::validate(self.records.values().cloned().collect(), local)
+    }
+
+    fn publish(&mut self, endpoint: &str, local: &LocalNode, nodes: &Nodes) {
+        let recovered = self.shown_error && self.error().is_none();
+        if self.synced && (self.dirty || recovered) {
+            nodes.accept(self.validated(local));
+            self.dirty = false;
+            self.shown_error = false;
+        }
+        if let Some(e) = self.error()
+            && !self.shown_error
+        {
+            nodes.reject(format!(
+                "etcd at {endpoint}: {e}; probing the last known set"
+            ));
+            self.shown_error = true;
         }
     }
 }
 
-/// Revokes this agent's lease (its key goes with it): a graceful leave.
-pub async fn deregister(endpoint: &str, registration: &Registration) {
-    let Some(lease) = registration.take() else {
+/// A record as validation sees it: decoded, or why not, named by its key.
+fn candidate(e: &Entry, prefix: &str) -> Candidate {
+    let key = e.key_str().into_owned();
+    let node = serde_json::from_slice::<Node>(&e.value)
+        .map_err(|err| format!("the value is not a node record: {err}"));
+    Candidate {
+        record: Record {
+            name: node.as_ref().ok().map(|n| n.name.clone()),
+            origin: Origin::Etcd {
+                prefix_len: if key.starts_with(prefix) {
+                    prefix.len()
+                } else {
+                    0
+                },
+                key,
+            },
+        },
+        node,
+    }
+}
+
+/// Revokes this agent's lease (its keys go with it): a graceful leave.
+pub async fn deregister(registration: &Registration) {
+    let Some(store) = registration.0.get() else {
         return;
     };
-    let client = Client {
-        endpoint: endpoint.to_owned(),
-    };
-    match client
-        .post("/v3/lease/revoke", json!({ "ID": lease.to_string() }))
-        .await
-    {
-        Ok(_) => info!(%lease, "left etcd (lease revoked)"),
+    match Box::pin(store.revoke()).await {
+        Ok(Some(lease)) => info!(lease = %format!("{lease:x}"), "left etcd (lease revoked)"),
+        Ok(None) => {}
         Err(e) => warn!(
             "revoking the etcd lease: {}",
             crate::util::errors::chain(&e)
@@ -373,12 +257,9 @@ pub async fn deregister(endpoint: &str, registration: &Registration) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use serde_json::{Value, json};
 
-    #[test]
-    fn prefix_range_end() {
-        assert_eq!(range_end("/health/nodes/"), b"/health/nodes0".to_vec());
-    }
+    use super::*;
 
     fn local() -> LocalNode {
         LocalNode {
@@ -387,12 +268,31 @@ mod tests {
         }
     }
 
-    fn kv(key: &str, value: &Value) -> Value {
-        json!({"key": B64.encode(key), "value": B64.encode(value.to_string())})
+    fn kv(key: &str, value: &Value) -> Entry {
+        raw(key, &value.to_string())
+    }
+
+    fn raw(key: &str, value: &str) -> Entry {
+        Entry {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+            mod_revision: 1,
+            lease: 0,
+        }
     }
 
     fn record(name: &str, node_ip: &str, health_ip: &str) -> Value {
         json!({"name": name, "node_ip": node_ip, "health_ip": health_ip})
+    }
+
+    /// The set a snapshot of `entries` (in any order) makes.
+    fn nodes_from(entries: Vec<Entry>, prefix: &str) -> Validated {
+        let mut view = View::new(prefix);
+        view.apply(WatchEvent::Snapshot {
+            revision: 1,
+            entries,
+        });
+        view.validated(&local())
     }
 
     fn outcome(v: &Validated) -> (Vec<&str>, Vec<String>) {
@@ -403,29 +303,70 @@ mod tests {
     }
 
     #[test]
-    fn range_responses_decode_and_reject_garbage_by_key() {
-        let v = json!({"header": {"revision": "5"}, "kvs": [
-            kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2")),
-            {"key": B64.encode("/h/bad"), "value": B64.encode("not json")},
-            {"key": B64.encode("/h/bad64"), "value": "%%%"},
-            kv("/h/n2", &record("n2", "198.18.0.12", "198.18.65.2")),
-        ]});
-        let got = nodes_from_range(&v, "/h/", &local());
+    fn records_decode_and_garbage_is_rejected_by_key() {
+        let got = nodes_from(
+            vec![
+                kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2")),
+                raw("/h/bad", "not json"),
+                kv("/h/n2", &record("n2", "198.18.0.12", "198.18.65.2")),
+            ],
+            "/h/",
+        );
         let (kept, rejected) = outcome(&got);
         assert_eq!(kept, ["n1", "n2"]);
-        assert_eq!(rejected.len(), 2, "{rejected:?}");
+        assert_eq!(rejected.len(), 1, "{rejected:?}");
         assert!(
             rejected[0].starts_with("etcd key \"/h/bad\": the value is not a node record: "),
             "{rejected:?}"
         );
+        assert_eq!(nodes_from(Vec::new(), "/h/"), Validated::default());
+    }
+
+    #[test]
+    fn zones_are_kept() {
+        let mut r = record("n2", "198.18.0.12", "198.18.65.2");
+        r["zone"] = json!("rack-1");
+        let got = nodes_from(vec![kv("/h/n2", &r)], "/h/");
         assert_eq!(
-            rejected[1],
-            "etcd key \"/h/bad64\": the value is not base64"
+            got.nodes.get("n2").and_then(|n| n.zone.as_deref()),
+            Some("rack-1")
         );
+    }
+
+    #[test]
+    fn events_update_one_record_at_a_time() {
+        let mut view = View::new("/h/");
+        view.apply(WatchEvent::Snapshot {
+            revision: 5,
+            entries: vec![
+                kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2")),
+                kv("/h/n2", &record("n2", "198.18.0.12", "198.18.65.2")),
+            ],
+        });
+        view.apply(WatchEvent::Put(kv(
+            "/h/n3",
+            &record("n3", "198.18.0.13", "198.18.66.2"),
+        )));
+        view.apply(WatchEvent::Put(kv(
+            "/h/n2",
+            &record("n2", "198.18.0.22", "198.18.65.2"),
+        )));
+        view.apply(WatchEvent::Delete {
+            key: b"/h/n1".to_vec(),
+            revision: 8,
+        });
+        let got = view.validated(&local());
+        assert_eq!(outcome(&got).0, ["n2", "n3"]);
         assert_eq!(
-            nodes_from_range(&json!({}), "/h/", &local()),
-            Validated::default()
+            got.nodes.get("n2").map(|n| n.node_ip.to_string()),
+            Some("198.18.0.22".into())
         );
+        // A new snapshot replaces everything.
+        view.apply(WatchEvent::Snapshot {
+            revision: 9,
+            entries: vec![kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2"))],
+        });
+        assert_eq!(outcome(&view.validated(&local())).0, ["n1"]);
     }
 
     #[test]
@@ -481,8 +422,7 @@ mod tests {
                 "health-ip 198.18.0.11 is already the node-ip of node \"n1\"",
             ),
         ] {
-            let v = json!({"kvs": [good.clone(), bad]});
-            let got = nodes_from_range(&v, "/h/", &local());
+            let got = nodes_from(vec![good.clone(), bad], "/h/");
             let (kept, rejected) = outcome(&got);
             assert_eq!(kept, ["n1"], "{needle}");
             assert_eq!(rejected.len(), 1, "{rejected:?}");
@@ -497,13 +437,27 @@ mod tests {
     #[test]
     fn the_name_is_the_last_segment_after_the_prefix() {
         // A prefix without a trailing '/': the agent registers `<prefix><name>`.
-        let v = json!({"kvs": [
-            kv("/health/nodesn1", &record("n1", "198.18.0.11", "198.18.64.2")),
-            kv("/health/nodesn2", &record("n2", "198.18.0.12", "198.18.65.2")),
-            kv("/health/nodesx/n3", &record("n3", "198.18.0.13", "198.18.66.2")),
-            kv("/health/nodesn4", &record("nodesn4", "198.18.0.14", "198.18.67.2")),
-        ]});
-        let got = nodes_from_range(&v, "/health/nodes", &local());
+        let got = nodes_from(
+            vec![
+                kv(
+                    "/health/nodesn1",
+                    &record("n1", "198.18.0.11", "198.18.64.2"),
+                ),
+                kv(
+                    "/health/nodesn2",
+                    &record("n2", "198.18.0.12", "198.18.65.2"),
+                ),
+                kv(
+                    "/health/nodesx/n3",
+                    &record("n3", "198.18.0.13", "198.18.66.2"),
+                ),
+                kv(
+                    "/health/nodesn4",
+                    &record("nodesn4", "198.18.0.14", "198.18.67.2"),
+                ),
+            ],
+            "/health/nodes",
+        );
         let (kept, rejected) = outcome(&got);
         assert_eq!(kept, ["n1", "n2", "n3"]);
         assert_eq!(
@@ -516,14 +470,16 @@ mod tests {
 
     #[test]
     fn conflicts_keep_the_first_key_and_this_node_wins() {
-        // Listed out of order: key order decides which of two is kept.
-        let v = json!({"kvs": [
-            kv("/h/b/x", &record("x", "198.18.0.13", "198.18.67.2")),
-            kv("/h/a/x", &record("x", "198.18.0.12", "198.18.66.2")),
-            kv("/h/0", &record("0", "198.18.0.11", "198.18.65.2")),
-            kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2")),
-        ]});
-        let got = nodes_from_range(&v, "/h/", &local());
+        // Given out of order: key order decides which of two is kept.
+        let got = nodes_from(
+            vec![
+                kv("/h/b/x", &record("x", "198.18.0.13", "198.18.67.2")),
+                kv("/h/a/x", &record("x", "198.18.0.12", "198.18.66.2")),
+                kv("/h/0", &record("0", "198.18.0.11", "198.18.65.2")),
+                kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2")),
+            ],
+            "/h/",
+        );
         let (kept, rejected) = outcome(&got);
         assert_eq!(kept, ["n1", "x"]);
         assert_eq!(

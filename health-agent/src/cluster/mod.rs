@@ -3,10 +3,15 @@
 
 pub mod discovery;
 pub mod etcd;
+pub mod kvstore;
 mod node;
 pub mod nodes_file;
 pub mod routes;
+pub mod subset;
+pub mod summary;
 pub mod sync;
 pub mod validate;
+pub mod view;
+pub mod view_cell;
 
 pub use self::node::{DuplicateNode, Node, NodeSet};

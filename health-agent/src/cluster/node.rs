@@ -14,6 +14,10 @@ pub struct Node {
     pub node_ip: Ipv4Addr,
     /// The address of the node's health endpoint.
     pub health_ip: Ipv4Addr,
+    /// The node's failure domain (a rack, a zone): nodes of one zone probe
+    /// each other in full whatever `--probe-peers` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// Two records with the same name.
@@ -66,6 +70,18 @@ impl NodeSet {
         self.get(name).is_some()
     }
 
+    /// The nodes at `indices` (sorted, as [`super::subset::assigned`]
+    /// gives them), as a set of their own.
+    #[must_use]
+    pub fn subset(&self, indices: &[usize]) -> Self {
+        Self(
+            indices
+                .iter()
+                .filter_map(|&i| self.0.get(i).cloned())
+                .collect(),
+        )
+    }
+
     /// Whether both hold the very same snapshot (no comparison of nodes).
     #[must_use]
     pub fn same_snapshot(&self, other: &Self) -> bool {
@@ -112,6 +128,7 @@ mod tests {
             name: name.into(),
             node_ip: Ipv4Addr::new(198, 18, 0, n),
             health_ip: Ipv4Addr::new(198, 18, 64 + n, 2),
+            zone: None,
         }
     }
 

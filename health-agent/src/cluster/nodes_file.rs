@@ -56,7 +56,7 @@ struct File {
 }
 
 /// The fields of a record.
-const FIELDS: [&str; 4] = ["name", "node-ip", "health-ip", "health-cidr"];
+const FIELDS: [&str; 5] = ["name", "node-ip", "health-ip", "health-cidr", "zone"];
 
 /// Parses the file's text; `path` decides the format and names the file in
 /// errors; `local` is this node, for the rules that depend on it.
@@ -132,7 +132,7 @@ fn decode(v: &Value) -> Result<Node, String> {
     };
     if let Some(k) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(format!(
-            "unknown field `{k}`, expected one of `name`, `node-ip`, `health-ip`, `health-cidr`"
+            "unknown field `{k}`, expected one of `name`, `node-ip`, `health-ip`, `health-cidr`, `zone`"
         ));
     }
     let name = string(map, "name")?.ok_or("missing field `name`")?;
@@ -153,10 +153,15 @@ fn decode(v: &Value) -> Result<Node, String> {
         (Some(_), Some(_)) => return Err("give `health-ip` or `health-cidr`, not both".into()),
         (None, None) => return Err("missing field `health-ip` (or `health-cidr`)".into()),
     };
+    let zone = string(map, "zone")?
+        .map(|z| validate::zone(z).map(str::to_owned))
+        .transpose()
+        .map_err(|e| format!("field `zone`: {e}"))?;
     Ok(Node {
         name: name.to_owned(),
         node_ip,
         health_ip,
+        zone,
     })
 }
 

@@ -166,6 +166,7 @@ mod tests {
             name: name.into(),
             node_ip: Ipv4Addr::new(198, 18, 0, n),
             health_ip: Ipv4Addr::new(198, 18, 64 + n, 2),
+            zone: None,
         }
     }
 

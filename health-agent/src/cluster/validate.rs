@@ -166,6 +166,8 @@ pub enum Rule {
     },
     #[error("node-ip and health-ip are the same address {ip}")]
     SameAddresses { ip: Ipv4Addr },
+    #[error("zone {zone:?}: {reason}")]
+    Zone { zone: String, reason: String },
     #[error("duplicate name {name:?}: {} has it and is kept", .first.describe())]
     DuplicateName { name: String, first: Box<Record> },
     #[error("{field} {ip} is already the {first_field} of {}, which is kept", .first.describe())]
@@ -274,6 +276,26 @@ pub fn address_class(ip: Ipv4Addr) -> Option<&'static str> {
     }
 }
 
+/// Longest zone name (a DNS label's length).
+pub const MAX_ZONE_LEN: usize = 63;
+
+/// A zone name: 1 to [`MAX_ZONE_LEN`] letters, digits, '.', '_' or '-'.
+pub fn zone(z: &str) -> Result<&str, String> {
+    if z.is_empty() {
+        return Err("a zone name is not empty".into());
+    }
+    if z.len() > MAX_ZONE_LEN {
+        return Err(format!("{} bytes, more than {MAX_ZONE_LEN}", z.len()));
+    }
+    if !z
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err("only letters, digits, '.', '_' and '-'".into());
+    }
+    Ok(z)
+}
+
 /// Checks a name alone.
 fn check_name(name: &str) -> Result<(), Rule> {
     if name.is_empty() {
@@ -306,6 +328,12 @@ fn check_record(
     local: &LocalNode,
 ) -> Result<(), Rule> {
     check_name(&node.name)?;
+    if let Some(z) = &node.zone {
+        zone(z).map_err(|reason| Rule::Zone {
+            zone: z.clone(),
+            reason,
+        })?;
+    }
     if let Origin::Etcd { key, prefix_len } = origin {
         // The last segment after the prefix (which may not end in '/').
         let after = key.get(*prefix_len..).unwrap_or(key);
@@ -434,6 +462,7 @@ mod tests {
                 name: name.into(),
                 node_ip: ip(node_ip),
                 health_ip: ip(health_ip),
+                zone: None,
             }),
         }
     }
@@ -647,6 +676,7 @@ mod tests {
                 name: name.into(),
                 node_ip: ip(node_ip),
                 health_ip: ip(health_ip),
+                zone: None,
             }),
         };
         let v = validate(

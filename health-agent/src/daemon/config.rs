@@ -28,6 +28,9 @@ use crate::{
 pub struct DaemonConfig {
     /// This node's name in the node set.
     pub node_name: String,
+    /// This node's zone in its etcd record (`--zone`; a nodes file says
+    /// it in the node's entry).
+    pub zone: Option<String>,
     /// This node's IP (default: its entry in the nodes file, or the source
     /// address toward etcd).
     pub node_ip: Option<Ipv4Addr>,
@@ -46,6 +49,17 @@ pub struct DaemonConfig {
     /// The bounded-frequency runner applying node-set changes.
     pub sync: sync::Limits,
     pub supervisor: Policy,
+    pub metrics: MetricsSettings,
+}
+
+/// The metrics listener.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsSettings {
+    /// Where `/metrics`, the connectivity page and the read-only `/api`
+    /// are served (`None`: not served).
+    pub serve_addr: Option<std::net::SocketAddr>,
+    /// Series per peer and path.
+    pub per_peer: bool,
 }
 
 /// The health endpoint.
@@ -97,6 +111,11 @@ pub struct ProbeSettings {
     /// Probes leave from the endpoint (crossing the datapath, which times
     /// them) or from the node.
     pub from_endpoint: bool,
+    /// Rounds of results kept per path (`GET /v1/status/history`).
+    pub history_length: usize,
+    /// Which peers to probe; `None`: a full mesh up to
+    /// [`crate::cluster::subset::FULL_MESH_UP_TO`] nodes, a subset above.
+    pub peers: Option<crate::cluster::subset::ProbePeers>,
 }
 
 /// Where the node set comes from.

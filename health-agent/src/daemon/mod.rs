@@ -7,13 +7,15 @@
 //!
 //! | task | owns |
 //! | --- | --- |
+//! | `web` | the metrics listener: `/metrics`, the connectivity page, read-only `/api` |
 //! | `api` | the unix socket; answers from here on |
 //! | `links` | link events of the node's namespace |
 //! | `datapath` | pins, datapath configuration, masquerade, CT/NAT GC, RTT sweep |
 //! | `endpoint` | the health endpoint, its :4240 hello server, its controller |
 //! | `hello` | the node's :4240 hello server |
 //! | `discovery` | the node set (file or etcd) |
-//! | `sync` | node-set changes applied to the prober and the peer routes |
+//! | `sync` | node-set changes applied to the prober (all peers, or this node's subset) and the peer routes |
+//! | `cluster-view` | with etcd: this node's round summaries published, everyone's watched, the cluster view assembled |
 //! | `probe` | the probe rounds |
 //!
 //! A task that ends, fails or panics is logged, shown as degraded in
@@ -24,6 +26,7 @@
 //! `READY=1` once every task has started (the API serving first), and
 //! `STOPPING=1` when it stops.
 
+pub mod cluster_view;
 pub mod config;
 mod node_sync;
 pub mod reload;
@@ -37,7 +40,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use self::config::{
-    DaemonConfig, DatapathSettings, Discovery, EndpointSettings, MasqueradeFlags, ProbeSettings,
+    DaemonConfig, DatapathSettings, Discovery, EndpointSettings, MasqueradeFlags, MetricsSettings,
+    ProbeSettings,
 };
 use crate::{
     api,
@@ -45,10 +49,15 @@ use crate::{
         Node,
         discovery::{NodeSource, Nodes},
         etcd::Registration,
+        view_cell::ClusterViewCell,
     },
-    datapath::maintenance::{self, DatapathConfig},
+    datapath::{
+        maintenance::{self, DatapathConfig},
+        report::MapsReport,
+    },
     endpoint::{EndpointConfig, controller::ControllerConfig, shared_view},
-    probe::{ProbeConfig, Prober},
+    metrics::{self, Metrics},
+    probe::{ProbeConfig, Prober, metrics::ProbeMetrics},
     supervisor::{Health, Supervisor, SupervisorError},
     sys::{
         netns::Netns,
@@ -126,23 +135,18 @@ async fn run_inner(
     nodes.accept(resolved.initial_nodes.clone());
     let view = shared_view();
     let prober = Prober::new(probe_config(&cfg, open_files)?);
-    prober.set_nodes(nodes.current());
+    let probe_metrics = prober.config().metrics.clone().unwrap_or_default();
+    prober.set_nodes(node_sync::probed(
+        &nodes.current(),
+        &cfg.node_name,
+        cfg.probe.peers,
+    ));
     // The prober in service; a reload that changes its settings replaces it.
     let (probers, prober) = watch::channel(prober);
 
-    let api_state = api::server::ApiState::new(
-        view.clone(),
-        prober.clone(),
-        nodes.clone(),
-        health,
-        cfg.supervisor.degraded_for,
-    )
-    .with_kernel(crate::datapath::KernelReport {
-        features: resolved.kernel.clone(),
-        policy: cfg.attach,
-        tc_hook: resolved.tc_hook,
-        programs: Vec::new(),
-    });
+    let cluster = ClusterViewCell::default();
+    let api_state =
+        api_state(&cfg, &resolved, &view, &prober, &nodes, health).with_cluster(cluster.clone());
     let (links, _) = broadcast::channel(16);
     // Each start waits for its task to be ready; `false`: stopped meanwhile.
     macro_rules! start {
@@ -152,6 +156,19 @@ async fn run_inner(
             }
         };
     }
+    let maps = MapsReport::default();
+    let (api_state, web) = metrics_and_web(
+        &cfg,
+        &prober,
+        probe_metrics,
+        &nodes,
+        &view,
+        &maps,
+        api_state,
+    );
+    if let Some((addr, router)) = web {
+        start!(tasks::web(&mut sup, addr, router));
+    }
     start!(tasks::api(
         &mut sup,
         cfg.socket.clone(),
@@ -159,7 +176,10 @@ async fn run_inner(
         api_state
     ));
     start!(tasks::links(&mut sup, links.clone()));
-    start!(tasks::datapath(&mut sup, datapath_config(&cfg, &resolved)));
+    start!(tasks::datapath(
+        &mut sup,
+        datapath_config(&cfg, &resolved, maps)
+    ));
     let controller = ControllerConfig {
         endpoint: endpoint_config(&cfg, &resolved),
         interval: cfg.endpoint.controller_interval,
@@ -171,22 +191,16 @@ async fn run_inner(
         view.clone(),
         links.clone()
     ));
-    let own_ip = view
-        .read()
-        .ok()
-        .and_then(|v| v.as_ref().map(|v| v.ipv4))
-        .unwrap_or(Ipv4Addr::UNSPECIFIED);
+    let own_ip = endpoint_ip(&view);
     start!(tasks::hello(&mut sup, cfg.probe.http_port));
-    let source = node_source(&cfg, &resolved, own_ip)?;
+    let registration = Registration::default();
+    let source = node_source(&cfg, &resolved, own_ip, &registration)?;
     debug!(source = %cfg.source_name(), "node discovery");
     start!(tasks::discovery(&mut sup, source, nodes.clone()));
-    let sync = node_sync::NodeSync {
-        limits: cfg.sync,
-        prober: prober.clone(),
-        local_name: cfg.node_name.clone(),
-        own_ip,
-        keep_routes: cfg.endpoint.keep,
-    };
+    if let Some(task) = cluster_view_task(&cfg, &registration, &prober, &nodes, &cluster) {
+        start!(tasks::cluster_view(&mut sup, task));
+    }
+    let sync = node_sync(&cfg, &prober, own_ip);
     start!(tasks::sync(&mut sup, sync, nodes, links));
     start!(tasks::probe(&mut sup, prober, cfg.probe.initial_delay));
 
@@ -207,7 +221,89 @@ async fn run_inner(
     result
 }
 
-fn datapath_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> DatapathConfig {
+/// The endpoint's address once it exists (unspecified before).
+fn endpoint_ip(view: &crate::endpoint::SharedView) -> Ipv4Addr {
+    view.read()
+        .ok()
+        .and_then(|v| v.as_ref().map(|v| v.ipv4))
+        .unwrap_or(Ipv4Addr::UNSPECIFIED)
+}
+
+fn node_sync(
+    cfg: &DaemonConfig,
+    prober: &watch::Receiver<std::sync::Arc<Prober>>,
+    own_ip: Ipv4Addr,
+) -> node_sync::NodeSync {
+    node_sync::NodeSync {
+        limits: cfg.sync,
+        prober: prober.clone(),
+        local_name: cfg.node_name.clone(),
+        own_ip,
+        keep_routes: cfg.endpoint.keep,
+        peers: cfg.probe.peers,
+    }
+}
+
+fn api_state(
+    cfg: &DaemonConfig,
+    resolved: &config::Resolved,
+    view: &crate::endpoint::SharedView,
+    prober: &watch::Receiver<std::sync::Arc<Prober>>,
+    nodes: &Nodes,
+    health: Health,
+) -> api::server::ApiState {
+    api::server::ApiState::new(
+        view.clone(),
+        prober.clone(),
+        nodes.clone(),
+        health,
+        cfg.supervisor.degraded_for,
+    )
+    .with_kernel(crate::datapath::KernelReport {
+        features: resolved.kernel.clone(),
+        policy: cfg.attach,
+        tc_hook: resolved.tc_hook,
+        programs: Vec::new(),
+    })
+}
+
+/// The metrics (also served on the socket by `api`) and, when
+/// `--prometheus-serve-addr` is not `off`, the metrics listener's address
+/// and routes.
+fn metrics_and_web(
+    cfg: &DaemonConfig,
+    prober: &watch::Receiver<std::sync::Arc<Prober>>,
+    probe: std::sync::Arc<ProbeMetrics>,
+    nodes: &Nodes,
+    view: &crate::endpoint::SharedView,
+    maps: &MapsReport,
+    api_state: api::server::ApiState,
+) -> (
+    api::server::ApiState,
+    Option<(std::net::SocketAddr, axum::Router)>,
+) {
+    let metrics = std::sync::Arc::new(Metrics::new(metrics::Sources {
+        prober: prober.clone(),
+        probe,
+        nodes: nodes.clone(),
+        endpoint: view.clone(),
+        pin_dir: cfg.pin_dir.clone(),
+        maps: maps.clone(),
+        per_peer: cfg.metrics.per_peer,
+    }));
+    let api_state = api_state.with_metrics(metrics.clone());
+    let web = cfg
+        .metrics
+        .serve_addr
+        .map(|addr| (addr, crate::web::router(metrics, api_state.clone())));
+    (api_state, web)
+}
+
+fn datapath_config(
+    cfg: &DaemonConfig,
+    resolved: &config::Resolved,
+    report: MapsReport,
+) -> DatapathConfig {
     DatapathConfig {
         pin_dir: cfg.pin_dir.clone(),
         ct: cfg.datapath.ct,
@@ -217,6 +313,7 @@ fn datapath_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> DatapathC
         keep_pins: cfg.endpoint.keep,
         map_sizes: cfg.datapath.map_sizes,
         tc_hook: resolved.tc_hook,
+        report,
     }
 }
 
@@ -259,6 +356,32 @@ fn probe_config(cfg: &DaemonConfig, open_files: u64) -> Result<ProbeConfig, Daem
             None
         },
         kernel_rtt: p.from_endpoint.then(|| cfg.pin_dir.clone()),
+        history_length: p.history_length,
+        // One set of instruments for the run: probers made by a reload
+        // clone this configuration, and with it the instruments.
+        metrics: Some(std::sync::Arc::new(ProbeMetrics::default())),
+    })
+}
+
+/// The cluster view's task, when nodes are discovered through etcd (the
+/// summaries travel there).
+fn cluster_view_task(
+    cfg: &DaemonConfig,
+    registration: &Registration,
+    prober: &watch::Receiver<std::sync::Arc<Prober>>,
+    nodes: &Nodes,
+    cell: &ClusterViewCell,
+) -> Option<cluster_view::ClusterViewTask> {
+    let Discovery::Etcd(etcd) = &cfg.discovery else {
+        return None;
+    };
+    Some(cluster_view::ClusterViewTask {
+        store: registration.store(etcd),
+        prefix: cluster_view::summaries_prefix(&etcd.prefix),
+        local: cfg.node_name.clone(),
+        prober: prober.clone(),
+        nodes: nodes.clone(),
+        cell: cell.clone(),
     })
 }
 
@@ -267,6 +390,7 @@ fn node_source(
     cfg: &DaemonConfig,
     resolved: &config::Resolved,
     own_ip: Ipv4Addr,
+    registration: &Registration,
 ) -> Result<NodeSource, DaemonError> {
     Ok(match &cfg.discovery {
         Discovery::File(path) => NodeSource::File {
@@ -286,13 +410,14 @@ fn node_source(
                 name: cfg.node_name.clone(),
                 node_ip,
                 health_ip: own_ip,
+                zone: cfg.zone.clone(),
             };
             info!(name = %me.name, %node_ip, health_ip = %own_ip, "joining the cluster through etcd");
             NodeSource::Etcd {
                 cfg: etcd.clone(),
                 me,
                 local: cfg.local_node(),
-                registration: Registration::default(),
+                registration: registration.clone(),
             }
         }
         Discovery::None => NodeSource::None,

@@ -11,7 +11,12 @@ use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    cluster::{NodeSet, routes::PeerRoutes, sync},
+    cluster::{
+        NodeSet,
+        routes::PeerRoutes,
+        subset::{self, ProbePeers},
+        sync,
+    },
     probe::Prober,
 };
 
@@ -24,6 +29,19 @@ pub(super) struct NodeSync {
     pub(super) own_ip: Ipv4Addr,
     /// On shutdown, leave the routes (the endpoint is kept too).
     pub(super) keep_routes: bool,
+    /// Which peers the prober gets (`None`: by the set's size).
+    pub(super) peers: Option<ProbePeers>,
+}
+
+/// The nodes `local` probes out of `set`: all of them, or its zone and K
+/// others (routes go to every node: any of them may probe this one).
+pub(super) fn probed(set: &NodeSet, local: &str, peers: Option<ProbePeers>) -> NodeSet {
+    let peers = peers.unwrap_or_else(|| ProbePeers::default_for(set.len()));
+    if peers.is_full_mesh(set.len()) {
+        return set.clone();
+    }
+    let zone = set.get(local).and_then(|n| n.zone.as_deref());
+    set.subset(&subset::assigned(local, zone, set, peers))
 }
 
 impl NodeSync {
@@ -54,8 +72,9 @@ impl NodeSync {
             let set = nodes.borrow_and_update().clone();
             let (prober, routes) = (self.prober.borrow().clone(), routes.clone());
             let desired = PeerRoutes::desired(&set, Some(&self.local_name), self.own_ip);
+            let subset = probed(&set, &self.local_name, self.peers);
             async move {
-                prober.set_nodes(set);
+                prober.set_nodes(subset);
                 let _ = tokio::task::spawn_blocking(move || {
                     if let Ok(mut r) = routes.lock() {
                         r.apply(&desired);

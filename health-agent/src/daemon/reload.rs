@@ -25,6 +25,8 @@ pub struct ProbeTuning {
     pub interval: Duration,
     pub timeout: Duration,
     pub thresholds: Thresholds,
+    /// Rounds of results kept per path: a change keeps the newest that fit.
+    pub history_length: usize,
 }
 
 /// Called on SIGHUP: re-reads the configuration, applies what it owns
@@ -69,6 +71,7 @@ fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
         interval: cfg.interval,
         timeout: cfg.timeout,
         thresholds: cfg.thresholds,
+        history_length: cfg.history_length,
     };
     if current == tuning {
         debug!("probe settings unchanged");
@@ -77,6 +80,7 @@ fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
     cfg.interval = tuning.interval;
     cfg.timeout = tuning.timeout;
     cfg.thresholds = tuning.thresholds;
+    cfg.history_length = tuning.history_length;
     let new = Prober::new(cfg);
     // Every path keeps its counters and last result: only the settings
     // change.
@@ -87,6 +91,7 @@ fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
         timeout = ?tuning.timeout,
         success_threshold = tuning.thresholds.success,
         failure_threshold = tuning.thresholds.failure,
+        history_length = tuning.history_length,
         "probe settings applied"
     );
 }

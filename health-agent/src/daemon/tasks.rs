@@ -128,6 +128,66 @@ fn api_thread_gone(socket: &std::path::Path) -> server::ServerError {
     }
 }
 
+/// The metrics listener on `addr`, from a thread and runtime of its own at
+/// the API's priority (a scrape or the page never queues behind probes).
+pub(super) async fn web(
+    sup: &mut Supervisor,
+    addr: std::net::SocketAddr,
+    router: axum::Router,
+) -> Started {
+    sup.start("web", Restart::WithinBudget, move |ctx| {
+        let router = router.clone();
+        task(async move {
+            let listener = std::net::TcpListener::bind(addr)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .map_err(|source| crate::web::WebError::Bind { addr, source })?;
+            let bound = listener.local_addr().unwrap_or(addr);
+            let (done_tx, done) = tokio::sync::oneshot::channel();
+            let shutdown = ctx.shutdown.clone();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|source| crate::web::WebError::Serve { addr, source })?;
+            std::thread::Builder::new()
+                .name("web".into())
+                .spawn(move || {
+                    lower_priority();
+                    rt.block_on(async move {
+                        let served = match TcpListener::from_std(listener) {
+                            Ok(l) => crate::web::serve(l, router, shutdown).await,
+                            Err(source) => Err(crate::web::WebError::Serve { addr, source }),
+                        };
+                        let _ = done_tx.send(served);
+                    });
+                })
+                .map_err(|source| crate::web::WebError::Serve { addr, source })?;
+            info!(addr = %bound, "metrics and connectivity page listening");
+            ctx.ready.done();
+            done.await.map_err(|_| crate::web::WebError::Serve {
+                addr,
+                source: std::io::Error::other("the web thread panicked"),
+            })?
+        })
+    })
+    .await
+}
+
+/// The cluster view (with etcd): summaries published and watched.
+pub(super) async fn cluster_view(
+    sup: &mut Supervisor,
+    view: super::cluster_view::ClusterViewTask,
+) -> Started {
+    sup.start("cluster-view", Restart::WithinBudget, move |ctx| {
+        let view = view.clone();
+        task(async move {
+            ctx.ready.done();
+            view.run(ctx.shutdown).await;
+            Ok::<_, std::convert::Infallible>(())
+        })
+    })
+    .await
+}
+
 /// Link events of the node's namespace, for the endpoint and the routes.
 pub(super) async fn links(sup: &mut Supervisor, links: broadcast::Sender<()>) -> Started {
     sup.start("links", Restart::WithinBudget, move |ctx| {

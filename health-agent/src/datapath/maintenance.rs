@@ -16,7 +16,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    Datapath, DatapathError, Interface, TcHook, ct, maps, masquerade::Masquerade, nat, remove_pins,
+    Datapath, DatapathError, Interface, TcHook, ct, maps,
+    masquerade::Masquerade,
+    nat, remove_pins,
+    report::{self, MapsReport},
     rtt,
 };
 
@@ -45,6 +48,8 @@ pub struct DatapathConfig {
     pub map_sizes: MapSizes,
     /// The tc hook masquerade is attached with (tcx or classic tc).
     pub tc_hook: TcHook,
+    /// Where each walk of the maps (on the pressure cadence) is published.
+    pub report: MapsReport,
 }
 
 /// A map is said to be under pressure above this share of its entries,
@@ -83,7 +88,8 @@ impl Pressure {
     /// [`PRESSURE_WARN`]; returns the names newly warned about.
     pub fn check(&mut self, rows: &[maps::MapRow]) -> Vec<String> {
         let mut new = Vec::new();
-        for row in rows {
+        // Arrays are full by construction; only hash maps fill up.
+        for row in rows.iter().filter(|r| r.kind.contains("hash")) {
             let warned = self.warned.contains(&row.name);
             if row.pressure > PRESSURE_WARN && !warned {
                 warn!(
@@ -226,8 +232,11 @@ fn missing_nat(node: &Node) -> Vec<String> {
 fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
     let mut node = maintain_maps(cfg, node)?;
     if node.pressure.due(std::time::Instant::now()) {
-        match maps::list(node.datapath.pin_dir()) {
-            Ok(rows) => drop(node.pressure.check(&rows)),
+        match report::snapshot(node.datapath.pin_dir()) {
+            Ok(snapshot) => {
+                drop(node.pressure.check(&snapshot.rows));
+                cfg.report.publish(snapshot);
+            }
             Err(e) => warn!("reading map pressure: {}", chain(&e)),
         }
     }

@@ -27,6 +27,7 @@ mod mode;
 pub mod nat;
 mod object;
 mod pins;
+pub mod report;
 pub mod rtt;
 mod stats;
 

@@ -21,6 +21,17 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in lifecycle order.
+    pub const ALL: [Self; 7] = [
+        Self::Restoring,
+        Self::WaitingForIdentity,
+        Self::WaitingToRegenerate,
+        Self::Regenerating,
+        Self::Ready,
+        Self::Disconnecting,
+        Self::Disconnected,
+    ];
+
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -162,15 +173,7 @@ fn now_ms() -> u64 {
 mod tests {
     use super::{State::*, *};
 
-    const ALL: [State; 7] = [
-        Restoring,
-        WaitingForIdentity,
-        WaitingToRegenerate,
-        Regenerating,
-        Ready,
-        Disconnecting,
-        Disconnected,
-    ];
+    const ALL: [State; 7] = State::ALL;
 
     #[test]
     fn fresh_endpoint_path_is_valid() {

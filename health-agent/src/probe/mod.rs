@@ -5,8 +5,10 @@
 
 pub mod error;
 pub mod hello;
+pub mod history;
 pub mod http;
 pub mod icmp;
+pub mod metrics;
 pub mod path;
 mod round;
 pub mod scheduler;

@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     error::ProbeError,
+    history::{self, History, HistoryStats, HistoryStrips, NodeHistory, NodeRing},
     http::{self, HEALTH_PORT, SocketSource},
     icmp::IcmpProber,
     path::{Outcome, PathState, RttSource, Thresholds},
@@ -45,6 +46,10 @@ pub struct ProbeConfig {
     /// bpffs directory of the datapath maps: RTTs are taken from the
     /// kernel's samples when there are any.
     pub kernel_rtt: Option<std::path::PathBuf>,
+    /// Rounds of results kept per path (R of `GET /v1/status/history`).
+    pub history_length: usize,
+    /// Where rounds are counted (`None`: not instrumented).
+    pub metrics: Option<Arc<super::metrics::ProbeMetrics>>,
 }
 
 impl Default for ProbeConfig {
@@ -59,6 +64,8 @@ impl Default for ProbeConfig {
             local_node: None,
             source_netns: None,
             kernel_rtt: None,
+            history_length: usize::from(history::DEFAULT_LENGTH),
+            metrics: None,
         }
     }
 }
@@ -69,7 +76,12 @@ const HOST_HTTP: usize = 1;
 const EP_ICMP: usize = 2;
 const EP_HTTP: usize = 3;
 
-type NodePaths = [PathState; 4];
+/// A node's four paths (in that order) and their recent results.
+#[derive(Debug, Clone, Default)]
+struct NodePaths {
+    state: [PathState; 4],
+    history: NodeRing,
+}
 
 /// The sockets of the source namespace as it was when they were made
 /// (its inode): made again when the endpoint's namespace is recreated.
@@ -93,12 +105,23 @@ pub struct Prober {
     sockets: Mutex<Option<Sockets>>,
     nodes: RwLock<NodeSet>,
     paths: Mutex<HashMap<String, NodePaths>>,
+    /// The rounds of the paths' histories; locked after `paths`, only
+    /// while it is held.
+    history: Mutex<History>,
     /// One round at a time: kubelet counters must see each round once.
     round_lock: tokio::sync::Mutex<()>,
     /// Numbers rounds in the order they start: publishing compares these,
     /// never wall-clock times (which NTP may step back).
     round_seq: std::sync::atomic::AtomicU64,
     published: RwLock<Published>,
+}
+
+impl std::fmt::Debug for Prober {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prober")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
 }
 
 fn epoch_ms(t: SystemTime) -> u64 {
@@ -138,6 +161,7 @@ impl Prober {
             sockets: Mutex::new(None),
             nodes: RwLock::default(),
             paths: Mutex::default(),
+            history: Mutex::new(History::new(cfg.history_length)),
             round_lock: tokio::sync::Mutex::new(()),
             round_seq: std::sync::atomic::AtomicU64::new(0),
             published: RwLock::new(serialised(ClusterStatus {
@@ -157,13 +181,25 @@ impl Prober {
     }
 
     /// Takes over `old`'s state: its node set, every path's kubelet
-    /// counters and last results, its round numbering and its published
-    /// status, so a prober made with new settings (a reload) goes on where
-    /// the old one stopped instead of starting every path Unknown.
+    /// counters, last results and history (the newest rounds that fit this
+    /// prober's length), its round numbering and its published status, so
+    /// a prober made with new settings (a reload) goes on where the old one
+    /// stopped instead of starting every path Unknown.
     pub fn take_over(&self, old: &Self) {
         let nodes = old.nodes();
-        if let (Ok(mut mine), Ok(theirs)) = (self.paths.lock(), old.paths.lock()) {
-            mine.clone_from(&theirs);
+        if let (Ok(mut mine), Ok(theirs)) = (self.paths.lock(), old.paths.lock())
+            && let (Ok(mut history), Ok(old_history)) = (self.history.lock(), old.history.lock())
+        {
+            let length = history.length();
+            *history = old_history.resized(length);
+            mine.clear();
+            mine.extend(theirs.iter().map(|(name, p)| {
+                let p = NodePaths {
+                    state: p.state.clone(),
+                    history: p.history.resized(length),
+                };
+                (name.clone(), p)
+            }));
         }
         self.round_seq.store(
             old.round_seq.load(std::sync::atomic::Ordering::Relaxed),
@@ -244,13 +280,13 @@ impl Prober {
                     name: n.name.clone(),
                     host: Connectivity {
                         ip: n.node_ip,
-                        icmp: p[HOST_ICMP].clone(),
-                        http: p[HOST_HTTP].clone(),
+                        icmp: p.state[HOST_ICMP].clone(),
+                        http: p.state[HOST_HTTP].clone(),
                     },
                     endpoint: Connectivity {
                         ip: n.health_ip,
-                        icmp: p[EP_ICMP].clone(),
-                        http: p[EP_HTTP].clone(),
+                        icmp: p.state[EP_ICMP].clone(),
+                        http: p.state[EP_HTTP].clone(),
                     },
                 }
             })
@@ -359,30 +395,16 @@ impl Prober {
                 )
             })
             .collect();
-        let at = epoch_ms(SystemTime::now());
-        // A node removed during the round is not brought back.
-        let current = self.nodes();
-        let mut probes = 0;
-        if let Ok(mut paths) = self.paths.lock() {
-            for (i, (icmp, http)) in outcomes.into_iter().enumerate() {
-                let node = &nodes[i / 2];
-                if !current.contains(&node.name) {
-                    continue;
-                }
-                let (icmp_slot, http_slot) = if i % 2 == 0 {
-                    (HOST_ICMP, HOST_HTTP)
-                } else {
-                    (EP_ICMP, EP_HTTP)
-                };
-                let entry = match paths.get_mut(&node.name) {
-                    Some(e) => e,
-                    None => paths.entry(node.name.clone()).or_default(),
-                };
-                entry[icmp_slot].record(icmp, self.cfg.thresholds, at);
-                entry[http_slot].record(http, self.cfg.thresholds, at);
-                probes += 2;
-            }
+        if let Some(m) = &self.cfg.metrics {
+            m.record_round(&outcomes, t0.elapsed());
         }
+        let probes = self.record(
+            &nodes,
+            outcomes,
+            seq,
+            epoch_ms(started),
+            epoch_ms(SystemTime::now()),
+        );
         let merged = t0.elapsed();
         let status = self.snapshot(Some(RoundInfo {
             seq,
@@ -402,6 +424,108 @@ impl Prober {
         self.status()
     }
 
+    /// Records a round's outcomes (ICMP and HTTP to `nodes`' node IP at
+    /// `2i`, to its health IP at `2i + 1`) in every path's state and
+    /// history, in one pass under the lock; returns the probes recorded.
+    pub(crate) fn record(
+        &self,
+        nodes: &NodeSet,
+        outcomes: Vec<(Outcome, Outcome)>,
+        seq: u64,
+        started_ms: u64,
+        at: u64,
+    ) -> usize {
+        // A node removed during the round is not brought back.
+        let current = self.nodes();
+        let mut probes = 0;
+        if let Ok(mut paths) = self.paths.lock()
+            && let Ok(mut history) = self.history.lock()
+        {
+            history.begin_round(seq, started_ms, at);
+            for (i, (icmp, http)) in outcomes.into_iter().enumerate() {
+                let node = &nodes[i / 2];
+                if !current.contains(&node.name) {
+                    continue;
+                }
+                let (icmp_slot, http_slot) = if i % 2 == 0 {
+                    (HOST_ICMP, HOST_HTTP)
+                } else {
+                    (EP_ICMP, EP_HTTP)
+                };
+                let entry = match paths.get_mut(&node.name) {
+                    Some(e) => e,
+                    None => paths.entry(node.name.clone()).or_default(),
+                };
+                for (slot, outcome) in [(icmp_slot, icmp), (http_slot, http)] {
+                    let value = history.encode(&outcome);
+                    entry.history.record(&history, seq, slot, value);
+                    entry.state[slot].record(outcome, self.cfg.thresholds, at);
+                }
+                probes += 2;
+            }
+        }
+        probes
+    }
+
+    /// `name`'s four paths over the history's window; `None` when it is not
+    /// in the node set.
+    #[must_use]
+    pub fn node_history(&self, name: &str) -> Option<NodeHistory> {
+        let nodes = self.nodes();
+        let node = nodes.get(name)?;
+        let paths = self.paths.lock().ok()?;
+        let history = self.history.lock().ok()?;
+        let empty = NodeRing::default();
+        let ring = paths.get(name).map_or(&empty, |p| &p.history);
+        Some(history.node(name, [node.node_ip, node.health_ip], ring))
+    }
+
+    /// Every node's paths over the history's window, one character a
+    /// round, in the node set's order.
+    #[must_use]
+    pub fn history_strips(&self) -> HistoryStrips {
+        let nodes = self.nodes();
+        let (Ok(paths), Ok(history)) = (self.paths.lock(), self.history.lock()) else {
+            return HistoryStrips {
+                window: self.cfg.history_length,
+                rounds: Vec::new(),
+                nodes: Vec::new(),
+            };
+        };
+        let rounds = history.rounds();
+        let strips = nodes
+            .iter()
+            .map(|n| History::strips(&n.name, &rounds, paths.get(&n.name).map(|p| &p.history)))
+            .collect();
+        HistoryStrips {
+            window: history.length(),
+            rounds,
+            nodes: strips,
+        }
+    }
+
+    /// Every node's loss ratio and RTT percentiles over the history's
+    /// window, per path, in the node set's order.
+    #[must_use]
+    pub fn history_stats(&self) -> HistoryStats {
+        let nodes = self.nodes();
+        let (Ok(paths), Ok(history)) = (self.paths.lock(), self.history.lock()) else {
+            return HistoryStats {
+                window: self.cfg.history_length,
+                nodes: Vec::new(),
+            };
+        };
+        let mut rtts = Vec::with_capacity(history.length());
+        let stats = nodes
+            .iter()
+            .map(|n| history.stats(&n.name, paths.get(&n.name).map(|p| &p.history), &mut rtts))
+            .collect();
+        HistoryStats {
+            window: history.length(),
+            nodes: stats,
+        }
+    }
+
     /// ICMP to both addresses of every node: node IP at `2i`, health IP at
     /// `2i + 1`. The engine runs as a task of its own, beside the HTTP ones.
     async fn icmp_round(
@@ -416,9 +540,12 @@ impl Prober {
         };
         let n = targets.len();
         let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
+        let metrics = self.cfg.metrics.as_deref();
+        metrics.inspect(|m| m.sent(n));
         let results = tokio::spawn(async move { icmp.round(&targets, timeout, spread).await })
             .await
             .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); n]);
+        metrics.inspect(|m| m.settled(n));
         results
             .into_iter()
             .map(|r| match r {
@@ -462,8 +589,10 @@ impl Prober {
             .map(|w| {
                 let (targets, slots, factory) = (targets.clone(), slots.clone(), factory.clone());
                 let latest_start = latest_start.clone();
+                let metrics = self.cfg.metrics.clone();
                 tokio::spawn(async move {
                     let latest_start = &*latest_start;
+                    let metrics = metrics.as_deref();
                     let mine: Vec<usize> = (w..targets.len()).step_by(workers).collect();
                     let mut made = match (&factory, batch) {
                         (Some(maker), true) => {
@@ -504,10 +633,11 @@ impl Prober {
                                 let late =
                                     u64::try_from((start - t0).as_micros()).unwrap_or(u64::MAX);
                                 latest_start.fetch_max(late, std::sync::atomic::Ordering::Relaxed);
-                                (
-                                    i,
-                                    http::probe(ip, port, start + timeout, timeout, from).await,
-                                )
+                                metrics.inspect(|m| m.sent(1));
+                                let outcome =
+                                    http::probe(ip, port, start + timeout, timeout, from).await;
+                                metrics.inspect(|m| m.settled(1));
+                                (i, outcome)
                             });
                         }
                         let wake = queue.peek().map(|(k, _)| at(*k));
@@ -616,6 +746,7 @@ mod tests {
                 name: format!("node-{i:04}"),
                 node_ip: Ipv4Addr::new(198, 18, (i >> 8) as u8, i as u8),
                 health_ip: Ipv4Addr::new(198, 19, (i >> 8) as u8, i as u8),
+                zone: None,
             })
             .collect();
         prober.set_nodes(NodeSet::new(nodes).expect("unique"));
@@ -632,5 +763,168 @@ mod tests {
         );
         // The same bytes (one compression) until the next publish.
         assert_eq!(prober.status_json_gzip().as_ptr(), gz.as_ptr());
+    }
+
+    fn nodes(names: &[&str]) -> NodeSet {
+        let nodes = names
+            .iter()
+            .zip(1u8..)
+            .map(|(name, i)| Node {
+                name: (*name).to_owned(),
+                node_ip: Ipv4Addr::new(198, 18, 0, i),
+                health_ip: Ipv4Addr::new(198, 19, 0, i),
+                zone: None,
+            })
+            .collect();
+        NodeSet::new(nodes).expect("unique")
+    }
+
+    fn ok(us: u64) -> Outcome {
+        Outcome::Ok {
+            rtt: Duration::from_micros(us),
+            warning: None,
+            source: RttSource::Userspace,
+        }
+    }
+
+    fn refused() -> Outcome {
+        Outcome::Failed(ProbeError::io(
+            "connect",
+            &std::io::Error::from_raw_os_error(libc::ECONNREFUSED),
+        ))
+    }
+
+    /// Round `seq` over the prober's nodes: every path succeeds with an RTT
+    /// of `seq` µs, except `failing`'s host HTTP path.
+    fn round_with(prober: &Prober, seq: u64, failing: Option<&str>) -> usize {
+        let set = prober.nodes();
+        let outcomes = set
+            .iter()
+            .flat_map(|n| {
+                let host_http = if failing == Some(n.name.as_str()) {
+                    refused()
+                } else {
+                    ok(seq)
+                };
+                [(ok(seq), host_http), (ok(seq), ok(seq))]
+            })
+            .collect();
+        prober
+            .round_seq
+            .store(seq, std::sync::atomic::Ordering::Relaxed);
+        prober.record(&set, outcomes, seq, seq * 1000, seq * 1000 + 7)
+    }
+
+    #[test]
+    fn rounds_are_kept_per_path_and_go_with_their_node() {
+        let prober = Prober::new(ProbeConfig {
+            history_length: 4,
+            ..ProbeConfig::default()
+        });
+        prober.set_nodes(nodes(&["a", "b"]));
+        for seq in 1..=6 {
+            let failing = matches!(seq, 3 | 5).then_some("a");
+            assert_eq!(round_with(&prober, seq, failing), 8);
+        }
+        let a = prober.node_history("a").expect("a is in the set");
+        assert_eq!((a.node.as_str(), a.window), ("a", 4));
+        let names: Vec<&str> = a.paths.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(names, history::PATH_NAMES);
+        assert_eq!(a.paths[0].ip, Ipv4Addr::new(198, 18, 0, 1));
+        assert_eq!(a.paths[2].ip, Ipv4Addr::new(198, 19, 0, 1));
+        let host_http = &a.paths[HOST_HTTP];
+        let seen: Vec<(u64, Option<&str>)> = host_http
+            .entries
+            .iter()
+            .map(|e| (e.at_ms, e.error.as_deref()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (3007, Some("connect: refused")),
+                (4007, None),
+                (5007, Some("connect: refused")),
+                (6007, None)
+            ]
+        );
+        assert_eq!(host_http.loss_ratio, Some(0.5));
+        assert_eq!(host_http.rtt_p50_ns, Some(4000));
+        assert_eq!(host_http.rtt_p99_ns, Some(6000));
+        assert_eq!(a.paths[HOST_ICMP].loss_ratio, Some(0.0));
+        // The state saw the same results.
+        let snapshot = prober.snapshot(None);
+        assert_eq!(
+            snapshot.nodes[0].host.http.last_error.as_deref(),
+            Some("connect: Connection refused (os error 111)")
+        );
+
+        let strips = prober.history_strips();
+        assert_eq!(strips.window, 4);
+        let seqs: Vec<u64> = strips.rounds.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [3, 4, 5, 6]);
+        assert_eq!(strips.rounds[0].started_ms, 3000);
+        assert_eq!(strips.nodes[0].name, "a");
+        assert_eq!(
+            strips.nodes[0].paths,
+            ["SSSS", "FSFS", "SSSS", "SSSS"].map(String::from)
+        );
+        assert_eq!(strips.nodes[1].paths[1], "SSSS");
+        let stats = prober.history_stats();
+        assert_eq!(stats.nodes[0].paths[HOST_HTTP].loss_ratio, Some(0.5));
+        assert_eq!(stats.nodes[1].paths[HOST_HTTP].loss_ratio, Some(0.0));
+        assert_eq!(stats.nodes[1].paths[HOST_HTTP].results, 4);
+
+        assert!(prober.node_history("nobody").is_none());
+        // A node that leaves takes its history along; back, it starts over.
+        prober.set_nodes(nodes(&["b"]));
+        assert!(prober.node_history("a").is_none());
+        prober.set_nodes(nodes(&["a", "b"]));
+        let again = prober.node_history("a").expect("back in the set");
+        assert!(
+            again.paths.iter().all(|p| p.entries.is_empty()),
+            "{again:?}"
+        );
+        let strips = prober.history_strips();
+        assert_eq!(strips.nodes[0].paths[0], "....");
+        round_with(&prober, 7, None);
+        assert_eq!(prober.history_strips().nodes[0].paths[0], "...S");
+    }
+
+    #[test]
+    fn a_reload_keeps_the_history_that_fits_the_new_length() {
+        let old = Prober::new(ProbeConfig {
+            history_length: 5,
+            ..ProbeConfig::default()
+        });
+        old.set_nodes(nodes(&["a"]));
+        for seq in 1..=5 {
+            round_with(&old, seq, (seq == 4).then_some("a"));
+        }
+        let shorter = Prober::new(ProbeConfig {
+            history_length: 3,
+            ..ProbeConfig::default()
+        });
+        shorter.take_over(&old);
+        let strips = shorter.history_strips();
+        assert_eq!(strips.window, 3);
+        assert_eq!(strips.nodes[0].paths[HOST_HTTP], "SFS");
+        let longer = Prober::new(ProbeConfig {
+            history_length: 8,
+            ..ProbeConfig::default()
+        });
+        longer.take_over(&shorter);
+        round_with(&longer, 6, Some("a"));
+        let a = longer.node_history("a").expect("a");
+        assert_eq!(a.window, 8);
+        let at: Vec<u64> = a.paths[HOST_HTTP].entries.iter().map(|e| e.at_ms).collect();
+        assert_eq!(at, [3007, 4007, 5007, 6007]);
+        assert_eq!(a.paths[HOST_HTTP].loss_ratio, Some(0.5));
+        // The same length: everything carried over.
+        let same = Prober::new(ProbeConfig {
+            history_length: 5,
+            ..ProbeConfig::default()
+        });
+        same.take_over(&old);
+        assert_eq!(same.history_strips().nodes[0].paths[HOST_HTTP], "SSSFS");
     }
 }

@@ -56,6 +56,14 @@ pub fn short(d: Duration) -> String {
     }
 }
 
+/// Milliseconds since the Unix epoch, now (0 before it).
+#[must_use]
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,11 @@ use health_agent::{
     },
 };
 
-use health_agent::probe::{path::ProbeResult, status::ClusterStatus};
+use health_agent::probe::{
+    history::{EntryOutcome, NodeHistory},
+    path::ProbeResult,
+    status::ClusterStatus,
+};
 use health_tests::{
     cluster::{Cluster, Settings, nodes_yaml},
     faults::DropIcmp,
@@ -141,6 +145,43 @@ fn a_node_whose_link_goes_down_turns_unreachable_then_recovers() {
     cluster.nodes[2].set_uplink(true);
     let up = cluster.wait_status(0, Duration::from_secs(10), |s| s.reachable() == 3);
     assert!(node(&up, "node-3").host.icmp.consecutive_successes >= 1);
+
+    // The history tells the same story in order: successes, the failures
+    // (among them the one the status showed), successes again.
+    let out = std::process::Command::new(health_tests::agent::agent_binary())
+        .args(["status", "--history", "node-3", "-o", "json", "--socket"])
+        .arg(cluster.nodes[0].socket())
+        .output()
+        .expect("status --history");
+    assert!(out.status.success(), "{out:?}");
+    let history: NodeHistory = serde_json::from_slice(&out.stdout).expect("history JSON");
+    let icmp = &history.paths[0];
+    assert_eq!(icmp.path, "host-icmp");
+    assert!(
+        icmp.entries.windows(2).all(|w| w[0].at_ms < w[1].at_ms),
+        "oldest first: {icmp:#?}"
+    );
+    let story: String = icmp
+        .entries
+        .iter()
+        .map(|e| match e.outcome {
+            EntryOutcome::Success => 'S',
+            EntryOutcome::Failure => 'F',
+        })
+        .collect();
+    let (before, after) = story.split_at(story.find("SFF").expect("down after up") + 1);
+    assert!(before.ends_with('S') && after.contains("FS"), "{story}");
+    let failed_at = n3.host.icmp.last_probe_ms.expect("probed");
+    assert!(
+        icmp.entries.iter().any(|e| e.at_ms == failed_at
+            && e.outcome == EntryOutcome::Failure
+            && e.error.is_some()),
+        "the failure of {failed_at} in {icmp:#?}"
+    );
+    assert!(
+        icmp.loss_ratio.is_some_and(|r| r > 0.0 && r < 1.0),
+        "{icmp:#?}"
+    );
 }
 
 #[test]

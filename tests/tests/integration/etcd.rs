@@ -1,12 +1,22 @@
 //! Node discovery through a real etcd (Debian's etcd-server) running in the
 //! fabric namespace: registration with a lease, join and leave, and an etcd
-//! outage during which probing goes on with the last known set.
+//! outage during which probing goes on with the last known set; etcd over
+//! TLS with client certificates, and with users and passwords; and the
+//! agent's generic etcd API (`cluster::kvstore`) against an etcd on
+//! loopback.
 
 use std::time::Duration;
 
-use health_agent::api::types::NodesView;
-use health_tests::cluster::{Cluster, Settings};
+use health_agent::{
+    api::types::NodesView,
+    cluster::kvstore::{Entry, EtcdConfig, KvStore, Link, Put, WatchEvent},
+};
+use health_tests::{
+    cluster::{Cluster, Settings},
+    etcd::{LocalEtcd, Security},
+};
 use nix::sys::signal::Signal;
+use tokio::sync::mpsc;
 
 fn nodes_view(cluster: &Cluster, i: usize) -> Option<NodesView> {
     health_tests::api::call(
@@ -82,51 +92,14 @@ fn nodes_join_and_leave_through_etcd_and_survive_an_etcd_restart() {
     assert!(view.error.is_none(), "re-synced: {view:?}");
 }
 
-/// Puts `key` = `value` through etcd's JSON gateway, from the fabric.
+/// Puts `key` = `value` from the fabric (plain etcd).
 fn etcd_put(cluster: &Cluster, key: &str, value: &str) {
-    use std::io::{Read as _, Write as _};
-    let body = format!(
-        "{{\"key\": \"{}\", \"value\": \"{}\"}}",
-        base64(key.as_bytes()),
-        base64(value.as_bytes())
+    health_tests::etcd::put(
+        Some(&cluster.fabric),
+        health_tests::cluster::ETCD_ENDPOINT,
+        (None, false),
+        (key, value),
     );
-    let reply = cluster
-        .fabric
-        .run(|| -> std::io::Result<String> {
-            let mut s = std::net::TcpStream::connect(health_tests::cluster::ETCD_ENDPOINT)?;
-            write!(
-                s,
-                "POST /v3/kv/put HTTP/1.1\r\nhost: etcd\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            )?;
-            let mut out = String::new();
-            s.read_to_string(&mut out)?;
-            Ok(out)
-        })
-        .expect("fabric netns")
-        .expect("etcd put");
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ABC[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 #[test]
@@ -203,4 +176,291 @@ fn bad_records_in_etcd_are_rejected_by_key_and_the_others_kept() {
     // The good ones are still probed.
     let s = cluster.wait_status(0, Duration::from_secs(10), |s| s.reachable() == 3);
     assert_eq!(s.nodes.len(), 3);
+}
+
+/// Polls node `i`'s nodes view until `accept` holds; panics with the view
+/// and the agent's log after `timeout`.
+fn wait_view(
+    cluster: &Cluster,
+    i: usize,
+    timeout: Duration,
+    accept: impl Fn(&NodesView) -> bool,
+) -> NodesView {
+    let deadline = std::time::Instant::now() + health_tests::patience(timeout);
+    loop {
+        let view = nodes_view(cluster, i);
+        if let Some(v) = view.as_ref()
+            && accept(v)
+        {
+            return view.expect("a view");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{view:#?}\n{}",
+            cluster.nodes[i].log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn nodes_discover_each_other_over_tls_and_a_wrong_ca_is_named() {
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        etcd_security: Security {
+            tls: true,
+            auth: false,
+        },
+        ..Settings::default()
+    });
+    let all = cluster.wait_status(0, Duration::from_secs(20), |s| {
+        s.nodes.len() == 3 && s.reachable() == 3
+    });
+    assert_eq!(all.nodes.len(), 3);
+    let view = nodes_view(&cluster, 0).expect("nodes view");
+    assert_eq!(view.source, "etcd:198.18.0.1:2379/health/nodes/");
+    assert!(view.error.is_none(), "{view:?}");
+
+    // node-3 trusts another CA: etcd's certificate is refused, and said so.
+    cluster.stop_agent(2, Signal::SIGTERM);
+    cluster.wait_status(0, Duration::from_secs(5), |s| s.nodes.len() == 2);
+    let pki = cluster.etcd_pki().expect("pki");
+    std::fs::copy(
+        pki.path("other-ca.pem"),
+        cluster.nodes[2].dir.join("etcd-ca.pem"),
+    )
+    .expect("wrong CA");
+    cluster.start_agent(2);
+    let view = wait_view(&cluster, 2, Duration::from_secs(20), |v| v.error.is_some());
+    let error = view.error.expect("an error");
+    assert!(
+        error.starts_with("etcd at 198.18.0.1:2379: ") && error.contains("UnknownIssuer"),
+        "{error}"
+    );
+    assert!(
+        cluster.nodes[2].log().contains("UnknownIssuer"),
+        "{}",
+        cluster.nodes[2].log()
+    );
+    // And the others never see it.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        nodes_view(&cluster, 0).expect("view").nodes.len(),
+        2,
+        "node-3 did not register"
+    );
+}
+
+#[test]
+fn etcd_users_log_in_with_a_password_file_and_a_wrong_password_is_named() {
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 2,
+        etcd: true,
+        etcd_security: Security {
+            tls: false,
+            auth: true,
+        },
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| {
+        s.nodes.len() == 2 && s.reachable() == 2
+    });
+    cluster.wait_status(1, Duration::from_secs(10), |s| s.nodes.len() == 2);
+    assert!(nodes_view(&cluster, 1).expect("view").error.is_none());
+
+    cluster.stop_agent(1, Signal::SIGTERM);
+    cluster.wait_status(0, Duration::from_secs(5), |s| s.nodes.len() == 1);
+    std::fs::write(cluster.nodes[1].dir.join("etcd-password"), "not-it\n").expect("password");
+    cluster.start_agent(1);
+    let view = wait_view(&cluster, 1, Duration::from_secs(20), |v| v.error.is_some());
+    let error = view.error.expect("an error");
+    assert!(
+        error.contains("authenticating to etcd as user \"agent\"")
+            && error.contains("authentication failed, invalid user ID or password"),
+        "{error}"
+    );
+    assert!(
+        !cluster.nodes[1].log().contains("not-it"),
+        "the password is never logged"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(nodes_view(&cluster, 0).expect("view").nodes.len(), 1);
+}
+
+/// The next event within 10 s.
+async fn next(events: &mut mpsc::Receiver<WatchEvent>) -> WatchEvent {
+    tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("an event within 10 s")
+        .expect("the watch goes on")
+}
+
+async fn wait_up(store: &KvStore) -> i64 {
+    let mut link = store.link();
+    let up = link.wait_for(|l| matches!(l, Link::Up { .. }));
+    match tokio::time::timeout(Duration::from_secs(10), up)
+        .await
+        .expect("up within 10 s")
+        .as_deref()
+    {
+        Ok(Link::Up { lease }) => *lease,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn kv(e: &Entry) -> (String, String) {
+    (
+        e.key_str().into_owned(),
+        String::from_utf8_lossy(&e.value).into_owned(),
+    )
+}
+
+fn local_config(etcd: &LocalEtcd) -> EtcdConfig {
+    EtcdConfig {
+        endpoint: etcd.endpoint.clone(),
+        prefix: "/t/nodes/".into(),
+        lease_ttl: Duration::from_secs(2),
+        tls: None,
+        credentials: None,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// `store` with its lease session running.
+fn running(store: &KvStore) -> tokio::task::JoinHandle<()> {
+    let s = store.clone();
+    tokio::spawn(async move { s.run().await })
+}
+
+/// The snapshot a new watch starts with.
+async fn snapshot(events: &mut mpsc::Receiver<WatchEvent>) -> Vec<(String, String)> {
+    match next(events).await {
+        WatchEvent::Snapshot { entries, revision } => {
+            assert!(revision > 0);
+            entries.iter().map(kv).collect()
+        }
+        other => panic!("{other:?} before the snapshot"),
+    }
+}
+
+#[test]
+fn the_kvstore_api_puts_with_the_lease_and_follows_a_prefix() {
+    let etcd = LocalEtcd::start();
+    let cfg = local_config(&etcd);
+    runtime().block_on(async {
+        let (a, b) = (KvStore::new(&cfg), KvStore::new(&cfg));
+        let a_run = running(&a);
+        a.put_leased("/t/sum/a", "one").await.expect("kept");
+        let lease = wait_up(&a).await;
+
+        // The snapshot, then one event per change.
+        let mut events = b.watch_prefix("/t/sum/");
+        assert_eq!(
+            snapshot(&mut events).await,
+            [("/t/sum/a".into(), "one".into())]
+        );
+        let (_, listed) = b.list("/t/sum/").await.expect("list");
+        assert_eq!(listed[0].lease, lease, "put with a's lease");
+        assert_eq!(
+            a.put_leased("/t/sum/a", "two").await.expect("put"),
+            Put::Written
+        );
+        let WatchEvent::Put(e) = next(&mut events).await else {
+            panic!("a put")
+        };
+        assert_eq!(kv(&e), ("/t/sum/a".into(), "two".into()));
+        a.put_leased("/t/sum/c", vec![0xff, 0]).await.expect("put");
+        let WatchEvent::Put(e) = next(&mut events).await else {
+            panic!("a put")
+        };
+        assert_eq!(
+            (e.key.as_slice(), e.value.as_slice()),
+            (&b"/t/sum/c"[..], &[0xff, 0][..])
+        );
+        a.delete_leased("/t/sum/c").await.expect("delete");
+        let WatchEvent::Delete { key, .. } = next(&mut events).await else {
+            panic!("a delete")
+        };
+        assert_eq!(key, b"/t/sum/c");
+
+        // A graceful leave: the lease is revoked, its keys go.
+        a_run.abort();
+        assert_eq!(a.revoke().await.expect("revoke"), Some(lease));
+        let WatchEvent::Delete { key, .. } = next(&mut events).await else {
+            panic!("a's delete")
+        };
+        assert_eq!(key, b"/t/sum/a");
+
+        // A crash: no revoke, the key goes with the lease's TTL (2 s).
+        let d = KvStore::new(&cfg);
+        let d_run = running(&d);
+        d.put_leased("/t/sum/d", "d").await.expect("kept");
+        wait_up(&d).await;
+        let WatchEvent::Put(e) = next(&mut events).await else {
+            panic!("d's put")
+        };
+        assert_eq!(kv(&e).0, "/t/sum/d");
+        d_run.abort();
+        let gone = std::time::Instant::now();
+        let WatchEvent::Delete { key, .. } = next(&mut events).await else {
+            panic!("d's delete")
+        };
+        assert_eq!(key, b"/t/sum/d");
+        assert!(
+            gone.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            gone.elapsed()
+        );
+    });
+}
+
+#[test]
+fn the_kvstore_watch_and_lease_come_through_an_etcd_restart() {
+    let mut etcd = LocalEtcd::start();
+    let cfg = local_config(&etcd);
+    runtime().block_on(async {
+        let (a, b) = (KvStore::new(&cfg), KvStore::new(&cfg));
+        let _a_run = running(&a);
+        a.put_leased("/t/sum/a", "one").await.expect("kept");
+        let lease = wait_up(&a).await;
+        let mut events = b.watch_prefix("/t/sum/");
+        assert_eq!(snapshot(&mut events).await.len(), 1);
+
+        // The watch is lost once, then a new snapshot; a's lease survives
+        // (etcd keeps leases across restarts) and so does its key.
+        tokio::task::block_in_place(|| etcd.stop());
+        let WatchEvent::Lost { error } = next(&mut events).await else {
+            panic!("lost")
+        };
+        assert_ne!(error.to_string(), "");
+        let mut link = a.link();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            link.wait_for(|l| matches!(l, Link::Down { .. })),
+        )
+        .await
+        .expect("a's session down within 10 s")
+        .expect("link");
+        tokio::task::block_in_place(|| etcd.resume());
+        let after = snapshot(&mut events).await;
+        assert_eq!(after, [("/t/sum/a".into(), "one".into())]);
+        assert_eq!(wait_up(&a).await, lease, "the same lease after the restart");
+        // Changes flow again.
+        a.put_leased("/t/sum/a", "two").await.expect("put");
+        loop {
+            match next(&mut events).await {
+                WatchEvent::Put(e) if kv(&e).1 == "two" => break,
+                WatchEvent::Put(e) => assert_eq!(kv(&e).1, "one", "a's re-put after the restart"),
+                other => panic!("{other:?}"),
+            }
+        }
+    });
 }

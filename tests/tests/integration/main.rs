@@ -10,6 +10,7 @@
 
 mod attach;
 mod cluster;
+mod cluster_view;
 mod config;
 mod datapath;
 mod echo_netns;
@@ -18,8 +19,10 @@ mod endpoint;
 mod etcd;
 mod maps;
 mod masquerade;
+mod metrics;
 mod nat_test_run;
 mod package;
+mod page;
 mod scale;
 mod service;
 mod track_test_run;

@@ -138,6 +138,8 @@ impl Lab {
         );
         cmd.args(["--node-name", "scale", "--nodes-file"])
             .arg(nodes_file)
+            // Every peer: the round over all 200 is what is tested.
+            .args(["--probe-peers", "all"])
             .args([
                 "--probe-interval",
                 "60s",

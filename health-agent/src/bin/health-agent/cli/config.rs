@@ -23,11 +23,12 @@ use super::Cli;
 
 /// Settings a SIGHUP applies at once; a change to any other key is
 /// reported as needing a restart.
-pub(crate) const RELOADABLE: [&str; 5] = [
+pub(crate) const RELOADABLE: [&str; 6] = [
     "probe-interval",
     "probe-timeout",
     "success-threshold",
     "failure-threshold",
+    "history-length",
     "log-level",
 ];
 
@@ -533,6 +534,30 @@ mod tests {
         // Defaults stay for what neither sets.
         assert_eq!(d.success_threshold, 1);
         assert_eq!(cli.log_level, "debug");
+    }
+
+    #[test]
+    fn history_length_is_a_range_checked_reloadable_key() {
+        let (_, d) = daemon(&[], "health-cidr: 198.18.64.0/24\n").expect("valid");
+        assert_eq!(d.history_length, 60, "the default");
+        let (_, d) =
+            daemon(&[], "health-cidr: 198.18.64.0/24\nhistory-length: 120\n").expect("valid");
+        assert_eq!(d.history_length, 120);
+        for bad in ["0", "1441", "many"] {
+            let err = daemon(
+                &[],
+                &format!("health-cidr: 198.18.64.0/24\nhistory-length: {bad}\n"),
+            )
+            .expect_err(bad);
+            assert!(err.contains(":2: \"history-length\""), "{bad}: {err}");
+            let err =
+                daemon(&["--history-length", bad], "health-cidr: 198.18.64.0/24\n").expect_err(bad);
+            assert!(err.contains("--history-length"), "{bad}: {err}");
+        }
+        let err =
+            daemon(&["--history-length", "0"], "health-cidr: 198.18.64.0/24\n").expect_err("0");
+        assert!(err.contains("1..=1440"), "{err}");
+        assert!(RELOADABLE.contains(&"history-length"));
     }
 
     #[test]

@@ -13,14 +13,17 @@ use tracing::{error, info, warn};
 
 use anyhow::Context as _;
 use health_agent::{
-    cluster::{etcd::EtcdConfig, sync::Limits},
+    cluster::{
+        kvstore::{Credentials, EtcdConfig, TlsConfig},
+        sync::Limits,
+    },
     daemon::{
         self, DaemonConfig, DatapathSettings, Discovery, EndpointSettings, MasqueradeFlags,
-        ProbeSettings,
+        MetricsSettings, ProbeSettings,
         reload::{ProbeTuning, Reload},
     },
     datapath::{AttachMode, TcPolicy, masquerade::PortRange},
-    probe::{http::HEALTH_PORT, path::Thresholds},
+    probe::{history, http::HEALTH_PORT, path::Thresholds},
     supervisor::Policy,
     sys::netns::Netns,
     util::cidr::Ipv4Cidr,
@@ -101,9 +104,31 @@ pub(crate) struct DaemonArgs {
     /// Key prefix under which nodes register.
     #[arg(long, default_value = "/health/nodes/")]
     pub kvstore_prefix: String,
-    /// TTL of this node's registration lease (kept alive while the agent runs).
-    #[arg(long, default_value = "10s", value_parser = health_agent::util::duration::parse)]
+    /// TTL of this node's registration lease (kept alive while the agent
+    /// runs; revoked when it stops cleanly). A node that dies stays in the
+    /// others' node sets this long, so that they see it fail and the
+    /// cluster view says "node down" (as Cilium's 15-minute default).
+    #[arg(long, default_value = "15m", value_parser = health_agent::util::duration::parse)]
     pub kvstore_lease_ttl: Duration,
+    /// CA certificate (PEM) that signed etcd's server certificate: talk to
+    /// etcd over TLS (https).
+    #[arg(long, value_name = "FILE")]
+    pub kvstore_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's --client-cert-auth; with
+    /// --kvstore-key and --kvstore-ca.
+    #[arg(long, value_name = "FILE", requires_all = ["kvstore_key", "kvstore_ca"])]
+    pub kvstore_cert: Option<PathBuf>,
+    /// The private key (PEM) of --kvstore-cert.
+    #[arg(long, value_name = "FILE", requires = "kvstore_cert")]
+    pub kvstore_key: Option<PathBuf>,
+    /// etcd user to authenticate as; the password is read from
+    /// --kvstore-password-file.
+    #[arg(long, value_name = "NAME", requires = "kvstore_password_file")]
+    pub kvstore_user: Option<String>,
+    /// File holding the --kvstore-user's password (without its final line
+    /// break); there is no flag for the password itself.
+    #[arg(long, value_name = "FILE", requires = "kvstore_user")]
+    pub kvstore_password_file: Option<PathBuf>,
     /// This node's IP as published in the kvstore (default: the source
     /// address of the route to the kvstore).
     #[arg(long)]
@@ -118,6 +143,16 @@ pub(crate) struct DaemonArgs {
     /// lxc_health and the datapath tracks and times them) or the node.
     #[arg(long, value_enum, default_value_t = ProbeFrom::Endpoint)]
     pub probe_from: ProbeFrom,
+    /// This node's zone (a rack, a failure domain), written in its etcd
+    /// record: nodes of one zone probe each other in full whatever
+    /// --probe-peers says. With a nodes file, the node's entry says it.
+    #[arg(long, value_name = "NAME", value_parser = parse_zone)]
+    pub zone: Option<String>,
+    /// Which peers to probe: `all` (a full mesh), or K: this node's zone
+    /// and K other nodes chosen by rendezvous hashing, so each node is
+    /// observed by about K others. Default: `all` up to 64 nodes, 32 above.
+    #[arg(long, value_name = "all|K")]
+    pub probe_peers: Option<health_agent::cluster::subset::ProbePeers>,
     /// Connection-tracking lifetime of ICMP entries.
     #[arg(long, default_value = "60s", value_parser = health_agent::util::duration::parse)]
     pub ct_lifetime_icmp: Duration,
@@ -163,6 +198,11 @@ pub(crate) struct DaemonArgs {
     /// start, less 512 for everything else.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     pub max_in_flight: Option<u64>,
+    /// Results kept per path, one a round (`health-agent status --history
+    /// NODE`): about 16 bytes per peer and round.
+    #[arg(long, value_name = "ROUNDS", default_value_t = history::DEFAULT_LENGTH,
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(history::MAX_LENGTH)))]
+    pub history_length: u16,
     /// Node-set changes are applied at most this often (with --sync-burst slack)...
     #[arg(long, default_value = "1s", value_parser = health_agent::util::duration::parse)]
     pub sync_min_interval: Duration,
@@ -179,6 +219,14 @@ pub(crate) struct DaemonArgs {
     /// `health-agent status` and the other API commands.
     #[arg(long, value_name = "GROUP")]
     pub socket_group: Option<String>,
+    /// Where Prometheus scrapes `/metrics` and where the connectivity page
+    /// (`/`) is served, read-only; `off` serves neither.
+    #[arg(long, value_name = "ADDR:PORT|off", default_value = "127.0.0.1:9962", value_parser = parse_serve_addr)]
+    pub prometheus_serve_addr: ServeAddr,
+    /// Also export series per peer and path (reachability, RTT): their
+    /// number grows with the cluster, so they are off by default.
+    #[arg(long)]
+    pub metrics_per_peer: bool,
     #[command(flatten)]
     pub pins: PinArgs,
     #[command(flatten)]
@@ -217,6 +265,23 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// `--prometheus-serve-addr`: an address and port, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ServeAddr(pub Option<std::net::SocketAddr>);
+
+fn parse_serve_addr(s: &str) -> Result<ServeAddr, String> {
+    if s == "off" || s.is_empty() {
+        return Ok(ServeAddr(None));
+    }
+    s.parse()
+        .map(|a| ServeAddr(Some(a)))
+        .map_err(|_| format!("{s:?} is not an ADDR:PORT (such as 127.0.0.1:9962) or `off`"))
+}
+
+fn parse_zone(s: &str) -> Result<String, String> {
+    health_agent::cluster::validate::zone(s).map(str::to_owned)
+}
+
 fn hostname() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -231,9 +296,41 @@ fn validate_netns_name(s: &str) -> Result<String, String> {
 }
 
 impl DaemonArgs {
+    /// Where the node set comes from; the etcd TLS and password files are
+    /// read and checked here, at start, naming their flag.
+    fn discovery(&self) -> anyhow::Result<Discovery> {
+        Ok(match (&self.nodes_file, self.kvstore) {
+            (Some(path), _) => Discovery::File(path.clone()),
+            (None, Some(Kvstore::Etcd)) => Discovery::Etcd(EtcdConfig {
+                endpoint: self.kvstore_endpoint.clone(),
+                prefix: self.kvstore_prefix.clone(),
+                lease_ttl: self.kvstore_lease_ttl,
+                tls: self
+                    .kvstore_ca
+                    .as_deref()
+                    .map(|ca| {
+                        let pair = self
+                            .kvstore_cert
+                            .as_deref()
+                            .zip(self.kvstore_key.as_deref());
+                        TlsConfig::load(ca, pair)
+                    })
+                    .transpose()?,
+                credentials: self
+                    .kvstore_user
+                    .as_deref()
+                    .zip(self.kvstore_password_file.as_deref())
+                    .map(|(user, file)| Credentials::load(user, file))
+                    .transpose()?,
+            }),
+            (None, None) => Discovery::None,
+        })
+    }
+
     /// The daemon's configuration, in one value (the hostname is read once,
     /// when --node-name is not given).
     fn config(self) -> anyhow::Result<DaemonConfig> {
+        let discovery = self.discovery()?;
         let node_name = match self.node_name {
             Some(n) => n,
             None => hostname().context("no --node-name and no hostname to default it to")?,
@@ -241,8 +338,13 @@ impl DaemonArgs {
         Ok(DaemonConfig {
             node_name,
             node_ip: self.node_ip,
+            zone: self.zone,
             socket: self.socket.path,
             socket_group: self.socket_group,
+            metrics: MetricsSettings {
+                serve_addr: self.prometheus_serve_addr.0,
+                per_peer: self.metrics_per_peer,
+            },
             pidfile: self.pidfile,
             pin_dir: self.pins.dir,
             attach: self.attach,
@@ -292,16 +394,10 @@ impl DaemonArgs {
                 http_port: HEALTH_PORT,
                 initial_delay: self.probe_initial_delay,
                 from_endpoint: self.probe_from == ProbeFrom::Endpoint,
+                peers: self.probe_peers,
+                history_length: usize::from(self.history_length),
             },
-            discovery: match (self.nodes_file, self.kvstore) {
-                (Some(path), _) => Discovery::File(path),
-                (None, Some(Kvstore::Etcd)) => Discovery::Etcd(EtcdConfig {
-                    endpoint: self.kvstore_endpoint,
-                    prefix: self.kvstore_prefix,
-                    lease_ttl: self.kvstore_lease_ttl,
-                }),
-                (None, None) => Discovery::None,
-            },
+            discovery,
             sync: Limits {
                 min_interval: self.sync_min_interval,
                 max_interval: self.sync_max_interval,
@@ -365,6 +461,7 @@ fn reloader(mut inv: Invocation) -> Reload {
                 success: args.success_threshold,
                 failure: args.failure_threshold,
             },
+            history_length: usize::from(args.history_length),
         })
     })
 }

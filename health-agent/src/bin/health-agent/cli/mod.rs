@@ -5,6 +5,7 @@
 )]
 
 mod bpf;
+mod cluster_view;
 pub(crate) mod config;
 mod daemon;
 mod echo;

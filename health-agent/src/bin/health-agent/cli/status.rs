@@ -9,17 +9,32 @@ use health_agent::{
     api::client::Client,
     datapath::KernelReport,
     probe::{
+        history::{EntryOutcome, HistoryStats, NodeHistory, NodeStats, WindowStats},
         path::{PathState, ProbeResult},
         status::{ClusterStatus, Connectivity, NodeStatus},
     },
-    util::timefmt::{rfc3339, short},
+    util::timefmt::{rfc3339, rfc3339_millis, short},
 };
 
 #[derive(Debug, Args)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "clap switches: each bool is a flag of the command line"
+)]
 pub(crate) struct StatusArgs {
-    /// Per node and path: result, RTT, errors.
+    /// Per node and path: result, RTT, errors, and the loss ratio and RTT
+    /// percentiles over the results the agent keeps.
     #[arg(short, long)]
     verbose: bool,
+    /// NODE's recent results, path by path: time, outcome, RTT, error (the
+    /// agent keeps the last --history-length rounds).
+    #[arg(long, value_name = "NODE", conflicts_with = "probe")]
+    history: Option<String>,
+    /// The cluster view instead of this node's: per node, its observers,
+    /// how many reach it, and a verdict (node down, path degraded, observer
+    /// problem, unknown); needs --kvstore etcd.
+    #[arg(long, conflicts_with_all = ["probe", "history"])]
+    cluster: bool,
     /// Ask for a fresh probe round instead of the last published one.
     #[arg(long)]
     probe: bool,
@@ -39,6 +54,22 @@ pub(crate) struct StatusArgs {
 impl StatusArgs {
     pub(crate) async fn run(self) -> anyhow::Result<()> {
         let client = Client::new(self.socket.path);
+        if self.cluster {
+            let view = client.cluster().await?;
+            match self.output {
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&view)?),
+                OutputFormat::Table => print!("{}", super::cluster_view::render(&view, self.all)),
+            }
+            return Ok(());
+        }
+        if let Some(node) = &self.history {
+            let history = client.history(node).await?;
+            match self.output {
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&history)?),
+                OutputFormat::Table => print!("{}", render_history(&history)),
+            }
+            return Ok(());
+        }
         let status: ClusterStatus = if self.probe {
             client.probe(self.probe_timeout).await?
         } else {
@@ -52,7 +83,17 @@ impl StatusArgs {
                 {
                     print!("{}", render_kernel(&kernel));
                 }
-                print!("{}", render(&status, self.verbose, self.all));
+                // The window's figures come from their own request: the
+                // status itself stays as lean as the agent publishes it.
+                let figures = if self.verbose {
+                    client.history_stats().await.ok()
+                } else {
+                    None
+                };
+                print!(
+                    "{}",
+                    render(&status, self.verbose, self.all, figures.as_ref())
+                );
             }
         }
         Ok(())
@@ -133,10 +174,80 @@ fn path_line(p: &PathState) -> String {
     }
 }
 
-fn connectivity(out: &mut String, what: &str, c: &Connectivity) {
+fn percent(ratio: Option<f64>) -> String {
+    ratio.map_or_else(|| "-".to_owned(), |r| format!("{:.1}%", r * 100.0))
+}
+
+fn rtt(ns: Option<u64>) -> String {
+    ns.map_or_else(|| "-".to_owned(), |ns| short(Duration::from_nanos(ns)))
+}
+
+/// A path's figures over the window, for the line under its result.
+fn window_line(w: &WindowStats) -> String {
+    format!(
+        "last {} results: loss {}, RTT p50 {} p99 {}",
+        w.results,
+        percent(w.loss_ratio),
+        rtt(w.rtt_p50_ns),
+        rtt(w.rtt_p99_ns)
+    )
+}
+
+/// `stats`: the figures of the ICMP and HTTP paths, when known.
+fn connectivity(out: &mut String, what: &str, c: &Connectivity, stats: [Option<&WindowStats>; 2]) {
     let _ = writeln!(out, "    {what} connectivity to {}:", c.ip);
-    let _ = writeln!(out, "      ICMP to stack:   {}", path_line(&c.icmp));
-    let _ = writeln!(out, "      HTTP to agent:   {}", path_line(&c.http));
+    for (name, path, w) in [
+        ("ICMP to stack:", &c.icmp, stats[0]),
+        ("HTTP to agent:", &c.http, stats[1]),
+    ] {
+        let _ = writeln!(out, "      {name:<16} {}", path_line(path));
+        if let Some(w) = w {
+            let _ = writeln!(out, "      {:<16} {}", "", window_line(w));
+        }
+    }
+}
+
+/// `status --history NODE`: the node's paths, oldest result first.
+#[must_use]
+pub(crate) fn render_history(h: &NodeHistory) -> String {
+    let mut out = format!(
+        "History of {} (the agent keeps the last {} rounds)\n",
+        h.node, h.window
+    );
+    for p in &h.paths {
+        let stats = WindowStats {
+            results: p.entries.len(),
+            loss_ratio: p.loss_ratio,
+            rtt_p50_ns: p.rtt_p50_ns,
+            rtt_p99_ns: p.rtt_p99_ns,
+        };
+        let _ = writeln!(out, "\n  {} to {}: {}", p.path, p.ip, window_line(&stats));
+        if p.entries.is_empty() {
+            let _ = writeln!(out, "    (not probed yet)");
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "    {:<24} {:<8} {:<10} ERROR",
+            "TIME", "OUTCOME", "RTT"
+        );
+        for e in &p.entries {
+            let outcome = match e.outcome {
+                EntryOutcome::Success => "success",
+                EntryOutcome::Failure => "failure",
+            };
+            let line = format!(
+                "    {:<24} {outcome:<8} {:<10} {}",
+                rfc3339_millis(e.at_ms),
+                e.rtt_ns
+                    .map(|ns| short(Duration::from_nanos(ns)))
+                    .unwrap_or_default(),
+                e.error.as_deref().unwrap_or_default()
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+    }
+    out
 }
 
 /// Past this many nodes, the table lists only those not reachable.
@@ -144,7 +255,12 @@ const LARGE: usize = 50;
 
 /// The human form of a status.
 #[must_use]
-pub(crate) fn render(s: &ClusterStatus, verbose: bool, all: bool) -> String {
+pub(crate) fn render(
+    s: &ClusterStatus,
+    verbose: bool,
+    all: bool,
+    stats: Option<&HistoryStats>,
+) -> String {
     let mut out = String::new();
     let when = s.round.as_ref().map_or_else(
         || "no probe round finished yet".to_owned(),
@@ -197,10 +313,16 @@ pub(crate) fn render(s: &ClusterStatus, verbose: bool, all: bool) -> String {
         );
     }
     if verbose {
+        // Both lists are in the node set's order.
+        let by_name: std::collections::HashMap<&str, &NodeStats> = stats
+            .map(|s| s.nodes.iter().map(|n| (n.name.as_str(), n)).collect())
+            .unwrap_or_default();
         for n in &shown {
+            let w = by_name.get(n.name.as_str()).map(|s| &s.paths);
+            let path = |i: usize| w.map(|w| &w[i]);
             let _ = writeln!(out, "\n  {} ({}):", n.name, n.host.ip);
-            connectivity(&mut out, "Host", &n.host);
-            connectivity(&mut out, "Endpoint", &n.endpoint);
+            connectivity(&mut out, "Host", &n.host, [path(0), path(1)]);
+            connectivity(&mut out, "Endpoint", &n.endpoint, [path(2), path(3)]);
         }
     }
     out
@@ -256,18 +378,140 @@ mod tests {
 
     #[test]
     fn a_large_cluster_shows_counts_and_the_nodes_not_reachable_failing_first() {
-        let text = render(&status(60), false, false);
+        let text = render(&status(60), false, false, None);
         assert!(
             text.contains("57 reachable, 2 unreachable, 1 unknown"),
             "{text}"
         );
         assert_eq!(rows(&text), ["node-040", "node-041", "node-005"], "{text}");
-        assert_eq!(rows(&render(&status(60), false, true)).len(), 60);
+        assert_eq!(rows(&render(&status(60), false, true, None)).len(), 60);
+    }
+
+    fn window(results: usize, loss: f64, p50: u64, p99: u64) -> WindowStats {
+        WindowStats {
+            results,
+            loss_ratio: Some(loss),
+            rtt_p50_ns: Some(p50),
+            rtt_p99_ns: Some(p99),
+        }
+    }
+
+    #[test]
+    fn verbose_shows_each_paths_figures_over_the_window() {
+        let s = status(45);
+        let mut stats = HistoryStats {
+            window: 60,
+            nodes: s
+                .nodes
+                .iter()
+                .map(|n| NodeStats {
+                    name: n.name.clone(),
+                    paths: [WindowStats::default(); 4],
+                })
+                .collect(),
+        };
+        stats.nodes[40].paths = [
+            window(60, 0.25, 120_000, 2_500_000),
+            window(60, 0.0, 300_000, 400_000),
+            WindowStats::default(),
+            window(12, 1.0, 0, 0),
+        ];
+        stats.nodes[40].paths[3].rtt_p50_ns = None;
+        stats.nodes[40].paths[3].rtt_p99_ns = None;
+        let text = render(&s, true, false, Some(&stats));
+        let block: Vec<&str> = text
+            .split("\n\n")
+            .find(|b| b.trim_start().starts_with("node-040"))
+            .expect("node-040's block")
+            .lines()
+            .collect();
+        assert_eq!(
+            block[3].trim(),
+            "last 60 results: loss 25.0%, RTT p50 120µs p99 2.5ms",
+            "{block:#?}"
+        );
+        assert_eq!(
+            block[5].trim(),
+            "last 60 results: loss 0.0%, RTT p50 300µs p99 400µs"
+        );
+        assert_eq!(block[8].trim(), "last 0 results: loss -, RTT p50 - p99 -");
+        assert_eq!(
+            block[10].trim(),
+            "last 12 results: loss 100.0%, RTT p50 - p99 -"
+        );
+        // Without the figures (an older agent), the paths alone.
+        let plain = render(&s, true, false, None);
+        assert!(!plain.contains("results: loss"), "{plain}");
+        assert!(plain.contains("ICMP to stack:   Failure"), "{plain}");
+    }
+
+    #[test]
+    fn history_lists_each_paths_results_oldest_first() {
+        use health_agent::probe::history::{HistoryEntry, PathHistory};
+        let entry = |at_ms, error: Option<&str>| HistoryEntry {
+            at_ms,
+            outcome: if error.is_some() {
+                EntryOutcome::Failure
+            } else {
+                EntryOutcome::Success
+            },
+            rtt_ns: error.is_none().then_some(150_000),
+            error: error.map(str::to_owned),
+        };
+        let path = |name: &str, entries: Vec<HistoryEntry>| PathHistory {
+            path: name.to_owned(),
+            ip: Ipv4Addr::new(198, 18, 0, 3),
+            loss_ratio: (!entries.is_empty()).then_some(0.5),
+            rtt_p50_ns: Some(150_000),
+            rtt_p99_ns: Some(150_000),
+            entries,
+        };
+        let h = NodeHistory {
+            node: "node-3".into(),
+            window: 60,
+            paths: vec![
+                path(
+                    "host-icmp",
+                    vec![
+                        entry(1_790_000_000_000, None),
+                        entry(1_790_000_001_500, Some("timeout")),
+                    ],
+                ),
+                path("host-http", Vec::new()),
+            ],
+        };
+        let text = render_history(&h);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "History of node-3 (the agent keeps the last 60 rounds)"
+        );
+        assert_eq!(
+            lines[2],
+            "  host-icmp to 198.18.0.3: last 2 results: loss 50.0%, RTT p50 150µs p99 150µs"
+        );
+        assert!(
+            lines[3].contains("TIME") && lines[3].contains("ERROR"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[4].split_whitespace().collect::<Vec<_>>(),
+            ["2026-09-21T14:13:20.000Z", "success", "150µs"]
+        );
+        assert_eq!(
+            lines[5].split_whitespace().collect::<Vec<_>>(),
+            ["2026-09-21T14:13:21.500Z", "failure", "timeout"]
+        );
+        assert!(
+            text.contains("host-http to 198.18.0.3: last 0 results"),
+            "{text}"
+        );
+        assert!(text.contains("(not probed yet)"), "{text}");
     }
 
     #[test]
     fn a_small_cluster_shows_every_node_in_order() {
-        let text = render(&status(45), false, false);
+        let text = render(&status(45), false, false, None);
         assert_eq!(rows(&text).len(), 45, "{text}");
         assert!(!text.contains("--all"), "{text}");
     }

@@ -1,0 +1,174 @@
+//! `health-agent status --cluster`: the cluster view as a table, the nodes
+//! with a problem first.
+
+use std::fmt::Write as _;
+
+use health_agent::cluster::view::{ClusterView, NodeView, Verdict};
+
+/// Past this many nodes, only those with a problem are listed (all with
+/// `--all`).
+const LIST_ALL_UP_TO: usize = 50;
+
+fn verdict(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Healthy => "healthy",
+        Verdict::NodeDown => "node down",
+        Verdict::PathDegraded => "path degraded",
+        Verdict::ObserverProblem => "observer problem",
+        Verdict::Unknown => "unknown",
+    }
+}
+
+/// Problems first (node down, path degraded, observer problem, unknown),
+/// then by name.
+const fn rank(v: Verdict) -> u8 {
+    match v {
+        Verdict::NodeDown => 0,
+        Verdict::PathDegraded => 1,
+        Verdict::ObserverProblem => 2,
+        Verdict::Unknown => 3,
+        Verdict::Healthy => 4,
+    }
+}
+
+fn detail(n: &NodeView) -> String {
+    let mut d = String::new();
+    if !n.failing_observers.is_empty() {
+        let _ = write!(d, "failing from: {}", n.failing_observers.join(", "));
+        if n.failing as usize > n.failing_observers.len() {
+            let _ = write!(d, " (+{})", n.failing as usize - n.failing_observers.len());
+        }
+    }
+    if !n.unreached_nodes.is_empty() {
+        if !d.is_empty() {
+            d.push_str("; ");
+        }
+        let _ = write!(d, "fails towards: {}", n.unreached_nodes.join(", "));
+        if n.unreached as usize > n.unreached_nodes.len() {
+            let _ = write!(d, " (+{})", n.unreached as usize - n.unreached_nodes.len());
+        }
+    }
+    if !n.reporting {
+        if !d.is_empty() {
+            d.push_str("; ");
+        }
+        d.push_str("publishes no summary");
+    }
+    d
+}
+
+pub(crate) fn render(view: &ClusterView, all: bool) -> String {
+    let c = &view.counts;
+    let mut out = format!(
+        "Cluster view:     {} nodes from {} summaries ({} left out)\n\
+         Verdicts:         {} healthy, {} node down, {} path degraded, {} observer problem, {} unknown\n\n",
+        view.nodes.len(),
+        view.reports,
+        view.ignored,
+        c.healthy,
+        c.node_down,
+        c.path_degraded,
+        c.observer_problem,
+        c.unknown
+    );
+    let mut rows: Vec<&NodeView> = view
+        .nodes
+        .iter()
+        .filter(|n| all || view.nodes.len() <= LIST_ALL_UP_TO || n.verdict != Verdict::Healthy)
+        .collect();
+    rows.sort_by(|a, b| {
+        rank(a.verdict)
+            .cmp(&rank(b.verdict))
+            .then(a.name.cmp(&b.name))
+    });
+    let width = rows.iter().map(|n| n.name.len()).max().unwrap_or(4).max(4);
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:<8}  {:>9}  {:>9}  {:<16}  DETAIL",
+        "NODE", "ZONE", "OBSERVERS", "REACHABLE", "VERDICT"
+    );
+    for n in &rows {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<8}  {:>9}  {:>9}  {:<16}  {}",
+            n.name,
+            n.zone.as_deref().unwrap_or("-"),
+            n.observers,
+            n.seen_reachable,
+            verdict(n.verdict),
+            detail(n)
+        );
+    }
+    let hidden = view.nodes.len() - rows.len();
+    if hidden > 0 {
+        let _ = writeln!(out, "\n{hidden} healthy nodes not shown (--all shows them)");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use health_agent::cluster::view::VerdictCounts;
+
+    fn node(name: &str, verdict: Verdict) -> NodeView {
+        NodeView {
+            name: name.into(),
+            zone: None,
+            reporting: true,
+            observers: 3,
+            seen_reachable: u32::from(verdict == Verdict::Healthy) * 3,
+            failing: 0,
+            discounted: 0,
+            verdict,
+            failing_observers: Vec::new(),
+            unreached: 0,
+            unreached_nodes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn problems_come_first_and_healthy_nodes_are_hidden_in_large_views() {
+        let mut nodes: Vec<NodeView> = (0..60)
+            .map(|i| node(&format!("n{i:02}"), Verdict::Healthy))
+            .collect();
+        nodes[30].verdict = Verdict::PathDegraded;
+        nodes[30].failing_observers = vec!["n01".into()];
+        nodes[30].failing = 1;
+        nodes[45].verdict = Verdict::NodeDown;
+        let view = ClusterView {
+            reports: 59,
+            ignored: 0,
+            counts: VerdictCounts {
+                healthy: 58,
+                node_down: 1,
+                path_degraded: 1,
+                ..VerdictCounts::default()
+            },
+            nodes,
+        };
+        let text = render(&view, false);
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines
+            .iter()
+            .position(|l| l.starts_with("NODE"))
+            .expect("header");
+        assert!(
+            lines[header + 1].starts_with("n45") && lines[header + 1].contains("node down"),
+            "{text}"
+        );
+        assert!(
+            lines[header + 2].contains("path degraded")
+                && lines[header + 2].contains("failing from: n01"),
+            "{text}"
+        );
+        assert!(text.contains("58 healthy nodes not shown"), "{text}");
+        assert_eq!(
+            render(&view, true)
+                .lines()
+                .filter(|l| l.contains("healthy  "))
+                .count(),
+            58
+        );
+    }
+}

@@ -1,0 +1,942 @@
+//! A node's last round in a few bytes: what each agent publishes (through
+//! etcd) so that every agent can assemble the cluster view.
+//!
+//! Per probed peer: its name and, per path (host ICMP, host HTTP, endpoint
+//! ICMP, endpoint HTTP, [`PATHS`]), the state (2 bits) and, for a path in
+//! Success, the RTT in µs. Bounded: at most [`MAX_PEERS`] peers of at most
+//! [`MAX_NAME_LEN`] bytes, so at most [`MAX_PEER_BYTES`] a peer.
+//!
+//! The binary form (version 1), integers as LEB128 varints:
+//!
+//! ```text
+//! u8 version = 1
+//! u8 observer name length, name bytes
+//! varint seq, varint at_ms, varint peer count
+//! per peer, sorted by name, unique:
+//!   u8 prefix, u8 suffix, u8 middle length, middle bytes
+//!       the name is the previous name's first `prefix` bytes, the middle,
+//!       then the previous name's last `suffix` bytes (the first peer's
+//!       previous name is empty): names of one cluster share most of
+//!       their bytes ("ip-10-0-3-17.eu-west-1.compute.internal")
+//!   u8 states: path i in bits 2i..2i+1 (0 unknown, 1 success, 2 failure)
+//!   per path in Success, in path order: varint RTT in µs + 1 (0: none)
+//! ```
+//!
+//! A node probing 32 peers and a zone of 20 writes about 1 KiB a round
+//! (the unit tests measure it with realistic names: at most 1.5 KiB).
+//! [`Summary::decode`] checks everything and never panics: the bytes come
+//! from etcd, which anyone holding its credentials writes.
+
+use super::validate::MAX_NAME_LEN;
+use crate::probe::{
+    path::{PathState, ProbeResult},
+    status::{ClusterStatus, NodeStatus},
+};
+
+/// The format [`Summary::encode`] writes and [`Summary::decode`] reads.
+pub const VERSION: u8 = 1;
+
+/// The most peers a summary holds. With names of [`MAX_NAME_LEN`] bytes a
+/// summary is then at most ~1.1 MiB, under etcd's default 1.5 MiB request
+/// limit; a full mesh of more nodes keeps the failing peers first
+/// ([`Summary::from_status`]).
+pub const MAX_PEERS: usize = 4096;
+
+/// The four paths of a peer, in the order of [`PeerSummary::paths`].
+pub const PATHS: [&str; 4] = ["host-icmp", "host-http", "endpoint-icmp", "endpoint-http"];
+
+/// The most bytes one peer takes: lengths, the longest name, the states
+/// and four RTTs (5-byte varints).
+pub const MAX_PEER_BYTES: usize = 3 + MAX_NAME_LEN + 1 + 4 * 5;
+
+/// The largest RTT a summary carries, in µs (71 minutes): larger values are
+/// saturated to it.
+pub const MAX_RTT_US: u32 = u32::MAX - 1;
+
+/// One path of a peer as the summary keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathSample {
+    pub state: ProbeResult,
+    /// The last RTT, kept for a path in Success only.
+    pub rtt_us: Option<u32>,
+}
+
+impl PathSample {
+    pub const UNKNOWN: Self = Self {
+        state: ProbeResult::Unknown,
+        rtt_us: None,
+    };
+
+    /// A path in `state`; the RTT is kept for Success only, in µs,
+    /// saturated to [`MAX_RTT_US`].
+    #[must_use]
+    pub fn new(state: ProbeResult, rtt_us: Option<u64>) -> Self {
+        Self {
+            state,
+            rtt_us: match state {
+                ProbeResult::Success => {
+                    rtt_us.map(|us| u32::try_from(us).unwrap_or(MAX_RTT_US).min(MAX_RTT_US))
+                }
+                ProbeResult::Failure | ProbeResult::Unknown => None,
+            },
+        }
+    }
+
+    /// The prober's state of a path.
+    #[must_use]
+    pub fn from_state(p: &PathState) -> Self {
+        Self::new(p.result, p.rtt_ns.map(|ns| ns / 1000))
+    }
+}
+
+/// One probed peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSummary {
+    pub name: String,
+    /// Host ICMP, host HTTP, endpoint ICMP, endpoint HTTP ([`PATHS`]).
+    pub paths: [PathSample; 4],
+}
+
+impl PeerSummary {
+    /// The prober's status of a peer.
+    #[must_use]
+    pub fn from_status(n: &NodeStatus) -> Self {
+        Self {
+            name: n.name.clone(),
+            paths: [
+                PathSample::from_state(&n.host.icmp),
+                PathSample::from_state(&n.host.http),
+                PathSample::from_state(&n.endpoint.icmp),
+                PathSample::from_state(&n.endpoint.http),
+            ],
+        }
+    }
+
+    /// The four states in one byte: path i in bits 2i..2i+1.
+    #[must_use]
+    pub fn state_bits(&self) -> u8 {
+        self.paths
+            .iter()
+            .enumerate()
+            .fold(0, |bits, (i, p)| bits | (state_code(p.state) << (2 * i)))
+    }
+
+    /// Failure if any path failed, else Unknown if any is unknown, else
+    /// Success (as [`NodeStatus::state`]).
+    #[must_use]
+    pub fn state(&self) -> ProbeResult {
+        let states = self.paths.map(|p| p.state);
+        if states.contains(&ProbeResult::Failure) {
+            ProbeResult::Failure
+        } else if states.contains(&ProbeResult::Unknown) {
+            ProbeResult::Unknown
+        } else {
+            ProbeResult::Success
+        }
+    }
+}
+
+/// What a summary cannot be made of, or what is wrong with its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SummaryError {
+    #[error("the status names no local node: a summary needs its observer's name")]
+    NoLocalNode,
+    #[error("no probe round has finished yet: nothing to summarise")]
+    NoRound,
+    #[error("{what} name {name:?} is {len} bytes long: expected 1 to {MAX_NAME_LEN}")]
+    NameLength {
+        what: &'static str,
+        name: String,
+        len: usize,
+    },
+    #[error("{count} peers: a summary holds at most {MAX_PEERS}")]
+    TooManyPeers { count: u64 },
+    #[error("peer {name:?} is listed twice")]
+    DuplicatePeer { name: String },
+    #[error("an empty summary")]
+    Empty,
+    #[error("summary format version {found}: this agent reads version {VERSION}")]
+    Version { found: u8 },
+    #[error("summary truncated at byte {at}: {what} missing")]
+    Truncated { at: usize, what: &'static str },
+    #[error("summary byte {at}: the {what} varint overflows 64 bits")]
+    Varint { at: usize, what: &'static str },
+    #[error("summary byte {at}: {what} name of {len} bytes: expected 1 to {MAX_NAME_LEN}")]
+    BadNameLength {
+        at: usize,
+        what: &'static str,
+        len: usize,
+    },
+    #[error(
+        "summary byte {at}: a name taking {prefix} bytes from the start and {suffix} from the end of a previous name of {previous} bytes"
+    )]
+    NameCoding {
+        at: usize,
+        prefix: usize,
+        suffix: usize,
+        previous: usize,
+    },
+    #[error("summary byte {at}: {what} name is not UTF-8")]
+    NameUtf8 { at: usize, what: &'static str },
+    #[error(
+        "summary byte {at}: peer {name:?} is not after {previous:?} (peers are sorted by name, unique)"
+    )]
+    Order {
+        at: usize,
+        name: String,
+        previous: String,
+    },
+    #[error("summary byte {at}: path state code 3 is not a state")]
+    State { at: usize },
+    #[error("summary byte {at}: RTT {value} is more than {MAX_RTT_US} µs")]
+    Rtt { at: usize, value: u64 },
+    #[error("summary has {extra} bytes after its last peer")]
+    Trailing { extra: usize },
+}
+
+/// One agent's last round, as published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    observer: String,
+    seq: u64,
+    at_ms: u64,
+    /// Sorted by name, unique, at most [`MAX_PEERS`].
+    peers: Vec<PeerSummary>,
+}
+
+/// The first 64 characters of an over-long name, for an error.
+fn shown(name: &str) -> String {
+    name.chars().take(64).collect()
+}
+
+fn check_name(what: &'static str, name: &str) -> Result<(), SummaryError> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(SummaryError::NameLength {
+            what,
+            name: shown(name),
+            len: name.len(),
+        });
+    }
+    Ok(())
+}
+
+const fn state_code(s: ProbeResult) -> u8 {
+    match s {
+        ProbeResult::Unknown => 0,
+        ProbeResult::Success => 1,
+        ProbeResult::Failure => 2,
+    }
+}
+
+impl Summary {
+    /// A summary of `peers` as seen by `observer` in its round `seq`, which
+    /// ended at `at_ms` (epoch ms). Sorts the peers; refuses duplicates,
+    /// names of 0 or more than [`MAX_NAME_LEN`] bytes, and more than
+    /// [`MAX_PEERS`] peers. RTTs are kept for paths in Success only.
+    pub fn new(
+        observer: String,
+        seq: u64,
+        at_ms: u64,
+        mut peers: Vec<PeerSummary>,
+    ) -> Result<Self, SummaryError> {
+        check_name("observer", &observer)?;
+        if peers.len() > MAX_PEERS {
+            return Err(SummaryError::TooManyPeers {
+                count: peers.len() as u64,
+            });
+        }
+        for p in &mut peers {
+            check_name("peer", &p.name)?;
+            for path in &mut p.paths {
+                *path = PathSample::new(path.state, path.rtt_us.map(u64::from));
+            }
+        }
+        peers.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        if let Some(w) = peers.windows(2).find(|w| w[0].name == w[1].name) {
+            return Err(SummaryError::DuplicatePeer {
+                name: w[0].name.clone(),
+            });
+        }
+        Ok(Self {
+            observer,
+            seq,
+            at_ms,
+            peers,
+        })
+    }
+
+    /// The summary of the prober's last round: its local node is the
+    /// observer; `seq` is the round's; `at_ms` is when it ended. A status
+    /// of more than [`MAX_PEERS`] nodes (`--probe-peers all` on a large
+    /// cluster) keeps the peers not in Success first, then the first by
+    /// name: a missing observation only takes one observer from a node, a
+    /// missing failure would hide it.
+    pub fn from_status(status: &ClusterStatus) -> Result<Self, SummaryError> {
+        let observer = status.local_node.clone().ok_or(SummaryError::NoLocalNode)?;
+        let round = status.round.as_ref().ok_or(SummaryError::NoRound)?;
+        let mut peers: Vec<PeerSummary> = status
+            .nodes
+            .iter()
+            .filter(|n| !n.name.is_empty() && n.name.len() <= MAX_NAME_LEN)
+            .map(PeerSummary::from_status)
+            .collect();
+        if peers.len() > MAX_PEERS {
+            // Stable: by name within each group.
+            peers.sort_by_key(|p| p.state() == ProbeResult::Success);
+            peers.truncate(MAX_PEERS);
+        }
+        Self::new(
+            observer,
+            round.seq,
+            round.started_ms.saturating_add(round.duration_ms),
+            peers,
+        )
+    }
+
+    #[must_use]
+    pub fn observer(&self) -> &str {
+        &self.observer
+    }
+
+    /// The observer's round number (it restarts with the agent).
+    #[must_use]
+    pub const fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// When the round ended, epoch ms.
+    #[must_use]
+    pub const fn at_ms(&self) -> u64 {
+        self.at_ms
+    }
+
+    /// Sorted by name, unique.
+    #[must_use]
+    pub fn peers(&self) -> &[PeerSummary] {
+        &self.peers
+    }
+
+    /// The peer called `name`.
+    #[must_use]
+    pub fn peer(&self, name: &str) -> Option<&PeerSummary> {
+        self.peers
+            .binary_search_by(|p| p.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.peers[i])
+    }
+
+    /// The binary form (the module's documentation describes it).
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.observer.len() + self.peers.len() * 24);
+        out.push(VERSION);
+        put_name(&mut out, &self.observer);
+        put_varint(&mut out, self.seq);
+        put_varint(&mut out, self.at_ms);
+        put_varint(&mut out, self.peers.len() as u64);
+        let mut previous: &[u8] = &[];
+        for p in &self.peers {
+            let name = p.name.as_bytes();
+            let prefix = common_prefix(previous, name);
+            let room = previous.len().min(name.len()) - prefix;
+            let suffix = common_prefix_rev(previous, name).min(room);
+            // Names are at most MAX_NAME_LEN (253) bytes: each fits a u8.
+            out.push(prefix as u8);
+            out.push(suffix as u8);
+            let middle = &name[prefix..name.len() - suffix];
+            out.push(middle.len() as u8);
+            out.extend_from_slice(middle);
+            out.push(p.state_bits());
+            for path in &p.paths {
+                if path.state == ProbeResult::Success {
+                    put_varint(&mut out, path.rtt_us.map_or(0, |us| u64::from(us) + 1));
+                }
+            }
+            previous = name;
+        }
+        out
+    }
+
+    /// Reads the binary form; anything else is an error naming the byte.
+    pub fn decode(bytes: &[u8]) -> Result<Self, SummaryError> {
+        let mut r = Reader { bytes, at: 0 };
+        let version = r.u8("the version").map_err(|_| SummaryError::Empty)?;
+        if version != VERSION {
+            return Err(SummaryError::Version { found: version });
+        }
+        let observer = r.name()?;
+        let seq = r.varint("seq")?;
+        let at_ms = r.varint("at_ms")?;
+        let count = r.varint("peer count")?;
+        if count > MAX_PEERS as u64 {
+            return Err(SummaryError::TooManyPeers { count });
+        }
+        // Each peer takes at least 4 bytes: no allocation beyond the input.
+        let count = usize::try_from(count).unwrap_or(MAX_PEERS);
+        let mut peers: Vec<PeerSummary> = Vec::with_capacity(count.min(r.remaining() / 4));
+        let mut buf: Vec<u8> = Vec::with_capacity(MAX_NAME_LEN);
+        for _ in 0..count {
+            let at = r.at;
+            let (prefix, suffix, middle) = (
+                r.u8("a name prefix")?,
+                r.u8("a name suffix")?,
+                r.u8("a name length")?,
+            );
+            let (prefix, suffix) = (usize::from(prefix), usize::from(suffix));
+            let previous: &[u8] = peers.last().map_or(&[], |p| p.name.as_bytes());
+            if prefix + suffix > previous.len() {
+                return Err(SummaryError::NameCoding {
+                    at,
+                    prefix,
+                    suffix,
+                    previous: previous.len(),
+                });
+            }
+            let len = prefix + usize::from(middle) + suffix;
+            if len == 0 || len > MAX_NAME_LEN {
+                return Err(SummaryError::BadNameLength {
+                    at,
+                    what: "peer",
+                    len,
+                });
+            }
+            buf.clear();
+            buf.extend_from_slice(&previous[..prefix]);
+            buf.extend_from_slice(r.take(usize::from(middle), "a name")?);
+            buf.extend_from_slice(&previous[previous.len() - suffix..]);
+            let text = std::str::from_utf8(&buf)
+                .map_err(|_| SummaryError::NameUtf8 { at, what: "peer" })?;
+            if let Some(last) = peers.last()
+                && text <= last.name.as_str()
+            {
+                return Err(SummaryError::Order {
+                    at,
+                    name: shown(text),
+                    previous: last.name.clone(),
+                });
+            }
+            let name = text.to_owned();
+            let states_at = r.at;
+            let states = r.u8("the path states")?;
+            let mut paths = [PathSample::UNKNOWN; 4];
+            for (i, path) in paths.iter_mut().enumerate() {
+                path.state = match (states >> (2 * i)) & 3 {
+                    0 => ProbeResult::Unknown,
+                    1 => ProbeResult::Success,
+                    2 => ProbeResult::Failure,
+                    _ => return Err(SummaryError::State { at: states_at }),
+                };
+            }
+            for path in &mut paths {
+                if path.state == ProbeResult::Success {
+                    let rtt_at = r.at;
+                    path.rtt_us = match r.varint("an RTT")? {
+                        0 => None,
+                        v if v - 1 <= u64::from(MAX_RTT_US) => u32::try_from(v - 1).ok(),
+                        value => return Err(SummaryError::Rtt { at: rtt_at, value }),
+                    };
+                }
+            }
+            peers.push(PeerSummary { name, paths });
+        }
+        if r.remaining() > 0 {
+            return Err(SummaryError::Trailing {
+                extra: r.remaining(),
+            });
+        }
+        Ok(Self {
+            observer,
+            seq,
+            at_ms,
+            peers,
+        })
+    }
+}
+
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn common_prefix_rev(a: &[u8], b: &[u8]) -> usize {
+    a.iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_name(out: &mut Vec<u8>, name: &str) {
+    // Checked at construction: 1 to MAX_NAME_LEN bytes.
+    out.push(name.len() as u8);
+    out.extend_from_slice(name.as_bytes());
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], SummaryError> {
+        let bytes = self
+            .bytes
+            .get(self.at..self.at.saturating_add(n))
+            .ok_or(SummaryError::Truncated { at: self.at, what })?;
+        self.at += n;
+        Ok(bytes)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8, SummaryError> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn varint(&mut self, what: &'static str) -> Result<u64, SummaryError> {
+        let start = self.at;
+        let mut v: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8(what)?;
+            let bits = u64::from(b & 0x7f);
+            if shift == 63 && bits > 1 {
+                return Err(SummaryError::Varint { at: start, what });
+            }
+            v |= bits << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(SummaryError::Varint { at: start, what })
+    }
+
+    fn name(&mut self) -> Result<String, SummaryError> {
+        let at = self.at;
+        let len = usize::from(self.u8("the observer name's length")?);
+        if len == 0 || len > MAX_NAME_LEN {
+            return Err(SummaryError::BadNameLength {
+                at,
+                what: "observer",
+                len,
+            });
+        }
+        let bytes = self.take(len, "the observer name")?;
+        std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| SummaryError::NameUtf8 {
+                at,
+                what: "observer",
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::{
+        cluster::{
+            Node, NodeSet,
+            subset::{ProbePeers, SubsetPlan},
+        },
+        probe::status::{Connectivity, RoundInfo},
+    };
+
+    /// A small PRNG for the tests (splitmix64).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn ok(rtt_us: u32) -> PathSample {
+        PathSample {
+            state: ProbeResult::Success,
+            rtt_us: Some(rtt_us),
+        }
+    }
+
+    fn peer(name: &str, paths: [PathSample; 4]) -> PeerSummary {
+        PeerSummary {
+            name: name.into(),
+            paths,
+        }
+    }
+
+    fn failed() -> PathSample {
+        PathSample::new(ProbeResult::Failure, None)
+    }
+
+    fn sample() -> Summary {
+        Summary::new(
+            "node-b".into(),
+            42,
+            1_790_000_000_123,
+            vec![
+                peer("node-c", [ok(120), ok(480), failed(), PathSample::UNKNOWN]),
+                peer(
+                    "node-a",
+                    [
+                        ok(0),
+                        ok(u32::MAX),
+                        ok(70),
+                        PathSample::new(ProbeResult::Success, None),
+                    ],
+                ),
+                peer("node-b", [failed(); 4]),
+                peer("nod", [PathSample::UNKNOWN; 4]),
+            ],
+        )
+        .expect("valid")
+    }
+
+    #[test]
+    fn round_trips() {
+        let s = sample();
+        let names: Vec<&str> = s.peers().iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["nod", "node-a", "node-b", "node-c"], "sorted");
+        assert_eq!(
+            s.peer("node-a").map(|p| p.paths[1].rtt_us),
+            Some(Some(MAX_RTT_US)),
+            "saturated"
+        );
+        let bytes = s.encode();
+        assert_eq!(bytes[0], VERSION);
+        assert_eq!(Summary::decode(&bytes), Ok(s.clone()));
+        assert_eq!(
+            s.peer("node-c").map(PeerSummary::state),
+            Some(ProbeResult::Failure)
+        );
+    }
+
+    #[test]
+    fn construction_refuses_what_cannot_be_encoded() {
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        assert!(matches!(
+            Summary::new(long.clone(), 1, 1, vec![]),
+            Err(SummaryError::NameLength {
+                what: "observer",
+                ..
+            })
+        ));
+        let err =
+            Summary::new("a".into(), 1, 1, vec![peer(&long, [failed(); 4])]).expect_err("long");
+        assert!(err.to_string().contains("254 bytes long"), "{err}");
+        let err = Summary::new(
+            "a".into(),
+            1,
+            1,
+            vec![peer("b", [failed(); 4]), peer("b", [failed(); 4])],
+        )
+        .expect_err("dup");
+        assert_eq!(err, SummaryError::DuplicatePeer { name: "b".into() });
+        let many = (0..=MAX_PEERS)
+            .map(|i| peer(&format!("n{i}"), [failed(); 4]))
+            .collect();
+        assert!(matches!(
+            Summary::new("a".into(), 1, 1, many),
+            Err(SummaryError::TooManyPeers { .. })
+        ));
+        // The longest names round-trip.
+        let a = "a".repeat(MAX_NAME_LEN);
+        let b = "b".repeat(MAX_NAME_LEN);
+        let s = Summary::new(
+            a.clone(),
+            1,
+            1,
+            vec![peer(&a, [ok(1); 4]), peer(&b, [ok(1); 4])],
+        )
+        .expect("valid");
+        assert_eq!(Summary::decode(&s.encode()), Ok(s));
+    }
+
+    fn path(result: ProbeResult, rtt_ns: Option<u64>) -> PathState {
+        PathState {
+            result,
+            rtt_ns,
+            ..PathState::default()
+        }
+    }
+
+    #[test]
+    fn from_status_takes_the_states_and_the_round() {
+        let conn = |icmp, http| Connectivity {
+            ip: Ipv4Addr::new(198, 18, 0, 1),
+            icmp,
+            http,
+        };
+        let status = ClusterStatus {
+            local_node: Some("me".into()),
+            probe_interval_ms: 3000,
+            probe_timeout_ms: 1000,
+            round: Some(RoundInfo {
+                seq: 7,
+                started_ms: 1000,
+                duration_ms: 250,
+                probes: 8,
+            }),
+            nodes: vec![
+                NodeStatus {
+                    name: "me".into(),
+                    host: conn(
+                        path(ProbeResult::Success, Some(81_999)),
+                        path(ProbeResult::Success, Some(400_000)),
+                    ),
+                    endpoint: conn(
+                        path(ProbeResult::Failure, Some(5_000)),
+                        path(ProbeResult::Unknown, None),
+                    ),
+                },
+                NodeStatus {
+                    name: "peer".into(),
+                    host: conn(
+                        path(ProbeResult::Success, None),
+                        path(ProbeResult::Success, Some(u64::MAX)),
+                    ),
+                    endpoint: conn(
+                        path(ProbeResult::Success, Some(999)),
+                        path(ProbeResult::Success, Some(1000)),
+                    ),
+                },
+            ],
+        };
+        let s = Summary::from_status(&status).expect("summary");
+        assert_eq!((s.observer(), s.seq(), s.at_ms()), ("me", 7, 1250));
+        let me = s.peer("me").expect("self is a peer");
+        assert_eq!(me.paths[0], ok(81));
+        assert_eq!(me.paths[1], ok(400));
+        assert_eq!(me.paths[2], failed(), "no RTT kept for a failed path");
+        assert_eq!(me.paths[3], PathSample::UNKNOWN);
+        let p = s.peer("peer").expect("peer");
+        assert_eq!(
+            p.paths.map(|p| p.rtt_us),
+            [None, Some(MAX_RTT_US), Some(0), Some(1)]
+        );
+        assert_eq!(Summary::decode(&s.encode()), Ok(s));
+
+        let mut no_round = status.clone();
+        no_round.round = None;
+        assert_eq!(Summary::from_status(&no_round), Err(SummaryError::NoRound));
+        let mut nameless = status;
+        nameless.local_node = None;
+        assert_eq!(
+            Summary::from_status(&nameless),
+            Err(SummaryError::NoLocalNode)
+        );
+    }
+
+    #[test]
+    fn a_large_full_mesh_keeps_its_failures() {
+        let conn = |r| Connectivity {
+            ip: Ipv4Addr::new(198, 18, 0, 1),
+            icmp: path(r, Some(100_000)),
+            http: path(r, Some(100_000)),
+        };
+        let nodes = (0..MAX_PEERS + 10)
+            .map(|i| NodeStatus {
+                name: format!("n{i:05}"),
+                host: conn(if i % 1000 == 999 || i == 4100 {
+                    ProbeResult::Failure
+                } else {
+                    ProbeResult::Success
+                }),
+                endpoint: conn(ProbeResult::Success),
+            })
+            .collect();
+        let status = ClusterStatus {
+            local_node: Some("n00000".into()),
+            probe_interval_ms: 3000,
+            probe_timeout_ms: 1000,
+            round: Some(RoundInfo {
+                seq: 1,
+                started_ms: 0,
+                duration_ms: 0,
+                probes: 0,
+            }),
+            nodes,
+        };
+        let s = Summary::from_status(&status).expect("summary");
+        assert_eq!(s.peers().len(), MAX_PEERS);
+        assert!(
+            s.peer("n04100").is_some(),
+            "the failing peer past the bound is kept"
+        );
+        assert!(
+            s.peer("n04105").is_none(),
+            "a reachable one past the bound is not"
+        );
+    }
+
+    /// Names of a 50,000-node cluster in zones of 20 and the peers one node
+    /// probes with K = 32: self, its zone, 32 others.
+    fn realistic(name: impl Fn(usize) -> String) -> (NodeSet, Vec<usize>) {
+        let nodes: Vec<Node> = (0..50_000)
+            .map(|i| Node {
+                name: name(i),
+                node_ip: Ipv4Addr::from(0x0a00_0000 + u32::try_from(i).expect("small")),
+                health_ip: Ipv4Addr::from(0x6440_0000 + u32::try_from(i).expect("small")),
+                zone: Some(format!("zone-{}", i / 20)),
+            })
+            .collect();
+        let nodes = NodeSet::new(nodes).expect("unique");
+        let plan = SubsetPlan::new(&nodes);
+        let picks = plan.assigned_index(12_345, ProbePeers::Count(32));
+        assert_eq!(picks.len(), 52, "self, 19 zone peers, 32 others");
+        (nodes, picks)
+    }
+
+    #[test]
+    fn a_round_of_k_32_and_a_zone_of_20_fits_in_1_5_kib() {
+        let aws = |i: usize| {
+            format!(
+                "ip-10-{}-{}-{}.eu-west-1.compute.internal",
+                16 + i / 65_536,
+                (i / 256) % 256,
+                i % 256
+            )
+        };
+        let gke = |i: usize| {
+            let h = super::super::subset::name_hash(&i.to_string());
+            format!("gke-prod-default-pool-{:08x}-{:04x}", h >> 32, h & 0xffff)
+        };
+        let mut rng = Rng(7);
+        for (style, name) in [("aws", &aws as &dyn Fn(usize) -> String), ("gke", &gke)] {
+            let (nodes, picks) = realistic(name);
+            // ICMP 50-500 µs, HTTP 200-5,000 µs.
+            let peers = picks
+                .iter()
+                .map(|&i| {
+                    let paths = std::array::from_fn(|p| {
+                        if p % 2 == 0 {
+                            ok(50 + rng.below(450) as u32)
+                        } else {
+                            ok(200 + rng.below(4800) as u32)
+                        }
+                    });
+                    peer(&nodes[i].name, paths)
+                })
+                .collect();
+            let me = nodes[picks[0]].name.clone();
+            let s = Summary::new(me, 1_000_000, 1_790_000_000_000, peers).expect("valid");
+            let bytes = s.encode();
+            assert!(
+                bytes.len() <= 1536,
+                "{style}: {} bytes for 52 peers",
+                bytes.len()
+            );
+            assert_eq!(Summary::decode(&bytes), Ok(s));
+        }
+        // The bound per peer is what the worst case takes.
+        let names: Vec<String> = (0..3)
+            .map(|i| format!("{i}{}", "x".repeat(MAX_NAME_LEN - 1)))
+            .collect();
+        let worst: Vec<PeerSummary> = names.iter().map(|n| peer(n, [ok(MAX_RTT_US); 4])).collect();
+        let bytes = Summary::new("a".into(), 0, 0, worst)
+            .expect("valid")
+            .encode();
+        assert!(bytes.len() <= 16 + 3 * MAX_PEER_BYTES, "{}", bytes.len());
+    }
+
+    #[test]
+    fn garbage_is_refused_never_panics() {
+        let good = sample().encode();
+        assert_eq!(Summary::decode(&[]), Err(SummaryError::Empty));
+        assert_eq!(
+            Summary::decode(&[9]),
+            Err(SummaryError::Version { found: 9 })
+        );
+        // Every truncation is an error.
+        for n in 0..good.len() {
+            assert!(Summary::decode(&good[..n]).is_err(), "truncated to {n}");
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        assert_eq!(
+            Summary::decode(&longer),
+            Err(SummaryError::Trailing { extra: 1 })
+        );
+        // A peer count beyond the bound, with no bytes behind it.
+        let mut huge = vec![VERSION, 1, b'a', 0, 0];
+        put_varint(&mut huge, u64::MAX);
+        assert!(matches!(
+            Summary::decode(&huge),
+            Err(SummaryError::TooManyPeers { .. })
+        ));
+        // An overlong varint.
+        let mut overlong = vec![VERSION, 1, b'a'];
+        overlong.extend([0xff; 11]);
+        assert!(matches!(
+            Summary::decode(&overlong),
+            Err(SummaryError::Varint { .. })
+        ));
+        // Peers out of order, a state code of 3, a name built past the previous one.
+        let unsorted = [
+            VERSION, 1, b'a', 0, 0, 2, 0, 0, 1, b'b', 0, 0, 0, 1, b'a', 0,
+        ];
+        assert!(
+            matches!(Summary::decode(&unsorted), Err(SummaryError::Order { .. })),
+            "{:?}",
+            Summary::decode(&unsorted)
+        );
+        let state3 = [VERSION, 1, b'a', 0, 0, 1, 0, 0, 1, b'b', 3];
+        assert_eq!(
+            Summary::decode(&state3),
+            Err(SummaryError::State { at: 10 })
+        );
+        let coding = [VERSION, 1, b'a', 0, 0, 1, 1, 0, 1, b'b', 0];
+        assert!(matches!(
+            Summary::decode(&coding),
+            Err(SummaryError::NameCoding { .. })
+        ));
+        let utf8 = [VERSION, 1, 0xff, 0, 0, 0];
+        assert!(matches!(
+            Summary::decode(&utf8),
+            Err(SummaryError::NameUtf8 { .. })
+        ));
+
+        // Random bytes, and random flips of a good summary: an answer, never
+        // a panic; what decodes re-encodes to a summary that decodes the same.
+        let mut rng = Rng(1);
+        for i in 0..20_000 {
+            let bytes: Vec<u8> = if i % 2 == 0 {
+                let len = rng.below(64) as usize;
+                let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                if let Some(v) = b.first_mut() {
+                    *v = VERSION;
+                }
+                b
+            } else {
+                let mut b = good.clone();
+                for _ in 0..=rng.below(3) {
+                    let at = rng.below(b.len() as u64) as usize;
+                    b[at] ^= 1 << rng.below(8);
+                }
+                b
+            };
+            if let Ok(s) = Summary::decode(&bytes) {
+                assert!(s.peers().windows(2).all(|w| w[0].name < w[1].name));
+                assert_eq!(Summary::decode(&s.encode()), Ok(s));
+            }
+        }
+    }
+}

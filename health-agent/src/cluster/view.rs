@@ -1,0 +1,901 @@
+//! The cluster view: every agent's last round ([`Summary`]) put together,
+//! with a verdict per node, after `NetBouncer` and 007: a failure seen by one
+//! observer is blamed on the node only when the other observers agree, and
+//! on the observer when it fails towards many nodes that the others reach.
+//!
+//! Each observation (an observer's report on one peer) is one of: reached
+//! (all four paths in Success), failed every path, failed some path, or
+//! unknown (no failure, some path not known yet: no evidence either way).
+//! An observer's report on itself is left out.
+//!
+//! The verdicts, in this order:
+//!
+//! 1. **Observer problems** are found first. An observer's failure towards
+//!    a node is *suspect* when the node's other observers from outside its
+//!    zone (all its other observers if none is outside) mostly reach it:
+//!    over three times as many reach it as fail it, so not while a fault
+//!    is just starting and summaries a round apart disagree. The node's
+//!    own zone is left out because it shares the node's fate: a zone cut
+//!    off from the others still reaches itself. An observer with at least
+//!    [`ViewParams::observer_problem_min`] suspect failures (or, observing
+//!    few nodes, at least 2 and half of them) is an observer problem. This
+//!    is done twice: the second time without the votes of the observer
+//!    problems the first found.
+//!    An observer problem's *failures* are discounted everywhere below (its
+//!    successes still count: a path it reaches is reachable).
+//! 2. With fewer than [`ViewParams::min_observers`] observers reporting a
+//!    definite state (reached or failed, discounted failures aside), the
+//!    node's verdict is **unknown**, or **observer problem** if it is one.
+//! 3. **Node down**: every such observer fails every path (none reaches
+//!    it, none fails only some paths).
+//! 4. **Path degraded**: some observers fail some path; the failing
+//!    observers are named. A partitioned zone's nodes get this verdict:
+//!    reached from inside the zone, failed from outside, and the outside
+//!    observers are named.
+//! 5. **Observer problem**: the node is one (and the nodes it fails towards
+//!    are named).
+//! 6. **Healthy** otherwise.
+//!
+//! A flapping observer is an observer problem while its failures show and
+//! healthy between: its failures never make a node down or degraded.
+//!
+//! Cost: O(total observations) time (a few passes over them) and 5 bytes
+//! per observation of working memory, besides the view itself.
+
+use std::{borrow::Borrow, collections::HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::{NodeSet, summary::Summary};
+use crate::probe::path::ProbeResult;
+
+/// The most names listed per node (failing observers, unreached nodes): the
+/// counts are exact, the names an excerpt.
+pub const MAX_NAMED: usize = 16;
+
+/// What the view concludes about a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Its observers reach it (or the failures are an observer's problem).
+    Healthy,
+    /// Every observer fails every path.
+    NodeDown,
+    /// Some observers fail some paths: a link, a path, a partition.
+    PathDegraded,
+    /// It fails towards many nodes that the other observers reach.
+    ObserverProblem,
+    /// Too few observers report on it.
+    Unknown,
+}
+
+/// The rules' thresholds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewParams {
+    /// Fewer observers reporting a definite state make the verdict unknown.
+    /// Default 2: a single observer cannot tell a node down from its own
+    /// link to it.
+    pub min_observers: usize,
+    /// Suspect failures that make an observer an observer problem.
+    /// Default 4: a node down or a broken link gives each observer one.
+    pub observer_problem_min: usize,
+    /// Summaries of rounds that ended before this (epoch ms) are ignored:
+    /// an agent that stopped publishing is no longer an observer. 0 keeps
+    /// all.
+    pub oldest_ms: u64,
+}
+
+impl Default for ViewParams {
+    fn default() -> Self {
+        Self {
+            min_observers: 2,
+            observer_problem_min: 4,
+            oldest_ms: 0,
+        }
+    }
+}
+
+/// One node in the view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Whether its own summary is in the view.
+    pub reporting: bool,
+    /// Observers whose summary lists it (itself aside).
+    pub observers: u32,
+    /// Observers that reach it on all four paths.
+    pub seen_reachable: u32,
+    /// Observers (observer problems aside) failing at least one path.
+    pub failing: u32,
+    /// Failures from observer problems: shown, not counted.
+    pub discounted: u32,
+    pub verdict: Verdict,
+    /// Up to [`MAX_NAMED`] of the `failing` observers, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failing_observers: Vec<String>,
+    /// As an observer: the nodes it fails towards that the others reach.
+    #[serde(default)]
+    pub unreached: u32,
+    /// Up to [`MAX_NAMED`] of those, by name (observer problems only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreached_nodes: Vec<String>,
+}
+
+/// Nodes per verdict.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictCounts {
+    pub healthy: usize,
+    pub node_down: usize,
+    pub path_degraded: usize,
+    pub observer_problem: usize,
+    pub unknown: usize,
+}
+
+impl VerdictCounts {
+    fn add(&mut self, v: Verdict) {
+        match v {
+            Verdict::Healthy => self.healthy += 1,
+            Verdict::NodeDown => self.node_down += 1,
+            Verdict::PathDegraded => self.path_degraded += 1,
+            Verdict::ObserverProblem => self.observer_problem += 1,
+            Verdict::Unknown => self.unknown += 1,
+        }
+    }
+}
+
+/// What `GET /v1/cluster` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// Summaries used (one per reporting observer).
+    pub reports: usize,
+    /// Summaries left out: of nodes not in the set, older than
+    /// [`ViewParams::oldest_ms`], or superseded by a newer one of the same
+    /// observer.
+    pub ignored: usize,
+    pub counts: VerdictCounts,
+    /// Every node of the set, in its order (by name).
+    pub nodes: Vec<NodeView>,
+}
+
+impl ClusterView {
+    /// The node called `name`.
+    #[must_use]
+    pub fn node(&self, name: &str) -> Option<&NodeView> {
+        self.nodes
+            .binary_search_by(|n| n.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.nodes[i])
+    }
+
+    /// The nodes whose verdict is not healthy.
+    pub fn problems(&self) -> impl Iterator<Item = &NodeView> {
+        self.nodes.iter().filter(|n| n.verdict != Verdict::Healthy)
+    }
+}
+
+/// An observation's class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Seen {
+    Reached,
+    FailedAll,
+    FailedSome,
+    Unknown,
+}
+
+impl Seen {
+    fn of(states: [ProbeResult; 4]) -> Self {
+        let failed = states
+            .iter()
+            .filter(|&&s| s == ProbeResult::Failure)
+            .count();
+        if failed == 4 {
+            Self::FailedAll
+        } else if failed > 0 {
+            Self::FailedSome
+        } else if states.contains(&ProbeResult::Unknown) {
+            Self::Unknown
+        } else {
+            Self::Reached
+        }
+    }
+
+    const fn failed(self) -> bool {
+        matches!(self, Self::FailedAll | Self::FailedSome)
+    }
+}
+
+/// One observer's latest summary, as a range of the observations.
+#[derive(Clone, Copy)]
+struct Slot {
+    at_ms: u64,
+    seq: u64,
+    start: usize,
+    end: usize,
+}
+
+/// Every observation, by observer: target index and class.
+struct Observations {
+    targets: Vec<u32>,
+    seen: Vec<Seen>,
+    slots: Vec<Option<Slot>>,
+    reports: usize,
+    ignored: usize,
+}
+
+impl Observations {
+    fn collect<S: Borrow<Summary>>(
+        nodes: &NodeSet,
+        summaries: impl IntoIterator<Item = S>,
+        params: &ViewParams,
+    ) -> Self {
+        let index: HashMap<&str, u32> = nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| Some((n.name.as_str(), u32::try_from(i).ok()?)))
+            .collect();
+        let mut o = Self {
+            targets: Vec::new(),
+            seen: Vec::new(),
+            slots: vec![None; nodes.len()],
+            reports: 0,
+            ignored: 0,
+        };
+        for s in summaries {
+            let s: &Summary = s.borrow();
+            let Some(&me) = index.get(s.observer()) else {
+                o.ignored += 1;
+                continue;
+            };
+            let slot = &mut o.slots[me as usize];
+            let newer = slot.is_none_or(|old| (s.at_ms(), s.seq()) > (old.at_ms, old.seq));
+            if s.at_ms() < params.oldest_ms || !newer {
+                o.ignored += 1;
+                continue;
+            }
+            if slot.is_some() {
+                // Superseded: its observations stay in the arena, unused.
+                o.ignored += 1;
+            } else {
+                o.reports += 1;
+            }
+            let start = o.targets.len();
+            for p in s.peers() {
+                match index.get(p.name.as_str()) {
+                    Some(&t) if t != me => {
+                        o.targets.push(t);
+                        o.seen.push(Seen::of(p.paths.map(|p| p.state)));
+                    }
+                    _ => {}
+                }
+            }
+            *slot = Some(Slot {
+                at_ms: s.at_ms(),
+                seq: s.seq(),
+                start,
+                end: o.targets.len(),
+            });
+        }
+        o
+    }
+
+    /// Each reporting observer with its observations, in node order.
+    fn by_observer(
+        &self,
+    ) -> impl Iterator<Item = (usize, impl Iterator<Item = (usize, Seen)> + Clone + '_)> + '_ {
+        self.slots.iter().enumerate().filter_map(move |(o, slot)| {
+            let s = (*slot)?;
+            Some((
+                o,
+                self.targets[s.start..s.end]
+                    .iter()
+                    .zip(&self.seen[s.start..s.end])
+                    .map(|(&t, &seen)| (t as usize, seen)),
+            ))
+        })
+    }
+
+    /// Per target: observers reaching it and failing it, from its zone
+    /// and from outside, leaving out the observers in `excluded`.
+    fn votes(&self, zones: &[u32], excluded: &[bool]) -> Votes {
+        let n = zones.len();
+        let mut v = Votes {
+            ok_in: vec![0; n],
+            fail_in: vec![0; n],
+            ok_out: vec![0; n],
+            fail_out: vec![0; n],
+        };
+        for (o, obs) in self.by_observer() {
+            if excluded[o] {
+                continue;
+            }
+            for (t, seen) in obs {
+                let inside = zones[o] == zones[t];
+                let count = match (seen, inside) {
+                    (Seen::Reached, true) => &mut v.ok_in,
+                    (Seen::Reached, false) => &mut v.ok_out,
+                    (Seen::FailedAll | Seen::FailedSome, true) => &mut v.fail_in,
+                    (Seen::FailedAll | Seen::FailedSome, false) => &mut v.fail_out,
+                    (Seen::Unknown, _) => continue,
+                };
+                count[t] += 1;
+            }
+        }
+        v
+    }
+
+    /// Per observer: its suspect failures ([`Votes::suspect`], those in
+    /// `excluded` left out of the votes); and which observers are observer
+    /// problems by them.
+    fn problems(
+        &self,
+        zones: &[u32],
+        excluded: &[bool],
+        params: &ViewParams,
+    ) -> (Vec<u32>, Vec<bool>) {
+        let n = zones.len();
+        let votes = self.votes(zones, excluded);
+        let mut suspect = vec![0u32; n];
+        let mut problem = vec![false; n];
+        for (o, obs) in self.by_observer() {
+            let mut definite = 0usize;
+            for (t, seen) in obs {
+                definite += usize::from(seen != Seen::Unknown);
+                if seen.failed() && votes.suspect(zones, o, !excluded[o], t) {
+                    suspect[o] += 1;
+                }
+            }
+            let needed = params
+                .observer_problem_min
+                .min(definite.div_ceil(2).max(2))
+                .max(1);
+            problem[o] = suspect[o] as usize >= needed;
+        }
+        (suspect, problem)
+    }
+}
+
+/// Per target: how many observers reach it and fail it, from inside its
+/// zone and from outside.
+struct Votes {
+    ok_in: Vec<u32>,
+    fail_in: Vec<u32>,
+    ok_out: Vec<u32>,
+    fail_out: Vec<u32>,
+}
+
+impl Votes {
+    /// Whether `o`'s failure towards `t` is suspect (`counted`: whether
+    /// `o`'s own failure is among the votes): `t`'s other observers from
+    /// outside its zone (all its other observers when none is outside)
+    /// reach it over three times as often as they fail it. The nodes of
+    /// `t`'s own zone share its fate when the zone is cut off: they still
+    /// reach it.
+    fn suspect(&self, zones: &[u32], o: usize, counted: bool, t: usize) -> bool {
+        let own = u32::from(counted);
+        let inside = zones[o] == zones[t];
+        let (ok_out, fail_out) = (
+            self.ok_out[t],
+            self.fail_out[t] - if inside { 0 } else { own },
+        );
+        if ok_out + fail_out > 0 {
+            return suspect_failure(ok_out, fail_out);
+        }
+        let fail_in = self.fail_in[t] - if inside { own } else { 0 };
+        suspect_failure(self.ok_in[t], fail_in)
+    }
+}
+
+/// Whether an observer's failure towards a node is suspect, given how many
+/// of the node's other observers reach it and fail it: they reach it over
+/// three times as often. A node whose observers disagree about
+/// evenly (a fault just starting, as summaries a round apart disagree) is
+/// no evidence against the observer.
+const fn suspect_failure(others_reach: u32, others_fail: u32) -> bool {
+    others_reach > others_fail.saturating_mul(3)
+}
+
+/// A number per node for its zone; a node without one is its own.
+fn zone_numbers(nodes: &NodeSet) -> Vec<u32> {
+    let mut ids: HashMap<&str, u32> = HashMap::new();
+    let n = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| match node.zone.as_deref() {
+            Some(z) => {
+                let next = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+                *ids.entry(z).or_insert(next)
+            }
+            None => n.saturating_add(u32::try_from(i).unwrap_or(u32::MAX)),
+        })
+        .collect()
+}
+
+/// Per-node tallies of the final pass.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    observers: u32,
+    reached: u32,
+    failed_all: u32,
+    failed_some: u32,
+    discounted: u32,
+}
+
+/// The cluster view of `nodes` from `summaries` (any order; the newest of
+/// each observer is used, those of observers not in the set are left out).
+/// O(total observations).
+#[must_use]
+pub fn assemble<S: Borrow<Summary>>(
+    nodes: &NodeSet,
+    summaries: impl IntoIterator<Item = S>,
+    params: &ViewParams,
+) -> ClusterView {
+    let n = nodes.len();
+    let obs = Observations::collect(nodes, summaries, params);
+    let zones = zone_numbers(nodes);
+    let (_, first) = obs.problems(&zones, &vec![false; n], params);
+    let (suspect, problem) = obs.problems(&zones, &first, params);
+    let votes = obs.votes(&zones, &first);
+
+    let mut tally = vec![Tally::default(); n];
+    let mut failing_observers: Vec<Vec<String>> = vec![Vec::new(); n];
+    let mut unreached_nodes: Vec<Vec<String>> = vec![Vec::new(); n];
+    for (o, seen_by_o) in obs.by_observer() {
+        for (t, seen) in seen_by_o {
+            let tl = &mut tally[t];
+            tl.observers += 1;
+            match seen {
+                Seen::Reached => tl.reached += 1,
+                Seen::Unknown => {}
+                _ if problem[o] => {
+                    tl.discounted += 1;
+                    if votes.suspect(&zones, o, !first[o], t)
+                        && unreached_nodes[o].len() < MAX_NAMED
+                    {
+                        unreached_nodes[o].push(nodes[t].name.clone());
+                    }
+                }
+                Seen::FailedAll | Seen::FailedSome => {
+                    if seen == Seen::FailedAll {
+                        tl.failed_all += 1;
+                    } else {
+                        tl.failed_some += 1;
+                    }
+                    if failing_observers[t].len() < MAX_NAMED {
+                        failing_observers[t].push(nodes[o].name.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    let mut counts = VerdictCounts::default();
+    let views = nodes
+        .iter()
+        .enumerate()
+        .zip(failing_observers.into_iter().zip(unreached_nodes))
+        .map(|((i, node), (failing_observers, unreached_nodes))| {
+            let t = tally[i];
+            let failing = t.failed_all + t.failed_some;
+            let definite = (t.reached + failing) as usize;
+            let verdict = if definite < params.min_observers.max(1) {
+                if problem[i] {
+                    Verdict::ObserverProblem
+                } else {
+                    Verdict::Unknown
+                }
+            } else if t.failed_all as usize == definite {
+                Verdict::NodeDown
+            } else if failing > 0 {
+                Verdict::PathDegraded
+            } else if problem[i] {
+                Verdict::ObserverProblem
+            } else {
+                Verdict::Healthy
+            };
+            counts.add(verdict);
+            NodeView {
+                name: node.name.clone(),
+                zone: node.zone.clone(),
+                reporting: obs.slots[i].is_some(),
+                observers: t.observers,
+                seen_reachable: t.reached,
+                failing,
+                discounted: t.discounted,
+                verdict,
+                failing_observers,
+                unreached: if problem[i] { suspect[i] } else { 0 },
+                unreached_nodes: if problem[i] {
+                    unreached_nodes
+                } else {
+                    Vec::new()
+                },
+            }
+        })
+        .collect();
+    ClusterView {
+        reports: obs.reports,
+        ignored: obs.ignored,
+        counts,
+        nodes: views,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::cluster::{
+        Node,
+        subset::{ProbePeers, SubsetPlan},
+        summary::{PathSample, PeerSummary},
+    };
+
+    const N: usize = 200;
+    const ZONE: usize = 20;
+    const K: usize = 16;
+
+    /// The faults of a simulated cluster.
+    #[derive(Default)]
+    struct Faults {
+        down: Vec<usize>,
+        /// Both directions, every path.
+        cut: Vec<(usize, usize)>,
+        /// A zone cut from every other.
+        partition: Option<usize>,
+        /// Observers whose probes all fail (outgoing only).
+        deaf: Vec<usize>,
+        /// Observers whose HTTP probes fail (outgoing only).
+        http_deaf: Vec<usize>,
+        /// Observers whose summaries predate the partition.
+        lagging: Vec<usize>,
+    }
+
+    struct Cluster {
+        nodes: NodeSet,
+        plan: SubsetPlan,
+        zone_size: usize,
+    }
+
+    impl Cluster {
+        fn new() -> Self {
+            Self::with_zones(ZONE)
+        }
+
+        fn with_zones(zone_size: usize) -> Self {
+            let nodes: Vec<Node> = (0..N)
+                .map(|i| Node {
+                    name: format!("node-{i:03}"),
+                    node_ip: Ipv4Addr::from(0x0a00_0000 + u32::try_from(i).expect("small")),
+                    health_ip: Ipv4Addr::from(0x6440_0000 + u32::try_from(i).expect("small")),
+                    zone: Some(format!("zone-{}", i / zone_size)),
+                })
+                .collect();
+            let nodes = NodeSet::new(nodes).expect("unique");
+            let plan = SubsetPlan::new(&nodes);
+            Self {
+                nodes,
+                plan,
+                zone_size,
+            }
+        }
+
+        fn zone(&self, i: usize) -> usize {
+            i / self.zone_size
+        }
+
+        /// Whether `o`'s probe of `t` on path `p` succeeds.
+        fn works(&self, f: &Faults, o: usize, t: usize, p: usize) -> bool {
+            let cut = f
+                .cut
+                .iter()
+                .any(|&(a, b)| (a, b) == (o, t) || (b, a) == (o, t));
+            let parted = f
+                .partition
+                .is_some_and(|z| (self.zone(o) == z) != (self.zone(t) == z))
+                && !f.lagging.contains(&o);
+            let http = p % 2 == 1;
+            !(f.down.contains(&t)
+                || cut
+                || parted
+                || f.deaf.contains(&o)
+                || (http && f.http_deaf.contains(&o)))
+        }
+
+        fn summaries(&self, f: &Faults) -> Vec<Summary> {
+            (0..N)
+                .filter(|o| !f.down.contains(o))
+                .map(|o| {
+                    let peers = self
+                        .plan
+                        .assigned_index(o, ProbePeers::Count(K))
+                        .into_iter()
+                        .map(|t| PeerSummary {
+                            name: self.nodes[t].name.clone(),
+                            paths: std::array::from_fn(|p| {
+                                if self.works(f, o, t, p) {
+                                    PathSample::new(ProbeResult::Success, Some(200))
+                                } else {
+                                    PathSample::new(ProbeResult::Failure, None)
+                                }
+                            }),
+                        })
+                        .collect();
+                    Summary::new(self.nodes[o].name.clone(), 1, 1000, peers).expect("valid")
+                })
+                .collect()
+        }
+
+        fn view(&self, f: &Faults) -> ClusterView {
+            // Through the wire format, as the agent gets them.
+            let decoded: Vec<Summary> = self
+                .summaries(f)
+                .iter()
+                .map(|s| Summary::decode(&s.encode()).expect("decodes"))
+                .collect();
+            assemble(&self.nodes, &decoded, &ViewParams::default())
+        }
+
+        /// Asserts the verdicts: `expected` for the nodes listed, healthy
+        /// for every other.
+        fn check(view: &ClusterView, expected: &[(usize, Verdict)]) {
+            for (i, v) in view.nodes.iter().enumerate() {
+                let want = expected
+                    .iter()
+                    .find(|(j, _)| *j == i)
+                    .map_or(Verdict::Healthy, |(_, v)| *v);
+                assert_eq!(v.verdict, want, "node {i}: {v:?}");
+            }
+        }
+
+        fn observes(&self, o: usize, t: usize) -> bool {
+            self.plan
+                .assigned_index(o, ProbePeers::Count(K))
+                .contains(&t)
+        }
+    }
+
+    #[test]
+    fn a_healthy_cluster_is_healthy() {
+        let c = Cluster::new();
+        let view = c.view(&Faults::default());
+        Cluster::check(&view, &[]);
+        assert_eq!(view.reports, N);
+        assert_eq!(view.counts.healthy, N);
+        let min = view.nodes.iter().map(|n| n.observers).min().unwrap_or(0);
+        assert!(min as usize >= ZONE - 1 + K / 2, "min observers {min}");
+        assert!(
+            view.nodes
+                .iter()
+                .all(|n| n.seen_reachable == n.observers && n.reporting)
+        );
+    }
+
+    #[test]
+    fn a_node_down() {
+        let c = Cluster::new();
+        let view = c.view(&Faults {
+            down: vec![57],
+            ..Faults::default()
+        });
+        Cluster::check(&view, &[(57, Verdict::NodeDown)]);
+        let v = &view.nodes[57];
+        assert!(!v.reporting);
+        assert_eq!((v.seen_reachable, v.failing), (0, v.observers));
+    }
+
+    #[test]
+    fn a_link_down() {
+        let c = Cluster::new();
+        // An observer and a node it probes in another zone.
+        let a = 3;
+        let b = c
+            .plan
+            .assigned_index(a, ProbePeers::Count(K))
+            .into_iter()
+            .find(|&t| c.zone(t) != c.zone(a))
+            .expect("a peer outside the zone");
+        let view = c.view(&Faults {
+            cut: vec![(a, b)],
+            ..Faults::default()
+        });
+        let mut expected = vec![(b, Verdict::PathDegraded)];
+        if c.observes(b, a) {
+            expected.push((a, Verdict::PathDegraded));
+        }
+        Cluster::check(&view, &expected);
+        assert_eq!(view.nodes[b].failing_observers, [c.nodes[a].name.clone()]);
+    }
+
+    #[test]
+    fn a_zone_partition_degrades_the_zone_only() {
+        let c = Cluster::new();
+        let view = c.view(&Faults {
+            partition: Some(4),
+            ..Faults::default()
+        });
+        let zone: Vec<(usize, Verdict)> = (80..100).map(|i| (i, Verdict::PathDegraded)).collect();
+        Cluster::check(&view, &zone);
+        for i in 80..100 {
+            let v = &view.nodes[i];
+            assert_eq!(
+                v.seen_reachable, 19,
+                "node {i}: reached from inside its zone"
+            );
+            assert!(v.failing >= 1, "node {i}: failed from outside");
+            assert!(
+                v.failing_observers.iter().all(|o| c
+                    .nodes
+                    .get(o)
+                    .is_some_and(|n| n.zone.as_deref() != Some("zone-4"))),
+                "the failing observers named are outside: {v:?}"
+            );
+            assert!(v.unreached >= 4, "its failures outwards are its own: {v:?}");
+        }
+    }
+
+    #[test]
+    fn a_large_zone_partly_seen_partitioned_blames_the_zone() {
+        // Zones of 50: an outside observer probes several nodes of the
+        // partitioned zone, and while half the observers' summaries still
+        // predate the partition those nodes look reached by most others.
+        let c = Cluster::with_zones(50);
+        let view = c.view(&Faults {
+            partition: Some(1),
+            lagging: (0..N).filter(|i| i % 2 == 1).collect(),
+            ..Faults::default()
+        });
+        // A node of the zone that no up-to-date outsider probes is still
+        // healthy to all.
+        let zone: Vec<(usize, Verdict)> = (50..100)
+            .filter(|&i| (0..N).any(|o| c.zone(o) != 1 && o % 2 == 0 && c.observes(o, i)))
+            .map(|i| (i, Verdict::PathDegraded))
+            .collect();
+        assert!(zone.len() > 25, "{} of the zone degraded", zone.len());
+        Cluster::check(&view, &zone);
+    }
+
+    #[test]
+    fn an_observer_that_drops_its_probes() {
+        let c = Cluster::new();
+        let view = c.view(&Faults {
+            deaf: vec![123],
+            ..Faults::default()
+        });
+        Cluster::check(&view, &[(123, Verdict::ObserverProblem)]);
+        let v = &view.nodes[123];
+        assert_eq!(v.unreached as usize, ZONE - 1 + K, "every peer");
+        assert_eq!(v.unreached_nodes.len(), MAX_NAMED);
+        assert_eq!(v.seen_reachable, v.observers, "others reach it");
+        assert!(view.nodes.iter().all(|n| n.failing == 0));
+    }
+
+    #[test]
+    fn a_flapping_observer_is_a_problem_only_while_it_fails() {
+        let c = Cluster::new();
+        // Its failing phases: everything, then HTTP only; between: none.
+        for (deaf, http_deaf) in [(vec![9], vec![]), (vec![], vec![9])] {
+            let view = c.view(&Faults {
+                deaf,
+                http_deaf,
+                ..Faults::default()
+            });
+            Cluster::check(&view, &[(9, Verdict::ObserverProblem)]);
+        }
+        Cluster::check(&c.view(&Faults::default()), &[]);
+    }
+
+    #[test]
+    fn every_fault_at_once() {
+        let c = Cluster::new();
+        let (a, b) = (150, 170);
+        assert!(
+            c.observes(a, b) || c.observes(b, a),
+            "the cut link is observed"
+        );
+        let view = c.view(&Faults {
+            down: vec![57],
+            cut: vec![(a, b)],
+            partition: Some(4),
+            deaf: vec![123, 9],
+            http_deaf: vec![],
+            lagging: vec![],
+        });
+        let mut expected: Vec<(usize, Verdict)> =
+            (80..100).map(|i| (i, Verdict::PathDegraded)).collect();
+        expected.extend([
+            (57, Verdict::NodeDown),
+            (123, Verdict::ObserverProblem),
+            (9, Verdict::ObserverProblem),
+        ]);
+        for (x, y) in [(a, b), (b, a)] {
+            if c.observes(x, y) {
+                expected.push((y, Verdict::PathDegraded));
+            }
+        }
+        Cluster::check(&view, &expected);
+    }
+
+    #[test]
+    fn too_few_observers_is_unknown() {
+        let c = Cluster::new();
+        let all = c.summaries(&Faults::default());
+        let lone = &c.nodes[0].name;
+        // Only the first two zones report: nodes outside them have few
+        // observers or none; node 0 hears only from its zone.
+        let some: Vec<&Summary> = all.iter().filter(|s| s.observer() < "node-040").collect();
+        let view = assemble(&c.nodes, some, &ViewParams::default());
+        assert_eq!(view.node(lone).map(|n| n.verdict), Some(Verdict::Healthy));
+        let unobserved = view.nodes.iter().filter(|n| n.observers < 2);
+        for n in unobserved {
+            assert_eq!(n.verdict, Verdict::Unknown, "{n:?}");
+        }
+        assert!(view.counts.unknown > 0);
+        // Every path still unknown (a first round): unknown everywhere.
+        let fresh: Vec<Summary> = all
+            .iter()
+            .map(|s| {
+                let peers = s
+                    .peers()
+                    .iter()
+                    .map(|p| PeerSummary {
+                        name: p.name.clone(),
+                        paths: [PathSample::UNKNOWN; 4],
+                    })
+                    .collect();
+                Summary::new(s.observer().into(), 1, 1, peers).expect("valid")
+            })
+            .collect();
+        let view = assemble(&c.nodes, &fresh, &ViewParams::default());
+        assert_eq!(view.counts.unknown, N);
+    }
+
+    #[test]
+    fn stale_superseded_and_foreign_summaries_are_left_out() {
+        let c = Cluster::new();
+        let down = Faults {
+            down: vec![57],
+            ..Faults::default()
+        };
+        // Newer summaries see 57 down; older ones (at 500) saw it up.
+        let mut summaries = c.summaries(&down);
+        let old: Vec<Summary> = c
+            .summaries(&Faults::default())
+            .into_iter()
+            .map(|s| Summary::new(s.observer().into(), 0, 500, s.peers().to_vec()).expect("valid"))
+            .collect();
+        summaries.extend(old);
+        summaries.push(Summary::new("stranger".into(), 1, 1000, vec![]).expect("valid"));
+        let view = assemble(&c.nodes, &summaries, &ViewParams::default());
+        assert!(view.nodes[57].reporting, "57's own old summary is in");
+        Cluster::check(&view, &[(57, Verdict::NodeDown)]);
+        let params = ViewParams {
+            oldest_ms: 600,
+            ..ViewParams::default()
+        };
+        let view = assemble(&c.nodes, summaries.iter().rev(), &params);
+        Cluster::check(&view, &[(57, Verdict::NodeDown)]);
+        assert_eq!(view.reports, N - 1);
+        assert_eq!(view.ignored, N + 1, "every old one and the stranger");
+        assert!(!view.nodes[57].reporting);
+    }
+
+    #[test]
+    fn the_view_serialises_for_the_api() {
+        let c = Cluster::new();
+        let view = c.view(&Faults {
+            down: vec![1],
+            ..Faults::default()
+        });
+        let json = serde_json::to_value(&view).expect("serialises");
+        assert_eq!(json["nodes"][1]["verdict"], "node-down");
+        assert_eq!(json["nodes"][0]["verdict"], "healthy");
+        assert_eq!(json["counts"]["node_down"], 1);
+        let back: ClusterView = serde_json::from_value(json).expect("deserialises");
+        assert_eq!(back, view);
+    }
+}

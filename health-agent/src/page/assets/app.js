@@ -1,0 +1,766 @@
+// The connectivity page: this node's view of every peer and path.
+//
+// Data: GET api/v1/status (the agent's ClusterStatus), polled every
+// max(1 s, probe interval); GET api/v1/status/history (compact strips of
+// every node, optional: a 404 shows no strip); GET
+// api/v1/status/history?node=NAME for the detail of the selected node.
+//
+// Rendering: a virtualised list. The rows are sorted and filtered once per
+// data update; only the rows in view (plus a few) exist in the DOM, taken
+// from a pool and refilled on scroll. One delegated listener serves every
+// row. The test hook is `window.healthPage`.
+"use strict";
+
+(() => {
+  const ROW_H = 26;
+  const OVERSCAN = 6;
+  const MIN_POLL_MS = 1000;
+  const FETCH_TIMEOUT_MS = 10000;
+  const STRIP_W = 120;
+  const STRIP_H = 18;
+  const RANK = { failure: 0, unknown: 1, success: 2 };
+  const RESULTS = new Set(["success", "failure", "unknown"]);
+  const PATHS = [
+    { key: "host-icmp", label: "host ICMP", addr: "host", proto: "icmp" },
+    { key: "host-http", label: "host HTTP", addr: "host", proto: "http" },
+    { key: "endpoint-icmp", label: "endpoint ICMP", addr: "endpoint", proto: "icmp" },
+    { key: "endpoint-http", label: "endpoint HTTP", addr: "endpoint", proto: "http" },
+  ];
+  const COLOURS = {};
+  const collator = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
+
+  const $ = (id) => document.getElementById(id);
+  const el = {
+    local: $("local-node"),
+    round: $("round"),
+    reachable: $("n-reachable"),
+    unreachable: $("n-unreachable"),
+    unknown: $("n-unknown"),
+    banner: $("banner"),
+    failingOnly: $("failing-only"),
+    search: $("search"),
+    shown: $("shown"),
+    histHead: $("hist-head"),
+    cols: $("cols"),
+    list: $("list"),
+    spacer: $("spacer"),
+    rows: $("rows"),
+    empty: $("empty"),
+    detail: $("detail"),
+    detailName: $("detail-name"),
+    detailBody: $("detail-body"),
+    detailClose: $("detail-close"),
+  };
+
+  const st = {
+    status: null, // the last good ClusterStatus
+    model: [], // every node, sorted failing first then by name
+    byName: new Map(),
+    view: [], // the model after the filters
+    counts: { reachable: 0, unreachable: 0, unknown: 0 },
+    history: null, // { window, rounds, strips: Map(name -> [4 strings]) }
+    historyState: "pending", // "ok" | "missing" (404) | "error" | "pending"
+    filters: { failingOnly: false, search: "" },
+    selected: null,
+    detail: null, // { name, data } | { name, missing: true } | { name, error }
+    lastOkAt: 0,
+    problems: { status: null, history: null },
+    pool: [],
+    scrollbar: -1,
+    timer: 0,
+    inflight: null,
+    renders: 0,
+    renderPending: false,
+    timings: [],
+    lastRenderMs: null,
+    renderedAt: null,
+    ready: false,
+    firstReadyAt: null,
+  };
+
+  // ---- formatting ------------------------------------------------------
+
+  function fmtRtt(ns) {
+    if (typeof ns !== "number" || !isFinite(ns)) return "";
+    if (ns < 1e6) return (ns / 1e3).toFixed(0) + " µs";
+    if (ns < 1e7) return (ns / 1e6).toFixed(2) + " ms";
+    if (ns < 1e9) return (ns / 1e6).toFixed(1) + " ms";
+    return (ns / 1e9).toFixed(2) + " s";
+  }
+
+  function fmtAge(ms) {
+    if (ms < 0) ms = 0;
+    if (ms < 10000) return (ms / 1000).toFixed(1) + " s";
+    if (ms < 120000) return Math.round(ms / 1000) + " s";
+    if (ms < 7200000) return Math.round(ms / 60000) + " min";
+    return Math.round(ms / 3600000) + " h";
+  }
+
+  function fmtClock(ms) {
+    return new Date(ms).toLocaleTimeString();
+  }
+
+  // ---- the model -------------------------------------------------------
+
+  function fail(what) {
+    throw new Error(what);
+  }
+
+  function readPath(n, i, p) {
+    const conn = n[p.addr];
+    const ps = conn[p.proto];
+    if (ps === null || typeof ps !== "object") fail(`nodes[${i}].${p.addr}.${p.proto} is not an object`);
+    if (!RESULTS.has(ps.result)) fail(`nodes[${i}].${p.addr}.${p.proto}.result is ${JSON.stringify(ps.result)}`);
+    return {
+      path: p.key,
+      state: ps.result,
+      rttNs: typeof ps.rtt_ns === "number" ? ps.rtt_ns : null,
+      error: typeof ps.last_error === "string" ? ps.last_error : null,
+      warning: typeof ps.warning === "string" ? ps.warning : null,
+      lastProbeMs: typeof ps.last_probe_ms === "number" ? ps.last_probe_ms : null,
+      failures: ps.consecutive_failures | 0,
+      ip: typeof conn.ip === "string" ? conn.ip : "",
+    };
+  }
+
+  // NodeStatus::state: failure if any path failed, else unknown if any is
+  // unknown, else success.
+  function nodeState(paths) {
+    let s = "success";
+    for (const p of paths) {
+      if (p.state === "failure") return "failure";
+      if (p.state === "unknown") s = "unknown";
+    }
+    return s;
+  }
+
+  function buildModel(status) {
+    if (status === null || typeof status !== "object" || Array.isArray(status)) fail("the status is not an object");
+    if (!Array.isArray(status.nodes)) fail("the status has no nodes list");
+    if (status.round !== null && status.round !== undefined && typeof status.round !== "object") fail("round is not an object");
+    const local = typeof status.local_node === "string" ? status.local_node : null;
+    const model = new Array(status.nodes.length);
+    const counts = { reachable: 0, unreachable: 0, unknown: 0 };
+    status.nodes.forEach((n, i) => {
+      if (n === null || typeof n !== "object") fail(`nodes[${i}] is not an object`);
+      if (typeof n.name !== "string") fail(`nodes[${i}].name is not a string`);
+      for (const a of ["host", "endpoint"]) {
+        if (n[a] === null || typeof n[a] !== "object") fail(`nodes[${i}].${a} is not an object`);
+      }
+      const paths = PATHS.map((p) => readPath(n, i, p));
+      const state = nodeState(paths);
+      if (state === "success") counts.reachable++;
+      else if (state === "failure") counts.unreachable++;
+      else counts.unknown++;
+      // The row's error: the first failing path's, else none.
+      const failing = paths.find((p) => p.state === "failure");
+      model[i] = {
+        name: n.name,
+        lname: n.name.toLowerCase(),
+        hostIp: paths[0].ip,
+        endpointIp: paths[2].ip,
+        state,
+        rank: RANK[state],
+        local: n.name === local,
+        paths,
+        error: failing ? `${failing.path}: ${failing.error || "failed"}` : "",
+      };
+    });
+    model.sort((a, b) => a.rank - b.rank || collator.compare(a.name, b.name));
+    return { model, counts };
+  }
+
+  function applyFilters() {
+    const { failingOnly, search } = st.filters;
+    const q = search.trim().toLowerCase();
+    if (!failingOnly && !q) {
+      st.view = st.model;
+      return;
+    }
+    st.view = st.model.filter(
+      (n) =>
+        (!failingOnly || n.state === "failure") &&
+        (!q || n.lname.includes(q) || n.hostIp.startsWith(q) || n.endpointIp.startsWith(q)),
+    );
+  }
+
+  function buildHistory(h) {
+    if (h === null || typeof h !== "object" || !Array.isArray(h.nodes)) fail("the history has no nodes list");
+    const rounds = Array.isArray(h.rounds) ? h.rounds : [];
+    const strips = new Map();
+    for (const n of h.nodes) {
+      if (n && typeof n.name === "string" && Array.isArray(n.paths)) {
+        strips.set(n.name, n.paths.map((s) => (typeof s === "string" ? s : "")));
+      }
+    }
+    return { window: typeof h.window === "number" ? h.window : rounds.length, rounds, strips };
+  }
+
+  // ---- fetching --------------------------------------------------------
+
+  class HttpError extends Error {
+    constructor(url, status) {
+      super(`${url}: HTTP ${status}`);
+      this.status = status;
+    }
+  }
+
+  async function fetchText(url) {
+    const opts = { cache: "no-store", headers: { Accept: "application/json" } };
+    if (typeof AbortSignal !== "undefined" && AbortSignal.timeout) opts.signal = AbortSignal.timeout(FETCH_TIMEOUT_MS);
+    const res = await fetch(url, opts);
+    if (!res.ok) throw new HttpError(url, res.status);
+    return res.text();
+  }
+
+  function pollMs() {
+    const interval = st.status && typeof st.status.probe_interval_ms === "number" ? st.status.probe_interval_ms : 0;
+    return Math.max(MIN_POLL_MS, interval);
+  }
+
+  // Asked at every refresh: a 404 (an agent without history) costs a few
+  // bytes, and the strips appear as soon as the agent has them.
+  async function loadHistory() {
+    try {
+      st.history = buildHistory(JSON.parse(await fetchText("api/v1/status/history")));
+      st.historyState = "ok";
+      st.problems.history = null;
+    } catch (e) {
+      st.history = null;
+      if (e instanceof HttpError && e.status === 404) {
+        st.historyState = "missing";
+        st.problems.history = null;
+      } else {
+        st.historyState = "error";
+        st.problems.history = `history unavailable: ${e.message}`;
+      }
+    }
+  }
+
+  async function loadDetail() {
+    const name = st.selected;
+    if (name === null) return;
+    const url = "api/v1/status/history?node=" + encodeURIComponent(name);
+    try {
+      const data = JSON.parse(await fetchText(url));
+      if (data === null || typeof data !== "object" || !Array.isArray(data.paths)) fail("no paths list");
+      if (st.selected === name) st.detail = { name, data };
+    } catch (e) {
+      if (st.selected !== name) return;
+      st.detail = e instanceof HttpError && e.status === 404 ? { name, missing: true } : { name, error: e.message };
+    }
+  }
+
+  // One refresh: status, history and the selected node's detail in
+  // parallel, then one render. Resolves with the timings once painted.
+  async function refreshOnce() {
+    const t0 = performance.now();
+    const now = Date.now();
+    const side = Promise.all([loadHistory(), loadDetail()]);
+    let text = null;
+    let t1 = t0;
+    try {
+      text = await fetchText("api/v1/status");
+      t1 = performance.now();
+      const status = JSON.parse(text);
+      const { model, counts } = buildModel(status);
+      st.status = status;
+      st.model = model;
+      st.byName = new Map(model.map((n) => [n.name, n]));
+      st.counts = counts;
+      st.lastOkAt = now;
+      st.problems.status = null;
+    } catch (e) {
+      const since = st.lastOkAt ? ` Showing the data of ${fmtClock(st.lastOkAt)}.` : "";
+      if (text === null) {
+        st.problems.status = `Agent not reachable (${e.message}); retrying every ${pollMs() / 1000} s.${since}`;
+      } else {
+        st.problems.status = `Malformed status from the agent: ${e.message}.${since}`;
+      }
+    }
+    const t2 = performance.now();
+    await side;
+    const t3 = performance.now();
+    applyFilters();
+    renderAll();
+    const t4 = performance.now();
+    await painted();
+    const t5 = performance.now();
+    const timing = {
+      fetchMs: t1 - t0,
+      parseMs: t2 - t1,
+      sideMs: t3 - t0,
+      renderMs: t4 - t3,
+      paintedMs: t5 - t0,
+      totalMs: t4 - t0,
+      nodes: st.model.length,
+      ok: st.problems.status === null,
+    };
+    st.timings.push(timing);
+    if (st.timings.length > 100) st.timings.shift();
+    st.lastRenderMs = timing.paintedMs;
+    st.renderedAt = performance.now();
+    if (st.problems.status === null && !st.ready) {
+      st.ready = true;
+      // Milliseconds from the navigation's start to the first data painted.
+      st.firstReadyAt = st.renderedAt;
+    }
+    return timing;
+  }
+
+  // After the next frame has been produced (two animation frames).
+  function painted() {
+    if (document.hidden) return Promise.resolve();
+    return new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(() => resolve())));
+  }
+
+  function schedule() {
+    clearTimeout(st.timer);
+    st.timer = setTimeout(cycle, pollMs());
+  }
+
+  function cycle() {
+    clearTimeout(st.timer);
+    const run = refreshOnce().finally(() => {
+      if (st.inflight === run) st.inflight = null;
+      schedule();
+    });
+    st.inflight = run;
+    return run;
+  }
+
+  async function refreshNow() {
+    clearTimeout(st.timer);
+    if (st.inflight) {
+      try {
+        await st.inflight;
+      } catch (_) {
+        // Reported by the cycle itself.
+      }
+    }
+    return cycle();
+  }
+
+  // ---- rendering -------------------------------------------------------
+
+  function renderAll() {
+    renderHeader();
+    renderBanner();
+    renderRows();
+    renderDetail();
+    st.renders++;
+  }
+
+  function renderHeader() {
+    const s = st.status;
+    if (!s) return;
+    el.local.textContent = s.local_node ? `on ${s.local_node}` : "";
+    document.title = `${st.counts.unreachable ? `(${st.counts.unreachable}) ` : ""}health: ${s.local_node || "connectivity"}`;
+    el.reachable.textContent = st.counts.reachable;
+    el.unreachable.textContent = st.counts.unreachable;
+    el.unknown.textContent = st.counts.unknown;
+    const total = st.model.length;
+    el.shown.textContent = st.view.length === total ? `${total} nodes` : `${st.view.length} of ${total} nodes`;
+    if (st.historyState === "ok" && st.history) {
+      el.histHead.textContent = `last ${st.history.rounds.length} rounds`;
+    } else {
+      el.histHead.textContent = "history";
+    }
+    renderRoundAge();
+  }
+
+  function renderRoundAge() {
+    const s = st.status;
+    if (!s) return;
+    const r = s.round;
+    if (!r) {
+      el.round.textContent = "first round not finished: every path is unknown";
+      el.round.classList.remove("stale");
+      return;
+    }
+    const age = Date.now() - r.started_ms;
+    el.round.textContent =
+      `round ${r.seq} started ${fmtAge(age)} ago, took ${r.duration_ms} ms; ` +
+      `${r.probes} probes every ${fmtAge(s.probe_interval_ms)}`;
+    // Rounds start every interval: three intervals without one is news.
+    el.round.classList.toggle("stale", age > 3 * Math.max(s.probe_interval_ms, 1000) + r.duration_ms);
+  }
+
+  function renderBanner() {
+    // The status's problem says it all when there is one.
+    const msgs = [st.problems.status || st.problems.history].filter(Boolean);
+    el.banner.hidden = msgs.length === 0;
+    el.banner.textContent = msgs.join(" ");
+    el.banner.classList.toggle("warn", st.problems.status === null);
+  }
+
+  function makeRow() {
+    const row = document.createElement("div");
+    row.className = "row";
+    row.setAttribute("role", "listitem");
+    const cell = (cls) => {
+      const c = document.createElement("span");
+      c.className = cls;
+      row.appendChild(c);
+      return c;
+    };
+    const dotCell = cell("c-dot");
+    const dot = document.createElement("span");
+    dot.className = "dot";
+    dotCell.appendChild(dot);
+    const name = cell("c-name");
+    const paths = PATHS.map((p) => {
+      const c = cell("c-path");
+      c.dataset.path = p.key;
+      return c;
+    });
+    const hist = cell("c-hist");
+    const canvas = document.createElement("canvas");
+    hist.appendChild(canvas);
+    const err = cell("c-err");
+    row._c = { name, paths, hist, canvas, err, drawn: null };
+    return row;
+  }
+
+  function pathText(p) {
+    if (p.state === "success") return fmtRtt(p.rttNs) || "ok";
+    if (p.state === "failure") return "failed";
+    return p.failures > 0 ? `failing ×${p.failures}` : "—";
+  }
+
+  function pathTitle(n, p, label) {
+    const lines = [`${n.name} ${label} (${p.ip}): ${p.state}`];
+    if (p.rttNs !== null) lines.push(`RTT ${fmtRtt(p.rttNs)} (last success)`);
+    if (p.error) lines.push(`last error: ${p.error}`);
+    if (p.warning) lines.push(`warning: ${p.warning}`);
+    if (p.lastProbeMs) lines.push(`probed ${fmtAge(Date.now() - p.lastProbeMs)} ago`);
+    return lines.join("\n");
+  }
+
+  function fillRow(row, n) {
+    const c = row._c;
+    row.dataset.node = n.name;
+    row.dataset.state = n.state;
+    row.classList.toggle("selected", n.name === st.selected);
+    c.name.textContent = n.name;
+    if (n.local) {
+      const me = document.createElement("span");
+      me.className = "me";
+      me.textContent = "(this node)";
+      c.name.appendChild(me);
+    }
+    c.name.title = `${n.name}: ${n.state}\nnode ${n.hostIp}, endpoint ${n.endpointIp}`;
+    for (let i = 0; i < PATHS.length; i++) {
+      const p = n.paths[i];
+      const cellEl = c.paths[i];
+      cellEl.dataset.state = p.state;
+      cellEl.textContent = pathText(p);
+      cellEl.title = pathTitle(n, p, PATHS[i].label);
+    }
+    c.err.textContent = n.error;
+    c.err.title = n.error;
+    drawStrip(c, n.name);
+  }
+
+  function colour(name) {
+    if (!COLOURS[name]) {
+      COLOURS[name] = getComputedStyle(document.documentElement).getPropertyValue(`--${name}`).trim() || "#888";
+    }
+    return COLOURS[name];
+  }
+
+  // Four lanes (one per path), one column per round, oldest on the left.
+  function drawStrip(c, name) {
+    const strips = st.historyState === "ok" && st.history ? st.history.strips.get(name) : null;
+    c.hist.title = strips ? `${name}: ${PATHS.map((p, i) => `${p.label} ${strips[i] || ""}`).join("\n")}` : "";
+    const key = strips ? strips.join("|") : "";
+    if (c.drawn === key) return;
+    c.drawn = key;
+    const canvas = c.canvas;
+    canvas.hidden = !strips;
+    if (!strips) return;
+    const dpr = window.devicePixelRatio || 1;
+    if (canvas.width !== STRIP_W * dpr) {
+      canvas.width = STRIP_W * dpr;
+      canvas.height = STRIP_H * dpr;
+    }
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, STRIP_W, STRIP_H);
+    const len = Math.max(1, ...strips.map((s) => s.length));
+    const w = STRIP_W / len;
+    const laneH = STRIP_H / 4;
+    const gap = w > 2 ? 0.5 : 0;
+    // One rectangle per run of equal results: a steady path is one.
+    for (let lane = 0; lane < 4; lane++) {
+      const s = strips[lane] || "";
+      const off = len - s.length;
+      let i = 0;
+      while (i < s.length) {
+        const ch = s[i];
+        let j = i + 1;
+        while (j < s.length && s[j] === ch) j++;
+        ctx.fillStyle = colour(ch === "S" ? "success" : ch === "F" ? "failure" : "line");
+        ctx.fillRect((off + i) * w, lane * laneH, Math.max(1, (j - i) * w - gap), laneH - 1);
+        i = j;
+      }
+    }
+  }
+
+  function renderRows() {
+    const n = st.view.length;
+    el.spacer.style.height = `${n * ROW_H}px`;
+    const top = el.list.scrollTop;
+    const height = el.list.clientHeight || window.innerHeight;
+    const first = Math.max(0, Math.floor(top / ROW_H) - OVERSCAN);
+    const last = Math.min(n, Math.ceil((top + height) / ROW_H) + OVERSCAN);
+    el.rows.style.transform = `translateY(${first * ROW_H}px)`;
+    // The column heads stay above their columns beside a scrollbar.
+    const bar = el.list.offsetWidth - el.list.clientWidth;
+    if (st.scrollbar !== bar) {
+      st.scrollbar = bar;
+      el.cols.style.paddingRight = `${16 + bar}px`;
+    }
+    while (st.pool.length < last - first) {
+      const row = makeRow();
+      st.pool.push(row);
+      el.rows.appendChild(row);
+    }
+    for (let i = 0; i < st.pool.length; i++) {
+      const row = st.pool[i];
+      const node = first + i < last ? st.view[first + i] : null;
+      if (node) {
+        row.hidden = false;
+        fillRow(row, node);
+      } else if (!row.hidden) {
+        row.hidden = true;
+        delete row.dataset.node;
+        delete row.dataset.state;
+      }
+    }
+    el.empty.hidden = n > 0;
+    if (n === 0) {
+      el.empty.textContent = !st.status
+        ? "no data yet"
+        : st.model.length === 0
+          ? "this agent knows no nodes"
+          : "no node matches the filters";
+    }
+  }
+
+  function requestRows() {
+    if (st.renderPending) return;
+    st.renderPending = true;
+    requestAnimationFrame(() => {
+      st.renderPending = false;
+      renderRows();
+    });
+  }
+
+  // ---- the detail of one node -------------------------------------------
+
+  function dl(pairs) {
+    const d = document.createElement("dl");
+    for (const [k, v] of pairs) {
+      if (v === null || v === undefined || v === "") continue;
+      const dt = document.createElement("dt");
+      dt.textContent = k;
+      const dd = document.createElement("dd");
+      dd.textContent = v;
+      d.append(dt, dd);
+    }
+    return d;
+  }
+
+  // One bar per probe: colour by outcome, height by RTT (failures full).
+  function drawEntries(canvas, entries) {
+    const dpr = window.devicePixelRatio || 1;
+    const w = canvas.clientWidth || 420;
+    const h = canvas.clientHeight || 48;
+    canvas.width = w * dpr;
+    canvas.height = h * dpr;
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    if (!entries.length) return;
+    const rtts = entries.map((e) => (typeof e.rtt_ns === "number" ? e.rtt_ns : 0));
+    const max = Math.max(1, ...rtts);
+    const bw = w / entries.length;
+    entries.forEach((e, i) => {
+      const ok = e.outcome === "success";
+      ctx.fillStyle = colour(ok ? "success" : e.outcome === "failure" ? "failure" : "unknown");
+      const bh = ok ? Math.max(2, (rtts[i] / max) * (h - 2)) : h;
+      ctx.fillRect(i * bw, h - bh, Math.max(1, bw - 1), bh);
+    });
+  }
+
+  function renderDetail() {
+    const name = st.selected;
+    el.detail.hidden = name === null;
+    if (name === null) return;
+    const n = st.byName.get(name);
+    el.detailName.textContent = name;
+    const body = document.createDocumentFragment();
+    if (!n) {
+      const p = document.createElement("p");
+      p.textContent = "This node is no longer in the status.";
+      body.appendChild(p);
+    }
+    const hist = st.detail && st.detail.name === name ? st.detail : null;
+    if (hist && hist.missing) body.appendChild(note("This agent keeps no history for this node."));
+    if (hist && hist.error) body.appendChild(note(`History unavailable: ${hist.error}`));
+    const detailPaths = hist && hist.data ? hist.data.paths : [];
+    PATHS.forEach((p, i) => {
+      const cur = n ? n.paths[i] : null;
+      const h = detailPaths.find((d) => d && d.path === p.key) || null;
+      const card = document.createElement("div");
+      card.className = "path-card";
+      card.dataset.path = p.key;
+      const title = document.createElement("h3");
+      title.textContent = p.label;
+      const badge = document.createElement("span");
+      badge.className = "badge";
+      badge.dataset.state = cur ? cur.state : "unknown";
+      badge.textContent = cur ? cur.state : "gone";
+      title.appendChild(badge);
+      card.appendChild(title);
+      const pct = (x) => (typeof x === "number" ? `${(x * 100).toFixed(1)} %` : null);
+      card.appendChild(
+        dl([
+          ["address", (h && h.ip) || (cur && cur.ip)],
+          ["RTT (last success)", cur && fmtRtt(cur.rttNs)],
+          ["RTT p50 / p99", h && h.rtt_p50_ns != null ? `${fmtRtt(h.rtt_p50_ns)} / ${fmtRtt(h.rtt_p99_ns)}` : null],
+          ["loss", h && pct(h.loss_ratio)],
+          ["last error", cur && cur.error],
+          ["warning", cur && cur.warning],
+          ["last probe", cur && cur.lastProbeMs ? `${fmtAge(Date.now() - cur.lastProbeMs)} ago` : null],
+        ]),
+      );
+      if (h && Array.isArray(h.entries)) {
+        const canvas = document.createElement("canvas");
+        card.appendChild(canvas);
+        card._entries = h.entries;
+        card._canvas = canvas;
+        const errs = h.entries.filter((e) => e && e.error).slice(-3).reverse();
+        for (const e of errs) {
+          card.appendChild(note(`${typeof e.at_ms === "number" ? fmtClock(e.at_ms) : "?"}: ${e.error}`));
+        }
+      }
+      body.appendChild(card);
+    });
+    el.detailBody.replaceChildren(body);
+    for (const card of el.detailBody.querySelectorAll(".path-card")) {
+      if (card._canvas) drawEntries(card._canvas, card._entries);
+    }
+  }
+
+  function note(text) {
+    const p = document.createElement("p");
+    p.className = "muted";
+    p.textContent = text;
+    return p;
+  }
+
+  function select(name) {
+    st.selected = name;
+    st.detail = null;
+    renderRows();
+    renderDetail();
+    if (name !== null) loadDetail().then(renderDetail);
+  }
+
+  // ---- wiring ----------------------------------------------------------
+
+  function onFilters() {
+    st.filters.failingOnly = el.failingOnly.checked;
+    st.filters.search = el.search.value;
+    applyFilters();
+    renderHeader();
+    renderRows();
+  }
+
+  el.failingOnly.addEventListener("change", onFilters);
+  el.search.addEventListener("input", onFilters);
+  el.list.addEventListener("scroll", requestRows, { passive: true });
+  window.addEventListener("resize", requestRows);
+  el.rows.addEventListener("click", (e) => {
+    const row = e.target.closest(".row");
+    if (row && row.dataset.node) select(row.dataset.node === st.selected ? null : row.dataset.node);
+  });
+  el.detailClose.addEventListener("click", () => select(null));
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && st.selected !== null) select(null);
+    if (e.key === "/" && document.activeElement !== el.search) {
+      e.preventDefault();
+      el.search.focus();
+    }
+  });
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) refreshNow();
+  });
+  setInterval(renderRoundAge, 1000);
+
+  const publicRow = (n) => ({
+    name: n.name,
+    state: n.state,
+    local: n.local,
+    paths: n.paths.map((p) => ({ path: p.path, state: p.state, rttNs: p.rttNs, error: p.error })),
+  });
+
+  // The test hook: the model after the filters (not only the rows in
+  // view), the rendering's timings, and a way to refresh now.
+  window.healthPage = {
+    get ready() {
+      return st.ready;
+    },
+    get lastRenderMs() {
+      return st.lastRenderMs;
+    },
+    get renderedAt() {
+      return st.renderedAt;
+    },
+    get firstReadyAt() {
+      return st.firstReadyAt;
+    },
+    get renders() {
+      return st.renders;
+    },
+    get error() {
+      return el.banner.hidden ? null : el.banner.textContent;
+    },
+    get timings() {
+      return st.timings.slice();
+    },
+    get historyState() {
+      return st.historyState;
+    },
+    summary() {
+      const r = st.status && st.status.round;
+      return {
+        localNode: st.status ? st.status.local_node : null,
+        seq: r ? r.seq : null,
+        nodes: st.model.length,
+        shown: st.view.length,
+        ...st.counts,
+      };
+    },
+    rows() {
+      return st.view.map(publicRow);
+    },
+    visibleRows() {
+      return st.pool.filter((r) => !r.hidden && r.dataset.node).map((r) => r.dataset.node);
+    },
+    strip(name) {
+      return st.history ? st.history.strips.get(name) || null : null;
+    },
+    setFilters({ failingOnly = st.filters.failingOnly, search = st.filters.search } = {}) {
+      el.failingOnly.checked = failingOnly;
+      el.search.value = search;
+      onFilters();
+      return st.view.length;
+    },
+    select,
+    refresh: refreshNow,
+  };
+
+  cycle();
+})();

@@ -1,0 +1,801 @@
+//! Per-path history: the results of the last R rounds of every path, in
+//! bounded memory (about 4 bytes a result).
+//!
+//! The rounds themselves (number, start, when their results were recorded)
+//! are kept once per prober, in a ring of R slots indexed by `seq % R`.
+//! Each node has one ring of `4 * R` `u32`s, allocated at its first result,
+//! path-major, indexed the same way: a success stores its RTT (nanoseconds
+//! below 2^30, microseconds above), a failure the index of its error's
+//! class (`timeout`, `connect: refused`, `HTTP 503`, ...) in a small
+//! bounded table of the prober's. The full text of a path's last error is
+//! in its [`PathState`](super::path::PathState), not here.
+
+use std::{collections::HashMap, fmt, net::Ipv4Addr, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use super::{error::ProbeError, path::Outcome};
+
+/// Rounds kept by default (`--history-length`).
+pub const DEFAULT_LENGTH: u16 = 60;
+/// The most rounds `--history-length` may ask for: 16 bytes per node and
+/// round, 92 MB at 1,440 rounds of 4,000 peers.
+pub const MAX_LENGTH: u16 = 1440;
+/// The four paths of a node as the history names them, in their order.
+pub const PATH_NAMES: [&str; 4] = ["host-icmp", "host-http", "endpoint-icmp", "endpoint-http"];
+
+/// A failure: the low bits are an error class index.
+const FAILED: u32 = 1 << 31;
+/// A success whose RTT is in microseconds (else nanoseconds).
+const MICROS: u32 = 1 << 30;
+const LOW30: u32 = MICROS - 1;
+/// A slot of a round the path was not probed in.
+const NOT_PROBED: u32 = u32::MAX;
+/// Error classes a prober tells apart; past them, failures are `other`.
+const MAX_CLASSES: usize = 256;
+
+/// What failed, without the per-address details: few enough values to be
+/// kept as an index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ErrorClass {
+    Other,
+    Timeout,
+    Refused(&'static str),
+    Unreachable(&'static str),
+    Reset(&'static str),
+    HttpStatus(u16),
+    Io(&'static str),
+    Protocol,
+    Namespace,
+    ReceiverStopped,
+}
+
+impl From<&ProbeError> for ErrorClass {
+    fn from(e: &ProbeError) -> Self {
+        match e {
+            ProbeError::Timeout { .. } => Self::Timeout,
+            ProbeError::Refused { step, .. } => Self::Refused(step),
+            ProbeError::Unreachable { step, .. } => Self::Unreachable(step),
+            ProbeError::Reset { step, .. } => Self::Reset(step),
+            ProbeError::HttpStatus(code) => Self::HttpStatus(*code),
+            ProbeError::Io { step, .. } => Self::Io(step),
+            ProbeError::Protocol(_) => Self::Protocol,
+            ProbeError::Namespace(_) => Self::Namespace,
+            ProbeError::ReceiverStopped => Self::ReceiverStopped,
+        }
+    }
+}
+
+impl fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Other => f.write_str("other"),
+            Self::Timeout => f.write_str("timeout"),
+            Self::Refused(step) => write!(f, "{step}: refused"),
+            Self::Unreachable(step) => write!(f, "{step}: unreachable"),
+            Self::Reset(step) => write!(f, "{step}: reset"),
+            Self::HttpStatus(code) => write!(f, "HTTP {code}"),
+            Self::Io(step) => write!(f, "{step}: error"),
+            Self::Protocol => f.write_str("not HTTP"),
+            Self::Namespace => f.write_str("probe namespace"),
+            Self::ReceiverStopped => f.write_str("ICMP receiver stopped"),
+        }
+    }
+}
+
+/// The error classes seen, numbered in order of appearance (0: `other`).
+#[derive(Debug, Clone)]
+struct ErrorClasses {
+    list: Vec<ErrorClass>,
+    index: HashMap<ErrorClass, u32>,
+}
+
+impl ErrorClasses {
+    fn new() -> Self {
+        Self {
+            list: vec![ErrorClass::Other],
+            index: HashMap::from([(ErrorClass::Other, 0)]),
+        }
+    }
+
+    fn intern(&mut self, class: ErrorClass) -> u32 {
+        if let Some(&i) = self.index.get(&class) {
+            return i;
+        }
+        if self.list.len() >= MAX_CLASSES {
+            return 0;
+        }
+        let i = u32::try_from(self.list.len()).unwrap_or(0);
+        self.list.push(class);
+        self.index.insert(class, i);
+        i
+    }
+
+    fn get(&self, i: u32) -> ErrorClass {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.list.get(i))
+            .copied()
+            .unwrap_or(ErrorClass::Other)
+    }
+}
+
+/// One round as the history keeps it (`seq` 0: an empty slot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct RoundSlot {
+    seq: u64,
+    started_ms: u64,
+    /// When the round's results were recorded (each path's
+    /// `last_probe_ms`).
+    at_ms: u64,
+}
+
+/// The prober's part of the history: the last R rounds and the error
+/// classes. Kept beside the paths and locked after them.
+#[derive(Debug, Clone)]
+pub(super) struct History {
+    rounds: Box<[RoundSlot]>,
+    last_seq: u64,
+    classes: ErrorClasses,
+}
+
+/// One node's part: its four paths' results in the last R rounds
+/// (nothing until its first result).
+#[derive(Debug, Clone, Default)]
+pub(super) struct NodeRing {
+    /// The last round recorded in `slots`.
+    last_seq: u64,
+    /// `4 * R` values, path-major, at `seq % R`.
+    slots: Box<[u32]>,
+}
+
+fn encode_rtt(rtt: Duration) -> u32 {
+    match u32::try_from(rtt.as_nanos()) {
+        Ok(ns) if ns <= LOW30 => ns,
+        _ => MICROS | u32::try_from(rtt.as_micros()).map_or(LOW30, |us| us.min(LOW30)),
+    }
+}
+
+fn decode_rtt(v: u32) -> u64 {
+    if v & MICROS == 0 {
+        u64::from(v & LOW30)
+    } else {
+        u64::from(v & LOW30) * 1000
+    }
+}
+
+impl History {
+    /// A history of `length` rounds (at least 1).
+    pub(super) fn new(length: usize) -> Self {
+        Self {
+            rounds: vec![RoundSlot::default(); length.max(1)].into_boxed_slice(),
+            last_seq: 0,
+            classes: ErrorClasses::new(),
+        }
+    }
+
+    /// R: how many rounds are kept.
+    pub(super) fn length(&self) -> usize {
+        self.rounds.len()
+    }
+
+    fn slot(&self, seq: u64) -> usize {
+        // The remainder is below R, a usize.
+        (seq % self.rounds.len() as u64) as usize
+    }
+
+    /// Starts recording round `seq` (numbers only grow).
+    pub(super) fn begin_round(&mut self, seq: u64, started_ms: u64, at_ms: u64) {
+        let i = self.slot(seq);
+        self.rounds[i] = RoundSlot {
+            seq,
+            started_ms,
+            at_ms,
+        };
+        self.last_seq = self.last_seq.max(seq);
+    }
+
+    /// The value a result is kept as.
+    pub(super) fn encode(&mut self, outcome: &Outcome) -> u32 {
+        match outcome {
+            Outcome::Ok { rtt, .. } => encode_rtt(*rtt),
+            Outcome::Failed(e) => FAILED | self.classes.intern(ErrorClass::from(e)),
+        }
+    }
+
+    /// The rounds in the window, oldest first.
+    fn window(&self) -> impl Iterator<Item = &RoundSlot> {
+        let len = self.rounds.len() as u64;
+        let first = self.last_seq.saturating_sub(len - 1).max(1);
+        (first..=self.last_seq).filter_map(move |seq| {
+            let r = &self.rounds[self.slot(seq)];
+            (r.seq == seq).then_some(r)
+        })
+    }
+
+    /// The same history with `length` rounds: the newest that fit.
+    pub(super) fn resized(&self, length: usize) -> Self {
+        if length.max(1) == self.length() {
+            return self.clone();
+        }
+        let mut new = Self::new(length);
+        new.classes = self.classes.clone();
+        new.last_seq = self.last_seq;
+        for r in self.window() {
+            let i = new.slot(r.seq);
+            new.rounds[i] = *r;
+        }
+        new
+    }
+}
+
+impl NodeRing {
+    fn length(&self) -> usize {
+        self.slots.len() / 4
+    }
+
+    /// Records `value` (from [`History::encode`]) for `path` in round
+    /// `seq`, the history's latest. The first result allocates the ring.
+    pub(super) fn record(&mut self, history: &History, seq: u64, path: usize, value: u32) {
+        if self.slots.is_empty() {
+            self.slots = vec![NOT_PROBED; 4 * history.length()].into_boxed_slice();
+        }
+        let len = self.length();
+        let len64 = len as u64;
+        if seq > self.last_seq {
+            // The rounds since the last recorded were not probed.
+            let gap = (seq - self.last_seq).min(len64);
+            for s in seq + 1 - gap..=seq {
+                let i = (s % len64) as usize;
+                for p in 0..4 {
+                    self.slots[p * len + i] = NOT_PROBED;
+                }
+            }
+            self.last_seq = seq;
+        } else if seq + len64 <= self.last_seq {
+            return;
+        }
+        self.slots[path * len + (seq % len64) as usize] = value;
+    }
+
+    /// `path`'s value in round `seq`, when it was probed in it.
+    fn get(&self, path: usize, seq: u64) -> Option<u32> {
+        let len = self.length() as u64;
+        if len == 0 || seq > self.last_seq || seq + len <= self.last_seq {
+            return None;
+        }
+        let v = self.slots[path * self.length() + (seq % len) as usize];
+        (v != NOT_PROBED).then_some(v)
+    }
+
+    /// The same results in a ring of `length` rounds: the newest that fit.
+    pub(super) fn resized(&self, length: usize) -> Self {
+        let length = length.max(1);
+        if self.slots.is_empty() || length == self.length() {
+            return self.clone();
+        }
+        let mut new = Self {
+            last_seq: self.last_seq,
+            slots: vec![NOT_PROBED; 4 * length].into_boxed_slice(),
+        };
+        let keep = length.min(self.length()) as u64;
+        for seq in self.last_seq.saturating_sub(keep - 1).max(1)..=self.last_seq {
+            for p in 0..4 {
+                if let Some(v) = self.get(p, seq) {
+                    new.slots[p * length + (seq % length as u64) as usize] = v;
+                }
+            }
+        }
+        new
+    }
+}
+
+/// A path's result in one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryOutcome {
+    Success,
+    Failure,
+}
+
+/// One result of a path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// Epoch milliseconds when the round's results were recorded.
+    pub at_ms: u64,
+    pub outcome: EntryOutcome,
+    /// The RTT of a success (to the microsecond past a second).
+    pub rtt_ns: Option<u64>,
+    /// The class of a failure's error (`timeout`, `connect: refused`,
+    /// `HTTP 503`, ...): the path's `last_error` has the last one in full.
+    pub error: Option<String>,
+}
+
+/// Figures over a path's results in the window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct WindowStats {
+    /// Results in the window.
+    pub results: usize,
+    /// Failures over results; `None` without results.
+    pub loss_ratio: Option<f64>,
+    /// Nearest-rank percentiles of the successes' RTTs; `None` without
+    /// successes.
+    pub rtt_p50_ns: Option<u64>,
+    pub rtt_p99_ns: Option<u64>,
+}
+
+/// One path's results, oldest first, and its figures over them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathHistory {
+    /// `host-icmp`, `host-http`, `endpoint-icmp` or `endpoint-http`.
+    pub path: String,
+    pub ip: Ipv4Addr,
+    pub entries: Vec<HistoryEntry>,
+    pub loss_ratio: Option<f64>,
+    pub rtt_p50_ns: Option<u64>,
+    pub rtt_p99_ns: Option<u64>,
+}
+
+/// `GET /v1/status/history?node=NAME`: a node's four paths, in the order
+/// of [`PATH_NAMES`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeHistory {
+    pub node: String,
+    /// R: the rounds kept.
+    pub window: usize,
+    pub paths: Vec<PathHistory>,
+}
+
+/// A round of the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryRound {
+    pub seq: u64,
+    pub started_ms: u64,
+}
+
+/// A node's four paths over the window, one character a round.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStrips {
+    pub name: String,
+    /// In the order of [`PATH_NAMES`], each one character per round of
+    /// [`HistoryStrips::rounds`]: `S` success, `F` failure, `.` not probed.
+    pub paths: [String; 4],
+}
+
+/// `GET /v1/status/history`: every node's results over the window, as
+/// strings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryStrips {
+    pub window: usize,
+    /// Oldest first.
+    pub rounds: Vec<HistoryRound>,
+    /// In the node set's order.
+    pub nodes: Vec<NodeStrips>,
+}
+
+/// A node's figures over the window, paths in the order of [`PATH_NAMES`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeStats {
+    pub name: String,
+    pub paths: [WindowStats; 4],
+}
+
+/// `GET /v1/status/history?stats=true`: every node's figures over the
+/// window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryStats {
+    pub window: usize,
+    /// In the node set's order.
+    pub nodes: Vec<NodeStats>,
+}
+
+/// Nearest-rank percentile `p` of `sorted` (not empty).
+fn nearest_rank(sorted: &[u64], p: usize) -> u64 {
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+/// Figures over `path`'s results in the window; `rtts` is scratch space.
+fn window_stats(
+    history: &History,
+    ring: &NodeRing,
+    path: usize,
+    rtts: &mut Vec<u64>,
+) -> WindowStats {
+    rtts.clear();
+    let (mut results, mut failures) = (0usize, 0usize);
+    for r in history.window() {
+        match ring.get(path, r.seq) {
+            None => {}
+            Some(v) if v & FAILED != 0 => {
+                results += 1;
+                failures += 1;
+            }
+            Some(v) => {
+                results += 1;
+                rtts.push(decode_rtt(v));
+            }
+        }
+    }
+    rtts.sort_unstable();
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "counts of at most MAX_LENGTH rounds are exact in an f64"
+    )]
+    let loss_ratio = (results > 0).then(|| failures as f64 / results as f64);
+    WindowStats {
+        results,
+        loss_ratio,
+        rtt_p50_ns: (!rtts.is_empty()).then(|| nearest_rank(rtts, 50)),
+        rtt_p99_ns: (!rtts.is_empty()).then(|| nearest_rank(rtts, 99)),
+    }
+}
+
+impl History {
+    /// A node's paths (`ips`: the node IP and the health IP).
+    pub(super) fn node(&self, name: &str, ips: [Ipv4Addr; 2], ring: &NodeRing) -> NodeHistory {
+        let mut rtts = Vec::with_capacity(self.length());
+        let paths = (0..4)
+            .map(|p| {
+                let entries = self
+                    .window()
+                    .filter_map(|r| {
+                        ring.get(p, r.seq).map(|v| {
+                            let failed = v & FAILED != 0;
+                            HistoryEntry {
+                                at_ms: r.at_ms,
+                                outcome: if failed {
+                                    EntryOutcome::Failure
+                                } else {
+                                    EntryOutcome::Success
+                                },
+                                rtt_ns: (!failed).then(|| decode_rtt(v)),
+                                error: failed.then(|| self.classes.get(v & !FAILED).to_string()),
+                            }
+                        })
+                    })
+                    .collect();
+                let stats = window_stats(self, ring, p, &mut rtts);
+                PathHistory {
+                    path: PATH_NAMES[p].to_owned(),
+                    ip: ips[p / 2],
+                    entries,
+                    loss_ratio: stats.loss_ratio,
+                    rtt_p50_ns: stats.rtt_p50_ns,
+                    rtt_p99_ns: stats.rtt_p99_ns,
+                }
+            })
+            .collect();
+        NodeHistory {
+            node: name.to_owned(),
+            window: self.length(),
+            paths,
+        }
+    }
+
+    /// The rounds of the window, oldest first.
+    pub(super) fn rounds(&self) -> Vec<HistoryRound> {
+        self.window()
+            .map(|r| HistoryRound {
+                seq: r.seq,
+                started_ms: r.started_ms,
+            })
+            .collect()
+    }
+
+    /// A node's strips over `rounds` (from [`Self::rounds`]); `None`: the
+    /// node has no result yet.
+    pub(super) fn strips(
+        name: &str,
+        rounds: &[HistoryRound],
+        ring: Option<&NodeRing>,
+    ) -> NodeStrips {
+        let paths = std::array::from_fn(|p| {
+            let mut s = String::with_capacity(rounds.len());
+            for r in rounds {
+                s.push(match ring.and_then(|ring| ring.get(p, r.seq)) {
+                    None => '.',
+                    Some(v) if v & FAILED != 0 => 'F',
+                    Some(_) => 'S',
+                });
+            }
+            s
+        });
+        NodeStrips {
+            name: name.to_owned(),
+            paths,
+        }
+    }
+
+    /// A node's figures over the window; `rtts` is scratch space.
+    pub(super) fn stats(
+        &self,
+        name: &str,
+        ring: Option<&NodeRing>,
+        rtts: &mut Vec<u64>,
+    ) -> NodeStats {
+        let empty = NodeRing::default();
+        let ring = ring.unwrap_or(&empty);
+        NodeStats {
+            name: name.to_owned(),
+            paths: std::array::from_fn(|p| window_stats(self, ring, p, rtts)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::{error::Proto, path::RttSource};
+
+    const IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(198, 18, 0, 2), Ipv4Addr::new(198, 19, 0, 2)];
+
+    fn ok(us: u64) -> Outcome {
+        Outcome::Ok {
+            rtt: Duration::from_micros(us),
+            warning: None,
+            source: RttSource::Userspace,
+        }
+    }
+
+    fn timeout() -> Outcome {
+        Outcome::Failed(ProbeError::Timeout {
+            proto: Proto::Icmp,
+            after: Duration::from_secs(1),
+        })
+    }
+
+    /// Round `seq` at `seq * 1000` ms, every path given the same outcome.
+    fn round(h: &mut History, ring: &mut NodeRing, seq: u64, outcome: &Outcome) {
+        h.begin_round(seq, seq * 1000, seq * 1000 + 5);
+        let v = h.encode(outcome);
+        for p in 0..4 {
+            ring.record(h, seq, p, v);
+        }
+    }
+
+    #[test]
+    fn the_window_keeps_the_last_r_results_oldest_first() {
+        let (mut h, mut ring) = (History::new(5), NodeRing::default());
+        for seq in 1..=12 {
+            round(&mut h, &mut ring, seq, &ok(seq * 10));
+        }
+        let n = h.node("n1", IPS, &ring);
+        assert_eq!(n.window, 5);
+        assert_eq!(n.paths.len(), 4);
+        for (p, path) in n.paths.iter().enumerate() {
+            assert_eq!(path.path, PATH_NAMES[p]);
+            assert_eq!(path.ip, IPS[p / 2]);
+            let at: Vec<u64> = path.entries.iter().map(|e| e.at_ms).collect();
+            assert_eq!(at, [8005, 9005, 10_005, 11_005, 12_005], "{path:?}");
+            let rtts: Vec<Option<u64>> = path.entries.iter().map(|e| e.rtt_ns).collect();
+            assert_eq!(
+                rtts,
+                [80_000, 90_000, 100_000, 110_000, 120_000].map(Some),
+                "{path:?}"
+            );
+            assert!(path.entries.iter().all(|e| e.error.is_none()));
+        }
+        assert_eq!(
+            h.rounds().iter().map(|r| r.seq).collect::<Vec<_>>(),
+            [8, 9, 10, 11, 12]
+        );
+        // The ring never grows: 4 paths x R slots.
+        assert_eq!(ring.slots.len(), 20);
+    }
+
+    #[test]
+    fn loss_ratio_and_percentiles_over_a_window_with_injected_failures() {
+        let (mut h, mut ring) = (History::new(10), NodeRing::default());
+        // 30 rounds: only the last 10 count. Failures at 21, 24 and 27 on
+        // host-icmp alone, before that failures everywhere (out of the
+        // window).
+        for seq in 1..=30 {
+            h.begin_round(seq, seq, seq);
+            for p in 0..4 {
+                let outcome = if seq <= 20 || (p == 0 && matches!(seq, 21 | 24 | 27)) {
+                    timeout()
+                } else {
+                    ok(seq)
+                };
+                let v = h.encode(&outcome);
+                ring.record(&h, seq, p, v);
+            }
+        }
+        let n = h.node("n1", IPS, &ring);
+        let icmp = &n.paths[0];
+        assert_eq!(icmp.entries.len(), 10);
+        assert_eq!(icmp.loss_ratio, Some(0.3));
+        let failed: Vec<u64> = icmp
+            .entries
+            .iter()
+            .filter(|e| e.outcome == EntryOutcome::Failure)
+            .map(|e| e.at_ms)
+            .collect();
+        assert_eq!(failed, [21, 24, 27]);
+        assert!(
+            icmp.entries
+                .iter()
+                .filter(|e| e.outcome == EntryOutcome::Failure)
+                .all(|e| e.error.as_deref() == Some("timeout") && e.rtt_ns.is_none())
+        );
+        // Successes 22, 23, 25, 26, 28, 29, 30 us: nearest rank 4 of 7 and
+        // 7 of 7.
+        assert_eq!(icmp.rtt_p50_ns, Some(26_000));
+        assert_eq!(icmp.rtt_p99_ns, Some(30_000));
+        let http = &n.paths[1];
+        assert_eq!(http.loss_ratio, Some(0.0));
+        // 21..=30: rank 5 of 10 and 10 of 10.
+        assert_eq!(http.rtt_p50_ns, Some(25_000));
+        assert_eq!(http.rtt_p99_ns, Some(30_000));
+    }
+
+    #[test]
+    fn a_path_without_successes_has_no_percentiles_and_without_results_no_ratio() {
+        let (mut h, mut ring) = (History::new(4), NodeRing::default());
+        round(&mut h, &mut ring, 1, &timeout());
+        let n = h.node("n1", IPS, &ring);
+        assert_eq!(n.paths[0].loss_ratio, Some(1.0));
+        assert_eq!((n.paths[0].rtt_p50_ns, n.paths[0].rtt_p99_ns), (None, None));
+        let fresh = h.node("n2", IPS, &NodeRing::default());
+        assert!(
+            fresh
+                .paths
+                .iter()
+                .all(|p| p.entries.is_empty() && p.loss_ratio.is_none())
+        );
+    }
+
+    #[test]
+    fn strips_mark_rounds_a_node_was_not_probed_in() {
+        let mut h = History::new(6);
+        let (mut a, mut b) = (NodeRing::default(), NodeRing::default());
+        for seq in 1..=8 {
+            h.begin_round(seq, seq * 10, seq * 10);
+            let v = h.encode(&if seq == 7 { timeout() } else { ok(5) });
+            for p in 0..4 {
+                a.record(&h, seq, p, v);
+            }
+            // b: added at round 4, not probed in round 6.
+            if seq >= 4 && seq != 6 {
+                b.record(&h, seq, 0, v);
+            }
+        }
+        let rounds = h.rounds();
+        assert_eq!(
+            rounds,
+            (3..=8)
+                .map(|seq| HistoryRound {
+                    seq,
+                    started_ms: seq * 10
+                })
+                .collect::<Vec<_>>()
+        );
+        let sa = History::strips("a", &rounds, Some(&a));
+        assert_eq!(
+            sa.paths,
+            ["SSSSFS", "SSSSFS", "SSSSFS", "SSSSFS"].map(String::from)
+        );
+        let sb = History::strips("b", &rounds, Some(&b));
+        assert_eq!(sb.paths[0], ".SS.FS");
+        assert_eq!(sb.paths[1], "......");
+        let none = History::strips("c", &rounds, None);
+        assert!(none.paths.iter().all(|s| s == "......"));
+    }
+
+    #[test]
+    fn a_node_missing_from_later_rounds_leaves_the_window() {
+        let mut h = History::new(3);
+        let mut ring = NodeRing::default();
+        round(&mut h, &mut ring, 1, &ok(1));
+        for seq in 2..=5 {
+            h.begin_round(seq, seq, seq);
+        }
+        let n = h.node("n1", IPS, &ring);
+        assert!(n.paths.iter().all(|p| p.entries.is_empty()), "{n:?}");
+    }
+
+    #[test]
+    fn resizing_keeps_the_newest_results_that_fit() {
+        let (mut h, mut ring) = (History::new(5), NodeRing::default());
+        for seq in 1..=7 {
+            round(&mut h, &mut ring, seq, &ok(seq));
+        }
+        let at = |h: &History, ring: &NodeRing| -> Vec<u64> {
+            h.node("n", IPS, ring).paths[3]
+                .entries
+                .iter()
+                .map(|e| e.at_ms)
+                .collect()
+        };
+        let (small, small_ring) = (h.resized(2), ring.resized(2));
+        assert_eq!(at(&small, &small_ring), [6005, 7005]);
+        assert_eq!(small_ring.slots.len(), 8);
+        let (mut big, mut big_ring) = (h.resized(8), ring.resized(8));
+        assert_eq!(at(&big, &big_ring), [3005, 4005, 5005, 6005, 7005]);
+        // And goes on recording in the new ring.
+        for seq in 8..=12 {
+            round(&mut big, &mut big_ring, seq, &ok(seq));
+        }
+        assert_eq!(
+            at(&big, &big_ring),
+            [5005, 6005, 7005, 8005, 9005, 10_005, 11_005, 12_005]
+        );
+    }
+
+    #[test]
+    fn rtts_are_exact_below_a_second_and_to_the_microsecond_above() {
+        for ns in [0, 1, 999, 123_456, 1_073_741_823] {
+            assert_eq!(decode_rtt(encode_rtt(Duration::from_nanos(ns))), ns);
+        }
+        let v = encode_rtt(Duration::from_nanos(2_500_000_999));
+        assert_eq!(v & FAILED, 0, "a success");
+        assert_eq!(decode_rtt(v), 2_500_000_000);
+        // Saturates (about 18 minutes) instead of reading as a failure.
+        let huge = encode_rtt(Duration::from_secs(1 << 40));
+        assert_eq!(huge & FAILED, 0);
+        assert_eq!(decode_rtt(huge), u64::from(LOW30) * 1000);
+    }
+
+    #[test]
+    fn error_classes_are_bounded_and_named() {
+        let mut h = History::new(1);
+        let refused = Outcome::Failed(ProbeError::io(
+            "connect",
+            &std::io::Error::from_raw_os_error(libc::ECONNREFUSED),
+        ));
+        let a = h.encode(&refused);
+        assert_eq!(h.encode(&refused), a, "the same class, the same index");
+        assert_eq!(h.classes.get(a & !FAILED).to_string(), "connect: refused");
+        for code in 0..1000u16 {
+            h.encode(&Outcome::Failed(ProbeError::HttpStatus(code)));
+        }
+        assert_eq!(h.classes.list.len(), MAX_CLASSES);
+        let late = h.encode(&Outcome::Failed(ProbeError::HttpStatus(999)));
+        assert_eq!(h.classes.get(late & !FAILED), ErrorClass::Other);
+        assert_eq!(h.classes.get(a & !FAILED).to_string(), "connect: refused");
+    }
+
+    /// The history of 5,000 nodes x 4 paths x 60 rounds: heap and inline
+    /// bytes per result (the ring's pointer and last round live in the
+    /// node's map value).
+    #[test]
+    fn five_thousand_nodes_of_sixty_rounds_cost_under_4_2_bytes_a_result() {
+        const NODES: usize = 5000;
+        let mut h = History::new(usize::from(DEFAULT_LENGTH));
+        let mut rings = vec![NodeRing::default(); NODES];
+        for seq in 1..=70 {
+            h.begin_round(seq, seq, seq);
+            let v = h.encode(&ok(seq));
+            for ring in &mut rings {
+                for p in 0..4 {
+                    ring.record(&h, seq, p, v);
+                }
+            }
+        }
+        let results = NODES * 4 * usize::from(DEFAULT_LENGTH);
+        let per_node = rings
+            .iter()
+            .map(|r| size_of::<NodeRing>() + size_of_val(&*r.slots))
+            .sum::<usize>();
+        let prober = size_of::<History>()
+            + size_of_val(&*h.rounds)
+            + h.classes.list.capacity() * size_of::<ErrorClass>()
+            + h.classes.index.capacity() * (size_of::<ErrorClass>() + 4);
+        let total = per_node + prober;
+        println!(
+            "history of {NODES} nodes x 4 paths x {DEFAULT_LENGTH} rounds: {total} bytes, {} thousandths of a byte a result",
+            total * 1000 / results
+        );
+        assert!(
+            total * 10 < results * 42,
+            "{total} bytes for {results} results"
+        );
+        assert!(
+            rings
+                .iter()
+                .all(|r| r.slots.len() == 4 * usize::from(DEFAULT_LENGTH)),
+            "fixed rings"
+        );
+    }
+}

@@ -1,0 +1,183 @@
+//! The cluster view: six agents on etcd, each probing a subset
+//! (`--probe-peers 2`), publishing its rounds' summaries and assembling
+//! everyone's. A node whose link goes down is "node down" on every other
+//! agent; ICMP dropped on one observer's path to one node is "path
+//! degraded" there, not "node down".
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use health_agent::{
+    cluster::view::{ClusterView, Verdict},
+    probe::status::ClusterStatus,
+};
+use health_tests::{
+    agent::agent_binary,
+    cluster::{Cluster, ClusterNode, Settings},
+    faults::DropIcmp,
+};
+
+fn view(node: &ClusterNode) -> Option<ClusterView> {
+    let out = Command::new(agent_binary())
+        .args(["status", "--cluster", "-o", "json", "--socket"])
+        .arg(node.socket())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).expect("the cluster view is JSON"))
+}
+
+/// Waits until `node`'s view satisfies `ok`; returns it.
+fn wait_view(
+    node: &ClusterNode,
+    timeout: Duration,
+    what: &str,
+    ok: impl Fn(&ClusterView) -> bool,
+) -> ClusterView {
+    let deadline = Instant::now() + health_tests::patience(timeout);
+    loop {
+        let v = view(node);
+        if let Some(v) = v.as_ref().filter(|v| ok(v)) {
+            return v.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: {what} not reached; last view: {v:#?}\nlog:\n{}",
+            node.name,
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn verdict(v: &ClusterView, name: &str) -> Option<Verdict> {
+    v.node(name).map(|n| n.verdict)
+}
+
+fn probed(status: &ClusterStatus) -> Vec<String> {
+    status.nodes.iter().map(|n| n.name.clone()).collect()
+}
+
+#[test]
+fn six_agents_on_a_subset_localise_a_node_down_and_a_degraded_path() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 6,
+        etcd: true,
+        extra_args: vec!["--probe-peers".into(), "2".into()],
+        // A node that goes down stays in the node set while the others
+        // see it fail.
+        lease_ttl: "5m",
+        ..Settings::default()
+    });
+    // Every node observed, each agent probing a subset; healthy where two
+    // observers or more report (one alone is too few for a verdict).
+    for node in &cluster.nodes {
+        wait_view(
+            node,
+            Duration::from_secs(40),
+            "six nodes observed",
+            all_well,
+        );
+    }
+    let statuses: Vec<ClusterStatus> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.status().expect("status"))
+        .collect();
+    for (node, s) in cluster.nodes.iter().zip(&statuses) {
+        assert!(
+            s.nodes.len() <= 3,
+            "{} probes {:?}: more than itself and 2 peers",
+            node.name,
+            probed(s)
+        );
+    }
+
+    // A degraded path: ICMP from one observer to one node it probes.
+    let view0 = view(&cluster.nodes[0]).expect("view");
+    let (target, observer) = pick_observed(&cluster, &statuses, &view0);
+    let observer_ip = statuses[observer]
+        .nodes
+        .iter()
+        .find(|n| n.name == cluster.nodes[observer].name)
+        .map(|n| n.endpoint.ip)
+        .expect("the observer probes itself");
+    let target_name = cluster.nodes[target].name.clone();
+    {
+        let _filter = DropIcmp::attach_from(&cluster.nodes[target].ns, "uplink", observer_ip)
+            .expect("tc filter");
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            let v = wait_view(node, Duration::from_secs(30), "path degraded", |v| {
+                verdict(v, &target_name) == Some(Verdict::PathDegraded)
+            });
+            let n = v.node(&target_name).expect("target");
+            assert!(
+                n.failing_observers.contains(&cluster.nodes[observer].name),
+                "node {i}: {n:#?}"
+            );
+            assert_eq!(v.counts.node_down, 0, "{v:#?}");
+        }
+    }
+    for node in &cluster.nodes {
+        wait_view(node, Duration::from_secs(30), "healthy again", all_well);
+    }
+
+    // A node down: its link, seen by every other agent.
+    cluster.nodes[target].set_uplink(false);
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        if i == target {
+            continue;
+        }
+        wait_view(node, Duration::from_secs(40), "node down", |v| {
+            verdict(v, &target_name) == Some(Verdict::NodeDown) && v.counts.node_down == 1
+        });
+    }
+    cluster.nodes[target].set_uplink(true);
+    for node in &cluster.nodes {
+        wait_view(
+            node,
+            Duration::from_secs(40),
+            "healthy after the link is back",
+            all_well,
+        );
+    }
+}
+
+/// Six nodes, each with an observer; healthy with two or more, unknown
+/// with one.
+fn all_well(v: &ClusterView) -> bool {
+    v.nodes.len() == 6
+        && v.reports == 6
+        && v.nodes.iter().all(|n| {
+            n.observers >= 1
+                && n.verdict
+                    == if n.observers >= 2 {
+                        Verdict::Healthy
+                    } else {
+                        Verdict::Unknown
+                    }
+        })
+}
+
+/// A node with at least two observers and one of them (by the agents'
+/// statuses: who probes whom).
+fn pick_observed(
+    cluster: &Cluster,
+    statuses: &[ClusterStatus],
+    view: &ClusterView,
+) -> (usize, usize) {
+    for (t, node) in cluster.nodes.iter().enumerate() {
+        let two_observers = view.node(&node.name).is_some_and(|n| n.observers >= 2);
+        let observer = statuses
+            .iter()
+            .enumerate()
+            .find(|(o, s)| *o != t && s.nodes.iter().any(|n| n.name == node.name));
+        if two_observers && let Some((o, _)) = observer {
+            return (t, o);
+        }
+    }
+    panic!("no node has two observers: {view:#?}");
+}

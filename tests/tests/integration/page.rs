@@ -1,0 +1,676 @@
+//! The connectivity page (`GET /` on the metrics listener) in real headless
+//! Chromium: read through the page's hook (`window.healthPage`) and
+//! through the DOM as `WebDriver` sees it.
+//!
+//! The cluster test loads a real agent's page; the other serves the same
+//! embedded page from a stand-in agent (the page's own router, and status
+//! bodies made from the agent's types) to feed it what a healthy agent
+//! never sends: 5,000 peers, malformed JSON, no answer at all.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    extract::RawQuery,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use health_agent::{
+    probe::{
+        history::{HistoryRound, HistoryStrips, NodeStrips},
+        path::{PathState, ProbeResult, RttSource},
+        status::{ClusterStatus, Connectivity, NodeStatus, RoundInfo},
+    },
+    sys::{netlink::in_netns, netns::Netns},
+};
+use health_tests::{
+    browser::Browser,
+    cluster::{Cluster, Settings},
+    names, patience,
+};
+use serde_json::Value;
+
+/// Where the screenshots go: the integration tests' scratch directory.
+fn output_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("page")
+}
+
+/// Writes a screenshot to the output directory and prints its path; with
+/// `HEALTH_UPDATE_DOCS=1`, copies it to `docs/` as `docs_name` too.
+fn screenshot(browser: &Browser, name: &str, docs_name: Option<&str>) {
+    let path = output_dir().join(name);
+    browser.screenshot(&path);
+    println!("screenshot: {}", path.display());
+    if let Some(docs_name) = docs_name
+        && std::env::var("HEALTH_UPDATE_DOCS").is_ok_and(|v| v == "1")
+    {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the workspace")
+            .join("docs")
+            .join(docs_name);
+        std::fs::create_dir_all(docs.parent().expect("docs dir")).expect("docs dir");
+        std::fs::copy(&path, &docs).expect("copy the screenshot to docs/");
+        println!("updated {}", docs.display());
+    }
+}
+
+/// `(data-node, data-state)` of every row in the DOM.
+fn dom_rows(browser: &Browser) -> Vec<(String, String)> {
+    browser
+        .attributes("#rows .row[data-node]", &["data-node", "data-state"])
+        .into_iter()
+        .map(|a| {
+            (
+                a[0].clone().unwrap_or_default(),
+                a[1].clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// How many row elements are displayed (a hidden one of the pool is not).
+fn displayed_rows(browser: &Browser) -> u64 {
+    browser
+        .eval(
+            "return [...document.querySelectorAll('#rows .row')]
+                 .filter(r => r.offsetParent !== null).length",
+        )
+        .as_u64()
+        .expect("count")
+}
+
+/// The `data-state` of the four path cells of `node`'s row in the DOM.
+fn dom_paths(browser: &Browser, node: &str) -> Vec<(String, String)> {
+    browser
+        .attributes(
+            &format!("#rows .row[data-node='{node}'] .c-path"),
+            &["data-path", "data-state"],
+        )
+        .into_iter()
+        .map(|a| {
+            (
+                a[0].clone().unwrap_or_default(),
+                a[1].clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn names_of(rows: &Value) -> Vec<String> {
+    rows.as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r["name"].as_str().expect("name").to_owned())
+        .collect()
+}
+
+/// The page's rows once every node it shows is reachable on every path.
+const THREE_REACHABLE: &str = "
+    const p = window.healthPage;
+    if (!p || !p.ready) return null;
+    const rows = p.rows();
+    const ok = rows.length === 3 && rows.every(
+        n => n.state === 'success' && n.paths.every(x => x.state === 'success'));
+    return ok ? rows : null;";
+
+/// The page's rows once node-3 is failing on all four paths and the
+/// others are still reachable.
+const NODE_3_FAILING: &str = "
+    const rows = window.healthPage.rows();
+    const n3 = rows.find(n => n.name === 'node-3');
+    const ok = n3 && n3.state === 'failure'
+        && n3.paths.every(x => x.state === 'failure' && x.error)
+        && rows.filter(n => n.name !== 'node-3').every(n => n.state === 'success');
+    return ok ? rows : null;";
+
+#[test]
+fn the_page_shows_every_peer_reachable_then_a_downed_link_as_failure() {
+    let settings = Settings {
+        nodes: 3,
+        failure_threshold: 2,
+        ..Settings::default()
+    };
+    let cluster = Cluster::start(&settings);
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    let browser = Browser::start(&cluster.fabric);
+    browser.goto(&cluster.nodes[0].web_url());
+
+    // Every node of the status (node-1 itself included, as the status
+    // has it) is shown reachable, in the model and in the DOM.
+    let rows = browser.wait_for(
+        "every node reachable on node-1's page",
+        Duration::from_secs(20),
+        THREE_REACHABLE,
+    );
+    assert_eq!(names_of(&rows), ["node-1", "node-2", "node-3"]);
+    assert_eq!(rows[0]["local"], true, "{rows}");
+    let summary = browser.eval("return window.healthPage.summary()");
+    assert_eq!(summary["localNode"], "node-1", "{summary}");
+    assert_eq!(summary["reachable"], 3, "{summary}");
+    assert_eq!(
+        dom_rows(&browser),
+        [
+            ("node-1", "success"),
+            ("node-2", "success"),
+            ("node-3", "success")
+        ]
+        .map(|(n, s)| (n.to_owned(), s.to_owned()))
+    );
+    for node in ["node-1", "node-2", "node-3"] {
+        let cells = dom_paths(&browser, node);
+        assert_eq!(cells.len(), 4, "{node}: {cells:?}");
+        assert!(
+            cells.iter().all(|(_, s)| s == "success"),
+            "{node}: {cells:?}"
+        );
+    }
+    assert_eq!(browser.eval("return window.healthPage.error"), Value::Null);
+    screenshot(&browser, "reachable.png", None);
+
+    // A reload would lose this mark: the page must update in place.
+    let _ = browser.eval("window.sameDocument = true; return true");
+    cluster.nodes[2].set_uplink(false);
+    let down = Instant::now();
+    // node-1 sees failure after `failure_threshold` failed rounds (plus a
+    // probe timeout); the page shows it at its next poll (1 s).
+    let bound = Duration::from_secs(u64::from(settings.failure_threshold))
+        + Duration::from_millis(500)
+        + Duration::from_secs(1)
+        + Duration::from_secs(3);
+    let rows = browser.wait_for("node-3 failing on the page", bound, NODE_3_FAILING);
+    println!(
+        "node-3 shown failing {} ms after its link went down (bound {} ms)",
+        down.elapsed().as_millis(),
+        patience(bound).as_millis()
+    );
+    assert_eq!(
+        browser.eval("return window.sameDocument === true"),
+        true,
+        "the page reloaded"
+    );
+    // Failing first, in the model and in the DOM.
+    assert_eq!(names_of(&rows), ["node-3", "node-1", "node-2"]);
+    let dom = dom_rows(&browser);
+    assert_eq!(
+        dom[0],
+        ("node-3".to_owned(), "failure".to_owned()),
+        "{dom:?}"
+    );
+    assert!(dom[1..].iter().all(|(_, s)| s == "success"), "{dom:?}");
+    let cells = dom_paths(&browser, "node-3");
+    assert!(
+        cells.iter().all(|(_, s)| s == "failure"),
+        "node-3's cells: {cells:?}"
+    );
+    let title = browser.attributes(
+        "#rows .row[data-node='node-3'] .c-path[data-path='host-icmp']",
+        &["title"],
+    );
+    assert!(
+        title[0][0]
+            .as_deref()
+            .is_some_and(|t| t.contains("last error:")),
+        "the failing cell's hover text: {title:?}"
+    );
+    let banner = browser.eval("return window.healthPage.error");
+    assert_eq!(banner, Value::Null, "no banner while the agent answers");
+
+    // The history strip: node-3's paths went from S to F.
+    let strip = browser.wait_for(
+        "node-3's history strip ending in failures",
+        Duration::from_secs(5),
+        "const s = window.healthPage.strip('node-3');
+         return s && s.every(p => /S+F+$/.test(p)) ? s : null;",
+    );
+    println!("node-3's strips: {strip}");
+    check_filters_and_detail(&browser);
+}
+
+/// The filters and the detail of a node, on the cluster page with node-3
+/// failing.
+fn check_filters_and_detail(browser: &Browser) {
+    browser.click("#failing-only");
+    let rows = browser.eval("return window.healthPage.rows()");
+    assert_eq!(names_of(&rows), ["node-3"]);
+    assert_eq!(
+        dom_rows(browser),
+        [("node-3".to_owned(), "failure".to_owned())]
+    );
+    assert_eq!(displayed_rows(browser), 1);
+    browser.click("#failing-only");
+    browser.type_into("#search", "node-2");
+    let rows = browser.eval("return window.healthPage.rows()");
+    assert_eq!(names_of(&rows), ["node-2"]);
+    assert_eq!(
+        dom_rows(browser),
+        [("node-2".to_owned(), "success".to_owned())]
+    );
+    assert_eq!(displayed_rows(browser), 1);
+    let _ = browser.eval("return window.healthPage.setFilters({search: ''})");
+    assert_eq!(dom_rows(browser).len(), 3);
+    assert_eq!(displayed_rows(browser), 3);
+
+    // A few more rounds for the strips to show the change; then a click on
+    // a row shows its detail, with the agent's history.
+    std::thread::sleep(Duration::from_secs(3));
+    browser.click("#rows .row[data-node='node-3']");
+    let cards = browser.wait_for(
+        "node-3's detail with its history",
+        Duration::from_secs(5),
+        "const cards = [...document.querySelectorAll('#detail .path-card')];
+         const ok = !document.getElementById('detail').hidden && cards.length === 4
+             && cards.every(c => c.querySelector('canvas')
+                 && c.querySelector('.badge').dataset.state === 'failure');
+         return ok ? cards.map(c => c.dataset.path) : null;",
+    );
+    assert_eq!(
+        cards,
+        serde_json::json!(["host-icmp", "host-http", "endpoint-icmp", "endpoint-http"])
+    );
+    assert!(browser.is_displayed("#detail"));
+    // The picture of the page for the README.
+    screenshot(
+        browser,
+        "connectivity-page.png",
+        Some("connectivity-page.png"),
+    );
+}
+
+// ---- a stand-in agent ----------------------------------------------------
+
+/// The page's router and a status and history set by the test, on
+/// loopback in a namespace of its own.
+struct FakeAgent {
+    ns: Netns,
+    rt: Option<tokio::runtime::Runtime>,
+    status: Arc<Mutex<String>>,
+    history: Arc<Mutex<Option<String>>>,
+    port: u16,
+}
+
+fn json(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+impl FakeAgent {
+    fn start() -> Self {
+        health_tests::require_root();
+        names::sweep_stale_netns();
+        let ns = Netns::create(&names::unique("page")).expect("netns");
+        in_netns(Some(&ns), |nl| async move { nl.set_up("lo").await }).expect("lo up");
+        let listener = ns
+            .run(|| std::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)))
+            .expect("enter netns")
+            .expect("bind loopback");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("address").port();
+        let status = Arc::new(Mutex::new(String::new()));
+        let history: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        let (s, h) = (status.clone(), history.clone());
+        let app = Router::new()
+            .merge(health_agent::page::routes())
+            .route(
+                "/api/v1/status",
+                get(move || {
+                    let body = s.lock().expect("lock").clone();
+                    async move { json(body) }
+                }),
+            )
+            .route(
+                "/api/v1/status/history",
+                get(move |RawQuery(q): RawQuery| {
+                    // Strips only: the detail of a node is not kept here.
+                    let body = h.lock().expect("lock").clone();
+                    async move {
+                        match body {
+                            Some(body) if q.is_none() => json(body),
+                            _ => (StatusCode::NOT_FOUND, "no history").into_response(),
+                        }
+                    }
+                }),
+            );
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = {
+            let _guard = rt.enter();
+            tokio::net::TcpListener::from_std(listener).expect("tokio listener")
+        };
+        rt.spawn(async move { axum::serve(listener, app).await });
+        Self {
+            ns,
+            rt: Some(rt),
+            status,
+            history,
+            port,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+
+    fn set_status(&self, body: String) {
+        *self.status.lock().expect("lock") = body;
+    }
+
+    fn set_history(&self, body: Option<String>) {
+        *self.history.lock().expect("lock") = body;
+    }
+
+    /// Gone: the listener and every connection closed.
+    fn stop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = self.ns.delete();
+    }
+}
+
+fn ok_path(rtt_us: u64, at: u64) -> PathState {
+    PathState {
+        result: ProbeResult::Success,
+        consecutive_successes: 5,
+        rtt_ns: Some(rtt_us * 1000),
+        rtt_source: Some(RttSource::Kernel),
+        probes: 5,
+        last_probe_ms: Some(at),
+        ..PathState::default()
+    }
+}
+
+fn failed_path(at: u64) -> PathState {
+    PathState {
+        result: ProbeResult::Failure,
+        consecutive_failures: 5,
+        last_error: Some("no echo reply within 1s".into()),
+        probes: 5,
+        last_probe_ms: Some(at),
+        ..PathState::default()
+    }
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis(),
+    )
+    .expect("ms")
+}
+
+/// `peer-00000` .. : every tenth fails on its host ICMP path.
+fn synthetic_status(n: usize) -> ClusterStatus {
+    let at = now_ms();
+    let ip =
+        |base: Ipv4Addr, k: usize| Ipv4Addr::from(u32::from(base) + u32::try_from(k).expect("k"));
+    let nodes = (0..n)
+        .map(|k| {
+            let rtt = 80 + (k as u64 * 37) % 400;
+            NodeStatus {
+                name: format!("peer-{k:05}"),
+                host: Connectivity {
+                    ip: ip(Ipv4Addr::new(198, 18, 64, 0), k),
+                    icmp: if k % 10 == 3 {
+                        failed_path(at)
+                    } else {
+                        ok_path(rtt, at)
+                    },
+                    http: ok_path(rtt + 40, at),
+                },
+                endpoint: Connectivity {
+                    ip: ip(Ipv4Addr::new(198, 19, 0, 0), k),
+                    icmp: ok_path(rtt + 5, at),
+                    http: ok_path(rtt + 50, at),
+                },
+            }
+        })
+        .collect();
+    ClusterStatus {
+        local_node: Some("peer-00000".into()),
+        probe_interval_ms: 1000,
+        probe_timeout_ms: 1000,
+        round: Some(RoundInfo {
+            seq: 42,
+            started_ms: at - 200,
+            duration_ms: 150,
+            probes: 4 * n,
+        }),
+        nodes,
+    }
+}
+
+fn synthetic_history(status: &ClusterStatus) -> HistoryStrips {
+    let at = now_ms();
+    HistoryStrips {
+        window: 60,
+        rounds: (0..60)
+            .map(|seq| HistoryRound {
+                seq,
+                started_ms: at - (60 - seq) * 1000,
+            })
+            .collect(),
+        nodes: status
+            .nodes
+            .iter()
+            .map(|n| {
+                let strip = |r: &PathState| {
+                    let last = if r.result == ProbeResult::Failure {
+                        'F'
+                    } else {
+                        'S'
+                    };
+                    format!("{}{}", ".".repeat(10), "S".repeat(45)) + &last.to_string().repeat(5)
+                };
+                NodeStrips {
+                    name: n.name.clone(),
+                    paths: [
+                        strip(&n.host.icmp),
+                        strip(&n.host.http),
+                        strip(&n.endpoint.icmp),
+                        strip(&n.endpoint.http),
+                    ],
+                }
+            })
+            .collect(),
+    }
+}
+
+const PEERS: usize = 5000;
+
+#[test]
+fn the_page_draws_5000_peers_and_keeps_its_data_through_bad_answers() {
+    let mut agent = FakeAgent::start();
+    // Malformed from the first answer: an error banner, not a blank page.
+    agent.set_status(r#"{"nodes": [{"name": 1}]}"#.into());
+    let browser = Browser::start(&agent.ns);
+    browser.goto(&agent.url());
+    let error = browser.wait_for(
+        "the malformed-status banner",
+        Duration::from_secs(10),
+        "return window.healthPage && window.healthPage.error",
+    );
+    assert!(
+        error
+            .as_str()
+            .is_some_and(|e| e.contains("Malformed status")),
+        "{error}"
+    );
+    assert!(browser.is_displayed("#banner"));
+    assert!(browser.is_displayed("#empty"));
+
+    // A good status replaces it without a reload.
+    let status = synthetic_status(PEERS);
+    agent.set_status(serde_json::to_string(&status).expect("JSON"));
+    let rows = browser.wait_for(
+        "5,000 peers on the page",
+        Duration::from_secs(10),
+        "const p = window.healthPage;
+         return p.ready && p.error === null && p.rows().length === 5000 ? p.rows() : null;",
+    );
+    check_order(&rows);
+    check_virtualised(&browser, &rows);
+    check_render_time(&browser);
+
+    // No history (404): no strips; then strips once the agent has them.
+    assert_eq!(
+        browser.eval("return window.healthPage.historyState"),
+        "missing"
+    );
+    assert_eq!(
+        browser.eval("return [...document.querySelectorAll('#rows canvas')].some(c => !c.hidden)"),
+        false
+    );
+    let history = synthetic_history(&status);
+    agent.set_history(Some(serde_json::to_string(&history).expect("JSON")));
+    let strip = browser.wait_for(
+        "the history strips",
+        Duration::from_secs(5),
+        "return window.healthPage.strip('peer-00003')",
+    );
+    assert_eq!(
+        strip,
+        serde_json::to_value(&history.nodes[3].paths).expect("JSON")
+    );
+    assert_eq!(
+        browser.eval("return [...document.querySelectorAll('#rows canvas')].every(c => !c.hidden)"),
+        true
+    );
+
+    check_bad_answers(&mut agent, &browser);
+}
+
+/// Failing first (by name), then the rest by name.
+fn check_order(rows: &Value) {
+    let names = names_of(rows);
+    let failing: Vec<String> = (0..PEERS)
+        .filter(|k| k % 10 == 3)
+        .map(|k| format!("peer-{k:05}"))
+        .collect();
+    assert_eq!(names[..failing.len()], failing[..]);
+    assert!(
+        rows.as_array().expect("rows")[failing.len()..]
+            .iter()
+            .all(|r| r["state"] == "success")
+    );
+    assert_eq!(names[failing.len()], "peer-00000");
+    assert_eq!(names.last().map(String::as_str), Some("peer-04999"));
+}
+
+/// Only the rows in view exist in the DOM, and scrolling brings others.
+fn check_virtualised(browser: &Browser, rows: &Value) {
+    let in_dom = browser.eval("return document.querySelectorAll('#rows .row').length");
+    let in_dom = in_dom.as_u64().expect("count");
+    assert!(
+        (20..=120).contains(&in_dom),
+        "{in_dom} row elements for 5,000 peers"
+    );
+    let names = names_of(rows);
+    let dom: Vec<String> = dom_rows(browser).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        dom[..],
+        names[..dom.len()],
+        "the DOM shows the model's first rows"
+    );
+    let _ = browser.eval(
+        "const l = document.getElementById('list'); l.scrollTop = l.scrollHeight; return true",
+    );
+    browser.wait_for(
+        "the last peer after scrolling to the bottom",
+        Duration::from_secs(5),
+        "return window.healthPage.visibleRows().includes('peer-04999')",
+    );
+    let dom: Vec<String> = dom_rows(browser).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(dom[..], names[names.len() - dom.len()..]);
+    let _ = browser.eval("document.getElementById('list').scrollTop = 0; return true");
+}
+
+/// fetch + parse + render + paint of 5,000 peers, over a few refreshes.
+fn check_render_time(browser: &Browser) {
+    let mut ms: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = browser.eval_async(
+                "const done = arguments[arguments.length - 1];
+                 window.healthPage.refresh().then(done, e => done({ error: String(e) }));",
+            );
+            assert_eq!(t["ok"], true, "{t}");
+            assert_eq!(t["nodes"], 5000, "{t}");
+            t["paintedMs"].as_f64().expect("paintedMs")
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    let p50 = ms[ms.len() / 2];
+    println!("5,000 peers: fetch to painted {ms:?} ms, p50 {p50:.0} ms");
+    assert!(
+        p50 < patience(Duration::from_secs(1)).as_secs_f64() * 1000.0,
+        "5,000 peers took {p50:.0} ms to render (p50), over 1 s"
+    );
+}
+
+/// Malformed answers and a vanished agent: a banner, the last data kept.
+fn check_bad_answers(agent: &mut FakeAgent, browser: &Browser) {
+    let _ = browser.eval("window.sameDocument = true; return true");
+    for bad in [
+        "{\"nodes\": [",
+        "[1, 2, 3]",
+        "{\"nodes\": [{\"name\": \"x\"}]}",
+    ] {
+        agent.set_status(bad.into());
+        let error = browser.wait_for(
+            "the malformed-status banner",
+            Duration::from_secs(5),
+            "return window.healthPage.error",
+        );
+        assert!(
+            error
+                .as_str()
+                .is_some_and(|e| e.contains("Malformed status")),
+            "{bad}: {error}"
+        );
+        assert!(browser.is_displayed("#banner"), "{bad}");
+        assert_eq!(
+            browser.eval("return window.healthPage.rows().length"),
+            5000,
+            "{bad}: the last good data stays"
+        );
+        assert_eq!(dom_rows(browser)[0].0, "peer-00003", "{bad}");
+        agent.set_status(serde_json::to_string(&synthetic_status(PEERS)).expect("JSON"));
+        browser.wait_for(
+            "the banner gone",
+            Duration::from_secs(5),
+            "return window.healthPage.error === null",
+        );
+    }
+    agent.stop();
+    let error = browser.wait_for(
+        "the agent-not-reachable banner",
+        Duration::from_secs(10),
+        "return window.healthPage.error",
+    );
+    assert!(
+        error
+            .as_str()
+            .is_some_and(|e| e.contains("Agent not reachable")),
+        "{error}"
+    );
+    assert_eq!(browser.eval("return window.healthPage.rows().length"), 5000);
+    assert_eq!(dom_rows(browser)[0].0, "peer-00003");
+    assert_eq!(browser.eval("return window.sameDocument === true"), true);
+    screenshot(browser, "agent-gone.png", None);
+}
