@@ -21,7 +21,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{
+    Client, ClientBuilder, Locator,
+    actions::{InputSource as _, MouseActions, PointerAction},
+};
 use health_agent::sys::netns::Netns;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
@@ -251,6 +254,21 @@ impl Browser {
     pub fn click(&self, css: &str) {
         self.call(|c| async move { c.find(Locator::Css(css)).await?.click().await })
             .unwrap_or_else(|e| panic!("clicking {css:?}: {e}"));
+    }
+
+    /// Moves the mouse pointer to `(x, y)`, in CSS pixels from the top
+    /// left of the viewport: the page gets the events a user's pointer
+    /// makes (`mousemove`, hover).
+    pub fn move_mouse(&self, x: f64, y: f64) {
+        self.call(|c| async move {
+            let mouse = MouseActions::new("mouse".into()).then(PointerAction::MoveTo {
+                duration: None,
+                x,
+                y,
+            });
+            c.perform_actions(mouse).await
+        })
+        .unwrap_or_else(|e| panic!("moving the mouse to ({x}, {y}): {e}"));
     }
 
     /// Types `text` into the first element matching `css`.

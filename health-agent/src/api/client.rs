@@ -97,6 +97,13 @@ impl Client {
         self.call("GET", paths::CLUSTER).await
     }
 
+    /// `GET /v1/cluster/matrix`: the cluster view, observers by targets.
+    pub async fn cluster_matrix(
+        &self,
+    ) -> Result<crate::cluster::matrix::ClusterMatrix, ClientError> {
+        self.call("GET", paths::CLUSTER_MATRIX).await
+    }
+
     /// `GET /v1/status?summary=true`.
     pub async fn status_summary(&self) -> Result<StatusSummary, ClientError> {
         self.call("GET", &format!("{}?summary=true", paths::STATUS))

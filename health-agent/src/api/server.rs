@@ -197,6 +197,7 @@ fn router(state: AppState) -> Router {
         .route(paths::NODES, get(nodes))
         .route(paths::METRICS, get(metrics))
         .route(paths::CLUSTER, get(cluster))
+        .route(paths::CLUSTER_MATRIX, get(cluster_matrix))
         .fallback(not_found)
         .with_state(state)
 }
@@ -208,6 +209,7 @@ pub fn read_only_routes(state: AppState) -> Router {
         .route(paths::STATUS, get(status))
         .route(paths::STATUS_HISTORY, get(history))
         .route(paths::CLUSTER, get(cluster))
+        .route(paths::CLUSTER_MATRIX, get(cluster_matrix))
         .with_state(state)
 }
 
@@ -229,8 +231,17 @@ async fn not_found(uri: axum::http::Uri) -> Response {
 /// The cluster view: every agent's last round put together, with a
 /// verdict per node.
 async fn cluster(State(state): State<AppState>) -> Response {
+    cluster_json(&state, ClusterViewCell::json)
+}
+
+/// The cluster view as an observers-by-targets matrix.
+async fn cluster_matrix(State(state): State<AppState>) -> Response {
+    cluster_json(&state, ClusterViewCell::matrix_json)
+}
+
+fn cluster_json(state: &AppState, part: fn(&ClusterViewCell) -> Option<bytes::Bytes>) -> Response {
     use axum::http::header::CONTENT_TYPE;
-    match state.cluster.as_ref().map(ClusterViewCell::json) {
+    match state.cluster.as_ref().map(part) {
         Some(Some(json)) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
         Some(None) => error(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -23,6 +23,8 @@ pub mod paths {
     pub const METRICS: &str = "/metrics";
     /// The cluster view assembled from every agent's summaries.
     pub const CLUSTER: &str = "/v1/cluster";
+    /// The cluster view as an observers-by-targets matrix.
+    pub const CLUSTER_MATRIX: &str = "/v1/cluster/matrix";
 }
 
 /// `GET /v1/healthz`.

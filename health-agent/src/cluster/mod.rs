@@ -4,6 +4,7 @@
 pub mod discovery;
 pub mod etcd;
 pub mod kvstore;
+pub mod matrix;
 mod node;
 pub mod nodes_file;
 pub mod routes;

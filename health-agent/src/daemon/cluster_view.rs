@@ -17,6 +17,7 @@ use crate::{
     cluster::{
         discovery::Nodes,
         kvstore::{KvStore, WatchEvent},
+        matrix,
         summary::Summary,
         view::{self, ViewParams},
         view_cell::ClusterViewCell,
@@ -163,8 +164,10 @@ impl ClusterViewTask {
             oldest_ms: now_ms.saturating_sub(stale),
             ..ViewParams::default()
         };
-        let view = view::assemble(&self.nodes.current(), held.by_key.values(), &params);
-        self.cell.publish(view);
+        let nodes = self.nodes.current();
+        let view = view::assemble(&nodes, held.by_key.values(), &params);
+        let matrix = matrix::matrix(&nodes, held.by_key.values(), params.oldest_ms);
+        self.cell.publish(view, &matrix);
     }
 }
 

@@ -135,6 +135,30 @@ fn six_agents_on_a_subset_localise_a_node_down_and_a_degraded_path() {
             verdict(v, &target_name) == Some(Verdict::NodeDown) && v.counts.node_down == 1
         });
     }
+    // The matrix says the same cell by cell: the target's column is all
+    // failures in the rows of the observers that probe it.
+    let m = health_tests::api::call(&cluster.nodes[0].socket(), |c| async move {
+        c.cluster_matrix().await
+    })
+    .expect("GET /v1/cluster/matrix");
+    assert_eq!(m.nodes.len(), 6, "{m:#?}");
+    let col = m
+        .nodes
+        .iter()
+        .position(|n| *n == target_name)
+        .expect("target");
+    let seen: Vec<u8> = m
+        .rows
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != col)
+        .map(|(_, r)| r.as_bytes()[col])
+        .filter(|c| *c != b'.')
+        .collect();
+    assert!(
+        seen.len() >= 2 && seen.iter().all(|c| *c == b'F'),
+        "column {col} of {m:#?}"
+    );
     cluster.nodes[target].set_uplink(true);
     for node in &cluster.nodes {
         wait_view(

@@ -3,12 +3,17 @@
 // Data: GET api/v1/status (the agent's ClusterStatus), polled every
 // max(1 s, probe interval); GET api/v1/status/history (compact strips of
 // every node, optional: a 404 shows no strip); GET
-// api/v1/status/history?node=NAME for the detail of the selected node.
+// api/v1/status/history?node=NAME for the detail of the selected node;
+// GET api/v1/cluster and api/v1/cluster/matrix (the cluster view, when
+// the agents discover each other through etcd: a 404 hides its section,
+// a 503 says it is being assembled).
 //
 // Rendering: a virtualised list. The rows are sorted and filtered once per
 // data update; only the rows in view (plus a few) exist in the DOM, taken
 // from a pool and refilled on scroll. One delegated listener serves every
-// row. The test hook is `window.healthPage`.
+// row. The cluster matrix is one canvas: one pixel per cell drawn into an
+// N x N image, scaled up without smoothing. The test hook is
+// `window.healthPage`.
 "use strict";
 
 (() => {
@@ -27,6 +32,32 @@
     { key: "endpoint-http", label: "endpoint HTTP", addr: "endpoint", proto: "http" },
   ];
   const COLOURS = {};
+  const RGB = {};
+  // The cluster view: verdicts as the API spells them (and its counts' keys).
+  const VERDICTS = [
+    { key: "node-down", count: "node_down", label: "node down", colour: "failure" },
+    { key: "path-degraded", count: "path_degraded", label: "path degraded", colour: "degraded" },
+    { key: "observer-problem", count: "observer_problem", label: "observer problem", colour: "observer" },
+    { key: "unknown", count: "unknown", label: "unknown", colour: "unknown" },
+    { key: "healthy", count: "healthy", label: "healthy", colour: "success" },
+  ];
+  const VERDICT = new Map(VERDICTS.map((v, i) => [v.key, { ...v, rank: i }]));
+  // A matrix cell: an observer's last round towards a target.
+  const CELLS = {
+    S: { colour: "success", text: "success (all four paths)" },
+    D: { colour: "degraded", text: "degraded (some path failed)" },
+    F: { colour: "failure", text: "failure (every path failed)" },
+    "?": { colour: "unknown", text: "unknown (not known yet)" },
+    ".": { colour: "line", text: "not probed" },
+  };
+  const CELL_RE = /^[SDF?.]*$/;
+  const MATRIX_PX = 360; // the matrix's side, cells permitting
+  const MIN_CELL = 2;
+  const MAX_CELL = 22;
+  const LABEL_CELL = 10; // names beside the rows and above the columns from this size
+  const LABEL_MAX_W = 140;
+  const STRIP = 4; // the targets' verdicts above the columns
+  const MAX_PROBLEMS = 100;
   const collator = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
 
   const $ = (id) => document.getElementById(id);
@@ -50,6 +81,14 @@
     detailName: $("detail-name"),
     detailBody: $("detail-body"),
     detailClose: $("detail-close"),
+    cluster: $("cluster"),
+    clusterLine: $("cluster-line"),
+    clusterCounts: $("cluster-counts"),
+    clusterNote: $("cluster-note"),
+    clusterProblems: $("cluster-problems"),
+    matrixBox: $("matrix-box"),
+    matrix: $("matrix"),
+    matrixTip: $("matrix-tip"),
   };
 
   const st = {
@@ -65,6 +104,16 @@
     detail: null, // { name, data } | { name, missing: true } | { name, error }
     lastOkAt: 0,
     problems: { status: null, history: null },
+    cluster: {
+      state: "pending", // "ok" | "assembling" (503) | "missing" (404) | "pending"
+      view: null, // the last good cluster view
+      matrix: null, // the last good matrix
+      matrixState: "pending", // as `state`, for api/v1/cluster/matrix
+      problem: null, // why the data shown may be old
+      shown: null, // what was rendered: the test hook's cluster()
+      drawnKey: null,
+      layout: null, // { n, cell, left, top } in CSS pixels
+    },
     pool: [],
     scrollbar: -1,
     timer: 0,
@@ -196,6 +245,46 @@
     return { window: typeof h.window === "number" ? h.window : rounds.length, rounds, strips };
   }
 
+  const isObject = (x) => x !== null && typeof x === "object" && !Array.isArray(x);
+  const num = (x) => (typeof x === "number" && isFinite(x) ? x : 0);
+  const names = (x) => (Array.isArray(x) ? x.filter((s) => typeof s === "string") : []);
+
+  function buildClusterView(v) {
+    if (!isObject(v) || !Array.isArray(v.nodes)) fail("the cluster view has no nodes list");
+    if (!isObject(v.counts)) fail("the cluster view has no counts");
+    const counts = {};
+    for (const d of VERDICTS) counts[d.count] = num(v.counts[d.count]);
+    const nodes = v.nodes.map((n, i) => {
+      if (!isObject(n) || typeof n.name !== "string") fail(`nodes[${i}] has no name`);
+      if (typeof n.verdict !== "string") fail(`nodes[${i}].verdict is not a string`);
+      return {
+        name: n.name,
+        verdict: n.verdict,
+        reporting: n.reporting !== false,
+        observers: num(n.observers),
+        seenReachable: num(n.seen_reachable),
+        failing: num(n.failing),
+        discounted: num(n.discounted),
+        failingObservers: names(n.failing_observers),
+        unreached: num(n.unreached),
+        unreachedNodes: names(n.unreached_nodes),
+      };
+    });
+    return { reports: num(v.reports), ignored: num(v.ignored), counts, nodes };
+  }
+
+  function buildMatrix(m) {
+    if (!isObject(m) || !Array.isArray(m.nodes) || !Array.isArray(m.rows)) fail("the matrix has no nodes or rows");
+    const n = m.nodes.length;
+    if (m.rows.length !== n) fail(`the matrix has ${n} nodes but ${m.rows.length} rows`);
+    m.nodes.forEach((x, i) => typeof x === "string" || fail(`matrix nodes[${i}] is not a string`));
+    m.rows.forEach((r, i) => {
+      if (typeof r !== "string" || r.length !== n || !CELL_RE.test(r)) fail(`matrix rows[${i}] is not ${n} cells of SDF?.`);
+    });
+    const total = typeof m.total === "number" ? m.total : n;
+    return { nodes: m.nodes, rows: m.rows, total, truncated: m.truncated === true };
+  }
+
   // ---- fetching --------------------------------------------------------
 
   class HttpError extends Error {
@@ -237,6 +326,38 @@
     }
   }
 
+  // The view and its matrix, in parallel. A 404 (no cluster view: the
+  // nodes come from a file) hides the section; a 503 (before the first
+  // view) shows it as being assembled; any other failure keeps the last
+  // data and says so in the section, not in the banner.
+  async function loadCluster() {
+    const c = st.cluster;
+    const [view, matrix] = await Promise.allSettled([
+      fetchText("api/v1/cluster").then((t) => buildClusterView(JSON.parse(t))),
+      fetchText("api/v1/cluster/matrix").then((t) => buildMatrix(JSON.parse(t))),
+    ]);
+    const problems = [];
+    const outcome = (r, what) => {
+      if (r.status === "fulfilled") return "ok";
+      const e = r.reason;
+      if (e instanceof HttpError && e.status === 404) return "missing";
+      if (e instanceof HttpError && e.status === 503) return "assembling";
+      problems.push(`${what} unavailable: ${e.message}`);
+      return null;
+    };
+    const vs = outcome(view, "cluster view");
+    if (vs !== null) {
+      c.state = vs;
+      c.view = vs === "ok" ? view.value : null;
+    }
+    const ms = outcome(matrix, "matrix");
+    if (ms !== null) {
+      c.matrixState = ms;
+      c.matrix = ms === "ok" ? matrix.value : null;
+    }
+    c.problem = problems.length ? problems.join("; ") : null;
+  }
+
   async function loadDetail() {
     const name = st.selected;
     if (name === null) return;
@@ -256,7 +377,7 @@
   async function refreshOnce() {
     const t0 = performance.now();
     const now = Date.now();
-    const side = Promise.all([loadHistory(), loadDetail()]);
+    const side = Promise.all([loadHistory(), loadDetail(), loadCluster()]);
     let text = null;
     let t1 = t0;
     try {
@@ -348,6 +469,7 @@
     renderBanner();
     renderRows();
     renderDetail();
+    renderCluster();
     st.renders++;
   }
 
@@ -557,6 +679,260 @@
     });
   }
 
+  // ---- the cluster view --------------------------------------------------
+
+  function rgb(name) {
+    if (!RGB[name]) {
+      const c = document.createElement("canvas");
+      c.width = c.height = 1;
+      const ctx = c.getContext("2d", { willReadFrequently: true });
+      ctx.fillStyle = colour(name);
+      ctx.fillRect(0, 0, 1, 1);
+      RGB[name] = Array.from(ctx.getImageData(0, 0, 1, 1).data.slice(0, 3));
+    }
+    return RGB[name];
+  }
+
+  const plural = (k, one, many) => `${k} ${k === 1 ? one : many}`;
+
+  function renderCluster() {
+    const c = st.cluster;
+    const shown = c.state === "ok" || c.state === "assembling";
+    el.cluster.hidden = !shown;
+    if (!shown) {
+      c.shown = null;
+      hideTip();
+      return;
+    }
+    const v = c.state === "ok" ? c.view : null;
+    const m = c.matrixState === "ok" ? c.matrix : null;
+    el.clusterLine.classList.toggle("assembling", !v);
+    el.clusterLine.textContent = v ? clusterLine(v) : "assembling: the first view comes after the first probe interval";
+    const counts = {};
+    for (const d of VERDICTS) {
+      const k = v ? v.counts[d.count] : null;
+      counts[d.count] = k;
+      const span = el.clusterCounts.querySelector(`[data-verdict="${d.key}"]`);
+      span.querySelector("b").textContent = k === null ? "–" : k;
+      span.classList.toggle("zero", !k);
+    }
+    const notes = [];
+    if (c.problem) notes.push(c.problem);
+    if (v && c.matrixState === "missing") notes.push("This agent serves no matrix.");
+    if (v && c.matrixState === "assembling") notes.push("The matrix is being assembled.");
+    if (m && m.truncated) notes.push(`The matrix shows the first ${m.nodes.length} of ${m.total} nodes.`);
+    el.clusterNote.hidden = notes.length === 0;
+    el.clusterNote.textContent = notes.join(" ");
+    renderProblems(v);
+    const verdicts = {};
+    if (v) for (const n of v.nodes) verdicts[n.name] = n.verdict;
+    el.matrixBox.hidden = !m;
+    drawMatrix(m, verdicts);
+    c.shown = {
+      state: c.state,
+      counts,
+      verdicts,
+      problems: [...el.clusterProblems.querySelectorAll("li[data-node]")].map((li) => li.dataset.node),
+      matrix: m ? { nodes: m.nodes.slice(), rows: m.rows.slice(), total: m.total, truncated: m.truncated } : null,
+      layout: c.layout ? { ...c.layout } : null,
+      note: el.clusterNote.hidden ? null : el.clusterNote.textContent,
+    };
+  }
+
+  function clusterLine(v) {
+    const bad = VERDICTS.filter((d) => d.key !== "healthy" && v.counts[d.count] > 0).map(
+      (d) => `${v.counts[d.count]} ${d.label}`,
+    );
+    const ignored = v.ignored ? `, ${v.ignored} ignored` : "";
+    return `${plural(v.nodes.length, "node", "nodes")}, ${plural(v.reports, "report", "reports")}${ignored}: ${
+      bad.length ? bad.join(", ") : "all healthy"
+    }`;
+  }
+
+  function problemWhy(n) {
+    const parts = [];
+    if (n.verdict === "observer-problem" || n.unreached > 0) {
+      const list = n.unreachedNodes.length ? `: ${n.unreachedNodes.join(", ")}${n.unreached > n.unreachedNodes.length ? ", …" : ""}` : "";
+      if (n.unreached > 0) parts.push(`fails towards ${plural(n.unreached, "node", "nodes")} the others reach${list}`);
+    }
+    if (n.failing > 0) {
+      const more = n.failing > n.failingObservers.length ? ", …" : "";
+      parts.push(`failing observers (${n.failing} of ${n.observers}): ${n.failingObservers.join(", ")}${more}`);
+    } else if (n.verdict !== "observer-problem") {
+      parts.push(`${n.seenReachable} of ${plural(n.observers, "observer reaches", "observers reach")} it`);
+    }
+    if (n.discounted > 0) parts.push(`${n.discounted} failing from observer problems, discounted`);
+    if (!n.reporting) parts.push("publishes no summary");
+    return parts.join("; ");
+  }
+
+  // The nodes whose verdict is not healthy, worst first.
+  function renderProblems(v) {
+    const list = v ? v.nodes.filter((n) => n.verdict !== "healthy") : [];
+    const rank = (n) => (VERDICT.has(n.verdict) ? VERDICT.get(n.verdict).rank : -1);
+    list.sort((a, b) => rank(a) - rank(b) || collator.compare(a.name, b.name));
+    const frag = document.createDocumentFragment();
+    for (const n of list.slice(0, MAX_PROBLEMS)) {
+      const li = document.createElement("li");
+      li.dataset.node = n.name;
+      li.dataset.verdict = n.verdict;
+      const name = document.createElement("span");
+      name.className = "node";
+      name.textContent = n.name;
+      if (st.byName.has(n.name)) {
+        name.classList.add("known");
+        name.title = "show this node's detail";
+      }
+      const verdict = document.createElement("span");
+      verdict.className = "verdict";
+      verdict.textContent = VERDICT.has(n.verdict) ? VERDICT.get(n.verdict).label : n.verdict;
+      const why = document.createElement("span");
+      why.className = "why";
+      why.textContent = problemWhy(n);
+      li.append(name, verdict, why);
+      frag.appendChild(li);
+    }
+    if (list.length > MAX_PROBLEMS) frag.appendChild(note(`and ${list.length - MAX_PROBLEMS} more`));
+    el.clusterProblems.replaceChildren(frag);
+  }
+
+  function fitLabel(ctx, text) {
+    if (ctx.measureText(text).width <= LABEL_MAX_W) return text;
+    let t = text;
+    while (t.length > 1 && ctx.measureText(t + "…").width > LABEL_MAX_W) t = t.slice(0, -1);
+    return t + "…";
+  }
+
+  // Rows are observers, columns targets; above the columns, a strip of
+  // the targets' verdicts; names when the cells are big enough.
+  function drawMatrix(m, verdicts) {
+    const c = st.cluster;
+    if (!m) {
+      c.layout = null;
+      c.drawnKey = null;
+      return;
+    }
+    const n = m.nodes.length;
+    const colours = m.nodes.map((name) => (VERDICT.has(verdicts[name]) ? VERDICT.get(verdicts[name]).colour : "line"));
+    const key = `${m.nodes.join("\n")}\n${m.rows.join("")}\n${colours.join(",")}`;
+    if (c.drawnKey === key) return;
+    c.drawnKey = key;
+    hideTip();
+    const canvas = el.matrix;
+    const ctx = canvas.getContext("2d");
+    const cell = Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(MATRIX_PX / Math.max(1, n))));
+    const labels = cell >= LABEL_CELL;
+    ctx.font = "11px system-ui, sans-serif";
+    const texts = labels ? m.nodes.map((name) => fitLabel(ctx, name)) : [];
+    const labelW = labels ? Math.ceil(Math.max(0, ...texts.map((t) => ctx.measureText(t).width))) + 6 : 0;
+    const left = labelW;
+    const top = labelW + STRIP + 2;
+    const w = left + n * cell;
+    const h = top + n * cell;
+    // A device-pixel canvas, but not one of hundreds of megabytes.
+    const dpr = Math.max(1, Math.min(window.devicePixelRatio || 1, 4096 / Math.max(w, h, 1)));
+    canvas.style.width = `${w}px`;
+    canvas.style.height = `${h}px`;
+    canvas.width = Math.round(w * dpr);
+    canvas.height = Math.round(h * dpr);
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+    c.layout = { n, cell, left, top, strip: STRIP };
+    if (n === 0) return;
+    // One pixel per cell, scaled up.
+    const img = new ImageData(n, n);
+    const px = img.data;
+    const rgbs = {};
+    for (const ch of Object.keys(CELLS)) rgbs[ch] = rgb(CELLS[ch].colour);
+    for (let i = 0; i < n; i++) {
+      const row = m.rows[i];
+      for (let j = 0; j < n; j++) {
+        const p = rgbs[row[j]];
+        const o = (i * n + j) * 4;
+        px[o] = p[0];
+        px[o + 1] = p[1];
+        px[o + 2] = p[2];
+        px[o + 3] = 255;
+      }
+    }
+    const off = document.createElement("canvas");
+    off.width = n;
+    off.height = n;
+    off.getContext("2d").putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(off, left, top, n * cell, n * cell);
+    const gap = cell >= 6 ? 1 : 0;
+    if (gap) {
+      // A line of the panel's colour between cells.
+      ctx.fillStyle = colour("panel");
+      for (let k = 1; k < n; k++) {
+        ctx.fillRect(left + k * cell - gap, top, gap, n * cell);
+        ctx.fillRect(left, top + k * cell - gap, n * cell, gap);
+      }
+    }
+    for (let j = 0; j < n; j++) {
+      ctx.fillStyle = colour(colours[j]);
+      ctx.fillRect(left + j * cell, top - STRIP - 2, Math.max(1, cell - gap), STRIP);
+    }
+    if (labels) drawLabels(ctx, m, texts, { cell, left, top });
+  }
+
+  function drawLabels(ctx, m, texts, { cell, left, top }) {
+    const local = st.status ? st.status.local_node : null;
+    ctx.textBaseline = "middle";
+    texts.forEach((t, i) => {
+      ctx.font = `${m.nodes[i] === local ? "600 " : ""}11px system-ui, sans-serif`;
+      ctx.fillStyle = colour("fg");
+      ctx.textAlign = "right";
+      ctx.fillText(t, left - 4, top + i * cell + cell / 2);
+      ctx.save();
+      ctx.translate(left + i * cell + cell / 2, top - STRIP - 4);
+      ctx.rotate(-Math.PI / 2);
+      ctx.textAlign = "left";
+      ctx.fillText(t, 0, 0);
+      ctx.restore();
+    });
+  }
+
+  // What the pointer is over: a cell, or a target's verdict above it.
+  function matrixTipText(clientX, clientY) {
+    const c = st.cluster;
+    const L = c.layout;
+    const m = c.shown && c.shown.matrix;
+    if (!L || !m) return null;
+    const r = el.matrix.getBoundingClientRect();
+    const x = clientX - r.left - L.left;
+    const y = clientY - r.top - L.top;
+    const j = Math.floor(x / L.cell);
+    if (j < 0 || j >= L.n) return null;
+    if (y < 0 && y >= -L.strip - 2) {
+      const v = c.shown.verdicts[m.nodes[j]];
+      return `${m.nodes[j]}: ${v ? (VERDICT.has(v) ? VERDICT.get(v).label : v) : "no verdict"}`;
+    }
+    const i = Math.floor(y / L.cell);
+    if (i < 0 || i >= L.n) return null;
+    return `${m.nodes[i]} → ${m.nodes[j]}: ${CELLS[m.rows[i][j]].text}`;
+  }
+
+  function onMatrixHover(e) {
+    const text = matrixTipText(e.clientX, e.clientY);
+    if (text === null) {
+      hideTip();
+      return;
+    }
+    const tip = el.matrixTip;
+    tip.textContent = text;
+    tip.hidden = false;
+    const x = Math.min(e.clientX + 14, window.innerWidth - tip.offsetWidth - 4);
+    const y = e.clientY + 18 + tip.offsetHeight > window.innerHeight ? e.clientY - tip.offsetHeight - 8 : e.clientY + 18;
+    tip.style.left = `${Math.max(0, x)}px`;
+    tip.style.top = `${Math.max(0, y)}px`;
+  }
+
+  function hideTip() {
+    el.matrixTip.hidden = true;
+  }
+
   // ---- the detail of one node -------------------------------------------
 
   function dl(pairs) {
@@ -687,6 +1063,13 @@
     if (row && row.dataset.node) select(row.dataset.node === st.selected ? null : row.dataset.node);
   });
   el.detailClose.addEventListener("click", () => select(null));
+  el.matrix.addEventListener("mousemove", onMatrixHover);
+  el.matrix.addEventListener("mouseleave", hideTip);
+  el.clusterProblems.addEventListener("click", (e) => {
+    const name = e.target.closest(".node.known");
+    const li = name && name.closest("li[data-node]");
+    if (li && st.byName.has(li.dataset.node)) select(li.dataset.node);
+  });
   document.addEventListener("keydown", (e) => {
     if (e.key === "Escape" && st.selected !== null) select(null);
     if (e.key === "/" && document.activeElement !== el.search) {
@@ -707,7 +1090,8 @@
   });
 
   // The test hook: the model after the filters (not only the rows in
-  // view), the rendering's timings, and a way to refresh now.
+  // view), the cluster section as drawn, the rendering's timings, and a
+  // way to refresh now.
   window.healthPage = {
     get ready() {
       return st.ready;
@@ -748,6 +1132,14 @@
     },
     visibleRows() {
       return st.pool.filter((r) => !r.hidden && r.dataset.node).map((r) => r.dataset.node);
+    },
+    get clusterState() {
+      return st.cluster.state;
+    },
+    // The cluster section as rendered: null while hidden.
+    cluster() {
+      const s = st.cluster.shown;
+      return s ? JSON.parse(JSON.stringify(s)) : null;
     },
     strip(name) {
       return st.history ? st.history.strips.get(name) || null : null;
