@@ -26,7 +26,9 @@
 //! problem for the dropping observer; observer problem or healthy for the
 //! flapping one (as its states show); healthy for every other node. Before
 //! a faulty node's verdict is first right, healthy or path degraded are
-//! counted as converging (the path states of its observers are turning);
+//! counted as converging (the path states of its observers are turning;
+//! and observer problem for a node of the partitioned zone, while only its
+//! own summary shows the cut);
 //! any other verdict, any later change, and any non-healthy verdict of any
 //! other node, is a wrong verdict.
 
@@ -557,9 +559,13 @@ impl Tracker {
                 None
             };
             let right = expected.map_or(v.verdict == Verdict::Healthy, |e| e.contains(&v.verdict));
+            // A node of the partitioned zone whose own summary shows the
+            // cut before its observers' do is an observer problem until
+            // they do.
             let may_converge = expected.is_some()
                 && !self.settled[i]
-                && matches!(v.verdict, Verdict::Healthy | Verdict::PathDegraded);
+                && (matches!(v.verdict, Verdict::Healthy | Verdict::PathDegraded)
+                    || (c.zone[i] == f.partition && v.verdict == Verdict::ObserverProblem));
             if right {
                 self.settled[i] |= expected.is_some() && v.verdict != Verdict::Healthy;
             } else if may_converge {
@@ -824,11 +830,13 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
         opts.rounds > FAULT_ROUND,
         "--rounds: more than {FAULT_ROUND}"
     );
-    let zones = opts
-        .zones
-        .unwrap_or(opts.nodes / 20)
-        .clamp(2, opts.nodes / 2);
-    let mut rng = Rng(0x5eed);
+    let zones = opts.zones.unwrap_or(opts.nodes / 20);
+    ensure!(
+        (3..=opts.nodes / 2).contains(&zones),
+        "--zones: 3 to {} (one partitioned, a link between two others, zones of 2 or more)",
+        opts.nodes / 2
+    );
+    let mut rng = Rng(std::env::var("SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed));
     eprintln!(
         "cluster-sim: {} nodes, {zones} zones, K = {}: selecting (and again after a join and a leave)",
         opts.nodes, opts.peers

@@ -11,16 +11,19 @@
 //! The verdicts, in this order:
 //!
 //! 1. **Observer problems** are found first. An observer's failure towards
-//!    a node is *suspect* when the node's other observers from outside its
-//!    zone (all its other observers if none is outside) mostly reach it:
-//!    over three times as many reach it as fail it, so not while a fault
-//!    is just starting and summaries a round apart disagree. The node's
-//!    own zone is left out because it shares the node's fate: a zone cut
-//!    off from the others still reaches itself. An observer with at least
-//!    [`ViewParams::observer_problem_min`] suspect failures (or, observing
-//!    few nodes, at least 2 and half of them) is an observer problem. This
-//!    is done twice: the second time without the votes of the observer
-//!    problems the first found.
+//!    a node is *suspect* when the node's other observers mostly reach it
+//!    (over three times as many reach it as fail it: not while a fault is
+//!    just starting and summaries a round apart disagree). An observer whose suspect
+//!    failures are towards nodes of at least
+//!    [`ViewParams::observer_problem_min`] zones (a node without a zone is
+//!    its own; with fewer zones observed: half of them, at least 2) is an
+//!    observer problem. Counting zones, not nodes, keeps an observer that
+//!    fails towards a few nodes of one partitioned zone (whose own nodes
+//!    still reach each other) from looking like the problem. This is done
+//!    twice: the second time the node's other observers exclude
+//!    those the first pass found, so that the nodes of a partitioned zone
+//!    (each one an observer problem: it fails every node outside) do not
+//!    make the outside observers that fail towards them look suspect.
 //!    An observer problem's *failures* are discounted everywhere below (its
 //!    successes still count: a path it reaches is reachable).
 //! 2. With fewer than [`ViewParams::min_observers`] observers reporting a
@@ -76,8 +79,9 @@ pub struct ViewParams {
     /// Default 2: a single observer cannot tell a node down from its own
     /// link to it.
     pub min_observers: usize,
-    /// Suspect failures that make an observer an observer problem.
-    /// Default 4: a node down or a broken link gives each observer one.
+    /// Zones of the suspect failures that make an observer an observer
+    /// problem. Default 4: a node down or a broken link gives each observer
+    /// one; a partitioned zone, one.
     pub observer_problem_min: usize,
     /// Summaries of rounds that ended before this (epoch ms) are ignored:
     /// an agent that stopped publishing is no longer an observer. 0 keeps
@@ -297,38 +301,29 @@ impl Observations {
         })
     }
 
-    /// Per target: observers reaching it and failing it, from its zone
-    /// and from outside, leaving out the observers in `excluded`.
-    fn votes(&self, zones: &[u32], excluded: &[bool]) -> Votes {
-        let n = zones.len();
-        let mut v = Votes {
-            ok_in: vec![0; n],
-            fail_in: vec![0; n],
-            ok_out: vec![0; n],
-            fail_out: vec![0; n],
-        };
+    /// Per target: observers reaching it and failing it, leaving out the
+    /// observers in `excluded`.
+    fn tallies(&self, n: usize, excluded: &[bool]) -> (Vec<u32>, Vec<u32>) {
+        let (mut ok, mut fail) = (vec![0u32; n], vec![0u32; n]);
         for (o, obs) in self.by_observer() {
             if excluded[o] {
                 continue;
             }
             for (t, seen) in obs {
-                let inside = zones[o] == zones[t];
-                let count = match (seen, inside) {
-                    (Seen::Reached, true) => &mut v.ok_in,
-                    (Seen::Reached, false) => &mut v.ok_out,
-                    (Seen::FailedAll | Seen::FailedSome, true) => &mut v.fail_in,
-                    (Seen::FailedAll | Seen::FailedSome, false) => &mut v.fail_out,
-                    (Seen::Unknown, _) => continue,
-                };
-                count[t] += 1;
+                if seen == Seen::Reached {
+                    ok[t] += 1;
+                } else if seen.failed() {
+                    fail[t] += 1;
+                }
             }
         }
-        v
+        (ok, fail)
     }
 
-    /// Per observer: its suspect failures ([`Votes::suspect`], those in
-    /// `excluded` left out of the votes); and which observers are observer
-    /// problems by them.
+    /// Per observer: its suspect failures (towards nodes that the others,
+    /// those in `excluded` aside, mostly reach); and which observers are
+    /// observer problems by them: suspect failures in enough zones
+    /// (`zones`: a number per node, those without a zone each their own).
     fn problems(
         &self,
         zones: &[u32],
@@ -336,63 +331,45 @@ impl Observations {
         params: &ViewParams,
     ) -> (Vec<u32>, Vec<bool>) {
         let n = zones.len();
-        let votes = self.votes(zones, excluded);
+        let (ok, fail) = self.tallies(n, excluded);
         let mut suspect = vec![0u32; n];
         let mut problem = vec![false; n];
+        let (mut suspect_zones, mut observed_zones) = (Vec::new(), Vec::new());
         for (o, obs) in self.by_observer() {
-            let mut definite = 0usize;
-            for (t, seen) in obs {
-                definite += usize::from(seen != Seen::Unknown);
-                if seen.failed() && votes.suspect(zones, o, !excluded[o], t) {
-                    suspect[o] += 1;
+            suspect_zones.clear();
+            for (t, seen) in obs.clone() {
+                if seen.failed() && suspect_failure(ok[t], fail[t] - u32::from(!excluded[o])) {
+                    suspect_zones.push(zones[t]);
                 }
             }
+            suspect[o] = suspect_zones.len() as u32;
+            if suspect_zones.is_empty() {
+                continue;
+            }
+            suspect_zones.sort_unstable();
+            suspect_zones.dedup();
+            observed_zones.clear();
+            observed_zones.extend(
+                obs.filter(|&(_, s)| s != Seen::Unknown)
+                    .map(|(t, _)| zones[t]),
+            );
+            observed_zones.sort_unstable();
+            observed_zones.dedup();
             let needed = params
                 .observer_problem_min
-                .min(definite.div_ceil(2).max(2))
+                .min(observed_zones.len().div_ceil(2).max(2))
                 .max(1);
-            problem[o] = suspect[o] as usize >= needed;
+            problem[o] = suspect_zones.len() >= needed;
         }
         (suspect, problem)
     }
 }
 
-/// Per target: how many observers reach it and fail it, from inside its
-/// zone and from outside.
-struct Votes {
-    ok_in: Vec<u32>,
-    fail_in: Vec<u32>,
-    ok_out: Vec<u32>,
-    fail_out: Vec<u32>,
-}
-
-impl Votes {
-    /// Whether `o`'s failure towards `t` is suspect (`counted`: whether
-    /// `o`'s own failure is among the votes): `t`'s other observers from
-    /// outside its zone (all its other observers when none is outside)
-    /// reach it over three times as often as they fail it. The nodes of
-    /// `t`'s own zone share its fate when the zone is cut off: they still
-    /// reach it.
-    fn suspect(&self, zones: &[u32], o: usize, counted: bool, t: usize) -> bool {
-        let own = u32::from(counted);
-        let inside = zones[o] == zones[t];
-        let (ok_out, fail_out) = (
-            self.ok_out[t],
-            self.fail_out[t] - if inside { 0 } else { own },
-        );
-        if ok_out + fail_out > 0 {
-            return suspect_failure(ok_out, fail_out);
-        }
-        let fail_in = self.fail_in[t] - if inside { own } else { 0 };
-        suspect_failure(self.ok_in[t], fail_in)
-    }
-}
-
 /// Whether an observer's failure towards a node is suspect, given how many
 /// of the node's other observers reach it and fail it: they reach it over
-/// three times as often. A node whose observers disagree about
-/// evenly (a fault just starting, as summaries a round apart disagree) is
-/// no evidence against the observer.
+/// three times as often. A node whose observers disagree about evenly (a
+/// fault just starting, as summaries a round apart disagree) is no evidence
+/// against the observer.
 const fn suspect_failure(others_reach: u32, others_fail: u32) -> bool {
     others_reach > others_fail.saturating_mul(3)
 }
@@ -438,7 +415,7 @@ pub fn assemble<S: Borrow<Summary>>(
     let zones = zone_numbers(nodes);
     let (_, first) = obs.problems(&zones, &vec![false; n], params);
     let (suspect, problem) = obs.problems(&zones, &first, params);
-    let votes = obs.votes(&zones, &first);
+    let (ok, fail) = obs.tallies(n, &first);
 
     let mut tally = vec![Tally::default(); n];
     let mut failing_observers: Vec<Vec<String>> = vec![Vec::new(); n];
@@ -452,9 +429,8 @@ pub fn assemble<S: Borrow<Summary>>(
                 Seen::Unknown => {}
                 _ if problem[o] => {
                     tl.discounted += 1;
-                    if votes.suspect(&zones, o, !first[o], t)
-                        && unreached_nodes[o].len() < MAX_NAMED
-                    {
+                    let others_fail = fail[t] - u32::from(!first[o]);
+                    if suspect_failure(ok[t], others_fail) && unreached_nodes[o].len() < MAX_NAMED {
                         unreached_nodes[o].push(nodes[t].name.clone());
                     }
                 }

@@ -144,9 +144,17 @@ async fn run_inner(
     // The prober in service; a reload that changes its settings replaces it.
     let (probers, prober) = watch::channel(prober);
 
-    let cluster = ClusterViewCell::default();
-    let api_state =
-        api_state(&cfg, &resolved, &view, &prober, &nodes, health).with_cluster(cluster.clone());
+    // A cluster view only with etcd, where the summaries travel.
+    let cluster = matches!(cfg.discovery, Discovery::Etcd(_)).then(ClusterViewCell::default);
+    let api_state = api_state(
+        &cfg,
+        &resolved,
+        &view,
+        &prober,
+        &nodes,
+        health,
+        cluster.as_ref(),
+    );
     let (links, _) = broadcast::channel(16);
     // Each start waits for its task to be ready; `false`: stopped meanwhile.
     macro_rules! start {
@@ -197,7 +205,7 @@ async fn run_inner(
     let source = node_source(&cfg, &resolved, own_ip, &registration)?;
     debug!(source = %cfg.source_name(), "node discovery");
     start!(tasks::discovery(&mut sup, source, nodes.clone()));
-    if let Some(task) = cluster_view_task(&cfg, &registration, &prober, &nodes, &cluster) {
+    if let Some(task) = cluster_view_task(&cfg, &registration, &prober, &nodes, cluster.as_ref()) {
         start!(tasks::cluster_view(&mut sup, task));
     }
     let sync = node_sync(&cfg, &prober, own_ip);
@@ -251,8 +259,9 @@ fn api_state(
     prober: &watch::Receiver<std::sync::Arc<Prober>>,
     nodes: &Nodes,
     health: Health,
+    cluster: Option<&ClusterViewCell>,
 ) -> api::server::ApiState {
-    api::server::ApiState::new(
+    let state = api::server::ApiState::new(
         view.clone(),
         prober.clone(),
         nodes.clone(),
@@ -264,7 +273,11 @@ fn api_state(
         policy: cfg.attach,
         tc_hook: resolved.tc_hook,
         programs: Vec::new(),
-    })
+    });
+    match cluster {
+        Some(cell) => state.with_cluster(cell.clone()),
+        None => state,
+    }
 }
 
 /// The metrics (also served on the socket by `api`) and, when
@@ -370,9 +383,9 @@ fn cluster_view_task(
     registration: &Registration,
     prober: &watch::Receiver<std::sync::Arc<Prober>>,
     nodes: &Nodes,
-    cell: &ClusterViewCell,
+    cell: Option<&ClusterViewCell>,
 ) -> Option<cluster_view::ClusterViewTask> {
-    let Discovery::Etcd(etcd) = &cfg.discovery else {
+    let (Discovery::Etcd(etcd), Some(cell)) = (&cfg.discovery, cell) else {
         return None;
     };
     Some(cluster_view::ClusterViewTask {

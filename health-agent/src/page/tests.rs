@@ -137,3 +137,26 @@ fn the_assets_fetch_nothing_from_the_network() {
         }
     }
 }
+
+#[test]
+fn the_page_fetches_the_api_paths_the_listener_serves() {
+    use crate::api::types::paths;
+    let js = ASSETS
+        .iter()
+        .find(|a| a.name == "app.js")
+        .map(|a| std::str::from_utf8(a.body).expect("UTF-8"))
+        .expect("app.js");
+    for path in [
+        paths::STATUS,
+        paths::STATUS_HISTORY,
+        paths::CLUSTER,
+        paths::CLUSTER_MATRIX,
+    ] {
+        // Relative to the page, under the listener's `/api`.
+        let url = format!("\"api{path}\"");
+        assert!(js.contains(&url), "app.js does not fetch {url}");
+    }
+    // The cluster section shows only once the agent has a cluster view.
+    let html = std::str::from_utf8(INDEX.body).expect("UTF-8");
+    assert!(html.contains(r#"<details id="cluster" open hidden>"#));
+}

@@ -2,10 +2,12 @@
 //! Chromium: read through the page's hook (`window.healthPage`) and
 //! through the DOM as `WebDriver` sees it.
 //!
-//! The cluster test loads a real agent's page; the other serves the same
-//! embedded page from a stand-in agent (the page's own router, and status
-//! bodies made from the agent's types) to feed it what a healthy agent
-//! never sends: 5,000 peers, malformed JSON, no answer at all.
+//! The cluster tests load a real agent's page (nodes from a file: no
+//! cluster section; through etcd: the cluster view and its matrix); the
+//! others serve the same embedded page from a stand-in agent (the page's
+//! own router, and bodies made from the agent's types) to feed it what a
+//! healthy agent never sends: 5,000 peers, a 1,000-node matrix, malformed
+//! JSON, no answer at all.
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
@@ -22,6 +24,10 @@ use axum::{
     routing::get,
 };
 use health_agent::{
+    cluster::{
+        matrix::ClusterMatrix,
+        view::{ClusterView, NodeView, Verdict, VerdictCounts},
+    },
     probe::{
         history::{HistoryRound, HistoryStrips, NodeStrips},
         path::{PathState, ProbeResult, RttSource},
@@ -172,6 +178,16 @@ fn the_page_shows_every_peer_reachable_then_a_downed_link_as_failure() {
         );
     }
     assert_eq!(browser.eval("return window.healthPage.error"), Value::Null);
+    // Nodes from a file: no cluster view (a 404), no section, no banner.
+    assert_eq!(
+        browser.eval("return window.healthPage.clusterState"),
+        "missing"
+    );
+    assert_eq!(
+        browser.eval("return window.healthPage.cluster()"),
+        Value::Null
+    );
+    assert!(!browser.is_displayed("#cluster"));
     screenshot(&browser, "reachable.png", None);
 
     // A reload would lose this mark: the page must update in place.
@@ -283,16 +299,280 @@ fn check_filters_and_detail(browser: &Browser) {
     );
 }
 
+// ---- the cluster view ------------------------------------------------------
+
+/// The cluster section once node-1's page shows a 3×3 matrix all 'S' (each
+/// node's own cell included) and every node healthy.
+const CLUSTER_HEALTHY: &str = "
+    const p = window.healthPage;
+    const c = p && p.ready && p.cluster();
+    if (!c || c.state !== 'ok' || !c.matrix) return null;
+    const names = ['node-1', 'node-2', 'node-3'];
+    const ok = JSON.stringify(c.matrix.nodes) === JSON.stringify(names)
+        && c.matrix.rows.every(r => r === 'SSS')
+        && names.every(n => c.verdicts[n] === 'healthy')
+        && c.counts.healthy === 3;
+    return ok ? c : null;";
+
+/// The cluster section once node-1 and node-2 see node-3 fail every path
+/// and the view says node-3 is down.
+const CLUSTER_NODE_3_DOWN: &str = "
+    const c = window.healthPage.cluster();
+    if (!c || !c.matrix) return null;
+    const row = n => c.matrix.rows[c.matrix.nodes.indexOf(n)] || '';
+    const ok = c.matrix.nodes[2] === 'node-3'
+        && row('node-1')[2] === 'F' && row('node-2')[2] === 'F'
+        && c.verdicts['node-3'] === 'node-down';
+    return ok ? c : null;";
+
+/// The matrix as drawn: each cell's colour read back from the canvas (a
+/// pixel inside the cell) and named by the page's cell colours ('x' for
+/// none of them).
+const MATRIX_PIXELS: &str = "
+    const L = window.healthPage.cluster().layout;
+    const cv = document.getElementById('matrix');
+    const k = cv.width / cv.getBoundingClientRect().width;
+    const px = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data;
+    const css = getComputedStyle(document.documentElement);
+    const probe = document.createElement('canvas').getContext('2d', { willReadFrequently: true });
+    const rgb = v => {
+        probe.fillStyle = css.getPropertyValue(v).trim();
+        probe.fillRect(0, 0, 1, 1);
+        return [...probe.getImageData(0, 0, 1, 1).data.slice(0, 3)];
+    };
+    const ref = [['S', '--success'], ['D', '--degraded'], ['F', '--failure'],
+                 ['?', '--unknown'], ['.', '--line']].map(([c, v]) => [c, rgb(v)]);
+    const rows = [];
+    for (let i = 0; i < L.n; i++) {
+        let r = '';
+        for (let j = 0; j < L.n; j++) {
+            const x = Math.floor((L.left + (j + 0.4) * L.cell) * k);
+            const y = Math.floor((L.top + (i + 0.4) * L.cell) * k);
+            const o = (y * cv.width + x) * 4;
+            const hit = ref.find(([, q]) => q.every((v, t) => Math.abs(v - px[o + t]) <= 2));
+            r += hit ? hit[0] : 'x';
+        }
+        rows.push(r);
+    }
+    return rows;";
+
+/// Moves the mouse over the cell (observer `i`, target `j`) of the matrix
+/// and returns the tooltip's text (`null` if none shows).
+fn hover_cell(browser: &Browser, i: usize, j: usize) -> Value {
+    let at = browser.eval(&format!(
+        "const L = window.healthPage.cluster().layout;
+         const r = document.getElementById('matrix').getBoundingClientRect();
+         return [Math.floor(r.left + L.left + ({j} + 0.5) * L.cell),
+                 Math.floor(r.top + L.top + ({i} + 0.5) * L.cell)];"
+    ));
+    let (x, y) = (at[0].as_f64().expect("x"), at[1].as_f64().expect("y"));
+    browser.move_mouse(x, y);
+    browser.eval(
+        "const tip = document.getElementById('matrix-tip');
+         return tip.hidden ? null : tip.textContent;",
+    )
+}
+
+/// The verdict counts as the section shows them, by verdict.
+fn dom_verdict_counts(browser: &Browser) -> std::collections::BTreeMap<String, String> {
+    browser
+        .eval(
+            "return [...document.querySelectorAll('#cluster-counts [data-verdict]')]
+                 .map(s => [s.dataset.verdict, s.querySelector('b').textContent]);",
+        )
+        .as_array()
+        .expect("counts")
+        .iter()
+        .map(|p| {
+            (
+                p[0].as_str().expect("verdict").to_owned(),
+                p[1].as_str().expect("count").to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_page_shows_the_cluster_matrix_then_a_node_down() {
+    let settings = Settings {
+        nodes: 3,
+        etcd: true,
+        // A node that goes down stays in the node set.
+        lease_ttl: "5m",
+        ..Settings::default()
+    };
+    let cluster = Cluster::start(&settings);
+    let browser = Browser::start(&cluster.fabric);
+    browser.goto(&cluster.nodes[0].web_url());
+
+    // etcd, the agents' registrations and first rounds, the first views.
+    let c = browser.wait_for(
+        "a 3×3 matrix all 'S' and every node healthy on node-1's page",
+        Duration::from_secs(60),
+        CLUSTER_HEALTHY,
+    );
+    assert!(browser.is_displayed("#cluster"));
+    assert!(browser.is_displayed("#matrix"));
+    assert_eq!(c["matrix"]["truncated"], false, "{c}");
+    assert_eq!(c["matrix"]["total"], 3, "{c}");
+    assert_eq!(c["problems"], serde_json::json!([]), "{c}");
+    assert_eq!(
+        browser.eval(MATRIX_PIXELS),
+        serde_json::json!(["SSS", "SSS", "SSS"]),
+        "the matrix as drawn"
+    );
+    let counts = dom_verdict_counts(&browser);
+    assert_eq!(counts.len(), 5, "{counts:?}");
+    for (verdict, k) in &counts {
+        let want = if verdict == "healthy" { "3" } else { "0" };
+        assert_eq!(k, want, "{verdict}: {counts:?}");
+    }
+    // Names beside the rows and above the columns for 3 nodes.
+    assert!(c["layout"]["left"].as_f64().expect("left") > 0.0, "{c}");
+    assert_eq!(browser.eval("return window.healthPage.error"), Value::Null);
+
+    let _ = browser.eval("window.sameDocument = true; return true");
+    cluster.nodes[2].set_uplink(false);
+    let down = Instant::now();
+    // node-1 and node-2 fail node-3 after `failure_threshold` rounds (and a
+    // probe timeout); then each publishes its round's summary, node-1
+    // assembles its view and the page polls: an interval each, and slack.
+    let bound = Duration::from_secs(u64::from(settings.failure_threshold))
+        + Duration::from_millis(500)
+        + Duration::from_secs(3)
+        + Duration::from_secs(2);
+    let c = browser.wait_for(
+        "node-3's column failed and node-3 down on node-1's page",
+        bound,
+        CLUSTER_NODE_3_DOWN,
+    );
+    println!(
+        "node-3 shown down in the matrix {} ms after its link went down (bound {} ms)",
+        down.elapsed().as_millis(),
+        patience(bound).as_millis()
+    );
+    assert_eq!(browser.eval("return window.sameDocument === true"), true);
+    let rows = c["matrix"]["rows"].as_array().expect("rows");
+    // node-1 and node-2 still reach each other (and themselves).
+    assert_eq!(rows[0], "SSF", "{c}");
+    assert_eq!(rows[1], "SSF", "{c}");
+    assert_eq!(c["counts"]["node_down"], 1, "{c}");
+    // node-3 cannot publish with its link down: once its last summary is
+    // stale (3 intervals), its row is '.' (no summary), and node-1 and
+    // node-2 have one observer left each, too few for a verdict.
+    let c = browser.wait_for(
+        "node-3's stale summary left out",
+        Duration::from_secs(5),
+        "const c = window.healthPage.cluster();
+         return c.matrix.rows[2] === '...' && c.verdicts['node-1'] === 'unknown'
+             && c.verdicts['node-2'] === 'unknown' ? c : null;",
+    );
+    check_node_3_down(&browser, &c);
+}
+
+/// The section with node-3 down: verdicts, the problem list, the matrix as
+/// drawn, the hover text; then the screenshot for the README.
+fn check_node_3_down(browser: &Browser, c: &Value) {
+    assert_eq!(
+        c["matrix"]["rows"],
+        serde_json::json!(["SSF", "SSF", "..."]),
+        "{c}"
+    );
+    assert_eq!(c["verdicts"]["node-3"], "node-down", "{c}");
+    assert_eq!(c["counts"]["node_down"], 1, "{c}");
+    assert_eq!(c["counts"]["unknown"], 2, "{c}");
+    // Worst first.
+    assert_eq!(
+        c["problems"],
+        serde_json::json!(["node-3", "node-1", "node-2"]),
+        "{c}"
+    );
+    let drawn = browser.eval(MATRIX_PIXELS);
+    assert_eq!(drawn, c["matrix"]["rows"], "the matrix as drawn");
+    let counts = dom_verdict_counts(browser);
+    assert_eq!(counts["node-down"], "1", "{counts:?}");
+    assert_eq!(counts["unknown"], "2", "{counts:?}");
+    assert_eq!(counts["healthy"], "0", "{counts:?}");
+    let problem = browser.attributes("#cluster-problems li", &["data-node", "data-verdict"]);
+    assert_eq!(
+        problem[0],
+        [Some("node-3".to_owned()), Some("node-down".to_owned())]
+    );
+    let why = browser.eval(
+        "return document.querySelector('#cluster-problems li[data-node=\"node-3\"] .why').textContent",
+    );
+    let why = why.as_str().expect("text");
+    assert!(
+        why.contains("node-1") && why.contains("node-2"),
+        "node-3's failing observers: {why:?}"
+    );
+    assert_eq!(browser.eval("return window.healthPage.error"), Value::Null);
+
+    // A click on the node in the list shows its detail.
+    browser.click("#cluster-problems li[data-node='node-3'] .node");
+    browser.wait_for(
+        "node-3's detail",
+        Duration::from_secs(5),
+        "return !document.getElementById('detail').hidden
+             && document.getElementById('detail-name').textContent === 'node-3'",
+    );
+
+    // Hovering a cell names it: observer → target: state.
+    let tip = hover_cell(browser, 0, 2);
+    assert!(
+        tip.as_str()
+            .is_some_and(|t| t.starts_with("node-1 → node-3: failure")),
+        "hover over (node-1, node-3): {tip}"
+    );
+    assert!(browser.is_displayed("#matrix-tip"));
+    let tip = hover_cell(browser, 1, 0);
+    assert!(
+        tip.as_str()
+            .is_some_and(|t| t.starts_with("node-2 → node-1: success")),
+        "hover over (node-2, node-1): {tip}"
+    );
+    // The picture for the README, with the pointer on node-2 → node-3.
+    let tip = hover_cell(browser, 1, 2);
+    assert!(
+        tip.as_str()
+            .is_some_and(|t| t.starts_with("node-2 → node-3: failure")),
+        "hover over (node-2, node-3): {tip}"
+    );
+    screenshot(
+        browser,
+        "cluster-node-down.png",
+        Some("connectivity-page-cluster.png"),
+    );
+}
+
 // ---- a stand-in agent ----------------------------------------------------
 
-/// The page's router and a status and history set by the test, on
-/// loopback in a namespace of its own.
+/// An answer of the stand-in agent: a status code and a JSON body.
+type Answer = Arc<Mutex<(StatusCode, String)>>;
+
+/// The page's router and a status, history, cluster view and matrix set
+/// by the test, on loopback in a namespace of its own.
 struct FakeAgent {
     ns: Netns,
     rt: Option<tokio::runtime::Runtime>,
     status: Arc<Mutex<String>>,
     history: Arc<Mutex<Option<String>>>,
+    cluster: Answer,
+    matrix: Answer,
     port: u16,
+}
+
+/// No cluster view, as the agent answers with nodes from a file.
+fn no_cluster_view() -> (StatusCode, String) {
+    (
+        StatusCode::NOT_FOUND,
+        r#"{"code": 404, "message": "no cluster view"}"#.into(),
+    )
+}
+
+fn answer(a: &Answer) -> Response {
+    let (code, body) = a.lock().expect("lock").clone();
+    (code, json(body)).into_response()
 }
 
 fn json(body: String) -> Response {
@@ -314,6 +594,9 @@ impl FakeAgent {
         let status = Arc::new(Mutex::new(String::new()));
         let history: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         let (s, h) = (status.clone(), history.clone());
+        let cluster: Answer = Arc::new(Mutex::new(no_cluster_view()));
+        let matrix: Answer = Arc::new(Mutex::new(no_cluster_view()));
+        let (view_answer, matrix_answer) = (cluster.clone(), matrix.clone());
         let app = Router::new()
             .merge(health_agent::page::routes())
             .route(
@@ -335,6 +618,20 @@ impl FakeAgent {
                         }
                     }
                 }),
+            )
+            .route(
+                "/api/v1/cluster",
+                get(move || {
+                    let r = answer(&view_answer);
+                    async move { r }
+                }),
+            )
+            .route(
+                "/api/v1/cluster/matrix",
+                get(move || {
+                    let r = answer(&matrix_answer);
+                    async move { r }
+                }),
             );
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -351,6 +648,8 @@ impl FakeAgent {
             rt: Some(rt),
             status,
             history,
+            cluster,
+            matrix,
             port,
         }
     }
@@ -365,6 +664,12 @@ impl FakeAgent {
 
     fn set_history(&self, body: Option<String>) {
         *self.history.lock().expect("lock") = body;
+    }
+
+    /// What `api/v1/cluster` and `api/v1/cluster/matrix` answer.
+    fn set_cluster(&self, view: (StatusCode, String), matrix: (StatusCode, String)) {
+        *self.cluster.lock().expect("lock") = view;
+        *self.matrix.lock().expect("lock") = matrix;
     }
 
     /// Gone: the listener and every connection closed.
@@ -673,4 +978,257 @@ fn check_bad_answers(agent: &mut FakeAgent, browser: &Browser) {
     assert_eq!(dom_rows(browser)[0].0, "peer-00003");
     assert_eq!(browser.eval("return window.sameDocument === true"), true);
     screenshot(browser, "agent-gone.png", None);
+}
+
+// ---- a 1,000-node cluster view ---------------------------------------------
+
+/// Nodes in the synthetic cluster; its matrix shows the first 1,000.
+const CLUSTER_NODES: usize = 1200;
+const MATRIX_NODES: usize = 1000;
+/// Down: every observer fails it; it publishes nothing.
+const DOWN: usize = 42;
+/// An observer problem: fails some path towards every fifth node.
+const FLAKY: usize = 7;
+/// Its first round not finished: nothing known.
+const FRESH: usize = 99;
+
+fn cluster_name(k: usize) -> String {
+    format!("n-{k:04}")
+}
+
+/// What observer `i` saw of target `j`; `fresh` as [`FRESH`] sees it.
+fn synthetic_cell(i: usize, j: usize, fresh: char) -> char {
+    if i == DOWN {
+        '.'
+    } else if j == DOWN {
+        'F'
+    } else if i == FRESH {
+        fresh
+    } else if i == FLAKY && j.is_multiple_of(5) && j != i {
+        'D'
+    } else {
+        'S'
+    }
+}
+
+fn synthetic_matrix(fresh: char) -> ClusterMatrix {
+    ClusterMatrix {
+        nodes: (0..MATRIX_NODES).map(cluster_name).collect(),
+        rows: (0..MATRIX_NODES)
+            .map(|i| {
+                (0..MATRIX_NODES)
+                    .map(|j| synthetic_cell(i, j, fresh))
+                    .collect()
+            })
+            .collect(),
+        total: CLUSTER_NODES,
+        truncated: true,
+    }
+}
+
+fn synthetic_view() -> ClusterView {
+    let names = |ks: &mut dyn Iterator<Item = usize>| ks.take(16).map(cluster_name).collect();
+    let nodes: Vec<NodeView> = (0..CLUSTER_NODES)
+        .map(|k| {
+            let observers = u32::try_from(CLUSTER_NODES - 2).expect("u32");
+            let mut n = NodeView {
+                name: cluster_name(k),
+                zone: None,
+                reporting: k != DOWN,
+                observers,
+                seen_reachable: observers,
+                failing: 0,
+                discounted: 0,
+                verdict: Verdict::Healthy,
+                failing_observers: Vec::new(),
+                unreached: 0,
+                unreached_nodes: Vec::new(),
+            };
+            if k == DOWN {
+                n.seen_reachable = 0;
+                n.failing = observers;
+                n.verdict = Verdict::NodeDown;
+                n.failing_observers = names(&mut (0..CLUSTER_NODES).filter(|&o| o != DOWN));
+            } else if k == FLAKY {
+                n.verdict = Verdict::ObserverProblem;
+                n.unreached = 200;
+                n.unreached_nodes = names(&mut (0..CLUSTER_NODES).filter(|j| j.is_multiple_of(5)));
+            } else if k.is_multiple_of(5) {
+                n.discounted = 1;
+            }
+            n
+        })
+        .collect();
+    ClusterView {
+        reports: CLUSTER_NODES - 1,
+        ignored: 0,
+        counts: VerdictCounts {
+            healthy: CLUSTER_NODES - 2,
+            node_down: 1,
+            path_degraded: 0,
+            observer_problem: 1,
+            unknown: 0,
+        },
+        nodes,
+    }
+}
+
+fn ok_json(body: &str) -> (StatusCode, String) {
+    (StatusCode::OK, body.to_owned())
+}
+
+fn assembling() -> (StatusCode, String) {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        r#"{"code": 503, "message": "the cluster view is not assembled yet"}"#.into(),
+    )
+}
+
+#[test]
+fn the_page_draws_a_1000_node_matrix_and_the_cluster_views_states() {
+    let agent = FakeAgent::start();
+    agent.set_status(serde_json::to_string(&synthetic_status(5)).expect("JSON"));
+    // Before the first view: the section says it is being assembled.
+    agent.set_cluster(assembling(), assembling());
+    let browser = Browser::start(&agent.ns);
+    browser.goto(&agent.url());
+    browser.wait_for(
+        "the cluster section assembling",
+        Duration::from_secs(10),
+        "const p = window.healthPage;
+         return p && p.ready && p.clusterState === 'assembling';",
+    );
+    assert!(browser.is_displayed("#cluster"));
+    assert!(!browser.is_displayed("#matrix"));
+    let line = browser.eval("return document.getElementById('cluster-line').textContent");
+    assert!(
+        line.as_str().is_some_and(|l| l.contains("assembling")),
+        "{line}"
+    );
+    assert_eq!(browser.eval("return window.healthPage.error"), Value::Null);
+
+    let view = serde_json::to_string(&synthetic_view()).expect("JSON");
+    let matrix = synthetic_matrix('?');
+    agent.set_cluster(
+        ok_json(&view),
+        ok_json(&serde_json::to_string(&matrix).expect("JSON")),
+    );
+    let c = browser.wait_for(
+        "the 1,000-node matrix",
+        Duration::from_secs(10),
+        "const c = window.healthPage.cluster();
+         return c && c.matrix && c.matrix.nodes.length === 1000 ? c : null;",
+    );
+    assert_eq!(
+        c["matrix"]["rows"],
+        serde_json::to_value(&matrix.rows).expect("JSON")
+    );
+    assert_eq!(
+        c["matrix"]["total"], CLUSTER_NODES,
+        "{}",
+        c["matrix"]["total"]
+    );
+    assert_eq!(c["matrix"]["truncated"], true);
+    assert_eq!(c["counts"]["healthy"], CLUSTER_NODES - 2);
+    assert_eq!(c["verdicts"][cluster_name(DOWN)], "node-down");
+    assert_eq!(c["verdicts"][cluster_name(FLAKY)], "observer-problem");
+    assert_eq!(
+        c["problems"],
+        serde_json::json!([cluster_name(DOWN), cluster_name(FLAKY)]),
+        "worst first"
+    );
+    // Small cells and no names for 1,000 nodes.
+    assert_eq!(c["layout"]["cell"], 2, "{}", c["layout"]);
+    assert_eq!(c["layout"]["left"], 0, "{}", c["layout"]);
+    assert!(
+        c["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("first 1000 of 1200")),
+        "{}",
+        c["note"]
+    );
+    let drawn = browser.eval(MATRIX_PIXELS);
+    assert!(
+        drawn == c["matrix"]["rows"],
+        "the matrix as drawn differs from the matrix received"
+    );
+    check_matrix_hover(&browser);
+    screenshot(&browser, "cluster-1000.png", None);
+    check_matrix_render_time(&agent, &browser, &view);
+    check_cluster_answers(&agent, &browser, &view);
+}
+
+fn check_matrix_hover(browser: &Browser) {
+    for (i, j, want) in [
+        (FLAKY, DOWN, "failure"),
+        (FLAKY, 5, "degraded"),
+        (FRESH, 3, "unknown"),
+        (DOWN, 3, "not probed"),
+        (3, 4, "success"),
+    ] {
+        let tip = hover_cell(browser, i, j);
+        let prefix = format!("{} → {}: {want}", cluster_name(i), cluster_name(j));
+        assert!(
+            tip.as_str().is_some_and(|t| t.starts_with(&prefix)),
+            "hover over ({i}, {j}): {tip}, not {prefix:?}"
+        );
+    }
+}
+
+/// fetch + parse + draw + paint of a 1,000 × 1,000 matrix that changes at
+/// every refresh (so that it is drawn anew each time).
+fn check_matrix_render_time(agent: &FakeAgent, browser: &Browser, view: &str) {
+    let mut ms: Vec<f64> = (0..6)
+        .map(|k| {
+            let fresh = if k % 2 == 0 { 'S' } else { '?' };
+            let matrix = serde_json::to_string(&synthetic_matrix(fresh)).expect("JSON");
+            agent.set_cluster(ok_json(view), ok_json(&matrix));
+            let t = browser.eval_async(
+                "const done = arguments[arguments.length - 1];
+                 window.healthPage.refresh().then(done, e => done({ error: String(e) }));",
+            );
+            assert_eq!(t["ok"], true, "{t}");
+            let row = browser.eval(&format!(
+                "return window.healthPage.cluster().matrix.rows[{FRESH}].slice(0, 3)"
+            ));
+            assert_eq!(row, format!("{fresh}{fresh}{fresh}"), "refresh {k}");
+            t["paintedMs"].as_f64().expect("paintedMs")
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    let p50 = ms[ms.len() / 2];
+    println!("1,000-node matrix: fetch to painted {ms:?} ms, p50 {p50:.0} ms");
+    assert!(
+        p50 < patience(Duration::from_secs(1)).as_secs_f64() * 1000.0,
+        "a 1,000-node matrix took {p50:.0} ms to fetch and draw (p50), over 1 s"
+    );
+}
+
+/// A malformed matrix keeps the last one (a note, not the banner); a 404
+/// hides the section.
+fn check_cluster_answers(agent: &FakeAgent, browser: &Browser, view: &str) {
+    agent.set_cluster(
+        ok_json(view),
+        (StatusCode::OK, r#"{"nodes": ["a"], "rows": []}"#.into()),
+    );
+    let c = browser.wait_for(
+        "the malformed-matrix note",
+        Duration::from_secs(5),
+        "const c = window.healthPage.cluster();
+         return c && c.note && c.note.includes('matrix unavailable') ? c : null;",
+    );
+    assert_eq!(c["matrix"]["nodes"].as_array().map(Vec::len), Some(1000));
+    assert_eq!(browser.eval("return window.healthPage.error"), Value::Null);
+    assert!(browser.is_displayed("#cluster-note"));
+
+    agent.set_cluster(no_cluster_view(), no_cluster_view());
+    browser.wait_for(
+        "the cluster section hidden",
+        Duration::from_secs(5),
+        "return window.healthPage.clusterState === 'missing'
+             && window.healthPage.cluster() === null;",
+    );
+    assert!(!browser.is_displayed("#cluster"));
+    assert_eq!(browser.eval("return window.healthPage.error"), Value::Null);
+    assert_eq!(browser.eval("return window.healthPage.rows().length"), 5);
 }

@@ -822,7 +822,8 @@
     const ctx = canvas.getContext("2d");
     const cell = Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(MATRIX_PX / Math.max(1, n))));
     const labels = cell >= LABEL_CELL;
-    ctx.font = "11px system-ui, sans-serif";
+    // Measured in bold, as this node's name is drawn.
+    ctx.font = "600 11px system-ui, sans-serif";
     const texts = labels ? m.nodes.map((name) => fitLabel(ctx, name)) : [];
     const labelW = labels ? Math.ceil(Math.max(0, ...texts.map((t) => ctx.measureText(t).width))) + 6 : 0;
     const left = labelW;
