@@ -134,27 +134,12 @@ async fn run_inner(
     let nodes = Nodes::new(cfg.source_name());
     nodes.accept(resolved.initial_nodes.clone());
     let view = shared_view();
-    let prober = Prober::new(probe_config(&cfg, open_files)?);
+    let prober = first_prober(&cfg, open_files, &nodes)?;
     let probe_metrics = prober.config().metrics.clone().unwrap_or_default();
-    prober.set_nodes(node_sync::probed(
-        &nodes.current(),
-        &cfg.node_name,
-        cfg.probe.peers,
-    ));
     // The prober in service; a reload that changes its settings replaces it.
     let (probers, prober) = watch::channel(prober);
 
-    // A cluster view only with etcd, where the summaries travel.
-    let cluster = matches!(cfg.discovery, Discovery::Etcd(_)).then(ClusterViewCell::default);
-    let api_state = api_state(
-        &cfg,
-        &resolved,
-        &view,
-        &prober,
-        &nodes,
-        health,
-        cluster.as_ref(),
-    );
+    let (api_state, cluster) = api_state(&cfg, &resolved, &view, &prober, &nodes, health);
     let (links, _) = broadcast::channel(16);
     // Each start waits for its task to be ready; `false`: stopped meanwhile.
     macro_rules! start {
@@ -259,8 +244,7 @@ fn api_state(
     prober: &watch::Receiver<std::sync::Arc<Prober>>,
     nodes: &Nodes,
     health: Health,
-    cluster: Option<&ClusterViewCell>,
-) -> api::server::ApiState {
+) -> (api::server::ApiState, Option<ClusterViewCell>) {
     let state = api::server::ApiState::new(
         view.clone(),
         prober.clone(),
@@ -274,10 +258,29 @@ fn api_state(
         tc_hook: resolved.tc_hook,
         programs: Vec::new(),
     });
-    match cluster {
-        Some(cell) => state.with_cluster(cell.clone()),
-        None => state,
+    // A cluster view only with etcd, where the summaries travel.
+    match cfg.discovery {
+        Discovery::Etcd(_) => {
+            let cell = ClusterViewCell::default();
+            (state.with_cluster(cell.clone()), Some(cell))
+        }
+        _ => (state, None),
     }
+}
+
+/// The prober, with the peers it probes in the initial node set.
+fn first_prober(
+    cfg: &DaemonConfig,
+    open_files: u64,
+    nodes: &Nodes,
+) -> Result<std::sync::Arc<Prober>, DaemonError> {
+    let prober = Prober::new(probe_config(cfg, open_files)?);
+    prober.set_nodes(node_sync::probed(
+        &nodes.current(),
+        &cfg.node_name,
+        cfg.probe.peers,
+    ));
+    Ok(prober)
 }
 
 /// The metrics (also served on the socket by `api`) and, when
