@@ -836,10 +836,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
         "--zones: 3 to {} (one partitioned, a link between two others, zones of 2 or more)",
         opts.nodes / 2
     );
-    let mut rng = Rng(std::env::var("SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed));
+    let mut rng = Rng(0x5eed);
     eprintln!(
         "cluster-sim: {} nodes, {zones} zones, K = {}: selecting (and again after a join and a leave)",
         opts.nodes, opts.peers
