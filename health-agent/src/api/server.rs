@@ -405,12 +405,7 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
     use axum::http::header::CONTENT_TYPE;
     let mut node = None;
     let mut want_stats = false;
-    for pair in uri
-        .query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
+    for pair in query_pairs(&uri) {
         match pair.split_once('=') {
             Some(("node", "")) => {}
             Some(("node", v)) => node = Some(v.to_owned()),
@@ -454,15 +449,18 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
     }
 }
 
-/// A fresh round, synchronously, within `?timeout=` (default 30s).
-async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
-    let mut deadline = Duration::from_secs(30);
-    for pair in uri
-        .query()
+/// The `&`-separated parts of the URI's query, empty ones left out.
+fn query_pairs(uri: &axum::http::Uri) -> impl Iterator<Item = &str> {
+    uri.query()
         .unwrap_or_default()
         .split('&')
         .filter(|p| !p.is_empty())
-    {
+}
+
+/// A fresh round, synchronously, within `?timeout=` (default 30s).
+async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    let mut deadline = Duration::from_secs(30);
+    for pair in query_pairs(&uri) {
         match pair.split_once('=') {
             Some(("timeout", v)) => match crate::util::duration::parse(v) {
                 Ok(d) if d <= MAX_PROBE_DEADLINE => deadline = d,
@@ -513,7 +511,7 @@ mod tests {
     use super::*;
     use crate::{
         api::client::Client,
-        cluster::{Node, NodeSet},
+        cluster::NodeSet,
         probe::{
             ProbeConfig,
             error::{ProbeError, Proto},
@@ -529,19 +527,7 @@ mod tests {
             history_length: 3,
             ..ProbeConfig::default()
         });
-        let set = NodeSet::new(
-            ["a", "b"]
-                .iter()
-                .zip(1u8..)
-                .map(|(name, i)| Node {
-                    name: (*name).to_owned(),
-                    node_ip: Ipv4Addr::new(198, 18, 0, i),
-                    health_ip: Ipv4Addr::new(198, 19, 0, i),
-                    zone: None,
-                })
-                .collect(),
-        )
-        .expect("unique");
+        let set = NodeSet::named(&["a", "b"]);
         prober.set_nodes(set.clone());
         let ok = |us| Outcome::Ok {
             rtt: Duration::from_micros(us),

@@ -89,6 +89,25 @@ impl NodeSet {
     }
 }
 
+#[cfg(test)]
+impl NodeSet {
+    /// Nodes called `names` (unique), node IPs 198.18.0.1, .2, ... and
+    /// health IPs 198.19.0.1, .2, ...: a fixture of the unit tests.
+    pub(crate) fn named(names: &[&str]) -> Self {
+        let nodes = names
+            .iter()
+            .zip(1u8..)
+            .map(|(name, i)| Node {
+                name: (*name).to_owned(),
+                node_ip: Ipv4Addr::new(198, 18, 0, i),
+                health_ip: Ipv4Addr::new(198, 19, 0, i),
+                zone: None,
+            })
+            .collect();
+        Self::new(nodes).expect("unique names")
+    }
+}
+
 impl Deref for NodeSet {
     type Target = [Node];
 

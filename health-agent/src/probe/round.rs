@@ -766,17 +766,7 @@ mod tests {
     }
 
     fn nodes(names: &[&str]) -> NodeSet {
-        let nodes = names
-            .iter()
-            .zip(1u8..)
-            .map(|(name, i)| Node {
-                name: (*name).to_owned(),
-                node_ip: Ipv4Addr::new(198, 18, 0, i),
-                health_ip: Ipv4Addr::new(198, 19, 0, i),
-                zone: None,
-            })
-            .collect();
-        NodeSet::new(nodes).expect("unique")
+        NodeSet::named(names)
     }
 
     fn ok(us: u64) -> Outcome {

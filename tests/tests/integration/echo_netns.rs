@@ -21,6 +21,22 @@ const REQUESTS: u16 = 50;
 
 fn echo_over_veth(mode: AttachMode, identifier: u16) {
     let nodes = TwoNodes::new();
+    // Warm-up with the kernel's echo on: the neighbour entry is resolved
+    // now, so the control request below leaves at once (one left waiting
+    // for ARP on a busy machine would reach the responder, attached
+    // meanwhile, and be counted).
+    let warm = ping(
+        &nodes.a,
+        B_IP,
+        identifier ^ 0x8000,
+        1,
+        Duration::from_secs(2),
+    )
+    .expect("ping");
+    assert!(
+        warm[0].reply.is_some(),
+        "{mode}: no reply from the kernel's own echo"
+    );
     TwoNodes::sysctl(&nodes.b, "net/ipv4/icmp_echo_ignore_all", "1");
 
     // Control: with the kernel's echo off and no responder, nothing answers.
