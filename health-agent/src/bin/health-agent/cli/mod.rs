@@ -246,6 +246,35 @@ mod tests {
     }
 
     #[test]
+    fn bad_observability_and_subset_flags_are_refused_naming_the_flag() {
+        let daemon = ["health-agent", "daemon", "--health-cidr", "198.18.64.0/24"];
+        for (flag, bad, says) in [
+            ("--probe-peers", "0", "expected \"all\" or a positive number"),
+            ("--probe-peers", "some", "invalid probe peers \"some\""),
+            ("--prometheus-serve-addr", "nope", "is not an ADDR:PORT"),
+            ("--prometheus-serve-addr", "198.18.0.1", "is not an ADDR:PORT"),
+            ("--zone", "a b", "only letters, digits"),
+            ("--zone", "", "not empty"),
+            ("--history-length", "0", "--history-length"),
+        ] {
+            let err = Cli::try_parse_from(daemon.iter().copied().chain([flag, bad]))
+                .expect_err(&format!("{flag} {bad:?} must be refused"))
+                .to_string();
+            assert!(err.contains(flag) && err.contains(says), "{flag} {bad:?}: {err}");
+        }
+        for (flag, good) in [
+            ("--probe-peers", "all"),
+            ("--probe-peers", "32"),
+            ("--prometheus-serve-addr", "off"),
+            ("--prometheus-serve-addr", "198.18.0.1:9962"),
+            ("--zone", "rack-1.a_b"),
+        ] {
+            Cli::try_parse_from(daemon.iter().copied().chain([flag, good]))
+                .unwrap_or_else(|e| panic!("{flag} {good}: {e}"));
+        }
+    }
+
+    #[test]
     fn completions_cover_every_subcommand_and_daemon_flag() {
         for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
             let mut out = Vec::new();
