@@ -18,8 +18,10 @@ pub trait Frame {
     /// The one's-complement sum of the `len` bytes at `offset` (the whole
     /// packet, linear or not), as a 32-bit accumulator for
     /// [`checksum::fold`](crate::checksum::fold); `None` when they are not
-    /// all there or the environment cannot sum that many. The sum may be
-    /// in either byte order: a valid checksum folds to `0xffff` in both.
+    /// all there or the environment cannot sum that many. The sum is of
+    /// 16-bit words in native byte order (as the kernel's `csum_partial`
+    /// sums), so words added to it must be native too (`from_ne_bytes`); a
+    /// valid checksum folds to `0xffff` in either order.
     fn ones_sum(&mut self, offset: usize, len: usize) -> Option<u32>;
 
     /// A mutable view of a `T` at `offset`. `T` must have alignment 1 (the
@@ -89,10 +91,10 @@ impl Frame for SliceFrame<'_> {
         let (words, rest) = bytes.as_chunks::<2>();
         let mut sum: u64 = words
             .iter()
-            .map(|w| u64::from(u16::from_be_bytes(*w)))
+            .map(|w| u64::from(u16::from_ne_bytes(*w)))
             .sum();
         if let [last] = rest {
-            sum += u64::from(*last) << 8;
+            sum += u64::from(u16::from_ne_bytes([*last, 0]));
         }
         while sum >> 32 != 0 {
             sum = (sum & 0xffff_ffff) + (sum >> 32);

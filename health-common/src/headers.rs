@@ -9,8 +9,8 @@
 
 pub use network_types::{
     eth::{EthHdr, EtherType},
-    icmp::Icmpv4Hdr,
-    ip::Ipv4Hdr,
+    icmp::{Icmpv4Hdr, Icmpv6Hdr},
+    ip::{Ipv4Hdr, Ipv6Hdr},
     tcp::TcpHdr,
     udp::UdpHdr,
 };
@@ -23,6 +23,43 @@ pub const ICMP_ECHO_REQUEST: u8 = 8;
 pub const ICMP_ECHO_REPLY: u8 = 0;
 /// TTL the responder gives its replies, like the kernel's `ip_default_ttl`.
 pub const REPLY_TTL: u8 = 64;
+/// `IPPROTO_ICMPV6` (the IPv6 next header).
+pub const IPPROTO_ICMPV6: u8 = 58;
+/// `NEXTHDR_FRAGMENT`.
+pub const NEXTHDR_FRAGMENT: u8 = 44;
+/// `ICMPv6` echo request type.
+pub const ICMPV6_ECHO_REQUEST: u8 = 128;
+/// `ICMPv6` echo reply type.
+pub const ICMPV6_ECHO_REPLY: u8 = 129;
+/// Hop limit the responder gives its replies, like the kernel's default
+/// `net.ipv6.conf.*.hop_limit`.
+pub const REPLY_HOP_LIMIT: u8 = 64;
+
+/// Whether `eth` carries IPv6.
+#[must_use]
+#[inline(always)]
+pub const fn is_ipv6(eth: &EthHdr) -> bool {
+    eth.ether_type == EtherType::Ipv6 as u16
+}
+
+/// The IPv6 payload length (everything after the fixed header).
+#[must_use]
+#[inline(always)]
+pub const fn ipv6_payload_len(ip: &Ipv6Hdr) -> usize {
+    u16::from_be_bytes(ip.payload_len) as usize
+}
+
+/// Whether `next` is an IPv6 extension header (RFC 8200 and the IANA
+/// registry: hop-by-hop, routing, fragment, ESP, AH, destination options,
+/// mobility, HIP, shim6, the experimental values).
+#[must_use]
+#[inline(always)]
+pub const fn is_ipv6_extension(next: u8) -> bool {
+    matches!(
+        next,
+        0 | 43 | 44 | 50 | 51 | 60 | 135 | 139 | 140 | 253 | 254
+    )
+}
 
 /// Whether `eth` carries IPv4 (`EtherType` values are stored in network
 /// order, as the field is).
@@ -90,6 +127,10 @@ const _: () = {
     assert!(size_of::<EthHdr>() == EthHdr::LEN && EthHdr::LEN == 14);
     assert!(size_of::<Ipv4Hdr>() == Ipv4Hdr::LEN && Ipv4Hdr::LEN == 20);
     assert!(size_of::<Icmpv4Hdr>() == Icmpv4Hdr::LEN && Icmpv4Hdr::LEN == 8);
+    assert!(size_of::<Ipv6Hdr>() == Ipv6Hdr::LEN && Ipv6Hdr::LEN == 40);
+    assert!(size_of::<Icmpv6Hdr>() == Icmpv6Hdr::LEN && Icmpv6Hdr::LEN == 8);
+    assert!(align_of::<Ipv6Hdr>() == 1);
+    assert!(align_of::<Icmpv6Hdr>() == 1);
     assert!(align_of::<Ipv4Hdr>() == 1);
     assert!(align_of::<Icmpv4Hdr>() == 1);
     assert!(size_of::<TcpHdr>() == 20 && align_of::<TcpHdr>() == 1);

@@ -9,7 +9,7 @@ use crate::{
 /// The version of the pinned maps' layout as a whole. Bumped whenever a
 /// map's type, key or value changes; recorded in [`MapId::PinLayout`] so an
 /// agent finds out which layout the pins it inherits were made with.
-pub const PIN_LAYOUT_VERSION: u32 = 2;
+pub const PIN_LAYOUT_VERSION: u32 = 3;
 
 /// How many entries the maps that grow with the cluster hold. The kernel
 /// object declares [`MapSizes::DEFAULT`]; the loader sizes each map from
@@ -353,9 +353,10 @@ impl EchoCounter {
 
 /// Responder configuration, the only entry of [`MapId::EchoConfig`].
 ///
-/// `addr` is the endpoint's IPv4 address in network byte order and `mac`
-/// the MAC of the interface the responder is attached to; either all
-/// zeroes means "not configured": every packet is passed.
+/// `addr` is the endpoint's IPv4 address and `addr6` its IPv6 address, in
+/// network byte order, and `mac` the MAC of the interface the responder is
+/// attached to. An all-zero address means "no address of that family":
+/// its packets are passed; an all-zero MAC passes everything.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EchoConfig {
@@ -363,18 +364,23 @@ pub struct EchoConfig {
     /// Frames to this MAC are for this host; a reply to a request sent to
     /// a broadcast or multicast MAC leaves from it, as the kernel's does.
     pub mac: [u8; 6],
-    /// `DROP_UNICAST_IN_L2_MULTICAST` or nothing.
+    /// `DROP_UNICAST_IN_L2_MULTICAST` and `DROP_UNICAST_IN_L2_MULTICAST6`,
+    /// or nothing.
     pub flags: u8,
     pub reserved: u8,
+    pub addr6: [u8; 16],
 }
 
 impl EchoConfig {
-    /// The interface drops unicast IP in link-layer broadcast or multicast
-    /// frames (`net.ipv4.conf.*.drop_unicast_in_l2_multicast`).
+    /// The interface drops unicast IPv4 in link-layer broadcast or
+    /// multicast frames (`net.ipv4.conf.*.drop_unicast_in_l2_multicast`).
     pub const DROP_UNICAST_IN_L2_MULTICAST: u8 = 1;
+    /// The same for IPv6 (`net.ipv6.conf.*.drop_unicast_in_l2_multicast`).
+    pub const DROP_UNICAST_IN_L2_MULTICAST6: u8 = 2;
 }
 
-const _: () = assert!(size_of::<EchoConfig>() == 12);
+// Byte arrays and bytes only: no padding hole anywhere.
+const _: () = assert!(size_of::<EchoConfig>() == 28 && align_of::<EchoConfig>() == 1);
 
 // SAFETY: repr(C), no padding (asserted above), every bit pattern valid.
 #[cfg(feature = "user")]

@@ -2,8 +2,9 @@
 //! benchmarks and demo (the `health-lab` crate): namespaces that play
 //! nodes, packet builders with their own checksum code, a raw-socket pinger.
 //!
-//! Everything here runs as root and only ever addresses 198.18.0.0/15 inside
-//! namespaces it created (or loopback).
+//! Everything here runs as root and only ever addresses 198.18.0.0/15,
+//! `2001:2::/48` and link-local addresses inside namespaces it created (or
+//! loopback).
 #![allow(
     clippy::print_stderr,
     reason = "fixtures warn on stderr when cleanup fails in Drop"
@@ -19,12 +20,15 @@ pub mod browser;
 pub mod capture;
 pub mod cluster;
 pub mod echo_classes;
+pub mod echo_classes6;
 pub mod etcd;
 pub mod faults;
 pub mod names;
 pub mod nat_setup;
 pub mod packets;
+pub mod packets6;
 pub mod pinger;
+pub mod pinger6;
 pub mod pins;
 pub mod process;
 pub mod prometheus;

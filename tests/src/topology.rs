@@ -1,9 +1,14 @@
 //! Two namespaces playing two nodes, joined by a veth pair:
-//! `a` (198.18.0.1/24 on `veth-a`) <-> `b` (198.18.0.2/24 on `veth-b`).
+//! `a` (198.18.0.1/24 on `veth-a`) <-> `b` (198.18.0.2/24 on `veth-b`),
+//! and on request ([`TwoNodes::add_ipv6`]) `2001:2::1/64` <-> `2001:2::2/64`.
 //! Removed on drop, including when a test panics; namespaces left by a test
 //! process that died are swept at the next creation.
 
-use std::{fs, net::Ipv4Addr, path::Path};
+use std::{
+    fs,
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
 use health_agent::sys::{netlink::in_netns, netns::Netns};
 
@@ -12,6 +17,9 @@ use crate::names;
 pub const A_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 pub const B_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 pub const PREFIX_LEN: u8 = 24;
+pub const A_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1);
+pub const B_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 2);
+pub const PREFIX_LEN6: u8 = 64;
 pub const A_IF: &str = "veth-a";
 pub const B_IF: &str = "veth-b";
 
@@ -45,6 +53,17 @@ impl TwoNodes {
         })
         .expect("veth in netns b");
         nodes
+    }
+
+    /// Adds [`A_IP6`] and [`B_IP6`] to the veth ends, without duplicate
+    /// address detection (usable at once).
+    pub fn add_ipv6(&self) {
+        for (ns, iface, addr) in [(&self.a, A_IF, A_IP6), (&self.b, B_IF, B_IP6)] {
+            in_netns(Some(ns), |nl| async move {
+                nl.add_address6(iface, addr, PREFIX_LEN6).await
+            })
+            .unwrap_or_else(|e| panic!("adding {addr} to {iface}: {e}"));
+        }
     }
 
     /// Sets a sysctl (path under /proc/sys, e.g. `net/ipv4/icmp_echo_ignore_all`) in `ns`.

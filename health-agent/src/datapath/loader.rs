@@ -4,7 +4,7 @@
 //! [`classic`](super::classic)) or XDP.
 
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     sync::{
         Mutex,
@@ -169,12 +169,25 @@ impl Datapath {
     /// interface's stack would: its MAC and its
     /// `drop_unicast_in_l2_multicast` setting are read now, from its
     /// namespace.
+    /// IPv4 only: any IPv6 address set before is cleared.
     pub fn set_echo_target(
         &mut self,
         iface: &Interface,
         addr: Ipv4Addr,
     ) -> Result<(), DatapathError> {
-        let cfg = super::echo_target::read(iface, addr)?;
+        self.set_echo_targets(iface, Some(addr), None)
+    }
+
+    /// Makes the echo responder answer for `addr` (ICMP) and `addr6`
+    /// (`ICMPv6`) on `iface`, as [`Self::set_echo_target`] does; a family
+    /// given no address is not answered (its packets go to the stack).
+    pub fn set_echo_targets(
+        &mut self,
+        iface: &Interface,
+        addr: Option<Ipv4Addr>,
+        addr6: Option<Ipv6Addr>,
+    ) -> Result<(), DatapathError> {
+        let cfg = super::echo_target::read(iface, addr, addr6)?;
         self.set_echo_config(cfg)
     }
 

@@ -66,8 +66,10 @@ fn dump_config(dir: &Path, id: MapId) -> Result<Value, DatapathError> {
             let m = c.mac;
             json!({
                 "endpoint_address": ip(c.addr).to_string(),
+                "endpoint_address6": std::net::Ipv6Addr::from(c.addr6).to_string(),
                 "interface_mac": format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]),
                 "drop_unicast_in_l2_multicast": c.flags & EchoConfig::DROP_UNICAST_IN_L2_MULTICAST != 0,
+                "drop_unicast_in_l2_multicast6": c.flags & EchoConfig::DROP_UNICAST_IN_L2_MULTICAST6 != 0,
             })
         }
     })

@@ -4,11 +4,15 @@
 //! [`in_netns`] builds the connection on a thread that entered the namespace
 //! and drives it with a current-thread runtime there.
 
-use std::{future::Future, net::Ipv4Addr, os::fd::AsRawFd as _};
+use std::{
+    future::Future,
+    net::{Ipv4Addr, Ipv6Addr},
+    os::fd::AsRawFd as _,
+};
 
 use futures::TryStreamExt as _;
 use netlink_packet_route::{
-    address::AddressAttribute,
+    address::{AddressAttribute, AddressFlags},
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage},
     neighbour::NeighbourState,
     route::{RouteAddress, RouteAttribute, RouteProtocol, RouteScope},
@@ -298,6 +302,26 @@ impl Netlink {
         self.handle
             .address()
             .add(index, addr.into(), prefix)
+            .execute()
+            .await
+            .map_err(req(format!("adding {addr}/{prefix} to {name:?}")))
+    }
+
+    /// Adds the IPv6 `addr/prefix` to an interface without duplicate
+    /// address detection (`nodad`): usable at once.
+    pub async fn add_address6(
+        &self,
+        name: &str,
+        addr: Ipv6Addr,
+        prefix: u8,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(name).await?;
+        let mut request = self.handle.address().add(index, addr.into(), prefix);
+        request
+            .message_mut()
+            .attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        request
             .execute()
             .await
             .map_err(req(format!("adding {addr}/{prefix} to {name:?}")))

@@ -12,6 +12,7 @@ const CFG: EchoConfig = EchoConfig {
     mac: MAC_B,
     flags: 0,
     reserved: 0,
+    addr6: [0; 16],
 };
 
 /// Reference RFC 1071 checksum, written separately from `checksum`.
@@ -247,10 +248,10 @@ fn no_configured_address_passes_everything() {
 }
 
 #[test]
-fn non_ipv4_is_passed() {
+fn non_ip_is_passed() {
     let mut req = echo_request(PEER, LOCAL, b"x");
-    req[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
-    assert_untouched(&req, Verdict::Pass(PassReason::NotIpv4));
+    req[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    assert_untouched(&req, Verdict::Pass(PassReason::NotIp));
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! ICMP echo responder at tc (tcx ingress): the reply is redirected out of
+//! ICMP and `ICMPv6` echo responder at tc (tcx ingress): the reply is redirected out of
 //! the interface the request came in on.
 
 use aya_ebpf::{
@@ -11,7 +11,7 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use health_common::{
     echo::{Verdict, respond},
-    headers::{EthHdr, Icmpv4Hdr, Ipv4Hdr},
+    headers::{EthHdr, Icmpv6Hdr, Ipv6Hdr},
 };
 
 use super::{
@@ -19,8 +19,9 @@ use super::{
     packet,
 };
 
-/// Bytes of an echo request without IP options: all the responder touches.
-const HEADERS_LEN: u32 = (EthHdr::LEN + Ipv4Hdr::LEN + Icmpv4Hdr::LEN) as u32;
+/// Bytes of an IPv6 echo request (an IPv4 one without options is shorter):
+/// all the responder touches.
+const HEADERS_LEN: u32 = (EthHdr::LEN + Ipv6Hdr::LEN + Icmpv6Hdr::LEN) as u32;
 
 #[classifier]
 pub fn health_echo_tc(ctx: TcContext) -> i32 {

@@ -1,4 +1,4 @@
-//! ICMP echo responder at XDP (native or generic).
+//! ICMP and `ICMPv6` echo responder at XDP (native or generic).
 
 use aya_ebpf::{
     EbpfContext as _, bindings::xdp_action, helpers::bpf_xdp_adjust_tail, macros::xdp,

@@ -13,6 +13,8 @@ mod cluster;
 mod cluster_view;
 mod config;
 mod datapath;
+mod echo6_netns;
+mod echo6_test_run;
 mod echo_netns;
 mod echo_test_run;
 mod endpoint;

@@ -249,10 +249,18 @@ mod tests {
     fn bad_observability_and_subset_flags_are_refused_naming_the_flag() {
         let daemon = ["health-agent", "daemon", "--health-cidr", "198.18.64.0/24"];
         for (flag, bad, says) in [
-            ("--probe-peers", "0", "expected \"all\" or a positive number"),
+            (
+                "--probe-peers",
+                "0",
+                "expected \"all\" or a positive number",
+            ),
             ("--probe-peers", "some", "invalid probe peers \"some\""),
             ("--prometheus-serve-addr", "nope", "is not an ADDR:PORT"),
-            ("--prometheus-serve-addr", "198.18.0.1", "is not an ADDR:PORT"),
+            (
+                "--prometheus-serve-addr",
+                "198.18.0.1",
+                "is not an ADDR:PORT",
+            ),
             ("--zone", "a b", "only letters, digits"),
             ("--zone", "", "not empty"),
             ("--history-length", "0", "--history-length"),
@@ -260,7 +268,10 @@ mod tests {
             let err = Cli::try_parse_from(daemon.iter().copied().chain([flag, bad]))
                 .expect_err(&format!("{flag} {bad:?} must be refused"))
                 .to_string();
-            assert!(err.contains(flag) && err.contains(says), "{flag} {bad:?}: {err}");
+            assert!(
+                err.contains(flag) && err.contains(says),
+                "{flag} {bad:?}: {err}"
+            );
         }
         for (flag, good) in [
             ("--probe-peers", "all"),

@@ -1,0 +1,225 @@
+//! IPv6 test packets: `ICMPv6` echo built and checked with the tests' own
+//! checksum code ([`inet_checksum`] over the RFC 8200 pseudo-header),
+//! independent of `health_common::checksum`.
+
+use std::net::Ipv6Addr;
+
+use crate::packets::{ethernet, inet_checksum};
+
+/// `ICMPv6`'s next-header value.
+pub const NEXT_ICMPV6: u8 = 58;
+
+/// The `ICMPv6` checksum of `msg` (its checksum field zero, or in place for
+/// a check: a correct message gives 0) between `src` and `dst`.
+#[must_use]
+pub fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, msg: &[u8]) -> u16 {
+    let mut data = src.octets().to_vec();
+    data.extend_from_slice(&dst.octets());
+    data.extend_from_slice(&u32::try_from(msg.len()).expect("small").to_be_bytes());
+    data.extend_from_slice(&[0, 0, 0, NEXT_ICMPV6]);
+    data.extend_from_slice(msg);
+    inet_checksum(&data)
+}
+
+/// An `ICMPv6` message of `kind`/`code` and `body` (what follows the
+/// checksum) with a correct checksum.
+#[must_use]
+pub fn icmpv6_message(src: Ipv6Addr, dst: Ipv6Addr, kind: u8, code: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![kind, code, 0, 0];
+    m.extend_from_slice(body);
+    let c = icmpv6_checksum(src, dst, &m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    m
+}
+
+/// An IPv6 packet: fixed header (`vcf` the version, traffic class and flow
+/// label word) and `payload` after it.
+#[must_use]
+pub fn ipv6_packet(
+    vcf: u32,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    next: u8,
+    hop_limit: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut p = vcf.to_be_bytes().to_vec();
+    p.extend_from_slice(&u16::try_from(payload.len()).expect("small").to_be_bytes());
+    p.extend_from_slice(&[next, hop_limit]);
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    p.extend_from_slice(payload);
+    p
+}
+
+/// An `ICMPv6` echo request (or, with `kind = 129`, reply) in an Ethernet
+/// frame.
+#[derive(Debug, Clone)]
+pub struct Echo6 {
+    pub src_mac: [u8; 6],
+    pub dst_mac: [u8; 6],
+    pub src: Ipv6Addr,
+    pub dst: Ipv6Addr,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub flow_label: u32,
+    pub kind: u8,
+    pub code: u8,
+    pub identifier: u16,
+    pub sequence: u16,
+    pub payload: Vec<u8>,
+}
+
+impl Echo6 {
+    #[must_use]
+    pub fn request(src: Ipv6Addr, dst: Ipv6Addr, identifier: u16, sequence: u16) -> Self {
+        Self {
+            src_mac: [0x02, 0, 0, 0, 0, 0x01],
+            dst_mac: [0x02, 0, 0, 0, 0, 0x02],
+            src,
+            dst,
+            hop_limit: 33,
+            traffic_class: 0,
+            flow_label: 0,
+            kind: 128,
+            code: 0,
+            identifier,
+            sequence,
+            payload: (0..56u8).collect(),
+        }
+    }
+
+    /// The `ICMPv6` message, checksummed.
+    #[must_use]
+    pub fn message(&self) -> Vec<u8> {
+        let mut body = self.identifier.to_be_bytes().to_vec();
+        body.extend_from_slice(&self.sequence.to_be_bytes());
+        body.extend_from_slice(&self.payload);
+        icmpv6_message(self.src, self.dst, self.kind, self.code, &body)
+    }
+
+    /// The version, traffic class and flow label word.
+    #[must_use]
+    pub fn vcf(&self) -> u32 {
+        (6 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0xf_ffff)
+    }
+
+    /// The IPv6 packet.
+    #[must_use]
+    pub fn ip_packet(&self) -> Vec<u8> {
+        ipv6_packet(
+            self.vcf(),
+            self.src,
+            self.dst,
+            NEXT_ICMPV6,
+            self.hop_limit,
+            &self.message(),
+        )
+    }
+
+    /// The whole Ethernet frame.
+    #[must_use]
+    pub fn frame(&self) -> Vec<u8> {
+        ethernet(self.dst_mac, self.src_mac, 0x86dd, &self.ip_packet())
+    }
+
+    /// The same frame carrying `ext` (extension headers whose last next
+    /// header is 58) between the fixed header and the message; `first` is
+    /// the fixed header's next header.
+    #[must_use]
+    pub fn frame_with_extension(&self, first: u8, ext: &[u8]) -> Vec<u8> {
+        let mut payload = ext.to_vec();
+        payload.extend_from_slice(&self.message());
+        let ip = ipv6_packet(
+            self.vcf(),
+            self.src,
+            self.dst,
+            first,
+            self.hop_limit,
+            &payload,
+        );
+        ethernet(self.dst_mac, self.src_mac, 0x86dd, &ip)
+    }
+
+    /// The reply a correct responder produces, built from scratch: MACs
+    /// and addresses swapped, hop limit 64, type 129, checksum computed
+    /// anew; traffic class and flow label reflected.
+    #[must_use]
+    pub fn expected_reply(&self) -> Self {
+        Self {
+            src_mac: self.dst_mac,
+            dst_mac: self.src_mac,
+            src: self.dst,
+            dst: self.src,
+            hop_limit: 64,
+            kind: 129,
+            ..self.clone()
+        }
+    }
+}
+
+/// Checks an Ethernet frame carrying IPv6 + `ICMPv6` (no extension header):
+/// the lengths agree and the `ICMPv6` checksum (pseudo-header included)
+/// holds. Returns the source, destination and message.
+pub fn verify_icmpv6_frame(frame: &[u8]) -> Result<(Ipv6Addr, Ipv6Addr, &[u8]), String> {
+    if frame.len() < 14 + 40 + 8 || frame[12..14] != [0x86, 0xdd] {
+        return Err(format!("{} bytes: not IPv6 + ICMPv6", frame.len()));
+    }
+    let ip = &frame[14..];
+    let payload_len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    if ip[0] >> 4 != 6 || ip[6] != NEXT_ICMPV6 || payload_len != ip.len() - 40 {
+        return Err(format!(
+            "bad IPv6 header: version {}, next header {}, payload length {payload_len} of {}",
+            ip[0] >> 4,
+            ip[6],
+            ip.len() - 40
+        ));
+    }
+    let octets = |b: &[u8]| -> [u8; 16] { b.try_into().unwrap_or([0; 16]) };
+    let src = Ipv6Addr::from(octets(&ip[8..24]));
+    let dst = Ipv6Addr::from(octets(&ip[24..40]));
+    let msg = &ip[40..];
+    if icmpv6_checksum(src, dst, msg) != 0 {
+        return Err("ICMPv6 checksum is wrong".into());
+    }
+    Ok((src, dst, msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_known_checksum() {
+        // fe80::1 -> fe80::2, echo request id 1 seq 1, no data: the sum by
+        // hand over the non-zero words (0xfe80 twice, 1, 2, length 8, next
+        // header 58, type/code 0x8000, id 1, seq 1).
+        let (a, b): (Ipv6Addr, Ipv6Addr) = (
+            "fe80::1".parse().expect("addr"),
+            "fe80::2".parse().expect("addr"),
+        );
+        let m = icmpv6_message(a, b, 128, 0, &[0, 1, 0, 1]);
+        let sum: u32 = 0xfe80 * 2 + 1 + 2 + 8 + 58 + 0x8000 + 1 + 1;
+        let folded = (sum & 0xffff) + (sum >> 16);
+        assert_eq!(u16::from_be_bytes([m[2], m[3]]), !(folded as u16));
+        assert_eq!(icmpv6_checksum(a, b, &m), 0);
+    }
+
+    #[test]
+    fn built_frames_verify_and_damage_is_caught() {
+        let e = Echo6::request(
+            "2001:2::1".parse().expect("addr"),
+            "2001:2::2".parse().expect("addr"),
+            7,
+            9,
+        );
+        let f = e.frame();
+        let (src, dst, msg) = verify_icmpv6_frame(&f).expect("valid");
+        assert_eq!((src, dst, msg[0]), (e.src, e.dst, 128));
+        let mut moved = f.clone();
+        moved[14 + 23] ^= 1; // the source: the pseudo-header no longer holds
+        assert!(verify_icmpv6_frame(&moved).is_err());
+        let r = e.expected_reply().frame();
+        assert!(verify_icmpv6_frame(&r).is_ok());
+    }
+}
