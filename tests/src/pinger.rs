@@ -71,6 +71,16 @@ fn wait_reply(
     seq: u16,
     deadline: Instant,
 ) -> io::Result<Option<Vec<u8>>> {
+    wait_for(sock, deadline, |pkt| is_reply_to(pkt, from, id, seq))
+}
+
+/// The first packet `sock` receives that `wanted` accepts before
+/// `deadline` (`None` when none came).
+pub(crate) fn wait_for(
+    sock: &Socket,
+    deadline: Instant,
+    wanted: impl Fn(&[u8]) -> bool,
+) -> io::Result<Option<Vec<u8>>> {
     let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
     loop {
         let now = Instant::now();
@@ -95,7 +105,7 @@ fn wait_reply(
             .iter()
             .map(|b| unsafe { b.assume_init() })
             .collect();
-        if is_reply_to(&pkt, from, id, seq) {
+        if wanted(&pkt) {
             return Ok(Some(pkt));
         }
     }

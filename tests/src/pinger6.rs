@@ -3,7 +3,6 @@
 
 use std::{
     io,
-    mem::MaybeUninit,
     net::{Ipv6Addr, SocketAddrV6},
     time::{Duration, Instant},
 };
@@ -11,7 +10,10 @@ use std::{
 use health_agent::sys::netns::Netns;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::{packets6::icmpv6_checksum, pinger::payload_for};
+use crate::{
+    packets6::icmpv6_checksum,
+    pinger::{payload_for, wait_for},
+};
 
 /// What one echo exchange produced.
 #[derive(Debug, Clone)]
@@ -56,38 +58,13 @@ pub fn ping6(
 }
 
 fn wait_reply(sock: &Socket, id: u16, seq: u16, deadline: Instant) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok(None);
-        }
-        sock.set_read_timeout(Some(deadline - now))?;
-        let n = match sock.recv(&mut buf) {
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(None);
-            }
-            Err(e) => return Err(e),
-        };
-        // SAFETY: recv initialised the first n bytes.
-        let msg: Vec<u8> = buf[..n]
-            .iter()
-            .map(|b| unsafe { b.assume_init() })
-            .collect();
-        if msg.len() >= 8
+    // An ICMPv6 raw socket delivers the message alone (no IPv6 header).
+    wait_for(sock, deadline, |msg| {
+        msg.len() >= 8
             && msg[0] == 129
             && msg[4..6] == id.to_be_bytes()
             && msg[6..8] == seq.to_be_bytes()
-        {
-            return Ok(Some(msg));
-        }
-    }
+    })
 }
 
 /// Checks a reply from `from` to `to` in full: the checksum (computed
