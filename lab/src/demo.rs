@@ -100,6 +100,10 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
                 }
             }
         }
+        if opts.kvstore == "etcd" {
+            // The cluster view every agent assembles from the summaries.
+            let _ = write!(view, "\n{}", cluster.nodes[0].cluster_text());
+        }
         if opts.routing == "masquerade"
             && let Ok(rows) = health_agent::datapath::nat::list(&cluster.nodes[0].pins)
         {

@@ -117,6 +117,18 @@ impl ClusterNode {
         format!("http://{}/", self.web_addr())
     }
 
+    /// `health-agent status --cluster`: the cluster view as the operator
+    /// reads it (with etcd discovery).
+    #[must_use]
+    pub fn cluster_text(&self) -> String {
+        Command::new(agent_binary())
+            .args(["status", "--cluster", "--socket"])
+            .arg(self.socket())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
     /// Sets the node's uplink up or down.
     pub fn set_uplink(&self, up: bool) {
         in_netns(Some(&self.ns), |nl| async move {

@@ -88,8 +88,7 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
         "NODE", "ZONE", "OBSERVERS", "REACHABLE", "VERDICT"
     );
     for n in &rows {
-        let _ = writeln!(
-            out,
+        let line = format!(
             "{:<width$}  {:<8}  {:>9}  {:>9}  {:<16}  {}",
             n.name,
             n.zone.as_deref().unwrap_or("-"),
@@ -98,6 +97,7 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
             verdict(n.verdict),
             detail(n)
         );
+        let _ = writeln!(out, "{}", line.trim_end());
     }
     let hidden = view.nodes.len() - rows.len();
     if hidden > 0 {
@@ -166,7 +166,7 @@ mod tests {
         assert_eq!(
             render(&view, true)
                 .lines()
-                .filter(|l| l.contains("healthy  "))
+                .filter(|l| l.ends_with("  healthy"))
                 .count(),
             58
         );
