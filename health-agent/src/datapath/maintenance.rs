@@ -89,7 +89,7 @@ impl Pressure {
     pub fn check(&mut self, rows: &[maps::MapRow]) -> Vec<String> {
         let mut new = Vec::new();
         // Arrays are full by construction; only hash maps fill up.
-        for row in rows.iter().filter(|r| r.kind.contains("hash")) {
+        for row in rows.iter().filter(|r| r.fills_up()) {
             let warned = self.warned.contains(&row.name);
             if row.pressure > PRESSURE_WARN && !warned {
                 warn!(

@@ -121,6 +121,15 @@ pub struct MapRow {
     pub pressure: f64,
 }
 
+impl MapRow {
+    /// Whether the map can fill up: a hash map (an array is full by
+    /// construction, a ring buffer holds no entries).
+    #[must_use]
+    pub fn fills_up(&self) -> bool {
+        self.kind.contains("hash")
+    }
+}
+
 /// Every pinned map of the datapath in `dir` (missing ones are skipped).
 pub fn list(dir: &Path) -> Result<Vec<MapRow>, DatapathError> {
     let mut rows = Vec::new();

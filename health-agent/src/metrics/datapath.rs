@@ -99,7 +99,7 @@ impl DatapathCollector {
             "Requests the kernel saw unanswered, for the peers in the map",
             i64::try_from(s.rtt_losses).unwrap_or(i64::MAX),
         )?;
-        let hashes = || s.rows.iter().filter(|r| r.kind.contains("hash"));
+        let hashes = || s.rows.iter().filter(|r| r.fills_up());
         gauges(
             enc,
             "map_entries",

@@ -7,37 +7,18 @@
 
 use std::time::Duration;
 
-use health_agent::{
-    datapath::{AttachMode, Datapath, Interface},
-    sys::netlink::in_netns,
-};
+use health_agent::{datapath::AttachMode, sys::netlink::in_netns};
 use health_tests::{
     capture::exchange,
-    echo_classes::Expect,
+    echo_check::{Background, against_kernel, responder_on_b},
     echo_classes6::classes6,
     packets6::{Echo6, verify_icmpv6_frame},
     pinger6::{check_reply6, ping6},
-    pins::PinDir,
     topology::{A_IF, A_IP6, B_IF, B_IP6, TwoNodes},
 };
 
 const REQUESTS: u16 = 50;
 const ECHO_IGNORE_ALL: &str = "net/ipv6/icmp/echo_ignore_all";
-
-/// A responder for [`B_IP6`] (IPv6 only) on B's veth end, attached in `mode`.
-fn responder(nodes: &TwoNodes, mode: AttachMode) -> (Datapath, PinDir) {
-    let pins = PinDir::new();
-    let mut responder = Datapath::load(pins.path()).expect("load");
-    let iface = Interface::new(B_IF, Some(nodes.b.clone()));
-    responder
-        .set_echo_targets(&iface, None, Some(B_IP6))
-        .expect("address");
-    let peer = Interface::new(A_IF, Some(nodes.a.clone()));
-    responder
-        .attach_echo(&iface, mode, Some(&peer))
-        .expect("attach");
-    (responder, pins)
-}
 
 fn echo6_over_veth(mode: AttachMode, identifier: u16) {
     let nodes = TwoNodes::new();
@@ -46,7 +27,7 @@ fn echo6_over_veth(mode: AttachMode, identifier: u16) {
     // The responder goes on before any IPv6 traffic: A's first request
     // waits for neighbour discovery, whose solicitation must pass through
     // the responder to B's stack and be answered by it.
-    let (responder, pins) = responder(&nodes, mode);
+    let (responder, pins) = responder_on_b(&nodes, mode, None, Some(B_IP6));
     let before = responder.echo_stats().expect("stats");
 
     let exchanges = ping6(
@@ -173,38 +154,17 @@ fn frame_classes6_over_veth(mode: AttachMode, identifier: u16) {
         .collect();
 
     TwoNodes::sysctl(&nodes.b, ECHO_IGNORE_ALL, "1");
-    let (responder, _pins) = responder(&nodes, mode);
+    let (responder, _pins) = responder_on_b(&nodes, mode, None, Some(B_IP6));
 
-    for (class, by_kernel) in all.iter().zip(&kernel) {
-        let what = format!("{mode}: {}", class.name);
-        let before = responder.echo_stats().expect("stats");
-        let got = reply_to(&nodes, &class.frame, identifier);
-        let delta = responder.echo_stats().expect("stats").since(before);
-        match &class.expect {
-            Expect::Reply(want) => {
-                assert_eq!(got.as_ref(), Some(want), "{what}: the responder's reply");
-                let k = by_kernel
-                    .as_ref()
-                    .unwrap_or_else(|| panic!("{what}: the kernel did not answer"));
-                assert_eq!(
-                    essentials(k),
-                    essentials(want),
-                    "{what}: kernel vs responder"
-                );
-                assert_eq!(delta.answered, 1, "{what}: counters {delta:?}");
-            }
-            Expect::Drop => {
-                assert_eq!(got, None, "{what}: answered");
-                assert_eq!(by_kernel, &None, "{what}: the kernel answered it");
-                assert_eq!(delta.malformed, 1, "{what}: counters {delta:?}");
-            }
-            Expect::Pass => {
-                assert_eq!(got, None, "{what}: answered with the kernel's echo off");
-                assert!(delta.passed >= 1, "{what}: counters {delta:?}");
-                assert_eq!(delta.answered + delta.malformed, 0, "{what}: {delta:?}");
-            }
-        }
-    }
+    against_kernel(
+        mode,
+        &all,
+        &kernel,
+        &responder,
+        |frame| reply_to(&nodes, frame, identifier),
+        essentials,
+        Background::Ipv6Control,
+    );
 }
 
 #[test]

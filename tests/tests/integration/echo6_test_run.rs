@@ -6,11 +6,10 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use aya::programs::{TestRun as _, TestRunOptions};
-use health_agent::datapath::{Datapath, EchoStats};
-use health_common::maps::{EchoConfig, ProgId};
+use health_agent::datapath::Datapath;
+use health_common::maps::EchoConfig;
 use health_tests::{
-    echo_classes::Expect,
+    echo_check::{Prog, run, test_run_classes},
     echo_classes6::classes6,
     packets::{self, Echo},
     packets6::{Echo6, verify_icmpv6_frame},
@@ -25,24 +24,6 @@ const LOCAL: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 2);
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 1);
 const LOCAL_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 
-#[derive(Clone, Copy, Debug)]
-enum Prog {
-    Xdp,
-    Tc,
-}
-
-impl Prog {
-    /// The return values for reply, pass and drop.
-    const fn verdicts(self) -> [u32; 3] {
-        match self {
-            // XDP_TX, XDP_PASS, XDP_DROP
-            Self::Xdp => [3, 2, 1],
-            // TC_ACT_REDIRECT, TC_ACT_UNSPEC (TCX_NEXT), TC_ACT_SHOT
-            Self::Tc => [7, u32::MAX, 2],
-        }
-    }
-}
-
 fn loaded() -> (Datapath, PinDir) {
     require_root();
     let pins = PinDir::new();
@@ -55,22 +36,6 @@ fn loaded() -> (Datapath, PinDir) {
     })
     .expect("configure the addresses");
     (r, pins)
-}
-
-fn run(r: &mut Datapath, prog: Prog, input: &[u8]) -> (u32, Vec<u8>) {
-    let mut out = vec![0u8; input.len() + 256];
-    let opts = TestRunOptions {
-        data_in: Some(input),
-        data_out: Some(&mut out),
-        ..TestRunOptions::default()
-    };
-    let res = match prog {
-        Prog::Xdp => r.xdp(ProgId::EchoXdp).expect("xdp").test_run(opts),
-        Prog::Tc => r.classifier(ProgId::EchoTc).expect("tc").test_run(opts),
-    }
-    .unwrap_or_else(|e| panic!("{prog:?} test run on {} bytes: {e}", input.len()));
-    out.truncate(res.data_size_out as usize);
-    (res.return_value, out)
 }
 
 fn base(src: Ipv6Addr) -> Echo6 {
@@ -89,41 +54,10 @@ fn every_ipv6_frame_class_gets_what_the_kernel_would_do() {
         .iter()
         .flat_map(classes6)
         .collect();
-    for prog in [Prog::Xdp, Prog::Tc] {
-        let [reply, pass, drop] = prog.verdicts();
-        for class in &all {
-            let before = r.echo_stats().expect("stats");
-            let (verdict, out) = run(&mut r, prog, &class.frame);
-            let delta = r.echo_stats().expect("stats").since(before);
-            let what = format!("{prog:?}: {}", class.name);
-            let want_delta = match &class.expect {
-                Expect::Reply(want) => {
-                    assert_eq!(verdict, reply, "{what}: verdict");
-                    assert_eq!(&out, want, "{what}: reply bytes");
-                    verify_icmpv6_frame(&out).unwrap_or_else(|e| panic!("{what}: {e}"));
-                    [1, 0, 0]
-                }
-                Expect::Pass => {
-                    assert_eq!(verdict, pass, "{what}: verdict");
-                    assert_eq!(out, class.frame, "{what}: modified");
-                    [0, 1, 0]
-                }
-                Expect::Drop => {
-                    assert_eq!(verdict, drop, "{what}: verdict");
-                    [0, 0, 1]
-                }
-            };
-            let [answered, passed, malformed] = want_delta;
-            assert_eq!(
-                delta,
-                EchoStats {
-                    answered,
-                    passed,
-                    malformed
-                },
-                "{what}: counters"
-            );
-        }
+    for prog in Prog::BOTH {
+        test_run_classes(&mut r, prog, &all, |out| {
+            verify_icmpv6_frame(out).map(|_| ())
+        });
     }
 }
 
@@ -145,7 +79,7 @@ fn truncated_ipv6_headers_are_dropped_and_counted() {
     {
         let before = r.echo_stats().expect("stats");
         let (verdict, _) = run(&mut r, prog, &frame[..len]);
-        assert_eq!(verdict, prog.verdicts()[2], "{prog:?}: cut at {len}");
+        assert_eq!(verdict, prog.verdicts().drop, "{prog:?}: cut at {len}");
         let delta = r.echo_stats().expect("stats").since(before);
         assert_eq!(delta.malformed, 1, "{prog:?}: cut at {len}: {delta:?}");
     }
@@ -159,13 +93,13 @@ fn both_families_answer_and_each_can_be_off() {
     let mut v4 = Echo::request(PEER, LOCAL, 0x4d2, 3);
     v4.dst_mac = LOCAL_MAC;
     let v6 = base(PEER6);
-    for prog in [Prog::Xdp, Prog::Tc] {
+    for prog in Prog::BOTH {
         let (verdict, out) = run(&mut r, prog, &v4.frame());
-        assert_eq!(verdict, prog.verdicts()[0], "{prog:?}: IPv4");
+        assert_eq!(verdict, prog.verdicts().reply, "{prog:?}: IPv4");
         assert_eq!(out, v4.expected_reply().frame(), "{prog:?}: IPv4 reply");
         packets::verify_ipv4_icmp(&out[14..]).unwrap_or_else(|e| panic!("{prog:?}: {e}"));
         let (verdict, out) = run(&mut r, prog, &v6.frame());
-        assert_eq!(verdict, prog.verdicts()[0], "{prog:?}: IPv6");
+        assert_eq!(verdict, prog.verdicts().reply, "{prog:?}: IPv6");
         assert_eq!(out, v6.expected_reply().frame(), "{prog:?}: IPv6 reply");
     }
     r.set_echo_config(EchoConfig {
@@ -174,18 +108,18 @@ fn both_families_answer_and_each_can_be_off() {
         ..EchoConfig::default()
     })
     .expect("IPv4 only");
-    for prog in [Prog::Xdp, Prog::Tc] {
+    for prog in Prog::BOTH {
         let input = v6.frame();
         let (verdict, out) = run(&mut r, prog, &input);
         assert_eq!(
             verdict,
-            prog.verdicts()[1],
+            prog.verdicts().pass,
             "{prog:?}: IPv6 without an address"
         );
         assert_eq!(out, input, "{prog:?}");
         assert_eq!(
             run(&mut r, prog, &v4.frame()).0,
-            prog.verdicts()[0],
+            prog.verdicts().reply,
             "{prog:?}"
         );
     }
@@ -220,6 +154,6 @@ fn an_echo_config_pin_of_the_ipv4_only_layout_is_replaced() {
     .expect("configure");
     let req = base(PEER6);
     let (verdict, out) = run(&mut r, Prog::Tc, &req.frame());
-    assert_eq!(verdict, Prog::Tc.verdicts()[0]);
+    assert_eq!(verdict, Prog::Tc.verdicts().reply);
     assert_eq!(out, req.expected_reply().frame());
 }

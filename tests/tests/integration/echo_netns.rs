@@ -4,16 +4,13 @@
 
 use std::time::Duration;
 
-use health_agent::{
-    datapath::{AttachMode, Datapath, Interface},
-    sys::netlink::in_netns,
-};
+use health_agent::{datapath::AttachMode, sys::netlink::in_netns};
 use health_tests::{
     capture::exchange,
-    echo_classes::{Expect, classes},
+    echo_check::{Background, against_kernel, responder_on_b},
+    echo_classes::classes,
     packets::{Echo, verify_ipv4_icmp},
     pinger::{check_reply, ping},
-    pins::PinDir,
     topology::{A_IF, A_IP, B_IF, B_IP, TwoNodes},
 };
 
@@ -46,14 +43,7 @@ fn echo_over_veth(mode: AttachMode, identifier: u16) {
         "{mode}: the kernel answered although icmp_echo_ignore_all=1"
     );
 
-    let pins = PinDir::new();
-    let mut responder = Datapath::load(pins.path()).expect("load");
-    let iface = Interface::new(B_IF, Some(nodes.b.clone()));
-    responder.set_echo_target(&iface, B_IP).expect("address");
-    let peer = Interface::new(A_IF, Some(nodes.a.clone()));
-    responder
-        .attach_echo(&iface, mode, Some(&peer))
-        .expect("attach");
+    let (responder, _pins) = responder_on_b(&nodes, mode, Some(B_IP), None);
     let before = responder.echo_stats().expect("stats");
 
     let exchanges =
@@ -163,44 +153,17 @@ fn frame_classes_over_veth(mode: AttachMode, identifier: u16) {
         .collect();
 
     TwoNodes::sysctl(&nodes.b, "net/ipv4/icmp_echo_ignore_all", "1");
-    let pins = PinDir::new();
-    let mut responder = Datapath::load(pins.path()).expect("load");
-    let iface = Interface::new(B_IF, Some(nodes.b.clone()));
-    responder.set_echo_target(&iface, B_IP).expect("address");
-    let peer = Interface::new(A_IF, Some(nodes.a.clone()));
-    responder
-        .attach_echo(&iface, mode, Some(&peer))
-        .expect("attach");
+    let (responder, _pins) = responder_on_b(&nodes, mode, Some(B_IP), None);
 
-    for (class, by_kernel) in all.iter().zip(&kernel) {
-        let what = format!("{mode}: {}", class.name);
-        let before = responder.echo_stats().expect("stats");
-        let got = reply_to(&nodes, &class.frame, identifier);
-        let delta = responder.echo_stats().expect("stats").since(before);
-        match &class.expect {
-            Expect::Reply(want) => {
-                assert_eq!(got.as_ref(), Some(want), "{what}: the responder's reply");
-                let k = by_kernel
-                    .as_ref()
-                    .unwrap_or_else(|| panic!("{what}: the kernel did not answer"));
-                assert_eq!(
-                    essentials(k),
-                    essentials(want),
-                    "{what}: kernel vs responder"
-                );
-                assert_eq!(delta.answered, 1, "{what}: counters {delta:?}");
-            }
-            Expect::Drop => {
-                assert_eq!(got, None, "{what}: answered");
-                assert_eq!(by_kernel, &None, "{what}: the kernel answered it");
-                assert_eq!(delta.malformed, 1, "{what}: counters {delta:?}");
-            }
-            Expect::Pass => {
-                assert_eq!(got, None, "{what}: answered with the kernel's echo off");
-                assert_eq!(delta.passed, 1, "{what}: counters {delta:?}");
-            }
-        }
-    }
+    against_kernel(
+        mode,
+        &all,
+        &kernel,
+        &responder,
+        |frame| reply_to(&nodes, frame, identifier),
+        essentials,
+        Background::None,
+    );
 }
 
 #[test]

@@ -1,12 +1,12 @@
 //! The echo programs run by the kernel on crafted packets (`BPF_PROG_TEST_RUN`):
 //! verdicts, output bytes and counters, for the XDP and the tc program.
 
-use health_common::maps::{EchoConfig, ProgId};
+use health_common::maps::EchoConfig;
 use std::net::Ipv4Addr;
 
-use aya::programs::{TestRun as _, TestRunOptions};
 use health_agent::datapath::{Datapath, EchoStats};
 use health_tests::{
+    echo_check::{Prog, run, test_run_classes},
     packets::{self, Echo},
     pins::PinDir,
     require_root,
@@ -17,66 +17,12 @@ const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 1);
 /// The responder's interface: the test requests' destination MAC.
 const LOCAL_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
-const TC_ACT_SHOT: u32 = 2;
-const TC_ACT_REDIRECT: u32 = 7;
-/// `TC_ACT_UNSPEC` (-1), i.e. `TCX_NEXT`.
-const TC_NEXT: u32 = u32::MAX;
-
-#[derive(Clone, Copy, Debug)]
-enum Prog {
-    Xdp,
-    Tc,
-}
-
-struct Verdicts {
-    reply: u32,
-    pass: u32,
-    drop: u32,
-}
-
-impl Prog {
-    const fn verdicts(self) -> Verdicts {
-        match self {
-            Self::Xdp => Verdicts {
-                reply: XDP_TX,
-                pass: XDP_PASS,
-                drop: XDP_DROP,
-            },
-            Self::Tc => Verdicts {
-                reply: TC_ACT_REDIRECT,
-                pass: TC_NEXT,
-                drop: TC_ACT_SHOT,
-            },
-        }
-    }
-}
-
 fn loaded() -> (Datapath, PinDir) {
     require_root();
     let pins = PinDir::new();
     let mut r = Datapath::load(pins.path()).expect("load the kernel object");
     r.set_echo_config(config()).expect("configure the address");
     (r, pins)
-}
-
-/// Runs `prog` once on `input`; returns the verdict and the output packet.
-fn run(r: &mut Datapath, prog: Prog, input: &[u8]) -> (u32, Vec<u8>) {
-    let mut out = vec![0u8; input.len() + 256];
-    let opts = TestRunOptions {
-        data_in: Some(input),
-        data_out: Some(&mut out),
-        ..TestRunOptions::default()
-    };
-    let res = match prog {
-        Prog::Xdp => r.xdp(ProgId::EchoXdp).expect("xdp").test_run(opts),
-        Prog::Tc => r.classifier(ProgId::EchoTc).expect("tc").test_run(opts),
-    }
-    .unwrap_or_else(|e| panic!("{prog:?} test run on {} bytes: {e}", input.len()));
-    out.truncate(res.data_size_out as usize);
-    (res.return_value, out)
 }
 
 fn config() -> EchoConfig {
@@ -93,7 +39,7 @@ fn request() -> Echo {
 
 fn for_both(check: impl Fn(&mut Datapath, Prog)) {
     let (mut r, _pins) = loaded();
-    for prog in [Prog::Xdp, Prog::Tc] {
+    for prog in Prog::BOTH {
         check(&mut r, prog);
     }
 }
@@ -236,7 +182,7 @@ fn counters_are_read_back_from_the_pins() {
     let (mut r, pins) = loaded();
     let frame = request().frame();
     for _ in 0..5 {
-        assert_eq!(run(&mut r, Prog::Xdp, &frame).0, XDP_TX);
+        assert_eq!(run(&mut r, Prog::Xdp, &frame).0, Prog::Xdp.verdicts().reply);
     }
     let live = r.echo_stats().expect("stats");
     let pinned = health_agent::datapath::read_pinned_stats(pins.path()).expect("pinned stats");
@@ -285,34 +231,14 @@ fn the_map_registry_matches_the_maps_the_object_pins() {
 /// the tests' own checksum code) and the counters, in both programs.
 #[test]
 fn every_frame_class_gets_what_the_kernel_would_do() {
-    use health_tests::echo_classes::{Expect, classes};
+    use health_tests::echo_classes::classes;
 
     let mut base = request();
     base.dst_mac = LOCAL_MAC;
     let all = classes(&base);
     for_both(|r, prog| {
-        for class in &all {
-            let before = r.echo_stats().expect("stats");
-            let (verdict, out) = run(r, prog, &class.frame);
-            let delta = r.echo_stats().expect("stats").since(before);
-            let what = format!("{prog:?}: {}", class.name);
-            match &class.expect {
-                Expect::Reply(want) => {
-                    assert_eq!(verdict, prog.verdicts().reply, "{what}: verdict");
-                    assert_eq!(&out, want, "{what}: reply bytes");
-                    packets::verify_ipv4_icmp(&out[14..]).unwrap_or_else(|e| panic!("{what}: {e}"));
-                    assert_eq!(delta.answered, 1, "{what}: counters {delta:?}");
-                }
-                Expect::Pass => {
-                    assert_eq!(verdict, prog.verdicts().pass, "{what}: verdict");
-                    assert_eq!(out, class.frame, "{what}: modified");
-                    assert_eq!(delta.passed, 1, "{what}: counters {delta:?}");
-                }
-                Expect::Drop => {
-                    assert_eq!(verdict, prog.verdicts().drop, "{what}: verdict");
-                    assert_eq!(delta.malformed, 1, "{what}: counters {delta:?}");
-                }
-            }
-        }
+        test_run_classes(r, prog, &all, |out| {
+            packets::verify_ipv4_icmp(&out[14..]).map(|_| ())
+        });
     });
 }
