@@ -6,9 +6,18 @@
 //! of this endpoint). Packets from the endpoint count as tx, packets to it
 //! as rx. For ICMP echo the identifier stands in for a port: requests carry
 //! it as the destination port, replies as the source port, so a reply's
-//! reversed tuple is its request's.
+//! reversed tuple is its request's (`ICMPv6` echo likewise).
+//!
+//! Both families share one map: addresses are 16 bytes, IPv6 as it is and
+//! IPv4 as an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, RFC 4291
+//! 2.5.5.2), see [`v4_mapped`]. The flow parser never tracks an IPv6
+//! packet that carries an IPv4-mapped address itself, so a key's family is
+//! known from its addresses alone and the two families never alias.
 
-use crate::headers::IPPROTO_ICMP;
+use crate::headers::{
+    ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMPV6_ECHO_REPLY, ICMPV6_ECHO_REQUEST, IPPROTO_ICMP,
+    IPPROTO_ICMPV6,
+};
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
@@ -22,12 +31,74 @@ pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 
-/// Map key: 16 bytes, no implicit padding.
+/// The first 12 bytes of an IPv4-mapped IPv6 address.
+pub const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+
+/// An IPv4 address as the 16 bytes the keys hold (`::ffff:a.b.c.d`).
+#[must_use]
+#[inline(always)]
+pub const fn v4_mapped(a: [u8; 4]) -> [u8; 16] {
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
+    ]
+}
+
+/// Whether `a` is an IPv4-mapped address (a key of an IPv4 flow).
+#[must_use]
+#[inline(always)]
+pub const fn is_v4_mapped(a: &[u8; 16]) -> bool {
+    a[0] == 0
+        && a[1] == 0
+        && a[2] == 0
+        && a[3] == 0
+        && a[4] == 0
+        && a[5] == 0
+        && a[6] == 0
+        && a[7] == 0
+        && a[8] == 0
+        && a[9] == 0
+        && a[10] == 0xff
+        && a[11] == 0xff
+}
+
+/// The IPv4 address a key's IPv4-mapped address holds; `None` for IPv6.
+#[must_use]
+#[inline(always)]
+pub const fn as_v4(a: &[u8; 16]) -> Option<[u8; 4]> {
+    if is_v4_mapped(a) {
+        Some([a[12], a[13], a[14], a[15]])
+    } else {
+        None
+    }
+}
+
+/// A key's address as an [`IpAddr`](core::net::IpAddr): IPv4 for an
+/// IPv4-mapped one, IPv6 otherwise.
+#[must_use]
+pub const fn ip_of(a: [u8; 16]) -> core::net::IpAddr {
+    let v6 = core::net::Ipv6Addr::from_octets(a);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => core::net::IpAddr::V4(v4),
+        None => core::net::IpAddr::V6(v6),
+    }
+}
+
+/// The 16 bytes a key holds for `ip` (IPv4 mapped).
+#[must_use]
+pub const fn key_addr(ip: core::net::IpAddr) -> [u8; 16] {
+    match ip {
+        core::net::IpAddr::V4(v4) => v4_mapped(v4.octets()),
+        core::net::IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// Map key: 40 bytes, no implicit padding. Addresses of either family
+/// (IPv4 as IPv4-mapped, see the module).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtKey {
-    pub saddr: [u8; 4],
-    pub daddr: [u8; 4],
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
     /// Network byte order.
     pub sport: [u8; 2],
     pub dport: [u8; 2],
@@ -37,6 +108,13 @@ pub struct CtKey {
 }
 
 impl CtKey {
+    /// Whether the flow is IPv4 (both addresses IPv4-mapped).
+    #[must_use]
+    #[inline(always)]
+    pub const fn is_ipv4(&self) -> bool {
+        is_v4_mapped(&self.saddr) && is_v4_mapped(&self.daddr)
+    }
+
     /// The same flow seen from the other end, with direction `dir`.
     #[must_use]
     pub const fn reversed(&self, dir: u8) -> Self {
@@ -137,7 +215,8 @@ pub struct Flow {
     /// The tuple as the packet travels (source = sender).
     pub key: CtKey,
     pub tcp_flags: u8,
-    /// ICMP echo: type (8 request, 0 reply) and sequence.
+    /// ICMP echo: type (8 request, 0 reply; `ICMPv6`: 128, 129) and
+    /// sequence.
     pub icmp_type: u8,
     pub icmp_seq: [u8; 2],
     pub len: u32,
@@ -145,12 +224,36 @@ pub struct Flow {
     pub l4: u16,
 }
 
+impl Flow {
+    /// An ICMP or `ICMPv6` echo request.
+    #[must_use]
+    #[inline(always)]
+    pub const fn is_echo_request(&self) -> bool {
+        match self.key.proto {
+            IPPROTO_ICMP => self.icmp_type == ICMP_ECHO_REQUEST,
+            IPPROTO_ICMPV6 => self.icmp_type == ICMPV6_ECHO_REQUEST,
+            _ => false,
+        }
+    }
+
+    /// An ICMP or `ICMPv6` echo reply.
+    #[must_use]
+    #[inline(always)]
+    pub const fn is_echo_reply(&self) -> bool {
+        match self.key.proto {
+            IPPROTO_ICMP => self.icmp_type == ICMP_ECHO_REPLY,
+            IPPROTO_ICMPV6 => self.icmp_type == ICMPV6_ECHO_REPLY,
+            _ => false,
+        }
+    }
+}
+
 /// Lifetime of an entry after a packet with `flags_seen` (both directions
 /// merged) of protocol `proto`.
 #[must_use]
 pub const fn lifetime_s(cfg: &CtConfig, proto: u8, flags_seen: u8) -> u32 {
     match proto {
-        IPPROTO_ICMP => cfg.icmp_s,
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => cfg.icmp_s,
         IPPROTO_TCP => {
             if flags_seen & (TCP_FIN | TCP_RST) != 0 {
                 cfg.tcp_closed_s
@@ -192,7 +295,7 @@ impl CtEntry {
 }
 
 const _: () = {
-    assert!(size_of::<CtKey>() == 16);
+    assert!(size_of::<CtKey>() == 40);
     assert!(size_of::<CtEntry>() == 72);
     assert!(size_of::<CtConfig>() == 24);
 };
@@ -214,8 +317,8 @@ mod tests {
     #[test]
     fn a_reply_reversed_is_its_request() {
         let req = CtKey {
-            saddr: [198, 18, 64, 2],
-            daddr: [198, 18, 65, 2],
+            saddr: v4_mapped([198, 18, 64, 2]),
+            daddr: v4_mapped([198, 18, 65, 2]),
             sport: [0, 0],
             dport: 0x1234u16.to_be_bytes(),
             proto: IPPROTO_ICMP,
@@ -226,6 +329,59 @@ mod tests {
         assert_eq!(reply.saddr, req.daddr);
         assert_eq!(reply.sport, req.dport);
         assert_eq!(reply.reversed(DIR_OUT), req);
+    }
+
+    #[test]
+    fn keys_have_no_padding_holes() {
+        // Every byte is a named field: the sizes add up exactly.
+        assert_eq!(size_of::<CtKey>(), 16 + 16 + 2 + 2 + 1 + 1 + 2);
+        assert_eq!(align_of::<CtKey>(), 1);
+        assert_eq!(core::mem::offset_of!(CtKey, sport), 32);
+        assert_eq!(core::mem::offset_of!(CtKey, pad), 38);
+    }
+
+    #[test]
+    fn ipv4_is_stored_mapped_and_recognised() {
+        let a = v4_mapped([198, 18, 0, 1]);
+        assert_eq!(a, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1]);
+        assert_eq!(as_v4(&a), Some([198, 18, 0, 1]));
+        let v6 = [0x20, 0x01, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        assert_eq!(as_v4(&v6), None);
+        // IPv4-compatible (deprecated, ::a.b.c.d) is not IPv4-mapped.
+        assert!(!is_v4_mapped(&[
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 198, 18, 0, 1
+        ]));
+        let v4 = core::net::IpAddr::from([198, 18, 0, 1]);
+        assert_eq!((ip_of(a), key_addr(v4)), (v4, a));
+        let ip6 = core::net::IpAddr::from(v6);
+        assert_eq!((ip_of(v6), key_addr(ip6)), (ip6, v6));
+        let k = CtKey {
+            saddr: a,
+            daddr: v4_mapped([198, 18, 0, 2]),
+            ..CtKey::default()
+        };
+        assert!(k.is_ipv4());
+        assert!(!CtKey { daddr: v6, ..k }.is_ipv4());
+    }
+
+    #[test]
+    fn echo_types_are_read_per_family() {
+        let f = |proto, icmp_type| Flow {
+            key: CtKey {
+                proto,
+                ..CtKey::default()
+            },
+            icmp_type,
+            ..Flow::default()
+        };
+        assert!(f(IPPROTO_ICMP, 8).is_echo_request());
+        assert!(f(IPPROTO_ICMP, 0).is_echo_reply());
+        assert!(f(IPPROTO_ICMPV6, 128).is_echo_request());
+        assert!(f(IPPROTO_ICMPV6, 129).is_echo_reply());
+        assert!(!f(IPPROTO_ICMPV6, 8).is_echo_request());
+        assert!(!f(IPPROTO_ICMPV6, 0).is_echo_reply());
+        // UDP's icmp_type is 0, which is not an echo reply.
+        assert!(!f(IPPROTO_UDP, 0).is_echo_reply());
     }
 
     #[test]
@@ -242,6 +398,7 @@ mod tests {
         );
         assert_eq!(lifetime_s(&cfg, IPPROTO_TCP, TCP_RST), cfg.tcp_closed_s);
         assert_eq!(lifetime_s(&cfg, IPPROTO_ICMP, 0), cfg.icmp_s);
+        assert_eq!(lifetime_s(&cfg, IPPROTO_ICMPV6, 0), cfg.icmp_s);
         assert_eq!(lifetime_s(&cfg, IPPROTO_UDP, 0), cfg.udp_s);
     }
 

@@ -1,70 +1,159 @@
-//! Extracting a tracked flow from a frame: IPv4 with TCP, UDP or ICMP echo.
+//! Extracting a tracked flow from a frame: IPv4 or IPv6 with TCP, UDP or
+//! ICMP / `ICMPv6` echo.
 
 use crate::{
-    ct::{CtKey, Flow, IPPROTO_TCP, IPPROTO_UDP},
+    ct::{CtKey, Flow, IPPROTO_TCP, IPPROTO_UDP, is_v4_mapped, v4_mapped},
     frame::Frame,
     headers::{
-        EthHdr, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP, Icmpv4Hdr, Ipv4Hdr, TcpHdr,
-        UdpHdr, echo_id_seq, ipv4_header_len, is_ipv4, is_later_fragment, tcp_flags,
+        EthHdr, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMPV6_ECHO_REPLY, ICMPV6_ECHO_REQUEST,
+        IPPROTO_ICMP, IPPROTO_ICMPV6, Icmpv4Hdr, Icmpv6Hdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr,
+        echo_id_seq, ipv4_header_len, ipv6_payload_len, is_ipv4, is_ipv6, is_later_fragment,
+        tcp_flags,
     },
 };
 
-/// The flow of `frame`, or `None` for anything not tracked (not IPv4, a
-/// non-first fragment, another protocol, ICMP other than echo) or too short.
+/// The flow of `frame`, or `None` for anything not tracked or too short:
+/// not IPv4 or IPv6; an IPv4 non-first fragment; an IPv6 packet with an
+/// extension header (fragments included) before its L4 header, or with an
+/// IPv4-mapped address (it would alias an IPv4 flow's key); another
+/// protocol; ICMP or `ICMPv6` other than echo (neighbour discovery, MLD,
+/// errors).
 #[inline(always)]
 pub fn parse<F: Frame>(frame: &mut F) -> Option<Flow> {
-    let eth = frame.read::<EthHdr>(0)?;
-    if !is_ipv4(&eth) {
-        return None;
+    let mut flow = Flow::default();
+    parse_into(frame, &mut flow).then_some(flow)
+}
+
+/// [`parse`] into `flow` (which must start as `Flow::default()`), `false`
+/// when untracked. The kernel programs use this form: every field is
+/// written in place, so the flow is one stack slot, not a copy per
+/// family and per return.
+#[inline(always)]
+pub fn parse_into<F: Frame>(frame: &mut F, flow: &mut Flow) -> bool {
+    let Some(eth) = frame.read::<EthHdr>(0) else {
+        return false;
+    };
+    let l4 = if is_ipv4(&eth) {
+        ipv4_key(frame, &mut flow.key)
+    } else if is_ipv6(&eth) {
+        ipv6_key(frame, &mut flow.key)
+    } else {
+        None
+    };
+    match l4 {
+        Some(l4) => l4_fields(frame, flow, l4),
+        None => false,
     }
-    let ip = *frame.header_mut::<Ipv4Hdr>(EthHdr::LEN)?;
-    let ihl = ipv4_header_len(&ip);
+}
+
+/// [`parse_into`] for IPv4 alone: the masquerade programs translate no
+/// IPv6, and this way their verifier never walks the IPv6 parser (it
+/// cannot tell that an IPv6 flow's key is not an IPv4 one, and would walk
+/// the whole translation for it too).
+#[inline(always)]
+pub fn parse_ipv4_into<F: Frame>(frame: &mut F, flow: &mut Flow) -> bool {
+    let Some(eth) = frame.read::<EthHdr>(0) else {
+        return false;
+    };
+    if !is_ipv4(&eth) {
+        return false;
+    }
+    match ipv4_key(frame, &mut flow.key) {
+        Some(l4) => l4_fields(frame, flow, l4),
+        None => false,
+    }
+}
+
+/// Addresses and protocol of an IPv4 packet into `key`; the L4 offset.
+#[inline(always)]
+fn ipv4_key<F: Frame>(frame: &mut F, key: &mut CtKey) -> Option<usize> {
+    let ip = frame.header_mut::<Ipv4Hdr>(EthHdr::LEN)?;
+    let ihl = ipv4_header_len(ip);
     if ip.vihl >> 4 != 4 || !(20..=60).contains(&ihl) {
         return None;
     }
     // A non-first fragment carries no L4 header.
-    if is_later_fragment(&ip) {
+    if is_later_fragment(ip) {
         return None;
     }
-    let l4 = EthHdr::LEN + ihl;
-    let mut key = CtKey {
-        saddr: ip.src_addr,
-        daddr: ip.dst_addr,
-        proto: ip.proto,
-        ..CtKey::default()
+    key.saddr = v4_mapped(ip.src_addr);
+    key.daddr = v4_mapped(ip.dst_addr);
+    key.proto = ip.proto;
+    Some(EthHdr::LEN + ihl)
+}
+
+/// Addresses and next header of an IPv6 packet whose L4 header follows
+/// the fixed one into `key`; the L4 offset. The payload length must cover
+/// that header (a shorter one is a truncated packet).
+#[inline(always)]
+fn ipv6_key<F: Frame>(frame: &mut F, key: &mut CtKey) -> Option<usize> {
+    // Read in place: a copy of the 40-byte header would cost the programs
+    // stack they do not have.
+    let ip = frame.header_mut::<Ipv6Hdr>(EthHdr::LEN)?;
+    if ip.vcf[0] >> 4 != 6 || is_v4_mapped(&ip.src_addr) || is_v4_mapped(&ip.dst_addr) {
+        return None;
+    }
+    let min_l4 = match ip.next_hdr {
+        IPPROTO_TCP => TcpHdr::LEN,
+        IPPROTO_UDP => UdpHdr::LEN,
+        IPPROTO_ICMPV6 => Icmpv6Hdr::LEN,
+        // Extension headers (fragments too) and every other protocol.
+        _ => return None,
     };
-    let mut flow = Flow {
-        len: u32::try_from(frame.wire_len()).unwrap_or(u32::MAX),
-        l4: u16::try_from(l4).unwrap_or(0),
-        ..Flow::default()
-    };
-    match ip.proto {
+    if ipv6_payload_len(ip) < min_l4 {
+        return None;
+    }
+    key.saddr = ip.src_addr;
+    key.daddr = ip.dst_addr;
+    key.proto = ip.next_hdr;
+    Some(EthHdr::LEN + Ipv6Hdr::LEN)
+}
+
+/// The L4 part of the flow: ports, TCP flags, or the echo identifier as a
+/// port (requests: destination, replies: source) and the sequence.
+#[inline(always)]
+fn l4_fields<F: Frame>(frame: &mut F, flow: &mut Flow, l4: usize) -> bool {
+    flow.len = u32::try_from(frame.wire_len()).unwrap_or(u32::MAX);
+    flow.l4 = u16::try_from(l4).unwrap_or(0);
+    let key = &mut flow.key;
+    match key.proto {
         IPPROTO_TCP => {
-            let tcp = *frame.header_mut::<TcpHdr>(l4)?;
+            let Some(tcp) = frame.header_mut::<TcpHdr>(l4) else {
+                return false;
+            };
             key.sport = tcp.source;
             key.dport = tcp.dest;
-            flow.tcp_flags = tcp_flags(&tcp);
+            flow.tcp_flags = tcp_flags(tcp);
         }
         IPPROTO_UDP => {
-            let udp = *frame.header_mut::<UdpHdr>(l4)?;
+            let Some(udp) = frame.header_mut::<UdpHdr>(l4) else {
+                return false;
+            };
             key.sport = udp.src;
             key.dport = udp.dst;
         }
-        IPPROTO_ICMP => {
-            let icmp = *frame.header_mut::<Icmpv4Hdr>(l4)?;
-            let (identifier, sequence) = echo_id_seq(&icmp);
-            match icmp.type_ {
-                ICMP_ECHO_REQUEST => key.dport = identifier,
-                ICMP_ECHO_REPLY => key.sport = identifier,
-                _ => return None,
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            // The two headers share their layout (type, code, checksum,
+            // identifier, sequence).
+            let Some(icmp) = frame.header_mut::<Icmpv4Hdr>(l4) else {
+                return false;
+            };
+            let (identifier, sequence) = echo_id_seq(icmp);
+            match (key.proto, icmp.type_) {
+                (IPPROTO_ICMP, ICMP_ECHO_REQUEST) | (IPPROTO_ICMPV6, ICMPV6_ECHO_REQUEST) => {
+                    key.dport = identifier;
+                }
+                (IPPROTO_ICMP, ICMP_ECHO_REPLY) | (IPPROTO_ICMPV6, ICMPV6_ECHO_REPLY) => {
+                    key.sport = identifier;
+                }
+                _ => return false,
             }
             flow.icmp_type = icmp.type_;
             flow.icmp_seq = sequence;
         }
-        _ => return None,
+        _ => return false,
     }
-    flow.key = key;
-    Some(flow)
+    true
 }
 
 #[cfg(test)]
@@ -73,6 +162,151 @@ mod tests {
 
     use super::*;
     use crate::{ct::TCP_SYN, frame::SliceFrame};
+
+    const EP6: [u8; 16] = [0x20, 0x01, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    const PEER6: [u8; 16] = [0x20, 0x01, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+
+    /// An IPv6 frame `src -> dst`, next header `next`, the payload length
+    /// that of `l4`.
+    fn frame6(src: [u8; 16], dst: [u8; 16], next: u8, l4: &[u8]) -> Vec<u8> {
+        let mut f = Vec::from([0u8; 12]);
+        f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+        f.extend_from_slice(&u16::try_from(l4.len()).expect("small").to_be_bytes());
+        f.extend_from_slice(&[next, 64]);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&dst);
+        f.extend_from_slice(l4);
+        f
+    }
+
+    fn tcp_syn() -> [u8; 20] {
+        let mut tcp = [0u8; 20];
+        tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
+        tcp[2..4].copy_from_slice(&4240u16.to_be_bytes());
+        tcp[12] = 0x50;
+        tcp[13] = TCP_SYN;
+        tcp
+    }
+
+    #[test]
+    fn ipv4_addresses_are_keyed_ipv4_mapped() {
+        let mut f = frame(IPPROTO_UDP, &[0, 53, 0, 53, 0, 8, 0, 0], 0);
+        let flow = parse(&mut SliceFrame::new(&mut f)).expect("tracked");
+        assert_eq!(flow.key.saddr, v4_mapped([198, 18, 64, 2]));
+        assert_eq!(flow.key.daddr, v4_mapped([198, 18, 65, 2]));
+        assert!(flow.key.is_ipv4());
+    }
+
+    #[test]
+    fn the_ipv4_parser_leaves_ipv6_alone() {
+        let mut v4 = frame(IPPROTO_UDP, &[0, 53, 0, 53, 0, 8, 0, 0], 0);
+        let mut flow = Flow::default();
+        assert!(parse_ipv4_into(&mut SliceFrame::new(&mut v4), &mut flow));
+        assert_eq!(Some(flow), parse(&mut SliceFrame::new(&mut v4)));
+        let mut v6 = frame6(EP6, PEER6, IPPROTO_TCP, &tcp_syn());
+        let mut flow = Flow::default();
+        assert!(!parse_ipv4_into(&mut SliceFrame::new(&mut v6), &mut flow));
+        assert!(parse(&mut SliceFrame::new(&mut v6)).is_some());
+    }
+
+    #[test]
+    fn ipv6_tcp_gives_addresses_ports_and_flags() {
+        let mut f = frame6(EP6, PEER6, IPPROTO_TCP, &tcp_syn());
+        let flow = parse(&mut SliceFrame::new(&mut f)).expect("tracked");
+        assert_eq!((flow.key.saddr, flow.key.daddr), (EP6, PEER6));
+        assert_eq!(flow.key.sport, 40000u16.to_be_bytes());
+        assert_eq!(flow.key.dport, 4240u16.to_be_bytes());
+        assert_eq!((flow.key.proto, flow.tcp_flags), (IPPROTO_TCP, TCP_SYN));
+        assert_eq!(flow.len as usize, f.len());
+        assert_eq!(flow.l4, 54);
+        assert!(!flow.key.is_ipv4());
+    }
+
+    #[test]
+    fn ipv6_udp_gives_ports() {
+        let mut f = frame6(PEER6, EP6, IPPROTO_UDP, &[0x30, 0x39, 0, 53, 0, 8, 0, 0]);
+        let flow = parse(&mut SliceFrame::new(&mut f)).expect("tracked");
+        assert_eq!((flow.key.sport, flow.key.dport), ([0x30, 0x39], [0, 53]));
+        assert_eq!(flow.key.proto, IPPROTO_UDP);
+    }
+
+    #[test]
+    fn icmpv6_echo_identifier_stands_in_for_a_port() {
+        let mut req = frame6(
+            EP6,
+            PEER6,
+            IPPROTO_ICMPV6,
+            &[128, 0, 0, 0, 0x12, 0x34, 0, 7],
+        );
+        let r = parse(&mut SliceFrame::new(&mut req)).expect("request");
+        assert_eq!((r.key.sport, r.key.dport), ([0, 0], [0x12, 0x34]));
+        assert_eq!((r.icmp_type, r.icmp_seq), (128, [0, 7]));
+        assert!(r.is_echo_request() && !r.is_echo_reply());
+        let mut rep = frame6(
+            PEER6,
+            EP6,
+            IPPROTO_ICMPV6,
+            &[129, 0, 0, 0, 0x12, 0x34, 0, 7],
+        );
+        let p = parse(&mut SliceFrame::new(&mut rep)).expect("reply");
+        assert_eq!((p.key.sport, p.key.dport), ([0x12, 0x34], [0, 0]));
+        assert!(p.is_echo_reply());
+        // The reply's reversed tuple is the request's.
+        assert_eq!(p.key.reversed(0), r.key);
+    }
+
+    #[test]
+    fn ipv6_that_is_not_a_plain_tracked_packet_gives_none() {
+        let echo = [128, 0, 0, 0, 0x12, 0x34, 0, 7];
+        let mut hop_by_hop = [58, 0, 1, 4, 0, 0, 0, 0].to_vec();
+        hop_by_hop.extend_from_slice(&echo);
+        let mut fragment = [58, 0, 0, 1, 0, 0, 0, 9].to_vec();
+        fragment.extend_from_slice(&echo);
+        let mut dest_opts = [6, 0, 1, 4, 0, 0, 0, 0].to_vec();
+        dest_opts.extend_from_slice(&tcp_syn());
+        let mut cut_tcp = frame6(EP6, PEER6, IPPROTO_TCP, &tcp_syn());
+        cut_tcp.truncate(14 + 40 + 12);
+        let mut short_payload = frame6(EP6, PEER6, IPPROTO_TCP, &tcp_syn());
+        short_payload[18..20].copy_from_slice(&12u16.to_be_bytes());
+        let mut version4 = frame6(EP6, PEER6, IPPROTO_ICMPV6, &echo);
+        version4[14] = 0x40;
+        let mut mapped = v4_mapped([198, 18, 0, 1]);
+        let cases: [(&str, Vec<u8>); 12] = [
+            ("hop-by-hop", frame6(EP6, PEER6, 0, &hop_by_hop)),
+            ("fragment", frame6(EP6, PEER6, 44, &fragment)),
+            ("destination options", frame6(EP6, PEER6, 60, &dest_opts)),
+            (
+                "neighbour solicitation",
+                frame6(EP6, PEER6, IPPROTO_ICMPV6, &[135, 0, 0, 0, 0, 0, 0, 0]),
+            ),
+            (
+                "MLDv2 report",
+                frame6(EP6, PEER6, IPPROTO_ICMPV6, &[143, 0, 0, 0, 0, 0, 0, 0]),
+            ),
+            (
+                "destination unreachable",
+                frame6(EP6, PEER6, IPPROTO_ICMPV6, &[1, 4, 0, 0, 0, 0, 0, 0]),
+            ),
+            (
+                "ICMPv4 echo type over ICMPv6",
+                frame6(EP6, PEER6, IPPROTO_ICMPV6, &[8, 0, 0, 0, 0, 1, 0, 1]),
+            ),
+            ("truncated TCP", cut_tcp),
+            ("payload length short of TCP's header", short_payload),
+            ("version 4 in an IPv6 frame", version4),
+            ("GRE", frame6(EP6, PEER6, 47, &[0; 8])),
+            ("IPv4-mapped source", {
+                mapped[15] = 1;
+                frame6(mapped, PEER6, IPPROTO_ICMPV6, &echo)
+            }),
+        ];
+        for (what, mut f) in cases {
+            assert!(parse(&mut SliceFrame::new(&mut f)).is_none(), "{what}");
+        }
+        let mut cut_fixed = frame6(EP6, PEER6, IPPROTO_ICMPV6, &echo);
+        cut_fixed.truncate(14 + 30);
+        assert!(parse(&mut SliceFrame::new(&mut cut_fixed)).is_none());
+    }
 
     fn frame(proto: u8, l4: &[u8], frag: u16) -> Vec<u8> {
         let mut f = Vec::from([0u8; 12]);

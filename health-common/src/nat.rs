@@ -16,15 +16,47 @@
 //! 198.18.0.12:0 -> 198.18.0.11:513`. The `IN` key is what makes an
 //! allocation unique: it is inserted with `BPF_NOEXIST`, so two flows can
 //! never own the same (peer, protocol, node port).
+//!
+//! Masquerade is IPv4 only: an IPv6 flow has no NAT key ([`out_key`] and
+//! [`arriving_key`] give `None`), so the programs pass IPv6 untouched.
 
 use crate::{
-    ct::{CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP},
+    ct::{CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP, as_v4, v4_mapped},
     headers::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP},
 };
 
-/// NAT map key: the same 16-byte tuple as connection tracking, `dir` is
-/// [`DIR_OUT`] or [`DIR_IN`].
-pub type NatKey = CtKey;
+/// NAT map key: the IPv4 tuple of connection tracking (16 bytes, no
+/// implicit padding), `dir` is [`DIR_OUT`] or [`DIR_IN`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NatKey {
+    pub saddr: [u8; 4],
+    pub daddr: [u8; 4],
+    /// Network byte order.
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    pub proto: u8,
+    pub dir: u8,
+    pub pad: [u8; 2],
+}
+
+/// The IPv4 tuple of `flow` with direction `dir`; `None` for IPv6.
+#[must_use]
+#[inline(always)]
+pub const fn ipv4_key(flow: &Flow, dir: u8) -> Option<NatKey> {
+    let (Some(saddr), Some(daddr)) = (as_v4(&flow.key.saddr), as_v4(&flow.key.daddr)) else {
+        return None;
+    };
+    Some(NatKey {
+        saddr,
+        daddr,
+        sport: flow.key.sport,
+        dport: flow.key.dport,
+        proto: flow.key.proto,
+        dir,
+        pad: [0; 2],
+    })
+}
 
 /// NAT map value: 24 bytes, no implicit padding.
 #[repr(C)]
@@ -149,14 +181,11 @@ impl NatCounter {
 pub const ALLOC_RETRIES: u32 = 32;
 
 /// The `OUT` key of a packet leaving the node, and the port it carries
-/// (the echo identifier for ICMP). `None`: not translatable (ICMP other
-/// than an echo request).
+/// (the echo identifier for ICMP). `None`: not translatable (IPv6, ICMP
+/// other than an echo request).
 #[must_use]
 pub fn out_key(flow: &Flow) -> Option<(NatKey, [u8; 2])> {
-    let mut key = NatKey {
-        dir: DIR_OUT,
-        ..flow.key
-    };
+    let mut key = ipv4_key(flow, DIR_OUT)?;
     match flow.key.proto {
         IPPROTO_ICMP if flow.icmp_type == ICMP_ECHO_REQUEST => {
             // Conntrack's request tuple has the identifier as dport.
@@ -184,13 +213,10 @@ pub const fn in_key(out: &NatKey, node_ip: [u8; 4], port: [u8; 2]) -> NatKey {
 }
 
 /// The `IN` key of a packet arriving on the uplink. `None`: not a reply
-/// NAT could have made (ICMP other than an echo reply).
+/// NAT could have made (IPv6, ICMP other than an echo reply).
 #[must_use]
 pub fn arriving_key(flow: &Flow) -> Option<NatKey> {
-    let mut key = NatKey {
-        dir: DIR_IN,
-        ..flow.key
-    };
+    let mut key = ipv4_key(flow, DIR_IN)?;
     match flow.key.proto {
         IPPROTO_ICMP if flow.icmp_type == ICMP_ECHO_REPLY => {
             // Conntrack's reply tuple has the identifier as sport.
@@ -207,8 +233,15 @@ pub fn arriving_key(flow: &Flow) -> Option<NatKey> {
 /// translates: NAT entries live as long as it does.
 #[must_use]
 pub const fn ct_key_of(out: &NatKey) -> CtKey {
-    let mut key = *out;
-    key.dir = DIR_OUT;
+    let mut key = CtKey {
+        saddr: v4_mapped(out.saddr),
+        daddr: v4_mapped(out.daddr),
+        sport: out.sport,
+        dport: out.dport,
+        proto: out.proto,
+        dir: DIR_OUT,
+        pad: [0; 2],
+    };
     if out.proto == IPPROTO_ICMP {
         key.dport = out.sport;
         key.sport = [0, 0];
@@ -254,11 +287,15 @@ pub const fn port_offset(proto: u8, source: bool) -> usize {
 }
 
 const _: () = {
+    assert!(size_of::<NatKey>() == 16);
     assert!(size_of::<NatEntry>() == 24);
     assert!(size_of::<NatConfig>() == 28);
 };
 
 // SAFETY: repr(C), explicit padding, every bit pattern valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for NatKey {}
+// SAFETY: as above.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for NatEntry {}
 // SAFETY: as above.

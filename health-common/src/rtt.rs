@@ -2,6 +2,10 @@
 //! (`RTT_PENDING`), the matching reply closes the sample into the peer's
 //! statistics (`RTT_STATS`, per CPU); the agent sweeps requests that were
 //! never answered into `RTT_LOSSES`.
+//!
+//! Peers are 16-byte addresses of either family, IPv4 as IPv4-mapped
+//! (`::ffff:a.b.c.d`), as in [`CtKey`]; `proto` is `IPPROTO_ICMP`,
+//! `IPPROTO_ICMPV6` or `IPPROTO_TCP`.
 
 use crate::ct::{CtKey, IPPROTO_TCP};
 
@@ -9,11 +13,11 @@ use crate::ct::{CtKey, IPPROTO_TCP};
 /// RTTs in `[2^(i-1), 2^i)` µs (bucket 0: under 1 µs), the last one the rest.
 pub const HIST_BUCKETS: usize = 24;
 
-/// A request waiting for its reply (12 bytes).
+/// A request waiting for its reply (24 bytes, no implicit padding).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct PendingKey {
-    pub peer: [u8; 4],
+    pub peer: [u8; 16],
     /// ICMP: identifier; TCP: the endpoint's port.
     pub a: [u8; 2],
     /// ICMP: sequence; TCP: the peer's port.
@@ -22,11 +26,11 @@ pub struct PendingKey {
     pub pad: [u8; 3],
 }
 
-/// Per peer and protocol (8 bytes).
+/// Per peer and protocol (20 bytes, no implicit padding).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RttKey {
-    pub peer: [u8; 4],
+    pub peer: [u8; 16],
     pub proto: u8,
     pub pad: [u8; 3],
 }
@@ -160,8 +164,8 @@ pub const fn reply_key(flow_key: &CtKey, icmp_seq: [u8; 2]) -> PendingKey {
 }
 
 const _: () = {
-    assert!(size_of::<PendingKey>() == 12);
-    assert!(size_of::<RttKey>() == 8);
+    assert!(size_of::<PendingKey>() == 24);
+    assert!(size_of::<RttKey>() == 20);
     assert!(size_of::<RttStats>() == 48 + 8 * HIST_BUCKETS);
 };
 
@@ -178,7 +182,48 @@ unsafe impl aya::Pod for RttStats {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::headers::IPPROTO_ICMP;
+    use crate::{
+        ct::v4_mapped,
+        headers::{IPPROTO_ICMP, IPPROTO_ICMPV6},
+    };
+
+    #[test]
+    fn keys_have_no_padding_holes() {
+        assert_eq!(size_of::<PendingKey>(), 16 + 2 + 2 + 1 + 3);
+        assert_eq!(size_of::<RttKey>(), 16 + 1 + 3);
+        assert_eq!(align_of::<PendingKey>(), 1);
+        assert_eq!(align_of::<RttKey>(), 1);
+    }
+
+    #[test]
+    fn ipv6_request_and_reply_keys_meet() {
+        let ep = [0x20, 0x01, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let peer = [0x20, 0x01, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+        let req = CtKey {
+            saddr: ep,
+            daddr: peer,
+            dport: [0x12, 0x34],
+            proto: IPPROTO_ICMPV6,
+            ..CtKey::default()
+        };
+        let k = request_key(&req, [0, 3]);
+        assert_eq!(
+            (k.peer, k.a, k.b, k.proto),
+            (peer, [0x12, 0x34], [0, 3], 58)
+        );
+        assert_eq!(k, reply_key(&req.reversed(0), [0, 3]));
+        let syn = CtKey {
+            sport: [0x9c, 0x40],
+            dport: [0x10, 0x90],
+            proto: IPPROTO_TCP,
+            ..req
+        };
+        assert_eq!(
+            request_key(&syn, [0, 0]),
+            reply_key(&syn.reversed(0), [0, 0])
+        );
+        assert_eq!(request_key(&syn, [0, 0]).peer, peer);
+    }
 
     #[test]
     fn buckets_are_log2_microseconds() {
@@ -192,8 +237,8 @@ mod tests {
     #[test]
     fn request_and_reply_keys_meet() {
         let req = CtKey {
-            saddr: [198, 18, 64, 2],
-            daddr: [198, 18, 65, 2],
+            saddr: v4_mapped([198, 18, 64, 2]),
+            daddr: v4_mapped([198, 18, 65, 2]),
             sport: [0, 0],
             dport: [0xab, 0xcd],
             proto: IPPROTO_ICMP,

@@ -188,15 +188,17 @@ fn node(id: usize, zone: usize) -> Node {
     let ip = u32::try_from(id).unwrap_or(u32::MAX);
     Node {
         name: name(id),
-        node_ip: Ipv4Addr::from(0x0a10_0000_u32.wrapping_add(ip)),
-        health_ip: Ipv4Addr::from(0x6440_0000_u32.wrapping_add(ip)),
+        node_ip: Some(Ipv4Addr::from(0x0a10_0000_u32.wrapping_add(ip))),
+        health_ip: Some(Ipv4Addr::from(0x6440_0000_u32.wrapping_add(ip))),
+        node_ip6: None,
+        health_ip6: None,
         zone: Some(format!("eu-west-1-rack-{zone:05}")),
     }
 }
 
 /// A node's id from its node IP.
 fn id_of(n: &Node) -> u32 {
-    u32::from(n.node_ip).wrapping_sub(0x0a10_0000)
+    n.node_ip.map_or(0, u32::from).wrapping_sub(0x0a10_0000)
 }
 
 /// Every node's picks (indices into the set), on every CPU.

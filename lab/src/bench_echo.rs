@@ -1,7 +1,8 @@
 //! `cargo xtask bench echo`: echo replies per second on one veth, the eBPF
 //! responder in each attach mode against the kernel stack's own echo.
 //!
-//! Node `a` floods node `b` with one prebuilt echo request over `AF_PACKET`
+//! Node `a` floods node `b` with one prebuilt echo request (ICMP over IPv4,
+//! or `ICMPv6` with `--family ipv6`) over `AF_PACKET`
 //! (`sendmmsg`, no qdisc) from one thread per CPU; replies are counted from
 //! `a`'s interface counters. Modes are interleaved over rounds and the
 //! median is reported, so drift on the machine hits every mode alike.
@@ -16,9 +17,11 @@ use health_agent::{
 use crate::blaster::blast;
 use health_tests::{
     packets::Echo,
+    packets6::Echo6,
     pinger::ping,
+    pinger6::ping6,
     pins::PinDir,
-    topology::{A_IF, A_IP, B_IF, B_IP, TwoNodes},
+    topology::{A_IF, A_IP, A_IP6, B_IF, B_IP, B_IP6, TwoNodes},
 };
 
 /// Who answers the echo requests.
@@ -55,6 +58,8 @@ pub(crate) struct Sample {
 }
 
 pub(crate) struct Options {
+    /// `ICMPv6` echo to b's IPv6 address instead of ICMP over IPv4.
+    pub ipv6: bool,
     pub seconds: u32,
     pub rounds: u32,
     pub senders: usize,
@@ -74,19 +79,32 @@ pub(crate) fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Res
     let pins = PinDir::new();
     let (a_index, a_mac) = in_netns(Some(&nodes.a), |nl| async move { nl.link_l2(A_IF).await })?;
     let (_, b_mac) = in_netns(Some(&nodes.b), |nl| async move { nl.link_l2(B_IF).await })?;
-    let mut req = Echo::request(A_IP, B_IP, 0xbe7c, 1);
-    req.src_mac = a_mac;
-    req.dst_mac = b_mac;
-    let frame = req.frame();
+    let frame = if opts.ipv6 {
+        nodes.add_ipv6();
+        let mut req = Echo6::request(A_IP6, B_IP6, 0xbe7c, 1);
+        req.src_mac = a_mac;
+        req.dst_mac = b_mac;
+        req.frame()
+    } else {
+        let mut req = Echo::request(A_IP, B_IP, 0xbe7c, 1);
+        req.src_mac = a_mac;
+        req.dst_mac = b_mac;
+        req.frame()
+    };
     // Let b learn a's MAC (the kernel's replies need it) and check the path.
-    let warm = ping(&nodes.a, B_IP, 0xbe7d, 1, Duration::from_secs(1))?;
-    anyhow::ensure!(
-        warm[0].reply.is_some(),
-        "no echo reply from node b before the benchmark"
-    );
+    let answered = if opts.ipv6 {
+        ping6(&nodes.a, A_IP6, B_IP6, 0xbe7d, 1, Duration::from_secs(1))?[0]
+            .reply
+            .is_some()
+    } else {
+        ping(&nodes.a, B_IP, 0xbe7d, 1, Duration::from_secs(1))?[0]
+            .reply
+            .is_some()
+    };
+    anyhow::ensure!(answered, "no echo reply from node b before the benchmark");
 
     let window = Duration::from_secs(u64::from(opts.seconds));
-    let ceiling = sender_ceiling(&nodes, &pins, a_index, &frame, opts.senders, window)?;
+    let ceiling = sender_ceiling(&nodes, &pins, a_index, &frame, opts, window)?;
     progress(&format!(
         "sender ceiling (frames dropped on arrival): {ceiling:>10.0}/s"
     ));
@@ -96,7 +114,7 @@ pub(crate) fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Res
         .collect();
     for round in 1..=opts.rounds {
         for (kind, list) in &mut samples {
-            let s = measure(&nodes, &pins, *kind, a_index, &frame, opts.senders, window)?;
+            let s = measure(&nodes, &pins, *kind, a_index, &frame, opts, window)?;
             progress(&format!(
                 "round {round}/{}: {:<12} offered {:>10.0}/s  replies {:>10.0}/s",
                 opts.rounds,
@@ -116,25 +134,34 @@ pub(crate) fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Res
     })
 }
 
+/// The addresses the responder answers for.
+fn targets(opts: &Options) -> (Option<std::net::Ipv4Addr>, Option<std::net::Ipv6Addr>) {
+    (Some(B_IP), opts.ipv6.then_some(B_IP6))
+}
+
 /// What the sender can push when the far side does the least possible:
-/// frames with a corrupt IPv4 checksum, dropped by the XDP (generic)
-/// responder right after parsing. Checks every frame was seen and dropped.
+/// frames with a corrupt IPv4 header checksum (IPv6: a corrupt `ICMPv6`
+/// checksum), dropped by the XDP (generic) responder right after parsing.
+/// Checks every frame was seen and dropped.
 fn sender_ceiling(
     nodes: &TwoNodes,
     pins: &PinDir,
     a_index: u32,
     frame: &[u8],
-    senders: usize,
+    opts: &Options,
     window: Duration,
 ) -> anyhow::Result<f64> {
     let mut bad = frame.to_vec();
-    bad[24] ^= 0xff;
+    // Ethernet 14 + IPv4 checksum at 10; Ethernet 14 + IPv6 40 + ICMPv6
+    // checksum at 2.
+    bad[if opts.ipv6 { 56 } else { 24 }] ^= 0xff;
     let mut r = Datapath::load(pins.path())?;
     let iface = Interface::new(B_IF, Some(nodes.b.clone()));
-    r.set_echo_target(&iface, B_IP)?;
+    let (v4, v6) = targets(opts);
+    r.set_echo_targets(&iface, v4, v6)?;
     r.attach_echo(&iface, AttachMode::XdpGeneric, None)?;
     let before = r.echo_stats()?;
-    let sent = blast(&nodes.a, a_index, &bad, senders, window)?;
+    let sent = blast(&nodes.a, a_index, &bad, opts.senders, window)?;
     let dropped = r.echo_stats()?.since(before).malformed;
     anyhow::ensure!(
         dropped == sent,
@@ -153,9 +180,10 @@ fn measure(
     kind: EchoResponder,
     a_index: u32,
     frame: &[u8],
-    senders: usize,
+    opts: &Options,
     window: Duration,
 ) -> anyhow::Result<Sample> {
+    let senders = opts.senders;
     // The kernel's echo is on only when it is the responder measured, so an
     // eBPF figure can never include replies from the stack.
     let ignore_all = if kind == EchoResponder::Kernel {
@@ -163,13 +191,19 @@ fn measure(
     } else {
         "1"
     };
-    TwoNodes::sysctl(&nodes.b, "net/ipv4/icmp_echo_ignore_all", ignore_all);
+    let sysctl = if opts.ipv6 {
+        "net/ipv6/icmp/echo_ignore_all"
+    } else {
+        "net/ipv4/icmp_echo_ignore_all"
+    };
+    TwoNodes::sysctl(&nodes.b, sysctl, ignore_all);
     let responder = match kind {
         EchoResponder::Kernel => None,
         EchoResponder::Ebpf(mode) => {
             let mut r = Datapath::load(pins.path())?;
             let iface = Interface::new(B_IF, Some(nodes.b.clone()));
-            r.set_echo_target(&iface, B_IP)?;
+            let (v4, v6) = targets(opts);
+            r.set_echo_targets(&iface, v4, v6)?;
             let peer = Interface::new(A_IF, Some(nodes.a.clone()));
             r.attach_echo(&iface, mode, Some(&peer))?;
             Some(r)
@@ -242,8 +276,11 @@ pub(crate) fn render(results: &Results, opts: &Options) -> String {
         .find(|(k, _)| *k == EchoResponder::Kernel)
         .map_or(f64::NAN, |(_, s)| s.replies_pps);
     let mut out = format!(
-        "echo replies per second on one veth ({} s windows, median of {} rounds, {} sender thread(s))\n",
-        opts.seconds, opts.rounds, opts.senders
+        "{} echo replies per second on one veth ({} s windows, median of {} rounds, {} sender thread(s))\n",
+        if opts.ipv6 { "ICMPv6" } else { "ICMP (IPv4)" },
+        opts.seconds,
+        opts.rounds,
+        opts.senders
     );
     let _ = writeln!(
         out,

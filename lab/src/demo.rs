@@ -1,5 +1,6 @@
 //! `cargo xtask run`: a local cluster on this machine. N namespaces play
-//! nodes on a bridge in 198.18.0.0/15, each running the real
+//! nodes on a bridge in 198.18.0.0/15 and/or `2001:2::/48` (`--ip-family`),
+//! each running the real
 //! `health-agent daemon` with its own health endpoint, discovering the
 //! others through a shared nodes file; a live status view refreshes until
 //! Ctrl-C, which stops the agents and removes everything.
@@ -12,7 +13,7 @@ use std::{
 
 use anyhow::bail;
 
-use health_tests::cluster::{Cluster, Settings};
+use health_tests::cluster::{Cluster, Family, Settings};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Options {
@@ -36,6 +37,10 @@ pub(crate) struct Options {
     /// node IP in BPF) toward node IPs.
     #[arg(long, value_parser = ["routed", "masquerade"], default_value = "routed")]
     pub routing: String,
+    /// Address families of nodes and health endpoints: IPv4 only, IPv6
+    /// only, or both (every peer probed over both).
+    #[arg(long, value_parser = ["ipv4", "ipv6", "dual"], default_value = "dual")]
+    pub ip_family: String,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -50,10 +55,16 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     }
     health_agent::util::duration::parse(&opts.probe_interval)
         .map_err(|e| anyhow::anyhow!("--probe-interval: {e}"))?;
+    let family = family(opts)?;
     install_stop_handler()?;
     println!(
-        "starting a {}-node cluster (namespaces on a bridge, 198.18.0.0/15)...",
-        opts.nodes
+        "starting a {}-node cluster (namespaces on a bridge, {})...",
+        opts.nodes,
+        match family {
+            Family::V4 => "198.18.0.0/15",
+            Family::V6 => "2001:2::/48",
+            Family::Dual => "198.18.0.0/15 and 2001:2::/48",
+        }
     );
     let interval: &'static str = Box::leak(opts.probe_interval.clone().into_boxed_str());
     let mut cluster = Cluster::start(&Settings {
@@ -61,6 +72,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
         probe_interval: interval,
         probe_timeout: "1s",
         etcd: opts.kvstore == "etcd",
+        family,
         extra_args: if opts.routing == "masquerade" {
             [
                 "--routing",
@@ -131,6 +143,33 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     drop(cluster);
     println!("done");
     Ok(())
+}
+
+/// The cluster's address families: `--ip-family`, IPv4 only with
+/// masquerade (IPv4 only in the agent), refused where it cannot work.
+fn family(opts: &Options) -> anyhow::Result<Family> {
+    let family: Family = opts
+        .ip_family
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--ip-family: {e}"))?;
+    if family == Family::V6 && opts.kvstore == "etcd" {
+        bail!(
+            "--kvstore etcd runs etcd on the fabric's IPv4 address: use --ip-family dual or ipv4 with it"
+        );
+    }
+    if opts.routing != "masquerade" {
+        return Ok(family);
+    }
+    match family {
+        Family::V6 => bail!(
+            "--routing masquerade is IPv4 only (the agent refuses IPv6 masquerade): use --ip-family ipv4 with it"
+        ),
+        Family::Dual => {
+            println!("--routing masquerade is IPv4 only: the cluster runs IPv4 only");
+            Ok(Family::V4)
+        }
+        Family::V4 => Ok(family),
+    }
 }
 
 /// Forwards the host's loopback (port 9962, or any free one) to node 1's

@@ -41,6 +41,10 @@ enum Command {
         /// Sender threads (default: one per CPU).
         #[arg(long)]
         senders: Option<usize>,
+        /// ICMP echo over IPv4, or `ICMPv6` echo against the kernel's IPv6
+        /// echo.
+        #[arg(long, value_parser = ["ipv4", "ipv6"], default_value = "ipv4")]
+        family: String,
     },
     /// Per-packet cost of the CT and masquerade programs (`BPF_PROG_TEST_RUN`).
     BenchDatapath {
@@ -119,8 +123,10 @@ fn main() -> ExitCode {
             seconds,
             rounds,
             senders,
+            family,
         } => {
             let opts = bench_echo::Options {
+                ipv6: family == "ipv6",
                 seconds: seconds.max(1),
                 rounds: rounds.max(1),
                 senders: senders

@@ -112,7 +112,7 @@ pub fn send_frames(ns: &Netns, iface: &str, frames: &[Vec<u8>]) -> io::Result<()
 
 /// One frame from `fd` into `buf` (`None` when the receive timed out):
 /// its length and where it came from.
-fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<(usize, libc::sockaddr_ll)> {
+pub(crate) fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<(usize, libc::sockaddr_ll)> {
     // SAFETY: all-zero is a valid sockaddr_ll.
     let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     let mut from_len = u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap_or(0);
@@ -164,7 +164,7 @@ pub fn exchange(
 /// An `AF_PACKET` socket on `iface` of `ns` (`SOCK_DGRAM`: no link header;
 /// `SOCK_RAW`: whole frames), with a short receive timeout so a reader can
 /// stop.
-fn packet_socket(ns: &Netns, iface: &str, kind: i32) -> io::Result<OwnedFd> {
+pub(crate) fn packet_socket(ns: &Netns, iface: &str, kind: i32) -> io::Result<OwnedFd> {
     let name = iface.to_owned();
     let index = in_netns(Some(ns), |nl| async move { nl.require_link(&name).await })
         .map_err(io::Error::other)?;

@@ -2,12 +2,14 @@
 //! playing nodes on it (198.18.0.11, .12, ... /24), each running the real
 //! `health-agent daemon` with its own health CIDR (198.18.64.0/24,
 //! 198.18.65.0/24, ...) and discovering the others through a shared nodes
-//! file. Used by the integration tests and by `cargo xtask run`.
+//! file. With IPv6 ([`Family`]), nodes also (or only) have `2001:2::11`,
+//! `::12`, ... /64 and health CIDRs `2001:2:0:40::/64`, `2001:2:0:41::/64`,
+//! ... Used by the integration tests and by `cargo xtask run`.
 
 use std::{
     fmt::Write as _,
     fs,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -38,6 +40,42 @@ pub struct Settings {
     pub lease_ttl: &'static str,
     /// etcd over TLS and/or with authentication (the agents get the flags).
     pub etcd_security: crate::etcd::Security,
+    /// The address families of nodes and endpoints.
+    pub family: Family,
+}
+
+/// The address families of a cluster's nodes and health endpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Family {
+    #[default]
+    V4,
+    V6,
+    Dual,
+}
+
+impl Family {
+    #[must_use]
+    pub const fn has_v4(self) -> bool {
+        !matches!(self, Self::V6)
+    }
+
+    #[must_use]
+    pub const fn has_v6(self) -> bool {
+        !matches!(self, Self::V4)
+    }
+}
+
+impl std::str::FromStr for Family {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ipv4" => Ok(Self::V4),
+            "ipv6" => Ok(Self::V6),
+            "dual" => Ok(Self::Dual),
+            other => Err(format!("unknown IP family {other:?}: ipv4, ipv6 or dual")),
+        }
+    }
 }
 
 impl Default for Settings {
@@ -52,6 +90,7 @@ impl Default for Settings {
             etcd: false,
             lease_ttl: "3s",
             etcd_security: crate::etcd::Security::default(),
+            family: Family::V4,
         }
     }
 }
@@ -59,8 +98,13 @@ impl Default for Settings {
 pub struct ClusterNode {
     pub name: String,
     pub ns: Netns,
+    /// The node's IPv4 address (on its uplink when the family has IPv4).
     pub ip: Ipv4Addr,
     pub cidr: String,
+    /// The node's IPv6 address and health CIDR, when the family has IPv6.
+    pub ip6: Option<Ipv6Addr>,
+    pub cidr6: Option<String>,
+    pub family: Family,
     pub endpoint_netns: String,
     pub dir: PathBuf,
     pub pins: PathBuf,
@@ -108,7 +152,11 @@ impl ClusterNode {
     /// and the other nodes.
     #[must_use]
     pub fn web_addr(&self) -> std::net::SocketAddr {
-        std::net::SocketAddr::from((self.ip, WEB_PORT))
+        let ip = match self.ip6 {
+            Some(ip6) if !self.family.has_v4() => IpAddr::V6(ip6),
+            _ => IpAddr::V4(self.ip),
+        };
+        std::net::SocketAddr::from((ip, WEB_PORT))
     }
 
     /// The connectivity page's address.
@@ -158,6 +206,9 @@ pub const WEB_PORT: u16 = 9962;
 pub const ETCD_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 pub const ETCD_ENDPOINT: &str = "198.18.0.1:2379";
 
+/// The fabric bridge's IPv6 address.
+pub const FABRIC_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1);
+
 impl Cluster {
     /// Builds the namespaces, writes the nodes file and starts every agent.
     #[must_use]
@@ -175,10 +226,14 @@ impl Cluster {
             settings: settings.clone(),
             etcd: None,
         };
+        let family = settings.family;
         in_netns(Some(&cluster.fabric), |nl| async move {
             nl.add_bridge("br0").await?;
             nl.add_address("br0", ETCD_IP, 24).await?;
             nl.set_up("br0").await?;
+            if family.has_v6() {
+                nl.add_address6("br0", FABRIC_IP6, 64).await?;
+            }
             nl.set_up("lo").await
         })
         .expect("fabric bridge");
@@ -245,6 +300,8 @@ impl Cluster {
         let name = format!("node-{}", i + 1);
         let ns = Netns::create(&names::unique(&name)).expect("node netns");
         let ip = node_ip(i);
+        let family = self.settings.family;
+        let ip6 = family.has_v6().then(|| node_ip6(i));
         let port = format!("n{}", i + 1);
         let node_ns = ns.clone();
         in_netns(Some(&self.fabric), |nl| async move {
@@ -255,7 +312,12 @@ impl Cluster {
         .expect("node uplink");
         in_netns(Some(&ns), |nl| async move {
             nl.set_up("lo").await?;
-            nl.add_address("uplink", ip, 24).await?;
+            if family.has_v4() {
+                nl.add_address("uplink", ip, 24).await?;
+            }
+            if let Some(ip6) = ip6 {
+                nl.add_address6("uplink", ip6, 64).await?;
+            }
             nl.set_up("uplink").await
         })
         .expect("node address");
@@ -263,6 +325,9 @@ impl Cluster {
         fs::create_dir_all(&dir).expect("node dir");
         ClusterNode {
             cidr: health_cidr(i),
+            ip6,
+            cidr6: family.has_v6().then(|| health_cidr6(i)),
+            family,
             endpoint_netns: names::unique(&format!("{name}-ep")),
             pins: Path::new(health_agent::datapath::BPFFS_ROOT)
                 .join(names::unique(&format!("{name}-pins"))),
@@ -276,7 +341,7 @@ impl Cluster {
 
     /// Writes the nodes file listing the first `n` nodes.
     pub fn write_nodes_file(&self, n: usize) {
-        self.write_nodes_text(&nodes_yaml(n));
+        self.write_nodes_text(&nodes_yaml_for(n, self.settings.family));
     }
 
     /// Replaces the nodes file with `yaml`, at once (a rename).
@@ -292,38 +357,38 @@ impl Cluster {
         let discovery = discovery_args(&s, &self.nodes_file, self.etcd_pki(), &self.nodes[i].dir);
         let node = &mut self.nodes[i];
         let mut cmd = Command::new(agent_binary());
-        cmd.args([
-            "daemon",
-            "--node-name",
-            &node.name,
-            "--health-cidr",
-            &node.cidr,
-        ])
-        .args(["--endpoint-netns", &node.endpoint_netns])
-        .arg("--state-dir")
-        .arg(node.dir.join("state"))
-        .arg("--pidfile")
-        .arg(node.dir.join("agent.pid"))
-        .arg("--socket")
-        .arg(node.socket())
-        .arg("--bpffs-dir")
-        .arg(&node.pins)
-        .args([
-            "--probe-interval",
-            s.probe_interval,
-            "--probe-timeout",
-            s.probe_timeout,
-        ])
-        .args(["--failure-threshold", &s.failure_threshold.to_string()])
-        .args(["--success-threshold", &s.success_threshold.to_string()])
-        .args(["--sync-min-interval", "200ms"])
-        .args(["--prometheus-serve-addr", &node.web_addr().to_string()])
-        .args(crate::agent_env_args())
-        .args(&s.extra_args)
-        .args(discovery)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(node.dir.join("daemon.log")).expect("log"));
+        cmd.args(["daemon", "--node-name", &node.name]);
+        if node.family.has_v4() {
+            cmd.args(["--health-cidr", &node.cidr]);
+        }
+        if let Some(cidr6) = &node.cidr6 {
+            cmd.args(["--health-cidr6", cidr6]);
+        }
+        cmd.args(["--endpoint-netns", &node.endpoint_netns])
+            .arg("--state-dir")
+            .arg(node.dir.join("state"))
+            .arg("--pidfile")
+            .arg(node.dir.join("agent.pid"))
+            .arg("--socket")
+            .arg(node.socket())
+            .arg("--bpffs-dir")
+            .arg(&node.pins)
+            .args([
+                "--probe-interval",
+                s.probe_interval,
+                "--probe-timeout",
+                s.probe_timeout,
+            ])
+            .args(["--failure-threshold", &s.failure_threshold.to_string()])
+            .args(["--success-threshold", &s.success_threshold.to_string()])
+            .args(["--sync-min-interval", "200ms"])
+            .args(["--prometheus-serve-addr", &node.web_addr().to_string()])
+            .args(crate::agent_env_args())
+            .args(&s.extra_args)
+            .args(discovery)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(node.dir.join("daemon.log")).expect("log"));
         process::enter(&mut cmd, &node.ns);
         node.daemon = Some(cmd.spawn().expect("spawn health-agent"));
     }
@@ -471,17 +536,55 @@ fn discovery_args(
 /// three lines per node (`name`, `node-ip`, `health-cidr`).
 #[must_use]
 pub fn nodes_yaml(n: usize) -> String {
+    nodes_yaml_for(n, Family::V4)
+}
+
+/// The nodes file's text listing the first `n` nodes with the addresses
+/// of `family` (`node-ip6` and `health-cidr6` lines for IPv6).
+#[must_use]
+pub fn nodes_yaml_for(n: usize, family: Family) -> String {
     let mut yaml = String::from("nodes:\n");
     for i in 0..n {
-        let _ = write!(
-            yaml,
-            "  - name: node-{}\n    node-ip: {}\n    health-cidr: {}\n",
-            i + 1,
-            node_ip(i),
-            health_cidr(i)
-        );
+        let _ = writeln!(yaml, "  - name: node-{}", i + 1);
+        if family.has_v4() {
+            let _ = write!(
+                yaml,
+                "    node-ip: {}\n    health-cidr: {}\n",
+                node_ip(i),
+                health_cidr(i)
+            );
+        }
+        if family.has_v6() {
+            let _ = write!(
+                yaml,
+                "    node-ip6: {}\n    health-cidr6: {}\n",
+                node_ip6(i),
+                health_cidr6(i)
+            );
+        }
     }
     yaml
+}
+
+/// Node `i`'s IPv6 address: `2001:2::11`, `::12`, ...
+#[must_use]
+pub fn node_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(
+        0x2001,
+        2,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0x11 + u16::try_from(i).expect("fewer than 200 nodes"),
+    )
+}
+
+/// Node `i`'s IPv6 health CIDR: `2001:2:0:40::/64`, `2001:2:0:41::/64`, ...
+#[must_use]
+pub fn health_cidr6(i: usize) -> String {
+    format!("2001:2:0:{:x}::/64", 0x40 + i)
 }
 
 #[must_use]

@@ -18,6 +18,7 @@ pub mod agent;
 pub mod api;
 pub mod browser;
 pub mod capture;
+pub mod capture6;
 pub mod cluster;
 pub mod echo_check;
 pub mod echo_classes;

@@ -22,6 +22,8 @@ pub struct Exchange6 {
     /// The reply's `ICMPv6` message as received (the kernel strips the IPv6
     /// header). `None`: no reply in time.
     pub reply: Option<Vec<u8>>,
+    /// From just before the send to the reply's arrival.
+    pub rtt: Option<Duration>,
 }
 
 /// Sends `count` echo requests from `src` to `dst` inside `ns`, one at a
@@ -45,11 +47,14 @@ pub fn ping6(
                 msg.extend_from_slice(&identifier.to_be_bytes());
                 msg.extend_from_slice(&seq.to_be_bytes());
                 msg.extend_from_slice(&payload_for(seq));
+                let start = Instant::now();
                 sock.send_to(&msg, &to)?;
-                let reply = wait_reply(&sock, identifier, seq, Instant::now() + timeout)?;
+                let reply = wait_reply(&sock, identifier, seq, start + timeout)?;
+                let rtt = reply.as_ref().map(|_| start.elapsed());
                 Ok(Exchange6 {
                     sequence: seq,
                     reply,
+                    rtt,
                 })
             })
             .collect()

@@ -88,6 +88,10 @@ enum Task {
         /// the node IP in BPF on each node's uplink).
         #[arg(long, value_parser = ["routed", "masquerade"], default_value = "routed")]
         routing: String,
+        /// Address families of nodes and health endpoints: every peer is
+        /// probed over each family the cluster has.
+        #[arg(long, value_parser = ["ipv4", "ipv6", "dual"], default_value = "dual")]
+        ip_family: String,
         /// Extra arguments for `health-lab demo` (e.g. -- --seconds 20).
         #[arg(last = true)]
         args: Vec<String>,
@@ -105,6 +109,9 @@ enum Bench {
         /// Interleaved rounds; the median is reported.
         #[arg(long, default_value_t = 3)]
         rounds: u32,
+        /// ICMP over IPv4, or ICMPv6 against the kernel's IPv6 echo.
+        #[arg(long, value_parser = ["ipv4", "ipv6"], default_value = "ipv4")]
+        family: String,
     },
     /// One agent probing N peers behind a router (half silent by default):
     /// round wall time, agent CPU and RSS, status latency under 8 clients,
@@ -255,12 +262,28 @@ fn run() -> anyhow::Result<()> {
         } if kernel != "host" => test_in_vm(&root, &pin, &kernel, no_lint, &args),
         Task::Test { no_lint, args, .. } => test_on_host(&root, &pin, no_lint, &args),
         Task::Bench {
-            which: Bench::Echo { seconds, rounds },
+            which:
+                Bench::Echo {
+                    seconds,
+                    rounds,
+                    family,
+                },
         } => {
             setup::run(&pin)?;
             cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
             let (s, r) = (seconds.to_string(), rounds.to_string());
-            lab(&root, &["bench-echo", "--seconds", &s, "--rounds", &r])
+            lab(
+                &root,
+                &[
+                    "bench-echo",
+                    "--seconds",
+                    &s,
+                    "--rounds",
+                    &r,
+                    "--family",
+                    &family,
+                ],
+            )
         }
         Task::Bench {
             which:
@@ -317,6 +340,7 @@ fn run() -> anyhow::Result<()> {
             nodes,
             kvstore,
             routing,
+            ip_family,
             args,
         } => {
             setup::run(&pin)?;
@@ -330,6 +354,8 @@ fn run() -> anyhow::Result<()> {
                 &kvstore,
                 "--routing",
                 &routing,
+                "--ip-family",
+                &ip_family,
             ];
             lab_args.extend(args.iter().map(String::as_str));
             lab(&root, &lab_args)

@@ -550,7 +550,9 @@ mod tests {
                 (ok(1), ok(1)),
                 (ok(1), ok(1)),
             ];
-            prober.record(&set, outcomes, seq, seq * 1000, seq * 1000 + 1);
+            // a's node and health address, then b's.
+            let keys = [(0, 0), (0, 1), (1, 0), (1, 1)];
+            prober.record(&set, &keys, outcomes, seq, seq * 1000, seq * 1000 + 1);
         }
         prober
     }
@@ -586,7 +588,7 @@ mod tests {
         let icmp = &a.paths[0];
         assert_eq!(
             (icmp.path.as_str(), icmp.ip),
-            ("host-icmp", Ipv4Addr::new(198, 18, 0, 1))
+            ("host-icmp", Ipv4Addr::new(198, 18, 0, 1).into())
         );
         let seen: Vec<(u64, EntryOutcome, Option<u64>)> = icmp
             .entries
@@ -627,6 +629,7 @@ mod tests {
             keys(&json["paths"][0]),
             [
                 "entries",
+                "family",
                 "ip",
                 "loss_ratio",
                 "path",

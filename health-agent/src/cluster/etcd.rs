@@ -265,6 +265,7 @@ mod tests {
         LocalNode {
             name: Some("n1".into()),
             health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+            health_cidr6: None,
         }
     }
 
@@ -323,6 +324,37 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_records_decode_and_bad_ones_are_rejected_by_key() {
+        let v6 = json!({"name": "v6", "node_ip6": "2001:2::12", "health_ip6": "2001:2:0:41::2"});
+        let mixed =
+            json!({"name": "mixed", "node_ip6": "198.18.0.13", "health_ip6": "2001:2:0:42::2"});
+        let half = json!({"name": "half", "node_ip": "198.18.0.14", "health_ip": "198.18.67.2", "node_ip6": "2001:2::14"});
+        let got = nodes_from(
+            vec![
+                kv("/h/half", &half),
+                kv("/h/mixed", &mixed),
+                kv("/h/v6", &v6),
+            ],
+            "/h/",
+        );
+        let (kept, rejected) = outcome(&got);
+        assert_eq!(kept, ["v6"]);
+        assert_eq!(
+            got.nodes.get("v6").and_then(|n| n.health_ip6),
+            Some("2001:2:0:41::2".parse().expect("ip"))
+        );
+        assert!(
+            rejected[0].starts_with("etcd key \"/h/half\": node-ip6 without health-ip6"),
+            "{rejected:?}"
+        );
+        assert!(
+            rejected[1].starts_with("etcd key \"/h/mixed\": the value is not a node record: ")
+                && rejected[1].contains("IPv6"),
+            "{rejected:?}"
+        );
+    }
+
+    #[test]
     fn zones_are_kept() {
         let mut r = record("n2", "198.18.0.12", "198.18.65.2");
         r["zone"] = json!("rack-1");
@@ -358,7 +390,10 @@ mod tests {
         let got = view.validated(&local());
         assert_eq!(outcome(&got).0, ["n2", "n3"]);
         assert_eq!(
-            got.nodes.get("n2").map(|n| n.node_ip.to_string()),
+            got.nodes
+                .get("n2")
+                .and_then(|n| n.node_ip)
+                .map(|ip| ip.to_string()),
             Some("198.18.0.22".into())
         );
         // A new snapshot replaces everything.
@@ -483,7 +518,10 @@ mod tests {
         let (kept, rejected) = outcome(&got);
         assert_eq!(kept, ["n1", "x"]);
         assert_eq!(
-            got.nodes.get("x").map(|n| n.node_ip.to_string()),
+            got.nodes
+                .get("x")
+                .and_then(|n| n.node_ip)
+                .map(|ip| ip.to_string()),
             Some("198.18.0.12".into())
         );
         assert_eq!(

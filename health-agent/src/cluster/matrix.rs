@@ -119,8 +119,10 @@ mod tests {
             (0..n)
                 .map(|i| Node {
                     name: format!("n{i}"),
-                    node_ip: Ipv4Addr::new(198, 18, 0, i + 1),
-                    health_ip: Ipv4Addr::new(198, 19, 0, i + 1),
+                    node_ip: Some(Ipv4Addr::new(198, 18, 0, i + 1)),
+                    health_ip: Some(Ipv4Addr::new(198, 19, 0, i + 1)),
+                    node_ip6: None,
+                    health_ip6: None,
                     zone: None,
                 })
                 .collect(),
@@ -167,8 +169,10 @@ mod tests {
             (0..1200u32)
                 .map(|i| Node {
                     name: format!("n{i:04}"),
-                    node_ip: Ipv4Addr::from(0xC612_0000 + i + 1),
-                    health_ip: Ipv4Addr::from(0xC613_0000 + i + 1),
+                    node_ip: Some(Ipv4Addr::from(0xC612_0000 + i + 1)),
+                    health_ip: Some(Ipv4Addr::from(0xC613_0000 + i + 1)),
+                    node_ip6: None,
+                    health_ip6: None,
                     zone: None,
                 })
                 .collect(),

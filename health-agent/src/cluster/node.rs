@@ -2,22 +2,84 @@
 //! name with names unique (the constructor enforces both), shared by every
 //! reader without copying.
 
-use std::{fmt, net::Ipv4Addr, ops::Deref, sync::Arc};
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    ops::Deref,
+    sync::Arc,
+};
 
 use serde::{Deserialize, Serialize};
 
-/// One node of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// One node of the cluster: a node and a health address in each family it
+/// has (validation makes sure it has at least one, and that a family's node
+/// address comes with its health address). IPv4 is the primary family when
+/// the node has both, as in Cilium.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Node {
     pub name: String,
-    /// The node's own address: ICMP to its stack, HTTP to its agent.
-    pub node_ip: Ipv4Addr,
-    /// The address of the node's health endpoint.
-    pub health_ip: Ipv4Addr,
+    /// The node's own IPv4 address: ICMP to its stack, HTTP to its agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ip: Option<Ipv4Addr>,
+    /// The IPv4 address of the node's health endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_ip: Option<Ipv4Addr>,
+    /// The node's own IPv6 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ip6: Option<Ipv6Addr>,
+    /// The IPv6 address of the node's health endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_ip6: Option<Ipv6Addr>,
     /// The node's failure domain (a rack, a zone): nodes of one zone probe
     /// each other in full whatever `--probe-peers` says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+}
+
+impl Node {
+    /// An IPv4-only node.
+    #[must_use]
+    pub fn v4(name: impl Into<String>, node_ip: Ipv4Addr, health_ip: Ipv4Addr) -> Self {
+        Self {
+            name: name.into(),
+            node_ip: Some(node_ip),
+            health_ip: Some(health_ip),
+            ..Self::default()
+        }
+    }
+
+    /// The node's addresses, primary (IPv4) first.
+    pub fn node_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.node_ip
+            .map(IpAddr::V4)
+            .into_iter()
+            .chain(self.node_ip6.map(IpAddr::V6))
+    }
+
+    /// Its health endpoint's addresses, primary (IPv4) first.
+    pub fn health_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.health_ip
+            .map(IpAddr::V4)
+            .into_iter()
+            .chain(self.health_ip6.map(IpAddr::V6))
+    }
+
+    /// All its addresses: node and health, both families.
+    pub fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.node_ips().chain(self.health_ips())
+    }
+
+    /// The primary node address (IPv4 when it has one).
+    #[must_use]
+    pub fn primary_node_ip(&self) -> Option<IpAddr> {
+        self.node_ips().next()
+    }
+
+    /// The primary health address (IPv4 when it has one).
+    #[must_use]
+    pub fn primary_health_ip(&self) -> Option<IpAddr> {
+        self.health_ips().next()
+    }
 }
 
 /// Two records with the same name.
@@ -97,11 +159,12 @@ impl NodeSet {
         let nodes = names
             .iter()
             .zip(1u8..)
-            .map(|(name, i)| Node {
-                name: (*name).to_owned(),
-                node_ip: Ipv4Addr::new(198, 18, 0, i),
-                health_ip: Ipv4Addr::new(198, 19, 0, i),
-                zone: None,
+            .map(|(name, i)| {
+                Node::v4(
+                    *name,
+                    Ipv4Addr::new(198, 18, 0, i),
+                    Ipv4Addr::new(198, 19, 0, i),
+                )
             })
             .collect();
         Self::new(nodes).expect("unique names")
@@ -130,11 +193,25 @@ impl<'de> Deserialize<'de> for NodeSet {
 
 impl fmt::Display for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({}, health {})",
-            self.name, self.node_ip, self.health_ip
-        )
+        f.write_str(&self.name)?;
+        let mut sep = " (";
+        for ip in self.node_ips() {
+            write!(f, "{sep}{ip}")?;
+            sep = ", ";
+        }
+        sep = if sep == ", " {
+            ", health "
+        } else {
+            " (health "
+        };
+        for ip in self.health_ips() {
+            write!(f, "{sep}{ip}")?;
+            sep = ", ";
+        }
+        if sep == ", " {
+            f.write_str(")")?;
+        }
+        Ok(())
     }
 }
 
@@ -143,12 +220,11 @@ mod tests {
     use super::*;
 
     fn node(name: &str, n: u8) -> Node {
-        Node {
-            name: name.into(),
-            node_ip: Ipv4Addr::new(198, 18, 0, n),
-            health_ip: Ipv4Addr::new(198, 18, 64 + n, 2),
-            zone: None,
-        }
+        Node::v4(
+            name,
+            Ipv4Addr::new(198, 18, 0, n),
+            Ipv4Addr::new(198, 18, 64 + n, 2),
+        )
     }
 
     #[test]
@@ -157,7 +233,7 @@ mod tests {
         let names: Vec<_> = set.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "c"]);
         assert_eq!(
-            set.get("b").map(|n| n.node_ip),
+            set.get("b").and_then(|n| n.node_ip),
             Some(Ipv4Addr::new(198, 18, 0, 2))
         );
         assert!(!set.contains("d"));
@@ -175,5 +251,38 @@ mod tests {
         )
         .expect_err("dup");
         assert!(err.to_string().contains("duplicate node \"x\""), "{err}");
+    }
+
+    #[test]
+    fn families_primary_first_and_shown_in_order() {
+        let v4 = node("a", 1);
+        assert_eq!(v4.to_string(), "a (198.18.0.1, health 198.18.65.2)");
+        let dual = Node {
+            node_ip6: Some("2001:2::1".parse().expect("ip")),
+            health_ip6: Some("2001:2:0:1::2".parse().expect("ip")),
+            ..v4
+        };
+        assert_eq!(
+            dual.to_string(),
+            "a (198.18.0.1, 2001:2::1, health 198.18.65.2, 2001:2:0:1::2)"
+        );
+        assert_eq!(
+            dual.primary_node_ip(),
+            Some(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)))
+        );
+        let v6 = Node {
+            node_ip: None,
+            health_ip: None,
+            ..dual
+        };
+        assert_eq!(v6.to_string(), "a (2001:2::1, health 2001:2:0:1::2)");
+        assert_eq!(v6.addresses().count(), 2);
+        assert!(v6.primary_health_ip().is_some_and(|ip| ip.is_ipv6()));
+        // IPv4-only records serialise as before: no IPv6 keys.
+        let json = serde_json::to_string(&node("b", 2)).expect("json");
+        assert_eq!(
+            json,
+            r#"{"name":"b","node_ip":"198.18.0.2","health_ip":"198.18.66.2"}"#
+        );
     }
 }

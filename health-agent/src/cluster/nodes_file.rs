@@ -6,6 +6,9 @@
 //!     node-ip: 198.18.0.11
 //!     health-ip: 198.18.64.2        # or
 //!     health-cidr: 198.18.64.0/24   # the endpoint gets its first usable address
+//!     node-ip6: 2001:2::11          # IPv6, with or without IPv4
+//!     health-ip6: 2001:2:0:40::2    # or
+//!     health-cidr6: 2001:2:0:40::/64
 //! ```
 //!
 //! A file that does not parse as a whole (bad syntax, no `nodes` list) is
@@ -17,7 +20,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     fmt,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::Path,
     sync::Arc,
 };
@@ -29,7 +32,7 @@ use super::{
     Node,
     validate::{self, Candidate, LocalNode, Origin, Record, Validated},
 };
-use crate::util::cidr::Ipv4Cidr;
+use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
 
 /// The whole file is refused: unreadable or unparsable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,7 +59,16 @@ struct File {
 }
 
 /// The fields of a record.
-const FIELDS: [&str; 5] = ["name", "node-ip", "health-ip", "health-cidr", "zone"];
+const FIELDS: [&str; 8] = [
+    "name",
+    "node-ip",
+    "health-ip",
+    "health-cidr",
+    "node-ip6",
+    "health-ip6",
+    "health-cidr6",
+    "zone",
+];
 
 /// Parses the file's text; `path` decides the format and names the file in
 /// errors; `local` is this node, for the rules that depend on it.
@@ -132,27 +144,53 @@ fn decode(v: &Value) -> Result<Node, String> {
     };
     if let Some(k) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(format!(
-            "unknown field `{k}`, expected one of `name`, `node-ip`, `health-ip`, `health-cidr`, `zone`"
+            "unknown field `{k}`, expected one of `{}`",
+            FIELDS.join("`, `")
         ));
     }
     let name = string(map, "name")?.ok_or("missing field `name`")?;
     let node_ip = string(map, "node-ip")?
         .map(|s| address(s, "node-ip"))
-        .transpose()?
-        .ok_or("missing field `node-ip`")?;
+        .transpose()?;
     let health_ip = match (string(map, "health-ip")?, string(map, "health-cidr")?) {
-        (Some(ip), None) => address(ip, "health-ip")?,
+        (Some(ip), None) => Some(address(ip, "health-ip")?),
         (None, Some(cidr)) => {
             let cidr: Ipv4Cidr = cidr
                 .parse()
                 .map_err(|e| format!("field `health-cidr`: {e}"))?;
-            cidr.usable()
-                .next()
-                .ok_or_else(|| format!("field `health-cidr` {cidr} has no usable address"))?
+            Some(
+                cidr.usable()
+                    .next()
+                    .ok_or_else(|| format!("field `health-cidr` {cidr} has no usable address"))?,
+            )
         }
         (Some(_), Some(_)) => return Err("give `health-ip` or `health-cidr`, not both".into()),
-        (None, None) => return Err("missing field `health-ip` (or `health-cidr`)".into()),
+        (None, None) => None,
     };
+    let node_ip6 = string(map, "node-ip6")?
+        .map(|s| address6(s, "node-ip6"))
+        .transpose()?;
+    let health_ip6 = match (string(map, "health-ip6")?, string(map, "health-cidr6")?) {
+        (Some(ip), None) => Some(address6(ip, "health-ip6")?),
+        (None, Some(cidr)) => {
+            let cidr: Ipv6Cidr = cidr
+                .parse()
+                .map_err(|e| format!("field `health-cidr6`: {e}"))?;
+            Some(
+                cidr.usable()
+                    .next()
+                    .ok_or_else(|| format!("field `health-cidr6` {cidr} has no usable address"))?,
+            )
+        }
+        (Some(_), Some(_)) => return Err("give `health-ip6` or `health-cidr6`, not both".into()),
+        (None, None) => None,
+    };
+    if node_ip.is_none() && node_ip6.is_none() {
+        return Err("missing field `node-ip` (or `node-ip6`)".into());
+    }
+    if node_ip.is_some() && health_ip.is_none() {
+        return Err("missing field `health-ip` (or `health-cidr`)".into());
+    }
     let zone = string(map, "zone")?
         .map(|z| validate::zone(z).map(str::to_owned))
         .transpose()
@@ -161,6 +199,8 @@ fn decode(v: &Value) -> Result<Node, String> {
         name: name.to_owned(),
         node_ip,
         health_ip,
+        node_ip6,
+        health_ip6,
         zone,
     })
 }
@@ -178,8 +218,26 @@ fn string<'a>(map: &'a Map<String, Value>, field: &str) -> Result<Option<&'a str
 }
 
 fn address(s: &str, field: &str) -> Result<Ipv4Addr, String> {
-    s.parse()
-        .map_err(|_| format!("field `{field}`: invalid IPv4 address {s:?}"))
+    s.parse().map_err(|_| {
+        if s.parse::<Ipv6Addr>().is_ok() {
+            format!("field `{field}`: {s} is an IPv6 address; give it as `{field}6`")
+        } else {
+            format!("field `{field}`: invalid IPv4 address {s:?}")
+        }
+    })
+}
+
+fn address6(s: &str, field: &str) -> Result<Ipv6Addr, String> {
+    s.parse().map_err(|_| {
+        if s.parse::<Ipv4Addr>().is_ok() {
+            format!(
+                "field `{field}`: {s} is an IPv4 address; give it as `{}`",
+                field.trim_end_matches('6')
+            )
+        } else {
+            format!("field `{field}`: invalid IPv6 address {s:?}")
+        }
+    })
 }
 
 fn kind(v: &Value) -> String {
@@ -259,11 +317,13 @@ mod tests {
 
     const YAML: &str = "nodes:\n  - name: node-2\n    node-ip: 198.18.0.12\n    health-cidr: 198.18.65.0/24\n  - name: node-1\n    node-ip: 198.18.0.11\n    health-ip: 198.18.64.2\n";
 
-    /// This node is node-1, health CIDR 198.18.64.0/24.
+    /// This node is node-1, health CIDRs 198.18.64.0/24 and
+    /// `2001:2:0:40::/64`.
     fn local() -> LocalNode {
         LocalNode {
             name: Some("node-1".into()),
             health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+            health_cidr6: Some("2001:2:0:40::/64".parse().expect("cidr")),
         }
     }
 
@@ -310,7 +370,7 @@ mod tests {
         assert_eq!(from_yaml[0].name, "node-1");
         assert_eq!(
             from_yaml[1].health_ip,
-            Ipv4Addr::new(198, 18, 65, 2),
+            Some(Ipv4Addr::new(198, 18, 65, 2)),
             "first usable of the CIDR"
         );
     }
@@ -399,8 +459,93 @@ mod tests {
     fn this_nodes_own_record_may_sit_in_its_health_cidr() {
         let v = good(YAML);
         assert_eq!(
-            v.get("node-1").map(|n| n.health_ip),
+            v.get("node-1").and_then(|n| n.health_ip),
             Some(Ipv4Addr::new(198, 18, 64, 2))
+        );
+    }
+
+    #[test]
+    fn ipv6_only_and_dual_stack_records_are_read_and_checked() {
+        let v = good(&around(
+            "  - name: v6\n    node-ip6: 2001:2::12\n    health-ip6: 2001:2:0:41::2\n  - name: dual\n    node-ip: 198.18.0.14\n    health-ip: 198.18.67.2\n    node-ip6: 2001:2::14\n    health-ip6: 2001:2:0:43::2\n",
+        ));
+        let from_cidr = good(&around(
+            "  - name: v6\n    node-ip6: 2001:2::12\n    health-cidr6: 2001:2:0:41::/64\n",
+        ));
+        assert_eq!(
+            from_cidr.get("v6").and_then(|n| n.health_ip6),
+            Some("2001:2:0:41::2".parse().expect("ip")),
+            "first usable of the CIDR, as the endpoint's IPAM gives it"
+        );
+        let v6 = v.get("v6").expect("v6");
+        assert_eq!((v6.node_ip, v6.health_ip), (None, None));
+        assert_eq!(v6.node_ip6, Some("2001:2::12".parse().expect("ip")));
+        let dual = v.get("dual").expect("dual");
+        assert_eq!(dual.addresses().count(), 4);
+        assert!(dual.primary_node_ip().is_some_and(|ip| ip.is_ipv4()));
+        for (record, needle) in [
+            (
+                "  - name: bad\n    node-ip6: 2001:2::12\n",
+                "node-ip6 without health-ip6",
+            ),
+            (
+                "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n    health-ip6: 2001:2:0:41::2\n",
+                "health-ip6 without node-ip6",
+            ),
+            (
+                "  - name: bad\n    node-ip: 2001:2::12\n    health-ip: 198.18.65.2\n",
+                "field `node-ip`: 2001:2::12 is an IPv6 address; give it as `node-ip6`",
+            ),
+            (
+                "  - name: bad\n    node-ip6: 198.18.0.12\n    health-ip6: 2001:2:0:41::2\n",
+                "field `node-ip6`: 198.18.0.12 is an IPv4 address; give it as `node-ip`",
+            ),
+            (
+                "  - name: bad\n    node-ip6: 2001:2::zz\n    health-ip6: 2001:2:0:41::2\n",
+                "field `node-ip6`: invalid IPv6 address \"2001:2::zz\"",
+            ),
+            (
+                "  - name: bad\n    node-ip6: fe80::1\n    health-ip6: 2001:2:0:41::2\n",
+                "node-ip6 fe80::1 is link-local (fe80::/10)",
+            ),
+            (
+                "  - name: bad\n    node-ip6: 2001:2::12\n    health-ip6: ::1\n",
+                "health-ip6 ::1 is loopback",
+            ),
+            (
+                "  - name: bad\n    node-ip6: ff02::1\n    health-ip6: 2001:2:0:41::2\n",
+                "node-ip6 ff02::1 is multicast",
+            ),
+            (
+                "  - name: bad\n    node-ip6: ::ffff:198.18.0.1\n    health-ip6: 2001:2:0:41::2\n",
+                "is IPv4-mapped",
+            ),
+            (
+                "  - name: bad\n    node-ip6: 2001:2::12\n    health-ip6: 2001:2:0:40::9\n",
+                "health-ip6 2001:2:0:40::9 is inside this node's health CIDR 2001:2:0:40::/64",
+            ),
+            (
+                "  - name: bad\n    node-ip6: 2001:2::12\n    health-ip6: 2001:2::12\n",
+                "node-ip6 and health-ip6 are the same address 2001:2::12",
+            ),
+        ] {
+            let (kept, rejected) = outcome(&yaml(&around(record)).expect("parses"));
+            assert_eq!(kept, ["node-1", "node-3"], "{record}");
+            assert_eq!(rejected.len(), 1, "{rejected:?}");
+            assert!(
+                rejected[0].starts_with("nodes.yaml:5: node \"bad\": ")
+                    && rejected[0].contains(needle),
+                "{} lacks {needle:?}",
+                rejected[0]
+            );
+        }
+        // An IPv6 address held twice: the later record is rejected.
+        let twice = "  - name: a6\n    node-ip6: 2001:2::12\n    health-ip6: 2001:2:0:41::2\n  - name: b6\n    node-ip6: 2001:2::13\n    health-ip6: 2001:2::12\n";
+        let (kept, rejected) = outcome(&yaml(&around(twice)).expect("parses"));
+        assert_eq!(kept, ["a6", "node-1", "node-3"]);
+        assert!(
+            rejected[0].contains("health-ip6 2001:2::12 is already the node-ip6 of node \"a6\""),
+            "{rejected:?}"
         );
     }
 
@@ -511,7 +656,7 @@ mod tests {
             )
         );
         assert_eq!(
-            v.nodes.get("a").map(|n| n.node_ip),
+            v.nodes.get("a").and_then(|n| n.node_ip),
             Some(Ipv4Addr::new(198, 18, 0, 1)),
             "the first a"
         );

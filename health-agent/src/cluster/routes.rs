@@ -1,6 +1,7 @@
 //! Routed mode: every peer's health address is reachable through the peer's
-//! node IP, so the agent keeps one `<health-ip>/32 via <node-ip>` route per
-//! peer whose node IP is on-link, and removes those of nodes that left.
+//! node IP, so the agent keeps one `<health-ip>/32 via <node-ip>` route (and
+//! `<health-ip6>/128 via <node-ip6>` for IPv6) per peer whose node IP is
+//! on-link, and removes those of nodes that left.
 //!
 //! The routes carry the agent's own route protocol number
 //! ([`ROUTE_PROTOCOL`], `ip route` shows `proto 201`): a route to a peer's
@@ -8,16 +9,25 @@
 //! routes of the agent's left by an earlier run (after `kill -9`) are found
 //! by their protocol and removed at the first sync.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv6Addr},
+};
 
 use tracing::{info, warn};
 
 use super::NodeSet;
-use crate::{sys::netlink::in_netns, util::errors::chain};
+use crate::{
+    sys::netlink::{Netlink, NetlinkError, in_netns},
+    util::errors::chain,
+};
 
 /// The `rtm_protocol` of the agent's routes (unassigned in iproute2's
 /// `rt_protos`).
 pub const ROUTE_PROTOCOL: u8 = 201;
+
+/// The main routing table.
+const MAIN_TABLE: u32 = 254;
 
 #[derive(Debug, Default)]
 pub struct PeerRoutes {
@@ -29,11 +39,19 @@ pub struct PeerRoutes {
     foreign: usize,
 }
 
-/// Whether `ip` lies in one of the node's connected networks.
-fn on_link(ip: Ipv4Addr, connected: &[(Ipv4Addr, u8)]) -> bool {
-    connected.iter().any(|(net, prefix)| {
-        let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
-        u32::from(ip) & mask == u32::from(*net) & mask
+/// Whether `ip` lies in one of the node's connected networks (of its
+/// family).
+fn on_link(ip: IpAddr, connected: &[(IpAddr, u8)]) -> bool {
+    connected.iter().any(|(net, prefix)| match (ip, net) {
+        (IpAddr::V4(ip), IpAddr::V4(net)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
+            ip.to_bits() & mask == net.to_bits() & mask
+        }
+        (IpAddr::V6(ip), IpAddr::V6(net)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(*prefix)).unwrap_or(0);
+            ip.to_bits() & mask == net.to_bits() & mask
+        }
+        _ => false,
     })
 }
 
@@ -46,19 +64,100 @@ struct Applied {
     foreign: usize,
 }
 
+/// A host route in the main table, either family.
+#[derive(Debug, Clone, Copy)]
+struct HostRoute {
+    destination: IpAddr,
+    gateway: Option<IpAddr>,
+    protocol: u8,
+}
+
+/// The main table's host routes (/32 and /128) and the node's connected
+/// networks, both families.
+async fn read_table(nl: &Netlink) -> Result<(Vec<HostRoute>, Vec<(IpAddr, u8)>), NetlinkError> {
+    let mut routes: Vec<HostRoute> = nl
+        .routes_v4()
+        .await?
+        .into_iter()
+        .filter(|r| r.prefix == 32)
+        .map(|r| HostRoute {
+            destination: r.destination.into(),
+            gateway: r.gateway.map(IpAddr::V4),
+            protocol: r.protocol,
+        })
+        .collect();
+    routes.extend(
+        nl.routes_v6()
+            .await?
+            .into_iter()
+            .filter(|r| r.prefix == 128 && r.table == MAIN_TABLE)
+            .map(|r| HostRoute {
+                destination: r.destination.into(),
+                gateway: r.gateway.map(IpAddr::V6),
+                protocol: r.protocol,
+            }),
+    );
+    let mut connected: Vec<(IpAddr, u8)> = nl
+        .addresses_v4()
+        .await?
+        .into_iter()
+        .map(|(_, a, p)| (a.into(), p))
+        .collect();
+    connected.extend(
+        nl.addresses_v6()
+            .await?
+            .into_iter()
+            .filter(|(_, a, _)| !is_link_local(*a))
+            .map(|(_, a, p)| (a.into(), p)),
+    );
+    Ok((routes, connected))
+}
+
+const fn is_link_local(ip: Ipv6Addr) -> bool {
+    ip.segments()[0] & 0xffc0 == 0xfe80
+}
+
+async fn install(nl: &Netlink, health: IpAddr, node: IpAddr) -> Result<(), NetlinkError> {
+    match (health, node) {
+        (IpAddr::V4(h), IpAddr::V4(n)) => nl.replace_route_owned(h, 32, n, ROUTE_PROTOCOL).await,
+        (IpAddr::V6(h), IpAddr::V6(n)) => nl.replace_route6_owned(h, 128, n, ROUTE_PROTOCOL).await,
+        // Validation pairs addresses by family; nothing to install.
+        _ => Ok(()),
+    }
+}
+
+async fn remove(nl: &Netlink, destination: IpAddr) -> Result<(), NetlinkError> {
+    match destination {
+        IpAddr::V4(d) => nl.delete_route_owned(d, 32, ROUTE_PROTOCOL).await,
+        IpAddr::V6(d) => nl.delete_route6_owned(d, 128, ROUTE_PROTOCOL).await,
+    }
+}
+
 impl PeerRoutes {
-    /// The routes `nodes` calls for: all but this node's own (by name, or by
-    /// its endpoint's address).
+    /// The routes `nodes` calls for, health address to node address in
+    /// each family a peer has: all but this node's own (by name, or by its
+    /// endpoint's addresses `local_health`).
     #[must_use]
     pub fn desired(
         nodes: &NodeSet,
         local_name: Option<&str>,
-        local_health_ip: Ipv4Addr,
-    ) -> BTreeMap<Ipv4Addr, Ipv4Addr> {
+        local_health: &[IpAddr],
+    ) -> BTreeMap<IpAddr, IpAddr> {
         nodes
             .iter()
-            .filter(|n| Some(n.name.as_str()) != local_name && n.health_ip != local_health_ip)
-            .map(|n| (n.health_ip, n.node_ip))
+            .filter(|n| Some(n.name.as_str()) != local_name)
+            .flat_map(|n| {
+                [
+                    n.health_ip
+                        .zip(n.node_ip)
+                        .map(|(h, n)| (IpAddr::V4(h), IpAddr::V4(n))),
+                    n.health_ip6
+                        .zip(n.node_ip6)
+                        .map(|(h, n)| (IpAddr::V6(h), IpAddr::V6(n))),
+                ]
+            })
+            .flatten()
+            .filter(|(health, _)| !local_health.contains(health))
             .collect()
     }
 
@@ -67,16 +166,10 @@ impl PeerRoutes {
     /// kernel flushes routes through an interface that goes down), and
     /// every route of the agent's protocol that is not desired is removed.
     /// Blocking; failures are logged and retried on the next sync.
-    pub fn apply(&mut self, desired: &BTreeMap<Ipv4Addr, Ipv4Addr>) {
+    pub fn apply(&mut self, desired: &BTreeMap<IpAddr, IpAddr>) {
         let desired = desired.clone();
         let done = in_netns(None, |nl| async move {
-            let table = nl.routes_v4().await?;
-            let connected: Vec<(Ipv4Addr, u8)> = nl
-                .addresses_v4()
-                .await?
-                .into_iter()
-                .map(|(_, a, p)| (a, p))
-                .collect();
+            let (table, connected) = read_table(&nl).await?;
             let mut applied = Applied::default();
             for (health, node) in &desired {
                 // A route via a node IP the node cannot reach directly would
@@ -85,10 +178,7 @@ impl PeerRoutes {
                     applied.not_on_link += 1;
                     continue;
                 }
-                let existing = table
-                    .iter()
-                    .find(|r| r.destination == *health && r.prefix == 32);
-                match existing {
+                match table.iter().find(|r| r.destination == *health) {
                     Some(r) if r.protocol != ROUTE_PROTOCOL => {
                         applied.foreign += 1;
                         continue;
@@ -96,26 +186,19 @@ impl PeerRoutes {
                     Some(r) if r.gateway == Some(*node) => continue,
                     _ => {}
                 }
-                match nl
-                    .replace_route_owned(*health, 32, *node, ROUTE_PROTOCOL)
-                    .await
-                {
+                match install(&nl, *health, *node).await {
                     Ok(()) => applied.added += 1,
                     Err(e) => warn!("{}", chain(&e)),
                 }
             }
             let stale = table.iter().filter(|r| {
                 r.protocol == ROUTE_PROTOCOL
-                    && r.prefix == 32
                     && !desired
                         .get(&r.destination)
                         .is_some_and(|node| on_link(*node, &connected))
             });
             for r in stale {
-                match nl
-                    .delete_route_owned(r.destination, 32, ROUTE_PROTOCOL)
-                    .await
-                {
+                match remove(&nl, r.destination).await {
                     Ok(()) => applied.removed += 1,
                     Err(e) => warn!("{}", chain(&e)),
                 }
@@ -123,31 +206,34 @@ impl PeerRoutes {
             Ok(applied)
         });
         match done {
-            Ok(a) => {
-                if a.added > 0 || a.removed > 0 {
-                    info!(
-                        added = a.added,
-                        removed = a.removed,
-                        "routes to peer endpoints updated"
-                    );
-                }
-                if a.not_on_link != self.not_on_link && a.not_on_link > 0 {
-                    warn!(
-                        peers = a.not_on_link,
-                        "peers whose node IP is not on-link get no per-peer route (the network must route their health IPs)"
-                    );
-                }
-                if a.foreign != self.foreign && a.foreign > 0 {
-                    warn!(
-                        peers = a.foreign,
-                        "peers whose health IP already has a route the agent did not install: left as it is"
-                    );
-                }
-                self.not_on_link = a.not_on_link;
-                self.foreign = a.foreign;
-            }
+            Ok(a) => self.report(&a),
             Err(e) => warn!("updating routes to peer endpoints: {}", chain(&e)),
         }
+    }
+
+    /// Logs what a sync did; the warnings only when their counts change.
+    fn report(&mut self, a: &Applied) {
+        if a.added > 0 || a.removed > 0 {
+            info!(
+                added = a.added,
+                removed = a.removed,
+                "routes to peer endpoints updated"
+            );
+        }
+        if a.not_on_link != self.not_on_link && a.not_on_link > 0 {
+            warn!(
+                peers = a.not_on_link,
+                "peer addresses whose node IP is not on-link get no per-peer route (the network must route their health IPs)"
+            );
+        }
+        if a.foreign != self.foreign && a.foreign > 0 {
+            warn!(
+                peers = a.foreign,
+                "peer addresses whose health IP already has a route the agent did not install: left as it is"
+            );
+        }
+        self.not_on_link = a.not_on_link;
+        self.foreign = a.foreign;
     }
 
     /// Removes every route of the agent's (on shutdown).
@@ -158,45 +244,82 @@ impl PeerRoutes {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
     use crate::cluster::Node;
 
     fn node(name: &str, n: u8) -> Node {
         Node {
             name: name.into(),
-            node_ip: Ipv4Addr::new(198, 18, 0, n),
-            health_ip: Ipv4Addr::new(198, 18, 64 + n, 2),
+            node_ip: Some(Ipv4Addr::new(198, 18, 0, n)),
+            health_ip: Some(Ipv4Addr::new(198, 18, 64 + n, 2)),
+            node_ip6: None,
+            health_ip6: None,
             zone: None,
         }
     }
 
     #[test]
-    fn on_link_means_inside_a_connected_network() {
+    fn on_link_means_inside_a_connected_network_of_its_family() {
+        let ip = |s: &str| -> IpAddr { s.parse().expect(s) };
         let connected = [
-            (Ipv4Addr::new(198, 18, 0, 10), 24),
-            (Ipv4Addr::new(198, 19, 1, 1), 32),
+            (ip("198.18.0.10"), 24),
+            (ip("198.19.1.1"), 32),
+            (ip("2001:2::10"), 64),
         ];
-        assert!(on_link(Ipv4Addr::new(198, 18, 0, 77), &connected));
-        assert!(!on_link(Ipv4Addr::new(198, 18, 1, 77), &connected));
-        assert!(on_link(Ipv4Addr::new(198, 19, 1, 1), &connected));
-        assert!(!on_link(Ipv4Addr::new(198, 19, 1, 2), &connected));
-        assert!(on_link(
-            Ipv4Addr::new(198, 19, 1, 2),
-            &[(Ipv4Addr::UNSPECIFIED, 0)]
-        ));
+        assert!(on_link(ip("198.18.0.77"), &connected));
+        assert!(!on_link(ip("198.18.1.77"), &connected));
+        assert!(on_link(ip("198.19.1.1"), &connected));
+        assert!(!on_link(ip("198.19.1.2"), &connected));
+        assert!(on_link(ip("198.19.1.2"), &[(ip("0.0.0.0"), 0)]));
+        assert!(on_link(ip("2001:2::ffff:1"), &connected));
+        assert!(!on_link(ip("2001:2:0:1::1"), &connected));
+        // An IPv4 default network does not make IPv6 addresses on-link.
+        assert!(!on_link(ip("2001:2::1"), &[(ip("0.0.0.0"), 0)]));
+        assert!(on_link(ip("2001:2:0:1::1"), &[(ip("::"), 0)]));
     }
 
     #[test]
     fn desired_routes_skip_the_local_node() {
         let nodes = NodeSet::new(vec![node("a", 1), node("b", 2), node("c", 3)]).expect("unique");
-        let by_name = PeerRoutes::desired(&nodes, Some("a"), Ipv4Addr::UNSPECIFIED);
+        let by_name = PeerRoutes::desired(&nodes, Some("a"), &[]);
         assert_eq!(by_name.len(), 2);
         assert_eq!(
-            by_name.get(&Ipv4Addr::new(198, 18, 66, 2)),
-            Some(&Ipv4Addr::new(198, 18, 0, 2))
+            by_name.get(&IpAddr::V4(Ipv4Addr::new(198, 18, 66, 2))),
+            Some(&IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)))
         );
-        let by_ip = PeerRoutes::desired(&nodes, None, Ipv4Addr::new(198, 18, 67, 2));
-        assert!(!by_ip.contains_key(&Ipv4Addr::new(198, 18, 67, 2)));
+        let mine = IpAddr::V4(Ipv4Addr::new(198, 18, 67, 2));
+        let by_ip = PeerRoutes::desired(&nodes, None, &[mine]);
+        assert!(!by_ip.contains_key(&mine));
         assert_eq!(by_ip.len(), 2);
+    }
+
+    #[test]
+    fn desired_routes_cover_each_family_a_peer_has() {
+        let v6 = |s: &str| -> Ipv6Addr { s.parse().expect(s) };
+        let dual = Node {
+            node_ip6: Some(v6("2001:2::2")),
+            health_ip6: Some(v6("2001:2:0:42::2")),
+            ..node("b", 2)
+        };
+        let only6 = Node {
+            name: "c".into(),
+            node_ip6: Some(v6("2001:2::3")),
+            health_ip6: Some(v6("2001:2:0:43::2")),
+            ..Node::default()
+        };
+        let nodes = NodeSet::new(vec![node("a", 1), dual, only6]).expect("unique");
+        let mine = IpAddr::V6(v6("2001:2:0:41::2"));
+        let got = PeerRoutes::desired(&nodes, Some("a"), &[mine]);
+        let want: BTreeMap<IpAddr, IpAddr> = [
+            ("198.18.66.2", "198.18.0.2"),
+            ("2001:2:0:42::2", "2001:2::2"),
+            ("2001:2:0:43::2", "2001:2::3"),
+        ]
+        .into_iter()
+        .map(|(h, n)| (h.parse().expect(h), n.parse().expect(n)))
+        .collect();
+        assert_eq!(got, want);
     }
 }

@@ -437,8 +437,10 @@ mod tests {
                 (i >> 8) & 255,
                 i & 255
             ),
-            node_ip: Ipv4Addr::from(0x0a00_0000 + ip),
-            health_ip: Ipv4Addr::from(0x6440_0000 + ip),
+            node_ip: Some(Ipv4Addr::from(0x0a00_0000 + ip)),
+            health_ip: Some(Ipv4Addr::from(0x6440_0000 + ip)),
+            node_ip6: None,
+            health_ip6: None,
             zone: zone_size.map(|z| format!("rack-{:04}", i / z)),
         }
     }

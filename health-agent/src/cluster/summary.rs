@@ -98,16 +98,38 @@ pub struct PeerSummary {
 }
 
 impl PeerSummary {
-    /// The prober's status of a peer.
+    /// The prober's status of a peer. A dual-stack peer's path is as bad
+    /// as the worse of its two families (its RTT is the primary family's,
+    /// or the secondary's when only that one has an answer).
     #[must_use]
     pub fn from_status(n: &NodeStatus) -> Self {
+        let path = |primary: &PathState, secondary: Option<&PathState>| {
+            let Some(second) = secondary else {
+                return PathSample::from_state(primary);
+            };
+            let worse = |a: ProbeResult, b: ProbeResult| {
+                if a == ProbeResult::Failure || b == ProbeResult::Failure {
+                    ProbeResult::Failure
+                } else if a == ProbeResult::Unknown || b == ProbeResult::Unknown {
+                    ProbeResult::Unknown
+                } else {
+                    ProbeResult::Success
+                }
+            };
+            let rtt = primary.rtt_ns.or(second.rtt_ns);
+            PathSample::new(
+                worse(primary.result, second.result),
+                rtt.map(|ns| ns / 1000),
+            )
+        };
+        let (host6, ep6) = (n.host_secondary.as_ref(), n.endpoint_secondary.as_ref());
         Self {
             name: n.name.clone(),
             paths: [
-                PathSample::from_state(&n.host.icmp),
-                PathSample::from_state(&n.host.http),
-                PathSample::from_state(&n.endpoint.icmp),
-                PathSample::from_state(&n.endpoint.http),
+                path(&n.host.icmp, host6.map(|c| &c.icmp)),
+                path(&n.host.http, host6.map(|c| &c.http)),
+                path(&n.endpoint.icmp, ep6.map(|c| &c.icmp)),
+                path(&n.endpoint.http, ep6.map(|c| &c.http)),
             ],
         }
     }
@@ -679,9 +701,42 @@ mod tests {
     }
 
     #[test]
+    fn a_dual_stack_peers_path_is_the_worse_of_its_families() {
+        let conn = |ip: std::net::IpAddr, icmp, http| Connectivity {
+            ip,
+            family: crate::probe::family::Family::of(ip),
+            icmp,
+            http,
+        };
+        let v4: std::net::IpAddr = Ipv4Addr::new(198, 18, 0, 2).into();
+        let v6: std::net::IpAddr = "2001:2::2".parse().expect("ip");
+        let ok_path = |us: u64| path(ProbeResult::Success, Some(us * 1000));
+        let n = NodeStatus {
+            name: "peer".into(),
+            host: conn(v4, ok_path(10), ok_path(20)),
+            endpoint: conn(v4, path(ProbeResult::Unknown, None), ok_path(40)),
+            host_secondary: Some(conn(v6, path(ProbeResult::Failure, None), ok_path(21))),
+            endpoint_secondary: Some(conn(v6, ok_path(31), ok_path(41))),
+        };
+        let p = PeerSummary::from_status(&n);
+        assert_eq!(
+            p.paths.map(|p| p.state),
+            [
+                ProbeResult::Failure,
+                ProbeResult::Success,
+                ProbeResult::Unknown,
+                ProbeResult::Success
+            ]
+        );
+        assert_eq!(p.paths[1].rtt_us, Some(20), "the primary family's RTT");
+        assert_eq!(p.state(), ProbeResult::Failure);
+    }
+
+    #[test]
     fn from_status_takes_the_states_and_the_round() {
         let conn = |icmp, http| Connectivity {
-            ip: Ipv4Addr::new(198, 18, 0, 1),
+            ip: Ipv4Addr::new(198, 18, 0, 1).into(),
+            family: crate::probe::family::Family::Ipv4,
             icmp,
             http,
         };
@@ -706,6 +761,8 @@ mod tests {
                         path(ProbeResult::Failure, Some(5_000)),
                         path(ProbeResult::Unknown, None),
                     ),
+                    host_secondary: None,
+                    endpoint_secondary: None,
                 },
                 NodeStatus {
                     name: "peer".into(),
@@ -717,6 +774,8 @@ mod tests {
                         path(ProbeResult::Success, Some(999)),
                         path(ProbeResult::Success, Some(1000)),
                     ),
+                    host_secondary: None,
+                    endpoint_secondary: None,
                 },
             ],
         };
@@ -748,7 +807,8 @@ mod tests {
     #[test]
     fn a_large_full_mesh_keeps_its_failures() {
         let conn = |r| Connectivity {
-            ip: Ipv4Addr::new(198, 18, 0, 1),
+            ip: Ipv4Addr::new(198, 18, 0, 1).into(),
+            family: crate::probe::family::Family::Ipv4,
             icmp: path(r, Some(100_000)),
             http: path(r, Some(100_000)),
         };
@@ -761,6 +821,8 @@ mod tests {
                     ProbeResult::Success
                 }),
                 endpoint: conn(ProbeResult::Success),
+                host_secondary: None,
+                endpoint_secondary: None,
             })
             .collect();
         let status = ClusterStatus {
@@ -793,8 +855,14 @@ mod tests {
         let nodes: Vec<Node> = (0..50_000)
             .map(|i| Node {
                 name: name(i),
-                node_ip: Ipv4Addr::from(0x0a00_0000 + u32::try_from(i).expect("small")),
-                health_ip: Ipv4Addr::from(0x6440_0000 + u32::try_from(i).expect("small")),
+                node_ip: Some(Ipv4Addr::from(
+                    0x0a00_0000 + u32::try_from(i).expect("small"),
+                )),
+                health_ip: Some(Ipv4Addr::from(
+                    0x6440_0000 + u32::try_from(i).expect("small"),
+                )),
+                node_ip6: None,
+                health_ip6: None,
                 zone: Some(format!("zone-{}", i / 20)),
             })
             .collect();

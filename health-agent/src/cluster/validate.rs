@@ -8,9 +8,12 @@
 //! - the name is non-empty, at most [`MAX_NAME_LEN`] bytes, of letters,
 //!   digits, `.`, `_` and `-`, and starts with a letter or a digit; in etcd
 //!   it is the last segment of the record's key;
-//! - neither address is unspecified (`0.0.0.0/8`), loopback, link-local
-//!   (`169.254.0.0/16`), multicast, the limited broadcast address or
-//!   otherwise reserved (`240.0.0.0/4`);
+//! - a record has a node and a health address in at least one family, and
+//!   each family it has comes with both;
+//! - no address is unspecified (`0.0.0.0/8`, `::`), loopback, link-local
+//!   (`169.254.0.0/16`, `fe80::/10`), multicast, the limited broadcast
+//!   address, otherwise reserved (`240.0.0.0/4`) or an IPv4-mapped IPv6
+//!   address;
 //! - a peer's addresses are not inside this node's own health CIDR (this
 //!   node's own record is exempt: its endpoint's address is in it);
 //! - names are unique and so are addresses: no address is the node IP or
@@ -21,12 +24,18 @@
 //! record is taken first wherever it is, so that no other record can push
 //! it out. Uniqueness is checked with hash maps: one pass, O(N).
 
-use std::{collections::HashMap, fmt, fmt::Write as _, net::Ipv4Addr, sync::Arc};
+use std::{
+    collections::HashMap,
+    fmt,
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::Arc,
+};
 
 use serde::{Deserialize, Serialize};
 
 use super::{Node, NodeSet};
-use crate::util::cidr::Ipv4Cidr;
+use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
 
 /// The longest node name, in bytes (a DNS name's limit).
 pub const MAX_NAME_LEN: usize = 253;
@@ -46,6 +55,8 @@ pub struct LocalNode {
     pub name: Option<String>,
     /// This node's health CIDR: no peer's address may be inside it.
     pub health_cidr: Option<Ipv4Cidr>,
+    /// This node's IPv6 health CIDR, likewise.
+    pub health_cidr6: Option<Ipv6Cidr>,
 }
 
 /// Where a record comes from.
@@ -124,6 +135,8 @@ impl fmt::Display for Record {
 pub enum Field {
     NodeIp,
     HealthIp,
+    NodeIp6,
+    HealthIp6,
 }
 
 impl fmt::Display for Field {
@@ -131,6 +144,8 @@ impl fmt::Display for Field {
         f.write_str(match self {
             Self::NodeIp => "node-ip",
             Self::HealthIp => "health-ip",
+            Self::NodeIp6 => "node-ip6",
+            Self::HealthIp6 => "health-ip6",
         })
     }
 }
@@ -152,20 +167,29 @@ pub enum Rule {
     NameCharset { name: String },
     #[error("the name {name:?} is not the key's last segment {segment:?}")]
     KeyMismatch { name: String, segment: String },
+    #[error("no address: a node has node-ip and health-ip, node-ip6 and health-ip6, or all four")]
+    NoAddress,
+    #[error("{has} without {missing}: a family's node and health addresses come together")]
+    HalfFamily { has: Field, missing: Field },
     #[error("{field} {ip} is {class}, not a node address")]
     Address {
         field: Field,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         class: &'static str,
     },
     #[error("{field} {ip} is inside this node's health CIDR {cidr}")]
     InLocalCidr {
         field: Field,
-        ip: Ipv4Addr,
-        cidr: Ipv4Cidr,
+        ip: IpAddr,
+        /// The CIDR as written (either family).
+        cidr: String,
     },
-    #[error("node-ip and health-ip are the same address {ip}")]
-    SameAddresses { ip: Ipv4Addr },
+    #[error("{node} and {health} are the same address {ip}")]
+    SameAddresses {
+        node: Field,
+        health: Field,
+        ip: IpAddr,
+    },
     #[error("zone {zone:?}: {reason}")]
     Zone { zone: String, reason: String },
     #[error("duplicate name {name:?}: {} has it and is kept", .first.describe())]
@@ -173,7 +197,7 @@ pub enum Rule {
     #[error("{field} {ip} is already the {first_field} of {}, which is kept", .first.describe())]
     DuplicateAddress {
         field: Field,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         first: Box<Record>,
         first_field: Field,
     },
@@ -257,7 +281,33 @@ impl Validated {
 
 /// What is wrong with `ip` as a node's address, if anything.
 #[must_use]
-pub fn address_class(ip: Ipv4Addr) -> Option<&'static str> {
+pub fn address_class(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(ip) => address_class4(ip),
+        IpAddr::V6(ip) => address_class6(ip),
+    }
+}
+
+/// What is wrong with an IPv6 address as a node's address, if anything.
+fn address_class6(ip: Ipv6Addr) -> Option<&'static str> {
+    let first = ip.segments()[0];
+    if ip.is_unspecified() {
+        Some("unspecified (::)")
+    } else if ip.is_loopback() {
+        Some("loopback (::1)")
+    } else if first & 0xffc0 == 0xfe80 {
+        Some("link-local (fe80::/10)")
+    } else if ip.is_multicast() {
+        Some("multicast (ff00::/8)")
+    } else if ip.to_ipv4_mapped().is_some() {
+        Some("IPv4-mapped (::ffff:0:0/96)")
+    } else {
+        None
+    }
+}
+
+/// What is wrong with an IPv4 address as a node's address, if anything.
+fn address_class4(ip: Ipv4Addr) -> Option<&'static str> {
     let [a, b, ..] = ip.octets();
     if a == 0 {
         Some("unspecified (0.0.0.0/8)")
@@ -345,26 +395,66 @@ fn check_record(
             });
         }
     }
-    let fields = [
-        (Field::NodeIp, node.node_ip),
-        (Field::HealthIp, node.health_ip),
-    ];
-    for (field, ip) in fields {
+    let fields = fields(node);
+    check_families(node)?;
+    for (field, ip) in fields.iter().flatten().copied() {
         if let Some(class) = address_class(ip) {
             return Err(Rule::Address { field, ip, class });
         }
     }
-    if node.node_ip == node.health_ip {
-        return Err(Rule::SameAddresses { ip: node.node_ip });
-    }
-    if let Some(cidr) = local.health_cidr
-        && !is_local
-    {
-        for (field, ip) in fields {
-            if cidr.contains(ip) {
-                return Err(Rule::InLocalCidr { field, ip, cidr });
-            }
+    for (node_ip, health_ip) in [(fields[0], fields[1]), (fields[2], fields[3])] {
+        if let (Some((node, ip)), Some((health, health_ip))) = (node_ip, health_ip)
+            && ip == health_ip
+        {
+            return Err(Rule::SameAddresses { node, health, ip });
         }
+    }
+    if is_local {
+        return Ok(());
+    }
+    for (field, ip) in fields.iter().flatten().copied() {
+        let inside = match ip {
+            IpAddr::V4(v4) => local
+                .health_cidr
+                .filter(|c| c.contains(v4))
+                .map(|c| c.to_string()),
+            IpAddr::V6(v6) => local
+                .health_cidr6
+                .filter(|c| c.contains(v6))
+                .map(|c| c.to_string()),
+        };
+        if let Some(cidr) = inside {
+            return Err(Rule::InLocalCidr { field, ip, cidr });
+        }
+    }
+    Ok(())
+}
+
+/// A record's four address fields, those it has.
+fn fields(node: &Node) -> [Option<(Field, IpAddr)>; 4] {
+    [
+        node.node_ip.map(|ip| (Field::NodeIp, IpAddr::V4(ip))),
+        node.health_ip.map(|ip| (Field::HealthIp, IpAddr::V4(ip))),
+        node.node_ip6.map(|ip| (Field::NodeIp6, IpAddr::V6(ip))),
+        node.health_ip6.map(|ip| (Field::HealthIp6, IpAddr::V6(ip))),
+    ]
+}
+
+/// At least one family, each with both addresses.
+fn check_families(node: &Node) -> Result<(), Rule> {
+    let half = |has: Field, missing: Field| Err(Rule::HalfFamily { has, missing });
+    match (node.node_ip.is_some(), node.health_ip.is_some()) {
+        (true, false) => return half(Field::NodeIp, Field::HealthIp),
+        (false, true) => return half(Field::HealthIp, Field::NodeIp),
+        _ => {}
+    }
+    match (node.node_ip6.is_some(), node.health_ip6.is_some()) {
+        (true, false) => return half(Field::NodeIp6, Field::HealthIp6),
+        (false, true) => return half(Field::HealthIp6, Field::NodeIp6),
+        _ => {}
+    }
+    if node.node_ip.is_none() && node.node_ip6.is_none() {
+        return Err(Rule::NoAddress);
     }
     Ok(())
 }
@@ -384,7 +474,7 @@ pub fn validate(candidates: Vec<Candidate>, local: &LocalNode) -> Validated {
         .into_iter()
         .chain((0..n).filter(|i| Some(*i) != local_at));
     let mut names: HashMap<&str, usize> = HashMap::with_capacity(n);
-    let mut addrs: HashMap<Ipv4Addr, (usize, Field)> = HashMap::with_capacity(2 * n);
+    let mut addrs: HashMap<IpAddr, (usize, Field)> = HashMap::with_capacity(2 * n);
     let mut keep = vec![false; n];
     let mut rejected = Vec::new();
     for i in order {
@@ -399,10 +489,7 @@ pub fn validate(candidates: Vec<Candidate>, local: &LocalNode) -> Validated {
                             first: Box::new(candidates[first].record.clone()),
                         });
                     }
-                    for (field, ip) in [
-                        (Field::NodeIp, node.node_ip),
-                        (Field::HealthIp, node.health_ip),
-                    ] {
+                    for (field, ip) in fields(node).into_iter().flatten() {
                         if let Some(&(first, first_field)) = addrs.get(&ip) {
                             return Err(Rule::DuplicateAddress {
                                 field,
@@ -419,8 +506,9 @@ pub fn validate(candidates: Vec<Candidate>, local: &LocalNode) -> Validated {
         match outcome {
             Ok(node) => {
                 names.insert(node.name.as_str(), i);
-                addrs.insert(node.node_ip, (i, Field::NodeIp));
-                addrs.insert(node.health_ip, (i, Field::HealthIp));
+                for (field, ip) in fields(node).into_iter().flatten() {
+                    addrs.insert(ip, (i, field));
+                }
                 keep[i] = true;
             }
             Err(rule) => rejected.push(Rejected {
@@ -460,8 +548,10 @@ mod tests {
             },
             node: Ok(Node {
                 name: name.into(),
-                node_ip: ip(node_ip),
-                health_ip: ip(health_ip),
+                node_ip: Some(ip(node_ip)),
+                health_ip: Some(ip(health_ip)),
+                node_ip6: None,
+                health_ip6: None,
                 zone: None,
             }),
         }
@@ -471,6 +561,7 @@ mod tests {
         LocalNode {
             name: Some("me".into()),
             health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+            health_cidr6: None,
         }
     }
 
@@ -531,11 +622,18 @@ mod tests {
 
     #[test]
     fn address_classes() {
-        assert_eq!(address_class(ip("198.18.0.1")), None);
-        assert_eq!(address_class(ip("10.0.0.1")), None);
-        assert_eq!(address_class(ip("169.253.0.1")), None);
-        assert_eq!(address_class(ip("223.255.255.255")), None);
-        assert!(address_class(ip("127.255.0.1")).is_some());
+        let class = |s: &str| address_class(s.parse().expect(s));
+        assert_eq!(class("198.18.0.1"), None);
+        assert_eq!(class("10.0.0.1"), None);
+        assert_eq!(class("169.253.0.1"), None);
+        assert_eq!(class("223.255.255.255"), None);
+        assert!(class("127.255.0.1").is_some());
+        assert_eq!(class("2001:2::1"), None);
+        assert_eq!(class("fd00::1"), None);
+        assert_eq!(class("febf::1"), Some("link-local (fe80::/10)"));
+        assert_eq!(class("fec0::1"), None);
+        assert!(class("::").is_some());
+        assert!(class("::ffff:198.18.0.1").is_some());
     }
 
     #[test]
@@ -639,7 +737,7 @@ mod tests {
             &local(),
         );
         assert_eq!(names(&v), ["a"]);
-        assert_eq!(v.nodes[0].node_ip, ip("198.18.0.12"));
+        assert_eq!(v.nodes[0].node_ip, Some(ip("198.18.0.12")));
         assert_eq!(v.rejected.len(), 1);
     }
 
@@ -674,8 +772,10 @@ mod tests {
             },
             node: Ok(Node {
                 name: name.into(),
-                node_ip: ip(node_ip),
-                health_ip: ip(health_ip),
+                node_ip: Some(ip(node_ip)),
+                health_ip: Some(ip(health_ip)),
+                node_ip6: None,
+                health_ip6: None,
                 zone: None,
             }),
         };

@@ -546,8 +546,14 @@ mod tests {
             let nodes: Vec<Node> = (0..N)
                 .map(|i| Node {
                     name: format!("node-{i:03}"),
-                    node_ip: Ipv4Addr::from(0x0a00_0000 + u32::try_from(i).expect("small")),
-                    health_ip: Ipv4Addr::from(0x6440_0000 + u32::try_from(i).expect("small")),
+                    node_ip: Some(Ipv4Addr::from(
+                        0x0a00_0000 + u32::try_from(i).expect("small"),
+                    )),
+                    health_ip: Some(Ipv4Addr::from(
+                        0x6440_0000 + u32::try_from(i).expect("small"),
+                    )),
+                    node_ip6: None,
+                    health_ip6: None,
                     zone: Some(format!("zone-{}", i / zone_size)),
                 })
                 .collect();

@@ -20,7 +20,7 @@ use crate::{
     },
     probe::path::Thresholds,
     supervisor::Policy,
-    util::cidr::Ipv4Cidr,
+    util::cidr::{Ipv4Cidr, Ipv6Cidr},
 };
 
 /// Everything `health-agent daemon` is told.
@@ -34,6 +34,9 @@ pub struct DaemonConfig {
     /// This node's IP (default: its entry in the nodes file, or the source
     /// address toward etcd).
     pub node_ip: Option<Ipv4Addr>,
+    /// This node's IPv6 address (default: its entry in the nodes file, or
+    /// found toward etcd).
+    pub node_ip6: Option<std::net::Ipv6Addr>,
     pub socket: PathBuf,
     /// Group owning the API socket (its members may use the API).
     pub socket_group: Option<String>,
@@ -65,7 +68,11 @@ pub struct MetricsSettings {
 /// The health endpoint.
 #[derive(Debug, Clone)]
 pub struct EndpointSettings {
-    pub cidr: Ipv4Cidr,
+    /// `--health-cidr`: where the endpoint's IPv4 address comes from.
+    pub cidr: Option<Ipv4Cidr>,
+    /// `--health-cidr6`: where its IPv6 address comes from. At least one
+    /// of the two is given (IPv4 only, IPv6 only, dual stack).
+    pub cidr6: Option<Ipv6Cidr>,
     pub netns_name: String,
     pub host_iface: String,
     pub ep_iface: String,
@@ -92,7 +99,8 @@ pub struct DatapathSettings {
 /// Masquerade as asked; the node IP and uplink are found at start.
 #[derive(Debug, Clone)]
 pub struct MasqueradeFlags {
-    pub health_range: Ipv4Cidr,
+    /// `--health-range` (`None`: the node's own `--health-cidr`).
+    pub health_range: Option<Ipv4Cidr>,
     pub uplink: Option<String>,
     pub ports: PortRange,
 }
@@ -134,6 +142,21 @@ pub enum ConfigError {
     Masquerade(#[from] MasqueradeError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    #[error(
+        "no health CIDR: give --health-cidr (IPv4), --health-cidr6 (IPv6) or both (dual stack)"
+    )]
+    NoHealthCidr,
+    #[error(
+        "--routing masquerade with --health-cidr6 {cidr6}: IPv6 masquerade is not supported \
+         (the BPF SNAT on the uplink translates IPv4 only, so the endpoint's IPv6 traffic would \
+         leave with its own address); use --routing routed, or drop --health-cidr6"
+    )]
+    Ipv6Masquerade { cidr6: Ipv6Cidr },
+    #[error(
+        "--routing masquerade needs --health-cidr: the endpoint's IPv4 address is what is \
+         masqueraded"
+    )]
+    MasqueradeWithoutIpv4,
 }
 
 /// What is found on the node at start.
@@ -144,6 +167,8 @@ pub struct Resolved {
     pub initial_nodes: Validated,
     /// `--node-ip`, or this node's entry in the nodes file.
     pub node_ip: Option<Ipv4Addr>,
+    /// `--node-ip6`, or this node's entry in the nodes file.
+    pub node_ip6: Option<std::net::Ipv6Addr>,
     pub masquerade: Option<Masquerade>,
     /// What the running kernel supports.
     pub kernel: KernelFeatures,
@@ -159,6 +184,7 @@ impl DaemonConfig {
     /// created, naming it (bad records of a file that parses are rejected
     /// one by one, and the agent starts with the others).
     pub fn resolve(&self) -> Result<Resolved, ConfigError> {
+        self.check_families()?;
         let kernel = KernelFeatures::probe()?;
         let tc_hook = kernel.choose(self.attach)?;
         let echo_mode = self.endpoint.mode.unwrap_or(tc_hook.echo_mode());
@@ -192,34 +218,60 @@ impl DaemonConfig {
             }
             Discovery::Etcd(_) | Discovery::None => Validated::default(),
         };
-        let node_ip = self
-            .node_ip
-            .or_else(|| initial_nodes.nodes.get(&self.node_name).map(|n| n.node_ip));
+        let node_ip = self.node_ip.or_else(|| {
+            initial_nodes
+                .nodes
+                .get(&self.node_name)
+                .and_then(|n| n.node_ip)
+        });
         let masquerade = match &self.datapath.masquerade {
             None => None,
             Some(flags) => {
                 let node_ip = node_ip.ok_or_else(|| MasqueradeError::NoNodeIp {
                     name: self.node_name.clone(),
                 })?;
+                let health_cidr = self
+                    .endpoint
+                    .cidr
+                    .ok_or(ConfigError::MasqueradeWithoutIpv4)?;
                 let m = masquerade::resolve(&masquerade::Request {
                     node_ip,
                     uplink: flags.uplink.clone(),
-                    health_cidr: self.endpoint.cidr,
-                    health_range: flags.health_range,
+                    health_cidr,
+                    health_range: flags.health_range.unwrap_or(health_cidr),
                     ports: flags.ports,
                 })?;
                 info!(uplink = %m.uplink, %node_ip, ports = %flags.ports, "masquerade on");
                 Some(m)
             }
         };
+        let node_ip6 = self.node_ip6.or_else(|| {
+            initial_nodes
+                .nodes
+                .get(&self.node_name)
+                .and_then(|n| n.node_ip6)
+        });
         Ok(Resolved {
             initial_nodes,
             node_ip,
+            node_ip6,
             masquerade,
             kernel,
             tc_hook,
             echo_mode,
         })
+    }
+
+    /// The endpoint's address families: at least one, and no IPv6 with
+    /// masquerade (its SNAT is IPv4 only).
+    pub fn check_families(&self) -> Result<(), ConfigError> {
+        match (self.endpoint.cidr, self.endpoint.cidr6) {
+            (None, None) => Err(ConfigError::NoHealthCidr),
+            (_, Some(cidr6)) if self.datapath.masquerade.is_some() => {
+                Err(ConfigError::Ipv6Masquerade { cidr6 })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// This node, as node records are validated against it: its own record
@@ -229,7 +281,8 @@ impl DaemonConfig {
     pub fn local_node(&self) -> LocalNode {
         LocalNode {
             name: Some(self.node_name.clone()),
-            health_cidr: Some(self.endpoint.cidr),
+            health_cidr: self.endpoint.cidr,
+            health_cidr6: self.endpoint.cidr6,
         }
     }
 

@@ -28,11 +28,15 @@
 
 pub mod cluster_view;
 pub mod config;
+pub mod node_addr;
 mod node_sync;
 pub mod reload;
 mod tasks;
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
 
 use sd_notify::NotifyState;
 use tokio::sync::{broadcast, watch};
@@ -81,11 +85,8 @@ pub enum DaemonError {
     Supervisor(#[from] SupervisorError),
     #[error("endpoint namespace name")]
     Netns(#[from] crate::sys::netns::NetnsError),
-    #[error("finding this node's address toward etcd at {endpoint} (give --node-ip)")]
-    NodeIp {
-        endpoint: String,
-        source: std::io::Error,
-    },
+    #[error("this node's address for its etcd record")]
+    NodeIp(#[from] node_addr::NodeAddrError),
 }
 
 /// Runs the agent until SIGINT or SIGTERM (`Ok`), or until a task fails
@@ -184,16 +185,20 @@ async fn run_inner(
         view.clone(),
         links.clone()
     ));
-    let own_ip = endpoint_ip(&view);
     start!(tasks::hello(&mut sup, cfg.probe.http_port));
     let registration = Registration::default();
-    let source = node_source(&cfg, &resolved, own_ip, &registration)?;
+    let own = (endpoint_ip(&view), crate::endpoint::ipv6(&view));
+    let source = node_source(&cfg, &resolved, own, &registration)?;
     debug!(source = %cfg.source_name(), "node discovery");
     start!(tasks::discovery(&mut sup, source, nodes.clone()));
     if let Some(task) = cluster_view_task(&cfg, &registration, &prober, &nodes, cluster.as_ref()) {
         start!(tasks::cluster_view(&mut sup, task));
     }
-    let sync = node_sync(&cfg, &prober, own_ip);
+    let own_ips = [
+        endpoint_ip(&view).map(IpAddr::V4),
+        crate::endpoint::ipv6(&view).map(IpAddr::V6),
+    ];
+    let sync = node_sync(&cfg, &prober, own_ips.into_iter().flatten().collect());
     start!(tasks::sync(&mut sup, sync, nodes, links));
     start!(tasks::probe(&mut sup, prober, cfg.probe.initial_delay));
 
@@ -214,24 +219,22 @@ async fn run_inner(
     result
 }
 
-/// The endpoint's address once it exists (unspecified before).
-fn endpoint_ip(view: &crate::endpoint::SharedView) -> Ipv4Addr {
-    view.read()
-        .ok()
-        .and_then(|v| v.as_ref().map(|v| v.ipv4))
-        .unwrap_or(Ipv4Addr::UNSPECIFIED)
+/// The endpoint's IPv4 address once it exists, when it has one (its IPv6
+/// address: [`crate::endpoint::ipv6`]).
+fn endpoint_ip(view: &crate::endpoint::SharedView) -> Option<Ipv4Addr> {
+    crate::endpoint::ipv4(view)
 }
 
 fn node_sync(
     cfg: &DaemonConfig,
     prober: &watch::Receiver<std::sync::Arc<Prober>>,
-    own_ip: Ipv4Addr,
+    own_ips: Vec<IpAddr>,
 ) -> node_sync::NodeSync {
     node_sync::NodeSync {
         limits: cfg.sync,
         prober: prober.clone(),
         local_name: cfg.node_name.clone(),
-        own_ip,
+        own_ips,
         keep_routes: cfg.endpoint.keep,
         peers: cfg.probe.peers,
     }
@@ -337,6 +340,7 @@ fn endpoint_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> EndpointC
     let e = &cfg.endpoint;
     EndpointConfig {
         cidr: e.cidr,
+        cidr6: e.cidr6,
         netns_name: e.netns_name.clone(),
         host_iface: e.host_iface.clone(),
         ep_iface: e.ep_iface.clone(),
@@ -376,6 +380,12 @@ fn probe_config(cfg: &DaemonConfig, open_files: u64) -> Result<ProbeConfig, Daem
         // One set of instruments for the run: probers made by a reload
         // clone this configuration, and with it the instruments.
         metrics: Some(std::sync::Arc::new(ProbeMetrics::default())),
+        // The families the endpoint has: peers are probed over those.
+        families: crate::probe::family::Families::from_flags(
+            cfg.endpoint.cidr.is_some(),
+            cfg.endpoint.cidr6.is_some(),
+        )
+        .unwrap_or_default(),
     })
 }
 
@@ -405,7 +415,7 @@ fn cluster_view_task(
 fn node_source(
     cfg: &DaemonConfig,
     resolved: &config::Resolved,
-    own_ip: Ipv4Addr,
+    (own_ip, own_ip6): (Option<Ipv4Addr>, Option<std::net::Ipv6Addr>),
     registration: &Registration,
 ) -> Result<NodeSource, DaemonError> {
     Ok(match &cfg.discovery {
@@ -415,20 +425,24 @@ fn node_source(
             local: cfg.local_node(),
         },
         Discovery::Etcd(etcd) => {
-            let node_ip = match resolved.node_ip {
-                Some(ip) => ip,
-                None => route_source_to(&etcd.endpoint).map_err(|source| DaemonError::NodeIp {
-                    endpoint: etcd.endpoint.clone(),
-                    source,
-                })?,
-            };
+            let (node_ip, node_ip6) = node_addr::resolve(
+                &etcd.endpoint,
+                node_addr::Wanted {
+                    node_ip: resolved.node_ip,
+                    node_ip6: resolved.node_ip6,
+                    v4: own_ip.is_some(),
+                    v6: own_ip6.is_some(),
+                },
+            )?;
             let me = Node {
                 name: cfg.node_name.clone(),
                 node_ip,
-                health_ip: own_ip,
+                health_ip: own_ip.filter(|_| node_ip.is_some()),
+                node_ip6,
+                health_ip6: own_ip6.filter(|_| node_ip6.is_some()),
                 zone: cfg.zone.clone(),
             };
-            info!(name = %me.name, %node_ip, health_ip = %own_ip, "joining the cluster through etcd");
+            info!("joining the cluster through etcd as {me}");
             NodeSource::Etcd {
                 cfg: etcd.clone(),
                 me,
@@ -438,18 +452,6 @@ fn node_source(
         }
         Discovery::None => NodeSource::None,
     })
-}
-
-/// The local address the kernel would use toward `endpoint` (`host:port`).
-fn route_source_to(endpoint: &str) -> std::io::Result<Ipv4Addr> {
-    let sock = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-    sock.connect(endpoint)?;
-    match sock.local_addr()?.ip() {
-        std::net::IpAddr::V4(ip) if !ip.is_unspecified() => Ok(ip),
-        other => Err(std::io::Error::other(format!(
-            "no IPv4 source address toward {endpoint} (got {other})"
-        ))),
-    }
 }
 
 /// HTTP probes to thousands of peers hold a socket each: lifts the soft

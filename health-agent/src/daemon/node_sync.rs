@@ -3,7 +3,7 @@
 //! re-checked after link events: a link going down takes its routes).
 
 use std::{
-    net::Ipv4Addr,
+    net::IpAddr,
     sync::{Arc, Mutex},
 };
 
@@ -26,7 +26,8 @@ pub(super) struct NodeSync {
     /// The prober in service (replaced when a reload changes its settings).
     pub(super) prober: watch::Receiver<Arc<Prober>>,
     pub(super) local_name: String,
-    pub(super) own_ip: Ipv4Addr,
+    /// This node's endpoint addresses (no route is made to them).
+    pub(super) own_ips: Vec<IpAddr>,
     /// On shutdown, leave the routes (the endpoint is kept too).
     pub(super) keep_routes: bool,
     /// Which peers the prober gets (`None`: by the set's size).
@@ -71,7 +72,7 @@ impl NodeSync {
         let apply = sync::run(self.limits, &wake, || {
             let set = nodes.borrow_and_update().clone();
             let (prober, routes) = (self.prober.borrow().clone(), routes.clone());
-            let desired = PeerRoutes::desired(&set, Some(&self.local_name), self.own_ip);
+            let desired = PeerRoutes::desired(&set, Some(&self.local_name), &self.own_ips);
             let subset = probed(&set, &self.local_name, self.peers);
             async move {
                 prober.set_nodes(subset);

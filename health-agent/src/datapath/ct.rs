@@ -1,25 +1,30 @@
 //! The connection tracking table: listing, counters, garbage collection.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{
+    fmt,
+    net::{IpAddr, SocketAddr},
+    path::Path,
+};
 
 use aya::maps::HashMap;
 use health_common::{
-    ct::{CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, IPPROTO_TCP, IPPROTO_UDP},
-    headers::IPPROTO_ICMP,
+    ct::{CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, IPPROTO_TCP, IPPROTO_UDP, ip_of},
+    headers::{IPPROTO_ICMP, IPPROTO_ICMPV6},
     maps::MapId,
 };
 use serde::Serialize;
 
 use super::{DatapathError, maps::open};
 
-/// One entry, decoded.
+/// One entry, decoded. IPv4 flows have IPv4 addresses, IPv6 flows IPv6
+/// ones (JSON: strings either way).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CtRow {
     pub proto: &'static str,
     pub dir: &'static str,
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     pub sport: u16,
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     pub dport: u16,
     /// Seconds of `CLOCK_MONOTONIC` when the entry expires, and how far
     /// ahead of now that is (negative: due for collection).
@@ -38,6 +43,7 @@ pub struct CtRow {
 pub const fn proto_name(p: u8) -> &'static str {
     match p {
         IPPROTO_ICMP => "ICMP",
+        IPPROTO_ICMPV6 => "ICMPv6",
         IPPROTO_TCP => "TCP",
         IPPROTO_UDP => "UDP",
         _ => "OTHER",
@@ -52,9 +58,9 @@ fn row(k: &CtKey, e: &CtEntry, now: u64) -> CtRow {
             DIR_IN => "IN",
             _ => "?",
         },
-        src: Ipv4Addr::from(k.saddr),
+        src: ip_of(k.saddr),
         sport: u16::from_be_bytes(k.sport),
-        dst: Ipv4Addr::from(k.daddr),
+        dst: ip_of(k.daddr),
         dport: u16::from_be_bytes(k.dport),
         expires: e.expires_ns / 1_000_000_000,
         expires_in_seconds: (i128::from(e.expires_ns) - i128::from(now))
@@ -70,18 +76,23 @@ fn row(k: &CtKey, e: &CtEntry, now: u64) -> CtRow {
     }
 }
 
+/// `address:port`, IPv6 in brackets (`[2001:2::1]:4240`), as `cilium bpf
+/// ct list` prints it.
+#[must_use]
+pub fn endpoint(ip: IpAddr, port: u16) -> impl fmt::Display {
+    SocketAddr::new(ip, port)
+}
+
 impl CtRow {
     /// `cilium bpf ct list global` style.
     #[must_use]
     pub fn line(&self) -> String {
         format!(
-            "{} {} {}:{} -> {}:{} expires={} ({}s) RxPackets={} RxBytes={} RxFlagsSeen={:#04x} TxPackets={} TxBytes={} TxFlagsSeen={:#04x} Created={}sec ago",
+            "{} {} {} -> {} expires={} ({}s) RxPackets={} RxBytes={} RxFlagsSeen={:#04x} TxPackets={} TxBytes={} TxFlagsSeen={:#04x} Created={}sec ago",
             self.proto,
             self.dir,
-            self.src,
-            self.sport,
-            self.dst,
-            self.dport,
+            endpoint(self.src, self.sport),
+            endpoint(self.dst, self.dport),
             self.expires,
             self.expires_in_seconds,
             self.rx_packets,
@@ -171,4 +182,55 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
         super::maps::add_to_counter(dir, MapId::CtStats, CtCounter::Removed as u32, removed)?;
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use health_common::ct::{key_addr, v4_mapped};
+
+    #[test]
+    fn rows_show_either_family_readably() {
+        let v6: IpAddr = "2001:2::1".parse().expect("addr");
+        let peer: IpAddr = "2001:2::2".parse().expect("addr");
+        let k = CtKey {
+            saddr: key_addr(v6),
+            daddr: key_addr(peer),
+            dport: 0x0102u16.to_be_bytes(),
+            proto: IPPROTO_ICMPV6,
+            dir: DIR_OUT,
+            ..CtKey::default()
+        };
+        let r = row(&k, &CtEntry::default(), 0);
+        assert_eq!((r.proto, r.src, r.dst, r.dport), ("ICMPv6", v6, peer, 258));
+        assert!(
+            r.line()
+                .starts_with("ICMPv6 OUT [2001:2::1]:0 -> [2001:2::2]:258 expires="),
+            "{}",
+            r.line()
+        );
+        let json = serde_json::to_value(&r).expect("json");
+        assert_eq!(
+            (json["src"].as_str(), json["dst"].as_str()),
+            (Some("2001:2::1"), Some("2001:2::2"))
+        );
+
+        let v4 = CtKey {
+            saddr: v4_mapped([198, 18, 64, 2]),
+            daddr: v4_mapped([198, 18, 65, 2]),
+            proto: IPPROTO_TCP,
+            ..k
+        };
+        let r = row(&v4, &CtEntry::default(), 0);
+        assert!(
+            r.line()
+                .starts_with("TCP OUT 198.18.64.2:0 -> 198.18.65.2:258 "),
+            "{}",
+            r.line()
+        );
+        assert_eq!(
+            serde_json::to_value(&r).expect("json")["src"],
+            "198.18.64.2"
+        );
+    }
 }

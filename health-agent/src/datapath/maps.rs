@@ -8,7 +8,7 @@ use aya::maps::{Array, HashMap, Map, MapData, MapInfo, PerCpuArray, PerCpuHashMa
 use health_common::{
     ct::{CtConfig, CtEntry, CtKey},
     maps::{EchoConfig, MapId, MapKind},
-    nat::{NatConfig, NatEntry},
+    nat::{NatConfig, NatEntry, NatKey},
     rtt::{PendingKey, RttKey, RttStats},
 };
 use serde::Serialize;
@@ -172,7 +172,7 @@ fn count(dir: &Path, id: MapId, info: &MapInfo) -> Result<u64, DatapathError> {
     }
     let map = open(dir, id)?;
     let n = match id {
-        MapId::NatMap => HashMap::<_, CtKey, NatEntry>::try_from(&map)
+        MapId::NatMap => HashMap::<_, NatKey, NatEntry>::try_from(&map)
             .map_err(err)?
             .keys()
             .count(),

@@ -1,9 +1,10 @@
 //! In-kernel RTT statistics per peer and protocol, and the loss sweep.
 
-use std::{net::Ipv4Addr, path::Path, time::Duration};
+use std::{net::IpAddr, path::Path, time::Duration};
 
 use aya::maps::{HashMap, PerCpuHashMap};
 use health_common::{
+    ct::{ip_of, key_addr},
     maps::MapId,
     rtt::{PendingKey, RttKey, RttStats},
 };
@@ -14,7 +15,8 @@ use super::{DatapathError, ct::proto_name, maps::open};
 /// One row of `bpf rtt list`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RttRow {
-    pub peer: Ipv4Addr,
+    /// IPv4 or IPv6 (JSON: a string).
+    pub peer: IpAddr,
     pub proto: &'static str,
     pub samples: u64,
     pub losses: u64,
@@ -60,7 +62,7 @@ pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
     for k in keys {
         let merged = merged(&stats, k).unwrap_or_default();
         rows.push(RttRow {
-            peer: Ipv4Addr::from(k.peer),
+            peer: ip_of(k.peer),
             proto: proto_name(k.proto),
             samples: merged.count,
             losses: losses.get(&k, 0).unwrap_or(0),
@@ -94,9 +96,9 @@ pub fn totals(dir: &Path) -> Result<(u64, u64), DatapathError> {
 /// A request still waiting for its reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PendingRow {
-    pub peer: Ipv4Addr,
+    pub peer: IpAddr,
     pub proto: &'static str,
-    /// ICMP: identifier and sequence; TCP: the endpoint's and the peer's ports.
+    /// ICMP and `ICMPv6`: identifier and sequence; TCP: the endpoint's and the peer's ports.
     pub a: u16,
     pub b: u16,
     pub sent_ns: u64,
@@ -112,7 +114,7 @@ pub fn pending(dir: &Path) -> Result<Vec<PendingRow>, DatapathError> {
     Ok(p.iter()
         .filter_map(Result::ok)
         .map(|(k, sent_ns)| PendingRow {
-            peer: Ipv4Addr::from(k.peer),
+            peer: ip_of(k.peer),
             proto: proto_name(k.proto),
             a: u16::from_be_bytes(k.a),
             b: u16::from_be_bytes(k.b),
@@ -137,10 +139,10 @@ impl KernelRtt {
     /// The last sample for `peer`/`proto` taken at or after `since_ns`
     /// (`CLOCK_MONOTONIC`), if any.
     #[must_use]
-    pub fn last_sample_since(&self, peer: Ipv4Addr, proto: u8, since_ns: u64) -> Option<Duration> {
+    pub fn last_sample_since(&self, peer: IpAddr, proto: u8, since_ns: u64) -> Option<Duration> {
         let stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&self.map).ok()?;
         let key = RttKey {
-            peer: peer.octets(),
+            peer: key_addr(peer),
             proto,
             pad: [0; 3],
         };
@@ -211,7 +213,7 @@ pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
 
 /// Removes the RTT statistics and loss counters of every peer address
 /// `keep` refuses (peers that left the cluster); returns how many keys went.
-pub fn prune(dir: &Path, keep: impl Fn(Ipv4Addr) -> bool) -> Result<u64, DatapathError> {
+pub fn prune(dir: &Path, keep: impl Fn(IpAddr) -> bool) -> Result<u64, DatapathError> {
     let mut removed = 0;
     let mut stats_map = open(dir, MapId::RttStats)?;
     let mut stats =
@@ -232,9 +234,9 @@ pub fn prune(dir: &Path, keep: impl Fn(Ipv4Addr) -> bool) -> Result<u64, Datapat
 /// hash map's key walk restarts when the key it stands on goes).
 fn departed(
     keys: impl Iterator<Item = Result<RttKey, aya::maps::MapError>>,
-    keep: &impl Fn(Ipv4Addr) -> bool,
+    keep: &impl Fn(IpAddr) -> bool,
 ) -> Vec<RttKey> {
     keys.filter_map(Result::ok)
-        .filter(|k| !keep(Ipv4Addr::from(k.peer)))
+        .filter(|k| !keep(ip_of(k.peer)))
         .collect()
 }

@@ -8,10 +8,19 @@ use std::time::Duration;
 
 use tokio::{net::TcpListener, sync::broadcast, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use super::{Endpoint, EndpointConfig, EndpointError, SharedView};
-use crate::{probe::hello, sys::netns::Netns, util::errors::chain};
+use crate::{
+    probe::hello,
+    sys::{netns::Netns, sysctl::Sysctl},
+    util::errors::chain,
+};
+
+/// The node forwards IPv6 between its uplink and an endpoint that has an
+/// IPv6 address, for as long as the endpoint runs (restored after, unless
+/// the endpoint is kept for the next agent).
+const IPV6_FORWARDING: &str = "net/ipv6/conf/all/forwarding";
 
 /// What the controller needs besides the endpoint's configuration.
 #[derive(Debug, Clone)]
@@ -46,11 +55,16 @@ pub async fn run(
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), ControllerError> {
+    let forwarding6 = cfg.endpoint.cidr6.and_then(|_| {
+        Sysctl::set(IPV6_FORWARDING, "1")
+            .map_err(|e| warn!("could not enable IPv6 forwarding: {e}"))
+            .ok()
+    });
     let ep_cfg = cfg.endpoint.clone();
     let mut endpoint = blocking(move || Endpoint::start(ep_cfg, view)).await?;
     info!(
         id = endpoint.record().id,
-        ipv4 = %endpoint.record().ipv4,
+        addresses = %endpoint.record().addresses(),
         netns = %endpoint.record().netns,
         "health endpoint ready"
     );
@@ -125,7 +139,14 @@ pub async fn run(
     } else {
         "the controller failed"
     };
+    let keep = cfg.endpoint.keep;
     blocking(move || endpoint.shutdown(reason)).await?;
+    if keep {
+        // The kept endpoint still needs the node to forward for it.
+        std::mem::forget(forwarding6);
+    } else {
+        drop(forwarding6);
+    }
     result
 }
 

@@ -1,10 +1,16 @@
-//! IPv4 address management for the health endpoint: the node's share of the
-//! pod range (`--health-cidr`), minus its network, router and broadcast
-//! addresses and whatever is already in use.
+//! Address management for the health endpoint: the node's share of the
+//! pod range, IPv4 (`--health-cidr`, minus its network, router and
+//! broadcast addresses) and IPv6 (`--health-cidr6`, minus its network
+//! (subnet-router anycast) and router addresses), and whatever is already in
+//! use. Each family hands out its first free address, or keeps the one the
+//! endpoint had before a restart.
 
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
-pub use crate::util::cidr::Ipv4Cidr;
+pub use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IpamError {
@@ -12,6 +18,72 @@ pub enum IpamError {
     Exhausted { cidr: Ipv4Cidr, usable: u64 },
     #[error("address {addr} is not a usable host address of {cidr}")]
     NotUsable { addr: Ipv4Addr, cidr: Ipv4Cidr },
+    #[error("no free address in {cidr}: {usable} usable, all in use or reserved")]
+    Exhausted6 { cidr: Ipv6Cidr, usable: u128 },
+    #[error(
+        "{cidr} is too small for the health endpoint: a prefix longer than /{} leaves no \
+         room for a router and a host address",
+        Ipv6Cidr::LONGEST_USABLE_PREFIX
+    )]
+    TooSmall6 { cidr: Ipv6Cidr },
+    #[error("{cidr} cannot be a health CIDR: it overlaps {reserved} ({what})")]
+    Reserved6 {
+        cidr: Ipv6Cidr,
+        reserved: Ipv6Cidr,
+        what: &'static str,
+    },
+}
+
+/// IPv6 ranges no endpoint address may come from.
+const RESERVED6: [(u128, u8, &str); 4] = [
+    (0, 96, "unspecified, loopback and IPv4-compatible addresses"),
+    (0xffff_0000_0000, 96, "IPv4-mapped addresses"),
+    (0xfe80 << 112, 10, "link-local addresses"),
+    (0xff << 120, 8, "multicast addresses"),
+];
+
+/// Whether `cidr` can be an IPv6 health CIDR: room for a router and a host,
+/// and no overlap with unspecified, loopback, IPv4-mapped, link-local or
+/// multicast addresses.
+pub fn check6(cidr: Ipv6Cidr) -> Result<(), IpamError> {
+    if cidr.prefix() > Ipv6Cidr::LONGEST_USABLE_PREFIX {
+        return Err(IpamError::TooSmall6 { cidr });
+    }
+    for (network, prefix, what) in RESERVED6 {
+        let reserved = Ipv6Cidr::new(Ipv6Addr::from_bits(network), prefix)
+            .unwrap_or_else(|e| unreachable!("a constant CIDR: {e}"));
+        if reserved.contains(cidr.network()) || cidr.contains(reserved.network()) {
+            return Err(IpamError::Reserved6 {
+                cidr,
+                reserved,
+                what,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Picks an address of the IPv6 `cidr` not in `in_use`, as [`allocate`]
+/// does for IPv4: `previous` is kept when still usable and free, else the
+/// first free one.
+pub fn allocate6(
+    cidr: Ipv6Cidr,
+    in_use: &BTreeSet<Ipv6Addr>,
+    previous: Option<Ipv6Addr>,
+) -> Result<Ipv6Addr, IpamError> {
+    check6(cidr)?;
+    if let Some(prev) = previous
+        && cidr.is_usable(prev)
+        && !in_use.contains(&prev)
+    {
+        return Ok(prev);
+    }
+    cidr.usable()
+        .find(|a| !in_use.contains(a))
+        .ok_or(IpamError::Exhausted6 {
+            cidr,
+            usable: cidr.usable_count(),
+        })
 }
 
 /// Picks an address of `cidr` not in `in_use`. `previous` (the address the
@@ -87,5 +159,72 @@ mod tests {
                 .to_string();
             assert!(err.contains(tiny), "{err}");
         }
+    }
+
+    fn cidr6(s: &str) -> Ipv6Cidr {
+        s.parse().expect(s)
+    }
+
+    fn a6(s: &str) -> Ipv6Addr {
+        s.parse().expect(s)
+    }
+
+    #[test]
+    fn ipv6_first_usable_address_skipping_network_router_and_used() {
+        let c = cidr6("2001:2:0:4::/64");
+        assert_eq!(
+            allocate6(c, &BTreeSet::new(), None),
+            Ok(a6("2001:2:0:4::2"))
+        );
+        let used: BTreeSet<_> = [a6("2001:2:0:4::2"), a6("2001:2:0:4::3")].into();
+        assert_eq!(allocate6(c, &used, None), Ok(a6("2001:2:0:4::4")));
+    }
+
+    #[test]
+    fn ipv6_keeps_the_previous_address_when_free() {
+        let c = cidr6("2001:2:0:4::/64");
+        let prev = a6("2001:2:0:4::77");
+        assert_eq!(allocate6(c, &BTreeSet::new(), Some(prev)), Ok(prev));
+        let taken: BTreeSet<_> = [prev].into();
+        assert_eq!(allocate6(c, &taken, Some(prev)), Ok(a6("2001:2:0:4::2")));
+        // Outside the range (the CIDR changed), or its router: a fresh one.
+        for stale in ["2001:2:0:5::9", "2001:2:0:4::1", "2001:2:0:4::"] {
+            assert_eq!(
+                allocate6(c, &BTreeSet::new(), Some(a6(stale))),
+                Ok(a6("2001:2:0:4::2")),
+                "{stale}"
+            );
+        }
+    }
+
+    #[test]
+    fn ipv6_exhausted_too_small_and_reserved_ranges_are_refused_naming_the_cidr() {
+        let c = cidr6("2001:2:0:4::/126");
+        let used: BTreeSet<_> = [a6("2001:2:0:4::2"), a6("2001:2:0:4::3")].into();
+        let err = allocate6(c, &used, None).expect_err("full");
+        assert_eq!(
+            err.to_string(),
+            "no free address in 2001:2:0:4::/126: 2 usable, all in use or reserved"
+        );
+        for tiny in ["2001:2:0:4::/127", "2001:2:0:4::9/128"] {
+            let err = allocate6(cidr6(tiny), &BTreeSet::new(), None)
+                .expect_err(tiny)
+                .to_string();
+            assert!(err.contains(tiny) && err.contains("too small"), "{err}");
+        }
+        for (bad, needle) in [
+            ("fe80::/64", "link-local"),
+            ("ff02::/16", "multicast"),
+            ("::ffff:0.0.0.0/96", "IPv4-mapped"),
+            ("::/0", "unspecified"),
+            ("::/127", "too small"),
+            ("fe00::/7", "link-local"),
+        ] {
+            let err = allocate6(cidr6(bad), &BTreeSet::new(), None)
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains(bad) && err.contains(needle), "{bad}: {err}");
+        }
+        assert_eq!(check6(cidr6("2001:2:0:1::/64")), Ok(()));
     }
 }

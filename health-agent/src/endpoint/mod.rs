@@ -3,6 +3,7 @@
 //! reserved identity 4, walked through Cilium's endpoint lifecycle.
 
 pub mod controller;
+mod echo6;
 pub mod ipam;
 pub mod lifecycle;
 pub mod plumbing;
@@ -11,7 +12,7 @@ mod view;
 
 use std::{
     collections::BTreeSet,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     sync::{Arc, RwLock},
     time::Duration,
@@ -20,25 +21,29 @@ use std::{
 use health_common::maps::ProgId;
 use tracing::{info, warn};
 
-pub use self::view::{EndpointView, SharedView};
+pub use self::view::{EndpointView, SharedView, ipv4, ipv6};
 use self::{
     lifecycle::{InvalidTransition, Lifecycle, State},
-    plumbing::{Missing, Plan, PlumbingError},
+    plumbing::{Missing, Plan, PlumbingError, V4, V6},
     record::{EndpointRecord, RecordError, new_endpoint_id},
 };
 use crate::{
     datapath::{AttachMode, Datapath, DatapathError, Interface, TcHook},
-    endpoint::ipam::{IpamError, allocate},
+    endpoint::ipam::{IpamError, allocate, allocate6},
     sys::netlink::{NetlinkError, in_netns},
     sys::netns::{Netns, NetnsError},
-    util::cidr::Ipv4Cidr,
+    util::cidr::{Ipv4Cidr, Ipv6Cidr},
     util::errors::chain,
 };
 
 /// What the endpoint is made from.
 #[derive(Debug, Clone)]
 pub struct EndpointConfig {
-    pub cidr: Ipv4Cidr,
+    /// Where the IPv4 address comes from (`None`: the endpoint has none).
+    pub cidr: Option<Ipv4Cidr>,
+    /// Where the IPv6 address comes from (`None`: the endpoint has none).
+    /// At least one of the two is given.
+    pub cidr6: Option<Ipv6Cidr>,
     pub netns_name: String,
     pub host_iface: String,
     pub ep_iface: String,
@@ -113,43 +118,39 @@ impl Endpoint {
     pub fn start(cfg: EndpointConfig, shared: SharedView) -> Result<Self, EndpointError> {
         let previous = EndpointRecord::load(&cfg.state_dir)?;
         let netns = Netns::named(&cfg.netns_name)?;
-        let restorable = previous.as_ref().filter(|r| {
-            r.cidr == cfg.cidr
-                && r.netns == cfg.netns_name
-                && netns.exists()
-                && cfg.cidr.is_usable(r.ipv4)
-        });
+        let restorable = previous
+            .as_ref()
+            .filter(|r| r.netns == cfg.netns_name && netns.exists() && matches_config(r, &cfg));
         let mut lifecycle = Lifecycle::default();
         let record = if let Some(r) = restorable {
             lifecycle.transition(
                 State::Restoring,
                 format!(
                     "found endpoint {} ({}) in netns {} from a previous run",
-                    r.id, r.ipv4, r.netns
+                    r.id,
+                    r.addresses(),
+                    r.netns
                 ),
             )?;
             r.clone()
         } else {
-            let in_use = node_addresses(cfg.cidr)?;
-            let ipv4 = allocate(cfg.cidr, &in_use, previous.as_ref().map(|r| r.ipv4))?;
-            let id = previous
-                .as_ref()
-                .map_or_else(|| new_endpoint_id(&[]), |r| r.id);
+            let record = new_record(&cfg, previous.as_ref())?;
             lifecycle.transition(State::WaitingForIdentity, "allocating an identity")?;
-            EndpointRecord {
-                id,
-                ipv4,
-                cidr: cfg.cidr,
-                netns: cfg.netns_name.clone(),
-            }
+            record
         };
         let plan = Plan {
             netns,
             netns_name: cfg.netns_name.clone(),
             host_iface: cfg.host_iface.clone(),
             ep_iface: cfg.ep_iface.clone(),
-            ipv4: record.ipv4,
-            cidr: cfg.cidr,
+            v4: record
+                .ipv4
+                .zip(record.cidr)
+                .map(|(addr, cidr)| V4 { addr, cidr }),
+            v6: record
+                .ipv6
+                .zip(record.cidr6)
+                .map(|(addr, cidr)| V6 { addr, cidr }),
         };
         let restoring = lifecycle.state() == Some(State::Restoring);
         let mut ep = Self {
@@ -233,7 +234,7 @@ impl Endpoint {
         });
         let mut d = Datapath::load_sized(&self.cfg.pin_dir, &programs, &self.cfg.map_sizes)?;
         let iface = Interface::new(self.cfg.ep_iface.clone(), Some(self.plan.netns.clone()));
-        d.set_echo_target(&iface, self.record.ipv4)?;
+        d.set_echo_targets(&iface, self.record.ipv4, self.record.ipv6)?;
         let peer = Interface::new(self.cfg.host_iface.clone(), None);
         d.attach_echo(&iface, self.cfg.mode, Some(&peer))?;
         d.attach_tracking(&peer, self.cfg.tc_hook)?;
@@ -286,16 +287,8 @@ impl Endpoint {
                 missing.push(Missing::Programs);
             }
         }
-        if missing.is_empty() {
-            self.echo_seq = self.echo_seq.wrapping_add(1);
-            let answered =
-                crate::sys::icmp::echo(self.record.ipv4, 0x4845, self.echo_seq, echo_timeout)
-                    .map_err(|e| warn!("echo check: {e}"))
-                    .ok()
-                    .flatten();
-            if answered.is_none() {
-                missing.push(Missing::EchoReply);
-            }
+        if missing.is_empty() && !self.answers_echo(echo_timeout) {
+            missing.push(Missing::EchoReply);
         }
         if missing.is_empty() {
             return Ok(ControllerRun::default());
@@ -351,12 +344,92 @@ impl Endpoint {
     pub const fn record(&self) -> &EndpointRecord {
         &self.record
     }
+
+    /// Whether the endpoint answers an echo on each of its addresses.
+    fn answers_echo(&mut self, timeout: Duration) -> bool {
+        self.echo_seq = self.echo_seq.wrapping_add(1);
+        let seq = self.echo_seq;
+        let v4 = self.record.ipv4.is_none_or(|ip| {
+            crate::sys::icmp::echo(ip, 0x4845, seq, timeout)
+                .map_err(|e| warn!("echo check of {ip}: {e}"))
+                .ok()
+                .flatten()
+                .is_some()
+        });
+        let v6 = self.record.ipv6.is_none_or(|ip| {
+            echo6::echo6(ip, 0x4845, seq, timeout)
+                .map_err(|e| warn!("echo check of {ip}: {e}"))
+                .ok()
+                .flatten()
+                .is_some()
+        });
+        v4 && v6
+    }
+}
+
+/// Whether the record `r` of a previous run has the addresses `cfg` asks
+/// for: the same CIDRs, each address still usable.
+fn matches_config(r: &EndpointRecord, cfg: &EndpointConfig) -> bool {
+    let v4 = r.cidr == cfg.cidr
+        && match (cfg.cidr, r.ipv4) {
+            (Some(c), Some(a)) => c.is_usable(a),
+            (None, None) => true,
+            _ => false,
+        };
+    let v6 = r.cidr6 == cfg.cidr6
+        && match (cfg.cidr6, r.ipv6) {
+            (Some(c), Some(a)) => c.is_usable(a),
+            (None, None) => true,
+            _ => false,
+        };
+    v4 && v6
+}
+
+/// A new endpoint's record: an address of each configured family (the
+/// previous run's when it is still usable and free), the previous ID.
+fn new_record(
+    cfg: &EndpointConfig,
+    previous: Option<&EndpointRecord>,
+) -> Result<EndpointRecord, EndpointError> {
+    let ipv4 = cfg
+        .cidr
+        .map(|cidr| -> Result<_, EndpointError> {
+            let in_use = node_addresses(cidr)?;
+            Ok(allocate(cidr, &in_use, previous.and_then(|r| r.ipv4))?)
+        })
+        .transpose()?;
+    let ipv6 = cfg
+        .cidr6
+        .map(|cidr| -> Result<_, EndpointError> {
+            let in_use = node_addresses6(cidr)?;
+            Ok(allocate6(cidr, &in_use, previous.and_then(|r| r.ipv6))?)
+        })
+        .transpose()?;
+    Ok(EndpointRecord {
+        id: previous.map_or_else(|| new_endpoint_id(&[]), |r| r.id),
+        ipv4,
+        cidr: cfg.cidr,
+        ipv6,
+        cidr6: cfg.cidr6,
+        netns: cfg.netns_name.clone(),
+    })
 }
 
 /// IPv4 addresses already configured in this (the node's) namespace inside
 /// `cidr`: never handed to the endpoint.
 fn node_addresses(cidr: Ipv4Cidr) -> Result<BTreeSet<Ipv4Addr>, EndpointError> {
     let all = in_netns(None, |nl| async move { nl.addresses_v4().await })?;
+    Ok(all
+        .into_iter()
+        .map(|(_, a, _)| a)
+        .filter(|a| cidr.contains(*a))
+        .collect())
+}
+
+/// IPv6 addresses already configured in this (the node's) namespace inside
+/// `cidr`: never handed to the endpoint.
+fn node_addresses6(cidr: Ipv6Cidr) -> Result<BTreeSet<Ipv6Addr>, EndpointError> {
+    let all = in_netns(None, |nl| async move { nl.addresses_v6().await })?;
     Ok(all
         .into_iter()
         .map(|(_, a, _)| a)

@@ -2,25 +2,57 @@
 //!
 //! ```text
 //!  node namespace                     endpoint namespace (default "health")
-//!  lxc_health  <------- veth ------->  eth0  198.18.x.y/32
+//!  lxc_health  <------- veth ------->  eth0  198.18.x.y/32, 2001:..:y/128 (nodad)
 //!  route x.y/32 dev lxc_health         lo up
-//!                                      neigh <router> lladdr <lxc_health MAC> PERMANENT
+//!  route 2001:..:y/128 dev lxc_health  neigh <router> lladdr <lxc_health MAC> PERMANENT
 //!                                      route <router>/32 dev eth0 scope link
 //!                                      default via <router> dev eth0 onlink
+//!                                      neigh <router6> lladdr <lxc_health MAC> PERMANENT
+//!                                      route <router6>/128 dev eth0
+//!                                      default via <router6> dev eth0 onlink
 //! ```
 //!
-//! The router address (first host of the CIDR) is never configured anywhere:
-//! the static neighbour entry sends everything the endpoint emits to the host
-//! side of the veth, where the node routes it. Every step is idempotent, so
-//! the same [`ensure`] creates, restores and repairs.
+//! Each family is there when the endpoint has an address of it (IPv4,
+//! IPv6 or both). The router address (first host of the CIDR, `::1` of
+//! the IPv6 one) is never configured anywhere: the static neighbour entry
+//! sends everything the endpoint emits to the host side of the veth, where
+//! the node routes it. For IPv6 this is chosen over a default route via
+//! the host side's link-local address, which changes with the veth's MAC
+//! whenever the veth is recreated and is only usable once its duplicate
+//! address detection is over; the router address is the same in every run
+//! and needs no neighbour discovery.
+//!
+//! The other way, the node finds the endpoint's IPv6 address by neighbour
+//! discovery (the echo responder hands ND to the stack): the node's
+//! solicitation leaves from the link-local address of `lxc_health`, so
+//! duplicate address detection is switched off on both ends of a new veth
+//! (`accept_dad`, interfaces the agent owns) and their link-local addresses
+//! are usable at once; the endpoint's own address is added `nodad`. Every
+//! step is idempotent, so the same [`ensure`] creates, restores and
+//! repairs.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::{
-    sys::netlink::{NetlinkError, in_netns},
+    sys::netlink::{Netlink, NetlinkError, in_netns},
     sys::netns::{Netns, NetnsError},
-    util::cidr::Ipv4Cidr,
+    sys::sysctl::{SysctlError, write_in},
+    util::cidr::{Ipv4Cidr, Ipv6Cidr},
 };
+
+/// The endpoint's IPv4 address and the CIDR it comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct V4 {
+    pub addr: Ipv4Addr,
+    pub cidr: Ipv4Cidr,
+}
+
+/// The endpoint's IPv6 address and the CIDR it comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct V6 {
+    pub addr: Ipv6Addr,
+    pub cidr: Ipv6Cidr,
+}
 
 /// Everything that describes the endpoint's plumbing.
 #[derive(Debug, Clone)]
@@ -29,8 +61,8 @@ pub struct Plan {
     pub netns_name: String,
     pub host_iface: String,
     pub ep_iface: String,
-    pub ipv4: Ipv4Addr,
-    pub cidr: Ipv4Cidr,
+    pub v4: Option<V4>,
+    pub v6: Option<V6>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,16 +71,36 @@ pub enum PlumbingError {
     Netlink(#[from] NetlinkError),
     #[error(transparent)]
     Netns(#[from] NetnsError),
+    #[error("switching off duplicate address detection on the endpoint's veth")]
+    Sysctl(#[from] SysctlError),
     #[error("{cidr} has no router address (a /31 or /32 leaves no room for one)")]
     NoRouter { cidr: Ipv4Cidr },
+    #[error("{cidr} has no router address (a /127 or /128 leaves no room for one)")]
+    NoRouter6 { cidr: Ipv6Cidr },
 }
 
-impl Plan {
-    fn router(&self) -> Result<Ipv4Addr, PlumbingError> {
-        self.cidr
-            .router()
-            .ok_or(PlumbingError::NoRouter { cidr: self.cidr })
-    }
+/// The IPv4 address and router, when the endpoint has IPv4.
+fn v4_router(plan: &Plan) -> Result<Option<(Ipv4Addr, Ipv4Addr)>, PlumbingError> {
+    plan.v4
+        .map(|v| {
+            v.cidr
+                .router()
+                .map(|r| (v.addr, r))
+                .ok_or(PlumbingError::NoRouter { cidr: v.cidr })
+        })
+        .transpose()
+}
+
+/// The IPv6 address and router, when the endpoint has IPv6.
+fn v6_router(plan: &Plan) -> Result<Option<(Ipv6Addr, Ipv6Addr)>, PlumbingError> {
+    plan.v6
+        .map(|v| {
+            v.cidr
+                .router()
+                .map(|r| (v.addr, r))
+                .ok_or(PlumbingError::NoRouter6 { cidr: v.cidr })
+        })
+        .transpose()
 }
 
 /// A piece of the plumbing found missing or wrong.
@@ -62,6 +114,12 @@ pub enum Missing {
     HostRoute,
     DefaultRoute,
     RouterNeighbour,
+    /// The endpoint's IPv6 address.
+    Address6,
+    /// The node's route to the endpoint's IPv6 address.
+    HostRoute6,
+    /// The endpoint's IPv6 default route.
+    DefaultRoute6,
     /// The programs are not attached to the endpoint's interface as it is now.
     Programs,
     /// Everything is in place but the endpoint does not answer an echo.
@@ -79,10 +137,44 @@ impl Missing {
             Self::HostRoute => "host route",
             Self::DefaultRoute => "default route",
             Self::RouterNeighbour => "router neighbour",
+            Self::Address6 => "IPv6 address",
+            Self::HostRoute6 => "IPv6 host route",
+            Self::DefaultRoute6 => "IPv6 default route",
             Self::Programs => "programs",
             Self::EchoReply => "echo reply",
         }
     }
+}
+
+/// The node's routes to the endpoint's addresses, out of `index`: which
+/// of the planned ones are missing.
+async fn host_routes_missing(
+    nl: &Netlink,
+    plan: &Plan,
+    index: Option<u32>,
+) -> Result<Vec<Missing>, NetlinkError> {
+    let mut missing = Vec::new();
+    if let Some(v4) = plan.v4 {
+        let table = nl.routes_v4().await?;
+        let there = index.is_some()
+            && table
+                .iter()
+                .any(|r| r.destination == v4.addr && r.prefix == 32 && r.oif == index);
+        if !there {
+            missing.push(Missing::HostRoute);
+        }
+    }
+    if let Some(v6) = plan.v6 {
+        let table = nl.routes_v6().await?;
+        let there = index.is_some()
+            && table
+                .iter()
+                .any(|r| r.destination == v6.addr && r.prefix == 128 && r.oif == index);
+        if !there {
+            missing.push(Missing::HostRoute6);
+        }
+    }
+    Ok(missing)
 }
 
 /// Read-only check of the plumbing; empty when everything is in place.
@@ -91,44 +183,108 @@ pub fn inspect(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
     if !plan.netns.exists() {
         missing.push(Missing::Namespace);
     }
-    let (host_index, host_route) = in_netns(None, |nl| async move {
+    let (host_index, host_routes) = in_netns(None, |nl| async move {
         let index = nl.link_index(&plan.host_iface).await?;
-        let table = nl.routes_v4().await?;
-        let route = table.iter().any(|r| {
-            r.destination == plan.ipv4 && r.prefix == 32 && r.oif == index && index.is_some()
-        });
-        Ok((index, route))
+        let routes = host_routes_missing(&nl, plan, index).await?;
+        Ok((index, routes))
     })?;
     if host_index.is_none() {
         missing.push(Missing::HostInterface);
     }
-    if !host_route {
-        missing.push(Missing::HostRoute);
-    }
+    missing.extend(host_routes);
     if missing.contains(&Missing::Namespace) {
         return Ok(missing);
     }
-    let router = plan.router()?;
+    let v4 = v4_router(plan)?;
+    let v6 = v6_router(plan)?;
     let inside = in_netns(Some(&plan.netns), |nl| async move {
         let mut m = Vec::new();
         let Some(index) = nl.link_index(&plan.ep_iface).await? else {
             return Ok(vec![Missing::EndpointInterface]);
         };
-        let addrs = nl.addresses_v4().await?;
-        if !addrs.iter().any(|(i, a, _)| *i == index && *a == plan.ipv4) {
-            m.push(Missing::Address);
+        if let Some((addr, router)) = v4 {
+            let addrs = nl.addresses_v4().await?;
+            if !addrs.iter().any(|(i, a, _)| *i == index && *a == addr) {
+                m.push(Missing::Address);
+            }
+            let table = nl.routes_v4().await?;
+            if !table
+                .iter()
+                .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index))
+            {
+                m.push(Missing::DefaultRoute);
+            }
         }
-        let table = nl.routes_v4().await?;
-        if !table
-            .iter()
-            .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index))
-        {
-            m.push(Missing::DefaultRoute);
+        if let Some((addr, router)) = v6 {
+            let addrs = nl.addresses_v6().await?;
+            if !addrs.iter().any(|(i, a, _)| *i == index && *a == addr) {
+                m.push(Missing::Address6);
+            }
+            if !has_default6(&nl, index, router).await? {
+                m.push(Missing::DefaultRoute6);
+            }
         }
         Ok(m)
     })?;
     missing.extend(inside);
     Ok(missing)
+}
+
+async fn has_default6(nl: &Netlink, index: u32, router: Ipv6Addr) -> Result<bool, NetlinkError> {
+    Ok(nl
+        .routes_v6()
+        .await?
+        .iter()
+        .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index)))
+}
+
+/// The veth: both ends must exist; a half (one end moved or deleted with
+/// the other surviving) is removed and the pair recreated. Returns what it
+/// made.
+fn ensure_veth(plan: &Plan) -> Result<Option<Missing>, PlumbingError> {
+    let host = in_netns(
+        None,
+        |nl| async move { nl.link_index(&plan.host_iface).await },
+    )?;
+    let ep = in_netns(Some(&plan.netns), |nl| async move {
+        nl.link_index(&plan.ep_iface).await
+    })?;
+    if host.is_some() && ep.is_some() {
+        return Ok(None);
+    }
+    if host.is_some() {
+        in_netns(
+            None,
+            |nl| async move { nl.delete_link(&plan.host_iface).await },
+        )?;
+    }
+    if ep.is_some() {
+        in_netns(Some(&plan.netns), |nl| async move {
+            nl.delete_link(&plan.ep_iface).await
+        })?;
+    }
+    in_netns(None, |nl| async move {
+        nl.add_veth(&plan.host_iface, &plan.ep_iface, Some(&plan.netns))
+            .await
+    })?;
+    if plan.v6.is_some() {
+        // Before either end is up: their link-local addresses (the node's
+        // neighbour solicitations leave from lxc_health's) are then usable
+        // at once instead of after a second of DAD.
+        write_in(None, &accept_dad(&plan.host_iface), "0")?;
+        write_in(Some(&plan.netns), &accept_dad(&plan.ep_iface), "0")?;
+    }
+    Ok(Some(if host.is_none() {
+        Missing::HostInterface
+    } else {
+        Missing::EndpointInterface
+    }))
+}
+
+/// The `accept_dad` sysctl of `iface` (a dot in an interface name is a
+/// slash in its sysctl path).
+fn accept_dad(iface: &str) -> String {
+    format!("net/ipv6/conf/{}/accept_dad", iface.replace('.', "/"))
 }
 
 /// Creates whatever is missing; returns what it had to create.
@@ -138,77 +294,39 @@ pub fn ensure(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
         Netns::create(&plan.netns_name)?;
         made.push(Missing::Namespace);
     }
-    // The veth: both ends must exist; a half (one end moved or deleted
-    // with the other surviving) is removed and the pair recreated.
-    let host = in_netns(
-        None,
-        |nl| async move { nl.link_index(&plan.host_iface).await },
-    )?;
-    let ep = in_netns(Some(&plan.netns), |nl| async move {
-        nl.link_index(&plan.ep_iface).await
-    })?;
-    if host.is_none() || ep.is_none() {
-        if host.is_some() {
-            in_netns(
-                None,
-                |nl| async move { nl.delete_link(&plan.host_iface).await },
-            )?;
-        }
-        if ep.is_some() {
-            in_netns(Some(&plan.netns), |nl| async move {
-                nl.delete_link(&plan.ep_iface).await
-            })?;
-        }
-        in_netns(None, |nl| async move {
-            nl.add_veth(&plan.host_iface, &plan.ep_iface, Some(&plan.netns))
-                .await
-        })?;
-        made.push(if host.is_none() {
-            Missing::HostInterface
-        } else {
-            Missing::EndpointInterface
-        });
-    }
-    let router = plan.router()?;
-    let host_mac = in_netns(None, |nl| async move {
+    made.extend(ensure_veth(plan)?);
+    let v4 = v4_router(plan)?;
+    let v6 = v6_router(plan)?;
+    let (host_mac, host_made) = in_netns(None, |nl| async move {
         nl.set_up(&plan.host_iface).await?;
-        let table = nl.routes_v4().await?;
         let index = nl.require_link(&plan.host_iface).await?;
-        if !table
-            .iter()
-            .any(|r| r.destination == plan.ipv4 && r.prefix == 32 && r.oif == Some(index))
-        {
-            nl.replace_route(plan.ipv4, 32, &plan.host_iface, None)
-                .await?;
+        let missing = host_routes_missing(&nl, plan, Some(index)).await?;
+        for m in &missing {
+            match (m, plan.v4, plan.v6) {
+                (Missing::HostRoute, Some(v4), _) => {
+                    nl.replace_route(v4.addr, 32, &plan.host_iface, None)
+                        .await?;
+                }
+                (Missing::HostRoute6, _, Some(v6)) => {
+                    nl.replace_route6(v6.addr, 128, &plan.host_iface, None)
+                        .await?;
+                }
+                _ => {}
+            }
         }
-        Ok(nl.link_l2(&plan.host_iface).await?.1)
+        Ok((nl.link_l2(&plan.host_iface).await?.1, missing))
     })?;
+    made.extend(host_made);
     let inside = in_netns(Some(&plan.netns), |nl| async move {
         let mut m = Vec::new();
         nl.set_up("lo").await?;
         nl.set_up(&plan.ep_iface).await?;
         let index = nl.require_link(&plan.ep_iface).await?;
-        if !nl
-            .addresses_v4()
-            .await?
-            .iter()
-            .any(|(i, a, _)| *i == index && *a == plan.ipv4)
-        {
-            nl.add_address(&plan.ep_iface, plan.ipv4, 32).await?;
-            m.push(Missing::Address);
+        if let Some((addr, router)) = v4 {
+            m.extend(ensure_inside4(&nl, plan, index, addr, router, host_mac).await?);
         }
-        // The MAC changes whenever the veth is recreated: always refresh.
-        nl.replace_neighbour(&plan.ep_iface, router, host_mac)
-            .await?;
-        nl.replace_route(router, 32, &plan.ep_iface, None).await?;
-        let table = nl.routes_v4().await?;
-        if !table
-            .iter()
-            .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index))
-        {
-            nl.replace_route(Ipv4Addr::UNSPECIFIED, 0, &plan.ep_iface, Some(router))
-                .await?;
-            m.push(Missing::DefaultRoute);
+        if let Some((addr, router)) = v6 {
+            m.extend(ensure_inside6(&nl, plan, index, addr, router, host_mac).await?);
         }
         Ok(m)
     })?;
@@ -216,8 +334,74 @@ pub fn ensure(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
     Ok(made)
 }
 
+/// The endpoint's IPv4 address, router neighbour and routes.
+async fn ensure_inside4(
+    nl: &Netlink,
+    plan: &Plan,
+    index: u32,
+    addr: Ipv4Addr,
+    router: Ipv4Addr,
+    host_mac: [u8; 6],
+) -> Result<Vec<Missing>, NetlinkError> {
+    let mut m = Vec::new();
+    if !nl
+        .addresses_v4()
+        .await?
+        .iter()
+        .any(|(i, a, _)| *i == index && *a == addr)
+    {
+        nl.add_address(&plan.ep_iface, addr, 32).await?;
+        m.push(Missing::Address);
+    }
+    // The MAC changes whenever the veth is recreated: always refresh.
+    nl.replace_neighbour(&plan.ep_iface, router, host_mac)
+        .await?;
+    nl.replace_route(router, 32, &plan.ep_iface, None).await?;
+    let table = nl.routes_v4().await?;
+    if !table
+        .iter()
+        .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index))
+    {
+        nl.replace_route(Ipv4Addr::UNSPECIFIED, 0, &plan.ep_iface, Some(router))
+            .await?;
+        m.push(Missing::DefaultRoute);
+    }
+    Ok(m)
+}
+
+/// The endpoint's IPv6 address (`nodad`: usable at once), router
+/// neighbour and routes.
+async fn ensure_inside6(
+    nl: &Netlink,
+    plan: &Plan,
+    index: u32,
+    addr: Ipv6Addr,
+    router: Ipv6Addr,
+    host_mac: [u8; 6],
+) -> Result<Vec<Missing>, NetlinkError> {
+    let mut m = Vec::new();
+    if !nl
+        .addresses_v6()
+        .await?
+        .iter()
+        .any(|(i, a, _)| *i == index && *a == addr)
+    {
+        nl.add_address6(&plan.ep_iface, addr, 128).await?;
+        m.push(Missing::Address6);
+    }
+    nl.replace_neighbour6(&plan.ep_iface, router, host_mac)
+        .await?;
+    nl.replace_route6(router, 128, &plan.ep_iface, None).await?;
+    if !has_default6(nl, index, router).await? {
+        nl.replace_route6(Ipv6Addr::UNSPECIFIED, 0, &plan.ep_iface, Some(router))
+            .await?;
+        m.push(Missing::DefaultRoute6);
+    }
+    Ok(m)
+}
+
 /// Removes the endpoint: its namespace (which takes the veth, both ends,
-/// and the host route with it) and a host interface left outside.
+/// and the host routes with it) and a host interface left outside.
 pub fn remove(plan: &Plan) -> Result<(), PlumbingError> {
     let host = in_netns(
         None,

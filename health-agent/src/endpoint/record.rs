@@ -3,13 +3,13 @@
 
 use std::{
     fs, io,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
 
-use crate::util::cidr::Ipv4Cidr;
+use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
 
 pub const FILE_NAME: &str = "endpoint.json";
 
@@ -17,12 +17,37 @@ pub const FILE_NAME: &str = "endpoint.json";
 pub const HEALTH_IDENTITY: u32 = 4;
 pub const HEALTH_LABEL: &str = "reserved:health";
 
+/// The endpoint's ID, namespace and addresses: IPv4 (from `cidr`), IPv6
+/// (from `cidr6`) or both. A record of an agent from before IPv6 (`ipv4`
+/// and `cidr` only) loads as an IPv4-only endpoint; a family the endpoint
+/// does not have is left out of the file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointRecord {
     pub id: u16,
-    pub ipv4: Ipv4Addr,
-    pub cidr: Ipv4Cidr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<Ipv4Cidr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr6: Option<Ipv6Cidr>,
     pub netns: String,
+}
+
+impl EndpointRecord {
+    /// The endpoint's addresses, for logs: `198.18.64.2, 2001:2:0:1::2`.
+    #[must_use]
+    pub fn addresses(&self) -> String {
+        let v4 = self.ipv4.map(|a| a.to_string());
+        let v6 = self.ipv6.map(|a| a.to_string());
+        let all: Vec<String> = v4.into_iter().chain(v6).collect();
+        if all.is_empty() {
+            "no address".to_owned()
+        } else {
+            all.join(", ")
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -134,14 +159,66 @@ mod tests {
         );
         let r = EndpointRecord {
             id: 123,
-            ipv4: Ipv4Addr::new(198, 18, 64, 2),
-            cidr: "198.18.64.0/24".parse().expect("cidr"),
+            ipv4: Some(Ipv4Addr::new(198, 18, 64, 2)),
+            cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+            ipv6: Some("2001:2:0:1::2".parse().expect("ipv6")),
+            cidr6: Some("2001:2:0:1::/64".parse().expect("cidr6")),
             netns: "health".into(),
         };
         r.save(&dir).expect("save");
-        assert_eq!(EndpointRecord::load(&dir).expect("load"), Some(r));
+        assert_eq!(EndpointRecord::load(&dir).expect("load"), Some(r.clone()));
+        // IPv6 only: no IPv4 fields in the file, and it reads back.
+        let v6 = EndpointRecord {
+            ipv4: None,
+            cidr: None,
+            ..r
+        };
+        v6.save(&dir).expect("save");
+        let text = fs::read_to_string(dir.join(FILE_NAME)).expect("read");
+        assert!(
+            !text.contains("ipv4") && text.contains("\"cidr6\": \"2001:2:0:1::/64\""),
+            "{text}"
+        );
+        assert_eq!(EndpointRecord::load(&dir).expect("load"), Some(v6));
         EndpointRecord::remove(&dir).expect("remove");
         assert!(EndpointRecord::load(&dir).expect("load").is_none());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A record written by an agent from before IPv6 loads as an
+    /// IPv4-only endpoint.
+    #[test]
+    fn an_ipv4_only_record_of_an_older_agent_still_loads() {
+        let dir = tmp_dir("old");
+        fs::create_dir_all(&dir).expect("mkdir");
+        fs::write(
+            dir.join(FILE_NAME),
+            br#"{"id": 77, "ipv4": "198.18.64.9", "cidr": "198.18.64.0/24", "netns": "health"}"#,
+        )
+        .expect("write");
+        let r = EndpointRecord::load(&dir).expect("load").expect("a record");
+        assert_eq!(
+            r,
+            EndpointRecord {
+                id: 77,
+                ipv4: Some(Ipv4Addr::new(198, 18, 64, 9)),
+                cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+                ipv6: None,
+                cidr6: None,
+                netns: "health".into(),
+            }
+        );
+        assert_eq!(r.addresses(), "198.18.64.9");
+        // A malformed IPv6 field is refused, not dropped.
+        fs::write(
+            dir.join(FILE_NAME),
+            br#"{"id": 77, "ipv6": "2001:2::zz", "cidr6": "2001:2::/64", "netns": "health"}"#,
+        )
+        .expect("write");
+        let err = EndpointRecord::load(&dir)
+            .expect_err("malformed")
+            .to_string();
+        assert!(err.contains("not a valid endpoint record"), "{err}");
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -1,7 +1,9 @@
-//! Connectivity as counts of nodes by path type and status, from the
-//! published status at each scrape: a fixed set of series whatever the
-//! cluster's size. Per-peer series (`--metrics-per-peer`) are made from the
-//! same status, so a peer that left has none.
+//! Connectivity as counts of nodes by path type and status (over every
+//! family probed, and per family), from the published status at each
+//! scrape: a fixed set of series whatever the cluster's size. Per-peer
+//! series (`--metrics-per-peer`) are made from the same status, so a peer
+//! that left has none; a peer's secondary family's paths carry a `family`
+//! label.
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use tokio::sync::watch;
 use super::encode::{gauge, gauges};
 use crate::probe::{
     Prober,
+    family::Family,
     path::{PathState, ProbeResult},
     status::{ClusterStatus, Connectivity},
 };
@@ -27,16 +30,39 @@ pub(super) struct ConnectivityCollector {
     pub(super) per_peer: bool,
 }
 
-/// Nodes by path type (`node`: the node's own address, `endpoint`: its
-/// health endpoint) and status; every combination, zeros included.
+fn slot(r: ProbeResult) -> usize {
+    STATUSES.iter().position(|(s, _)| *s == r).unwrap_or(2)
+}
+
+/// Nodes by path type (`node`: the node's own addresses, `endpoint`: its
+/// health endpoint's) and status over every family probed; every
+/// combination, zeros included.
 fn counts(status: &ClusterStatus) -> [[u64; 3]; 2] {
     let mut counts = [[0u64; 3]; 2];
-    let slot = |r| STATUSES.iter().position(|(s, _)| *s == r).unwrap_or(2);
     for n in &status.nodes {
-        counts[0][slot(n.host.summary())] += 1;
-        counts[1][slot(n.endpoint.summary())] += 1;
+        counts[0][slot(n.state_of(false))] += 1;
+        counts[1][slot(n.state_of(true))] += 1;
     }
     counts
+}
+
+/// The same per family: `[family][type][status]`, and which families any
+/// node is shown in.
+fn family_counts(status: &ClusterStatus) -> ([[[u64; 3]; 2]; 2], [bool; 2]) {
+    let mut counts = [[[0u64; 3]; 2]; 2];
+    let mut seen = [false; 2];
+    for n in &status.nodes {
+        let pairs = [(&n.host, &n.endpoint)]
+            .into_iter()
+            .chain(n.host_secondary.as_ref().zip(n.endpoint_secondary.as_ref()));
+        for (host, endpoint) in pairs {
+            let f = host.family.index();
+            seen[f] = true;
+            counts[f][0][slot(host.summary())] += 1;
+            counts[f][1][slot(endpoint.summary())] += 1;
+        }
+    }
+    (counts, seen)
 }
 
 impl Collector for ConnectivityCollector {
@@ -55,13 +81,33 @@ impl Collector for ConnectivityCollector {
         gauges(
             &mut enc,
             "node_connectivity_status",
-            "Peers by path type (node: the node's address, endpoint: its health endpoint) and status (reachable: ICMP and HTTP succeed)",
+            "Peers by path type (node: the node's addresses, endpoint: its health endpoint's) and status (reachable: ICMP and HTTP succeed in every family probed)",
+            series,
+        )?;
+        let (by_family, seen) = family_counts(&status);
+        let series = Family::ALL
+            .into_iter()
+            .filter(|f| seen[f.index()])
+            .flat_map(|f| {
+                ["node", "endpoint"]
+                    .into_iter()
+                    .zip(by_family[f.index()])
+                    .flat_map(move |(ty, row)| {
+                        STATUSES.iter().zip(row).map(move |((_, st), n)| {
+                            ([("family", f.as_str()), ("type", ty), ("status", *st)], n)
+                        })
+                    })
+            });
+        gauges(
+            &mut enc,
+            "node_connectivity_family_status",
+            "Peers by address family probed, path type and status",
             series,
         )?;
         gauge(
             &mut enc,
             "nodes_reachable",
-            "Peers whose four paths all succeed",
+            "Peers whose paths (four per family probed) all succeed",
             i64::try_from(status.reachable()).unwrap_or(i64::MAX),
         )?;
         if self.per_peer {
@@ -72,19 +118,33 @@ impl Collector for ConnectivityCollector {
 }
 
 /// One series per peer and path: reachability (1 or 0; none while
-/// unknown) and the last RTT.
+/// unknown) and the last RTT. The primary family's paths are labelled
+/// `peer`, `type`, `protocol` (as before IPv6); the secondary family's add
+/// `family`.
 fn per_peer(enc: &mut DescriptorEncoder, status: &ClusterStatus) -> Result<(), std::fmt::Error> {
+    type Labels<'a> = Vec<(&'static str, &'a str)>;
     fn paths(c: &Connectivity) -> [(&'static str, &PathState); 2] {
         [("icmp", &c.icmp), ("http", &c.http)]
     }
     let each = || {
         status.nodes.iter().flat_map(move |n| {
-            [("node", &n.host), ("endpoint", &n.endpoint)]
+            let secondary = n
+                .host_secondary
+                .iter()
+                .map(|c| ("node", c, true))
+                .chain(n.endpoint_secondary.iter().map(|c| ("endpoint", c, true)));
+            [("node", &n.host, false), ("endpoint", &n.endpoint, false)]
                 .into_iter()
-                .flat_map(move |(ty, c)| {
-                    paths(c)
-                        .into_iter()
-                        .map(move |(proto, p)| (n.name.as_str(), ty, proto, p))
+                .chain(secondary)
+                .flat_map(move |(ty, c, labelled)| {
+                    paths(c).into_iter().map(move |(proto, p)| {
+                        let mut labels: Labels<'_> =
+                            vec![("peer", n.name.as_str()), ("type", ty), ("protocol", proto)];
+                        if labelled {
+                            labels.push(("family", c.family.as_str()));
+                        }
+                        (labels, p)
+                    })
                 })
         })
     };
@@ -97,9 +157,7 @@ fn per_peer(enc: &mut DescriptorEncoder, status: &ClusterStatus) -> Result<(), s
         enc,
         "peer_reachable",
         "Per peer and path: 1 when the path succeeds, 0 when it failed",
-        each().filter_map(|(peer, ty, proto, p)| {
-            reachable(p).map(|v| ([("peer", peer), ("type", ty), ("protocol", proto)], v))
-        }),
+        each().filter_map(|(labels, p)| reachable(p).map(|v| (labels, v))),
     )?;
     #[allow(
         clippy::cast_precision_loss,
@@ -110,14 +168,7 @@ fn per_peer(enc: &mut DescriptorEncoder, status: &ClusterStatus) -> Result<(), s
         enc,
         "peer_rtt_seconds",
         "Per peer and path: the RTT of the last successful probe",
-        each().filter_map(|(peer, ty, proto, p)| {
-            p.rtt_ns.map(|ns| {
-                (
-                    [("peer", peer), ("type", ty), ("protocol", proto)],
-                    seconds(ns),
-                )
-            })
-        }),
+        each().filter_map(|(labels, p)| p.rtt_ns.map(|ns| (labels, seconds(ns)))),
     )
 }
 
@@ -125,7 +176,7 @@ fn per_peer(enc: &mut DescriptorEncoder, status: &ClusterStatus) -> Result<(), s
 mod tests {
     use super::*;
     use crate::probe::status::NodeStatus;
-    use std::net::Ipv4Addr;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn path(result: ProbeResult) -> PathState {
         PathState {
@@ -135,16 +186,46 @@ mod tests {
     }
 
     fn node(host: ProbeResult, endpoint: ProbeResult) -> NodeStatus {
-        let c = |r, ip| Connectivity {
-            ip,
-            icmp: path(r),
-            http: path(ProbeResult::Success),
-        };
+        let c = |r, ip: Ipv4Addr| Connectivity::new(ip, path(r), path(ProbeResult::Success));
         NodeStatus {
             name: "n".into(),
             host: c(host, Ipv4Addr::new(198, 18, 0, 1)),
             endpoint: c(endpoint, Ipv4Addr::new(198, 19, 0, 1)),
+            host_secondary: None,
+            endpoint_secondary: None,
         }
+    }
+
+    /// `node(host, endpoint)` with IPv6 paths whose host ICMP is `host6`.
+    fn dual(host: ProbeResult, host6: ProbeResult) -> NodeStatus {
+        let v6: Ipv6Addr = "2001:2:1::1".parse().expect("ip");
+        let c = |r| Connectivity::new(v6, path(r), path(ProbeResult::Success));
+        NodeStatus {
+            host_secondary: Some(c(host6)),
+            endpoint_secondary: Some(c(ProbeResult::Success)),
+            ..node(host, ProbeResult::Success)
+        }
+    }
+
+    #[test]
+    fn a_failing_ipv6_path_counts_in_the_type_and_in_its_family() {
+        use ProbeResult::{Failure, Success};
+        let status = ClusterStatus {
+            local_node: None,
+            probe_interval_ms: 0,
+            probe_timeout_ms: 0,
+            round: None,
+            nodes: vec![
+                dual(Success, Failure),
+                dual(Success, Success),
+                node(Success, Success),
+            ],
+        };
+        assert_eq!(counts(&status), [[2, 1, 0], [3, 0, 0]]);
+        let (by_family, seen) = family_counts(&status);
+        assert_eq!(seen, [true, true]);
+        assert_eq!(by_family[0], [[3, 0, 0], [3, 0, 0]], "IPv4");
+        assert_eq!(by_family[1], [[1, 1, 0], [2, 0, 0]], "IPv6");
     }
 
     #[test]

@@ -36,16 +36,28 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// the prober's timeout. std's and tokio's defaults are 128 and 1024.
 pub const BACKLOG: i32 = 65_535;
 
-/// A non-blocking listener on `0.0.0.0:port` of the calling thread's
-/// namespace, with [`BACKLOG`].
+/// A non-blocking listener on `[::]:port` of the calling thread's
+/// namespace, dual-stack (IPv4 peers arrive as IPv4-mapped addresses), with
+/// [`BACKLOG`]; on `0.0.0.0:port` where the namespace has no IPv6.
 pub fn listen(port: u16) -> std::io::Result<std::net::TcpListener> {
-    let sock = socket2::Socket::new(
-        socket2::Domain::IPV4,
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
+    match listen_on(socket2::Domain::IPV6, port) {
+        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+            listen_on(socket2::Domain::IPV4, port)
+        }
+        other => other,
+    }
+}
+
+fn listen_on(domain: socket2::Domain, port: u16) -> std::io::Result<std::net::TcpListener> {
+    let sock = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
     sock.set_reuse_address(true)?;
-    sock.bind(&std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port)).into())?;
+    let addr = if domain == socket2::Domain::IPV6 {
+        sock.set_only_v6(false)?;
+        std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port))
+    } else {
+        std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port))
+    };
+    sock.bind(&addr.into())?;
     sock.listen(BACKLOG)?;
     sock.set_nonblocking(true)?;
     Ok(sock.into())
@@ -130,7 +142,9 @@ async fn accept_loop(listener: TcpListener, limits: Limits) {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Some(source) = SourceSlot::take(&per_source, peer.ip(), limits.per_source) else {
+        // An IPv4 peer of the dual-stack listener counts as its IPv4 address.
+        let ip = peer.ip().to_canonical();
+        let Some(source) = SourceSlot::take(&per_source, ip, limits.per_source) else {
             drop(stream);
             continue;
         };
@@ -271,6 +285,28 @@ mod tests {
             closed >= 1000 - PER_SOURCE,
             "{closed} of the idle connections closed"
         );
+        server.abort();
+    }
+
+    /// The listener answers IPv4 and IPv6 peers on one port.
+    #[tokio::test]
+    async fn listens_dual_stack() {
+        let std_listener = listen(0).expect("listen");
+        let port = std_listener.local_addr().expect("addr").port();
+        let listener = TcpListener::from_std(std_listener).expect("tokio listener");
+        let server = tokio::spawn(serve(listener, tokio_util::sync::CancellationToken::new()));
+        for ip in [
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ] {
+            let mut s = TcpStream::connect((ip, port)).await.expect("connect");
+            s.write_all(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+                .await
+                .expect("send");
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.expect("read");
+            assert!(out.starts_with("HTTP/1.1 200 OK"), "{ip}: {out}");
+        }
         server.abort();
     }
 

@@ -3,25 +3,31 @@
 //!
 //! The rounds themselves (number, start, when their results were recorded)
 //! are kept once per prober, in a ring of R slots indexed by `seq % R`.
-//! Each node has one ring of `4 * R` `u32`s, allocated at its first result,
-//! path-major, indexed the same way: a success stores its RTT (nanoseconds
+//! Each node has one ring of `4 * F * R` `u32`s (F: the families it is
+//! probed over, 1 or 2), allocated at its first result, path-major,
+//! indexed the same way: a success stores its RTT (nanoseconds
 //! below 2^30, microseconds above), a failure the index of its error's
 //! class (`timeout`, `connect: refused`, `HTTP 503`, ...) in a small
 //! bounded table of the prober's. The full text of a path's last error is
 //! in its [`PathState`](super::path::PathState), not here.
 
-use std::{collections::HashMap, fmt, net::Ipv4Addr, time::Duration};
+use std::{collections::HashMap, fmt, net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use super::{error::ProbeError, path::Outcome};
+use super::{
+    error::ProbeError,
+    family::{Family, PER_FAMILY, Shown},
+    path::Outcome,
+};
 
 /// Rounds kept by default (`--history-length`).
 pub const DEFAULT_LENGTH: u16 = 60;
 /// The most rounds `--history-length` may ask for: 16 bytes per node and
 /// round, 92 MB at 1,440 rounds of 4,000 peers.
 pub const MAX_LENGTH: u16 = 1440;
-/// The four paths of a node as the history names them, in their order.
+/// The four paths of a family as the history names them, in their order
+/// (the same names in both families: each path has its `family`).
 pub const PATH_NAMES: [&str; 4] = ["host-icmp", "host-http", "endpoint-icmp", "endpoint-http"];
 
 /// A failure: the low bits are an error class index.
@@ -139,14 +145,17 @@ pub(super) struct History {
     classes: ErrorClasses,
 }
 
-/// One node's part: its four paths' results in the last R rounds
-/// (nothing until its first result).
+/// One node's part: its paths' results in the last R rounds (nothing
+/// until its first result), four per family it was probed over.
 #[derive(Debug, Clone, Default)]
 pub(super) struct NodeRing {
     /// The last round recorded in `slots`.
     last_seq: u64,
-    /// `4 * R` values, path-major, at `seq % R`.
+    /// `4 * F * R` values, path-major (IPv4's four paths first), at
+    /// `seq % R`.
     slots: Box<[u32]>,
+    /// The families with rows in `slots`: bit `Family::index()`.
+    families: u8,
 }
 
 fn encode_rtt(rtt: Duration) -> u32 {
@@ -230,24 +239,76 @@ impl History {
 }
 
 impl NodeRing {
-    fn length(&self) -> usize {
-        self.slots.len() / 4
+    /// Paths kept: four per family.
+    fn width(&self) -> usize {
+        PER_FAMILY * self.families.count_ones() as usize
     }
 
-    /// Records `value` (from [`History::encode`]) for `path` in round
-    /// `seq`, the history's latest. The first result allocates the ring.
-    pub(super) fn record(&mut self, history: &History, seq: u64, path: usize, value: u32) {
-        if self.slots.is_empty() {
-            self.slots = vec![NOT_PROBED; 4 * history.length()].into_boxed_slice();
+    fn length(&self) -> usize {
+        self.slots.len().checked_div(self.width()).unwrap_or(0)
+    }
+
+    /// The row of `path` (0..8: `4 * family + kind`), when its family has
+    /// rows.
+    fn row(&self, path: usize) -> Option<usize> {
+        let bit = 1u8 << (path / PER_FAMILY);
+        (self.families & bit != 0).then(|| {
+            (self.families & (bit - 1)).count_ones() as usize * PER_FAMILY + path % PER_FAMILY
+        })
+    }
+
+    /// The same results with rows for the families of `families` (bits):
+    /// rows of others dropped, new ones not probed.
+    fn with_families(&self, families: u8, length: usize) -> Self {
+        let mut new = Self {
+            last_seq: self.last_seq,
+            slots: Box::default(),
+            families,
+        };
+        new.slots = vec![NOT_PROBED; new.width() * length].into_boxed_slice();
+        let len64 = length as u64;
+        let keep = length.min(self.length()) as u64;
+        if keep > 0 {
+            for seq in self.last_seq.saturating_sub(keep - 1).max(1)..=self.last_seq {
+                for path in 0..2 * PER_FAMILY {
+                    if let (Some(v), Some(row)) = (self.get(path, seq), new.row(path)) {
+                        new.slots[row * length + (seq % len64) as usize] = v;
+                    }
+                }
+            }
         }
-        let len = self.length();
+        new
+    }
+
+    /// Forgets the rows of the families not in `families` (bits): a node
+    /// whose addresses of a family are gone.
+    pub(super) fn retain_families(&mut self, families: u8) {
+        let kept = self.families & families;
+        if kept != self.families {
+            *self = if kept == 0 {
+                Self::default()
+            } else {
+                self.with_families(kept, self.length())
+            };
+        }
+    }
+
+    /// Records `value` (from [`History::encode`]) for `path` (0..8: `4 *
+    /// family + kind`) in round `seq`, the history's latest. The first
+    /// result of a family allocates its rows.
+    pub(super) fn record(&mut self, history: &History, seq: u64, path: usize, value: u32) {
+        let bit = 1u8 << (path / PER_FAMILY);
+        if self.families & bit == 0 {
+            *self = self.with_families(self.families | bit, history.length());
+        }
+        let (len, width) = (self.length(), self.width());
         let len64 = len as u64;
         if seq > self.last_seq {
             // The rounds since the last recorded were not probed.
             let gap = (seq - self.last_seq).min(len64);
             for s in seq + 1 - gap..=seq {
                 let i = (s % len64) as usize;
-                for p in 0..4 {
+                for p in 0..width {
                     self.slots[p * len + i] = NOT_PROBED;
                 }
             }
@@ -255,7 +316,9 @@ impl NodeRing {
         } else if seq + len64 <= self.last_seq {
             return;
         }
-        self.slots[path * len + (seq % len64) as usize] = value;
+        if let Some(row) = self.row(path) {
+            self.slots[row * len + (seq % len64) as usize] = value;
+        }
     }
 
     /// `path`'s value in round `seq`, when it was probed in it.
@@ -264,7 +327,7 @@ impl NodeRing {
         if len == 0 || seq > self.last_seq || seq + len <= self.last_seq {
             return None;
         }
-        let v = self.slots[path * self.length() + (seq % len) as usize];
+        let v = self.slots[self.row(path)? * self.length() + (seq % len) as usize];
         (v != NOT_PROBED).then_some(v)
     }
 
@@ -274,19 +337,7 @@ impl NodeRing {
         if self.slots.is_empty() || length == self.length() {
             return self.clone();
         }
-        let mut new = Self {
-            last_seq: self.last_seq,
-            slots: vec![NOT_PROBED; 4 * length].into_boxed_slice(),
-        };
-        let keep = length.min(self.length()) as u64;
-        for seq in self.last_seq.saturating_sub(keep - 1).max(1)..=self.last_seq {
-            for p in 0..4 {
-                if let Some(v) = self.get(p, seq) {
-                    new.slots[p * length + (seq % length as u64) as usize] = v;
-                }
-            }
-        }
-        new
+        self.with_families(self.families, length)
     }
 }
 
@@ -329,15 +380,18 @@ pub struct WindowStats {
 pub struct PathHistory {
     /// `host-icmp`, `host-http`, `endpoint-icmp` or `endpoint-http`.
     pub path: String,
-    pub ip: Ipv4Addr,
+    /// The family of `ip`.
+    #[serde(default)]
+    pub family: Family,
+    pub ip: IpAddr,
     pub entries: Vec<HistoryEntry>,
     pub loss_ratio: Option<f64>,
     pub rtt_p50_ns: Option<u64>,
     pub rtt_p99_ns: Option<u64>,
 }
 
-/// `GET /v1/status/history?node=NAME`: a node's four paths, in the order
-/// of [`PATH_NAMES`].
+/// `GET /v1/status/history?node=NAME`: a node's paths, in the order of
+/// [`PATH_NAMES`], the primary family's four then the secondary's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeHistory {
     pub node: String,
@@ -353,13 +407,18 @@ pub struct HistoryRound {
     pub started_ms: u64,
 }
 
-/// A node's four paths over the window, one character a round.
+/// A node's paths over the window, one character a round.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStrips {
     pub name: String,
-    /// In the order of [`PATH_NAMES`], each one character per round of
+    /// The primary family's paths (the status's `host` and `endpoint`), in
+    /// the order of [`PATH_NAMES`], each one character per round of
     /// [`HistoryStrips::rounds`]: `S` success, `F` failure, `.` not probed.
     pub paths: [String; 4],
+    /// The secondary family's (`host_secondary`, `endpoint_secondary`),
+    /// when it is probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary: Option<[String; 4]>,
 }
 
 /// `GET /v1/status/history`: every node's results over the window, as
@@ -377,7 +436,11 @@ pub struct HistoryStrips {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeStats {
     pub name: String,
+    /// The primary family's paths.
     pub paths: [WindowStats; 4],
+    /// The secondary family's, when it is probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary: Option<[WindowStats; 4]>,
 }
 
 /// `GET /v1/status/history?stats=true`: every node's figures over the
@@ -432,11 +495,20 @@ fn window_stats(
 }
 
 impl History {
-    /// A node's paths (`ips`: the node IP and the health IP).
-    pub(super) fn node(&self, name: &str, ips: [Ipv4Addr; 2], ring: &NodeRing) -> NodeHistory {
+    /// A node's paths, four per family of `families` (each with the node
+    /// address and the health address), in that order.
+    pub(super) fn node(
+        &self,
+        name: &str,
+        families: &[(Family, [IpAddr; 2])],
+        ring: &NodeRing,
+    ) -> NodeHistory {
         let mut rtts = Vec::with_capacity(self.length());
-        let paths = (0..4)
-            .map(|p| {
+        let paths = families
+            .iter()
+            .flat_map(|&(family, ips)| (0..PER_FAMILY).map(move |k| (family, ips[k / 2], k)))
+            .map(|(family, ip, k)| {
+                let p = family.index() * PER_FAMILY + k;
                 let entries = self
                     .window()
                     .filter_map(|r| {
@@ -457,8 +529,9 @@ impl History {
                     .collect();
                 let stats = window_stats(self, ring, p, &mut rtts);
                 PathHistory {
-                    path: PATH_NAMES[p].to_owned(),
-                    ip: ips[p / 2],
+                    path: PATH_NAMES[k].to_owned(),
+                    family,
+                    ip,
                     entries,
                     loss_ratio: stats.loss_ratio,
                     rtt_p50_ns: stats.rtt_p50_ns,
@@ -483,42 +556,53 @@ impl History {
             .collect()
     }
 
-    /// A node's strips over `rounds` (from [`Self::rounds`]); `None`: the
-    /// node has no result yet.
+    /// A node's strips over `rounds` (from [`Self::rounds`]), for the
+    /// families `shown`; `None`: the node has no result yet.
     pub(super) fn strips(
         name: &str,
         rounds: &[HistoryRound],
         ring: Option<&NodeRing>,
+        shown: Shown,
     ) -> NodeStrips {
-        let paths = std::array::from_fn(|p| {
-            let mut s = String::with_capacity(rounds.len());
-            for r in rounds {
-                s.push(match ring.and_then(|ring| ring.get(p, r.seq)) {
-                    None => '.',
-                    Some(v) if v & FAILED != 0 => 'F',
-                    Some(_) => 'S',
-                });
-            }
-            s
-        });
+        let family = |f: Family| -> [String; 4] {
+            std::array::from_fn(|k| {
+                let p = f.index() * PER_FAMILY + k;
+                let mut s = String::with_capacity(rounds.len());
+                for r in rounds {
+                    s.push(match ring.and_then(|ring| ring.get(p, r.seq)) {
+                        None => '.',
+                        Some(v) if v & FAILED != 0 => 'F',
+                        Some(_) => 'S',
+                    });
+                }
+                s
+            })
+        };
         NodeStrips {
             name: name.to_owned(),
-            paths,
+            paths: family(shown.primary),
+            secondary: shown.secondary.map(family),
         }
     }
 
-    /// A node's figures over the window; `rtts` is scratch space.
+    /// A node's figures over the window, for the families `shown`; `rtts`
+    /// is scratch space.
     pub(super) fn stats(
         &self,
         name: &str,
         ring: Option<&NodeRing>,
         rtts: &mut Vec<u64>,
+        shown: Shown,
     ) -> NodeStats {
         let empty = NodeRing::default();
         let ring = ring.unwrap_or(&empty);
+        let mut family = |f: Family| -> [WindowStats; 4] {
+            std::array::from_fn(|k| window_stats(self, ring, f.index() * PER_FAMILY + k, rtts))
+        };
         NodeStats {
             name: name.to_owned(),
-            paths: std::array::from_fn(|p| window_stats(self, ring, p, rtts)),
+            paths: family(shown.primary),
+            secondary: shown.secondary.map(family),
         }
     }
 }
@@ -528,7 +612,18 @@ mod tests {
     use super::*;
     use crate::probe::{error::Proto, path::RttSource};
 
-    const IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(198, 18, 0, 2), Ipv4Addr::new(198, 19, 0, 2)];
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    const IPS: [IpAddr; 2] = [
+        IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
+        IpAddr::V4(Ipv4Addr::new(198, 19, 0, 2)),
+    ];
+    const V4: [(Family, [IpAddr; 2]); 1] = [(Family::Ipv4, IPS)];
+    const SHOWN_V4: Shown = Shown {
+        primary: Family::Ipv4,
+        secondary: None,
+        probed: true,
+    };
 
     fn ok(us: u64) -> Outcome {
         Outcome::Ok {
@@ -560,7 +655,7 @@ mod tests {
         for seq in 1..=12 {
             round(&mut h, &mut ring, seq, &ok(seq * 10));
         }
-        let n = h.node("n1", IPS, &ring);
+        let n = h.node("n1", &V4, &ring);
         assert_eq!(n.window, 5);
         assert_eq!(n.paths.len(), 4);
         for (p, path) in n.paths.iter().enumerate() {
@@ -602,7 +697,7 @@ mod tests {
                 ring.record(&h, seq, p, v);
             }
         }
-        let n = h.node("n1", IPS, &ring);
+        let n = h.node("n1", &V4, &ring);
         let icmp = &n.paths[0];
         assert_eq!(icmp.entries.len(), 10);
         assert_eq!(icmp.loss_ratio, Some(0.3));
@@ -634,10 +729,10 @@ mod tests {
     fn a_path_without_successes_has_no_percentiles_and_without_results_no_ratio() {
         let (mut h, mut ring) = (History::new(4), NodeRing::default());
         round(&mut h, &mut ring, 1, &timeout());
-        let n = h.node("n1", IPS, &ring);
+        let n = h.node("n1", &V4, &ring);
         assert_eq!(n.paths[0].loss_ratio, Some(1.0));
         assert_eq!((n.paths[0].rtt_p50_ns, n.paths[0].rtt_p99_ns), (None, None));
-        let fresh = h.node("n2", IPS, &NodeRing::default());
+        let fresh = h.node("n2", &V4, &NodeRing::default());
         assert!(
             fresh
                 .paths
@@ -671,16 +766,71 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         );
-        let sa = History::strips("a", &rounds, Some(&a));
+        let sa = History::strips("a", &rounds, Some(&a), SHOWN_V4);
         assert_eq!(
             sa.paths,
             ["SSSSFS", "SSSSFS", "SSSSFS", "SSSSFS"].map(String::from)
         );
-        let sb = History::strips("b", &rounds, Some(&b));
+        let sb = History::strips("b", &rounds, Some(&b), SHOWN_V4);
         assert_eq!(sb.paths[0], ".SS.FS");
         assert_eq!(sb.paths[1], "......");
-        let none = History::strips("c", &rounds, None);
+        let none = History::strips("c", &rounds, None, SHOWN_V4);
         assert!(none.paths.iter().all(|s| s == "......"));
+    }
+
+    #[test]
+    fn a_dual_stack_node_keeps_eight_paths_and_drops_a_family_that_goes() {
+        let v6: [IpAddr; 2] = [
+            IpAddr::V6(Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, 2)),
+            IpAddr::V6(Ipv6Addr::new(0x2001, 2, 2, 0, 0, 0, 0, 2)),
+        ];
+        let both = [(Family::Ipv4, IPS), (Family::Ipv6, v6)];
+        let shown = Shown {
+            primary: Family::Ipv4,
+            secondary: Some(Family::Ipv6),
+            probed: true,
+        };
+        let (mut h, mut ring) = (History::new(4), NodeRing::default());
+        for seq in 1..=3 {
+            h.begin_round(seq, seq, seq);
+            let good = h.encode(&ok(seq));
+            let bad = h.encode(&timeout());
+            for p in 0..4 {
+                ring.record(&h, seq, p, good);
+            }
+            // IPv6: the host paths fail in round 3, and the family's rows
+            // start at round 2.
+            for p in 4..8 {
+                if seq >= 2 {
+                    ring.record(&h, seq, p, if seq == 3 && p < 6 { bad } else { good });
+                }
+            }
+        }
+        assert_eq!(ring.slots.len(), 8 * 4, "two families of four paths");
+        let n = h.node("n", &both, &ring);
+        assert_eq!(n.paths.len(), 8);
+        assert_eq!(n.paths[4].family, Family::Ipv6);
+        assert_eq!(n.paths[4].path, "host-icmp");
+        assert_eq!(n.paths[4].ip, v6[0]);
+        assert_eq!(n.paths[6].ip, v6[1]);
+        assert_eq!(n.paths[4].loss_ratio, Some(0.5));
+        assert_eq!(n.paths[0].loss_ratio, Some(0.0));
+        assert_eq!(n.paths[0].entries.len(), 3);
+        let strips = History::strips("n", &h.rounds(), Some(&ring), shown);
+        assert_eq!(strips.paths, ["SSS", "SSS", "SSS", "SSS"].map(String::from));
+        assert_eq!(
+            strips.secondary,
+            Some([".SF", ".SF", ".SS", ".SS"].map(String::from))
+        );
+        let stats = h.stats("n", Some(&ring), &mut Vec::new(), shown);
+        assert_eq!(stats.secondary.map(|s| s[1].results), Some(2));
+        // The node's IPv6 addresses went: its IPv6 rows go, IPv4's stay.
+        ring.retain_families(1);
+        assert_eq!(ring.slots.len(), 4 * 4);
+        assert_eq!(ring.get(5, 3), None);
+        let strips = History::strips("n", &h.rounds(), Some(&ring), shown);
+        assert_eq!(strips.paths[0], "SSS");
+        assert_eq!(strips.secondary.expect("shown")[0], "...");
     }
 
     #[test]
@@ -691,7 +841,7 @@ mod tests {
         for seq in 2..=5 {
             h.begin_round(seq, seq, seq);
         }
-        let n = h.node("n1", IPS, &ring);
+        let n = h.node("n1", &V4, &ring);
         assert!(n.paths.iter().all(|p| p.entries.is_empty()), "{n:?}");
     }
 
@@ -702,7 +852,7 @@ mod tests {
             round(&mut h, &mut ring, seq, &ok(seq));
         }
         let at = |h: &History, ring: &NodeRing| -> Vec<u64> {
-            h.node("n", IPS, ring).paths[3]
+            h.node("n", &V4, ring).paths[3]
                 .entries
                 .iter()
                 .map(|e| e.at_ms)

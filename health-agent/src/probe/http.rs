@@ -2,7 +2,7 @@
 //! success, 3xx success with a warning, anything else a failure.
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     time::{Duration, Instant},
 };
 
@@ -29,10 +29,11 @@ pub enum SocketSource<'a> {
     Made(socket2::Socket),
 }
 
-/// `GET /hello` from a socket of `from`, given up at `deadline` (the
-/// probe's start plus `timeout`, named in the error).
+/// `GET /hello` (to `http://[ip]:port/hello` for IPv6) from a socket of
+/// `from` (of `ip`'s family), given up at `deadline` (the probe's start
+/// plus `timeout`, named in the error).
 pub async fn probe(
-    ip: Ipv4Addr,
+    ip: IpAddr,
     port: u16,
     deadline: tokio::time::Instant,
     timeout: Duration,
@@ -64,17 +65,39 @@ fn classify(status: u16, rtt: Duration) -> Outcome {
     }
 }
 
-/// The kind of socket an HTTP probe uses.
-pub const TCP_V4: (socket2::Domain, socket2::Type, Option<socket2::Protocol>) = (
+/// A kind of socket: domain, type and protocol.
+pub type SocketKind = (socket2::Domain, socket2::Type, Option<socket2::Protocol>);
+
+/// The kind of socket an HTTP probe over IPv4 uses.
+pub const TCP_V4: SocketKind = (
     socket2::Domain::IPV4,
     socket2::Type::STREAM,
     Some(socket2::Protocol::TCP),
 );
 
-/// A non-blocking TCP socket from `from` (sockets keep the namespace they
-/// were made in for life).
-async fn socket_in(from: SocketSource<'_>) -> Result<tokio::net::TcpSocket, ProbeError> {
-    let (domain, ty, proto) = TCP_V4;
+/// The kind of socket an HTTP probe over IPv6 uses.
+pub const TCP_V6: SocketKind = (
+    socket2::Domain::IPV6,
+    socket2::Type::STREAM,
+    Some(socket2::Protocol::TCP),
+);
+
+/// The kind of socket an HTTP probe to `ip` uses.
+#[must_use]
+pub const fn tcp_for(ip: IpAddr) -> SocketKind {
+    match ip {
+        IpAddr::V4(_) => TCP_V4,
+        IpAddr::V6(_) => TCP_V6,
+    }
+}
+
+/// A non-blocking TCP socket for `ip` from `from` (sockets keep the
+/// namespace they were made in for life).
+async fn socket_in(
+    ip: IpAddr,
+    from: SocketSource<'_>,
+) -> Result<tokio::net::TcpSocket, ProbeError> {
+    let (domain, ty, proto) = tcp_for(ip);
     let sock = match from {
         SocketSource::Made(s) => Ok(s),
         SocketSource::Factory(factory) => factory.socket(domain, ty, proto).await,
@@ -88,18 +111,21 @@ async fn socket_in(from: SocketSource<'_>) -> Result<tokio::net::TcpSocket, Prob
 }
 
 async fn exchange(
-    ip: Ipv4Addr,
+    ip: IpAddr,
     port: u16,
     from: SocketSource<'_>,
 ) -> Result<(u16, Duration), ProbeError> {
-    let socket = socket_in(from).await?;
+    let socket = socket_in(ip, from).await?;
     let start = Instant::now();
+    let to = SocketAddr::new(ip, port);
     let mut stream: TcpStream = socket
-        .connect(SocketAddrV4::new(ip, port).into())
+        .connect(to)
         .await
         .map_err(|e| ProbeError::io("connect", &e))?;
+    // `SocketAddr` writes `[2001:2::1]:4240` for IPv6: the Host header's
+    // form (RFC 3986).
     let req = format!(
-        "GET /hello HTTP/1.1\r\nHost: {ip}:{port}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
+        "GET /hello HTTP/1.1\r\nHost: {to}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
     );
     stream
         .write_all(req.as_bytes())

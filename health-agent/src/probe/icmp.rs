@@ -7,64 +7,149 @@
 
 use std::{
     io::{self, Read as _},
-    net::{Ipv4Addr, SocketAddrV4},
+    mem::MaybeUninit,
+    net::{IpAddr, Ipv6Addr, SocketAddr},
     time::Duration,
 };
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::{
-    io::unix::AsyncFd,
+    io::unix::{AsyncFd, AsyncFdReadyGuard},
     time::{Instant, sleep_until},
 };
 
-use super::error::{ProbeError, Proto};
+use super::{
+    error::{ProbeError, Proto},
+    family::{Families, Family},
+};
 use crate::sys::{
-    icmp::{echo_request, parse_any_reply},
+    icmp::{echo_request, echo_request_v6, parse_any_reply, parse_any_reply_v6},
     netns::Netns,
 };
 
 /// Sequence numbers per identifier: a round of more targets uses the next
 /// identifiers too.
 const PER_IDENTIFIER: usize = 1 << 16;
+/// `ICMP6_FILTER` of `<netinet/icmp6.h>` (level `IPPROTO_ICMPV6`).
+const ICMP6_FILTER: libc::c_int = 1;
 
+/// The engine: a raw ICMP socket and a raw `ICMPv6` socket (each when its
+/// family is probed), both made in the source namespace and read by the
+/// same loop.
 pub struct IcmpProber {
-    sock: AsyncFd<Socket>,
+    v4: Option<AsyncFd<Socket>>,
+    v6: Option<AsyncFd<Socket>>,
+    /// Why a family probed has no socket (the other one's opened): its
+    /// requests fail with this.
+    missing: [Option<String>; 2],
+}
+
+/// A round's requests and what became of them.
+struct Waiting {
+    sent_at: Vec<Option<Instant>>,
+    results: Vec<Result<Duration, ProbeError>>,
+    pending: usize,
+    timeout: Duration,
+}
+
+impl Waiting {
+    /// The reply to request `i` came at `at`.
+    fn answered(&mut self, i: usize, at: Instant) {
+        if let Some(sent) = self.sent_at[i].take() {
+            let rtt = at.saturating_duration_since(sent);
+            if rtt <= self.timeout {
+                self.results[i] = Ok(rtt);
+            }
+            self.pending -= 1;
+        }
+    }
+}
+
+/// `sock`'s readiness; never, without a socket.
+async fn readable(sock: Option<&AsyncFd<Socket>>) -> io::Result<AsyncFdReadyGuard<'_, Socket>> {
+    match sock {
+        Some(s) => s.readable().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A raw socket for `family`'s echo, its buffers sized for a round.
+fn raw_socket(family: Family) -> io::Result<Socket> {
+    let sock = match family {
+        Family::Ipv4 => Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?,
+        Family::Ipv6 => Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?,
+    };
+    sock.set_nonblocking(true)?;
+    // Replies of a whole round may arrive in one burst, and all ICMP of
+    // the namespace lands here: SO_RCVBUF is capped by
+    // net.core.rmem_max (about 200 KiB, a few hundred replies), so the
+    // privileged agent forces its size past the cap.
+    force_buffer(&sock, libc::SO_RCVBUFFORCE, 16 << 20)
+        .or_else(|_| sock.set_recv_buffer_size(16 << 20))?;
+    force_buffer(&sock, libc::SO_SNDBUFFORCE, 4 << 20)
+        .or_else(|_| sock.set_send_buffer_size(4 << 20))?;
+    if family == Family::Ipv6 {
+        // Only echo replies: not the neighbour discovery and router
+        // advertisements of the namespace.
+        let mut filter = [u32::MAX; 8];
+        let t = usize::from(health_common::headers::ICMPV6_ECHO_REPLY);
+        filter[t / 32] &= !(1u32 << (t % 32));
+        setsockopt(&sock, libc::IPPROTO_ICMPV6, ICMP6_FILTER, &filter)?;
+    }
+    Ok(sock)
 }
 
 impl IcmpProber {
-    /// Opens the socket in `netns` (the caller's when `None`); needs a
-    /// tokio runtime.
-    pub fn new(netns: Option<&Netns>) -> io::Result<Self> {
-        let sock = crate::sys::netns::run_in(netns, || {
-            Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))
+    /// Opens a socket per family of `families` in `netns` (the caller's
+    /// when `None`); needs a tokio runtime. A family whose socket cannot be
+    /// opened (IPv6 disabled in the kernel) fails its own requests only,
+    /// unless no family has a socket.
+    pub fn new(netns: Option<&Netns>, families: Families) -> io::Result<Self> {
+        let opened = crate::sys::netns::run_in(netns, || {
+            Family::ALL.map(|f| families.contains(f).then(|| raw_socket(f)))
         })
-        .map_err(io::Error::other)??;
-        sock.set_nonblocking(true)?;
-        // Replies of a whole round may arrive in one burst, and all ICMP of
-        // the namespace lands here: SO_RCVBUF is capped by
-        // net.core.rmem_max (about 200 KiB, a few hundred replies), so the
-        // privileged agent forces its size past the cap.
-        force_buffer(&sock, libc::SO_RCVBUFFORCE, 16 << 20)
-            .or_else(|_| sock.set_recv_buffer_size(16 << 20))?;
-        force_buffer(&sock, libc::SO_SNDBUFFORCE, 4 << 20)
-            .or_else(|_| sock.set_send_buffer_size(4 << 20))?;
-        // SAFETY: the AsyncFd owns the socket and keeps its fd open.
-        let sock = unsafe { AsyncFd::register(sock)? };
-        Ok(Self { sock })
+        .map_err(io::Error::other)?;
+        let mut sockets: [Option<AsyncFd<Socket>>; 2] = [None, None];
+        let mut missing: [Option<String>; 2] = [None, None];
+        let mut first_error = None;
+        for (f, opened) in Family::ALL.into_iter().zip(opened) {
+            // SAFETY: the AsyncFd owns the socket and keeps its fd open.
+            let registered = opened.map(|s| s.and_then(|s| Ok(unsafe { AsyncFd::register(s)? })));
+            match registered {
+                Some(Ok(sock)) => sockets[f.index()] = Some(sock),
+                Some(Err(e)) => {
+                    missing[f.index()] = Some(format!("no {f} echo socket: {e}"));
+                    first_error.get_or_insert(e);
+                }
+                None => {}
+            }
+        }
+        if let Some(e) = first_error
+            && sockets.iter().all(Option::is_none)
+        {
+            return Err(e);
+        }
+        let [v4, v6] = sockets;
+        Ok(Self { v4, v6, missing })
     }
 
     /// The receive buffer's size as the kernel keeps it (twice what was
-    /// asked, for bookkeeping).
+    /// asked, for bookkeeping), of the first socket.
     pub fn recv_buffer_size(&self) -> io::Result<usize> {
-        self.sock.get_ref().recv_buffer_size()
+        self.v4
+            .as_ref()
+            .or(self.v6.as_ref())
+            .ok_or_else(|| io::Error::other("no ICMP socket"))?
+            .get_ref()
+            .recv_buffer_size()
     }
 
-    /// One echo to each of `targets`, the requests spread evenly over
-    /// `spread`; each answer counts when it comes within `timeout` of its
-    /// request. Results are in the order of `targets`.
+    /// One echo to each of `targets` (either family), the requests spread
+    /// evenly over `spread`; each answer counts when it comes within
+    /// `timeout` of its request. Results are in the order of `targets`.
     pub async fn round(
         &self,
-        targets: &[Ipv4Addr],
+        targets: &[IpAddr],
         timeout: Duration,
         spread: Duration,
     ) -> Vec<Result<Duration, ProbeError>> {
@@ -73,28 +158,31 @@ impl IcmpProber {
             proto: Proto::Icmp,
             after: timeout,
         });
-        let mut results: Vec<Result<Duration, ProbeError>> = vec![timed_out; n];
+        let mut w = Waiting {
+            sent_at: vec![None; n],
+            results: vec![timed_out; n],
+            pending: n,
+            timeout,
+        };
         if n == 0 {
-            return results;
+            return w.results;
         }
         let base = fastrand::u16(..);
-        let mut sent_at: Vec<Option<Instant>> = vec![None; n];
-        let mut pending = n;
         let start = Instant::now();
         let step = spread / u32::try_from(n).unwrap_or(u32::MAX).max(1);
         let mut next = 0usize;
         let mut deadline = start + spread + timeout;
         let mut buf = [0u8; 1500];
-        while pending > 0 {
+        while w.pending > 0 {
             // Send every request whose time has come.
             let now = Instant::now();
             while next < n && start + step * u32::try_from(next).unwrap_or(u32::MAX) <= now {
                 let (id, seq) = ident(base, next);
                 match self.send(targets[next], id, seq).await {
-                    Ok(()) => sent_at[next] = Some(Instant::now()),
+                    Ok(()) => w.sent_at[next] = Some(Instant::now()),
                     Err(e) => {
-                        results[next] = Err(ProbeError::io("sending echo request", &e));
-                        pending -= 1;
+                        w.results[next] = Err(ProbeError::io("sending echo request", &e));
+                        w.pending -= 1;
                     }
                 }
                 next += 1;
@@ -102,7 +190,7 @@ impl IcmpProber {
             if next == n {
                 deadline = deadline.min(Instant::now() + timeout);
             }
-            if pending == 0 {
+            if w.pending == 0 {
                 break;
             }
             let wake = if next < n {
@@ -111,22 +199,27 @@ impl IcmpProber {
                 deadline
             };
             tokio::select! {
-                ready = self.sock.readable() => {
+                ready = readable(self.v4.as_ref()) => {
                     let Ok(mut guard) = ready else { break };
                     // Drain every reply queued, then wait again.
                     while let Ok(Ok(len)) = guard.try_io(|s| {
                         let mut sock: &Socket = s.get_ref();
                         sock.read(&mut buf)
                     }) {
-                        let at = Instant::now();
-                        if let Some(i) = match_reply(&buf[..len], base, targets)
-                            && let Some(sent) = sent_at[i].take()
+                        if let Some(i) = match_reply(&buf[..len], base, targets) {
+                            w.answered(i, Instant::now());
+                        }
+                    }
+                }
+                ready = readable(self.v6.as_ref()) => {
+                    let Ok(mut guard) = ready else { break };
+                    while let Ok(Ok((len, from))) =
+                        guard.try_io(|s| recv_from(s.get_ref(), &mut buf))
+                    {
+                        if let Some(src) = from
+                            && let Some(i) = match_reply_v6(&buf[..len], src, base, targets)
                         {
-                            let rtt = at.saturating_duration_since(sent);
-                            if rtt <= timeout {
-                                results[i] = Ok(rtt);
-                            }
-                            pending -= 1;
+                            w.answered(i, Instant::now());
                         }
                     }
                 }
@@ -137,20 +230,39 @@ impl IcmpProber {
                 }
             }
         }
-        results
+        w.results
     }
 
-    async fn send(&self, dst: Ipv4Addr, id: u16, seq: u16) -> io::Result<()> {
-        let request = echo_request(id, seq);
-        let to = SockAddr::from(SocketAddrV4::new(dst, 0));
+    async fn send(&self, dst: IpAddr, id: u16, seq: u16) -> io::Result<()> {
+        let (sock, request) = match dst {
+            IpAddr::V4(_) => (self.v4.as_ref(), echo_request(id, seq)),
+            IpAddr::V6(_) => (self.v6.as_ref(), echo_request_v6(id, seq)),
+        };
+        let sock =
+            sock.ok_or_else(|| {
+                let f = Family::of(dst);
+                io::Error::other(self.missing[f.index()].clone().unwrap_or_else(|| {
+                    format!("no {f} echo socket: this agent does not probe {f}")
+                }))
+            })?;
+        let to = SockAddr::from(SocketAddr::new(dst, 0));
         loop {
-            let mut guard = self.sock.writable().await?;
+            let mut guard = sock.writable().await?;
             match guard.try_io(|s| s.get_ref().send_to(&request, &to)) {
                 Ok(r) => return r.map(|_| ()),
                 Err(_would_block) => {}
             }
         }
     }
+}
+
+/// `recvfrom` into an initialised buffer: the length and the IPv6 source.
+fn recv_from(sock: &Socket, buf: &mut [u8]) -> io::Result<(usize, Option<Ipv6Addr>)> {
+    // SAFETY: initialised bytes seen as possibly uninitialised ones; the
+    // kernel only writes to them, never de-initialises them.
+    let uninit = unsafe { &mut *(std::ptr::from_mut::<[u8]>(buf) as *mut [MaybeUninit<u8>]) };
+    let (len, from) = sock.recv_from(uninit)?;
+    Ok((len, from.as_socket_ipv6().map(|a| *a.ip())))
 }
 
 /// The identifier and sequence of the `i`-th request of a round.
@@ -165,27 +277,44 @@ const fn ident(base: u16, i: usize) -> (u16, u16) {
     )
 }
 
-/// The index of the request `pkt` answers: identifier and sequence of this
-/// round, from the address it was sent to.
-fn match_reply(pkt: &[u8], base: u16, targets: &[Ipv4Addr]) -> Option<usize> {
-    let (src, id, seq) = parse_any_reply(pkt)?;
+/// The request of this round that identifier `id` and sequence `seq`
+/// answer, when it went to `src`.
+fn matching(src: IpAddr, id: u16, seq: u16, base: u16, targets: &[IpAddr]) -> Option<usize> {
     let block = usize::from(id.wrapping_sub(base));
     let i = block * PER_IDENTIFIER + usize::from(seq);
     (targets.get(i) == Some(&src)).then_some(i)
 }
 
+/// The index of the request `pkt` (an IPv4 packet) answers: identifier and
+/// sequence of this round, from the address it was sent to.
+fn match_reply(pkt: &[u8], base: u16, targets: &[IpAddr]) -> Option<usize> {
+    let (src, id, seq) = parse_any_reply(pkt)?;
+    matching(IpAddr::V4(src), id, seq, base, targets)
+}
+
+/// The same for an `ICMPv6` message from `src`.
+fn match_reply_v6(msg: &[u8], src: Ipv6Addr, base: u16, targets: &[IpAddr]) -> Option<usize> {
+    let (id, seq) = parse_any_reply_v6(msg)?;
+    matching(IpAddr::V6(src), id, seq, base, targets)
+}
+
 /// Sets a socket buffer size past `net.core.[rw]mem_max` (`SO_RCVBUFFORCE`
 /// or `SO_SNDBUFFORCE`; needs `CAP_NET_ADMIN`).
 fn force_buffer(sock: &Socket, opt: libc::c_int, bytes: libc::c_int) -> io::Result<()> {
+    setsockopt(sock, libc::SOL_SOCKET, opt, &bytes)
+}
+
+/// `setsockopt(level, opt)` with `value` as the option's bytes.
+fn setsockopt<T>(sock: &Socket, level: libc::c_int, opt: libc::c_int, value: &T) -> io::Result<()> {
     use std::os::fd::AsRawFd as _;
-    // SAFETY: a valid socket, an int option value of the size given.
+    // SAFETY: a valid socket, an option value of the size given.
     let rc = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),
-            libc::SOL_SOCKET,
+            level,
             opt,
-            (&raw const bytes).cast(),
-            libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4),
+            std::ptr::from_ref(value).cast(),
+            libc::socklen_t::try_from(size_of::<T>()).unwrap_or(libc::socklen_t::MAX),
         )
     };
     if rc == 0 {
@@ -197,6 +326,8 @@ fn force_buffer(sock: &Socket, opt: libc::c_int, bytes: libc::c_int) -> io::Resu
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     fn reply(from: Ipv4Addr, id: u16, seq: u16) -> Vec<u8> {
@@ -211,25 +342,39 @@ mod tests {
 
     #[test]
     fn replies_match_by_identifier_sequence_and_source() {
-        let targets: Vec<Ipv4Addr> = (1..=3).map(|k| Ipv4Addr::new(198, 18, 1, k)).collect();
+        let v4: Vec<Ipv4Addr> = (1..=3).map(|k| Ipv4Addr::new(198, 18, 1, k)).collect();
+        let targets: Vec<IpAddr> = v4.iter().map(|ip| IpAddr::V4(*ip)).collect();
         let base = 0xfffe;
+        assert_eq!(match_reply(&reply(v4[2], base, 2), base, &targets), Some(2));
         assert_eq!(
-            match_reply(&reply(targets[2], base, 2), base, &targets),
-            Some(2)
-        );
-        assert_eq!(
-            match_reply(&reply(targets[1], base, 2), base, &targets),
+            match_reply(&reply(v4[1], base, 2), base, &targets),
             None,
             "a reply from another address than the request's"
         );
         assert_eq!(
-            match_reply(&reply(targets[0], base.wrapping_add(7), 0), base, &targets),
+            match_reply(&reply(v4[0], base.wrapping_add(7), 0), base, &targets),
             None,
             "another round's identifier"
         );
+        assert_eq!(match_reply(&reply(v4[0], base, 9), base, &targets), None);
+    }
+
+    #[test]
+    fn icmpv6_replies_match_in_the_same_numbering_as_ipv4() {
+        let v6: Ipv6Addr = "2001:2:1::1".parse().expect("ip");
+        let targets = [IpAddr::V4(Ipv4Addr::new(198, 18, 1, 1)), IpAddr::V6(v6)];
+        let base = 0x1000;
+        let mut msg = echo_request_v6(base, 1);
+        msg[0] = 129;
+        assert_eq!(match_reply_v6(&msg, v6, base, &targets), Some(1));
+        let other: Ipv6Addr = "2001:2:1::2".parse().expect("ip");
+        assert_eq!(match_reply_v6(&msg, other, base, &targets), None);
+        let mut first = echo_request_v6(base, 0);
+        first[0] = 129;
         assert_eq!(
-            match_reply(&reply(targets[0], base, 9), base, &targets),
-            None
+            match_reply_v6(&first, v6, base, &targets),
+            None,
+            "sequence 0 went to the IPv4 address"
         );
     }
 
@@ -252,7 +397,8 @@ mod tests {
             .trim()
             .parse()
             .expect("a number");
-        let prober = IcmpProber::new(None).expect("raw ICMP socket (run as root)");
+        let prober =
+            IcmpProber::new(None, Families::default()).expect("raw ICMP socket (run as root)");
         let size = prober.recv_buffer_size().expect("SO_RCVBUF");
         assert!(
             size >= 16 << 20 && size > 2 * rmem_max,

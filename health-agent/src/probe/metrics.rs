@@ -1,6 +1,7 @@
-//! The prober's instruments: probe latency by path type, protocol and RTT
-//! source, probes by result, round durations and probes in flight. Their
-//! series are fixed (16 label sets at most), whatever the number of peers.
+//! The prober's instruments: probe latency by path type, protocol, RTT
+//! source and address family, probes by protocol, result and family, round
+//! durations and probes in flight. Their series are fixed (40 label sets at
+//! most), whatever the number of peers.
 
 use std::time::Duration;
 
@@ -15,7 +16,10 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::path::{Outcome, RttSource};
+use super::{
+    family::Family as AddressFamily,
+    path::{Outcome, RttSource},
+};
 
 /// The labels of a latency observation.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -24,6 +28,8 @@ struct LatencyLabels {
     r#type: &'static str,
     protocol: &'static str,
     rtt_source: &'static str,
+    /// `ipv4` or `ipv6`.
+    family: &'static str,
 }
 
 /// The labels of a probe count.
@@ -31,7 +37,12 @@ struct LatencyLabels {
 struct ResultLabels {
     protocol: &'static str,
     result: &'static str,
+    family: &'static str,
 }
+
+/// A family's latency histograms: `[type][protocol]`, (kernel,
+/// userspace).
+type LatencyHandles = [[(Histogram, Histogram); 2]; 2];
 
 fn latency_histogram() -> Histogram {
     // 10 µs (a kernel-timed handshake between namespaces) to about 1.3 s,
@@ -65,8 +76,7 @@ impl Default for ProbeMetrics {
     }
 }
 
-/// Path types, by a result's index in a round (node IP at `2i`, health IP
-/// at `2i + 1`).
+/// Path types: to the node's address, to its health endpoint's.
 const TYPES: [&str; 2] = ["node", "endpoint"];
 const PROTOCOLS: [&str; 2] = ["icmp", "http"];
 
@@ -75,12 +85,12 @@ impl ProbeMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "node_connectivity_latency_seconds",
-            "Round-trip time of successful probes, by path type (node, endpoint), protocol and where it was measured (kernel, userspace)",
+            "Round-trip time of successful probes, by path type (node, endpoint), protocol, where it was measured (kernel, userspace) and address family",
             self.latency.clone(),
         );
         registry.register(
             "probes",
-            "Probes made, by protocol and result",
+            "Probes made, by protocol, result and address family",
             self.probes.clone(),
         );
         registry.register(
@@ -95,11 +105,10 @@ impl ProbeMetrics {
         );
     }
 
-    /// Records a round: `outcomes[i]` is (ICMP, HTTP) to the node IP of a
-    /// node when `i` is even, to its health IP when odd. The label sets are
-    /// looked up once per round, not once per probe.
-    pub fn record_round(&self, outcomes: &[(Outcome, Outcome)], duration: Duration) {
-        let handles: [[(Histogram, Histogram); 2]; 2] = TYPES.map(|ty| {
+    /// A family's latency histograms: `[type][protocol]`, (kernel,
+    /// userspace).
+    fn latency_handles(&self, family: AddressFamily) -> LatencyHandles {
+        TYPES.map(|ty| {
             PROTOCOLS.map(|protocol| {
                 let h = |rtt_source| {
                     self.latency
@@ -107,34 +116,61 @@ impl ProbeMetrics {
                             r#type: ty,
                             protocol,
                             rtt_source,
+                            family: family.as_str(),
                         })
                         .clone()
                 };
                 (h("kernel"), h("userspace"))
             })
-        });
-        let mut counts = [[0u64; 2]; 2];
+        })
+    }
+
+    /// Records a round: `outcomes[i]` is (ICMP, HTTP) to an address of
+    /// the family `kind(i).0`, a health endpoint's when `kind(i).1`. The
+    /// label sets are looked up once per round and family, not once per
+    /// probe, and only for the families the round probed.
+    pub fn record_round(
+        &self,
+        outcomes: &[(Outcome, Outcome)],
+        kind: impl Fn(usize) -> (AddressFamily, bool),
+        duration: Duration,
+    ) {
+        let mut handles: [Option<LatencyHandles>; 2] = [None, None];
+        // [family][protocol][success, failure]
+        let mut counts = [[[0u64; 2]; 2]; 2];
+        let mut probed = [false; 2];
         for (i, (icmp, http)) in outcomes.iter().enumerate() {
+            let (family, endpoint) = kind(i);
+            let f = family.index();
+            probed[f] = true;
             for (p, outcome) in [icmp, http].into_iter().enumerate() {
                 match outcome {
                     Outcome::Ok { rtt, source, .. } => {
-                        let (kernel, user) = &handles[i % 2][p];
+                        let family_handles =
+                            handles[f].get_or_insert_with(|| self.latency_handles(family));
+                        let (kernel, user) = &family_handles[usize::from(endpoint)][p];
                         let h = match source {
                             RttSource::Kernel => kernel,
                             RttSource::Userspace => user,
                         };
                         h.observe(rtt.as_secs_f64());
-                        counts[p][0] += 1;
+                        counts[f][p][0] += 1;
                     }
-                    Outcome::Failed(_) => counts[p][1] += 1,
+                    Outcome::Failed(_) => counts[f][p][1] += 1,
                 }
             }
         }
-        for (p, protocol) in PROTOCOLS.into_iter().enumerate() {
-            for (r, result) in ["success", "failure"].into_iter().enumerate() {
-                self.probes
-                    .get_or_create(&ResultLabels { protocol, result })
-                    .inc_by(counts[p][r]);
+        for family in AddressFamily::ALL.into_iter().filter(|f| probed[f.index()]) {
+            for (p, protocol) in PROTOCOLS.into_iter().enumerate() {
+                for (r, result) in ["success", "failure"].into_iter().enumerate() {
+                    self.probes
+                        .get_or_create(&ResultLabels {
+                            protocol,
+                            result,
+                            family: family.as_str(),
+                        })
+                        .inc_by(counts[family.index()][p][r]);
+                }
             }
         }
         self.rounds.observe(duration.as_secs_f64());
@@ -182,17 +218,27 @@ mod tests {
                 (ok(2, RttSource::Kernel), fail.clone()),
                 // health IP: both from user space
                 (ok(3, RttSource::Userspace), ok(4, RttSource::Userspace)),
+                // IPv6 node address: ICMPv6 failed, HTTP from the kernel
+                (fail.clone(), ok(5, RttSource::Kernel)),
             ],
+            |i| match i {
+                0 => (AddressFamily::Ipv4, false),
+                1 => (AddressFamily::Ipv4, true),
+                _ => (AddressFamily::Ipv6, false),
+            },
             Duration::from_millis(1200),
         );
         let t = text(&m);
         for line in [
-            r#"health_probes_total{protocol="icmp",result="success"} 2"#,
-            r#"health_probes_total{protocol="http",result="failure"} 1"#,
-            r#"health_probes_total{protocol="http",result="success"} 1"#,
-            r#"health_node_connectivity_latency_seconds_count{type="node",protocol="icmp",rtt_source="kernel"} 1"#,
-            r#"health_node_connectivity_latency_seconds_count{type="endpoint",protocol="http",rtt_source="userspace"} 1"#,
-            r#"health_node_connectivity_latency_seconds_count{type="node",protocol="http",rtt_source="kernel"} 0"#,
+            r#"health_probes_total{protocol="icmp",result="success",family="ipv4"} 2"#,
+            r#"health_probes_total{protocol="http",result="failure",family="ipv4"} 1"#,
+            r#"health_probes_total{protocol="http",result="success",family="ipv4"} 1"#,
+            r#"health_probes_total{protocol="icmp",result="failure",family="ipv6"} 1"#,
+            r#"health_probes_total{protocol="http",result="success",family="ipv6"} 1"#,
+            r#"health_node_connectivity_latency_seconds_count{type="node",protocol="icmp",rtt_source="kernel",family="ipv4"} 1"#,
+            r#"health_node_connectivity_latency_seconds_count{type="endpoint",protocol="http",rtt_source="userspace",family="ipv4"} 1"#,
+            r#"health_node_connectivity_latency_seconds_count{type="node",protocol="http",rtt_source="kernel",family="ipv4"} 0"#,
+            r#"health_node_connectivity_latency_seconds_count{type="node",protocol="http",rtt_source="kernel",family="ipv6"} 1"#,
             "health_probe_round_duration_seconds_count 1",
             "health_probe_round_duration_seconds_sum 1.2",
         ] {
@@ -207,10 +253,27 @@ mod tests {
             let round: Vec<_> = (0..peers * 2)
                 .map(|_| (ok(1, RttSource::Kernel), ok(1, RttSource::Userspace)))
                 .collect();
-            m.record_round(&round, Duration::from_secs(1));
+            m.record_round(
+                &round,
+                |i| (AddressFamily::ALL[i % 4 / 2], i % 2 == 1),
+                Duration::from_secs(1),
+            );
             text(&m).lines().filter(|l| !l.starts_with('#')).count()
         };
         assert_eq!(count(3), count(200));
+    }
+
+    #[test]
+    fn an_ipv4_only_round_makes_no_ipv6_series() {
+        let m = ProbeMetrics::default();
+        m.record_round(
+            &[(ok(1, RttSource::Userspace), ok(1, RttSource::Userspace))],
+            |_| (AddressFamily::Ipv4, false),
+            Duration::from_secs(1),
+        );
+        let t = text(&m);
+        assert!(t.contains(r#"family="ipv4""#), "{t}");
+        assert!(!t.contains(r#"family="ipv6""#), "{t}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! hello server ([`hello`]) that answers other nodes' HTTP probes.
 
 pub mod error;
+pub mod family;
 pub mod hello;
 pub mod history;
 pub mod http;

@@ -2,11 +2,12 @@
 //! engine call (no task or timer per probe); HTTP probes are futures of one
 //! task, bounded by the open-file budget, with sockets made in the source
 //! namespace by one long-lived thread. Results are kept per node (four
-//! paths each) and the published status is serialised once per change.
+//! paths per family probed, up to eight) and the published status is
+//! serialised once per change.
 
 use std::{
     collections::HashMap,
-    net::Ipv4Addr,
+    net::IpAddr,
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -17,6 +18,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     error::ProbeError,
+    family::{self, Families, Family, MAX_PATHS, PER_FAMILY, Shown},
     history::{self, History, HistoryStats, HistoryStrips, NodeHistory, NodeRing},
     http::{self, HEALTH_PORT, SocketSource},
     icmp::IcmpProber,
@@ -50,6 +52,9 @@ pub struct ProbeConfig {
     pub history_length: usize,
     /// Where rounds are counted (`None`: not instrumented).
     pub metrics: Option<Arc<super::metrics::ProbeMetrics>>,
+    /// The families of this agent's endpoint: peers are probed over these
+    /// only (an IPv6-only agent does not probe peers' IPv4 addresses).
+    pub families: Families,
 }
 
 impl Default for ProbeConfig {
@@ -66,21 +71,35 @@ impl Default for ProbeConfig {
             kernel_rtt: None,
             history_length: usize::from(history::DEFAULT_LENGTH),
             metrics: None,
+            families: Families::default(),
         }
     }
 }
 
-/// The four paths of a node, in this order.
-const HOST_ICMP: usize = 0;
-const HOST_HTTP: usize = 1;
-const EP_ICMP: usize = 2;
-const EP_HTTP: usize = 3;
-
-/// A node's four paths (in that order) and their recent results.
+/// A node's paths (`4 * family + kind`, see [`family::path_index`]) and
+/// their recent results.
 #[derive(Debug, Clone, Default)]
 struct NodePaths {
-    state: [PathState; 4],
+    state: [PathState; MAX_PATHS],
     history: NodeRing,
+}
+
+/// A round's probes: ICMP and HTTP to `ips[i]`, the address `keys[i].1`
+/// (`2 * family + 0` the node's, `+ 1` its health endpoint's) of node
+/// `keys[i].0` of the round's node set. Its paths are `2 * keys[i].1`
+/// (ICMP) and `2 * keys[i].1 + 1` (HTTP).
+struct Targets {
+    ips: Arc<Vec<IpAddr>>,
+    keys: Vec<(u32, u8)>,
+}
+
+impl Targets {
+    /// The family of probe `i` and whether it goes to the health endpoint.
+    fn kind(&self, i: usize) -> (Family, bool) {
+        let a = self.keys[i].1;
+        let family = if a >= 2 { Family::Ipv6 } else { Family::Ipv4 };
+        (family, a % 2 == 1)
+    }
 }
 
 /// The sockets of the source namespace as it was when they were made
@@ -251,9 +270,27 @@ impl Prober {
         let mut left = false;
         if let Ok(mut paths) = self.paths.lock() {
             let before = paths.len();
-            paths.retain(|name, _| nodes.contains(name));
+            // A node that lost a family's addresses (or kept them where
+            // this agent does not probe) forgets that family's paths.
+            paths.retain(|name, p| match nodes.get(name) {
+                Some(n) => {
+                    let mask = Shown::of(n, self.cfg.families)
+                        .probed()
+                        .fold(0u8, |m, f| m | 1 << f.index());
+                    p.history.retain_families(mask);
+                    for f in Family::ALL {
+                        if mask & (1 << f.index()) == 0 {
+                            let at = f.index() * PER_FAMILY;
+                            p.state[at..at + PER_FAMILY].fill_with(PathState::default);
+                        }
+                    }
+                    true
+                }
+                None => false,
+            });
             left = paths.len() < before;
         }
+        warn_unprobed(&nodes, self.cfg.families);
         if left && let Some(dir) = self.cfg.kernel_rtt.clone() {
             prune_kernel_rtt(dir, &nodes);
         }
@@ -276,19 +313,7 @@ impl Prober {
                     .ok()
                     .and_then(|p| p.get(&n.name))
                     .unwrap_or(&unknown);
-                NodeStatus {
-                    name: n.name.clone(),
-                    host: Connectivity {
-                        ip: n.node_ip,
-                        icmp: p.state[HOST_ICMP].clone(),
-                        http: p.state[HOST_HTTP].clone(),
-                    },
-                    endpoint: Connectivity {
-                        ip: n.health_ip,
-                        icmp: p.state[EP_ICMP].clone(),
-                        http: p.state[EP_HTTP].clone(),
-                    },
-                }
+                node_status(n, p, Shown::of(n, self.cfg.families))
             })
             .collect();
         ClusterStatus {
@@ -344,7 +369,7 @@ impl Prober {
             return Ok((s.icmp.clone(), s.factory.clone()));
         }
         let icmp = Arc::new(
-            IcmpProber::new(self.cfg.source_netns.as_ref())
+            IcmpProber::new(self.cfg.source_netns.as_ref(), self.cfg.families)
                 .map_err(|e| ProbeError::io("ICMP socket", &e))?,
         );
         let factory = match &self.cfg.source_netns {
@@ -372,11 +397,11 @@ impl Prober {
         let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
         let t0 = Instant::now();
         let nodes = self.nodes();
-        let targets = Arc::new(targets(&nodes));
+        let targets = targets(&nodes, self.cfg.families);
         let sockets = self.sockets();
         let ((icmp, icmp_done), (http, http_done)) = tokio::join!(
-            timed(t0, self.icmp_round(&targets, sockets.as_ref())),
-            timed(t0, self.http_round(&targets, sockets.as_ref()))
+            timed(t0, self.icmp_round(&targets.ips, sockets.as_ref())),
+            timed(t0, self.http_round(&targets.ips, sockets.as_ref()))
         );
         // Kernel RTTs replace user-space ones before the paths are locked:
         // the map lookups are syscalls, not work to do under the lock. The
@@ -387,19 +412,24 @@ impl Prober {
         let outcomes: Vec<(Outcome, Outcome)> = icmp
             .into_iter()
             .zip(http)
-            .zip(targets.iter())
+            .zip(targets.ips.iter())
             .map(|((icmp, http), ip)| {
+                let echo = match ip {
+                    IpAddr::V4(_) => health_common::headers::IPPROTO_ICMP,
+                    IpAddr::V6(_) => health_common::headers::IPPROTO_ICMPV6,
+                };
                 (
-                    kernel_rtt(*ip, health_common::headers::IPPROTO_ICMP, icmp),
+                    kernel_rtt(*ip, echo, icmp),
                     kernel_rtt(*ip, health_common::ct::IPPROTO_TCP, http),
                 )
             })
             .collect();
         if let Some(m) = &self.cfg.metrics {
-            m.record_round(&outcomes, t0.elapsed());
+            m.record_round(&outcomes, |i| targets.kind(i), t0.elapsed());
         }
         let probes = self.record(
             &nodes,
+            &targets.keys,
             outcomes,
             seq,
             epoch_ms(started),
@@ -424,12 +454,13 @@ impl Prober {
         self.status()
     }
 
-    /// Records a round's outcomes (ICMP and HTTP to `nodes`' node IP at
-    /// `2i`, to its health IP at `2i + 1`) in every path's state and
-    /// history, in one pass under the lock; returns the probes recorded.
+    /// Records a round's outcomes (ICMP and HTTP to the address `keys[i]`
+    /// names, see [`Targets`]) in every path's state and history, in one
+    /// pass under the lock; returns the probes recorded.
     pub(crate) fn record(
         &self,
         nodes: &NodeSet,
+        keys: &[(u32, u8)],
         outcomes: Vec<(Outcome, Outcome)>,
         seq: u64,
         started_ms: u64,
@@ -442,16 +473,13 @@ impl Prober {
             && let Ok(mut history) = self.history.lock()
         {
             history.begin_round(seq, started_ms, at);
-            for (i, (icmp, http)) in outcomes.into_iter().enumerate() {
-                let node = &nodes[i / 2];
+            for (&(node, address), (icmp, http)) in keys.iter().zip(outcomes) {
+                let node = &nodes[node as usize];
                 if !current.contains(&node.name) {
                     continue;
                 }
-                let (icmp_slot, http_slot) = if i % 2 == 0 {
-                    (HOST_ICMP, HOST_HTTP)
-                } else {
-                    (EP_ICMP, EP_HTTP)
-                };
+                let icmp_slot = 2 * usize::from(address);
+                let http_slot = icmp_slot + 1;
                 let entry = match paths.get_mut(&node.name) {
                     Some(e) => e,
                     None => paths.entry(node.name.clone()).or_default(),
@@ -467,8 +495,8 @@ impl Prober {
         probes
     }
 
-    /// `name`'s four paths over the history's window; `None` when it is not
-    /// in the node set.
+    /// `name`'s paths (four per family probed) over the history's window;
+    /// `None` when it is not in the node set.
     #[must_use]
     pub fn node_history(&self, name: &str) -> Option<NodeHistory> {
         let nodes = self.nodes();
@@ -477,7 +505,15 @@ impl Prober {
         let history = self.history.lock().ok()?;
         let empty = NodeRing::default();
         let ring = paths.get(name).map_or(&empty, |p| &p.history);
-        Some(history.node(name, [node.node_ip, node.health_ip], ring))
+        let families: Vec<(Family, [IpAddr; 2])> = Shown::of(node, self.cfg.families)
+            .shown()
+            .map(|f| {
+                let (ip, health) =
+                    family::addresses(node, f).unwrap_or((f.unspecified(), f.unspecified()));
+                (f, [ip, health])
+            })
+            .collect();
+        Some(history.node(name, &families, ring))
     }
 
     /// Every node's paths over the history's window, one character a
@@ -495,7 +531,14 @@ impl Prober {
         let rounds = history.rounds();
         let strips = nodes
             .iter()
-            .map(|n| History::strips(&n.name, &rounds, paths.get(&n.name).map(|p| &p.history)))
+            .map(|n| {
+                History::strips(
+                    &n.name,
+                    &rounds,
+                    paths.get(&n.name).map(|p| &p.history),
+                    Shown::of(n, self.cfg.families),
+                )
+            })
             .collect();
         HistoryStrips {
             window: history.length(),
@@ -518,7 +561,14 @@ impl Prober {
         let mut rtts = Vec::with_capacity(history.length());
         let stats = nodes
             .iter()
-            .map(|n| history.stats(&n.name, paths.get(&n.name).map(|p| &p.history), &mut rtts))
+            .map(|n| {
+                history.stats(
+                    &n.name,
+                    paths.get(&n.name).map(|p| &p.history),
+                    &mut rtts,
+                    Shown::of(n, self.cfg.families),
+                )
+            })
             .collect();
         HistoryStats {
             window: history.length(),
@@ -526,11 +576,11 @@ impl Prober {
         }
     }
 
-    /// ICMP to both addresses of every node: node IP at `2i`, health IP at
-    /// `2i + 1`. The engine runs as a task of its own, beside the HTTP ones.
+    /// ICMP (IPv4 or `ICMPv6`) to every address of `targets`. The engine
+    /// runs as a task of its own, beside the HTTP ones.
     async fn icmp_round(
         &self,
-        targets: &Arc<Vec<Ipv4Addr>>,
+        targets: &Arc<Vec<IpAddr>>,
         sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
     ) -> Vec<Outcome> {
         let targets = targets.clone();
@@ -569,7 +619,7 @@ impl Prober {
     /// round lasts the time to issue every connect plus one timeout.
     async fn http_round(
         &self,
-        targets: &Arc<Vec<Ipv4Addr>>,
+        targets: &Arc<Vec<IpAddr>>,
         sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
     ) -> Vec<Outcome> {
         let n = targets.len();
@@ -594,16 +644,20 @@ impl Prober {
                     let latest_start = &*latest_start;
                     let metrics = metrics.as_deref();
                     let mine: Vec<usize> = (w..targets.len()).step_by(workers).collect();
-                    let mut made = match (&factory, batch) {
-                        (Some(maker), true) => {
-                            let (domain, ty, proto) = http::TCP_V4;
-                            maker
-                                .sockets(domain, ty, proto, mine.len())
-                                .await
-                                .unwrap_or_default()
+                    // Made beforehand: IPv4 sockets and IPv6 ones.
+                    let mut made: [Vec<socket2::Socket>; 2] = [Vec::new(), Vec::new()];
+                    if let (Some(maker), true) = (&factory, batch) {
+                        let v6 = mine.iter().filter(|&&i| targets[i].is_ipv6()).count();
+                        for (f, count) in [(0, mine.len() - v6), (1, v6)] {
+                            if count > 0 {
+                                let (domain, ty, proto) = [http::TCP_V4, http::TCP_V6][f];
+                                made[f] = maker
+                                    .sockets(domain, ty, proto, count)
+                                    .await
+                                    .unwrap_or_default();
+                            }
                         }
-                        _ => Vec::new(),
-                    };
+                    }
                     let factory = factory.as_deref();
                     // Paced by this loop, one timer for the task (not one
                     // per probe): probe k starts at t0 + k * step.
@@ -622,7 +676,7 @@ impl Prober {
                         let now = tokio::time::Instant::now();
                         while let Some((_, i)) = queue.next_if(|(k, _)| at(*k) <= now) {
                             let (ip, slots) = (targets[i], &slots);
-                            let from = match (made.pop(), factory) {
+                            let from = match (made[usize::from(ip.is_ipv6())].pop(), factory) {
                                 (Some(s), _) => SocketSource::Made(s),
                                 (None, Some(maker)) => SocketSource::Factory(maker),
                                 (None, None) => SocketSource::Here,
@@ -684,7 +738,7 @@ async fn timed<T>(t0: Instant, f: impl Future<Output = T>) -> (T, Duration) {
 /// Removes the kernel's RTT entries of peers no longer in `nodes`, off the
 /// caller's thread (it walks the RTT maps).
 fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
-    let keep: std::collections::HashSet<Ipv4Addr> = targets(nodes).into_iter().collect();
+    let keep: std::collections::HashSet<IpAddr> = nodes.iter().flat_map(Node::addresses).collect();
     let work = move || match crate::datapath::rtt::prune(&dir, |ip| keep.contains(&ip)) {
         Ok(removed) => tracing::debug!(removed, "kernel RTT entries of departed peers removed"),
         Err(e) => tracing::warn!(
@@ -698,19 +752,77 @@ fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
     }
 }
 
-/// Both addresses of every node: node IP at `2i`, health IP at `2i + 1`.
-fn targets(nodes: &[Node]) -> Vec<Ipv4Addr> {
-    nodes
-        .iter()
-        .flat_map(|n| [n.node_ip, n.health_ip])
-        .collect()
+/// One warning for the nodes this agent cannot probe: none of their
+/// families is one of its own (the count and the first five).
+fn warn_unprobed(nodes: &NodeSet, families: Families) {
+    let mut unprobed = nodes.iter().filter(|n| !Shown::of(n, families).probed);
+    let first: Vec<&str> = unprobed.by_ref().take(5).map(|n| n.name.as_str()).collect();
+    if !first.is_empty() {
+        let count = first.len() + unprobed.count();
+        tracing::warn!(
+            count,
+            first = ?first,
+            "nodes with no address of this agent's families ({families}) are not probed (Unknown)"
+        );
+    }
+}
+
+/// Both addresses of every node in each family it has and this agent
+/// probes (primary family first), as [`Targets`] numbers them.
+fn targets(nodes: &[Node], families: Families) -> Targets {
+    let mut ips = Vec::with_capacity(nodes.len() * 2);
+    let mut keys = Vec::with_capacity(nodes.len() * 2);
+    for (i, n) in nodes.iter().enumerate() {
+        let i = u32::try_from(i).unwrap_or(u32::MAX);
+        for f in Family::ALL {
+            if families.contains(f)
+                && let Some((ip, health)) = family::addresses(n, f)
+            {
+                let a = 2 * u8::from(f == Family::Ipv6);
+                ips.extend([ip, health]);
+                keys.extend([(i, a), (i, a + 1)]);
+            }
+        }
+    }
+    Targets {
+        ips: Arc::new(ips),
+        keys,
+    }
+}
+
+/// A node's status: its primary family's paths as `host` and `endpoint`,
+/// the secondary's (when probed) as `host_secondary` and
+/// `endpoint_secondary`.
+fn node_status(n: &Node, p: &NodePaths, shown: Shown) -> NodeStatus {
+    let connectivity = |f: Family, endpoint: bool| {
+        let (ip, health) = family::addresses(n, f).unwrap_or((f.unspecified(), f.unspecified()));
+        let base = f.index() * PER_FAMILY + 2 * usize::from(endpoint);
+        let mut c = Connectivity::new(
+            if endpoint { health } else { ip },
+            p.state[base].clone(),
+            p.state[base + 1].clone(),
+        );
+        if !shown.probed {
+            let why = format!("not probed: this agent has no {f} address");
+            c.icmp.warning = Some(why.clone());
+            c.http.warning = Some(why);
+        }
+        c
+    };
+    NodeStatus {
+        name: n.name.clone(),
+        host: connectivity(shown.primary, false),
+        endpoint: connectivity(shown.primary, true),
+        host_secondary: shown.secondary.map(|f| connectivity(f, false)),
+        endpoint_secondary: shown.secondary.map(|f| connectivity(f, true)),
+    }
 }
 
 /// Replaces a user-space RTT by the kernel's sample of the same round
 /// (ICMP: the echo; HTTP: the TCP handshake), when there is one.
 fn with_kernel_rtt(
     kernel: Option<&KernelRtt>,
-    ip: Ipv4Addr,
+    ip: IpAddr,
     proto: u8,
     outcome: Outcome,
     since: u64,
@@ -736,7 +848,13 @@ fn with_kernel_rtt(
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
     use super::*;
+    use crate::probe::{
+        family::{EP_HTTP, EP_ICMP, HOST_HTTP, HOST_ICMP, path_index},
+        path::ProbeResult,
+    };
 
     #[test]
     fn the_gzipped_status_is_the_status_and_made_once() {
@@ -744,8 +862,10 @@ mod tests {
         let nodes = (0..500u16)
             .map(|i| Node {
                 name: format!("node-{i:04}"),
-                node_ip: Ipv4Addr::new(198, 18, (i >> 8) as u8, i as u8),
-                health_ip: Ipv4Addr::new(198, 19, (i >> 8) as u8, i as u8),
+                node_ip: Some(Ipv4Addr::new(198, 18, (i >> 8) as u8, i as u8)),
+                health_ip: Some(Ipv4Addr::new(198, 19, (i >> 8) as u8, i as u8)),
+                node_ip6: None,
+                health_ip6: None,
                 zone: None,
             })
             .collect();
@@ -787,22 +907,213 @@ mod tests {
     /// Round `seq` over the prober's nodes: every path succeeds with an RTT
     /// of `seq` µs, except `failing`'s host HTTP path.
     fn round_with(prober: &Prober, seq: u64, failing: Option<&str>) -> usize {
+        round_where(prober, seq, |n, family, endpoint| {
+            let bad = failing == Some(n.name.as_str()) && family == Family::Ipv4 && !endpoint;
+            (ok(seq), if bad { refused() } else { ok(seq) })
+        })
+    }
+
+    /// Round `seq` over the prober's nodes, each probe's (ICMP, HTTP)
+    /// outcomes from `outcome(node, family, to the endpoint)`.
+    fn round_where(
+        prober: &Prober,
+        seq: u64,
+        outcome: impl Fn(&Node, Family, bool) -> (Outcome, Outcome),
+    ) -> usize {
         let set = prober.nodes();
-        let outcomes = set
-            .iter()
-            .flat_map(|n| {
-                let host_http = if failing == Some(n.name.as_str()) {
-                    refused()
-                } else {
-                    ok(seq)
-                };
-                [(ok(seq), host_http), (ok(seq), ok(seq))]
+        let t = targets(&set, prober.cfg.families);
+        let outcomes = (0..t.keys.len())
+            .map(|i| {
+                let (family, endpoint) = t.kind(i);
+                outcome(&set[t.keys[i].0 as usize], family, endpoint)
             })
             .collect();
         prober
             .round_seq
             .store(seq, std::sync::atomic::Ordering::Relaxed);
-        prober.record(&set, outcomes, seq, seq * 1000, seq * 1000 + 7)
+        let recorded = prober.record(&set, &t.keys, outcomes, seq, seq * 1000, seq * 1000 + 7);
+        prober.publish(prober.snapshot(None), true);
+        recorded
+    }
+
+    /// `a` dual-stack, `b` IPv4-only, `c` IPv6-only.
+    fn mixed() -> NodeSet {
+        let v4 = |n: u8| Ipv4Addr::new(198, 18, 1, n);
+        let h4 = |n: u8| Ipv4Addr::new(198, 18, 2, n);
+        let v6 = |n: u16| Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, n);
+        let h6 = |n: u16| Ipv6Addr::new(0x2001, 2, 2, 0, 0, 0, 0, n);
+        NodeSet::new(vec![
+            Node {
+                node_ip6: Some(v6(1)),
+                health_ip6: Some(h6(1)),
+                ..Node::v4("a", v4(1), h4(1))
+            },
+            Node::v4("b", v4(2), h4(2)),
+            Node {
+                name: "c".into(),
+                node_ip6: Some(v6(3)),
+                health_ip6: Some(h6(3)),
+                ..Node::default()
+            },
+        ])
+        .expect("unique")
+    }
+
+    fn prober_of(families: Families) -> Arc<Prober> {
+        let prober = Prober::new(ProbeConfig {
+            families,
+            thresholds: Thresholds {
+                success: 1,
+                failure: 1,
+            },
+            ..ProbeConfig::default()
+        });
+        prober.set_nodes(mixed());
+        prober
+    }
+
+    #[test]
+    fn paths_per_family_follow_the_node_and_the_agents_families() {
+        let count = |families| {
+            let t = targets(&mixed(), families);
+            assert_eq!(t.ips.len(), t.keys.len());
+            let per_node: Vec<usize> = ["a", "b", "c"]
+                .iter()
+                .enumerate()
+                .map(|(i, _)| 2 * t.keys.iter().filter(|k| k.0 as usize == i).count())
+                .collect();
+            (per_node, t.ips.iter().filter(|ip| ip.is_ipv6()).count())
+        };
+        // Paths per node (2 per address probed) and IPv6 addresses probed.
+        assert_eq!(count(Families::Ipv4), (vec![4, 4, 0], 0));
+        assert_eq!(count(Families::Dual), (vec![8, 4, 4], 4));
+        assert_eq!(count(Families::Ipv6), (vec![4, 0, 4], 4));
+        // Primary first: a's IPv4 addresses, then its IPv6 ones.
+        let t = targets(&mixed(), Families::Dual);
+        assert_eq!(t.keys[..4], [(0, 0), (0, 1), (0, 2), (0, 3)]);
+        assert_eq!(t.kind(3), (Family::Ipv6, true));
+        assert_eq!(
+            t.ips[2],
+            IpAddr::V6(Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, 1))
+        );
+    }
+
+    #[test]
+    fn a_dual_stack_node_is_reachable_only_over_all_eight_paths() {
+        let prober = prober_of(Families::Dual);
+        // Everything succeeds but a's IPv6 endpoint ICMP.
+        let recorded = round_where(&prober, 1, |n, family, endpoint| {
+            let bad = n.name == "a" && family == Family::Ipv6 && endpoint;
+            (if bad { refused() } else { ok(10) }, ok(20))
+        });
+        assert_eq!(recorded, 16, "8 + 4 + 4 paths");
+        let status = prober.status();
+        let a = &status.nodes[0];
+        assert_eq!(
+            (a.host.family, a.endpoint.family),
+            (Family::Ipv4, Family::Ipv4)
+        );
+        let (h2, e2) = (
+            a.host_secondary.as_ref().expect("a's IPv6 host"),
+            a.endpoint_secondary.as_ref().expect("a's IPv6 endpoint"),
+        );
+        assert_eq!(
+            (h2.family, h2.ip),
+            (Family::Ipv6, "2001:2:1::1".parse().expect("ip"))
+        );
+        assert_eq!(e2.icmp.result, ProbeResult::Failure);
+        assert_eq!(a.host.icmp.result, ProbeResult::Success);
+        assert_eq!(a.state(), ProbeResult::Failure);
+        // b: IPv4 only, no secondary; c: IPv6 only, primary IPv6.
+        let (b, c) = (&status.nodes[1], &status.nodes[2]);
+        assert!(b.reachable() && b.host_secondary.is_none());
+        assert!(c.reachable() && c.host_secondary.is_none());
+        assert_eq!(c.host.family, Family::Ipv6);
+        assert_eq!(status.summary().reachable, 2);
+        let json = String::from_utf8(prober.status_json().to_vec()).expect("utf-8");
+        assert_eq!(json.matches("host_secondary").count(), 1, "{json}");
+        // History: eight paths for a, the secondary strips and figures.
+        let h = prober.node_history("a").expect("a");
+        assert_eq!(h.paths.len(), 8);
+        assert_eq!(h.paths[6].family, Family::Ipv6);
+        assert_eq!(h.paths[6].path, "endpoint-icmp");
+        assert_eq!(
+            h.paths[6].entries[0].outcome,
+            history::EntryOutcome::Failure
+        );
+        let strips = prober.history_strips();
+        assert_eq!(
+            strips.nodes[0]
+                .secondary
+                .as_ref()
+                .map(|s| s[EP_ICMP].as_str()),
+            Some("F")
+        );
+        assert_eq!(strips.nodes[0].paths[EP_ICMP], "S");
+        assert!(strips.nodes[1].secondary.is_none());
+        assert_eq!(strips.nodes[2].paths[HOST_ICMP], "S", "c's primary is IPv6");
+        let figures = prober.history_stats();
+        assert_eq!(
+            figures.nodes[0].secondary.map(|s| s[EP_ICMP].loss_ratio),
+            Some(Some(1.0))
+        );
+    }
+
+    #[test]
+    fn an_ipv6_only_agent_probes_no_ipv4_address() {
+        let prober = prober_of(Families::Ipv6);
+        let recorded = round_where(&prober, 1, |_, family, _| {
+            assert_eq!(family, Family::Ipv6, "an IPv4 address was probed");
+            (ok(5), ok(6))
+        });
+        assert_eq!(recorded, 8, "a's and c's four IPv6 paths");
+        let status = prober.status();
+        let (a, b) = (&status.nodes[0], &status.nodes[1]);
+        assert_eq!(a.host.family, Family::Ipv6);
+        assert!(a.reachable() && a.host_secondary.is_none());
+        // b has no IPv6: shown with its IPv4 addresses, never probed.
+        assert_eq!(b.state(), ProbeResult::Unknown);
+        assert_eq!(b.host.icmp.probes, 0);
+        assert!(
+            b.host
+                .icmp
+                .warning
+                .as_deref()
+                .is_some_and(|w| w.contains("no ipv4")),
+            "{:?}",
+            b.host.icmp
+        );
+        assert_eq!(status.summary().unknown, 1);
+    }
+
+    #[test]
+    fn a_node_that_loses_its_ipv6_addresses_forgets_their_paths() {
+        let prober = prober_of(Families::Dual);
+        round_where(&prober, 1, |_, _, _| (refused(), refused()));
+        assert_eq!(
+            prober.status().nodes[0]
+                .host_secondary
+                .as_ref()
+                .map(|c| c.icmp.result),
+            Some(ProbeResult::Failure)
+        );
+        let mut nodes: Vec<Node> = mixed().to_vec();
+        nodes[0].node_ip6 = None;
+        nodes[0].health_ip6 = None;
+        prober.set_nodes(NodeSet::new(nodes.clone()).expect("unique"));
+        let a = &prober.status().nodes[0];
+        assert!(a.host_secondary.is_none());
+        assert_eq!(a.host.icmp.result, ProbeResult::Failure, "IPv4 kept");
+        // Back with IPv6: its paths start over, Unknown.
+        prober.set_nodes(mixed());
+        let a = &prober.status().nodes[0];
+        let v6 = a.host_secondary.as_ref().expect("IPv6 again");
+        assert_eq!((v6.icmp.result, v6.icmp.probes), (ProbeResult::Unknown, 0));
+        assert_eq!(
+            prober.node_history("a").expect("a").paths[4].entries.len(),
+            0
+        );
+        assert_eq!(path_index(Family::Ipv6, EP_HTTP), 7);
     }
 
     #[test]
@@ -820,8 +1131,9 @@ mod tests {
         assert_eq!((a.node.as_str(), a.window), ("a", 4));
         let names: Vec<&str> = a.paths.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(names, history::PATH_NAMES);
-        assert_eq!(a.paths[0].ip, Ipv4Addr::new(198, 18, 0, 1));
-        assert_eq!(a.paths[2].ip, Ipv4Addr::new(198, 19, 0, 1));
+        assert_eq!(a.paths.len(), 4, "an IPv4-only node: four paths");
+        assert_eq!(a.paths[0].ip, IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)));
+        assert_eq!(a.paths[2].ip, IpAddr::V4(Ipv4Addr::new(198, 19, 0, 1)));
         let host_http = &a.paths[HOST_HTTP];
         let seen: Vec<(u64, Option<&str>)> = host_http
             .entries

@@ -1,48 +1,115 @@
 //! What `GET /v1/status` returns, after Cilium's health API.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::path::{PathState, ProbeResult};
+use super::{
+    family::Family,
+    path::{PathState, ProbeResult},
+};
 
 /// ICMP and HTTP to one address of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Connectivity {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
+    /// `ipv4` or `ipv6`: the family of `ip`.
+    #[serde(default)]
+    pub family: Family,
     pub icmp: PathState,
     pub http: PathState,
 }
 
 impl Connectivity {
+    /// ICMP and HTTP to `ip` (its family taken from it).
+    #[must_use]
+    pub fn new(ip: impl Into<IpAddr>, icmp: PathState, http: PathState) -> Self {
+        let ip = ip.into();
+        Self {
+            ip,
+            family: Family::of(ip),
+            icmp,
+            http,
+        }
+    }
+
     #[must_use]
     pub fn summary(&self) -> ProbeResult {
         summarize([self.icmp.result, self.http.result])
     }
 }
 
+/// A node's connectivity, as Cilium's health API has it: the primary
+/// address's in `host` and `endpoint` (IPv4 when this agent probes the
+/// node's IPv4 addresses), the other family's, when it is probed too, in
+/// `host_secondary` and `endpoint_secondary`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub name: String,
-    /// Connectivity to the node's own address ("Host connectivity").
+    /// Connectivity to the node's own (primary) address ("Host
+    /// connectivity").
     pub host: Connectivity,
-    /// Connectivity to the node's health endpoint.
+    /// Connectivity to the node's health endpoint's (primary) address.
     pub endpoint: Connectivity,
+    /// Connectivity to the node's address of the other family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_secondary: Option<Connectivity>,
+    /// Connectivity to its health endpoint's address of the other family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_secondary: Option<Connectivity>,
 }
 
 impl NodeStatus {
-    /// Reachable: all four paths succeed.
+    /// Every connectivity of the node: primary host and endpoint, then the
+    /// secondary ones present.
+    pub fn connectivities(&self) -> impl Iterator<Item = &Connectivity> {
+        [&self.host, &self.endpoint]
+            .into_iter()
+            .chain(self.host_secondary.as_ref())
+            .chain(self.endpoint_secondary.as_ref())
+    }
+
+    /// Reachable: all its paths (four per family probed) succeed.
     #[must_use]
     pub fn reachable(&self) -> bool {
         self.state() == ProbeResult::Success
     }
 
-    /// The node's state over its four paths: Failure if any failed, else
+    /// The node's state over all its paths: Failure if any failed, else
     /// Unknown if any is unknown, else Success.
     #[must_use]
     pub fn state(&self) -> ProbeResult {
-        summarize([self.host.summary(), self.endpoint.summary()])
+        summarize_all(self.connectivities().map(Connectivity::summary))
     }
+
+    /// The state of the node's paths to its own addresses (`endpoint`:
+    /// to its health endpoint's), every family probed.
+    #[must_use]
+    pub fn state_of(&self, endpoint: bool) -> ProbeResult {
+        let (primary, secondary) = if endpoint {
+            (&self.endpoint, &self.endpoint_secondary)
+        } else {
+            (&self.host, &self.host_secondary)
+        };
+        summarize_all(
+            std::iter::once(primary)
+                .chain(secondary.as_ref())
+                .map(Connectivity::summary),
+        )
+    }
+}
+
+/// [`summarize`] over any number of results.
+fn summarize_all(results: impl Iterator<Item = ProbeResult>) -> ProbeResult {
+    let mut out = ProbeResult::Success;
+    for r in results {
+        match r {
+            ProbeResult::Failure => return ProbeResult::Failure,
+            ProbeResult::Unknown => out = ProbeResult::Unknown,
+            ProbeResult::Success => {}
+        }
+    }
+    out
 }
 
 /// Failure if any failed, else Unknown if any is unknown, else Success.
@@ -125,7 +192,7 @@ pub struct StatusSummary {
     pub local_node: Option<String>,
     pub round: Option<RoundInfo>,
     pub nodes: usize,
-    /// All four paths succeed.
+    /// All its paths succeed.
     pub reachable: usize,
     /// At least one path failed.
     pub unreachable: usize,
@@ -135,6 +202,8 @@ pub struct StatusSummary {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
     use super::*;
 
     #[test]
@@ -143,5 +212,106 @@ mod tests {
         assert_eq!(summarize([Success, Success]), Success);
         assert_eq!(summarize([Success, Unknown]), Unknown);
         assert_eq!(summarize([Unknown, Failure]), Failure);
+    }
+
+    fn path(result: ProbeResult) -> PathState {
+        PathState {
+            result,
+            ..PathState::default()
+        }
+    }
+
+    fn conn(ip: impl Into<IpAddr>, icmp: ProbeResult, http: ProbeResult) -> Connectivity {
+        Connectivity::new(ip, path(icmp), path(http))
+    }
+
+    /// A dual-stack node: IPv4 paths all `v4`, IPv6 host ICMP `v6_icmp`
+    /// and the other IPv6 paths successful.
+    fn dual(v4: ProbeResult, v6_icmp: ProbeResult) -> NodeStatus {
+        use ProbeResult::Success;
+        NodeStatus {
+            name: "n".into(),
+            host: conn(Ipv4Addr::new(198, 18, 1, 1), v4, v4),
+            endpoint: conn(Ipv4Addr::new(198, 18, 2, 1), v4, v4),
+            host_secondary: Some(conn(
+                "2001:2:1::1".parse::<Ipv6Addr>().expect("ip"),
+                v6_icmp,
+                Success,
+            )),
+            endpoint_secondary: Some(conn(
+                "2001:2:2::1".parse::<Ipv6Addr>().expect("ip"),
+                Success,
+                Success,
+            )),
+        }
+    }
+
+    #[test]
+    fn a_node_is_reachable_only_when_every_path_of_every_family_succeeds() {
+        use ProbeResult::{Failure, Success, Unknown};
+        assert!(dual(Success, Success).reachable());
+        let v6_down = dual(Success, Failure);
+        assert!(!v6_down.reachable());
+        assert_eq!(v6_down.state(), Failure);
+        assert_eq!(v6_down.state_of(false), Failure, "host paths");
+        assert_eq!(v6_down.state_of(true), Success, "endpoint paths");
+        assert_eq!(dual(Success, Unknown).state(), Unknown);
+        assert_eq!(dual(Unknown, Failure).state(), Failure);
+        assert_eq!(dual(Failure, Success).state(), Failure);
+        let status = ClusterStatus {
+            local_node: None,
+            probe_interval_ms: 1,
+            probe_timeout_ms: 1,
+            round: None,
+            nodes: vec![
+                dual(Success, Success),
+                dual(Success, Failure),
+                dual(Success, Unknown),
+            ],
+        };
+        let s = status.summary();
+        assert_eq!((s.reachable, s.unreachable, s.unknown), (1, 1, 1));
+        assert_eq!(status.reachable(), 1);
+    }
+
+    #[test]
+    fn json_names_each_addresss_family_and_omits_an_absent_secondary() {
+        use ProbeResult::Success;
+        let v = serde_json::to_value(dual(Success, Success)).expect("json");
+        assert_eq!(v["host"]["ip"], "198.18.1.1");
+        assert_eq!(v["host"]["family"], "ipv4");
+        assert_eq!(v["host_secondary"]["ip"], "2001:2:1::1");
+        assert_eq!(v["host_secondary"]["family"], "ipv6");
+        assert_eq!(v["endpoint_secondary"]["family"], "ipv6");
+        assert_eq!(v["endpoint_secondary"]["icmp"]["result"], "success");
+        let single = NodeStatus {
+            host_secondary: None,
+            endpoint_secondary: None,
+            ..dual(Success, Success)
+        };
+        let v = serde_json::to_value(&single).expect("json");
+        let mut keys: Vec<&str> = v
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["endpoint", "host", "name"], "{v}");
+        let back: NodeStatus = serde_json::from_value(v).expect("back");
+        assert_eq!(back, single);
+        // An IPv6-only node: its primary is IPv6.
+        let v6 = NodeStatus {
+            host: conn(
+                "2001:2:1::9".parse::<Ipv6Addr>().expect("ip"),
+                Success,
+                Success,
+            ),
+            ..single
+        };
+        assert_eq!(
+            serde_json::to_value(&v6).expect("json")["host"]["family"],
+            "ipv6"
+        );
     }
 }

@@ -13,7 +13,8 @@ use health_common::{
     checksum,
     frame::read_at,
     headers::{
-        ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Icmpv4Hdr, Ipv4Hdr, echo_id_seq, ipv4_header_len,
+        ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMPV6_ECHO_REPLY, ICMPV6_ECHO_REQUEST, Icmpv4Hdr,
+        Ipv4Hdr, echo_id_seq, ipv4_header_len,
     },
 };
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -85,6 +86,33 @@ pub fn parse_any_reply(pkt: &[u8]) -> Option<(Ipv4Addr, u16, u16)> {
         u16::from_be_bytes(id),
         u16::from_be_bytes(seq),
     ))
+}
+
+/// An `ICMPv6` echo request (header and the same 8-byte payload), checksum
+/// left zero: the kernel computes it over the pseudo-header for a raw
+/// `ICMPv6` socket (RFC 3542).
+#[must_use]
+pub fn echo_request_v6(identifier: u16, sequence: u16) -> [u8; 16] {
+    let [i0, i1] = identifier.to_be_bytes();
+    let [s0, s1] = sequence.to_be_bytes();
+    let mut req = [0u8; 16];
+    req[..8].copy_from_slice(&[ICMPV6_ECHO_REQUEST, 0, 0, 0, i0, i1, s0, s1]);
+    req[8..].copy_from_slice(b"health!!");
+    req
+}
+
+/// `(identifier, sequence)` of an `ICMPv6` echo reply, in a message as a raw
+/// `ICMPv6` socket returns it (no IPv6 header: the source comes with
+/// `recvfrom`).
+#[must_use]
+pub fn parse_any_reply_v6(msg: &[u8]) -> Option<(u16, u16)> {
+    match msg {
+        [ty, _code, _, _, i0, i1, s0, s1, ..] if *ty == ICMPV6_ECHO_REPLY => Some((
+            u16::from_be_bytes([*i0, *i1]),
+            u16::from_be_bytes([*s0, *s1]),
+        )),
+        _ => None,
+    }
 }
 
 /// Sends one echo request to `dst` and waits up to `timeout` for its reply.
@@ -159,6 +187,19 @@ mod tests {
         assert_eq!(parse_reply(&p[..25], 0x1234), None, "truncated");
         p[20] = 8;
         assert_eq!(parse_reply(&p, 0x1234), None, "a request, not a reply");
+    }
+
+    #[test]
+    fn icmpv6_requests_and_replies() {
+        let req = echo_request_v6(0xbeef, 3);
+        assert_eq!(&req[..8], &[128, 0, 0, 0, 0xbe, 0xef, 0, 3]);
+        let mut reply = req;
+        reply[0] = 129;
+        assert_eq!(parse_any_reply_v6(&reply), Some((0xbeef, 3)));
+        assert_eq!(parse_any_reply_v6(&req), None, "a request, not a reply");
+        assert_eq!(parse_any_reply_v6(&reply[..7]), None, "truncated");
+        reply[0] = 136; // neighbour advertisement
+        assert_eq!(parse_any_reply_v6(&reply), None);
     }
 
     #[test]

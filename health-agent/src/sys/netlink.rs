@@ -22,6 +22,8 @@ use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder, new
 
 use crate::sys::netns::{Netns, NetnsError, run_in};
 
+mod owned6;
+
 /// `RTPROT_BOOT`, what `ip route add` marks a route with by default.
 const RTPROT_BOOT: u8 = 3;
 
@@ -62,6 +64,19 @@ pub struct RouteV4 {
     pub oif: Option<u32>,
     /// Who installed it (`rtm_protocol`: 2 kernel, 3 boot, 4 static, ...).
     pub protocol: u8,
+}
+
+/// An IPv6 route, as far as the agent cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteV6 {
+    pub destination: Ipv6Addr,
+    pub prefix: u8,
+    pub gateway: Option<Ipv6Addr>,
+    pub oif: Option<u32>,
+    /// Who installed it (`rtm_protocol`: 2 kernel, 3 boot, 4 static, ...).
+    pub protocol: u8,
+    /// The routing table (254 main, 255 local).
+    pub table: u32,
 }
 
 /// A direction of the clsact qdisc.
@@ -593,6 +608,158 @@ impl Netlink {
             .map_err(req(format!("adding neighbour {ip} on {iface}")))
     }
 
+    /// Adds (or replaces) an IPv6 route `destination/prefix` out of `iface`,
+    /// through `gateway` when given (on-link: the gateway need not be in any
+    /// connected prefix). The interface must be up.
+    pub async fn replace_route6(
+        &self,
+        destination: Ipv6Addr,
+        prefix: u8,
+        iface: &str,
+        gateway: Option<Ipv6Addr>,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
+            .destination_prefix(destination, prefix)
+            .output_interface(index);
+        if let Some(gw) = gateway {
+            b = b.gateway(gw).onlink();
+        }
+        let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+        self.handle
+            .route()
+            .add(b.build())
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!(
+                "adding route {destination}/{prefix}{via} dev {iface}"
+            )))
+    }
+
+    /// Deletes the main-table IPv6 route to `destination/prefix` out of
+    /// `iface`, whoever installed it; a missing one is fine.
+    pub async fn delete_route6(
+        &self,
+        destination: Ipv6Addr,
+        prefix: u8,
+        iface: &str,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        let msg = RouteMessageBuilder::<Ipv6Addr>::new()
+            .destination_prefix(destination, prefix)
+            .output_interface(index)
+            .protocol(RouteProtocol::Unspec)
+            .build();
+        match self.handle.route().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+            Err(e) => Err(req(format!(
+                "deleting route {destination}/{prefix} dev {iface}"
+            ))(e)),
+        }
+    }
+
+    /// IPv6 routes of every table (check [`RouteV6::table`]).
+    pub async fn routes_v6(&self) -> Result<Vec<RouteV6>, NetlinkError> {
+        let mut stream = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
+            .execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream
+            .try_next()
+            .await
+            .map_err(req("listing IPv6 routes"))?
+        {
+            let mut r = RouteV6 {
+                destination: Ipv6Addr::UNSPECIFIED,
+                prefix: msg.header.destination_prefix_length,
+                gateway: None,
+                oif: None,
+                protocol: u8::from(msg.header.protocol),
+                table: u32::from(msg.header.table),
+            };
+            for a in &msg.attributes {
+                match a {
+                    RouteAttribute::Destination(RouteAddress::Inet6(d)) => r.destination = *d,
+                    RouteAttribute::Gateway(RouteAddress::Inet6(g)) => r.gateway = Some(*g),
+                    RouteAttribute::Oif(i) => r.oif = Some(*i),
+                    RouteAttribute::Table(t) => r.table = *t,
+                    _ => {}
+                }
+            }
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    /// Adds (or replaces) a permanent IPv6 neighbour entry `ip -> mac` on
+    /// `iface`.
+    pub async fn replace_neighbour6(
+        &self,
+        iface: &str,
+        ip: Ipv6Addr,
+        mac: [u8; 6],
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        self.handle
+            .neighbours()
+            .add(index, ip.into())
+            .link_layer_address(&mac)
+            .state(NeighbourState::Permanent)
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!("adding neighbour {ip} on {iface}")))
+    }
+
+    /// Every IPv6 address configured in this namespace, with its interface
+    /// index and prefix length.
+    pub async fn addresses_v6(&self) -> Result<Vec<(u32, Ipv6Addr, u8)>, NetlinkError> {
+        let mut stream = self.handle.address().get().execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream.try_next().await.map_err(req("listing addresses"))? {
+            for a in &msg.attributes {
+                if let AddressAttribute::Address(std::net::IpAddr::V6(ip)) = a {
+                    out.push((msg.header.index, *ip, msg.header.prefix_len));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes the address `addr` from `iface`; a missing one is fine.
+    pub async fn delete_address(
+        &self,
+        iface: &str,
+        addr: std::net::IpAddr,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        let mut stream = self.handle.address().get().execute();
+        let mut found = None;
+        while let Some(msg) = stream.try_next().await.map_err(req("listing addresses"))? {
+            if msg.header.index == index
+                && msg
+                    .attributes
+                    .iter()
+                    .any(|a| matches!(a, AddressAttribute::Address(a) if *a == addr))
+            {
+                found = Some(msg);
+            }
+        }
+        let Some(msg) = found else {
+            return Ok(());
+        };
+        self.handle
+            .address()
+            .del(msg)
+            .execute()
+            .await
+            .map_err(req(format!("deleting {addr} from {iface:?}")))
+    }
+
     /// Every IPv4 address configured in this namespace, with its interface index.
     pub async fn addresses_v4(&self) -> Result<Vec<(u32, Ipv4Addr, u8)>, NetlinkError> {
         let mut stream = self.handle.address().get().execute();
@@ -609,13 +776,21 @@ impl Netlink {
 }
 
 /// Sends `()` on `events` for every link event (new, changed, deleted link)
-/// in the namespace of the calling thread, until the multicast stream ends.
+/// and address event (IPv4 or IPv6 address added or removed) in the
+/// namespace of the calling thread, until the multicast stream ends.
 /// Run it on a runtime that lives in that namespace. A subscriber that
 /// lags only misses wake-ups it would have coalesced anyway.
 pub async fn watch_links(events: tokio::sync::broadcast::Sender<()>) -> Result<(), NetlinkError> {
     use futures::StreamExt as _;
     let (conn, _handle, mut messages) =
-        rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
+        // Addresses too: the kernel drops the routes through an address's
+        // network with it (an IPv6 address goes with `disable_ipv6`
+        // without any link event), and the agent's routes must come back.
+        rtnetlink::new_multicast_connection(&[
+            rtnetlink::MulticastGroup::Link,
+            rtnetlink::MulticastGroup::Ipv4Ifaddr,
+            rtnetlink::MulticastGroup::Ipv6Ifaddr,
+        ])
             .map_err(NetlinkError::Socket)?;
     let task = tokio::spawn(conn);
     while messages.next().await.is_some() {

@@ -4,6 +4,8 @@ use std::{fs, io, path::PathBuf};
 
 use tracing::{info, warn};
 
+use crate::sys::netns::{Netns, NetnsError, run_in};
+
 /// A sysctl set by the agent; dropping it writes the value it had back
 /// (when the agent changed it).
 #[derive(Debug)]
@@ -42,4 +44,34 @@ impl Drop for Sysctl {
             }
         }
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SysctlError {
+    #[error("writing {value} to {path} in {netns}")]
+    Write {
+        path: String,
+        value: String,
+        netns: String,
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+}
+
+/// Writes `/proc/sys/<name>` (`name` with slashes) inside `netns` (the
+/// calling thread's namespace when `None`). For settings of interfaces the
+/// agent made (such as `net/ipv6/conf/lxc_health/accept_dad`): they go with
+/// the interface, so nothing is restored.
+pub fn write_in(netns: Option<&Netns>, name: &str, value: &str) -> Result<(), SysctlError> {
+    let path = PathBuf::from("/proc/sys").join(name);
+    run_in(netns, || fs::write(&path, value))?.map_err(|source| SysctlError::Write {
+        path: path.display().to_string(),
+        value: value.to_owned(),
+        netns: netns.map_or_else(
+            || "the agent's namespace".to_owned(),
+            |n| n.path().display().to_string(),
+        ),
+        source,
+    })
 }

@@ -73,7 +73,7 @@ fn icmp_pair_puts_the_identifier_on_the_choosing_side() {
     assert_eq!((ct.sport, ct.dport, ct.dir), ([0, 0], [2, 1], DIR_OUT));
     assert_eq!(
         ct,
-        NatKey {
+        CtKey {
             dir: DIR_OUT,
             ..parse(&mut req).key
         }
@@ -103,7 +103,7 @@ fn tcp_pair_round_trips() {
     assert_eq!(out_key_of(&inbound, &value), out);
     assert_eq!(
         ct_key_of(&out),
-        NatKey {
+        CtKey {
             dir: DIR_OUT,
             ..parse(&mut syn).key
         }
@@ -157,4 +157,39 @@ fn offsets_name_the_right_fields() {
     assert_eq!(port_offset(IPPROTO_UDP, false), 2);
     assert_eq!(port_offset(IPPROTO_ICMP, true), 4);
     assert_eq!(port_offset(IPPROTO_ICMP, false), 4);
+}
+
+/// An IPv6 frame: fixed header from `src` to `dst` (`2001:2::x`) and `l4`.
+fn frame6(src: u8, dst: u8, next: u8, l4: &[u8]) -> Vec<u8> {
+    let mut f = Vec::from([0u8; 12]);
+    f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+    f.extend_from_slice(&u16::try_from(l4.len()).expect("small").to_be_bytes());
+    f.extend_from_slice(&[next, 64]);
+    for last in [src, dst] {
+        f.extend_from_slice(&[0x20, 0x01, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, last]);
+    }
+    f.extend_from_slice(l4);
+    f
+}
+
+#[test]
+fn ipv6_flows_have_no_nat_keys() {
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&40_000u16.to_be_bytes());
+    tcp[2..4].copy_from_slice(&4240u16.to_be_bytes());
+    tcp[13] = TCP_SYN;
+    let mut syn = frame6(1, 2, IPPROTO_TCP, &tcp);
+    let flow = parse(&mut syn);
+    assert!(!flow.key.is_ipv4());
+    assert_eq!(out_key(&flow), None);
+    assert_eq!(arriving_key(&flow), None);
+    let mut echo = frame6(1, 2, 58, &[128, 0, 0, 0, 0, 9, 0, 1]);
+    let flow = parse(&mut echo);
+    assert_eq!((out_key(&flow), arriving_key(&flow)), (None, None));
+    let mut reply = frame6(2, 1, 58, &[129, 0, 0, 0, 0, 9, 0, 1]);
+    assert_eq!(arriving_key(&parse(&mut reply)), None);
+    // The IPv4 flows still have theirs.
+    let mut req = frame(EP, PEER, IPPROTO_ICMP, &[8, 0, 0, 0, 0x02, 0x01, 0, 1]);
+    let (out, _) = out_key(&parse(&mut req)).expect("IPv4 echo");
+    assert_eq!((out.saddr, out.daddr), (EP, PEER));
 }

@@ -1,7 +1,8 @@
 //! Masquerade on the node's uplink: SNAT of health traffic leaving the
 //! node (egress) and the reverse translation of its replies (ingress),
 //! before the stack sees them. A flow that cannot be translated is
-//! dropped, never sent with the endpoint's own address.
+//! dropped, never sent with the endpoint's own address. IPv4 only: IPv6
+//! (and anything else without an IPv4 NAT key) passes untouched.
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_SHOT, TC_ACT_UNSPEC},
@@ -32,12 +33,12 @@ pub fn health_nat_egress(ctx: TcContext) -> i32 {
     let Some((cfg, flow)) = prepare(&ctx) else {
         return TC_ACT_UNSPEC;
     };
-    if !cfg.masquerades(flow.key.saddr, flow.key.daddr) {
-        return TC_ACT_UNSPEC;
-    }
     let Some((out, port)) = nat::out_key(&flow) else {
         return TC_ACT_UNSPEC;
     };
+    if !cfg.masquerades(out.saddr, out.daddr) {
+        return TC_ACT_UNSPEC;
+    }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(xlate) = mapping(&cfg, &out, port, now) else {
@@ -58,12 +59,12 @@ pub fn health_nat_ingress(ctx: TcContext) -> i32 {
     let Some((cfg, flow)) = prepare(&ctx) else {
         return TC_ACT_UNSPEC;
     };
-    if flow.key.daddr != cfg.node_ip {
-        return TC_ACT_UNSPEC;
-    }
     let Some(key) = nat::arriving_key(&flow) else {
         return TC_ACT_UNSPEC;
     };
+    if key.daddr != cfg.node_ip {
+        return TC_ACT_UNSPEC;
+    }
     let Some(e) = NAT_MAP.get_ptr_mut(&key) else {
         // The node's own traffic.
         return TC_ACT_UNSPEC;
@@ -107,7 +108,8 @@ fn verdict(done: Result<(), i64>, counter: NatCounter) -> i32 {
     }
 }
 
-/// The configuration when masquerade is on, and the packet's flow.
+/// The configuration when masquerade is on, and the packet's flow when it
+/// is IPv4 (IPv6 is never masqueraded: it is not even parsed).
 #[inline(always)]
 fn prepare(ctx: &TcContext) -> Option<(NatConfig, Flow)> {
     let cfg = *NAT_CONFIG.get(0)?;
@@ -115,7 +117,11 @@ fn prepare(ctx: &TcContext) -> Option<(NatConfig, Flow)> {
         return None;
     }
     let mut frame = packet::headers(ctx, FLOW_HEADERS);
-    Some((cfg, flow::parse(&mut frame)?))
+    let mut flow = Flow::default();
+    if !flow::parse_ipv4_into(&mut frame, &mut flow) {
+        return None;
+    }
+    Some((cfg, flow))
 }
 
 /// The node port of flow `out`: its existing pair's, or a newly allocated

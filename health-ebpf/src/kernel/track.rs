@@ -1,5 +1,6 @@
-//! Connection tracking and in-kernel RTT on `lxc_health`, both directions.
-//! Never drops: untracked or unparsable packets are counted and passed on.
+//! Connection tracking and in-kernel RTT on `lxc_health`, both directions,
+//! IPv4 and IPv6 in the same maps. Never drops: untracked or unparsable
+//! packets are counted and passed on.
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_UNSPEC},
@@ -12,7 +13,6 @@ use health_common::{
         CtConfig, CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, TCP_ACK, TCP_SYN,
     },
     flow,
-    headers::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST},
     rtt::{self, RttKey, RttStats},
 };
 
@@ -41,17 +41,20 @@ fn count(counter: CtCounter) {
     }
 }
 
+/// The program's own frame holds the flow and little else: the map work
+/// is done by subprograms (`#[inline(never)]`: own stack frames, called
+/// one after the other), which only get the flow, never a packet pointer.
 #[inline(always)]
 fn track(ctx: &TcContext, from_endpoint: bool) -> i32 {
     let mut frame = packet::headers(ctx, FLOW_HEADERS);
-    let Some(flow) = flow::parse(&mut frame) else {
+    let mut flow = Flow::default();
+    if !flow::parse_into(&mut frame, &mut flow) {
         count(CtCounter::Unparsed);
         return TC_ACT_UNSPEC;
-    };
+    }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let cfg = CT_CONFIG.get(0).copied().unwrap_or_default();
-    account(&flow, from_endpoint, now, &cfg);
+    account(&flow, from_endpoint, now);
     if from_endpoint {
         start_rtt(&flow, now);
     } else {
@@ -62,9 +65,12 @@ fn track(ctx: &TcContext, from_endpoint: bool) -> i32 {
 
 /// Finds the flow's entry (its own direction first, then the reverse of a
 /// flow the other side opened) and accounts the packet; creates an entry
-/// for a new flow.
-#[inline(always)]
-fn account(flow: &Flow, from_endpoint: bool, now: u64, cfg: &CtConfig) {
+/// for a new flow. A function of its own (a BPF subprogram with its own
+/// stack frame): its two 40-byte keys and the new entry do not share the
+/// 512 bytes with the RTT code's.
+#[inline(never)]
+fn account(flow: &Flow, from_endpoint: bool, now: u64) {
+    let cfg: &CtConfig = &CT_CONFIG.get(0).copied().unwrap_or_default();
     count(CtCounter::Lookups);
     let (own_dir, other_dir) = if from_endpoint {
         (DIR_OUT, DIR_IN)
@@ -100,24 +106,24 @@ fn account(flow: &Flow, from_endpoint: bool, now: u64, cfg: &CtConfig) {
     }
 }
 
-/// Timestamps echo requests and TCP SYNs leaving the endpoint.
-#[inline(always)]
+/// Timestamps echo requests (ICMP and `ICMPv6`) and TCP SYNs leaving the
+/// endpoint (a subprogram, as [`account`]).
+#[inline(never)]
 fn start_rtt(flow: &Flow, now: u64) {
     let is_syn = flow.key.proto == IPPROTO_TCP && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-    if flow.icmp_type == ICMP_ECHO_REQUEST && flow.key.proto != IPPROTO_TCP || is_syn {
+    if flow.is_echo_request() || is_syn {
         let key = rtt::request_key(&flow.key, flow.icmp_seq);
         let _ = RTT_PENDING.insert(&key, &now, 0);
     }
 }
 
-/// Closes the sample on an echo reply or SYN-ACK coming back.
-#[inline(always)]
+/// Closes the sample on an echo reply or SYN-ACK coming back (a
+/// subprogram, as [`account`]).
+#[inline(never)]
 fn finish_rtt(flow: &Flow, now: u64) {
     let is_synack =
         flow.key.proto == IPPROTO_TCP && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
-    let is_echo_reply = flow.key.proto != IPPROTO_TCP
-        && flow.icmp_type == ICMP_ECHO_REPLY
-        && flow.key.sport != [0, 0];
+    let is_echo_reply = flow.is_echo_reply();
     if !is_synack && !is_echo_reply {
         return;
     }
@@ -137,8 +143,15 @@ fn finish_rtt(flow: &Flow, now: u64) {
         // SAFETY: this CPU's copy of the value.
         unsafe { (*s).record(sample, now) };
     } else {
-        let mut s = RttStats::default();
-        s.record(sample, now);
-        let _ = RTT_STATS.insert(&stats_key, &s, 0);
+        first_sample(&stats_key, sample, now);
     }
+}
+
+/// Makes the peer's statistics with their first sample: the value is 240
+/// bytes of stack, in a frame of its own.
+#[inline(never)]
+fn first_sample(key: &RttKey, sample: u64, now: u64) {
+    let mut s = RttStats::default();
+    s.record(sample, now);
+    let _ = RTT_STATS.insert(key, &s, 0);
 }

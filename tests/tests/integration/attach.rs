@@ -143,7 +143,7 @@ fn auto_attach_uses_tcx_where_the_kernel_has_it_and_says_so() {
             && text.contains("health_lxc_ingress"),
         "{text}"
     );
-    node.assert_echo_answered_in_kernel(ep.ipv4, 0x7a01, 3);
+    node.assert_echo_answered_in_kernel(ep.ipv4.expect("IPv4"), 0x7a01, 3);
     // The filters of the classic hook exist only in tc mode.
     let tc_filters = ours(&node.node, "lxc_health", TcDirection::Ingress).len();
     assert_eq!(tc_filters, usize::from(want == TcHook::Tc));
@@ -194,7 +194,7 @@ fn classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_
     // A foreign filter on lxc_health, in front of ours (prio 100 < 18501):
     // ours still sees every packet.
     add_foreign_filter(&node, "lxc_health", "ingress");
-    node.assert_echo_answered_in_kernel(ep.ipv4, 0x7a02, 5);
+    node.assert_echo_answered_in_kernel(ep.ipv4.expect("IPv4"), 0x7a02, 5);
     // The tracking filters (after the foreign one on ingress) saw the
     // exchange both ways: 5 requests to the endpoint, 5 replies from it.
     let flow = ct::list(&node.pins)
@@ -238,7 +238,7 @@ fn classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_
         2,
         "ours and the foreign one"
     );
-    node.assert_echo_answered_in_kernel(ep.ipv4, 0x7a03, 3);
+    node.assert_echo_answered_in_kernel(ep.ipv4.expect("IPv4"), 0x7a03, 3);
 
     // SIGTERM: ours go, the foreign filter and its qdisc stay.
     assert!(node.stop(Signal::SIGTERM).success(), "{}", node.log());

@@ -290,7 +290,10 @@ fn bad_records_in_the_nodes_file_are_rejected_alone_and_named_on_the_api() {
         "the good records are kept, the first node-2 among them"
     );
     assert_eq!(
-        view.nodes.get("node-2").map(|n| n.node_ip.to_string()),
+        view.nodes
+            .get("node-2")
+            .and_then(|n| n.node_ip)
+            .map(|ip| ip.to_string()),
         Some("198.18.0.12".into())
     );
     let file = cluster.nodes_file.display().to_string();

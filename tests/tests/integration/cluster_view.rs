@@ -103,7 +103,10 @@ fn six_agents_on_a_subset_localise_a_node_down_and_a_degraded_path() {
         .nodes
         .iter()
         .find(|n| n.name == cluster.nodes[observer].name)
-        .map(|n| n.endpoint.ip)
+        .map(|n| match n.endpoint.ip {
+            std::net::IpAddr::V4(ip) => ip,
+            std::net::IpAddr::V6(ip) => panic!("an IPv4 cluster, not {ip}"),
+        })
         .expect("the observer probes itself");
     let target_name = cluster.nodes[target].name.clone();
     {

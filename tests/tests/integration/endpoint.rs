@@ -10,8 +10,8 @@ use nix::sys::signal::Signal;
 
 const READY: Duration = Duration::from_secs(10);
 
-const fn ipv4(ep: &EndpointView) -> Ipv4Addr {
-    ep.ipv4
+fn ipv4(ep: &EndpointView) -> Ipv4Addr {
+    ep.ipv4.expect("an IPv4 endpoint")
 }
 
 fn states(ep: &EndpointView) -> Vec<&'static str> {

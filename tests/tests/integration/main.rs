@@ -10,21 +10,27 @@
 
 mod attach;
 mod cluster;
+mod cluster6;
 mod cluster_view;
 mod config;
+mod ct6_netns;
 mod datapath;
 mod echo6_netns;
 mod echo6_test_run;
 mod echo_netns;
 mod echo_test_run;
 mod endpoint;
+mod endpoint6;
 mod etcd;
 mod maps;
 mod masquerade;
 mod metrics;
+mod nat6_test_run;
 mod nat_test_run;
 mod package;
 mod page;
+mod probe6;
 mod scale;
 mod service;
+mod track6_test_run;
 mod track_test_run;

@@ -2,7 +2,7 @@
 //! carried over when a pin of another size or type is replaced, and the
 //! RTT entries of departed peers pruned.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use aya::maps::{HashMap, MapData, MapInfo, PerCpuHashMap, PerCpuValues};
 use health_agent::datapath::{Datapath, maps, rtt};
@@ -14,7 +14,7 @@ use health_tests::{pins::PinDir, require_root};
 
 fn key(last: u8, proto: u8) -> RttKey {
     RttKey {
-        peer: [198, 18, 9, last],
+        peer: health_common::ct::v4_mapped([198, 18, 9, last]),
         proto,
         pad: [0; 3],
     }
@@ -112,10 +112,10 @@ fn rtt_entries_of_departed_peers_are_pruned() {
     let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &MapSizes::for_peers(64))
         .expect("load");
     seed(&pins, 6);
-    let stay = |ip: Ipv4Addr| ip.octets()[3] <= 2;
+    let stay = |ip: IpAddr| matches!(ip, IpAddr::V4(v4) if v4.octets()[3] <= 2);
     let removed = rtt::prune(pins.path(), stay).expect("prune");
     assert_eq!(removed, 8, "4 peers left, a loss and a stats key each");
-    let left: Vec<Ipv4Addr> = rtt::list(pins.path())
+    let left: Vec<IpAddr> = rtt::list(pins.path())
         .expect("rtt list")
         .into_iter()
         .map(|r| r.peer)

@@ -231,8 +231,11 @@ impl SecondEndpoint {
             netns_name: name,
             host_iface: "lxc_b".into(),
             ep_iface: "eth0".into(),
-            ipv4: EP1_B,
-            cidr: "198.18.64.0/24".parse().expect("cidr"),
+            v4: Some(plumbing::V4 {
+                addr: EP1_B,
+                cidr: "198.18.64.0/24".parse().expect("cidr"),
+            }),
+            v6: None,
         };
         node.run(|| plumbing::ensure(&plan))
             .expect("enter node")

@@ -29,6 +29,7 @@ use health_agent::{
         view::{ClusterView, NodeView, Verdict, VerdictCounts},
     },
     probe::{
+        family::Family,
         history::{HistoryRound, HistoryStrips, NodeStrips},
         path::{PathState, ProbeResult, RttSource},
         status::{ClusterStatus, Connectivity, NodeStatus, RoundInfo},
@@ -731,7 +732,8 @@ fn synthetic_status(n: usize) -> ClusterStatus {
             NodeStatus {
                 name: format!("peer-{k:05}"),
                 host: Connectivity {
-                    ip: ip(Ipv4Addr::new(198, 18, 64, 0), k),
+                    ip: ip(Ipv4Addr::new(198, 18, 64, 0), k).into(),
+                    family: Family::Ipv4,
                     icmp: if k % 10 == 3 {
                         failed_path(at)
                     } else {
@@ -740,10 +742,13 @@ fn synthetic_status(n: usize) -> ClusterStatus {
                     http: ok_path(rtt + 40, at),
                 },
                 endpoint: Connectivity {
-                    ip: ip(Ipv4Addr::new(198, 19, 0, 0), k),
+                    ip: ip(Ipv4Addr::new(198, 19, 0, 0), k).into(),
+                    family: Family::Ipv4,
                     icmp: ok_path(rtt + 5, at),
                     http: ok_path(rtt + 50, at),
                 },
+                host_secondary: None,
+                endpoint_secondary: None,
             }
         })
         .collect();
@@ -791,6 +796,7 @@ fn synthetic_history(status: &ClusterStatus) -> HistoryStrips {
                         strip(&n.endpoint.icmp),
                         strip(&n.endpoint.http),
                     ],
+                    secondary: None,
                 }
             })
             .collect(),

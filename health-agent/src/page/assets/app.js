@@ -25,12 +25,17 @@
   const STRIP_H = 18;
   const RANK = { failure: 0, unknown: 1, success: 2 };
   const RESULTS = new Set(["success", "failure", "unknown"]);
+  // The four paths of a family: the row's columns. A dual-stack node has
+  // them twice: its primary family's (the status's host and endpoint) and
+  // its secondary's (host_secondary, endpoint_secondary), keyed with the
+  // family ("host-icmp-ipv6").
   const PATHS = [
     { key: "host-icmp", label: "host ICMP", addr: "host", proto: "icmp" },
     { key: "host-http", label: "host HTTP", addr: "host", proto: "http" },
     { key: "endpoint-icmp", label: "endpoint ICMP", addr: "endpoint", proto: "icmp" },
     { key: "endpoint-http", label: "endpoint HTTP", addr: "endpoint", proto: "http" },
   ];
+  const FAMILY_LABEL = { ipv4: "IPv4", ipv6: "IPv6" };
   const COLOURS = {};
   const RGB = {};
   // The cluster view: verdicts as the API spells them (and its counts' keys).
@@ -155,13 +160,27 @@
     throw new Error(what);
   }
 
-  function readPath(n, i, p) {
-    const conn = n[p.addr];
+  // The family of a connectivity: as the agent names it, else from its
+  // address (an older agent: IPv4 only).
+  function familyOf(conn) {
+    if (conn.family === "ipv4" || conn.family === "ipv6") return conn.family;
+    return typeof conn.ip === "string" && conn.ip.includes(":") ? "ipv6" : "ipv4";
+  }
+
+  // `secondary`: the path of the node's secondary family (its
+  // host_secondary / endpoint_secondary).
+  function readPath(n, i, p, secondary) {
+    const addr = secondary ? `${p.addr}_secondary` : p.addr;
+    const conn = n[addr];
     const ps = conn[p.proto];
-    if (ps === null || typeof ps !== "object") fail(`nodes[${i}].${p.addr}.${p.proto} is not an object`);
-    if (!RESULTS.has(ps.result)) fail(`nodes[${i}].${p.addr}.${p.proto}.result is ${JSON.stringify(ps.result)}`);
+    if (ps === null || typeof ps !== "object") fail(`nodes[${i}].${addr}.${p.proto} is not an object`);
+    if (!RESULTS.has(ps.result)) fail(`nodes[${i}].${addr}.${p.proto}.result is ${JSON.stringify(ps.result)}`);
+    const family = familyOf(conn);
     return {
-      path: p.key,
+      path: secondary ? `${p.key}-${family}` : p.key,
+      kind: p.key,
+      family,
+      label: secondary ? `${p.label} (${FAMILY_LABEL[family]})` : p.label,
       state: ps.result,
       rttNs: typeof ps.rtt_ns === "number" ? ps.rtt_ns : null,
       error: typeof ps.last_error === "string" ? ps.last_error : null,
@@ -196,7 +215,10 @@
       for (const a of ["host", "endpoint"]) {
         if (n[a] === null || typeof n[a] !== "object") fail(`nodes[${i}].${a} is not an object`);
       }
-      const paths = PATHS.map((p) => readPath(n, i, p));
+      // The secondary family's paths when the node has both connectivities.
+      const dual = isObject(n.host_secondary) && isObject(n.endpoint_secondary);
+      const paths = PATHS.map((p) => readPath(n, i, p, false));
+      if (dual) for (const p of PATHS) paths.push(readPath(n, i, p, true));
       const state = nodeState(paths);
       if (state === "success") counts.reachable++;
       else if (state === "failure") counts.unreachable++;
@@ -208,6 +230,8 @@
         lname: n.name.toLowerCase(),
         hostIp: paths[0].ip,
         endpointIp: paths[2].ip,
+        // Every address, primary first: the search matches any of them.
+        ips: paths.filter((p, k) => k % 2 === 0).map((p) => p.ip),
         state,
         rank: RANK[state],
         local: n.name === local,
@@ -229,7 +253,7 @@
     st.view = st.model.filter(
       (n) =>
         (!failingOnly || n.state === "failure") &&
-        (!q || n.lname.includes(q) || n.hostIp.startsWith(q) || n.endpointIp.startsWith(q)),
+        (!q || n.lname.includes(q) || n.ips.some((ip) => ip.startsWith(q))),
     );
   }
 
@@ -239,7 +263,9 @@
     const strips = new Map();
     for (const n of h.nodes) {
       if (n && typeof n.name === "string" && Array.isArray(n.paths)) {
-        strips.set(n.name, n.paths.map((s) => (typeof s === "string" ? s : "")));
+        // The primary family's four lanes, then the secondary's.
+        const lanes = Array.isArray(n.secondary) ? n.paths.concat(n.secondary) : n.paths;
+        strips.set(n.name, lanes.map((s) => (typeof s === "string" ? s : "")));
       }
     }
     return { window: typeof h.window === "number" ? h.window : rounds.length, rounds, strips };
@@ -550,8 +576,8 @@
     return p.failures > 0 ? `failing ×${p.failures}` : "—";
   }
 
-  function pathTitle(n, p, label) {
-    const lines = [`${n.name} ${label} (${p.ip}): ${p.state}`];
+  function pathTitle(n, p) {
+    const lines = [`${n.name} ${p.label} (${p.ip}): ${p.state}`];
     if (p.rttNs !== null) lines.push(`RTT ${fmtRtt(p.rttNs)} (last success)`);
     if (p.error) lines.push(`last error: ${p.error}`);
     if (p.warning) lines.push(`warning: ${p.warning}`);
@@ -571,13 +597,19 @@
       me.textContent = "(this node)";
       c.name.appendChild(me);
     }
-    c.name.title = `${n.name}: ${n.state}\nnode ${n.hostIp}, endpoint ${n.endpointIp}`;
+    const ips = n.ips.length > 2 ? `node ${n.ips[0]}, ${n.ips[2]}, endpoint ${n.ips[1]}, ${n.ips[3]}` : `node ${n.hostIp}, endpoint ${n.endpointIp}`;
+    c.name.title = `${n.name}: ${n.state}\n${ips}`;
     for (let i = 0; i < PATHS.length; i++) {
+      // A column shows the path in every family the node has: the worst
+      // of them, the family named when they differ.
       const p = n.paths[i];
+      const q = n.paths[i + PATHS.length] || null;
+      const worst = q && RANK[q.state] < RANK[p.state] ? q : p;
       const cellEl = c.paths[i];
-      cellEl.dataset.state = p.state;
-      cellEl.textContent = pathText(p);
-      cellEl.title = pathTitle(n, p, PATHS[i].label);
+      cellEl.dataset.state = worst.state;
+      cellEl.dataset.families = q ? `${p.family} ${q.family}` : p.family;
+      cellEl.textContent = q && q.state !== p.state ? `${pathText(worst)} ${FAMILY_LABEL[worst.family]}` : pathText(p);
+      cellEl.title = q ? `${pathTitle(n, p)}\n\n${pathTitle(n, q)}` : pathTitle(n, p);
     }
     c.err.textContent = n.error;
     c.err.title = n.error;
@@ -594,7 +626,8 @@
   // Four lanes (one per path), one column per round, oldest on the left.
   function drawStrip(c, name) {
     const strips = st.historyState === "ok" && st.history ? st.history.strips.get(name) : null;
-    c.hist.title = strips ? `${name}: ${PATHS.map((p, i) => `${p.label} ${strips[i] || ""}`).join("\n")}` : "";
+    const labels = (i) => (i < PATHS.length ? PATHS[i].label : `${PATHS[i % PATHS.length].label} (secondary)`);
+    c.hist.title = strips ? `${name}: ${strips.map((s, i) => `${labels(i)} ${s || ""}`).join("\n")}` : "";
     const key = strips ? strips.join("|") : "";
     if (c.drawn === key) return;
     c.drawn = key;
@@ -611,10 +644,12 @@
     ctx.clearRect(0, 0, STRIP_W, STRIP_H);
     const len = Math.max(1, ...strips.map((s) => s.length));
     const w = STRIP_W / len;
-    const laneH = STRIP_H / 4;
+    // Four lanes per family, eight for a dual-stack node.
+    const lanes = Math.max(PATHS.length, strips.length);
+    const laneH = STRIP_H / lanes;
     const gap = w > 2 ? 0.5 : 0;
     // One rectangle per run of equal results: a steady path is one.
-    for (let lane = 0; lane < 4; lane++) {
+    for (let lane = 0; lane < lanes; lane++) {
       const s = strips[lane] || "";
       const off = len - s.length;
       let i = 0;
@@ -623,7 +658,7 @@
         let j = i + 1;
         while (j < s.length && s[j] === ch) j++;
         ctx.fillStyle = colour(ch === "S" ? "success" : ch === "F" ? "failure" : "line");
-        ctx.fillRect((off + i) * w, lane * laneH, Math.max(1, (j - i) * w - gap), laneH - 1);
+        ctx.fillRect((off + i) * w, lane * laneH, Math.max(1, (j - i) * w - gap), Math.max(0.5, laneH - (lanes > 4 ? 0.5 : 1)));
         i = j;
       }
     }
@@ -986,12 +1021,16 @@
     if (hist && hist.missing) body.appendChild(note("This agent keeps no history for this node."));
     if (hist && hist.error) body.appendChild(note(`History unavailable: ${hist.error}`));
     const detailPaths = hist && hist.data ? hist.data.paths : [];
-    PATHS.forEach((p, i) => {
-      const cur = n ? n.paths[i] : null;
-      const h = detailPaths.find((d) => d && d.path === p.key) || null;
+    // Every path of the node: four per family (a node gone: the four).
+    const cards = n ? n.paths : PATHS.map((p) => ({ path: p.key, kind: p.key, family: null, label: p.label, gone: true }));
+    cards.forEach((p) => {
+      const cur = p.gone ? null : p;
+      // The history's paths name their family (an older agent's: IPv4).
+      const h =
+        detailPaths.find((d) => d && d.path === p.kind && (p.family === null || (d.family || "ipv4") === p.family)) || null;
       const card = document.createElement("div");
       card.className = "path-card";
-      card.dataset.path = p.key;
+      card.dataset.path = p.path;
       const title = document.createElement("h3");
       title.textContent = p.label;
       const badge = document.createElement("span");

@@ -130,16 +130,19 @@ fn render_rtt(rows: &[rtt::RttRow], output: OutputFormat) -> anyhow::Result<Stri
     if output == OutputFormat::Json {
         return Ok(serde_json::to_string_pretty(rows)?);
     }
+    // As wide as the longest peer (an IPv6 address takes up to 39).
+    let peers: Vec<String> = rows.iter().map(|r| r.peer.to_string()).collect();
+    let w = peers.iter().map(String::len).max().unwrap_or(0).max(15);
     let mut out = format!(
-        "{:<16} {:<5} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}\n",
+        "{:<w$} {:<6} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}\n",
         "PEER", "PROTO", "LAST", "MIN", "AVG", "MAX", "SAMPLES", "LOSSES"
     );
     let d = |ns: u64| short(Duration::from_nanos(ns));
-    for r in rows {
+    for (r, peer) in rows.iter().zip(&peers) {
         let _ = writeln!(
             out,
-            "{:<16} {:<5} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}",
-            r.peer,
+            "{:<w$} {:<6} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}",
+            peer,
             r.proto,
             d(r.last_ns),
             d(r.min_ns),

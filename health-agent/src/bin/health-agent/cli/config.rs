@@ -524,7 +524,10 @@ mod tests {
              log-level: debug\n",
         )
         .expect("valid");
-        assert_eq!(d.health_cidr.to_string(), "198.18.64.0/24");
+        assert_eq!(
+            d.health_cidr.map(|c| c.to_string()).as_deref(),
+            Some("198.18.64.0/24")
+        );
         assert_eq!(d.probe_interval, std::time::Duration::from_secs(5));
         // The flag wins over the file.
         assert_eq!(d.probe_timeout, std::time::Duration::from_secs(3));

@@ -26,10 +26,16 @@ use health_agent::{
     probe::{history, http::HEALTH_PORT, path::Thresholds},
     supervisor::Policy,
     sys::netns::Netns,
-    util::cidr::Ipv4Cidr,
+    util::cidr::{Ipv4Cidr, Ipv6Cidr},
 };
 
 #[derive(Debug, Clone, Args)]
+#[command(group(
+    clap::ArgGroup::new("health-cidrs")
+        .args(["health_cidr", "health_cidr6"])
+        .required(true)
+        .multiple(true)
+))]
 pub(crate) struct DaemonArgs {
     /// YAML file of settings: one key per flag of this command, same name
     /// (`probe-interval: 10s`); flags and their environment variables
@@ -37,9 +43,16 @@ pub(crate) struct DaemonArgs {
     /// print-defaults`).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// The node's share of the pod range; the endpoint's address comes from it.
+    /// The node's share of the pod range (IPv4); the endpoint's IPv4
+    /// address comes from it. At least one of --health-cidr and
+    /// --health-cidr6 is given; both: a dual-stack endpoint.
     #[arg(long, value_name = "CIDR")]
-    pub health_cidr: Ipv4Cidr,
+    pub health_cidr: Option<Ipv4Cidr>,
+    /// The node's share of the IPv6 pod range (such as
+    /// `2001:db8:0:1::/64`; at most a /126); the endpoint's IPv6 address
+    /// comes from it. Not with `--routing masquerade` (IPv4 only).
+    #[arg(long, value_name = "CIDR", value_parser = parse_health_cidr6)]
+    pub health_cidr6: Option<Ipv6Cidr>,
     /// How the endpoint reaches peers. `routed`: routes to every peer's
     /// health CIDR via its node IP, no NAT. `masquerade`: additionally,
     /// traffic to destinations outside --health-range leaves with the node
@@ -133,6 +146,12 @@ pub(crate) struct DaemonArgs {
     /// address of the route to the kvstore).
     #[arg(long)]
     pub node_ip: Option<std::net::Ipv4Addr>,
+    /// This node's IPv6 address as published in the kvstore, with
+    /// --health-cidr6 (default: the source address toward the kvstore when
+    /// it is reached over IPv6, else a global IPv6 address of the interface
+    /// holding the IPv4 node IP).
+    #[arg(long)]
+    pub node_ip6: Option<std::net::Ipv6Addr>,
     /// Time between probe rounds.
     #[arg(long, default_value = "60s", value_parser = health_agent::util::duration::parse)]
     pub probe_interval: Duration,
@@ -278,6 +297,13 @@ fn parse_serve_addr(s: &str) -> Result<ServeAddr, String> {
         .map_err(|_| format!("{s:?} is not an ADDR:PORT (such as 127.0.0.1:9962) or `off`"))
 }
 
+/// `--health-cidr6`: an IPv6 CIDR that can hold the endpoint.
+fn parse_health_cidr6(s: &str) -> Result<Ipv6Cidr, String> {
+    let cidr: Ipv6Cidr = s.parse().map_err(|e| format!("{e}"))?;
+    health_agent::endpoint::ipam::check6(cidr).map_err(|e| e.to_string())?;
+    Ok(cidr)
+}
+
 fn parse_zone(s: &str) -> Result<String, String> {
     health_agent::cluster::validate::zone(s).map(str::to_owned)
 }
@@ -338,6 +364,7 @@ impl DaemonArgs {
         Ok(DaemonConfig {
             node_name,
             node_ip: self.node_ip,
+            node_ip6: self.node_ip6,
             zone: self.zone,
             socket: self.socket.path,
             socket_group: self.socket_group,
@@ -350,6 +377,7 @@ impl DaemonArgs {
             attach: self.attach,
             endpoint: EndpointSettings {
                 cidr: self.health_cidr,
+                cidr6: self.health_cidr6,
                 netns_name: self.endpoint_netns,
                 host_iface: self.host_iface,
                 ep_iface: self.endpoint_iface,
@@ -376,8 +404,8 @@ impl DaemonArgs {
                         nat: self.nat_map_size.unwrap_or(d.nat),
                     }
                 },
-                masquerade: (self.routing == Routing::Masquerade).then(|| MasqueradeFlags {
-                    health_range: self.health_range.unwrap_or(self.health_cidr),
+                masquerade: (self.routing == Routing::Masquerade).then_some(MasqueradeFlags {
+                    health_range: self.health_range,
                     uplink: self.uplink,
                     ports: self.nat_port_range,
                 }),

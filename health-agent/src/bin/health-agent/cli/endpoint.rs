@@ -60,17 +60,18 @@ pub(crate) fn render_list(eps: &[EndpointView], output: OutputFormat) -> anyhow:
         return Ok(serde_json::to_string_pretty(eps)?);
     }
     let mut out = format!(
-        "{:<10} {:<10} {:<18} {:<16} {:<12} {}\n",
-        "ENDPOINT", "IDENTITY", "LABELS", "IPv4", "INTERFACE", "STATUS"
+        "{:<10} {:<10} {:<18} {:<16} {:<28} {:<12} {}\n",
+        "ENDPOINT", "IDENTITY", "LABELS", "IPv4", "IPv6", "INTERFACE", "STATUS"
     );
     for ep in eps {
         let _ = writeln!(
             out,
-            "{:<10} {:<10} {:<18} {:<16} {:<12} {}",
+            "{:<10} {:<10} {:<18} {:<16} {:<28} {:<12} {}",
             ep.id,
             ep.identity,
             ep.labels.join(","),
-            ep.ipv4,
+            ep.ipv4.map_or_else(|| "-".to_owned(), |a| a.to_string()),
+            ep.ipv6.map_or_else(|| "-".to_owned(), |a| a.to_string()),
             ep.interface,
             state(ep)
         );

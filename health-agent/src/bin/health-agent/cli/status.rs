@@ -193,17 +193,35 @@ fn window_line(w: &WindowStats) -> String {
     )
 }
 
-/// `stats`: the figures of the ICMP and HTTP paths, when known.
-fn connectivity(out: &mut String, what: &str, c: &Connectivity, stats: [Option<&WindowStats>; 2]) {
-    let _ = writeln!(out, "    {what} connectivity to {}:", c.ip);
+/// `stats`: the figures of the ICMP and HTTP paths, when known; `indent`:
+/// the heading's (a secondary address is indented under its primary, as
+/// `cilium-health status --verbose` has it).
+fn connectivity(
+    out: &mut String,
+    indent: usize,
+    what: &str,
+    c: &Connectivity,
+    stats: [Option<&WindowStats>; 2],
+) {
+    let _ = writeln!(out, "{:indent$}{what} connectivity to {}:", "", c.ip);
+    let inner = indent + 2;
     for (name, path, w) in [
         ("ICMP to stack:", &c.icmp, stats[0]),
         ("HTTP to agent:", &c.http, stats[1]),
     ] {
-        let _ = writeln!(out, "      {name:<16} {}", path_line(path));
+        let _ = writeln!(out, "{:inner$}{name:<16} {}", "", path_line(path));
         if let Some(w) = w {
-            let _ = writeln!(out, "      {:<16} {}", "", window_line(w));
+            let _ = writeln!(out, "{:inner$}{:<16} {}", "", "", window_line(w));
         }
+    }
+}
+
+/// The node's addresses as the table shows them: the primary, then the
+/// secondary (`198.18.1.1,2001:2:1::1`), as `cilium-health status` does.
+fn addresses(n: &NodeStatus) -> String {
+    match &n.host_secondary {
+        Some(c) => format!("{},{}", n.host.ip, c.ip),
+        None => n.host.ip.to_string(),
     }
 }
 
@@ -221,7 +239,14 @@ pub(crate) fn render_history(h: &NodeHistory) -> String {
             rtt_p50_ns: p.rtt_p50_ns,
             rtt_p99_ns: p.rtt_p99_ns,
         };
-        let _ = writeln!(out, "\n  {} to {}: {}", p.path, p.ip, window_line(&stats));
+        let _ = writeln!(
+            out,
+            "\n  {} ({}) to {}: {}",
+            p.path,
+            p.family,
+            p.ip,
+            window_line(&stats)
+        );
         if p.entries.is_empty() {
             let _ = writeln!(out, "    (not probed yet)");
             continue;
@@ -292,24 +317,29 @@ pub(crate) fn render(
         shown.retain(|n| !n.reachable());
         shown.sort_by_key(|n| (n.state() != ProbeResult::Failure, n.name.as_str()));
     }
+    // As wide as the widest address shown (an IPv6 one, or both of a
+    // dual-stack node), never narrower than an IPv4 address.
+    let ips: Vec<String> = shown.iter().map(|n| addresses(n)).collect();
+    let width = ips.iter().map(String::len).max().unwrap_or(0).max(15);
     let _ = writeln!(
         out,
-        "  {:<20} {:<16} {:<12} ENDPOINTS",
+        "  {:<20} {:<width$} {:<12} ENDPOINTS",
         "NAME", "IP", "NODE"
     );
-    for n in &shown {
+    for (n, ip) in shown.iter().zip(&ips) {
         let local = if s.local_node.as_deref() == Some(n.name.as_str()) {
             " (localhost)"
         } else {
             ""
         };
+        // Over every family probed: a node is reachable when all its
+        // paths are.
         let _ = writeln!(
             out,
-            "  {:<20} {:<16} {:<12} {}",
+            "  {:<20} {ip:<width$} {:<12} {}",
             format!("{}{local}", n.name),
-            n.host.ip,
-            word(n.host.summary()),
-            word(n.endpoint.summary())
+            word(n.state_of(false)),
+            word(n.state_of(true))
         );
     }
     if verbose {
@@ -318,11 +348,20 @@ pub(crate) fn render(
             .map(|s| s.nodes.iter().map(|n| (n.name.as_str(), n)).collect())
             .unwrap_or_default();
         for n in &shown {
-            let w = by_name.get(n.name.as_str()).map(|s| &s.paths);
+            let figures = by_name.get(n.name.as_str());
+            let w = figures.map(|s| &s.paths);
+            let w2 = figures.and_then(|s| s.secondary.as_ref());
             let path = |i: usize| w.map(|w| &w[i]);
-            let _ = writeln!(out, "\n  {} ({}):", n.name, n.host.ip);
-            connectivity(&mut out, "Host", &n.host, [path(0), path(1)]);
-            connectivity(&mut out, "Endpoint", &n.endpoint, [path(2), path(3)]);
+            let path2 = |i: usize| w2.map(|w| &w[i]);
+            let _ = writeln!(out, "\n  {} ({}):", n.name, addresses(n));
+            connectivity(&mut out, 4, "Host", &n.host, [path(0), path(1)]);
+            if let Some(c) = &n.host_secondary {
+                connectivity(&mut out, 6, "Secondary", c, [path2(0), path2(1)]);
+            }
+            connectivity(&mut out, 4, "Endpoint", &n.endpoint, [path(2), path(3)]);
+            if let Some(c) = &n.endpoint_secondary {
+                connectivity(&mut out, 6, "Secondary", c, [path2(2), path2(3)]);
+            }
         }
     }
     out
@@ -341,15 +380,13 @@ mod tests {
             result,
             ..PathState::default()
         };
-        let c = Connectivity {
-            ip: Ipv4Addr::new(198, 18, 0, 1),
-            icmp: path.clone(),
-            http: path,
-        };
+        let c = Connectivity::new(Ipv4Addr::new(198, 18, 0, 1), path.clone(), path);
         NodeStatus {
             name: name.into(),
             host: c.clone(),
             endpoint: c,
+            host_secondary: None,
+            endpoint_secondary: None,
         }
     }
 
@@ -407,6 +444,7 @@ mod tests {
                 .map(|n| NodeStats {
                     name: n.name.clone(),
                     paths: [WindowStats::default(); 4],
+                    secondary: None,
                 })
                 .collect(),
         };
@@ -447,7 +485,10 @@ mod tests {
 
     #[test]
     fn history_lists_each_paths_results_oldest_first() {
-        use health_agent::probe::history::{HistoryEntry, PathHistory};
+        use health_agent::probe::{
+            family::Family,
+            history::{HistoryEntry, PathHistory},
+        };
         let entry = |at_ms, error: Option<&str>| HistoryEntry {
             at_ms,
             outcome: if error.is_some() {
@@ -460,7 +501,8 @@ mod tests {
         };
         let path = |name: &str, entries: Vec<HistoryEntry>| PathHistory {
             path: name.to_owned(),
-            ip: Ipv4Addr::new(198, 18, 0, 3),
+            family: Family::Ipv4,
+            ip: Ipv4Addr::new(198, 18, 0, 3).into(),
             loss_ratio: (!entries.is_empty()).then_some(0.5),
             rtt_p50_ns: Some(150_000),
             rtt_p99_ns: Some(150_000),
@@ -488,7 +530,7 @@ mod tests {
         );
         assert_eq!(
             lines[2],
-            "  host-icmp to 198.18.0.3: last 2 results: loss 50.0%, RTT p50 150µs p99 150µs"
+            "  host-icmp (ipv4) to 198.18.0.3: last 2 results: loss 50.0%, RTT p50 150µs p99 150µs"
         );
         assert!(
             lines[3].contains("TIME") && lines[3].contains("ERROR"),
@@ -503,10 +545,108 @@ mod tests {
             ["2026-09-21T14:13:21.500Z", "failure", "timeout"]
         );
         assert!(
-            text.contains("host-http to 198.18.0.3: last 0 results"),
+            text.contains("host-http (ipv4) to 198.18.0.3: last 0 results"),
             "{text}"
         );
         assert!(text.contains("(not probed yet)"), "{text}");
+    }
+
+    /// `node-040` of [`status`] made dual-stack: its IPv6 host ICMP path
+    /// fails, every other path succeeds.
+    fn dual_stack(n: usize) -> ClusterStatus {
+        let mut s = status(n);
+        let ok = PathState {
+            result: ProbeResult::Success,
+            ..PathState::default()
+        };
+        let v4 = |ip| Connectivity::new(ip, ok.clone(), ok.clone());
+        let v6 = |ip: &str, icmp: ProbeResult| {
+            Connectivity::new(
+                ip.parse::<std::net::Ipv6Addr>().expect("ip"),
+                PathState {
+                    result: icmp,
+                    last_error: (icmp == ProbeResult::Failure)
+                        .then(|| "no echo reply within 1000 ms".into()),
+                    ..ok.clone()
+                },
+                ok.clone(),
+            )
+        };
+        s.nodes[40] = NodeStatus {
+            name: "node-040".into(),
+            host: v4(Ipv4Addr::new(198, 18, 0, 40)),
+            endpoint: v4(Ipv4Addr::new(198, 18, 64, 40)),
+            host_secondary: Some(v6("2001:2:1::40", ProbeResult::Failure)),
+            endpoint_secondary: Some(v6("2001:2:2::40", ProbeResult::Success)),
+        };
+        s
+    }
+
+    #[test]
+    fn a_dual_stack_node_shows_both_addresses_and_its_secondary_paths() {
+        let s = dual_stack(45);
+        let text = render(&s, false, false, None);
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("node-040"))
+            .expect("node-040's row");
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            [
+                "node-040",
+                "198.18.0.40,2001:2:1::40",
+                "unreachable",
+                "reachable"
+            ],
+            "{text}"
+        );
+        // The columns stay aligned: every row's NODE word starts at the same
+        // column.
+        let header = text
+            .lines()
+            .find(|l| l.contains("ENDPOINTS"))
+            .expect("header");
+        let col = header.find("NODE").expect("NODE");
+        assert!(
+            text.lines()
+                .filter(|l| l.starts_with("  node-"))
+                .all(|l| l[col..].starts_with("reachable")
+                    || l[col..].starts_with("unreachable")
+                    || l[col..].starts_with("unknown")),
+            "{text}"
+        );
+        let verbose = render(&s, true, false, None);
+        let block: Vec<&str> = verbose
+            .split("\n\n")
+            .find(|b| b.trim_start().starts_with("node-040"))
+            .expect("node-040's block")
+            .lines()
+            .collect();
+        assert_eq!(
+            block,
+            [
+                "  node-040 (198.18.0.40,2001:2:1::40):",
+                "    Host connectivity to 198.18.0.40:",
+                "      ICMP to stack:   OK, RTT=",
+                "      HTTP to agent:   OK, RTT=",
+                "      Secondary connectivity to 2001:2:1::40:",
+                "        ICMP to stack:   Failure: no echo reply within 1000 ms",
+                "        HTTP to agent:   OK, RTT=",
+                "    Endpoint connectivity to 198.18.64.40:",
+                "      ICMP to stack:   OK, RTT=",
+                "      HTTP to agent:   OK, RTT=",
+                "      Secondary connectivity to 2001:2:2::40:",
+                "        ICMP to stack:   OK, RTT=",
+                "        HTTP to agent:   OK, RTT=",
+            ],
+            "{verbose}"
+        );
+        // Single-stack nodes have no secondary lines.
+        let other = verbose
+            .split("\n\n")
+            .find(|b| b.trim_start().starts_with("node-041"))
+            .expect("node-041's block");
+        assert!(!other.contains("Secondary"), "{other}");
     }
 
     #[test]

@@ -1,0 +1,201 @@
+//! This node's own addresses for its etcd record: given by `--node-ip` and
+//! `--node-ip6`, or found the way the kernel would reach etcd.
+//!
+//! A family is looked up only when the endpoint has an address of it (a
+//! record pairs a node address with a health address). IPv4: the source
+//! address toward etcd. IPv6: the source address toward etcd when etcd is
+//! reached over IPv6, otherwise a global IPv6 address of the interface that
+//! holds the IPv4 node address.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs as _, UdpSocket};
+
+use crate::sys::netlink::in_netns;
+
+/// Why a node address could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeAddrError {
+    #[error("resolving the etcd endpoint {endpoint:?}")]
+    Resolve {
+        endpoint: String,
+        source: std::io::Error,
+    },
+    #[error("finding this node's {family} address toward {endpoint}: give it with --{flag}")]
+    NoSource {
+        family: &'static str,
+        flag: &'static str,
+        endpoint: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "this node has no global IPv6 address on the interface of {node_ip}: give it with --node-ip6"
+    )]
+    NoIpv6 { node_ip: Ipv4Addr },
+    #[error("listing the node's addresses")]
+    Netlink(#[from] crate::sys::netlink::NetlinkError),
+}
+
+/// What is known before the lookup.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Wanted {
+    /// `--node-ip`, `--node-ip6`.
+    pub node_ip: Option<Ipv4Addr>,
+    pub node_ip6: Option<Ipv6Addr>,
+    /// Whether the endpoint has an address of each family.
+    pub v4: bool,
+    pub v6: bool,
+}
+
+/// This node's IPv4 and IPv6 addresses, for the families it needs.
+pub fn resolve(
+    endpoint: &str,
+    wanted: Wanted,
+) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), NodeAddrError> {
+    let targets: Vec<SocketAddr> = endpoint
+        .to_socket_addrs()
+        .map_err(|source| NodeAddrError::Resolve {
+            endpoint: endpoint.to_owned(),
+            source,
+        })?
+        .collect();
+    let target = |v6: bool| targets.iter().copied().find(|t| t.is_ipv6() == v6);
+    let no_source = |family, flag| {
+        move |source| NodeAddrError::NoSource {
+            family,
+            flag,
+            endpoint: endpoint.to_owned(),
+            source,
+        }
+    };
+    let v4 = match (wanted.v4, wanted.node_ip) {
+        (false, _) => None,
+        (true, Some(ip)) => Some(ip),
+        (true, None) => {
+            let t = target(false).ok_or_else(|| {
+                no_source("IPv4", "node-ip")(std::io::Error::other("etcd has no IPv4 address"))
+            })?;
+            match source_toward(t).map_err(no_source("IPv4", "node-ip"))? {
+                IpAddr::V4(ip) => Some(ip),
+                IpAddr::V6(_) => None,
+            }
+        }
+    };
+    let v6 = match (wanted.v6, wanted.node_ip6) {
+        (false, _) => None,
+        (true, Some(ip)) => Some(ip),
+        (true, None) => match (target(true), v4) {
+            (Some(t), _) => match source_toward(t).map_err(no_source("IPv6", "node-ip6"))? {
+                IpAddr::V6(ip) => Some(ip),
+                IpAddr::V4(_) => None,
+            },
+            (None, Some(node_ip)) => Some(global_ipv6_beside(node_ip)?),
+            (None, None) => {
+                return Err(no_source("IPv6", "node-ip6")(std::io::Error::other(
+                    "etcd has no IPv6 address",
+                )));
+            }
+        },
+    };
+    Ok((v4, v6))
+}
+
+/// The local address the kernel would use toward `target`.
+fn source_toward(target: SocketAddr) -> std::io::Result<IpAddr> {
+    let any: SocketAddr = match target {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let sock = UdpSocket::bind(any)?;
+    sock.connect(target)?;
+    let ip = sock.local_addr()?.ip();
+    if ip.is_unspecified() {
+        return Err(std::io::Error::other(format!(
+            "no source address toward {target}"
+        )));
+    }
+    Ok(ip)
+}
+
+/// A global IPv6 address of the interface holding `node_ip`.
+fn global_ipv6_beside(node_ip: Ipv4Addr) -> Result<Ipv6Addr, NodeAddrError> {
+    let (v4, v6) = in_netns(None, |nl| async move {
+        Ok((nl.addresses_v4().await?, nl.addresses_v6().await?))
+    })?;
+    let index = v4
+        .iter()
+        .find(|(_, ip, _)| *ip == node_ip)
+        .map(|(i, _, _)| *i)
+        .ok_or(NodeAddrError::NoIpv6 { node_ip })?;
+    v6.into_iter()
+        .filter(|(i, _, _)| *i == index)
+        .map(|(_, ip, _)| ip)
+        .find(|ip| is_global(*ip))
+        .ok_or(NodeAddrError::NoIpv6 { node_ip })
+}
+
+/// Neither link-local, loopback, multicast nor unspecified.
+fn is_global(ip: Ipv6Addr) -> bool {
+    ip.segments()[0] & 0xffc0 != 0xfe80
+        && !ip.is_loopback()
+        && !ip.is_multicast()
+        && !ip.is_unspecified()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_addresses_are_used_and_unwanted_families_skipped() {
+        let wanted = Wanted {
+            node_ip: Some(Ipv4Addr::new(198, 18, 0, 11)),
+            node_ip6: Some("2001:2::11".parse().expect("ip")),
+            v4: true,
+            v6: false,
+        };
+        assert_eq!(
+            resolve("127.0.0.1:2379", wanted).expect("resolve"),
+            (Some(Ipv4Addr::new(198, 18, 0, 11)), None)
+        );
+        let v6_only = Wanted {
+            v4: false,
+            v6: true,
+            ..wanted
+        };
+        assert_eq!(
+            resolve("127.0.0.1:2379", v6_only).expect("resolve"),
+            (None, Some("2001:2::11".parse().expect("ip")))
+        );
+    }
+
+    #[test]
+    fn the_source_toward_etcd_is_found_and_missing_families_are_named() {
+        let found = resolve(
+            "127.0.0.1:2379",
+            Wanted {
+                v4: true,
+                ..Wanted::default()
+            },
+        )
+        .expect("loopback");
+        assert_eq!(found, (Some(Ipv4Addr::LOCALHOST), None));
+        let err = resolve(
+            "127.0.0.1:2379",
+            Wanted {
+                v6: true,
+                ..Wanted::default()
+            },
+        )
+        .expect_err("no IPv6 toward an IPv4 etcd without an IPv4 node address");
+        assert!(err.to_string().contains("--node-ip6"), "{err}");
+        let err = resolve("not an endpoint", Wanted::default()).expect_err("bad");
+        assert!(err.to_string().contains("not an endpoint"), "{err}");
+    }
+
+    #[test]
+    fn global_means_routable() {
+        assert!(is_global("2001:2::1".parse().expect("ip")));
+        assert!(!is_global("fe80::1".parse().expect("ip")));
+        assert!(!is_global("::1".parse().expect("ip")));
+    }
+}
