@@ -52,21 +52,48 @@ pub enum Outcome {
     Failed(ProbeError),
 }
 
-/// The state of one path, as the API shows it.
+/// The state of one path, as the API shows it. Zero counts and absent
+/// values are left out of the JSON (a reader takes them as 0 and null):
+/// at 5,000 nodes the status is half the size, which is what every
+/// `GET /v1/status` copies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathState {
     pub result: ProbeResult,
+    #[serde(default, skip_serializing_if = "is_zero32")]
     pub consecutive_successes: u32,
+    #[serde(default, skip_serializing_if = "is_zero32")]
     pub consecutive_failures: u32,
     /// RTT of the last successful probe, in nanoseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtt_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtt_source: Option<RttSource>,
     /// The last failure's error text (kept after recovery, for reference).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    #[serde(default, skip_serializing_if = "is_zero64")]
     pub probes: u64,
     /// Epoch milliseconds of the last probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe_ms: Option<u64>,
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+const fn is_zero32(n: &u32) -> bool {
+    *n == 0
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+const fn is_zero64(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Default for PathState {
@@ -199,5 +226,31 @@ mod tests {
         );
         assert_eq!(p.result, ProbeResult::Success);
         assert_eq!(p.warning.as_deref(), Some("HTTP 301"));
+    }
+
+    #[test]
+    fn the_json_leaves_out_zeros_and_absent_values_and_reads_them_back() {
+        let unknown = PathState::default();
+        let json = serde_json::to_string(&unknown).expect("json");
+        assert_eq!(json, r#"{"result":"unknown"}"#);
+        assert_eq!(
+            serde_json::from_str::<PathState>(&json).expect("back"),
+            unknown
+        );
+        let mut p = PathState::default();
+        p.record(ok(), Thresholds::default(), 7);
+        let json = serde_json::to_string(&p).expect("json");
+        assert_eq!(
+            json,
+            r#"{"result":"success","consecutive_successes":1,"rtt_ns":250000,"rtt_source":"userspace","probes":1,"last_probe_ms":7}"#
+        );
+        assert_eq!(serde_json::from_str::<PathState>(&json).expect("back"), p);
+        // The long form (every field, nulls and zeros) still reads.
+        let long = r#"{"result":"failure","consecutive_successes":0,"consecutive_failures":3,"rtt_ns":null,"rtt_source":null,"last_error":"timeout","warning":null,"probes":3,"last_probe_ms":9}"#;
+        let read: PathState = serde_json::from_str(long).expect("long form");
+        assert_eq!(
+            (read.consecutive_failures, read.last_error.as_deref()),
+            (3, Some("timeout"))
+        );
     }
 }

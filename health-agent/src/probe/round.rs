@@ -442,6 +442,10 @@ impl Prober {
             duration_ms: ms(t0.elapsed()),
             probes,
         }));
+        // The round's sockets, futures and outcomes are freed: hand the
+        // pages back (before the status is seen, so that whoever sees it
+        // sees the agent at rest) so RSS stays flat from round to round.
+        crate::util::memory::release_free();
         self.publish(status, false);
         tracing::debug!(
             seq,

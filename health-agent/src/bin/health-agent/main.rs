@@ -25,6 +25,9 @@ fn main() -> ExitCode {
     // The daemon creates namespaces, links and pins: a SIGINT/SIGTERM from
     // now on must stop it cleanly, so the signals are held until its
     // handlers are in place (its threads inherit the mask).
+    if cli.is_daemon() {
+        health_agent::util::memory::limit_arenas();
+    }
     if cli.is_daemon()
         && let Err(e) = health_agent::sys::signals::hold_until_installed()
     {
