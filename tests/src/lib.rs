@@ -34,6 +34,7 @@ pub mod pinger6;
 pub mod pins;
 pub mod process;
 pub mod prometheus;
+pub mod tc_run;
 pub mod topology;
 
 /// Fails loudly (rather than skipping) when the tests are not run as root:

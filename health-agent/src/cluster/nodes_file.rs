@@ -152,39 +152,11 @@ fn decode(v: &Value) -> Result<Node, String> {
     let node_ip = string(map, "node-ip")?
         .map(|s| address(s, "node-ip"))
         .transpose()?;
-    let health_ip = match (string(map, "health-ip")?, string(map, "health-cidr")?) {
-        (Some(ip), None) => Some(address(ip, "health-ip")?),
-        (None, Some(cidr)) => {
-            let cidr: Ipv4Cidr = cidr
-                .parse()
-                .map_err(|e| format!("field `health-cidr`: {e}"))?;
-            Some(
-                cidr.usable()
-                    .next()
-                    .ok_or_else(|| format!("field `health-cidr` {cidr} has no usable address"))?,
-            )
-        }
-        (Some(_), Some(_)) => return Err("give `health-ip` or `health-cidr`, not both".into()),
-        (None, None) => None,
-    };
+    let health_ip = health_address(map, "", address, |c: Ipv4Cidr| c.usable().next())?;
     let node_ip6 = string(map, "node-ip6")?
         .map(|s| address6(s, "node-ip6"))
         .transpose()?;
-    let health_ip6 = match (string(map, "health-ip6")?, string(map, "health-cidr6")?) {
-        (Some(ip), None) => Some(address6(ip, "health-ip6")?),
-        (None, Some(cidr)) => {
-            let cidr: Ipv6Cidr = cidr
-                .parse()
-                .map_err(|e| format!("field `health-cidr6`: {e}"))?;
-            Some(
-                cidr.usable()
-                    .next()
-                    .ok_or_else(|| format!("field `health-cidr6` {cidr} has no usable address"))?,
-            )
-        }
-        (Some(_), Some(_)) => return Err("give `health-ip6` or `health-cidr6`, not both".into()),
-        (None, None) => None,
-    };
+    let health_ip6 = health_address(map, "6", address6, |c: Ipv6Cidr| c.usable().next())?;
     if node_ip.is_none() && node_ip6.is_none() {
         return Err("missing field `node-ip` (or `node-ip6`)".into());
     }
@@ -203,6 +175,35 @@ fn decode(v: &Value) -> Result<Node, String> {
         health_ip6,
         zone,
     })
+}
+
+/// A family's health address (`suffix` "" or "6"): `health-ip<suffix>`, or
+/// the first usable address of `health-cidr<suffix>` (what the endpoint's
+/// IPAM gives), not both.
+fn health_address<A, C>(
+    map: &Map<String, Value>,
+    suffix: &str,
+    parse_ip: fn(&str, &str) -> Result<A, String>,
+    first_usable: fn(C) -> Option<A>,
+) -> Result<Option<A>, String>
+where
+    C: std::str::FromStr + fmt::Display + Copy,
+    C::Err: fmt::Display,
+{
+    let (ip_field, cidr_field) = (format!("health-ip{suffix}"), format!("health-cidr{suffix}"));
+    match (string(map, &ip_field)?, string(map, &cidr_field)?) {
+        (Some(ip), None) => parse_ip(ip, &ip_field).map(Some),
+        (None, Some(cidr)) => {
+            let cidr: C = cidr
+                .parse()
+                .map_err(|e| format!("field `{cidr_field}`: {e}"))?;
+            first_usable(cidr)
+                .map(Some)
+                .ok_or_else(|| format!("field `{cidr_field}` {cidr} has no usable address"))
+        }
+        (Some(_), Some(_)) => Err(format!("give `{ip_field}` or `{cidr_field}`, not both")),
+        (None, None) => Ok(None),
+    }
 }
 
 /// A string field (absent or null: `None`).

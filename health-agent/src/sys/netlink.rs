@@ -15,14 +15,13 @@ use netlink_packet_route::{
     address::{AddressAttribute, AddressFlags},
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage},
     neighbour::NeighbourState,
-    route::{RouteAddress, RouteAttribute, RouteProtocol, RouteScope},
     tc::TcAttribute,
 };
-use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder, new_connection};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, new_connection};
 
 use crate::sys::netns::{Netns, NetnsError, run_in};
 
-mod owned6;
+mod routes;
 
 /// `RTPROT_BOOT`, what `ip route add` marks a route with by default.
 const RTPROT_BOOT: u8 = 3;
@@ -466,129 +465,6 @@ impl Netlink {
         Ok(stats.unwrap_or_default())
     }
 
-    /// Adds (or replaces) an IPv4 route `destination/prefix` out of
-    /// `iface`, through `gateway` when given (on-link: the gateway need not
-    /// be in any connected subnet).
-    pub async fn replace_route(
-        &self,
-        destination: Ipv4Addr,
-        prefix: u8,
-        iface: &str,
-        gateway: Option<Ipv4Addr>,
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(iface).await?;
-        let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(destination, prefix)
-            .output_interface(index);
-        b = match gateway {
-            Some(gw) => b.gateway(gw).onlink(),
-            None => b.scope(RouteScope::Link),
-        };
-        let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
-        self.handle
-            .route()
-            .add(b.build())
-            .replace()
-            .execute()
-            .await
-            .map_err(req(format!(
-                "adding route {destination}/{prefix}{via} dev {iface}"
-            )))
-    }
-
-    /// Adds (or replaces) `destination/prefix via gateway`, letting the
-    /// kernel pick the interface that reaches the gateway.
-    pub async fn replace_route_via(
-        &self,
-        destination: Ipv4Addr,
-        prefix: u8,
-        gateway: Ipv4Addr,
-    ) -> Result<(), NetlinkError> {
-        self.replace_route_owned(destination, prefix, gateway, RTPROT_BOOT)
-            .await
-    }
-
-    /// Adds `destination/prefix via gateway` marked as installed by
-    /// `protocol`, replacing a route to the same destination (callers
-    /// check that any such route is theirs first).
-    pub async fn replace_route_owned(
-        &self,
-        destination: Ipv4Addr,
-        prefix: u8,
-        gateway: Ipv4Addr,
-        protocol: u8,
-    ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(destination, prefix)
-            .gateway(gateway)
-            .protocol(RouteProtocol::from(protocol))
-            .build();
-        self.handle
-            .route()
-            .add(msg)
-            .replace()
-            .execute()
-            .await
-            .map_err(req(format!(
-                "adding route {destination}/{prefix} via {gateway} (protocol {protocol})"
-            )))
-    }
-
-    /// Deletes the main-table route to `destination/prefix` installed by
-    /// `protocol`; the kernel leaves a route of another protocol alone. A
-    /// missing one is fine.
-    pub async fn delete_route_owned(
-        &self,
-        destination: Ipv4Addr,
-        prefix: u8,
-        protocol: u8,
-    ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(destination, prefix)
-            .protocol(RouteProtocol::from(protocol))
-            .build();
-        match self.handle.route().del(msg).execute().await {
-            Ok(()) => Ok(()),
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
-            Err(e) => Err(req(format!(
-                "deleting route {destination}/{prefix} (protocol {protocol})"
-            ))(e)),
-        }
-    }
-
-    /// IPv4 routes of the main table.
-    pub async fn routes_v4(&self) -> Result<Vec<RouteV4>, NetlinkError> {
-        let mut stream = self
-            .handle
-            .route()
-            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
-            .execute();
-        let mut out = Vec::new();
-        while let Some(msg) = stream
-            .try_next()
-            .await
-            .map_err(req("listing IPv4 routes"))?
-        {
-            let mut r = RouteV4 {
-                destination: Ipv4Addr::UNSPECIFIED,
-                prefix: msg.header.destination_prefix_length,
-                gateway: None,
-                oif: None,
-                protocol: u8::from(msg.header.protocol),
-            };
-            for a in &msg.attributes {
-                match a {
-                    RouteAttribute::Destination(RouteAddress::Inet(d)) => r.destination = *d,
-                    RouteAttribute::Gateway(RouteAddress::Inet(g)) => r.gateway = Some(*g),
-                    RouteAttribute::Oif(i) => r.oif = Some(*i),
-                    _ => {}
-                }
-            }
-            out.push(r);
-        }
-        Ok(out)
-    }
-
     /// Adds (or replaces) a permanent neighbour entry `ip -> mac` on `iface`.
     pub async fn replace_neighbour(
         &self,
@@ -606,93 +482,6 @@ impl Netlink {
             .execute()
             .await
             .map_err(req(format!("adding neighbour {ip} on {iface}")))
-    }
-
-    /// Adds (or replaces) an IPv6 route `destination/prefix` out of `iface`,
-    /// through `gateway` when given (on-link: the gateway need not be in any
-    /// connected prefix). The interface must be up.
-    pub async fn replace_route6(
-        &self,
-        destination: Ipv6Addr,
-        prefix: u8,
-        iface: &str,
-        gateway: Option<Ipv6Addr>,
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(iface).await?;
-        let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
-            .destination_prefix(destination, prefix)
-            .output_interface(index);
-        if let Some(gw) = gateway {
-            b = b.gateway(gw).onlink();
-        }
-        let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
-        self.handle
-            .route()
-            .add(b.build())
-            .replace()
-            .execute()
-            .await
-            .map_err(req(format!(
-                "adding route {destination}/{prefix}{via} dev {iface}"
-            )))
-    }
-
-    /// Deletes the main-table IPv6 route to `destination/prefix` out of
-    /// `iface`, whoever installed it; a missing one is fine.
-    pub async fn delete_route6(
-        &self,
-        destination: Ipv6Addr,
-        prefix: u8,
-        iface: &str,
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(iface).await?;
-        let msg = RouteMessageBuilder::<Ipv6Addr>::new()
-            .destination_prefix(destination, prefix)
-            .output_interface(index)
-            .protocol(RouteProtocol::Unspec)
-            .build();
-        match self.handle.route().del(msg).execute().await {
-            Ok(()) => Ok(()),
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
-            Err(e) => Err(req(format!(
-                "deleting route {destination}/{prefix} dev {iface}"
-            ))(e)),
-        }
-    }
-
-    /// IPv6 routes of every table (check [`RouteV6::table`]).
-    pub async fn routes_v6(&self) -> Result<Vec<RouteV6>, NetlinkError> {
-        let mut stream = self
-            .handle
-            .route()
-            .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
-            .execute();
-        let mut out = Vec::new();
-        while let Some(msg) = stream
-            .try_next()
-            .await
-            .map_err(req("listing IPv6 routes"))?
-        {
-            let mut r = RouteV6 {
-                destination: Ipv6Addr::UNSPECIFIED,
-                prefix: msg.header.destination_prefix_length,
-                gateway: None,
-                oif: None,
-                protocol: u8::from(msg.header.protocol),
-                table: u32::from(msg.header.table),
-            };
-            for a in &msg.attributes {
-                match a {
-                    RouteAttribute::Destination(RouteAddress::Inet6(d)) => r.destination = *d,
-                    RouteAttribute::Gateway(RouteAddress::Inet6(g)) => r.gateway = Some(*g),
-                    RouteAttribute::Oif(i) => r.oif = Some(*i),
-                    RouteAttribute::Table(t) => r.table = *t,
-                    _ => {}
-                }
-            }
-            out.push(r);
-        }
-        Ok(out)
     }
 
     /// Adds (or replaces) a permanent IPv6 neighbour entry `ip -> mac` on

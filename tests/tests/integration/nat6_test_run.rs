@@ -5,7 +5,6 @@
 
 use std::net::Ipv6Addr;
 
-use aya::programs::{TestRun as _, TestRunOptions};
 use health_agent::datapath::{Datapath, nat};
 use health_common::{ct::CtConfig, maps::ProgId, nat::NatCounter};
 use health_tests::{
@@ -16,29 +15,19 @@ use health_tests::{
     require_root,
 };
 
-const TCX_NEXT: u32 = u32::MAX;
+use health_tests::tc_run::TCX_NEXT;
 const EP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0x40, 0, 0, 0, 2);
 const NODE6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x11);
 const PEER6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x12);
 
 /// Runs the egress (SNAT) or ingress program: its verdict and the frame.
 fn run(r: &mut Datapath, egress: bool, input: &[u8]) -> (u32, Vec<u8>) {
-    let mut out = vec![0u8; input.len() + 64];
-    let res = r
-        .classifier(if egress {
-            ProgId::NatEgress
-        } else {
-            ProgId::NatIngress
-        })
-        .expect("program")
-        .test_run(TestRunOptions {
-            data_in: Some(input),
-            data_out: Some(&mut out),
-            ..TestRunOptions::default()
-        })
-        .expect("test run");
-    out.truncate(res.data_size_out as usize);
-    (res.return_value, out)
+    let prog = if egress {
+        ProgId::NatEgress
+    } else {
+        ProgId::NatIngress
+    };
+    health_tests::tc_run::run(r, prog, input)
 }
 
 #[test]

@@ -6,7 +6,6 @@
 use health_common::maps::ProgId;
 use std::net::Ipv4Addr;
 
-use aya::programs::{TestRun as _, TestRunOptions};
 use health_agent::{datapath::Datapath, datapath::nat};
 use health_common::{ct::CtConfig, nat::NatConfig};
 use health_tests::{
@@ -16,7 +15,7 @@ use health_tests::{
     require_root,
 };
 
-const TCX_NEXT: u32 = u32::MAX;
+use health_tests::tc_run::TCX_NEXT;
 const TC_ACT_SHOT: u32 = 2;
 
 fn loaded(cfg: NatConfig) -> (Datapath, PinDir) {
@@ -30,22 +29,12 @@ fn loaded(cfg: NatConfig) -> (Datapath, PinDir) {
 
 /// Runs the egress (SNAT) or ingress program: its verdict and the frame.
 fn run(r: &mut Datapath, egress: bool, input: &[u8]) -> (u32, Vec<u8>) {
-    let mut out = vec![0u8; input.len() + 64];
-    let res = r
-        .classifier(if egress {
-            ProgId::NatEgress
-        } else {
-            ProgId::NatIngress
-        })
-        .expect("program")
-        .test_run(TestRunOptions {
-            data_in: Some(input),
-            data_out: Some(&mut out),
-            ..TestRunOptions::default()
-        })
-        .expect("test run");
-    out.truncate(res.data_size_out as usize);
-    (res.return_value, out)
+    let prog = if egress {
+        ProgId::NatEgress
+    } else {
+        ProgId::NatIngress
+    };
+    health_tests::tc_run::run(r, prog, input)
 }
 
 /// Runs and asserts the packet went on, returning it checked.

@@ -6,61 +6,24 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::programs::{TestRun as _, TestRunOptions};
-use health_agent::datapath::{Datapath, ct, rtt};
-use health_common::{ct::CtConfig, maps::ProgId};
+use health_agent::datapath::{ct, rtt};
 use health_tests::{
     packets::{Echo, ethernet},
     packets6::{Echo6, NEXT_ICMPV6, icmpv6_message, ipv6_packet, tcp6, udp6},
-    pins::PinDir,
-    require_root,
+    tc_run::{ct_counter, loaded, track},
 };
 
 const EP: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0x40, 0, 0, 0, 2);
 const PEER: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0x41, 0, 0, 0, 2);
 const EP4: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 2);
 const PEER4: Ipv4Addr = Ipv4Addr::new(198, 18, 65, 2);
-const TCX_NEXT: u32 = u32::MAX;
-
-fn loaded() -> (Datapath, PinDir) {
-    require_root();
-    let pins = PinDir::new();
-    let mut r = Datapath::load(pins.path()).expect("load");
-    r.set_ct_config(CtConfig::default()).expect("ct config");
-    (r, pins)
-}
-
-/// Runs the ingress (`from_endpoint`) or egress program; asserts the
-/// packet is handed on unchanged, byte for byte.
-fn run(r: &mut Datapath, from_endpoint: bool, input: &[u8]) {
-    let mut out = vec![0u8; input.len() + 64];
-    let res = r
-        .classifier(if from_endpoint {
-            ProgId::LxcIngress
-        } else {
-            ProgId::LxcEgress
-        })
-        .expect("program")
-        .test_run(TestRunOptions {
-            data_in: Some(input),
-            data_out: Some(&mut out),
-            ..TestRunOptions::default()
-        })
-        .expect("test run");
-    assert_eq!(res.return_value, TCX_NEXT, "always handed on");
-    assert_eq!(&out[..res.data_size_out as usize], input, "never modified");
-}
-
-fn counter(pins: &PinDir, name: &str) -> u64 {
-    health_tests::counter(&ct::counters(pins.path()).expect("counters"), name)
-}
 
 #[test]
 fn an_icmpv6_echo_exchange_is_tracked_and_timed() {
     let (mut r, pins) = loaded();
     let req = Echo6::request(EP, PEER, 0x0abc, 1);
     let reply = req.expected_reply();
-    run(&mut r, true, &req.frame());
+    track(&mut r, true, &req.frame());
     let pending = rtt::pending(pins.path()).expect("pending");
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(
@@ -72,7 +35,7 @@ fn an_icmpv6_echo_exchange_is_tracked_and_timed() {
         ),
         (IpAddr::V6(PEER), "ICMPv6", 0x0abc, 1)
     );
-    run(&mut r, false, &reply.frame());
+    track(&mut r, false, &reply.frame());
     let rows = ct::list(pins.path()).expect("ct");
     assert_eq!(rows.len(), 1, "{rows:#?}");
     let e = &rows[0];
@@ -99,14 +62,14 @@ fn an_icmpv6_echo_exchange_is_tracked_and_timed() {
         "the reply closed it"
     );
     assert_eq!(
-        (counter(&pins, "created"), counter(&pins, "unparsed")),
+        (ct_counter(&pins, "created"), ct_counter(&pins, "unparsed")),
         (1, 0)
     );
 
     // A reply with another sequence closes nothing and adds no sample.
     let mut stray = reply.clone();
     stray.sequence = 2;
-    run(&mut r, false, &stray.frame());
+    track(&mut r, false, &stray.frame());
     let samples = rtt::list(pins.path()).expect("rtt");
     assert_eq!(samples[0].samples, 1);
 }
@@ -115,8 +78,8 @@ fn an_icmpv6_echo_exchange_is_tracked_and_timed() {
 fn a_peer_probing_the_endpoint_over_ipv6_is_an_in_entry_and_not_timed() {
     let (mut r, pins) = loaded();
     let req = Echo6::request(PEER, EP, 0x0def, 9);
-    run(&mut r, false, &req.frame());
-    run(&mut r, true, &req.expected_reply().frame());
+    track(&mut r, false, &req.frame());
+    track(&mut r, true, &req.expected_reply().frame());
     let rows = ct::list(pins.path()).expect("ct");
     assert_eq!(rows.len(), 1, "{rows:#?}");
     assert_eq!(
@@ -138,9 +101,9 @@ fn a_peer_probing_the_endpoint_over_ipv6_is_an_in_entry_and_not_timed() {
 fn a_tcp_handshake_over_ipv6_is_timed_and_its_flags_decide_the_lifetime() {
     let (mut r, pins) = loaded();
     let syn = tcp6(EP, PEER, (40_000, 4240), 0x02, b"");
-    run(&mut r, true, &syn);
-    run(&mut r, false, &tcp6(PEER, EP, (4240, 40_000), 0x12, b""));
-    run(&mut r, true, &tcp6(EP, PEER, (40_000, 4240), 0x10, b""));
+    track(&mut r, true, &syn);
+    track(&mut r, false, &tcp6(PEER, EP, (4240, 40_000), 0x12, b""));
+    track(&mut r, true, &tcp6(EP, PEER, (40_000, 4240), 0x10, b""));
     let samples = rtt::list(pins.path()).expect("rtt");
     assert_eq!(samples.len(), 1, "{samples:?}");
     assert_eq!(
@@ -163,7 +126,7 @@ fn a_tcp_handshake_over_ipv6_is_timed_and_its_flags_decide_the_lifetime() {
         e.expires_in_seconds > 3600,
         "established: long lifetime: {e:?}"
     );
-    run(&mut r, true, &tcp6(EP, PEER, (40_000, 4240), 0x11, b""));
+    track(&mut r, true, &tcp6(EP, PEER, (40_000, 4240), 0x11, b""));
     let rows = ct::list(pins.path()).expect("ct");
     assert!(
         rows[0].expires_in_seconds <= 10,
@@ -171,7 +134,7 @@ fn a_tcp_handshake_over_ipv6_is_timed_and_its_flags_decide_the_lifetime() {
         rows[0]
     );
     // A SYN-ACK that answers no SYN of the endpoint is not a sample.
-    run(&mut r, false, &tcp6(PEER, EP, (4240, 40_001), 0x12, b""));
+    track(&mut r, false, &tcp6(PEER, EP, (4240, 40_001), 0x12, b""));
     assert_eq!(rtt::list(pins.path()).expect("rtt")[0].samples, 1);
 }
 
@@ -264,14 +227,14 @@ fn untracked_ipv6_is_counted_and_passed_unchanged() {
     let (mut r, pins) = loaded();
     let cases = untracked_ipv6();
     for (i, (what, input)) in cases.iter().enumerate() {
-        let before = counter(&pins, "unparsed");
-        run(&mut r, i % 2 == 0, input);
-        assert_eq!(counter(&pins, "unparsed"), before + 1, "{what}");
+        let before = ct_counter(&pins, "unparsed");
+        track(&mut r, i % 2 == 0, input);
+        assert_eq!(ct_counter(&pins, "unparsed"), before + 1, "{what}");
     }
-    assert_eq!(counter(&pins, "unparsed"), cases.len() as u64);
+    assert_eq!(ct_counter(&pins, "unparsed"), cases.len() as u64);
     let rows = ct::list(pins.path()).expect("ct");
     assert!(rows.is_empty(), "nothing tracked: {rows:#?}");
-    assert_eq!(counter(&pins, "created"), 0);
+    assert_eq!(ct_counter(&pins, "created"), 0);
     let pending = rtt::pending(pins.path()).expect("pending");
     assert!(pending.is_empty(), "nothing timed: {pending:?}");
 }
@@ -281,11 +244,11 @@ fn ipv4_is_still_tracked_next_to_ipv6() {
     let (mut r, pins) = loaded();
     let req4 = Echo::request(EP4, PEER4, 0x0abc, 1);
     let req6 = Echo6::request(EP, PEER, 0x0abc, 1);
-    run(&mut r, true, &req4.frame());
-    run(&mut r, true, &req6.frame());
-    run(&mut r, true, &udp6(EP, PEER, (5353, 53)));
-    run(&mut r, false, &req6.expected_reply().frame());
-    run(&mut r, false, &req4.expected_reply().frame());
+    track(&mut r, true, &req4.frame());
+    track(&mut r, true, &req6.frame());
+    track(&mut r, true, &udp6(EP, PEER, (5353, 53)));
+    track(&mut r, false, &req6.expected_reply().frame());
+    track(&mut r, false, &req4.expected_reply().frame());
     let rows = ct::list(pins.path()).expect("ct");
     assert_eq!(rows.len(), 3, "{rows:#?}");
     let find = |proto| {
@@ -320,7 +283,7 @@ fn ipv4_is_still_tracked_next_to_ipv6() {
         ]
     );
     assert_eq!(
-        (counter(&pins, "created"), counter(&pins, "unparsed")),
+        (ct_counter(&pins, "created"), ct_counter(&pins, "unparsed")),
         (3, 0)
     );
 }

@@ -2,66 +2,25 @@
 //! packets: they never change or drop a packet; they create and account CT
 //! entries, time echo and TCP handshakes, and count what they cannot parse.
 
-use health_common::maps::ProgId;
 use std::net::{IpAddr, Ipv4Addr};
 
-use aya::programs::{TestRun as _, TestRunOptions};
-use health_agent::{
-    datapath::Datapath,
-    datapath::{ct, maps, rtt},
-};
-use health_common::ct::CtConfig;
+use health_agent::datapath::{ct, maps, rtt};
 use health_tests::{
     packets::{self, Echo},
-    pins::PinDir,
-    require_root,
+    tc_run::{ct_counter, loaded, track},
 };
 
 const EP: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 2);
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 65, 2);
-const TCX_NEXT: u32 = u32::MAX;
-
-fn loaded() -> (Datapath, PinDir) {
-    require_root();
-    let pins = PinDir::new();
-    let mut r = Datapath::load(pins.path()).expect("load");
-    r.set_ct_config(CtConfig::default()).expect("ct config");
-    (r, pins)
-}
-
-/// Runs the ingress (`from_endpoint`) or egress program; asserts the
-/// packet is passed on unchanged.
-fn run(r: &mut Datapath, from_endpoint: bool, input: &[u8]) {
-    let mut out = vec![0u8; input.len() + 64];
-    let res = r
-        .classifier(if from_endpoint {
-            ProgId::LxcIngress
-        } else {
-            ProgId::LxcEgress
-        })
-        .expect("program")
-        .test_run(TestRunOptions {
-            data_in: Some(input),
-            data_out: Some(&mut out),
-            ..TestRunOptions::default()
-        })
-        .expect("test run");
-    assert_eq!(res.return_value, TCX_NEXT, "always handed on");
-    assert_eq!(&out[..res.data_size_out as usize], input, "never modified");
-}
-
-fn counter(pins: &PinDir, name: &str) -> u64 {
-    health_tests::counter(&ct::counters(pins.path()).expect("counters"), name)
-}
 
 #[test]
 fn an_echo_exchange_is_tracked_and_timed() {
     let (mut r, pins) = loaded();
     let req = Echo::request(EP, PEER, 0x0abc, 1);
     let reply = req.expected_reply();
-    run(&mut r, true, &req.frame());
+    track(&mut r, true, &req.frame());
     assert_eq!(rtt::pending(pins.path()).expect("pending").len(), 1);
-    run(&mut r, false, &reply.frame());
+    track(&mut r, false, &reply.frame());
     let rows = ct::list(pins.path()).expect("ct");
     assert_eq!(rows.len(), 1, "{rows:#?}");
     let e = &rows[0];
@@ -85,15 +44,15 @@ fn an_echo_exchange_is_tracked_and_timed() {
         rtt::pending(pins.path()).expect("pending").is_empty(),
         "the reply closed it"
     );
-    assert_eq!(counter(&pins, "created"), 1);
+    assert_eq!(ct_counter(&pins, "created"), 1);
 }
 
 #[test]
 fn a_peer_probing_the_endpoint_is_an_in_entry() {
     let (mut r, pins) = loaded();
     let req = Echo::request(PEER, EP, 0x0def, 9);
-    run(&mut r, false, &req.frame());
-    run(&mut r, true, &req.expected_reply().frame());
+    track(&mut r, false, &req.frame());
+    track(&mut r, true, &req.expected_reply().frame());
     let rows = ct::list(pins.path()).expect("ct");
     assert_eq!(rows.len(), 1, "{rows:#?}");
     assert_eq!(
@@ -125,9 +84,9 @@ fn tcp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, flags: u8) -> Vec<u
 #[test]
 fn a_tcp_handshake_is_timed_and_its_flags_decide_the_lifetime() {
     let (mut r, pins) = loaded();
-    run(&mut r, true, &tcp(EP, PEER, 40_000, 4240, 0x02));
-    run(&mut r, false, &tcp(PEER, EP, 4240, 40_000, 0x12));
-    run(&mut r, true, &tcp(EP, PEER, 40_000, 4240, 0x10));
+    track(&mut r, true, &tcp(EP, PEER, 40_000, 4240, 0x02));
+    track(&mut r, false, &tcp(PEER, EP, 4240, 40_000, 0x12));
+    track(&mut r, true, &tcp(EP, PEER, 40_000, 4240, 0x10));
     let samples = rtt::list(pins.path()).expect("rtt");
     assert_eq!(
         (samples.len(), samples[0].proto, samples[0].samples),
@@ -140,7 +99,7 @@ fn a_tcp_handshake_is_timed_and_its_flags_decide_the_lifetime() {
         "established: long lifetime: {:?}",
         rows[0]
     );
-    run(&mut r, true, &tcp(EP, PEER, 40_000, 4240, 0x11));
+    track(&mut r, true, &tcp(EP, PEER, 40_000, 4240, 0x11));
     let rows = ct::list(pins.path()).expect("ct");
     assert!(
         rows[0].expires_in_seconds <= 10,
@@ -172,9 +131,9 @@ fn unparsable_packets_are_counted_and_passed_unchanged() {
         },
     ];
     for (i, input) in cases.iter().enumerate() {
-        run(&mut r, i % 2 == 0, input);
+        track(&mut r, i % 2 == 0, input);
     }
-    assert_eq!(counter(&pins, "unparsed"), cases.len() as u64);
+    assert_eq!(ct_counter(&pins, "unparsed"), cases.len() as u64);
     assert_eq!(
         ct::list(pins.path()).expect("ct").len(),
         0,
@@ -202,9 +161,9 @@ fn a_full_table_evicts_old_flows_and_keeps_passing_packets() {
         packets::udp_datagram(src, dst, (10_000 + u16::from(c), 53), true)
     };
     for i in 0..flows {
-        run(&mut r, true, &frame(i));
+        track(&mut r, true, &frame(i));
     }
-    let c = |name| counter(&pins, name);
+    let c = |name| ct_counter(&pins, name);
     let rows = ct::list(pins.path()).expect("ct");
     let entries = rows.len() as u64;
     assert!(entries <= u64::from(size), "{entries} > {size}");
