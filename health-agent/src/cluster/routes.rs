@@ -118,19 +118,15 @@ const fn is_link_local(ip: Ipv6Addr) -> bool {
 }
 
 async fn install(nl: &Netlink, health: IpAddr, node: IpAddr) -> Result<(), NetlinkError> {
-    match (health, node) {
-        (IpAddr::V4(h), IpAddr::V4(n)) => nl.replace_route_owned(h, 32, n, ROUTE_PROTOCOL).await,
-        (IpAddr::V6(h), IpAddr::V6(n)) => nl.replace_route6_owned(h, 128, n, ROUTE_PROTOCOL).await,
-        // Validation pairs addresses by family; nothing to install.
-        _ => Ok(()),
-    }
+    let prefix = if health.is_ipv4() { 32 } else { 128 };
+    nl.replace_route_owned(health, prefix, node, ROUTE_PROTOCOL)
+        .await
 }
 
 async fn remove(nl: &Netlink, destination: IpAddr) -> Result<(), NetlinkError> {
-    match destination {
-        IpAddr::V4(d) => nl.delete_route_owned(d, 32, ROUTE_PROTOCOL).await,
-        IpAddr::V6(d) => nl.delete_route6_owned(d, 128, ROUTE_PROTOCOL).await,
-    }
+    let prefix = if destination.is_ipv4() { 32 } else { 128 };
+    nl.delete_route_owned(destination, prefix, ROUTE_PROTOCOL)
+        .await
 }
 
 impl PeerRoutes {

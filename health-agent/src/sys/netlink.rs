@@ -33,6 +33,11 @@ pub enum NetlinkError {
         op: String,
         source: rtnetlink::Error,
     },
+    #[error("a route to {destination} via {gateway}: the families differ")]
+    FamilyMismatch {
+        destination: std::net::IpAddr,
+        gateway: std::net::IpAddr,
+    },
     #[error("interface {name:?} does not exist")]
     NoSuchLink { name: String },
     #[error("opening a netlink socket")]

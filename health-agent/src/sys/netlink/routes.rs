@@ -2,7 +2,7 @@
 //! fine), listed. The agent's own routes carry its protocol number and are
 //! deleted only with it, so a route someone else made is never touched.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt as _;
 use netlink_packet_route::route::{
@@ -86,21 +86,37 @@ impl Netlink {
             .await
     }
 
-    /// Adds `destination/prefix via gateway` marked as installed by
-    /// `protocol`, replacing a route to the same destination (callers
-    /// check that any such route is theirs first).
+    /// Adds `destination/prefix via gateway` (either family, both the
+    /// same) marked as installed by `protocol`, replacing a route to the
+    /// same destination (callers check that any such route is theirs
+    /// first). The kernel picks the interface that reaches the gateway.
     pub async fn replace_route_owned(
         &self,
-        destination: Ipv4Addr,
+        destination: impl Into<IpAddr>,
         prefix: u8,
-        gateway: Ipv4Addr,
+        gateway: impl Into<IpAddr>,
         protocol: u8,
     ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(destination, prefix)
-            .gateway(gateway)
-            .protocol(RouteProtocol::from(protocol))
-            .build();
+        let (destination, gateway) = (destination.into(), gateway.into());
+        let proto = RouteProtocol::from(protocol);
+        let msg = match (destination, gateway) {
+            (IpAddr::V4(d), IpAddr::V4(g)) => RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(d, prefix)
+                .gateway(g)
+                .protocol(proto)
+                .build(),
+            (IpAddr::V6(d), IpAddr::V6(g)) => RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(d, prefix)
+                .gateway(g)
+                .protocol(proto)
+                .build(),
+            _ => {
+                return Err(NetlinkError::FamilyMismatch {
+                    destination,
+                    gateway,
+                });
+            }
+        };
         self.add_route(
             msg,
             format!("adding route {destination}/{prefix} via {gateway} (protocol {protocol})"),
@@ -108,19 +124,27 @@ impl Netlink {
         .await
     }
 
-    /// Deletes the main-table route to `destination/prefix` installed by
-    /// `protocol`; the kernel leaves a route of another protocol alone. A
-    /// missing one is fine.
+    /// Deletes the main-table route to `destination/prefix` (either family)
+    /// installed by `protocol`; the kernel leaves a route of another
+    /// protocol alone. A missing one is fine.
     pub async fn delete_route_owned(
         &self,
-        destination: Ipv4Addr,
+        destination: impl Into<IpAddr>,
         prefix: u8,
         protocol: u8,
     ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(destination, prefix)
-            .protocol(RouteProtocol::from(protocol))
-            .build();
+        let destination = destination.into();
+        let proto = RouteProtocol::from(protocol);
+        let msg = match destination {
+            IpAddr::V4(d) => RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(d, prefix)
+                .protocol(proto)
+                .build(),
+            IpAddr::V6(d) => RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(d, prefix)
+                .protocol(proto)
+                .build(),
+        };
         self.delete_route(
             msg,
             format!("deleting route {destination}/{prefix} (protocol {protocol})"),
@@ -201,49 +225,6 @@ impl Netlink {
         self.delete_route(
             msg,
             format!("deleting route {destination}/{prefix} dev {iface}"),
-        )
-        .await
-    }
-
-    /// Adds `destination/prefix via gateway` marked as installed by
-    /// `protocol`, replacing a route to the same destination (callers check
-    /// that any such route is theirs first). The kernel picks the interface
-    /// that reaches the gateway.
-    pub async fn replace_route6_owned(
-        &self,
-        destination: Ipv6Addr,
-        prefix: u8,
-        gateway: Ipv6Addr,
-        protocol: u8,
-    ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv6Addr>::new()
-            .destination_prefix(destination, prefix)
-            .gateway(gateway)
-            .protocol(RouteProtocol::from(protocol))
-            .build();
-        self.add_route(
-            msg,
-            format!("adding route {destination}/{prefix} via {gateway} (protocol {protocol})"),
-        )
-        .await
-    }
-
-    /// Deletes the main-table IPv6 route to `destination/prefix` installed
-    /// by `protocol`; the kernel leaves a route of another protocol alone.
-    /// A missing one is fine.
-    pub async fn delete_route6_owned(
-        &self,
-        destination: Ipv6Addr,
-        prefix: u8,
-        protocol: u8,
-    ) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv6Addr>::new()
-            .destination_prefix(destination, prefix)
-            .protocol(RouteProtocol::from(protocol))
-            .build();
-        self.delete_route(
-            msg,
-            format!("deleting route {destination}/{prefix} (protocol {protocol})"),
         )
         .await
     }
