@@ -3,7 +3,6 @@
 //! reserved identity 4, walked through Cilium's endpoint lifecycle.
 
 pub mod controller;
-mod echo6;
 pub mod ipam;
 pub mod lifecycle;
 pub mod plumbing;
@@ -350,14 +349,14 @@ impl Endpoint {
         self.echo_seq = self.echo_seq.wrapping_add(1);
         let seq = self.echo_seq;
         let v4 = self.record.ipv4.is_none_or(|ip| {
-            crate::sys::icmp::echo(ip, 0x4845, seq, timeout)
+            crate::sys::icmp::echo(ip.into(), 0x4845, seq, timeout)
                 .map_err(|e| warn!("echo check of {ip}: {e}"))
                 .ok()
                 .flatten()
                 .is_some()
         });
         let v6 = self.record.ipv6.is_none_or(|ip| {
-            echo6::echo6(ip, 0x4845, seq, timeout)
+            crate::sys::icmp::echo(ip.into(), 0x4845, seq, timeout)
                 .map_err(|e| warn!("echo check of {ip}: {e}"))
                 .ok()
                 .flatten()

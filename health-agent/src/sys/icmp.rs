@@ -1,11 +1,12 @@
 //! ICMP echo packets for the agent's own use: building requests, matching
 //! replies (shared by the prober's many-at-once echo in `probe::icmp`), and
-//! one blocking exchange for the endpoint controller's check.
+//! one blocking exchange of either family for the endpoint controller's
+//! check.
 
 use std::{
     io,
     mem::MaybeUninit,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     time::{Duration, Instant},
 };
 
@@ -115,47 +116,68 @@ pub fn parse_any_reply_v6(msg: &[u8]) -> Option<(u16, u16)> {
     }
 }
 
-/// Sends one echo request to `dst` and waits up to `timeout` for its reply.
-/// Returns the round-trip time, or `None` when no reply came. Blocking.
+/// Sends one echo request to `dst` (ICMP or `ICMPv6`) and waits up to
+/// `timeout` for its reply from `dst`. Returns the round-trip time, or
+/// `None` when no reply came. Blocking.
 pub fn echo(
-    dst: Ipv4Addr,
+    dst: IpAddr,
     identifier: u16,
     sequence: u16,
     timeout: Duration,
 ) -> io::Result<Option<Duration>> {
-    let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?;
+    let (sock, request) = match dst {
+        IpAddr::V4(_) => (
+            Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?,
+            echo_request(identifier, sequence),
+        ),
+        IpAddr::V6(_) => (
+            Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?,
+            echo_request_v6(identifier, sequence),
+        ),
+    };
     let start = Instant::now();
-    sock.send_to(
-        &echo_request(identifier, sequence),
-        &SockAddr::from(SocketAddrV4::new(dst, 0)),
-    )?;
-    let deadline = start + timeout;
+    sock.send_to(&request, &SockAddr::from(SocketAddr::new(dst, 0)))?;
+    let answered = receive_until(&sock, start + timeout, |msg, from| match dst {
+        IpAddr::V4(v4) => parse_reply(msg, identifier) == Some((v4, sequence)),
+        IpAddr::V6(v6) => {
+            from.as_socket_ipv6().is_some_and(|a| *a.ip() == v6)
+                && parse_any_reply_v6(msg) == Some((identifier, sequence))
+        }
+    })?;
+    Ok(answered.then(|| start.elapsed()))
+}
+
+/// Reads messages from `sock` until `deadline`, until `wanted` accepts one
+/// (with its sender); whether one came.
+fn receive_until(
+    sock: &Socket,
+    deadline: Instant,
+    mut wanted: impl FnMut(&[u8], &SockAddr) -> bool,
+) -> io::Result<bool> {
     let mut buf = [MaybeUninit::<u8>::uninit(); 1500];
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Ok(None);
+            return Ok(false);
         }
         sock.set_read_timeout(Some(left))?;
-        let n = match sock.recv(&mut buf) {
-            Ok(n) => n,
+        let (n, from) = match sock.recv_from(&mut buf) {
+            Ok(r) => r,
             Err(e)
                 if matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return Ok(None);
+                return Ok(false);
             }
             Err(e) => return Err(e),
         };
-        // SAFETY: recv initialised the first n bytes.
-        let pkt: Vec<u8> = buf[..n]
-            .iter()
-            .map(|b| unsafe { b.assume_init() })
-            .collect();
-        if parse_reply(&pkt, identifier) == Some((dst, sequence)) {
-            return Ok(Some(start.elapsed()));
+        // SAFETY: recv_from initialised the first n bytes of `buf`, and
+        // MaybeUninit<u8> has u8's layout.
+        let msg = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
+        if wanted(msg, &from) {
+            return Ok(true);
         }
     }
 }
@@ -215,5 +237,18 @@ mod tests {
             "a valid checksum sums to all ones"
         );
         assert_eq!((req[0], &req[4..8]), (8, &[0x12, 0x34, 0, 7][..]));
+    }
+
+    #[test]
+    fn a_blocking_echo_is_answered_over_loopback_in_both_families() {
+        // Raw sockets: run as root (as the tests are).
+        let timeout = Duration::from_secs(1);
+        for dst in [
+            IpAddr::from(Ipv4Addr::LOCALHOST),
+            IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ] {
+            let rtt = echo(dst, 0x4845, 7, timeout).expect("echo");
+            assert!(rtt.is_some_and(|r| r < timeout), "{dst}: {rtt:?}");
+        }
     }
 }
