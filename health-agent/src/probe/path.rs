@@ -96,19 +96,24 @@ const fn is_zero64(n: &u64) -> bool {
     *n == 0
 }
 
+impl PathState {
+    /// A path never probed.
+    pub const UNKNOWN: Self = Self {
+        result: ProbeResult::Unknown,
+        consecutive_successes: 0,
+        consecutive_failures: 0,
+        rtt_ns: None,
+        rtt_source: None,
+        last_error: None,
+        warning: None,
+        probes: 0,
+        last_probe_ms: None,
+    };
+}
+
 impl Default for PathState {
     fn default() -> Self {
-        Self {
-            result: ProbeResult::Unknown,
-            consecutive_successes: 0,
-            consecutive_failures: 0,
-            rtt_ns: None,
-            rtt_source: None,
-            last_error: None,
-            warning: None,
-            probes: 0,
-            last_probe_ms: None,
-        }
+        Self::UNKNOWN
     }
 }
 

@@ -77,11 +77,43 @@ impl Default for ProbeConfig {
 }
 
 /// A node's paths (`4 * family + kind`, see [`family::path_index`]) and
-/// their recent results.
+/// their recent results. Only as many states as the highest family probed
+/// needs (4 for an IPv4-only node): at 5,000 nodes the other four would be
+/// 2.4 MB never used.
 #[derive(Debug, Clone, Default)]
 struct NodePaths {
-    state: [PathState; MAX_PATHS],
+    state: Vec<PathState>,
     history: NodeRing,
+}
+
+impl NodePaths {
+    /// Path `i`'s state (Unknown when never probed).
+    fn state(&self, i: usize) -> &PathState {
+        self.state.get(i).unwrap_or(&PathState::UNKNOWN)
+    }
+
+    /// Path `i`'s state, to record into.
+    fn state_mut(&mut self, i: usize) -> &mut PathState {
+        if self.state.len() <= i {
+            let len = (i / PER_FAMILY + 1) * PER_FAMILY;
+            self.state
+                .resize_with(len.min(MAX_PATHS).max(i + 1), PathState::default);
+        }
+        &mut self.state[i]
+    }
+
+    /// Forgets a family's paths.
+    fn forget(&mut self, family: Family) {
+        let at = family.index() * PER_FAMILY;
+        if at >= self.state.len() {
+            return;
+        }
+        self.state[at..at + PER_FAMILY].fill_with(PathState::default);
+        if self.state[at..].iter().all(|s| *s == PathState::UNKNOWN) {
+            self.state.truncate(at);
+            self.state.shrink_to_fit();
+        }
+    }
 }
 
 /// A round's probes: ICMP and HTTP to `ips[i]`, the address `keys[i].1`
@@ -280,8 +312,7 @@ impl Prober {
                     p.history.retain_families(mask);
                     for f in Family::ALL {
                         if mask & (1 << f.index()) == 0 {
-                            let at = f.index() * PER_FAMILY;
-                            p.state[at..at + PER_FAMILY].fill_with(PathState::default);
+                            p.forget(f);
                         }
                     }
                     true
@@ -491,7 +522,9 @@ impl Prober {
                 for (slot, outcome) in [(icmp_slot, icmp), (http_slot, http)] {
                     let value = history.encode(&outcome);
                     entry.history.record(&history, seq, slot, value);
-                    entry.state[slot].record(outcome, self.cfg.thresholds, at);
+                    entry
+                        .state_mut(slot)
+                        .record(outcome, self.cfg.thresholds, at);
                 }
                 probes += 2;
             }
@@ -803,8 +836,8 @@ fn node_status(n: &Node, p: &NodePaths, shown: Shown) -> NodeStatus {
         let base = f.index() * PER_FAMILY + 2 * usize::from(endpoint);
         let mut c = Connectivity::new(
             if endpoint { health } else { ip },
-            p.state[base].clone(),
-            p.state[base + 1].clone(),
+            p.state(base).clone(),
+            p.state(base + 1).clone(),
         );
         if !shown.probed {
             let why = format!("not probed: this agent has no {f} address");
@@ -1232,5 +1265,20 @@ mod tests {
         });
         same.take_over(&old);
         assert_eq!(same.history_strips().nodes[0].paths[HOST_HTTP], "SSSFS");
+    }
+
+    #[test]
+    fn a_node_holds_states_only_for_the_families_it_is_probed_over() {
+        let mut p = NodePaths::default();
+        assert_eq!(p.state(5), &PathState::UNKNOWN, "never probed");
+        p.state_mut(1).probes = 1;
+        assert_eq!(p.state.len(), PER_FAMILY, "IPv4 only: 4 states");
+        p.state_mut(PER_FAMILY + 2).probes = 1;
+        assert_eq!(p.state.len(), MAX_PATHS, "both families");
+        p.forget(Family::Ipv6);
+        assert_eq!(p.state.len(), PER_FAMILY, "IPv6 forgotten");
+        assert_eq!(p.state(1).probes, 1, "IPv4 kept");
+        p.forget(Family::Ipv4);
+        assert_eq!(p.state.len(), 0, "nothing probed any more");
     }
 }
