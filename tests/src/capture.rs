@@ -56,44 +56,61 @@ impl Seen {
     }
 }
 
-/// A running capture; [`Capture::stop`] returns what it saw.
-pub struct Capture {
+/// A running capture of one ethertype's packets, parsed by the family's
+/// parser; [`Running::stop`] returns what it saw.
+pub struct Running<T> {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Vec<Seen>>,
+    thread: JoinHandle<Vec<T>>,
 }
 
+/// A running IPv4 capture.
+pub type Capture = Running<Seen>;
+
 /// Every protocol: only `ETH_P_ALL` sockets see outgoing packets too
-/// (non-IPv4 packets are skipped when parsed).
+/// (packets of other ethertypes are skipped).
 const ETH_P_ALL: u16 = 0x0003;
 const ETH_P_IP: u16 = 0x0800;
 
-impl Capture {
-    /// Starts capturing IPv4 on `iface` in `ns`.
-    pub fn start(ns: &Netns, iface: &str) -> io::Result<Self> {
-        let fd = packet_socket(ns, iface, libc::SOCK_DGRAM)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut seen = Vec::new();
-            let mut buf = vec![0u8; 65_536];
-            while !flag.load(Ordering::Relaxed) {
-                if let Some((n, from)) = recv(&fd, &mut buf)
-                    && from.sll_protocol == ETH_P_IP.to_be()
-                    && let Some(s) = Seen::parse(&buf[..n])
-                {
-                    seen.push(s);
-                }
+/// Starts capturing the packets of `ethertype` on `iface` in `ns`, both
+/// directions, keeping those `parse` accepts.
+pub(crate) fn start<T: Send + 'static>(
+    ns: &Netns,
+    iface: &str,
+    ethertype: u16,
+    parse: fn(&[u8]) -> Option<T>,
+) -> io::Result<Running<T>> {
+    let fd = packet_socket(ns, iface, libc::SOCK_DGRAM)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = vec![0u8; 65_536];
+        while !flag.load(Ordering::Relaxed) {
+            if let Some((n, from)) = recv(&fd, &mut buf)
+                && from.sll_protocol == ethertype.to_be()
+                && let Some(s) = parse(&buf[..n])
+            {
+                seen.push(s);
             }
-            seen
-        });
-        Ok(Self { stop, thread })
-    }
+        }
+        seen
+    });
+    Ok(Running { stop, thread })
+}
 
+impl<T> Running<T> {
     /// Stops and returns every packet seen.
     #[must_use]
-    pub fn stop(self) -> Vec<Seen> {
+    pub fn stop(self) -> Vec<T> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().expect("capture thread")
+    }
+}
+
+impl Running<Seen> {
+    /// Starts capturing IPv4 on `iface` in `ns`.
+    pub fn start(ns: &Netns, iface: &str) -> io::Result<Self> {
+        start(ns, iface, ETH_P_IP, Seen::parse)
     }
 }
 

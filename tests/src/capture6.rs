@@ -2,18 +2,11 @@
 //! socket, both directions, as [`crate::capture`] does for IPv4): addresses,
 //! next header and the port or echo identifier of every IPv6 packet.
 
-use std::{
-    net::Ipv6Addr,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
-};
+use std::net::Ipv6Addr;
 
 use health_agent::sys::netns::Netns;
 
-use crate::capture::{packet_socket, recv};
+use crate::capture::Running;
 
 /// One IPv6 packet seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,40 +56,14 @@ impl Seen6 {
     }
 }
 
-/// A running capture; [`Capture6::stop`] returns what it saw.
-pub struct Capture6 {
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<Vec<Seen6>>,
-}
+/// A running IPv6 capture.
+pub type Capture6 = Running<Seen6>;
 
 const ETH_P_IPV6: u16 = 0x86dd;
 
-impl Capture6 {
+impl Running<Seen6> {
     /// Starts capturing IPv6 on `iface` in `ns`.
     pub fn start(ns: &Netns, iface: &str) -> std::io::Result<Self> {
-        let fd = packet_socket(ns, iface, libc::SOCK_DGRAM)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut seen = Vec::new();
-            let mut buf = vec![0u8; 65_536];
-            while !flag.load(Ordering::Relaxed) {
-                if let Some((n, from)) = recv(&fd, &mut buf)
-                    && from.sll_protocol == ETH_P_IPV6.to_be()
-                    && let Some(s) = Seen6::parse(&buf[..n])
-                {
-                    seen.push(s);
-                }
-            }
-            seen
-        });
-        Ok(Self { stop, thread })
-    }
-
-    /// Stops and returns every packet seen.
-    #[must_use]
-    pub fn stop(self) -> Vec<Seen6> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("capture thread")
+        crate::capture::start(ns, iface, ETH_P_IPV6, Seen6::parse)
     }
 }
