@@ -84,14 +84,13 @@ impl Lab {
             .enable_all()
             .build()
             .expect("runtime");
-        // One listener for both families (`net.ipv6.bindv6only` is 0):
-        // IPv4 connections arrive as IPv4-mapped addresses.
+        // The agent's own listener, one for both families: IPv4
+        // connections arrive as IPv4-mapped addresses.
         let listener = nodes
             .b
-            .run(|| std::net::TcpListener::bind((Ipv6Addr::UNSPECIFIED, 4240)))
+            .run(|| health_agent::probe::hello::listen(4240))
             .expect("enter the peers namespace")
             .expect("bind [::]:4240");
-        listener.set_nonblocking(true).expect("nonblocking");
         rt.spawn(async move {
             health_agent::probe::hello::serve(
                 tokio::net::TcpListener::from_std(listener).expect("listener"),
