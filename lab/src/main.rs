@@ -19,6 +19,7 @@ mod bench_round;
 mod blaster;
 mod demo;
 mod forward;
+mod sim_nodes;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -96,21 +97,26 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         failure_threshold: u32,
     },
-    /// A local etcd under N simulated agents (a lease and a summary put
-    /// each per interval) and W watchers: write rate, watch delivery
-    /// latency against 1 s at p99, etcd's database size.
+    /// A local etcd under N simulated agents (a lease and the agent's
+    /// summary put each per interval) and W watchers of the summaries
+    /// (one per agent by default): write rate, watch delivery latency
+    /// against 1 s at p99, etcd's database size and CPU.
     BenchEtcdLoad {
         #[arg(long, default_value_t = 1000)]
         agents: usize,
-        #[arg(long, default_value_t = 30)]
-        seconds: u32,
-        /// How often each agent puts its summary.
-        #[arg(long, default_value = "1s", value_parser = health_agent::util::duration::parse)]
+        /// Default: two intervals (every agent publishes at least twice).
+        #[arg(long)]
+        seconds: Option<u32>,
+        /// How often each agent puts its summary (default: the agent's
+        /// default probe interval).
+        #[arg(long, default_value = bench_etcd_load::DEFAULT_INTERVAL, value_parser = health_agent::util::duration::parse)]
         interval: std::time::Duration,
-        #[arg(long, default_value_t = 10)]
-        watchers: usize,
-        /// Client connections the agents' traffic is spread over.
-        #[arg(long, default_value_t = 4)]
+        /// Watchers of the summaries prefix (default: one per agent).
+        #[arg(long)]
+        watchers: Option<usize>,
+        /// Client connections all the traffic (leases, puts, watches) is
+        /// spread over.
+        #[arg(long, default_value_t = bench_etcd_load::DEFAULT_CONNECTIONS)]
         connections: usize,
     },
     /// Two nodes, a health-agent answering echo in the kernel, live probes.
@@ -181,7 +187,7 @@ fn main() -> ExitCode {
             connections,
         } => bench_etcd_load::run(&bench_etcd_load::Options {
             agents: agents.max(1),
-            seconds: seconds.max(1),
+            seconds: seconds.map(|s| s.max(1)),
             interval,
             watchers,
             connections,

@@ -156,14 +156,23 @@ enum Bench {
         failure_threshold: u32,
     },
     /// A local etcd (loopback, temporary data) under N simulated agents,
-    /// each with its lease and a 1.5 KiB summary put every second, and 10
-    /// watchers: write rate, watch delivery latency p50/p99 against 1 s,
-    /// etcd's database size.
+    /// each with its lease and its summary (the agent's encoding) put once
+    /// per probe interval, and one watcher of the summaries per agent:
+    /// write rate, watch delivery latency p50/p99 against 1 s, etcd's
+    /// database size and CPU.
     EtcdLoad {
         #[arg(long, default_value_t = 1000)]
         agents: usize,
-        #[arg(long, default_value_t = 30)]
-        seconds: u32,
+        /// Default: two intervals (every agent publishes at least twice).
+        #[arg(long)]
+        seconds: Option<u32>,
+        /// Time between an agent's puts (default: the agent's default
+        /// probe interval, 60s).
+        #[arg(long)]
+        interval: Option<String>,
+        /// Watchers of the summaries (default: one per agent).
+        #[arg(long)]
+        watchers: Option<usize>,
     },
     /// Per-packet cost of the CT/RTT and masquerade programs, measured by
     /// the kernel with `BPF_PROG_TEST_RUN`.
@@ -194,15 +203,33 @@ fn package(root: &Path, pin: &pin::EbpfPin, out_dir: Option<PathBuf>) -> anyhow:
 }
 
 /// `cargo xtask bench etcd-load`: no root needed (loopback only).
-fn bench_etcd_load(
-    root: &Path,
-    pin: &pin::EbpfPin,
-    agents: usize,
-    seconds: u32,
-) -> anyhow::Result<()> {
+fn bench_etcd_load(root: &Path, pin: &pin::EbpfPin, which: &Bench) -> anyhow::Result<()> {
+    let Bench::EtcdLoad {
+        agents,
+        seconds,
+        interval,
+        watchers,
+    } = which
+    else {
+        anyhow::bail!("not the etcd-load bench");
+    };
     setup::run(pin)?;
-    let (a, s) = (agents.to_string(), seconds.to_string());
-    lab(root, &["bench-etcd-load", "--agents", &a, "--seconds", &s])
+    let mut args = vec![
+        "bench-etcd-load".to_owned(),
+        "--agents".into(),
+        agents.to_string(),
+    ];
+    let optional = [
+        ("--seconds", seconds.map(|s| s.to_string())),
+        ("--interval", interval.clone()),
+        ("--watchers", watchers.map(|w| w.to_string())),
+    ];
+    for (flag, value) in optional {
+        if let Some(v) = value {
+            args.extend([flag.to_owned(), v]);
+        }
+    }
+    lab(root, &args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// `cargo xtask bench cluster-sim`: a simulation in one process, no root.
@@ -321,8 +348,8 @@ fn run() -> anyhow::Result<()> {
             lab(&root, &["bench-page", "--peers", &p, "--refreshes", &r])
         }
         Task::Bench {
-            which: Bench::EtcdLoad { agents, seconds },
-        } => bench_etcd_load(&root, &pin, agents, seconds),
+            which: which @ Bench::EtcdLoad { .. },
+        } => bench_etcd_load(&root, &pin, &which),
         Task::Bench {
             which: Bench::Datapath { samples },
         } => {

@@ -157,6 +157,17 @@ impl Client {
         request(&self.socket, method, path).await
     }
 
+    /// Any request, its body as the server sent it (gzip-encoded when the
+    /// server chose to, which the flag tells): what a load generator
+    /// reads, without the client's own decoding in the time it measures.
+    pub async fn raw_as_sent(
+        &self,
+        method: &str,
+        path: &str,
+    ) -> Result<(StatusCode, Bytes, bool), ClientError> {
+        request_as_sent(&self.socket, method, path).await
+    }
+
     async fn call<T: DeserializeOwned>(&self, method: &str, path: &str) -> Result<T, ClientError> {
         let (status, body) = request(&self.socket, method, path).await?;
         if !status.is_success() {
@@ -178,6 +189,25 @@ async fn request(
     method: &str,
     path: &str,
 ) -> Result<(StatusCode, Bytes), ClientError> {
+    let (status, body, gzipped) = request_as_sent(socket, method, path).await?;
+    if gzipped {
+        let mut plain = Vec::with_capacity(body.len() * 8);
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut plain)
+            .map_err(|source| ClientError::Gzip {
+                path: path.to_owned(),
+                source,
+            })?;
+        return Ok((status, Bytes::from(plain)));
+    }
+    Ok((status, body))
+}
+
+/// The status, the body as sent and whether it is gzip-encoded.
+async fn request_as_sent(
+    socket: &Path,
+    method: &str,
+    path: &str,
+) -> Result<(StatusCode, Bytes, bool), ClientError> {
     let http = |source| ClientError::Http {
         path: socket.to_owned(),
         source,
@@ -210,14 +240,5 @@ async fn request(
         .is_some_and(|v| v.as_bytes() == b"gzip");
     let body = resp.into_body().collect().await.map_err(http)?.to_bytes();
     conn.abort();
-    if gzipped {
-        let mut plain = Vec::with_capacity(body.len() * 8);
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut plain)
-            .map_err(|source| ClientError::Gzip {
-                path: path.to_owned(),
-                source,
-            })?;
-        return Ok((status, Bytes::from(plain)));
-    }
-    Ok((status, body))
+    Ok((status, body, gzipped))
 }

@@ -609,6 +609,57 @@ mod tests {
     }
 
     #[test]
+    fn zones_are_read_from_the_file_and_bad_ones_reject_the_record() {
+        let longest = "z".repeat(validate::MAX_ZONE_LEN);
+        let set = good(&format!(
+            "nodes:\n  - name: node-1\n    node-ip: 198.18.0.11\n    health-ip: 198.18.64.2\n    zone: rack-1.a_b\n  - name: node-2\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n  - name: node-3\n    node-ip: 198.18.0.13\n    health-ip: 198.18.66.2\n    zone: {longest}\n  - name: node-4\n    node-ip: 198.18.0.14\n    health-ip: 198.18.67.2\n    zone:\n"
+        ));
+        let zone = |name: &str| set.get(name).and_then(|n| n.zone.clone());
+        assert_eq!(zone("node-1").as_deref(), Some("rack-1.a_b"));
+        assert_eq!(zone("node-2"), None, "no zone field");
+        assert_eq!(zone("node-3"), Some(longest), "63 bytes is a zone name");
+        assert_eq!(zone("node-4"), None, "a null zone is none");
+        // JSON alike.
+        let v = json(
+            r#"{"nodes": [{"name": "node-2", "node-ip": "198.18.0.12", "health-ip": "198.18.65.2", "zone": "eu-1"}]}"#,
+        )
+        .expect("valid");
+        assert!(v.rejected.is_empty(), "{:?}", v.rejected);
+        assert_eq!(
+            v.nodes.get("node-2").and_then(|n| n.zone.as_deref()),
+            Some("eu-1")
+        );
+        let too_long = "z".repeat(validate::MAX_ZONE_LEN + 1);
+        for (zone, needle) in [
+            (
+                "\"rack 1\"",
+                "field `zone`: only letters, digits, '.', '_' and '-'",
+            ),
+            (
+                "rack/1",
+                "field `zone`: only letters, digits, '.', '_' and '-'",
+            ),
+            ("\"\"", "field `zone`: a zone name is not empty"),
+            (too_long.as_str(), "field `zone`: 64 bytes, more than 63"),
+            ("5", "field `zone`: expected a string, found number `5`"),
+            ("[a]", "field `zone`: expected a string, found a list"),
+        ] {
+            let record = format!(
+                "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n    zone: {zone}\n"
+            );
+            let (kept, rejected) = outcome(&yaml(&around(&record)).expect("parses"));
+            assert_eq!(kept, ["node-1", "node-3"], "{record}");
+            assert_eq!(rejected.len(), 1, "{rejected:?}");
+            assert!(
+                rejected[0].starts_with("nodes.yaml:5: node \"bad\": ")
+                    && rejected[0].contains(needle),
+                "{} lacks {needle:?}",
+                rejected[0]
+            );
+        }
+    }
+
+    #[test]
     fn bad_names_reject_the_record() {
         for (name, needle) in [
             ("\"a b\"", "the name \"a b\" is not a node name"),

@@ -2,14 +2,15 @@
 //! etcd) so that every agent can assemble the cluster view.
 //!
 //! Per probed peer: its name and, per path (host ICMP, host HTTP, endpoint
-//! ICMP, endpoint HTTP, [`PATHS`]), the state (2 bits) and, for a path in
-//! Success, the RTT in µs. Bounded: at most [`MAX_PEERS`] peers of at most
+//! ICMP, endpoint HTTP, [`PATHS`]), the state (2 bits: a path in Success
+//! whose last probe failed, below the prober's failure threshold, has a
+//! code of its own) and, for a path in Success answering, the RTT in µs. Bounded: at most [`MAX_PEERS`] peers of at most
 //! [`MAX_NAME_LEN`] bytes, so at most [`MAX_PEER_BYTES`] a peer.
 //!
-//! The binary form (version 1), integers as LEB128 varints:
+//! The binary form (version 2), integers as LEB128 varints:
 //!
 //! ```text
-//! u8 version = 1
+//! u8 version = 2 (version 1, without state code 3, is still read)
 //! u8 observer name length, name bytes
 //! varint seq, varint at_ms, varint peer count
 //! per peer, sorted by name, unique:
@@ -18,8 +19,9 @@
 //!       then the previous name's last `suffix` bytes (the first peer's
 //!       previous name is empty): names of one cluster share most of
 //!       their bytes ("ip-10-0-3-17.eu-west-1.compute.internal")
-//!   u8 states: path i in bits 2i..2i+1 (0 unknown, 1 success, 2 failure)
-//!   per path in Success, in path order: varint RTT in µs + 1 (0: none)
+//!   u8 states: path i in bits 2i..2i+1 (0 unknown, 1 success, 2 failure,
+//!       3 success but failing: its last probe failed)
+//!   per path of code 1, in path order: varint RTT in µs + 1 (0: none)
 //! ```
 //!
 //! A node probing 32 peers and a zone of 20 writes about 1 KiB a round
@@ -34,7 +36,10 @@ use crate::probe::{
 };
 
 /// The format [`Summary::encode`] writes and [`Summary::decode`] reads.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
+
+/// The previous format, still read: the same without state code 3.
+const VERSION_1: u8 = 1;
 
 /// The most peers a summary holds. With names of [`MAX_NAME_LEN`] bytes a
 /// summary is then at most ~1.1 MiB, under etcd's default 1.5 MiB request
@@ -59,12 +64,18 @@ pub struct PathSample {
     pub state: ProbeResult,
     /// The last RTT, kept for a path in Success only.
     pub rtt_us: Option<u32>,
+    /// A path in Success whose last probe failed: the prober's failure
+    /// threshold is not reached yet. The cluster view takes every
+    /// observer's failing paths together as evidence of a node down a few
+    /// rounds before any prober's threshold (no RTT then).
+    pub failing: bool,
 }
 
 impl PathSample {
     pub const UNKNOWN: Self = Self {
         state: ProbeResult::Unknown,
         rtt_us: None,
+        failing: false,
     };
 
     /// A path in `state`; the RTT is kept for Success only, in µs,
@@ -79,13 +90,46 @@ impl PathSample {
                 }
                 ProbeResult::Failure | ProbeResult::Unknown => None,
             },
+            failing: false,
+        }
+    }
+
+    /// A path in Success whose last probe failed.
+    pub const FAILING: Self = Self {
+        state: ProbeResult::Success,
+        rtt_us: None,
+        failing: true,
+    };
+
+    /// A path in `state`, failing (its last probe failed) or not: only a
+    /// path in Success is kept as failing.
+    #[must_use]
+    pub fn with_failing(state: ProbeResult, rtt_us: Option<u64>, failing: bool) -> Self {
+        if failing && state == ProbeResult::Success {
+            Self::FAILING
+        } else {
+            Self::new(state, rtt_us)
         }
     }
 
     /// The prober's state of a path.
     #[must_use]
     pub fn from_state(p: &PathState) -> Self {
-        Self::new(p.result, p.rtt_ns.map(|ns| ns / 1000))
+        Self::with_failing(
+            p.result,
+            p.rtt_ns.map(|ns| ns / 1000),
+            p.consecutive_failures > 0,
+        )
+    }
+
+    /// The state code of the binary form.
+    const fn code(&self) -> u8 {
+        match (self.state, self.failing) {
+            (ProbeResult::Unknown, _) => 0,
+            (ProbeResult::Success, false) => 1,
+            (ProbeResult::Failure, _) => 2,
+            (ProbeResult::Success, true) => 3,
+        }
     }
 }
 
@@ -117,9 +161,10 @@ impl PeerSummary {
                 }
             };
             let rtt = primary.rtt_ns.or(second.rtt_ns);
-            PathSample::new(
+            PathSample::with_failing(
                 worse(primary.result, second.result),
                 rtt.map(|ns| ns / 1000),
+                primary.consecutive_failures > 0 || second.consecutive_failures > 0,
             )
         };
         let (host6, ep6) = (n.host_secondary.as_ref(), n.endpoint_secondary.as_ref());
@@ -140,7 +185,7 @@ impl PeerSummary {
         self.paths
             .iter()
             .enumerate()
-            .fold(0, |bits, (i, p)| bits | (state_code(p.state) << (2 * i)))
+            .fold(0, |bits, (i, p)| bits | (p.code() << (2 * i)))
     }
 
     /// Failure if any path failed, else Unknown if any is unknown, else
@@ -177,7 +222,7 @@ pub enum SummaryError {
     DuplicatePeer { name: String },
     #[error("an empty summary")]
     Empty,
-    #[error("summary format version {found}: this agent reads version {VERSION}")]
+    #[error("summary format version {found}: this agent reads versions 1 and {VERSION}")]
     Version { found: u8 },
     #[error("summary truncated at byte {at}: {what} missing")]
     Truncated { at: usize, what: &'static str },
@@ -208,7 +253,7 @@ pub enum SummaryError {
         name: String,
         previous: String,
     },
-    #[error("summary byte {at}: path state code 3 is not a state")]
+    #[error("summary byte {at}: path state code 3 is not a state of format version 1")]
     State { at: usize },
     #[error("summary byte {at}: RTT {value} is more than {MAX_RTT_US} µs")]
     Rtt { at: usize, value: u64 },
@@ -242,14 +287,6 @@ fn check_name(what: &'static str, name: &str) -> Result<(), SummaryError> {
     Ok(())
 }
 
-const fn state_code(s: ProbeResult) -> u8 {
-    match s {
-        ProbeResult::Unknown => 0,
-        ProbeResult::Success => 1,
-        ProbeResult::Failure => 2,
-    }
-}
-
 impl Summary {
     /// A summary of `peers` as seen by `observer` in its round `seq`, which
     /// ended at `at_ms` (epoch ms). Sorts the peers; refuses duplicates,
@@ -270,7 +307,8 @@ impl Summary {
         for p in &mut peers {
             check_name("peer", &p.name)?;
             for path in &mut p.paths {
-                *path = PathSample::new(path.state, path.rtt_us.map(u64::from));
+                *path =
+                    PathSample::with_failing(path.state, path.rtt_us.map(u64::from), path.failing);
             }
         }
         peers.sort_unstable_by(|a, b| a.name.cmp(&b.name));
@@ -370,7 +408,7 @@ impl Summary {
             out.extend_from_slice(middle);
             out.push(p.state_bits());
             for path in &p.paths {
-                if path.state == ProbeResult::Success {
+                if path.code() == 1 {
                     put_varint(&mut out, path.rtt_us.map_or(0, |us| u64::from(us) + 1));
                 }
             }
@@ -383,7 +421,7 @@ impl Summary {
     pub fn decode(bytes: &[u8]) -> Result<Self, SummaryError> {
         let mut r = Reader { bytes, at: 0 };
         let version = r.u8("the version").map_err(|_| SummaryError::Empty)?;
-        if version != VERSION {
+        if version != VERSION && version != VERSION_1 {
             return Err(SummaryError::Version { found: version });
         }
         let observer = r.name()?;
@@ -442,15 +480,18 @@ impl Summary {
             let states = r.u8("the path states")?;
             let mut paths = [PathSample::UNKNOWN; 4];
             for (i, path) in paths.iter_mut().enumerate() {
-                path.state = match (states >> (2 * i)) & 3 {
-                    0 => ProbeResult::Unknown,
-                    1 => ProbeResult::Success,
-                    2 => ProbeResult::Failure,
-                    _ => return Err(SummaryError::State { at: states_at }),
+                *path = match (states >> (2 * i)) & 3 {
+                    0 => PathSample::UNKNOWN,
+                    1 => PathSample::new(ProbeResult::Success, None),
+                    2 => PathSample::new(ProbeResult::Failure, None),
+                    _ if version == VERSION_1 => {
+                        return Err(SummaryError::State { at: states_at });
+                    }
+                    _ => PathSample::FAILING,
                 };
             }
             for path in &mut paths {
-                if path.state == ProbeResult::Success {
+                if path.code() == 1 {
                     let rtt_at = r.at;
                     path.rtt_us = match r.varint("an RTT")? {
                         0 => None,
@@ -595,6 +636,7 @@ mod tests {
         PathSample {
             state: ProbeResult::Success,
             rtt_us: Some(rtt_us),
+            failing: false,
         }
     }
 
@@ -617,6 +659,10 @@ mod tests {
             vec![
                 peer("node-c", [ok(120), ok(480), failed(), PathSample::UNKNOWN]),
                 peer(
+                    "node-d",
+                    [PathSample::FAILING, ok(9), failed(), PathSample::FAILING],
+                ),
+                peer(
                     "node-a",
                     [
                         ok(0),
@@ -636,7 +682,16 @@ mod tests {
     fn round_trips() {
         let s = sample();
         let names: Vec<&str> = s.peers().iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["nod", "node-a", "node-b", "node-c"], "sorted");
+        assert_eq!(
+            names,
+            ["nod", "node-a", "node-b", "node-c", "node-d"],
+            "sorted"
+        );
+        assert_eq!(
+            s.peer("node-d").map(|p| p.paths.map(|p| p.failing)),
+            Some([true, false, false, true]),
+            "failing paths are kept"
+        );
         assert_eq!(
             s.peer("node-a").map(|p| p.paths[1].rtt_us),
             Some(Some(MAX_RTT_US)),
@@ -730,6 +785,29 @@ mod tests {
         );
         assert_eq!(p.paths[1].rtt_us, Some(20), "the primary family's RTT");
         assert_eq!(p.state(), ProbeResult::Failure);
+    }
+
+    #[test]
+    fn a_path_in_success_whose_last_probe_failed_is_failing() {
+        let state = |result, consecutive_failures| PathState {
+            result,
+            consecutive_failures,
+            rtt_ns: Some(80_000),
+            ..PathState::default()
+        };
+        assert_eq!(
+            PathSample::from_state(&state(ProbeResult::Success, 1)),
+            PathSample::FAILING
+        );
+        assert_eq!(
+            PathSample::from_state(&state(ProbeResult::Success, 0)),
+            PathSample::new(ProbeResult::Success, Some(80))
+        );
+        // Past the threshold it is a failure, not failing; unknown stays so.
+        for result in [ProbeResult::Failure, ProbeResult::Unknown] {
+            let p = PathSample::from_state(&state(result, 2));
+            assert_eq!((p.state, p.failing), (result, false));
+        }
     }
 
     #[test]
@@ -966,10 +1044,30 @@ mod tests {
             "{:?}",
             Summary::decode(&unsorted)
         );
-        let state3 = [VERSION, 1, b'a', 0, 0, 1, 0, 0, 1, b'b', 3];
+        // State code 3 (failing) is not in version 1; in version 2 it is a
+        // path in Success whose last probe failed, with no RTT behind it.
+        let state3 = [VERSION_1, 1, b'a', 0, 0, 1, 0, 0, 1, b'b', 3];
         assert_eq!(
             Summary::decode(&state3),
             Err(SummaryError::State { at: 10 })
+        );
+        let mut failing = state3;
+        failing[0] = VERSION;
+        let read = Summary::decode(&failing).expect("version 2 reads code 3");
+        assert_eq!(
+            read.peer("b").map(|p| p.paths),
+            Some([
+                PathSample::FAILING,
+                PathSample::UNKNOWN,
+                PathSample::UNKNOWN,
+                PathSample::UNKNOWN
+            ])
+        );
+        // A version-1 summary (no code 3) still reads.
+        let v1 = [VERSION_1, 1, b'a', 0, 0, 1, 0, 0, 1, b'b', 2];
+        assert_eq!(
+            Summary::decode(&v1).map(|s| s.peer("b").map(|p| p.paths[0].state)),
+            Ok(Some(ProbeResult::Failure))
         );
         let coding = [VERSION, 1, b'a', 0, 0, 1, 1, 0, 1, b'b', 0];
         assert!(matches!(

@@ -30,7 +30,14 @@
 //!    definite state (reached or failed, discounted failures aside), the
 //!    node's verdict is **unknown**, or **observer problem** if it is one.
 //! 3. **Node down**: every such observer fails every path (none reaches
-//!    it, none fails only some paths).
+//!    it, none fails only some paths), by the paths' states or by their
+//!    last probes: a path in Success whose last probe failed (*failing*,
+//!    below the prober's failure threshold) counts here. The agreement of
+//!    every observer of the node (at least [`ViewParams::min_observers`])
+//!    stands in for each prober's threshold, so a node down shows within
+//!    two rounds (its observers' summaries are up to a round apart),
+//!    whatever the threshold. Everywhere else a failing path counts as
+//!    the Success it still is.
 //! 4. **Path degraded**: some observers fail some path; the failing
 //!    observers are named. A partitioned zone's nodes get this verdict:
 //!    reached from inside the zone, failed from outside, and the outside
@@ -49,7 +56,10 @@ use std::{borrow::Borrow, collections::HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::{NodeSet, summary::Summary};
+use super::{
+    NodeSet,
+    summary::{PathSample, Summary},
+};
 use crate::probe::path::ProbeResult;
 
 /// The most names listed per node (failing observers, unreached nodes): the
@@ -187,27 +197,50 @@ enum Seen {
     FailedAll,
     FailedSome,
     Unknown,
+    /// Every path failed its last probe, none in Failure yet: reached by
+    /// the states.
+    ReachedFailingAll,
+    /// Every path failed its last probe, some in Failure already: failed
+    /// some by the states.
+    FailedSomeFailingAll,
 }
 
 impl Seen {
-    fn of(states: [ProbeResult; 4]) -> Self {
-        let failed = states
+    fn of(paths: [PathSample; 4]) -> Self {
+        let failed = paths
             .iter()
-            .filter(|&&s| s == ProbeResult::Failure)
+            .filter(|p| p.state == ProbeResult::Failure)
             .count();
-        if failed == 4 {
-            Self::FailedAll
-        } else if failed > 0 {
-            Self::FailedSome
-        } else if states.contains(&ProbeResult::Unknown) {
-            Self::Unknown
-        } else {
-            Self::Reached
+        let failing = paths.iter().filter(|p| p.failing).count();
+        match (failed, failed + failing) {
+            (4, _) => Self::FailedAll,
+            (0, 4) => Self::ReachedFailingAll,
+            (_, 4) => Self::FailedSomeFailingAll,
+            (1.., _) => Self::FailedSome,
+            _ if paths.iter().any(|p| p.state == ProbeResult::Unknown) => Self::Unknown,
+            _ => Self::Reached,
         }
     }
 
+    /// Reached, by the paths' states.
+    const fn reached(self) -> bool {
+        matches!(self, Self::Reached | Self::ReachedFailingAll)
+    }
+
+    /// Failed some path or all, by the paths' states.
     const fn failed(self) -> bool {
-        matches!(self, Self::FailedAll | Self::FailedSome)
+        matches!(
+            self,
+            Self::FailedAll | Self::FailedSome | Self::FailedSomeFailingAll
+        )
+    }
+
+    /// Every path failed, by the states or the last probes.
+    const fn down_now(self) -> bool {
+        matches!(
+            self,
+            Self::FailedAll | Self::ReachedFailingAll | Self::FailedSomeFailingAll
+        )
     }
 }
 
@@ -270,7 +303,7 @@ impl Observations {
                 match index.get(p.name.as_str()) {
                     Some(&t) if t != me => {
                         o.targets.push(t);
-                        o.seen.push(Seen::of(p.paths.map(|p| p.state)));
+                        o.seen.push(Seen::of(p.paths));
                     }
                     _ => {}
                 }
@@ -310,7 +343,7 @@ impl Observations {
                 continue;
             }
             for (t, seen) in obs {
-                if seen == Seen::Reached {
+                if seen.reached() {
                     ok[t] += 1;
                 } else if seen.failed() {
                     fail[t] += 1;
@@ -399,6 +432,8 @@ struct Tally {
     failed_all: u32,
     failed_some: u32,
     discounted: u32,
+    /// Observers failing every path by the states or the last probes.
+    down_now: u32,
 }
 
 /// The cluster view of `nodes` from `summaries` (any order; the newest of
@@ -425,7 +460,10 @@ pub fn assemble<S: Borrow<Summary>>(
             let tl = &mut tally[t];
             tl.observers += 1;
             match seen {
-                Seen::Reached => tl.reached += 1,
+                s if s.reached() => {
+                    tl.reached += 1;
+                    tl.down_now += u32::from(s.down_now());
+                }
                 Seen::Unknown => {}
                 _ if problem[o] => {
                     tl.discounted += 1;
@@ -434,12 +472,13 @@ pub fn assemble<S: Borrow<Summary>>(
                         unreached_nodes[o].push(nodes[t].name.clone());
                     }
                 }
-                Seen::FailedAll | Seen::FailedSome => {
+                _ => {
                     if seen == Seen::FailedAll {
                         tl.failed_all += 1;
                     } else {
                         tl.failed_some += 1;
                     }
+                    tl.down_now += u32::from(seen.down_now());
                     if failing_observers[t].len() < MAX_NAMED {
                         failing_observers[t].push(nodes[o].name.clone());
                     }
@@ -463,7 +502,7 @@ pub fn assemble<S: Borrow<Summary>>(
                 } else {
                     Verdict::Unknown
                 }
-            } else if t.failed_all as usize == definite {
+            } else if t.down_now as usize == definite {
                 Verdict::NodeDown
             } else if failing > 0 {
                 Verdict::PathDegraded
@@ -529,6 +568,11 @@ mod tests {
         http_deaf: Vec<usize>,
         /// Observers whose summaries predate the partition.
         lagging: Vec<usize>,
+        /// The first round of the faults: a failed path is failing (its
+        /// last probe failed), not yet in Failure (threshold above 1).
+        fresh: bool,
+        /// Observers whose summaries predate every fault.
+        before: Vec<usize>,
     }
 
     struct Cluster {
@@ -581,11 +625,12 @@ mod tests {
                 .is_some_and(|z| (self.zone(o) == z) != (self.zone(t) == z))
                 && !f.lagging.contains(&o);
             let http = p % 2 == 1;
-            !(f.down.contains(&t)
-                || cut
-                || parted
-                || f.deaf.contains(&o)
-                || (http && f.http_deaf.contains(&o)))
+            f.before.contains(&o)
+                || !(f.down.contains(&t)
+                    || cut
+                    || parted
+                    || f.deaf.contains(&o)
+                    || (http && f.http_deaf.contains(&o)))
         }
 
         fn summaries(&self, f: &Faults) -> Vec<Summary> {
@@ -601,6 +646,8 @@ mod tests {
                             paths: std::array::from_fn(|p| {
                                 if self.works(f, o, t, p) {
                                     PathSample::new(ProbeResult::Success, Some(200))
+                                } else if f.fresh {
+                                    PathSample::FAILING
                                 } else {
                                     PathSample::new(ProbeResult::Failure, None)
                                 }
@@ -668,6 +715,64 @@ mod tests {
         let v = &view.nodes[57];
         assert!(!v.reporting);
         assert_eq!((v.seen_reachable, v.failing), (0, v.observers));
+    }
+
+    #[test]
+    fn a_node_down_shows_before_any_probers_threshold() {
+        let c = Cluster::new();
+        let down = Faults {
+            down: vec![57],
+            fresh: true,
+            ..Faults::default()
+        };
+        // The first round after the fault: every observer's paths towards
+        // 57 failed their last probe, none is in Failure yet.
+        let view = c.view(&down);
+        Cluster::check(&view, &[(57, Verdict::NodeDown)]);
+        assert_eq!(view.nodes[57].seen_reachable, view.nodes[57].observers);
+        // Summaries a round apart: observers that have not probed since
+        // the fault still reach it. No verdict against the node yet.
+        let observers: Vec<usize> = (0..N).filter(|&o| c.observes(o, 57)).collect();
+        let half = Faults {
+            before: observers[..observers.len() / 2].to_vec(),
+            ..down
+        };
+        Cluster::check(&c.view(&half), &[]);
+    }
+
+    #[test]
+    fn failing_paths_alone_blame_no_link_zone_or_observer() {
+        let c = Cluster::new();
+        let b = c
+            .plan
+            .assigned_index(3, ProbePeers::Count(K))
+            .into_iter()
+            .find(|&t| c.zone(t) != c.zone(3))
+            .expect("a peer in another zone");
+        for faults in [
+            Faults {
+                cut: vec![(3, b)],
+                ..Faults::default()
+            },
+            Faults {
+                partition: Some(2),
+                ..Faults::default()
+            },
+            Faults {
+                deaf: vec![11],
+                ..Faults::default()
+            },
+        ] {
+            // Below the threshold a failing path is still a Success: only
+            // the agreement of every observer (a node down) reads it.
+            Cluster::check(
+                &c.view(&Faults {
+                    fresh: true,
+                    ..faults
+                }),
+                &[],
+            );
+        }
     }
 
     #[test]
@@ -784,8 +889,7 @@ mod tests {
             cut: vec![(a, b)],
             partition: Some(4),
             deaf: vec![123, 9],
-            http_deaf: vec![],
-            lagging: vec![],
+            ..Faults::default()
         });
         let mut expected: Vec<(usize, Verdict)> =
             (80..100).map(|i| (i, Verdict::PathDegraded)).collect();

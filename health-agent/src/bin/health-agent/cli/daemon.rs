@@ -493,3 +493,55 @@ fn reloader(mut inv: Invocation) -> Reload {
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    /// `health-agent daemon ARGS` as the binary parses it (no config file).
+    fn daemon(args: &[&str]) -> DaemonArgs {
+        let command_line = ["health-agent", "daemon"].iter().chain(args);
+        match Cli::try_parse_from(command_line).expect("valid").command {
+            Command::Daemon(d) => *d,
+            other => unreachable!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_metrics_listener_defaults_to_loopback_port_9962() {
+        let d = daemon(&["--health-cidr", "198.18.64.0/24"]);
+        let want = SocketAddr::from((Ipv4Addr::LOCALHOST, 9962));
+        assert_eq!(d.prometheus_serve_addr, ServeAddr(Some(want)));
+        assert!(!d.metrics_per_peer, "per-peer series are opt-in");
+        // What the daemon is handed: the same address, on loopback.
+        let cfg = daemon(&["--health-cidr", "198.18.64.0/24", "--node-name", "n"])
+            .config()
+            .expect("a daemon configuration");
+        assert_eq!(cfg.metrics.serve_addr, Some(want));
+        assert!(cfg.metrics.serve_addr.is_some_and(|a| a.ip().is_loopback()));
+        assert!(!cfg.metrics.per_peer);
+        // Given, it is used as given; `off` serves nothing.
+        let given = daemon(&[
+            "--health-cidr",
+            "198.18.64.0/24",
+            "--prometheus-serve-addr",
+            "198.18.0.11:9000",
+        ]);
+        assert_eq!(
+            given.prometheus_serve_addr.0,
+            Some(SocketAddr::from((Ipv4Addr::new(198, 18, 0, 11), 9000)))
+        );
+        let off = daemon(&[
+            "--health-cidr",
+            "198.18.64.0/24",
+            "--prometheus-serve-addr",
+            "off",
+        ]);
+        assert_eq!(off.prometheus_serve_addr, ServeAddr(None));
+    }
+}
