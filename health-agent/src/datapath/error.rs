@@ -49,6 +49,12 @@ pub enum DatapathError {
         map: MapId,
         source: aya::maps::MapError,
     },
+    #[error("map {}: {op} (bpf syscall)", map.name())]
+    MapBatch {
+        map: MapId,
+        op: &'static str,
+        source: io::Error,
+    },
     #[error("pinned map {path} (is the agent's --bpffs-dir right?)")]
     Pinned {
         path: PathBuf,

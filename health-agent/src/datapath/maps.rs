@@ -2,7 +2,7 @@
 //! `health_common::maps` ([`MapId`]): opening, `bpf map list` (with
 //! pressure), `bpf map dump` and the per-CPU counters.
 
-use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
+use std::{collections::BTreeMap, net::Ipv4Addr, os::fd::AsFd as _, path::Path};
 
 use aya::maps::{Array, HashMap, Map, MapData, MapInfo, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use health_common::{
@@ -25,6 +25,78 @@ pub fn open(dir: &Path, id: MapId) -> Result<Map, DatapathError> {
     };
     let data = MapData::from_pin(&path).map_err(pinned)?;
     Map::from_map_data(data).map_err(pinned)
+}
+
+/// A pinned hash map's entries (keys `K`, values `V`, checked against the
+/// map's sizes as aya's typed maps check them), read in batches.
+pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
+    dir: &Path,
+    id: MapId,
+    mut each: impl FnMut(&K, &V),
+) -> Result<MapData, DatapathError> {
+    let path = dir.join(id.name());
+    let data = MapData::from_pin(&path).map_err(|source| DatapathError::Pinned {
+        path: path.clone(),
+        source,
+    })?;
+    let err = |source| DatapathError::Map { map: id, source };
+    let info = data.info().map_err(err)?;
+    let (key, value) = (info.key_size() as usize, info.value_size() as usize);
+    if key != size_of::<K>() {
+        return Err(err(aya::maps::MapError::InvalidKeySize {
+            size: key,
+            expected: size_of::<K>(),
+        }));
+    }
+    if value != size_of::<V>() {
+        return Err(err(aya::maps::MapError::InvalidValueSize {
+            size: value,
+            expected: size_of::<V>(),
+        }));
+    }
+    crate::sys::bpf_batch::for_each(data.fd().as_fd(), &mut each).map_err(|source| {
+        DatapathError::MapBatch {
+            map: id,
+            op: "reading the entries in batches",
+            source,
+        }
+    })?;
+    Ok(data)
+}
+
+/// Deletes `keys` from the map `data` (opened by [`hash_entries`]) in
+/// batches; keys already gone are passed over. `deleted` is called with
+/// each key deleted.
+pub fn delete_keys<K: aya::Pod>(
+    data: &MapData,
+    id: MapId,
+    keys: &[K],
+    deleted: impl FnMut(&K),
+) -> Result<(), DatapathError> {
+    crate::sys::bpf_batch::delete(data.fd().as_fd(), keys, deleted).map_err(|source| {
+        DatapathError::MapBatch {
+            map: id,
+            op: "deleting entries in batches",
+            source,
+        }
+    })
+}
+
+/// Writes `keys[i]` = `values[i]` into the map `data` (opened by
+/// [`hash_entries`]) in batches.
+pub fn update_entries<K: aya::Pod, V: aya::Pod>(
+    data: &MapData,
+    id: MapId,
+    keys: &[K],
+    values: &[V],
+) -> Result<(), DatapathError> {
+    crate::sys::bpf_batch::update(data.fd().as_fd(), keys, values).map_err(|source| {
+        DatapathError::MapBatch {
+            map: id,
+            op: "writing entries in batches",
+            source,
+        }
+    })
 }
 
 /// Entry 0 of the configuration array `id`.

@@ -167,47 +167,42 @@ fn merged<T: std::borrow::Borrow<aya::maps::MapData>>(
 /// Moves requests unanswered for longer than `timeout` from the pending
 /// map into the per-peer loss counters; returns how many.
 pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
+    use super::maps::{delete_keys, hash_entries, update_entries};
     let now = super::monotonic_ns()?;
     let cutoff = now.saturating_sub(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
-    let mut pending_map = open(dir, MapId::RttPending)?;
-    let mut pending =
-        HashMap::<_, PendingKey, u64>::try_from(&mut pending_map).map_err(|source| {
-            DatapathError::Map {
-                map: MapId::RttPending,
-                source,
-            }
-        })?;
-    let lost: Vec<PendingKey> = pending
-        .iter()
-        .filter_map(Result::ok)
-        .filter(|(_, sent)| *sent < cutoff)
-        .map(|(k, _)| k)
-        .collect();
+    // All in batches: a round of 20,000 probes leaves as many requests,
+    // half of them lost when half the peers are silent.
+    let mut lost: Vec<PendingKey> = Vec::new();
+    let pending = hash_entries(dir, MapId::RttPending, |k: &PendingKey, sent: &u64| {
+        if *sent < cutoff {
+            lost.push(*k);
+        }
+    })?;
     if lost.is_empty() {
         return Ok(0);
     }
-    let mut losses_map = open(dir, MapId::RttLosses)?;
-    let mut losses =
-        HashMap::<_, RttKey, u64>::try_from(&mut losses_map).map_err(losses_map_err)?;
+    // Only the requests this pass removes count (one answered meanwhile
+    // is gone already), each once, per peer and protocol.
+    let mut add: std::collections::HashMap<RttKey, u64> = std::collections::HashMap::new();
     let mut n = 0;
-    for k in lost {
-        if pending.remove(&k).is_err() {
-            continue; // answered meanwhile
-        }
+    delete_keys(&pending, MapId::RttPending, &lost, |k| {
         let key = RttKey {
             peer: k.peer,
             proto: k.proto,
             pad: [0; 3],
         };
-        let so_far = losses.get(&key, 0).unwrap_or(0);
-        losses
-            .insert(&key, &(so_far + 1), 0)
-            .map_err(|source| DatapathError::Map {
-                map: MapId::RttLosses,
-                source,
-            })?;
+        *add.entry(key).or_default() += 1;
         n += 1;
-    }
+    })?;
+    // The counters are the agent's alone (the kernel never writes them):
+    // read, add, write back.
+    let losses = hash_entries(dir, MapId::RttLosses, |k: &RttKey, so_far: &u64| {
+        if let Some(v) = add.get_mut(k) {
+            *v += so_far;
+        }
+    })?;
+    let (keys, values): (Vec<RttKey>, Vec<u64>) = add.into_iter().unzip();
+    update_entries(&losses, MapId::RttLosses, &keys, &values)?;
     Ok(n)
 }
 

@@ -101,12 +101,14 @@ async fn socket_in(
     let sock = match from {
         SocketSource::Made(s) => Ok(s),
         SocketSource::Factory(factory) => factory.socket(domain, ty, proto).await,
-        SocketSource::Here => socket2::Socket::new(domain, ty, proto).and_then(|s| {
-            s.set_nonblocking(true)?;
-            Ok(s)
-        }),
+        SocketSource::Here => socket2::Socket::new(domain, ty.nonblocking(), proto),
     }
     .map_err(|e| ProbeError::io("socket", &e))?;
+    // Closed with a reset once the status line is read (kubelet closes
+    // its TCP probes the same way): no FIN exchange, no socket left in a
+    // closing state, for tens of thousands of probes a round.
+    sock.set_linger(Some(Duration::ZERO))
+        .map_err(|e| ProbeError::io("SO_LINGER", &e))?;
     Ok(tokio::net::TcpSocket::from_std_stream(sock.into()))
 }
 

@@ -1,7 +1,9 @@
 //! Adapters to the operating system: network namespaces, netlink (links,
-//! addresses, routes), the pidfile lock, signals and raw ICMP sockets.
+//! addresses, routes), the pidfile lock, signals, raw ICMP sockets and the
+//! batched BPF map operations aya does not wrap.
 //! Nothing here knows about endpoints, probes or the cluster.
 
+pub mod bpf_batch;
 pub mod icmp;
 pub mod netlink;
 pub mod netns;

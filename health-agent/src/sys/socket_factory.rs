@@ -49,11 +49,9 @@ impl SocketFactory {
                 drop(file);
                 while let Ok((domain, ty, proto, count, reply)) = rx.recv() {
                     let made = (0..count)
-                        .map(|_| {
-                            let s = Socket::new(domain, ty, proto)?;
-                            s.set_nonblocking(true)?;
-                            Ok(s)
-                        })
+                        // Non-blocking from the start (SOCK_NONBLOCK):
+                        // no fcntl round trips.
+                        .map(|_| Socket::new(domain, ty.nonblocking(), proto))
                         .collect();
                     let _ = reply.send(made);
                 }

@@ -126,3 +126,124 @@ fn rtt_entries_of_departed_peers_are_pruned() {
     );
     drop(d);
 }
+
+/// A CT key of flow `i` (distinct ports), outgoing ICMP.
+fn flow(i: u32) -> health_common::ct::CtKey {
+    let [_, _, hi, lo] = i.to_be_bytes();
+    health_common::ct::CtKey {
+        saddr: health_common::ct::v4_mapped([198, 18, 0, 1]),
+        daddr: health_common::ct::v4_mapped([198, 19, hi, lo]),
+        sport: [hi, lo],
+        dport: [0, 0],
+        proto: 1,
+        dir: 0,
+        pad: [0; 2],
+    }
+}
+
+#[test]
+fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
+    require_root();
+    let pins = PinDir::new();
+    // 8 entries per peer: room for 40,000 flows.
+    let sizes = MapSizes::for_peers(5000);
+    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &sizes).expect("load");
+    let data = MapData::from_pin(pins.path().join(MapId::CtMap.name())).expect("pin");
+    let mut map = aya::maps::Map::from_map_data(data).expect("map");
+    let mut ct =
+        HashMap::<_, health_common::ct::CtKey, health_common::ct::CtEntry>::try_from(&mut map)
+            .expect("ct");
+    let now = health_agent::datapath::monotonic_ns().expect("clock");
+    // 20,000 flows (several batches of the collector's chunk), every third
+    // one expired.
+    let total = 20_000u32;
+    for i in 0..total {
+        let entry = health_common::ct::CtEntry {
+            created_ns: now,
+            expires_ns: if i % 3 == 0 {
+                now - 1
+            } else {
+                now + 3_600_000_000_000
+            },
+            ..health_common::ct::CtEntry::default()
+        };
+        ct.insert(&flow(i), &entry, 0).expect("insert");
+    }
+    let removed = health_agent::datapath::ct::gc(pins.path()).expect("gc");
+    assert_eq!(removed, u64::from(total.div_ceil(3)), "the expired flows");
+    let left: Vec<u32> = ct
+        .keys()
+        .map(|k| {
+            let k = k.expect("key");
+            u32::from(u16::from_be_bytes(k.sport))
+        })
+        .collect();
+    assert_eq!(left.len(), (total - total.div_ceil(3)) as usize);
+    assert!(left.iter().all(|i| i % 3 != 0), "only live flows are left");
+    // A second pass finds nothing more.
+    assert_eq!(health_agent::datapath::ct::gc(pins.path()).expect("gc"), 0);
+    drop(d);
+}
+
+#[test]
+fn the_loss_sweep_counts_each_lost_request_once_across_many_chunks() {
+    require_root();
+    let pins = PinDir::new();
+    let sizes = MapSizes::for_peers(5000);
+    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &sizes).expect("load");
+    let data = MapData::from_pin(pins.path().join(MapId::RttPending.name())).expect("pin");
+    let mut map = aya::maps::Map::from_map_data(data).expect("map");
+    let mut pending =
+        HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
+    let now = health_agent::datapath::monotonic_ns().expect("clock");
+    let peer = |p: u16| health_common::ct::v4_mapped([198, 18, (p >> 8) as u8, p as u8]);
+    // 2,000 peers x ICMP and TCP x 3 requests: 12,000 (several chunks);
+    // the first two of each key are a minute old (lost), the third is new.
+    for p in 0..2000u16 {
+        for proto in [1u8, 6] {
+            for seq in 0..3u16 {
+                let k = health_common::rtt::PendingKey {
+                    peer: peer(p),
+                    a: [0, 1],
+                    b: seq.to_be_bytes(),
+                    proto,
+                    pad: [0; 3],
+                };
+                let sent = if seq < 2 { now - 60_000_000_000 } else { now };
+                pending.insert(&k, &sent, 0).expect("insert pending");
+            }
+        }
+    }
+    // Peers 0..100 had 5 ICMP losses before.
+    {
+        let mut m = losses_map(&pins);
+        let mut losses = HashMap::<_, RttKey, u64>::try_from(&mut m).expect("losses");
+        for p in 0..100u16 {
+            let k = RttKey {
+                peer: peer(p),
+                proto: 1,
+                pad: [0; 3],
+            };
+            losses.insert(&k, &5, 0).expect("insert loss");
+        }
+    }
+    let lost = rtt::sweep(pins.path(), std::time::Duration::from_secs(1)).expect("sweep");
+    assert_eq!(lost, 8000, "two lost requests per key");
+    assert_eq!(pending.keys().count(), 4000, "the new requests stay");
+    let m = losses_map(&pins);
+    let losses = HashMap::<_, RttKey, u64>::try_from(&m).expect("losses");
+    let counts: std::collections::HashMap<RttKey, u64> =
+        losses.iter().map(|r| r.expect("entry")).collect();
+    assert_eq!(counts.len(), 4000);
+    for (k, n) in &counts {
+        let p = u16::from_be_bytes([k.peer[14], k.peer[15]]);
+        let want = if k.proto == 1 && p < 100 { 7 } else { 2 };
+        assert_eq!(*n, want, "{k:?}");
+    }
+    // Nothing is counted twice.
+    assert_eq!(
+        rtt::sweep(pins.path(), std::time::Duration::from_secs(1)).expect("sweep"),
+        0
+    );
+    drop(d);
+}

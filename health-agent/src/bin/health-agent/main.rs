@@ -26,7 +26,7 @@ fn main() -> ExitCode {
     // now on must stop it cleanly, so the signals are held until its
     // handlers are in place (its threads inherit the mask).
     if cli.is_daemon() {
-        health_agent::util::memory::limit_arenas();
+        health_agent::util::memory::tune_allocator();
     }
     if cli.is_daemon()
         && let Err(e) = health_agent::sys::signals::hold_until_installed()
