@@ -18,7 +18,8 @@ pub const MAX_MATRIX_NODES: usize = 1000;
 
 /// Every path succeeds.
 pub const REACHED: u8 = b'S';
-/// Every path failed.
+/// Every path failed: by its state, or by its last probe while below the
+/// prober's failure threshold (as the node-down verdict reads it).
 pub const FAILED: u8 = b'F';
 /// Some path failed.
 pub const DEGRADED: u8 = b'D';
@@ -41,7 +42,10 @@ pub struct ClusterMatrix {
 
 fn cell(p: &PeerSummary) -> u8 {
     let states = p.paths.map(|s| s.state);
-    if states.iter().all(|s| *s == ProbeResult::Failure) {
+    if p.paths
+        .iter()
+        .all(|s| s.state == ProbeResult::Failure || s.failing)
+    {
         FAILED
     } else if states.contains(&ProbeResult::Failure) {
         DEGRADED
@@ -155,11 +159,32 @@ mod tests {
         )
         .expect("summary");
         let n1_old = Summary::new("n1".into(), 1, 10, vec![peer("n0", [F; 4])]).expect("old");
-        let n1 = Summary::new("n1".into(), 2, 1_000, vec![peer("n0", [S; 4])]).expect("n1");
+        // Failing paths (the last probe failed, below the threshold): all
+        // of them, or with failures, is a failed cell; one alone is not.
+        let failing = PathSample::FAILING;
+        let failed = PathSample::new(F, None);
+        let ok = PathSample::new(S, Some(100));
+        let n1 = Summary::new(
+            "n1".into(),
+            2,
+            1_000,
+            vec![
+                peer("n0", [S; 4]),
+                PeerSummary {
+                    name: "n2".into(),
+                    paths: [failing, failing, failed, failing],
+                },
+                PeerSummary {
+                    name: "n3".into(),
+                    paths: [failing, ok, ok, ok],
+                },
+            ],
+        )
+        .expect("n1");
         let stale = Summary::new("n2".into(), 1, 5, vec![peer("n0", [S; 4])]).expect("stale");
         let m = matrix(&nodes, [&n1_old, &n0, &n1, &stale], 100);
         assert_eq!(m.nodes, ["n0", "n1", "n2", "n3"]);
-        assert_eq!(m.rows, ["SFD?", "S...", "....", "...."]);
+        assert_eq!(m.rows, ["SFD?", "S.FS", "....", "...."]);
         assert_eq!((m.total, m.truncated), (4, false));
     }
 

@@ -351,6 +351,19 @@ mod tests {
     }
 
     /// Two good records around `bad` (YAML lines, indented as a record).
+    /// `record` (node "bad", line 5) between two good nodes: only it is
+    /// rejected, with an error naming its line and node that says `needle`.
+    fn only_bad_is_rejected(record: &str, needle: &str) {
+        let (kept, rejected) = outcome(&yaml(&around(record)).expect("parses"));
+        assert_eq!(kept, ["node-1", "node-3"], "{record}");
+        assert_eq!(rejected.len(), 1, "{rejected:?}");
+        assert!(
+            rejected[0].starts_with("nodes.yaml:5: node \"bad\": ") && rejected[0].contains(needle),
+            "{} lacks {needle:?}",
+            rejected[0]
+        );
+    }
+
     fn around(bad: &str) -> String {
         format!(
             "nodes:\n  - name: node-1\n    node-ip: 198.18.0.11\n    health-ip: 198.18.64.2\n{bad}  - name: node-3\n    node-ip: 198.18.0.13\n    health-ip: 198.18.66.2\n"
@@ -444,15 +457,7 @@ mod tests {
                 "health-ip 198.18.64.9 is inside this node's health CIDR 198.18.64.0/24",
             ),
         ] {
-            let (kept, rejected) = outcome(&yaml(&around(record)).expect("parses"));
-            assert_eq!(kept, ["node-1", "node-3"], "{record}");
-            assert_eq!(rejected.len(), 1, "{rejected:?}");
-            assert!(
-                rejected[0].starts_with("nodes.yaml:5: node \"bad\": ")
-                    && rejected[0].contains(needle),
-                "{} lacks {needle:?}",
-                rejected[0]
-            );
+            only_bad_is_rejected(record, needle);
         }
     }
 
@@ -647,15 +652,7 @@ mod tests {
             let record = format!(
                 "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n    zone: {zone}\n"
             );
-            let (kept, rejected) = outcome(&yaml(&around(&record)).expect("parses"));
-            assert_eq!(kept, ["node-1", "node-3"], "{record}");
-            assert_eq!(rejected.len(), 1, "{rejected:?}");
-            assert!(
-                rejected[0].starts_with("nodes.yaml:5: node \"bad\": ")
-                    && rejected[0].contains(needle),
-                "{} lacks {needle:?}",
-                rejected[0]
-            );
+            only_bad_is_rejected(&record, needle);
         }
     }
 

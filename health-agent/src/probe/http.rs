@@ -124,13 +124,10 @@ async fn exchange(
         .connect(to)
         .await
         .map_err(|e| ProbeError::io("connect", &e))?;
-    // `SocketAddr` writes `[2001:2::1]:4240` for IPv6: the Host header's
-    // form (RFC 3986).
-    let req = format!(
-        "GET /hello HTTP/1.1\r\nHost: {to}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
-    );
+    let mut req = [0u8; 160];
+    let req = request(&mut req, to);
     stream
-        .write_all(req.as_bytes())
+        .write_all(req)
         .await
         .map_err(|e| ProbeError::io("send", &e))?;
     let mut buf = [0u8; 512];
@@ -154,6 +151,21 @@ async fn exchange(
     parse_status(&buf[..len]).map(|s| (s, rtt))
 }
 
+/// The request to `to`, written into `buf` (no allocation per probe; the
+/// longest, to an IPv6 address, takes 123 bytes). `SocketAddr` writes
+/// `[2001:2::1]:4240` for IPv6: the Host header's form (RFC 3986).
+fn request(buf: &mut [u8; 160], to: SocketAddr) -> &[u8] {
+    use std::io::Write as _;
+    let mut w = &mut buf[..];
+    // A socket address of at most 47 characters fits.
+    let _ = write!(
+        w,
+        "GET /hello HTTP/1.1\r\nHost: {to}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
+    );
+    let left = w.len();
+    &buf[..160 - left]
+}
+
 fn parse_status(head: &[u8]) -> Result<u16, ProbeError> {
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
     let text = std::str::from_utf8(line)
@@ -173,6 +185,31 @@ fn parse_status(head: &[u8]) -> Result<u16, ProbeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_request_names_the_host_of_either_family_in_full() {
+        let mut buf = [0u8; 160];
+        let v4 = request(&mut buf, "198.18.0.1:4240".parse().expect("addr")).to_vec();
+        assert_eq!(
+            v4,
+            b"GET /hello HTTP/1.1\r\nHost: 198.18.0.1:4240\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
+        );
+        // The longest address there is.
+        let long: SocketAddr = "[2001:2:ffff:ffff:ffff:ffff:255.255.255.255]:65535"
+            .parse()
+            .expect("addr");
+        let v6 = request(&mut buf, long).to_vec();
+        assert!(
+            v6.ends_with(b"Connection: close\r\n\r\n"),
+            "{}",
+            String::from_utf8_lossy(&v6)
+        );
+        assert!(
+            v6.windows(12).any(|w| w == b"]:65535\r\nUse"),
+            "{}",
+            String::from_utf8_lossy(&v6)
+        );
+    }
 
     #[test]
     fn statuses_classify_like_kubelet() {

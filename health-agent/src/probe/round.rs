@@ -728,7 +728,13 @@ impl Prober {
                                 (None, None) => SocketSource::Here,
                             };
                             probes.push(async move {
-                                let _slot = slots.acquire().await.ok();
+                                // Every probe may be in flight at once in
+                                // a batch: no slot to wait for.
+                                let _slot = if batch {
+                                    None
+                                } else {
+                                    slots.acquire().await.ok()
+                                };
                                 let start = tokio::time::Instant::now();
                                 let late =
                                     u64::try_from((start - t0).as_micros()).unwrap_or(u64::MAX);

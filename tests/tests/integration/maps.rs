@@ -20,14 +20,28 @@ fn key(last: u8, proto: u8) -> RttKey {
     }
 }
 
-fn losses_map(pins: &PinDir) -> aya::maps::Map {
-    let data = MapData::from_pin(pins.path().join(MapId::RttLosses.name())).expect("pin");
+/// The map `id` pinned under `pins`.
+fn pinned(pins: &PinDir, id: MapId) -> aya::maps::Map {
+    let data = MapData::from_pin(pins.path().join(id.name())).expect("pin");
     aya::maps::Map::from_map_data(data).expect("map")
 }
 
+fn losses_map(pins: &PinDir) -> aya::maps::Map {
+    pinned(pins, MapId::RttLosses)
+}
+
 fn stats_map(pins: &PinDir) -> aya::maps::Map {
-    let data = MapData::from_pin(pins.path().join(MapId::RttStats.name())).expect("pin");
-    aya::maps::Map::from_map_data(data).expect("map")
+    pinned(pins, MapId::RttStats)
+}
+
+/// Maps loaded and pinned for 5,000 peers (CT: 40,000 flows; RTT: 20,000
+/// keys), with the `Datapath` holding them.
+fn loaded_for_5000_peers() -> (PinDir, Datapath) {
+    require_root();
+    let pins = PinDir::new();
+    let sizes = MapSizes::for_peers(5000);
+    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &sizes).expect("load");
+    (pins, d)
 }
 
 /// Writes a loss count and per-CPU statistics for peers .1 .. =n.
@@ -143,13 +157,8 @@ fn flow(i: u32) -> health_common::ct::CtKey {
 
 #[test]
 fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
-    require_root();
-    let pins = PinDir::new();
-    // 8 entries per peer: room for 40,000 flows.
-    let sizes = MapSizes::for_peers(5000);
-    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &sizes).expect("load");
-    let data = MapData::from_pin(pins.path().join(MapId::CtMap.name())).expect("pin");
-    let mut map = aya::maps::Map::from_map_data(data).expect("map");
+    let (pins, d) = loaded_for_5000_peers();
+    let mut map = pinned(&pins, MapId::CtMap);
     let mut ct =
         HashMap::<_, health_common::ct::CtKey, health_common::ct::CtEntry>::try_from(&mut map)
             .expect("ct");
@@ -187,12 +196,8 @@ fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
 
 #[test]
 fn the_loss_sweep_counts_each_lost_request_once_across_many_chunks() {
-    require_root();
-    let pins = PinDir::new();
-    let sizes = MapSizes::for_peers(5000);
-    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &sizes).expect("load");
-    let data = MapData::from_pin(pins.path().join(MapId::RttPending.name())).expect("pin");
-    let mut map = aya::maps::Map::from_map_data(data).expect("map");
+    let (pins, d) = loaded_for_5000_peers();
+    let mut map = pinned(&pins, MapId::RttPending);
     let mut pending =
         HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
     let now = health_agent::datapath::monotonic_ns().expect("clock");
