@@ -690,21 +690,11 @@ impl Prober {
                     let latest_start = &*latest_start;
                     let metrics = metrics.as_deref();
                     let mine: Vec<usize> = (w..targets.len()).step_by(workers).collect();
-                    // Made beforehand: IPv4 sockets and IPv6 ones.
-                    let mut made: [Vec<socket2::Socket>; 2] = [Vec::new(), Vec::new()];
-                    if let (Some(maker), true) = (&factory, batch) {
-                        let v6 = mine.iter().filter(|&&i| targets[i].is_ipv6()).count();
-                        for (f, count) in [(0, mine.len() - v6), (1, v6)] {
-                            if count > 0 {
-                                let (domain, ty, proto) = [http::TCP_V4, http::TCP_V6][f];
-                                made[f] = maker
-                                    .sockets(domain, ty, proto, count)
-                                    .await
-                                    .unwrap_or_default();
-                            }
-                        }
-                    }
                     let factory = factory.as_deref();
+                    let mut made = match (factory, batch) {
+                        (Some(maker), true) => made_beforehand(maker, &targets, &mine).await,
+                        _ => [Vec::new(), Vec::new()],
+                    };
                     // Paced by this loop, one timer for the task (not one
                     // per probe): probe k starts at t0 + k * step.
                     let count = mine.len();
@@ -868,6 +858,29 @@ fn node_status(n: &Node, p: &NodePaths, shown: Shown) -> NodeStatus {
         host_secondary: shown.secondary.map(|f| connectivity(f, false)),
         endpoint_secondary: shown.secondary.map(|f| connectivity(f, true)),
     }
+}
+
+/// The sockets of a task's probes (`mine`, indices into `targets`), made in
+/// the probe namespace by `maker` in one request per family: IPv4 ones and
+/// IPv6 ones. A family whose sockets cannot be made gets none (its probes
+/// ask the factory one at a time, and fail naming the error).
+async fn made_beforehand(
+    maker: &SocketFactory,
+    targets: &[IpAddr],
+    mine: &[usize],
+) -> [Vec<socket2::Socket>; 2] {
+    let mut made: [Vec<socket2::Socket>; 2] = [Vec::new(), Vec::new()];
+    let v6 = mine.iter().filter(|&&i| targets[i].is_ipv6()).count();
+    for (f, count) in [(0, mine.len() - v6), (1, v6)] {
+        if count > 0 {
+            let (domain, ty, proto) = [http::TCP_V4, http::TCP_V6][f];
+            made[f] = maker
+                .sockets(domain, ty, proto, count)
+                .await
+                .unwrap_or_default();
+        }
+    }
+    made
 }
 
 /// Replaces a user-space RTT by the kernel's sample of the same round
