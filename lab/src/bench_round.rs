@@ -322,7 +322,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let p99 = percentile(lat.clone(), 99);
     let first = first.context("no round")?;
     let (live_ok, false_ok) = correctness(&first, opts.silent_pct);
-    print_live_failures(&first, opts.silent_pct);
+    print_live_failures(&first, opts.silent_pct, &lab.peers);
     let live_paths = 4
         * (0..opts.peers)
             .filter(|k| !silent(*k, opts.silent_pct))
@@ -438,7 +438,14 @@ fn serve_peers(
     rt: &tokio::runtime::Runtime,
     peers: &Netns,
 ) -> anyhow::Result<tokio_util::sync::CancellationToken> {
-    let listener = peers.run(|| health_agent::probe::hello::listen(4240))??;
+    // The one server stands in for every peer: up to 20,000 connections
+    // reach it within a round's spread, past the namespace's default
+    // `somaxconn` (4,096) that caps the listener's queue. Raised in the
+    // peers' own namespace, for the listen only.
+    let listener = peers.run(|| {
+        let _queue = health_agent::sys::sysctl::Sysctl::set("net/core/somaxconn", "65535")?;
+        health_agent::probe::hello::listen(4240)
+    })??;
     let stop = tokio_util::sync::CancellationToken::new();
     let _guard = rt.enter();
     let listener = tokio::net::TcpListener::from_std(listener)?;
@@ -454,6 +461,26 @@ fn serve_peers(
         limits,
     ));
     Ok(stop)
+}
+
+/// The peers' namespace's TCP listen overflows and drops (`TcpExt`
+/// `ListenOverflows`, `ListenDrops`): SYNs or handshakes the one server
+/// could not queue, which the agent would see as failed live paths.
+fn listen_overflows(peers: &Netns) -> Option<(u64, u64)> {
+    let text = peers
+        .run(|| std::fs::read_to_string("/proc/net/netstat"))
+        .ok()?
+        .ok()?;
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next()?, lines.next()?);
+    let field = |want: &str| {
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == want)
+            .and_then(|(_, v)| v.parse().ok())
+    };
+    Some((field("ListenOverflows")?, field("ListenDrops")?))
 }
 
 /// 8 clients asking `GET /v1/status` (the whole body) as fast as they can
@@ -537,10 +564,14 @@ fn poll_period(interval: Duration) -> Duration {
     (interval / 20).clamp(Duration::from_millis(25), Duration::from_secs(1))
 }
 
-/// The most frequent reasons live paths failed in `status`.
-fn print_live_failures(status: &ClusterStatus, pct: u32) {
+/// The most frequent reasons live paths failed in `status`, and whether the
+/// peers' one server could queue every connection.
+fn print_live_failures(status: &ClusterStatus, pct: u32, peers: &Netns) {
     for (why, n) in live_failures(status, pct).iter().take(5) {
         println!("first round: {n} live paths not OK: {why}");
+    }
+    if let Some((overflows, drops)) = listen_overflows(peers) {
+        println!("the peers' server: {overflows} listen overflows, {drops} listen drops");
     }
 }
 

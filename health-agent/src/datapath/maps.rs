@@ -4,12 +4,11 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr, os::fd::AsFd as _, path::Path};
 
-use aya::maps::{Array, HashMap, Map, MapData, MapInfo, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, Map, MapData, MapInfo, PerCpuArray, PerCpuValues};
 use health_common::{
-    ct::{CtConfig, CtEntry, CtKey},
+    ct::CtConfig,
     maps::{EchoConfig, MapId, MapKind},
-    nat::{NatConfig, NatEntry, NatKey},
-    rtt::{PendingKey, RttKey, RttStats},
+    nat::NatConfig,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -41,6 +40,13 @@ pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
     })?;
     let err = |source| DatapathError::Map { map: id, source };
     let info = data.info().map_err(err)?;
+    // A per-CPU map's batch holds a value per CPU: not this reader's.
+    let kind = info.map_type().map_err(err)?;
+    if !matches!(kind, aya::maps::MapType::Hash | aya::maps::MapType::LruHash) {
+        return Err(err(aya::maps::MapError::InvalidMapType {
+            map_type: kind as u32,
+        }));
+    }
     let (key, value) = (info.key_size() as usize, info.value_size() as usize);
     if key != size_of::<K>() {
         return Err(err(aya::maps::MapError::InvalidKeySize {
@@ -242,31 +248,34 @@ fn count(dir: &Path, id: MapId, info: &MapInfo) -> Result<u64, DatapathError> {
             _ => u64::from(info.max_entries()),
         });
     }
-    let map = open(dir, id)?;
-    let n = match id {
-        MapId::NatMap => HashMap::<_, NatKey, NatEntry>::try_from(&map)
-            .map_err(err)?
-            .keys()
-            .count(),
-        MapId::CtMap => HashMap::<_, CtKey, CtEntry>::try_from(&map)
-            .map_err(err)?
-            .keys()
-            .count(),
-        MapId::RttPending => HashMap::<_, PendingKey, u64>::try_from(&map)
-            .map_err(err)?
-            .keys()
-            .count(),
-        MapId::RttLosses => HashMap::<_, RttKey, u64>::try_from(&map)
-            .map_err(err)?
-            .keys()
-            .count(),
-        MapId::RttStats => PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map)
-            .map_err(err)?
-            .keys()
-            .count(),
-        _ => 0,
+    let path = dir.join(id.name());
+    let data = MapData::from_pin(&path).map_err(|source| DatapathError::Pinned {
+        path: path.clone(),
+        source,
+    })?;
+    // In batches: the CT map of a large cluster holds tens of thousands of
+    // entries, a syscall each by keys.
+    let per_cpu = matches!(
+        info.map_type().map_err(err)?,
+        aya::maps::MapType::PerCpuHash | aya::maps::MapType::LruPerCpuHash
+    );
+    let value = if per_cpu {
+        let cpus = aya::util::nr_cpus().map_err(|(_, source)| DatapathError::MapBatch {
+            map: id,
+            op: "reading the possible CPUs",
+            source,
+        })?;
+        (info.value_size() as usize).next_multiple_of(8) * cpus.get() as usize
+    } else {
+        info.value_size() as usize
     };
-    Ok(n as u64)
+    crate::sys::bpf_batch::count(data.fd().as_fd(), info.key_size() as usize, value).map_err(
+        |source| DatapathError::MapBatch {
+            map: id,
+            op: "counting the entries in batches",
+            source,
+        },
+    )
 }
 
 /// Per-CPU `u64` counters of array `map`, summed over the CPUs, by name.

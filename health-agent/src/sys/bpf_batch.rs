@@ -114,6 +114,47 @@ pub fn for_each<K: aya::Pod, V: aya::Pod>(
     }
 }
 
+/// How many entries the hash map `map` holds (keys of `key_size` bytes,
+/// values of `value_size`: for a per-CPU map, each CPU's value rounded up
+/// to 8 bytes, times the possible CPUs), counted in batches.
+pub fn count(map: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<u64> {
+    let mut chunk = CHUNK;
+    let (mut keys, mut values) = (Vec::<u8>::new(), Vec::<u8>::new());
+    let (mut token_in, mut token_out) = (0u64, 0u64);
+    let (mut first, mut total) = (true, 0u64);
+    loop {
+        keys.resize(chunk * key_size.max(1), 0);
+        values.resize(chunk * value_size.max(1), 0);
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                std::ptr::from_ref(&token_in) as u64
+            },
+            out_batch: std::ptr::from_mut(&mut token_out) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: u32::try_from(chunk).unwrap_or(u32::MAX),
+            map_fd: fd_of(map),
+            ..BatchAttr::default()
+        };
+        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let filled = (attr.count as usize).min(chunk);
+        total += filled as u64;
+        match result {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(total),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && filled == 0 => {
+                chunk *= 2;
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        token_in = token_out;
+        first = false;
+    }
+}
+
 /// Deletes `keys` from the hash map `map` in batches; keys already gone
 /// (expired, or deleted by someone else meanwhile) are passed over.
 /// `deleted` is called with each key that this call deleted.

@@ -191,6 +191,19 @@ fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
     assert!(left.iter().all(|i| i % 3 != 0), "only live flows are left");
     // A second pass finds nothing more.
     assert_eq!(health_agent::datapath::ct::gc(pins.path()).expect("gc"), 0);
+    // `bpf map list` counts in batches too, per-CPU maps included (a value
+    // per CPU in each batch).
+    seed(&pins, 5);
+    let rows = maps::list(pins.path()).expect("list");
+    let entries = |id: MapId| {
+        rows.iter()
+            .find(|r| r.name == id.name())
+            .map(|r| r.entries)
+            .expect("listed")
+    };
+    assert_eq!(entries(MapId::CtMap), left.len() as u64);
+    assert_eq!(entries(MapId::RttStats), 5);
+    assert_eq!(entries(MapId::RttLosses), 5);
     drop(d);
 }
 
