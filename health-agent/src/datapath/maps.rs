@@ -26,13 +26,14 @@ pub fn open(dir: &Path, id: MapId) -> Result<Map, DatapathError> {
     Map::from_map_data(data).map_err(pinned)
 }
 
-/// A pinned hash map's entries (keys `K`, values `V`, checked against the
-/// map's sizes as aya's typed maps check them), read in batches.
-pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
+/// The map pinned as `dir/<name>`, checked to be a hash map (per-CPU or
+/// not, as asked) of keys `K` and values `V`, as aya's typed maps check.
+fn pinned_hash<K: aya::Pod, V: aya::Pod>(
     dir: &Path,
     id: MapId,
-    mut each: impl FnMut(&K, &V),
+    per_cpu: bool,
 ) -> Result<MapData, DatapathError> {
+    use aya::maps::{MapError, MapType};
     let path = dir.join(id.name());
     let data = MapData::from_pin(&path).map_err(|source| DatapathError::Pinned {
         path: path.clone(),
@@ -40,34 +41,69 @@ pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
     })?;
     let err = |source| DatapathError::Map { map: id, source };
     let info = data.info().map_err(err)?;
-    // A per-CPU map's batch holds a value per CPU: not this reader's.
     let kind = info.map_type().map_err(err)?;
-    if !matches!(kind, aya::maps::MapType::Hash | aya::maps::MapType::LruHash) {
-        return Err(err(aya::maps::MapError::InvalidMapType {
+    let fits = if per_cpu {
+        matches!(kind, MapType::PerCpuHash | MapType::LruPerCpuHash)
+    } else {
+        matches!(kind, MapType::Hash | MapType::LruHash)
+    };
+    if !fits {
+        return Err(err(MapError::InvalidMapType {
             map_type: kind as u32,
         }));
     }
     let (key, value) = (info.key_size() as usize, info.value_size() as usize);
     if key != size_of::<K>() {
-        return Err(err(aya::maps::MapError::InvalidKeySize {
+        return Err(err(MapError::InvalidKeySize {
             size: key,
             expected: size_of::<K>(),
         }));
     }
     if value != size_of::<V>() {
-        return Err(err(aya::maps::MapError::InvalidValueSize {
+        return Err(err(MapError::InvalidValueSize {
             size: value,
             expected: size_of::<V>(),
         }));
     }
-    crate::sys::bpf_batch::for_each(data.fd().as_fd(), &mut each).map_err(|source| {
-        DatapathError::MapBatch {
-            map: id,
-            op: "reading the entries in batches",
-            source,
-        }
-    })?;
     Ok(data)
+}
+
+fn batch_read_err(id: MapId) -> impl Fn(std::io::Error) -> DatapathError {
+    move |source| DatapathError::MapBatch {
+        map: id,
+        op: "reading the entries in batches",
+        source,
+    }
+}
+
+/// A pinned hash map's entries (keys `K`, values `V`, checked against the
+/// map), read in batches; the map is returned for [`delete_keys`] and
+/// [`update_entries`].
+pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
+    dir: &Path,
+    id: MapId,
+    mut each: impl FnMut(&K, &V),
+) -> Result<MapData, DatapathError> {
+    let data = pinned_hash::<K, V>(dir, id, false)?;
+    crate::sys::bpf_batch::for_each(data.fd().as_fd(), &mut each).map_err(batch_read_err(id))?;
+    Ok(data)
+}
+
+/// A pinned per-CPU hash map's entries: each key with its value on every
+/// possible CPU, read in batches.
+pub fn per_cpu_entries<K: aya::Pod, V: aya::Pod>(
+    dir: &Path,
+    id: MapId,
+    each: impl FnMut(&K, &[V]),
+) -> Result<(), DatapathError> {
+    let data = pinned_hash::<K, V>(dir, id, true)?;
+    let cpus = aya::util::nr_cpus().map_err(|(_, source)| DatapathError::MapBatch {
+        map: id,
+        op: "reading the possible CPUs",
+        source,
+    })?;
+    crate::sys::bpf_batch::for_each_per_cpu(data.fd().as_fd(), cpus.get() as usize, each)
+        .map_err(batch_read_err(id))
 }
 
 /// Deletes `keys` from the map `data` (opened by [`hash_entries`]) in

@@ -80,16 +80,14 @@ pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
 /// RTT samples and losses summed over every peer and protocol in the
 /// maps: (samples, losses).
 pub fn totals(dir: &Path) -> Result<(u64, u64), DatapathError> {
-    let map = open(dir, MapId::RttStats)?;
-    let stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map).map_err(stats_map_err)?;
-    let samples = stats
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(_, per_cpu)| per_cpu.iter().map(|s| s.count).sum::<u64>())
-        .sum();
-    let losses_map = open(dir, MapId::RttLosses)?;
-    let losses = HashMap::<_, RttKey, u64>::try_from(&losses_map).map_err(losses_map_err)?;
-    let lost = losses.iter().filter_map(Result::ok).map(|(_, n)| n).sum();
+    // In batches: two entries per live peer address, each a syscall or two
+    // by keys.
+    let mut samples = 0u64;
+    super::maps::per_cpu_entries(dir, MapId::RttStats, |_: &RttKey, per_cpu: &[RttStats]| {
+        samples += per_cpu.iter().map(|s| s.count).sum::<u64>();
+    })?;
+    let mut lost = 0u64;
+    super::maps::hash_entries(dir, MapId::RttLosses, |_: &RttKey, n: &u64| lost += n)?;
     Ok((samples, lost))
 }
 

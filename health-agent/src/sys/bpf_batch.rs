@@ -66,6 +66,35 @@ pub fn for_each<K: aya::Pod, V: aya::Pod>(
     map: BorrowedFd<'_>,
     mut each: impl FnMut(&K, &V),
 ) -> io::Result<()> {
+    walk(map, 1, |k, v: &[V]| each(k, &v[0]))
+}
+
+/// [`for_each`] for a per-CPU hash map: each key with its value on each of
+/// the `cpus` possible CPUs. `V`'s size must be a multiple of 8 (the kernel
+/// lays each CPU's value out at an 8-byte stride).
+pub fn for_each_per_cpu<K: aya::Pod, V: aya::Pod>(
+    map: BorrowedFd<'_>,
+    cpus: usize,
+    each: impl FnMut(&K, &[V]),
+) -> io::Result<()> {
+    if !size_of::<V>().is_multiple_of(8) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a per-CPU value of {} bytes is not laid out at its size",
+                size_of::<V>()
+            ),
+        ));
+    }
+    walk(map, cpus.max(1), each)
+}
+
+/// The batched walk: `per_key` values of `V` for each key.
+fn walk<K: aya::Pod, V: aya::Pod>(
+    map: BorrowedFd<'_>,
+    per_key: usize,
+    mut each: impl FnMut(&K, &[V]),
+) -> io::Result<()> {
     let mut chunk = CHUNK;
     let mut keys: Vec<MaybeUninit<K>> = Vec::new();
     let mut values: Vec<MaybeUninit<V>> = Vec::new();
@@ -75,7 +104,7 @@ pub fn for_each<K: aya::Pod, V: aya::Pod>(
     let mut first = true;
     loop {
         keys.resize_with(chunk, MaybeUninit::uninit);
-        values.resize_with(chunk, MaybeUninit::uninit);
+        values.resize_with(chunk * per_key, MaybeUninit::uninit);
         let mut attr = BatchAttr {
             in_batch: if first {
                 0
@@ -91,12 +120,11 @@ pub fn for_each<K: aya::Pod, V: aya::Pod>(
         };
         let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
         let filled = (attr.count as usize).min(chunk);
-        for (k, v) in keys[..filled].iter().zip(&values[..filled]) {
-            // SAFETY: the kernel wrote the first `filled` keys and values,
-            // and any bytes are a valid `Pod`.
-            each(unsafe { k.assume_init_ref() }, unsafe {
-                v.assume_init_ref()
-            });
+        for (k, v) in keys[..filled].iter().zip(values.chunks(per_key)) {
+            // SAFETY: the kernel wrote the first `filled` keys and their
+            // values, and any bytes are a valid `Pod`.
+            let (k, v) = unsafe { (k.assume_init_ref(), v.assume_init_ref()) };
+            each(k, v);
         }
         match result {
             Ok(()) => {}

@@ -174,32 +174,54 @@ fn assert_kernel_rtt_agrees(pins: &Path, dst: Ipv4Addr, ex: &[Exchange]) {
     }
 }
 
-/// bpftool counts the same entries as `bpf map list` in every map.
+/// bpftool counts the same entries as `bpf map list` in every map. The
+/// agent's own traffic (its controller's echo check) may add or collect an
+/// entry between two reads, so each map is compared at a moment when
+/// `bpf map list` reads the same count before and after bpftool's dump;
+/// a few tries find one.
 fn assert_bpftool_agrees(pins: &Path) {
+    let count = |name: &str| {
+        maps::list(pins)
+            .expect("map list")
+            .into_iter()
+            .find(|m| m.name == name)
+            .map(|m| m.entries)
+            .expect("listed")
+    };
     for m in maps::list(pins).expect("map list") {
         if m.kind == "ringbuf" {
             continue;
         }
-        let out = Command::new("bpftool")
-            .args(["-j", "map", "dump", "pinned"])
-            .arg(pins.join(&m.name))
-            .output()
-            .expect("bpftool");
-        let dumped: Vec<serde_json::Value> =
-            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-                panic!(
-                    "bpftool dump of {}: {e}: {}",
-                    m.name,
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
-        assert_eq!(
-            dumped.len() as u64,
-            m.entries,
-            "{}: bpftool and `bpf map list` disagree",
+        let mut seen = Vec::new();
+        let agreed = (0..5).any(|_| {
+            let before = count(&m.name);
+            let dumped = bpftool_entries(pins, &m.name);
+            let after = count(&m.name);
+            seen.push((before, dumped, after));
+            before == after && dumped == before
+        });
+        assert!(
+            agreed,
+            "{}: bpftool and `bpf map list` disagree (list before, bpftool, list after): {seen:?}",
             m.name
         );
     }
+}
+
+/// The entries bpftool dumps of the map pinned as `pins/name`.
+fn bpftool_entries(pins: &Path, name: &str) -> u64 {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(pins.join(name))
+        .output()
+        .expect("bpftool");
+    let dumped: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bpftool dump of {name}: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    dumped.len() as u64
 }
 
 /// The flow's entry expires (3 s lifetime) and is collected within a second.

@@ -204,6 +204,10 @@ fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
     assert_eq!(entries(MapId::CtMap), left.len() as u64);
     assert_eq!(entries(MapId::RttStats), 5);
     assert_eq!(entries(MapId::RttLosses), 5);
+    // The RTT totals of the metrics, read in batches: every CPU's samples
+    // (1 + 2 + ... + 5 on each) and the losses (10 + 20 + ... + 50).
+    let cpus = u64::from(aya::util::nr_cpus().expect("cpus").get());
+    assert_eq!(rtt::totals(pins.path()).expect("totals"), (15 * cpus, 150));
     drop(d);
 }
 
