@@ -95,6 +95,36 @@ fn walk<K: aya::Pod, V: aya::Pod>(
     per_key: usize,
     mut each: impl FnMut(&K, &[V]),
 ) -> io::Result<()> {
+    lookup_batches::<K, V>(map, 1, per_key, |keys, values| {
+        for (k, v) in keys.iter().zip(values.chunks(per_key)) {
+            // SAFETY: the kernel wrote these keys and their values, and any
+            // bytes are a valid `Pod`.
+            let (k, v) = unsafe { (k.assume_init_ref(), v.assume_init_ref()) };
+            each(k, v);
+        }
+    })
+}
+
+/// How many entries the hash map `map` holds (keys of `key_size` bytes,
+/// values of `value_size`: for a per-CPU map, each CPU's value rounded up
+/// to 8 bytes, times the possible CPUs), counted in batches.
+pub fn count(map: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<u64> {
+    let mut total = 0u64;
+    lookup_batches::<u8, u8>(map, key_size.max(1), value_size.max(1), |keys, _| {
+        total += (keys.len() / key_size.max(1)) as u64;
+    })?;
+    Ok(total)
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` over the whole map: each key takes `key_units`
+/// of `K` and `value_units` of `V` in the buffers; `got` sees the keys and
+/// values each call filled.
+fn lookup_batches<K, V>(
+    map: BorrowedFd<'_>,
+    key_units: usize,
+    value_units: usize,
+    mut got: impl FnMut(&[MaybeUninit<K>], &[MaybeUninit<V>]),
+) -> io::Result<()> {
     let mut chunk = CHUNK;
     let mut keys: Vec<MaybeUninit<K>> = Vec::new();
     let mut values: Vec<MaybeUninit<V>> = Vec::new();
@@ -103,8 +133,8 @@ fn walk<K: aya::Pod, V: aya::Pod>(
     let (mut token_in, mut token_out) = (0u64, 0u64);
     let mut first = true;
     loop {
-        keys.resize_with(chunk, MaybeUninit::uninit);
-        values.resize_with(chunk * per_key, MaybeUninit::uninit);
+        keys.resize_with(chunk * key_units, MaybeUninit::uninit);
+        values.resize_with(chunk * value_units, MaybeUninit::uninit);
         let mut attr = BatchAttr {
             in_batch: if first {
                 0
@@ -120,58 +150,12 @@ fn walk<K: aya::Pod, V: aya::Pod>(
         };
         let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
         let filled = (attr.count as usize).min(chunk);
-        for (k, v) in keys[..filled].iter().zip(values.chunks(per_key)) {
-            // SAFETY: the kernel wrote the first `filled` keys and their
-            // values, and any bytes are a valid `Pod`.
-            let (k, v) = unsafe { (k.assume_init_ref(), v.assume_init_ref()) };
-            each(k, v);
-        }
+        got(&keys[..filled * key_units], &values[..filled * value_units]);
         match result {
             Ok(()) => {}
             // The end of the map (with the last entries above).
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
             // A bucket holds more entries than asked for: ask for more.
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && filled == 0 => {
-                chunk *= 2;
-                continue;
-            }
-            Err(e) => return Err(e),
-        }
-        token_in = token_out;
-        first = false;
-    }
-}
-
-/// How many entries the hash map `map` holds (keys of `key_size` bytes,
-/// values of `value_size`: for a per-CPU map, each CPU's value rounded up
-/// to 8 bytes, times the possible CPUs), counted in batches.
-pub fn count(map: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<u64> {
-    let mut chunk = CHUNK;
-    let (mut keys, mut values) = (Vec::<u8>::new(), Vec::<u8>::new());
-    let (mut token_in, mut token_out) = (0u64, 0u64);
-    let (mut first, mut total) = (true, 0u64);
-    loop {
-        keys.resize(chunk * key_size.max(1), 0);
-        values.resize(chunk * value_size.max(1), 0);
-        let mut attr = BatchAttr {
-            in_batch: if first {
-                0
-            } else {
-                std::ptr::from_ref(&token_in) as u64
-            },
-            out_batch: std::ptr::from_mut(&mut token_out) as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: u32::try_from(chunk).unwrap_or(u32::MAX),
-            map_fd: fd_of(map),
-            ..BatchAttr::default()
-        };
-        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
-        let filled = (attr.count as usize).min(chunk);
-        total += filled as u64;
-        match result {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(total),
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && filled == 0 => {
                 chunk *= 2;
                 continue;
