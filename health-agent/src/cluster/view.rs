@@ -434,6 +434,26 @@ struct Tally {
     discounted: u32,
     /// Observers failing every path by the states or the last probes.
     down_now: u32,
+    /// Of `reached`, those failing every path by the last probes.
+    reached_failing: u32,
+}
+
+/// Per-node excerpts of names (at most [`MAX_NAMED`] each).
+#[derive(Clone, Default)]
+struct Names {
+    /// Observers failing some path of the node, by the states.
+    failing: Vec<String>,
+    /// Observers reaching the node by the states but failing every path by
+    /// the last probes: named as failing when the node is down.
+    failing_now: Vec<String>,
+    /// Nodes this observer fails towards that others reach.
+    unreached: Vec<String>,
+}
+
+fn named(list: &mut Vec<String>, name: &str) {
+    if list.len() < MAX_NAMED {
+        list.push(name.to_owned());
+    }
 }
 
 /// The cluster view of `nodes` from `summaries` (any order; the newest of
@@ -453,8 +473,7 @@ pub fn assemble<S: Borrow<Summary>>(
     let (ok, fail) = obs.tallies(n, &first);
 
     let mut tally = vec![Tally::default(); n];
-    let mut failing_observers: Vec<Vec<String>> = vec![Vec::new(); n];
-    let mut unreached_nodes: Vec<Vec<String>> = vec![Vec::new(); n];
+    let mut names = vec![Names::default(); n];
     for (o, seen_by_o) in obs.by_observer() {
         for (t, seen) in seen_by_o {
             let tl = &mut tally[t];
@@ -462,14 +481,18 @@ pub fn assemble<S: Borrow<Summary>>(
             match seen {
                 s if s.reached() => {
                     tl.reached += 1;
-                    tl.down_now += u32::from(s.down_now());
+                    if s.down_now() {
+                        tl.down_now += 1;
+                        tl.reached_failing += 1;
+                        named(&mut names[t].failing_now, &nodes[o].name);
+                    }
                 }
                 Seen::Unknown => {}
                 _ if problem[o] => {
                     tl.discounted += 1;
                     let others_fail = fail[t] - u32::from(!first[o]);
-                    if suspect_failure(ok[t], others_fail) && unreached_nodes[o].len() < MAX_NAMED {
-                        unreached_nodes[o].push(nodes[t].name.clone());
+                    if suspect_failure(ok[t], others_fail) {
+                        named(&mut names[o].unreached, &nodes[t].name);
                     }
                 }
                 _ => {
@@ -479,9 +502,7 @@ pub fn assemble<S: Borrow<Summary>>(
                         tl.failed_some += 1;
                     }
                     tl.down_now += u32::from(seen.down_now());
-                    if failing_observers[t].len() < MAX_NAMED {
-                        failing_observers[t].push(nodes[o].name.clone());
-                    }
+                    named(&mut names[t].failing, &nodes[o].name);
                 }
             }
         }
@@ -491,10 +512,10 @@ pub fn assemble<S: Borrow<Summary>>(
     let views = nodes
         .iter()
         .enumerate()
-        .zip(failing_observers.into_iter().zip(unreached_nodes))
-        .map(|((i, node), (failing_observers, unreached_nodes))| {
+        .zip(names)
+        .map(|((i, node), mut names)| {
             let t = tally[i];
-            let failing = t.failed_all + t.failed_some;
+            let mut failing = t.failed_all + t.failed_some;
             let definite = (t.reached + failing) as usize;
             let verdict = if definite < params.min_observers.max(1) {
                 if problem[i] {
@@ -512,19 +533,29 @@ pub fn assemble<S: Borrow<Summary>>(
                 Verdict::Healthy
             };
             counts.add(verdict);
+            let mut seen_reachable = t.reached;
+            // Down by the last probes: those observers fail it, whatever
+            // their states still say.
+            if verdict == Verdict::NodeDown {
+                seen_reachable -= t.reached_failing;
+                failing += t.reached_failing;
+                for name in names.failing_now {
+                    named(&mut names.failing, &name);
+                }
+            }
             NodeView {
                 name: node.name.clone(),
                 zone: node.zone.clone(),
                 reporting: obs.slots[i].is_some(),
                 observers: t.observers,
-                seen_reachable: t.reached,
+                seen_reachable,
                 failing,
                 discounted: t.discounted,
                 verdict,
-                failing_observers,
+                failing_observers: names.failing,
                 unreached: if problem[i] { suspect[i] } else { 0 },
                 unreached_nodes: if problem[i] {
-                    unreached_nodes
+                    names.unreached
                 } else {
                     Vec::new()
                 },
@@ -729,7 +760,15 @@ mod tests {
         // 57 failed their last probe, none is in Failure yet.
         let view = c.view(&down);
         Cluster::check(&view, &[(57, Verdict::NodeDown)]);
-        assert_eq!(view.nodes[57].seen_reachable, view.nodes[57].observers);
+        // Shown as failed by every observer, named, as a node down by the
+        // states is.
+        let v = &view.nodes[57];
+        assert_eq!((v.seen_reachable, v.failing), (0, v.observers), "{v:?}");
+        assert_eq!(
+            v.failing_observers.len(),
+            (v.observers as usize).min(MAX_NAMED),
+            "{v:?}"
+        );
         // Summaries a round apart: observers that have not probed since
         // the fault still reach it. No verdict against the node yet.
         let observers: Vec<usize> = (0..N).filter(|&o| c.observes(o, 57)).collect();
