@@ -454,22 +454,39 @@ fn node_source(
     })
 }
 
-/// HTTP probes to thousands of peers hold a socket each: lifts the soft
-/// open-file limit to the hard one; returns the limit in force.
+/// The open-file limit the agent asks for: every HTTP probe of a round
+/// holds a socket (40,000 at 10,000 dual-stack peers) and a round makes
+/// them in one go only when all fit.
+const WANTED_FILES: u64 = 1 << 20;
+
+/// HTTP probes to thousands of peers hold a socket each: lifts the
+/// open-file limit to [`WANTED_FILES`] (at most `fs.nr_open`), raising the
+/// hard limit too when the agent may (`CAP_SYS_RESOURCE`), else the soft
+/// limit to the hard one; returns the limit in force.
 pub fn raise_fd_limit() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => hard,
-            Err(e) => {
-                warn!(
-                    "could not raise the open-file limit from {soft}: {}",
-                    chain(&e)
-                );
-                soft
-            }
-        },
-        Ok((soft, _)) => soft,
-        Err(_) => 1024,
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(WANTED_FILES);
+    let wanted = WANTED_FILES.min(nr_open);
+    if hard < wanted && setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
+        return wanted;
+    }
+    if soft >= hard {
+        return soft;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => hard,
+        Err(e) => {
+            warn!(
+                "could not raise the open-file limit from {soft}: {}",
+                chain(&e)
+            );
+            soft
+        }
     }
 }

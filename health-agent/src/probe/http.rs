@@ -19,33 +19,101 @@ use crate::sys::socket_factory::SocketFactory;
 
 pub const HEALTH_PORT: u16 = 4240;
 
-/// Where an HTTP probe's socket comes from.
+/// Where an HTTP probe's socket comes from when it is made on demand (a
+/// round's sockets made beforehand go to [`connect`] directly).
 pub enum SocketSource<'a> {
     /// Made now in the caller's namespace.
     Here,
     /// Made now by a factory living in the probe namespace.
     Factory(&'a SocketFactory),
-    /// Made beforehand (a round asks for its sockets in one go).
-    Made(socket2::Socket),
 }
 
 /// `GET /hello` (to `http://[ip]:port/hello` for IPv6) from a socket of
-/// `from` (of `ip`'s family), given up at `deadline` (the probe's start
-/// plus `timeout`, named in the error).
-pub async fn probe(
-    ip: IpAddr,
-    port: u16,
-    deadline: tokio::time::Instant,
-    timeout: Duration,
-    from: SocketSource<'_>,
-) -> Outcome {
-    match tokio::time::timeout_at(deadline, exchange(ip, port, from)).await {
-        Ok(Ok((status, rtt))) => classify(status, rtt),
-        Ok(Err(e)) => Outcome::Failed(e),
-        Err(_) => Outcome::Failed(ProbeError::Timeout {
-            proto: Proto::Http,
-            after: timeout,
-        }),
+/// `from` (of `ip`'s family), given up `timeout` after its connect (named
+/// in the error).
+pub async fn probe(ip: IpAddr, port: u16, timeout: Duration, from: SocketSource<'_>) -> Outcome {
+    let sock = match from {
+        SocketSource::Factory(factory) => {
+            let (domain, ty, proto) = tcp_for(ip);
+            factory.socket(domain, ty, proto).await
+        }
+        SocketSource::Here => {
+            let (domain, ty, proto) = tcp_for(ip);
+            socket2::Socket::new(domain, ty.nonblocking(), proto)
+        }
+    };
+    match sock.map_err(|e| ProbeError::io("socket", &e)) {
+        Ok(sock) => connect(ip, port, sock).finish(timeout).await,
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+/// Issues the connect to `ip`'s port from `sock` (non-blocking, of `ip`'s
+/// family), now: when this returns, the SYN is out and the probe's timeout
+/// runs. The rest of the exchange is [`Connecting::finish`].
+#[must_use]
+pub fn connect(ip: IpAddr, port: u16, sock: socket2::Socket) -> Connecting {
+    let to = SocketAddr::new(ip, port);
+    let start = Instant::now();
+    // Closed with a reset once the status line is read (kubelet closes
+    // its TCP probes the same way): no FIN exchange, no socket left in a
+    // closing state, for tens of thousands of probes a round.
+    let issued = sock
+        .set_linger(Some(Duration::ZERO))
+        .map_err(|e| ProbeError::io("SO_LINGER", &e))
+        .and_then(|()| match sock.connect(&to.into()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(()),
+            Err(e) => Err(ProbeError::io("connect", &e)),
+        })
+        .map(|()| std::net::TcpStream::from(sock));
+    Connecting { issued, to, start }
+}
+
+/// An HTTP probe whose connect is issued (or failed to be).
+#[derive(Debug)]
+pub struct Connecting {
+    issued: Result<std::net::TcpStream, ProbeError>,
+    to: SocketAddr,
+    start: Instant,
+}
+
+impl Connecting {
+    /// Waits for the connection, sends the request and reads the status
+    /// line, given up `timeout` after the connect was issued.
+    pub async fn finish(self, timeout: Duration) -> Outcome {
+        let deadline = tokio::time::Instant::from_std(self.start + timeout);
+        match tokio::time::timeout_at(deadline, self.exchange()).await {
+            Ok(Ok((status, rtt))) => classify(status, rtt),
+            Ok(Err(e)) => Outcome::Failed(e),
+            Err(_) => Outcome::Failed(ProbeError::Timeout {
+                proto: Proto::Http,
+                after: timeout,
+            }),
+        }
+    }
+
+    async fn exchange(self) -> Result<(u16, Duration), ProbeError> {
+        let mut stream =
+            TcpStream::from_std(self.issued?).map_err(|e| ProbeError::io("registering", &e))?;
+        stream
+            .writable()
+            .await
+            .map_err(|e| ProbeError::io("connect", &e))?;
+        if let Some(e) = stream
+            .take_error()
+            .map_err(|e| ProbeError::io("connect", &e))?
+        {
+            return Err(ProbeError::io("connect", &e));
+        }
+        let mut req = [0u8; 160];
+        let req = request(&mut req, self.to);
+        stream
+            .write_all(req)
+            .await
+            .map_err(|e| ProbeError::io("send", &e))?;
+        let status = status_line(&mut stream).await?;
+        Ok((status, self.start.elapsed()))
     }
 }
 
@@ -91,45 +159,8 @@ pub const fn tcp_for(ip: IpAddr) -> SocketKind {
     }
 }
 
-/// A non-blocking TCP socket for `ip` from `from` (sockets keep the
-/// namespace they were made in for life).
-async fn socket_in(
-    ip: IpAddr,
-    from: SocketSource<'_>,
-) -> Result<tokio::net::TcpSocket, ProbeError> {
-    let (domain, ty, proto) = tcp_for(ip);
-    let sock = match from {
-        SocketSource::Made(s) => Ok(s),
-        SocketSource::Factory(factory) => factory.socket(domain, ty, proto).await,
-        SocketSource::Here => socket2::Socket::new(domain, ty.nonblocking(), proto),
-    }
-    .map_err(|e| ProbeError::io("socket", &e))?;
-    // Closed with a reset once the status line is read (kubelet closes
-    // its TCP probes the same way): no FIN exchange, no socket left in a
-    // closing state, for tens of thousands of probes a round.
-    sock.set_linger(Some(Duration::ZERO))
-        .map_err(|e| ProbeError::io("SO_LINGER", &e))?;
-    Ok(tokio::net::TcpSocket::from_std_stream(sock.into()))
-}
-
-async fn exchange(
-    ip: IpAddr,
-    port: u16,
-    from: SocketSource<'_>,
-) -> Result<(u16, Duration), ProbeError> {
-    let socket = socket_in(ip, from).await?;
-    let start = Instant::now();
-    let to = SocketAddr::new(ip, port);
-    let mut stream: TcpStream = socket
-        .connect(to)
-        .await
-        .map_err(|e| ProbeError::io("connect", &e))?;
-    let mut req = [0u8; 160];
-    let req = request(&mut req, to);
-    stream
-        .write_all(req)
-        .await
-        .map_err(|e| ProbeError::io("send", &e))?;
+/// Reads up to the end of the status line and parses it.
+async fn status_line(stream: &mut TcpStream) -> Result<u16, ProbeError> {
     let mut buf = [0u8; 512];
     let mut len = 0;
     while !buf[..len].windows(2).any(|w| w == b"\r\n") {
@@ -147,8 +178,7 @@ async fn exchange(
             return Err(ProbeError::Protocol("status line too long".into()));
         }
     }
-    let rtt = start.elapsed();
-    parse_status(&buf[..len]).map(|s| (s, rtt))
+    parse_status(&buf[..len])
 }
 
 /// The request to `to`, written into `buf` (no allocation per probe; the

@@ -21,6 +21,7 @@ use tokio::{
 use super::{
     error::{ProbeError, Proto},
     family::{Families, Family},
+    order::Echoed,
 };
 use crate::sys::{
     icmp::{echo_request, echo_request_v6, parse_any_reply, parse_any_reply_v6},
@@ -45,20 +46,24 @@ pub struct IcmpProber {
 }
 
 /// A round's requests and what became of them.
-struct Waiting {
+struct Waiting<'a> {
     sent_at: Vec<Option<Instant>>,
+    /// The requests answered in time, marked as they are (read by the
+    /// round's HTTP probes while they start).
+    echoed: &'a Echoed,
     results: Vec<Result<Duration, ProbeError>>,
     pending: usize,
     timeout: Duration,
 }
 
-impl Waiting {
+impl Waiting<'_> {
     /// The reply to request `i` came at `at`.
     fn answered(&mut self, i: usize, at: Instant) {
         if let Some(sent) = self.sent_at[i].take() {
             let rtt = at.saturating_duration_since(sent);
             if rtt <= self.timeout {
                 self.results[i] = Ok(rtt);
+                self.echoed.mark(i);
             }
             self.pending -= 1;
         }
@@ -146,12 +151,14 @@ impl IcmpProber {
 
     /// One echo to each of `targets` (either family), the requests spread
     /// evenly over `spread`; each answer counts when it comes within
-    /// `timeout` of its request. Results are in the order of `targets`.
+    /// `timeout` of its request. Results are in the order of `targets`;
+    /// each answer is also marked in `echoed` as it comes.
     pub async fn round(
         &self,
         targets: &[IpAddr],
         timeout: Duration,
         spread: Duration,
+        echoed: &Echoed,
     ) -> Vec<Result<Duration, ProbeError>> {
         let n = targets.len();
         let timed_out = Err(ProbeError::Timeout {
@@ -160,6 +167,7 @@ impl IcmpProber {
         });
         let mut w = Waiting {
             sent_at: vec![None; n],
+            echoed,
             results: vec![timed_out; n],
             pending: n,
             timeout,

@@ -13,15 +13,15 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures::{StreamExt as _, stream::FuturesUnordered};
-use tokio::sync::Semaphore;
 
 use super::{
     error::ProbeError,
     family::{self, Families, Family, MAX_PATHS, PER_FAMILY, Shown},
     history::{self, History, HistoryStats, HistoryStrips, NodeHistory, NodeRing},
-    http::{self, HEALTH_PORT, SocketSource},
+    http::HEALTH_PORT,
+    http_round,
     icmp::IcmpProber,
+    order::{self, Echoed},
     path::{Outcome, PathState, RttSource, Thresholds},
     status::{ClusterStatus, Connectivity, NodeStatus, RoundInfo},
 };
@@ -439,9 +439,20 @@ impl Prober {
         let nodes = self.nodes();
         let targets = targets(&nodes, self.cfg.families);
         let sockets = self.sockets();
+        let echoed = Arc::new(Echoed::new(targets.ips.len()));
+        let (order, suspects) = self.http_failed_first(&nodes, &targets.keys);
         let ((icmp, icmp_done), (http, http_done)) = tokio::join!(
-            timed(t0, self.icmp_round(&targets.ips, sockets.as_ref())),
-            timed(t0, self.http_round(&targets.ips, sockets.as_ref()))
+            timed(t0, self.icmp_round(&targets.ips, sockets.as_ref(), &echoed)),
+            timed(t0, async {
+                match &sockets {
+                    Ok((_, factory)) => {
+                        let order = (order.as_slice(), suspects);
+                        http_round::run(&self.cfg, &targets.ips, factory.clone(), order, &echoed)
+                            .await
+                    }
+                    Err(e) => vec![Outcome::Failed(e.clone()); targets.ips.len()],
+                }
+            })
         );
         // Kernel RTTs replace user-space ones before the paths are locked:
         // the map lookups are syscalls, not work to do under the lock. The
@@ -622,14 +633,31 @@ impl Prober {
         }
     }
 
-    /// ICMP (IPv4 or `ICMPv6`) to every address of `targets`. The engine
-    /// runs as a task of its own, beside the HTTP ones.
+    /// The round's HTTP probes (target indices, see [`Targets`]) with
+    /// those whose path failed its last probe first, and how many those
+    /// are (see [`order`]).
+    fn http_failed_first(&self, nodes: &NodeSet, keys: &[(u32, u8)]) -> (Vec<usize>, usize) {
+        let Ok(paths) = self.paths.lock() else {
+            return order::suspects_first(keys.len(), |_| false);
+        };
+        order::suspects_first(keys.len(), |i| {
+            let (node, address) = keys[i];
+            paths
+                .get(&nodes[node as usize].name)
+                .is_some_and(|p| p.state(2 * usize::from(address) + 1).consecutive_failures > 0)
+        })
+    }
+
+    /// ICMP (IPv4 or `ICMPv6`) to every address of `targets`, each answer
+    /// marked in `echoed` as it comes. The engine runs as a task of its
+    /// own, beside the HTTP ones.
     async fn icmp_round(
         &self,
         targets: &Arc<Vec<IpAddr>>,
         sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
+        echoed: &Arc<Echoed>,
     ) -> Vec<Outcome> {
-        let targets = targets.clone();
+        let (targets, echoed) = (targets.clone(), echoed.clone());
         let icmp = match sockets {
             Ok((icmp, _)) => icmp.clone(),
             Err(e) => return vec![Outcome::Failed(e.clone()); targets.len()],
@@ -638,9 +666,10 @@ impl Prober {
         let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
         let metrics = self.cfg.metrics.as_deref();
         metrics.inspect(|m| m.sent(n));
-        let results = tokio::spawn(async move { icmp.round(&targets, timeout, spread).await })
-            .await
-            .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); n]);
+        let results =
+            tokio::spawn(async move { icmp.round(&targets, timeout, spread, &echoed).await })
+                .await
+                .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); n]);
         metrics.inspect(|m| m.settled(n));
         results
             .into_iter()
@@ -652,121 +681,6 @@ impl Prober {
                 },
                 Err(e) => Outcome::Failed(e),
             })
-            .collect()
-    }
-
-    /// HTTP to both addresses of every node (same order as ICMP): the
-    /// probes are futures of a few tasks (one per CPU, not one per probe),
-    /// each task pacing its starts evenly over the spread with one timer,
-    /// at most `max_in_flight` at once (each holds a socket).
-    ///
-    /// A probe's timeout runs from its `connect` (kubelet's semantics): an
-    /// agent slowed by its own CPU never fails a live path for it, and the
-    /// round lasts the time to issue every connect plus one timeout.
-    async fn http_round(
-        &self,
-        targets: &Arc<Vec<IpAddr>>,
-        sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
-    ) -> Vec<Outcome> {
-        let n = targets.len();
-        let factory = match sockets {
-            Ok((_, factory)) => factory.clone(),
-            Err(e) => return vec![Outcome::Failed(e.clone()); n],
-        };
-        let slots = Arc::new(Semaphore::new(self.cfg.max_in_flight.max(1)));
-        let workers = std::thread::available_parallelism().map_or(1, usize::from);
-        let (port, timeout, spread) = (self.cfg.http_port, self.cfg.timeout, self.cfg.spread);
-        // When every probe may be in flight at once, each task asks the
-        // namespace's thread for all its sockets in one request.
-        let batch = n <= self.cfg.max_in_flight;
-        let t0 = tokio::time::Instant::now();
-        let latest_start = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let tasks: Vec<_> = (0..workers)
-            .map(|w| {
-                let (targets, slots, factory) = (targets.clone(), slots.clone(), factory.clone());
-                let latest_start = latest_start.clone();
-                let metrics = self.cfg.metrics.clone();
-                tokio::spawn(async move {
-                    let latest_start = &*latest_start;
-                    let metrics = metrics.as_deref();
-                    let mine: Vec<usize> = (w..targets.len()).step_by(workers).collect();
-                    let factory = factory.as_deref();
-                    let mut made = match (factory, batch) {
-                        (Some(maker), true) => made_beforehand(maker, &targets, &mine).await,
-                        _ => [Vec::new(), Vec::new()],
-                    };
-                    // Paced by this loop, one timer for the task (not one
-                    // per probe): probe k starts at t0 + k * step.
-                    let count = mine.len();
-                    let step = spread / u32::try_from(count).unwrap_or(u32::MAX).max(1);
-                    let at = |k: usize| t0 + step * u32::try_from(k).unwrap_or(u32::MAX);
-                    let mut queue = mine.into_iter().enumerate().peekable();
-                    let mut probes = FuturesUnordered::new();
-                    let mut done = Vec::with_capacity(count);
-                    // One timer for the task, moved only when the next
-                    // start changes (not a new one per completed probe).
-                    let pace = tokio::time::sleep_until(t0);
-                    tokio::pin!(pace);
-                    let mut armed = None;
-                    loop {
-                        let now = tokio::time::Instant::now();
-                        while let Some((_, i)) = queue.next_if(|(k, _)| at(*k) <= now) {
-                            let (ip, slots) = (targets[i], &slots);
-                            let from = match (made[usize::from(ip.is_ipv6())].pop(), factory) {
-                                (Some(s), _) => SocketSource::Made(s),
-                                (None, Some(maker)) => SocketSource::Factory(maker),
-                                (None, None) => SocketSource::Here,
-                            };
-                            probes.push(async move {
-                                // Every probe may be in flight at once in
-                                // a batch: no slot to wait for.
-                                let _slot = if batch {
-                                    None
-                                } else {
-                                    slots.acquire().await.ok()
-                                };
-                                let start = tokio::time::Instant::now();
-                                let late =
-                                    u64::try_from((start - t0).as_micros()).unwrap_or(u64::MAX);
-                                latest_start.fetch_max(late, std::sync::atomic::Ordering::Relaxed);
-                                metrics.inspect(|m| m.sent(1));
-                                let outcome =
-                                    http::probe(ip, port, start + timeout, timeout, from).await;
-                                metrics.inspect(|m| m.settled(1));
-                                (i, outcome)
-                            });
-                        }
-                        let wake = queue.peek().map(|(k, _)| at(*k));
-                        if let Some(w) = wake
-                            && armed != Some(w)
-                        {
-                            pace.as_mut().reset(w);
-                            armed = Some(w);
-                        }
-                        tokio::select! {
-                            Some(r) = probes.next(), if !probes.is_empty() => done.push(r),
-                            () = &mut pace, if wake.is_some() => {}
-                            else => break,
-                        }
-                    }
-                    done
-                })
-            })
-            .collect();
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
-        for task in tasks {
-            for (i, outcome) in task.await.unwrap_or_default() {
-                outcomes[i] = Some(outcome);
-            }
-        }
-        tracing::debug!(
-            latest_start_ms = latest_start.load(std::sync::atomic::Ordering::Relaxed) / 1000,
-            done_ms = ms(t0.elapsed()),
-            "HTTP probes"
-        );
-        outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or(Outcome::Failed(ProbeError::ReceiverStopped)))
             .collect()
     }
 }
@@ -858,29 +772,6 @@ fn node_status(n: &Node, p: &NodePaths, shown: Shown) -> NodeStatus {
         host_secondary: shown.secondary.map(|f| connectivity(f, false)),
         endpoint_secondary: shown.secondary.map(|f| connectivity(f, true)),
     }
-}
-
-/// The sockets of a task's probes (`mine`, indices into `targets`), made in
-/// the probe namespace by `maker` in one request per family: IPv4 ones and
-/// IPv6 ones. A family whose sockets cannot be made gets none (its probes
-/// ask the factory one at a time, and fail naming the error).
-async fn made_beforehand(
-    maker: &SocketFactory,
-    targets: &[IpAddr],
-    mine: &[usize],
-) -> [Vec<socket2::Socket>; 2] {
-    let mut made: [Vec<socket2::Socket>; 2] = [Vec::new(), Vec::new()];
-    let v6 = mine.iter().filter(|&&i| targets[i].is_ipv6()).count();
-    for (f, count) in [(0, mine.len() - v6), (1, v6)] {
-        if count > 0 {
-            let (domain, ty, proto) = [http::TCP_V4, http::TCP_V6][f];
-            made[f] = maker
-                .sockets(domain, ty, proto, count)
-                .await
-                .unwrap_or_default();
-        }
-    }
-    made
 }
 
 /// Replaces a user-space RTT by the kernel's sample of the same round

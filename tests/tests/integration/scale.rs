@@ -12,7 +12,7 @@ use std::{
 
 use health_agent::{
     datapath::remove_pins,
-    probe::status::ClusterStatus,
+    probe::{path::ProbeResult, status::ClusterStatus},
     sys::{netlink::in_netns, netns::Netns},
 };
 use health_tests::{
@@ -153,7 +153,7 @@ impl Lab {
         path
     }
 
-    fn start_agent(&mut self, nodes_file: &Path) {
+    fn start_agent(&mut self, nodes_file: &Path, extra: &[&str]) {
         let mut cmd = daemon_command(
             &self.node,
             &self.dir,
@@ -177,6 +177,7 @@ impl Lab {
                 "--failure-threshold",
                 "1",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.dir.join("daemon.log")).expect("log"));
         self.daemon = Some(cmd.spawn().expect("daemon"));
@@ -210,6 +211,47 @@ async fn poll_until_first_round(socket: &Path) -> (Vec<(Duration, bool)>, Cluste
     }
 }
 
+/// With fewer slots than probes (the open-file budget, here a flag), the
+/// probes past the budget wait for a slot: the round takes longer, but
+/// every answering path is OK and no silent one is.
+#[test]
+fn a_round_past_the_open_file_budget_waits_for_slots_and_loses_no_path() {
+    let mut lab = Lab::new(false);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    lab.serve_peers(&rt);
+    let nodes_file = lab.nodes_file();
+    // 400 HTTP probes, 200 of them holding their slot for a whole timeout.
+    lab.start_agent(&nodes_file, &["--max-in-flight", "96"]);
+    let (_, status) = rt.block_on(poll_until_first_round(&lab.socket()));
+    let round = status.round.as_ref().expect("round");
+    assert_eq!(round.probes, 800, "4 paths x 200 peers");
+    // 200 silent probes through 96 slots: at least two timeouts in a row.
+    assert!(
+        round.duration_ms >= 2 * TIMEOUT_MS,
+        "round took {} ms: the slots did not bound the probes in flight",
+        round.duration_ms
+    );
+    for n in &status.nodes {
+        let http = [&n.host.http, &n.endpoint.http];
+        if n.name.starts_with("peer-") {
+            assert!(
+                http.iter().all(|p| p.result == ProbeResult::Success),
+                "{}: {http:?}",
+                n.name
+            );
+        } else {
+            assert!(
+                http.iter().all(|p| p.result == ProbeResult::Failure),
+                "{}: {http:?}",
+                n.name
+            );
+        }
+    }
+}
+
 #[test]
 fn a_round_over_200_peers_with_100_silent_costs_about_one_timeout() {
     let mut lab = Lab::new(false);
@@ -219,7 +261,7 @@ fn a_round_over_200_peers_with_100_silent_costs_about_one_timeout() {
         .expect("runtime");
     lab.serve_peers(&rt);
     let nodes_file = lab.nodes_file();
-    lab.start_agent(&nodes_file);
+    lab.start_agent(&nodes_file, &[]);
     let (latencies, status) = rt.block_on(poll_until_first_round(&lab.socket()));
 
     let round = status.round.as_ref().expect("round");
@@ -304,7 +346,7 @@ fn sigterm_during_a_round_over_200_peers_half_silent_exits_within_2s_leaving_not
         .expect("runtime");
     lab.serve_peers(&rt);
     let nodes_file = lab.nodes_file();
-    lab.start_agent(&nodes_file);
+    lab.start_agent(&nodes_file, &[]);
     let socket = lab.socket();
     // Wait for the endpoint, then for the first round to be under way:
     // the probe task starts right after the endpoint is ready, and with
