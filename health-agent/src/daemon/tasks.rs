@@ -97,8 +97,12 @@ fn api_thread(
     Ok(done)
 }
 
-/// The nice value of the API's threads (the agent's others keep 0).
-pub(super) const API_NICE: libc::c_int = 10;
+/// The nice value of the API's threads (the agent's others keep 0). At
+/// 5,000 peers with 8 clients pulling the status through the first round,
+/// 5 gave a p99 of 4.0-4.1 ms and a first round of 1.25-1.26 s; 10 gave
+/// 5.2-6.2 ms (the API starved) and 0 gave 4.6-5.3 ms and 1.28-1.40 s (the
+/// clients took the round's CPU) (BENCHMARKS.md, 2026-11-23 late).
+pub(super) const API_NICE: libc::c_int = 5;
 
 /// Gives the calling thread [`API_NICE`] (the nice value is per thread on
 /// Linux); a failure only costs the preference, and is logged.

@@ -1,9 +1,9 @@
 //! A probe round: every path of every node at once. ICMP goes through one
-//! engine call (no task or timer per probe); HTTP probes are futures of one
-//! task, bounded by the open-file budget, with sockets made in the source
-//! namespace by one long-lived thread. Results are kept per node (four
-//! paths per family probed, up to eight) and the published status is
-//! serialised once per change.
+//! engine call (no task or timer per probe); HTTP probes are futures of a
+//! task per CPU ([`super::http_round`]), bounded by the open-file budget,
+//! started in [`super::order`]'s order as the echo replies come. Results
+//! are kept per node (four paths per family probed, up to eight) and the
+//! published status is serialised once per change.
 
 use std::{
     collections::HashMap,

@@ -213,8 +213,9 @@ pub(crate) struct DaemonArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub failure_threshold: u32,
     /// HTTP probes in flight at once (each holds a socket; ICMP probes hold
-    /// none). Default: the open-file limit, raised to its hard limit at
-    /// start, less 512 for everything else.
+    /// none). Default: the open-file limit, raised at start (to 1,048,576
+    /// with `CAP_SYS_RESOURCE`, else to the hard limit), less 512 for
+    /// everything else. Probes past it wait for a slot.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     pub max_in_flight: Option<u64>,
     /// Results kept per path, one a round (`health-agent status --history
