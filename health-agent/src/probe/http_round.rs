@@ -28,6 +28,7 @@ use super::{
     http::{self, SocketSource},
     metrics::ProbeMetrics,
     order::{Echoed, IssueOrder},
+    pace,
     path::Outcome,
     round::ProbeConfig,
 };
@@ -116,7 +117,7 @@ pub(super) async fn run(
 impl Shared {
     /// One task's probes (`mine`, its first `suspects` first): started
     /// at most a burst at a time, paced by one timer (not one per probe),
-    /// the k-th at `t0 + k * step`.
+    /// the k-th at `t0 + k * step` (woken once a [`pace::SLICE`]).
     async fn task(self: Arc<Self>, mine: Vec<usize>, suspects: usize) -> Vec<(usize, Outcome)> {
         let count = mine.len();
         // This task's share of the slots, as sockets made beforehand in
@@ -148,7 +149,7 @@ impl Shared {
                 let socket = made[usize::from(ip.is_ipv6())].pop();
                 probes.push(self.start(i, socket));
             }
-            let wake = (started < count).then(|| at(started));
+            let wake = (started < count).then(|| pace::wake_for(self.t0, at(started)));
             if let Some(w) = wake
                 && armed != Some(w)
             {
@@ -175,14 +176,17 @@ impl Shared {
         let late = u64::try_from(self.t0.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.latest_start.fetch_max(late, Ordering::Relaxed);
         let metrics = self.metrics.as_deref();
-        metrics.inspect(|m| m.sent(1));
         let connecting = socket.map(|s| http::connect(ip, self.port, s));
+        if connecting.is_some() {
+            metrics.inspect(|m| m.sent(1));
+        }
         async move {
             let outcome = if let Some(c) = connecting {
                 let _slot = SlotBack(&self.slots);
                 c.finish(self.timeout).await
             } else {
                 let _slot = self.slots.acquire().await.ok();
+                metrics.inspect(|m| m.sent(1));
                 let from = self
                     .factory
                     .as_deref()

@@ -202,7 +202,10 @@ impl IcmpProber {
                 break;
             }
             let wake = if next < n {
-                start + step * u32::try_from(next).unwrap_or(u32::MAX)
+                super::pace::wake_for(
+                    start,
+                    start + step * u32::try_from(next).unwrap_or(u32::MAX),
+                )
             } else {
                 deadline
             };

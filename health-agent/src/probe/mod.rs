@@ -12,6 +12,7 @@ mod http_round;
 pub mod icmp;
 pub mod metrics;
 pub mod order;
+mod pace;
 pub mod path;
 mod round;
 pub mod scheduler;
