@@ -9,12 +9,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The pacing slice: starts are spread over the spread in steps of this.
-pub const SLICE: Duration = Duration::from_millis(5);
+pub(super) const SLICE: Duration = Duration::from_millis(5);
 
 /// When to wake for a start due at `due`, paced from `t0`: the end of the
 /// slice `due` falls in (so every start of a slice goes out at one wake).
 #[must_use]
-pub fn wake_for(t0: Instant, due: Instant) -> Instant {
+pub(super) fn wake_for(t0: Instant, due: Instant) -> Instant {
     let since = due.saturating_duration_since(t0);
     let slice = SLICE.as_nanos();
     let slices = since.as_nanos().div_ceil(slice);
