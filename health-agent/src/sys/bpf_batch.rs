@@ -14,6 +14,17 @@ use std::{
 /// Entries asked for per syscall.
 pub const CHUNK: usize = 4096;
 
+/// Bytes of keys and values a lookup batch asks for at most: the buffers
+/// live only through a walk, but their pages count in the agent's RSS
+/// meanwhile (4,096 per-CPU RTT records on 2 CPUs are 2 MB).
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// Entries a lookup batch asks for when an entry takes `bytes` of the
+/// buffers: [`CHUNK`], fewer when they would pass [`BATCH_BYTES`].
+fn lookup_chunk(bytes: usize) -> usize {
+    (BATCH_BYTES / bytes.max(1)).clamp(64, CHUNK)
+}
+
 /// `enum bpf_cmd` of `<linux/bpf.h>`.
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
@@ -125,7 +136,7 @@ fn lookup_batches<K, V>(
     value_units: usize,
     mut got: impl FnMut(&[MaybeUninit<K>], &[MaybeUninit<V>]),
 ) -> io::Result<()> {
-    let mut chunk = CHUNK;
+    let mut chunk = lookup_chunk(key_units * size_of::<K>() + value_units * size_of::<V>());
     let mut keys: Vec<MaybeUninit<K>> = Vec::new();
     let mut values: Vec<MaybeUninit<V>> = Vec::new();
     // The batch token: a bucket number for hash maps (4 bytes), written
@@ -222,4 +233,21 @@ pub fn update<K: aya::Pod, V: aya::Pod>(
         bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_batches_stay_within_their_byte_budget() {
+        // A CT entry (keys and values of tens of bytes): the full chunk.
+        assert_eq!(lookup_chunk(56), CHUNK);
+        // A per-CPU RTT record on 2 CPUs with its key: fewer.
+        let n = lookup_chunk(480 + 40);
+        assert!(n * 520 <= BATCH_BYTES && n < CHUNK, "{n}");
+        // Never below 64, however large the value.
+        assert_eq!(lookup_chunk(1 << 20), 64);
+        assert_eq!(lookup_chunk(0), CHUNK);
+    }
 }
