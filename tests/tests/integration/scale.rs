@@ -211,11 +211,17 @@ async fn poll_until_first_round(socket: &Path) -> (Vec<(Duration, bool)>, Cluste
     }
 }
 
-/// With fewer slots than probes (the open-file budget, here a flag), the
-/// probes past the budget wait for a slot: the round takes longer, but
-/// every answering path is OK and no silent one is.
-#[test]
-fn a_round_past_the_open_file_budget_waits_for_slots_and_loses_no_path() {
+/// A lab whose peers are served and whose agent runs with `extra` flags,
+/// the status queries until its first round ended (each query's latency,
+/// and whether the round was done), and that round's status.
+fn first_round(
+    extra: &[&str],
+) -> (
+    Lab,
+    tokio::runtime::Runtime,
+    Vec<(Duration, bool)>,
+    ClusterStatus,
+) {
     let mut lab = Lab::new(false);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -223,9 +229,18 @@ fn a_round_past_the_open_file_budget_waits_for_slots_and_loses_no_path() {
         .expect("runtime");
     lab.serve_peers(&rt);
     let nodes_file = lab.nodes_file();
+    lab.start_agent(&nodes_file, extra);
+    let (latencies, status) = rt.block_on(poll_until_first_round(&lab.socket()));
+    (lab, rt, latencies, status)
+}
+
+/// With fewer slots than probes (the open-file budget, here a flag), the
+/// probes past the budget wait for a slot: the round takes longer, but
+/// every answering path is OK and no silent one is.
+#[test]
+fn a_round_past_the_open_file_budget_waits_for_slots_and_loses_no_path() {
     // 400 HTTP probes, 200 of them holding their slot for a whole timeout.
-    lab.start_agent(&nodes_file, &["--max-in-flight", "96"]);
-    let (_, status) = rt.block_on(poll_until_first_round(&lab.socket()));
+    let (_lab, _rt, _, status) = first_round(&["--max-in-flight", "96"]);
     let round = status.round.as_ref().expect("round");
     assert_eq!(round.probes, 800, "4 paths x 200 peers");
     // 200 silent probes through 96 slots: at least two timeouts in a row.
@@ -254,15 +269,7 @@ fn a_round_past_the_open_file_budget_waits_for_slots_and_loses_no_path() {
 
 #[test]
 fn a_round_over_200_peers_with_100_silent_costs_about_one_timeout() {
-    let mut lab = Lab::new(false);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    lab.serve_peers(&rt);
-    let nodes_file = lab.nodes_file();
-    lab.start_agent(&nodes_file, &[]);
-    let (latencies, status) = rt.block_on(poll_until_first_round(&lab.socket()));
+    let (lab, rt, latencies, status) = first_round(&[]);
 
     let round = status.round.as_ref().expect("round");
     assert_eq!(round.probes, 800, "4 paths x 200 peers");
