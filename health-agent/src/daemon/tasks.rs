@@ -47,10 +47,10 @@ pub(super) async fn api(
     .await
 }
 
-/// Serves the API from a thread and runtime of its own, so that answers do
-/// not queue behind thousands of probe futures on the agent's workers (a
-/// status request during a 5,000-peer round): the kernel shares the CPUs
-/// between the threads. Its threads run at a lower priority ([`API_NICE`]):
+/// Serves the API from a runtime of its own ([`API_WORKERS`] threads), so
+/// that answers do not queue behind thousands of probe futures on the
+/// agent's workers (a status request during a 5,000-peer round): the
+/// kernel shares the CPUs between the threads. Its threads run at a lower priority ([`API_NICE`]):
 /// when clients keep the API busy, probing (whose timing is the product)
 /// still gets the CPU first. A synchronous `PUT /v1/status/probe` runs its
 /// round there too.
@@ -69,7 +69,7 @@ fn api_thread(
         source,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(API_WORKERS)
         .thread_name("api")
         .on_thread_start(lower_priority)
         .enable_all()
@@ -96,6 +96,11 @@ fn api_thread(
         .map_err(&io)?;
     Ok(done)
 }
+
+/// The API runtime's worker threads. With 8 clients pulling the status
+/// through a 5,000-peer first round, 2 gave a p99 of 3.75-5.00 ms in six
+/// runs, 1 gave 3.41-6.34 ms (BENCHMARKS.md, 2026-11-23 late).
+const API_WORKERS: usize = 2;
 
 /// The nice value of the API's threads (the agent's others keep 0). At
 /// 5,000 peers with 8 clients pulling the status through the first round,

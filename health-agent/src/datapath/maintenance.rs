@@ -228,7 +228,8 @@ fn missing_nat(node: &Node) -> Vec<String> {
 }
 
 /// One maintenance pass: masquerade still on the uplink, then the
-/// collectors and the sweep (failures are logged; the next pass retries).
+/// collectors and the sweep (failures are logged; the next pass retries),
+/// then freed memory back to the kernel.
 fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
     let mut node = maintain_maps(cfg, node)?;
     if node.pressure.due(std::time::Instant::now()) {
@@ -240,6 +241,10 @@ fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
             Err(e) => warn!("reading map pressure: {}", chain(&e)),
         }
     }
+    // The walks' buffers are freed: hand their pages back now, not at the
+    // next round's end (at 5,000 peers, +1.3 MiB of RSS a minute until
+    // then).
+    crate::util::memory::release_free();
     Ok(node)
 }
 
