@@ -89,6 +89,50 @@ pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
     Ok(data)
 }
 
+/// Deletes the entries of a pinned hash map that `gone` picks, in the same
+/// walk: the keys picked are deleted a batch at a time as the walk goes
+/// (a batch holds entries of buckets the walk has passed), so no more than
+/// [`crate::sys::bpf_batch::CHUNK`] keys are held at once, not every
+/// expired entry of a large map. Returns how many were deleted.
+pub fn delete_where<K: aya::Pod, V: aya::Pod>(
+    dir: &Path,
+    id: MapId,
+    mut gone: impl FnMut(&K, &V) -> bool,
+) -> Result<u64, DatapathError> {
+    use crate::sys::bpf_batch::{CHUNK, delete, for_each};
+    let data = pinned_hash::<K, V>(dir, id, false)?;
+    let fd = data.fd().as_fd();
+    let mut picked: Vec<K> = Vec::with_capacity(CHUNK);
+    let mut deleted = 0u64;
+    let mut failed = None;
+    let mut flush = |picked: &mut Vec<K>| {
+        if failed.is_none()
+            && let Err(e) = delete(fd, picked, |_| deleted += 1)
+        {
+            failed = Some(e);
+        }
+        picked.clear();
+    };
+    for_each(fd, |k: &K, v: &V| {
+        if gone(k, v) {
+            picked.push(*k);
+            if picked.len() == CHUNK {
+                flush(&mut picked);
+            }
+        }
+    })
+    .map_err(batch_read_err(id))?;
+    flush(&mut picked);
+    match failed {
+        Some(source) => Err(DatapathError::MapBatch {
+            map: id,
+            op: "deleting entries in batches",
+            source,
+        }),
+        None => Ok(deleted),
+    }
+}
+
 /// A pinned per-CPU hash map's entries: each key with its value on every
 /// possible CPU, read in batches.
 pub fn per_cpu_entries<K: aya::Pod, V: aya::Pod>(
