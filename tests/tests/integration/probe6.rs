@@ -98,7 +98,24 @@ impl Lab {
             )
             .await;
         });
-        Self { nodes, rt }
+        let lab = Self { nodes, rt };
+        lab.warm_up();
+        lab
+    }
+
+    /// Probes every path until all answer (at most 5 rounds): the
+    /// namespaces' neighbour entries are resolved and the server accepts
+    /// before a test's own prober runs. On a loaded machine the first
+    /// packets towards a next hop still unresolved can miss a 500 ms
+    /// timeout (CI saw one peer's first three probes do so).
+    fn warm_up(&self) {
+        let prober = self.prober(Families::Dual);
+        for _ in 0..5 {
+            if self.round(&prober).reachable() == usize::from(PEERS) {
+                return;
+            }
+        }
+        panic!("the peers do not all answer after 5 rounds");
     }
 
     /// A prober of `families` leaving from the source namespace, every
