@@ -50,9 +50,9 @@ pub(super) async fn api(
 /// Serves the API from a runtime of its own ([`API_WORKERS`] threads), so
 /// that answers do not queue behind thousands of probe futures on the
 /// agent's workers (a status request during a 5,000-peer round): the
-/// kernel shares the CPUs between the threads. Its threads run at a lower priority ([`API_NICE`]):
-/// when clients keep the API busy, probing (whose timing is the product)
-/// still gets the CPU first. A synchronous `PUT /v1/status/probe` runs its
+/// kernel shares the CPUs between the threads. Its threads run at a lower
+/// priority ([`API_NICE`]): when clients keep the API busy, probing (whose
+/// timing is the product) still gets the CPU first. A synchronous `PUT /v1/status/probe` runs its
 /// round there too.
 fn api_thread(
     socket: PathBuf,

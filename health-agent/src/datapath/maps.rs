@@ -76,6 +76,14 @@ fn batch_read_err(id: MapId) -> impl Fn(std::io::Error) -> DatapathError {
     }
 }
 
+fn batch_delete_err(id: MapId) -> impl Fn(std::io::Error) -> DatapathError {
+    move |source| DatapathError::MapBatch {
+        map: id,
+        op: "deleting entries in batches",
+        source,
+    }
+}
+
 /// A pinned hash map's entries (keys `K`, values `V`, checked against the
 /// map), read in batches; the map is returned for [`delete_keys`] and
 /// [`update_entries`].
@@ -123,14 +131,7 @@ pub fn delete_where<K: aya::Pod, V: aya::Pod>(
     })
     .map_err(batch_read_err(id))?;
     flush(&mut picked);
-    match failed {
-        Some(source) => Err(DatapathError::MapBatch {
-            map: id,
-            op: "deleting entries in batches",
-            source,
-        }),
-        None => Ok(deleted),
-    }
+    failed.map_or(Ok(deleted), |e| Err(batch_delete_err(id)(e)))
 }
 
 /// A pinned per-CPU hash map's entries: each key with its value on every
@@ -159,13 +160,7 @@ pub fn delete_keys<K: aya::Pod>(
     keys: &[K],
     deleted: impl FnMut(&K),
 ) -> Result<(), DatapathError> {
-    crate::sys::bpf_batch::delete(data.fd().as_fd(), keys, deleted).map_err(|source| {
-        DatapathError::MapBatch {
-            map: id,
-            op: "deleting entries in batches",
-            source,
-        }
-    })
+    crate::sys::bpf_batch::delete(data.fd().as_fd(), keys, deleted).map_err(batch_delete_err(id))
 }
 
 /// Writes `keys[i]` = `values[i]` into the map `data` (opened by
