@@ -45,24 +45,57 @@ fn quiet_cluster() -> Cluster {
         .to_vec(),
         ..Settings::default()
     });
-    cluster.wait_status(0, Duration::from_secs(20), |s| s.nodes.len() == 2);
+    for node in 0..2 {
+        cluster.wait_status(node, Duration::from_secs(20), |s| s.nodes.len() == 2);
+    }
     cluster.wait_endpoints_ready(Duration::from_secs(20));
-    // The route to the peer's endpoint comes with the next sync; the
-    // tests' first echo must not race it (slow guests of the kernel
-    // matrix do).
+    // The routes to the peer's endpoint come with each agent's next sync;
+    // the tests' first echo must race neither the way there nor the way
+    // back (slow guests of the kernel matrix lost it once).
+    for (node, peer) in [(0, 1), (1, 0)] {
+        wait_route(&cluster, node, endpoint_ip(peer));
+    }
+    // One echo from node-1 itself to the peer's endpoint resolves the
+    // neighbours between the nodes before the counted exchanges. It
+    // crosses neither node-1's `lxc_health` nor its maps.
     let deadline = Instant::now() + health_tests::patience(Duration::from_secs(5));
-    let peer = endpoint_ip(1);
-    while !in_netns(Some(&cluster.nodes[0].ns), |nl| async move {
+    let node_ns = &cluster.nodes[0].ns;
+    while ping(
+        node_ns,
+        endpoint_ip(1),
+        ID - 1,
+        1,
+        Duration::from_millis(500),
+    )
+    .expect("warm-up ping")
+    .iter()
+    .all(|e| e.reply.is_none())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "node-1 never reached the peer's endpoint"
+        );
+    }
+    cluster
+}
+
+/// Waits until `node` has its /32 route to `peer`.
+fn wait_route(cluster: &Cluster, node: usize, peer: Ipv4Addr) {
+    let deadline = Instant::now() + health_tests::patience(Duration::from_secs(5));
+    while !in_netns(Some(&cluster.nodes[node].ns), |nl| async move {
         nl.routes_v4().await
     })
     .expect("routes")
     .iter()
     .any(|r| r.destination == peer && r.prefix == 32)
     {
-        assert!(Instant::now() < deadline, "no route to {peer} on node-1");
+        assert!(
+            Instant::now() < deadline,
+            "no route to {peer} on {}",
+            cluster.nodes[node].name
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    cluster
 }
 
 fn endpoint_ip(i: u8) -> Ipv4Addr {
