@@ -204,8 +204,11 @@ impl Lab {
     }
 }
 
-/// CPU time (user + system) of `pid`, and its resident set.
-fn usage(pid: u32) -> anyhow::Result<(Duration, u64)> {
+/// CPU time (user + system) of `pid`, its resident set now and the peak of
+/// its resident set since the last call (`VmHWM`, reset after reading by
+/// writing 5 to `clear_refs`): what a round allocates and frees between two
+/// samples counts in the peak, not in the resident set at its end.
+fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
     let f: Vec<&str> = after.split_whitespace().collect();
@@ -214,12 +217,27 @@ fn usage(pid: u32) -> anyhow::Result<(Duration, u64)> {
     let hz = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100))
         .unwrap_or(100);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or(0);
-    Ok((Duration::from_millis(ticks * 1000 / hz), rss_kib))
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let rss = Rss {
+        now_kib: field("VmRSS:"),
+        peak_kib: field("VmHWM:"),
+    };
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+        .context("resetting the agent's peak RSS (clear_refs)")?;
+    Ok((Duration::from_millis(ticks * 1000 / hz), rss))
+}
+
+/// The resident set when sampled and its peak since the sample before.
+#[derive(Clone, Copy)]
+struct Rss {
+    now_kib: u64,
+    peak_kib: u64,
 }
 
 /// Per-round figures.
@@ -227,7 +245,7 @@ struct Round {
     seq: u64,
     wall_ms: u64,
     cpu: Duration,
-    rss_kib: u64,
+    rss: Rss,
 }
 
 pub(crate) struct Report {
@@ -307,7 +325,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
                 seq: r.seq,
                 wall_ms: r.duration_ms,
                 cpu: cpu.saturating_sub(cpu_before),
-                rss_kib: rss,
+                rss,
             });
             cpu_before = cpu;
             last_seq = r.seq;
@@ -382,11 +400,12 @@ fn render(opts: &Options, m: &Measured) -> String {
     for r in rounds {
         let _ = writeln!(
             text,
-            "round {:>3}: {:>6} ms wall, {:>6} ms agent CPU, RSS {:>6.1} MiB",
+            "round {:>3}: {:>6} ms wall, {:>6} ms agent CPU, RSS {:>6.1} MiB (peak {:>6.1})",
             r.seq,
             r.wall_ms,
             r.cpu.as_millis(),
-            r.rss_kib as f64 / 1024.0
+            r.rss.now_kib as f64 / 1024.0,
+            r.rss.peak_kib as f64 / 1024.0
         );
     }
     let steady: Vec<&Round> = rounds.iter().skip(1).collect();
@@ -398,19 +417,29 @@ fn render(opts: &Options, m: &Measured) -> String {
             steady.iter().map(|r| r.wall_ms).sum::<u64>() / n,
             steady.iter().map(|r| r.cpu.as_millis() as u64).sum::<u64>() / n
         );
-        let rss: Vec<u64> = rounds.iter().map(|r| r.rss_kib).collect();
-        let (lo, hi) = (
-            rss.iter().min().copied().unwrap_or(0),
-            rss.iter().max().copied().unwrap_or(0),
-        );
-        let _ = writeln!(
-            text,
-            "RSS over {} rounds: {:.1} .. {:.1} MiB ({:+.1}% from the lowest)",
-            rounds.len(),
-            lo as f64 / 1024.0,
-            hi as f64 / 1024.0,
-            100.0 * (hi as f64 - lo as f64) / (lo.max(1) as f64)
-        );
+        for (what, kib) in [
+            (
+                "RSS at the rounds' ends",
+                rounds.iter().map(|r| r.rss.now_kib).collect::<Vec<_>>(),
+            ),
+            (
+                "peak RSS within the rounds",
+                rounds.iter().map(|r| r.rss.peak_kib).collect(),
+            ),
+        ] {
+            let (lo, hi) = (
+                kib.iter().min().copied().unwrap_or(0),
+                kib.iter().max().copied().unwrap_or(0),
+            );
+            let _ = writeln!(
+                text,
+                "{what} over {} rounds: {:.1} .. {:.1} MiB ({:+.1}% from the lowest)",
+                rounds.len(),
+                lo as f64 / 1024.0,
+                hi as f64 / 1024.0,
+                100.0 * (hi as f64 - lo as f64) / (lo.max(1) as f64)
+            );
+        }
     }
     let _ = writeln!(
         text,
