@@ -1,18 +1,31 @@
-//! A round's HTTP probes: futures of a few tasks (one per CPU, not one per
-//! probe), each task starting its probes in [`order`]'s order, paced
-//! evenly over the spread by one timer, with sockets made beforehand in
-//! the probe namespace in one request; the open-file budget bounds the
-//! probes in flight (each holds a socket).
+//! A round's HTTP probes, without a future, a timer or a registration per
+//! probe: a few tasks (one per CPU) each run an engine whose probes'
+//! sockets are watched by one epoll set (edge-triggered, itself watched
+//! by the runtime), whose deadlines are one queue (a round's timeouts are
+//! equal and its starts in order, so deadlines come in start order), and
+//! whose probes in flight are a slab of small records. A round of 10,000
+//! probes in flight holds about 64 bytes each.
 //!
 //! A probe's timeout runs from its `connect` (kubelet's semantics): an
 //! agent slowed by its own CPU never fails a live path for it, and the
 //! round lasts the time to issue every connect plus one timeout. So the
-//! connect of a socket made beforehand is issued as the probe starts, in
-//! the task's order (not when its future is first polled), and the probes
-//! likely to last the whole timeout start first.
+//! connects are issued as the probes start, in [`order`]'s order (the
+//! probes likely to last the whole timeout first), paced evenly over the
+//! spread by one timer, at most a burst between two looks at the answers.
+//!
+//! The open-file budget bounds the probes in flight: each task holds at
+//! most its share of it in sockets, made in the probe namespace in one
+//! request per batch (beforehand for the round's first ones, then as
+//! probes end).
+//!
+//! [`order`]: super::order
 
 use std::{
-    net::IpAddr,
+    collections::VecDeque,
+    io,
+    net::{IpAddr, SocketAddr},
+    os::fd::{AsRawFd, RawFd},
+    pin::Pin,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -20,12 +33,15 @@ use std::{
     time::Duration,
 };
 
-use futures::{FutureExt as _, StreamExt as _, future::Either, stream::FuturesUnordered};
-use tokio::{sync::Semaphore, time::Instant};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use tokio::{
+    io::unix::{AsyncFd, AsyncFdReadyGuard},
+    time::Instant,
+};
 
 use super::{
-    error::ProbeError,
-    http::{self, SocketSource},
+    error::{ProbeError, Proto},
+    http::{self, STATUS_LINE_MAX},
     metrics::ProbeMetrics,
     order::{Echoed, IssueOrder},
     pace,
@@ -37,14 +53,14 @@ use crate::sys::socket_factory::SocketFactory;
 /// Connects a task issues at most between two looks at the answers of its
 /// probes in flight (which are timed as they are read).
 const BURST: usize = 64;
+/// Events taken from the epoll set at once.
+const EVENTS: usize = 256;
 
 /// What every task of a round shares.
 struct Shared {
     targets: Arc<Vec<IpAddr>>,
     factory: Option<Arc<SocketFactory>>,
-    /// The open-file budget: one slot per socket of a probe.
-    slots: Semaphore,
-    /// Sockets a task makes beforehand at most.
+    /// Sockets a task holds at most (its share of the open-file budget).
     share: usize,
     port: u16,
     timeout: Duration,
@@ -68,19 +84,11 @@ pub(super) async fn run(
     echoed: &Arc<Echoed>,
 ) -> Vec<Outcome> {
     let n = targets.len();
-    let in_flight = cfg.max_in_flight.max(1);
     let workers = std::thread::available_parallelism().map_or(1, usize::from);
     let shared = Arc::new(Shared {
         targets: targets.clone(),
         factory,
-        slots: Semaphore::new(in_flight),
-        // When every probe may be in flight at once, each task makes all
-        // its sockets beforehand; else as many as its share of the slots.
-        share: if n <= in_flight {
-            usize::MAX
-        } else {
-            in_flight / workers
-        },
+        share: (cfg.max_in_flight / workers).max(1),
         port: cfg.http_port,
         timeout: cfg.timeout,
         spread: cfg.spread,
@@ -94,7 +102,8 @@ pub(super) async fn run(
             // Every task gets its share of the suspects and of the rest.
             let mine: Vec<usize> = order.iter().skip(w).step_by(workers).copied().collect();
             let my_suspects = suspects.saturating_sub(w).div_ceil(workers);
-            tokio::spawn(shared.clone().task(mine, my_suspects))
+            let shared = shared.clone();
+            tokio::spawn(async move { shared.task(mine, my_suspects).await })
         })
         .collect();
     let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
@@ -114,181 +123,543 @@ pub(super) async fn run(
         .collect()
 }
 
+/// A probe in flight.
+struct InFlight {
+    sock: socket2::Socket,
+    /// Its index in the round's targets.
+    target: u32,
+    /// When its connect was issued.
+    start: Instant,
+    /// Bytes of the request written.
+    sent: u8,
+    /// Whether the whole request is written (the status line is awaited).
+    requested: bool,
+    /// A status line that came in parts (see [`http::gather`]).
+    carried: Vec<u8>,
+}
+
+/// The epoll set, watched by the runtime.
+struct EpollSet(Epoll);
+
+impl EpollSet {
+    /// A new set, watched by the runtime.
+    fn open() -> io::Result<AsyncFd<Self>> {
+        let set = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        // SAFETY: the AsyncFd owns the epoll set, whose fd stays open for
+        // as long as it is registered.
+        Ok(unsafe { AsyncFd::register(Self(set))? })
+    }
+}
+
+impl AsRawFd for EpollSet {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.0.as_raw_fd()
+    }
+}
+
+/// A batch of sockets being made in the probe namespace.
+type Making<'a> =
+    Pin<Box<dyn Future<Output = (usize, io::Result<Vec<socket2::Socket>>)> + Send + 'a>>;
+
+/// The sockets of the batch being made; never, when none is.
+async fn made(making: &mut Option<Making<'_>>) -> (usize, io::Result<Vec<socket2::Socket>>) {
+    match making {
+        Some(batch) => batch.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One task's probes in flight and what became of the others.
+struct Flights<'a> {
+    shared: &'a Shared,
+    epoll: &'a Epoll,
+    slots: Vec<Option<InFlight>>,
+    free: Vec<u32>,
+    /// (deadline, slot, target), in start order.
+    deadlines: VecDeque<(Instant, u32, u32)>,
+    /// Sockets made and not yet used, per family (IPv4, IPv6).
+    spare: [Vec<socket2::Socket>; 2],
+    busy: usize,
+    done: Vec<(usize, Outcome)>,
+}
+
 impl Shared {
-    /// One task's probes (`mine`, its first `suspects` first): started
-    /// at most a burst at a time, paced by one timer (not one per probe),
-    /// the k-th at `t0 + k * step` (woken once a [`pace::SLICE`]).
-    async fn task(self: Arc<Self>, mine: Vec<usize>, suspects: usize) -> Vec<(usize, Outcome)> {
+    /// One task's probes (`mine`, its first `suspects` first): started at
+    /// most a burst at a time, paced by one timer, the k-th at
+    /// `t0 + k * step` (woken once a [`pace::SLICE`]).
+    async fn task(&self, mine: Vec<usize>, suspects: usize) -> Vec<(usize, Outcome)> {
         let count = mine.len();
-        // This task's share of the slots, as sockets made beforehand in
-        // one go (each holds its slot until its probe ends); past them, a
-        // probe waits for a slot and has its socket made then.
-        let mut made = self.made_beforehand(&mine[..count.min(self.share)]).await;
+        if count == 0 {
+            return Vec::new();
+        }
+        let epoll = match EpollSet::open() {
+            Ok(e) => e,
+            Err(e) => {
+                let failed = Outcome::Failed(ProbeError::io("epoll", &e));
+                return mine.into_iter().map(|i| (i, failed.clone())).collect();
+            }
+        };
+        let spare = self.first_sockets(&mine[..count.min(self.share)]).await;
+        let mut f = Flights {
+            shared: self,
+            epoll: &epoll.get_ref().0,
+            slots: Vec::new(),
+            free: Vec::new(),
+            deadlines: VecDeque::new(),
+            spare,
+            busy: 0,
+            done: Vec::with_capacity(count),
+        };
         let step = self.spread / u32::try_from(count).unwrap_or(u32::MAX).max(1);
         let at = |k: usize| self.t0 + step * u32::try_from(k).unwrap_or(u32::MAX);
         let mut queue = IssueOrder::new(mine, suspects);
         let mut started = 0;
-        let mut probes = FuturesUnordered::new();
-        let mut done = Vec::with_capacity(count);
-        // One timer for the task, moved only when the next start changes
-        // (not a new one per completed probe).
-        let pace = tokio::time::sleep_until(self.t0);
-        tokio::pin!(pace);
+        // The next probe, taken from the queue, waiting for a socket.
+        let mut next: Option<usize> = None;
+        let mut making: Option<Making<'_>> = None;
+        // One timer for the task, moved only when its next wake changes.
+        let timer = tokio::time::sleep_until(self.t0);
+        tokio::pin!(timer);
         let mut armed = None;
+        let mut events = [EpollEvent::empty(); EVENTS];
         loop {
             let now = Instant::now();
+            f.expire(now);
             let mut burst = 0;
-            while burst < BURST
-                && started < count
-                && at(started) <= now
-                && let Some(i) = queue.next(&self.echoed)
-            {
+            while burst < BURST && started < count && at(started) <= now {
+                let Some(i) = next.take().or_else(|| queue.next(&self.echoed)) else {
+                    break;
+                };
+                let family = usize::from(self.targets[i].is_ipv6());
+                let Some(sock) = f.spare[family].pop() else {
+                    next = Some(i);
+                    break;
+                };
+                f.start(i, sock);
                 started += 1;
                 burst += 1;
-                let ip = self.targets[i];
-                let socket = made[usize::from(ip.is_ipv6())].pop();
-                probes.push(self.start(i, socket));
             }
-            let wake = (started < count).then(|| pace::wake_for(self.t0, at(started)));
+            // Out of sockets: make a batch when the budget has room.
+            if let Some(i) = next
+                && making.is_none()
+            {
+                let held = f.busy + f.spare[0].len() + f.spare[1].len();
+                let room = self.share.saturating_sub(held).min(count - started);
+                if room > 0 {
+                    making = Some(Box::pin(
+                        self.make(usize::from(self.targets[i].is_ipv6()), room),
+                    ));
+                }
+            }
+            if started == count && f.busy == 0 {
+                break;
+            }
+            let pacing =
+                (started < count && next.is_none()).then(|| pace::wake_for(self.t0, at(started)));
+            let wake = match (pacing, f.deadlines.front()) {
+                (Some(p), Some(&(d, ..))) => Some(p.min(d)),
+                (p, d) => p.or(d.map(|&(d, ..)| d)),
+            };
             if let Some(w) = wake
                 && armed != Some(w)
             {
-                pace.as_mut().reset(w);
+                timer.as_mut().reset(w);
                 armed = Some(w);
             }
             tokio::select! {
-                Some(r) = probes.next(), if !probes.is_empty() => done.push(r),
-                () = &mut pace, if wake.is_some() => {}
-                else => break,
-            }
-        }
-        done
-    }
-
-    /// Starts probe `i`: a socket made beforehand connects now; without
-    /// one, the probe waits for a slot and has its socket made. A round
-    /// holds one such future per probe in flight, so the usual path's is
-    /// kept small (its exchange, built now, and its slot) and the rare
-    /// one's is boxed.
-    fn start(
-        &self,
-        i: usize,
-        socket: Option<socket2::Socket>,
-    ) -> impl Future<Output = (usize, Outcome)> + '_ {
-        let ip = self.targets[i];
-        let late = u64::try_from(self.t0.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.latest_start.fetch_max(late, Ordering::Relaxed);
-        let metrics = self.metrics.as_deref();
-        // Combinators, not an `async` block: a block would hold its
-        // captured exchange and the one it awaits in two places.
-        let outcome = match socket {
-            Some(s) => {
-                metrics.inspect(|m| m.sent(1));
-                let slot = SlotBack(&self.slots);
-                Either::Left(
-                    http::connect(ip, self.port, s)
-                        .finish(self.timeout)
-                        .inspect(move |_| drop(slot)),
-                )
-            }
-            None => Either::Right(Box::pin(self.on_demand(ip))),
-        };
-        outcome.map(move |outcome| {
-            metrics.inspect(|m| m.settled(1));
-            (i, outcome)
-        })
-    }
-
-    /// A probe past the sockets made beforehand: it waits for a slot, then
-    /// has its socket made in the probe namespace.
-    async fn on_demand(&self, ip: IpAddr) -> Outcome {
-        let _slot = self.slots.acquire().await.ok();
-        self.metrics.as_deref().inspect(|m| m.sent(1));
-        let from = self
-            .factory
-            .as_deref()
-            .map_or(SocketSource::Here, SocketSource::Factory);
-        http::probe(ip, self.port, self.timeout, from).await
-    }
-
-    /// The sockets of probes `mine`, IPv4 ones and IPv6 ones, made in the
-    /// probe namespace by the factory in one request per family (or here
-    /// when there is none), each holding one of the slots (given back by
-    /// [`SlotBack`]). None when the slots are not free; a family whose
-    /// sockets cannot be made gets none (its probes make theirs one at a
-    /// time, and fail naming the error).
-    async fn made_beforehand(&self, mine: &[usize]) -> [Vec<socket2::Socket>; 2] {
-        let mut made: [Vec<socket2::Socket>; 2] = [Vec::new(), Vec::new()];
-        let Ok(held) = self
-            .slots
-            .try_acquire_many(u32::try_from(mine.len()).unwrap_or(u32::MAX))
-        else {
-            return made;
-        };
-        held.forget();
-        let v6 = mine.iter().filter(|&&i| self.targets[i].is_ipv6()).count();
-        for (f, count) in [(0, mine.len() - v6), (1, v6)] {
-            if count > 0 {
-                let (domain, ty, proto) = [http::TCP_V4, http::TCP_V6][f];
-                made[f] = match self.factory.as_deref() {
-                    Some(maker) => maker.sockets(domain, ty, proto, count).await,
-                    None => (0..count)
-                        .map(|_| socket2::Socket::new(domain, ty.nonblocking(), proto))
-                        .collect(),
+                ready = epoll.readable() => {
+                    let Ok(guard) = ready else { break };
+                    f.take_events(guard, &mut events);
                 }
-                .unwrap_or_default();
+                () = &mut timer, if wake.is_some() => {}
+                (family, made) = made(&mut making), if making.is_some() => {
+                    making = None;
+                    match made {
+                        Ok(made) => f.spare[family].extend(made),
+                        Err(e) => {
+                            // The waiting probe fails naming why; the next
+                            // one asks again.
+                            if let Some(i) = next.take() {
+                                f.done.push((i, Outcome::Failed(ProbeError::io("socket", &e))));
+                                started += 1;
+                            }
+                        }
+                    }
+                }
             }
         }
-        self.slots
-            .add_permits(mine.len() - made[0].len() - made[1].len());
-        made
+        f.done
+    }
+
+    /// The sockets of a task's first probes `first`, IPv4 ones and IPv6
+    /// ones, one request per family (a family whose sockets cannot be made
+    /// gets none: its probes ask again, one batch at a time, and fail
+    /// naming the error).
+    async fn first_sockets(&self, first: &[usize]) -> [Vec<socket2::Socket>; 2] {
+        let v6 = first.iter().filter(|&&i| self.targets[i].is_ipv6()).count();
+        let mut spare = [Vec::new(), Vec::new()];
+        for (family, n) in [(0, first.len() - v6), (1, v6)] {
+            if n > 0
+                && let Ok(made) = self.make(family, n).await.1
+            {
+                spare[family] = made;
+            }
+        }
+        spare
+    }
+
+    /// `n` non-blocking TCP sockets of `family` (0: IPv4, 1: IPv6) made in
+    /// the probe namespace in one request (here when there is no factory).
+    async fn make(&self, family: usize, n: usize) -> (usize, io::Result<Vec<socket2::Socket>>) {
+        let (domain, ty, proto) = [http::TCP_V4, http::TCP_V6][family];
+        let made = match self.factory.as_deref() {
+            Some(maker) => maker.sockets(domain, ty, proto, n).await,
+            None => (0..n)
+                .map(|_| socket2::Socket::new(domain, ty.nonblocking(), proto))
+                .collect(),
+        };
+        (family, made)
     }
 }
 
-/// Gives a slot back when dropped (a socket made beforehand held one from
-/// when it was made, see [`Shared::made_beforehand`]).
-struct SlotBack<'a>(&'a Semaphore);
+impl Flights<'_> {
+    /// Starts probe `i` from `sock`: its connect is issued now and its
+    /// socket joins the epoll set.
+    fn start(&mut self, i: usize, sock: socket2::Socket) {
+        let shared = self.shared;
+        let late = u64::try_from(shared.t0.elapsed().as_micros()).unwrap_or(u64::MAX);
+        shared.latest_start.fetch_max(late, Ordering::Relaxed);
+        let to = SocketAddr::new(shared.targets[i], shared.port);
+        let start = Instant::now();
+        if let Err(e) = http::issue_connect(&sock, to) {
+            self.done.push((i, Outcome::Failed(e)));
+            return;
+        }
+        let key = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+        });
+        let interest = EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLET;
+        if let Err(e) = self
+            .epoll
+            .add(&sock, EpollEvent::new(interest, u64::from(key)))
+        {
+            self.free.push(key);
+            self.done
+                .push((i, Outcome::Failed(ProbeError::io("epoll", &e.into()))));
+            return;
+        }
+        let target = u32::try_from(i).unwrap_or(u32::MAX);
+        self.slots[key as usize] = Some(InFlight {
+            sock,
+            target,
+            start,
+            sent: 0,
+            requested: false,
+            carried: Vec::new(),
+        });
+        self.busy += 1;
+        self.deadlines
+            .push_back((start + shared.timeout, key, target));
+        shared.metrics.as_deref().inspect(|m| m.sent(1));
+    }
 
-impl Drop for SlotBack<'_> {
-    fn drop(&mut self) {
-        self.0.add_permits(1);
+    /// Takes every event of the epoll set and handles it, until it has
+    /// none (then its readiness is cleared and the runtime watches it
+    /// again).
+    fn take_events(
+        &mut self,
+        mut guard: AsyncFdReadyGuard<'_, EpollSet>,
+        events: &mut [EpollEvent],
+    ) {
+        while let Ok(Ok(n)) = guard.try_io(|e| match e.get_ref().0.wait(events, 0u8) {
+            Ok(0) => Err(io::ErrorKind::WouldBlock.into()),
+            r => r.map_err(io::Error::from),
+        }) {
+            let now = Instant::now();
+            for ev in &events[..n] {
+                self.on_event(ev.data(), ev.events(), now);
+            }
+        }
+    }
+
+    /// Probes whose deadline passed by `now` time out.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(deadline, key, target)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            if self.slots[key as usize]
+                .as_ref()
+                .is_some_and(|p| p.target == target)
+            {
+                let late = self.timed_out();
+                self.end(key, Err(late));
+            }
+        }
+    }
+
+    fn timed_out(&self) -> ProbeError {
+        ProbeError::Timeout {
+            proto: Proto::Http,
+            after: self.shared.timeout,
+        }
+    }
+
+    /// The socket of slot `key` has `events` (edge-triggered: each is read
+    /// or written until it would block).
+    fn on_event(&mut self, key: u64, events: EpollFlags, now: Instant) {
+        let Ok(key) = u32::try_from(key) else { return };
+        let to = {
+            let Some(p) = self.slots.get(key as usize).and_then(Option::as_ref) else {
+                return;
+            };
+            SocketAddr::new(self.shared.targets[p.target as usize], self.shared.port)
+        };
+        let Some(p) = self.slots[key as usize].as_mut() else {
+            return;
+        };
+        if !p.requested {
+            if !events
+                .intersects(EpollFlags::EPOLLOUT | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP)
+            {
+                return;
+            }
+            match write_request(p, to) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => return self.end(key, Err(e)),
+            }
+        }
+        // Edge-triggered: nothing to read until an event says so (not on
+        // the connect's, when the request has only just gone out).
+        if !events.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+            return;
+        }
+        match read_status(p) {
+            Ok(None) => {}
+            Ok(Some(status)) => {
+                let rtt = now.saturating_duration_since(p.start);
+                self.end(key, Ok((status, rtt)));
+            }
+            Err(e) => self.end(key, Err(e)),
+        }
+    }
+
+    /// Slot `key`'s probe ended with a status and its round trip, or an
+    /// error; its socket is closed (with a reset) and the slot freed.
+    fn end(&mut self, key: u32, result: Result<(u16, Duration), ProbeError>) {
+        let Some(p) = self.slots[key as usize].take() else {
+            return;
+        };
+        self.free.push(key);
+        self.busy -= 1;
+        let outcome = match result {
+            // Read after the deadline but before the timer fired: late.
+            Ok((_, rtt)) if rtt > self.shared.timeout => Outcome::Failed(self.timed_out()),
+            Ok((status, rtt)) => http::classify(status, rtt),
+            Err(e) => Outcome::Failed(e),
+        };
+        self.shared.metrics.as_deref().inspect(|m| m.settled(1));
+        self.done.push((p.target as usize, outcome));
+    }
+}
+
+/// Once connected, writes the request (resuming a short write): `true`
+/// when it is all written, `false` when the socket would block (or the
+/// connect is still under way).
+fn write_request(p: &mut InFlight, to: SocketAddr) -> Result<bool, ProbeError> {
+    if let Some(e) = p
+        .sock
+        .take_error()
+        .map_err(|e| ProbeError::io("connect", &e))?
+    {
+        return Err(ProbeError::io("connect", &e));
+    }
+    let mut buf = [0u8; 160];
+    let req = http::request(&mut buf, to);
+    while usize::from(p.sent) < req.len() {
+        match p.sock.send(&req[usize::from(p.sent)..]) {
+            Ok(n) => p.sent += u8::try_from(n).unwrap_or(u8::MAX),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            // Not connected yet: the connect's own event comes later.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Ok(false),
+            Err(e) => return Err(ProbeError::io("send", &e)),
+        }
+    }
+    p.requested = true;
+    Ok(true)
+}
+
+/// Reads what came until the socket would block: the status once its
+/// line is complete.
+fn read_status(p: &mut InFlight) -> Result<Option<u16>, ProbeError> {
+    use std::io::Read as _;
+    let mut buf = [0u8; STATUS_LINE_MAX];
+    loop {
+        let room = STATUS_LINE_MAX - p.carried.len();
+        match (&p.sock).read(&mut buf[..room]) {
+            Ok(0) => return Err(http::closed_early()),
+            Ok(n) => {
+                if let Some(status) = http::gather(&mut p.carried, &buf[..n]) {
+                    return status.map(Some);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(ProbeError::io("receive", &e)),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::net::Ipv4Addr;
 
-    /// A round holds one started probe per probe in flight (10,000 at
-    /// 5,000 peers, each in a task of its own in the futures set): the
-    /// usual one stays under 512 bytes. An `async` block holding its
-    /// exchange was 1,000 bytes, twice the exchange.
-    #[tokio::test]
-    async fn a_started_probe_is_a_small_future() {
-        let ip: IpAddr = "127.0.0.1".parse().expect("ip");
-        let shared = Shared {
-            targets: Arc::new(vec![ip]),
-            factory: None,
-            slots: Semaphore::new(1),
-            share: 1,
-            port: 9,
-            timeout: Duration::from_secs(1),
-            spread: Duration::ZERO,
-            t0: Instant::now(),
-            latest_start: AtomicU64::new(0),
-            echoed: Arc::new(Echoed::new(1)),
-            metrics: None,
+    use tokio::{
+        io::{AsyncReadExt as _, AsyncWriteExt as _},
+        net::TcpListener,
+    };
+
+    use super::*;
+    use crate::probe::path::RttSource;
+
+    /// How a loopback server answers.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        /// These parts, 20 ms apart, then close.
+        Parts(&'static [&'static [u8]]),
+        /// Nothing, the connection held open.
+        Silent,
+    }
+
+    /// Serves `answer` on `127.0.0.<host>:port` (port 0: any); the port.
+    async fn serve(host: u8, port: u16, answer: Answer) -> u16 {
+        let listener = TcpListener::bind((Ipv4Addr::new(127, 0, 0, host), port))
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut req = [0u8; 256];
+                    let _ = conn.read(&mut req).await;
+                    match answer {
+                        Answer::Parts(parts) => {
+                            for part in parts {
+                                let _ = conn.write_all(part).await;
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                        Answer::Silent => tokio::time::sleep(Duration::from_secs(5)).await,
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    async fn round(targets: Vec<IpAddr>, port: u16, max_in_flight: usize) -> Vec<Outcome> {
+        let cfg = ProbeConfig {
+            timeout: Duration::from_millis(400),
+            spread: Duration::from_millis(20),
+            max_in_flight,
+            http_port: port,
+            ..ProbeConfig::default()
         };
-        let (domain, ty, proto) = http::tcp_for(ip);
-        let sock = socket2::Socket::new(domain, ty.nonblocking(), proto).expect("socket");
-        // The socket holds the one slot, as one made beforehand does.
-        shared.slots.try_acquire().expect("slot").forget();
-        let started = shared.start(0, Some(sock));
-        let size = size_of_val(&started);
-        assert!(size <= 512, "{size} bytes");
-        assert_eq!(shared.slots.available_permits(), 0);
-        drop(started);
-        // Dropped before it ended, it gave its slot back.
-        assert_eq!(shared.slots.available_permits(), 1);
+        let n = targets.len();
+        let order: Vec<usize> = (0..n).collect();
+        run(
+            &cfg,
+            &Arc::new(targets),
+            None,
+            (&order, 0),
+            &Arc::new(Echoed::new(n)),
+        )
+        .await
+    }
+
+    fn host(h: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, h))
+    }
+
+    /// Every kind of answer reads as kubelet reads it, each probe's
+    /// outcome at its target's index: a status line whole or in parts, a
+    /// redirect, a server error, a line too long, a connection closed
+    /// early, a refused connect and a silent server (timed out).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_answer_reads_as_kubelet_reads_it() {
+        let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+        let answers = [
+            Answer::Parts(&[b"HTTP/1.1 2", b"04 No", b" Content\r", b"\n"]),
+            Answer::Parts(&[b"HTTP/1.1 302 Found\r\n"]),
+            Answer::Parts(&[b"HTTP/1.1 500 Oops\r\n"]),
+            Answer::Parts(&[&[b'x'; 600]]),
+            Answer::Parts(&[b"HTTP/1.1 200"]),
+            Answer::Silent,
+        ];
+        for (h, answer) in (2..).zip(answers) {
+            serve(h, port, answer).await;
+        }
+        // 127.0.0.8 and 127.0.0.9 have no listener: refused.
+        let outcomes = round((1..=9).map(host).collect(), port, 1024).await;
+        let ok = |o: &Outcome| matches!(o, Outcome::Ok { warning: None, source: RttSource::Userspace, rtt } if *rtt < Duration::from_millis(400));
+        assert!(ok(&outcomes[0]), "{:?}", outcomes[0]);
+        assert!(ok(&outcomes[1]), "{:?}", outcomes[1]);
+        assert!(
+            matches!(&outcomes[2], Outcome::Ok { warning: Some(w), .. } if w.contains("302")),
+            "{:?}",
+            outcomes[2]
+        );
+        assert_eq!(outcomes[3], Outcome::Failed(ProbeError::HttpStatus(500)));
+        assert_eq!(
+            outcomes[4],
+            Outcome::Failed(ProbeError::Protocol("status line too long".into()))
+        );
+        assert_eq!(outcomes[5], Outcome::Failed(http::closed_early()));
+        assert_eq!(
+            outcomes[6],
+            Outcome::Failed(ProbeError::Timeout {
+                proto: Proto::Http,
+                after: Duration::from_millis(400)
+            })
+        );
+        assert!(
+            matches!(
+                &outcomes[7],
+                Outcome::Failed(ProbeError::Refused {
+                    step: "connect",
+                    ..
+                })
+            ),
+            "{:?}",
+            outcomes[7]
+        );
+        assert!(matches!(
+            &outcomes[8],
+            Outcome::Failed(ProbeError::Refused { .. })
+        ));
+    }
+
+    /// With a budget of one socket per task, probes wait for the one in
+    /// flight to end (a silent one's for its timeout) and have theirs made
+    /// then, a batch each time: every probe runs and none is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn past_the_budget_probes_wait_for_a_socket_and_none_is_lost() {
+        let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+        serve(2, port, Answer::Silent).await;
+        let targets: Vec<IpAddr> = [2, 1, 1, 1, 1, 1, 1, 1].map(host).to_vec();
+        let workers = std::thread::available_parallelism().map_or(1, usize::from);
+        let outcomes = round(targets, port, workers).await;
+        assert!(matches!(
+            outcomes[0],
+            Outcome::Failed(ProbeError::Timeout { .. })
+        ));
+        for o in &outcomes[1..] {
+            assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+        }
     }
 }
