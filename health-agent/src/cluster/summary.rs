@@ -167,7 +167,7 @@ impl PeerSummary {
                 primary.consecutive_failures > 0 || second.consecutive_failures > 0,
             )
         };
-        let (host6, ep6) = (n.host_secondary.as_ref(), n.endpoint_secondary.as_ref());
+        let (host6, ep6) = (n.host_secondary.as_deref(), n.endpoint_secondary.as_deref());
         Self {
             name: n.name.clone(),
             paths: [
@@ -770,8 +770,12 @@ mod tests {
             name: "peer".into(),
             host: conn(v4, ok_path(10), ok_path(20)),
             endpoint: conn(v4, path(ProbeResult::Unknown, None), ok_path(40)),
-            host_secondary: Some(conn(v6, path(ProbeResult::Failure, None), ok_path(21))),
-            endpoint_secondary: Some(conn(v6, ok_path(31), ok_path(41))),
+            host_secondary: Some(Box::new(conn(
+                v6,
+                path(ProbeResult::Failure, None),
+                ok_path(21),
+            ))),
+            endpoint_secondary: Some(Box::new(conn(v6, ok_path(31), ok_path(41)))),
         };
         let p = PeerSummary::from_status(&n);
         assert_eq!(

@@ -52,9 +52,11 @@ fn family_counts(status: &ClusterStatus) -> ([[[u64; 3]; 2]; 2], [bool; 2]) {
     let mut counts = [[[0u64; 3]; 2]; 2];
     let mut seen = [false; 2];
     for n in &status.nodes {
-        let pairs = [(&n.host, &n.endpoint)]
-            .into_iter()
-            .chain(n.host_secondary.as_ref().zip(n.endpoint_secondary.as_ref()));
+        let pairs = [(&n.host, &n.endpoint)].into_iter().chain(
+            n.host_secondary
+                .as_deref()
+                .zip(n.endpoint_secondary.as_deref()),
+        );
         for (host, endpoint) in pairs {
             let f = host.family.index();
             seen[f] = true;
@@ -128,11 +130,11 @@ fn per_peer(enc: &mut DescriptorEncoder, status: &ClusterStatus) -> Result<(), s
     }
     let each = || {
         status.nodes.iter().flat_map(move |n| {
-            let secondary = n
-                .host_secondary
-                .iter()
-                .map(|c| ("node", c, true))
-                .chain(n.endpoint_secondary.iter().map(|c| ("endpoint", c, true)));
+            let secondary = n.host_secondary.iter().map(|c| ("node", &**c, true)).chain(
+                n.endpoint_secondary
+                    .iter()
+                    .map(|c| ("endpoint", &**c, true)),
+            );
             [("node", &n.host, false), ("endpoint", &n.endpoint, false)]
                 .into_iter()
                 .chain(secondary)
@@ -201,8 +203,8 @@ mod tests {
         let v6: Ipv6Addr = "2001:2:1::1".parse().expect("ip");
         let c = |r| Connectivity::new(v6, path(r), path(ProbeResult::Success));
         NodeStatus {
-            host_secondary: Some(c(host6)),
-            endpoint_secondary: Some(c(ProbeResult::Success)),
+            host_secondary: Some(Box::new(c(host6))),
+            endpoint_secondary: Some(Box::new(c(ProbeResult::Success))),
             ..node(host, ProbeResult::Success)
         }
     }

@@ -493,9 +493,9 @@ impl Prober {
             duration_ms: ms(t0.elapsed()),
             probes,
         }));
-        // The round's sockets, futures and outcomes are freed: hand the
-        // pages back (before the status is seen, so that whoever sees it
-        // sees the agent at rest) so RSS stays flat from round to round.
+        // The round's probe records and outcomes are freed: hand their
+        // pages back, so the agent's resident set between rounds is what
+        // it holds, not what its busiest moment left behind.
         crate::util::memory::release_free();
         self.publish(status, false);
         tracing::debug!(
@@ -769,8 +769,8 @@ fn node_status(n: &Node, p: &NodePaths, shown: Shown) -> NodeStatus {
         name: n.name.clone(),
         host: connectivity(shown.primary, false),
         endpoint: connectivity(shown.primary, true),
-        host_secondary: shown.secondary.map(|f| connectivity(f, false)),
-        endpoint_secondary: shown.secondary.map(|f| connectivity(f, true)),
+        host_secondary: shown.secondary.map(|f| Box::new(connectivity(f, false))),
+        endpoint_secondary: shown.secondary.map(|f| Box::new(connectivity(f, true))),
     }
 }
 
@@ -975,8 +975,8 @@ mod tests {
             (Family::Ipv4, Family::Ipv4)
         );
         let (h2, e2) = (
-            a.host_secondary.as_ref().expect("a's IPv6 host"),
-            a.endpoint_secondary.as_ref().expect("a's IPv6 endpoint"),
+            a.host_secondary.as_deref().expect("a's IPv6 host"),
+            a.endpoint_secondary.as_deref().expect("a's IPv6 endpoint"),
         );
         assert_eq!(
             (h2.family, h2.ip),
@@ -1068,7 +1068,7 @@ mod tests {
         // Back with IPv6: its paths start over, Unknown.
         prober.set_nodes(mixed());
         let a = &prober.status().nodes[0];
-        let v6 = a.host_secondary.as_ref().expect("IPv6 again");
+        let v6 = a.host_secondary.as_deref().expect("IPv6 again");
         assert_eq!((v6.icmp.result, v6.icmp.probes), (ProbeResult::Unknown, 0));
         assert_eq!(
             prober.node_history("a").expect("a").paths[4].entries.len(),

@@ -42,7 +42,9 @@ impl Connectivity {
 /// A node's connectivity, as Cilium's health API has it: the primary
 /// address's in `host` and `endpoint` (IPv4 when this agent probes the
 /// node's IPv4 addresses), the other family's, when it is probed too, in
-/// `host_secondary` and `endpoint_secondary`.
+/// `host_secondary` and `endpoint_secondary` (boxed: a status holds one
+/// of these per node, and a single-stack node's would otherwise carry the
+/// room of two absent ones, half its size).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub name: String,
@@ -53,10 +55,10 @@ pub struct NodeStatus {
     pub endpoint: Connectivity,
     /// Connectivity to the node's address of the other family.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_secondary: Option<Connectivity>,
+    pub host_secondary: Option<Box<Connectivity>>,
     /// Connectivity to its health endpoint's address of the other family.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint_secondary: Option<Connectivity>,
+    pub endpoint_secondary: Option<Box<Connectivity>>,
 }
 
 impl NodeStatus {
@@ -65,8 +67,8 @@ impl NodeStatus {
     pub fn connectivities(&self) -> impl Iterator<Item = &Connectivity> {
         [&self.host, &self.endpoint]
             .into_iter()
-            .chain(self.host_secondary.as_ref())
-            .chain(self.endpoint_secondary.as_ref())
+            .chain(self.host_secondary.as_deref())
+            .chain(self.endpoint_secondary.as_deref())
     }
 
     /// Reachable: all its paths (four per family probed) succeed.
@@ -93,7 +95,7 @@ impl NodeStatus {
         };
         summarize_all(
             std::iter::once(primary)
-                .chain(secondary.as_ref())
+                .chain(secondary.as_deref())
                 .map(Connectivity::summary),
         )
     }
@@ -233,16 +235,16 @@ mod tests {
             name: "n".into(),
             host: conn(Ipv4Addr::new(198, 18, 1, 1), v4, v4),
             endpoint: conn(Ipv4Addr::new(198, 18, 2, 1), v4, v4),
-            host_secondary: Some(conn(
+            host_secondary: Some(Box::new(conn(
                 "2001:2:1::1".parse::<Ipv6Addr>().expect("ip"),
                 v6_icmp,
                 Success,
-            )),
-            endpoint_secondary: Some(conn(
+            ))),
+            endpoint_secondary: Some(Box::new(conn(
                 "2001:2:2::1".parse::<Ipv6Addr>().expect("ip"),
                 Success,
                 Success,
-            )),
+            ))),
         }
     }
 

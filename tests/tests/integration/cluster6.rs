@@ -32,8 +32,8 @@ fn failed(c: &Connectivity) -> bool {
 fn paths(n: &NodeStatus) -> Vec<&Connectivity> {
     [&n.host, &n.endpoint]
         .into_iter()
-        .chain(n.host_secondary.as_ref())
-        .chain(n.endpoint_secondary.as_ref())
+        .chain(n.host_secondary.as_deref())
+        .chain(n.endpoint_secondary.as_deref())
         .collect()
 }
 
@@ -57,15 +57,15 @@ fn a_dual_stack_cluster_probes_both_families_and_shows_an_ipv6_failure() {
     for n in &s.nodes {
         assert!(n.host.ip.is_ipv4() && n.endpoint.ip.is_ipv4(), "{n:?}");
         let (host6, ep6) = (
-            n.host_secondary.as_ref().expect("IPv6 host path"),
-            n.endpoint_secondary.as_ref().expect("IPv6 endpoint path"),
+            n.host_secondary.as_deref().expect("IPv6 host path"),
+            n.endpoint_secondary.as_deref().expect("IPv6 endpoint path"),
         );
         assert!(host6.ip.is_ipv6() && ep6.ip.is_ipv6(), "{n:?}");
         assert_eq!(paths(n).len(), 4, "{n:?}");
     }
     let node2 = s.nodes.iter().find(|n| n.name == "node-2").expect("node-2");
     assert_eq!(
-        node2.host_secondary.as_ref().map(|c| c.ip),
+        node2.host_secondary.as_deref().map(|c| c.ip),
         cluster.nodes[1].ip6.map(IpAddr::V6)
     );
     let text = cluster.nodes[0].status_text();
@@ -86,8 +86,8 @@ fn a_dual_stack_cluster_probes_both_families_and_shows_an_ipv6_failure() {
             .iter()
             .find(|n| n.name == "node-2")
             .is_some_and(|n| {
-                n.host_secondary.as_ref().is_some_and(failed)
-                    && n.endpoint_secondary.as_ref().is_some_and(failed)
+                n.host_secondary.as_deref().is_some_and(failed)
+                    && n.endpoint_secondary.as_deref().is_some_and(failed)
             })
     });
     let node2 = s.nodes.iter().find(|n| n.name == "node-2").expect("node-2");
@@ -163,7 +163,7 @@ fn dual_stack_nodes_join_through_etcd_with_both_families() {
             .find(|n| n.name == node.name)
             .unwrap_or_else(|| panic!("node {i} in the status"));
         assert_eq!(
-            n.host_secondary.as_ref().map(|c| c.ip),
+            n.host_secondary.as_deref().map(|c| c.ip),
             node.ip6.map(IpAddr::V6),
             "{n:?}"
         );

@@ -576,8 +576,8 @@ mod tests {
             name: "node-040".into(),
             host: v4(Ipv4Addr::new(198, 18, 0, 40)),
             endpoint: v4(Ipv4Addr::new(198, 18, 64, 40)),
-            host_secondary: Some(v6("2001:2:1::40", ProbeResult::Failure)),
-            endpoint_secondary: Some(v6("2001:2:2::40", ProbeResult::Success)),
+            host_secondary: Some(Box::new(v6("2001:2:1::40", ProbeResult::Failure))),
+            endpoint_secondary: Some(Box::new(v6("2001:2:2::40", ProbeResult::Success))),
         };
         s
     }
