@@ -23,7 +23,6 @@ async fn rounds(prober: Arc<Prober>, initial_delay: Duration) {
     loop {
         tick.tick().await;
         let status = prober.round().await;
-        release_freed_memory();
         if let Some(r) = &status.round {
             debug!(
                 seq = r.seq,
@@ -33,17 +32,5 @@ async fn rounds(prober: Arc<Prober>, initial_delay: Duration) {
                 "probe round"
             );
         }
-    }
-}
-
-/// Hands the memory a round freed back to the system: glibc keeps freed
-/// blocks in per-thread arenas, and a round over thousands of peers frees
-/// megabytes (the previous status, its JSON, the probes' buffers), which
-/// would otherwise show as RSS growing from round to round.
-fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
