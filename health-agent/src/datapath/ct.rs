@@ -131,6 +131,12 @@ pub fn list(dir: &Path) -> Result<Vec<CtRow>, DatapathError> {
 /// every entry created is either still there, removed by the collector
 /// (counted), or evicted: `evicted = created - removed - entries`.
 pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
+    counters_given(dir, super::maps::entries(dir, MapId::CtMap)?)
+}
+
+/// [`counters`], the CT map holding `entries` (counted by the caller's
+/// own walk).
+pub fn counters_given(dir: &Path, entries: u64) -> Result<Vec<(&'static str, u64)>, DatapathError> {
     let wanted: Vec<_> = CtCounter::ALL
         .iter()
         .map(|c| (c.name(), *c as u32))
@@ -141,14 +147,6 @@ pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
         get(CtCounter::Created.name()),
         get(CtCounter::Removed.name()),
     );
-    let map = open(dir, MapId::CtMap)?;
-    let entries = HashMap::<_, CtKey, CtEntry>::try_from(&map)
-        .map_err(|source| DatapathError::Map {
-            map: MapId::CtMap,
-            source,
-        })?
-        .keys()
-        .count() as u64;
     out.push((
         "evicted",
         created.saturating_sub(removed).saturating_sub(entries),
@@ -159,16 +157,22 @@ pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
 /// Removes expired entries; returns how many, also added to the
 /// `removed` counter.
 pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
+    gc_counted(dir).map(|(removed, _)| removed)
+}
+
+/// [`gc`], and the entries it left.
+pub fn gc_counted(dir: &Path) -> Result<(u64, u64), DatapathError> {
     let now = super::monotonic_ns()?;
     // In batches: a pass over the tens of thousands of entries of a large
     // cluster in a few syscalls, not two per entry, deleting as it goes.
-    let removed = super::maps::delete_where(dir, MapId::CtMap, |_: &CtKey, e: &CtEntry| {
-        e.expires_ns < now
-    })?;
+    let (removed, seen) =
+        super::maps::delete_where(dir, MapId::CtMap, |_: &CtKey, e: &CtEntry| {
+            e.expires_ns < now
+        })?;
     if removed > 0 {
         super::maps::add_to_counter(dir, MapId::CtStats, CtCounter::Removed as u32, removed)?;
     }
-    Ok(removed)
+    Ok((removed, seen.saturating_sub(removed)))
 }
 
 #[cfg(test)]

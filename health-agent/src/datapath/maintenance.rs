@@ -10,7 +10,7 @@ use std::{path::PathBuf, time::Duration};
 
 use health_common::{
     ct::CtConfig,
-    maps::{MapSizes, ProgId},
+    maps::{MapId, MapSizes, ProgId},
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -231,9 +231,10 @@ fn missing_nat(node: &Node) -> Vec<String> {
 /// collectors and the sweep (failures are logged; the next pass retries),
 /// then freed memory back to the kernel.
 fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
-    let mut node = maintain_maps(cfg, node)?;
+    let (mut node, counted) = maintain_maps(cfg, node)?;
     if node.pressure.due(std::time::Instant::now()) {
-        match report::snapshot(node.datapath.pin_dir()) {
+        // The maps the collectors just walked are not walked again.
+        match report::snapshot_counted(node.datapath.pin_dir(), counted) {
             Ok(snapshot) => {
                 drop(node.pressure.check(&snapshot.rows));
                 cfg.report.publish(snapshot);
@@ -248,7 +249,9 @@ fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
     Ok(node)
 }
 
-fn maintain_maps(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
+/// Masquerade, the collectors and the sweep; returns the node and the
+/// entries the collectors' walks left in the maps they walked.
+fn maintain_maps(cfg: &DatapathConfig, node: Node) -> Result<(Node, maps::Counted), DatapathError> {
     let node = match &cfg.masquerade {
         Some(m) if uplink_index(&m.uplink) != node.uplink_index => {
             warn!(uplink = %m.uplink, "the uplink was recreated: attaching masquerade again");
@@ -276,15 +279,23 @@ fn maintain_maps(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError
     if let Err(e) = nat::gc(dir) {
         warn!("NAT garbage collection: {}", chain(&e));
     }
-    match (ct::gc(dir), rtt::sweep(dir, cfg.probe_timeout)) {
-        (Ok(removed), Ok(lost)) => debug!(removed, lost, "datapath maintenance"),
+    let mut counted = maps::Counted::new();
+    match (
+        ct::gc_counted(dir),
+        rtt::sweep_counted(dir, cfg.probe_timeout),
+    ) {
+        (Ok((removed, ct_left)), Ok((lost, pending_left))) => {
+            debug!(removed, lost, "datapath maintenance");
+            counted.push((MapId::CtMap, ct_left));
+            counted.push((MapId::RttPending, pending_left));
+        }
         (r, l) => {
             for e in [r.err(), l.err()].into_iter().flatten() {
                 warn!("datapath maintenance: {}", chain(&e));
             }
         }
     }
-    Ok(node)
+    Ok((node, counted))
 }
 
 #[cfg(test)]

@@ -101,17 +101,19 @@ pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
 /// walk: the keys picked are deleted a batch at a time as the walk goes
 /// (a batch holds entries of buckets the walk has passed), so no more than
 /// [`crate::sys::bpf_batch::CHUNK`] keys are held at once, not every
-/// expired entry of a large map. Returns how many were deleted.
+/// expired entry of a large map. Returns how many were deleted, and how
+/// many the walk saw.
 pub fn delete_where<K: aya::Pod, V: aya::Pod>(
     dir: &Path,
     id: MapId,
     mut gone: impl FnMut(&K, &V) -> bool,
-) -> Result<u64, DatapathError> {
+) -> Result<(u64, u64), DatapathError> {
     use crate::sys::bpf_batch::{CHUNK, delete, for_each};
     let data = pinned_hash::<K, V>(dir, id, false)?;
     let fd = data.fd().as_fd();
     let mut picked: Vec<K> = Vec::with_capacity(CHUNK);
     let mut deleted = 0u64;
+    let mut seen = 0u64;
     let mut failed = None;
     let mut flush = |picked: &mut Vec<K>| {
         if failed.is_none()
@@ -122,6 +124,7 @@ pub fn delete_where<K: aya::Pod, V: aya::Pod>(
         picked.clear();
     };
     for_each(fd, |k: &K, v: &V| {
+        seen += 1;
         if gone(k, v) {
             picked.push(*k);
             if picked.len() == CHUNK {
@@ -131,7 +134,7 @@ pub fn delete_where<K: aya::Pod, V: aya::Pod>(
     })
     .map_err(batch_read_err(id))?;
     flush(&mut picked);
-    failed.map_or(Ok(deleted), |e| Err(batch_delete_err(id)(e)))
+    failed.map_or(Ok((deleted, seen)), |e| Err(batch_delete_err(id)(e)))
 }
 
 /// A pinned per-CPU hash map's entries: each key with its value on every
@@ -285,6 +288,16 @@ impl MapRow {
 
 /// Every pinned map of the datapath in `dir` (missing ones are skipped).
 pub fn list(dir: &Path) -> Result<Vec<MapRow>, DatapathError> {
+    list_counted(dir, &[])
+}
+
+/// Entries of maps counted by walks made for another purpose (the
+/// collectors', the loss sweep's), so that a listing need not walk those
+/// maps again.
+pub type Counted = Vec<(MapId, u64)>;
+
+/// [`list`], taking the entries of the maps in `counted` from there.
+pub fn list_counted(dir: &Path, counted: &[(MapId, u64)]) -> Result<Vec<MapRow>, DatapathError> {
     let mut rows = Vec::new();
     for id in MapId::ALL {
         let path = dir.join(id.name());
@@ -295,7 +308,10 @@ pub fn list(dir: &Path) -> Result<Vec<MapRow>, DatapathError> {
             path: path.clone(),
             source,
         })?;
-        let entries = count(dir, id, &info)?;
+        let entries = match counted.iter().find(|(m, _)| *m == id) {
+            Some(&(_, n)) => n,
+            None => count(dir, id, &info)?,
+        };
         #[allow(clippy::cast_precision_loss, reason = "a ratio for display")]
         let pressure = if info.max_entries() == 0 {
             0.0
@@ -311,6 +327,13 @@ pub fn list(dir: &Path) -> Result<Vec<MapRow>, DatapathError> {
         });
     }
     Ok(rows)
+}
+
+/// Entries in pinned map `id`, counted in batches.
+pub fn entries(dir: &Path, id: MapId) -> Result<u64, DatapathError> {
+    let path = dir.join(id.name());
+    let info = MapInfo::from_pin(&path).map_err(|source| DatapathError::Pinned { path, source })?;
+    count(dir, id, &info)
 }
 
 /// Entries in a map: every key of a hash map, every slot of an array (as

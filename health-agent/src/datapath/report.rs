@@ -1,12 +1,15 @@
 //! What the maps hold, counted by walking them: entries and pressure of
-//! every map, CT evictions, RTT samples and losses. The walk costs a
-//! syscall per key, so the maintenance task takes it on its pressure
-//! cadence and publishes it here for the metrics to read.
+//! every map, CT evictions, RTT samples and losses. The walks are batched,
+//! and the maps the collectors walk anyway are counted by them; still,
+//! the maintenance task takes the rest on its pressure cadence (once a
+//! minute) and publishes it here for the metrics to read.
 
 use std::{
     path::Path,
     sync::{Arc, RwLock},
 };
+
+use health_common::maps::MapId;
 
 use super::{DatapathError, ct, maps, rtt};
 
@@ -33,17 +36,32 @@ impl MapsSnapshot {
 
 /// Walks the maps pinned in `dir`.
 pub fn snapshot(dir: &Path) -> Result<MapsSnapshot, DatapathError> {
-    let rows = maps::list(dir)?;
-    let ct_evicted = ct::counters(dir)?
+    snapshot_counted(dir, Vec::new())
+}
+
+/// [`snapshot`], taking the entries of the maps in `counted` (walked by
+/// the collectors just before) from there: each map is walked once.
+pub fn snapshot_counted(
+    dir: &Path,
+    mut counted: maps::Counted,
+) -> Result<MapsSnapshot, DatapathError> {
+    let totals = rtt::totals_counted(dir)?;
+    counted.push((MapId::RttStats, totals.stats_entries));
+    counted.push((MapId::RttLosses, totals.loss_entries));
+    let rows = maps::list_counted(dir, &counted)?;
+    let ct_entries = rows
+        .iter()
+        .find(|r| r.name == MapId::CtMap.name())
+        .map_or(0, |r| r.entries);
+    let ct_evicted = ct::counters_given(dir, ct_entries)?
         .into_iter()
         .find(|(name, _)| *name == "evicted")
         .map_or(0, |(_, v)| v);
-    let (rtt_samples, rtt_losses) = rtt::totals(dir)?;
     Ok(MapsSnapshot {
         rows,
         ct_evicted,
-        rtt_samples,
-        rtt_losses,
+        rtt_samples: totals.samples,
+        rtt_losses: totals.lost,
     })
 }
 

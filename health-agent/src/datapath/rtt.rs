@@ -80,15 +80,33 @@ pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
 /// RTT samples and losses summed over every peer and protocol in the
 /// maps: (samples, losses).
 pub fn totals(dir: &Path) -> Result<(u64, u64), DatapathError> {
+    totals_counted(dir).map(|t| (t.samples, t.lost))
+}
+
+/// What [`totals_counted`] sums and counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub samples: u64,
+    pub lost: u64,
+    /// Entries of the statistics map and of the loss counters.
+    pub stats_entries: u64,
+    pub loss_entries: u64,
+}
+
+/// [`totals`], and the entries of the two maps walked.
+pub fn totals_counted(dir: &Path) -> Result<Totals, DatapathError> {
     // In batches: two entries per live peer address, each a syscall or two
     // by keys.
-    let mut samples = 0u64;
+    let mut t = Totals::default();
     super::maps::per_cpu_entries(dir, MapId::RttStats, |_: &RttKey, per_cpu: &[RttStats]| {
-        samples += per_cpu.iter().map(|s| s.count).sum::<u64>();
+        t.samples += per_cpu.iter().map(|s| s.count).sum::<u64>();
+        t.stats_entries += 1;
     })?;
-    let mut lost = 0u64;
-    super::maps::hash_entries(dir, MapId::RttLosses, |_: &RttKey, n: &u64| lost += n)?;
-    Ok((samples, lost))
+    super::maps::hash_entries(dir, MapId::RttLosses, |_: &RttKey, n: &u64| {
+        t.lost += n;
+        t.loss_entries += 1;
+    })?;
+    Ok(t)
 }
 
 /// A request still waiting for its reply.
@@ -165,19 +183,26 @@ fn merged<T: std::borrow::Borrow<aya::maps::MapData>>(
 /// Moves requests unanswered for longer than `timeout` from the pending
 /// map into the per-peer loss counters; returns how many.
 pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
+    sweep_counted(dir, timeout).map(|(lost, _)| lost)
+}
+
+/// [`sweep`], and the requests it left pending.
+pub fn sweep_counted(dir: &Path, timeout: Duration) -> Result<(u64, u64), DatapathError> {
     use super::maps::{delete_keys, hash_entries, update_entries};
     let now = super::monotonic_ns()?;
     let cutoff = now.saturating_sub(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
     // All in batches: a round of 20,000 probes leaves as many requests,
     // half of them lost when half the peers are silent.
     let mut lost: Vec<PendingKey> = Vec::new();
+    let mut seen = 0u64;
     let pending = hash_entries(dir, MapId::RttPending, |k: &PendingKey, sent: &u64| {
+        seen += 1;
         if *sent < cutoff {
             lost.push(*k);
         }
     })?;
     if lost.is_empty() {
-        return Ok(0);
+        return Ok((0, seen));
     }
     // Only the requests this pass removes count (one answered meanwhile
     // is gone already), each once, per peer and protocol.
@@ -201,7 +226,7 @@ pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
     })?;
     let (keys, values): (Vec<RttKey>, Vec<u64>) = add.into_iter().unzip();
     update_entries(&losses, MapId::RttLosses, &keys, &values)?;
-    Ok(n)
+    Ok((n, seen.saturating_sub(n)))
 }
 
 /// Removes the RTT statistics and loss counters of every peer address

@@ -189,8 +189,12 @@ fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
         .collect();
     assert_eq!(left.len(), (total - total.div_ceil(3)) as usize);
     assert!(left.iter().all(|i| i % 3 != 0), "only live flows are left");
-    // A second pass finds nothing more.
-    assert_eq!(health_agent::datapath::ct::gc(pins.path()).expect("gc"), 0);
+    // A second pass finds nothing more, and counts what is left (the
+    // pressure report takes the CT map's entries from it).
+    assert_eq!(
+        health_agent::datapath::ct::gc_counted(pins.path()).expect("gc"),
+        (0, left.len() as u64)
+    );
     // `bpf map list` counts in batches too, per-CPU maps included (a value
     // per CPU in each batch).
     seed(&pins, 5);
@@ -208,6 +212,15 @@ fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
     // (1 + 2 + ... + 5 on each) and the losses (10 + 20 + ... + 50).
     let cpus = u64::from(aya::util::nr_cpus().expect("cpus").get());
     assert_eq!(rtt::totals(pins.path()).expect("totals"), (15 * cpus, 150));
+    // The pressure report walks each map once: given the collector's
+    // count, it agrees with the listing that counts every map itself.
+    let report = |counted| {
+        health_agent::datapath::report::snapshot_counted(pins.path(), counted).expect("report")
+    };
+    let counted = report(vec![(MapId::CtMap, left.len() as u64)]);
+    assert_eq!(counted, report(Vec::new()));
+    assert_eq!(counted.rows, rows);
+    assert_eq!((counted.rtt_samples, counted.rtt_losses), (15 * cpus, 150));
     drop(d);
 }
 
