@@ -4,13 +4,11 @@
 //! reading of it (2xx success, 3xx success with a warning, anything else a
 //! failure).
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use std::{net::SocketAddr, time::Duration};
 
 use super::{
     error::ProbeError,
+    family::Family,
     path::{Outcome, RttSource},
 };
 
@@ -99,12 +97,12 @@ pub const TCP_V6: SocketKind = (
     Some(socket2::Protocol::TCP),
 );
 
-/// The kind of socket an HTTP probe to `ip` uses.
+/// The kind of socket an HTTP probe over `family` uses.
 #[must_use]
-pub const fn tcp_for(ip: IpAddr) -> SocketKind {
-    match ip {
-        IpAddr::V4(_) => TCP_V4,
-        IpAddr::V6(_) => TCP_V6,
+pub const fn tcp_for(family: Family) -> SocketKind {
+    match family {
+        Family::Ipv4 => TCP_V4,
+        Family::Ipv6 => TCP_V6,
     }
 }
 

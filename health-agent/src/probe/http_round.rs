@@ -42,6 +42,7 @@ use tokio::{
 
 use super::{
     error::{ProbeError, Proto},
+    family::Family,
     http::{self, STATUS_LINE_MAX},
     metrics::ProbeMetrics,
     order::{Echoed, IssueOrder},
@@ -160,10 +161,10 @@ impl AsRawFd for EpollSet {
 
 /// A batch of sockets being made in the probe namespace.
 type Making<'a> =
-    Pin<Box<dyn Future<Output = (usize, io::Result<Vec<socket2::Socket>>)> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = (Family, io::Result<Vec<socket2::Socket>>)> + Send + 'a>>;
 
 /// The sockets of the batch being made; never, when none is.
-async fn made(making: &mut Option<Making<'_>>) -> (usize, io::Result<Vec<socket2::Socket>>) {
+async fn made(making: &mut Option<Making<'_>>) -> (Family, io::Result<Vec<socket2::Socket>>) {
     match making {
         Some(batch) => batch.await,
         None => std::future::pending().await,
@@ -178,7 +179,7 @@ struct Flights<'a> {
     free: Vec<u32>,
     /// (deadline, slot, target), in start order.
     deadlines: VecDeque<(Instant, u32, u32)>,
-    /// Sockets made and not yet used, per family (IPv4, IPv6).
+    /// Sockets made and not yet used, per family (at `Family::index`).
     spare: [Vec<socket2::Socket>; 2],
     busy: usize,
     done: Vec<(usize, Outcome)>,
@@ -231,8 +232,7 @@ impl Shared {
                 let Some(i) = next.take().or_else(|| queue.next(&self.echoed)) else {
                     break;
                 };
-                let family = usize::from(self.targets[i].is_ipv6());
-                let Some(sock) = f.spare[family].pop() else {
+                let Some(sock) = f.spare[Family::of(self.targets[i]).index()].pop() else {
                     next = Some(i);
                     break;
                 };
@@ -247,9 +247,7 @@ impl Shared {
                 let held = f.busy + f.spare[0].len() + f.spare[1].len();
                 let room = self.share.saturating_sub(held).min(count - started);
                 if room > 0 {
-                    making = Some(Box::pin(
-                        self.make(usize::from(self.targets[i].is_ipv6()), room),
-                    ));
+                    making = Some(Box::pin(self.make(Family::of(self.targets[i]), room)));
                 }
             }
             if started == count && f.busy == 0 {
@@ -276,7 +274,7 @@ impl Shared {
                 (family, made) = made(&mut making), if making.is_some() => {
                     making = None;
                     match made {
-                        Ok(made) => f.spare[family].extend(made),
+                        Ok(made) => f.spare[family.index()].extend(made),
                         Err(e) => {
                             // The waiting probe fails naming why; the next
                             // one asks again.
@@ -299,20 +297,20 @@ impl Shared {
     async fn first_sockets(&self, first: &[usize]) -> [Vec<socket2::Socket>; 2] {
         let v6 = first.iter().filter(|&&i| self.targets[i].is_ipv6()).count();
         let mut spare = [Vec::new(), Vec::new()];
-        for (family, n) in [(0, first.len() - v6), (1, v6)] {
+        for (family, n) in [(Family::Ipv4, first.len() - v6), (Family::Ipv6, v6)] {
             if n > 0
                 && let Ok(made) = self.make(family, n).await.1
             {
-                spare[family] = made;
+                spare[family.index()] = made;
             }
         }
         spare
     }
 
-    /// `n` non-blocking TCP sockets of `family` (0: IPv4, 1: IPv6) made in
+    /// `n` non-blocking TCP sockets of `family` made in
     /// the probe namespace in one request (here when there is no factory).
-    async fn make(&self, family: usize, n: usize) -> (usize, io::Result<Vec<socket2::Socket>>) {
-        let (domain, ty, proto) = [http::TCP_V4, http::TCP_V6][family];
+    async fn make(&self, family: Family, n: usize) -> (Family, io::Result<Vec<socket2::Socket>>) {
+        let (domain, ty, proto) = http::tcp_for(family);
         let made = match self.factory.as_deref() {
             Some(maker) => maker.sockets(domain, ty, proto, n).await,
             None => (0..n)

@@ -74,19 +74,6 @@ impl SocketFactory {
         }
     }
 
-    /// A non-blocking socket made in the factory's namespace.
-    pub async fn socket(
-        &self,
-        domain: Domain,
-        ty: Type,
-        proto: Option<Protocol>,
-    ) -> io::Result<Socket> {
-        self.sockets(domain, ty, proto, 1)
-            .await?
-            .pop()
-            .ok_or_else(|| io::Error::other("the namespace's socket thread made no socket"))
-    }
-
     /// `count` non-blocking sockets made in the factory's namespace, in one
     /// request (one wake-up of its thread).
     pub async fn sockets(
