@@ -462,7 +462,14 @@ fn the_agent_touches_only_its_own_routes_and_only_on_link_ones() {
         to(&rs, ip(102, 2)).is_none(),
         "no route via an off-link node IP"
     );
-    let log = node.log();
+    // The warning is logged once the routes are in place: wait for it.
+    let log = loop {
+        let log = node.log();
+        if log.contains("not on-link") || std::time::Instant::now() >= deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(
         log.matches("not on-link").count(),
         1,
