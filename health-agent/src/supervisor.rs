@@ -281,6 +281,12 @@ impl Supervisor {
         result
     }
 
+    /// Stops every task started so far (the agent gives up during its
+    /// start, after some tasks run).
+    pub async fn stop(mut self) {
+        self.stop_all().await;
+    }
+
     /// Stops the tasks in the reverse of their start order, each
     /// cooperatively, all within the policy's deadline.
     async fn stop_all(&mut self) {

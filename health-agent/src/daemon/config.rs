@@ -1,6 +1,7 @@
 //! The daemon's configuration: what the command line (or a test) gives, in
-//! one value, and what is resolved from the node at start (the initial node
-//! set, the node IP, masquerade) before anything is created.
+//! one value, and what is resolved from the node at start: the kernel's
+//! features before the API serves, then the initial node set, the node IP
+//! and masquerade before anything is made in the node's namespace.
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
@@ -159,17 +160,9 @@ pub enum ConfigError {
     MasqueradeWithoutIpv4,
 }
 
-/// What is found on the node at start.
+/// What is found on the kernel at start, before the API serves.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    /// The nodes file's set and its rejected records (empty with etcd,
-    /// until it answers).
-    pub initial_nodes: Validated,
-    /// `--node-ip`, or this node's entry in the nodes file.
-    pub node_ip: Option<Ipv4Addr>,
-    /// `--node-ip6`, or this node's entry in the nodes file.
-    pub node_ip6: Option<std::net::Ipv6Addr>,
-    pub masquerade: Option<Masquerade>,
     /// What the running kernel supports.
     pub kernel: KernelFeatures,
     /// The hook of the tc programs (tracking, masquerade).
@@ -178,11 +171,25 @@ pub struct Resolved {
     pub echo_mode: AttachMode,
 }
 
+/// What is read from the node set at start, once the API serves (a nodes
+/// file of 10,000 records takes tens of milliseconds to parse), and before
+/// anything is made in the node's namespace.
+#[derive(Debug, Clone, Default)]
+pub struct NodesAtStart {
+    /// The nodes file's set and its rejected records (empty with etcd,
+    /// until it answers).
+    pub initial_nodes: Validated,
+    /// `--node-ip`, or this node's entry in the nodes file.
+    pub node_ip: Option<Ipv4Addr>,
+    /// `--node-ip6`, or this node's entry in the nodes file.
+    pub node_ip6: Option<std::net::Ipv6Addr>,
+    pub masquerade: Option<Masquerade>,
+}
+
 impl DaemonConfig {
-    /// Reads the nodes file and checks masquerade against the node: a file
-    /// that does not parse, or a bad flag, fails here, before anything is
-    /// created, naming it (bad records of a file that parses are rejected
-    /// one by one, and the agent starts with the others).
+    /// Checks the flags against each other and probes the kernel: a bad
+    /// combination, or a kernel without what the flags ask, fails here,
+    /// before anything is created, naming it.
     pub fn resolve(&self) -> Result<Resolved, ConfigError> {
         self.check_families()?;
         let kernel = KernelFeatures::probe()?;
@@ -205,6 +212,19 @@ impl DaemonConfig {
             tc_hook,
             echo_mode
         );
+        Ok(Resolved {
+            kernel,
+            tc_hook,
+            echo_mode,
+        })
+    }
+
+    /// Reads the nodes file and checks masquerade against the node: a file
+    /// that does not parse, or a bad masquerade flag, fails here, before
+    /// anything is made in the node's namespace, naming it (bad records of
+    /// a file that parses are rejected one by one, and the agent starts
+    /// with the others).
+    pub fn resolve_nodes(&self) -> Result<NodesAtStart, ConfigError> {
         let initial_nodes = match &self.discovery {
             Discovery::File(path) => {
                 let update = nodes_file::load(path, &self.local_node())?;
@@ -218,12 +238,9 @@ impl DaemonConfig {
             }
             Discovery::Etcd(_) | Discovery::None => Validated::default(),
         };
-        let node_ip = self.node_ip.or_else(|| {
-            initial_nodes
-                .nodes
-                .get(&self.node_name)
-                .and_then(|n| n.node_ip)
-        });
+        let own = initial_nodes.nodes.get(&self.node_name);
+        let node_ip = self.node_ip.or_else(|| own.and_then(|n| n.node_ip));
+        let node_ip6 = self.node_ip6.or_else(|| own.and_then(|n| n.node_ip6));
         let masquerade = match &self.datapath.masquerade {
             None => None,
             Some(flags) => {
@@ -245,20 +262,11 @@ impl DaemonConfig {
                 Some(m)
             }
         };
-        let node_ip6 = self.node_ip6.or_else(|| {
-            initial_nodes
-                .nodes
-                .get(&self.node_name)
-                .and_then(|n| n.node_ip6)
-        });
-        Ok(Resolved {
+        Ok(NodesAtStart {
             initial_nodes,
             node_ip,
             node_ip6,
             masquerade,
-            kernel,
-            tc_hook,
-            echo_mode,
         })
     }
 

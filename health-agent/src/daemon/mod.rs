@@ -2,13 +2,14 @@
 //!
 //! Start order, each task ready before the next starts: signals are caught
 //! first (a SIGTERM at any later moment is a clean stop), the pidfile is
-//! locked, the configuration is resolved (a bad nodes file or masquerade
-//! flag fails here, before anything is made), then
+//! locked, the flags are checked and the kernel probed (a bad combination
+//! fails here, before anything is made), then
 //!
 //! | task | owns |
 //! | --- | --- |
+//! | `api` | the unix socket; answers from here on, within milliseconds of start at any cluster size |
+//! | | (not a task) the nodes file is read and masquerade checked: a file that does not parse, or a bad masquerade flag, stops the agent here, the socket removed, before anything is made in the node's namespace |
 //! | `web` | the metrics listener: `/metrics`, the connectivity page, read-only `/api` |
-//! | `api` | the unix socket; answers from here on |
 //! | `links` | link events of the node's namespace |
 //! | `datapath` | pins, datapath configuration, masquerade, CT/NAT GC, RTT sweep |
 //! | `endpoint` | the health endpoint, its :4240 hello server, its controller |
@@ -112,6 +113,29 @@ pub async fn run_until(cfg: DaemonConfig, stop: CancellationToken) -> Result<(),
     run_inner(cfg, stop, None).await
 }
 
+/// Starts a task and waits for it to be ready; `false` (stopped meanwhile)
+/// returns `Ok`.
+macro_rules! start {
+    ($started:expr) => {
+        if !$started.await? {
+            return Ok(());
+        }
+    };
+}
+
+/// A failure once tasks run stops them (the socket goes with its task).
+macro_rules! or_stop {
+    ($sup:ident, $result:expr) => {
+        match $result {
+            Ok(value) => value,
+            Err(e) => {
+                $sup.stop().await;
+                return Err(e.into());
+            }
+        }
+    };
+}
+
 async fn run_inner(
     cfg: DaemonConfig,
     stop: CancellationToken,
@@ -133,23 +157,14 @@ async fn run_inner(
     let mut sup = Supervisor::new(cfg.supervisor, health.clone(), stop);
 
     let nodes = Nodes::new(cfg.source_name());
-    nodes.accept(resolved.initial_nodes.clone());
     let view = shared_view();
-    let prober = first_prober(&cfg, open_files, &nodes)?;
+    let prober = Prober::new(probe_config(&cfg, open_files)?);
     let probe_metrics = prober.config().metrics.clone().unwrap_or_default();
     // The prober in service; a reload that changes its settings replaces it.
     let (probers, prober) = watch::channel(prober);
 
     let (api_state, cluster) = api_state(&cfg, &resolved, &view, &prober, &nodes, health);
     let (links, _) = broadcast::channel(16);
-    // Each start waits for its task to be ready; `false`: stopped meanwhile.
-    macro_rules! start {
-        ($started:expr) => {
-            if !$started.await? {
-                return Ok(());
-            }
-        };
-    }
     let maps = MapsReport::default();
     let (api_state, web) = metrics_and_web(
         &cfg,
@@ -160,25 +175,23 @@ async fn run_inner(
         &maps,
         api_state,
     );
-    if let Some((addr, router)) = web {
-        start!(tasks::web(&mut sup, addr, router));
-    }
+    // The socket first: it answers while the node set is read.
     start!(tasks::api(
         &mut sup,
         cfg.socket.clone(),
         cfg.socket_group.clone(),
         api_state
     ));
+    let at_start = or_stop!(sup, initial_nodes(&cfg, &nodes, &prober));
+    if let Some((addr, router)) = web {
+        start!(tasks::web(&mut sup, addr, router));
+    }
     start!(tasks::links(&mut sup, links.clone()));
     start!(tasks::datapath(
         &mut sup,
-        datapath_config(&cfg, &resolved, maps)
+        datapath_config(&cfg, &resolved, &at_start, maps)
     ));
-    let controller = ControllerConfig {
-        endpoint: endpoint_config(&cfg, &resolved),
-        interval: cfg.endpoint.controller_interval,
-        http_port: cfg.probe.http_port,
-    };
+    let controller = controller_config(&cfg, &resolved);
     start!(tasks::endpoint(
         &mut sup,
         controller,
@@ -188,7 +201,7 @@ async fn run_inner(
     start!(tasks::hello(&mut sup, cfg.probe.http_port));
     let registration = Registration::default();
     let own = (endpoint_ip(&view), crate::endpoint::ipv6(&view));
-    let source = node_source(&cfg, &resolved, own, &registration)?;
+    let source = or_stop!(sup, node_source(&cfg, &at_start, own, &registration));
     debug!(source = %cfg.source_name(), "node discovery");
     start!(tasks::discovery(&mut sup, source, nodes.clone()));
     if let Some(task) = cluster_view_task(&cfg, &registration, &prober, &nodes, cluster.as_ref()) {
@@ -217,6 +230,31 @@ async fn run_inner(
         reloads.abort();
     }
     result
+}
+
+/// Reads the node set at start ([`DaemonConfig::resolve_nodes`]) into
+/// `nodes`, and gives the prober its peers from it.
+fn initial_nodes(
+    cfg: &DaemonConfig,
+    nodes: &Nodes,
+    prober: &watch::Receiver<std::sync::Arc<Prober>>,
+) -> Result<config::NodesAtStart, config::ConfigError> {
+    let mut at_start = cfg.resolve_nodes()?;
+    nodes.accept(std::mem::take(&mut at_start.initial_nodes));
+    prober.borrow().set_nodes(node_sync::probed(
+        &nodes.current(),
+        &cfg.node_name,
+        cfg.probe.peers,
+    ));
+    Ok(at_start)
+}
+
+fn controller_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> ControllerConfig {
+    ControllerConfig {
+        endpoint: endpoint_config(cfg, resolved),
+        interval: cfg.endpoint.controller_interval,
+        http_port: cfg.probe.http_port,
+    }
 }
 
 /// The endpoint's IPv4 address once it exists, when it has one (its IPv6
@@ -271,21 +309,6 @@ fn api_state(
     }
 }
 
-/// The prober, with the peers it probes in the initial node set.
-fn first_prober(
-    cfg: &DaemonConfig,
-    open_files: u64,
-    nodes: &Nodes,
-) -> Result<std::sync::Arc<Prober>, DaemonError> {
-    let prober = Prober::new(probe_config(cfg, open_files)?);
-    prober.set_nodes(node_sync::probed(
-        &nodes.current(),
-        &cfg.node_name,
-        cfg.probe.peers,
-    ));
-    Ok(prober)
-}
-
 /// The metrics (also served on the socket by `api`) and, when
 /// `--prometheus-serve-addr` is not `off`, the metrics listener's address
 /// and routes.
@@ -321,12 +344,13 @@ fn metrics_and_web(
 fn datapath_config(
     cfg: &DaemonConfig,
     resolved: &config::Resolved,
+    at_start: &config::NodesAtStart,
     report: MapsReport,
 ) -> DatapathConfig {
     DatapathConfig {
         pin_dir: cfg.pin_dir.clone(),
         ct: cfg.datapath.ct,
-        masquerade: resolved.masquerade.clone(),
+        masquerade: at_start.masquerade.clone(),
         gc_interval: cfg.datapath.gc_interval,
         probe_timeout: cfg.probe.timeout,
         keep_pins: cfg.endpoint.keep,
@@ -414,7 +438,7 @@ fn cluster_view_task(
 /// The configured node source.
 fn node_source(
     cfg: &DaemonConfig,
-    resolved: &config::Resolved,
+    at_start: &config::NodesAtStart,
     (own_ip, own_ip6): (Option<Ipv4Addr>, Option<std::net::Ipv6Addr>),
     registration: &Registration,
 ) -> Result<NodeSource, DaemonError> {
@@ -428,8 +452,8 @@ fn node_source(
             let (node_ip, node_ip6) = node_addr::resolve(
                 &etcd.endpoint,
                 node_addr::Wanted {
-                    node_ip: resolved.node_ip,
-                    node_ip6: resolved.node_ip6,
+                    node_ip: at_start.node_ip,
+                    node_ip6: at_start.node_ip6,
                     v4: own_ip.is_some(),
                     v6: own_ip6.is_some(),
                 },

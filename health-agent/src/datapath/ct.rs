@@ -162,17 +162,36 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
 
 /// [`gc`], and the entries it left.
 pub fn gc_counted(dir: &Path) -> Result<(u64, u64), DatapathError> {
+    let slice = gc_slice(dir, super::maps::Cursor::START, usize::MAX)?;
+    Ok((slice.deleted, slice.seen.saturating_sub(slice.deleted)))
+}
+
+/// [`gc`] over a slice of the map (from `from`, about `budget` entries),
+/// so that a pass over a large map is spread over time.
+pub fn gc_slice(
+    dir: &Path,
+    from: super::maps::Cursor,
+    budget: usize,
+) -> Result<super::maps::Slice, DatapathError> {
     let now = super::monotonic_ns()?;
     // In batches: a pass over the tens of thousands of entries of a large
     // cluster in a few syscalls, not two per entry, deleting as it goes.
-    let (removed, seen) =
-        super::maps::delete_where(dir, MapId::CtMap, |_: &CtKey, e: &CtEntry| {
-            e.expires_ns < now
-        })?;
-    if removed > 0 {
-        super::maps::add_to_counter(dir, MapId::CtStats, CtCounter::Removed as u32, removed)?;
+    let slice = super::maps::delete_where_slice(
+        dir,
+        MapId::CtMap,
+        from,
+        budget,
+        |_: &CtKey, e: &CtEntry| e.expires_ns < now,
+    )?;
+    if slice.deleted > 0 {
+        super::maps::add_to_counter(
+            dir,
+            MapId::CtStats,
+            CtCounter::Removed as u32,
+            slice.deleted,
+        )?;
     }
-    Ok((removed, seen.saturating_sub(removed)))
+    Ok(slice)
 }
 
 #[cfg(test)]

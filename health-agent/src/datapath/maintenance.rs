@@ -1,7 +1,8 @@
 //! The node's datapath task: it creates the pins and writes the datapath's
 //! configuration (CT lifetimes, masquerade), keeps masquerade attached to
 //! the uplink (re-attached when the uplink is recreated), and maintains the
-//! maps: the NAT and CT collectors and the RTT loss sweep. On shutdown it
+//! maps: the NAT and CT collectors and the RTT loss sweep, the last two in
+//! slices ([`super::collect`]). On shutdown it
 //! detaches. The pins outlive a restart of this task (the endpoint's
 //! programs share the maps through them): [`PinsGuard`] removes them when
 //! the agent ends.
@@ -16,11 +17,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    Datapath, DatapathError, Interface, TcHook, ct, maps,
+    Datapath, DatapathError, Interface, TcHook,
+    collect::{Collector, PassDone},
+    maps,
     masquerade::Masquerade,
     nat, remove_pins,
     report::{self, MapsReport},
-    rtt,
 };
 
 use crate::{
@@ -37,7 +39,8 @@ pub struct DatapathConfig {
     pub ct: CtConfig,
     /// Masquerade on the uplink (`None`: routed mode).
     pub masquerade: Option<Masquerade>,
-    /// Period of the collectors and the loss sweep.
+    /// Period of the collectors' passes and the loss sweep (each pass is
+    /// walked in slices over the period).
     pub gc_interval: Duration,
     /// A request unanswered for this long counts as an RTT loss.
     pub probe_timeout: Duration,
@@ -149,7 +152,13 @@ pub async fn run(
     let c = cfg.clone();
     let mut node = blocking(move || set_up(&c)).await?;
     ready();
-    let mut tick = tokio::time::interval(cfg.gc_interval);
+    let mut collector = Collector::new(
+        cfg.gc_interval,
+        cfg.probe_timeout,
+        &cfg.map_sizes,
+        std::time::Instant::now(),
+    );
+    let mut tick = tokio::time::interval(collector.tick());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
@@ -158,7 +167,7 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         let c = cfg.clone();
-        node = blocking(move || maintain(&c, node)).await?;
+        (node, collector) = blocking(move || maintain(&c, node, collector)).await?;
     }
     drop(node);
     if cfg.keep_pins {
@@ -227,13 +236,53 @@ fn missing_nat(node: &Node) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// One maintenance pass: masquerade still on the uplink, then the
-/// collectors and the sweep (failures are logged; the next pass retries),
-/// then freed memory back to the kernel.
-fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
-    let (mut node, counted) = maintain_maps(cfg, node)?;
+/// One maintenance tick: when a pass starts, masquerade still on the
+/// uplink and the NAT collector; at every tick, a slice of the CT collector
+/// and the loss sweep ([`Collector`]); when a pass completes, map pressure
+/// (on its cadence) and freed memory back to the kernel. Failures are
+/// logged; the next pass retries.
+fn maintain(
+    cfg: &DatapathConfig,
+    node: Node,
+    mut collector: Collector,
+) -> Result<(Node, Collector), DatapathError> {
+    let node = if collector.start_if_due(std::time::Instant::now()) {
+        let node = keep_masquerade(cfg, node)?;
+        // NAT first: it removes pairs whose CT entry expired, which the CT
+        // collector is about to delete.
+        if let Err(e) = nat::gc(node.datapath.pin_dir()) {
+            warn!("NAT garbage collection: {}", chain(&e));
+        }
+        node
+    } else {
+        node
+    };
+    let mut node = node;
+    match collector.step(node.datapath.pin_dir()) {
+        Ok(Some(done)) => pass_done(cfg, &mut node, &done),
+        Ok(None) => {}
+        Err(e) => warn!("datapath maintenance: {}", chain(&e)),
+    }
+    Ok((node, collector))
+}
+
+/// A completed pass: logged, and the map pressure counted when due, with
+/// the entries the pass left in the maps it walked (not walked again).
+fn pass_done(cfg: &DatapathConfig, node: &mut Node, done: &PassDone) {
+    debug!(
+        ct_removed = done.ct_removed,
+        ct_left = done.ct_left,
+        lost = done.lost,
+        pending_left = done.pending_left,
+        slices = done.slices,
+        took_ms = done.took.as_millis(),
+        "datapath maintenance pass"
+    );
     if node.pressure.due(std::time::Instant::now()) {
-        // The maps the collectors just walked are not walked again.
+        let counted = vec![
+            (MapId::CtMap, done.ct_left),
+            (MapId::RttPending, done.pending_left),
+        ];
         match report::snapshot_counted(node.datapath.pin_dir(), counted) {
             Ok(snapshot) => {
                 drop(node.pressure.check(&snapshot.rows));
@@ -246,13 +295,12 @@ fn maintain(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
     // next round's end (at 5,000 peers, +1.3 MiB of RSS a minute until
     // then).
     crate::util::memory::release_free();
-    Ok(node)
 }
 
-/// Masquerade, the collectors and the sweep; returns the node and the
-/// entries the collectors' walks left in the maps they walked.
-fn maintain_maps(cfg: &DatapathConfig, node: Node) -> Result<(Node, maps::Counted), DatapathError> {
-    let node = match &cfg.masquerade {
+/// Masquerade still attached to the uplink: attached again when the uplink
+/// was recreated or its programs detached.
+fn keep_masquerade(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
+    Ok(match &cfg.masquerade {
         Some(m) if uplink_index(&m.uplink) != node.uplink_index => {
             warn!(uplink = %m.uplink, "the uplink was recreated: attaching masquerade again");
             drop(node);
@@ -272,30 +320,7 @@ fn maintain_maps(cfg: &DatapathConfig, node: Node) -> Result<(Node, maps::Counte
             node
         }
         _ => node,
-    };
-    let dir = node.datapath.pin_dir();
-    // NAT first: it removes pairs whose CT entry expired, which the CT
-    // collector is about to delete.
-    if let Err(e) = nat::gc(dir) {
-        warn!("NAT garbage collection: {}", chain(&e));
-    }
-    let mut counted = maps::Counted::new();
-    match (
-        ct::gc_counted(dir),
-        rtt::sweep_counted(dir, cfg.probe_timeout),
-    ) {
-        (Ok((removed, ct_left)), Ok((lost, pending_left))) => {
-            debug!(removed, lost, "datapath maintenance");
-            counted.push((MapId::CtMap, ct_left));
-            counted.push((MapId::RttPending, pending_left));
-        }
-        (r, l) => {
-            for e in [r.err(), l.err()].into_iter().flatten() {
-                warn!("datapath maintenance: {}", chain(&e));
-            }
-        }
-    }
-    Ok((node, counted))
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::{DatapathError, ct, nat, rtt, stats::read_pinned_stats};
+pub use crate::sys::bpf_batch::Cursor;
 
 /// Opens the map pinned as `dir/<name>`.
 pub fn open(dir: &Path, id: MapId) -> Result<Map, DatapathError> {
@@ -106,35 +107,76 @@ pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
 pub fn delete_where<K: aya::Pod, V: aya::Pod>(
     dir: &Path,
     id: MapId,
-    mut gone: impl FnMut(&K, &V) -> bool,
+    gone: impl FnMut(&K, &V) -> bool,
 ) -> Result<(u64, u64), DatapathError> {
-    use crate::sys::bpf_batch::{CHUNK, delete, for_each};
+    let slice = delete_where_slice(dir, id, Cursor::START, usize::MAX, gone)?;
+    Ok((slice.deleted, slice.seen))
+}
+
+/// What a slice of a walk did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slice {
+    /// Entries deleted.
+    pub deleted: u64,
+    /// Entries the slice saw.
+    pub seen: u64,
+    /// Where the next slice starts; `None`: this one reached the map's end.
+    pub next: Option<Cursor>,
+}
+
+/// [`delete_where`] over a slice of the map: from `from`, about `budget`
+/// entries ([`crate::sys::bpf_batch::for_each_slice`]).
+pub fn delete_where_slice<K: aya::Pod, V: aya::Pod>(
+    dir: &Path,
+    id: MapId,
+    from: Cursor,
+    budget: usize,
+    mut gone: impl FnMut(&K, &V) -> bool,
+) -> Result<Slice, DatapathError> {
+    use crate::sys::bpf_batch::{CHUNK, delete, for_each_slice};
     let data = pinned_hash::<K, V>(dir, id, false)?;
     let fd = data.fd().as_fd();
     let mut picked: Vec<K> = Vec::with_capacity(CHUNK);
-    let mut deleted = 0u64;
-    let mut seen = 0u64;
+    let mut slice = Slice::default();
     let mut failed = None;
-    let mut flush = |picked: &mut Vec<K>| {
+    let mut flush = |picked: &mut Vec<K>, deleted: &mut u64| {
         if failed.is_none()
-            && let Err(e) = delete(fd, picked, |_| deleted += 1)
+            && let Err(e) = delete(fd, picked, |_| *deleted += 1)
         {
             failed = Some(e);
         }
         picked.clear();
     };
-    for_each(fd, |k: &K, v: &V| {
-        seen += 1;
+    let mut deleted = 0u64;
+    slice.next = for_each_slice(fd, from, budget, |k: &K, v: &V| {
+        slice.seen += 1;
         if gone(k, v) {
             picked.push(*k);
             if picked.len() == CHUNK {
-                flush(&mut picked);
+                flush(&mut picked, &mut deleted);
             }
         }
     })
     .map_err(batch_read_err(id))?;
-    flush(&mut picked);
-    failed.map_or(Ok((deleted, seen)), |e| Err(batch_delete_err(id)(e)))
+    flush(&mut picked, &mut deleted);
+    slice.deleted = deleted;
+    failed.map_or(Ok(slice), |e| Err(batch_delete_err(id)(e)))
+}
+
+/// A pinned hash map's entries in a slice of a walk (as [`hash_entries`],
+/// from `from`, about `budget` entries); returns the map and where the next
+/// slice starts (`None`: the map's end).
+pub fn hash_entries_slice<K: aya::Pod, V: aya::Pod>(
+    dir: &Path,
+    id: MapId,
+    from: Cursor,
+    budget: usize,
+    mut each: impl FnMut(&K, &V),
+) -> Result<(MapData, Option<Cursor>), DatapathError> {
+    let data = pinned_hash::<K, V>(dir, id, false)?;
+    let next = crate::sys::bpf_batch::for_each_slice(data.fd().as_fd(), from, budget, &mut each)
+        .map_err(batch_read_err(id))?;
+    Ok((data, next))
 }
 
 /// A pinned per-CPU hash map's entries: each key with its value on every

@@ -14,6 +14,7 @@
 
 mod carry;
 pub mod classic;
+pub mod collect;
 pub mod ct;
 mod echo_target;
 mod error;

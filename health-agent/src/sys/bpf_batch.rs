@@ -100,13 +100,48 @@ pub fn for_each_per_cpu<K: aya::Pod, V: aya::Pod>(
     walk(map, cpus.max(1), each)
 }
 
+/// Where a walk of a hash map stands between slices: the kernel's batch
+/// token (a bucket number), or the map's start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cursor(Option<u64>);
+
+impl Cursor {
+    /// The start of the map.
+    pub const START: Self = Self(None);
+}
+
+/// [`for_each`] over a slice of the map: from `from`, at least `budget`
+/// entries (whole buckets: a few more) or up to the map's end. Returns where
+/// the next slice starts, or `None` when this slice reached the end. A walk
+/// in slices sees the entries a walk in one go would, except those added
+/// or removed meanwhile, which it may or may not see.
+pub fn for_each_slice<K: aya::Pod, V: aya::Pod>(
+    map: BorrowedFd<'_>,
+    from: Cursor,
+    budget: usize,
+    mut each: impl FnMut(&K, &V),
+) -> io::Result<Option<Cursor>> {
+    walk_slice(map, 1, from, budget, |k, v: &[V]| each(k, &v[0]))
+}
+
 /// The batched walk: `per_key` values of `V` for each key.
 fn walk<K: aya::Pod, V: aya::Pod>(
     map: BorrowedFd<'_>,
     per_key: usize,
-    mut each: impl FnMut(&K, &[V]),
+    each: impl FnMut(&K, &[V]),
 ) -> io::Result<()> {
-    lookup_batches::<K, V>(map, 1, per_key, |keys, values| {
+    walk_slice(map, per_key, Cursor::START, usize::MAX, each).map(drop)
+}
+
+/// [`walk`] over a slice ([`for_each_slice`]).
+fn walk_slice<K: aya::Pod, V: aya::Pod>(
+    map: BorrowedFd<'_>,
+    per_key: usize,
+    from: Cursor,
+    budget: usize,
+    mut each: impl FnMut(&K, &[V]),
+) -> io::Result<Option<Cursor>> {
+    lookup_batches::<K, V>(map, 1, per_key, from, budget, |keys, values| {
         for (k, v) in keys.iter().zip(values.chunks(per_key)) {
             // SAFETY: the kernel wrote these keys and their values, and any
             // bytes are a valid `Pod`.
@@ -121,31 +156,45 @@ fn walk<K: aya::Pod, V: aya::Pod>(
 /// to 8 bytes, times the possible CPUs), counted in batches.
 pub fn count(map: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<u64> {
     let mut total = 0u64;
-    lookup_batches::<u8, u8>(map, key_size.max(1), value_size.max(1), |keys, _| {
-        total += (keys.len() / key_size.max(1)) as u64;
-    })?;
+    lookup_batches::<u8, u8>(
+        map,
+        key_size.max(1),
+        value_size.max(1),
+        Cursor::START,
+        usize::MAX,
+        |keys, _| total += (keys.len() / key_size.max(1)) as u64,
+    )?;
     Ok(total)
 }
 
-/// `BPF_MAP_LOOKUP_BATCH` over the whole map: each key takes `key_units`
-/// of `K` and `value_units` of `V` in the buffers; `got` sees the keys and
-/// values each call filled.
+/// `BPF_MAP_LOOKUP_BATCH` from `from` until at least `budget` entries
+/// were read (then returns where to go on) or the map's end (`None`): each
+/// key takes `key_units` of `K` and `value_units` of `V` in the buffers;
+/// `got` sees the keys and values each call filled.
 fn lookup_batches<K, V>(
     map: BorrowedFd<'_>,
     key_units: usize,
     value_units: usize,
+    from: Cursor,
+    budget: usize,
     mut got: impl FnMut(&[MaybeUninit<K>], &[MaybeUninit<V>]),
-) -> io::Result<()> {
+) -> io::Result<Option<Cursor>> {
     let mut chunk = lookup_chunk(key_units * size_of::<K>() + value_units * size_of::<V>());
     let mut keys: Vec<MaybeUninit<K>> = Vec::new();
     let mut values: Vec<MaybeUninit<V>> = Vec::new();
     // The batch token: a bucket number for hash maps (4 bytes), written
     // back by the kernel; 8 bytes leave room.
-    let (mut token_in, mut token_out) = (0u64, 0u64);
-    let mut first = true;
+    let (mut token_in, mut token_out) = (from.0.unwrap_or(0), 0u64);
+    let mut first = from.0.is_none();
+    let mut read = 0usize;
+    // The least a call asks for: raised when a bucket holds more.
+    let mut floor = 1usize;
     loop {
-        keys.resize_with(chunk * key_units, MaybeUninit::uninit);
-        values.resize_with(chunk * value_units, MaybeUninit::uninit);
+        // No more than the slice has left to read (whole buckets: a few
+        // more when the last bucket holds several).
+        let ask = chunk.min(budget.saturating_sub(read)).max(floor);
+        keys.resize_with(ask * key_units, MaybeUninit::uninit);
+        values.resize_with(ask * value_units, MaybeUninit::uninit);
         let mut attr = BatchAttr {
             in_batch: if first {
                 0
@@ -155,26 +204,31 @@ fn lookup_batches<K, V>(
             out_batch: std::ptr::from_mut(&mut token_out) as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
-            count: u32::try_from(chunk).unwrap_or(u32::MAX),
+            count: u32::try_from(ask).unwrap_or(u32::MAX),
             map_fd: fd_of(map),
             ..BatchAttr::default()
         };
         let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
-        let filled = (attr.count as usize).min(chunk);
+        let filled = (attr.count as usize).min(ask);
         got(&keys[..filled * key_units], &values[..filled * value_units]);
+        read = read.saturating_add(filled);
         match result {
             Ok(()) => {}
             // The end of the map (with the last entries above).
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
             // A bucket holds more entries than asked for: ask for more.
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && filled == 0 => {
-                chunk *= 2;
+                floor = ask * 2;
+                chunk = chunk.max(floor);
                 continue;
             }
             Err(e) => return Err(e),
         }
         token_in = token_out;
         first = false;
+        if read >= budget {
+            return Ok(Some(Cursor(Some(token_in))));
+        }
     }
 }
 

@@ -282,3 +282,91 @@ fn the_loss_sweep_counts_each_lost_request_once_across_many_chunks() {
     );
     drop(d);
 }
+
+/// The collectors' pass in slices (as the datapath task runs it): the
+/// same result as one walk, in several slices, none reading more than its
+/// share of the map.
+#[test]
+fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
+    use health_agent::datapath::collect::{Collector, SLICES};
+    let (pins, d) = loaded_for_5000_peers();
+    let now = health_agent::datapath::monotonic_ns().expect("clock");
+    let hour = 3_600_000_000_000;
+    // 20,000 flows, every third expired: four slices' worth of a CT map
+    // of 40,000 (5,000 a slice).
+    {
+        let mut map = pinned(&pins, MapId::CtMap);
+        let mut ct =
+            HashMap::<_, health_common::ct::CtKey, health_common::ct::CtEntry>::try_from(&mut map)
+                .expect("ct");
+        for i in 0..20_000u32 {
+            let entry = health_common::ct::CtEntry {
+                created_ns: now,
+                expires_ns: if i % 3 == 0 { now - 1 } else { now + hour },
+                ..health_common::ct::CtEntry::default()
+            };
+            ct.insert(&flow(i), &entry, 0).expect("insert");
+        }
+    }
+    // 12,000 pending requests, 8,000 of them a minute old (lost).
+    {
+        let mut map = pinned(&pins, MapId::RttPending);
+        let mut pending =
+            HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
+        for i in 0..12_000u16 {
+            let k = health_common::rtt::PendingKey {
+                peer: health_common::ct::v4_mapped([198, 18, (i >> 8) as u8, i as u8]),
+                a: [0, 1],
+                b: [0, 0],
+                proto: 1,
+                pad: [0; 3],
+            };
+            let sent = if i % 3 == 0 {
+                now
+            } else {
+                now - 60_000_000_000
+            };
+            pending.insert(&k, &sent, 0).expect("insert pending");
+        }
+    }
+    let start = std::time::Instant::now();
+    let mut c = Collector::new(
+        std::time::Duration::ZERO,
+        std::time::Duration::from_secs(1),
+        &MapSizes::for_peers(5000),
+        start,
+    );
+    assert!(c.start_if_due(start));
+    let mut steps = 0;
+    let done = loop {
+        steps += 1;
+        assert!(steps <= SLICES + 1, "a pass takes at most its slices");
+        if let Some(done) = c.step(pins.path()).expect("slice") {
+            break done;
+        }
+        assert!(!c.start_if_due(start), "no second pass during one");
+    };
+    assert!(done.slices >= 4, "walked in slices: {done:?}");
+    assert_eq!(
+        (done.ct_removed, done.ct_left),
+        (6667, 13_333),
+        "the expired flows removed, the others counted"
+    );
+    assert_eq!((done.lost, done.pending_left), (8000, 4000));
+    // What is left is what one walk would leave: nothing more to do.
+    assert_eq!(
+        health_agent::datapath::ct::gc_counted(pins.path()).expect("gc"),
+        (0, 13_333)
+    );
+    assert_eq!(
+        rtt::sweep_counted(pins.path(), std::time::Duration::from_secs(1)).expect("sweep"),
+        (0, 4000)
+    );
+    let m = losses_map(&pins);
+    let losses = HashMap::<_, RttKey, u64>::try_from(&m).expect("losses");
+    assert_eq!(losses.iter().count(), 8000, "one lost request per peer");
+    assert!(losses.iter().all(|r| r.expect("entry").1 == 1));
+    // The slice left nothing in progress: stepping again does nothing.
+    assert_eq!(c.step(pins.path()).expect("idle"), None);
+    drop(d);
+}

@@ -1,0 +1,189 @@
+//! The CT collector and the RTT loss sweep as passes walked in slices.
+//!
+//! A pass over the CT map of a 5,000-peer node (over 100,000 entries at a
+//! 2.5 s probe interval) and its pending requests takes tens of
+//! milliseconds of CPU; taken in one go it lands on one probe round. Here a
+//! pass starts once per interval and walks [`SLICES`] slices, one per
+//! tick of `interval / SLICES`: each slice reads at most a `1 / SLICES`
+//! share of a map's entries (its size, not its fill), so a full map takes
+//! the whole interval and a near-empty one a single tick.
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use health_common::maps::{MapId, MapSizes};
+
+use super::{
+    DatapathError, ct,
+    maps::{Cursor, Slice},
+    rtt::Sweep,
+};
+
+/// Slices a pass is cut into, at most.
+pub const SLICES: u32 = 8;
+
+/// What a completed pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassDone {
+    /// CT entries removed as expired, and left in the map.
+    pub ct_removed: u64,
+    pub ct_left: u64,
+    /// Requests moved to the loss counters, and left pending.
+    pub lost: u64,
+    pub pending_left: u64,
+    /// Slices the pass took, and their time in all.
+    pub slices: u32,
+    pub took: Duration,
+}
+
+/// Where a walk of one map stands: going on from a cursor, or done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Walk {
+    At(Cursor),
+    Done,
+}
+
+impl Walk {
+    fn next(next: Option<Cursor>) -> Self {
+        next.map_or(Self::Done, Self::At)
+    }
+}
+
+/// A pass in progress.
+#[derive(Debug)]
+struct Pass {
+    ct: Walk,
+    pending: Walk,
+    sweep: Sweep,
+    done: PassDone,
+}
+
+/// The collectors' passes: when the next starts, and the one in progress.
+#[derive(Debug)]
+pub struct Collector {
+    interval: Duration,
+    timeout: Duration,
+    ct_budget: usize,
+    pending_budget: usize,
+    last_start: Instant,
+    pass: Option<Pass>,
+}
+
+impl Collector {
+    /// Passes every `interval` (the first one `interval` after `now`);
+    /// requests unanswered for `timeout` are lost; slices sized from the
+    /// maps' sizes.
+    #[must_use]
+    pub fn new(interval: Duration, timeout: Duration, sizes: &MapSizes, now: Instant) -> Self {
+        let budget = |id: MapId| {
+            let entries = sizes.max_entries(id).unwrap_or(0) / SLICES;
+            usize::try_from(entries)
+                .unwrap_or(usize::MAX)
+                .max(crate::sys::bpf_batch::CHUNK)
+        };
+        Self {
+            interval,
+            timeout,
+            ct_budget: budget(MapId::CtMap),
+            pending_budget: budget(MapId::RttPending),
+            last_start: now,
+            pass: None,
+        }
+    }
+
+    /// How often [`Collector::step`] is to be called.
+    #[must_use]
+    pub fn tick(&self) -> Duration {
+        (self.interval / SLICES).max(Duration::from_millis(10))
+    }
+
+    /// Starts a pass when none is in progress and one is due; says whether
+    /// it did (the caller does its once-a-pass work then).
+    pub fn start_if_due(&mut self, now: Instant) -> bool {
+        if self.pass.is_some() || now.saturating_duration_since(self.last_start) < self.interval {
+            return false;
+        }
+        self.last_start = now;
+        self.pass = Some(Pass {
+            ct: Walk::At(Cursor::START),
+            pending: Walk::At(Cursor::START),
+            sweep: Sweep::default(),
+            done: PassDone::default(),
+        });
+        true
+    }
+
+    /// Walks the next slice of the pass in progress (nothing when there is
+    /// none); returns the pass's figures when this slice completed it. A
+    /// failure abandons the pass (the next starts on time).
+    pub fn step(&mut self, dir: &Path) -> Result<Option<PassDone>, DatapathError> {
+        let Some(mut pass) = self.pass.take() else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        if let Walk::At(from) = pass.ct {
+            let Slice {
+                deleted,
+                seen,
+                next,
+            } = ct::gc_slice(dir, from, self.ct_budget)?;
+            pass.done.ct_removed += deleted;
+            pass.done.ct_left += seen.saturating_sub(deleted);
+            pass.ct = Walk::next(next);
+        }
+        if let Walk::At(from) = pass.pending {
+            let next = pass
+                .sweep
+                .slice(dir, self.timeout, from, self.pending_budget)?;
+            pass.pending = Walk::next(next);
+        }
+        pass.done.slices += 1;
+        pass.done.took += started.elapsed();
+        if pass.ct != Walk::Done || pass.pending != Walk::Done {
+            self.pass = Some(pass);
+            return Ok(None);
+        }
+        let finishing = Instant::now();
+        let (lost, pending_left) = pass.sweep.finish(dir)?;
+        pass.done.took += finishing.elapsed();
+        Ok(Some(PassDone {
+            lost,
+            pending_left,
+            ..pass.done
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_start_once_an_interval_and_not_while_one_runs() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut c = Collector::new(10 * s, s, &MapSizes::DEFAULT, t0);
+        assert_eq!(c.tick(), Duration::from_millis(1250));
+        assert!(!c.start_if_due(t0 + 9 * s), "not before the interval");
+        assert!(c.start_if_due(t0 + 10 * s));
+        assert!(!c.start_if_due(t0 + 25 * s), "one pass at a time");
+        c.pass = None;
+        assert!(c.start_if_due(t0 + 25 * s), "the next once it is done");
+    }
+
+    #[test]
+    fn slices_take_a_share_of_the_map_never_less_than_a_batch() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let c = Collector::new(10 * s, s, &MapSizes::DEFAULT, t0);
+        // 131,072 CT entries and 65,536 pending requests by default.
+        assert_eq!((c.ct_budget, c.pending_budget), (16_384, 8_192));
+        let small = Collector::new(10 * s, s, &MapSizes::for_peers(16), t0);
+        assert_eq!(
+            (small.ct_budget, small.pending_budget),
+            (crate::sys::bpf_batch::CHUNK, crate::sys::bpf_batch::CHUNK)
+        );
+    }
+}
