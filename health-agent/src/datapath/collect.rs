@@ -3,10 +3,11 @@
 //! A pass over the CT map of a 5,000-peer node (over 100,000 entries at a
 //! 2.5 s probe interval) and its pending requests takes tens of
 //! milliseconds of CPU; taken in one go it lands on one probe round. Here a
-//! pass starts once per interval and walks [`SLICES`] slices, one per
-//! tick of `interval / SLICES`: each slice reads at most a `1 / SLICES`
-//! share of a map's entries (its size, not its fill), so a full map takes
-//! the whole interval and a near-empty one a single tick.
+//! pass starts at most once per interval and walks a slice at each tick of
+//! `interval / SLICES`: each slice reads about a `1 / SLICES` share of a
+//! map's size (not its fill), so a full map takes about the interval (a
+//! little more with the entries added during the pass) and a near-empty
+//! one a single tick.
 
 use std::{
     path::Path,
@@ -21,7 +22,7 @@ use super::{
     rtt::Sweep,
 };
 
-/// Slices a pass is cut into, at most.
+/// Slices a pass over a full map is cut into.
 pub const SLICES: u32 = 8;
 
 /// What a completed pass did.
@@ -115,6 +116,12 @@ impl Collector {
         true
     }
 
+    /// Whether a pass is in progress.
+    #[must_use]
+    pub fn running(&self) -> bool {
+        self.pass.is_some()
+    }
+
     /// Walks the next slice of the pass in progress (nothing when there is
     /// none); returns the pass's figures when this slice completed it. A
     /// failure abandons the pass (the next starts on time).
@@ -166,8 +173,10 @@ mod tests {
         let s = Duration::from_secs(1);
         let mut c = Collector::new(10 * s, s, &MapSizes::DEFAULT, t0);
         assert_eq!(c.tick(), Duration::from_millis(1250));
+        assert!(!c.running());
         assert!(!c.start_if_due(t0 + 9 * s), "not before the interval");
         assert!(c.start_if_due(t0 + 10 * s));
+        assert!(c.running());
         assert!(!c.start_if_due(t0 + 25 * s), "one pass at a time");
         c.pass = None;
         assert!(c.start_if_due(t0 + 25 * s), "the next once it is done");

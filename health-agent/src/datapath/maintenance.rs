@@ -257,12 +257,18 @@ fn maintain(
     } else {
         node
     };
+    if !collector.running() {
+        return Ok((node, collector));
+    }
     let mut node = node;
     match collector.step(node.datapath.pin_dir()) {
         Ok(Some(done)) => pass_done(cfg, &mut node, &done),
         Ok(None) => {}
         Err(e) => warn!("datapath maintenance: {}", chain(&e)),
     }
+    // The slice's buffers are freed: hand their pages back now (a slice
+    // runs during a probe round, whose peak it would otherwise raise).
+    crate::util::memory::release_free();
     Ok((node, collector))
 }
 
@@ -291,10 +297,6 @@ fn pass_done(cfg: &DatapathConfig, node: &mut Node, done: &PassDone) {
             Err(e) => warn!("reading map pressure: {}", chain(&e)),
         }
     }
-    // The walks' buffers are freed: hand their pages back now, not at the
-    // next round's end (at 5,000 peers, +1.3 MiB of RSS a minute until
-    // then).
-    crate::util::memory::release_free();
 }
 
 /// Masquerade still attached to the uplink: attached again when the uplink
