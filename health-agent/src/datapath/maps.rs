@@ -163,22 +163,6 @@ pub fn delete_where_slice<K: aya::Pod, V: aya::Pod>(
     failed.map_or(Ok(slice), |e| Err(batch_delete_err(id)(e)))
 }
 
-/// A pinned hash map's entries in a slice of a walk (as [`hash_entries`],
-/// from `from`, about `budget` entries); returns the map and where the next
-/// slice starts (`None`: the map's end).
-pub fn hash_entries_slice<K: aya::Pod, V: aya::Pod>(
-    dir: &Path,
-    id: MapId,
-    from: Cursor,
-    budget: usize,
-    mut each: impl FnMut(&K, &V),
-) -> Result<(MapData, Option<Cursor>), DatapathError> {
-    let data = pinned_hash::<K, V>(dir, id, false)?;
-    let next = crate::sys::bpf_batch::for_each_slice(data.fd().as_fd(), from, budget, &mut each)
-        .map_err(batch_read_err(id))?;
-    Ok((data, next))
-}
-
 /// A pinned per-CPU hash map's entries: each key with its value on every
 /// possible CPU, read in batches.
 pub fn per_cpu_entries<K: aya::Pod, V: aya::Pod>(

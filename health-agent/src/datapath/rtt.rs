@@ -188,91 +188,45 @@ pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
 
 /// [`sweep`], and the requests it left pending.
 pub fn sweep_counted(dir: &Path, timeout: Duration) -> Result<(u64, u64), DatapathError> {
-    let mut sweep = Sweep::default();
-    sweep.slice(dir, timeout, super::maps::Cursor::START, usize::MAX)?;
-    sweep.finish(dir)
-}
-
-/// A loss sweep in slices of the pending map, so that a pass over a large
-/// map is spread over time: each slice removes the lost requests it finds,
-/// and [`Sweep::finish`] adds them to the loss counters.
-#[derive(Debug, Default)]
-pub struct Sweep {
-    /// Requests removed as lost, per peer and protocol.
-    add: std::collections::HashMap<RttKey, u64>,
-    lost: u64,
-    left: u64,
-}
-
-impl Sweep {
-    /// Sweeps the pending requests from `from`, about `budget` of them;
-    /// returns where the next slice starts (`None`: the map's end).
-    pub fn slice(
-        &mut self,
-        dir: &Path,
-        timeout: Duration,
-        from: super::maps::Cursor,
-        budget: usize,
-    ) -> Result<Option<super::maps::Cursor>, DatapathError> {
-        use super::maps::{delete_keys, hash_entries_slice};
-        let now = super::monotonic_ns()?;
-        let cutoff = now.saturating_sub(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
-        // All in batches: a round of 20,000 probes leaves as many requests,
-        // half of them lost when half the peers are silent.
-        let mut lost: Vec<PendingKey> = Vec::new();
-        let mut seen = 0u64;
-        let (pending, next) = hash_entries_slice(
-            dir,
-            MapId::RttPending,
-            from,
-            budget,
-            |k: &PendingKey, sent: &u64| {
-                seen += 1;
-                if *sent < cutoff {
-                    lost.push(*k);
-                }
-            },
-        )?;
-        // Only the requests this pass removes count (one answered meanwhile
-        // is gone already), each once, per peer and protocol.
-        let mut n = 0;
-        delete_keys(&pending, MapId::RttPending, &lost, |k| {
-            let key = RttKey {
-                peer: k.peer,
-                proto: k.proto,
-                pad: [0; 3],
-            };
-            *self.add.entry(key).or_default() += 1;
-            n += 1;
-        })?;
-        self.lost += n;
-        self.left += seen.saturating_sub(n);
-        Ok(next)
-    }
-
-    /// Adds the requests found lost to the loss counters; returns how many
-    /// were lost, and how many requests the slices left pending.
-    pub fn finish(self, dir: &Path) -> Result<(u64, u64), DatapathError> {
-        use super::maps::{hash_entries, update_entries};
-        let Self {
-            mut add,
-            lost,
-            left,
-        } = self;
-        if add.is_empty() {
-            return Ok((lost, left));
+    use super::maps::{delete_keys, hash_entries, update_entries};
+    let now = super::monotonic_ns()?;
+    let cutoff = now.saturating_sub(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
+    // All in batches: a round of 20,000 probes leaves as many requests,
+    // half of them lost when half the peers are silent.
+    let mut lost: Vec<PendingKey> = Vec::new();
+    let mut seen = 0u64;
+    let pending = hash_entries(dir, MapId::RttPending, |k: &PendingKey, sent: &u64| {
+        seen += 1;
+        if *sent < cutoff {
+            lost.push(*k);
         }
-        // The counters are the agent's alone (the kernel never writes them):
-        // read, add, write back.
-        let losses = hash_entries(dir, MapId::RttLosses, |k: &RttKey, so_far: &u64| {
-            if let Some(v) = add.get_mut(k) {
-                *v += so_far;
-            }
-        })?;
-        let (keys, values): (Vec<RttKey>, Vec<u64>) = add.into_iter().unzip();
-        update_entries(&losses, MapId::RttLosses, &keys, &values)?;
-        Ok((lost, left))
+    })?;
+    if lost.is_empty() {
+        return Ok((0, seen));
     }
+    // Only the requests this pass removes count (one answered meanwhile
+    // is gone already), each once, per peer and protocol.
+    let mut add: std::collections::HashMap<RttKey, u64> = std::collections::HashMap::new();
+    let mut n = 0;
+    delete_keys(&pending, MapId::RttPending, &lost, |k| {
+        let key = RttKey {
+            peer: k.peer,
+            proto: k.proto,
+            pad: [0; 3],
+        };
+        *add.entry(key).or_default() += 1;
+        n += 1;
+    })?;
+    // The counters are the agent's alone (the kernel never writes them):
+    // read, add, write back.
+    let losses = hash_entries(dir, MapId::RttLosses, |k: &RttKey, so_far: &u64| {
+        if let Some(v) = add.get_mut(k) {
+            *v += so_far;
+        }
+    })?;
+    let (keys, values): (Vec<RttKey>, Vec<u64>) = add.into_iter().unzip();
+    update_entries(&losses, MapId::RttLosses, &keys, &values)?;
+    Ok((n, seen.saturating_sub(n)))
 }
 
 /// Removes the RTT statistics and loss counters of every peer address

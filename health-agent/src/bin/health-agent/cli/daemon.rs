@@ -185,7 +185,8 @@ pub(crate) struct DaemonArgs {
     #[arg(long, default_value = "10s", value_parser = health_agent::util::duration::parse)]
     pub ct_lifetime_closed: Duration,
     /// How often expired CT entries are collected and unanswered probes
-    /// counted as RTT losses.
+    /// counted as RTT losses (each pass is walked in slices over the
+    /// interval).
     #[arg(long, default_value = "10s", value_parser = health_agent::util::duration::parse)]
     pub ct_gc_interval: Duration,
     /// Peers the kernel's RTT maps hold (4 keys each: ICMP and TCP to the
