@@ -1,8 +1,8 @@
 //! The node's datapath task: it creates the pins and writes the datapath's
 //! configuration (CT lifetimes, masquerade), keeps masquerade attached to
 //! the uplink (re-attached when the uplink is recreated), and maintains the
-//! maps: the NAT and CT collectors and the RTT loss sweep, the last two in
-//! slices ([`super::collect`]). On shutdown it
+//! maps: the NAT and CT collectors (the CT one in slices,
+//! [`super::collect`]) and the RTT loss sweep. On shutdown it
 //! detaches. The pins outlive a restart of this task (the endpoint's
 //! programs share the maps through them): [`PinsGuard`] removes them when
 //! the agent ends.
@@ -237,8 +237,8 @@ fn missing_nat(node: &Node) -> Vec<String> {
 }
 
 /// One maintenance tick: when a pass starts, masquerade still on the
-/// uplink and the NAT collector; at every tick, a slice of the CT collector
-/// and the loss sweep ([`Collector`]); when a pass completes, map pressure
+/// uplink, the NAT collector and the loss sweep; at every tick of a pass, a
+/// slice of the CT collector ([`Collector`]); when a pass completes, map pressure
 /// (on its cadence) and freed memory back to the kernel. Failures are
 /// logged; the next pass retries.
 fn maintain(
