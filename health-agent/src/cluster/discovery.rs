@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use super::{
     NodeSet,
     etcd::{self, EtcdConfig, Registration},
+    file_version::FileVersion,
     nodes_file,
     validate::{LocalNode, MAX_REJECTED_SHOWN, RejectedRecord, Validated},
 };
@@ -139,30 +140,36 @@ fn now_ms() -> u64 {
 }
 
 /// Watches the nodes file (polling it every `poll`, which also catches
-/// editors that replace the file), publishing each valid version. The file
-/// is read only when `stat` says it may have changed ([`Stamp`]): at
-/// 10,000 nodes it is a megabyte.
-async fn watch_file(path: PathBuf, poll: Duration, local: LocalNode, nodes: Nodes) {
-    let mut stamp = Stamp::of(&path);
-    let mut last: Option<String> = std::fs::read_to_string(&path).ok();
+/// editors that replace the file), publishing each valid version after
+/// `seen` (the version read at start, if any). The file is read only when
+/// `stat` says it may have changed, and only a hash of what was read is
+/// kept ([`FileVersion`]): at 10,000 nodes the file is a megabyte.
+async fn watch_file(
+    path: PathBuf,
+    poll: Duration,
+    local: LocalNode,
+    nodes: Nodes,
+    seen: Option<FileVersion>,
+) {
+    let mut seen = seen.or_else(|| FileVersion::read(&path).ok().map(|(_, v)| v));
     loop {
         tokio::time::sleep(poll).await;
-        let now = Stamp::of(&path);
-        if now.is_some() && now == stamp && now.is_some_and(|s| s.settled(SystemTime::now())) {
+        if seen.is_some_and(|v| !v.may_have_changed(&path, SystemTime::now())) {
             continue;
         }
-        stamp = now;
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
+        let (text, version) = match FileVersion::read(&path) {
+            Ok(read) => read,
             Err(e) => {
-                if last.is_some() {
+                if seen.is_some() {
                     nodes.reject(format!("{}: cannot read: {e}", path.display()));
-                    last = None;
+                    seen = None;
                 }
                 continue;
             }
         };
-        if last.as_deref() == Some(text.as_str()) {
+        let same = seen.is_some_and(|v| v.same_content(&version));
+        seen = Some(version);
+        if same {
             continue;
         }
         match nodes_file::parse(&path, &text, &local) {
@@ -177,48 +184,6 @@ async fn watch_file(path: PathBuf, poll: Duration, local: LocalNode, nodes: Node
             }
             Err(e) => nodes.reject(e.to_string()),
         }
-        last = Some(text);
-    }
-}
-
-/// What `stat` says of a file: its identity, size and times. An unchanged
-/// stamp means unchanged content only once the file's last change is
-/// [`Stamp::SETTLE`] old: a write in the same clock tick as the previous
-/// one (a timestamp's granularity is the kernel's tick) leaves the times
-/// as they were, so a recently changed file is read anyway.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl Stamp {
-    const SETTLE: Duration = Duration::from_secs(2);
-
-    fn of(path: &std::path::Path) -> Option<Self> {
-        use std::os::unix::fs::MetadataExt as _;
-        let m = std::fs::metadata(path).ok()?;
-        Some(Self {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        })
-    }
-
-    /// Whether the file's last change (content or metadata) is at least
-    /// [`Stamp::SETTLE`] before `now`.
-    fn settled(&self, now: SystemTime) -> bool {
-        let latest = self.mtime.max(self.ctime);
-        let secs = u64::try_from(latest.0).unwrap_or(0);
-        let nanos = u32::try_from(latest.1).unwrap_or(0);
-        let changed = UNIX_EPOCH + Duration::new(secs, nanos);
-        now.duration_since(changed)
-            .is_ok_and(|age| age >= Self::SETTLE)
     }
 }
 
@@ -230,6 +195,8 @@ pub enum NodeSource {
         path: PathBuf,
         poll: Duration,
         local: LocalNode,
+        /// The version read at start: a change made after it is taken.
+        seen: Option<FileVersion>,
     },
     /// etcd: this node registers under a lease; the prefix is watched.
     Etcd {
@@ -247,9 +214,20 @@ impl NodeSource {
     /// leaves (revokes its lease) on the way out.
     pub async fn run(&self, nodes: Nodes, shutdown: CancellationToken) {
         match self {
-            Self::File { path, poll, local } => {
+            Self::File {
+                path,
+                poll,
+                local,
+                seen,
+            } => {
                 shutdown
-                    .run_until_cancelled(watch_file(path.clone(), *poll, local.clone(), nodes))
+                    .run_until_cancelled(watch_file(
+                        path.clone(),
+                        *poll,
+                        local.clone(),
+                        nodes,
+                        *seen,
+                    ))
                     .await;
             }
             Self::Etcd {
@@ -271,50 +249,5 @@ impl NodeSource {
             }
             Self::None => shutdown.cancelled().await,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_file_is_read_again_until_its_last_change_settles() {
-        let dir = std::env::temp_dir().join(format!("stamp-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("nodes.yaml");
-        std::fs::write(&path, "nodes: []\n").expect("write");
-        let fresh = Stamp::of(&path).expect("stamp");
-        assert!(
-            !fresh.settled(SystemTime::now()),
-            "just written: its stamp cannot vouch for its content yet"
-        );
-        assert!(fresh.settled(SystemTime::now() + Stamp::SETTLE));
-        // Same size, new content: a new stamp (or, in the same tick, an
-        // unsettled one, which is read anyway).
-        std::fs::write(&path, "nodes: {}\n").expect("rewrite");
-        let again = Stamp::of(&path).expect("stamp");
-        assert!(again != fresh || !again.settled(SystemTime::now()));
-        // An old file, untouched: settled, and its stamp stays.
-        let old = SystemTime::now() - Duration::from_secs(60);
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .expect("open")
-            .set_modified(old)
-            .expect("mtime");
-        let stamp = Stamp::of(&path).expect("stamp");
-        // Setting the time is a change of metadata (ctime) just now.
-        assert!(!stamp.settled(SystemTime::now()));
-        assert!(stamp.settled(SystemTime::now() + Stamp::SETTLE));
-        assert_eq!(Stamp::of(&path), Some(stamp));
-        // Replaced by another file (as editors and config maps do): a new
-        // identity.
-        let other = dir.join("next.yaml");
-        std::fs::write(&other, "nodes: {}\n").expect("write");
-        std::fs::rename(&other, &path).expect("replace");
-        assert_ne!(Stamp::of(&path), Some(stamp));
-        assert_eq!(Stamp::of(&dir.join("absent")), None);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

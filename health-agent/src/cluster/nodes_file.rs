@@ -123,16 +123,6 @@ pub fn parse(path: &Path, text: &str, local: &LocalNode) -> Result<Validated, No
     Ok(validate::validate(candidates, local))
 }
 
-/// Reads and parses the file.
-pub fn load(path: &Path, local: &LocalNode) -> Result<Validated, NodesFileError> {
-    let text = std::fs::read_to_string(path).map_err(|e| NodesFileError {
-        path: path.display().to_string(),
-        line: None,
-        message: format!("cannot read: {e}"),
-    })?;
-    parse(path, &text, local)
-}
-
 /// Decodes one record; the error names the field at fault.
 fn decode(v: &Value) -> Result<Node, String> {
     let Value::Object(map) = v else {

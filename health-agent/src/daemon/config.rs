@@ -11,6 +11,7 @@ use tracing::info;
 use crate::{
     cluster::{
         etcd::EtcdConfig,
+        file_version::FileVersion,
         nodes_file, sync,
         validate::{LocalNode, Validated},
     },
@@ -184,6 +185,8 @@ pub struct NodesAtStart {
     /// `--node-ip6`, or this node's entry in the nodes file.
     pub node_ip6: Option<std::net::Ipv6Addr>,
     pub masquerade: Option<Masquerade>,
+    /// The version of the nodes file read, for its watcher to go on from.
+    pub file: Option<FileVersion>,
 }
 
 impl DaemonConfig {
@@ -225,18 +228,24 @@ impl DaemonConfig {
     /// a file that parses are rejected one by one, and the agent starts
     /// with the others).
     pub fn resolve_nodes(&self) -> Result<NodesAtStart, ConfigError> {
-        let initial_nodes = match &self.discovery {
+        let (initial_nodes, file) = match &self.discovery {
             Discovery::File(path) => {
-                let update = nodes_file::load(path, &self.local_node())?;
+                let (text, version) =
+                    FileVersion::read(path).map_err(|e| nodes_file::NodesFileError {
+                        path: path.display().to_string(),
+                        line: None,
+                        message: format!("cannot read: {e}"),
+                    })?;
+                let update = nodes_file::parse(path, &text, &self.local_node())?;
                 info!(
                     path = %path.display(),
                     nodes = update.nodes.len(),
                     rejected = update.rejected.len(),
                     "nodes file loaded"
                 );
-                update
+                (update, Some(version))
             }
-            Discovery::Etcd(_) | Discovery::None => Validated::default(),
+            Discovery::Etcd(_) | Discovery::None => (Validated::default(), None),
         };
         let own = initial_nodes.nodes.get(&self.node_name);
         let node_ip = self.node_ip.or_else(|| own.and_then(|n| n.node_ip));
@@ -267,6 +276,7 @@ impl DaemonConfig {
             node_ip,
             node_ip6,
             masquerade,
+            file,
         })
     }
 

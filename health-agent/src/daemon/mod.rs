@@ -447,6 +447,7 @@ fn node_source(
             path: path.clone(),
             poll: Duration::from_millis(500),
             local: cfg.local_node(),
+            seen: at_start.file,
         },
         Discovery::Etcd(etcd) => {
             let (node_ip, node_ip6) = node_addr::resolve(

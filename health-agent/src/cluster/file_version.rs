@@ -1,0 +1,162 @@
+//! A version of a watched file, known without keeping its content: what
+//! `stat` says of it ([`Stamp`]) and a hash of its text. The nodes-file
+//! watcher polls twice a second; at 10,000 nodes the file is a megabyte,
+//! which it then neither reads nor holds while nothing changes.
+
+use std::{
+    hash::{Hash as _, Hasher as _},
+    path::Path,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+/// A file as it was read: its stamp (taken before the read, so that a
+/// change during the read leaves a newer one) and a hash of its text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileVersion {
+    stamp: Option<Stamp>,
+    hash: u64,
+}
+
+impl FileVersion {
+    /// Reads `path`: its text, and the version it is.
+    pub fn read(path: &Path) -> std::io::Result<(String, Self)> {
+        let stamp = Stamp::of(path);
+        let text = std::fs::read_to_string(path)?;
+        let mut h = std::hash::DefaultHasher::new();
+        text.hash(&mut h);
+        Ok((
+            text,
+            Self {
+                stamp,
+                hash: h.finish(),
+            },
+        ))
+    }
+
+    /// Whether `path` may differ from this version, by `stat` alone: a
+    /// new stamp, no stamp, or a last change too recent to vouch for.
+    #[must_use]
+    pub fn may_have_changed(&self, path: &Path, now: SystemTime) -> bool {
+        let stamp = Stamp::of(path);
+        !(stamp.is_some() && stamp == self.stamp && stamp.is_some_and(|s| s.settled(now)))
+    }
+
+    /// Whether `other` has the same text.
+    #[must_use]
+    pub fn same_content(&self, other: &Self) -> bool {
+        self.hash == other.hash
+    }
+}
+
+/// What `stat` says of a file: its identity, size and times. An unchanged
+/// stamp means unchanged content only once the file's last change is
+/// [`Stamp::SETTLE`] old: a write in the same clock tick as the previous
+/// one (a timestamp's granularity is the kernel's tick) leaves the times
+/// as they were, so a recently changed file is read anyway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    const SETTLE: Duration = Duration::from_secs(2);
+
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// Whether the file's last change (content or metadata) is at least
+    /// [`Stamp::SETTLE`] before `now`.
+    fn settled(&self, now: SystemTime) -> bool {
+        let latest = self.mtime.max(self.ctime);
+        let secs = u64::try_from(latest.0).unwrap_or(0);
+        let nanos = u32::try_from(latest.1).unwrap_or(0);
+        let changed = UNIX_EPOCH + Duration::new(secs, nanos);
+        now.duration_since(changed)
+            .is_ok_and(|age| age >= Self::SETTLE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_read_again_until_its_last_change_settles() {
+        let dir = std::env::temp_dir().join(format!("stamp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("nodes.yaml");
+        std::fs::write(&path, "nodes: []\n").expect("write");
+        let fresh = Stamp::of(&path).expect("stamp");
+        assert!(
+            !fresh.settled(SystemTime::now()),
+            "just written: its stamp cannot vouch for its content yet"
+        );
+        assert!(fresh.settled(SystemTime::now() + Stamp::SETTLE));
+        // Same size, new content: a new stamp (or, in the same tick, an
+        // unsettled one, which is read anyway).
+        std::fs::write(&path, "nodes: {}\n").expect("rewrite");
+        let again = Stamp::of(&path).expect("stamp");
+        assert!(again != fresh || !again.settled(SystemTime::now()));
+        // An old file, untouched: settled, and its stamp stays.
+        let old = SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .expect("open")
+            .set_modified(old)
+            .expect("mtime");
+        let stamp = Stamp::of(&path).expect("stamp");
+        // Setting the time is a change of metadata (ctime) just now.
+        assert!(!stamp.settled(SystemTime::now()));
+        assert!(stamp.settled(SystemTime::now() + Stamp::SETTLE));
+        assert_eq!(Stamp::of(&path), Some(stamp));
+        // Replaced by another file (as editors and config maps do): a new
+        // identity.
+        let other = dir.join("next.yaml");
+        std::fs::write(&other, "nodes: {}\n").expect("write");
+        std::fs::rename(&other, &path).expect("replace");
+        assert_ne!(Stamp::of(&path), Some(stamp));
+        assert_eq!(Stamp::of(&dir.join("absent")), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_version_says_when_the_file_may_differ_and_whether_it_does() {
+        let dir = std::env::temp_dir().join(format!("version-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("nodes.yaml");
+        std::fs::write(&path, "nodes: []\n").expect("write");
+        let (text, v) = FileVersion::read(&path).expect("read");
+        assert_eq!(text, "nodes: []\n");
+        let later = SystemTime::now() + Stamp::SETTLE;
+        assert!(v.may_have_changed(&path, SystemTime::now()), "too recent");
+        assert!(!v.may_have_changed(&path, later), "settled and untouched");
+        // Rewritten with the same text: read again, found the same.
+        std::fs::write(&path, "nodes: []\n").expect("rewrite");
+        let (_, again) = FileVersion::read(&path).expect("read");
+        assert!(again.same_content(&v));
+        // Other text of the same size: read again, found different.
+        std::fs::write(&path, "nodes: {}\n").expect("edit");
+        assert!(v.may_have_changed(&path, SystemTime::now()), "just edited");
+        let (_, edited) = FileVersion::read(&path).expect("read");
+        assert!(!edited.same_content(&v));
+        // Gone: it may have changed, and reading it fails.
+        std::fs::remove_file(&path).expect("remove");
+        assert!(v.may_have_changed(&path, later));
+        assert!(FileVersion::read(&path).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
