@@ -33,6 +33,9 @@ pub struct PassDone {
     /// CT entries removed as expired, and left in the map.
     pub ct_removed: u64,
     pub ct_left: u64,
+    /// CT entries the kernel evicted, by the counters read at the pass's
+    /// start and the entries the pass saw ([`ct::evicted`]).
+    pub ct_evicted: u64,
     /// Requests moved to the loss counters, and left pending.
     pub lost: u64,
     pub pending_left: u64,
@@ -60,6 +63,10 @@ struct Pass {
     ct: Walk,
     /// Whether the loss sweep ran.
     swept: bool,
+    /// The CT counters `created` and `removed` before the walk's first
+    /// slice, and the entries the slices saw.
+    counters: (u64, u64),
+    ct_seen: u64,
     done: PassDone,
 }
 
@@ -107,6 +114,8 @@ impl Collector {
         self.pass = Some(Pass {
             ct: Walk::At(Cursor::START),
             swept: false,
+            counters: (0, 0),
+            ct_seen: 0,
             done: PassDone::default(),
         });
         true
@@ -129,6 +138,7 @@ impl Collector {
         if !pass.swept {
             (pass.done.lost, pass.done.pending_left) = rtt::sweep_counted(dir, self.timeout)?;
             pass.swept = true;
+            pass.counters = ct::created_and_removed(dir)?;
         }
         if let Walk::At(from) = pass.ct {
             let Slice {
@@ -138,11 +148,14 @@ impl Collector {
             } = ct::gc_slice(dir, from, self.ct_budget)?;
             pass.done.ct_removed += deleted;
             pass.done.ct_left += seen.saturating_sub(deleted);
+            pass.ct_seen += seen;
             pass.ct = Walk::next(next);
         }
         pass.done.slices += 1;
         pass.done.took += started.elapsed();
         if pass.ct == Walk::Done {
+            let (created, removed) = pass.counters;
+            pass.done.ct_evicted = ct::evicted(created, removed, pass.ct_seen);
             return Ok(Some(pass.done));
         }
         self.pass = Some(pass);

@@ -131,27 +131,47 @@ pub fn list(dir: &Path) -> Result<Vec<CtRow>, DatapathError> {
 /// every entry created is either still there, removed by the collector
 /// (counted), or evicted: `evicted = created - removed - entries`.
 pub fn counters(dir: &Path) -> Result<Vec<(&'static str, u64)>, DatapathError> {
-    counters_given(dir, super::maps::entries(dir, MapId::CtMap)?)
-}
-
-/// [`counters`], the CT map holding `entries` (counted by the caller's
-/// own walk).
-pub fn counters_given(dir: &Path, entries: u64) -> Result<Vec<(&'static str, u64)>, DatapathError> {
     let wanted: Vec<_> = CtCounter::ALL
         .iter()
         .map(|c| (c.name(), *c as u32))
         .collect();
+    // The counters before the entries ([`evicted`]).
     let mut out = super::maps::read_counters(dir, MapId::CtStats, &wanted)?;
+    let entries = super::maps::entries(dir, MapId::CtMap)?;
     let get = |name| out.iter().find(|(n, _)| *n == name).map_or(0, |(_, v)| *v);
     let (created, removed) = (
         get(CtCounter::Created.name()),
         get(CtCounter::Removed.name()),
     );
-    out.push((
-        "evicted",
-        created.saturating_sub(removed).saturating_sub(entries),
-    ));
+    out.push(("evicted", evicted(created, removed, entries)));
     Ok(out)
+}
+
+/// The `created` and `removed` counters, summed over CPUs.
+pub fn created_and_removed(dir: &Path) -> Result<(u64, u64), DatapathError> {
+    let out = super::maps::read_counters(
+        dir,
+        MapId::CtStats,
+        &[
+            (CtCounter::Created.name(), CtCounter::Created as u32),
+            (CtCounter::Removed.name(), CtCounter::Removed as u32),
+        ],
+    )?;
+    let get = |name| out.iter().find(|(n, _)| *n == name).map_or(0, |(_, v)| *v);
+    Ok((
+        get(CtCounter::Created.name()),
+        get(CtCounter::Removed.name()),
+    ))
+}
+
+/// Entries the kernel evicted (LRU): created, less removed by the
+/// collector, less still in the map. Exact when the counters are read
+/// before the map is counted: an entry created in between is counted in
+/// the map and not yet as created, which only lowers the figure until the
+/// next count; read the other way round it would count as evicted.
+#[must_use]
+pub const fn evicted(created: u64, removed: u64, entries: u64) -> u64 {
+    created.saturating_sub(removed).saturating_sub(entries)
 }
 
 /// Removes expired entries; returns how many, also added to the
@@ -198,6 +218,15 @@ pub fn gc_slice(
 mod tests {
     use super::*;
     use health_common::ct::{key_addr, v4_mapped};
+
+    #[test]
+    fn evictions_are_what_was_created_and_is_neither_removed_nor_there() {
+        assert_eq!(evicted(100, 30, 60), 10);
+        assert_eq!(evicted(100, 30, 70), 0);
+        // Counted the wrong way round (entries created after the counters
+        // were read): never below zero.
+        assert_eq!(evicted(100, 30, 75), 0);
+    }
 
     #[test]
     fn rows_show_either_family_readably() {

@@ -289,7 +289,7 @@ fn pass_done(cfg: &DatapathConfig, node: &mut Node, done: &PassDone) {
             (MapId::CtMap, done.ct_left),
             (MapId::RttPending, done.pending_left),
         ];
-        match report::snapshot_counted(node.datapath.pin_dir(), counted) {
+        match report::snapshot_counted(node.datapath.pin_dir(), counted, Some(done.ct_evicted)) {
             Ok(snapshot) => {
                 drop(node.pressure.check(&snapshot.rows));
                 cfg.report.publish(snapshot);

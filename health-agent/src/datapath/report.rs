@@ -36,15 +36,23 @@ impl MapsSnapshot {
 
 /// Walks the maps pinned in `dir`.
 pub fn snapshot(dir: &Path) -> Result<MapsSnapshot, DatapathError> {
-    snapshot_counted(dir, Vec::new())
+    snapshot_counted(dir, Vec::new(), None)
 }
 
 /// [`snapshot`], taking the entries of the maps in `counted` (walked by
 /// the collectors just before) from there: each map is walked once.
+/// `ct_evicted` is the collector's figure for the CT evictions, counted
+/// with its walk; `None`: counted here (the counters read before the map
+/// is walked, as [`ct::evicted`] needs).
 pub fn snapshot_counted(
     dir: &Path,
     mut counted: maps::Counted,
+    ct_evicted: Option<u64>,
 ) -> Result<MapsSnapshot, DatapathError> {
+    let before = match ct_evicted {
+        Some(_) => None,
+        None => Some(ct::created_and_removed(dir)?),
+    };
     let totals = rtt::totals_counted(dir)?;
     counted.push((MapId::RttStats, totals.stats_entries));
     counted.push((MapId::RttLosses, totals.loss_entries));
@@ -53,10 +61,11 @@ pub fn snapshot_counted(
         .iter()
         .find(|r| r.name == MapId::CtMap.name())
         .map_or(0, |r| r.entries);
-    let ct_evicted = ct::counters_given(dir, ct_entries)?
-        .into_iter()
-        .find(|(name, _)| *name == "evicted")
-        .map_or(0, |(_, v)| v);
+    let ct_evicted = match (ct_evicted, before) {
+        (Some(given), _) => given,
+        (None, Some((created, removed))) => ct::evicted(created, removed, ct_entries),
+        (None, None) => 0,
+    };
     Ok(MapsSnapshot {
         rows,
         ct_evicted,

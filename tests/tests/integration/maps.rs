@@ -215,7 +215,8 @@ fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
     // The pressure report walks each map once: given the collector's
     // count, it agrees with the listing that counts every map itself.
     let report = |counted| {
-        health_agent::datapath::report::snapshot_counted(pins.path(), counted).expect("report")
+        health_agent::datapath::report::snapshot_counted(pins.path(), counted, None)
+            .expect("report")
     };
     let counted = report(vec![(MapId::CtMap, left.len() as u64)]);
     assert_eq!(counted, report(Vec::new()));
@@ -353,6 +354,9 @@ fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
         "the expired flows removed, the others counted"
     );
     assert_eq!((done.lost, done.pending_left), (8000, 4000));
+    // Written from user space, none of them was counted as created: no
+    // evictions either.
+    assert_eq!(done.ct_evicted, 0);
     // What is left is what one walk would leave: nothing more to do.
     assert_eq!(
         health_agent::datapath::ct::gc_counted(pins.path()).expect("gc"),
