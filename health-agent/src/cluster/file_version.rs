@@ -38,7 +38,7 @@ impl FileVersion {
     #[must_use]
     pub fn may_have_changed(&self, path: &Path, now: SystemTime) -> bool {
         let stamp = Stamp::of(path);
-        !(stamp.is_some() && stamp == self.stamp && stamp.is_some_and(|s| s.settled(now)))
+        !(stamp == self.stamp && stamp.is_some_and(|s| s.settled(now)))
     }
 
     /// Whether `other` has the same text.
@@ -91,14 +91,34 @@ impl Stamp {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
+
+    /// A directory of its own for a test, holding `nodes.yaml` as
+    /// written; removed when dropped, a failed test's too.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(test: &str) -> (Self, PathBuf) {
+            let dir = std::env::temp_dir().join(format!("{test}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let path = dir.join("nodes.yaml");
+            std::fs::write(&path, "nodes: []\n").expect("write");
+            (Self(dir), path)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 
     #[test]
     fn a_file_is_read_again_until_its_last_change_settles() {
-        let dir = std::env::temp_dir().join(format!("stamp-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("nodes.yaml");
-        std::fs::write(&path, "nodes: []\n").expect("write");
+        let (scratch, path) = Scratch::new("stamp");
+        let dir = &scratch.0;
         let fresh = Stamp::of(&path).expect("stamp");
         assert!(
             !fresh.settled(SystemTime::now()),
@@ -130,15 +150,11 @@ mod tests {
         std::fs::rename(&other, &path).expect("replace");
         assert_ne!(Stamp::of(&path), Some(stamp));
         assert_eq!(Stamp::of(&dir.join("absent")), None);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_version_says_when_the_file_may_differ_and_whether_it_does() {
-        let dir = std::env::temp_dir().join(format!("version-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("nodes.yaml");
-        std::fs::write(&path, "nodes: []\n").expect("write");
+        let (_scratch, path) = Scratch::new("version");
         let (text, v) = FileVersion::read(&path).expect("read");
         assert_eq!(text, "nodes: []\n");
         let later = SystemTime::now() + Stamp::SETTLE;
@@ -157,6 +173,5 @@ mod tests {
         std::fs::remove_file(&path).expect("remove");
         assert!(v.may_have_changed(&path, later));
         assert!(FileVersion::read(&path).is_err());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

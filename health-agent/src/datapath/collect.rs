@@ -44,23 +44,11 @@ pub struct PassDone {
     pub took: Duration,
 }
 
-/// Where a walk of one map stands: going on from a cursor, or done.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Walk {
-    At(Cursor),
-    Done,
-}
-
-impl Walk {
-    fn next(next: Option<Cursor>) -> Self {
-        next.map_or(Self::Done, Self::At)
-    }
-}
-
 /// A pass in progress.
 #[derive(Debug)]
 struct Pass {
-    ct: Walk,
+    /// Where the CT walk goes on; `None` once it reached the map's end.
+    ct: Option<Cursor>,
     /// Whether the loss sweep ran.
     swept: bool,
     /// The CT counters `created` and `removed` before the walk's first
@@ -112,7 +100,7 @@ impl Collector {
         }
         self.last_start = now;
         self.pass = Some(Pass {
-            ct: Walk::At(Cursor::START),
+            ct: Some(Cursor::START),
             swept: false,
             counters: (0, 0),
             ct_seen: 0,
@@ -140,7 +128,7 @@ impl Collector {
             pass.swept = true;
             pass.counters = ct::created_and_removed(dir)?;
         }
-        if let Walk::At(from) = pass.ct {
+        if let Some(from) = pass.ct {
             let Slice {
                 deleted,
                 seen,
@@ -149,11 +137,11 @@ impl Collector {
             pass.done.ct_removed += deleted;
             pass.done.ct_left += seen.saturating_sub(deleted);
             pass.ct_seen += seen;
-            pass.ct = Walk::next(next);
+            pass.ct = next;
         }
         pass.done.slices += 1;
         pass.done.took += started.elapsed();
-        if pass.ct == Walk::Done {
+        if pass.ct.is_none() {
             let (created, removed) = pass.counters;
             pass.done.ct_evicted = ct::evicted(created, removed, pass.ct_seen);
             return Ok(Some(pass.done));

@@ -243,24 +243,20 @@ fn missing_nat(node: &Node) -> Vec<String> {
 /// logged; the next pass retries.
 fn maintain(
     cfg: &DatapathConfig,
-    node: Node,
+    mut node: Node,
     mut collector: Collector,
 ) -> Result<(Node, Collector), DatapathError> {
-    let node = if collector.start_if_due(std::time::Instant::now()) {
-        let node = keep_masquerade(cfg, node)?;
+    if collector.start_if_due(std::time::Instant::now()) {
+        node = keep_masquerade(cfg, node)?;
         // NAT first: it removes pairs whose CT entry expired, which the CT
         // collector is about to delete.
         if let Err(e) = nat::gc(node.datapath.pin_dir()) {
             warn!("NAT garbage collection: {}", chain(&e));
         }
-        node
-    } else {
-        node
-    };
+    }
     if !collector.running() {
         return Ok((node, collector));
     }
-    let mut node = node;
     match collector.step(node.datapath.pin_dir()) {
         Ok(Some(done)) => pass_done(cfg, &mut node, &done),
         Ok(None) => {}

@@ -49,10 +49,11 @@ pub fn snapshot_counted(
     mut counted: maps::Counted,
     ct_evicted: Option<u64>,
 ) -> Result<MapsSnapshot, DatapathError> {
-    let before = match ct_evicted {
-        Some(_) => None,
-        None => Some(ct::created_and_removed(dir)?),
-    };
+    // The counters before the map is walked, as `ct::evicted` needs.
+    let before = ct_evicted
+        .is_none()
+        .then(|| ct::created_and_removed(dir))
+        .transpose()?;
     let totals = rtt::totals_counted(dir)?;
     counted.push((MapId::RttStats, totals.stats_entries));
     counted.push((MapId::RttLosses, totals.loss_entries));
@@ -61,11 +62,11 @@ pub fn snapshot_counted(
         .iter()
         .find(|r| r.name == MapId::CtMap.name())
         .map_or(0, |r| r.entries);
-    let ct_evicted = match (ct_evicted, before) {
-        (Some(given), _) => given,
-        (None, Some((created, removed))) => ct::evicted(created, removed, ct_entries),
-        (None, None) => 0,
-    };
+    let ct_evicted = ct_evicted.unwrap_or_else(|| {
+        before.map_or(0, |(created, removed)| {
+            ct::evicted(created, removed, ct_entries)
+        })
+    });
     Ok(MapsSnapshot {
         rows,
         ct_evicted,
