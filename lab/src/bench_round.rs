@@ -250,12 +250,29 @@ struct Round {
 
 pub(crate) struct Report {
     text: String,
+    /// Agent CPU per round per peer over the steady rounds (every round
+    /// after the first), when there were any.
+    cpu_per_peer: Option<Duration>,
 }
 
 impl Report {
     pub(crate) fn text(&self) -> &str {
         &self.text
     }
+
+    pub(crate) const fn cpu_per_peer(&self) -> Option<Duration> {
+        self.cpu_per_peer
+    }
+}
+
+/// The agent's CPU over `rounds` (all but the first) per round and peer:
+/// the sum of the rounds' CPU, so the clock ticks it is read in round off
+/// once over the whole run, not once a round.
+fn steady_cpu_per_peer(rounds: &[Round], peers: usize) -> Option<Duration> {
+    let steady = rounds.get(1..).filter(|s| !s.is_empty())?;
+    let total: Duration = steady.iter().map(|r| r.cpu).sum();
+    let per = u32::try_from(steady.len() * peers).ok()?;
+    Some(total / per)
 }
 
 pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
@@ -333,18 +350,16 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         std::thread::sleep(poll_period(opts.interval));
     }
     first_done.store(true, Ordering::Relaxed);
-    let lat: Vec<Duration> = latencies
-        .into_iter()
-        .flat_map(|h| h.join().unwrap_or_default())
-        .collect();
-    let p99 = percentile(lat.clone(), 99);
+    let status_latency = Percentiles::of(
+        latencies
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect(),
+    );
     let first = first.context("no round")?;
     let (live_ok, false_ok) = correctness(&first, opts.silent_pct);
     print_live_failures(&first, opts.silent_pct, &lab.peers);
-    let live_paths = 4
-        * (0..opts.peers)
-            .filter(|k| !silent(*k, opts.silent_pct))
-            .count();
+    let live_paths = live_paths(opts.peers, opts.silent_pct);
 
     // The reference, in the same run: fping over the same ICMP targets,
     // from the agent's node.
@@ -355,8 +370,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let measured = Measured {
         served,
         rounds,
-        answers: lat.len(),
-        p99,
+        status_latency,
         live_ok,
         live_paths,
         false_ok,
@@ -366,15 +380,17 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     if false_ok > 0 || live_ok < live_paths {
         bail!("wrong results:\n{text}");
     }
-    Ok(Report { text })
+    Ok(Report {
+        cpu_per_peer: steady_cpu_per_peer(&measured.rounds, opts.peers),
+        text,
+    })
 }
 
 /// What a run measured.
 struct Measured {
     served: Duration,
     rounds: Vec<Round>,
-    answers: usize,
-    p99: Duration,
+    status_latency: Percentiles,
     live_ok: usize,
     live_paths: usize,
     false_ok: usize,
@@ -386,7 +402,7 @@ struct Measured {
     reason = "MiB and ratios for display, from values far below 2^52"
 )]
 fn render(opts: &Options, m: &Measured) -> String {
-    let (served, rounds, p99, fping) = (m.served, &m.rounds, m.p99, m.fping);
+    let (served, rounds, fping) = (m.served, &m.rounds, m.fping);
     let (live_ok, live_paths, false_ok) = (m.live_ok, m.live_paths, m.false_ok);
     let mut text = String::new();
     let _ = writeln!(
@@ -413,9 +429,10 @@ fn render(opts: &Options, m: &Measured) -> String {
         let n = steady.len() as u64;
         let _ = writeln!(
             text,
-            "steady rounds: mean {} ms wall, {} ms CPU",
+            "steady rounds: mean {} ms wall, {} ms CPU ({:.3} ms a peer)",
             steady.iter().map(|r| r.wall_ms).sum::<u64>() / n,
-            steady.iter().map(|r| r.cpu.as_millis() as u64).sum::<u64>() / n
+            steady.iter().map(|r| r.cpu.as_millis() as u64).sum::<u64>() / n,
+            steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms)
         );
         for (what, kib) in [
             (
@@ -443,9 +460,12 @@ fn render(opts: &Options, m: &Measured) -> String {
     }
     let _ = writeln!(
         text,
-        "GET /v1/status during the first round, 8 clients: {} answers, p99 {:.2} ms (to the body's last byte, as sent)",
-        m.answers,
-        p99.as_secs_f64() * 1000.0
+        "GET /v1/status during the first round, 8 clients: {} answers, p99 {:.2} ms (to the body's last byte, as sent; p50 {:.2}, p90 {:.2}, max {:.2} ms)",
+        m.status_latency.count,
+        ms(m.status_latency.p99),
+        ms(m.status_latency.p50),
+        ms(m.status_latency.p90),
+        ms(m.status_latency.max),
     );
     let _ = writeln!(
         text,
@@ -544,13 +564,37 @@ fn status_clients(
         .collect()
 }
 
-/// The `pct`-th percentile of `samples`.
-fn percentile(mut samples: Vec<Duration>, pct: usize) -> Duration {
-    samples.sort_unstable();
-    samples
-        .get((samples.len() * pct / 100).min(samples.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or_default()
+/// A latency distribution's count and percentiles.
+struct Percentiles {
+    count: usize,
+    p50: Duration,
+    p90: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
+impl Percentiles {
+    fn of(mut samples: Vec<Duration>) -> Self {
+        samples.sort_unstable();
+        let at = |pct: usize| {
+            samples
+                .get((samples.len() * pct / 100).min(samples.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or_default()
+        };
+        Self {
+            count: samples.len(),
+            p50: at(50),
+            p90: at(90),
+            p99: at(99),
+            max: samples.last().copied().unwrap_or_default(),
+        }
+    }
+}
+
+/// Milliseconds, for display.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 /// The index `k` of the node `peer-k` (`usize::MAX` for any other name).
@@ -604,6 +648,11 @@ fn print_live_failures(status: &ClusterStatus, pct: u32, peers: &Netns) {
     if let Some((overflows, drops)) = listen_overflows(peers) {
         println!("the peers' server: {overflows} listen overflows, {drops} listen drops");
     }
+}
+
+/// The paths of the answering ones among `peers` peers, `pct` % silent.
+fn live_paths(peers: usize, pct: u32) -> usize {
+    4 * (0..peers).filter(|k| !silent(*k, pct)).count()
 }
 
 /// Live paths that are OK, and silent paths that are (wrongly) OK.

@@ -14,6 +14,7 @@ mod bench_cluster_sim;
 mod bench_datapath;
 mod bench_echo;
 mod bench_etcd_load;
+mod bench_linear;
 mod bench_page;
 mod bench_round;
 mod blaster;
@@ -65,6 +66,29 @@ enum Command {
         /// Probe interval of the agent.
         #[arg(long, default_value = "3s", value_parser = health_agent::util::duration::parse)]
         interval: std::time::Duration,
+    },
+    /// `bench-round` at each of --sizes in passes of alternating order: the
+    /// agent's CPU per round per peer at each size, and their spread.
+    BenchLinear {
+        /// Peer counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "500,2000,5000,10000",
+              value_parser = clap::value_parser!(usize))]
+        sizes: Vec<usize>,
+        /// Percent of peers that never answer.
+        #[arg(long, default_value_t = 50)]
+        silent: u32,
+        /// Rounds at each size in each pass (the first is not counted).
+        #[arg(long, default_value_t = 8)]
+        rounds: u32,
+        /// Probe interval of the agent, the same at every size.
+        #[arg(long, default_value = "3s", value_parser = health_agent::util::duration::parse)]
+        interval: std::time::Duration,
+        /// Passes over the sizes (their order alternates).
+        #[arg(long, default_value_t = 2)]
+        passes: u32,
+        /// The largest spread that passes, in percent.
+        #[arg(long, default_value_t = 20.0)]
+        within: f64,
     },
     /// The connectivity page of an agent with N silent peers, in headless
     /// Chromium: fetch-to-painted time of the page, against 1 s.
@@ -155,6 +179,25 @@ fn main() -> ExitCode {
             interval,
         })
         .map(|r| print!("{}", r.text())),
+        Command::BenchLinear {
+            sizes,
+            silent,
+            rounds,
+            interval,
+            passes,
+            within,
+        } => bench_linear::run(
+            &bench_linear::Options {
+                sizes,
+                silent_pct: silent,
+                rounds,
+                interval,
+                passes,
+                within_pct: within,
+            },
+            &mut |line| eprintln!("{line}"),
+        )
+        .map(|text| print!("{text}")),
         Command::BenchPage {
             peers,
             refreshes,

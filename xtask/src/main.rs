@@ -128,6 +128,24 @@ enum Bench {
         #[arg(long, default_value = "3s")]
         interval: String,
     },
+    /// Linear cost: `round` at each of --sizes, in passes of alternating
+    /// order, then the agent's CPU per round per peer at each size and
+    /// their spread against 20 %.
+    Linear {
+        /// Peer counts, comma-separated.
+        #[arg(long, default_value = "500,2000,5000,10000")]
+        sizes: String,
+        #[arg(long, default_value_t = 50)]
+        silent: u32,
+        /// Rounds at each size in each pass (the first is not counted).
+        #[arg(long, default_value_t = 8)]
+        rounds: u32,
+        /// Probe interval of the agent, the same at every size.
+        #[arg(long, default_value = "3s")]
+        interval: String,
+        #[arg(long, default_value_t = 2)]
+        passes: u32,
+    },
     /// The connectivity page of an agent with N silent peers (all failing),
     /// in headless Chromium: fetch-to-painted time against 1 s.
     Page {
@@ -296,21 +314,9 @@ fn run() -> anyhow::Result<()> {
                     family,
                 },
         } => {
-            setup::run(&pin)?;
-            cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
             let (s, r) = (seconds.to_string(), rounds.to_string());
-            lab(
-                &root,
-                &[
-                    "bench-echo",
-                    "--seconds",
-                    &s,
-                    "--rounds",
-                    &r,
-                    "--family",
-                    &family,
-                ],
-            )
+            let args = ["--seconds", &s, "--rounds", &r, "--family", &family];
+            lab_in_namespaces(&root, &pin, "bench-echo", &args)
         }
         Task::Bench {
             which:
@@ -321,31 +327,54 @@ fn run() -> anyhow::Result<()> {
                     interval,
                 },
         } => {
-            setup::run(&pin)?;
-            cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
             let (p, s, r) = (peers.to_string(), silent.to_string(), rounds.to_string());
-            lab(
-                &root,
-                &[
-                    "bench-round",
-                    "--peers",
-                    &p,
-                    "--silent",
-                    &s,
-                    "--rounds",
-                    &r,
-                    "--interval",
-                    &interval,
-                ],
-            )
+            let args = [
+                "--peers",
+                &p,
+                "--silent",
+                &s,
+                "--rounds",
+                &r,
+                "--interval",
+                &interval,
+            ];
+            lab_in_namespaces(&root, &pin, "bench-round", &args)
+        }
+        Task::Bench {
+            which:
+                Bench::Linear {
+                    sizes,
+                    silent,
+                    rounds,
+                    interval,
+                    passes,
+                },
+        } => {
+            let (s, r, p) = (silent.to_string(), rounds.to_string(), passes.to_string());
+            let args = [
+                "--sizes",
+                &sizes,
+                "--silent",
+                &s,
+                "--rounds",
+                &r,
+                "--interval",
+                &interval,
+                "--passes",
+                &p,
+            ];
+            lab_in_namespaces(&root, &pin, "bench-linear", &args)
         }
         Task::Bench {
             which: Bench::Page { peers, refreshes },
         } => {
-            setup::run(&pin)?;
-            cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
             let (p, r) = (peers.to_string(), refreshes.to_string());
-            lab(&root, &["bench-page", "--peers", &p, "--refreshes", &r])
+            lab_in_namespaces(
+                &root,
+                &pin,
+                "bench-page",
+                &["--peers", &p, "--refreshes", &r],
+            )
         }
         Task::Bench {
             which: which @ Bench::EtcdLoad { .. },
@@ -435,6 +464,21 @@ fn test_in_vm(
 
 /// Builds `health-agent` and `health-lab` (release, side by side: the lab
 /// starts the agent binary) and runs the lab.
+/// A benchmark of `health-lab` that creates namespaces and loads BPF
+/// programs: the toolchain set up, root checked, then `command args`.
+fn lab_in_namespaces(
+    root: &Path,
+    pin: &pin::EbpfPin,
+    command: &str,
+    args: &[&str],
+) -> anyhow::Result<()> {
+    setup::run(pin)?;
+    cmd::require_root("the benchmark creates namespaces and loads BPF programs")?;
+    let mut all = vec![command];
+    all.extend_from_slice(args);
+    lab(root, &all)
+}
+
 fn lab(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     cmd::cargo(
         root,

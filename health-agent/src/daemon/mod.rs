@@ -62,7 +62,7 @@ use crate::{
     },
     endpoint::{EndpointConfig, controller::ControllerConfig, shared_view},
     metrics::{self, Metrics},
-    probe::{ProbeConfig, Prober, metrics::ProbeMetrics},
+    probe::{ProbeConfig, Prober, RESERVED_FILES, metrics::ProbeMetrics},
     supervisor::{Health, Supervisor, SupervisorError},
     sys::{
         netns::Netns,
@@ -377,13 +377,12 @@ fn endpoint_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> EndpointC
     }
 }
 
-/// Sockets kept for everything but HTTP probes (API, etcd, netlink, ...).
-const RESERVED_FILES: u64 = 512;
-
 fn probe_config(cfg: &DaemonConfig, open_files: u64) -> Result<ProbeConfig, DaemonError> {
     let p = &cfg.probe;
-    let budget =
-        usize::try_from(open_files.saturating_sub(RESERVED_FILES).max(64)).unwrap_or(usize::MAX);
+    let budget = usize::try_from(open_files)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(RESERVED_FILES)
+        .max(64);
     let max_in_flight = p.max_in_flight.map_or(budget, |m| m.min(budget));
     info!(max_in_flight, open_files, "HTTP probes in flight at most");
     Ok(ProbeConfig {

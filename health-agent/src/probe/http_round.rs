@@ -50,7 +50,7 @@ use super::{
     path::Outcome,
     round::ProbeConfig,
 };
-use crate::sys::socket_factory::SocketFactory;
+use crate::sys::{fd_table, socket_factory::SocketFactory};
 
 /// Connects a task issues at most between two looks at the answers of its
 /// probes in flight (which are timed as they are read).
@@ -72,6 +72,22 @@ struct Shared {
     latest_start: AtomicU64,
     echoed: Arc<Echoed>,
     metrics: Option<Arc<ProbeMetrics>>,
+}
+
+/// Descriptors kept for everything but HTTP probe sockets (the API's
+/// connections, etcd, netlink, the engines' epoll sets, ...).
+pub const RESERVED_FILES: usize = 512;
+
+/// Grows the descriptor table, in one step, to hold the sockets of a round
+/// of `targets` HTTP probes (at most the in-flight bound) beside the
+/// [`RESERVED_FILES`]: grown by doubling during the first round instead,
+/// each step stalls every thread that opens a descriptor (the API's
+/// accepts too) for an RCU grace period ([`fd_table`]).
+pub(super) fn reserve_descriptors(cfg: &ProbeConfig, targets: usize) {
+    let want = targets.min(cfg.max_in_flight) + RESERVED_FILES;
+    if let Err(e) = fd_table::reserve(want) {
+        tracing::debug!("growing the descriptor table to {want}: {e}");
+    }
 }
 
 /// HTTP to every address of `targets` from the probe namespace's `factory`

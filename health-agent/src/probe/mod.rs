@@ -18,4 +18,5 @@ mod round;
 pub mod scheduler;
 pub mod status;
 
+pub use http_round::RESERVED_FILES;
 pub use round::{ProbeConfig, Prober};

@@ -338,6 +338,9 @@ impl Prober {
             left = paths.len() < before;
         }
         warn_unprobed(&nodes, self.cfg.families);
+        // The round's sockets get their descriptor slots now, before the
+        // round, not by the table's doubling under its load.
+        http_round::reserve_descriptors(&self.cfg, target_count(&nodes, self.cfg.families));
         if left && let Some(dir) = self.cfg.kernel_rtt.clone() {
             prune_kernel_rtt(dir, &nodes);
         }
@@ -730,6 +733,20 @@ fn warn_unprobed(nodes: &NodeSet, families: Families) {
     }
 }
 
+/// How many addresses [`targets`] would probe, without making them.
+fn target_count(nodes: &[Node], families: Families) -> usize {
+    nodes
+        .iter()
+        .map(|n| {
+            Family::ALL
+                .into_iter()
+                .filter(|&f| families.contains(f) && family::addresses(n, f).is_some())
+                .count()
+                * 2
+        })
+        .sum()
+}
+
 /// Both addresses of every node in each family it has and this agent
 /// probes (primary family first), as [`Targets`] numbers them.
 fn targets(nodes: &[Node], families: Families) -> Targets {
@@ -952,6 +969,7 @@ mod tests {
         let count = |families| {
             let t = targets(&mixed(), families);
             assert_eq!(t.ips.len(), t.keys.len());
+            assert_eq!(target_count(&mixed(), families), t.ips.len());
             let per_node: Vec<usize> = ["a", "b", "c"]
                 .iter()
                 .enumerate()

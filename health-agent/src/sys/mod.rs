@@ -1,9 +1,11 @@
 //! Adapters to the operating system: network namespaces, netlink (links,
-//! addresses, routes), the pidfile lock, signals, raw ICMP sockets and the
-//! batched BPF map operations aya does not wrap.
+//! addresses, routes), the pidfile lock, signals, raw ICMP sockets, the
+//! batched BPF map operations aya does not wrap and the size of the
+//! descriptor table.
 //! Nothing here knows about endpoints, probes or the cluster.
 
 pub mod bpf_batch;
+pub mod fd_table;
 pub mod icmp;
 pub mod netlink;
 pub mod netns;
