@@ -180,7 +180,9 @@ pub async fn serve(
     state: ApiState,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    axum::serve(listener, router(state))
+    // A service made once: serving the `Router` itself rebuilds its route
+    // table for every connection, and most clients make one per request.
+    axum::serve(listener, router(state).into_make_service())
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
         .map_err(ServerError::Serve)

@@ -51,7 +51,8 @@ pub async fn serve(
     let addr = listener
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    axum::serve(listener, router)
+    // Made once, not for every connection (see `api::server::serve`).
+    axum::serve(listener, router.into_make_service())
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
         .map_err(|source| WebError::Serve { addr, source })
