@@ -701,3 +701,48 @@ fn fping(from: &Netns, n: usize) -> anyhow::Result<Duration> {
     child.wait()?;
     Ok(t.elapsed())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(seq: u64, cpu_ms: u64) -> Round {
+        Round {
+            seq,
+            wall_ms: 1_100,
+            cpu: Duration::from_millis(cpu_ms),
+            rss: Rss {
+                now_kib: 0,
+                peak_kib: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn cpu_per_peer_leaves_the_first_round_out_and_sums_the_others() {
+        // The first round (its sockets, the status clients) is not steady.
+        let rounds = [round(1, 2_000), round(2, 50), round(3, 70)];
+        assert_eq!(
+            steady_cpu_per_peer(&rounds, 500),
+            Some(Duration::from_micros(120))
+        );
+        assert_eq!(steady_cpu_per_peer(&rounds[..1], 500), None);
+        assert_eq!(steady_cpu_per_peer(&[], 500), None);
+    }
+
+    #[test]
+    fn percentiles_of_a_distribution() {
+        let ms = Duration::from_millis;
+        let p = Percentiles::of((1..=100).rev().map(ms).collect());
+        assert_eq!(p.count, 100);
+        assert_eq!(
+            (p.p50, p.p90, p.p99, p.max),
+            (ms(51), ms(91), ms(100), ms(100))
+        );
+        let none = Percentiles::of(Vec::new());
+        assert_eq!(
+            (none.count, none.p99, none.max),
+            (0, Duration::ZERO, Duration::ZERO)
+        );
+    }
+}
