@@ -18,9 +18,8 @@ use crate::bench_round;
 
 pub(crate) struct Options {
     pub(crate) sizes: Vec<usize>,
-    pub(crate) silent_pct: u32,
-    pub(crate) rounds: u32,
-    pub(crate) interval: Duration,
+    /// What every size runs with (its `peers` set by the size).
+    pub(crate) each: bench_round::Options,
     pub(crate) passes: u32,
     /// The largest spread that passes, in percent.
     pub(crate) within_pct: f64,
@@ -68,10 +67,10 @@ pub(crate) fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Res
     if opts.sizes.len() < 2 {
         bail!("--sizes needs at least two sizes, e.g. 500,2000,5000,10000");
     }
-    if opts.rounds < 2 {
+    if opts.each.rounds < 2 {
         bail!(
             "--rounds {}: at least 2 (the first round is not a steady one)",
-            opts.rounds
+            opts.each.rounds
         );
     }
     let mut sizes: Vec<Size> = order(&opts.sizes, 0)
@@ -88,12 +87,7 @@ pub(crate) fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Res
                 pass + 1,
                 opts.passes.max(1)
             ));
-            let report = bench_round::run(&bench_round::Options {
-                peers,
-                silent_pct: opts.silent_pct,
-                rounds: opts.rounds,
-                interval: opts.interval,
-            })?;
+            let report = bench_round::run(&bench_round::Options { peers, ..opts.each })?;
             for line in report.text().lines() {
                 progress(&format!("  {line}"));
             }
@@ -114,9 +108,9 @@ fn render(opts: &Options, sizes: &[Size]) -> String {
     let _ = writeln!(
         text,
         "bench-linear: agent CPU per round per peer, {}% silent, {} rounds at {} ms, {} passes in alternating order",
-        opts.silent_pct,
-        opts.rounds,
-        opts.interval.as_millis(),
+        opts.each.silent_pct,
+        opts.each.rounds,
+        opts.each.interval.as_millis(),
         opts.passes.max(1)
     );
     for s in sizes {

@@ -40,6 +40,7 @@ use health_tests::{
     topology::TwoNodes,
 };
 
+#[derive(Clone, Copy)]
 pub(crate) struct Options {
     pub(crate) peers: usize,
     pub(crate) silent_pct: u32,

@@ -189,9 +189,12 @@ fn main() -> ExitCode {
         } => bench_linear::run(
             &bench_linear::Options {
                 sizes,
-                silent_pct: silent,
-                rounds,
-                interval,
+                each: bench_round::Options {
+                    peers: 0,
+                    silent_pct: silent,
+                    rounds,
+                    interval,
+                },
                 passes,
                 within_pct: within,
             },
