@@ -14,9 +14,11 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{FromRawFd as _, OwnedFd},
     sync::atomic::{AtomicUsize, Ordering},
 };
+
+use nix::fcntl::{FcntlArg, fcntl};
 
 /// The table size reserved so far (descriptors), shared by every caller.
 static RESERVED: AtomicUsize = AtomicUsize::new(0);
@@ -34,12 +36,7 @@ pub fn reserve(want: usize) -> io::Result<usize> {
     // table to hold it (rounded up to its own sizes), then it is closed.
     let probe = std::fs::File::open("/dev/null")?;
     let target = libc::c_int::try_from(want - 1).unwrap_or(libc::c_int::MAX);
-    // SAFETY: fcntl on a descriptor this function owns; the result, when
-    // not -1, is a new descriptor that `OwnedFd` then owns and closes.
-    let high = unsafe { libc::fcntl(probe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, target) };
-    if high < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let high = fcntl(&probe, FcntlArg::F_DUPFD_CLOEXEC(target)).map_err(io::Error::from)?;
     // SAFETY: `high` was just returned by fcntl and is owned by no one else.
     drop(unsafe { OwnedFd::from_raw_fd(high) });
     RESERVED.fetch_max(want, Ordering::Relaxed);
