@@ -45,7 +45,7 @@ use super::{
     family::Family,
     http::{self, STATUS_LINE_MAX},
     metrics::ProbeMetrics,
-    order::{Echoed, IssueOrder},
+    order::{Echoes, IssueOrder},
     pace,
     path::Outcome,
     round::ProbeConfig,
@@ -70,7 +70,10 @@ struct Shared {
     t0: Instant,
     /// The latest start of the round, in microseconds from `t0`.
     latest_start: AtomicU64,
-    echoed: Arc<Echoed>,
+    /// The latest start of a probe that timed out (the round lasts until
+    /// it does, a timeout later), likewise.
+    latest_timed_out: AtomicU64,
+    echoes: Arc<Echoes>,
     metrics: Option<Arc<ProbeMetrics>>,
 }
 
@@ -92,14 +95,15 @@ pub(super) fn reserve_descriptors(cfg: &ProbeConfig, targets: usize) {
 
 /// HTTP to every address of `targets` from the probe namespace's `factory`
 /// (the caller's namespace when `None`), in `order` with its first
-/// `suspects` first and the rest put off as their echo comes back (see
+/// `suspects` first and each of the rest once its echo is due in
+/// `echoes`, put off to the end when it came back (see
 /// [`super::order`]). Outcomes are in the order of `targets`.
 pub(super) async fn run(
     cfg: &ProbeConfig,
     targets: &Arc<Vec<IpAddr>>,
     factory: Option<Arc<SocketFactory>>,
     (order, suspects): (&[usize], usize),
-    echoed: &Arc<Echoed>,
+    echoes: &Arc<Echoes>,
 ) -> Vec<Outcome> {
     let n = targets.len();
     let workers = std::thread::available_parallelism().map_or(1, usize::from);
@@ -112,7 +116,8 @@ pub(super) async fn run(
         spread: cfg.spread,
         t0: Instant::now(),
         latest_start: AtomicU64::new(0),
-        echoed: echoed.clone(),
+        latest_timed_out: AtomicU64::new(0),
+        echoes: echoes.clone(),
         metrics: cfg.metrics.clone(),
     });
     let tasks: Vec<_> = (0..workers)
@@ -132,6 +137,7 @@ pub(super) async fn run(
     }
     tracing::debug!(
         latest_start_ms = shared.latest_start.load(Ordering::Relaxed) / 1000,
+        latest_timed_out_start_ms = shared.latest_timed_out.load(Ordering::Relaxed) / 1000,
         done_ms = shared.t0.elapsed().as_millis(),
         "HTTP probes"
     );
@@ -139,6 +145,14 @@ pub(super) async fn run(
         .into_iter()
         .map(|o| o.unwrap_or(Outcome::Failed(ProbeError::ReceiverStopped)))
         .collect()
+}
+
+/// The earlier of two wakes, either of which may be none.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// A probe in flight.
@@ -245,7 +259,7 @@ impl Shared {
             f.expire(now);
             let mut burst = 0;
             while burst < BURST && started < count && at(started) <= now {
-                let Some(i) = next.take().or_else(|| queue.next(&self.echoed)) else {
+                let Some(i) = next.take().or_else(|| queue.next(&self.echoes, now)) else {
                     break;
                 };
                 let Some(sock) = f.spare[Family::of(self.targets[i]).index()].pop() else {
@@ -269,12 +283,17 @@ impl Shared {
             if started == count && f.busy == 0 {
                 break;
             }
-            let pacing =
-                (started < count && next.is_none()).then(|| pace::wake_for(self.t0, at(started)));
-            let wake = match (pacing, f.deadlines.front()) {
-                (Some(p), Some(&(d, ..))) => Some(p.min(d)),
-                (p, d) => p.or(d.map(|&(d, ..)| d)),
-            };
+            // Woken once a slice at most, for the next start or the echo
+            // it waits for.
+            let pacing = (started < count && next.is_none()).then(|| {
+                pace::wake_for(
+                    self.t0,
+                    queue
+                        .waits_until()
+                        .map_or(at(started), |t| t.max(at(started))),
+                )
+            });
+            let wake = earliest(pacing, f.deadlines.front().map(|&(d, ..)| d));
             if let Some(w) = wake
                 && armed != Some(w)
             {
@@ -405,10 +424,15 @@ impl Flights<'_> {
                 break;
             }
             self.deadlines.pop_front();
-            if self.slots[key as usize]
+            if let Some(p) = self.slots[key as usize]
                 .as_ref()
-                .is_some_and(|p| p.target == target)
+                .filter(|p| p.target == target)
             {
+                let since = p.start.saturating_duration_since(self.shared.t0);
+                self.shared.latest_timed_out.fetch_max(
+                    u64::try_from(since.as_micros()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
                 let late = self.timed_out();
                 self.end(key, Err(late));
             }
@@ -578,6 +602,17 @@ mod tests {
     }
 
     async fn round(targets: Vec<IpAddr>, port: u16, max_in_flight: usize) -> Vec<Outcome> {
+        let echoes = Arc::new(Echoes::without(targets.len()));
+        round_with(targets, port, max_in_flight, &echoes).await
+    }
+
+    /// A round whose probes wait for `echoes` (see [`super::super::order`]).
+    async fn round_with(
+        targets: Vec<IpAddr>,
+        port: u16,
+        max_in_flight: usize,
+        echoes: &Arc<Echoes>,
+    ) -> Vec<Outcome> {
         let cfg = ProbeConfig {
             timeout: Duration::from_millis(400),
             spread: Duration::from_millis(20),
@@ -587,14 +622,7 @@ mod tests {
         };
         let n = targets.len();
         let order: Vec<usize> = (0..n).collect();
-        run(
-            &cfg,
-            &Arc::new(targets),
-            None,
-            (&order, 0),
-            &Arc::new(Echoed::new(n)),
-        )
-        .await
+        run(&cfg, &Arc::new(targets), None, (&order, 0), echoes).await
     }
 
     fn host(h: u8) -> IpAddr {
@@ -683,6 +711,51 @@ mod tests {
             Outcome::Failed(ProbeError::Timeout { .. })
         ));
         for o in &outcomes[1..] {
+            assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+        }
+    }
+
+    /// Probes wait for their echo: those whose echo is never sent (an
+    /// ICMP engine that stalled) start when the round's patience runs
+    /// out, and every probe still runs and counts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_waiting_for_an_echo_that_never_comes_start_after_the_patience() {
+        let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+        let patience = Duration::from_millis(150);
+        let echoes = Arc::new(Echoes::new(4, Duration::from_millis(5), patience));
+        let t0 = Instant::now();
+        let outcomes = round_with(vec![host(1); 4], port, 1024, &echoes).await;
+        assert!(t0.elapsed() >= patience, "{:?}", t0.elapsed());
+        for o in &outcomes {
+            assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+        }
+    }
+
+    /// Echoes that are sent and answered as the round goes (the ICMP
+    /// engine's part, played here) let the probes start well before the
+    /// patience: answered ones are put off, not dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn echoes_sent_and_answered_release_their_probes() {
+        let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+        let echoes = Arc::new(Echoes::new(
+            6,
+            Duration::from_millis(5),
+            Duration::from_secs(5),
+        ));
+        let icmp = echoes.clone();
+        tokio::spawn(async move {
+            for i in 0..6 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                icmp.sent(i, Instant::now());
+                if i % 2 == 0 {
+                    icmp.answered(i);
+                }
+            }
+        });
+        let t0 = Instant::now();
+        let outcomes = round_with(vec![host(1); 6], port, 1024, &echoes).await;
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        for o in &outcomes {
             assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
         }
     }

@@ -21,7 +21,7 @@ use tokio::{
 use super::{
     error::{ProbeError, Proto},
     family::{Families, Family},
-    order::Echoed,
+    order::Echoes,
 };
 use crate::sys::{
     icmp::{echo_request, echo_request_v6, parse_any_reply, parse_any_reply_v6},
@@ -48,9 +48,9 @@ pub struct IcmpProber {
 /// A round's requests and what became of them.
 struct Waiting<'a> {
     sent_at: Vec<Option<Instant>>,
-    /// The requests answered in time, marked as they are (read by the
-    /// round's HTTP probes while they start).
-    echoed: &'a Echoed,
+    /// The requests sent and answered in time, marked as they are (read
+    /// by the round's HTTP probes while they start).
+    echoes: &'a Echoes,
     results: Vec<Result<Duration, ProbeError>>,
     pending: usize,
     timeout: Duration,
@@ -63,7 +63,7 @@ impl Waiting<'_> {
             let rtt = at.saturating_duration_since(sent);
             if rtt <= self.timeout {
                 self.results[i] = Ok(rtt);
-                self.echoed.mark(i);
+                self.echoes.answered(i);
             }
             self.pending -= 1;
         }
@@ -152,13 +152,13 @@ impl IcmpProber {
     /// One echo to each of `targets` (either family), the requests spread
     /// evenly over `spread`; each answer counts when it comes within
     /// `timeout` of its request. Results are in the order of `targets`;
-    /// each answer is also marked in `echoed` as it comes.
+    /// each request and answer is also marked in `echoes` as it happens.
     pub async fn round(
         &self,
         targets: &[IpAddr],
         timeout: Duration,
         spread: Duration,
-        echoed: &Echoed,
+        echoes: &Echoes,
     ) -> Vec<Result<Duration, ProbeError>> {
         let n = targets.len();
         let timed_out = Err(ProbeError::Timeout {
@@ -167,7 +167,7 @@ impl IcmpProber {
         });
         let mut w = Waiting {
             sent_at: vec![None; n],
-            echoed,
+            echoes,
             results: vec![timed_out; n],
             pending: n,
             timeout,
@@ -187,8 +187,13 @@ impl IcmpProber {
             while next < n && start + step * u32::try_from(next).unwrap_or(u32::MAX) <= now {
                 let (id, seq) = ident(base, next);
                 match self.send(targets[next], id, seq).await {
-                    Ok(()) => w.sent_at[next] = Some(Instant::now()),
+                    Ok(()) => {
+                        let at = Instant::now();
+                        w.sent_at[next] = Some(at);
+                        echoes.sent(next, at);
+                    }
                     Err(e) => {
+                        echoes.gave_up(next);
                         w.results[next] = Err(ProbeError::io("sending echo request", &e));
                         w.pending -= 1;
                     }

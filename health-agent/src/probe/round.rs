@@ -21,7 +21,7 @@ use super::{
     http::HEALTH_PORT,
     http_round,
     icmp::IcmpProber,
-    order::{self, Echoed},
+    order::{self, Echoes},
     path::{Outcome, PathState, RttSource, Thresholds},
     status::{ClusterStatus, Connectivity, NodeStatus, RoundInfo},
 };
@@ -449,15 +449,21 @@ impl Prober {
         let nodes = self.nodes();
         let targets = targets(&nodes, self.cfg.families);
         let sockets = self.sockets();
-        let echoed = Arc::new(Echoed::new(targets.ips.len()));
+        // An HTTP probe waits for its address's echo (see `order`) at most
+        // half a timeout.
+        let echoes = Arc::new(Echoes::new(
+            targets.ips.len(),
+            order::echo_grace(self.cfg.timeout),
+            self.cfg.timeout / 2,
+        ));
         let (order, suspects) = self.http_failed_first(&nodes, &targets.keys);
         let ((icmp, icmp_done), (http, http_done)) = tokio::join!(
-            timed(t0, self.icmp_round(&targets.ips, sockets.as_ref(), &echoed)),
+            timed(t0, self.icmp_round(&targets.ips, sockets.as_ref(), &echoes)),
             timed(t0, async {
                 match &sockets {
                     Ok((_, factory)) => {
                         let order = (order.as_slice(), suspects);
-                        http_round::run(&self.cfg, &targets.ips, factory.clone(), order, &echoed)
+                        http_round::run(&self.cfg, &targets.ips, factory.clone(), order, &echoes)
                             .await
                     }
                     Err(e) => vec![Outcome::Failed(e.clone()); targets.ips.len()],
@@ -485,9 +491,11 @@ impl Prober {
                 )
             })
             .collect();
+        let rtt_done = t0.elapsed();
         if let Some(m) = &self.cfg.metrics {
             m.record_round(&outcomes, |i| targets.kind(i), t0.elapsed());
         }
+        let metrics_done = t0.elapsed();
         let probes = self.record(
             &nodes,
             &targets.keys,
@@ -512,6 +520,8 @@ impl Prober {
             seq,
             icmp_ms = ms(icmp_done),
             http_ms = ms(http_done),
+            rtt_ms = ms(rtt_done),
+            metrics_ms = ms(metrics_done),
             merged_ms = ms(merged),
             published_ms = ms(t0.elapsed()),
             "round done"
@@ -659,15 +669,15 @@ impl Prober {
     }
 
     /// ICMP (IPv4 or `ICMPv6`) to every address of `targets`, each answer
-    /// marked in `echoed` as it comes. The engine runs as a task of its
+    /// marked in `echoes` as it comes. The engine runs as a task of its
     /// own, beside the HTTP ones.
     async fn icmp_round(
         &self,
         targets: &Arc<Vec<IpAddr>>,
         sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
-        echoed: &Arc<Echoed>,
+        echoes: &Arc<Echoes>,
     ) -> Vec<Outcome> {
-        let (targets, echoed) = (targets.clone(), echoed.clone());
+        let (targets, echoes) = (targets.clone(), echoes.clone());
         let icmp = match sockets {
             Ok((icmp, _)) => icmp.clone(),
             Err(e) => return vec![Outcome::Failed(e.clone()); targets.len()],
@@ -677,7 +687,7 @@ impl Prober {
         let metrics = self.cfg.metrics.as_deref();
         metrics.inspect(|m| m.sent(n));
         let results =
-            tokio::spawn(async move { icmp.round(&targets, timeout, spread, &echoed).await })
+            tokio::spawn(async move { icmp.round(&targets, timeout, spread, &echoes).await })
                 .await
                 .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); n]);
         metrics.inspect(|m| m.settled(n));
