@@ -5,10 +5,9 @@
 //! agent's CPU per round per peer at each size, averaged over the passes,
 //! and their spread (largest over smallest).
 //!
-//! Run one size at a time, hours apart, the per-peer figures moved by up
+//! Run one size at a time, hours apart, the per-peer figures move by up
 //! to 30 % with the machine's per-packet cost, more than with anything the
-//! agent does per round (BENCHMARKS.md): the spread is only meaningful
-//! within one run.
+//! agent does per round: the spread is only meaningful within one run.
 
 use std::{fmt::Write as _, time::Duration};
 

@@ -99,14 +99,14 @@ fn api_thread(
 
 /// The API runtime's worker threads. With 8 clients pulling the status
 /// through a 5,000-peer first round, 2 gave a p99 of 3.75-5.00 ms in six
-/// runs, 1 gave 3.41-6.34 ms (BENCHMARKS.md, 2026-11-23 late).
+/// runs, 1 gave 3.41-6.34 ms (`cargo xtask bench round --peers 5000`).
 const API_WORKERS: usize = 2;
 
 /// The nice value of the API's threads (the agent's others keep 0). At
 /// 5,000 peers with 8 clients pulling the status through the first round,
 /// 5 gave a p99 of 4.0-4.1 ms and a first round of 1.25-1.26 s; 10 gave
 /// 5.2-6.2 ms (the API starved) and 0 gave 4.6-5.3 ms and 1.28-1.40 s (the
-/// clients took the round's CPU) (BENCHMARKS.md, 2026-11-23 late).
+/// clients took the round's CPU) (`cargo xtask bench round --peers 5000`).
 pub(super) const API_NICE: libc::c_int = 5;
 
 /// Gives the calling thread [`API_NICE`] (the nice value is per thread on
