@@ -1,8 +1,10 @@
 //! What the developer tasks share with the build and the tests: the eBPF
 //! toolchain pin, read by `cargo xtask setup` (which installs it) and by
 //! `health-agent/build.rs` (which builds the kernel programs with it); the
-//! Debian package, built by `cargo xtask package` and by the package test.
+//! Debian package, built by `cargo xtask package` and by the package test;
+//! the commands the docs quote, checked against the binaries' `--help`.
 
+pub mod docs;
 pub mod package;
 pub mod pin;
 
