@@ -98,60 +98,88 @@ impl Help {
 /// The commands quoted in `text` (a Markdown document named `file`).
 #[must_use]
 pub fn quoted(file: &str, text: &str) -> Vec<Quoted> {
-    let mut found = Vec::new();
-    let mut fence: Option<String> = None;
-    let mut prose = String::new();
-    let mut prose_start = 1;
+    let mut found: Vec<Quoted> = Vec::new();
     let mut pending = String::new();
-    let lines: Vec<&str> = text.lines().collect();
-    for (i, line) in lines.iter().enumerate() {
-        let n = i + 1;
-        let trimmed = line.trim_start();
-        if let Some(marker) = &fence {
-            if trimmed.starts_with(marker.as_str()) {
-                fence = None;
-                continue;
-            }
-            // Shell lines continued with a backslash are one command.
-            if let Some(head) = line.trim_end().strip_suffix('\\') {
-                pending.push_str(head);
-                pending.push(' ');
-                continue;
-            }
-            pending.push_str(line);
-            found.extend(command(file, n, &pending));
-            pending.clear();
-        } else if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
-            found.extend(spans(file, prose_start, &prose));
-            prose.clear();
-            prose_start = n + 1;
-            fence = Some(trimmed[..3].to_owned());
-        } else {
-            prose.push_str(line);
-            prose.push('\n');
+    for (n, line) in block_lines(text) {
+        // Shell lines continued with a backslash are one command.
+        if let Some(head) = line.trim_end().strip_suffix('\\') {
+            pending.push_str(head);
+            pending.push(' ');
+            continue;
         }
+        pending.push_str(line);
+        found.extend(command(file, n, &pending));
+        pending.clear();
     }
-    found.extend(spans(file, prose_start, &prose));
+    found.extend(
+        code_spans(text)
+            .into_iter()
+            .filter_map(|(n, span)| command(file, n, &span)),
+    );
+    found.sort_by_key(|q| {
+        let line = q.place.rsplit(':').next().unwrap_or("0");
+        line.parse::<usize>().unwrap_or(0)
+    });
     found
 }
 
-/// The commands in the inline code spans of `prose`, which starts at line
-/// `first` (a span may go on over a line break).
-fn spans(file: &str, first: usize, prose: &str) -> Vec<Quoted> {
-    let mut found = Vec::new();
-    let mut rest = prose;
-    let mut line = first;
-    while let Some(open) = rest.find('`') {
-        line += rest[..open].matches('\n').count();
-        let after = &rest[open + 1..];
-        let Some(close) = after.find('`') else { break };
-        let span = &after[..close];
-        // A blank line ends a paragraph, and a span with it.
-        if !span.contains("\n\n") {
-            found.extend(command(file, line, &span.replace('\n', " ")));
+/// The lines inside fenced code blocks, with their numbers.
+fn block_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut lines = Vec::new();
+    let mut fence: Option<&str> = None;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        match fence {
+            Some(marker) if trimmed.starts_with(marker) => fence = None,
+            Some(_) => lines.push((i + 1, line)),
+            None if trimmed.starts_with("```") => fence = Some("```"),
+            None if trimmed.starts_with("~~~") => fence = Some("~~~"),
+            None => {}
         }
-        line += span.matches('\n').count();
-        rest = &after[close + 1..];
+    }
+    lines
+}
+
+/// The inline code spans outside code blocks, with the line each starts
+/// on; a span may go on over a line break, not over a blank line.
+fn code_spans(text: &str) -> Vec<(usize, String)> {
+    let inside: std::collections::HashSet<usize> =
+        block_lines(text).into_iter().map(|(n, _)| n).collect();
+    let mut found = Vec::new();
+    let mut paragraph: Vec<(usize, &str)> = Vec::new();
+    let lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
+    for (n, line) in lines.chain(std::iter::once((0, ""))) {
+        let fence = line.trim_start().starts_with("```") || line.trim_start().starts_with("~~~");
+        if n == 0 || line.trim().is_empty() || inside.contains(&n) || fence {
+            found.extend(spans_of(&paragraph));
+            paragraph.clear();
+        } else {
+            paragraph.push((n, line));
+        }
+    }
+    found
+}
+
+/// The code spans of one paragraph.
+fn spans_of(paragraph: &[(usize, &str)]) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let mut open: Option<(usize, String)> = None;
+    for (n, line) in paragraph {
+        for (k, piece) in line.split('`').enumerate() {
+            if k > 0 {
+                // A backtick: a span opens or closes here.
+                match open.take() {
+                    Some(span) => found.push(span),
+                    None => open = Some((*n, String::new())),
+                }
+            }
+            if let Some((_, span)) = open.as_mut() {
+                if !span.is_empty() {
+                    span.push(' ');
+                }
+                span.push_str(piece);
+            }
+        }
     }
     found
 }
@@ -286,6 +314,73 @@ fn shown(program: Program, path: &[String]) -> String {
         .join(" ")
 }
 
+/// Options of other programs that the docs quote alone in inline code
+/// (`--client-cert-auth` is etcd's), with the program: an option quoted
+/// alone must be the agent's or one of these. The `cargo xtask` ones are
+/// checked against its `--help` in its own test.
+pub const OTHER_PROGRAMS: &[(&str, &str)] = &[
+    ("--auto-compaction-mode", "etcd"),
+    ("--auto-compaction-retention", "etcd"),
+    ("--cert-file", "etcd"),
+    ("--client-cert-auth", "etcd"),
+    ("--key-file", "etcd"),
+    ("--trusted-ca-file", "etcd"),
+    ("--prefix", "etcdctl"),
+    ("--kernel", "cargo xtask"),
+    ("--no-lint", "cargo xtask"),
+    ("--nodes", "cargo xtask"),
+    ("--peers", "cargo xtask"),
+    ("--release", "cargo xtask"),
+    ("--zones", "cargo xtask"),
+];
+
+/// The options quoted alone in inline code outside code blocks
+/// (`--probe-interval`, `--attach auto|tcx|tc`), as (`file:line`, option);
+/// `--ct-lifetime-*` stands for every option it starts.
+#[must_use]
+pub fn bare_options(file: &str, text: &str) -> Vec<(String, String)> {
+    code_spans(text)
+        .into_iter()
+        .filter_map(|(n, span)| {
+            let word = span.split([' ', '=', '[', '/', '|', ',']).next()?;
+            let name = word.strip_prefix("--")?;
+            let plain = name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '*');
+            (!name.is_empty() && plain).then(|| (format!("{file}:{n}"), word.to_owned()))
+        })
+        .collect()
+}
+
+/// Every option of the program and of all its subcommands, walking the
+/// `Commands:` of each `--help`.
+pub fn every_option<E: fmt::Display>(
+    help: &mut impl FnMut(&[String]) -> Result<String, E>,
+) -> Result<BTreeSet<String>, String> {
+    let mut options = BTreeSet::new();
+    let mut todo: Vec<Vec<String>> = vec![Vec::new()];
+    while let Some(path) = todo.pop() {
+        let text = help(&path).map_err(|e| format!("{path:?} --help: {e}"))?;
+        let h = Help::parse(&text);
+        options.extend(h.options);
+        for sub in h.subcommands.into_iter().filter(|s| s != "help") {
+            let mut next = path.clone();
+            next.push(sub);
+            todo.push(next);
+        }
+    }
+    Ok(options)
+}
+
+/// Whether `option` (maybe `--prefix-*`) is among `options`.
+#[must_use]
+pub fn names_one_of(option: &str, options: &BTreeSet<String>) -> bool {
+    match option.strip_suffix('*') {
+        Some(prefix) => options.iter().any(|o| o.starts_with(prefix)),
+        None => options.contains(option),
+    }
+}
+
 /// The documents whose commands are checked, under the workspace `root`:
 /// `README.md`, `BENCHMARKS.md` and every `docs/*.md`, as (name, text).
 pub fn documents(root: &Path) -> std::io::Result<Vec<(String, String)>> {
@@ -345,6 +440,7 @@ Options:
         match path.iter().map(String::as_str).collect::<Vec<_>>()[..] {
             [] => Ok(TOP_HELP.to_owned()),
             ["status"] => Ok(STATUS_HELP.to_owned()),
+            ["daemon"] => Ok("Options:\n      --probe-interval <D>\n".to_owned()),
             ["responder"] => Ok("Commands:\n  run  Run\n  stats  Counters\n".to_owned()),
             ["responder", "run"] => Ok("Options:\n      --iface <IFACE>\n".to_owned()),
             ["responder", "stats"] => Ok("Options:\n  -o, --output <F>\n".to_owned()),
@@ -418,6 +514,33 @@ Options:
         let p = problems("`health-agent responder run|stats -o json`");
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("of `health-agent responder run`"), "{}", p[0]);
+    }
+
+    #[test]
+    fn options_quoted_alone_are_found_outside_blocks() {
+        let doc = "Set `--probe-interval 10s` or `--attach auto|tcx|tc`;\n\
+                   `--ct-lifetime-*` and `-o` and `health-agent status`.\n\
+                   ```\n`--not-this`\n```\n`--bogus-flag`\n";
+        let found: Vec<String> = bare_options("doc.md", doc)
+            .into_iter()
+            .map(|(place, o)| format!("{place} {o}"))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                "doc.md:1 --probe-interval",
+                "doc.md:1 --attach",
+                "doc.md:2 --ct-lifetime-*",
+                "doc.md:6 --bogus-flag",
+            ]
+        );
+        let options = every_option(&mut fake).expect("every help answers");
+        assert!(options.contains("--iface") && options.contains("--probe"));
+        assert!(names_one_of("--verb*", &options));
+        assert!(names_one_of("--iface", &options));
+        // The one a doc made up is not among them.
+        assert!(!names_one_of("--bogus-flag", &options));
+        assert!(!names_one_of("--bog*", &options));
     }
 
     #[test]

@@ -1,11 +1,9 @@
 //! Every `cargo xtask ...` command quoted in README.md, BENCHMARKS.md and
 //! docs/*.md names subcommands and options that `cargo xtask` has.
-
-// An integration test sees every dependency of the package.
-use anyhow as _;
-use clap as _;
-use libc as _;
-use serde_json as _;
+#![allow(
+    unused_crate_dependencies,
+    reason = "an integration test sees every dependency of the package"
+)]
 
 use std::{path::Path, process::Command};
 
@@ -44,4 +42,17 @@ fn every_quoted_xtask_command_exists() {
         .flat_map(|q| docs::check(q, &mut help))
         .collect();
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_options_the_docs_give_to_xtask_exist() {
+    let options = docs::every_option(&mut help).expect("every --help answers");
+    let missing: Vec<_> = docs::OTHER_PROGRAMS
+        .iter()
+        .filter(|(option, program)| *program == "cargo xtask" && !options.contains(*option))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not options of cargo xtask: {missing:?}"
+    );
 }

@@ -1,0 +1,74 @@
+//! Every `health-agent ...` command quoted in README.md, BENCHMARKS.md and
+//! docs/*.md names subcommands and options that the agent's CLI has.
+#![allow(
+    unused_crate_dependencies,
+    reason = "an integration test sees every dependency of the agent"
+)]
+
+#[allow(
+    dead_code,
+    unreachable_pub,
+    reason = "the docs checker shared with `cargo xtask`'s own test, used in part"
+)]
+#[path = "../../xtask/src/docs.rs"]
+mod docs;
+
+use std::{path::Path, process::Command};
+
+use docs::Program;
+
+fn help(path: &[String]) -> Result<String, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
+        .args(path)
+        .arg("--help")
+        .env_remove("HEALTH_AGENT_SOCK")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        String::from_utf8(out.stdout).map_err(|e| e.to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+#[test]
+fn every_quoted_agent_command_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let documents = docs::documents(&root).expect("reading the docs");
+    let commands: Vec<_> = documents
+        .iter()
+        .flat_map(|(name, text)| docs::quoted(name, text))
+        .filter(|q| q.program == Program::Agent)
+        .collect();
+    assert!(
+        commands.len() >= 10,
+        "only {} commands found",
+        commands.len()
+    );
+    let problems: Vec<_> = commands
+        .iter()
+        .flat_map(|q| docs::check(q, &mut help))
+        .collect();
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+#[test]
+fn every_option_quoted_alone_is_the_agents_or_named_as_another_programs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let documents = docs::documents(&root).expect("reading the docs");
+    let options = docs::every_option(&mut help).expect("every --help answers");
+    let quoted: Vec<_> = documents
+        .iter()
+        .flat_map(|(name, text)| docs::bare_options(name, text))
+        .collect();
+    assert!(quoted.len() >= 20, "only {} options found", quoted.len());
+    let unknown: Vec<String> = quoted
+        .iter()
+        .filter(|(_, option)| {
+            !docs::names_one_of(option, &options)
+                && !docs::OTHER_PROGRAMS.iter().any(|(o, _)| o == option)
+        })
+        .map(|(place, option)| format!("{place}: `{option}` is no option of health-agent"))
+        .collect();
+    assert!(unknown.is_empty(), "\n{}", unknown.join("\n"));
+}
