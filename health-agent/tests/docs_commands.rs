@@ -72,3 +72,48 @@ fn every_option_quoted_alone_is_the_agents_or_named_as_another_programs() {
         .collect();
     assert!(unknown.is_empty(), "\n{}", unknown.join("\n"));
 }
+
+/// A configuration file the docs show, through `health-agent config check`.
+fn config_check(place: &str, body: &str) -> Option<String> {
+    let file = std::env::temp_dir().join(format!(
+        "docs-config-{}-{}.yaml",
+        std::process::id(),
+        place.replace(['/', ':', '.'], "-")
+    ));
+    std::fs::write(&file, body).expect("writing a scratch file");
+    let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
+        .args(["config", "check"])
+        .arg(&file)
+        .output();
+    let _ = std::fs::remove_file(&file);
+    match out {
+        Ok(out) if out.status.success() => None,
+        Ok(out) => Some(format!(
+            "{place}: `health-agent config check` refuses it: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Some(format!("{place}: running health-agent: {e}")),
+    }
+}
+
+#[test]
+fn every_configuration_file_the_docs_show_is_accepted() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let documents = docs::documents(&root).expect("reading the docs");
+    // Nodes files (a `nodes:` list) are not configuration files.
+    let configs: Vec<_> = documents
+        .iter()
+        .flat_map(|(name, text)| docs::yaml_blocks(name, text))
+        .filter(|(_, body)| {
+            !body
+                .lines()
+                .any(|l| l.trim_end() == "nodes:" || l.starts_with("nodes: "))
+        })
+        .collect();
+    assert!(!configs.is_empty(), "the README shows a configuration file");
+    let refused: Vec<String> = configs
+        .iter()
+        .filter_map(|(place, body)| config_check(place, body))
+        .collect();
+    assert!(refused.is_empty(), "\n{}", refused.join("\n"));
+}

@@ -314,6 +314,30 @@ fn shown(program: Program, path: &[String]) -> String {
         .join(" ")
 }
 
+/// The fenced blocks marked `yaml`, as (`file:line` of the fence, text).
+#[must_use]
+pub fn yaml_blocks(file: &str, text: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut open: Option<(usize, String)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        match open.as_mut() {
+            Some(_) if trimmed.starts_with("```") => {
+                if let Some((n, body)) = open.take() {
+                    found.push((format!("{file}:{n}"), body));
+                }
+            }
+            Some((_, body)) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            None if trimmed.starts_with("```yaml") => open = Some((i + 1, String::new())),
+            None => {}
+        }
+    }
+    found
+}
+
 /// Options of other programs that the docs quote alone in inline code
 /// (`--client-cert-auth` is etcd's), with the program: an option quoted
 /// alone must be the agent's or one of these. The `cargo xtask` ones are
@@ -541,6 +565,20 @@ Options:
         // The one a doc made up is not among them.
         assert!(!names_one_of("--bogus-flag", &options));
         assert!(!names_one_of("--bog*", &options));
+    }
+
+    #[test]
+    fn yaml_blocks_are_found_with_their_fence_line() {
+        let doc =
+            "text\n```yaml\nprobe-interval: 3s\n```\n```sh\nls\n```\n```yaml\nnodes: []\n```\n";
+        let blocks = yaml_blocks("doc.md", doc);
+        assert_eq!(
+            blocks,
+            [
+                ("doc.md:2".to_owned(), "probe-interval: 3s\n".to_owned()),
+                ("doc.md:8".to_owned(), "nodes: []\n".to_owned()),
+            ]
+        );
     }
 
     #[test]
