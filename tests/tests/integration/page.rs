@@ -472,7 +472,7 @@ fn the_page_shows_the_cluster_matrix_then_a_node_down() {
 }
 
 /// The section with node-3 down: verdicts, the problem list, the matrix as
-/// drawn, the hover text; then the screenshot for the README.
+/// drawn, the hover text; then the screenshot for docs/architecture.md.
 fn check_node_3_down(browser: &Browser, c: &Value) {
     assert_eq!(
         c["matrix"]["rows"],
@@ -532,7 +532,7 @@ fn check_node_3_down(browser: &Browser, c: &Value) {
             .is_some_and(|t| t.starts_with("node-2 → node-1: success")),
         "hover over (node-2, node-1): {tip}"
     );
-    // The picture for the README, with the pointer on node-2 → node-3.
+    // The picture for docs/architecture.md, with the pointer on node-2 → node-3.
     let tip = hover_cell(browser, 1, 2);
     assert!(
         tip.as_str()
