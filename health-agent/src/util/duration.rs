@@ -1,24 +1,79 @@
-//! Durations on the command line: `60s`, `500ms`, `2m`, `1h`.
+//! Durations on the command line, in configuration files and in the API:
+//! `60s`, `500ms`, `2m`, `1h`, several of them summed (`1h30m`, `1m 30s`),
+//! or a bare number of seconds (`60`). The units are ms, s, m and h; the
+//! arithmetic is `humantime`'s, and a value too large to hold (or to add to
+//! a clock reading, [`MAX`]) is an error naming it, never a wrapped number.
 
 use std::time::Duration;
 
+/// The longest duration taken: a hundred years. Longer ones are refused,
+/// like those that overflow, since adding them to a clock reading would.
+pub const MAX: Duration = Duration::from_hours(100 * 365 * 24);
+
+/// The units a part may have.
+const UNITS: [&str; 4] = ["ms", "s", "m", "h"];
+
+/// Parses a duration of more than zero.
 pub fn parse(s: &str) -> Result<Duration, String> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (use e.g. 500ms, 60s, 2m, 1h)"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    let hint = "use e.g. 500ms, 60s, 2m, 1h or 1h30m";
+    if s.trim().is_empty() {
+        return Err(format!("{s:?} is not a duration ({hint})"));
+    }
+    // A bare number is seconds.
+    let text = if s.bytes().all(|b| b.is_ascii_digit()) {
+        format!("{s}s")
+    } else {
+        check_syntax(s).map_err(|e| format!("{s:?}: {e} ({hint})"))?;
+        s.to_owned()
     };
+    let d = humantime::parse_duration(&text).map_err(|e| match e {
+        humantime::DurationError::NumberOverflow => {
+            format!("{s:?} overflows: a duration is at most 100 years")
+        }
+        other => format!("{s:?} is not a duration: {other} ({hint})"),
+    })?;
+    if d > MAX {
+        return Err(format!(
+            "{s:?} is too long: a duration is at most 100 years"
+        ));
+    }
     if d.is_zero() {
         return Err(format!("{s:?}: must be more than zero"));
     }
     Ok(d)
+}
+
+/// Parts of digits then one of [`UNITS`], optionally separated by spaces:
+/// no sign, no fraction, no other unit (humantime would take `1.5s` and
+/// `1d`, which this syntax never did).
+fn check_syntax(s: &str) -> Result<(), String> {
+    let mut rest = s.trim_start();
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            let c = rest.chars().next().unwrap_or(' ');
+            return Err(format!("expected a number, found {c:?}"));
+        }
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        if unit.is_empty() {
+            let found = rest
+                .chars()
+                .next()
+                .map_or_else(|| "nothing".to_owned(), |c| format!("{c:?}"));
+            return Err(format!("expected a unit (ms, s, m or h), found {found}"));
+        }
+        if !UNITS.contains(&unit) {
+            return Err(format!("unknown unit {unit:?} (use ms, s, m or h)"));
+        }
+        rest = rest[unit_len..].trim_start();
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -35,5 +90,54 @@ mod tests {
         for bad in ["", "s", "1d", "-1s", "0s", "1.5s"] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn parts_are_summed() {
+        assert_eq!(parse("1h30m"), Ok(Duration::from_mins(90)));
+        assert_eq!(parse("1m 30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse("1s500ms"), Ok(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn bad_syntax_is_named() {
+        for (bad, needle) in [
+            ("1d", "unknown unit \"d\""),
+            ("1.5s", "expected a unit (ms, s, m or h), found '.'"),
+            ("-1s", "expected a number, found '-'"),
+            ("1sec", "unknown unit \"sec\""),
+            ("5m x", "expected a number, found 'x'"),
+            ("0s", "must be more than zero"),
+            ("   ", "is not a duration"),
+        ] {
+            let e = parse(bad).expect_err(bad);
+            assert!(e.contains(needle), "{bad:?}: {e}");
+            assert!(e.starts_with(&format!("{bad:?}")), "names the value: {e}");
+        }
+    }
+
+    #[test]
+    fn overflow_is_an_error_naming_the_value() {
+        for bad in [
+            "99999999999999999999s",
+            "99999999999999999999",
+            "18446744073709551615h",
+            "18446744073709551615m",
+            "18446744073709551615s 1s",
+            "18446744073709551615ms 18446744073709551615ms 18446744073709551615ms",
+        ] {
+            let e = parse(bad).expect_err(bad);
+            assert!(
+                e.starts_with(&format!("{bad:?}")) && e.contains("at most 100 years"),
+                "{bad:?}: {e}"
+            );
+        }
+        // What fits in a `Duration` but not past a clock reading.
+        let e = parse("18446744073709551615s").expect_err("too long");
+        assert!(e.contains("at most 100 years"), "{e}");
+        // The longest taken.
+        let max = format!("{}s", MAX.as_secs());
+        assert_eq!(parse(&max), Ok(MAX));
+        assert!(parse(&format!("{}s", MAX.as_secs() + 1)).is_err());
     }
 }
