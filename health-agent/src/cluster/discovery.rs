@@ -9,17 +9,18 @@
 use std::{
     path::PathBuf,
     sync::{Arc, RwLock},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     NodeSet,
     etcd::{self, EtcdConfig, Registration},
+    file_settle::{Renames, Settling},
     file_version::FileVersion,
     nodes_file,
     validate::{LocalNode, MAX_REJECTED_SHOWN, RejectedRecord, Validated},
@@ -141,9 +142,11 @@ fn now_ms() -> u64 {
 
 /// Watches the nodes file (polling it every `poll`, which also catches
 /// editors that replace the file), publishing each valid version after
-/// `seen` (the version read at start, if any). The file is read only when
-/// `stat` says it may have changed, and only a hash of what was read is
-/// kept ([`FileVersion`]): at 10,000 nodes the file is a megabyte.
+/// `seen` (the version read at start, if any) once it is stable
+/// ([`super::file_settle`]): renamed into place, or no longer changing. The file
+/// is read only when `stat` says it may have changed, and only a hash of
+/// what was read is kept ([`FileVersion`]): at 10,000 nodes the file is a
+/// megabyte.
 async fn watch_file(
     path: PathBuf,
     poll: Duration,
@@ -152,14 +155,19 @@ async fn watch_file(
     seen: Option<FileVersion>,
 ) {
     let mut seen = seen.or_else(|| FileVersion::read(&path).ok().map(|(_, v)| v));
+    let rename_events = Renames::watch(&path);
+    let mut settling = Settling::default();
     loop {
         tokio::time::sleep(poll).await;
-        if seen.is_some_and(|v| !v.may_have_changed(&path, SystemTime::now())) {
+        let renamed = rename_events.as_ref().is_some_and(Renames::renamed_in);
+        let latest = settling.pending().or(seen);
+        if !renamed && latest.is_some_and(|v| !v.may_have_changed(&path, SystemTime::now())) {
             continue;
         }
         let (text, version) = match FileVersion::read(&path) {
             Ok(read) => read,
             Err(e) => {
+                settling.clear();
                 if seen.is_some() {
                     nodes.reject(format!("{}: cannot read: {e}", path.display()));
                     seen = None;
@@ -167,11 +175,16 @@ async fn watch_file(
                 continue;
             }
         };
-        let same = seen.is_some_and(|v| v.same_content(&version));
-        seen = Some(version);
-        if same {
+        if version.consistent() && seen.is_some_and(|v| v.same_content(&version)) {
+            settling.clear();
+            seen = Some(version);
             continue;
         }
+        if !settling.offer(version, renamed, Instant::now(), SystemTime::now()) {
+            debug!(path = %path.display(), "nodes file changing: taken once it is stable");
+            continue;
+        }
+        seen = Some(version);
         match nodes_file::parse(&path, &text, &local) {
             Ok(update) => {
                 info!(

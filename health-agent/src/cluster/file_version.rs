@@ -15,6 +15,9 @@ use std::{
 pub struct FileVersion {
     stamp: Option<Stamp>,
     hash: u64,
+    /// Whether the stamp was the same after the read as before: a file
+    /// being written while it was read is not.
+    consistent: bool,
 }
 
 impl FileVersion {
@@ -24,13 +27,36 @@ impl FileVersion {
         let text = std::fs::read_to_string(path)?;
         let mut h = std::hash::DefaultHasher::new();
         text.hash(&mut h);
+        let consistent = stamp.is_some() && Stamp::of(path) == stamp;
         Ok((
             text,
             Self {
                 stamp,
                 hash: h.finish(),
+                consistent,
             },
         ))
+    }
+
+    /// Whether nothing changed the file while it was read.
+    #[must_use]
+    pub fn consistent(&self) -> bool {
+        self.consistent
+    }
+
+    /// This version as if the file had changed while it was read.
+    #[cfg(test)]
+    #[must_use]
+    pub(crate) fn torn(mut self) -> Self {
+        self.consistent = false;
+        self
+    }
+
+    /// Whether the file's last change (content or metadata) was long
+    /// enough before `now` (two seconds) for nobody to be writing it.
+    #[must_use]
+    pub fn settled(&self, now: SystemTime) -> bool {
+        self.stamp.is_some_and(|s| s.settled(now))
     }
 
     /// Whether `path` may differ from this version, by `stat` alone: a

@@ -3,6 +3,7 @@
 
 pub mod discovery;
 pub mod etcd;
+pub mod file_settle;
 pub mod file_version;
 pub mod kvstore;
 pub mod matrix;

@@ -11,6 +11,7 @@ use tracing::info;
 use crate::{
     cluster::{
         etcd::EtcdConfig,
+        file_settle,
         file_version::FileVersion,
         nodes_file, sync,
         validate::{LocalNode, Validated},
@@ -172,6 +173,11 @@ pub struct Resolved {
     pub echo_mode: AttachMode,
 }
 
+/// How often the nodes file is looked at while it settles at start, and
+/// for how long at most.
+const SETTLE_POLL: Duration = Duration::from_millis(50);
+const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+
 /// What is read from the node set at start, once the API serves (a nodes
 /// file of 10,000 records takes tens of milliseconds to parse), and before
 /// anything is made in the node's namespace.
@@ -230,8 +236,9 @@ impl DaemonConfig {
     pub fn resolve_nodes(&self) -> Result<NodesAtStart, ConfigError> {
         let (initial_nodes, file) = match &self.discovery {
             Discovery::File(path) => {
-                let (text, version) =
-                    FileVersion::read(path).map_err(|e| nodes_file::NodesFileError {
+                // Taken once stable: never half a file being written.
+                let (text, version) = file_settle::read_settled(path, SETTLE_POLL, SETTLE_LIMIT)
+                    .map_err(|e| nodes_file::NodesFileError {
                         path: path.display().to_string(),
                         line: None,
                         message: format!("cannot read: {e}"),

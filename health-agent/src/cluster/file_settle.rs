@@ -1,0 +1,376 @@
+//! When a changed nodes file is taken: only once its content is stable, so
+//! that a file read while it is being written is never applied (half a
+//! file may well parse, as a shorter list of nodes).
+//!
+//! A version is taken when it was read whole (its `stat` the same after
+//! the read as before) and
+//! - it was renamed into place since the last look (an atomic replace, as
+//!   `mv`, editors and configuration tools do): at once; or
+//! - its last change is two seconds old; or
+//! - it was read the same (size, times and a hash of its text) for
+//!   [`QUIET`]: a writer that writes in place is followed until it stopped
+//!   changing the file for that long.
+//!
+//! Renames are seen with inotify on the file's directory, drained at each
+//! poll; where no watch can be set, changes are taken by stability alone.
+
+use std::{
+    ffi::OsString,
+    path::Path,
+    time::{Duration, Instant, SystemTime},
+};
+
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tracing::{debug, warn};
+
+use super::file_version::FileVersion;
+
+/// How long an in-place change must stay the same before it is taken.
+pub const QUIET: Duration = Duration::from_secs(1);
+
+/// The version waiting to be taken, and since when it was read the same.
+#[derive(Debug, Default)]
+pub struct Settling {
+    pending: Option<(FileVersion, Instant)>,
+}
+
+impl Settling {
+    /// Whether the version just read may be taken (`renamed`: the file was
+    /// renamed into place since the last look); `now` and `wall` are the
+    /// monotonic and wall clocks' readings.
+    pub fn offer(
+        &mut self,
+        version: FileVersion,
+        renamed: bool,
+        now: Instant,
+        wall: SystemTime,
+    ) -> bool {
+        if !version.consistent() {
+            // Being written while it was read.
+            self.pending = None;
+            return false;
+        }
+        if renamed || version.settled(wall) {
+            self.pending = None;
+            return true;
+        }
+        match self.pending {
+            Some((seen, since)) if seen == version => {
+                if now.saturating_duration_since(since) >= QUIET {
+                    self.pending = None;
+                    true
+                } else {
+                    false
+                }
+            }
+            _ => {
+                self.pending = Some((version, now));
+                false
+            }
+        }
+    }
+
+    /// The version waiting to be taken, if any.
+    #[must_use]
+    pub fn pending(&self) -> Option<FileVersion> {
+        self.pending.map(|(v, _)| v)
+    }
+
+    /// Forgets the waiting version (the file is as it was, or gone).
+    pub fn clear(&mut self) {
+        self.pending = None;
+    }
+}
+
+/// Renames into a file's place, seen with inotify on its directory.
+#[derive(Debug)]
+pub struct Renames {
+    inotify: Inotify,
+    name: OsString,
+}
+
+impl Renames {
+    /// Watches the directory of `path`; `None` (with a warning) where no
+    /// watch can be set.
+    #[must_use]
+    pub fn watch(path: &Path) -> Option<Self> {
+        let name = path.file_name()?.to_owned();
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let watched = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|i| {
+            i.add_watch(dir, AddWatchFlags::IN_MOVED_TO)?;
+            Ok(i)
+        });
+        match watched {
+            Ok(inotify) => Some(Self { inotify, name }),
+            Err(e) => {
+                warn!(
+                    dir = %dir.display(),
+                    "cannot watch the nodes file's directory for renames ({e}): a change is taken once it stopped changing"
+                );
+                None
+            }
+        }
+    }
+
+    /// Whether the file was renamed into place since the last call (the
+    /// events are drained).
+    pub fn renamed_in(&self) -> bool {
+        let mut renamed = false;
+        loop {
+            match self.inotify.read_events() {
+                Ok(events) if !events.is_empty() => {
+                    renamed |= events.iter().any(|e| {
+                        e.mask.contains(AddWatchFlags::IN_MOVED_TO)
+                            && e.name.as_deref() == Some(self.name.as_os_str())
+                    });
+                }
+                Ok(_) | Err(nix::errno::Errno::EAGAIN) => break,
+                Err(e) => {
+                    debug!("reading the nodes file's directory events: {e}");
+                    break;
+                }
+            }
+        }
+        renamed
+    }
+}
+
+/// Reads `path` once its content is stable (the rules above, renames
+/// aside), polling every `poll`, for at most `limit`: the nodes file at
+/// start. An error names the file when it cannot be read or kept
+/// changing.
+pub fn read_settled(
+    path: &Path,
+    poll: Duration,
+    limit: Duration,
+) -> std::io::Result<(String, FileVersion)> {
+    let started = Instant::now();
+    let mut settling = Settling::default();
+    loop {
+        let (text, version) = FileVersion::read(path)?;
+        if settling.offer(version, false, Instant::now(), SystemTime::now()) {
+            return Ok((text, version));
+        }
+        if started.elapsed() >= limit {
+            return Err(std::io::Error::other(format!(
+                "still being written after {limit:?}: not taken"
+            )));
+        }
+        debug!(path = %path.display(), "the nodes file is changing: waiting for it to settle");
+        std::thread::sleep(poll);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{io::Write as _, path::PathBuf};
+
+    use super::*;
+
+    /// A directory of its own for a test, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(test: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("settle-{test}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("dir");
+            Self(dir)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn an_in_place_change_is_taken_once_it_stayed_the_same_for_the_quiet_time() {
+        let dir = Scratch::new("quiet");
+        let path = dir.0.join("nodes.yaml");
+        std::fs::write(&path, "nodes: []\n").expect("write");
+        let (_, v) = FileVersion::read(&path).expect("read");
+        let (t0, wall) = (Instant::now(), SystemTime::now());
+        let mut s = Settling::default();
+        assert!(!s.offer(v, false, t0, wall), "just written");
+        assert_eq!(s.pending(), Some(v));
+        assert!(!s.offer(v, false, t0 + QUIET / 2, wall));
+        assert!(s.offer(v, false, t0 + QUIET, wall), "unchanged for QUIET");
+        assert_eq!(s.pending(), None);
+        // Changed meanwhile: the quiet time starts again.
+        let mut s = Settling::default();
+        assert!(!s.offer(v, false, t0, wall));
+        std::fs::write(&path, "nodes: [ ]\n").expect("write");
+        let (_, w) = FileVersion::read(&path).expect("read");
+        assert!(!s.offer(w, false, t0 + QUIET, wall), "another version");
+        assert!(s.offer(w, false, t0 + 2 * QUIET, wall));
+        // A renamed file at once; an old one at once.
+        assert!(Settling::default().offer(w, true, t0, wall));
+        let later = SystemTime::now() + Duration::from_secs(2);
+        assert!(Settling::default().offer(w, false, t0, later));
+    }
+
+    #[test]
+    fn a_read_during_a_write_is_never_taken() {
+        let dir = Scratch::new("torn");
+        let path = dir.0.join("nodes.yaml");
+        std::fs::write(&path, "nodes: []\n").expect("write");
+        let (_, v) = FileVersion::read(&path).expect("read");
+        // What a read looks like when the file changed under it.
+        let torn = v.torn();
+        let mut s = Settling::default();
+        let later = SystemTime::now() + Duration::from_secs(60);
+        assert!(
+            !s.offer(torn, true, Instant::now(), later),
+            "not even renamed or old"
+        );
+        assert_eq!(s.pending(), None);
+    }
+
+    #[test]
+    fn renames_into_place_are_seen_and_in_place_writes_are_not() {
+        let dir = Scratch::new("renames");
+        let path = dir.0.join("nodes.yaml");
+        std::fs::write(&path, "nodes: []\n").expect("write");
+        let renames = Renames::watch(&path).expect("inotify");
+        assert!(!renames.renamed_in());
+        std::fs::write(&path, "nodes: [ ]\n").expect("in place");
+        assert!(!renames.renamed_in(), "written in place");
+        let other = dir.0.join("other.yaml");
+        std::fs::write(dir.0.join("tmp"), "x").expect("write");
+        std::fs::rename(dir.0.join("tmp"), &other).expect("rename");
+        assert!(!renames.renamed_in(), "another file");
+        std::fs::write(dir.0.join("tmp"), "nodes: []\n").expect("write");
+        std::fs::rename(dir.0.join("tmp"), &path).expect("rename");
+        assert!(renames.renamed_in());
+        assert!(!renames.renamed_in(), "drained");
+    }
+
+    #[test]
+    fn at_start_a_file_being_written_is_read_once_it_stopped_changing() {
+        let dir = Scratch::new("start");
+        let path = dir.0.join("nodes.yaml");
+        let first =
+            "nodes:\n  - name: node-1\n    node-ip: 198.18.0.11\n    health-ip: 198.18.64.2\n";
+        let second = "  - name: node-2\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n";
+        let mut f = std::fs::File::create(&path).expect("create");
+        f.write_all(first.as_bytes()).expect("first half");
+        f.flush().expect("flush");
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            f.write_all(second.as_bytes()).expect("second half");
+        });
+        let started = Instant::now();
+        let (text, _) =
+            read_settled(&path, Duration::from_millis(20), Duration::from_secs(10)).expect("read");
+        writer.join().expect("writer");
+        assert_eq!(
+            text,
+            format!("{first}{second}"),
+            "never the first half alone"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(400) + QUIET);
+        // A file that keeps changing is refused, saying why.
+        std::fs::write(&path, first).expect("rewrite");
+        let e = read_settled(&path, Duration::from_millis(20), Duration::ZERO)
+            .expect_err("just written: not settled within no time");
+        assert!(e.to_string().contains("still being written"), "{e}");
+    }
+
+    /// The nodes' names in the published set.
+    fn names(nodes: &super::super::discovery::Nodes) -> Vec<String> {
+        nodes.current().iter().map(|n| n.name.clone()).collect()
+    }
+
+    fn record(n: u8) -> String {
+        format!(
+            "  - name: node-{n}\n    node-ip: 198.18.0.{n}\n    health-ip: 198.18.{}.2\n",
+            63 + n
+        )
+    }
+
+    /// The watcher over a real file (its first version seen at start, the
+    /// published set still empty): a writer that writes it in place in
+    /// two halves, pausing between them, never has its first half applied
+    /// (which parses, as node-1 and a node-4 without its health address,
+    /// and would list node-4 as rejected), nor any error or rejected record
+    /// shown meanwhile; the whole file is applied once it stopped
+    /// changing. A replacement renamed into place is applied at once.
+    #[tokio::test]
+    async fn the_watcher_applies_a_file_whole_once_stable_and_a_rename_at_once() {
+        use super::super::{
+            discovery::{NodeSource, Nodes},
+            validate::LocalNode,
+        };
+        let dir = Scratch::new("watcher");
+        let path = dir.0.join("nodes.yaml");
+        std::fs::write(&path, format!("nodes:\n{}{}", record(1), record(2))).expect("write");
+        let (_, seen) = read_settled(&path, Duration::from_millis(20), Duration::from_secs(5))
+            .expect("read at start");
+        let nodes = Nodes::new("file".into());
+        let source = NodeSource::File {
+            path: path.clone(),
+            poll: Duration::from_millis(20),
+            local: LocalNode {
+                name: Some("node-1".into()),
+                ..LocalNode::default()
+            },
+            seen: Some(seen),
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let watcher = tokio::spawn({
+            let (nodes, stop) = (nodes.clone(), stop.clone());
+            async move { source.run(nodes, stop).await }
+        });
+
+        let first = format!(
+            "nodes:\n{}  - name: node-4\n    node-ip: 198.18.0.4\n",
+            record(1)
+        );
+        let second = "    health-ip: 198.18.67.2\n";
+        let mut f = std::fs::File::create(&path).expect("truncate");
+        f.write_all(first.as_bytes()).expect("first half");
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            f.write_all(second.as_bytes()).expect("second half");
+        });
+        let started = Instant::now();
+        let whole = loop {
+            let (now, status) = (names(&nodes), nodes.status());
+            assert!(
+                status.error.is_none() && status.rejected.is_empty(),
+                "a half-written file is never judged: {status:?}"
+            );
+            if !now.is_empty() {
+                break now;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "never applied");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        writer.join().expect("writer");
+        assert_eq!(whole, ["node-1", "node-4"], "the whole file, at once");
+        assert!(
+            started.elapsed() >= Duration::from_millis(500) + QUIET,
+            "once it stopped changing: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(nodes.status().rejected_total, 0);
+
+        // Replaced by a rename: applied within a few polls, well before
+        // the quiet time.
+        let tmp = dir.0.join("nodes.yaml.tmp");
+        std::fs::write(&tmp, format!("nodes:\n{}{}", record(1), record(5))).expect("write");
+        let renamed = Instant::now();
+        std::fs::rename(&tmp, &path).expect("rename");
+        while names(&nodes) != ["node-1", "node-5"] {
+            assert!(renamed.elapsed() < Duration::from_secs(5), "never applied");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(renamed.elapsed() < QUIET / 2, "{:?}", renamed.elapsed());
+        stop.cancel();
+        watcher.await.expect("watcher");
+    }
+}
