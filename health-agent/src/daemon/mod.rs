@@ -162,6 +162,8 @@ async fn run_inner(
     let probe_metrics = prober.config().metrics.clone().unwrap_or_default();
     // The prober in service; a reload that changes its settings replaces it.
     let (probers, prober) = watch::channel(prober);
+    // The probe timeout in force, for the RTT loss sweep (a reload changes it).
+    let (probe_timeout, probe_timeout_in_force) = watch::channel(cfg.probe.timeout);
 
     let (api_state, cluster) = api_state(&cfg, &resolved, &view, &prober, &nodes, health);
     let (links, _) = broadcast::channel(16);
@@ -189,7 +191,7 @@ async fn run_inner(
     start!(tasks::links(&mut sup, links.clone()));
     start!(tasks::datapath(
         &mut sup,
-        datapath_config(&cfg, &resolved, &at_start, maps)
+        datapath_config(&cfg, &resolved, &at_start, maps, probe_timeout_in_force)
     ));
     let controller = controller_config(&cfg, &resolved);
     start!(tasks::endpoint(
@@ -222,7 +224,10 @@ async fn run_inner(
         tokio::spawn(stopping.run_until_cancelled_owned(reload::run(
             hangups,
             reload,
-            probers.clone(),
+            reload::Targets {
+                probers: probers.clone(),
+                probe_timeout: probe_timeout.clone(),
+            },
         )))
     });
     let result = sup.run().await.map_err(DaemonError::from);
@@ -346,13 +351,14 @@ fn datapath_config(
     resolved: &config::Resolved,
     at_start: &config::NodesAtStart,
     report: MapsReport,
+    probe_timeout: watch::Receiver<Duration>,
 ) -> DatapathConfig {
     DatapathConfig {
         pin_dir: cfg.pin_dir.clone(),
         ct: cfg.datapath.ct,
         masquerade: at_start.masquerade.clone(),
         gc_interval: cfg.datapath.gc_interval,
-        probe_timeout: cfg.probe.timeout,
+        probe_timeout,
         keep_pins: cfg.endpoint.keep,
         map_sizes: cfg.datapath.map_sizes,
         tc_hook: resolved.tc_hook,

@@ -6,7 +6,9 @@
 //! replaces it in the API, the node sync and the probe loop. The new
 //! prober's paths start from that round (as kubelet's counters restart with
 //! a new probe): a failing path shows Unknown until it reaches the new
-//! failure threshold.
+//! failure threshold. The probe timeout also goes to the datapath's RTT
+//! loss sweep (on its own channel), which counts losses with it from its
+//! next pass.
 
 use std::{sync::Arc, time::Duration};
 
@@ -42,12 +44,16 @@ pub(super) fn notify(states: &[NotifyState<'_>]) {
     }
 }
 
+/// Where applied settings go: the prober in service, and the probe
+/// timeout's other consumers (the RTT loss sweep).
+#[derive(Debug, Clone)]
+pub(super) struct Targets {
+    pub(super) probers: watch::Sender<Arc<Prober>>,
+    pub(super) probe_timeout: watch::Sender<Duration>,
+}
+
 /// Answers SIGHUPs until the task is dropped.
-pub(super) async fn run(
-    mut hangups: Hangups,
-    mut reload: Option<Reload>,
-    probers: watch::Sender<Arc<Prober>>,
-) {
+pub(super) async fn run(mut hangups: Hangups, mut reload: Option<Reload>, targets: Targets) {
     while hangups.recv().await {
         let Some(reload) = reload.as_mut() else {
             info!("SIGHUP: no configuration file, nothing to re-read");
@@ -58,14 +64,14 @@ pub(super) async fn run(
         reloading.extend(NotifyState::monotonic_usec_now().ok());
         notify(&reloading);
         if let Some(tuning) = reload() {
-            apply(tuning, &probers);
+            apply(tuning, &targets);
         }
         notify(&[NotifyState::Ready]);
     }
 }
 
-fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
-    let old = probers.borrow().clone();
+fn apply(tuning: ProbeTuning, targets: &Targets) {
+    let old = targets.probers.borrow().clone();
     let mut cfg = old.config().clone();
     let current = ProbeTuning {
         interval: cfg.interval,
@@ -85,7 +91,12 @@ fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
     // Every path keeps its counters and last result: only the settings
     // change.
     new.take_over(&old);
-    probers.send_replace(new);
+    targets.probers.send_replace(new);
+    targets.probe_timeout.send_if_modified(|t| {
+        let changed = *t != tuning.timeout;
+        *t = tuning.timeout;
+        changed
+    });
     info!(
         interval = ?tuning.interval,
         timeout = ?tuning.timeout,
@@ -94,4 +105,45 @@ fn apply(tuning: ProbeTuning, probers: &watch::Sender<Arc<Prober>>) {
         history_length = tuning.history_length,
         "probe settings applied"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::ProbeConfig;
+
+    fn tuning(cfg: &ProbeConfig) -> ProbeTuning {
+        ProbeTuning {
+            interval: cfg.interval,
+            timeout: cfg.timeout,
+            thresholds: cfg.thresholds,
+            history_length: cfg.history_length,
+        }
+    }
+
+    #[test]
+    fn a_new_probe_timeout_reaches_the_prober_and_the_loss_sweep() {
+        let cfg = ProbeConfig::default();
+        let (probers, prober) = watch::channel(Prober::new(cfg.clone()));
+        let (probe_timeout, mut sweep) = watch::channel(cfg.timeout);
+        let targets = Targets {
+            probers,
+            probe_timeout,
+        };
+        // Unchanged settings: nothing is sent.
+        apply(tuning(&cfg), &targets);
+        assert!(!sweep.has_changed().expect("open"));
+        let mut longer = tuning(&cfg);
+        longer.timeout = cfg.timeout * 3;
+        apply(longer, &targets);
+        assert_eq!(prober.borrow().config().timeout, cfg.timeout * 3);
+        assert!(sweep.has_changed().expect("open"));
+        assert_eq!(*sweep.borrow_and_update(), cfg.timeout * 3);
+        // Another setting alone: the sweep is not woken.
+        let mut slower = longer;
+        slower.interval = cfg.interval * 2;
+        apply(slower, &targets);
+        assert_eq!(prober.borrow().config().interval, cfg.interval * 2);
+        assert!(!sweep.has_changed().expect("open"));
+    }
 }

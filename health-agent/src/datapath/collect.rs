@@ -17,6 +17,7 @@ use std::{
 };
 
 use health_common::maps::{MapId, MapSizes};
+use tokio::sync::watch;
 
 use super::{
     DatapathError, ct,
@@ -62,7 +63,9 @@ struct Pass {
 #[derive(Debug)]
 pub struct Collector {
     interval: Duration,
-    timeout: Duration,
+    /// The probe timeout in force (a reload changes it): read at each
+    /// sweep.
+    timeout: watch::Receiver<Duration>,
     ct_budget: usize,
     last_start: Instant,
     pass: Option<Pass>,
@@ -70,10 +73,15 @@ pub struct Collector {
 
 impl Collector {
     /// Passes every `interval` (the first one `interval` after `now`);
-    /// requests unanswered for `timeout` are lost; slices sized from the
-    /// maps' sizes.
+    /// requests unanswered for the probe timeout `timeout` holds when a
+    /// pass sweeps are lost; slices sized from the maps' sizes.
     #[must_use]
-    pub fn new(interval: Duration, timeout: Duration, sizes: &MapSizes, now: Instant) -> Self {
+    pub fn new(
+        interval: Duration,
+        timeout: watch::Receiver<Duration>,
+        sizes: &MapSizes,
+        now: Instant,
+    ) -> Self {
         let entries = sizes.max_entries(MapId::CtMap).unwrap_or(0) / SLICES;
         Self {
             interval,
@@ -109,6 +117,13 @@ impl Collector {
         true
     }
 
+    /// The timeout the next sweep counts losses with: the probe timeout in
+    /// force.
+    #[must_use]
+    pub fn sweep_timeout(&self) -> Duration {
+        *self.timeout.borrow()
+    }
+
     /// Whether a pass is in progress.
     #[must_use]
     pub fn running(&self) -> bool {
@@ -124,7 +139,8 @@ impl Collector {
         };
         let started = Instant::now();
         if !pass.swept {
-            (pass.done.lost, pass.done.pending_left) = rtt::sweep_counted(dir, self.timeout)?;
+            (pass.done.lost, pass.done.pending_left) =
+                rtt::sweep_counted(dir, self.sweep_timeout())?;
             pass.swept = true;
             pass.counters = ct::created_and_removed(dir)?;
         }
@@ -159,7 +175,7 @@ mod tests {
     fn passes_start_once_an_interval_and_not_while_one_runs() {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
-        let mut c = Collector::new(10 * s, s, &MapSizes::DEFAULT, t0);
+        let mut c = Collector::new(10 * s, watch::channel(s).1, &MapSizes::DEFAULT, t0);
         assert_eq!(c.tick(), Duration::from_millis(1250));
         assert!(!c.running());
         assert!(!c.start_if_due(t0 + 9 * s), "not before the interval");
@@ -174,10 +190,20 @@ mod tests {
     fn slices_take_a_share_of_the_map_never_less_than_a_batch() {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
-        let c = Collector::new(10 * s, s, &MapSizes::DEFAULT, t0);
+        let c = Collector::new(10 * s, watch::channel(s).1, &MapSizes::DEFAULT, t0);
         // 131,072 CT entries by default.
         assert_eq!(c.ct_budget, 16_384);
-        let small = Collector::new(10 * s, s, &MapSizes::for_peers(16), t0);
+        let small = Collector::new(10 * s, watch::channel(s).1, &MapSizes::for_peers(16), t0);
         assert_eq!(small.ct_budget, crate::sys::bpf_batch::CHUNK);
+    }
+
+    #[test]
+    fn the_sweep_follows_the_probe_timeout_in_force() {
+        let s = Duration::from_secs(1);
+        let (timeout, rx) = watch::channel(3 * s);
+        let c = Collector::new(10 * s, rx, &MapSizes::DEFAULT, Instant::now());
+        assert_eq!(c.sweep_timeout(), 3 * s);
+        timeout.send_replace(s / 2);
+        assert_eq!(c.sweep_timeout(), s / 2, "a reloaded timeout");
     }
 }

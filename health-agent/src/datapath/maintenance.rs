@@ -13,6 +13,7 @@ use health_common::{
     ct::CtConfig,
     maps::{MapId, MapSizes, ProgId},
 };
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -42,8 +43,9 @@ pub struct DatapathConfig {
     /// Period of the collectors' passes and the loss sweep (each pass is
     /// walked in slices over the period).
     pub gc_interval: Duration,
-    /// A request unanswered for this long counts as an RTT loss.
-    pub probe_timeout: Duration,
+    /// A request unanswered for this long counts as an RTT loss: the probe
+    /// timeout in force (a reload changes it), read at each sweep.
+    pub probe_timeout: watch::Receiver<Duration>,
     /// On shutdown, leave the pins for the next agent.
     pub keep_pins: bool,
     /// Sizes of the maps that grow with the cluster (`--max-peers`,
@@ -154,7 +156,7 @@ pub async fn run(
     ready();
     let mut collector = Collector::new(
         cfg.gc_interval,
-        cfg.probe_timeout,
+        cfg.probe_timeout.clone(),
         &cfg.map_sizes,
         std::time::Instant::now(),
     );

@@ -333,7 +333,7 @@ fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
     let start = std::time::Instant::now();
     let mut c = Collector::new(
         std::time::Duration::ZERO,
-        std::time::Duration::from_secs(1),
+        tokio::sync::watch::channel(std::time::Duration::from_secs(1)).1,
         &MapSizes::for_peers(5000),
         start,
     );
@@ -372,5 +372,56 @@ fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
     assert!(losses.iter().all(|r| r.expect("entry").1 == 1));
     // The slice left nothing in progress: stepping again does nothing.
     assert_eq!(c.step(pins.path()).expect("idle"), None);
+    drop(d);
+}
+
+/// A reload that changes the probe timeout reaches the loss sweep: the
+/// same pending requests, five seconds old, are not lost under a 60 s
+/// timeout and are lost at the next pass once the timeout is 2 s.
+#[test]
+fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
+    use health_agent::datapath::collect::Collector;
+    let (pins, d) = loaded_for_5000_peers();
+    let now = health_agent::datapath::monotonic_ns().expect("clock");
+    {
+        let mut map = pinned(&pins, MapId::RttPending);
+        let mut pending =
+            HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
+        for i in 0..50u8 {
+            let k = health_common::rtt::PendingKey {
+                peer: health_common::ct::v4_mapped([198, 18, 7, i]),
+                a: [0, 1],
+                b: [0, 0],
+                proto: 1,
+                pad: [0; 3],
+            };
+            pending
+                .insert(&k, &(now - 5_000_000_000), 0)
+                .expect("insert pending");
+        }
+    }
+    let (timeout, in_force) = tokio::sync::watch::channel(std::time::Duration::from_secs(60));
+    let start = std::time::Instant::now();
+    let mut c = Collector::new(
+        std::time::Duration::ZERO,
+        in_force,
+        &MapSizes::for_peers(5000),
+        start,
+    );
+    let pass = |c: &mut Collector| {
+        assert!(c.start_if_due(std::time::Instant::now()));
+        loop {
+            if let Some(done) = c.step(pins.path()).expect("slice") {
+                break (done.lost, done.pending_left);
+            }
+        }
+    };
+    assert_eq!(pass(&mut c), (0, 50), "younger than 60 s: pending");
+    // What SIGHUP's reload sends when the probe timeout changes.
+    timeout.send_replace(std::time::Duration::from_secs(2));
+    assert_eq!(pass(&mut c), (50, 0), "older than the new 2 s: lost");
+    let m = losses_map(&pins);
+    let losses = HashMap::<_, RttKey, u64>::try_from(&m).expect("losses");
+    assert_eq!(losses.iter().count(), 50);
     drop(d);
 }
