@@ -2,7 +2,9 @@
 //! nodes on a bridge in 198.18.0.0/15 and/or `2001:2::/48` (`--ip-family`),
 //! each running the real
 //! `health-agent daemon` with its own health endpoint, discovering the
-//! others through a shared nodes file; a live status view refreshes until
+//! others through a shared nodes file or an etcd run as in production (TLS
+//! with a CA made at start, authentication with a user and a role per node
+//! that writes only that node's keys); a live status view refreshes until
 //! Ctrl-C, which stops the agents and removes everything.
 
 use std::{
@@ -13,7 +15,10 @@ use std::{
 
 use anyhow::bail;
 
-use health_tests::cluster::{Cluster, Family, Settings};
+use health_tests::{
+    cluster::{Cluster, ETCD_ENDPOINT, ETCD_IP, ETCD_PREFIX, Family, Settings},
+    etcd::{NodeGrants, Security},
+};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Options {
@@ -30,7 +35,7 @@ pub(crate) struct Options {
     #[arg(long)]
     pub no_redraw: bool,
     /// Discover nodes through a local etcd (started in the fabric
-    /// namespace) instead of the nodes file.
+    /// namespace, with TLS and a user per node) instead of the nodes file.
     #[arg(long, value_parser = ["file", "etcd"], default_value = "file")]
     pub kvstore: String,
     /// How endpoints reach peers: routes only, or masquerade (SNAT to the
@@ -72,6 +77,10 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
         probe_interval: interval,
         probe_timeout: "1s",
         etcd: opts.kvstore == "etcd",
+        etcd_security: Security {
+            tls: opts.kvstore == "etcd",
+            auth: opts.kvstore == "etcd",
+        },
         family,
         extra_args: if opts.routing == "masquerade" {
             [
@@ -88,6 +97,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
         ..Settings::default()
     });
     println!("agents' logs and sockets: {}", cluster.dir.display());
+    if opts.kvstore == "etcd" {
+        print!("{}", etcd_setup(&cluster));
+    }
     let page = forward_page(&cluster);
     let end = opts
         .seconds
@@ -143,6 +155,34 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     drop(cluster);
     println!("done");
     Ok(())
+}
+
+/// What the demo's etcd runs with: TLS, and a user and a role per node.
+fn etcd_setup(cluster: &Cluster) -> String {
+    let mut out = format!("etcd: https://{ETCD_ENDPOINT} in the fabric namespace\n");
+    if let Some(pki) = cluster.etcd_pki() {
+        let _ = writeln!(
+            out,
+            "  TLS: a CA made at start ({}), etcd's certificate for {ETCD_IP} and 127.0.0.1, \
+             client certificates required ({})",
+            pki.path("ca.pem").display(),
+            pki.path("client.pem").display()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  authentication on: user root (role root), and a user and a role per node, \
+         each agent logging in as its node (--kvstore-user, --kvstore-password-file):"
+    );
+    for node in &cluster.nodes {
+        let g = NodeGrants::new(ETCD_PREFIX, &node.name);
+        let _ = writeln!(
+            out,
+            "    {0}: role {0} writes {1} and {2} only, reads {3}* and {4}*",
+            node.name, g.write[0], g.write[1], g.read[0], g.read[1]
+        );
+    }
+    out
 }
 
 /// The cluster's address families: `--ip-family`, IPv4 only with

@@ -205,6 +205,8 @@ pub const WEB_PORT: u16 = 9962;
 /// etcd's client address, on the fabric bridge.
 pub const ETCD_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 pub const ETCD_ENDPOINT: &str = "198.18.0.1:2379";
+/// The agents' `--kvstore-prefix` (their default).
+pub const ETCD_PREFIX: &str = "/health/nodes/";
 
 /// The fabric bridge's IPv6 address.
 pub const FABRIC_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1);
@@ -269,7 +271,16 @@ impl Cluster {
             &self.dir.join("etcd.log"),
         ));
         if first && self.settings.etcd_security.auth {
-            crate::etcd::enable_auth(Some(&self.fabric), ETCD_ENDPOINT, pki.as_ref());
+            let names: Vec<String> = (1..=self.settings.nodes)
+                .map(|i| format!("node-{i}"))
+                .collect();
+            crate::etcd::enable_auth(
+                Some(&self.fabric),
+                ETCD_ENDPOINT,
+                pki.as_ref(),
+                ETCD_PREFIX,
+                &names,
+            );
         }
     }
 
@@ -354,7 +365,12 @@ impl Cluster {
     /// Starts node `i`'s agent.
     pub fn start_agent(&mut self, i: usize) {
         let s = self.settings.clone();
-        let discovery = discovery_args(&s, &self.nodes_file, self.etcd_pki(), &self.nodes[i].dir);
+        let discovery = discovery_args(
+            &s,
+            &self.nodes_file,
+            self.etcd_pki(),
+            (&self.nodes[i].name, &self.nodes[i].dir),
+        );
         let node = &mut self.nodes[i];
         let mut cmd = Command::new(agent_binary());
         cmd.args(["daemon", "--node-name", &node.name]);
@@ -481,12 +497,13 @@ impl Drop for Cluster {
 /// The agent flags for the cluster's node discovery. With etcd's
 /// security, each node reads its CA and password from its own directory
 /// (`etcd-ca.pem`, `etcd-password`, written here unless present), so that a
-/// test can give one node wrong ones.
+/// test can give one node wrong ones; it logs in as the user named after
+/// it.
 fn discovery_args(
     s: &Settings,
     nodes_file: &Path,
     pki: Option<crate::etcd::Pki>,
-    node_dir: &Path,
+    (name, node_dir): (&str, &Path),
 ) -> Vec<String> {
     if !s.etcd {
         return vec!["--nodes-file".into(), nodes_file.display().to_string()];
@@ -519,12 +536,12 @@ fn discovery_args(
     if s.etcd_security.auth {
         let password = node_dir.join("etcd-password");
         if !password.exists() {
-            fs::write(&password, format!("{}\n", crate::etcd::AGENT_PASSWORD))
+            fs::write(&password, format!("{}\n", crate::etcd::node_password(name)))
                 .expect("node's etcd password");
         }
         args.extend([
             "--kvstore-user".into(),
-            crate::etcd::AGENT_USER.into(),
+            name.to_owned(),
             "--kvstore-password-file".into(),
             path(password),
         ]);

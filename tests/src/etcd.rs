@@ -1,7 +1,8 @@
 //! etcd for the tests, the demo and the load bench: the server's flags
 //! (plain or TLS with client certificates), TLS material made with the
 //! `openssl` CLI, etcd's user/password authentication switched on through
-//! the `etcd-client` crate, and a local etcd on loopback.
+//! the `etcd-client` crate (a user and a role per node, as in production:
+//! a node writes only its own keys), and a local etcd on loopback.
 
 use std::{
     ffi::OsString,
@@ -22,15 +23,41 @@ use health_agent::sys::netns::Netns;
 pub struct Security {
     /// https only, with client certificates required (`--client-cert-auth`).
     pub tls: bool,
-    /// etcd's authentication on: the agents log in as [`AGENT_USER`].
+    /// etcd's authentication on: each agent logs in as the user named
+    /// after its node ([`enable_auth`]), with [`node_password`].
     pub auth: bool,
 }
 
-/// The user the agents authenticate as (read and write under `/health/`).
-pub const AGENT_USER: &str = "agent";
-pub const AGENT_PASSWORD: &str = "agent-password-for-tests";
 const ROOT_PASSWORD: &str = "root-password-for-tests";
 
+/// The password of node `name`'s etcd user.
+#[must_use]
+pub fn node_password(name: &str) -> String {
+    format!("{name}-password-for-tests")
+}
+
+/// The keys a node's role may write and the prefixes it may read, for the
+/// node records under `prefix` (`/health/nodes/`: the summaries are under
+/// `/health/summaries/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeGrants {
+    /// Read, with everything below: the node records' and the summaries'
+    /// prefixes.
+    pub read: [String; 2],
+    /// Read and write, that key alone: the node's record and its summary.
+    pub write: [String; 2],
+}
+
+impl NodeGrants {
+    #[must_use]
+    pub fn new(prefix: &str, name: &str) -> Self {
+        let summaries = health_agent::daemon::cluster_view::summaries_prefix(prefix);
+        Self {
+            write: [format!("{prefix}{name}"), format!("{summaries}{name}")],
+            read: [prefix.to_owned(), summaries],
+        }
+    }
+}
 /// A CA, etcd's server certificate and key (for `server_ip` and
 /// 127.0.0.1), a client certificate and key, and a second, unrelated CA
 /// (what a misconfigured agent trusts). All PEM, in `dir`.
@@ -195,9 +222,18 @@ async fn admin_client(endpoint: &str, pki: Option<&Pki>, as_root: bool) -> Clien
         .expect("connect to etcd")
 }
 
-/// Switches etcd's authentication on: `root`, and [`AGENT_USER`] with
-/// read and write under `/health/` (through the crate, in `ns`).
-pub fn enable_auth(ns: Option<&Netns>, endpoint: &str, pki: Option<&Pki>) {
+/// Switches etcd's authentication on (through the crate, in `ns`):
+/// `root`, and for each node of `names` a user and a role of its name whose
+/// grants are [`NodeGrants`] for the node records under `prefix`: it
+/// reads the records and the summaries, and writes only its own record
+/// and its own summary.
+pub fn enable_auth(
+    ns: Option<&Netns>,
+    endpoint: &str,
+    pki: Option<&Pki>,
+    prefix: &str,
+    names: &[String],
+) {
     health_agent::sys::netns::run_in(ns, || {
         block_on(async {
             let mut c = admin_client(endpoint, pki, false).await;
@@ -205,23 +241,96 @@ pub fn enable_auth(ns: Option<&Netns>, endpoint: &str, pki: Option<&Pki>) {
                 .await
                 .expect("add root");
             c.user_grant_role("root", "root").await.expect("root role");
-            c.role_add("health-agent").await.expect("add role");
-            c.role_grant_permission(
-                "health-agent",
-                Permission::read_write("/health/").with_prefix(),
-            )
-            .await
-            .expect("grant /health/");
-            c.user_add(AGENT_USER, AGENT_PASSWORD, None)
-                .await
-                .expect("add agent user");
-            c.user_grant_role(AGENT_USER, "health-agent")
-                .await
-                .expect("agent role");
+            for name in names {
+                add_node_user(&mut c, prefix, name).await;
+            }
             c.auth_enable().await.expect("auth enable");
         });
     })
     .expect("netns");
+}
+
+/// Node `name`'s role (of its name, with its [`NodeGrants`]) and user.
+async fn add_node_user(c: &mut Client, prefix: &str, name: &str) {
+    let grants = NodeGrants::new(prefix, name);
+    c.role_add(name).await.expect("add role");
+    for key in &grants.read {
+        c.role_grant_permission(name, Permission::read(key.as_str()).with_prefix())
+            .await
+            .expect("grant read");
+    }
+    for key in &grants.write {
+        c.role_grant_permission(name, Permission::read_write(key.as_str()))
+            .await
+            .expect("grant write");
+    }
+    c.user_add(name, node_password(name), None)
+        .await
+        .expect("add node user");
+    c.user_grant_role(name, name).await.expect("node role");
+}
+
+/// A client logged in as node `user` (with [`node_password`]).
+async fn node_client(endpoint: &str, pki: Option<&Pki>, user: &str) -> Result<Client, String> {
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_user(user, node_password(user));
+    let scheme = if let Some(pki) = pki {
+        opts = opts.with_tls(pki.client_tls());
+        "https"
+    } else {
+        "http"
+    };
+    Client::connect([format!("{scheme}://{endpoint}")], Some(opts))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The keys under `prefix`, read as node `user`: etcd's error as text
+/// when refused.
+pub fn keys_as(
+    ns: Option<&Netns>,
+    endpoint: &str,
+    pki: Option<&Pki>,
+    user: &str,
+    prefix: &str,
+) -> Result<Vec<String>, String> {
+    health_agent::sys::netns::run_in(ns, || {
+        block_on(async {
+            let mut c = node_client(endpoint, pki, user).await?;
+            let opts = etcd_client::GetOptions::new()
+                .with_prefix()
+                .with_keys_only();
+            let resp = c.get(prefix, Some(opts)).await.map_err(|e| e.to_string())?;
+            Ok(resp
+                .kvs()
+                .iter()
+                .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                .collect())
+        })
+    })
+    .expect("netns")
+}
+
+/// Puts `key` = `value` as node `user` (with [`node_password`]): etcd's
+/// error as text when refused.
+pub fn put_as(
+    ns: Option<&Netns>,
+    endpoint: &str,
+    pki: Option<&Pki>,
+    user: &str,
+    kv: (&str, &str),
+) -> Result<(), String> {
+    health_agent::sys::netns::run_in(ns, || {
+        block_on(async {
+            let mut c = node_client(endpoint, pki, user).await?;
+            c.put(kv.0, kv.1, None::<PutOptions>)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+    })
+    .expect("netns")
 }
 
 /// Puts `key` = `value` (no lease), as root when auth is on.

@@ -12,8 +12,8 @@ use health_agent::{
     cluster::kvstore::{Entry, EtcdConfig, KvStore, Link, Put, WatchEvent},
 };
 use health_tests::{
-    cluster::{Cluster, Settings},
-    etcd::{LocalEtcd, Security},
+    cluster::{Cluster, ETCD_ENDPOINT, ETCD_PREFIX, Settings},
+    etcd::{LocalEtcd, Security, enable_auth, keys_as, put_as},
 };
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
@@ -96,7 +96,7 @@ fn nodes_join_and_leave_through_etcd_and_survive_an_etcd_restart() {
 fn etcd_put(cluster: &Cluster, key: &str, value: &str) {
     health_tests::etcd::put(
         Some(&cluster.fabric),
-        health_tests::cluster::ETCD_ENDPOINT,
+        ETCD_ENDPOINT,
         (None, false),
         (key, value),
     );
@@ -252,6 +252,103 @@ fn nodes_discover_each_other_over_tls_and_a_wrong_ca_is_named() {
     );
 }
 
+/// With a user and a role per node (what `cargo xtask run --kvstore etcd`
+/// and docs/etcd.md set up), a node's user writes its own record and its
+/// own summary, reads everyone's, and is refused any other key in etcd's
+/// words: another node's record, a record of that name under another key,
+/// a longer name, another node's summary.
+#[test]
+fn a_node_user_writes_only_its_own_keys() {
+    let etcd = LocalEtcd::start();
+    let names = ["node-1", "node-2"].map(String::from);
+    enable_auth(None, &etcd.endpoint, None, ETCD_PREFIX, &names);
+    let put = |user: &str, key: &str| put_as(None, &etcd.endpoint, None, user, (key, "{}"));
+    assert_eq!(put("node-1", "/health/nodes/node-1"), Ok(()));
+    assert_eq!(put("node-1", "/health/summaries/node-1"), Ok(()));
+    assert_eq!(put("node-2", "/health/nodes/node-2"), Ok(()));
+    for key in [
+        "/health/nodes/node-2",
+        "/health/nodes/0/node-2",
+        "/health/nodes/0/node-1",
+        "/health/nodes/node-10",
+        "/health/nodes/node-1/x",
+        "/health/summaries/node-2",
+        "/health/view",
+    ] {
+        let e = put("node-1", key).expect_err(key);
+        assert!(e.contains("permission denied"), "{key}: {e}");
+    }
+    let keys = |user: &str, prefix: &str| keys_as(None, &etcd.endpoint, None, user, prefix);
+    assert_eq!(
+        keys("node-2", "/health/nodes/"),
+        Ok(vec![
+            "/health/nodes/node-1".to_owned(),
+            "/health/nodes/node-2".to_owned()
+        ])
+    );
+    assert_eq!(
+        keys("node-2", "/health/summaries/"),
+        Ok(vec!["/health/summaries/node-1".to_owned()])
+    );
+    let e = keys("node-1", "/health/").expect_err("outside the prefixes");
+    assert!(e.contains("permission denied"), "{e}");
+}
+
+/// The agents of a cluster whose etcd runs TLS and authentication, each
+/// logged in as its node's user: they register, see each other and publish
+/// their summaries; one of them is refused another's key there too.
+#[test]
+fn agents_with_a_user_each_register_and_see_each_other_over_tls() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        etcd_security: Security {
+            tls: true,
+            auth: true,
+        },
+        ..Settings::default()
+    });
+    for i in 0..3 {
+        cluster.wait_status(i, Duration::from_secs(20), |s| {
+            s.nodes.len() == 3 && s.reachable() == 3
+        });
+        let view = nodes_view(&cluster, i).expect("nodes view");
+        assert!(view.error.is_none(), "{view:?}");
+    }
+    let pki = cluster.etcd_pki();
+    let fabric = Some(&cluster.fabric);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let summaries = keys_as(
+            fabric,
+            ETCD_ENDPOINT,
+            pki.as_ref(),
+            "node-1",
+            "/health/summaries/",
+        )
+        .expect("read the summaries");
+        if summaries.len() == 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "every agent writes its summary: {summaries:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for key in ["/health/nodes/node-2", "/health/nodes/0/node-2"] {
+        let e = put_as(
+            fabric,
+            ETCD_ENDPOINT,
+            pki.as_ref(),
+            "node-1",
+            (key, r#"{"name":"node-2"}"#),
+        )
+        .expect_err(key);
+        assert!(e.contains("permission denied"), "{key}: {e}");
+    }
+}
+
 #[test]
 fn etcd_users_log_in_with_a_password_file_and_a_wrong_password_is_named() {
     let mut cluster = Cluster::start(&Settings {
@@ -276,7 +373,7 @@ fn etcd_users_log_in_with_a_password_file_and_a_wrong_password_is_named() {
     let view = wait_view(&cluster, 1, Duration::from_secs(20), |v| v.error.is_some());
     let error = view.error.expect("an error");
     assert!(
-        error.contains("authenticating to etcd as user \"agent\"")
+        error.contains("authenticating to etcd as user \"node-2\"")
             && error.contains("authentication failed, invalid user ID or password"),
         "{error}"
     );
