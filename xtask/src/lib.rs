@@ -4,6 +4,7 @@
 //! Debian package, built by `cargo xtask package` and by the package test;
 //! the commands the docs quote, checked against the binaries' `--help`.
 
+pub mod copyright;
 pub mod docs;
 pub mod package;
 pub mod pin;

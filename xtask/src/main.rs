@@ -20,6 +20,8 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+// Serves the library (the package's copyright file).
+use serde_json as _;
 use xtask::pin;
 
 #[derive(Debug, Parser)]
@@ -214,9 +216,10 @@ fn package(root: &Path, pin: &pin::EbpfPin, out_dir: Option<PathBuf>) -> anyhow:
     cmd::cargo(root, &["build", "--release", "-p", "health-agent"])?;
     let out_dir = out_dir.unwrap_or_else(|| root.join("target/debian"));
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let deb = xtask::package::build_deb(&root.join("target/release/health-agent"), root, &out_dir)
+    let debs = xtask::package::build_deb(&root.join("target/release/health-agent"), root, &out_dir)
         .context("building the Debian package")?;
-    eprintln!("xtask: {}", deb.display());
+    eprintln!("xtask: {}", debs.package.display());
+    eprintln!("xtask: {}", debs.dbgsym.display());
     Ok(())
 }
 

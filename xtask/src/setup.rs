@@ -11,7 +11,8 @@ use xtask::pin::EbpfPin;
 use crate::cmd;
 
 /// Debian packages the tests and tools use at run time (`systemd` for
-/// `systemd-analyze verify` of the packaged unit; Prometheus scrapes the
+/// `systemd-analyze verify` of the packaged unit, `lintian` to check the
+/// package; Prometheus scrapes the
 /// agents and Chromium loads the connectivity page in the tests; protoc and
 /// the well-known `.proto` files for the etcd-client crate's build script).
 const RUNTIME_PACKAGES: &[&str] = &[
@@ -20,6 +21,7 @@ const RUNTIME_PACKAGES: &[&str] = &[
     "bpftool",
     "fping",
     "systemd",
+    "lintian",
     "prometheus",
     "chromium",
     "chromium-driver",
