@@ -10,7 +10,7 @@ use crate::{
         REPLY_HOP_LIMIT, REPLY_TTL, ipv4_bytes, ipv4_header_len, ipv4_total_len, ipv6_payload_len,
         is_fragment, is_ipv4, is_ipv6, is_ipv6_extension,
     },
-    maps::{EchoConfig, EchoCounter},
+    maps::{EchoConfig, EchoCounter, OWN_SLOTS},
 };
 
 /// Why a packet was handed on untouched.
@@ -29,6 +29,11 @@ pub enum PassReason {
     NoAddress,
     NotForEndpoint,
     MartianSource,
+    /// The source is another of the interface's own addresses (its IPv6
+    /// link-local one, say), or the interface has more addresses than the
+    /// responder knows: the stack decides, as it does for its own
+    /// packets.
+    OwnSource,
     NotEchoRequest,
     /// The destination MAC is another host's: the kernel drops it
     /// (`PACKET_OTHERHOST`).
@@ -258,8 +263,12 @@ fn classify4<F: Frame>(frame: &mut F, cfg: &EchoConfig, eth: &EthHdr) -> Result<
         return pass(P::NotForEndpoint);
     }
     let src_mac = reply_mac(eth, cfg, EchoConfig::DROP_UNICAST_IN_L2_MULTICAST)?;
-    if is_martian_source(ip.src_addr) || ip.src_addr == local {
+    // The route lookup calls every local source martian.
+    if is_martian_source(ip.src_addr) || ip.src_addr == local || is_own(&cfg.own4, &ip.src_addr) {
         return pass(P::MartianSource);
+    }
+    if cfg.flags & EchoConfig::MORE_OWN4 != 0 {
+        return pass(P::OwnSource);
     }
     if total_len < Ipv4Hdr::LEN + Icmpv4Hdr::LEN {
         return bad(M::TruncatedIcmp);
@@ -339,6 +348,9 @@ fn classify6<F: Frame>(frame: &mut F, cfg: &EchoConfig, eth: &EthHdr) -> Result<
     if is_martian_source6(&ip.src_addr) || ip.src_addr == local {
         return pass(P::MartianSource);
     }
+    if is_own(&cfg.own6, &ip.src_addr) || cfg.flags & EchoConfig::MORE_OWN6 != 0 {
+        return pass(P::OwnSource);
+    }
     // icmpv6_rcv drops a message shorter than its 8-byte header.
     if payload_len < Icmpv6Hdr::LEN {
         return bad(M::TruncatedIcmp);
@@ -391,6 +403,14 @@ fn pseudo_header_sum(ip: &Ipv6Hdr) -> u32 {
 fn is_vlan(eth: &EthHdr) -> bool {
     let t = u16::from_be(eth.ether_type);
     t == 0x8100 || t == 0x88a8
+}
+
+/// Whether `src` is in one of the slots `own` (unused slots are all zero,
+/// a source the martian checks turn away first). A fixed number of
+/// comparisons, unrolled for the verifier.
+#[inline(always)]
+fn is_own<const N: usize>(own: &[[u8; N]; OWN_SLOTS], src: &[u8; N]) -> bool {
+    own.iter().any(|a| a == src)
 }
 
 /// Sources the kernel's route lookup calls martian: "this network"

@@ -9,7 +9,7 @@ use crate::{
 /// The version of the pinned maps' layout as a whole. Bumped whenever a
 /// map's type, key or value changes; recorded in [`MapId::PinLayout`] so an
 /// agent finds out which layout the pins it inherits were made with.
-pub const PIN_LAYOUT_VERSION: u32 = 4;
+pub const PIN_LAYOUT_VERSION: u32 = 5;
 
 /// How many entries the maps that grow with the cluster hold. The kernel
 /// object declares [`MapSizes::DEFAULT`]; the loader sizes each map from
@@ -357,6 +357,10 @@ impl EchoCounter {
 /// network byte order, and `mac` the MAC of the interface the responder is
 /// attached to. An all-zero address means "no address of that family":
 /// its packets are passed; an all-zero MAC passes everything.
+///
+/// `own4` and `own6` hold the interface's other addresses (`own6` its
+/// link-local one first; all-zero slots are unused): a request from any
+/// of the interface's addresses is the host's own and goes to the stack.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EchoConfig {
@@ -364,12 +368,18 @@ pub struct EchoConfig {
     /// Frames to this MAC are for this host; a reply to a request sent to
     /// a broadcast or multicast MAC leaves from it, as the kernel's does.
     pub mac: [u8; 6],
-    /// `DROP_UNICAST_IN_L2_MULTICAST` and `DROP_UNICAST_IN_L2_MULTICAST6`,
-    /// or nothing.
+    /// `DROP_UNICAST_IN_L2_MULTICAST`, `DROP_UNICAST_IN_L2_MULTICAST6`,
+    /// `MORE_OWN4`, `MORE_OWN6`, or nothing.
     pub flags: u8,
     pub reserved: u8,
     pub addr6: [u8; 16],
+    pub own4: [[u8; 4]; OWN_SLOTS],
+    pub own6: [[u8; 16]; OWN_SLOTS],
 }
+
+/// Slots for the interface's other addresses of each family in
+/// [`EchoConfig`].
+pub const OWN_SLOTS: usize = 4;
 
 impl EchoConfig {
     /// The interface drops unicast IPv4 in link-layer broadcast or
@@ -377,10 +387,15 @@ impl EchoConfig {
     pub const DROP_UNICAST_IN_L2_MULTICAST: u8 = 1;
     /// The same for IPv6 (`net.ipv6.conf.*.drop_unicast_in_l2_multicast`).
     pub const DROP_UNICAST_IN_L2_MULTICAST6: u8 = 2;
+    /// The interface has more IPv4 addresses than `own4` holds: no IPv4
+    /// request can be told from the host's own, all go to the stack.
+    pub const MORE_OWN4: u8 = 4;
+    /// The same for IPv6 and `own6`.
+    pub const MORE_OWN6: u8 = 8;
 }
 
 // Byte arrays and bytes only: no padding hole anywhere.
-const _: () = assert!(size_of::<EchoConfig>() == 28 && align_of::<EchoConfig>() == 1);
+const _: () = assert!(size_of::<EchoConfig>() == 108 && align_of::<EchoConfig>() == 1);
 
 // SAFETY: repr(C), no padding (asserted above), every bit pattern valid.
 #[cfg(feature = "user")]

@@ -1,7 +1,9 @@
 //! What the echo responder must know of the interface it answers on, read
 //! from that interface's namespace: its MAC (which frames are for this
-//! host, and where replies to group-addressed requests come from) and
-//! whether it drops unicast IP in link-layer multicast frames.
+//! host, and where replies to group-addressed requests come from), its
+//! addresses (a request from any of them, the IPv6 link-local one
+//! included, is the host's own and goes to the stack) and whether it drops
+//! unicast IP in link-layer multicast frames.
 
 use std::{
     fs, io,
@@ -9,10 +11,14 @@ use std::{
     path::PathBuf,
 };
 
-use health_common::maps::EchoConfig;
+use health_common::maps::{EchoConfig, OWN_SLOTS};
+use tracing::warn;
 
 use super::{DatapathError, Interface};
 use crate::sys::netlink::in_netns;
+
+/// The interface's addresses: index, MAC, IPv4 and IPv6 ones.
+type Link = (u32, [u8; 6], Vec<Ipv4Addr>, Vec<Ipv6Addr>);
 
 /// The responder's configuration for `addr` and `addr6` (either may be
 /// absent: that family is not answered) on `iface`.
@@ -22,10 +28,18 @@ pub(super) fn read(
     addr6: Option<Ipv6Addr>,
 ) -> Result<EchoConfig, DatapathError> {
     let name = iface.name.clone();
-    let (_, mac) = in_netns(
-        iface.netns.as_ref(),
-        |nl| async move { nl.link_l2(&name).await },
-    )
+    let (_, mac, all4, all6): Link = in_netns(iface.netns.as_ref(), |nl| async move {
+        let (index, mac) = nl.link_l2(&name).await?;
+        let on = |i: u32| i == index;
+        let v4 = nl.addresses_v4().await?;
+        let v6 = nl.addresses_v6().await?;
+        Ok((
+            index,
+            mac,
+            v4.into_iter().filter(|a| on(a.0)).map(|a| a.1).collect(),
+            v6.into_iter().filter(|a| on(a.0)).map(|a| a.1).collect(),
+        ))
+    })
     .map_err(|source| DatapathError::LinkAddress {
         interface: iface.to_string(),
         source: Box::new(source),
@@ -37,13 +51,51 @@ pub(super) fn read(
     if addr6.is_some() && drops_unicast_in_l2_multicast(iface, "ipv6")? {
         flags |= EchoConfig::DROP_UNICAST_IN_L2_MULTICAST6;
     }
+    let (own4, more4) = own_slots(
+        all4.iter()
+            .filter(|a| Some(**a) != addr)
+            .map(Ipv4Addr::octets),
+    );
+    // Link-local first: the one every IPv6 interface has.
+    let mut others6: Vec<Ipv6Addr> = all6.into_iter().filter(|a| Some(*a) != addr6).collect();
+    others6.sort_by_key(|a| !a.is_unicast_link_local());
+    let (own6, more6) = own_slots(others6.iter().map(Ipv6Addr::octets));
+    if more4 || more6 {
+        warn!(
+            interface = %iface,
+            slots = OWN_SLOTS,
+            "the interface has more addresses than the echo responder holds: its echo requests of \
+             that family go to the stack"
+        );
+    }
+    if more4 {
+        flags |= EchoConfig::MORE_OWN4;
+    }
+    if more6 {
+        flags |= EchoConfig::MORE_OWN6;
+    }
     Ok(EchoConfig {
         addr: addr.map_or([0; 4], |a| a.octets()),
         mac,
         flags,
         reserved: 0,
         addr6: addr6.map_or([0; 16], |a| a.octets()),
+        own4,
+        own6,
     })
+}
+
+/// `addrs` in the responder's slots, and whether some did not fit.
+fn own_slots<const N: usize>(addrs: impl Iterator<Item = [u8; N]>) -> ([[u8; N]; OWN_SLOTS], bool) {
+    let mut slots = [[0; N]; OWN_SLOTS];
+    let mut more = false;
+    for (i, a) in addrs.enumerate() {
+        match slots.get_mut(i) {
+            Some(s) => *s = a,
+            None => more = true,
+        }
+    }
+    (slots, more)
 }
 
 /// `IN_DEV_ORCONF(DROP_UNICAST_IN_L2_MULTICAST)` for `family` (`ipv4` or
@@ -76,4 +128,22 @@ fn drops_unicast_in_l2_multicast(iface: &Interface, family: &str) -> Result<bool
             source,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_fill_the_slots_and_the_excess_is_flagged() {
+        let a = |i: u8| [198, 18, 0, i];
+        let (slots, more) = own_slots((1..=2).map(a));
+        assert_eq!(slots[..2], [a(1), a(2)]);
+        assert!(slots[2..].iter().all(|s| *s == [0; 4]) && !more);
+        let n = u8::try_from(OWN_SLOTS).expect("small");
+        let (slots, more) = own_slots((1..=n).map(a));
+        assert!(!more && slots[OWN_SLOTS - 1] == a(n));
+        let (_, more) = own_slots((1..=n + 1).map(a));
+        assert!(more);
+    }
 }

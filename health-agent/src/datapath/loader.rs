@@ -175,20 +175,23 @@ impl Datapath {
         iface: &Interface,
         addr: Ipv4Addr,
     ) -> Result<(), DatapathError> {
-        self.set_echo_targets(iface, Some(addr), None)
+        self.set_echo_targets(iface, Some(addr), None).map(|_| ())
     }
 
     /// Makes the echo responder answer for `addr` (ICMP) and `addr6`
     /// (`ICMPv6`) on `iface`, as [`Self::set_echo_target`] does; a family
     /// given no address is not answered (its packets go to the stack).
+    /// The interface's addresses as they are now (its IPv6 link-local one
+    /// included) are its own sources. Returns the configuration set.
     pub fn set_echo_targets(
         &mut self,
         iface: &Interface,
         addr: Option<Ipv4Addr>,
         addr6: Option<Ipv6Addr>,
-    ) -> Result<(), DatapathError> {
+    ) -> Result<EchoConfig, DatapathError> {
         let cfg = super::echo_target::read(iface, addr, addr6)?;
-        self.set_echo_config(cfg)
+        self.set_echo_config(cfg)?;
+        Ok(cfg)
     }
 
     /// Sets the echo responder's configuration as given (all zero: answer

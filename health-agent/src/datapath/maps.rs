@@ -252,6 +252,10 @@ fn dump_config(dir: &Path, id: MapId) -> Result<Value, DatapathError> {
                 "interface_mac": format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]),
                 "drop_unicast_in_l2_multicast": c.flags & EchoConfig::DROP_UNICAST_IN_L2_MULTICAST != 0,
                 "drop_unicast_in_l2_multicast6": c.flags & EchoConfig::DROP_UNICAST_IN_L2_MULTICAST6 != 0,
+                "own_addresses": c.own4.iter().filter(|a| **a != [0; 4]).map(|a| ip(*a).to_string())
+                    .chain(c.own6.iter().filter(|a| **a != [0; 16]).map(|a| std::net::Ipv6Addr::from(*a).to_string()))
+                    .collect::<Vec<_>>(),
+                "more_own_addresses": c.flags & (EchoConfig::MORE_OWN4 | EchoConfig::MORE_OWN6) != 0,
             })
         }
     })

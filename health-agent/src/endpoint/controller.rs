@@ -61,7 +61,22 @@ pub async fn run(
             .ok()
     });
     let ep_cfg = cfg.endpoint.clone();
-    let mut endpoint = blocking(move || Endpoint::start(ep_cfg, view)).await?;
+    let stop = shutdown.clone();
+    let started = blocking(move || {
+        let mut endpoint = Endpoint::start(ep_cfg, view)?;
+        if stop.is_cancelled() {
+            // Asked to stop while starting: past the shutdown deadline this
+            // task's future is gone and only this closure is left (the
+            // runtime waits for it), so it removes what it made.
+            endpoint.shutdown("the agent stopped while the endpoint started")?;
+            return Ok(None);
+        }
+        Ok(Some(endpoint))
+    })
+    .await?;
+    let Some(mut endpoint) = started else {
+        return Ok(());
+    };
     info!(
         id = endpoint.record().id,
         addresses = %endpoint.record().addresses(),

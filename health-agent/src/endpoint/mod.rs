@@ -5,6 +5,7 @@
 pub mod controller;
 pub mod ipam;
 pub mod lifecycle;
+pub mod ownership;
 pub mod plumbing;
 pub mod record;
 mod view;
@@ -17,13 +18,14 @@ use std::{
     time::Duration,
 };
 
-use health_common::maps::ProgId;
+use health_common::maps::{EchoConfig, ProgId};
 use tracing::{info, warn};
 
 pub use self::view::{EndpointView, SharedView, ipv4, ipv6};
 use self::{
     lifecycle::{InvalidTransition, Lifecycle, State},
-    plumbing::{Missing, Plan, PlumbingError, V4, V6},
+    ownership::{ForeignObject, Owned, Record},
+    plumbing::{Made, Missing, Plan, PlumbingError, V4, V6},
     record::{EndpointRecord, RecordError, new_endpoint_id},
 };
 use crate::{
@@ -76,6 +78,8 @@ pub enum EndpointError {
     Netlink(#[from] NetlinkError),
     #[error(transparent)]
     Transition(#[from] InvalidTransition),
+    #[error(transparent)]
+    Foreign(#[from] Box<ForeignObject>),
 }
 
 impl From<DatapathError> for EndpointError {
@@ -94,6 +98,10 @@ pub struct ControllerRun {
     pub namespace_recreated: bool,
 }
 
+/// How long attaching waits for the endpoint interface's IPv6 link-local
+/// address.
+const LINK_LOCAL_WAIT: Duration = Duration::from_secs(2);
+
 /// The endpoint at run time.
 pub struct Endpoint {
     cfg: EndpointConfig,
@@ -105,6 +113,8 @@ pub struct Endpoint {
     datapath: Option<Datapath>,
     /// Index of the endpoint interface the responder was attached to.
     attached_to: Option<u32>,
+    /// What the responder was last told of the endpoint interface.
+    echo_config: Option<EchoConfig>,
     shared: SharedView,
     echo_seq: u16,
 }
@@ -114,14 +124,27 @@ impl Endpoint {
     /// Everything that can be refused (CIDR, address exhaustion, a corrupt
     /// record) is checked before anything is created; a failure while
     /// creating a new endpoint removes what was made.
+    ///
+    /// A namespace or interface under the endpoint's names that the
+    /// previous run's record does not prove is this agent's
+    /// ([`ownership`]) is refused before anything is done, and left as it
+    /// is.
     pub fn start(cfg: EndpointConfig, shared: SharedView) -> Result<Self, EndpointError> {
         let previous = EndpointRecord::load(&cfg.state_dir)?;
-        let netns = Netns::named(&cfg.netns_name)?;
-        let restorable = previous
-            .as_ref()
-            .filter(|r| r.netns == cfg.netns_name && netns.exists() && matches_config(r, &cfg));
+        let mut plan = Plan {
+            netns: Netns::named(&cfg.netns_name)?,
+            netns_name: cfg.netns_name.clone(),
+            host_iface: cfg.host_iface.clone(),
+            ep_iface: cfg.ep_iface.clone(),
+            v4: None,
+            v6: None,
+        };
+        let owned = claim(&plan, previous.as_ref())?;
+        let restorable = previous.as_ref().filter(|r| {
+            r.netns == cfg.netns_name && owned.netns.is_some() && matches_config(r, &cfg)
+        });
         let mut lifecycle = Lifecycle::default();
-        let record = if let Some(r) = restorable {
+        let mut record = if let Some(r) = restorable {
             lifecycle.transition(
                 State::Restoring,
                 format!(
@@ -137,20 +160,23 @@ impl Endpoint {
             lifecycle.transition(State::WaitingForIdentity, "allocating an identity")?;
             record
         };
-        let plan = Plan {
-            netns,
-            netns_name: cfg.netns_name.clone(),
-            host_iface: cfg.host_iface.clone(),
-            ep_iface: cfg.ep_iface.clone(),
-            v4: record
-                .ipv4
-                .zip(record.cidr)
-                .map(|(addr, cidr)| V4 { addr, cidr }),
-            v6: record
-                .ipv6
-                .zip(record.cidr6)
-                .map(|(addr, cidr)| V6 { addr, cidr }),
-        };
+        let changed = previous
+            .as_ref()
+            .is_some_and(|r| r.owned.as_ref() != Some(&owned));
+        record.owned = Some(owned);
+        if changed {
+            // An earlier record's objects, adopted: their proof is kept
+            // from now on, as is what went missing meanwhile.
+            record.save(&cfg.state_dir)?;
+        }
+        plan.v4 = record
+            .ipv4
+            .zip(record.cidr)
+            .map(|(addr, cidr)| V4 { addr, cidr });
+        plan.v6 = record
+            .ipv6
+            .zip(record.cidr6)
+            .map(|(addr, cidr)| V6 { addr, cidr });
         let restoring = lifecycle.state() == Some(State::Restoring);
         let mut ep = Self {
             cfg,
@@ -160,6 +186,7 @@ impl Endpoint {
             repairs: 0,
             datapath: None,
             attached_to: None,
+            echo_config: None,
             shared,
             echo_seq: 0,
         };
@@ -186,7 +213,7 @@ impl Endpoint {
                     chain(&e)
                 );
                 ep.datapath = None;
-                if let Err(c) = plumbing::remove(&ep.plan) {
+                if let Err(c) = ep.remove_plumbing() {
                     warn!("cleanup after the failure: {}", chain(&c));
                 }
             }
@@ -211,12 +238,29 @@ impl Endpoint {
     }
 
     /// Enters regenerating, puts the plumbing in place and (re)attaches the
-    /// responder.
+    /// responder. Anything under the endpoint's names that the record does not prove
+    /// is the agent's stops it, untouched.
     fn regenerate(&mut self, reason: &str) -> Result<Vec<Missing>, EndpointError> {
         self.transition(State::Regenerating, reason)?;
-        let made = plumbing::ensure(&self.plan)?;
+        let owned = self.record.owned.clone().unwrap_or_default();
+        let owned = ownership::judge(Record::Current(&owned), &ownership::observe(&self.plan)?)?;
+        self.record.owned = Some(owned);
+        let (plan, record, dir) = (&self.plan, &mut self.record, &self.cfg.state_dir);
+        let made = plumbing::ensure_with(plan, |m| record_made(plan, record, dir, m))?;
         self.attach()?;
         Ok(made)
+    }
+
+    /// Removes the namespace and interfaces the record proves are the
+    /// agent's; anything else under their names is left, with a warning.
+    /// The record then owns nothing.
+    fn remove_plumbing(&mut self) -> Result<(), EndpointError> {
+        let owned = self.record.owned.clone().unwrap_or_default();
+        for left in plumbing::remove(&self.plan, &owned)? {
+            warn!("not removed: {left}");
+        }
+        self.record.owned = Some(Owned::default());
+        Ok(())
     }
 
     /// Attaches the echo responder (on the endpoint's side of the veth)
@@ -232,8 +276,16 @@ impl Endpoint {
             AttachMode::XdpGeneric => &[ProgId::EchoXdp][..],
         });
         let mut d = Datapath::load_sized(&self.cfg.pin_dir, &programs, &self.cfg.map_sizes)?;
-        let iface = Interface::new(self.cfg.ep_iface.clone(), Some(self.plan.netns.clone()));
-        d.set_echo_targets(&iface, self.record.ipv4, self.record.ipv6)?;
+        let iface = self.ep_interface();
+        // The link-local address is the endpoint's own source too: wait
+        // for it, so the responder knows it from the start.
+        if self.record.ipv6.is_some() && !plumbing::wait_link_local(&self.plan, LINK_LOCAL_WAIT)? {
+            warn!(
+                interface = %iface,
+                "no IPv6 link-local address yet; the responder learns it at the controller's next run"
+            );
+        }
+        self.echo_config = Some(d.set_echo_targets(&iface, self.record.ipv4, self.record.ipv6)?);
         let peer = Interface::new(self.cfg.host_iface.clone(), None);
         d.attach_echo(&iface, self.cfg.mode, Some(&peer))?;
         d.attach_tracking(&peer, self.cfg.tc_hook)?;
@@ -248,6 +300,26 @@ impl Endpoint {
         }
         self.attached_to = self.ep_index()?;
         self.datapath = Some(d);
+        Ok(())
+    }
+
+    fn ep_interface(&self) -> Interface {
+        Interface::new(self.cfg.ep_iface.clone(), Some(self.plan.netns.clone()))
+    }
+
+    /// Tells the responder the endpoint interface's addresses again when
+    /// they changed (an address added or removed by hand, the link-local
+    /// one coming late).
+    fn refresh_echo_config(&mut self) -> Result<(), EndpointError> {
+        let iface = self.ep_interface();
+        let (ipv4, ipv6) = (self.record.ipv4, self.record.ipv6);
+        if let Some(d) = &mut self.datapath {
+            let now = d.set_echo_targets(&iface, ipv4, ipv6)?;
+            if self.echo_config != Some(now) {
+                info!(interface = %iface, "the echo responder's own addresses follow the interface's");
+                self.echo_config = Some(now);
+            }
+        }
         Ok(())
     }
 
@@ -290,6 +362,7 @@ impl Endpoint {
             missing.push(Missing::EchoReply);
         }
         if missing.is_empty() {
+            self.refresh_echo_config()?;
             return Ok(ControllerRun::default());
         }
         let what = missing
@@ -326,7 +399,7 @@ impl Endpoint {
         if keep {
             info!("keeping the endpoint for the next agent (--keep-endpoint)");
         } else {
-            plumbing::remove(&self.plan)?;
+            self.remove_plumbing()?;
             EndpointRecord::remove(&self.cfg.state_dir)?;
         }
         self.transition(
@@ -364,6 +437,57 @@ impl Endpoint {
         });
         v4 && v6
     }
+}
+
+/// What of the objects under the endpoint's names the previous run's
+/// record proves is the agent's (for a record of an earlier version, what
+/// it adopts); the first one it does not prove is an error.
+fn claim(plan: &Plan, previous: Option<&EndpointRecord>) -> Result<Owned, EndpointError> {
+    let found = ownership::observe(plan)?;
+    let addresses;
+    let record = match previous.map(|r| (r, r.owned.as_ref())) {
+        None => Record::None,
+        Some((_, Some(owned))) => Record::Current(owned),
+        Some((r, None)) => {
+            // Only an earlier record of this very namespace can prove
+            // anything.
+            addresses = if r.netns == plan.netns_name {
+                r.address_list()
+            } else {
+                Vec::new()
+            };
+            Record::Earlier(&addresses)
+        }
+    };
+    let owned = ownership::judge(record, &found)?;
+    if matches!(record, Record::Earlier(_)) && owned != Owned::default() {
+        info!(
+            netns = %plan.netns_name,
+            "adopting the endpoint of an earlier version's record: its interface holds the \
+             recorded addresses and is paired with the host interface"
+        );
+    }
+    Ok(owned)
+}
+
+/// Records the object `ensure` just made, at once.
+fn record_made(
+    plan: &Plan,
+    record: &mut EndpointRecord,
+    state_dir: &std::path::Path,
+    made: Made,
+) -> Result<(), EndpointError> {
+    let found = ownership::observe(plan)?;
+    let owned = record.owned.get_or_insert_with(Owned::default);
+    match made {
+        Made::Namespace => owned.netns = found.netns,
+        Made::Veth => {
+            owned.host = found.host.map(|h| h.link);
+            owned.peer = found.peer.map(|p| p.link);
+        }
+    }
+    record.save(state_dir)?;
+    Ok(())
 }
 
 /// Whether the record `r` of a previous run has the addresses `cfg` asks
@@ -411,6 +535,7 @@ fn new_record(
         ipv6,
         cidr6: cfg.cidr6,
         netns: cfg.netns_name.clone(),
+        owned: Some(Owned::default()),
     })
 }
 

@@ -33,6 +33,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use super::ownership::{self, ForeignObject, Found, Owned, Record, judge};
 use crate::{
     sys::netlink::{Netlink, NetlinkError, in_netns},
     sys::netns::{Netns, NetnsError},
@@ -287,14 +288,43 @@ fn accept_dad(iface: &str) -> String {
     format!("net/ipv6/conf/{}/accept_dad", iface.replace('.', "/"))
 }
 
+/// An object [`ensure_with`] made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Made {
+    Namespace,
+    /// Both ends of the veth.
+    Veth,
+}
+
 /// Creates whatever is missing; returns what it had to create.
 pub fn ensure(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
-    let mut made = Vec::new();
+    ensure_with(plan, |_| Ok::<_, PlumbingError>(()))
+}
+
+/// [`ensure`], calling `made` as soon as the namespace or the veth is
+/// made, before anything else is done with it (the agent records them
+/// there).
+pub fn ensure_with<E: From<PlumbingError>>(
+    plan: &Plan,
+    mut made: impl FnMut(Made) -> Result<(), E>,
+) -> Result<Vec<Missing>, E> {
+    let mut out = Vec::new();
     if !plan.netns.exists() {
-        Netns::create(&plan.netns_name)?;
-        made.push(Missing::Namespace);
+        Netns::create(&plan.netns_name).map_err(PlumbingError::from)?;
+        made(Made::Namespace)?;
+        out.push(Missing::Namespace);
     }
-    made.extend(ensure_veth(plan)?);
+    if let Some(m) = ensure_veth(plan)? {
+        made(Made::Veth)?;
+        out.push(m);
+    }
+    out.extend(ensure_addressing(plan)?);
+    Ok(out)
+}
+
+/// Everything on top of the namespace and the veth.
+fn ensure_addressing(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
+    let mut made = Vec::new();
     let v4 = v4_router(plan)?;
     let v6 = v6_router(plan)?;
     let (host_mac, host_made) = in_netns(None, |nl| async move {
@@ -400,19 +430,57 @@ async fn ensure_inside6(
     Ok(m)
 }
 
-/// Removes the endpoint: its namespace (which takes the veth, both ends,
-/// and the host routes with it) and a host interface left outside.
-pub fn remove(plan: &Plan) -> Result<(), PlumbingError> {
-    let host = in_netns(
-        None,
-        |nl| async move { nl.link_index(&plan.host_iface).await },
-    )?;
-    if host.is_some() {
-        in_netns(
-            None,
-            |nl| async move { nl.delete_link(&plan.host_iface).await },
-        )?;
+/// Waits up to `timeout` until the endpoint interface has its IPv6
+/// link-local address (the kernel adds it once the veth's carrier is
+/// seen, shortly after both ends are up); whether it has one.
+pub fn wait_link_local(plan: &Plan, timeout: std::time::Duration) -> Result<bool, PlumbingError> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let has = in_netns(Some(&plan.netns), |nl| async move {
+            let Some(index) = nl.link_index(&plan.ep_iface).await? else {
+                return Ok(false);
+            };
+            Ok(nl
+                .addresses_v6()
+                .await?
+                .iter()
+                .any(|(i, a, _)| *i == index && a.is_unicast_link_local()))
+        })?;
+        if has || std::time::Instant::now() >= deadline {
+            return Ok(has);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    plan.netns.delete()?;
-    Ok(())
+}
+
+/// Removes what `owned` proves is the agent's: the host interface when it
+/// is left outside, and the namespace (which takes the veth, both ends,
+/// and the host routes with it). An object under those names that `owned`
+/// does not prove is left as it is, and returned.
+pub fn remove(plan: &Plan, owned: &Owned) -> Result<Vec<ForeignObject>, PlumbingError> {
+    let found = ownership::observe(plan)?;
+    let mut left = Vec::new();
+    let mine = |f: Found| judge(Record::Current(owned), &f);
+    if let Some(host) = found.host.clone() {
+        match mine(Found {
+            host: Some(host),
+            ..Found::default()
+        }) {
+            Ok(_) => in_netns(
+                None,
+                |nl| async move { nl.delete_link(&plan.host_iface).await },
+            )?,
+            Err(e) => left.push(*e),
+        }
+    }
+    if let Some(ns) = found.netns {
+        match mine(Found {
+            netns: Some(ns),
+            ..Found::default()
+        }) {
+            Ok(_) => plan.netns.delete()?,
+            Err(e) => left.push(*e),
+        }
+    }
+    Ok(left)
 }

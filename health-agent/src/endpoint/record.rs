@@ -3,12 +3,13 @@
 
 use std::{
     fs, io,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
 
+use super::ownership::Owned;
 use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
 
 pub const FILE_NAME: &str = "endpoint.json";
@@ -21,6 +22,10 @@ pub const HEALTH_LABEL: &str = "reserved:health";
 /// (from `cidr6`) or both. A record of an agent from before IPv6 (`ipv4`
 /// and `cidr` only) loads as an IPv4-only endpoint; a family the endpoint
 /// does not have is left out of the file.
+///
+/// `owned` proves which namespace and interfaces the agent made
+/// ([`super::ownership`]); this version always writes it (`{}` when it
+/// owns nothing), so its absence marks a record of an earlier version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointRecord {
     pub id: u16,
@@ -33,6 +38,8 @@ pub struct EndpointRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cidr6: Option<Ipv6Cidr>,
     pub netns: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned: Option<Owned>,
 }
 
 impl EndpointRecord {
@@ -47,6 +54,14 @@ impl EndpointRecord {
         } else {
             all.join(", ")
         }
+    }
+
+    /// The endpoint's addresses.
+    #[must_use]
+    pub fn address_list(&self) -> Vec<IpAddr> {
+        let v4 = self.ipv4.map(IpAddr::V4);
+        let v6 = self.ipv6.map(IpAddr::V6);
+        v4.into_iter().chain(v6).collect()
     }
 }
 
@@ -164,6 +179,7 @@ mod tests {
             ipv6: Some("2001:2:0:1::2".parse().expect("ipv6")),
             cidr6: Some("2001:2:0:1::/64".parse().expect("cidr6")),
             netns: "health".into(),
+            owned: Some(Owned::default()),
         };
         r.save(&dir).expect("save");
         assert_eq!(EndpointRecord::load(&dir).expect("load"), Some(r.clone()));
@@ -182,6 +198,54 @@ mod tests {
         assert_eq!(EndpointRecord::load(&dir).expect("load"), Some(v6));
         EndpointRecord::remove(&dir).expect("remove");
         assert!(EndpointRecord::load(&dir).expect("load").is_none());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// What the agent made is in the file and reads back; a record without
+    /// it (an earlier version's) is told apart from one that owns nothing.
+    #[test]
+    fn the_proof_of_what_the_agent_made_round_trips() {
+        use super::super::ownership::{LinkProof, NetnsProof};
+        let dir = tmp_dir("owned");
+        let owned = Owned {
+            netns: Some(NetnsProof {
+                name: "health".into(),
+                dev: 4,
+                ino: 4_026_532_841,
+                cookie: Some(4096),
+            }),
+            host: Some(LinkProof {
+                name: "lxc_health".into(),
+                ifindex: 12,
+            }),
+            peer: Some(LinkProof {
+                name: "eth0".into(),
+                ifindex: 2,
+            }),
+        };
+        let r = EndpointRecord {
+            id: 9,
+            ipv4: Some(Ipv4Addr::new(198, 18, 64, 2)),
+            cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+            ipv6: None,
+            cidr6: None,
+            netns: "health".into(),
+            owned: Some(owned),
+        };
+        r.save(&dir).expect("save");
+        let text = fs::read_to_string(dir.join(FILE_NAME)).expect("read");
+        assert!(
+            text.contains("\"ino\": 4026532841") && text.contains("\"ifindex\": 12"),
+            "{text}"
+        );
+        assert_eq!(EndpointRecord::load(&dir).expect("load"), Some(r.clone()));
+        let nothing = EndpointRecord {
+            owned: Some(Owned::default()),
+            ..r
+        };
+        nothing.save(&dir).expect("save");
+        let loaded = EndpointRecord::load(&dir).expect("load").expect("a record");
+        assert_eq!(loaded.owned, Some(Owned::default()));
         let _ = fs::remove_dir_all(&dir);
     }
 
@@ -206,6 +270,7 @@ mod tests {
                 ipv6: None,
                 cidr6: None,
                 netns: "health".into(),
+                owned: None,
             }
         );
         assert_eq!(r.addresses(), "198.18.64.9");

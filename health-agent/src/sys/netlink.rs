@@ -179,6 +179,22 @@ impl Netlink {
         Ok(self.link_by_name(name).await?.map(|m| m.header.index))
     }
 
+    /// The index of `name` and the index its `IFLA_LINK` names (for a
+    /// veth, the peer's index in the peer's namespace), or `None` when
+    /// there is no such interface.
+    pub async fn link_and_peer(
+        &self,
+        name: &str,
+    ) -> Result<Option<(u32, Option<u32>)>, NetlinkError> {
+        Ok(self.link_by_name(name).await?.map(|m| {
+            let peer = m.attributes.iter().find_map(|a| match a {
+                LinkAttribute::Link(i) => Some(*i),
+                _ => None,
+            });
+            (m.header.index, peer)
+        }))
+    }
+
     /// Index and MAC address of `name`.
     pub async fn link_l2(&self, name: &str) -> Result<(u32, [u8; 6]), NetlinkError> {
         let link = self

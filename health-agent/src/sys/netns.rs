@@ -76,6 +76,22 @@ impl Netns {
         self.path.exists()
     }
 
+    /// Device and inode of the namespace as `stat(2)` sees them through
+    /// its path (for a named namespace, the nsfs file bind-mounted there),
+    /// or `None` when there is nothing at the path.
+    pub fn identity(&self) -> Result<Option<(u64, u64)>, NetnsError> {
+        use std::os::unix::fs::MetadataExt as _;
+        match fs::metadata(&self.path) {
+            Ok(m) => Ok(Some((m.dev(), m.ino()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(NetnsError::Io {
+                op: "examining",
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+
     /// Creates the named namespace `/run/netns/NAME` with a fresh network
     /// stack (only `lo`, down). Fails if it already exists.
     pub fn create(name: &str) -> Result<Self, NetnsError> {
@@ -150,6 +166,46 @@ impl Netns {
                 source,
             }),
         }
+    }
+
+    /// The namespace's cookie (`SO_NETNS_COOKIE` of a socket made inside
+    /// it): unlike the nsfs inode, never given to another namespace while
+    /// the kernel runs. `None` on kernels without it (before 5.14).
+    pub fn cookie(&self) -> Result<Option<u64>, NetnsError> {
+        use std::os::fd::AsRawFd as _;
+
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+        let fail = |call| {
+            let path = self.path.clone();
+            move |source| NetnsError::Syscall { call, path, source }
+        };
+        self.run(|| {
+            let fd = socket(
+                AddressFamily::Unix,
+                SockType::Datagram,
+                SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .map_err(fail("socket"))?;
+            let mut cookie = 0u64;
+            let mut len = libc::socklen_t::try_from(size_of::<u64>()).unwrap_or(8);
+            // SAFETY: `cookie` and `len` are valid for writes of the sizes
+            // given; the descriptor is open for the call's duration.
+            let rc = unsafe {
+                libc::getsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_NETNS_COOKIE,
+                    (&raw mut cookie).cast(),
+                    &raw mut len,
+                )
+            };
+            match nix::Error::result(rc) {
+                Ok(_) => Ok(Some(cookie)),
+                Err(nix::Error::ENOPROTOOPT) => Ok(None),
+                Err(e) => Err(fail("getsockopt(SO_NETNS_COOKIE)")(e)),
+            }
+        })?
     }
 
     /// Opens the namespace file (for `IFLA_NET_NS_FD` and the like).

@@ -13,6 +13,8 @@ const CFG: EchoConfig = EchoConfig {
     flags: 0,
     reserved: 0,
     addr6: [0; 16],
+    own4: [[0; 4]; OWN_SLOTS],
+    own6: [[0; 16]; OWN_SLOTS],
 };
 
 /// Reference RFC 1071 checksum, written separately from `checksum`.
@@ -322,6 +324,30 @@ fn martian_sources_are_passed() {
         let req = echo_request(src, LOCAL, b"x");
         assert_untouched(&req, Verdict::Pass(PassReason::MartianSource));
     }
+}
+
+#[test]
+fn requests_from_the_interfaces_other_addresses_are_passed() {
+    let second = [198, 18, 0, 9];
+    let mut own4 = [[0; 4]; OWN_SLOTS];
+    own4[OWN_SLOTS - 1] = second;
+    let cfg = EchoConfig { own4, ..CFG };
+    let req = echo_request(second, LOCAL, b"x");
+    let (v, out) = run_with(req.clone(), &cfg);
+    assert_eq!(v, Verdict::Pass(PassReason::MartianSource));
+    assert_eq!(out, req);
+    assert_eq!(run(req.clone()).0, reply_len(&req), "answered without it");
+    // Another source is still answered.
+    let other = echo_request(PEER, LOCAL, b"x");
+    assert_eq!(run_with(other.clone(), &cfg).0, reply_len(&other));
+    // More addresses than slots: every IPv4 request goes to the stack.
+    let more = EchoConfig {
+        flags: EchoConfig::MORE_OWN4,
+        ..cfg
+    };
+    let (v, out) = run_with(other.clone(), &more);
+    assert_eq!(v, Verdict::Pass(PassReason::OwnSource));
+    assert_eq!(out, other);
 }
 
 #[test]

@@ -20,6 +20,8 @@ const CFG: EchoConfig = EchoConfig {
     flags: 0,
     reserved: 0,
     addr6: LOCAL,
+    own4: [[0; 4]; OWN_SLOTS],
+    own6: [[0; 16]; OWN_SLOTS],
 };
 
 /// RFC 1071 checksum over `data`, written independently of `checksum`.
@@ -235,6 +237,63 @@ fn martian_sources_are_passed() {
             Verdict::Pass(PassReason::MartianSource),
         );
     }
+}
+
+/// `fe80::b`, the endpoint interface's own link-local address.
+const OWN_LL: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xb];
+
+/// The endpoint's configuration with its link-local address (and a second
+/// global one) among the interface's own.
+fn with_own() -> EchoConfig {
+    let mut second = LOCAL;
+    second[15] = 9;
+    let mut own6 = [[0; 16]; OWN_SLOTS];
+    own6[0] = OWN_LL;
+    own6[1] = second;
+    EchoConfig { own6, ..CFG }
+}
+
+#[test]
+fn requests_from_any_own_address_link_local_included_are_passed() {
+    let cfg = with_own();
+    for src in [OWN_LL, cfg.own6[1]] {
+        let req = request(src, LOCAL, b"x");
+        let (v, out) = run_with(req.clone(), &cfg);
+        assert_eq!(v, Verdict::Pass(PassReason::OwnSource), "{src:x?}");
+        assert_eq!(out, req, "a passed request must not be modified");
+        // Without the interface's addresses it would have been answered.
+        assert_eq!(run(req).0, reply_len(&expected_reply(src, LOCAL, 0, b"x")));
+    }
+    // Another link-local source (the peer's) is still answered, byte for
+    // byte, and so is one that differs from the own address in its last
+    // byte only.
+    let mut near = OWN_LL;
+    near[15] = 0xc;
+    for src in [PEER_LL, near, PEER] {
+        let want = expected_reply(src, LOCAL, 0, b"x");
+        let (v, out) = run_with(request(src, LOCAL, b"x"), &cfg);
+        assert_eq!(v, reply_len(&want), "{src:x?}");
+        assert_eq!(out, want);
+    }
+}
+
+#[test]
+fn an_interface_with_more_addresses_than_slots_passes_every_ipv6_request() {
+    let cfg = EchoConfig {
+        flags: EchoConfig::MORE_OWN6,
+        ..with_own()
+    };
+    let req = request(PEER, LOCAL, b"x");
+    let (v, out) = run_with(req.clone(), &cfg);
+    assert_eq!(v, Verdict::Pass(PassReason::OwnSource));
+    assert_eq!(out, req);
+    // IPv4's flag says nothing of IPv6.
+    let v4_flag = EchoConfig {
+        flags: EchoConfig::MORE_OWN4,
+        ..with_own()
+    };
+    let want = expected_reply(PEER, LOCAL, 0, b"x");
+    assert_eq!(run_with(req, &v4_flag).0, reply_len(&want));
 }
 
 #[test]

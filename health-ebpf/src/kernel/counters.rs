@@ -11,9 +11,10 @@ pub fn count(counter: EchoCounter) {
     }
 }
 
-/// The responder's configuration (all zeroes, "answer nothing", when none
-/// is set).
+/// The responder's configuration, in place in its map (too large to copy
+/// onto the BPF stack). An array's slot 0 always exists; an unset one is
+/// all zeroes, "answer nothing".
 #[inline(always)]
-pub fn echo_config() -> EchoConfig {
-    ECHO_CONFIG.get(0).copied().unwrap_or_default()
+pub fn echo_config() -> Option<&'static EchoConfig> {
+    ECHO_CONFIG.get(0)
 }

@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use health_common::{
-    echo::{Verdict, respond},
+    echo::{PassReason, Verdict, respond},
     headers::{EthHdr, Icmpv6Hdr, Ipv6Hdr},
 };
 
@@ -35,7 +35,9 @@ fn echo(ctx: &TcContext) -> i32 {
     // any VLAN tag off before tc ingress and kept it here.
     let tagged = unsafe { (*skb).vlan_present } != 0;
     let mut frame = packet::headers(ctx, HEADERS_LEN);
-    let verdict = respond(&mut frame, &echo_config(), tagged);
+    let verdict = echo_config().map_or(Verdict::Pass(PassReason::NoAddress), |cfg| {
+        respond(&mut frame, cfg, tagged)
+    });
     count(verdict.counter());
     match verdict {
         Verdict::Reply { len } => {

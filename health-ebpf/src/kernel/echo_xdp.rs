@@ -5,7 +5,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use aya_log_ebpf::debug;
-use health_common::echo::{Verdict, respond};
+use health_common::echo::{PassReason, Verdict, respond};
 
 use super::{
     counters::{count, echo_config},
@@ -21,7 +21,9 @@ pub fn health_echo_xdp(ctx: XdpContext) -> u32 {
 fn echo(ctx: &XdpContext) -> u32 {
     let mut frame = xdp_frame(ctx);
     // A tag is still in the frame at XDP: `respond` sees it.
-    let verdict = respond(&mut frame, &echo_config(), false);
+    let verdict = echo_config().map_or(Verdict::Pass(PassReason::NoAddress), |cfg| {
+        respond(&mut frame, cfg, false)
+    });
     count(verdict.counter());
     match verdict {
         Verdict::Reply { len } => {

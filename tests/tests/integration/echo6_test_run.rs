@@ -2,11 +2,15 @@
 //! (`BPF_PROG_TEST_RUN`): for every class of `health_tests::echo_classes6`
 //! the verdict, the exact output bytes (replies checked with the tests' own
 //! `ICMPv6` checksum code) and the counters, in the XDP and the tc program;
-//! and IPv4 still answered beside IPv6.
+//! IPv4 still answered beside IPv6; and a request from the interface's own
+//! link-local address handed to the stack.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use health_agent::datapath::Datapath;
+use health_agent::{
+    datapath::{Datapath, Interface},
+    sys::netlink::in_netns,
+};
 use health_common::maps::EchoConfig;
 use health_tests::{
     echo_check::{Prog, run, test_run_classes},
@@ -15,6 +19,7 @@ use health_tests::{
     packets6::{Echo6, verify_icmpv6_frame},
     pins::PinDir,
     require_root,
+    topology::{A_IF, B_IF, B_IP6, TwoNodes},
 };
 
 const LOCAL6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 7, 0, 0, 0, 2);
@@ -145,7 +150,7 @@ fn an_echo_config_pin_of_the_ipv4_only_layout_is_replaced() {
     let mut r = Datapath::load(pins.path()).expect("load over the old pin");
     let info = MapInfo::from_pin(&path).expect("the new pin");
     assert_eq!(info.value_size(), MapId::EchoConfig.value_size());
-    assert_eq!(info.value_size(), 28);
+    assert_eq!(info.value_size(), 108);
     r.set_echo_config(EchoConfig {
         mac: LOCAL_MAC,
         addr6: LOCAL6.octets(),
@@ -156,4 +161,82 @@ fn an_echo_config_pin_of_the_ipv4_only_layout_is_replaced() {
     let (verdict, out) = run(&mut r, Prog::Tc, &req.frame());
     assert_eq!(verdict, Prog::Tc.verdicts().reply);
     assert_eq!(out, req.expected_reply().frame());
+}
+
+/// The link-local addresses of `iface` in `ns`, waiting up to 2 s for the
+/// kernel to add one once the veth is up.
+fn link_local(ns: &health_agent::sys::netns::Netns, iface: &'static str) -> Ipv6Addr {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let found = in_netns(Some(ns), |nl| async move {
+            let index = nl.require_link(iface).await?;
+            Ok(nl
+                .addresses_v6()
+                .await?
+                .into_iter()
+                .find(|(i, a, _)| *i == index && a.is_unicast_link_local())
+                .map(|(_, a, _)| a))
+        })
+        .expect("netlink");
+        if let Some(a) = found {
+            return a;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{iface} has no link-local address"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The agent tells the responder the interface's addresses, its
+/// link-local one included: an echo request from the interface's own
+/// link-local address goes to the stack untouched (as the kernel would
+/// take it), one from another link-local address (the peer's) is
+/// answered, in both programs, and the counters say so.
+#[test]
+fn a_request_from_the_interfaces_own_link_local_address_is_passed_not_answered() {
+    require_root();
+    let nodes = TwoNodes::new();
+    nodes.add_ipv6();
+    let own = link_local(&nodes.b, B_IF);
+    let other = link_local(&nodes.a, A_IF);
+    assert_ne!(own, other);
+    let pins = PinDir::new();
+    let mut r = Datapath::load(pins.path()).expect("load the kernel object");
+    let cfg = r
+        .set_echo_targets(
+            &Interface::new(B_IF, Some(nodes.b.clone())),
+            None,
+            Some(B_IP6),
+        )
+        .expect("configure from the interface");
+    assert!(
+        cfg.own6.contains(&own.octets()),
+        "{own} not among the responder's own addresses: {cfg:?}"
+    );
+    assert_eq!(cfg.addr6, B_IP6.octets());
+    let request = |src: Ipv6Addr| {
+        let mut e = Echo6::request(src, B_IP6, 0x6d3, 9);
+        e.dst_mac = cfg.mac;
+        e
+    };
+    for prog in Prog::BOTH {
+        let before = r.echo_stats().expect("stats");
+        let input = request(own).frame();
+        let (verdict, out) = run(&mut r, prog, &input);
+        assert_eq!(verdict, prog.verdicts().pass, "{prog:?}: from {own}");
+        assert_eq!(out, input, "{prog:?}: a passed request is untouched");
+        let from_other = request(other);
+        let (verdict, out) = run(&mut r, prog, &from_other.frame());
+        assert_eq!(verdict, prog.verdicts().reply, "{prog:?}: from {other}");
+        assert_eq!(out, from_other.expected_reply().frame(), "{prog:?}");
+        verify_icmpv6_frame(&out).unwrap_or_else(|e| panic!("{prog:?}: {e}"));
+        let delta = r.echo_stats().expect("stats").since(before);
+        assert_eq!(
+            (delta.answered, delta.passed, delta.malformed),
+            (1, 1, 0),
+            "{prog:?}: {delta:?}"
+        );
+    }
 }

@@ -21,6 +21,7 @@ mod echo_netns;
 mod echo_test_run;
 mod endpoint;
 mod endpoint6;
+mod endpoint_owned;
 mod etcd;
 mod maps;
 mod masquerade;

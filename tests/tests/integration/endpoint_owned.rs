@@ -1,0 +1,236 @@
+//! The endpoint's namespace and veth are the agent's only when its own
+//! record proves it: a namesake made by someone else is refused, named and
+//! left alone; the agent's own objects survive SIGKILL and are removed on a
+//! clean stop. Each agent runs in a namespace that plays its node.
+
+use std::{path::PathBuf, time::Duration};
+
+use health_agent::{
+    endpoint::{ownership::Owned, record::EndpointRecord},
+    sys::{netlink::in_netns, netns::Netns},
+};
+use health_tests::agent::{AgentNode, HEALTH_CIDR};
+use nix::sys::signal::Signal;
+
+const READY: Duration = Duration::from_secs(10);
+
+fn state_dir(node: &AgentNode) -> PathBuf {
+    node.dir.join("state")
+}
+
+fn record(node: &AgentNode) -> Option<EndpointRecord> {
+    EndpointRecord::load(&state_dir(node)).expect("a readable record")
+}
+
+/// Device and inode of the endpoint namespace, if there is one.
+fn netns_identity(node: &AgentNode) -> Option<(u64, u64)> {
+    node.endpoint_ns().identity().expect("stat")
+}
+
+/// The index of `name` in the node's namespace.
+fn node_link(node: &AgentNode, name: &str) -> Option<u32> {
+    let name = name.to_owned();
+    in_netns(
+        Some(&node.node),
+        |nl| async move { nl.link_index(&name).await },
+    )
+    .expect("netlink")
+}
+
+/// The index of `eth0` inside the endpoint namespace.
+fn endpoint_link(node: &AgentNode) -> Option<u32> {
+    in_netns(Some(&node.endpoint_ns()), |nl| async move {
+        nl.link_index("eth0").await
+    })
+    .expect("netlink")
+}
+
+/// What the objects are now, as the record would name them.
+fn proven_now(node: &AgentNode) -> (Option<(u64, u64)>, Option<u32>, Option<u32>) {
+    (
+        netns_identity(node),
+        node_link(node, "lxc_health"),
+        endpoint_link(node),
+    )
+}
+
+fn recorded(owned: &Owned) -> (Option<(u64, u64)>, Option<u32>, Option<u32>) {
+    (
+        owned.netns.as_ref().map(|n| (n.dev, n.ino)),
+        owned.host.as_ref().map(|h| h.ifindex),
+        owned.peer.as_ref().map(|p| p.ifindex),
+    )
+}
+
+/// The daemon, run to its exit, fails naming `needles`.
+fn assert_refused(node: &AgentNode, needles: &[&str]) {
+    let out = node.run_to_exit(HEALTH_CIDR, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the agent started:\n{err}");
+    for n in needles {
+        assert!(err.contains(n), "{n:?} not in:\n{err}");
+    }
+    assert!(!node.socket().exists() && !node.pidfile().exists());
+}
+
+#[test]
+fn a_foreign_endpoint_namespace_is_refused_named_and_left() {
+    let mut node = AgentNode::new();
+    // Someone else's namespace under the endpoint's name, with a link of
+    // its own inside.
+    let foreign = Netns::create(&node.endpoint_netns).expect("a foreign namespace");
+    in_netns(
+        Some(&foreign),
+        |nl| async move { nl.add_bridge("theirs").await },
+    )
+    .expect("their link");
+    let before = netns_identity(&node).expect("there");
+    let name = format!("{:?}", node.endpoint_netns);
+    assert_refused(
+        &node,
+        &[
+            &format!("network namespace {name} was not made by this agent"),
+            "no endpoint record",
+            &format!("inode {}", before.1),
+            "--endpoint-netns",
+        ],
+    );
+    assert_eq!(netns_identity(&node), Some(before), "the namespace is left");
+    let theirs = in_netns(
+        Some(&foreign),
+        |nl| async move { nl.link_index("theirs").await },
+    )
+    .expect("netlink");
+    assert!(theirs.is_some(), "what is inside it is left too");
+    assert_eq!(node_link(&node, "lxc_health"), None, "nothing was made");
+
+    // With a record of its own that names another namespace: the agent's
+    // kept endpoint, replaced by someone else's under the same name.
+    foreign.delete().expect("remove it");
+    node.start(&["--keep-endpoint"]);
+    node.wait_endpoint(READY, |_| true);
+    assert!(node.stop(Signal::SIGTERM).success());
+    let ours = netns_identity(&node).expect("kept");
+    node.endpoint_ns().delete().expect("someone removes it");
+    let _replacement = Netns::create(&node.endpoint_netns).expect("and makes their own");
+    let theirs = netns_identity(&node).expect("there");
+    assert_refused(
+        &node,
+        &[
+            &format!("network namespace {name} was not made by this agent"),
+            &format!("expected device {} inode {}", ours.0, ours.1),
+            &format!("found device {} inode {}", theirs.0, theirs.1),
+        ],
+    );
+    assert_eq!(netns_identity(&node), Some(theirs), "left as it was");
+}
+
+#[test]
+fn a_foreign_lxc_health_is_refused_named_and_left() {
+    let node = AgentNode::new();
+    in_netns(Some(&node.node), |nl| async move {
+        nl.add_veth("lxc_health", "theirs-peer", None).await
+    })
+    .expect("a foreign lxc_health");
+    let index = node_link(&node, "lxc_health").expect("there");
+    assert_refused(
+        &node,
+        &[
+            "interface \"lxc_health\" in the node's namespace was not made by this agent",
+            "no endpoint record",
+            &format!("found index {index}"),
+            "--host-iface",
+        ],
+    );
+    assert_eq!(
+        node_link(&node, "lxc_health"),
+        Some(index),
+        "left as it was"
+    );
+    assert!(node_link(&node, "theirs-peer").is_some(), "its peer too");
+    assert!(!node.endpoint_ns().exists(), "no endpoint namespace made");
+}
+
+#[test]
+fn after_sigkill_the_agent_adopts_what_its_record_proves_and_removes_it_on_stop() {
+    let mut node = AgentNode::new();
+    node.start(&[]);
+    let ep = node.wait_endpoint(READY, |_| true);
+    let owned = record(&node)
+        .and_then(|r| r.owned)
+        .expect("the record names what the agent made");
+    let made = proven_now(&node);
+    assert!(
+        made.0.is_some() && made.1.is_some() && made.2.is_some(),
+        "{made:?}"
+    );
+    assert_eq!(recorded(&owned), made, "the record proves each object");
+
+    node.stop(Signal::SIGKILL);
+    assert_eq!(proven_now(&node), made, "SIGKILL leaves the objects");
+    node.start(&[]);
+    let restored = node.wait_endpoint(READY, |_| true);
+    assert_eq!((restored.id, restored.ipv4), (ep.id, ep.ipv4));
+    assert_eq!(
+        restored.history.first().map(|t| t.to.as_str()),
+        Some("restoring"),
+        "its own objects adopted"
+    );
+    assert_eq!(proven_now(&node), made, "reused, not recreated");
+    assert_eq!(
+        record(&node).and_then(|r| r.owned).map(|o| recorded(&o)),
+        Some(made)
+    );
+
+    let status = node.stop(Signal::SIGTERM);
+    assert!(status.success(), "{status}; log:\n{}", node.log());
+    assert!(!node.endpoint_ns().exists(), "its namespace removed");
+    assert_eq!(node_link(&node, "lxc_health"), None, "its veth removed");
+    assert!(record(&node).is_none(), "its record removed");
+}
+
+/// An agent upgraded over an endpoint kept by an earlier version, whose
+/// record proves nothing: the endpoint whose interface holds the recorded
+/// address and is paired with `lxc_health` is adopted, and its proof is
+/// recorded at once. Without that address, the namespace is refused.
+#[test]
+fn a_record_of_an_earlier_version_adopts_only_the_endpoint_its_address_proves() {
+    let mut node = AgentNode::new();
+    node.start(&["--keep-endpoint"]);
+    node.wait_endpoint(READY, |_| true);
+    assert!(node.stop(Signal::SIGTERM).success());
+    let made = proven_now(&node);
+    let earlier = EndpointRecord {
+        owned: None,
+        ..record(&node).expect("kept")
+    };
+    earlier.save(&state_dir(&node)).expect("an earlier record");
+    let text = std::fs::read_to_string(state_dir(&node).join("endpoint.json")).expect("read");
+    assert!(!text.contains("owned"), "{text}");
+
+    node.start(&["--keep-endpoint"]);
+    node.wait_endpoint(READY, |_| true);
+    assert_eq!(proven_now(&node), made, "adopted, not recreated");
+    assert_eq!(
+        record(&node).and_then(|r| r.owned).map(|o| recorded(&o)),
+        Some(made),
+        "the proof is recorded"
+    );
+    assert!(node.stop(Signal::SIGTERM).success());
+
+    // The same earlier record naming an address the interface does not hold.
+    let mut elsewhere = earlier;
+    elsewhere.ipv4 = Some(std::net::Ipv4Addr::new(198, 18, 64, 200));
+    elsewhere
+        .save(&state_dir(&node))
+        .expect("an earlier record");
+    assert_refused(
+        &node,
+        &[
+            "was not made by this agent",
+            "198.18.64.200",
+            "earlier version",
+        ],
+    );
+    assert_eq!(proven_now(&node), made, "left as it was");
+}
