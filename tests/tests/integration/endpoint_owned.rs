@@ -234,3 +234,48 @@ fn a_record_of_an_earlier_version_adopts_only_the_endpoint_its_address_proves() 
     );
     assert_eq!(proven_now(&node), made, "left as it was");
 }
+
+/// While the agent runs, its `lxc_health` is replaced by someone else's:
+/// the controller does not repair over it (it names it instead), and a
+/// clean stop removes the agent's namespace but leaves the stranger's
+/// interface.
+#[test]
+fn a_foreign_lxc_health_made_while_the_agent_runs_is_neither_used_nor_removed() {
+    let mut node = AgentNode::new();
+    // The controller runs on link events (once they settle) and on its
+    // interval, here too long to come between the two steps below.
+    node.start(&[]);
+    node.wait_endpoint(READY, |_| true);
+    in_netns(Some(&node.node), |nl| async move {
+        nl.delete_link("lxc_health").await?;
+        nl.add_veth("lxc_health", "theirs-peer", None).await
+    })
+    .expect("replace lxc_health");
+    let theirs = node_link(&node, "lxc_health").expect("there");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !node.log().contains("was not made by this agent") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller never named it; log:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = node.log();
+    assert!(
+        log.contains("interface \"lxc_health\" in the node's namespace")
+            && log.contains(&format!("found index {theirs}")),
+        "{log}"
+    );
+    assert_eq!(node_link(&node, "lxc_health"), Some(theirs), "not replaced");
+
+    let status = node.stop(Signal::SIGTERM);
+    assert!(status.success(), "{status}; log:\n{}", node.log());
+    assert!(!node.endpoint_ns().exists(), "its own namespace removed");
+    assert_eq!(
+        node_link(&node, "lxc_health"),
+        Some(theirs),
+        "the stranger's interface is left"
+    );
+    assert!(node.log().contains("not removed"), "{}", node.log());
+}
