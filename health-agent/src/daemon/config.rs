@@ -66,6 +66,9 @@ pub struct MetricsSettings {
     pub serve_addr: Option<std::net::SocketAddr>,
     /// Series per peer and path.
     pub per_peer: bool,
+    /// `--web-allowed-hosts`: the `Host` names served besides the listen
+    /// address and `localhost`.
+    pub allowed_hosts: crate::web::host::AllowedHosts,
 }
 
 /// The health endpoint.

@@ -339,10 +339,13 @@ fn metrics_and_web(
         per_peer: cfg.metrics.per_peer,
     }));
     let api_state = api_state.with_metrics(metrics.clone());
-    let web = cfg
-        .metrics
-        .serve_addr
-        .map(|addr| (addr, crate::web::router(metrics, api_state.clone())));
+    let web = cfg.metrics.serve_addr.map(|addr| {
+        let allowed = cfg.metrics.allowed_hosts.clone();
+        (
+            addr,
+            crate::web::router(metrics, api_state.clone(), allowed),
+        )
+    });
     (api_state, web)
 }
 

@@ -1,33 +1,41 @@
 //! The HTTP hello server on port 4240: `GET /hello` answers 200, anything else
 //! a 4xx. Small and bounded: at most `MAX_CONNECTIONS` at once and
-//! `PER_SOURCE` from one address (more are closed at once, so a peer holding
-//! many idle or slow connections cannot starve the others), 4 KiB of
-//! request head, 2 s to send it.
+//! `PER_SOURCE` from one source (an IPv4 address, or an IPv6 /64: more are
+//! closed at once, so a peer holding many idle or slow connections cannot
+//! starve the others), 4 KiB of request head, [`HEAD_TIMEOUT`] to send it.
+//! When the server is full, the oldest connection still waiting for its
+//! request head is closed to make room for the new one.
 
 use std::{
-    collections::HashMap,
-    net::IpAddr,
-    sync::{Arc, Mutex},
+    collections::{BTreeMap, HashMap},
+    net::{IpAddr, Ipv4Addr},
+    sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
-    sync::Semaphore,
 };
+use tokio_util::sync::CancellationToken;
 
 /// Connections served at once: enough for thousands of peers probing within
 /// one spread (each exchange takes well under a millisecond).
 pub const MAX_CONNECTIONS: usize = 4096;
-/// Connections served at once from one address. A peer probes each of our
-/// addresses once a round, but many agents may share one address behind
-/// SNAT, and a benchmark's peers share one server: 256 (what the server
-/// once allowed in all) keeps room for those while a peer holding idle
-/// connections still takes at most this share of `MAX_CONNECTIONS`.
+/// Connections served at once from one source (an IPv4 address or an IPv6
+/// /64). A peer probes each of our addresses once a round, but many agents
+/// may share one address behind SNAT, and a benchmark's peers share one
+/// server: 256 (what the server once allowed in all) keeps room for those
+/// while a peer holding idle connections still takes at most this share of
+/// `MAX_CONNECTIONS`.
 pub const PER_SOURCE: usize = 256;
 const MAX_HEAD: usize = 4096;
-const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a connection may take to send its whole request head. A prober
+/// writes its request in one segment right after connecting and gives up
+/// after its probe timeout (1 s by default), so 2 s is ample for a real
+/// peer on a slow path, and short enough that idle or trickling
+/// connections (slowloris) give their slots back quickly.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Pending connections the listener queues (the kernel caps it at
 /// `net.core.somaxconn`, 4096 by default): a node of a large cluster gets a
@@ -55,7 +63,7 @@ fn listen_on(domain: socket2::Domain, port: u16) -> std::io::Result<std::net::Tc
         sock.set_only_v6(false)?;
         std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port))
     } else {
-        std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port))
+        std::net::SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
     };
     sock.bind(&addr.into())?;
     sock.listen(BACKLOG)?;
@@ -65,7 +73,7 @@ fn listen_on(domain: socket2::Domain, port: u16) -> std::io::Result<std::net::Tc
 
 /// Serves until `shutdown` (connections being answered finish on their own,
 /// bounded by the head timeout).
-pub async fn serve(listener: TcpListener, shutdown: tokio_util::sync::CancellationToken) {
+pub async fn serve(listener: TcpListener, shutdown: CancellationToken) {
     serve_with(listener, shutdown, Limits::NODE).await;
 }
 
@@ -87,79 +95,154 @@ impl Limits {
 /// [`serve`] with other limits: a benchmark's one server standing in for
 /// thousands of peers sees every probe of a prober from one address, which
 /// a real peer's server never does.
-pub async fn serve_with(
-    listener: TcpListener,
-    shutdown: tokio_util::sync::CancellationToken,
-    limits: Limits,
-) {
+pub async fn serve_with(listener: TcpListener, shutdown: CancellationToken, limits: Limits) {
     shutdown
         .run_until_cancelled(accept_loop(listener, limits))
         .await;
 }
 
-/// Connections open per source address.
-type PerSource = Arc<Mutex<HashMap<IpAddr, usize>>>;
-
-/// One source's share, given back when the connection ends.
-struct SourceSlot {
-    ip: IpAddr,
-    counts: PerSource,
+/// What a peer's connections count against: its IPv4 address, or the /64
+/// of its IPv6 address (a host is usually given a whole /64 and may use
+/// any address of it, so counting full IPv6 addresses would let one host
+/// take every slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    V4(Ipv4Addr),
+    /// The upper 64 bits of the address.
+    V6(u64),
 }
 
-impl SourceSlot {
-    fn take(counts: &PerSource, ip: IpAddr, limit: usize) -> Option<Self> {
-        let mut c = counts.lock().ok()?;
-        let n = c.entry(ip).or_insert(0);
-        if *n >= limit {
-            return None;
+impl Source {
+    /// The source of a peer address; an IPv4-mapped address (an IPv4 peer
+    /// of the dual-stack listener) counts as its IPv4 address.
+    #[must_use]
+    pub fn of(ip: IpAddr) -> Self {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => Self::V4(v4),
+            IpAddr::V6(v6) => {
+                let prefix = u128::from(v6) >> 64;
+                // Lossless: a u128 shifted right by 64 fits in 64 bits.
+                Self::V6(u64::try_from(prefix).unwrap_or(u64::MAX))
+            }
         }
-        *n += 1;
-        Some(Self {
-            ip,
-            counts: counts.clone(),
-        })
     }
 }
 
-impl Drop for SourceSlot {
+/// The server's connections: how many, from which source, and which are
+/// still waiting for their request head (oldest first), to be closed when
+/// a new connection finds the server full.
+#[derive(Debug, Default)]
+struct Registry {
+    total: usize,
+    per_source: HashMap<Source, usize>,
+    /// By accept order; the token closes the connection.
+    waiting: BTreeMap<u64, CancellationToken>,
+    next: u64,
+}
+
+type Shared = Arc<Mutex<Registry>>;
+
+fn lock(shared: &Shared) -> MutexGuard<'_, Registry> {
+    // Every critical section leaves the registry consistent: a panic in
+    // one (none is expected) does not make it unusable.
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Why a connection was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// Its source holds its whole share.
+    SourceFull,
+    /// The server is full and every connection has sent its request.
+    Full,
+}
+
+/// One admitted connection; gives its share back when dropped.
+struct Slot {
+    id: u64,
+    source: Source,
+    /// Cancelled when the connection is evicted to make room.
+    evicted: CancellationToken,
+    shared: Shared,
+}
+
+impl Slot {
+    /// Admits a connection from `source`: within the source's share, and
+    /// when the server is full by closing the oldest connection that has
+    /// not yet sent its request head.
+    fn take(shared: &Shared, source: Source, limits: Limits) -> Result<Self, Refused> {
+        let mut r = lock(shared);
+        if r.per_source.get(&source).copied().unwrap_or(0) >= limits.per_source {
+            return Err(Refused::SourceFull);
+        }
+        if r.total >= limits.total {
+            let (_, oldest) = r.waiting.pop_first().ok_or(Refused::Full)?;
+            // Its slot is given back here; its own drop then leaves the
+            // total alone (see `Drop`).
+            oldest.cancel();
+            r.total -= 1;
+        }
+        r.total += 1;
+        *r.per_source.entry(source).or_insert(0) += 1;
+        let id = r.next;
+        r.next += 1;
+        let evicted = CancellationToken::new();
+        r.waiting.insert(id, evicted.clone());
+        Ok(Self {
+            id,
+            source,
+            evicted,
+            shared: shared.clone(),
+        })
+    }
+
+    /// The request head arrived: the connection is no longer one to evict.
+    fn answered(&self) {
+        lock(&self.shared).waiting.remove(&self.id);
+    }
+}
+
+impl Drop for Slot {
     fn drop(&mut self) {
-        if let Ok(mut c) = self.counts.lock()
-            && let Some(n) = c.get_mut(&self.ip)
-        {
+        let mut r = lock(&self.shared);
+        r.waiting.remove(&self.id);
+        if !self.evicted.is_cancelled() {
+            r.total -= 1;
+        }
+        if let Some(n) = r.per_source.get_mut(&self.source) {
             *n -= 1;
             if *n == 0 {
-                c.remove(&self.ip);
+                r.per_source.remove(&self.source);
             }
         }
     }
 }
 
 async fn accept_loop(listener: TcpListener, limits: Limits) {
-    let slots = Arc::new(Semaphore::new(limits.total));
-    let per_source = PerSource::default();
+    let shared = Shared::default();
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        // An IPv4 peer of the dual-stack listener counts as its IPv4 address.
-        let ip = peer.ip().to_canonical();
-        let Some(source) = SourceSlot::take(&per_source, ip, limits.per_source) else {
-            drop(stream);
-            continue;
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
+        let Ok(slot) = Slot::take(&shared, Source::of(peer.ip()), limits) else {
             drop(stream);
             continue;
         };
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(HEAD_TIMEOUT * 2, handle(stream)).await;
-            drop((permit, source));
+            let evicted = slot.evicted.clone();
+            tokio::select! {
+                () = evicted.cancelled() => {}
+                _ = tokio::time::timeout(HEAD_TIMEOUT * 2, handle(stream, &slot)) => {}
+            }
+            drop(slot);
         });
     }
 }
 
-async fn handle(mut stream: TcpStream) -> std::io::Result<()> {
+async fn handle(mut stream: TcpStream, slot: &Slot) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(256);
     let mut buf = [0u8; 1024];
     let complete = tokio::time::timeout(HEAD_TIMEOUT, async {
@@ -178,6 +261,7 @@ async fn handle(mut stream: TcpStream) -> std::io::Result<()> {
         }
     })
     .await;
+    slot.answered();
     let response = match complete {
         Ok(Ok(true)) => respond(&head),
         Ok(Ok(false)) => reply(400, "bad request\n"),
@@ -245,7 +329,7 @@ mod tests {
         }
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(serve(listener, tokio_util::sync::CancellationToken::new()));
+        let server = tokio::spawn(serve(listener, CancellationToken::new()));
         let mut idle = Vec::new();
         for _ in 0..1000 {
             idle.push(TcpStream::connect(addr).await.expect("idle connection"));
@@ -288,13 +372,114 @@ mod tests {
         server.abort();
     }
 
+    #[test]
+    fn sources_are_ipv4_addresses_and_ipv6_slash_64s() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("an address");
+        assert_eq!(
+            Source::of(ip("2001:2::1")),
+            Source::of(ip("2001:2::ffff:ffff:ffff:ffff"))
+        );
+        assert_ne!(Source::of(ip("2001:2::1")), Source::of(ip("2001:2:0:1::1")));
+        assert_eq!(
+            Source::of(ip("::ffff:198.18.0.1")),
+            Source::of(ip("198.18.0.1"))
+        );
+        assert_ne!(Source::of(ip("198.18.0.1")), Source::of(ip("198.18.0.2")));
+    }
+
+    #[test]
+    fn a_full_server_evicts_its_oldest_waiting_connection() {
+        let shared = Shared::default();
+        let limits = Limits {
+            total: 3,
+            per_source: 2,
+        };
+        let a = Source::of(IpAddr::from([198, 18, 0, 1]));
+        let b = Source::of(IpAddr::from([198, 18, 0, 2]));
+        let c = Source::of(IpAddr::from([198, 18, 0, 3]));
+        let first = Slot::take(&shared, a, limits).expect("room");
+        let second = Slot::take(&shared, a, limits).expect("room");
+        assert_eq!(
+            Slot::take(&shared, a, limits).err(),
+            Some(Refused::SourceFull),
+            "a source holds at most its share"
+        );
+        let third = Slot::take(&shared, b, limits).expect("room");
+        // Full: the first connection, the oldest waiting, makes room.
+        let fourth = Slot::take(&shared, c, limits).expect("the oldest evicted");
+        assert!(first.evicted.is_cancelled());
+        assert!(!second.evicted.is_cancelled() && !third.evicted.is_cancelled());
+        assert_eq!(lock(&shared).total, 3);
+        drop(first);
+        assert_eq!(lock(&shared).total, 3, "an evicted slot is given back once");
+        assert_eq!(lock(&shared).per_source.get(&a), Some(&1));
+        // Connections that sent their request are never evicted.
+        for s in [&second, &third, &fourth] {
+            s.answered();
+        }
+        assert_eq!(Slot::take(&shared, c, limits).err(), Some(Refused::Full));
+        drop((second, third, fourth));
+        let r = lock(&shared);
+        assert_eq!((r.total, r.per_source.len(), r.waiting.len()), (0, 0, 0));
+    }
+
+    /// A server full of idle connections answers a new peer at once, by
+    /// closing the oldest idle one; an idle connection left alone is
+    /// answered 408 and closed after [`HEAD_TIMEOUT`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_server_closes_its_oldest_idle_connection_for_a_new_peer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let limits = Limits {
+            total: 8,
+            per_source: 8,
+        };
+        let server = tokio::spawn(serve_with(listener, CancellationToken::new(), limits));
+        let start = std::time::Instant::now();
+        let mut idle = Vec::new();
+        for _ in 0..8 {
+            idle.push(TcpStream::connect(addr).await.expect("idle connection"));
+            // Accepted in this order.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        let mut s = socket.connect(addr).await.expect("connect");
+        s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("send");
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut out))
+            .await
+            .expect("answered within 1 s")
+            .expect("read");
+        assert!(out.starts_with(b"HTTP/1.1 200 OK"), "{out:?}");
+        let mut b = [0u8; 64];
+        let oldest = tokio::time::timeout(Duration::from_millis(500), idle[0].read(&mut b))
+            .await
+            .expect("the oldest idle connection is closed at once");
+        assert!(matches!(oldest, Ok(0) | Err(_)), "{oldest:?}");
+        assert!(start.elapsed() < HEAD_TIMEOUT, "{:?}", start.elapsed());
+        // The others wait for their head until the timeout, then get 408.
+        let mut rest = String::new();
+        tokio::time::timeout(HEAD_TIMEOUT * 2, idle[1].read_to_string(&mut rest))
+            .await
+            .expect("closed after the head timeout")
+            .expect("read");
+        assert!(rest.starts_with("HTTP/1.1 408"), "{rest}");
+        assert!(start.elapsed() >= HEAD_TIMEOUT, "{:?}", start.elapsed());
+        server.abort();
+    }
+
     /// The listener answers IPv4 and IPv6 peers on one port.
     #[tokio::test]
     async fn listens_dual_stack() {
         let std_listener = listen(0).expect("listen");
         let port = std_listener.local_addr().expect("addr").port();
         let listener = TcpListener::from_std(std_listener).expect("tokio listener");
-        let server = tokio::spawn(serve(listener, tokio_util::sync::CancellationToken::new()));
+        let server = tokio::spawn(serve(listener, CancellationToken::new()));
         for ip in [
             IpAddr::from([127, 0, 0, 1]),
             IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
@@ -314,7 +499,7 @@ mod tests {
     async fn serves_over_tcp_and_rejects_oversized_heads() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(serve(listener, tokio_util::sync::CancellationToken::new()));
+        let server = tokio::spawn(serve(listener, CancellationToken::new()));
         let exchange = |req: Vec<u8>| async move {
             let mut s = TcpStream::connect(addr).await.expect("connect");
             s.write_all(&req).await.expect("send");

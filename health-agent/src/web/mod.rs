@@ -1,9 +1,14 @@
 //! The metrics listener (`--prometheus-serve-addr`): read-only, on TCP.
 //! It serves `GET /metrics` for Prometheus, the connectivity page at `/`,
 //! and under `/api` the read-only views the page draws from (the status and
-//! its history, as on the unix socket).
+//! its history, as on the unix socket). Bounded: [`Limits::LISTENER`]
+//! (header and idle timeouts, a connection cap), and only for its own
+//! hosts ([`host`]).
 
-use std::{io, net::SocketAddr, sync::Arc};
+pub mod conn;
+pub mod host;
+
+use std::{io, net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{
     Router,
@@ -12,10 +17,14 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
 
+pub use self::conn::Limits;
 use crate::{api::server::ApiState, metrics::Metrics};
+
+/// After a failed accept (out of descriptors, say), before the next.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WebError {
@@ -25,13 +34,18 @@ pub enum WebError {
     Serve { addr: SocketAddr, source: io::Error },
 }
 
-/// Everything the listener serves.
-pub fn router(metrics: Arc<Metrics>, api: ApiState) -> Router {
+/// Everything the listener serves, for the hosts of [`host::AllowedHosts`]
+/// (see [`host::require_allowed_host`]).
+pub fn router(metrics: Arc<Metrics>, api: ApiState, allowed: host::AllowedHosts) -> Router {
     Router::new()
         .route("/metrics", get(metrics_text))
         .with_state(metrics)
         .nest("/api", crate::api::server::read_only_routes(api))
         .merge(crate::page::routes())
+        .layer(axum::middleware::from_fn_with_state(
+            allowed,
+            host::require_allowed_host,
+        ))
 }
 
 async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> Response {
@@ -42,18 +56,64 @@ async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> Response {
         .into_response()
 }
 
-/// Serves until `shutdown`, then lets requests in flight finish.
+/// Serves until `shutdown`, then lets requests in flight finish, with
+/// [`Limits::LISTENER`].
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> Result<(), WebError> {
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    // Made once, not for every connection (see `api::server::serve`).
-    axum::serve(listener, router.into_make_service())
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(|source| WebError::Serve { addr, source })
+    serve_with(listener, router, Limits::LISTENER, shutdown).await
 }
+
+/// [`serve`] with other limits (tests use short timeouts).
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> Result<(), WebError> {
+    let addr = listener.local_addr().map_err(|source| WebError::Serve {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })?;
+    let router = router.layer(axum::Extension(host::ListenAddr(addr)));
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors, or a connection reset before it was
+                // accepted: try again shortly.
+                tracing::debug!(%addr, error = %e, "metrics listener: accept failed");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%addr, %peer, max = limits.max_connections,
+                "metrics listener full: connection closed");
+            drop(stream);
+            continue;
+        };
+        tokio::spawn(conn::serve(
+            stream,
+            router.clone(),
+            limits,
+            shutdown.clone(),
+            permit,
+        ));
+    }
+    // Every connection gives its slot back when it ends: once all are
+    // back, the requests in flight are done.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = slots.acquire_many(all).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -685,6 +685,29 @@ mod tests {
     }
 
     #[test]
+    fn web_allowed_hosts_is_a_key_checked_by_its_parser() {
+        let (_, d) = daemon(
+            &[],
+            "health-cidr: 198.18.64.0/24\nweb-allowed-hosts: health.example,node-1.example:8080\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            d.web_allowed_hosts.map(|h| h.to_string()).as_deref(),
+            Some("health.example,node-1.example:8080")
+        );
+        let err = daemon(
+            &[],
+            "health-cidr: 198.18.64.0/24\nweb-allowed-hosts: health.example,,x\n",
+        )
+        .expect_err("an empty name");
+        assert!(
+            err.contains(":2: \"web-allowed-hosts\": invalid value"),
+            "{err}"
+        );
+        assert!(defaults().lines().any(|l| l == "# web-allowed-hosts:"));
+    }
+
+    #[test]
     fn changed_keys_are_found() {
         let (path, _gone) = write("health-cidr: 198.18.64.0/24\nprobe-interval: 5s\n");
         let (_, inv) =

@@ -248,6 +248,13 @@ pub(crate) struct DaemonArgs {
     /// number grows with the cluster, so they are off by default.
     #[arg(long)]
     pub metrics_per_peer: bool,
+    /// Host names (`NAME` or `NAME:PORT`, comma-separated) the metrics
+    /// listener answers besides its listen address and `localhost`: a
+    /// request naming any other `Host` is refused (421), which defeats DNS
+    /// rebinding. A name without a port is accepted bare or with the listen
+    /// port; give the port a forwarded or proxied address uses.
+    #[arg(long, value_name = "NAME[:PORT],...", value_parser = parse_allowed_hosts)]
+    pub web_allowed_hosts: Option<health_agent::web::host::AllowedHosts>,
     #[command(flatten)]
     pub pins: PinArgs,
     #[command(flatten)]
@@ -297,6 +304,12 @@ fn parse_serve_addr(s: &str) -> Result<ServeAddr, String> {
     s.parse()
         .map(|a| ServeAddr(Some(a)))
         .map_err(|_| format!("{s:?} is not an ADDR:PORT (such as 127.0.0.1:9962) or `off`"))
+}
+
+/// `--web-allowed-hosts`: `NAME[:PORT],...`.
+fn parse_allowed_hosts(s: &str) -> Result<health_agent::web::host::AllowedHosts, String> {
+    s.parse()
+        .map_err(|e: health_agent::web::host::HostError| e.to_string())
 }
 
 /// `--health-cidr6`: an IPv6 CIDR that can hold the endpoint.
@@ -373,6 +386,7 @@ impl DaemonArgs {
             metrics: MetricsSettings {
                 serve_addr: self.prometheus_serve_addr.0,
                 per_peer: self.metrics_per_peer,
+                allowed_hosts: self.web_allowed_hosts.unwrap_or_default(),
             },
             pidfile: self.pidfile,
             pin_dir: self.pins.dir,
@@ -545,5 +559,41 @@ mod tests {
             "off",
         ]);
         assert_eq!(off.prometheus_serve_addr, ServeAddr(None));
+    }
+
+    #[test]
+    fn web_allowed_hosts_are_parsed_and_bad_ones_named() {
+        let none = daemon(&["--health-cidr", "198.18.64.0/24", "--node-name", "n"])
+            .config()
+            .expect("a daemon configuration");
+        assert_eq!(none.metrics.allowed_hosts.to_string(), "");
+        let given = daemon(&[
+            "--health-cidr",
+            "198.18.64.0/24",
+            "--node-name",
+            "n",
+            "--web-allowed-hosts",
+            "Health.example,node-1.example:8080",
+        ])
+        .config()
+        .expect("a daemon configuration");
+        assert_eq!(
+            given.metrics.allowed_hosts.to_string(),
+            "health.example,node-1.example:8080"
+        );
+        let err = Cli::try_parse_from([
+            "health-agent",
+            "daemon",
+            "--health-cidr",
+            "198.18.64.0/24",
+            "--web-allowed-hosts",
+            "ok.example,http://evil.example",
+        ])
+        .expect_err("a URL is not a host")
+        .to_string();
+        assert!(
+            err.contains("--web-allowed-hosts") && err.contains("\"http://evil.example\""),
+            "{err}"
+        );
     }
 }

@@ -1,0 +1,195 @@
+//! One connection of the metrics listener: HTTP/1.1 by hyper, with a
+//! header-read timeout, an idle timeout and a slot of the listener's cap.
+
+use std::{
+    io,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use axum::Router;
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    service::TowerToHyperService,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::TcpStream,
+    sync::OwnedSemaphorePermit,
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+
+/// How long a client may take to send a whole request head. Prometheus
+/// and browsers send theirs in one segment, so 5 s is ample on a slow
+/// link; a client trickling one (slowloris) holds its slot no longer.
+/// hyper runs this timer whenever a connection waits for a request, so it
+/// is also the keep-alive idle timeout: a kept-alive connection with no
+/// next request within it is closed.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection moving no byte either way for this long is closed,
+/// whatever it is doing (a client that stops reading its response, say):
+/// longer than [`HEADER_TIMEOUT`], which covers waiting for requests.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once; a connection past them is closed as soon as
+/// it is accepted. Prometheus holds one, a browser up to six per page.
+pub const MAX_CONNECTIONS: usize = 64;
+/// The largest request head read (hyper's minimum is 8 KiB); the listener's
+/// requests are short GETs, a browser's cookies for `localhost` included.
+const MAX_BUF: usize = 64 * 1024;
+
+/// The listener's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Limits {
+    /// [`HEADER_TIMEOUT`], [`IDLE_TIMEOUT`], [`MAX_CONNECTIONS`].
+    pub const LISTENER: Self = Self {
+        header_timeout: HEADER_TIMEOUT,
+        idle_timeout: IDLE_TIMEOUT,
+        max_connections: MAX_CONNECTIONS,
+    };
+}
+
+/// When a connection last moved a byte, in nanoseconds since it started.
+struct Activity {
+    start: Instant,
+    last: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last.store(ns, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> Instant {
+        self.start + Duration::from_nanos(self.last.load(Ordering::Relaxed))
+    }
+}
+
+/// A stream that notes when it last moved a byte.
+struct Tracked {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.activity.touch();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Serves `stream` until it ends, is idle past `limits.idle_timeout`, or
+/// `shutdown` (then the request in flight finishes); `_slot` is the
+/// listener's cap, given back on return.
+pub(super) async fn serve(
+    stream: TcpStream,
+    router: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+    _slot: OwnedSemaphorePermit,
+) {
+    let _ = stream.set_nodelay(true);
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        activity: activity.clone(),
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(MAX_BUF);
+    let conn = builder.serve_connection(io, TowerToHyperService::new(router));
+    let mut conn = std::pin::pin!(conn);
+    let mut stopping = false;
+    loop {
+        let idle_until = activity.last() + limits.idle_timeout;
+        tokio::select! {
+            served = conn.as_mut() => {
+                if let Err(e) = served {
+                    tracing::debug!(error = %e, "metrics listener: connection ended");
+                }
+                return;
+            }
+            () = tokio::time::sleep_until(idle_until) => {
+                if activity.last() + limits.idle_timeout <= Instant::now() {
+                    tracing::debug!(idle = ?limits.idle_timeout,
+                        "metrics listener: idle connection closed");
+                    return;
+                }
+            }
+            () = shutdown.cancelled(), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The metrics listener over loopback: real sockets, the agent's router.
+
+use std::time::{Duration, Instant};
+
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpStream,
+    sync::watch,
+};
+
+use super::*;
+use crate::{
+    cluster::discovery::Nodes,
+    datapath::report::MapsReport,
+    metrics::Sources,
+    probe::{ProbeConfig, Prober, metrics::ProbeMetrics},
+    supervisor::Health,
+};
+
+/// How much earlier than its timeout a connection may be seen closed
+/// (timers and clocks of the two ends).
+const EARLY: Duration = Duration::from_millis(50);
+
+/// The agent's router over an empty prober, answering `allowed` too.
+fn agent_router(allowed: &str) -> Router {
+    let (_, probers) = watch::channel(Prober::new(ProbeConfig::default()));
+    let metrics = Arc::new(Metrics::new(Sources {
+        prober: probers.clone(),
+        probe: Arc::new(ProbeMetrics::default()),
+        nodes: Nodes::new("none".into()),
+        endpoint: crate::endpoint::shared_view(),
+        pin_dir: "/nonexistent".into(),
+        maps: MapsReport::default(),
+        per_peer: false,
+    }));
+    let api = ApiState::new(
+        crate::endpoint::shared_view(),
+        probers,
+        Nodes::new("none".into()),
+        Health::default(),
+        Duration::from_secs(1),
+    );
+    router(metrics, api, allowed.parse().expect("valid names"))
+}
+
+/// Serves the agent's router on 127.0.0.1 with `limits`.
+async fn listening(limits: Limits) -> (SocketAddr, CancellationToken) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = CancellationToken::new();
+    tokio::spawn(serve_with(
+        listener,
+        agent_router("health.example,proxy.example:8080"),
+        limits,
+        stop.clone(),
+    ));
+    (addr, stop)
+}
+
+/// Sends `request` on a new connection; the whole answer.
+async fn exchange(addr: SocketAddr, request: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request.as_bytes()).await.expect("send");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("answered and closed")
+        .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn get(path: &str, host: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+}
+
+/// How long until the server closes `s` (reading and dropping whatever it
+/// sends), at most `within`; what it sent.
+async fn closed_after(s: &mut TcpStream, within: Duration) -> (Duration, String) {
+    let start = Instant::now();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(within, s.read_to_end(&mut out)).await;
+    assert!(
+        read.is_ok(),
+        "still open after {within:?}: {}",
+        String::from_utf8_lossy(&out)
+    );
+    (start.elapsed(), String::from_utf8_lossy(&out).into_owned())
+}
+
+#[tokio::test]
+async fn foreign_hosts_are_refused_and_its_own_served() {
+    let (addr, stop) = listening(Limits::LISTENER).await;
+    let port = addr.port();
+    for host in [
+        format!("127.0.0.1:{port}"),
+        "127.0.0.1".to_owned(),
+        "localhost".to_owned(),
+        format!("localhost:{port}"),
+        "health.example".to_owned(),
+        format!("Health.Example:{port}"),
+        "proxy.example:8080".to_owned(),
+    ] {
+        let out = exchange(addr, &get("/metrics", &host)).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{host}: {out}");
+        assert!(out.ends_with("# EOF\n"), "{host}: {out}");
+    }
+    // A rebound name, on every route (the page, the API, and a path
+    // that does not exist): refused, naming the host.
+    for path in ["/metrics", "/", "/api/v1/status", "/nothing-here"] {
+        let host = format!("rebound.example:{port}");
+        let out = exchange(addr, &get(path, &host)).await;
+        assert!(out.starts_with("HTTP/1.1 421"), "{path}: {out}");
+        assert!(
+            out.contains(&format!("host \"{host}\" is not served here")),
+            "{out}"
+        );
+    }
+    for host in [
+        "proxy.example".to_owned(),
+        format!("health.example:{}", port.wrapping_add(1)),
+        format!("127.0.0.2:{port}"),
+    ] {
+        let out = exchange(addr, &get("/metrics", &host)).await;
+        assert!(out.starts_with("HTTP/1.1 421"), "{host}: {out}");
+    }
+    // The request line's authority wins over the header.
+    let out = exchange(
+        addr,
+        &format!(
+            "GET http://rebound.example/metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+             Connection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 421"), "{out}");
+    let out = exchange(addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.0 400"), "{out}");
+    assert!(out.contains("a Host header is required"), "{out}");
+    let out = exchange(
+        addr,
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nHost: rebound.example\r\n\
+         Connection: close\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn slow_heads_and_idle_keep_alive_connections_are_closed_after_the_header_timeout() {
+    let header = Duration::from_millis(400);
+    let (addr, stop) = listening(Limits {
+        header_timeout: header,
+        idle_timeout: Duration::from_secs(30),
+        max_connections: 64,
+    })
+    .await;
+    // Nothing sent.
+    let mut silent = TcpStream::connect(addr).await.expect("connect");
+    let (after, _) = closed_after(&mut silent, Duration::from_secs(3)).await;
+    assert!(after >= header.saturating_sub(EARLY), "{after:?}");
+    // A head trickled a byte every 50 ms: still closed at the timeout.
+    let mut slow = TcpStream::connect(addr).await.expect("connect");
+    let start = Instant::now();
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-Slow: {}",
+        "a".repeat(100)
+    );
+    for b in head.as_bytes() {
+        if slow.write_all(&[*b]).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, sent) = closed_after(&mut slow, Duration::from_secs(3)).await;
+    let after = start.elapsed();
+    assert!(
+        after >= header.saturating_sub(EARLY) && after < Duration::from_secs(3),
+        "{after:?}"
+    );
+    assert!(
+        sent.is_empty() || sent.starts_with("HTTP/1.1 408"),
+        "{sent}"
+    );
+    // Kept alive after an answer, then idle: closed at the timeout too.
+    let mut kept = TcpStream::connect(addr).await.expect("connect");
+    kept.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("send");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.ends_with(b"# EOF\n") {
+        let n = tokio::time::timeout(Duration::from_secs(2), kept.read(&mut buf))
+            .await
+            .expect("answered")
+            .expect("read");
+        assert!(n > 0, "closed before the answer");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let (after, rest) = closed_after(&mut kept, Duration::from_secs(3)).await;
+    assert!(rest.is_empty(), "{rest}");
+    assert!(after >= header.saturating_sub(EARLY), "{after:?}");
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_connection_moving_no_byte_is_closed_after_the_idle_timeout() {
+    let idle = Duration::from_millis(300);
+    let (addr, stop) = listening(Limits {
+        header_timeout: Duration::from_secs(30),
+        idle_timeout: idle,
+        max_connections: 64,
+    })
+    .await;
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let (after, sent) = closed_after(&mut s, Duration::from_secs(3)).await;
+    assert!(sent.is_empty(), "{sent}");
+    assert!(
+        after >= idle.saturating_sub(EARLY) && after < Duration::from_secs(2),
+        "{after:?}"
+    );
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_are_closed_and_a_freed_slot_serves_again() {
+    let cap = 4;
+    let (addr, stop) = listening(Limits {
+        header_timeout: Duration::from_secs(30),
+        idle_timeout: Duration::from_secs(30),
+        max_connections: cap,
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..cap {
+        held.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    // Accepted (and given their slots) before the next one comes.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut past = TcpStream::connect(addr).await.expect("connect");
+    let _ = past
+        .write_all(get("/metrics", "localhost").as_bytes())
+        .await;
+    let (_, out) = closed_after(&mut past, Duration::from_secs(2)).await;
+    assert!(out.is_empty(), "served past the cap: {out}");
+    // The held connections are still served.
+    let first = &mut held[0];
+    first
+        .write_all(get("/metrics", "localhost").as_bytes())
+        .await
+        .expect("send");
+    let (_, out) = closed_after(first, Duration::from_secs(2)).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    // Its slot is free again: a new connection is served.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let out = exchange(addr, &get("/metrics", "localhost")).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    stop.cancel();
+}
