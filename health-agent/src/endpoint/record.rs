@@ -101,7 +101,9 @@ impl EndpointRecord {
             .map_err(|source| RecordError::Corrupt { path, source })
     }
 
-    /// Writes the record atomically (temporary file, fsync, rename).
+    /// Writes the record atomically (temporary file, fsync, rename, fsync
+    /// of the directory): a reader, or the next agent after a crash or a
+    /// power loss, finds the old record or the new one, whole.
     pub fn save(&self, state_dir: &Path) -> Result<(), RecordError> {
         let io = |op, path: &Path| {
             let path = path.to_owned();
@@ -119,7 +121,10 @@ impl EndpointRecord {
             f.write_all(&json).map_err(io("writing", &tmp))?;
             f.sync_all().map_err(io("syncing", &tmp))?;
         }
-        fs::rename(&tmp, &path).map_err(io("renaming into", &path))
+        fs::rename(&tmp, &path).map_err(io("renaming into", &path))?;
+        fs::File::open(state_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing", state_dir))
     }
 
     /// Removes the record (the endpoint was deleted for good).
