@@ -279,3 +279,34 @@ fn a_foreign_lxc_health_made_while_the_agent_runs_is_neither_used_nor_removed() 
     );
     assert!(node.log().contains("not removed"), "{}", node.log());
 }
+
+/// Inside the agent's own kept namespace, its `eth0` was replaced by
+/// someone else's: the agent refuses to start, naming it, and leaves it.
+#[test]
+fn a_foreign_eth0_in_the_agents_own_namespace_is_refused_and_left() {
+    let mut node = AgentNode::new();
+    node.start(&["--keep-endpoint"]);
+    node.wait_endpoint(READY, |_| true);
+    assert!(node.stop(Signal::SIGTERM).success());
+    let ours = endpoint_link(&node).expect("kept");
+    in_netns(Some(&node.endpoint_ns()), |nl| async move {
+        nl.delete_link("eth0").await?;
+        nl.add_bridge("eth0").await
+    })
+    .expect("replace eth0");
+    let theirs = endpoint_link(&node).expect("there");
+    assert_ne!(ours, theirs);
+    assert_refused(
+        &node,
+        &[
+            &format!(
+                "interface \"eth0\" in network namespace {:?} was not made by this agent",
+                node.endpoint_netns
+            ),
+            &format!("expected \"eth0\" with index {ours}"),
+            &format!("found index {theirs}"),
+            "--endpoint-iface",
+        ],
+    );
+    assert_eq!(endpoint_link(&node), Some(theirs), "left as it was");
+}
