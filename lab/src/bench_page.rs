@@ -81,6 +81,9 @@ fn start_agent(node: &mut AgentNode, opts: &Options) -> anyhow::Result<()> {
         "bench",
         "--nodes-file",
         &file,
+        // The agent's own CIDR (198.18.64.0/24) and the peers' health IPs.
+        "--health-range",
+        "198.18.0.0/15",
         "--probe-interval",
         &interval,
         "--probe-timeout",

@@ -183,7 +183,9 @@ impl Lab {
             &self.ep_netns,
             "198.19.255.0/24",
         );
-        cmd.args(["--node-name", "bench", "--nodes-file"])
+        // The agent's CIDR and every peer's health IP (198.19.0.0/18).
+        cmd.args(["--node-name", "bench", "--health-range", "198.19.0.0/16"])
+            .arg("--nodes-file")
             .arg(nodes_file)
             .args(["--probe-interval", &format!("{}ms", interval.as_millis())])
             .args(["--probe-timeout", "1s", "--failure-threshold", "1"])

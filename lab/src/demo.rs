@@ -83,14 +83,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
         },
         family,
         extra_args: if opts.routing == "masquerade" {
-            [
-                "--routing",
-                "masquerade",
-                "--health-range",
-                "198.18.64.0/18",
-            ]
-            .map(String::from)
-            .to_vec()
+            ["--routing", "masquerade"].map(String::from).to_vec()
         } else {
             Vec::new()
         },

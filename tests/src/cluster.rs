@@ -375,10 +375,10 @@ impl Cluster {
         let mut cmd = Command::new(agent_binary());
         cmd.args(["daemon", "--node-name", &node.name]);
         if node.family.has_v4() {
-            cmd.args(["--health-cidr", &node.cidr]);
+            cmd.args(["--health-cidr", &node.cidr, "--health-range", HEALTH_RANGE]);
         }
         if let Some(cidr6) = &node.cidr6 {
-            cmd.args(["--health-cidr6", cidr6]);
+            cmd.args(["--health-cidr6", cidr6, "--health-range6", HEALTH_RANGE6]);
         }
         cmd.args(["--endpoint-netns", &node.endpoint_netns])
             .arg("--state-dir")
@@ -613,6 +613,13 @@ pub fn node_ip(i: usize) -> Ipv4Addr {
         11 + u8::try_from(i).expect("fewer than 200 nodes"),
     )
 }
+
+/// The cluster's health range: every node's [`health_cidr`] is in it.
+pub const HEALTH_RANGE: &str = "198.18.64.0/18";
+
+/// The cluster's IPv6 health range: every node's [`health_cidr6`] is in
+/// it (64 nodes).
+pub const HEALTH_RANGE6: &str = "2001:2:0:40::/58";
 
 #[must_use]
 pub fn health_cidr(i: usize) -> String {

@@ -62,6 +62,13 @@ pub struct NodesView {
     /// How many records were rejected in all.
     #[serde(default)]
     pub rejected_total: usize,
+    /// Peers' health addresses the agent refused to route, each with why
+    /// (the first 100).
+    #[serde(default)]
+    pub refused_routes: Vec<crate::cluster::routes::RefusedRoute>,
+    /// How many were refused in all.
+    #[serde(default)]
+    pub refused_routes_total: usize,
 }
 
 impl NodesView {
@@ -74,6 +81,8 @@ impl NodesView {
             updated_ms: status.updated_ms,
             rejected: status.rejected,
             rejected_total: status.rejected_total,
+            refused_routes: status.refused_routes,
+            refused_routes_total: status.refused_routes_total,
         }
     }
 }

@@ -19,10 +19,12 @@ use tracing::{debug, info, warn};
 
 use super::{
     NodeSet,
+    claims::Holders,
     etcd::{self, EtcdConfig, Registration},
     file_settle::{Renames, Settling},
     file_version::FileVersion,
     nodes_file,
+    routes::RefusedRoute,
     validate::{LocalNode, MAX_REJECTED_SHOWN, RejectedRecord, Validated},
 };
 use crate::cluster::Node;
@@ -44,6 +46,14 @@ pub struct SourceStatus {
     /// How many records of the accepted update were rejected in all.
     #[serde(default)]
     pub rejected_total: usize,
+    /// Peers' health addresses refused a route (outside the health range,
+    /// inside a connected network, an etcd endpoint or the default
+    /// gateway), each with why (the first [`MAX_REJECTED_SHOWN`]).
+    #[serde(default)]
+    pub refused_routes: Vec<RefusedRoute>,
+    /// How many were refused in all.
+    #[serde(default)]
+    pub refused_routes_total: usize,
 }
 
 /// The published node set and the status of its source.
@@ -122,6 +132,15 @@ impl Nodes {
         });
     }
 
+    /// Lists the peers' health addresses the last route sync refused.
+    pub fn set_refused_routes(&self, mut refused: Vec<RefusedRoute>) {
+        if let Ok(mut s) = self.status.write() {
+            s.refused_routes_total = refused.len();
+            refused.truncate(MAX_REJECTED_SHOWN);
+            s.refused_routes = refused;
+        }
+    }
+
     /// Records an update rejected as a whole; the last good set stays (and
     /// so does the list of its rejected records).
     pub fn reject(&self, error: String) {
@@ -185,7 +204,7 @@ async fn watch_file(
             continue;
         }
         seen = Some(version);
-        match nodes_file::parse(&path, &text, &local) {
+        match nodes_file::parse(&path, &text, &local, &Holders::of(&nodes.current())) {
             Ok(update) => {
                 info!(
                     path = %path.display(),

@@ -11,12 +11,14 @@ use std::{
     time::Duration,
 };
 
+use serde::{Deserialize, Serialize};
 use tokio::{sync::mpsc, time::Instant};
 use tracing::{info, warn};
 
 pub use super::kvstore::EtcdConfig;
 use super::{
     Node,
+    claims::Holders,
     discovery::Nodes,
     kvstore::{Entry, KvStore, Link, WatchEvent},
     validate::{self, Candidate, LocalNode, Origin, Record, Validated},
@@ -52,22 +54,129 @@ pub async fn run(
     registration: Registration,
 ) {
     let store = registration.store(&cfg);
-    let key = format!("{}{}", cfg.prefix, me.name);
-    match serde_json::to_vec(&me) {
-        Ok(value) => {
-            info!(key, "registering in etcd");
-            if let Err(e) = Box::pin(store.put_leased(key, value)).await {
-                warn!("etcd: {}", crate::util::errors::chain(&e));
+    let own = OwnRecord {
+        key: format!("{}{}", cfg.prefix, me.name),
+        node: me.clone(),
+        value: match serde_json::to_vec(&NodeRecord::from(&me)) {
+            Ok(v) => v,
+            Err(e) => {
+                warn!("encoding this node's record: {e}");
+                return;
             }
-        }
-        Err(e) => warn!("encoding this node's record: {e}"),
-    }
+        },
+    };
+    info!(key = own.key, "registering in etcd");
+    own.write(&store).await;
     let events = store.watch_prefix(cfg.prefix.as_bytes());
     // Boxed: the client's futures are large, and so would be the caller's.
     tokio::join!(
         Box::pin(store.run()),
-        Box::pin(follow(&store, events, &cfg, &local, &nodes))
+        Box::pin(follow(&store, events, &cfg, &local, &nodes, &own))
     );
+}
+
+/// This node's record: the only key under the prefix it writes, watched
+/// and written back when someone changes or deletes it.
+#[derive(Debug)]
+struct OwnRecord {
+    key: String,
+    node: Node,
+    value: Vec<u8>,
+}
+
+impl OwnRecord {
+    async fn write(&self, store: &KvStore) {
+        if let Err(e) = Box::pin(store.put_leased(self.key.clone(), self.value.clone())).await {
+            warn!("etcd: {}", crate::util::errors::chain(&e));
+        }
+    }
+
+    /// Whether the records under the prefix hold this one as written.
+    fn is_in(&self, view: &View<'_>) -> bool {
+        view.records
+            .get(&self.key)
+            .is_some_and(|c| c.node.as_ref() == Ok(&self.node))
+    }
+}
+
+/// How long, at least, a node whose record went keeps its addresses: long
+/// enough for an agent's restart or a node's reboot, so that a record
+/// written meanwhile cannot take them (a new node given the address of one
+/// that left waits this long, and is told why).
+const MIN_HOLD: Duration = Duration::from_secs(15 * 60);
+
+/// This node's record is written back at most this often: two agents
+/// given the same name would otherwise overwrite each other without pause.
+const REWRITE_EVERY: Duration = Duration::from_secs(5);
+
+/// When this node's record was last written back, and when it may be next.
+#[derive(Debug, Default)]
+struct Rewrites {
+    last: Option<Instant>,
+    /// A write-back waits for this instant.
+    due: Option<Instant>,
+}
+
+impl Rewrites {
+    /// Whether a write-back may go now; if not, when it may is kept.
+    fn may_write(&mut self, now: Instant) -> bool {
+        match self.last {
+            Some(t) if now < t + REWRITE_EVERY => {
+                self.due = Some(t + REWRITE_EVERY);
+                false
+            }
+            _ => {
+                self.last = Some(now);
+                self.due = None;
+                true
+            }
+        }
+    }
+}
+
+/// A node record as it is written in etcd: exactly these fields (an
+/// unknown one is refused, so that a misspelt field is not silently
+/// dropped).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeRecord {
+    name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node_ip: Option<std::net::Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    health_ip: Option<std::net::Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node_ip6: Option<std::net::Ipv6Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    health_ip6: Option<std::net::Ipv6Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    zone: Option<String>,
+}
+
+impl From<&Node> for NodeRecord {
+    fn from(n: &Node) -> Self {
+        Self {
+            name: n.name.clone(),
+            node_ip: n.node_ip,
+            health_ip: n.health_ip,
+            node_ip6: n.node_ip6,
+            health_ip6: n.health_ip6,
+            zone: n.zone.clone(),
+        }
+    }
+}
+
+impl From<NodeRecord> for Node {
+    fn from(r: NodeRecord) -> Self {
+        Self {
+            name: r.name,
+            node_ip: r.node_ip,
+            health_ip: r.health_ip,
+            node_ip6: r.node_ip6,
+            health_ip6: r.health_ip6,
+            zone: r.zone,
+        }
+    }
 }
 
 /// Publishes the node set from the prefix's events (a burst of events is
@@ -78,11 +187,15 @@ async fn follow(
     cfg: &EtcdConfig,
     local: &LocalNode,
     nodes: &Nodes,
+    own: &OwnRecord,
 ) {
     let mut link = store.link();
-    let mut view = View::new(&cfg.prefix);
+    let mut view = View::new(&cfg.prefix, cfg.lease_ttl.max(MIN_HOLD));
+    let mut rewrites = Rewrites::default();
     loop {
         let grace_end = view.link_grace_end();
+        let hold_end = view.holders.next_expiry();
+        let rewrite_due = rewrites.due;
         tokio::select! {
             ev = events.recv() => {
                 let Some(ev) = ev else { return };
@@ -90,6 +203,7 @@ async fn follow(
                 while let Ok(ev) = events.try_recv() {
                     view.apply(ev);
                 }
+
             }
             changed = link.changed() => {
                 if changed.is_err() {
@@ -101,6 +215,13 @@ async fn follow(
                 };
             }
             () = until(grace_end) => {}
+            () = until(hold_end.map(Instant::from_std)) => view.dirty = true,
+            () = until(rewrite_due) => rewrites.due = None,
+        }
+        let up = matches!(*link.borrow(), Link::Up { .. });
+        if up && view.synced && !own.is_in(&view) && rewrites.may_write(Instant::now()) {
+            warn!(key = %own.key, "this node's record was changed or deleted by someone else: writing it back");
+            own.write(store).await;
         }
         view.publish(&cfg.endpoint, local, nodes);
     }
@@ -132,12 +253,21 @@ struct View<'a> {
     link_error: Option<(String, Instant)>,
     /// An error is in the status now.
     shown_error: bool,
+    /// Who holds each address: two records claiming one are decided by
+    /// it, never by their keys' order.
+    holders: Holders,
+    /// How long a node whose record went keeps its addresses: the
+    /// registration lease's TTL (the time a node that died stays listed),
+    /// and at least [`MIN_HOLD`].
+    hold: Duration,
 }
 
 impl<'a> View<'a> {
-    fn new(prefix: &'a str) -> Self {
+    fn new(prefix: &'a str, hold: Duration) -> Self {
         Self {
             prefix,
+            hold,
+            holders: Holders::default(),
             records: BTreeMap::new(),
             synced: false,
             dirty: false,
@@ -195,16 +325,24 @@ impl<'a> View<'a> {
         }
     }
 
-    /// The set, validated (etcd key order: the first of two conflicting
-    /// records wins).
+    /// The set, validated: an address two records claim goes to its
+    /// holder, or to neither.
     fn validated(&self, local: &LocalNode) -> Validated {
-        validate::validate(self.records.values().cloned().collect(), local)
+        validate::validate(
+            self.records.values().cloned().collect(),
+            local,
+            &self.holders,
+        )
     }
 
     fn publish(&mut self, endpoint: &str, local: &LocalNode, nodes: &Nodes) {
         let recovered = self.shown_error && self.error().is_none();
         if self.synced && (self.dirty || recovered) {
-            nodes.accept(self.validated(local));
+            let update = self.validated(local);
+            self.holders = self
+                .holders
+                .after(&update.nodes, Instant::now().into_std(), self.hold);
+            nodes.accept(update);
             self.dirty = false;
             self.shown_error = false;
         }
@@ -222,7 +360,8 @@ impl<'a> View<'a> {
 /// A record as validation sees it: decoded, or why not, named by its key.
 fn candidate(e: &Entry, prefix: &str) -> Candidate {
     let key = e.key_str().into_owned();
-    let node = serde_json::from_slice::<Node>(&e.value)
+    let node = serde_json::from_slice::<NodeRecord>(&e.value)
+        .map(Node::from)
         .map_err(|err| format!("the value is not a node record: {err}"));
     Candidate {
         record: Record {
@@ -266,6 +405,7 @@ mod tests {
             name: Some("n1".into()),
             health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
             health_cidr6: None,
+            ..LocalNode::default()
         }
     }
 
@@ -288,7 +428,7 @@ mod tests {
 
     /// The set a snapshot of `entries` (in any order) makes.
     fn nodes_from(entries: Vec<Entry>, prefix: &str) -> Validated {
-        let mut view = View::new(prefix);
+        let mut view = View::new(prefix, Duration::from_secs(60));
         view.apply(WatchEvent::Snapshot {
             revision: 1,
             entries,
@@ -367,7 +507,7 @@ mod tests {
 
     #[test]
     fn events_update_one_record_at_a_time() {
-        let mut view = View::new("/h/");
+        let mut view = View::new("/h/", Duration::from_secs(60));
         view.apply(WatchEvent::Snapshot {
             revision: 5,
             entries: vec![
@@ -438,7 +578,7 @@ mod tests {
             ),
             (
                 kv("/h/n5", &record("other", "198.18.0.15", "198.18.66.2")),
-                "etcd key \"/h/n5\": the name \"other\" is not the key's last segment \"n5\"",
+                "etcd key \"/h/n5\": a node record counts only at exactly <prefix><name>: \"other\" belongs at \"/h/other\"",
             ),
             (
                 kv("/h/", &record("", "198.18.0.15", "198.18.66.2")),
@@ -470,7 +610,7 @@ mod tests {
     }
 
     #[test]
-    fn the_name_is_the_last_segment_after_the_prefix() {
+    fn a_record_counts_only_at_exactly_the_prefix_and_its_name() {
         // A prefix without a trailing '/': the agent registers `<prefix><name>`.
         let got = nodes_from(
             vec![
@@ -494,42 +634,87 @@ mod tests {
             "/health/nodes",
         );
         let (kept, rejected) = outcome(&got);
-        assert_eq!(kept, ["n1", "n2", "n3"]);
+        assert_eq!(kept, ["n1", "n2"]);
         assert_eq!(
             rejected,
             [
-                "etcd key \"/health/nodesn4\": the name \"nodesn4\" is not the key's last segment \"n4\""
+                "etcd key \"/health/nodesn4\": a node record counts only at exactly <prefix><name>: \"nodesn4\" belongs at \"/health/nodesnodesn4\"",
+                "etcd key \"/health/nodesx/n3\": a node record counts only at exactly <prefix><name>: \"n3\" belongs at \"/health/nodesn3\"",
             ]
         );
     }
 
     #[test]
-    fn conflicts_keep_the_first_key_and_this_node_wins() {
-        // Given out of order: key order decides which of two is kept.
+    fn key_order_decides_nothing_and_this_node_wins() {
+        // A record at a key that sorts first cannot take node-2's name or
+        // address; two new claimants of one address both lose it.
         let got = nodes_from(
             vec![
-                kv("/h/b/x", &record("x", "198.18.0.13", "198.18.67.2")),
-                kv("/h/a/x", &record("x", "198.18.0.12", "198.18.66.2")),
+                kv(
+                    "/h/0/node-2",
+                    &record("node-2", "198.18.0.99", "198.18.69.2"),
+                ),
+                kv("/h/a", &record("a", "198.18.0.12", "198.18.70.2")),
+                kv("/h/node-2", &record("node-2", "198.18.0.12", "198.18.66.2")),
                 kv("/h/0", &record("0", "198.18.0.11", "198.18.65.2")),
                 kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2")),
             ],
             "/h/",
         );
         let (kept, rejected) = outcome(&got);
-        assert_eq!(kept, ["n1", "x"]);
-        assert_eq!(
-            got.nodes
-                .get("x")
-                .and_then(|n| n.node_ip)
-                .map(|ip| ip.to_string()),
-            Some("198.18.0.12".into())
-        );
+        assert_eq!(kept, ["n1"]);
         assert_eq!(
             rejected,
             [
                 "etcd key \"/h/0\": node-ip 198.18.0.11 is already the node-ip of node \"n1\" at etcd key \"/h/n1\", which is kept",
-                "etcd key \"/h/b/x\": duplicate name \"x\": node \"x\" at etcd key \"/h/a/x\" has it and is kept",
+                "etcd key \"/h/0/node-2\": a node record counts only at exactly <prefix><name>: \"node-2\" belongs at \"/h/node-2\"",
+                "etcd key \"/h/a\": node-ip 198.18.0.12 is also claimed as node-ip by node \"node-2\" at etcd key \"/h/node-2\": neither takes it",
+                "etcd key \"/h/node-2\": node-ip 198.18.0.12 is also claimed as node-ip by node \"a\" at etcd key \"/h/a\": neither takes it",
             ]
+        );
+        // Once node-2 held its address (an agent that saw it first), the
+        // newcomer at a key that sorts before it is the one refused.
+        let mut view = View::new("/h/", Duration::from_secs(60));
+        view.apply(WatchEvent::Snapshot {
+            revision: 1,
+            entries: vec![kv(
+                "/h/node-2",
+                &record("node-2", "198.18.0.12", "198.18.66.2"),
+            )],
+        });
+        let first = view.validated(&local());
+        view.holders = Holders::of(&first.nodes);
+        view.apply(WatchEvent::Put(kv(
+            "/h/a",
+            &record("a", "198.18.0.12", "198.18.70.2"),
+        )));
+        let second = view.validated(&local());
+        let (kept, rejected) = outcome(&second);
+        assert_eq!(kept, ["node-2"]);
+        assert_eq!(
+            rejected,
+            [
+                "etcd key \"/h/a\": node-ip 198.18.0.12 is already the node-ip of node \"node-2\" at etcd key \"/h/node-2\", which is kept"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let got = nodes_from(
+            vec![kv(
+                "/h/n2",
+                &json!({"name": "n2", "node_ip": "198.18.0.12", "health_ip": "198.18.65.2", "healt_ip6": "2001:2::1"}),
+            )],
+            "/h/",
+        );
+        let (kept, rejected) = outcome(&got);
+        assert!(kept.is_empty());
+        assert!(
+            rejected[0].starts_with(
+                "etcd key \"/h/n2\": the value is not a node record: unknown field `healt_ip6`"
+            ),
+            "{rejected:?}"
         );
     }
 }

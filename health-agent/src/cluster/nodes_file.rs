@@ -30,6 +30,7 @@ use serde_json::{Map, Value};
 
 use super::{
     Node,
+    claims::Holders,
     validate::{self, Candidate, LocalNode, Origin, Record, Validated},
 };
 use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
@@ -72,7 +73,12 @@ const FIELDS: [&str; 8] = [
 
 /// Parses the file's text; `path` decides the format and names the file in
 /// errors; `local` is this node, for the rules that depend on it.
-pub fn parse(path: &Path, text: &str, local: &LocalNode) -> Result<Validated, NodesFileError> {
+pub fn parse(
+    path: &Path,
+    text: &str,
+    local: &LocalNode,
+    holders: &Holders,
+) -> Result<Validated, NodesFileError> {
     let shown = path.display().to_string();
     let err = |line, message: String| NodesFileError {
         path: shown.clone(),
@@ -120,7 +126,7 @@ pub fn parse(path: &Path, text: &str, local: &LocalNode) -> Result<Validated, No
             }
         })
         .collect();
-    Ok(validate::validate(candidates, local))
+    Ok(validate::validate(candidates, local, holders))
 }
 
 /// Decodes one record; the error names the field at fault.
@@ -315,15 +321,16 @@ mod tests {
             name: Some("node-1".into()),
             health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
             health_cidr6: Some("2001:2:0:40::/64".parse().expect("cidr")),
+            ..LocalNode::default()
         }
     }
 
     fn yaml(text: &str) -> Result<Validated, NodesFileError> {
-        parse(Path::new("nodes.yaml"), text, &local())
+        parse(Path::new("nodes.yaml"), text, &local(), &Holders::default())
     }
 
     fn json(text: &str) -> Result<Validated, NodesFileError> {
-        parse(Path::new("nodes.json"), text, &local())
+        parse(Path::new("nodes.json"), text, &local(), &Holders::default())
     }
 
     fn good(text: &str) -> NodeSet {
@@ -535,12 +542,13 @@ mod tests {
                 rejected[0]
             );
         }
-        // An IPv6 address held twice: the later record is rejected.
+        // An IPv6 address claimed twice: neither record takes it.
         let twice = "  - name: a6\n    node-ip6: 2001:2::12\n    health-ip6: 2001:2:0:41::2\n  - name: b6\n    node-ip6: 2001:2::13\n    health-ip6: 2001:2::12\n";
         let (kept, rejected) = outcome(&yaml(&around(twice)).expect("parses"));
-        assert_eq!(kept, ["a6", "node-1", "node-3"]);
+        assert_eq!(kept, ["node-1", "node-3"]);
         assert!(
-            rejected[0].contains("health-ip6 2001:2::12 is already the node-ip6 of node \"a6\""),
+            rejected[1]
+                .contains("health-ip6 2001:2::12 is also claimed as node-ip6 by node \"a6\""),
             "{rejected:?}"
         );
     }
@@ -680,20 +688,33 @@ mod tests {
     }
 
     #[test]
-    fn conflicts_keep_the_first_record_and_name_both() {
+    fn conflicts_give_an_address_to_neither_new_claimant_and_name_both() {
         let text = "nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-ip: 198.18.65.2\n  - name: a\n    node-ip: 198.18.0.2\n    health-ip: 198.18.66.2\n  - name: b\n    node-ip: 198.18.0.1\n    health-ip: 198.18.67.2\n  - name: c\n    node-ip: 198.18.0.3\n    health-ip: 198.18.0.1\n  - name: d\n    node-ip: 198.18.0.4\n    health-ip: 198.18.68.2\n";
         let v = yaml(text).expect("parses");
         assert_eq!(
             outcome(&v),
             (
-                vec!["a".to_owned(), "d".to_owned()],
+                vec!["d".to_owned()],
                 vec![
+                    "nodes.yaml:2: node \"a\": node-ip 198.18.0.1 is also claimed as node-ip by node \"b\" at nodes.yaml:8: neither takes it".to_owned(),
                     "nodes.yaml:5: node \"a\": duplicate name \"a\": node \"a\" at nodes.yaml:2 has it and is kept".to_owned(),
-                    "nodes.yaml:8: node \"b\": node-ip 198.18.0.1 is already the node-ip of node \"a\" at nodes.yaml:2, which is kept".to_owned(),
-                    "nodes.yaml:11: node \"c\": health-ip 198.18.0.1 is already the node-ip of node \"a\" at nodes.yaml:2, which is kept".to_owned(),
+                    "nodes.yaml:8: node \"b\": node-ip 198.18.0.1 is also claimed as node-ip by node \"a\" at nodes.yaml:2: neither takes it".to_owned(),
+                    "nodes.yaml:11: node \"c\": health-ip 198.18.0.1 is also claimed as node-ip by node \"a\" at nodes.yaml:2: neither takes it".to_owned(),
                 ]
             )
         );
+        // Where the last good set had "a", it keeps its address.
+        let held =
+            yaml("nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-ip: 198.18.65.2\n")
+                .expect("parses");
+        let v = parse(
+            Path::new("nodes.yaml"),
+            text,
+            &local(),
+            &Holders::of(&held.nodes),
+        )
+        .expect("parses");
+        assert_eq!(outcome(&v).0, ["a", "d"]);
         assert_eq!(
             v.nodes.get("a").and_then(|n| n.node_ip),
             Some(Ipv4Addr::new(198, 18, 0, 1)),

@@ -14,12 +14,16 @@ use std::{
     net::{IpAddr, Ipv6Addr},
 };
 
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::NodeSet;
 use crate::{
     sys::netlink::{Netlink, NetlinkError, in_netns},
-    util::errors::chain,
+    util::{
+        cidr::{Ipv4Cidr, Ipv6Cidr},
+        errors::chain,
+    },
 };
 
 /// The `rtm_protocol` of the agent's routes (unassigned in iproute2's
@@ -37,22 +41,65 @@ pub struct PeerRoutes {
     /// Peers whose health IP already has a route the agent did not
     /// install, as last reported.
     foreign: usize,
+    /// Peers refused a route, as last reported.
+    refused: usize,
+}
+
+/// A peer's health address and how it is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerRoute {
+    /// The peer's node address: the route's gateway.
+    pub via: IpAddr,
+    /// The peer's name, for what is reported.
+    pub node: String,
+}
+
+/// What bounds the routes the agent makes: the cluster's health ranges,
+/// and addresses that are never routed elsewhere (the etcd endpoints).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteBounds {
+    /// `--health-range`: IPv4 health addresses are routed only inside it.
+    pub range: Option<Ipv4Cidr>,
+    /// `--health-range6`, likewise for IPv6.
+    pub range6: Option<Ipv6Cidr>,
+    /// Addresses the agent depends on (the etcd endpoints): never routed.
+    pub protected: Vec<IpAddr>,
+}
+
+/// A peer's health address the agent refused to route, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedRoute {
+    pub node: String,
+    pub address: IpAddr,
+    pub reason: String,
 }
 
 /// Whether `ip` lies in one of the node's connected networks (of its
-/// family).
+/// family), and which.
+fn connected_net(ip: IpAddr, connected: &[(IpAddr, u8)]) -> Option<(IpAddr, u8)> {
+    connected
+        .iter()
+        .copied()
+        .find(|(net, prefix)| covers(*net, *prefix, ip))
+}
+
 fn on_link(ip: IpAddr, connected: &[(IpAddr, u8)]) -> bool {
-    connected.iter().any(|(net, prefix)| match (ip, net) {
+    connected_net(ip, connected).is_some()
+}
+
+/// Whether `net/prefix` holds `ip` (of the same family).
+fn covers(net: IpAddr, prefix: u8, ip: IpAddr) -> bool {
+    match (ip, net) {
         (IpAddr::V4(ip), IpAddr::V4(net)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
             ip.to_bits() & mask == net.to_bits() & mask
         }
         (IpAddr::V6(ip), IpAddr::V6(net)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(*prefix)).unwrap_or(0);
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
             ip.to_bits() & mask == net.to_bits() & mask
         }
         _ => false,
-    })
+    }
 }
 
 /// What one sync did.
@@ -62,26 +109,40 @@ struct Applied {
     removed: usize,
     not_on_link: usize,
     foreign: usize,
+    refused: Vec<RefusedRoute>,
 }
 
-/// A host route in the main table, either family.
+/// A route in the main table, either family.
 #[derive(Debug, Clone, Copy)]
-struct HostRoute {
+struct TableRoute {
     destination: IpAddr,
+    prefix: u8,
     gateway: Option<IpAddr>,
     protocol: u8,
 }
 
-/// The main table's host routes (/32 and /128) and the node's connected
-/// networks, both families.
-async fn read_table(nl: &Netlink) -> Result<(Vec<HostRoute>, Vec<(IpAddr, u8)>), NetlinkError> {
-    let mut routes: Vec<HostRoute> = nl
+impl TableRoute {
+    const fn is_host(&self) -> bool {
+        self.prefix == if self.destination.is_ipv4() { 32 } else { 128 }
+    }
+}
+
+/// The node's routes and addresses, as a sync checks them.
+struct Table {
+    routes: Vec<TableRoute>,
+    connected: Vec<(IpAddr, u8)>,
+}
+
+/// The main table's routes and the node's connected networks, both
+/// families.
+async fn read_table(nl: &Netlink) -> Result<Table, NetlinkError> {
+    let mut routes: Vec<TableRoute> = nl
         .routes_v4()
         .await?
         .into_iter()
-        .filter(|r| r.prefix == 32)
-        .map(|r| HostRoute {
+        .map(|r| TableRoute {
             destination: r.destination.into(),
+            prefix: r.prefix,
             gateway: r.gateway.map(IpAddr::V4),
             protocol: r.protocol,
         })
@@ -90,9 +151,10 @@ async fn read_table(nl: &Netlink) -> Result<(Vec<HostRoute>, Vec<(IpAddr, u8)>),
         nl.routes_v6()
             .await?
             .into_iter()
-            .filter(|r| r.prefix == 128 && r.table == MAIN_TABLE)
-            .map(|r| HostRoute {
+            .filter(|r| r.table == MAIN_TABLE)
+            .map(|r| TableRoute {
                 destination: r.destination.into(),
+                prefix: r.prefix,
                 gateway: r.gateway.map(IpAddr::V6),
                 protocol: r.protocol,
             }),
@@ -110,11 +172,61 @@ async fn read_table(nl: &Netlink) -> Result<(Vec<HostRoute>, Vec<(IpAddr, u8)>),
             .filter(|(_, a, _)| !is_link_local(*a))
             .map(|(_, a, p)| (a.into(), p)),
     );
-    Ok((routes, connected))
+    Ok(Table { routes, connected })
 }
 
 const fn is_link_local(ip: Ipv6Addr) -> bool {
     ip.segments()[0] & 0xffc0 == 0xfe80
+}
+
+impl RouteBounds {
+    /// Why `health` must not be routed through a peer, if it must not:
+    /// outside the range, inside a connected network, an etcd endpoint or
+    /// a default gateway.
+    fn refuse(&self, health: IpAddr, table: &Table) -> Option<String> {
+        match (health, self.range, self.range6) {
+            (IpAddr::V4(_), None, _) => {
+                return Some(
+                    "no --health-range: the agent routes only inside the cluster's health range"
+                        .into(),
+                );
+            }
+            (IpAddr::V6(_), _, None) => {
+                return Some(
+                    "no --health-range6: the agent routes only inside the cluster's health range"
+                        .into(),
+                );
+            }
+            (IpAddr::V4(ip), Some(r), _) if !r.contains(ip) => {
+                return Some(format!("outside the health range {r} (--health-range)"));
+            }
+            (IpAddr::V6(ip), _, Some(r)) if !r.contains(ip) => {
+                return Some(format!("outside the health range {r} (--health-range6)"));
+            }
+            _ => {}
+        }
+        if let Some((net, prefix)) = connected_net(health, &table.connected) {
+            return Some(format!(
+                "inside this node's connected network {net}/{prefix}"
+            ));
+        }
+        if self.protected.contains(&health) {
+            return Some("an etcd endpoint of this agent".into());
+        }
+        let gateway = table
+            .routes
+            .iter()
+            .any(|r| r.prefix == 0 && r.gateway == Some(health));
+        gateway.then(|| "this node's default gateway".into())
+    }
+
+    /// The prefix length of the range of `ip`'s family.
+    fn range_prefix(&self, ip: IpAddr) -> u8 {
+        match ip {
+            IpAddr::V4(_) => self.range.map_or(32, Ipv4Cidr::prefix),
+            IpAddr::V6(_) => self.range6.map_or(128, Ipv6Cidr::prefix),
+        }
+    }
 }
 
 async fn install(nl: &Netlink, health: IpAddr, node: IpAddr) -> Result<(), NetlinkError> {
@@ -138,18 +250,22 @@ impl PeerRoutes {
         nodes: &NodeSet,
         local_name: Option<&str>,
         local_health: &[IpAddr],
-    ) -> BTreeMap<IpAddr, IpAddr> {
+    ) -> BTreeMap<IpAddr, PeerRoute> {
         nodes
             .iter()
             .filter(|n| Some(n.name.as_str()) != local_name)
             .flat_map(|n| {
+                let route = |via: IpAddr| PeerRoute {
+                    via,
+                    node: n.name.clone(),
+                };
                 [
                     n.health_ip
                         .zip(n.node_ip)
-                        .map(|(h, n)| (IpAddr::V4(h), IpAddr::V4(n))),
+                        .map(|(h, v)| (IpAddr::V4(h), route(IpAddr::V4(v)))),
                     n.health_ip6
                         .zip(n.node_ip6)
-                        .map(|(h, n)| (IpAddr::V6(h), IpAddr::V6(n))),
+                        .map(|(h, v)| (IpAddr::V6(h), route(IpAddr::V6(v)))),
                 ]
             })
             .flatten()
@@ -157,41 +273,66 @@ impl PeerRoutes {
             .collect()
     }
 
-    /// Makes the kernel's routes match `desired`, in one netlink session:
-    /// missing or changed routes of the agent's are (re)installed (the
-    /// kernel flushes routes through an interface that goes down), and
-    /// every route of the agent's protocol that is not desired is removed.
-    /// Blocking; failures are logged and retried on the next sync.
-    pub fn apply(&mut self, desired: &BTreeMap<IpAddr, IpAddr>) {
+    /// Makes the kernel's routes match `desired` within `bounds`, in one
+    /// netlink session: missing or changed routes of the agent's are
+    /// (re)installed (the kernel flushes routes through an interface that
+    /// goes down), and every route of the agent's protocol that is not
+    /// desired is removed. A health address the bounds refuse gets no
+    /// route; one the node already reaches through a route the agent did
+    /// not make, at least as specific as the health range, is left to it.
+    /// Blocking; failures are logged and retried on the next sync. Returns
+    /// the refused addresses.
+    pub fn apply(
+        &mut self,
+        desired: &BTreeMap<IpAddr, PeerRoute>,
+        bounds: &RouteBounds,
+    ) -> Vec<RefusedRoute> {
         let desired = desired.clone();
+        let bounds = bounds.clone();
         let done = in_netns(None, |nl| async move {
-            let (table, connected) = read_table(&nl).await?;
+            let table = read_table(&nl).await?;
             let mut applied = Applied::default();
-            for (health, node) in &desired {
+            let mut routed: BTreeMap<IpAddr, IpAddr> = BTreeMap::new();
+            for (health, peer) in &desired {
+                if let Some(reason) = bounds.refuse(*health, &table) {
+                    applied.refused.push(RefusedRoute {
+                        node: peer.node.clone(),
+                        address: *health,
+                        reason,
+                    });
+                    continue;
+                }
                 // A route via a node IP the node cannot reach directly would
                 // be refused (routed L3 fabrics route health CIDRs themselves).
-                if !on_link(*node, &connected) {
+                if !on_link(peer.via, &table.connected) {
                     applied.not_on_link += 1;
                     continue;
                 }
-                match table.iter().find(|r| r.destination == *health) {
-                    Some(r) if r.protocol != ROUTE_PROTOCOL => {
-                        applied.foreign += 1;
-                        continue;
-                    }
-                    Some(r) if r.gateway == Some(*node) => continue,
-                    _ => {}
+                let specific = bounds.range_prefix(*health);
+                let foreign = table.routes.iter().any(|r| {
+                    r.protocol != ROUTE_PROTOCOL
+                        && r.prefix >= specific
+                        && covers(r.destination, r.prefix, *health)
+                });
+                if foreign {
+                    applied.foreign += 1;
+                    continue;
                 }
-                match install(&nl, *health, *node).await {
+                routed.insert(*health, peer.via);
+                let current = table
+                    .routes
+                    .iter()
+                    .find(|r| r.is_host() && r.destination == *health);
+                if current.is_some_and(|r| r.gateway == Some(peer.via)) {
+                    continue;
+                }
+                match install(&nl, *health, peer.via).await {
                     Ok(()) => applied.added += 1,
                     Err(e) => warn!("{}", chain(&e)),
                 }
             }
-            let stale = table.iter().filter(|r| {
-                r.protocol == ROUTE_PROTOCOL
-                    && !desired
-                        .get(&r.destination)
-                        .is_some_and(|node| on_link(*node, &connected))
+            let stale = table.routes.iter().filter(|r| {
+                r.protocol == ROUTE_PROTOCOL && r.is_host() && !routed.contains_key(&r.destination)
             });
             for r in stale {
                 match remove(&nl, r.destination).await {
@@ -202,8 +343,14 @@ impl PeerRoutes {
             Ok(applied)
         });
         match done {
-            Ok(a) => self.report(&a),
-            Err(e) => warn!("updating routes to peer endpoints: {}", chain(&e)),
+            Ok(mut a) => {
+                self.report(&a);
+                std::mem::take(&mut a.refused)
+            }
+            Err(e) => {
+                warn!("updating routes to peer endpoints: {}", chain(&e));
+                Vec::new()
+            }
         }
     }
 
@@ -225,16 +372,27 @@ impl PeerRoutes {
         if a.foreign != self.foreign && a.foreign > 0 {
             warn!(
                 peers = a.foreign,
-                "peer addresses whose health IP already has a route the agent did not install: left as it is"
+                "peer addresses the node already reaches through a route the agent did not install: left as they are"
+            );
+        }
+        if a.refused.len() != self.refused && !a.refused.is_empty() {
+            let first = &a.refused[0];
+            warn!(
+                peers = a.refused.len(),
+                "peer health addresses refused a route (GET /v1/nodes lists them); first: node {:?} {}: {}",
+                first.node,
+                first.address,
+                first.reason
             );
         }
         self.not_on_link = a.not_on_link;
         self.foreign = a.foreign;
+        self.refused = a.refused.len();
     }
 
     /// Removes every route of the agent's (on shutdown).
     pub fn clear(&mut self) {
-        self.apply(&BTreeMap::new());
+        self.apply(&BTreeMap::new(), &RouteBounds::default());
     }
 }
 
@@ -283,7 +441,10 @@ mod tests {
         assert_eq!(by_name.len(), 2);
         assert_eq!(
             by_name.get(&IpAddr::V4(Ipv4Addr::new(198, 18, 66, 2))),
-            Some(&IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)))
+            Some(&PeerRoute {
+                via: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
+                node: "b".into()
+            })
         );
         let mine = IpAddr::V4(Ipv4Addr::new(198, 18, 67, 2));
         let by_ip = PeerRoutes::desired(&nodes, None, &[mine]);
@@ -307,7 +468,10 @@ mod tests {
         };
         let nodes = NodeSet::new(vec![node("a", 1), dual, only6]).expect("unique");
         let mine = IpAddr::V6(v6("2001:2:0:41::2"));
-        let got = PeerRoutes::desired(&nodes, Some("a"), &[mine]);
+        let got: BTreeMap<IpAddr, IpAddr> = PeerRoutes::desired(&nodes, Some("a"), &[mine])
+            .into_iter()
+            .map(|(h, r)| (h, r.via))
+            .collect();
         let want: BTreeMap<IpAddr, IpAddr> = [
             ("198.18.66.2", "198.18.0.2"),
             ("2001:2:0:42::2", "2001:2::2"),

@@ -34,7 +34,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{Node, NodeSet};
+use super::{Node, NodeSet, claims::Holders};
 use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
 
 /// The longest node name, in bytes (a DNS name's limit).
@@ -57,6 +57,11 @@ pub struct LocalNode {
     pub health_cidr: Option<Ipv4Cidr>,
     /// This node's IPv6 health CIDR, likewise.
     pub health_cidr6: Option<Ipv6Cidr>,
+    /// The cluster's health range (`--health-range`): a peer's IPv4
+    /// health address outside it is refused (`None`: not checked).
+    pub health_range: Option<Ipv4Cidr>,
+    /// The cluster's IPv6 health range (`--health-range6`), likewise.
+    pub health_range6: Option<Ipv6Cidr>,
 }
 
 /// Where a record comes from.
@@ -165,8 +170,10 @@ pub enum Rule {
         "the name {name:?} is not a node name (letters, digits, '.', '_' and '-', starting with a letter or digit)"
     )]
     NameCharset { name: String },
-    #[error("the name {name:?} is not the key's last segment {segment:?}")]
-    KeyMismatch { name: String, segment: String },
+    #[error(
+        "a node record counts only at exactly <prefix><name>: {name:?} belongs at {expected:?}"
+    )]
+    KeyNotExact { name: String, expected: String },
     #[error("no address: a node has node-ip and health-ip, node-ip6 and health-ip6, or all four")]
     NoAddress,
     #[error("{has} without {missing}: a family's node and health addresses come together")]
@@ -190,6 +197,14 @@ pub enum Rule {
         health: Field,
         ip: IpAddr,
     },
+    #[error("{field} {ip} is outside the cluster's health range {range} ({flag})")]
+    OutsideRange {
+        field: Field,
+        ip: IpAddr,
+        /// The range as written (either family).
+        range: String,
+        flag: &'static str,
+    },
     #[error("zone {zone:?}: {reason}")]
     Zone { zone: String, reason: String },
     #[error("duplicate name {name:?}: {} has it and is kept", .first.describe())]
@@ -200,6 +215,22 @@ pub enum Rule {
         ip: IpAddr,
         first: Box<Record>,
         first_field: Field,
+    },
+    #[error(
+        "{field} {ip} is also claimed as {other_field} by {}: neither takes it",
+        .other.describe()
+    )]
+    Contested {
+        field: Field,
+        ip: IpAddr,
+        other: Box<Record>,
+        other_field: Field,
+    },
+    #[error("{field} {ip} belongs to node {holder:?}, which held it first and keeps it")]
+    Held {
+        field: Field,
+        ip: IpAddr,
+        holder: String,
     },
 }
 
@@ -385,13 +416,12 @@ fn check_record(
         })?;
     }
     if let Origin::Etcd { key, prefix_len } = origin {
-        // The last segment after the prefix (which may not end in '/').
-        let after = key.get(*prefix_len..).unwrap_or(key);
-        let segment = after.rsplit('/').next().unwrap_or(after);
-        if segment != node.name {
-            return Err(Rule::KeyMismatch {
+        // Exactly the prefix and the name: no deeper key, no other name.
+        let prefix = key.get(..*prefix_len).unwrap_or_default();
+        if key.get(*prefix_len..) != Some(node.name.as_str()) {
+            return Err(Rule::KeyNotExact {
                 name: node.name.clone(),
-                segment: segment.to_owned(),
+                expected: format!("{prefix}{}", node.name),
             });
         }
     }
@@ -412,6 +442,7 @@ fn check_record(
     if is_local {
         return Ok(());
     }
+    check_ranges(node, local)?;
     for (field, ip) in fields.iter().flatten().copied() {
         let inside = match ip {
             IpAddr::V4(v4) => local
@@ -426,6 +457,40 @@ fn check_record(
         if let Some(cidr) = inside {
             return Err(Rule::InLocalCidr { field, ip, cidr });
         }
+    }
+    Ok(())
+}
+
+/// A peer's health addresses lie inside the cluster's health range of their
+/// family (where one is given): routes are made to them.
+fn check_ranges(node: &Node, local: &LocalNode) -> Result<(), Rule> {
+    let outside = |field, ip: IpAddr, range: String, flag| {
+        Err(Rule::OutsideRange {
+            field,
+            ip,
+            range,
+            flag,
+        })
+    };
+    if let (Some(ip), Some(range)) = (node.health_ip, local.health_range)
+        && !range.contains(ip)
+    {
+        return outside(
+            Field::HealthIp,
+            ip.into(),
+            range.to_string(),
+            "--health-range",
+        );
+    }
+    if let (Some(ip), Some(range)) = (node.health_ip6, local.health_range6)
+        && !range.contains(ip)
+    {
+        return outside(
+            Field::HealthIp6,
+            ip.into(),
+            range.to_string(),
+            "--health-range6",
+        );
     }
     Ok(())
 }
@@ -460,71 +525,177 @@ fn check_families(node: &Node) -> Result<(), Rule> {
 }
 
 /// Checks every candidate: the good ones make the set, the others are
-/// rejected, each with its rule.
+/// rejected, each with its rule. An address two records claim goes to the
+/// one that holds it in `holders` (the last good set); when neither holds
+/// it, neither takes it. This node's own record is taken first.
 #[must_use]
-pub fn validate(candidates: Vec<Candidate>, local: &LocalNode) -> Validated {
+pub fn validate(candidates: Vec<Candidate>, local: &LocalNode, holders: &Holders) -> Validated {
     let n = candidates.len();
-    // This node's own record (the first one with its name) is taken first.
     let local_at = local.name.as_deref().and_then(|me| {
         candidates
             .iter()
             .position(|c| c.node.as_ref().is_ok_and(|node| node.name == me))
     });
+    let mut verdict: Vec<Option<Rule>> = vec![None; n];
+    let names = check_alone(&candidates, local, local_at, &mut verdict);
+    check_claims(&candidates, local_at, &names, holders, &mut verdict);
+    let mut rejected = Vec::new();
     let order = local_at
         .into_iter()
         .chain((0..n).filter(|i| Some(*i) != local_at));
-    let mut names: HashMap<&str, usize> = HashMap::with_capacity(n);
-    let mut addrs: HashMap<IpAddr, (usize, Field)> = HashMap::with_capacity(2 * n);
-    let mut keep = vec![false; n];
-    let mut rejected = Vec::new();
     for i in order {
-        let c = &candidates[i];
-        let outcome = match &c.node {
-            Err(detail) => Err(Rule::Malformed(detail.clone())),
-            Ok(node) => {
-                check_record(node, &c.record.origin, Some(i) == local_at, local).and_then(|()| {
-                    if let Some(&first) = names.get(node.name.as_str()) {
-                        return Err(Rule::DuplicateName {
-                            name: node.name.clone(),
-                            first: Box::new(candidates[first].record.clone()),
-                        });
-                    }
-                    for (field, ip) in fields(node).into_iter().flatten() {
-                        if let Some(&(first, first_field)) = addrs.get(&ip) {
-                            return Err(Rule::DuplicateAddress {
-                                field,
-                                ip,
-                                first: Box::new(candidates[first].record.clone()),
-                                first_field,
-                            });
-                        }
-                    }
-                    Ok(node)
-                })
-            }
-        };
-        match outcome {
-            Ok(node) => {
-                names.insert(node.name.as_str(), i);
-                for (field, ip) in fields(node).into_iter().flatten() {
-                    addrs.insert(ip, (i, field));
-                }
-                keep[i] = true;
-            }
-            Err(rule) => rejected.push(Rejected {
-                record: c.record.clone(),
-                rule,
-            }),
+        if let Some(rule) = &verdict[i] {
+            rejected.push(Rejected {
+                record: candidates[i].record.clone(),
+                rule: rule.clone(),
+            });
         }
     }
     let nodes = candidates
         .into_iter()
-        .zip(keep)
-        .filter_map(|(c, keep)| keep.then_some(c.node.ok()).flatten())
+        .zip(verdict)
+        .filter_map(|(c, v)| v.is_none().then_some(c.node.ok()).flatten())
         .collect();
     Validated {
         nodes: NodeSet::from_unique(nodes),
         rejected,
+    }
+}
+
+/// Checks each record alone and the names' uniqueness (the first good
+/// record of a name keeps it, this node's own first): the verdict of each
+/// record, and the index of the first record of each name (good or not).
+fn check_alone<'a>(
+    candidates: &'a [Candidate],
+    local: &LocalNode,
+    local_at: Option<usize>,
+    verdict: &mut [Option<Rule>],
+) -> HashMap<&'a str, usize> {
+    let n = candidates.len();
+    let order = local_at
+        .into_iter()
+        .chain((0..n).filter(|i| Some(*i) != local_at));
+    let mut named: HashMap<&str, usize> = HashMap::with_capacity(n);
+    let mut valid: HashMap<&str, usize> = HashMap::with_capacity(n);
+    for i in order {
+        let c = &candidates[i];
+        let node = match &c.node {
+            Err(detail) => {
+                verdict[i] = Some(Rule::Malformed(detail.clone()));
+                continue;
+            }
+            Ok(node) => node,
+        };
+        named.entry(node.name.as_str()).or_insert(i);
+        if let Err(rule) = check_record(node, &c.record.origin, Some(i) == local_at, local) {
+            verdict[i] = Some(rule);
+        } else if let Some(&first) = valid.get(node.name.as_str()) {
+            verdict[i] = Some(Rule::DuplicateName {
+                name: node.name.clone(),
+                first: Box::new(candidates[first].record.clone()),
+            });
+        } else {
+            valid.insert(node.name.as_str(), i);
+        }
+    }
+    named
+}
+
+/// Decides every address claimed by records that passed alone: one
+/// claimant takes it unless another node holds it; of several, this node
+/// or the holder takes it, or none does.
+fn check_claims(
+    candidates: &[Candidate],
+    local_at: Option<usize>,
+    names: &HashMap<&str, usize>,
+    holders: &Holders,
+    verdict: &mut [Option<Rule>],
+) {
+    let now = std::time::Instant::now();
+    let mut claims: HashMap<IpAddr, Vec<(usize, Field)>> =
+        HashMap::with_capacity(2 * candidates.len());
+    for (i, c) in candidates.iter().enumerate() {
+        if let (None, Ok(node)) = (&verdict[i], &c.node) {
+            for (field, ip) in fields(node).into_iter().flatten() {
+                claims.entry(ip).or_default().push((i, field));
+            }
+        }
+    }
+    let name_of = |i: usize| candidates[i].node.as_ref().map(|n| n.name.as_str()).ok();
+    let mut lost: Vec<(usize, Rule)> = Vec::new();
+    for (ip, claimants) in &claims {
+        let holder = holders.holder(*ip, now).filter(|(name, lasts)| {
+            // A holder still in the update keeps the address only while its
+            // record claims it (or is refused); one without a record, only
+            // when its hold outlasts the record.
+            match names.get(name) {
+                Some(&at) => verdict[at].is_some() || claimants.iter().any(|(i, _)| *i == at),
+                None => *lasts,
+            }
+        });
+        let winner = claimants
+            .iter()
+            .find(|(i, _)| Some(*i) == local_at)
+            .or_else(|| {
+                holder.and_then(|(h, _)| claimants.iter().find(|(i, _)| name_of(*i) == Some(h)))
+            })
+            .copied();
+        match (winner, holder) {
+            (Some((w, wf)), _) => lost.extend(claimants.iter().filter(|(i, _)| *i != w).map(
+                |&(i, field)| {
+                    (
+                        i,
+                        Rule::DuplicateAddress {
+                            field,
+                            ip: *ip,
+                            first: Box::new(candidates[w].record.clone()),
+                            first_field: wf,
+                        },
+                    )
+                },
+            )),
+            (None, Some((h, _))) => lost.extend(claimants.iter().map(|&(i, field)| {
+                (
+                    i,
+                    Rule::Held {
+                        field,
+                        ip: *ip,
+                        holder: h.to_owned(),
+                    },
+                )
+            })),
+            (None, None) if claimants.len() > 1 => {
+                lost.extend(claimants.iter().enumerate().map(|(k, &(i, field))| {
+                    let (o, other_field) = claimants[if k == 0 { 1 } else { 0 }];
+                    (
+                        i,
+                        Rule::Contested {
+                            field,
+                            ip: *ip,
+                            other: Box::new(candidates[o].record.clone()),
+                            other_field,
+                        },
+                    )
+                }));
+            }
+            (None, None) => {}
+        }
+    }
+    // One rule per record: the first address it lost, in field order.
+    lost.sort_by_key(|(i, rule)| (*i, field_rank(rule)));
+    for (i, rule) in lost {
+        verdict[i].get_or_insert(rule);
+    }
+}
+
+/// The order of a claim rule's field, so that a record names the same
+/// address whatever order the claims were decided in.
+fn field_rank(rule: &Rule) -> u8 {
+    match rule {
+        Rule::DuplicateAddress { field, .. }
+        | Rule::Contested { field, .. }
+        | Rule::Held { field, .. } => *field as u8,
+        _ => u8::MAX,
     }
 }
 
@@ -562,6 +733,7 @@ mod tests {
             name: Some("me".into()),
             health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
             health_cidr6: None,
+            ..LocalNode::default()
         }
     }
 
@@ -577,6 +749,7 @@ mod tests {
                 file(2, "b", "198.18.0.12", "198.18.65.2"),
             ],
             &local(),
+            &Holders::default(),
         );
         assert!(v.rejected.is_empty(), "{:?}", v.rejected);
         assert_eq!(names(&v), ["b", "me"]);
@@ -606,6 +779,7 @@ mod tests {
                         file(3, "c", "198.18.0.14", "198.18.67.2"),
                     ],
                     &local(),
+                    &Holders::default(),
                 );
                 assert_eq!(names(&v), ["a", "c"], "the good ones stay");
                 assert_eq!(v.rejected.len(), 1);
@@ -646,6 +820,7 @@ mod tests {
                 file(4, "ok", "198.18.0.12", "198.18.65.2"),
             ],
             &local(),
+            &Holders::default(),
         );
         assert_eq!(names(&v), ["me", "ok"]);
         let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
@@ -660,6 +835,7 @@ mod tests {
         let v = validate(
             vec![file(1, "peer", "198.18.0.11", "198.18.64.9")],
             &LocalNode::default(),
+            &Holders::default(),
         );
         assert_eq!(names(&v), ["peer"]);
     }
@@ -684,6 +860,7 @@ mod tests {
                     file(2, "good", "198.18.0.12", "198.18.66.2"),
                 ],
                 &local(),
+                &Holders::default(),
             );
             assert_eq!(names(&v), ["good"], "{name:?}");
             let text = v.rejected[0].to_string();
@@ -691,37 +868,193 @@ mod tests {
             assert!(text.starts_with("nodes.yaml:3: node "), "{text}");
         }
         for name in [just.as_str(), "node-1.example_a", "0a", "A"] {
-            let v = validate(vec![file(1, name, "198.18.0.11", "198.18.65.2")], &local());
+            let v = validate(
+                vec![file(1, name, "198.18.0.11", "198.18.65.2")],
+                &local(),
+                &Holders::default(),
+            );
             assert!(v.rejected.is_empty(), "{name:?}: {:?}", v.rejected);
         }
     }
 
+    /// Records that conflict with "a" (198.18.0.11, 198.18.65.2) over a
+    /// name or an address, and two that are fine or bad alone.
+    fn contenders() -> Vec<Candidate> {
+        vec![
+            file(1, "b", "198.18.0.11", "198.18.67.2"),
+            file(2, "a", "198.18.0.11", "198.18.65.2"),
+            file(3, "a", "198.18.0.12", "198.18.66.2"),
+            file(4, "c", "198.18.0.13", "198.18.65.2"),
+            file(5, "d", "198.18.0.14", "198.18.0.11"),
+            file(6, "e", "198.18.65.2", "198.18.68.2"),
+            file(7, "f", "198.18.0.15", "198.18.0.15"),
+            file(8, "g", "198.18.0.16", "198.18.69.2"),
+        ]
+    }
+
     #[test]
-    fn conflicts_keep_the_first_and_name_both() {
-        let v = validate(
+    fn conflicts_without_a_holder_give_the_address_to_neither() {
+        let v = validate(contenders(), &local(), &Holders::default());
+        assert_eq!(names(&v), ["g"]);
+        let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
+        assert_eq!(texts.len(), 7, "{texts:#?}");
+        assert!(
+            texts[0]
+                .starts_with("nodes.yaml:3: node \"b\": node-ip 198.18.0.11 is also claimed as ")
+                && texts[0].ends_with(": neither takes it"),
+            "{}",
+            texts[0]
+        );
+        assert!(
+            texts[1].starts_with("nodes.yaml:6: node \"a\": node-ip 198.18.0.11 is also claimed as node-ip by node \"b\" at nodes.yaml:3")
+                || texts[1].starts_with("nodes.yaml:6: node \"a\": node-ip 198.18.0.11 is also claimed as health-ip by node \"d\""),
+            "{}",
+            texts[1]
+        );
+        assert_eq!(
+            texts[2],
+            "nodes.yaml:9: node \"a\": duplicate name \"a\": node \"a\" at nodes.yaml:6 has it and is kept"
+        );
+        assert_eq!(
+            texts[6],
+            "nodes.yaml:21: node \"f\": node-ip and health-ip are the same address 198.18.0.15"
+        );
+        // The order of the records decides no address (only which of two
+        // records of one name counts: the first good one).
+        let mut reversed = contenders();
+        reversed.reverse();
+        let w = validate(reversed, &local(), &Holders::default());
+        assert_eq!(names(&w), ["a", "g"]);
+        assert_eq!(w.nodes[0].node_ip, Some(ip("198.18.0.12")), "the later a");
+    }
+
+    #[test]
+    fn the_holder_of_an_address_keeps_it_whatever_the_order() {
+        let held = validate(
+            vec![file(1, "a", "198.18.0.11", "198.18.65.2")],
+            &local(),
+            &Holders::default(),
+        );
+        let holders = Holders::of(&held.nodes);
+        // Without the second record of the name "a".
+        let one_a: Vec<Candidate> = contenders()
+            .into_iter()
+            .filter(|c| !matches!(c.record.origin, Origin::File { entry: 3, .. }))
+            .collect();
+        for order in [one_a.clone(), one_a.into_iter().rev().collect()] {
+            let v = validate(order, &local(), &holders);
+            assert_eq!(names(&v), ["a", "g"]);
+            let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
+            for (who, field, ip, of) in [
+                ("b", "node-ip", "198.18.0.11", "node-ip"),
+                ("c", "health-ip", "198.18.65.2", "health-ip"),
+                ("d", "health-ip", "198.18.0.11", "node-ip"),
+                ("e", "node-ip", "198.18.65.2", "health-ip"),
+            ] {
+                let want = format!(
+                    "node \"{who}\": {field} {ip} is already the {of} of node \"a\" at nodes.yaml:6, which is kept"
+                );
+                assert!(
+                    texts.iter().any(|t| t.ends_with(&want)),
+                    "{want}\n{texts:#?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_departed_holder_keeps_its_addresses_for_the_hold() {
+        let t0 = std::time::Instant::now();
+        let hold = std::time::Duration::from_secs(900);
+        let first = validate(
             vec![
-                file(1, "a", "198.18.0.11", "198.18.65.2"),
-                file(2, "a", "198.18.0.12", "198.18.66.2"),
-                file(3, "b", "198.18.0.11", "198.18.67.2"),
-                file(4, "c", "198.18.0.13", "198.18.65.2"),
-                file(5, "d", "198.18.0.14", "198.18.0.11"),
-                file(6, "e", "198.18.65.2", "198.18.68.2"),
-                file(7, "f", "198.18.0.15", "198.18.0.15"),
-                file(8, "g", "198.18.0.16", "198.18.69.2"),
+                file(1, "node-2", "198.18.0.12", "198.18.66.2"),
+                file(2, "node-3", "198.18.0.13", "198.18.67.2"),
             ],
             &local(),
+            &Holders::default(),
         );
-        assert_eq!(names(&v), ["a", "g"]);
+        // node-2's record goes (its agent restarts); an impostor claims its
+        // node address meanwhile: refused, naming node-2.
+        let gone = validate(
+            vec![file(2, "node-3", "198.18.0.13", "198.18.67.2")],
+            &local(),
+            &Holders::default(),
+        );
+        let holders = Holders::of(&first.nodes).after(&gone.nodes, t0, hold);
+        let v = validate(
+            vec![
+                file(1, "evil", "198.18.0.12", "198.18.70.2"),
+                file(2, "node-3", "198.18.0.13", "198.18.67.2"),
+            ],
+            &local(),
+            &holders,
+        );
+        assert_eq!(names(&v), ["node-3"]);
+        assert_eq!(
+            v.rejected[0].to_string(),
+            "nodes.yaml:3: node \"evil\": node-ip 198.18.0.12 belongs to node \"node-2\", which held it first and keeps it"
+        );
+        // node-2 registers again: it takes its address back; evil does not.
+        let back = validate(
+            vec![
+                file(1, "evil", "198.18.0.12", "198.18.70.2"),
+                file(2, "node-2", "198.18.0.12", "198.18.66.2"),
+                file(3, "node-3", "198.18.0.13", "198.18.67.2"),
+            ],
+            &local(),
+            &holders,
+        );
+        assert_eq!(names(&back), ["node-2", "node-3"]);
+        // A holder whose new record is refused keeps the claim too.
+        let broken = validate(
+            vec![
+                file(1, "evil", "198.18.0.12", "198.18.70.2"),
+                file(2, "node-2", "127.0.0.1", "198.18.66.2"),
+            ],
+            &local(),
+            &Holders::of(&first.nodes),
+        );
+        assert_eq!(names(&broken), Vec::<&str>::new());
+        assert!(
+            broken
+                .rejected
+                .iter()
+                .any(|r| r.to_string().contains("belongs to node \"node-2\"")),
+            "{:?}",
+            broken.rejected
+        );
+    }
+
+    #[test]
+    fn peers_outside_the_health_range_are_refused() {
+        let local = LocalNode {
+            health_range: Some("198.18.64.0/18".parse().expect("cidr")),
+            health_range6: Some("2001:2:0:40::/58".parse().expect("cidr")),
+            ..local()
+        };
+        let mut v6 = file(3, "six", "198.18.0.13", "198.18.67.2");
+        if let Ok(n) = &mut v6.node {
+            n.node_ip6 = Some("2001:2::13".parse().expect("ip"));
+            n.health_ip6 = Some("2001:2::14".parse().expect("ip"));
+        }
+        let v = validate(
+            vec![
+                file(1, "ok", "198.18.0.11", "198.18.65.2"),
+                // Another node's address as a health address: outside.
+                file(2, "evil", "198.18.0.12", "198.18.0.11"),
+                v6,
+            ],
+            &local,
+            &Holders::default(),
+        );
+        assert_eq!(names(&v), ["ok"]);
         let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
         assert_eq!(
             texts,
             [
-                "nodes.yaml:6: node \"a\": duplicate name \"a\": node \"a\" at nodes.yaml:3 has it and is kept",
-                "nodes.yaml:9: node \"b\": node-ip 198.18.0.11 is already the node-ip of node \"a\" at nodes.yaml:3, which is kept",
-                "nodes.yaml:12: node \"c\": health-ip 198.18.65.2 is already the health-ip of node \"a\" at nodes.yaml:3, which is kept",
-                "nodes.yaml:15: node \"d\": health-ip 198.18.0.11 is already the node-ip of node \"a\" at nodes.yaml:3, which is kept",
-                "nodes.yaml:18: node \"e\": node-ip 198.18.65.2 is already the health-ip of node \"a\" at nodes.yaml:3, which is kept",
-                "nodes.yaml:21: node \"f\": node-ip and health-ip are the same address 198.18.0.15",
+                "nodes.yaml:6: node \"evil\": health-ip 198.18.0.11 is outside the cluster's health range 198.18.64.0/18 (--health-range)",
+                "nodes.yaml:9: node \"six\": health-ip6 2001:2::14 is outside the cluster's health range 2001:2:0:40::/58 (--health-range6)",
             ]
         );
     }
@@ -735,6 +1068,7 @@ mod tests {
                 file(2, "a", "198.18.0.12", "198.18.65.2"),
             ],
             &local(),
+            &Holders::default(),
         );
         assert_eq!(names(&v), ["a"]);
         assert_eq!(v.nodes[0].node_ip, Some(ip("198.18.0.12")));
@@ -749,6 +1083,7 @@ mod tests {
                 file(2, "me", "198.18.0.10", "198.18.64.2"),
             ],
             &local(),
+            &Holders::default(),
         );
         assert_eq!(names(&v), ["me"]);
         assert!(
@@ -766,7 +1101,7 @@ mod tests {
             record: Record {
                 origin: Origin::Etcd {
                     key: key.into(),
-                    prefix_len: "/h".len(),
+                    prefix_len: "/h/".len(),
                 },
                 name: Some(name.into()),
             },
@@ -786,14 +1121,15 @@ mod tests {
                 at("/h/c", "a", "198.18.0.13", "198.18.67.2"),
             ],
             &local(),
+            &Holders::default(),
         );
         assert_eq!(names(&v), ["a"]);
         let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
         assert_eq!(
             texts,
             [
-                "etcd key \"/h/b\": the name \"x\" is not the key's last segment \"b\"",
-                "etcd key \"/h/c\": the name \"a\" is not the key's last segment \"c\"",
+                "etcd key \"/h/b\": a node record counts only at exactly <prefix><name>: \"x\" belongs at \"/h/x\"",
+                "etcd key \"/h/c\": a node record counts only at exactly <prefix><name>: \"a\" belongs at \"/h/a\"",
             ]
         );
         let api = RejectedRecord::from(&v.rejected[0]);
@@ -801,7 +1137,7 @@ mod tests {
         assert_eq!(api.name.as_deref(), Some("x"));
         assert_eq!(
             api.reason,
-            "the name \"x\" is not the key's last segment \"b\""
+            "a node record counts only at exactly <prefix><name>: \"x\" belongs at \"/h/x\""
         );
     }
 
@@ -809,7 +1145,7 @@ mod tests {
     fn the_summary_counts_and_names_the_first_few() {
         let mut all = vec![file(1, "ok", "198.18.0.1", "198.18.65.1")];
         all.extend((2..=9).map(|i| file(i, &format!("n{i}"), "127.0.0.1", "198.18.66.1")));
-        let v = validate(all, &local());
+        let v = validate(all, &local(), &Holders::default());
         let s = v.summary().expect("rejections");
         assert!(s.starts_with("8 node records rejected, 1 in use: nodes.yaml:6: node \"n2\": node-ip 127.0.0.1 is loopback"), "{s}");
         assert!(
@@ -832,7 +1168,7 @@ mod tests {
             })
             .collect();
         let started = std::time::Instant::now();
-        let v = validate(all, &LocalNode::default());
+        let v = validate(all, &LocalNode::default(), &Holders::default());
         assert_eq!(v.nodes.len(), 10_000);
         assert_eq!(v.rejected, []);
         assert!(

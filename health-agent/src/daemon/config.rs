@@ -10,6 +10,7 @@ use tracing::info;
 
 use crate::{
     cluster::{
+        claims::Holders,
         etcd::EtcdConfig,
         file_settle,
         file_version::FileVersion,
@@ -56,6 +57,12 @@ pub struct DaemonConfig {
     pub sync: sync::Limits,
     pub supervisor: Policy,
     pub metrics: MetricsSettings,
+    /// `--health-range`: the cluster's IPv4 health range; peers' health
+    /// addresses are routed only inside it (and masquerade leaves
+    /// destinations inside it alone).
+    pub health_range: Option<Ipv4Cidr>,
+    /// `--health-range6`: the cluster's IPv6 health range, likewise.
+    pub health_range6: Option<Ipv6Cidr>,
 }
 
 /// The metrics listener.
@@ -163,6 +170,22 @@ pub enum ConfigError {
          masqueraded"
     )]
     MasqueradeWithoutIpv4,
+    #[error(
+        "{flag} is needed with peers: the agent routes peers' health addresses only inside the \
+         cluster's health range (the range every node's {cidr_flag} comes from, such as {example})"
+    )]
+    NoHealthRange {
+        flag: &'static str,
+        cidr_flag: &'static str,
+        example: &'static str,
+    },
+    #[error("{cidr_flag} {cidr} is not inside {flag} {range}")]
+    CidrOutsideRange {
+        cidr_flag: &'static str,
+        cidr: String,
+        flag: &'static str,
+        range: String,
+    },
 }
 
 /// What is found on the kernel at start, before the API serves.
@@ -246,7 +269,8 @@ impl DaemonConfig {
                         line: None,
                         message: format!("cannot read: {e}"),
                     })?;
-                let update = nodes_file::parse(path, &text, &self.local_node())?;
+                let update =
+                    nodes_file::parse(path, &text, &self.local_node(), &Holders::default())?;
                 info!(
                     path = %path.display(),
                     nodes = update.nodes.len(),
@@ -291,15 +315,64 @@ impl DaemonConfig {
     }
 
     /// The endpoint's address families: at least one, and no IPv6 with
-    /// masquerade (its SNAT is IPv4 only).
+    /// masquerade (its SNAT is IPv4 only); with peers, each family's
+    /// health range, holding this node's health CIDR.
     pub fn check_families(&self) -> Result<(), ConfigError> {
         match (self.endpoint.cidr, self.endpoint.cidr6) {
-            (None, None) => Err(ConfigError::NoHealthCidr),
+            (None, None) => return Err(ConfigError::NoHealthCidr),
             (_, Some(cidr6)) if self.datapath.masquerade.is_some() => {
-                Err(ConfigError::Ipv6Masquerade { cidr6 })
+                return Err(ConfigError::Ipv6Masquerade { cidr6 });
             }
-            _ => Ok(()),
+            _ => {}
         }
+        self.check_ranges()
+    }
+
+    /// With peers, a health range for each family the endpoint has, each
+    /// holding this node's health CIDR.
+    fn check_ranges(&self) -> Result<(), ConfigError> {
+        let peers = !matches!(self.discovery, Discovery::None);
+        if let Some(cidr) = self.endpoint.cidr {
+            match self.health_range {
+                None if peers => {
+                    return Err(ConfigError::NoHealthRange {
+                        flag: "--health-range",
+                        cidr_flag: "--health-cidr",
+                        example: "198.18.64.0/18",
+                    });
+                }
+                Some(r) if !(r.contains(cidr.network()) && r.prefix() <= cidr.prefix()) => {
+                    return Err(ConfigError::CidrOutsideRange {
+                        cidr_flag: "--health-cidr",
+                        cidr: cidr.to_string(),
+                        flag: "--health-range",
+                        range: r.to_string(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        if let Some(cidr) = self.endpoint.cidr6 {
+            match self.health_range6 {
+                None if peers => {
+                    return Err(ConfigError::NoHealthRange {
+                        flag: "--health-range6",
+                        cidr_flag: "--health-cidr6",
+                        example: "2001:db8:0:40::/58",
+                    });
+                }
+                Some(r) if !(r.contains(cidr.network()) && r.prefix() <= cidr.prefix()) => {
+                    return Err(ConfigError::CidrOutsideRange {
+                        cidr_flag: "--health-cidr6",
+                        cidr: cidr.to_string(),
+                        flag: "--health-range6",
+                        range: r.to_string(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// This node, as node records are validated against it: its own record
@@ -311,6 +384,8 @@ impl DaemonConfig {
             name: Some(self.node_name.clone()),
             health_cidr: self.endpoint.cidr,
             health_cidr6: self.endpoint.cidr6,
+            health_range: self.health_range,
+            health_range6: self.health_range6,
         }
     }
 

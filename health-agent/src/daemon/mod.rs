@@ -54,6 +54,7 @@ use crate::{
         Node,
         discovery::{NodeSource, Nodes},
         etcd::Registration,
+        routes::RouteBounds,
         view_cell::ClusterViewCell,
     },
     datapath::{
@@ -213,7 +214,12 @@ async fn run_inner(
         endpoint_ip(&view).map(IpAddr::V4),
         crate::endpoint::ipv6(&view).map(IpAddr::V6),
     ];
-    let sync = node_sync(&cfg, &prober, own_ips.into_iter().flatten().collect());
+    let sync = node_sync(
+        &cfg,
+        &prober,
+        own_ips.into_iter().flatten().collect(),
+        &nodes,
+    );
     start!(tasks::sync(&mut sup, sync, nodes, links));
     start!(tasks::probe(&mut sup, prober, cfg.probe.initial_delay));
 
@@ -272,6 +278,7 @@ fn node_sync(
     cfg: &DaemonConfig,
     prober: &watch::Receiver<std::sync::Arc<Prober>>,
     own_ips: Vec<IpAddr>,
+    nodes: &Nodes,
 ) -> node_sync::NodeSync {
     node_sync::NodeSync {
         limits: cfg.sync,
@@ -280,7 +287,26 @@ fn node_sync(
         own_ips,
         keep_routes: cfg.endpoint.keep,
         peers: cfg.probe.peers,
+        bounds: RouteBounds {
+            range: cfg.health_range,
+            range6: cfg.health_range6,
+            protected: match &cfg.discovery {
+                Discovery::Etcd(e) => address_of(&e.endpoint).into_iter().collect(),
+                Discovery::File(_) | Discovery::None => Vec::new(),
+            },
+        },
+        source: nodes.clone(),
     }
+}
+
+/// The address of a `host:port` endpoint, when its host is an address
+/// (`198.18.0.1:2379`, `[2001:2::1]:2379`).
+fn address_of(endpoint: &str) -> Option<IpAddr> {
+    endpoint
+        .parse::<std::net::SocketAddr>()
+        .map(|a| a.ip())
+        .ok()
+        .or_else(|| endpoint.parse().ok())
 }
 
 fn api_state(

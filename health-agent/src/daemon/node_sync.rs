@@ -13,7 +13,8 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     cluster::{
         NodeSet,
-        routes::PeerRoutes,
+        discovery::Nodes,
+        routes::{PeerRoutes, RouteBounds},
         subset::{self, ProbePeers},
         sync,
     },
@@ -32,6 +33,10 @@ pub(super) struct NodeSync {
     pub(super) keep_routes: bool,
     /// Which peers the prober gets (`None`: by the set's size).
     pub(super) peers: Option<ProbePeers>,
+    /// What the routes to peers are kept within.
+    pub(super) bounds: RouteBounds,
+    /// Where the addresses refused a route are listed (`GET /v1/nodes`).
+    pub(super) source: Nodes,
 }
 
 /// The nodes `local` probes out of `set`: all of them, or its zone and K
@@ -74,14 +79,18 @@ impl NodeSync {
             let (prober, routes) = (self.prober.borrow().clone(), routes.clone());
             let desired = PeerRoutes::desired(&set, Some(&self.local_name), &self.own_ips);
             let subset = probed(&set, &self.local_name, self.peers);
+            let (bounds, source) = (self.bounds.clone(), self.source.clone());
             async move {
                 prober.set_nodes(subset);
-                let _ = tokio::task::spawn_blocking(move || {
-                    if let Ok(mut r) = routes.lock() {
-                        r.apply(&desired);
-                    }
+                let refused = tokio::task::spawn_blocking(move || {
+                    routes
+                        .lock()
+                        .map(|mut r| r.apply(&desired, &bounds))
+                        .unwrap_or_default()
                 })
-                .await;
+                .await
+                .unwrap_or_default();
+                source.set_refused_routes(refused);
             }
         });
         tokio::select! {

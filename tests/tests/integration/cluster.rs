@@ -413,7 +413,8 @@ fn a_bad_nodes_file_at_start_is_refused_naming_the_line() {
     )
     .expect("write");
     let out = std::process::Command::new(health_tests::agent::agent_binary())
-        .args(["daemon", "--health-cidr", "198.18.64.0/24", "--nodes-file"])
+        .args(["daemon", "--health-cidr", "198.18.64.0/24"])
+        .args(["--health-range", "198.18.64.0/18", "--nodes-file"])
         .arg(&file)
         .arg("--pidfile")
         .arg(dir.join("pid"))

@@ -70,6 +70,7 @@ fn config(nodes: &Path, interval: &str, timeout: &str, thresholds: u32, log: &st
         "# the test's agent\n\
          node-name: self\n\
          nodes-file: {}\n\
+         health-range: 198.18.64.0/18\n\
          probe-interval: {interval}\n\
          probe-timeout: {timeout}\n\
          probe-spread: 10ms\n\

@@ -424,7 +424,14 @@ fn the_agent_touches_only_its_own_routes_and_only_on_link_ones() {
     )
     .expect("nodes file");
     let nodes = nodes.to_str().expect("utf-8").to_owned();
-    node.start(&["--node-name", "me", "--nodes-file", &nodes]);
+    node.start(&[
+        "--node-name",
+        "me",
+        "--nodes-file",
+        &nodes,
+        "--health-range",
+        "198.18.64.0/17",
+    ]);
     node.wait_endpoint(READY, |_| true);
     let node_ns = node.node.clone();
     let routes = || -> Vec<RouteV4> {

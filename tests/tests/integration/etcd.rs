@@ -165,11 +165,11 @@ fn bad_records_in_etcd_are_rejected_by_key_and_the_others_kept() {
             ),
             (
                 "/health/nodes/thief",
-                "health-ip 198.18.0.13 is already the node-ip of node \"node-3\" at etcd key \"/health/nodes/node-3\", which is kept"
+                "health-ip 198.18.0.13 is outside the cluster's health range 198.18.64.0/18 (--health-range)"
             ),
             (
                 "/health/nodes/zz",
-                "the name \"node-2\" is not the key's last segment \"zz\""
+                "a node record counts only at exactly <prefix><name>: \"node-2\" belongs at \"/health/nodes/node-2\""
             ),
         ]
     );

@@ -36,3 +36,4 @@ mod scale;
 mod service;
 mod track6_test_run;
 mod track_test_run;
+mod trust;

@@ -39,8 +39,6 @@ fn masquerade_cluster() -> Cluster {
         extra_args: [
             "--routing",
             "masquerade",
-            "--health-range",
-            "198.18.64.0/18",
             "--ct-lifetime-closed",
             "2s",
             "--ct-lifetime-icmp",

@@ -161,7 +161,8 @@ impl Lab {
             &self.ep_netns,
             "198.19.64.0/24",
         );
-        cmd.args(["--node-name", "scale", "--nodes-file"])
+        cmd.args(["--node-name", "scale", "--health-range", "198.18.0.0/15"])
+            .arg("--nodes-file")
             .arg(nodes_file)
             // Every peer: the round over all 200 is what is tested.
             .args(["--probe-peers", "all"])

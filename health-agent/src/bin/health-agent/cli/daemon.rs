@@ -59,10 +59,18 @@ pub(crate) struct DaemonArgs {
     /// IP as source (SNAT in BPF on the uplink).
     #[arg(long, value_enum, default_value_t = Routing::Routed)]
     pub routing: Routing,
-    /// The cluster-wide health range: destinations inside it are never
-    /// masqueraded (default: --health-cidr alone).
+    /// The cluster-wide health range that every node's --health-cidr
+    /// comes from. Peers' health addresses are routed only inside it (a
+    /// record naming another address is refused), and masquerade leaves
+    /// destinations inside it alone. Needed with peers (--nodes-file or
+    /// --kvstore) when --health-cidr is given.
     #[arg(long, value_name = "CIDR")]
     pub health_range: Option<Ipv4Cidr>,
+    /// The cluster-wide IPv6 health range that every node's
+    /// --health-cidr6 comes from, likewise: needed with peers when
+    /// --health-cidr6 is given.
+    #[arg(long, value_name = "CIDR")]
+    pub health_range6: Option<Ipv6Cidr>,
     /// The node's uplink, where masquerade is attached (default: the
     /// interface that holds the node IP).
     #[arg(long, value_name = "IFACE")]
@@ -451,6 +459,8 @@ impl DaemonArgs {
                 stop_deadline: self.shutdown_timeout,
                 ..Policy::default()
             },
+            health_range: self.health_range,
+            health_range6: self.health_range6,
         })
     }
 

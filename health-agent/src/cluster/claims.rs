@@ -1,0 +1,157 @@
+//! Who holds an address. Two records claiming one address are never decided
+//! by their order (an etcd writer chooses its key, and so the order): the
+//! node that held the address in the last good set keeps it, and when
+//! neither claimant held it, neither takes it.
+//!
+//! [`Holders`] is that memory. Built from the last good set, a holder keeps
+//! its addresses while it has a record; with etcd, a node whose record went
+//! (a restart, a re-registration) keeps them for a while longer, so that no
+//! other record can take them in between.
+
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use super::NodeSet;
+
+/// How an address is held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Hold {
+    /// By a node of the last good set: while it has a record.
+    Present,
+    /// By a node whose record went: until the instant given.
+    Departed { until: Instant },
+}
+
+/// Who held each address, and how.
+#[derive(Debug, Clone, Default)]
+pub struct Holders(HashMap<IpAddr, (String, Hold)>);
+
+impl Holders {
+    /// The holders of `set`'s addresses.
+    #[must_use]
+    pub fn of(set: &NodeSet) -> Self {
+        let mut held = HashMap::with_capacity(set.len() * 2);
+        for node in set.iter() {
+            for ip in node.addresses() {
+                held.insert(ip, (node.name.clone(), Hold::Present));
+            }
+        }
+        Self(held)
+    }
+
+    /// The holders of `set` (the new good set), keeping for `hold` past
+    /// `now` the addresses of nodes of `self` that are no longer in it
+    /// (their record went, or was refused).
+    #[must_use]
+    pub fn after(&self, set: &NodeSet, now: Instant, hold: Duration) -> Self {
+        let mut next = Self::of(set);
+        for (ip, (name, how)) in &self.0 {
+            if next.0.contains_key(ip) || set.get(name).is_some() {
+                continue;
+            }
+            let until = match how {
+                Hold::Present => now + hold,
+                Hold::Departed { until } if *until > now => *until,
+                Hold::Departed { .. } => continue,
+            };
+            next.0.insert(*ip, (name.clone(), Hold::Departed { until }));
+        }
+        next
+    }
+
+    /// The holder of `ip`, and whether its hold lasts without a record.
+    pub(super) fn holder(&self, ip: IpAddr, now: Instant) -> Option<(&str, bool)> {
+        self.0.get(&ip).and_then(|(name, how)| match how {
+            Hold::Present => Some((name.as_str(), false)),
+            Hold::Departed { until } => (*until > now).then_some((name.as_str(), true)),
+        })
+    }
+
+    /// When the first departed node's hold ends, if any does.
+    #[must_use]
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.0
+            .values()
+            .filter_map(|(_, how)| match how {
+                Hold::Departed { until } => Some(*until),
+                Hold::Present => None,
+            })
+            .min()
+    }
+
+    /// Addresses held.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::cluster::Node;
+
+    fn set(nodes: &[(&str, u8)]) -> NodeSet {
+        NodeSet::new(
+            nodes
+                .iter()
+                .map(|(name, n)| {
+                    Node::v4(
+                        *name,
+                        Ipv4Addr::new(198, 18, 0, *n),
+                        Ipv4Addr::new(198, 18, 64 + n, 2),
+                    )
+                })
+                .collect(),
+        )
+        .expect("unique")
+    }
+
+    fn ip(n: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(198, 18, 0, n))
+    }
+
+    #[test]
+    fn departed_holders_keep_their_addresses_for_the_hold_only() {
+        let t0 = Instant::now();
+        let hold = Duration::from_secs(60);
+        let h = Holders::of(&set(&[("a", 1), ("b", 2)]));
+        assert_eq!(h.len(), 4);
+        assert_eq!(h.holder(ip(2), t0), Some(("b", false)));
+        assert_eq!(h.next_expiry(), None);
+        // b's record goes: its addresses are held for `hold`.
+        let h = h.after(&set(&[("a", 1)]), t0, hold);
+        assert_eq!(h.holder(ip(2), t0), Some(("b", true)));
+        assert_eq!(h.next_expiry(), Some(t0 + hold));
+        // A later update keeps the original end of the hold.
+        let t1 = t0 + Duration::from_secs(30);
+        let h = h.after(&set(&[("a", 1)]), t1, hold);
+        assert_eq!(h.next_expiry(), Some(t0 + hold));
+        assert_eq!(h.holder(ip(2), t0 + hold), None, "ended");
+        let h = h.after(&set(&[("a", 1)]), t0 + hold, hold);
+        assert_eq!(h.len(), 2, "forgotten once the hold ended");
+        // b back with the same addresses: held again as present.
+        let h = h.after(&set(&[("a", 1), ("b", 2)]), t1, hold);
+        assert_eq!(h.holder(ip(2), t1), Some(("b", false)));
+    }
+
+    #[test]
+    fn a_node_that_moved_releases_its_old_address() {
+        let t0 = Instant::now();
+        let h = Holders::of(&set(&[("a", 1), ("b", 2)]));
+        // b is still there, at another address: the old one is free.
+        let h = h.after(&set(&[("a", 1), ("b", 3)]), t0, Duration::from_secs(60));
+        assert_eq!(h.holder(ip(2), t0), None);
+        assert_eq!(h.holder(ip(3), t0), Some(("b", false)));
+    }
+}

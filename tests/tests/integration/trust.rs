@@ -1,0 +1,396 @@
+//! What a writer of the etcd prefix can make an agent do, over a real etcd
+//! and real namespaces: no route outside the cluster's health range or to
+//! an address the node depends on, no record but at its exact key, no
+//! address taken from the node that holds it, and this node's own record
+//! written back when someone else changes or deletes it.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::{Duration, Instant},
+};
+
+use health_agent::{
+    api::types::NodesView,
+    cluster::routes::ROUTE_PROTOCOL,
+    sys::netlink::{RouteV4, in_netns},
+};
+use health_tests::cluster::{Cluster, ETCD_ENDPOINT, Settings, node_ip};
+use nix::sys::signal::Signal;
+
+fn nodes_view(cluster: &Cluster, i: usize) -> Option<NodesView> {
+    health_tests::api::call(
+        &cluster.nodes[i].socket(),
+        |c| async move { c.nodes().await },
+    )
+    .ok()
+}
+
+/// Polls node `i`'s nodes view until `accept` holds; panics with the view
+/// and the agent's log after `timeout`.
+fn wait_view(
+    cluster: &Cluster,
+    i: usize,
+    timeout: Duration,
+    accept: impl Fn(&NodesView) -> bool,
+) -> NodesView {
+    let deadline = Instant::now() + health_tests::patience(timeout);
+    loop {
+        let view = nodes_view(cluster, i);
+        if let Some(v) = view.as_ref()
+            && accept(v)
+        {
+            return view.expect("a view");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{view:#?}\n{}",
+            cluster.nodes[i].log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A plain etcd client in the fabric namespace, for one call.
+fn etcd<T: Send>(
+    cluster: &Cluster,
+    call: impl AsyncFnOnce(&mut etcd_client::Client) -> T + Send,
+) -> T {
+    health_agent::sys::netns::run_in(Some(&cluster.fabric), || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                let mut c = etcd_client::Client::connect([format!("http://{ETCD_ENDPOINT}")], None)
+                    .await
+                    .expect("connect to etcd");
+                call(&mut c).await
+            })
+    })
+    .expect("fabric netns")
+}
+
+fn put(cluster: &Cluster, key: &str, value: &str) {
+    let (key, value) = (key.to_owned(), value.to_owned());
+    etcd(cluster, async move |c| {
+        c.put(key, value, None).await.expect("etcd put");
+    });
+}
+
+fn get(cluster: &Cluster, key: &str) -> Option<String> {
+    let key = key.to_owned();
+    etcd(cluster, async move |c| {
+        let resp = c.get(key, None).await.expect("etcd get");
+        resp.kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+    })
+}
+
+fn delete(cluster: &Cluster, key: &str) {
+    let key = key.to_owned();
+    etcd(cluster, async move |c| {
+        c.delete(key, None).await.expect("etcd delete");
+    });
+}
+
+/// Node `i`'s IPv4 host routes.
+fn host_routes(cluster: &Cluster, i: usize) -> Vec<RouteV4> {
+    in_netns(Some(&cluster.nodes[i].ns), |nl| async move {
+        nl.routes_v4().await
+    })
+    .expect("routes")
+    .into_iter()
+    .filter(|r| r.prefix == 32)
+    .collect()
+}
+
+fn record(name: &str, node: Ipv4Addr, health: &str) -> String {
+    format!(r#"{{"name":"{name}","node_ip":"{node}","health_ip":"{health}"}}"#)
+}
+
+fn reason_of<'a>(view: &'a NodesView, key: &str) -> Option<&'a str> {
+    view.rejected
+        .iter()
+        .find(|r| r.record == key)
+        .map(|r| r.reason.as_str())
+}
+
+/// The records an etcd writer could use to redirect traffic: another
+/// node's address, or etcd's, as a health address; a record at a key that
+/// is not exactly `<prefix><name>`; another node's address claimed at a
+/// key that sorts first. None of them moves a route or a node.
+#[test]
+fn an_etcd_writer_cannot_redirect_routes_or_take_a_nodes_place() {
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| {
+        s.nodes.len() == 3 && s.reachable() == 3
+    });
+    let (n2, n3) = (node_ip(1), node_ip(2));
+    put(
+        &cluster,
+        "/health/nodes/evil",
+        &record("evil", n2, &n3.to_string()),
+    );
+    put(
+        &cluster,
+        "/health/nodes/evil-etcd",
+        &record("evil-etcd", Ipv4Addr::new(198, 18, 0, 97), "198.18.0.1"),
+    );
+    put(
+        &cluster,
+        "/health/nodes/0/node-2",
+        &record("node-2", Ipv4Addr::new(198, 18, 0, 96), "198.18.90.2"),
+    );
+    put(&cluster, "/health/nodes/0", &record("0", n2, "198.18.91.2"));
+    let view = wait_view(&cluster, 0, Duration::from_secs(10), |v| {
+        v.rejected_total == 4
+    });
+    assert_eq!(
+        reason_of(&view, "/health/nodes/evil"),
+        Some(
+            format!(
+                "health-ip {n3} is outside the cluster's health range 198.18.64.0/18 (--health-range)"
+            )
+            .as_str()
+        ),
+        "{view:#?}"
+    );
+    assert_eq!(
+        reason_of(&view, "/health/nodes/evil-etcd"),
+        Some(
+            "health-ip 198.18.0.1 is outside the cluster's health range 198.18.64.0/18 (--health-range)"
+        )
+    );
+    assert_eq!(
+        reason_of(&view, "/health/nodes/0/node-2"),
+        Some(
+            "a node record counts only at exactly <prefix><name>: \"node-2\" belongs at \"/health/nodes/node-2\""
+        )
+    );
+    assert_eq!(
+        reason_of(&view, "/health/nodes/0"),
+        Some(
+            format!(
+                "node-ip {n2} is already the node-ip of node \"node-2\" at etcd key \"/health/nodes/node-2\", which is kept"
+            )
+            .as_str()
+        )
+    );
+    let names: Vec<&str> = view.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["node-1", "node-2", "node-3"]);
+    assert_eq!(
+        view.nodes.get("node-2").and_then(|n| n.node_ip),
+        Some(n2),
+        "node-2 keeps its address"
+    );
+    // No route of the agent's goes to another node's or etcd's address.
+    let routes = host_routes(&cluster, 0);
+    for dst in [n3, Ipv4Addr::new(198, 18, 0, 1)] {
+        assert!(
+            !routes
+                .iter()
+                .any(|r| r.destination == dst && r.protocol == ROUTE_PROTOCOL),
+            "{dst}: {routes:?}"
+        );
+    }
+    cluster.wait_status(0, Duration::from_secs(10), |s| s.reachable() == 3);
+
+    // node-2 restarts: its record goes and comes back. The record at "0"
+    // never gets node-2's address, neither in between nor after.
+    cluster.stop_agent(1, Signal::SIGTERM);
+    let gap = wait_view(&cluster, 0, Duration::from_secs(10), |v| {
+        v.nodes.get("node-2").is_none()
+    });
+    assert!(gap.nodes.get("0").is_none(), "{gap:#?}");
+    assert_eq!(
+        reason_of(&gap, "/health/nodes/0"),
+        Some(
+            format!("node-ip {n2} belongs to node \"node-2\", which held it first and keeps it")
+                .as_str()
+        )
+    );
+    cluster.start_agent(1);
+    let back = wait_view(&cluster, 0, Duration::from_secs(20), |v| {
+        v.nodes.get("node-2").is_some()
+    });
+    assert!(back.nodes.get("0").is_none(), "{back:#?}");
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+}
+
+/// A health address inside the range that the agent must still not route:
+/// one in a network the node is connected to is refused and listed; one
+/// the node already reaches through a route the agent did not make is
+/// left to that route.
+#[test]
+fn addresses_the_node_reaches_otherwise_are_not_routed() {
+    const STATIC: u8 = 4;
+    let cluster = Cluster::start(&Settings {
+        nodes: 2,
+        etcd: true,
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| {
+        s.nodes.len() == 2 && s.reachable() == 2
+    });
+    let foreign_net = Ipv4Addr::new(198, 18, 100, 0);
+    in_netns(Some(&cluster.nodes[0].ns), |nl| async move {
+        nl.add_address("uplink", Ipv4Addr::new(198, 18, 101, 1), 24)
+            .await?;
+        nl.replace_route_owned(foreign_net.into(), 24, node_ip(1).into(), STATIC)
+            .await
+    })
+    .expect("node-1's own network and route");
+    put(
+        &cluster,
+        "/health/nodes/conn",
+        &record("conn", Ipv4Addr::new(198, 18, 0, 95), "198.18.101.7"),
+    );
+    put(
+        &cluster,
+        "/health/nodes/routed",
+        &record("routed", Ipv4Addr::new(198, 18, 0, 94), "198.18.100.7"),
+    );
+    let view = wait_view(&cluster, 0, Duration::from_secs(10), |v| {
+        v.nodes.len() == 4 && v.refused_routes_total == 1
+    });
+    let refused = &view.refused_routes[0];
+    assert_eq!(
+        (
+            refused.node.as_str(),
+            refused.address,
+            refused.reason.as_str()
+        ),
+        (
+            "conn",
+            IpAddr::V4(Ipv4Addr::new(198, 18, 101, 7)),
+            "inside this node's connected network 198.18.101.1/24"
+        )
+    );
+    let routes = host_routes(&cluster, 0);
+    for dst in [
+        Ipv4Addr::new(198, 18, 101, 7),
+        Ipv4Addr::new(198, 18, 100, 7),
+    ] {
+        assert!(
+            !routes.iter().any(|r| r.destination == dst),
+            "{dst}: {routes:?}"
+        );
+    }
+    // node-2's route is still the agent's; the /24 is still someone else's.
+    assert!(
+        routes
+            .iter()
+            .any(|r| r.gateway == Some(node_ip(1)) && r.protocol == ROUTE_PROTOCOL),
+        "{routes:?}"
+    );
+    let all = in_netns(Some(&cluster.nodes[0].ns), |nl| async move {
+        nl.routes_v4().await
+    })
+    .expect("routes");
+    assert!(
+        all.iter()
+            .any(|r| r.destination == foreign_net && r.prefix == 24 && r.protocol == STATIC),
+        "{all:?}"
+    );
+}
+
+/// This node's record is its own key, and the agent keeps it: changed or
+/// deleted by someone else, it is written back.
+#[test]
+fn an_agent_writes_its_own_record_back() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 2,
+        etcd: true,
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 2);
+    let key = "/health/nodes/node-1";
+    let mine = get(&cluster, key).expect("node-1 registered");
+    let wait_restored = |what: &str| {
+        let deadline = Instant::now() + health_tests::patience(Duration::from_secs(10));
+        loop {
+            if get(&cluster, key).as_deref() == Some(mine.as_str()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not restored: {:?}\n{}",
+                get(&cluster, key),
+                cluster.nodes[0].log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    put(
+        &cluster,
+        key,
+        &record("node-1", Ipv4Addr::new(198, 18, 0, 93), "198.18.64.9"),
+    );
+    wait_restored("overwritten");
+    delete(&cluster, key);
+    wait_restored("deleted");
+    assert!(
+        cluster.nodes[0]
+            .log()
+            .contains("changed or deleted by someone else: writing it back"),
+        "{}",
+        cluster.nodes[0].log()
+    );
+    // node-2 never lost node-1.
+    cluster.wait_status(1, Duration::from_secs(10), |s| s.reachable() == 2);
+}
+
+/// With peers, an agent without the health range of its family refuses to
+/// start, naming the flag; a CIDR outside the range is named too.
+#[test]
+fn peers_without_a_health_range_refuse_to_start_naming_the_flag() {
+    let dir = std::env::temp_dir().join(health_tests::names::unique("norange"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("nodes.yaml");
+    std::fs::write(
+        &file,
+        "nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-ip: 198.18.65.2\n",
+    )
+    .expect("write");
+    for (args, needle) in [
+        (
+            &["--health-cidr", "198.18.64.0/24"][..],
+            "--health-range is needed with peers",
+        ),
+        (
+            &["--health-cidr6", "2001:2:0:40::/64"][..],
+            "--health-range6 is needed with peers",
+        ),
+        (
+            &[
+                "--health-cidr",
+                "198.18.64.0/24",
+                "--health-range",
+                "198.18.128.0/18",
+            ][..],
+            "--health-cidr 198.18.64.0/24 is not inside --health-range 198.18.128.0/18",
+        ),
+    ] {
+        let out = std::process::Command::new(health_tests::agent::agent_binary())
+            .arg("daemon")
+            .args(args)
+            .arg("--nodes-file")
+            .arg(&file)
+            .arg("--pidfile")
+            .arg(dir.join("pid"))
+            .arg("--socket")
+            .arg(dir.join("sock"))
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!dir.join("sock").exists(), "nothing left behind");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
