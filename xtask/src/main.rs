@@ -402,7 +402,14 @@ fn run() -> anyhow::Result<()> {
             ip_family,
             args,
         } => {
-            setup::run(&pin)?;
+            // Only what the build needs (and etcd when the cluster uses it):
+            // not the tests' browser, Prometheus and the rest.
+            let etcd: &[&str] = if kvstore == "etcd" {
+                &["etcd-server"]
+            } else {
+                &[]
+            };
+            setup::for_build(&pin, etcd)?;
             cmd::require_root("the cluster creates namespaces and loads BPF programs")?;
             let n = nodes.to_string();
             let mut lab_args = vec![
@@ -417,7 +424,7 @@ fn run() -> anyhow::Result<()> {
                 &ip_family,
             ];
             lab_args.extend(args.iter().map(String::as_str));
-            lab(&root, &lab_args)
+            lab_with_profile(&root, "demo", &lab_args)
         }
     }
 }
@@ -483,11 +490,18 @@ fn lab_in_namespaces(
 }
 
 fn lab(root: &Path, args: &[&str]) -> anyhow::Result<()> {
+    lab_with_profile(root, "release", args)
+}
+
+/// `lab` built with `profile`: `release` (fat LTO, as packaged) for the
+/// benchmarks, `demo` (quick to build) for `cargo xtask run`.
+fn lab_with_profile(root: &Path, profile: &str, args: &[&str]) -> anyhow::Result<()> {
     cmd::cargo(
         root,
         &[
             "build",
-            "--release",
+            "--profile",
+            profile,
             "--quiet",
             "-p",
             "health-agent",
@@ -496,8 +510,11 @@ fn lab(root: &Path, args: &[&str]) -> anyhow::Result<()> {
             "--bins",
         ],
     )?;
+    // Relative to the workspace, as cargo (run there) reads it.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), |dir| root.join(dir));
     cmd::run_forwarding_signals(
-        std::process::Command::new(root.join("target/release/health-lab")).args(args),
+        std::process::Command::new(target.join(profile).join("health-lab")).args(args),
     )
 }
 

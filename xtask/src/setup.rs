@@ -10,12 +10,16 @@ use xtask::pin::EbpfPin;
 
 use crate::cmd;
 
-/// Debian packages the tests and tools use at run time (`systemd` for
+/// Debian packages the build needs: protoc and the well-known `.proto`
+/// files for the etcd-client crate's build script.
+const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
+
+/// Debian packages only the tests and tools use (`systemd` for
 /// `systemd-analyze verify` of the packaged unit, `lintian` to check the
-/// package; Prometheus scrapes the
-/// agents and Chromium loads the connectivity page in the tests; protoc and
-/// the well-known `.proto` files for the etcd-client crate's build script).
-const RUNTIME_PACKAGES: &[&str] = &[
+/// package; Prometheus scrapes the agents and Chromium loads the
+/// connectivity page in the tests; etcd for the etcd tests, fping for the
+/// benchmarks' reference figures).
+const TEST_PACKAGES: &[&str] = &[
     "iproute2",
     "etcd-server",
     "bpftool",
@@ -25,16 +29,29 @@ const RUNTIME_PACKAGES: &[&str] = &[
     "prometheus",
     "chromium",
     "chromium-driver",
-    "protobuf-compiler",
-    "libprotobuf-dev",
 ];
 
 /// rust-src for `-Z build-std=core`, clippy for `cargo xtask lint`.
 const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];
 
+/// Everything: what the build needs and what the tests use.
 pub(crate) fn run(pin: &EbpfPin) -> anyhow::Result<()> {
+    let mut all = BUILD_PACKAGES.to_vec();
+    all.extend_from_slice(TEST_PACKAGES);
+    setup(pin, &all)
+}
+
+/// What the build needs, and `extra` Debian packages (the demo's etcd);
+/// none of the tests' tools.
+pub(crate) fn for_build(pin: &EbpfPin, extra: &[&str]) -> anyhow::Result<()> {
+    let mut packages = BUILD_PACKAGES.to_vec();
+    packages.extend_from_slice(extra);
+    setup(pin, &packages)
+}
+
+fn setup(pin: &EbpfPin, packages: &[&str]) -> anyhow::Result<()> {
     let mut apt = Apt::default();
-    apt.ensure(RUNTIME_PACKAGES)?;
+    apt.ensure(packages)?;
     ensure_nightly(pin)?;
     ensure_bpf_linker(pin, &mut apt)?;
     eprintln!(
