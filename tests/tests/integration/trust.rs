@@ -241,7 +241,7 @@ fn addresses_the_node_reaches_otherwise_are_not_routed() {
     in_netns(Some(&cluster.nodes[0].ns), |nl| async move {
         nl.add_address("uplink", Ipv4Addr::new(198, 18, 101, 1), 24)
             .await?;
-        nl.replace_route_owned(foreign_net.into(), 24, node_ip(1).into(), STATIC)
+        nl.replace_route_owned(foreign_net, 24, node_ip(1), STATIC)
             .await
     })
     .expect("node-1's own network and route");
