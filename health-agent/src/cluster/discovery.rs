@@ -63,7 +63,14 @@ pub struct Nodes {
     tx: watch::Sender<NodeSet>,
     /// Updates rejected as a whole since the agent started.
     rejected_updates: Arc<std::sync::atomic::AtomicU64>,
+    /// The largest set taken (`--max-nodes`).
+    max_nodes: usize,
 }
+
+/// `--max-nodes`'s default: a node set larger than this is refused whole
+/// (the last good set is kept), so that a writer of the nodes file or the
+/// etcd prefix cannot make every agent probe and route without bound.
+pub const DEFAULT_MAX_NODES: usize = 65_536;
 
 impl Nodes {
     /// An empty set from `source` (as [`NodeSource::describe`] names it).
@@ -76,7 +83,15 @@ impl Nodes {
             })),
             tx: watch::Sender::new(NodeSet::default()),
             rejected_updates: Arc::default(),
+            max_nodes: DEFAULT_MAX_NODES,
         }
+    }
+
+    /// The same, taking sets of at most `max` nodes.
+    #[must_use]
+    pub fn with_max_nodes(mut self, max: usize) -> Self {
+        self.max_nodes = max;
+        self
     }
 
     /// Updates rejected as a whole since the agent started.
@@ -107,6 +122,14 @@ impl Nodes {
     /// woken only when it differs from the current one); its rejected
     /// records are summed up in one warning and listed in the status.
     pub fn accept(&self, update: Validated) {
+        if update.nodes.len() > self.max_nodes {
+            self.reject(format!(
+                "{} nodes, more than --max-nodes {}",
+                update.nodes.len(),
+                self.max_nodes
+            ));
+            return;
+        }
         if let Some(summary) = update.summary() {
             warn!(rejected = update.rejected.len(), "{summary}");
         }
@@ -281,5 +304,47 @@ impl NodeSource {
             }
             Self::None => shutdown.cancelled().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    fn update(n: u8) -> Validated {
+        Validated {
+            nodes: NodeSet::new(
+                (0..n)
+                    .map(|i| {
+                        Node::v4(
+                            format!("n{i}"),
+                            Ipv4Addr::new(198, 18, 0, i),
+                            Ipv4Addr::new(198, 18, 64, i),
+                        )
+                    })
+                    .collect(),
+            )
+            .expect("unique"),
+            rejected: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_set_larger_than_max_nodes_keeps_the_last_good_one_and_says_why() {
+        let nodes = Nodes::new("file:x".into()).with_max_nodes(3);
+        nodes.accept(update(3));
+        assert_eq!(nodes.current().len(), 3);
+        nodes.accept(update(4));
+        assert_eq!(nodes.current().len(), 3, "the last good set is kept");
+        assert_eq!(
+            nodes.status().error.as_deref(),
+            Some("4 nodes, more than --max-nodes 3")
+        );
+        assert_eq!(nodes.updates_rejected(), 1);
+        nodes.accept(update(2));
+        assert_eq!(nodes.current().len(), 2);
+        assert_eq!(nodes.status().error, None);
     }
 }

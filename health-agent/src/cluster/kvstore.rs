@@ -707,21 +707,40 @@ impl KvStore {
         Ok(Some(lease))
     }
 
-    /// Reads every key under `prefix`, at one revision.
+    /// Reads every key under `prefix`, at one revision, in pages of
+    /// [`LIST_PAGE`] keys: a prefix holding more than gRPC's 4 MiB receive
+    /// limit is read whole.
     pub async fn list(&self, prefix: impl Into<Vec<u8>>) -> Result<(i64, Vec<Entry>), KvError> {
         let prefix = prefix.into();
+        let end = prefix_end(&prefix);
         let client = self.ready_client().await?;
-        let resp = timed(
-            format!("listing {}", String::from_utf8_lossy(&prefix)),
-            client
-                .kv_client()
-                .get(prefix, Some(GetOptions::new().with_prefix())),
-        )
-        .await?;
-        let revision = resp
-            .header()
-            .map_or(0, etcd_client::ResponseHeader::revision);
-        let entries = resp.kvs().iter().map(entry).collect();
+        let mut kv = client.kv_client();
+        let shown = String::from_utf8_lossy(&prefix).into_owned();
+        let mut from = prefix.clone();
+        let mut revision = 0;
+        let mut entries = Vec::new();
+        loop {
+            let mut opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LIST_PAGE);
+            if revision > 0 {
+                opts = opts.with_revision(revision);
+            }
+            let resp = timed(format!("listing {shown}"), kv.get(from, Some(opts))).await?;
+            if revision == 0 {
+                revision = resp
+                    .header()
+                    .map_or(0, etcd_client::ResponseHeader::revision);
+            }
+            entries.extend(resp.kvs().iter().map(entry));
+            let Some(last) = resp.kvs().last().filter(|_| resp.more()) else {
+                break;
+            };
+            // The next page starts just after the last key read.
+            let mut next = last.key().to_vec();
+            next.push(0);
+            from = next;
+        }
         Ok((revision, entries))
     }
 
@@ -845,6 +864,25 @@ impl KvStore {
     }
 }
 
+/// Keys read per request when listing a prefix: at the 1.5 MiB etcd
+/// allows a value, a page can still exceed gRPC's 4 MiB limit, but node
+/// records (about 100 bytes) and summaries (about 1.5 KiB) stay far below.
+const LIST_PAGE: i64 = 500;
+
+/// The end of the range of keys starting with `prefix` (etcd's
+/// `--prefix`): the prefix with its last byte below 0xff incremented and
+/// what follows it dropped; `\0` (every key) when there is none.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 enum WatchEnd {
     ReceiverGone,
     Compacted,
@@ -886,6 +924,14 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn a_prefix_ends_where_its_last_byte_below_0xff_is_incremented() {
+        assert_eq!(prefix_end(b"/health/nodes/"), b"/health/nodes0");
+        assert_eq!(prefix_end(b"a\xff\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), b"\0");
+        assert_eq!(prefix_end(b""), b"\0");
     }
 
     #[test]

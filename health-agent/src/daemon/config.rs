@@ -63,6 +63,8 @@ pub struct DaemonConfig {
     pub health_range: Option<Ipv4Cidr>,
     /// `--health-range6`: the cluster's IPv6 health range, likewise.
     pub health_range6: Option<Ipv6Cidr>,
+    /// `--max-nodes`: a larger node set is refused whole.
+    pub max_nodes: usize,
 }
 
 /// The metrics listener.

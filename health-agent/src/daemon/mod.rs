@@ -157,7 +157,7 @@ async fn run_inner(
     let stopping = stop.clone();
     let mut sup = Supervisor::new(cfg.supervisor, health.clone(), stop);
 
-    let nodes = Nodes::new(cfg.source_name());
+    let nodes = Nodes::new(cfg.source_name()).with_max_nodes(cfg.max_nodes);
     let view = shared_view();
     let prober = Prober::new(probe_config(&cfg, open_files)?);
     let probe_metrics = prober.config().metrics.clone().unwrap_or_default();

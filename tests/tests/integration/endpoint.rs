@@ -430,7 +430,7 @@ fn the_agent_touches_only_its_own_routes_and_only_on_link_ones() {
         "--nodes-file",
         &nodes,
         "--health-range",
-        "198.18.64.0/17",
+        "198.18.64.0/18",
     ]);
     node.wait_endpoint(READY, |_| true);
     let node_ns = node.node.clone();

@@ -561,3 +561,44 @@ fn the_kvstore_watch_and_lease_come_through_an_etcd_restart() {
         }
     });
 }
+
+/// More than gRPC's 4 MiB receive limit under one prefix (5 MiB: 2,560
+/// values of 2 KiB): the list and a watch's snapshot read it whole, in
+/// pages, at one revision.
+#[test]
+fn a_prefix_of_5_mib_is_listed_whole() {
+    let etcd = LocalEtcd::start();
+    let cfg = local_config(&etcd);
+    const KEYS: usize = 2_560;
+    runtime().block_on(async {
+        let mut client = etcd_client::Client::connect([format!("http://{}", etcd.endpoint)], None)
+            .await
+            .expect("connect");
+        let value = "x".repeat(2048);
+        for i in 0..KEYS {
+            client
+                .put(format!("/t/big/{i:05}"), value.as_str(), None)
+                .await
+                .expect("put");
+        }
+        // A single read of the prefix is refused by the client.
+        let whole = client
+            .get(
+                "/t/big/",
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await;
+        assert!(whole.is_err(), "one read of 5 MiB fits?");
+        let store = KvStore::new(&cfg);
+        let (revision, listed) = store.list("/t/big/").await.expect("paged list");
+        assert!(revision > 0);
+        assert_eq!(listed.len(), KEYS);
+        assert!(
+            listed.windows(2).all(|w| w[0].key < w[1].key),
+            "in key order"
+        );
+        assert!(listed.iter().all(|e| e.value.len() == 2048));
+        let mut events = store.watch_prefix("/t/big/");
+        assert_eq!(snapshot(&mut events).await.len(), KEYS);
+    });
+}

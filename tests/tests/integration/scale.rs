@@ -87,8 +87,8 @@ impl Lab {
         })
         .expect("node side");
         // The 100 answering peers: node IPs 198.18.1.k, health IPs
-        // 198.18.2.k, all on one namespace answering ICMP and HTTP :4240.
-        // The silent ones (198.18.3.k / 198.18.4.k) are held by nobody:
+        // 198.19.2.k, all on one namespace answering ICMP and HTTP :4240.
+        // The silent ones (198.18.3.k / 198.19.4.k) are held by nobody:
         // routed, the peers namespace does not forward and drops them
         // without a word; on-link, nobody answers ARP.
         in_netns(Some(&lab.peers), |nl| async move {
@@ -98,7 +98,7 @@ impl Lab {
             for k in 1..=100u8 {
                 nl.add_address(peer_iface, Ipv4Addr::new(198, 18, 1, k), peer_len)
                     .await?;
-                nl.add_address(peer_iface, Ipv4Addr::new(198, 18, 2, k), peer_len)
+                nl.add_address(peer_iface, Ipv4Addr::new(198, 19, 2, k), peer_len)
                     .await?;
             }
             nl.set_up("peers").await?;
@@ -134,18 +134,18 @@ impl Lab {
         });
     }
 
-    /// 100 answering peers and 100 silent ones (198.18.3.k / 198.18.4.k:
+    /// 100 answering peers and 100 silent ones (198.18.3.k / 198.19.4.k:
     /// nobody there).
     fn nodes_file(&self) -> PathBuf {
         let mut yaml = String::from("nodes:\n");
         for k in 1..=100 {
             let _ = write!(
                 yaml,
-                "  - name: peer-{k}\n    node-ip: 198.18.1.{k}\n    health-ip: 198.18.2.{k}\n"
+                "  - name: peer-{k}\n    node-ip: 198.18.1.{k}\n    health-ip: 198.19.2.{k}\n"
             );
             let _ = write!(
                 yaml,
-                "  - name: silent-{k}\n    node-ip: 198.18.3.{k}\n    health-ip: 198.18.4.{k}\n"
+                "  - name: silent-{k}\n    node-ip: 198.18.3.{k}\n    health-ip: 198.19.4.{k}\n"
             );
         }
         let path = self.dir.join("nodes.yaml");
@@ -161,7 +161,7 @@ impl Lab {
             &self.ep_netns,
             "198.19.64.0/24",
         );
-        cmd.args(["--node-name", "scale", "--health-range", "198.18.0.0/15"])
+        cmd.args(["--node-name", "scale", "--health-range", "198.19.0.0/16"])
             .arg("--nodes-file")
             .arg(nodes_file)
             // Every peer: the round over all 200 is what is tested.

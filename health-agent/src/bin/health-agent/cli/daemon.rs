@@ -175,6 +175,12 @@ pub(crate) struct DaemonArgs {
     /// --probe-peers says. With a nodes file, the node's entry says it.
     #[arg(long, value_name = "NAME", value_parser = parse_zone)]
     pub zone: Option<String>,
+    /// The largest node set taken: a nodes file or etcd prefix with more
+    /// nodes is refused whole, and the last good set is kept (said in
+    /// `GET /v1/nodes`).
+    #[arg(long, value_name = "N", default_value_t = 65_536,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub max_nodes: u32,
     /// Which peers to probe: `all` (a full mesh), or K: this node's zone
     /// and K other nodes chosen by rendezvous hashing, so each node is
     /// observed by about K others. Default: `all` up to 64 nodes, 32 above.
@@ -461,6 +467,7 @@ impl DaemonArgs {
             },
             health_range: self.health_range,
             health_range6: self.health_range6,
+            max_nodes: usize::try_from(self.max_nodes).unwrap_or(usize::MAX),
         })
     }
 
