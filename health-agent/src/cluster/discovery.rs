@@ -64,7 +64,7 @@ pub struct Nodes {
     /// Updates rejected as a whole since the agent started.
     rejected_updates: Arc<std::sync::atomic::AtomicU64>,
     /// The largest set taken (`--max-nodes`).
-    max_nodes: usize,
+    limit: usize,
 }
 
 /// `--max-nodes`'s default: a node set larger than this is refused whole
@@ -83,14 +83,14 @@ impl Nodes {
             })),
             tx: watch::Sender::new(NodeSet::default()),
             rejected_updates: Arc::default(),
-            max_nodes: DEFAULT_MAX_NODES,
+            limit: DEFAULT_MAX_NODES,
         }
     }
 
     /// The same, taking sets of at most `max` nodes.
     #[must_use]
     pub fn with_max_nodes(mut self, max: usize) -> Self {
-        self.max_nodes = max;
+        self.limit = max;
         self
     }
 
@@ -122,11 +122,11 @@ impl Nodes {
     /// woken only when it differs from the current one); its rejected
     /// records are summed up in one warning and listed in the status.
     pub fn accept(&self, update: Validated) {
-        if update.nodes.len() > self.max_nodes {
+        if update.nodes.len() > self.limit {
             self.reject(format!(
                 "{} nodes, more than --max-nodes {}",
                 update.nodes.len(),
-                self.max_nodes
+                self.limit
             ));
             return;
         }

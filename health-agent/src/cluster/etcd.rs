@@ -103,7 +103,7 @@ impl OwnRecord {
 /// enough for an agent's restart or a node's reboot, so that a record
 /// written meanwhile cannot take them (a new node given the address of one
 /// that left waits this long, and is told why).
-const MIN_HOLD: Duration = Duration::from_secs(15 * 60);
+const MIN_HOLD: Duration = Duration::from_mins(15);
 
 /// This node's record is written back at most this often: two agents
 /// given the same name would otherwise overwrite each other without pause.
@@ -709,7 +709,7 @@ mod tests {
             "/h/",
         );
         let (kept, rejected) = outcome(&got);
-        assert!(kept.is_empty());
+        assert_eq!(kept, Vec::<&str>::new());
         assert!(
             rejected[0].starts_with(
                 "etcd key \"/h/n2\": the value is not a node record: unknown field `healt_ip6`"

@@ -666,7 +666,7 @@ fn check_claims(
             })),
             (None, None) if claimants.len() > 1 => {
                 lost.extend(claimants.iter().enumerate().map(|(k, &(i, field))| {
-                    let (o, other_field) = claimants[if k == 0 { 1 } else { 0 }];
+                    let (o, other_field) = claimants[usize::from(k == 0)];
                     (
                         i,
                         Rule::Contested {
@@ -965,7 +965,7 @@ mod tests {
     #[test]
     fn a_departed_holder_keeps_its_addresses_for_the_hold() {
         let t0 = std::time::Instant::now();
-        let hold = std::time::Duration::from_secs(900);
+        let hold = std::time::Duration::from_mins(15);
         let first = validate(
             vec![
                 file(1, "node-2", "198.18.0.12", "198.18.66.2"),

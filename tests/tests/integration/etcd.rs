@@ -567,9 +567,9 @@ fn the_kvstore_watch_and_lease_come_through_an_etcd_restart() {
 /// pages, at one revision.
 #[test]
 fn a_prefix_of_5_mib_is_listed_whole() {
+    const KEYS: usize = 2_560;
     let etcd = LocalEtcd::start();
     let cfg = local_config(&etcd);
-    const KEYS: usize = 2_560;
     runtime().block_on(async {
         let mut client = etcd_client::Client::connect([format!("http://{}", etcd.endpoint)], None)
             .await

@@ -106,7 +106,7 @@ fn the_debian_package_installs_verifies_and_removes_cleanly() {
         symbols.contains("./usr/lib/debug/.build-id/"),
         "no symbols by build ID in:\n{symbols}"
     );
-    let contents = ok(Command::new("dpkg-deb").arg("--contents").arg(&deb));
+    let contents = ok(Command::new("dpkg-deb").arg("--contents").arg(deb));
     for f in FILES.iter().chain([&CONFIG]) {
         assert!(
             contents.contains(&format!(".{f}\n")),
@@ -115,7 +115,7 @@ fn the_debian_package_installs_verifies_and_removes_cleanly() {
     }
 
     let _purge = Purge;
-    ok(Command::new("dpkg").arg("-i").arg(&deb));
+    ok(Command::new("dpkg").arg("-i").arg(deb));
     assert!(installed());
     for f in FILES.iter().chain([&CONFIG]) {
         assert!(Path::new(f).is_file(), "{f} not installed");
