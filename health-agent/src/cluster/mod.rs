@@ -1,6 +1,7 @@
 //! The cluster as this agent sees it: which nodes exist (discovery) and when
 //! changes to that set are applied (the bounded-frequency sync runner).
 
+pub mod assigned;
 pub mod claims;
 pub mod discovery;
 pub mod etcd;

@@ -7,7 +7,7 @@
 //! publishing drops out of the view when its lease ends, or after
 //! [`STALE_ROUNDS`] intervals without a new summary.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{borrow::Cow, collections::HashMap, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -15,9 +15,11 @@ use tracing::{debug, warn};
 
 use crate::{
     cluster::{
+        assigned::Assignments,
         discovery::Nodes,
         kvstore::{KvStore, WatchEvent},
         matrix,
+        subset::ProbePeers,
         summary::Summary,
         view::{self, ViewParams},
         view_cell::ClusterViewCell,
@@ -48,6 +50,8 @@ pub(super) struct ClusterViewTask {
     pub(super) prober: watch::Receiver<Arc<Prober>>,
     pub(super) nodes: Nodes,
     pub(super) cell: ClusterViewCell,
+    /// `--probe-peers`: what each observer is assigned, and so may report.
+    pub(super) peers: Option<ProbePeers>,
 }
 
 /// The most summary keys held: one per node of the largest node set
@@ -183,6 +187,7 @@ impl ClusterViewTask {
         let mut published_seq = 0;
         let mut interval = self.prober.borrow().config().interval;
         let mut held = Held::new(&self.prefix, interval, MAX_SUMMARIES);
+        let mut assignments = Assignments::default();
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -201,7 +206,7 @@ impl ClusterViewTask {
                     }
                     published_seq = self.publish(&prober, published_seq).await;
                     held.report_refused();
-                    self.assemble(&held, interval);
+                    self.assemble(&held, &mut assignments, interval);
                 }
             }
         }
@@ -231,7 +236,7 @@ impl ClusterViewTask {
         seq
     }
 
-    fn assemble(&self, held: &Held, interval: Duration) {
+    fn assemble(&self, held: &Held, assignments: &mut Assignments, interval: Duration) {
         let now_ms = crate::util::timefmt::now_ms();
         let stale = u64::try_from((interval * STALE_ROUNDS).as_millis()).unwrap_or(u64::MAX);
         let params = ViewParams {
@@ -239,8 +244,32 @@ impl ClusterViewTask {
             ..ViewParams::default()
         };
         let nodes = self.nodes.current();
-        let view = view::assemble(&nodes, held.by_key.values(), &params);
-        let matrix = matrix::matrix(&nodes, held.by_key.values(), params.oldest_ms);
+        assignments.update(&nodes, self.peers);
+        let (mut left_out, mut first) = (0, None);
+        let summaries: Vec<Cow<'_, Summary>> = held
+            .by_key
+            .values()
+            .map(|s| match assignments.restrict(s) {
+                Some((restricted, n)) => {
+                    left_out += n;
+                    first.get_or_insert_with(|| s.observer().to_owned());
+                    Cow::Owned(restricted)
+                }
+                None => Cow::Borrowed(s),
+            })
+            .collect();
+        if let Some(first) = first {
+            warn!(
+                observations = left_out,
+                "cluster view: observations of nodes their observer is not assigned were left out (first observer: {first:?})"
+            );
+        }
+        let view = view::assemble(&nodes, summaries.iter().map(AsRef::as_ref), &params);
+        let matrix = matrix::matrix(
+            &nodes,
+            summaries.iter().map(AsRef::as_ref),
+            params.oldest_ms,
+        );
         self.cell.publish(view, &matrix);
     }
 }

@@ -465,6 +465,7 @@ fn cluster_view_task(
         local: cfg.node_name.clone(),
         prober: prober.clone(),
         nodes: nodes.clone(),
+        peers: cfg.probe.peers,
         cell: cell.clone(),
     })
 }
