@@ -11,7 +11,12 @@ use std::{
 
 use health_agent::{
     api::types::NodesView,
-    cluster::routes::ROUTE_PROTOCOL,
+    cluster::{
+        routes::ROUTE_PROTOCOL,
+        summary::{PathSample, PeerSummary, Summary},
+        view::{ClusterView, Verdict},
+    },
+    probe::path::ProbeResult,
     sys::netlink::{RouteV4, in_netns},
 };
 use health_tests::cluster::{Cluster, ETCD_ENDPOINT, Settings, node_ip};
@@ -393,4 +398,85 @@ fn peers_without_a_health_range_refuse_to_start_naming_the_flag() {
         assert!(!dir.join("sock").exists(), "nothing left behind");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Node 1's cluster view, through the CLI.
+fn cluster_view(cluster: &Cluster) -> Option<ClusterView> {
+    let out = std::process::Command::new(health_tests::agent::agent_binary())
+        .args(["status", "--cluster", "-o", "json", "--socket"])
+        .arg(cluster.nodes[0].socket())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+fn all_healthy(v: &ClusterView) -> bool {
+    v.nodes.len() == 3 && v.nodes.iter().all(|n| n.verdict == Verdict::Healthy)
+}
+
+/// Summaries written where an agent's own would not be, or dated in the
+/// future, say that every node fails: they are refused and the view stays
+/// as the agents' own summaries make it.
+#[test]
+fn forged_summaries_do_not_reach_the_cluster_view() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        ..Settings::default()
+    });
+    let deadline = Instant::now() + health_tests::patience(Duration::from_secs(30));
+    while !cluster_view(&cluster).is_some_and(|v| all_healthy(&v)) {
+        assert!(
+            Instant::now() < deadline,
+            "{:#?}\n{}",
+            cluster_view(&cluster),
+            cluster.nodes[0].log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis(),
+    )
+    .expect("ms");
+    let down = PathSample::new(ProbeResult::Failure, None);
+    let all_down = |observer: &str, at_ms: u64| {
+        let peers = ["node-1", "node-2", "node-3"]
+            .into_iter()
+            .filter(|n| *n != observer)
+            .map(|n| PeerSummary {
+                name: n.into(),
+                paths: [down; 4],
+            })
+            .collect();
+        Summary::new(observer.into(), u64::MAX / 2, at_ms, peers)
+            .expect("summary")
+            .encode()
+    };
+    let put_bytes = |key: &str, value: Vec<u8>| {
+        let key = key.to_owned();
+        etcd(&cluster, async move |c| {
+            c.put(key, value, None).await.expect("etcd put");
+        });
+    };
+    // At a key that is not the observer's; from an hour ahead.
+    put_bytes("/health/summaries/x/node-2", all_down("node-2", now_ms));
+    put_bytes(
+        "/health/summaries/node-3",
+        all_down("node-3", now_ms + 3_600_000),
+    );
+    // Several rounds on, the view is still every node healthy.
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        let v = cluster_view(&cluster).expect("a view");
+        assert!(all_healthy(&v), "{v:#?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let log = cluster.nodes[0].log();
+    assert!(log.contains("summaries refused and left out"), "{log}");
 }
