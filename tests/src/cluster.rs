@@ -16,6 +16,7 @@ use std::{
 };
 
 use health_agent::{
+    api::types::NodesView,
     datapath::remove_pins,
     probe::status::ClusterStatus,
     sys::{netlink::in_netns, netns::Netns},
@@ -133,6 +134,37 @@ impl ClusterNode {
         out.status
             .success()
             .then(|| serde_json::from_slice(&out.stdout).expect("status is JSON"))
+    }
+
+    /// The node set as the agent serves it (`GET /v1/nodes`).
+    #[must_use]
+    pub fn nodes_view(&self) -> Option<NodesView> {
+        crate::api::call(&self.socket(), |c| async move { c.nodes().await }).ok()
+    }
+
+    /// Polls [`Self::nodes_view`] until `accept` holds; panics with the
+    /// view and the agent's log after `timeout`.
+    pub fn wait_nodes_view(
+        &self,
+        timeout: Duration,
+        accept: impl Fn(&NodesView) -> bool,
+    ) -> NodesView {
+        let deadline = Instant::now() + crate::patience(timeout);
+        loop {
+            let view = self.nodes_view();
+            if let Some(v) = view.as_ref()
+                && accept(v)
+            {
+                return view.expect("a view");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: {view:#?}\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// `health-agent status` as the operator reads it (the table).

@@ -334,41 +334,48 @@ impl DaemonConfig {
     /// holding this node's health CIDR.
     fn check_ranges(&self) -> Result<(), ConfigError> {
         let peers = !matches!(self.discovery, Discovery::None);
-        if let Some(cidr) = self.endpoint.cidr {
-            match self.health_range {
-                None if peers => {
+        // Each family's CIDR, and its range with whether the CIDR is in it.
+        let families = [
+            (
+                self.endpoint.cidr.map(|c| {
+                    let range = self.health_range.map(|r| {
+                        (
+                            r.to_string(),
+                            r.contains(c.network()) && r.prefix() <= c.prefix(),
+                        )
+                    });
+                    (c.to_string(), range)
+                }),
+                ("--health-cidr", "--health-range", "198.18.64.0/18"),
+            ),
+            (
+                self.endpoint.cidr6.map(|c| {
+                    let range = self.health_range6.map(|r| {
+                        (
+                            r.to_string(),
+                            r.contains(c.network()) && r.prefix() <= c.prefix(),
+                        )
+                    });
+                    (c.to_string(), range)
+                }),
+                ("--health-cidr6", "--health-range6", "2001:db8:0:40::/58"),
+            ),
+        ];
+        for (cidr, (cidr_flag, flag, example)) in families {
+            match cidr {
+                Some((_, None)) if peers => {
                     return Err(ConfigError::NoHealthRange {
-                        flag: "--health-range",
-                        cidr_flag: "--health-cidr",
-                        example: "198.18.64.0/18",
+                        flag,
+                        cidr_flag,
+                        example,
                     });
                 }
-                Some(r) if !(r.contains(cidr.network()) && r.prefix() <= cidr.prefix()) => {
+                Some((cidr, Some((range, false)))) => {
                     return Err(ConfigError::CidrOutsideRange {
-                        cidr_flag: "--health-cidr",
-                        cidr: cidr.to_string(),
-                        flag: "--health-range",
-                        range: r.to_string(),
-                    });
-                }
-                _ => {}
-            }
-        }
-        if let Some(cidr) = self.endpoint.cidr6 {
-            match self.health_range6 {
-                None if peers => {
-                    return Err(ConfigError::NoHealthRange {
-                        flag: "--health-range6",
-                        cidr_flag: "--health-cidr6",
-                        example: "2001:db8:0:40::/58",
-                    });
-                }
-                Some(r) if !(r.contains(cidr.network()) && r.prefix() <= cidr.prefix()) => {
-                    return Err(ConfigError::CidrOutsideRange {
-                        cidr_flag: "--health-cidr6",
-                        cidr: cidr.to_string(),
-                        flag: "--health-range6",
-                        range: r.to_string(),
+                        cidr_flag,
+                        cidr,
+                        flag,
+                        range,
                     });
                 }
                 _ => {}

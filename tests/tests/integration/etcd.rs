@@ -19,11 +19,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 
 fn nodes_view(cluster: &Cluster, i: usize) -> Option<NodesView> {
-    health_tests::api::call(
-        &cluster.nodes[i].socket(),
-        |c| async move { c.nodes().await },
-    )
-    .ok()
+    cluster.nodes[i].nodes_view()
 }
 
 #[test]
@@ -178,29 +174,14 @@ fn bad_records_in_etcd_are_rejected_by_key_and_the_others_kept() {
     assert_eq!(s.nodes.len(), 3);
 }
 
-/// Polls node `i`'s nodes view until `accept` holds; panics with the view
-/// and the agent's log after `timeout`.
+/// Polls node `i`'s nodes view until `accept` holds.
 fn wait_view(
     cluster: &Cluster,
     i: usize,
     timeout: Duration,
     accept: impl Fn(&NodesView) -> bool,
 ) -> NodesView {
-    let deadline = std::time::Instant::now() + health_tests::patience(timeout);
-    loop {
-        let view = nodes_view(cluster, i);
-        if let Some(v) = view.as_ref()
-            && accept(v)
-        {
-            return view.expect("a view");
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{view:#?}\n{}",
-            cluster.nodes[i].log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    cluster.nodes[i].wait_nodes_view(timeout, accept)
 }
 
 #[test]
