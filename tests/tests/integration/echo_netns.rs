@@ -138,6 +138,11 @@ fn essentials(reply: &[u8]) -> Vec<u8> {
 /// rest untouched; the counters say which it did.
 fn frame_classes_over_veth(mode: AttachMode, identifier: u16) {
     let nodes = TwoNodes::new();
+    // IPv4 only: the kernel's IPv6 control traffic (router solicitations,
+    // MLD reports) would be passed and counted among the classes' frames.
+    for ns in [&nodes.a, &nodes.b] {
+        TwoNodes::sysctl(ns, "net/ipv6/conf/all/disable_ipv6", "1");
+    }
     let (_, a_mac) =
         in_netns(Some(&nodes.a), |nl| async move { nl.link_l2(A_IF).await }).expect("A's MAC");
     let (_, b_mac) =
