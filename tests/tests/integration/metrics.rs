@@ -339,13 +339,15 @@ fn prometheus_sees_a_node_go_unreachable_and_back_and_datapath_counters_grow() {
 }
 
 /// The nodes file's text for the cluster's 3 nodes and `extra` peers that
-/// never answer (198.18.1.0/24 node IPs, 198.19.x.0/24 health CIDRs).
+/// never answer (198.18.1.0/24 node IPs, health IPs 198.18.100.x inside the
+/// cluster's health range).
 fn with_silent_peers(extra: usize) -> String {
     let mut yaml = nodes_yaml(3);
     for i in 0..extra {
         let _ = write!(
             yaml,
-            "  - name: silent-{i:03}\n    node-ip: 198.18.1.{}\n    health-cidr: 198.19.{i}.0/24\n",
+            "  - name: silent-{i:03}\n    node-ip: 198.18.1.{}\n    health-ip: 198.18.100.{}\n",
+            i + 1,
             i + 1
         );
     }
