@@ -645,7 +645,7 @@ impl KvStore {
     /// after the lease TTL). The latest value of every leased key is kept
     /// for that. Before the lease session is up, the value is only kept
     /// ([`Put::Pending`]); an error means etcd refused this write (the
-    /// value is still kept and written with the next session).
+    /// value is still kept and written with the next lease session).
     pub async fn put_leased(
         &self,
         key: impl Into<Vec<u8>>,

@@ -22,16 +22,6 @@ use health_agent::{
 use health_tests::cluster::{Cluster, ETCD_ENDPOINT, Settings, node_ip};
 use nix::sys::signal::Signal;
 
-/// Polls node `i`'s nodes view until `accept` holds.
-fn wait_view(
-    cluster: &Cluster,
-    i: usize,
-    timeout: Duration,
-    accept: impl Fn(&NodesView) -> bool,
-) -> NodesView {
-    cluster.nodes[i].wait_nodes_view(timeout, accept)
-}
-
 /// A plain etcd client in the fabric namespace, for one call.
 fn etcd<T: Send>(
     cluster: &Cluster,
@@ -129,9 +119,7 @@ fn an_etcd_writer_cannot_redirect_routes_or_take_a_nodes_place() {
         &record("node-2", Ipv4Addr::new(198, 18, 0, 96), "198.18.90.2"),
     );
     put(&cluster, "/health/nodes/0", &record("0", n2, "198.18.91.2"));
-    let view = wait_view(&cluster, 0, Duration::from_secs(10), |v| {
-        v.rejected_total == 4
-    });
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.rejected_total == 4);
     assert_eq!(
         reason_of(&view, "/health/nodes/evil"),
         Some(
@@ -185,9 +173,8 @@ fn an_etcd_writer_cannot_redirect_routes_or_take_a_nodes_place() {
     // node-2 restarts: its record goes and comes back. The record at "0"
     // never gets node-2's address, neither in between nor after.
     cluster.stop_agent(1, Signal::SIGTERM);
-    let gap = wait_view(&cluster, 0, Duration::from_secs(10), |v| {
-        v.nodes.get("node-2").is_none()
-    });
+    let gap = cluster.nodes[0]
+        .wait_nodes_view(Duration::from_secs(10), |v| v.nodes.get("node-2").is_none());
     assert!(gap.nodes.get("0").is_none(), "{gap:#?}");
     assert_eq!(
         reason_of(&gap, "/health/nodes/0"),
@@ -197,9 +184,8 @@ fn an_etcd_writer_cannot_redirect_routes_or_take_a_nodes_place() {
         )
     );
     cluster.start_agent(1);
-    let back = wait_view(&cluster, 0, Duration::from_secs(20), |v| {
-        v.nodes.get("node-2").is_some()
-    });
+    let back = cluster.nodes[0]
+        .wait_nodes_view(Duration::from_secs(20), |v| v.nodes.get("node-2").is_some());
     assert!(back.nodes.get("0").is_none(), "{back:#?}");
     cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
 }
@@ -237,7 +223,7 @@ fn addresses_the_node_reaches_otherwise_are_not_routed() {
         "/health/nodes/routed",
         &record("routed", Ipv4Addr::new(198, 18, 0, 94), "198.18.100.7"),
     );
-    let view = wait_view(&cluster, 0, Duration::from_secs(10), |v| {
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
         v.nodes.len() == 4 && v.refused_routes_total == 1
     });
     let refused = &view.refused_routes[0];
