@@ -18,17 +18,7 @@ use std::{path::Path, process::Command};
 use docs::Program;
 
 fn help(path: &[String]) -> Result<String, String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
-        .args(path)
-        .arg("--help")
-        .env_remove("HEALTH_AGENT_SOCK")
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        String::from_utf8(out.stdout).map_err(|e| e.to_string())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
-    }
+    docs::help(Path::new(env!("CARGO_BIN_EXE_health-agent")), path)
 }
 
 #[test]

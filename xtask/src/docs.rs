@@ -429,6 +429,23 @@ pub fn documents(root: &Path) -> std::io::Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// `binary PATH... --help`: its text, or what it printed on failure. The
+/// agent's socket variable is cleared so that no environment changes a
+/// default the help prints.
+pub fn help(binary: &Path, path: &[String]) -> Result<String, String> {
+    let out = std::process::Command::new(binary)
+        .args(path)
+        .arg("--help")
+        .env_remove("HEALTH_AGENT_SOCK")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        String::from_utf8(out.stdout).map_err(|e| e.to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,21 +5,12 @@
     reason = "an integration test sees every dependency of the package"
 )]
 
-use std::{path::Path, process::Command};
+use std::path::Path;
 
 use xtask::docs::{self, Program};
 
 fn help(path: &[String]) -> Result<String, String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .args(path)
-        .arg("--help")
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        String::from_utf8(out.stdout).map_err(|e| e.to_string())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
-    }
+    docs::help(Path::new(env!("CARGO_BIN_EXE_xtask")), path)
 }
 
 #[test]

@@ -336,19 +336,7 @@ mod tests {
         }
         // Another peer: a source address of its own on loopback.
         let t = std::time::Instant::now();
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket
-            .bind("127.0.0.2:0".parse().expect("addr"))
-            .expect("bind 127.0.0.2");
-        let mut s = socket.connect(addr).await.expect("connect");
-        s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .expect("send");
-        let mut out = Vec::new();
-        tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut out))
-            .await
-            .expect("answered within 1 s")
-            .expect("read");
+        let out = hello_from_another_peer(addr).await;
         assert!(
             String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200 OK"),
             "{}",
@@ -442,19 +430,7 @@ mod tests {
             // Accepted in this order.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket
-            .bind("127.0.0.2:0".parse().expect("addr"))
-            .expect("bind 127.0.0.2");
-        let mut s = socket.connect(addr).await.expect("connect");
-        s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .expect("send");
-        let mut out = Vec::new();
-        tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut out))
-            .await
-            .expect("answered within 1 s")
-            .expect("read");
+        let out = hello_from_another_peer(addr).await;
         assert!(out.starts_with(b"HTTP/1.1 200 OK"), "{out:?}");
         let mut b = [0u8; 64];
         let oldest = tokio::time::timeout(Duration::from_millis(500), idle[0].read(&mut b))
@@ -474,6 +450,25 @@ mod tests {
     }
 
     /// The listener answers IPv4 and IPv6 peers on one port.
+    /// `GET /hello` from 127.0.0.2 (a peer of its own on loopback): the
+    /// answer, which must come within 1 s.
+    async fn hello_from_another_peer(addr: std::net::SocketAddr) -> Vec<u8> {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        let mut s = socket.connect(addr).await.expect("connect");
+        s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("send");
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut out))
+            .await
+            .expect("answered within 1 s")
+            .expect("read");
+        out
+    }
+
     #[tokio::test]
     async fn listens_dual_stack() {
         let std_listener = listen(0).expect("listen");
