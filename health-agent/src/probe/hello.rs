@@ -37,11 +37,13 @@ const MAX_HEAD: usize = 4096;
 /// connections (slowloris) give their slots back quickly.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Pending connections the listener queues (the kernel caps it at
-/// `net.core.somaxconn`, 4096 by default): a node of a large cluster gets a
-/// connection from every peer within each prober's spread, and a SYN that
-/// finds the queue full is dropped and retried only after a second, past
-/// the prober's timeout. std's and tokio's defaults are 128 and 1024.
+/// Pending connections the listener queues: a node of a large cluster gets
+/// a connection from every peer within each prober's spread, and a SYN
+/// that finds the queue full is dropped and retried only after a second,
+/// past the prober's timeout. std's and tokio's defaults are 128 and 1024.
+/// The kernel caps a listener's queue at `net.core.somaxconn` (4,096 by
+/// default) when `listen()` is called, so [`listen`] raises that sysctl
+/// for the one call and writes the previous value back right after.
 pub const BACKLOG: i32 = 65_535;
 
 /// A non-blocking listener on `[::]:port` of the calling thread's
@@ -66,7 +68,9 @@ fn listen_on(domain: socket2::Domain, port: u16) -> std::io::Result<std::net::Tc
         std::net::SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
     };
     sock.bind(&addr.into())?;
-    sock.listen(BACKLOG)?;
+    crate::sys::sysctl::with_at_least("net/core/somaxconn", BACKLOG.unsigned_abs().into(), || {
+        sock.listen(BACKLOG)
+    })?;
     sock.set_nonblocking(true)?;
     Ok(sock.into())
 }

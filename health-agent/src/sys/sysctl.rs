@@ -46,6 +46,40 @@ impl Drop for Sysctl {
     }
 }
 
+/// Runs `f` with the integer sysctl `name` (slashes, read in the calling
+/// thread's namespace) raised to at least `at_least`, and writes the
+/// previous value back as soon as `f` returns: for limits the kernel reads
+/// once, at a syscall, such as `net/core/somaxconn` at `listen()`. Other
+/// sockets see the raised value only during that call. Where the sysctl
+/// cannot be read or written (a read-only `/proc/sys`), `f` runs with the
+/// value as it is, and a warning says so.
+pub fn with_at_least<T>(name: &str, at_least: u64, f: impl FnOnce() -> T) -> T {
+    let path = PathBuf::from("/proc/sys").join(name);
+    let before = fs::read_to_string(&path)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let raised = match before {
+        Some(b) if b < at_least => match fs::write(&path, at_least.to_string()) {
+            Ok(()) => Some(b),
+            Err(e) => {
+                warn!(
+                    sysctl = name,
+                    "raising {b} to {at_least}: {e}; the kernel caps at {b}"
+                );
+                None
+            }
+        },
+        _ => None,
+    };
+    let out = f();
+    if let Some(b) = raised
+        && let Err(e) = fs::write(&path, b.to_string())
+    {
+        warn!(sysctl = name, "restoring {b}: {e}");
+    }
+    out
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SysctlError {
     #[error("writing {value} to {path} in {netns}")]

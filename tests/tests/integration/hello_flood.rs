@@ -94,22 +94,25 @@ impl Lab {
         })
         .expect("a route back to the peer's /64");
         let server = runtime("server");
-        // The listener's queue is `BACKLOG`, capped by the namespace's
-        // `somaxconn` (4,096 by default): a flood of 4,096 connections
-        // re-opened at once after a head timeout would fill that queue
-        // whenever the server is slow to accept (a loaded runner), and a
-        // SYN dropped by a full queue is retried only after a second.
-        // Raised here, for the listen only, to test the server's own
-        // limits rather than the kernel's default queue.
+        // `listen` raises the namespace's `somaxconn` for its one call, as
+        // the agent does: a flood of 4,096 connections re-opened at once
+        // after a head timeout would otherwise fill the kernel's default
+        // queue whenever the server is slow to accept (a loaded runner),
+        // and a SYN dropped by a full queue is retried only after a second.
+        let somaxconn = || {
+            nodes
+                .b
+                .run(|| std::fs::read_to_string("/proc/sys/net/core/somaxconn"))
+                .expect("enter netns b")
+                .expect("read somaxconn")
+        };
+        let before = somaxconn();
         let listener = nodes
             .b
-            .run(|| {
-                let _queue = health_agent::sys::sysctl::Sysctl::set("net/core/somaxconn", "65535")
-                    .expect("raise somaxconn");
-                health_agent::probe::hello::listen(PORT)
-            })
+            .run(|| health_agent::probe::hello::listen(PORT))
             .expect("enter netns b")
             .expect("listen on :4240");
+        assert_eq!(somaxconn(), before, "somaxconn written back after listen");
         server.spawn(async move {
             health_agent::probe::hello::serve(
                 tokio::net::TcpListener::from_std(listener).expect("listener"),

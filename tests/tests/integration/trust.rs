@@ -313,6 +313,52 @@ fn an_agent_writes_its_own_record_back() {
     cluster.wait_status(1, Duration::from_secs(10), |s| s.reachable() == 2);
 }
 
+/// `--max-nodes`: an etcd writer that grows the node set past the bound
+/// gets the whole update refused, named in `/v1/nodes`; the agent keeps
+/// probing its last good set, and takes the next set within the bound.
+#[test]
+fn a_node_set_past_max_nodes_keeps_the_last_good_one() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 2,
+        etcd: true,
+        extra_args: ["--max-nodes", "3"].map(String::from).to_vec(),
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| {
+        s.nodes.len() == 2 && s.reachable() == 2
+    });
+    let extra = |k: u8| {
+        (
+            format!("/health/nodes/extra-{k}"),
+            record(
+                &format!("extra-{k}"),
+                Ipv4Addr::new(198, 18, 0, 90 + k),
+                &format!("198.18.100.{}", 90 + k),
+            ),
+        )
+    };
+    let (one, two) = (extra(1), extra(2));
+    put(&cluster, &one.0, &one.1);
+    cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.nodes.len() == 3);
+    put(&cluster, &two.0, &two.1);
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.error.is_some());
+    assert_eq!(
+        view.error.as_deref(),
+        Some("4 nodes, more than --max-nodes 3"),
+        "{view:#?}"
+    );
+    let names: Vec<&str> = view.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["extra-1", "node-1", "node-2"], "the last good set");
+    // Still probing the last good set: node-2 answers, extra-1 does not.
+    cluster.wait_status(0, Duration::from_secs(10), |s| {
+        s.nodes.len() == 3 && s.reachable() == 2
+    });
+    delete(&cluster, &one.0);
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.error.is_none());
+    let names: Vec<&str> = view.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["extra-2", "node-1", "node-2"]);
+}
+
 /// With peers, an agent without the health range of its family refuses to
 /// start, naming the flag; a CIDR outside the range is named too.
 #[test]
