@@ -402,10 +402,11 @@ fn run() -> anyhow::Result<()> {
             ip_family,
             args,
         } => {
-            // Only what the build needs (and etcd when the cluster uses it):
-            // not the tests' browser, Prometheus and the rest.
+            // Only what the build needs (and etcd, with openssl for its
+            // certificates, when the cluster uses it): not the tests'
+            // browser, Prometheus and the rest.
             let etcd: &[&str] = if kvstore == "etcd" {
-                &["etcd-server"]
+                &["etcd-server", "openssl"]
             } else {
                 &[]
             };

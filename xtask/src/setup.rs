@@ -17,11 +17,12 @@ const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
 /// Debian packages only the tests and tools use (`systemd` for
 /// `systemd-analyze verify` of the packaged unit, `lintian` to check the
 /// package; Prometheus scrapes the agents and Chromium loads the
-/// connectivity page in the tests; etcd for the etcd tests, fping for the
-/// benchmarks' reference figures).
+/// connectivity page in the tests; etcd for the etcd tests, with openssl
+/// to make their certificates; fping for the benchmarks' reference figures).
 const TEST_PACKAGES: &[&str] = &[
     "iproute2",
     "etcd-server",
+    "openssl",
     "bpftool",
     "fping",
     "systemd",
