@@ -22,8 +22,16 @@ pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
 /// The last SIGINT/SIGTERM xtask received while a child ran (0: none).
 static RECEIVED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
+/// Whether a SIGINT/SIGTERM was passed on to a child since xtask started.
+static PASSED_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 extern "C" fn record_signal(sig: libc::c_int) {
     RECEIVED.store(sig, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether xtask was asked to stop (SIGINT, SIGTERM) while a child ran.
+pub(crate) fn interrupted() -> bool {
+    PASSED_ON.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Prints and runs `cmd` as `run` does, but SIGINT and SIGTERM sent to
@@ -62,6 +70,7 @@ pub(crate) fn run_forwarding_signals(cmd: &mut Command) -> anyhow::Result<()> {
         }
         let sig = RECEIVED.swap(0, Ordering::Relaxed);
         if sig != 0 {
+            PASSED_ON.store(true, Ordering::Relaxed);
             eprintln!("xtask: passing signal {sig} on to the child and waiting for it to stop");
             // SAFETY: kill with the child's pid and a valid signal number.
             unsafe { libc::kill(pid, sig) };

@@ -15,7 +15,7 @@ use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
     process::Command,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -162,6 +162,95 @@ fn available(k: &Kernel) -> anyhow::Result<String> {
     Ok(newest)
 }
 
+/// A guest that ended within [`FAST_FAILURE`] of its start, unsuccessfully:
+/// too soon for any test of the selection to have run.
+#[derive(Debug)]
+struct FastFailure(Duration);
+
+impl std::fmt::Display for FastFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the guest ended unsuccessfully {:.0?} after its start, before a test could run",
+            self.0
+        )
+    }
+}
+
+/// Booting a guest under TCG takes several seconds and the selection
+/// minutes.
+const FAST_FAILURE: Duration = Duration::from_secs(30);
+
+/// One boot of `vmlinuz` running the guest script; `console`: the guest
+/// kernel's console shown too.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site with a retry: a struct would only rename them"
+)]
+fn boot(
+    vmlinuz: &Path,
+    dir: &Path,
+    script_path: &Path,
+    kvm: bool,
+    release: &str,
+    k: &Kernel,
+    tests: usize,
+    console: bool,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut vng = Command::new("vng");
+    vng.arg("--run")
+        .arg(vmlinuz)
+        .args(["--force-9p", "--memory", "2G", "--cpus", "2"])
+        .arg("--rwdir")
+        .arg(dir)
+        .arg("--exec")
+        .arg(format!("sh {}", shell_quote(script_path)));
+    if !kvm {
+        vng.arg("--disable-kvm");
+    }
+    if console {
+        vng.arg("--verbose");
+    }
+    // virtme-ng reopens the guest console's output: given our stdout as it
+    // is, it truncated a log file that stdout was redirected to (everything
+    // CI had printed before the guest was lost). Through pipes it cannot.
+    vng.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    eprintln!(
+        "xtask: Linux {release} ({}) under {}: {tests} tests",
+        k.name,
+        if kvm { "KVM" } else { "TCG" },
+    );
+    let result = cmd::run_forwarding_signals(&mut vng);
+    let took = started.elapsed();
+    eprintln!(
+        "xtask: Linux {release}: {} in {took:.0?}",
+        if result.is_ok() { "passed" } else { "FAILED" },
+    );
+    match result {
+        Err(e) if took < FAST_FAILURE && !cmd::interrupted() => Err(e.context(FastFailure(took))),
+        other => other,
+    }
+}
+
+/// The host's memory and the kernel's last words, for a guest that failed.
+fn host_state() {
+    for (what, cmd) in [
+        ("memory", "free -m"),
+        ("kernel log", "dmesg 2>/dev/null | tail -n 15"),
+        ("QEMU processes", "pgrep -a qemu || true"),
+    ] {
+        match Command::new("sh").args(["-c", cmd]).output() {
+            Ok(out) => eprintln!(
+                "xtask: host {what}:\n{}",
+                String::from_utf8_lossy(&out.stdout).trim_end()
+            ),
+            Err(e) => eprintln!("xtask: host {what}: {e}"),
+        }
+    }
+}
+
 /// Numbers of a package name, for ordering versions.
 fn version_key(name: &str) -> Vec<u64> {
     name.split(|c: char| !c.is_ascii_digit())
@@ -266,35 +355,41 @@ pub(crate) fn run(root: &Path, k: &Kernel, binary: &Path, tests: &[String]) -> a
     let script_path = vm_dir.join(format!("guest-{}.sh", k.name));
     std::fs::write(&script_path, script)?;
 
-    let started = Instant::now();
-    let mut vng = Command::new("vng");
-    vng.arg("--run")
-        .arg(&vmlinuz)
-        .args(["--force-9p", "--memory", "2G", "--cpus", "2"])
-        .arg("--rwdir")
-        .arg(&dir)
-        .arg("--exec")
-        .arg(format!("sh {}", shell_quote(&script_path)));
-    if !kvm {
-        vng.arg("--disable-kvm");
+    let mut result = boot(
+        &vmlinuz,
+        &dir,
+        &script_path,
+        kvm,
+        &release,
+        k,
+        args.len(),
+        false,
+    );
+    if let Err(e) = &result
+        && e.downcast_ref::<FastFailure>().is_some()
+    {
+        // The selection takes minutes: a guest gone within seconds never ran
+        // a test (QEMU or virtme-ng failed to start it), so one more boot
+        // tells a passing flake from a real fault, which fails again; the
+        // guest's console is shown this time (`--verbose`), so that a fault
+        // says where the boot stopped.
+        eprintln!("xtask: {e:#}; booting Linux {release} once more, showing its console");
+        host_state();
+        std::thread::sleep(Duration::from_secs(5));
+        result = boot(
+            &vmlinuz,
+            &dir,
+            &script_path,
+            kvm,
+            &release,
+            k,
+            args.len(),
+            true,
+        );
     }
-    // virtme-ng reopens the guest console's output: given our stdout as it
-    // is, it truncated a log file that stdout was redirected to (everything
-    // CI had printed before the guest was lost). Through pipes it cannot.
-    vng.stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    eprintln!(
-        "xtask: Linux {release} ({}) under {}: {} tests",
-        k.name,
-        if kvm { "KVM" } else { "TCG" },
-        args.len()
-    );
-    let result = cmd::run_forwarding_signals(&mut vng);
-    eprintln!(
-        "xtask: Linux {release}: {} in {:.0?}",
-        if result.is_ok() { "passed" } else { "FAILED" },
-        started.elapsed()
-    );
+    if result.is_err() {
+        host_state();
+    }
     result.with_context(|| format!("the tests on Linux {release} ({})", k.name))
 }
 
