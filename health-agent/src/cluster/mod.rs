@@ -1,5 +1,5 @@
 //! What the cluster sees: the subset plan, probe summaries, the cluster view and its matrix.
-//! Imported only by the service layer (`api`, `metrics`, `daemon`); imports `probe`, `membership`.
+//! Imported only by `api`, `daemon` and the CLI; imports `probe` and `membership`.
 
 pub mod assigned;
 pub mod matrix;

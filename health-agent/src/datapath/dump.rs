@@ -1,6 +1,6 @@
 //! `bpf map dump`: a pinned map's content as JSON, decoded by what the map
 //! holds, through the typed readers ([`super::ct`], [`super::nat`],
-//! [`super::rtt`], [`super::stats`]) and the configuration arrays.
+//! [`super::rtt`], the echo statistics) and the configuration arrays.
 
 use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
 

@@ -132,7 +132,7 @@ impl NodeSet {
         self.get(name).is_some()
     }
 
-    /// The nodes at `indices` (sorted, as [`super::subset::assigned`]
+    /// The nodes at `indices` (sorted, as the cluster view's subset plan
     /// gives them), as a set of their own.
     #[must_use]
     pub fn subset(&self, indices: &[usize]) -> Self {

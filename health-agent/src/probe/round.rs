@@ -392,7 +392,7 @@ impl Prober {
     }
 
     /// Records a round's outcomes (ICMP and HTTP to the address `keys[i]`
-    /// names, see [`Targets`]) in every path's state and history, in one
+    /// names, see [`super::targets::Targets`]) in every path's state and history, in one
     /// pass under the lock; returns the probes recorded.
     pub(crate) fn record(
         &self,
@@ -515,7 +515,7 @@ impl Prober {
         }
     }
 
-    /// The round's HTTP probes (target indices, see [`Targets`]) with
+    /// The round's HTTP probes (target indices, see [`super::targets::Targets`]) with
     /// those whose path failed its last probe first, and how many those
     /// are (see [`order`]).
     fn http_failed_first(&self, nodes: &NodeSet, keys: &[(u32, u8)]) -> (Vec<usize>, usize) {

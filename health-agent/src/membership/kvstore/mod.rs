@@ -1,5 +1,5 @@
-//! The kv store client: a generic etcd client (one lease, leased keys, prefix watches) and its configuration.
-//! Imported by membership's etcd discovery and by the layers above it that keep keys in etcd.
+//! The kv store client: a generic etcd client (one lease, leased keys, prefix watches), its config.
+//! Imported by membership's etcd discovery and by the layers above that keep keys in etcd.
 //!
 //! The agent's etcd client: etcd's v3 gRPC API through the `etcd-client`
 //! crate, over one HTTP/2 connection for the agent's life (tonic
