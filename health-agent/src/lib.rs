@@ -2,24 +2,26 @@
 //! in `src/bin/health-agent/`) and the integration tests drive it through
 //! these modules.
 //!
-//! Layers, each using only those below it:
+//! Layers, bottom-up; each uses only those below it:
 //!
 //! | layer | modules | owns |
 //! | --- | --- | --- |
+//! | helpers | [`util`] | durations, times, CIDRs, error chains |
 //! | OS adapters | [`sys`] | namespaces, netlink, pidfile, signals, raw ICMP sockets |
 //! | kernel object | [`datapath`] | loading, pinning and attaching every program; typed map access |
-//! | components | [`endpoint`], [`probe`], [`cluster`] | the health endpoint, the prober, the node set |
+//! | membership | [`membership`] | who is in the cluster: node records, nodes file, etcd, routes |
+//! | prober | [`probe`] | probing every node, the hello server, probe history |
+//! | endpoint | [`endpoint`] | the health endpoint: its veth, addresses, routes and lifecycle |
+//! | cluster view | [`cluster`] | what the cluster sees: subsets, summaries, the view and matrix |
 //! | tasks | [`supervisor`] | running, watching, restarting and stopping long-lived tasks |
-//! | service | [`api`], [`metrics`], [`web`], [`page`], [`daemon`] | the unix-socket API; Prometheus metrics; the metrics listener; the connectivity page; the supervisor that runs it all |
-//!
-//! [`util`] holds small helpers every layer may use (durations, times,
-//! error chains).
+//! | service | [`metrics`], [`api`], [`web`], [`page`], [`daemon`] | Prometheus metrics; the unix-socket API; the metrics listener; the connectivity page; the daemon that runs it all |
 
 pub mod api;
 pub mod cluster;
 pub mod daemon;
 pub mod datapath;
 pub mod endpoint;
+pub mod membership;
 pub mod metrics;
 pub mod page;
 pub mod probe;

@@ -45,11 +45,11 @@ use anyhow::{Context as _, ensure};
 use crate::sim_nodes::{mix64, node, rtt_us};
 use health_agent::{
     cluster::{
-        Node, NodeSet,
         subset::{ProbePeers, SubsetPlan, name_hash},
         summary::{PathSample, PeerSummary, Summary},
         view::{ClusterView, NodeView, Verdict, ViewParams, assemble},
     },
+    membership::{Node, NodeSet},
     probe::{
         error::{ProbeError, Proto},
         path::{Outcome, PathState, RttSource, Thresholds},

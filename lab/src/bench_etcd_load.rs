@@ -61,7 +61,7 @@
 //! set to the few that the fan-out is measured over (see
 //! [`DEFAULT_CONNECTIONS`]). So `etcd_client` is used directly.
 //!
-//! [`KvStore`]: health_agent::cluster::kvstore::KvStore
+//! [`KvStore`]: health_agent::membership::kvstore::KvStore
 
 use std::{
     collections::HashMap,
@@ -80,12 +80,11 @@ use etcd_client::{
 };
 use health_agent::{
     cluster::{
-        NodeSet,
-        kvstore::REQUEST_TIMEOUT,
         subset::{DEFAULT_PEERS, ProbePeers, SubsetPlan},
         summary::{PathSample, PeerSummary, Summary},
     },
     daemon::cluster_view::summaries_prefix,
+    membership::{NodeSet, kvstore::REQUEST_TIMEOUT},
     probe::path::ProbeResult,
     util::timefmt::now_ms,
 };

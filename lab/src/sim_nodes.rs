@@ -4,7 +4,7 @@
 
 use std::net::Ipv4Addr;
 
-use health_agent::cluster::Node;
+use health_agent::membership::Node;
 
 /// splitmix64's finaliser: a well-mixed hash of `z`.
 pub(crate) const fn mix64(mut z: u64) -> u64 {

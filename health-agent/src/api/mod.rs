@@ -1,3 +1,6 @@
+//! The agent's API: the unix-socket server, its client and the JSON types they share.
+//! Imported by `web`, `daemon` and the CLI; imports the components, `metrics`, `supervisor`.
+//!
 //! The agent's API: JSON over HTTP/1.1 on a unix socket, shaped after
 //! Cilium's health API (`/v1/healthz`, `/v1/endpoints`, ...).
 

@@ -22,9 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::types::{ApiError, Healthz, NodesView, paths};
 use crate::{
-    cluster::{discovery::Nodes, view_cell::ClusterViewCell},
+    cluster::view_cell::ClusterViewCell,
     datapath::KernelReport,
     endpoint::{EndpointView, SharedView, lifecycle},
+    membership::published::Nodes,
     probe::{Prober, path::ProbeResult, status::ClusterStatus},
     supervisor::{Health, TaskState},
 };
@@ -513,7 +514,7 @@ mod tests {
     use super::*;
     use crate::{
         api::client::Client,
-        cluster::NodeSet,
+        membership::NodeSet,
         probe::{
             ProbeConfig,
             error::{ProbeError, Proto},

@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    cluster::{NodeSet, discovery::SourceStatus, validate::RejectedRecord},
     datapath::KernelReport,
+    membership::{NodeSet, published::SourceStatus, record::RejectedRecord},
     supervisor::TaskStatus,
 };
 
@@ -65,7 +65,7 @@ pub struct NodesView {
     /// Peers' health addresses the agent refused to route, each with why
     /// (the first 100).
     #[serde(default)]
-    pub refused_routes: Vec<crate::cluster::routes::RefusedRoute>,
+    pub refused_routes: Vec<crate::membership::routes::RefusedRoute>,
     /// How many were refused in all.
     #[serde(default)]
     pub refused_routes_total: usize,

@@ -10,10 +10,12 @@
 
 use std::collections::HashMap;
 
-use super::{
-    NodeSet,
-    subset::{ProbePeers, SubsetPlan},
-    summary::Summary,
+use crate::{
+    cluster::{
+        subset::{ProbePeers, SubsetPlan},
+        summary::Summary,
+    },
+    membership::NodeSet,
 };
 
 /// The observers' assignments over one node set.
@@ -104,9 +106,10 @@ mod tests {
     use super::*;
     use crate::{
         cluster::{
-            Node, subset,
+            subset,
             summary::{PathSample, PeerSummary},
         },
+        membership::Node,
         probe::path::ProbeResult,
     };
 

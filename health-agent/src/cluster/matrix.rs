@@ -6,11 +6,11 @@ use std::{borrow::Borrow, collections::HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    NodeSet,
-    summary::{PeerSummary, Summary},
-};
 use crate::probe::path::ProbeResult;
+use crate::{
+    cluster::summary::{PeerSummary, Summary},
+    membership::NodeSet,
+};
 
 /// The most nodes a matrix shows (the first by name); `total` says how many
 /// there are.
@@ -113,9 +113,9 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::cluster::{
-        Node,
-        summary::{PathSample, PeerSummary},
+    use crate::{
+        cluster::summary::{PathSample, PeerSummary},
+        membership::Node,
     };
 
     fn set(n: u8) -> NodeSet {

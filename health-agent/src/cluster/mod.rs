@@ -1,22 +1,9 @@
-//! The cluster as this agent sees it: which nodes exist (discovery) and when
-//! changes to that set are applied (the bounded-frequency sync runner).
+//! What the cluster sees: the subset plan, probe summaries, the cluster view and its matrix.
+//! Imported only by `api`, `daemon` and the CLI; imports `probe` and `membership`.
 
 pub mod assigned;
-pub mod claims;
-pub mod discovery;
-pub mod etcd;
-pub mod file_settle;
-pub mod file_version;
-pub mod kvstore;
 pub mod matrix;
-mod node;
-pub mod nodes_file;
-pub mod routes;
 pub mod subset;
 pub mod summary;
-pub mod sync;
-pub mod validate;
 pub mod view;
 pub mod view_cell;
-
-pub use self::node::{DuplicateNode, Node, NodeSet};

@@ -44,7 +44,7 @@
 
 use std::{cmp::Reverse, collections::BinaryHeap, collections::HashMap, fmt, str::FromStr};
 
-use super::NodeSet;
+use crate::membership::NodeSet;
 
 /// `K` when the node set is larger than [`FULL_MESH_UP_TO`] and
 /// `--probe-peers` is not given.
@@ -422,7 +422,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::cluster::Node;
+    use crate::membership::Node;
 
     fn set(n: usize, zone_size: Option<usize>) -> NodeSet {
         NodeSet::new((0..n).map(|i| node(i, zone_size)).collect()).expect("unique")

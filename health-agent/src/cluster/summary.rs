@@ -29,7 +29,7 @@
 //! [`Summary::decode`] checks everything and never panics: the bytes come
 //! from etcd, which anyone holding its credentials writes.
 
-use super::validate::MAX_NAME_LEN;
+use crate::membership::record::MAX_NAME_LEN;
 use crate::probe::{
     path::{PathState, ProbeResult},
     status::{ClusterStatus, NodeStatus},
@@ -608,10 +608,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        cluster::{
-            Node, NodeSet,
-            subset::{ProbePeers, SubsetPlan},
-        },
+        cluster::subset::{ProbePeers, SubsetPlan},
+        membership::{Node, NodeSet},
         probe::status::{Connectivity, RoundInfo},
     };
 

@@ -56,11 +56,11 @@ use std::{borrow::Borrow, collections::HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    NodeSet,
-    summary::{PathSample, Summary},
+use crate::{
+    cluster::summary::{PathSample, Summary},
+    membership::NodeSet,
+    probe::path::ProbeResult,
 };
-use crate::probe::path::ProbeResult;
 
 /// The most names listed per node (failing observers, unreached nodes): the
 /// counts are exact, the names an excerpt.
@@ -575,10 +575,12 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::cluster::{
-        Node,
-        subset::{ProbePeers, SubsetPlan},
-        summary::{PathSample, PeerSummary},
+    use crate::{
+        cluster::{
+            subset::{ProbePeers, SubsetPlan},
+            summary::{PathSample, PeerSummary},
+        },
+        membership::Node,
     };
 
     const N: usize = 200;

@@ -16,13 +16,15 @@ use tracing::{debug, warn};
 use crate::{
     cluster::{
         assigned::Assignments,
-        discovery::Nodes,
-        kvstore::{KvStore, WatchEvent},
         matrix,
         subset::ProbePeers,
         summary::Summary,
         view::{self, ViewParams},
         view_cell::ClusterViewCell,
+    },
+    membership::{
+        kvstore::{KvStore, WatchEvent},
+        published::Nodes,
     },
     probe::Prober,
     util::errors::chain,
@@ -278,7 +280,7 @@ impl ClusterViewTask {
 mod tests {
     use super::*;
 
-    use crate::cluster::kvstore::Entry;
+    use crate::membership::kvstore::Entry;
 
     fn summary(observer: &str, at_ms: u64) -> Vec<u8> {
         Summary::new(observer.into(), 1, at_ms, Vec::new())

@@ -9,18 +9,19 @@ use health_common::ct::CtConfig;
 use tracing::info;
 
 use crate::{
-    cluster::{
-        claims::Holders,
-        etcd::EtcdConfig,
-        file_settle,
-        file_version::FileVersion,
-        nodes_file, sync,
-        validate::{LocalNode, Validated},
-    },
     datapath::{
         AttachMode, KernelFeatures, TcHook, TcPolicy,
         kernel::KernelError,
         masquerade::{self, Masquerade, MasqueradeError, PortRange},
+    },
+    membership::{
+        claims::Holders,
+        etcd::EtcdConfig,
+        file_settle,
+        file_version::FileVersion,
+        nodes_file,
+        record::{LocalNode, Validated},
+        sync,
     },
     probe::path::Thresholds,
     supervisor::Policy,

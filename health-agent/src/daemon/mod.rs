@@ -1,3 +1,6 @@
+//! `health-agent daemon`: the long-running agent, its configuration and its supervised tasks.
+//! Imported only by the binary; imports every other module.
+//!
 //! `health-agent daemon`: the long-running agent, as supervised tasks.
 //!
 //! Start order, each task ready before the next starts: signals are caught
@@ -50,18 +53,15 @@ pub use self::config::{
 };
 use crate::{
     api,
-    cluster::{
-        Node,
-        discovery::{NodeSource, Nodes},
-        etcd::Registration,
-        routes::RouteBounds,
-        view_cell::ClusterViewCell,
-    },
+    cluster::view_cell::ClusterViewCell,
     datapath::{
         maintenance::{self, DatapathConfig},
         report::MapsReport,
     },
     endpoint::{EndpointConfig, controller::ControllerConfig, shared_view},
+    membership::{
+        Node, discovery::NodeSource, etcd::Registration, published::Nodes, routes::RouteBounds,
+    },
     metrics::{self, Metrics},
     probe::{ProbeConfig, Prober, RESERVED_FILES, metrics::ProbeMetrics},
     supervisor::{Health, Supervisor, SupervisorError},

@@ -11,11 +11,11 @@ use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    cluster::{
+    cluster::subset::{self, ProbePeers},
+    membership::{
         NodeSet,
-        discovery::Nodes,
+        published::Nodes,
         routes::{PeerRoutes, RouteBounds},
-        subset::{self, ProbePeers},
         sync,
     },
     probe::Prober,

@@ -12,12 +12,12 @@ use tracing::info;
 use super::node_sync::NodeSync;
 use crate::{
     api::server::{self, ApiState},
-    cluster::discovery::{NodeSource, Nodes},
     datapath::maintenance::{self, DatapathConfig},
     endpoint::{
         SharedView,
         controller::{self, ControllerConfig},
     },
+    membership::{discovery::NodeSource, published::Nodes},
     probe::{Prober, hello, scheduler},
     supervisor::{Restart, Supervisor, SupervisorError, task},
     sys::netlink::{NetlinkError, watch_links},

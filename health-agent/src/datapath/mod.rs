@@ -1,3 +1,6 @@
+//! The datapath: the one kernel object and typed access to its pinned maps.
+//! Imported by `probe`, `endpoint` and above; imports only `sys` and `util`.
+//!
 //! The datapath: the one kernel object (`health-ebpf`, embedded in the
 //! binary) and everything user space does with it.
 //!
@@ -8,7 +11,8 @@
 //!   for the running kernel), and hands programs to `BPF_PROG_TEST_RUN`.
 //! - [`maps`], [`ct`], [`nat`], [`rtt`] read and maintain the pinned maps
 //!   through the registry of `health_common::maps`, from the pins alone, so
-//!   the `bpf` commands work while no agent runs.
+//!   the `bpf` commands work while no agent runs; [`dump`] decodes a
+//!   map for `bpf map dump` through them.
 //! - [`maintenance`] is the node's long-lived datapath task: masquerade on
 //!   the uplink, the CT and NAT collectors, the RTT loss sweep.
 
@@ -16,6 +20,7 @@ mod carry;
 pub mod classic;
 pub mod collect;
 pub mod ct;
+pub mod dump;
 mod echo_target;
 mod error;
 mod interface;

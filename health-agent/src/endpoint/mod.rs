@@ -1,3 +1,6 @@
+//! The health endpoint: its namespace, veth, addresses, routes, ownership and lifecycle.
+//! Imported by `metrics`, `api`, `daemon`; imports `probe`, `datapath`, `sys`, `util`.
+//!
 //! The health endpoint: its own network namespace joined to the node by the
 //! `lxc_health` veth, an address from the health CIDR, endpoint ID and the
 //! reserved identity 4, walked through Cilium's endpoint lifecycle.
@@ -6,6 +9,7 @@ pub mod controller;
 pub mod ipam;
 pub mod lifecycle;
 pub mod ownership;
+pub mod plan;
 pub mod plumbing;
 pub mod record;
 mod view;
@@ -25,7 +29,8 @@ pub use self::view::{EndpointView, SharedView, ipv4, ipv6};
 use self::{
     lifecycle::{InvalidTransition, Lifecycle, State},
     ownership::{ForeignObject, Owned, Record},
-    plumbing::{Made, Missing, Plan, PlumbingError, V4, V6},
+    plan::{Plan, PlumbingError, V4, V6},
+    plumbing::{Made, Missing},
     record::{EndpointRecord, RecordError, new_endpoint_id},
 };
 use crate::{

@@ -35,7 +35,7 @@ use std::{fmt, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
-use super::plumbing::{Plan, PlumbingError};
+use super::plan::{Plan, PlumbingError};
 use crate::sys::netlink::in_netns;
 
 /// The namespace the agent made.

@@ -5,7 +5,7 @@
 use prometheus_client::{collector::Collector, encoding::DescriptorEncoder};
 
 use super::encode::{counter, gauge, gauges};
-use crate::{cluster::discovery::Nodes, endpoint::SharedView, endpoint::lifecycle::State};
+use crate::{endpoint::SharedView, endpoint::lifecycle::State, membership::published::Nodes};
 
 #[derive(Debug)]
 pub(super) struct AgentCollector {

@@ -1,3 +1,6 @@
+//! Prometheus metrics: the collectors read at scrape time and the prober's instruments.
+//! Imported by `api`, `web`, `daemon`; imports `membership`, `probe`, `endpoint`, `datapath`.
+//!
 //! Prometheus metrics, encoded by `prometheus-client` (`OpenMetrics` text).
 //!
 //! Series are bounded by default: connectivity is counted by path type and
@@ -18,9 +21,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use crate::{
-    cluster::discovery::Nodes,
     datapath::report::MapsReport,
     endpoint::SharedView,
+    membership::published::Nodes,
     probe::{Prober, metrics::ProbeMetrics},
 };
 

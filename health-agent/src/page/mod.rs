@@ -1,3 +1,6 @@
+//! The connectivity page: its embedded HTML, CSS and JavaScript, and how they are served.
+//! Imported by `web`; imports nothing of the agent.
+//!
 //! The connectivity page: a read-only view of this node's status, served
 //! beside the metrics at `/` (the listener of `--prometheus-serve-addr`).
 //!

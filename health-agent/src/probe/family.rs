@@ -10,7 +10,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::Node;
+use crate::membership::Node;
 
 /// An address family.
 #[derive(

@@ -11,12 +11,12 @@
 //! bounded table of the prober's. The full text of a path's last error is
 //! in its [`PathState`](super::path::PathState), not here.
 
-use std::{collections::HashMap, fmt, net::IpAddr, time::Duration};
+use std::{net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
 use super::{
-    error::ProbeError,
+    error_class::{ErrorClass, ErrorClasses},
     family::{Family, PER_FAMILY, Shown},
     path::Outcome,
 };
@@ -37,95 +37,6 @@ const MICROS: u32 = 1 << 30;
 const LOW30: u32 = MICROS - 1;
 /// A slot of a round the path was not probed in.
 const NOT_PROBED: u32 = u32::MAX;
-/// Error classes a prober tells apart; past them, failures are `other`.
-const MAX_CLASSES: usize = 256;
-
-/// What failed, without the per-address details: few enough values to be
-/// kept as an index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum ErrorClass {
-    Other,
-    Timeout,
-    Refused(&'static str),
-    Unreachable(&'static str),
-    Reset(&'static str),
-    HttpStatus(u16),
-    Io(&'static str),
-    Protocol,
-    Namespace,
-    ReceiverStopped,
-}
-
-impl From<&ProbeError> for ErrorClass {
-    fn from(e: &ProbeError) -> Self {
-        match e {
-            ProbeError::Timeout { .. } => Self::Timeout,
-            ProbeError::Refused { step, .. } => Self::Refused(step),
-            ProbeError::Unreachable { step, .. } => Self::Unreachable(step),
-            ProbeError::Reset { step, .. } => Self::Reset(step),
-            ProbeError::HttpStatus(code) => Self::HttpStatus(*code),
-            ProbeError::Io { step, .. } => Self::Io(step),
-            ProbeError::Protocol(_) => Self::Protocol,
-            ProbeError::Namespace(_) => Self::Namespace,
-            ProbeError::ReceiverStopped => Self::ReceiverStopped,
-        }
-    }
-}
-
-impl fmt::Display for ErrorClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Other => f.write_str("other"),
-            Self::Timeout => f.write_str("timeout"),
-            Self::Refused(step) => write!(f, "{step}: refused"),
-            Self::Unreachable(step) => write!(f, "{step}: unreachable"),
-            Self::Reset(step) => write!(f, "{step}: reset"),
-            Self::HttpStatus(code) => write!(f, "HTTP {code}"),
-            Self::Io(step) => write!(f, "{step}: error"),
-            Self::Protocol => f.write_str("not HTTP"),
-            Self::Namespace => f.write_str("probe namespace"),
-            Self::ReceiverStopped => f.write_str("ICMP receiver stopped"),
-        }
-    }
-}
-
-/// The error classes seen, numbered in order of appearance (0: `other`).
-#[derive(Debug, Clone)]
-struct ErrorClasses {
-    list: Vec<ErrorClass>,
-    index: HashMap<ErrorClass, u32>,
-}
-
-impl ErrorClasses {
-    fn new() -> Self {
-        Self {
-            list: vec![ErrorClass::Other],
-            index: HashMap::from([(ErrorClass::Other, 0)]),
-        }
-    }
-
-    fn intern(&mut self, class: ErrorClass) -> u32 {
-        if let Some(&i) = self.index.get(&class) {
-            return i;
-        }
-        if self.list.len() >= MAX_CLASSES {
-            return 0;
-        }
-        let i = u32::try_from(self.list.len()).unwrap_or(0);
-        self.list.push(class);
-        self.index.insert(class, i);
-        i
-    }
-
-    fn get(&self, i: u32) -> ErrorClass {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| self.list.get(i))
-            .copied()
-            .unwrap_or(ErrorClass::Other)
-    }
-}
-
 /// One round as the history keeps it (`seq` 0: an empty slot).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct RoundSlot {
@@ -610,7 +521,11 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::{error::Proto, path::RttSource};
+    use crate::probe::{
+        error::{ProbeError, Proto},
+        error_class::MAX_CLASSES,
+        path::RttSource,
+    };
 
     use std::net::{Ipv4Addr, Ipv6Addr};
 

@@ -41,6 +41,7 @@ use tokio::{
 };
 
 use super::{
+    config::ProbeConfig,
     error::{ProbeError, Proto},
     family::Family,
     http::{self, STATUS_LINE_MAX},
@@ -48,7 +49,6 @@ use super::{
     order::{Echoes, IssueOrder},
     pace,
     path::Outcome,
-    round::ProbeConfig,
 };
 use crate::sys::{fd_table, socket_factory::SocketFactory};
 

@@ -1,22 +1,31 @@
+//! The prober: ICMP and HTTP rounds over every node, their history and status, the hello server.
+//! Imported by `endpoint`, `cluster` and above; imports `membership`, `datapath`, `sys`, `util`.
+//!
 //! The full-mesh prober: for every node, ICMP and HTTP to its node IP and to
 //! its health IP, all at once (bounded, with jittered starts), so a round
 //! over N nodes costs about one timeout plus the spread. Also the :4240
 //! hello server ([`hello`]) that answers other nodes' HTTP probes.
 
+mod config;
 pub mod error;
+mod error_class;
 pub mod family;
 pub mod hello;
 pub mod history;
 pub mod http;
 mod http_round;
 pub mod icmp;
+mod kernel_rtt;
 pub mod metrics;
 pub mod order;
 mod pace;
 pub mod path;
+mod published;
 mod round;
 pub mod scheduler;
 pub mod status;
+mod targets;
 
+pub use config::ProbeConfig;
 pub use http_round::RESERVED_FILES;
-pub use round::{ProbeConfig, Prober};
+pub use round::Prober;

@@ -15,124 +15,20 @@ use std::{
 use bytes::Bytes;
 
 use super::{
+    config::ProbeConfig,
     error::ProbeError,
-    family::{self, Families, Family, MAX_PATHS, PER_FAMILY, Shown},
-    history::{self, History, HistoryStats, HistoryStrips, NodeHistory, NodeRing},
-    http::HEALTH_PORT,
+    family::{self, Family, Shown},
+    history::{History, HistoryStats, HistoryStrips, NodeHistory, NodeRing},
     http_round,
     icmp::IcmpProber,
+    kernel_rtt::{prune_kernel_rtt, with_kernel_rtt},
     order::{self, Echoes},
-    path::{Outcome, PathState, RttSource, Thresholds},
-    status::{ClusterStatus, Connectivity, NodeStatus, RoundInfo},
+    path::{Outcome, RttSource},
+    published::{Published, serialised},
+    status::{ClusterStatus, RoundInfo},
+    targets::{NodePaths, node_status, target_count, targets, warn_unprobed},
 };
-use crate::{
-    cluster::{Node, NodeSet},
-    datapath::rtt::KernelRtt,
-    sys::{netns::Netns, socket_factory::SocketFactory},
-};
-
-#[derive(Debug, Clone)]
-pub struct ProbeConfig {
-    pub interval: Duration,
-    pub timeout: Duration,
-    pub thresholds: Thresholds,
-    /// Probe starts are spread uniformly over this window.
-    pub spread: Duration,
-    /// HTTP probes in flight at once (each holds a socket).
-    pub max_in_flight: usize,
-    pub http_port: u16,
-    pub local_node: Option<String>,
-    /// Namespace the probes leave from (the health endpoint's); the
-    /// caller's when `None`.
-    pub source_netns: Option<Netns>,
-    /// bpffs directory of the datapath maps: RTTs are taken from the
-    /// kernel's samples when there are any.
-    pub kernel_rtt: Option<std::path::PathBuf>,
-    /// Rounds of results kept per path (R of `GET /v1/status/history`).
-    pub history_length: usize,
-    /// Where rounds are counted (`None`: not instrumented).
-    pub metrics: Option<Arc<super::metrics::ProbeMetrics>>,
-    /// The families of this agent's endpoint: peers are probed over these
-    /// only (an IPv6-only agent does not probe peers' IPv4 addresses).
-    pub families: Families,
-}
-
-impl Default for ProbeConfig {
-    fn default() -> Self {
-        Self {
-            interval: Duration::from_secs(60),
-            timeout: Duration::from_secs(1),
-            thresholds: Thresholds::default(),
-            spread: Duration::from_millis(100),
-            max_in_flight: 1024,
-            http_port: HEALTH_PORT,
-            local_node: None,
-            source_netns: None,
-            kernel_rtt: None,
-            history_length: usize::from(history::DEFAULT_LENGTH),
-            metrics: None,
-            families: Families::default(),
-        }
-    }
-}
-
-/// A node's paths (`4 * family + kind`, see [`family::path_index`]) and
-/// their recent results. Only as many states as the highest family probed
-/// needs (4 for an IPv4-only node): at 5,000 nodes the other four would be
-/// 2.4 MB never used.
-#[derive(Debug, Clone, Default)]
-struct NodePaths {
-    state: Vec<PathState>,
-    history: NodeRing,
-}
-
-impl NodePaths {
-    /// Path `i`'s state (Unknown when never probed).
-    fn state(&self, i: usize) -> &PathState {
-        self.state.get(i).unwrap_or(&PathState::UNKNOWN)
-    }
-
-    /// Path `i`'s state, to record into.
-    fn state_mut(&mut self, i: usize) -> &mut PathState {
-        if self.state.len() <= i {
-            let len = (i / PER_FAMILY + 1) * PER_FAMILY;
-            self.state
-                .resize_with(len.min(MAX_PATHS).max(i + 1), PathState::default);
-        }
-        &mut self.state[i]
-    }
-
-    /// Forgets a family's paths.
-    fn forget(&mut self, family: Family) {
-        let at = family.index() * PER_FAMILY;
-        if at >= self.state.len() {
-            return;
-        }
-        self.state[at..at + PER_FAMILY].fill_with(PathState::default);
-        if self.state[at..].iter().all(|s| *s == PathState::UNKNOWN) {
-            self.state.truncate(at);
-            self.state.shrink_to_fit();
-        }
-    }
-}
-
-/// A round's probes: ICMP and HTTP to `ips[i]`, the address `keys[i].1`
-/// (`2 * family + 0` the node's, `+ 1` its health endpoint's) of node
-/// `keys[i].0` of the round's node set. Its paths are `2 * keys[i].1`
-/// (ICMP) and `2 * keys[i].1 + 1` (HTTP).
-struct Targets {
-    ips: Arc<Vec<IpAddr>>,
-    keys: Vec<(u32, u8)>,
-}
-
-impl Targets {
-    /// The family of probe `i` and whether it goes to the health endpoint.
-    fn kind(&self, i: usize) -> (Family, bool) {
-        let a = self.keys[i].1;
-        let family = if a >= 2 { Family::Ipv6 } else { Family::Ipv4 };
-        (family, a % 2 == 1)
-    }
-}
+use crate::{datapath::rtt::KernelRtt, membership::NodeSet, sys::socket_factory::SocketFactory};
 
 /// The sockets of the source namespace as it was when they were made
 /// (its inode): made again when the endpoint's namespace is recreated.
@@ -140,16 +36,6 @@ struct Sockets {
     ino: u64,
     icmp: Arc<IcmpProber>,
     factory: Option<Arc<SocketFactory>>,
-}
-
-/// The published status, and its JSON made once.
-#[derive(Clone)]
-struct Published {
-    status: Arc<ClusterStatus>,
-    /// The status as gzipped JSON, written once when it is published: the
-    /// JSON itself (4.7 MB at 5,000 nodes, ten times its gzip) is never
-    /// held whole, neither kept nor built.
-    gzip: Bytes,
 }
 
 pub struct Prober {
@@ -183,30 +69,6 @@ fn epoch_ms(t: SystemTime) -> u64 {
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// `status` as JSON, gzipped as it is written (through a buffer that
-/// gives the compressor large writes).
-fn gzipped_json(status: &ClusterStatus) -> Bytes {
-    use std::io::Write as _;
-    let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut out = std::io::BufWriter::with_capacity(64 << 10, enc);
-    // Writing to a Vec cannot fail, nor serialising the status.
-    let _ = serde_json::to_writer(&mut out, status);
-    let _ = out.flush();
-    let bytes = out
-        .into_inner()
-        .ok()
-        .and_then(|enc| enc.finish().ok())
-        .unwrap_or_default();
-    Bytes::from(bytes)
-}
-
-fn serialised(status: ClusterStatus) -> Published {
-    Published {
-        gzip: gzipped_json(&status),
-        status: Arc::new(status),
-    }
 }
 
 impl Prober {
@@ -530,7 +392,7 @@ impl Prober {
     }
 
     /// Records a round's outcomes (ICMP and HTTP to the address `keys[i]`
-    /// names, see [`Targets`]) in every path's state and history, in one
+    /// names, see [`super::targets::Targets`]) in every path's state and history, in one
     /// pass under the lock; returns the probes recorded.
     pub(crate) fn record(
         &self,
@@ -653,7 +515,7 @@ impl Prober {
         }
     }
 
-    /// The round's HTTP probes (target indices, see [`Targets`]) with
+    /// The round's HTTP probes (target indices, see [`super::targets::Targets`]) with
     /// those whose path failed its last probe first, and how many those
     /// are (see [`order`]).
     fn http_failed_first(&self, nodes: &NodeSet, keys: &[(u32, u8)]) -> (Vec<usize>, usize) {
@@ -711,139 +573,20 @@ async fn timed<T>(t0: Instant, f: impl Future<Output = T>) -> (T, Duration) {
     (out, t0.elapsed())
 }
 
-/// Removes the kernel's RTT entries of peers no longer in `nodes`, off the
-/// caller's thread (it walks the RTT maps).
-fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
-    let keep: std::collections::HashSet<IpAddr> = nodes.iter().flat_map(Node::addresses).collect();
-    let work = move || match crate::datapath::rtt::prune(&dir, |ip| keep.contains(&ip)) {
-        Ok(removed) => tracing::debug!(removed, "kernel RTT entries of departed peers removed"),
-        Err(e) => tracing::warn!(
-            "removing kernel RTT entries of departed peers: {}",
-            crate::util::errors::chain(&e)
-        ),
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn_blocking(work)),
-        Err(_) => work(),
-    }
-}
-
-/// One warning for the nodes this agent cannot probe: none of their
-/// families is one of its own (the count and the first five).
-fn warn_unprobed(nodes: &NodeSet, families: Families) {
-    let mut unprobed = nodes.iter().filter(|n| !Shown::of(n, families).probed);
-    let first: Vec<&str> = unprobed.by_ref().take(5).map(|n| n.name.as_str()).collect();
-    if !first.is_empty() {
-        let count = first.len() + unprobed.count();
-        tracing::warn!(
-            count,
-            first = ?first,
-            "nodes with no address of this agent's families ({families}) are not probed (Unknown)"
-        );
-    }
-}
-
-/// How many addresses [`targets`] would probe, without making them.
-fn target_count(nodes: &[Node], families: Families) -> usize {
-    nodes
-        .iter()
-        .map(|n| {
-            Family::ALL
-                .into_iter()
-                .filter(|&f| families.contains(f) && family::addresses(n, f).is_some())
-                .count()
-                * 2
-        })
-        .sum()
-}
-
-/// Both addresses of every node in each family it has and this agent
-/// probes (primary family first), as [`Targets`] numbers them.
-fn targets(nodes: &[Node], families: Families) -> Targets {
-    let mut ips = Vec::with_capacity(nodes.len() * 2);
-    let mut keys = Vec::with_capacity(nodes.len() * 2);
-    for (i, n) in nodes.iter().enumerate() {
-        let i = u32::try_from(i).unwrap_or(u32::MAX);
-        for f in Family::ALL {
-            if families.contains(f)
-                && let Some((ip, health)) = family::addresses(n, f)
-            {
-                let a = 2 * u8::from(f == Family::Ipv6);
-                ips.extend([ip, health]);
-                keys.extend([(i, a), (i, a + 1)]);
-            }
-        }
-    }
-    Targets {
-        ips: Arc::new(ips),
-        keys,
-    }
-}
-
-/// A node's status: its primary family's paths as `host` and `endpoint`,
-/// the secondary's (when probed) as `host_secondary` and
-/// `endpoint_secondary`.
-fn node_status(n: &Node, p: &NodePaths, shown: Shown) -> NodeStatus {
-    let connectivity = |f: Family, endpoint: bool| {
-        let (ip, health) = family::addresses(n, f).unwrap_or((f.unspecified(), f.unspecified()));
-        let base = f.index() * PER_FAMILY + 2 * usize::from(endpoint);
-        let mut c = Connectivity::new(
-            if endpoint { health } else { ip },
-            p.state(base).clone(),
-            p.state(base + 1).clone(),
-        );
-        if !shown.probed {
-            let why = format!("not probed: this agent has no {f} address");
-            c.icmp.warning = Some(why.clone());
-            c.http.warning = Some(why);
-        }
-        c
-    };
-    NodeStatus {
-        name: n.name.clone(),
-        host: connectivity(shown.primary, false),
-        endpoint: connectivity(shown.primary, true),
-        host_secondary: shown.secondary.map(|f| Box::new(connectivity(f, false))),
-        endpoint_secondary: shown.secondary.map(|f| Box::new(connectivity(f, true))),
-    }
-}
-
-/// Replaces a user-space RTT by the kernel's sample of the same round
-/// (ICMP: the echo; HTTP: the TCP handshake), when there is one.
-fn with_kernel_rtt(
-    kernel: Option<&KernelRtt>,
-    ip: IpAddr,
-    proto: u8,
-    outcome: Outcome,
-    since: u64,
-) -> Outcome {
-    match (outcome, kernel) {
-        (Outcome::Ok { warning, rtt, .. }, Some(k)) => {
-            match k.last_sample_since(ip, proto, since) {
-                Some(kernel_rtt) => Outcome::Ok {
-                    rtt: kernel_rtt,
-                    warning,
-                    source: RttSource::Kernel,
-                },
-                None => Outcome::Ok {
-                    rtt,
-                    warning,
-                    source: RttSource::Userspace,
-                },
-            }
-        }
-        (other, _) => other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     use super::*;
-    use crate::probe::{
-        family::{EP_HTTP, EP_ICMP, HOST_HTTP, HOST_ICMP, path_index},
-        path::ProbeResult,
+    use crate::{
+        membership::Node,
+        probe::{
+            family::{
+                EP_HTTP, EP_ICMP, Families, HOST_HTTP, HOST_ICMP, MAX_PATHS, PER_FAMILY, path_index,
+            },
+            history,
+            path::{PathState, ProbeResult, Thresholds},
+        },
     };
 
     #[test]

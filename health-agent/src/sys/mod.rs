@@ -1,3 +1,6 @@
+//! Adapters to the operating system: namespaces, netlink, pidfile, signals, sockets, BPF batches.
+//! Imported by every layer above `util`; imports nothing of the agent.
+//!
 //! Adapters to the operating system: network namespaces, netlink (links,
 //! addresses, routes), the pidfile lock, signals, raw ICMP sockets, the
 //! batched BPF map operations aya does not wrap and the size of the

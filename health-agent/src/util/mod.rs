@@ -1,5 +1,5 @@
-//! Small helpers shared by every layer: duration parsing, time formatting,
-//! error chains.
+//! Small helpers that every layer may use: durations, times, addresses, error chains.
+//! Imported by every layer; imports nothing of the agent.
 
 pub mod cidr;
 pub mod duration;

@@ -1,3 +1,6 @@
+//! The metrics listener: `/metrics`, the connectivity page and the read-only `/api` on TCP.
+//! Imported only by `daemon`; imports `api`, `metrics`, `page`.
+//!
 //! The metrics listener (`--prometheus-serve-addr`): read-only, on TCP.
 //! It serves `GET /metrics` for Prometheus, the connectivity page at `/`,
 //! and under `/api` the read-only views the page draws from (the status and

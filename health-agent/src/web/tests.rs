@@ -10,8 +10,8 @@ use tokio::{
 
 use super::*;
 use crate::{
-    cluster::discovery::Nodes,
     datapath::report::MapsReport,
+    membership::published::Nodes,
     metrics::Sources,
     probe::{ProbeConfig, Prober, metrics::ProbeMetrics},
     supervisor::Health,

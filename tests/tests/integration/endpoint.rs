@@ -400,7 +400,7 @@ fn incompatible_pins_at_every_map_path_are_replaced_and_the_agent_counts_again()
 /// no route, with one summarised warning.
 #[test]
 fn the_agent_touches_only_its_own_routes_and_only_on_link_ones() {
-    use health_agent::{cluster::routes::ROUTE_PROTOCOL, sys::netlink::RouteV4};
+    use health_agent::{membership::routes::ROUTE_PROTOCOL, sys::netlink::RouteV4};
 
     const STATIC: u8 = 4;
     let ip = |c: u8, d: u8| Ipv4Addr::new(198, 18, c, d);

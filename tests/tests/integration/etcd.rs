@@ -2,14 +2,14 @@
 //! fabric namespace: registration with a lease, join and leave, and an etcd
 //! outage during which probing goes on with the last known set; etcd over
 //! TLS with client certificates, and with users and passwords; and the
-//! agent's generic etcd API (`cluster::kvstore`) against an etcd on
+//! agent's generic etcd API (`membership::kvstore`) against an etcd on
 //! loopback.
 
 use std::time::Duration;
 
 use health_agent::{
     api::types::NodesView,
-    cluster::kvstore::{Entry, EtcdConfig, KvStore, Link, Put, WatchEvent},
+    membership::kvstore::{Entry, EtcdConfig, KvStore, Link, Put, WatchEvent},
 };
 use health_tests::{
     cluster::{Cluster, ETCD_ENDPOINT, ETCD_PREFIX, Settings},

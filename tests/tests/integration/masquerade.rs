@@ -13,7 +13,10 @@ use std::{
 
 use health_agent::{
     datapath::{ct, nat},
-    endpoint::plumbing::{self, Plan},
+    endpoint::{
+        plan::{Plan, V4},
+        plumbing,
+    },
     probe::path::ProbeResult,
     sys::netns::Netns,
 };
@@ -229,7 +232,7 @@ impl SecondEndpoint {
             netns_name: name,
             host_iface: "lxc_b".into(),
             ep_iface: "eth0".into(),
-            v4: Some(plumbing::V4 {
+            v4: Some(V4 {
                 addr: EP1_B,
                 cidr: "198.18.64.0/24".parse().expect("cidr"),
             }),

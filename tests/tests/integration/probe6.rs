@@ -15,7 +15,7 @@ use std::{
 };
 
 use health_agent::{
-    cluster::{Node, NodeSet},
+    membership::{Node, NodeSet},
     probe::{
         ProbeConfig, Prober,
         family::{Families, Family},

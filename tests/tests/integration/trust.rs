@@ -12,10 +12,10 @@ use std::{
 use health_agent::{
     api::types::NodesView,
     cluster::{
-        routes::ROUTE_PROTOCOL,
         summary::{PathSample, PeerSummary, Summary},
         view::{ClusterView, Verdict},
     },
+    membership::routes::ROUTE_PROTOCOL,
     probe::path::ProbeResult,
     sys::netlink::{RouteV4, in_netns},
 };

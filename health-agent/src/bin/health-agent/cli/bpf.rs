@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{OutputFormat, PinArgs};
 use health_agent::{
-    datapath::{DatapathError, ct, maps, nat, rtt},
+    datapath::{DatapathError, ct, dump, maps, nat, rtt},
     util::timefmt::short,
 };
 
@@ -180,10 +180,10 @@ fn render_maps(rows: &[maps::MapRow], output: OutputFormat) -> anyhow::Result<St
 /// A map's content as JSON, decoded by what the map holds; the name is
 /// checked against the registry first.
 fn dump(dir: &Path, name: &str) -> anyhow::Result<Value> {
-    let known = || maps::dumpable().join(", ");
+    let known = || dump::dumpable().join(", ");
     let id = MapId::from_name(name)
         .ok_or_else(|| anyhow::anyhow!("no map {name:?}: known maps are {}", known()))?;
-    maps::dump(dir, id).map_err(|e| match e {
+    dump::dump(dir, id).map_err(|e| match e {
         DatapathError::NoDecoder { .. } => {
             anyhow::anyhow!("no decoder for map {name:?}: known maps are {}", known())
         }

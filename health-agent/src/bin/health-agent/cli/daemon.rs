@@ -13,16 +13,16 @@ use tracing::{error, info, warn};
 
 use anyhow::Context as _;
 use health_agent::{
-    cluster::{
-        kvstore::{Credentials, EtcdConfig, TlsConfig},
-        sync::Limits,
-    },
     daemon::{
         self, DaemonConfig, DatapathSettings, Discovery, EndpointSettings, MasqueradeFlags,
         MetricsSettings, ProbeSettings,
         reload::{ProbeTuning, Reload},
     },
     datapath::{AttachMode, TcPolicy, masquerade::PortRange},
+    membership::{
+        kvstore::{Credentials, EtcdConfig, TlsConfig},
+        sync::Limits,
+    },
     probe::{history, http::HEALTH_PORT, path::Thresholds},
     supervisor::Policy,
     sys::netns::Netns,
@@ -334,7 +334,7 @@ fn parse_health_cidr6(s: &str) -> Result<Ipv6Cidr, String> {
 }
 
 fn parse_zone(s: &str) -> Result<String, String> {
-    health_agent::cluster::validate::zone(s).map(str::to_owned)
+    health_agent::membership::validate::zone(s).map(str::to_owned)
 }
 
 fn hostname() -> Option<String> {

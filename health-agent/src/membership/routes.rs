@@ -401,7 +401,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::cluster::Node;
+    use crate::membership::Node;
 
     fn node(name: &str, n: u8) -> Node {
         Node {

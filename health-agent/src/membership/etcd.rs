@@ -19,9 +19,10 @@ pub use super::kvstore::EtcdConfig;
 use super::{
     Node,
     claims::Holders,
-    discovery::Nodes,
     kvstore::{Entry, KvStore, Link, WatchEvent},
-    validate::{self, Candidate, LocalNode, Origin, Record, Validated},
+    published::Nodes,
+    record::{Candidate, LocalNode, Origin, Record, Validated},
+    validate,
 };
 
 /// The agent's etcd client and lease, shared by everything that writes

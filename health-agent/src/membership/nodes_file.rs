@@ -31,7 +31,8 @@ use serde_json::{Map, Value};
 use super::{
     Node,
     claims::Holders,
-    validate::{self, Candidate, LocalNode, Origin, Record, Validated},
+    record::{Candidate, LocalNode, Origin, Record, Validated},
+    validate,
 };
 use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
 
@@ -310,7 +311,7 @@ mod tests {
     use std::fmt::Write as _;
 
     use super::*;
-    use crate::cluster::NodeSet;
+    use crate::membership::NodeSet;
 
     const YAML: &str = "nodes:\n  - name: node-2\n    node-ip: 198.18.0.12\n    health-cidr: 198.18.65.0/24\n  - name: node-1\n    node-ip: 198.18.0.11\n    health-ip: 198.18.64.2\n";
 

@@ -281,7 +281,7 @@ mod tests {
     }
 
     /// The nodes' names in the published set.
-    fn names(nodes: &super::super::discovery::Nodes) -> Vec<String> {
+    fn names(nodes: &super::super::published::Nodes) -> Vec<String> {
         nodes.current().iter().map(|n| n.name.clone()).collect()
     }
 
@@ -301,10 +301,7 @@ mod tests {
     /// changing. A replacement renamed into place is applied at once.
     #[tokio::test]
     async fn the_watcher_applies_a_file_whole_once_stable_and_a_rename_at_once() {
-        use super::super::{
-            discovery::{NodeSource, Nodes},
-            validate::LocalNode,
-        };
+        use super::super::{discovery::NodeSource, published::Nodes, record::LocalNode};
         let dir = Scratch::new("watcher");
         let path = dir.0.join("nodes.yaml");
         std::fs::write(&path, format!("nodes:\n{}{}", record(1), record(2))).expect("write");

@@ -108,7 +108,7 @@ impl NodeSet {
 
     /// Sorts `nodes` by name; their names are unique already (validation
     /// made sure of it).
-    pub(in crate::cluster) fn from_unique(mut nodes: Vec<Node>) -> Self {
+    pub(in crate::membership) fn from_unique(mut nodes: Vec<Node>) -> Self {
         nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         debug_assert!(
             nodes.windows(2).all(|w| w[0].name != w[1].name),
@@ -132,7 +132,7 @@ impl NodeSet {
         self.get(name).is_some()
     }
 
-    /// The nodes at `indices` (sorted, as [`super::subset::assigned`]
+    /// The nodes at `indices` (sorted, as the cluster view's subset plan
     /// gives them), as a set of their own.
     #[must_use]
     pub fn subset(&self, indices: &[usize]) -> Self {

@@ -99,7 +99,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::cluster::Node;
+    use crate::membership::Node;
 
     fn set(nodes: &[(&str, u8)]) -> NodeSet {
         NodeSet::new(

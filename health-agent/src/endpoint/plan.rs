@@ -1,0 +1,54 @@
+//! What describes the endpoint's plumbing ([`Plan`]: its namespace, the
+//! veth's two ends, its addresses) and what making or checking it may
+//! fail with ([`PlumbingError`]), shared by the plumbing and the ownership
+//! check.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::{
+    sys::{
+        netlink::NetlinkError,
+        netns::{Netns, NetnsError},
+        sysctl::SysctlError,
+    },
+    util::cidr::{Ipv4Cidr, Ipv6Cidr},
+};
+
+/// The endpoint's IPv4 address and the CIDR it comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct V4 {
+    pub addr: Ipv4Addr,
+    pub cidr: Ipv4Cidr,
+}
+
+/// The endpoint's IPv6 address and the CIDR it comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct V6 {
+    pub addr: Ipv6Addr,
+    pub cidr: Ipv6Cidr,
+}
+
+/// Everything that describes the endpoint's plumbing.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub netns: Netns,
+    pub netns_name: String,
+    pub host_iface: String,
+    pub ep_iface: String,
+    pub v4: Option<V4>,
+    pub v6: Option<V6>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlumbingError {
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error("switching off duplicate address detection on the endpoint's veth")]
+    Sysctl(#[from] SysctlError),
+    #[error("{cidr} has no router address (a /31 or /32 leaves no room for one)")]
+    NoRouter { cidr: Ipv4Cidr },
+    #[error("{cidr} has no router address (a /127 or /128 leaves no room for one)")]
+    NoRouter6 { cidr: Ipv6Cidr },
+}

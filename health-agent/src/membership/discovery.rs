@@ -1,0 +1,150 @@
+//! Where the node set comes from: the nodes file or etcd ([`NodeSource`]).
+//! A source publishes what it reads through [`Nodes`] (the published set
+//! and its status). Records are validated one by one ([`super::validate`]):
+//! the rejected ones are listed in the status and the others used; an
+//! update that cannot be read at all is reported and the last good set is
+//! kept.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant, SystemTime},
+};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use super::{
+    Node,
+    claims::Holders,
+    etcd::{self, EtcdConfig, Registration},
+    file_settle::{Renames, Settling},
+    file_version::FileVersion,
+    nodes_file,
+    published::Nodes,
+    record::LocalNode,
+};
+
+/// Watches the nodes file (polling it every `poll`, which also catches
+/// editors that replace the file), publishing each valid version after
+/// `seen` (the version read at start, if any) once it is stable
+/// ([`super::file_settle`]): renamed into place, or no longer changing. The file
+/// is read only when `stat` says it may have changed, and only a hash of
+/// what was read is kept ([`FileVersion`]): at 10,000 nodes the file is a
+/// megabyte.
+async fn watch_file(
+    path: PathBuf,
+    poll: Duration,
+    local: LocalNode,
+    nodes: Nodes,
+    seen: Option<FileVersion>,
+) {
+    let mut seen = seen.or_else(|| FileVersion::read(&path).ok().map(|(_, v)| v));
+    let rename_events = Renames::watch(&path);
+    let mut settling = Settling::default();
+    loop {
+        tokio::time::sleep(poll).await;
+        let renamed = rename_events.as_ref().is_some_and(Renames::renamed_in);
+        let latest = settling.pending().or(seen);
+        if !renamed && latest.is_some_and(|v| !v.may_have_changed(&path, SystemTime::now())) {
+            continue;
+        }
+        let (text, version) = match FileVersion::read(&path) {
+            Ok(read) => read,
+            Err(e) => {
+                settling.clear();
+                if seen.is_some() {
+                    nodes.reject(format!("{}: cannot read: {e}", path.display()));
+                    seen = None;
+                }
+                continue;
+            }
+        };
+        if version.consistent() && seen.is_some_and(|v| v.same_content(&version)) {
+            settling.clear();
+            seen = Some(version);
+            continue;
+        }
+        if !settling.offer(version, renamed, Instant::now(), SystemTime::now()) {
+            debug!(path = %path.display(), "nodes file changing: taken once it is stable");
+            continue;
+        }
+        seen = Some(version);
+        match nodes_file::parse(&path, &text, &local, &Holders::of(&nodes.current())) {
+            Ok(update) => {
+                info!(
+                    path = %path.display(),
+                    nodes = update.nodes.len(),
+                    rejected = update.rejected.len(),
+                    "nodes file changed"
+                );
+                nodes.accept(update);
+            }
+            Err(e) => nodes.reject(e.to_string()),
+        }
+    }
+}
+
+/// A source of node sets.
+#[derive(Debug, Clone)]
+pub enum NodeSource {
+    /// The watched nodes file; `local` is this node, for validation.
+    File {
+        path: PathBuf,
+        poll: Duration,
+        local: LocalNode,
+        /// The version read at start: a change made after it is taken.
+        seen: Option<FileVersion>,
+    },
+    /// etcd: this node registers under a lease; the prefix is watched.
+    Etcd {
+        cfg: EtcdConfig,
+        me: Node,
+        local: LocalNode,
+        registration: Registration,
+    },
+    /// No discovery: the set stays empty.
+    None,
+}
+
+impl NodeSource {
+    /// Publishes node sets on `nodes` until `shutdown`; an etcd member
+    /// leaves (revokes its lease) on the way out.
+    pub async fn run(&self, nodes: Nodes, shutdown: CancellationToken) {
+        match self {
+            Self::File {
+                path,
+                poll,
+                local,
+                seen,
+            } => {
+                shutdown
+                    .run_until_cancelled(watch_file(
+                        path.clone(),
+                        *poll,
+                        local.clone(),
+                        nodes,
+                        *seen,
+                    ))
+                    .await;
+            }
+            Self::Etcd {
+                cfg,
+                me,
+                local,
+                registration,
+            } => {
+                shutdown
+                    .run_until_cancelled(etcd::run(
+                        cfg.clone(),
+                        me.clone(),
+                        local.clone(),
+                        nodes,
+                        registration.clone(),
+                    ))
+                    .await;
+                etcd::deregister(registration).await;
+            }
+            Self::None => shutdown.cancelled().await,
+        }
+    }
+}
