@@ -32,10 +32,10 @@ use std::{
     sync::Arc,
 };
 
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use super::{Node, NodeSet, claims::Holders};
-use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
 
 /// The longest node name, in bytes (a DNS name's limit).
 pub const MAX_NAME_LEN: usize = 253;
@@ -54,14 +54,14 @@ pub struct LocalNode {
     /// taken first.
     pub name: Option<String>,
     /// This node's health CIDR: no peer's address may be inside it.
-    pub health_cidr: Option<Ipv4Cidr>,
+    pub health_cidr: Option<Ipv4Net>,
     /// This node's IPv6 health CIDR, likewise.
-    pub health_cidr6: Option<Ipv6Cidr>,
+    pub health_cidr6: Option<Ipv6Net>,
     /// The cluster's health range (`--health-range`): a peer's IPv4
     /// health address outside it is refused (`None`: not checked).
-    pub health_range: Option<Ipv4Cidr>,
+    pub health_range: Option<Ipv4Net>,
     /// The cluster's IPv6 health range (`--health-range6`), likewise.
-    pub health_range6: Option<Ipv6Cidr>,
+    pub health_range6: Option<Ipv6Net>,
 }
 
 /// Where a record comes from.
@@ -447,11 +447,11 @@ fn check_record(
         let inside = match ip {
             IpAddr::V4(v4) => local
                 .health_cidr
-                .filter(|c| c.contains(v4))
+                .filter(|c| c.contains(&v4))
                 .map(|c| c.to_string()),
             IpAddr::V6(v6) => local
                 .health_cidr6
-                .filter(|c| c.contains(v6))
+                .filter(|c| c.contains(&v6))
                 .map(|c| c.to_string()),
         };
         if let Some(cidr) = inside {
@@ -473,7 +473,7 @@ fn check_ranges(node: &Node, local: &LocalNode) -> Result<(), Rule> {
         })
     };
     if let (Some(ip), Some(range)) = (node.health_ip, local.health_range)
-        && !range.contains(ip)
+        && !range.contains(&ip)
     {
         return outside(
             Field::HealthIp,
@@ -483,7 +483,7 @@ fn check_ranges(node: &Node, local: &LocalNode) -> Result<(), Rule> {
         );
     }
     if let (Some(ip), Some(range)) = (node.health_ip6, local.health_range6)
-        && !range.contains(ip)
+        && !range.contains(&ip)
     {
         return outside(
             Field::HealthIp6,
