@@ -241,10 +241,12 @@ impl AgentNode {
     /// Whether the node has any route to `addr`.
     #[must_use]
     pub fn node_has_route_to(&self, addr: Ipv4Addr) -> bool {
-        in_netns(Some(&self.node), |nl| async move { nl.routes_v4().await })
-            .expect("netlink")
-            .iter()
-            .any(|r| r.destination == addr && r.prefix == 32)
+        in_netns(Some(&self.node), |nl| async move {
+            nl.routes::<Ipv4Addr>().await
+        })
+        .expect("netlink")
+        .iter()
+        .any(|r| r.destination == addr && r.prefix == 32)
     }
 }
 

@@ -21,6 +21,7 @@ use health_agent::{
     probe::status::ClusterStatus,
     sys::{netlink::in_netns, netns::Netns},
 };
+use ipnet::IpNet;
 
 use crate::{agent::agent_binary, names, process, require_root};
 
@@ -266,7 +267,7 @@ impl Cluster {
             nl.add_address("br0", ETCD_IP, 24).await?;
             nl.set_up("br0").await?;
             if family.has_v6() {
-                nl.add_address6("br0", FABRIC_IP6, 64).await?;
+                nl.add_address("br0", FABRIC_IP6, 64).await?;
             }
             nl.set_up("lo").await
         })
@@ -359,7 +360,7 @@ impl Cluster {
                 nl.add_address("uplink", ip, 24).await?;
             }
             if let Some(ip6) = ip6 {
-                nl.add_address6("uplink", ip6, 64).await?;
+                nl.add_address("uplink", ip6, 64).await?;
             }
             nl.set_up("uplink").await
         })
@@ -633,7 +634,7 @@ pub fn node_ip6(i: usize) -> Ipv6Addr {
 /// Node `i`'s IPv6 health CIDR: `2001:2:0:40::/64`, `2001:2:0:41::/64`, ...
 #[must_use]
 pub fn health_cidr6(i: usize) -> String {
-    format!("2001:2:0:{:x}::/64", 0x40 + i)
+    share(HEALTH_RANGE6, 64, i)
 }
 
 #[must_use]
@@ -653,7 +654,19 @@ pub const HEALTH_RANGE: &str = "198.18.64.0/18";
 /// it (64 nodes).
 pub const HEALTH_RANGE6: &str = "2001:2:0:40::/58";
 
+/// Node `i`'s IPv4 health CIDR: `198.18.64.0/24`, `198.18.65.0/24`, ...
 #[must_use]
 pub fn health_cidr(i: usize) -> String {
-    format!("198.18.{}.0/24", 64 + i)
+    share(HEALTH_RANGE, 24, i)
+}
+
+/// The `i`-th network of length `prefix` in `range` (either family).
+fn share(range: &str, prefix: u8, i: usize) -> String {
+    let range: IpNet = range.parse().expect("a health range");
+    range
+        .subnets(prefix)
+        .expect("a longer prefix than the range's")
+        .nth(i)
+        .unwrap_or_else(|| panic!("{range} holds fewer than {} /{prefix}s", i + 1))
+        .to_string()
 }

@@ -60,7 +60,7 @@ impl TwoNodes {
     pub fn add_ipv6(&self) {
         for (ns, iface, addr) in [(&self.a, A_IF, A_IP6), (&self.b, B_IF, B_IP6)] {
             in_netns(Some(ns), |nl| async move {
-                nl.add_address6(iface, addr, PREFIX_LEN6).await
+                nl.add_address(iface, addr, PREFIX_LEN6).await
             })
             .unwrap_or_else(|e| panic!("adding {addr} to {iface}: {e}"));
         }

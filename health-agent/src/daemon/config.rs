@@ -6,6 +6,7 @@
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
 use health_common::ct::CtConfig;
+use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
 use crate::{
@@ -25,7 +26,6 @@ use crate::{
     },
     probe::path::Thresholds,
     supervisor::Policy,
-    util::cidr::{Ipv4Cidr, Ipv6Cidr},
 };
 
 /// Everything `health-agent daemon` is told.
@@ -61,9 +61,9 @@ pub struct DaemonConfig {
     /// `--health-range`: the cluster's IPv4 health range; peers' health
     /// addresses are routed only inside it (and masquerade leaves
     /// destinations inside it alone).
-    pub health_range: Option<Ipv4Cidr>,
+    pub health_range: Option<Ipv4Net>,
     /// `--health-range6`: the cluster's IPv6 health range, likewise.
-    pub health_range6: Option<Ipv6Cidr>,
+    pub health_range6: Option<Ipv6Net>,
     /// `--max-nodes`: a larger node set is refused whole.
     pub max_nodes: usize,
 }
@@ -85,10 +85,10 @@ pub struct MetricsSettings {
 #[derive(Debug, Clone)]
 pub struct EndpointSettings {
     /// `--health-cidr`: where the endpoint's IPv4 address comes from.
-    pub cidr: Option<Ipv4Cidr>,
+    pub cidr: Option<Ipv4Net>,
     /// `--health-cidr6`: where its IPv6 address comes from. At least one
     /// of the two is given (IPv4 only, IPv6 only, dual stack).
-    pub cidr6: Option<Ipv6Cidr>,
+    pub cidr6: Option<Ipv6Net>,
     pub netns_name: String,
     pub host_iface: String,
     pub ep_iface: String,
@@ -116,7 +116,7 @@ pub struct DatapathSettings {
 #[derive(Debug, Clone)]
 pub struct MasqueradeFlags {
     /// `--health-range` (`None`: the node's own `--health-cidr`).
-    pub health_range: Option<Ipv4Cidr>,
+    pub health_range: Option<Ipv4Net>,
     pub uplink: Option<String>,
     pub ports: PortRange,
 }
@@ -167,7 +167,7 @@ pub enum ConfigError {
          (the BPF SNAT on the uplink translates IPv4 only, so the endpoint's IPv6 traffic would \
          leave with its own address); use --routing routed, or drop --health-cidr6"
     )]
-    Ipv6Masquerade { cidr6: Ipv6Cidr },
+    Ipv6Masquerade { cidr6: Ipv6Net },
     #[error(
         "--routing masquerade needs --health-cidr: the endpoint's IPv4 address is what is \
          masqueraded"
@@ -339,24 +339,14 @@ impl DaemonConfig {
         let families = [
             (
                 self.endpoint.cidr.map(|c| {
-                    let range = self.health_range.map(|r| {
-                        (
-                            r.to_string(),
-                            r.contains(c.network()) && r.prefix() <= c.prefix(),
-                        )
-                    });
+                    let range = self.health_range.map(|r| (r.to_string(), r.contains(&c)));
                     (c.to_string(), range)
                 }),
                 ("--health-cidr", "--health-range", "198.18.64.0/18"),
             ),
             (
                 self.endpoint.cidr6.map(|c| {
-                    let range = self.health_range6.map(|r| {
-                        (
-                            r.to_string(),
-                            r.contains(c.network()) && r.prefix() <= c.prefix(),
-                        )
-                    });
+                    let range = self.health_range6.map(|r| (r.to_string(), r.contains(&c)));
                     (c.to_string(), range)
                 }),
                 ("--health-cidr6", "--health-range6", "2001:db8:0:40::/58"),

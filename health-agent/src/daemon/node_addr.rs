@@ -119,7 +119,10 @@ fn source_toward(target: SocketAddr) -> std::io::Result<IpAddr> {
 /// A global IPv6 address of the interface holding `node_ip`.
 fn global_ipv6_beside(node_ip: Ipv4Addr) -> Result<Ipv6Addr, NodeAddrError> {
     let (v4, v6) = in_netns(None, |nl| async move {
-        Ok((nl.addresses_v4().await?, nl.addresses_v6().await?))
+        Ok((
+            nl.addresses::<Ipv4Addr>().await?,
+            nl.addresses::<Ipv6Addr>().await?,
+        ))
     })?;
     let index = v4
         .iter()

@@ -31,8 +31,8 @@ pub(super) fn read(
     let (_, mac, all4, all6): Link = in_netns(iface.netns.as_ref(), |nl| async move {
         let (index, mac) = nl.link_l2(&name).await?;
         let on = |i: u32| i == index;
-        let v4 = nl.addresses_v4().await?;
-        let v6 = nl.addresses_v6().await?;
+        let v4 = nl.addresses::<Ipv4Addr>().await?;
+        let v6 = nl.addresses::<Ipv6Addr>().await?;
         Ok((
             index,
             mac,

@@ -5,11 +5,9 @@
 use std::{fmt, net::Ipv4Addr, str::FromStr};
 
 use health_common::nat::NatConfig;
+use ipnet::Ipv4Net;
 
-use crate::{
-    sys::netlink::{NetlinkError, in_netns},
-    util::cidr::Ipv4Cidr,
-};
+use crate::sys::netlink::{NetlinkError, in_netns};
 
 /// Where masquerade runs and what it does; `None` in routed mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +25,7 @@ pub enum MasqueradeError {
     #[error("no interface of this node holds the node IP {ip}: give --uplink")]
     NoUplink { ip: Ipv4Addr },
     #[error("the health CIDR {cidr} is not inside the health range {range} (--health-range)")]
-    CidrOutsideRange { cidr: Ipv4Cidr, range: Ipv4Cidr },
+    CidrOutsideRange { cidr: Ipv4Net, range: Ipv4Net },
     #[error(
         "NAT port range {ports} overlaps the node's local port range {local} \
          (net.ipv4.ip_local_port_range): the node's own connections could take \
@@ -96,8 +94,8 @@ impl FromStr for PortRange {
 pub struct Request {
     pub node_ip: Ipv4Addr,
     pub uplink: Option<String>,
-    pub health_cidr: Ipv4Cidr,
-    pub health_range: Ipv4Cidr,
+    pub health_cidr: Ipv4Net,
+    pub health_range: Ipv4Net,
     pub ports: PortRange,
 }
 
@@ -105,9 +103,7 @@ pub struct Request {
 /// holds the CIDR, the uplink exists (or is the interface holding the node
 /// IP), and the port range stays clear of the node's own local ports.
 pub fn resolve(req: &Request) -> Result<Masquerade, MasqueradeError> {
-    if !req.health_range.contains(req.health_cidr.network())
-        || req.health_range.prefix() > req.health_cidr.prefix()
-    {
+    if !req.health_range.contains(&req.health_cidr) {
         return Err(MasqueradeError::CidrOutsideRange {
             cidr: req.health_cidr,
             range: req.health_range,
@@ -141,9 +137,9 @@ pub fn config(req: &Request) -> NatConfig {
         enabled: 1,
         node_ip: req.node_ip.octets(),
         src_net: req.health_cidr.network().octets(),
-        src_mask: mask(req.health_cidr.prefix()),
+        src_mask: mask(req.health_cidr.prefix_len()),
         exclude_net: req.health_range.network().octets(),
-        exclude_mask: mask(req.health_range.prefix()),
+        exclude_mask: mask(req.health_range.prefix_len()),
         port_min: req.ports.min,
         port_max: req.ports.max,
     }
@@ -178,7 +174,7 @@ fn local_port_range() -> Result<PortRange, MasqueradeError> {
 fn uplink_holding(ip: Ipv4Addr) -> Result<String, MasqueradeError> {
     let name = in_netns(None, |nl| async move {
         let Some((index, _, _)) = nl
-            .addresses_v4()
+            .addresses::<Ipv4Addr>()
             .await?
             .into_iter()
             .find(|(_, a, _)| *a == ip)

@@ -5,33 +5,46 @@
 //! use. Each family hands out its first free address, or keeps the one the
 //! endpoint had before a restart.
 
-use std::{
-    collections::BTreeSet,
-    net::{Ipv4Addr, Ipv6Addr},
-};
+use std::{collections::BTreeSet, net::Ipv6Addr};
 
-pub use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use crate::util::cidr::Cidr;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IpamError {
     #[error("no free address in {cidr}: {usable} usable, all in use or reserved")]
-    Exhausted { cidr: Ipv4Cidr, usable: u64 },
-    #[error("address {addr} is not a usable host address of {cidr}")]
-    NotUsable { addr: Ipv4Addr, cidr: Ipv4Cidr },
-    #[error("no free address in {cidr}: {usable} usable, all in use or reserved")]
-    Exhausted6 { cidr: Ipv6Cidr, usable: u128 },
+    Exhausted { cidr: IpNet, usable: u128 },
     #[error(
         "{cidr} is too small for the health endpoint: a prefix longer than /{} leaves no \
          room for a router and a host address",
-        Ipv6Cidr::LONGEST_USABLE_PREFIX
+        Ipv6Net::LONGEST_USABLE_PREFIX
     )]
-    TooSmall6 { cidr: Ipv6Cidr },
+    TooSmall6 { cidr: Ipv6Net },
     #[error("{cidr} cannot be a health CIDR: it overlaps {reserved} ({what})")]
     Reserved6 {
-        cidr: Ipv6Cidr,
-        reserved: Ipv6Cidr,
+        cidr: Ipv6Net,
+        reserved: Ipv6Net,
         what: &'static str,
     },
+}
+
+/// A network the endpoint's addresses can come from: whether it can be
+/// one at all (an IPv4 network too small for a host is found exhausted).
+pub trait Pool: Cidr {
+    fn check(self) -> Result<(), IpamError>;
+}
+
+impl Pool for Ipv4Net {
+    fn check(self) -> Result<(), IpamError> {
+        Ok(())
+    }
+}
+
+impl Pool for Ipv6Net {
+    fn check(self) -> Result<(), IpamError> {
+        check6(self)
+    }
 }
 
 /// IPv6 ranges no endpoint address may come from.
@@ -45,14 +58,13 @@ const RESERVED6: [(u128, u8, &str); 4] = [
 /// Whether `cidr` can be an IPv6 health CIDR: room for a router and a host,
 /// and no overlap with unspecified, loopback, IPv4-mapped, link-local or
 /// multicast addresses.
-pub fn check6(cidr: Ipv6Cidr) -> Result<(), IpamError> {
-    if cidr.prefix() > Ipv6Cidr::LONGEST_USABLE_PREFIX {
+pub fn check6(cidr: Ipv6Net) -> Result<(), IpamError> {
+    if cidr.prefix_len() > Ipv6Net::LONGEST_USABLE_PREFIX {
         return Err(IpamError::TooSmall6 { cidr });
     }
     for (network, prefix, what) in RESERVED6 {
-        let reserved = Ipv6Cidr::new(Ipv6Addr::from_bits(network), prefix)
-            .unwrap_or_else(|e| unreachable!("a constant CIDR: {e}"));
-        if reserved.contains(cidr.network()) || cidr.contains(reserved.network()) {
+        let reserved = Ipv6Net::new_assert(Ipv6Addr::from_bits(network), prefix);
+        if reserved.contains(&cidr) || cidr.contains(&reserved) {
             return Err(IpamError::Reserved6 {
                 cidr,
                 reserved,
@@ -63,36 +75,15 @@ pub fn check6(cidr: Ipv6Cidr) -> Result<(), IpamError> {
     Ok(())
 }
 
-/// Picks an address of the IPv6 `cidr` not in `in_use`, as [`allocate`]
-/// does for IPv4: `previous` is kept when still usable and free, else the
-/// first free one.
-pub fn allocate6(
-    cidr: Ipv6Cidr,
-    in_use: &BTreeSet<Ipv6Addr>,
-    previous: Option<Ipv6Addr>,
-) -> Result<Ipv6Addr, IpamError> {
-    check6(cidr)?;
-    if let Some(prev) = previous
-        && cidr.is_usable(prev)
-        && !in_use.contains(&prev)
-    {
-        return Ok(prev);
-    }
-    cidr.usable()
-        .find(|a| !in_use.contains(a))
-        .ok_or(IpamError::Exhausted6 {
-            cidr,
-            usable: cidr.usable_count(),
-        })
-}
-
 /// Picks an address of `cidr` not in `in_use`. `previous` (the address the
-/// endpoint had before a restart) is kept when it is still usable and free.
-pub fn allocate(
-    cidr: Ipv4Cidr,
-    in_use: &BTreeSet<Ipv4Addr>,
-    previous: Option<Ipv4Addr>,
-) -> Result<Ipv4Addr, IpamError> {
+/// endpoint had before a restart) is kept when it is still usable and free;
+/// else the first free one.
+pub fn allocate<N: Pool>(
+    cidr: N,
+    in_use: &BTreeSet<N::Addr>,
+    previous: Option<N::Addr>,
+) -> Result<N::Addr, IpamError> {
+    cidr.check()?;
     if let Some(prev) = previous
         && cidr.is_usable(prev)
         && !in_use.contains(&prev)
@@ -102,17 +93,20 @@ pub fn allocate(
     cidr.usable()
         .find(|a| !in_use.contains(a))
         .ok_or(IpamError::Exhausted {
-            cidr,
+            cidr: cidr.into(),
             usable: cidr.usable_count(),
         })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::net::Ipv4Addr;
 
-    fn cidr(s: &str) -> Ipv4Cidr {
-        s.parse().expect(s)
+    use super::*;
+    use crate::util::cidr::parse;
+
+    fn cidr(s: &str) -> Ipv4Net {
+        parse(s).expect(s)
     }
 
     #[test]
@@ -121,7 +115,7 @@ mod tests {
         let all: Vec<_> = c.usable().collect();
         assert_eq!(all.first(), Some(&Ipv4Addr::new(198, 18, 64, 2)));
         assert_eq!(all.last(), Some(&Ipv4Addr::new(198, 18, 64, 6)));
-        assert_eq!(all.len() as u64, c.usable_count());
+        assert_eq!(all.len() as u128, c.usable_count());
         let used: BTreeSet<_> =
             [Ipv4Addr::new(198, 18, 64, 2), Ipv4Addr::new(198, 18, 64, 3)].into();
         assert_eq!(allocate(c, &used, None), Ok(Ipv4Addr::new(198, 18, 64, 4)));
@@ -161,8 +155,8 @@ mod tests {
         }
     }
 
-    fn cidr6(s: &str) -> Ipv6Cidr {
-        s.parse().expect(s)
+    fn cidr6(s: &str) -> Ipv6Net {
+        parse(s).expect(s)
     }
 
     fn a6(s: &str) -> Ipv6Addr {
@@ -172,25 +166,22 @@ mod tests {
     #[test]
     fn ipv6_first_usable_address_skipping_network_router_and_used() {
         let c = cidr6("2001:2:0:4::/64");
-        assert_eq!(
-            allocate6(c, &BTreeSet::new(), None),
-            Ok(a6("2001:2:0:4::2"))
-        );
+        assert_eq!(allocate(c, &BTreeSet::new(), None), Ok(a6("2001:2:0:4::2")));
         let used: BTreeSet<_> = [a6("2001:2:0:4::2"), a6("2001:2:0:4::3")].into();
-        assert_eq!(allocate6(c, &used, None), Ok(a6("2001:2:0:4::4")));
+        assert_eq!(allocate(c, &used, None), Ok(a6("2001:2:0:4::4")));
     }
 
     #[test]
     fn ipv6_keeps_the_previous_address_when_free() {
         let c = cidr6("2001:2:0:4::/64");
         let prev = a6("2001:2:0:4::77");
-        assert_eq!(allocate6(c, &BTreeSet::new(), Some(prev)), Ok(prev));
+        assert_eq!(allocate(c, &BTreeSet::new(), Some(prev)), Ok(prev));
         let taken: BTreeSet<_> = [prev].into();
-        assert_eq!(allocate6(c, &taken, Some(prev)), Ok(a6("2001:2:0:4::2")));
+        assert_eq!(allocate(c, &taken, Some(prev)), Ok(a6("2001:2:0:4::2")));
         // Outside the range (the CIDR changed), or its router: a fresh one.
         for stale in ["2001:2:0:5::9", "2001:2:0:4::1", "2001:2:0:4::"] {
             assert_eq!(
-                allocate6(c, &BTreeSet::new(), Some(a6(stale))),
+                allocate(c, &BTreeSet::new(), Some(a6(stale))),
                 Ok(a6("2001:2:0:4::2")),
                 "{stale}"
             );
@@ -201,13 +192,13 @@ mod tests {
     fn ipv6_exhausted_too_small_and_reserved_ranges_are_refused_naming_the_cidr() {
         let c = cidr6("2001:2:0:4::/126");
         let used: BTreeSet<_> = [a6("2001:2:0:4::2"), a6("2001:2:0:4::3")].into();
-        let err = allocate6(c, &used, None).expect_err("full");
+        let err = allocate(c, &used, None).expect_err("full");
         assert_eq!(
             err.to_string(),
             "no free address in 2001:2:0:4::/126: 2 usable, all in use or reserved"
         );
         for tiny in ["2001:2:0:4::/127", "2001:2:0:4::9/128"] {
-            let err = allocate6(cidr6(tiny), &BTreeSet::new(), None)
+            let err = allocate(cidr6(tiny), &BTreeSet::new(), None)
                 .expect_err(tiny)
                 .to_string();
             assert!(err.contains(tiny) && err.contains("too small"), "{err}");
@@ -220,7 +211,7 @@ mod tests {
             ("::/127", "too small"),
             ("fe00::/7", "link-local"),
         ] {
-            let err = allocate6(cidr6(bad), &BTreeSet::new(), None)
+            let err = allocate(cidr6(bad), &BTreeSet::new(), None)
                 .expect_err(bad)
                 .to_string();
             assert!(err.contains(bad) && err.contains(needle), "{bad}: {err}");

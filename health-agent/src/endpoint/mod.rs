@@ -16,13 +16,13 @@ mod view;
 
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     sync::{Arc, RwLock},
     time::Duration,
 };
 
 use health_common::maps::{EchoConfig, ProgId};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::{info, warn};
 
 pub use self::view::{EndpointView, SharedView, ipv4, ipv6};
@@ -35,21 +35,20 @@ use self::{
 };
 use crate::{
     datapath::{AttachMode, Datapath, DatapathError, Interface, TcHook},
-    endpoint::ipam::{IpamError, allocate, allocate6},
+    endpoint::ipam::{IpamError, Pool, allocate},
     sys::netlink::{NetlinkError, in_netns},
     sys::netns::{Netns, NetnsError},
-    util::cidr::{Ipv4Cidr, Ipv6Cidr},
-    util::errors::chain,
+    util::{cidr::Cidr as _, errors::chain},
 };
 
 /// What the endpoint is made from.
 #[derive(Debug, Clone)]
 pub struct EndpointConfig {
     /// Where the IPv4 address comes from (`None`: the endpoint has none).
-    pub cidr: Option<Ipv4Cidr>,
+    pub cidr: Option<Ipv4Net>,
     /// Where the IPv6 address comes from (`None`: the endpoint has none).
     /// At least one of the two is given.
-    pub cidr6: Option<Ipv6Cidr>,
+    pub cidr6: Option<Ipv6Net>,
     pub netns_name: String,
     pub host_iface: String,
     pub ep_iface: String,
@@ -529,8 +528,8 @@ fn new_record(
     let ipv6 = cfg
         .cidr6
         .map(|cidr| -> Result<_, EndpointError> {
-            let in_use = node_addresses6(cidr)?;
-            Ok(allocate6(cidr, &in_use, previous.and_then(|r| r.ipv6))?)
+            let in_use = node_addresses(cidr)?;
+            Ok(allocate(cidr, &in_use, previous.and_then(|r| r.ipv6))?)
         })
         .transpose()?;
     Ok(EndpointRecord {
@@ -544,25 +543,15 @@ fn new_record(
     })
 }
 
-/// IPv4 addresses already configured in this (the node's) namespace inside
+/// Addresses already configured in this (the node's) namespace inside
 /// `cidr`: never handed to the endpoint.
-fn node_addresses(cidr: Ipv4Cidr) -> Result<BTreeSet<Ipv4Addr>, EndpointError> {
-    let all = in_netns(None, |nl| async move { nl.addresses_v4().await })?;
+fn node_addresses<N: Pool>(cidr: N) -> Result<BTreeSet<N::Addr>, EndpointError> {
+    let all = in_netns(None, |nl| async move { nl.addresses::<N::Addr>().await })?;
+    let net: IpNet = cidr.into();
     Ok(all
         .into_iter()
         .map(|(_, a, _)| a)
-        .filter(|a| cidr.contains(*a))
-        .collect())
-}
-
-/// IPv6 addresses already configured in this (the node's) namespace inside
-/// `cidr`: never handed to the endpoint.
-fn node_addresses6(cidr: Ipv6Cidr) -> Result<BTreeSet<Ipv6Addr>, EndpointError> {
-    let all = in_netns(None, |nl| async move { nl.addresses_v6().await })?;
-    Ok(all
-        .into_iter()
-        .map(|(_, a, _)| a)
-        .filter(|a| cidr.contains(*a))
+        .filter(|a| net.contains(&(*a).into()))
         .collect())
 }
 

@@ -213,8 +213,8 @@ pub fn observe(plan: &Plan) -> Result<Found, PlumbingError> {
             let Some((index, peer)) = nl.link_and_peer(&plan.ep_iface).await? else {
                 return Ok((None, Vec::new()));
             };
-            let v4 = nl.addresses_v4().await?.into_iter();
-            let v6 = nl.addresses_v6().await?.into_iter();
+            let v4 = nl.addresses::<std::net::Ipv4Addr>().await?.into_iter();
+            let v6 = nl.addresses::<std::net::Ipv6Addr>().await?.into_iter();
             let addrs = v4
                 .filter(|(i, ..)| *i == index)
                 .map(|(_, a, _)| IpAddr::V4(a))

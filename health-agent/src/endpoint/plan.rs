@@ -5,27 +5,25 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use crate::{
-    sys::{
-        netlink::NetlinkError,
-        netns::{Netns, NetnsError},
-        sysctl::SysctlError,
-    },
-    util::cidr::{Ipv4Cidr, Ipv6Cidr},
+use crate::sys::{
+    netlink::NetlinkError,
+    netns::{Netns, NetnsError},
+    sysctl::SysctlError,
 };
+use ipnet::{Ipv4Net, Ipv6Net};
 
 /// The endpoint's IPv4 address and the CIDR it comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct V4 {
     pub addr: Ipv4Addr,
-    pub cidr: Ipv4Cidr,
+    pub cidr: Ipv4Net,
 }
 
 /// The endpoint's IPv6 address and the CIDR it comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct V6 {
     pub addr: Ipv6Addr,
-    pub cidr: Ipv6Cidr,
+    pub cidr: Ipv6Net,
 }
 
 /// Everything that describes the endpoint's plumbing.
@@ -48,7 +46,7 @@ pub enum PlumbingError {
     #[error("switching off duplicate address detection on the endpoint's veth")]
     Sysctl(#[from] SysctlError),
     #[error("{cidr} has no router address (a /31 or /32 leaves no room for one)")]
-    NoRouter { cidr: Ipv4Cidr },
+    NoRouter { cidr: Ipv4Net },
     #[error("{cidr} has no router address (a /127 or /128 leaves no room for one)")]
-    NoRouter6 { cidr: Ipv6Cidr },
+    NoRouter6 { cidr: Ipv6Net },
 }

@@ -41,6 +41,7 @@ use crate::{
     sys::netlink::{Netlink, NetlinkError, in_netns},
     sys::netns::Netns,
     sys::sysctl::write_in,
+    util::cidr::Cidr as _,
 };
 
 /// The IPv4 address and router, when the endpoint has IPv4.
@@ -119,7 +120,7 @@ async fn host_routes_missing(
 ) -> Result<Vec<Missing>, NetlinkError> {
     let mut missing = Vec::new();
     if let Some(v4) = plan.v4 {
-        let table = nl.routes_v4().await?;
+        let table = nl.routes::<Ipv4Addr>().await?;
         let there = index.is_some()
             && table
                 .iter()
@@ -129,7 +130,7 @@ async fn host_routes_missing(
         }
     }
     if let Some(v6) = plan.v6 {
-        let table = nl.routes_v6().await?;
+        let table = nl.routes::<Ipv6Addr>().await?;
         let there = index.is_some()
             && table
                 .iter()
@@ -167,11 +168,11 @@ pub fn inspect(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
             return Ok(vec![Missing::EndpointInterface]);
         };
         if let Some((addr, router)) = v4 {
-            let addrs = nl.addresses_v4().await?;
+            let addrs = nl.addresses::<Ipv4Addr>().await?;
             if !addrs.iter().any(|(i, a, _)| *i == index && *a == addr) {
                 m.push(Missing::Address);
             }
-            let table = nl.routes_v4().await?;
+            let table = nl.routes::<Ipv4Addr>().await?;
             if !table
                 .iter()
                 .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index))
@@ -180,7 +181,7 @@ pub fn inspect(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
             }
         }
         if let Some((addr, router)) = v6 {
-            let addrs = nl.addresses_v6().await?;
+            let addrs = nl.addresses::<Ipv6Addr>().await?;
             if !addrs.iter().any(|(i, a, _)| *i == index && *a == addr) {
                 m.push(Missing::Address6);
             }
@@ -196,7 +197,7 @@ pub fn inspect(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
 
 async fn has_default6(nl: &Netlink, index: u32, router: Ipv6Addr) -> Result<bool, NetlinkError> {
     Ok(nl
-        .routes_v6()
+        .routes::<Ipv6Addr>()
         .await?
         .iter()
         .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index)))
@@ -301,7 +302,7 @@ fn ensure_addressing(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
                         .await?;
                 }
                 (Missing::HostRoute6, _, Some(v6)) => {
-                    nl.replace_route6(v6.addr, 128, &plan.host_iface, None)
+                    nl.replace_route(v6.addr, 128, &plan.host_iface, None)
                         .await?;
                 }
                 _ => {}
@@ -338,7 +339,7 @@ async fn ensure_inside4(
 ) -> Result<Vec<Missing>, NetlinkError> {
     let mut m = Vec::new();
     if !nl
-        .addresses_v4()
+        .addresses::<Ipv4Addr>()
         .await?
         .iter()
         .any(|(i, a, _)| *i == index && *a == addr)
@@ -350,7 +351,7 @@ async fn ensure_inside4(
     nl.replace_neighbour(&plan.ep_iface, router, host_mac)
         .await?;
     nl.replace_route(router, 32, &plan.ep_iface, None).await?;
-    let table = nl.routes_v4().await?;
+    let table = nl.routes::<Ipv4Addr>().await?;
     if !table
         .iter()
         .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index))
@@ -374,19 +375,19 @@ async fn ensure_inside6(
 ) -> Result<Vec<Missing>, NetlinkError> {
     let mut m = Vec::new();
     if !nl
-        .addresses_v6()
+        .addresses::<Ipv6Addr>()
         .await?
         .iter()
         .any(|(i, a, _)| *i == index && *a == addr)
     {
-        nl.add_address6(&plan.ep_iface, addr, 128).await?;
+        nl.add_address(&plan.ep_iface, addr, 128).await?;
         m.push(Missing::Address6);
     }
-    nl.replace_neighbour6(&plan.ep_iface, router, host_mac)
+    nl.replace_neighbour(&plan.ep_iface, router, host_mac)
         .await?;
-    nl.replace_route6(router, 128, &plan.ep_iface, None).await?;
+    nl.replace_route(router, 128, &plan.ep_iface, None).await?;
     if !has_default6(nl, index, router).await? {
-        nl.replace_route6(Ipv6Addr::UNSPECIFIED, 0, &plan.ep_iface, Some(router))
+        nl.replace_route(Ipv6Addr::UNSPECIFIED, 0, &plan.ep_iface, Some(router))
             .await?;
         m.push(Missing::DefaultRoute6);
     }
@@ -404,7 +405,7 @@ pub fn wait_link_local(plan: &Plan, timeout: std::time::Duration) -> Result<bool
                 return Ok(false);
             };
             Ok(nl
-                .addresses_v6()
+                .addresses::<Ipv6Addr>()
                 .await?
                 .iter()
                 .any(|(i, a, _)| *i == index && a.is_unicast_link_local()))

@@ -7,10 +7,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use super::ownership::Owned;
-use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
+use crate::util::cidr;
 
 pub const FILE_NAME: &str = "endpoint.json";
 
@@ -31,12 +32,20 @@ pub struct EndpointRecord {
     pub id: u16,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<Ipv4Addr>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cidr: Option<Ipv4Cidr>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "cidr::strict"
+    )]
+    pub cidr: Option<Ipv4Net>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<Ipv6Addr>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cidr6: Option<Ipv6Cidr>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "cidr::strict"
+    )]
+    pub cidr6: Option<Ipv6Net>,
     pub netns: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned: Option<Owned>,

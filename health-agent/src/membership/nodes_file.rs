@@ -25,6 +25,7 @@ use std::{
     sync::Arc,
 };
 
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -34,7 +35,7 @@ use super::{
     record::{Candidate, LocalNode, Origin, Record, Validated},
     validate,
 };
-use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
+use crate::util::cidr::{self, Cidr};
 
 /// The whole file is refused: unreadable or unparsable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -149,11 +150,11 @@ fn decode(v: &Value) -> Result<Node, String> {
     let node_ip = string(map, "node-ip")?
         .map(|s| address(s, "node-ip"))
         .transpose()?;
-    let health_ip = health_address(map, "", address, |c: Ipv4Cidr| c.usable().next())?;
+    let health_ip = health_address::<Ipv4Net>(map, "", address)?;
     let node_ip6 = string(map, "node-ip6")?
         .map(|s| address6(s, "node-ip6"))
         .transpose()?;
-    let health_ip6 = health_address(map, "6", address6, |c: Ipv6Cidr| c.usable().next())?;
+    let health_ip6 = health_address::<Ipv6Net>(map, "6", address6)?;
     if node_ip.is_none() && node_ip6.is_none() {
         return Err("missing field `node-ip` (or `node-ip6`)".into());
     }
@@ -177,24 +178,18 @@ fn decode(v: &Value) -> Result<Node, String> {
 /// A family's health address (`suffix` "" or "6"): `health-ip<suffix>`, or
 /// the first usable address of `health-cidr<suffix>` (what the endpoint's
 /// IPAM gives), not both.
-fn health_address<A, C>(
+fn health_address<C: Cidr>(
     map: &Map<String, Value>,
     suffix: &str,
-    parse_ip: fn(&str, &str) -> Result<A, String>,
-    first_usable: fn(C) -> Option<A>,
-) -> Result<Option<A>, String>
-where
-    C: std::str::FromStr + fmt::Display + Copy,
-    C::Err: fmt::Display,
-{
+    parse_ip: fn(&str, &str) -> Result<C::Addr, String>,
+) -> Result<Option<C::Addr>, String> {
     let (ip_field, cidr_field) = (format!("health-ip{suffix}"), format!("health-cidr{suffix}"));
     match (string(map, &ip_field)?, string(map, &cidr_field)?) {
         (Some(ip), None) => parse_ip(ip, &ip_field).map(Some),
         (None, Some(cidr)) => {
-            let cidr: C = cidr
-                .parse()
-                .map_err(|e| format!("field `{cidr_field}`: {e}"))?;
-            first_usable(cidr)
+            let cidr: C = cidr::parse(cidr).map_err(|e| format!("field `{cidr_field}`: {e}"))?;
+            cidr.usable()
+                .next()
                 .map(Some)
                 .ok_or_else(|| format!("field `{cidr_field}` {cidr} has no usable address"))
         }

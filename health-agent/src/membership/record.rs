@@ -8,7 +8,7 @@ use std::{fmt, fmt::Write as _, net::IpAddr, sync::Arc};
 use serde::{Deserialize, Serialize};
 
 use super::{Node, NodeSet};
-use crate::util::cidr::{Ipv4Cidr, Ipv6Cidr};
+use ipnet::{Ipv4Net, Ipv6Net};
 
 /// The longest node name, in bytes (a DNS name's limit).
 pub const MAX_NAME_LEN: usize = 253;
@@ -27,14 +27,14 @@ pub struct LocalNode {
     /// taken first.
     pub name: Option<String>,
     /// This node's health CIDR: no peer's address may be inside it.
-    pub health_cidr: Option<Ipv4Cidr>,
+    pub health_cidr: Option<Ipv4Net>,
     /// This node's IPv6 health CIDR, likewise.
-    pub health_cidr6: Option<Ipv6Cidr>,
+    pub health_cidr6: Option<Ipv6Net>,
     /// The cluster's health range (`--health-range`): a peer's IPv4
     /// health address outside it is refused (`None`: not checked).
-    pub health_range: Option<Ipv4Cidr>,
+    pub health_range: Option<Ipv4Net>,
     /// The cluster's IPv6 health range (`--health-range6`), likewise.
-    pub health_range6: Option<Ipv6Cidr>,
+    pub health_range6: Option<Ipv6Net>,
 }
 
 /// Where a record comes from.

@@ -11,19 +11,17 @@
 
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::NodeSet;
 use crate::{
     sys::netlink::{Netlink, NetlinkError, in_netns},
-    util::{
-        cidr::{Ipv4Cidr, Ipv6Cidr},
-        errors::chain,
-    },
+    util::errors::chain,
 };
 
 /// The `rtm_protocol` of the agent's routes (unassigned in iproute2's
@@ -59,9 +57,9 @@ pub struct PeerRoute {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RouteBounds {
     /// `--health-range`: IPv4 health addresses are routed only inside it.
-    pub range: Option<Ipv4Cidr>,
+    pub range: Option<Ipv4Net>,
     /// `--health-range6`, likewise for IPv6.
-    pub range6: Option<Ipv6Cidr>,
+    pub range6: Option<Ipv6Net>,
     /// Addresses the agent depends on (the etcd endpoints): never routed.
     pub protected: Vec<IpAddr>,
 }
@@ -137,7 +135,7 @@ struct Table {
 /// families.
 async fn read_table(nl: &Netlink) -> Result<Table, NetlinkError> {
     let mut routes: Vec<TableRoute> = nl
-        .routes_v4()
+        .routes::<Ipv4Addr>()
         .await?
         .into_iter()
         .map(|r| TableRoute {
@@ -148,7 +146,7 @@ async fn read_table(nl: &Netlink) -> Result<Table, NetlinkError> {
         })
         .collect();
     routes.extend(
-        nl.routes_v6()
+        nl.routes::<Ipv6Addr>()
             .await?
             .into_iter()
             .filter(|r| r.table == MAIN_TABLE)
@@ -160,13 +158,13 @@ async fn read_table(nl: &Netlink) -> Result<Table, NetlinkError> {
             }),
     );
     let mut connected: Vec<(IpAddr, u8)> = nl
-        .addresses_v4()
+        .addresses::<Ipv4Addr>()
         .await?
         .into_iter()
         .map(|(_, a, p)| (a.into(), p))
         .collect();
     connected.extend(
-        nl.addresses_v6()
+        nl.addresses::<Ipv6Addr>()
             .await?
             .into_iter()
             .filter(|(_, a, _)| !is_link_local(*a))
@@ -197,10 +195,10 @@ impl RouteBounds {
                         .into(),
                 );
             }
-            (IpAddr::V4(ip), Some(r), _) if !r.contains(ip) => {
+            (IpAddr::V4(ip), Some(r), _) if !r.contains(&ip) => {
                 return Some(format!("outside the health range {r} (--health-range)"));
             }
-            (IpAddr::V6(ip), _, Some(r)) if !r.contains(ip) => {
+            (IpAddr::V6(ip), _, Some(r)) if !r.contains(&ip) => {
                 return Some(format!("outside the health range {r} (--health-range6)"));
             }
             _ => {}
@@ -223,8 +221,8 @@ impl RouteBounds {
     /// The prefix length of the range of `ip`'s family.
     fn range_prefix(&self, ip: IpAddr) -> u8 {
         match ip {
-            IpAddr::V4(_) => self.range.map_or(32, Ipv4Cidr::prefix),
-            IpAddr::V6(_) => self.range6.map_or(128, Ipv6Cidr::prefix),
+            IpAddr::V4(_) => self.range.map_or(32, |r| r.prefix_len()),
+            IpAddr::V6(_) => self.range6.map_or(128, |r| r.prefix_len()),
         }
     }
 }

@@ -172,11 +172,11 @@ fn check_record(
         let inside = match ip {
             IpAddr::V4(v4) => local
                 .health_cidr
-                .filter(|c| c.contains(v4))
+                .filter(|c| c.contains(&v4))
                 .map(|c| c.to_string()),
             IpAddr::V6(v6) => local
                 .health_cidr6
-                .filter(|c| c.contains(v6))
+                .filter(|c| c.contains(&v6))
                 .map(|c| c.to_string()),
         };
         if let Some(cidr) = inside {
@@ -198,7 +198,7 @@ fn check_ranges(node: &Node, local: &LocalNode) -> Result<(), Rule> {
         })
     };
     if let (Some(ip), Some(range)) = (node.health_ip, local.health_range)
-        && !range.contains(ip)
+        && !range.contains(&ip)
     {
         return outside(
             Field::HealthIp,
@@ -208,7 +208,7 @@ fn check_ranges(node: &Node, local: &LocalNode) -> Result<(), Rule> {
         );
     }
     if let (Some(ip), Some(range)) = (node.health_ip6, local.health_range6)
-        && !range.contains(ip)
+        && !range.contains(&ip)
     {
         return outside(
             Field::HealthIp6,

@@ -4,24 +4,21 @@
 //! [`in_netns`] builds the connection on a thread that entered the namespace
 //! and drives it with a current-thread runtime there.
 
-use std::{
-    future::Future,
-    net::{Ipv4Addr, Ipv6Addr},
-    os::fd::AsRawFd as _,
-};
+use std::{future::Future, os::fd::AsRawFd as _};
 
 use futures::TryStreamExt as _;
 use netlink_packet_route::{
-    address::{AddressAttribute, AddressFlags},
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage},
-    neighbour::NeighbourState,
     tc::TcAttribute,
 };
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, new_connection};
 
 use crate::sys::netns::{Netns, NetnsError, run_in};
 
+mod addresses;
 mod routes;
+
+pub use routes::{Route, RouteV4, RouteV6};
 
 /// `RTPROT_BOOT`, what `ip route add` marks a route with by default.
 const RTPROT_BOOT: u8 = 3;
@@ -32,6 +29,12 @@ pub enum NetlinkError {
     Request {
         op: String,
         source: rtnetlink::Error,
+    },
+    #[error("a route to {destination}/{prefix}: {reason}")]
+    InvalidRoute {
+        destination: std::net::IpAddr,
+        prefix: u8,
+        reason: String,
     },
     #[error("a route to {destination} via {gateway}: the families differ")]
     FamilyMismatch {
@@ -57,30 +60,6 @@ pub struct LinkStats {
     pub tx_bytes: u64,
     pub rx_dropped: u64,
     pub tx_dropped: u64,
-}
-
-/// An IPv4 route of the main table, as far as the agent cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouteV4 {
-    pub destination: Ipv4Addr,
-    pub prefix: u8,
-    pub gateway: Option<Ipv4Addr>,
-    pub oif: Option<u32>,
-    /// Who installed it (`rtm_protocol`: 2 kernel, 3 boot, 4 static, ...).
-    pub protocol: u8,
-}
-
-/// An IPv6 route, as far as the agent cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouteV6 {
-    pub destination: Ipv6Addr,
-    pub prefix: u8,
-    pub gateway: Option<Ipv6Addr>,
-    pub oif: Option<u32>,
-    /// Who installed it (`rtm_protocol`: 2 kernel, 3 boot, 4 static, ...).
-    pub protocol: u8,
-    /// The routing table (254 main, 255 local).
-    pub table: u32,
 }
 
 /// A direction of the clsact qdisc.
@@ -326,42 +305,6 @@ impl Netlink {
             )))
     }
 
-    /// Adds `addr/prefix` to an interface.
-    pub async fn add_address(
-        &self,
-        name: &str,
-        addr: Ipv4Addr,
-        prefix: u8,
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(name).await?;
-        self.handle
-            .address()
-            .add(index, addr.into(), prefix)
-            .execute()
-            .await
-            .map_err(req(format!("adding {addr}/{prefix} to {name:?}")))
-    }
-
-    /// Adds the IPv6 `addr/prefix` to an interface without duplicate
-    /// address detection (`nodad`): usable at once.
-    pub async fn add_address6(
-        &self,
-        name: &str,
-        addr: Ipv6Addr,
-        prefix: u8,
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(name).await?;
-        let mut request = self.handle.address().add(index, addr.into(), prefix);
-        request
-            .message_mut()
-            .attributes
-            .push(AddressAttribute::Flags(AddressFlags::Nodad));
-        request
-            .execute()
-            .await
-            .map_err(req(format!("adding {addr}/{prefix} to {name:?}")))
-    }
-
     /// Deletes an interface (for a veth, both ends go).
     pub async fn delete_link(&self, name: &str) -> Result<(), NetlinkError> {
         let index = self.require_link(name).await?;
@@ -484,104 +427,6 @@ impl Netlink {
             _ => None,
         });
         Ok(stats.unwrap_or_default())
-    }
-
-    /// Adds (or replaces) a permanent neighbour entry `ip -> mac` on `iface`.
-    pub async fn replace_neighbour(
-        &self,
-        iface: &str,
-        ip: Ipv4Addr,
-        mac: [u8; 6],
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(iface).await?;
-        self.handle
-            .neighbours()
-            .add(index, ip.into())
-            .link_layer_address(&mac)
-            .state(NeighbourState::Permanent)
-            .replace()
-            .execute()
-            .await
-            .map_err(req(format!("adding neighbour {ip} on {iface}")))
-    }
-
-    /// Adds (or replaces) a permanent IPv6 neighbour entry `ip -> mac` on
-    /// `iface`.
-    pub async fn replace_neighbour6(
-        &self,
-        iface: &str,
-        ip: Ipv6Addr,
-        mac: [u8; 6],
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(iface).await?;
-        self.handle
-            .neighbours()
-            .add(index, ip.into())
-            .link_layer_address(&mac)
-            .state(NeighbourState::Permanent)
-            .replace()
-            .execute()
-            .await
-            .map_err(req(format!("adding neighbour {ip} on {iface}")))
-    }
-
-    /// Every IPv6 address configured in this namespace, with its interface
-    /// index and prefix length.
-    pub async fn addresses_v6(&self) -> Result<Vec<(u32, Ipv6Addr, u8)>, NetlinkError> {
-        let mut stream = self.handle.address().get().execute();
-        let mut out = Vec::new();
-        while let Some(msg) = stream.try_next().await.map_err(req("listing addresses"))? {
-            for a in &msg.attributes {
-                if let AddressAttribute::Address(std::net::IpAddr::V6(ip)) = a {
-                    out.push((msg.header.index, *ip, msg.header.prefix_len));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Deletes the address `addr` from `iface`; a missing one is fine.
-    pub async fn delete_address(
-        &self,
-        iface: &str,
-        addr: std::net::IpAddr,
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(iface).await?;
-        let mut stream = self.handle.address().get().execute();
-        let mut found = None;
-        while let Some(msg) = stream.try_next().await.map_err(req("listing addresses"))? {
-            if msg.header.index == index
-                && msg
-                    .attributes
-                    .iter()
-                    .any(|a| matches!(a, AddressAttribute::Address(a) if *a == addr))
-            {
-                found = Some(msg);
-            }
-        }
-        let Some(msg) = found else {
-            return Ok(());
-        };
-        self.handle
-            .address()
-            .del(msg)
-            .execute()
-            .await
-            .map_err(req(format!("deleting {addr} from {iface:?}")))
-    }
-
-    /// Every IPv4 address configured in this namespace, with its interface index.
-    pub async fn addresses_v4(&self) -> Result<Vec<(u32, Ipv4Addr, u8)>, NetlinkError> {
-        let mut stream = self.handle.address().get().execute();
-        let mut out = Vec::new();
-        while let Some(msg) = stream.try_next().await.map_err(req("listing addresses"))? {
-            for a in &msg.attributes {
-                if let AddressAttribute::Address(std::net::IpAddr::V4(ip)) = a {
-                    out.push((msg.header.index, *ip, msg.header.prefix_len));
-                }
-            }
-        }
-        Ok(out)
     }
 }
 

@@ -1,43 +1,36 @@
-//! RFC 3339 timestamps (UTC, seconds) and short durations, without a
-//! calendar dependency.
+//! RFC 3339 timestamps (UTC; `humantime` formats them) and short durations.
 
-use std::time::Duration;
+use std::{
+    fmt::Write as _,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use humantime::Rfc3339Timestamp;
 
 /// RFC 3339 in UTC with milliseconds: `2026-11-22T10:04:05.123Z`.
 #[must_use]
 pub fn rfc3339_millis(epoch_ms: u64) -> String {
-    let mut s = rfc3339(epoch_ms);
-    s.insert_str(s.len() - 1, &format!(".{:03}", epoch_ms % 1000));
-    s
+    rfc3339_with(epoch_ms, humantime::format_rfc3339_millis)
 }
 
 /// `2026-11-21T06:00:00Z` for milliseconds since the Unix epoch.
 #[must_use]
 pub fn rfc3339(epoch_ms: u64) -> String {
-    let secs = epoch_ms / 1000;
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    rfc3339_with(epoch_ms, humantime::format_rfc3339_seconds)
 }
 
-/// Howard Hinnant's days-to-civil algorithm.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
-    let m = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+/// `epoch_ms` formatted by `format`; a time RFC 3339 cannot write (after
+/// the year 9999) as the number it is.
+fn rfc3339_with(epoch_ms: u64, format: fn(SystemTime) -> Rfc3339Timestamp) -> String {
+    let mut text = String::new();
+    let written = UNIX_EPOCH
+        .checked_add(Duration::from_millis(epoch_ms))
+        .is_some_and(|t| write!(text, "{}", format(t)).is_ok());
+    if written {
+        text
+    } else {
+        format!("{epoch_ms} ms after 1970-01-01T00:00:00Z")
+    }
 }
 
 /// `412µs`, `1.204ms`, `2.5s`.
@@ -59,8 +52,8 @@ pub fn short(d: Duration) -> String {
 /// Milliseconds since the Unix epoch, now (0 before it).
 #[must_use]
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
@@ -78,6 +71,12 @@ mod tests {
             "2026-11-21T06:02:45.928Z"
         );
         assert_eq!(rfc3339_millis(7), "1970-01-01T00:00:00.007Z");
+        assert_eq!(rfc3339(253_402_300_799_000), "9999-12-31T23:59:59Z");
+        // Past what RFC 3339 can write: the number, not a panic.
+        assert_eq!(
+            rfc3339_millis(u64::MAX),
+            "18446744073709551615 ms after 1970-01-01T00:00:00Z"
+        );
     }
 
     #[test]

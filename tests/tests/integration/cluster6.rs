@@ -115,7 +115,7 @@ fn a_dual_stack_cluster_probes_both_families_and_shows_an_ipv6_failure() {
     );
     let ip6 = cluster.nodes[1].ip6.expect("ip6");
     in_netns(Some(&cluster.nodes[1].ns), |nl| async move {
-        nl.add_address6("uplink", ip6, 64).await
+        nl.add_address("uplink", ip6, 64).await
     })
     .expect("node-2's IPv6 address again");
     cluster.wait_status(0, Duration::from_secs(30), all_ok);

@@ -83,7 +83,7 @@ fn quiet_cluster() -> Cluster {
 fn wait_route(cluster: &Cluster, node: usize, peer: Ipv4Addr) {
     let deadline = Instant::now() + health_tests::patience(Duration::from_secs(5));
     while !in_netns(Some(&cluster.nodes[node].ns), |nl| async move {
-        nl.routes_v4().await
+        nl.routes::<Ipv4Addr>().await
     })
     .expect("routes")
     .iter()

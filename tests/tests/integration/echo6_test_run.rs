@@ -171,7 +171,7 @@ fn link_local(ns: &health_agent::sys::netns::Netns, iface: &'static str) -> Ipv6
         let found = in_netns(Some(ns), |nl| async move {
             let index = nl.require_link(iface).await?;
             Ok(nl
-                .addresses_v6()
+                .addresses::<Ipv6Addr>()
                 .await?
                 .into_iter()
                 .find(|(i, a, _)| *i == index && a.is_unicast_link_local())

@@ -4,7 +4,7 @@
 use std::{net::Ipv4Addr, time::Duration};
 
 use health_agent::endpoint::EndpointView;
-use health_agent::{datapath::read_pinned_stats, sys::netlink::in_netns};
+use health_agent::{datapath::read_pinned_stats, sys::netlink::in_netns, util::cidr::Cidr as _};
 use health_tests::agent::{AgentNode, HEALTH_CIDR};
 use nix::sys::signal::Signal;
 
@@ -42,8 +42,7 @@ fn daemon_brings_the_endpoint_to_ready_and_the_responder_answers() {
     assert_eq!(ep.interface, "lxc_health");
     let ip = ipv4(&ep);
     assert!(
-        HEALTH_CIDR
-            .parse::<health_agent::util::cidr::Ipv4Cidr>()
+        health_agent::util::cidr::parse::<ipnet::Ipv4Net>(HEALTH_CIDR)
             .expect("cidr")
             .is_usable(ip),
         "{ip}"
@@ -435,11 +434,14 @@ fn the_agent_touches_only_its_own_routes_and_only_on_link_ones() {
     node.wait_endpoint(READY, |_| true);
     let node_ns = node.node.clone();
     let routes = || -> Vec<RouteV4> {
-        in_netns(Some(&node_ns), |nl| async move { nl.routes_v4().await })
-            .expect("routes")
-            .into_iter()
-            .filter(|r| r.prefix == 32)
-            .collect()
+        in_netns(
+            Some(&node_ns),
+            |nl| async move { nl.routes::<Ipv4Addr>().await },
+        )
+        .expect("routes")
+        .into_iter()
+        .filter(|r| r.prefix == 32)
+        .collect()
     };
     let to = |rs: &[RouteV4], dst: Ipv4Addr| rs.iter().find(|r| r.destination == dst).copied();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

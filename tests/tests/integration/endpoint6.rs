@@ -44,7 +44,7 @@ impl Agent6 {
     fn new() -> Self {
         let node = AgentNode::new();
         in_netns(Some(&node.node), |nl| async move {
-            nl.add_address6("uplink", NODE_IP6, 64).await
+            nl.add_address("uplink", NODE_IP6, 64).await
         })
         .expect("the node's IPv6 address");
         Self { node, daemon: None }
@@ -138,7 +138,7 @@ impl Agent6 {
     fn node_route6_to(&self, addr: Ipv6Addr) -> bool {
         in_netns(Some(&self.node.node), |nl| async move {
             let index = nl.link_index("lxc_health").await?;
-            let routes = nl.routes_v6().await?;
+            let routes = nl.routes::<Ipv6Addr>().await?;
             Ok(routes
                 .iter()
                 .any(|r| r.destination == addr && r.prefix == 128 && r.oif == index))
@@ -148,10 +148,9 @@ impl Agent6 {
 
     /// Whether the node has any route to `addr`/128.
     fn node_has_any_route6_to(&self, addr: Ipv6Addr) -> bool {
-        in_netns(
-            Some(&self.node.node),
-            |nl| async move { nl.routes_v6().await },
-        )
+        in_netns(Some(&self.node.node), |nl| async move {
+            nl.routes::<Ipv6Addr>().await
+        })
         .expect("netlink")
         .iter()
         .any(|r| r.destination == addr && r.prefix == 128)
@@ -163,7 +162,7 @@ impl Agent6 {
         in_netns(Some(&self.ep_ns()), |nl| async move {
             let index = nl.require_link("eth0").await?;
             Ok(nl
-                .addresses_v6()
+                .addresses::<Ipv6Addr>()
                 .await?
                 .into_iter()
                 .filter(|(i, a, _)| *i == index && !a.is_unicast_link_local())
@@ -178,7 +177,7 @@ impl Agent6 {
         in_netns(Some(&self.ep_ns()), |nl| async move {
             let index = nl.require_link("eth0").await?;
             Ok(nl
-                .routes_v6()
+                .routes::<Ipv6Addr>()
                 .await?
                 .iter()
                 .find(|r| r.prefix == 0 && r.oif == Some(index) && r.gateway.is_some())
@@ -280,10 +279,9 @@ fn ipv6_only_endpoint_is_plumbed_answered_and_removed_with_forwarding_restored()
         "node route to {addr} via lxc_health"
     );
     assert_eq!(a.forwarding6(), "1", "IPv6 forwarding while the agent runs");
-    let v4 = in_netns(
-        Some(&a.ep_ns()),
-        |nl| async move { nl.addresses_v4().await },
-    )
+    let v4 = in_netns(Some(&a.ep_ns()), |nl| async move {
+        nl.addresses::<Ipv4Addr>().await
+    })
     .expect("netlink");
     assert!(
         v4.iter().all(|(_, ip, _)| ip.is_loopback()),
@@ -375,7 +373,7 @@ fn the_controller_repairs_deleted_ipv6_address_and_routes() {
     assert_eq!(a.ep_addresses6(), [(addr, 128)], "address back");
 
     in_netns(Some(&a.ep_ns()), |nl| async move {
-        nl.delete_route6(Ipv6Addr::UNSPECIFIED, 0, "eth0").await
+        nl.delete_route(Ipv6Addr::UNSPECIFIED, 0, "eth0").await
     })
     .expect("delete the default route");
     assert_eq!(a.ep_default6(), None, "deleted");
@@ -383,7 +381,7 @@ fn the_controller_repairs_deleted_ipv6_address_and_routes() {
     assert_eq!(a.ep_default6(), Some(ip6("2001:2:0:3::1")), "default back");
 
     in_netns(Some(&a.node.node), |nl| async move {
-        nl.delete_route6(addr, 128, "lxc_health").await
+        nl.delete_route(addr, 128, "lxc_health").await
     })
     .expect("delete the node's route");
     assert!(!a.node_route6_to(addr), "deleted");
@@ -417,7 +415,7 @@ fn a_restarted_agent_keeps_the_same_ipv6_address() {
     let mut a = Agent6::new();
     let taken = ip6("2001:2:0:4::2");
     in_netns(Some(&a.node.node), |nl| async move {
-        nl.add_address6("uplink", taken, 64).await
+        nl.add_address("uplink", taken, 64).await
     })
     .expect("node address");
     a.start(&["--health-cidr6", "2001:2:0:4::/64"]);
@@ -495,8 +493,8 @@ fn bad_health_cidr6_values_are_refused_clearly() {
 
     // Exhausted: a /126 holds ::2 and ::3, both the node's.
     in_netns(Some(&a.node.node), |nl| async move {
-        nl.add_address6("uplink", ip6("2001:2:0:6::2"), 64).await?;
-        nl.add_address6("uplink", ip6("2001:2:0:6::3"), 64).await
+        nl.add_address("uplink", ip6("2001:2:0:6::2"), 64).await?;
+        nl.add_address("uplink", ip6("2001:2:0:6::3"), 64).await
     })
     .expect("node addresses");
     let out = a.run_to_exit(&["--health-cidr6", "2001:2:0:6::/126"]);

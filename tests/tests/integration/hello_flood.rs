@@ -84,13 +84,13 @@ impl Lab {
         in_netns(Some(&nodes.a), |nl| async move {
             for k in 0..SOURCES {
                 nl.add_address(A_IF, flood_ip(k), 24).await?;
-                nl.add_address6(A_IF, flood_ip6(k), 64).await?;
+                nl.add_address(A_IF, flood_ip6(k), 64).await?;
             }
-            nl.add_address6(A_IF, PEER_IP6, 64).await
+            nl.add_address(A_IF, PEER_IP6, 64).await
         })
         .expect("the flood's addresses");
         in_netns(Some(&nodes.b), |nl| async move {
-            nl.replace_route6(PEER_IP6, 64, B_IF, Some(A_IP6)).await
+            nl.replace_route(PEER_IP6, 64, B_IF, Some(A_IP6)).await
         })
         .expect("a route back to the peer's /64");
         let server = runtime("server");

@@ -62,8 +62,8 @@ impl Lab {
             for k in 1..=PEERS {
                 nl.add_address("lo", node_ip(k), 32).await?;
                 nl.add_address("lo", health_ip(k), 32).await?;
-                nl.add_address6("lo", node_ip6(k), 128).await?;
-                nl.add_address6("lo", health_ip6(k), 128).await?;
+                nl.add_address("lo", node_ip6(k), 128).await?;
+                nl.add_address("lo", health_ip6(k), 128).await?;
             }
             Ok(())
         })
@@ -73,10 +73,8 @@ impl Lab {
                 .await?;
             nl.replace_route_via(Ipv4Addr::new(198, 18, 2, 0), 24, B_IP)
                 .await?;
-            nl.replace_route6(node_ip6(0), 64, A_IF, Some(B_IP6))
-                .await?;
-            nl.replace_route6(health_ip6(0), 64, A_IF, Some(B_IP6))
-                .await
+            nl.replace_route(node_ip6(0), 64, A_IF, Some(B_IP6)).await?;
+            nl.replace_route(health_ip6(0), 64, A_IF, Some(B_IP6)).await
         })
         .expect("routes to the peers");
         let rt = tokio::runtime::Builder::new_multi_thread()

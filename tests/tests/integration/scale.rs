@@ -378,13 +378,15 @@ fn sigterm_during_a_round_over_200_peers_half_silent_exits_within_2s_leaving_not
     );
     // Routes to the answering peers' health IPs are in place by now.
     let routes = || {
-        in_netns(Some(&lab.node), |nl| async move { nl.routes_v4().await })
-            .expect("routes")
-            .into_iter()
-            .filter(|r| {
-                r.prefix == 32 && (r.destination.octets()[2] == 2 || r.destination.octets()[2] == 4)
-            })
-            .count()
+        in_netns(Some(&lab.node), |nl| async move {
+            nl.routes::<Ipv4Addr>().await
+        })
+        .expect("routes")
+        .into_iter()
+        .filter(|r| {
+            r.prefix == 32 && (r.destination.octets()[2] == 2 || r.destination.octets()[2] == 4)
+        })
+        .count()
     };
     assert!(routes() > 0, "peer routes installed");
 

@@ -69,7 +69,7 @@ fn delete(cluster: &Cluster, key: &str) {
 /// Node `i`'s IPv4 host routes.
 fn host_routes(cluster: &Cluster, i: usize) -> Vec<RouteV4> {
     in_netns(Some(&cluster.nodes[i].ns), |nl| async move {
-        nl.routes_v4().await
+        nl.routes::<Ipv4Addr>().await
     })
     .expect("routes")
     .into_iter()
@@ -257,7 +257,7 @@ fn addresses_the_node_reaches_otherwise_are_not_routed() {
         "{routes:?}"
     );
     let all = in_netns(Some(&cluster.nodes[0].ns), |nl| async move {
-        nl.routes_v4().await
+        nl.routes::<Ipv4Addr>().await
     })
     .expect("routes");
     assert!(

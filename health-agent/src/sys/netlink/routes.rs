@@ -5,12 +5,75 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt as _;
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope,
+use netlink_packet_route::{
+    AddressFamily,
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope},
 };
 use rtnetlink::RouteMessageBuilder;
 
-use super::{Netlink, NetlinkError, RTPROT_BOOT, RouteV4, RouteV6, req};
+use super::{Netlink, NetlinkError, RTPROT_BOOT, req};
+use crate::util::cidr::Family;
+
+/// A route of family `A`, as far as the agent cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route<A> {
+    pub destination: A,
+    pub prefix: u8,
+    pub gateway: Option<A>,
+    pub oif: Option<u32>,
+    /// Who installed it (`rtm_protocol`: 2 kernel, 3 boot, 4 static, ...).
+    pub protocol: u8,
+    /// The routing table (254 main, 255 local).
+    pub table: u32,
+}
+
+/// An IPv4 route.
+pub type RouteV4 = Route<Ipv4Addr>;
+/// An IPv6 route.
+pub type RouteV6 = Route<Ipv6Addr>;
+
+/// A route to `destination/prefix`, through `gateway` when given (of the
+/// same family).
+fn route(
+    destination: IpAddr,
+    prefix: u8,
+    gateway: Option<IpAddr>,
+) -> Result<RouteMessageBuilder<IpAddr>, NetlinkError> {
+    // rtnetlink checks the prefix length against the family.
+    let b = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(destination, prefix)
+        .map_err(invalid_route(destination, prefix))?;
+    match gateway {
+        None => Ok(b),
+        Some(gateway) if gateway.is_ipv4() == destination.is_ipv4() => b
+            .gateway(gateway)
+            .map_err(invalid_route(destination, prefix)),
+        Some(gateway) => Err(NetlinkError::FamilyMismatch {
+            destination,
+            gateway,
+        }),
+    }
+}
+
+fn invalid_route<E: std::fmt::Display>(
+    destination: IpAddr,
+    prefix: u8,
+) -> impl FnOnce(E) -> NetlinkError {
+    move |e| NetlinkError::InvalidRoute {
+        destination,
+        prefix,
+        reason: e.to_string(),
+    }
+}
+
+/// The address of a route attribute, when it is one of family `A`.
+fn address<A: Family>(a: &RouteAddress) -> Option<A> {
+    match a {
+        RouteAddress::Inet(a) => A::from_ip(IpAddr::V4(*a)),
+        RouteAddress::Inet6(a) => A::from_ip(IpAddr::V6(*a)),
+        _ => None,
+    }
+}
 
 impl Netlink {
     /// Adds `msg`, replacing a route to the same destination.
@@ -25,7 +88,7 @@ impl Netlink {
     }
 
     /// Deletes the route `msg` names; a missing one is fine.
-    async fn delete_route(&self, msg: RouteMessage, op: String) -> Result<(), NetlinkError> {
+    async fn delete_message(&self, msg: RouteMessage, op: String) -> Result<(), NetlinkError> {
         match self.handle.route().del(msg).execute().await {
             Ok(()) => Ok(()),
             Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
@@ -33,38 +96,70 @@ impl Netlink {
         }
     }
 
-    /// Every route `query` (a family's empty message) lists.
-    async fn route_messages(
-        &self,
-        query: RouteMessage,
-        what: &'static str,
-    ) -> Result<Vec<RouteMessage>, NetlinkError> {
-        self.handle
+    /// Routes of family `A`; IPv6 ones of every table (check
+    /// [`Route::table`]).
+    pub async fn routes<A: Family>(&self) -> Result<Vec<Route<A>>, NetlinkError> {
+        let mut query = RouteMessageBuilder::<IpAddr>::new().build();
+        let any: IpAddr = A::UNSPECIFIED.into();
+        query.header.address_family = if any.is_ipv4() {
+            AddressFamily::Inet
+        } else {
+            AddressFamily::Inet6
+        };
+        let msgs: Vec<RouteMessage> = self
+            .handle
             .route()
             .get(query)
             .execute()
             .try_collect()
             .await
-            .map_err(req(what))
+            .map_err(req(format!("listing {} routes", A::NAME)))?;
+        Ok(msgs
+            .iter()
+            .map(|msg| {
+                let mut r = Route {
+                    destination: A::UNSPECIFIED,
+                    prefix: msg.header.destination_prefix_length,
+                    gateway: None,
+                    oif: None,
+                    protocol: u8::from(msg.header.protocol),
+                    table: u32::from(msg.header.table),
+                };
+                for a in &msg.attributes {
+                    match a {
+                        RouteAttribute::Destination(d) => {
+                            r.destination = address(d).unwrap_or(r.destination);
+                        }
+                        RouteAttribute::Gateway(g) => r.gateway = address(g).or(r.gateway),
+                        RouteAttribute::Oif(i) => r.oif = Some(*i),
+                        RouteAttribute::Table(t) => r.table = *t,
+                        _ => {}
+                    }
+                }
+                r
+            })
+            .collect())
     }
 
-    /// Adds (or replaces) an IPv4 route `destination/prefix` out of
-    /// `iface`, through `gateway` when given (on-link: the gateway need not
-    /// be in any connected subnet).
-    pub async fn replace_route(
+    /// Adds (or replaces) a route `destination/prefix` out of `iface`,
+    /// through `gateway` when given (on-link: the gateway need not be in
+    /// any connected network). The interface must be up for IPv6.
+    pub async fn replace_route<A: Family>(
         &self,
-        destination: Ipv4Addr,
+        destination: A,
         prefix: u8,
         iface: &str,
-        gateway: Option<Ipv4Addr>,
+        gateway: Option<A>,
     ) -> Result<(), NetlinkError> {
         let index = self.require_link(iface).await?;
-        let b = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(destination, prefix)
-            .output_interface(index);
+        let destination: IpAddr = destination.into();
+        let b = route(destination, prefix, gateway.map(Into::into))?.output_interface(index);
         let b = match gateway {
-            Some(gw) => b.gateway(gw).onlink(),
-            None => b.scope(RouteScope::Link),
+            Some(_) => b.onlink(),
+            // A direct IPv4 route reaches only the link; IPv6 routes have
+            // no scope.
+            None if destination.is_ipv4() => b.scope(RouteScope::Link),
+            None => b,
         };
         let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
         self.add_route(
@@ -74,13 +169,33 @@ impl Netlink {
         .await
     }
 
+    /// Deletes the main-table route to `destination/prefix` out of `iface`,
+    /// whoever installed it; a missing one is fine.
+    pub async fn delete_route<A: Family>(
+        &self,
+        destination: A,
+        prefix: u8,
+        iface: &str,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        let msg = route(destination.into(), prefix, None)?
+            .output_interface(index)
+            .protocol(RouteProtocol::Unspec)
+            .build();
+        self.delete_message(
+            msg,
+            format!("deleting route {destination}/{prefix} dev {iface}"),
+        )
+        .await
+    }
+
     /// Adds (or replaces) `destination/prefix via gateway`, letting the
     /// kernel pick the interface that reaches the gateway.
-    pub async fn replace_route_via(
+    pub async fn replace_route_via<A: Family>(
         &self,
-        destination: Ipv4Addr,
+        destination: A,
         prefix: u8,
-        gateway: Ipv4Addr,
+        gateway: A,
     ) -> Result<(), NetlinkError> {
         self.replace_route_owned(destination, prefix, gateway, RTPROT_BOOT)
             .await
@@ -98,25 +213,9 @@ impl Netlink {
         protocol: u8,
     ) -> Result<(), NetlinkError> {
         let (destination, gateway) = (destination.into(), gateway.into());
-        let proto = RouteProtocol::from(protocol);
-        let msg = match (destination, gateway) {
-            (IpAddr::V4(d), IpAddr::V4(g)) => RouteMessageBuilder::<Ipv4Addr>::new()
-                .destination_prefix(d, prefix)
-                .gateway(g)
-                .protocol(proto)
-                .build(),
-            (IpAddr::V6(d), IpAddr::V6(g)) => RouteMessageBuilder::<Ipv6Addr>::new()
-                .destination_prefix(d, prefix)
-                .gateway(g)
-                .protocol(proto)
-                .build(),
-            _ => {
-                return Err(NetlinkError::FamilyMismatch {
-                    destination,
-                    gateway,
-                });
-            }
-        };
+        let msg = route(destination, prefix, Some(gateway))?
+            .protocol(RouteProtocol::from(protocol))
+            .build();
         self.add_route(
             msg,
             format!("adding route {destination}/{prefix} via {gateway} (protocol {protocol})"),
@@ -134,131 +233,13 @@ impl Netlink {
         protocol: u8,
     ) -> Result<(), NetlinkError> {
         let destination = destination.into();
-        let proto = RouteProtocol::from(protocol);
-        let msg = match destination {
-            IpAddr::V4(d) => RouteMessageBuilder::<Ipv4Addr>::new()
-                .destination_prefix(d, prefix)
-                .protocol(proto)
-                .build(),
-            IpAddr::V6(d) => RouteMessageBuilder::<Ipv6Addr>::new()
-                .destination_prefix(d, prefix)
-                .protocol(proto)
-                .build(),
-        };
-        self.delete_route(
+        let msg = route(destination, prefix, None)?
+            .protocol(RouteProtocol::from(protocol))
+            .build();
+        self.delete_message(
             msg,
             format!("deleting route {destination}/{prefix} (protocol {protocol})"),
         )
         .await
-    }
-
-    /// IPv4 routes of the main table.
-    pub async fn routes_v4(&self) -> Result<Vec<RouteV4>, NetlinkError> {
-        let msgs = self
-            .route_messages(
-                RouteMessageBuilder::<Ipv4Addr>::new().build(),
-                "listing IPv4 routes",
-            )
-            .await?;
-        Ok(msgs
-            .iter()
-            .map(|msg| {
-                let mut r = RouteV4 {
-                    destination: Ipv4Addr::UNSPECIFIED,
-                    prefix: msg.header.destination_prefix_length,
-                    gateway: None,
-                    oif: None,
-                    protocol: u8::from(msg.header.protocol),
-                };
-                for a in &msg.attributes {
-                    match a {
-                        RouteAttribute::Destination(RouteAddress::Inet(d)) => r.destination = *d,
-                        RouteAttribute::Gateway(RouteAddress::Inet(g)) => r.gateway = Some(*g),
-                        RouteAttribute::Oif(i) => r.oif = Some(*i),
-                        _ => {}
-                    }
-                }
-                r
-            })
-            .collect())
-    }
-
-    /// Adds (or replaces) an IPv6 route `destination/prefix` out of `iface`,
-    /// through `gateway` when given (on-link: the gateway need not be in any
-    /// connected prefix). The interface must be up.
-    pub async fn replace_route6(
-        &self,
-        destination: Ipv6Addr,
-        prefix: u8,
-        iface: &str,
-        gateway: Option<Ipv6Addr>,
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(iface).await?;
-        let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
-            .destination_prefix(destination, prefix)
-            .output_interface(index);
-        if let Some(gw) = gateway {
-            b = b.gateway(gw).onlink();
-        }
-        let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
-        self.add_route(
-            b.build(),
-            format!("adding route {destination}/{prefix}{via} dev {iface}"),
-        )
-        .await
-    }
-
-    /// Deletes the main-table IPv6 route to `destination/prefix` out of
-    /// `iface`, whoever installed it; a missing one is fine.
-    pub async fn delete_route6(
-        &self,
-        destination: Ipv6Addr,
-        prefix: u8,
-        iface: &str,
-    ) -> Result<(), NetlinkError> {
-        let index = self.require_link(iface).await?;
-        let msg = RouteMessageBuilder::<Ipv6Addr>::new()
-            .destination_prefix(destination, prefix)
-            .output_interface(index)
-            .protocol(RouteProtocol::Unspec)
-            .build();
-        self.delete_route(
-            msg,
-            format!("deleting route {destination}/{prefix} dev {iface}"),
-        )
-        .await
-    }
-
-    /// IPv6 routes of every table (check [`RouteV6::table`]).
-    pub async fn routes_v6(&self) -> Result<Vec<RouteV6>, NetlinkError> {
-        let msgs = self
-            .route_messages(
-                RouteMessageBuilder::<Ipv6Addr>::new().build(),
-                "listing IPv6 routes",
-            )
-            .await?;
-        Ok(msgs
-            .iter()
-            .map(|msg| {
-                let mut r = RouteV6 {
-                    destination: Ipv6Addr::UNSPECIFIED,
-                    prefix: msg.header.destination_prefix_length,
-                    gateway: None,
-                    oif: None,
-                    protocol: u8::from(msg.header.protocol),
-                    table: u32::from(msg.header.table),
-                };
-                for a in &msg.attributes {
-                    match a {
-                        RouteAttribute::Destination(RouteAddress::Inet6(d)) => r.destination = *d,
-                        RouteAttribute::Gateway(RouteAddress::Inet6(g)) => r.gateway = Some(*g),
-                        RouteAttribute::Oif(i) => r.oif = Some(*i),
-                        RouteAttribute::Table(t) => r.table = *t,
-                        _ => {}
-                    }
-                }
-                r
-            })
-            .collect())
     }
 }

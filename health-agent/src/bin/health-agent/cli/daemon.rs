@@ -26,8 +26,9 @@ use health_agent::{
     probe::{history, http::HEALTH_PORT, path::Thresholds},
     supervisor::Policy,
     sys::netns::Netns,
-    util::cidr::{Ipv4Cidr, Ipv6Cidr},
+    util::cidr,
 };
+use ipnet::{Ipv4Net, Ipv6Net};
 
 #[derive(Debug, Clone, Args)]
 #[command(group(
@@ -46,13 +47,13 @@ pub(crate) struct DaemonArgs {
     /// The node's share of the pod range (IPv4); the endpoint's IPv4
     /// address comes from it. At least one of --health-cidr and
     /// --health-cidr6 is given; both: a dual-stack endpoint.
-    #[arg(long, value_name = "CIDR")]
-    pub health_cidr: Option<Ipv4Cidr>,
+    #[arg(long, value_name = "CIDR", value_parser = cidr::parse::<Ipv4Net>)]
+    pub health_cidr: Option<Ipv4Net>,
     /// The node's share of the IPv6 pod range (such as
     /// `2001:db8:0:1::/64`; at most a /126); the endpoint's IPv6 address
     /// comes from it. Not with `--routing masquerade` (IPv4 only).
     #[arg(long, value_name = "CIDR", value_parser = parse_health_cidr6)]
-    pub health_cidr6: Option<Ipv6Cidr>,
+    pub health_cidr6: Option<Ipv6Net>,
     /// How the endpoint reaches peers. `routed`: routes to every peer's
     /// health CIDR via its node IP, no NAT. `masquerade`: additionally,
     /// traffic to destinations outside --health-range leaves with the node
@@ -64,13 +65,13 @@ pub(crate) struct DaemonArgs {
     /// record naming another address is refused), and masquerade leaves
     /// destinations inside it alone. Needed with peers (--nodes-file or
     /// --kvstore) when --health-cidr is given.
-    #[arg(long, value_name = "CIDR")]
-    pub health_range: Option<Ipv4Cidr>,
+    #[arg(long, value_name = "CIDR", value_parser = cidr::parse::<Ipv4Net>)]
+    pub health_range: Option<Ipv4Net>,
     /// The cluster-wide IPv6 health range that every node's
     /// --health-cidr6 comes from, likewise: needed with peers when
     /// --health-cidr6 is given.
-    #[arg(long, value_name = "CIDR")]
-    pub health_range6: Option<Ipv6Cidr>,
+    #[arg(long, value_name = "CIDR", value_parser = cidr::parse::<Ipv6Net>)]
+    pub health_range6: Option<Ipv6Net>,
     /// The node's uplink, where masquerade is attached (default: the
     /// interface that holds the node IP).
     #[arg(long, value_name = "IFACE")]
@@ -327,8 +328,8 @@ fn parse_allowed_hosts(s: &str) -> Result<health_agent::web::host::AllowedHosts,
 }
 
 /// `--health-cidr6`: an IPv6 CIDR that can hold the endpoint.
-fn parse_health_cidr6(s: &str) -> Result<Ipv6Cidr, String> {
-    let cidr: Ipv6Cidr = s.parse().map_err(|e| format!("{e}"))?;
+fn parse_health_cidr6(s: &str) -> Result<Ipv6Net, String> {
+    let cidr: Ipv6Net = cidr::parse(s).map_err(|e| e.to_string())?;
     health_agent::endpoint::ipam::check6(cidr).map_err(|e| e.to_string())?;
     Ok(cidr)
 }
