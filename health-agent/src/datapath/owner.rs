@@ -134,11 +134,6 @@ impl DatapathHandle {
         f(datapath, sets)
     }
 
-    /// Loads the object now unless it is loaded.
-    pub fn load(&self) -> Result<(), DatapathError> {
-        self.with(|_, _| Ok(()))
-    }
-
     /// Sets the connection-tracking lifetimes.
     pub fn set_ct_config(&self, cfg: CtConfig) -> Result<(), DatapathError> {
         self.with(|d, _| d.set_ct_config(cfg))
@@ -217,7 +212,8 @@ impl Attachments {
         self.with(|d, links| links.attach_nat(d.ebpf_mut(), uplink, hook))
     }
 
-    /// Where this set's programs are attached and how.
+    /// Where this set's programs are attached and how (nothing once the
+    /// owner is gone).
     #[must_use]
     pub fn report(&self) -> Vec<Attachment> {
         self.with(|_, links| Ok(links.report())).unwrap_or_default()
@@ -240,5 +236,52 @@ impl Drop for Attachments {
         if let (Some(mut links), Some(d)) = (sets.remove(&self.set), datapath.as_mut()) {
             links.detach_all(d.ebpf_mut());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of this test's own, not on bpffs.
+    fn not_bpffs(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("health-owner-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        dir
+    }
+
+    #[test]
+    fn a_failed_load_is_the_requests_error_and_tried_again_at_the_next() {
+        let dir = not_bpffs("load");
+        let owner = DatapathOwner::new(dir.clone(), MapSizes::DEFAULT);
+        let handle = owner.handle();
+        for _ in 0..2 {
+            let err = handle.set_ct_config(CtConfig::default());
+            assert!(
+                matches!(&err, Err(DatapathError::NotBpffs { path }) if *path == dir),
+                "{err:?}"
+            );
+        }
+        assert!(
+            owner.shared.lock().expect("lock").datapath.is_none(),
+            "nothing kept"
+        );
+        let _ = std::fs::remove_dir(&dir);
+    }
+
+    #[test]
+    fn a_handle_outliving_its_owner_is_refused_and_its_set_drops_quietly() {
+        let owner = DatapathOwner::new(not_bpffs("gone"), MapSizes::DEFAULT);
+        let handle = owner.handle();
+        let set = handle.attachments();
+        drop(owner);
+        assert!(matches!(
+            handle.set_nat_config(NatConfig::default()),
+            Err(DatapathError::OwnerGone)
+        ));
+        assert!(matches!(set.missing(), Err(DatapathError::OwnerGone)));
+        assert_eq!(set.report(), Vec::<Attachment>::new());
+        drop(set);
+        let _ = std::fs::remove_dir(handle.pin_dir());
     }
 }
