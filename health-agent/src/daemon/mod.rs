@@ -55,6 +55,7 @@ use crate::{
     api,
     cluster::view_cell::ClusterViewCell,
     datapath::{
+        DatapathOwner,
         maintenance::{self, DatapathConfig},
         report::MapsReport,
     },
@@ -153,6 +154,8 @@ async fn run_inner(
         dir: cfg.pin_dir.clone(),
         keep: cfg.endpoint.keep,
     };
+    // The one owner of the kernel object (dropped before the pins).
+    let kernel = DatapathOwner::new(cfg.pin_dir.clone(), cfg.datapath.map_sizes);
     let health = Health::default();
     let stopping = stop.clone();
     let mut sup = Supervisor::new(cfg.supervisor, health.clone(), stop);
@@ -192,12 +195,14 @@ async fn run_inner(
     start!(tasks::links(&mut sup, links.clone()));
     start!(tasks::datapath(
         &mut sup,
-        datapath_config(&cfg, &resolved, &at_start, maps, probe_timeout_in_force)
+        datapath_config(&cfg, &resolved, &at_start, maps, probe_timeout_in_force),
+        kernel.handle()
     ));
     let controller = controller_config(&cfg, &resolved);
     start!(tasks::endpoint(
         &mut sup,
         controller,
+        kernel.handle(),
         view.clone(),
         links.clone()
     ));
@@ -404,11 +409,9 @@ fn endpoint_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> EndpointC
         host_iface: e.host_iface.clone(),
         ep_iface: e.ep_iface.clone(),
         state_dir: e.state_dir.clone(),
-        pin_dir: cfg.pin_dir.clone(),
         mode: resolved.echo_mode,
         tc_hook: resolved.tc_hook,
         keep: e.keep,
-        map_sizes: cfg.datapath.map_sizes,
     }
 }
 

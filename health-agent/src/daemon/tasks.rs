@@ -12,7 +12,10 @@ use tracing::info;
 use super::node_sync::NodeSync;
 use crate::{
     api::server::{self, ApiState},
-    datapath::maintenance::{self, DatapathConfig},
+    datapath::{
+        DatapathHandle,
+        maintenance::{self, DatapathConfig},
+    },
     endpoint::{
         SharedView,
         controller::{self, ControllerConfig},
@@ -37,10 +40,12 @@ pub(super) async fn api(
         task(async move {
             let (bound_tx, bound) = tokio::sync::oneshot::channel();
             let served = api_thread(socket.clone(), group, state, ctx.shutdown, bound_tx)?;
-            // The thread says whether the socket is bound before serving.
-            bound.await.map_err(|_| api_thread_gone(&socket))??;
-            info!(socket = %socket.display(), "API listening");
-            ctx.ready.done();
+            // The thread says when the socket is bound, before serving; a
+            // socket it could not bind ends it with the error.
+            if bound.await.is_ok() {
+                info!(socket = %socket.display(), "API listening");
+                ctx.ready.done();
+            }
             served.await.map_err(|_| api_thread_gone(&socket))?
         })
     })
@@ -59,41 +64,56 @@ fn api_thread(
     group: Option<String>,
     state: ApiState,
     shutdown: tokio_util::sync::CancellationToken,
-    bound: tokio::sync::oneshot::Sender<Result<(), server::ServerError>>,
+    bound: tokio::sync::oneshot::Sender<()>,
 ) -> Result<tokio::sync::oneshot::Receiver<Result<(), server::ServerError>>, server::ServerError> {
-    let (done_tx, done) = tokio::sync::oneshot::channel();
     let path = socket.clone();
-    let io = move |source| server::ServerError::Io {
+    apart("api", Some(API_WORKERS), move || async move {
+        let (guard, listener) = server::bind(&socket, group.as_deref())?;
+        let _ = bound.send(());
+        let served = server::serve(listener, state, shutdown).await;
+        drop(guard);
+        served
+    })
+    .map_err(|source| server::ServerError::Io {
         op: "starting the API thread for",
-        path: path.clone(),
+        path,
         source,
+    })
+}
+
+/// Runs `serve` on a thread of its own named `name`, in a runtime of its
+/// own (`workers` threads more, or none: the thread itself), every thread
+/// at [`API_NICE`]: where the API and the metrics listener answer, never
+/// queued behind probes. What `serve` returns comes back through the
+/// receiver; a thread that panicked drops it unsent.
+fn apart<T, F, Fut>(
+    name: &'static str,
+    workers: Option<usize>,
+    serve: F,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<T>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = T>,
+{
+    let mut runtime = match workers {
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n)
+                .thread_name(name)
+                .on_thread_start(lower_priority);
+            b
+        }
+        None => tokio::runtime::Builder::new_current_thread(),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(API_WORKERS)
-        .thread_name("api")
-        .on_thread_start(lower_priority)
-        .enable_all()
-        .build()
-        .map_err(&io)?;
+    let rt = runtime.enable_all().build()?;
+    let (done_tx, done) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
-        .name("api".into())
+        .name(name.into())
         .spawn(move || {
             lower_priority();
-            rt.block_on(async move {
-                let (guard, listener) = match server::bind(&socket, group.as_deref()) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        let _ = bound.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = bound.send(Ok(()));
-                let served = server::serve(listener, state, shutdown).await;
-                drop(guard);
-                let _ = done_tx.send(served);
-            });
-        })
-        .map_err(&io)?;
+            let _ = done_tx.send(rt.block_on(serve()));
+        })?;
     Ok(done)
 }
 
@@ -151,25 +171,14 @@ pub(super) async fn web(
                 .and_then(|l| l.set_nonblocking(true).map(|()| l))
                 .map_err(|source| crate::web::WebError::Bind { addr, source })?;
             let bound = listener.local_addr().unwrap_or(addr);
-            let (done_tx, done) = tokio::sync::oneshot::channel();
             let shutdown = ctx.shutdown.clone();
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|source| crate::web::WebError::Serve { addr, source })?;
-            std::thread::Builder::new()
-                .name("web".into())
-                .spawn(move || {
-                    lower_priority();
-                    rt.block_on(async move {
-                        let served = match TcpListener::from_std(listener) {
-                            Ok(l) => crate::web::serve(l, router, shutdown).await,
-                            Err(source) => Err(crate::web::WebError::Serve { addr, source }),
-                        };
-                        let _ = done_tx.send(served);
-                    });
-                })
-                .map_err(|source| crate::web::WebError::Serve { addr, source })?;
+            let done = apart("web", None, move || async move {
+                match TcpListener::from_std(listener) {
+                    Ok(l) => crate::web::serve(l, router, shutdown).await,
+                    Err(source) => Err(crate::web::WebError::Serve { addr, source }),
+                }
+            })
+            .map_err(|source| crate::web::WebError::Serve { addr, source })?;
             info!(addr = %bound, "metrics and connectivity page listening");
             ctx.ready.done();
             done.await.map_err(|_| crate::web::WebError::Serve {
@@ -213,12 +222,22 @@ pub(super) async fn links(sup: &mut Supervisor, links: broadcast::Sender<()>) ->
     .await
 }
 
-/// The node's datapath: pins, configuration, masquerade, maintenance.
-pub(super) async fn datapath(sup: &mut Supervisor, cfg: DatapathConfig) -> Started {
+/// The node's datapath: pins, configuration, masquerade, maintenance,
+/// through the kernel object's owner.
+pub(super) async fn datapath(
+    sup: &mut Supervisor,
+    cfg: DatapathConfig,
+    kernel: DatapathHandle,
+) -> Started {
     sup.start("datapath", Restart::WithinBudget, move |ctx| {
-        task(maintenance::run(cfg.clone(), ctx.shutdown, move || {
-            ctx.ready.done();
-        }))
+        task(maintenance::run(
+            cfg.clone(),
+            kernel.clone(),
+            ctx.shutdown,
+            move || {
+                ctx.ready.done();
+            },
+        ))
     })
     .await
 }
@@ -227,6 +246,7 @@ pub(super) async fn datapath(sup: &mut Supervisor, cfg: DatapathConfig) -> Start
 pub(super) async fn endpoint(
     sup: &mut Supervisor,
     cfg: ControllerConfig,
+    kernel: DatapathHandle,
     view: SharedView,
     links: broadcast::Sender<()>,
 ) -> Started {
@@ -234,6 +254,7 @@ pub(super) async fn endpoint(
         let (cfg, view, events) = (cfg.clone(), view.clone(), links.subscribe());
         task(controller::run(
             cfg,
+            kernel.clone(),
             view,
             events,
             ctx.shutdown,

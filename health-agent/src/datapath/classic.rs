@@ -21,6 +21,7 @@ use aya::programs::{
 };
 use health_common::maps::ProgId;
 
+use super::missing::Why;
 use crate::sys::netlink::{Netlink, NetlinkError, TcDirection, TcFilter};
 
 /// The priority of every filter of the agent (`tc filter show` prints
@@ -119,14 +120,24 @@ pub fn attach(
     }
 }
 
-/// Whether `filters` hold `program`'s filter running `prog_id`.
+/// What is at `program`'s slot in `filters`: `None` when its filter runs
+/// `prog_id` (any program when `prog_id` is unknown), else why not.
 #[must_use]
-pub fn present(filters: &[TcFilter], program: ProgId, prog_id: Option<u32>) -> bool {
-    filters.iter().any(|f| {
-        f.priority == PRIORITY
-            && f.handle == handle(program)
-            && f.kind == "bpf"
-            && (prog_id.is_none() || f.bpf_id == prog_id)
+pub fn slot(filters: &[TcFilter], program: ProgId, prog_id: Option<u32>) -> Option<Why> {
+    let at_slot = filters
+        .iter()
+        .filter(|f| f.priority == PRIORITY && f.handle == handle(program) && f.kind == "bpf");
+    let mut found = false;
+    for f in at_slot {
+        if prog_id.is_none() || f.bpf_id == prog_id {
+            return None;
+        }
+        found = true;
+    }
+    Some(if found {
+        Why::FilterReplaced
+    } else {
+        Why::FilterGone
     })
 }
 
@@ -158,5 +169,32 @@ mod tests {
             assert_eq!(h >> 16, 0x4845, "{h:#x}");
             assert!(seen.insert(h), "{p:?} shares {h:#x}");
         }
+    }
+
+    fn filter(program: ProgId, bpf_id: Option<u32>) -> TcFilter {
+        TcFilter {
+            priority: PRIORITY,
+            handle: handle(program),
+            kind: "bpf".into(),
+            bpf_id,
+            bpf_name: None,
+        }
+    }
+
+    #[test]
+    fn the_slot_says_ours_deleted_or_replaced() {
+        let p = ProgId::LxcIngress;
+        assert_eq!(slot(&[filter(p, Some(7))], p, Some(7)), None);
+        assert_eq!(slot(&[filter(p, Some(8))], p, None), None, "id unknown");
+        assert_eq!(
+            slot(&[filter(p, Some(8))], p, Some(7)),
+            Some(Why::FilterReplaced)
+        );
+        assert_eq!(
+            slot(&[filter(ProgId::LxcEgress, Some(7))], p, Some(7)),
+            Some(Why::FilterGone),
+            "another program's slot"
+        );
+        assert_eq!(slot(&[], p, Some(7)), Some(Why::FilterGone));
     }
 }

@@ -75,6 +75,8 @@ pub enum DatapathError {
     },
     #[error(transparent)]
     Kernel(#[from] super::kernel::KernelError),
+    #[error("the node's kernel object is no longer loaded (the agent is stopping)")]
+    OwnerGone,
     #[error("datapath work panicked: {0}")]
     Panicked(String),
     #[error("reading the monotonic clock")]

@@ -1,24 +1,16 @@
-//! The kernel object: loaded once per user (the endpoint's programs, the
-//! uplink's, a test), with its maps pinned and shared through the pins, and
-//! its programs attached with tcx, classic tc (clsact + `cls_bpf`, see
-//! [`classic`](super::classic)) or XDP.
+//! The kernel object: loaded with its maps pinned and shared through the
+//! pins, its programs loaded into the kernel (each on first use at the
+//! latest) and attached through [`Links`](super::links).
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
 };
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::Array,
-    programs::{
-        LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
-        tc::{SchedClassifierLinkId, TcAttach},
-    },
+    programs::{ProgramError, SchedClassifier, Xdp},
 };
 use health_common::{
     ct::CtConfig,
@@ -28,12 +20,13 @@ use health_common::{
 use tracing::{debug, info, warn};
 
 use super::{
-    AttachMode, DatapathError, EchoStats, Interface, carry, classic,
+    AttachMode, DatapathError, EchoStats, Interface, carry,
     kernel::{Attachment, TcHook},
+    links::Links,
+    missing::MissingAttachment,
     object::HEALTH_EBPF,
     pins, stats,
 };
-use crate::{sys::netlink::in_netns, util::errors::chain};
 
 /// The loaded kernel object. Dropping it detaches every program it attached
 /// (classic tc filters too, each in its interface's namespace, and a clsact
@@ -42,72 +35,8 @@ use crate::{sys::netlink::in_netns, util::errors::chain};
 pub struct Datapath {
     ebpf: Ebpf,
     pin_dir: PathBuf,
-    attached: Vec<Attached>,
-    /// Interfaces whose clsact qdisc this object created.
-    clsact_created: Vec<Interface>,
-    /// This object's key in [`ATTACHED`].
-    owner: u64,
-}
-
-/// One program attached by a [`Datapath`].
-struct Attached {
-    program: ProgId,
-    iface: Interface,
-    how: How,
-}
-
-enum How {
-    Tcx(TcAttachType),
-    Tc {
-        attach_type: TcAttachType,
-        link: Option<SchedClassifierLinkId>,
-    },
-    Xdp(AttachMode),
-}
-
-impl Attached {
-    fn report(&self) -> Attachment {
-        let (attach, detail) = match &self.how {
-            How::Tcx(t) => ("tcx".to_owned(), Some(direction_name(*t).to_owned())),
-            How::Tc { attach_type, .. } => (
-                "tc".to_owned(),
-                Some(format!(
-                    "{} pref {} handle {:#x} bpf direct-action",
-                    direction_name(*attach_type),
-                    classic::PRIORITY,
-                    classic::handle(self.program)
-                )),
-            ),
-            How::Xdp(mode) => (mode.to_string(), None),
-        };
-        Attachment {
-            program: self.program.name().to_owned(),
-            interface: self.iface.to_string(),
-            attach,
-            detail,
-        }
-    }
-}
-
-const fn direction_name(t: TcAttachType) -> &'static str {
-    match t {
-        TcAttachType::Ingress => "ingress",
-        TcAttachType::Egress => "egress",
-    }
-}
-
-/// Every program attached by this process, by owner: what `/v1/healthz`
-/// shows.
-static ATTACHED: Mutex<Vec<(u64, Attachment)>> = Mutex::new(Vec::new());
-static OWNERS: AtomicU64 = AtomicU64::new(1);
-
-/// Every program this process has attached now (`/v1/healthz`).
-#[must_use]
-pub fn attached_programs() -> Vec<Attachment> {
-    ATTACHED
-        .lock()
-        .map(|a| a.iter().map(|(_, x)| x.clone()).collect())
-        .unwrap_or_default()
+    /// What this object attached through its own methods.
+    links: Links,
 }
 
 impl Datapath {
@@ -142,18 +71,12 @@ impl Datapath {
         pins::report_layout(pin_dir);
         let mut ebpf = load_object(pin_dir, sizes)?;
         for &id in programs {
-            let loaded = match id.kind() {
-                ProgKind::Xdp => program::<Xdp>(&mut ebpf, id)?.load(),
-                ProgKind::SchedClassifier => program::<SchedClassifier>(&mut ebpf, id)?.load(),
-            };
-            loaded.map_err(|e| DatapathError::load(id, e))?;
+            ensure_loaded(&mut ebpf, id)?;
         }
         let mut me = Self {
             ebpf,
             pin_dir: pin_dir.to_owned(),
-            attached: Vec::new(),
-            clsact_created: Vec::new(),
-            owner: OWNERS.fetch_add(1, Ordering::Relaxed),
+            links: Links::new(),
         };
         me.set_config(MapId::PinLayout, PIN_LAYOUT_VERSION)?;
         debug!(pin_dir = %pin_dir.display(), "loaded the health kernel object");
@@ -230,120 +153,14 @@ impl Datapath {
         host_iface: &Interface,
         hook: TcHook,
     ) -> Result<(), DatapathError> {
-        self.attach_tc_programs(
-            host_iface,
-            &[
-                (ProgId::LxcIngress, TcAttachType::Ingress),
-                (ProgId::LxcEgress, TcAttachType::Egress),
-            ],
-            hook,
-        )?;
-        info!(interface = %host_iface, attach = %hook, "connection tracking and RTT attached");
-        Ok(())
+        self.links.attach_tracking(&mut self.ebpf, host_iface, hook)
     }
 
     /// Attaches masquerade to the node's uplink: SNAT on tc egress, the
     /// reverse translation on tc ingress (before the stack sees a reply),
     /// on `hook`.
     pub fn attach_nat(&mut self, uplink: &Interface, hook: TcHook) -> Result<(), DatapathError> {
-        self.attach_tc_programs(
-            uplink,
-            &[
-                (ProgId::NatIngress, TcAttachType::Ingress),
-                (ProgId::NatEgress, TcAttachType::Egress),
-            ],
-            hook,
-        )?;
-        info!(interface = %uplink, attach = %hook, "masquerade attached");
-        Ok(())
-    }
-
-    fn attach_tc_programs(
-        &mut self,
-        iface: &Interface,
-        programs: &[(ProgId, TcAttachType)],
-        hook: TcHook,
-    ) -> Result<(), DatapathError> {
-        match hook {
-            TcHook::Tcx => self.attach_tcx_programs(iface, programs),
-            TcHook::Tc => self.attach_classic_programs(iface, programs),
-        }
-    }
-
-    fn record(&mut self, a: Attached) {
-        if let Ok(mut all) = ATTACHED.lock() {
-            all.push((self.owner, a.report()));
-        }
-        self.attached.push(a);
-    }
-
-    /// Attaches each program to `iface` with a classic tc filter, in its
-    /// direction (the clsact qdisc is added first if missing).
-    fn attach_classic_programs(
-        &mut self,
-        iface: &Interface,
-        programs: &[(ProgId, TcAttachType)],
-    ) -> Result<(), DatapathError> {
-        let name = iface.c_name()?;
-        let created =
-            crate::sys::netns::run_in(iface.netns.as_ref(), || classic::ensure_clsact(&name))?
-                .map_err(|e| DatapathError::attach(programs[0].0, iface, AttachMode::Tc, e))?;
-        if created && !self.clsact_created.contains(iface) {
-            debug!(interface = %iface, "clsact qdisc added");
-            self.clsact_created.push(iface.clone());
-        }
-        for &(id, attach_type) in programs {
-            let prog: &mut SchedClassifier = program(&mut self.ebpf, id)?;
-            let attached = crate::sys::netns::run_in(iface.netns.as_ref(), || {
-                classic::attach(prog, id, &name, attach_type)
-            })?
-            .map_err(|e| DatapathError::attach(id, iface, AttachMode::Tc, e))?;
-            if attached.replaced {
-                info!(
-                    program = id.name(),
-                    interface = %iface,
-                    "replaced the tc filter a previous agent left at our slot"
-                );
-            }
-            self.record(Attached {
-                program: id,
-                iface: iface.clone(),
-                how: How::Tc {
-                    attach_type,
-                    link: Some(attached.link),
-                },
-            });
-        }
-        Ok(())
-    }
-
-    /// Attaches each program to `iface` with tcx, in its direction.
-    fn attach_tcx_programs(
-        &mut self,
-        iface: &Interface,
-        programs: &[(ProgId, TcAttachType)],
-    ) -> Result<(), DatapathError> {
-        let name = iface.c_name()?;
-        for &(id, attach_type) in programs {
-            let prog: &mut SchedClassifier = program(&mut self.ebpf, id)?;
-            let attach = || {
-                prog.attach(
-                    &name,
-                    TcAttach::Tcx {
-                        attach_type,
-                        order: LinkOrder::default(),
-                    },
-                )
-            };
-            crate::sys::netns::run_in(iface.netns.as_ref(), attach)?
-                .map_err(|e| DatapathError::attach(id, iface, AttachMode::Tcx, e))?;
-            self.record(Attached {
-                program: id,
-                iface: iface.clone(),
-                how: How::Tcx(attach_type),
-            });
-        }
-        Ok(())
+        self.links.attach_nat(&mut self.ebpf, uplink, hook)
     }
 
     /// Attaches the echo responder to `iface` (ingress). In native XDP mode
@@ -355,107 +172,33 @@ impl Datapath {
         mode: AttachMode,
         xdp_peer: Option<&Interface>,
     ) -> Result<(), DatapathError> {
-        match mode {
-            AttachMode::Tcx => {
-                self.attach_tcx_programs(iface, &[(ProgId::EchoTc, TcAttachType::Ingress)])?;
-            }
-            AttachMode::Tc => {
-                self.attach_classic_programs(iface, &[(ProgId::EchoTc, TcAttachType::Ingress)])?;
-            }
-            AttachMode::XdpNative | AttachMode::XdpGeneric => {
-                let xdp_mode = if mode == AttachMode::XdpNative {
-                    XdpMode::Driver
-                } else {
-                    XdpMode::Skb
-                };
-                if let (AttachMode::XdpNative, Some(peer)) = (mode, xdp_peer) {
-                    self.attach_xdp(ProgId::XdpPass, peer, XdpMode::Driver, mode)?;
-                } else if mode == AttachMode::XdpNative {
-                    warn!(
-                        interface = %iface,
-                        "native XDP without an XDP program on the veth peer: XDP_TX replies are \
-                         dropped on veth; pass the peer to attach one"
-                    );
-                }
-                self.attach_xdp(ProgId::EchoXdp, iface, xdp_mode, mode)?;
-            }
-        }
-        info!(interface = %iface, %mode, "echo responder attached");
-        Ok(())
-    }
-
-    fn attach_xdp(
-        &mut self,
-        id: ProgId,
-        iface: &Interface,
-        xdp_mode: XdpMode,
-        mode: AttachMode,
-    ) -> Result<(), DatapathError> {
-        let name = iface.c_name()?;
-        let prog: &mut Xdp = program(&mut self.ebpf, id)?;
-        crate::sys::netns::run_in(iface.netns.as_ref(), || prog.attach(&name, xdp_mode))?
-            .map_err(|e| DatapathError::attach(id, iface, mode, e))?;
-        self.record(Attached {
-            program: id,
-            iface: iface.clone(),
-            how: How::Xdp(mode),
-        });
-        Ok(())
+        self.links
+            .attach_echo(&mut self.ebpf, iface, mode, xdp_peer)
     }
 
     /// Where this object's programs are attached and how, for logs and
     /// status.
     #[must_use]
     pub fn attachments(&self) -> Vec<Attachment> {
-        self.attached.iter().map(Attached::report).collect()
+        self.links.report()
     }
 
     /// The attached programs that are no longer where they were attached
     /// (a tcx link gone with its interface, a tc filter deleted or
-    /// replaced by someone else, its qdisc removed), by name. XDP
-    /// attachments are not checked here (the endpoint's echo check covers
-    /// the responder).
-    pub fn missing_attachments(&self) -> Result<Vec<String>, DatapathError> {
-        let mut missing = Vec::new();
-        for a in &self.attached {
-            let prog_id = self
-                .ebpf
-                .program(a.program.name())
-                .and_then(|p| match p {
-                    aya::programs::Program::SchedClassifier(c) => c.info().ok(),
-                    _ => None,
-                })
-                .map(|i| i.id());
-            let present = match &a.how {
-                How::Xdp(_) => true,
-                How::Tcx(attach_type) => {
-                    let name = a.iface.c_name()?;
-                    let t = *attach_type;
-                    crate::sys::netns::run_in(a.iface.netns.as_ref(), || {
-                        SchedClassifier::query_tcx(name.as_c_str(), t)
-                    })?
-                    .is_ok_and(|(_, progs)| progs.iter().any(|p| Some(p.id()) == prog_id))
-                }
-                How::Tc { attach_type, .. } => {
-                    let (iface, dir) = (a.iface.name.clone(), classic::direction(*attach_type));
-                    let filters = in_netns(a.iface.netns.as_ref(), |nl| async move {
-                        match nl.link_index(&iface).await? {
-                            Some(_) => nl.tc_filters(&iface, dir).await,
-                            None => Ok(Vec::new()),
-                        }
-                    })
-                    .map_err(|e| DatapathError::TcFilters {
-                        interface: a.iface.to_string(),
-                        source: Box::new(e),
-                    })?;
-                    classic::present(&filters, a.program, prog_id)
-                }
-            };
-            if !present {
-                missing.push(format!("{} on {}", a.program.name(), a.iface));
-            }
-        }
-        Ok(missing)
+    /// replaced by someone else, its qdisc removed). XDP attachments are
+    /// not checked here (the endpoint's echo check covers the responder).
+    pub fn missing_attachments(&self) -> Result<Vec<MissingAttachment>, DatapathError> {
+        self.links.missing(&self.ebpf)
+    }
+
+    /// The object itself, for the sets of links its owner keeps
+    /// ([`DatapathOwner`](super::DatapathOwner)).
+    pub(super) fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    pub(super) const fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
     }
 
     /// The echo responder's per-CPU counters, summed.
@@ -497,50 +240,10 @@ impl Datapath {
 }
 
 impl Drop for Datapath {
-    /// Detaches the classic tc filters in their interfaces' namespaces (a
-    /// netlink request goes to the namespace of the thread that sends it;
-    /// tcx and XDP links detach by closing their descriptors, wherever),
-    /// then removes a clsact qdisc this object created once nothing is
-    /// left under it.
+    /// Detaches what this object attached (see [`Links::detach_all`]); the
+    /// programs and maps close with the object.
     fn drop(&mut self) {
-        if let Ok(mut all) = ATTACHED.lock() {
-            all.retain(|(owner, _)| *owner != self.owner);
-        }
-        for a in &mut self.attached {
-            let How::Tc { link, .. } = &mut a.how else {
-                continue;
-            };
-            let Some(link) = link.take() else { continue };
-            let Some(aya::programs::Program::SchedClassifier(prog)) =
-                self.ebpf.program_mut(a.program.name())
-            else {
-                continue;
-            };
-            match crate::sys::netns::run_in(a.iface.netns.as_ref(), || prog.detach(link)) {
-                Ok(Ok(())) => {
-                    debug!(program = a.program.name(), interface = %a.iface, "tc filter removed");
-                }
-                // The interface (or its namespace) went first, and the
-                // filter with it.
-                Ok(Err(e)) => debug!(
-                    program = a.program.name(),
-                    interface = %a.iface,
-                    "tc filter not removed (gone with its interface?): {e}"
-                ),
-                Err(e) => debug!(interface = %a.iface, "tc filter not removed: {}", chain(&e)),
-            }
-        }
-        for iface in self.clsact_created.drain(..) {
-            let name = iface.name.clone();
-            let removed = in_netns(iface.netns.as_ref(), |nl| async move {
-                classic::remove_clsact_if_empty(&nl, &name).await
-            });
-            match removed {
-                Ok(true) => debug!(interface = %iface, "clsact qdisc removed"),
-                Ok(false) => {}
-                Err(e) => debug!(interface = %iface, "clsact qdisc not removed: {}", chain(&e)),
-            }
-        }
+        self.links.detach_all(&mut self.ebpf);
     }
 }
 
@@ -617,7 +320,32 @@ fn object_error(pin_dir: &Path, source: aya::EbpfError) -> DatapathError {
     }
 }
 
-fn program<'a, T>(ebpf: &'a mut Ebpf, id: ProgId) -> Result<&'a mut T, DatapathError>
+/// Loads program `id` into the kernel unless it is loaded already, so a
+/// verifier rejection surfaces with its log.
+pub(super) fn ensure_loaded(ebpf: &mut Ebpf, id: ProgId) -> Result<(), DatapathError> {
+    let prog = ebpf
+        .program(id.name())
+        .ok_or(DatapathError::MissingProgram { program: id })?;
+    if prog.fd().is_ok() {
+        return Ok(());
+    }
+    let loaded = match id.kind() {
+        ProgKind::Xdp => program::<Xdp>(ebpf, id)?.load(),
+        ProgKind::SchedClassifier => program::<SchedClassifier>(ebpf, id)?.load(),
+    };
+    loaded.map_err(|e| DatapathError::load(id, e))
+}
+
+/// Program `id` of the object, loaded into the kernel first if it is not.
+pub(super) fn loaded<'a, T>(ebpf: &'a mut Ebpf, id: ProgId) -> Result<&'a mut T, DatapathError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ensure_loaded(ebpf, id)?;
+    program(ebpf, id)
+}
+
+pub(super) fn program<'a, T>(ebpf: &'a mut Ebpf, id: ProgId) -> Result<&'a mut T, DatapathError>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
 {

@@ -1,24 +1,25 @@
-//! The node's datapath task: it creates the pins and writes the datapath's
-//! configuration (CT lifetimes, masquerade), keeps masquerade attached to
-//! the uplink (re-attached when the uplink is recreated), and maintains the
-//! maps: the NAT and CT collectors (the CT one in slices,
-//! [`super::collect`]) and the RTT loss sweep. On shutdown it
-//! detaches. The pins outlive a restart of this task (the endpoint's
-//! programs share the maps through them): [`PinsGuard`] removes them when
-//! the agent ends.
+//! The node's datapath task: through the object's owner
+//! ([`DatapathHandle`]; the first request loads the object and creates
+//! the pins) it writes the datapath's configuration (CT lifetimes,
+//! masquerade) and keeps masquerade attached to the uplink (re-attached
+//! when the uplink is recreated), and it maintains the maps: the NAT and
+//! CT collectors (the CT one in slices, [`super::collect`]) and the RTT
+//! loss sweep. On shutdown it detaches. The pins outlive a restart of this
+//! task (the endpoint's programs share the maps): [`PinsGuard`] removes
+//! them when the agent ends.
 
 use std::{path::PathBuf, time::Duration};
 
 use health_common::{
     ct::CtConfig,
-    maps::{MapId, MapSizes, ProgId},
+    maps::{MapId, MapSizes},
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    Datapath, DatapathError, Interface, TcHook,
+    Attachments, DatapathError, DatapathHandle, Interface, MissingAttachment, TcHook,
     collect::{Collector, PassDone},
     maps,
     masquerade::Masquerade,
@@ -49,7 +50,8 @@ pub struct DatapathConfig {
     /// On shutdown, leave the pins for the next agent.
     pub keep_pins: bool,
     /// Sizes of the maps that grow with the cluster (`--max-peers`,
-    /// `--ct-map-size`, `--nat-map-size`); the endpoint loads with the same.
+    /// `--ct-map-size`, `--nat-map-size`), as the object's owner loads
+    /// them: the collectors' slices follow them.
     pub map_sizes: MapSizes,
     /// The tc hook masquerade is attached with (tcx or classic tc).
     pub tc_hook: TcHook,
@@ -133,9 +135,10 @@ impl Drop for PinsGuard {
     }
 }
 
-/// The loaded object and, in masquerade mode, the uplink it is attached to.
+/// Masquerade's programs (none in routed mode) and the uplink they are
+/// attached to.
 struct Node {
-    datapath: Datapath,
+    nat: Attachments,
     uplink_index: Option<u32>,
     pressure: Pressure,
 }
@@ -144,6 +147,7 @@ struct Node {
 /// written and masquerade (if any) is attached.
 pub async fn run(
     cfg: DatapathConfig,
+    kernel: DatapathHandle,
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), DatapathError> {
@@ -151,8 +155,8 @@ pub async fn run(
     let forwarding = Sysctl::set("net/ipv4/ip_forward", "1")
         .map_err(|e| warn!("could not enable IPv4 forwarding: {e}"))
         .ok();
-    let c = cfg.clone();
-    let mut node = blocking(move || set_up(&c)).await?;
+    let (c, k) = (cfg.clone(), kernel.clone());
+    let mut node = blocking(move || set_up(&c, &k)).await?;
     ready();
     let mut collector = Collector::new(
         cfg.gc_interval,
@@ -168,8 +172,8 @@ pub async fn run(
             () = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let c = cfg.clone();
-        (node, collector) = blocking(move || maintain(&c, node, collector)).await?;
+        let (c, k) = (cfg.clone(), kernel.clone());
+        (node, collector) = blocking(move || maintain(&c, &k, node, collector)).await?;
     }
     drop(node);
     if cfg.keep_pins {
@@ -189,33 +193,28 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| DatapathError::Panicked(e.to_string()))?
 }
 
-/// Loads the object (the NAT programs only in masquerade mode), writes the
-/// configuration and attaches masquerade.
-fn set_up(cfg: &DatapathConfig) -> Result<Node, DatapathError> {
-    let programs: &[ProgId] = if cfg.masquerade.is_some() {
-        &[ProgId::NatEgress, ProgId::NatIngress]
-    } else {
-        &[]
-    };
-    let mut datapath = Datapath::load_sized(&cfg.pin_dir, programs, &cfg.map_sizes)?;
-    datapath.set_ct_config(cfg.ct)?;
+/// Writes the configuration and attaches masquerade, through the owner
+/// (which loads the object at the first request).
+fn set_up(cfg: &DatapathConfig, kernel: &DatapathHandle) -> Result<Node, DatapathError> {
+    kernel.set_ct_config(cfg.ct)?;
     // Always written: pins reused from a masquerading run must not keep
     // translating after a switch to routed mode.
-    datapath.set_nat_config(
+    kernel.set_nat_config(
         cfg.masquerade
             .as_ref()
             .map(|m| m.config)
             .unwrap_or_default(),
     )?;
+    let nat = kernel.attachments();
     let uplink_index = match &cfg.masquerade {
         Some(m) => {
-            datapath.attach_nat(&Interface::new(m.uplink.clone(), None), cfg.tc_hook)?;
+            nat.attach_nat(&Interface::new(m.uplink.clone(), None), cfg.tc_hook)?;
             uplink_index(&m.uplink)
         }
         None => None,
     };
     Ok(Node {
-        datapath,
+        nat,
         uplink_index,
         pressure: Pressure::default(),
     })
@@ -231,9 +230,9 @@ fn uplink_index(name: &str) -> Option<u32> {
 
 /// The masquerade programs no longer on the uplink (a tc filter deleted
 /// by someone else, the clsact qdisc removed, a tcx link detached).
-fn missing_nat(node: &Node) -> Vec<String> {
-    node.datapath
-        .missing_attachments()
+fn missing_nat(node: &Node) -> Vec<MissingAttachment> {
+    node.nat
+        .missing()
         .map_err(|e| warn!("checking the uplink's programs: {}", chain(&e)))
         .unwrap_or_default()
 }
@@ -245,22 +244,23 @@ fn missing_nat(node: &Node) -> Vec<String> {
 /// logged; the next pass retries.
 fn maintain(
     cfg: &DatapathConfig,
+    kernel: &DatapathHandle,
     mut node: Node,
     mut collector: Collector,
 ) -> Result<(Node, Collector), DatapathError> {
     if collector.start_if_due(std::time::Instant::now()) {
-        node = keep_masquerade(cfg, node)?;
+        node = keep_masquerade(cfg, kernel, node)?;
         // NAT first: it removes pairs whose CT entry expired, which the CT
         // collector is about to delete.
-        if let Err(e) = nat::gc(node.datapath.pin_dir()) {
+        if let Err(e) = nat::gc(kernel.pin_dir()) {
             warn!("NAT garbage collection: {}", chain(&e));
         }
     }
     if !collector.running() {
         return Ok((node, collector));
     }
-    match collector.step(node.datapath.pin_dir()) {
-        Ok(Some(done)) => pass_done(cfg, &mut node, &done),
+    match collector.step(kernel.pin_dir()) {
+        Ok(Some(done)) => pass_done(cfg, kernel, &mut node, &done),
         Ok(None) => {}
         Err(e) => warn!("datapath maintenance: {}", chain(&e)),
     }
@@ -272,7 +272,7 @@ fn maintain(
 
 /// A completed pass: logged, and the map pressure counted when due, with
 /// the entries the pass left in the maps it walked (not walked again).
-fn pass_done(cfg: &DatapathConfig, node: &mut Node, done: &PassDone) {
+fn pass_done(cfg: &DatapathConfig, kernel: &DatapathHandle, node: &mut Node, done: &PassDone) {
     debug!(
         ct_removed = done.ct_removed,
         ct_left = done.ct_left,
@@ -287,7 +287,7 @@ fn pass_done(cfg: &DatapathConfig, node: &mut Node, done: &PassDone) {
             (MapId::CtMap, done.ct_left),
             (MapId::RttPending, done.pending_left),
         ];
-        match report::snapshot_counted(node.datapath.pin_dir(), counted, Some(done.ct_evicted)) {
+        match report::snapshot_counted(kernel.pin_dir(), counted, Some(done.ct_evicted)) {
             Ok(snapshot) => {
                 drop(node.pressure.check(&snapshot.rows));
                 cfg.report.publish(snapshot);
@@ -299,28 +299,32 @@ fn pass_done(cfg: &DatapathConfig, node: &mut Node, done: &PassDone) {
 
 /// Masquerade still attached to the uplink: attached again when the uplink
 /// was recreated or its programs detached.
-fn keep_masquerade(cfg: &DatapathConfig, node: Node) -> Result<Node, DatapathError> {
-    Ok(match &cfg.masquerade {
-        Some(m) if uplink_index(&m.uplink) != node.uplink_index => {
-            warn!(uplink = %m.uplink, "the uplink was recreated: attaching masquerade again");
-            drop(node);
-            let node = set_up(cfg)?;
-            info!(uplink = %m.uplink, "masquerade attached again");
-            node
+fn keep_masquerade(
+    cfg: &DatapathConfig,
+    kernel: &DatapathHandle,
+    node: Node,
+) -> Result<Node, DatapathError> {
+    let Some(m) = &cfg.masquerade else {
+        return Ok(node);
+    };
+    if uplink_index(&m.uplink) == node.uplink_index {
+        let missing = missing_nat(&node);
+        if missing.is_empty() {
+            return Ok(node);
         }
-        Some(m) if !missing_nat(&node).is_empty() => {
-            warn!(
-                uplink = %m.uplink,
-                missing = %missing_nat(&node).join(", "),
-                "masquerade programs were detached from the uplink: attaching them again"
-            );
-            drop(node);
-            let node = set_up(cfg)?;
-            info!(uplink = %m.uplink, "masquerade attached again");
-            node
-        }
-        _ => node,
-    })
+        warn!(
+            uplink = %m.uplink,
+            missing = %super::render_missing(&missing),
+            "masquerade programs were detached from the uplink: attaching them again"
+        );
+    } else {
+        warn!(uplink = %m.uplink, "the uplink was recreated: attaching masquerade again");
+    }
+    // The old set goes first: one program of each per hook.
+    drop(node);
+    let node = set_up(cfg, kernel)?;
+    info!(uplink = %m.uplink, "masquerade attached again");
+    Ok(node)
 }
 
 #[cfg(test)]

@@ -9,6 +9,10 @@
 //!   start), attaches the echo responder and CT/RTT on the endpoint's veth
 //!   and masquerade on the uplink (tcx or classic tc, as [`kernel`] chose
 //!   for the running kernel), and hands programs to `BPF_PROG_TEST_RUN`.
+//! - [`DatapathOwner`] owns the agent's one object: the node's datapath
+//!   task and the endpoint's controller get [`DatapathHandle`]s and attach
+//!   through them, each its own [`Attachments`]; attachments no longer in
+//!   place are a typed list ([`MissingAttachment`]).
 //! - [`maps`], [`ct`], [`nat`], [`rtt`] read and maintain the pinned maps
 //!   through the registry of `health_common::maps`, from the pins alone, so
 //!   the `bpf` commands work while no agent runs; [`dump`] decodes a
@@ -25,13 +29,16 @@ mod echo_target;
 mod error;
 mod interface;
 pub mod kernel;
+mod links;
 mod loader;
 pub mod maintenance;
 pub mod maps;
 pub mod masquerade;
+mod missing;
 mod mode;
 pub mod nat;
 mod object;
+mod owner;
 mod pins;
 pub mod report;
 pub mod rtt;
@@ -41,8 +48,11 @@ pub use self::{
     error::DatapathError,
     interface::Interface,
     kernel::{KernelFeatures, KernelReport, TcHook, TcPolicy},
-    loader::{Datapath, attached_programs},
+    links::attached_programs,
+    loader::Datapath,
+    missing::{Hook, MissingAttachment, Why, render as render_missing},
     mode::AttachMode,
+    owner::{Attachments, DatapathHandle, DatapathOwner},
     pins::{BPFFS_ROOT, DEFAULT_PIN_DIR, ensure_pin_dir, recorded_layout, remove_pins},
     stats::{EchoStats, read_pinned_stats},
 };

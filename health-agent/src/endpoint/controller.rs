@@ -12,6 +12,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{Endpoint, EndpointConfig, EndpointError, SharedView};
 use crate::{
+    datapath::DatapathHandle,
     probe::hello,
     sys::{netns::Netns, sysctl::Sysctl},
     util::errors::chain,
@@ -46,10 +47,12 @@ pub enum ControllerError {
     Panicked(String),
 }
 
-/// Runs the endpoint until `shutdown`; `ready` is called once it is ready
-/// and its hello server listens.
+/// Runs the endpoint until `shutdown`, its programs attached through
+/// `kernel`; `ready` is called once it is ready and its hello server
+/// listens.
 pub async fn run(
     cfg: ControllerConfig,
+    kernel: DatapathHandle,
     view: SharedView,
     mut link_events: broadcast::Receiver<()>,
     shutdown: CancellationToken,
@@ -63,7 +66,7 @@ pub async fn run(
     let ep_cfg = cfg.endpoint.clone();
     let stop = shutdown.clone();
     let started = blocking(move || {
-        let mut endpoint = Endpoint::start(ep_cfg, view)?;
+        let mut endpoint = Endpoint::start(ep_cfg, kernel, view)?;
         if stop.is_cancelled() {
             // Asked to stop while starting: past the shutdown deadline this
             // task's future is gone and only this closure is left (the

@@ -21,7 +21,7 @@ use std::{
     time::Duration,
 };
 
-use health_common::maps::{EchoConfig, ProgId};
+use health_common::maps::EchoConfig;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::{info, warn};
 
@@ -34,7 +34,9 @@ use self::{
     record::{EndpointRecord, RecordError, new_endpoint_id},
 };
 use crate::{
-    datapath::{AttachMode, Datapath, DatapathError, Interface, TcHook},
+    datapath::{
+        AttachMode, Attachments, DatapathError, DatapathHandle, Interface, TcHook, render_missing,
+    },
     endpoint::ipam::{IpamError, Pool, allocate},
     sys::netlink::{NetlinkError, in_netns},
     sys::netns::{Netns, NetnsError},
@@ -53,7 +55,6 @@ pub struct EndpointConfig {
     pub host_iface: String,
     pub ep_iface: String,
     pub state_dir: PathBuf,
-    pub pin_dir: PathBuf,
     /// Attach mode of the echo responder.
     pub mode: AttachMode,
     /// The hook of the tracking programs on the host side (tcx or classic
@@ -61,9 +62,6 @@ pub struct EndpointConfig {
     pub tc_hook: TcHook,
     /// On shutdown, leave namespace, veth and record for the next agent.
     pub keep: bool,
-    /// Sizes of the shared maps (the node's datapath task loads with the
-    /// same, so neither replaces the other's pins).
-    pub map_sizes: health_common::maps::MapSizes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,8 +111,10 @@ pub struct Endpoint {
     plan: Plan,
     lifecycle: Lifecycle,
     repairs: u64,
+    /// The node's kernel object, through its owner.
+    kernel: DatapathHandle,
     /// The echo and tracking programs, attached.
-    datapath: Option<Datapath>,
+    datapath: Option<Attachments>,
     /// Index of the endpoint interface the responder was attached to.
     attached_to: Option<u32>,
     /// What the responder was last told of the endpoint interface.
@@ -133,7 +133,11 @@ impl Endpoint {
     /// previous run's record does not prove is this agent's
     /// ([`ownership`]) is refused before anything is done, and left as it
     /// is.
-    pub fn start(cfg: EndpointConfig, shared: SharedView) -> Result<Self, EndpointError> {
+    pub fn start(
+        cfg: EndpointConfig,
+        kernel: DatapathHandle,
+        shared: SharedView,
+    ) -> Result<Self, EndpointError> {
         let previous = EndpointRecord::load(&cfg.state_dir)?;
         let mut plan = Plan {
             netns: Netns::named(&cfg.netns_name)?,
@@ -188,6 +192,7 @@ impl Endpoint {
             plan,
             lifecycle,
             repairs: 0,
+            kernel,
             datapath: None,
             attached_to: None,
             echo_config: None,
@@ -268,18 +273,11 @@ impl Endpoint {
     }
 
     /// Attaches the echo responder (on the endpoint's side of the veth)
-    /// and CT/RTT (on the host side); the maps are the node's, shared
-    /// through the pins.
+    /// and CT/RTT (on the host side), through the node's kernel object.
     fn attach(&mut self) -> Result<(), EndpointError> {
-        // Drop the old links first: one program of each per interface.
+        // Detach the old set first: one program of each per interface.
         self.datapath = None;
-        let mut programs = vec![ProgId::LxcIngress, ProgId::LxcEgress];
-        programs.extend(match self.cfg.mode {
-            AttachMode::Tcx | AttachMode::Tc => &[ProgId::EchoTc][..],
-            AttachMode::XdpNative => &[ProgId::EchoXdp, ProgId::XdpPass][..],
-            AttachMode::XdpGeneric => &[ProgId::EchoXdp][..],
-        });
-        let mut d = Datapath::load_sized(&self.cfg.pin_dir, &programs, &self.cfg.map_sizes)?;
+        let set = self.kernel.attachments();
         let iface = self.ep_interface();
         // The link-local address is the endpoint's own source too: wait
         // for it, so the responder knows it from the start.
@@ -289,11 +287,15 @@ impl Endpoint {
                 "no IPv6 link-local address yet; the responder learns it at the controller's next run"
             );
         }
-        self.echo_config = Some(d.set_echo_targets(&iface, self.record.ipv4, self.record.ipv6)?);
+        self.echo_config = Some(self.kernel.set_echo_targets(
+            &iface,
+            self.record.ipv4,
+            self.record.ipv6,
+        )?);
         let peer = Interface::new(self.cfg.host_iface.clone(), None);
-        d.attach_echo(&iface, self.cfg.mode, Some(&peer))?;
-        d.attach_tracking(&peer, self.cfg.tc_hook)?;
-        for a in d.attachments() {
+        set.attach_echo(&iface, self.cfg.mode, Some(&peer))?;
+        set.attach_tracking(&peer, self.cfg.tc_hook)?;
+        for a in set.report() {
             info!(
                 program = %a.program,
                 interface = %a.interface,
@@ -303,7 +305,7 @@ impl Endpoint {
             );
         }
         self.attached_to = self.ep_index()?;
-        self.datapath = Some(d);
+        self.datapath = Some(set);
         Ok(())
     }
 
@@ -317,8 +319,8 @@ impl Endpoint {
     fn refresh_echo_config(&mut self) -> Result<(), EndpointError> {
         let iface = self.ep_interface();
         let (ipv4, ipv6) = (self.record.ipv4, self.record.ipv6);
-        if let Some(d) = &mut self.datapath {
-            let now = d.set_echo_targets(&iface, ipv4, ipv6)?;
+        if self.datapath.is_some() {
+            let now = self.kernel.set_echo_targets(&iface, ipv4, ipv6)?;
             if self.echo_config != Some(now) {
                 info!(interface = %iface, "the echo responder's own addresses follow the interface's");
                 self.echo_config = Some(now);
@@ -356,9 +358,9 @@ impl Endpoint {
             // tcx links and tc filters still where they were attached: a
             // filter deleted by someone else (or its clsact qdisc) leaves
             // the interfaces as they were.
-            let gone = d.missing_attachments()?;
+            let gone = d.missing()?;
             if !gone.is_empty() {
-                warn!(programs = %gone.join(", "), "programs detached from the endpoint");
+                warn!(programs = %render_missing(&gone), "programs detached from the endpoint");
                 missing.push(Missing::Programs);
             }
         }

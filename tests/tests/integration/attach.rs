@@ -314,3 +314,59 @@ fn a_clsact_qdisc_the_agent_added_goes_with_its_filters() {
         "the clsact qdisc the agent added is left on the uplink"
     );
 }
+
+/// The endpoint's programs and the uplink's are attached through one
+/// kernel object, each user's set on its own: recreating the endpoint
+/// (its veth deleted) re-attaches the endpoint's programs to the new
+/// interfaces and leaves masquerade's filters as they were, and the
+/// status lists every program exactly once before and after.
+#[test]
+fn a_recreated_endpoint_takes_its_programs_along_and_leaves_the_uplinks() {
+    let mut node = AgentNode::new();
+    node.start(&[
+        "--attach",
+        "tc",
+        "--controller-interval",
+        "1s",
+        "--routing",
+        "masquerade",
+        "--node-ip",
+        "198.18.0.10",
+    ]);
+    let ep = node.wait_endpoint(READY, |_| true);
+    let listed = |node: &AgentNode| {
+        let mut names: Vec<String> = kernel(node)
+            .programs
+            .into_iter()
+            .map(|a| a.program)
+            .collect();
+        names.sort();
+        names
+    };
+    let mut every: Vec<String> = HOOKS
+        .iter()
+        .map(|(id, _, _)| id.name().to_owned())
+        .collect();
+    every.sort();
+    assert_eq!(listed(&node), every, "each program once");
+    assert_every_filter_of_ours(&node);
+    let uplink = ours(&node.node, "uplink", TcDirection::Egress);
+
+    in_netns(Some(&node.node), |nl| async move {
+        nl.delete_link("lxc_health").await
+    })
+    .expect("delete lxc_health");
+    node.wait_endpoint(Duration::from_secs(5), |e| e.repairs >= 1);
+    assert_every_filter_of_ours(&node);
+    assert_eq!(
+        ours(&node.node, "uplink", TcDirection::Egress),
+        uplink,
+        "masquerade's filter untouched by the endpoint's repair"
+    );
+    assert_eq!(listed(&node), every, "each program once after the repair");
+    node.assert_echo_answered_in_kernel(ep.ipv4.expect("IPv4"), 0x7a04, 3);
+    assert!(node.stop(Signal::SIGTERM).success(), "{}", node.log());
+    for (_, iface, dir) in &HOOKS[3..] {
+        assert_eq!(ours(&node.node, iface, *dir).len(), 0, "{iface} {dir:?}");
+    }
+}
