@@ -10,13 +10,14 @@
 //! | kernel object | [`datapath`] | loading, pinning and attaching every program; typed map access |
 //! | components | [`endpoint`], [`probe`], [`cluster`] | the health endpoint, the prober, the node set |
 //! | tasks | [`supervisor`] | running, watching, restarting and stopping long-lived tasks |
-//! | service | [`api`], [`metrics`], [`web`], [`page`], [`daemon`] | the unix-socket API; Prometheus metrics; the metrics listener; the connectivity page; the supervisor that runs it all |
+//! | service | [`api`], [`metrics`], [`web`], [`page`], [`config`], [`daemon`] | the unix-socket API; Prometheus metrics; the metrics listener; the connectivity page; the daemon's settings, typed once; the supervisor that runs it all |
 //!
 //! [`util`] holds small helpers every layer may use (durations, times,
 //! error chains).
 
 pub mod api;
 pub mod cluster;
+pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod endpoint;
