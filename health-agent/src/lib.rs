@@ -14,10 +14,14 @@
 //! | endpoint | [`endpoint`] | the health endpoint: its veth, addresses, routes and lifecycle |
 //! | cluster view | [`cluster`] | what the cluster sees: subsets, summaries, the view and matrix |
 //! | tasks | [`supervisor`] | running, watching, restarting and stopping long-lived tasks |
-//! | service | [`metrics`], [`api`], [`web`], [`page`], [`daemon`] | Prometheus metrics; the unix-socket API; the metrics listener; the connectivity page; the daemon that runs it all |
+//! | service | [`api`], [`metrics`], [`web`], [`page`], [`config`], [`daemon`] | the unix-socket API; Prometheus metrics; the metrics listener; the connectivity page; the daemon's settings, typed once; the supervisor that runs it all |
+//!
+//! [`util`] holds small helpers every layer may use (durations, times,
+//! error chains).
 
 pub mod api;
 pub mod cluster;
+pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod endpoint;

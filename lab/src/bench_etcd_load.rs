@@ -105,9 +105,8 @@ pub(crate) struct Options {
     pub(crate) connections: usize,
 }
 
-/// The agent's default `--probe-interval` (its `daemon` command line, in
-/// `health-agent/src/bin/health-agent/cli/daemon.rs`, which the library
-/// does not export): it publishes its summary at most once per interval.
+/// The agent's default `--probe-interval` (`health_agent::config::ProbeTuning`):
+/// it publishes its summary at most once per interval.
 pub(crate) const DEFAULT_INTERVAL: &str = "60s";
 
 /// Client connections, shared by the agents (agent i's lease, puts and

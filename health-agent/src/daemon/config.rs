@@ -1,157 +1,49 @@
-//! The daemon's configuration: what the command line (or a test) gives, in
-//! one value, and what is resolved from the node at start: the kernel's
+//! The daemon's configuration: the settings ([`Config`]) completed from the
+//! node (its name, the etcd files), and what is resolved from it at start: the kernel's
 //! features before the API serves, then the initial node set, the node IP
 //! and masquerade before anything is made in the node's namespace.
 
-use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+use std::{net::Ipv4Addr, time::Duration};
 
-use health_common::ct::CtConfig;
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::Ipv6Net;
 use tracing::info;
 
+pub use crate::config::Discovery;
 use crate::{
+    config::Config,
     datapath::{
-        AttachMode, KernelFeatures, TcHook, TcPolicy,
+        AttachMode, KernelFeatures, TcHook,
         kernel::KernelError,
-        masquerade::{self, Masquerade, MasqueradeError, PortRange},
+        masquerade::{self, Masquerade, MasqueradeError},
     },
     membership::{
         claims::Holders,
-        etcd::EtcdConfig,
         file_settle,
         file_version::FileVersion,
+        kvstore::KvConfigError,
         nodes_file,
         record::{LocalNode, Validated},
-        sync,
     },
-    probe::path::Thresholds,
-    supervisor::Policy,
 };
 
-/// Everything `health-agent daemon` is told.
+/// Everything `health-agent daemon` is told ([`Config`]), with what is
+/// read from the node to complete it when the agent starts.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
-    /// This node's name in the node set.
+    /// The settings as given.
+    pub settings: Config,
+    /// This node's name in the node set (`--node-name`, or the hostname).
     pub node_name: String,
-    /// This node's zone in its etcd record (`--zone`; a nodes file says
-    /// it in the node's entry).
-    pub zone: Option<String>,
-    /// This node's IP (default: its entry in the nodes file, or the source
-    /// address toward etcd).
-    pub node_ip: Option<Ipv4Addr>,
-    /// This node's IPv6 address (default: its entry in the nodes file, or
-    /// found toward etcd).
-    pub node_ip6: Option<std::net::Ipv6Addr>,
-    pub socket: PathBuf,
-    /// Group owning the API socket (its members may use the API).
-    pub socket_group: Option<String>,
-    pub pidfile: PathBuf,
-    /// bpffs directory of the pinned maps.
-    pub pin_dir: PathBuf,
-    /// `--attach`: tcx where the kernel has it, or forced.
-    pub attach: TcPolicy,
-    pub endpoint: EndpointSettings,
-    pub datapath: DatapathSettings,
-    pub probe: ProbeSettings,
+    /// Where the node set comes from, its etcd TLS and password files read.
     pub discovery: Discovery,
-    /// The bounded-frequency runner applying node-set changes.
-    pub sync: sync::Limits,
-    pub supervisor: Policy,
-    pub metrics: MetricsSettings,
-    /// `--health-range`: the cluster's IPv4 health range; peers' health
-    /// addresses are routed only inside it (and masquerade leaves
-    /// destinations inside it alone).
-    pub health_range: Option<Ipv4Net>,
-    /// `--health-range6`: the cluster's IPv6 health range, likewise.
-    pub health_range6: Option<Ipv6Net>,
-    /// `--max-nodes`: a larger node set is refused whole.
-    pub max_nodes: usize,
-}
-
-/// The metrics listener.
-#[derive(Debug, Clone, Default)]
-pub struct MetricsSettings {
-    /// Where `/metrics`, the connectivity page and the read-only `/api`
-    /// are served (`None`: not served).
-    pub serve_addr: Option<std::net::SocketAddr>,
-    /// Series per peer and path.
-    pub per_peer: bool,
-    /// `--web-allowed-hosts`: the `Host` names served besides the listen
-    /// address and `localhost`.
-    pub allowed_hosts: crate::web::host::AllowedHosts,
-}
-
-/// The health endpoint.
-#[derive(Debug, Clone)]
-pub struct EndpointSettings {
-    /// `--health-cidr`: where the endpoint's IPv4 address comes from.
-    pub cidr: Option<Ipv4Net>,
-    /// `--health-cidr6`: where its IPv6 address comes from. At least one
-    /// of the two is given (IPv4 only, IPv6 only, dual stack).
-    pub cidr6: Option<Ipv6Net>,
-    pub netns_name: String,
-    pub host_iface: String,
-    pub ep_iface: String,
-    pub state_dir: PathBuf,
-    /// The echo responder's attach mode; `None`: the tc hook `--attach`
-    /// chose (tcx where the kernel has it, classic tc elsewhere).
-    pub mode: Option<AttachMode>,
-    pub controller_interval: Duration,
-    /// On shutdown, leave the namespace, veth, pins and record.
-    pub keep: bool,
-}
-
-/// The node's datapath.
-#[derive(Debug, Clone)]
-pub struct DatapathSettings {
-    pub ct: CtConfig,
-    pub gc_interval: Duration,
-    /// Masquerade mode (`None`: routed).
-    pub masquerade: Option<MasqueradeFlags>,
-    /// Sizes of the maps that grow with the cluster.
-    pub map_sizes: health_common::maps::MapSizes,
-}
-
-/// Masquerade as asked; the node IP and uplink are found at start.
-#[derive(Debug, Clone)]
-pub struct MasqueradeFlags {
-    /// `--health-range` (`None`: the node's own `--health-cidr`).
-    pub health_range: Option<Ipv4Net>,
-    pub uplink: Option<String>,
-    pub ports: PortRange,
-}
-
-/// The prober.
-#[derive(Debug, Clone)]
-pub struct ProbeSettings {
-    pub interval: Duration,
-    pub timeout: Duration,
-    pub thresholds: Thresholds,
-    pub spread: Duration,
-    /// HTTP probes in flight at once; `None`: from the open-file limit.
-    pub max_in_flight: Option<usize>,
-    pub http_port: u16,
-    pub initial_delay: Duration,
-    /// Probes leave from the endpoint (crossing the datapath, which times
-    /// them) or from the node.
-    pub from_endpoint: bool,
-    /// Rounds of results kept per path (`GET /v1/status/history`).
-    pub history_length: usize,
-    /// Which peers to probe; `None`: a full mesh up to
-    /// [`crate::cluster::subset::FULL_MESH_UP_TO`] nodes, a subset above.
-    pub peers: Option<crate::cluster::subset::ProbePeers>,
-}
-
-/// Where the node set comes from.
-#[derive(Debug, Clone)]
-pub enum Discovery {
-    File(PathBuf),
-    Etcd(EtcdConfig),
-    None,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error("no --node-name and no hostname to default it to")]
+    NoNodeName,
+    #[error(transparent)]
+    Kvstore(#[from] KvConfigError),
     #[error(transparent)]
     NodesFile(#[from] nodes_file::NodesFileError),
     #[error(transparent)]
@@ -224,15 +116,41 @@ pub struct NodesAtStart {
     pub file: Option<FileVersion>,
 }
 
+/// The node's hostname, when it has one.
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
 impl DaemonConfig {
+    /// Completes `settings` from the node: the hostname when no
+    /// `--node-name` is given (read once), the etcd TLS and password files.
+    ///
+    /// # Errors
+    /// No node name, or an etcd file that cannot be used (naming its flag).
+    pub fn new(settings: Config) -> Result<Self, ConfigError> {
+        let discovery = settings.cluster.discovery()?;
+        let node_name = match &settings.cluster.node_name {
+            Some(n) => n.clone(),
+            None => hostname().ok_or(ConfigError::NoNodeName)?,
+        };
+        Ok(Self {
+            settings,
+            node_name,
+            discovery,
+        })
+    }
+
     /// Checks the flags against each other and probes the kernel: a bad
     /// combination, or a kernel without what the flags ask, fails here,
     /// before anything is created, naming it.
     pub fn resolve(&self) -> Result<Resolved, ConfigError> {
         self.check_families()?;
         let kernel = KernelFeatures::probe()?;
-        let tc_hook = kernel.choose(self.attach)?;
-        let echo_mode = self.endpoint.mode.unwrap_or(tc_hook.echo_mode());
+        let tc_hook = kernel.choose(self.settings.datapath.attach)?;
+        let echo_mode = self.settings.endpoint.mode.unwrap_or(tc_hook.echo_mode());
         if echo_mode == AttachMode::Tcx && !kernel.tcx {
             return Err(KernelError::NoTcx {
                 release: kernel.release,
@@ -243,7 +161,7 @@ impl DaemonConfig {
             kernel = %kernel.release,
             tcx = kernel.tcx,
             btf = kernel.btf,
-            attach = %self.attach,
+            attach = %self.settings.datapath.attach,
             tc_hook = %tc_hook,
             echo = %echo_mode,
             "kernel features probed: tc programs on {}, the echo responder on {}",
@@ -285,28 +203,38 @@ impl DaemonConfig {
             Discovery::Etcd(_) | Discovery::None => (Validated::default(), None),
         };
         let own = initial_nodes.nodes.get(&self.node_name);
-        let node_ip = self.node_ip.or_else(|| own.and_then(|n| n.node_ip));
-        let node_ip6 = self.node_ip6.or_else(|| own.and_then(|n| n.node_ip6));
-        let masquerade = match &self.datapath.masquerade {
-            None => None,
-            Some(flags) => {
-                let node_ip = node_ip.ok_or_else(|| MasqueradeError::NoNodeIp {
-                    name: self.node_name.clone(),
-                })?;
-                let health_cidr = self
-                    .endpoint
-                    .cidr
-                    .ok_or(ConfigError::MasqueradeWithoutIpv4)?;
-                let m = masquerade::resolve(&masquerade::Request {
-                    node_ip,
-                    uplink: flags.uplink.clone(),
-                    health_cidr,
-                    health_range: flags.health_range.unwrap_or(health_cidr),
-                    ports: flags.ports,
-                })?;
-                info!(uplink = %m.uplink, %node_ip, ports = %flags.ports, "masquerade on");
-                Some(m)
-            }
+        let node_ip = self
+            .settings
+            .cluster
+            .node_ip
+            .or_else(|| own.and_then(|n| n.node_ip));
+        let node_ip6 = self
+            .settings
+            .cluster
+            .node_ip6
+            .or_else(|| own.and_then(|n| n.node_ip6));
+        let datapath = &self.settings.datapath;
+        let masquerade = if datapath.masquerade() {
+            let node_ip = node_ip.ok_or_else(|| MasqueradeError::NoNodeIp {
+                name: self.node_name.clone(),
+            })?;
+            let health_cidr = self
+                .settings
+                .endpoint
+                .health_cidr
+                .ok_or(ConfigError::MasqueradeWithoutIpv4)?;
+            let ports = datapath.nat_port_range;
+            let m = masquerade::resolve(&masquerade::Request {
+                node_ip,
+                uplink: datapath.uplink.clone(),
+                health_cidr,
+                health_range: self.settings.endpoint.health_range.unwrap_or(health_cidr),
+                ports,
+            })?;
+            info!(uplink = %m.uplink, %node_ip, %ports, "masquerade on");
+            Some(m)
+        } else {
+            None
         };
         Ok(NodesAtStart {
             initial_nodes,
@@ -321,9 +249,10 @@ impl DaemonConfig {
     /// masquerade (its SNAT is IPv4 only); with peers, each family's
     /// health range, holding this node's health CIDR.
     pub fn check_families(&self) -> Result<(), ConfigError> {
-        match (self.endpoint.cidr, self.endpoint.cidr6) {
+        let e = &self.settings.endpoint;
+        match (e.health_cidr, e.health_cidr6) {
             (None, None) => return Err(ConfigError::NoHealthCidr),
-            (_, Some(cidr6)) if self.datapath.masquerade.is_some() => {
+            (_, Some(cidr6)) if self.settings.datapath.masquerade() => {
                 return Err(ConfigError::Ipv6Masquerade { cidr6 });
             }
             _ => {}
@@ -335,18 +264,19 @@ impl DaemonConfig {
     /// holding this node's health CIDR.
     fn check_ranges(&self) -> Result<(), ConfigError> {
         let peers = !matches!(self.discovery, Discovery::None);
+        let e = &self.settings.endpoint;
         // Each family's CIDR, and its range with whether the CIDR is in it.
         let families = [
             (
-                self.endpoint.cidr.map(|c| {
-                    let range = self.health_range.map(|r| (r.to_string(), r.contains(&c)));
+                e.health_cidr.map(|c| {
+                    let range = e.health_range.map(|r| (r.to_string(), r.contains(&c)));
                     (c.to_string(), range)
                 }),
                 ("--health-cidr", "--health-range", "198.18.64.0/18"),
             ),
             (
-                self.endpoint.cidr6.map(|c| {
-                    let range = self.health_range6.map(|r| (r.to_string(), r.contains(&c)));
+                e.health_cidr6.map(|c| {
+                    let range = e.health_range6.map(|r| (r.to_string(), r.contains(&c)));
                     (c.to_string(), range)
                 }),
                 ("--health-cidr6", "--health-range6", "2001:db8:0:40::/58"),
@@ -382,10 +312,10 @@ impl DaemonConfig {
     pub fn local_node(&self) -> LocalNode {
         LocalNode {
             name: Some(self.node_name.clone()),
-            health_cidr: self.endpoint.cidr,
-            health_cidr6: self.endpoint.cidr6,
-            health_range: self.health_range,
-            health_range6: self.health_range6,
+            health_cidr: self.settings.endpoint.health_cidr,
+            health_cidr6: self.settings.endpoint.health_cidr6,
+            health_range: self.settings.endpoint.health_range,
+            health_range6: self.settings.endpoint.health_range6,
         }
     }
 

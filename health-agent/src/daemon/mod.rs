@@ -47,10 +47,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-pub use self::config::{
-    DaemonConfig, DatapathSettings, Discovery, EndpointSettings, MasqueradeFlags, MetricsSettings,
-    ProbeSettings,
-};
+pub use self::config::{DaemonConfig, Discovery};
 use crate::{
     api,
     cluster::view_cell::ClusterViewCell,
@@ -64,7 +61,7 @@ use crate::{
         Node, discovery::NodeSource, etcd::Registration, published::Nodes, routes::RouteBounds,
     },
     metrics::{self, Metrics},
-    probe::{ProbeConfig, Prober, RESERVED_FILES, metrics::ProbeMetrics},
+    probe::{ProbeConfig, Prober, RESERVED_FILES, http::HEALTH_PORT, metrics::ProbeMetrics},
     supervisor::{Health, Supervisor, SupervisorError},
     sys::{
         netns::Netns,
@@ -143,7 +140,8 @@ async fn run_inner(
     stop: CancellationToken,
     hangups: Option<(Hangups, Option<reload::Reload>)>,
 ) -> Result<(), DaemonError> {
-    let _pidfile = Pidfile::acquire(&cfg.pidfile, &cfg.socket)?;
+    let s = &cfg.settings;
+    let _pidfile = Pidfile::acquire(&s.process.pidfile, &s.socket.path)?;
     let open_files = raise_fd_limit();
     let resolved = cfg.resolve()?;
     if stop.is_cancelled() {
@@ -151,23 +149,26 @@ async fn run_inner(
     }
     // Whatever ends the agent from here on, the pins go with it.
     let _pins = maintenance::PinsGuard {
-        dir: cfg.pin_dir.clone(),
-        keep: cfg.endpoint.keep,
+        dir: s.pins.dir.clone(),
+        keep: s.endpoint.keep_endpoint,
     };
     // The one owner of the kernel object (dropped before the pins).
-    let kernel = DatapathOwner::new(cfg.pin_dir.clone(), cfg.datapath.map_sizes);
+    let kernel = DatapathOwner::new(
+        cfg.settings.pins.dir.clone(),
+        cfg.settings.datapath.map_sizes(),
+    );
     let health = Health::default();
     let stopping = stop.clone();
-    let mut sup = Supervisor::new(cfg.supervisor, health.clone(), stop);
+    let mut sup = Supervisor::new(s.process.supervisor(), health.clone(), stop);
 
-    let nodes = Nodes::new(cfg.source_name()).with_max_nodes(cfg.max_nodes);
+    let nodes = Nodes::new(cfg.source_name()).with_max_nodes(s.cluster.max_nodes());
     let view = shared_view();
     let prober = Prober::new(probe_config(&cfg, open_files)?);
     let probe_metrics = prober.config().metrics.clone().unwrap_or_default();
     // The prober in service; a reload that changes its settings replaces it.
     let (probers, prober) = watch::channel(prober);
     // The probe timeout in force, for the RTT loss sweep (a reload changes it).
-    let (probe_timeout, probe_timeout_in_force) = watch::channel(cfg.probe.timeout);
+    let (probe_timeout, probe_timeout_in_force) = watch::channel(s.tuning.probe_timeout);
 
     let (api_state, cluster) = api_state(&cfg, &resolved, &view, &prober, &nodes, health);
     let (links, _) = broadcast::channel(16);
@@ -184,8 +185,8 @@ async fn run_inner(
     // The socket first: it answers while the node set is read.
     start!(tasks::api(
         &mut sup,
-        cfg.socket.clone(),
-        cfg.socket_group.clone(),
+        s.socket.path.clone(),
+        s.process.socket_group.clone(),
         api_state
     ));
     let at_start = or_stop!(sup, initial_nodes(&cfg, &nodes, &prober));
@@ -206,7 +207,7 @@ async fn run_inner(
         view.clone(),
         links.clone()
     ));
-    start!(tasks::hello(&mut sup, cfg.probe.http_port));
+    start!(tasks::hello(&mut sup, HEALTH_PORT));
     let registration = Registration::default();
     let own = (endpoint_ip(&view), crate::endpoint::ipv6(&view));
     let source = or_stop!(sup, node_source(&cfg, &at_start, own, &registration));
@@ -226,7 +227,7 @@ async fn run_inner(
         &nodes,
     );
     start!(tasks::sync(&mut sup, sync, nodes, links));
-    start!(tasks::probe(&mut sup, prober, cfg.probe.initial_delay));
+    start!(tasks::probe(&mut sup, prober, s.probe.probe_initial_delay));
 
     info!(node = %cfg.node_name, "agent running");
     reload::notify(&[NotifyState::Ready, NotifyState::Status("running")]);
@@ -260,7 +261,7 @@ fn initial_nodes(
     prober.borrow().set_nodes(node_sync::probed(
         &nodes.current(),
         &cfg.node_name,
-        cfg.probe.peers,
+        cfg.settings.probe.probe_peers,
     ));
     Ok(at_start)
 }
@@ -268,8 +269,8 @@ fn initial_nodes(
 fn controller_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> ControllerConfig {
     ControllerConfig {
         endpoint: endpoint_config(cfg, resolved),
-        interval: cfg.endpoint.controller_interval,
-        http_port: cfg.probe.http_port,
+        interval: cfg.settings.endpoint.controller_interval,
+        http_port: HEALTH_PORT,
     }
 }
 
@@ -286,15 +287,15 @@ fn node_sync(
     nodes: &Nodes,
 ) -> node_sync::NodeSync {
     node_sync::NodeSync {
-        limits: cfg.sync,
+        limits: cfg.settings.cluster.sync_limits(),
         prober: prober.clone(),
         local_name: cfg.node_name.clone(),
         own_ips,
-        keep_routes: cfg.endpoint.keep,
-        peers: cfg.probe.peers,
+        keep_routes: cfg.settings.endpoint.keep_endpoint,
+        peers: cfg.settings.probe.probe_peers,
         bounds: RouteBounds {
-            range: cfg.health_range,
-            range6: cfg.health_range6,
+            range: cfg.settings.endpoint.health_range,
+            range6: cfg.settings.endpoint.health_range6,
             protected: match &cfg.discovery {
                 Discovery::Etcd(e) => address_of(&e.endpoint).into_iter().collect(),
                 Discovery::File(_) | Discovery::None => Vec::new(),
@@ -327,11 +328,11 @@ fn api_state(
         prober.clone(),
         nodes.clone(),
         health,
-        cfg.supervisor.degraded_for,
+        cfg.settings.process.supervisor().degraded_for,
     )
     .with_kernel(crate::datapath::KernelReport {
         features: resolved.kernel.clone(),
-        policy: cfg.attach,
+        policy: cfg.settings.datapath.attach,
         tc_hook: resolved.tc_hook,
         programs: Vec::new(),
     });
@@ -365,13 +366,13 @@ fn metrics_and_web(
         probe,
         nodes: nodes.clone(),
         endpoint: view.clone(),
-        pin_dir: cfg.pin_dir.clone(),
+        pin_dir: cfg.settings.pins.dir.clone(),
         maps: maps.clone(),
-        per_peer: cfg.metrics.per_peer,
+        per_peer: cfg.settings.web.metrics_per_peer,
     }));
     let api_state = api_state.with_metrics(metrics.clone());
-    let web = cfg.metrics.serve_addr.map(|addr| {
-        let allowed = cfg.metrics.allowed_hosts.clone();
+    let web = cfg.settings.web.serve_addr().map(|addr| {
+        let allowed = cfg.settings.web.allowed_hosts();
         (
             addr,
             crate::web::router(metrics, api_state.clone(), allowed),
@@ -387,64 +388,69 @@ fn datapath_config(
     report: MapsReport,
     probe_timeout: watch::Receiver<Duration>,
 ) -> DatapathConfig {
+    let s = &cfg.settings;
     DatapathConfig {
-        pin_dir: cfg.pin_dir.clone(),
-        ct: cfg.datapath.ct,
+        pin_dir: s.pins.dir.clone(),
+        ct: s.datapath.ct(),
         masquerade: at_start.masquerade.clone(),
-        gc_interval: cfg.datapath.gc_interval,
+        gc_interval: s.datapath.ct_gc_interval,
         probe_timeout,
-        keep_pins: cfg.endpoint.keep,
-        map_sizes: cfg.datapath.map_sizes,
+        keep_pins: s.endpoint.keep_endpoint,
+        map_sizes: s.datapath.map_sizes(),
         tc_hook: resolved.tc_hook,
         report,
     }
 }
 
 fn endpoint_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> EndpointConfig {
-    let e = &cfg.endpoint;
+    let e = &cfg.settings.endpoint;
     EndpointConfig {
-        cidr: e.cidr,
-        cidr6: e.cidr6,
-        netns_name: e.netns_name.clone(),
+        cidr: e.health_cidr,
+        cidr6: e.health_cidr6,
+        netns_name: e.endpoint_netns.clone(),
         host_iface: e.host_iface.clone(),
-        ep_iface: e.ep_iface.clone(),
+        ep_iface: e.endpoint_iface.clone(),
         state_dir: e.state_dir.clone(),
         mode: resolved.echo_mode,
         tc_hook: resolved.tc_hook,
-        keep: e.keep,
+        keep: e.keep_endpoint,
     }
 }
 
 fn probe_config(cfg: &DaemonConfig, open_files: u64) -> Result<ProbeConfig, DaemonError> {
-    let p = &cfg.probe;
+    let (p, tuning, e) = (
+        &cfg.settings.probe,
+        &cfg.settings.tuning,
+        &cfg.settings.endpoint,
+    );
     let budget = usize::try_from(open_files)
         .unwrap_or(usize::MAX)
         .saturating_sub(RESERVED_FILES)
         .max(64);
-    let max_in_flight = p.max_in_flight.map_or(budget, |m| m.min(budget));
+    let max_in_flight = p.max_in_flight().map_or(budget, |m| m.min(budget));
     info!(max_in_flight, open_files, "HTTP probes in flight at most");
     Ok(ProbeConfig {
-        interval: p.interval,
-        timeout: p.timeout,
-        thresholds: p.thresholds,
-        spread: p.spread,
+        interval: tuning.probe_interval,
+        timeout: tuning.probe_timeout,
+        thresholds: tuning.thresholds(),
+        spread: p.probe_spread,
         max_in_flight,
-        http_port: p.http_port,
+        http_port: HEALTH_PORT,
         local_node: Some(cfg.node_name.clone()),
-        source_netns: if p.from_endpoint {
-            Some(Netns::named(&cfg.endpoint.netns_name)?)
+        source_netns: if p.from_endpoint() {
+            Some(Netns::named(&e.endpoint_netns)?)
         } else {
             None
         },
-        kernel_rtt: p.from_endpoint.then(|| cfg.pin_dir.clone()),
-        history_length: p.history_length,
+        kernel_rtt: p.from_endpoint().then(|| cfg.settings.pins.dir.clone()),
+        history_length: tuning.history_length(),
         // One set of instruments for the run: probers made by a reload
         // clone this configuration, and with it the instruments.
         metrics: Some(std::sync::Arc::new(ProbeMetrics::default())),
         // The families the endpoint has: peers are probed over those.
         families: crate::probe::family::Families::from_flags(
-            cfg.endpoint.cidr.is_some(),
-            cfg.endpoint.cidr6.is_some(),
+            e.health_cidr.is_some(),
+            e.health_cidr6.is_some(),
         )
         .unwrap_or_default(),
     })
@@ -468,7 +474,7 @@ fn cluster_view_task(
         local: cfg.node_name.clone(),
         prober: prober.clone(),
         nodes: nodes.clone(),
-        peers: cfg.probe.peers,
+        peers: cfg.settings.probe.probe_peers,
         cell: cell.clone(),
     })
 }
@@ -503,7 +509,7 @@ fn node_source(
                 health_ip: own_ip.filter(|_| node_ip.is_some()),
                 node_ip6,
                 health_ip6: own_ip6.filter(|_| node_ip6.is_some()),
-                zone: cfg.zone.clone(),
+                zone: cfg.settings.cluster.zone.clone(),
             };
             info!("joining the cluster through etcd as {me}");
             NodeSource::Etcd {

@@ -16,20 +16,8 @@ use sd_notify::NotifyState;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::{
-    probe::{Prober, path::Thresholds},
-    sys::signals::Hangups,
-};
-
-/// The probe settings a reload may change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProbeTuning {
-    pub interval: Duration,
-    pub timeout: Duration,
-    pub thresholds: Thresholds,
-    /// Rounds of results kept per path: a change keeps the newest that fit.
-    pub history_length: usize,
-}
+pub use crate::config::ProbeTuning;
+use crate::{probe::Prober, sys::signals::Hangups};
 
 /// Called on SIGHUP: re-reads the configuration, applies what it owns
 /// itself (the log level), reports what needs a restart, and returns the
@@ -73,35 +61,39 @@ pub(super) async fn run(mut hangups: Hangups, mut reload: Option<Reload>, target
 fn apply(tuning: ProbeTuning, targets: &Targets) {
     let old = targets.probers.borrow().clone();
     let mut cfg = old.config().clone();
-    let current = ProbeTuning {
-        interval: cfg.interval,
-        timeout: cfg.timeout,
-        thresholds: cfg.thresholds,
-        history_length: cfg.history_length,
-    };
-    if current == tuning {
+    if (
+        cfg.interval,
+        cfg.timeout,
+        cfg.thresholds,
+        cfg.history_length,
+    ) == (
+        tuning.probe_interval,
+        tuning.probe_timeout,
+        tuning.thresholds(),
+        tuning.history_length(),
+    ) {
         debug!("probe settings unchanged");
         return;
     }
-    cfg.interval = tuning.interval;
-    cfg.timeout = tuning.timeout;
-    cfg.thresholds = tuning.thresholds;
-    cfg.history_length = tuning.history_length;
+    cfg.interval = tuning.probe_interval;
+    cfg.timeout = tuning.probe_timeout;
+    cfg.thresholds = tuning.thresholds();
+    cfg.history_length = tuning.history_length();
     let new = Prober::new(cfg);
     // Every path keeps its counters and last result: only the settings
     // change.
     new.take_over(&old);
     targets.probers.send_replace(new);
     targets.probe_timeout.send_if_modified(|t| {
-        let changed = *t != tuning.timeout;
-        *t = tuning.timeout;
+        let changed = *t != tuning.probe_timeout;
+        *t = tuning.probe_timeout;
         changed
     });
     info!(
-        interval = ?tuning.interval,
-        timeout = ?tuning.timeout,
-        success_threshold = tuning.thresholds.success,
-        failure_threshold = tuning.thresholds.failure,
+        interval = ?tuning.probe_interval,
+        timeout = ?tuning.probe_timeout,
+        success_threshold = tuning.success_threshold,
+        failure_threshold = tuning.failure_threshold,
         history_length = tuning.history_length,
         "probe settings applied"
     );
@@ -114,10 +106,11 @@ mod tests {
 
     fn tuning(cfg: &ProbeConfig) -> ProbeTuning {
         ProbeTuning {
-            interval: cfg.interval,
-            timeout: cfg.timeout,
-            thresholds: cfg.thresholds,
-            history_length: cfg.history_length,
+            probe_interval: cfg.interval,
+            probe_timeout: cfg.timeout,
+            success_threshold: cfg.thresholds.success,
+            failure_threshold: cfg.thresholds.failure,
+            history_length: u16::try_from(cfg.history_length).expect("a history length"),
         }
     }
 
@@ -134,14 +127,14 @@ mod tests {
         apply(tuning(&cfg), &targets);
         assert!(!sweep.has_changed().expect("open"));
         let mut longer = tuning(&cfg);
-        longer.timeout = cfg.timeout * 3;
+        longer.probe_timeout = cfg.timeout * 3;
         apply(longer, &targets);
         assert_eq!(prober.borrow().config().timeout, cfg.timeout * 3);
         assert!(sweep.has_changed().expect("open"));
         assert_eq!(*sweep.borrow_and_update(), cfg.timeout * 3);
         // Another setting alone: the sweep is not woken.
         let mut slower = longer;
-        slower.interval = cfg.interval * 2;
+        slower.probe_interval = cfg.interval * 2;
         apply(slower, &targets);
         assert_eq!(prober.borrow().config().interval, cfg.interval * 2);
         assert!(!sweep.has_changed().expect("open"));

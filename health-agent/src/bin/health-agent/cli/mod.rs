@@ -17,10 +17,8 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 
-use health_agent::{
-    datapath::DEFAULT_PIN_DIR,
-    sys::netns::{Netns, NetnsError},
-};
+pub(crate) use health_agent::config::{PinArgs, SocketArgs};
+use health_agent::sys::netns::{Netns, NetnsError};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -97,22 +95,6 @@ pub(crate) enum OutputFormat {
     #[default]
     Table,
     Json,
-}
-
-/// Options shared by every command that touches the pinned maps.
-#[derive(Debug, Clone, clap::Args)]
-pub(crate) struct PinArgs {
-    /// bpffs directory holding the pinned maps.
-    #[arg(long = "bpffs-dir", default_value = DEFAULT_PIN_DIR, env = "HEALTH_AGENT_BPFFS_DIR")]
-    pub dir: PathBuf,
-}
-
-/// The API socket, for the daemon and every client command.
-#[derive(Debug, Clone, clap::Args)]
-pub(crate) struct SocketArgs {
-    /// Unix socket of the agent's API.
-    #[arg(long = "socket", default_value = health_agent::api::DEFAULT_SOCKET, env = health_agent::api::SOCKET_ENV)]
-    pub path: PathBuf,
 }
 
 /// Parses `--netns`: a name under /run/netns, or a path to an nsfs file.

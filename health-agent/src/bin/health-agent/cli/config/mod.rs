@@ -1,0 +1,481 @@
+//! `health-agent daemon --config FILE`: the daemon's flags from a YAML
+//! file, one key per flag (`probe-interval: 10s`), and `health-agent config
+//! print-defaults|check`.
+//!
+//! Precedence, highest first: the command line, the flag's environment
+//! variable, the file, the default. The file's values are checked one by one
+//! with the flags' own parsers ([`file`]), so a bad one is refused naming its
+//! key and line; then they are handed to clap as flags placed before the
+//! command line's, skipping every key the command line or the environment
+//! sets. On SIGHUP the daemon reads the file again the same way
+//! ([`Invocation`]) into the same typed configuration.
+
+mod defaults;
+mod file;
+
+use std::{
+    ffi::{OsStr, OsString},
+    path::{Path, PathBuf},
+};
+
+use clap::{Arg, CommandFactory as _, FromArgMatches as _};
+use health_agent::config::Config;
+
+pub(crate) use self::{
+    defaults::defaults,
+    file::{Entry, load},
+};
+use super::{Cli, Command};
+
+/// The key of the global `--log-level` (its argument's flag), which a
+/// reload applies too.
+pub(crate) fn log_level_key() -> String {
+    Cli::command()
+        .get_arguments()
+        .find(|a| a.get_id() == "log_level")
+        .and_then(Arg::get_long)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The keys a SIGHUP applies at once: the daemon's reloadable section and
+/// the log level; a change to any other key needs a restart.
+pub(crate) fn reloadable() -> Vec<String> {
+    let mut keys = Config::reloadable_keys();
+    keys.push(log_level_key());
+    keys
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigFileError {
+    #[error("reading the config file {path}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// `at`: `path:line`, or the path when the line is not known.
+    #[error("{at}: {message}")]
+    Invalid { at: String, message: String },
+    #[error(transparent)]
+    Clap(#[from] clap::Error),
+}
+
+/// Where `argv` (whole, program name first) runs the daemon: the index of
+/// the `daemon` token and the `--config` file, if any.
+fn daemon_config(argv: &[OsString]) -> Option<(usize, PathBuf)> {
+    let mut i = 1;
+    let daemon = loop {
+        let a = argv.get(i)?.to_str()?;
+        if a == "--log-level" {
+            i += 2;
+        } else if a.starts_with('-') {
+            i += 1;
+        } else if a == "daemon" {
+            break i;
+        } else {
+            return None;
+        }
+    };
+    let mut rest = argv[daemon + 1..].iter();
+    while let Some(a) = rest.next() {
+        let a = a.to_str()?;
+        if a == "--" {
+            return None;
+        }
+        if a == "--config" {
+            return rest.next().map(|p| (daemon, PathBuf::from(p)));
+        }
+        if let Some(p) = a.strip_prefix("--config=") {
+            return Some((daemon, PathBuf::from(p)));
+        }
+    }
+    None
+}
+
+/// `argv` with the file's settings inserted after `daemon`, but for the
+/// keys the command line or the environment sets.
+fn merged(
+    argv: &[OsString],
+    daemon: usize,
+    entries: &[Entry],
+    env_set: impl Fn(&OsStr) -> bool,
+) -> Vec<OsString> {
+    let keys = file::keys();
+    let given = |key: &str| {
+        let flag = format!("--{key}");
+        let with_value = format!("{flag}=");
+        let on_line = argv[1..]
+            .iter()
+            .filter_map(|a| a.to_str())
+            .any(|a| a == flag || a.starts_with(&with_value));
+        let in_env = keys
+            .iter()
+            .find(|a| file::long(a) == key)
+            .and_then(Arg::get_env)
+            .is_some_and(&env_set);
+        on_line || in_env
+    };
+    let mut out = argv[..=daemon].to_vec();
+    out.extend(
+        entries
+            .iter()
+            .filter(|e| !given(&e.key))
+            .filter_map(|e| e.flag.as_ref().map(OsString::from)),
+    );
+    out.extend_from_slice(&argv[daemon + 1..]);
+    out
+}
+
+/// How the daemon was started, to read its configuration again.
+#[derive(Debug, Clone)]
+pub(crate) struct Invocation {
+    pub argv: Vec<OsString>,
+    pub path: PathBuf,
+    /// The daemon's settings in force: those at start, with the
+    /// reloadable ones as the last reload applied them.
+    pub settings: Config,
+    /// The log filter in force.
+    pub log_level: String,
+}
+
+/// Parses `argv` (program name first), merging the `--config` file of
+/// `daemon` when there is one.
+pub(crate) fn parse_command_line(
+    argv: Vec<OsString>,
+) -> Result<(Cli, Option<Invocation>), ConfigFileError> {
+    let Some((daemon, path)) = daemon_config(&argv) else {
+        return Ok((<Cli as clap::Parser>::try_parse_from(argv)?, None));
+    };
+    let cli = parse_with_file(&argv, daemon, &path)?;
+    let invocation = match &cli.command {
+        Command::Daemon(daemon_args) => Some(Invocation {
+            settings: daemon_args.settings.clone(),
+            log_level: cli.log_level.clone(),
+            argv,
+            path,
+        }),
+        _ => None,
+    };
+    Ok((cli, invocation))
+}
+
+fn parse_with_file(argv: &[OsString], daemon: usize, path: &Path) -> Result<Cli, ConfigFileError> {
+    let entries = load(path)?;
+    let env_set = |name: &OsStr| std::env::var_os(name).is_some();
+    let matches = Cli::command().try_get_matches_from(merged(argv, daemon, &entries, env_set))?;
+    Ok(Cli::from_arg_matches(&matches)?)
+}
+
+impl Invocation {
+    /// Reads the file again, with the same command line over it.
+    pub(crate) fn reread(&self) -> Result<Cli, ConfigFileError> {
+        let (daemon, _) = daemon_config(&self.argv).ok_or_else(|| ConfigFileError::Invalid {
+            at: self.path.display().to_string(),
+            message: "the command line no longer names it".into(),
+        })?;
+        parse_with_file(&self.argv, daemon, &self.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::file::{keys, long, parse};
+    use super::*;
+    use crate::cli::Command;
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        std::iter::once("health-agent")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    fn write(text: &str) -> (PathBuf, impl Drop) {
+        struct Gone(PathBuf);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+        let path = std::env::temp_dir().join(format!(
+            "health-agent-config-{}-{}.yaml",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::write(&path, text).expect("write the config file");
+        (path.clone(), Gone(path))
+    }
+
+    fn daemon(
+        args: &[&str],
+        file: &str,
+    ) -> Result<(Cli, Box<super::super::daemon::DaemonArgs>), String> {
+        let (path, _gone) = write(file);
+        let mut all = vec!["daemon", "--config", path.to_str().expect("utf-8")];
+        all.extend_from_slice(args);
+        let (cli, inv) = parse_command_line(argv(&all)).map_err(|e| e.to_string())?;
+        assert!(inv.is_some());
+        match cli.command {
+            Command::Daemon(ref d) => {
+                let d = d.clone();
+                Ok((cli, d))
+            }
+            _ => unreachable!("parsed a daemon command line"),
+        }
+    }
+
+    #[test]
+    fn the_file_sets_what_the_command_line_does_not() {
+        let (cli, d) = daemon(
+            &["--probe-timeout", "3s"],
+            "health-cidr: 198.18.64.0/24\n\
+             probe-interval: 5s\n\
+             probe-timeout: 2s\n\
+             failure-threshold: 7\n\
+             keep-endpoint: true\n\
+             routing: masquerade\n\
+             log-level: debug\n",
+        )
+        .expect("valid");
+        let s = &d.settings;
+        assert_eq!(
+            s.endpoint.health_cidr.map(|c| c.to_string()).as_deref(),
+            Some("198.18.64.0/24")
+        );
+        assert_eq!(s.tuning.probe_interval, std::time::Duration::from_secs(5));
+        // The flag wins over the file.
+        assert_eq!(s.tuning.probe_timeout, std::time::Duration::from_secs(3));
+        assert_eq!(s.tuning.failure_threshold, 7);
+        assert!(s.endpoint.keep_endpoint);
+        assert_eq!(
+            s.datapath.routing,
+            health_agent::config::Routing::Masquerade
+        );
+        // Defaults stay for what neither sets.
+        assert_eq!(s.tuning.success_threshold, 1);
+        assert_eq!(cli.log_level, "debug");
+    }
+
+    #[test]
+    fn history_length_is_a_range_checked_reloadable_key() {
+        let (_, d) = daemon(&[], "health-cidr: 198.18.64.0/24\n").expect("valid");
+        assert_eq!(d.settings.tuning.history_length, 60, "the default");
+        let (_, d) =
+            daemon(&[], "health-cidr: 198.18.64.0/24\nhistory-length: 120\n").expect("valid");
+        assert_eq!(d.settings.tuning.history_length, 120);
+        for bad in ["0", "1441", "many"] {
+            let err = daemon(
+                &[],
+                &format!("health-cidr: 198.18.64.0/24\nhistory-length: {bad}\n"),
+            )
+            .expect_err(bad);
+            assert!(err.contains(":2: \"history-length\""), "{bad}: {err}");
+            let err =
+                daemon(&["--history-length", bad], "health-cidr: 198.18.64.0/24\n").expect_err(bad);
+            assert!(err.contains("--history-length"), "{bad}: {err}");
+        }
+        let err =
+            daemon(&["--history-length", "0"], "health-cidr: 198.18.64.0/24\n").expect_err("0");
+        assert!(err.contains("1..=1440"), "{err}");
+        assert!(reloadable().contains(&"history-length".to_owned()));
+    }
+
+    #[test]
+    fn a_global_flag_before_the_subcommand_wins_over_the_file() {
+        let (cli, _) =
+            daemon(&[], "health-cidr: 198.18.64.0/24\nlog-level: debug\n").expect("valid");
+        assert_eq!(cli.log_level, "debug");
+        let (path, _gone) = write("health-cidr: 198.18.64.0/24\nlog-level: debug\n");
+        let (cli, _) = parse_command_line(argv(&[
+            "--log-level",
+            "warn",
+            "daemon",
+            "--config",
+            path.to_str().expect("utf-8"),
+        ]))
+        .expect("valid");
+        assert_eq!(cli.log_level, "warn");
+    }
+
+    #[test]
+    fn the_environment_wins_over_the_file() {
+        let entries =
+            parse("f.yaml", "bpffs-dir: /sys/fs/bpf/f\nprobe-interval: 5s\n").expect("valid");
+        let argv = argv(&["daemon", "--config", "f.yaml"]);
+        let flags = |set: &str| -> Vec<OsString> {
+            let all = merged(&argv, 1, &entries, |name| name == set);
+            // program, daemon, the file's flags, then --config f.yaml
+            all[2..all.len() - 2].to_vec()
+        };
+        assert_eq!(
+            flags("NOTHING"),
+            ["--bpffs-dir=/sys/fs/bpf/f", "--probe-interval=5s"]
+        );
+        assert_eq!(flags("HEALTH_AGENT_BPFFS_DIR"), ["--probe-interval=5s"]);
+    }
+
+    #[test]
+    fn bad_files_are_refused_naming_the_key_and_line() {
+        let cases = [
+            (
+                "health-cidr: 198.18.64.0/24\nprobe-intervall: 5s\n",
+                ":2: unknown key \"probe-intervall\"",
+            ),
+            (
+                "# c\nhealth-cidr: 198.18.64.0/24\n\nprobe-interval: soon\n",
+                ":4: \"probe-interval\": invalid value \"soon\"",
+            ),
+            (
+                "health-cidr: 198.18.64.300/24\n",
+                ":1: \"health-cidr\": invalid value",
+            ),
+            (
+                "health-cidr: 198.18.64.0/24\nrouting: bridged\n",
+                ":2: \"routing\": invalid value \"bridged\"",
+            ),
+            (
+                "health-cidr: 198.18.64.0/24\nsuccess-threshold: 0\n",
+                ":2: \"success-threshold\"",
+            ),
+            (
+                "health-cidr: 198.18.64.0/24\nkeep-endpoint: yes please\n",
+                ":2: \"keep-endpoint\"",
+            ),
+            (
+                "health-cidr: 198.18.64.0/24\nprobe-interval: [1s, 2s]\n",
+                ":2: \"probe-interval\": expected a single value",
+            ),
+            (
+                "health-cidr: 198.18.64.0/24\nprobe-interval: 1s\n  bad: indent\n",
+                ":3:",
+            ),
+            ("- a\n- b\n", "expected a mapping"),
+            (
+                "health-cidr: 198.18.64.0/24\nconfig: other.yaml\n",
+                ":2: unknown key \"config\"",
+            ),
+        ];
+        for (text, needle) in cases {
+            let err = daemon(&[], text).expect_err(text);
+            assert!(err.contains(needle), "{text:?}: {err:?} lacks {needle:?}");
+        }
+    }
+
+    #[test]
+    fn an_unreadable_file_is_named() {
+        let err = parse_command_line(argv(&["daemon", "--config", "/nonexistent/health.yaml"]))
+            .expect_err("missing file");
+        assert!(
+            err.to_string().contains("/nonexistent/health.yaml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn required_flags_may_come_from_the_file_or_not_at_all() {
+        let err = daemon(&[], "probe-interval: 5s\n").expect_err("no CIDR");
+        assert!(err.contains("--health-cidr"), "{err}");
+    }
+
+    #[test]
+    fn print_defaults_is_complete_and_reads_back_as_the_defaults() {
+        let text = defaults();
+        for arg in keys() {
+            let key = long(&arg);
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("{key}:")) || l == format!("# {key}:")),
+                "{key} missing from the defaults"
+            );
+        }
+        // Every uncommented key parses, and gives what no file gives.
+        let entries = parse("defaults.yaml", &text).expect("the defaults parse");
+        assert!(entries.len() > 30, "{} keys", entries.len());
+        let (_, mut with) = daemon(&["--health-cidr", "198.18.64.0/24"], &text).expect("valid");
+        with.config = None;
+        let (cli, _) = parse_command_line(argv(&["daemon", "--health-cidr", "198.18.64.0/24"]))
+            .expect("valid");
+        let Command::Daemon(without) = cli.command else {
+            unreachable!()
+        };
+        assert_eq!(format!("{with:?}"), format!("{without:?}"));
+    }
+
+    #[test]
+    fn web_allowed_hosts_is_a_key_checked_by_its_parser() {
+        let (_, d) = daemon(
+            &[],
+            "health-cidr: 198.18.64.0/24\nweb-allowed-hosts: health.example,node-1.example:8080\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            d.settings
+                .web
+                .web_allowed_hosts
+                .map(|h| h.to_string())
+                .as_deref(),
+            Some("health.example,node-1.example:8080")
+        );
+        let err = daemon(
+            &[],
+            "health-cidr: 198.18.64.0/24\nweb-allowed-hosts: health.example,,x\n",
+        )
+        .expect_err("an empty name");
+        assert!(
+            err.contains(":2: \"web-allowed-hosts\": invalid value"),
+            "{err}"
+        );
+        assert!(defaults().lines().any(|l| l == "# web-allowed-hosts:"));
+    }
+
+    #[test]
+    fn a_reread_file_is_compared_typed_naming_the_changed_keys() {
+        let (path, _gone) =
+            write("health-cidr: 198.18.64.0/24\nprobe-interval: 5s\nlog-level: info\n");
+        let (_, inv) =
+            parse_command_line(argv(&["daemon", "--config", path.to_str().expect("utf-8")]))
+                .expect("valid");
+        let inv = inv.expect("a config file");
+        assert_eq!(inv.log_level, "info");
+        std::fs::write(
+            &path,
+            "health-cidr: 198.18.64.0/24\nprobe-interval: 6s\ncontroller-interval: 5s\n",
+        )
+        .expect("rewrite");
+        let Command::Daemon(new) = inv.reread().expect("valid").command else {
+            unreachable!("a daemon command line")
+        };
+        let changes = inv.settings.changes(&new.settings);
+        assert_eq!(changes.reloadable, ["probe-interval"]);
+        assert_eq!(changes.need_restart, ["controller-interval"]);
+        // The same value written otherwise is no change.
+        std::fs::write(
+            &path,
+            "health-cidr: 198.18.64.0/24\nprobe-interval: 5000ms\n",
+        )
+        .expect("rewrite");
+        let Command::Daemon(same) = inv.reread().expect("valid").command else {
+            unreachable!("a daemon command line")
+        };
+        assert_eq!(
+            inv.settings.changes(&same.settings),
+            health_agent::config::Changes::default()
+        );
+    }
+
+    #[test]
+    fn the_log_level_is_named_from_its_flag_and_reloads() {
+        assert_eq!(log_level_key(), "log-level");
+        assert_eq!(
+            reloadable(),
+            [
+                "probe-interval",
+                "probe-timeout",
+                "success-threshold",
+                "failure-threshold",
+                "history-length",
+                "log-level"
+            ]
+        );
+    }
+}

@@ -1,0 +1,158 @@
+//! This node in the cluster: its name and addresses, where the node set
+//! comes from (a file or etcd), and how often its changes are applied.
+
+use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+
+use clap::Args;
+
+use super::section;
+use crate::membership::{
+    kvstore::{Credentials, EtcdConfig, KvConfigError, TlsConfig},
+    sync::Limits,
+};
+
+/// Supported key-value stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kvstore {
+    Etcd,
+}
+
+section! {
+    /// This node and its node set.
+    #[derive(Debug, Clone, PartialEq, Eq, Args)]
+    pub struct ClusterSettings {
+        /// This node's name in the node set (default: the hostname).
+        #[arg(long)]
+        pub node_name: Option<String>,
+        /// Nodes file (YAML or JSON), watched for changes.
+        #[arg(long, value_name = "PATH", conflicts_with = "kvstore")]
+        pub nodes_file: Option<PathBuf>,
+        /// Discover nodes through a key-value store instead of a file.
+        #[arg(long, value_enum)]
+        pub kvstore: Option<Kvstore>,
+        /// Client address of the kvstore, `host:port`.
+        #[arg(long, default_value = "127.0.0.1:2379", value_name = "HOST:PORT")]
+        pub kvstore_endpoint: String,
+        /// Key prefix under which nodes register.
+        #[arg(long, default_value = "/health/nodes/")]
+        pub kvstore_prefix: String,
+        /// TTL of this node's registration lease (kept alive while the agent
+        /// runs; revoked when it stops cleanly). A node that dies stays in the
+        /// others' node sets this long, so that they see it fail and the
+        /// cluster view says "node down" (as Cilium's 15-minute default).
+        #[arg(long, default_value = "15m", value_parser = crate::util::duration::parse)]
+        pub kvstore_lease_ttl: Duration,
+        /// CA certificate (PEM) that signed etcd's server certificate: talk to
+        /// etcd over TLS (https).
+        #[arg(long, value_name = "FILE")]
+        pub kvstore_ca: Option<PathBuf>,
+        /// Client certificate (PEM) for etcd's --client-cert-auth; with
+        /// --kvstore-key and --kvstore-ca.
+        #[arg(long, value_name = "FILE", requires_all = ["kvstore_key", "kvstore_ca"])]
+        pub kvstore_cert: Option<PathBuf>,
+        /// The private key (PEM) of --kvstore-cert.
+        #[arg(long, value_name = "FILE", requires = "kvstore_cert")]
+        pub kvstore_key: Option<PathBuf>,
+        /// etcd user to authenticate as; the password is read from
+        /// --kvstore-password-file.
+        #[arg(long, value_name = "NAME", requires = "kvstore_password_file")]
+        pub kvstore_user: Option<String>,
+        /// File holding the --kvstore-user's password (without its final line
+        /// break); there is no flag for the password itself.
+        #[arg(long, value_name = "FILE", requires = "kvstore_user")]
+        pub kvstore_password_file: Option<PathBuf>,
+        /// This node's IP as published in the kvstore (default: the source
+        /// address of the route to the kvstore).
+        #[arg(long)]
+        pub node_ip: Option<Ipv4Addr>,
+        /// This node's IPv6 address as published in the kvstore, with
+        /// --health-cidr6 (default: the source address toward the kvstore when
+        /// it is reached over IPv6, else a global IPv6 address of the interface
+        /// holding the IPv4 node IP).
+        #[arg(long)]
+        pub node_ip6: Option<std::net::Ipv6Addr>,
+        /// This node's zone (a rack, a failure domain), written in its etcd
+        /// record: nodes of one zone probe each other in full whatever
+        /// --probe-peers says. With a nodes file, the node's entry says it.
+        #[arg(long, value_name = "NAME", value_parser = parse_zone)]
+        pub zone: Option<String>,
+        /// The largest node set taken: a nodes file or etcd prefix with more
+        /// nodes is refused whole, and the last good set is kept (said in
+        /// `GET /v1/nodes`).
+        #[arg(long, value_name = "N", default_value_t = 65_536,
+              value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+        pub max_nodes: u32,
+        /// Node-set changes are applied at most this often (with --sync-burst slack)...
+        #[arg(long, default_value = "1s", value_parser = crate::util::duration::parse)]
+        pub sync_min_interval: Duration,
+        /// ...and at least this often.
+        #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse)]
+        pub sync_max_interval: Duration,
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+        pub sync_burst: u32,
+    }
+}
+
+fn parse_zone(s: &str) -> Result<String, String> {
+    crate::membership::validate::zone(s).map(str::to_owned)
+}
+
+/// Where the node set comes from.
+#[derive(Debug, Clone)]
+pub enum Discovery {
+    File(PathBuf),
+    Etcd(EtcdConfig),
+    None,
+}
+
+impl ClusterSettings {
+    /// Where the node set comes from; the etcd TLS and password files are
+    /// read and checked here, naming their flag.
+    ///
+    /// # Errors
+    /// A TLS or password file that cannot be read or is not valid.
+    pub fn discovery(&self) -> Result<Discovery, KvConfigError> {
+        Ok(match (&self.nodes_file, self.kvstore) {
+            (Some(path), _) => Discovery::File(path.clone()),
+            (None, Some(Kvstore::Etcd)) => Discovery::Etcd(EtcdConfig {
+                endpoint: self.kvstore_endpoint.clone(),
+                prefix: self.kvstore_prefix.clone(),
+                lease_ttl: self.kvstore_lease_ttl,
+                tls: self
+                    .kvstore_ca
+                    .as_deref()
+                    .map(|ca| {
+                        let pair = self
+                            .kvstore_cert
+                            .as_deref()
+                            .zip(self.kvstore_key.as_deref());
+                        TlsConfig::load(ca, pair)
+                    })
+                    .transpose()?,
+                credentials: self
+                    .kvstore_user
+                    .as_deref()
+                    .zip(self.kvstore_password_file.as_deref())
+                    .map(|(user, file)| Credentials::load(user, file))
+                    .transpose()?,
+            }),
+            (None, None) => Discovery::None,
+        })
+    }
+
+    /// The bounded-frequency runner applying node-set changes.
+    #[must_use]
+    pub const fn sync_limits(&self) -> Limits {
+        Limits {
+            min_interval: self.sync_min_interval,
+            max_interval: self.sync_max_interval,
+            burst: self.sync_burst,
+        }
+    }
+
+    /// `--max-nodes`: a larger node set is refused whole.
+    #[must_use]
+    pub fn max_nodes(&self) -> usize {
+        usize::try_from(self.max_nodes).unwrap_or(usize::MAX)
+    }
+}

@@ -1,0 +1,80 @@
+//! The health endpoint's settings, and the cluster's health ranges its
+//! addresses come from.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::Args;
+
+use super::section;
+use crate::{datapath::AttachMode, sys::netns::Netns, util::cidr};
+use ipnet::{Ipv4Net, Ipv6Net};
+
+section! {
+    /// The health endpoint: its addresses, namespace, veth and record.
+    #[derive(Debug, Clone, PartialEq, Eq, Args)]
+    #[command(group(
+        clap::ArgGroup::new("health-cidrs")
+            .args(["health_cidr", "health_cidr6"])
+            .required(true)
+            .multiple(true)
+    ))]
+    pub struct EndpointSettings {
+        /// The node's share of the pod range (IPv4); the endpoint's IPv4
+        /// address comes from it. At least one of --health-cidr and
+        /// --health-cidr6 is given; both: a dual-stack endpoint.
+        #[arg(long, value_name = "CIDR", value_parser = cidr::parse::<Ipv4Net>)]
+        pub health_cidr: Option<Ipv4Net>,
+        /// The node's share of the IPv6 pod range (such as
+        /// `2001:db8:0:1::/64`; at most a /126); the endpoint's IPv6 address
+        /// comes from it. Not with `--routing masquerade` (IPv4 only).
+        #[arg(long, value_name = "CIDR", value_parser = parse_health_cidr6)]
+        pub health_cidr6: Option<Ipv6Net>,
+        /// The cluster-wide health range that every node's --health-cidr
+        /// comes from. Peers' health addresses are routed only inside it (a
+        /// record naming another address is refused), and masquerade leaves
+        /// destinations inside it alone. Needed with peers (--nodes-file or
+        /// --kvstore) when --health-cidr is given.
+        #[arg(long, value_name = "CIDR", value_parser = cidr::parse::<Ipv4Net>)]
+        pub health_range: Option<Ipv4Net>,
+        /// The cluster-wide IPv6 health range that every node's
+        /// --health-cidr6 comes from, likewise: needed with peers when
+        /// --health-cidr6 is given.
+        #[arg(long, value_name = "CIDR", value_parser = cidr::parse::<Ipv6Net>)]
+        pub health_range6: Option<Ipv6Net>,
+        /// Name of the endpoint's network namespace (under /run/netns).
+        #[arg(long, default_value = "health", value_parser = validate_netns_name)]
+        pub endpoint_netns: String,
+        /// Host side of the endpoint's veth.
+        #[arg(long, default_value = "lxc_health")]
+        pub host_iface: String,
+        /// Endpoint side of the veth, inside its namespace.
+        #[arg(long, default_value = "eth0")]
+        pub endpoint_iface: String,
+        /// Where the endpoint record (IP, endpoint ID) is kept across restarts.
+        #[arg(long, default_value = "/var/lib/health-agent")]
+        pub state_dir: PathBuf,
+        /// How often the controller verifies the endpoint (it also runs on link events).
+        #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse)]
+        pub controller_interval: Duration,
+        /// Attach mode of the echo responder (default: the tc hook --attach
+        /// picks: tcx where the kernel has it, classic tc otherwise).
+        #[arg(long, value_enum)]
+        pub mode: Option<AttachMode>,
+        /// On shutdown, leave the namespace, veth, pins and record for the next agent.
+        #[arg(long)]
+        pub keep_endpoint: bool,
+    }
+}
+
+/// `--health-cidr6`: an IPv6 CIDR that can hold the endpoint.
+fn parse_health_cidr6(s: &str) -> Result<Ipv6Net, String> {
+    let cidr: Ipv6Net = cidr::parse(s).map_err(|e| e.to_string())?;
+    crate::endpoint::ipam::check6(cidr).map_err(|e| e.to_string())?;
+    Ok(cidr)
+}
+
+fn validate_netns_name(s: &str) -> Result<String, String> {
+    Netns::named(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,111 @@
+//! The prober's settings: those fixed for the agent's life, and the
+//! tuning a SIGHUP applies at once.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::section;
+use crate::{
+    cluster::subset::ProbePeers,
+    probe::{history, path::Thresholds},
+};
+
+/// Where probes leave from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProbeFrom {
+    Endpoint,
+    Node,
+}
+
+section! {
+    /// The prober, fixed at start.
+    #[derive(Debug, Clone, PartialEq, Eq, Args)]
+    pub struct ProbeSettings {
+        /// Where probes leave from: the health endpoint (so they cross
+        /// lxc_health and the datapath tracks and times them) or the node.
+        #[arg(long, value_enum, default_value_t = ProbeFrom::Endpoint)]
+        pub probe_from: ProbeFrom,
+        /// Which peers to probe: `all` (a full mesh), or K: this node's zone
+        /// and K other nodes chosen by rendezvous hashing, so each node is
+        /// observed by about K others. Default: `all` up to 64 nodes, 32 above.
+        #[arg(long, value_name = "all|K")]
+        pub probe_peers: Option<ProbePeers>,
+        /// Delay before the first round.
+        #[arg(long, default_value = "0s", value_parser = parse_delay)]
+        pub probe_initial_delay: Duration,
+        /// Probe starts are spread uniformly over this window.
+        #[arg(long, default_value = "100ms", value_parser = crate::util::duration::parse)]
+        pub probe_spread: Duration,
+        /// HTTP probes in flight at once (each holds a socket; ICMP probes hold
+        /// none). Default: the open-file limit, raised at start (to 1,048,576
+        /// with `CAP_SYS_RESOURCE`, else to the hard limit), less 512 for
+        /// everything else. Probes past it wait for a slot.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+        pub max_in_flight: Option<u64>,
+    }
+}
+
+section! {
+    /// The prober's tuning: the settings a SIGHUP applies at once (a change
+    /// to any other key needs a restart).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Args)]
+    pub struct ProbeTuning {
+        /// Time between probe rounds.
+        #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse)]
+        pub probe_interval: Duration,
+        /// Timeout of each probe.
+        #[arg(long, default_value = "1s", value_parser = crate::util::duration::parse)]
+        pub probe_timeout: Duration,
+        /// Consecutive successes that make a path Success.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        pub success_threshold: u32,
+        /// Consecutive failures that make a path Failure.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+        pub failure_threshold: u32,
+        /// Results kept per path, one a round (`health-agent status --history
+        /// NODE`): about 16 bytes per peer and round.
+        #[arg(long, value_name = "ROUNDS", default_value_t = history::DEFAULT_LENGTH,
+              value_parser = clap::value_parser!(u16).range(1..=i64::from(history::MAX_LENGTH)))]
+        pub history_length: u16,
+    }
+}
+
+fn parse_delay(s: &str) -> Result<Duration, String> {
+    if s == "0" || s == "0s" {
+        Ok(Duration::ZERO)
+    } else {
+        crate::util::duration::parse(s)
+    }
+}
+
+impl ProbeSettings {
+    /// HTTP probes in flight at once; `None`: from the open-file limit.
+    #[must_use]
+    pub fn max_in_flight(&self) -> Option<usize> {
+        self.max_in_flight.and_then(|n| usize::try_from(n).ok())
+    }
+
+    /// Whether probes leave from the endpoint (crossing the datapath,
+    /// which times them) rather than the node.
+    #[must_use]
+    pub fn from_endpoint(&self) -> bool {
+        self.probe_from == ProbeFrom::Endpoint
+    }
+}
+
+impl ProbeTuning {
+    #[must_use]
+    pub const fn thresholds(&self) -> Thresholds {
+        Thresholds {
+            success: self.success_threshold,
+            failure: self.failure_threshold,
+        }
+    }
+
+    /// Rounds of results kept per path.
+    #[must_use]
+    pub fn history_length(&self) -> usize {
+        usize::from(self.history_length)
+    }
+}
