@@ -24,8 +24,8 @@ use tracing::{debug, info, warn};
 use super::{
     AttachMode, DatapathError, Interface, classic,
     kernel::{Attachment, TcHook},
-    loader::loaded,
-    missing::{Hook, MissingAttachment, Why},
+    missing::{Hook, MissingAttachment, Why, direction_name},
+    programs::loaded,
 };
 use crate::{sys::netlink::in_netns, util::errors::chain};
 
@@ -97,13 +97,6 @@ impl Attached {
             attach,
             detail,
         }
-    }
-}
-
-pub(super) const fn direction_name(t: TcAttachType) -> &'static str {
-    match t {
-        TcAttachType::Ingress => "ingress",
-        TcAttachType::Egress => "egress",
     }
 }
 

@@ -10,11 +10,11 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::Array,
-    programs::{ProgramError, SchedClassifier, Xdp},
+    programs::{SchedClassifier, Xdp},
 };
 use health_common::{
     ct::CtConfig,
-    maps::{EchoConfig, MapId, MapSizes, PIN_LAYOUT_VERSION, ProgId, ProgKind},
+    maps::{EchoConfig, MapId, MapSizes, PIN_LAYOUT_VERSION, ProgId},
     nat::NatConfig,
 };
 use tracing::{debug, info, warn};
@@ -25,7 +25,9 @@ use super::{
     links::Links,
     missing::MissingAttachment,
     object::HEALTH_EBPF,
-    pins, stats,
+    pins,
+    programs::{ensure_loaded, program},
+    stats,
 };
 
 /// The loaded kernel object. Dropping it detaches every program it attached
@@ -318,44 +320,6 @@ fn object_error(pin_dir: &Path, source: aya::EbpfError) -> DatapathError {
         pin_dir: pin_dir.to_owned(),
         source: Box::new(source),
     }
-}
-
-/// Loads program `id` into the kernel unless it is loaded already, so a
-/// verifier rejection surfaces with its log.
-pub(super) fn ensure_loaded(ebpf: &mut Ebpf, id: ProgId) -> Result<(), DatapathError> {
-    let prog = ebpf
-        .program(id.name())
-        .ok_or(DatapathError::MissingProgram { program: id })?;
-    if prog.fd().is_ok() {
-        return Ok(());
-    }
-    let loaded = match id.kind() {
-        ProgKind::Xdp => program::<Xdp>(ebpf, id)?.load(),
-        ProgKind::SchedClassifier => program::<SchedClassifier>(ebpf, id)?.load(),
-    };
-    loaded.map_err(|e| DatapathError::load(id, e))
-}
-
-/// Program `id` of the object, loaded into the kernel first if it is not.
-pub(super) fn loaded<'a, T>(ebpf: &'a mut Ebpf, id: ProgId) -> Result<&'a mut T, DatapathError>
-where
-    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
-{
-    ensure_loaded(ebpf, id)?;
-    program(ebpf, id)
-}
-
-pub(super) fn program<'a, T>(ebpf: &'a mut Ebpf, id: ProgId) -> Result<&'a mut T, DatapathError>
-where
-    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
-{
-    let prog = ebpf
-        .program_mut(id.name())
-        .ok_or(DatapathError::MissingProgram { program: id })?;
-    prog.try_into().map_err(|source| DatapathError::Program {
-        program: id,
-        source,
-    })
 }
 
 /// The aya-log level compiled into the kernel programs: what `tracing`

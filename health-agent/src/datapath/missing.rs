@@ -6,7 +6,7 @@ use std::fmt;
 use aya::programs::TcAttachType;
 use health_common::maps::ProgId;
 
-use super::{AttachMode, Interface, links::direction_name};
+use super::{AttachMode, Interface};
 
 /// The hook a program was attached on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +92,14 @@ pub fn render(missing: &[MissingAttachment]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `ingress` or `egress`.
+pub(super) const fn direction_name(t: TcAttachType) -> &'static str {
+    match t {
+        TcAttachType::Ingress => "ingress",
+        TcAttachType::Egress => "egress",
+    }
 }
 
 #[cfg(test)]

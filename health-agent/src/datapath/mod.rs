@@ -40,6 +40,7 @@ pub mod nat;
 mod object;
 mod owner;
 mod pins;
+mod programs;
 pub mod report;
 pub mod rtt;
 mod stats;
