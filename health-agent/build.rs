@@ -1,8 +1,16 @@
 //! Builds `health-ebpf` for the bpf target with the pinned nightly (see
 //! `ebpf-toolchain.toml`) and leaves the object in `OUT_DIR/health`, where
-//! `src/datapath/object.rs` embeds it into the agent binary.
+//! `src/datapath/object.rs` embeds it into the agent binary; compiles the
+//! summary's schema (`proto/summary.proto`) with protoc into
+//! `OUT_DIR/health.summary.v3.rs`, which `src/cluster/summary/wire.rs`
+//! includes.
 
-use std::{env, error::Error, path::PathBuf, process::Command};
+use std::{
+    env,
+    error::Error,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 // Named as a build dependency only so that cargo rebuilds the embedded
 // object when the kernel crate changes.
@@ -21,6 +29,8 @@ fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         root.join(pin::FILE_NAME).display()
     );
     let pin = pin::EbpfPin::read(root)?;
+
+    compile_schemas(&manifest_dir)?;
 
     let nightly_ok = Command::new("rustup")
         .args(["run", &pin.nightly, "rustc", "--version"])
@@ -53,5 +63,21 @@ fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         }],
         aya_build::Toolchain::Custom(&pin.nightly),
     )?;
+    Ok(())
+}
+
+/// The protobuf schemas of what the agent writes for other agents.
+fn compile_schemas(manifest_dir: &Path) -> Result<(), Box<dyn Error + Send + Sync>> {
+    let proto_dir = manifest_dir.join("proto");
+    let summary = proto_dir.join("summary.proto");
+    println!("cargo::rerun-if-changed={}", summary.display());
+    prost_build::Config::new()
+        .compile_protos(&[&summary], &[&proto_dir])
+        .map_err(|e| {
+            format!(
+                "compiling {}: {e} (protoc: `cargo xtask setup` installs it)",
+                summary.display()
+            )
+        })?;
     Ok(())
 }

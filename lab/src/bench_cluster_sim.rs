@@ -737,6 +737,8 @@ struct Rounds {
     publish_time: Duration,
     assemble_time: Duration,
     last_counts: String,
+    /// The last round's summaries, as published.
+    last: Vec<Vec<u8>>,
 }
 
 fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Result<Rounds> {
@@ -783,6 +785,7 @@ fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Result<Rounds>
         previous = current;
     }
     out.bytes_mean = ratio(bytes_total, opts.rounds as usize);
+    out.last = previous.into_iter().flatten().collect();
     Ok(out)
 }
 
@@ -809,7 +812,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
     let faults = Faults::pick(&cluster, &mut rng)?;
     eprintln!("cluster-sim: faults {faults:?}");
     let rounds = run_rounds(opts, &cluster, &faults)?;
-    Ok(render(opts, zones, &cluster, &faults, &sel, &rounds))
+    eprintln!("cluster-sim: the summary format, version 2 against 3");
+    let formats = crate::bench_summary_format::compare(&rounds.last)?;
+    Ok(render(opts, zones, &cluster, &faults, &sel, &rounds) + &formats)
 }
 
 fn pass(ok: bool) -> &'static str {

@@ -17,6 +17,7 @@ mod bench_etcd_load;
 mod bench_linear;
 mod bench_page;
 mod bench_round;
+mod bench_summary_format;
 mod blaster;
 mod demo;
 mod forward;
