@@ -355,16 +355,19 @@ pub(crate) fn run(root: &Path, k: &Kernel, binary: &Path, tests: &[String]) -> a
     let script_path = vm_dir.join(format!("guest-{}.sh", k.name));
     std::fs::write(&script_path, script)?;
 
-    let mut result = boot(
-        &vmlinuz,
-        &dir,
-        &script_path,
-        kvm,
-        &release,
-        k,
-        args.len(),
-        false,
-    );
+    let boot_once = |console| {
+        boot(
+            &vmlinuz,
+            &dir,
+            &script_path,
+            kvm,
+            &release,
+            k,
+            args.len(),
+            console,
+        )
+    };
+    let mut result = boot_once(false);
     if let Err(e) = &result
         && e.downcast_ref::<FastFailure>().is_some()
     {
@@ -376,16 +379,7 @@ pub(crate) fn run(root: &Path, k: &Kernel, binary: &Path, tests: &[String]) -> a
         eprintln!("xtask: {e:#}; booting Linux {release} once more, showing its console");
         host_state();
         std::thread::sleep(Duration::from_secs(5));
-        result = boot(
-            &vmlinuz,
-            &dir,
-            &script_path,
-            kvm,
-            &release,
-            k,
-            args.len(),
-            true,
-        );
+        result = boot_once(true);
     }
     if result.is_err() {
         host_state();
