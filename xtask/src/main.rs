@@ -216,7 +216,8 @@ fn package(root: &Path, pin: &pin::EbpfPin, out_dir: Option<PathBuf>) -> anyhow:
     cmd::cargo(root, &["build", "--release", "-p", "health-agent"])?;
     let out_dir = out_dir.unwrap_or_else(|| root.join("target/debian"));
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let debs = xtask::package::build_deb(&root.join("target/release/health-agent"), root, &out_dir)
+    let binary = target_dir(root).join("release/health-agent");
+    let debs = xtask::package::build_deb(&binary, root, &out_dir)
         .context("building the Debian package")?;
     eprintln!("xtask: {}", debs.package.display());
     eprintln!("xtask: {}", debs.dbgsym.display());
@@ -511,12 +512,15 @@ fn lab_with_profile(root: &Path, profile: &str, args: &[&str]) -> anyhow::Result
             "--bins",
         ],
     )?;
-    // Relative to the workspace, as cargo (run there) reads it.
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), |dir| root.join(dir));
     cmd::run_forwarding_signals(
-        std::process::Command::new(target.join(profile).join("health-lab")).args(args),
+        std::process::Command::new(target_dir(root).join(profile).join("health-lab")).args(args),
     )
+}
+
+/// Where cargo puts what it builds: `CARGO_TARGET_DIR` (relative to the
+/// workspace, as cargo run there reads it), or `target`.
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |dir| root.join(dir))
 }
 
 fn main() -> ExitCode {
