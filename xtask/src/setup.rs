@@ -111,7 +111,8 @@ fn ensure_nightly(pin: &EbpfPin) -> anyhow::Result<()> {
     if !complete {
         cmd::run(
             Command::new("rustup")
-                .args(["toolchain", "install", &pin.nightly, "--profile", "minimal"])
+                .args(["toolchain", "install", "--no-self-update", &pin.nightly])
+                .args(["--profile", "minimal"])
                 .args(NIGHTLY_COMPONENTS.iter().flat_map(|c| ["--component", c])),
         )?;
     }
