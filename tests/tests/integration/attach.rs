@@ -150,21 +150,22 @@ fn auto_attach_uses_tcx_where_the_kernel_has_it_and_says_so() {
     assert!(node.stop(Signal::SIGTERM).success(), "{}", node.log());
 }
 
+/// Classic tc, masquerade on the uplink, and a controller quick to repair.
+const TC_MASQUERADE: [&str; 8] = [
+    "--attach",
+    "tc",
+    "--controller-interval",
+    "1s",
+    "--routing",
+    "masquerade",
+    "--node-ip",
+    "198.18.0.10",
+];
+
 #[test]
 fn classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_sigterm() {
     let mut node = AgentNode::new();
-    let args = [
-        "--attach",
-        "tc",
-        "--controller-interval",
-        "1s",
-        "--routing",
-        "masquerade",
-        "--node-ip",
-        "198.18.0.10",
-        "--ct-gc-interval",
-        "1s",
-    ];
+    let args = [&TC_MASQUERADE[..], &["--ct-gc-interval", "1s"]].concat();
     // A foreign filter on the uplink before the agent comes: its clsact
     // qdisc is not the agent's to remove.
     tc(&node, &["qdisc", "add", "dev", "uplink", "clsact"]);
@@ -323,16 +324,7 @@ fn a_clsact_qdisc_the_agent_added_goes_with_its_filters() {
 #[test]
 fn a_recreated_endpoint_takes_its_programs_along_and_leaves_the_uplinks() {
     let mut node = AgentNode::new();
-    node.start(&[
-        "--attach",
-        "tc",
-        "--controller-interval",
-        "1s",
-        "--routing",
-        "masquerade",
-        "--node-ip",
-        "198.18.0.10",
-    ]);
+    node.start(&TC_MASQUERADE);
     let ep = node.wait_endpoint(READY, |_| true);
     let listed = |node: &AgentNode| {
         let mut names: Vec<String> = kernel(node)
