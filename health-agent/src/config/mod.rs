@@ -1,60 +1,30 @@
-//! The daemon's configuration, typed once: each section below is a set of
-//! `health-agent daemon` flags, and the same definition gives the config
-//! file's keys (one per flag, same name), `config print-defaults`, and what a
-//! SIGHUP applies ([`ProbeTuning`], the one reloadable section).
+//! The daemon's configuration, typed once: each section is a set of
+//! `health-agent daemon` flags, defined beside the component it configures
+//! (`endpoint::settings`, `datapath::settings`, `membership::settings`,
+//! `probe::settings`, `web::settings`; the process's own here), and the
+//! same definition gives the config file's keys (one per flag, same name),
+//! `config print-defaults`, and what a SIGHUP applies ([`ProbeTuning`], the
+//! one reloadable section). Components take their own section by reference.
 //!
-//! Lives here: the settings as given, their parsers and what is derived from
-//! one section alone. Imported by the daemon and the binary; it imports only
-//! the types of the components it configures.
+//! Lives here: the sections composed into [`Config`], and the typed
+//! comparison a reload makes. Imported by the daemon and the binary.
 #![allow(
     clippy::doc_markdown,
     reason = "clap turns these doc comments into --help text, shown verbatim"
 )]
 
-mod cluster;
-mod datapath;
-mod endpoint;
-mod probe;
 mod process;
-mod web;
 
 use clap::{Args, CommandFactory as _};
 
-pub use self::{
-    cluster::{ClusterSettings, Discovery, Kvstore},
-    datapath::{DatapathSettings, Routing},
-    endpoint::EndpointSettings,
-    probe::{ProbeFrom, ProbeSettings, ProbeTuning},
-    process::{PinArgs, ProcessSettings, SocketArgs},
-    web::{ServeAddr, WebSettings},
+pub use self::process::{PinArgs, ProcessSettings, SocketArgs};
+pub use crate::{
+    datapath::settings::{DatapathSettings, Routing},
+    endpoint::settings::EndpointSettings,
+    membership::settings::{ClusterSettings, Discovery, Kvstore},
+    probe::settings::{ProbeFrom, ProbeSettings, ProbeTuning},
+    web::settings::{ServeAddr, WebSettings},
 };
-
-/// Defines a section: the struct as written, and `changed`, which names
-/// (by clap argument id) every field whose typed value differs.
-macro_rules! section {
-    (
-        $(#[$meta:meta])*
-        pub struct $name:ident {
-            $( $(#[$field_meta:meta])* pub $field:ident : $ty:ty, )*
-        }
-    ) => {
-        $(#[$meta])*
-        pub struct $name {
-            $( $(#[$field_meta])* pub $field: $ty, )*
-        }
-
-        impl $name {
-            /// The argument ids of the fields whose value differs in `other`.
-            #[must_use]
-            pub fn changed(&self, other: &Self) -> Vec<&'static str> {
-                let mut ids = Vec::new();
-                $( if self.$field != other.$field { ids.push(stringify!($field)); } )*
-                ids
-            }
-        }
-    };
-}
-pub(crate) use section;
 
 /// Everything `health-agent daemon` is told, section by section (the
 /// sections' order is the order of `--help` and of `config

@@ -1,12 +1,16 @@
 //! The agent as a process: its API socket, pidfile, pins directory and
 //! how long it may take to stop.
+#![allow(
+    clippy::doc_markdown,
+    reason = "clap turns these doc comments into --help text, shown verbatim"
+)]
 
 use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 
-use super::section;
 use crate::supervisor::Policy;
+use crate::util::section::section;
 
 section! {
     /// bpffs directory of the pinned maps (every command that reads them

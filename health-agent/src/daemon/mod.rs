@@ -55,13 +55,17 @@ use crate::{
         DatapathOwner,
         maintenance::{self, DatapathConfig},
         report::MapsReport,
+        settings::MaintenanceStart,
     },
     endpoint::{EndpointConfig, controller::ControllerConfig, shared_view},
     membership::{
         Node, discovery::NodeSource, etcd::Registration, published::Nodes, routes::RouteBounds,
     },
     metrics::{self, Metrics},
-    probe::{ProbeConfig, Prober, RESERVED_FILES, http::HEALTH_PORT, metrics::ProbeMetrics},
+    probe::{
+        ProbeConfig, Prober, RESERVED_FILES, http::HEALTH_PORT, metrics::ProbeMetrics,
+        settings::ProberStart,
+    },
     supervisor::{Health, Supervisor, SupervisorError},
     sys::{
         netns::Netns,
@@ -267,11 +271,12 @@ fn initial_nodes(
 }
 
 fn controller_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> ControllerConfig {
-    ControllerConfig {
-        endpoint: endpoint_config(cfg, resolved),
-        interval: cfg.settings.endpoint.controller_interval,
-        http_port: HEALTH_PORT,
-    }
+    let e = &cfg.settings.endpoint;
+    ControllerConfig::new(
+        e,
+        EndpointConfig::new(e, resolved.echo_mode, resolved.tc_hook),
+        HEALTH_PORT,
+    )
 }
 
 /// The endpoint's IPv4 address once it exists, when it has one (its IPv6
@@ -388,72 +393,45 @@ fn datapath_config(
     report: MapsReport,
     probe_timeout: watch::Receiver<Duration>,
 ) -> DatapathConfig {
-    let s = &cfg.settings;
-    DatapathConfig {
-        pin_dir: s.pins.dir.clone(),
-        ct: s.datapath.ct(),
-        masquerade: at_start.masquerade.clone(),
-        gc_interval: s.datapath.ct_gc_interval,
-        probe_timeout,
-        keep_pins: s.endpoint.keep_endpoint,
-        map_sizes: s.datapath.map_sizes(),
-        tc_hook: resolved.tc_hook,
-        report,
-    }
-}
-
-fn endpoint_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> EndpointConfig {
-    let e = &cfg.settings.endpoint;
-    EndpointConfig {
-        cidr: e.health_cidr,
-        cidr6: e.health_cidr6,
-        netns_name: e.endpoint_netns.clone(),
-        host_iface: e.host_iface.clone(),
-        ep_iface: e.endpoint_iface.clone(),
-        state_dir: e.state_dir.clone(),
-        mode: resolved.echo_mode,
-        tc_hook: resolved.tc_hook,
-        keep: e.keep_endpoint,
-    }
+    DatapathConfig::new(
+        &cfg.settings.datapath,
+        MaintenanceStart {
+            pin_dir: cfg.settings.pins.dir.clone(),
+            keep_pins: cfg.settings.endpoint.keep_endpoint,
+            masquerade: at_start.masquerade.clone(),
+            tc_hook: resolved.tc_hook,
+            report,
+            probe_timeout,
+        },
+    )
 }
 
 fn probe_config(cfg: &DaemonConfig, open_files: u64) -> Result<ProbeConfig, DaemonError> {
-    let (p, tuning, e) = (
-        &cfg.settings.probe,
-        &cfg.settings.tuning,
-        &cfg.settings.endpoint,
-    );
-    let budget = usize::try_from(open_files)
+    let e = &cfg.settings.endpoint;
+    let fd_budget = usize::try_from(open_files)
         .unwrap_or(usize::MAX)
         .saturating_sub(RESERVED_FILES)
         .max(64);
-    let max_in_flight = p.max_in_flight().map_or(budget, |m| m.min(budget));
-    info!(max_in_flight, open_files, "HTTP probes in flight at most");
-    Ok(ProbeConfig {
-        interval: tuning.probe_interval,
-        timeout: tuning.probe_timeout,
-        thresholds: tuning.thresholds(),
-        spread: p.probe_spread,
-        max_in_flight,
-        http_port: HEALTH_PORT,
-        local_node: Some(cfg.node_name.clone()),
-        source_netns: if p.from_endpoint() {
-            Some(Netns::named(&e.endpoint_netns)?)
-        } else {
-            None
+    let probe = ProbeConfig::new(
+        &cfg.settings.probe,
+        &cfg.settings.tuning,
+        ProberStart {
+            fd_budget,
+            local_node: cfg.node_name.clone(),
+            endpoint_netns: Some(Netns::named(&e.endpoint_netns)?),
+            pin_dir: cfg.settings.pins.dir.clone(),
+            families: crate::probe::family::Families::from_flags(
+                e.health_cidr.is_some(),
+                e.health_cidr6.is_some(),
+            )
+            .unwrap_or_default(),
         },
-        kernel_rtt: p.from_endpoint().then(|| cfg.settings.pins.dir.clone()),
-        history_length: tuning.history_length(),
-        // One set of instruments for the run: probers made by a reload
-        // clone this configuration, and with it the instruments.
-        metrics: Some(std::sync::Arc::new(ProbeMetrics::default())),
-        // The families the endpoint has: peers are probed over those.
-        families: crate::probe::family::Families::from_flags(
-            e.health_cidr.is_some(),
-            e.health_cidr6.is_some(),
-        )
-        .unwrap_or_default(),
-    })
+    );
+    info!(
+        max_in_flight = probe.max_in_flight,
+        open_files, "HTTP probes in flight at most"
+    );
+    Ok(probe)
 }
 
 /// The cluster view's task, when nodes are discovered through etcd (the

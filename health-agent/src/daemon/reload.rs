@@ -61,24 +61,11 @@ pub(super) async fn run(mut hangups: Hangups, mut reload: Option<Reload>, target
 fn apply(tuning: ProbeTuning, targets: &Targets) {
     let old = targets.probers.borrow().clone();
     let mut cfg = old.config().clone();
-    if (
-        cfg.interval,
-        cfg.timeout,
-        cfg.thresholds,
-        cfg.history_length,
-    ) == (
-        tuning.probe_interval,
-        tuning.probe_timeout,
-        tuning.thresholds(),
-        tuning.history_length(),
-    ) {
+    if cfg.is_tuned_as(&tuning) {
         debug!("probe settings unchanged");
         return;
     }
-    cfg.interval = tuning.probe_interval;
-    cfg.timeout = tuning.probe_timeout;
-    cfg.thresholds = tuning.thresholds();
-    cfg.history_length = tuning.history_length();
+    cfg.retune(&tuning);
     let new = Prober::new(cfg);
     // Every path keeps its counters and last result: only the settings
     // change.

@@ -43,6 +43,7 @@ mod pins;
 mod programs;
 pub mod report;
 pub mod rtt;
+pub mod settings;
 mod stats;
 
 pub use self::{

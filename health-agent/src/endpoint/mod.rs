@@ -1,5 +1,5 @@
 //! The health endpoint: its namespace, veth, addresses, routes, ownership and lifecycle.
-//! Imported by `metrics`, `api`, `daemon`; imports `probe`, `datapath`, `sys`, `util`.
+//! Imported by `metrics`, `api`, `config`, `daemon`; imports `probe`, `datapath`, `sys`, `util`.
 //!
 //! The health endpoint: its own network namespace joined to the node by the
 //! `lxc_health` veth, an address from the health CIDR, endpoint ID and the
@@ -12,6 +12,7 @@ pub mod ownership;
 pub mod plan;
 pub mod plumbing;
 pub mod record;
+pub mod settings;
 mod view;
 
 use std::{

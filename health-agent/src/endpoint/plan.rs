@@ -3,28 +3,28 @@
 //! fail with ([`PlumbingError`]), shared by the plumbing and the ownership
 //! check.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-
-use crate::sys::{
-    netlink::NetlinkError,
-    netns::{Netns, NetnsError},
-    sysctl::SysctlError,
+use crate::{
+    sys::{
+        netlink::NetlinkError,
+        netns::{Netns, NetnsError},
+        sysctl::SysctlError,
+    },
+    util::cidr::Cidr,
 };
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+/// The endpoint's address of one family and the CIDR it comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assigned<C: Cidr> {
+    pub addr: C::Addr,
+    pub cidr: C,
+}
 
 /// The endpoint's IPv4 address and the CIDR it comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct V4 {
-    pub addr: Ipv4Addr,
-    pub cidr: Ipv4Net,
-}
+pub type V4 = Assigned<Ipv4Net>;
 
 /// The endpoint's IPv6 address and the CIDR it comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct V6 {
-    pub addr: Ipv6Addr,
-    pub cidr: Ipv6Net,
-}
+pub type V6 = Assigned<Ipv6Net>;
 
 /// Everything that describes the endpoint's plumbing.
 #[derive(Debug, Clone)]
@@ -45,8 +45,8 @@ pub enum PlumbingError {
     Netns(#[from] NetnsError),
     #[error("switching off duplicate address detection on the endpoint's veth")]
     Sysctl(#[from] SysctlError),
-    #[error("{cidr} has no router address (a /31 or /32 leaves no room for one)")]
-    NoRouter { cidr: Ipv4Net },
-    #[error("{cidr} has no router address (a /127 or /128 leaves no room for one)")]
-    NoRouter6 { cidr: Ipv6Net },
+    #[error(
+        "{cidr} has no router address (a prefix longer than /{longest} leaves no room for one)"
+    )]
+    NoRouter { cidr: IpNet, longest: u8 },
 }

@@ -31,39 +31,58 @@
 //! step is idempotent, so the same [`ensure`] creates, restores and
 //! repairs.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::Ipv6Addr;
+
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::{
     ownership::{self, ForeignObject, Found, Owned, Record, judge},
-    plan::{Plan, PlumbingError},
+    plan::{Assigned, Plan, PlumbingError},
 };
 use crate::{
     sys::netlink::{Netlink, NetlinkError, in_netns},
     sys::netns::Netns,
     sys::sysctl::write_in,
-    util::cidr::Cidr as _,
+    util::cidr::{Cidr, Family},
 };
 
-/// The IPv4 address and router, when the endpoint has IPv4.
-fn v4_router(plan: &Plan) -> Result<Option<(Ipv4Addr, Ipv4Addr)>, PlumbingError> {
-    plan.v4
-        .map(|v| {
-            v.cidr
-                .router()
-                .map(|r| (v.addr, r))
-                .ok_or(PlumbingError::NoRouter { cidr: v.cidr })
-        })
-        .transpose()
+/// What differs between the families in the plumbing: which piece is
+/// missing when an address, a host route or a default route is.
+trait Plumbed: Cidr {
+    const ADDRESS: Missing;
+    const HOST_ROUTE: Missing;
+    const DEFAULT_ROUTE: Missing;
 }
 
-/// The IPv6 address and router, when the endpoint has IPv6.
-fn v6_router(plan: &Plan) -> Result<Option<(Ipv6Addr, Ipv6Addr)>, PlumbingError> {
-    plan.v6
+impl Plumbed for Ipv4Net {
+    const ADDRESS: Missing = Missing::Address;
+    const HOST_ROUTE: Missing = Missing::HostRoute;
+    const DEFAULT_ROUTE: Missing = Missing::DefaultRoute;
+}
+
+impl Plumbed for Ipv6Net {
+    const ADDRESS: Missing = Missing::Address6;
+    const HOST_ROUTE: Missing = Missing::HostRoute6;
+    const DEFAULT_ROUTE: Missing = Missing::DefaultRoute6;
+}
+
+/// The endpoint's address of one family and its router.
+type Routed<A> = (A, A);
+
+/// The address and router, when the endpoint has an address of `C`'s
+/// family.
+fn router<C: Cidr>(
+    assigned: Option<Assigned<C>>,
+) -> Result<Option<Routed<C::Addr>>, PlumbingError> {
+    assigned
         .map(|v| {
             v.cidr
                 .router()
                 .map(|r| (v.addr, r))
-                .ok_or(PlumbingError::NoRouter6 { cidr: v.cidr })
+                .ok_or(PlumbingError::NoRouter {
+                    cidr: v.cidr.into(),
+                    longest: C::LONGEST_USABLE_PREFIX,
+                })
         })
         .transpose()
 }
@@ -118,28 +137,45 @@ async fn host_routes_missing(
     plan: &Plan,
     index: Option<u32>,
 ) -> Result<Vec<Missing>, NetlinkError> {
-    let mut missing = Vec::new();
-    if let Some(v4) = plan.v4 {
-        let table = nl.routes::<Ipv4Addr>().await?;
-        let there = index.is_some()
-            && table
-                .iter()
-                .any(|r| r.destination == v4.addr && r.prefix == 32 && r.oif == index);
-        if !there {
-            missing.push(Missing::HostRoute);
+    let v4 = host_route_missing(nl, plan.v4, index).await?;
+    let v6 = host_route_missing(nl, plan.v6, index).await?;
+    Ok(v4.into_iter().chain(v6).collect())
+}
+
+/// Whether the node's route to the endpoint's address of `C`'s family,
+/// out of `index`, is missing.
+async fn host_route_missing<C: Plumbed>(
+    nl: &Netlink,
+    assigned: Option<Assigned<C>>,
+    index: Option<u32>,
+) -> Result<Option<Missing>, NetlinkError> {
+    let Some(a) = assigned else {
+        return Ok(None);
+    };
+    let there = index.is_some()
+        && nl
+            .routes::<C::Addr>()
+            .await?
+            .iter()
+            .any(|r| r.destination == a.addr && r.prefix == C::MAX_PREFIX && r.oif == index);
+    Ok((!there).then_some(C::HOST_ROUTE))
+}
+
+/// The node's route to the endpoint's address of `C`'s family, when
+/// [`host_route_missing`] found it missing.
+async fn add_host_route<C: Plumbed>(
+    nl: &Netlink,
+    plan: &Plan,
+    assigned: Option<Assigned<C>>,
+    missing: &[Missing],
+) -> Result<(), NetlinkError> {
+    match assigned {
+        Some(a) if missing.contains(&C::HOST_ROUTE) => {
+            nl.replace_route(a.addr, C::MAX_PREFIX, &plan.host_iface, None)
+                .await
         }
+        _ => Ok(()),
     }
-    if let Some(v6) = plan.v6 {
-        let table = nl.routes::<Ipv6Addr>().await?;
-        let there = index.is_some()
-            && table
-                .iter()
-                .any(|r| r.destination == v6.addr && r.prefix == 128 && r.oif == index);
-        if !there {
-            missing.push(Missing::HostRoute6);
-        }
-    }
-    Ok(missing)
 }
 
 /// Read-only check of the plumbing; empty when everything is in place.
@@ -160,44 +196,50 @@ pub fn inspect(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
     if missing.contains(&Missing::Namespace) {
         return Ok(missing);
     }
-    let v4 = v4_router(plan)?;
-    let v6 = v6_router(plan)?;
+    let v4 = router(plan.v4)?;
+    let v6 = router(plan.v6)?;
     let inside = in_netns(Some(&plan.netns), |nl| async move {
-        let mut m = Vec::new();
         let Some(index) = nl.link_index(&plan.ep_iface).await? else {
             return Ok(vec![Missing::EndpointInterface]);
         };
-        if let Some((addr, router)) = v4 {
-            let addrs = nl.addresses::<Ipv4Addr>().await?;
-            if !addrs.iter().any(|(i, a, _)| *i == index && *a == addr) {
-                m.push(Missing::Address);
-            }
-            let table = nl.routes::<Ipv4Addr>().await?;
-            if !table
-                .iter()
-                .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index))
-            {
-                m.push(Missing::DefaultRoute);
-            }
-        }
-        if let Some((addr, router)) = v6 {
-            let addrs = nl.addresses::<Ipv6Addr>().await?;
-            if !addrs.iter().any(|(i, a, _)| *i == index && *a == addr) {
-                m.push(Missing::Address6);
-            }
-            if !has_default6(&nl, index, router).await? {
-                m.push(Missing::DefaultRoute6);
-            }
-        }
+        let mut m = inside_missing::<Ipv4Net>(&nl, index, v4).await?;
+        m.extend(inside_missing::<Ipv6Net>(&nl, index, v6).await?);
         Ok(m)
     })?;
     missing.extend(inside);
     Ok(missing)
 }
 
-async fn has_default6(nl: &Netlink, index: u32, router: Ipv6Addr) -> Result<bool, NetlinkError> {
+/// What of the endpoint's own plumbing of `C`'s family is missing on
+/// its interface `index`: its address and its default route via `router`.
+async fn inside_missing<C: Plumbed>(
+    nl: &Netlink,
+    index: u32,
+    planned: Option<Routed<C::Addr>>,
+) -> Result<Vec<Missing>, NetlinkError> {
+    let mut m = Vec::new();
+    if let Some((addr, router)) = planned {
+        if !has_address(nl, index, addr).await? {
+            m.push(C::ADDRESS);
+        }
+        if !has_default(nl, index, router).await? {
+            m.push(C::DEFAULT_ROUTE);
+        }
+    }
+    Ok(m)
+}
+
+async fn has_address<A: Family>(nl: &Netlink, index: u32, addr: A) -> Result<bool, NetlinkError> {
     Ok(nl
-        .routes::<Ipv6Addr>()
+        .addresses::<A>()
+        .await?
+        .iter()
+        .any(|(i, a, _)| *i == index && *a == addr))
+}
+
+async fn has_default<A: Family>(nl: &Netlink, index: u32, router: A) -> Result<bool, NetlinkError> {
+    Ok(nl
+        .routes::<A>()
         .await?
         .iter()
         .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index)))
@@ -289,25 +331,14 @@ pub fn ensure_with<E: From<PlumbingError>>(
 /// Everything on top of the namespace and the veth.
 fn ensure_addressing(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
     let mut made = Vec::new();
-    let v4 = v4_router(plan)?;
-    let v6 = v6_router(plan)?;
+    let v4 = router(plan.v4)?;
+    let v6 = router(plan.v6)?;
     let (host_mac, host_made) = in_netns(None, |nl| async move {
         nl.set_up(&plan.host_iface).await?;
         let index = nl.require_link(&plan.host_iface).await?;
         let missing = host_routes_missing(&nl, plan, Some(index)).await?;
-        for m in &missing {
-            match (m, plan.v4, plan.v6) {
-                (Missing::HostRoute, Some(v4), _) => {
-                    nl.replace_route(v4.addr, 32, &plan.host_iface, None)
-                        .await?;
-                }
-                (Missing::HostRoute6, _, Some(v6)) => {
-                    nl.replace_route(v6.addr, 128, &plan.host_iface, None)
-                        .await?;
-                }
-                _ => {}
-            }
-        }
+        add_host_route(&nl, plan, plan.v4, &missing).await?;
+        add_host_route(&nl, plan, plan.v6, &missing).await?;
         Ok((nl.link_l2(&plan.host_iface).await?.1, missing))
     })?;
     made.extend(host_made);
@@ -316,11 +347,11 @@ fn ensure_addressing(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
         nl.set_up("lo").await?;
         nl.set_up(&plan.ep_iface).await?;
         let index = nl.require_link(&plan.ep_iface).await?;
-        if let Some((addr, router)) = v4 {
-            m.extend(ensure_inside4(&nl, plan, index, addr, router, host_mac).await?);
+        if let Some(planned) = v4 {
+            m.extend(ensure_inside::<Ipv4Net>(&nl, plan, index, planned, host_mac).await?);
         }
-        if let Some((addr, router)) = v6 {
-            m.extend(ensure_inside6(&nl, plan, index, addr, router, host_mac).await?);
+        if let Some(planned) = v6 {
+            m.extend(ensure_inside::<Ipv6Net>(&nl, plan, index, planned, host_mac).await?);
         }
         Ok(m)
     })?;
@@ -328,68 +359,29 @@ fn ensure_addressing(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
     Ok(made)
 }
 
-/// The endpoint's IPv4 address, router neighbour and routes.
-async fn ensure_inside4(
+/// The endpoint's address of `C`'s family (IPv6's `nodad`: usable at
+/// once), its router neighbour and routes.
+async fn ensure_inside<C: Plumbed>(
     nl: &Netlink,
     plan: &Plan,
     index: u32,
-    addr: Ipv4Addr,
-    router: Ipv4Addr,
+    (addr, router): Routed<C::Addr>,
     host_mac: [u8; 6],
 ) -> Result<Vec<Missing>, NetlinkError> {
     let mut m = Vec::new();
-    if !nl
-        .addresses::<Ipv4Addr>()
-        .await?
-        .iter()
-        .any(|(i, a, _)| *i == index && *a == addr)
-    {
-        nl.add_address(&plan.ep_iface, addr, 32).await?;
-        m.push(Missing::Address);
+    if !has_address(nl, index, addr).await? {
+        nl.add_address(&plan.ep_iface, addr, C::MAX_PREFIX).await?;
+        m.push(C::ADDRESS);
     }
     // The MAC changes whenever the veth is recreated: always refresh.
     nl.replace_neighbour(&plan.ep_iface, router, host_mac)
         .await?;
-    nl.replace_route(router, 32, &plan.ep_iface, None).await?;
-    let table = nl.routes::<Ipv4Addr>().await?;
-    if !table
-        .iter()
-        .any(|r| r.prefix == 0 && r.gateway == Some(router) && r.oif == Some(index))
-    {
-        nl.replace_route(Ipv4Addr::UNSPECIFIED, 0, &plan.ep_iface, Some(router))
-            .await?;
-        m.push(Missing::DefaultRoute);
-    }
-    Ok(m)
-}
-
-/// The endpoint's IPv6 address (`nodad`: usable at once), router
-/// neighbour and routes.
-async fn ensure_inside6(
-    nl: &Netlink,
-    plan: &Plan,
-    index: u32,
-    addr: Ipv6Addr,
-    router: Ipv6Addr,
-    host_mac: [u8; 6],
-) -> Result<Vec<Missing>, NetlinkError> {
-    let mut m = Vec::new();
-    if !nl
-        .addresses::<Ipv6Addr>()
-        .await?
-        .iter()
-        .any(|(i, a, _)| *i == index && *a == addr)
-    {
-        nl.add_address(&plan.ep_iface, addr, 128).await?;
-        m.push(Missing::Address6);
-    }
-    nl.replace_neighbour(&plan.ep_iface, router, host_mac)
+    nl.replace_route(router, C::MAX_PREFIX, &plan.ep_iface, None)
         .await?;
-    nl.replace_route(router, 128, &plan.ep_iface, None).await?;
-    if !has_default6(nl, index, router).await? {
-        nl.replace_route(Ipv6Addr::UNSPECIFIED, 0, &plan.ep_iface, Some(router))
+    if !has_default(nl, index, router).await? {
+        nl.replace_route(C::Addr::UNSPECIFIED, 0, &plan.ep_iface, Some(router))
             .await?;
-        m.push(Missing::DefaultRoute6);
+        m.push(C::DEFAULT_ROUTE);
     }
     Ok(m)
 }

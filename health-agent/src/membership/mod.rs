@@ -12,6 +12,7 @@ pub mod nodes_file;
 pub mod published;
 pub mod record;
 pub mod routes;
+pub mod settings;
 pub mod sync;
 pub mod validate;
 

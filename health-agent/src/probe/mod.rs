@@ -20,9 +20,11 @@ pub mod metrics;
 pub mod order;
 mod pace;
 pub mod path;
+pub mod peers;
 mod published;
 mod round;
 pub mod scheduler;
+pub mod settings;
 pub mod status;
 mod targets;
 

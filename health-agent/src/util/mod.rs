@@ -5,4 +5,5 @@ pub mod cidr;
 pub mod duration;
 pub mod errors;
 pub mod memory;
+pub mod section;
 pub mod timefmt;

@@ -1,5 +1,5 @@
 //! The metrics listener: `/metrics`, the connectivity page and the read-only `/api` on TCP.
-//! Imported only by `daemon`; imports `api`, `metrics`, `page`.
+//! Imported by `daemon` and `config` (its settings); imports `api`, `metrics`, `page`.
 //!
 //! The metrics listener (`--prometheus-serve-addr`): read-only, on TCP.
 //! It serves `GET /metrics` for Prometheus, the connectivity page at `/`,
@@ -10,6 +10,7 @@
 
 pub mod conn;
 pub mod host;
+pub mod settings;
 
 use std::{io, net::SocketAddr, sync::Arc, time::Duration};
 

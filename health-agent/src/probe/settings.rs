@@ -1,15 +1,22 @@
 //! The prober's settings: those fixed for the agent's life, and the
 //! tuning a SIGHUP applies at once.
+#![allow(
+    clippy::doc_markdown,
+    reason = "clap turns these doc comments into --help text, shown verbatim"
+)]
 
 use std::time::Duration;
 
 use clap::Args;
 
-use super::section;
-use crate::{
-    cluster::subset::ProbePeers,
-    probe::{history, path::Thresholds},
+use crate::util::section::section;
+use std::sync::Arc;
+
+use super::{
+    ProbeConfig, family::Families, history, http::HEALTH_PORT, metrics::ProbeMetrics,
+    path::Thresholds, peers::ProbePeers,
 };
+use crate::sys::netns::Netns;
 
 /// Where probes leave from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -107,5 +114,71 @@ impl ProbeTuning {
     #[must_use]
     pub fn history_length(&self) -> usize {
         usize::from(self.history_length)
+    }
+}
+
+/// What the prober is given beside its sections: resolved at start.
+#[derive(Debug, Clone)]
+pub struct ProberStart {
+    /// HTTP probes in flight at most, from the open-file limit in force
+    /// (`--max-in-flight` lowers it, never raises it).
+    pub fd_budget: usize,
+    /// This node's name.
+    pub local_node: String,
+    /// The endpoint's namespace, where probes leave from with
+    /// `--probe-from endpoint`.
+    pub endpoint_netns: Option<Netns>,
+    /// bpffs directory of the datapath maps.
+    pub pin_dir: std::path::PathBuf,
+    /// The endpoint's families: peers are probed over those.
+    pub families: Families,
+}
+
+impl ProbeConfig {
+    /// The prober as `settings` and `tuning` say, with what `start`
+    /// resolved; one set of instruments for the run (probers made by a
+    /// reload clone this configuration, and with it the instruments).
+    #[must_use]
+    pub fn new(settings: &ProbeSettings, tuning: &ProbeTuning, start: ProberStart) -> Self {
+        let from_endpoint = settings.from_endpoint();
+        let mut cfg = Self {
+            spread: settings.probe_spread,
+            max_in_flight: settings
+                .max_in_flight()
+                .map_or(start.fd_budget, |m| m.min(start.fd_budget)),
+            http_port: HEALTH_PORT,
+            local_node: Some(start.local_node),
+            source_netns: start.endpoint_netns.filter(|_| from_endpoint),
+            kernel_rtt: from_endpoint.then_some(start.pin_dir),
+            metrics: Some(Arc::new(ProbeMetrics::default())),
+            families: start.families,
+            ..Self::default()
+        };
+        cfg.retune(tuning);
+        cfg
+    }
+
+    /// Whether `tuning` differs from what this configuration runs with.
+    #[must_use]
+    pub fn is_tuned_as(&self, tuning: &ProbeTuning) -> bool {
+        (
+            self.interval,
+            self.timeout,
+            self.thresholds,
+            self.history_length,
+        ) == (
+            tuning.probe_interval,
+            tuning.probe_timeout,
+            tuning.thresholds(),
+            tuning.history_length(),
+        )
+    }
+
+    /// Applies the reloadable section.
+    pub fn retune(&mut self, tuning: &ProbeTuning) {
+        self.interval = tuning.probe_interval;
+        self.timeout = tuning.probe_timeout;
+        self.thresholds = tuning.thresholds();
+        self.history_length = tuning.history_length();
     }
 }

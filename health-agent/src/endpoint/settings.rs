@@ -1,12 +1,20 @@
 //! The health endpoint's settings, and the cluster's health ranges its
 //! addresses come from.
+#![allow(
+    clippy::doc_markdown,
+    reason = "clap turns these doc comments into --help text, shown verbatim"
+)]
 
 use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 
-use super::section;
-use crate::{datapath::AttachMode, sys::netns::Netns, util::cidr};
+use crate::util::section::section;
+use crate::{
+    datapath::{AttachMode, TcHook},
+    sys::netns::Netns,
+    util::cidr,
+};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 section! {
@@ -77,4 +85,41 @@ fn validate_netns_name(s: &str) -> Result<String, String> {
     Netns::named(s)
         .map(|_| s.to_owned())
         .map_err(|e| e.to_string())
+}
+
+impl super::EndpointConfig {
+    /// The endpoint as `settings` describe it, with what is resolved from
+    /// the kernel at start: the echo responder's attach mode and the hook
+    /// of the tracking programs.
+    #[must_use]
+    pub fn new(settings: &EndpointSettings, mode: AttachMode, tc_hook: TcHook) -> Self {
+        Self {
+            cidr: settings.health_cidr,
+            cidr6: settings.health_cidr6,
+            netns_name: settings.endpoint_netns.clone(),
+            host_iface: settings.host_iface.clone(),
+            ep_iface: settings.endpoint_iface.clone(),
+            state_dir: settings.state_dir.clone(),
+            mode,
+            tc_hook,
+            keep: settings.keep_endpoint,
+        }
+    }
+}
+
+impl super::controller::ControllerConfig {
+    /// The controller of `endpoint`, at the interval `settings` give, with
+    /// the endpoint's hello server on `http_port`.
+    #[must_use]
+    pub fn new(
+        settings: &EndpointSettings,
+        endpoint: super::EndpointConfig,
+        http_port: u16,
+    ) -> Self {
+        Self {
+            endpoint,
+            interval: settings.controller_interval,
+            http_port,
+        }
+    }
 }

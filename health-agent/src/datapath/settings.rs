@@ -1,13 +1,17 @@
 //! The node's datapath: routing, masquerade, connection tracking, map
 //! sizes, and how the tc programs are attached.
+#![allow(
+    clippy::doc_markdown,
+    reason = "clap turns these doc comments into --help text, shown verbatim"
+)]
 
 use std::time::Duration;
 
 use clap::Args;
 use health_common::{ct::CtConfig, maps::MapSizes};
 
-use super::section;
 use crate::datapath::{TcPolicy, masquerade::PortRange};
+use crate::util::section::section;
 
 /// How the endpoint reaches peers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -105,6 +109,42 @@ impl DatapathSettings {
             max_peers: self.max_peers,
             ct: self.ct_map_size.unwrap_or(d.ct),
             nat: self.nat_map_size.unwrap_or(d.nat),
+        }
+    }
+}
+
+/// What the maintenance task is given beside its section: resolved at start.
+#[derive(Debug, Clone)]
+pub struct MaintenanceStart {
+    /// bpffs directory of the pinned maps (`--bpffs-dir`).
+    pub pin_dir: std::path::PathBuf,
+    /// Leave the pins for the next agent (`--keep-endpoint`).
+    pub keep_pins: bool,
+    /// Masquerade on the uplink, resolved against the node.
+    pub masquerade: Option<super::masquerade::Masquerade>,
+    /// The tc hook chosen for the running kernel.
+    pub tc_hook: super::TcHook,
+    /// Where each walk of the maps is published.
+    pub report: super::report::MapsReport,
+    /// The probe timeout in force (a reload changes it).
+    pub probe_timeout: tokio::sync::watch::Receiver<Duration>,
+}
+
+impl super::maintenance::DatapathConfig {
+    /// The maintenance task's configuration: the lifetimes, sizes and
+    /// collection period `settings` give, and what `start` resolved.
+    #[must_use]
+    pub fn new(settings: &DatapathSettings, start: MaintenanceStart) -> Self {
+        Self {
+            pin_dir: start.pin_dir,
+            ct: settings.ct(),
+            masquerade: start.masquerade,
+            gc_interval: settings.ct_gc_interval,
+            probe_timeout: start.probe_timeout,
+            keep_pins: start.keep_pins,
+            map_sizes: settings.map_sizes(),
+            tc_hook: start.tc_hook,
+            report: start.report,
         }
     }
 }

@@ -1,9 +1,13 @@
 //! The metrics listener: Prometheus' `/metrics`, the connectivity page and
 //! the read-only API, over TCP.
+#![allow(
+    clippy::doc_markdown,
+    reason = "clap turns these doc comments into --help text, shown verbatim"
+)]
 
 use clap::Args;
 
-use super::section;
+use crate::util::section::section;
 use crate::web::host::{AllowedHosts, HostError};
 
 /// `--prometheus-serve-addr`: an address and port, or `off`.

@@ -1,15 +1,19 @@
 //! This node in the cluster: its name and addresses, where the node set
 //! comes from (a file or etcd), and how often its changes are applied.
+#![allow(
+    clippy::doc_markdown,
+    reason = "clap turns these doc comments into --help text, shown verbatim"
+)]
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
 use clap::Args;
 
-use super::section;
 use crate::membership::{
     kvstore::{Credentials, EtcdConfig, KvConfigError, TlsConfig},
     sync::Limits,
 };
+use crate::util::section::section;
 
 /// Supported key-value stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
