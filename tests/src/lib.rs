@@ -27,6 +27,7 @@ pub mod etcd;
 pub mod faults;
 pub mod names;
 pub mod nat_setup;
+pub mod nft;
 pub mod packets;
 pub mod packets6;
 pub mod pinger;

@@ -18,13 +18,15 @@ const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
 /// `systemd-analyze verify` of the packaged unit, `lintian` to check the
 /// package; Prometheus scrapes the agents and Chromium loads the
 /// connectivity page in the tests; etcd for the etcd tests, with openssl
-/// to make their certificates; fping for the benchmarks' reference figures).
+/// to make their certificates; fping for the benchmarks' reference figures;
+/// nftables to drop a share of the probes in the path-quality tests).
 const TEST_PACKAGES: &[&str] = &[
     "iproute2",
     "etcd-server",
     "openssl",
     "bpftool",
     "fping",
+    "nftables",
     "systemd",
     "lintian",
     "prometheus",

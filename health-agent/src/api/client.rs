@@ -117,6 +117,16 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/status/quality?node=NAME`: the node's paths over the
+    /// sliding windows (404 for a node not in the set).
+    pub async fn quality(
+        &self,
+        node: &str,
+    ) -> Result<crate::probe::quality_view::NodeQuality, ClientError> {
+        self.call("GET", &format!("{}?node={node}", paths::STATUS_QUALITY))
+            .await
+    }
+
     /// `GET /v1/status/history`: every node's paths as strips.
     pub async fn history_strips(&self) -> Result<HistoryStrips, ClientError> {
         self.call("GET", paths::STATUS_HISTORY).await

@@ -197,6 +197,7 @@ fn router(state: AppState) -> Router {
         .route(paths::STATUS, get(status))
         .route(paths::STATUS_PROBE, put(probe))
         .route(paths::STATUS_HISTORY, get(history))
+        .route(paths::STATUS_QUALITY, get(quality))
         .route(paths::NODES, get(nodes))
         .route(paths::METRICS, get(metrics))
         .route(paths::CLUSTER, get(cluster))
@@ -211,6 +212,7 @@ pub fn read_only_routes(state: AppState) -> Router {
     Router::new()
         .route(paths::STATUS, get(status))
         .route(paths::STATUS_HISTORY, get(history))
+        .route(paths::STATUS_QUALITY, get(quality))
         .route(paths::CLUSTER, get(cluster))
         .route(paths::CLUSTER_MATRIX, get(cluster_matrix))
         .with_state(state)
@@ -449,6 +451,29 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("making the history: {e}"),
         ),
+    }
+}
+
+/// A node's paths over the sliding windows (`?node=NAME`, required).
+async fn quality(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    let mut node = None;
+    for pair in query_pairs(&uri) {
+        match pair.split_once('=') {
+            Some(("node", v)) if !v.is_empty() => node = Some(v.to_owned()),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {pair:?} (node=NAME)"),
+                );
+            }
+        }
+    }
+    let Some(name) = node else {
+        return error(StatusCode::BAD_REQUEST, "node=NAME is required");
+    };
+    match state.prober().node_quality(&name) {
+        Some(q) => Json(q).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("node {name:?} not found")),
     }
 }
 

@@ -18,6 +18,9 @@ pub mod paths {
     /// `?node=NAME`: a node's paths; `?stats=true`: every node's figures;
     /// neither: every node's strips.
     pub const STATUS_HISTORY: &str = "/v1/status/history";
+    /// `?node=NAME`: a node's paths over the sliding windows (loss with
+    /// its confidence interval, RTT percentiles, degraded or not).
+    pub const STATUS_QUALITY: &str = "/v1/status/quality";
     pub const NODES: &str = "/v1/nodes";
     /// Prometheus metrics (`OpenMetrics` text), as on the metrics listener.
     pub const METRICS: &str = "/metrics";

@@ -67,6 +67,17 @@ fn family_counts(status: &ClusterStatus) -> ([[[u64; 3]; 2]; 2], [bool; 2]) {
     (counts, seen)
 }
 
+/// Paths degraded, over every node and family.
+fn degraded(status: &ClusterStatus) -> usize {
+    status
+        .nodes
+        .iter()
+        .flat_map(crate::probe::status::NodeStatus::connectivities)
+        .flat_map(|c| [&c.icmp, &c.http])
+        .filter(|p| p.degraded)
+        .count()
+}
+
 impl Collector for ConnectivityCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let status = self.prober.borrow().status();
@@ -111,6 +122,12 @@ impl Collector for ConnectivityCollector {
             "nodes_reachable",
             "Peers whose paths (four per family probed) all succeed",
             i64::try_from(status.reachable()).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            &mut enc,
+            "paths_degraded",
+            "Paths that answer but lose at least --degraded-loss of their probes with 95 % confidence over a window of 1 minute, 10 minutes or 1 hour",
+            i64::try_from(degraded(&status)).unwrap_or(i64::MAX),
         )?;
         if self.per_peer {
             per_peer(&mut enc, &status)?;

@@ -8,6 +8,9 @@ use super::{
 };
 use crate::sys::netns::Netns;
 
+/// `--degraded-loss`'s default: 1 %.
+pub(super) const DEFAULT_DEGRADED_LOSS: f64 = 0.01;
+
 #[derive(Debug, Clone)]
 pub struct ProbeConfig {
     pub interval: Duration,
@@ -32,6 +35,9 @@ pub struct ProbeConfig {
     /// The families of this agent's endpoint: peers are probed over these
     /// only (an IPv6-only agent does not probe peers' IPv4 addresses).
     pub families: Families,
+    /// The loss ratio from which a path in Success is degraded
+    /// (`--degraded-loss`).
+    pub degraded_loss: f64,
 }
 
 impl Default for ProbeConfig {
@@ -49,6 +55,7 @@ impl Default for ProbeConfig {
             history_length: usize::from(history::DEFAULT_LENGTH),
             metrics: None,
             families: Families::default(),
+            degraded_loss: DEFAULT_DEGRADED_LOSS,
         }
     }
 }

@@ -22,6 +22,8 @@ mod pace;
 pub mod path;
 pub mod peers;
 mod published;
+pub mod quality;
+pub mod quality_view;
 mod round;
 pub mod scheduler;
 pub mod settings;

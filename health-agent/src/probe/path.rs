@@ -78,6 +78,19 @@ pub struct PathState {
     /// Epoch milliseconds of the last probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe_ms: Option<u64>,
+    /// A path in Success that loses at least `--degraded-loss` of its
+    /// probes with 95 % confidence over a window (see
+    /// [`super::quality`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub degraded: bool,
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+const fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[expect(
@@ -108,6 +121,7 @@ impl PathState {
         warning: None,
         probes: 0,
         last_probe_ms: None,
+        degraded: false,
     };
 }
 

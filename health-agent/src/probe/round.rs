@@ -23,7 +23,7 @@ use super::{
     icmp::IcmpProber,
     kernel_rtt::{prune_kernel_rtt, with_kernel_rtt},
     order::{self, Echoes},
-    path::{Outcome, RttSource},
+    path::{Outcome, ProbeResult, RttSource},
     published::{Published, serialised},
     status::{ClusterStatus, RoundInfo},
     targets::{NodePaths, node_status, target_count, targets, warn_unprobed},
@@ -39,10 +39,10 @@ struct Sockets {
 }
 
 pub struct Prober {
-    cfg: ProbeConfig,
+    pub(super) cfg: ProbeConfig,
     sockets: Mutex<Option<Sockets>>,
     nodes: RwLock<NodeSet>,
-    paths: Mutex<HashMap<String, NodePaths>>,
+    pub(super) paths: Mutex<HashMap<String, NodePaths>>,
     /// The rounds of the paths' histories; locked after `paths`, only
     /// while it is held.
     history: Mutex<History>,
@@ -115,6 +115,7 @@ impl Prober {
                 let p = NodePaths {
                     state: p.state.clone(),
                     history: p.history.resized(length),
+                    quality: p.quality.clone(),
                 };
                 (name.clone(), p)
             }));
@@ -424,9 +425,18 @@ impl Prober {
                 for (slot, outcome) in [(icmp_slot, icmp), (http_slot, http)] {
                     let value = history.encode(&outcome);
                     entry.history.record(&history, seq, slot, value);
-                    entry
-                        .state_mut(slot)
-                        .record(outcome, self.cfg.thresholds, at);
+                    let rtt_ns = match &outcome {
+                        Outcome::Ok { rtt, .. } => {
+                            Some(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX))
+                        }
+                        Outcome::Failed(_) => None,
+                    };
+                    let q = entry.quality_mut(slot);
+                    q.record(at, rtt_ns);
+                    let lossy = q.is_degraded(at, self.cfg.degraded_loss);
+                    let state = entry.state_mut(slot);
+                    state.record(outcome, self.cfg.thresholds, at);
+                    state.degraded = lossy && state.result == ProbeResult::Success;
                 }
                 probes += 2;
             }

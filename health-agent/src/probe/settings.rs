@@ -50,6 +50,59 @@ section! {
         /// everything else. Probes past it wait for a slot.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
         pub max_in_flight: Option<u64>,
+        /// A path that answers (Success) but loses at least this share of
+        /// its probes, with 95 % confidence over a window of 1 minute, 10
+        /// minutes or 1 hour, is degraded: `1%`, `0.5%` or a ratio such as
+        /// `0.01`.
+        #[arg(long, value_name = "LOSS", default_value = "1%", value_parser = LossRatio::parse)]
+        pub degraded_loss: LossRatio,
+    }
+}
+
+/// A loss ratio, kept in parts per million (so that settings compare
+/// exactly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossRatio(u32);
+
+impl LossRatio {
+    /// `N%` (0 < N ≤ 100) or a ratio in (0, 1].
+    ///
+    /// # Errors
+    /// Anything else, naming the value.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let (number, scale) = match t.strip_suffix('%') {
+            Some(n) => (n.trim(), 10_000.0),
+            None => (t, 1_000_000.0),
+        };
+        let limit = if scale > 100_000.0 { 1.0 } else { 100.0 };
+        match number.parse::<f64>() {
+            Ok(v) if v > 0.0 && v <= limit => {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "v * scale is in (0, 1e6]"
+                )]
+                let ppm = (v * scale).round() as u32;
+                Ok(Self(ppm.max(1)))
+            }
+            _ => Err(format!(
+                "invalid loss {s:?}: expected a percentage such as 1% (above 0, at most 100%) or a \
+                 ratio such as 0.01 (above 0, at most 1)"
+            )),
+        }
+    }
+
+    /// The ratio, in (0, 1].
+    #[must_use]
+    pub fn ratio(self) -> f64 {
+        f64::from(self.0) / 1_000_000.0
+    }
+}
+
+impl std::fmt::Display for LossRatio {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}%", f64::from(self.0) / 10_000.0)
     }
 }
 
@@ -152,6 +205,7 @@ impl ProbeConfig {
             kernel_rtt: from_endpoint.then_some(start.pin_dir),
             metrics: Some(Arc::new(ProbeMetrics::default())),
             families: start.families,
+            degraded_loss: settings.degraded_loss.ratio(),
             ..Self::default()
         };
         cfg.retune(tuning);

@@ -8,6 +8,7 @@ use super::{
     family::{self, Families, Family, MAX_PATHS, PER_FAMILY, Shown},
     history::NodeRing,
     path::PathState,
+    quality::PathQuality,
     status::{Connectivity, NodeStatus},
 };
 use crate::membership::{Node, NodeSet};
@@ -20,6 +21,8 @@ use crate::membership::{Node, NodeSet};
 pub(super) struct NodePaths {
     pub(super) state: Vec<PathState>,
     pub(super) history: NodeRing,
+    /// Each path's loss and RTT over the sliding windows, as `state`.
+    pub(super) quality: Vec<PathQuality>,
 }
 
 impl NodePaths {
@@ -38,6 +41,16 @@ impl NodePaths {
         &mut self.state[i]
     }
 
+    /// Path `i`'s windows, to record into.
+    pub(super) fn quality_mut(&mut self, i: usize) -> &mut PathQuality {
+        if self.quality.len() <= i {
+            let len = (i / PER_FAMILY + 1) * PER_FAMILY;
+            self.quality
+                .resize_with(len.min(MAX_PATHS).max(i + 1), PathQuality::default);
+        }
+        &mut self.quality[i]
+    }
+
     /// Forgets a family's paths.
     pub(super) fn forget(&mut self, family: Family) {
         let at = family.index() * PER_FAMILY;
@@ -45,6 +58,10 @@ impl NodePaths {
             return;
         }
         self.state[at..at + PER_FAMILY].fill_with(PathState::default);
+        if self.quality.len() > at {
+            self.quality.truncate(at);
+            self.quality.shrink_to_fit();
+        }
         if self.state[at..].iter().all(|s| *s == PathState::UNKNOWN) {
             self.state.truncate(at);
             self.state.shrink_to_fit();

@@ -32,6 +32,7 @@ mod nat_test_run;
 mod package;
 mod page;
 mod probe6;
+mod quality;
 mod scale;
 mod service;
 mod track6_test_run;

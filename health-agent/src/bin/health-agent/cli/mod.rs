@@ -10,6 +10,7 @@ pub(crate) mod config;
 mod daemon;
 mod echo;
 mod endpoint;
+mod quality;
 pub(crate) mod status;
 
 use std::path::PathBuf;

@@ -30,10 +30,16 @@ pub(crate) struct StatusArgs {
     /// agent keeps the last --history-length rounds).
     #[arg(long, value_name = "NODE", conflicts_with = "probe")]
     history: Option<String>,
+    /// NODE's paths over sliding windows of 1 minute, 10 minutes and 1
+    /// hour: probes, loss with its 95 % confidence interval, RTT
+    /// percentiles (p50 to p99.9, each once the window has enough
+    /// samples), and whether the path is degraded.
+    #[arg(long, value_name = "NODE", conflicts_with_all = ["probe", "history"])]
+    quality: Option<String>,
     /// The cluster view instead of this node's: per node, its observers,
     /// how many reach it, and a verdict (node down, path degraded, observer
     /// problem, unknown); needs --kvstore etcd.
-    #[arg(long, conflicts_with_all = ["probe", "history"])]
+    #[arg(long, conflicts_with_all = ["probe", "history", "quality"])]
     cluster: bool,
     /// Ask for a fresh probe round instead of the last published one.
     #[arg(long)]
@@ -59,6 +65,14 @@ impl StatusArgs {
             match self.output {
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&view)?),
                 OutputFormat::Table => print!("{}", super::cluster_view::render(&view, self.all)),
+            }
+            return Ok(());
+        }
+        if let Some(node) = &self.quality {
+            let quality = client.quality(node).await?;
+            match self.output {
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&quality)?),
+                OutputFormat::Table => print!("{}", super::quality::render(&quality)),
             }
             return Ok(());
         }
@@ -159,7 +173,14 @@ fn path_line(p: &PathState) -> String {
                 .as_ref()
                 .map(|w| format!(", warning: {w}"))
                 .unwrap_or_default();
-            format!("OK, RTT={}{source}{warn}", rtt())
+            if p.degraded {
+                format!(
+                    "Degraded (answers, but loses probes: status --quality NODE), RTT={}{source}{warn}",
+                    rtt()
+                )
+            } else {
+                format!("OK, RTT={}{source}{warn}", rtt())
+            }
         }
         ProbeResult::Failure => format!(
             "Failure: {}",

@@ -1,0 +1,536 @@
+//! How good a path is, over sliding windows of 1 minute, 10 minutes and
+//! 1 hour: its loss ratio with a Wilson confidence interval, and its RTT
+//! percentiles (p50, p90, p99, p99.9), each shown only when the window
+//! holds enough samples for it.
+//!
+//! Memory is bounded per path whatever the probe interval: each window
+//! is cut into epochs (6 of 10 s, 10 of 1 min, 6 of 10 min), each epoch
+//! keeps its probes and losses (two `u16`s) and a sparse log-bucketed
+//! histogram of its RTTs. A bucket spans a factor of [`GAMMA`] (8 %), so
+//! a percentile read at a bucket's geometric middle is within 4 % of
+//! the sample's value (the stated relative error). The histograms of all
+//! epochs share one vector of packed `u32` entries (tier, epoch, bucket,
+//! count), with one entry per distinct RTT bucket an epoch saw: a steady
+//! path holds a few entries per epoch (about 300 bytes a path at a 60 s
+//! interval), never a list of its samples.
+//!
+//! A window reads the epochs that started within its length before now,
+//! so it spans its length, plus at most one epoch.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The ratio between a bucket's bounds.
+pub const GAMMA: f64 = 1.08;
+/// RTTs at or below this are in bucket 0.
+const FLOOR_NS: f64 = 1_000.0;
+/// The last bucket: RTTs of `FLOOR_NS * GAMMA^255` (about 330 s) and more.
+const LAST_BUCKET: u8 = u8::MAX;
+
+/// The windows, each cut into epochs.
+pub const WINDOWS: [Window; 3] = [
+    Window {
+        name: "1m",
+        epoch: Duration::from_secs(10),
+        epochs: 6,
+    },
+    Window {
+        name: "10m",
+        epoch: Duration::from_secs(60),
+        epochs: 10,
+    },
+    Window {
+        name: "1h",
+        epoch: Duration::from_secs(600),
+        epochs: 6,
+    },
+];
+
+/// The most epochs a window has.
+const MAX_EPOCHS: usize = 10;
+
+/// One sliding window: its length is `epoch * epochs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub name: &'static str,
+    pub epoch: Duration,
+    pub epochs: usize,
+}
+
+impl Window {
+    /// The number of the epoch holding `at_ms`.
+    fn epoch_of(self, at_ms: u64) -> u64 {
+        at_ms
+            / u64::try_from(self.epoch.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1)
+    }
+}
+
+/// The bucket of an RTT.
+#[must_use]
+pub fn bucket(rtt_ns: u64) -> u8 {
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "an RTT's bucket needs 4 % precision, f64 has 52 bits"
+    )]
+    let ns = rtt_ns as f64;
+    if ns <= FLOOR_NS {
+        return 0;
+    }
+    let b = ((ns / FLOOR_NS).ln() / GAMMA.ln()).ceil();
+    if b >= f64::from(LAST_BUCKET) {
+        LAST_BUCKET
+    } else {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "b is in 1..255 here"
+        )]
+        let b = b as u8;
+        b
+    }
+}
+
+/// The value a bucket stands for: its geometric middle (bucket 0: the
+/// floor).
+#[must_use]
+pub fn bucket_value(b: u8) -> u64 {
+    if b == 0 {
+        return 1_000;
+    }
+    let upper = FLOOR_NS * GAMMA.powi(i32::from(b));
+    let middle = upper / GAMMA.sqrt();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "at most FLOOR_NS * 1.08^255, about 3.3e11 ns"
+    )]
+    let ns = middle.round() as u64;
+    ns
+}
+
+/// One epoch's probes and losses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct EpochCounts {
+    probes: u16,
+    lost: u16,
+}
+
+/// One window's epochs: the number of the newest, and each slot's counts
+/// (slot `epoch % epochs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Tier {
+    newest: u64,
+    counts: [EpochCounts; MAX_EPOCHS],
+}
+
+/// A path's samples over the three windows, in bounded memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathQuality {
+    tiers: [Tier; 3],
+    /// Packed histogram entries: tier (2 bits), slot (4 bits), bucket (8
+    /// bits), count (16 bits, saturating).
+    entries: Vec<u32>,
+}
+
+const fn pack(tier: usize, slot: usize, bucket: u8, count: u16) -> u32 {
+    ((tier as u32) << 30) | ((slot as u32) << 26) | ((bucket as u32) << 16) | count as u32
+}
+
+/// The (tier, slot) of an entry.
+const fn key_of(e: u32) -> (usize, usize) {
+    ((e >> 30) as usize, ((e >> 26) & 0xf) as usize)
+}
+
+const fn bucket_of(e: u32) -> u8 {
+    ((e >> 16) & 0xff) as u8
+}
+
+const fn count_of(e: u32) -> u16 {
+    (e & 0xffff) as u16
+}
+
+impl PathQuality {
+    /// Records one probe at `at_ms`: its RTT, or `None` when it was lost.
+    pub fn record(&mut self, at_ms: u64, rtt_ns: Option<u64>) {
+        let b = rtt_ns.map(bucket);
+        for (t, w) in WINDOWS.iter().enumerate() {
+            let slot = self.advance(t, *w, at_ms);
+            let c = &mut self.tiers[t].counts[slot];
+            c.probes = c.probes.saturating_add(1);
+            match b {
+                None => c.lost = c.lost.saturating_add(1),
+                Some(b) => self.count(t, slot, b),
+            }
+        }
+    }
+
+    /// Moves window `t` to the epoch of `at_ms`, clearing the slots of
+    /// the epochs that ended; the slot of `at_ms`'s epoch. A time before
+    /// the newest epoch (a clock stepped back) counts in the newest.
+    fn advance(&mut self, t: usize, w: Window, at_ms: u64) -> usize {
+        let epoch = w.epoch_of(at_ms);
+        let tier = &mut self.tiers[t];
+        let epochs = w.epochs as u64;
+        if epoch > tier.newest {
+            let gone = (epoch - tier.newest).min(epochs);
+            for i in 0..gone {
+                // The remainder is below `epochs`, at most 10.
+                #[expect(clippy::cast_possible_truncation, reason = "below 10")]
+                let slot = ((epoch - i) % epochs) as usize;
+                tier.counts[slot] = EpochCounts::default();
+                self.entries.retain(|&e| key_of(e) != (t, slot));
+            }
+            tier.newest = epoch;
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "below 10")]
+        let slot = (tier.newest % epochs) as usize;
+        slot
+    }
+
+    fn count(&mut self, t: usize, slot: usize, b: u8) {
+        if let Some(e) = self
+            .entries
+            .iter_mut()
+            .find(|e| key_of(**e) == (t, slot) && bucket_of(**e) == b)
+        {
+            *e = pack(t, slot, b, count_of(*e).saturating_add(1));
+        } else {
+            self.entries.push(pack(t, slot, b, 1));
+        }
+    }
+
+    /// The figures of window `t` at `now_ms`; `scratch` is reused across
+    /// paths.
+    #[must_use]
+    pub fn stats(&self, t: usize, now_ms: u64, scratch: &mut Vec<(u8, u32)>) -> Quality {
+        let (probes, lost) = self.counts(t, now_ms);
+        scratch.clear();
+        for &e in &self.entries {
+            let (et, slot) = key_of(e);
+            if et == t && self.live(t, slot, now_ms) {
+                scratch.push((bucket_of(e), u32::from(count_of(e))));
+            }
+        }
+        scratch.sort_unstable_by_key(|&(b, _)| b);
+        Quality::from_parts(WINDOWS[t].name, probes, lost, scratch)
+    }
+
+    /// Whether slot `slot` of window `t` holds an epoch that started
+    /// within the window at `now_ms`.
+    fn live(&self, t: usize, slot: usize, now_ms: u64) -> bool {
+        let w = WINDOWS[t];
+        let now = w.epoch_of(now_ms);
+        let epochs = w.epochs as u64;
+        let newest = self.tiers[t].newest;
+        // The epoch the slot holds: the latest at or before `newest` with
+        // that remainder.
+        let back = (newest % epochs + epochs - slot as u64) % epochs;
+        newest >= back && newest - back + epochs > now
+    }
+
+    /// Probes and losses of window `t` at `now_ms`.
+    fn counts(&self, t: usize, now_ms: u64) -> (u64, u64) {
+        let (mut probes, mut lost) = (0u64, 0u64);
+        for (slot, c) in self.tiers[t]
+            .counts
+            .iter()
+            .enumerate()
+            .take(WINDOWS[t].epochs)
+        {
+            if self.live(t, slot, now_ms) {
+                probes += u64::from(c.probes);
+                lost += u64::from(c.lost);
+            }
+        }
+        (probes, lost)
+    }
+
+    /// Every window's figures at `now_ms`.
+    #[must_use]
+    pub fn windows(&self, now_ms: u64) -> Vec<Quality> {
+        let mut scratch = Vec::new();
+        (0..WINDOWS.len())
+            .map(|t| self.stats(t, now_ms, &mut scratch))
+            .collect()
+    }
+
+    /// Whether the path loses at least `threshold` of its probes with
+    /// confidence in a window at `now_ms` (see [`is_degraded`]), reading
+    /// only the windows' counts.
+    #[must_use]
+    pub fn is_degraded(&self, now_ms: u64, threshold: f64) -> bool {
+        (0..WINDOWS.len()).any(|t| {
+            let (probes, lost) = self.counts(t, now_ms);
+            probes >= DEGRADED_MIN_PROBES
+                && wilson(lost, probes).is_some_and(|(low, _)| low >= threshold)
+        })
+    }
+
+    /// Bytes held beyond the struct itself.
+    #[must_use]
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * size_of::<u32>()
+    }
+}
+
+/// A percentile and the samples it needs: `1 / (1 - q)`.
+const PERCENTILES: [(f64, u64); 4] = [(0.5, 2), (0.9, 10), (0.99, 100), (0.999, 1000)];
+
+/// One window's figures for a path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quality {
+    /// `1m`, `10m` or `1h`.
+    pub window: String,
+    /// Probes sent in the window.
+    pub probes: u64,
+    pub lost: u64,
+    /// `lost / probes`; `None` without probes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_ratio: Option<f64>,
+    /// The 95 % Wilson score interval of the loss ratio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_low: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_high: Option<f64>,
+    /// RTT percentiles of the answered probes, each only with enough of
+    /// them (p50: 2, p90: 10, p99: 100, p99.9: 1,000), within 4 %.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_p50_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_p90_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_p99_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_p999_ns: Option<u64>,
+}
+
+impl Quality {
+    fn from_parts(window: &str, probes: u64, lost: u64, sorted: &[(u8, u32)]) -> Self {
+        let answered: u64 = sorted.iter().map(|&(_, c)| u64::from(c)).sum();
+        let pct = |i: usize| {
+            let (q, needs) = PERCENTILES[i];
+            (answered >= needs).then(|| percentile(sorted, answered, q))
+        };
+        let (low, high) = wilson(lost, probes).map_or((None, None), |(l, h)| (Some(l), Some(h)));
+        Self {
+            window: window.to_owned(),
+            probes,
+            lost,
+            loss_ratio: ratio(lost, probes),
+            loss_low: low,
+            loss_high: high,
+            rtt_p50_ns: pct(0),
+            rtt_p90_ns: pct(1),
+            rtt_p99_ns: pct(2),
+            rtt_p999_ns: pct(3),
+        }
+    }
+}
+
+fn ratio(k: u64, n: u64) -> Option<f64> {
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    (n > 0).then(|| k as f64 / n as f64)
+}
+
+/// Nearest-rank percentile `q` of `n` samples in `sorted` buckets.
+fn percentile(sorted: &[(u8, u32)], n: u64, q: f64) -> u64 {
+    #[expect(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "n is far below 2^52; the rank is in 1..=n"
+    )]
+    let rank = ((q * n as f64).ceil() as u64).clamp(1, n);
+    let mut seen = 0u64;
+    for &(b, c) in sorted {
+        seen += u64::from(c);
+        if seen >= rank {
+            return bucket_value(b);
+        }
+    }
+    sorted.last().map_or(0, |&(b, _)| bucket_value(b))
+}
+
+/// z of a two-sided 95 % interval.
+const Z95: f64 = 1.96;
+
+/// The 95 % Wilson score interval of `k` successes in `n` trials (here:
+/// losses in probes); `None` without trials.
+#[must_use]
+pub fn wilson(k: u64, n: u64) -> Option<(f64, f64)> {
+    if n == 0 {
+        return None;
+    }
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    let (k, n) = (k as f64, n as f64);
+    let p = k / n;
+    let z2 = Z95 * Z95;
+    let denom = 1.0 + z2 / n;
+    let centre = (p + z2 / (2.0 * n)) / denom;
+    let half = Z95 / denom * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
+    Some(((centre - half).max(0.0), (centre + half).min(1.0)))
+}
+
+/// Windows shorter than this many probes never make a path degraded: one
+/// loss in a few probes is an unlucky probe, not a bad path.
+pub const DEGRADED_MIN_PROBES: u64 = 20;
+
+/// Whether a path loses at least `threshold` of its probes with 95 %
+/// confidence (the Wilson interval's lower bound) in any window with
+/// enough probes.
+#[must_use]
+pub fn is_degraded(windows: &[Quality], threshold: f64) -> bool {
+    windows
+        .iter()
+        .any(|q| q.probes >= DEGRADED_MIN_PROBES && q.loss_low.is_some_and(|l| l >= threshold))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1000;
+
+    fn all(p: &PathQuality, now: u64) -> Vec<Quality> {
+        let mut s = Vec::new();
+        (0..WINDOWS.len())
+            .map(|t| p.stats(t, now, &mut s))
+            .collect()
+    }
+
+    #[test]
+    fn buckets_are_within_the_stated_error() {
+        for ns in [
+            1_500u64,
+            20_000,
+            87_654,
+            1_000_000,
+            123_456_789,
+            2_000_000_000,
+        ] {
+            let v = bucket_value(bucket(ns));
+            #[expect(clippy::cast_precision_loss, reason = "test values")]
+            let err = (v as f64 - ns as f64).abs() / ns as f64;
+            assert!(err <= 0.04, "{ns} read as {v}: {err}");
+        }
+        assert_eq!(bucket(0), 0);
+        assert_eq!(bucket(u64::MAX), LAST_BUCKET);
+        assert!(bucket(2_000) < bucket(2_200));
+    }
+
+    #[test]
+    fn wilson_matches_the_textbook_values() {
+        // 5 of 100: [0.0215, 0.1118] (Wilson, 95 %).
+        let (l, h) = wilson(5, 100).expect("trials");
+        assert!(
+            (l - 0.0215).abs() < 0.0005 && (h - 0.1118).abs() < 0.0005,
+            "{l} {h}"
+        );
+        let (l, h) = wilson(0, 60).expect("trials");
+        assert!(l.abs() < 1e-12 && h > 0.05 && h < 0.07, "{l} {h}");
+        assert_eq!(wilson(0, 0), None);
+    }
+
+    #[test]
+    fn percentiles_need_enough_samples_and_read_the_right_rank() {
+        let mut p = PathQuality::default();
+        // 99 probes at 100 µs, one at 10 ms, 1 s apart.
+        for i in 0..100u64 {
+            let rtt = if i == 50 { 10_000_000 } else { 100_000 };
+            p.record(1_000_000 + i * SEC, Some(rtt));
+        }
+        let q = &all(&p, 1_000_000 + 100 * SEC)[1];
+        assert_eq!((q.probes, q.lost), (100, 0));
+        let near = |v: Option<u64>, want: u64| {
+            let v = v.expect("shown");
+            #[expect(clippy::cast_precision_loss, reason = "test values")]
+            let err = (v as f64 - want as f64).abs() / want as f64;
+            err < 0.04
+        };
+        assert!(near(q.rtt_p50_ns, 100_000), "{q:?}");
+        assert!(near(q.rtt_p90_ns, 100_000), "{q:?}");
+        assert!(near(q.rtt_p99_ns, 100_000), "{q:?}");
+        assert_eq!(q.rtt_p999_ns, None, "1,000 samples needed");
+        // The 1-minute window holds about the last 60 to 70.
+        let m = &all(&p, 1_000_000 + 100 * SEC)[0];
+        assert!((50..=70).contains(&m.probes), "{m:?}");
+        assert_eq!(m.rtt_p99_ns, None, "{m:?}");
+    }
+
+    #[test]
+    fn loss_is_counted_per_window_and_old_epochs_leave() {
+        let mut p = PathQuality::default();
+        let t0 = 7_000_000;
+        // 10 minutes at 1 s with every 20th probe lost: 5 %.
+        for i in 0..600u64 {
+            let rtt = (i % 20 != 0).then_some(50_000);
+            p.record(t0 + i * SEC, rtt);
+        }
+        let now = t0 + 600 * SEC;
+        let w = all(&p, now);
+        let ten = &w[1];
+        assert!(ten.probes >= 540, "{ten:?}");
+        let r = ten.loss_ratio.expect("probes");
+        assert!((0.04..=0.06).contains(&r), "{ten:?}");
+        assert!(is_degraded(&w, 0.01));
+        assert!(!is_degraded(&w, 0.10));
+        // An hour later with no probes, every window is empty.
+        let later = all(&p, now + 3_700 * SEC);
+        assert!(later.iter().all(|q| q.probes == 0), "{later:?}");
+        // And new probes after the gap are counted alone.
+        p.record(now + 3_700 * SEC, Some(60_000));
+        let fresh = all(&p, now + 3_700 * SEC);
+        assert!(
+            fresh.iter().all(|q| q.probes == 1 && q.lost == 0),
+            "{fresh:?}"
+        );
+    }
+
+    #[test]
+    fn one_unlucky_probe_is_not_degraded() {
+        let mut p = PathQuality::default();
+        let t0 = 3_600_000;
+        // One hour at the 60 s default, one probe lost.
+        for i in 0..60u64 {
+            p.record(t0 + i * 60 * SEC, (i != 30).then_some(80_000));
+        }
+        let w = all(&p, t0 + 60 * 60 * SEC);
+        assert!(!is_degraded(&w, 0.01), "{w:?}");
+        // Three of the hour's probes lost (5 %) is.
+        let mut p = PathQuality::default();
+        for i in 0..60u64 {
+            p.record(t0 + i * 60 * SEC, (i % 20 != 0).then_some(80_000));
+        }
+        let w = all(&p, t0 + 60 * 60 * SEC);
+        assert!(is_degraded(&w, 0.01), "{w:?}");
+    }
+
+    #[test]
+    fn memory_is_bounded_whatever_the_rate() {
+        let mut p = PathQuality::default();
+        // Two hours at 10 probes a second with RTTs over a wide spread.
+        let mut x = 12_345u64;
+        for i in 0..72_000u64 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let rtt = 20_000 + (x >> 40) % 200_000;
+            p.record(i * 100, Some(rtt));
+        }
+        // 22 epochs, each with at most the buckets 20-220 µs spans (about 32).
+        assert!(p.entries.len() <= 22 * 34, "{}", p.entries.len());
+        assert!(p.heap_bytes() < 16 * 1024, "{}", p.heap_bytes());
+    }
+
+    #[test]
+    fn a_steady_path_at_the_default_interval_is_small() {
+        let mut p = PathQuality::default();
+        for i in 0..120u64 {
+            p.record(i * 60 * SEC, Some(100_000 + (i % 3) * 1_000));
+        }
+        let bytes = size_of::<PathQuality>() + p.heap_bytes();
+        // 40,000 paths (10,000 peers, four paths each) under 16 MiB.
+        assert!(bytes * 40_000 < 16 << 20, "{bytes} bytes a path");
+    }
+}
