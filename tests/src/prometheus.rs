@@ -58,9 +58,30 @@ impl Prometheus {
     /// second, with its data under `dir`, and waits until it is ready.
     #[must_use]
     pub fn start(ns: &Netns, dir: PathBuf, targets: &[SocketAddr]) -> Self {
+        Self::start_with_rules(ns, dir, targets, &[])
+    }
+
+    /// [`Self::start`], with the rule files `rules` evaluated every
+    /// second.
+    #[must_use]
+    pub fn start_with_rules(
+        ns: &Netns,
+        dir: PathBuf,
+        targets: &[SocketAddr],
+        rules: &[&std::path::Path],
+    ) -> Self {
         fs::create_dir_all(&dir).expect("prometheus dir");
         let mut config = String::from(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: health\n    static_configs:\n      - targets:\n",
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n",
+        );
+        if !rules.is_empty() {
+            config.push_str("rule_files:\n");
+            for r in rules {
+                let _ = writeln!(config, "  - \"{}\"", r.display());
+            }
+        }
+        config.push_str(
+            "scrape_configs:\n  - job_name: health\n    static_configs:\n      - targets:\n",
         );
         for t in targets {
             let _ = writeln!(config, "          - \"{t}\"");
@@ -99,6 +120,21 @@ impl Prometheus {
 
     fn get(&self, path: &str) -> Option<(u16, String)> {
         http_get(&self.ns, LISTEN.parse().expect("address"), path)
+    }
+
+    /// The JSON answer of `GET /api/v1/...` (`path` after `/api/v1/`),
+    /// whatever its status.
+    #[must_use]
+    pub fn api(&self, path: &str) -> Option<serde_json::Value> {
+        let (_, body) = self.get(&format!("/api/v1/{path}"))?;
+        serde_json::from_str(&body).ok()
+    }
+
+    /// The answer of an instant query: Prometheus's whole JSON (`status`,
+    /// `error`, `data`).
+    #[must_use]
+    pub fn query_raw(&self, promql: &str) -> Option<serde_json::Value> {
+        self.api(&format!("query?query={}", url_encode(promql)))
     }
 
     #[must_use]

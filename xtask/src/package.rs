@@ -324,6 +324,19 @@ pub fn build_deb(binary: &Path, workspace: &Path, out_dir: &Path) -> io::Result<
 
     generated(&bin, &stage)?;
 
+    // Alert rules and a dashboard, for the operator's Prometheus and
+    // Grafana to load from here.
+    let share = stage.join("usr/share").join(NAME);
+    for file in [
+        "prometheus/health-alerts.yml",
+        "prometheus/health-alerts.test.yml",
+        "grafana/health-dashboard.json",
+    ] {
+        let text = fs::read(workspace.join("packaging").join(file))
+            .map_err(|e| fail(format!("reading packaging/{file}: {e}")))?;
+        write(&share.join(file), &text, 0o644)?;
+    }
+
     // The only override, with its reason, read by lintian from here.
     let overrides = fs::read(workspace.join("packaging/lintian-overrides"))?;
     write(

@@ -136,8 +136,8 @@ impl Collector for ConnectivityCollector {
     }
 }
 
-/// One series per peer and path: reachability (1 or 0; none while
-/// unknown) and the last RTT. The primary family's paths are labelled
+/// One series per peer (every node but this one) and path: reachability
+/// (1 or 0; none while unknown) and the last RTT. The primary family's paths are labelled
 /// `peer`, `type`, `protocol` (as before IPv6); the secondary family's add
 /// `family`.
 fn per_peer(enc: &mut DescriptorEncoder, status: &ClusterStatus) -> Result<(), std::fmt::Error> {
@@ -145,8 +145,16 @@ fn per_peer(enc: &mut DescriptorEncoder, status: &ClusterStatus) -> Result<(), s
     fn paths(c: &Connectivity) -> [(&'static str, &PathState); 2] {
         [("icmp", &c.icmp), ("http", &c.http)]
     }
+    // Other nodes only: the agent's own paths never leave the node, and a
+    // node that no other agent reaches must read as down.
+    let peers = || {
+        status
+            .nodes
+            .iter()
+            .filter(|n| status.local_node.as_deref() != Some(n.name.as_str()))
+    };
     let each = || {
-        status.nodes.iter().flat_map(move |n| {
+        peers().flat_map(move |n| {
             let secondary = n.host_secondary.iter().map(|c| ("node", &**c, true)).chain(
                 n.endpoint_secondary
                     .iter()

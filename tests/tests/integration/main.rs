@@ -8,6 +8,7 @@
     reason = "a test target sees every dependency of the package; most serve its fixtures"
 )]
 
+mod alerts;
 mod attach;
 mod cluster;
 mod cluster6;

@@ -11,7 +11,7 @@ use std::{
 
 use health_tests::{agent::agent_binary, names};
 
-const FILES: [&str; 8] = [
+const FILES: [&str; 11] = [
     "/usr/bin/health-agent",
     "/usr/share/doc/health-agent/copyright",
     "/usr/share/doc/health-agent/changelog.gz",
@@ -20,6 +20,9 @@ const FILES: [&str; 8] = [
     "/usr/share/zsh/vendor-completions/_health-agent",
     "/usr/share/fish/vendor_completions.d/health-agent.fish",
     "/usr/share/man/man1/health-agent-daemon.1.gz",
+    "/usr/share/health-agent/prometheus/health-alerts.yml",
+    "/usr/share/health-agent/prometheus/health-alerts.test.yml",
+    "/usr/share/health-agent/grafana/health-dashboard.json",
 ];
 const CONFIG: &str = "/etc/health-agent/config.yaml";
 
@@ -136,6 +139,11 @@ fn the_debian_package_installs_verifies_and_removes_cleanly() {
     ] {
         assert!(copyright.contains(line), "{line:?} not in:\n{copyright}");
     }
+    // The installed alert rules load, and pass their own tests.
+    let rules = ok(Command::new("promtool").args(["check", "rules", FILES[8]]));
+    assert!(rules.contains("SUCCESS: 6 rules found"), "{rules}");
+    let tested = ok(Command::new("promtool").args(["test", "rules", FILES[9]]));
+    assert!(tested.contains("SUCCESS"), "{tested}");
     let version = ok(Command::new("/usr/bin/health-agent").arg("--version"));
     assert!(version.starts_with("health-agent "), "{version}");
     // The packaged config is the defaults, with the socket for the group.
