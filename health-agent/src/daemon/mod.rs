@@ -425,10 +425,12 @@ fn probe_config(cfg: &DaemonConfig, open_files: u64) -> Result<ProbeConfig, Daem
                 e.health_cidr6.is_some(),
             )
             .unwrap_or_default(),
+            mtu_probe: cfg.settings.probe.probe_mtu.resolve(),
         },
     );
     info!(
         max_in_flight = probe.max_in_flight,
+        mtu_probe = ?probe.mtu_probe,
         open_files, "HTTP probes in flight at most"
     );
     Ok(probe)

@@ -78,6 +78,16 @@ fn degraded(status: &ClusterStatus) -> usize {
         .count()
 }
 
+/// ICMP paths found to be MTU black holes.
+fn mtu_blackholes(status: &ClusterStatus) -> usize {
+    status
+        .nodes
+        .iter()
+        .flat_map(crate::probe::status::NodeStatus::connectivities)
+        .filter(|c| c.icmp.mtu_blackhole.is_some())
+        .count()
+}
+
 impl Collector for ConnectivityCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let status = self.prober.borrow().status();
@@ -128,6 +138,12 @@ impl Collector for ConnectivityCollector {
             "paths_degraded",
             "Paths that answer but lose at least --degraded-loss of their probes with 95 % confidence over a window of 1 minute, 10 minutes or 1 hour",
             i64::try_from(degraded(&status)).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            &mut enc,
+            "paths_mtu_blackhole",
+            "ICMP paths that answer small echoes but lose the Don't-Fragment echo of --probe-mtu bytes, failure-threshold rounds in a row",
+            i64::try_from(mtu_blackholes(&status)).unwrap_or(i64::MAX),
         )?;
         if self.per_peer {
             per_peer(&mut enc, &status)?;

@@ -38,6 +38,9 @@ pub struct ProbeConfig {
     /// The loss ratio from which a path in Success is degraded
     /// (`--degraded-loss`).
     pub degraded_loss: f64,
+    /// Size of the Don't-Fragment echo sent to each node address every
+    /// round (`--probe-mtu`); `None`: none.
+    pub mtu_probe: Option<u16>,
 }
 
 impl Default for ProbeConfig {
@@ -56,6 +59,7 @@ impl Default for ProbeConfig {
             metrics: None,
             families: Families::default(),
             degraded_loss: DEFAULT_DEGRADED_LOSS,
+            mtu_probe: None,
         }
     }
 }

@@ -24,9 +24,23 @@ use super::{
     order::Echoes,
 };
 use crate::sys::{
-    icmp::{echo_request, echo_request_v6, parse_any_reply, parse_any_reply_v6},
+    icmp::{
+        echo_request, echo_request_v6, padded_echo_request, parse_any_reply, parse_any_reply_v6,
+    },
     netns::Netns,
 };
+
+/// The IP headers the kernel adds to a raw socket's ICMP message.
+const IPV4_HEADER: usize = 20;
+const IPV6_HEADER: usize = 40;
+
+/// Requests `from` on (to the end of a round's targets) are IP packets of
+/// `bytes` bytes, with Don't Fragment: the MTU probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Padded {
+    pub from: usize,
+    pub bytes: usize,
+}
 
 /// Sequence numbers per identifier: a round of more targets uses the next
 /// identifiers too.
@@ -93,6 +107,23 @@ fn raw_socket(family: Family) -> io::Result<Socket> {
         .or_else(|_| sock.set_recv_buffer_size(16 << 20))?;
     force_buffer(&sock, libc::SO_SNDBUFFORCE, 4 << 20)
         .or_else(|_| sock.set_send_buffer_size(4 << 20))?;
+    // Don't Fragment on every request, whatever the route's learnt path
+    // MTU: an MTU probe too large for a hop is lost (or refused), never
+    // cut into pieces that would pass.
+    match family {
+        Family::Ipv4 => setsockopt(
+            &sock,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            &libc::IP_PMTUDISC_PROBE,
+        )?,
+        Family::Ipv6 => setsockopt(
+            &sock,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            &libc::IPV6_PMTUDISC_PROBE,
+        )?,
+    }
     if family == Family::Ipv6 {
         // Only echo replies: not the neighbour discovery and router
         // advertisements of the namespace.
@@ -156,6 +187,7 @@ impl IcmpProber {
     pub async fn round(
         &self,
         targets: &[IpAddr],
+        padded: Option<Padded>,
         timeout: Duration,
         spread: Duration,
         echoes: &Echoes,
@@ -181,12 +213,14 @@ impl IcmpProber {
         let mut next = 0usize;
         let mut deadline = start + spread + timeout;
         let mut buf = [0u8; 1500];
+        let mut request = Vec::new();
         while w.pending > 0 {
             // Send every request whose time has come.
             let now = Instant::now();
             while next < n && start + step * u32::try_from(next).unwrap_or(u32::MAX) <= now {
                 let (id, seq) = ident(base, next);
-                match self.send(targets[next], id, seq).await {
+                let size = padded.and_then(|p| (next >= p.from).then_some(p.bytes));
+                match self.send(targets[next], id, seq, size, &mut request).await {
                     Ok(()) => {
                         let at = Instant::now();
                         w.sent_at[next] = Some(at);
@@ -249,10 +283,34 @@ impl IcmpProber {
         w.results
     }
 
-    async fn send(&self, dst: IpAddr, id: u16, seq: u16) -> io::Result<()> {
-        let (sock, request) = match dst {
-            IpAddr::V4(_) => (self.v4.as_ref(), echo_request(id, seq)),
-            IpAddr::V6(_) => (self.v6.as_ref(), echo_request_v6(id, seq)),
+    /// An echo request to `dst`: the usual 16 bytes, or an IP packet of
+    /// `size` bytes (built in `padded`, reused across requests).
+    async fn send(
+        &self,
+        dst: IpAddr,
+        id: u16,
+        seq: u16,
+        size: Option<usize>,
+        padded: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        let small;
+        let (sock, request): (_, &[u8]) = match (dst, size) {
+            (IpAddr::V4(_), None) => {
+                small = echo_request(id, seq);
+                (self.v4.as_ref(), &small)
+            }
+            (IpAddr::V6(_), None) => {
+                small = echo_request_v6(id, seq);
+                (self.v6.as_ref(), &small)
+            }
+            (IpAddr::V4(_), Some(n)) => {
+                padded_echo_request(padded, false, id, seq, n.saturating_sub(IPV4_HEADER));
+                (self.v4.as_ref(), padded.as_slice())
+            }
+            (IpAddr::V6(_), Some(n)) => {
+                padded_echo_request(padded, true, id, seq, n.saturating_sub(IPV6_HEADER));
+                (self.v6.as_ref(), padded.as_slice())
+            }
         };
         let sock =
             sock.ok_or_else(|| {
@@ -264,7 +322,7 @@ impl IcmpProber {
         let to = SockAddr::from(SocketAddr::new(dst, 0));
         loop {
             let mut guard = sock.writable().await?;
-            match guard.try_io(|s| s.get_ref().send_to(&request, &to)) {
+            match guard.try_io(|s| s.get_ref().send_to(request, &to)) {
                 Ok(r) => return r.map(|_| ()),
                 Err(_would_block) => {}
             }

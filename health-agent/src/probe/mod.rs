@@ -15,6 +15,7 @@ pub mod history;
 pub mod http;
 mod http_round;
 pub mod icmp;
+mod icmp_round;
 mod kernel_rtt;
 pub mod metrics;
 pub mod order;

@@ -83,6 +83,14 @@ pub struct PathState {
     /// [`super::quality`]).
     #[serde(default, skip_serializing_if = "is_false")]
     pub degraded: bool,
+    /// ICMP paths: rounds in a row whose Don't-Fragment echo of the MTU
+    /// probe size was lost while the small echo was answered.
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub mtu_failures: u32,
+    /// The MTU probe size this path answers small echoes at but loses
+    /// (`failure_threshold` rounds in a row): an MTU black hole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu_blackhole: Option<u16>,
 }
 
 #[expect(
@@ -122,6 +130,8 @@ impl PathState {
         probes: 0,
         last_probe_ms: None,
         degraded: false,
+        mtu_failures: 0,
+        mtu_blackhole: None,
     };
 }
 

@@ -23,6 +23,9 @@ pub struct PathQualityView {
     pub result: ProbeResult,
     /// See [`PathState::degraded`].
     pub degraded: bool,
+    /// See [`PathState::mtu_blackhole`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu_blackhole: Option<u16>,
     /// `1m`, `10m` and `1h`, in that order.
     pub windows: Vec<Quality>,
 }
@@ -64,6 +67,7 @@ impl Prober {
                     ip: if kind < 2 { ip } else { health },
                     result: state.result,
                     degraded: state.degraded,
+                    mtu_blackhole: state.mtu_blackhole,
                     windows: quality.windows(now_ms),
                 });
             }

@@ -21,9 +21,10 @@ use super::{
     history::{History, HistoryStats, HistoryStrips, NodeHistory, NodeRing},
     http_round,
     icmp::IcmpProber,
+    icmp_round::MtuTargets,
     kernel_rtt::{prune_kernel_rtt, with_kernel_rtt},
     order::{self, Echoes},
-    path::{Outcome, ProbeResult, RttSource},
+    path::{Outcome, ProbeResult},
     published::{Published, serialised},
     status::{ClusterStatus, RoundInfo},
     targets::{NodePaths, node_status, target_count, targets, warn_unprobed},
@@ -320,8 +321,12 @@ impl Prober {
             self.cfg.timeout / 2,
         ));
         let (order, suspects) = self.http_failed_first(&nodes, &targets.keys);
+        let mtu = MtuTargets::of(&targets, self.cfg.mtu_probe);
         let ((icmp, icmp_done), (http, http_done)) = tokio::join!(
-            timed(t0, self.icmp_round(&targets.ips, sockets.as_ref(), &echoes)),
+            timed(
+                t0,
+                self.icmp_round(&targets.ips, &mtu, sockets.as_ref(), &echoes)
+            ),
             timed(t0, async {
                 match &sockets {
                     Ok((_, factory)) => {
@@ -339,6 +344,7 @@ impl Prober {
         let kernel = self.cfg.kernel_rtt.as_deref().and_then(KernelRtt::open);
         let kernel_rtt =
             |ip, proto, outcome| with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono);
+        let (icmp, icmp_mtu) = icmp;
         let outcomes: Vec<(Outcome, Outcome)> = icmp
             .into_iter()
             .zip(http)
@@ -367,6 +373,7 @@ impl Prober {
             epoch_ms(started),
             epoch_ms(SystemTime::now()),
         );
+        self.record_mtu(&nodes, &targets.keys, &mtu, &icmp_mtu);
         let merged = t0.elapsed();
         let status = self.snapshot(Some(RoundInfo {
             seq,
@@ -539,42 +546,6 @@ impl Prober {
                 .is_some_and(|p| p.state(2 * usize::from(address) + 1).consecutive_failures > 0)
         })
     }
-
-    /// ICMP (IPv4 or `ICMPv6`) to every address of `targets`, each answer
-    /// marked in `echoes` as it comes. The engine runs as a task of its
-    /// own, beside the HTTP ones.
-    async fn icmp_round(
-        &self,
-        targets: &Arc<Vec<IpAddr>>,
-        sockets: Result<&(Arc<IcmpProber>, Option<Arc<SocketFactory>>), &ProbeError>,
-        echoes: &Arc<Echoes>,
-    ) -> Vec<Outcome> {
-        let (targets, echoes) = (targets.clone(), echoes.clone());
-        let icmp = match sockets {
-            Ok((icmp, _)) => icmp.clone(),
-            Err(e) => return vec![Outcome::Failed(e.clone()); targets.len()],
-        };
-        let n = targets.len();
-        let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
-        let metrics = self.cfg.metrics.as_deref();
-        metrics.inspect(|m| m.sent(n));
-        let results =
-            tokio::spawn(async move { icmp.round(&targets, timeout, spread, &echoes).await })
-                .await
-                .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); n]);
-        metrics.inspect(|m| m.settled(n));
-        results
-            .into_iter()
-            .map(|r| match r {
-                Ok(rtt) => Outcome::Ok {
-                    rtt,
-                    warning: None,
-                    source: RttSource::Userspace,
-                },
-                Err(e) => Outcome::Failed(e),
-            })
-            .collect()
-    }
 }
 
 /// `f`'s output and when it was ready, counted from `t0`.
@@ -595,7 +566,7 @@ mod tests {
                 EP_HTTP, EP_ICMP, Families, HOST_HTTP, HOST_ICMP, MAX_PATHS, PER_FAMILY, path_index,
             },
             history,
-            path::{PathState, ProbeResult, Thresholds},
+            path::{PathState, ProbeResult, RttSource, Thresholds},
         },
     };
 

@@ -56,6 +56,94 @@ section! {
         /// `0.01`.
         #[arg(long, value_name = "LOSS", default_value = "1%", value_parser = LossRatio::parse)]
         pub degraded_loss: LossRatio,
+        /// Each round, one more echo per node address, of this many bytes
+        /// (the IP packet) with Don't Fragment set: a path that answers
+        /// the small echo and loses this one is an MTU black hole. `auto`:
+        /// the MTU of the node's default-route interface, at most 1500
+        /// (the endpoint's veth); `off`: no such probe.
+        #[arg(long, value_name = "auto|off|BYTES", default_value = "auto", value_parser = ProbeMtu::parse)]
+        pub probe_mtu: ProbeMtu,
+    }
+}
+
+/// `--probe-mtu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeMtu {
+    Auto,
+    Off,
+    Bytes(u16),
+}
+
+/// The smallest MTU probe: an IPv6 packet of the minimum link MTU.
+pub const MIN_PROBE_MTU: u16 = 1280;
+
+impl ProbeMtu {
+    /// `auto`, `off`, or a size of 1280 to 65535 bytes.
+    ///
+    /// # Errors
+    /// Anything else, naming the value.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            t => match t.parse::<u16>() {
+                Ok(n) if n >= MIN_PROBE_MTU => Ok(Self::Bytes(n)),
+                _ => Err(format!(
+                    "invalid MTU probe size {s:?}: expected auto, off or a number of bytes from \
+                     {MIN_PROBE_MTU} to 65535"
+                )),
+            },
+        }
+    }
+}
+
+/// The largest `auto` MTU probe: the MTU of the endpoint's veth, which
+/// probes from the endpoint cross.
+const ENDPOINT_MTU: u16 = 1500;
+
+impl ProbeMtu {
+    /// The probe size in bytes against this node: `auto` reads the MTU
+    /// of the interface of the IPv4 default route (at most 1500; 1500
+    /// without such a route or when it cannot be read).
+    #[must_use]
+    pub fn resolve(self) -> Option<u16> {
+        match self {
+            Self::Off => None,
+            Self::Bytes(n) => Some(n),
+            Self::Auto => Some(default_route_mtu().map_or(ENDPOINT_MTU, |m| {
+                u16::try_from(m)
+                    .unwrap_or(u16::MAX)
+                    .clamp(MIN_PROBE_MTU, ENDPOINT_MTU)
+            })),
+        }
+    }
+}
+
+/// The MTU of the interface of this namespace's IPv4 default route.
+fn default_route_mtu() -> Option<u32> {
+    crate::sys::netlink::in_netns(None, |nl| async move {
+        let oif = nl
+            .routes::<std::net::Ipv4Addr>()
+            .await?
+            .into_iter()
+            .find(|r| r.prefix == 0 && r.table == 254)
+            .and_then(|r| r.oif);
+        match oif {
+            Some(i) => nl.link_mtu(i).await,
+            None => Ok(None),
+        }
+    })
+    .ok()
+    .flatten()
+}
+
+impl std::fmt::Display for ProbeMtu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Off => f.write_str("off"),
+            Self::Bytes(n) => write!(f, "{n}"),
+        }
     }
 }
 
@@ -185,6 +273,9 @@ pub struct ProberStart {
     pub pin_dir: std::path::PathBuf,
     /// The endpoint's families: peers are probed over those.
     pub families: Families,
+    /// The MTU probes' size in bytes, `--probe-mtu` resolved against the
+    /// node; `None`: off.
+    pub mtu_probe: Option<u16>,
 }
 
 impl ProbeConfig {
@@ -206,6 +297,7 @@ impl ProbeConfig {
             metrics: Some(Arc::new(ProbeMetrics::default())),
             families: start.families,
             degraded_loss: settings.degraded_loss.ratio(),
+            mtu_probe: start.mtu_probe,
             ..Self::default()
         };
         cfg.retune(tuning);

@@ -51,6 +51,34 @@ pub fn echo_request(identifier: u16, sequence: u16) -> [u8; 16] {
     req
 }
 
+/// An echo request of `len` bytes of ICMP (header, the 8-byte payload of
+/// [`echo_request`], zeros) written into `out`, for an IP packet of
+/// `len + 20` bytes (IPv4; its checksum set) or `len + 40` (IPv6: the
+/// kernel sums it). `len` is at least 16.
+pub fn padded_echo_request(
+    out: &mut Vec<u8>,
+    ipv6: bool,
+    identifier: u16,
+    sequence: u16,
+    len: usize,
+) {
+    out.clear();
+    if ipv6 {
+        out.extend_from_slice(&echo_request_v6(identifier, sequence));
+    } else {
+        out.extend_from_slice(&echo_request(identifier, sequence));
+    }
+    out.resize(len.max(16), 0);
+    if !ipv6 {
+        out[2..4].fill(0);
+        let sum: u32 = out
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+            .sum();
+        out[2..4].copy_from_slice(&(!checksum::fold(sum)).to_be_bytes());
+    }
+}
+
 /// `(source, sequence)` of an echo reply carrying `identifier`, in a packet
 /// as a raw socket returns it (IPv4 header first).
 #[must_use]
@@ -222,6 +250,23 @@ mod tests {
         assert_eq!(parse_any_reply_v6(&reply[..7]), None, "truncated");
         reply[0] = 136; // neighbour advertisement
         assert_eq!(parse_any_reply_v6(&reply), None);
+    }
+
+    #[test]
+    fn padded_requests_carry_a_valid_checksum_over_every_byte() {
+        let mut buf = Vec::new();
+        for len in [16usize, 17, 1_000, 1_480] {
+            padded_echo_request(&mut buf, false, 0x1234, 7, len);
+            assert_eq!(buf.len(), len);
+            assert_eq!(&buf[4..8], &[0x12, 0x34, 0, 7]);
+            let sum: u32 = buf
+                .chunks(2)
+                .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+                .sum();
+            assert_eq!(checksum::fold(sum), 0xffff, "len {len}");
+        }
+        padded_echo_request(&mut buf, true, 1, 2, 1_452);
+        assert_eq!((buf.len(), buf[0]), (1_452, ICMPV6_ECHO_REQUEST));
     }
 
     #[test]

@@ -216,6 +216,22 @@ impl Netlink {
             .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })
     }
 
+    /// The MTU of the interface of index `index`, when there is one.
+    pub async fn link_mtu(&self, index: u32) -> Result<Option<u32>, NetlinkError> {
+        let mut links = self.handle.link().get().match_index(index).execute();
+        let link = match links.try_next().await {
+            Ok(link) => link,
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => None,
+            Err(e) => return Err(req(format!("looking up interface {index}"))(e)),
+        };
+        Ok(link.and_then(|l| {
+            l.attributes.iter().find_map(|a| match a {
+                LinkAttribute::Mtu(m) => Some(*m),
+                _ => None,
+            })
+        }))
+    }
+
     async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>, NetlinkError> {
         let mut links = self
             .handle
@@ -288,6 +304,17 @@ impl Netlink {
     /// Sets an interface administratively down.
     pub async fn set_down(&self, name: &str) -> Result<(), NetlinkError> {
         self.set_admin(name, false).await
+    }
+
+    /// Sets an interface's MTU.
+    pub async fn set_mtu(&self, name: &str, mtu: u32) -> Result<(), NetlinkError> {
+        let index = self.require_link(name).await?;
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).mtu(mtu).build())
+            .execute()
+            .await
+            .map_err(req(format!("setting the MTU of {name:?} to {mtu}")))
     }
 
     async fn set_admin(&self, name: &str, up: bool) -> Result<(), NetlinkError> {

@@ -49,8 +49,9 @@ fn cli(cluster: &Cluster, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Every 20th ICMP echo request from node-1's endpoint to node-3's node
-/// address is dropped on node-3's uplink (`numgen inc`: exactly 5 %, so
+/// Every 20th (small: not the MTU probe) ICMP echo request from node-1's
+/// endpoint to node-3's node address is dropped on node-3's uplink
+/// (`numgen inc`: exactly 5 %, so
 /// the figure can be checked tightly in a minute of probes; `numgen
 /// random` would need ten minutes for the same bounds).
 #[test]
@@ -76,8 +77,8 @@ fn five_percent_of_one_paths_probes_dropped_read_as_its_loss_and_degrade_it() {
         &target.ns,
         &format!(
             "chain lossy {{ type filter hook ingress device \"uplink\" priority 0; \
-             ip saddr {observer_ip} ip daddr {} icmp type echo-request numgen inc mod 20 == 0 \
-             counter drop; }}",
+             ip saddr {observer_ip} ip daddr {} ip length < 200 icmp type echo-request \
+             numgen inc mod 20 == 0 counter drop; }}",
             target.ip
         ),
     )
@@ -189,4 +190,69 @@ fn quality_of_an_unknown_node_or_without_a_node_is_refused() {
         String::from_utf8_lossy(&out.stderr).contains("nobody"),
         "{out:?}"
     );
+}
+
+/// node-3's uplink takes at most 1400-byte packets while the fabric
+/// sends it 1500: full-size packets to node-3 are dropped without a word
+/// (no "fragmentation needed" from a layer-2 hop), small ones pass. Its
+/// ICMP path from node-1 is an MTU black hole; node-2's is not.
+#[test]
+fn a_smaller_mtu_on_the_way_reads_as_an_mtu_black_hole_and_only_there() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 3,
+        probe_interval: "500ms",
+        probe_timeout: "300ms",
+        failure_threshold: 2,
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(30), |s| s.reachable() == 3);
+    let target = &cluster.nodes[2];
+    health_agent::sys::netlink::in_netns(Some(&target.ns), |nl| async move {
+        nl.set_mtu("uplink", 1400).await
+    })
+    .expect("node-3's uplink MTU");
+    let s = cluster.wait_status(0, Duration::from_secs(30), |s| {
+        s.nodes
+            .iter()
+            .any(|n| n.name == target.name && n.host.icmp.mtu_blackhole.is_some())
+    });
+    for n in &s.nodes {
+        let c = &n.host.icmp;
+        if n.name == target.name {
+            assert_eq!(c.mtu_blackhole, Some(1500), "{n:#?}");
+            assert_eq!(c.result, ProbeResult::Success, "small echoes pass: {n:#?}");
+        } else {
+            assert_eq!(c.mtu_blackhole, None, "{n:#?}");
+        }
+        assert!(n.reachable(), "every node still answers: {n:#?}");
+    }
+    let verbose = cli(&cluster, &["status", "--verbose"]);
+    assert!(
+        verbose.contains("MTU black hole: 1500-byte probes lost"),
+        "{verbose}"
+    );
+    let table = cli(&cluster, &["status", "--quality", &target.name]);
+    assert!(
+        table.contains("mtu-blackhole (1500-byte probes lost)"),
+        "{table}"
+    );
+    let metrics = api::call(&cluster.nodes[0].socket(), |c| async move {
+        c.raw("GET", "/metrics").await
+    })
+    .expect("metrics")
+    .1;
+    assert!(
+        String::from_utf8_lossy(&metrics).contains("health_paths_mtu_blackhole 1\n"),
+        "{}",
+        String::from_utf8_lossy(&metrics)
+    );
+
+    // The MTU mended, the verdict goes with the next answered probe.
+    health_agent::sys::netlink::in_netns(Some(&target.ns), |nl| async move {
+        nl.set_mtu("uplink", 1500).await
+    })
+    .expect("node-3's uplink MTU back");
+    cluster.wait_status(0, Duration::from_secs(30), |s| {
+        s.nodes.iter().all(|n| n.host.icmp.mtu_blackhole.is_none())
+    });
 }

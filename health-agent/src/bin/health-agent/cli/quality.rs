@@ -28,12 +28,16 @@ fn loss(q: &Quality) -> String {
     }
 }
 
-fn verdict(p: &PathQualityView) -> &'static str {
-    match (p.result, p.degraded) {
+fn verdict(p: &PathQualityView) -> String {
+    let v = match (p.result, p.degraded) {
         (ProbeResult::Success, true) => "degraded",
         (ProbeResult::Success, false) => "ok",
         (ProbeResult::Failure, _) => "failure",
         (ProbeResult::Unknown, _) => "unknown",
+    };
+    match p.mtu_blackhole {
+        Some(bytes) => format!("{v}, mtu-blackhole ({bytes}-byte probes lost)"),
+        None => v.to_owned(),
     }
 }
 
@@ -101,6 +105,7 @@ mod tests {
                 ip: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 7)),
                 result: ProbeResult::Success,
                 degraded: true,
+                mtu_blackhole: None,
                 windows: pq.windows(t0 + 200 * 1000),
             }],
         };

@@ -173,6 +173,10 @@ fn path_line(p: &PathState) -> String {
                 .as_ref()
                 .map(|w| format!(", warning: {w}"))
                 .unwrap_or_default();
+            let warn = match p.mtu_blackhole {
+                Some(bytes) => format!("{warn}, MTU black hole: {bytes}-byte probes lost"),
+                None => warn,
+            };
             if p.degraded {
                 format!(
                     "Degraded (answers, but loses probes: status --quality NODE), RTT={}{source}{warn}",

@@ -1,0 +1,169 @@
+//! A round's ICMP pass: one echo to every address, and, with
+//! `--probe-mtu`, one more echo of the probe size with Don't Fragment to
+//! every node address, in the same engine call (the same timeout); then
+//! the MTU verdicts: a path that answers the small echo and loses the
+//! large one `failure_threshold` rounds in a row is an MTU black hole.
+
+use std::{net::IpAddr, sync::Arc};
+
+use super::{
+    Prober,
+    error::ProbeError,
+    icmp::{IcmpProber, Padded},
+    order::Echoes,
+    path::{Outcome, ProbeResult, RttSource},
+    targets::Targets,
+};
+use crate::{membership::NodeSet, sys::socket_factory::SocketFactory};
+
+/// The round's MTU probes: which targets get one, and their size.
+#[derive(Debug, Default)]
+pub(super) struct MtuTargets {
+    bytes: Option<u16>,
+    /// Indices into the round's targets: the node addresses.
+    indices: Vec<usize>,
+}
+
+impl MtuTargets {
+    /// The node addresses of `targets` (not the health endpoints'), when
+    /// MTU probes are on.
+    pub(super) fn of(targets: &Targets, bytes: Option<u16>) -> Self {
+        let Some(b) = bytes else {
+            return Self::default();
+        };
+        Self {
+            bytes: Some(b),
+            indices: targets
+                .keys
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, address))| address % 2 == 0)
+                .map(|(i, _)| i)
+                .collect(),
+        }
+    }
+}
+
+/// What became of one MTU probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MtuOutcome {
+    Answered,
+    /// No answer within the timeout.
+    Lost,
+    /// Not sent (refused by this node: larger than a local interface's
+    /// MTU), or no socket: no verdict.
+    NotSent,
+}
+
+type IcmpSockets<'a> = Result<&'a (Arc<IcmpProber>, Option<Arc<SocketFactory>>), &'a ProbeError>;
+
+impl Prober {
+    /// ICMP (IPv4 or `ICMPv6`) to every address of `targets`, each answer
+    /// marked in `echoes` as it comes, and the MTU probes of `mtu`. The
+    /// engine runs as a task of its own, beside the HTTP ones.
+    pub(super) async fn icmp_round(
+        &self,
+        targets: &Arc<Vec<IpAddr>>,
+        mtu: &MtuTargets,
+        sockets: IcmpSockets<'_>,
+        echoes: &Arc<Echoes>,
+    ) -> (Vec<Outcome>, Vec<MtuOutcome>) {
+        let n = targets.len();
+        let icmp = match sockets {
+            Ok((icmp, _)) => icmp.clone(),
+            Err(e) => {
+                return (
+                    vec![Outcome::Failed(e.clone()); n],
+                    vec![MtuOutcome::NotSent; mtu.indices.len()],
+                );
+            }
+        };
+        // The MTU probes go to the same addresses, after the others.
+        let (all, padded) = match mtu.bytes {
+            Some(bytes) if !mtu.indices.is_empty() => {
+                let mut all = Vec::with_capacity(n + mtu.indices.len());
+                all.extend_from_slice(targets);
+                all.extend(mtu.indices.iter().map(|&i| targets[i]));
+                let padded = Padded {
+                    from: n,
+                    bytes: usize::from(bytes),
+                };
+                (Arc::new(all), Some(padded))
+            }
+            _ => (targets.clone(), None),
+        };
+        let total = all.len();
+        let echoes = echoes.clone();
+        let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
+        let metrics = self.cfg.metrics.as_deref();
+        metrics.inspect(|m| m.sent(total));
+        let mut results =
+            tokio::spawn(async move { icmp.round(&all, padded, timeout, spread, &echoes).await })
+                .await
+                .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); total]);
+        metrics.inspect(|m| m.settled(total));
+        let mtu_results = results
+            .split_off(n.min(results.len()))
+            .into_iter()
+            .map(|r| match r {
+                Ok(_) => MtuOutcome::Answered,
+                Err(ProbeError::Timeout { .. }) => MtuOutcome::Lost,
+                Err(_) => MtuOutcome::NotSent,
+            })
+            .collect();
+        let outcomes = results
+            .into_iter()
+            .map(|r| match r {
+                Ok(rtt) => Outcome::Ok {
+                    rtt,
+                    warning: None,
+                    source: RttSource::Userspace,
+                },
+                Err(e) => Outcome::Failed(e),
+            })
+            .collect();
+        (outcomes, mtu_results)
+    }
+
+    /// Applies the MTU probes' outcomes to the ICMP paths of the node
+    /// addresses they went to (after [`Prober::record`] took the round's
+    /// small echoes).
+    pub(super) fn record_mtu(
+        &self,
+        nodes: &NodeSet,
+        keys: &[(u32, u8)],
+        mtu: &MtuTargets,
+        outcomes: &[MtuOutcome],
+    ) {
+        let Some(bytes) = mtu.bytes else {
+            return;
+        };
+        let Ok(mut paths) = self.paths.lock() else {
+            return;
+        };
+        let threshold = self.cfg.thresholds.failure.max(1);
+        for (&i, outcome) in mtu.indices.iter().zip(outcomes) {
+            let (node, address) = keys[i];
+            let Some(entry) = paths.get_mut(&nodes[node as usize].name) else {
+                continue;
+            };
+            let state = entry.state_mut(2 * usize::from(address));
+            // Judged only when this round's small echo was answered.
+            let small_answered =
+                state.result == ProbeResult::Success && state.consecutive_failures == 0;
+            match outcome {
+                MtuOutcome::Answered => {
+                    state.mtu_failures = 0;
+                    state.mtu_blackhole = None;
+                }
+                MtuOutcome::Lost if small_answered => {
+                    state.mtu_failures = state.mtu_failures.saturating_add(1);
+                    if state.mtu_failures >= threshold {
+                        state.mtu_blackhole = Some(bytes);
+                    }
+                }
+                MtuOutcome::Lost | MtuOutcome::NotSent => {}
+            }
+        }
+    }
+}
