@@ -744,7 +744,14 @@ fn synthetic_status(n: usize) -> ClusterStatus {
                 endpoint: Connectivity {
                     ip: ip(Ipv4Addr::new(198, 19, 0, 0), k).into(),
                     family: Family::Ipv4,
-                    icmp: ok_path(rtt + 5, at),
+                    icmp: PathState {
+                        // Every tenth (from 7) and the first row loses
+                        // probes; every hundredth (from 11) is an MTU
+                        // black hole.
+                        degraded: k % 10 == 7 || k == 3,
+                        mtu_blackhole: (k % 100 == 11).then_some(1500),
+                        ..ok_path(rtt + 5, at)
+                    },
                     http: ok_path(rtt + 50, at),
                 },
                 host_secondary: None,
@@ -836,6 +843,7 @@ fn the_page_draws_5000_peers_and_keeps_its_data_through_bad_answers() {
          return p.ready && p.error === null && p.rows().length === 5000 ? p.rows() : null;",
     );
     check_order(&rows);
+    check_quality(&browser, &rows);
     check_virtualised(&browser, &rows);
     check_render_time(&browser);
 
@@ -882,6 +890,38 @@ fn check_order(rows: &Value) {
     );
     assert_eq!(names[failing.len()], "peer-00000");
     assert_eq!(names.last().map(String::as_str), Some("peer-04999"));
+}
+
+/// Paths that answer but lose probes, or are MTU black holes, are marked
+/// in the model and on their cells; the others are not.
+fn check_quality(browser: &Browser, rows: &Value) {
+    for r in rows.as_array().expect("rows") {
+        let name = r["name"].as_str().expect("name");
+        let k: usize = name["peer-".len()..].parse().expect("a peer number");
+        let want = match (k % 10 == 7 || k == 3, k % 100 == 11) {
+            (true, _) => Value::from("lossy"),
+            (false, true) => Value::from("MTU"),
+            (false, false) => Value::Null,
+        };
+        let endpoint_icmp = r["paths"]
+            .as_array()
+            .expect("paths")
+            .iter()
+            .find(|p| p["path"] == "endpoint-icmp")
+            .expect("endpoint-icmp");
+        assert_eq!(endpoint_icmp["quality"], want, "{name}: {r}");
+    }
+    // The first row, in view: its lossy cell says so and is marked for
+    // the style.
+    let cell = browser.eval(
+        "const c = document.querySelector(\"#rows .row[data-node='peer-00003'] .c-path[data-path='endpoint-icmp']\");
+         return c ? [c.dataset.quality || null, c.textContent] : null;",
+    );
+    assert_eq!(cell[0], "lossy", "{cell}");
+    assert!(
+        cell[1].as_str().is_some_and(|t| t.ends_with(" lossy")),
+        "{cell}"
+    );
 }
 
 /// Only the rows in view exist in the DOM, and scrolling brings others.

@@ -188,6 +188,8 @@
       lastProbeMs: typeof ps.last_probe_ms === "number" ? ps.last_probe_ms : null,
       failures: ps.consecutive_failures | 0,
       ip: typeof conn.ip === "string" ? conn.ip : "",
+      degraded: ps.degraded === true,
+      mtuBlackhole: Number.isInteger(ps.mtu_blackhole) ? ps.mtu_blackhole : null,
     };
   }
 
@@ -570,8 +572,22 @@
     return row;
   }
 
+  // A path that answers but is not well: lossy (degraded) and/or an MTU
+  // black hole; null when it is neither.
+  function pathQuality(p) {
+    if (p.state !== "success") return null;
+    const q = [];
+    if (p.degraded) q.push("lossy");
+    if (p.mtuBlackhole !== null) q.push("MTU");
+    return q.length ? q.join(" ") : null;
+  }
+
   function pathText(p) {
-    if (p.state === "success") return fmtRtt(p.rttNs) || "ok";
+    if (p.state === "success") {
+      const q = pathQuality(p);
+      const rtt = fmtRtt(p.rttNs) || "ok";
+      return q ? `${rtt} ${q}` : rtt;
+    }
     if (p.state === "failure") return "failed";
     return p.failures > 0 ? `failing ×${p.failures}` : "—";
   }
@@ -581,6 +597,8 @@
     if (p.rttNs !== null) lines.push(`RTT ${fmtRtt(p.rttNs)} (last success)`);
     if (p.error) lines.push(`last error: ${p.error}`);
     if (p.warning) lines.push(`warning: ${p.warning}`);
+    if (p.degraded && p.state === "success") lines.push("degraded: answers, but loses probes (status --quality NODE)");
+    if (p.mtuBlackhole !== null && p.state === "success") lines.push(`MTU black hole: ${p.mtuBlackhole}-byte probes lost`);
     if (p.lastProbeMs) lines.push(`probed ${fmtAge(Date.now() - p.lastProbeMs)} ago`);
     return lines.join("\n");
   }
@@ -607,6 +625,9 @@
       const worst = q && RANK[q.state] < RANK[p.state] ? q : p;
       const cellEl = c.paths[i];
       cellEl.dataset.state = worst.state;
+      const quality = pathQuality(p) || (q && pathQuality(q));
+      if (quality) cellEl.dataset.quality = quality;
+      else delete cellEl.dataset.quality;
       cellEl.dataset.families = q ? `${p.family} ${q.family}` : p.family;
       cellEl.textContent = q && q.state !== p.state ? `${pathText(worst)} ${FAMILY_LABEL[worst.family]}` : pathText(p);
       cellEl.title = q ? `${pathTitle(n, p)}\n\n${pathTitle(n, q)}` : pathTitle(n, p);
@@ -1126,7 +1147,13 @@
     name: n.name,
     state: n.state,
     local: n.local,
-    paths: n.paths.map((p) => ({ path: p.path, state: p.state, rttNs: p.rttNs, error: p.error })),
+    paths: n.paths.map((p) => ({
+      path: p.path,
+      state: p.state,
+      rttNs: p.rttNs,
+      error: p.error,
+      quality: pathQuality(p),
+    })),
   });
 
   // The test hook: the model after the filters (not only the rows in
