@@ -46,10 +46,10 @@ pub struct NodeGrants {
     pub read: [String; 2],
     /// Read and write, that key alone: the node's record and its summary.
     pub write: [String; 2],
-    /// Read and write, for the elected assembler: the published view's
-    /// key alone, and the election's prefix (each candidate's key is
-    /// below it).
-    pub assemble: [String; 2],
+    /// For the elected assembler: its own view's key alone (read and
+    /// write), the election's prefix (read and write: each candidate's key
+    /// is below it), and the views' prefix (read).
+    pub assemble: [String; 3],
 }
 
 impl NodeGrants {
@@ -60,8 +60,12 @@ impl NodeGrants {
             write: [format!("{prefix}{name}"), format!("{summaries}{name}")],
             read: [prefix.to_owned(), summaries],
             assemble: [
-                health_agent::cluster::published_view::view_key(prefix),
+                format!(
+                    "{}{name}",
+                    health_agent::cluster::published_view::view_prefix(prefix)
+                ),
                 health_agent::cluster::published_view::election_name(prefix),
+                health_agent::cluster::published_view::view_prefix(prefix),
             ],
         }
     }
@@ -281,6 +285,12 @@ async fn add_node_user(c: &mut Client, prefix: &str, name: &str) {
     )
     .await
     .expect("grant the election");
+    c.role_grant_permission(
+        name,
+        Permission::read(grants.assemble[2].as_str()).with_prefix(),
+    )
+    .await
+    .expect("grant the views");
     c.user_add(name, node_password(name), None)
         .await
         .expect("add node user");
@@ -479,45 +489,15 @@ impl Drop for LocalEtcd {
     }
 }
 
-/// Campaigns in etcd's election `name` with `value` on a lease of `ttl_s`
-/// seconds (not kept alive), as root when auth is off: returns the lease
-/// once elected (with no other candidate, at once).
-pub fn campaign(ns: Option<&Netns>, endpoint: &str, name: &str, value: &str, ttl_s: i64) -> i64 {
-    health_agent::sys::netns::run_in(ns, || {
-        block_on(async {
-            let mut c = admin_client(endpoint, None, false).await;
-            let lease = c.lease_grant(ttl_s, None).await.expect("lease").id();
-            tokio::time::timeout(Duration::from_secs(10), c.campaign(name, value, lease))
-                .await
-                .expect("elected within 10 s")
-                .expect("campaign");
-            lease
-        })
-    })
-    .expect("netns")
-}
-
-/// Revokes `lease` (its keys go with it).
-pub fn revoke(ns: Option<&Netns>, endpoint: &str, lease: i64) {
-    health_agent::sys::netns::run_in(ns, || {
-        block_on(async {
-            admin_client(endpoint, None, false)
-                .await
-                .lease_revoke(lease)
-                .await
-                .expect("revoke");
-        });
-    })
-    .expect("netns");
-}
-
 /// The value of election `name`'s leader, if any.
+#[must_use]
 pub fn election_leader(ns: Option<&Netns>, endpoint: &str, name: &str) -> Option<String> {
     health_agent::sys::netns::run_in(ns, || {
         block_on(async {
             let mut c = admin_client(endpoint, None, false).await;
             let r = c.leader(name).await.ok()?;
-            r.kv().map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+            r.kv()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
         })
     })
     .expect("netns")

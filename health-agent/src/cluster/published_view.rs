@@ -1,5 +1,6 @@
-//! The cluster view as the elected assembler publishes it, under one key
-//! beside the summaries ([`view_key`]): the counts by verdict, every node
+//! The cluster view as the elected assembler publishes it, under its own
+//! key beside the summaries (`<`[`view_prefix`]`><assembler>`, on its
+//! election lease, so that it goes with the role): the counts by verdict, every node
 //! not healthy with its evidence, the round and time it describes, and
 //! who assembled it. Every other agent reads only this key.
 //!
@@ -48,11 +49,12 @@ const MAX_INTERVAL_MS: u64 = 3_600_000;
 /// stale: shown as such, never as current.
 pub const STALE_ROUNDS: u64 = 2;
 
-/// The view's key beside the node records': `/health/nodes/` gives
-/// `/health/view`.
+/// The views' prefix beside the node records': `/health/nodes/` gives
+/// `/health/view/`; the assembler's view is at `/health/view/<its name>`
+/// (a node may write that key alone).
 #[must_use]
-pub fn view_key(node_prefix: &str) -> String {
-    sibling(node_prefix, "view")
+pub fn view_prefix(node_prefix: &str) -> String {
+    format!("{}/", sibling(node_prefix, "view"))
 }
 
 /// The election's name beside the node records: `/health/nodes/` gives
@@ -115,7 +117,7 @@ pub struct PublishedView {
     pub interval_ms: u64,
     /// Nodes not healthy left out of `view.nodes` for size.
     pub unlisted: u64,
-    /// The counts, and the nodes not healthy (worst first, then by name).
+    /// The counts, and the nodes not healthy (by name).
     pub view: ClusterView,
 }
 
@@ -174,7 +176,7 @@ fn usize_of(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
-/// The order nodes are listed in: worst first, then by name.
+/// The order nodes are kept in when they do not all fit: worst first.
 fn rank(v: Verdict) -> u8 {
     match v {
         Verdict::NodeDown => 0,
@@ -256,6 +258,8 @@ impl PublishedView {
             budget -= len;
             nodes.push((*n).clone());
         }
+        // Listed by name, as a view's nodes are ([`ClusterView::node`]).
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
         Self {
             assembler: assembler.to_owned(),
             round,
@@ -345,13 +349,8 @@ impl PublishedView {
         let mut by_verdict = VerdictCounts::default();
         for n in m.nodes {
             let n = node_view(n)?;
-            if let Some(prev) = nodes.last() {
-                let order = rank(prev.verdict)
-                    .cmp(&rank(n.verdict))
-                    .then_with(|| prev.name.cmp(&n.name));
-                if order != std::cmp::Ordering::Less {
-                    return Err(ViewError::Order { name: n.name });
-                }
+            if nodes.last().is_some_and(|prev| prev.name >= n.name) {
+                return Err(ViewError::Order { name: n.name });
             }
             match n.verdict {
                 Verdict::NodeDown => by_verdict.node_down += 1,

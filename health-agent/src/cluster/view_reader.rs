@@ -1,11 +1,14 @@
-//! An agent's reading of the published view: the one key it watches
-//! ([`super::published_view::view_key`]). Each value is checked
-//! ([`PublishedView::decode`], and not from the future); a refused value
-//! is reported with its key and the last good view kept (it goes stale);
-//! the view is checked against this agent's own rounds
+//! An agent's reading of the published view: the one prefix it watches
+//! ([`super::published_view::view_prefix`]), where the elected assembler
+//! writes its view at its own name on its election lease (one key; two
+//! while the previous assembler's lease ends). Each value is checked
+//! ([`PublishedView::decode`], at exactly `<prefix><assembler>`, not from
+//! the future, at most [`MAX_VIEWS`] held); a refused value is reported
+//! with its key and the last good view kept (it goes stale). The newest
+//! view held is shown, and checked against this agent's own rounds
 //! ([`super::contradiction`]) once per view.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use tracing::warn;
 
@@ -22,12 +25,15 @@ use crate::{
 /// its intervals.
 const FUTURE_SLACK_MS: u64 = 5_000;
 
+/// The most views held (one per key): more are refused and reported.
+pub const MAX_VIEWS: usize = 16;
+
 /// The view read last, and what this agent found against it.
 #[derive(Debug)]
 pub struct ViewReader {
-    key: String,
+    prefix: String,
     local: String,
-    current: Option<PublishedView>,
+    by_key: BTreeMap<Vec<u8>, PublishedView>,
     /// The round and assembler of the view last checked.
     checked: Option<(String, u64)>,
     contradictions: Vec<Contradiction>,
@@ -38,11 +44,11 @@ pub struct ViewReader {
 
 impl ViewReader {
     #[must_use]
-    pub fn new(key: String, local: String) -> Self {
+    pub fn new(prefix: String, local: String) -> Self {
         Self {
-            key,
+            prefix,
             local,
-            current: None,
+            by_key: BTreeMap::new(),
             checked: None,
             contradictions: Vec::new(),
             contradictions_total: 0,
@@ -50,38 +56,41 @@ impl ViewReader {
         }
     }
 
-    /// The view's key.
+    /// The view shown and its key: the newest held.
     #[must_use]
-    pub fn key(&self) -> &str {
-        &self.key
+    pub fn current(&self) -> Option<(&[u8], &PublishedView)> {
+        self.by_key
+            .iter()
+            .max_by_key(|(_, v)| v.at_ms)
+            .map(|(k, v)| (k.as_slice(), v))
     }
 
-    /// The view held (the last good one).
-    #[must_use]
-    pub const fn current(&self) -> Option<&PublishedView> {
-        self.current.as_ref()
-    }
-
-    /// Takes an event of the watch on the view's key (others are ignored:
-    /// the watch is on a prefix).
+    /// Takes an event of the watch on the views' prefix.
     pub fn apply(&mut self, event: WatchEvent, now_ms: u64) {
         match event {
             WatchEvent::Snapshot { entries, .. } => {
-                if let Some(e) = entries.into_iter().find(|e| e.key == self.key.as_bytes()) {
+                self.by_key.clear();
+                for e in entries {
                     self.put(&e, now_ms);
                 }
             }
-            WatchEvent::Put(e) if e.key == self.key.as_bytes() => self.put(&e, now_ms),
-            // Deleted, or the watch lost: the view held goes stale.
-            WatchEvent::Put(_) | WatchEvent::Delete { .. } | WatchEvent::Lost { .. } => {}
+            WatchEvent::Put(e) => self.put(&e, now_ms),
+            // Its assembler's election lease ended (or it was deleted).
+            WatchEvent::Delete { key, .. } => {
+                self.by_key.remove(&key);
+            }
+            // The views held go stale until the watch is back.
+            WatchEvent::Lost { .. } => {}
         }
     }
 
-    /// Checks and takes a value of the key: the last good view stays when
-    /// it is refused.
+    /// Checks and takes a value under the prefix: the last good view at
+    /// that key stays when it is refused.
     pub fn put(&mut self, e: &Entry, now_ms: u64) {
-        match Self::check(&e.value, now_ms) {
-            Ok(v) => self.current = Some(v),
+        match self.check(e, now_ms) {
+            Ok(v) => {
+                self.by_key.insert(e.key.clone(), v);
+            }
             Err(reason) => {
                 self.refused += 1;
                 warn!(
@@ -93,8 +102,15 @@ impl ViewReader {
         }
     }
 
-    fn check(value: &[u8], now_ms: u64) -> Result<PublishedView, String> {
-        let v = PublishedView::decode(value).map_err(|e| e.to_string())?;
+    fn check(&self, e: &Entry, now_ms: u64) -> Result<PublishedView, String> {
+        let v = PublishedView::decode(&e.value).map_err(|e| e.to_string())?;
+        if e.key.strip_prefix(self.prefix.as_bytes()) != Some(v.assembler.as_bytes()) {
+            return Err(format!(
+                "a view counts only at exactly <prefix><assembler>: {:?} belongs at {:?}",
+                v.assembler,
+                format!("{}{}", self.prefix, v.assembler)
+            ));
+        }
         let limit = v
             .interval_ms
             .saturating_mul(2)
@@ -105,48 +121,52 @@ impl ViewReader {
                 "its time is {ahead} ms ahead of this node's clock (at most {limit} ms)"
             ));
         }
+        if self.by_key.len() >= MAX_VIEWS && !self.by_key.contains_key(&e.key) {
+            return Err(format!("{MAX_VIEWS} views are held already"));
+        }
         Ok(v)
     }
 
-    /// Takes a view this agent published itself.
-    pub fn published(&mut self, v: PublishedView) {
-        self.current = Some(v);
+    /// Takes a view this agent published itself, at `key`.
+    pub fn published(&mut self, key: String, v: PublishedView) {
+        self.by_key.insert(key.into_bytes(), v);
     }
 
     /// Checks the view held against this agent's own rounds, once per
     /// view; a contradiction is logged and counted.
     pub fn check_contradictions(&mut self, checker: &Checker) {
-        let Some(v) = &self.current else {
+        let Some((_, v)) = self.current() else {
             return;
         };
         let id = (v.assembler.clone(), v.round);
         if self.checked.as_ref() == Some(&id) {
             return;
         }
-        self.checked = Some(id);
-        if v.assembler == self.local {
-            self.contradictions.clear();
-            return;
-        }
-        self.contradictions = checker.check(&self.local, v);
-        if let Some(first) = self.contradictions.first() {
-            self.contradictions_total += self.contradictions.len() as u64;
+        let found = if v.assembler == self.local {
+            Vec::new()
+        } else {
+            checker.check(&self.local, v)
+        };
+        if let Some(first) = found.first() {
+            self.contradictions_total += found.len() as u64;
             warn!(
-                assembler = %v.assembler,
-                round = v.round,
-                count = self.contradictions.len(),
+                assembler = %id.0,
+                round = id.1,
+                count = found.len(),
                 "cluster view: the published view contradicts this agent's rounds (first: {} is {:?} in the view; this agent {})",
                 first.node,
                 first.published,
                 first.here
             );
         }
+        self.contradictions = found;
+        self.checked = Some(id);
     }
 
     /// What the API serves at `now_ms`, if a view was read.
     #[must_use]
     pub fn reply(&self, now_ms: u64) -> Option<ClusterReply> {
-        let v = self.current.as_ref()?;
+        let (key, v) = self.current()?;
         Some(ClusterReply {
             view: v.view.clone(),
             assembly: Some(Assembly {
@@ -158,7 +178,7 @@ impl ViewReader {
                 age_ms: v.age_ms(now_ms),
                 stale: v.stale(now_ms),
                 unlisted: v.unlisted,
-                key: self.key.clone(),
+                key: String::from_utf8_lossy(key).into_owned(),
             }),
             contradictions: self.contradictions.clone(),
             contradictions_total: self.contradictions_total,
@@ -201,35 +221,65 @@ mod tests {
 
     #[test]
     fn a_refused_view_keeps_the_last_good_one_which_goes_stale() {
-        let mut r = ViewReader::new("/h/view".into(), "me".into());
+        let mut r = ViewReader::new("/h/view/".into(), "me".into());
         let now = 1_000_000;
-        r.apply(put("/h/view", value(now, "leader")), now);
+        r.apply(put("/h/view/leader", value(now, "leader")), now);
         let a = r
             .reply(now + 500)
             .and_then(|x| x.assembly)
             .expect("assembly");
         assert_eq!(
-            (a.assembled_by.as_str(), a.here, a.stale, a.age_ms),
-            ("leader", false, false, 500)
+            (
+                a.assembled_by.as_str(),
+                a.here,
+                a.stale,
+                a.age_ms,
+                a.key.as_str()
+            ),
+            ("leader", false, false, 500, "/h/view/leader")
         );
-        // Garbage, a view from the future, another key: refused or ignored.
-        r.apply(put("/h/view", b"\x01\x05junk!".to_vec()), now);
-        r.apply(put("/h/view", value(now + 7_001, "liar")), now);
-        r.apply(put("/h/viewer", value(now, "other")), now);
-        assert_eq!(r.refused, 2);
-        assert_eq!(r.current().map(|v| v.assembler.as_str()), Some("leader"));
+        // Garbage, a view from the future, a view at another's key:
+        // refused, the good one kept.
+        r.apply(put("/h/view/leader", b"\x01\x05junk!".to_vec()), now);
+        r.apply(put("/h/view/liar", value(now + 7_001, "liar")), now);
+        r.apply(put("/h/view/other", value(now + 1, "leader")), now);
+        assert_eq!(r.refused, 3);
+        assert_eq!(
+            r.current().map(|(_, v)| v.assembler.as_str()),
+            Some("leader")
+        );
         // Two rounds on, the view held is stale, not current.
         let a = r
             .reply(now + 2_001)
             .and_then(|x| x.assembly)
             .expect("assembly");
         assert!(a.stale, "{a:?}");
-        // A new view replaces it; this agent's own is marked as such.
-        r.apply(put("/h/view", value(now + 3_000, "me")), now + 3_000);
+        // A newer view (a new assembler) is shown; this agent's own is
+        // marked as such; the old one goes with its lease.
+        r.apply(put("/h/view/me", value(now + 3_000, "me")), now + 3_000);
         let a = r
             .reply(now + 3_000)
             .and_then(|x| x.assembly)
             .expect("assembly");
         assert!(a.here && !a.stale, "{a:?}");
+        r.apply(
+            WatchEvent::Delete {
+                key: b"/h/view/leader".to_vec(),
+                revision: 9,
+            },
+            now,
+        );
+        assert_eq!(r.by_key.len(), 1);
+    }
+
+    #[test]
+    fn the_views_held_are_bounded() {
+        let mut r = ViewReader::new("/h/view/".into(), "me".into());
+        for i in 0..=MAX_VIEWS {
+            let name = format!("n{i:02}");
+            r.apply(put(&format!("/h/view/{name}"), value(5, &name)), 5);
+        }
+        assert_eq!(r.by_key.len(), MAX_VIEWS);
+        assert_eq!(r.refused, 1);
     }
 }

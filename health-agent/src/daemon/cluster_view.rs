@@ -4,10 +4,11 @@
 //! election lease of [`ELECTION_TTL`] (`<parent>/assembler/`); the
 //! leader alone watches every agent's summaries (applied one event at a
 //! time, never re-listed), assembles the view ([`view::assemble`]) once
-//! per interval and publishes it at `<parent>/view`
-//! ([`PublishedView`]: the counts, the nodes not healthy), with a write
-//! conditional on its election key. Every agent (the leader too) watches
-//! that one key and serves it for `GET /v1/cluster`, `status --cluster`
+//! per interval and publishes it at `<parent>/view/<its name>`
+//! ([`PublishedView`]: the counts, the nodes not healthy), on its election
+//! lease, with a write conditional on its election key. Every agent (the
+//! leader too) watches that prefix alone (one key, two during a
+//! failover) and serves the newest view for `GET /v1/cluster`, `status --cluster`
 //! and the connectivity page, with who assembled it and whether it is
 //! stale; the leader also serves the matrix. An agent that stops
 //! publishing drops out of the view when its lease ends, or after
@@ -64,8 +65,8 @@ pub fn summaries_prefix(node_prefix: &str) -> String {
 pub(super) struct ClusterViewTask {
     pub(super) store: KvStore,
     pub(super) prefix: String,
-    /// Where the elected agent publishes the view.
-    pub(super) view_key: String,
+    /// Where the elected agent publishes the view (at its own name).
+    pub(super) view_prefix: String,
     /// The election's name (the candidates' keys are below it).
     pub(super) election: String,
     pub(super) local: String,
@@ -230,8 +231,10 @@ impl ClusterViewTask {
             &stop,
         );
         tokio::pin!(campaign);
-        let mut view_events = self.store.watch_prefix(self.view_key.clone().into_bytes());
-        let mut reader = ViewReader::new(self.view_key.clone(), self.local.clone());
+        let mut view_events = self
+            .store
+            .watch_prefix(self.view_prefix.clone().into_bytes());
+        let mut reader = ViewReader::new(self.view_prefix.clone(), self.local.clone());
         let mut checker = Checker::default();
         let mut leading: Option<Leading> = None;
         let mut matrix: Option<matrix::ClusterMatrix> = None;
@@ -256,7 +259,7 @@ impl ClusterViewTask {
                     let now = role.borrow_and_update().clone();
                     leading = match now {
                         Role::Leader(leadership) => {
-                            info!(view = %self.view_key, "cluster view: this agent assembles and publishes the view");
+                            info!(view = %format!("{}{}", self.view_prefix, self.local), "cluster view: this agent assembles and publishes the view");
                             Some(Leading {
                                 leadership,
                                 events: self.store.watch_prefix(self.prefix.clone().into_bytes()),
@@ -343,13 +346,14 @@ impl ClusterViewTask {
         let now_ms = crate::util::timefmt::now_ms();
         let published = PublishedView::of(&self.local, round, now_ms, millis(interval), &view);
         lead.published = true;
+        let key = format!("{}{}", self.view_prefix, self.local);
         match self
             .store
-            .put_if_leader(&lead.leadership, self.view_key.clone(), published.encode())
+            .put_if_leader(&lead.leadership, key.clone(), published.encode())
             .await
         {
             Ok(()) => {
-                reader.published(published);
+                reader.published(key, published);
                 Some(matrix)
             }
             Err(LeaderPutError::Deposed { key }) => {
@@ -360,11 +364,7 @@ impl ClusterViewTask {
                 None
             }
             Err(LeaderPutError::Kv(e)) => {
-                warn!(
-                    "cluster view: publishing at {:?}: {}",
-                    self.view_key,
-                    chain(&e)
-                );
+                warn!("cluster view: publishing at {key:?}: {}", chain(&e));
                 None
             }
         }

@@ -46,7 +46,7 @@ fn published() -> PublishedView {
 fn a_view_lists_the_nodes_not_healthy_worst_first_and_reads_back() {
     let p = published();
     let names: Vec<&str> = p.view.nodes.iter().map(|n| n.name.as_str()).collect();
-    assert_eq!(names, ["c", "e", "b"]);
+    assert_eq!(names, ["b", "c", "e"]);
     assert_eq!(p.unlisted, 0);
     let bytes = p.encode();
     assert_eq!(bytes[0], VERSION);
@@ -153,18 +153,18 @@ fn hostile_views_are_refused_with_the_reason() {
     );
     assert_eq!(
         edit(&|p| p.view.nodes.swap(0, 1)),
-        "node \"c\": listed twice or out of order"
+        "node \"b\": listed twice or out of order"
     );
     assert_eq!(
-        edit(&|p| p.view.nodes[0].verdict = Verdict::Healthy),
+        edit(&|p| p.view.nodes[1].verdict = Verdict::Healthy),
         "node \"c\": verdict code 0 (1 to 4)"
     );
     assert_eq!(
-        edit(&|p| p.view.nodes[0].observers = 1),
+        edit(&|p| p.view.nodes[1].observers = 1),
         "node \"c\": more observers reaching or failing it than observe it"
     );
     assert_eq!(
-        edit(&|p| p.view.nodes[0].failing_observers = (0..17).map(|i| format!("o{i}")).collect()),
+        edit(&|p| p.view.nodes[1].failing_observers = (0..17).map(|i| format!("o{i}")).collect()),
         "node \"c\": more names than a view lists"
     );
     assert_eq!(
@@ -188,7 +188,7 @@ fn a_view_older_than_two_of_its_rounds_is_stale() {
 
 #[test]
 fn the_view_and_the_election_sit_beside_the_node_records() {
-    assert_eq!(view_key("/health/nodes/"), "/health/view");
+    assert_eq!(view_prefix("/health/nodes/"), "/health/view/");
     assert_eq!(election_name("/health/nodes/"), "/health/assembler/");
-    assert_eq!(view_key("nodes"), "nodes-view");
+    assert_eq!(view_prefix("nodes"), "nodes-view/");
 }

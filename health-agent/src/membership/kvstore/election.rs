@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, LeaderKey, ResignOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, LeaderKey, PutOptions, ResignOptions, Txn, TxnOp};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -183,9 +183,9 @@ impl KvStore {
         Ok(())
     }
 
-    /// Puts `key` = `value` (no lease: it outlives its writer, whose
-    /// successor replaces it) if `leader`'s election key still exists with
-    /// its creation revision.
+    /// Puts `key` = `value` on the election lease (the key goes with the
+    /// role) if `leader`'s election key still exists with its creation
+    /// revision.
     pub async fn put_if_leader(
         &self,
         leader: &Leadership,
@@ -200,7 +200,11 @@ impl KvStore {
                 CompareOp::Equal,
                 leader.rev,
             )])
-            .and_then([TxnOp::put(key.clone(), value, None)]);
+            .and_then([TxnOp::put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(leader.lease)),
+            )]);
         let r = timed(
             format!("writing {}", String::from_utf8_lossy(&key)),
             client.kv_client().txn(txn),
