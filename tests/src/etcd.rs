@@ -489,6 +489,20 @@ impl Drop for LocalEtcd {
     }
 }
 
+/// Puts `key` = `value` (bytes, no lease), without authentication.
+pub fn put_bytes(ns: Option<&Netns>, endpoint: &str, key: &str, value: Vec<u8>) {
+    health_agent::sys::netns::run_in(ns, || {
+        block_on(async {
+            admin_client(endpoint, None, false)
+                .await
+                .put(key, value, None::<PutOptions>)
+                .await
+                .expect("etcd put");
+        });
+    })
+    .expect("netns");
+}
+
 /// The value of election `name`'s leader, if any.
 #[must_use]
 pub fn election_leader(ns: Option<&Netns>, endpoint: &str, name: &str) -> Option<String> {

@@ -5,7 +5,8 @@
 //! within two rounds. A bad value written to the view's key by hand is
 //! refused and named in the log, the last good view kept; a view an agent
 //! no longer receives (its link down) is shown as stale, then current
-//! again with the link back.
+//! again with the link back; a view that calls down a node an agent
+//! reaches is reported as a contradiction.
 
 use std::{
     process::Command,
@@ -167,10 +168,30 @@ fn one_agent_assembles_the_view_and_another_takes_over_when_it_is_killed() {
             );
         }
     }
+
+    // SIGTERM: the leader resigns at once; the last agent publishes within
+    // 2 rounds, without waiting for a lease to end.
+    let n = leader_index(&cluster, &new_leader);
+    let last = 3 - l - n;
+    cluster.stop_agent(n, Signal::SIGTERM);
+    let stopped = Instant::now();
+    let bound = 2 * interval + Duration::from_millis(500);
+    let r = wait_reply(
+        &cluster.nodes[last],
+        bound,
+        "a view by the last agent",
+        |r| r.assembly.as_ref().is_some_and(|a| a.here && !a.stale),
+    );
+    println!(
+        "a new view by {:?} {} ms after the assembler was stopped (bound {} ms)",
+        assembler(&r),
+        stopped.elapsed().as_millis(),
+        patience(bound).as_millis()
+    );
 }
 
 #[test]
-fn a_bad_view_is_refused_and_a_view_no_longer_received_shows_as_stale() {
+fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() {
     let cluster = Cluster::start(&Settings {
         nodes: 2,
         etcd: true,
@@ -233,4 +254,59 @@ fn a_bad_view_is_refused_and_a_view_no_longer_received_shows_as_stale() {
     wait_reply(node, Duration::from_secs(40), "a current view again", |r| {
         r.assembly.as_ref().is_some_and(|a| !a.stale)
     });
+
+    // A valid view by hand at another name's key, newer than the leader's,
+    // calling the leader down: shown (named as its writer's), and the
+    // follower, which reaches the leader, reports the contradiction.
+    etcd::put_bytes(
+        Some(&cluster.fabric),
+        ETCD_ENDPOINT,
+        &format!("{}node-9", view_prefix(ETCD_PREFIX)),
+        forged_view(&leader),
+    );
+    let r = wait_reply(node, Duration::from_secs(10), "the contradiction", |r| {
+        assembler(r) == Some("node-9") && r.contradictions.iter().any(|c| c.node == leader)
+    });
+    assert!(r.contradictions_total >= 1, "{r:#?}");
+    let c = &r.contradictions[0];
+    assert_eq!(c.here, "reaches it on every path", "{c:?}");
+    assert!(
+        node.log()
+            .contains("the published view contradicts this agent's rounds"),
+        "{}",
+        node.log()
+    );
+}
+
+/// A view by "node-9", 5 s ahead of now (within what is accepted), that
+/// calls `down` down and one other node healthy.
+fn forged_view(down: &str) -> Vec<u8> {
+    use health_agent::cluster::{
+        published_view::PublishedView,
+        view::{ClusterView, NodeView, Verdict, VerdictCounts},
+    };
+    let now_ms = health_agent::util::timefmt::now_ms();
+    let view = ClusterView {
+        reports: 2,
+        ignored: 0,
+        counts: VerdictCounts {
+            healthy: 1,
+            node_down: 1,
+            ..VerdictCounts::default()
+        },
+        nodes: vec![NodeView {
+            name: down.to_owned(),
+            zone: None,
+            reporting: false,
+            observers: 1,
+            seen_reachable: 0,
+            failing: 1,
+            discounted: 0,
+            verdict: Verdict::NodeDown,
+            failing_observers: vec!["node-9".into()],
+            unreached: 0,
+            unreached_nodes: Vec::new(),
+        }],
+    };
+    PublishedView::of("node-9", 1, now_ms + 5_000, 1_000, &view).encode()
 }

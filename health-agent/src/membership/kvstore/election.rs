@@ -67,14 +67,12 @@ impl KvStore {
         let mut backoff = BACKOFF_MIN;
         loop {
             let started = Instant::now();
-            let outcome = tokio::select! {
-                () = stop.cancelled() => None,
-                r = self.campaign_once(name, value, ttl, role, deposed, stop) => Some(r),
-            };
+            // Not raced with `stop`: it resigns when stopped.
+            let outcome = Box::pin(self.campaign_once(name, value, ttl, role, deposed, stop)).await;
             role.send_replace(Role::Candidate);
             match outcome {
-                None | Some(Ok(())) => return,
-                Some(Err(e)) => {
+                Ok(()) => return,
+                Err(e) => {
                     debug!("election {:?}: {}", String::from_utf8_lossy(name), e);
                     if started.elapsed() > ttl {
                         backoff = BACKOFF_MIN;
@@ -100,14 +98,21 @@ impl KvStore {
         deposed: &Notify,
         stop: &CancellationToken,
     ) -> Result<(), KvError> {
-        let client = self.ready_client().await?;
-        let mut leases = client.lease_client();
-        let ttl_s = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
-        let lease = timed("granting the election lease", leases.grant(ttl_s, None))
-            .await?
-            .id();
-        let (mut keeper, mut stream) =
-            timed("keeping the election lease alive", leases.keep_alive(lease)).await?;
+        let setup = async {
+            let client = self.ready_client().await?;
+            let mut leases = client.lease_client();
+            let ttl_s = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+            let lease = timed("granting the election lease", leases.grant(ttl_s, None))
+                .await?
+                .id();
+            let kept = timed("keeping the election lease alive", leases.keep_alive(lease)).await?;
+            Ok::<_, KvError>((client, leases, lease, kept))
+        };
+        // Stopped before a lease was granted: nothing to give up.
+        let (client, mut leases, lease, (mut keeper, mut stream)) = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            r = setup => r?,
+        };
         let mut elections = client.election_client();
         let campaign = elections.campaign(name.to_vec(), value.to_vec(), lease);
         tokio::pin!(campaign);
