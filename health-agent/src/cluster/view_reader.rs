@@ -34,7 +34,7 @@ pub struct ViewReader {
     prefix: String,
     local: String,
     by_key: BTreeMap<Vec<u8>, PublishedView>,
-    /// The round and assembler of the view last checked.
+    /// The assembler and time of the view last checked.
     checked: Option<(String, u64)>,
     contradictions: Vec<Contradiction>,
     contradictions_total: u64,
@@ -132,27 +132,30 @@ impl ViewReader {
         self.by_key.insert(key.into_bytes(), v);
     }
 
-    /// Checks the view held against this agent's own rounds, once per
-    /// view; a contradiction is logged and counted.
+    /// Checks the view held against this agent's own rounds (at each of
+    /// them: an observation may come to hold after the view arrived); a
+    /// contradiction is logged and counted once per view.
     pub fn check_contradictions(&mut self, checker: &Checker) {
         let Some((_, v)) = self.current() else {
             return;
         };
-        let id = (v.assembler.clone(), v.round);
-        if self.checked.as_ref() == Some(&id) {
-            return;
-        }
+        let (id, round) = ((v.assembler.clone(), v.at_ms), v.round);
         let found = if v.assembler == self.local {
             Vec::new()
         } else {
             checker.check(&self.local, v)
         };
-        if let Some(first) = found.first() {
-            self.contradictions_total += found.len() as u64;
+        let same_view = self.checked.as_ref() == Some(&id);
+        let new: Vec<&Contradiction> = found
+            .iter()
+            .filter(|c| !same_view || !self.contradictions.contains(c))
+            .collect();
+        if let Some(first) = new.first() {
+            self.contradictions_total += new.len() as u64;
             warn!(
                 assembler = %id.0,
-                round = id.1,
-                count = found.len(),
+                round,
+                count = new.len(),
                 "cluster view: the published view contradicts this agent's rounds (first: {} is {:?} in the view; this agent {})",
                 first.node,
                 first.published,
@@ -270,6 +273,40 @@ mod tests {
             now,
         );
         assert_eq!(r.by_key.len(), 1);
+    }
+
+    #[test]
+    fn a_contradiction_is_counted_once_per_view_and_checked_at_each_round() {
+        use crate::cluster::summary::{PathSample, PeerSummary, Summary};
+        use crate::probe::path::ProbeResult;
+        let own = |at_ms, state| {
+            let p = PeerSummary {
+                name: "b".into(),
+                paths: [PathSample::new(state, None); 4],
+            };
+            Summary::new("me".into(), 1, at_ms, vec![p]).expect("summary")
+        };
+        let mut r = ViewReader::new("/h/view/".into(), "me".into());
+        let mut checker = Checker::default();
+        // The view (all healthy, of 10_000) arrives before this agent has
+        // failed b for an interval: nothing yet.
+        r.apply(put("/h/view/leader", value(10_000, "leader")), 10_000);
+        checker.observe(&own(9_500, ProbeResult::Failure));
+        r.check_contradictions(&checker);
+        assert_eq!(r.contradictions_total, 0);
+        // Since 9,000: a contradiction of the same view, counted once.
+        checker.observe(&own(9_000, ProbeResult::Success));
+        checker.observe(&own(9_000, ProbeResult::Failure));
+        r.check_contradictions(&checker);
+        r.check_contradictions(&checker);
+        assert_eq!(r.contradictions_total, 1);
+        let reply = r.reply(10_000).expect("reply");
+        assert_eq!(reply.contradictions.len(), 1);
+        assert_eq!(reply.contradictions[0].node, "b");
+        // A new view saying the same: counted again.
+        r.apply(put("/h/view/leader", value(11_000, "leader")), 11_000);
+        r.check_contradictions(&checker);
+        assert_eq!(r.contradictions_total, 2);
     }
 
     #[test]

@@ -257,7 +257,10 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
 
     // A valid view by hand at another name's key, newer than the leader's,
     // calling the leader down: shown (named as its writer's), and the
-    // follower, which reaches the leader, reports the contradiction.
+    // follower, which reaches the leader again, reports the contradiction.
+    cluster.wait_status(follower, Duration::from_secs(30), |s| {
+        s.nodes.iter().any(|n| n.name == leader && n.reachable())
+    });
     etcd::put_bytes(
         Some(&cluster.fabric),
         ETCD_ENDPOINT,
@@ -278,7 +281,7 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
     );
 }
 
-/// A view by "node-9", 5 s ahead of now (within what is accepted), that
+/// A view by "node-9", 6 s ahead of now (within what is accepted), that
 /// calls `down` down and one other node healthy.
 fn forged_view(down: &str) -> Vec<u8> {
     use health_agent::cluster::{
@@ -308,5 +311,5 @@ fn forged_view(down: &str) -> Vec<u8> {
             unreached_nodes: Vec::new(),
         }],
     };
-    PublishedView::of("node-9", 1, now_ms + 5_000, 1_000, &view).encode()
+    PublishedView::of("node-9", 1, now_ms + 6_000, 1_000, &view).encode()
 }
