@@ -227,4 +227,70 @@ mod tests {
             58
         );
     }
+
+    #[test]
+    fn the_published_view_says_who_assembled_it_and_when_it_is_stale() {
+        use health_agent::cluster::{contradiction::Contradiction, view_cell::Assembly};
+        let view = ClusterView {
+            reports: 5,
+            ignored: 0,
+            counts: VerdictCounts {
+                healthy: 4,
+                node_down: 1,
+                ..VerdictCounts::default()
+            },
+            nodes: vec![node("n3", Verdict::NodeDown)],
+        };
+        let mut reply = ClusterReply {
+            view,
+            assembly: Some(Assembly {
+                assembled_by: "n1".into(),
+                here: false,
+                round: 41,
+                at_ms: 1_000_000,
+                interval_ms: 1_000,
+                age_ms: 600,
+                stale: false,
+                unlisted: 0,
+                key: "/health/view/n1".into(),
+            }),
+            contradictions: Vec::new(),
+            contradictions_total: 0,
+        };
+        let text = render_reply(&reply, false);
+        assert!(
+            text.starts_with("Assembled by:     n1, round 41, "),
+            "{text}"
+        );
+        assert!(!text.contains("STALE"), "{text}");
+        assert!(
+            text.contains("Cluster view:     5 nodes from 5 summaries"),
+            "{text}"
+        );
+        assert!(
+            text.contains("4 other nodes (the published view lists the nodes not healthy)"),
+            "{text}"
+        );
+        if let Some(a) = reply.assembly.as_mut() {
+            a.stale = true;
+            a.age_ms = 5_000;
+        }
+        reply.contradictions = vec![Contradiction {
+            node: "n3".into(),
+            published: Verdict::NodeDown,
+            here: "reaches it on every path".into(),
+        }];
+        reply.contradictions_total = 1;
+        let text = render_reply(&reply, false);
+        assert!(
+            text.lines()
+                .next()
+                .is_some_and(|l| l.ends_with("STALE: older than 2 of its rounds, not current")),
+            "{text}"
+        );
+        assert!(
+            text.contains("Contradictions:   1 with this agent's rounds (1 since start): n3 (node down; this agent reaches it on every path)"),
+            "{text}"
+        );
+    }
 }
