@@ -65,6 +65,10 @@ impl KvStore {
     ) {
         let ttl = ttl.max(MIN_ELECTION_TTL);
         let mut backoff = BACKOFF_MIN;
+        // Failing since the last attempt that held a lease for a TTL: the
+        // first failure is a warning (etcd away, no permission for the
+        // election's prefix), the retries are not.
+        let mut failing = false;
         loop {
             let started = Instant::now();
             // Not raced with `stop`: it resigns when stopped.
@@ -73,9 +77,18 @@ impl KvStore {
             match outcome {
                 Ok(()) => return,
                 Err(e) => {
-                    debug!("election {:?}: {}", String::from_utf8_lossy(name), e);
                     if started.elapsed() > ttl {
                         backoff = BACKOFF_MIN;
+                        failing = false;
+                    }
+                    let election = String::from_utf8_lossy(name);
+                    if failing {
+                        debug!("election {election:?}: {e}");
+                    } else {
+                        warn!(
+                            "election {election:?}: {e}; campaigning again with backoff (logged once until it holds)"
+                        );
+                        failing = true;
                     }
                 }
             }
