@@ -3,6 +3,8 @@
 //! `src/datapath/object.rs` embeds it into the agent binary; compiles the
 //! summary's schema (`proto/summary.proto`) with protoc into
 //! `OUT_DIR/health.summary.v3.rs`, which `src/cluster/summary/wire.rs`
+//! includes, and the published view's (`proto/view.proto`) into
+//! `OUT_DIR/health.view.v1.rs`, which `src/cluster/published_view.rs`
 //! includes.
 
 use std::{
@@ -69,14 +71,20 @@ fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
 /// The protobuf schemas of what the agent writes for other agents.
 fn compile_schemas(manifest_dir: &Path) -> Result<(), Box<dyn Error + Send + Sync>> {
     let proto_dir = manifest_dir.join("proto");
-    let summary = proto_dir.join("summary.proto");
-    println!("cargo::rerun-if-changed={}", summary.display());
+    let schemas = [
+        proto_dir.join("summary.proto"),
+        proto_dir.join("view.proto"),
+    ];
+    for schema in &schemas {
+        println!("cargo::rerun-if-changed={}", schema.display());
+    }
     prost_build::Config::new()
-        .compile_protos(&[&summary], &[&proto_dir])
+        .compile_protos(&schemas, &[&proto_dir])
         .map_err(|e| {
             format!(
-                "compiling {}: {e} (protoc: `cargo xtask setup` installs it)",
-                summary.display()
+                "compiling {} and {}: {e} (protoc: `cargo xtask setup` installs it)",
+                schemas[0].display(),
+                schemas[1].display()
             )
         })?;
     Ok(())

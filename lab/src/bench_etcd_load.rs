@@ -46,7 +46,10 @@
 //! asked, put latency; deliveries (all of them must arrive) per second and
 //! their latency p50/p99/max; etcd's database size (status API) and CPU,
 //! and this process's CPU (it shares the machine with etcd). PASS when the
-//! delivery p99 is at most 1 s and no delivery is missing or wrong.
+//! delivery p99 is at most 1 s and no delivery is missing or wrong. Then
+//! the election phase (`bench_election`): the N agents campaign for the
+//! cluster view's assembler, each with the agent's own client, and the
+//! leader's session ends mid-run: the time to another agent's view.
 //!
 //! **Why not the agent's `KvStore`.** [`KvStore`] does the same calls
 //! (grant, keepalive stream every TTL/3, put with the lease, a prefix watch
@@ -575,8 +578,13 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
         .enable_all()
         .build()?;
     let report = rt.block_on(load(opts, &etcd.endpoint, pid))?;
+    progress("the election: the agents campaign, the leader's session ends mid-run");
+    let election = rt.block_on(crate::bench_election::election(
+        &etcd.endpoint,
+        opts.agents.max(1),
+    ))?;
     drop(etcd);
-    Ok(report)
+    Ok(format!("{report}{election}"))
 }
 
 /// A step of the run, on stderr (the report is on stdout).

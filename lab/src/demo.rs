@@ -171,8 +171,15 @@ fn etcd_setup(cluster: &Cluster) -> String {
         let g = NodeGrants::new(ETCD_PREFIX, &node.name);
         let _ = writeln!(
             out,
-            "    {0}: role {0} writes {1} and {2} only, reads {3}* and {4}*",
-            node.name, g.write[0], g.write[1], g.read[0], g.read[1]
+            "    {0}: role {0} writes {1}, {2} and {5} only, campaigns under {6}*, reads {3}*, {4}* and {7}*",
+            node.name,
+            g.write[0],
+            g.write[1],
+            g.read[0],
+            g.read[1],
+            g.assemble[0],
+            g.assemble[1],
+            g.assemble[2]
         );
     }
     out

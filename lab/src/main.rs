@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 mod bench_cluster_sim;
 mod bench_datapath;
 mod bench_echo;
+mod bench_election;
 mod bench_etcd_load;
 mod bench_linear;
 mod bench_page;

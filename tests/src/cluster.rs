@@ -505,6 +505,30 @@ impl Cluster {
         }
     }
 
+    /// Makes node `i`'s agent the one elected to assemble the cluster
+    /// view: whichever agent leads is stopped (SIGTERM: it resigns) and
+    /// started again (a candidate behind the others), until node `i` leads.
+    pub fn make_assembler(&mut self, i: usize) {
+        let election = health_agent::cluster::published_view::election_name(ETCD_PREFIX);
+        let deadline = Instant::now() + crate::patience(Duration::from_secs(60));
+        loop {
+            let leader = crate::etcd::election_leader(Some(&self.fabric), ETCD_ENDPOINT, &election);
+            match leader.and_then(|l| self.nodes.iter().position(|n| n.name == l)) {
+                Some(l) if l == i => return,
+                Some(l) => {
+                    self.stop_agent(l, nix::sys::signal::Signal::SIGTERM);
+                    self.start_agent(l);
+                }
+                None => std::thread::sleep(Duration::from_millis(200)),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} not elected to assemble the cluster view",
+                self.nodes[i].name
+            );
+        }
+    }
+
     /// Stops every agent with SIGTERM (they remove their endpoints).
     pub fn stop_agents(&mut self) {
         for i in 0..self.nodes.len() {

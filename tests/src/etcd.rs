@@ -46,6 +46,10 @@ pub struct NodeGrants {
     pub read: [String; 2],
     /// Read and write, that key alone: the node's record and its summary.
     pub write: [String; 2],
+    /// For the elected assembler: its own view's key alone (read and
+    /// write), the election's prefix (read and write: each candidate's key
+    /// is below it), and the views' prefix (read).
+    pub assemble: [String; 3],
 }
 
 impl NodeGrants {
@@ -55,6 +59,14 @@ impl NodeGrants {
         Self {
             write: [format!("{prefix}{name}"), format!("{summaries}{name}")],
             read: [prefix.to_owned(), summaries],
+            assemble: [
+                format!(
+                    "{}{name}",
+                    health_agent::cluster::published_view::view_prefix(prefix)
+                ),
+                health_agent::cluster::published_view::election_name(prefix),
+                health_agent::cluster::published_view::view_prefix(prefix),
+            ],
         }
     }
 }
@@ -264,6 +276,21 @@ async fn add_node_user(c: &mut Client, prefix: &str, name: &str) {
             .await
             .expect("grant write");
     }
+    c.role_grant_permission(name, Permission::read_write(grants.assemble[0].as_str()))
+        .await
+        .expect("grant the view");
+    c.role_grant_permission(
+        name,
+        Permission::read_write(grants.assemble[1].as_str()).with_prefix(),
+    )
+    .await
+    .expect("grant the election");
+    c.role_grant_permission(
+        name,
+        Permission::read(grants.assemble[2].as_str()).with_prefix(),
+    )
+    .await
+    .expect("grant the views");
     c.user_add(name, node_password(name), None)
         .await
         .expect("add node user");
@@ -460,4 +487,32 @@ impl Drop for LocalEtcd {
         self.stop();
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Puts `key` = `value` (bytes, no lease), without authentication.
+pub fn put_bytes(ns: Option<&Netns>, endpoint: &str, key: &str, value: Vec<u8>) {
+    health_agent::sys::netns::run_in(ns, || {
+        block_on(async {
+            admin_client(endpoint, None, false)
+                .await
+                .put(key, value, None::<PutOptions>)
+                .await
+                .expect("etcd put");
+        });
+    })
+    .expect("netns");
+}
+
+/// The value of election `name`'s leader, if any.
+#[must_use]
+pub fn election_leader(ns: Option<&Netns>, endpoint: &str, name: &str) -> Option<String> {
+    health_agent::sys::netns::run_in(ns, || {
+        block_on(async {
+            let mut c = admin_client(endpoint, None, false).await;
+            let r = c.leader(name).await.ok()?;
+            r.kv()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+        })
+    })
+    .expect("netns")
 }

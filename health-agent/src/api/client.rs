@@ -93,7 +93,7 @@ impl Client {
     }
 
     /// `GET /v1/cluster`: the cluster view (with etcd discovery).
-    pub async fn cluster(&self) -> Result<crate::cluster::view::ClusterView, ClientError> {
+    pub async fn cluster(&self) -> Result<crate::cluster::view_cell::ClusterReply, ClientError> {
         self.call("GET", paths::CLUSTER).await
     }
 

@@ -233,15 +233,28 @@ async fn not_found(uri: axum::http::Uri) -> Response {
     error(StatusCode::NOT_FOUND, format!("no such API path: {uri}"))
 }
 
-/// The cluster view: every agent's last round put together, with a
-/// verdict per node.
+/// The cluster view, as its elected assembler published it: the counts,
+/// the nodes not healthy, who assembled it and whether it is stale.
 async fn cluster(State(state): State<AppState>) -> Response {
     cluster_json(&state, ClusterViewCell::json)
 }
 
-/// The cluster view as an observers-by-targets matrix.
+/// The cluster view as an observers-by-targets matrix: served by the agent
+/// that assembled the view (the others read the view alone).
 async fn cluster_matrix(State(state): State<AppState>) -> Response {
-    cluster_json(&state, ClusterViewCell::matrix_json)
+    if let Some(Some(None)) = state.cluster.as_ref().map(ClusterViewCell::matrix_json) {
+        let by = state
+            .cluster
+            .as_ref()
+            .and_then(ClusterViewCell::reply)
+            .and_then(|r| r.assembly.as_ref().map(|a| a.assembled_by.clone()))
+            .unwrap_or_default();
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no matrix here: the agent that assembles the cluster view serves it ({by:?})"),
+        );
+    }
+    cluster_json(&state, |c| c.matrix_json().flatten())
 }
 
 fn cluster_json(state: &AppState, part: fn(&ClusterViewCell) -> Option<bytes::Bytes>) -> Response {
@@ -250,7 +263,7 @@ fn cluster_json(state: &AppState, part: fn(&ClusterViewCell) -> Option<bytes::By
         Some(Some(json)) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
         Some(None) => error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "the cluster view is not assembled yet (after the first probe interval)",
+            "the cluster view is not published yet (after the first probe interval of an elected assembler)",
         ),
         None => error(
             StatusCode::NOT_FOUND,

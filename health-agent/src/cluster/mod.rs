@@ -2,8 +2,11 @@
 //! Imported only by `api`, `daemon` and the CLI; imports `probe` and `membership`.
 
 pub mod assigned;
+pub mod contradiction;
 pub mod matrix;
+pub mod published_view;
 pub mod subset;
 pub mod summary;
 pub mod view;
 pub mod view_cell;
+pub mod view_reader;

@@ -1,20 +1,63 @@
-//! The latest cluster view, published by the agent's cluster-view task and
-//! read by the API: its JSON made once per view, not per request.
+//! The latest cluster view, as the agent's cluster-view task reads it
+//! (the published view, with who assembled it and whether it is stale)
+//! and the API serves it: its JSON made once per update, not per request.
 
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
-use super::{matrix::ClusterMatrix, view::ClusterView};
+use super::{contradiction::Contradiction, matrix::ClusterMatrix, view::ClusterView};
+
+/// Who assembled the view shown, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assembly {
+    /// The agent that assembled and published it.
+    pub assembled_by: String,
+    /// Whether that agent is this one.
+    pub here: bool,
+    /// Its assembler's round.
+    pub round: u64,
+    /// When it was assembled, ms since the epoch.
+    pub at_ms: u64,
+    /// Its assembler's probe interval, ms.
+    pub interval_ms: u64,
+    /// Its age when this answer was made, ms.
+    pub age_ms: u64,
+    /// Older than two of its assembler's rounds: not current.
+    pub stale: bool,
+    /// Nodes not healthy that the view counts but does not list (size).
+    pub unlisted: u64,
+    /// The etcd key it was read from.
+    pub key: String,
+}
+
+/// What `GET /v1/cluster` serves: the view (its counts, and the nodes not
+/// healthy with their evidence), who assembled it, and where it
+/// contradicts this agent's own observations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterReply {
+    #[serde(flatten)]
+    pub view: ClusterView,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assembly: Option<Assembly>,
+    /// Nodes on which the view contradicts this agent's last rounds.
+    #[serde(default)]
+    pub contradictions: Vec<Contradiction>,
+    /// Contradictions found since the agent started (one per node per
+    /// view).
+    #[serde(default)]
+    pub contradictions_total: u64,
+}
 
 #[derive(Debug, Clone)]
 struct Published {
-    view: Arc<ClusterView>,
+    reply: Arc<ClusterReply>,
     json: Bytes,
-    matrix: Bytes,
+    matrix: Option<Bytes>,
 }
 
-/// Shared between the task that assembles the view and its readers.
+/// Shared between the task that reads the view and its readers.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterViewCell {
     latest: Arc<RwLock<Option<Published>>>,
@@ -22,28 +65,29 @@ pub struct ClusterViewCell {
 
 impl ClusterViewCell {
     /// Replaces the view and its matrix (serialised here, outside the
-    /// lock).
-    pub fn publish(&self, view: ClusterView, matrix: &ClusterMatrix) {
-        let json = Bytes::from(serde_json::to_vec(&view).unwrap_or_default());
+    /// lock). An agent that did not assemble the view has no matrix.
+    pub fn publish(&self, reply: ClusterReply, matrix: Option<&ClusterMatrix>) {
+        let json = Bytes::from(serde_json::to_vec(&reply).unwrap_or_default());
         let made = Published {
-            view: Arc::new(view),
+            reply: Arc::new(reply),
             json,
-            matrix: Bytes::from(serde_json::to_vec(matrix).unwrap_or_default()),
+            matrix: matrix.map(|m| Bytes::from(serde_json::to_vec(m).unwrap_or_default())),
         };
         if let Ok(mut l) = self.latest.write() {
             *l = Some(made);
         }
     }
 
-    /// The latest view, if one was assembled.
+    /// The latest view, if one was read.
     #[must_use]
-    pub fn view(&self) -> Option<Arc<ClusterView>> {
-        self.latest.read().ok()?.as_ref().map(|p| p.view.clone())
+    pub fn reply(&self) -> Option<Arc<ClusterReply>> {
+        self.latest.read().ok()?.as_ref().map(|p| p.reply.clone())
     }
 
-    /// The latest view's matrix as JSON.
+    /// The latest view's matrix as JSON: `Some(None)` when a view was read
+    /// but this agent did not assemble it.
     #[must_use]
-    pub fn matrix_json(&self) -> Option<Bytes> {
+    pub fn matrix_json(&self) -> Option<Option<Bytes>> {
         self.latest.read().ok()?.as_ref().map(|p| p.matrix.clone())
     }
 

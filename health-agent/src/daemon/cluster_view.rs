@@ -1,29 +1,42 @@
 //! The cluster view: after each of its rounds the agent publishes a compact
 //! summary ([`Summary`]) under its lease, at `<summaries prefix><node>`,
-//! at most once per probe interval; it watches every agent's summaries
-//! (applied one event at a time, never re-listed) and assembles the view
-//! ([`view::assemble`]) once per interval, for `GET /v1/cluster`,
-//! `status --cluster` and the connectivity page. An agent that stops
+//! at most once per probe interval. The agents elect one of them, on an
+//! election lease of [`ELECTION_TTL`] (`<parent>/assembler/`); the
+//! leader alone watches every agent's summaries (applied one event at a
+//! time, never re-listed), assembles the view ([`view::assemble`]) once
+//! per interval and publishes it at `<parent>/view/<its name>`
+//! ([`PublishedView`]: the counts, the nodes not healthy), on its election
+//! lease, with a write conditional on its election key. Every agent (the
+//! leader too) watches that prefix alone (one key, two during a
+//! failover) and serves the newest view for `GET /v1/cluster`, `status --cluster`
+//! and the connectivity page, with who assembled it and whether it is
+//! stale; the leader also serves the matrix. An agent that stops
 //! publishing drops out of the view when its lease ends, or after
-//! [`STALE_ROUNDS`] intervals without a new summary.
+//! [`STALE_ROUNDS`] intervals without a new summary. When the leader
+//! stops it resigns; killed, its election lease ends within
+//! [`ELECTION_TTL`]; another agent is elected and publishes at its next
+//! round.
 
 use std::{borrow::Cow, collections::HashMap, sync::Arc, time::Duration};
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     cluster::{
         assigned::Assignments,
+        contradiction::Checker,
         matrix,
+        published_view::PublishedView,
         subset::ProbePeers,
         summary::Summary,
         view::{self, ViewParams},
         view_cell::ClusterViewCell,
+        view_reader::{ViewReader, millis},
     },
     membership::{
-        kvstore::{KvStore, WatchEvent},
+        kvstore::{KvStore, LeaderPutError, Leadership, Role, WatchEvent},
         published::Nodes,
     },
     probe::Prober,
@@ -32,6 +45,10 @@ use crate::{
 
 /// Summaries older than this many probe intervals are left out.
 pub const STALE_ROUNDS: u32 = 3;
+
+/// The election lease's TTL: a leader killed without a word loses the
+/// role this long after its last keepalive.
+pub const ELECTION_TTL: Duration = Duration::from_secs(3);
 
 /// The summaries' prefix beside the node records': `/health/nodes/` gives
 /// `/health/summaries/`.
@@ -48,6 +65,10 @@ pub fn summaries_prefix(node_prefix: &str) -> String {
 pub(super) struct ClusterViewTask {
     pub(super) store: KvStore,
     pub(super) prefix: String,
+    /// Where the elected agent publishes the view (at its own name).
+    pub(super) view_prefix: String,
+    /// The election's name (the candidates' keys are below it).
+    pub(super) election: String,
     pub(super) local: String,
     pub(super) prober: watch::Receiver<Arc<Prober>>,
     pub(super) nodes: Nodes,
@@ -92,6 +113,8 @@ struct Held {
     future_ms: u64,
     refused: usize,
     first_refusal: Option<String>,
+    /// The first snapshot was read: the summaries are all there.
+    loaded: bool,
 }
 
 impl Held {
@@ -103,6 +126,7 @@ impl Held {
             future_ms: future_limit_ms(interval),
             refused: 0,
             first_refusal: None,
+            loaded: false,
         }
     }
 
@@ -147,6 +171,7 @@ impl Held {
     fn apply(&mut self, event: WatchEvent, now_ms: u64) {
         match event {
             WatchEvent::Snapshot { entries, .. } => {
+                self.loaded = true;
                 self.by_key.clear();
                 for e in entries {
                     self.put(e.key, &e.value, now_ms);
@@ -183,40 +208,172 @@ fn future_limit_ms(interval: Duration) -> u64 {
     u64::try_from((interval * 2 + FUTURE_SLACK).as_millis()).unwrap_or(u64::MAX)
 }
 
+/// What the leader holds while it leads: its election key, the summaries
+/// (watched from the election on) and its own view's matrix.
+struct Leading {
+    leadership: Leadership,
+    events: mpsc::Receiver<WatchEvent>,
+    held: Held,
+    published: bool,
+}
+
 impl ClusterViewTask {
     pub(super) async fn run(self, shutdown: CancellationToken) {
-        let mut events = self.store.watch_prefix(self.prefix.clone().into_bytes());
+        let (role_tx, mut role) = watch::channel(Role::Candidate);
+        let deposed = Notify::new();
+        let stop = shutdown.child_token();
+        let campaign = self.store.campaign(
+            self.election.as_bytes(),
+            self.local.as_bytes(),
+            ELECTION_TTL,
+            &role_tx,
+            &deposed,
+            &stop,
+        );
+        tokio::pin!(campaign);
+        let mut view_events = self
+            .store
+            .watch_prefix(self.view_prefix.clone().into_bytes());
+        let mut reader = ViewReader::new(self.view_prefix.clone(), self.local.clone());
+        let mut checker = Checker::default();
+        let mut leading: Option<Leading> = None;
+        let mut matrix: Option<matrix::ClusterMatrix> = None;
         let mut published_seq = 0;
         let mut interval = self.prober.borrow().config().interval;
-        let mut held = Held::new(&self.prefix, interval, MAX_SUMMARIES);
         let mut assignments = Assignments::default();
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => break,
-                event = events.recv() => match event {
-                    Some(e) => held.apply(e, crate::util::timefmt::now_ms()),
+                () = shutdown.cancelled() => {
+                    // Resigns (the campaign watches the same token).
+                    stop.cancel();
+                    (&mut campaign).await;
+                    break;
+                }
+                () = &mut campaign => break,
+                changed = role.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let now = role.borrow_and_update().clone();
+                    leading = match now {
+                        Role::Leader(leadership) => {
+                            info!(view = %format!("{}{}", self.view_prefix, self.local), "cluster view: this agent assembles and publishes the view");
+                            Some(Leading {
+                                leadership,
+                                events: self.store.watch_prefix(self.prefix.clone().into_bytes()),
+                                held: Held::new(&self.prefix, interval, MAX_SUMMARIES),
+                                published: false,
+                            })
+                        }
+                        Role::Candidate => {
+                            matrix = None;
+                            None
+                        }
+                    };
+                }
+                event = view_events.recv() => match event {
+                    Some(e) => {
+                        reader.apply(e, crate::util::timefmt::now_ms());
+                        self.show(&mut reader, &checker, matrix.as_ref());
+                    }
                     None => break,
                 },
+                event = async { leading.as_mut()?.events.recv().await }, if leading.is_some() => {
+                    let Some(lead) = leading.as_mut() else { continue };
+                    match event {
+                        Some(e) => lead.held.apply(e, crate::util::timefmt::now_ms()),
+                        None => break,
+                    }
+                    // Newly elected: publish as soon as the summaries are read.
+                    if lead.held.loaded && !lead.published {
+                        matrix = self.lead(lead, &mut assignments, interval, &mut reader, &deposed, published_seq).await;
+                        self.show(&mut reader, &checker, matrix.as_ref());
+                    }
+                }
                 _ = tick.tick() => {
                     let prober = self.prober.borrow().clone();
                     if prober.config().interval != interval {
                         interval = prober.config().interval;
                         tick = tokio::time::interval(interval);
-                        held.future_ms = future_limit_ms(interval);
+                        if let Some(lead) = leading.as_mut() {
+                            lead.held.future_ms = future_limit_ms(interval);
+                        }
                     }
-                    published_seq = self.publish(&prober, published_seq).await;
-                    held.report_refused();
-                    self.assemble(&held, &mut assignments, interval);
+                    published_seq = self.publish(&prober, published_seq, &mut checker).await;
+                    if let Some(lead) = leading.as_mut() {
+                        lead.held.report_refused();
+                        if lead.held.loaded {
+                            matrix = self.lead(lead, &mut assignments, interval, &mut reader, &deposed, published_seq).await;
+                        }
+                    }
+                    reader.check_contradictions(&checker);
+                    self.show(&mut reader, &checker, matrix.as_ref());
                 }
             }
         }
     }
 
+    /// The view read (or published) last, to the API: its staleness as of
+    /// now.
+    fn show(
+        &self,
+        reader: &mut ViewReader,
+        checker: &Checker,
+        matrix: Option<&matrix::ClusterMatrix>,
+    ) {
+        reader.check_contradictions(checker);
+        let Some(reply) = reader.reply(crate::util::timefmt::now_ms()) else {
+            return;
+        };
+        let matrix = matrix.filter(|_| reply.assembly.as_ref().is_some_and(|a| a.here));
+        self.cell.publish(reply, matrix);
+    }
+
+    /// One round of the leader: assembles the view, publishes it if still
+    /// the leader; returns the matrix of what it assembled.
+    async fn lead(
+        &self,
+        lead: &mut Leading,
+        assignments: &mut Assignments,
+        interval: Duration,
+        reader: &mut ViewReader,
+        deposed: &Notify,
+        round: u64,
+    ) -> Option<matrix::ClusterMatrix> {
+        let (view, matrix) = self.assemble(&lead.held, assignments, interval);
+        let now_ms = crate::util::timefmt::now_ms();
+        let published = PublishedView::of(&self.local, round, now_ms, millis(interval), &view);
+        lead.published = true;
+        let key = format!("{}{}", self.view_prefix, self.local);
+        match self
+            .store
+            .put_if_leader(&lead.leadership, key.clone(), published.encode())
+            .await
+        {
+            Ok(()) => {
+                reader.published(key, published);
+                Some(matrix)
+            }
+            Err(LeaderPutError::Deposed { key }) => {
+                warn!(
+                    "cluster view: not published: the election key {key:?} is gone; campaigning again"
+                );
+                deposed.notify_one();
+                None
+            }
+            Err(LeaderPutError::Kv(e)) => {
+                warn!("cluster view: publishing at {key:?}: {}", chain(&e));
+                None
+            }
+        }
+    }
+
     /// Writes the summary of the prober's last round if it is newer than
-    /// `published`; returns the round published last.
-    async fn publish(&self, prober: &Prober, published: u64) -> u64 {
+    /// `published`; returns the round published last. The summary is
+    /// also this agent's own observations, for the contradiction check.
+    async fn publish(&self, prober: &Prober, published: u64, checker: &mut Checker) -> u64 {
         let status = prober.status();
         let Some(seq) = status.round.as_ref().map(|r| r.seq) else {
             return published;
@@ -231,6 +388,7 @@ impl ClusterViewTask {
                 return seq;
             }
         };
+        checker.observe(&summary);
         let key = format!("{}{}", self.prefix, self.local);
         if let Err(e) = self.store.put_leased(key, summary.encode()).await {
             warn!("cluster view: publishing round {seq}: {}", chain(&e));
@@ -238,7 +396,12 @@ impl ClusterViewTask {
         seq
     }
 
-    fn assemble(&self, held: &Held, assignments: &mut Assignments, interval: Duration) {
+    fn assemble(
+        &self,
+        held: &Held,
+        assignments: &mut Assignments,
+        interval: Duration,
+    ) -> (view::ClusterView, matrix::ClusterMatrix) {
         let now_ms = crate::util::timefmt::now_ms();
         let stale = u64::try_from((interval * STALE_ROUNDS).as_millis()).unwrap_or(u64::MAX);
         let params = ViewParams {
@@ -272,7 +435,7 @@ impl ClusterViewTask {
             summaries.iter().map(AsRef::as_ref),
             params.oldest_ms,
         );
-        self.cell.publish(view, &matrix);
+        (view, matrix)
     }
 }
 

@@ -451,6 +451,8 @@ fn cluster_view_task(
     Some(cluster_view::ClusterViewTask {
         store: registration.store(etcd),
         prefix: cluster_view::summaries_prefix(&etcd.prefix),
+        view_prefix: crate::cluster::published_view::view_prefix(&etcd.prefix),
+        election: crate::cluster::published_view::election_name(&etcd.prefix),
         local: cfg.node_name.clone(),
         prober: prober.clone(),
         nodes: nodes.clone(),

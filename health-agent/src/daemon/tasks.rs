@@ -199,7 +199,7 @@ pub(super) async fn cluster_view(
         let view = view.clone();
         task(async move {
             ctx.ready.done();
-            view.run(ctx.shutdown).await;
+            Box::pin(view.run(ctx.shutdown)).await;
             Ok::<_, std::convert::Infallible>(())
         })
     })

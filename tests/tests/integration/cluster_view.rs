@@ -1,6 +1,7 @@
 //! The cluster view: six agents on etcd, each probing a subset
-//! (`--probe-peers 2`), publishing its rounds' summaries and assembling
-//! everyone's. A node whose link goes down is "node down" on every other
+//! (`--probe-peers 2`) and publishing its rounds' summaries; the elected
+//! agent assembles everyone's and publishes the view, which every agent
+//! shows. A node whose link goes down is "node down" on every other
 //! agent; ICMP dropped on one observer's path to one node is "path
 //! degraded" there, not "node down".
 
@@ -53,8 +54,19 @@ fn wait_view(
     }
 }
 
+/// The nodes counted in the view.
+fn counted(v: &ClusterView) -> usize {
+    let c = &v.counts;
+    c.healthy + c.node_down + c.path_degraded + c.observer_problem + c.unknown
+}
+
+/// A node's verdict: as listed, or healthy when the view (which lists the
+/// nodes not healthy) counts all six and does not list it.
 fn verdict(v: &ClusterView, name: &str) -> Option<Verdict> {
-    v.node(name).map(|n| n.verdict)
+    match v.node(name) {
+        Some(n) => Some(n.verdict),
+        None => (counted(v) == 6).then_some(Verdict::Healthy),
+    }
 }
 
 fn probed(status: &ClusterStatus) -> Vec<String> {
@@ -138,11 +150,14 @@ fn six_agents_on_a_subset_localise_a_node_down_and_a_degraded_path() {
             verdict(v, &target_name) == Some(Verdict::NodeDown) && v.counts.node_down == 1
         });
     }
-    // The matrix says the same cell by cell: the target's column is all
-    // failures in the rows of the observers that probe it.
-    let m = health_tests::api::call(&cluster.nodes[0].socket(), |c| async move {
-        c.cluster_matrix().await
-    })
+    // The matrix (served by the agent that assembles the view) says the
+    // same cell by cell: the target's column is all failures in the rows
+    // of the observers that probe it.
+    let assembler = assembler(&cluster);
+    let m = health_tests::api::call(
+        &assembler.socket(),
+        |c| async move { c.cluster_matrix().await },
+    )
     .expect("GET /v1/cluster/matrix");
     assert_eq!(m.nodes.len(), 6, "{m:#?}");
     let col = m
@@ -173,20 +188,36 @@ fn six_agents_on_a_subset_localise_a_node_down_and_a_degraded_path() {
     }
 }
 
+/// The agent that assembles the view (and serves the matrix), as node 1's
+/// view names it.
+fn assembler(cluster: &Cluster) -> &ClusterNode {
+    let name = health_tests::api::call(
+        &cluster.nodes[0].socket(),
+        |c| async move { c.cluster().await },
+    )
+    .expect("GET /v1/cluster")
+    .assembly
+    .expect("a published view")
+    .assembled_by;
+    cluster
+        .nodes
+        .iter()
+        .find(|n| n.name == name)
+        .expect("the assembler is a node")
+}
+
 /// Six nodes, each with an observer; healthy with two or more, unknown
-/// with one.
+/// with one. The published view lists the nodes not healthy: each one
+/// unknown with its one observer; the others healthy (two observers or
+/// more make a verdict).
 fn all_well(v: &ClusterView) -> bool {
-    v.nodes.len() == 6
+    counted(v) == 6
         && v.reports == 6
-        && v.nodes.iter().all(|n| {
-            n.observers >= 1
-                && n.verdict
-                    == if n.observers >= 2 {
-                        Verdict::Healthy
-                    } else {
-                        Verdict::Unknown
-                    }
-        })
+        && v.counts.healthy + v.counts.unknown == 6
+        && v.nodes.len() == v.counts.unknown
+        && v.nodes
+            .iter()
+            .all(|n| n.observers == 1 && n.verdict == Verdict::Unknown)
 }
 
 /// A node with at least two observers and one of them (by the agents'
@@ -197,7 +228,12 @@ fn pick_observed(
     view: &ClusterView,
 ) -> (usize, usize) {
     for (t, node) in cluster.nodes.iter().enumerate() {
-        let two_observers = view.node(&node.name).is_some_and(|n| n.observers >= 2);
+        // Healthy (not listed) means two observers or more.
+        let two_observers = view
+            .node(&node.name)
+            .map_or(verdict(view, &node.name) == Some(Verdict::Healthy), |n| {
+                n.observers >= 2
+            });
         let observer = statuses
             .iter()
             .enumerate()

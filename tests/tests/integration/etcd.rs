@@ -277,7 +277,8 @@ fn a_node_user_writes_only_its_own_keys() {
 
 /// The agents of a cluster whose etcd runs TLS and authentication, each
 /// logged in as its node's user: they register, see each other and publish
-/// their summaries; one of them is refused another's key there too.
+/// their summaries; one of them is refused another's key there too; the
+/// one elected publishes the cluster view, which every agent reads.
 #[test]
 fn agents_with_a_user_each_register_and_see_each_other_over_tls() {
     let cluster = Cluster::start(&Settings {
@@ -327,6 +328,28 @@ fn agents_with_a_user_each_register_and_see_each_other_over_tls() {
         )
         .expect_err(key);
         assert!(e.contains("permission denied"), "{key}: {e}");
+    }
+    // With a role each, the agents elect one to assemble the cluster view,
+    // which publishes it at its own key; every agent reads it.
+    for node in &cluster.nodes {
+        let deadline = std::time::Instant::now() + health_tests::patience(Duration::from_secs(20));
+        loop {
+            let reply =
+                health_tests::api::call(&node.socket(), |c| async move { c.cluster().await });
+            if reply
+                .as_ref()
+                .is_ok_and(|r| r.assembly.as_ref().is_some_and(|a| !a.stale) && r.view.reports == 3)
+            {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: no published view: {reply:?}\n{}",
+                node.name,
+                node.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod alerts;
 mod attach;
 mod cluster;
 mod cluster6;
+mod cluster_elect;
 mod cluster_view;
 mod config;
 mod ct6_netns;

@@ -402,7 +402,9 @@ fn the_page_shows_the_cluster_matrix_then_a_node_down() {
         lease_ttl: "5m",
         ..Settings::default()
     };
-    let cluster = Cluster::start(&settings);
+    let mut cluster = Cluster::start(&settings);
+    // node-1 assembles the view and so serves the matrix.
+    cluster.make_assembler(0);
     let browser = Browser::start(&cluster.fabric);
     browser.goto(&cluster.nodes[0].web_url());
 

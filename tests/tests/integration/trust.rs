@@ -13,7 +13,8 @@ use health_agent::{
     api::types::NodesView,
     cluster::{
         summary::{PathSample, PeerSummary, Summary},
-        view::{ClusterView, Verdict},
+        view::Verdict,
+        view_cell::ClusterReply,
     },
     membership::routes::ROUTE_PROTOCOL,
     probe::path::ProbeResult,
@@ -409,8 +410,8 @@ fn peers_without_a_health_range_refuse_to_start_naming_the_flag() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Node 1's cluster view, through the CLI.
-fn cluster_view(cluster: &Cluster) -> Option<ClusterView> {
+/// Node 1's cluster view (the elected assembler's), through the CLI.
+fn cluster_view(cluster: &Cluster) -> Option<ClusterReply> {
     let out = std::process::Command::new(health_tests::agent::agent_binary())
         .args(["status", "--cluster", "-o", "json", "--socket"])
         .arg(cluster.nodes[0].socket())
@@ -422,8 +423,10 @@ fn cluster_view(cluster: &Cluster) -> Option<ClusterView> {
         .flatten()
 }
 
-fn all_healthy(v: &ClusterView) -> bool {
-    v.nodes.len() == 3 && v.nodes.iter().all(|n| n.verdict == Verdict::Healthy)
+/// Three nodes counted, all healthy (none listed: the published view
+/// lists the nodes that are not).
+fn all_healthy(r: &ClusterReply) -> bool {
+    r.view.counts.healthy == 3 && r.view.nodes.is_empty()
 }
 
 /// Summaries written where an agent's own would not be, or dated in the
@@ -485,7 +488,7 @@ fn forged_summaries_do_not_reach_the_cluster_view() {
     // again once node-3 has written its summary back.
     let until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < until {
-        let v = cluster_view(&cluster).expect("a view");
+        let v = cluster_view(&cluster).expect("a view").view;
         assert!(
             v.nodes
                 .iter()
@@ -499,6 +502,16 @@ fn forged_summaries_do_not_reach_the_cluster_view() {
         assert!(Instant::now() < deadline, "{:#?}", cluster_view(&cluster));
         std::thread::sleep(Duration::from_millis(300));
     }
-    let log = cluster.nodes[0].log();
+    // The agent that assembles the view read the forged summaries.
+    let by = cluster_view(&cluster)
+        .and_then(|r| r.assembly)
+        .expect("an assembled view")
+        .assembled_by;
+    let log = cluster
+        .nodes
+        .iter()
+        .find(|n| n.name == by)
+        .expect("the assembler is a node")
+        .log();
     assert!(log.contains("summaries refused and left out"), "{log}");
 }

@@ -55,8 +55,10 @@ use tokio::sync::{Mutex as AsyncMutex, watch};
 use tracing::{info, warn};
 
 pub use self::config::{Credentials, EtcdConfig, KvConfigError, TlsConfig};
+pub use self::election::{LeaderPutError, Leadership, MIN_ELECTION_TTL, Role};
 
 mod config;
+mod election;
 mod follow;
 
 /// The longest any single request (not a stream) may take.

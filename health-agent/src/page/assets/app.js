@@ -298,7 +298,13 @@
         unreachedNodes: names(n.unreached_nodes),
       };
     });
-    return { reports: num(v.reports), ignored: num(v.ignored), counts, nodes };
+    // Who assembled it (the elected agent), when, and whether it is stale.
+    const a = isObject(v.assembly) ? v.assembly : null;
+    const assembly = a && typeof a.assembled_by === "string"
+      ? { by: a.assembled_by, here: a.here === true, round: num(a.round), ageMs: num(a.age_ms), stale: a.stale === true, unlisted: num(a.unlisted) }
+      : null;
+    const total = Math.max(nodes.length, VERDICTS.reduce((k, d) => k + counts[d.count], 0));
+    return { reports: num(v.reports), ignored: num(v.ignored), counts, nodes, assembly, total };
   }
 
   function buildMatrix(m) {
@@ -763,6 +769,7 @@
     const v = c.state === "ok" ? c.view : null;
     const m = c.matrixState === "ok" ? c.matrix : null;
     el.clusterLine.classList.toggle("assembling", !v);
+    el.clusterLine.classList.toggle("stale", !!(v && v.assembly && v.assembly.stale));
     el.clusterLine.textContent = v ? clusterLine(v) : "assembling: the first view comes after the first probe interval";
     const counts = {};
     for (const d of VERDICTS) {
@@ -774,13 +781,20 @@
     }
     const notes = [];
     if (c.problem) notes.push(c.problem);
-    if (v && c.matrixState === "missing") notes.push("This agent serves no matrix.");
+    if (v && v.assembly && v.assembly.stale) notes.push(`Stale: no view published for ${Math.round(v.assembly.ageMs / 1000)} s (more than 2 of its rounds); shown as last published, not current.`);
+    if (v && c.matrixState === "missing") notes.push(v.assembly && !v.assembly.here ? `The matrix is served by the assembling agent, ${v.assembly.by}.` : "This agent serves no matrix.");
     if (v && c.matrixState === "assembling") notes.push("The matrix is being assembled.");
     if (m && m.truncated) notes.push(`The matrix shows the first ${m.nodes.length} of ${m.total} nodes.`);
     el.clusterNote.hidden = notes.length === 0;
     el.clusterNote.textContent = notes.join(" ");
     renderProblems(v);
     const verdicts = {};
+    // The view lists the nodes not healthy: the other nodes it counts
+    // (those of the matrix) are healthy.
+    if (v && (!v.assembly || v.assembly.unlisted === 0) && !(v.assembly && v.assembly.stale)) {
+      const known = m ? m.nodes : [];
+      for (const name of known) verdicts[name] = "healthy";
+    }
     if (v) for (const n of v.nodes) verdicts[n.name] = n.verdict;
     el.matrixBox.hidden = !m;
     drawMatrix(m, verdicts);
@@ -792,6 +806,7 @@
       matrix: m ? { nodes: m.nodes.slice(), rows: m.rows.slice(), total: m.total, truncated: m.truncated } : null,
       layout: c.layout ? { ...c.layout } : null,
       note: el.clusterNote.hidden ? null : el.clusterNote.textContent,
+      assembly: v && v.assembly ? { ...v.assembly } : null,
     };
   }
 
@@ -800,9 +815,11 @@
       (d) => `${v.counts[d.count]} ${d.label}`,
     );
     const ignored = v.ignored ? `, ${v.ignored} ignored` : "";
-    return `${plural(v.nodes.length, "node", "nodes")}, ${plural(v.reports, "report", "reports")}${ignored}: ${
+    const a = v.assembly;
+    const by = a ? `; assembled by ${a.here ? "this agent" : a.by}, ${Math.round(a.ageMs / 1000)} s ago${a.stale ? ", STALE" : ""}` : "";
+    return `${plural(v.total, "node", "nodes")}, ${plural(v.reports, "report", "reports")}${ignored}: ${
       bad.length ? bad.join(", ") : "all healthy"
-    }`;
+    }${by}`;
   }
 
   function problemWhy(n) {

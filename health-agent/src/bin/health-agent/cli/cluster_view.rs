@@ -3,7 +3,10 @@
 
 use std::fmt::Write as _;
 
-use health_agent::cluster::view::{ClusterView, NodeView, Verdict};
+use health_agent::cluster::{
+    view::{ClusterView, NodeView, Verdict},
+    view_cell::ClusterReply,
+};
 
 /// Past this many nodes, only those with a problem are listed (all with
 /// `--all`).
@@ -57,12 +60,60 @@ fn detail(n: &NodeView) -> String {
     d
 }
 
+/// The published view: who assembled it and when (stale or not), its
+/// contradictions with this agent's rounds, then the view.
+pub(crate) fn render_reply(reply: &ClusterReply, all: bool) -> String {
+    let mut out = String::new();
+    match &reply.assembly {
+        Some(a) => {
+            let _ = writeln!(
+                out,
+                "Assembled by:     {}{}, round {}, {} ({} ago){}",
+                a.assembled_by,
+                if a.here { " (this agent)" } else { "" },
+                a.round,
+                health_agent::util::timefmt::rfc3339_millis(a.at_ms),
+                health_agent::util::timefmt::short(std::time::Duration::from_millis(a.age_ms)),
+                if a.stale {
+                    " STALE: older than 2 of its rounds, not current"
+                } else {
+                    ""
+                }
+            );
+        }
+        None => out.push_str("Assembled by:     this agent (no published view)\n"),
+    }
+    if !reply.contradictions.is_empty() {
+        let _ = writeln!(
+            out,
+            "Contradictions:   {} with this agent's rounds ({} since start): {}",
+            reply.contradictions.len(),
+            reply.contradictions_total,
+            reply
+                .contradictions
+                .iter()
+                .map(|c| format!(
+                    "{} ({}; this agent {})",
+                    c.node,
+                    verdict(c.published),
+                    c.here
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    out.push_str(&render(&reply.view, all));
+    out
+}
+
 pub(crate) fn render(view: &ClusterView, all: bool) -> String {
     let c = &view.counts;
+    let total = (c.healthy + c.node_down + c.path_degraded + c.observer_problem + c.unknown)
+        .max(view.nodes.len());
     let mut out = format!(
         "Cluster view:     {} nodes from {} summaries ({} left out)\n\
          Verdicts:         {} healthy, {} node down, {} path degraded, {} observer problem, {} unknown\n\n",
-        view.nodes.len(),
+        total,
         view.reports,
         view.ignored,
         c.healthy,
@@ -99,8 +150,13 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
         );
         let _ = writeln!(out, "{}", line.trim_end());
     }
-    let hidden = view.nodes.len() - rows.len();
-    if hidden > 0 {
+    let hidden = total.saturating_sub(rows.len());
+    if view.nodes.len() < total {
+        let _ = writeln!(
+            out,
+            "\n{hidden} other nodes (the published view lists the nodes not healthy)"
+        );
+    } else if hidden > 0 {
         let _ = writeln!(out, "\n{hidden} healthy nodes not shown (--all shows them)");
     }
     out
@@ -169,6 +225,72 @@ mod tests {
                 .filter(|l| l.ends_with("  healthy"))
                 .count(),
             58
+        );
+    }
+
+    #[test]
+    fn the_published_view_says_who_assembled_it_and_when_it_is_stale() {
+        use health_agent::cluster::{contradiction::Contradiction, view_cell::Assembly};
+        let view = ClusterView {
+            reports: 5,
+            ignored: 0,
+            counts: VerdictCounts {
+                healthy: 4,
+                node_down: 1,
+                ..VerdictCounts::default()
+            },
+            nodes: vec![node("n3", Verdict::NodeDown)],
+        };
+        let mut reply = ClusterReply {
+            view,
+            assembly: Some(Assembly {
+                assembled_by: "n1".into(),
+                here: false,
+                round: 41,
+                at_ms: 1_000_000,
+                interval_ms: 1_000,
+                age_ms: 600,
+                stale: false,
+                unlisted: 0,
+                key: "/health/view/n1".into(),
+            }),
+            contradictions: Vec::new(),
+            contradictions_total: 0,
+        };
+        let text = render_reply(&reply, false);
+        assert!(
+            text.starts_with("Assembled by:     n1, round 41, "),
+            "{text}"
+        );
+        assert!(!text.contains("STALE"), "{text}");
+        assert!(
+            text.contains("Cluster view:     5 nodes from 5 summaries"),
+            "{text}"
+        );
+        assert!(
+            text.contains("4 other nodes (the published view lists the nodes not healthy)"),
+            "{text}"
+        );
+        if let Some(a) = reply.assembly.as_mut() {
+            a.stale = true;
+            a.age_ms = 5_000;
+        }
+        reply.contradictions = vec![Contradiction {
+            node: "n3".into(),
+            published: Verdict::NodeDown,
+            here: "reaches it on every path".into(),
+        }];
+        reply.contradictions_total = 1;
+        let text = render_reply(&reply, false);
+        assert!(
+            text.lines()
+                .next()
+                .is_some_and(|l| l.ends_with("STALE: older than 2 of its rounds, not current")),
+            "{text}"
+        );
+        assert!(
+            text.contains("Contradictions:   1 with this agent's rounds (1 since start): n3 (node down; this agent reaches it on every path)"),
+            "{text}"
         );
     }
 }

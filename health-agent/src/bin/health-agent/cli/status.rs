@@ -64,7 +64,9 @@ impl StatusArgs {
             let view = client.cluster().await?;
             match self.output {
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&view)?),
-                OutputFormat::Table => print!("{}", super::cluster_view::render(&view, self.all)),
+                OutputFormat::Table => {
+                    print!("{}", super::cluster_view::render_reply(&view, self.all));
+                }
             }
             return Ok(());
         }

@@ -1,0 +1,426 @@
+//! The cluster view as the elected assembler publishes it, under its own
+//! key beside the summaries (`<`[`view_prefix`]`><assembler>`, on its
+//! election lease, so that it goes with the role): the counts by verdict, every node
+//! not healthy with its evidence, the round and time it describes, and
+//! who assembled it. Every other agent reads only this key.
+//!
+//! The wire format (version 1, [`VERSION`]) is the protobuf message of
+//! `health-agent/proto/view.proto`, as the summaries': one version byte,
+//! the message's length as a varint, the message. [`PublishedView::decode`]
+//! checks everything (any agent may write the key): the size, the names,
+//! the interval, and that the counts agree with the nodes listed.
+//! [`PublishedView::stale`] is the staleness rule: older than
+//! [`STALE_ROUNDS`] of its assembler's rounds.
+
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    cluster::view::{ClusterView, MAX_NAMED, NodeView, Verdict, VerdictCounts},
+    membership::record::MAX_NAME_LEN,
+};
+
+/// The code prost generates from `proto/view.proto`.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    unreachable_pub,
+    unused_qualifications,
+    reason = "generated"
+)]
+mod proto {
+    include!(concat!(env!("OUT_DIR"), "/health.view.v1.rs"));
+}
+
+/// The view format's version byte.
+pub const VERSION: u8 = 1;
+
+/// The longest message accepted, and the budget the assembler lists the
+/// nodes not healthy within (the counts stay exact beyond it).
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// The most nodes a view may count (16 × the largest node set accepted).
+const MAX_NODES: u64 = 1 << 20;
+
+/// The longest probe interval a view may claim: one hour.
+const MAX_INTERVAL_MS: u64 = 3_600_000;
+
+/// A view older than this many of its assembler's probe intervals is
+/// stale: shown as such, never as current.
+pub const STALE_ROUNDS: u64 = 2;
+
+/// The views' prefix beside the node records': `/health/nodes/` gives
+/// `/health/view/`; the assembler's view is at `/health/view/<its name>`
+/// (a node may write that key alone).
+#[must_use]
+pub fn view_prefix(node_prefix: &str) -> String {
+    format!("{}/", sibling(node_prefix, "view"))
+}
+
+/// The election's name beside the node records: `/health/nodes/` gives
+/// `/health/assembler/` (each candidate's key is below it).
+#[must_use]
+pub fn election_name(node_prefix: &str) -> String {
+    format!("{}/", sibling(node_prefix, "assembler"))
+}
+
+fn sibling(node_prefix: &str, leaf: &str) -> String {
+    let trimmed = node_prefix.trim_end_matches('/');
+    match trimmed.rsplit_once('/') {
+        Some((parent, _)) => format!("{parent}/{leaf}"),
+        None => format!("{trimmed}-{leaf}"),
+    }
+}
+
+/// Why a published view was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ViewError {
+    #[error("empty")]
+    Empty,
+    #[error("format version {0} (this agent reads version {VERSION})")]
+    Version(u8),
+    #[error("{len} bytes of message, more than the {MAX_MESSAGE_BYTES} accepted")]
+    TooLong { len: usize },
+    #[error("truncated or trailing bytes: the length says {said}, {got} follow")]
+    Length { said: usize, got: usize },
+    #[error("not a view message: {0}")]
+    Decode(String),
+    #[error("{what} {name:?}: a name is 1 to {MAX_NAME_LEN} bytes")]
+    Name { what: &'static str, name: String },
+    #[error("interval of {0} ms (1 ms to 1 h)")]
+    Interval(u64),
+    #[error("node {name:?}: verdict code {code} (1 to 4)")]
+    Verdict { name: String, code: u32 },
+    #[error("node {name:?}: listed twice or out of order")]
+    Order { name: String },
+    #[error("node {name:?}: {detail}")]
+    Evidence { name: String, detail: &'static str },
+    #[error(
+        "the counts say {counted} nodes not healthy; {listed} are listed and {unlisted} unlisted"
+    )]
+    Counts {
+        counted: u64,
+        listed: usize,
+        unlisted: u64,
+    },
+    #[error("{0} nodes counted, more than {MAX_NODES}")]
+    TooMany(u64),
+}
+
+/// One published view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishedView {
+    /// The agent that assembled it.
+    pub assembler: String,
+    pub round: u64,
+    pub at_ms: u64,
+    pub interval_ms: u64,
+    /// Nodes not healthy left out of `view.nodes` for size.
+    pub unlisted: u64,
+    /// The counts, and the nodes not healthy (by name).
+    pub view: ClusterView,
+}
+
+fn code(v: Verdict) -> u32 {
+    match v {
+        Verdict::Healthy => 0,
+        Verdict::NodeDown => 1,
+        Verdict::PathDegraded => 2,
+        Verdict::ObserverProblem => 3,
+        Verdict::Unknown => 4,
+    }
+}
+
+fn verdict(name: &str, code: u32) -> Result<Verdict, ViewError> {
+    Ok(match code {
+        1 => Verdict::NodeDown,
+        2 => Verdict::PathDegraded,
+        3 => Verdict::ObserverProblem,
+        4 => Verdict::Unknown,
+        _ => {
+            return Err(ViewError::Verdict {
+                name: name.to_owned(),
+                code,
+            });
+        }
+    })
+}
+
+fn node_message(n: &NodeView) -> proto::Node {
+    proto::Node {
+        name: n.name.clone(),
+        zone: n.zone.clone().unwrap_or_default(),
+        reporting: n.reporting,
+        observers: n.observers,
+        seen_reachable: n.seen_reachable,
+        failing: n.failing,
+        discounted: n.discounted,
+        verdict: code(n.verdict),
+        failing_observers: n.failing_observers.clone(),
+        unreached: n.unreached,
+        unreached_nodes: n.unreached_nodes.clone(),
+    }
+}
+
+fn check_name(what: &'static str, name: &str) -> Result<(), ViewError> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(ViewError::Name {
+            what,
+            name: name.chars().take(64).collect(),
+        });
+    }
+    Ok(())
+}
+
+fn usize_of(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// The order nodes are kept in when they do not all fit: worst first.
+fn rank(v: Verdict) -> u8 {
+    match v {
+        Verdict::NodeDown => 0,
+        Verdict::PathDegraded => 1,
+        Verdict::ObserverProblem => 2,
+        Verdict::Unknown => 3,
+        Verdict::Healthy => 4,
+    }
+}
+
+fn node_view(m: proto::Node) -> Result<NodeView, ViewError> {
+    check_name("node", &m.name)?;
+    if !m.zone.is_empty() {
+        check_name("zone", &m.zone)?;
+    }
+    for o in m.failing_observers.iter().chain(&m.unreached_nodes) {
+        check_name("named node", o)?;
+    }
+    let evidence = |detail| ViewError::Evidence {
+        name: m.name.clone(),
+        detail,
+    };
+    if m.failing_observers.len() > MAX_NAMED || m.unreached_nodes.len() > MAX_NAMED {
+        return Err(evidence("more names than a view lists"));
+    }
+    if u64::from(m.seen_reachable) + u64::from(m.failing) + u64::from(m.discounted)
+        > u64::from(m.observers)
+    {
+        return Err(evidence(
+            "more observers reaching or failing it than observe it",
+        ));
+    }
+    if m.failing_observers.len() > m.failing as usize
+        || m.unreached_nodes.len() > m.unreached as usize
+    {
+        return Err(evidence("more names than its counts"));
+    }
+    Ok(NodeView {
+        verdict: verdict(&m.name, m.verdict)?,
+        zone: (!m.zone.is_empty()).then_some(m.zone),
+        reporting: m.reporting,
+        observers: m.observers,
+        seen_reachable: m.seen_reachable,
+        failing: m.failing,
+        discounted: m.discounted,
+        failing_observers: m.failing_observers,
+        unreached: m.unreached,
+        unreached_nodes: m.unreached_nodes,
+        name: m.name,
+    })
+}
+
+impl PublishedView {
+    /// The view to publish of `view` (every node of the set): its counts
+    /// and the nodes not healthy, worst first, as many as fit in
+    /// [`MAX_MESSAGE_BYTES`].
+    #[must_use]
+    pub fn of(
+        assembler: &str,
+        round: u64,
+        at_ms: u64,
+        interval_ms: u64,
+        view: &ClusterView,
+    ) -> Self {
+        let mut problems: Vec<&NodeView> = view.problems().collect();
+        problems.sort_by(|a, b| {
+            rank(a.verdict)
+                .cmp(&rank(b.verdict))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        // The counts, the header and 64 bytes of slack for field tags.
+        let mut budget = MAX_MESSAGE_BYTES - 512 - assembler.len();
+        let mut nodes = Vec::new();
+        for n in &problems {
+            let len = node_message(n).encoded_len() + 4;
+            if len > budget {
+                break;
+            }
+            budget -= len;
+            nodes.push((*n).clone());
+        }
+        // Listed by name, as a view's nodes are ([`ClusterView::node`]).
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        Self {
+            assembler: assembler.to_owned(),
+            round,
+            at_ms,
+            interval_ms,
+            unlisted: (problems.len() - nodes.len()) as u64,
+            view: ClusterView {
+                reports: view.reports,
+                ignored: view.ignored,
+                counts: view.counts.clone(),
+                nodes,
+            },
+        }
+    }
+
+    /// The value written: version byte, length, message.
+    ///
+    /// # Panics
+    ///
+    /// Never: a `Vec` takes any length.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let c = &self.view.counts;
+        let m = proto::View {
+            assembler: self.assembler.clone(),
+            round: self.round,
+            at_ms: self.at_ms,
+            interval_ms: self.interval_ms,
+            reports: self.view.reports as u64,
+            ignored: self.view.ignored as u64,
+            healthy: c.healthy as u64,
+            node_down: c.node_down as u64,
+            path_degraded: c.path_degraded as u64,
+            observer_problem: c.observer_problem as u64,
+            unknown: c.unknown as u64,
+            nodes: self.view.nodes.iter().map(node_message).collect(),
+            unlisted: self.unlisted,
+        };
+        let len = m.encoded_len();
+        let mut out = Vec::with_capacity(1 + prost::length_delimiter_len(len) + len);
+        out.push(VERSION);
+        m.encode_length_delimited(&mut out)
+            .expect("a Vec takes any length");
+        out
+    }
+
+    /// Reads and checks a value written by any agent (or anyone who may
+    /// write the key): never panics, allocates at most about its length.
+    pub fn decode(bytes: &[u8]) -> Result<Self, ViewError> {
+        let (&version, mut rest) = bytes.split_first().ok_or(ViewError::Empty)?;
+        if version != VERSION {
+            return Err(ViewError::Version(version));
+        }
+        let said = prost::decode_length_delimiter(&mut rest)
+            .map_err(|e| ViewError::Decode(e.to_string()))?;
+        if said > MAX_MESSAGE_BYTES {
+            return Err(ViewError::TooLong { len: said });
+        }
+        if said != rest.len() {
+            return Err(ViewError::Length {
+                said,
+                got: rest.len(),
+            });
+        }
+        let m = proto::View::decode(rest).map_err(|e| ViewError::Decode(e.to_string()))?;
+        check_name("assembler", &m.assembler)?;
+        if m.interval_ms == 0 || m.interval_ms > MAX_INTERVAL_MS {
+            return Err(ViewError::Interval(m.interval_ms));
+        }
+        let counted = [m.node_down, m.path_degraded, m.observer_problem, m.unknown]
+            .iter()
+            .try_fold(0u64, |a, &b| a.checked_add(b))
+            .unwrap_or(u64::MAX);
+        let total = counted.saturating_add(m.healthy);
+        if total > MAX_NODES || m.reports > MAX_NODES || m.ignored > MAX_NODES {
+            return Err(ViewError::TooMany(total.max(m.reports).max(m.ignored)));
+        }
+        let listed = m.nodes.len();
+        if counted != (listed as u64).saturating_add(m.unlisted) {
+            return Err(ViewError::Counts {
+                counted,
+                listed,
+                unlisted: m.unlisted,
+            });
+        }
+        let mut nodes: Vec<NodeView> = Vec::with_capacity(listed);
+        let mut by_verdict = VerdictCounts::default();
+        for n in m.nodes {
+            let n = node_view(n)?;
+            if nodes.last().is_some_and(|prev| prev.name >= n.name) {
+                return Err(ViewError::Order { name: n.name });
+            }
+            match n.verdict {
+                Verdict::NodeDown => by_verdict.node_down += 1,
+                Verdict::PathDegraded => by_verdict.path_degraded += 1,
+                Verdict::ObserverProblem => by_verdict.observer_problem += 1,
+                Verdict::Unknown | Verdict::Healthy => by_verdict.unknown += 1,
+            }
+            nodes.push(n);
+        }
+        let counts = VerdictCounts {
+            healthy: usize_of(m.healthy),
+            node_down: usize_of(m.node_down),
+            path_degraded: usize_of(m.path_degraded),
+            observer_problem: usize_of(m.observer_problem),
+            unknown: usize_of(m.unknown),
+        };
+        if by_verdict.node_down > counts.node_down
+            || by_verdict.path_degraded > counts.path_degraded
+            || by_verdict.observer_problem > counts.observer_problem
+            || by_verdict.unknown > counts.unknown
+        {
+            return Err(ViewError::Counts {
+                counted,
+                listed,
+                unlisted: m.unlisted,
+            });
+        }
+        Ok(Self {
+            assembler: m.assembler,
+            round: m.round,
+            at_ms: m.at_ms,
+            interval_ms: m.interval_ms,
+            unlisted: m.unlisted,
+            view: ClusterView {
+                reports: usize_of(m.reports),
+                ignored: usize_of(m.ignored),
+                counts,
+                nodes,
+            },
+        })
+    }
+
+    /// How old the view is at `now_ms` (0 when from the future).
+    #[must_use]
+    pub const fn age_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.at_ms)
+    }
+
+    /// Older than [`STALE_ROUNDS`] of its assembler's intervals at `now_ms`.
+    #[must_use]
+    pub const fn stale(&self, now_ms: u64) -> bool {
+        self.age_ms(now_ms) > STALE_ROUNDS.saturating_mul(self.interval_ms)
+    }
+
+    /// How far ahead of `now_ms` its time is (0: not ahead).
+    #[must_use]
+    pub const fn ahead_ms(&self, now_ms: u64) -> u64 {
+        self.at_ms.saturating_sub(now_ms)
+    }
+
+    /// The verdict on `name`: as listed, healthy when not listed and the
+    /// list is complete, `None` otherwise.
+    #[must_use]
+    pub fn verdict_on(&self, name: &str) -> Option<Verdict> {
+        match self.view.nodes.iter().find(|n| n.name == name) {
+            Some(n) => Some(n.verdict),
+            None => (self.unlisted == 0).then_some(Verdict::Healthy),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

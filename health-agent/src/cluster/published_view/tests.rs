@@ -1,0 +1,194 @@
+use super::*;
+
+fn node(name: &str, verdict: Verdict) -> NodeView {
+    NodeView {
+        name: name.into(),
+        zone: Some("z1".into()),
+        reporting: verdict != Verdict::NodeDown,
+        observers: 4,
+        seen_reachable: 1,
+        failing: 2,
+        discounted: 1,
+        verdict,
+        failing_observers: vec!["o1".into(), "o2".into()],
+        unreached: 0,
+        unreached_nodes: Vec::new(),
+    }
+}
+
+fn full_view() -> ClusterView {
+    let nodes = vec![
+        node("a", Verdict::Healthy),
+        node("b", Verdict::Unknown),
+        node("c", Verdict::NodeDown),
+        node("d", Verdict::Healthy),
+        node("e", Verdict::PathDegraded),
+    ];
+    ClusterView {
+        reports: 5,
+        ignored: 1,
+        counts: VerdictCounts {
+            healthy: 2,
+            node_down: 1,
+            path_degraded: 1,
+            observer_problem: 0,
+            unknown: 1,
+        },
+        nodes,
+    }
+}
+
+fn published() -> PublishedView {
+    PublishedView::of("node-1", 9, 1_000_000, 2_000, &full_view())
+}
+
+#[test]
+fn a_view_lists_the_nodes_not_healthy_worst_first_and_reads_back() {
+    let p = published();
+    let names: Vec<&str> = p.view.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["b", "c", "e"]);
+    assert_eq!(p.unlisted, 0);
+    let bytes = p.encode();
+    assert_eq!(bytes[0], VERSION);
+    assert_eq!(PublishedView::decode(&bytes), Ok(p.clone()));
+    assert_eq!(p.verdict_on("a"), Some(Verdict::Healthy));
+    assert_eq!(p.verdict_on("c"), Some(Verdict::NodeDown));
+}
+
+#[test]
+fn a_view_past_its_byte_budget_lists_the_worst_and_counts_the_rest() {
+    let n = 20_000;
+    let nodes: Vec<NodeView> = (0..n)
+        .map(|i| {
+            let mut v = node(
+                &format!("node-{i:05}-{}", "x".repeat(40)),
+                Verdict::NodeDown,
+            );
+            v.failing_observers = (0..16)
+                .map(|j| format!("observer-{j:02}-{}", "y".repeat(30)))
+                .collect();
+            v.failing = 16;
+            v.observers = 20;
+            v
+        })
+        .collect();
+    let view = ClusterView {
+        reports: n,
+        ignored: 0,
+        counts: VerdictCounts {
+            node_down: n,
+            ..VerdictCounts::default()
+        },
+        nodes,
+    };
+    let p = PublishedView::of("node-1", 1, 5, 1_000, &view);
+    assert!(
+        p.unlisted > 0 && p.view.nodes.len() + usize_of(p.unlisted) == n,
+        "{}",
+        p.unlisted
+    );
+    let bytes = p.encode();
+    assert!(bytes.len() <= MAX_MESSAGE_BYTES + 8, "{}", bytes.len());
+    let back = PublishedView::decode(&bytes).expect("decodes");
+    assert_eq!(back.view.counts.node_down, n);
+    // A node not listed while some are unlisted: no verdict can be read.
+    assert_eq!(back.verdict_on("nobody"), None);
+}
+
+fn refused(bytes: &[u8]) -> String {
+    PublishedView::decode(bytes)
+        .expect_err("refused")
+        .to_string()
+}
+
+#[test]
+fn hostile_views_are_refused_with_the_reason() {
+    let good = published().encode();
+    assert_eq!(refused(&[]), "empty");
+    let mut v2 = good.clone();
+    v2[0] = 2;
+    assert_eq!(
+        refused(&v2),
+        "format version 2 (this agent reads version 1)"
+    );
+    assert!(refused(&good[..good.len() - 1]).starts_with("truncated or trailing bytes"));
+    let mut long = good.clone();
+    long.push(0);
+    assert!(refused(&long).starts_with("truncated or trailing bytes"));
+    // A length past the cap is refused before anything is read.
+    let mut huge = vec![VERSION];
+    prost::encode_length_delimiter(MAX_MESSAGE_BYTES + 1, &mut huge).expect("varint");
+    assert_eq!(
+        refused(&huge),
+        format!(
+            "{} bytes of message, more than the {MAX_MESSAGE_BYTES} accepted",
+            MAX_MESSAGE_BYTES + 1
+        )
+    );
+    assert!(refused(b"\x01\x03abc").starts_with("not a view message"));
+
+    let edit = |f: &dyn Fn(&mut PublishedView)| {
+        let mut p = published();
+        f(&mut p);
+        refused(&p.encode())
+    };
+    assert_eq!(
+        edit(&|p| p.assembler.clear()),
+        "assembler \"\": a name is 1 to 253 bytes"
+    );
+    assert_eq!(
+        edit(&|p| p.interval_ms = 0),
+        "interval of 0 ms (1 ms to 1 h)"
+    );
+    assert_eq!(
+        edit(&|p| p.view.counts.node_down = 2),
+        "the counts say 4 nodes not healthy; 3 are listed and 0 unlisted"
+    );
+    assert_eq!(
+        edit(&|p| {
+            p.view.counts.node_down = 0;
+            p.view.counts.unknown = 2;
+        }),
+        "the counts say 3 nodes not healthy; 3 are listed and 0 unlisted"
+    );
+    assert_eq!(
+        edit(&|p| p.view.nodes.swap(0, 1)),
+        "node \"b\": listed twice or out of order"
+    );
+    assert_eq!(
+        edit(&|p| p.view.nodes[1].verdict = Verdict::Healthy),
+        "node \"c\": verdict code 0 (1 to 4)"
+    );
+    assert_eq!(
+        edit(&|p| p.view.nodes[1].observers = 1),
+        "node \"c\": more observers reaching or failing it than observe it"
+    );
+    assert_eq!(
+        edit(&|p| p.view.nodes[1].failing_observers = (0..17).map(|i| format!("o{i}")).collect()),
+        "node \"c\": more names than a view lists"
+    );
+    assert_eq!(
+        edit(&|p| p.view.counts.healthy = 1 << 21),
+        "2097155 nodes counted, more than 1048576"
+    );
+}
+
+#[test]
+fn a_view_older_than_two_of_its_rounds_is_stale() {
+    let p = published();
+    assert_eq!(p.interval_ms, 2_000);
+    assert!(!p.stale(p.at_ms));
+    assert!(!p.stale(p.at_ms + 4_000));
+    assert!(p.stale(p.at_ms + 4_001));
+    // From the future: not stale, and how far ahead is told.
+    assert!(!p.stale(p.at_ms - 10));
+    assert_eq!(p.ahead_ms(p.at_ms - 10), 10);
+    assert_eq!(p.age_ms(p.at_ms + 7), 7);
+}
+
+#[test]
+fn the_view_and_the_election_sit_beside_the_node_records() {
+    assert_eq!(view_prefix("/health/nodes/"), "/health/view/");
+    assert_eq!(election_name("/health/nodes/"), "/health/assembler/");
+    assert_eq!(view_prefix("nodes"), "nodes-view/");
+}

@@ -1,0 +1,322 @@
+//! An agent's reading of the published view: the one prefix it watches
+//! ([`super::published_view::view_prefix`]), where the elected assembler
+//! writes its view at its own name on its election lease (one key; two
+//! while the previous assembler's lease ends). Each value is checked
+//! ([`PublishedView::decode`], at exactly `<prefix><assembler>`, not from
+//! the future, at most [`MAX_VIEWS`] held); a refused value is reported
+//! with its key and the last good view kept (it goes stale). The newest
+//! view held is shown, and checked against this agent's own rounds
+//! ([`super::contradiction`]) once per view.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use tracing::warn;
+
+use crate::{
+    cluster::{
+        contradiction::{Checker, Contradiction},
+        published_view::PublishedView,
+        view_cell::{Assembly, ClusterReply},
+    },
+    membership::kvstore::{Entry, WatchEvent},
+};
+
+/// How far ahead of the local clock a view's time may be, beyond two of
+/// its intervals.
+const FUTURE_SLACK_MS: u64 = 5_000;
+
+/// The most views held (one per key): more are refused and reported.
+pub const MAX_VIEWS: usize = 16;
+
+/// The view read last, and what this agent found against it.
+#[derive(Debug)]
+pub struct ViewReader {
+    prefix: String,
+    local: String,
+    by_key: BTreeMap<Vec<u8>, PublishedView>,
+    /// The assembler and time of the view last checked.
+    checked: Option<(String, u64)>,
+    contradictions: Vec<Contradiction>,
+    contradictions_total: u64,
+    /// Views refused since the start.
+    pub refused: u64,
+}
+
+impl ViewReader {
+    #[must_use]
+    pub fn new(prefix: String, local: String) -> Self {
+        Self {
+            prefix,
+            local,
+            by_key: BTreeMap::new(),
+            checked: None,
+            contradictions: Vec::new(),
+            contradictions_total: 0,
+            refused: 0,
+        }
+    }
+
+    /// The view shown and its key: the newest held.
+    #[must_use]
+    pub fn current(&self) -> Option<(&[u8], &PublishedView)> {
+        self.by_key
+            .iter()
+            .max_by_key(|(_, v)| v.at_ms)
+            .map(|(k, v)| (k.as_slice(), v))
+    }
+
+    /// Takes an event of the watch on the views' prefix.
+    pub fn apply(&mut self, event: WatchEvent, now_ms: u64) {
+        match event {
+            WatchEvent::Snapshot { entries, .. } => {
+                self.by_key.clear();
+                for e in entries {
+                    self.put(&e, now_ms);
+                }
+            }
+            WatchEvent::Put(e) => self.put(&e, now_ms),
+            // Its assembler's election lease ended (or it was deleted).
+            WatchEvent::Delete { key, .. } => {
+                self.by_key.remove(&key);
+            }
+            // The views held go stale until the watch is back.
+            WatchEvent::Lost { .. } => {}
+        }
+    }
+
+    /// Checks and takes a value under the prefix: the last good view at
+    /// that key stays when it is refused.
+    pub fn put(&mut self, e: &Entry, now_ms: u64) {
+        match self.check(e, now_ms) {
+            Ok(v) => {
+                self.by_key.insert(e.key.clone(), v);
+            }
+            Err(reason) => {
+                self.refused += 1;
+                warn!(
+                    key = %e.key_str(),
+                    "cluster view: the published view at {:?} was refused and the last good one kept: {reason}",
+                    e.key_str()
+                );
+            }
+        }
+    }
+
+    fn check(&self, e: &Entry, now_ms: u64) -> Result<PublishedView, String> {
+        let v = PublishedView::decode(&e.value).map_err(|e| e.to_string())?;
+        if e.key.strip_prefix(self.prefix.as_bytes()) != Some(v.assembler.as_bytes()) {
+            return Err(format!(
+                "a view counts only at exactly <prefix><assembler>: {:?} belongs at {:?}",
+                v.assembler,
+                format!("{}{}", self.prefix, v.assembler)
+            ));
+        }
+        let limit = v
+            .interval_ms
+            .saturating_mul(2)
+            .saturating_add(FUTURE_SLACK_MS);
+        let ahead = v.ahead_ms(now_ms);
+        if ahead > limit {
+            return Err(format!(
+                "its time is {ahead} ms ahead of this node's clock (at most {limit} ms)"
+            ));
+        }
+        if self.by_key.len() >= MAX_VIEWS && !self.by_key.contains_key(&e.key) {
+            return Err(format!("{MAX_VIEWS} views are held already"));
+        }
+        Ok(v)
+    }
+
+    /// Takes a view this agent published itself, at `key`.
+    pub fn published(&mut self, key: String, v: PublishedView) {
+        self.by_key.insert(key.into_bytes(), v);
+    }
+
+    /// Checks the view held against this agent's own rounds (at each of
+    /// them: an observation may come to hold after the view arrived); a
+    /// contradiction is logged and counted once per view.
+    pub fn check_contradictions(&mut self, checker: &Checker) {
+        let Some((_, v)) = self.current() else {
+            return;
+        };
+        let (id, round) = ((v.assembler.clone(), v.at_ms), v.round);
+        let found = if v.assembler == self.local {
+            Vec::new()
+        } else {
+            checker.check(&self.local, v)
+        };
+        let same_view = self.checked.as_ref() == Some(&id);
+        let new: Vec<&Contradiction> = found
+            .iter()
+            .filter(|c| !same_view || !self.contradictions.contains(c))
+            .collect();
+        if let Some(first) = new.first() {
+            self.contradictions_total += new.len() as u64;
+            warn!(
+                assembler = %id.0,
+                round,
+                count = new.len(),
+                "cluster view: the published view contradicts this agent's rounds (first: {} is {:?} in the view; this agent {})",
+                first.node,
+                first.published,
+                first.here
+            );
+        }
+        self.contradictions = found;
+        self.checked = Some(id);
+    }
+
+    /// What the API serves at `now_ms`, if a view was read.
+    #[must_use]
+    pub fn reply(&self, now_ms: u64) -> Option<ClusterReply> {
+        let (key, v) = self.current()?;
+        Some(ClusterReply {
+            view: v.view.clone(),
+            assembly: Some(Assembly {
+                assembled_by: v.assembler.clone(),
+                here: v.assembler == self.local,
+                round: v.round,
+                at_ms: v.at_ms,
+                interval_ms: v.interval_ms,
+                age_ms: v.age_ms(now_ms),
+                stale: v.stale(now_ms),
+                unlisted: v.unlisted,
+                key: String::from_utf8_lossy(key).into_owned(),
+            }),
+            contradictions: self.contradictions.clone(),
+            contradictions_total: self.contradictions_total,
+        })
+    }
+}
+
+/// `d` in ms.
+#[must_use]
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::view::{ClusterView, VerdictCounts};
+
+    fn value(at_ms: u64, assembler: &str) -> Vec<u8> {
+        let view = ClusterView {
+            reports: 2,
+            ignored: 0,
+            counts: VerdictCounts {
+                healthy: 2,
+                ..VerdictCounts::default()
+            },
+            nodes: Vec::new(),
+        };
+        PublishedView::of(assembler, 3, at_ms, 1_000, &view).encode()
+    }
+
+    fn put(key: &str, value: Vec<u8>) -> WatchEvent {
+        WatchEvent::Put(Entry {
+            key: key.as_bytes().to_vec(),
+            value,
+            mod_revision: 1,
+            lease: 0,
+        })
+    }
+
+    #[test]
+    fn a_refused_view_keeps_the_last_good_one_which_goes_stale() {
+        let mut r = ViewReader::new("/h/view/".into(), "me".into());
+        let now = 1_000_000;
+        r.apply(put("/h/view/leader", value(now, "leader")), now);
+        let a = r
+            .reply(now + 500)
+            .and_then(|x| x.assembly)
+            .expect("assembly");
+        assert_eq!(
+            (
+                a.assembled_by.as_str(),
+                a.here,
+                a.stale,
+                a.age_ms,
+                a.key.as_str()
+            ),
+            ("leader", false, false, 500, "/h/view/leader")
+        );
+        // Garbage, a view from the future, a view at another's key:
+        // refused, the good one kept.
+        r.apply(put("/h/view/leader", b"\x01\x05junk!".to_vec()), now);
+        r.apply(put("/h/view/liar", value(now + 7_001, "liar")), now);
+        r.apply(put("/h/view/other", value(now + 1, "leader")), now);
+        assert_eq!(r.refused, 3);
+        assert_eq!(
+            r.current().map(|(_, v)| v.assembler.as_str()),
+            Some("leader")
+        );
+        // Two rounds on, the view held is stale, not current.
+        let a = r
+            .reply(now + 2_001)
+            .and_then(|x| x.assembly)
+            .expect("assembly");
+        assert!(a.stale, "{a:?}");
+        // A newer view (a new assembler) is shown; this agent's own is
+        // marked as such; the old one goes with its lease.
+        r.apply(put("/h/view/me", value(now + 3_000, "me")), now + 3_000);
+        let a = r
+            .reply(now + 3_000)
+            .and_then(|x| x.assembly)
+            .expect("assembly");
+        assert!(a.here && !a.stale, "{a:?}");
+        r.apply(
+            WatchEvent::Delete {
+                key: b"/h/view/leader".to_vec(),
+                revision: 9,
+            },
+            now,
+        );
+        assert_eq!(r.by_key.len(), 1);
+    }
+
+    #[test]
+    fn a_contradiction_is_counted_once_per_view_and_checked_at_each_round() {
+        use crate::cluster::summary::{PathSample, PeerSummary, Summary};
+        use crate::probe::path::ProbeResult;
+        let own = |at_ms, state| {
+            let p = PeerSummary {
+                name: "b".into(),
+                paths: [PathSample::new(state, None); 4],
+            };
+            Summary::new("me".into(), 1, at_ms, vec![p]).expect("summary")
+        };
+        let mut r = ViewReader::new("/h/view/".into(), "me".into());
+        let mut checker = Checker::default();
+        // The view (all healthy, of 10_000) arrives before this agent has
+        // failed b for an interval: nothing yet.
+        r.apply(put("/h/view/leader", value(10_000, "leader")), 10_000);
+        checker.observe(&own(9_500, ProbeResult::Failure));
+        r.check_contradictions(&checker);
+        assert_eq!(r.contradictions_total, 0);
+        // Since 9,000: a contradiction of the same view, counted once.
+        checker.observe(&own(9_000, ProbeResult::Success));
+        checker.observe(&own(9_000, ProbeResult::Failure));
+        r.check_contradictions(&checker);
+        r.check_contradictions(&checker);
+        assert_eq!(r.contradictions_total, 1);
+        let reply = r.reply(10_000).expect("reply");
+        assert_eq!(reply.contradictions.len(), 1);
+        assert_eq!(reply.contradictions[0].node, "b");
+        // A new view saying the same: counted again.
+        r.apply(put("/h/view/leader", value(11_000, "leader")), 11_000);
+        r.check_contradictions(&checker);
+        assert_eq!(r.contradictions_total, 2);
+    }
+
+    #[test]
+    fn the_views_held_are_bounded() {
+        let mut r = ViewReader::new("/h/view/".into(), "me".into());
+        for i in 0..=MAX_VIEWS {
+            let name = format!("n{i:02}");
+            r.apply(put(&format!("/h/view/{name}"), value(5, &name)), 5);
+        }
+        assert_eq!(r.by_key.len(), MAX_VIEWS);
+        assert_eq!(r.refused, 1);
+    }
+}

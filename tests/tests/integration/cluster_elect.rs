@@ -1,0 +1,315 @@
+//! The elected assembler: three agents on etcd elect one of them, which
+//! alone reads the summaries and publishes the view under its own key;
+//! the others show that view, naming it. Killed with SIGKILL, it loses
+//! the role when its election lease ends and another agent publishes
+//! within two rounds. A bad value written to the view's key by hand is
+//! refused and named in the log, the last good view kept; a view an agent
+//! no longer receives (its link down) is shown as stale, then current
+//! again with the link back; a view that calls down a node an agent
+//! reaches is reported as a contradiction.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use health_agent::{
+    cluster::{
+        published_view::{election_name, view_prefix},
+        view_cell::ClusterReply,
+    },
+    daemon::cluster_view::ELECTION_TTL,
+};
+use health_tests::{
+    agent::agent_binary,
+    cluster::{Cluster, ClusterNode, ETCD_ENDPOINT, ETCD_PREFIX, Settings},
+    etcd, patience,
+};
+use nix::sys::signal::Signal;
+
+fn reply(node: &ClusterNode) -> Option<ClusterReply> {
+    let out = Command::new(agent_binary())
+        .args(["status", "--cluster", "-o", "json", "--socket"])
+        .arg(node.socket())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).expect("the cluster view is JSON"))
+}
+
+/// Waits until `node`'s view satisfies `ok`; returns it.
+fn wait_reply(
+    node: &ClusterNode,
+    timeout: Duration,
+    what: &str,
+    ok: impl Fn(&ClusterReply) -> bool,
+) -> ClusterReply {
+    let deadline = Instant::now() + patience(timeout);
+    loop {
+        let r = reply(node);
+        if let Some(r) = r.as_ref().filter(|r| ok(r)) {
+            return r.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: {what} not reached; last view: {r:#?}\nlog:\n{}",
+            node.name,
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn assembler(r: &ClusterReply) -> Option<&str> {
+    r.assembly.as_ref().map(|a| a.assembled_by.as_str())
+}
+
+/// A current view by `by` (any agent when `None`) of `n` nodes' reports.
+fn current(r: &ClusterReply, by: Option<&str>, reports: usize) -> bool {
+    r.assembly
+        .as_ref()
+        .is_some_and(|a| !a.stale && by.is_none_or(|b| a.assembled_by == b))
+        && r.view.reports == reports
+}
+
+fn leader_index(cluster: &Cluster, name: &str) -> usize {
+    cluster
+        .nodes
+        .iter()
+        .position(|n| n.name == name)
+        .expect("the assembler is one of the nodes")
+}
+
+#[test]
+fn one_agent_assembles_the_view_and_another_takes_over_when_it_is_killed() {
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        lease_ttl: "5m",
+        ..Settings::default()
+    });
+    let first = wait_reply(
+        &cluster.nodes[0],
+        Duration::from_secs(40),
+        "a current view of 3 reports",
+        |r| current(r, None, 3) && r.view.counts.healthy == 3,
+    );
+    let leader = assembler(&first).expect("assembled").to_owned();
+    // etcd's election names the same agent.
+    assert_eq!(
+        etcd::election_leader(
+            Some(&cluster.fabric),
+            ETCD_ENDPOINT,
+            &election_name(ETCD_PREFIX)
+        )
+        .as_deref(),
+        Some(leader.as_str())
+    );
+    // Every agent shows that agent's view; only the leader says it is its
+    // own, and only the leader serves the matrix.
+    for node in &cluster.nodes {
+        let r = wait_reply(node, Duration::from_secs(20), "the leader's view", |r| {
+            current(r, Some(&leader), 3)
+        });
+        let a = r.assembly.expect("assembly");
+        assert_eq!(a.here, node.name == leader, "{}: {a:?}", node.name);
+        assert_eq!(a.key, format!("{}{leader}", view_prefix(ETCD_PREFIX)));
+        let matrix =
+            health_tests::api::call(&node.socket(), |c| async move { c.cluster_matrix().await });
+        assert_eq!(
+            matrix.is_ok(),
+            node.name == leader,
+            "{}: {matrix:?}",
+            node.name
+        );
+        let text = node.cluster_text();
+        assert!(
+            text.contains(&format!("Assembled by:     {leader}")) && !text.contains("STALE"),
+            "{text}"
+        );
+    }
+    let l = leader_index(&cluster, &leader);
+    let other = (l + 1) % 3;
+    let last_round = reply(&cluster.nodes[other])
+        .and_then(|r| r.assembly)
+        .expect("view")
+        .round;
+
+    // SIGKILL: no resignation; the election lease ends within its TTL and
+    // another agent publishes at its next round.
+    cluster.stop_agent(l, Signal::SIGKILL);
+    let killed = Instant::now();
+    let interval = Duration::from_secs(1);
+    let bound = ELECTION_TTL + 2 * interval + Duration::from_secs(1);
+    let r = wait_reply(
+        &cluster.nodes[other],
+        bound,
+        "a new view by another agent",
+        |r| {
+            assembler(r).is_some_and(|a| a != leader)
+                && r.assembly.as_ref().is_some_and(|a| !a.stale)
+        },
+    );
+    println!(
+        "a new view by {:?} {} ms after the assembler was killed (bound {} ms; last round {last_round})",
+        assembler(&r),
+        killed.elapsed().as_millis(),
+        patience(bound).as_millis()
+    );
+    let new_leader = assembler(&r).expect("assembled").to_owned();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        if i != l {
+            wait_reply(
+                node,
+                Duration::from_secs(10),
+                "the new leader's view",
+                |r| assembler(r) == Some(new_leader.as_str()),
+            );
+        }
+    }
+
+    // SIGTERM: the leader resigns at once; the last agent publishes within
+    // 2 rounds, without waiting for a lease to end.
+    let n = leader_index(&cluster, &new_leader);
+    let last = 3 - l - n;
+    cluster.stop_agent(n, Signal::SIGTERM);
+    let stopped = Instant::now();
+    let bound = 2 * interval + Duration::from_millis(500);
+    let r = wait_reply(
+        &cluster.nodes[last],
+        bound,
+        "a view by the last agent",
+        |r| r.assembly.as_ref().is_some_and(|a| a.here && !a.stale),
+    );
+    println!(
+        "a new view by {:?} {} ms after the assembler was stopped (bound {} ms)",
+        assembler(&r),
+        stopped.elapsed().as_millis(),
+        patience(bound).as_millis()
+    );
+}
+
+#[test]
+fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 2,
+        etcd: true,
+        lease_ttl: "5m",
+        ..Settings::default()
+    });
+    let first = wait_reply(
+        &cluster.nodes[0],
+        Duration::from_secs(40),
+        "a current view of 2 reports",
+        |r| current(r, None, 2),
+    );
+    let leader = assembler(&first).expect("assembled").to_owned();
+    let follower = 1 - leader_index(&cluster, &leader);
+    let key = format!("{}{leader}", view_prefix(ETCD_PREFIX));
+
+    // A bad value by hand: refused, named with its key in the log; the
+    // last good view still shown.
+    etcd::put(
+        Some(&cluster.fabric),
+        ETCD_ENDPOINT,
+        (None, false),
+        (&key, "\u{1}not a view"),
+    );
+    let logged = format!("the published view at {key:?} was refused");
+    let deadline = Instant::now() + patience(Duration::from_secs(10));
+    while !cluster.nodes[follower].log().contains(&logged) {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            cluster.nodes[follower].log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = reply(&cluster.nodes[follower]).expect("view");
+    assert_eq!(assembler(&r), Some(leader.as_str()), "{r:#?}");
+    assert_eq!(r.view.reports, 2, "{r:#?}");
+    // The leader's next round replaces the bad value.
+    let round = r.assembly.as_ref().expect("assembly").round;
+    wait_reply(
+        &cluster.nodes[follower],
+        Duration::from_secs(10),
+        "a newer view",
+        |r| r.assembly.as_ref().is_some_and(|a| a.round > round),
+    );
+
+    // The follower's link down: it receives no view; the one it holds is
+    // shown as stale, never as current. The link back: current again.
+    let node = &cluster.nodes[follower];
+    node.set_uplink(false);
+    let r = wait_reply(node, Duration::from_secs(20), "a stale view", |r| {
+        r.assembly.as_ref().is_some_and(|a| a.stale)
+    });
+    let a = r.assembly.expect("assembly");
+    assert_eq!(a.assembled_by, leader, "{a:?}");
+    assert!(a.age_ms > 2 * a.interval_ms, "{a:?}");
+    let text = node.cluster_text();
+    assert!(text.contains("STALE"), "{text}");
+    node.set_uplink(true);
+    wait_reply(node, Duration::from_secs(40), "a current view again", |r| {
+        r.assembly.as_ref().is_some_and(|a| !a.stale)
+    });
+
+    // A valid view by hand at another name's key, newer than the leader's,
+    // calling the leader down: shown (named as its writer's), and the
+    // follower, which reaches the leader again, reports the contradiction.
+    cluster.wait_status(follower, Duration::from_secs(30), |s| {
+        s.nodes.iter().any(|n| n.name == leader && n.reachable())
+    });
+    etcd::put_bytes(
+        Some(&cluster.fabric),
+        ETCD_ENDPOINT,
+        &format!("{}node-9", view_prefix(ETCD_PREFIX)),
+        forged_view(&leader),
+    );
+    let r = wait_reply(node, Duration::from_secs(10), "the contradiction", |r| {
+        assembler(r) == Some("node-9") && r.contradictions.iter().any(|c| c.node == leader)
+    });
+    assert!(r.contradictions_total >= 1, "{r:#?}");
+    let c = &r.contradictions[0];
+    assert_eq!(c.here, "reaches it on every path", "{c:?}");
+    assert!(
+        node.log()
+            .contains("the published view contradicts this agent's rounds"),
+        "{}",
+        node.log()
+    );
+}
+
+/// A view by "node-9", 6 s ahead of now (within what is accepted), that
+/// calls `down` down and one other node healthy.
+fn forged_view(down: &str) -> Vec<u8> {
+    use health_agent::cluster::{
+        published_view::PublishedView,
+        view::{ClusterView, NodeView, Verdict, VerdictCounts},
+    };
+    let now_ms = health_agent::util::timefmt::now_ms();
+    let view = ClusterView {
+        reports: 2,
+        ignored: 0,
+        counts: VerdictCounts {
+            healthy: 1,
+            node_down: 1,
+            ..VerdictCounts::default()
+        },
+        nodes: vec![NodeView {
+            name: down.to_owned(),
+            zone: None,
+            reporting: false,
+            observers: 1,
+            seen_reachable: 0,
+            failing: 1,
+            discounted: 0,
+            verdict: Verdict::NodeDown,
+            failing_observers: vec!["node-9".into()],
+            unreached: 0,
+            unreached_nodes: Vec::new(),
+        }],
+    };
+    PublishedView::of("node-9", 1, now_ms + 6_000, 1_000, &view).encode()
+}
