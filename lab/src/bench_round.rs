@@ -191,6 +191,12 @@ impl Lab {
             .args(["--probe-timeout", "1s", "--failure-threshold", "1"])
             // A full mesh: the round over every peer is what is measured.
             .args(["--probe-peers", "all"])
+            // More agent flags for an A/B run (`--probe-mtu off`).
+            .args(
+                std::env::var("BENCH_AGENT_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .env(
                 "RUST_LOG",
                 std::env::var("BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()),
