@@ -24,6 +24,7 @@ pub mod echo_check;
 pub mod echo_classes;
 pub mod echo_classes6;
 pub mod etcd;
+pub mod etcd_cluster;
 pub mod faults;
 pub mod names;
 pub mod nat_setup;

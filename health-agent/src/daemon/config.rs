@@ -324,7 +324,7 @@ impl DaemonConfig {
     pub fn source_name(&self) -> String {
         match &self.discovery {
             Discovery::File(p) => format!("file:{}", p.display()),
-            Discovery::Etcd(e) => format!("etcd:{}{}", e.endpoint, e.prefix),
+            Discovery::Etcd(e) => format!("etcd:{}{}", e.endpoints_text(), e.prefix),
             Discovery::None => "none".into(),
         }
     }

@@ -396,7 +396,7 @@ fn kv(e: &Entry) -> (String, String) {
 
 fn local_config(etcd: &LocalEtcd) -> EtcdConfig {
     EtcdConfig {
-        endpoint: etcd.endpoint.clone(),
+        endpoints: vec![etcd.endpoint.clone()],
         prefix: "/t/nodes/".into(),
         lease_ttl: Duration::from_secs(2),
         tls: None,

@@ -23,6 +23,7 @@ mod endpoint;
 mod endpoint6;
 mod endpoint_owned;
 mod etcd;
+mod etcd_members;
 mod hello_flood;
 mod maps;
 mod masquerade;

@@ -54,7 +54,7 @@ use etcd_client::{Client, ConnectOptions, PutOptions};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tracing::{info, warn};
 
-pub use self::config::{Credentials, EtcdConfig, KvConfigError, TlsConfig};
+pub use self::config::{Credentials, EtcdConfig, KvConfigError, TlsConfig, parse_endpoint};
 
 mod config;
 mod follow;
@@ -203,6 +203,8 @@ pub struct KvStore {
 }
 
 struct Inner {
+    /// Every member's client URL, and them as one text for logs.
+    urls: Vec<String>,
     url: String,
     lease_ttl: Duration,
     tls: Option<TlsConfig>,
@@ -235,7 +237,8 @@ impl KvStore {
     pub fn new(cfg: &EtcdConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                url: cfg.url(),
+                urls: cfg.urls(),
+                url: cfg.urls().join(","),
                 lease_ttl: cfg.lease_ttl.max(Duration::from_secs(2)),
                 tls: cfg.tls.clone(),
                 credentials: cfg.credentials.clone(),
@@ -249,7 +252,8 @@ impl KvStore {
         }
     }
 
-    /// `http(s)://host:port`.
+    /// `http(s)://host:port`, comma-separated when etcd has several
+    /// members.
     #[must_use]
     pub fn url(&self) -> &str {
         &self.inner.url
@@ -283,7 +287,7 @@ impl KvStore {
         if let Some(tls) = &self.inner.tls {
             opts = opts.with_tls(tls.options());
         }
-        let client = Client::connect([self.inner.url.as_str()], Some(opts))
+        let client = Client::connect(&self.inner.urls, Some(opts))
             .await
             .map_err(|e| KvError::Client {
                 url: self.inner.url.clone(),
