@@ -19,6 +19,7 @@ mod bench_page;
 mod bench_round;
 mod bench_summary_format;
 mod blaster;
+mod chaos;
 mod demo;
 mod forward;
 mod sim_nodes;
@@ -146,8 +147,12 @@ enum Command {
     },
     /// Two nodes, a health-agent answering echo in the kernel, live probes.
     Demo(demo::Options),
+    /// Faults injected into a local cluster over a 3-member etcd cluster,
+    /// invariants checked every second.
+    Chaos(chaos::Options),
 }
 
+#[allow(clippy::too_many_lines, reason = "one arm per subcommand")]
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::BenchEcho {
@@ -241,6 +246,7 @@ fn main() -> ExitCode {
         })
         .map(|text| print!("{text}")),
         Command::Demo(opts) => demo::run(&opts),
+        Command::Chaos(opts) => chaos::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

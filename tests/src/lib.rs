@@ -19,6 +19,7 @@ pub mod api;
 pub mod browser;
 pub mod capture;
 pub mod capture6;
+pub mod chaos;
 pub mod cluster;
 pub mod echo_check;
 pub mod echo_classes;

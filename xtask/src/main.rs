@@ -98,6 +98,25 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Faults injected into a local cluster over a 3-member etcd cluster
+    /// (the etcd leader killed, an agent cut off from etcd, an agent
+    /// killed 50 times, every member stopped), invariants checked every
+    /// second: a row per scenario, then `N passed, M failed`.
+    Chaos {
+        /// One scenario: leader-killed, agent-cut-off, agent-kill-loop or
+        /// etcd-down (default: every one).
+        #[arg(long)]
+        scenario: Option<String>,
+        /// How long an outage lasts.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Nodes of the cluster.
+        #[arg(long, default_value_t = 12)]
+        nodes: usize,
+        /// Times the kill loop kills the agent.
+        #[arg(long, default_value_t = 50)]
+        kills: usize,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -427,6 +446,21 @@ fn run() -> anyhow::Result<()> {
             ];
             lab_args.extend(args.iter().map(String::as_str));
             lab_with_profile(&root, "demo", &lab_args)
+        }
+        Task::Chaos {
+            scenario,
+            seconds,
+            nodes,
+            kills,
+        } => {
+            setup::for_build(&pin, &["etcd-server", "nftables"])?;
+            cmd::require_root("the chaos cluster creates namespaces and loads BPF programs")?;
+            let (s, n, k) = (seconds.to_string(), nodes.to_string(), kills.to_string());
+            let mut args = vec!["chaos", "--seconds", &s, "--nodes", &n, "--kills", &k];
+            if let Some(name) = &scenario {
+                args.extend(["--scenario", name.as_str()]);
+            }
+            lab_with_profile(&root, "demo", &args)
         }
     }
 }

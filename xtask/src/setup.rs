@@ -18,11 +18,13 @@ const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
 /// `systemd-analyze verify` of the packaged unit, `lintian` to check the
 /// package; Prometheus scrapes the agents and Chromium loads the
 /// connectivity page in the tests; etcd for the etcd tests, with openssl
-/// to make their certificates; fping for the benchmarks' reference figures).
+/// to make their certificates; nftables to cut a node off from etcd in
+/// the chaos tests; fping for the benchmarks' reference figures).
 const TEST_PACKAGES: &[&str] = &[
     "iproute2",
     "etcd-server",
     "openssl",
+    "nftables",
     "bpftool",
     "fping",
     "systemd",

@@ -131,7 +131,15 @@ impl DaemonConfig {
     /// # Errors
     /// No node name, or an etcd file that cannot be used (naming its flag).
     pub fn new(settings: Config) -> Result<Self, ConfigError> {
-        let discovery = settings.cluster.discovery()?;
+        let mut discovery = settings.cluster.discovery()?;
+        if let Discovery::Etcd(etcd) = &mut discovery {
+            etcd.lease_file = Some(
+                settings
+                    .endpoint
+                    .state_dir
+                    .join(crate::membership::kvstore::LEASE_FILE),
+            );
+        }
         let node_name = match &settings.cluster.node_name {
             Some(n) => n.clone(),
             None => hostname().ok_or(ConfigError::NoNodeName)?,

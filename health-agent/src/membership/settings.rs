@@ -142,6 +142,7 @@ impl ClusterSettings {
                     .zip(self.kvstore_password_file.as_deref())
                     .map(|(user, file)| Credentials::load(user, file))
                     .transpose()?,
+                lease_file: None,
             }),
             (None, None) => Discovery::None,
         })

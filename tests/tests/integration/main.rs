@@ -9,6 +9,7 @@
 )]
 
 mod attach;
+mod chaos;
 mod cluster;
 mod cluster6;
 mod cluster_view;

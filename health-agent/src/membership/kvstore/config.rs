@@ -26,6 +26,10 @@ pub struct EtcdConfig {
     pub tls: Option<TlsConfig>,
     /// Authenticate as an etcd user.
     pub credentials: Option<Credentials>,
+    /// Where the lease's ID is kept between runs (in the state directory):
+    /// an agent restarted after a crash takes its lease over while etcd
+    /// still has it, instead of leaving it to expire.
+    pub lease_file: Option<PathBuf>,
 }
 
 impl EtcdConfig {
@@ -365,6 +369,7 @@ mod tests {
             lease_ttl: Duration::from_secs(10),
             tls: None,
             credentials: None,
+            lease_file: None,
         };
         assert_eq!(
             cfg.urls(),
