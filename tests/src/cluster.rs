@@ -38,7 +38,8 @@ pub struct Settings {
     /// nodes file.
     pub etcd: bool,
     /// `--kvstore-lease-ttl`: how long a node that stopped (without
-    /// deregistering) stays in the others' node sets.
+    /// deregistering) stays in the others' node sets; empty: the agent's
+    /// default (15 minutes).
     pub lease_ttl: &'static str,
     /// etcd over TLS and/or with authentication (the agents get the flags).
     pub etcd_security: crate::etcd::Security,
@@ -597,7 +598,7 @@ fn discovery_args(
     let mut args = ["--kvstore", "etcd", "--kvstore-endpoint", endpoints]
         .map(String::from)
         .to_vec();
-    if !s.product_defaults {
+    if !s.product_defaults && !s.lease_ttl.is_empty() {
         args.extend(["--kvstore-lease-ttl".to_owned(), s.lease_ttl.to_owned()]);
     }
     let path = |p: PathBuf| p.display().to_string();
