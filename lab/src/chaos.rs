@@ -11,7 +11,7 @@ use health_tests::chaos::{self, Chaos, SCENARIOS};
 #[derive(Debug, clap::Args)]
 pub(crate) struct Options {
     /// One scenario (default: every one, in this order): leader-killed,
-    /// agent-cut-off, agent-kill-loop, etcd-down.
+    /// agent-cut-off, agent-kill-loop, etcd-down, node-replaced.
     #[arg(long, value_parser = SCENARIOS)]
     pub scenario: Option<String>,
     /// How long an outage lasts: every etcd member stopped, an agent cut

@@ -44,11 +44,12 @@ pub const fn resync_bound() -> Duration {
 }
 
 /// The scenarios, in the order `cargo xtask chaos` runs them.
-pub const SCENARIOS: [&str; 4] = [
+pub const SCENARIOS: [&str; 5] = [
     "leader-killed",
     "agent-cut-off",
     "agent-kill-loop",
     "etcd-down",
+    "node-replaced",
 ];
 
 /// How hard each scenario pushes.
@@ -247,6 +248,7 @@ impl Chaos {
             "agent-cut-off" => self.agent_cut_off(&mut row, opts),
             "agent-kill-loop" => self.agent_kill_loop(&mut row, opts),
             "etcd-down" => self.etcd_down(&mut row, opts),
+            "node-replaced" => self.node_replaced(&mut row),
             other => panic!("unknown scenario {other:?}"),
         }
         row
@@ -506,6 +508,85 @@ impl Chaos {
         }
         self.resync(row, resync_bound());
         row.held.push("node sets kept, nobody called down".into());
+    }
+
+    /// (6) A node stopped for good (its agent killed, its namespaces
+    /// removed) and a new node joining. Its record stays for the lease
+    /// TTL (15 minutes): every agent must call it down. Run last: the
+    /// cluster keeps the change.
+    fn node_replaced(&mut self, row: &mut Row) {
+        let gone = self.n() - 1;
+        let name = self.cluster.nodes[gone].name.clone();
+        self.cluster.stop_agent(gone, Signal::SIGKILL);
+        let node = &self.cluster.nodes[gone];
+        let _ = health_agent::sys::netns::Netns::named(&node.endpoint_netns).map(|ns| ns.delete());
+        let _ = node.ns.delete();
+        let removed = Instant::now();
+        // Called down by every other agent: the failure threshold's
+        // rounds (3 by default) and 2 more at most.
+        let bound = ROUND * 5;
+        let mut down_in = None;
+        while removed.elapsed() < bound + Duration::from_secs(30) && !stopped() {
+            let all = (0..gone).all(|i| {
+                self.cluster.nodes[i].status().is_some_and(|s| {
+                    s.nodes
+                        .iter()
+                        .any(|n| n.name == name && n.state() == ProbeResult::Failure)
+                })
+            });
+            if all {
+                down_in = Some(removed.elapsed());
+                break;
+            }
+            self.check(row, Some(gone), &BTreeSet::new());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        match down_in {
+            Some(t) if t <= bound => row.held.push(format!(
+                "{name} called down by every agent in {:.1}s",
+                t.as_secs_f64()
+            )),
+            Some(t) => row.fail(format!(
+                "{name} called down in {:.1}s, over {}s",
+                t.as_secs_f64(),
+                bound.as_secs()
+            )),
+            None => row.fail(format!("{name} never called down by every agent")),
+        }
+        let new = self.cluster.join();
+        let new_name = self.cluster.nodes[new].name.clone();
+        row.fault = format!("{name} removed for good, {new_name} joining");
+        let joined = Instant::now();
+        let n = self.n();
+        let seen = loop {
+            let all = (0..n).filter(|i| *i != gone).all(|i| {
+                self.cluster.nodes[i].status().is_some_and(|s| {
+                    s.nodes.len() == n
+                        && s.nodes
+                            .iter()
+                            .filter(|x| x.name != name)
+                            .all(health_agent::probe::status::NodeStatus::reachable)
+                })
+            });
+            if all {
+                break Some(joined.elapsed());
+            }
+            if joined.elapsed() > Duration::from_secs(60) || stopped() {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        row.recovery = seen;
+        match seen {
+            Some(t) => row.held.push(format!(
+                "{new_name} reachable from every agent {:.1}s after its start",
+                t.as_secs_f64()
+            )),
+            None => row.fail(format!(
+                "{new_name} not seen by every agent in 60 s:\n{}",
+                self.describe()
+            )),
+        }
     }
 
     fn rounds(&self) -> Vec<u64> {

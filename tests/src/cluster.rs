@@ -374,6 +374,16 @@ impl Cluster {
         }
     }
 
+    /// A new node joining: its namespace on the bridge (the next
+    /// address), its agent started; returns its index.
+    pub fn join(&mut self) -> usize {
+        let i = self.nodes.len();
+        let node = self.add_node(i);
+        self.nodes.push(node);
+        self.start_agent(i);
+        i
+    }
+
     fn add_node(&self, i: usize) -> ClusterNode {
         let name = format!("node-{}", i + 1);
         let ns = Netns::create(&names::unique(&name)).expect("node netns");
