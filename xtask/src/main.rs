@@ -100,11 +100,11 @@ enum Task {
     },
     /// Faults injected into a local cluster over a 3-member etcd cluster
     /// (the etcd leader killed, an agent cut off from etcd, an agent
-    /// killed 50 times, every member stopped), invariants checked every
-    /// second: a row per scenario, then `N passed, M failed`.
+    /// killed 50 times, every member stopped, a node replaced), invariants
+    /// checked every second: a row per scenario, then `N passed, M failed`.
     Chaos {
-        /// One scenario: leader-killed, agent-cut-off, agent-kill-loop or
-        /// etcd-down (default: every one).
+        /// One scenario: leader-killed, agent-cut-off, agent-kill-loop,
+        /// etcd-down or node-replaced (default: every one).
         #[arg(long)]
         scenario: Option<String>,
         /// How long an outage lasts.
@@ -219,6 +219,18 @@ enum Bench {
         /// Runs per case; the mean is reported.
         #[arg(long, default_value_t = 100_000)]
         samples: u32,
+    },
+    /// One agent probing N peers (the `round` topology, half silent) for a
+    /// long run: RSS and descriptors sampled every 10 s, CPU over 10-minute
+    /// windows; flat within ±10 % after the first 5 minutes.
+    Soak {
+        #[arg(long, default_value_t = 1000)]
+        peers: usize,
+        #[arg(long, default_value_t = 60)]
+        minutes: u64,
+        /// Probe interval of the agent.
+        #[arg(long, default_value = "3s")]
+        interval: String,
     },
 }
 
@@ -415,6 +427,18 @@ fn run() -> anyhow::Result<()> {
         Task::Bench {
             which: which @ Bench::ClusterSim { .. },
         } => bench_cluster_sim(&root, &pin, &which),
+        Task::Bench {
+            which:
+                Bench::Soak {
+                    peers,
+                    minutes,
+                    interval,
+                },
+        } => {
+            let (p, m) = (peers.to_string(), minutes.to_string());
+            let args = ["--peers", &p, "--minutes", &m, "--interval", &interval];
+            lab_in_namespaces(&root, &pin, "bench-soak", &args)
+        }
         Task::Run {
             nodes,
             kvstore,
