@@ -176,7 +176,12 @@ impl Chaos {
                     v.error
                 )),
                 Some(v) if v.error.is_some() && !outage.contains(&i) => {
-                    row.fail(format!("{}'s node set in error: {:?}", node.name, v.error));
+                    row.fail(format!(
+                        "{}'s node set in error: {:?}; its log about etcd:\n{}",
+                        node.name,
+                        v.error,
+                        etcd_log_tail(&node.log())
+                    ));
                 }
                 Some(_) => {}
             }
@@ -439,9 +444,13 @@ impl Chaos {
                 fs::read_dir(health_agent::sys::netns::NETNS_RUN_DIR).map_or(0, |entries| {
                     entries
                         .flatten()
+                        // The agent's: its endpoint's, and any made
+                        // beside it (other tests of this process make
+                        // their own meanwhile).
                         .filter(|e| {
-                            e.file_name().to_str().and_then(crate::names::owner_pid)
-                                == Some(std::process::id())
+                            e.file_name()
+                                .to_str()
+                                .is_some_and(|n| n.starts_with(&node.endpoint_netns))
                         })
                         .count()
                 }),
@@ -453,12 +462,14 @@ impl Chaos {
             ),
             ("pins", count_files(&node.pins)),
             (
+                // Besides its etcd connections (the client holds one to a
+                // member or several), at rest (the fewest of 5 samples).
                 "agent sockets",
                 node.pid().map_or(0, |p| {
                     (0..5)
                         .map(|_| {
                             std::thread::sleep(Duration::from_millis(300));
-                            sockets_of(p)
+                            sockets_of(p).saturating_sub(crate::etcd_cluster::etcd_connections(p))
                         })
                         .min()
                         .unwrap_or(0)
@@ -596,6 +607,12 @@ impl Chaos {
             .map(|n| n.status().and_then(|s| s.round).map_or(0, |r| r.seq))
             .collect()
     }
+}
+
+/// The last lines of an agent's log that speak of etcd.
+fn etcd_log_tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("etcd")).collect();
+    lines[lines.len().saturating_sub(6)..].join("\n")
 }
 
 fn within_10pct(before: u64, after: u64) -> bool {

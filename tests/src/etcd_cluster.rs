@@ -359,6 +359,25 @@ impl Drop for EtcdCluster {
     }
 }
 
+/// How many established connections to etcd's client port `pid`'s
+/// namespace holds (the etcd client connects to one member or several).
+#[must_use]
+pub fn etcd_connections(pid: u32) -> usize {
+    let text = fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(3) == Some(&"01")
+                && fields
+                    .get(2)
+                    .and_then(|r| r.split_once(':'))
+                    .and_then(|(_, port)| u16::from_str_radix(port, 16).ok())
+                    == Some(CLIENT_PORT)
+        })
+        .count()
+}
+
 /// The etcd members `pid`'s process holds established connections to
 /// (its client port, IPv4), read from the process's own `net/tcp` (its
 /// namespace's).

@@ -96,8 +96,10 @@ impl KvStore {
                 }
             }
             if !lost && quiet.is_some_and(|(_, until)| tokio::time::Instant::now() < until) {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                // Every half second, not backing off: the client picks a
+                // member per request, and a dead one refuses at once, so
+                // a few tries reach one that answers.
+                tokio::time::sleep(QUIET_RETRY_PAUSE).await;
                 continue;
             }
             if !lost {
@@ -189,6 +191,8 @@ impl KvStore {
 
 /// A broken watch is retried before it is said lost at most this often.
 const QUIET_RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+/// The pause between the quiet retries of a broken watch.
+const QUIET_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 /// How long a broken watch is retried before it is said lost.
 const QUIET_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
