@@ -75,11 +75,12 @@ async fn candidate(store: KvStore, name: String, stop: CancellationToken) {
 /// Runs the phase against etcd at `endpoint` with `agents` candidates.
 pub(crate) async fn election(endpoint: &str, agents: usize) -> anyhow::Result<String> {
     let cfg = EtcdConfig {
-        endpoint: endpoint.to_owned(),
+        endpoints: vec![endpoint.to_owned()],
         prefix: NODE_PREFIX.to_owned(),
         lease_ttl: Duration::from_mins(15),
         tls: None,
         credentials: None,
+        lease_file: None,
     };
     let stop = CancellationToken::new();
     let mut tasks = Vec::with_capacity(agents);

@@ -49,10 +49,10 @@ pub(crate) struct Options {
 }
 
 /// Everything made for the run, removed on drop.
-struct Lab {
+pub(crate) struct Lab {
     agent: Netns,
     router: Netns,
-    peers: Netns,
+    pub(crate) peers: Netns,
     dir: PathBuf,
     pins: PathBuf,
     ep_netns: String,
@@ -94,7 +94,7 @@ const fn silent(k: usize, pct: u32) -> bool {
 }
 
 impl Lab {
-    fn new(opts: &Options) -> anyhow::Result<Self> {
+    pub(crate) fn new(opts: &Options) -> anyhow::Result<Self> {
         names::sweep_stale_netns();
         let lab = Self {
             agent: Netns::create(&names::unique("round-agent"))?,
@@ -156,7 +156,7 @@ impl Lab {
         Ok(lab)
     }
 
-    fn nodes_file(&self, n: usize) -> anyhow::Result<PathBuf> {
+    pub(crate) fn nodes_file(&self, n: usize) -> anyhow::Result<PathBuf> {
         let mut yaml = String::with_capacity(n * 80);
         yaml.push_str("nodes:\n");
         for k in 0..n {
@@ -175,7 +175,11 @@ impl Lab {
         socket_in(&self.dir)
     }
 
-    fn start_agent(&mut self, nodes_file: &Path, interval: Duration) -> anyhow::Result<u32> {
+    pub(crate) fn start_agent(
+        &mut self,
+        nodes_file: &Path,
+        interval: Duration,
+    ) -> anyhow::Result<u32> {
         let mut cmd = daemon_command(
             &self.agent,
             &self.dir,
@@ -217,7 +221,7 @@ impl Lab {
 /// its resident set since the last call (`VmHWM`, reset after reading by
 /// writing 5 to `clear_refs`): what a round allocates and frees between two
 /// samples counts in the peak, not in the resident set at its end.
-fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
+pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
     let f: Vec<&str> = after.split_whitespace().collect();
@@ -244,8 +248,8 @@ fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
 
 /// The resident set when sampled and its peak since the sample before.
 #[derive(Clone, Copy)]
-struct Rss {
-    now_kib: u64,
+pub(crate) struct Rss {
+    pub(crate) now_kib: u64,
     peak_kib: u64,
 }
 
@@ -492,7 +496,7 @@ fn render(opts: &Options, m: &Measured) -> String {
 }
 
 /// The answering peers' :4240, one listener in the peers' namespace.
-fn serve_peers(
+pub(crate) fn serve_peers(
     rt: &tokio::runtime::Runtime,
     peers: &Netns,
 ) -> anyhow::Result<tokio_util::sync::CancellationToken> {

@@ -38,12 +38,22 @@ pub struct Settings {
     /// nodes file.
     pub etcd: bool,
     /// `--kvstore-lease-ttl`: how long a node that stopped (without
-    /// deregistering) stays in the others' node sets.
+    /// deregistering) stays in the others' node sets; empty: the agent's
+    /// default (15 minutes).
     pub lease_ttl: &'static str,
     /// etcd over TLS and/or with authentication (the agents get the flags).
     pub etcd_security: crate::etcd::Security,
     /// The address families of nodes and endpoints.
     pub family: Family,
+    /// etcd's members: 1 runs etcd in the fabric namespace; more run an
+    /// etcd cluster, each member in a namespace of its own
+    /// ([`crate::etcd_cluster`], plain http), and every agent is given
+    /// all their endpoints.
+    pub etcd_members: usize,
+    /// Flags left out of the agents' command line: the chaos suite runs the
+    /// product's defaults (e.g. `--kvstore-lease-ttl`, `--sync-min-interval`,
+    /// `--probe-timeout`, `--failure-threshold`, `--success-threshold`).
+    pub product_defaults: bool,
 }
 
 /// The address families of a cluster's nodes and health endpoints.
@@ -93,6 +103,8 @@ impl Default for Settings {
             lease_ttl: "3s",
             etcd_security: crate::etcd::Security::default(),
             family: Family::V4,
+            etcd_members: 1,
+            product_defaults: false,
         }
     }
 }
@@ -114,6 +126,12 @@ pub struct ClusterNode {
 }
 
 impl ClusterNode {
+    /// The agent's process ID, while it runs.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(Child::id)
+    }
+
     #[must_use]
     pub fn socket(&self) -> PathBuf {
         self.dir.join("health.sock")
@@ -230,6 +248,8 @@ pub struct Cluster {
     pub nodes_file: PathBuf,
     settings: Settings,
     etcd: Option<Child>,
+    /// The etcd cluster, with `etcd_members` above 1.
+    pub etcd_cluster: Option<crate::etcd_cluster::EtcdCluster>,
 }
 
 /// Port of every agent's metrics listener.
@@ -260,6 +280,7 @@ impl Cluster {
             dir,
             settings: settings.clone(),
             etcd: None,
+            etcd_cluster: None,
         };
         let family = settings.family;
         in_netns(Some(&cluster.fabric), |nl| async move {
@@ -291,6 +312,19 @@ impl Cluster {
     /// and waits until it answers; the first time, with
     /// `etcd_security.auth`, switches its authentication on.
     pub fn start_etcd(&mut self) {
+        if self.settings.etcd_members > 1 {
+            assert!(
+                !self.settings.etcd_security.tls && !self.settings.etcd_security.auth,
+                "an etcd cluster of several members runs plain http without users"
+            );
+            assert!(self.etcd_cluster.is_none(), "etcd already running");
+            self.etcd_cluster = Some(crate::etcd_cluster::EtcdCluster::start(
+                &self.fabric,
+                &self.dir,
+                self.settings.etcd_members,
+            ));
+            return;
+        }
         assert!(self.etcd.is_none(), "etcd already running");
         let data = self.dir.join("etcd");
         let first = !data.exists();
@@ -338,6 +372,16 @@ impl Cluster {
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
             let _ = child.wait();
         }
+    }
+
+    /// A new node joining: its namespace on the bridge (the next
+    /// address), its agent started; returns its index.
+    pub fn join(&mut self) -> usize {
+        let i = self.nodes.len();
+        let node = self.add_node(i);
+        self.nodes.push(node);
+        self.start_agent(i);
+        i
     }
 
     fn add_node(&self, i: usize) -> ClusterNode {
@@ -398,8 +442,13 @@ impl Cluster {
     /// Starts node `i`'s agent.
     pub fn start_agent(&mut self, i: usize) {
         let s = self.settings.clone();
+        let endpoints = self.etcd_cluster.as_ref().map_or_else(
+            || ETCD_ENDPOINT.to_owned(),
+            crate::etcd_cluster::EtcdCluster::endpoints,
+        );
         let discovery = discovery_args(
             &s,
+            &endpoints,
             &self.nodes_file,
             self.etcd_pki(),
             (&self.nodes[i].name, &self.nodes[i].dir),
@@ -422,15 +471,8 @@ impl Cluster {
             .arg(node.socket())
             .arg("--bpffs-dir")
             .arg(&node.pins)
-            .args([
-                "--probe-interval",
-                s.probe_interval,
-                "--probe-timeout",
-                s.probe_timeout,
-            ])
-            .args(["--failure-threshold", &s.failure_threshold.to_string()])
-            .args(["--success-threshold", &s.success_threshold.to_string()])
-            .args(["--sync-min-interval", "200ms"])
+            .args(["--probe-interval", s.probe_interval])
+            .args(probe_args(&s))
             .args(["--prometheus-serve-addr", &node.web_addr().to_string()])
             .args(crate::agent_env_args())
             .args(&s.extra_args)
@@ -541,6 +583,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop_agents();
         self.stop_etcd();
+        drop(self.etcd_cluster.take());
         for node in &self.nodes {
             let _ = Netns::named(&node.endpoint_netns).map(|ns| ns.delete());
             let _ = node.ns.delete();
@@ -551,6 +594,26 @@ impl Drop for Cluster {
     }
 }
 
+/// The test settings' probe and sync flags, none with
+/// `product_defaults`.
+fn probe_args(s: &Settings) -> Vec<String> {
+    if s.product_defaults {
+        return Vec::new();
+    }
+    [
+        "--probe-timeout",
+        s.probe_timeout,
+        "--failure-threshold",
+        &s.failure_threshold.to_string(),
+        "--success-threshold",
+        &s.success_threshold.to_string(),
+        "--sync-min-interval",
+        "200ms",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// The agent flags for the cluster's node discovery. With etcd's
 /// security, each node reads its CA and password from its own directory
 /// (`etcd-ca.pem`, `etcd-password`, written here unless present), so that a
@@ -558,6 +621,7 @@ impl Drop for Cluster {
 /// it.
 fn discovery_args(
     s: &Settings,
+    endpoints: &str,
     nodes_file: &Path,
     pki: Option<crate::etcd::Pki>,
     (name, node_dir): (&str, &Path),
@@ -565,16 +629,12 @@ fn discovery_args(
     if !s.etcd {
         return vec!["--nodes-file".into(), nodes_file.display().to_string()];
     }
-    let mut args = [
-        "--kvstore",
-        "etcd",
-        "--kvstore-endpoint",
-        ETCD_ENDPOINT,
-        "--kvstore-lease-ttl",
-        s.lease_ttl,
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut args = ["--kvstore", "etcd", "--kvstore-endpoint", endpoints]
+        .map(String::from)
+        .to_vec();
+    if !s.product_defaults && !s.lease_ttl.is_empty() {
+        args.extend(["--kvstore-lease-ttl".to_owned(), s.lease_ttl.to_owned()]);
+    }
     let path = |p: PathBuf| p.display().to_string();
     if let Some(pki) = pki {
         let ca = node_dir.join("etcd-ca.pem");

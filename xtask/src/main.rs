@@ -98,6 +98,25 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Faults injected into a local cluster over a 3-member etcd cluster
+    /// (the etcd leader killed, an agent cut off from etcd, an agent
+    /// killed 50 times, every member stopped, a node replaced), invariants
+    /// checked every second: a row per scenario, then `N passed, M failed`.
+    Chaos {
+        /// One scenario: leader-killed, agent-cut-off, agent-kill-loop,
+        /// etcd-down or node-replaced (default: every one).
+        #[arg(long)]
+        scenario: Option<String>,
+        /// How long an outage lasts.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Nodes of the cluster.
+        #[arg(long, default_value_t = 12)]
+        nodes: usize,
+        /// Times the kill loop kills the agent.
+        #[arg(long, default_value_t = 50)]
+        kills: usize,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -200,6 +219,18 @@ enum Bench {
         /// Runs per case; the mean is reported.
         #[arg(long, default_value_t = 100_000)]
         samples: u32,
+    },
+    /// One agent probing N peers (the `round` topology, half silent) for a
+    /// long run: RSS and descriptors sampled every 10 s, CPU over 10-minute
+    /// windows; flat within ±10 % after the first 5 minutes.
+    Soak {
+        #[arg(long, default_value_t = 1000)]
+        peers: usize,
+        #[arg(long, default_value_t = 60)]
+        minutes: u64,
+        /// Probe interval of the agent.
+        #[arg(long, default_value = "3s")]
+        interval: String,
     },
 }
 
@@ -396,6 +427,18 @@ fn run() -> anyhow::Result<()> {
         Task::Bench {
             which: which @ Bench::ClusterSim { .. },
         } => bench_cluster_sim(&root, &pin, &which),
+        Task::Bench {
+            which:
+                Bench::Soak {
+                    peers,
+                    minutes,
+                    interval,
+                },
+        } => {
+            let (p, m) = (peers.to_string(), minutes.to_string());
+            let args = ["--peers", &p, "--minutes", &m, "--interval", &interval];
+            lab_in_namespaces(&root, &pin, "bench-soak", &args)
+        }
         Task::Run {
             nodes,
             kvstore,
@@ -427,6 +470,21 @@ fn run() -> anyhow::Result<()> {
             ];
             lab_args.extend(args.iter().map(String::as_str));
             lab_with_profile(&root, "demo", &lab_args)
+        }
+        Task::Chaos {
+            scenario,
+            seconds,
+            nodes,
+            kills,
+        } => {
+            setup::for_build(&pin, &["etcd-server", "nftables"])?;
+            cmd::require_root("the chaos cluster creates namespaces and loads BPF programs")?;
+            let (s, n, k) = (seconds.to_string(), nodes.to_string(), kills.to_string());
+            let mut args = vec!["chaos", "--seconds", &s, "--nodes", &n, "--kills", &k];
+            if let Some(name) = &scenario {
+                args.extend(["--scenario", name.as_str()]);
+            }
+            lab_with_profile(&root, "demo", &args)
         }
     }
 }

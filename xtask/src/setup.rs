@@ -18,15 +18,16 @@ const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
 /// `systemd-analyze verify` of the packaged unit, `lintian` to check the
 /// package; Prometheus scrapes the agents and Chromium loads the
 /// connectivity page in the tests; etcd for the etcd tests, with openssl
-/// to make their certificates; fping for the benchmarks' reference figures;
-/// nftables to drop a share of the probes in the path-quality tests).
+/// to make their certificates; nftables to cut a node off from etcd in
+/// the chaos tests and to drop a share of the probes in the path-quality
+/// tests; fping for the benchmarks' reference figures).
 const TEST_PACKAGES: &[&str] = &[
     "iproute2",
     "etcd-server",
     "openssl",
+    "nftables",
     "bpftool",
     "fping",
-    "nftables",
     "systemd",
     "lintian",
     "prometheus",

@@ -131,7 +131,15 @@ impl DaemonConfig {
     /// # Errors
     /// No node name, or an etcd file that cannot be used (naming its flag).
     pub fn new(settings: Config) -> Result<Self, ConfigError> {
-        let discovery = settings.cluster.discovery()?;
+        let mut discovery = settings.cluster.discovery()?;
+        if let Discovery::Etcd(etcd) = &mut discovery {
+            etcd.lease_file = Some(
+                settings
+                    .endpoint
+                    .state_dir
+                    .join(crate::membership::kvstore::LEASE_FILE),
+            );
+        }
         let node_name = match &settings.cluster.node_name {
             Some(n) => n.clone(),
             None => hostname().ok_or(ConfigError::NoNodeName)?,
@@ -324,7 +332,7 @@ impl DaemonConfig {
     pub fn source_name(&self) -> String {
         match &self.discovery {
             Discovery::File(p) => format!("file:{}", p.display()),
-            Discovery::Etcd(e) => format!("etcd:{}{}", e.endpoint, e.prefix),
+            Discovery::Etcd(e) => format!("etcd:{}{}", e.endpoints_text(), e.prefix),
             Discovery::None => "none".into(),
         }
     }

@@ -302,7 +302,7 @@ fn node_sync(
             range: cfg.settings.endpoint.health_range,
             range6: cfg.settings.endpoint.health_range6,
             protected: match &cfg.discovery {
-                Discovery::Etcd(e) => address_of(&e.endpoint).into_iter().collect(),
+                Discovery::Etcd(e) => e.endpoints.iter().filter_map(|e| address_of(e)).collect(),
                 Discovery::File(_) | Discovery::None => Vec::new(),
             },
         },
@@ -477,7 +477,7 @@ fn node_source(
         },
         Discovery::Etcd(etcd) => {
             let (node_ip, node_ip6) = node_addr::resolve(
-                &etcd.endpoint,
+                &etcd.endpoints,
                 node_addr::Wanted {
                     node_ip: at_start.node_ip,
                     node_ip6: at_start.node_ip6,

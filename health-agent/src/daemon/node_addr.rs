@@ -2,8 +2,9 @@
 //! `--node-ip6`, or found the way the kernel would reach etcd.
 //!
 //! A family is looked up only when the endpoint has an address of it (a
-//! record pairs a node address with a health address). IPv4: the source
-//! address toward etcd. IPv6: the source address toward etcd when etcd is
+//! record pairs a node address with a health address). With several etcd
+//! endpoints, the first that resolves and is routed to gives it. IPv4: the
+//! source address toward etcd. IPv6: the source address toward etcd when etcd is
 //! reached over IPv6, otherwise a global IPv6 address of the interface that
 //! holds the IPv4 node address.
 
@@ -46,19 +47,41 @@ pub struct Wanted {
     pub v6: bool,
 }
 
-/// This node's IPv4 and IPv6 addresses, for the families it needs.
+/// This node's IPv4 and IPv6 addresses, for the families it needs,
+/// found toward the etcd `endpoints` (`host:port` each).
 pub fn resolve(
-    endpoint: &str,
+    endpoints: &[String],
     wanted: Wanted,
 ) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), NodeAddrError> {
-    let targets: Vec<SocketAddr> = endpoint
-        .to_socket_addrs()
-        .map_err(|source| NodeAddrError::Resolve {
-            endpoint: endpoint.to_owned(),
-            source,
-        })?
-        .collect();
-    let target = |v6: bool| targets.iter().copied().find(|t| t.is_ipv6() == v6);
+    let mut targets: Vec<SocketAddr> = Vec::new();
+    let mut unresolved = None;
+    for endpoint in endpoints {
+        match endpoint.to_socket_addrs() {
+            Ok(found) => targets.extend(found),
+            Err(source) => {
+                unresolved.get_or_insert(NodeAddrError::Resolve {
+                    endpoint: endpoint.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    if let (true, Some(err)) = (targets.is_empty(), unresolved) {
+        return Err(err);
+    }
+    let endpoint = endpoints.join(",");
+    let endpoint = endpoint.as_str();
+    // The source toward the first target of the family that has one.
+    let toward = |v6: bool| -> Option<std::io::Result<IpAddr>> {
+        let mut last = None;
+        for t in targets.iter().copied().filter(|t| t.is_ipv6() == v6) {
+            match source_toward(t) {
+                Ok(ip) => return Some(Ok(ip)),
+                Err(e) => last = Some(Err(e)),
+            }
+        }
+        last
+    };
     let no_source = |family, flag| {
         move |source| NodeAddrError::NoSource {
             family,
@@ -71,10 +94,10 @@ pub fn resolve(
         (false, _) => None,
         (true, Some(ip)) => Some(ip),
         (true, None) => {
-            let t = target(false).ok_or_else(|| {
+            let found = toward(false).ok_or_else(|| {
                 no_source("IPv4", "node-ip")(std::io::Error::other("etcd has no IPv4 address"))
             })?;
-            match source_toward(t).map_err(no_source("IPv4", "node-ip"))? {
+            match found.map_err(no_source("IPv4", "node-ip"))? {
                 IpAddr::V4(ip) => Some(ip),
                 IpAddr::V6(_) => None,
             }
@@ -83,8 +106,8 @@ pub fn resolve(
     let v6 = match (wanted.v6, wanted.node_ip6) {
         (false, _) => None,
         (true, Some(ip)) => Some(ip),
-        (true, None) => match (target(true), v4) {
-            (Some(t), _) => match source_toward(t).map_err(no_source("IPv6", "node-ip6"))? {
+        (true, None) => match (toward(true), v4) {
+            (Some(found), _) => match found.map_err(no_source("IPv6", "node-ip6"))? {
                 IpAddr::V6(ip) => Some(ip),
                 IpAddr::V4(_) => None,
             },
@@ -157,7 +180,7 @@ mod tests {
             v6: false,
         };
         assert_eq!(
-            resolve("127.0.0.1:2379", wanted).expect("resolve"),
+            resolve(&one("127.0.0.1:2379"), wanted).expect("resolve"),
             (Some(Ipv4Addr::new(198, 18, 0, 11)), None)
         );
         let v6_only = Wanted {
@@ -166,7 +189,7 @@ mod tests {
             ..wanted
         };
         assert_eq!(
-            resolve("127.0.0.1:2379", v6_only).expect("resolve"),
+            resolve(&one("127.0.0.1:2379"), v6_only).expect("resolve"),
             (None, Some("2001:2::11".parse().expect("ip")))
         );
     }
@@ -174,7 +197,7 @@ mod tests {
     #[test]
     fn the_source_toward_etcd_is_found_and_missing_families_are_named() {
         let found = resolve(
-            "127.0.0.1:2379",
+            &one("127.0.0.1:2379"),
             Wanted {
                 v4: true,
                 ..Wanted::default()
@@ -183,7 +206,7 @@ mod tests {
         .expect("loopback");
         assert_eq!(found, (Some(Ipv4Addr::LOCALHOST), None));
         let err = resolve(
-            "127.0.0.1:2379",
+            &one("127.0.0.1:2379"),
             Wanted {
                 v6: true,
                 ..Wanted::default()
@@ -191,8 +214,31 @@ mod tests {
         )
         .expect_err("no IPv6 toward an IPv4 etcd without an IPv4 node address");
         assert!(err.to_string().contains("--node-ip6"), "{err}");
-        let err = resolve("not an endpoint", Wanted::default()).expect_err("bad");
+        let err = resolve(&one("not an endpoint"), Wanted::default()).expect_err("bad");
         assert!(err.to_string().contains("not an endpoint"), "{err}");
+    }
+
+    #[test]
+    fn with_several_endpoints_one_that_resolves_is_enough() {
+        let v4 = Wanted {
+            v4: true,
+            ..Wanted::default()
+        };
+        let endpoints = ["not an endpoint".to_owned(), "127.0.0.2:2379".to_owned()];
+        assert_eq!(
+            resolve(&endpoints, v4).expect("the second one"),
+            (Some(Ipv4Addr::LOCALHOST), None)
+        );
+        let err = resolve(
+            &["not an endpoint".to_owned(), "nor this one".to_owned()],
+            v4,
+        )
+        .expect_err("none resolves");
+        assert!(err.to_string().contains("not an endpoint"), "{err}");
+    }
+
+    fn one(endpoint: &str) -> Vec<String> {
+        vec![endpoint.to_owned()]
     }
 
     #[test]

@@ -224,7 +224,7 @@ async fn follow(
             warn!(key = %own.key, "this node's record was changed or deleted by someone else: writing it back");
             own.write(store).await;
         }
-        view.publish(&cfg.endpoint, local, nodes);
+        view.publish(&cfg.endpoints_text(), local, nodes);
     }
 }
 

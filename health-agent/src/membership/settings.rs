@@ -34,9 +34,12 @@ section! {
         /// Discover nodes through a key-value store instead of a file.
         #[arg(long, value_enum)]
         pub kvstore: Option<Kvstore>,
-        /// Client address of the kvstore, `host:port`.
-        #[arg(long, default_value = "127.0.0.1:2379", value_name = "HOST:PORT")]
-        pub kvstore_endpoint: String,
+        /// Client address of the kvstore, `host:port`; several (an etcd
+        /// cluster's members) comma-separated or the flag repeated: the
+        /// client uses any member that answers.
+        #[arg(long, default_value = "127.0.0.1:2379", value_name = "HOST:PORT",
+              value_delimiter = ',', value_parser = crate::membership::kvstore::parse_endpoint)]
+        pub kvstore_endpoint: Vec<String>,
         /// Key prefix under which nodes register.
         #[arg(long, default_value = "/health/nodes/")]
         pub kvstore_prefix: String,
@@ -119,7 +122,7 @@ impl ClusterSettings {
         Ok(match (&self.nodes_file, self.kvstore) {
             (Some(path), _) => Discovery::File(path.clone()),
             (None, Some(Kvstore::Etcd)) => Discovery::Etcd(EtcdConfig {
-                endpoint: self.kvstore_endpoint.clone(),
+                endpoints: self.kvstore_endpoint.clone(),
                 prefix: self.kvstore_prefix.clone(),
                 lease_ttl: self.kvstore_lease_ttl,
                 tls: self
@@ -139,6 +142,7 @@ impl ClusterSettings {
                     .zip(self.kvstore_password_file.as_deref())
                     .map(|(user, file)| Credentials::load(user, file))
                     .transpose()?,
+                lease_file: None,
             }),
             (None, None) => Discovery::None,
         })

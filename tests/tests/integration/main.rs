@@ -10,6 +10,7 @@
 
 mod alerts;
 mod attach;
+mod chaos;
 mod cluster;
 mod cluster6;
 mod cluster_elect;
@@ -25,6 +26,7 @@ mod endpoint;
 mod endpoint6;
 mod endpoint_owned;
 mod etcd;
+mod etcd_members;
 mod hello_flood;
 mod maps;
 mod masquerade;

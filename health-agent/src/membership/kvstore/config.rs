@@ -1,4 +1,4 @@
-//! How to reach etcd: its endpoint and the key prefix, TLS (a CA, and a
+//! How to reach etcd: its members' client endpoints and the key prefix, TLS (a CA, and a
 //! client certificate for etcd's `--client-cert-auth`) and a user with its
 //! password, each file checked when it is loaded and named by its flag.
 
@@ -15,8 +15,9 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 /// How to reach etcd, and the node records' place in it.
 #[derive(Debug, Clone)]
 pub struct EtcdConfig {
-    /// `host:port` of an etcd client URL (`https` when `tls` is set).
-    pub endpoint: String,
+    /// `host:port` of each member's client URL (`https` when `tls` is
+    /// set): the client balances over them and uses those that answer.
+    pub endpoints: Vec<String>,
     /// The key prefix under which nodes register.
     pub prefix: String,
     /// TTL of this agent's lease (kept alive while the agent runs).
@@ -25,15 +26,77 @@ pub struct EtcdConfig {
     pub tls: Option<TlsConfig>,
     /// Authenticate as an etcd user.
     pub credentials: Option<Credentials>,
+    /// Where the lease's ID is kept between runs (in the state directory):
+    /// an agent restarted after a crash takes its lease over while etcd
+    /// still has it, instead of leaving it to expire.
+    pub lease_file: Option<PathBuf>,
 }
 
 impl EtcdConfig {
-    /// The client URL: `http://host:port`, or `https://` with TLS.
+    /// The client URLs: `http://host:port`, or `https://` with TLS.
     #[must_use]
-    pub fn url(&self) -> String {
+    pub fn urls(&self) -> Vec<String> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        format!("{scheme}://{}", self.endpoint)
+        self.endpoints
+            .iter()
+            .map(|e| format!("{scheme}://{e}"))
+            .collect()
     }
+
+    /// The endpoints as one text, comma-separated (as the flag takes them).
+    #[must_use]
+    pub fn endpoints_text(&self) -> String {
+        self.endpoints.join(",")
+    }
+}
+
+/// Checks one `--kvstore-endpoint` value: `host:port` (an IPv4 address, a
+/// bracketed IPv6 address or a DNS name, and a port from 1 to 65535),
+/// without a scheme; the error names the value.
+///
+/// # Errors
+/// The value and what is wrong with it.
+pub fn parse_endpoint(s: &str) -> Result<String, String> {
+    let bad = |why: &str| Err(format!("{s:?} is not a HOST:PORT etcd endpoint: {why}"));
+    let e = s.trim();
+    if e.is_empty() {
+        return bad("it is empty (endpoints are separated by single commas)");
+    }
+    if e.contains("://") {
+        return bad("give it without a scheme (https follows --kvstore-ca)");
+    }
+    let Some((host, port)) = e.rsplit_once(':') else {
+        return bad("no port");
+    };
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => {}
+        _ => return bad("the port is not a number from 1 to 65535"),
+    }
+    if let Some(inner) = host.strip_prefix('[') {
+        let Some(v6) = inner.strip_suffix(']') else {
+            return bad("an IPv6 address needs its closing bracket");
+        };
+        if v6.parse::<std::net::Ipv6Addr>().is_err() {
+            return bad("not an IPv6 address in the brackets");
+        }
+    } else if host.contains(':') {
+        return bad("an IPv6 address goes in brackets: [2001:2::1]:2379");
+    } else if host.parse::<std::net::Ipv4Addr>().is_err() && !is_dns_name(host) {
+        return bad("the host is neither an address nor a DNS name");
+    }
+    Ok(e.to_owned())
+}
+
+/// Letters, digits, `-` and `.`, in labels of 1 to 63 characters.
+fn is_dns_name(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
 }
 
 /// A configuration file that cannot be used, named with its flag (the
@@ -301,18 +364,55 @@ mod tests {
     fn the_url_scheme_follows_tls() {
         let dir = Scratch::new("url");
         let mut cfg = EtcdConfig {
-            endpoint: "198.18.0.1:2379".into(),
+            endpoints: vec!["198.18.0.1:2379".into(), "198.18.0.2:2379".into()],
             prefix: "/h/".into(),
             lease_ttl: Duration::from_secs(10),
             tls: None,
             credentials: None,
+            lease_file: None,
         };
-        assert_eq!(cfg.url(), "http://198.18.0.1:2379");
+        assert_eq!(
+            cfg.urls(),
+            ["http://198.18.0.1:2379", "http://198.18.0.2:2379"]
+        );
+        assert_eq!(cfg.endpoints_text(), "198.18.0.1:2379,198.18.0.2:2379");
         let cert = dir.file(
             "url-ca.pem",
             b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
         );
         cfg.tls = Some(TlsConfig::load(&cert, None).expect("loads"));
-        assert_eq!(cfg.url(), "https://198.18.0.1:2379");
+        assert_eq!(cfg.urls()[1], "https://198.18.0.2:2379");
+    }
+
+    #[test]
+    fn endpoints_are_host_and_port_and_a_bad_one_is_named() {
+        for good in [
+            "198.18.0.1:2379",
+            "[2001:2::1]:2379",
+            "etcd-0.etcd.example:2379",
+            "localhost:1",
+        ] {
+            assert_eq!(parse_endpoint(good).as_deref(), Ok(good));
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            ("http://198.18.0.1:2379", "without a scheme"),
+            ("198.18.0.1", "no port"),
+            ("198.18.0.1:0", "the port"),
+            ("198.18.0.1:70000", "the port"),
+            ("198.18.0.1:x", "the port"),
+            ("2001:2::1:2379", "in brackets"),
+            ("[2001:2::1:2379", "closing bracket"),
+            ("[not-v6]:2379", "IPv6 address in the brackets"),
+            ("bad_host:2379", "neither an address nor a DNS name"),
+            (":2379", "neither"),
+        ] {
+            let err = parse_endpoint(bad).expect_err(bad);
+            assert!(
+                err.starts_with(&format!("{bad:?} is not a HOST:PORT etcd endpoint"))
+                    && err.contains(why),
+                "{bad}: {err}"
+            );
+        }
     }
 }

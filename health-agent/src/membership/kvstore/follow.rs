@@ -71,6 +71,8 @@ impl KvStore {
     async fn follow(&self, prefix: &[u8], tx: &mpsc::Sender<WatchEvent>) {
         let mut backoff = BACKOFF_MIN;
         let mut lost = false;
+        // The last quiet retry's start, and until when it stays quiet.
+        let mut quiet: Option<(tokio::time::Instant, tokio::time::Instant)> = None;
         loop {
             let (synced, error) = match self.watch_session(prefix, tx, &mut lost).await {
                 WatchEnd::ReceiverGone => return,
@@ -82,6 +84,23 @@ impl KvStore {
             };
             if synced {
                 backoff = BACKOFF_MIN;
+                // A watch in sync that broke (its etcd member went away, a
+                // leader election): listed and watched again through any
+                // member, and said lost only when that still fails after
+                // QUIET_FOR. At most once per QUIET_RETRY_EVERY, so that a
+                // watch etcd keeps cancelling is said.
+                let now = tokio::time::Instant::now();
+                if !lost && quiet.is_none_or(|(start, _)| now - start > QUIET_RETRY_EVERY) {
+                    info!(prefix = %String::from_utf8_lossy(prefix), "etcd watch broke ({}): watching again", crate::util::errors::chain(&error));
+                    quiet = Some((now, now + QUIET_FOR));
+                }
+            }
+            if !lost && quiet.is_some_and(|(_, until)| tokio::time::Instant::now() < until) {
+                // Every half second, not backing off: the client picks a
+                // member per request, and a dead one refuses at once, so
+                // a few tries reach one that answers.
+                tokio::time::sleep(QUIET_RETRY_PAUSE).await;
+                continue;
             }
             if !lost {
                 lost = true;
@@ -169,6 +188,13 @@ impl KvStore {
         }
     }
 }
+
+/// A broken watch is retried before it is said lost at most this often.
+const QUIET_RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+/// The pause between the quiet retries of a broken watch.
+const QUIET_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long a broken watch is retried before it is said lost.
+const QUIET_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Keys read per request when listing a prefix: at the 1.5 MiB etcd
 /// allows a value, a page can still exceed gRPC's 4 MiB limit, but node

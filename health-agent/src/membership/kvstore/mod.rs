@@ -54,12 +54,16 @@ use etcd_client::{Client, ConnectOptions, PutOptions};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tracing::{info, warn};
 
-pub use self::config::{Credentials, EtcdConfig, KvConfigError, TlsConfig};
+pub use self::config::{Credentials, EtcdConfig, KvConfigError, TlsConfig, parse_endpoint};
 pub use self::election::{LeaderPutError, Leadership, MIN_ELECTION_TTL, Role};
 
 mod config;
 mod election;
 mod follow;
+
+/// The file in the state directory holding the lease's ID (hex) between
+/// runs.
+pub const LEASE_FILE: &str = "etcd-lease";
 
 /// The longest any single request (not a stream) may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -205,6 +209,8 @@ pub struct KvStore {
 }
 
 struct Inner {
+    /// Every member's client URL, and them as one text for logs.
+    urls: Vec<String>,
     url: String,
     lease_ttl: Duration,
     tls: Option<TlsConfig>,
@@ -218,6 +224,8 @@ struct Inner {
     leased: AsyncMutex<BTreeMap<Vec<u8>, Vec<u8>>>,
     /// The lease being kept alive.
     lease: Mutex<Option<i64>>,
+    /// Where the lease's ID is kept between runs.
+    lease_file: Option<std::path::PathBuf>,
     link: watch::Sender<Link>,
     running: AtomicBool,
 }
@@ -237,21 +245,24 @@ impl KvStore {
     pub fn new(cfg: &EtcdConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                url: cfg.url(),
+                urls: cfg.urls(),
+                url: cfg.urls().join(","),
                 lease_ttl: cfg.lease_ttl.max(Duration::from_secs(2)),
                 tls: cfg.tls.clone(),
                 credentials: cfg.credentials.clone(),
                 client: AsyncMutex::new(None),
                 authenticated: AsyncMutex::new(false),
                 leased: AsyncMutex::new(BTreeMap::new()),
-                lease: Mutex::new(None),
+                lease: Mutex::new(cfg.lease_file.as_deref().and_then(read_lease)),
+                lease_file: cfg.lease_file.clone(),
                 link: watch::Sender::new(Link::Connecting),
                 running: AtomicBool::new(false),
             }),
         }
     }
 
-    /// `http(s)://host:port`.
+    /// `http(s)://host:port`, comma-separated when etcd has several
+    /// members.
     #[must_use]
     pub fn url(&self) -> &str {
         &self.inner.url
@@ -285,7 +296,7 @@ impl KvStore {
         if let Some(tls) = &self.inner.tls {
             opts = opts.with_tls(tls.options());
         }
-        let client = Client::connect([self.inner.url.as_str()], Some(opts))
+        let client = Client::connect(&self.inner.urls, Some(opts))
             .await
             .map_err(|e| KvError::Client {
                 url: self.inner.url.clone(),
@@ -407,6 +418,7 @@ impl KvStore {
             if let Ok(mut l) = self.inner.lease.lock() {
                 *l = Some(grant.id());
             }
+            self.save_lease(Some(grant.id()));
             timed("keeping the lease alive", leases.keep_alive(grant.id()))
                 .await
                 .map_err(down)?
@@ -439,6 +451,31 @@ impl KvStore {
                     Err(e) => return Err(up(call_error("keeping the lease alive")(e))),
                 },
             }
+        }
+    }
+
+    /// Keeps `lease` in the lease file (removes it with `None`), for the
+    /// next run to take over; a failure is logged, not fatal.
+    fn save_lease(&self, lease: Option<i64>) {
+        let Some(path) = &self.inner.lease_file else {
+            return;
+        };
+        let result = match lease {
+            Some(id) => path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| {
+                    let tmp = path.with_extension("tmp");
+                    std::fs::write(&tmp, format!("{id:x}\n"))?;
+                    std::fs::rename(&tmp, path)
+                }),
+            None => match std::fs::remove_file(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            },
+        };
+        if let Err(e) = result {
+            warn!(path = %path.display(), "keeping the etcd lease's ID for the next run: {e}");
         }
     }
 
@@ -513,6 +550,7 @@ impl KvStore {
         let Some(lease) = lease else {
             return Ok(None);
         };
+        self.save_lease(None);
         let client = self.ready_client().await?;
         // Within the agent's shutdown deadline: etcd away, the lease ends
         // by its TTL instead.
@@ -526,5 +564,41 @@ impl KvStore {
             }
         };
         Ok(Some(lease))
+    }
+}
+
+/// The lease ID a previous run kept in `path`: hexadecimal, positive;
+/// anything else (a missing, damaged or foreign file) is ignored and a new
+/// lease granted.
+fn read_lease(path: &std::path::Path) -> Option<i64> {
+    let text = std::fs::read(path).ok()?;
+    if text.len() > 32 {
+        return None;
+    }
+    let id = i64::from_str_radix(std::str::from_utf8(&text).ok()?.trim(), 16).ok()?;
+    (id > 0).then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_lease;
+
+    #[test]
+    fn a_kept_lease_is_read_back_and_junk_ignored() {
+        let dir = std::env::temp_dir().join(format!("kvstore-lease-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("etcd-lease");
+        for (content, want) in [
+            (&b"694d8b1e2f3a\n"[..], Some(0x694d_8b1e_2f3a)),
+            (b"0\n", None),
+            (b"-5", None),
+            (b"not hex", None),
+            (&[b'1'; 40][..], None),
+        ] {
+            std::fs::write(&file, content).expect("write");
+            assert_eq!(read_lease(&file), want, "{content:?}");
+        }
+        assert_eq!(read_lease(&dir.join("absent")), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,0 +1,718 @@
+//! Faults injected into a live local cluster over a 3-member etcd cluster,
+//! with the invariants checked every second: `cargo xtask chaos` runs
+//! every scenario, the integration tests short forms of some.
+//!
+//! The agents run the product's defaults (lease TTL, thresholds, timeouts)
+//! except a 1 s probe interval. Invariants: no node that is up is called
+//! down by any agent; every agent keeps the whole node set (during an etcd
+//! outage: the last one); after a fault ends, everything resyncs (no error
+//! in any node set, every record in etcd) within [`resync_bound`].
+
+use std::{
+    collections::BTreeSet,
+    fmt::Write as _,
+    fs,
+    path::Path,
+    process::Command,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use health_agent::probe::path::ProbeResult;
+use nix::sys::signal::Signal;
+
+use crate::cluster::{Cluster, ETCD_PREFIX, Settings};
+
+/// Set (by a Ctrl-C handler) to end the scenario under way early: its
+/// waits return, and the caller drops the cluster, which removes it.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+
+fn stopped() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// The probe interval of the chaos cluster (the one setting that is not
+/// the product's default): a round a second.
+pub const PROBE_INTERVAL: &str = "1s";
+const ROUND: Duration = Duration::from_secs(1);
+
+/// How long a resync may take once the fault is gone: 2 rounds, plus the
+/// etcd client's longest reconnect backoff (3 s).
+#[must_use]
+pub const fn resync_bound() -> Duration {
+    Duration::from_secs(2 * ROUND.as_secs() + 3)
+}
+
+/// The scenarios, in the order `cargo xtask chaos` runs them.
+pub const SCENARIOS: [&str; 5] = [
+    "leader-killed",
+    "agent-cut-off",
+    "agent-kill-loop",
+    "etcd-down",
+    "node-replaced",
+];
+
+/// How hard each scenario pushes.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// How long an outage lasts (etcd down, an agent cut off).
+    pub outage: Duration,
+    /// How many times the kill loop kills the agent.
+    pub kills: usize,
+}
+
+/// One scenario's outcome: a row of the table.
+#[derive(Debug, Clone, Default)]
+pub struct Row {
+    pub scenario: String,
+    pub fault: String,
+    /// The invariants that held, as checked.
+    pub held: Vec<String>,
+    /// Invariants broken: the first few, with what was seen.
+    pub failures: Vec<String>,
+    /// From the end of the fault to everything resynced.
+    pub recovery: Option<Duration>,
+}
+
+impl Row {
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    fn fail(&mut self, what: String) {
+        if self.failures.len() < 8 && !self.failures.contains(&what) {
+            self.failures.push(what);
+        }
+    }
+}
+
+/// The chaos cluster: N nodes, their agents on the product's defaults
+/// (1 s probe interval), a 3-member etcd cluster.
+pub struct Chaos {
+    pub cluster: Cluster,
+}
+
+impl Chaos {
+    /// Starts it and waits until every agent sees every node reachable.
+    #[must_use]
+    pub fn start(nodes: usize) -> Self {
+        let cluster = Cluster::start(&Settings {
+            nodes,
+            probe_interval: PROBE_INTERVAL,
+            etcd: true,
+            etcd_members: 3,
+            product_defaults: true,
+            ..Settings::default()
+        });
+        let chaos = Self { cluster };
+        let deadline = Instant::now() + crate::patience(Duration::from_secs(90));
+        while !chaos.settled() {
+            assert!(
+                Instant::now() < deadline,
+                "the chaos cluster did not settle: {}",
+                chaos.describe()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        chaos
+    }
+
+    fn n(&self) -> usize {
+        self.cluster.nodes.len()
+    }
+
+    /// What every agent says, in a line each (for a failure's message).
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for node in &self.cluster.nodes {
+            let view = node.nodes_view();
+            let status = node.status();
+            let _ = writeln!(
+                out,
+                "  {}: {} nodes (error: {:?}), {} reachable",
+                node.name,
+                view.as_ref().map_or(0, |v| v.nodes.len()),
+                view.and_then(|v| v.error),
+                status.map_or(0, |s| s.reachable())
+            );
+        }
+        out
+    }
+
+    /// Every agent answers, sees every node, without an error, all
+    /// reachable; etcd holds every record.
+    fn settled(&self) -> bool {
+        let n = self.n();
+        self.cluster.nodes.iter().all(|node| {
+            node.nodes_view()
+                .is_some_and(|v| v.nodes.len() == n && v.error.is_none())
+                && node.status().is_some_and(|s| s.reachable() == n)
+        }) && self.records().is_some_and(|k| k.len() == n)
+    }
+
+    /// The node records in etcd, with their leases.
+    fn records(&self) -> Option<Vec<(String, i64)>> {
+        self.cluster.etcd_cluster.as_ref()?.keys(ETCD_PREFIX)
+    }
+
+    /// One check of the invariants (every agent but `skip`'s; nodes in
+    /// `down` may be called down). `outage`: the node set may carry an
+    /// error (the agent says it probes the last known set) but keeps every
+    /// node.
+    fn check(&self, row: &mut Row, skip: Option<usize>, outage: &BTreeSet<usize>) {
+        let n = self.n();
+        for (i, node) in self.cluster.nodes.iter().enumerate() {
+            if Some(i) == skip {
+                continue;
+            }
+            match node.nodes_view() {
+                None => row.fail(format!("{} stopped answering", node.name)),
+                Some(v) if v.nodes.len() != n => row.fail(format!(
+                    "{} lost nodes: {} of {n} ({:?})",
+                    node.name,
+                    v.nodes.len(),
+                    v.error
+                )),
+                Some(v) if v.error.is_some() && !outage.contains(&i) => {
+                    row.fail(format!(
+                        "{}'s node set in error: {:?}; its log about etcd:\n{}",
+                        node.name,
+                        v.error,
+                        etcd_log_tail(&node.log())
+                    ));
+                }
+                Some(_) => {}
+            }
+            if let Some(s) = node.status() {
+                for peer in &s.nodes {
+                    let j = self.cluster.nodes.iter().position(|x| x.name == peer.name);
+                    if peer.state() == ProbeResult::Failure && j != skip {
+                        row.fail(format!(
+                            "{} calls {} down, which is up",
+                            node.name, peer.name
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Checks the invariants every second for `d`.
+    fn watch(&self, row: &mut Row, d: Duration, skip: Option<usize>, outage: &BTreeSet<usize>) {
+        let end = Instant::now() + d;
+        while Instant::now() < end && !stopped() {
+            self.check(row, skip, outage);
+            std::thread::sleep(ROUND.min(end.saturating_duration_since(Instant::now())));
+        }
+    }
+
+    /// Waits (checking) until everything resyncs; the time it took, or a
+    /// failure after `bound` plus a grace to say how late.
+    fn resync(&self, row: &mut Row, bound: Duration) {
+        let start = Instant::now();
+        let give_up = start + bound + Duration::from_secs(60);
+        while !self.settled() {
+            if stopped() {
+                row.fail("stopped".into());
+                return;
+            }
+            if Instant::now() > give_up {
+                row.fail(format!(
+                    "no resync in {}s:\n{}",
+                    give_up.duration_since(start).as_secs(),
+                    self.describe()
+                ));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let took = start.elapsed();
+        row.recovery = Some(took);
+        if took > bound {
+            row.fail(format!(
+                "resync took {:.1}s, over {}s",
+                took.as_secs_f64(),
+                bound.as_secs()
+            ));
+        }
+    }
+
+    /// Runs scenario `name`.
+    ///
+    /// # Panics
+    /// On an unknown name (the callers check it against [`SCENARIOS`]).
+    pub fn run(&mut self, name: &str, opts: Options) -> Row {
+        let mut row = Row {
+            scenario: name.to_owned(),
+            ..Row::default()
+        };
+        match name {
+            "leader-killed" => self.leader_killed(&mut row, opts),
+            "agent-cut-off" => self.agent_cut_off(&mut row, opts),
+            "agent-kill-loop" => self.agent_kill_loop(&mut row, opts),
+            "etcd-down" => self.etcd_down(&mut row, opts),
+            "node-replaced" => self.node_replaced(&mut row),
+            other => panic!("unknown scenario {other:?}"),
+        }
+        row
+    }
+
+    fn etcd(&mut self) -> &mut crate::etcd_cluster::EtcdCluster {
+        self.cluster.etcd_cluster.as_mut().expect("an etcd cluster")
+    }
+
+    /// (1) The etcd leader killed (SIGKILL), then restarted.
+    fn leader_killed(&mut self, row: &mut Row, opts: Options) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let leader = loop {
+            if let Some(l) = self.etcd().leader() {
+                break l;
+            }
+            if Instant::now() > deadline {
+                row.fail("no etcd leader".into());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let before = self.records().unwrap_or_default();
+        row.fault = format!("etcd leader {} killed", self.etcd().members[leader].name);
+        let killed = Instant::now();
+        self.etcd().stop(leader, Signal::SIGKILL);
+        let elected = loop {
+            match self.etcd().leader() {
+                Some(l) if l != leader => break Some(killed.elapsed()),
+                _ if killed.elapsed() > Duration::from_secs(15) => break None,
+                _ => {}
+            }
+            self.check(row, None, &BTreeSet::new());
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        match elected {
+            Some(t) => row
+                .held
+                .push(format!("new leader in {:.1}s", t.as_secs_f64())),
+            None => row.fail("no new leader in 15 s".into()),
+        }
+        let hold = opts.outage.min(Duration::from_secs(10));
+        self.watch(row, hold, None, &BTreeSet::new());
+        let after = self.records().unwrap_or_default();
+        if after == before {
+            row.held.push("records kept on their leases".into());
+        } else {
+            row.fail(format!("records changed: {before:?} -> {after:?}"));
+        }
+        self.etcd().restart(leader);
+        self.etcd().wait_answering(leader, Duration::from_secs(30));
+        row.fault.push_str(", restarted");
+        self.resync(row, resync_bound());
+        row.held.push("node sets kept, nobody called down".into());
+    }
+
+    /// (3) One agent cut off from etcd (nft drops its packets to the
+    /// members' client port) while it still reaches its peers.
+    fn agent_cut_off(&mut self, row: &mut Row, opts: Options) {
+        let victim = self.n() - 1;
+        let name = self.cluster.nodes[victim].name.clone();
+        row.fault = format!("{name} cut off from etcd ({}s)", opts.outage.as_secs());
+        if let Err(e) = self.nft(victim, true) {
+            row.fail(e);
+            return;
+        }
+        let outage = BTreeSet::from([victim]);
+        self.watch(row, opts.outage, None, &outage);
+        let said = self.cluster.nodes[victim]
+            .nodes_view()
+            .and_then(|v| v.error)
+            .is_some();
+        if let Err(e) = self.nft(victim, false) {
+            row.fail(e);
+        }
+        if said {
+            row.held
+                .push(format!("{name} said its set is the last known"));
+        } else if opts.outage > Duration::from_secs(30) {
+            row.fail(format!("{name} did not say etcd is out of reach"));
+        }
+        self.resync(row, resync_bound() + Duration::from_secs(15));
+        row.held
+            .push(format!("{name} kept probing its set; nobody called down"));
+    }
+
+    /// Adds (or removes) the nft table that drops node `i`'s packets to
+    /// etcd's client port.
+    fn nft(&self, i: usize, add: bool) -> Result<(), String> {
+        let rules = if add {
+            format!(
+                "table inet chaos {{\n chain out {{\n  type filter hook output priority 0;\n  \
+                 tcp dport {} drop\n }}\n}}\n",
+                crate::etcd_cluster::CLIENT_PORT
+            )
+        } else {
+            "delete table inet chaos".to_owned()
+        };
+        let mut cmd = Command::new("nft");
+        cmd.args(["-f", "-"]);
+        crate::process::enter(&mut cmd, &self.cluster.nodes[i].ns);
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("nft (Debian package nftables): {e}"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write as _;
+            let _ = stdin.write_all(rules.as_bytes());
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("nft: {}", String::from_utf8_lossy(&out.stderr)))
+        }
+    }
+
+    /// (4) One agent killed with SIGKILL and restarted `kills` times, 2 s
+    /// apart, under probing; then the leak checks.
+    fn agent_kill_loop(&mut self, row: &mut Row, opts: Options) {
+        let victim = self.n() - 1;
+        let name = self.cluster.nodes[victim].name.clone();
+        row.fault = format!(
+            "{name}'s agent SIGKILLed and restarted {} times",
+            opts.kills
+        );
+        let before = self.resources(victim);
+        let others_before: Vec<(usize, Option<(usize, u64)>)> = (0..victim)
+            .map(|i| (i, self.cluster.nodes[i].pid().and_then(settled_fds_and_rss)))
+            .collect();
+        for _ in 0..opts.kills {
+            if stopped() {
+                break;
+            }
+            self.cluster.stop_agent(victim, Signal::SIGKILL);
+            self.cluster.start_agent(victim);
+            self.watch(row, Duration::from_secs(2), Some(victim), &BTreeSet::new());
+        }
+        let bound = resync_bound() + Duration::from_secs(10);
+        self.resync(row, bound);
+        if let Some(t) = row.recovery {
+            row.held.push(format!(
+                "{name} back, every node reachable, {:.1}s after the loop",
+                t.as_secs_f64()
+            ));
+        }
+        let after = self.resources(victim);
+        for (what, b, a) in before.iter().zip(&after).map(|((w, b), (_, a))| (w, b, a)) {
+            if a > b {
+                row.fail(format!("leaked {what}: {b} before, {a} after"));
+            }
+        }
+        if row.failures.is_empty() {
+            row.held
+                .push("no leaked namespaces, links, routes, pins, etcd keys or leases".into());
+        }
+        for (i, b) in others_before {
+            let node = &self.cluster.nodes[i];
+            match (b, node.pid().and_then(settled_fds_and_rss)) {
+                (Some((fd0, rss0)), Some((fd1, rss1))) => {
+                    if !within_10pct(fd0 as u64, fd1 as u64) || !within_10pct(rss0, rss1) {
+                        row.fail(format!(
+                            "{}: fds {fd0} -> {fd1}, RSS {rss0} -> {rss1} kB",
+                            node.name
+                        ));
+                    }
+                }
+                _ => row.fail(format!("{}'s agent is gone", node.name)),
+            }
+        }
+        if row.failures.is_empty() {
+            row.held
+                .push("other agents' fds and RSS within 10 %".into());
+        }
+    }
+
+    /// What node `i` holds that a restarted agent could leak: namespaces,
+    /// its links and routes, its pins, the agent's sockets, etcd's keys
+    /// and leases.
+    fn resources(&self, i: usize) -> Vec<(&'static str, usize)> {
+        let node = &self.cluster.nodes[i];
+        let etcd = self.cluster.etcd_cluster.as_ref();
+        let summaries = health_agent::daemon::cluster_view::summaries_prefix(ETCD_PREFIX);
+        vec![
+            (
+                "namespaces",
+                fs::read_dir(health_agent::sys::netns::NETNS_RUN_DIR).map_or(0, |entries| {
+                    entries
+                        .flatten()
+                        // The agent's: its endpoint's, and any made
+                        // beside it (other tests of this process make
+                        // their own meanwhile).
+                        .filter(|e| {
+                            e.file_name()
+                                .to_str()
+                                .is_some_and(|n| n.starts_with(&node.endpoint_netns))
+                        })
+                        .count()
+                }),
+            ),
+            ("links", ip_lines(&node.ns, &["-o", "link", "show"])),
+            (
+                "routes",
+                ip_lines(&node.ns, &["-o", "route", "show", "table", "all"]),
+            ),
+            ("pins", count_files(&node.pins)),
+            (
+                // Besides its etcd connections (the client holds one to a
+                // member or several), at rest (the fewest of 5 samples).
+                "agent sockets",
+                node.pid().map_or(0, |p| {
+                    (0..5)
+                        .map(|_| {
+                            std::thread::sleep(Duration::from_millis(300));
+                            sockets_of(p).saturating_sub(crate::etcd_cluster::etcd_connections(p))
+                        })
+                        .min()
+                        .unwrap_or(0)
+                }),
+            ),
+            (
+                "etcd keys",
+                etcd.and_then(|e| e.keys(ETCD_PREFIX))
+                    .map_or(0, |k| k.len())
+                    + etcd.and_then(|e| e.keys(&summaries)).map_or(0, |k| k.len()),
+            ),
+            (
+                "etcd leases",
+                etcd.and_then(crate::etcd_cluster::EtcdCluster::leases)
+                    .map_or(0, |l| l.len()),
+            ),
+        ]
+    }
+
+    /// (2) Every etcd member stopped for `outage`, then started.
+    fn etcd_down(&mut self, row: &mut Row, opts: Options) {
+        row.fault = format!("all 3 etcd members stopped {}s", opts.outage.as_secs());
+        let rounds_before: Vec<u64> = self.rounds();
+        for m in 0..3 {
+            self.etcd().stop(m, Signal::SIGTERM);
+        }
+        let everyone: BTreeSet<usize> = (0..self.n()).collect();
+        self.watch(row, opts.outage, None, &everyone);
+        let rounds_after = self.rounds();
+        let probing = rounds_before
+            .iter()
+            .zip(&rounds_after)
+            .all(|(b, a)| *a >= *b + opts.outage.as_secs() / 2);
+        if probing {
+            row.held
+                .push("every agent kept probing its last node set".into());
+        } else {
+            row.fail(format!(
+                "rounds stalled: {rounds_before:?} -> {rounds_after:?}"
+            ));
+        }
+        for m in 0..3 {
+            self.etcd().restart(m);
+        }
+        for m in 0..3 {
+            self.etcd().wait_answering(m, Duration::from_secs(60));
+        }
+        self.resync(row, resync_bound());
+        row.held.push("node sets kept, nobody called down".into());
+    }
+
+    /// (6) A node stopped for good (its agent killed, its namespaces
+    /// removed) and a new node joining. Its record stays for the lease
+    /// TTL (15 minutes): every agent must call it down. Run last: the
+    /// cluster keeps the change.
+    fn node_replaced(&mut self, row: &mut Row) {
+        let gone = self.n() - 1;
+        let name = self.cluster.nodes[gone].name.clone();
+        self.cluster.stop_agent(gone, Signal::SIGKILL);
+        let node = &self.cluster.nodes[gone];
+        let _ = health_agent::sys::netns::Netns::named(&node.endpoint_netns).map(|ns| ns.delete());
+        let _ = node.ns.delete();
+        let removed = Instant::now();
+        // Called down by every other agent: the failure threshold's
+        // rounds (3 by default) and 2 more at most.
+        let bound = ROUND * 5;
+        let mut down_in = None;
+        while removed.elapsed() < bound + Duration::from_secs(30) && !stopped() {
+            let all = (0..gone).all(|i| {
+                self.cluster.nodes[i].status().is_some_and(|s| {
+                    s.nodes
+                        .iter()
+                        .any(|n| n.name == name && n.state() == ProbeResult::Failure)
+                })
+            });
+            if all {
+                down_in = Some(removed.elapsed());
+                break;
+            }
+            self.check(row, Some(gone), &BTreeSet::new());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        match down_in {
+            Some(t) if t <= bound => row.held.push(format!(
+                "{name} called down by every agent in {:.1}s",
+                t.as_secs_f64()
+            )),
+            Some(t) => row.fail(format!(
+                "{name} called down in {:.1}s, over {}s",
+                t.as_secs_f64(),
+                bound.as_secs()
+            )),
+            None => row.fail(format!("{name} never called down by every agent")),
+        }
+        let new = self.cluster.join();
+        let new_name = self.cluster.nodes[new].name.clone();
+        row.fault = format!("{name} removed for good, {new_name} joining");
+        let joined = Instant::now();
+        let n = self.n();
+        let seen = loop {
+            let all = (0..n).filter(|i| *i != gone).all(|i| {
+                self.cluster.nodes[i].status().is_some_and(|s| {
+                    s.nodes.len() == n
+                        && s.nodes
+                            .iter()
+                            .filter(|x| x.name != name)
+                            .all(health_agent::probe::status::NodeStatus::reachable)
+                })
+            });
+            if all {
+                break Some(joined.elapsed());
+            }
+            if joined.elapsed() > Duration::from_secs(60) || stopped() {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        row.recovery = seen;
+        match seen {
+            Some(t) => row.held.push(format!(
+                "{new_name} reachable from every agent {:.1}s after its start",
+                t.as_secs_f64()
+            )),
+            None => row.fail(format!(
+                "{new_name} not seen by every agent in 60 s:\n{}",
+                self.describe()
+            )),
+        }
+    }
+
+    fn rounds(&self) -> Vec<u64> {
+        self.cluster
+            .nodes
+            .iter()
+            .map(|n| n.status().and_then(|s| s.round).map_or(0, |r| r.seq))
+            .collect()
+    }
+}
+
+/// The last lines of an agent's log that speak of etcd.
+fn etcd_log_tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("etcd")).collect();
+    lines[lines.len().saturating_sub(6)..].join("\n")
+}
+
+fn within_10pct(before: u64, after: u64) -> bool {
+    after <= before + before.div_ceil(10)
+}
+
+/// Lines `ip ARGS` prints in `ns`.
+fn ip_lines(ns: &health_agent::sys::netns::Netns, args: &[&str]) -> usize {
+    let mut cmd = Command::new("ip");
+    cmd.args(args);
+    crate::process::enter(&mut cmd, ns);
+    cmd.output()
+        .map_or(0, |o| String::from_utf8_lossy(&o.stdout).lines().count())
+}
+
+fn count_files(dir: &Path) -> usize {
+    fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    count_files(&e.path())
+                } else {
+                    1
+                }
+            })
+            .sum()
+    })
+}
+
+/// The sockets among `pid`'s descriptors.
+fn sockets_of(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter(|e| {
+                fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+            })
+            .count()
+    })
+}
+
+/// [`fds_and_rss`] at rest: the fewest descriptors and least memory of
+/// 5 samples over 1.5 s (probes in flight hold sockets for a moment).
+fn settled_fds_and_rss(pid: u32) -> Option<(usize, u64)> {
+    let samples: Vec<(usize, u64)> = (0..5)
+        .filter_map(|_| {
+            std::thread::sleep(Duration::from_millis(300));
+            fds_and_rss(pid)
+        })
+        .collect();
+    Some((
+        samples.iter().map(|s| s.0).min()?,
+        samples.iter().map(|s| s.1).min()?,
+    ))
+}
+
+/// `pid`'s descriptor count and resident memory (kB).
+#[must_use]
+pub fn fds_and_rss(pid: u32) -> Option<(usize, u64)> {
+    let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some((fds, rss))
+}
+
+/// The table: one row per scenario, then `N passed, M failed`.
+#[must_use]
+pub fn render(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16} {:<48} {:>9}  result",
+        "scenario", "fault", "recovery"
+    );
+    for r in rows {
+        let recovery = r
+            .recovery
+            .map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64()));
+        let result = if r.passed() { "passed" } else { "FAILED" };
+        let _ = writeln!(
+            out,
+            "{:<16} {:<48} {:>9}  {result}",
+            r.scenario, r.fault, recovery
+        );
+        for h in &r.held {
+            let _ = writeln!(out, "{:<16}   held: {h}", "");
+        }
+        for f in &r.failures {
+            let _ = writeln!(out, "{:<16}   broke: {f}", "");
+        }
+    }
+    let passed = rows.iter().filter(|r| r.passed()).count();
+    let _ = writeln!(out, "{passed} passed, {} failed", rows.len() - passed);
+    out
+}

@@ -1,0 +1,101 @@
+//! Agents over a 3-member etcd cluster (each member a real etcd in a
+//! namespace of its own): given every member's endpoint, they ride out the
+//! loss of the member they talk to, keeping their node set and their
+//! registration (the lease kept alive through another member).
+
+use std::time::{Duration, Instant};
+
+use health_tests::{
+    cluster::{Cluster, ETCD_PREFIX, Settings},
+    etcd_cluster::connected_members,
+};
+use nix::sys::signal::Signal;
+
+#[test]
+fn agents_keep_their_node_set_and_lease_when_their_etcd_member_is_killed() {
+    let lease_ttl = Duration::from_secs(4);
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        etcd_members: 3,
+        lease_ttl: "4s",
+        ..Settings::default()
+    });
+    for node in &cluster.nodes {
+        let view = node.wait_nodes_view(Duration::from_secs(30), |v| v.nodes.len() == 3);
+        let etcd = cluster.etcd_cluster.as_ref().expect("an etcd cluster");
+        assert_eq!(
+            view.source,
+            format!("etcd:{}{ETCD_PREFIX}", etcd.endpoints()),
+            "every member's endpoint named in the source"
+        );
+    }
+
+    // The member node-1's agent talks to (its established connections to
+    // etcd's client port), killed as in a crash.
+    let pid = cluster.nodes[0].pid().expect("node-1's agent runs");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let talked_to = loop {
+        if let Some(ip) = connected_members(pid).first().copied() {
+            break ip;
+        }
+        assert!(Instant::now() < deadline, "node-1 holds no etcd connection");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let etcd = cluster.etcd_cluster.as_mut().expect("an etcd cluster");
+    let victim = etcd
+        .members
+        .iter()
+        .position(|m| m.ip == talked_to)
+        .expect("a member's address");
+    let leases_before: Vec<i64> = {
+        let keys = etcd.keys(ETCD_PREFIX).expect("etcd answers");
+        assert_eq!(keys.len(), 3, "{keys:?}");
+        keys.iter().map(|(_, lease)| *lease).collect()
+    };
+    etcd.stop(victim, Signal::SIGKILL);
+
+    // For three lease TTLs: every agent keeps all three nodes without an
+    // error, and etcd (the two members left) keeps the three records on
+    // the same leases: each agent's keep-alive went through another member.
+    let until = Instant::now() + 3 * lease_ttl;
+    while Instant::now() < until {
+        for node in &cluster.nodes {
+            let view = node.nodes_view().expect("the agent answers");
+            assert_eq!(
+                view.nodes.len(),
+                3,
+                "{}: {view:#?}\n{}",
+                node.name,
+                node.log()
+            );
+            assert!(view.error.is_none(), "{}: {view:#?}", node.name);
+        }
+        let etcd = cluster.etcd_cluster.as_ref().expect("an etcd cluster");
+        if let Some(keys) = etcd.keys(ETCD_PREFIX) {
+            let leases: Vec<i64> = keys.iter().map(|(_, l)| *l).collect();
+            assert_eq!(
+                leases, leases_before,
+                "records kept on their leases: {keys:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let etcd = cluster.etcd_cluster.as_ref().expect("an etcd cluster");
+    let keys = etcd.keys(ETCD_PREFIX).expect("the members left answer");
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    let now = connected_members(pid);
+    assert!(
+        !now.is_empty() && !now.contains(&talked_to),
+        "node-1 talks to the members left: {now:?} (killed: {talked_to})"
+    );
+
+    // A node that registers now (a restarted agent) does so through the
+    // members left, and the others see it come back.
+    cluster.stop_agent(2, Signal::SIGTERM);
+    cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.nodes.len() == 2);
+    cluster.start_agent(2);
+    for node in &cluster.nodes {
+        node.wait_nodes_view(Duration::from_secs(30), |v| v.nodes.len() == 3);
+    }
+}
