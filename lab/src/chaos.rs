@@ -37,7 +37,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     if opts.seconds == 0 {
         bail!("--seconds must be at least 1");
     }
-    install_stop_handler()?;
+    crate::stop::install(on_signal)?;
     let scenarios: Vec<&str> = match &opts.scenario {
         Some(s) => vec![s.as_str()],
         None => SCENARIOS.to_vec(),
@@ -94,20 +94,6 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     }
     if chaos::STOP.load(Ordering::Relaxed) {
         bail!("stopped before every scenario ran");
-    }
-    Ok(())
-}
-
-fn install_stop_handler() -> anyhow::Result<()> {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic.
-        unsafe { sigaction(sig, &action) }?;
     }
     Ok(())
 }

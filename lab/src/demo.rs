@@ -61,7 +61,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     health_agent::util::duration::parse(&opts.probe_interval)
         .map_err(|e| anyhow::anyhow!("--probe-interval: {e}"))?;
     let family = family(opts)?;
-    install_stop_handler()?;
+    crate::stop::install(on_signal)?;
     println!(
         "starting a {}-node cluster (namespaces on a bridge, {})...",
         opts.nodes,
@@ -260,20 +260,6 @@ fn forward_page(cluster: &Cluster) -> String {
             String::new()
         }
     }
-}
-
-fn install_stop_handler() -> anyhow::Result<()> {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic.
-        unsafe { sigaction(sig, &action) }?;
-    }
-    Ok(())
 }
 
 fn sleep_unless_stopped(total: Duration) {

@@ -25,6 +25,7 @@ mod chaos;
 mod demo;
 mod forward;
 mod sim_nodes;
+mod stop;
 
 #[derive(Debug, Parser)]
 #[command(

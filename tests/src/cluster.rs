@@ -198,6 +198,45 @@ impl ClusterNode {
             .unwrap_or_default()
     }
 
+    /// The cluster view as `status --cluster -o json` prints it, read as
+    /// `T` (the reply, or the view it flattens); `None` while there is
+    /// none.
+    #[must_use]
+    pub fn cluster_json<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
+        let out = Command::new(agent_binary())
+            .args(["status", "--cluster", "-o", "json", "--socket"])
+            .arg(self.socket())
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).expect("the cluster view is JSON"))
+    }
+
+    /// Waits until the cluster view read as `T` satisfies `ok`; returns it.
+    pub fn wait_cluster_json<T: serde::de::DeserializeOwned + std::fmt::Debug>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        ok: impl Fn(&T) -> bool,
+    ) -> T {
+        let deadline = Instant::now() + crate::patience(timeout);
+        loop {
+            let v = self.cluster_json::<T>();
+            match v {
+                Some(v) if ok(&v) => return v,
+                _ => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: {what} not reached; last view: {v:#?}\nlog:\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
     /// The agent's metrics listener (`/metrics`, the connectivity page,
     /// `/api`), on the node's address: reachable from the fabric namespace
     /// and the other nodes.

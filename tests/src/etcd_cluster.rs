@@ -215,25 +215,10 @@ impl EtcdCluster {
     #[must_use]
     pub fn leader(&self) -> Option<usize> {
         for m in self.members.iter().filter(|m| m.running()) {
-            let endpoint = format!("http://{}", m.endpoint());
-            let answer = health_agent::sys::netns::run_in(Some(&m.ns), || {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime")
-                    .block_on(async {
-                        let opts = etcd_client::ConnectOptions::new()
-                            .with_connect_timeout(Duration::from_secs(1))
-                            .with_timeout(Duration::from_secs(1));
-                        let mut c = etcd_client::Client::connect([endpoint], Some(opts))
-                            .await
-                            .ok()?;
-                        let s = c.status().await.ok()?;
-                        Some((s.leader(), s.header()?.member_id()))
-                    })
-            })
-            .ok()
-            .flatten();
+            let answer = ask(m, async |c| {
+                let s = c.status().await.ok()?;
+                Some((s.leader(), s.header()?.member_id()))
+            });
             if let Some((leader, me)) = answer
                 && leader != 0
             {
@@ -249,33 +234,60 @@ impl EtcdCluster {
 
     fn member_with_id(&self, id: u64) -> Option<usize> {
         let first = self.members.iter().find(|m| m.running())?;
-        let endpoint = format!("http://{}", first.endpoint());
-        let list = health_agent::sys::netns::run_in(Some(&first.ns), || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime")
-                .block_on(async {
-                    let opts = etcd_client::ConnectOptions::new()
-                        .with_connect_timeout(Duration::from_secs(1))
-                        .with_timeout(Duration::from_secs(1));
-                    let mut c = etcd_client::Client::connect([endpoint], Some(opts))
-                        .await
-                        .ok()?;
-                    let r = c.member_list().await.ok()?;
-                    Some(
-                        r.members()
-                            .iter()
-                            .map(|m| (m.id(), m.name().to_owned()))
-                            .collect::<Vec<_>>(),
-                    )
-                })
-        })
-        .ok()
-        .flatten()?;
+        let list = ask(first, async |c| {
+            let r = c.member_list().await.ok()?;
+            Some(
+                r.members()
+                    .iter()
+                    .map(|m| (m.id(), m.name().to_owned()))
+                    .collect::<Vec<_>>(),
+            )
+        })?;
         let name = list.into_iter().find(|(i, _)| *i == id)?.1;
         self.members.iter().position(|m| m.name == name)
     }
+}
+
+/// Runs `f` on a client of member `m` alone, made in its namespace, with
+/// one-second timeouts; `None` when it cannot connect or `f` says so.
+fn ask<T: Send>(
+    m: &Member,
+    f: impl AsyncFnOnce(&mut etcd_client::Client) -> Option<T> + Send,
+) -> Option<T> {
+    let one = Duration::from_secs(1);
+    client_in(
+        &m.ns,
+        vec![format!("http://{}", m.endpoint())],
+        (one, one),
+        f,
+    )
+}
+
+/// Runs `f` on a client of `endpoints` made in `ns` on a runtime of its
+/// own, with `(connect, request)` timeouts.
+fn client_in<T: Send>(
+    ns: &Netns,
+    endpoints: Vec<String>,
+    (connect, request): (Duration, Duration),
+    f: impl AsyncFnOnce(&mut etcd_client::Client) -> Option<T> + Send,
+) -> Option<T> {
+    health_agent::sys::netns::run_in(Some(ns), || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                let opts = etcd_client::ConnectOptions::new()
+                    .with_connect_timeout(connect)
+                    .with_timeout(request);
+                let mut c = etcd_client::Client::connect(endpoints, Some(opts))
+                    .await
+                    .ok()?;
+                f(&mut c).await
+            })
+    })
+    .ok()
+    .flatten()
 }
 
 impl EtcdCluster {
@@ -292,23 +304,12 @@ impl EtcdCluster {
             .filter(|m| m.running())
             .map(|m| format!("http://{}", m.endpoint()))
             .collect();
-        health_agent::sys::netns::run_in(Some(&first.ns), || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime")
-                .block_on(async {
-                    let opts = etcd_client::ConnectOptions::new()
-                        .with_connect_timeout(Duration::from_secs(2))
-                        .with_timeout(Duration::from_secs(3));
-                    let mut c = etcd_client::Client::connect(endpoints, Some(opts))
-                        .await
-                        .ok()?;
-                    f(&mut c).await
-                })
-        })
-        .ok()
-        .flatten()
+        client_in(
+            &first.ns,
+            endpoints,
+            (Duration::from_secs(2), Duration::from_secs(3)),
+            f,
+        )
     }
 
     /// The keys under `prefix` with their lease (0: none), as the running

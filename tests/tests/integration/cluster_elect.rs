@@ -8,10 +8,7 @@
 //! again with the link back; a view that calls down a node an agent
 //! reaches is reported as a contradiction.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use health_agent::{
     cluster::{
@@ -21,21 +18,13 @@ use health_agent::{
     daemon::cluster_view::ELECTION_TTL,
 };
 use health_tests::{
-    agent::agent_binary,
     cluster::{Cluster, ClusterNode, ETCD_ENDPOINT, ETCD_PREFIX, Settings},
     etcd, patience,
 };
 use nix::sys::signal::Signal;
 
 fn reply(node: &ClusterNode) -> Option<ClusterReply> {
-    let out = Command::new(agent_binary())
-        .args(["status", "--cluster", "-o", "json", "--socket"])
-        .arg(node.socket())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).expect("the cluster view is JSON"))
+    node.cluster_json()
 }
 
 /// Waits until `node`'s view satisfies `ok`; returns it.
@@ -45,20 +34,7 @@ fn wait_reply(
     what: &str,
     ok: impl Fn(&ClusterReply) -> bool,
 ) -> ClusterReply {
-    let deadline = Instant::now() + patience(timeout);
-    loop {
-        let r = reply(node);
-        if let Some(r) = r.as_ref().filter(|r| ok(r)) {
-            return r.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{}: {what} not reached; last view: {r:#?}\nlog:\n{}",
-            node.name,
-            node.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    node.wait_cluster_json(timeout, what, ok)
 }
 
 fn assembler(r: &ClusterReply) -> Option<&str> {

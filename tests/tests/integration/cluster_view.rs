@@ -5,30 +5,19 @@
 //! agent; ICMP dropped on one observer's path to one node is "path
 //! degraded" there, not "node down".
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use health_agent::{
     cluster::view::{ClusterView, Verdict},
     probe::status::ClusterStatus,
 };
 use health_tests::{
-    agent::agent_binary,
     cluster::{Cluster, ClusterNode, Settings},
     faults::DropIcmp,
 };
 
 fn view(node: &ClusterNode) -> Option<ClusterView> {
-    let out = Command::new(agent_binary())
-        .args(["status", "--cluster", "-o", "json", "--socket"])
-        .arg(node.socket())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).expect("the cluster view is JSON"))
+    node.cluster_json()
 }
 
 /// Waits until `node`'s view satisfies `ok`; returns it.
@@ -38,20 +27,7 @@ fn wait_view(
     what: &str,
     ok: impl Fn(&ClusterView) -> bool,
 ) -> ClusterView {
-    let deadline = Instant::now() + health_tests::patience(timeout);
-    loop {
-        let v = view(node);
-        if let Some(v) = v.as_ref().filter(|v| ok(v)) {
-            return v.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{}: {what} not reached; last view: {v:#?}\nlog:\n{}",
-            node.name,
-            node.log()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    node.wait_cluster_json(timeout, what, ok)
 }
 
 /// The nodes counted in the view.
