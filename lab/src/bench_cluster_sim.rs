@@ -45,6 +45,7 @@ use anyhow::{Context as _, ensure};
 use crate::sim_nodes::{mix64, node, rtt_us};
 use health_agent::{
     cluster::{
+        published_view::PublishedView,
         subset::{ProbePeers, SubsetPlan, name_hash},
         summary::{PathSample, PeerSummary, Summary},
         view::{ClusterView, NodeView, Verdict, ViewParams, assemble},
@@ -149,6 +150,10 @@ const FLAP_ROUNDS: u32 = 4;
 /// Summaries older than this many rounds are left out of the view.
 const STALE_ROUNDS: u64 = 3;
 const INTERVAL_MS: u64 = 3000;
+/// What a non-leader may download a round: the view, steady and with a
+/// zone down.
+const VIEW_WIRE_STEADY: usize = 64 << 10;
+const VIEW_WIRE_FAULTS: usize = 1 << 20;
 /// The targets.
 const SUMMARY_BUDGET: usize = 1536;
 const VIEW_BUDGET: usize = 64 << 20;
@@ -739,6 +744,12 @@ struct Rounds {
     last_counts: String,
     /// The last round's summaries, as published.
     last: Vec<Vec<u8>>,
+    /// The published view's bytes (what each other agent downloads a
+    /// round): the largest before the faults, and the largest after.
+    view_wire_steady: usize,
+    view_wire_faults: usize,
+    /// Encoding the published view, over every round.
+    encode_time: Duration,
 }
 
 fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Result<Rounds> {
@@ -772,6 +783,23 @@ fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Result<Rounds>
         out.view_bytes = out.view_bytes.max(a.view_bytes);
         out.view_estimate = out.view_estimate.max(view_bytes(&a.view));
         out.peak_bytes = out.peak_bytes.max(a.peak_bytes);
+        // The leader's publish: the view as every other agent reads it.
+        let t1 = Instant::now();
+        let wire = PublishedView::of(
+            &c.nodes[0].name,
+            u64::from(r),
+            u64::from(r) * INTERVAL_MS,
+            INTERVAL_MS,
+            &a.view,
+        )
+        .encode()
+        .len();
+        out.encode_time += t1.elapsed();
+        if r < FAULT_ROUND {
+            out.view_wire_steady = out.view_wire_steady.max(wire);
+        } else {
+            out.view_wire_faults = out.view_wire_faults.max(wire);
+        }
         let k = &a.view.counts;
         out.last_counts = format!(
             "healthy {}, node down {}, path degraded {}, observer problem {}, unknown {}",
@@ -986,5 +1014,48 @@ fn render_rounds(out: &mut String, opts: &Options, c: &Cluster, faults: &Faults,
         r.publish_time.as_secs_f64(),
         r.assemble_time.as_secs_f64(),
         opts.rounds
+    );
+    render_assembler(out, opts, r);
+}
+
+/// The elected assembler's figures: what the leader and every other agent
+/// download a round, the leader's CPU, the cluster's etcd egress.
+fn render_assembler(out: &mut String, opts: &Options, r: &Rounds) {
+    let n = opts.nodes;
+    let rounds = opts.rounds.max(1);
+    let leader_cpu = (r.assemble_time + r.encode_time) / rounds;
+    let summaries = r.bytes_mean;
+    #[expect(clippy::cast_precision_loss, reason = "byte counts far below 2^52")]
+    let egress_of = |view: usize| summaries + (n.saturating_sub(1) * view) as f64;
+    let steady = egress_of(r.view_wire_steady);
+    let egress = egress_of(r.view_wire_faults.max(r.view_wire_steady));
+    #[expect(clippy::cast_precision_loss, reason = "byte counts far below 2^52")]
+    let budget = 2.0 * summaries + (n * VIEW_WIRE_STEADY) as f64;
+    let _ = writeln!(
+        out,
+        "
+the elected assembler (the view published once a round under one key, read by every other agent):"
+    );
+    let _ = writeln!(
+        out,
+        "  a non-leader downloads the view: {} B a round before the faults  [{}: ≤ 64 KiB], at most {} B with the faults on (a zone partitioned among them)  [{}: ≤ 1 MiB]",
+        r.view_wire_steady,
+        pass(r.view_wire_steady <= VIEW_WIRE_STEADY),
+        r.view_wire_faults,
+        pass(r.view_wire_faults <= VIEW_WIRE_FAULTS)
+    );
+    let _ = writeln!(
+        out,
+        "  the leader downloads the summaries, {summaries:.0} B a round, and spends {:.0} ms a round decoding, assembling and encoding  [{}: ≤ 1 s]",
+        leader_cpu.as_secs_f64() * 1e3,
+        pass(leader_cpu <= Duration::from_secs(1))
+    );
+    let _ = writeln!(
+        out,
+        "  the cluster's etcd egress a round: the summaries to the leader and the view to {} agents, {steady:.0} B before the faults ({:.2}x the summaries written), {egress:.0} B with them ({:.2}x)  [{}: ≤ 2x the summaries + 64 KiB an agent = {budget:.0} B]",
+        n.saturating_sub(1),
+        steady / summaries.max(1.0),
+        egress / summaries.max(1.0),
+        pass(egress <= budget)
     );
 }
