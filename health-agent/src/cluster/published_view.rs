@@ -176,17 +176,6 @@ fn usize_of(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
-/// The order nodes are kept in when they do not all fit: worst first.
-fn rank(v: Verdict) -> u8 {
-    match v {
-        Verdict::NodeDown => 0,
-        Verdict::PathDegraded => 1,
-        Verdict::ObserverProblem => 2,
-        Verdict::Unknown => 3,
-        Verdict::Healthy => 4,
-    }
-}
-
 fn node_view(m: proto::Node) -> Result<NodeView, ViewError> {
     check_name("node", &m.name)?;
     if !m.zone.is_empty() {
@@ -243,8 +232,9 @@ impl PublishedView {
     ) -> Self {
         let mut problems: Vec<&NodeView> = view.problems().collect();
         problems.sort_by(|a, b| {
-            rank(a.verdict)
-                .cmp(&rank(b.verdict))
+            a.verdict
+                .rank()
+                .cmp(&b.verdict.rank())
                 .then_with(|| a.name.cmp(&b.name))
         });
         // The counts, the header and 64 bytes of slack for field tags.

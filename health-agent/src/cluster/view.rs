@@ -82,6 +82,22 @@ pub enum Verdict {
     Unknown,
 }
 
+impl Verdict {
+    /// How bad it is, worst first: node down, path degraded, observer
+    /// problem, unknown, healthy. Lists of nodes are shown (and cut, when
+    /// they do not all fit) in this order.
+    #[must_use]
+    pub const fn rank(self) -> u8 {
+        match self {
+            Self::NodeDown => 0,
+            Self::PathDegraded => 1,
+            Self::ObserverProblem => 2,
+            Self::Unknown => 3,
+            Self::Healthy => 4,
+        }
+    }
+}
+
 /// The rules' thresholds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ViewParams {

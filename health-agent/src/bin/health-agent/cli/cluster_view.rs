@@ -22,18 +22,6 @@ fn verdict(v: Verdict) -> &'static str {
     }
 }
 
-/// Problems first (node down, path degraded, observer problem, unknown),
-/// then by name.
-const fn rank(v: Verdict) -> u8 {
-    match v {
-        Verdict::NodeDown => 0,
-        Verdict::PathDegraded => 1,
-        Verdict::ObserverProblem => 2,
-        Verdict::Unknown => 3,
-        Verdict::Healthy => 4,
-    }
-}
-
 fn detail(n: &NodeView) -> String {
     let mut d = String::new();
     if !n.failing_observers.is_empty() {
@@ -128,8 +116,9 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
         .filter(|n| all || view.nodes.len() <= LIST_ALL_UP_TO || n.verdict != Verdict::Healthy)
         .collect();
     rows.sort_by(|a, b| {
-        rank(a.verdict)
-            .cmp(&rank(b.verdict))
+        a.verdict
+            .rank()
+            .cmp(&b.verdict.rank())
             .then(a.name.cmp(&b.name))
     });
     let width = rows.iter().map(|n| n.name.len()).max().unwrap_or(4).max(4);
