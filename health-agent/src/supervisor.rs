@@ -90,6 +90,57 @@ pub struct TaskContext {
     pub ready: Ready,
     /// 0 at the first start, then the number of restarts so far.
     pub restarts: u32,
+    /// Where the task says what keeps it from doing all its work while it
+    /// goes on running (cleared by the task once it is mended).
+    pub problem: Problem,
+}
+
+/// A running task's own word on what it cannot do now (a state file it
+/// cannot write, pins it cannot restore): shown in `/v1/healthz`, and the
+/// agent reads as degraded while it stands.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    health: Health,
+    name: &'static str,
+}
+
+impl Problem {
+    /// Says what is wrong (`None`: nothing any more). The first report
+    /// of a problem and its end are logged; a repeat of the same words is
+    /// not.
+    pub fn set(&self, problem: Option<String>) {
+        self.health.update(self.name, |e| {
+            if e.problem == problem {
+                return;
+            }
+            match (&e.problem, &problem) {
+                (_, Some(p)) => warn!(task = self.name, "degraded: {p}"),
+                (Some(_), None) => info!(task = self.name, "no longer degraded"),
+                (None, None) => {}
+            }
+            e.problem = problem;
+        });
+    }
+
+    /// A reporter that shows nothing anywhere (a component run outside
+    /// the supervisor, as in tests).
+    #[must_use]
+    pub fn detached(name: &'static str) -> Self {
+        Self {
+            health: Health::default(),
+            name,
+        }
+    }
+
+    /// What is reported now.
+    #[must_use]
+    pub fn current(&self) -> Option<String> {
+        self.health
+            .0
+            .read()
+            .ok()
+            .and_then(|all| all.get(self.name).and_then(|e| e.problem.clone()))
+    }
 }
 
 /// One task as `/v1/healthz` shows it.
@@ -102,7 +153,11 @@ pub struct TaskStatus {
     pub last_error: Option<String>,
     /// Epoch milliseconds of that end.
     pub last_failure_ms: Option<u64>,
-    /// Failed within the degraded window (or not running).
+    /// What the running task says it cannot do now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    /// Failed within the degraded window (or not running), or reporting a
+    /// problem.
     pub degraded: bool,
 }
 
@@ -124,6 +179,7 @@ struct Entry {
     restarts: u32,
     last_error: Option<String>,
     last_failure: Option<(Instant, u64)>,
+    problem: Option<String>,
 }
 
 /// The tasks' states, shared with the API.
@@ -138,6 +194,7 @@ impl Health {
                 restarts: 0,
                 last_error: None,
                 last_failure: None,
+                problem: None,
             });
             f(e);
         }
@@ -157,7 +214,9 @@ impl Health {
                 restarts: e.restarts,
                 last_error: e.last_error.clone(),
                 last_failure_ms: e.last_failure.map(|(_, ms)| ms),
+                problem: e.problem.clone(),
                 degraded: !matches!(e.state, TaskState::Running | TaskState::Stopped)
+                    || e.problem.is_some()
                     || e.last_failure
                         .is_some_and(|(at, _)| at.elapsed() < degraded_for),
             })
@@ -356,6 +415,10 @@ impl Runner {
                 shutdown: self.token.child_token(),
                 ready: Ready(Arc::new(Mutex::new(Some(relay_tx)))),
                 restarts,
+                problem: Problem {
+                    health: self.health.clone(),
+                    name: self.name,
+                },
             };
             let ended = std::panic::AssertUnwindSafe(factory(ctx))
                 .catch_unwind()
@@ -550,6 +613,46 @@ mod tests {
         stop.cancel();
         run.await.expect("joined").expect("a stop is not an error");
         assert_eq!(*stopped.lock().expect("lock"), ["api"]);
+    }
+
+    #[tokio::test]
+    async fn a_running_task_that_reports_a_problem_is_degraded_until_it_clears_it() {
+        let (health, stop) = (Health::default(), CancellationToken::new());
+        let mut sup = Supervisor::new(policy(), health.clone(), stop.clone());
+        let (say, said) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let (s, d) = (say.clone(), said.clone());
+        let factory = move |ctx: TaskContext| {
+            let (say, said) = (s.clone(), d.clone());
+            task(async move {
+                ctx.ready.done();
+                ctx.problem.set(Some("state directory read-only".into()));
+                said.notify_one();
+                say.notified().await;
+                ctx.problem.set(None);
+                said.notify_one();
+                ctx.shutdown.cancelled().await;
+                Ok::<_, std::io::Error>(())
+            })
+        };
+        sup.start("endpoint", Restart::WithinBudget, factory)
+            .await
+            .expect("starts");
+        let run = tokio::spawn(sup.run());
+        said.notified().await;
+        let t = &health.tasks(Duration::from_secs(60))[0];
+        assert_eq!(t.state, TaskState::Running);
+        assert!(t.degraded, "{t:?}");
+        assert_eq!(t.problem.as_deref(), Some("state directory read-only"));
+        assert_eq!(t.restarts, 0, "a problem is no failure: {t:?}");
+        say.notify_one();
+        said.notified().await;
+        let t = &health.tasks(Duration::from_secs(60))[0];
+        assert!(!t.degraded && t.problem.is_none(), "{t:?}");
+        stop.cancel();
+        run.await.expect("joined").expect("a stop is not an error");
     }
 
     #[tokio::test]

@@ -11,7 +11,8 @@ use health_tests::chaos::{self, Chaos, SCENARIOS};
 #[derive(Debug, clap::Args)]
 pub(crate) struct Options {
     /// One scenario (default: every one, in this order): leader-killed,
-    /// agent-cut-off, agent-kill-loop, etcd-down, node-replaced.
+    /// agent-cut-off, agent-kill-loop, etcd-down, uplink-flap,
+    /// state-read-only, bpffs-unmounted, node-replaced.
     #[arg(long, value_parser = SCENARIOS)]
     pub scenario: Option<String>,
     /// How long an outage lasts: every etcd member stopped, an agent cut
@@ -24,6 +25,9 @@ pub(crate) struct Options {
     /// Times the kill loop kills the agent (2 s apart).
     #[arg(long, default_value_t = 50)]
     pub kills: usize,
+    /// Times the flapping uplink is deleted and made again, in a minute.
+    #[arg(long, default_value_t = 100)]
+    pub flaps: usize,
 }
 
 extern "C" fn on_signal(_: libc::c_int) {
@@ -36,6 +40,12 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     }
     if opts.seconds == 0 {
         bail!("--seconds must be at least 1");
+    }
+    if !(1..=6000).contains(&opts.flaps) {
+        bail!(
+            "--flaps {} is out of range (1 to 6000 in a minute)",
+            opts.flaps
+        );
     }
     crate::stop::install(on_signal)?;
     let scenarios: Vec<&str> = match &opts.scenario {
@@ -65,6 +75,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     let options = chaos::Options {
         outage: std::time::Duration::from_secs(opts.seconds),
         kills: opts.kills,
+        flaps: opts.flaps,
     };
     let mut rows = Vec::new();
     for s in scenarios {

@@ -18,7 +18,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use health_agent::probe::path::ProbeResult;
+use health_agent::{
+    cluster::view_cell::ClusterReply, probe::path::ProbeResult, sys::netlink::in_netns,
+};
+use health_common::maps::MapId;
 use nix::sys::signal::Signal;
 
 use crate::cluster::{Cluster, ETCD_PREFIX, Settings};
@@ -36,19 +39,23 @@ fn stopped() -> bool {
 pub const PROBE_INTERVAL: &str = "1s";
 const ROUND: Duration = Duration::from_secs(1);
 
-/// How long a resync may take once the fault is gone: 2 rounds, plus the
-/// etcd client's longest reconnect backoff (3 s).
+/// How long a resync may take once the fault is gone (etcd serving
+/// again): 2 rounds, plus 1 s for the agent to see it (etcd is asked
+/// every 0.4 s, with jitter, during an outage) and reconnect.
 #[must_use]
 pub const fn resync_bound() -> Duration {
-    Duration::from_secs(2 * ROUND.as_secs() + 3)
+    Duration::from_secs(2 * ROUND.as_secs() + 1)
 }
 
 /// The scenarios, in the order `cargo xtask chaos` runs them.
-pub const SCENARIOS: [&str; 5] = [
+pub const SCENARIOS: [&str; 8] = [
     "leader-killed",
     "agent-cut-off",
     "agent-kill-loop",
     "etcd-down",
+    "uplink-flap",
+    "state-read-only",
+    "bpffs-unmounted",
     "node-replaced",
 ];
 
@@ -59,6 +66,9 @@ pub struct Options {
     pub outage: Duration,
     /// How many times the kill loop kills the agent.
     pub kills: usize,
+    /// How many times the flapping uplink is deleted and made again (in a
+    /// minute).
+    pub flaps: usize,
 }
 
 /// One scenario's outcome: a row of the table.
@@ -253,6 +263,9 @@ impl Chaos {
             "agent-cut-off" => self.agent_cut_off(&mut row, opts),
             "agent-kill-loop" => self.agent_kill_loop(&mut row, opts),
             "etcd-down" => self.etcd_down(&mut row, opts),
+            "uplink-flap" => self.uplink_flap(&mut row, opts),
+            "state-read-only" => self.state_read_only(&mut row),
+            "bpffs-unmounted" => self.bpffs_unmounted(&mut row),
             "node-replaced" => self.node_replaced(&mut row),
             other => panic!("unknown scenario {other:?}"),
         }
@@ -498,6 +511,23 @@ impl Chaos {
         }
         let everyone: BTreeSet<usize> = (0..self.n()).collect();
         self.watch(row, opts.outage, None, &everyone);
+        // By now (2 of the assembler's rounds without a new view) every
+        // agent shows the cluster view as stale, never as current.
+        let current: Vec<&str> = self
+            .cluster
+            .nodes
+            .iter()
+            .filter(|n| view_current(n))
+            .map(|n| n.name.as_str())
+            .collect();
+        if current.is_empty() {
+            row.held
+                .push("every agent's cluster view said stale during the outage".into());
+        } else {
+            row.fail(format!(
+                "cluster view shown current during the outage by {current:?}"
+            ));
+        }
         let rounds_after = self.rounds();
         let probing = rounds_before
             .iter()
@@ -514,11 +544,269 @@ impl Chaos {
         for m in 0..3 {
             self.etcd().restart(m);
         }
+        let restarted = Instant::now();
         for m in 0..3 {
             self.etcd().wait_answering(m, Duration::from_secs(60));
         }
+        // etcd is back when it serves again: its members listen, then
+        // elect a leader (an election timeout or more after a full stop).
+        while self.etcd().leader().is_none() && restarted.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        row.held.push(format!(
+            "etcd served again {:.1}s after its members were started",
+            restarted.elapsed().as_secs_f64()
+        ));
         self.resync(row, resync_bound());
         row.held.push("node sets kept, nobody called down".into());
+        // A new view needs an assembler elected again (its election lease
+        // ran out during the outage) and a round of its.
+        let back = Instant::now();
+        while !self.cluster.nodes.iter().all(view_current) {
+            if back.elapsed() > VIEW_BACK || stopped() {
+                row.fail(format!(
+                    "the cluster view not current again in {}s",
+                    VIEW_BACK.as_secs()
+                ));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        row.held.push(format!(
+            "every agent's cluster view current again {:.1}s after the resync",
+            back.elapsed().as_secs_f64()
+        ));
+    }
+
+    /// (5) A node's uplink deleted and made again `flaps` times within a
+    /// minute, under probing. Then: every agent (the flapping node's too)
+    /// sees every node again, its endpoint ready, no task of its agent
+    /// past its restart budget.
+    fn uplink_flap(&mut self, row: &mut Row, opts: Options) {
+        let victim = self.n() - 1;
+        let name = self.cluster.nodes[victim].name.clone();
+        let flaps = opts.flaps.max(1);
+        let every = Duration::from_secs(60) / u32::try_from(flaps).unwrap_or(u32::MAX);
+        row.fault = format!("{name}'s uplink deleted and made again {flaps} times in 60s");
+        let started = Instant::now();
+        for k in 0..flaps {
+            if stopped() {
+                break;
+            }
+            if let Err(e) = self.cluster.recreate_uplink(victim) {
+                row.fail(format!("making {name}'s uplink again ({k}): {e}"));
+                return;
+            }
+            self.check(row, Some(victim), &BTreeSet::new());
+            let next = started + every * u32::try_from(k + 1).unwrap_or(u32::MAX);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        row.held.push(format!(
+            "{flaps} flaps in {:.1}s; no other node called down",
+            started.elapsed().as_secs_f64()
+        ));
+        // The flapping node's own routes to its peers went with each
+        // uplink: they come back through the link events.
+        self.resync(row, resync_bound() + Duration::from_secs(10));
+        // Longer than the failure threshold's rounds: a path the flaps
+        // left broken would be called down meanwhile.
+        self.watch(row, Duration::from_secs(5), None, &BTreeSet::new());
+        match self.cluster.nodes[victim].healthz() {
+            Some(h) if h.state == "ok" => {
+                let restarts: u32 = h.tasks.iter().map(|t| t.restarts).sum();
+                row.held.push(format!(
+                    "{name}'s endpoint ready, its agent ok ({restarts} task restarts, none past its budget)"
+                ));
+            }
+            Some(h) => row.fail(format!("{name}'s agent says {:?}: {:?}", h.state, h.tasks)),
+            None => row.fail(format!(
+                "{name}'s agent is gone:\n{}",
+                self.cluster.nodes[victim].log()
+            )),
+        }
+    }
+
+    /// (7a) The state directory made read-only under a running agent (a
+    /// read-only bind mount: root ignores permissions), and the endpoint's
+    /// veth deleted so that its repair must record the new one. The agent
+    /// repairs it, says it is degraded (its record unsaved), keeps
+    /// answering and probing; once the directory is writable again the
+    /// record is saved, naming the veth in place.
+    fn state_read_only(&mut self, row: &mut Row) {
+        let victim = self.n() - 1;
+        let node = &self.cluster.nodes[victim];
+        let name = node.name.clone();
+        let state = node.dir.join("state");
+        row.fault = format!("{name}'s state directory read-only, its lxc_health deleted");
+        let ro = match ReadOnly::bind(&state) {
+            Ok(ro) => ro,
+            Err(e) => {
+                row.fail(format!("read-only bind mount of {}: {e}", state.display()));
+                return;
+            }
+        };
+        let ns = node.ns.clone();
+        if let Err(e) = in_netns(
+            Some(&ns),
+            |nl| async move { nl.delete_link("lxc_health").await },
+        ) {
+            row.fail(format!("deleting {name}'s lxc_health: {e}"));
+            return;
+        }
+        let degraded = self.wait_healthz(victim, Duration::from_secs(15), |h| {
+            h.tasks.iter().any(|t| {
+                t.name == "endpoint" && t.problem.as_deref().is_some_and(|p| p.contains("record"))
+            })
+        });
+        match degraded {
+            Some(t) => row.held.push(format!(
+                "{name} repaired its endpoint and said in {:.1}s its record is unsaved",
+                t.as_secs_f64()
+            )),
+            None => row.fail(format!(
+                "{name} did not say its record is unsaved: {:?}",
+                self.cluster.nodes[victim].healthz()
+            )),
+        }
+        self.watch(row, Duration::from_secs(5), None, &BTreeSet::new());
+        if self.settled() {
+            row.held.push(format!(
+                "{name} answered and probed on, every node reachable"
+            ));
+        } else {
+            row.fail(format!(
+                "not every node reachable while read-only:\n{}",
+                self.describe()
+            ));
+        }
+        drop(ro);
+        let ended = Instant::now();
+        let saved = self.wait_healthz(victim, Duration::from_secs(15), |h| h.state == "ok");
+        row.recovery = saved.map(|_| ended.elapsed());
+        if saved.is_none() {
+            row.fail(format!(
+                "{name} still degraded once writable: {:?}",
+                self.cluster.nodes[victim].healthz()
+            ));
+            return;
+        }
+        let recorded = health_agent::endpoint::record::EndpointRecord::load(&state)
+            .ok()
+            .flatten()
+            .and_then(|r| r.owned?.host)
+            .map(|h| h.ifindex);
+        let ns = self.cluster.nodes[victim].ns.clone();
+        let live = in_netns(
+            Some(&ns),
+            |nl| async move { nl.link_index("lxc_health").await },
+        )
+        .ok()
+        .flatten();
+        if recorded.is_some() && recorded == live {
+            row.held.push(format!(
+                "record saved once writable, naming the lxc_health in place (index {})",
+                live.unwrap_or(0)
+            ));
+        } else {
+            row.fail(format!(
+                "record names lxc_health {recorded:?}, the live one is {live:?}"
+            ));
+        }
+    }
+
+    /// (7b) The bpffs that holds an agent's pins unmounted under it: the
+    /// agent pins the same maps again (their counters carry on), keeps
+    /// answering and probing, and is not degraded once they are back.
+    fn bpffs_unmounted(&mut self, row: &mut Row) {
+        let victim = self.n() - 1;
+        let name = self.cluster.nodes[victim].name.clone();
+        let pins = self.cluster.nodes[victim].pins.clone();
+        row.fault = format!("{name}'s bpffs unmounted under its agent");
+        // The agent's pins in a bpffs of their own, so that unmounting it
+        // touches nothing else of this machine.
+        self.cluster.stop_agent(victim, Signal::SIGTERM);
+        let mount = match OwnBpffs::mount(&pins) {
+            Ok(m) => m,
+            Err(e) => {
+                row.fail(format!("mounting a bpffs on {}: {e}", pins.display()));
+                self.cluster.start_agent(victim);
+                return;
+            }
+        };
+        self.cluster.start_agent(victim);
+        if self
+            .wait_healthz(victim, Duration::from_secs(30), |h| h.state == "ok")
+            .is_none()
+        {
+            row.fail(format!("{name} did not start on its own bpffs"));
+            return;
+        }
+        self.resync(row, Duration::from_secs(30));
+        row.recovery = None;
+        let before = pinned(&pins);
+        let answered = health_agent::datapath::read_pinned_stats(&pins).map_or(0, |s| s.answered);
+        let rounds = self.rounds();
+        drop(mount);
+        let gone = pinned(&pins);
+        let unmounted = Instant::now();
+        let mut back = None;
+        while unmounted.elapsed() < Duration::from_secs(15) && !stopped() {
+            if pinned(&pins) == MapId::ALL.len() {
+                back = Some(unmounted.elapsed());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        row.recovery = back;
+        let Some(t) = back else {
+            row.fail(format!(
+                "pins not back in 15s: {} of {before}",
+                pinned(&pins)
+            ));
+            return;
+        };
+        row.held.push(format!(
+            "{before} pins, {gone} left by the unmount, all pinned again in {:.1}s",
+            t.as_secs_f64()
+        ));
+        self.watch(row, Duration::from_secs(4), None, &BTreeSet::new());
+        let again = health_agent::datapath::read_pinned_stats(&pins).map_or(0, |s| s.answered);
+        if again > answered {
+            row.held.push(format!(
+                "the same maps pinned again: echo replies counted on from {answered} to {again}"
+            ));
+        } else {
+            row.fail(format!(
+                "echo replies {answered} before, {again} after: new maps?"
+            ));
+        }
+        let advanced = rounds.iter().zip(self.rounds()).all(|(b, a)| a > *b);
+        match self.cluster.nodes[victim].healthz() {
+            Some(h) if h.state == "ok" && advanced => {
+                row.held.push(format!("{name} probed on and is ok"));
+            }
+            h => row.fail(format!(
+                "{name} after the unmount: {h:?}, rounds advanced: {advanced}"
+            )),
+        }
+    }
+
+    /// Polls node `i`'s `/v1/healthz` until `accept` holds: how long it
+    /// took, or `None` after `timeout`.
+    fn wait_healthz(
+        &self,
+        i: usize,
+        timeout: Duration,
+        accept: impl Fn(&health_agent::api::types::Healthz) -> bool,
+    ) -> Option<Duration> {
+        let start = Instant::now();
+        while start.elapsed() < timeout && !stopped() {
+            if self.cluster.nodes[i].healthz().is_some_and(|h| accept(&h)) {
+                return Some(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        None
     }
 
     /// (6) A node stopped for good (its agent killed, its namespaces
@@ -609,6 +897,68 @@ impl Chaos {
     }
 }
 
+/// A read-only bind mount of a directory over itself, removed when
+/// dropped.
+struct ReadOnly(std::path::PathBuf);
+
+impl ReadOnly {
+    fn bind(dir: &Path) -> nix::Result<Self> {
+        use nix::mount::{MsFlags, mount};
+        mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+        let ro = Self(dir.to_owned());
+        mount(
+            None::<&str>,
+            dir,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )?;
+        Ok(ro)
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// A bpffs of its own mounted on a directory (made if needed), unmounted
+/// (lazily: whatever holds it keeps it) when dropped.
+struct OwnBpffs(std::path::PathBuf);
+
+impl OwnBpffs {
+    fn mount(dir: &Path) -> Result<Self, String> {
+        fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        nix::mount::mount(
+            Some("bpf"),
+            dir,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            Some("mode=0700"),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Self(dir.to_owned()))
+    }
+}
+
+impl Drop for OwnBpffs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// How long after a resync every agent's cluster view may take to be
+/// current again: an election (its lease, 3 s, ran out) and 2 rounds.
+const VIEW_BACK: Duration = Duration::from_secs(5);
+
+/// Whether `node` shows a cluster view that is current (not stale).
+fn view_current(node: &crate::cluster::ClusterNode) -> bool {
+    node.cluster_json::<ClusterReply>()
+        .and_then(|r| r.assembly)
+        .is_some_and(|a| !a.stale)
+}
+
 /// The last lines of an agent's log that speak of etcd.
 fn etcd_log_tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("etcd")).collect();
@@ -626,6 +976,14 @@ fn ip_lines(ns: &health_agent::sys::netns::Netns, args: &[&str]) -> usize {
     crate::process::enter(&mut cmd, ns);
     cmd.output()
         .map_or(0, |o| String::from_utf8_lossy(&o.stdout).lines().count())
+}
+
+/// How many of the datapath's maps have their pin in `dir`.
+fn pinned(dir: &Path) -> usize {
+    MapId::ALL
+        .iter()
+        .filter(|m| fs::symlink_metadata(dir.join(m.name())).is_ok())
+        .count()
 }
 
 fn count_files(dir: &Path) -> usize {

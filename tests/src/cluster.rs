@@ -19,7 +19,10 @@ use health_agent::{
     api::types::NodesView,
     datapath::remove_pins,
     probe::status::ClusterStatus,
-    sys::{netlink::in_netns, netns::Netns},
+    sys::{
+        netlink::{NetlinkError, in_netns},
+        netns::Netns,
+    },
 };
 use ipnet::IpNet;
 
@@ -153,6 +156,12 @@ impl ClusterNode {
         out.status
             .success()
             .then(|| serde_json::from_slice(&out.stdout).expect("status is JSON"))
+    }
+
+    /// The agent's `GET /v1/healthz`.
+    #[must_use]
+    pub fn healthz(&self) -> Option<health_agent::api::types::Healthz> {
+        crate::api::call(&self.socket(), |c| async move { c.healthz().await }).ok()
     }
 
     /// The node set as the agent serves it (`GET /v1/nodes`).
@@ -429,25 +438,8 @@ impl Cluster {
         let ip = node_ip(i);
         let family = self.settings.family;
         let ip6 = family.has_v6().then(|| node_ip6(i));
-        let port = format!("n{}", i + 1);
-        let node_ns = ns.clone();
-        in_netns(Some(&self.fabric), |nl| async move {
-            nl.add_veth(&port, "uplink", Some(&node_ns)).await?;
-            nl.set_controller(&port, "br0").await?;
-            nl.set_up(&port).await
-        })
-        .expect("node uplink");
-        in_netns(Some(&ns), |nl| async move {
-            nl.set_up("lo").await?;
-            if family.has_v4() {
-                nl.add_address("uplink", ip, 24).await?;
-            }
-            if let Some(ip6) = ip6 {
-                nl.add_address("uplink", ip6, 64).await?;
-            }
-            nl.set_up("uplink").await
-        })
-        .expect("node address");
+        in_netns(Some(&ns), |nl| async move { nl.set_up("lo").await }).expect("node loopback");
+        self.make_uplink(i, &ns).expect("node uplink");
         let dir = self.dir.join(&name);
         fs::create_dir_all(&dir).expect("node dir");
         ClusterNode {
@@ -464,6 +456,39 @@ impl Cluster {
             dir,
             daemon: None,
         }
+    }
+
+    /// Node `i`'s uplink: a veth from the fabric's bridge into `ns`, with
+    /// the node's addresses, up.
+    fn make_uplink(&self, i: usize, ns: &Netns) -> Result<(), NetlinkError> {
+        let port = format!("n{}", i + 1);
+        let node_ns = ns.clone();
+        in_netns(Some(&self.fabric), |nl| async move {
+            nl.add_veth(&port, "uplink", Some(&node_ns)).await?;
+            nl.set_controller(&port, "br0").await?;
+            nl.set_up(&port).await
+        })?;
+        let (family, ip, ip6) = (self.settings.family, node_ip(i), node_ip6(i));
+        in_netns(Some(ns), |nl| async move {
+            if family.has_v4() {
+                nl.add_address("uplink", ip, 24).await?;
+            }
+            if family.has_v6() {
+                nl.add_address("uplink", ip6, 64).await?;
+            }
+            nl.set_up("uplink").await
+        })
+    }
+
+    /// Deletes node `i`'s uplink (both ends of the veth) and makes it
+    /// again, as a NIC that goes away and comes back.
+    pub fn recreate_uplink(&self, i: usize) -> Result<(), NetlinkError> {
+        let ns = self.nodes[i].ns.clone();
+        in_netns(
+            Some(&ns),
+            |nl| async move { nl.delete_link("uplink").await },
+        )?;
+        self.make_uplink(i, &ns)
     }
 
     /// Writes the nodes file listing the first `n` nodes.

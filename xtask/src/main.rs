@@ -104,7 +104,8 @@ enum Task {
     /// checked every second: a row per scenario, then `N passed, M failed`.
     Chaos {
         /// One scenario: leader-killed, agent-cut-off, agent-kill-loop,
-        /// etcd-down or node-replaced (default: every one).
+        /// etcd-down, uplink-flap, state-read-only, bpffs-unmounted or
+        /// node-replaced (default: every one).
         #[arg(long)]
         scenario: Option<String>,
         /// How long an outage lasts.
@@ -116,6 +117,10 @@ enum Task {
         /// Times the kill loop kills the agent.
         #[arg(long, default_value_t = 50)]
         kills: usize,
+        /// Times the flapping uplink is deleted and made again, in a
+        /// minute.
+        #[arg(long, default_value_t = 100)]
+        flaps: usize,
     },
 }
 
@@ -476,11 +481,23 @@ fn run() -> anyhow::Result<()> {
             seconds,
             nodes,
             kills,
+            flaps,
         } => {
             setup::for_build(&pin, &["etcd-server", "nftables"])?;
             cmd::require_root("the chaos cluster creates namespaces and loads BPF programs")?;
             let (s, n, k) = (seconds.to_string(), nodes.to_string(), kills.to_string());
-            let mut args = vec!["chaos", "--seconds", &s, "--nodes", &n, "--kills", &k];
+            let f = flaps.to_string();
+            let mut args = vec![
+                "chaos",
+                "--seconds",
+                &s,
+                "--nodes",
+                &n,
+                "--kills",
+                &k,
+                "--flaps",
+                &f,
+            ];
             if let Some(name) = &scenario {
                 args.extend(["--scenario", name.as_str()]);
             }

@@ -233,6 +233,7 @@ pub(super) async fn datapath(
         task(maintenance::run(
             cfg.clone(),
             kernel.clone(),
+            ctx.problem,
             ctx.shutdown,
             move || {
                 ctx.ready.done();
@@ -257,6 +258,7 @@ pub(super) async fn endpoint(
             kernel.clone(),
             view,
             events,
+            ctx.problem,
             ctx.shutdown,
             move || {
                 ctx.ready.done();

@@ -60,6 +60,12 @@ pub enum DatapathError {
         path: PathBuf,
         source: aya::maps::MapError,
     },
+    #[error("pinning map {name} again at {path}")]
+    Repin {
+        name: String,
+        path: PathBuf,
+        source: aya::pin::PinError,
+    },
     #[error("replacing the incompatible pinned map {path}")]
     Unpin { path: PathBuf, source: io::Error },
     #[error("map {} has no decoder (it holds no entries to show)", map.name())]

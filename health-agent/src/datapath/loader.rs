@@ -3,6 +3,7 @@
 //! latest) and attached through [`Links`](super::links).
 
 use std::{
+    fs,
     net::{Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
@@ -88,6 +89,37 @@ impl Datapath {
     #[must_use]
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
+    }
+
+    /// Pins again every map of the object whose pin is gone (bpffs
+    /// unmounted under the agent, a pin removed by hand): the maps live on
+    /// in the kernel while the agent holds them, so nothing they hold is
+    /// lost. A bpffs under `/sys/fs/bpf` is mounted again first. Returns
+    /// the names pinned again; a pin that is there is left as it is.
+    pub fn repin(&self) -> Result<Vec<String>, DatapathError> {
+        let gone: Vec<&'static str> = MapId::ALL
+            .iter()
+            .map(|m| m.name())
+            .filter(|name| fs::symlink_metadata(self.pin_dir.join(name)).is_err())
+            .collect();
+        if gone.is_empty() {
+            return Ok(gone.into_iter().map(str::to_owned).collect());
+        }
+        pins::ensure_pin_dir(&self.pin_dir)?;
+        let mut pinned = Vec::with_capacity(gone.len());
+        for (name, map) in self.ebpf.maps() {
+            if !gone.contains(&name) {
+                continue;
+            }
+            let path = self.pin_dir.join(name);
+            map.pin(&path).map_err(|source| DatapathError::Repin {
+                name: name.to_owned(),
+                path,
+                source,
+            })?;
+            pinned.push(name.to_owned());
+        }
+        Ok(pinned)
     }
 
     /// Makes the echo responder answer for `addr` on `iface`, as that

@@ -28,6 +28,7 @@ use super::{
 };
 
 use crate::{
+    supervisor::Problem,
     sys::{netlink::in_netns, sysctl::Sysctl},
     util::errors::chain,
 };
@@ -141,13 +142,21 @@ struct Node {
     nat: Attachments,
     uplink_index: Option<u32>,
     pressure: Pressure,
+    /// When the pins were last looked for.
+    pins_checked: Option<std::time::Instant>,
 }
 
+/// How often the pins are looked for (bpffs unmounted under the agent, a
+/// pin removed): a `stat` of each.
+const PINS_EVERY: Duration = Duration::from_secs(1);
+
 /// Runs until `shutdown`; `ready` is called once the configuration is
-/// written and masquerade (if any) is attached.
+/// written and masquerade (if any) is attached. Pins that could not be
+/// restored are reported through `problem`.
 pub async fn run(
     cfg: DatapathConfig,
     kernel: DatapathHandle,
+    problem: Problem,
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), DatapathError> {
@@ -172,8 +181,12 @@ pub async fn run(
             () = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let (c, k) = (cfg.clone(), kernel.clone());
-        (node, collector) = blocking(move || maintain(&c, &k, node, collector)).await?;
+        let (c, k, p) = (cfg.clone(), kernel.clone(), problem.clone());
+        (node, collector) = blocking(move || {
+            keep_pins(&k, &mut node, &p);
+            maintain(&c, &k, node, collector)
+        })
+        .await?;
     }
     drop(node);
     if cfg.keep_pins {
@@ -217,7 +230,40 @@ fn set_up(cfg: &DatapathConfig, kernel: &DatapathHandle) -> Result<Node, Datapat
         nat,
         uplink_index,
         pressure: Pressure::default(),
+        pins_checked: None,
     })
+}
+
+/// The pins still there (once per [`PINS_EVERY`]): any that are gone are
+/// pinned again from the maps the agent holds; what cannot be is the
+/// task's problem until it can.
+fn keep_pins(kernel: &DatapathHandle, node: &mut Node, problem: &Problem) {
+    let now = std::time::Instant::now();
+    if node
+        .pins_checked
+        .is_some_and(|at| now.saturating_duration_since(at) < PINS_EVERY)
+    {
+        return;
+    }
+    node.pins_checked = Some(now);
+    match kernel.repin() {
+        Ok(pinned) => {
+            if !pinned.is_empty() {
+                warn!(
+                    dir = %kernel.pin_dir().display(),
+                    maps = %pinned.join(", "),
+                    "pinned maps were gone (bpffs unmounted or pins removed): pinned again"
+                );
+            }
+            problem.set(None);
+        }
+        Err(e) => problem.set(Some(format!(
+            "pinned maps under {} are gone and cannot be pinned again (the datapath runs on; \
+             the bpf commands and the collectors wait for the pins): {}",
+            kernel.pin_dir().display(),
+            chain(&e)
+        ))),
+    }
 }
 
 fn uplink_index(name: &str) -> Option<u32> {

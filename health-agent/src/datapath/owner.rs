@@ -139,6 +139,11 @@ impl DatapathHandle {
         self.with(|d, _| d.set_ct_config(cfg))
     }
 
+    /// Pins again the maps whose pins are gone ([`Datapath::repin`]).
+    pub fn repin(&self) -> Result<Vec<String>, DatapathError> {
+        self.with(|d, _| d.repin())
+    }
+
     /// Sets (or, all zero, clears) the masquerade configuration.
     pub fn set_nat_config(&self, cfg: NatConfig) -> Result<(), DatapathError> {
         self.with(|d, _| d.set_nat_config(cfg))

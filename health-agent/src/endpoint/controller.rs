@@ -10,10 +10,11 @@ use tokio::{net::TcpListener, sync::broadcast, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::{Endpoint, EndpointConfig, EndpointError, SharedView};
+use super::{ControllerRun, Endpoint, EndpointConfig, EndpointError, SharedView};
 use crate::{
     datapath::DatapathHandle,
     probe::hello,
+    supervisor::Problem,
     sys::{netns::Netns, sysctl::Sysctl},
     util::errors::chain,
 };
@@ -22,6 +23,10 @@ use crate::{
 /// IPv6 address, for as long as the endpoint runs (restored after, unless
 /// the endpoint is kept for the next agent).
 const IPV6_FORWARDING: &str = "net/ipv6/conf/all/forwarding";
+
+/// While the record cannot be saved, the controller runs (and tries the
+/// save again) this often.
+const SAVE_AGAIN: Duration = Duration::from_secs(2);
 
 /// What the controller needs besides the endpoint's configuration.
 #[derive(Debug, Clone)]
@@ -55,6 +60,7 @@ pub async fn run(
     kernel: DatapathHandle,
     view: SharedView,
     mut link_events: broadcast::Receiver<()>,
+    problem: Problem,
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), ControllerError> {
@@ -99,10 +105,12 @@ pub async fn run(
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate; the endpoint was just made
+    let mut unsaved = false;
     let result = loop {
         let trigger = tokio::select! {
             () = shutdown.cancelled() => break Ok(()),
             _ = tick.tick() => "interval",
+            () = tokio::time::sleep(SAVE_AGAIN), if unsaved => "record not saved",
             Ok(()) = link_events.recv() => {
                 // Let a burst of events (a veth pair going away) settle.
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -126,26 +134,19 @@ pub async fn run(
             Err(e) => return Err(ControllerError::Panicked(e.to_string())),
         };
         endpoint = ep;
-        match result {
-            Ok(run) if run.repaired => {
-                info!(trigger, missing = ?run.missing, "controller repaired the endpoint");
-                if run.namespace_recreated {
-                    hello_server.abort();
-                    match serve_hello(&netns, cfg.http_port, &shutdown) {
-                        Ok(r) => hello_server = r,
-                        Err(e) => {
-                            error!("rebinding the endpoint's hello server: {}", chain(&e));
-                        }
-                    }
-                }
-            }
-            Ok(_) => debug!(trigger, "controller: endpoint in place"),
-            Err(e) => error!(
-                trigger,
-                "controller could not repair the endpoint: {}",
-                chain(&e)
-            ),
-        }
+        unsaved = endpoint.unsaved().is_some();
+        problem.set(endpoint.unsaved().map(|e| {
+            format!(
+                "the endpoint's record is not saved ({e}): the endpoint runs on, but an agent \
+                 restarted now could not prove its objects its own"
+            )
+        }));
+        after_run(
+            result,
+            trigger,
+            (&netns, cfg.http_port, &shutdown),
+            &mut hello_server,
+        );
         // The run's own changes (a recreated veth, re-attached programs)
         // raise link events: they must not trigger the next run.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -166,6 +167,36 @@ pub async fn run(
         drop(forwarding6);
     }
     result
+}
+
+/// A controller run's outcome, logged; after a namespace was recreated,
+/// the hello server bound again inside the new one.
+fn after_run(
+    result: Result<ControllerRun, EndpointError>,
+    trigger: &str,
+    (netns, port, shutdown): (&Netns, u16, &CancellationToken),
+    hello_server: &mut JoinHandle<()>,
+) {
+    match result {
+        Ok(run) if run.repaired => {
+            info!(trigger, missing = ?run.missing, "controller repaired the endpoint");
+            if run.namespace_recreated {
+                hello_server.abort();
+                match serve_hello(netns, port, shutdown) {
+                    Ok(r) => *hello_server = r,
+                    Err(e) => {
+                        error!("rebinding the endpoint's hello server: {}", chain(&e));
+                    }
+                }
+            }
+        }
+        Ok(_) => debug!(trigger, "controller: endpoint in place"),
+        Err(e) => error!(
+            trigger,
+            "controller could not repair the endpoint: {}",
+            chain(&e)
+        ),
+    }
 }
 
 fn drain(events: &mut broadcast::Receiver<()>) {

@@ -122,6 +122,10 @@ pub struct Endpoint {
     echo_config: Option<EchoConfig>,
     shared: SharedView,
     echo_seq: u16,
+    /// Why the record's last save at run time failed (a read-only state
+    /// directory): the record in memory is current, and the save is tried
+    /// again at every controller run until it holds.
+    unsaved: Option<String>,
 }
 
 impl Endpoint {
@@ -199,6 +203,7 @@ impl Endpoint {
             echo_config: None,
             shared,
             echo_seq: 0,
+            unsaved: None,
         };
         ep.publish();
         if !restoring {
@@ -211,11 +216,15 @@ impl Endpoint {
                 ),
             )?;
         }
-        let result = ep.regenerate(if restoring {
-            "restoring the endpoint's plumbing and programs"
-        } else {
-            "creating namespace, veth, address, routes and programs"
-        });
+        // At start the record must be saved: an agent that cannot record
+        // what it made could not prove it its own after a restart.
+        let result = ep
+            .regenerate(if restoring {
+                "restoring the endpoint's plumbing and programs"
+            } else {
+                "creating namespace, veth, address, routes and programs"
+            })
+            .and_then(|_| Ok(ep.record.save(&ep.cfg.state_dir)?));
         if let Err(e) = result {
             if !restoring {
                 warn!(
@@ -229,7 +238,7 @@ impl Endpoint {
             }
             return Err(e);
         }
-        ep.record.save(&ep.cfg.state_dir)?;
+        ep.unsaved = None;
         ep.transition(State::Ready, "endpoint plumbing and programs in place")?;
         Ok(ep)
     }
@@ -256,7 +265,8 @@ impl Endpoint {
         let owned = ownership::judge(Record::Current(&owned), &ownership::observe(&self.plan)?)?;
         self.record.owned = Some(owned);
         let (plan, record, dir) = (&self.plan, &mut self.record, &self.cfg.state_dir);
-        let made = plumbing::ensure_with(plan, |m| record_made(plan, record, dir, m))?;
+        let unsaved = &mut self.unsaved;
+        let made = plumbing::ensure_with(plan, |m| record_made(plan, record, dir, unsaved, m))?;
         self.attach()?;
         Ok(made)
     }
@@ -348,6 +358,7 @@ impl Endpoint {
         &mut self,
         echo_timeout: Duration,
     ) -> Result<ControllerRun, EndpointError> {
+        self.save_again();
         let mut missing = plumbing::inspect(&self.plan)?;
         let namespace_recreated = missing.contains(&Missing::Namespace);
         if missing.is_empty() && self.ep_index()? != self.attached_to {
@@ -394,6 +405,22 @@ impl Endpoint {
             repaired: true,
             namespace_recreated,
         })
+    }
+
+    /// Why the record could not be saved at run time, while it cannot.
+    #[must_use]
+    pub fn unsaved(&self) -> Option<&str> {
+        self.unsaved.as_deref()
+    }
+
+    /// Saves the record again when its last save failed.
+    fn save_again(&mut self) {
+        if self.unsaved.is_some() {
+            self.unsaved = save_noted(&self.record, &self.cfg.state_dir);
+            if self.unsaved.is_none() {
+                info!(dir = %self.cfg.state_dir.display(), "endpoint record saved again");
+            }
+        }
     }
 
     /// Deletes the endpoint (disconnecting -> disconnected). With `keep`
@@ -477,11 +504,25 @@ fn claim(plan: &Plan, previous: Option<&EndpointRecord>) -> Result<Owned, Endpoi
     Ok(owned)
 }
 
-/// Records the object `ensure` just made, at once.
+/// Saves `record`; what failed, as a line for the log and `/v1/healthz`.
+fn save_noted(record: &EndpointRecord, state_dir: &std::path::Path) -> Option<String> {
+    let e = record.save(state_dir).err()?;
+    let e = chain(&e);
+    warn!(
+        "{e}: the endpoint runs on with its record in memory; saving again at each controller run"
+    );
+    Some(e)
+}
+
+/// Records the object `ensure` just made, at once: in memory (what
+/// proves it is the agent's from now on) and in the state directory. A
+/// save that fails (a read-only state directory) does not fail the
+/// repair: it is kept in `unsaved` and tried again.
 fn record_made(
     plan: &Plan,
     record: &mut EndpointRecord,
     state_dir: &std::path::Path,
+    unsaved: &mut Option<String>,
     made: Made,
 ) -> Result<(), EndpointError> {
     let found = ownership::observe(plan)?;
@@ -493,7 +534,7 @@ fn record_made(
             owned.peer = found.peer.map(|p| p.link);
         }
     }
-    record.save(state_dir)?;
+    *unsaved = save_noted(record, state_dir);
     Ok(())
 }
 

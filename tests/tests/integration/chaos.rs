@@ -1,8 +1,10 @@
 //! Short forms of the chaos suite (`cargo xtask chaos` runs them in full):
 //! 4 nodes over a 3-member etcd cluster, the etcd leader killed and
 //! restarted, one agent cut off from etcd for 10 s, and one agent killed
-//! with SIGKILL and restarted 5 times; every invariant checked every
-//! second, and each scenario must pass.
+//! with SIGKILL and restarted 5 times, one uplink deleted and made again 20
+//! times in a minute, one state directory made read-only, one agent's
+//! bpffs unmounted; every invariant checked every second, and each
+//! scenario must pass.
 
 use std::time::Duration;
 
@@ -14,12 +16,20 @@ fn chaos_short_forms_hold_their_invariants() {
     let opts = Options {
         outage: Duration::from_secs(10),
         kills: 5,
+        flaps: 20,
     };
-    let rows: Vec<_> = ["leader-killed", "agent-cut-off", "agent-kill-loop"]
-        .into_iter()
-        .map(|s| chaos.run(s, opts))
-        .collect();
+    let rows: Vec<_> = [
+        "leader-killed",
+        "agent-cut-off",
+        "agent-kill-loop",
+        "uplink-flap",
+        "state-read-only",
+        "bpffs-unmounted",
+    ]
+    .into_iter()
+    .map(|s| chaos.run(s, opts))
+    .collect();
     let table = render(&rows);
     assert!(rows.iter().all(Row::passed), "{table}");
-    assert!(table.ends_with("3 passed, 0 failed\n"), "{table}");
+    assert!(table.ends_with("6 passed, 0 failed\n"), "{table}");
 }

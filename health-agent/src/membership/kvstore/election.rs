@@ -64,7 +64,7 @@ impl KvStore {
         stop: &CancellationToken,
     ) {
         let ttl = ttl.max(MIN_ELECTION_TTL);
-        let mut backoff = BACKOFF_MIN;
+        let (mut backoff, mut down) = (BACKOFF_MIN, false);
         // Failing since the last attempt that held a lease for a TTL: the
         // first failure is a warning (etcd away, no permission for the
         // election's prefix), the retries are not.
@@ -94,7 +94,7 @@ impl KvStore {
             }
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+                () = self.back_off(backoff, &mut down) => {}
             }
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }

@@ -69,7 +69,7 @@ impl KvStore {
     }
 
     async fn follow(&self, prefix: &[u8], tx: &mpsc::Sender<WatchEvent>) {
-        let mut backoff = BACKOFF_MIN;
+        let (mut backoff, mut down) = (BACKOFF_MIN, false);
         let mut lost = false;
         // The last quiet retry's start, and until when it stays quiet.
         let mut quiet: Option<(tokio::time::Instant, tokio::time::Instant)> = None;
@@ -109,7 +109,7 @@ impl KvStore {
                     return;
                 }
             }
-            tokio::time::sleep(backoff).await;
+            self.back_off(backoff, &mut down).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }

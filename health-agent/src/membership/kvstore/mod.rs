@@ -73,6 +73,11 @@ const REVOKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// [`BACKOFF_MAX`].
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(3);
+/// While a retry backs off, etcd is asked this often (a `Status` request:
+/// small, answered by any member without the raft log) whether it serves
+/// again, so that the retry's real work (a lease session, a full listing)
+/// starts once it does rather than at the end of the backoff.
+const SERVING_CHECK: Duration = Duration::from_millis(400);
 /// Events a watcher may hold unread before the watch waits for it.
 const WATCH_BUFFER: usize = 1024;
 
@@ -337,7 +342,7 @@ impl KvStore {
         if self.inner.running.swap(true, Ordering::SeqCst) {
             return std::future::pending().await;
         }
-        let mut backoff = BACKOFF_MIN;
+        let (mut backoff, mut down) = (BACKOFF_MIN, false);
         loop {
             let (was_up, err) = match self.session().await {
                 Ok(never) => match never {},
@@ -347,9 +352,47 @@ impl KvStore {
                 backoff = BACKOFF_MIN;
             }
             self.mark_down(&err);
-            tokio::time::sleep(backoff).await;
+            self.back_off(backoff, &mut down).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
+    }
+
+    /// Waits `backoff` before a retry, or less: until etcd serves again
+    /// after a check found it not serving (`down`, kept by the caller
+    /// across its retries). etcd is asked every [`SERVING_CHECK`], spread
+    /// by a jitter of up to a quarter of it: an outage costs it one small
+    /// request per waiting loop and check, and its end is seen within a
+    /// check. A failure while etcd serves (a refused password, a missing
+    /// permission) waits the whole backoff.
+    async fn back_off(&self, backoff: Duration, down: &mut bool) {
+        let until = tokio::time::Instant::now() + backoff;
+        loop {
+            let jitter = SERVING_CHECK.mul_f64(fastrand::f64() / 4.0);
+            let next = (tokio::time::Instant::now() + SERVING_CHECK + jitter).min(until);
+            tokio::time::sleep_until(next).await;
+            if next >= until {
+                return;
+            }
+            let serving = self.serving().await;
+            if serving && *down {
+                *down = false;
+                return;
+            }
+            *down = !serving;
+        }
+    }
+
+    /// Whether a member answers `Status` naming a leader (within
+    /// [`SERVING_CHECK`]).
+    async fn serving(&self) -> bool {
+        let Ok(client) = self.client().await else {
+            return false;
+        };
+        let mut maintenance = client.maintenance_client();
+        matches!(
+            tokio::time::timeout(SERVING_CHECK, maintenance.status()).await,
+            Ok(Ok(s)) if s.leader() != 0
+        )
     }
 
     fn mark_up(&self, lease: i64, renewed: bool) {
