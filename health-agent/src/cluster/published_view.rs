@@ -49,6 +49,14 @@ const MAX_INTERVAL_MS: u64 = 3_600_000;
 /// stale: shown as such, never as current.
 pub const STALE_ROUNDS: u64 = 2;
 
+/// Whether a view assembled at `at_ms` by an agent probing every
+/// `interval_ms` is stale at `now_ms`: older than [`STALE_ROUNDS`] of
+/// those intervals.
+#[must_use]
+pub const fn is_stale(at_ms: u64, interval_ms: u64, now_ms: u64) -> bool {
+    now_ms.saturating_sub(at_ms) > STALE_ROUNDS.saturating_mul(interval_ms)
+}
+
 /// The views' prefix beside the node records': `/health/nodes/` gives
 /// `/health/view/`; the assembler's view is at `/health/view/<its name>`
 /// (a node may write that key alone).
@@ -392,7 +400,7 @@ impl PublishedView {
     /// Older than [`STALE_ROUNDS`] of its assembler's intervals at `now_ms`.
     #[must_use]
     pub const fn stale(&self, now_ms: u64) -> bool {
-        self.age_ms(now_ms) > STALE_ROUNDS.saturating_mul(self.interval_ms)
+        is_stale(self.at_ms, self.interval_ms, now_ms)
     }
 
     /// How far ahead of `now_ms` its time is (0: not ahead).

@@ -78,10 +78,39 @@ impl ClusterViewCell {
         }
     }
 
-    /// The latest view, if one was read.
+    /// The latest view, if one was read, its staleness as of now.
     #[must_use]
     pub fn reply(&self) -> Option<Arc<ClusterReply>> {
-        self.latest.read().ok()?.as_ref().map(|p| p.reply.clone())
+        self.current().map(|p| p.reply)
+    }
+
+    /// The latest view, made stale here once it is older than two of its
+    /// assembler's rounds: the task that reads views may be kept waiting
+    /// by etcd (an outage), and a view it read while current must not go
+    /// on being served as current meanwhile.
+    fn current(&self) -> Option<Published> {
+        let latest = self.latest.read().ok()?.as_ref()?.clone();
+        let now_ms = crate::util::timefmt::now_ms();
+        let outdated = latest.reply.assembly.as_ref().is_some_and(|a| {
+            !a.stale && super::published_view::is_stale(a.at_ms, a.interval_ms, now_ms)
+        });
+        if !outdated {
+            return Some(latest);
+        }
+        let mut reply = (*latest.reply).clone();
+        if let Some(a) = reply.assembly.as_mut() {
+            a.stale = true;
+            a.age_ms = now_ms.saturating_sub(a.at_ms);
+        }
+        let made = Published {
+            json: Bytes::from(serde_json::to_vec(&reply).unwrap_or_default()),
+            reply: Arc::new(reply),
+            matrix: latest.matrix,
+        };
+        if let Ok(mut l) = self.latest.write() {
+            *l = Some(made.clone());
+        }
+        Some(made)
     }
 
     /// The latest view's matrix as JSON: `Some(None)` when a view was read
@@ -91,9 +120,64 @@ impl ClusterViewCell {
         self.latest.read().ok()?.as_ref().map(|p| p.matrix.clone())
     }
 
-    /// The latest view as JSON.
+    /// The latest view as JSON, its staleness as of now.
     #[must_use]
     pub fn json(&self) -> Option<Bytes> {
-        self.latest.read().ok()?.as_ref().map(|p| p.json.clone())
+        self.current().map(|p| p.json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(at_ms: u64, stale: bool) -> ClusterReply {
+        ClusterReply {
+            view: ClusterView {
+                reports: 0,
+                ignored: 0,
+                counts: super::super::view::VerdictCounts::default(),
+                nodes: Vec::new(),
+            },
+            assembly: Some(Assembly {
+                assembled_by: "node-1".into(),
+                here: false,
+                round: 7,
+                at_ms,
+                interval_ms: 1_000,
+                age_ms: 0,
+                stale,
+                unlisted: 0,
+                key: "/health/view/node-1".into(),
+            }),
+            contradictions: Vec::new(),
+            contradictions_total: 0,
+        }
+    }
+
+    fn served_stale(cell: &ClusterViewCell) -> bool {
+        let json: ClusterReply =
+            serde_json::from_slice(&cell.json().expect("a view")).expect("JSON");
+        let reply = cell.reply().expect("a view");
+        let a = json.assembly.expect("assembled");
+        assert_eq!(Some(a.stale), reply.assembly.as_ref().map(|r| r.stale));
+        a.stale
+    }
+
+    #[test]
+    fn a_view_read_while_current_is_served_stale_once_it_is_old_whoever_updates_it() {
+        let cell = ClusterViewCell::default();
+        let now = crate::util::timefmt::now_ms();
+        cell.publish(reply(now, false), None);
+        assert!(!served_stale(&cell), "fresh");
+        // Read three rounds ago and never updated since (the reading
+        // task kept waiting by etcd): stale when served now.
+        cell.publish(reply(now - 3_000, false), None);
+        assert!(served_stale(&cell));
+        let a = cell
+            .reply()
+            .and_then(|r| r.assembly.clone())
+            .expect("assembled");
+        assert!(a.age_ms >= 3_000, "{a:?}");
     }
 }

@@ -18,7 +18,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{BACKOFF_MAX, BACKOFF_MIN, KvError, KvStore, call_error, timed};
+use super::{BACKOFF_MIN, KvError, KvStore, call_error, timed};
 
 /// The shortest election lease (etcd raises shorter ones to about this).
 pub const MIN_ELECTION_TTL: Duration = Duration::from_secs(2);
@@ -94,9 +94,8 @@ impl KvStore {
             }
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = self.back_off(backoff, &mut down) => {}
+                next = self.back_off(backoff, &mut down) => backoff = next,
             }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 

@@ -8,9 +8,7 @@ use etcd_client::{EventType, GetOptions, WatchOptions};
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::{
-    BACKOFF_MAX, BACKOFF_MIN, Entry, KvError, KvStore, WATCH_BUFFER, WatchEvent, call_error, timed,
-};
+use super::{BACKOFF_MIN, Entry, KvError, KvStore, WATCH_BUFFER, WatchEvent, call_error, timed};
 
 impl KvStore {
     /// Reads every key under `prefix`, at one revision, in pages of
@@ -109,8 +107,7 @@ impl KvStore {
                     return;
                 }
             }
-            self.back_off(backoff, &mut down).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            backoff = self.back_off(backoff, &mut down).await;
         }
     }
 

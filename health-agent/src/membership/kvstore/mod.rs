@@ -352,8 +352,7 @@ impl KvStore {
                 backoff = BACKOFF_MIN;
             }
             self.mark_down(&err);
-            self.back_off(backoff, &mut down).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            backoff = self.back_off(backoff, &mut down).await;
         }
     }
 
@@ -363,20 +362,22 @@ impl KvStore {
     /// by a jitter of up to a quarter of it: an outage costs it one small
     /// request per waiting loop and check, and its end is seen within a
     /// check. A failure while etcd serves (a refused password, a missing
-    /// permission) waits the whole backoff.
-    async fn back_off(&self, backoff: Duration, down: &mut bool) {
+    /// permission) waits the whole backoff. Returns the next backoff: the
+    /// shortest once etcd came back (a first retry that still fails, its
+    /// leader just elected, is tried again soon), doubled otherwise.
+    async fn back_off(&self, backoff: Duration, down: &mut bool) -> Duration {
         let until = tokio::time::Instant::now() + backoff;
         loop {
             let jitter = SERVING_CHECK.mul_f64(fastrand::f64() / 4.0);
             let next = (tokio::time::Instant::now() + SERVING_CHECK + jitter).min(until);
             tokio::time::sleep_until(next).await;
             if next >= until {
-                return;
+                return (backoff * 2).min(BACKOFF_MAX);
             }
             let serving = self.serving().await;
             if serving && *down {
                 *down = false;
-                return;
+                return BACKOFF_MIN;
             }
             *down = !serving;
         }
