@@ -30,6 +30,7 @@ pub mod scheduler;
 pub mod settings;
 pub mod status;
 mod targets;
+pub mod trace;
 
 pub use config::ProbeConfig;
 pub use http_round::RESERVED_FILES;

@@ -91,6 +91,77 @@ pub struct PathState {
     /// (`failure_threshold` rounds in a row): an MTU black hole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu_blackhole: Option<u16>,
+    /// ICMP paths in Failure: where the way to the address ends, traced
+    /// when the path failed (see [`super::trace`]); cleared when it
+    /// succeeds again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Box<PathTrace>>,
+}
+
+/// A traceroute of a failing path, from the prober's namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathTrace {
+    /// Epoch milliseconds when it was taken.
+    pub at_ms: u64,
+    /// The hops in TTL order, up to the address (`reached`) or up to
+    /// the last hop that answered: the way ends after it.
+    pub hops: Vec<TraceHop>,
+    /// The address itself answered the trace's echo.
+    pub reached: bool,
+}
+
+/// One hop of a [`PathTrace`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceHop {
+    pub ttl: u8,
+    /// Who answered at this TTL (`None`: nobody, within the timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<std::net::IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_ns: Option<u64>,
+    /// The hop said it has no way on: the ICMP "unreachable" code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<u8>,
+}
+
+impl PathTrace {
+    /// The hops as one line: `1 198.18.1.1 0.2ms, 2 *, 3 198.18.3.1
+    /// (unreachable)`, then where it ends.
+    #[must_use]
+    pub fn line(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        for (k, h) in self.hops.iter().enumerate() {
+            if k > 0 {
+                out.push_str(", ");
+            }
+            let _ = write!(out, "{}", h.ttl);
+            match h.ip {
+                Some(ip) => {
+                    let _ = write!(out, " {ip}");
+                }
+                None => out.push_str(" *"),
+            }
+            if let Some(ns) = h.rtt_ns {
+                let _ = write!(
+                    out,
+                    " {:.1}ms",
+                    Duration::from_nanos(ns).as_secs_f64() * 1e3
+                );
+            }
+            if h.unreachable.is_some() {
+                out.push_str(" (unreachable)");
+            }
+        }
+        match (self.reached, self.hops.last()) {
+            (true, _) => out.push_str("; the address answers the trace"),
+            (false, Some(last)) => {
+                let _ = write!(out, "; no answer past hop {}", last.ttl);
+            }
+            (false, None) => out.push_str("no hop answered"),
+        }
+        out
+    }
 }
 
 #[expect(
@@ -132,6 +203,7 @@ impl PathState {
         degraded: false,
         mtu_failures: 0,
         mtu_blackhole: None,
+        trace: None,
     };
 }
 
@@ -159,6 +231,7 @@ impl PathState {
                 self.warning = warning;
                 if self.consecutive_successes >= thresholds.success.max(1) {
                     self.result = ProbeResult::Success;
+                    self.trace = None;
                 }
             }
             Outcome::Failed(error) => {

@@ -28,6 +28,7 @@ use super::{
     published::{Published, serialised},
     status::{ClusterStatus, RoundInfo},
     targets::{NodePaths, node_status, target_count, targets, warn_unprobed},
+    trace::Tracing,
 };
 use crate::{datapath::rtt::KernelRtt, membership::NodeSet, sys::socket_factory::SocketFactory};
 
@@ -53,6 +54,8 @@ pub struct Prober {
     /// never wall-clock times (which NTP may step back).
     round_seq: std::sync::atomic::AtomicU64,
     published: RwLock<Published>,
+    /// Traces of failing paths, due and running; locked after `paths`.
+    pub(super) tracing: Mutex<Tracing>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -83,6 +86,7 @@ impl Prober {
             history: Mutex::new(History::new(cfg.history_length)),
             round_lock: tokio::sync::Mutex::new(()),
             round_seq: std::sync::atomic::AtomicU64::new(0),
+            tracing: Mutex::default(),
             published: RwLock::new(serialised(ClusterStatus {
                 local_node: cfg.local_node.clone(),
                 probe_interval_ms: ms(cfg.interval),
@@ -374,6 +378,7 @@ impl Prober {
             epoch_ms(SystemTime::now()),
         );
         self.record_mtu(&nodes, &targets.keys, &mtu, &icmp_mtu);
+        self.start_traces(&targets.ips);
         let merged = t0.elapsed();
         let status = self.snapshot(Some(RoundInfo {
             seq,
@@ -416,9 +421,11 @@ impl Prober {
         let mut probes = 0;
         if let Ok(mut paths) = self.paths.lock()
             && let Ok(mut history) = self.history.lock()
+            && let Ok(mut tracing) = self.tracing.lock()
         {
             history.begin_round(seq, started_ms, at);
-            for (&(node, address), (icmp, http)) in keys.iter().zip(outcomes) {
+            for (target, (&(node, address), (icmp, http))) in keys.iter().zip(outcomes).enumerate()
+            {
                 let node = &nodes[node as usize];
                 if !current.contains(&node.name) {
                     continue;
@@ -444,6 +451,9 @@ impl Prober {
                     let state = entry.state_mut(slot);
                     state.record(outcome, self.cfg.thresholds, at);
                     state.degraded = lossy && state.result == ProbeResult::Success;
+                    if slot == icmp_slot {
+                        tracing.note(state, &node.name, slot, target, at);
+                    }
                 }
                 probes += 2;
             }

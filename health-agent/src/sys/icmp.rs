@@ -177,7 +177,7 @@ pub fn echo(
 
 /// Reads messages from `sock` until `deadline`, until `wanted` accepts one
 /// (with its sender); whether one came.
-fn receive_until(
+pub(super) fn receive_until(
     sock: &Socket,
     deadline: Instant,
     mut wanted: impl FnMut(&[u8], &SockAddr) -> bool,

@@ -10,6 +10,7 @@
 pub mod bpf_batch;
 pub mod fd_table;
 pub mod icmp;
+pub mod icmp_trace;
 pub mod netlink;
 pub mod netns;
 pub mod pidfile;

@@ -188,10 +188,13 @@ fn path_line(p: &PathState) -> String {
                 format!("OK, RTT={}{source}{warn}", rtt())
             }
         }
-        ProbeResult::Failure => format!(
-            "Failure: {}",
-            p.last_error.as_deref().unwrap_or("unknown error")
-        ),
+        ProbeResult::Failure => {
+            let error = p.last_error.as_deref().unwrap_or("unknown error");
+            match &p.trace {
+                Some(t) => format!("Failure: {error}; traced: {}", t.line()),
+                None => format!("Failure: {error}"),
+            }
+        }
         ProbeResult::Unknown if p.probes == 0 => "Unknown (not probed yet)".to_owned(),
         ProbeResult::Unknown => format!(
             "Unknown ({} of the failure threshold; last: {})",
