@@ -37,6 +37,7 @@ pub mod pinger6;
 pub mod pins;
 pub mod process;
 pub mod prometheus;
+pub mod router_chain;
 pub mod tc_run;
 pub mod topology;
 

@@ -39,6 +39,7 @@ mod probe6;
 mod quality;
 mod scale;
 mod service;
+mod trace;
 mod track6_test_run;
 mod track_test_run;
 mod trust;

@@ -292,6 +292,22 @@ fn check_filters_and_detail(browser: &Browser) {
         serde_json::json!(["host-icmp", "host-http", "endpoint-icmp", "endpoint-http"])
     );
     assert!(browser.is_displayed("#detail"));
+    // node-1 traced its failing ICMP path to node-3: the hops, and where
+    // the way ends, on node-3's host ICMP card and in its cell's title.
+    let traced = browser.wait_for(
+        "node-3's host ICMP card with its trace",
+        Duration::from_secs(10),
+        "const t = document.querySelector(\"#detail .path-card[data-path='host-icmp'] .trace\");
+         const cell = document.querySelector(\"#rows .row[data-node='node-3'] .c-path[data-path='host-icmp']\");
+         return t && t.querySelectorAll('li').length > 0 && cell && cell.title.includes('traced: ')
+             ? [t.querySelector('p').textContent, t.querySelectorAll('li').length] : null;",
+    );
+    assert!(
+        traced[0]
+            .as_str()
+            .is_some_and(|t| t.contains("no answer past hop")),
+        "the way to a node whose link is down ends before it: {traced}"
+    );
     // The picture of the page for the README.
     screenshot(
         browser,

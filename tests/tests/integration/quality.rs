@@ -256,3 +256,50 @@ fn a_smaller_mtu_on_the_way_reads_as_an_mtu_black_hole_and_only_there() {
         s.nodes.iter().all(|n| n.host.icmp.mtu_blackhole.is_none())
     });
 }
+
+/// An MTU black hole as the issue has it in the wild: a router on the way
+/// (r2 of `health_tests::router_chain`) forwards onto a link of MTU 1400
+/// and drops its own ICMP "fragmentation needed", so a full-size
+/// Don't-Fragment echo vanishes while small ones are answered. The
+/// agent's host ICMP path to the peer reads as an MTU black hole of the
+/// probe size, the peer's health path (not MTU-probed) does not, and the
+/// verdict clears once the link's MTU is back.
+#[test]
+fn a_router_that_drops_fragmentation_needed_reads_as_an_mtu_black_hole() {
+    use health_tests::router_chain::Chain;
+    let mut chain = Chain::new();
+    chain.start_agent(&["--probe-mtu", "1500"]);
+    chain.wait_path("the peer answers three routers away", |p| {
+        p.result == ProbeResult::Success && p.mtu_blackhole.is_none()
+    });
+    let set_mtu = |mtu: u32| {
+        for (ns, iface) in [(&chain.ns[2], "east"), (&chain.ns[3], "west")] {
+            health_agent::sys::netlink::in_netns(Some(ns), |nl| async move {
+                nl.set_mtu(iface, mtu).await
+            })
+            .expect("set the link's MTU");
+        }
+    };
+    let quiet = NftTable::netdev(
+        &chain.ns[2],
+        "chain quiet { type filter hook egress device \"west\" priority 0; \
+         icmp type destination-unreachable icmp code frag-needed drop; }",
+    )
+    .expect("nft in r2");
+    set_mtu(1400);
+    let hole = chain.wait_path("the host ICMP path is an MTU black hole", |p| {
+        p.mtu_blackhole.is_some()
+    });
+    assert_eq!(
+        hole.result,
+        ProbeResult::Success,
+        "small echoes still answer: {hole:?}"
+    );
+    assert_eq!(hole.mtu_blackhole, Some(1500), "{hole:?}");
+    set_mtu(1500);
+    let mended = chain.wait_path("the verdict clears with the MTU back", |p| {
+        p.result == ProbeResult::Success && p.mtu_blackhole.is_none()
+    });
+    assert_eq!(mended.mtu_failures, 0, "{mended:?}");
+    drop(quiet);
+}

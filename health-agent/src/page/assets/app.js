@@ -190,7 +190,40 @@
       ip: typeof conn.ip === "string" ? conn.ip : "",
       degraded: ps.degraded === true,
       mtuBlackhole: Number.isInteger(ps.mtu_blackhole) ? ps.mtu_blackhole : null,
+      trace: parseTrace(ps.trace),
     };
+  }
+
+  // A failing path's traceroute (PathTrace): its hops, each with who
+  // answered (null: nobody), and whether the address answered. Anything
+  // malformed reads as no trace.
+  function parseTrace(t) {
+    if (t === null || typeof t !== "object" || !Array.isArray(t.hops)) return null;
+    const hops = [];
+    for (const h of t.hops) {
+      if (h === null || typeof h !== "object" || !Number.isInteger(h.ttl)) return null;
+      hops.push({
+        ttl: h.ttl,
+        ip: typeof h.ip === "string" ? h.ip : null,
+        rttNs: typeof h.rtt_ns === "number" ? h.rtt_ns : null,
+        unreachable: Number.isInteger(h.unreachable),
+      });
+    }
+    return { hops, reached: t.reached === true, atMs: typeof t.at_ms === "number" ? t.at_ms : null };
+  }
+
+  // One hop as text: "2 198.18.10.1 0.21 ms", "3 *".
+  function hopText(h) {
+    const who = h.ip === null ? "*" : h.ip;
+    const rtt = h.rttNs !== null ? ` ${fmtRtt(h.rttNs)}` : "";
+    return `${h.ttl} ${who}${rtt}${h.unreachable ? " (unreachable)" : ""}`;
+  }
+
+  // Where the trace says the way ends.
+  function traceEnd(t) {
+    if (t.reached) return "the address answers the trace";
+    const last = t.hops[t.hops.length - 1];
+    return last ? `no answer past hop ${last.ttl}` : "no hop answered";
   }
 
   // NodeStatus::state: failure if any path failed, else unknown if any is
@@ -605,6 +638,7 @@
     if (p.warning) lines.push(`warning: ${p.warning}`);
     if (p.degraded && p.state === "success") lines.push("degraded: answers, but loses probes (status --quality NODE)");
     if (p.mtuBlackhole !== null && p.state === "success") lines.push(`MTU black hole: ${p.mtuBlackhole}-byte probes lost`);
+    if (p.trace) lines.push(`traced: ${p.trace.hops.map(hopText).join(", ")}; ${traceEnd(p.trace)}`);
     if (p.lastProbeMs) lines.push(`probed ${fmtAge(Date.now() - p.lastProbeMs)} ago`);
     return lines.join("\n");
   }
@@ -1089,6 +1123,7 @@
           ["last probe", cur && cur.lastProbeMs ? `${fmtAge(Date.now() - cur.lastProbeMs)} ago` : null],
         ]),
       );
+      if (cur && cur.trace) card.appendChild(traceList(cur.trace));
       if (h && Array.isArray(h.entries)) {
         const canvas = document.createElement("canvas");
         card.appendChild(canvas);
@@ -1105,6 +1140,25 @@
     for (const card of el.detailBody.querySelectorAll(".path-card")) {
       if (card._canvas) drawEntries(card._canvas, card._entries);
     }
+  }
+
+  // A failing path's hops, in order, and where the way ends.
+  function traceList(t) {
+    const box = document.createElement("div");
+    box.className = "trace";
+    const head = document.createElement("p");
+    head.textContent = `traced${t.atMs ? ` at ${fmtClock(t.atMs)}` : ""}: ${traceEnd(t)}`;
+    box.appendChild(head);
+    const list = document.createElement("ol");
+    for (const h of t.hops) {
+      const li = document.createElement("li");
+      li.value = h.ttl;
+      li.textContent = hopText(h).replace(/^\d+ /, "");
+      if (h.ip === null) li.className = "muted";
+      list.appendChild(li);
+    }
+    box.appendChild(list);
+    return box;
   }
 
   function note(text) {
