@@ -17,7 +17,7 @@ use anyhow::bail;
 
 use health_tests::{
     cluster::{Cluster, ETCD_ENDPOINT, ETCD_IP, ETCD_PREFIX, Family, Settings},
-    etcd::{NodeGrants, Security},
+    etcd::NodeGrants,
 };
 
 #[derive(Debug, clap::Args)]
@@ -72,27 +72,13 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
         }
     );
     let interval: &'static str = Box::leak(opts.probe_interval.clone().into_boxed_str());
-    let mut cluster = Cluster::start(&Settings {
-        nodes: opts.nodes,
-        probe_interval: interval,
-        probe_timeout: "1s",
-        etcd: opts.kvstore == "etcd",
-        etcd_security: Security {
-            tls: opts.kvstore == "etcd",
-            auth: opts.kvstore == "etcd",
-        },
+    let mut cluster = Cluster::start(&Settings::local(
+        opts.nodes,
+        interval,
+        opts.kvstore == "etcd",
+        opts.routing == "masquerade",
         family,
-        // The agent's own registration lease (15 minutes): a node whose
-        // uplink or agent dies stays in the node set and is called down,
-        // as in production, instead of vanishing after a few seconds.
-        lease_ttl: "",
-        extra_args: if opts.routing == "masquerade" {
-            ["--routing", "masquerade"].map(String::from).to_vec()
-        } else {
-            Vec::new()
-        },
-        ..Settings::default()
-    });
+    ));
     println!("agents' logs and sockets: {}", cluster.dir.display());
     print!("{}", what_differs(opts));
     if opts.kvstore == "etcd" {

@@ -93,6 +93,43 @@ impl std::str::FromStr for Family {
     }
 }
 
+impl Settings {
+    /// The cluster `cargo xtask run` starts: `nodes` nodes probing every
+    /// `interval` (1 s timeout), discovering each other through a nodes
+    /// file or (`etcd`) through etcd as in production (TLS, a user and a
+    /// role per node), on the agent's own registration lease (15 minutes:
+    /// a node whose uplink or agent dies stays in the node set and is
+    /// called down, as in production, instead of vanishing); masquerade
+    /// or routed.
+    #[must_use]
+    pub fn local(
+        nodes: usize,
+        interval: &'static str,
+        etcd: bool,
+        masquerade: bool,
+        family: Family,
+    ) -> Self {
+        Self {
+            nodes,
+            probe_interval: interval,
+            probe_timeout: "1s",
+            etcd,
+            etcd_security: crate::etcd::Security {
+                tls: etcd,
+                auth: etcd,
+            },
+            family,
+            lease_ttl: "",
+            extra_args: if masquerade {
+                ["--routing", "masquerade"].map(String::from).to_vec()
+            } else {
+                Vec::new()
+            },
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Self {

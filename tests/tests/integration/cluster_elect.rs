@@ -289,3 +289,43 @@ fn forged_view(down: &str) -> Vec<u8> {
     };
     PublishedView::of("node-9", 1, now_ms + 6_000, 1_000, &view).encode()
 }
+
+/// `cargo xtask run --kvstore etcd --nodes 6` as its users get it (the
+/// same settings: TLS, a user per node, dual stack, 2 s rounds, the
+/// product's lease): one agent assembles the view; stopping that agent
+/// (SIGTERM, as `systemctl stop` does) moves the role to another, whose
+/// view every remaining agent shows within 2 rounds.
+#[test]
+fn in_the_local_cluster_of_six_stopping_the_assembler_moves_the_role() {
+    use health_tests::cluster::Family;
+    let mut cluster = Cluster::start(&Settings::local(6, "2s", true, false, Family::Dual));
+    let first = wait_reply(
+        &cluster.nodes[0],
+        Duration::from_secs(60),
+        "a current view of 6 reports",
+        |r| current(r, None, 6) && r.view.counts.healthy == 6,
+    );
+    let leader = assembler(&first).expect("assembled").to_owned();
+    let l = leader_index(&cluster, &leader);
+    cluster.stop_agent(l, Signal::SIGTERM);
+    let stopped = Instant::now();
+    let bound = 2 * Duration::from_secs(2) + Duration::from_secs(1);
+    let mut new_leader = None;
+    for (i, node) in cluster.nodes.iter().enumerate().filter(|(i, _)| *i != l) {
+        let r = wait_reply(node, bound, "a view by another agent", |r| {
+            assembler(r).is_some_and(|a| a != leader)
+                && r.assembly.as_ref().is_some_and(|a| !a.stale)
+        });
+        let by = assembler(&r).expect("assembled").to_owned();
+        assert_eq!(
+            new_leader.get_or_insert_with(|| by.clone()),
+            &by,
+            "node {i} shows another assembler's view"
+        );
+    }
+    println!(
+        "{leader} stopped; every other agent shows {new_leader:?}'s view {} ms later (bound {} ms)",
+        stopped.elapsed().as_millis(),
+        patience(bound).as_millis()
+    );
+}
