@@ -16,7 +16,7 @@ use std::{
     future::Future,
     pin::Pin,
     sync::{Arc, Mutex, RwLock},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use futures::FutureExt as _;
@@ -27,6 +27,8 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
+
+use crate::util::timefmt::now_ms as epoch_ms;
 
 /// What a task returns when it fails.
 pub type TaskError = Box<dyn std::error::Error + Send + Sync>;
@@ -494,12 +496,6 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".to_owned())
-}
-
-fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Boxes a task's future (the factories' return type).

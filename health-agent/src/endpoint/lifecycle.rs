@@ -8,6 +8,8 @@ use std::{collections::VecDeque, fmt};
 
 use serde::{Deserialize, Serialize};
 
+use crate::util::timefmt::now_ms;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum State {
@@ -161,12 +163,6 @@ impl Lifecycle {
         self.state = Some(to);
         Ok(())
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -4,10 +4,7 @@
 //! of [`super::discovery`] publishes here; one warning per update sums up
 //! its rejected records.
 
-use std::{
-    sync::{Arc, RwLock},
-    time::{SystemTime, UNIX_EPOCH},
-};
+use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -18,6 +15,7 @@ use super::{
     record::{MAX_REJECTED_SHOWN, RejectedRecord, Validated},
     routes::RefusedRoute,
 };
+use crate::util::timefmt::now_ms;
 
 /// How the node set is doing: where it comes from and whether the latest
 /// update was taken (`GET /v1/nodes` adds the set itself).
@@ -165,12 +163,6 @@ impl Nodes {
             s.error = Some(error);
         }
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -7,12 +7,7 @@
 //! [`RUNNING`] run at once, so an outage of many nodes costs a bounded
 //! trickle of probes and threads.
 
-use std::{
-    collections::HashSet,
-    net::IpAddr,
-    sync::Arc,
-    time::{SystemTime, UNIX_EPOCH},
-};
+use std::{collections::HashSet, net::IpAddr, sync::Arc};
 
 use tracing::debug;
 
@@ -98,7 +93,7 @@ impl Prober {
         };
         match traced {
             Ok(hops) => {
-                let trace = path_trace(&hops, epoch_ms());
+                let trace = path_trace(&hops, crate::util::timefmt::now_ms());
                 debug!(node, %ip, hops = %trace.line(), "traced a failing path");
                 if let Ok(mut paths) = self.paths.lock()
                     && let Some(entry) = paths.get_mut(node)
@@ -139,12 +134,6 @@ fn path_trace(hops: &[Hop], at_ms: u64) -> PathTrace {
             })
             .collect(),
     }
-}
-
-fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
