@@ -123,26 +123,6 @@ impl Problem {
             e.problem = problem;
         });
     }
-
-    /// A reporter that shows nothing anywhere (a component run outside
-    /// the supervisor, as in tests).
-    #[must_use]
-    pub fn detached(name: &'static str) -> Self {
-        Self {
-            health: Health::default(),
-            name,
-        }
-    }
-
-    /// What is reported now.
-    #[must_use]
-    pub fn current(&self) -> Option<String> {
-        self.health
-            .0
-            .read()
-            .ok()
-            .and_then(|all| all.get(self.name).and_then(|e| e.problem.clone()))
-    }
 }
 
 /// One task as `/v1/healthz` shows it.
