@@ -172,6 +172,7 @@ mod tests {
             failing_observers: failing_observers.iter().map(|s| (*s).to_owned()).collect(),
             unreached: 0,
             unreached_nodes: Vec::new(),
+            lossy: 0,
         }
     }
 

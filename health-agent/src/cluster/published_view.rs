@@ -113,6 +113,8 @@ pub enum ViewError {
     },
     #[error("{0} nodes counted, more than {MAX_NODES}")]
     TooMany(u64),
+    #[error("{lossy} nodes counted with lossy paths, of {total} nodes")]
+    Lossy { lossy: u64, total: u64 },
 }
 
 /// One published view.
@@ -167,6 +169,7 @@ fn node_message(n: &NodeView) -> proto::Node {
         failing_observers: n.failing_observers.clone(),
         unreached: n.unreached,
         unreached_nodes: n.unreached_nodes.clone(),
+        lossy: n.lossy,
     }
 }
 
@@ -206,6 +209,11 @@ fn node_view(m: proto::Node) -> Result<NodeView, ViewError> {
             "more observers reaching or failing it than observe it",
         ));
     }
+    if m.lossy > m.seen_reachable {
+        return Err(evidence(
+            "more observers reaching it over a lossy path than reach it",
+        ));
+    }
     if m.failing_observers.len() > m.failing as usize
         || m.unreached_nodes.len() > m.unreached as usize
     {
@@ -222,6 +230,7 @@ fn node_view(m: proto::Node) -> Result<NodeView, ViewError> {
         failing_observers: m.failing_observers,
         unreached: m.unreached,
         unreached_nodes: m.unreached_nodes,
+        lossy: m.lossy,
         name: m.name,
     })
 }
@@ -295,6 +304,7 @@ impl PublishedView {
             unknown: c.unknown as u64,
             nodes: self.view.nodes.iter().map(node_message).collect(),
             unlisted: self.unlisted,
+            lossy: c.lossy as u64,
         };
         let len = m.encoded_len();
         let mut out = Vec::with_capacity(1 + prost::length_delimiter_len(len) + len);
@@ -332,6 +342,12 @@ impl PublishedView {
             .try_fold(0u64, |a, &b| a.checked_add(b))
             .unwrap_or(u64::MAX);
         let total = counted.saturating_add(m.healthy);
+        if m.lossy > total {
+            return Err(ViewError::Lossy {
+                lossy: m.lossy,
+                total,
+            });
+        }
         if total > MAX_NODES || m.reports > MAX_NODES || m.ignored > MAX_NODES {
             return Err(ViewError::TooMany(total.max(m.reports).max(m.ignored)));
         }
@@ -364,6 +380,7 @@ impl PublishedView {
             path_degraded: usize_of(m.path_degraded),
             observer_problem: usize_of(m.observer_problem),
             unknown: usize_of(m.unknown),
+            lossy: usize_of(m.lossy),
         };
         if by_verdict.node_down > counts.node_down
             || by_verdict.path_degraded > counts.path_degraded

@@ -112,6 +112,9 @@ pub struct PathSample {
     /// observer's failing paths together as evidence of a node down a few
     /// rounds before any prober's threshold (no RTT then).
     pub failing: bool,
+    /// A path in Success that loses probes with confidence (the prober's
+    /// degraded verdict, `PathState::degraded`).
+    pub lossy: bool,
 }
 
 impl PathSample {
@@ -119,6 +122,7 @@ impl PathSample {
         state: ProbeResult::Unknown,
         rtt_us: None,
         failing: false,
+        lossy: false,
     };
 
     /// A path in `state`; the RTT is kept for Success only, in µs,
@@ -134,6 +138,7 @@ impl PathSample {
                 ProbeResult::Failure | ProbeResult::Unknown => None,
             },
             failing: false,
+            lossy: false,
         }
     }
 
@@ -142,6 +147,7 @@ impl PathSample {
         state: ProbeResult::Success,
         rtt_us: None,
         failing: true,
+        lossy: false,
     };
 
     /// A path in `state`, failing (its last probe failed) or not: only a
@@ -163,6 +169,14 @@ impl PathSample {
             p.rtt_ns.map(|ns| ns / 1000),
             p.consecutive_failures > 0,
         )
+        .with_lossy(p.degraded)
+    }
+
+    /// The same path, lossy (`lossy`, kept for a path in Success only).
+    #[must_use]
+    pub const fn with_lossy(mut self, lossy: bool) -> Self {
+        self.lossy = lossy && matches!(self.state, ProbeResult::Success);
+        self
     }
 
     /// The state code of the binary form.
@@ -209,6 +223,7 @@ impl PeerSummary {
                 rtt.map(|ns| ns / 1000),
                 primary.consecutive_failures > 0 || second.consecutive_failures > 0,
             )
+            .with_lossy(primary.degraded || second.degraded)
         };
         let (host6, ep6) = (n.host_secondary.as_deref(), n.endpoint_secondary.as_deref());
         Self {
@@ -220,6 +235,15 @@ impl PeerSummary {
                 path(&n.endpoint.http, ep6.map(|c| &c.http)),
             ],
         }
+    }
+
+    /// The lossy paths: path i in bit i.
+    #[must_use]
+    pub fn lossy_bits(&self) -> u8 {
+        self.paths
+            .iter()
+            .enumerate()
+            .fold(0, |bits, (i, p)| bits | (u8::from(p.lossy) << i))
     }
 
     /// The four states in one byte: path i in bits 2i..2i+1.
@@ -320,6 +344,10 @@ pub enum SummaryError {
         suffix: usize,
         previous: usize,
     },
+    #[error(
+        "summary {at}: lossy paths {mask:#06b}: expected 1 to 0b1111, each a path in Success, peers in order"
+    )]
+    Lossy { at: At, mask: u32 },
     #[error("summary {at}: {what} name is not UTF-8")]
     NameUtf8 { at: At, what: &'static str },
     #[error(
@@ -387,7 +415,8 @@ impl Summary {
             check_name("peer", &p.name)?;
             for path in &mut p.paths {
                 *path =
-                    PathSample::with_failing(path.state, path.rtt_us.map(u64::from), path.failing);
+                    PathSample::with_failing(path.state, path.rtt_us.map(u64::from), path.failing)
+                        .with_lossy(path.lossy);
             }
         }
         peers.sort_unstable_by(|a, b| a.name.cmp(&b.name));
@@ -522,6 +551,7 @@ mod tests {
             state: ProbeResult::Success,
             rtt_us: Some(rtt_us),
             failing: false,
+            lossy: false,
         }
     }
 
@@ -1033,7 +1063,85 @@ mod tests {
             middles: peers.iter().flat_map(|p| p.2.bytes()).collect(),
             states: peers.iter().map(|p| p.3).collect(),
             rtt,
+            lossy_peer: Vec::new(),
+            lossy_paths: Vec::new(),
         }
+    }
+
+    #[test]
+    fn lossy_paths_travel_in_a_sparse_column_and_cost_nothing_without_them() {
+        let plain = sample();
+        let mut lossy = plain.clone();
+        let d = lossy
+            .peers
+            .iter_mut()
+            .find(|p| p.name == "node-d")
+            .expect("node-d");
+        // A path in Success, lossy; one failing its last probe, lossy too.
+        d.paths[1] = d.paths[1].with_lossy(true);
+        d.paths[3] = d.paths[3].with_lossy(true);
+        assert_eq!(d.lossy_bits(), 0b1010, "{d:?}");
+        let bytes = lossy.encode();
+        assert_eq!(Summary::decode(&bytes), Ok(lossy.clone()));
+        assert!(bytes.len() > plain.encode().len(), "the column is written");
+        assert!(
+            !PathSample::new(ProbeResult::Failure, None)
+                .with_lossy(true)
+                .lossy,
+            "only a path in Success is lossy"
+        );
+        assert!(
+            PathSample::from_state(&PathState {
+                result: ProbeResult::Success,
+                degraded: true,
+                ..PathState::UNKNOWN
+            })
+            .lossy
+        );
+    }
+
+    #[test]
+    fn version_3_refuses_lossy_paths_out_of_order_empty_or_not_in_success() {
+        // node-a: 4 paths in Success; node-b: success, unknown, failure,
+        // failing.
+        let base = message(
+            &[(0, 0, "node-a", 0b01_01_01_01), (5, 0, "b", 0b11_10_00_01)],
+            vec![1, 2, 3, 4, 5],
+        );
+        let with = |peer: Vec<u32>, paths: Vec<u32>| wire::proto::Summary {
+            lossy_peer: peer,
+            lossy_paths: paths,
+            ..base.clone()
+        };
+        let ok = Summary::decode(&forged(&with(vec![0, 1], vec![0b1111, 0b1001]))).expect("valid");
+        assert_eq!(
+            ok.peers()
+                .iter()
+                .map(PeerSummary::lossy_bits)
+                .collect::<Vec<_>>(),
+            [0b1111, 0b1001]
+        );
+        for (peer, paths) in [
+            (vec![1, 0], vec![1, 1]),  // out of order
+            (vec![0, 0], vec![1, 2]),  // twice
+            (vec![2], vec![1]),        // no such peer
+            (vec![0], vec![0]),        // an empty mask
+            (vec![0], vec![0b1_0000]), // a fifth path
+            (vec![1], vec![0b0100]),   // a path in Failure
+            (vec![1], vec![0b0010]),   // a path unknown
+        ] {
+            assert!(
+                matches!(
+                    refused(&with(peer.clone(), paths.clone())),
+                    SummaryError::Lossy { .. }
+                ),
+                "{peer:?} {paths:?}"
+            );
+        }
+        assert!(matches!(
+            refused(&with(vec![0, 1], vec![1])),
+            SummaryError::Columns { .. }
+        ));
     }
 
     #[test]

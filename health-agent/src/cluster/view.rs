@@ -151,6 +151,18 @@ pub struct NodeView {
     /// Up to [`MAX_NAMED`] of those, by name (observer problems only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreached_nodes: Vec<String>,
+    /// Observers that reach it over a lossy path (in Success, yet losing
+    /// probes with confidence).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lossy: u32,
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+const fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Nodes per verdict.
@@ -161,6 +173,10 @@ pub struct VerdictCounts {
     pub path_degraded: usize,
     pub observer_problem: usize,
     pub unknown: usize,
+    /// Not a verdict: the nodes (of any verdict) some observer reaches
+    /// over a lossy path.
+    #[serde(default)]
+    pub lossy: usize,
 }
 
 impl VerdictCounts {
@@ -219,6 +235,8 @@ enum Seen {
     /// Every path failed its last probe, some in Failure already: failed
     /// some by the states.
     FailedSomeFailingAll,
+    /// Reached, some path lossy.
+    ReachedLossy,
 }
 
 impl Seen {
@@ -234,13 +252,17 @@ impl Seen {
             (_, 4) => Self::FailedSomeFailingAll,
             (1.., _) => Self::FailedSome,
             _ if paths.iter().any(|p| p.state == ProbeResult::Unknown) => Self::Unknown,
+            _ if paths.iter().any(|p| p.lossy) => Self::ReachedLossy,
             _ => Self::Reached,
         }
     }
 
     /// Reached, by the paths' states.
     const fn reached(self) -> bool {
-        matches!(self, Self::Reached | Self::ReachedFailingAll)
+        matches!(
+            self,
+            Self::Reached | Self::ReachedFailingAll | Self::ReachedLossy
+        )
     }
 
     /// Failed some path or all, by the paths' states.
@@ -452,6 +474,8 @@ struct Tally {
     down_now: u32,
     /// Of `reached`, those failing every path by the last probes.
     reached_failing: u32,
+    /// Of `reached`, those over a lossy path.
+    lossy: u32,
 }
 
 /// Per-node excerpts of names (at most [`MAX_NAMED`] each).
@@ -472,22 +496,16 @@ fn named(list: &mut Vec<String>, name: &str) {
     }
 }
 
-/// The cluster view of `nodes` from `summaries` (any order; the newest of
-/// each observer is used, those of observers not in the set are left out).
-/// O(total observations).
-#[must_use]
-pub fn assemble<S: Borrow<Summary>>(
+/// Every node's tally over the observations, and the names that go with
+/// it (`first`, `problem`: observer problems of the first and second
+/// pass; `ok`, `fail`: the first pass's reach and failure counts).
+fn tally(
     nodes: &NodeSet,
-    summaries: impl IntoIterator<Item = S>,
-    params: &ViewParams,
-) -> ClusterView {
+    obs: &Observations,
+    (first, problem): (&[bool], &[bool]),
+    (ok, fail): (&[u32], &[u32]),
+) -> (Vec<Tally>, Vec<Names>) {
     let n = nodes.len();
-    let obs = Observations::collect(nodes, summaries, params);
-    let zones = zone_numbers(nodes);
-    let (_, first) = obs.problems(&zones, &vec![false; n], params);
-    let (suspect, problem) = obs.problems(&zones, &first, params);
-    let (ok, fail) = obs.tallies(n, &first);
-
     let mut tally = vec![Tally::default(); n];
     let mut names = vec![Names::default(); n];
     for (o, seen_by_o) in obs.by_observer() {
@@ -497,6 +515,7 @@ pub fn assemble<S: Borrow<Summary>>(
             match seen {
                 s if s.reached() => {
                     tl.reached += 1;
+                    tl.lossy += u32::from(s == Seen::ReachedLossy);
                     if s.down_now() {
                         tl.down_now += 1;
                         tl.reached_failing += 1;
@@ -524,6 +543,27 @@ pub fn assemble<S: Borrow<Summary>>(
         }
     }
 
+    (tally, names)
+}
+
+/// The cluster view of `nodes` from `summaries` (any order; the newest of
+/// each observer is used, those of observers not in the set are left out).
+/// O(total observations).
+#[must_use]
+pub fn assemble<S: Borrow<Summary>>(
+    nodes: &NodeSet,
+    summaries: impl IntoIterator<Item = S>,
+    params: &ViewParams,
+) -> ClusterView {
+    let n = nodes.len();
+    let obs = Observations::collect(nodes, summaries, params);
+    let zones = zone_numbers(nodes);
+    let (_, first) = obs.problems(&zones, &vec![false; n], params);
+    let (suspect, problem) = obs.problems(&zones, &first, params);
+    let (ok, fail) = obs.tallies(n, &first);
+
+    let (tally, names) = tally(nodes, &obs, (&first, &problem), (&ok, &fail));
+
     let mut counts = VerdictCounts::default();
     let views = nodes
         .iter()
@@ -549,6 +589,7 @@ pub fn assemble<S: Borrow<Summary>>(
                 Verdict::Healthy
             };
             counts.add(verdict);
+            counts.lossy += usize::from(t.lossy > 0);
             let mut seen_reachable = t.reached;
             // Down by the last probes: those observers fail it, whatever
             // their states still say.
@@ -575,6 +616,7 @@ pub fn assemble<S: Borrow<Summary>>(
                 } else {
                     Vec::new()
                 },
+                lossy: t.lossy,
             }
         })
         .collect();
@@ -622,6 +664,8 @@ mod tests {
         fresh: bool,
         /// Observers whose summaries predate every fault.
         before: Vec<usize>,
+        /// Targets every observer reaches over a lossy host ICMP path.
+        lossy: Vec<usize>,
     }
 
     struct Cluster {
@@ -695,6 +739,7 @@ mod tests {
                             paths: std::array::from_fn(|p| {
                                 if self.works(f, o, t, p) {
                                     PathSample::new(ProbeResult::Success, Some(200))
+                                        .with_lossy(p == 0 && f.lossy.contains(&t))
                                 } else if f.fresh {
                                     PathSample::FAILING
                                 } else {
@@ -1040,5 +1085,34 @@ mod tests {
         assert_eq!(json["counts"]["node_down"], 1);
         let back: ClusterView = serde_json::from_value(json).expect("deserialises");
         assert_eq!(back, view);
+    }
+
+    #[test]
+    fn lossy_paths_are_counted_through_the_wire_without_changing_a_verdict() {
+        let cluster = Cluster::new();
+        let lossy = [7, 150];
+        let v = cluster.view(&Faults {
+            lossy: lossy.to_vec(),
+            ..Faults::default()
+        });
+        Cluster::check(&v, &[]);
+        assert_eq!(v.counts.lossy, 2, "{:?}", v.counts);
+        for (i, n) in v.nodes.iter().enumerate() {
+            if lossy.contains(&i) {
+                assert_eq!(n.lossy, n.seen_reachable, "every observer sees it: {n:?}");
+                assert!(n.lossy > 0, "{n:?}");
+            } else {
+                assert_eq!(n.lossy, 0, "{n:?}");
+            }
+        }
+        // A lossy node that is also down by its other observers' states:
+        // counted lossy by those that still reach it, its verdict its own.
+        let v = cluster.view(&Faults {
+            lossy: vec![7],
+            cut: vec![(7, 8)],
+            ..Faults::default()
+        });
+        assert_eq!(v.counts.lossy, 1);
+        assert_eq!(v.nodes[7].lossy, v.nodes[7].seen_reachable);
     }
 }

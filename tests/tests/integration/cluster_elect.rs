@@ -285,6 +285,7 @@ fn forged_view(down: &str) -> Vec<u8> {
             failing_observers: vec!["node-9".into()],
             unreached: 0,
             unreached_nodes: Vec::new(),
+            lossy: 0,
         }],
     };
     PublishedView::of("node-9", 1, now_ms + 6_000, 1_000, &view).encode()

@@ -1107,6 +1107,7 @@ fn synthetic_view() -> ClusterView {
                 failing_observers: Vec::new(),
                 unreached: 0,
                 unreached_nodes: Vec::new(),
+                lossy: u32::from(k % 100 == 7),
             };
             if k == DOWN {
                 n.seen_reachable = 0;
@@ -1132,6 +1133,7 @@ fn synthetic_view() -> ClusterView {
             path_degraded: 0,
             observer_problem: 1,
             unknown: 0,
+            lossy: CLUSTER_NODES.div_ceil(100),
         },
         nodes,
     }
@@ -1194,6 +1196,11 @@ fn the_page_draws_a_1000_node_matrix_and_the_cluster_views_states() {
     );
     assert_eq!(c["matrix"]["truncated"], true);
     assert_eq!(c["counts"]["healthy"], CLUSTER_NODES - 2);
+    assert_eq!(c["lossy"], CLUSTER_NODES.div_ceil(100), "{}", c["lossy"]);
+    assert_eq!(
+        browser.eval("return document.querySelector('#cluster-lossy b').textContent"),
+        CLUSTER_NODES.div_ceil(100).to_string()
+    );
     assert_eq!(c["verdicts"][cluster_name(DOWN)], "node-down");
     assert_eq!(c["verdicts"][cluster_name(FLAKY)], "observer-problem");
     assert_eq!(

@@ -13,6 +13,7 @@ fn node(name: &str, verdict: Verdict) -> NodeView {
         failing_observers: vec!["o1".into(), "o2".into()],
         unreached: 0,
         unreached_nodes: Vec::new(),
+        lossy: u32::from(verdict == Verdict::PathDegraded),
     }
 }
 
@@ -33,6 +34,7 @@ fn full_view() -> ClusterView {
             path_degraded: 1,
             observer_problem: 0,
             unknown: 1,
+            lossy: 1,
         },
         nodes,
     }
@@ -170,6 +172,14 @@ fn hostile_views_are_refused_with_the_reason() {
     assert_eq!(
         edit(&|p| p.view.counts.healthy = 1 << 21),
         "2097155 nodes counted, more than 1048576"
+    );
+    assert_eq!(
+        edit(&|p| p.view.counts.lossy = 6),
+        "6 nodes counted with lossy paths, of 5 nodes"
+    );
+    assert_eq!(
+        edit(&|p| p.view.nodes[2].lossy = 2),
+        "node \"e\": more observers reaching it over a lossy path than reach it"
     );
 }
 

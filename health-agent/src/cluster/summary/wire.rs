@@ -3,6 +3,8 @@
 
 use prost::Message as _;
 
+use crate::probe::path::ProbeResult;
+
 use super::{
     At, MAX_NAME_LEN, MAX_PEER_BYTES, MAX_PEERS, Summary, SummaryError, VERSION, peers::PeerReader,
     v2::Reader,
@@ -38,6 +40,8 @@ pub(super) fn encode(s: &Summary) -> Vec<u8> {
         middles: Vec::with_capacity(n * 4),
         states: Vec::with_capacity(n),
         rtt: Vec::with_capacity(n * 4),
+        lossy_peer: Vec::new(),
+        lossy_paths: Vec::new(),
     };
     let mut previous: &[u8] = &[];
     for p in &s.peers {
@@ -50,6 +54,11 @@ pub(super) fn encode(s: &Summary) -> Vec<u8> {
         m.middle_len.push(middle.len() as u32);
         m.middles.extend_from_slice(middle);
         m.states.push(u32::from(p.state_bits()));
+        let lossy = p.lossy_bits();
+        if lossy != 0 {
+            m.lossy_peer.push(m.states.len() as u32 - 1);
+            m.lossy_paths.push(u32::from(lossy));
+        }
         for path in &p.paths {
             if path.code() == 1 {
                 m.rtt.push(path.rtt_us.map_or(0, |us| us + 1));
@@ -137,12 +146,48 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Summary, SummaryError> {
     if rtts.len() > 0 {
         return Err(missing_rtts(&m));
     }
+    let mut peers = peers.peers;
+    mark_lossy(&m, &mut peers)?;
     Ok(Summary {
         observer: m.observer,
         seq: m.seq,
         at_ms: m.at_ms,
-        peers: peers.peers,
+        peers,
     })
+}
+
+/// Marks the lossy paths the message lists: peers in order, each mask
+/// naming paths in Success only.
+fn mark_lossy(m: &proto::Summary, peers: &mut [super::PeerSummary]) -> Result<(), SummaryError> {
+    if m.lossy_peer.len() != m.lossy_paths.len() {
+        return Err(SummaryError::Columns {
+            what: "lossy path masks",
+            len: m.lossy_paths.len(),
+            expected: m.lossy_peer.len(),
+        });
+    }
+    let mut next = 0;
+    for (&i, &mask) in m.lossy_peer.iter().zip(&m.lossy_paths) {
+        let index = usize::try_from(i).unwrap_or(usize::MAX);
+        let refused = || SummaryError::Lossy {
+            at: At::Peer(index),
+            mask,
+        };
+        if index < next || mask == 0 || mask > 0b1111 {
+            return Err(refused());
+        }
+        let peer = peers.get_mut(index).ok_or_else(refused)?;
+        for (bit, path) in peer.paths.iter_mut().enumerate() {
+            if mask & (1 << bit) != 0 {
+                if path.state != ProbeResult::Success {
+                    return Err(refused());
+                }
+                path.lossy = true;
+            }
+        }
+        next = index + 1;
+    }
+    Ok(())
 }
 
 /// The RTT column does not have one entry per path of state 1.

@@ -89,6 +89,7 @@
     cluster: $("cluster"),
     clusterLine: $("cluster-line"),
     clusterCounts: $("cluster-counts"),
+    clusterLossy: $("cluster-lossy"),
     clusterNote: $("cluster-note"),
     clusterProblems: $("cluster-problems"),
     matrixBox: $("matrix-box"),
@@ -337,7 +338,9 @@
       ? { by: a.assembled_by, here: a.here === true, round: num(a.round), ageMs: num(a.age_ms), stale: a.stale === true, unlisted: num(a.unlisted) }
       : null;
     const total = Math.max(nodes.length, VERDICTS.reduce((k, d) => k + counts[d.count], 0));
-    return { reports: num(v.reports), ignored: num(v.ignored), counts, nodes, assembly, total };
+    // Not a verdict: nodes some observer reaches over a lossy path.
+    const lossy = num(v.counts.lossy);
+    return { reports: num(v.reports), ignored: num(v.ignored), counts, lossy, nodes, assembly, total };
   }
 
   function buildMatrix(m) {
@@ -813,6 +816,8 @@
       span.querySelector("b").textContent = k === null ? "–" : k;
       span.classList.toggle("zero", !k);
     }
+    el.clusterLossy.querySelector("b").textContent = v ? v.lossy : "–";
+    el.clusterLossy.classList.toggle("zero", !(v && v.lossy));
     const notes = [];
     if (c.problem) notes.push(c.problem);
     if (v && v.assembly && v.assembly.stale) notes.push(`Stale: no view published for ${Math.round(v.assembly.ageMs / 1000)} s (more than 2 of its rounds); shown as last published, not current.`);
@@ -835,6 +840,7 @@
     c.shown = {
       state: c.state,
       counts,
+      lossy: v ? v.lossy : null,
       verdicts,
       problems: [...el.clusterProblems.querySelectorAll("li[data-node]")].map((li) => li.dataset.node),
       matrix: m ? { nodes: m.nodes.slice(), rows: m.rows.slice(), total: m.total, truncated: m.truncated } : null,

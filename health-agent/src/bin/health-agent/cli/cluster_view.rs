@@ -100,7 +100,7 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
         .max(view.nodes.len());
     let mut out = format!(
         "Cluster view:     {} nodes from {} summaries ({} left out)\n\
-         Verdicts:         {} healthy, {} node down, {} path degraded, {} observer problem, {} unknown\n\n",
+         Verdicts:         {} healthy, {} node down, {} path degraded, {} observer problem, {} unknown\n",
         total,
         view.reports,
         view.ignored,
@@ -110,6 +110,14 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
         c.observer_problem,
         c.unknown
     );
+    if c.lossy > 0 {
+        let _ = writeln!(
+            out,
+            "Lossy paths:      to {} nodes (answering, yet losing probes: status --quality NODE on an observer)",
+            c.lossy
+        );
+    }
+    out.push('\n');
     let mut rows: Vec<&NodeView> = view
         .nodes
         .iter()
@@ -169,6 +177,7 @@ mod tests {
             failing_observers: Vec::new(),
             unreached: 0,
             unreached_nodes: Vec::new(),
+            lossy: 0,
         }
     }
 
@@ -188,11 +197,13 @@ mod tests {
                 healthy: 58,
                 node_down: 1,
                 path_degraded: 1,
+                lossy: 2,
                 ..VerdictCounts::default()
             },
             nodes,
         };
         let text = render(&view, false);
+        assert!(text.contains("Lossy paths:      to 2 nodes"), "{text}");
         let lines: Vec<&str> = text.lines().collect();
         let header = lines
             .iter()
