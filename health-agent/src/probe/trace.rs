@@ -2,12 +2,12 @@
 //! [`RETRACE_MS`] while it stays failed), the prober traces the way to its
 //! address from its own namespace ([`crate::sys::icmp_trace`]) and keeps
 //! the hops in the path's state: `status --verbose`, `GET /v1/status` and
-//! the page show them. Traces run beside the rounds, never inside one,
-//! and a few at a time: at most [`PER_ROUND`] start per round and
-//! [`RUNNING`] run at once, so an outage of many nodes costs a bounded
-//! trickle of probes and threads.
+//! the page show them. Traces run beside the rounds, never inside one:
+//! at most [`PER_ROUND`] addresses a round, traced together from one
+//! socket on one blocking thread, one batch at a time, so an outage of
+//! many nodes costs a bounded trickle of probes and no more threads.
 
-use std::{collections::HashSet, net::IpAddr, sync::Arc};
+use std::{net::IpAddr, sync::Arc};
 
 use tracing::debug;
 
@@ -21,19 +21,18 @@ use crate::sys::icmp_trace::{self, Hop, HopAnswer};
 pub const MAX_HOPS: u8 = 16;
 /// A path still failing is traced again after this long.
 pub const RETRACE_MS: u64 = 5 * 60 * 1000;
-/// Traces started per round at most.
+/// Addresses traced per round at most.
 const PER_ROUND: usize = 8;
-/// Traces running at once at most.
-const RUNNING: usize = 16;
 
-/// The traces due and running.
+/// The traces due, and whether a batch runs.
 #[derive(Debug, Default)]
 pub(super) struct Tracing {
     /// Found due by the last round's record: node, ICMP path slot, the
     /// round's target index (its address).
     due: Vec<(String, usize, usize)>,
-    /// The addresses being traced.
-    running: HashSet<IpAddr>,
+    /// A batch is being traced: the next waits (its paths are found due
+    /// again at the next round).
+    running: bool,
 }
 
 impl Tracing {
@@ -57,57 +56,72 @@ impl Tracing {
     }
 }
 
+/// One path to trace: its node, ICMP slot and address.
+type Traced = (String, usize, IpAddr);
+
 impl Prober {
-    /// Starts the traces the last round found due (`ips`: the round's
-    /// targets), within the bounds.
+    /// Starts a batch of the traces the last round found due (`ips`: the
+    /// round's targets), unless one runs.
     pub(super) fn start_traces(self: &Arc<Self>, ips: &[IpAddr]) {
         let Ok(mut tracing) = self.tracing.lock() else {
             return;
         };
-        for (node, slot, target) in std::mem::take(&mut tracing.due) {
-            if tracing.running.len() >= RUNNING {
-                break;
-            }
-            let Some(&ip) = ips.get(target) else {
-                continue;
-            };
-            if !tracing.running.insert(ip) {
-                continue;
-            }
-            let me = self.clone();
-            tokio::task::spawn_blocking(move || me.trace_one(&node, slot, ip));
+        let due = std::mem::take(&mut tracing.due);
+        if tracing.running || due.is_empty() {
+            return;
         }
+        let batch: Vec<Traced> = due
+            .into_iter()
+            .filter_map(|(node, slot, target)| Some((node, slot, *ips.get(target)?)))
+            .collect();
+        tracing.running = true;
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            for family in [true, false] {
+                let part: Vec<&Traced> = batch.iter().filter(|t| t.2.is_ipv4() == family).collect();
+                me.trace_batch(&part);
+            }
+            if let Ok(mut tracing) = me.tracing.lock() {
+                tracing.running = false;
+            }
+        });
     }
 
-    /// Traces `ip` and keeps the hops in path `slot` of `node`, while it
-    /// still fails.
-    fn trace_one(&self, node: &str, slot: usize, ip: IpAddr) {
-        let identifier = fastrand::u16(..);
-        let timeout = self.cfg.timeout;
+    /// Traces `batch` (one family) together and keeps each one's hops in
+    /// its path, while it still fails.
+    fn trace_batch(&self, batch: &[&Traced]) {
+        if batch.is_empty() {
+            return;
+        }
+        let ips: Vec<IpAddr> = batch.iter().map(|t| t.2).collect();
+        let (identifier, timeout) = (fastrand::u16(..), self.cfg.timeout);
         let traced = match &self.cfg.source_netns {
             Some(ns) => ns
-                .run(|| icmp_trace::trace(ip, identifier, MAX_HOPS, timeout))
+                .run(|| icmp_trace::trace(&ips, identifier, MAX_HOPS, timeout))
                 .map_err(|e| std::io::Error::other(e.to_string()))
                 .and_then(|r| r),
-            None => icmp_trace::trace(ip, identifier, MAX_HOPS, timeout),
+            None => icmp_trace::trace(&ips, identifier, MAX_HOPS, timeout),
         };
-        match traced {
-            Ok(hops) => {
-                let trace = path_trace(&hops, crate::util::timefmt::now_ms());
-                debug!(node, %ip, hops = %trace.line(), "traced a failing path");
-                if let Ok(mut paths) = self.paths.lock()
-                    && let Some(entry) = paths.get_mut(node)
-                {
-                    let state = entry.state_mut(slot);
-                    if state.result == ProbeResult::Failure {
-                        state.trace = Some(Box::new(trace));
-                    }
+        let ways = match traced {
+            Ok(ways) => ways,
+            Err(e) => {
+                debug!(paths = batch.len(), "tracing failing paths: {e}");
+                return;
+            }
+        };
+        let at_ms = crate::util::timefmt::now_ms();
+        let Ok(mut paths) = self.paths.lock() else {
+            return;
+        };
+        for ((node, slot, ip), hops) in batch.iter().copied().zip(ways) {
+            let trace = path_trace(&hops, at_ms);
+            debug!(node, %ip, hops = %trace.line(), "traced a failing path");
+            if let Some(entry) = paths.get_mut(node.as_str()) {
+                let state = entry.state_mut(*slot);
+                if state.result == ProbeResult::Failure {
+                    state.trace = Some(Box::new(trace));
                 }
             }
-            Err(e) => debug!(node, %ip, "tracing a failing path: {e}"),
-        }
-        if let Ok(mut tracing) = self.tracing.lock() {
-            tracing.running.remove(&ip);
         }
     }
 }

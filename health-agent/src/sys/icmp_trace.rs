@@ -1,8 +1,8 @@
-//! A traceroute by ICMP echo: requests to one address with TTL (hop limit)
-//! 1 to N, all sent at once from one raw socket, and what each hop says:
-//! "time exceeded" from a router on the way, "unreachable" from one that
-//! has no way on, the echo reply from the address itself. Each answer is
-//! matched to its request by the identifier and sequence it quotes.
+//! A traceroute by ICMP echo: requests to a few addresses with TTL (hop
+//! limit) 1 to N, all sent at once from one raw socket, and what each hop
+//! says: "time exceeded" from a router on the way, "unreachable" from one
+//! that has no way on, the echo reply from the address itself. Each answer
+//! is matched to its request by the identifier and sequence it quotes.
 
 use std::{
     io,
@@ -102,76 +102,104 @@ fn id_seq(echo: &[u8]) -> Option<(u16, u16)> {
     }
 }
 
-/// Traces the way to `dst`: echo requests with TTL 1 to `max_hops`
-/// (identifier `identifier`, sequence the TTL), all sent at once, then
-/// every answer read until `timeout` or until the address and every hop
-/// before it answered. Returns the hops up to the address (it answered)
-/// or up to the last hop that answered (the way ends there), in TTL
-/// order; empty when nothing answered. Blocking; the socket is made in
-/// the calling thread's namespace.
+/// Traces the way to each of `dsts` (all of one family) at once, from one
+/// raw socket: echo requests with TTL 1 to `max_hops` to every address
+/// (identifier `identifier` + its index, sequence the TTL), then every
+/// answer read until `timeout` or until each address and every hop
+/// before it answered. Returns, per address, the hops up to it (it
+/// answered) or up to the last hop that answered (the way ends there), in
+/// TTL order; empty when nothing answered. Blocking; the socket is made
+/// in the calling thread's namespace.
 pub fn trace(
-    dst: IpAddr,
+    dsts: &[IpAddr],
     identifier: u16,
     max_hops: u8,
     timeout: Duration,
-) -> io::Result<Vec<Hop>> {
-    let sock = match dst {
-        IpAddr::V4(_) => Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?,
-        IpAddr::V6(_) => Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?,
+) -> io::Result<Vec<Vec<Hop>>> {
+    let Some(&first) = dsts.first() else {
+        return Ok(Vec::new());
     };
-    let to = SockAddr::from(SocketAddr::new(dst, 0));
-    let mut hops: Vec<Hop> = (1..=max_hops)
-        .map(|ttl| Hop {
-            ttl,
-            answer: None,
-            rtt: None,
+    let v4 = first.is_ipv4();
+    if dsts.iter().any(|d| d.is_ipv4() != v4) || dsts.len() > usize::from(u16::MAX) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a trace takes addresses of one family",
+        ));
+    }
+    let sock = if v4 {
+        Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?
+    } else {
+        Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?
+    };
+    let mut hops: Vec<Vec<Hop>> = dsts
+        .iter()
+        .map(|_| {
+            (1..=max_hops)
+                .map(|ttl| Hop {
+                    ttl,
+                    answer: None,
+                    rtt: None,
+                })
+                .collect()
         })
         .collect();
+    let id_of = |k: usize| identifier.wrapping_add(u16::try_from(k).unwrap_or(u16::MAX));
     let start = Instant::now();
     for ttl in 1..=max_hops {
-        let sequence = u16::from(ttl);
-        match dst {
-            IpAddr::V4(_) => {
-                sock.set_ttl_v4(u32::from(ttl))?;
-                sock.send_to(&echo_request(identifier, sequence), &to)?;
-            }
-            IpAddr::V6(_) => {
-                sock.set_unicast_hops_v6(u32::from(ttl))?;
-                sock.send_to(&echo_request_v6(identifier, sequence), &to)?;
+        if v4 {
+            sock.set_ttl_v4(u32::from(ttl))?;
+        } else {
+            sock.set_unicast_hops_v6(u32::from(ttl))?;
+        }
+        for (k, dst) in dsts.iter().enumerate() {
+            let to = SockAddr::from(SocketAddr::new(*dst, 0));
+            let (id, seq) = (id_of(k), u16::from(ttl));
+            if v4 {
+                sock.send_to(&echo_request(id, seq), &to)?;
+            } else {
+                sock.send_to(&echo_request_v6(id, seq), &to)?;
             }
         }
     }
+    let mut left = dsts.len();
     receive_until(&sock, start + timeout, |msg, from| {
-        let answer = match dst {
-            IpAddr::V4(_) => parse_hop_answer(msg).map(|(f, i, s, a)| (IpAddr::V4(f), i, s, a)),
-            IpAddr::V6(_) => from
-                .as_socket_ipv6()
+        let answer = if v4 {
+            parse_hop_answer(msg).map(|(f, i, s, a)| (IpAddr::V4(f), i, s, a))
+        } else {
+            from.as_socket_ipv6()
                 .zip(parse_hop_answer_v6(msg))
-                .map(|(f, (i, s, a))| (IpAddr::V6(*f.ip()), i, s, a)),
+                .map(|(f, (i, s, a))| (IpAddr::V6(*f.ip()), i, s, a))
         };
         let Some((from, id, seq, answer)) = answer else {
             return false;
         };
-        if id != identifier || answer == HopAnswer::EchoReply && from != dst {
-            return false;
-        }
-        let Some(hop) = usize::from(seq)
-            .checked_sub(1)
-            .and_then(|i| hops.get_mut(i))
-        else {
+        let k = usize::from(id.wrapping_sub(identifier));
+        let Some((dst, way)) = dsts.get(k).zip(hops.get_mut(k)) else {
             return false;
         };
-        if hop.answer.is_none() {
-            hop.answer = Some((from, answer));
-            hop.rtt = Some(start.elapsed());
+        if answer == HopAnswer::EchoReply && from != *dst {
+            return false;
         }
-        complete(&hops)
+        let Some(i) = usize::from(seq).checked_sub(1).filter(|&i| i < way.len()) else {
+            return false;
+        };
+        if way[i].answer.is_none() {
+            let was = complete(way);
+            way[i].answer = Some((from, answer));
+            way[i].rtt = Some(start.elapsed());
+            if !was && complete(way) {
+                left -= 1;
+            }
+        }
+        left == 0
     })?;
-    let reached = hops
-        .iter()
-        .position(|h| matches!(h.answer, Some((_, HopAnswer::EchoReply))));
-    let last_answered = hops.iter().rposition(|h| h.answer.is_some());
-    hops.truncate(reached.or(last_answered).map_or(0, |i| i + 1));
+    for way in &mut hops {
+        let reached = way
+            .iter()
+            .position(|h| matches!(h.answer, Some((_, HopAnswer::EchoReply))));
+        let last_answered = way.iter().rposition(|h| h.answer.is_some());
+        way.truncate(reached.or(last_answered).map_or(0, |i| i + 1));
+    }
     Ok(hops)
 }
 
