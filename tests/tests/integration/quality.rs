@@ -257,7 +257,7 @@ fn a_smaller_mtu_on_the_way_reads_as_an_mtu_black_hole_and_only_there() {
     });
 }
 
-/// An MTU black hole as the issue has it in the wild: a router on the way
+/// An MTU black hole as it happens in the wild: a router on the way
 /// (r2 of `health_tests::router_chain`) forwards onto a link of MTU 1400
 /// and drops its own ICMP "fragmentation needed", so a full-size
 /// Don't-Fragment echo vanishes while small ones are answered. The
