@@ -8,7 +8,10 @@ use etcd_client::{EventType, GetOptions, WatchOptions};
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::{BACKOFF_MIN, Entry, KvError, KvStore, WATCH_BUFFER, WatchEvent, call_error, timed};
+use super::{
+    BACKOFF_MIN, Entry, KvError, KvStore, QUIET_FOR, QUIET_RETRY_PAUSE, WATCH_BUFFER, WatchEvent,
+    call_error, timed,
+};
 
 impl KvStore {
     /// Reads every key under `prefix`, at one revision, in pages of
@@ -188,10 +191,6 @@ impl KvStore {
 
 /// A broken watch is retried before it is said lost at most this often.
 const QUIET_RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
-/// The pause between the quiet retries of a broken watch.
-const QUIET_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
-/// How long a broken watch is retried before it is said lost.
-const QUIET_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Keys read per request when listing a prefix: at the 1.5 MiB etcd
 /// allows a value, a page can still exceed gRPC's 4 MiB limit, but node

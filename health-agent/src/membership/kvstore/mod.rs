@@ -78,6 +78,12 @@ const BACKOFF_MAX: Duration = Duration::from_secs(3);
 /// again, so that the retry's real work (a lease session, a full listing)
 /// starts once it does rather than at the end of the backoff.
 const SERVING_CHECK: Duration = Duration::from_millis(400);
+/// A session or a watch that was up and broke is tried again every
+/// [`QUIET_RETRY_PAUSE`] for this long (through any member) before it backs
+/// off.
+const QUIET_FOR: Duration = Duration::from_secs(5);
+/// The pause between those quick retries.
+const QUIET_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Events a watcher may hold unread before the watch waits for it.
 const WATCH_BUFFER: usize = 1024;
 
@@ -343,6 +349,11 @@ impl KvStore {
             return std::future::pending().await;
         }
         let (mut backoff, mut down) = (BACKOFF_MIN, false);
+        // Until when a session that was up is retried every
+        // QUIET_RETRY_PAUSE, not backing off: the client picks a member per
+        // request, and while one member is gone (its process killed, the
+        // leader with it) a few tries reach one that answers.
+        let mut quiet_until = None;
         loop {
             let (was_up, err) = match self.session().await {
                 Ok(never) => match never {},
@@ -350,8 +361,13 @@ impl KvStore {
             };
             if was_up {
                 backoff = BACKOFF_MIN;
+                quiet_until = Some(tokio::time::Instant::now() + QUIET_FOR);
             }
             self.mark_down(&err);
+            if quiet_until.is_some_and(|until| tokio::time::Instant::now() < until) {
+                tokio::time::sleep(QUIET_RETRY_PAUSE).await;
+                continue;
+            }
             backoff = self.back_off(backoff, &mut down).await;
         }
     }
