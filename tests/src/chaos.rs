@@ -745,6 +745,7 @@ impl Chaos {
         row.recovery = None;
         let before = pinned(&pins);
         let answered = health_agent::datapath::read_pinned_stats(&pins).map_or(0, |s| s.answered);
+        let ids_before = map_ids(&pins);
         let rounds = self.rounds();
         drop(mount);
         let gone = pinned(&pins);
@@ -771,13 +772,14 @@ impl Chaos {
         ));
         self.watch(row, Duration::from_secs(4), None, &BTreeSet::new());
         let again = health_agent::datapath::read_pinned_stats(&pins).map_or(0, |s| s.answered);
-        if again > answered {
+        let ids_after = map_ids(&pins);
+        if ids_after == ids_before && again > answered {
             row.held.push(format!(
-                "the same maps pinned again: echo replies counted on from {answered} to {again}"
+                "the same maps pinned again (their kernel IDs), echo replies counted on from {answered} to {again}"
             ));
         } else {
             row.fail(format!(
-                "echo replies {answered} before, {again} after: new maps?"
+                "map IDs {ids_before:?} before, {ids_after:?} after; echo replies {answered} before, {again} after"
             ));
         }
         let advanced = rounds.iter().zip(self.rounds()).all(|(b, a)| a > *b);
@@ -976,6 +978,19 @@ fn ip_lines(ns: &health_agent::sys::netns::Netns, args: &[&str]) -> usize {
     crate::process::enter(&mut cmd, ns);
     cmd.output()
         .map_or(0, |o| String::from_utf8_lossy(&o.stdout).lines().count())
+}
+
+/// The kernel IDs of the maps pinned in `dir`, in [`MapId::ALL`] order
+/// (`None` where a pin is missing).
+fn map_ids(dir: &Path) -> Vec<Option<u32>> {
+    MapId::ALL
+        .iter()
+        .map(|m| {
+            aya::maps::MapInfo::from_pin(dir.join(m.name()))
+                .ok()
+                .map(|i| i.id())
+        })
+        .collect()
 }
 
 /// How many of the datapath's maps have their pin in `dir`.
