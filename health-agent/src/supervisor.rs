@@ -28,7 +28,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::util::timefmt::now_ms as epoch_ms;
+use crate::util::timefmt::now_ms;
 
 /// What a task returns when it fails.
 pub type TaskError = Box<dyn std::error::Error + Send + Sync>;
@@ -419,7 +419,7 @@ impl Runner {
             let now = Instant::now();
             self.health.update(self.name, |e| {
                 e.last_error = Some(error.clone());
-                e.last_failure = Some((now, epoch_ms()));
+                e.last_failure = Some((now, now_ms()));
             });
             if let Some(tx) = first_tx.take()
                 && ready_slot.lock().is_ok_and(|s| s.is_some())

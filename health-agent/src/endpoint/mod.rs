@@ -416,7 +416,7 @@ impl Endpoint {
     /// Saves the record again when its last save failed.
     fn save_again(&mut self) {
         if self.unsaved.is_some() {
-            self.unsaved = save_noted(&self.record, &self.cfg.state_dir);
+            save_noted(&self.record, &self.cfg.state_dir, &mut self.unsaved);
             if self.unsaved.is_none() {
                 info!(dir = %self.cfg.state_dir.display(), "endpoint record saved again");
             }
@@ -504,14 +504,19 @@ fn claim(plan: &Plan, previous: Option<&EndpointRecord>) -> Result<Owned, Endpoi
     Ok(owned)
 }
 
-/// Saves `record`; what failed, as a line for the log and `/v1/healthz`.
-fn save_noted(record: &EndpointRecord, state_dir: &std::path::Path) -> Option<String> {
-    let e = record.save(state_dir).err()?;
-    let e = chain(&e);
-    warn!(
-        "{e}: the endpoint runs on with its record in memory; saving again at each controller run"
-    );
-    Some(e)
+/// Saves `record`, keeping in `unsaved` what failed (a line for the log
+/// and `/v1/healthz`), or `None`. A failure is logged when it begins or
+/// changes, not at every retry.
+fn save_noted(record: &EndpointRecord, state_dir: &std::path::Path, unsaved: &mut Option<String>) {
+    let failed = record.save(state_dir).err().map(|e| chain(&e));
+    if let Some(e) = failed.as_deref()
+        && unsaved.as_deref() != Some(e)
+    {
+        warn!(
+            "{e}: the endpoint runs on with its record in memory; saving again at each controller run"
+        );
+    }
+    *unsaved = failed;
 }
 
 /// Records the object `ensure` just made, at once: in memory (what
@@ -534,7 +539,7 @@ fn record_made(
             owned.peer = found.peer.map(|p| p.link);
         }
     }
-    *unsaved = save_noted(record, state_dir);
+    save_noted(record, state_dir, unsaved);
     Ok(())
 }
 
