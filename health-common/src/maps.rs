@@ -46,6 +46,24 @@ impl MapSizes {
         }
     }
 
+    /// CT and NAT entries per peer for each probe flow past the first
+    /// (`--probe-flows`): ICMP and TCP to two addresses.
+    pub const EXTRA_PER_FLOW: u32 = 4;
+
+    /// The default sizes for `max_peers` peers probed over `flows` flows
+    /// per path.
+    #[must_use]
+    pub const fn for_peers_and_flows(max_peers: u32, flows: u16) -> Self {
+        let extra = if flows > 1 { flows as u32 - 1 } else { 0 };
+        let per_peer = Self::FLOWS_PER_PEER + extra * Self::EXTRA_PER_FLOW;
+        let entries = max_peers.saturating_mul(per_peer);
+        Self {
+            max_peers,
+            ct: entries,
+            nat: entries,
+        }
+    }
+
     /// The size of `map`, for the maps that grow with the cluster.
     #[must_use]
     pub const fn max_entries(&self, map: MapId) -> Option<u32> {
@@ -404,6 +422,21 @@ unsafe impl aya::Pod for EchoConfig {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flows_past_the_first_add_their_connections_per_peer() {
+        assert_eq!(
+            MapSizes::for_peers_and_flows(1000, 1),
+            MapSizes::for_peers(1000)
+        );
+        assert_eq!(
+            MapSizes::for_peers_and_flows(1000, 0),
+            MapSizes::for_peers(1000)
+        );
+        let eight = MapSizes::for_peers_and_flows(1000, 8);
+        assert_eq!((eight.ct, eight.nat), (36_000, 36_000));
+        assert_eq!(MapSizes::for_peers_and_flows(u32::MAX, 64).ct, u32::MAX);
+    }
 
     #[test]
     fn names_are_unique_and_round_trip() {

@@ -424,10 +424,13 @@ impl Chaos {
             row.held
                 .push("no leaked namespaces, links, routes, pins, etcd keys or leases".into());
         }
+        let mut largest = (0.0f64, 0.0f64);
         for (i, b) in others_before {
             let node = &self.cluster.nodes[i];
             match (b, node.pid().and_then(settled_fds_and_rss)) {
                 (Some((fd0, rss0)), Some((fd1, rss1))) => {
+                    largest.0 = largest.0.max(change_pct(fd0 as u64, fd1 as u64));
+                    largest.1 = largest.1.max(change_pct(rss0, rss1));
                     if !within_10pct(fd0 as u64, fd1 as u64) || !within_10pct(rss0, rss1) {
                         row.fail(format!(
                             "{}: fds {fd0} -> {fd1}, RSS {rss0} -> {rss1} kB",
@@ -439,8 +442,10 @@ impl Chaos {
             }
         }
         if row.failures.is_empty() {
-            row.held
-                .push("other agents' fds and RSS within 10 %".into());
+            row.held.push(format!(
+                "other agents' fds and RSS within 10 % (at most {:+.1} % and {:+.1} %)",
+                largest.0, largest.1
+            ));
         }
     }
 
@@ -965,6 +970,19 @@ fn view_current(node: &crate::cluster::ClusterNode) -> bool {
 fn etcd_log_tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("etcd")).collect();
     lines[lines.len().saturating_sub(6)..].join("\n")
+}
+
+/// The change from `before` to `after`, in per cent (signed by its
+/// larger side).
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "descriptor counts and kilobytes, far below 2^52"
+)]
+fn change_pct(before: u64, after: u64) -> f64 {
+    if before == 0 {
+        return 0.0;
+    }
+    (after as f64 - before as f64) / before as f64 * 100.0
 }
 
 fn within_10pct(before: u64, after: u64) -> bool {

@@ -157,10 +157,8 @@ async fn run_inner(
         keep: s.endpoint.keep_endpoint,
     };
     // The one owner of the kernel object (dropped before the pins).
-    let kernel = DatapathOwner::new(
-        cfg.settings.pins.dir.clone(),
-        cfg.settings.datapath.map_sizes(),
-    );
+    let sizes = s.datapath.map_sizes(s.probe.probe_flows);
+    let kernel = DatapathOwner::new(s.pins.dir.clone(), sizes);
     let health = Health::default();
     let stopping = stop.clone();
     let mut sup = Supervisor::new(s.process.supervisor(), health.clone(), stop);
@@ -402,6 +400,7 @@ fn datapath_config(
             tc_hook: resolved.tc_hook,
             report,
             probe_timeout,
+            probe_flows: cfg.settings.probe.probe_flows,
         },
     )
 }

@@ -68,10 +68,11 @@ section! {
         #[arg(long, default_value_t = MapSizes::DEFAULT_MAX_PEERS,
               value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
         pub max_peers: u32,
-        /// Connection-tracking map entries (default: 8 per --max-peers).
+        /// Connection-tracking map entries (default: 8 per --max-peers, and
+        /// 4 more per flow past the first with --probe-flows).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
         pub ct_map_size: Option<u32>,
-        /// Masquerade map entries, two per flow (default: 8 per --max-peers).
+        /// Masquerade map entries, two per flow (default: as --ct-map-size).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
         pub nat_map_size: Option<u32>,
     }
@@ -101,10 +102,12 @@ impl DatapathSettings {
         }
     }
 
-    /// The sizes of the maps that grow with the cluster.
+    /// The sizes of the maps that grow with the cluster, for probes over
+    /// `flows` flows per path (`--probe-flows`: each flow is a connection
+    /// of its own).
     #[must_use]
-    pub fn map_sizes(&self) -> MapSizes {
-        let d = MapSizes::for_peers(self.max_peers);
+    pub fn map_sizes(&self, flows: u16) -> MapSizes {
+        let d = MapSizes::for_peers_and_flows(self.max_peers, flows);
         MapSizes {
             max_peers: self.max_peers,
             ct: self.ct_map_size.unwrap_or(d.ct),
@@ -128,6 +131,8 @@ pub struct MaintenanceStart {
     pub report: super::report::MapsReport,
     /// The probe timeout in force (a reload changes it).
     pub probe_timeout: tokio::sync::watch::Receiver<Duration>,
+    /// Flows per path (`--probe-flows`), for the default map sizes.
+    pub probe_flows: u16,
 }
 
 impl super::maintenance::DatapathConfig {
@@ -142,7 +147,7 @@ impl super::maintenance::DatapathConfig {
             gc_interval: settings.ct_gc_interval,
             probe_timeout: start.probe_timeout,
             keep_pins: start.keep_pins,
-            map_sizes: settings.map_sizes(),
+            map_sizes: settings.map_sizes(start.probe_flows),
             tc_hook: start.tc_hook,
             report: start.report,
         }

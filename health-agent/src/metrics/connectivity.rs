@@ -88,6 +88,17 @@ fn mtu_blackholes(status: &ClusterStatus) -> usize {
         .count()
 }
 
+/// Paths some of whose flows fail while others answer.
+fn partial_losses(status: &ClusterStatus) -> usize {
+    status
+        .nodes
+        .iter()
+        .flat_map(crate::probe::status::NodeStatus::connectivities)
+        .flat_map(|c| [&c.icmp, &c.http])
+        .filter(|p| p.flows.as_deref().is_some_and(|f| !f.partial().is_empty()))
+        .count()
+}
+
 impl Collector for ConnectivityCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let status = self.prober.borrow().status();
@@ -144,6 +155,12 @@ impl Collector for ConnectivityCollector {
             "paths_mtu_blackhole",
             "ICMP paths that answer small echoes but lose the Don't-Fragment echo of --probe-mtu bytes, failure-threshold rounds in a row",
             i64::try_from(mtu_blackholes(&status)).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            &mut enc,
+            "paths_partial_loss",
+            "Paths probed over several flows (--probe-flows) some of which fail while others answer: one way through an ECMP group is bad",
+            i64::try_from(partial_losses(&status)).unwrap_or(i64::MAX),
         )?;
         if self.per_peer {
             per_peer(&mut enc, &status)?;

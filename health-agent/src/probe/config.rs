@@ -4,7 +4,8 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{
-    family::Families, history, http::HEALTH_PORT, metrics::ProbeMetrics, path::Thresholds,
+    family::Families, flows::FlowPlan, history, http::HEALTH_PORT, metrics::ProbeMetrics,
+    path::Thresholds,
 };
 use crate::sys::netns::Netns;
 
@@ -41,6 +42,9 @@ pub struct ProbeConfig {
     /// Size of the Don't-Fragment echo sent to each node address every
     /// round (`--probe-mtu`); `None`: none.
     pub mtu_probe: Option<u16>,
+    /// Probes per path each round and the sources naming them
+    /// (`--probe-flows`).
+    pub flows: FlowPlan,
 }
 
 impl Default for ProbeConfig {
@@ -60,6 +64,7 @@ impl Default for ProbeConfig {
             families: Families::default(),
             degraded_loss: DEFAULT_DEGRADED_LOSS,
             mtu_probe: None,
+            flows: FlowPlan::default(),
         }
     }
 }

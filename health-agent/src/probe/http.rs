@@ -14,6 +14,27 @@ use super::{
 
 pub const HEALTH_PORT: u16 = 4240;
 
+/// Binds `sock` to source port `port` (a flow's, see
+/// [`super::flows`]), shared with the sockets of the same flow to other
+/// addresses: each connection's four-tuple stays its own, and one closed
+/// with a reset leaves no TIME-WAIT to hold the port into the next round.
+pub(super) fn bind_source_port(
+    sock: &socket2::Socket,
+    to: SocketAddr,
+    port: u16,
+) -> Result<(), ProbeError> {
+    let any: std::net::IpAddr = match to {
+        SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    sock.set_reuse_address(true)
+        .and_then(|()| sock.bind(&SocketAddr::new(any, port).into()))
+        .map_err(|e| ProbeError::Io {
+            step: "bind",
+            error: format!("flow source port {port}: {e}"),
+        })
+}
+
 /// Issues the connect to `to` from `sock` (non-blocking, of `to`'s
 /// family), now: when this returns, the SYN is out and the probe's timeout
 /// runs (kubelet's semantics). The socket is closed with a reset once the

@@ -44,6 +44,7 @@ use super::{
     config::ProbeConfig,
     error::{ProbeError, Proto},
     family::Family,
+    flows::{FlowPlan, Spread},
     http::{self, STATUS_LINE_MAX},
     metrics::ProbeMetrics,
     order::{Echoes, IssueOrder},
@@ -61,6 +62,9 @@ const EVENTS: usize = 256;
 /// What every task of a round shares.
 struct Shared {
     targets: Arc<Vec<IpAddr>>,
+    /// With more than one flow: how `targets` runs flow after flow, and
+    /// the source port each flow binds.
+    flows: Option<(Spread, FlowPlan)>,
     factory: Option<Arc<SocketFactory>>,
     /// Sockets a task holds at most (its share of the open-file budget).
     share: usize,
@@ -101,6 +105,7 @@ pub(super) fn reserve_descriptors(cfg: &ProbeConfig, targets: usize) {
 pub(super) async fn run(
     cfg: &ProbeConfig,
     targets: &Arc<Vec<IpAddr>>,
+    spread: Spread,
     factory: Option<Arc<SocketFactory>>,
     (order, suspects): (&[usize], usize),
     echoes: &Arc<Echoes>,
@@ -109,6 +114,7 @@ pub(super) async fn run(
     let workers = std::thread::available_parallelism().map_or(1, usize::from);
     let shared = Arc::new(Shared {
         targets: targets.clone(),
+        flows: cfg.flows.many().then_some((spread, cfg.flows)),
         factory,
         share: (cfg.max_in_flight / workers).max(1),
         port: cfg.http_port,
@@ -364,6 +370,13 @@ impl Flights<'_> {
         let late = u64::try_from(shared.t0.elapsed().as_micros()).unwrap_or(u64::MAX);
         shared.latest_start.fetch_max(late, Ordering::Relaxed);
         let to = SocketAddr::new(shared.targets[i], shared.port);
+        if let Some((spread, plan)) = shared.flows {
+            let f = u16::try_from(spread.of(i).0).unwrap_or(u16::MAX);
+            if let Err(e) = http::bind_source_port(&sock, to, plan.tcp_port(f)) {
+                self.done.push((i, Outcome::Failed(e)));
+                return;
+            }
+        }
         let start = Instant::now();
         if let Err(e) = http::issue_connect(&sock, to) {
             self.done.push((i, Outcome::Failed(e)));
@@ -601,6 +614,47 @@ mod tests {
         port
     }
 
+    #[tokio::test]
+    async fn each_flow_connects_from_its_own_port_round_after_round() {
+        let listener = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 31), 0))
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut conn, from)) = listener.accept().await {
+                let _ = seen_tx.send(from.port());
+                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
+            }
+        });
+        let plan = FlowPlan::new(3);
+        let targets: Vec<IpAddr> = vec![Ipv4Addr::new(127, 0, 0, 31).into(); 3];
+        let cfg = ProbeConfig {
+            timeout: Duration::from_millis(400),
+            spread: Duration::from_millis(20),
+            http_port: port,
+            flows: plan,
+            ..ProbeConfig::default()
+        };
+        let spread = Spread { n: 1, flows: 3 };
+        let mut ports = Vec::new();
+        for _ in 0..2 {
+            let echoes = Arc::new(Echoes::without(3));
+            let targets = Arc::new(targets.clone());
+            let outcomes = run(&cfg, &targets, spread, None, (&[0, 1, 2], 0), &echoes).await;
+            assert!(
+                outcomes.iter().all(|o| matches!(o, Outcome::Ok { .. })),
+                "{outcomes:?}"
+            );
+            for _ in 0..3 {
+                ports.push(seen_rx.recv().await.expect("a connection"));
+            }
+        }
+        ports.sort_unstable();
+        let want: Vec<u16> = (0..3).flat_map(|f| [plan.tcp_port(f); 2]).collect();
+        assert_eq!(ports, want, "flow f from port base + f, both rounds");
+    }
+
     async fn round(targets: Vec<IpAddr>, port: u16, max_in_flight: usize) -> Vec<Outcome> {
         let echoes = Arc::new(Echoes::without(targets.len()));
         round_with(targets, port, max_in_flight, &echoes).await
@@ -622,7 +676,8 @@ mod tests {
         };
         let n = targets.len();
         let order: Vec<usize> = (0..n).collect();
-        run(&cfg, &Arc::new(targets), None, (&order, 0), echoes).await
+        let spread = Spread { n, flows: 1 };
+        run(&cfg, &Arc::new(targets), spread, None, (&order, 0), echoes).await
     }
 
     fn host(h: u8) -> IpAddr {

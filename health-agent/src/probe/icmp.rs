@@ -2,8 +2,9 @@
 //! probe: one raw socket per source namespace; the round's requests are
 //! paced out over the spread from one loop that also reads the replies,
 //! matches them by identifier and sequence (and source), and ends at one
-//! deadline. Identifiers are random per round, so a late reply of an
-//! earlier round is never taken for this one's.
+//! deadline. Identifiers name flows and stay the same from round to round
+//! (see [`Numbering`]); sequence numbers start at a random offset each
+//! round, so a late reply of an earlier round is not taken for this one's.
 
 use std::{
     io::{self, Read as _},
@@ -42,9 +43,81 @@ pub struct Padded {
     pub bytes: usize,
 }
 
-/// Sequence numbers per identifier: a round of more targets uses the next
+/// Sequence numbers per identifier: a flow of more targets uses the next
 /// identifiers too.
 const PER_IDENTIFIER: usize = 1 << 16;
+
+/// How a round's requests are named on the wire: flow after flow, each
+/// flow's identifiers the same every round (so a router that hashes the
+/// identifier sends a flow the same way each time), then the MTU probes
+/// as one flow more; each flow's sequence numbers start at `seq_base`,
+/// drawn anew each round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Numbering {
+    /// Requests a flow: the round's targets.
+    pub per_flow: usize,
+    /// Flows (the MTU probes come after them).
+    pub flows: usize,
+    /// The identifier of flow 0.
+    pub base: u16,
+    pub seq_base: u16,
+}
+
+impl Numbering {
+    /// One flow, one identifier, sequence numbers from 0: requests numbered
+    /// as `targets` are.
+    #[must_use]
+    pub const fn single(base: u16, per_flow: usize) -> Self {
+        Self {
+            per_flow,
+            flows: 1,
+            base,
+            seq_base: 0,
+        }
+    }
+
+    /// Identifiers a flow takes.
+    const fn blocks(&self) -> usize {
+        let b = self.per_flow.div_ceil(PER_IDENTIFIER);
+        if b == 0 { 1 } else { b }
+    }
+
+    /// Flow `f`'s (first) identifier: its name on the wire.
+    #[must_use]
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "identifiers wrap around 16 bits"
+    )]
+    pub const fn flow_id(&self, f: usize) -> u16 {
+        self.base.wrapping_add((f * self.blocks()) as u16)
+    }
+
+    /// The identifier and sequence of request `i`.
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "the low 16 bits are the sequence, the rest picks the identifier"
+    )]
+    const fn ident(&self, i: usize) -> (u16, u16) {
+        let f = match i.checked_div(self.per_flow) {
+            Some(f) if f < self.flows => f,
+            _ => self.flows,
+        };
+        let j = i - f * self.per_flow;
+        (
+            self.flow_id(f).wrapping_add((j / PER_IDENTIFIER) as u16),
+            self.seq_base.wrapping_add((j % PER_IDENTIFIER) as u16),
+        )
+    }
+
+    /// The request identifier `id` and sequence `seq` name, of `total`.
+    fn request(&self, id: u16, seq: u16, total: usize) -> Option<usize> {
+        let k = usize::from(id.wrapping_sub(self.base));
+        let (f, block) = (k / self.blocks(), k % self.blocks());
+        let j = block * PER_IDENTIFIER + usize::from(seq.wrapping_sub(self.seq_base));
+        let i = f * self.per_flow + j;
+        (f <= self.flows && (j < self.per_flow || f == self.flows) && i < total).then_some(i)
+    }
+}
 /// `ICMP6_FILTER` of `<netinet/icmp6.h>` (level `IPPROTO_ICMPV6`).
 const ICMP6_FILTER: libc::c_int = 1;
 
@@ -187,6 +260,7 @@ impl IcmpProber {
     pub async fn round(
         &self,
         targets: &[IpAddr],
+        numbering: Numbering,
         padded: Option<Padded>,
         timeout: Duration,
         spread: Duration,
@@ -207,7 +281,6 @@ impl IcmpProber {
         if n == 0 {
             return w.results;
         }
-        let base = fastrand::u16(..);
         let start = Instant::now();
         let step = spread / u32::try_from(n).unwrap_or(u32::MAX).max(1);
         let mut next = 0usize;
@@ -218,7 +291,7 @@ impl IcmpProber {
             // Send every request whose time has come.
             let now = Instant::now();
             while next < n && start + step * u32::try_from(next).unwrap_or(u32::MAX) <= now {
-                let (id, seq) = ident(base, next);
+                let (id, seq) = numbering.ident(next);
                 let size = padded.and_then(|p| (next >= p.from).then_some(p.bytes));
                 match self.send(targets[next], id, seq, size, &mut request).await {
                     Ok(()) => {
@@ -256,7 +329,7 @@ impl IcmpProber {
                         let mut sock: &Socket = s.get_ref();
                         sock.read(&mut buf)
                     }) {
-                        if let Some(i) = match_reply(&buf[..len], base, targets) {
+                        if let Some(i) = match_reply(&buf[..len], numbering, targets) {
                             w.answered(i, Instant::now());
                         }
                     }
@@ -267,7 +340,7 @@ impl IcmpProber {
                         guard.try_io(|s| recv_from(s.get_ref(), &mut buf))
                     {
                         if let Some(src) = from
-                            && let Some(i) = match_reply_v6(&buf[..len], src, base, targets)
+                            && let Some(i) = match_reply_v6(&buf[..len], src, numbering, targets)
                         {
                             w.answered(i, Instant::now());
                         }
@@ -339,37 +412,35 @@ fn recv_from(sock: &Socket, buf: &mut [u8]) -> io::Result<(usize, Option<Ipv6Add
     Ok((len, from.as_socket_ipv6().map(|a| *a.ip())))
 }
 
-/// The identifier and sequence of the `i`-th request of a round.
-#[allow(
-    clippy::cast_possible_truncation,
-    reason = "the low 16 bits are the sequence, the rest picks the identifier"
-)]
-const fn ident(base: u16, i: usize) -> (u16, u16) {
-    (
-        base.wrapping_add((i / PER_IDENTIFIER) as u16),
-        (i % PER_IDENTIFIER) as u16,
-    )
-}
-
 /// The request of this round that identifier `id` and sequence `seq`
 /// answer, when it went to `src`.
-fn matching(src: IpAddr, id: u16, seq: u16, base: u16, targets: &[IpAddr]) -> Option<usize> {
-    let block = usize::from(id.wrapping_sub(base));
-    let i = block * PER_IDENTIFIER + usize::from(seq);
-    (targets.get(i) == Some(&src)).then_some(i)
+fn matching(
+    src: IpAddr,
+    id: u16,
+    seq: u16,
+    numbering: Numbering,
+    targets: &[IpAddr],
+) -> Option<usize> {
+    let i = numbering.request(id, seq, targets.len())?;
+    (targets[i] == src).then_some(i)
 }
 
 /// The index of the request `pkt` (an IPv4 packet) answers: identifier and
 /// sequence of this round, from the address it was sent to.
-fn match_reply(pkt: &[u8], base: u16, targets: &[IpAddr]) -> Option<usize> {
+fn match_reply(pkt: &[u8], numbering: Numbering, targets: &[IpAddr]) -> Option<usize> {
     let (src, id, seq) = parse_any_reply(pkt)?;
-    matching(IpAddr::V4(src), id, seq, base, targets)
+    matching(IpAddr::V4(src), id, seq, numbering, targets)
 }
 
 /// The same for an `ICMPv6` message from `src`.
-fn match_reply_v6(msg: &[u8], src: Ipv6Addr, base: u16, targets: &[IpAddr]) -> Option<usize> {
+fn match_reply_v6(
+    msg: &[u8],
+    src: Ipv6Addr,
+    numbering: Numbering,
+    targets: &[IpAddr],
+) -> Option<usize> {
     let (id, seq) = parse_any_reply_v6(msg)?;
-    matching(IpAddr::V6(src), id, seq, base, targets)
+    matching(IpAddr::V6(src), id, seq, numbering, targets)
 }
 
 /// Sets a socket buffer size past `net.core.[rw]mem_max` (`SO_RCVBUFFORCE`
@@ -419,18 +490,32 @@ mod tests {
         let v4: Vec<Ipv4Addr> = (1..=3).map(|k| Ipv4Addr::new(198, 18, 1, k)).collect();
         let targets: Vec<IpAddr> = v4.iter().map(|ip| IpAddr::V4(*ip)).collect();
         let base = 0xfffe;
-        assert_eq!(match_reply(&reply(v4[2], base, 2), base, &targets), Some(2));
+        let one = Numbering::single(base, 3);
+        assert_eq!(match_reply(&reply(v4[2], base, 2), one, &targets), Some(2));
         assert_eq!(
-            match_reply(&reply(v4[1], base, 2), base, &targets),
+            match_reply(&reply(v4[1], base, 2), one, &targets),
             None,
             "a reply from another address than the request's"
         );
         assert_eq!(
-            match_reply(&reply(v4[0], base.wrapping_add(7), 0), base, &targets),
+            match_reply(&reply(v4[0], base.wrapping_add(7), 0), one, &targets),
             None,
-            "another round's identifier"
+            "an identifier of no flow"
         );
-        assert_eq!(match_reply(&reply(v4[0], base, 9), base, &targets), None);
+        assert_eq!(match_reply(&reply(v4[0], base, 9), one, &targets), None);
+        let next_round = Numbering {
+            seq_base: 40_000,
+            ..one
+        };
+        assert_eq!(
+            match_reply(&reply(v4[2], base, 2), next_round, &targets),
+            None,
+            "the same request of an earlier round"
+        );
+        assert_eq!(
+            match_reply(&reply(v4[2], base, 40_002), next_round, &targets),
+            Some(2)
+        );
     }
 
     #[test]
@@ -438,30 +523,57 @@ mod tests {
         let v6: Ipv6Addr = "2001:2:1::1".parse().expect("ip");
         let targets = [IpAddr::V4(Ipv4Addr::new(198, 18, 1, 1)), IpAddr::V6(v6)];
         let base = 0x1000;
+        let one = Numbering::single(base, 2);
         let mut msg = echo_request_v6(base, 1);
         msg[0] = 129;
-        assert_eq!(match_reply_v6(&msg, v6, base, &targets), Some(1));
+        assert_eq!(match_reply_v6(&msg, v6, one, &targets), Some(1));
         let other: Ipv6Addr = "2001:2:1::2".parse().expect("ip");
-        assert_eq!(match_reply_v6(&msg, other, base, &targets), None);
+        assert_eq!(match_reply_v6(&msg, other, one, &targets), None);
         let mut first = echo_request_v6(base, 0);
         first[0] = 129;
         assert_eq!(
-            match_reply_v6(&first, v6, base, &targets),
+            match_reply_v6(&first, v6, one, &targets),
             None,
             "sequence 0 went to the IPv4 address"
         );
     }
 
     #[test]
-    fn rounds_past_65536_requests_use_the_next_identifiers() {
-        assert_eq!(ident(0xffff, 0), (0xffff, 0));
-        assert_eq!(ident(0xffff, 65_535), (0xffff, 65_535));
-        assert_eq!(
-            ident(0xffff, 65_536),
-            (0, 0),
-            "wraps to the next identifier"
-        );
-        assert_eq!(ident(7, 70_000), (8, 4_464));
+    fn each_flow_has_its_identifier_and_mtu_probes_one_more() {
+        let n = Numbering {
+            per_flow: 3,
+            flows: 4,
+            base: 0xfffe,
+            seq_base: 0xffff,
+        };
+        // Flow 2's request to target 1, then the second MTU probe.
+        assert_eq!(n.ident(7), (0, 0));
+        assert_eq!(n.flow_id(2), 0);
+        assert_eq!(n.ident(13), (2, 0));
+        for i in 0..14 {
+            let (id, seq) = n.ident(i);
+            assert_eq!(n.request(id, seq, 14), Some(i), "request {i}");
+        }
+        assert_eq!(n.request(n.flow_id(1), 2, 14), None, "past flow 1");
+        assert_eq!(n.request(n.flow_id(5), 0xffff, 14), None, "no such flow");
+    }
+
+    #[test]
+    fn flows_past_65536_requests_use_the_next_identifiers() {
+        let n = Numbering {
+            per_flow: 70_000,
+            flows: 2,
+            base: 0xffff,
+            seq_base: 0,
+        };
+        assert_eq!(n.ident(0), (0xffff, 0));
+        assert_eq!(n.ident(65_535), (0xffff, 65_535));
+        assert_eq!(n.ident(65_536), (0, 0), "wraps to the next identifier");
+        assert_eq!(n.flow_id(1), 1, "each flow takes two identifiers");
+        assert_eq!(n.ident(70_000), (1, 0));
+        assert_eq!(n.request(1, 4_464, 140_000), Some(74_464));
+        assert_eq!(n.request(2, 0, 140_000), Some(70_000 + 65_536));
+        assert_eq!(n.request(2, 4_464, 140_000), None, "past flow 1's targets");
     }
 
     #[tokio::test]

@@ -1,4 +1,5 @@
-//! A round's ICMP pass: one echo to every address, and, with
+//! A round's ICMP pass: one echo to every address (one per flow with
+//! `--probe-flows`), and, with
 //! `--probe-mtu`, one more echo of the probe size with Don't Fragment to
 //! every node address, in the same engine call (the same timeout); then
 //! the MTU verdicts: a path that answers the small echo and loses the
@@ -9,7 +10,8 @@ use std::{net::IpAddr, sync::Arc};
 use super::{
     Prober,
     error::ProbeError,
-    icmp::{IcmpProber, Padded},
+    flows::Spread,
+    icmp::{IcmpProber, Numbering, Padded},
     order::Echoes,
     path::{Outcome, ProbeResult, RttSource},
     targets::Targets,
@@ -58,17 +60,25 @@ pub(super) enum MtuOutcome {
 type IcmpSockets<'a> = Result<&'a (Arc<IcmpProber>, Option<Arc<SocketFactory>>), &'a ProbeError>;
 
 impl Prober {
-    /// ICMP (IPv4 or `ICMPv6`) to every address of `targets`, each answer
+    /// ICMP (IPv4 or `ICMPv6`) to every address of `targets` (the round's
+    /// addresses once per flow, as `spread` lays them out), each answer
     /// marked in `echoes` as it comes, and the MTU probes of `mtu`. The
     /// engine runs as a task of its own, beside the HTTP ones.
     pub(super) async fn icmp_round(
         &self,
         targets: &Arc<Vec<IpAddr>>,
+        spread: Spread,
         mtu: &MtuTargets,
         sockets: IcmpSockets<'_>,
         echoes: &Arc<Echoes>,
     ) -> (Vec<Outcome>, Vec<MtuOutcome>) {
         let n = targets.len();
+        let numbering = Numbering {
+            per_flow: spread.n,
+            flows: spread.flows,
+            base: self.cfg.flows.icmp_base,
+            seq_base: fastrand::u16(..),
+        };
         let icmp = match sockets {
             Ok((icmp, _)) => icmp.clone(),
             Err(e) => {
@@ -97,10 +107,12 @@ impl Prober {
         let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
         let metrics = self.cfg.metrics.as_deref();
         metrics.inspect(|m| m.sent(total));
-        let mut results =
-            tokio::spawn(async move { icmp.round(&all, padded, timeout, spread, &echoes).await })
+        let mut results = tokio::spawn(async move {
+            icmp.round(&all, numbering, padded, timeout, spread, &echoes)
                 .await
-                .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); total]);
+        })
+        .await
+        .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); total]);
         metrics.inspect(|m| m.settled(total));
         let mtu_results = results
             .split_off(n.min(results.len()))

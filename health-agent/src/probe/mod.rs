@@ -10,6 +10,8 @@ mod config;
 pub mod error;
 mod error_class;
 pub mod family;
+pub mod flows;
+mod flows_round;
 pub mod hello;
 pub mod history;
 pub mod http;

@@ -96,6 +96,11 @@ pub struct PathState {
     /// succeeds again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<Box<PathTrace>>,
+    /// With `--probe-flows` above 1: each flow's loss over its window, and
+    /// which flows fail while others answer (partial loss, see
+    /// [`super::flows`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flows: Option<Box<super::flows::PathFlows>>,
 }
 
 /// A traceroute of a failing path, from the prober's namespace.
@@ -204,6 +209,7 @@ impl PathState {
         mtu_failures: 0,
         mtu_blackhole: None,
         trace: None,
+        flows: None,
     };
 }
 
@@ -214,6 +220,14 @@ impl Default for PathState {
 }
 
 impl PathState {
+    /// The line naming the failing flows of a path with partial loss.
+    #[must_use]
+    pub fn partial_loss(&self) -> Option<String> {
+        self.flows
+            .as_deref()
+            .and_then(super::flows::PathFlows::partial_line)
+    }
+
     /// Applies one probe outcome.
     pub fn record(&mut self, outcome: Outcome, thresholds: Thresholds, at_ms: u64) {
         self.probes += 1;

@@ -26,6 +26,9 @@ pub struct PathQualityView {
     /// See [`PathState::mtu_blackhole`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu_blackhole: Option<u16>,
+    /// See [`PathState::flows`]: each flow's loss, with `--probe-flows`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flows: Option<Box<super::flows::PathFlows>>,
     /// `1m`, `10m` and `1h`, in that order.
     pub windows: Vec<Quality>,
 }
@@ -68,6 +71,7 @@ impl Prober {
                     result: state.result,
                     degraded: state.degraded,
                     mtu_blackhole: state.mtu_blackhole,
+                    flows: state.flows.clone(),
                     windows: quality.windows(now_ms),
                 });
             }

@@ -18,6 +18,7 @@ use super::{
     config::ProbeConfig,
     error::ProbeError,
     family::{self, Family, Shown},
+    flows::{self, Spread},
     history::{History, HistoryStats, HistoryStrips, NodeHistory, NodeRing},
     http_round,
     icmp::IcmpProber,
@@ -317,38 +318,46 @@ impl Prober {
         let nodes = self.nodes();
         let targets = targets(&nodes, self.cfg.families);
         let sockets = self.sockets();
+        // Each flow probes every address: the addresses once per flow.
+        let spread = Spread {
+            n: targets.ips.len(),
+            flows: usize::from(self.cfg.flows.count),
+        };
+        let ips = flows::per_flow(spread, &targets.ips);
         // An HTTP probe waits for its address's echo (see `order`) at most
         // half a timeout.
         let echoes = Arc::new(Echoes::new(
-            targets.ips.len(),
+            ips.len(),
             order::echo_grace(self.cfg.timeout),
             self.cfg.timeout / 2,
         ));
-        let (order, suspects) = self.http_failed_first(&nodes, &targets.keys);
+        let (order, suspects) = self.http_failed_first(&nodes, &targets.keys, spread);
         let mtu = MtuTargets::of(&targets, self.cfg.mtu_probe);
         let ((icmp, icmp_done), (http, http_done)) = tokio::join!(
             timed(
                 t0,
-                self.icmp_round(&targets.ips, &mtu, sockets.as_ref(), &echoes)
+                self.icmp_round(&ips, spread, &mtu, sockets.as_ref(), &echoes)
             ),
             timed(t0, async {
                 match &sockets {
                     Ok((_, factory)) => {
                         let order = (order.as_slice(), suspects);
-                        http_round::run(&self.cfg, &targets.ips, factory.clone(), order, &echoes)
+                        http_round::run(&self.cfg, &ips, spread, factory.clone(), order, &echoes)
                             .await
                     }
-                    Err(e) => vec![Outcome::Failed(e.clone()); targets.ips.len()],
+                    Err(e) => vec![Outcome::Failed(e.clone()); ips.len()],
                 }
             })
         );
+        let (icmp, icmp_mtu) = icmp;
+        let (icmp, icmp_flows) = flows::fold(spread, icmp);
+        let (http, http_flows) = flows::fold(spread, http);
         // Kernel RTTs replace user-space ones before the paths are locked:
         // the map lookups are syscalls, not work to do under the lock. The
         // map is opened once for the whole round.
         let kernel = self.cfg.kernel_rtt.as_deref().and_then(KernelRtt::open);
         let kernel_rtt =
             |ip, proto, outcome| with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono);
-        let (icmp, icmp_mtu) = icmp;
         let outcomes: Vec<(Outcome, Outcome)> = icmp
             .into_iter()
             .zip(http)
@@ -378,6 +387,7 @@ impl Prober {
             epoch_ms(SystemTime::now()),
         );
         self.record_mtu(&nodes, &targets.keys, &mtu, &icmp_mtu);
+        self.record_flows(&nodes, &targets.keys, &[icmp_flows, http_flows]);
         self.start_traces(&targets.ips);
         let merged = t0.elapsed();
         let status = self.snapshot(Some(RoundInfo {
@@ -545,12 +555,18 @@ impl Prober {
     /// The round's HTTP probes (target indices, see [`super::targets::Targets`]) with
     /// those whose path failed its last probe first, and how many those
     /// are (see [`order`]).
-    fn http_failed_first(&self, nodes: &NodeSet, keys: &[(u32, u8)]) -> (Vec<usize>, usize) {
+    fn http_failed_first(
+        &self,
+        nodes: &NodeSet,
+        keys: &[(u32, u8)],
+        spread: Spread,
+    ) -> (Vec<usize>, usize) {
+        let n = spread.n * spread.flows;
         let Ok(paths) = self.paths.lock() else {
-            return order::suspects_first(keys.len(), |_| false);
+            return order::suspects_first(n, |_| false);
         };
-        order::suspects_first(keys.len(), |i| {
-            let (node, address) = keys[i];
+        order::suspects_first(n, |i| {
+            let (node, address) = keys[spread.of(i).1];
             paths
                 .get(&nodes[node as usize].name)
                 .is_some_and(|p| p.state(2 * usize::from(address) + 1).consecutive_failures > 0)

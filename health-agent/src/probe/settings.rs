@@ -13,8 +13,14 @@ use crate::util::section::section;
 use std::sync::Arc;
 
 use super::{
-    ProbeConfig, family::Families, history, http::HEALTH_PORT, metrics::ProbeMetrics,
-    path::Thresholds, peers::ProbePeers,
+    ProbeConfig,
+    family::Families,
+    flows::{FlowPlan, MAX_FLOWS},
+    history,
+    http::HEALTH_PORT,
+    metrics::ProbeMetrics,
+    path::Thresholds,
+    peers::ProbePeers,
 };
 use crate::sys::netns::Netns;
 
@@ -63,6 +69,13 @@ section! {
         /// (the endpoint's veth); `off`: no such probe.
         #[arg(long, value_name = "auto|off|BYTES", default_value = "auto", value_parser = ProbeMtu::parse)]
         pub probe_mtu: ProbeMtu,
+        /// Probes per path each round, each from a source of its own that
+        /// stays the same from round to round (ICMP identifier, TCP source
+        /// port), so each takes one way through an ECMP group and a bad
+        /// member shows as partial loss naming its flows. The cost of
+        /// probing grows with it.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_FLOWS)))]
+        pub probe_flows: u16,
     }
 }
 
@@ -298,6 +311,7 @@ impl ProbeConfig {
             families: start.families,
             degraded_loss: settings.degraded_loss.ratio(),
             mtu_probe: start.mtu_probe,
+            flows: FlowPlan::new(settings.probe_flows),
             ..Self::default()
         };
         cfg.retune(tuning);

@@ -27,6 +27,7 @@ mod endpoint6;
 mod endpoint_owned;
 mod etcd;
 mod etcd_members;
+mod flows;
 mod hello_flood;
 mod maps;
 mod masquerade;

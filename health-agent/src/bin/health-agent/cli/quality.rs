@@ -5,6 +5,7 @@ use std::{fmt::Write as _, time::Duration};
 
 use health_agent::{
     probe::{
+        flows::PathFlows,
         path::ProbeResult,
         quality::Quality,
         quality_view::{NodeQuality, PathQualityView},
@@ -35,9 +36,34 @@ fn verdict(p: &PathQualityView) -> String {
         (ProbeResult::Failure, _) => "failure",
         (ProbeResult::Unknown, _) => "unknown",
     };
-    match p.mtu_blackhole {
+    let v = match p.mtu_blackhole {
         Some(bytes) => format!("{v}, mtu-blackhole ({bytes}-byte probes lost)"),
         None => v.to_owned(),
+    };
+    match p.flows.as_deref().and_then(PathFlows::partial_line) {
+        Some(partial) => format!("{v}, {partial}"),
+        None => v,
+    }
+}
+
+/// Each flow's loss over its window, a line: `flow 0 (source 51234)
+/// lost 0 of 64`.
+fn flow_lines(out: &mut String, flows: &PathFlows) {
+    let _ = writeln!(
+        out,
+        "    {:<6} {:>7} {:>7} {:>7}",
+        "FLOW", "SOURCE", "PROBES", "LOST"
+    );
+    for f in &flows.flows {
+        let _ = writeln!(
+            out,
+            "    {:<6} {:>7} {:>7} {:>7}{}",
+            f.flow,
+            f.source,
+            f.probes,
+            f.lost,
+            if f.failing { "  failing" } else { "" }
+        );
     }
 }
 
@@ -77,6 +103,9 @@ pub(crate) fn render(q: &NodeQuality) -> String {
                 rtt(w.rtt_p999_ns)
             );
         }
+        if let Some(flows) = &p.flows {
+            flow_lines(&mut out, flows);
+        }
     }
     out
 }
@@ -106,6 +135,7 @@ mod tests {
                 result: ProbeResult::Success,
                 degraded: true,
                 mtu_blackhole: None,
+                flows: None,
                 windows: pq.windows(t0 + 200 * 1000),
             }],
         };

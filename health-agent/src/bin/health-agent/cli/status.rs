@@ -179,6 +179,10 @@ fn path_line(p: &PathState) -> String {
                 Some(bytes) => format!("{warn}, MTU black hole: {bytes}-byte probes lost"),
                 None => warn,
             };
+            let warn = match p.partial_loss() {
+                Some(partial) => format!("{warn}, {partial}"),
+                None => warn,
+            };
             if p.degraded {
                 format!(
                     "Degraded (answers, but loses probes: status --quality NODE), RTT={}{source}{warn}",
