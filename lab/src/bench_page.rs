@@ -134,6 +134,8 @@ struct Measured {
     frames: Vec<f64>,
     filter: Value,
     dom_rows: u64,
+    /// `window.healthPage.heat()`: the loss heat map as drawn.
+    heat: Value,
 }
 
 pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
@@ -218,6 +220,7 @@ fn measure(browser: &Browser, refreshes: u32) -> anyhow::Result<Measured> {
         .eval("return document.querySelectorAll('#rows .row').length")
         .as_u64()
         .context("row count")?;
+    let heat = browser.eval("return window.healthPage.heat()");
     Ok(Measured {
         first_view_ms,
         first_load,
@@ -226,6 +229,7 @@ fn measure(browser: &Browser, refreshes: u32) -> anyhow::Result<Measured> {
         frames,
         filter,
         dom_rows,
+        heat,
     })
 }
 
@@ -288,9 +292,20 @@ fn render(opts: &Options, m: &Measured) -> (String, bool) {
         m.filter["ms"].as_f64().unwrap_or(f64::NAN),
         m.dom_rows
     );
+    let heat_nodes = m.heat["nodes"].as_u64().unwrap_or(0);
+    let _ = writeln!(
+        text,
+        "loss heat map: {heat_nodes} nodes in {}x{} squares of {} px, {} with probes lost (drawn within each refresh)",
+        m.heat["layout"]["cols"],
+        m.heat["layout"]["rows"],
+        m.heat["layout"]["cell"],
+        m.heat["lossy"]
+    );
     let (p50, max) = p50_max(field(&m.refreshes, "paintedMs"));
     let first = m.first_load["paintedMs"].as_f64().unwrap_or(f64::NAN);
-    let pass = p50 < BUDGET_MS && max < BUDGET_MS && first < BUDGET_MS;
+    let heat_ok =
+        heat_nodes >= opts.peers as u64 && m.heat["lossy"].as_u64() >= Some(opts.peers as u64);
+    let pass = p50 < BUDGET_MS && max < BUDGET_MS && first < BUDGET_MS && heat_ok;
     let _ = writeln!(
         text,
         "result: {} (fetch to painted: first {first:.0} ms, p50 {p50:.0} ms, max {max:.0} ms; budget {BUDGET_MS:.0} ms)",

@@ -67,6 +67,11 @@ const ASSETS: &[Asset] = &[
         include_bytes!("assets/app.js"),
     ),
     Asset::new(
+        "charts.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("assets/charts.js"),
+    ),
+    Asset::new(
         "style.css",
         "text/css; charset=utf-8",
         include_bytes!("assets/style.css"),

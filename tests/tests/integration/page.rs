@@ -292,6 +292,39 @@ fn check_filters_and_detail(browser: &Browser) {
         serde_json::json!(["host-icmp", "host-http", "endpoint-icmp", "endpoint-http"])
     );
     assert!(browser.is_displayed("#detail"));
+    // The node's chart: percentiles while its paths answered, loss once
+    // they failed, from the same history.
+    let chart = browser.wait_for(
+        "node-3's chart with percentiles and loss",
+        Duration::from_secs(5),
+        "const c = window.healthPage.chart();
+         const canvas = document.querySelector('#detail .node-chart canvas');
+         return c && canvas && canvas.width > 0 && c.points.length >= 3
+             && c.points.some(p => p.p50 !== null) && c.points[c.points.length - 1].loss > 0
+             ? c : null;",
+    );
+    let points = chart["points"].as_array().expect("points");
+    assert!(
+        points
+            .iter()
+            .all(|p| p["loss"].as_f64().is_some_and(|l| (0.0..=1.0).contains(&l))),
+        "{chart}"
+    );
+    // The heat map: node-3, cut off for rounds, lost more of its probes
+    // than node-2 (which may have lost a few while the agents started).
+    let heat = browser.eval("return window.healthPage.heat()");
+    assert!(
+        heat["nodes"] == 3 && heat["lossy"].as_u64() >= Some(1),
+        "{heat}"
+    );
+    assert!(browser.is_displayed("#heat-map"));
+    let three = browser.eval("return window.healthPage.heatOf('node-3')");
+    let two = browser.eval("return window.healthPage.heatOf('node-2')");
+    let loss = |v: &Value| v["loss"].as_f64().unwrap_or(0.0);
+    assert!(
+        three["lost"].as_u64() > two["lost"].as_u64() && loss(&three) > loss(&two) + 0.1,
+        "node-3 {three}, node-2 {two}"
+    );
     // node-1 traced its failing ICMP path to node-3: the hops, and where
     // the way ends, on node-3's host ICMP card and in its cell's title.
     let traced = browser.wait_for(
@@ -889,8 +922,42 @@ fn the_page_draws_5000_peers_and_keeps_its_data_through_bad_answers() {
         browser.eval("return [...document.querySelectorAll('#rows canvas')].every(c => !c.hidden)"),
         true
     );
+    check_heat(&browser);
 
     check_bad_answers(&mut agent, &browser);
+}
+
+/// The heat map of 5,000 nodes' loss: every node a cell, at least 3 px, in
+/// at most 200 px of height; the failing tenth, and only it, lossy.
+fn check_heat(browser: &Browser) {
+    let heat = browser.wait_for(
+        "the heat map of 5,000 nodes",
+        Duration::from_secs(5),
+        "const h = window.healthPage.heat(); return h && h.nodes === 5000 ? h : null;",
+    );
+    assert!(browser.is_displayed("#heat-map"));
+    let failing = (0..PEERS).filter(|k| k % 10 == 3).count();
+    assert_eq!(heat["lossy"], failing, "{heat}");
+    let layout = &heat["layout"];
+    let (cell, cols, rows) = (
+        layout["cell"].as_u64().expect("cell"),
+        layout["cols"].as_u64().expect("cols"),
+        layout["rows"].as_u64().expect("rows"),
+    );
+    assert!(
+        cell >= 3 && cols * rows >= 5000 && cell * rows <= 200,
+        "{heat}"
+    );
+    let failed = browser.eval("return window.healthPage.heatOf('peer-00003')");
+    let fine = browser.eval("return window.healthPage.heatOf('peer-00004')");
+    assert!(failed["lost"].as_u64() >= Some(5), "{failed}");
+    assert_eq!(fine["lost"], 0, "{fine}");
+    assert!(
+        heat["line"]
+            .as_str()
+            .is_some_and(|l| l.starts_with("5000 nodes, 500 with probes lost")),
+        "{heat}"
+    );
 }
 
 /// Failing first (by name), then the rest by name.

@@ -95,6 +95,9 @@
     matrixBox: $("matrix-box"),
     matrix: $("matrix"),
     matrixTip: $("matrix-tip"),
+    heat: $("heat"),
+    heatMap: $("heat-map"),
+    heatLine: $("heat-line"),
   };
 
   const st = {
@@ -108,6 +111,8 @@
     filters: { failingOnly: false, search: "" },
     selected: null,
     detail: null, // { name, data } | { name, missing: true } | { name, error }
+    heat: null, // { from: the history it was made of, names, cells, layout, lossy, worst }
+    chart: null, // the selected node's series, as drawn
     lastOkAt: 0,
     problems: { status: null, history: null },
     cluster: {
@@ -192,7 +197,23 @@
       degraded: ps.degraded === true,
       mtuBlackhole: Number.isInteger(ps.mtu_blackhole) ? ps.mtu_blackhole : null,
       trace: parseTrace(ps.trace),
+      partial: parsePartial(ps.flows),
     };
+  }
+
+  // The failing flows of a path probed over several flows (PathFlows),
+  // when others answer: [{flow, source, lost, probes}]; null otherwise.
+  function parsePartial(flows) {
+    if (!flows || !Array.isArray(flows.flows)) return null;
+    const all = flows.flows.filter((f) => f && Number.isInteger(f.flow));
+    const failing = all.filter((f) => f.failing === true);
+    if (!failing.length || failing.length === all.length) return null;
+    return failing.map((f) => ({
+      flow: f.flow,
+      source: f.source | 0,
+      lost: f.lost | 0,
+      probes: f.probes | 0,
+    }));
   }
 
   // A failing path's traceroute (PathTrace): its hops, each with who
@@ -540,6 +561,7 @@
     renderRows();
     renderDetail();
     renderCluster();
+    renderHeat();
     st.renders++;
   }
 
@@ -621,6 +643,7 @@
     const q = [];
     if (p.degraded) q.push("lossy");
     if (p.mtuBlackhole !== null) q.push("MTU");
+    if (p.partial) q.push("flows");
     return q.length ? q.join(" ") : null;
   }
 
@@ -641,6 +664,10 @@
     if (p.warning) lines.push(`warning: ${p.warning}`);
     if (p.degraded && p.state === "success") lines.push("degraded: answers, but loses probes (status --quality NODE)");
     if (p.mtuBlackhole !== null && p.state === "success") lines.push(`MTU black hole: ${p.mtuBlackhole}-byte probes lost`);
+    if (p.partial && p.state === "success") {
+      const named = p.partial.map((f) => `flow ${f.flow} (source ${f.source}) lost ${f.lost} of ${f.probes}`);
+      lines.push(`partial loss: ${named.join(", ")}`);
+    }
     if (p.trace) lines.push(`traced: ${p.trace.hops.map(hopText).join(", ")}; ${traceEnd(p.trace)}`);
     if (p.lastProbeMs) lines.push(`probed ${fmtAge(Date.now() - p.lastProbeMs)} ago`);
     return lines.join("\n");
@@ -1047,6 +1074,62 @@
     el.matrixTip.hidden = true;
   }
 
+  // ---- the loss heat map -------------------------------------------------
+
+  const chartColours = () => ({
+    success: colour("success"),
+    failure: colour("failure"),
+    unknown: colour("unknown"),
+    muted: colour("muted"),
+    line: colour("line"),
+  });
+
+  // Every node of the history's strips, by name, with its loss over the
+  // strips' rounds; made again only when a new history came.
+  function heatModel(h) {
+    if (st.heat && st.heat.from === h) return st.heat;
+    const C = window.healthCharts;
+    const names = [...h.strips.keys()].sort(collator.compare);
+    const cells = names.map((name) => ({ name, ...C.lossOfStrips(h.strips.get(name)) }));
+    const lossy = cells.filter((c) => c.lost > 0);
+    const worst = lossy.reduce((w, c) => (w === null || c.loss > w.loss ? c : w), null);
+    return { from: h, names, cells, lossy: lossy.length, worst, layout: null, drawnWidth: null };
+  }
+
+  function renderHeat() {
+    const h = st.history;
+    el.heat.hidden = !h || h.strips.size === 0 || !window.healthCharts;
+    if (el.heat.hidden) return;
+    const m = heatModel(h);
+    const width = el.heat.clientWidth - 32;
+    if (st.heat === m && m.drawnWidth === width) return;
+    st.heat = m;
+    m.layout = window.healthCharts.heatLayout(m.cells.length, width);
+    m.drawnWidth = width;
+    window.healthCharts.drawHeat(el.heatMap, m.cells, m.layout, chartColours());
+    const rounds = h.window || (h.rounds ? h.rounds.length : 0);
+    const worst = m.worst ? `; most: ${m.worst.name}, ${(m.worst.loss * 100).toFixed(1)} % of ${m.worst.probes}` : "";
+    el.heatLine.textContent = `${m.cells.length} nodes, ${m.lossy} with probes lost over the last ${rounds} rounds${worst}`;
+  }
+
+  // The node under the pointer on the heat map, or null.
+  function heatNodeAt(ev) {
+    const m = st.heat;
+    if (!m || !m.layout) return null;
+    const r = el.heatMap.getBoundingClientRect();
+    const col = Math.floor((ev.clientX - r.left) / m.layout.cell);
+    const row = Math.floor((ev.clientY - r.top) / m.layout.cell);
+    if (col < 0 || col >= m.layout.cols || row < 0) return null;
+    return m.cells[row * m.layout.cols + col] || null;
+  }
+
+  function onHeatHover(ev) {
+    const c = heatNodeAt(ev);
+    el.heatMap.title = c
+      ? `${c.name}: ${c.loss === null ? "not probed" : `${(c.loss * 100).toFixed(1)} % lost (${c.lost} of ${c.probes})`}`
+      : "";
+  }
+
   // ---- the detail of one node -------------------------------------------
 
   function dl(pairs) {
@@ -1099,6 +1182,27 @@
     if (hist && hist.missing) body.appendChild(note("This agent keeps no history for this node."));
     if (hist && hist.error) body.appendChild(note(`History unavailable: ${hist.error}`));
     const detailPaths = hist && hist.data ? hist.data.paths : [];
+    let chartCanvas = null;
+    st.chart = null;
+    if (hist && hist.data && window.healthCharts) {
+      st.chart = window.healthCharts.nodeSeries(detailPaths);
+      const fig = document.createElement("figure");
+      fig.className = "node-chart";
+      chartCanvas = document.createElement("canvas");
+      chartCanvas.setAttribute("aria-label", `RTT percentiles and loss of ${name} over time`);
+      const cap = document.createElement("figcaption");
+      cap.append(`Each round: over the last ${st.chart.window} rounds of every path,`);
+      for (const [label, c] of [["p50", "#2b6cb0"], ["p90", "#805ad5"], ["p99", "#d53f8c"]]) {
+        const i = document.createElement("i");
+        i.style.background = c;
+        cap.append(i, label);
+      }
+      const i = document.createElement("i");
+      i.style.background = colour("failure");
+      cap.append(i, "loss");
+      fig.append(chartCanvas, cap);
+      body.appendChild(fig);
+    }
     // Every path of the node: four per family (a node gone: the four).
     const cards = n ? n.paths : PATHS.map((p) => ({ path: p.key, kind: p.key, family: null, label: p.label, gone: true }));
     cards.forEach((p) => {
@@ -1143,6 +1247,7 @@
       body.appendChild(card);
     });
     el.detailBody.replaceChildren(body);
+    if (chartCanvas) window.healthCharts.drawNodeChart(chartCanvas, st.chart, chartColours());
     for (const card of el.detailBody.querySelectorAll(".path-card")) {
       if (card._canvas) drawEntries(card._canvas, card._entries);
     }
@@ -1202,6 +1307,11 @@
   });
   el.detailClose.addEventListener("click", () => select(null));
   el.matrix.addEventListener("mousemove", onMatrixHover);
+  el.heatMap.addEventListener("mousemove", onHeatHover);
+  el.heatMap.addEventListener("click", (ev) => {
+    const c = heatNodeAt(ev);
+    if (c && st.byName.has(c.name)) select(c.name);
+  });
   el.matrix.addEventListener("mouseleave", hideTip);
   el.clusterProblems.addEventListener("click", (e) => {
     const name = e.target.closest(".node.known");
@@ -1284,6 +1394,26 @@
     cluster() {
       const s = st.cluster.shown;
       return s ? JSON.parse(JSON.stringify(s)) : null;
+    },
+    // The loss heat map as drawn: null while hidden.
+    heat() {
+      const m = st.heat;
+      if (!m || el.heat.hidden) return null;
+      return {
+        nodes: m.cells.length,
+        lossy: m.lossy,
+        worst: m.worst ? m.worst.name : null,
+        layout: m.layout,
+        line: el.heatLine.textContent,
+      };
+    },
+    heatOf(name) {
+      const c = st.heat && st.heat.cells.find((x) => x.name === name);
+      return c ? { loss: c.loss, lost: c.lost, probes: c.probes } : null;
+    },
+    // The selected node's chart series, as drawn.
+    chart() {
+      return st.chart ? JSON.parse(JSON.stringify(st.chart)) : null;
     },
     strip(name) {
       return st.history ? st.history.strips.get(name) || null : null;
