@@ -246,6 +246,22 @@ pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
     Ok((Duration::from_millis(ticks * 1000 / hz), rss))
 }
 
+/// The user-space share of `pid`'s CPU time: the rest is the kernel's
+/// work in its context (on this topology, much of it the simulated
+/// network's).
+fn user_cpu(pid: u32) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let ticks = after
+        .split_whitespace()
+        .nth(11)
+        .and_then(|u| u.parse::<u64>().ok())
+        .unwrap_or(0);
+    let hz = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100))
+        .unwrap_or(100);
+    Ok(Duration::from_millis(ticks * 1000 / hz))
+}
+
 /// The resident set when sampled and its peak since the sample before.
 #[derive(Clone, Copy)]
 pub(crate) struct Rss {
@@ -258,6 +274,8 @@ struct Round {
     seq: u64,
     wall_ms: u64,
     cpu: Duration,
+    /// Of which in user space.
+    user: Duration,
     rss: Rss,
 }
 
@@ -331,7 +349,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
 
     let mut rounds: Vec<Round> = Vec::new();
     let mut last_seq = 0;
-    let (mut cpu_before, _) = usage(pid)?;
+    let mut before = (usage(pid)?.0, user_cpu(pid)?);
     let deadline = Instant::now() + Duration::from_secs(60) + opts.interval * (opts.rounds + 1);
     let mut first: Option<ClusterStatus> = None;
     while rounds.len() < opts.rounds as usize {
@@ -346,7 +364,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             && let Some(r) = summary.round
             && r.seq != last_seq
         {
-            let (cpu, rss) = usage(pid)?;
+            let ((cpu, rss), user) = (usage(pid)?, user_cpu(pid)?);
             if first.is_none() {
                 first_done.store(true, Ordering::Relaxed);
                 first = Some(rt.block_on(client.status())?);
@@ -354,10 +372,11 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             rounds.push(Round {
                 seq: r.seq,
                 wall_ms: r.duration_ms,
-                cpu: cpu.saturating_sub(cpu_before),
+                cpu: cpu.saturating_sub(before.0),
+                user: user.saturating_sub(before.1),
                 rss,
             });
-            cpu_before = cpu;
+            before = (cpu, user);
             last_seq = r.seq;
         }
         std::thread::sleep(poll_period(opts.interval));
@@ -446,6 +465,15 @@ fn render(opts: &Options, m: &Measured) -> String {
             steady.iter().map(|r| r.wall_ms).sum::<u64>() / n,
             steady.iter().map(|r| r.cpu.as_millis() as u64).sum::<u64>() / n,
             steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms)
+        );
+        let cpu: Duration = steady.iter().map(|r| r.cpu).sum();
+        let user: Duration = steady.iter().map(|r| r.user).sum();
+        let _ = writeln!(
+            text,
+            "steady CPU: {:.2} % of a core at a {} s interval, {:.0} % of it in user space",
+            100.0 * cpu.as_secs_f64() / (opts.interval.as_secs_f64() * steady.len() as f64),
+            opts.interval.as_secs_f64(),
+            100.0 * user.as_secs_f64() / cpu.as_secs_f64().max(1e-9)
         );
         for (what, kib) in [
             (
@@ -724,6 +752,7 @@ mod tests {
             seq,
             wall_ms: 1_100,
             cpu: Duration::from_millis(cpu_ms),
+            user: Duration::from_millis(cpu_ms / 2),
             rss: Rss {
                 now_kib: 0,
                 peak_kib: 0,
