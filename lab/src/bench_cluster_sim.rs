@@ -18,8 +18,12 @@
 //! - an observer whose outgoing probes all fail.
 //!
 //! Agents' rounds are not in step: the view of round r is assembled (as one
-//! agent would) from round r's summary of half the nodes and round r − 1's
-//! of the other half.
+//! agent would) from what etcd held after round r for half the nodes and
+//! before it for the other half. An agent writes its summary as the agent
+//! does ([`SummaryWrites`]): when its verdicts changed, otherwise every
+//! [`HEARTBEAT_ROUNDS`] rounds. The run starts from a cluster that has run
+//! a while: every node's first summary is in etcd, its last heartbeat
+//! spread over the rounds before.
 //!
 //! The right verdicts: node down for the node; path degraded for B (and for
 //! A when B probes A) and for every node of the partitioned zone; observer
@@ -48,6 +52,7 @@ use health_agent::{
         published_view::PublishedView,
         subset::{ProbePeers, SubsetPlan, name_hash},
         summary::{PathSample, PeerSummary, Summary},
+        summary_writes::{HEARTBEAT_ROUNDS, STALE_ROUNDS, SummaryWrites, verdicts_digest},
         view::{ClusterView, NodeView, Verdict, ViewParams, assemble},
     },
     membership::{Node, NodeSet},
@@ -147,8 +152,6 @@ fn counted<T>(f: impl FnOnce() -> T) -> (T, usize, usize) {
 const FAULT_ROUND: u32 = 3;
 /// Rounds of each phase of the flapping observer.
 const FLAP_ROUNDS: u32 = 4;
-/// Summaries older than this many rounds are left out of the view.
-const STALE_ROUNDS: u64 = 3;
 const INTERVAL_MS: u64 = 3000;
 /// What a non-leader may download a round: the view, steady and with a
 /// zone down.
@@ -427,13 +430,14 @@ fn faulty_states(
     states
 }
 
-/// Node `o`'s summary of round `r`, encoded.
+/// Node `o`'s summary of round `r`, encoded, and the digest of its
+/// verdicts.
 fn summary(
     c: &Cluster,
     o: usize,
     r: u32,
     states: &HashMap<(u32, u32), Vec<[PathSample; 4]>>,
-) -> anyhow::Result<Vec<u8>> {
+) -> anyhow::Result<(Vec<u8>, u64)> {
     let o32 = u32::try_from(o).unwrap_or(u32::MAX);
     let peers = c.picks[o]
         .iter()
@@ -461,8 +465,11 @@ fn summary(
         u64::from(r) * INTERVAL_MS,
         peers,
     )?;
-    Ok(s.encode())
+    Ok((s.encode(), verdicts_digest(&s)))
 }
+
+/// A summary encoded, and the digest of its verdicts.
+type Encoded = (Vec<u8>, u64);
 
 /// Every node's summary of round `r` (None for the node down), on every CPU.
 fn publish(
@@ -470,7 +477,7 @@ fn publish(
     f: &Faults,
     r: u32,
     states: &HashMap<(u32, u32), Vec<[PathSample; 4]>>,
-) -> anyhow::Result<Vec<Option<Vec<u8>>>> {
+) -> anyhow::Result<Vec<Option<Encoded>>> {
     let n = c.len();
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let chunk = n.div_ceil(threads).max(1);
@@ -612,7 +619,7 @@ fn assemble_round(
         if c.lag[o] { prev.or(cur) } else { cur.or(prev) }
     });
     let params = ViewParams {
-        oldest_ms: (u64::from(r).saturating_sub(STALE_ROUNDS)) * INTERVAL_MS,
+        oldest_ms: (u64::from(r).saturating_sub(u64::from(STALE_ROUNDS))) * INTERVAL_MS,
         ..ViewParams::default()
     };
     let t0 = Instant::now();
@@ -750,6 +757,11 @@ struct Rounds {
     view_wire_faults: usize,
     /// Encoding the published view, over every round.
     encode_time: Duration,
+    /// Summaries written (etcd puts) a round, before the faults and with
+    /// them: (mean, max); and the bytes written, mean over all rounds.
+    puts_steady: (f64, usize),
+    puts_faults: (f64, usize),
+    put_bytes_mean: f64,
 }
 
 fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Result<Rounds> {
@@ -759,25 +771,56 @@ fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Result<Rounds>
     };
     let states = faulty_states(c, f, opts.rounds, thresholds);
     let mut out = Rounds::default();
-    let mut previous: Vec<Option<Vec<u8>>> = vec![None; c.len()];
+    // What etcd holds, and each agent's write policy.
+    let mut written: Vec<Option<Vec<u8>>> = vec![None; c.len()];
+    let mut writes = vec![SummaryWrites::default(); c.len()];
     let mut bytes_total = 0usize;
+    let (mut puts, mut put_bytes) = ((Vec::new(), Vec::new()), 0usize);
     for r in 1..=opts.rounds {
         let t0 = Instant::now();
-        let mut current = publish(c, f, r, &states)?;
+        let current = publish(c, f, r, &states)?;
         out.publish_time += t0.elapsed();
-        let bytes: usize = current.iter().flatten().map(Vec::len).sum();
-        out.summary_max = out
-            .summary_max
-            .max(current.iter().flatten().map(Vec::len).max().unwrap_or(0));
+        let bytes: usize = current.iter().flatten().map(|(b, _)| b.len()).sum();
+        out.summary_max = out.summary_max.max(
+            current
+                .iter()
+                .flatten()
+                .map(|(b, _)| b.len())
+                .max()
+                .unwrap_or(0),
+        );
         out.bytes_max = out.bytes_max.max(bytes);
         bytes_total += bytes;
-        // The node down's last summary stays in etcd.
-        for (cur, prev) in current.iter_mut().zip(&previous) {
-            if cur.is_none() {
-                cur.clone_from(prev);
+        let previous = written.clone();
+        let mut n_puts = 0usize;
+        for (o, cur) in current.into_iter().enumerate() {
+            // The node down writes nothing; its last summary stays.
+            let Some((b, digest)) = cur else { continue };
+            if r == 1 {
+                writes[o].written(
+                    digest,
+                    u64::from(r) + HEARTBEAT_ROUNDS - (o as u64 % HEARTBEAT_ROUNDS),
+                );
+                written[o] = Some(b);
+            } else if writes[o]
+                .decide_digest(digest, u64::from(r) + HEARTBEAT_ROUNDS)
+                .writes()
+            {
+                n_puts += 1;
+                put_bytes += b.len();
+                written[o] = Some(b);
             }
         }
-        let a = assemble_round(c, &current, &previous, r)?;
+        if r > 1 {
+            if r < FAULT_ROUND {
+                &mut puts.0
+            } else {
+                &mut puts.1
+            }
+            .push(n_puts);
+        }
+        let current = &written;
+        let a = assemble_round(c, current, &previous, r)?;
         out.assemble_time += a.time;
         out.tracker.check(c, f, &a.view, r);
         out.view_bytes = out.view_bytes.max(a.view_bytes);
@@ -806,14 +849,21 @@ fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Result<Rounds>
             k.healthy, k.node_down, k.path_degraded, k.observer_problem, k.unknown
         );
         eprintln!(
-            "cluster-sim: round {r}: {bytes} bytes published, view in {:.0} ms: {}",
+            "cluster-sim: round {r}: {bytes} bytes of summaries, {n_puts} written, view in {:.0} ms: {}",
             a.time.as_secs_f64() * 1e3,
             out.last_counts
         );
-        previous = current;
     }
     out.bytes_mean = ratio(bytes_total, opts.rounds as usize);
-    out.last = previous.into_iter().flatten().collect();
+    out.put_bytes_mean = ratio(put_bytes, opts.rounds.saturating_sub(1) as usize);
+    let mean_max = |v: &[usize]| {
+        (
+            ratio(v.iter().sum(), v.len().max(1)),
+            v.iter().copied().max().unwrap_or(0),
+        )
+    };
+    (out.puts_steady, out.puts_faults) = (mean_max(&puts.0), mean_max(&puts.1));
+    out.last = written.into_iter().flatten().collect();
     Ok(out)
 }
 
@@ -995,6 +1045,7 @@ fn render_rounds(out: &mut String, opts: &Options, c: &Cluster, faults: &Faults,
         r.summary_max,
         pass(r.bytes_max <= budget)
     );
+    render_puts(out, n, r);
     let mib = |b: usize| ratio(b, 1 << 20);
     let _ = writeln!(
         out,
@@ -1018,13 +1069,48 @@ fn render_rounds(out: &mut String, opts: &Options, c: &Cluster, faults: &Faults,
     render_assembler(out, opts, r);
 }
 
+/// Summaries written: etcd puts a round and a second, steady and with the
+/// faults on.
+fn render_puts(out: &mut String, n: usize, r: &Rounds) {
+    let per_s = |puts: f64, interval_s: f64| puts / interval_s;
+    // The agent's default probe interval (`--probe-interval`).
+    let default_s = 60.0;
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "millisecond counts far below 2^52"
+    )]
+    let sim_s = INTERVAL_MS as f64 / 1000.0;
+    let _ = writeln!(
+        out,
+        "summaries written (etcd puts), when an agent's verdicts change and every {HEARTBEAT_ROUNDS} rounds as a heartbeat:"
+    );
+    for (what, (mean, max)) in [
+        ("before the faults", r.puts_steady),
+        ("with the faults on", r.puts_faults),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {what}: {mean:.0} a round (max {max}; {:.1} % of the {n} agents), {:.0}/s at this run's {sim_s} s interval, {:.0}/s at the default {default_s} s",
+            100.0 * mean / ratio(n.max(1), 1),
+            per_s(mean, sim_s),
+            per_s(mean, default_s),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  bytes written: {:.0} B a round (every summary every round would be {:.0} B)",
+        r.put_bytes_mean, r.bytes_mean
+    );
+}
+
 /// The elected assembler's figures: what the leader and every other agent
 /// download a round, the leader's CPU, the cluster's etcd egress.
 fn render_assembler(out: &mut String, opts: &Options, r: &Rounds) {
     let n = opts.nodes;
     let rounds = opts.rounds.max(1);
     let leader_cpu = (r.assemble_time + r.encode_time) / rounds;
-    let summaries = r.bytes_mean;
+    // The leader's watch delivers the summaries written, not every one.
+    let summaries = r.put_bytes_mean;
     #[expect(clippy::cast_precision_loss, reason = "byte counts far below 2^52")]
     let egress_of = |view: usize| summaries + (n.saturating_sub(1) * view) as f64;
     let steady = egress_of(r.view_wire_steady);

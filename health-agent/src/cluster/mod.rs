@@ -7,6 +7,7 @@ pub mod matrix;
 pub mod published_view;
 pub mod subset;
 pub mod summary;
+pub mod summary_writes;
 pub mod view;
 pub mod view_cell;
 pub mod view_reader;

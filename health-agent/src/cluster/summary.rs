@@ -180,7 +180,7 @@ impl PathSample {
     }
 
     /// The state code of the binary form.
-    const fn code(&self) -> u8 {
+    pub(crate) const fn code(&self) -> u8 {
         match (self.state, self.failing) {
             (ProbeResult::Unknown, _) => 0,
             (ProbeResult::Success, false) => 1,

@@ -1,6 +1,7 @@
 //! The cluster view: after each of its rounds the agent publishes a compact
 //! summary ([`Summary`]) under its lease, at `<summaries prefix><node>`,
-//! at most once per probe interval. The agents elect one of them, on an
+//! when what it says of its peers changed and otherwise every
+//! [`HEARTBEAT_ROUNDS`] rounds ([`SummaryWrites`]). The agents elect one of them, on an
 //! election lease of [`ELECTION_TTL`] (`<parent>/assembler/`); the
 //! leader alone watches every agent's summaries (applied one event at a
 //! time, never re-listed), assembles the view ([`view::assemble`]) once
@@ -31,6 +32,7 @@ use crate::{
         published_view::PublishedView,
         subset::ProbePeers,
         summary::Summary,
+        summary_writes::SummaryWrites,
         view::{self, ViewParams},
         view_cell::ClusterViewCell,
         view_reader::{ViewReader, millis},
@@ -43,8 +45,7 @@ use crate::{
     util::errors::chain,
 };
 
-/// Summaries older than this many probe intervals are left out.
-pub const STALE_ROUNDS: u32 = 3;
+pub use crate::cluster::summary_writes::{HEARTBEAT_ROUNDS, STALE_ROUNDS};
 
 /// The election lease's TTL: a leader killed without a word loses the
 /// role this long after its last keepalive.
@@ -236,6 +237,7 @@ impl ClusterViewTask {
             .watch_prefix(self.view_prefix.clone().into_bytes());
         let mut reader = ViewReader::new(self.view_prefix.clone(), self.local.clone());
         let mut checker = Checker::default();
+        let mut writes = SummaryWrites::default();
         let mut leading: Option<Leading> = None;
         let mut matrix: Option<matrix::ClusterMatrix> = None;
         let mut published_seq = 0;
@@ -301,7 +303,7 @@ impl ClusterViewTask {
                             lead.held.future_ms = future_limit_ms(interval);
                         }
                     }
-                    published_seq = self.publish(&prober, published_seq, &mut checker).await;
+                    published_seq = self.publish(&prober, published_seq, &mut checker, &mut writes).await;
                     if let Some(lead) = leading.as_mut() {
                         lead.held.report_refused();
                         if lead.held.loaded {
@@ -371,9 +373,16 @@ impl ClusterViewTask {
     }
 
     /// Writes the summary of the prober's last round if it is newer than
-    /// `published`; returns the round published last. The summary is
-    /// also this agent's own observations, for the contradiction check.
-    async fn publish(&self, prober: &Prober, published: u64, checker: &mut Checker) -> u64 {
+    /// `published` and `writes` says it is due; returns the last round
+    /// summarised. The summary is also this agent's own observations, for
+    /// the contradiction check, every round.
+    async fn publish(
+        &self,
+        prober: &Prober,
+        published: u64,
+        checker: &mut Checker,
+        writes: &mut SummaryWrites,
+    ) -> u64 {
         let status = prober.status();
         let Some(seq) = status.round.as_ref().map(|r| r.seq) else {
             return published;
@@ -389,9 +398,16 @@ impl ClusterViewTask {
             }
         };
         checker.observe(&summary);
+        let why = writes.decide(&summary);
+        if !why.writes() {
+            return seq;
+        }
         let key = format!("{}{}", self.prefix, self.local);
         if let Err(e) = self.store.put_leased(key, summary.encode()).await {
+            writes.failed();
             warn!("cluster view: publishing round {seq}: {}", chain(&e));
+        } else {
+            debug!(round = seq, ?why, "cluster view: summary written");
         }
         seq
     }

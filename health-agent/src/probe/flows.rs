@@ -29,16 +29,34 @@ pub struct FlowPlan {
 
 impl FlowPlan {
     /// `count` flows from sources chosen once for the prober's life: an
-    /// identifier at random, ports at random within the dynamic range
-    /// (49152–65535, IANA), below what the ephemeral allocator hands
-    /// out first.
+    /// identifier at random, ports at random outside the node's ephemeral
+    /// range (`net.ipv4.ip_local_port_range`, read here), so no socket
+    /// the kernel numbers for itself (a connection of this process or
+    /// another's) holds a flow's port when its probe binds it.
     #[must_use]
     pub fn new(count: u16) -> Self {
+        Self::outside(count, ephemeral_range())
+    }
+
+    /// `count` flows whose ports avoid the ephemeral range `(lo, hi)`:
+    /// above it when `MAX_FLOWS` ports fit there, below it (not under
+    /// 1024) when they fit there, and within the dynamic range
+    /// (49152–65535, IANA) when the range leaves no room either side.
+    #[must_use]
+    pub fn outside(count: u16, (lo, hi): (u16, u16)) -> Self {
         let count = count.clamp(1, MAX_FLOWS);
+        let top = u16::MAX - MAX_FLOWS;
+        let ports = if hi < top {
+            hi + 1..=top
+        } else if lo > 1024 + MAX_FLOWS {
+            1024..=lo - MAX_FLOWS
+        } else {
+            49_152..=top
+        };
         Self {
             count,
             icmp_base: fastrand::u16(..),
-            tcp_base: fastrand::u16(49_152..=65_535 - MAX_FLOWS),
+            tcp_base: fastrand::u16(ports),
         }
     }
 
@@ -67,6 +85,18 @@ impl FlowPlan {
         let blocks = if blocks == 0 { 1 } else { blocks };
         self.icmp_base.wrapping_add((f as usize * blocks) as u16)
     }
+}
+
+/// The node's ephemeral port range (Linux's default when it cannot be
+/// read: 32768–60999).
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(str::parse::<u16>);
+            Some((it.next()?.ok()?, it.next()?.ok()?))
+        })
+        .unwrap_or((32_768, 60_999))
 }
 
 impl Default for FlowPlan {
@@ -433,7 +463,14 @@ mod tests {
     fn plans_stay_within_their_ranges() {
         let p = FlowPlan::new(200);
         assert_eq!(p.count, MAX_FLOWS);
-        assert!(p.tcp_base >= 49_152 && p.tcp_port(MAX_FLOWS - 1) >= 49_152);
         assert!(!FlowPlan::new(0).many());
+        for _ in 0..1000 {
+            let above = FlowPlan::outside(MAX_FLOWS, (32_768, 60_999));
+            assert!(above.tcp_base > 60_999 && above.tcp_port(MAX_FLOWS - 1) > above.tcp_base);
+            let below = FlowPlan::outside(MAX_FLOWS, (40_000, 65_535));
+            assert!(below.tcp_base >= 1024 && below.tcp_port(MAX_FLOWS - 1) < 40_000);
+            let within = FlowPlan::outside(MAX_FLOWS, (1024, 65_535));
+            assert!(within.tcp_base >= 49_152 && within.tcp_port(MAX_FLOWS - 1) > within.tcp_base);
+        }
     }
 }

@@ -1,0 +1,178 @@
+//! When an agent writes its summary to etcd: when what it says about its
+//! peers changed (a path's state, failing or lossy; a peer came or went),
+//! and otherwise every [`HEARTBEAT_ROUNDS`] rounds, so that the assembler
+//! tells an observer whose view did not change from one that stopped.
+//! RTTs alone never cause a write: they change every round, and the
+//! view's verdicts do not read them. etcd's writes then grow with change,
+//! not with the number of agents times the rate of rounds.
+
+use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+
+use super::summary::Summary;
+
+/// An unchanged summary is written again after this many rounds.
+pub const HEARTBEAT_ROUNDS: u64 = 5;
+
+/// Summaries whose newest round is older than this many probe intervals
+/// are left out of the view: two rounds past a heartbeat, so an observer
+/// whose observations did not change is never taken for one that stopped.
+pub const STALE_ROUNDS: u32 = HEARTBEAT_ROUNDS as u32 + 2;
+
+/// Why a summary is written, or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// The first of this agent's process, or a peer's verdict changed.
+    Changed,
+    /// Unchanged for [`HEARTBEAT_ROUNDS`] rounds.
+    Heartbeat,
+    /// Unchanged, the last write recent: not written.
+    Skip,
+}
+
+impl Write {
+    #[must_use]
+    pub const fn writes(self) -> bool {
+        !matches!(self, Self::Skip)
+    }
+}
+
+/// One agent's last written summary, as a digest of what the view reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SummaryWrites {
+    /// (digest, round) of the last write.
+    last: Option<(u64, u64)>,
+}
+
+impl SummaryWrites {
+    /// Whether `summary` (of round `summary.seq()`) is to be written;
+    /// when it is, it is taken as written. A round number that went back
+    /// (the agent restarted its count) writes.
+    pub fn decide(&mut self, summary: &Summary) -> Write {
+        self.decide_digest(verdicts_digest(summary), summary.seq())
+    }
+
+    /// [`Self::decide`] for a summary of round `seq` whose
+    /// [`verdicts_digest`] is `digest`.
+    pub fn decide_digest(&mut self, digest: u64, seq: u64) -> Write {
+        let write = match self.last {
+            Some((d, _)) if d != digest => Write::Changed,
+            None => Write::Changed,
+            Some((_, at)) if seq < at || seq - at >= HEARTBEAT_ROUNDS => Write::Heartbeat,
+            Some(_) => Write::Skip,
+        };
+        if write.writes() {
+            self.last = Some((digest, seq));
+        }
+        write
+    }
+
+    /// Takes a summary of round `seq` with `digest` as written then (a
+    /// simulation that starts from a cluster that has run a while).
+    pub const fn written(&mut self, digest: u64, seq: u64) {
+        self.last = Some((digest, seq));
+    }
+
+    /// A write that failed: the next round writes again.
+    pub const fn failed(&mut self) {
+        self.last = None;
+    }
+}
+
+/// A digest of everything in `summary` the view's verdicts read: the
+/// observer, each peer's name and each path's state, failing and lossy
+/// marks; not the round, the time or the RTTs.
+#[must_use]
+pub fn verdicts_digest(summary: &Summary) -> u64 {
+    let mut h = DefaultHasher::new();
+    summary.observer().hash(&mut h);
+    for p in summary.peers() {
+        p.name.hash(&mut h);
+        for s in &p.paths {
+            (s.code(), s.lossy).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        cluster::summary::{PathSample, PeerSummary},
+        probe::path::ProbeResult,
+    };
+
+    fn summary(seq: u64, peers: &[(&str, PathSample)]) -> Summary {
+        Summary::new(
+            "node-1".into(),
+            seq,
+            1_000 * seq,
+            peers
+                .iter()
+                .map(|(name, s)| PeerSummary {
+                    name: (*name).into(),
+                    paths: [*s; 4],
+                })
+                .collect(),
+        )
+        .expect("summary")
+    }
+
+    fn ok(rtt: u64) -> PathSample {
+        PathSample::new(ProbeResult::Success, Some(rtt))
+    }
+
+    #[test]
+    fn the_first_is_written_then_rtts_alone_wait_for_the_heartbeat() {
+        let mut w = SummaryWrites::default();
+        assert_eq!(w.decide(&summary(1, &[("a", ok(10))])), Write::Changed);
+        for seq in 2..=HEARTBEAT_ROUNDS {
+            assert_eq!(
+                w.decide(&summary(seq, &[("a", ok(10 + seq))])),
+                Write::Skip,
+                "round {seq}"
+            );
+        }
+        assert_eq!(
+            w.decide(&summary(1 + HEARTBEAT_ROUNDS, &[("a", ok(99))])),
+            Write::Heartbeat
+        );
+        assert_eq!(
+            w.decide(&summary(2 + HEARTBEAT_ROUNDS, &[("a", ok(99))])),
+            Write::Skip
+        );
+    }
+
+    #[test]
+    fn a_state_a_failing_probe_a_lossy_path_or_a_peer_change_writes_at_once() {
+        let mut w = SummaryWrites::default();
+        w.decide(&summary(1, &[("a", ok(10))]));
+        let changes = [
+            summary(2, &[("a", PathSample::FAILING)]),
+            summary(3, &[("a", PathSample::new(ProbeResult::Failure, None))]),
+            summary(4, &[("a", ok(10))]),
+            summary(5, &[("a", ok(10).with_lossy(true))]),
+            summary(6, &[("a", ok(10)), ("b", ok(10))]),
+            summary(7, &[("b", ok(10))]),
+        ];
+        for s in &changes {
+            assert_eq!(w.decide(s), Write::Changed, "round {}", s.seq());
+        }
+        assert_eq!(w.decide(&summary(8, &[("b", ok(12))])), Write::Skip);
+    }
+
+    #[test]
+    fn a_restarted_count_or_a_failed_write_writes_again() {
+        let mut w = SummaryWrites::default();
+        w.decide(&summary(40, &[("a", ok(10))]));
+        assert_eq!(w.decide(&summary(1, &[("a", ok(10))])), Write::Heartbeat);
+        w.failed();
+        assert_eq!(w.decide(&summary(2, &[("a", ok(10))])), Write::Changed);
+        assert_eq!(w.decide(&summary(3, &[("a", ok(10))])), Write::Skip);
+    }
+
+    #[test]
+    fn stale_outlasts_a_heartbeat_by_two_rounds() {
+        assert_eq!(u64::from(STALE_ROUNDS), HEARTBEAT_ROUNDS + 2);
+    }
+}
