@@ -152,23 +152,14 @@ fn mask(prefix: u8) -> [u8; 4] {
         .to_be_bytes()
 }
 
-const LOCAL_PORT_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
-
 /// `net.ipv4.ip_local_port_range` of this namespace.
 fn local_port_range() -> Result<PortRange, MasqueradeError> {
-    let text =
-        std::fs::read_to_string(LOCAL_PORT_RANGE).map_err(|source| MasqueradeError::Read {
-            path: LOCAL_PORT_RANGE,
+    crate::sys::sysctl::local_port_range()
+        .map(|(min, max)| PortRange { min, max })
+        .map_err(|source| MasqueradeError::Read {
+            path: crate::sys::sysctl::LOCAL_PORT_RANGE,
             source,
-        })?;
-    let mut it = text.split_whitespace().map(str::parse::<u16>);
-    match (it.next(), it.next()) {
-        (Some(Ok(min)), Some(Ok(max))) => Ok(PortRange { min, max }),
-        _ => Err(MasqueradeError::Read {
-            path: LOCAL_PORT_RANGE,
-            source: std::io::Error::other(format!("unexpected content {text:?}")),
-        }),
-    }
+        })
 }
 
 fn uplink_holding(ip: Ipv4Addr) -> Result<String, MasqueradeError> {

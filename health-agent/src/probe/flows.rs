@@ -90,13 +90,7 @@ impl FlowPlan {
 /// The node's ephemeral port range (Linux's default when it cannot be
 /// read: 32768–60999).
 fn ephemeral_range() -> (u16, u16) {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| {
-            let mut it = s.split_whitespace().map(str::parse::<u16>);
-            Some((it.next()?.ok()?, it.next()?.ok()?))
-        })
-        .unwrap_or((32_768, 60_999))
+    crate::sys::sysctl::local_port_range().unwrap_or((32_768, 60_999))
 }
 
 impl Default for FlowPlan {

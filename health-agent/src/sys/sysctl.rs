@@ -1,4 +1,5 @@
-//! Sysctls the agent sets for as long as it runs, and restores after.
+//! Sysctls the agent sets for as long as it runs, and restores after; and
+//! the ones it reads (the ephemeral port range).
 
 use std::{fs, io, path::PathBuf};
 
@@ -108,4 +109,18 @@ pub fn write_in(netns: Option<&Netns>, name: &str, value: &str) -> Result<(), Sy
         ),
         source,
     })
+}
+
+/// Where the kernel keeps `net.ipv4.ip_local_port_range`.
+pub const LOCAL_PORT_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+
+/// `net.ipv4.ip_local_port_range` of the calling thread's namespace: the
+/// ports the kernel numbers connections from, (min, max).
+pub fn local_port_range() -> io::Result<(u16, u16)> {
+    let text = fs::read_to_string(LOCAL_PORT_RANGE)?;
+    let mut it = text.split_whitespace().map(str::parse::<u16>);
+    match (it.next(), it.next()) {
+        (Some(Ok(min)), Some(Ok(max))) => Ok((min, max)),
+        _ => Err(io::Error::other(format!("unexpected content {text:?}"))),
+    }
 }
