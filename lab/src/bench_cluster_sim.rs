@@ -152,6 +152,8 @@ fn counted<T>(f: impl FnOnce() -> T) -> (T, usize, usize) {
 const FAULT_ROUND: u32 = 3;
 /// Rounds of each phase of the flapping observer.
 const FLAP_ROUNDS: u32 = 4;
+/// A round: one of the agent's publisher ticks at the default liveness
+/// interval (3 s with a subset of peers).
 const INTERVAL_MS: u64 = 3000;
 /// What a non-leader may download a round: the view, steady and with a
 /// zone down.
@@ -1070,19 +1072,17 @@ fn render_rounds(out: &mut String, opts: &Options, c: &Cluster, faults: &Faults,
 }
 
 /// Summaries written: etcd puts a round and a second, steady and with the
-/// faults on.
+/// faults on. A round of the simulation is one of the agent's publisher
+/// ticks: the liveness interval, 3 s by default with a subset of peers.
 fn render_puts(out: &mut String, n: usize, r: &Rounds) {
-    let per_s = |puts: f64, interval_s: f64| puts / interval_s;
-    // The agent's default probe interval (`--probe-interval`).
-    let default_s = 60.0;
     #[expect(
         clippy::cast_precision_loss,
         reason = "millisecond counts far below 2^52"
     )]
-    let sim_s = INTERVAL_MS as f64 / 1000.0;
+    let tick_s = INTERVAL_MS as f64 / 1000.0;
     let _ = writeln!(
         out,
-        "summaries written (etcd puts), when an agent's verdicts change and every {HEARTBEAT_ROUNDS} rounds as a heartbeat:"
+        "summaries written (etcd puts), when an agent's verdicts change and every {HEARTBEAT_ROUNDS} ticks as a heartbeat:"
     );
     for (what, (mean, max)) in [
         ("before the faults", r.puts_steady),
@@ -1090,15 +1090,14 @@ fn render_puts(out: &mut String, n: usize, r: &Rounds) {
     ] {
         let _ = writeln!(
             out,
-            "  {what}: {mean:.0} a round (max {max}; {:.1} % of the {n} agents), {:.0}/s at this run's {sim_s} s interval, {:.0}/s at the default {default_s} s",
+            "  {what}: {mean:.0} a tick (max {max}; {:.1} % of the {n} agents), {:.0}/s at the default {tick_s} s tick (the liveness interval)",
             100.0 * mean / ratio(n.max(1), 1),
-            per_s(mean, sim_s),
-            per_s(mean, default_s),
+            mean / tick_s,
         );
     }
     let _ = writeln!(
         out,
-        "  bytes written: {:.0} B a round (every summary every round would be {:.0} B)",
+        "  bytes written: {:.0} B a tick (every summary every tick would be {:.0} B)",
         r.put_bytes_mean, r.bytes_mean
     );
 }

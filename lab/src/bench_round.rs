@@ -156,6 +156,14 @@ impl Lab {
         Ok(lab)
     }
 
+    /// Bytes received and sent on the agent node's uplink so far.
+    fn uplink_bytes(&self) -> anyhow::Result<u64> {
+        let s = in_netns(Some(&self.agent), |nl| async move {
+            nl.link_stats("uplink").await
+        })?;
+        Ok(s.rx_bytes + s.tx_bytes)
+    }
+
     pub(crate) fn nodes_file(&self, n: usize) -> anyhow::Result<PathBuf> {
         let mut yaml = String::with_capacity(n * 80);
         yaml.push_str("nodes:\n");
@@ -277,6 +285,9 @@ struct Round {
     /// Of which in user space.
     user: Duration,
     rss: Rss,
+    /// Bytes on the agent node's uplink, both directions (the probes and
+    /// their answers: nothing else crosses it).
+    bytes: u64,
 }
 
 pub(crate) struct Report {
@@ -329,19 +340,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let socket = lab.socket();
     let client = Client::new(&socket);
 
-    // The socket serves within...
-    let served = loop {
-        if rt.block_on(client.healthz()).is_ok() {
-            break started.elapsed();
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            bail!(
-                "the agent's socket did not serve within 60 s; log in {}",
-                lab.dir.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    let served = served_after(&rt, &client, started, &lab)?;
 
     // 8 clients hammer GET /v1/status until the first round is published.
     let first_done = Arc::new(AtomicBool::new(false));
@@ -349,7 +348,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
 
     let mut rounds: Vec<Round> = Vec::new();
     let mut last_seq = 0;
-    let mut before = (usage(pid)?.0, user_cpu(pid)?);
+    let mut before = (usage(pid)?.0, user_cpu(pid)?, lab.uplink_bytes()?);
     let deadline = Instant::now() + Duration::from_secs(60) + opts.interval * (opts.rounds + 1);
     let mut first: Option<ClusterStatus> = None;
     while rounds.len() < opts.rounds as usize {
@@ -365,6 +364,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             && r.seq != last_seq
         {
             let ((cpu, rss), user) = (usage(pid)?, user_cpu(pid)?);
+            let bytes = lab.uplink_bytes()?;
             if first.is_none() {
                 first_done.store(true, Ordering::Relaxed);
                 first = Some(rt.block_on(client.status())?);
@@ -375,8 +375,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
                 cpu: cpu.saturating_sub(before.0),
                 user: user.saturating_sub(before.1),
                 rss,
+                bytes: bytes.saturating_sub(before.2),
             });
-            before = (cpu, user);
+            before = (cpu, user, bytes);
             last_seq = r.seq;
         }
         std::thread::sleep(poll_period(opts.interval));
@@ -416,6 +417,27 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         cpu_per_peer: steady_cpu_per_peer(&measured.rounds, opts.peers),
         text,
     })
+}
+
+/// How long after `started` the agent's socket first answered.
+fn served_after(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    started: Instant,
+    lab: &Lab,
+) -> anyhow::Result<Duration> {
+    loop {
+        if rt.block_on(client.healthz()).is_ok() {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "the agent's socket did not serve within 60 s; log in {}",
+                lab.dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// What a run measured.
@@ -474,6 +496,15 @@ fn render(opts: &Options, m: &Measured) -> String {
             100.0 * cpu.as_secs_f64() / (opts.interval.as_secs_f64() * steady.len() as f64),
             opts.interval.as_secs_f64(),
             100.0 * user.as_secs_f64() / cpu.as_secs_f64().max(1e-9)
+        );
+        let bytes: u64 = steady.iter().map(|r| r.bytes).sum();
+        let _ = writeln!(
+            text,
+            "steady network: {:.1} kbit/s on the node's uplink at a {} s interval (both directions, {} B a round, {:.0} B a peer)",
+            8.0 * bytes as f64 / (1e3 * opts.interval.as_secs_f64() * steady.len() as f64),
+            opts.interval.as_secs_f64(),
+            bytes / n,
+            bytes as f64 / (n as f64 * opts.peers as f64)
         );
         for (what, kib) in [
             (
@@ -757,6 +788,7 @@ mod tests {
                 now_kib: 0,
                 peak_kib: 0,
             },
+            bytes: 0,
         }
     }
 

@@ -461,6 +461,15 @@ impl Summary {
         )
     }
 
+    /// The same summary, as of `at_ms` when that is later: the observer
+    /// confirmed its observations since the round (its liveness echoes
+    /// were answered, or the nodes that were not were probed again).
+    #[must_use]
+    pub fn confirmed_at(mut self, at_ms: u64) -> Self {
+        self.at_ms = self.at_ms.max(at_ms);
+        self
+    }
+
     #[must_use]
     pub fn observer(&self) -> &str {
         &self.observer

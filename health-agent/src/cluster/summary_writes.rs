@@ -1,6 +1,8 @@
 //! When an agent writes its summary to etcd: when what it says about its
 //! peers changed (a path's state, failing or lossy; a peer came or went),
-//! and otherwise every [`HEARTBEAT_ROUNDS`] rounds, so that the assembler
+//! and otherwise every [`HEARTBEAT_ROUNDS`] of the publisher's ticks
+//! (probe intervals, or liveness intervals when those are on: see
+//! [`crate::probe::liveness`]), so that the assembler
 //! tells an observer whose view did not change from one that stopped.
 //! RTTs alone never cause a write: they change every round, and the
 //! view's verdicts do not read them. etcd's writes then grow with change,
@@ -10,11 +12,10 @@ use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 
 use super::summary::Summary;
 
-/// An unchanged summary is written again after this many rounds.
+/// An unchanged summary is written again after this many ticks.
 pub const HEARTBEAT_ROUNDS: u64 = 5;
 
-/// Summaries whose newest round is older than this many probe intervals
-/// are left out of the view: two rounds past a heartbeat, so an observer
+/// Summaries older than this many ticks are left out of the view: two rounds past a heartbeat, so an observer
 /// whose observations did not change is never taken for one that stopped.
 pub const STALE_ROUNDS: u32 = HEARTBEAT_ROUNDS as u32 + 2;
 
@@ -44,14 +45,14 @@ pub struct SummaryWrites {
 }
 
 impl SummaryWrites {
-    /// Whether `summary` (of round `summary.seq()`) is to be written;
-    /// when it is, it is taken as written. A round number that went back
-    /// (the agent restarted its count) writes.
-    pub fn decide(&mut self, summary: &Summary) -> Write {
-        self.decide_digest(verdicts_digest(summary), summary.seq())
+    /// Whether `summary`, made at the publisher's tick `tick`, is to be
+    /// written; when it is, it is taken as written. A tick number that
+    /// went back (the count restarted) writes.
+    pub fn decide(&mut self, summary: &Summary, tick: u64) -> Write {
+        self.decide_digest(verdicts_digest(summary), tick)
     }
 
-    /// [`Self::decide`] for a summary of round `seq` whose
+    /// [`Self::decide`] for a summary made at tick `seq` whose
     /// [`verdicts_digest`] is `digest`.
     pub fn decide_digest(&mut self, digest: u64, seq: u64) -> Write {
         let write = match self.last {
@@ -125,20 +126,26 @@ mod tests {
     #[test]
     fn the_first_is_written_then_rtts_alone_wait_for_the_heartbeat() {
         let mut w = SummaryWrites::default();
-        assert_eq!(w.decide(&summary(1, &[("a", ok(10))])), Write::Changed);
+        assert_eq!(w.decide(&summary(1, &[("a", ok(10))]), 1), Write::Changed);
         for seq in 2..=HEARTBEAT_ROUNDS {
             assert_eq!(
-                w.decide(&summary(seq, &[("a", ok(10 + seq))])),
+                w.decide(&summary(seq, &[("a", ok(10 + seq))]), seq),
                 Write::Skip,
                 "round {seq}"
             );
         }
         assert_eq!(
-            w.decide(&summary(1 + HEARTBEAT_ROUNDS, &[("a", ok(99))])),
+            w.decide(
+                &summary(1 + HEARTBEAT_ROUNDS, &[("a", ok(99))]),
+                1 + HEARTBEAT_ROUNDS
+            ),
             Write::Heartbeat
         );
         assert_eq!(
-            w.decide(&summary(2 + HEARTBEAT_ROUNDS, &[("a", ok(99))])),
+            w.decide(
+                &summary(2 + HEARTBEAT_ROUNDS, &[("a", ok(99))]),
+                2 + HEARTBEAT_ROUNDS
+            ),
             Write::Skip
         );
     }
@@ -146,7 +153,7 @@ mod tests {
     #[test]
     fn a_state_a_failing_probe_a_lossy_path_or_a_peer_change_writes_at_once() {
         let mut w = SummaryWrites::default();
-        w.decide(&summary(1, &[("a", ok(10))]));
+        w.decide(&summary(1, &[("a", ok(10))]), 1);
         let changes = [
             summary(2, &[("a", PathSample::FAILING)]),
             summary(3, &[("a", PathSample::new(ProbeResult::Failure, None))]),
@@ -156,19 +163,19 @@ mod tests {
             summary(7, &[("b", ok(10))]),
         ];
         for s in &changes {
-            assert_eq!(w.decide(s), Write::Changed, "round {}", s.seq());
+            assert_eq!(w.decide(s, s.seq()), Write::Changed, "round {}", s.seq());
         }
-        assert_eq!(w.decide(&summary(8, &[("b", ok(12))])), Write::Skip);
+        assert_eq!(w.decide(&summary(8, &[("b", ok(12))]), 8), Write::Skip);
     }
 
     #[test]
     fn a_restarted_count_or_a_failed_write_writes_again() {
         let mut w = SummaryWrites::default();
-        w.decide(&summary(40, &[("a", ok(10))]));
-        assert_eq!(w.decide(&summary(1, &[("a", ok(10))])), Write::Heartbeat);
+        w.decide(&summary(40, &[("a", ok(10))]), 40);
+        assert_eq!(w.decide(&summary(1, &[("a", ok(10))]), 1), Write::Heartbeat);
         w.failed();
-        assert_eq!(w.decide(&summary(2, &[("a", ok(10))])), Write::Changed);
-        assert_eq!(w.decide(&summary(3, &[("a", ok(10))])), Write::Skip);
+        assert_eq!(w.decide(&summary(2, &[("a", ok(10))]), 2), Write::Changed);
+        assert_eq!(w.decide(&summary(3, &[("a", ok(10))]), 3), Write::Skip);
     }
 
     #[test]

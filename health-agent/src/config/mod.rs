@@ -171,6 +171,7 @@ mod tests {
             Config::reloadable_keys(),
             [
                 "probe-interval",
+                "liveness-interval",
                 "probe-timeout",
                 "success-threshold",
                 "failure-threshold",

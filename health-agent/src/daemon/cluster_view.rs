@@ -1,11 +1,15 @@
-//! The cluster view: after each of its rounds the agent publishes a compact
-//! summary ([`Summary`]) under its lease, at `<summaries prefix><node>`,
-//! when what it says of its peers changed and otherwise every
-//! [`HEARTBEAT_ROUNDS`] rounds ([`SummaryWrites`]). The agents elect one of them, on an
+//! The cluster view: the agent publishes a compact summary ([`Summary`])
+//! of its last round under its lease, at `<summaries prefix><node>`, when
+//! what it says of its peers changed and otherwise every
+//! [`HEARTBEAT_ROUNDS`] ticks ([`SummaryWrites`]). It ticks at the
+//! liveness interval while liveness echoes go
+//! ([`crate::probe::liveness`]), else at the probe interval, and a round
+//! between ticks (a node that stopped answering, probed at once) is
+//! summarised as soon as it ends. The agents elect one of them, on an
 //! election lease of [`ELECTION_TTL`] (`<parent>/assembler/`); the
 //! leader alone watches every agent's summaries (applied one event at a
 //! time, never re-listed), assembles the view ([`view::assemble`]) once
-//! per interval and publishes it at `<parent>/view/<its name>`
+//! a tick and publishes it at `<parent>/view/<its name>`
 //! ([`PublishedView`]: the counts, the nodes not healthy), on its election
 //! lease, with a write conditional on its election key. Every agent (the
 //! leader too) watches that prefix alone (one key, two during a
@@ -13,10 +17,10 @@
 //! and the connectivity page, with who assembled it and whether it is
 //! stale; the leader also serves the matrix. An agent that stops
 //! publishing drops out of the view when its lease ends, or after
-//! [`STALE_ROUNDS`] intervals without a new summary. When the leader
+//! [`STALE_ROUNDS`] ticks without a new summary. When the leader
 //! stops it resigns; killed, its election lease ends within
 //! [`ELECTION_TTL`]; another agent is elected and publishes at its next
-//! round.
+//! tick.
 
 use std::{borrow::Cow, collections::HashMap, sync::Arc, time::Duration};
 
@@ -203,10 +207,28 @@ impl Held {
     }
 }
 
-/// How far ahead of the local clock a summary may be: 2 × the probe
-/// interval + [`FUTURE_SLACK`], in ms.
+/// How far ahead of the local clock a summary may be: 2 × the
+/// publisher's tick + [`FUTURE_SLACK`], in ms.
 fn future_limit_ms(interval: Duration) -> u64 {
     u64::try_from((interval * 2 + FUTURE_SLACK).as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The prober in service once it has published a round. A round between
+/// ticks (liveness echoes found news) is summarised at once, not a tick
+/// later.
+async fn next_round(probers: &watch::Receiver<Arc<Prober>>) -> Arc<Prober> {
+    let prober = probers.borrow().clone();
+    prober.round_done().await;
+    prober
+}
+
+/// The publisher's tick: the liveness interval while liveness echoes go
+/// (a node that stops is then summarised and assembled within seconds),
+/// else the probe interval.
+fn cadence(prober: &Prober) -> Duration {
+    prober
+        .liveness_interval(prober.nodes().len())
+        .unwrap_or(prober.config().interval)
 }
 
 /// What the leader holds while it leads: its election key, the summaries
@@ -241,7 +263,8 @@ impl ClusterViewTask {
         let mut leading: Option<Leading> = None;
         let mut matrix: Option<matrix::ClusterMatrix> = None;
         let mut published_seq = 0;
-        let mut interval = self.prober.borrow().config().interval;
+        let mut interval = cadence(&self.prober.borrow());
+        let mut ticks: u64 = 0;
         let mut assignments = Assignments::default();
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -294,16 +317,20 @@ impl ClusterViewTask {
                         self.show(&mut reader, &checker, matrix.as_ref());
                     }
                 }
+                prober = next_round(&self.prober) => {
+                    published_seq = self.publish(&prober, ticks, &mut checker, &mut writes).await;
+                }
                 _ = tick.tick() => {
+                    ticks += 1;
                     let prober = self.prober.borrow().clone();
-                    if prober.config().interval != interval {
-                        interval = prober.config().interval;
+                    if cadence(&prober) != interval {
+                        interval = cadence(&prober);
                         tick = tokio::time::interval(interval);
                         if let Some(lead) = leading.as_mut() {
                             lead.held.future_ms = future_limit_ms(interval);
                         }
                     }
-                    published_seq = self.publish(&prober, published_seq, &mut checker, &mut writes).await;
+                    published_seq = self.publish(&prober, ticks, &mut checker, &mut writes).await;
                     if let Some(lead) = leading.as_mut() {
                         lead.held.report_refused();
                         if lead.held.loaded {
@@ -372,33 +399,30 @@ impl ClusterViewTask {
         }
     }
 
-    /// Writes the summary of the prober's last round if it is newer than
-    /// `published` and `writes` says it is due; returns the last round
-    /// summarised. The summary is also this agent's own observations, for
-    /// the contradiction check, every round.
+    /// Writes the summary of the prober's last round, as of its newest
+    /// evidence, if `writes` says it is due at tick `tick`; returns the
+    /// last round summarised (0 before the first). The summary is also
+    /// this agent's own observations, for the contradiction check.
     async fn publish(
         &self,
         prober: &Prober,
-        published: u64,
+        tick: u64,
         checker: &mut Checker,
         writes: &mut SummaryWrites,
     ) -> u64 {
         let status = prober.status();
         let Some(seq) = status.round.as_ref().map(|r| r.seq) else {
-            return published;
+            return 0;
         };
-        if seq == published {
-            return published;
-        }
         let summary = match Summary::from_status(&status) {
-            Ok(s) => s,
+            Ok(s) => s.confirmed_at(prober.evidence_ms()),
             Err(e) => {
                 warn!("cluster view: summarising round {seq}: {e}");
                 return seq;
             }
         };
         checker.observe(&summary);
-        let why = writes.decide(&summary);
+        let why = writes.decide(&summary, tick);
         if !why.writes() {
             return seq;
         }

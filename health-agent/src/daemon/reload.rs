@@ -94,6 +94,7 @@ mod tests {
     fn tuning(cfg: &ProbeConfig) -> ProbeTuning {
         ProbeTuning {
             probe_interval: cfg.interval,
+            liveness_interval: cfg.liveness.unwrap_or_default(),
             probe_timeout: cfg.timeout,
             success_threshold: cfg.thresholds.success,
             failure_threshold: cfg.thresholds.failure,

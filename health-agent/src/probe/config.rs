@@ -15,6 +15,9 @@ pub(super) const DEFAULT_DEGRADED_LOSS: f64 = 0.01;
 #[derive(Debug, Clone)]
 pub struct ProbeConfig {
     pub interval: Duration,
+    /// Time between liveness echoes (see [`super::liveness`]); `None`:
+    /// none (`--liveness-interval 0s`, or not shorter than `interval`).
+    pub liveness: Option<Duration>,
     pub timeout: Duration,
     pub thresholds: Thresholds,
     /// Probe starts are spread uniformly over this window.
@@ -51,6 +54,7 @@ impl Default for ProbeConfig {
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(60),
+            liveness: None,
             timeout: Duration::from_secs(1),
             thresholds: Thresholds::default(),
             spread: Duration::from_millis(100),

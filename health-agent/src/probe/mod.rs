@@ -19,6 +19,7 @@ mod http_round;
 pub mod icmp;
 mod icmp_round;
 mod kernel_rtt;
+pub mod liveness;
 pub mod metrics;
 pub mod order;
 mod pace;

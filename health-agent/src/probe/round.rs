@@ -50,13 +50,18 @@ pub struct Prober {
     /// while it is held.
     history: Mutex<History>,
     /// One round at a time: kubelet counters must see each round once.
-    round_lock: tokio::sync::Mutex<()>,
+    pub(super) round_lock: tokio::sync::Mutex<()>,
     /// Numbers rounds in the order they start: publishing compares these,
     /// never wall-clock times (which NTP may step back).
     round_seq: std::sync::atomic::AtomicU64,
     published: RwLock<Published>,
     /// Traces of failing paths, due and running; locked after `paths`.
     pub(super) tracing: Mutex<Tracing>,
+    /// Epoch milliseconds when the last liveness echoes ended (0: none
+    /// yet), see [`super::liveness`].
+    pub(super) liveness_ms: std::sync::atomic::AtomicU64,
+    /// Woken (one permit) when a round is published.
+    rounds_done: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Prober {
@@ -88,6 +93,8 @@ impl Prober {
             round_lock: tokio::sync::Mutex::new(()),
             round_seq: std::sync::atomic::AtomicU64::new(0),
             tracing: Mutex::default(),
+            liveness_ms: std::sync::atomic::AtomicU64::new(0),
+            rounds_done: tokio::sync::Notify::new(),
             published: RwLock::new(serialised(ClusterStatus {
                 local_node: cfg.local_node.clone(),
                 probe_interval_ms: ms(cfg.interval),
@@ -102,6 +109,25 @@ impl Prober {
     #[must_use]
     pub const fn config(&self) -> &ProbeConfig {
         &self.cfg
+    }
+
+    /// Resolves when a round has been published since the last call
+    /// returned (one waiter: the cluster view's publisher).
+    pub async fn round_done(&self) {
+        self.rounds_done.notified().await;
+    }
+
+    /// Epoch milliseconds of the newest evidence about the peers: the end
+    /// of the last round or of the last liveness echoes, whichever is
+    /// later (0 before either).
+    #[must_use]
+    pub fn evidence_ms(&self) -> u64 {
+        let round = self
+            .status()
+            .round
+            .as_ref()
+            .map_or(0, |r| r.started_ms.saturating_add(r.duration_ms));
+        round.max(self.liveness_ms.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Takes over `old`'s state: its node set, every path's kubelet
@@ -268,7 +294,9 @@ impl Prober {
 
     /// The ICMP engine and the socket factory for the source namespace as
     /// it is now.
-    fn sockets(&self) -> Result<(Arc<IcmpProber>, Option<Arc<SocketFactory>>), ProbeError> {
+    pub(super) fn sockets(
+        &self,
+    ) -> Result<(Arc<IcmpProber>, Option<Arc<SocketFactory>>), ProbeError> {
         use std::os::unix::fs::MetadataExt as _;
         let ino = match &self.cfg.source_netns {
             Some(ns) => std::fs::metadata(ns.path())
@@ -307,6 +335,13 @@ impl Prober {
 
     /// Runs one round over the current node set and publishes it.
     pub async fn round(self: &Arc<Self>) -> Arc<ClusterStatus> {
+        self.round_over(self.nodes()).await
+    }
+
+    /// Runs one round over `nodes` (the node set, or some of its nodes:
+    /// the others keep their states and miss this round in their
+    /// histories) and publishes it.
+    pub(super) async fn round_over(self: &Arc<Self>, nodes: NodeSet) -> Arc<ClusterStatus> {
         let _one_at_a_time = self.round_lock.lock().await;
         let seq = self
             .round_seq
@@ -315,7 +350,6 @@ impl Prober {
         let started = SystemTime::now();
         let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
         let t0 = Instant::now();
-        let nodes = self.nodes();
         let targets = targets(&nodes, self.cfg.families);
         let sockets = self.sockets();
         // Each flow probes every address: the addresses once per flow.
@@ -401,6 +435,7 @@ impl Prober {
         // it holds, not what its busiest moment left behind.
         crate::util::memory::release_free();
         self.publish(status, false);
+        self.rounds_done.notify_one();
         tracing::debug!(
             seq,
             icmp_ms = ms(icmp_done),

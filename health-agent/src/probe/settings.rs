@@ -215,6 +215,14 @@ section! {
         /// Time between probe rounds.
         #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse)]
         pub probe_interval: Duration,
+        /// Time between liveness echoes: between rounds, one ICMP echo to
+        /// each probed node's address; a node whose echo goes unanswered
+        /// while that path answered is probed in full at once, so a node
+        /// that stops shows within seconds, not rounds. Sent while this
+        /// agent probes at most 128 nodes (the default subset and full mesh
+        /// always) and when shorter than --probe-interval; 0s: none.
+        #[arg(long, default_value = "3s", value_parser = parse_delay)]
+        pub liveness_interval: Duration,
         /// Timeout of each probe.
         #[arg(long, default_value = "1s", value_parser = crate::util::duration::parse)]
         pub probe_timeout: Duration,
@@ -256,6 +264,14 @@ impl ProbeSettings {
 }
 
 impl ProbeTuning {
+    /// The liveness echoes' interval, when they are on: not zero and
+    /// shorter than the probe interval.
+    #[must_use]
+    pub fn liveness(&self) -> Option<Duration> {
+        let every = self.liveness_interval;
+        (!every.is_zero() && every < self.probe_interval).then_some(every)
+    }
+
     #[must_use]
     pub const fn thresholds(&self) -> Thresholds {
         Thresholds {
@@ -323,11 +339,13 @@ impl ProbeConfig {
     pub fn is_tuned_as(&self, tuning: &ProbeTuning) -> bool {
         (
             self.interval,
+            self.liveness,
             self.timeout,
             self.thresholds,
             self.history_length,
         ) == (
             tuning.probe_interval,
+            tuning.liveness(),
             tuning.probe_timeout,
             tuning.thresholds(),
             tuning.history_length(),
@@ -337,6 +355,7 @@ impl ProbeConfig {
     /// Applies the reloadable section.
     pub fn retune(&mut self, tuning: &ProbeTuning) {
         self.interval = tuning.probe_interval;
+        self.liveness = tuning.liveness();
         self.timeout = tuning.probe_timeout;
         self.thresholds = tuning.thresholds();
         self.history_length = tuning.history_length();

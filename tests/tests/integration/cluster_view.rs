@@ -3,9 +3,11 @@
 //! agent assembles everyone's and publishes the view, which every agent
 //! shows. A node whose link goes down is "node down" on every other
 //! agent; ICMP dropped on one observer's path to one node is "path
-//! degraded" there, not "node down".
+//! degraded" there, not "node down". At the default intervals (rounds
+//! every 60 s, liveness echoes every 3 s) a node that stops is node down
+//! in the published view within 10 s.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use health_agent::{
     cluster::view::{ClusterView, Verdict},
@@ -162,6 +164,61 @@ fn six_agents_on_a_subset_localise_a_node_down_and_a_degraded_path() {
             all_well,
         );
     }
+}
+
+#[test]
+fn at_the_default_intervals_a_node_that_stops_is_down_in_the_view_within_ten_seconds() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 6,
+        etcd: true,
+        probe_interval: "60s",
+        lease_ttl: "5m",
+        ..Settings::default()
+    });
+    let healthy = |v: &ClusterView| counted(v) == 6 && v.reports == 6 && v.counts.healthy == 6;
+    for node in &cluster.nodes {
+        wait_view(node, Duration::from_secs(40), "six nodes healthy", healthy);
+    }
+    // Not the assembler: its failover is another test's; this one times
+    // the liveness echoes, the round they set off and the next view.
+    let leader = assembler(&cluster).name.clone();
+    let target = cluster
+        .nodes
+        .iter()
+        .rposition(|n| n.name != leader)
+        .expect("a node that does not assemble");
+    let name = cluster.nodes[target].name.clone();
+    let t0 = Instant::now();
+    cluster.nodes[target].set_uplink(false);
+    let mut seen: Vec<Option<Duration>> = vec![None; cluster.nodes.len()];
+    seen[target] = Some(Duration::ZERO);
+    while seen.iter().any(Option::is_none) && t0.elapsed() < Duration::from_secs(40) {
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            if seen[i].is_none()
+                && view(node).is_some_and(|v| verdict(&v, &name) == Some(Verdict::NodeDown))
+            {
+                seen[i] = Some(t0.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let worst = seen.iter().flatten().max().copied();
+    assert!(
+        seen.iter().all(Option::is_some) && worst <= Some(Duration::from_secs(10)),
+        "a node that stopped is node down within 10 s at the default intervals: {worst:?} (each agent: {seen:?})"
+    );
+    // Back: its echoes answered, it is probed at once and healthy again
+    // well before the next round.
+    let t1 = Instant::now();
+    cluster.nodes[target].set_uplink(true);
+    for node in &cluster.nodes {
+        wait_view(node, Duration::from_secs(40), "healthy again", healthy);
+    }
+    assert!(
+        t1.elapsed() < Duration::from_secs(30),
+        "healthy again after {:?}, not at the next round",
+        t1.elapsed()
+    );
 }
 
 /// The agent that assembles the view (and serves the matrix), as node 1's

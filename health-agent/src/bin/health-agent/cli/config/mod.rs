@@ -470,6 +470,7 @@ mod tests {
             reloadable(),
             [
                 "probe-interval",
+                "liveness-interval",
                 "probe-timeout",
                 "success-threshold",
                 "failure-threshold",

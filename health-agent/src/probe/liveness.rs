@@ -1,0 +1,240 @@
+//! Liveness echoes (`--liveness-interval`, 3 s by default): between
+//! rounds, one ICMP echo to each probed node's address. An echo is not a
+//! probe of the path: it changes no state, history or window. It decides
+//! when to probe: a node whose echo is news to its node address's ICMP
+//! path (unanswered while the path is in Success, answered while it is in
+//! Failure, either while it is not decided yet) is probed in full at
+//! once, in a round of its own. A node that stops is then failing on every path within an
+//! interval and two timeouts, whatever the probe interval, and the
+//! cluster view calls it down within seconds; one that comes back is
+//! Success as soon.
+//!
+//! Cost: one echo a node per interval, about 200 bytes both ways (the
+//! rounds' other probes, the HTTP ones and the MTU echoes, stay at the
+//! probe interval). A node already failing is not probed again early:
+//! after `--failure-threshold` early rounds its path is in Failure and the
+//! echoes agree with it. The echoes are sent while the agent
+//! probes at most [`MAX_NODES`] nodes: a subset always, and a full mesh up
+//! to that size.
+
+use std::{
+    net::IpAddr,
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use super::{
+    Prober,
+    flows::Spread,
+    icmp_round::MtuTargets,
+    order::Echoes,
+    path::{Outcome, ProbeResult},
+    targets::targets,
+};
+use crate::membership::{Node, NodeSet};
+
+/// The most nodes probed for liveness echoes to go: at 3 s, 128 echoes
+/// are about 70 kbit/s both ways.
+pub const MAX_NODES: usize = 128;
+
+/// What one pass of liveness echoes found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Liveness {
+    /// Echoes sent.
+    pub echoes: usize,
+    /// Echoes unanswered.
+    pub unanswered: usize,
+    /// Nodes probed in full at once: their echo said otherwise than
+    /// their path.
+    pub escalated: usize,
+}
+
+impl Prober {
+    /// The interval at which liveness echoes go with `nodes` nodes probed,
+    /// when they do.
+    #[must_use]
+    pub fn liveness_interval(&self, nodes: usize) -> Option<Duration> {
+        self.cfg.liveness.filter(|_| nodes <= MAX_NODES)
+    }
+
+    /// One pass: an echo to every node address of the node set, then a
+    /// round over the nodes whose echo says otherwise than their path.
+    /// Nothing when the echoes are off for this many nodes.
+    pub async fn liveness(self: &Arc<Self>) -> Liveness {
+        let nodes = self.nodes();
+        if nodes.is_empty() || self.liveness_interval(nodes.len()).is_none() {
+            return Liveness::default();
+        }
+        let (echoes, unanswered, news) = {
+            let _one_at_a_time = self.round_lock.lock().await;
+            let all = targets(&nodes, self.cfg.families);
+            // The node addresses (`2 * family`), not the health endpoints'.
+            let picked: Vec<usize> = (0..all.keys.len())
+                .filter(|&i| all.keys[i].1.is_multiple_of(2))
+                .collect();
+            let ips: Arc<Vec<IpAddr>> = Arc::new(picked.iter().map(|&i| all.ips[i]).collect());
+            let n = ips.len();
+            let sockets = self.sockets();
+            let none = Arc::new(Echoes::new(n, Duration::ZERO, Duration::ZERO));
+            let spread = Spread { n, flows: 1 };
+            let (outcomes, _) = self
+                .icmp_round(
+                    &ips,
+                    spread,
+                    &MtuTargets::default(),
+                    sockets.as_ref(),
+                    &none,
+                )
+                .await;
+            self.liveness_ms.store(epoch_ms_now(), Ordering::Relaxed);
+            let seen: Vec<((u32, u8), bool)> = picked
+                .iter()
+                .zip(&outcomes)
+                .map(|(&i, o)| (all.keys[i], matches!(o, Outcome::Ok { .. })))
+                .collect();
+            let unanswered = seen.iter().filter(|(_, ok)| !ok).count();
+            (n, unanswered, self.disagreeing(&nodes, &seen))
+        };
+        let escalated = news.len();
+        if escalated > 0 {
+            tracing::debug!(
+                nodes = escalated,
+                "liveness: echoes say otherwise than the paths, probing those nodes in full now"
+            );
+            self.round_over(nodes.subset(&news)).await;
+        }
+        Liveness {
+            echoes,
+            unanswered,
+            escalated,
+        }
+    }
+
+    /// The nodes (indices, once each) whose echo (`seen`: node index,
+    /// address, answered) is news to their ICMP path to that address
+    /// ([`disagrees`]).
+    fn disagreeing(&self, nodes: &NodeSet, seen: &[((u32, u8), bool)]) -> Vec<usize> {
+        let Ok(paths) = self.paths.lock() else {
+            return Vec::new();
+        };
+        let nodes: &[Node] = nodes;
+        let mut out: Vec<usize> = seen
+            .iter()
+            .filter(|&&((node, address), answered)| {
+                let state = nodes
+                    .get(node as usize)
+                    .and_then(|n| paths.get(&n.name))
+                    .map_or(ProbeResult::Unknown, |p| {
+                        p.state(2 * usize::from(address)).result
+                    });
+                disagrees(state, answered)
+            })
+            .map(|&((node, _), _)| node as usize)
+            .collect();
+        out.dedup();
+        out
+    }
+}
+
+/// Whether an echo answered (or not) is news to a path in `state`: all
+/// but an answer to a path in Success and silence from one in Failure. A
+/// path not decided yet (Unknown: never probed, or failing below the
+/// failure threshold) is probed at once too, so a node that joins
+/// between rounds is decided within seconds; each such round moves it
+/// towards a verdict, so a node is probed early at most the thresholds'
+/// number of times before its echoes agree with it.
+const fn disagrees(state: ProbeResult, answered: bool) -> bool {
+    !matches!(
+        (state, answered),
+        (ProbeResult::Success, true) | (ProbeResult::Failure, false)
+    )
+}
+
+fn epoch_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::probe::{ProbeConfig, path::RttSource};
+
+    fn ok() -> Outcome {
+        Outcome::Ok {
+            rtt: Duration::from_micros(300),
+            warning: None,
+            source: RttSource::Userspace,
+        }
+    }
+
+    fn failed() -> Outcome {
+        Outcome::Failed(crate::probe::error::ProbeError::Timeout {
+            proto: crate::probe::error::Proto::Icmp,
+            after: Duration::from_secs(1),
+        })
+    }
+
+    #[test]
+    fn only_news_is_probed_at_once() {
+        assert!(disagrees(ProbeResult::Success, false));
+        assert!(disagrees(ProbeResult::Failure, true));
+        assert!(!disagrees(ProbeResult::Success, true));
+        assert!(!disagrees(ProbeResult::Failure, false));
+        assert!(disagrees(ProbeResult::Unknown, false));
+        assert!(disagrees(ProbeResult::Unknown, true));
+    }
+
+    #[test]
+    fn the_nodes_whose_echo_disagrees_with_their_path_are_picked_once() {
+        let nodes = NodeSet::named(&["a", "b", "c", "d", "e"]);
+        let cfg = ProbeConfig {
+            thresholds: crate::probe::path::Thresholds {
+                success: 1,
+                failure: 1,
+            },
+            ..ProbeConfig::default()
+        };
+        let prober = Prober::new(cfg);
+        prober.set_nodes(nodes.clone());
+        // a and b answer, c and d do not: their node ICMP paths.
+        let keys = [(0, 0), (1, 0), (2, 0), (3, 0)];
+        let outcomes = vec![
+            (ok(), ok()),
+            (ok(), ok()),
+            (failed(), ok()),
+            (failed(), ok()),
+        ];
+        prober.record(&nodes, &keys, outcomes, 1, 0, 1);
+        // Echoes: a unanswered (news), b answered, c unanswered, d
+        // answered (news), e never probed (news); a twice (a second
+        // family's address).
+        let seen = [
+            ((0, 0), false),
+            ((0, 2), false),
+            ((1, 0), true),
+            ((2, 0), false),
+            ((3, 0), true),
+            ((4, 0), true),
+        ];
+        assert_eq!(prober.disagreeing(&nodes, &seen), vec![0, 3, 4]);
+    }
+
+    #[test]
+    fn echoes_go_with_at_most_128_nodes_and_when_on() {
+        let on = Prober::new(ProbeConfig {
+            liveness: Some(Duration::from_secs(3)),
+            ..ProbeConfig::default()
+        });
+        assert_eq!(
+            on.liveness_interval(MAX_NODES),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(on.liveness_interval(MAX_NODES + 1), None);
+        let off = Prober::new(ProbeConfig::default());
+        assert_eq!(off.liveness_interval(3), None);
+    }
+}
