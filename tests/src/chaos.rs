@@ -414,7 +414,7 @@ impl Chaos {
                 t.as_secs_f64()
             ));
         }
-        let after = self.resources(victim);
+        let after = self.resources_settled(victim, &before);
         for (what, b, a) in before.iter().zip(&after).map(|((w, b), (_, a))| (w, b, a)) {
             if a > b {
                 row.fail(format!("leaked {what}: {b} before, {a} after"));
@@ -446,6 +446,28 @@ impl Chaos {
                 "other agents' fds and RSS within 10 % (at most {:+.1} % and {:+.1} %)",
                 largest.0, largest.1
             ));
+        }
+    }
+
+    /// [`Self::resources`] once the killed agents' election leases have
+    /// had time to end: etcd expires each within the election TTL (plus
+    /// its expiry sweep), so only a count still above `before` after that
+    /// is a leak.
+    fn resources_settled(
+        &self,
+        i: usize,
+        before: &[(&'static str, usize)],
+    ) -> Vec<(&'static str, usize)> {
+        let deadline = Instant::now()
+            + 2 * health_agent::daemon::cluster_view::ELECTION_TTL
+            + Duration::from_secs(2);
+        loop {
+            let now = self.resources(i);
+            let grown = before.iter().zip(&now).any(|((_, b), (_, a))| a > b);
+            if !grown || Instant::now() >= deadline {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(500));
         }
     }
 
