@@ -4,10 +4,18 @@
 //! when to probe: a node whose echo is news to its node address's ICMP
 //! path (unanswered while the path is in Success, answered while it is in
 //! Failure, either while it is not decided yet) is probed in full at
-//! once, in a round of its own. A node that stops is then failing on every path within an
-//! interval and two timeouts, whatever the probe interval, and the
-//! cluster view calls it down within seconds; one that comes back is
-//! Success as soon.
+//! once, in a round of its own. A node that stops is then failing on every
+//! path within an interval and two timeouts, whatever the probe interval,
+//! and the cluster view calls it down within seconds; one that comes back
+//! is Success as soon.
+//!
+//! A node comes back in steps: its address answers before its agent has
+//! put its routes back, so the first early round can find its endpoint
+//! still unreachable. After news, a node whose paths do not all agree
+//! with its echo yet (some in Failure while it answers, some in Success
+//! while it is silent) is probed early again at the next echoes, up to
+//! [`FOLLOW_UPS`] times; then it waits for the rounds, as a node whose
+//! endpoint alone is down should.
 //!
 //! Cost: one echo a node per interval, about 200 bytes both ways (the
 //! rounds' other probes, the HTTP ones and the MTU echoes, stay at the
@@ -25,17 +33,22 @@ use std::{
 
 use super::{
     Prober,
+    family::PER_FAMILY,
     flows::Spread,
     icmp_round::MtuTargets,
     order::Echoes,
     path::{Outcome, ProbeResult},
-    targets::targets,
+    targets::{NodePaths, targets},
 };
 use crate::membership::{Node, NodeSet};
 
 /// The most nodes probed for liveness echoes to go: at 3 s, 128 echoes
 /// are about 70 kbit/s both ways.
 pub const MAX_NODES: usize = 128;
+
+/// Early rounds a node gets, after the one its news sets off, while its
+/// paths do not all agree with its echoes.
+pub const FOLLOW_UPS: u8 = 3;
 
 /// What one pass of liveness echoes found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -110,30 +123,60 @@ impl Prober {
         }
     }
 
-    /// The nodes (indices, once each) whose echo (`seen`: node index,
-    /// address, answered) is news to their ICMP path to that address
-    /// ([`disagrees`]).
+    /// The nodes (indices, once each) to probe in full now: those whose
+    /// echo (`seen`: node index, address, answered) is news to their ICMP
+    /// path to that address ([`disagrees`]), and, up to [`FOLLOW_UPS`]
+    /// times after news, those some of whose paths still disagree with
+    /// their echo ([`settled`]).
     fn disagreeing(&self, nodes: &NodeSet, seen: &[((u32, u8), bool)]) -> Vec<usize> {
-        let Ok(paths) = self.paths.lock() else {
+        let Ok(mut paths) = self.paths.lock() else {
             return Vec::new();
         };
         let nodes: &[Node] = nodes;
-        let mut out: Vec<usize> = seen
-            .iter()
-            .filter(|&&((node, address), answered)| {
-                let state = nodes
-                    .get(node as usize)
-                    .and_then(|n| paths.get(&n.name))
-                    .map_or(ProbeResult::Unknown, |p| {
-                        p.state(2 * usize::from(address)).result
-                    });
-                disagrees(state, answered)
-            })
-            .map(|&((node, _), _)| node as usize)
-            .collect();
-        out.dedup();
+        let mut out: Vec<usize> = Vec::new();
+        for &((node, address), answered) in seen {
+            let Some(n) = nodes.get(node as usize) else {
+                continue;
+            };
+            if out.last() == Some(&(node as usize)) {
+                continue;
+            }
+            let icmp = 2 * usize::from(address);
+            let Some(p) = paths.get_mut(&n.name) else {
+                // Never probed: undecided, so news.
+                out.push(node as usize);
+                continue;
+            };
+            let early = if disagrees(p.state(icmp).result, answered) {
+                p.early_rounds = FOLLOW_UPS;
+                true
+            } else if settled(p, icmp, answered) {
+                p.early_rounds = 0;
+                false
+            } else if p.early_rounds > 0 {
+                p.early_rounds -= 1;
+                true
+            } else {
+                false
+            };
+            if early {
+                out.push(node as usize);
+            }
+        }
         out
     }
+}
+
+/// Whether every path of the family of node path `icmp` (its node
+/// address's ICMP path: the family's first) agrees with an echo: all in
+/// Success when it was answered, all in Failure when it was not.
+fn settled(paths: &NodePaths, icmp: usize, answered: bool) -> bool {
+    let agreeing = if answered {
+        ProbeResult::Success
+    } else {
+        ProbeResult::Failure
+    };
+    (icmp..icmp + PER_FAMILY).all(|i| paths.state(i).result == agreeing)
 }
 
 /// Whether an echo answered (or not) is news to a path in `state`: all
@@ -221,6 +264,50 @@ mod tests {
             ((4, 0), true),
         ];
         assert_eq!(prober.disagreeing(&nodes, &seen), vec![0, 3, 4]);
+    }
+
+    #[test]
+    fn a_node_coming_back_is_probed_early_until_its_paths_agree_then_waits() {
+        let nodes = NodeSet::named(&["a"]);
+        let cfg = ProbeConfig {
+            thresholds: crate::probe::path::Thresholds {
+                success: 1,
+                failure: 1,
+            },
+            ..ProbeConfig::default()
+        };
+        let prober = Prober::new(cfg);
+        prober.set_nodes(nodes.clone());
+        // Down: every path in Failure; silent echoes agree.
+        let both = [(0, 0), (0, 1)];
+        prober.record(&nodes, &both, vec![(failed(), failed()); 2], 1, 0, 1);
+        let answered = [((0, 0), true)];
+        assert!(prober.disagreeing(&nodes, &[((0, 0), false)]).is_empty());
+        // Its address answers: news, and its first early round finds the
+        // endpoint not routed yet.
+        assert_eq!(prober.disagreeing(&nodes, &answered), vec![0]);
+        prober.record(
+            &nodes,
+            &both,
+            vec![(ok(), ok()), (failed(), failed())],
+            1,
+            0,
+            1,
+        );
+        // The ICMP path agrees now, the endpoint's do not: follow-ups,
+        // then none (an endpoint alone down waits for the rounds).
+        for _ in 0..FOLLOW_UPS {
+            assert_eq!(prober.disagreeing(&nodes, &answered), vec![0]);
+        }
+        assert!(prober.disagreeing(&nodes, &answered).is_empty());
+        // Settled once every path agrees: the next news starts afresh.
+        prober.record(&nodes, &both, vec![(ok(), ok()); 2], 1, 0, 1);
+        assert!(prober.disagreeing(&nodes, &answered).is_empty());
+        prober.record(&nodes, &both, vec![(ok(), ok()), (failed(), ok())], 1, 0, 1);
+        assert!(
+            prober.disagreeing(&nodes, &answered).is_empty(),
+            "no news, no follow-ups left"
+        );
     }
 
     #[test]

@@ -148,6 +148,7 @@ impl Prober {
                     state: p.state.clone(),
                     history: p.history.resized(length),
                     quality: p.quality.clone(),
+                    early_rounds: p.early_rounds,
                 };
                 (name.clone(), p)
             }));

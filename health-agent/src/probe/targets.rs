@@ -23,6 +23,9 @@ pub(super) struct NodePaths {
     pub(super) history: NodeRing,
     /// Each path's loss and RTT over the sliding windows, as `state`.
     pub(super) quality: Vec<PathQuality>,
+    /// Early rounds left to the node while its paths disagree with its
+    /// liveness echoes (see [`super::liveness`]).
+    pub(super) early_rounds: u8,
 }
 
 impl NodePaths {

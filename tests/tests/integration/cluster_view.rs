@@ -207,6 +207,7 @@ fn at_the_default_intervals_a_node_that_stops_is_down_in_the_view_within_ten_sec
         seen.iter().all(Option::is_some) && worst <= Some(Duration::from_secs(10)),
         "a node that stopped is node down within 10 s at the default intervals: {worst:?} (each agent: {seen:?})"
     );
+    println!("{name} stopped: node down in every view after {worst:?} (each agent: {seen:?})");
     // Back: its echoes answered, it is probed at once and healthy again
     // well before the next round.
     let t1 = Instant::now();
@@ -214,10 +215,13 @@ fn at_the_default_intervals_a_node_that_stops_is_down_in_the_view_within_ten_sec
     for node in &cluster.nodes {
         wait_view(node, Duration::from_secs(40), "healthy again", healthy);
     }
+    let back = t1.elapsed();
+    println!("{name} back: healthy in every view after {back:?}");
+    // Its address answers before its agent has put its routes back: the
+    // early rounds that follow news find its endpoint too.
     assert!(
-        t1.elapsed() < Duration::from_secs(30),
-        "healthy again after {:?}, not at the next round",
-        t1.elapsed()
+        back < Duration::from_secs(15),
+        "healthy again after {back:?}, not at the next round"
     );
 }
 
