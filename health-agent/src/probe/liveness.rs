@@ -282,7 +282,10 @@ mod tests {
         let both = [(0, 0), (0, 1)];
         prober.record(&nodes, &both, vec![(failed(), failed()); 2], 1, 0, 1);
         let answered = [((0, 0), true)];
-        assert!(prober.disagreeing(&nodes, &[((0, 0), false)]).is_empty());
+        assert_eq!(
+            prober.disagreeing(&nodes, &[((0, 0), false)]),
+            Vec::<usize>::new()
+        );
         // Its address answers: news, and its first early round finds the
         // endpoint not routed yet.
         assert_eq!(prober.disagreeing(&nodes, &answered), vec![0]);
@@ -299,13 +302,14 @@ mod tests {
         for _ in 0..FOLLOW_UPS {
             assert_eq!(prober.disagreeing(&nodes, &answered), vec![0]);
         }
-        assert!(prober.disagreeing(&nodes, &answered).is_empty());
+        assert_eq!(prober.disagreeing(&nodes, &answered), Vec::<usize>::new());
         // Settled once every path agrees: the next news starts afresh.
         prober.record(&nodes, &both, vec![(ok(), ok()); 2], 1, 0, 1);
-        assert!(prober.disagreeing(&nodes, &answered).is_empty());
+        assert_eq!(prober.disagreeing(&nodes, &answered), Vec::<usize>::new());
         prober.record(&nodes, &both, vec![(ok(), ok()), (failed(), ok())], 1, 0, 1);
-        assert!(
-            prober.disagreeing(&nodes, &answered).is_empty(),
+        assert_eq!(
+            prober.disagreeing(&nodes, &answered),
+            Vec::<usize>::new(),
             "no news, no follow-ups left"
         );
     }
