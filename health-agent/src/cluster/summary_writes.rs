@@ -179,7 +179,25 @@ mod tests {
     }
 
     #[test]
-    fn stale_outlasts_a_heartbeat_by_two_rounds() {
-        assert_eq!(u64::from(STALE_ROUNDS), HEARTBEAT_ROUNDS + 2);
+    fn an_observer_whose_summary_never_changes_is_never_stale() {
+        // 100 ticks of the same verdicts (RTTs moving): the assembler,
+        // a tick or two behind, must always hold a write younger than
+        // STALE_ROUNDS ticks.
+        let mut w = SummaryWrites::default();
+        let (mut last, mut widest) = (0, 0);
+        for seq in 1..=100 {
+            if w.decide(&summary(seq, &[("a", ok(10 + seq % 7))]), seq)
+                .writes()
+            {
+                widest = widest.max(seq - last);
+                last = seq;
+            }
+        }
+        widest = widest.max(100 - last);
+        assert!(
+            widest + 2 <= u64::from(STALE_ROUNDS),
+            "{widest} ticks between writes leave no room for 2 ticks of lag before {STALE_ROUNDS}"
+        );
+        assert!(widest > 1, "unchanged summaries are not written every tick");
     }
 }

@@ -29,13 +29,22 @@ pub struct FlowPlan {
 
 impl FlowPlan {
     /// `count` flows from sources chosen once for the prober's life: an
-    /// identifier at random, ports at random outside the node's ephemeral
-    /// range (`net.ipv4.ip_local_port_range`, read here), so no socket
-    /// the kernel numbers for itself (a connection of this process or
-    /// another's) holds a flow's port when its probe binds it.
+    /// identifier at random, ports at random outside the ephemeral range
+    /// of the namespace the probes leave from, so no socket the kernel
+    /// numbers for itself (a connection of this process or another's)
+    /// holds a flow's port when its probe binds it. From the node's
+    /// namespace (`from_endpoint` false) that is the node's
+    /// `net.ipv4.ip_local_port_range`, read here; from the endpoint's, a
+    /// namespace the agent made and nobody tunes, the kernel's default
+    /// (each namespace starts with it, whatever the node's says).
     #[must_use]
-    pub fn new(count: u16) -> Self {
-        Self::outside(count, ephemeral_range())
+    pub fn new(count: u16, from_endpoint: bool) -> Self {
+        let range = if from_endpoint {
+            KERNEL_EPHEMERAL_RANGE
+        } else {
+            ephemeral_range()
+        };
+        Self::outside(count, range)
     }
 
     /// `count` flows whose ports avoid the ephemeral range `(lo, hi)`:
@@ -87,15 +96,18 @@ impl FlowPlan {
     }
 }
 
-/// The node's ephemeral port range (Linux's default when it cannot be
-/// read: 32768–60999).
+/// The ephemeral port range every network namespace starts with.
+const KERNEL_EPHEMERAL_RANGE: (u16, u16) = (32_768, 60_999);
+
+/// The node's ephemeral port range (the kernel's default when it cannot
+/// be read).
 fn ephemeral_range() -> (u16, u16) {
-    crate::sys::sysctl::local_port_range().unwrap_or((32_768, 60_999))
+    crate::sys::sysctl::local_port_range().unwrap_or(KERNEL_EPHEMERAL_RANGE)
 }
 
 impl Default for FlowPlan {
     fn default() -> Self {
-        Self::new(1)
+        Self::new(1, false)
     }
 }
 
@@ -455,9 +467,12 @@ mod tests {
 
     #[test]
     fn plans_stay_within_their_ranges() {
-        let p = FlowPlan::new(200);
+        let p = FlowPlan::new(200, false);
         assert_eq!(p.count, MAX_FLOWS);
-        assert!(!FlowPlan::new(0).many());
+        assert!(!FlowPlan::new(0, true).many());
+        // From the endpoint's namespace: outside the range it starts with.
+        let endpoint = FlowPlan::new(MAX_FLOWS, true);
+        assert!(endpoint.tcp_base > KERNEL_EPHEMERAL_RANGE.1);
         for _ in 0..1000 {
             let above = FlowPlan::outside(MAX_FLOWS, (32_768, 60_999));
             assert!(above.tcp_base > 60_999 && above.tcp_port(MAX_FLOWS - 1) > above.tcp_base);

@@ -327,7 +327,7 @@ impl ProbeConfig {
             families: start.families,
             degraded_loss: settings.degraded_loss.ratio(),
             mtu_probe: start.mtu_probe,
-            flows: FlowPlan::new(settings.probe_flows),
+            flows: FlowPlan::new(settings.probe_flows, from_endpoint),
             ..Self::default()
         };
         cfg.retune(tuning);
