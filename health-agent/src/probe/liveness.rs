@@ -221,6 +221,20 @@ mod tests {
         })
     }
 
+    /// A prober of `names` whose paths turn at the first result.
+    fn probing(names: &[&str]) -> (NodeSet, Arc<Prober>) {
+        let nodes = NodeSet::named(names);
+        let prober = Prober::new(ProbeConfig {
+            thresholds: crate::probe::path::Thresholds {
+                success: 1,
+                failure: 1,
+            },
+            ..ProbeConfig::default()
+        });
+        prober.set_nodes(nodes.clone());
+        (nodes, prober)
+    }
+
     #[test]
     fn only_news_is_probed_at_once() {
         assert!(disagrees(ProbeResult::Success, false));
@@ -233,16 +247,7 @@ mod tests {
 
     #[test]
     fn the_nodes_whose_echo_disagrees_with_their_path_are_picked_once() {
-        let nodes = NodeSet::named(&["a", "b", "c", "d", "e"]);
-        let cfg = ProbeConfig {
-            thresholds: crate::probe::path::Thresholds {
-                success: 1,
-                failure: 1,
-            },
-            ..ProbeConfig::default()
-        };
-        let prober = Prober::new(cfg);
-        prober.set_nodes(nodes.clone());
+        let (nodes, prober) = probing(&["a", "b", "c", "d", "e"]);
         // a and b answer, c and d do not: their node ICMP paths.
         let keys = [(0, 0), (1, 0), (2, 0), (3, 0)];
         let outcomes = vec![
@@ -268,16 +273,7 @@ mod tests {
 
     #[test]
     fn a_node_coming_back_is_probed_early_until_its_paths_agree_then_waits() {
-        let nodes = NodeSet::named(&["a"]);
-        let cfg = ProbeConfig {
-            thresholds: crate::probe::path::Thresholds {
-                success: 1,
-                failure: 1,
-            },
-            ..ProbeConfig::default()
-        };
-        let prober = Prober::new(cfg);
-        prober.set_nodes(nodes.clone());
+        let (nodes, prober) = probing(&["a"]);
         // Down: every path in Failure; silent echoes agree.
         let both = [(0, 0), (0, 1)];
         prober.record(&nodes, &both, vec![(failed(), failed()); 2], 1, 0, 1);

@@ -26,6 +26,7 @@ use axum::{
 use health_agent::{
     cluster::{
         matrix::ClusterMatrix,
+        summary_writes::STALE_ROUNDS,
         view::{ClusterView, NodeView, Verdict, VerdictCounts},
     },
     probe::{
@@ -510,14 +511,23 @@ fn the_page_shows_the_cluster_matrix_then_a_node_down() {
     assert_eq!(rows[1], "SSF", "{c}");
     assert_eq!(c["counts"]["node_down"], 1, "{c}");
     // node-3 cannot publish with its link down: once its last summary is
-    // stale (3 intervals), its row is '.' (no summary), and node-1 and
-    // node-2 have one observer left each, too few for a verdict.
+    // stale (`STALE_ROUNDS` ticks of 1 s after its last write, which may
+    // have been its heartbeat just before the link went down), its row is
+    // '.' (no summary), and node-1 and node-2 have one observer left each,
+    // too few for a verdict. Counted from the link going down, plus a tick
+    // to assemble, a page poll and slack.
+    let stale_by = Duration::from_secs(u64::from(STALE_ROUNDS) + 1 + 1 + 2);
     let c = browser.wait_for(
         "node-3's stale summary left out",
-        Duration::from_secs(5),
+        stale_by.saturating_sub(down.elapsed()),
         "const c = window.healthPage.cluster();
          return c.matrix.rows[2] === '...' && c.verdicts['node-1'] === 'unknown'
              && c.verdicts['node-2'] === 'unknown' ? c : null;",
+    );
+    println!(
+        "node-3's summary left out {} ms after its link went down (bound {} ms)",
+        down.elapsed().as_millis(),
+        patience(stale_by).as_millis()
     );
     check_node_3_down(&browser, &c);
 }
