@@ -46,7 +46,13 @@ pub(crate) struct Options {
     pub(crate) silent_pct: u32,
     pub(crate) rounds: u32,
     pub(crate) interval: Duration,
+    /// The simulated network's work in a kernel thread of its own
+    /// ([`crate::napi`]), not in the agent's context.
+    pub(crate) network_thread: bool,
 }
+
+/// The router's end of the agent node's uplink.
+const ROUTER_UPLINK: &str = "r-agent";
 
 /// Everything made for the run, removed on drop.
 pub(crate) struct Lab {
@@ -109,7 +115,7 @@ impl Lab {
         let (router, peers) = (lab.router.clone(), lab.peers.clone());
         in_netns(Some(&lab.agent), |nl| async move {
             nl.set_up("lo").await?;
-            nl.add_veth("uplink", "r-agent", Some(&router)).await?;
+            nl.add_veth("uplink", ROUTER_UPLINK, Some(&router)).await?;
             nl.add_address("uplink", Ipv4Addr::new(198, 18, 0, 2), 24)
                 .await?;
             nl.set_up("uplink").await?;
@@ -119,11 +125,11 @@ impl Lab {
         in_netns(Some(&lab.router), |nl| async move {
             nl.set_up("lo").await?;
             nl.add_veth("r-peers", "peers", Some(&peers)).await?;
-            nl.add_address("r-agent", Ipv4Addr::new(198, 18, 0, 1), 24)
+            nl.add_address(ROUTER_UPLINK, Ipv4Addr::new(198, 18, 0, 1), 24)
                 .await?;
             nl.add_address("r-peers", Ipv4Addr::new(198, 18, 1, 1), 24)
                 .await?;
-            nl.set_up("r-agent").await?;
+            nl.set_up(ROUTER_UPLINK).await?;
             nl.set_up("r-peers").await?;
             let via_peers = Ipv4Addr::new(198, 18, 1, 2);
             nl.replace_route_via(Ipv4Addr::new(198, 18, 64, 0), 18, via_peers)
@@ -139,6 +145,9 @@ impl Lab {
             .await
         })?;
         TwoNodes::sysctl(&lab.router, "net/ipv4/ip_forward", "1");
+        if opts.network_thread {
+            crate::napi::threaded((&lab.router, ROUTER_UPLINK), (&lab.agent, "uplink"))?;
+        }
         let (n, pct) = (opts.peers, opts.silent_pct);
         in_netns(Some(&lab.peers), |nl| async move {
             nl.set_up("lo").await?;
@@ -288,6 +297,9 @@ struct Round {
     /// Bytes on the agent node's uplink, both directions (the probes and
     /// their answers: nothing else crosses it).
     bytes: u64,
+    /// CPU of the simulated network's kernel thread, with
+    /// `--network-thread`.
+    network: Duration,
 }
 
 pub(crate) struct Report {
@@ -348,7 +360,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
 
     let mut rounds: Vec<Round> = Vec::new();
     let mut last_seq = 0;
+    let network_cpu = || crate::napi::thread_cpu(ROUTER_UPLINK);
     let mut before = (usage(pid)?.0, user_cpu(pid)?, lab.uplink_bytes()?);
+    let mut network_before = network_cpu();
     let deadline = Instant::now() + Duration::from_secs(60) + opts.interval * (opts.rounds + 1);
     let mut first: Option<ClusterStatus> = None;
     while rounds.len() < opts.rounds as usize {
@@ -365,6 +379,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         {
             let ((cpu, rss), user) = (usage(pid)?, user_cpu(pid)?);
             let bytes = lab.uplink_bytes()?;
+            let network = network_cpu();
             if first.is_none() {
                 first_done.store(true, Ordering::Relaxed);
                 first = Some(rt.block_on(client.status())?);
@@ -376,8 +391,10 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
                 user: user.saturating_sub(before.1),
                 rss,
                 bytes: bytes.saturating_sub(before.2),
+                network: network.saturating_sub(network_before),
             });
             before = (cpu, user, bytes);
+            network_before = network;
             last_seq = r.seq;
         }
         std::thread::sleep(poll_period(opts.interval));
@@ -461,10 +478,15 @@ fn render(opts: &Options, m: &Measured) -> String {
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "bench-round: {} peers ({} probes a round), {}% silent, timeout 1 s",
+        "bench-round: {} peers ({} probes a round), {}% silent, timeout 1 s{}",
         opts.peers,
         4 * opts.peers,
-        opts.silent_pct
+        opts.silent_pct,
+        if opts.network_thread {
+            "; the simulated network in a kernel thread of its own"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(text, "socket served after {} ms", served.as_millis());
     for r in rounds {
@@ -488,15 +510,7 @@ fn render(opts: &Options, m: &Measured) -> String {
             steady.iter().map(|r| r.cpu.as_millis() as u64).sum::<u64>() / n,
             steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms)
         );
-        let cpu: Duration = steady.iter().map(|r| r.cpu).sum();
-        let user: Duration = steady.iter().map(|r| r.user).sum();
-        let _ = writeln!(
-            text,
-            "steady CPU: {:.2} % of a core at a {} s interval, {:.0} % of it in user space",
-            100.0 * cpu.as_secs_f64() / (opts.interval.as_secs_f64() * steady.len() as f64),
-            opts.interval.as_secs_f64(),
-            100.0 * user.as_secs_f64() / cpu.as_secs_f64().max(1e-9)
-        );
+        render_steady_cpu(&mut text, opts, &steady);
         let bytes: u64 = steady.iter().map(|r| r.bytes).sum();
         let _ = writeln!(
             text,
@@ -552,6 +566,34 @@ fn render(opts: &Options, m: &Measured) -> String {
         first_ms as f64 / fping.as_millis().max(1) as f64
     );
     text
+}
+
+/// The steady rounds' CPU: the agent's share of a core, its user-space
+/// part, and the simulated network's thread with `--network-thread`.
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "percentages for display, from values far below 2^52"
+)]
+fn render_steady_cpu(text: &mut String, opts: &Options, steady: &[&Round]) {
+    let n = steady.len() as u64;
+    let cpu: Duration = steady.iter().map(|r| r.cpu).sum();
+    let user: Duration = steady.iter().map(|r| r.user).sum();
+    let _ = writeln!(
+        text,
+        "steady CPU: {:.2} % of a core at a {} s interval, {:.0} % of it in user space",
+        100.0 * cpu.as_secs_f64() / (opts.interval.as_secs_f64() * steady.len() as f64),
+        opts.interval.as_secs_f64(),
+        100.0 * user.as_secs_f64() / cpu.as_secs_f64().max(1e-9)
+    );
+    if opts.network_thread {
+        let network: Duration = steady.iter().map(|r| r.network).sum();
+        let _ = writeln!(
+            text,
+            "steady CPU of the simulated network (router, peers and the agent node's receives, in the napi/{ROUTER_UPLINK} kernel thread): {:.2} % of a core, {} ms a round",
+            100.0 * network.as_secs_f64() / (opts.interval.as_secs_f64() * steady.len() as f64),
+            network.as_millis() / u128::from(n)
+        );
+    }
 }
 
 /// The answering peers' :4240, one listener in the peers' namespace.
@@ -789,6 +831,7 @@ mod tests {
                 peak_kib: 0,
             },
             bytes: 0,
+            network: Duration::ZERO,
         }
     }
 

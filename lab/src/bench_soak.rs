@@ -55,6 +55,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
         silent_pct: 50,
         rounds: 0,
         interval: opts.interval,
+        network_thread: false,
     };
     let mut lab = Lab::new(&round_opts)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -24,6 +24,7 @@ mod blaster;
 mod chaos;
 mod demo;
 mod forward;
+mod napi;
 mod sim_nodes;
 mod stop;
 
@@ -71,6 +72,11 @@ enum Command {
         /// Probe interval of the agent.
         #[arg(long, default_value = "3s", value_parser = health_agent::util::duration::parse)]
         interval: std::time::Duration,
+        /// The simulated network's work (the router's forwarding, the
+        /// peers' answers) in a kernel thread of its own, not charged to
+        /// the agent: threaded NAPI on the router's end of the uplink.
+        #[arg(long)]
+        network_thread: bool,
     },
     /// `bench-round` at each of --sizes in passes of alternating order: the
     /// agent's CPU per round per peer at each size, and their spread.
@@ -94,6 +100,11 @@ enum Command {
         /// The largest spread that passes, in percent.
         #[arg(long, default_value_t = 20.0)]
         within: f64,
+        /// The simulated network's work (the router's forwarding, the
+        /// peers' answers) in a kernel thread of its own, not charged to
+        /// the agent: threaded NAPI on the router's end of the uplink.
+        #[arg(long)]
+        network_thread: bool,
     },
     /// The connectivity page of an agent with N silent peers, in headless
     /// Chromium: fetch-to-painted time of the page, against 1 s.
@@ -191,11 +202,13 @@ fn main() -> ExitCode {
             silent,
             rounds,
             interval,
+            network_thread,
         } => bench_round::run(&bench_round::Options {
             peers,
             silent_pct: silent,
             rounds: rounds.max(1),
             interval,
+            network_thread,
         })
         .map(|r| print!("{}", r.text())),
         Command::BenchLinear {
@@ -205,6 +218,7 @@ fn main() -> ExitCode {
             interval,
             passes,
             within,
+            network_thread,
         } => bench_linear::run(
             &bench_linear::Options {
                 sizes,
@@ -213,6 +227,7 @@ fn main() -> ExitCode {
                     silent_pct: silent,
                     rounds,
                     interval,
+                    network_thread,
                 },
                 passes,
                 within_pct: within,

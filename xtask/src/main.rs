@@ -153,6 +153,11 @@ enum Bench {
         /// Probe interval of the agent (the time between round starts).
         #[arg(long, default_value = "3s")]
         interval: String,
+        /// The simulated network's work (the router's forwarding, the
+        /// peers' answers, the node's receives) in a kernel thread of its
+        /// own, reported apart: not charged to the agent.
+        #[arg(long)]
+        network_thread: bool,
     },
     /// Linear cost: `round` at each of --sizes, in passes of alternating
     /// order, then the agent's CPU per round per peer at each size and
@@ -171,6 +176,11 @@ enum Bench {
         interval: String,
         #[arg(long, default_value_t = 2)]
         passes: u32,
+        /// The simulated network's work (the router's forwarding, the
+        /// peers' answers, the node's receives) in a kernel thread of its
+        /// own, reported apart: not charged to the agent.
+        #[arg(long)]
+        network_thread: bool,
     },
     /// The connectivity page of an agent with N silent peers (all failing),
     /// in headless Chromium: fetch-to-painted time against 1 s.
@@ -365,10 +375,11 @@ fn run() -> anyhow::Result<()> {
                     silent,
                     rounds,
                     interval,
+                    network_thread,
                 },
         } => {
             let (p, s, r) = (peers.to_string(), silent.to_string(), rounds.to_string());
-            let args = [
+            let mut args = vec![
                 "--peers",
                 &p,
                 "--silent",
@@ -378,6 +389,9 @@ fn run() -> anyhow::Result<()> {
                 "--interval",
                 &interval,
             ];
+            if network_thread {
+                args.push("--network-thread");
+            }
             lab_in_namespaces(&root, &pin, "bench-round", &args)
         }
         Task::Bench {
@@ -388,10 +402,11 @@ fn run() -> anyhow::Result<()> {
                     rounds,
                     interval,
                     passes,
+                    network_thread,
                 },
         } => {
             let (s, r, p) = (silent.to_string(), rounds.to_string(), passes.to_string());
-            let args = [
+            let mut args = vec![
                 "--sizes",
                 &sizes,
                 "--silent",
@@ -403,6 +418,9 @@ fn run() -> anyhow::Result<()> {
                 "--passes",
                 &p,
             ];
+            if network_thread {
+                args.push("--network-thread");
+            }
             lab_in_namespaces(&root, &pin, "bench-linear", &args)
         }
         Task::Bench {

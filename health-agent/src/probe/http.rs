@@ -18,6 +18,10 @@ pub const HEALTH_PORT: u16 = 4240;
 /// [`super::flows`]), shared with the sockets of the same flow to other
 /// addresses: each connection's four-tuple stays its own, and one closed
 /// with a reset leaves no TIME-WAIT to hold the port into the next round.
+/// `SO_REUSEPORT` beside `SO_REUSEADDR` keeps each bind O(1): with the
+/// latter alone the kernel checks the new socket against every socket
+/// already bound to the port (thousands in a round), which made binds the
+/// largest share of a round's CPU with flows on.
 pub(super) fn bind_source_port(
     sock: &socket2::Socket,
     to: SocketAddr,
@@ -28,6 +32,7 @@ pub(super) fn bind_source_port(
         SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
     };
     sock.set_reuse_address(true)
+        .and_then(|()| sock.set_reuse_port(true))
         .and_then(|()| sock.bind(&SocketAddr::new(any, port).into()))
         .map_err(|e| ProbeError::Io {
             step: "bind",
@@ -160,7 +165,49 @@ fn parse_status(head: &[u8]) -> Result<u16, ProbeError> {
 
 #[cfg(test)]
 mod tests {
+    use std::{net::Ipv4Addr, time::Instant};
+
     use super::*;
+
+    /// The median of `d`.
+    fn median(d: &mut [Duration]) -> Duration {
+        d.sort_unstable();
+        d[d.len() / 2]
+    }
+
+    #[test]
+    fn binding_a_flow_port_stays_cheap_with_thousands_of_sockets_on_it() {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        const N: usize = 3_000;
+        if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+            && soft < hard
+        {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+        let port = fastrand::u16(61_001..65_000);
+        let mut socks = Vec::with_capacity(N);
+        let mut took = Vec::with_capacity(N);
+        for i in 0..N {
+            let [hi, lo] = u16::try_from(i).expect("fits").to_be_bytes();
+            // Nobody listens on the discard port: each connect is refused
+            // and its socket stays bound, as a round's do until closed.
+            let to = SocketAddr::from((Ipv4Addr::new(127, 1, hi, lo.max(1)), 9));
+            let (domain, ty, proto) = tcp_for(Family::Ipv4);
+            let sock = socket2::Socket::new(domain, ty.nonblocking(), proto).expect("socket");
+            let t = Instant::now();
+            bind_source_port(&sock, to, port).expect("bind");
+            took.push(t.elapsed());
+            let _ = issue_connect(&sock, to);
+            socks.push(sock);
+        }
+        let first = median(&mut took[..500]);
+        let last = median(&mut took[N - 500..]);
+        assert!(
+            last < first * 3 + Duration::from_micros(5),
+            "binding the flow port with {N} sockets on it took {last:?} (median), \
+             with none {first:?}: the bind checks every socket on the port"
+        );
+    }
 
     #[test]
     fn the_request_names_the_host_of_either_family_in_full() {
