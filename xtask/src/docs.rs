@@ -356,6 +356,7 @@ pub const OTHER_PROGRAMS: &[(&str, &str)] = &[
     ("--prefix", "etcdctl"),
     ("--user", "etcdctl"),
     ("--kernel", "cargo xtask"),
+    ("--network-thread", "cargo xtask"),
     ("--no-lint", "cargo xtask"),
     ("--nodes", "cargo xtask"),
     ("--peers", "cargo xtask"),

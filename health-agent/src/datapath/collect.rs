@@ -10,6 +10,13 @@
 //! slice holds nothing when it ends. The loss sweep (about 30 ms there)
 //! runs whole at the pass's start: in slices it would hold the losses it
 //! found across the pass, half a megabyte at 5,000 peers.
+//!
+//! A walk costs the map's size, not its fill (the kernel visits every
+//! bucket: 1,048,576 of them for 8 flows at the default `--max-peers`), so
+//! a pass leaves the CT and NAT maps alone when nothing in them can have
+//! expired: no entry was created since the last walk began (the CT
+//! `created` counter says so) and the earliest expiry that walk kept is
+//! still ahead. Entries refreshed since only expire later.
 
 use std::{
     path::Path,
@@ -43,6 +50,31 @@ pub struct PassDone {
     /// Slices the pass took, and their time in all.
     pub slices: u32,
     pub took: Duration,
+    /// Whether the pass walked the CT map (and collected the NAT map).
+    pub ct_walked: bool,
+}
+
+/// What the last completed CT walk knew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Walked {
+    /// The CT `created` counter when it began.
+    created: u64,
+    /// The earliest expiry of the entries it kept (`CLOCK_MONOTONIC` ns;
+    /// `u64::MAX`: it kept none).
+    earliest_ns: u64,
+    /// The entries it kept.
+    left: u64,
+}
+
+/// Whether a pass starting at `now_ns` with the CT `created` counter at
+/// `created` walks the CT map: unless the last walk `last` saw every entry
+/// there is (none created since it began) and none of those can have
+/// expired yet.
+const fn walk_needed(last: Option<&Walked>, created: u64, now_ns: u64) -> bool {
+    match last {
+        Some(w) => w.created != created || now_ns >= w.earliest_ns,
+        None => true,
+    }
 }
 
 /// A pass in progress.
@@ -56,6 +88,8 @@ struct Pass {
     /// slice, and the entries the slices saw.
     counters: (u64, u64),
     ct_seen: u64,
+    /// The earliest expiry of the entries the walk kept so far.
+    earliest_ns: u64,
     done: PassDone,
 }
 
@@ -69,6 +103,7 @@ pub struct Collector {
     ct_budget: usize,
     last_start: Instant,
     pass: Option<Pass>,
+    walked: Option<Walked>,
 }
 
 impl Collector {
@@ -91,6 +126,7 @@ impl Collector {
                 .max(crate::sys::bpf_batch::CHUNK),
             last_start: now,
             pass: None,
+            walked: None,
         }
     }
 
@@ -112,9 +148,34 @@ impl Collector {
             swept: false,
             counters: (0, 0),
             ct_seen: 0,
-            done: PassDone::default(),
+            earliest_ns: u64::MAX,
+            done: PassDone {
+                ct_walked: true,
+                ..PassDone::default()
+            },
         });
         true
+    }
+
+    /// Decides whether the pass just started walks the CT map (and the
+    /// caller collects the NAT map): reads the CT counters (`dir`) and
+    /// the clock. Walks when either cannot be read.
+    pub fn plan_walk(&mut self, dir: &Path) -> bool {
+        let Some(pass) = self.pass.as_mut() else {
+            return false;
+        };
+        let (Ok(counters), Ok(now_ns)) = (ct::created_and_removed(dir), super::monotonic_ns())
+        else {
+            return true;
+        };
+        pass.counters = counters;
+        if walk_needed(self.walked.as_ref(), counters.0, now_ns) {
+            return true;
+        }
+        pass.ct = None;
+        pass.done.ct_walked = false;
+        pass.done.ct_left = self.walked.map_or(0, |w| w.left);
+        false
     }
 
     /// The timeout the next sweep counts losses with: the probe timeout in
@@ -142,24 +203,34 @@ impl Collector {
             (pass.done.lost, pass.done.pending_left) =
                 rtt::sweep_counted(dir, self.sweep_timeout())?;
             pass.swept = true;
-            pass.counters = ct::created_and_removed(dir)?;
         }
         if let Some(from) = pass.ct {
-            let Slice {
-                deleted,
-                seen,
-                next,
-            } = ct::gc_slice(dir, from, self.ct_budget)?;
+            let (
+                Slice {
+                    deleted,
+                    seen,
+                    next,
+                },
+                earliest_ns,
+            ) = ct::gc_slice(dir, from, self.ct_budget)?;
             pass.done.ct_removed += deleted;
             pass.done.ct_left += seen.saturating_sub(deleted);
             pass.ct_seen += seen;
+            pass.earliest_ns = pass.earliest_ns.min(earliest_ns);
             pass.ct = next;
         }
         pass.done.slices += 1;
         pass.done.took += started.elapsed();
         if pass.ct.is_none() {
-            let (created, removed) = pass.counters;
-            pass.done.ct_evicted = ct::evicted(created, removed, pass.ct_seen);
+            if pass.done.ct_walked {
+                let (created, removed) = pass.counters;
+                pass.done.ct_evicted = ct::evicted(created, removed, pass.ct_seen);
+                self.walked = Some(Walked {
+                    created,
+                    earliest_ns: pass.earliest_ns,
+                    left: pass.done.ct_left,
+                });
+            }
             return Ok(Some(pass.done));
         }
         self.pass = Some(pass);
@@ -184,6 +255,34 @@ mod tests {
         assert!(!c.start_if_due(t0 + 25 * s), "one pass at a time");
         c.pass = None;
         assert!(c.start_if_due(t0 + 25 * s), "the next once it is done");
+    }
+
+    #[test]
+    fn the_ct_map_is_walked_only_when_an_entry_may_have_expired() {
+        let walked = Walked {
+            created: 100,
+            earliest_ns: 5_000,
+            left: 7,
+        };
+        assert!(walk_needed(None, 100, 0), "no walk yet: nothing is known");
+        assert!(
+            !walk_needed(Some(&walked), 100, 4_999),
+            "nothing created since, nothing expired yet"
+        );
+        assert!(
+            walk_needed(Some(&walked), 100, 5_000),
+            "the earliest entry it kept expires"
+        );
+        assert!(
+            walk_needed(Some(&walked), 101, 0),
+            "an entry created since the walk began"
+        );
+        let emptied = Walked {
+            earliest_ns: u64::MAX,
+            left: 0,
+            ..walked
+        };
+        assert!(!walk_needed(Some(&emptied), 100, u64::MAX - 1));
     }
 
     #[test]

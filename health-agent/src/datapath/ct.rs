@@ -182,18 +182,20 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
 
 /// [`gc`], and the entries it left.
 pub fn gc_counted(dir: &Path) -> Result<(u64, u64), DatapathError> {
-    let slice = gc_slice(dir, super::maps::Cursor::START, usize::MAX)?;
+    let (slice, _) = gc_slice(dir, super::maps::Cursor::START, usize::MAX)?;
     Ok((slice.deleted, slice.seen.saturating_sub(slice.deleted)))
 }
 
 /// [`gc`] over a slice of the map (from `from`, about `budget` entries),
-/// so that a pass over a large map is spread over time.
+/// so that a pass over a large map is spread over time; with the earliest
+/// expiry of the entries it kept (`u64::MAX` when it kept none).
 pub fn gc_slice(
     dir: &Path,
     from: super::maps::Cursor,
     budget: usize,
-) -> Result<super::maps::Slice, DatapathError> {
+) -> Result<(super::maps::Slice, u64), DatapathError> {
     let now = super::monotonic_ns()?;
+    let mut earliest = u64::MAX;
     // In batches: a pass over the tens of thousands of entries of a large
     // cluster in a few syscalls, not two per entry, deleting as it goes.
     let slice = super::maps::delete_where_slice(
@@ -201,7 +203,13 @@ pub fn gc_slice(
         MapId::CtMap,
         from,
         budget,
-        |_: &CtKey, e: &CtEntry| e.expires_ns < now,
+        |_: &CtKey, e: &CtEntry| {
+            let gone = e.expires_ns < now;
+            if !gone {
+                earliest = earliest.min(e.expires_ns);
+            }
+            gone
+        },
     )?;
     if slice.deleted > 0 {
         super::maps::add_to_counter(
@@ -211,7 +219,7 @@ pub fn gc_slice(
             slice.deleted,
         )?;
     }
-    Ok(slice)
+    Ok((slice, earliest))
 }
 
 #[cfg(test)]

@@ -297,8 +297,11 @@ fn maintain(
     if collector.start_if_due(std::time::Instant::now()) {
         node = keep_masquerade(cfg, kernel, node)?;
         // NAT first: it removes pairs whose CT entry expired, which the CT
-        // collector is about to delete.
-        if let Err(e) = nat::gc(kernel.pin_dir()) {
+        // collector is about to delete. Neither when no CT entry can have
+        // expired (a NAT pair outlives its CT entry only then).
+        if collector.plan_walk(kernel.pin_dir())
+            && let Err(e) = nat::gc(kernel.pin_dir())
+        {
             warn!("NAT garbage collection: {}", chain(&e));
         }
     }
@@ -326,6 +329,7 @@ fn pass_done(cfg: &DatapathConfig, kernel: &DatapathHandle, node: &mut Node, don
         pending_left = done.pending_left,
         slices = done.slices,
         took_ms = done.took.as_millis(),
+        ct_walked = done.ct_walked,
         "datapath maintenance pass"
     );
     if node.pressure.due(std::time::Instant::now()) {
