@@ -239,13 +239,7 @@ impl Lab {
 /// writing 5 to `clear_refs`): what a round allocates and frees between two
 /// samples counts in the peak, not in the resident set at its end.
 pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-    let hz = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100))
-        .unwrap_or(100);
+    let (user, system) = cpu_times(pid)?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let field = |name: &str| {
         status
@@ -260,23 +254,24 @@ pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
     };
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
         .context("resetting the agent's peak RSS (clear_refs)")?;
-    Ok((Duration::from_millis(ticks * 1000 / hz), rss))
+    Ok((user + system, rss))
 }
 
-/// The user-space share of `pid`'s CPU time: the rest is the kernel's
-/// work in its context (on this topology, much of it the simulated
-/// network's).
-fn user_cpu(pid: u32) -> anyhow::Result<Duration> {
+/// The CPU time of `pid` (a process or a kernel thread) so far, in user
+/// space and in the kernel (on this topology, much of the latter the
+/// simulated network's work in its context).
+pub(crate) fn cpu_times(pid: u32) -> anyhow::Result<(Duration, Duration)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // After the command's closing parenthesis: utime is the 12th field
+    // and stime the 13th.
     let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
-    let ticks = after
-        .split_whitespace()
-        .nth(11)
-        .and_then(|u| u.parse::<u64>().ok())
-        .unwrap_or(0);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
     let hz = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100))
-        .unwrap_or(100);
-    Ok(Duration::from_millis(ticks * 1000 / hz))
+        .unwrap_or(100)
+        .max(1);
+    let time = |t: u64| Duration::from_millis(t * 1000 / hz);
+    Ok((time(ticks(11)), time(ticks(12))))
 }
 
 /// The resident set when sampled and its peak since the sample before.
@@ -360,8 +355,10 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
 
     let mut rounds: Vec<Round> = Vec::new();
     let mut last_seq = 0;
-    let network_cpu = || crate::napi::thread_cpu(ROUTER_UPLINK);
-    let mut before = (usage(pid)?.0, user_cpu(pid)?, lab.uplink_bytes()?);
+    // The network's thread (found by searching /proc) only with it.
+    let network_dev = opts.network_thread.then_some(ROUTER_UPLINK);
+    let network_cpu = || network_dev.map(crate::napi::thread_cpu).unwrap_or_default();
+    let mut before = (usage(pid)?.0, cpu_times(pid)?.0, lab.uplink_bytes()?);
     let mut network_before = network_cpu();
     let deadline = Instant::now() + Duration::from_secs(60) + opts.interval * (opts.rounds + 1);
     let mut first: Option<ClusterStatus> = None;
@@ -377,7 +374,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             && let Some(r) = summary.round
             && r.seq != last_seq
         {
-            let ((cpu, rss), user) = (usage(pid)?, user_cpu(pid)?);
+            let ((cpu, rss), (user, _)) = (usage(pid)?, cpu_times(pid)?);
             let bytes = lab.uplink_bytes()?;
             let network = network_cpu();
             if first.is_none() {

@@ -103,27 +103,16 @@ fn set_threaded(dev: &str) -> anyhow::Result<()> {
 /// The CPU the kernel threads of `dev`'s NAPI have used so far.
 pub(crate) fn thread_cpu(dev: &str) -> std::time::Duration {
     let prefix = format!("napi/{dev}-");
-    let mut ticks = 0u64;
-    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let path = entry.path();
-        let comm = fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if !comm.trim_end().starts_with(&prefix) {
-            continue;
-        }
-        let stat = fs::read_to_string(path.join("stat")).unwrap_or_default();
-        // After the command's closing parenthesis: state is field 3,
-        // utime 14 and stime 15.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        ticks += f
-            .get(11..13)
-            .map_or(0, |t| t.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
-    }
-    // SAFETY: sysconf has no preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
-        .unwrap_or(100)
-        .max(1);
-    std::time::Duration::from_millis(ticks * 1000 / hz)
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let comm = fs::read_to_string(entry.path().join("comm")).ok()?;
+            comm.starts_with(&prefix).then_some(pid)
+        })
+        .filter_map(|pid| crate::bench_round::cpu_times(pid).ok())
+        .map(|(user, system)| user + system)
+        .sum()
 }
