@@ -418,6 +418,11 @@ impl Chaos {
         for (what, b, a) in before.iter().zip(&after).map(|((w, b), (_, a))| (w, b, a)) {
             if a > b {
                 row.fail(format!("leaked {what}: {b} before, {a} after"));
+                if *what == "etcd leases"
+                    && let Some(e) = self.cluster.etcd_cluster.as_ref()
+                {
+                    eprintln!("etcd's leases after the kill loop:\n{}", e.lease_details());
+                }
             }
         }
         if row.failures.is_empty() {

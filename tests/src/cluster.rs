@@ -182,6 +182,22 @@ impl ClusterNode {
         fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
+    /// How many routes of the agent's own (to peers' IPv4 health
+    /// addresses) the node's main table holds.
+    #[must_use]
+    pub fn agent_routes(&self) -> usize {
+        in_netns(
+            Some(&self.ns),
+            |nl| async move { nl.routes::<Ipv4Addr>().await },
+        )
+        .expect("netlink")
+        .iter()
+        .filter(|r| {
+            r.protocol == health_agent::membership::routes::ROUTE_PROTOCOL && r.prefix == 32
+        })
+        .count()
+    }
+
     /// The node's health status as its agent publishes it, via the CLI.
     #[must_use]
     pub fn status(&self) -> Option<ClusterStatus> {

@@ -346,6 +346,43 @@ impl EtcdCluster {
     }
 }
 
+impl EtcdCluster {
+    /// Every lease with its granted TTL, the seconds it has left and its
+    /// keys, a line each: what a lease count that grew needs to be read.
+    #[must_use]
+    pub fn lease_details(&self) -> String {
+        self.with_client(async |c| {
+            let ids: Vec<i64> = c
+                .leases()
+                .await
+                .ok()?
+                .leases()
+                .iter()
+                .map(etcd_client::LeaseStatus::id)
+                .collect();
+            let mut out = String::new();
+            for id in ids {
+                let opts = etcd_client::LeaseTimeToLiveOptions::new().with_keys();
+                let line = match c.lease_time_to_live(id, Some(opts)).await {
+                    Ok(t) => format!(
+                        "lease {id:x}: granted {} s, {} s left, keys {:?}\n",
+                        t.granted_ttl(),
+                        t.ttl(),
+                        t.keys()
+                            .iter()
+                            .map(|k| String::from_utf8_lossy(k).into_owned())
+                            .collect::<Vec<_>>()
+                    ),
+                    Err(e) => format!("lease {id:x}: {e}\n"),
+                };
+                out += &line;
+            }
+            Some(out)
+        })
+        .unwrap_or_else(|| "no etcd member answered".into())
+    }
+}
+
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         for i in 0..self.members.len() {

@@ -4,7 +4,11 @@
 
 use std::{
     net::IpAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
 };
 
 use tokio::sync::{Notify, broadcast, watch};
@@ -20,6 +24,12 @@ use crate::{
     },
     probe::Prober,
 };
+
+/// How soon a sync that could not make every route runs again after `n`
+/// such syncs in a row: 1 s, doubling up to 32 s.
+fn retry_after(n: u32) -> Duration {
+    Duration::from_secs(1 << n.min(5))
+}
 
 #[derive(Clone)]
 pub(super) struct NodeSync {
@@ -74,7 +84,11 @@ impl NodeSync {
         };
         // The first run installs routes for the initial set.
         wake.notify_one();
+        let again = wake.clone();
+        // Consecutive syncs that could not make every route.
+        let failures = Arc::new(AtomicU32::new(0));
         let apply = sync::run(self.limits, &wake, || {
+            let (again, failures) = (again.clone(), failures.clone());
             let set = nodes.borrow_and_update().clone();
             let (prober, routes) = (self.prober.borrow().clone(), routes.clone());
             let desired = PeerRoutes::desired(&set, Some(&self.local_name), &self.own_ips);
@@ -82,7 +96,7 @@ impl NodeSync {
             let (bounds, source) = (self.bounds.clone(), self.source.clone());
             async move {
                 prober.set_nodes(subset);
-                let refused = tokio::task::spawn_blocking(move || {
+                let synced = tokio::task::spawn_blocking(move || {
                     routes
                         .lock()
                         .map(|mut r| r.apply(&desired, &bounds))
@@ -90,7 +104,20 @@ impl NodeSync {
                 })
                 .await
                 .unwrap_or_default();
-                source.set_refused_routes(refused);
+                source.set_refused_routes(synced.refused);
+                if synced.failed {
+                    // Run again without waiting for news (a link that
+                    // just came up gets its connected routes back after
+                    // the event that woke this sync); lasting failures
+                    // less and less often. Meanwhile any news wakes it.
+                    let after = retry_after(failures.fetch_add(1, Ordering::Relaxed));
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        again.notify_one();
+                    });
+                } else {
+                    failures.store(0, Ordering::Relaxed);
+                }
             }
         });
         tokio::select! {
@@ -106,5 +133,20 @@ impl NodeSync {
             })
             .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::retry_after;
+
+    #[test]
+    fn failed_syncs_are_retried_at_once_then_less_and_less_often() {
+        assert_eq!(retry_after(0), Duration::from_secs(1));
+        assert_eq!(retry_after(1), Duration::from_secs(2));
+        assert_eq!(retry_after(5), Duration::from_secs(32));
+        assert_eq!(retry_after(40), Duration::from_secs(32));
     }
 }

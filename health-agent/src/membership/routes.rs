@@ -41,6 +41,8 @@ pub struct PeerRoutes {
     foreign: usize,
     /// Peers refused a route, as last reported.
     refused: usize,
+    /// Routes the kernel would not make, as last reported.
+    failed: usize,
 }
 
 /// A peer's health address and how it is reached.
@@ -105,9 +107,34 @@ fn covers(net: IpAddr, prefix: u8, ip: IpAddr) -> bool {
 struct Applied {
     added: usize,
     removed: usize,
+    /// Routes the kernel refused to add or remove.
+    failed: usize,
+    /// The first such refusal.
+    first_failure: Option<String>,
     not_on_link: usize,
     foreign: usize,
     refused: Vec<RefusedRoute>,
+}
+
+impl Applied {
+    fn fail(&mut self, e: &NetlinkError) {
+        self.failed += 1;
+        if self.first_failure.is_none() {
+            self.first_failure = Some(chain(e));
+        }
+    }
+}
+
+/// What one sync left.
+#[derive(Debug, Default)]
+pub struct Synced {
+    /// The health addresses the bounds refused a route.
+    pub refused: Vec<RefusedRoute>,
+    /// Some route could not be added or removed, or the table could not
+    /// be read: the kernel announces a link that comes up before it puts
+    /// back the link's connected routes, so a sync at that moment finds
+    /// its gateways unreachable and must run again.
+    pub failed: bool,
 }
 
 /// A route in the main table, either family.
@@ -278,13 +305,9 @@ impl PeerRoutes {
     /// desired is removed. A health address the bounds refuse gets no
     /// route; one the node already reaches through a route the agent did
     /// not make, at least as specific as the health range, is left to it.
-    /// Blocking; failures are logged and retried on the next sync. Returns
-    /// the refused addresses.
-    pub fn apply(
-        &mut self,
-        desired: &BTreeMap<IpAddr, PeerRoute>,
-        bounds: &RouteBounds,
-    ) -> Vec<RefusedRoute> {
+    /// Blocking; failures are logged, and [`Synced::failed`] asks for the
+    /// sync to be run again soon.
+    pub fn apply(&mut self, desired: &BTreeMap<IpAddr, PeerRoute>, bounds: &RouteBounds) -> Synced {
         let desired = desired.clone();
         let bounds = bounds.clone();
         let done = in_netns(None, |nl| async move {
@@ -326,7 +349,7 @@ impl PeerRoutes {
                 }
                 match install(&nl, *health, peer.via).await {
                     Ok(()) => applied.added += 1,
-                    Err(e) => warn!("{}", chain(&e)),
+                    Err(e) => applied.fail(&e),
                 }
             }
             let stale = table.routes.iter().filter(|r| {
@@ -335,7 +358,7 @@ impl PeerRoutes {
             for r in stale {
                 match remove(&nl, r.destination).await {
                     Ok(()) => applied.removed += 1,
-                    Err(e) => warn!("{}", chain(&e)),
+                    Err(e) => applied.fail(&e),
                 }
             }
             Ok(applied)
@@ -343,11 +366,17 @@ impl PeerRoutes {
         match done {
             Ok(mut a) => {
                 self.report(&a);
-                std::mem::take(&mut a.refused)
+                Synced {
+                    refused: std::mem::take(&mut a.refused),
+                    failed: a.failed > 0,
+                }
             }
             Err(e) => {
                 warn!("updating routes to peer endpoints: {}", chain(&e));
-                Vec::new()
+                Synced {
+                    refused: Vec::new(),
+                    failed: true,
+                }
             }
         }
     }
@@ -383,7 +412,14 @@ impl PeerRoutes {
                 first.reason
             );
         }
+        if let Some(first) = a.first_failure.as_ref().filter(|_| a.failed != self.failed) {
+            warn!(
+                routes = a.failed,
+                "routes to peer endpoints not made (retried); first: {first}"
+            );
+        }
         self.not_on_link = a.not_on_link;
+        self.failed = a.failed;
         self.foreign = a.foreign;
         self.refused = a.refused.len();
     }

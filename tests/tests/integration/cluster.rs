@@ -1,11 +1,12 @@
 //! Local clusters of namespaces, each node running the real agent: full-mesh
 //! probing, reachability changes, partial failures.
 
-use std::time::Duration;
+use std::{net::Ipv4Addr, time::Duration};
 
 use health_agent::{
     api::types::NodesView,
     datapath::classic::PRIORITY,
+    membership::routes::ROUTE_PROTOCOL,
     sys::{
         netlink::{TcDirection, in_netns},
         netns::Netns,
@@ -18,7 +19,7 @@ use health_agent::probe::{
     status::ClusterStatus,
 };
 use health_tests::{
-    cluster::{Cluster, Settings, nodes_yaml},
+    cluster::{Cluster, ClusterNode, Settings, nodes_yaml},
     faults::DropIcmp,
 };
 
@@ -182,6 +183,92 @@ fn a_node_whose_link_goes_down_turns_unreachable_then_recovers() {
         icmp.loss_ratio.is_some_and(|r| r > 0.0 && r < 1.0),
         "{icmp:#?}"
     );
+}
+
+#[test]
+fn the_agents_routes_come_back_after_a_sync_that_could_not_make_them_and_after_flaps() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 3,
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    let node = &cluster.nodes[2];
+    assert_eq!(node.agent_routes(), 2, "a route to each peer's endpoint");
+
+    // A sync that finds every gateway unreachable (as one woken by a link
+    // coming up can: the kernel announces the link before it puts back its
+    // connected route) runs again by itself, for nothing else announces
+    // the connected route's return.
+    let not_made = || {
+        node.log()
+            .matches("routes to peer endpoints not made")
+            .count()
+    };
+    let spare = Ipv4Addr::new(198, 18, 1, 250);
+    in_netns(Some(&node.ns), |nl| async move {
+        for r in nl.routes::<Ipv4Addr>().await? {
+            if r.protocol == ROUTE_PROTOCOL {
+                nl.delete_route_owned(r.destination, r.prefix, ROUTE_PROTOCOL)
+                    .await?;
+            }
+        }
+        nl.delete_route(Ipv4Addr::new(198, 18, 0, 0), 24, "uplink")
+            .await?;
+        // An address event: it wakes the sync, which fails.
+        nl.add_address("uplink", spare, 32).await
+    })
+    .expect("routes and an address changed");
+    let deadline = std::time::Instant::now() + health_tests::patience(Duration::from_secs(10));
+    while not_made() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sync failed:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Past the syncs the address event may have queued (200 ms apart):
+    // from here on only the failure itself wakes the next.
+    std::thread::sleep(Duration::from_millis(1500));
+    in_netns(Some(&node.ns), |nl| async move {
+        nl.replace_route(Ipv4Addr::new(198, 18, 0, 0), 24, "uplink", None)
+            .await
+    })
+    .expect("the connected route put back");
+    let back = routes_back(node, "after a failed sync, with no news since");
+    println!("after a sync that could not make them: the routes back within {back:?}");
+    in_netns(Some(&node.ns), |nl| async move {
+        nl.delete_address("uplink", spare.into()).await
+    })
+    .expect("the spare address removed");
+
+    let mut slowest = Duration::ZERO;
+    for flap in 0..6 {
+        node.set_uplink(false);
+        std::thread::sleep(Duration::from_millis(200 + 100 * flap));
+        assert_eq!(node.agent_routes(), 0, "a link going down takes its routes");
+        node.set_uplink(true);
+        slowest = slowest.max(routes_back(node, "after the link came up"));
+    }
+    println!("6 flaps: the routes back within {slowest:?} each time");
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+}
+
+/// Waits (4 s at most) until `node` holds its 2 routes again; how long.
+fn routes_back(node: &ClusterNode, what: &str) -> Duration {
+    let t0 = std::time::Instant::now();
+    let deadline = health_tests::patience(Duration::from_secs(4));
+    while node.agent_routes() < 2 {
+        assert!(
+            t0.elapsed() < deadline,
+            "{what}: routes back {} of 2 after {:?}\n{}",
+            node.agent_routes(),
+            t0.elapsed(),
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t0.elapsed()
 }
 
 #[test]

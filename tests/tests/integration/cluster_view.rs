@@ -7,7 +7,10 @@
 //! every 60 s, liveness echoes every 3 s) a node that stops is node down
 //! in the published view within 10 s.
 
-use std::time::{Duration, Instant};
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
 
 use health_agent::{
     cluster::view::{ClusterView, Verdict},
@@ -212,8 +215,18 @@ fn at_the_default_intervals_a_node_that_stops_is_down_in_the_view_within_ten_sec
     // well before the next round.
     let t1 = Instant::now();
     cluster.nodes[target].set_uplink(true);
+    let deadline = health_tests::patience(Duration::from_secs(40));
     for node in &cluster.nodes {
-        wait_view(node, Duration::from_secs(40), "healthy again", healthy);
+        while !view(node).is_some_and(|v| healthy(&v)) {
+            assert!(
+                t1.elapsed() < deadline,
+                "{}: {name} not healthy again after {:?}\n{}",
+                node.name,
+                t1.elapsed(),
+                how_each_sees(&cluster, &name)
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
     let back = t1.elapsed();
     println!("{name} back: healthy in every view after {back:?}");
@@ -223,6 +236,41 @@ fn at_the_default_intervals_a_node_that_stops_is_down_in_the_view_within_ten_sec
         back < Duration::from_secs(15),
         "healthy again after {back:?}, not at the next round"
     );
+}
+
+/// What each agent makes of `name` (its own paths to it, and its view),
+/// then the tails of every agent's log: what a failure needs to be read.
+fn how_each_sees(cluster: &Cluster, name: &str) -> String {
+    let mut out = String::new();
+    for node in &cluster.nodes {
+        let paths = node.status().and_then(|s| {
+            s.nodes.iter().find(|n| n.name == name).map(|n| {
+                format!(
+                    "host icmp {:?} http {:?}, endpoint icmp {:?} http {:?}",
+                    n.host.icmp.result,
+                    n.host.http.result,
+                    n.endpoint.icmp.result,
+                    n.endpoint.http.result
+                )
+            })
+        });
+        let seen = view(node).map(|v| (v.reports, verdict(&v, name)));
+        let _ = writeln!(
+            out,
+            "{}: its paths to {name}: {paths:?}; its view (reports, verdict): {seen:?}",
+            node.name
+        );
+    }
+    for node in &cluster.nodes {
+        let log = node.log();
+        let tail: Vec<&str> = log.lines().rev().take(25).collect();
+        let _ = writeln!(out, "--- {} log, last lines:", node.name);
+        for l in tail.iter().rev() {
+            out += l;
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The agent that assembles the view (and serves the matrix), as node 1's

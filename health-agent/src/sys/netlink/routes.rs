@@ -170,7 +170,7 @@ impl Netlink {
     }
 
     /// Deletes the main-table route to `destination/prefix` out of `iface`,
-    /// whoever installed it; a missing one is fine.
+    /// whoever installed it and whatever its scope; a missing one is fine.
     pub async fn delete_route<A: Family>(
         &self,
         destination: A,
@@ -181,6 +181,7 @@ impl Netlink {
         let msg = route(destination.into(), prefix, None)?
             .output_interface(index)
             .protocol(RouteProtocol::Unspec)
+            .scope(RouteScope::NoWhere)
             .build();
         self.delete_message(
             msg,
