@@ -7,8 +7,7 @@
 //! round, so a late reply of an earlier round is not taken for this one's.
 
 use std::{
-    io::{self, Read as _},
-    mem::MaybeUninit,
+    io,
     net::{IpAddr, Ipv6Addr, SocketAddr},
     time::Duration,
 };
@@ -20,6 +19,7 @@ use tokio::{
 };
 
 use super::{
+    arrival::{Received, recv_stamped, stamp_arrivals},
     error::{ProbeError, Proto},
     family::{Families, Family},
     order::Echoes,
@@ -144,6 +144,18 @@ struct Waiting<'a> {
 }
 
 impl Waiting<'_> {
+    /// A message read (`r`, its bytes `pkt`): the reply to one of this
+    /// round's requests, or not.
+    fn reply(&mut self, pkt: &[u8], r: &Received, numbering: Numbering, targets: &[IpAddr]) {
+        let i = match r.from {
+            Some(src) => match_reply_v6(pkt, src, numbering, targets),
+            None => match_reply(pkt, numbering, targets),
+        };
+        if let Some(i) = i {
+            self.answered(i, Instant::from_std(r.at));
+        }
+    }
+
     /// The reply to request `i` came at `at`.
     fn answered(&mut self, i: usize, at: Instant) {
         if let Some(sent) = self.sent_at[i].take() {
@@ -172,6 +184,7 @@ fn raw_socket(family: Family) -> io::Result<Socket> {
         Family::Ipv6 => Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?,
     };
     sock.set_nonblocking(true)?;
+    stamp_arrivals(&sock)?;
     // Replies of a whole round may arrive in one burst, and all ICMP of
     // the namespace lands here: SO_RCVBUF is capped by
     // net.core.rmem_max (about 200 KiB, a few hundred replies), so the
@@ -294,8 +307,7 @@ impl IcmpProber {
                 let (id, seq) = numbering.ident(next);
                 let size = padded.and_then(|p| (next >= p.from).then_some(p.bytes));
                 match self.send(targets[next], id, seq, size, &mut request).await {
-                    Ok(()) => {
-                        let at = Instant::now();
+                    Ok(at) => {
                         w.sent_at[next] = Some(at);
                         echoes.sent(next, at);
                     }
@@ -325,29 +337,25 @@ impl IcmpProber {
                 ready = readable(self.v4.as_ref()) => {
                     let Ok(mut guard) = ready else { break };
                     // Drain every reply queued, then wait again.
-                    while let Ok(Ok(len)) = guard.try_io(|s| {
-                        let mut sock: &Socket = s.get_ref();
-                        sock.read(&mut buf)
-                    }) {
-                        if let Some(i) = match_reply(&buf[..len], numbering, targets) {
-                            w.answered(i, Instant::now());
-                        }
+                    while let Ok(Ok(r)) = guard.try_io(|s| recv_stamped(s.get_ref(), &mut buf)) {
+                        w.reply(&buf[..r.len], &r, numbering, targets);
                     }
                 }
                 ready = readable(self.v6.as_ref()) => {
                     let Ok(mut guard) = ready else { break };
-                    while let Ok(Ok((len, from))) =
-                        guard.try_io(|s| recv_from(s.get_ref(), &mut buf))
-                    {
-                        if let Some(src) = from
-                            && let Some(i) = match_reply_v6(&buf[..len], src, numbering, targets)
-                        {
-                            w.answered(i, Instant::now());
-                        }
+                    while let Ok(Ok(r)) = guard.try_io(|s| recv_stamped(s.get_ref(), &mut buf)) {
+                        w.reply(&buf[..r.len], &r, numbering, targets);
                     }
                 }
                 () = sleep_until(wake) => {
                     if next == n && Instant::now() >= deadline {
+                        // Replies that came in time and wait unread (a
+                        // busy node) still count.
+                        for sock in [&self.v4, &self.v6].into_iter().flatten() {
+                            while let Ok(r) = recv_stamped(sock.get_ref(), &mut buf) {
+                                w.reply(&buf[..r.len], &r, numbering, targets);
+                            }
+                        }
                         break;
                     }
                 }
@@ -357,7 +365,8 @@ impl IcmpProber {
     }
 
     /// An echo request to `dst`: the usual 16 bytes, or an IP packet of
-    /// `size` bytes (built in `padded`, reused across requests).
+    /// `size` bytes (built in `padded`, reused across requests). Returns
+    /// when it went.
     async fn send(
         &self,
         dst: IpAddr,
@@ -365,7 +374,7 @@ impl IcmpProber {
         seq: u16,
         size: Option<usize>,
         padded: &mut Vec<u8>,
-    ) -> io::Result<()> {
+    ) -> io::Result<Instant> {
         let small;
         let (sock, request): (_, &[u8]) = match (dst, size) {
             (IpAddr::V4(_), None) => {
@@ -395,21 +404,15 @@ impl IcmpProber {
         let to = SockAddr::from(SocketAddr::new(dst, 0));
         loop {
             let mut guard = sock.writable().await?;
+            // Taken before the call: the reply can come (and be stamped)
+            // within it, on a veth.
+            let at = Instant::now();
             match guard.try_io(|s| s.get_ref().send_to(request, &to)) {
-                Ok(r) => return r.map(|_| ()),
+                Ok(r) => return r.map(|_| at),
                 Err(_would_block) => {}
             }
         }
     }
-}
-
-/// `recvfrom` into an initialised buffer: the length and the IPv6 source.
-fn recv_from(sock: &Socket, buf: &mut [u8]) -> io::Result<(usize, Option<Ipv6Addr>)> {
-    // SAFETY: initialised bytes seen as possibly uninitialised ones; the
-    // kernel only writes to them, never de-initialises them.
-    let uninit = unsafe { &mut *(std::ptr::from_mut::<[u8]>(buf) as *mut [MaybeUninit<u8>]) };
-    let (len, from) = sock.recv_from(uninit)?;
-    Ok((len, from.as_socket_ipv6().map(|a| *a.ip())))
 }
 
 /// The request of this round that identifier `id` and sequence `seq`
@@ -574,6 +577,82 @@ mod tests {
         assert_eq!(n.request(1, 4_464, 140_000), Some(74_464));
         assert_eq!(n.request(2, 0, 140_000), Some(70_000 + 65_536));
         assert_eq!(n.request(2, 4_464, 140_000), None, "past flow 1's targets");
+    }
+
+    #[test]
+    #[allow(
+        clippy::print_stderr,
+        reason = "says why the test is skipped for a user who is not root"
+    )]
+    fn a_reply_that_came_in_time_counts_though_the_agent_reads_it_after_the_timeout() {
+        // One thread: once the request is out, the test holds it for three
+        // timeouts, as a busy node's agent can be held; the loopback's reply
+        // meanwhile waits in the socket.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let prober = match IcmpProber::new(None, Families::default()) {
+                Ok(prober) => prober,
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    eprintln!("skipped: a raw ICMP socket needs root (cargo xtask test runs it)");
+                    return;
+                }
+                Err(e) => panic!("raw ICMP socket: {e}"),
+            };
+            // The kernel switches its arrival stamps on from a work queue,
+            // shortly after the first socket asks for them.
+            std::thread::sleep(Duration::from_millis(100));
+            let timeout = Duration::from_millis(200);
+            let echoes = Echoes::new(1, Duration::ZERO, Duration::ZERO);
+            let targets = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+            let numbering = Numbering::single(fastrand::u16(..), 1);
+            let round = prober.round(&targets, numbering, None, timeout, Duration::ZERO, &echoes);
+            tokio::pin!(round);
+            // Polled until its request is out (the socket's first readiness
+            // comes through the reactor), then the thread is held.
+            let mut done = None;
+            while !echoes.is_sent(0) {
+                if let std::task::Poll::Ready(r) = futures::poll!(&mut round) {
+                    done = Some(r);
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            std::thread::sleep(3 * timeout);
+            let results = match done {
+                Some(r) => r,
+                None => round.await,
+            };
+            let rtt = results[0].as_ref().expect("the reply came in time");
+            assert!(*rtt < timeout, "the RTT is the arrival's: {rtt:?}");
+        });
+    }
+
+    #[test]
+    fn a_datagram_is_stamped_when_it_arrives_not_when_it_is_read() {
+        let rx = Socket::new(Domain::IPV4, Type::DGRAM, None).expect("socket");
+        rx.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())
+            .expect("bind");
+        stamp_arrivals(&rx).expect("SO_TIMESTAMPNS");
+        // The kernel turns its stamps on from a work queue.
+        std::thread::sleep(Duration::from_millis(100));
+        let to = rx.local_addr().expect("address");
+        let tx = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("socket");
+        tx.send_to(b"stamp", to.as_socket().expect("inet"))
+            .expect("send");
+        let sent = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut buf = [0u8; 64];
+        let r = recv_stamped(&rx, &mut buf).expect("the datagram");
+        assert_eq!(&buf[..r.len], b"stamp");
+        assert_eq!(r.from, None, "an IPv4 source is not an IPv6 one");
+        let ago = r.at.elapsed();
+        assert!(
+            ago >= Duration::from_millis(250) && r.at <= sent + Duration::from_millis(50),
+            "stamped {ago:?} before it was read"
+        );
     }
 
     #[tokio::test]

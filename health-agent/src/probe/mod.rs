@@ -6,6 +6,7 @@
 //! over N nodes costs about one timeout plus the spread. Also the :4240
 //! hello server ([`hello`]) that answers other nodes' HTTP probes.
 
+mod arrival;
 mod config;
 pub mod error;
 mod error_class;

@@ -119,6 +119,13 @@ impl Echoes {
         self.raise(i, ANSWERED);
     }
 
+    /// Whether target `i`'s request went out (or could not).
+    #[cfg(test)]
+    #[must_use]
+    pub fn is_sent(&self, i: usize) -> bool {
+        self.state(i) != NOT_SENT
+    }
+
     /// Whether target `i` has answered.
     #[cfg(test)]
     #[must_use]

@@ -1,0 +1,153 @@
+//! When an echo reply reached the node, as the kernel stamped it on
+//! arrival (`SO_TIMESTAMPNS`), rather than when the agent read it. On a
+//! busy node a reply that came in time can be read after its probe's
+//! timeout; the arrival, not the read, decides whether it was in time, and
+//! gives its RTT.
+
+use std::{
+    io,
+    mem::MaybeUninit,
+    net::Ipv6Addr,
+    os::fd::AsRawFd as _,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use socket2::Socket;
+
+/// Asks the kernel to stamp each datagram `sock` receives with the time it
+/// arrived. The kernel turns its stamps on from a work queue, within
+/// moments; a datagram that comes before is stamped when it is read.
+pub(super) fn stamp_arrivals(sock: &Socket) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket, an option value of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            std::ptr::from_ref(&on).cast(),
+            libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(libc::socklen_t::MAX),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A datagram read: its length, when it arrived (when it was read, when
+/// the kernel did not say), and its source when it came over IPv6.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Received {
+    pub len: usize,
+    pub at: Instant,
+    pub from: Option<Ipv6Addr>,
+}
+
+/// Room for one `SCM_TIMESTAMPNS` message (a header and a timespec), with
+/// the alignment control messages need.
+#[repr(C, align(8))]
+struct Control([u8; 64]);
+
+/// Reads one datagram queued on `sock` into `buf` (without waiting), with
+/// its arrival time.
+pub(super) fn recv_stamped(sock: &Socket, buf: &mut [u8]) -> io::Result<Received> {
+    let mut name = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut control = Control([0; 64]);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = name.as_mut_ptr().cast();
+    msg.msg_namelen = libc::socklen_t::try_from(size_of::<libc::sockaddr_storage>())
+        .unwrap_or(libc::socklen_t::MAX);
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = control.0.len();
+    // SAFETY: every pointer in `msg` points at a live buffer of the
+    // length given beside it, for the duration of the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &raw mut msg, libc::MSG_DONTWAIT) };
+    let len = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+    let read = (Instant::now(), SystemTime::now());
+    // SAFETY: recvmsg filled `msg`'s control buffer and `name` (of
+    // `msg_namelen` bytes).
+    let (stamp, from) = unsafe { (arrival(&msg), source_v6(name.as_ptr(), msg.msg_namelen)) };
+    Ok(Received {
+        len: len.min(buf.len()),
+        at: stamp.map_or(read.0, |s| on_monotonic(s, read)),
+        from,
+    })
+}
+
+/// The `SCM_TIMESTAMPNS` stamp among `msg`'s control messages.
+///
+/// # Safety
+/// `msg` was filled by `recvmsg`: its control buffer holds
+/// `msg_controllen` bytes of control messages.
+unsafe fn arrival(msg: &libc::msghdr) -> Option<SystemTime> {
+    // SAFETY: the CMSG_* macros walk the control buffer within
+    // `msg_controllen`, as the caller vouches.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(msg) };
+    while !c.is_null() {
+        // SAFETY: a header inside the buffer (CMSG_FIRSTHDR/NXTHDR check).
+        let h = unsafe { &*c };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_TIMESTAMPNS {
+            // SAFETY: the kernel puts a timespec after this header.
+            let ts: libc::timespec =
+                unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>()) };
+            let secs = u64::try_from(ts.tv_sec).ok()?;
+            let nanos = u32::try_from(ts.tv_nsec).ok()?;
+            return Some(UNIX_EPOCH + Duration::new(secs, nanos));
+        }
+        // SAFETY: as above.
+        c = unsafe { libc::CMSG_NXTHDR(msg, c) };
+    }
+    None
+}
+
+/// The IPv6 source in `name`, when it is one.
+///
+/// # Safety
+/// `name` points at `len` bytes of a socket address written by the kernel.
+unsafe fn source_v6(name: *const libc::sockaddr_storage, len: libc::socklen_t) -> Option<Ipv6Addr> {
+    let len = usize::try_from(len).ok()?;
+    // SAFETY: at least the family is there when `len` covers it.
+    let family = unsafe { (*name).ss_family };
+    if i32::from(family) != libc::AF_INET6 || len < size_of::<libc::sockaddr_in6>() {
+        return None;
+    }
+    // SAFETY: an AF_INET6 address of its full size.
+    let a = unsafe { std::ptr::read_unaligned(name.cast::<libc::sockaddr_in6>()) };
+    Some(Ipv6Addr::from(a.sin6_addr.s6_addr))
+}
+
+/// `stamp`, taken on the real-time clock, on the monotonic clock, given
+/// a reading of both (`read`) after it. A stamp ahead of the reading (the
+/// clock stepped back) is the reading.
+fn on_monotonic(stamp: SystemTime, (mono, real): (Instant, SystemTime)) -> Instant {
+    let ago = real.duration_since(stamp).unwrap_or(Duration::ZERO);
+    mono.checked_sub(ago).unwrap_or(mono)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_is_as_long_before_the_read_on_either_clock() {
+        let (mono, real) = (Instant::now(), SystemTime::now());
+        let stamp = real - Duration::from_millis(700);
+        assert_eq!(
+            on_monotonic(stamp, (mono, real)),
+            mono.checked_sub(Duration::from_millis(700))
+                .expect("a monotonic clock past 700 ms")
+        );
+        // A stamp after the reading (the clock stepped back): the reading.
+        let ahead = real + Duration::from_secs(3);
+        assert_eq!(on_monotonic(ahead, (mono, real)), mono);
+    }
+}
