@@ -84,11 +84,10 @@ impl NodeSync {
         };
         // The first run installs routes for the initial set.
         wake.notify_one();
-        let again = wake.clone();
         // Consecutive syncs that could not make every route.
         let failures = Arc::new(AtomicU32::new(0));
         let apply = sync::run(self.limits, &wake, || {
-            let (again, failures) = (again.clone(), failures.clone());
+            let failures = failures.clone();
             let set = nodes.borrow_and_update().clone();
             let (prober, routes) = (self.prober.borrow().clone(), routes.clone());
             let desired = PeerRoutes::desired(&set, Some(&self.local_name), &self.own_ips);
@@ -105,18 +104,15 @@ impl NodeSync {
                 .await
                 .unwrap_or_default();
                 source.set_refused_routes(synced.refused);
+                // A failed sync runs again without waiting for news (a
+                // link that just came up gets its connected routes back
+                // after the event that woke this sync); lasting failures
+                // less and less often. Meanwhile any news wakes it.
                 if synced.failed {
-                    // Run again without waiting for news (a link that
-                    // just came up gets its connected routes back after
-                    // the event that woke this sync); lasting failures
-                    // less and less often. Meanwhile any news wakes it.
-                    let after = retry_after(failures.fetch_add(1, Ordering::Relaxed));
-                    tokio::spawn(async move {
-                        tokio::time::sleep(after).await;
-                        again.notify_one();
-                    });
+                    Some(retry_after(failures.fetch_add(1, Ordering::Relaxed)))
                 } else {
                     failures.store(0, Ordering::Relaxed);
+                    None
                 }
             }
         });

@@ -1,6 +1,8 @@
 //! A bounded-frequency runner, after kube-proxy's: a function runs when
 //! asked, but never more often than `min_interval` allows (with `burst`
 //! runs of slack), and at least every `max_interval` even when nobody asks.
+//! A run that could not finish its work asks to be run again after a delay
+//! of its choosing (kube-proxy's `RetryAfter`), within the same limits.
 
 use std::time::Duration;
 
@@ -66,28 +68,31 @@ impl Bucket {
     }
 }
 
-/// Runs `f` whenever `wake` is notified, within `limits`, until the task is
-/// dropped. Returns never.
+/// Runs `f` whenever `wake` is notified, or as soon as the last run asked
+/// (its output: run again after this long), within `limits`, until the
+/// task is dropped. Returns never.
 pub async fn run<F, Fut>(limits: Limits, wake: &Notify, mut f: F)
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
+    Fut: Future<Output = Option<Duration>>,
 {
     let mut bucket = Bucket::new(limits, Instant::now());
     let mut last_run = Instant::now();
+    let mut retry: Option<Instant> = None;
     loop {
         let deadline = last_run + limits.max_interval;
         let asked = tokio::select! {
             () = wake.notified() => true,
-            () = sleep_until(deadline) => false,
+            () = sleep_until(retry.map_or(deadline, |r| r.min(deadline))) => retry.is_some(),
         };
         if asked {
             let at = bucket.next_allowed(Instant::now());
             sleep_until(at).await;
         }
         bucket.take(Instant::now());
-        f().await;
+        let again = f().await;
         last_run = Instant::now();
+        retry = again.map(|d| last_run + d);
     }
 }
 
@@ -118,7 +123,7 @@ mod tests {
         let task = tokio::spawn(async move {
             run(limits(), &w, || {
                 r.fetch_add(1, Ordering::SeqCst);
-                std::future::ready(())
+                std::future::ready(None)
             })
             .await;
         });
@@ -141,6 +146,33 @@ mod tests {
             3,
             "one more after min_interval"
         );
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_that_asks_runs_again_after_its_delay_within_max_interval() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let task = tokio::spawn(async move {
+            let wake = Notify::new();
+            wake.notify_one();
+            // The first two runs ask again after 3 s; then none asks.
+            run(limits(), &wake, || {
+                let n = r.fetch_add(1, Ordering::SeqCst);
+                std::future::ready((n < 2).then_some(Duration::from_secs(3)))
+            })
+            .await;
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "asked again after 3 s");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "and again");
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "not asked: max_interval");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 4);
         task.abort();
     }
 

@@ -18,22 +18,12 @@ use socket2::Socket;
 /// arrived. The kernel turns its stamps on from a work queue, within
 /// moments; a datagram that comes before is stamped when it is read.
 pub(super) fn stamp_arrivals(sock: &Socket) -> io::Result<()> {
-    let on: libc::c_int = 1;
-    // SAFETY: a valid socket, an option value of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_TIMESTAMPNS,
-            std::ptr::from_ref(&on).cast(),
-            libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(libc::socklen_t::MAX),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    super::icmp::setsockopt(
+        sock,
+        libc::SOL_SOCKET,
+        libc::SO_TIMESTAMPNS,
+        &1 as &libc::c_int,
+    )
 }
 
 /// A datagram read: its length, when it arrived (when it was read, when

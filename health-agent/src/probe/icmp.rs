@@ -453,7 +453,12 @@ fn force_buffer(sock: &Socket, opt: libc::c_int, bytes: libc::c_int) -> io::Resu
 }
 
 /// `setsockopt(level, opt)` with `value` as the option's bytes.
-fn setsockopt<T>(sock: &Socket, level: libc::c_int, opt: libc::c_int, value: &T) -> io::Result<()> {
+pub(super) fn setsockopt<T>(
+    sock: &Socket,
+    level: libc::c_int,
+    opt: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
     use std::os::fd::AsRawFd as _;
     // SAFETY: a valid socket, an option value of the size given.
     let rc = unsafe {
@@ -579,11 +584,24 @@ mod tests {
         assert_eq!(n.request(2, 4_464, 140_000), None, "past flow 1's targets");
     }
 
-    #[test]
+    /// The prober of the test's namespace; `None` (the test skipped, and
+    /// said so) for a user who may not open raw ICMP sockets.
     #[allow(
         clippy::print_stderr,
         reason = "says why the test is skipped for a user who is not root"
     )]
+    fn prober_if_root() -> Option<IcmpProber> {
+        match IcmpProber::new(None, Families::default()) {
+            Ok(prober) => Some(prober),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                eprintln!("skipped: a raw ICMP socket needs root (cargo xtask test runs it)");
+                None
+            }
+            Err(e) => panic!("raw ICMP socket: {e}"),
+        }
+    }
+
+    #[test]
     fn a_reply_that_came_in_time_counts_though_the_agent_reads_it_after_the_timeout() {
         // One thread: once the request is out, the test holds it for three
         // timeouts, as a busy node's agent can be held; the loopback's reply
@@ -593,13 +611,8 @@ mod tests {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let prober = match IcmpProber::new(None, Families::default()) {
-                Ok(prober) => prober,
-                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                    eprintln!("skipped: a raw ICMP socket needs root (cargo xtask test runs it)");
-                    return;
-                }
-                Err(e) => panic!("raw ICMP socket: {e}"),
+            let Some(prober) = prober_if_root() else {
+                return;
             };
             // The kernel switches its arrival stamps on from a work queue,
             // shortly after the first socket asks for them.
@@ -656,23 +669,14 @@ mod tests {
     }
 
     #[tokio::test]
-    #[allow(
-        clippy::print_stderr,
-        reason = "says why the test is skipped for a user who is not root"
-    )]
     async fn the_receive_buffer_holds_a_round_of_replies_past_rmem_max() {
         let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
             .expect("rmem_max")
             .trim()
             .parse()
             .expect("a number");
-        let prober = match IcmpProber::new(None, Families::default()) {
-            Ok(prober) => prober,
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                eprintln!("skipped: a raw ICMP socket needs root (cargo xtask test runs it)");
-                return;
-            }
-            Err(e) => panic!("raw ICMP socket: {e}"),
+        let Some(prober) = prober_if_root() else {
+            return;
         };
         let size = prober.recv_buffer_size().expect("SO_RCVBUF");
         assert!(
