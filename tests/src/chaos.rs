@@ -394,7 +394,7 @@ impl Chaos {
             "{name}'s agent SIGKILLed and restarted {} times",
             opts.kills
         );
-        let before = self.resources(victim);
+        let before = self.resources_at_rest(victim);
         let others_before: Vec<(usize, Option<(usize, u64)>)> = (0..victim)
             .map(|i| (i, self.cluster.nodes[i].pid().and_then(settled_fds_and_rss)))
             .collect();
@@ -452,6 +452,24 @@ impl Chaos {
                 largest.0, largest.1
             ));
         }
+    }
+
+    /// [`Self::resources`] once every agent holds its two etcd leases (its
+    /// record's and its election's): a fault just before (an agent cut off
+    /// from etcd) can leave an agent campaigning again for a few seconds,
+    /// and a count taken then would call the lease it gets back a leak.
+    /// Bounded: past twice the election TTL and 10 s, the count as it is.
+    fn resources_at_rest(&self, i: usize) -> Vec<(&'static str, usize)> {
+        let Some(etcd) = self.cluster.etcd_cluster.as_ref() else {
+            return self.resources(i);
+        };
+        let deadline = Instant::now()
+            + 2 * health_agent::daemon::cluster_view::ELECTION_TTL
+            + Duration::from_secs(10);
+        while etcd.leases().map_or(0, |l| l.len()) < 2 * self.n() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        self.resources(i)
     }
 
     /// [`Self::resources`] once the killed agents' election leases have
