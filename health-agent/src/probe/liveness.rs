@@ -14,8 +14,12 @@
 //! still unreachable. After news, a node whose paths do not all agree
 //! with its echo yet (some in Failure while it answers, some in Success
 //! while it is silent) is probed early again at the next echoes, up to
-//! [`FOLLOW_UPS`] times; then it waits for the rounds, as a node whose
-//! endpoint alone is down should.
+//! [`FOLLOW_UPS`] times (more when the thresholds need more rounds to
+//! reach a verdict); then it waits for the rounds, as a node whose
+//! endpoint alone is down should. News is an echo that disagrees with its
+//! path and says otherwise than the echo before it: one that goes on
+//! disagreeing the same way (its flow black holed while other ECMP flows
+//! keep the path in Success) sets off no more early rounds.
 //!
 //! Cost: one echo a node per interval, about 200 bytes both ways (the
 //! rounds' other probes, the HTTP ones and the MTU echoes, stay at the
@@ -38,7 +42,7 @@ use super::{
     icmp_round::MtuTargets,
     order::Echoes,
     path::{Outcome, ProbeResult},
-    targets::{NodePaths, targets},
+    targets::{EchoTrack, NodePaths, targets},
 };
 use crate::membership::{Node, NodeSet};
 
@@ -78,7 +82,7 @@ impl Prober {
         if nodes.is_empty() || self.liveness_interval(nodes.len()).is_none() {
             return Liveness::default();
         }
-        let (echoes, unanswered, news) = {
+        let (echoes, unanswered, news, echoed_ms) = {
             let _one_at_a_time = self.round_lock.lock().await;
             let all = targets(&nodes, self.cfg.families);
             // The node addresses (`2 * family`), not the health endpoints'.
@@ -99,14 +103,14 @@ impl Prober {
                     &none,
                 )
                 .await;
-            self.liveness_ms.store(epoch_ms_now(), Ordering::Relaxed);
+            let echoed_ms = epoch_ms_now();
             let seen: Vec<((u32, u8), bool)> = picked
                 .iter()
                 .zip(&outcomes)
                 .map(|(&i, o)| (all.keys[i], matches!(o, Outcome::Ok { .. })))
                 .collect();
             let unanswered = seen.iter().filter(|(_, ok)| !ok).count();
-            (n, unanswered, self.disagreeing(&nodes, &seen))
+            (n, unanswered, self.disagreeing(&nodes, &seen), echoed_ms)
         };
         let escalated = news.len();
         if escalated > 0 {
@@ -116,6 +120,10 @@ impl Prober {
             );
             self.round_over(nodes.subset(&news)).await;
         }
+        // The echoes confirm the paths as of when they were seen, once
+        // the paths they contradicted were probed again: not before, or
+        // a summary written meanwhile would pass old verdicts for new.
+        self.liveness_ms.store(echoed_ms, Ordering::Relaxed);
         Liveness {
             echoes,
             unanswered,
@@ -125,10 +133,11 @@ impl Prober {
 
     /// The nodes (indices, once each) to probe in full now: those whose
     /// echo (`seen`: node index, address, answered) is news to their ICMP
-    /// path to that address ([`disagrees`]), and, up to [`FOLLOW_UPS`]
+    /// path to that address ([`is_news`]), and, up to [`follow_ups`]
     /// times after news, those some of whose paths still disagree with
     /// their echo ([`settled`]).
     fn disagreeing(&self, nodes: &NodeSet, seen: &[((u32, u8), bool)]) -> Vec<usize> {
+        let follow_ups = self.follow_ups();
         let Ok(mut paths) = self.paths.lock() else {
             return Vec::new();
         };
@@ -138,32 +147,55 @@ impl Prober {
             let Some(n) = nodes.get(node as usize) else {
                 continue;
             };
-            if out.last() == Some(&(node as usize)) {
-                continue;
-            }
             let icmp = 2 * usize::from(address);
-            let Some(p) = paths.get_mut(&n.name) else {
+            let early = match paths.get_mut(&n.name) {
                 // Never probed: undecided, so news.
-                out.push(node as usize);
-                continue;
+                None => true,
+                Some(p) => {
+                    let state = p.state(icmp).result;
+                    let agrees = settled(p, icmp, answered);
+                    p.echo
+                        .get_mut(usize::from(address / 2))
+                        .is_some_and(|track| track.early(state, answered, agrees, follow_ups))
+                }
             };
-            let early = if disagrees(p.state(icmp).result, answered) {
-                p.early_rounds = FOLLOW_UPS;
-                true
-            } else if settled(p, icmp, answered) {
-                p.early_rounds = 0;
-                false
-            } else if p.early_rounds > 0 {
-                p.early_rounds -= 1;
-                true
-            } else {
-                false
-            };
-            if early {
+            if early && out.last() != Some(&(node as usize)) {
                 out.push(node as usize);
             }
         }
         out
+    }
+
+    /// Early rounds a node gets after news: [`FOLLOW_UPS`], or as many as
+    /// its paths need to reach a verdict when the thresholds ask for more.
+    fn follow_ups(&self) -> u8 {
+        let t = self.cfg.thresholds;
+        let need = t.failure.max(t.success);
+        FOLLOW_UPS.max(u8::try_from(need).unwrap_or(u8::MAX))
+    }
+}
+
+impl EchoTrack {
+    /// Records an echo (`answered`) to a family whose node ICMP path is in
+    /// `state` (`agrees`: every path of the family agrees with the echo);
+    /// says whether the node is to be probed early. News sets
+    /// `follow_ups` early rounds going; without news they run down, and
+    /// stop once the paths agree.
+    fn early(&mut self, state: ProbeResult, answered: bool, agrees: bool, follow_ups: u8) -> bool {
+        let news = is_news(state, answered, self.last);
+        self.last = Some(answered);
+        if news {
+            self.early_rounds = follow_ups;
+            true
+        } else if agrees {
+            self.early_rounds = 0;
+            false
+        } else if self.early_rounds > 0 {
+            self.early_rounds -= 1;
+            true
+        } else {
+            false
+        }
     }
 }
 
@@ -179,18 +211,30 @@ fn settled(paths: &NodePaths, icmp: usize, answered: bool) -> bool {
     (icmp..icmp + PER_FAMILY).all(|i| paths.state(i).result == agreeing)
 }
 
-/// Whether an echo answered (or not) is news to a path in `state`: all
-/// but an answer to a path in Success and silence from one in Failure. A
-/// path not decided yet (Unknown: never probed, or failing below the
-/// failure threshold) is probed at once too, so a node that joins
-/// between rounds is decided within seconds; each such round moves it
-/// towards a verdict, so a node is probed early at most the thresholds'
-/// number of times before its echoes agree with it.
+/// Whether an echo answered (or not) disagrees with a path in `state`:
+/// all but an answer to a path in Success and silence from one in
+/// Failure. A path not decided yet (Unknown: never probed, or failing
+/// below the failure threshold) disagrees with either, so a node that
+/// joins between rounds is decided within seconds.
 const fn disagrees(state: ProbeResult, answered: bool) -> bool {
     !matches!(
         (state, answered),
         (ProbeResult::Success, true) | (ProbeResult::Failure, false)
     )
+}
+
+/// Whether an echo is news: it disagrees with its path and says
+/// otherwise than the echo before it (`last`; none yet: news). An echo
+/// that goes on disagreeing the same way is not news again: a path kept
+/// in Success by other ECMP flows while the echo's own flow is black
+/// holed (or whose endpoint alone is down) gets its follow-ups once, not
+/// an early round at every echo.
+const fn is_news(state: ProbeResult, answered: bool, last: Option<bool>) -> bool {
+    let changed = match last {
+        Some(was) => was != answered,
+        None => true,
+    };
+    changed && disagrees(state, answered)
 }
 
 fn epoch_ms_now() -> u64 {
@@ -308,6 +352,50 @@ mod tests {
             Vec::<usize>::new(),
             "no news, no follow-ups left"
         );
+    }
+
+    /// A path kept in Success (by other ECMP flows, say) while every echo
+    /// goes unanswered: news once, its follow-ups, then no early rounds
+    /// however long it lasts; an echo answered again and lost again is
+    /// news again.
+    #[test]
+    fn an_echo_that_keeps_disagreeing_the_same_way_is_news_once() {
+        let (nodes, prober) = probing(&["a"]);
+        let both = [(0, 0), (0, 1)];
+        prober.record(&nodes, &both, vec![(ok(), ok()); 2], 1, 0, 1);
+        let silent = [((0, 0), false)];
+        assert_eq!(prober.disagreeing(&nodes, &silent), vec![0], "news");
+        for _ in 0..FOLLOW_UPS {
+            assert_eq!(prober.disagreeing(&nodes, &silent), vec![0]);
+        }
+        for _ in 0..20 {
+            assert_eq!(
+                prober.disagreeing(&nodes, &silent),
+                Vec::<usize>::new(),
+                "the same silence is not news again"
+            );
+        }
+        assert_eq!(
+            prober.disagreeing(&nodes, &[((0, 0), true)]),
+            Vec::<usize>::new()
+        );
+        assert_eq!(prober.disagreeing(&nodes, &silent), vec![0], "news again");
+    }
+
+    /// With thresholds above [`FOLLOW_UPS`], news buys as many early rounds
+    /// as a path needs to reach its verdict.
+    #[test]
+    fn follow_ups_cover_the_failure_threshold() {
+        let prober = Prober::new(ProbeConfig {
+            thresholds: crate::probe::path::Thresholds {
+                success: 1,
+                failure: 7,
+            },
+            ..ProbeConfig::default()
+        });
+        assert_eq!(prober.follow_ups(), 7);
+        let (_, default) = probing(&["a"]);
+        assert_eq!(default.follow_ups(), FOLLOW_UPS);
     }
 
     #[test]

@@ -148,7 +148,7 @@ impl Prober {
                     state: p.state.clone(),
                     history: p.history.resized(length),
                     quality: p.quality.clone(),
-                    early_rounds: p.early_rounds,
+                    echo: p.echo,
                 };
                 (name.clone(), p)
             }));

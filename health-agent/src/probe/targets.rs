@@ -23,9 +23,19 @@ pub(super) struct NodePaths {
     pub(super) history: NodeRing,
     /// Each path's loss and RTT over the sliding windows, as `state`.
     pub(super) quality: Vec<PathQuality>,
-    /// Early rounds left to the node while its paths disagree with its
-    /// liveness echoes (see [`super::liveness`]).
+    /// Liveness echoes (see [`super::liveness`]) by family (at
+    /// `Family::index`): early rounds left while the family's paths
+    /// disagree with its echoes, and whether its last echo was answered.
+    pub(super) echo: [EchoTrack; 2],
+}
+
+/// One family's liveness echoes to a node (see [`super::liveness`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct EchoTrack {
+    /// Early rounds left while the family's paths disagree with its echo.
     pub(super) early_rounds: u8,
+    /// Whether the last echo was answered; `None` before the first.
+    pub(super) last: Option<bool>,
 }
 
 impl NodePaths {
