@@ -268,6 +268,24 @@ pub const fn lifetime_s(cfg: &CtConfig, proto: u8, flags_seen: u8) -> u32 {
 }
 
 impl CtEntry {
+    /// The earliest this entry (of protocol `proto`) can expire, seen at
+    /// `now`: its expiry, or sooner for a TCP connection not closing yet,
+    /// whose next FIN or RST cuts its lifetime to `tcp_closed_s` from
+    /// then, so to `now` plus that at the earliest.
+    #[must_use]
+    pub const fn earliest_expiry(&self, proto: u8, now: u64, tcp_closed_s: u32) -> u64 {
+        let closing = (self.rx_flags_seen | self.tx_flags_seen) & (TCP_FIN | TCP_RST) != 0;
+        if proto != IPPROTO_TCP || closing {
+            return self.expires_ns;
+        }
+        let cut = now.saturating_add(tcp_closed_s as u64 * 1_000_000_000);
+        if cut < self.expires_ns {
+            cut
+        } else {
+            self.expires_ns
+        }
+    }
+
     /// Accounts one packet of `len` bytes; `from_endpoint` selects tx or rx.
     pub const fn account(
         &mut self,
@@ -382,6 +400,29 @@ mod tests {
         assert!(!f(IPPROTO_ICMPV6, 0).is_echo_reply());
         // UDP's icmp_type is 0, which is not an echo reply.
         assert!(!f(IPPROTO_UDP, 0).is_echo_reply());
+    }
+
+    /// An open TCP connection can expire as soon as a reset and the
+    /// closed lifetime allow; a closing one, ICMP or UDP only when their
+    /// expiry says.
+    #[test]
+    fn only_an_open_tcp_entry_can_expire_before_its_expiry() {
+        let cfg = CtConfig::default();
+        let s = 1_000_000_000u64;
+        let mut e = CtEntry::default();
+        e.account(0, 60, TCP_SYN | TCP_ACK, true, &cfg, IPPROTO_TCP);
+        assert_eq!(e.expires_ns, 21_600 * s);
+        assert_eq!(e.earliest_expiry(IPPROTO_TCP, 5 * s, 10), 15 * s);
+        // Closing already: its expiry stands.
+        e.account(s, 60, TCP_RST, true, &cfg, IPPROTO_TCP);
+        assert_eq!(e.earliest_expiry(IPPROTO_TCP, 2 * s, 10), 11 * s);
+        let mut icmp = CtEntry::default();
+        icmp.account(0, 84, 0, true, &cfg, IPPROTO_ICMP);
+        assert_eq!(icmp.earliest_expiry(IPPROTO_ICMP, 0, 10), 60 * s);
+        // Never later than the expiry itself.
+        let mut syn = CtEntry::default();
+        syn.account(0, 60, TCP_SYN, true, &cfg, IPPROTO_TCP);
+        assert_eq!(syn.earliest_expiry(IPPROTO_TCP, 55 * s, 10), 60 * s);
     }
 
     #[test]

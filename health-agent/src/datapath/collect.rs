@@ -16,14 +16,20 @@
 //! a pass leaves the CT and NAT maps alone when nothing in them can have
 //! expired: no entry was created since the last walk began (the CT
 //! `created` counter says so) and the earliest expiry that walk kept is
-//! still ahead. Entries refreshed since only expire later.
+//! still ahead. A refresh only lengthens an entry's life, but for an open
+//! TCP connection, which a FIN or a reset cuts to the closed lifetime: the
+//! walk counts such an entry as expiring that long after it saw it
+//! ([`ct::gc_slice`]).
 
 use std::{
     path::Path,
     time::{Duration, Instant},
 };
 
-use health_common::maps::{MapId, MapSizes};
+use health_common::{
+    ct::CtConfig,
+    maps::{MapId, MapSizes},
+};
 use tokio::sync::watch;
 
 use super::{
@@ -64,6 +70,10 @@ struct Walked {
     earliest_ns: u64,
     /// The entries it kept.
     left: u64,
+    /// Whether it removed entries whose NAT pairs are still to be
+    /// collected: an entry that expired after the NAT collection at the
+    /// pass's start leaves its pair for the next collection.
+    nat_behind: bool,
 }
 
 /// Whether a pass starting at `now_ns` with the CT `created` counter at
@@ -101,6 +111,8 @@ pub struct Collector {
     /// sweep.
     timeout: watch::Receiver<Duration>,
     ct_budget: usize,
+    /// The closed TCP lifetime in force (see [`ct::gc_slice`]).
+    tcp_closed_s: u32,
     last_start: Instant,
     pass: Option<Pass>,
     walked: Option<Walked>,
@@ -124,10 +136,18 @@ impl Collector {
             ct_budget: usize::try_from(entries)
                 .unwrap_or(usize::MAX)
                 .max(crate::sys::bpf_batch::CHUNK),
+            tcp_closed_s: CtConfig::default().tcp_closed_s,
             last_start: now,
             pass: None,
             walked: None,
         }
+    }
+
+    /// The CT lifetimes in force (the defaults until told).
+    #[must_use]
+    pub const fn with_lifetimes(mut self, ct: &CtConfig) -> Self {
+        self.tcp_closed_s = ct.tcp_closed_s;
+        self
     }
 
     /// How often [`Collector::step`] is to be called.
@@ -157,9 +177,10 @@ impl Collector {
         true
     }
 
-    /// Decides whether the pass just started walks the CT map (and the
-    /// caller collects the NAT map): reads the CT counters (`dir`) and
-    /// the clock. Walks when either cannot be read.
+    /// Decides whether the pass just started walks the CT map, and
+    /// whether the caller collects the NAT map (with every walk, and once
+    /// after a walk that removed entries): reads the CT counters (`dir`)
+    /// and the clock. Walks when either cannot be read.
     pub fn plan_walk(&mut self, dir: &Path) -> bool {
         let Some(pass) = self.pass.as_mut() else {
             return false;
@@ -175,7 +196,9 @@ impl Collector {
         pass.ct = None;
         pass.done.ct_walked = false;
         pass.done.ct_left = self.walked.map_or(0, |w| w.left);
-        false
+        self.walked
+            .as_mut()
+            .is_some_and(|w| std::mem::take(&mut w.nat_behind))
     }
 
     /// The timeout the next sweep counts losses with: the probe timeout in
@@ -212,7 +235,7 @@ impl Collector {
                     next,
                 },
                 earliest_ns,
-            ) = ct::gc_slice(dir, from, self.ct_budget)?;
+            ) = ct::gc_slice(dir, from, self.ct_budget, self.tcp_closed_s)?;
             pass.done.ct_removed += deleted;
             pass.done.ct_left += seen.saturating_sub(deleted);
             pass.ct_seen += seen;
@@ -229,6 +252,7 @@ impl Collector {
                     created,
                     earliest_ns: pass.earliest_ns,
                     left: pass.done.ct_left,
+                    nat_behind: pass.done.ct_removed > 0,
                 });
             }
             return Ok(Some(pass.done));
@@ -263,6 +287,7 @@ mod tests {
             created: 100,
             earliest_ns: 5_000,
             left: 7,
+            nat_behind: false,
         };
         assert!(walk_needed(None, 100, 0), "no walk yet: nothing is known");
         assert!(

@@ -182,17 +182,21 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
 
 /// [`gc`], and the entries it left.
 pub fn gc_counted(dir: &Path) -> Result<(u64, u64), DatapathError> {
-    let (slice, _) = gc_slice(dir, super::maps::Cursor::START, usize::MAX)?;
+    let closed = health_common::ct::CtConfig::default().tcp_closed_s;
+    let (slice, _) = gc_slice(dir, super::maps::Cursor::START, usize::MAX, closed)?;
     Ok((slice.deleted, slice.seen.saturating_sub(slice.deleted)))
 }
 
 /// [`gc`] over a slice of the map (from `from`, about `budget` entries),
 /// so that a pass over a large map is spread over time; with the earliest
-/// expiry of the entries it kept (`u64::MAX` when it kept none).
+/// any entry it kept can expire (`u64::MAX` when it kept none): its expiry,
+/// or, for an open TCP connection, as soon as a reset could cut it to
+/// `tcp_closed_s` ([`CtEntry::earliest_expiry`]).
 pub fn gc_slice(
     dir: &Path,
     from: super::maps::Cursor,
     budget: usize,
+    tcp_closed_s: u32,
 ) -> Result<(super::maps::Slice, u64), DatapathError> {
     let now = super::monotonic_ns()?;
     let mut earliest = u64::MAX;
@@ -203,10 +207,10 @@ pub fn gc_slice(
         MapId::CtMap,
         from,
         budget,
-        |_: &CtKey, e: &CtEntry| {
+        |k: &CtKey, e: &CtEntry| {
             let gone = e.expires_ns < now;
             if !gone {
-                earliest = earliest.min(e.expires_ns);
+                earliest = earliest.min(e.earliest_expiry(k.proto, now, tcp_closed_s));
             }
             gone
         },

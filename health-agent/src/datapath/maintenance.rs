@@ -172,7 +172,8 @@ pub async fn run(
         cfg.probe_timeout.clone(),
         &cfg.map_sizes,
         std::time::Instant::now(),
-    );
+    )
+    .with_lifetimes(&cfg.ct);
     let mut tick = tokio::time::interval(collector.tick());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -298,7 +299,9 @@ fn maintain(
         node = keep_masquerade(cfg, kernel, node)?;
         // NAT first: it removes pairs whose CT entry expired, which the CT
         // collector is about to delete. Neither when no CT entry can have
-        // expired (a NAT pair outlives its CT entry only then).
+        // expired, but for one collection after a walk that removed
+        // entries (one that expired after that pass's NAT collection
+        // left its pair).
         if collector.plan_walk(kernel.pin_dir())
             && let Err(e) = nat::gc(kernel.pin_dir())
         {
