@@ -57,13 +57,13 @@ fn cell(p: &PeerSummary) -> u8 {
 }
 
 /// The matrix of `nodes` (the first [`MAX_MATRIX_NODES`]) from the newest
-/// summary of each observer at or after `oldest_ms`. O(N + observations)
-/// besides the N² cells.
+/// summary of each observer current by `(oldest_ms, now_ms)`
+/// ([`Summary::current`]). O(N + observations) besides the N² cells.
 #[must_use]
 pub fn matrix<S: Borrow<Summary>>(
     nodes: &NodeSet,
     summaries: impl IntoIterator<Item = S>,
-    oldest_ms: u64,
+    (oldest_ms, now_ms): (u64, u64),
 ) -> ClusterMatrix {
     let shown = nodes.len().min(MAX_MATRIX_NODES);
     let index: HashMap<&str, usize> = nodes
@@ -75,7 +75,7 @@ pub fn matrix<S: Borrow<Summary>>(
     let mut newest: Vec<Option<S>> = (0..shown).map(|_| None).collect();
     for s in summaries {
         let sb = s.borrow();
-        if sb.at_ms() < oldest_ms {
+        if !sb.current(oldest_ms, now_ms) {
             continue;
         }
         if let Some(&i) = index.get(sb.observer()) {
@@ -182,7 +182,7 @@ mod tests {
         )
         .expect("n1");
         let stale = Summary::new("n2".into(), 1, 5, vec![peer("n0", [S; 4])]).expect("stale");
-        let m = matrix(&nodes, [&n1_old, &n0, &n1, &stale], 100);
+        let m = matrix(&nodes, [&n1_old, &n0, &n1, &stale], (100, 0));
         assert_eq!(m.nodes, ["n0", "n1", "n2", "n3"]);
         assert_eq!(m.rows, ["SFD?", "S.FS", "....", "...."]);
         assert_eq!((m.total, m.truncated), (4, false));
@@ -203,7 +203,7 @@ mod tests {
                 .collect(),
         )
         .expect("unique");
-        let m = matrix::<&Summary>(&nodes, [], 0);
+        let m = matrix::<&Summary>(&nodes, [], (0, 0));
         assert_eq!(m.nodes.len(), MAX_MATRIX_NODES);
         assert!(m.rows.iter().all(|r| r.len() == MAX_MATRIX_NODES));
         assert_eq!((m.total, m.truncated), (1200, true));

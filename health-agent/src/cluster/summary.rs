@@ -68,6 +68,7 @@ mod wire;
 
 use std::fmt;
 
+use super::summary_writes::STALE_ROUNDS;
 use crate::membership::record::MAX_NAME_LEN;
 use crate::probe::{
     path::{PathState, ProbeResult},
@@ -374,9 +375,15 @@ pub struct Summary {
     observer: String,
     seq: u64,
     at_ms: u64,
+    /// How often the observer summarises, ms (0: not said).
+    cadence_ms: u64,
     /// Sorted by name, unique, at most [`MAX_PEERS`].
     peers: Vec<PeerSummary>,
 }
+
+/// The longest cadence a summary is believed to claim: past it, a summary
+/// is stale after [`STALE_ROUNDS`] of this.
+pub const MAX_CADENCE_MS: u64 = 10 * 60 * 1000;
 
 /// The first 64 characters of an over-long name, for an error.
 fn shown(name: &str) -> String {
@@ -429,6 +436,7 @@ impl Summary {
             observer,
             seq,
             at_ms,
+            cadence_ms: 0,
             peers,
         })
     }
@@ -468,6 +476,39 @@ impl Summary {
     pub fn confirmed_at(mut self, at_ms: u64) -> Self {
         self.at_ms = self.at_ms.max(at_ms);
         self
+    }
+
+    /// The same summary, saying that its observer summarises every
+    /// `cadence`.
+    #[must_use]
+    pub fn with_cadence(mut self, cadence: std::time::Duration) -> Self {
+        self.cadence_ms = u64::try_from(cadence.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// How often its observer summarises, ms (0: not said).
+    #[must_use]
+    pub const fn cadence_ms(&self) -> u64 {
+        self.cadence_ms
+    }
+
+    /// Whether the summary still counts at `now_ms` for a reader that
+    /// counts one that ended before `oldest_ms` stale at its own cadence:
+    /// it does, or it is within [`STALE_ROUNDS`] of the cadence its
+    /// observer says it summarises at (at most [`MAX_CADENCE_MS`]), so an
+    /// observer that summarises less often than the reader (its liveness
+    /// echoes off, another probe interval, a reload rolling through the
+    /// cluster) is not left out between its heartbeats.
+    #[must_use]
+    pub fn current(&self, oldest_ms: u64, now_ms: u64) -> bool {
+        if self.at_ms >= oldest_ms {
+            return true;
+        }
+        let own = self
+            .cadence_ms
+            .min(MAX_CADENCE_MS)
+            .saturating_mul(u64::from(STALE_ROUNDS));
+        now_ms > 0 && self.at_ms.saturating_add(own) >= now_ms
     }
 
     #[must_use]
@@ -1074,7 +1115,49 @@ mod tests {
             rtt,
             lossy_peer: Vec::new(),
             lossy_paths: Vec::new(),
+            cadence_ms: 0,
         }
+    }
+
+    /// The cadence travels with the summary; one written without it (an
+    /// older agent, version 2) reads as not said.
+    #[test]
+    fn the_cadence_travels_and_is_not_said_by_older_forms() {
+        let s = sample().with_cadence(std::time::Duration::from_secs(60));
+        let back = Summary::decode(&s.encode()).expect("decodes");
+        assert_eq!(back.cadence_ms(), 60_000);
+        assert_eq!(back, s);
+        let v2 = Summary::decode(&s.encode_version_2()).expect("decodes");
+        assert_eq!(v2.cadence_ms(), 0);
+    }
+
+    /// A reader at a 3 s cadence counts a summary older than its window
+    /// stale, unless the summary says its observer summarises less often
+    /// and it is within that cadence's window; a claimed cadence is
+    /// believed up to [`MAX_CADENCE_MS`].
+    #[test]
+    fn a_summary_is_current_by_its_own_cadence_when_slower_than_the_readers() {
+        let at = sample().at_ms();
+        let mine = u64::from(STALE_ROUNDS) * 3_000;
+        let now = at + mine + 1;
+        let oldest = now - mine;
+        let unsaid = sample();
+        assert!(
+            !unsaid.current(oldest, now),
+            "stale at the reader's cadence"
+        );
+        assert!(unsaid.current(at, now), "within the reader's window");
+        let slow = sample().with_cadence(std::time::Duration::from_secs(60));
+        assert!(slow.current(oldest, now));
+        assert!(slow.current(oldest, at + u64::from(STALE_ROUNDS) * 60_000));
+        assert!(!slow.current(oldest, at + u64::from(STALE_ROUNDS) * 60_000 + 1));
+        let claims = sample().with_cadence(std::time::Duration::from_hours(24));
+        let past_max = at + u64::from(STALE_ROUNDS) * MAX_CADENCE_MS + 1;
+        assert!(
+            !claims.current(oldest, past_max),
+            "believed up to the maximum"
+        );
+        assert!(!slow.current(oldest, 0), "no clock, no extension");
     }
 
     #[test]

@@ -113,6 +113,10 @@ pub struct ViewParams {
     /// an agent that stopped publishing is no longer an observer. 0 keeps
     /// all.
     pub oldest_ms: u64,
+    /// Now (epoch ms), against which a summary that says its observer
+    /// summarises less often is judged by its own cadence
+    /// ([`Summary::current`]); 0: by `oldest_ms` alone.
+    pub now_ms: u64,
 }
 
 impl Default for ViewParams {
@@ -121,6 +125,7 @@ impl Default for ViewParams {
             min_observers: 2,
             observer_problem_min: 4,
             oldest_ms: 0,
+            now_ms: 0,
         }
     }
 }
@@ -326,7 +331,7 @@ impl Observations {
             };
             let slot = &mut o.slots[me as usize];
             let newer = slot.is_none_or(|old| (s.at_ms(), s.seq()) > (old.at_ms, old.seq));
-            if s.at_ms() < params.oldest_ms || !newer {
+            if !s.current(params.oldest_ms, params.now_ms) || !newer {
                 o.ignored += 1;
                 continue;
             }
@@ -1070,6 +1075,33 @@ mod tests {
         assert_eq!(view.reports, N - 1);
         assert_eq!(view.ignored, N + 1, "every old one and the stranger");
         assert!(!view.nodes[57].reporting);
+    }
+
+    /// Summaries older than the reader's window count while their
+    /// observers say they summarise less often and they are within that
+    /// cadence's window.
+    #[test]
+    fn observers_that_summarise_less_often_are_judged_by_their_own_cadence() {
+        let c = Cluster::new();
+        let slow: Vec<Summary> = c
+            .summaries(&Faults::default())
+            .into_iter()
+            .map(|s| {
+                Summary::new(s.observer().into(), 1, 500, s.peers().to_vec())
+                    .expect("valid")
+                    .with_cadence(std::time::Duration::from_secs(60))
+            })
+            .collect();
+        let params = |now_ms| ViewParams {
+            oldest_ms: 600,
+            now_ms,
+            ..ViewParams::default()
+        };
+        let view = assemble(&c.nodes, &slow, &params(60_000));
+        assert_eq!((view.reports, view.ignored), (N, 0));
+        let later = 500 + u64::from(crate::cluster::summary_writes::STALE_ROUNDS) * 60_000 + 1;
+        let view = assemble(&c.nodes, &slow, &params(later));
+        assert_eq!((view.reports, view.ignored), (0, N));
     }
 
     #[test]

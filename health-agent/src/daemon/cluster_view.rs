@@ -415,7 +415,9 @@ impl ClusterViewTask {
             return 0;
         };
         let summary = match Summary::from_status(&status) {
-            Ok(s) => s.confirmed_at(prober.evidence_ms()),
+            Ok(s) => s
+                .confirmed_at(prober.evidence_ms())
+                .with_cadence(cadence(prober)),
             Err(e) => {
                 warn!("cluster view: summarising round {seq}: {e}");
                 return seq;
@@ -446,6 +448,7 @@ impl ClusterViewTask {
         let stale = u64::try_from((interval * STALE_ROUNDS).as_millis()).unwrap_or(u64::MAX);
         let params = ViewParams {
             oldest_ms: now_ms.saturating_sub(stale),
+            now_ms,
             ..ViewParams::default()
         };
         let nodes = self.nodes.current();
@@ -473,7 +476,7 @@ impl ClusterViewTask {
         let matrix = matrix::matrix(
             &nodes,
             summaries.iter().map(AsRef::as_ref),
-            params.oldest_ms,
+            (params.oldest_ms, params.now_ms),
         );
         (view, matrix)
     }

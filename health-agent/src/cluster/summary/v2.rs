@@ -84,6 +84,7 @@ pub(super) fn decode(version: u8, bytes: &[u8]) -> Result<Summary, SummaryError>
         observer,
         seq,
         at_ms,
+        cadence_ms: 0,
         peers: peers.peers,
     })
 }

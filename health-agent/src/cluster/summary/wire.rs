@@ -42,6 +42,7 @@ pub(super) fn encode(s: &Summary) -> Vec<u8> {
         rtt: Vec::with_capacity(n * 4),
         lossy_peer: Vec::new(),
         lossy_paths: Vec::new(),
+        cadence_ms: s.cadence_ms,
     };
     let mut previous: &[u8] = &[];
     for p in &s.peers {
@@ -152,6 +153,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Summary, SummaryError> {
         observer: m.observer,
         seq: m.seq,
         at_ms: m.at_ms,
+        cadence_ms: m.cadence_ms,
         peers,
     })
 }
