@@ -4,8 +4,8 @@
 //! agent node (198.18.0.2) --uplink-- router (198.18.0.1 | 198.18.1.1) --peers-- peers
 //! ```
 //!
-//! The peers namespace holds the node IPs (198.18.64.0/18) and health IPs
-//! (198.19.0.0/18) of the answering peers and answers ICMP (its kernel) and
+//! The peers namespace holds the node IPs (198.18.128.0/17) and health IPs
+//! (198.19.0.0/17) of the answering peers and answers ICMP (its kernel) and
 //! HTTP :4240 (one `hello` listener). A silent peer's addresses are held by
 //! nobody: the router forwards to the peers namespace, which does not
 //! forward and drops them without a word, as a host that is down.
@@ -85,11 +85,15 @@ impl Drop for Lab {
     }
 }
 
+/// The most peers: the node IPs' and the health IPs' /17s hold 32,768
+/// each.
+pub(crate) const MAX_PEERS: usize = 32_000;
+
 /// The `k`-th peer's node and health IPs.
 fn peer_ips(k: usize) -> (Ipv4Addr, Ipv4Addr) {
     let k = u32::try_from(k).unwrap_or(u32::MAX);
     (
-        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 64, 0)) + k),
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + k),
         Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + k),
     )
 }
@@ -132,9 +136,9 @@ impl Lab {
             nl.set_up(ROUTER_UPLINK).await?;
             nl.set_up("r-peers").await?;
             let via_peers = Ipv4Addr::new(198, 18, 1, 2);
-            nl.replace_route_via(Ipv4Addr::new(198, 18, 64, 0), 18, via_peers)
+            nl.replace_route_via(Ipv4Addr::new(198, 18, 128, 0), 17, via_peers)
                 .await?;
-            nl.replace_route_via(Ipv4Addr::new(198, 19, 0, 0), 18, via_peers)
+            nl.replace_route_via(Ipv4Addr::new(198, 19, 0, 0), 17, via_peers)
                 .await?;
             // The agent's health CIDR is behind the agent's node.
             nl.replace_route_via(
@@ -204,7 +208,7 @@ impl Lab {
             &self.ep_netns,
             "198.19.255.0/24",
         );
-        // The agent's CIDR and every peer's health IP (198.19.0.0/18).
+        // The agent's CIDR and every peer's health IP (198.19.0.0/17).
         cmd.args(["--node-name", "bench", "--health-range", "198.19.0.0/16"])
             .arg("--nodes-file")
             .arg(nodes_file)
@@ -325,8 +329,8 @@ fn steady_cpu_per_peer(rounds: &[Round], peers: usize) -> Option<Duration> {
 }
 
 pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
-    if opts.peers == 0 || opts.peers > 16_000 {
-        bail!("--peers {} is out of range (1 to 16000)", opts.peers);
+    if opts.peers == 0 || opts.peers > MAX_PEERS {
+        bail!("--peers {} is out of range (1 to {MAX_PEERS})", opts.peers);
     }
     if opts.silent_pct > 100 {
         bail!("--silent {} is not a percentage", opts.silent_pct);
