@@ -8,7 +8,7 @@
 //! Every flow exists before timing starts: these are the steady-state
 //! (hit) paths a probe takes.
 
-use health_common::maps::ProgId;
+use health_common::maps::{EchoConfig, ProgId};
 use std::{fmt::Write as _, time::Duration};
 
 use anyhow::Context as _;
@@ -111,6 +111,51 @@ pub(crate) fn run(samples: u32) -> anyhow::Result<Vec<Case>> {
         });
     }
     Ok(results)
+}
+
+/// What the echo responder costs per request it answers, by the kernel
+/// (`BPF_PROG_TEST_RUN`): the tc program and the XDP one (the same for
+/// generic and native XDP), each the mean of `samples` runs on a fresh
+/// copy of `request` (the program turns its packet into the reply, so the
+/// kernel's `repeat` would time one reply and then the reply passed on).
+/// Every run must answer.
+pub(crate) fn echo_per_packet(
+    request: &[u8],
+    config: EchoConfig,
+    samples: u32,
+) -> anyhow::Result<[Duration; 2]> {
+    let pins = PinDir::new();
+    let mut r = Datapath::load_programs(pins.path(), &[ProgId::EchoTc, ProgId::EchoXdp])?;
+    r.set_echo_config(config)?;
+    let mut out = vec![0u8; request.len() + 64];
+    let mut per = [Duration::ZERO; 2];
+    // TC_ACT_REDIRECT, XDP_TX: the request answered.
+    for (slot, (prog, answered)) in [(ProgId::EchoTc, 7), (ProgId::EchoXdp, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut total = Duration::ZERO;
+        for _ in 0..=samples {
+            let opts = TestRunOptions {
+                data_in: Some(request),
+                data_out: Some(&mut out),
+                ..TestRunOptions::default()
+            };
+            let res = match prog {
+                ProgId::EchoXdp => r.xdp(prog)?.test_run(opts),
+                _ => r.classifier(prog)?.test_run(opts),
+            }
+            .context("BPF_PROG_TEST_RUN")?;
+            anyhow::ensure!(
+                res.return_value == answered,
+                "{prog:?} did not answer the request (verdict {})",
+                res.return_value
+            );
+            total += res.duration;
+        }
+        per[slot] = total / (samples + 1);
+    }
+    Ok(per)
 }
 
 #[must_use]

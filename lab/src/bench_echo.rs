@@ -13,6 +13,7 @@ use health_agent::{
     datapath::{AttachMode, Datapath, Interface},
     sys::netlink::in_netns,
 };
+use health_common::maps::EchoConfig;
 
 use crate::blaster::blast;
 use health_tests::{
@@ -71,6 +72,23 @@ pub(crate) struct Results {
     pub sender_ceiling_pps: f64,
     /// Median sample per responder.
     pub medians: Vec<(EchoResponder, Sample)>,
+    /// The tc and the XDP program per request answered, by the kernel
+    /// (`BPF_PROG_TEST_RUN`, [`crate::bench_datapath::echo_per_packet`]).
+    pub program: [Duration; 2],
+}
+
+/// Runs each echo program alone this many times for its cost per packet.
+const PROGRAM_SAMPLES: u32 = 20_000;
+
+impl EchoResponder {
+    /// Its program's cost per request, where it has one.
+    fn program(self, per: &[Duration; 2]) -> Option<Duration> {
+        match self {
+            Self::Kernel => None,
+            Self::Ebpf(AttachMode::Tcx | AttachMode::Tc) => Some(per[0]),
+            Self::Ebpf(_) => Some(per[1]),
+        }
+    }
 }
 
 /// Runs the benchmark.
@@ -125,7 +143,17 @@ pub(crate) fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Res
             list.push(s);
         }
     }
+    let mut config = EchoConfig {
+        addr: B_IP.octets(),
+        mac: b_mac,
+        ..EchoConfig::default()
+    };
+    if opts.ipv6 {
+        config.addr6 = B_IP6.octets();
+    }
+    let program = crate::bench_datapath::echo_per_packet(&frame, config, PROGRAM_SAMPLES)?;
     Ok(Results {
+        program,
         sender_ceiling_pps: ceiling,
         medians: samples
             .into_iter()
@@ -284,21 +312,29 @@ pub(crate) fn render(results: &Results, opts: &Options) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<14} {:>12} {:>12} {:>9} {:>10} {:>14}",
-        "responder", "offered/s", "replies/s", "answered", "vs kernel", "by program"
+        "{:<14} {:>12} {:>12} {:>9} {:>10} {:>14} {:>12}",
+        "responder", "offered/s", "replies/s", "answered", "vs kernel", "by program", "program ns"
     );
     for (kind, s) in &results.medians {
         let _ = writeln!(
             out,
-            "{:<14} {:>12.0} {:>12.0} {:>8.1}% {:>9.2}x {:>14}",
+            "{:<14} {:>12.0} {:>12.0} {:>8.1}% {:>9.2}x {:>14} {:>12}",
             kind.name(),
             s.offered_pps,
             s.replies_pps,
             100.0 * s.replies_pps / s.offered_pps.max(1.0),
             s.replies_pps / kernel,
-            s.answered_in_kernel_program
+            s.answered_in_kernel_program,
+            kind.program(&results.program)
+                .map_or_else(|| "-".to_owned(), |d| d.as_nanos().to_string())
         );
     }
+    let _ = writeln!(
+        out,
+        "program ns: the program alone per request answered, by the kernel (BPF_PROG_TEST_RUN, \
+         mean of {PROGRAM_SAMPLES} runs on a fresh copy of the request; generic and native XDP run \
+         the same program)"
+    );
     let _ = writeln!(
         out,
         "sender ceiling (frames dropped by XDP on arrival): {:.0}/s. veth runs the receiver in the\n\
