@@ -409,6 +409,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     );
     let first = first.context("no round")?;
     let (live_ok, false_ok) = correctness(&first, opts.silent_pct);
+    // The same check after the last round: the steady rounds', without the
+    // first round's status clients.
+    let last = correctness(&rt.block_on(client.status())?, opts.silent_pct);
     print_live_failures(&first, opts.silent_pct, &lab.peers);
     let live_paths = live_paths(opts.peers, opts.silent_pct);
 
@@ -425,10 +428,11 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         live_ok,
         live_paths,
         false_ok,
+        last,
         fping,
     };
     let text = render(opts, &measured);
-    if false_ok > 0 || live_ok < live_paths {
+    if false_ok > 0 || last.1 > 0 || live_ok < live_paths {
         bail!("wrong results:\n{text}");
     }
     Ok(Report {
@@ -466,6 +470,8 @@ struct Measured {
     live_ok: usize,
     live_paths: usize,
     false_ok: usize,
+    /// Live paths OK and silent paths OK after the last round.
+    last: (usize, usize),
     fping: Duration,
 }
 
@@ -557,6 +563,11 @@ fn render(opts: &Options, m: &Measured) -> String {
     let _ = writeln!(
         text,
         "correctness: {live_ok}/{live_paths} live paths OK, {false_ok} silent paths OK (false OK)"
+    );
+    let _ = writeln!(
+        text,
+        "after the last round: {}/{live_paths} live paths OK, {} silent paths OK (false OK)",
+        m.last.0, m.last.1
     );
     let first_ms = rounds.first().map_or(0, |r| r.wall_ms);
     let _ = writeln!(
