@@ -24,6 +24,7 @@ pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod datapath;
+pub mod encryption;
 pub mod endpoint;
 pub mod membership;
 pub mod metrics;

@@ -13,6 +13,7 @@ extern crate std;
 pub mod checksum;
 pub mod ct;
 pub mod echo;
+pub mod encrypt;
 pub mod flow;
 pub mod frame;
 pub mod headers;

@@ -2,6 +2,7 @@
 
 use crate::{
     ct::{CtConfig, CtEntry, CtKey},
+    encrypt::{WatchCounts, WatchKey},
     nat::{NatConfig, NatEntry, NatKey},
     rtt::{PendingKey, RttKey, RttStats},
 };
@@ -28,6 +29,9 @@ pub struct MapSizes {
 impl MapSizes {
     /// RTT keys per peer: ICMP and TCP, to its node IP and its health IP.
     pub const RTT_KEYS_PER_PEER: u32 = 4;
+    /// Watched destinations per peer for the encryption check: its node
+    /// and health addresses, in both families.
+    pub const WATCH_KEYS_PER_PEER: u32 = 4;
     /// CT and NAT entries per peer by default: a round makes about six
     /// (ICMP and HTTP to two addresses, each direction of a TCP flow), so
     /// eight leaves headroom for flows still closing.
@@ -73,6 +77,7 @@ impl MapSizes {
             }
             MapId::CtMap => Some(self.ct),
             MapId::NatMap => Some(self.nat),
+            MapId::EncryptWatch => Some(self.max_peers.saturating_mul(Self::WATCH_KEYS_PER_PEER)),
             _ => None,
         }
     }
@@ -173,12 +178,15 @@ pub enum MapId {
     NatStats,
     /// One `u32`: the [`PIN_LAYOUT_VERSION`] the pins were made with.
     PinLayout,
+    /// Per-CPU probe packets per watched destination, through the tunnel
+    /// and in plain text: [`WatchKey`] -> [`WatchCounts`].
+    EncryptWatch,
     /// aya-log's ring buffer.
     AyaLogs,
 }
 
 impl MapId {
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::EchoStats,
         Self::EchoConfig,
         Self::CtMap,
@@ -191,6 +199,7 @@ impl MapId {
         Self::NatConfig,
         Self::NatStats,
         Self::PinLayout,
+        Self::EncryptWatch,
         Self::AyaLogs,
     ];
 
@@ -210,6 +219,7 @@ impl MapId {
             Self::NatConfig => NAT_CONFIG,
             Self::NatStats => NAT_STATS,
             Self::PinLayout => PIN_LAYOUT,
+            Self::EncryptWatch => ENCRYPT_WATCH,
             Self::AyaLogs => AYA_LOGS,
         }
     }
@@ -227,6 +237,7 @@ impl MapId {
             Self::EchoStats | Self::CtStats | Self::NatStats => MapKind::PerCpuArray,
             Self::CtMap | Self::RttPending | Self::NatMap | Self::RttLosses => MapKind::LruHash,
             Self::RttStats => MapKind::LruPerCpuHash,
+            Self::EncryptWatch => MapKind::PerCpuHash,
             Self::AyaLogs => MapKind::RingBuf,
         }
     }
@@ -239,6 +250,7 @@ impl MapId {
             Self::NatMap => size_of::<NatKey>(),
             Self::RttPending => size_of::<PendingKey>(),
             Self::RttStats | Self::RttLosses => size_of::<RttKey>(),
+            Self::EncryptWatch => size_of::<WatchKey>(),
             Self::AyaLogs => 0,
             _ => size_of::<u32>(),
         }) as u32
@@ -261,6 +273,7 @@ impl MapId {
             Self::NatMap => size_of::<NatEntry>(),
             Self::RttStats => size_of::<RttStats>(),
             Self::PinLayout => size_of::<u32>(),
+            Self::EncryptWatch => size_of::<WatchCounts>(),
             Self::AyaLogs => 0,
         }) as u32
     }
@@ -278,6 +291,7 @@ const NAT_MAP: &str = "NAT_MAP";
 const NAT_CONFIG: &str = "NAT_CONFIG";
 const NAT_STATS: &str = "NAT_STATS";
 const PIN_LAYOUT: &str = "PIN_LAYOUT";
+const ENCRYPT_WATCH: &str = "ENCRYPT_WATCH";
 const AYA_LOGS: &str = "AYA_LOGS";
 
 /// The hook a program is written for.
@@ -307,10 +321,16 @@ pub enum ProgId {
     NatEgress,
     /// The reverse translation on the uplink, arriving.
     NatIngress,
+    /// Probe packets leaving through the WireGuard device (tc egress
+    /// there; no link-layer header).
+    TunnelEgress,
+    /// Probe packets leaving through any other interface (tc egress on
+    /// each Ethernet interface of the node).
+    PlainEgress,
 }
 
 impl ProgId {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 9] = [
         Self::EchoXdp,
         Self::EchoTc,
         Self::XdpPass,
@@ -318,6 +338,8 @@ impl ProgId {
         Self::LxcEgress,
         Self::NatEgress,
         Self::NatIngress,
+        Self::TunnelEgress,
+        Self::PlainEgress,
     ];
 
     /// The program's name in the object file.
@@ -331,6 +353,8 @@ impl ProgId {
             Self::LxcEgress => "health_lxc_egress",
             Self::NatEgress => "health_nat_egress",
             Self::NatIngress => "health_nat_ingress",
+            Self::TunnelEgress => "health_tunnel_egress",
+            Self::PlainEgress => "health_plain_egress",
         }
     }
 

@@ -53,6 +53,9 @@ pub struct Settings {
     /// ([`crate::etcd_cluster`], plain http), and every agent is given
     /// all their endpoints.
     pub etcd_members: usize,
+    /// Node addresses on WireGuard ([`crate::wireguard`]): each node's
+    /// address is on its `wg0`, its uplink's carries the tunnel.
+    pub wireguard: bool,
     /// Flags left out of the agents' command line: the chaos suite runs the
     /// product's defaults (e.g. `--kvstore-lease-ttl`, `--sync-min-interval`,
     /// `--probe-timeout`, `--failure-threshold`, `--success-threshold`).
@@ -145,6 +148,7 @@ impl Default for Settings {
             family: Family::V4,
             etcd_members: 1,
             product_defaults: false,
+            wireguard: false,
         }
     }
 }
@@ -351,6 +355,8 @@ pub struct Cluster {
     etcd: Option<Child>,
     /// The etcd cluster, with `etcd_members` above 1.
     pub etcd_cluster: Option<crate::etcd_cluster::EtcdCluster>,
+    /// Each node's WireGuard keys, with `wireguard`.
+    pub wg_keys: Vec<crate::wireguard::Keys>,
 }
 
 /// Port of every agent's metrics listener.
@@ -382,6 +388,7 @@ impl Cluster {
             settings: settings.clone(),
             etcd: None,
             etcd_cluster: None,
+            wg_keys: Vec::new(),
         };
         let family = settings.family;
         in_netns(Some(&cluster.fabric), |nl| async move {
@@ -397,6 +404,12 @@ impl Cluster {
         for i in 0..settings.nodes {
             let node = cluster.add_node(i);
             cluster.nodes.push(node);
+        }
+        if settings.wireguard {
+            cluster.wg_keys = crate::wireguard::mesh(&cluster);
+            for (i, node) in cluster.nodes.iter_mut().enumerate() {
+                node.ip = crate::wireguard::node_ip(i);
+            }
         }
         if settings.etcd {
             cluster.start_etcd();
@@ -546,7 +559,13 @@ impl Cluster {
 
     /// Writes the nodes file listing the first `n` nodes.
     pub fn write_nodes_file(&self, n: usize) {
-        self.write_nodes_text(&nodes_yaml_for(n, self.settings.family));
+        let yaml = nodes_yaml_for(n, self.settings.family);
+        if self.settings.wireguard {
+            // Node addresses on wg0 (198.18.1.x), not on the uplinks.
+            self.write_nodes_text(&yaml.replace("node-ip: 198.18.0.", "node-ip: 198.18.1."));
+        } else {
+            self.write_nodes_text(&yaml);
+        }
     }
 
     /// Replaces the nodes file with `yaml`, at once (a rename).

@@ -20,7 +20,8 @@ const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
 /// connectivity page in the tests; etcd for the etcd tests, with openssl
 /// to make their certificates; nftables to cut a node off from etcd in
 /// the chaos tests and to drop a share of the probes in the path-quality
-/// tests; fping for the benchmarks' reference figures).
+/// tests; fping for the benchmarks' reference figures; wireguard-tools
+/// to configure the WireGuard tests' tunnels).
 const TEST_PACKAGES: &[&str] = &[
     "iproute2",
     "etcd-server",
@@ -28,6 +29,7 @@ const TEST_PACKAGES: &[&str] = &[
     "nftables",
     "bpftool",
     "fping",
+    "wireguard-tools",
     "systemd",
     "lintian",
     "prometheus",

@@ -727,6 +727,7 @@ mod tests {
             family: crate::probe::family::Family::of(ip),
             icmp,
             http,
+            encryption: None,
         };
         let v4: std::net::IpAddr = Ipv4Addr::new(198, 18, 0, 2).into();
         let v6: std::net::IpAddr = "2001:2::2".parse().expect("ip");
@@ -786,6 +787,7 @@ mod tests {
             family: crate::probe::family::Family::Ipv4,
             icmp,
             http,
+            encryption: None,
         };
         let status = ClusterStatus {
             local_node: Some("me".into()),
@@ -797,6 +799,7 @@ mod tests {
                 duration_ms: 250,
                 probes: 8,
             }),
+            encryption: None,
             nodes: vec![
                 NodeStatus {
                     name: "me".into(),
@@ -858,6 +861,7 @@ mod tests {
             family: crate::probe::family::Family::Ipv4,
             icmp: path(r, Some(100_000)),
             http: path(r, Some(100_000)),
+            encryption: None,
         };
         let nodes = (0..MAX_PEERS + 10)
             .map(|i| NodeStatus {
@@ -882,6 +886,7 @@ mod tests {
                 duration_ms: 0,
                 probes: 0,
             }),
+            encryption: None,
             nodes,
         };
         let s = Summary::from_status(&status).expect("summary");

@@ -20,6 +20,7 @@ use clap::{Args, CommandFactory as _};
 pub use self::process::{PinArgs, ProcessSettings, SocketArgs};
 pub use crate::{
     datapath::settings::{DatapathSettings, Routing},
+    encryption::settings::EncryptionSettings,
     endpoint::settings::EndpointSettings,
     membership::settings::{ClusterSettings, Discovery, Kvstore},
     probe::settings::{ProbeFrom, ProbeSettings, ProbeTuning},
@@ -43,6 +44,8 @@ pub struct Config {
     pub probe: ProbeSettings,
     #[command(flatten)]
     pub tuning: ProbeTuning,
+    #[command(flatten)]
+    pub encryption: EncryptionSettings,
     #[command(flatten)]
     pub web: WebSettings,
     #[command(flatten)]
@@ -78,6 +81,7 @@ impl Config {
             self.datapath.changed(&new.datapath),
             self.pins.changed(&new.pins),
             self.cluster.changed(&new.cluster),
+            self.encryption.changed(&new.encryption),
             self.probe.changed(&new.probe),
             self.web.changed(&new.web),
             self.socket.changed(&new.socket),

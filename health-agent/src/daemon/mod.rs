@@ -57,6 +57,7 @@ use crate::{
         report::MapsReport,
         settings::MaintenanceStart,
     },
+    encryption::EncryptionMonitor,
     endpoint::{EndpointConfig, controller::ControllerConfig, shared_view},
     membership::{
         Node, discovery::NodeSource, etcd::Registration, published::Nodes, routes::RouteBounds,
@@ -165,7 +166,7 @@ async fn run_inner(
 
     let nodes = Nodes::new(cfg.source_name()).with_max_nodes(s.cluster.max_nodes());
     let view = shared_view();
-    let prober = Prober::new(probe_config(&cfg, open_files)?);
+    let prober = Prober::new(probe_config(&cfg, open_files, &kernel, resolved.tc_hook)?);
     let probe_metrics = prober.config().metrics.clone().unwrap_or_default();
     // The prober in service; a reload that changes its settings replaces it.
     let (probers, prober) = watch::channel(prober);
@@ -303,6 +304,8 @@ fn node_sync(
                 Discovery::Etcd(e) => e.endpoints.iter().filter_map(|e| address_of(e)).collect(),
                 Discovery::File(_) | Discovery::None => Vec::new(),
             },
+            // Set at each sync from the encryption check's device.
+            tunnel: None,
         },
         source: nodes.clone(),
     }
@@ -405,13 +408,18 @@ fn datapath_config(
     )
 }
 
-fn probe_config(cfg: &DaemonConfig, open_files: u64) -> Result<ProbeConfig, DaemonError> {
+fn probe_config(
+    cfg: &DaemonConfig,
+    open_files: u64,
+    kernel: &DatapathOwner,
+    tc_hook: crate::datapath::TcHook,
+) -> Result<ProbeConfig, DaemonError> {
     let e = &cfg.settings.endpoint;
     let fd_budget = usize::try_from(open_files)
         .unwrap_or(usize::MAX)
         .saturating_sub(RESERVED_FILES)
         .max(64);
-    let probe = ProbeConfig::new(
+    let mut probe = ProbeConfig::new(
         &cfg.settings.probe,
         &cfg.settings.tuning,
         ProberStart {
@@ -427,6 +435,16 @@ fn probe_config(cfg: &DaemonConfig, open_files: u64) -> Result<ProbeConfig, Daem
             mtu_probe: cfg.settings.probe.probe_mtu.resolve(),
         },
     );
+    let enc = &cfg.settings.encryption;
+    if enc.enabled() {
+        probe.encryption = Some(std::sync::Arc::new(EncryptionMonitor::new(
+            enc.clone(),
+            Some(cfg.node_name.clone()),
+            kernel.handle(),
+            tc_hook,
+            e.host_iface.clone(),
+        )));
+    }
     info!(
         max_in_flight = probe.max_in_flight,
         mtu_probe = ?probe.mtu_probe,

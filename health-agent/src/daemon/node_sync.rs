@@ -92,10 +92,16 @@ impl NodeSync {
             let (prober, routes) = (self.prober.borrow().clone(), routes.clone());
             let desired = PeerRoutes::desired(&set, Some(&self.local_name), &self.own_ips);
             let subset = probed(&set, &self.local_name, self.peers);
-            let (bounds, source) = (self.bounds.clone(), self.source.clone());
+            let (mut bounds, source) = (self.bounds.clone(), self.source.clone());
+            // With encryption on, health addresses go into its device.
+            let encryption = prober.config().encryption.clone();
+            let all = set.clone();
             async move {
                 prober.set_nodes(subset);
                 let synced = tokio::task::spawn_blocking(move || {
+                    if let Some(enc) = &encryption {
+                        bounds.tunnel = enc.device(&all);
+                    }
                     routes
                         .lock()
                         .map(|mut r| r.apply(&desired, &bounds))

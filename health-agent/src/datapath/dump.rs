@@ -12,7 +12,7 @@ use health_common::{
 };
 use serde_json::{Value, json};
 
-use super::{DatapathError, ct, maps::open, nat, rtt, stats::read_pinned_stats};
+use super::{DatapathError, ct, encrypt_watch, maps::open, nat, rtt, stats::read_pinned_stats};
 
 /// Entry 0 of the configuration array `id`.
 fn config<T: aya::Pod>(dir: &Path, id: MapId) -> Result<T, DatapathError> {
@@ -83,6 +83,7 @@ pub fn dump(dir: &Path, id: MapId) -> Result<Value, DatapathError> {
         MapId::NatMap => json(serde_json::to_value(nat::list(dir)?)),
         MapId::NatStats => Ok(counters(nat::counters(dir)?)),
         MapId::EchoStats => json(serde_json::to_value(read_pinned_stats(dir)?)),
+        MapId::EncryptWatch => json(serde_json::to_value(encrypt_watch::list(dir)?)),
         MapId::EchoConfig | MapId::CtConfig | MapId::NatConfig | MapId::PinLayout => {
             dump_config(dir, id)
         }

@@ -174,6 +174,26 @@ impl Links {
         Ok(())
     }
 
+    /// Attaches the encryption check's counter to the egress of `iface`:
+    /// the tunnel's program on the WireGuard device (`tunnel`), the plain
+    /// one on any other interface, on `hook`.
+    pub(super) fn attach_watch(
+        &mut self,
+        ebpf: &mut Ebpf,
+        iface: &Interface,
+        tunnel: bool,
+        hook: TcHook,
+    ) -> Result<(), DatapathError> {
+        let program = if tunnel {
+            ProgId::TunnelEgress
+        } else {
+            ProgId::PlainEgress
+        };
+        self.attach_tc(ebpf, iface, &[(program, TcAttachType::Egress)], hook)?;
+        debug!(interface = %iface, attach = %hook, program = program.name(), "probe counter attached");
+        Ok(())
+    }
+
     /// Attaches each program to `iface` on `hook`, in its direction.
     fn attach_tc(
         &mut self,

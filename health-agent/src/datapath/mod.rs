@@ -26,6 +26,7 @@ pub mod collect;
 pub mod ct;
 pub mod dump;
 mod echo_target;
+pub mod encrypt_watch;
 mod error;
 mod interface;
 pub mod kernel;

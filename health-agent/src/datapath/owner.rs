@@ -217,6 +217,17 @@ impl Attachments {
         self.with(|d, links| links.attach_nat(d.ebpf_mut(), uplink, hook))
     }
 
+    /// Attaches the encryption check's probe counter to the egress of
+    /// `iface` (`tunnel`: the WireGuard device).
+    pub fn attach_watch(
+        &self,
+        iface: &Interface,
+        tunnel: bool,
+        hook: TcHook,
+    ) -> Result<(), DatapathError> {
+        self.with(|d, links| links.attach_watch(d.ebpf_mut(), iface, tunnel, hook))
+    }
+
     /// Where this set's programs are attached and how (nothing once the
     /// owner is gone).
     #[must_use]

@@ -64,6 +64,10 @@ pub struct RouteBounds {
     pub range6: Option<Ipv6Net>,
     /// Addresses the agent depends on (the etcd endpoints): never routed.
     pub protected: Vec<IpAddr>,
+    /// With encryption on (`--encryption wireguard`), the WireGuard
+    /// device: health addresses are routed into it (`dev wg0`, no
+    /// gateway), whether or not the peer's node IP is on-link.
+    pub tunnel: Option<String>,
 }
 
 /// A peer's health address the agent refused to route, and why.
@@ -260,6 +264,14 @@ async fn install(nl: &Netlink, health: IpAddr, node: IpAddr) -> Result<(), Netli
         .await
 }
 
+/// `health` routed into the WireGuard device `dev` (marked as the
+/// agent's): WireGuard picks the peer by its AllowedIPs.
+async fn install_into(nl: &Netlink, health: IpAddr, dev: &str) -> Result<(), NetlinkError> {
+    let prefix = if health.is_ipv4() { 32 } else { 128 };
+    nl.replace_route_dev_owned(health, prefix, dev, ROUTE_PROTOCOL)
+        .await
+}
+
 async fn remove(nl: &Netlink, destination: IpAddr) -> Result<(), NetlinkError> {
     let prefix = if destination.is_ipv4() { 32 } else { 128 };
     nl.delete_route_owned(destination, prefix, ROUTE_PROTOCOL)
@@ -325,7 +337,7 @@ impl PeerRoutes {
                 }
                 // A route via a node IP the node cannot reach directly would
                 // be refused (routed L3 fabrics route health CIDRs themselves).
-                if !on_link(peer.via, &table.connected) {
+                if bounds.tunnel.is_none() && !on_link(peer.via, &table.connected) {
                     applied.not_on_link += 1;
                     continue;
                 }
@@ -344,10 +356,21 @@ impl PeerRoutes {
                     .routes
                     .iter()
                     .find(|r| r.is_host() && r.destination == *health);
-                if current.is_some_and(|r| r.gateway == Some(peer.via)) {
+                let done = match &bounds.tunnel {
+                    // Into the tunnel: ours, without a gateway.
+                    Some(_) => {
+                        current.is_some_and(|r| r.gateway.is_none() && r.protocol == ROUTE_PROTOCOL)
+                    }
+                    None => current.is_some_and(|r| r.gateway == Some(peer.via)),
+                };
+                if done {
                     continue;
                 }
-                match install(&nl, *health, peer.via).await {
+                let made = match &bounds.tunnel {
+                    Some(dev) => install_into(&nl, *health, dev).await,
+                    None => install(&nl, *health, peer.via).await,
+                };
+                match made {
                     Ok(()) => applied.added += 1,
                     Err(e) => applied.fail(&e),
                 }

@@ -67,6 +67,21 @@ fn family_counts(status: &ClusterStatus) -> ([[[u64; 3]; 2]; 2], [bool; 2]) {
     (counts, seen)
 }
 
+/// Addresses per encryption state, every state named (a constant set of
+/// series), when encryption is checked.
+fn encryption_series(status: &ClusterStatus) -> Option<Vec<(&'static str, i64)>> {
+    let e = status.encryption.as_ref()?;
+    Some(
+        crate::encryption::EncState::ALL
+            .iter()
+            .map(|st| {
+                let n = e.paths.get(st.name()).copied().unwrap_or(0);
+                (st.name(), i64::try_from(n).unwrap_or(i64::MAX))
+            })
+            .collect(),
+    )
+}
+
 /// Paths degraded, over every node and family.
 fn degraded(status: &ClusterStatus) -> usize {
     status
@@ -162,6 +177,14 @@ impl Collector for ConnectivityCollector {
             "Paths probed over several flows (--probe-flows) some of which fail while others answer: one way through an ECMP group is bad",
             i64::try_from(partial_losses(&status)).unwrap_or(i64::MAX),
         )?;
+        if let Some(series) = encryption_series(&status) {
+            gauges(
+                &mut enc,
+                "paths_encryption",
+                "Peer addresses by encryption state (--encryption wireguard): encrypted, plaintext (probes left outside the tunnel), not_covered (outside every peer's AllowedIPs), stale (handshake too old while probes flow), unobserved, unknown",
+                series.into_iter().map(|(st, n)| ([("state", st)], n)),
+            )?;
+        }
         if self.per_peer {
             per_peer(&mut enc, &status)?;
         }
@@ -275,6 +298,7 @@ mod tests {
             probe_interval_ms: 0,
             probe_timeout_ms: 0,
             round: None,
+            encryption: None,
             nodes: vec![
                 dual(Success, Failure),
                 dual(Success, Success),
@@ -289,6 +313,30 @@ mod tests {
     }
 
     #[test]
+    fn encryption_states_are_one_series_each_and_absent_when_unchecked() {
+        let mut status = ClusterStatus {
+            local_node: None,
+            probe_interval_ms: 0,
+            probe_timeout_ms: 0,
+            round: None,
+            encryption: None,
+            nodes: Vec::new(),
+        };
+        assert_eq!(encryption_series(&status), None);
+        status.encryption = Some(crate::probe::status::EncryptionSummary {
+            device: Some("wg0".into()),
+            error: None,
+            paths: [("encrypted".to_owned(), 7), ("plaintext".to_owned(), 1)]
+                .into_iter()
+                .collect(),
+        });
+        let s = encryption_series(&status).expect("series");
+        assert_eq!(s.len(), 6, "every state, zero included: {s:?}");
+        assert!(s.contains(&("encrypted", 7)) && s.contains(&("plaintext", 1)));
+        assert!(s.contains(&("stale", 0)));
+    }
+
+    #[test]
     fn nodes_are_counted_by_type_and_status() {
         use ProbeResult::{Failure, Success, Unknown};
         let status = ClusterStatus {
@@ -296,6 +344,7 @@ mod tests {
             probe_interval_ms: 0,
             probe_timeout_ms: 0,
             round: None,
+            encryption: None,
             nodes: vec![
                 node(Success, Success),
                 node(Failure, Success),

@@ -48,6 +48,8 @@ pub struct ProbeConfig {
     /// Probes per path each round and the sources naming them
     /// (`--probe-flows`).
     pub flows: FlowPlan,
+    /// The encryption check, run after each round (`--encryption`).
+    pub encryption: Option<Arc<crate::encryption::EncryptionMonitor>>,
 }
 
 impl Default for ProbeConfig {
@@ -69,6 +71,7 @@ impl Default for ProbeConfig {
             degraded_loss: DEFAULT_DEGRADED_LOSS,
             mtu_probe: None,
             flows: FlowPlan::default(),
+            encryption: None,
         }
     }
 }

@@ -100,6 +100,7 @@ impl Prober {
                 probe_interval_ms: ms(cfg.interval),
                 probe_timeout_ms: ms(cfg.timeout),
                 round: None,
+                encryption: None,
                 nodes: Vec::new(),
             })),
             cfg,
@@ -251,6 +252,7 @@ impl Prober {
         let nodes = self.nodes();
         let paths = self.paths.lock();
         let unknown = NodePaths::default();
+        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
         let nodes = nodes
             .iter()
             .map(|n| {
@@ -259,7 +261,13 @@ impl Prober {
                     .ok()
                     .and_then(|p| p.get(&n.name))
                     .unwrap_or(&unknown);
-                node_status(n, p, Shown::of(n, self.cfg.families))
+                let mut s = node_status(n, p, Shown::of(n, self.cfg.families));
+                if let Some(view) = &encryption {
+                    for c in s.connectivities_mut() {
+                        c.encryption = view.paths.get(&c.ip).cloned();
+                    }
+                }
+                s
             })
             .collect();
         ClusterStatus {
@@ -267,6 +275,15 @@ impl Prober {
             probe_interval_ms: ms(self.cfg.interval),
             probe_timeout_ms: ms(self.cfg.timeout),
             round,
+            encryption: encryption.map(|v| super::status::EncryptionSummary {
+                device: v.device.clone(),
+                error: v.error.clone(),
+                paths: v
+                    .counts()
+                    .into_iter()
+                    .map(|(s, n)| (s.name().to_owned(), n))
+                    .collect(),
+            }),
             nodes,
         }
     }
@@ -352,6 +369,7 @@ impl Prober {
         let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
         let t0 = Instant::now();
         let targets = targets(&nodes, self.cfg.families);
+        self.encryption_check(&nodes, true).await;
         let sockets = self.sockets();
         // Each flow probes every address: the addresses once per flow.
         let spread = Spread {
@@ -424,6 +442,7 @@ impl Prober {
         self.record_mtu(&nodes, &targets.keys, &mtu, &icmp_mtu);
         self.record_flows(&nodes, &targets.keys, &[icmp_flows, http_flows]);
         self.start_traces(&targets.ips);
+        self.encryption_check(&nodes, false).await;
         let merged = t0.elapsed();
         let status = self.snapshot(Some(RoundInfo {
             seq,
@@ -448,6 +467,24 @@ impl Prober {
             "round done"
         );
         self.status()
+    }
+
+    /// The encryption check, when on: before a round (`before`), the
+    /// counters made to watch its addresses; after it, every address
+    /// judged. On a blocking thread (netlink and map syscalls).
+    async fn encryption_check(&self, nodes: &NodeSet, before: bool) {
+        let Some(enc) = self.cfg.encryption.clone() else {
+            return;
+        };
+        let nodes = nodes.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if before {
+                enc.prepare(&nodes);
+            } else {
+                enc.evaluate(&nodes);
+            }
+        })
+        .await;
     }
 
     /// Records a round's outcomes (ICMP and HTTP to the address `keys[i]`

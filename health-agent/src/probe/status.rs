@@ -8,6 +8,7 @@ use super::{
     family::Family,
     path::{PathState, ProbeResult},
 };
+use crate::encryption::{EncState, PathEncryption};
 
 /// ICMP and HTTP to one address of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +19,9 @@ pub struct Connectivity {
     pub family: Family,
     pub icmp: PathState,
     pub http: PathState,
+    /// Whether probes to `ip` went through WireGuard (`--encryption`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<PathEncryption>,
 }
 
 impl Connectivity {
@@ -30,6 +34,7 @@ impl Connectivity {
             family: Family::of(ip),
             icmp,
             http,
+            encryption: None,
         }
     }
 
@@ -69,6 +74,30 @@ impl NodeStatus {
             .into_iter()
             .chain(self.host_secondary.as_deref())
             .chain(self.endpoint_secondary.as_deref())
+    }
+
+    /// Every connectivity of the node, to change.
+    pub fn connectivities_mut(&mut self) -> impl Iterator<Item = &mut Connectivity> {
+        [&mut self.host, &mut self.endpoint]
+            .into_iter()
+            .chain(self.host_secondary.as_deref_mut())
+            .chain(self.endpoint_secondary.as_deref_mut())
+    }
+
+    /// The node's worst encryption state over its addresses (a problem
+    /// first), when encryption is checked.
+    #[must_use]
+    pub fn encryption(&self) -> Option<EncState> {
+        self.connectivities()
+            .filter_map(|c| c.encryption.as_ref().map(|e| e.state))
+            .min_by_key(|s| match s {
+                EncState::Plaintext => 0,
+                EncState::NotCovered => 1,
+                EncState::Stale => 2,
+                EncState::Unknown => 3,
+                EncState::Unobserved => 4,
+                EncState::Encrypted => 5,
+            })
     }
 
     /// Reachable: all its paths (four per family probed) succeed.
@@ -145,7 +174,24 @@ pub struct ClusterStatus {
     pub probe_timeout_ms: u64,
     /// `None` until the first round has finished: every path is Unknown.
     pub round: Option<RoundInfo>,
+    /// Paths per encryption state, when encryption is checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionSummary>,
     pub nodes: Vec<NodeStatus>,
+}
+
+/// The encryption check over every path (`--encryption`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncryptionSummary {
+    /// The WireGuard device judged against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Why no device could be judged against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Addresses per state (`encrypted`, `plaintext`, `not_covered`,
+    /// `stale`, `unobserved`, `unknown`), every state named.
+    pub paths: std::collections::BTreeMap<String, usize>,
 }
 
 impl ClusterStatus {
@@ -160,6 +206,7 @@ impl ClusterStatus {
         let mut s = StatusSummary {
             local_node: self.local_node.clone(),
             round: self.round.clone(),
+            encryption: self.encryption.clone(),
             nodes: self.nodes.len(),
             reachable: 0,
             unreachable: 0,
@@ -183,6 +230,7 @@ impl ClusterStatus {
             probe_interval_ms: self.probe_interval_ms,
             probe_timeout_ms: self.probe_timeout_ms,
             round: self.round.clone(),
+            encryption: self.encryption.clone(),
             nodes: self.nodes.iter().filter(|n| keep(n)).cloned().collect(),
         }
     }
@@ -193,6 +241,8 @@ impl ClusterStatus {
 pub struct StatusSummary {
     pub local_node: Option<String>,
     pub round: Option<RoundInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionSummary>,
     pub nodes: usize,
     /// All its paths succeed.
     pub reachable: usize,
@@ -265,6 +315,7 @@ mod tests {
             probe_interval_ms: 1,
             probe_timeout_ms: 1,
             round: None,
+            encryption: None,
             nodes: vec![
                 dual(Success, Success),
                 dual(Success, Failure),

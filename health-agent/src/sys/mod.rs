@@ -17,3 +17,4 @@ pub mod pidfile;
 pub mod signals;
 pub mod socket_factory;
 pub mod sysctl;
+pub mod wireguard;

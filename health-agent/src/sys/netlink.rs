@@ -16,8 +16,10 @@ use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, new_connection};
 use crate::sys::netns::{Netns, NetnsError, run_in};
 
 mod addresses;
+mod links;
 mod routes;
 
+pub use links::LinkSummary;
 pub use routes::{Route, RouteV4, RouteV6};
 
 /// `RTPROT_BOOT`, what `ip route add` marks a route with by default.

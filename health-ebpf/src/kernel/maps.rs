@@ -3,10 +3,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LruHashMap, LruPerCpuHashMap, PerCpuArray},
+    maps::{Array, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap},
 };
 use health_common::{
     ct::{CtConfig, CtCounter, CtEntry, CtKey},
+    encrypt::{WatchCounts, WatchKey},
     maps::{EchoConfig, EchoCounter, MapSizes},
     nat::{NatConfig, NatCounter, NatEntry, NatKey},
     rtt::{PendingKey, RttKey, RttStats},
@@ -25,6 +26,7 @@ pub static ECHO_CONFIG: Array<EchoConfig> = Array::pinned(1, 0);
 /// grows with the cluster from the agent's flags (`MapSizes`).
 const SIZES: MapSizes = MapSizes::DEFAULT;
 const RTT_KEYS: u32 = SIZES.max_peers * MapSizes::RTT_KEYS_PER_PEER;
+const WATCH_KEYS: u32 = SIZES.max_peers * MapSizes::WATCH_KEYS_PER_PEER;
 
 /// Connection tracking entries (LRU: the oldest go first when full).
 #[map]
@@ -64,6 +66,13 @@ pub static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
 /// Per-CPU counters, indexed by `NatCounter`.
 #[map]
 pub static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::COUNT, 0);
+
+/// Probe packets per watched destination (the peers' node and health
+/// addresses while encryption is checked), per CPU: the agent adds and
+/// removes the keys, the egress programs count.
+#[map]
+pub static ENCRYPT_WATCH: PerCpuHashMap<WatchKey, WatchCounts> =
+    PerCpuHashMap::pinned(WATCH_KEYS, 0);
 
 /// The layout version of these maps (`PIN_LAYOUT_VERSION`), written by the
 /// agent after loading: pinned with the rest, it tells the next agent which

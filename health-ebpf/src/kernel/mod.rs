@@ -11,6 +11,7 @@
 mod counters;
 mod echo_tc;
 mod echo_xdp;
+mod encrypt;
 mod maps;
 mod nat;
 mod packet;

@@ -22,6 +22,8 @@ mod echo6_netns;
 mod echo6_test_run;
 mod echo_netns;
 mod echo_test_run;
+mod encrypt_test_run;
+mod encryption;
 mod endpoint;
 mod endpoint6;
 mod endpoint_owned;

@@ -801,6 +801,7 @@ fn synthetic_status(n: usize) -> ClusterStatus {
                         ok_path(rtt, at)
                     },
                     http: ok_path(rtt + 40, at),
+                    encryption: None,
                 },
                 endpoint: Connectivity {
                     ip: ip(Ipv4Addr::new(198, 19, 0, 0), k).into(),
@@ -814,6 +815,7 @@ fn synthetic_status(n: usize) -> ClusterStatus {
                         ..ok_path(rtt + 5, at)
                     },
                     http: ok_path(rtt + 50, at),
+                    encryption: None,
                 },
                 host_secondary: None,
                 endpoint_secondary: None,
@@ -830,6 +832,7 @@ fn synthetic_status(n: usize) -> ClusterStatus {
             duration_ms: 150,
             probes: 4 * n,
         }),
+        encryption: None,
         nodes,
     }
 }

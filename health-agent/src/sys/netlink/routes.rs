@@ -224,6 +224,32 @@ impl Netlink {
         .await
     }
 
+    /// Adds `destination/prefix dev iface` (either family, no gateway)
+    /// marked as installed by `protocol`, replacing a route to the same
+    /// destination (callers check that any such route is theirs first).
+    pub async fn replace_route_dev_owned(
+        &self,
+        destination: IpAddr,
+        prefix: u8,
+        iface: &str,
+        protocol: u8,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        let b = route(destination, prefix, None)?
+            .output_interface(index)
+            .protocol(RouteProtocol::from(protocol));
+        let b = if destination.is_ipv4() {
+            b.scope(RouteScope::Link)
+        } else {
+            b
+        };
+        self.add_route(
+            b.build(),
+            format!("adding route {destination}/{prefix} dev {iface} (protocol {protocol})"),
+        )
+        .await
+    }
+
     /// Deletes the main-table route to `destination/prefix` (either family)
     /// installed by `protocol`; the kernel leaves a route of another
     /// protocol alone. A missing one is fine.

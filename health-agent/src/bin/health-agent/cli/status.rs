@@ -8,10 +8,11 @@ use super::{OutputFormat, SocketArgs};
 use health_agent::{
     api::client::Client,
     datapath::KernelReport,
+    encryption::EncState,
     probe::{
         history::{EntryOutcome, HistoryStats, NodeHistory, NodeStats, WindowStats},
         path::{PathState, ProbeResult},
-        status::{ClusterStatus, Connectivity, NodeStatus},
+        status::{ClusterStatus, Connectivity, EncryptionSummary, NodeStatus},
     },
     util::timefmt::{rfc3339, rfc3339_millis, short},
 };
@@ -239,6 +240,23 @@ fn connectivity(
 ) {
     let _ = writeln!(out, "{:indent$}{what} connectivity to {}:", "", c.ip);
     let inner = indent + 2;
+    if let Some(e) = &c.encryption {
+        let peer = e
+            .peer
+            .as_deref()
+            .map(|k| format!(" (peer {k})"))
+            .unwrap_or_default();
+        let why = e
+            .reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:inner$}{:<16} {}{peer}{why}",
+            "", "Encryption:", e.state
+        );
+    }
     for (name, path, w) in [
         ("ICMP to stack:", &c.icmp, stats[0]),
         ("HTTP to agent:", &c.http, stats[1]),
@@ -248,6 +266,60 @@ fn connectivity(
             let _ = writeln!(out, "{:inner$}{:<16} {}", "", "", window_line(w));
         }
     }
+}
+
+/// The status's `Encryption:` line: addresses per state, or why the
+/// device could not be judged against.
+fn encryption_line(e: &EncryptionSummary) -> String {
+    match (&e.device, &e.error) {
+        (_, Some(err)) => format!("Encryption: WireGuard not checked: {err}"),
+        (device, None) => {
+            let counts: Vec<String> = EncState::ALL
+                .iter()
+                .filter_map(|st| {
+                    let n = e.paths.get(st.name()).copied().unwrap_or(0);
+                    (n > 0).then(|| format!("{n} {st}"))
+                })
+                .collect();
+            format!(
+                "Encryption: WireGuard ({}): {} addresses",
+                device.as_deref().unwrap_or("?"),
+                if counts.is_empty() {
+                    "no".to_owned()
+                } else {
+                    counts.join(", ")
+                }
+            )
+        }
+    }
+}
+
+/// The node's encryption as the table's column shows it: the one state
+/// of all its addresses, or each address's that differs from encrypted
+/// (`plaintext host, not covered endpoint`).
+fn encryption_cell(n: &NodeStatus) -> String {
+    let labelled = [
+        ("host", Some(&n.host)),
+        ("endpoint", Some(&n.endpoint)),
+        ("host6", n.host_secondary.as_deref()),
+        ("endpoint6", n.endpoint_secondary.as_deref()),
+    ];
+    let states: Vec<(&str, EncState)> = labelled
+        .iter()
+        .filter_map(|(l, c)| Some((*l, (*c)?.encryption.as_ref()?.state)))
+        .collect();
+    let Some(first) = states.first() else {
+        return "-".into();
+    };
+    if states.iter().all(|(_, s)| *s == first.1) {
+        return first.1.to_string();
+    }
+    states
+        .iter()
+        .filter(|(_, s)| *s != EncState::Encrypted)
+        .map(|(l, s)| format!("{s} {l}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The node's addresses as the table shows them: the primary, then the
@@ -340,6 +412,9 @@ pub(crate) fn render(
             short(Duration::from_millis(r.duration_ms))
         );
     }
+    if let Some(e) = &s.encryption {
+        let _ = writeln!(out, "{}", encryption_line(e));
+    }
     let mut shown: Vec<&NodeStatus> = s.nodes.iter().collect();
     if s.nodes.len() > LARGE && !all {
         let sum = s.summary();
@@ -348,17 +423,26 @@ pub(crate) fn render(
             "{} reachable, {} unreachable, {} unknown; not reachable below, failing first (--all for every node)",
             sum.reachable, sum.unreachable, sum.unknown
         );
-        shown.retain(|n| !n.reachable());
+        // A path that is reachable but not encrypted is a problem too.
+        shown.retain(|n| !n.reachable() || n.encryption().is_some_and(EncState::is_problem));
         shown.sort_by_key(|n| (n.state() != ProbeResult::Failure, n.name.as_str()));
     }
     // As wide as the widest address shown (an IPv6 one, or both of a
     // dual-stack node), never narrower than an IPv4 address.
     let ips: Vec<String> = shown.iter().map(|n| addresses(n)).collect();
     let width = ips.iter().map(String::len).max().unwrap_or(0).max(15);
+    let encrypted = s.encryption.is_some();
     let _ = writeln!(
         out,
-        "  {:<20} {:<width$} {:<12} ENDPOINTS",
-        "NAME", "IP", "NODE"
+        "  {:<20} {:<width$} {:<12} {}",
+        "NAME",
+        "IP",
+        "NODE",
+        if encrypted {
+            "ENDPOINTS    ENCRYPTION"
+        } else {
+            "ENDPOINTS"
+        }
     );
     for (n, ip) in shown.iter().zip(&ips) {
         let local = if s.local_node.as_deref() == Some(n.name.as_str()) {
@@ -368,13 +452,23 @@ pub(crate) fn render(
         };
         // Over every family probed: a node is reachable when all its
         // paths are.
-        let _ = writeln!(
-            out,
-            "  {:<20} {ip:<width$} {:<12} {}",
-            format!("{}{local}", n.name),
-            word(n.state_of(false)),
-            word(n.state_of(true))
-        );
+        let endpoints = word(n.state_of(true));
+        let _ = if encrypted && local.is_empty() {
+            writeln!(
+                out,
+                "  {:<20} {ip:<width$} {:<12} {endpoints:<12} {}",
+                format!("{}{local}", n.name),
+                word(n.state_of(false)),
+                encryption_cell(n)
+            )
+        } else {
+            writeln!(
+                out,
+                "  {:<20} {ip:<width$} {:<12} {endpoints}",
+                format!("{}{local}", n.name),
+                word(n.state_of(false)),
+            )
+        };
     }
     if verbose {
         // Both lists are in the node set's order.
@@ -436,6 +530,7 @@ mod tests {
             probe_interval_ms: 60_000,
             probe_timeout_ms: 1_000,
             round: None,
+            encryption: None,
             nodes,
         }
     }
@@ -681,6 +776,60 @@ mod tests {
             .find(|b| b.trim_start().starts_with("node-041"))
             .expect("node-041's block");
         assert!(!other.contains("Secondary"), "{other}");
+    }
+
+    #[test]
+    fn with_encryption_checked_the_table_says_which_address_is_not_encrypted() {
+        use health_agent::encryption::PathEncryption;
+        let mut s = ClusterStatus {
+            nodes: vec![
+                node("n1", ProbeResult::Success),
+                node("n2", ProbeResult::Success),
+            ],
+            ..status(50)
+        };
+        let enc = |state| {
+            Some(PathEncryption {
+                state,
+                peer: Some("KEY".into()),
+                reason: Some(format!("why {state}")),
+            })
+        };
+        s.nodes[0].host.encryption = enc(EncState::Encrypted);
+        s.nodes[0].endpoint.encryption = enc(EncState::Encrypted);
+        s.nodes[1].host.encryption = enc(EncState::Plaintext);
+        s.nodes[1].endpoint.encryption = enc(EncState::NotCovered);
+        s.encryption = Some(EncryptionSummary {
+            device: Some("wg0".into()),
+            error: None,
+            paths: [("encrypted", 2), ("plaintext", 1), ("not_covered", 1)]
+                .map(|(k, v)| (k.to_owned(), v))
+                .into_iter()
+                .collect(),
+        });
+        let text = render(&s, true, false, None);
+        assert!(
+            text.contains(
+                "Encryption: WireGuard (wg0): 2 encrypted, 1 plaintext, 1 not covered addresses"
+            ),
+            "{text}"
+        );
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_else(|| panic!("{name}: {text}"))
+                .to_owned()
+        };
+        assert!(row("n1").ends_with("encrypted"), "{text}");
+        assert!(
+            row("n2").ends_with("plaintext host, not covered endpoint"),
+            "{text}"
+        );
+        assert!(text.contains("ENCRYPTION"), "{text}");
+        assert!(
+            text.contains("Encryption:       plaintext (peer KEY): why plaintext"),
+            "verbose names the peer and why: {text}"
+        );
     }
 
     #[test]

@@ -1,0 +1,113 @@
+//! The encryption check's map: which destinations the egress programs
+//! watch, and the probe packets they counted to each, through the tunnel
+//! and in plain text.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    path::Path,
+};
+
+use aya::maps::{PerCpuHashMap, PerCpuValues};
+use health_common::{
+    ct::{ip_of, key_addr},
+    encrypt::{WatchCounts, WatchKey},
+    maps::MapId,
+};
+use serde::Serialize;
+
+use super::{DatapathError, maps::open};
+
+/// One row of `bpf map dump ENCRYPT_WATCH`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WatchRow {
+    pub destination: IpAddr,
+    /// Probe packets that left through the WireGuard device.
+    pub tunnel: u64,
+    /// Probe packets that left through another interface.
+    pub plain: u64,
+}
+
+fn key(ip: IpAddr) -> WatchKey {
+    WatchKey { addr: key_addr(ip) }
+}
+
+fn map_err(source: aya::maps::MapError) -> DatapathError {
+    DatapathError::Map {
+        map: MapId::EncryptWatch,
+        source,
+    }
+}
+
+/// Every watched destination with its counts, summed over the CPUs (in
+/// batches: one entry per watched address).
+pub fn counts(dir: &Path) -> Result<BTreeMap<IpAddr, WatchCounts>, DatapathError> {
+    let mut out = BTreeMap::new();
+    super::maps::per_cpu_entries(
+        dir,
+        MapId::EncryptWatch,
+        |k: &WatchKey, per_cpu: &[WatchCounts]| {
+            out.insert(ip_of(k.addr), WatchCounts::sum(per_cpu));
+        },
+    )?;
+    Ok(out)
+}
+
+/// [`counts`] as rows, for `bpf map dump`.
+pub fn list(dir: &Path) -> Result<Vec<WatchRow>, DatapathError> {
+    Ok(counts(dir)?
+        .into_iter()
+        .map(|(destination, c)| WatchRow {
+            destination,
+            tunnel: c.tunnel,
+            plain: c.plain,
+        })
+        .collect())
+}
+
+/// Makes the watched destinations `wanted`: new ones start at zero, ones
+/// no longer wanted are removed (their counts with them), the others keep
+/// counting. `present` is what [`counts`] just read. Returns how many were
+/// added and removed.
+pub fn set_watched(
+    dir: &Path,
+    present: &BTreeMap<IpAddr, WatchCounts>,
+    wanted: &BTreeSet<IpAddr>,
+) -> Result<(usize, usize), DatapathError> {
+    let add: Vec<IpAddr> = wanted
+        .iter()
+        .filter(|ip| !present.contains_key(ip))
+        .copied()
+        .collect();
+    let remove: Vec<IpAddr> = present
+        .keys()
+        .filter(|ip| !wanted.contains(ip))
+        .copied()
+        .collect();
+    if add.is_empty() && remove.is_empty() {
+        return Ok((0, 0));
+    }
+    let map = open(dir, MapId::EncryptWatch)?;
+    let mut m = PerCpuHashMap::<_, WatchKey, WatchCounts>::try_from(map).map_err(map_err)?;
+    let cpus = aya::util::nr_cpus().map_err(|(_, source)| DatapathError::MapBatch {
+        map: MapId::EncryptWatch,
+        op: "reading the possible CPUs",
+        source,
+    })?;
+    for ip in &add {
+        let zero = PerCpuValues::try_from(vec![WatchCounts::default(); cpus.get() as usize])
+            .map_err(|source| DatapathError::MapBatch {
+                map: MapId::EncryptWatch,
+                op: "making a per-CPU value",
+                source,
+            })?;
+        m.insert(&key(*ip), zero, 0).map_err(map_err)?;
+    }
+    for ip in &remove {
+        match m.remove(&key(*ip)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(e) => return Err(map_err(e)),
+        }
+    }
+    Ok((add.len(), remove.len()))
+}

@@ -1,0 +1,462 @@
+//! After each round: the probe counters read (and the watched addresses
+//! kept to the probed peers'), the WireGuard device read, the counting
+//! programs attached to interfaces that appeared, every probed address
+//! judged. Blocking (netlink and map syscalls): the prober runs it on a
+//! blocking thread.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex, PoisonError, RwLock},
+    time::SystemTime,
+};
+
+use health_common::encrypt::WatchCounts;
+use tracing::{info, warn};
+
+use super::{
+    settings::EncryptionSettings,
+    state::{EncState, EncryptionView, PathEncryption},
+    verdict::{Context, Seen, covering, judge},
+};
+use crate::{
+    datapath::{Attachments, DatapathHandle, Interface, TcHook, encrypt_watch},
+    membership::{Node, NodeSet},
+    sys::{
+        netlink::LinkSummary,
+        wireguard::{self, WgDevice},
+    },
+    util::errors::chain,
+};
+
+/// Rounds a path's probe counts are judged over.
+const WINDOW: usize = 3;
+
+/// Each watched address's counters: the last reading and the increments
+/// of the last [`WINDOW`] rounds.
+#[derive(Debug, Default)]
+struct Counted {
+    last: WatchCounts,
+    recent: [WatchCounts; WINDOW],
+    next: usize,
+}
+
+impl Counted {
+    fn push(&mut self, now: WatchCounts) {
+        // A counter that went back (the map entry was made again) starts
+        // over from zero.
+        let delta = |n: u64, l: u64| if n >= l { n - l } else { n };
+        self.recent[self.next % WINDOW] = WatchCounts {
+            tunnel: delta(now.tunnel, self.last.tunnel),
+            plain: delta(now.plain, self.last.plain),
+        };
+        self.next += 1;
+        self.last = now;
+    }
+
+    fn seen(&self) -> Seen {
+        self.recent.iter().fold(Seen::default(), |s, c| Seen {
+            tunnel: s.tunnel + c.tunnel,
+            plain: s.plain + c.plain,
+        })
+    }
+}
+
+/// Where the counting programs are attached: interface name and index,
+/// and whether it is the tunnel.
+type Placement = BTreeSet<(String, u32, bool)>;
+
+struct Watching {
+    placed: Placement,
+    attachments: Option<Attachments>,
+}
+
+pub struct EncryptionMonitor {
+    settings: EncryptionSettings,
+    local: Option<String>,
+    datapath: DatapathHandle,
+    hook: TcHook,
+    /// The endpoint's veth (its host side): probes from the endpoint
+    /// cross it inbound, never out, so it is not counted.
+    endpoint_iface: String,
+    counted: Mutex<HashMap<IpAddr, Counted>>,
+    watching: Mutex<Watching>,
+    /// The node set [`Self::prepare`] last watched.
+    prepared: Mutex<Option<NodeSet>>,
+    view: RwLock<Arc<EncryptionView>>,
+}
+
+impl std::fmt::Debug for EncryptionMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncryptionMonitor")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EncryptionMonitor {
+    #[must_use]
+    pub fn new(
+        settings: EncryptionSettings,
+        local: Option<String>,
+        datapath: DatapathHandle,
+        hook: TcHook,
+        endpoint_iface: String,
+    ) -> Self {
+        Self {
+            settings,
+            local,
+            datapath,
+            hook,
+            endpoint_iface,
+            counted: Mutex::default(),
+            watching: Mutex::new(Watching {
+                placed: Placement::new(),
+                attachments: None,
+            }),
+            prepared: Mutex::default(),
+            view: RwLock::default(),
+        }
+    }
+
+    /// The last judgement.
+    #[must_use]
+    pub fn view(&self) -> Arc<EncryptionView> {
+        self.view
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |v| v.clone())
+    }
+
+    fn pin_dir(&self) -> PathBuf {
+        self.datapath.pin_dir().to_path_buf()
+    }
+
+    /// Before a round: the addresses of `nodes` watched and the counting
+    /// programs in place, so that the round's own probes are counted
+    /// (cheap when nothing changed since the last round).
+    pub fn prepare(&self, nodes: &NodeSet) {
+        let placed = self.watching.lock().is_ok_and(|w| w.attachments.is_some());
+        let same = self
+            .prepared
+            .lock()
+            .is_ok_and(|p| p.as_ref() == Some(nodes));
+        if placed && same {
+            return;
+        }
+        let peers: Vec<&Node> = self.peers(nodes);
+        let wanted: BTreeSet<IpAddr> = peers.iter().flat_map(|n| addresses(n)).collect();
+        let dir = self.pin_dir();
+        let present = encrypt_watch::counts(&dir).unwrap_or_default();
+        if let Err(e) = encrypt_watch::set_watched(&dir, &present, &wanted) {
+            warn!(
+                "updating the encryption check's watched addresses: {}",
+                chain(&e)
+            );
+        }
+        if let Ok((links, devices)) = wireguard::read()
+            && let Some(dev) = self.choose(&devices, &peers)
+        {
+            self.place(&links, dev);
+            // Routes go into the device from the first sync on.
+            if let Ok(mut v) = self.view.write()
+                && v.device.is_none()
+            {
+                *v = Arc::new(EncryptionView {
+                    device: Some(dev.name.clone()),
+                    ..EncryptionView::default()
+                });
+            }
+        }
+        if let Ok(mut p) = self.prepared.lock() {
+            *p = Some(nodes.clone());
+        }
+    }
+
+    /// The WireGuard device health addresses are routed into: the one
+    /// asked for, or the one whose peers cover the most node addresses of
+    /// `nodes` (read now: blocking).
+    #[must_use]
+    pub fn device(&self, nodes: &NodeSet) -> Option<String> {
+        if let Some(name) = &self.settings.encryption_device {
+            return Some(name.clone());
+        }
+        let (_, devices) = wireguard::read().ok()?;
+        self.choose(&devices, &self.peers(nodes))
+            .map(|d| d.name.clone())
+    }
+
+    fn peers<'a>(&self, nodes: &'a NodeSet) -> Vec<&'a Node> {
+        nodes
+            .iter()
+            .filter(|n| Some(n.name.as_str()) != self.local.as_deref())
+            .collect()
+    }
+
+    /// Judges every address of `nodes` (but this node's) after a round.
+    pub fn evaluate(&self, nodes: &NodeSet) {
+        let peers: Vec<&Node> = self.peers(nodes);
+        let wanted: BTreeSet<IpAddr> = peers.iter().flat_map(|n| addresses(n)).collect();
+        let seen = self.count(&wanted);
+        let view = match wireguard::read() {
+            Ok((links, devices)) => match self.choose(&devices, &peers) {
+                Some(dev) => {
+                    self.place(&links, dev);
+                    judged(dev, &peers, &seen, self.settings.stale_after())
+                }
+                None => unknown(
+                    &wanted,
+                    match &self.settings.encryption_device {
+                        Some(name) => format!("no WireGuard device {name:?} on this node"),
+                        None => "no WireGuard device on this node".to_owned(),
+                    },
+                ),
+            },
+            Err(e) => unknown(&wanted, chain(&e)),
+        };
+        self.report(&view);
+        if let Ok(mut v) = self.view.write() {
+            *v = Arc::new(view);
+        }
+    }
+
+    /// Reads the counters, keeps the watched addresses to `wanted`, and
+    /// returns each address's probes over the window.
+    fn count(&self, wanted: &BTreeSet<IpAddr>) -> HashMap<IpAddr, Seen> {
+        let dir = self.pin_dir();
+        let present = match encrypt_watch::counts(&dir) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!("reading the encryption check's counters: {}", chain(&e));
+                BTreeMap::new()
+            }
+        };
+        if let Err(e) = encrypt_watch::set_watched(&dir, &present, wanted) {
+            warn!(
+                "updating the encryption check's watched addresses: {}",
+                chain(&e)
+            );
+        }
+        let mut counted = self.counted.lock().unwrap_or_else(PoisonError::into_inner);
+        counted.retain(|ip, _| wanted.contains(ip));
+        wanted
+            .iter()
+            .map(|ip| {
+                let c = counted.entry(*ip).or_default();
+                c.push(present.get(ip).copied().unwrap_or_default());
+                (*ip, c.seen())
+            })
+            .collect()
+    }
+
+    /// The device asked for, or the one whose peers cover the most node
+    /// addresses.
+    fn choose<'a>(&self, devices: &'a [WgDevice], peers: &[&Node]) -> Option<&'a WgDevice> {
+        if let Some(name) = &self.settings.encryption_device {
+            return devices.iter().find(|d| d.name == *name);
+        }
+        devices.iter().max_by_key(|d| {
+            let covered = peers
+                .iter()
+                .flat_map(|n| node_addresses(n))
+                .filter(|ip| covering(d, *ip).is_some())
+                .count();
+            (covered, std::cmp::Reverse(d.index))
+        })
+    }
+
+    /// The counting programs on the device's egress and on every other
+    /// Ethernet interface's (made again whenever that set changes).
+    fn place(&self, links: &[LinkSummary], dev: &WgDevice) {
+        let wanted: Placement = links
+            .iter()
+            .filter_map(|l| {
+                if l.index == dev.index {
+                    Some((l.name.clone(), l.index, true))
+                } else if l.ethernet && !l.is_wireguard() && l.name != self.endpoint_iface {
+                    Some((l.name.clone(), l.index, false))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let mut w = self.watching.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.placed == wanted && w.attachments.is_some() {
+            return;
+        }
+        // Dropping the old set detaches its programs.
+        w.attachments = None;
+        let set = self.datapath.attachments();
+        let mut failed = Vec::new();
+        for (name, _, tunnel) in &wanted {
+            if let Err(e) =
+                set.attach_watch(&Interface::new(name.clone(), None), *tunnel, self.hook)
+            {
+                failed.push(format!("{name}: {}", chain(&e)));
+            }
+        }
+        if failed.is_empty() {
+            info!(
+                device = %dev.name,
+                interfaces = wanted.len(),
+                "probe counters attached for the encryption check"
+            );
+        } else {
+            warn!(
+                "probe counters not attached to {} interfaces (retried next round); first: {}",
+                failed.len(),
+                failed[0]
+            );
+        }
+        w.attachments = Some(set);
+        w.placed = if failed.is_empty() {
+            wanted
+        } else {
+            Placement::new()
+        };
+    }
+
+    /// Logs the counts when they change.
+    fn report(&self, view: &EncryptionView) {
+        let problems = view.paths.values().filter(|p| p.state.is_problem()).count();
+        let before = self.view();
+        let before_problems = before
+            .paths
+            .values()
+            .filter(|p| p.state.is_problem())
+            .count();
+        if problems != before_problems || view.error != before.error {
+            let counts: Vec<String> = view
+                .counts()
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(s, n)| format!("{n} {s}"))
+                .collect();
+            match &view.error {
+                Some(e) => warn!("encryption check: {e}"),
+                None if problems > 0 => warn!(
+                    "encryption check: {} (status names the paths)",
+                    counts.join(", ")
+                ),
+                None => info!("encryption check: {}", counts.join(", ")),
+            }
+        }
+    }
+}
+
+/// A node's own addresses (either family).
+fn node_addresses(n: &Node) -> impl Iterator<Item = IpAddr> {
+    [n.node_ip.map(IpAddr::V4), n.node_ip6.map(IpAddr::V6)]
+        .into_iter()
+        .flatten()
+}
+
+/// A node's own and health addresses (either family).
+fn addresses(n: &Node) -> impl Iterator<Item = IpAddr> {
+    [
+        n.node_ip.map(IpAddr::V4),
+        n.health_ip.map(IpAddr::V4),
+        n.node_ip6.map(IpAddr::V6),
+        n.health_ip6.map(IpAddr::V6),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+fn judged(
+    dev: &WgDevice,
+    peers: &[&Node],
+    seen: &HashMap<IpAddr, Seen>,
+    stale_after: std::time::Duration,
+) -> EncryptionView {
+    let cx = Context {
+        device: dev,
+        now: SystemTime::now(),
+        stale_after,
+    };
+    let mut paths = HashMap::new();
+    for n in peers {
+        for (node, health) in [
+            (n.node_ip.map(IpAddr::V4), n.health_ip.map(IpAddr::V4)),
+            (n.node_ip6.map(IpAddr::V6), n.health_ip6.map(IpAddr::V6)),
+        ] {
+            let expected = node.and_then(|ip| covering(dev, ip));
+            for ip in [node, health].into_iter().flatten() {
+                let s = seen.get(&ip).copied().unwrap_or_default();
+                paths.insert(ip, judge(cx, ip, expected, s));
+            }
+        }
+    }
+    EncryptionView {
+        device: Some(dev.name.clone()),
+        error: None,
+        paths,
+    }
+}
+
+fn unknown(wanted: &BTreeSet<IpAddr>, why: String) -> EncryptionView {
+    EncryptionView {
+        device: None,
+        paths: wanted
+            .iter()
+            .map(|ip| {
+                (
+                    *ip,
+                    PathEncryption {
+                        state: EncState::Unknown,
+                        peer: None,
+                        reason: Some(why.clone()),
+                    },
+                )
+            })
+            .collect(),
+        error: Some(why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_judged_over_the_last_rounds_only() {
+        let mut c = Counted::default();
+        let at = |tunnel, plain| WatchCounts { tunnel, plain };
+        c.push(at(4, 0));
+        c.push(at(8, 1));
+        assert_eq!(
+            c.seen(),
+            Seen {
+                tunnel: 8,
+                plain: 1
+            }
+        );
+        c.push(at(12, 1));
+        c.push(at(16, 1));
+        assert_eq!(
+            c.seen(),
+            Seen {
+                tunnel: 12,
+                plain: 1
+            }
+        );
+        c.push(at(20, 1));
+        assert_eq!(
+            c.seen(),
+            Seen {
+                tunnel: 12,
+                plain: 0
+            },
+            "the plain one left the window"
+        );
+        // A counter made again starts from zero.
+        c.push(at(2, 0));
+        assert_eq!(
+            c.seen(),
+            Seen {
+                tunnel: 10,
+                plain: 0
+            }
+        );
+    }
+}

@@ -1,0 +1,258 @@
+//! The decision for one address: which WireGuard peer covers it (the
+//! longest AllowedIPs prefix, as WireGuard's own routing picks), whether
+//! that is its node's peer, where its probes left, and how old the
+//! peer's handshake is.
+
+use std::{
+    net::IpAddr,
+    time::{Duration, SystemTime},
+};
+
+use super::state::{EncState, PathEncryption};
+use crate::sys::wireguard::WgDevice;
+
+/// Probe packets to one address over the last rounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// Through the WireGuard device.
+    pub tunnel: u64,
+    /// Through any other interface.
+    pub plain: u64,
+}
+
+/// The peer of `device` whose AllowedIPs hold `ip` most specifically.
+#[must_use]
+pub fn covering(device: &WgDevice, ip: IpAddr) -> Option<usize> {
+    device
+        .peers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            p.allowed_ips
+                .iter()
+                .filter(|n| n.contains(&ip))
+                .map(ipnet::IpNet::prefix_len)
+                .max()
+                .map(|len| (len, i))
+        })
+        .max_by_key(|(len, i)| (*len, std::cmp::Reverse(*i)))
+        .map(|(_, i)| i)
+}
+
+/// What decides a verdict besides the address's own figures.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub device: &'a WgDevice,
+    pub now: SystemTime,
+    /// Rekey time plus the margin.
+    pub stale_after: Duration,
+}
+
+/// `ip`'s encryption: `expected` is the peer that covers its node's own
+/// address (of the same family), when one does.
+#[must_use]
+pub fn judge(cx: Context<'_>, ip: IpAddr, expected: Option<usize>, seen: Seen) -> PathEncryption {
+    let dev = cx.device;
+    let Some(i) = covering(dev, ip) else {
+        return verdict(
+            EncState::NotCovered,
+            None,
+            format!(
+                "{ip} is outside the AllowedIPs of every peer of {}",
+                dev.name
+            ),
+        );
+    };
+    let peer = &dev.peers[i];
+    let key = Some(peer.public_key.clone());
+    if let Some(e) = expected.filter(|e| *e != i) {
+        return verdict(
+            EncState::NotCovered,
+            key,
+            format!(
+                "{ip} is in the AllowedIPs of peer {}, not of its node's peer {}",
+                short(&peer.public_key),
+                short(&dev.peers[e].public_key)
+            ),
+        );
+    }
+    if seen.plain > 0 {
+        return verdict(
+            EncState::Plaintext,
+            key,
+            format!(
+                "{} probe packets to {ip} left through an interface other than {} in the last rounds",
+                seen.plain, dev.name
+            ),
+        );
+    }
+    if seen.tunnel == 0 {
+        return verdict(
+            EncState::Unobserved,
+            key,
+            format!("no probe to {ip} left in the last rounds"),
+        );
+    }
+    let age = peer
+        .last_handshake
+        .map(|t| cx.now.duration_since(t).unwrap_or_default());
+    match age {
+        None => verdict(
+            EncState::Stale,
+            key,
+            format!(
+                "probes went to peer {} but it never completed a handshake",
+                short(&peer.public_key)
+            ),
+        ),
+        Some(age) if age > cx.stale_after => verdict(
+            EncState::Stale,
+            key,
+            format!(
+                "probes went to peer {} but its last handshake was {} ago (more than {})",
+                short(&peer.public_key),
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                humantime::format_duration(cx.stale_after)
+            ),
+        ),
+        Some(_) => PathEncryption {
+            state: EncState::Encrypted,
+            peer: key,
+            reason: None,
+        },
+    }
+}
+
+fn verdict(state: EncState, peer: Option<String>, reason: String) -> PathEncryption {
+    PathEncryption {
+        state,
+        peer,
+        reason: Some(reason),
+    }
+}
+
+/// The first characters of a key, as logs show it.
+fn short(key: &str) -> &str {
+    key.get(..8).unwrap_or(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::wireguard::WgPeer;
+
+    fn peer(key: &str, allowed: &[&str], handshake: Option<u64>) -> WgPeer {
+        WgPeer {
+            public_key: key.into(),
+            endpoint: None,
+            allowed_ips: allowed.iter().map(|a| a.parse().expect("net")).collect(),
+            last_handshake: handshake.map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s)),
+            tx_bytes: 0,
+            rx_bytes: 0,
+        }
+    }
+
+    const NOW: u64 = 1_000_000;
+
+    fn device() -> WgDevice {
+        WgDevice {
+            name: "wg0".into(),
+            index: 5,
+            peers: vec![
+                peer(
+                    "BBBBBBBBkey",
+                    &["198.18.1.12/32", "198.18.65.0/24"],
+                    Some(NOW - 30),
+                ),
+                peer("CCCCCCCCkey", &["198.18.1.13/32"], Some(NOW - 200)),
+                // A wide prefix: the more specific one wins.
+                peer("DDDDDDDDkey", &["198.18.0.0/15"], None),
+            ],
+        }
+    }
+
+    fn cx(d: &WgDevice) -> Context<'_> {
+        Context {
+            device: d,
+            now: SystemTime::UNIX_EPOCH + Duration::from_secs(NOW),
+            stale_after: Duration::from_secs(180),
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    const TUNNEL: Seen = Seen {
+        tunnel: 4,
+        plain: 0,
+    };
+
+    #[test]
+    fn the_most_specific_allowed_ips_pick_the_peer() {
+        let d = device();
+        assert_eq!(covering(&d, ip("198.18.1.12")), Some(0));
+        assert_eq!(covering(&d, ip("198.18.65.9")), Some(0));
+        assert_eq!(covering(&d, ip("198.18.1.99")), Some(2));
+        assert_eq!(covering(&d, ip("192.0.2.1")), None);
+        assert_eq!(covering(&d, ip("2001:2::12")), None);
+    }
+
+    #[test]
+    fn probes_through_the_tunnel_to_a_fresh_peer_are_encrypted() {
+        let d = device();
+        let v = judge(cx(&d), ip("198.18.65.9"), Some(0), TUNNEL);
+        assert_eq!(v.state, EncState::Encrypted, "{v:?}");
+        assert_eq!(v.peer.as_deref(), Some("BBBBBBBBkey"));
+        assert_eq!(v.reason, None);
+    }
+
+    #[test]
+    fn any_probe_in_plain_text_is_plaintext_even_beside_tunnelled_ones() {
+        let d = device();
+        let v = judge(
+            cx(&d),
+            ip("198.18.1.12"),
+            Some(0),
+            Seen {
+                tunnel: 3,
+                plain: 1,
+            },
+        );
+        assert_eq!(v.state, EncState::Plaintext);
+        assert!(v.reason.expect("why").contains("other than wg0"));
+    }
+
+    #[test]
+    fn an_address_outside_every_allowed_ips_or_in_another_nodes_peer_is_not_covered() {
+        let d = device();
+        let v = judge(cx(&d), ip("192.0.2.1"), None, TUNNEL);
+        assert_eq!(v.state, EncState::NotCovered);
+        assert!(v.reason.expect("why").contains("outside the AllowedIPs"));
+        // The health address is in the wide peer's AllowedIPs, but the
+        // node's own address is in B's.
+        let v = judge(cx(&d), ip("198.18.66.1"), Some(0), TUNNEL);
+        assert_eq!(v.state, EncState::NotCovered);
+        assert_eq!(v.peer.as_deref(), Some("DDDDDDDDkey"));
+        assert!(
+            v.reason
+                .expect("why")
+                .contains("not of its node's peer BBBBBBBB"),
+            "names both peers"
+        );
+    }
+
+    #[test]
+    fn an_old_or_missing_handshake_is_stale_only_while_probes_flow() {
+        let d = device();
+        let v = judge(cx(&d), ip("198.18.1.13"), Some(1), TUNNEL);
+        assert_eq!(v.state, EncState::Stale, "200 s > 180 s");
+        assert!(v.reason.expect("why").contains("3m 20s ago"));
+        let v = judge(cx(&d), ip("198.18.1.99"), None, TUNNEL);
+        assert_eq!(v.state, EncState::Stale);
+        assert!(v.reason.expect("why").contains("never"));
+        // Idle: no probe went to it, so an old handshake says nothing.
+        let v = judge(cx(&d), ip("198.18.1.13"), Some(1), Seen::default());
+        assert_eq!(v.state, EncState::Unobserved);
+    }
+}
