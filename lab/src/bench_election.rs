@@ -62,6 +62,7 @@ async fn candidate(store: KvStore, name: String, stop: CancellationToken) {
                     ignored: 0,
                     counts: VerdictCounts::default(),
                     nodes: Vec::new(),
+                    plaintext_nodes: Vec::new(),
                 };
                 let v = PublishedView::of(&name, round, now_ms(), 1_000, &view);
                 if store.put_if_leader(&leadership, key.clone(), v.encode()).await.is_err() {

@@ -161,6 +161,7 @@ mod tests {
 
     fn node(name: &str, verdict: Verdict, failing_observers: &[&str]) -> NodeView {
         NodeView {
+            plaintext: 0,
             name: name.into(),
             zone: None,
             reporting: true,
@@ -184,6 +185,7 @@ mod tests {
             interval_ms: 1000,
             unlisted,
             view: ClusterView {
+                plaintext_nodes: Vec::new(),
                 reports: 4,
                 ignored: 0,
                 counts: VerdictCounts::default(),

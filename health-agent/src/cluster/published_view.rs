@@ -115,7 +115,17 @@ pub enum ViewError {
     TooMany(u64),
     #[error("{lossy} nodes counted with lossy paths, of {total} nodes")]
     Lossy { lossy: u64, total: u64 },
+    #[error(
+        "{plaintext} nodes counted reached in plain text ({named} named, at most {MAX_PLAINTEXT_NAMED}), of {total} nodes"
+    )]
+    Plaintext {
+        plaintext: u64,
+        named: usize,
+        total: u64,
+    },
 }
+
+pub use super::view::MAX_PLAINTEXT_NAMED;
 
 /// One published view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,6 +180,7 @@ fn node_message(n: &NodeView) -> proto::Node {
         unreached: n.unreached,
         unreached_nodes: n.unreached_nodes.clone(),
         lossy: n.lossy,
+        plaintext: n.plaintext,
     }
 }
 
@@ -214,6 +225,11 @@ fn node_view(m: proto::Node) -> Result<NodeView, ViewError> {
             "more observers reaching it over a lossy path than reach it",
         ));
     }
+    if m.plaintext > m.seen_reachable {
+        return Err(evidence(
+            "more observers reaching it in plain text than reach it",
+        ));
+    }
     if m.failing_observers.len() > m.failing as usize
         || m.unreached_nodes.len() > m.unreached as usize
     {
@@ -231,8 +247,30 @@ fn node_view(m: proto::Node) -> Result<NodeView, ViewError> {
         unreached: m.unreached,
         unreached_nodes: m.unreached_nodes,
         lossy: m.lossy,
+        plaintext: m.plaintext,
         name: m.name,
     })
+}
+
+/// The nodes reached in plain text: no more than the nodes, named by at
+/// most [`MAX_PLAINTEXT_NAMED`] valid names in order, no more names than
+/// counted.
+fn check_plaintext(m: &proto::View, total: u64) -> Result<(), ViewError> {
+    let named = m.plaintext_nodes.len();
+    if m.plaintext > total || named > MAX_PLAINTEXT_NAMED || named as u64 > m.plaintext {
+        return Err(ViewError::Plaintext {
+            plaintext: m.plaintext,
+            named,
+            total,
+        });
+    }
+    for (i, name) in m.plaintext_nodes.iter().enumerate() {
+        check_name("plain-text node", name)?;
+        if i > 0 && m.plaintext_nodes[i - 1] >= *name {
+            return Err(ViewError::Order { name: name.clone() });
+        }
+    }
+    Ok(())
 }
 
 impl PublishedView {
@@ -278,6 +316,7 @@ impl PublishedView {
                 ignored: view.ignored,
                 counts: view.counts.clone(),
                 nodes,
+                plaintext_nodes: view.plaintext_nodes.clone(),
             },
         }
     }
@@ -305,6 +344,8 @@ impl PublishedView {
             nodes: self.view.nodes.iter().map(node_message).collect(),
             unlisted: self.unlisted,
             lossy: c.lossy as u64,
+            plaintext: c.plaintext as u64,
+            plaintext_nodes: self.view.plaintext_nodes.clone(),
         };
         let len = m.encoded_len();
         let mut out = Vec::with_capacity(1 + prost::length_delimiter_len(len) + len);
@@ -348,6 +389,7 @@ impl PublishedView {
                 total,
             });
         }
+        check_plaintext(&m, total)?;
         if total > MAX_NODES || m.reports > MAX_NODES || m.ignored > MAX_NODES {
             return Err(ViewError::TooMany(total.max(m.reports).max(m.ignored)));
         }
@@ -381,6 +423,7 @@ impl PublishedView {
             observer_problem: usize_of(m.observer_problem),
             unknown: usize_of(m.unknown),
             lossy: usize_of(m.lossy),
+            plaintext: usize_of(m.plaintext),
         };
         if by_verdict.node_down > counts.node_down
             || by_verdict.path_degraded > counts.path_degraded
@@ -404,6 +447,7 @@ impl PublishedView {
                 ignored: usize_of(m.ignored),
                 counts,
                 nodes,
+                plaintext_nodes: m.plaintext_nodes,
             },
         })
     }

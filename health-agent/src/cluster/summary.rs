@@ -69,10 +69,11 @@ mod wire;
 use std::fmt;
 
 use super::summary_writes::STALE_ROUNDS;
+use crate::encryption::EncState;
 use crate::membership::record::MAX_NAME_LEN;
 use crate::probe::{
     path::{PathState, ProbeResult},
-    status::{ClusterStatus, NodeStatus},
+    status::{ClusterStatus, Connectivity, NodeStatus},
 };
 
 /// The format [`Summary::encode`] writes: the protobuf message.
@@ -116,6 +117,9 @@ pub struct PathSample {
     /// A path in Success that loses probes with confidence (the prober's
     /// degraded verdict, `PathState::degraded`).
     pub lossy: bool,
+    /// A path in Success whose probes left outside the WireGuard tunnel
+    /// (`--encryption wireguard`: its address is `plaintext`).
+    pub plaintext: bool,
 }
 
 impl PathSample {
@@ -124,6 +128,7 @@ impl PathSample {
         rtt_us: None,
         failing: false,
         lossy: false,
+        plaintext: false,
     };
 
     /// A path in `state`; the RTT is kept for Success only, in µs,
@@ -140,6 +145,7 @@ impl PathSample {
             },
             failing: false,
             lossy: false,
+            plaintext: false,
         }
     }
 
@@ -149,6 +155,7 @@ impl PathSample {
         rtt_us: None,
         failing: true,
         lossy: false,
+        plaintext: false,
     };
 
     /// A path in `state`, failing (its last probe failed) or not: only a
@@ -177,6 +184,14 @@ impl PathSample {
     #[must_use]
     pub const fn with_lossy(mut self, lossy: bool) -> Self {
         self.lossy = lossy && matches!(self.state, ProbeResult::Success);
+        self
+    }
+
+    /// The same path, reached in plain text (`plaintext`, kept for a path
+    /// in Success only).
+    #[must_use]
+    pub const fn with_plaintext(mut self, plaintext: bool) -> Self {
+        self.plaintext = plaintext && matches!(self.state, ProbeResult::Success);
         self
     }
 
@@ -227,15 +242,40 @@ impl PeerSummary {
             .with_lossy(primary.degraded || second.degraded)
         };
         let (host6, ep6) = (n.host_secondary.as_deref(), n.endpoint_secondary.as_deref());
+        // An address of either family whose probes left in plain text.
+        let plain = |c: &Connectivity, c6: Option<&Connectivity>| {
+            let p = |c: &Connectivity| {
+                c.encryption
+                    .as_ref()
+                    .is_some_and(|e| e.state == EncState::Plaintext)
+            };
+            p(c) || c6.is_some_and(p)
+        };
+        let (host_plain, ep_plain) = (plain(&n.host, host6), plain(&n.endpoint, ep6));
         Self {
             name: n.name.clone(),
             paths: [
-                path(&n.host.icmp, host6.map(|c| &c.icmp)),
-                path(&n.host.http, host6.map(|c| &c.http)),
-                path(&n.endpoint.icmp, ep6.map(|c| &c.icmp)),
-                path(&n.endpoint.http, ep6.map(|c| &c.http)),
+                path(&n.host.icmp, host6.map(|c| &c.icmp)).with_plaintext(host_plain),
+                path(&n.host.http, host6.map(|c| &c.http)).with_plaintext(host_plain),
+                path(&n.endpoint.icmp, ep6.map(|c| &c.icmp)).with_plaintext(ep_plain),
+                path(&n.endpoint.http, ep6.map(|c| &c.http)).with_plaintext(ep_plain),
             ],
         }
+    }
+
+    /// The paths reached in plain text: path i in bit i.
+    #[must_use]
+    pub fn plaintext_bits(&self) -> u8 {
+        self.paths
+            .iter()
+            .enumerate()
+            .fold(0, |bits, (i, p)| bits | (u8::from(p.plaintext) << i))
+    }
+
+    /// Some path reached in plain text.
+    #[must_use]
+    pub fn plaintext(&self) -> bool {
+        self.paths.iter().any(|p| p.plaintext)
     }
 
     /// The lossy paths: path i in bit i.
@@ -349,6 +389,10 @@ pub enum SummaryError {
         "summary {at}: lossy paths {mask:#06b}: expected 1 to 0b1111, each a path in Success, peers in order"
     )]
     Lossy { at: At, mask: u32 },
+    #[error(
+        "summary {at}: plain-text paths {mask:#06b}: expected 1 to 0b1111, each a path in Success, peers in order"
+    )]
+    Plaintext { at: At, mask: u32 },
     #[error("summary {at}: {what} name is not UTF-8")]
     NameUtf8 { at: At, what: &'static str },
     #[error(
@@ -423,7 +467,8 @@ impl Summary {
             for path in &mut p.paths {
                 *path =
                     PathSample::with_failing(path.state, path.rtt_us.map(u64::from), path.failing)
-                        .with_lossy(path.lossy);
+                        .with_lossy(path.lossy)
+                        .with_plaintext(path.plaintext);
             }
         }
         peers.sort_unstable_by(|a, b| a.name.cmp(&b.name));
@@ -602,6 +647,7 @@ mod tests {
             rtt_us: Some(rtt_us),
             failing: false,
             lossy: false,
+            plaintext: false,
         }
     }
 
@@ -1109,6 +1155,8 @@ mod tests {
     /// A message of peers given as (prefix, suffix, middle, states).
     fn message(peers: &[(u32, u32, &str, u32)], rtt: Vec<u32>) -> wire::proto::Summary {
         wire::proto::Summary {
+            plaintext_paths: Vec::new(),
+            plaintext_peer: Vec::new(),
             observer: "a".into(),
             seq: 1,
             at_ms: 2,
@@ -1237,6 +1285,74 @@ mod tests {
         }
         assert!(matches!(
             refused(&with(vec![0, 1], vec![1])),
+            SummaryError::Columns { .. }
+        ));
+    }
+
+    #[test]
+    fn plain_text_paths_travel_in_their_own_column_and_bad_masks_are_refused() {
+        use crate::encryption::{EncState, PathEncryption};
+        // From the status: the endpoint address in plain text marks its
+        // two paths; an encrypted host address marks none.
+        let mut n = NodeStatus {
+            name: "node-b".into(),
+            host: Connectivity::new(
+                Ipv4Addr::new(198, 18, 1, 12),
+                path(ProbeResult::Success, Some(1000)),
+                path(ProbeResult::Success, Some(1000)),
+            ),
+            endpoint: Connectivity::new(
+                Ipv4Addr::new(198, 18, 65, 2),
+                path(ProbeResult::Success, Some(1000)),
+                path(ProbeResult::Success, Some(1000)),
+            ),
+            host_secondary: None,
+            endpoint_secondary: None,
+        };
+        let enc = |state| {
+            Some(PathEncryption {
+                state,
+                peer: None,
+                reason: None,
+            })
+        };
+        n.host.encryption = enc(EncState::Encrypted);
+        n.endpoint.encryption = enc(EncState::Plaintext);
+        let p = PeerSummary::from_status(&n);
+        assert_eq!(p.plaintext_bits(), 0b1100, "{p:?}");
+        let s = Summary::new("a".into(), 1, 2, vec![p.clone()]).expect("summary");
+        let back = Summary::decode(&s.encode()).expect("decoded");
+        assert_eq!(back.peers()[0].plaintext_bits(), 0b1100);
+        assert_eq!(back, s);
+        // A path not in Success is never plain text.
+        assert!(
+            !PathSample::new(ProbeResult::Failure, None)
+                .with_plaintext(true)
+                .plaintext
+        );
+        // Forged columns: refused, named.
+        let base = message(&[(0, 0, "node-a", 0b01_01_01_01)], vec![1, 2, 3, 4]);
+        let with = |peer: Vec<u32>, paths: Vec<u32>| wire::proto::Summary {
+            plaintext_peer: peer,
+            plaintext_paths: paths,
+            ..base.clone()
+        };
+        assert!(Summary::decode(&forged(&with(vec![0], vec![0b0011]))).is_ok());
+        for (peer, paths) in [
+            (vec![1], vec![1]),
+            (vec![0], vec![0]),
+            (vec![0], vec![0b1_0000]),
+        ] {
+            assert!(
+                matches!(
+                    refused(&with(peer.clone(), paths.clone())),
+                    SummaryError::Plaintext { .. }
+                ),
+                "{peer:?} {paths:?}"
+            );
+        }
+        assert!(matches!(
+            refused(&with(vec![0], Vec::new())),
             SummaryError::Columns { .. }
         ));
     }

@@ -160,6 +160,10 @@ pub struct NodeView {
     /// probes with confidence).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lossy: u32,
+    /// Observers that reach it in plain text (`--encryption wireguard`:
+    /// their probes left outside the tunnel).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub plaintext: u32,
 }
 
 #[expect(
@@ -182,6 +186,10 @@ pub struct VerdictCounts {
     /// over a lossy path.
     #[serde(default)]
     pub lossy: usize,
+    /// Not a verdict: the nodes (of any verdict) some observer reaches in
+    /// plain text.
+    #[serde(default)]
+    pub plaintext: usize,
 }
 
 impl VerdictCounts {
@@ -208,7 +216,15 @@ pub struct ClusterView {
     pub counts: VerdictCounts,
     /// Every node of the set, in its order (by name).
     pub nodes: Vec<NodeView>,
+    /// The first [`MAX_PLAINTEXT_NAMED`] nodes (by name) some observer
+    /// reaches in plain text, whatever their verdict: a problem the view
+    /// lists (a published view lists its nodes not healthy only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plaintext_nodes: Vec<String>,
 }
+
+/// The nodes reached in plain text a view names at most.
+pub const MAX_PLAINTEXT_NAMED: usize = 100;
 
 impl ClusterView {
     /// The node called `name`.
@@ -223,6 +239,12 @@ impl ClusterView {
     /// The nodes whose verdict is not healthy.
     pub fn problems(&self) -> impl Iterator<Item = &NodeView> {
         self.nodes.iter().filter(|n| n.verdict != Verdict::Healthy)
+    }
+
+    /// The nodes some observer reaches in plain text, whatever their
+    /// verdict: a problem of its own.
+    pub fn plaintext(&self) -> impl Iterator<Item = &NodeView> {
+        self.nodes.iter().filter(|n| n.plaintext > 0)
     }
 }
 
@@ -300,6 +322,8 @@ struct Slot {
 struct Observations {
     targets: Vec<u32>,
     seen: Vec<Seen>,
+    /// Per observation: some path reached in plain text.
+    plaintext: Vec<bool>,
     slots: Vec<Option<Slot>>,
     reports: usize,
     ignored: usize,
@@ -319,6 +343,7 @@ impl Observations {
         let mut o = Self {
             targets: Vec::new(),
             seen: Vec::new(),
+            plaintext: Vec::new(),
             slots: vec![None; nodes.len()],
             reports: 0,
             ignored: 0,
@@ -347,6 +372,7 @@ impl Observations {
                     Some(&t) if t != me => {
                         o.targets.push(t);
                         o.seen.push(Seen::of(p.paths));
+                        o.plaintext.push(p.plaintext());
                     }
                     _ => {}
                 }
@@ -481,6 +507,8 @@ struct Tally {
     reached_failing: u32,
     /// Of `reached`, those over a lossy path.
     lossy: u32,
+    /// Of `reached`, those in plain text.
+    plaintext: u32,
 }
 
 /// Per-node excerpts of names (at most [`MAX_NAMED`] each).
@@ -548,6 +576,14 @@ fn tally(
         }
     }
 
+    // Plain text, of the observers that reach it.
+    for slot in obs.slots.iter().flatten() {
+        for i in slot.start..slot.end {
+            if obs.plaintext[i] && obs.seen[i].reached() {
+                tally[obs.targets[i] as usize].plaintext += 1;
+            }
+        }
+    }
     (tally, names)
 }
 
@@ -570,7 +606,7 @@ pub fn assemble<S: Borrow<Summary>>(
     let (tally, names) = tally(nodes, &obs, (&first, &problem), (&ok, &fail));
 
     let mut counts = VerdictCounts::default();
-    let views = nodes
+    let views: Vec<NodeView> = nodes
         .iter()
         .enumerate()
         .zip(names)
@@ -595,6 +631,7 @@ pub fn assemble<S: Borrow<Summary>>(
             };
             counts.add(verdict);
             counts.lossy += usize::from(t.lossy > 0);
+            counts.plaintext += usize::from(t.plaintext > 0);
             let mut seen_reachable = t.reached;
             // Down by the last probes: those observers fail it, whatever
             // their states still say.
@@ -622,14 +659,22 @@ pub fn assemble<S: Borrow<Summary>>(
                     Vec::new()
                 },
                 lossy: t.lossy,
+                plaintext: t.plaintext,
             }
         })
+        .collect();
+    let plaintext_nodes = views
+        .iter()
+        .filter(|n: &&NodeView| n.plaintext > 0)
+        .take(MAX_PLAINTEXT_NAMED)
+        .map(|n| n.name.clone())
         .collect();
     ClusterView {
         reports: obs.reports,
         ignored: obs.ignored,
         counts,
         nodes: views,
+        plaintext_nodes,
     }
 }
 
@@ -671,6 +716,9 @@ mod tests {
         before: Vec<usize>,
         /// Targets every observer reaches over a lossy host ICMP path.
         lossy: Vec<usize>,
+        /// (observer, target): the target's endpoint address reached in
+        /// plain text by that observer.
+        plaintext: Vec<(usize, usize)>,
     }
 
     struct Cluster {
@@ -745,6 +793,7 @@ mod tests {
                                 if self.works(f, o, t, p) {
                                     PathSample::new(ProbeResult::Success, Some(200))
                                         .with_lossy(p == 0 && f.lossy.contains(&t))
+                                        .with_plaintext(p >= 2 && f.plaintext.contains(&(o, t)))
                                 } else if f.fresh {
                                     PathSample::FAILING
                                 } else {
@@ -1146,5 +1195,43 @@ mod tests {
         });
         assert_eq!(v.counts.lossy, 1);
         assert_eq!(v.nodes[7].lossy, v.nodes[7].seen_reachable);
+    }
+
+    #[test]
+    fn nodes_reached_in_plain_text_are_counted_and_named_whatever_their_verdict() {
+        let cluster = Cluster::new();
+        // Two observers of node 9 and one of node 120 reach them in plain
+        // text; an observation of a node that does not reach it is no
+        // plain-text evidence.
+        let observers = |t: usize| -> Vec<usize> {
+            (0..N)
+                .filter(|&o| {
+                    cluster
+                        .plan
+                        .assigned_index(o, ProbePeers::Count(K))
+                        .contains(&t)
+                })
+                .collect()
+        };
+        let (of9, of120) = (observers(9), observers(120));
+        let v = cluster.view(&Faults {
+            plaintext: vec![(of9[0], 9), (of9[1], 9), (of120[0], 120)],
+            ..Faults::default()
+        });
+        Cluster::check(&v, &[]);
+        assert_eq!(v.counts.plaintext, 2, "{:?}", v.counts);
+        assert_eq!((v.nodes[9].plaintext, v.nodes[120].plaintext), (2, 1));
+        assert_eq!(v.nodes[9].verdict, Verdict::Healthy, "not a verdict");
+        assert_eq!(
+            v.plaintext_nodes,
+            [v.nodes[9].name.clone(), v.nodes[120].name.clone()]
+        );
+        let v = cluster.view(&Faults {
+            plaintext: vec![(of9[0], 9)],
+            cut: vec![(of9[0], 9)],
+            ..Faults::default()
+        });
+        assert_eq!(v.nodes[9].plaintext, 0, "a failed path is not reached");
+        assert_eq!(v.plaintext_nodes, Vec::<String>::new());
     }
 }

@@ -134,6 +134,7 @@ mod tests {
     fn reply(at_ms: u64, stale: bool) -> ClusterReply {
         ClusterReply {
             view: ClusterView {
+                plaintext_nodes: Vec::new(),
                 reports: 0,
                 ignored: 0,
                 counts: super::super::view::VerdictCounts::default(),

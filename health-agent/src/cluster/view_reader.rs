@@ -202,6 +202,7 @@ mod tests {
 
     fn value(at_ms: u64, assembler: &str) -> Vec<u8> {
         let view = ClusterView {
+            plaintext_nodes: Vec::new(),
             reports: 2,
             ignored: 0,
             counts: VerdictCounts {

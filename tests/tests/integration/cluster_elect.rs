@@ -266,6 +266,7 @@ fn forged_view(down: &str) -> Vec<u8> {
     };
     let now_ms = health_agent::util::timefmt::now_ms();
     let view = ClusterView {
+        plaintext_nodes: Vec::new(),
         reports: 2,
         ignored: 0,
         counts: VerdictCounts {
@@ -274,6 +275,7 @@ fn forged_view(down: &str) -> Vec<u8> {
             ..VerdictCounts::default()
         },
         nodes: vec![NodeView {
+            plaintext: 0,
             name: down.to_owned(),
             zone: None,
             reporting: false,

@@ -29,6 +29,7 @@ use health_agent::{
         summary_writes::STALE_ROUNDS,
         view::{ClusterView, NodeView, Verdict, VerdictCounts},
     },
+    encryption::{EncState, PathEncryption},
     probe::{
         family::Family,
         history::{HistoryRound, HistoryStrips, NodeStrips},
@@ -801,7 +802,12 @@ fn synthetic_status(n: usize) -> ClusterStatus {
                         ok_path(rtt, at)
                     },
                     http: ok_path(rtt + 40, at),
-                    encryption: None,
+                    // Every fiftieth (from 21): probes to its node address left in plain text.
+                    encryption: (k % 50 == 21).then(|| PathEncryption {
+                        state: EncState::Plaintext,
+                        peer: Some("KEY".into()),
+                        reason: Some("around the tunnel".into()),
+                    }),
                 },
                 endpoint: Connectivity {
                     ip: ip(Ipv4Addr::new(198, 19, 0, 0), k).into(),
@@ -1008,6 +1014,14 @@ fn check_quality(browser: &Browser, rows: &Value) {
             .find(|p| p["path"] == "endpoint-icmp")
             .expect("endpoint-icmp");
         assert_eq!(endpoint_icmp["quality"], want, "{name}: {r}");
+        let host_http = r["paths"]
+            .as_array()
+            .expect("paths")
+            .iter()
+            .find(|p| p["path"] == "host-http")
+            .expect("host-http");
+        let plain = (k % 50 == 21).then_some("plaintext");
+        assert_eq!(host_http["quality"].as_str(), plain, "{name}: {r}");
     }
     // The first row, in view: its lossy cell says so and is marked for
     // the style.
@@ -1188,6 +1202,7 @@ fn synthetic_view() -> ClusterView {
                 unreached: 0,
                 unreached_nodes: Vec::new(),
                 lossy: u32::from(k % 100 == 7),
+                plaintext: u32::from(k % 100 == 9),
             };
             if k == DOWN {
                 n.seen_reachable = 0;
@@ -1205,9 +1220,14 @@ fn synthetic_view() -> ClusterView {
         })
         .collect();
     ClusterView {
+        plaintext_nodes: (0..CLUSTER_NODES)
+            .filter(|k| k % 100 == 9)
+            .map(cluster_name)
+            .collect(),
         reports: CLUSTER_NODES - 1,
         ignored: 0,
         counts: VerdictCounts {
+            plaintext: CLUSTER_NODES.div_ceil(100),
             healthy: CLUSTER_NODES - 2,
             node_down: 1,
             path_degraded: 0,
@@ -1280,6 +1300,25 @@ fn the_page_draws_a_1000_node_matrix_and_the_cluster_views_states() {
     assert_eq!(
         browser.eval("return document.querySelector('#cluster-lossy b').textContent"),
         CLUSTER_NODES.div_ceil(100).to_string()
+    );
+    // Reached in plain text: counted, the first named.
+    assert_eq!(
+        c["plaintext"],
+        CLUSTER_NODES.div_ceil(100),
+        "{}",
+        c["plaintext"]
+    );
+    assert_eq!(
+        c["plaintextNodes"][0],
+        cluster_name(9),
+        "{}",
+        c["plaintextNodes"]
+    );
+    assert!(
+        browser
+            .eval("return document.querySelector('#cluster-plaintext').title")
+            .as_str()
+            .is_some_and(|t| t.contains(&cluster_name(9))),
     );
     assert_eq!(c["verdicts"][cluster_name(DOWN)], "node-down");
     assert_eq!(c["verdicts"][cluster_name(FLAKY)], "observer-problem");

@@ -2,6 +2,8 @@ use super::*;
 
 fn node(name: &str, verdict: Verdict) -> NodeView {
     NodeView {
+        // "a" and "e": reached in plain text by their one observer.
+        plaintext: u32::from(name == "a" || name == "e"),
         name: name.into(),
         zone: Some("z1".into()),
         reporting: verdict != Verdict::NodeDown,
@@ -26,9 +28,11 @@ fn full_view() -> ClusterView {
         node("e", Verdict::PathDegraded),
     ];
     ClusterView {
+        plaintext_nodes: vec!["a".into(), "e".into()],
         reports: 5,
         ignored: 1,
         counts: VerdictCounts {
+            plaintext: 2,
             healthy: 2,
             node_down: 1,
             path_degraded: 1,
@@ -55,6 +59,11 @@ fn a_view_lists_the_nodes_not_healthy_worst_first_and_reads_back() {
     assert_eq!(PublishedView::decode(&bytes), Ok(p.clone()));
     assert_eq!(p.verdict_on("a"), Some(Verdict::Healthy));
     assert_eq!(p.verdict_on("c"), Some(Verdict::NodeDown));
+    // A healthy node reached in plain text is named though not listed.
+    let back = PublishedView::decode(&bytes).expect("decoded");
+    assert_eq!(back.view.counts.plaintext, 2);
+    assert_eq!(back.view.plaintext_nodes, ["a", "e"]);
+    assert_eq!(back.view.nodes[2].plaintext, 1, "node e");
 }
 
 #[test]
@@ -75,6 +84,7 @@ fn a_view_past_its_byte_budget_lists_the_worst_and_counts_the_rest() {
         })
         .collect();
     let view = ClusterView {
+        plaintext_nodes: Vec::new(),
         reports: n,
         ignored: 0,
         counts: VerdictCounts {
@@ -180,6 +190,18 @@ fn hostile_views_are_refused_with_the_reason() {
     assert_eq!(
         edit(&|p| p.view.nodes[2].lossy = 2),
         "node \"e\": more observers reaching it over a lossy path than reach it"
+    );
+    assert_eq!(
+        edit(&|p| p.view.nodes[2].plaintext = 2),
+        "node \"e\": more observers reaching it in plain text than reach it"
+    );
+    assert_eq!(
+        edit(&|p| p.view.counts.plaintext = 1),
+        "1 nodes counted reached in plain text (2 named, at most 100), of 5 nodes"
+    );
+    assert_eq!(
+        edit(&|p| p.view.plaintext_nodes.reverse()),
+        "node \"a\": listed twice or out of order"
     );
 }
 

@@ -43,6 +43,8 @@ pub(super) fn encode(s: &Summary) -> Vec<u8> {
         lossy_peer: Vec::new(),
         lossy_paths: Vec::new(),
         cadence_ms: s.cadence_ms,
+        plaintext_peer: Vec::new(),
+        plaintext_paths: Vec::new(),
     };
     let mut previous: &[u8] = &[];
     for p in &s.peers {
@@ -59,6 +61,11 @@ pub(super) fn encode(s: &Summary) -> Vec<u8> {
         if lossy != 0 {
             m.lossy_peer.push(m.states.len() as u32 - 1);
             m.lossy_paths.push(u32::from(lossy));
+        }
+        let plaintext = p.plaintext_bits();
+        if plaintext != 0 {
+            m.plaintext_peer.push(m.states.len() as u32 - 1);
+            m.plaintext_paths.push(u32::from(plaintext));
         }
         for path in &p.paths {
             if path.code() == 1 {
@@ -148,7 +155,13 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Summary, SummaryError> {
         return Err(missing_rtts(&m));
     }
     let mut peers = peers.peers;
-    mark_lossy(&m, &mut peers)?;
+    mark(&m.lossy_peer, &m.lossy_paths, Mark::Lossy, &mut peers)?;
+    mark(
+        &m.plaintext_peer,
+        &m.plaintext_paths,
+        Mark::Plaintext,
+        &mut peers,
+    )?;
     Ok(Summary {
         observer: m.observer,
         seq: m.seq,
@@ -158,33 +171,54 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Summary, SummaryError> {
     })
 }
 
-/// Marks the lossy paths the message lists: peers in order, each mask
-/// naming paths in Success only.
-fn mark_lossy(m: &proto::Summary, peers: &mut [super::PeerSummary]) -> Result<(), SummaryError> {
-    if m.lossy_peer.len() != m.lossy_paths.len() {
+/// A sparse column of path masks.
+#[derive(Clone, Copy)]
+enum Mark {
+    Lossy,
+    Plaintext,
+}
+
+/// Marks the paths a sparse column lists (`peer`: indices, `masks`: each
+/// one's paths): peers in order, each mask naming paths in Success only.
+fn mark(
+    peer: &[u32],
+    masks: &[u32],
+    what: Mark,
+    peers: &mut [super::PeerSummary],
+) -> Result<(), SummaryError> {
+    if peer.len() != masks.len() {
         return Err(SummaryError::Columns {
-            what: "lossy path masks",
-            len: m.lossy_paths.len(),
-            expected: m.lossy_peer.len(),
+            what: match what {
+                Mark::Lossy => "lossy path masks",
+                Mark::Plaintext => "plain-text path masks",
+            },
+            len: masks.len(),
+            expected: peer.len(),
         });
     }
     let mut next = 0;
-    for (&i, &mask) in m.lossy_peer.iter().zip(&m.lossy_paths) {
+    for (&i, &mask) in peer.iter().zip(masks) {
         let index = usize::try_from(i).unwrap_or(usize::MAX);
-        let refused = || SummaryError::Lossy {
-            at: At::Peer(index),
-            mask,
+        let refused = || {
+            let at = At::Peer(index);
+            match what {
+                Mark::Lossy => SummaryError::Lossy { at, mask },
+                Mark::Plaintext => SummaryError::Plaintext { at, mask },
+            }
         };
         if index < next || mask == 0 || mask > 0b1111 {
             return Err(refused());
         }
-        let peer = peers.get_mut(index).ok_or_else(refused)?;
-        for (bit, path) in peer.paths.iter_mut().enumerate() {
+        let p = peers.get_mut(index).ok_or_else(refused)?;
+        for (bit, path) in p.paths.iter_mut().enumerate() {
             if mask & (1 << bit) != 0 {
                 if path.state != ProbeResult::Success {
                     return Err(refused());
                 }
-                path.lossy = true;
+                match what {
+                    Mark::Lossy => path.lossy = true,
+                    Mark::Plaintext => path.plaintext = true,
+                }
             }
         }
         next = index + 1;

@@ -90,6 +90,7 @@
     clusterLine: $("cluster-line"),
     clusterCounts: $("cluster-counts"),
     clusterLossy: $("cluster-lossy"),
+    clusterPlaintext: $("cluster-plaintext"),
     clusterNote: $("cluster-note"),
     clusterProblems: $("cluster-problems"),
     matrixBox: $("matrix-box"),
@@ -198,8 +199,19 @@
       mtuBlackhole: Number.isInteger(ps.mtu_blackhole) ? ps.mtu_blackhole : null,
       trace: parseTrace(ps.trace),
       partial: parsePartial(ps.flows),
+      encryption: parseEncryption(conn.encryption),
     };
   }
+
+  // The address's encryption (--encryption wireguard): {state, reason};
+  // null when not checked or malformed.
+  function parseEncryption(e) {
+    if (e === null || typeof e !== "object" || typeof e.state !== "string") return null;
+    return { state: e.state, reason: typeof e.reason === "string" ? e.reason : null };
+  }
+
+  // Encryption states that are a problem, as a cell names them.
+  const ENCRYPTION_PROBLEMS = { plaintext: "plaintext", not_covered: "not covered", stale: "stale" };
 
   // The failing flows of a path probed over several flows (PathFlows),
   // when others answer: [{flow, source, lost, probes}]; null otherwise.
@@ -361,7 +373,11 @@
     const total = Math.max(nodes.length, VERDICTS.reduce((k, d) => k + counts[d.count], 0));
     // Not a verdict: nodes some observer reaches over a lossy path.
     const lossy = num(v.counts.lossy);
-    return { reports: num(v.reports), ignored: num(v.ignored), counts, lossy, nodes, assembly, total };
+    // Nor this: nodes some observer reaches in plain text (outside the
+    // WireGuard tunnel), the first of them by name.
+    const plaintext = num(v.counts.plaintext);
+    const plaintextNodes = names(v.plaintext_nodes);
+    return { reports: num(v.reports), ignored: num(v.ignored), counts, lossy, plaintext, plaintextNodes, nodes, assembly, total };
   }
 
   function buildMatrix(m) {
@@ -644,6 +660,7 @@
     if (p.degraded) q.push("lossy");
     if (p.mtuBlackhole !== null) q.push("MTU");
     if (p.partial) q.push("flows");
+    if (p.encryption && ENCRYPTION_PROBLEMS[p.encryption.state]) q.push(ENCRYPTION_PROBLEMS[p.encryption.state]);
     return q.length ? q.join(" ") : null;
   }
 
@@ -669,6 +686,10 @@
       lines.push(`partial loss: ${named.join(", ")}`);
     }
     if (p.trace) lines.push(`traced: ${p.trace.hops.map(hopText).join(", ")}; ${traceEnd(p.trace)}`);
+    if (p.encryption) {
+      const why = p.encryption.reason ? `: ${p.encryption.reason}` : "";
+      lines.push(`encryption: ${p.encryption.state.replace("_", " ")}${why}`);
+    }
     if (p.lastProbeMs) lines.push(`probed ${fmtAge(Date.now() - p.lastProbeMs)} ago`);
     return lines.join("\n");
   }
@@ -845,6 +866,11 @@
     }
     el.clusterLossy.querySelector("b").textContent = v ? v.lossy : "–";
     el.clusterLossy.classList.toggle("zero", !(v && v.lossy));
+    el.clusterPlaintext.querySelector("b").textContent = v ? v.plaintext : "–";
+    el.clusterPlaintext.classList.toggle("zero", !(v && v.plaintext));
+    el.clusterPlaintext.title = v && v.plaintextNodes.length
+      ? `reached outside the WireGuard tunnel: ${v.plaintextNodes.join(", ")}`
+      : "nodes some observer reaches in plain text, outside the WireGuard tunnel (not a verdict)";
     const notes = [];
     if (c.problem) notes.push(c.problem);
     if (v && v.assembly && v.assembly.stale) notes.push(`Stale: no view published for ${Math.round(v.assembly.ageMs / 1000)} s (more than 2 of its rounds); shown as last published, not current.`);
@@ -868,6 +894,8 @@
       state: c.state,
       counts,
       lossy: v ? v.lossy : null,
+      plaintext: v ? v.plaintext : null,
+      plaintextNodes: v ? v.plaintextNodes.slice() : null,
       verdicts,
       problems: [...el.clusterProblems.querySelectorAll("li[data-node]")].map((li) => li.dataset.node),
       matrix: m ? { nodes: m.nodes.slice(), rows: m.rows.slice(), total: m.total, truncated: m.truncated } : null,

@@ -45,6 +45,12 @@ fn detail(n: &NodeView) -> String {
         }
         d.push_str("publishes no summary");
     }
+    if n.plaintext > 0 {
+        if !d.is_empty() {
+            d.push_str("; ");
+        }
+        let _ = write!(d, "reached in plain text by {}", n.plaintext);
+    }
     d
 }
 
@@ -117,11 +123,29 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
             c.lossy
         );
     }
+    if c.plaintext > 0 {
+        let more = c.plaintext.saturating_sub(view.plaintext_nodes.len());
+        let _ = writeln!(
+            out,
+            "Plain text:       {} nodes reached outside the WireGuard tunnel (status --verbose on an observer says why): {}{}",
+            c.plaintext,
+            view.plaintext_nodes.join(", "),
+            if more > 0 {
+                format!(" (+{more})")
+            } else {
+                String::new()
+            }
+        );
+    }
     out.push('\n');
     let mut rows: Vec<&NodeView> = view
         .nodes
         .iter()
-        .filter(|n| all || view.nodes.len() <= LIST_ALL_UP_TO || n.verdict != Verdict::Healthy)
+        .filter(|n| {
+            all || view.nodes.len() <= LIST_ALL_UP_TO
+                || n.verdict != Verdict::Healthy
+                || n.plaintext > 0
+        })
         .collect();
     rows.sort_by(|a, b| {
         a.verdict
@@ -166,6 +190,7 @@ mod tests {
 
     fn node(name: &str, verdict: Verdict) -> NodeView {
         NodeView {
+            plaintext: 0,
             name: name.into(),
             zone: None,
             reporting: true,
@@ -190,7 +215,9 @@ mod tests {
         nodes[30].failing_observers = vec!["n01".into()];
         nodes[30].failing = 1;
         nodes[45].verdict = Verdict::NodeDown;
+        nodes[10].plaintext = 2;
         let view = ClusterView {
+            plaintext_nodes: vec!["n10".into()],
             reports: 59,
             ignored: 0,
             counts: VerdictCounts {
@@ -198,12 +225,24 @@ mod tests {
                 node_down: 1,
                 path_degraded: 1,
                 lossy: 2,
+                plaintext: 1,
                 ..VerdictCounts::default()
             },
             nodes,
         };
         let text = render(&view, false);
         assert!(text.contains("Lossy paths:      to 2 nodes"), "{text}");
+        assert!(
+            text.contains("Plain text:       1 nodes reached outside the WireGuard tunnel")
+                && text.contains("): n10\n"),
+            "{text}"
+        );
+        // Healthy, yet listed: reached in plain text.
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("n10") && l.ends_with("reached in plain text by 2")),
+            "{text}"
+        );
         let lines: Vec<&str> = text.lines().collect();
         let header = lines
             .iter()
@@ -218,13 +257,14 @@ mod tests {
                 && lines[header + 2].contains("failing from: n01"),
             "{text}"
         );
-        assert!(text.contains("58 healthy nodes not shown"), "{text}");
+        assert!(text.contains("57 healthy nodes not shown"), "{text}");
         assert_eq!(
             render(&view, true)
                 .lines()
                 .filter(|l| l.ends_with("  healthy"))
                 .count(),
-            58
+            57,
+            "and n10, healthy with its detail"
         );
     }
 
@@ -232,6 +272,7 @@ mod tests {
     fn the_published_view_says_who_assembled_it_and_when_it_is_stale() {
         use health_agent::cluster::{contradiction::Contradiction, view_cell::Assembly};
         let view = ClusterView {
+            plaintext_nodes: Vec::new(),
             reports: 5,
             ignored: 0,
             counts: VerdictCounts {

@@ -827,7 +827,7 @@ mod tests {
         );
         assert!(text.contains("ENCRYPTION"), "{text}");
         assert!(
-            text.contains("Encryption:       plaintext (peer KEY): why plaintext"),
+            text.contains("Encryption:      plaintext (peer KEY): why plaintext"),
             "verbose names the peer and why: {text}"
         );
     }
