@@ -598,6 +598,11 @@ impl Cluster {
         if let Some(cidr6) = &node.cidr6 {
             cmd.args(["--health-cidr6", cidr6, "--health-range6", HEALTH_RANGE6]);
         }
+        if s.wireguard {
+            // The node's address is on wg0, not on the uplink it would
+            // otherwise be taken from.
+            cmd.args(["--node-ip", &node.ip.to_string()]);
+        }
         cmd.args(["--endpoint-netns", &node.endpoint_netns])
             .arg("--state-dir")
             .arg(node.dir.join("state"))

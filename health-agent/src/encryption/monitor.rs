@@ -265,15 +265,21 @@ impl EncryptionMonitor {
         })
     }
 
-    /// The counting programs on the device's egress and on every other
-    /// Ethernet interface's (made again whenever that set changes).
+    /// The counting programs on the device's egress and on that of every
+    /// other Ethernet interface with an address of the node (where its
+    /// traffic can leave; not the veths of pods or containers), made
+    /// again whenever that set changes.
     fn place(&self, links: &[LinkSummary], dev: &WgDevice) {
         let wanted: Placement = links
             .iter()
             .filter_map(|l| {
                 if l.index == dev.index {
                     Some((l.name.clone(), l.index, true))
-                } else if l.ethernet && !l.is_wireguard() && l.name != self.endpoint_iface {
+                } else if l.ethernet
+                    && l.addressed
+                    && !l.is_wireguard()
+                    && l.name != self.endpoint_iface
+                {
                     Some((l.name.clone(), l.index, false))
                 } else {
                     None

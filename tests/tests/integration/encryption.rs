@@ -41,6 +41,9 @@ fn peers_are(s: &ClusterStatus, want: &[(&str, bool, EncState)]) -> bool {
 fn settings() -> Settings {
     Settings {
         wireguard: true,
+        // Discovery through etcd: the cluster view (assembled from the
+        // agents' summaries there) lists the node reached in plain text.
+        etcd: true,
         extra_args: [
             "--encryption",
             "wireguard",
@@ -155,6 +158,15 @@ fn not_covered_and_plaintext_are_named(cluster: &Cluster) {
         text.contains("plaintext") && text.contains("not covered"),
         "{text}"
     );
+    // The cluster view lists it though every path answers.
+    let deadline = std::time::Instant::now() + health_tests::patience(Duration::from_secs(30));
+    let mut view = a.cluster_text();
+    while !view.contains("Plain text:       1 nodes reached outside the WireGuard tunnel") {
+        assert!(std::time::Instant::now() < deadline, "{view}");
+        std::thread::sleep(Duration::from_millis(500));
+        view = a.cluster_text();
+    }
+    assert!(view.contains("): node-2"), "{view}");
 
     // Put back: encrypted again.
     in_netns(Some(&a.ns), |nl| async move {

@@ -19,6 +19,9 @@ pub struct LinkSummary {
     /// The link layer is Ethernet (`ARPHRD_ETHER`).
     pub ethernet: bool,
     pub up: bool,
+    /// It holds an IPv4 address or a global IPv6 one: traffic of the node
+    /// can leave through it (a pod's or a container's veth holds none).
+    pub addressed: bool,
 }
 
 impl LinkSummary {
@@ -31,6 +34,19 @@ impl LinkSummary {
 impl Netlink {
     /// Every interface of the namespace.
     pub async fn links(&self) -> Result<Vec<LinkSummary>, NetlinkError> {
+        let mut addressed: Vec<u32> = self
+            .addresses::<std::net::Ipv4Addr>()
+            .await?
+            .into_iter()
+            .map(|(i, _, _)| i)
+            .collect();
+        addressed.extend(
+            self.addresses::<std::net::Ipv6Addr>()
+                .await?
+                .into_iter()
+                .filter(|(_, a, _)| !a.is_unicast_link_local())
+                .map(|(i, _, _)| i),
+        );
         let mut dump = self.handle.link().get().execute();
         let mut out = Vec::new();
         while let Some(m) = dump
@@ -59,6 +75,7 @@ impl Netlink {
                 kind,
                 ethernet: m.header.link_layer_type == LinkLayerType::Ether,
                 up: m.header.flags.contains(LinkFlags::Up),
+                addressed: addressed.contains(&m.header.index),
             });
         }
         Ok(out)
