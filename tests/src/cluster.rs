@@ -409,6 +409,9 @@ impl Cluster {
             cluster.wg_keys = crate::wireguard::mesh(&cluster);
             for (i, node) in cluster.nodes.iter_mut().enumerate() {
                 node.ip = crate::wireguard::node_ip(i);
+                if node.ip6.is_some() {
+                    node.ip6 = Some(crate::wireguard::node_ip6(i));
+                }
             }
         }
         if settings.etcd {
@@ -561,8 +564,13 @@ impl Cluster {
     pub fn write_nodes_file(&self, n: usize) {
         let yaml = nodes_yaml_for(n, self.settings.family);
         if self.settings.wireguard {
-            // Node addresses on wg0 (198.18.1.x), not on the uplinks.
-            self.write_nodes_text(&yaml.replace("node-ip: 198.18.0.", "node-ip: 198.18.1."));
+            // Node addresses on wg0 (198.18.1.x, 2001:2:0:1::x), not on
+            // the uplinks.
+            self.write_nodes_text(
+                &yaml
+                    .replace("node-ip: 198.18.0.", "node-ip: 198.18.1.")
+                    .replace("node-ip6: 2001:2::", "node-ip6: 2001:2:0:1::"),
+            );
         } else {
             self.write_nodes_text(&yaml);
         }
@@ -599,9 +607,14 @@ impl Cluster {
             cmd.args(["--health-cidr6", cidr6, "--health-range6", HEALTH_RANGE6]);
         }
         if s.wireguard {
-            // The node's address is on wg0, not on the uplink it would
-            // otherwise be taken from.
-            cmd.args(["--node-ip", &node.ip.to_string()]);
+            // The node's addresses are on wg0, not on the uplink they
+            // would otherwise be taken from.
+            if node.family.has_v4() {
+                cmd.args(["--node-ip", &node.ip.to_string()]);
+            }
+            if let Some(ip6) = node.ip6 {
+                cmd.args(["--node-ip6", &ip6.to_string()]);
+            }
         }
         cmd.args(["--endpoint-netns", &node.endpoint_netns])
             .arg("--state-dir")

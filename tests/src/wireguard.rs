@@ -1,13 +1,15 @@
 //! A cluster whose node addresses live on WireGuard: each node keeps its
-//! uplink address on the fabric (198.18.0.11, .12, ...: the tunnel's
-//! endpoints) and gets `wg0` with its node address (198.18.1.11, .12, ...
-//! /24), a key pair, and every other node as a peer whose AllowedIPs are
-//! that node's address and health CIDR. Configured with `wg` from
-//! wireguard-tools; the interface itself is made through netlink.
+//! uplink address on the fabric (198.18.0.11, .12, ..., or `2001:2::11`,
+//! ... in an IPv6-only cluster: the tunnel's endpoints) and gets `wg0`
+//! with its node addresses (198.18.1.11, .12, ... /24 and, with IPv6,
+//! `2001:2:0:1::11`, ... /64), a key pair, and every other node as a peer
+//! whose AllowedIPs are that node's addresses and health CIDRs.
+//! Configured with `wg` from wireguard-tools; the interface itself is
+//! made through netlink.
 
 use std::{
     io::Write as _,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     process::{Command, Stdio},
 };
 
@@ -24,6 +26,21 @@ pub const PORT: u16 = 51_820;
 #[must_use]
 pub fn node_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, 1, 11 + u8::try_from(i).expect("few nodes"))
+}
+
+/// Node `i`'s IPv6 address on `wg0`: `2001:2:0:1::11`, `::12`, ...
+#[must_use]
+pub fn node_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(
+        0x2001,
+        2,
+        0,
+        1,
+        0,
+        0,
+        0,
+        0x11 + u16::try_from(i).expect("few nodes"),
+    )
 }
 
 /// A node's key pair, base64 as `wg` prints it.
@@ -71,11 +88,17 @@ fn keys() -> Keys {
 #[must_use]
 pub fn mesh(cluster: &Cluster) -> Vec<Keys> {
     let keys: Vec<Keys> = cluster.nodes.iter().map(|_| keys()).collect();
+    let family = cluster.nodes[0].family;
     for (i, node) in cluster.nodes.iter().enumerate() {
-        let ip = node_ip(i);
+        let (ip, ip6) = (node_ip(i), node_ip6(i));
         in_netns(Some(&node.ns), |nl| async move {
             nl.add_wireguard(DEVICE).await?;
-            nl.add_address(DEVICE, ip, 24).await?;
+            if family.has_v4() {
+                nl.add_address(DEVICE, ip, 24).await?;
+            }
+            if family.has_v6() {
+                nl.add_address(DEVICE, ip6, 64).await?;
+            }
             nl.set_up(DEVICE).await
         })
         .unwrap_or_else(|e| panic!("{}: making {DEVICE}: {e}", node.name));
@@ -96,8 +119,8 @@ pub fn mesh(cluster: &Cluster) -> Vec<Keys> {
             .map(|j| {
                 (
                     keys[j].public.clone(),
-                    format!("{}:{PORT}", crate::cluster::node_ip(j)),
-                    format!("{}/32,{}", node_ip(j), crate::cluster::health_cidr(j)),
+                    endpoint(family, j),
+                    allowed(family, j),
                 )
             })
             .collect();
@@ -114,6 +137,31 @@ pub fn mesh(cluster: &Cluster) -> Vec<Keys> {
         let _ = wg(Some(&node.ns), &args, "");
     }
     keys
+}
+
+/// Node `j`'s tunnel endpoint: its uplink address (IPv4 unless the
+/// cluster is IPv6-only).
+fn endpoint(family: crate::cluster::Family, j: usize) -> String {
+    if family.has_v4() {
+        format!("{}:{PORT}", crate::cluster::node_ip(j))
+    } else {
+        format!("[{}]:{PORT}", crate::cluster::node_ip6(j))
+    }
+}
+
+/// Node `j`'s AllowedIPs: its node addresses and health CIDRs.
+#[must_use]
+pub fn allowed(family: crate::cluster::Family, j: usize) -> String {
+    let mut nets = Vec::new();
+    if family.has_v4() {
+        nets.push(format!("{}/32", node_ip(j)));
+        nets.push(crate::cluster::health_cidr(j));
+    }
+    if family.has_v6() {
+        nets.push(format!("{}/128", node_ip6(j)));
+        nets.push(crate::cluster::health_cidr6(j));
+    }
+    nets.join(",")
 }
 
 /// `wg set wg0 peer KEY allowed-ips LIST` on `ns` (LIST replaces the

@@ -92,6 +92,9 @@ pub(crate) fn selection(k: &Kernel) -> Vec<&'static str> {
     }
     if k.wireguard {
         tests.push("encryption::wireguard_paths_are_encrypted_and_each_fault_is_named");
+        tests.push(
+            "encryption::ipv6_health_addresses_left_out_of_allowed_ips_are_not_covered_and_named",
+        );
     }
     tests
 }

@@ -14,7 +14,7 @@ use health_agent::{
     sys::netlink::in_netns,
 };
 use health_tests::{
-    cluster::{Cluster, Settings},
+    cluster::{Cluster, Family, Settings},
     topology::TwoNodes,
     wireguard,
 };
@@ -216,6 +216,54 @@ fn stale_while_the_other_peer_rekeys(cluster: &Cluster) {
     assert!(
         why.as_deref().is_some_and(|w| w.contains("last handshake")),
         "{why:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs a kernel with WireGuard: cargo xtask test --kernel 6.12 runs it"]
+fn ipv6_health_addresses_left_out_of_allowed_ips_are_not_covered_and_named() {
+    use EncState::{Encrypted, NotCovered};
+    let cluster = Cluster::start(&Settings {
+        nodes: 2,
+        family: Family::V6,
+        wireguard: true,
+        extra_args: ["--encryption", "wireguard"].map(String::from).to_vec(),
+        ..Settings::default()
+    });
+    let s = cluster.wait_status(0, Duration::from_secs(40), |s| {
+        s.reachable() == 2
+            && peers_are(
+                s,
+                &[("node-2", false, Encrypted), ("node-2", true, Encrypted)],
+            )
+    });
+    assert!(
+        node(&s, "node-2").endpoint.ip.is_ipv6(),
+        "IPv6 only: {s:#?}"
+    );
+    // The AllowedIPs of an IPv6-only cluster without the health CIDRs.
+    let a = &cluster.nodes[0];
+    wireguard::set_allowed_ips(
+        &a.ns,
+        &cluster.wg_keys[1],
+        &format!("{}/128", wireguard::node_ip6(1)),
+    );
+    let s = cluster.wait_status(0, Duration::from_secs(30), |s| {
+        peers_are(
+            s,
+            &[("node-2", true, NotCovered), ("node-2", false, Encrypted)],
+        )
+    });
+    let b = node(&s, "node-2");
+    let why = b
+        .endpoint
+        .encryption
+        .as_ref()
+        .and_then(|e| e.reason.clone())
+        .unwrap_or_default();
+    assert!(
+        why.contains(&b.endpoint.ip.to_string()) && why.contains("outside the AllowedIPs"),
+        "{why}"
     );
 }
 
