@@ -240,12 +240,6 @@ impl ClusterView {
     pub fn problems(&self) -> impl Iterator<Item = &NodeView> {
         self.nodes.iter().filter(|n| n.verdict != Verdict::Healthy)
     }
-
-    /// The nodes some observer reaches in plain text, whatever their
-    /// verdict: a problem of its own.
-    pub fn plaintext(&self) -> impl Iterator<Item = &NodeView> {
-        self.nodes.iter().filter(|n| n.plaintext > 0)
-    }
 }
 
 /// An observation's class.

@@ -266,22 +266,22 @@ impl Netlink {
             .name(name.to_owned())
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg.build())))
             .build();
-        self.handle
-            .link()
-            .add(msg)
-            .execute()
+        self.add_link(msg, format!("creating veth {name:?} <-> {peer:?}"))
             .await
-            .map_err(req(format!("creating veth {name:?} <-> {peer:?}")))
     }
 
     /// Creates a bridge.
     pub async fn add_bridge(&self, name: &str) -> Result<(), NetlinkError> {
-        self.handle
-            .link()
-            .add(rtnetlink::LinkBridge::new(name).build())
-            .execute()
-            .await
-            .map_err(req(format!("creating bridge {name:?}")))
+        self.add_link(
+            rtnetlink::LinkBridge::new(name).build(),
+            format!("creating bridge {name:?}"),
+        )
+        .await
+    }
+
+    /// Creates the link `msg` describes; `op` names it in an error.
+    async fn add_link(&self, msg: LinkMessage, op: String) -> Result<(), NetlinkError> {
+        self.handle.link().add(msg).execute().await.map_err(req(op))
     }
 
     /// Enslaves `port` to the bridge `bridge`.

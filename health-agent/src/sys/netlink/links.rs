@@ -88,11 +88,7 @@ impl Netlink {
         let msg = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Wireguard)
             .name(name.to_owned())
             .build();
-        self.handle
-            .link()
-            .add(msg)
-            .execute()
+        self.add_link(msg, format!("creating WireGuard interface {name:?}"))
             .await
-            .map_err(req(format!("creating WireGuard interface {name:?}")))
     }
 }
