@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use super::{
     settings::EncryptionSettings,
     state::{EncState, EncryptionView, PathEncryption},
-    verdict::{Context, Seen, covering, judge},
+    verdict::{Context, Coverage, Seen, judge},
 };
 use crate::{
     datapath::{Attachments, DatapathHandle, Interface, TcHook, encrypt_watch},
@@ -256,10 +256,11 @@ impl EncryptionMonitor {
             return devices.iter().find(|d| d.name == *name);
         }
         devices.iter().max_by_key(|d| {
+            let coverage = Coverage::of(d);
             let covered = peers
                 .iter()
                 .flat_map(|n| node_addresses(n))
-                .filter(|ip| covering(d, *ip).is_some())
+                .filter(|ip| coverage.peer(*ip).is_some())
                 .count();
             (covered, std::cmp::Reverse(d.index))
         })
@@ -375,8 +376,10 @@ fn judged(
     seen: &HashMap<IpAddr, Seen>,
     stale_after: std::time::Duration,
 ) -> EncryptionView {
+    let coverage = Coverage::of(dev);
     let cx = Context {
         device: dev,
+        coverage: &coverage,
         now: SystemTime::now(),
         stale_after,
     };
@@ -386,7 +389,7 @@ fn judged(
             (n.node_ip.map(IpAddr::V4), n.health_ip.map(IpAddr::V4)),
             (n.node_ip6.map(IpAddr::V6), n.health_ip6.map(IpAddr::V6)),
         ] {
-            let expected = node.and_then(|ip| covering(dev, ip));
+            let expected = node.and_then(|ip| coverage.peer(ip));
             for ip in [node, health].into_iter().flatten() {
                 let s = seen.get(&ip).copied().unwrap_or_default();
                 paths.insert(ip, judge(cx, ip, expected, s));

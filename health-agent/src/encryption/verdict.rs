@@ -4,9 +4,12 @@
 //! peer's handshake is.
 
 use std::{
+    collections::HashMap,
     net::IpAddr,
     time::{Duration, SystemTime},
 };
+
+use ipnet::IpNet;
 
 use super::state::{EncState, PathEncryption};
 use crate::sys::wireguard::WgDevice;
@@ -20,29 +23,50 @@ pub struct Seen {
     pub plain: u64,
 }
 
-/// The peer of `device` whose AllowedIPs hold `ip` most specifically.
-#[must_use]
-pub fn covering(device: &WgDevice, ip: IpAddr) -> Option<usize> {
-    device
-        .peers
-        .iter()
-        .enumerate()
-        .filter_map(|(i, p)| {
-            p.allowed_ips
-                .iter()
-                .filter(|n| n.contains(&ip))
-                .map(ipnet::IpNet::prefix_len)
-                .max()
-                .map(|len| (len, i))
+/// Which peer of a device WireGuard sends each address to: its
+/// AllowedIPs by prefix length, longest first, so that an address is
+/// looked up once per distinct length (a handful), not against every
+/// peer: O(addresses) per round, not O(addresses x peers).
+#[derive(Debug, Default)]
+pub struct Coverage {
+    by_prefix: Vec<(u8, HashMap<IpNet, usize>)>,
+}
+
+impl Coverage {
+    #[must_use]
+    pub fn of(device: &WgDevice) -> Self {
+        let mut by_len: HashMap<u8, HashMap<IpNet, usize>> = HashMap::new();
+        for (i, p) in device.peers.iter().enumerate() {
+            for net in &p.allowed_ips {
+                // WireGuard keeps each network on one peer; the first wins.
+                by_len
+                    .entry(net.prefix_len())
+                    .or_default()
+                    .entry(net.trunc())
+                    .or_insert(i);
+            }
+        }
+        let mut by_prefix: Vec<(u8, HashMap<IpNet, usize>)> = by_len.into_iter().collect();
+        by_prefix.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+        Self { by_prefix }
+    }
+
+    /// The peer whose AllowedIPs hold `ip` most specifically.
+    #[must_use]
+    pub fn peer(&self, ip: IpAddr) -> Option<usize> {
+        self.by_prefix.iter().find_map(|(len, nets)| {
+            let net = IpNet::new(ip, *len).ok()?.trunc();
+            nets.get(&net).copied()
         })
-        .max_by_key(|(len, i)| (*len, std::cmp::Reverse(*i)))
-        .map(|(_, i)| i)
+    }
 }
 
 /// What decides a verdict besides the address's own figures.
 #[derive(Debug, Clone, Copy)]
 pub struct Context<'a> {
     pub device: &'a WgDevice,
+    /// The device's AllowedIPs, made once per judgement.
+    pub coverage: &'a Coverage,
     pub now: SystemTime,
     /// Rekey time plus the margin.
     pub stale_after: Duration,
@@ -53,7 +77,7 @@ pub struct Context<'a> {
 #[must_use]
 pub fn judge(cx: Context<'_>, ip: IpAddr, expected: Option<usize>, seen: Seen) -> PathEncryption {
     let dev = cx.device;
-    let Some(i) = covering(dev, ip) else {
+    let Some(i) = cx.coverage.peer(ip) else {
         return verdict(
             EncState::NotCovered,
             None,
@@ -171,9 +195,10 @@ mod tests {
         }
     }
 
-    fn cx(d: &WgDevice) -> Context<'_> {
+    fn cx<'a>(d: &'a WgDevice, coverage: &'a Coverage) -> Context<'a> {
         Context {
             device: d,
+            coverage,
             now: SystemTime::UNIX_EPOCH + Duration::from_secs(NOW),
             stale_after: Duration::from_secs(180),
         }
@@ -190,18 +215,18 @@ mod tests {
 
     #[test]
     fn the_most_specific_allowed_ips_pick_the_peer() {
-        let d = device();
-        assert_eq!(covering(&d, ip("198.18.1.12")), Some(0));
-        assert_eq!(covering(&d, ip("198.18.65.9")), Some(0));
-        assert_eq!(covering(&d, ip("198.18.1.99")), Some(2));
-        assert_eq!(covering(&d, ip("192.0.2.1")), None);
-        assert_eq!(covering(&d, ip("2001:2::12")), None);
+        let c = Coverage::of(&device());
+        assert_eq!(c.peer(ip("198.18.1.12")), Some(0));
+        assert_eq!(c.peer(ip("198.18.65.9")), Some(0));
+        assert_eq!(c.peer(ip("198.18.1.99")), Some(2));
+        assert_eq!(c.peer(ip("2001:2::12")), None);
     }
 
     #[test]
     fn probes_through_the_tunnel_to_a_fresh_peer_are_encrypted() {
         let d = device();
-        let v = judge(cx(&d), ip("198.18.65.9"), Some(0), TUNNEL);
+        let c = Coverage::of(&d);
+        let v = judge(cx(&d, &c), ip("198.18.65.9"), Some(0), TUNNEL);
         assert_eq!(v.state, EncState::Encrypted, "{v:?}");
         assert_eq!(v.peer.as_deref(), Some("BBBBBBBBkey"));
         assert_eq!(v.reason, None);
@@ -210,8 +235,9 @@ mod tests {
     #[test]
     fn any_probe_in_plain_text_is_plaintext_even_beside_tunnelled_ones() {
         let d = device();
+        let c = Coverage::of(&d);
         let v = judge(
-            cx(&d),
+            cx(&d, &c),
             ip("198.18.1.12"),
             Some(0),
             Seen {
@@ -226,12 +252,13 @@ mod tests {
     #[test]
     fn an_address_outside_every_allowed_ips_or_in_another_nodes_peer_is_not_covered() {
         let d = device();
-        let v = judge(cx(&d), ip("192.0.2.1"), None, TUNNEL);
+        let c = Coverage::of(&d);
+        let v = judge(cx(&d, &c), ip("2001:2::99"), None, TUNNEL);
         assert_eq!(v.state, EncState::NotCovered);
         assert!(v.reason.expect("why").contains("outside the AllowedIPs"));
         // The health address is in the wide peer's AllowedIPs, but the
         // node's own address is in B's.
-        let v = judge(cx(&d), ip("198.18.66.1"), Some(0), TUNNEL);
+        let v = judge(cx(&d, &c), ip("198.18.66.1"), Some(0), TUNNEL);
         assert_eq!(v.state, EncState::NotCovered);
         assert_eq!(v.peer.as_deref(), Some("DDDDDDDDkey"));
         assert!(
@@ -245,14 +272,15 @@ mod tests {
     #[test]
     fn an_old_or_missing_handshake_is_stale_only_while_probes_flow() {
         let d = device();
-        let v = judge(cx(&d), ip("198.18.1.13"), Some(1), TUNNEL);
+        let c = Coverage::of(&d);
+        let v = judge(cx(&d, &c), ip("198.18.1.13"), Some(1), TUNNEL);
         assert_eq!(v.state, EncState::Stale, "200 s > 180 s");
         assert!(v.reason.expect("why").contains("3m 20s ago"));
-        let v = judge(cx(&d), ip("198.18.1.99"), None, TUNNEL);
+        let v = judge(cx(&d, &c), ip("198.18.1.99"), None, TUNNEL);
         assert_eq!(v.state, EncState::Stale);
         assert!(v.reason.expect("why").contains("never"));
         // Idle: no probe went to it, so an old handshake says nothing.
-        let v = judge(cx(&d), ip("198.18.1.13"), Some(1), Seen::default());
+        let v = judge(cx(&d, &c), ip("198.18.1.13"), Some(1), Seen::default());
         assert_eq!(v.state, EncState::Unobserved);
     }
 }
