@@ -5,8 +5,8 @@
 //! ```
 //!
 //! The peers namespace holds the node IPs (198.18.128.0/17) and health IPs
-//! (198.19.0.0/17) of the answering peers and answers ICMP (its kernel) and
-//! HTTP :4240 (one `hello` listener). A silent peer's addresses are held by
+//! (198.19.0.0/17) of the answering peers, by local routes, and answers
+//! ICMP (its kernel) and HTTP :4240 (one `hello` listener). A silent peer's addresses are held by
 //! nobody: the router forwards to the peers namespace, which does not
 //! forward and drops them without a word, as a host that is down.
 //!
@@ -39,6 +39,7 @@ use health_tests::{
     names, process,
     topology::TwoNodes,
 };
+use ipnet::Ipv4Net;
 
 #[derive(Clone, Copy)]
 pub(crate) struct Options {
@@ -96,6 +97,21 @@ fn peer_ips(k: usize) -> (Ipv4Addr, Ipv4Addr) {
         Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + k),
         Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + k),
     )
+}
+
+/// The answering peers' node and health IPs as the fewest prefixes: the
+/// peers namespace makes them local by route (a real peer holds its own
+/// address, not thousands: held as interface addresses, each answer's
+/// source check walked one hash chain of thousands of them).
+fn answering(n: usize, pct: u32) -> Vec<Ipv4Net> {
+    let hosts: Vec<Ipv4Net> = (0..n)
+        .filter(|k| !silent(*k, pct))
+        .flat_map(|k| {
+            let (node, health) = peer_ips(k);
+            [node, health].map(Ipv4Net::from)
+        })
+        .collect();
+    Ipv4Net::aggregate(&hosts)
 }
 
 /// Whether the `k`-th peer is silent: `pct` percent of them, spread out.
@@ -158,10 +174,9 @@ impl Lab {
             nl.add_address("peers", Ipv4Addr::new(198, 18, 1, 2), 24)
                 .await?;
             nl.set_up("peers").await?;
-            for k in (0..n).filter(|k| !silent(*k, pct)) {
-                let (node, health) = peer_ips(k);
-                nl.add_address("lo", node, 32).await?;
-                nl.add_address("lo", health, 32).await?;
+            for net in answering(n, pct) {
+                nl.add_local_route(net.addr().into(), net.prefix_len(), "lo")
+                    .await?;
             }
             nl.replace_route_via(Ipv4Addr::UNSPECIFIED, 0, Ipv4Addr::new(198, 18, 1, 1))
                 .await
@@ -184,7 +199,8 @@ impl Lab {
             let (node, health) = peer_ips(k);
             let _ = writeln!(
                 yaml,
-                "  - name: peer-{k:05}\n    node-ip: {node}\n    health-ip: {health}"
+                "  - name: {}\n    node-ip: {node}\n    health-ip: {health}",
+                peer_name(k)
             );
         }
         let path = self.dir.join("nodes.yaml");
@@ -299,6 +315,21 @@ struct Round {
     /// CPU of the simulated network's kernel thread, with
     /// `--network-thread`.
     network: Duration,
+    /// The status clients pulled through this round: not a steady one.
+    clients: bool,
+}
+
+/// The round (1-based) through which the status clients pull: the second
+/// when there are rounds enough for a steady one after it, so that the
+/// first round (a node's start) and the steady rounds are each measured
+/// as they run without them; else the first.
+const fn clients_round(rounds: u32) -> usize {
+    if rounds >= 3 { 2 } else { 1 }
+}
+
+/// The rounds after the first that the status clients left alone.
+fn steady_rounds(rounds: &[Round]) -> impl Iterator<Item = &Round> {
+    rounds.iter().skip(1).filter(|r| !r.clients)
 }
 
 pub(crate) struct Report {
@@ -322,19 +353,32 @@ impl Report {
 /// the sum of the rounds' CPU, so the clock ticks it is read in round off
 /// once over the whole run, not once a round.
 fn steady_cpu_per_peer(rounds: &[Round], peers: usize) -> Option<Duration> {
-    let steady = rounds.get(1..).filter(|s| !s.is_empty())?;
+    let steady: Vec<&Round> = steady_rounds(rounds).collect();
+    if steady.is_empty() {
+        return None;
+    }
     let total: Duration = steady.iter().map(|r| r.cpu).sum();
     let per = u32::try_from(steady.len() * peers).ok()?;
     Some(total / per)
 }
 
-pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
+/// `opts` refused with the flag named when out of range.
+fn check(opts: &Options) -> anyhow::Result<()> {
     if opts.peers == 0 || opts.peers > MAX_PEERS {
         bail!("--peers {} is out of range (1 to {MAX_PEERS})", opts.peers);
     }
     if opts.silent_pct > 100 {
         bail!("--silent {} is not a percentage", opts.silent_pct);
     }
+    Ok(())
+}
+
+#[expect(
+    clippy::too_many_lines,
+    reason = "one run's sequence: topology, agent, rounds, clients, reference"
+)]
+pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
+    check(opts)?;
     eprintln!(
         "building the topology: {} peers, {}% silent...",
         opts.peers, opts.silent_pct
@@ -348,15 +392,18 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let nodes_file = lab.nodes_file(opts.peers)?;
     let started = Instant::now();
     let pid = lab.start_agent(&nodes_file, opts.interval)?;
-    let socket = lab.socket();
-    let client = Client::new(&socket);
-
+    let client = Client::new(lab.socket());
     let served = served_after(&rt, &client, started, &lab)?;
-
-    // 8 clients hammer GET /v1/status until the first round is published.
-    let first_done = Arc::new(AtomicBool::new(false));
-    let latencies = status_clients(&client, &first_done);
-
+    // 8 clients hammer GET /v1/status, and one asks for the summary and
+    // one node's status, through the clients' round.
+    let clients_at = clients_round(opts.rounds);
+    let clients_done = Arc::new(AtomicBool::new(false));
+    let start_clients = || status_clients(&client, &clients_done, &peer_name(opts.peers - 1));
+    let mut latencies = if clients_at == 1 {
+        start_clients()
+    } else {
+        Vec::new()
+    };
     let mut rounds: Vec<Round> = Vec::new();
     let mut last_seq = 0;
     // The network's thread (found by searching /proc) only with it.
@@ -381,8 +428,11 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             let ((cpu, rss), (user, _)) = (usage(pid)?, cpu_times(pid)?);
             let bytes = lab.uplink_bytes()?;
             let network = network_cpu();
+            let clients = rounds.len() + 1 == clients_at;
+            if clients {
+                clients_done.store(true, Ordering::Relaxed);
+            }
             if first.is_none() {
-                first_done.store(true, Ordering::Relaxed);
                 first = Some(rt.block_on(client.status())?);
             }
             rounds.push(Round {
@@ -393,30 +443,26 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
                 rss,
                 bytes: bytes.saturating_sub(before.2),
                 network: network.saturating_sub(network_before),
+                clients,
             });
+            if rounds.len() + 1 == clients_at {
+                latencies = start_clients();
+            }
             before = (cpu, user, bytes);
             network_before = network;
             last_seq = r.seq;
         }
         std::thread::sleep(poll_period(opts.interval));
     }
-    first_done.store(true, Ordering::Relaxed);
-    let status_latency = Percentiles::of(
-        latencies
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect(),
-    );
+    clients_done.store(true, Ordering::Relaxed);
+    let (status_latency, summary_latency) = joined(latencies);
     let first = first.context("no round")?;
     let (live_ok, false_ok) = correctness(&first, opts.silent_pct);
-    // The same check after the last round: the steady rounds', without the
-    // first round's status clients.
+    // The same check after the last round: the steady rounds'.
     let last = correctness(&rt.block_on(client.status())?, opts.silent_pct);
     print_live_failures(&first, opts.silent_pct, &lab.peers);
     let live_paths = live_paths(opts.peers, opts.silent_pct);
-
-    // The reference, in the same run: fping over the same ICMP targets,
-    // from the agent's node.
+    // The reference, in the same run, from the agent's node.
     let fping = fping(&lab.agent, opts.peers)?;
     stop_peers.cancel();
     drop(lab);
@@ -424,7 +470,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let measured = Measured {
         served,
         rounds,
+        clients_at,
         status_latency,
+        summary_latency,
         live_ok,
         live_paths,
         false_ok,
@@ -466,7 +514,11 @@ fn served_after(
 struct Measured {
     served: Duration,
     rounds: Vec<Round>,
+    /// The round the status clients pulled through.
+    clients_at: usize,
     status_latency: Percentiles,
+    /// `?summary=true` and one node's status, asked beside them.
+    summary_latency: Percentiles,
     live_ok: usize,
     live_paths: usize,
     false_ok: usize,
@@ -499,15 +551,20 @@ fn render(opts: &Options, m: &Measured) -> String {
     for r in rounds {
         let _ = writeln!(
             text,
-            "round {:>3}: {:>6} ms wall, {:>6} ms agent CPU, RSS {:>6.1} MiB (peak {:>6.1})",
+            "round {:>3}: {:>6} ms wall, {:>6} ms agent CPU, RSS {:>6.1} MiB (peak {:>6.1}){}",
             r.seq,
             r.wall_ms,
             r.cpu.as_millis(),
             r.rss.now_kib as f64 / 1024.0,
-            r.rss.peak_kib as f64 / 1024.0
+            r.rss.peak_kib as f64 / 1024.0,
+            if r.clients {
+                ", status clients pulling"
+            } else {
+                ""
+            }
         );
     }
-    let steady: Vec<&Round> = rounds.iter().skip(1).collect();
+    let steady: Vec<&Round> = steady_rounds(rounds).collect();
     if !steady.is_empty() {
         let n = steady.len() as u64;
         let _ = writeln!(
@@ -551,15 +608,7 @@ fn render(opts: &Options, m: &Measured) -> String {
             );
         }
     }
-    let _ = writeln!(
-        text,
-        "GET /v1/status during the first round, 8 clients: {} answers, p99 {:.2} ms (to the body's last byte, as sent; p50 {:.2}, p90 {:.2}, max {:.2} ms)",
-        m.status_latency.count,
-        ms(m.status_latency.p99),
-        ms(m.status_latency.p50),
-        ms(m.status_latency.p90),
-        ms(m.status_latency.max),
-    );
+    render_api(&mut text, m);
     let _ = writeln!(
         text,
         "correctness: {live_ok}/{live_paths} live paths OK, {false_ok} silent paths OK (false OK)"
@@ -578,6 +627,28 @@ fn render(opts: &Options, m: &Measured) -> String {
         first_ms as f64 / fping.as_millis().max(1) as f64
     );
     text
+}
+
+/// The status clients' latencies.
+fn render_api(text: &mut String, m: &Measured) {
+    let which = if m.clients_at == 1 { "first" } else { "second" };
+    let _ = writeln!(
+        text,
+        "GET /v1/status during the {which} round, 8 clients: {} answers, p99 {:.2} ms (to the body's last byte, as sent; p50 {:.2}, p90 {:.2}, max {:.2} ms)",
+        m.status_latency.count,
+        ms(m.status_latency.p99),
+        ms(m.status_latency.p50),
+        ms(m.status_latency.p90),
+        ms(m.status_latency.max),
+    );
+    let _ = writeln!(
+        text,
+        "GET /v1/status?summary=true and ?node=NAME beside them, 1 client: {} answers, p99 {:.2} ms (p50 {:.2}, max {:.2} ms)",
+        m.summary_latency.count,
+        ms(m.summary_latency.p99),
+        ms(m.summary_latency.p50),
+        ms(m.summary_latency.max),
+    );
 }
 
 /// The steady rounds' CPU: the agent's share of a core, its user-space
@@ -658,36 +729,63 @@ fn listen_overflows(peers: &Netns) -> Option<(u64, u64)> {
     Some((field("ListenOverflows")?, field("ListenDrops")?))
 }
 
+/// Each status client's thread, and whether it asks the small queries.
+type StatusClient = (std::thread::JoinHandle<Vec<Duration>>, bool);
+
 /// 8 clients asking `GET /v1/status` (the whole body) as fast as they can
-/// until `done`; each returns its latencies: to the last byte of the body
-/// as sent (gzip), as a load generator measures, not the client's own
-/// decoding, which on 2 vCPUs would take the agent's CPU.
-fn status_clients(
-    client: &Client,
-    done: &Arc<AtomicBool>,
-) -> Vec<std::thread::JoinHandle<Vec<Duration>>> {
-    (0..8)
-        .map(|_| {
+/// until `done`, and a ninth asking by turns for the summary
+/// (`?summary=true`) and one node's status (`?node=NAME`); each returns
+/// its latencies: to the last byte of the body as sent (gzip), as a load
+/// generator measures, not the client's own decoding, which on 2 vCPUs
+/// would take the agent's CPU.
+fn status_clients(client: &Client, done: &Arc<AtomicBool>, node: &str) -> Vec<StatusClient> {
+    (0..9)
+        .map(|i| {
+            let small = i == 8;
             let (client, done) = (client.clone(), done.clone());
-            std::thread::spawn(move || {
+            let node = format!("/v1/status?node={node}");
+            let handle = std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .expect("runtime");
                 let mut samples = Vec::new();
+                let mut turn = 0_usize;
                 while !done.load(Ordering::Relaxed) {
+                    let path = match (small, turn % 2) {
+                        (false, _) => "/v1/status",
+                        (true, 0) => "/v1/status?summary=true",
+                        (true, _) => node.as_str(),
+                    };
+                    turn += 1;
                     let t = Instant::now();
                     if rt
-                        .block_on(client.raw_as_sent("GET", "/v1/status"))
+                        .block_on(client.raw_as_sent("GET", path))
                         .is_ok_and(|(status, _, _)| status.is_success())
                     {
                         samples.push(t.elapsed());
                     }
                 }
                 samples
-            })
+            });
+            (handle, small)
         })
         .collect()
+}
+
+/// The status clients' latencies, once they stopped: the whole status's,
+/// and the small queries'.
+fn joined(clients: Vec<StatusClient>) -> (Percentiles, Percentiles) {
+    let (mut full, mut small) = (Vec::new(), Vec::new());
+    for (h, summary) in clients {
+        let samples = h.join().unwrap_or_default();
+        if summary {
+            small.extend(samples);
+        } else {
+            full.extend(samples);
+        }
+    }
+    (Percentiles::of(full), Percentiles::of(small))
 }
 
 /// A latency distribution's count and percentiles.
@@ -724,6 +822,11 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The index `k` of the node `peer-k` (`usize::MAX` for any other name).
+/// The `k`-th peer's name.
+fn peer_name(k: usize) -> String {
+    format!("peer-{k:05}")
+}
+
 fn peer_index(name: &str) -> usize {
     name.trim_start_matches("peer-")
         .parse()
@@ -844,7 +947,22 @@ mod tests {
             },
             bytes: 0,
             network: Duration::ZERO,
+            clients: false,
         }
+    }
+
+    #[test]
+    fn local_prefixes_cover_the_answering_peers_and_no_silent_one() {
+        let nets = answering(1_000, 50);
+        let held = |ip: Ipv4Addr| nets.iter().any(|n| n.contains(&ip));
+        for k in 0..1_100 {
+            let (node, health) = peer_ips(k);
+            let answers = k < 1_000 && !silent(k, 50);
+            assert_eq!((held(node), held(health)), (answers, answers), "peer {k}");
+        }
+        // Runs of 50 addresses: a few prefixes each, not one per address
+        // (1,000 addresses held).
+        assert!(nets.len() <= 100, "{} prefixes", nets.len());
     }
 
     #[test]
@@ -857,6 +975,20 @@ mod tests {
         );
         assert_eq!(steady_cpu_per_peer(&rounds[..1], 500), None);
         assert_eq!(steady_cpu_per_peer(&[], 500), None);
+    }
+
+    #[test]
+    fn the_status_clients_round_is_not_a_steady_one() {
+        // With three rounds or more the clients pull through the second,
+        // which the steady figures leave out with the first.
+        assert_eq!((clients_round(2), clients_round(3)), (1, 2));
+        let mut rounds = [round(1, 2_000), round(2, 900), round(3, 50), round(4, 70)];
+        rounds[1].clients = true;
+        assert_eq!(
+            steady_cpu_per_peer(&rounds, 500),
+            Some(Duration::from_micros(120))
+        );
+        assert_eq!(steady_cpu_per_peer(&rounds[..2], 500), None);
     }
 
     #[test]

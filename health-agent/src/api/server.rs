@@ -26,7 +26,11 @@ use crate::{
     datapath::KernelReport,
     endpoint::{EndpointView, SharedView, lifecycle},
     membership::published::Nodes,
-    probe::{Prober, path::ProbeResult, status::ClusterStatus},
+    probe::{
+        Prober,
+        path::ProbeResult,
+        status::{ClusterStatus, NodeStatus, StatusSummary},
+    },
     supervisor::{Health, TaskState},
 };
 
@@ -399,19 +403,18 @@ async fn status(
             }
         }
     }
-    let status = state.prober().status();
     if summary {
-        return Json(status.summary()).into_response();
+        return Json(StatusSummary::clone(&state.prober().status_summary())).into_response();
     }
-    let filtered = status.filtered(|n| {
-        want_state.is_none_or(|s| n.state() == s) && want_node.as_ref().is_none_or(|w| &n.name == w)
-    });
-    if let Some(name) = &want_node
-        && filtered.nodes.is_empty()
-        && !status.nodes.iter().any(|n| &n.name == name)
-    {
-        return error(StatusCode::NOT_FOUND, format!("node {name:?} not found"));
-    }
+    let status = state.prober().status();
+    let wanted = |n: &NodeStatus| want_state.is_none_or(|s| n.state() == s);
+    let filtered = match &want_node {
+        Some(name) => match status.node(name) {
+            Some(n) => status.filtered_to(wanted(n).then_some(n)),
+            None => return error(StatusCode::NOT_FOUND, format!("node {name:?} not found")),
+        },
+        None => status.filtered(wanted),
+    };
     Json(filtered).into_response()
 }
 

@@ -27,7 +27,7 @@ use super::{
     order::{self, Echoes},
     path::{Outcome, ProbeResult},
     published::{Published, serialised},
-    status::{ClusterStatus, RoundInfo},
+    status::{ClusterStatus, RoundInfo, StatusSummary},
     targets::{NodePaths, node_status, target_count, targets, warn_unprobed},
     trace::Tracing,
 };
@@ -175,6 +175,12 @@ impl Prober {
     #[must_use]
     pub fn status(&self) -> Arc<ClusterStatus> {
         self.published().status
+    }
+
+    /// The published status's counts (made when it was published).
+    #[must_use]
+    pub fn status_summary(&self) -> Arc<StatusSummary> {
+        self.published().summary
     }
 
     /// The published status as JSON, for a client that does not take
@@ -708,6 +714,17 @@ mod tests {
         let fewer = prober.nodes().iter().skip(1).cloned().collect();
         prober.set_nodes(NodeSet::new(fewer).expect("unique"));
         assert_eq!(prober.status().nodes.len(), 499);
+        // The summary is counted with each publish, and the status lists
+        // its nodes sorted by name, as a lookup by name bisects.
+        assert_eq!(*prober.status_summary(), prober.status().summary());
+        assert_eq!(prober.status_summary().nodes, 499);
+        let status = prober.status();
+        assert!(status.nodes.is_sorted_by(|a, b| a.name < b.name));
+        assert_eq!(
+            status.node("node-0377").map(|n| n.name.as_str()),
+            Some("node-0377")
+        );
+        assert!(status.node("node-0000").is_none(), "the one removed");
     }
 
     fn nodes(names: &[&str]) -> NodeSet {

@@ -222,16 +222,35 @@ impl ClusterStatus {
         s
     }
 
+    /// The node named `name`. The agent's own status lists its nodes
+    /// sorted by name (as its node set holds them): found by bisection,
+    /// and by a walk when that misses, so a status in another order still
+    /// finds it.
+    #[must_use]
+    pub fn node(&self, name: &str) -> Option<&NodeStatus> {
+        self.nodes
+            .binary_search_by(|n| n.name.as_str().cmp(name))
+            .ok()
+            .and_then(|i| self.nodes.get(i))
+            .or_else(|| self.nodes.iter().find(|n| n.name == name))
+    }
+
     /// The same status with only the nodes `keep` accepts.
     #[must_use]
     pub fn filtered(&self, keep: impl Fn(&NodeStatus) -> bool) -> Self {
+        self.filtered_to(self.nodes.iter().filter(|n| keep(n)))
+    }
+
+    /// The same status with only `nodes` (of it).
+    #[must_use]
+    pub fn filtered_to<'a>(&self, nodes: impl IntoIterator<Item = &'a NodeStatus>) -> Self {
         Self {
             local_node: self.local_node.clone(),
             probe_interval_ms: self.probe_interval_ms,
             probe_timeout_ms: self.probe_timeout_ms,
             round: self.round.clone(),
             encryption: self.encryption.clone(),
-            nodes: self.nodes.iter().filter(|n| keep(n)).cloned().collect(),
+            nodes: nodes.into_iter().cloned().collect(),
         }
     }
 }
@@ -325,6 +344,36 @@ mod tests {
         let s = status.summary();
         assert_eq!((s.reachable, s.unreachable, s.unknown), (1, 1, 1));
         assert_eq!(status.reachable(), 1);
+    }
+
+    #[test]
+    fn a_node_is_found_by_name_in_sorted_order_and_in_any_other() {
+        use ProbeResult::Success;
+        let named = |name: &str| NodeStatus {
+            name: name.into(),
+            ..dual(Success, Success)
+        };
+        let mut status = ClusterStatus {
+            local_node: None,
+            probe_interval_ms: 1,
+            probe_timeout_ms: 1,
+            round: None,
+            encryption: None,
+            nodes: ["a", "b", "c", "d", "e"].map(named).to_vec(),
+        };
+        for name in ["a", "c", "e"] {
+            assert_eq!(status.node(name).map(|n| n.name.as_str()), Some(name));
+        }
+        assert!(status.node("bb").is_none());
+        // Out of order (a status read from elsewhere): still found.
+        status.nodes.reverse();
+        for name in ["a", "b", "c", "d", "e"] {
+            assert_eq!(status.node(name).map(|n| n.name.as_str()), Some(name));
+        }
+        assert!(status.node("z").is_none());
+        let one = status.filtered_to(status.node("d"));
+        assert_eq!(one.nodes.len(), 1);
+        assert_eq!(one.nodes[0].name, "d");
     }
 
     #[test]

@@ -7,12 +7,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use futures::TryStreamExt as _;
 use netlink_packet_route::{
     AddressFamily,
-    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope},
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
 };
 use rtnetlink::RouteMessageBuilder;
 
 use super::{Netlink, NetlinkError, RTPROT_BOOT, req};
 use crate::util::cidr::Family;
+
+/// The kernel's local routing table (`RT_TABLE_LOCAL`).
+const RT_TABLE_LOCAL: u32 = 255;
 
 /// A route of family `A`, as far as the agent cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +168,34 @@ impl Netlink {
         self.add_route(
             b.build(),
             format!("adding route {destination}/{prefix}{via} dev {iface}"),
+        )
+        .await
+    }
+
+    /// Makes every address of `destination/prefix` local to this namespace
+    /// (a `local` route in the local table, "AnyIP"): packets to any of
+    /// them are delivered here, and answered from the address they were
+    /// sent to, without `iface` holding each as an address. A simulated
+    /// host standing in for thousands of peers holds their addresses this
+    /// way: a lookup of its own source address walks a trie, not one hash
+    /// chain of thousands of interface addresses.
+    pub async fn add_local_route(
+        &self,
+        destination: IpAddr,
+        prefix: u8,
+        iface: &str,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        let msg = route(destination, prefix, None)?
+            .output_interface(index)
+            .table_id(RT_TABLE_LOCAL)
+            .kind(RouteType::Local)
+            .scope(RouteScope::Host)
+            .protocol(RouteProtocol::from(RTPROT_BOOT))
+            .build();
+        self.add_route(
+            msg,
+            format!("adding local route {destination}/{prefix} dev {iface}"),
         )
         .await
     }
