@@ -99,6 +99,8 @@ impl Datapath {
     pub fn repin(&self) -> Result<Vec<String>, DatapathError> {
         let gone: Vec<&'static str> = MapId::ALL
             .iter()
+            // aya-log's ring buffer is never pinned: its pin is not gone.
+            .filter(|m| **m != MapId::AyaLogs)
             .map(|m| m.name())
             .filter(|name| fs::symlink_metadata(self.pin_dir.join(name)).is_err())
             .collect();
