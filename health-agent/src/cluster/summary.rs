@@ -1310,11 +1310,11 @@ mod tests {
             endpoint_secondary: None,
         };
         let enc = |state| {
-            Some(PathEncryption {
+            Some(Box::new(PathEncryption {
                 state,
                 peer: None,
                 reason: None,
-            })
+            }))
         };
         n.host.encryption = enc(EncState::Encrypted);
         n.endpoint.encryption = enc(EncState::Plaintext);

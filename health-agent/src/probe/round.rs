@@ -270,7 +270,7 @@ impl Prober {
                 let mut s = node_status(n, p, Shown::of(n, self.cfg.families));
                 if let Some(view) = &encryption {
                     for c in s.connectivities_mut() {
-                        c.encryption = view.paths.get(&c.ip).cloned();
+                        c.encryption = view.paths.get(&c.ip).cloned().map(Box::new);
                     }
                 }
                 s

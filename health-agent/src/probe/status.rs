@@ -20,8 +20,11 @@ pub struct Connectivity {
     pub icmp: PathState,
     pub http: PathState,
     /// Whether probes to `ip` went through WireGuard (`--encryption`).
+    /// Boxed: a status holds four of these per node, and without
+    /// `--encryption` the field would otherwise carry its room (a sixth
+    /// of a node's status) for nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub encryption: Option<PathEncryption>,
+    pub encryption: Option<Box<PathEncryption>>,
 }
 
 impl Connectivity {

@@ -803,10 +803,12 @@ fn synthetic_status(n: usize) -> ClusterStatus {
                     },
                     http: ok_path(rtt + 40, at),
                     // Every fiftieth (from 21): probes to its node address left in plain text.
-                    encryption: (k % 50 == 21).then(|| PathEncryption {
-                        state: EncState::Plaintext,
-                        peer: Some("KEY".into()),
-                        reason: Some("around the tunnel".into()),
+                    encryption: (k % 50 == 21).then(|| {
+                        Box::new(PathEncryption {
+                            state: EncState::Plaintext,
+                            peer: Some("KEY".into()),
+                            reason: Some("around the tunnel".into()),
+                        })
                     }),
                 },
                 endpoint: Connectivity {

@@ -789,11 +789,11 @@ mod tests {
             ..status(50)
         };
         let enc = |state| {
-            Some(PathEncryption {
+            Some(Box::new(PathEncryption {
                 state,
                 peer: Some("KEY".into()),
                 reason: Some(format!("why {state}")),
-            })
+            }))
         };
         s.nodes[0].host.encryption = enc(EncState::Encrypted);
         s.nodes[0].endpoint.encryption = enc(EncState::Encrypted);
