@@ -634,20 +634,13 @@ fn render_api(text: &mut String, m: &Measured) {
     let which = if m.clients_at == 1 { "first" } else { "second" };
     let _ = writeln!(
         text,
-        "GET /v1/status during the {which} round, 8 clients: {} answers, p99 {:.2} ms (to the body's last byte, as sent; p50 {:.2}, p90 {:.2}, max {:.2} ms)",
-        m.status_latency.count,
-        ms(m.status_latency.p99),
-        ms(m.status_latency.p50),
-        ms(m.status_latency.p90),
-        ms(m.status_latency.max),
+        "GET /v1/status during the {which} round, 8 clients: {} (to the body's last byte, as sent)",
+        m.status_latency.line()
     );
     let _ = writeln!(
         text,
-        "GET /v1/status?summary=true and ?node=NAME beside them, 1 client: {} answers, p99 {:.2} ms (p50 {:.2}, max {:.2} ms)",
-        m.summary_latency.count,
-        ms(m.summary_latency.p99),
-        ms(m.summary_latency.p50),
-        ms(m.summary_latency.max),
+        "GET /v1/status?summary=true and ?node=NAME beside them, 1 client: {}",
+        m.summary_latency.line()
     );
 }
 
@@ -798,6 +791,18 @@ struct Percentiles {
 }
 
 impl Percentiles {
+    /// "N answers, p99 X ms (p50, p90, max)".
+    fn line(&self) -> String {
+        format!(
+            "{} answers, p99 {:.2} ms (p50 {:.2}, p90 {:.2}, max {:.2} ms)",
+            self.count,
+            ms(self.p99),
+            ms(self.p50),
+            ms(self.p90),
+            ms(self.max)
+        )
+    }
+
     fn of(mut samples: Vec<Duration>) -> Self {
         samples.sort_unstable();
         let at = |pct: usize| {

@@ -69,10 +69,13 @@ pub struct PathState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtt_source: Option<RttSource>,
     /// The last failure's error text (kept after recovery, for reference).
+    /// Boxed `str`s, not `String`s: a path's state is held twice per path
+    /// (the prober's and the published status's), 40,000 of each at 10,000
+    /// peers, and the texts never grow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
+    pub last_error: Option<Box<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub warning: Option<String>,
+    pub warning: Option<Box<str>>,
     #[serde(default, skip_serializing_if = "is_zero64")]
     pub probes: u64,
     /// Epoch milliseconds of the last probe.
@@ -242,7 +245,7 @@ impl PathState {
                 self.consecutive_failures = 0;
                 self.rtt_ns = Some(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX));
                 self.rtt_source = Some(source);
-                self.warning = warning;
+                self.warning = warning.map(String::into_boxed_str);
                 if self.consecutive_successes >= thresholds.success.max(1) {
                     self.result = ProbeResult::Success;
                     self.trace = None;
@@ -251,7 +254,7 @@ impl PathState {
             Outcome::Failed(error) => {
                 self.consecutive_failures = self.consecutive_failures.saturating_add(1);
                 self.consecutive_successes = 0;
-                self.last_error = Some(error.to_string());
+                self.last_error = Some(error.to_string().into_boxed_str());
                 self.warning = None;
                 if self.consecutive_failures >= thresholds.failure.max(1) {
                     self.result = ProbeResult::Failure;

@@ -166,6 +166,7 @@ pub(super) fn node_status(n: &Node, p: &NodePaths, shown: Shown) -> NodeStatus {
         );
         if !shown.probed {
             let why = format!("not probed: this agent has no {f} address");
+            let why: Box<str> = why.into();
             c.icmp.warning = Some(why.clone());
             c.http.warning = Some(why);
         }
