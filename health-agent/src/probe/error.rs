@@ -27,6 +27,9 @@ pub enum ProbeError {
     Namespace(String),
     /// The agent's own ICMP receiver is gone.
     ReceiverStopped,
+    /// The probe was not sent, and why (an MTU probe whose small echo went
+    /// unanswered).
+    NotSent(&'static str),
 }
 
 /// The protocol of a probe, for timeouts.
@@ -70,6 +73,7 @@ impl fmt::Display for ProbeError {
             | Self::Io { step, error } => write!(f, "{step}: {error}"),
             Self::Protocol(what) | Self::Namespace(what) => f.write_str(what),
             Self::ReceiverStopped => f.write_str("ICMP receiver stopped"),
+            Self::NotSent(why) => f.write_str(why),
         }
     }
 }

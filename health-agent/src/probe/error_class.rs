@@ -23,6 +23,7 @@ pub(super) enum ErrorClass {
     Protocol,
     Namespace,
     ReceiverStopped,
+    NotSent,
 }
 
 impl From<&ProbeError> for ErrorClass {
@@ -37,6 +38,7 @@ impl From<&ProbeError> for ErrorClass {
             ProbeError::Protocol(_) => Self::Protocol,
             ProbeError::Namespace(_) => Self::Namespace,
             ProbeError::ReceiverStopped => Self::ReceiverStopped,
+            ProbeError::NotSent(_) => Self::NotSent,
         }
     }
 }
@@ -54,6 +56,7 @@ impl fmt::Display for ErrorClass {
             Self::Protocol => f.write_str("not HTTP"),
             Self::Namespace => f.write_str("probe namespace"),
             Self::ReceiverStopped => f.write_str("ICMP receiver stopped"),
+            Self::NotSent => f.write_str("not sent"),
         }
     }
 }

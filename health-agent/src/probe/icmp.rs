@@ -36,12 +36,25 @@ const IPV4_HEADER: usize = 20;
 const IPV6_HEADER: usize = 40;
 
 /// Requests `from` on (to the end of a round's targets) are IP packets of
-/// `bytes` bytes, with Don't Fragment: the MTU probes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `bytes` bytes, with Don't Fragment: the MTU probes. MTU probe `k`
+/// (request `from + k`) goes to the address of request `follows[k]`, and
+/// only once that request's echo is answered, read within a tenth of the
+/// timeout of its sending: a black hole is an address that answers small
+/// echoes and loses large ones, so an address that does not answer gets
+/// none (at 10,000 peers, half of them silent, 5,000 large echoes a round
+/// fewer), and an MTU probe still unanswered keeps the round at most a
+/// tenth of a timeout past its small echoes' deadline (an answer read
+/// later, on a busy node, leaves the address without a verdict that
+/// round).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Padded {
     pub from: usize,
     pub bytes: usize,
+    pub follows: std::sync::Arc<[usize]>,
 }
+
+/// An MTU probe whose small echo was not answered in time: never sent.
+const MTU_NOT_SENT: &str = "MTU probe not sent: the small echo went unanswered";
 
 /// Sequence numbers per identifier: a flow of more targets uses the next
 /// identifiers too.
@@ -139,9 +152,19 @@ struct Waiting<'a> {
     /// by the round's HTTP probes while they start).
     echoes: &'a Echoes,
     results: Vec<Result<Duration, ProbeError>>,
+    /// Requests sent (or paced, still to send) and not yet answered nor
+    /// timed out.
     pending: usize,
     timeout: Duration,
+    /// For each small request, the MTU probe that follows its answer
+    /// (`NO_MTU`: none).
+    mtu_after: Vec<u32>,
+    /// MTU probes whose small echo was answered, to send.
+    mtu_due: Vec<usize>,
 }
+
+/// A small request that no MTU probe follows.
+const NO_MTU: u32 = u32::MAX;
 
 impl Waiting<'_> {
     /// A message read (`r`, its bytes `pkt`): the reply to one of this
@@ -152,19 +175,44 @@ impl Waiting<'_> {
             None => match_reply(pkt, numbering, targets),
         };
         if let Some(i) = i {
-            self.answered(i, Instant::from_std(r.at));
+            self.answered(i, Instant::from_std(r.at), Instant::now());
         }
     }
 
-    /// The reply to request `i` came at `at`.
-    fn answered(&mut self, i: usize, at: Instant) {
+    /// The reply to request `i` came at `at`, read at `now`.
+    fn answered(&mut self, i: usize, at: Instant, now: Instant) {
         if let Some(sent) = self.sent_at[i].take() {
             let rtt = at.saturating_duration_since(sent);
             if rtt <= self.timeout {
                 self.results[i] = Ok(rtt);
                 self.echoes.answered(i);
+                // Its MTU probe, if it has one, goes now (see `Padded`).
+                match self.mtu_after.get(i) {
+                    Some(&k)
+                        if k != NO_MTU
+                            && now.saturating_duration_since(sent) <= self.timeout / 10 =>
+                    {
+                        self.mtu_due.push(k as usize);
+                    }
+                    _ => {}
+                }
             }
             self.pending -= 1;
+        }
+    }
+
+    /// Request `i` went at `at` (or could not go: `Err`).
+    fn sent(&mut self, i: usize, at: io::Result<Instant>) {
+        match at {
+            Ok(at) => {
+                self.sent_at[i] = Some(at);
+                self.echoes.sent(i, at);
+            }
+            Err(e) => {
+                self.echoes.gave_up(i);
+                self.results[i] = Err(ProbeError::io("sending echo request", &e));
+                self.pending -= 1;
+            }
         }
     }
 }
@@ -267,9 +315,11 @@ impl IcmpProber {
     }
 
     /// One echo to each of `targets` (either family), the requests spread
-    /// evenly over `spread`; each answer counts when it comes within
-    /// `timeout` of its request. Results are in the order of `targets`;
-    /// each request and answer is also marked in `echoes` as it happens.
+    /// evenly over `spread`, the MTU probes of `padded` (the last
+    /// requests) each once its small echo is answered; each answer counts
+    /// when it comes within `timeout` of its request. Results are in the
+    /// order of `targets`; each request and answer is also marked in
+    /// `echoes` as it happens.
     pub async fn round(
         &self,
         targets: &[IpAddr],
@@ -280,52 +330,75 @@ impl IcmpProber {
         echoes: &Echoes,
     ) -> Vec<Result<Duration, ProbeError>> {
         let n = targets.len();
+        // The small requests, paced; the MTU probes follow their answers.
+        let small = padded.as_ref().map_or(n, |p| p.from.min(n));
         let timed_out = Err(ProbeError::Timeout {
             proto: Proto::Icmp,
             after: timeout,
         });
+        let mut results = vec![timed_out; small];
+        results.resize(n, Err(ProbeError::NotSent(MTU_NOT_SENT)));
+        let mut mtu_after = Vec::new();
+        if let Some(p) = &padded {
+            mtu_after = vec![NO_MTU; small];
+            for (k, &i) in p.follows.iter().enumerate() {
+                if let (Some(slot), Ok(k)) = (mtu_after.get_mut(i), u32::try_from(small + k)) {
+                    *slot = k;
+                }
+            }
+        }
         let mut w = Waiting {
             sent_at: vec![None; n],
             echoes,
-            results: vec![timed_out; n],
-            pending: n,
+            results,
+            pending: small,
             timeout,
+            mtu_after,
+            mtu_due: Vec::new(),
         };
-        if n == 0 {
+        if small == 0 {
             return w.results;
         }
         let start = Instant::now();
-        let step = spread / u32::try_from(n).unwrap_or(u32::MAX).max(1);
+        let step = spread / u32::try_from(small).unwrap_or(u32::MAX).max(1);
         let mut next = 0usize;
+        // The small requests' deadline (a timeout after the last one went),
+        // then pushed out by each MTU probe sent.
         let mut deadline = start + spread + timeout;
         let mut buf = [0u8; 1500];
         let mut request = Vec::new();
-        while w.pending > 0 {
+        while w.pending > 0 || !w.mtu_due.is_empty() {
             // Send every request whose time has come.
             let now = Instant::now();
-            while next < n && start + step * u32::try_from(next).unwrap_or(u32::MAX) <= now {
+            while next < small && start + step * u32::try_from(next).unwrap_or(u32::MAX) <= now {
                 let (id, seq) = numbering.ident(next);
-                let size = padded.and_then(|p| (next >= p.from).then_some(p.bytes));
-                match self.send(targets[next], id, seq, size, &mut request).await {
-                    Ok(at) => {
-                        w.sent_at[next] = Some(at);
-                        echoes.sent(next, at);
-                    }
-                    Err(e) => {
-                        echoes.gave_up(next);
-                        w.results[next] = Err(ProbeError::io("sending echo request", &e));
-                        w.pending -= 1;
-                    }
-                }
+                let at = self.send(targets[next], id, seq, None, &mut request).await;
+                w.sent(next, at);
                 next += 1;
+                if next == small {
+                    deadline = deadline.min(Instant::now() + timeout);
+                }
             }
-            if next == n {
-                deadline = deadline.min(Instant::now() + timeout);
+            // Then the MTU probes whose small echo came back.
+            while let Some(k) = w.mtu_due.pop() {
+                let (id, seq) = numbering.ident(k);
+                let bytes = padded.as_ref().map(|p| p.bytes);
+                let at = self.send(targets[k], id, seq, bytes, &mut request).await;
+                w.pending += 1;
+                // Sent: lost unless answered.
+                w.results[k] = Err(ProbeError::Timeout {
+                    proto: Proto::Icmp,
+                    after: timeout,
+                });
+                if let Ok(at) = at {
+                    deadline = deadline.max(at + timeout);
+                }
+                w.sent(k, at);
             }
             if w.pending == 0 {
                 break;
             }
-            let wake = if next < n {
+            let wake = if next < small {
                 super::pace::wake_for(
                     start,
                     start + step * u32::try_from(next).unwrap_or(u32::MAX),
@@ -348,7 +421,7 @@ impl IcmpProber {
                     }
                 }
                 () = sleep_until(wake) => {
-                    if next == n && Instant::now() >= deadline {
+                    if next == small && Instant::now() >= deadline {
                         // Replies that came in time and wait unread (a
                         // busy node) still count.
                         for sock in [&self.v4, &self.v6].into_iter().flatten() {
@@ -640,6 +713,71 @@ mod tests {
             };
             let rtt = results[0].as_ref().expect("the reply came in time");
             assert!(*rtt < timeout, "the RTT is the arrival's: {rtt:?}");
+        });
+    }
+
+    #[test]
+    fn an_mtu_probe_follows_only_a_small_echo_read_within_a_tenth_of_the_timeout() {
+        let echoes = Echoes::new(3, Duration::ZERO, Duration::ZERO);
+        let timeout = Duration::from_millis(1000);
+        let t0 = Instant::now();
+        let mut w = Waiting {
+            sent_at: vec![Some(t0); 5],
+            echoes: &echoes,
+            results: vec![Err(ProbeError::NotSent(MTU_NOT_SENT)); 5],
+            pending: 3,
+            timeout,
+            // Requests 0 and 1 each have an MTU probe (3 and 4), 2 none.
+            mtu_after: vec![3, 4, NO_MTU],
+            mtu_due: Vec::new(),
+        };
+        let ms = |n| t0 + Duration::from_millis(n);
+        w.answered(2, ms(1), ms(1));
+        assert!(w.mtu_due.is_empty(), "no MTU probe follows request 2");
+        w.answered(1, ms(2), ms(150));
+        assert!(w.mtu_due.is_empty(), "read past a tenth of the timeout");
+        assert!(w.results[1].is_ok(), "yet the small echo counts");
+        w.answered(0, ms(2), ms(90));
+        assert_eq!(w.mtu_due, [3]);
+        w.answered(0, ms(3), ms(91));
+        assert_eq!(w.mtu_due, [3], "a duplicate reply sends nothing more");
+        assert_eq!(w.pending, 0);
+    }
+
+    #[test]
+    fn an_answered_echo_is_followed_by_its_mtu_probe_on_the_loopback() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let Some(prober) = prober_if_root() else {
+                return;
+            };
+            let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            let echoes = Echoes::new(1, Duration::ZERO, Duration::ZERO);
+            let padded = Padded {
+                from: 1,
+                bytes: 1400,
+                follows: vec![0].into(),
+            };
+            let numbering = Numbering::single(fastrand::u16(..), 1);
+            let timeout = Duration::from_secs(1);
+            let results = prober
+                .round(
+                    &[lo, lo],
+                    numbering,
+                    Some(padded),
+                    timeout,
+                    Duration::ZERO,
+                    &echoes,
+                )
+                .await;
+            assert!(results[0].is_ok(), "{results:?}");
+            assert!(
+                results[1].is_ok(),
+                "the MTU probe went and came back: {results:?}"
+            );
         });
     }
 

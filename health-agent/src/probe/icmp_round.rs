@@ -97,6 +97,7 @@ impl Prober {
                 let padded = Padded {
                     from: n,
                     bytes: usize::from(bytes),
+                    follows: mtu.indices.as_slice().into(),
                 };
                 (Arc::new(all), Some(padded))
             }

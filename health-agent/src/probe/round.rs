@@ -391,7 +391,10 @@ impl Prober {
             self.cfg.timeout / 2,
         ));
         let (order, suspects) = self.http_failed_first(&nodes, &targets.keys, spread);
-        let mtu = MtuTargets::of(&targets, self.cfg.mtu_probe);
+        // No MTU probes in the agent's first round: it is the start's
+        // verdict on every path, and its echoes and connects go first (an
+        // MTU black hole is called from the second round on).
+        let mtu = MtuTargets::of(&targets, self.cfg.mtu_probe.filter(|_| seq > 1));
         let ((icmp, icmp_done), (http, http_done)) = tokio::join!(
             timed(
                 t0,

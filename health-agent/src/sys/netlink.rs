@@ -438,6 +438,48 @@ impl Netlink {
         }
     }
 
+    /// Gives `name` a root `pfifo` queue of `packets` (its transmit queue
+    /// length, which a `pfifo` without options takes as its limit), as a
+    /// NIC's driver queue has: a veth has none, and one whose receiver
+    /// runs in a NAPI thread drops what its 256-slot ring cannot take
+    /// instead of holding the sender back.
+    pub async fn set_fifo_queue(&self, name: &str, packets: u32) -> Result<(), NetlinkError> {
+        use netlink_packet_core::{
+            NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage,
+        };
+        use netlink_packet_route::{
+            RouteNetlinkMessage,
+            tc::{TcHandle, TcMessage},
+        };
+        let index = self.require_link(name).await?;
+        let op = || format!("a pfifo queue of {packets} packets on {name:?}");
+        self.handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .txqueuelen(packets)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(req(op()))?;
+        let mut msg = TcMessage::with_index(i32::try_from(index).unwrap_or(i32::MAX));
+        msg.header.parent = TcHandle::ROOT;
+        msg.attributes.push(TcAttribute::Kind("pfifo".into()));
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::NewQueueDiscipline(msg));
+        request.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+        let mut handle = self.handle.clone();
+        let mut answers = handle.request(request).map_err(req(op()))?;
+        while let Some(answer) = futures::StreamExt::next(&mut answers).await {
+            if let netlink_packet_core::NetlinkPayload::Error(e) = answer.payload
+                && e.code.is_some()
+            {
+                return Err(req(op())(rtnetlink::Error::NetlinkError(e)));
+            }
+        }
+        Ok(())
+    }
+
     /// The interface's `IFLA_STATS64` counters.
     pub async fn link_stats(&self, name: &str) -> Result<LinkStats, NetlinkError> {
         let link = self
