@@ -65,7 +65,7 @@ impl fmt::Display for ErrorClass {
 #[derive(Debug, Clone)]
 pub(super) struct ErrorClasses {
     pub(super) list: Vec<ErrorClass>,
-    pub(super) index: HashMap<ErrorClass, u32>,
+    pub(super) index: HashMap<ErrorClass, u16>,
 }
 
 impl ErrorClasses {
@@ -76,23 +76,22 @@ impl ErrorClasses {
         }
     }
 
-    pub(super) fn intern(&mut self, class: ErrorClass) -> u32 {
+    pub(super) fn intern(&mut self, class: ErrorClass) -> u16 {
         if let Some(&i) = self.index.get(&class) {
             return i;
         }
         if self.list.len() >= MAX_CLASSES {
             return 0;
         }
-        let i = u32::try_from(self.list.len()).unwrap_or(0);
+        let i = u16::try_from(self.list.len()).unwrap_or(0);
         self.list.push(class);
         self.index.insert(class, i);
         i
     }
 
-    pub(super) fn get(&self, i: u32) -> ErrorClass {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| self.list.get(i))
+    pub(super) fn get(&self, i: u16) -> ErrorClass {
+        self.list
+            .get(usize::from(i))
             .copied()
             .unwrap_or(ErrorClass::Other)
     }
