@@ -406,14 +406,15 @@ async fn status(
     if summary {
         return Json(StatusSummary::clone(&state.prober().status_summary())).into_response();
     }
-    let status = state.prober().status();
+    let prober = state.prober();
     let wanted = |n: &NodeStatus| want_state.is_none_or(|s| n.state() == s);
     let filtered = match &want_node {
-        Some(name) => match status.node(name) {
-            Some(n) => status.filtered_to(wanted(n).then_some(n)),
+        // One node's status, made alone (not the whole status's).
+        Some(name) => match prober.node_status(name) {
+            Some(n) => prober.status_head().with_node(wanted(&n).then_some(n)),
             None => return error(StatusCode::NOT_FOUND, format!("node {name:?} not found")),
         },
-        None => status.filtered(wanted),
+        None => Arc::unwrap_or_clone(prober.status()).filtered(wanted),
     };
     Json(filtered).into_response()
 }

@@ -1,19 +1,33 @@
 //! The published status of the latest round, serialised once: its gzipped
-//! JSON is written when it is published, never held whole.
+//! JSON and its counts are written when it is published, and neither the
+//! JSON nor the status itself is held whole. The nodes are taken from the
+//! prober's paths a chunk at a time while the JSON is written, so at
+//! 10,000 nodes the agent never holds a second copy of every path's state
+//! (5.5 MB): a reader that wants the structured status builds it then
+//! ([`super::Prober::status`]).
 
-use std::sync::Arc;
+use std::{cell::Cell, sync::Arc};
 
 use bytes::Bytes;
+use serde::{Serialize, Serializer, ser::SerializeSeq as _};
 
-use super::status::{ClusterStatus, StatusSummary};
+use super::{
+    Prober,
+    path::ProbeResult,
+    status::{EncryptionSummary, NodeStatus, RoundInfo, StatusSummary},
+};
+use crate::{encryption::EncryptionView, membership::NodeSet};
+
+/// Nodes made into their status at a time: the prober's paths are locked
+/// for each chunk only, never for the whole serialisation.
+pub(super) const CHUNK: usize = 256;
 
 /// The published status, its JSON and its summary made once.
 #[derive(Clone)]
 pub(super) struct Published {
-    pub(super) status: Arc<ClusterStatus>,
     /// `GET /v1/status?summary=true`, counted once (a count walks every
     /// node: at 10,000 nodes, asked for in a loop, it was most of the
-    /// answer's cost).
+    /// answer's cost); its `round` is the published round's.
     pub(super) summary: Arc<StatusSummary>,
     /// The status as gzipped JSON, written once when it is published: the
     /// JSON itself (4.7 MB at 5,000 nodes, ten times its gzip) is never
@@ -21,14 +35,59 @@ pub(super) struct Published {
     pub(super) gzip: Bytes,
 }
 
-/// `status` as JSON, gzipped as it is written (through a buffer that
-/// gives the compressor large writes).
-pub(super) fn gzipped_json(status: &ClusterStatus) -> Bytes {
+/// `ClusterStatus` as written: the same fields in the same order (its
+/// JSON is the status's), the nodes streamed.
+#[derive(Serialize)]
+struct StatusOut<'a> {
+    local_node: &'a Option<String>,
+    probe_interval_ms: u64,
+    probe_timeout_ms: u64,
+    round: &'a Option<RoundInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    encryption: &'a Option<EncryptionSummary>,
+    nodes: NodesOut<'a>,
+}
+
+/// The nodes of a status, made a chunk at a time and counted as they go.
+struct NodesOut<'a> {
+    prober: &'a Prober,
+    nodes: &'a NodeSet,
+    encryption: Option<&'a EncryptionView>,
+    /// Reachable, unreachable, unknown.
+    counts: Cell<[usize; 3]>,
+}
+
+impl Serialize for NodesOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.nodes.len()))?;
+        let mut counts = [0usize; 3];
+        for chunk in self.nodes.chunks(CHUNK) {
+            for n in self.prober.node_statuses(chunk, self.encryption) {
+                counts[state_slot(&n)] += 1;
+                seq.serialize_element(&n)?;
+            }
+        }
+        self.counts.set(counts);
+        seq.end()
+    }
+}
+
+fn state_slot(n: &NodeStatus) -> usize {
+    match n.state() {
+        ProbeResult::Success => 0,
+        ProbeResult::Failure => 1,
+        ProbeResult::Unknown => 2,
+    }
+}
+
+/// `value` as JSON, gzipped as it is written (through a buffer that gives
+/// the compressor large writes).
+fn gzipped_json(value: &impl Serialize) -> Bytes {
     use std::io::Write as _;
     let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let mut out = std::io::BufWriter::with_capacity(64 << 10, enc);
     // Writing to a Vec cannot fail, nor serialising the status.
-    let _ = serde_json::to_writer(&mut out, status);
+    let _ = serde_json::to_writer(&mut out, value);
     let _ = out.flush();
     let bytes = out
         .into_inner()
@@ -38,10 +97,40 @@ pub(super) fn gzipped_json(status: &ClusterStatus) -> Bytes {
     Bytes::from(bytes)
 }
 
-pub(super) fn serialised(status: ClusterStatus) -> Published {
+/// The status of `nodes` as the prober holds them now, with `round` and
+/// `encryption`, serialised and counted.
+pub(super) fn serialised(
+    prober: &Prober,
+    nodes: &NodeSet,
+    round: Option<RoundInfo>,
+    encryption: Option<&EncryptionView>,
+) -> Published {
+    let head = prober.head(round, encryption);
+    let out = StatusOut {
+        local_node: &head.local_node,
+        probe_interval_ms: head.probe_interval_ms,
+        probe_timeout_ms: head.probe_timeout_ms,
+        round: &head.round,
+        encryption: &head.encryption,
+        nodes: NodesOut {
+            prober,
+            nodes,
+            encryption,
+            counts: Cell::default(),
+        },
+    };
+    let gzip = gzipped_json(&out);
+    let [reachable, unreachable, unknown] = out.nodes.counts.get();
     Published {
-        gzip: gzipped_json(&status),
-        summary: Arc::new(status.summary()),
-        status: Arc::new(status),
+        summary: Arc::new(StatusSummary {
+            local_node: head.local_node,
+            round: head.round,
+            encryption: head.encryption,
+            nodes: nodes.len(),
+            reachable,
+            unreachable,
+            unknown,
+        }),
+        gzip,
     }
 }

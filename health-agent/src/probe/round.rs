@@ -26,12 +26,17 @@ use super::{
     kernel_rtt::{prune_kernel_rtt, with_kernel_rtt},
     order::{self, Echoes},
     path::{Outcome, ProbeResult},
-    published::{Published, serialised},
-    status::{ClusterStatus, RoundInfo, StatusSummary},
+    published::{CHUNK, Published, serialised},
+    status::{ClusterStatus, NodeStatus, RoundInfo, StatusSummary},
     targets::{NodePaths, node_status, target_count, targets, warn_unprobed},
     trace::Tracing,
 };
-use crate::{datapath::rtt::KernelRtt, membership::NodeSet, sys::socket_factory::SocketFactory};
+use crate::{
+    datapath::rtt::KernelRtt,
+    encryption::EncryptionView,
+    membership::{Node, NodeSet},
+    sys::socket_factory::SocketFactory,
+};
 
 /// The sockets of the source namespace as it was when they were made
 /// (its inode): made again when the endpoint's namespace is recreated.
@@ -95,16 +100,27 @@ impl Prober {
             tracing: Mutex::default(),
             liveness_ms: std::sync::atomic::AtomicU64::new(0),
             rounds_done: tokio::sync::Notify::new(),
-            published: RwLock::new(serialised(ClusterStatus {
-                local_node: cfg.local_node.clone(),
-                probe_interval_ms: ms(cfg.interval),
-                probe_timeout_ms: ms(cfg.timeout),
-                round: None,
-                encryption: None,
-                nodes: Vec::new(),
-            })),
+            published: RwLock::new(Published {
+                summary: Arc::new(StatusSummary {
+                    local_node: cfg.local_node.clone(),
+                    round: None,
+                    encryption: None,
+                    nodes: 0,
+                    reachable: 0,
+                    unreachable: 0,
+                    unknown: 0,
+                }),
+                gzip: Bytes::new(),
+            }),
             cfg,
         })
+        .published_now(None)
+    }
+
+    /// `self` with its status (no node yet) published.
+    fn published_now(self: Arc<Self>, round: Option<RoundInfo>) -> Arc<Self> {
+        self.publish(round, true);
+        self
     }
 
     #[must_use]
@@ -124,7 +140,7 @@ impl Prober {
     #[must_use]
     pub fn evidence_ms(&self) -> u64 {
         let round = self
-            .status()
+            .status_summary()
             .round
             .as_ref()
             .map_or(0, |r| r.started_ms.saturating_add(r.duration_ms));
@@ -161,8 +177,8 @@ impl Prober {
         if let Ok(mut n) = self.nodes.write() {
             *n = nodes;
         }
-        let round = old.status().round.clone();
-        self.publish(self.snapshot(round), true);
+        let round = old.status_summary().round.clone();
+        self.publish(round, true);
     }
 
     fn published(&self) -> Published {
@@ -171,10 +187,32 @@ impl Prober {
             .map_or_else(|p| p.into_inner().clone(), |s| s.clone())
     }
 
-    /// The published status (cached; never waits for a round).
+    /// The status of the published round, made now from the paths (never
+    /// waits for a round): the published JSON
+    /// ([`Self::status_json_gzip`]) and counts ([`Self::status_summary`])
+    /// are kept, the structured status is not (at 10,000 nodes it is a
+    /// second copy of every path's state).
     #[must_use]
     pub fn status(&self) -> Arc<ClusterStatus> {
-        self.published().status
+        Arc::new(self.snapshot(self.status_summary().round.clone()))
+    }
+
+    /// The published round's status without its nodes.
+    #[must_use]
+    pub fn status_head(&self) -> ClusterStatus {
+        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
+        self.head(self.status_summary().round.clone(), encryption.as_deref())
+    }
+
+    /// The status of the node named `name` in the published round, made
+    /// now; `None`: no such node.
+    #[must_use]
+    pub fn node_status(&self, name: &str) -> Option<NodeStatus> {
+        let nodes = self.nodes();
+        let node = nodes.get(name)?;
+        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
+        self.node_statuses(std::slice::from_ref(node), encryption.as_deref())
+            .pop()
     }
 
     /// The published status's counts (made when it was published).
@@ -250,32 +288,30 @@ impl Prober {
         if let Ok(mut n) = self.nodes.write() {
             *n = nodes;
         }
-        let round = self.status().round.clone();
-        self.publish(self.snapshot(round), true);
+        let round = self.status_summary().round.clone();
+        self.publish(round, true);
     }
 
+    /// The status of the round `round` as the paths are now.
     fn snapshot(&self, round: Option<RoundInfo>) -> ClusterStatus {
         let nodes = self.nodes();
-        let paths = self.paths.lock();
-        let unknown = NodePaths::default();
         let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
-        let nodes = nodes
-            .iter()
-            .map(|n| {
-                let p = paths
-                    .as_ref()
-                    .ok()
-                    .and_then(|p| p.get(&n.name))
-                    .unwrap_or(&unknown);
-                let mut s = node_status(n, p, Shown::of(n, self.cfg.families));
-                if let Some(view) = &encryption {
-                    for c in s.connectivities_mut() {
-                        c.encryption = view.paths.get(&c.ip).cloned().map(Box::new);
-                    }
-                }
-                s
-            })
-            .collect();
+        let mut status = self.head(round, encryption.as_deref());
+        status.nodes = Vec::with_capacity(nodes.len());
+        for chunk in nodes.chunks(CHUNK) {
+            status
+                .nodes
+                .extend(self.node_statuses(chunk, encryption.as_deref()));
+        }
+        status
+    }
+
+    /// A status of `round` without its nodes.
+    pub(super) fn head(
+        &self,
+        round: Option<RoundInfo>,
+        encryption: Option<&EncryptionView>,
+    ) -> ClusterStatus {
         ClusterStatus {
             local_node: self.cfg.local_node.clone(),
             probe_interval_ms: ms(self.cfg.interval),
@@ -290,18 +326,47 @@ impl Prober {
                     .map(|(s, n)| (s.name().to_owned(), n))
                     .collect(),
             }),
-            nodes,
+            nodes: Vec::new(),
         }
     }
 
-    /// Publishes `status` unless a round that started later is already
-    /// published (`force`: a node-set change, which keeps the round info).
-    fn publish(&self, status: ClusterStatus, force: bool) {
+    /// The status of each of `nodes` as the paths are now (one lock of
+    /// the paths for all of them).
+    pub(super) fn node_statuses(
+        &self,
+        nodes: &[Node],
+        encryption: Option<&EncryptionView>,
+    ) -> Vec<NodeStatus> {
+        let paths = self.paths.lock();
+        let unknown = NodePaths::default();
+        nodes
+            .iter()
+            .map(|n| {
+                let p = paths
+                    .as_ref()
+                    .ok()
+                    .and_then(|p| p.get(&n.name))
+                    .unwrap_or(&unknown);
+                let mut s = node_status(n, p, Shown::of(n, self.cfg.families));
+                if let Some(view) = encryption {
+                    for c in s.connectivities_mut() {
+                        c.encryption = view.paths.get(&c.ip).cloned().map(Box::new);
+                    }
+                }
+                s
+            })
+            .collect()
+    }
+
+    /// Publishes the paths as they are now, as round `round`, unless a
+    /// round that started later is already published (`force`: a
+    /// node-set change, which keeps the round info).
+    fn publish(&self, round: Option<RoundInfo>, force: bool) {
         let newer = {
             let Ok(published) = self.published.read() else {
                 return;
             };
-            match (&status.round, &published.status.round) {
+            match (&round, &published.summary.round) {
                 (Some(new), Some(old)) => new.seq >= old.seq,
                 (Some(_), None) => true,
                 (None, _) => force,
@@ -309,7 +374,9 @@ impl Prober {
         };
         if newer || force {
             // Serialised outside the lock: readers keep the old one meanwhile.
-            let made = serialised(status);
+            let nodes = self.nodes();
+            let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
+            let made = serialised(self, &nodes, round, encryption.as_deref());
             if let Ok(mut published) = self.published.write() {
                 *published = made;
             }
@@ -359,13 +426,20 @@ impl Prober {
 
     /// Runs one round over the current node set and publishes it.
     pub async fn round(self: &Arc<Self>) -> Arc<ClusterStatus> {
+        self.run_round().await;
+        self.status()
+    }
+
+    /// Runs one round over the node set and publishes it; returns the
+    /// published counts (the scheduler's: no status is made for them).
+    pub async fn run_round(self: &Arc<Self>) -> Arc<StatusSummary> {
         self.round_over(self.nodes()).await
     }
 
     /// Runs one round over `nodes` (the node set, or some of its nodes:
     /// the others keep their states and miss this round in their
     /// histories) and publishes it.
-    pub(super) async fn round_over(self: &Arc<Self>, nodes: NodeSet) -> Arc<ClusterStatus> {
+    pub(super) async fn round_over(self: &Arc<Self>, nodes: NodeSet) -> Arc<StatusSummary> {
         let _one_at_a_time = self.round_lock.lock().await;
         let seq = self
             .round_seq
@@ -453,17 +527,17 @@ impl Prober {
         self.start_traces(&targets.ips);
         self.encryption_check(&nodes, false).await;
         let merged = t0.elapsed();
-        let status = self.snapshot(Some(RoundInfo {
+        let round = Some(RoundInfo {
             seq,
             started_ms: epoch_ms(started),
             duration_ms: ms(t0.elapsed()),
             probes,
-        }));
+        });
+        self.publish(round, false);
         // The round's probe records and outcomes are freed: hand their
         // pages back, so the agent's resident set between rounds is what
         // it holds, not what its busiest moment left behind.
         crate::util::memory::release_free();
-        self.publish(status, false);
         self.rounds_done.notify_one();
         tracing::debug!(
             seq,
@@ -475,7 +549,7 @@ impl Prober {
             published_ms = ms(t0.elapsed()),
             "round done"
         );
-        self.status()
+        self.status_summary()
     }
 
     /// The encryption check, when on: before a round (`before`), the
@@ -777,7 +851,7 @@ mod tests {
             .round_seq
             .store(seq, std::sync::atomic::Ordering::Relaxed);
         let recorded = prober.record(&set, &t.keys, outcomes, seq, seq * 1000, seq * 1000 + 7);
-        prober.publish(prober.snapshot(None), true);
+        prober.publish(None, true);
         recorded
     }
 

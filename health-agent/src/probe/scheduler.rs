@@ -33,13 +33,13 @@ async fn rounds(prober: Arc<Prober>, initial_delay: Duration) {
         tokio::select! {
             biased;
             _ = tick.tick() => {
-                let status = prober.round().await;
-                if let Some(r) = &status.round {
+                let summary = prober.run_round().await;
+                if let Some(r) = &summary.round {
                     debug!(
                         seq = r.seq,
                         probes = r.probes,
                         duration_ms = r.duration_ms,
-                        reachable = status.reachable(),
+                        reachable = summary.reachable,
                         "probe round"
                     );
                 }

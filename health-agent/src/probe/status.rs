@@ -240,21 +240,16 @@ impl ClusterStatus {
 
     /// The same status with only the nodes `keep` accepts.
     #[must_use]
-    pub fn filtered(&self, keep: impl Fn(&NodeStatus) -> bool) -> Self {
-        self.filtered_to(self.nodes.iter().filter(|n| keep(n)))
+    pub fn filtered(mut self, keep: impl Fn(&NodeStatus) -> bool) -> Self {
+        self.nodes.retain(keep);
+        self
     }
 
-    /// The same status with only `nodes` (of it).
+    /// The same status with `node` as its only node (none: no node).
     #[must_use]
-    pub fn filtered_to<'a>(&self, nodes: impl IntoIterator<Item = &'a NodeStatus>) -> Self {
-        Self {
-            local_node: self.local_node.clone(),
-            probe_interval_ms: self.probe_interval_ms,
-            probe_timeout_ms: self.probe_timeout_ms,
-            round: self.round.clone(),
-            encryption: self.encryption.clone(),
-            nodes: nodes.into_iter().cloned().collect(),
-        }
+    pub fn with_node(mut self, node: Option<NodeStatus>) -> Self {
+        self.nodes = node.into_iter().collect();
+        self
     }
 }
 
@@ -374,9 +369,13 @@ mod tests {
             assert_eq!(status.node(name).map(|n| n.name.as_str()), Some(name));
         }
         assert!(status.node("z").is_none());
-        let one = status.filtered_to(status.node("d"));
+        let d = status.node("d").cloned();
+        let one = status.clone().with_node(d);
         assert_eq!(one.nodes.len(), 1);
         assert_eq!(one.nodes[0].name, "d");
+        let kept = status.filtered(|n| n.name != "b");
+        assert_eq!(kept.nodes.len(), 4);
+        assert!(kept.node("b").is_none());
     }
 
     #[test]
