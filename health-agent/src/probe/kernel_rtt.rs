@@ -28,29 +28,22 @@ pub(super) fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
 }
 
 /// Replaces a user-space RTT by the kernel's sample of the same round
-/// (ICMP: the echo; HTTP: the TCP handshake), when there is one.
+/// (ICMP: the echo; HTTP: the TCP handshake), when there is one, in
+/// place.
 pub(super) fn with_kernel_rtt(
     kernel: Option<&KernelRtt>,
     ip: IpAddr,
     proto: u8,
-    outcome: Outcome,
+    outcome: &mut Outcome,
     since: u64,
-) -> Outcome {
-    match (outcome, kernel) {
-        (Outcome::Ok { warning, rtt, .. }, Some(k)) => {
-            match k.last_sample_since(ip, proto, since) {
-                Some(kernel_rtt) => Outcome::Ok {
-                    rtt: kernel_rtt,
-                    warning,
-                    source: RttSource::Kernel,
-                },
-                None => Outcome::Ok {
-                    rtt,
-                    warning,
-                    source: RttSource::Userspace,
-                },
+) {
+    if let (Outcome::Ok { rtt, source, .. }, Some(k)) = (outcome, kernel) {
+        match k.last_sample_since(ip, proto, since) {
+            Some(kernel_rtt) => {
+                *rtt = kernel_rtt;
+                *source = RttSource::Kernel;
             }
+            None => *source = RttSource::Userspace,
         }
-        (other, _) => other,
     }
 }

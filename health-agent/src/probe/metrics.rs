@@ -129,9 +129,9 @@ impl ProbeMetrics {
     /// the family `kind(i).0`, a health endpoint's when `kind(i).1`. The
     /// label sets are looked up once per round and family, not once per
     /// probe, and only for the families the round probed.
-    pub fn record_round(
+    pub fn record_round<'a>(
         &self,
-        outcomes: &[(Outcome, Outcome)],
+        outcomes: impl IntoIterator<Item = (&'a Outcome, &'a Outcome)>,
         kind: impl Fn(usize) -> (AddressFamily, bool),
         duration: Duration,
     ) {
@@ -139,7 +139,7 @@ impl ProbeMetrics {
         // [family][protocol][success, failure]
         let mut counts = [[[0u64; 2]; 2]; 2];
         let mut probed = [false; 2];
-        for (i, (icmp, http)) in outcomes.iter().enumerate() {
+        for (i, (icmp, http)) in outcomes.into_iter().enumerate() {
             let (family, endpoint) = kind(i);
             let f = family.index();
             probed[f] = true;
@@ -213,14 +213,16 @@ mod tests {
         let m = ProbeMetrics::default();
         let fail = Outcome::Failed(ProbeError::Protocol("timeout".into()));
         m.record_round(
-            &[
+            [
                 // node IP: ICMP from the kernel, HTTP failed
                 (ok(2, RttSource::Kernel), fail.clone()),
                 // health IP: both from user space
                 (ok(3, RttSource::Userspace), ok(4, RttSource::Userspace)),
                 // IPv6 node address: ICMPv6 failed, HTTP from the kernel
                 (fail.clone(), ok(5, RttSource::Kernel)),
-            ],
+            ]
+            .iter()
+            .map(|(a, b)| (a, b)),
             |i| match i {
                 0 => (AddressFamily::Ipv4, false),
                 1 => (AddressFamily::Ipv4, true),
@@ -254,7 +256,7 @@ mod tests {
                 .map(|_| (ok(1, RttSource::Kernel), ok(1, RttSource::Userspace)))
                 .collect();
             m.record_round(
-                &round,
+                round.iter().map(|(a, b)| (a, b)),
                 |i| (AddressFamily::ALL[i % 4 / 2], i % 2 == 1),
                 Duration::from_secs(1),
             );
@@ -266,8 +268,9 @@ mod tests {
     #[test]
     fn an_ipv4_only_round_makes_no_ipv6_series() {
         let m = ProbeMetrics::default();
+        let one = (ok(1, RttSource::Userspace), ok(1, RttSource::Userspace));
         m.record_round(
-            &[(ok(1, RttSource::Userspace), ok(1, RttSource::Userspace))],
+            [(&one.0, &one.1)],
             |_| (AddressFamily::Ipv4, false),
             Duration::from_secs(1),
         );

@@ -47,8 +47,10 @@ pub const WINDOWS: [Window; 3] = [
     },
 ];
 
-/// The most epochs a window has.
-const MAX_EPOCHS: usize = 10;
+/// The epochs of every window together.
+const ALL_EPOCHS: usize = 22;
+/// Where each window's epochs start among them.
+const FIRST_EPOCH: [usize; 3] = [0, 6, 16];
 
 /// One sliding window: its length is `epoch * epochs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,18 +120,30 @@ struct EpochCounts {
     lost: u16,
 }
 
-/// One window's epochs: the number of the newest, and each slot's counts
-/// (slot `epoch % epochs`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Tier {
-    newest: u64,
-    counts: [EpochCounts; MAX_EPOCHS],
-}
+// The windows' epochs fill the counts, one window after the other.
+const _: () = {
+    let mut t = 0;
+    while t < WINDOWS.len() {
+        let end = if t + 1 < WINDOWS.len() {
+            FIRST_EPOCH[t + 1]
+        } else {
+            ALL_EPOCHS
+        };
+        assert!(FIRST_EPOCH[t] + WINDOWS[t].epochs == end);
+        t += 1;
+    }
+};
 
-/// A path's samples over the three windows, in bounded memory.
+/// A path's samples over the three windows, in bounded memory: 128 bytes
+/// and its histogram entries (40,000 of these at 10,000 peers).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathQuality {
-    tiers: [Tier; 3],
+    /// Each window's newest epoch number (32 bits: 1,300 years of 10 s
+    /// epochs).
+    newest: [u32; 3],
+    /// Each window's epochs' counts, window after window (see
+    /// [`FIRST_EPOCH`]), each at slot `epoch % epochs`.
+    counts: [EpochCounts; ALL_EPOCHS],
     /// Packed histogram entries: tier (2 bits), slot (4 bits), bucket (8
     /// bits), count (16 bits, saturating).
     entries: Vec<u32>,
@@ -158,7 +172,7 @@ impl PathQuality {
         let b = rtt_ns.map(bucket);
         for (t, w) in WINDOWS.iter().enumerate() {
             let slot = self.advance(t, *w, at_ms);
-            let c = &mut self.tiers[t].counts[slot];
+            let c = &mut self.counts[FIRST_EPOCH[t] + slot];
             c.probes = c.probes.saturating_add(1);
             match b {
                 None => c.lost = c.lost.saturating_add(1),
@@ -171,23 +185,20 @@ impl PathQuality {
     /// the epochs that ended; the slot of `at_ms`'s epoch. A time before
     /// the newest epoch (a clock stepped back) counts in the newest.
     fn advance(&mut self, t: usize, w: Window, at_ms: u64) -> usize {
-        let epoch = w.epoch_of(at_ms);
-        let tier = &mut self.tiers[t];
-        let epochs = w.epochs as u64;
-        if epoch > tier.newest {
-            let gone = (epoch - tier.newest).min(epochs);
+        let epoch = u32::try_from(w.epoch_of(at_ms)).unwrap_or(u32::MAX);
+        let newest = self.newest[t];
+        let epochs = u32::try_from(w.epochs).unwrap_or(1);
+        if epoch > newest {
+            let gone = (epoch - newest).min(epochs);
             for i in 0..gone {
                 // The remainder is below `epochs`, at most 10.
-                #[expect(clippy::cast_possible_truncation, reason = "below 10")]
                 let slot = ((epoch - i) % epochs) as usize;
-                tier.counts[slot] = EpochCounts::default();
+                self.counts[FIRST_EPOCH[t] + slot] = EpochCounts::default();
                 self.entries.retain(|&e| key_of(e) != (t, slot));
             }
-            tier.newest = epoch;
+            self.newest[t] = epoch;
         }
-        #[expect(clippy::cast_possible_truncation, reason = "below 10")]
-        let slot = (tier.newest % epochs) as usize;
-        slot
+        (self.newest[t] % epochs) as usize
     }
 
     fn count(&mut self, t: usize, slot: usize, b: u8) {
@@ -224,7 +235,7 @@ impl PathQuality {
         let w = WINDOWS[t];
         let now = w.epoch_of(now_ms);
         let epochs = w.epochs as u64;
-        let newest = self.tiers[t].newest;
+        let newest = u64::from(self.newest[t]);
         // The epoch the slot holds: the latest at or before `newest` with
         // that remainder.
         let back = (newest % epochs + epochs - slot as u64) % epochs;
@@ -234,11 +245,10 @@ impl PathQuality {
     /// Probes and losses of window `t` at `now_ms`.
     fn counts(&self, t: usize, now_ms: u64) -> (u64, u64) {
         let (mut probes, mut lost) = (0u64, 0u64);
-        for (slot, c) in self.tiers[t]
-            .counts
+        let first = FIRST_EPOCH[t];
+        for (slot, c) in self.counts[first..first + WINDOWS[t].epochs]
             .iter()
             .enumerate()
-            .take(WINDOWS[t].epochs)
         {
             if self.live(t, slot, now_ms) {
                 probes += u64::from(c.probes);
@@ -529,6 +539,7 @@ mod tests {
         for i in 0..120u64 {
             p.record(i * 60 * SEC, Some(100_000 + (i % 3) * 1_000));
         }
+        assert_eq!(size_of::<PathQuality>(), 128, "the counts and epochs");
         let bytes = size_of::<PathQuality>() + p.heap_bytes();
         // 40,000 paths (10,000 peers, four paths each) under 16 MiB.
         assert!(bytes * 40_000 < 16 << 20, "{bytes} bytes a path");

@@ -492,32 +492,28 @@ impl Prober {
         // the map lookups are syscalls, not work to do under the lock. The
         // map is opened once for the whole round.
         let kernel = self.cfg.kernel_rtt.as_deref().and_then(KernelRtt::open);
-        let kernel_rtt =
-            |ip, proto, outcome| with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono);
-        let outcomes: Vec<(Outcome, Outcome)> = icmp
-            .into_iter()
-            .zip(http)
-            .zip(targets.ips.iter())
-            .map(|((icmp, http), ip)| {
-                let echo = match ip {
-                    IpAddr::V4(_) => health_common::headers::IPPROTO_ICMP,
-                    IpAddr::V6(_) => health_common::headers::IPPROTO_ICMPV6,
-                };
-                (
-                    kernel_rtt(*ip, echo, icmp),
-                    kernel_rtt(*ip, health_common::ct::IPPROTO_TCP, http),
-                )
-            })
-            .collect();
+        let kernel_rtt = |ip, proto, outcome: &mut Outcome| {
+            with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono);
+        };
+        // In place: a round's outcomes are tens of thousands, not copied.
+        let (mut icmp, mut http) = (icmp, http);
+        for ((icmp, http), ip) in icmp.iter_mut().zip(&mut http).zip(targets.ips.iter()) {
+            let echo = match ip {
+                IpAddr::V4(_) => health_common::headers::IPPROTO_ICMP,
+                IpAddr::V6(_) => health_common::headers::IPPROTO_ICMPV6,
+            };
+            kernel_rtt(*ip, echo, icmp);
+            kernel_rtt(*ip, health_common::ct::IPPROTO_TCP, http);
+        }
         let rtt_done = t0.elapsed();
         if let Some(m) = &self.cfg.metrics {
-            m.record_round(&outcomes, |i| targets.kind(i), t0.elapsed());
+            m.record_round(icmp.iter().zip(&http), |i| targets.kind(i), t0.elapsed());
         }
         let metrics_done = t0.elapsed();
         let probes = self.record(
             &nodes,
             &targets.keys,
-            outcomes,
+            icmp.into_iter().zip(http),
             seq,
             epoch_ms(started),
             epoch_ms(SystemTime::now()),
@@ -577,7 +573,7 @@ impl Prober {
         &self,
         nodes: &NodeSet,
         keys: &[(u32, u8)],
-        outcomes: Vec<(Outcome, Outcome)>,
+        outcomes: impl IntoIterator<Item = (Outcome, Outcome)>,
         seq: u64,
         started_ms: u64,
         at: u64,
@@ -841,7 +837,7 @@ mod tests {
     ) -> usize {
         let set = prober.nodes();
         let t = targets(&set, prober.cfg.families);
-        let outcomes = (0..t.keys.len())
+        let outcomes: Vec<_> = (0..t.keys.len())
             .map(|i| {
                 let (family, endpoint) = t.kind(i);
                 outcome(&set[t.keys[i].0 as usize], family, endpoint)
