@@ -35,10 +35,9 @@ pub(super) fn with_kernel_rtt(
     ip: IpAddr,
     proto: u8,
     outcome: &mut Outcome,
-    since: u64,
 ) {
     if let (Outcome::Ok { rtt, source, .. }, Some(k)) = (outcome, kernel) {
-        match k.last_sample_since(ip, proto, since) {
+        match k.last_sample(ip, proto) {
             Some(kernel_rtt) => {
                 *rtt = kernel_rtt;
                 *source = RttSource::Kernel;

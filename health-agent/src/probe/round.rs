@@ -489,11 +489,15 @@ impl Prober {
         let (icmp, icmp_flows) = flows::fold(spread, icmp);
         let (http, http_flows) = flows::fold(spread, http);
         // Kernel RTTs replace user-space ones before the paths are locked:
-        // the map lookups are syscalls, not work to do under the lock. The
-        // map is opened once for the whole round.
-        let kernel = self.cfg.kernel_rtt.as_deref().and_then(KernelRtt::open);
+        // the map is read (in one batched walk) before, not under the
+        // lock.
+        let kernel = self
+            .cfg
+            .kernel_rtt
+            .as_deref()
+            .and_then(|dir| KernelRtt::since(dir, started_mono));
         let kernel_rtt = |ip, proto, outcome: &mut Outcome| {
-            with_kernel_rtt(kernel.as_ref(), ip, proto, outcome, started_mono);
+            with_kernel_rtt(kernel.as_ref(), ip, proto, outcome);
         };
         // In place: a round's outcomes are tens of thousands, not copied.
         let (mut icmp, mut http) = (icmp, http);

@@ -15,7 +15,7 @@ use health_agent::{
 
 use health_agent::probe::{
     history::{EntryOutcome, NodeHistory},
-    path::ProbeResult,
+    path::{ProbeResult, RttSource},
     status::ClusterStatus,
 };
 use health_tests::{
@@ -87,6 +87,22 @@ fn three_nodes_reach_three_of_three_and_sigterm_leaves_nothing() {
     for i in 0..3 {
         cluster.wait_status(i, Duration::from_secs(20), |s| {
             s.nodes.len() == 3 && s.reachable() == 3 && all_paths(s, ProbeResult::Success)
+        });
+        // Every probe to another node crosses `lxc_health`, whose programs
+        // time it: each path's RTT is the kernel's.
+        cluster.wait_status(i, Duration::from_secs(20), |s| {
+            s.nodes
+                .iter()
+                .filter(|n| s.local_node.as_deref() != Some(n.name.as_str()))
+                .flat_map(|n| {
+                    [
+                        &n.host.icmp,
+                        &n.host.http,
+                        &n.endpoint.icmp,
+                        &n.endpoint.http,
+                    ]
+                })
+                .all(|p| p.rtt_source == Some(RttSource::Kernel))
         });
     }
     cluster.stop_agents();
