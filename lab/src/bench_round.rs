@@ -726,20 +726,33 @@ pub(crate) fn serve_peers(
 /// `ListenOverflows`, `ListenDrops`): SYNs or handshakes the one server
 /// could not queue, which the agent would see as failed live paths.
 fn listen_overflows(peers: &Netns) -> Option<(u64, u64)> {
-    let text = peers
-        .run(|| std::fs::read_to_string("/proc/net/netstat"))
-        .ok()?
-        .ok()?;
-    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    Some((
+        counter(
+            peers,
+            "/proc/thread-self/net/netstat",
+            "TcpExt:",
+            "ListenOverflows",
+        )?,
+        counter(
+            peers,
+            "/proc/thread-self/net/netstat",
+            "TcpExt:",
+            "ListenDrops",
+        )?,
+    ))
+}
+
+/// A counter of the kernel's in `ns`: in `file`, the line pair whose
+/// names line starts with `prefix`, the value named `name`.
+fn counter(ns: &Netns, file: &str, prefix: &str, name: &str) -> Option<u64> {
+    let text = ns.run(|| std::fs::read_to_string(file)).ok()?.ok()?;
+    let mut lines = text.lines().filter(|l| l.starts_with(prefix));
     let (names, values) = (lines.next()?, lines.next()?);
-    let field = |want: &str| {
-        names
-            .split_whitespace()
-            .zip(values.split_whitespace())
-            .find(|(n, _)| *n == want)
-            .and_then(|(_, v)| v.parse().ok())
-    };
-    Some((field("ListenOverflows")?, field("ListenDrops")?))
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// Each status client's thread, and whether it asks the small queries.
@@ -901,6 +914,12 @@ fn print_live_failures(status: &ClusterStatus, pct: u32, peers: &Netns) {
     }
     if let Some((overflows, drops)) = listen_overflows(peers) {
         println!("the peers' server: {overflows} listen overflows, {drops} listen drops");
+    }
+    // The one host that answers for every peer has one ICMP socket: a
+    // reply it cannot queue (its send buffer full of replies waiting for
+    // the network's thread) is an echo lost, which an agent rightly counts.
+    if let Some(errors) = counter(peers, "/proc/thread-self/net/snmp", "Icmp:", "OutErrors") {
+        println!("the peers' ICMP: {errors} replies not sent");
     }
 }
 
