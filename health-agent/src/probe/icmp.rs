@@ -657,6 +657,15 @@ mod tests {
         assert_eq!(n.request(2, 4_464, 140_000), None, "past flow 1's targets");
     }
 
+    /// Runs `f` on a runtime of one thread (the test's own).
+    fn on_one_thread<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
     /// The prober of the test's namespace; `None` (the test skipped, and
     /// said so) for a user who may not open raw ICMP sockets.
     #[allow(
@@ -679,11 +688,7 @@ mod tests {
         // One thread: once the request is out, the test holds it for three
         // timeouts, as a busy node's agent can be held; the loopback's reply
         // meanwhile waits in the socket.
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        on_one_thread(async {
             let Some(prober) = prober_if_root() else {
                 return;
             };
@@ -746,11 +751,7 @@ mod tests {
 
     #[test]
     fn an_answered_echo_is_followed_by_its_mtu_probe_on_the_loopback() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        on_one_thread(async {
             let Some(prober) = prober_if_root() else {
                 return;
             };
