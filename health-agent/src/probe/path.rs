@@ -69,9 +69,8 @@ pub struct PathState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtt_source: Option<RttSource>,
     /// The last failure's error text (kept after recovery, for reference).
-    /// Boxed `str`s, not `String`s: a path's state is held twice per path
-    /// (the prober's and the published status's), 40,000 of each at 10,000
-    /// peers, and the texts never grow.
+    /// Boxed `str`s, not `String`s: 40,000 path states at 10,000 peers,
+    /// and the texts never grow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<Box<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

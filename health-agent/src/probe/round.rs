@@ -114,12 +114,12 @@ impl Prober {
             }),
             cfg,
         })
-        .published_now(None)
+        .with_status_published()
     }
 
-    /// `self` with its status (no node yet) published.
-    fn published_now(self: Arc<Self>, round: Option<RoundInfo>) -> Arc<Self> {
-        self.publish(round, true);
+    /// `self` with its status (no node, no round yet) published.
+    fn with_status_published(self: Arc<Self>) -> Arc<Self> {
+        self.publish(None, true);
         self
     }
 
