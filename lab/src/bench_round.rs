@@ -280,6 +280,7 @@ pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
     let rss = Rss {
         now_kib: field("VmRSS:"),
         peak_kib: field("VmHWM:"),
+        file_kib: field("RssFile:"),
     };
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
         .context("resetting the agent's peak RSS (clear_refs)")?;
@@ -305,9 +306,16 @@ pub(crate) fn cpu_times(pid: u32) -> anyhow::Result<(Duration, Duration)> {
 
 /// The resident set when sampled and its peak since the sample before.
 #[derive(Clone, Copy)]
+#[expect(
+    clippy::struct_field_names,
+    reason = "each in KiB, as /proc/PID/status gives them"
+)]
 pub(crate) struct Rss {
     pub(crate) now_kib: u64,
     peak_kib: u64,
+    /// Of `now_kib`, pages of files (the binary's code and the libraries):
+    /// the rest is the heap, the stacks and the maps' memory.
+    file_kib: u64,
 }
 
 /// Per-round figures.
@@ -571,11 +579,12 @@ fn render(opts: &Options, m: &Measured) -> String {
     for r in rounds {
         let _ = writeln!(
             text,
-            "round {:>3}: {:>6} ms wall, {:>6} ms agent CPU, RSS {:>6.1} MiB (peak {:>6.1}){}",
+            "round {:>3}: {:>6} ms wall, {:>6} ms agent CPU, RSS {:>6.1} MiB ({:.1} of files; peak {:>6.1}){}",
             r.seq,
             r.wall_ms,
             r.cpu.as_millis(),
             r.rss.now_kib as f64 / 1024.0,
+            r.rss.file_kib as f64 / 1024.0,
             r.rss.peak_kib as f64 / 1024.0,
             if r.clients {
                 ", status clients pulling"
@@ -988,6 +997,7 @@ mod tests {
             rss: Rss {
                 now_kib: 0,
                 peak_kib: 0,
+                file_kib: 0,
             },
             bytes: 0,
             network: Duration::ZERO,

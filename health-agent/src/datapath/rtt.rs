@@ -218,8 +218,11 @@ pub fn sweep_counted(dir: &Path, timeout: Duration) -> Result<(u64, u64), Datapa
         return Ok((0, seen));
     }
     // Only the requests this pass removes count (one answered meanwhile
-    // is gone already), each once, per peer and protocol.
-    let mut add: std::collections::HashMap<RttKey, u64> = std::collections::HashMap::new();
+    // is gone already), each once, per peer and protocol: sorted by peer
+    // and protocol, the deleted ones are counted in runs (the kernel
+    // deletes in order), in two flat lists rather than a map.
+    lost.sort_unstable_by_key(|k| (k.peer, k.proto));
+    let (mut keys, mut values): (Vec<RttKey>, Vec<u64>) = (Vec::new(), Vec::new());
     let mut n = 0;
     delete_keys(&pending, MapId::RttPending, &lost, |k| {
         let key = RttKey {
@@ -227,17 +230,23 @@ pub fn sweep_counted(dir: &Path, timeout: Duration) -> Result<(u64, u64), Datapa
             proto: k.proto,
             pad: [0; 3],
         };
-        *add.entry(key).or_default() += 1;
+        match (keys.last(), values.last_mut()) {
+            (Some(newest), Some(count)) if *newest == key => *count += 1,
+            _ => {
+                keys.push(key);
+                values.push(1);
+            }
+        }
         n += 1;
     })?;
+    drop(lost);
     // The counters are the agent's alone (the kernel never writes them):
     // read, add, write back.
     let losses = hash_entries(dir, MapId::RttLosses, |k: &RttKey, so_far: &u64| {
-        if let Some(v) = add.get_mut(k) {
-            *v += so_far;
+        if let Ok(i) = keys.binary_search(k) {
+            values[i] += so_far;
         }
     })?;
-    let (keys, values): (Vec<RttKey>, Vec<u64>) = add.into_iter().unzip();
     update_entries(&losses, MapId::RttLosses, &keys, &values)?;
     Ok((n, seen.saturating_sub(n)))
 }

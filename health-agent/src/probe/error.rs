@@ -10,21 +10,21 @@ pub enum ProbeError {
     /// No answer within the probe timeout.
     Timeout { proto: Proto, after: Duration },
     /// The TCP connection was refused (RST to the SYN).
-    Refused { step: &'static str, error: String },
+    Refused { step: &'static str, error: Box<str> },
     /// No route, host or network unreachable (an ICMP error or the local
     /// routing table).
-    Unreachable { step: &'static str, error: String },
+    Unreachable { step: &'static str, error: Box<str> },
     /// The connection was reset after it was established.
-    Reset { step: &'static str, error: String },
+    Reset { step: &'static str, error: Box<str> },
     /// The peer answered HTTP with a status that is not 2xx or 3xx.
     HttpStatus(u16),
     /// Any other error of a step of the exchange (`connect`, `send`,
     /// `receive`, `socket`, ...), with the OS error's text.
-    Io { step: &'static str, error: String },
+    Io { step: &'static str, error: Box<str> },
     /// The peer's answer is not HTTP.
-    Protocol(String),
+    Protocol(Box<str>),
     /// The probe could not be sent from the probe namespace.
-    Namespace(String),
+    Namespace(Box<str>),
     /// The agent's own ICMP receiver is gone.
     ReceiverStopped,
     /// The probe was not sent, and why (an MTU probe whose small echo went
@@ -43,7 +43,7 @@ impl ProbeError {
     /// Classifies an I/O error of `step`.
     #[must_use]
     pub fn io(step: &'static str, e: &io::Error) -> Self {
-        let error = e.to_string();
+        let error = e.to_string().into_boxed_str();
         match e.kind() {
             io::ErrorKind::ConnectionRefused => Self::Refused { step, error },
             io::ErrorKind::ConnectionReset => Self::Reset { step, error },

@@ -36,7 +36,7 @@ pub(super) fn bind_source_port(
         .and_then(|()| sock.bind(&SocketAddr::new(any, port).into()))
         .map_err(|e| ProbeError::Io {
             step: "bind",
-            error: format!("flow source port {port}: {e}"),
+            error: format!("flow source port {port}: {e}").into(),
         })
 }
 
@@ -99,7 +99,7 @@ pub(super) fn classify(status: u16, rtt: Duration) -> Outcome {
         },
         300..=399 => Outcome::Ok {
             rtt,
-            warning: Some(format!("HTTP {status} (redirect)")),
+            warning: Some(format!("HTTP {status} (redirect)").into()),
             source: RttSource::Userspace,
         },
         _ => Outcome::Failed(ProbeError::HttpStatus(status)),
@@ -157,9 +157,9 @@ fn parse_status(head: &[u8]) -> Result<u16, ProbeError> {
         parts.next().and_then(|c| c.parse::<u16>().ok()),
     ) {
         (Some(v), Some(code)) if v.starts_with("HTTP/1.") => Ok(code),
-        _ => Err(ProbeError::Protocol(format!(
-            "not an HTTP status line: {text:?}"
-        ))),
+        _ => Err(ProbeError::Protocol(
+            format!("not an HTTP status line: {text:?}").into(),
+        )),
     }
 }
 

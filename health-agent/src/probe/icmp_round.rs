@@ -5,7 +5,7 @@
 //! the MTU verdicts: a path that answers the small echo and loses the
 //! large one `failure_threshold` rounds in a row is an MTU black hole.
 
-use std::{net::IpAddr, sync::Arc};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use super::{
     Prober,
@@ -58,6 +58,22 @@ pub(super) enum MtuOutcome {
 }
 
 type IcmpSockets<'a> = Result<&'a (Arc<IcmpProber>, Option<Arc<SocketFactory>>), &'a ProbeError>;
+
+/// A round's echo results as its outcomes, in place: the same size, the
+/// same buffer (30,000 at 10,000 peers are not copied).
+fn outcomes_of(results: Vec<Result<Duration, ProbeError>>) -> Vec<Outcome> {
+    results
+        .into_iter()
+        .map(|r| match r {
+            Ok(rtt) => Outcome::Ok {
+                rtt,
+                warning: None,
+                source: RttSource::Userspace,
+            },
+            Err(e) => Outcome::Failed(e),
+        })
+        .collect()
+}
 
 impl Prober {
     /// ICMP (IPv4 or `ICMPv6`) to every address of `targets` (the round's
@@ -115,27 +131,16 @@ impl Prober {
         .await
         .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); total]);
         metrics.inspect(|m| m.settled(total));
+        // The MTU probes' results, taken off the end in place.
         let mtu_results = results
-            .split_off(n.min(results.len()))
-            .into_iter()
+            .drain(n.min(results.len())..)
             .map(|r| match r {
                 Ok(_) => MtuOutcome::Answered,
                 Err(ProbeError::Timeout { .. }) => MtuOutcome::Lost,
                 Err(_) => MtuOutcome::NotSent,
             })
             .collect();
-        let outcomes = results
-            .into_iter()
-            .map(|r| match r {
-                Ok(rtt) => Outcome::Ok {
-                    rtt,
-                    warning: None,
-                    source: RttSource::Userspace,
-                },
-                Err(e) => Outcome::Failed(e),
-            })
-            .collect();
-        (outcomes, mtu_results)
+        (outcomes_of(results), mtu_results)
     }
 
     /// Applies the MTU probes' outcomes to the ICMP paths of the node
@@ -178,5 +183,36 @@ impl Prober {
                 MtuOutcome::Lost | MtuOutcome::NotSent => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echo_results_become_outcomes_in_their_own_buffer() {
+        let results = vec![
+            Ok(Duration::from_micros(250)),
+            Err(ProbeError::Timeout {
+                proto: super::super::error::Proto::Icmp,
+                after: Duration::from_secs(1),
+            }),
+        ];
+        let buffer = results.as_ptr().addr();
+        let outcomes = outcomes_of(results);
+        assert_eq!(outcomes.as_ptr().addr(), buffer);
+        assert_eq!(
+            outcomes[0],
+            Outcome::Ok {
+                rtt: Duration::from_micros(250),
+                warning: None,
+                source: RttSource::Userspace,
+            }
+        );
+        assert!(matches!(
+            outcomes[1],
+            Outcome::Failed(ProbeError::Timeout { .. })
+        ));
     }
 }

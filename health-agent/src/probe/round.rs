@@ -392,7 +392,9 @@ impl Prober {
         let ino = match &self.cfg.source_netns {
             Some(ns) => std::fs::metadata(ns.path())
                 .map_err(|e| {
-                    ProbeError::Namespace(format!("probe namespace {}: {e}", ns.path().display()))
+                    ProbeError::Namespace(
+                        format!("probe namespace {}: {e}", ns.path().display()).into(),
+                    )
                 })?
                 .ino(),
             None => 0,
@@ -412,7 +414,7 @@ impl Prober {
         );
         let factory = match &self.cfg.source_netns {
             Some(ns) => Some(Arc::new(SocketFactory::new(ns).map_err(|e| {
-                ProbeError::Namespace(format!("entering the probe namespace: {e}"))
+                ProbeError::Namespace(format!("entering the probe namespace: {e}").into())
             })?)),
             None => None,
         };
