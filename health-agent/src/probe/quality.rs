@@ -404,6 +404,52 @@ mod tests {
 
     const SEC: u64 = 1000;
 
+    /// The bytes a path's histograms hold after `hours` of probes every
+    /// `interval_ms`, its RTTs spread evenly (in log scale) over a factor
+    /// of `spread` from 100 µs.
+    fn held_after(hours: u64, interval_ms: u64, spread: f64) -> usize {
+        let mut p = PathQuality::default();
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut t = 0;
+        while t < hours * 3600 * SEC {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "at most 100 µs times the spread"
+            )]
+            let rtt = (100_000.0 * spread.powf(rng.f64())) as u64;
+            p.record(t, Some(rtt));
+            t += interval_ms;
+        }
+        p.heap_bytes()
+    }
+
+    /// What a live path's histograms come to once every window is full,
+    /// and that they stay there: at 10,000 peers (40,000 paths) these
+    /// bytes times 40,000 are the largest part of the agent's heap.
+    #[test]
+    fn a_steady_path_holds_a_bounded_histogram() {
+        for (interval_ms, spread, most) in [
+            (60 * SEC, 3.0, 256),
+            (5 * SEC, 1.3, 512),
+            (5 * SEC, 3.0, 1024),
+            (SEC, 3.0, 2048),
+        ] {
+            let (one, three) = (
+                held_after(1, interval_ms, spread),
+                held_after(3, interval_ms, spread),
+            );
+            assert!(
+                three <= most,
+                "{interval_ms} ms, spread {spread}: {three} B"
+            );
+            assert!(
+                three <= one * 5 / 4,
+                "grows after the first hour: {one} -> {three}"
+            );
+        }
+    }
+
     fn all(p: &PathQuality, now: u64) -> Vec<Quality> {
         let mut s = Vec::new();
         (0..WINDOWS.len())
