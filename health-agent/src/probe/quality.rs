@@ -9,10 +9,11 @@
 //! histogram of its RTTs. A bucket spans a factor of [`GAMMA`] (8 %), so
 //! a percentile read at a bucket's geometric middle is within 4 % of
 //! the sample's value (the stated relative error). The histograms of all
-//! epochs share one vector of packed `u32` entries (tier, epoch, bucket,
-//! count), with one entry per distinct RTT bucket an epoch saw: a steady
-//! path holds a few entries per epoch (about 300 bytes a path at a 60 s
-//! interval), never a list of its samples.
+//! epochs share one vector of 2-byte entries (bucket, count up to 255),
+//! epoch after epoch, with one entry per distinct RTT bucket an epoch saw
+//! (and one more per 255 samples of a bucket): a steady path holds a few
+//! entries per epoch (about 128 bytes a path at a 60 s interval, 512 at
+//! 5 s), never a list of its samples.
 //!
 //! A window reads the epochs that started within its length before now,
 //! so it spans its length, plus at most one epoch.
@@ -134,8 +135,9 @@ const _: () = {
     }
 };
 
-/// A path's samples over the three windows, in bounded memory: 128 bytes
-/// and its histogram entries (40,000 of these at 10,000 peers).
+/// A path's samples over the three windows, in bounded memory: 152 bytes
+/// and its histogram entries, 2 bytes each (40,000 of these at 10,000
+/// peers).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathQuality {
     /// Each window's newest epoch number (32 bits: 1,300 years of 10 s
@@ -144,26 +146,24 @@ pub struct PathQuality {
     /// Each window's epochs' counts, window after window (see
     /// [`FIRST_EPOCH`]), each at slot `epoch % epochs`.
     counts: [EpochCounts; ALL_EPOCHS],
-    /// Packed histogram entries: tier (2 bits), slot (4 bits), bucket (8
-    /// bits), count (16 bits, saturating).
-    entries: Vec<u32>,
+    /// How many of `entries` each epoch has, in the order of `counts`.
+    lens: [u8; ALL_EPOCHS],
+    /// The epochs' histogram entries, epoch after epoch in the order of
+    /// `counts`: an RTT bucket (high 8 bits) and its samples (low 8 bits,
+    /// 1 to 255; a bucket with more has one more entry for each 255).
+    entries: Vec<u16>,
 }
 
-const fn pack(tier: usize, slot: usize, bucket: u8, count: u16) -> u32 {
-    ((tier as u32) << 30) | ((slot as u32) << 26) | ((bucket as u32) << 16) | count as u32
+const fn entry(bucket: u8, count: u8) -> u16 {
+    ((bucket as u16) << 8) | count as u16
 }
 
-/// The (tier, slot) of an entry.
-const fn key_of(e: u32) -> (usize, usize) {
-    ((e >> 30) as usize, ((e >> 26) & 0xf) as usize)
+const fn bucket_of(e: u16) -> u8 {
+    (e >> 8) as u8
 }
 
-const fn bucket_of(e: u32) -> u8 {
-    ((e >> 16) & 0xff) as u8
-}
-
-const fn count_of(e: u32) -> u16 {
-    (e & 0xffff) as u16
+const fn count_of(e: u16) -> u8 {
+    (e & 0xff) as u8
 }
 
 impl PathQuality {
@@ -193,23 +193,37 @@ impl PathQuality {
             for i in 0..gone {
                 // The remainder is below `epochs`, at most 10.
                 let slot = ((epoch - i) % epochs) as usize;
-                self.counts[FIRST_EPOCH[t] + slot] = EpochCounts::default();
-                self.entries.retain(|&e| key_of(e) != (t, slot));
+                let e = FIRST_EPOCH[t] + slot;
+                self.counts[e] = EpochCounts::default();
+                let held = self.segment(e);
+                self.entries.drain(held);
+                self.lens[e] = 0;
             }
             self.newest[t] = epoch;
         }
         (self.newest[t] % epochs) as usize
     }
 
+    /// Where epoch `e`'s entries are in `entries`.
+    fn segment(&self, e: usize) -> std::ops::Range<usize> {
+        let start = self.lens[..e].iter().map(|&n| usize::from(n)).sum();
+        start..start + usize::from(self.lens[e])
+    }
+
     fn count(&mut self, t: usize, slot: usize, b: u8) {
-        if let Some(e) = self
-            .entries
+        let e = FIRST_EPOCH[t] + slot;
+        let held = self.segment(e);
+        if let Some(x) = self.entries[held.clone()]
             .iter_mut()
-            .find(|e| key_of(**e) == (t, slot) && bucket_of(**e) == b)
+            .find(|x| bucket_of(**x) == b && count_of(**x) < u8::MAX)
         {
-            *e = pack(t, slot, b, count_of(*e).saturating_add(1));
-        } else {
-            self.entries.push(pack(t, slot, b, 1));
+            *x += 1;
+        } else if self.lens[e] < u8::MAX {
+            // An epoch has at most 256 buckets: 255 entries fill only
+            // with hundreds of samples in each (then the sample counts
+            // among the probes, not in the percentiles).
+            self.entries.insert(held.end, entry(b, 1));
+            self.lens[e] += 1;
         }
     }
 
@@ -219,10 +233,15 @@ impl PathQuality {
     pub fn stats(&self, t: usize, now_ms: u64, scratch: &mut Vec<(u8, u32)>) -> Quality {
         let (probes, lost) = self.counts(t, now_ms);
         scratch.clear();
-        for &e in &self.entries {
-            let (et, slot) = key_of(e);
-            if et == t && self.live(t, slot, now_ms) {
-                scratch.push((bucket_of(e), u32::from(count_of(e))));
+        let first = FIRST_EPOCH[t];
+        for slot in 0..WINDOWS[t].epochs {
+            if self.live(t, slot, now_ms) {
+                let held = self.segment(first + slot);
+                scratch.extend(
+                    self.entries[held]
+                        .iter()
+                        .map(|&x| (bucket_of(x), u32::from(count_of(x)))),
+                );
             }
         }
         scratch.sort_unstable_by_key(|&(b, _)| b);
@@ -282,7 +301,7 @@ impl PathQuality {
     /// Bytes held beyond the struct itself.
     #[must_use]
     pub fn heap_bytes(&self) -> usize {
-        self.entries.capacity() * size_of::<u32>()
+        self.entries.capacity() * size_of::<u16>()
     }
 }
 
@@ -430,10 +449,10 @@ mod tests {
     #[test]
     fn a_steady_path_holds_a_bounded_histogram() {
         for (interval_ms, spread, most) in [
-            (60 * SEC, 3.0, 256),
-            (5 * SEC, 1.3, 512),
-            (5 * SEC, 3.0, 1024),
-            (SEC, 3.0, 2048),
+            (60 * SEC, 3.0, 128),
+            (5 * SEC, 1.3, 256),
+            (5 * SEC, 3.0, 512),
+            (SEC, 3.0, 1024),
         ] {
             let (one, three) = (
                 held_after(1, interval_ms, spread),
@@ -574,8 +593,13 @@ mod tests {
             let rtt = 20_000 + (x >> 40) % 200_000;
             p.record(i * 100, Some(rtt));
         }
-        // 22 epochs, each with at most the buckets 20-220 µs spans (about 32).
-        assert!(p.entries.len() <= 22 * 34, "{}", p.entries.len());
+        // 22 epochs, each with at most the buckets 20-220 µs spans (about
+        // 32), and one more entry for each 255 samples of a bucket.
+        assert!(
+            p.entries.len() <= 22 * 34 + 72_000 / 255,
+            "{}",
+            p.entries.len()
+        );
         assert!(p.heap_bytes() < 16 * 1024, "{}", p.heap_bytes());
     }
 
@@ -585,7 +609,7 @@ mod tests {
         for i in 0..120u64 {
             p.record(i * 60 * SEC, Some(100_000 + (i % 3) * 1_000));
         }
-        assert_eq!(size_of::<PathQuality>(), 128, "the counts and epochs");
+        assert_eq!(size_of::<PathQuality>(), 152, "the counts and epochs");
         let bytes = size_of::<PathQuality>() + p.heap_bytes();
         // 40,000 paths (10,000 peers, four paths each) under 16 MiB.
         assert!(bytes * 40_000 < 16 << 20, "{bytes} bytes a path");
