@@ -443,6 +443,24 @@ mod tests {
         p.heap_bytes()
     }
 
+    #[test]
+    fn a_bucket_past_255_samples_in_an_epoch_takes_more_entries_and_loses_none() {
+        let mut p = PathQuality::default();
+        // 600 answers in one 10 s epoch, all in one bucket.
+        for i in 0..600u64 {
+            p.record(i * 10, Some(100_000));
+        }
+        // Per window: 255 + 255 + 90.
+        assert_eq!(p.entries.len(), 3 * 3);
+        let counted: u32 = p.entries.iter().map(|&x| u32::from(count_of(x))).sum();
+        assert_eq!(counted, 3 * 600);
+        for q in all(&p, 6 * SEC) {
+            assert_eq!(q.probes, 600, "{q:?}");
+            assert_eq!(q.rtt_p999_ns, None, "600 answers are too few for p99.9");
+            assert_eq!(q.rtt_p99_ns, Some(bucket_value(bucket(100_000))));
+        }
+    }
+
     /// What a live path's histograms come to once every window is full,
     /// and that they stay there: at 10,000 peers (40,000 paths) these
     /// bytes times 40,000 are the largest part of the agent's heap.
