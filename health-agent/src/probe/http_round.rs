@@ -143,7 +143,8 @@ pub(super) async fn run(
         latest_timed_out: AtomicU64::new(0),
         echoes: echoes.clone(),
         metrics: cfg.metrics.clone(),
-        // A probe no task settled (its task panicked) fails naming that.
+        // A probe no task settled (its task panicked, or its epoll set
+        // failed while it was in flight) fails naming that.
         outcomes: Mutex::new(vec![Outcome::Failed(ProbeError::ReceiverStopped); n]),
     });
     let tasks: Vec<_> = (0..workers)
