@@ -1,7 +1,7 @@
 //! `bench-cluster-sim`: subset probing and the cluster view at 50,000 nodes,
 //! simulated in one process with the agent's own code: the selection
 //! ([`SubsetPlan`]), the summaries ([`Summary`] made, encoded and decoded
-//! every round), the path states ([`PathState::record`] with the prober's
+//! every round), the path states ([`PathRecord::record`] with the prober's
 //! thresholds) and the view ([`assemble`]).
 //!
 //! The nodes are in zones (contiguous blocks of about 20 by default). From
@@ -58,7 +58,8 @@ use health_agent::{
     membership::{Node, NodeSet},
     probe::{
         error::{ProbeError, Proto},
-        path::{Outcome, PathState, RttSource, Thresholds},
+        path::{Outcome, RttSource, Thresholds},
+        path_record::{ErrorTexts, PathRecord},
     },
 };
 
@@ -396,7 +397,8 @@ fn faulty_states(
             if !f.touches(c, o, t) {
                 continue;
             }
-            let mut paths: [PathState; 4] = std::array::from_fn(|_| PathState::default());
+            let mut paths: [PathRecord; 4] = std::array::from_fn(|_| PathRecord::default());
+            let mut texts = ErrorTexts::default();
             let mut per_round = vec![[PathSample::UNKNOWN; 4]];
             for r in 1..=rounds {
                 let works = f.works(c, o, t, r);
@@ -418,9 +420,13 @@ fn faulty_states(
                             after: Duration::from_secs(1),
                         })
                     };
-                    state.record(outcome, thresholds, u64::from(r) * INTERVAL_MS);
+                    state.record(outcome, thresholds, u64::from(r) * INTERVAL_MS, &mut texts);
                 }
-                per_round.push(paths.each_ref().map(PathSample::from_state));
+                per_round.push(
+                    paths
+                        .each_ref()
+                        .map(|p| PathSample::from_state(&p.to_state())),
+                );
             }
             let key = (
                 u32::try_from(o).unwrap_or(u32::MAX),

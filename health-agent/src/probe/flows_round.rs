@@ -51,12 +51,9 @@ impl Prober {
                         plan.tcp_port(f)
                     }
                 };
-                state.flows.get_or_insert_default().record(
-                    plan.count,
-                    flows.answered(t),
-                    source,
-                    threshold,
-                );
+                state
+                    .flows_mut()
+                    .record(plan.count, flows.answered(t), source, threshold);
                 state.degraded = lossy && state.result == ProbeResult::Success;
             }
         }

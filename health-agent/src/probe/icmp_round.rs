@@ -172,12 +172,12 @@ impl Prober {
             match outcome {
                 MtuOutcome::Answered => {
                     state.mtu_failures = 0;
-                    state.mtu_blackhole = None;
+                    state.set_mtu_blackhole(None);
                 }
                 MtuOutcome::Lost if small_answered => {
                     state.mtu_failures = state.mtu_failures.saturating_add(1);
                     if state.mtu_failures >= threshold {
-                        state.mtu_blackhole = Some(bytes);
+                        state.set_mtu_blackhole(Some(bytes));
                     }
                 }
                 MtuOutcome::Lost | MtuOutcome::NotSent => {}

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod order;
 mod pace;
 pub mod path;
+pub mod path_record;
 pub mod peers;
 mod published;
 pub mod quality;

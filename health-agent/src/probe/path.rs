@@ -110,7 +110,7 @@ pub struct PathState {
 
 /// Whether `value` displays as `text`, compared as it is written: no
 /// allocation.
-fn renders_as(value: &impl std::fmt::Display, text: &str) -> bool {
+pub(super) fn renders_as(value: &impl std::fmt::Display, text: &str) -> bool {
     struct Compare<'a> {
         rest: &'a str,
     }
@@ -248,46 +248,6 @@ impl PathState {
             .as_deref()
             .and_then(super::flows::PathFlows::partial_line)
     }
-
-    /// Applies one probe outcome.
-    pub fn record(&mut self, outcome: Outcome, thresholds: Thresholds, at_ms: u64) {
-        self.probes += 1;
-        self.last_probe_ms = Some(at_ms);
-        match outcome {
-            Outcome::Ok {
-                rtt,
-                warning,
-                source,
-            } => {
-                self.consecutive_successes = self.consecutive_successes.saturating_add(1);
-                self.consecutive_failures = 0;
-                self.rtt_ns = Some(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX));
-                self.rtt_source = Some(source);
-                self.warning = warning.map(|w| w.into_boxed_str());
-                if self.consecutive_successes >= thresholds.success.max(1) {
-                    self.result = ProbeResult::Success;
-                    self.trace = None;
-                }
-            }
-            Outcome::Failed(error) => {
-                self.consecutive_failures = self.consecutive_failures.saturating_add(1);
-                self.consecutive_successes = 0;
-                // The same text as last round's (a silent peer's timeout):
-                // kept, not made again, round after round.
-                if !self
-                    .last_error
-                    .as_deref()
-                    .is_some_and(|t| renders_as(&error, t))
-                {
-                    self.last_error = Some(error.to_string().into_boxed_str());
-                }
-                self.warning = None;
-                if self.consecutive_failures >= thresholds.failure.max(1) {
-                    self.result = ProbeResult::Failure;
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -307,18 +267,6 @@ mod tests {
         assert!(renders_as(&ProbeError::HttpStatus(503), "HTTP 503"));
     }
 
-    #[test]
-    fn a_failure_with_the_same_text_keeps_the_text_it_has() {
-        let mut s = PathState::default();
-        let t = Thresholds::default();
-        s.record(Outcome::Failed(ProbeError::HttpStatus(503)), t, 1);
-        let first = s.last_error.as_deref().map(str::as_ptr);
-        s.record(Outcome::Failed(ProbeError::HttpStatus(503)), t, 2);
-        assert_eq!(s.last_error.as_deref().map(str::as_ptr), first);
-        s.record(Outcome::Failed(ProbeError::HttpStatus(500)), t, 3);
-        assert_eq!(s.last_error.as_deref(), Some("HTTP 500"));
-    }
-
     /// A round holds one outcome a probe (40,000 at 10,000 peers): the
     /// rare texts are boxed, so an outcome is 40 bytes, not 56, the size
     /// of an echo's result (which then becomes an outcome in place).
@@ -326,85 +274,6 @@ mod tests {
     fn outcomes_are_small() {
         assert_eq!(size_of::<Outcome>(), 40);
         assert_eq!(size_of::<Result<Duration, ProbeError>>(), 40);
-    }
-
-    fn ok() -> Outcome {
-        Outcome::Ok {
-            rtt: Duration::from_micros(250),
-            warning: None,
-            source: RttSource::Userspace,
-        }
-    }
-
-    fn fail() -> Outcome {
-        Outcome::Failed(ProbeError::Protocol("timeout".into()))
-    }
-
-    #[test]
-    fn starts_unknown_and_follows_the_thresholds() {
-        let t = Thresholds {
-            success: 2,
-            failure: 3,
-        };
-        let mut p = PathState::default();
-        assert_eq!(p.result, ProbeResult::Unknown);
-        p.record(fail(), t, 1);
-        p.record(fail(), t, 2);
-        assert_eq!(
-            p.result,
-            ProbeResult::Unknown,
-            "two failures are below the threshold"
-        );
-        p.record(fail(), t, 3);
-        assert_eq!(p.result, ProbeResult::Failure);
-        assert_eq!(p.last_error.as_deref(), Some("timeout"));
-        p.record(ok(), t, 4);
-        assert_eq!(
-            p.result,
-            ProbeResult::Failure,
-            "one success is below the threshold"
-        );
-        p.record(ok(), t, 5);
-        assert_eq!(p.result, ProbeResult::Success);
-        assert_eq!(p.rtt_ns, Some(250_000));
-        assert_eq!(p.rtt_source, Some(RttSource::Userspace));
-        p.record(fail(), t, 6);
-        assert_eq!(
-            p.result,
-            ProbeResult::Success,
-            "a single failure does not flip it"
-        );
-        assert_eq!(p.probes, 6);
-        assert_eq!(p.last_probe_ms, Some(6));
-    }
-
-    #[test]
-    fn interleaved_outcomes_reset_the_streaks() {
-        let t = Thresholds::default();
-        let mut p = PathState::default();
-        for _ in 0..10 {
-            p.record(fail(), t, 0);
-            p.record(fail(), t, 0);
-            p.record(ok(), t, 0);
-        }
-        assert_eq!(p.result, ProbeResult::Success);
-        assert_eq!(p.consecutive_failures, 0);
-    }
-
-    #[test]
-    fn warnings_are_kept_with_success() {
-        let mut p = PathState::default();
-        p.record(
-            Outcome::Ok {
-                rtt: Duration::from_millis(1),
-                warning: Some(Box::new("HTTP 301".into())),
-                source: RttSource::Userspace,
-            },
-            Thresholds::default(),
-            0,
-        );
-        assert_eq!(p.result, ProbeResult::Success);
-        assert_eq!(p.warning.as_deref(), Some("HTTP 301"));
     }
 
     #[test]
@@ -416,8 +285,15 @@ mod tests {
             serde_json::from_str::<PathState>(&json).expect("back"),
             unknown
         );
-        let mut p = PathState::default();
-        p.record(ok(), Thresholds::default(), 7);
+        let p = PathState {
+            result: ProbeResult::Success,
+            consecutive_successes: 1,
+            rtt_ns: Some(250_000),
+            rtt_source: Some(RttSource::Userspace),
+            probes: 1,
+            last_probe_ms: Some(7),
+            ..PathState::UNKNOWN
+        };
         let json = serde_json::to_string(&p).expect("json");
         assert_eq!(
             json,

@@ -5,15 +5,16 @@
 //!
 //! Memory is bounded per path whatever the probe interval: each window
 //! is cut into epochs (6 of 10 s, 10 of 1 min, 6 of 10 min), each epoch
-//! keeps its probes and losses (two `u16`s) and a sparse log-bucketed
-//! histogram of its RTTs. A bucket spans a factor of [`GAMMA`] (8 %), so
-//! a percentile read at a bucket's geometric middle is within 4 % of
-//! the sample's value (the stated relative error). The histograms of all
-//! epochs share one vector of 2-byte entries (bucket, count up to 255),
-//! epoch after epoch, with one entry per distinct RTT bucket an epoch saw
-//! (and one more per 255 samples of a bucket): a steady path holds a few
-//! entries per epoch (about 128 bytes a path at a 60 s interval, 512 at
-//! 5 s), never a list of its samples.
+//! keeps its losses (a `u16`) and a sparse log-bucketed histogram of its
+//! answers' RTTs; its probes are the two together. A bucket spans a
+//! factor of [`GAMMA`] (8 %), so a percentile read at a bucket's
+//! geometric middle is within 4 % of the sample's value (the stated
+//! relative error). The histograms of all epochs share one exactly sized
+//! slice of 2-byte entries (bucket, count up to 255), epoch after epoch,
+//! with one entry per distinct RTT bucket an epoch saw (and one more per
+//! 255 samples of a bucket): a steady path holds a few entries per epoch
+//! (at most 128 bytes a path at a 60 s interval, 512 at 5 s), never a
+//! list of its samples.
 //!
 //! A window reads the epochs that started within its length before now,
 //! so it spans its length, plus at most one epoch.
@@ -114,17 +115,14 @@ pub fn bucket_value(b: u8) -> u64 {
     ns
 }
 
-/// One epoch's probes and losses.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct EpochCounts {
-    probes: u16,
-    lost: u16,
-}
-
-// The windows' epochs fill the counts, one window after the other.
+// Every window's epoch is a whole number of the first window's: one
+// epoch number (the first window's) gives every window's, and the
+// windows' epochs fill the counts one window after the other.
 const _: () = {
+    let first = WINDOWS[0].epoch.as_millis();
     let mut t = 0;
     while t < WINDOWS.len() {
+        assert!(WINDOWS[t].epoch.as_millis().is_multiple_of(first));
         let end = if t + 1 < WINDOWS.len() {
             FIRST_EPOCH[t + 1]
         } else {
@@ -135,23 +133,31 @@ const _: () = {
     }
 };
 
-/// A path's samples over the three windows, in bounded memory: 152 bytes
+/// How many of the first window's epochs make one of window `t`'s.
+fn ratio_of(t: usize) -> u32 {
+    let first = WINDOWS[0].epoch.as_millis();
+    u32::try_from(WINDOWS[t].epoch.as_millis() / first.max(1)).unwrap_or(1)
+}
+
+/// A path's samples over the three windows, in bounded memory: 88 bytes
 /// and its histogram entries, 2 bytes each (40,000 of these at 10,000
-/// peers).
+/// peers). An epoch keeps its losses and its answers' histogram; its
+/// probes are the two together.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathQuality {
-    /// Each window's newest epoch number (32 bits: 1,300 years of 10 s
-    /// epochs).
-    newest: [u32; 3],
-    /// Each window's epochs' counts, window after window (see
+    /// The first window's newest epoch number (32 bits: 1,300 years of
+    /// 10 s epochs); the other windows' follow from it.
+    newest: u32,
+    /// How many of `entries` each epoch has, window after window (see
     /// [`FIRST_EPOCH`]), each at slot `epoch % epochs`.
-    counts: [EpochCounts; ALL_EPOCHS],
-    /// How many of `entries` each epoch has, in the order of `counts`.
     lens: [u8; ALL_EPOCHS],
+    /// Each epoch's lost probes, in the order of `lens`.
+    lost: [u16; ALL_EPOCHS],
     /// The epochs' histogram entries, epoch after epoch in the order of
-    /// `counts`: an RTT bucket (high 8 bits) and its samples (low 8 bits,
+    /// `lens`: an RTT bucket (high 8 bits) and its samples (low 8 bits,
     /// 1 to 255; a bucket with more has one more entry for each 255).
-    entries: Vec<u16>,
+    /// Exactly as long as the entries: no spare capacity.
+    entries: Box<[u16]>,
 }
 
 const fn entry(bucket: u8, count: u8) -> u16 {
@@ -169,39 +175,63 @@ const fn count_of(e: u16) -> u8 {
 impl PathQuality {
     /// Records one probe at `at_ms`: its RTT, or `None` when it was lost.
     pub fn record(&mut self, at_ms: u64, rtt_ns: Option<u64>) {
+        self.advance(at_ms);
         let b = rtt_ns.map(bucket);
         for (t, w) in WINDOWS.iter().enumerate() {
-            let slot = self.advance(t, *w, at_ms);
-            let c = &mut self.counts[FIRST_EPOCH[t] + slot];
-            c.probes = c.probes.saturating_add(1);
+            let slot = (self.newest_of(t) % u32::try_from(w.epochs).unwrap_or(1)) as usize;
+            let e = FIRST_EPOCH[t] + slot;
             match b {
-                None => c.lost = c.lost.saturating_add(1),
-                Some(b) => self.count(t, slot, b),
+                None => self.lost[e] = self.lost[e].saturating_add(1),
+                Some(b) => self.count(e, b),
             }
         }
     }
 
-    /// Moves window `t` to the epoch of `at_ms`, clearing the slots of
-    /// the epochs that ended; the slot of `at_ms`'s epoch. A time before
-    /// the newest epoch (a clock stepped back) counts in the newest.
-    fn advance(&mut self, t: usize, w: Window, at_ms: u64) -> usize {
-        let epoch = u32::try_from(w.epoch_of(at_ms)).unwrap_or(u32::MAX);
-        let newest = self.newest[t];
-        let epochs = u32::try_from(w.epochs).unwrap_or(1);
-        if epoch > newest {
-            let gone = (epoch - newest).min(epochs);
-            for i in 0..gone {
-                // The remainder is below `epochs`, at most 10.
-                let slot = ((epoch - i) % epochs) as usize;
-                let e = FIRST_EPOCH[t] + slot;
-                self.counts[e] = EpochCounts::default();
-                let held = self.segment(e);
-                self.entries.drain(held);
-                self.lens[e] = 0;
-            }
-            self.newest[t] = epoch;
+    /// Window `t`'s newest epoch number.
+    fn newest_of(&self, t: usize) -> u32 {
+        self.newest / ratio_of(t)
+    }
+
+    /// Moves the windows to the epoch of `at_ms`, clearing the slots of
+    /// the epochs that ended. A time before the newest epoch (a clock
+    /// stepped back) counts in the newest.
+    fn advance(&mut self, at_ms: u64) {
+        let epoch = u32::try_from(WINDOWS[0].epoch_of(at_ms)).unwrap_or(u32::MAX);
+        if epoch <= self.newest {
+            return;
         }
-        (self.newest[t] % epochs) as usize
+        let mut ended = [false; ALL_EPOCHS];
+        for (t, w) in WINDOWS.iter().enumerate() {
+            let (old, new) = (self.newest_of(t), epoch / ratio_of(t));
+            let epochs = u32::try_from(w.epochs).unwrap_or(1);
+            for i in 0..(new - old).min(epochs) {
+                // The remainder is below `epochs`, at most 10.
+                ended[FIRST_EPOCH[t] + ((new - i) % epochs) as usize] = true;
+            }
+        }
+        self.newest = epoch;
+        if ended
+            .iter()
+            .zip(&self.lens)
+            .any(|(&gone, &n)| gone && n > 0)
+        {
+            let mut kept = Vec::with_capacity(self.entries.len());
+            let mut at = 0;
+            for (e, &gone) in ended.iter().enumerate() {
+                let n = usize::from(self.lens[e]);
+                if !gone {
+                    kept.extend_from_slice(&self.entries[at..at + n]);
+                }
+                at += n;
+            }
+            self.entries = kept.into_boxed_slice();
+        }
+        for (e, &gone) in ended.iter().enumerate() {
+            if gone {
+                self.lens[e] = 0;
+                self.lost[e] = 0;
+            }
+        }
     }
 
     /// Where epoch `e`'s entries are in `entries`.
@@ -210,21 +240,47 @@ impl PathQuality {
         start..start + usize::from(self.lens[e])
     }
 
-    fn count(&mut self, t: usize, slot: usize, b: u8) {
-        let e = FIRST_EPOCH[t] + slot;
+    /// Counts an answer in bucket `b` of epoch `e`.
+    fn count(&mut self, e: usize, b: u8) {
         let held = self.segment(e);
+        let room = |x: &u16| count_of(*x) < u8::MAX;
         if let Some(x) = self.entries[held.clone()]
             .iter_mut()
-            .find(|x| bucket_of(**x) == b && count_of(**x) < u8::MAX)
+            .find(|x| bucket_of(**x) == b && room(x))
         {
             *x += 1;
         } else if self.lens[e] < u8::MAX {
-            // An epoch has at most 256 buckets: 255 entries fill only
-            // with hundreds of samples in each (then the sample counts
-            // among the probes, not in the percentiles).
-            self.entries.insert(held.end, entry(b, 1));
+            let mut grown = Vec::with_capacity(self.entries.len() + 1);
+            grown.extend_from_slice(&self.entries[..held.end]);
+            grown.push(entry(b, 1));
+            grown.extend_from_slice(&self.entries[held.end..]);
+            self.entries = grown.into_boxed_slice();
             self.lens[e] += 1;
+        } else if let Some(x) = self.entries[held]
+            .iter_mut()
+            .filter(|x| room(x))
+            .min_by_key(|x| bucket_of(**x).abs_diff(b))
+        {
+            // An epoch has at most 255 entries: they fill only with
+            // hundreds of samples in each, and then an answer counts in
+            // the nearest bucket with room (it is still an answer).
+            *x += 1;
         }
+        // Past 255 entries of 255 samples each (65,025 answers in one
+        // epoch), an answer is not counted, as a count past `u16` is not.
+    }
+
+    /// Window `t`'s epochs that started within it at `now_ms`: each
+    /// one's slot among the counts and its histogram entries.
+    fn live_epochs(&self, t: usize, now_ms: u64) -> impl Iterator<Item = (usize, &[u16])> {
+        let first = FIRST_EPOCH[t];
+        let mut at: usize = self.lens[..first].iter().map(|&n| usize::from(n)).sum();
+        (0..WINDOWS[t].epochs).filter_map(move |slot| {
+            let held = at..at + usize::from(self.lens[first + slot]);
+            at = held.end;
+            self.live(t, slot, now_ms)
+                .then(|| (first + slot, &self.entries[held]))
+        })
     }
 
     /// The figures of window `t` at `now_ms`; `scratch` is reused across
@@ -233,16 +289,8 @@ impl PathQuality {
     pub fn stats(&self, t: usize, now_ms: u64, scratch: &mut Vec<(u8, u32)>) -> Quality {
         let (probes, lost) = self.counts(t, now_ms);
         scratch.clear();
-        let first = FIRST_EPOCH[t];
-        for slot in 0..WINDOWS[t].epochs {
-            if self.live(t, slot, now_ms) {
-                let held = self.segment(first + slot);
-                scratch.extend(
-                    self.entries[held]
-                        .iter()
-                        .map(|&x| (bucket_of(x), u32::from(count_of(x)))),
-                );
-            }
+        for (_, held) in self.live_epochs(t, now_ms) {
+            scratch.extend(held.iter().map(|&x| (bucket_of(x), u32::from(count_of(x)))));
         }
         scratch.sort_unstable_by_key(|&(b, _)| b);
         Quality::from_parts(WINDOWS[t].name, probes, lost, scratch)
@@ -254,7 +302,7 @@ impl PathQuality {
         let w = WINDOWS[t];
         let now = w.epoch_of(now_ms);
         let epochs = w.epochs as u64;
-        let newest = u64::from(self.newest[t]);
+        let newest = u64::from(self.newest_of(t));
         // The epoch the slot holds: the latest at or before `newest` with
         // that remainder.
         let back = (newest % epochs + epochs - slot as u64) % epochs;
@@ -264,15 +312,10 @@ impl PathQuality {
     /// Probes and losses of window `t` at `now_ms`.
     fn counts(&self, t: usize, now_ms: u64) -> (u64, u64) {
         let (mut probes, mut lost) = (0u64, 0u64);
-        let first = FIRST_EPOCH[t];
-        for (slot, c) in self.counts[first..first + WINDOWS[t].epochs]
-            .iter()
-            .enumerate()
-        {
-            if self.live(t, slot, now_ms) {
-                probes += u64::from(c.probes);
-                lost += u64::from(c.lost);
-            }
+        for (e, held) in self.live_epochs(t, now_ms) {
+            let answered: u64 = held.iter().map(|&x| u64::from(count_of(x))).sum();
+            probes += answered + u64::from(self.lost[e]);
+            lost += u64::from(self.lost[e]);
         }
         (probes, lost)
     }
@@ -301,7 +344,7 @@ impl PathQuality {
     /// Bytes held beyond the struct itself.
     #[must_use]
     pub fn heap_bytes(&self) -> usize {
-        self.entries.capacity() * size_of::<u16>()
+        self.entries.len() * size_of::<u16>()
     }
 }
 
@@ -459,6 +502,20 @@ mod tests {
             assert_eq!(q.rtt_p999_ns, None, "600 answers are too few for p99.9");
             assert_eq!(q.rtt_p99_ns, Some(bucket_value(bucket(100_000))));
         }
+    }
+
+    #[test]
+    fn an_epoch_with_every_bucket_counts_every_answer() {
+        let mut p = PathQuality::default();
+        // 256 answers in one 10 s epoch, one in each bucket: the last
+        // finds the epoch's 255 entries taken and counts in the nearest.
+        for b in 0..=u8::MAX {
+            p.record(u64::from(b), Some(bucket_value(b)));
+        }
+        for q in all(&p, SEC) {
+            assert_eq!((q.probes, q.lost), (256, 0), "{q:?}");
+        }
+        assert_eq!(p.entries.len(), 3 * 255);
     }
 
     /// What a live path's histograms come to once every window is full,
@@ -627,7 +684,7 @@ mod tests {
         for i in 0..120u64 {
             p.record(i * 60 * SEC, Some(100_000 + (i % 3) * 1_000));
         }
-        assert_eq!(size_of::<PathQuality>(), 152, "the counts and epochs");
+        assert_eq!(size_of::<PathQuality>(), 88, "the counts and epochs");
         let bytes = size_of::<PathQuality>() + p.heap_bytes();
         // 40,000 paths (10,000 peers, four paths each) under 16 MiB.
         assert!(bytes * 40_000 < 16 << 20, "{bytes} bytes a path");

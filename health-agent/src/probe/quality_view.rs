@@ -9,7 +9,8 @@ use super::{
     Prober,
     family::{self, Family, Shown, path_index},
     history::PATH_NAMES,
-    path::{PathState, ProbeResult},
+    path::ProbeResult,
+    path_record::PathRecord,
     quality::{PathQuality, Quality},
 };
 
@@ -21,12 +22,12 @@ pub struct PathQualityView {
     pub family: Family,
     pub ip: IpAddr,
     pub result: ProbeResult,
-    /// See [`PathState::degraded`].
+    /// See [`PathState::degraded`](super::path::PathState::degraded).
     pub degraded: bool,
-    /// See [`PathState::mtu_blackhole`].
+    /// See [`PathState::mtu_blackhole`](super::path::PathState::mtu_blackhole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu_blackhole: Option<u16>,
-    /// See [`PathState::flows`]: each flow's loss, with `--probe-flows`.
+    /// See [`PathState::flows`](super::path::PathState::flows): each flow's loss, with `--probe-flows`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flows: Option<Box<super::flows::PathFlows>>,
     /// `1m`, `10m` and `1h`, in that order.
@@ -62,7 +63,7 @@ impl Prober {
                 family::addresses(node, f).unwrap_or((f.unspecified(), f.unspecified()));
             for (kind, path) in PATH_NAMES.iter().enumerate() {
                 let i = path_index(f, kind);
-                let state = mine.map_or(&PathState::UNKNOWN, |p| p.state(i));
+                let state = mine.map_or(&PathRecord::UNKNOWN, |p| p.state(i));
                 let quality = mine.and_then(|p| p.quality.get(i)).unwrap_or(&empty);
                 out.push(PathQualityView {
                     path: (*path).to_owned(),
@@ -70,8 +71,8 @@ impl Prober {
                     ip: if kind < 2 { ip } else { health },
                     result: state.result,
                     degraded: state.degraded,
-                    mtu_blackhole: state.mtu_blackhole,
-                    flows: state.flows.clone(),
+                    mtu_blackhole: state.mtu_blackhole(),
+                    flows: state.flows().cloned().map(Box::new),
                     windows: quality.windows(now_ms),
                 });
             }

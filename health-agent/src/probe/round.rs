@@ -26,6 +26,7 @@ use super::{
     kernel_rtt::{prune_kernel_rtt, with_kernel_rtt},
     order::{self, Echoes},
     path::{Outcome, ProbeResult},
+    path_record::ErrorTexts,
     published::{CHUNK, Published, serialised},
     status::{ClusterStatus, NodeStatus, RoundInfo, StatusSummary},
     targets::{NodePaths, node_status, target_count, targets, warn_unprobed},
@@ -587,6 +588,7 @@ impl Prober {
         // A node removed during the round is not brought back.
         let current = self.nodes();
         let mut probes = 0;
+        let mut texts = ErrorTexts::default();
         if let Ok(mut paths) = self.paths.lock()
             && let Ok(mut history) = self.history.lock()
             && let Ok(mut tracing) = self.tracing.lock()
@@ -617,7 +619,7 @@ impl Prober {
                     q.record(at, rtt_ns);
                     let lossy = q.is_degraded(at, self.cfg.degraded_loss);
                     let state = entry.state_mut(slot);
-                    state.record(outcome, self.cfg.thresholds, at);
+                    state.record(outcome, self.cfg.thresholds, at, &mut texts);
                     state.degraded = lossy && state.result == ProbeResult::Success;
                     if slot == icmp_slot {
                         tracing.note(state, &node.name, slot, target, at);
@@ -750,7 +752,8 @@ mod tests {
                 EP_HTTP, EP_ICMP, Families, HOST_HTTP, HOST_ICMP, MAX_PATHS, PER_FAMILY, path_index,
             },
             history,
-            path::{PathState, ProbeResult, RttSource, Thresholds},
+            path::{ProbeResult, RttSource, Thresholds},
+            path_record::PathRecord,
         },
     };
 
@@ -1155,14 +1158,14 @@ mod tests {
     #[test]
     fn a_node_holds_states_only_for_the_families_it_is_probed_over() {
         let mut p = NodePaths::default();
-        assert_eq!(p.state(5), &PathState::UNKNOWN, "never probed");
-        p.state_mut(1).probes = 1;
+        assert_eq!(p.state(5), &PathRecord::UNKNOWN, "never probed");
+        p.state_mut(1).mtu_failures = 1;
         assert_eq!(p.state.len(), PER_FAMILY, "IPv4 only: 4 states");
-        p.state_mut(PER_FAMILY + 2).probes = 1;
+        p.state_mut(PER_FAMILY + 2).mtu_failures = 1;
         assert_eq!(p.state.len(), MAX_PATHS, "both families");
         p.forget(Family::Ipv6);
         assert_eq!(p.state.len(), PER_FAMILY, "IPv6 forgotten");
-        assert_eq!(p.state(1).probes, 1, "IPv4 kept");
+        assert_eq!(p.state(1).mtu_failures, 1, "IPv4 kept");
         p.forget(Family::Ipv4);
         assert_eq!(p.state.len(), 0, "nothing probed any more");
     }

@@ -7,7 +7,7 @@ use std::{net::IpAddr, sync::Arc};
 use super::{
     family::{self, Families, Family, MAX_PATHS, PER_FAMILY, Shown},
     history::NodeRing,
-    path::PathState,
+    path_record::PathRecord,
     quality::PathQuality,
     status::{Connectivity, NodeStatus},
 };
@@ -19,7 +19,7 @@ use crate::membership::{Node, NodeSet};
 /// 2.4 MB never used.
 #[derive(Debug, Clone, Default)]
 pub(super) struct NodePaths {
-    pub(super) state: Vec<PathState>,
+    pub(super) state: Vec<PathRecord>,
     pub(super) history: NodeRing,
     /// Each path's loss and RTT over the sliding windows, as `state`.
     pub(super) quality: Vec<PathQuality>,
@@ -40,16 +40,16 @@ pub(super) struct EchoTrack {
 
 impl NodePaths {
     /// Path `i`'s state (Unknown when never probed).
-    pub(super) fn state(&self, i: usize) -> &PathState {
-        self.state.get(i).unwrap_or(&PathState::UNKNOWN)
+    pub(super) fn state(&self, i: usize) -> &PathRecord {
+        self.state.get(i).unwrap_or(&PathRecord::UNKNOWN)
     }
 
     /// Path `i`'s state, to record into.
-    pub(super) fn state_mut(&mut self, i: usize) -> &mut PathState {
+    pub(super) fn state_mut(&mut self, i: usize) -> &mut PathRecord {
         if self.state.len() <= i {
             let len = (i / PER_FAMILY + 1) * PER_FAMILY;
             self.state
-                .resize_with(len.min(MAX_PATHS).max(i + 1), PathState::default);
+                .resize_with(len.min(MAX_PATHS).max(i + 1), PathRecord::default);
         }
         &mut self.state[i]
     }
@@ -70,12 +70,12 @@ impl NodePaths {
         if at >= self.state.len() {
             return;
         }
-        self.state[at..at + PER_FAMILY].fill_with(PathState::default);
+        self.state[at..at + PER_FAMILY].fill_with(PathRecord::default);
         if self.quality.len() > at {
             self.quality.truncate(at);
             self.quality.shrink_to_fit();
         }
-        if self.state[at..].iter().all(|s| *s == PathState::UNKNOWN) {
+        if self.state[at..].iter().all(|s| *s == PathRecord::UNKNOWN) {
             self.state.truncate(at);
             self.state.shrink_to_fit();
         }
@@ -161,8 +161,8 @@ pub(super) fn node_status(n: &Node, p: &NodePaths, shown: Shown) -> NodeStatus {
         let base = f.index() * PER_FAMILY + 2 * usize::from(endpoint);
         let mut c = Connectivity::new(
             if endpoint { health } else { ip },
-            p.state(base).clone(),
-            p.state(base + 1).clone(),
+            p.state(base).to_state(),
+            p.state(base + 1).to_state(),
         );
         if !shown.probed {
             let why = format!("not probed: this agent has no {f} address");

@@ -13,7 +13,8 @@ use tracing::debug;
 
 use super::{
     Prober,
-    path::{PathState, PathTrace, ProbeResult, TraceHop},
+    path::{PathTrace, ProbeResult, TraceHop},
+    path_record::PathRecord,
 };
 use crate::sys::icmp_trace::{self, Hop, HopAnswer};
 
@@ -39,7 +40,7 @@ impl Tracing {
     /// Path `slot` of `node` (its state after this round) needs a trace.
     pub(super) fn note(
         &mut self,
-        state: &PathState,
+        state: &PathRecord,
         node: &str,
         slot: usize,
         target: usize,
@@ -47,8 +48,7 @@ impl Tracing {
     ) {
         let due = state.result == ProbeResult::Failure
             && state
-                .trace
-                .as_ref()
+                .trace()
                 .is_none_or(|t| at_ms.saturating_sub(t.at_ms) >= RETRACE_MS);
         if due && self.due.len() < PER_ROUND {
             self.due.push((node.to_owned(), slot, target));
@@ -119,7 +119,7 @@ impl Prober {
             if let Some(entry) = paths.get_mut(node.as_str()) {
                 let state = entry.state_mut(*slot);
                 if state.result == ProbeResult::Failure {
-                    state.trace = Some(Box::new(trace));
+                    state.set_trace(Some(trace));
                 }
             }
         }
@@ -156,18 +156,15 @@ mod tests {
 
     use super::*;
 
-    fn failing(trace_at: Option<u64>) -> PathState {
-        PathState {
-            result: ProbeResult::Failure,
-            trace: trace_at.map(|at_ms| {
-                Box::new(PathTrace {
-                    at_ms,
-                    hops: Vec::new(),
-                    reached: false,
-                })
-            }),
-            ..PathState::UNKNOWN
-        }
+    fn failing(trace_at: Option<u64>) -> PathRecord {
+        let mut p = PathRecord::UNKNOWN;
+        p.result = ProbeResult::Failure;
+        p.set_trace(trace_at.map(|at_ms| PathTrace {
+            at_ms,
+            hops: Vec::new(),
+            reached: false,
+        }));
+        p
     }
 
     #[test]
@@ -180,10 +177,8 @@ mod tests {
         assert_eq!(t.due.len(), 1, "a fresh trace is kept");
         t.note(&failing(Some(1_000)), "n", 0, ip, 1_000 + RETRACE_MS);
         assert_eq!(t.due.len(), 2, "a stale one is taken again");
-        let ok = PathState {
-            result: ProbeResult::Success,
-            ..PathState::UNKNOWN
-        };
+        let mut ok = PathRecord::UNKNOWN;
+        ok.result = ProbeResult::Success;
         t.note(&ok, "n", 0, ip, 1_000);
         assert_eq!(t.due.len(), 2, "a path that answers is not traced");
         for _ in 0..100 {
