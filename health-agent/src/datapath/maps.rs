@@ -126,7 +126,20 @@ pub fn delete_where_slice<K: aya::Pod, V: aya::Pod>(
     id: MapId,
     from: Cursor,
     budget: usize,
+    gone: impl FnMut(&K, &V) -> bool,
+) -> Result<Slice, DatapathError> {
+    delete_where_each(dir, id, from, budget, gone, |_| {})
+}
+
+/// [`delete_where_slice`], calling `deleted` with each key it deleted (not
+/// those gone meanwhile).
+pub fn delete_where_each<K: aya::Pod, V: aya::Pod>(
+    dir: &Path,
+    id: MapId,
+    from: Cursor,
+    budget: usize,
     mut gone: impl FnMut(&K, &V) -> bool,
+    mut deleted_key: impl FnMut(&K),
 ) -> Result<Slice, DatapathError> {
     use crate::sys::bpf_batch::{CHUNK, delete, for_each_slice};
     let data = pinned_hash::<K, V>(dir, id, false)?;
@@ -136,7 +149,10 @@ pub fn delete_where_slice<K: aya::Pod, V: aya::Pod>(
     let mut failed = None;
     let mut flush = |picked: &mut Vec<K>, deleted: &mut u64| {
         if failed.is_none()
-            && let Err(e) = delete(fd, picked, |_| *deleted += 1)
+            && let Err(e) = delete(fd, picked, |k| {
+                *deleted += 1;
+                deleted_key(k);
+            })
         {
             failed = Some(e);
         }

@@ -201,45 +201,34 @@ pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
 
 /// [`sweep`], and the requests it left pending.
 pub fn sweep_counted(dir: &Path, timeout: Duration) -> Result<(u64, u64), DatapathError> {
-    use super::maps::{delete_keys, hash_entries, update_entries};
+    use super::maps::{Cursor, delete_where_each, hash_entries, update_entries};
     let now = super::monotonic_ns()?;
     let cutoff = now.saturating_sub(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
-    // All in batches: a round of 20,000 probes leaves as many requests,
-    // half of them lost when half the peers are silent.
-    let mut lost: Vec<PendingKey> = Vec::new();
-    let mut seen = 0u64;
-    let pending = hash_entries(dir, MapId::RttPending, |k: &PendingKey, sent: &u64| {
-        seen += 1;
-        if *sent < cutoff {
-            lost.push(*k);
-        }
-    })?;
-    if lost.is_empty() {
+    // In one batched walk that deletes as it goes: a round of 20,000
+    // probes leaves as many requests, half of them lost when half the
+    // peers are silent, and the sweep may run during a round. Only the
+    // requests this walk deletes count (one answered meanwhile is gone
+    // already), each once, per peer and protocol.
+    let mut tally = LossTally::default();
+    let walked = delete_where_each(
+        dir,
+        MapId::RttPending,
+        Cursor::START,
+        usize::MAX,
+        |_: &PendingKey, sent: &u64| *sent < cutoff,
+        |k: &PendingKey| {
+            tally.add(RttKey {
+                peer: k.peer,
+                proto: k.proto,
+                pad: [0; 3],
+            });
+        },
+    )?;
+    let (n, seen) = (walked.deleted, walked.seen);
+    if n == 0 {
         return Ok((0, seen));
     }
-    // Only the requests this pass removes count (one answered meanwhile
-    // is gone already), each once, per peer and protocol: sorted by peer
-    // and protocol, the deleted ones are counted in runs (the kernel
-    // deletes in order), in two flat lists rather than a map.
-    lost.sort_unstable_by_key(|k| (k.peer, k.proto));
-    let (mut keys, mut values): (Vec<RttKey>, Vec<u64>) = (Vec::new(), Vec::new());
-    let mut n = 0;
-    delete_keys(&pending, MapId::RttPending, &lost, |k| {
-        let key = RttKey {
-            peer: k.peer,
-            proto: k.proto,
-            pad: [0; 3],
-        };
-        match (keys.last(), values.last_mut()) {
-            (Some(newest), Some(count)) if *newest == key => *count += 1,
-            _ => {
-                keys.push(key);
-                values.push(1);
-            }
-        }
-        n += 1;
-    })?;
-    drop(lost);
+    let (keys, mut values) = tally.finish();
     // The counters are the agent's alone (the kernel never writes them):
     // read, add, write back.
     let losses = hash_entries(dir, MapId::RttLosses, |k: &RttKey, so_far: &u64| {
@@ -249,6 +238,75 @@ pub fn sweep_counted(dir: &Path, timeout: Duration) -> Result<(u64, u64), Datapa
     })?;
     update_entries(&losses, MapId::RttLosses, &keys, &values)?;
     Ok((n, seen.saturating_sub(n)))
+}
+
+/// Losses counted per peer and protocol as the sweep deletes them, in
+/// memory of the peers that lost some, not of the requests lost: the keys
+/// come a few thousand at a time, each batch sorted and merged into the
+/// sorted counts so far.
+#[derive(Debug, Default)]
+struct LossTally {
+    keys: Vec<RttKey>,
+    counts: Vec<u64>,
+    batch: Vec<RttKey>,
+}
+
+impl LossTally {
+    /// Keys held before they are merged.
+    const BATCH: usize = 4096;
+
+    fn add(&mut self, key: RttKey) {
+        self.batch.push(key);
+        if self.batch.len() == Self::BATCH {
+            self.merge();
+        }
+    }
+
+    /// Merges the batch into the counts.
+    fn merge(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        self.batch.sort_unstable();
+        let n = self.keys.len() + self.batch.len();
+        let (mut keys, mut counts) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut old = self.keys.iter().zip(&self.counts).peekable();
+        let mut new = self.batch.iter().peekable();
+        loop {
+            let (key, count) = match (old.peek(), new.peek()) {
+                (Some(&(k, &c)), Some(&b)) if k <= b => {
+                    old.next();
+                    (*k, c)
+                }
+                (_, Some(&b)) => {
+                    new.next();
+                    (*b, 1)
+                }
+                (Some(&(k, &c)), None) => {
+                    old.next();
+                    (*k, c)
+                }
+                (None, None) => break,
+            };
+            match (keys.last(), counts.last_mut()) {
+                (Some(last), Some(total)) if *last == key => *total += count,
+                _ => {
+                    keys.push(key);
+                    counts.push(count);
+                }
+            }
+        }
+        keys.shrink_to_fit();
+        counts.shrink_to_fit();
+        (self.keys, self.counts) = (keys, counts);
+        self.batch.clear();
+    }
+
+    /// The keys, sorted, and each one's count.
+    fn finish(mut self) -> (Vec<RttKey>, Vec<u64>) {
+        self.merge();
+        (self.keys, self.counts)
+    }
 }
 
 /// Removes the RTT statistics and loss counters of every peer address
@@ -279,4 +337,43 @@ fn departed(
     keys.filter_map(Result::ok)
         .filter(|k| !keep(ip_of(k.peer)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(peer: u8, proto: u8) -> RttKey {
+        let mut k = RttKey {
+            proto,
+            ..RttKey::default()
+        };
+        k.peer[15] = peer;
+        k
+    }
+
+    #[test]
+    fn losses_are_counted_per_key_across_batches() {
+        let mut t = LossTally::default();
+        // 10,000 losses over 50 keys, in a scattered order: three batches.
+        let mut want = std::collections::BTreeMap::new();
+        for i in 0..10_000u32 {
+            let k = key(
+                u8::try_from(i * 7 % 25).unwrap_or(0),
+                1 + u8::from(i % 2 == 0),
+            );
+            *want.entry(k).or_insert(0u64) += 1;
+            t.add(k);
+        }
+        assert!(t.batch.len() < LossTally::BATCH, "merged as it went");
+        let (keys, counts) = t.finish();
+        assert!(keys.is_sorted(), "sorted for the lookups");
+        let got: std::collections::BTreeMap<_, _> = keys.into_iter().zip(counts).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn no_losses_make_no_keys() {
+        assert_eq!(LossTally::default().finish(), (Vec::new(), Vec::new()));
+    }
 }
