@@ -35,9 +35,9 @@ use crate::sys::{
 const IPV4_HEADER: usize = 20;
 const IPV6_HEADER: usize = 40;
 
-/// Requests `from` on (to the end of a round's targets) are IP packets of
-/// `bytes` bytes, with Don't Fragment: the MTU probes. MTU probe `k`
-/// (request `from + k`) goes to the address of request `follows[k]`, and
+/// The MTU probes of a round of N targets: requests N on, IP packets of
+/// `bytes` bytes with Don't Fragment. MTU probe `k` (request `N + k`)
+/// goes to the address of request `follows[k]`, and
 /// only once that request's echo is answered, read within a tenth of the
 /// timeout of its sending: a black hole is an address that answers small
 /// echoes and loses large ones, so an address that does not answer gets
@@ -48,7 +48,6 @@ const IPV6_HEADER: usize = 40;
 /// round).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Padded {
-    pub from: usize,
     pub bytes: usize,
     pub follows: std::sync::Arc<[usize]>,
 }
@@ -145,9 +144,77 @@ pub struct IcmpProber {
     missing: [Option<String>; 2],
 }
 
+/// A round's requests' addresses: its targets, then its MTU probes',
+/// each the address of the request it follows (not copied: 30,000
+/// addresses at 10,000 peers).
+#[derive(Debug, Clone, Copy)]
+struct Addresses<'a> {
+    targets: &'a [IpAddr],
+    follows: &'a [usize],
+}
+
+#[cfg(test)]
+impl<'a> Addresses<'a> {
+    /// The targets alone.
+    fn of(targets: &'a [IpAddr]) -> Self {
+        Self {
+            targets,
+            follows: &[],
+        }
+    }
+}
+
+impl Addresses<'_> {
+    fn len(&self) -> usize {
+        self.targets.len() + self.follows.len()
+    }
+
+    /// Request `i`'s address.
+    fn get(&self, i: usize) -> Option<IpAddr> {
+        match i.checked_sub(self.targets.len()) {
+            None => self.targets.get(i).copied(),
+            Some(k) => self
+                .follows
+                .get(k)
+                .and_then(|&j| self.targets.get(j))
+                .copied(),
+        }
+    }
+}
+
+/// When each request went: nanoseconds after `base`, plus one (0: not
+/// sent, or answered already). 8 bytes a request, not 16.
+struct SentAt {
+    base: Instant,
+    at: Vec<u64>,
+}
+
+impl SentAt {
+    fn new(n: usize, base: Instant) -> Self {
+        Self {
+            base,
+            at: vec![0; n],
+        }
+    }
+
+    fn set(&mut self, i: usize, at: Instant) {
+        let ns = u64::try_from(at.saturating_duration_since(self.base).as_nanos())
+            .unwrap_or(u64::MAX - 1);
+        if let Some(slot) = self.at.get_mut(i) {
+            *slot = ns + 1;
+        }
+    }
+
+    /// When request `i` went, once: a second call says it went unanswered.
+    fn take(&mut self, i: usize) -> Option<Instant> {
+        let ns = std::mem::take(self.at.get_mut(i)?);
+        (ns > 0).then(|| self.base + Duration::from_nanos(ns - 1))
+    }
+}
+
 /// A round's requests and what became of them.
 struct Waiting<'a> {
-    sent_at: Vec<Option<Instant>>,
+    sent_at: SentAt,
     /// The requests sent and answered in time, marked as they are (read
     /// by the round's HTTP probes while they start).
     echoes: &'a Echoes,
@@ -166,10 +233,46 @@ struct Waiting<'a> {
 /// A small request that no MTU probe follows.
 const NO_MTU: u32 = u32::MAX;
 
+impl<'a> Waiting<'a> {
+    /// Nothing sent yet: the small requests time out unless answered, the
+    /// MTU probes are not sent unless their small echo is answered.
+    fn new(addresses: Addresses<'_>, echoes: &'a Echoes, timeout: Duration) -> Self {
+        let (n, small) = (addresses.len(), addresses.targets.len());
+        // Sized once: 30,000 results at 10,000 peers, not grown to 40,000.
+        let mut results = Vec::with_capacity(n);
+        results.resize(
+            small,
+            Err(ProbeError::Timeout {
+                proto: Proto::Icmp,
+                after: timeout,
+            }),
+        );
+        results.resize(n, Err(ProbeError::NotSent(MTU_NOT_SENT)));
+        let mut mtu_after = Vec::new();
+        if !addresses.follows.is_empty() {
+            mtu_after = vec![NO_MTU; small];
+            for (k, &i) in addresses.follows.iter().enumerate() {
+                if let (Some(slot), Ok(k)) = (mtu_after.get_mut(i), u32::try_from(small + k)) {
+                    *slot = k;
+                }
+            }
+        }
+        Self {
+            sent_at: SentAt::new(n, Instant::now()),
+            echoes,
+            results,
+            pending: small,
+            timeout,
+            mtu_after,
+            mtu_due: Vec::new(),
+        }
+    }
+}
+
 impl Waiting<'_> {
     /// A message read (`r`, its bytes `pkt`): the reply to one of this
     /// round's requests, or not.
-    fn reply(&mut self, pkt: &[u8], r: &Received, numbering: Numbering, targets: &[IpAddr]) {
+    fn reply(&mut self, pkt: &[u8], r: &Received, numbering: Numbering, targets: Addresses<'_>) {
         let i = match r.from {
             Some(src) => match_reply_v6(pkt, src, numbering, targets),
             None => match_reply(pkt, numbering, targets),
@@ -181,7 +284,7 @@ impl Waiting<'_> {
 
     /// The reply to request `i` came at `at`, read at `now`.
     fn answered(&mut self, i: usize, at: Instant, now: Instant) {
-        if let Some(sent) = self.sent_at[i].take() {
+        if let Some(sent) = self.sent_at.take(i) {
             let rtt = at.saturating_duration_since(sent);
             if rtt <= self.timeout {
                 self.results[i] = Ok(rtt);
@@ -205,7 +308,7 @@ impl Waiting<'_> {
     fn sent(&mut self, i: usize, at: io::Result<Instant>) {
         match at {
             Ok(at) => {
-                self.sent_at[i] = Some(at);
+                self.sent_at.set(i, at);
                 self.echoes.sent(i, at);
             }
             Err(e) => {
@@ -315,11 +418,11 @@ impl IcmpProber {
     }
 
     /// One echo to each of `targets` (either family), the requests spread
-    /// evenly over `spread`, the MTU probes of `padded` (the last
-    /// requests) each once its small echo is answered; each answer counts
-    /// when it comes within `timeout` of its request. Results are in the
-    /// order of `targets`; each request and answer is also marked in
-    /// `echoes` as it happens.
+    /// evenly over `spread`, then the MTU probes of `padded` each once its
+    /// small echo is answered; each answer counts when it comes within
+    /// `timeout` of its request. Results are in the order of `targets`,
+    /// the MTU probes' after them; each request and answer is also marked
+    /// in `echoes` as it happens.
     pub async fn round(
         &self,
         targets: &[IpAddr],
@@ -329,35 +432,13 @@ impl IcmpProber {
         spread: Duration,
         echoes: &Echoes,
     ) -> Vec<Result<Duration, ProbeError>> {
-        let n = targets.len();
-        // The small requests, paced; the MTU probes follow their answers.
-        let small = padded.as_ref().map_or(n, |p| p.from.min(n));
-        let timed_out = Err(ProbeError::Timeout {
-            proto: Proto::Icmp,
-            after: timeout,
-        });
-        // Sized once: 30,000 results at 10,000 peers, not grown to 40,000.
-        let mut results = Vec::with_capacity(n);
-        results.resize(small, timed_out);
-        results.resize(n, Err(ProbeError::NotSent(MTU_NOT_SENT)));
-        let mut mtu_after = Vec::new();
-        if let Some(p) = &padded {
-            mtu_after = vec![NO_MTU; small];
-            for (k, &i) in p.follows.iter().enumerate() {
-                if let (Some(slot), Ok(k)) = (mtu_after.get_mut(i), u32::try_from(small + k)) {
-                    *slot = k;
-                }
-            }
-        }
-        let mut w = Waiting {
-            sent_at: vec![None; n],
-            echoes,
-            results,
-            pending: small,
-            timeout,
-            mtu_after,
-            mtu_due: Vec::new(),
+        let addresses = Addresses {
+            targets,
+            follows: padded.as_ref().map_or(&[], |p| &p.follows),
         };
+        // The small requests, paced; the MTU probes follow their answers.
+        let small = targets.len();
+        let mut w = Waiting::new(addresses, echoes, timeout);
         if small == 0 {
             return w.results;
         }
@@ -385,7 +466,10 @@ impl IcmpProber {
             while let Some(k) = w.mtu_due.pop() {
                 let (id, seq) = numbering.ident(k);
                 let bytes = padded.as_ref().map(|p| p.bytes);
-                let at = self.send(targets[k], id, seq, bytes, &mut request).await;
+                let Some(dst) = addresses.get(k) else {
+                    continue;
+                };
+                let at = self.send(dst, id, seq, bytes, &mut request).await;
                 w.pending += 1;
                 // Sent: lost unless answered.
                 w.results[k] = Err(ProbeError::Timeout {
@@ -413,13 +497,13 @@ impl IcmpProber {
                     let Ok(mut guard) = ready else { break };
                     // Drain every reply queued, then wait again.
                     while let Ok(Ok(r)) = guard.try_io(|s| recv_stamped(s.get_ref(), &mut buf)) {
-                        w.reply(&buf[..r.len], &r, numbering, targets);
+                        w.reply(&buf[..r.len], &r, numbering, addresses);
                     }
                 }
                 ready = readable(self.v6.as_ref()) => {
                     let Ok(mut guard) = ready else { break };
                     while let Ok(Ok(r)) = guard.try_io(|s| recv_stamped(s.get_ref(), &mut buf)) {
-                        w.reply(&buf[..r.len], &r, numbering, targets);
+                        w.reply(&buf[..r.len], &r, numbering, addresses);
                     }
                 }
                 () = sleep_until(wake) => {
@@ -428,7 +512,7 @@ impl IcmpProber {
                         // busy node) still count.
                         for sock in [&self.v4, &self.v6].into_iter().flatten() {
                             while let Ok(r) = recv_stamped(sock.get_ref(), &mut buf) {
-                                w.reply(&buf[..r.len], &r, numbering, targets);
+                                w.reply(&buf[..r.len], &r, numbering, addresses);
                             }
                         }
                         break;
@@ -497,15 +581,15 @@ fn matching(
     id: u16,
     seq: u16,
     numbering: Numbering,
-    targets: &[IpAddr],
+    targets: Addresses<'_>,
 ) -> Option<usize> {
     let i = numbering.request(id, seq, targets.len())?;
-    (targets[i] == src).then_some(i)
+    (targets.get(i) == Some(src)).then_some(i)
 }
 
 /// The index of the request `pkt` (an IPv4 packet) answers: identifier and
 /// sequence of this round, from the address it was sent to.
-fn match_reply(pkt: &[u8], numbering: Numbering, targets: &[IpAddr]) -> Option<usize> {
+fn match_reply(pkt: &[u8], numbering: Numbering, targets: Addresses<'_>) -> Option<usize> {
     let (src, id, seq) = parse_any_reply(pkt)?;
     matching(IpAddr::V4(src), id, seq, numbering, targets)
 }
@@ -515,7 +599,7 @@ fn match_reply_v6(
     msg: &[u8],
     src: Ipv6Addr,
     numbering: Numbering,
-    targets: &[IpAddr],
+    targets: Addresses<'_>,
 ) -> Option<usize> {
     let (id, seq) = parse_any_reply_v6(msg)?;
     matching(IpAddr::V6(src), id, seq, numbering, targets)
@@ -574,29 +658,43 @@ mod tests {
         let targets: Vec<IpAddr> = v4.iter().map(|ip| IpAddr::V4(*ip)).collect();
         let base = 0xfffe;
         let one = Numbering::single(base, 3);
-        assert_eq!(match_reply(&reply(v4[2], base, 2), one, &targets), Some(2));
         assert_eq!(
-            match_reply(&reply(v4[1], base, 2), one, &targets),
+            match_reply(&reply(v4[2], base, 2), one, Addresses::of(&targets)),
+            Some(2)
+        );
+        assert_eq!(
+            match_reply(&reply(v4[1], base, 2), one, Addresses::of(&targets)),
             None,
             "a reply from another address than the request's"
         );
         assert_eq!(
-            match_reply(&reply(v4[0], base.wrapping_add(7), 0), one, &targets),
+            match_reply(
+                &reply(v4[0], base.wrapping_add(7), 0),
+                one,
+                Addresses::of(&targets)
+            ),
             None,
             "an identifier of no flow"
         );
-        assert_eq!(match_reply(&reply(v4[0], base, 9), one, &targets), None);
+        assert_eq!(
+            match_reply(&reply(v4[0], base, 9), one, Addresses::of(&targets)),
+            None
+        );
         let next_round = Numbering {
             seq_base: 40_000,
             ..one
         };
         assert_eq!(
-            match_reply(&reply(v4[2], base, 2), next_round, &targets),
+            match_reply(&reply(v4[2], base, 2), next_round, Addresses::of(&targets)),
             None,
             "the same request of an earlier round"
         );
         assert_eq!(
-            match_reply(&reply(v4[2], base, 40_002), next_round, &targets),
+            match_reply(
+                &reply(v4[2], base, 40_002),
+                next_round,
+                Addresses::of(&targets)
+            ),
             Some(2)
         );
     }
@@ -609,13 +707,19 @@ mod tests {
         let one = Numbering::single(base, 2);
         let mut msg = echo_request_v6(base, 1);
         msg[0] = 129;
-        assert_eq!(match_reply_v6(&msg, v6, one, &targets), Some(1));
+        assert_eq!(
+            match_reply_v6(&msg, v6, one, Addresses::of(&targets)),
+            Some(1)
+        );
         let other: Ipv6Addr = "2001:2:1::2".parse().expect("ip");
-        assert_eq!(match_reply_v6(&msg, other, one, &targets), None);
+        assert_eq!(
+            match_reply_v6(&msg, other, one, Addresses::of(&targets)),
+            None
+        );
         let mut first = echo_request_v6(base, 0);
         first[0] = 129;
         assert_eq!(
-            match_reply_v6(&first, v6, one, &targets),
+            match_reply_v6(&first, v6, one, Addresses::of(&targets)),
             None,
             "sequence 0 went to the IPv4 address"
         );
@@ -724,12 +828,53 @@ mod tests {
     }
 
     #[test]
+    fn mtu_probes_are_addressed_through_the_requests_they_follow() {
+        let ip = |d| IpAddr::V4(Ipv4Addr::new(198, 18, 0, d));
+        let targets = [ip(1), ip(2), ip(3)];
+        let a = Addresses {
+            targets: &targets,
+            follows: &[2, 0],
+        };
+        assert_eq!(a.len(), 5);
+        let all: Vec<_> = (0..6).map(|i| a.get(i)).collect();
+        assert_eq!(
+            all,
+            [
+                Some(ip(1)),
+                Some(ip(2)),
+                Some(ip(3)),
+                Some(ip(3)),
+                Some(ip(1)),
+                None
+            ]
+        );
+    }
+
+    #[test]
+    fn a_send_time_is_kept_to_the_nanosecond_and_taken_once() {
+        let base = Instant::now();
+        let mut sent = SentAt::new(2, base);
+        assert_eq!(sent.take(0), None, "not sent");
+        let at = base + Duration::from_nanos(1_234_567);
+        sent.set(1, at);
+        assert_eq!(sent.take(1), Some(at));
+        assert_eq!(sent.take(1), None, "a second reply finds it taken");
+        sent.set(0, base);
+        assert_eq!(sent.take(0), Some(base), "sent at the base itself");
+        assert_eq!(sent.take(7), None, "no such request");
+    }
+
+    #[test]
     fn an_mtu_probe_follows_only_a_small_echo_read_within_a_tenth_of_the_timeout() {
         let echoes = Echoes::new(3, Duration::ZERO, Duration::ZERO);
         let timeout = Duration::from_millis(1000);
         let t0 = Instant::now();
         let mut w = Waiting {
-            sent_at: vec![Some(t0); 5],
+            sent_at: {
+                let mut sent = SentAt::new(5, t0);
+                (0..5).for_each(|i| sent.set(i, t0));
+                sent
+            },
             echoes: &echoes,
             results: vec![Err(ProbeError::NotSent(MTU_NOT_SENT)); 5],
             pending: 3,
@@ -760,7 +905,6 @@ mod tests {
             let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
             let echoes = Echoes::new(1, Duration::ZERO, Duration::ZERO);
             let padded = Padded {
-                from: 1,
                 bytes: 1400,
                 follows: vec![0].into(),
             };
@@ -768,7 +912,7 @@ mod tests {
             let timeout = Duration::from_secs(1);
             let results = prober
                 .round(
-                    &[lo, lo],
+                    &[lo],
                     numbering,
                     Some(padded),
                     timeout,

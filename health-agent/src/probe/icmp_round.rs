@@ -105,21 +105,15 @@ impl Prober {
             }
         };
         // The MTU probes go to the same addresses, after the others.
-        let (all, padded) = match mtu.bytes {
-            Some(bytes) if !mtu.indices.is_empty() => {
-                let mut all = Vec::with_capacity(n + mtu.indices.len());
-                all.extend_from_slice(targets);
-                all.extend(mtu.indices.iter().map(|&i| targets[i]));
-                let padded = Padded {
-                    from: n,
-                    bytes: usize::from(bytes),
-                    follows: mtu.indices.as_slice().into(),
-                };
-                (Arc::new(all), Some(padded))
-            }
-            _ => (targets.clone(), None),
+        let padded = match mtu.bytes {
+            Some(bytes) if !mtu.indices.is_empty() => Some(Padded {
+                bytes: usize::from(bytes),
+                follows: mtu.indices.as_slice().into(),
+            }),
+            _ => None,
         };
-        let total = all.len();
+        let total = n + padded.as_ref().map_or(0, |p| p.follows.len());
+        let all = targets.clone();
         let echoes = echoes.clone();
         let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
         let metrics = self.cfg.metrics.as_deref();
@@ -131,7 +125,8 @@ impl Prober {
         .await
         .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); total]);
         metrics.inspect(|m| m.settled(total));
-        // The MTU probes' results, taken off the end in place.
+        // The MTU probes' results, taken off the end in place, and their
+        // pages handed back.
         let mtu_results = results
             .drain(n.min(results.len())..)
             .map(|r| match r {
@@ -140,6 +135,7 @@ impl Prober {
                 Err(_) => MtuOutcome::NotSent,
             })
             .collect();
+        results.shrink_to_fit();
         (outcomes_of(results), mtu_results)
     }
 
