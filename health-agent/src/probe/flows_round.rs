@@ -32,7 +32,7 @@ impl Prober {
             if !current.contains(&node.name) {
                 continue;
             }
-            let Some(entry) = paths.get_mut(&node.name) else {
+            let Some(entry) = paths.get_mut(node.name.as_str()) else {
                 continue;
             };
             for (kind, flows) in samples.iter().enumerate() {

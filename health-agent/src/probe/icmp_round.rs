@@ -158,7 +158,7 @@ impl Prober {
         let threshold = self.cfg.thresholds.failure.max(1);
         for (&i, outcome) in mtu.indices.iter().zip(outcomes) {
             let (node, address) = keys[i];
-            let Some(entry) = paths.get_mut(&nodes[node as usize].name) else {
+            let Some(entry) = paths.get_mut(nodes[node as usize].name.as_str()) else {
                 continue;
             };
             let state = entry.state_mut(2 * usize::from(address));

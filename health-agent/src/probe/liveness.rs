@@ -148,7 +148,7 @@ impl Prober {
                 continue;
             };
             let icmp = 2 * usize::from(address);
-            let early = match paths.get_mut(&n.name) {
+            let early = match paths.get_mut(n.name.as_str()) {
                 // Never probed: undecided, so news.
                 None => true,
                 Some(p) => {

@@ -64,7 +64,7 @@ impl Prober {
             for (kind, path) in PATH_NAMES.iter().enumerate() {
                 let i = path_index(f, kind);
                 let state = mine.map_or(&PathRecord::UNKNOWN, |p| p.state(i));
-                let quality = mine.and_then(|p| p.quality.get(i)).unwrap_or(&empty);
+                let quality = mine.and_then(|p| p.quality(i)).unwrap_or(&empty);
                 out.push(PathQualityView {
                     path: (*path).to_owned(),
                     family: f,

@@ -14,19 +14,25 @@ use super::{
 use crate::membership::{Node, NodeSet};
 
 /// A node's paths (`4 * family + kind`, see [`family::path_index`]) and
-/// their recent results. Only as many states as the highest family probed
+/// their recent results. Only as many paths as the highest family probed
 /// needs (4 for an IPv4-only node): at 5,000 nodes the other four would be
-/// 2.4 MB never used.
+/// 3 MB never used. 64 bytes and the paths (152 bytes each).
 #[derive(Debug, Clone, Default)]
 pub(super) struct NodePaths {
-    pub(super) state: Vec<PathRecord>,
+    pub(super) paths: Vec<KeptPath>,
     pub(super) history: NodeRing,
-    /// Each path's loss and RTT over the sliding windows, as `state`.
-    pub(super) quality: Vec<PathQuality>,
     /// Liveness echoes (see [`super::liveness`]) by family (at
     /// `Family::index`): early rounds left while the family's paths
     /// disagree with its echoes, and whether its last echo was answered.
     pub(super) echo: [EchoTrack; 2],
+}
+
+/// One path as the prober keeps it: its state, and its loss and RTT over
+/// the sliding windows.
+#[derive(Debug, Clone, Default)]
+pub(super) struct KeptPath {
+    pub(super) state: PathRecord,
+    pub(super) quality: PathQuality,
 }
 
 /// One family's liveness echoes to a node (see [`super::liveness`]).
@@ -41,43 +47,48 @@ pub(super) struct EchoTrack {
 impl NodePaths {
     /// Path `i`'s state (Unknown when never probed).
     pub(super) fn state(&self, i: usize) -> &PathRecord {
-        self.state.get(i).unwrap_or(&PathRecord::UNKNOWN)
+        self.paths.get(i).map_or(&PathRecord::UNKNOWN, |p| &p.state)
+    }
+
+    /// Path `i`'s windows (`None` when never probed).
+    pub(super) fn quality(&self, i: usize) -> Option<&PathQuality> {
+        self.paths.get(i).map(|p| &p.quality)
+    }
+
+    /// Path `i`, to record into: its family's paths made when it has none.
+    fn path_mut(&mut self, i: usize) -> &mut KeptPath {
+        if self.paths.len() <= i {
+            let len = (i / PER_FAMILY + 1) * PER_FAMILY;
+            self.paths
+                .resize_with(len.min(MAX_PATHS).max(i + 1), KeptPath::default);
+        }
+        &mut self.paths[i]
     }
 
     /// Path `i`'s state, to record into.
     pub(super) fn state_mut(&mut self, i: usize) -> &mut PathRecord {
-        if self.state.len() <= i {
-            let len = (i / PER_FAMILY + 1) * PER_FAMILY;
-            self.state
-                .resize_with(len.min(MAX_PATHS).max(i + 1), PathRecord::default);
-        }
-        &mut self.state[i]
+        &mut self.path_mut(i).state
     }
 
     /// Path `i`'s windows, to record into.
     pub(super) fn quality_mut(&mut self, i: usize) -> &mut PathQuality {
-        if self.quality.len() <= i {
-            let len = (i / PER_FAMILY + 1) * PER_FAMILY;
-            self.quality
-                .resize_with(len.min(MAX_PATHS).max(i + 1), PathQuality::default);
-        }
-        &mut self.quality[i]
+        &mut self.path_mut(i).quality
     }
 
     /// Forgets a family's paths.
     pub(super) fn forget(&mut self, family: Family) {
         let at = family.index() * PER_FAMILY;
-        if at >= self.state.len() {
+        if at >= self.paths.len() {
             return;
         }
-        self.state[at..at + PER_FAMILY].fill_with(PathRecord::default);
-        if self.quality.len() > at {
-            self.quality.truncate(at);
-            self.quality.shrink_to_fit();
-        }
-        if self.state[at..].iter().all(|s| *s == PathRecord::UNKNOWN) {
-            self.state.truncate(at);
-            self.state.shrink_to_fit();
+        let end = (at + PER_FAMILY).min(self.paths.len());
+        self.paths[at..end].fill_with(KeptPath::default);
+        if self.paths[at..]
+            .iter()
+            .all(|p| p.state == PathRecord::UNKNOWN)
+        {
+            self.paths.truncate(at);
+            self.paths.shrink_to_fit();
         }
     }
 }
