@@ -81,8 +81,7 @@ fn batch_delete_err(id: MapId) -> impl Fn(std::io::Error) -> DatapathError {
 }
 
 /// A pinned hash map's entries (keys `K`, values `V`, checked against the
-/// map), read in batches; the map is returned for [`delete_keys`] and
-/// [`update_entries`].
+/// map), read in batches; the map is returned for [`update_entries`].
 pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
     dir: &Path,
     id: MapId,
@@ -131,8 +130,8 @@ pub fn delete_where_slice<K: aya::Pod, V: aya::Pod>(
     delete_where_each(dir, id, from, budget, gone, |_| {})
 }
 
-/// [`delete_where_slice`], calling `deleted` with each key it deleted (not
-/// those gone meanwhile).
+/// [`delete_where_slice`], calling `deleted_key` with each key it deleted
+/// (not those gone meanwhile).
 pub fn delete_where_each<K: aya::Pod, V: aya::Pod>(
     dir: &Path,
     id: MapId,
@@ -189,18 +188,6 @@ pub fn per_cpu_entries<K: aya::Pod, V: aya::Pod>(
     })?;
     crate::sys::bpf_batch::for_each_per_cpu(data.fd().as_fd(), cpus.get() as usize, each)
         .map_err(batch_read_err(id))
-}
-
-/// Deletes `keys` from the map `data` (opened by [`hash_entries`]) in
-/// batches; keys already gone are passed over. `deleted` is called with
-/// each key deleted.
-pub fn delete_keys<K: aya::Pod>(
-    data: &MapData,
-    id: MapId,
-    keys: &[K],
-    deleted: impl FnMut(&K),
-) -> Result<(), DatapathError> {
-    crate::sys::bpf_batch::delete(data.fd().as_fd(), keys, deleted).map_err(batch_delete_err(id))
 }
 
 /// Writes `keys[i]` = `values[i]` into the map `data` (opened by

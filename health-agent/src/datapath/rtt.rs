@@ -223,21 +223,22 @@ pub fn sweep_counted(dir: &Path, timeout: Duration) -> Result<(u64, u64), Datapa
                 pad: [0; 3],
             });
         },
-    )?;
-    let (n, seen) = (walked.deleted, walked.seen);
-    if n == 0 {
-        return Ok((0, seen));
-    }
+    );
+    // What was deleted before a failure is counted all the same: the
+    // requests are gone from the pending map.
     let (keys, mut values) = tally.finish();
-    // The counters are the agent's alone (the kernel never writes them):
-    // read, add, write back.
-    let losses = hash_entries(dir, MapId::RttLosses, |k: &RttKey, so_far: &u64| {
-        if let Ok(i) = keys.binary_search(k) {
-            values[i] += so_far;
-        }
-    })?;
-    update_entries(&losses, MapId::RttLosses, &keys, &values)?;
-    Ok((n, seen.saturating_sub(n)))
+    if !keys.is_empty() {
+        // The counters are the agent's alone (the kernel never writes
+        // them): read, add, write back.
+        let losses = hash_entries(dir, MapId::RttLosses, |k: &RttKey, so_far: &u64| {
+            if let Ok(i) = keys.binary_search(k) {
+                values[i] += so_far;
+            }
+        })?;
+        update_entries(&losses, MapId::RttLosses, &keys, &values)?;
+    }
+    let walked = walked?;
+    Ok((walked.deleted, walked.seen.saturating_sub(walked.deleted)))
 }
 
 /// Losses counted per peer and protocol as the sweep deletes them, in

@@ -11,7 +11,7 @@
 //! the index of its error's class (`timeout`, `connect: refused`,
 //! `HTTP 503`, ...) in a small bounded table of the prober's. At 10,000
 //! peers and 60 rounds the rings are 4.8 MB. The full text of a path's last error is
-//! in its [`PathState`](super::path::PathState), not here.
+//! in its [`PathRecord`](super::path_record::PathRecord), not here.
 
 use std::{net::IpAddr, time::Duration};
 

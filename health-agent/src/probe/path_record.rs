@@ -3,10 +3,11 @@
 //! its own) only when a status is written. At 10,000 peers there are
 //! 40,000 of them, so the difference is 1.9 MB of the agent's heap.
 //!
-//! A failure's text is shared: paths that fail the same way (the 20,000
-//! paths to 5,000 silent peers all read `no echo reply within 1000 ms`
-//! or `no HTTP answer within 1000 ms`) hold one text between them, made
-//! once by [`ErrorTexts`].
+//! A failure's text is shared: paths that start failing the same way in
+//! a round (the 20,000 paths to 5,000 silent peers all read `no echo
+//! reply within 1000 ms` or `no HTTP answer within 1000 ms`) hold one
+//! text between them, made once by [`ErrorTexts`], and keep it while they
+//! fail that way.
 
 use std::sync::Arc;
 

@@ -13,8 +13,8 @@
 //! slice of 2-byte entries (bucket, count up to 255), epoch after epoch,
 //! with one entry per distinct RTT bucket an epoch saw (and one more per
 //! 255 samples of a bucket): a steady path holds a few entries per epoch
-//! (at most 128 bytes a path at a 60 s interval, 512 at 5 s), never a
-//! list of its samples.
+//! (about 128 bytes a path at a 60 s interval, 512 at 5 s, when its RTTs
+//! vary threefold), never a list of its samples.
 //!
 //! A window reads the epochs that started within its length before now,
 //! so it spans its length, plus at most one epoch.
@@ -176,14 +176,18 @@ impl PathQuality {
     /// Records one probe at `at_ms`: its RTT, or `None` when it was lost.
     pub fn record(&mut self, at_ms: u64, rtt_ns: Option<u64>) {
         self.advance(at_ms);
-        let b = rtt_ns.map(bucket);
-        for (t, w) in WINDOWS.iter().enumerate() {
-            let slot = (self.newest_of(t) % u32::try_from(w.epochs).unwrap_or(1)) as usize;
-            let e = FIRST_EPOCH[t] + slot;
-            match b {
-                None => self.lost[e] = self.lost[e].saturating_add(1),
-                Some(b) => self.count(e, b),
+        // Each window's newest epoch, in the order of `lens`.
+        let epochs: [usize; WINDOWS.len()] = std::array::from_fn(|t| {
+            let epochs = u32::try_from(WINDOWS[t].epochs).unwrap_or(1);
+            FIRST_EPOCH[t] + (self.newest_of(t) % epochs) as usize
+        });
+        match rtt_ns.map(bucket) {
+            None => {
+                for e in epochs {
+                    self.lost[e] = self.lost[e].saturating_add(1);
+                }
             }
+            Some(b) => self.count(epochs, b),
         }
     }
 
@@ -210,12 +214,14 @@ impl PathQuality {
             }
         }
         self.newest = epoch;
-        if ended
+        let dropped: usize = ended
             .iter()
             .zip(&self.lens)
-            .any(|(&gone, &n)| gone && n > 0)
-        {
-            let mut kept = Vec::with_capacity(self.entries.len());
+            .filter(|(gone, _)| **gone)
+            .map(|(_, &n)| usize::from(n))
+            .sum();
+        if dropped > 0 {
+            let mut kept = Vec::with_capacity(self.entries.len() - dropped);
             let mut at = 0;
             for (e, &gone) in ended.iter().enumerate() {
                 let n = usize::from(self.lens[e]);
@@ -240,38 +246,57 @@ impl PathQuality {
         start..start + usize::from(self.lens[e])
     }
 
-    /// Counts an answer in bucket `b` of epoch `e`.
-    fn count(&mut self, e: usize, b: u8) {
-        let held = self.segment(e);
+    /// Counts an answer in bucket `b` of each window's epoch in `epochs`
+    /// (in the order of `lens`): in place where the epoch has the bucket
+    /// with room, else in a new entry, the new ones made in one copy.
+    fn count(&mut self, epochs: [usize; WINDOWS.len()], b: u8) {
         let room = |x: &u16| count_of(*x) < u8::MAX;
-        if let Some(x) = self.entries[held.clone()]
-            .iter_mut()
-            .find(|x| bucket_of(**x) == b && room(x))
-        {
-            *x += 1;
-        } else if self.lens[e] < u8::MAX {
-            let mut grown = Vec::with_capacity(self.entries.len() + 1);
-            grown.extend_from_slice(&self.entries[..held.end]);
-            grown.push(entry(b, 1));
-            grown.extend_from_slice(&self.entries[held.end..]);
-            self.entries = grown.into_boxed_slice();
-            self.lens[e] += 1;
-        } else if let Some(x) = self.entries[held]
-            .iter_mut()
-            .filter(|x| room(x))
-            .min_by_key(|x| bucket_of(**x).abs_diff(b))
-        {
-            // An epoch has at most 255 entries: they fill only with
-            // hundreds of samples in each, and then an answer counts in
-            // the nearest bucket with room (it is still an answer).
-            *x += 1;
+        // Where each window's new entry goes, in `entries` as they are.
+        let mut new_at = [None; WINDOWS.len()];
+        for (t, &e) in epochs.iter().enumerate() {
+            let held = self.segment(e);
+            if let Some(x) = self.entries[held.clone()]
+                .iter_mut()
+                .find(|x| bucket_of(**x) == b && room(x))
+            {
+                *x += 1;
+            } else if self.lens[e] < u8::MAX {
+                new_at[t] = Some(held.end);
+            } else if let Some(x) = self.entries[held]
+                .iter_mut()
+                .filter(|x| room(x))
+                .min_by_key(|x| bucket_of(**x).abs_diff(b))
+            {
+                // An epoch has at most 255 entries (255 distinct buckets
+                // fill them): past that, an answer counts in the nearest
+                // bucket with room (it is still an answer).
+                *x += 1;
+            }
+            // Past 255 entries of 255 samples each (65,025 answers in one
+            // epoch), an answer is not counted, as a count past `u16` is
+            // not.
         }
-        // Past 255 entries of 255 samples each (65,025 answers in one
-        // epoch), an answer is not counted, as a count past `u16` is not.
+        let adds = new_at.iter().flatten().count();
+        if adds == 0 {
+            return;
+        }
+        // The epochs are in order, so the places are too.
+        let mut grown = Vec::with_capacity(self.entries.len() + adds);
+        let mut from = 0;
+        for (&e, at) in epochs.iter().zip(new_at) {
+            if let Some(at) = at {
+                grown.extend_from_slice(&self.entries[from..at]);
+                grown.push(entry(b, 1));
+                from = at;
+                self.lens[e] += 1;
+            }
+        }
+        grown.extend_from_slice(&self.entries[from..]);
+        self.entries = grown.into_boxed_slice();
     }
 
     /// Window `t`'s epochs that started within it at `now_ms`: each
-    /// one's slot among the counts and its histogram entries.
+    /// one's index in `lens` and `lost`, and its histogram entries.
     fn live_epochs(&self, t: usize, now_ms: u64) -> impl Iterator<Item = (usize, &[u16])> {
         let first = FIRST_EPOCH[t];
         let mut at: usize = self.lens[..first].iter().map(|&n| usize::from(n)).sum();
@@ -330,8 +355,8 @@ impl PathQuality {
     }
 
     /// Whether the path loses at least `threshold` of its probes with
-    /// confidence in a window at `now_ms` (see [`is_degraded`]), reading
-    /// only the windows' counts.
+    /// confidence in a window at `now_ms` (see [`is_degraded`]), from the
+    /// windows' losses and answer counts (no percentile is made).
     #[must_use]
     pub fn is_degraded(&self, now_ms: u64, threshold: f64) -> bool {
         (0..WINDOWS.len()).any(|t| {

@@ -1175,5 +1175,14 @@ mod tests {
         assert_eq!(p.state(1).mtu_failures, 1, "IPv4 kept");
         p.forget(Family::Ipv4);
         assert_eq!(p.paths.len(), 0, "nothing probed any more");
+        // The other way round: IPv4 forgotten first keeps IPv6's four
+        // (and IPv4's, before them), then nothing.
+        p.state_mut(1).mtu_failures = 1;
+        p.state_mut(PER_FAMILY + 2).mtu_failures = 1;
+        p.forget(Family::Ipv4);
+        assert_eq!(p.paths.len(), MAX_PATHS, "IPv6 kept");
+        assert_eq!(p.state(PER_FAMILY + 2).mtu_failures, 1);
+        p.forget(Family::Ipv6);
+        assert_eq!(p.paths.len(), 0, "both forgotten");
     }
 }

@@ -83,11 +83,15 @@ impl NodePaths {
         }
         let end = (at + PER_FAMILY).min(self.paths.len());
         self.paths[at..end].fill_with(KeptPath::default);
-        if self.paths[at..]
+        // The families from the last probed one on go (forgetting IPv4
+        // and then IPv6 leaves nothing).
+        let keep = self
+            .paths
             .iter()
-            .all(|p| p.state == PathRecord::UNKNOWN)
-        {
-            self.paths.truncate(at);
+            .rposition(|p| p.state != PathRecord::UNKNOWN)
+            .map_or(0, |i| (i / PER_FAMILY + 1) * PER_FAMILY);
+        if keep < self.paths.len() {
+            self.paths.truncate(keep);
             self.paths.shrink_to_fit();
         }
     }
