@@ -57,6 +57,17 @@ fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
 
     let ebpf_dir = root.join("health-ebpf");
     let ebpf_dir = ebpf_dir.to_str().ok_or("workspace path is not UTF-8")?;
+    // The workspace's release profile optimises for size; the kernel
+    // programs and every crate they are built from (health-common, aya's
+    // bpf side, core) are built at opt-level 3, as they are verified: at
+    // "s" LLVM leaves calls out of line whose frames together pass the
+    // 512-byte stack that Linux 6.1's verifier allows. aya-build runs
+    // cargo with this process's environment.
+    // SAFETY: the build script has one thread here (no other thread reads
+    // the environment while it is set).
+    unsafe {
+        env::set_var("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3");
+    }
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "health-ebpf",
