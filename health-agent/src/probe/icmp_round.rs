@@ -22,8 +22,9 @@ use crate::{membership::NodeSet, sys::socket_factory::SocketFactory};
 #[derive(Debug, Default)]
 pub(super) struct MtuTargets {
     bytes: Option<u16>,
-    /// Indices into the round's targets: the node addresses.
-    indices: Vec<usize>,
+    /// Indices into the round's targets: the node addresses (shared with
+    /// the engine, which addresses each MTU probe through them).
+    indices: Arc<[usize]>,
 }
 
 impl MtuTargets {
@@ -108,18 +109,18 @@ impl Prober {
         let padded = match mtu.bytes {
             Some(bytes) if !mtu.indices.is_empty() => Some(Padded {
                 bytes: usize::from(bytes),
-                follows: mtu.indices.as_slice().into(),
+                follows: mtu.indices.clone(),
             }),
             _ => None,
         };
         let total = n + padded.as_ref().map_or(0, |p| p.follows.len());
-        let all = targets.clone();
+        let targets = targets.clone();
         let echoes = echoes.clone();
         let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
         let metrics = self.cfg.metrics.as_deref();
         metrics.inspect(|m| m.sent(total));
         let mut results = tokio::spawn(async move {
-            icmp.round(&all, numbering, padded, timeout, spread, &echoes)
+            icmp.round(&targets, numbering, padded, timeout, spread, &echoes)
                 .await
         })
         .await
