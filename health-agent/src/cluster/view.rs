@@ -570,10 +570,12 @@ fn tally(
         }
     }
 
-    // Plain text, of the observers that reach it.
+    // Plain text: an observer that reached some path of it outside the
+    // tunnel (a summary marks only paths that answered), whatever its
+    // other paths did.
     for slot in obs.slots.iter().flatten() {
         for i in slot.start..slot.end {
-            if obs.plaintext[i] && obs.seen[i].reached() {
+            if obs.plaintext[i] {
                 tally[obs.targets[i] as usize].plaintext += 1;
             }
         }
@@ -1227,5 +1229,14 @@ mod tests {
         });
         assert_eq!(v.nodes[9].plaintext, 0, "a failed path is not reached");
         assert_eq!(v.plaintext_nodes, Vec::<String>::new());
+        // Reached in plain text while another path to it fails (its
+        // health address outside the AllowedIPs, say): still counted.
+        let v = cluster.view(&Faults {
+            plaintext: vec![(of9[0], 9)],
+            http_deaf: vec![of9[0]],
+            ..Faults::default()
+        });
+        assert_eq!(v.nodes[9].plaintext, 1, "{:?}", v.nodes[9]);
+        assert_eq!(v.plaintext_nodes, [v.nodes[9].name.clone()]);
     }
 }
