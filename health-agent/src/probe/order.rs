@@ -231,10 +231,21 @@ impl IssueOrder {
 /// Target indices `0..n` with those `suspect` says first (each group in
 /// index order), and how many those are.
 pub fn suspects_first(n: usize, suspect: impl Fn(usize) -> bool) -> (Vec<usize>, usize) {
-    let mut order: Vec<usize> = (0..n).filter(|&i| suspect(i)).collect();
-    let suspects = order.len();
-    order.extend((0..n).filter(|&i| !suspect(i)));
-    (order, suspects)
+    // One pass, one buffer: suspects from the front, the others from the
+    // back (then turned round into index order).
+    let mut order = vec![0; n];
+    let (mut front, mut back) = (0, n);
+    for i in 0..n {
+        if suspect(i) {
+            order[front] = i;
+            front += 1;
+        } else {
+            back -= 1;
+            order[back] = i;
+        }
+    }
+    order[front..].reverse();
+    (order, front)
 }
 
 #[cfg(test)]

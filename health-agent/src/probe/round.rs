@@ -593,38 +593,51 @@ impl Prober {
             && let Ok(mut tracing) = self.tracing.lock()
         {
             history.begin_round(seq, started_ms, at);
-            for (target, (&(node, address), (icmp, http))) in keys.iter().zip(outcomes).enumerate()
-            {
-                let node = &nodes[node as usize];
+            let mut outcomes = outcomes.into_iter().peekable();
+            let mut next = 0;
+            // A node's addresses are consecutive in `keys`: its paths are
+            // looked up once for all of them.
+            for group in keys.chunk_by(|a, b| a.0 == b.0) {
+                if outcomes.peek().is_none() {
+                    break;
+                }
+                let node = &nodes[group[0].0 as usize];
+                let first = next;
+                next += group.len();
+                let outcomes = outcomes.by_ref().take(group.len());
                 if !current.contains(&node.name) {
+                    outcomes.for_each(drop);
                     continue;
                 }
-                let icmp_slot = 2 * usize::from(address);
-                let http_slot = icmp_slot + 1;
                 let entry = match paths.get_mut(node.name.as_str()) {
                     Some(e) => e,
                     None => paths.entry(node.name.as_str().into()).or_default(),
                 };
-                for (slot, outcome) in [(icmp_slot, icmp), (http_slot, http)] {
-                    let value = history.encode(&outcome);
-                    entry.history.record(&history, seq, slot, value);
-                    let rtt_ns = match &outcome {
-                        Outcome::Ok { rtt, .. } => {
-                            Some(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX))
+                for (target, (&(_, address), (icmp, http))) in
+                    (first..).zip(group.iter().zip(outcomes))
+                {
+                    let icmp_slot = 2 * usize::from(address);
+                    for (slot, outcome) in [(icmp_slot, icmp), (icmp_slot + 1, http)] {
+                        let value = history.encode(&outcome);
+                        entry.history.record(&history, seq, slot, value);
+                        let rtt_ns = match &outcome {
+                            Outcome::Ok { rtt, .. } => {
+                                Some(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX))
+                            }
+                            Outcome::Failed(_) => None,
+                        };
+                        let q = entry.quality_mut(slot);
+                        q.record(at, rtt_ns);
+                        let lossy = q.is_degraded(at, self.cfg.degraded_loss);
+                        let state = entry.state_mut(slot);
+                        state.record(outcome, self.cfg.thresholds, at, &mut texts);
+                        state.degraded = lossy && state.result == ProbeResult::Success;
+                        if slot == icmp_slot {
+                            tracing.note(state, &node.name, slot, target, at);
                         }
-                        Outcome::Failed(_) => None,
-                    };
-                    let q = entry.quality_mut(slot);
-                    q.record(at, rtt_ns);
-                    let lossy = q.is_degraded(at, self.cfg.degraded_loss);
-                    let state = entry.state_mut(slot);
-                    state.record(outcome, self.cfg.thresholds, at, &mut texts);
-                    state.degraded = lossy && state.result == ProbeResult::Success;
-                    if slot == icmp_slot {
-                        tracing.note(state, &node.name, slot, target, at);
                     }
+                    probes += 2;
                 }
-                probes += 2;
             }
         }
         probes
@@ -724,12 +737,24 @@ impl Prober {
         let Ok(paths) = self.paths.lock() else {
             return order::suspects_first(n, |_| false);
         };
-        order::suspects_first(n, |i| {
-            let (node, address) = keys[spread.of(i).1];
-            paths
-                .get(nodes[node as usize].name.as_str())
-                .is_some_and(|p| p.state(2 * usize::from(address) + 1).consecutive_failures > 0)
-        })
+        // Each target's verdict once, a node's paths looked up once for
+        // its addresses (consecutive in `keys`), whatever the flows.
+        let mut last: Option<(u32, Option<&NodePaths>)> = None;
+        let failed: Vec<bool> = keys
+            .iter()
+            .map(|&(node, address)| {
+                let p = match last {
+                    Some((n, p)) if n == node => p,
+                    _ => {
+                        let p = paths.get(nodes[node as usize].name.as_str());
+                        last = Some((node, p));
+                        p
+                    }
+                };
+                p.is_some_and(|p| p.state(2 * usize::from(address) + 1).consecutive_failures > 0)
+            })
+            .collect();
+        order::suspects_first(n, |i| failed.get(spread.of(i).1) == Some(&true))
     }
 }
 
@@ -920,6 +945,47 @@ mod tests {
             t.ips[2],
             IpAddr::V6(Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, 1))
         );
+    }
+
+    #[test]
+    fn a_node_removed_during_the_round_is_skipped_and_the_next_keeps_its_outcomes() {
+        let prober = prober_of(Families::Dual);
+        let set = prober.nodes();
+        let t = targets(&set, Families::Dual);
+        // b leaves while the round runs; c's endpoint ICMP fails.
+        let without_b: Vec<Node> = set.iter().filter(|n| n.name != "b").cloned().collect();
+        prober.set_nodes(NodeSet::new(without_b).expect("unique"));
+        let outcomes: Vec<_> = (0..t.keys.len())
+            .map(|i| {
+                let (_, endpoint) = t.kind(i);
+                let c = set[t.keys[i].0 as usize].name == "c";
+                (if c && endpoint { refused() } else { ok(10) }, ok(20))
+            })
+            .collect();
+        assert_eq!(prober.record(&set, &t.keys, outcomes, 1, 1000, 1007), 12);
+        assert!(!prober.paths.lock().expect("paths").contains_key("b"));
+        let status = prober.status();
+        let names: Vec<&str> = status.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a", "c"]);
+        assert!(status.nodes[0].reachable(), "{:?}", status.nodes[0]);
+        let c = &status.nodes[1];
+        assert_eq!(
+            (
+                c.host.icmp.result,
+                c.endpoint.icmp.result,
+                c.endpoint.http.result
+            ),
+            (
+                ProbeResult::Success,
+                ProbeResult::Failure,
+                ProbeResult::Success
+            )
+        );
+        // Outcomes that end early record the nodes they reach, no others.
+        let prober = prober_of(Families::Dual);
+        let two = (0..2).map(|_| (ok(10), ok(20)));
+        assert_eq!(prober.record(&set, &t.keys, two, 1, 1000, 1007), 4);
+        assert_eq!(prober.paths.lock().expect("paths").len(), 1);
     }
 
     #[test]
