@@ -68,6 +68,11 @@ pub struct Prober {
     pub(super) liveness_ms: std::sync::atomic::AtomicU64,
     /// Woken (one permit) when a round is published.
     rounds_done: tokio::sync::Notify,
+    /// Which targets' HTTP path failed its last probe, as the last round
+    /// recorded them, with the node set they number: the next round's
+    /// order reads these rather than tens of thousands of path states
+    /// spread over the heap (see [`Self::http_failed_first`]).
+    http_failed: Mutex<Option<(NodeSet, Box<[bool]>)>>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -101,6 +106,7 @@ impl Prober {
             tracing: Mutex::default(),
             liveness_ms: std::sync::atomic::AtomicU64::new(0),
             rounds_done: tokio::sync::Notify::new(),
+            http_failed: Mutex::new(None),
             published: RwLock::new(Published {
                 summary: Arc::new(StatusSummary {
                     local_node: cfg.local_node.clone(),
@@ -588,6 +594,7 @@ impl Prober {
         let current = self.nodes();
         let mut probes = 0;
         let mut texts = ErrorTexts::default();
+        let mut http_failed = vec![false; keys.len()].into_boxed_slice();
         if let Ok(mut paths) = self.paths.lock()
             && let Ok(mut history) = self.history.lock()
             && let Ok(mut tracing) = self.tracing.lock()
@@ -634,11 +641,16 @@ impl Prober {
                         state.degraded = lossy && state.result == ProbeResult::Success;
                         if slot == icmp_slot {
                             tracing.note(state, &node.name, slot, target, at);
+                        } else if let Some(f) = http_failed.get_mut(target) {
+                            *f = state.consecutive_failures > 0;
                         }
                     }
                     probes += 2;
                 }
             }
+        }
+        if let Ok(mut last) = self.http_failed.lock() {
+            *last = Some((nodes.clone(), http_failed));
         }
         probes
     }
@@ -734,14 +746,31 @@ impl Prober {
         spread: Spread,
     ) -> (Vec<usize>, usize) {
         let n = spread.n * spread.flows;
+        let of = |failed: &[bool]| {
+            order::suspects_first(n, |i| failed.get(spread.of(i).1) == Some(&true))
+        };
+        // As the last round left them, when it probed this very node set
+        // (only a round's recording changes a path's failures).
+        if let Ok(last) = self.http_failed.lock()
+            && let Some((set, failed)) = last.as_ref()
+            && set.same_snapshot(nodes)
+            && failed.len() == keys.len()
+        {
+            return of(failed);
+        }
+        of(&self.http_failed_looked_up(nodes, keys))
+    }
+
+    /// Whether each target's HTTP path failed its last probe, from the
+    /// paths' states.
+    fn http_failed_looked_up(&self, nodes: &NodeSet, keys: &[(u32, u8)]) -> Vec<bool> {
         let Ok(paths) = self.paths.lock() else {
-            return order::suspects_first(n, |_| false);
+            return Vec::new();
         };
         // Each target's verdict once, a node's paths looked up once for
         // its addresses (consecutive in `keys`), whatever the flows.
         let mut last: Option<(u32, Option<&NodePaths>)> = None;
-        let failed: Vec<bool> = keys
-            .iter()
+        keys.iter()
             .map(|&(node, address)| {
                 let p = match last {
                     Some((n, p)) if n == node => p,
@@ -753,8 +782,7 @@ impl Prober {
                 };
                 p.is_some_and(|p| p.state(2 * usize::from(address) + 1).consecutive_failures > 0)
             })
-            .collect();
-        order::suspects_first(n, |i| failed.get(spread.of(i).1) == Some(&true))
+            .collect()
     }
 }
 
@@ -986,6 +1014,41 @@ mod tests {
         let two = (0..2).map(|_| (ok(10), ok(20)));
         assert_eq!(prober.record(&set, &t.keys, two, 1, 1000, 1007), 4);
         assert_eq!(prober.paths.lock().expect("paths").len(), 1);
+    }
+
+    #[test]
+    fn the_http_paths_that_failed_last_go_first_as_the_last_round_recorded_them() {
+        let prober = prober_of(Families::Dual);
+        let set = prober.nodes();
+        let t = targets(&set, Families::Dual);
+        let spread = Spread {
+            n: t.keys.len(),
+            flows: 2,
+        };
+        // b's endpoint HTTP fails (target 5 of a's 4, b's 2, c's 2).
+        round_where(&prober, 1, |n, _, endpoint| {
+            let bad = n.name == "b" && endpoint;
+            (ok(10), if bad { refused() } else { ok(20) })
+        });
+        let (cached, flags) = {
+            let last = prober.http_failed.lock().expect("lock");
+            let (s, f) = last.as_ref().expect("recorded");
+            (s.same_snapshot(&set), f.to_vec())
+        };
+        assert!(cached);
+        assert_eq!(flags, prober.http_failed_looked_up(&set, &t.keys));
+        let (order, suspects) = prober.http_failed_first(&set, &t.keys, spread);
+        assert_eq!(suspects, 2, "{order:?}");
+        assert_eq!(order[..3], [5, 13, 0], "each flow's probe of it first");
+        // The same nodes in another snapshot: read from the paths.
+        let again = NodeSet::new(set.iter().cloned().collect()).expect("unique");
+        assert_eq!(
+            prober.http_failed_first(&again, &t.keys, spread),
+            (order, 2)
+        );
+        // Answered again: no suspect.
+        round_where(&prober, 2, |_, _, _| (ok(10), ok(20)));
+        assert_eq!(prober.http_failed_first(&set, &t.keys, spread).1, 0);
     }
 
     #[test]
