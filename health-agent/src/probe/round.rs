@@ -294,6 +294,10 @@ impl Prober {
         if let Ok(mut n) = self.nodes.write() {
             *n = nodes;
         }
+        // The last round's flags number the old set: not kept alive.
+        if let Ok(mut last) = self.http_failed.lock() {
+            *last = None;
+        }
         let round = self.status_summary().round.clone();
         self.publish(round, true);
     }
@@ -1042,6 +1046,15 @@ mod tests {
         assert_eq!(order[..3], [5, 13, 0], "each flow's probe of it first");
         // The same nodes in another snapshot: read from the paths.
         let again = NodeSet::new(set.iter().cloned().collect()).expect("unique");
+        assert_eq!(
+            prober.http_failed_first(&again, &t.keys, spread),
+            (order.clone(), 2)
+        );
+        // A new node set lets the old one go, and the order stands.
+        let fewer: Vec<Node> = set.iter().filter(|n| n.name != "c").cloned().collect();
+        prober.set_nodes(NodeSet::new(fewer).expect("unique"));
+        assert!(prober.http_failed.lock().expect("lock").is_none());
+        prober.set_nodes(again.clone());
         assert_eq!(
             prober.http_failed_first(&again, &t.keys, spread),
             (order, 2)
