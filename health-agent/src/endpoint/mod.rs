@@ -263,10 +263,13 @@ impl Endpoint {
         self.transition(State::Regenerating, reason)?;
         let owned = self.record.owned.clone().unwrap_or_default();
         let owned = ownership::judge(Record::Current(&owned), &ownership::observe(&self.plan)?)?;
+        let host_proven = owned.host.as_ref().map(|h| h.ifindex);
         self.record.owned = Some(owned);
         let (plan, record, dir) = (&self.plan, &mut self.record, &self.cfg.state_dir);
         let unsaved = &mut self.unsaved;
-        let made = plumbing::ensure_with(plan, |m| record_made(plan, record, dir, unsaved, m))?;
+        let made = plumbing::ensure_with(plan, host_proven, |m| {
+            record_made(plan, record, dir, unsaved, m)
+        })?;
         self.attach()?;
         Ok(made)
     }

@@ -49,4 +49,12 @@ pub enum PlumbingError {
         "{cidr} has no router address (a prefix longer than /{longest} leaves no room for one)"
     )]
     NoRouter { cidr: IpNet, longest: u8 },
+    #[error(
+        "{iface:?} (index {index}) is not the interface this agent made (index {proven}): left as it is"
+    )]
+    NotMine {
+        iface: String,
+        index: u32,
+        proven: String,
+    },
 }

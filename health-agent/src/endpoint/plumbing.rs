@@ -247,8 +247,10 @@ async fn has_default<A: Family>(nl: &Netlink, index: u32, router: A) -> Result<b
 
 /// The veth: both ends must exist; a half (one end moved or deleted with
 /// the other surviving) is removed and the pair recreated. Returns what it
-/// made.
-fn ensure_veth(plan: &Plan) -> Result<Option<Missing>, PlumbingError> {
+/// made. The host end is removed only when it is the one `host_proven`
+/// (its index) says the agent made: one put in its place since the
+/// ownership was judged is left, and named.
+fn ensure_veth(plan: &Plan, host_proven: Option<u32>) -> Result<Option<Missing>, PlumbingError> {
     let host = in_netns(
         None,
         |nl| async move { nl.link_index(&plan.host_iface).await },
@@ -259,11 +261,15 @@ fn ensure_veth(plan: &Plan) -> Result<Option<Missing>, PlumbingError> {
     if host.is_some() && ep.is_some() {
         return Ok(None);
     }
-    if host.is_some() {
-        in_netns(
-            None,
-            |nl| async move { nl.delete_link(&plan.host_iface).await },
-        )?;
+    if let Some(index) = host {
+        if host_proven != Some(index) {
+            return Err(PlumbingError::NotMine {
+                iface: plan.host_iface.clone(),
+                index,
+                proven: host_proven.map_or_else(|| "none".to_owned(), |i| i.to_string()),
+            });
+        }
+        in_netns(None, |nl| async move { nl.delete_link_index(index).await })?;
     }
     if ep.is_some() {
         in_netns(Some(&plan.netns), |nl| async move {
@@ -304,7 +310,7 @@ pub enum Made {
 
 /// Creates whatever is missing; returns what it had to create.
 pub fn ensure(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
-    ensure_with(plan, |_| Ok::<_, PlumbingError>(()))
+    ensure_with(plan, None, |_| Ok::<_, PlumbingError>(()))
 }
 
 /// [`ensure`], calling `made` as soon as the namespace or the veth is
@@ -312,6 +318,7 @@ pub fn ensure(plan: &Plan) -> Result<Vec<Missing>, PlumbingError> {
 /// there).
 pub fn ensure_with<E: From<PlumbingError>>(
     plan: &Plan,
+    host_proven: Option<u32>,
     mut made: impl FnMut(Made) -> Result<(), E>,
 ) -> Result<Vec<Missing>, E> {
     let mut out = Vec::new();
@@ -320,7 +327,7 @@ pub fn ensure_with<E: From<PlumbingError>>(
         made(Made::Namespace)?;
         out.push(Missing::Namespace);
     }
-    if let Some(m) = ensure_veth(plan)? {
+    if let Some(m) = ensure_veth(plan, host_proven)? {
         made(Made::Veth)?;
         out.push(m);
     }

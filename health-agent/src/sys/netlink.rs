@@ -345,6 +345,17 @@ impl Netlink {
             .map_err(req(format!("deleting {name:?}")))
     }
 
+    /// Deletes the interface of index `index` (for a veth, both ends go):
+    /// that one, whatever now bears its name.
+    pub async fn delete_link_index(&self, index: u32) -> Result<(), NetlinkError> {
+        self.handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .map_err(req(format!("deleting the interface of index {index}")))
+    }
+
     /// The classic tc filters of `name` at the clsact `direction`
     /// (`tc filter show dev NAME ingress|egress`); an interface that has
     /// no clsact qdisc has none.

@@ -6,10 +6,18 @@
 use std::{path::PathBuf, time::Duration};
 
 use health_agent::{
-    endpoint::{ownership::Owned, record::EndpointRecord},
+    endpoint::{
+        ownership::Owned,
+        plan::{Plan, PlumbingError, V4},
+        plumbing,
+        record::EndpointRecord,
+    },
     sys::{netlink::in_netns, netns::Netns},
 };
-use health_tests::agent::{AgentNode, HEALTH_CIDR};
+use health_tests::{
+    agent::{AgentNode, HEALTH_CIDR},
+    names,
+};
 use nix::sys::signal::Signal;
 
 const READY: Duration = Duration::from_secs(10);
@@ -316,4 +324,65 @@ fn a_foreign_eth0_in_the_agents_own_namespace_is_refused_and_left() {
         ],
     );
     assert_eq!(endpoint_link(&node), Some(theirs), "left as it was");
+}
+
+/// Namespaces of one test, removed even on panic.
+struct Scratch(Vec<Netns>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let _ = ns.delete();
+        }
+    }
+}
+
+/// A repair that finds the veth's host end but not the endpoint's removes
+/// the host end only when it is the one the agent's ownership names: one
+/// put in its place since (the race between judging and repairing) is
+/// left, and named.
+#[test]
+fn a_repair_never_removes_a_host_interface_it_cannot_prove() {
+    let ep_name = names::unique("own-ep");
+    let scratch = Scratch(vec![
+        Netns::create(&names::unique("own-node")).expect("netns"),
+        Netns::create(&ep_name).expect("netns"),
+    ]);
+    let (node, ep) = (&scratch.0[0], &scratch.0[1]);
+    let plan = Plan {
+        netns: ep.clone(),
+        netns_name: ep_name,
+        host_iface: "lxc_t".into(),
+        ep_iface: "eth0".into(),
+        v4: Some(V4 {
+            addr: std::net::Ipv4Addr::new(198, 18, 64, 2),
+            cidr: "198.18.64.0/24".parse().expect("cidr"),
+        }),
+        v6: None,
+    };
+    node.run(|| plumbing::ensure(&plan))
+        .expect("enter node")
+        .expect("plumbing");
+    let link = |ns: &Netns, name: &'static str| {
+        in_netns(Some(ns), |nl| async move { nl.link_index(name).await }).expect("netlink")
+    };
+    let mine = link(node, "lxc_t").expect("made");
+    // Someone replaces the host end (the endpoint's end goes with it).
+    in_netns(Some(node), |nl| async move {
+        nl.delete_link("lxc_t").await?;
+        nl.add_veth("lxc_t", "theirs-peer", None).await
+    })
+    .expect("replace lxc_t");
+    let theirs = link(node, "lxc_t").expect("theirs");
+    let err = node
+        .run(|| plumbing::ensure_with(&plan, Some(mine), |_| Ok::<_, PlumbingError>(())))
+        .expect("enter node")
+        .expect_err("not the agent's to remove");
+    assert!(
+        matches!(err, PlumbingError::NotMine { index, .. } if index == theirs),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("\"lxc_t\""), "{err}");
+    assert_eq!(link(node, "lxc_t"), Some(theirs), "left as it was");
+    assert_eq!(link(ep, "eth0"), None, "nothing made in its place");
 }
