@@ -337,23 +337,23 @@ impl Netlink {
     /// Deletes an interface (for a veth, both ends go).
     pub async fn delete_link(&self, name: &str) -> Result<(), NetlinkError> {
         let index = self.require_link(name).await?;
-        self.handle
-            .link()
-            .del(index)
-            .execute()
-            .await
-            .map_err(req(format!("deleting {name:?}")))
+        self.del_link(index, format!("deleting {name:?}")).await
     }
 
     /// Deletes the interface of index `index` (for a veth, both ends go):
     /// that one, whatever now bears its name.
     pub async fn delete_link_index(&self, index: u32) -> Result<(), NetlinkError> {
+        self.del_link(index, format!("deleting the interface of index {index}"))
+            .await
+    }
+
+    async fn del_link(&self, index: u32, what: String) -> Result<(), NetlinkError> {
         self.handle
             .link()
             .del(index)
             .execute()
             .await
-            .map_err(req(format!("deleting the interface of index {index}")))
+            .map_err(req(what))
     }
 
     /// The classic tc filters of `name` at the clsact `direction`
