@@ -16,7 +16,7 @@ use health_agent::{
 };
 use health_tests::{
     agent::{AgentNode, HEALTH_CIDR},
-    names,
+    topology::TwoNodes,
 };
 use nix::sys::signal::Signal;
 
@@ -326,32 +326,24 @@ fn a_foreign_eth0_in_the_agents_own_namespace_is_refused_and_left() {
     assert_eq!(endpoint_link(&node), Some(theirs), "left as it was");
 }
 
-/// Namespaces of one test, removed even on panic.
-struct Scratch(Vec<Netns>);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        for ns in &self.0 {
-            let _ = ns.delete();
-        }
-    }
-}
-
 /// A repair that finds the veth's host end but not the endpoint's removes
 /// the host end only when it is the one the agent's ownership names: one
 /// put in its place since (the race between judging and repairing) is
 /// left, and named.
 #[test]
 fn a_repair_never_removes_a_host_interface_it_cannot_prove() {
-    let ep_name = names::unique("own-ep");
-    let scratch = Scratch(vec![
-        Netns::create(&names::unique("own-node")).expect("netns"),
-        Netns::create(&ep_name).expect("netns"),
-    ]);
-    let (node, ep) = (&scratch.0[0], &scratch.0[1]);
+    // `a` plays the node, `b` the endpoint's namespace (their own veth
+    // between them is no part of it).
+    let nodes = TwoNodes::new();
+    let (node, ep) = (&nodes.a, &nodes.b);
     let plan = Plan {
         netns: ep.clone(),
-        netns_name: ep_name,
+        netns_name: ep
+            .path()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("a named namespace")
+            .to_owned(),
         host_iface: "lxc_t".into(),
         ep_iface: "eth0".into(),
         v4: Some(V4 {
