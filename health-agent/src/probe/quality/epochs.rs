@@ -197,16 +197,16 @@ impl PathQuality {
         mask
     }
 
-    /// The merged answers (per bucket) and losses of level `t`'s newest
-    /// epoch, from its parts.
-    fn merged(&self, t: usize, at: &Offsets) -> ([u32; 256], u16) {
-        let mut counts = [0u32; 256];
+    /// The merged answers and losses of level `t`'s newest epoch, from
+    /// its parts.
+    fn merged(&self, t: usize, at: &Offsets) -> (Tally, u16) {
+        let mut tally = Tally::default();
         let mut lost = 0u16;
         self.current_parts(t, &mut |e| {
             lost = lost.saturating_add(self.lost[e]);
-            self.each_answer(e, at, |b, c| counts[usize::from(b)] += c);
+            self.each_answer(e, at, |b, c| tally.add(b, c));
         });
-        (counts, lost)
+        (tally, lost)
     }
 
     /// Moves the levels to the epoch of `at_ms`: the coarser levels'
@@ -225,9 +225,9 @@ impl PathQuality {
             let (old, new) = (self.newest_of(t), epoch / ratio_of(t));
             // An epoch older than its window when it ends is not sealed.
             if t > 0 && new > old && new - old < epochs_of(t) {
-                let (counts, lost) = self.merged(t, &at);
+                let (tally, lost) = self.merged(t, &at);
                 let e = slot(t, old);
-                sealed[t] = Some(Sealed::new(&counts, lost, e < RAW_EPOCHS, e));
+                sealed[t] = Some(Sealed::new(&tally, lost, e < RAW_EPOCHS, e));
             }
             for i in 0..(new - old).min(epochs_of(t)) {
                 ended[slot(t, new - i)] = true;
@@ -293,12 +293,12 @@ impl PathQuality {
         if self.is_raw(e) {
             let n = self.lens[e] + 1;
             if n == u8::MAX || (n >= 16 && n.is_power_of_two()) {
-                let mut counts = [0u32; 256];
-                counts[usize::from(b)] += 1;
+                let mut tally = Tally::default();
+                tally.add(b, 1);
                 for &x in &self.entries[held.clone()] {
-                    counts[usize::from(x)] += 1;
+                    tally.add(x, 1);
                 }
-                let s = Sealed::new(&counts, 0, n < u8::MAX, e);
+                let s = Sealed::new(&tally, 0, n < u8::MAX, e);
                 self.splice(held, &s.bytes);
                 self.lens[e] = s.len;
                 self.set_raw(e, s.raw);
@@ -375,6 +375,10 @@ impl PathQuality {
     /// from the windows' losses and answer counts (no percentile is made).
     #[must_use]
     pub fn is_degraded(&self, now_ms: u64, threshold: f64) -> bool {
+        // Without a loss, no window's interval starts above 0.
+        if threshold > 0.0 && self.lost.iter().all(|&n| n == 0) {
+            return false;
+        }
         let at = self.offsets();
         (0..WINDOWS.len()).any(|t| {
             let (probes, lost) = self.counts(t, now_ms, &at);
@@ -401,16 +405,55 @@ struct Sealed {
     lost: u16,
 }
 
+/// Answers per bucket, with the range of buckets that have any.
+struct Tally {
+    counts: [u32; 256],
+    lo: u8,
+    hi: u8,
+    answers: u32,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Self {
+            counts: [0; 256],
+            lo: u8::MAX,
+            hi: 0,
+            answers: 0,
+        }
+    }
+}
+
+impl Tally {
+    fn add(&mut self, b: u8, c: u32) {
+        self.counts[usize::from(b)] += c;
+        self.answers += c;
+        self.lo = self.lo.min(b);
+        self.hi = self.hi.max(b);
+    }
+
+    /// The buckets from the lowest with answers to the highest, and
+    /// their answers.
+    fn buckets(&self) -> impl Iterator<Item = (u8, u32)> + '_ {
+        (self.lo..=self.hi)
+            .zip(&self.counts[usize::from(self.lo)..])
+            .map(|(b, &c)| (b, c))
+            .filter(|&(_, c)| c > 0)
+    }
+}
+
 impl Sealed {
-    /// Encodes `counts` (answers per bucket) raw when `raw_ok` and that is
-    /// no larger, as pairs otherwise: at most 255 of them, answers past
-    /// that in the nearest pair with room, past 65,025 not counted.
-    fn new(counts: &[u32; 256], lost: u16, raw_ok: bool, epoch: usize) -> Self {
-        let answers: u32 = counts.iter().sum();
-        let pairs: u32 = counts.iter().map(|c| c.div_ceil(255)).sum();
+    /// Encodes a tally raw when `raw_ok` and that is no larger, as pairs
+    /// otherwise: at most 255 of them, answers past that in the nearest
+    /// pair with room, past 65,025 not counted.
+    fn new(tally: &Tally, lost: u16, raw_ok: bool, epoch: usize) -> Self {
+        let pairs: u32 = tally.buckets().map(|(_, c)| c.div_ceil(255)).sum();
         let mut bytes = Vec::new();
-        if let (true, Ok(len)) = (raw_ok && answers <= 2 * pairs, u8::try_from(answers)) {
-            for (b, &c) in (0..=u8::MAX).zip(counts) {
+        if let (true, Ok(len)) = (
+            raw_ok && tally.answers <= 2 * pairs,
+            u8::try_from(tally.answers),
+        ) {
+            for (b, c) in tally.buckets() {
                 bytes.extend(std::iter::repeat_n(b, c as usize));
             }
             return Self {
@@ -421,18 +464,21 @@ impl Sealed {
                 lost,
             };
         }
-        let mut left = *counts;
         let mut len = 0u8;
-        for (b, c) in (0..=u8::MAX).zip(&mut left) {
-            while *c > 0 && len < u8::MAX {
-                let n = u8::try_from(*c).unwrap_or(u8::MAX);
+        let mut left = Vec::new();
+        for (b, mut c) in tally.buckets() {
+            while c > 0 && len < u8::MAX {
+                let n = u8::try_from(c).unwrap_or(u8::MAX);
                 bytes.extend_from_slice(&[b, n]);
-                *c -= u32::from(n);
+                c -= u32::from(n);
                 len += 1;
             }
+            if c > 0 {
+                left.push((b, c));
+            }
         }
-        for (b, c) in (0..=u8::MAX).zip(&mut left) {
-            while *c > 0 {
+        for (b, mut c) in left {
+            while c > 0 {
                 let Some(p) = bytes
                     .as_chunks_mut::<2>()
                     .0
@@ -442,9 +488,9 @@ impl Sealed {
                 else {
                     break;
                 };
-                let n = (*c).min(u32::from(u8::MAX - p[1]));
+                let n = c.min(u32::from(u8::MAX - p[1]));
                 p[1] += n as u8;
-                *c -= n;
+                c -= n;
             }
         }
         Self {
