@@ -229,6 +229,7 @@ pub fn wilson(k: u64, n: u64) -> Option<(f64, f64)> {
     if n == 0 {
         return None;
     }
+    let (none, all) = (k == 0, k == n);
     #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
     let (k, n) = (k as f64, n as f64);
     let p = k / n;
@@ -236,7 +237,11 @@ pub fn wilson(k: u64, n: u64) -> Option<(f64, f64)> {
     let denom = 1.0 + z2 / n;
     let centre = (p + z2 / (2.0 * n)) / denom;
     let half = Z95 / denom * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
-    Some(((centre - half).max(0.0), (centre + half).min(1.0)))
+    // With no loss (or every probe lost) the interval reaches 0 (1)
+    // exactly, not within the formula's rounding (1e-17).
+    let low = if none { 0.0 } else { (centre - half).max(0.0) };
+    let high = if all { 1.0 } else { (centre + half).min(1.0) };
+    Some((low, high))
 }
 
 /// Windows shorter than this many probes never make a path degraded: one
@@ -287,6 +292,16 @@ mod tests {
         );
         let (l, h) = wilson(0, 60).expect("trials");
         assert!(l.abs() < 1e-12 && h > 0.05 && h < 0.07, "{l} {h}");
+        // No loss starts at 0 and every probe lost ends at 1, exactly:
+        // no threshold above 0 is met without a loss.
+        for n in 1..=2_000 {
+            let (l, _) = wilson(0, n).expect("trials");
+            let (_, h) = wilson(n, n).expect("trials");
+            assert!(
+                l.to_bits() == 0 && h.to_bits() == 1f64.to_bits(),
+                "{n}: {l} {h}"
+            );
+        }
         assert_eq!(wilson(0, 0), None);
     }
 }

@@ -1,5 +1,5 @@
-//! A path's samples over the windows of [`super::WINDOWS`], each answer
-//! and loss stored once.
+//! A path's samples over the windows of [`super::WINDOWS`]: a probe is
+//! recorded in one epoch, not in one epoch a window.
 //!
 //! The windows are levels, finest first: epochs of 10 s, 1 min and
 //! 10 min. A probe is counted in the finest level's newest epoch only. A
@@ -9,15 +9,18 @@
 //! keeps at least as many epochs as one epoch of the next level spans (6
 //! of 10 s make a minute, 10 of a minute make 10 minutes: checked when
 //! the crate is built), so the finer epochs are still there when the
-//! coarser one ends.
+//! coarser one ends. An answer is held again by each longer window once
+//! its epoch there has ended (a minute's answers in their minute, and
+//! once their 10 minutes end, in those as well); what no window holds
+//! twice is its newest epoch, where every probe lands.
 //!
 //! An epoch keeps its losses (a `u16`) and its answers' RTT buckets in
 //! the smaller of two forms: raw, a byte per answer (its bucket), or
 //! pairs, two bytes per distinct bucket (the bucket and its answers, 1 to
 //! 255; a bucket with more has one more pair per 255). A few answers
 //! spread over many buckets are smaller raw, many answers in few buckets
-//! as pairs; the hour's epochs, with hundreds of answers, always hold
-//! pairs. Every epoch's bytes share one exactly sized slice, epoch after
+//! as pairs. Only the shorter windows' 16 epochs have a bit to say which
+//! form they hold: the hour's hold pairs. Every epoch's bytes share one exactly sized slice, epoch after
 //! epoch.
 
 use super::{
@@ -211,7 +214,8 @@ impl PathQuality {
 
     /// Moves the levels to the epoch of `at_ms`: the coarser levels'
     /// newest epochs that end are sealed from the finer ones, then the
-    /// slots of every epoch that ended are cleared. A time before the
+    /// slots the new epochs take are cleared (what they held has left
+    /// its window). A time before the
     /// newest epoch (a clock stepped back) counts in the newest.
     fn advance(&mut self, at_ms: u64) {
         let epoch = u32::try_from(WINDOWS[0].epoch_of(at_ms)).unwrap_or(u32::MAX);
@@ -375,7 +379,7 @@ impl PathQuality {
     /// from the windows' losses and answer counts (no percentile is made).
     #[must_use]
     pub fn is_degraded(&self, now_ms: u64, threshold: f64) -> bool {
-        // Without a loss, no window's interval starts above 0.
+        // Without a loss, every window's interval starts at 0.
         if threshold > 0.0 && self.lost.iter().all(|&n| n == 0) {
             return false;
         }
@@ -543,7 +547,7 @@ mod tests {
     fn a_bucket_past_255_answers_in_an_epoch_takes_more_pairs_and_loses_none() {
         let mut p = PathQuality::default();
         // 600 answers in one 10 s epoch, all in one bucket: raw up to
-        // 255, then pairs of 255, 255 and 90, stored once.
+        // 255, then pairs of 255, 255 and 90, in that epoch only.
         for i in 0..600u64 {
             p.record(i * 10, Some(100_000));
         }
@@ -605,12 +609,13 @@ mod tests {
         }
     }
 
-    /// Each answer is stored once: in its 10 s epoch until its minute
-    /// ends, then in the minute (the hour's 10 minutes are read from
-    /// those). What is held is the answers of the last 10 minutes and
-    /// of the last minute, at most, a byte each while bytes are smaller.
+    /// A probe is recorded in its 10 s epoch only: its minute and its
+    /// 10 minutes hold it once they end, and are read from the shorter
+    /// epochs until then. Within the hour's first 10 minutes, what is
+    /// held is at most the answers of the last 10 minutes and of the
+    /// last minute, a byte each while bytes are smaller.
     #[test]
-    fn an_answer_is_stored_once_not_once_a_window() {
+    fn a_windows_newest_epoch_is_read_not_stored() {
         let mut p = PathQuality::default();
         let mut rng = fastrand::Rng::with_seed(11);
         // 9 minutes at 5 s, RTTs over a factor of 30: about one bucket
