@@ -8,11 +8,11 @@
 //! keeps its losses and its answers' RTTs in log buckets. A bucket spans
 //! a factor of [`GAMMA`] (8 %), so a percentile read at a bucket's
 //! geometric middle is within 4 % of the sample's value (the stated
-//! relative error). [`PathQuality`] stores each answer once, in the
-//! smaller of a byte per answer or two per distinct bucket (module
-//! `epochs`): a steady path holds about 100 bytes at a 60 s interval
-//! and 300 at 5 s once its hour is full, when its RTTs vary threefold,
-//! never a list of its samples.
+//! relative error). [`PathQuality`] records a probe in one epoch, not
+//! one a window, each epoch in the smaller of a byte per answer or two
+//! per distinct bucket (module `epochs`): a steady path holds about 100
+//! bytes at a 60 s interval and 300 at 5 s once its hour is full, when
+//! its RTTs vary threefold, never a list of its samples.
 //!
 //! A window reads the epochs that started within its length before now,
 //! so it spans its length, plus at most one epoch.
