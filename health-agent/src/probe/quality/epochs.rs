@@ -323,13 +323,7 @@ impl PathQuality {
         } else if self.lens[e] < u8::MAX {
             self.splice(held.end..held.end, &[b, 1]);
             self.lens[e] += 1;
-        } else if let Some(p) = self.entries[held]
-            .as_chunks_mut::<2>()
-            .0
-            .iter_mut()
-            .filter(room)
-            .min_by_key(|p| p[0].abs_diff(b))
-        {
+        } else if let Some(p) = nearest_with_room(&mut self.entries[held], b) {
             // An epoch has at most 255 pairs (255 distinct buckets fill
             // them): past that, an answer counts in the nearest bucket
             // with room (it is still an answer). Past 255 pairs of 255
@@ -409,6 +403,17 @@ struct Sealed {
     lost: u16,
 }
 
+/// The pair (in `pairs`) nearest bucket `b` whose count has room: where
+/// an answer goes once an epoch's 255 pairs are taken.
+fn nearest_with_room(pairs: &mut [u8], b: u8) -> Option<&mut [u8; 2]> {
+    pairs
+        .as_chunks_mut::<2>()
+        .0
+        .iter_mut()
+        .filter(|p| p[1] < u8::MAX)
+        .min_by_key(|p| p[0].abs_diff(b))
+}
+
 /// Answers per bucket, with the range of buckets that have any.
 struct Tally {
     counts: [u32; 256],
@@ -483,13 +488,7 @@ impl Sealed {
         }
         for (b, mut c) in left {
             while c > 0 {
-                let Some(p) = bytes
-                    .as_chunks_mut::<2>()
-                    .0
-                    .iter_mut()
-                    .filter(|p| p[1] < u8::MAX)
-                    .min_by_key(|p| p[0].abs_diff(b))
-                else {
+                let Some(p) = nearest_with_room(&mut bytes, b) else {
                     break;
                 };
                 let n = c.min(u32::from(u8::MAX - p[1]));
