@@ -22,7 +22,7 @@ impl Prober {
         let per_flow = keys.len();
         let threshold = self.cfg.thresholds.failure;
         let degraded_loss = self.cfg.degraded_loss;
-        let at = crate::util::timefmt::now_ms();
+        let at = super::quality::clock_ms();
         let current = self.nodes();
         let Ok(mut paths) = self.paths.lock() else {
             return;

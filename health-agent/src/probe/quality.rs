@@ -15,11 +15,16 @@
 //! its RTTs vary threefold, never a list of its samples.
 //!
 //! A window reads the epochs that started within its length before now,
-//! so it spans its length, plus at most one epoch.
+//! so it spans its length, plus at most one epoch. Epochs count on the
+//! monotonic clock ([`clock_ms`]), so a wall clock stepped back or
+//! forward moves no probe into another epoch.
 
 mod epochs;
 
-use std::time::Duration;
+use std::{
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +55,17 @@ pub const WINDOWS: [Window; 3] = [
         epochs: 6,
     },
 ];
+
+/// Milliseconds on the monotonic clock since its first reading: the time
+/// the windows count in. Unlike the wall clock it never steps, so an
+/// NTP correction neither piles a path's probes into one epoch nor
+/// empties its windows.
+#[must_use]
+pub fn clock_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let elapsed = START.get_or_init(Instant::now).elapsed();
+    u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// The epochs of every window together.
 const ALL_EPOCHS: usize = 22;

@@ -1,7 +1,7 @@
 //! `GET /v1/status/quality?node=NAME`: a node's paths over the sliding
 //! windows of [`super::quality`], with their verdicts.
 
-use std::{net::IpAddr, time::SystemTime};
+use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -51,9 +51,7 @@ impl Prober {
     pub fn node_quality(&self, name: &str) -> Option<NodeQuality> {
         let nodes = self.nodes();
         let node = nodes.get(name)?;
-        let now_ms = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let now_ms = super::quality::clock_ms();
         let paths = self.paths.lock().ok()?;
         let mine = paths.get(name);
         let empty = PathQuality::default();

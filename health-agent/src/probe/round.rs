@@ -598,6 +598,7 @@ impl Prober {
         let current = self.nodes();
         let mut probes = 0;
         let mut texts = ErrorTexts::default();
+        let clock = super::quality::clock_ms();
         let mut http_failed = vec![false; keys.len()].into_boxed_slice();
         if let Ok(mut paths) = self.paths.lock()
             && let Ok(mut history) = self.history.lock()
@@ -638,8 +639,8 @@ impl Prober {
                             Outcome::Failed(_) => None,
                         };
                         let q = entry.quality_mut(slot);
-                        q.record(at, rtt_ns);
-                        let lossy = q.is_degraded(at, self.cfg.degraded_loss);
+                        q.record(clock, rtt_ns);
+                        let lossy = q.is_degraded(clock, self.cfg.degraded_loss);
                         let state = entry.state_mut(slot);
                         state.record(outcome, self.cfg.thresholds, at, &mut texts);
                         state.degraded = lossy && state.result == ProbeResult::Success;
@@ -1018,6 +1019,36 @@ mod tests {
         let two = (0..2).map(|_| (ok(10), ok(20)));
         assert_eq!(prober.record(&set, &t.keys, two, 1, 1000, 1007), 4);
         assert_eq!(prober.paths.lock().expect("paths").len(), 1);
+    }
+
+    #[test]
+    fn a_rounds_probes_show_in_the_windows_whatever_the_wall_clock_says() {
+        let prober = prober_of(Families::Dual);
+        let set = prober.nodes();
+        let t = targets(&set, Families::Dual);
+        // Rounds stamped by a wall clock far in the past, then stepped
+        // forward a day, then back: the windows count on their own clock.
+        for (seq, at) in [(1, 1_000), (2, 86_400_000), (3, 2_000)] {
+            let outcomes = (0..t.keys.len()).map(|_| (ok(10), refused()));
+            prober.record(&set, &t.keys, outcomes, seq, at, at + 7);
+        }
+        let q = prober.node_quality("a").expect("a is a node");
+        let host_icmp = q
+            .paths
+            .iter()
+            .find(|p| p.path == "host-icmp" && p.family == Family::Ipv4)
+            .expect("host-icmp");
+        let minute = &host_icmp.windows[0];
+        assert_eq!((minute.probes, minute.lost), (3, 0), "{minute:?}");
+        let host_http = q
+            .paths
+            .iter()
+            .find(|p| p.path == "host-http" && p.family == Family::Ipv4)
+            .expect("host-http");
+        assert_eq!(
+            (host_http.windows[0].probes, host_http.windows[0].lost),
+            (3, 3)
+        );
     }
 
     #[test]

@@ -215,8 +215,8 @@ impl PathQuality {
     /// Moves the levels to the epoch of `at_ms`: the coarser levels'
     /// newest epochs that end are sealed from the finer ones, then the
     /// slots the new epochs take are cleared (what they held has left
-    /// its window). A time before the
-    /// newest epoch (a clock stepped back) counts in the newest.
+    /// its window). A time before the newest epoch counts in the newest
+    /// (the windows' clock, [`super::clock_ms`], never steps back).
     fn advance(&mut self, at_ms: u64) {
         let epoch = u32::try_from(WINDOWS[0].epoch_of(at_ms)).unwrap_or(u32::MAX);
         if epoch <= self.newest {
