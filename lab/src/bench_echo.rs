@@ -133,6 +133,7 @@ pub(crate) fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Res
     for round in 1..=opts.rounds {
         for (kind, list) in &mut samples {
             let s = measure(&nodes, &pins, *kind, a_index, &frame, opts, window)?;
+            crate::stop::check()?;
             progress(&format!(
                 "round {round}/{}: {:<12} offered {:>10.0}/s  replies {:>10.0}/s",
                 opts.rounds,

@@ -116,6 +116,7 @@ fn start_agent(node: &mut AgentNode, opts: &Options) -> anyhow::Result<()> {
             );
         }
         std::thread::sleep(Duration::from_millis(200));
+        crate::stop::check()?;
     }
 }
 

@@ -401,6 +401,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         opts.peers, opts.silent_pct
     );
     let mut lab = Lab::new(opts)?;
+    crate::stop::check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -470,6 +471,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             last_seq = r.seq;
         }
         std::thread::sleep(poll_period(opts.interval));
+        crate::stop::check()?;
     }
     clients_done.store(true, Ordering::Relaxed);
     let (status_latency, summary_latency) = joined(latencies);
@@ -487,6 +489,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         .count();
     print_live_failures(&first, opts.silent_pct, &lab.peers);
     let live_paths = live_paths(opts.peers, opts.silent_pct);
+    crate::stop::check()?;
     // The reference, in the same run, from the agent's node.
     let fping = fping(&lab.agent, opts.peers)?;
     stop_peers.cancel();
@@ -533,6 +536,7 @@ fn served_after(
             );
         }
         std::thread::sleep(Duration::from_millis(2));
+        crate::stop::check()?;
     }
 }
 

@@ -68,6 +68,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
     let start = Instant::now();
     let mut samples = Vec::new();
     while start.elapsed() < total {
+        crate::stop::check()?;
         std::thread::sleep(SAMPLE_EVERY.min(total.saturating_sub(start.elapsed())));
         let (cpu, rss) = usage(pid)?;
         // At rest: the fewest over 1.5 s (a round's probes each hold a

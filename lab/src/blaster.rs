@@ -97,7 +97,7 @@ fn send_for(ifindex: u32, frame: &[u8], duration: Duration) -> io::Result<u64> {
         .collect();
     let deadline = Instant::now() + duration;
     let mut sent = 0u64;
-    while Instant::now() < deadline {
+    while Instant::now() < deadline && !crate::stop::requested() {
         // SAFETY: msgs holds BATCH valid headers pointing at live buffers.
         let n = unsafe { libc::sendmmsg(fd.as_raw_fd(), msgs.as_mut_ptr(), BATCH as u32, 0) };
         if n < 0 {

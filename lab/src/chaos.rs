@@ -47,7 +47,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
             opts.flaps
         );
     }
-    crate::stop::install(on_signal)?;
+    crate::stop::install_with(on_signal)?;
     let scenarios: Vec<&str> = match &opts.scenario {
         Some(s) => vec![s.as_str()],
         None => SCENARIOS.to_vec(),

@@ -9,7 +9,6 @@
 
 use std::{
     fmt::Write as _,
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -48,12 +47,6 @@ pub(crate) struct Options {
     pub ip_family: String,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
 pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     if !(1..=100).contains(&opts.nodes) {
         bail!("--nodes {} is out of range (1 to 100)", opts.nodes);
@@ -61,7 +54,6 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     health_agent::util::duration::parse(&opts.probe_interval)
         .map_err(|e| anyhow::anyhow!("--probe-interval: {e}"))?;
     let family = family(opts)?;
-    crate::stop::install(on_signal)?;
     println!(
         "starting a {}-node cluster (namespaces on a bridge, {})...",
         opts.nodes,
@@ -88,7 +80,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
     let end = opts
         .seconds
         .map(|s| Instant::now() + Duration::from_secs(s));
-    while !STOP.load(Ordering::Relaxed) && end.is_none_or(|e| Instant::now() < e) {
+    while !crate::stop::requested() && end.is_none_or(|e| Instant::now() < e) {
         let mut view = String::new();
         for node in &cluster.nodes {
             match node.status() {
@@ -250,7 +242,7 @@ fn forward_page(cluster: &Cluster) -> String {
 
 fn sleep_unless_stopped(total: Duration) {
     let end = Instant::now() + total;
-    while !STOP.load(Ordering::Relaxed) && Instant::now() < end {
+    while !crate::stop::requested() && Instant::now() < end {
         std::thread::sleep(
             Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
         );

@@ -178,7 +178,14 @@ enum Command {
 
 #[allow(clippy::too_many_lines, reason = "one arm per subcommand")]
 fn main() -> ExitCode {
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    // Ctrl-C stops a command and removes what it made (the chaos suite
+    // installs its own handler).
+    if let Err(e) = stop::install() {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let result = match command {
         Command::BenchEcho {
             seconds,
             rounds,

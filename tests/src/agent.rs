@@ -317,13 +317,21 @@ pub fn daemon_command(
 /// (`target/<profile>/deps/<test>`).
 #[must_use]
 pub fn agent_binary() -> PathBuf {
+    built_binary("health-agent")
+}
+
+/// The `health-lab` binary of the same build, found as [`agent_binary`].
+#[must_use]
+pub fn lab_binary() -> PathBuf {
+    built_binary("health-lab")
+}
+
+fn built_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().expect("executable directory");
     let candidates = [
-        dir.join("health-agent"),
-        dir.parent()
-            .map(|p| p.join("health-agent"))
-            .unwrap_or_default(),
+        dir.join(name),
+        dir.parent().map(|p| p.join(name)).unwrap_or_default(),
     ];
     candidates
         .iter()
@@ -331,7 +339,7 @@ pub fn agent_binary() -> PathBuf {
         .cloned()
         .unwrap_or_else(|| {
             panic!(
-                "{} missing: run `cargo build -p health-agent` (cargo xtask test does)",
+                "{} missing: run `cargo build --workspace --bins` (cargo xtask test does)",
                 candidates[1].display()
             )
         })

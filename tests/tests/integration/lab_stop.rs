@@ -1,0 +1,137 @@
+//! `health-lab`'s benchmarks stop on Ctrl-C and remove what they made:
+//! the namespaces, the bpffs pins and the run's directory.
+
+use std::{
+    io::Read as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use health_agent::{datapath::remove_pins, sys::netns::Netns};
+use health_tests::{
+    agent::{lab_binary, socket_in},
+    names, require_root,
+};
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+
+/// The directories where a lab run makes things named after its pid.
+const PLACES: [&str; 2] = [health_agent::sys::netns::NETNS_RUN_DIR, "/sys/fs/bpf"];
+
+/// What a process made, by the pid in its names (`htest-<pid>-...`).
+fn made_by(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("{}-{pid}-", names::PREFIX);
+    PLACES
+        .iter()
+        .map(PathBuf::from)
+        .chain([std::env::temp_dir()])
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .collect()
+}
+
+/// The processes other than `pid` whose command line names what `pid`
+/// made (its agent, by its namespaces' and directories' names).
+fn processes_of(pid: u32) -> Vec<i32> {
+    let prefix = format!("{}-{pid}-", names::PREFIX);
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| i64::from(p) != i64::from(pid))
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&prefix))
+        })
+        .collect()
+}
+
+/// The lab process, killed with its agent and its leftovers removed if
+/// the test fails.
+struct Run(Child);
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        for p in processes_of(self.0.id()) {
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+        for path in made_by(self.0.id()) {
+            if path.starts_with(health_agent::sys::netns::NETNS_RUN_DIR) {
+                let _ = Netns::at(path).delete();
+            } else if path.starts_with("/sys/fs/bpf") {
+                let _ = remove_pins(&path);
+            } else {
+                let _ = std::fs::remove_dir_all(path);
+            }
+        }
+    }
+}
+
+/// The run's directory once its agent's socket is there.
+fn socket_up(pid: u32, within: Duration) -> Option<PathBuf> {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if let Some(dir) = made_by(pid)
+            .into_iter()
+            .find(|p| p.starts_with(std::env::temp_dir()) && socket_in(p).exists())
+        {
+            return Some(dir);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+#[test]
+fn a_benchmark_interrupted_stops_its_agent_and_removes_what_it_made() {
+    require_root();
+    let child = Command::new(lab_binary())
+        .args(["bench-round", "--peers", "20", "--rounds", "1000"])
+        .args(["--interval", "1s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("health-lab runs");
+    let mut run = Run(child);
+    let pid = run.0.id();
+    let dir = socket_up(pid, Duration::from_secs(60)).expect("the agent's socket within 60 s");
+    // A round or two, then Ctrl-C to the lab alone (its agent is stopped
+    // by the lab, not by the terminal's signal).
+    std::thread::sleep(Duration::from_secs(2));
+    kill(
+        Pid::from_raw(i32::try_from(pid).expect("pid")),
+        Signal::SIGINT,
+    )
+    .expect("SIGINT");
+    let end = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = run.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            Instant::now() < end,
+            "health-lab still runs 30 s after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = run.0.stderr.take() {
+        e.read_to_string(&mut stderr).expect("stderr");
+    }
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{stderr}");
+    assert_eq!(processes_of(pid), Vec::<i32>::new(), "its agent still runs");
+    assert!(!Path::new(&dir).exists());
+}
