@@ -115,8 +115,7 @@ fn start_agent(node: &mut AgentNode, opts: &Options) -> anyhow::Result<()> {
                 tail(&node.log(), 15)
             );
         }
-        std::thread::sleep(Duration::from_millis(200));
-        crate::stop::check()?;
+        crate::stop::sleep(Duration::from_millis(200))?;
     }
 }
 

@@ -416,6 +416,8 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     // one node's status, through the clients' round.
     let clients_at = clients_round(opts.rounds);
     let clients_done = Arc::new(AtomicBool::new(false));
+    // The clients stop however the run ends, an error included.
+    let _stop_clients = SetOnDrop(clients_done.clone());
     let start_clients = || status_clients(&client, &clients_done, &peer_name(opts.peers - 1));
     let mut latencies = if clients_at == 1 {
         start_clients()
@@ -470,8 +472,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             network_before = network;
             last_seq = r.seq;
         }
-        std::thread::sleep(poll_period(opts.interval));
-        crate::stop::check()?;
+        crate::stop::sleep(poll_period(opts.interval))?;
     }
     clients_done.store(true, Ordering::Relaxed);
     let (status_latency, summary_latency) = joined(latencies);
@@ -492,6 +493,8 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     crate::stop::check()?;
     // The reference, in the same run, from the agent's node.
     let fping = fping(&lab.agent, opts.peers)?;
+    // Ctrl-C from a terminal stops fping too: its time is not a sweep's.
+    crate::stop::check()?;
     stop_peers.cancel();
     drop(lab);
 
@@ -516,6 +519,15 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         cpu_per_peer: steady_cpu_per_peer(&measured.rounds, opts.peers),
         text,
     })
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// How long after `started` the agent's socket first answered.

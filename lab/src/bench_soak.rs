@@ -68,15 +68,14 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
     let start = Instant::now();
     let mut samples = Vec::new();
     while start.elapsed() < total {
-        crate::stop::check()?;
-        std::thread::sleep(SAMPLE_EVERY.min(total.saturating_sub(start.elapsed())));
+        crate::stop::sleep(SAMPLE_EVERY.min(total.saturating_sub(start.elapsed())))?;
         let (cpu, rss) = usage(pid)?;
         // At rest: the fewest over 1.5 s (a round's probes each hold a
         // socket for a moment).
         let mut fds = usize::MAX;
         for _ in 0..10 {
             fds = fds.min(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count());
-            std::thread::sleep(Duration::from_millis(150));
+            crate::stop::sleep(Duration::from_millis(150))?;
         }
         let s = Sample {
             at_s: start.elapsed().as_secs(),

@@ -179,9 +179,19 @@ enum Command {
 #[allow(clippy::too_many_lines, reason = "one arm per subcommand")]
 fn main() -> ExitCode {
     let command = Cli::parse().command;
-    // Ctrl-C stops a command and removes what it made (the chaos suite
-    // installs its own handler).
-    if let Err(e) = stop::install() {
+    // Ctrl-C stops the commands that poll for it and removes what they
+    // made (the chaos suite installs its own handler); the others end at
+    // once, as by default.
+    let polls = matches!(
+        command,
+        Command::BenchEcho { .. }
+            | Command::BenchRound { .. }
+            | Command::BenchLinear { .. }
+            | Command::BenchPage { .. }
+            | Command::BenchSoak { .. }
+            | Command::Demo(_)
+    );
+    if polls && let Err(e) = stop::install() {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
     }

@@ -66,6 +66,10 @@ impl Drop for Run {
         for p in processes_of(self.0.id()) {
             let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
         }
+        let end = Instant::now() + Duration::from_secs(2);
+        while !processes_of(self.0.id()).is_empty() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         for path in made_by(self.0.id()) {
             if path.starts_with(health_agent::sys::netns::NETNS_RUN_DIR) {
                 let _ = Netns::at(path).delete();
@@ -107,13 +111,13 @@ fn a_benchmark_interrupted_stops_its_agent_and_removes_what_it_made() {
     let pid = run.0.id();
     let dir = socket_up(pid, Duration::from_secs(60)).expect("the agent's socket within 60 s");
     // A round or two, then Ctrl-C to the lab alone (its agent is stopped
-    // by the lab, not by the terminal's signal).
+    // by the lab, not by the terminal's signal), twice 20 ms apart as a
+    // terminal's Ctrl-C reaches it through `cargo xtask`: one request.
     std::thread::sleep(Duration::from_secs(2));
-    kill(
-        Pid::from_raw(i32::try_from(pid).expect("pid")),
-        Signal::SIGINT,
-    )
-    .expect("SIGINT");
+    let lab = Pid::from_raw(i32::try_from(pid).expect("pid"));
+    kill(lab, Signal::SIGINT).expect("SIGINT");
+    std::thread::sleep(Duration::from_millis(20));
+    kill(lab, Signal::SIGINT).expect("SIGINT");
     let end = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(s) = run.0.try_wait().expect("wait") {
