@@ -1026,9 +1026,10 @@ mod tests {
         let prober = prober_of(Families::Dual);
         let set = prober.nodes();
         let t = targets(&set, Families::Dual);
-        // Rounds stamped by a wall clock far in the past, then stepped
-        // forward a day, then back: the windows count on their own clock.
-        for (seq, at) in [(1, 1_000), (2, 86_400_000), (3, 2_000)] {
+        // Rounds stamped by the wall clock, then by one stepped forward a
+        // day, then back: the windows count on their own clock.
+        let now = crate::util::timefmt::now_ms();
+        for (seq, at) in [(1, now), (2, now + 86_400_000), (3, now + 1)] {
             let outcomes = (0..t.keys.len()).map(|_| (ok(10), refused()));
             prober.record(&set, &t.keys, outcomes, seq, at, at + 7);
         }
