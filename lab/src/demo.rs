@@ -124,7 +124,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
                 cluster.nodes[0].name
             );
         }
-        sleep_unless_stopped(Duration::from_secs(1));
+        if crate::stop::sleep(Duration::from_secs(1)).is_err() {
+            break;
+        }
     }
     println!("\nstopping the agents (SIGTERM) and removing namespaces, pins and files...");
     cluster.stop_agents();
@@ -237,14 +239,5 @@ fn forward_page(cluster: &Cluster) -> String {
             );
             String::new()
         }
-    }
-}
-
-fn sleep_unless_stopped(total: Duration) {
-    let end = Instant::now() + total;
-    while !crate::stop::requested() && Instant::now() < end {
-        std::thread::sleep(
-            Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
-        );
     }
 }
