@@ -11,7 +11,14 @@ pub const PREFIX: &str = "htest";
 pub fn unique(what: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{PREFIX}-{}-{n}-{what}", std::process::id())
+    format!("{}{n}-{what}", of_pid(std::process::id()))
+}
+
+/// How every name [`unique`] gives in process `pid` starts:
+/// `htest-<pid>-`.
+#[must_use]
+pub fn of_pid(pid: u32) -> String {
+    format!("{PREFIX}-{pid}-")
 }
 
 /// The pid embedded by [`unique`] in `name`, if it has one.

@@ -23,7 +23,7 @@ const PLACES: [&str; 2] = [health_agent::sys::netns::NETNS_RUN_DIR, "/sys/fs/bpf
 
 /// What a process made, by the pid in its names (`htest-<pid>-...`).
 fn made_by(pid: u32) -> Vec<PathBuf> {
-    let prefix = format!("{}-{pid}-", names::PREFIX);
+    let prefix = names::of_pid(pid);
     PLACES
         .iter()
         .map(PathBuf::from)
@@ -41,7 +41,7 @@ fn made_by(pid: u32) -> Vec<PathBuf> {
 /// The processes other than `pid` whose command line names what `pid`
 /// made (its agent, by its namespaces' and directories' names).
 fn processes_of(pid: u32) -> Vec<i32> {
-    let prefix = format!("{}-{pid}-", names::PREFIX);
+    let prefix = names::of_pid(pid);
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
