@@ -63,9 +63,11 @@ fn track(ctx: &TcContext, from_endpoint: bool) -> i32 {
     TC_ACT_UNSPEC
 }
 
-/// Finds the flow's entry (its own direction first, then the reverse of a
-/// flow the other side opened) and accounts the packet; creates an entry
-/// for a new flow. A function of its own (a BPF subprogram with its own
+/// Finds the flow's entry and accounts the packet; creates an entry for a
+/// new flow. The endpoint opens most flows it sees (its probes, four a
+/// peer, against the two a peer opens to it): a packet leaving it is
+/// looked up in its own direction first, one coming back in the reverse
+/// of its own, so that a probe's packets each take one lookup. A function of its own (a BPF subprogram with its own
 /// stack frame): its two 40-byte keys and the new entry do not share the
 /// 512 bytes with the RTT code's.
 #[inline(never)]
@@ -83,14 +85,17 @@ fn account(flow: &Flow, from_endpoint: bool, now: u64) {
     };
     let reply = flow.key.reversed(other_dir);
     let proto = flow.key.proto;
-    if let Some(e) = CT_MAP.get_ptr_mut(&reply) {
+    let (first, second) = if from_endpoint {
+        (&own, &reply)
+    } else {
+        (&reply, &own)
+    };
+    let found = CT_MAP
+        .get_ptr_mut(first)
+        .or_else(|| CT_MAP.get_ptr_mut(second));
+    if let Some(e) = found {
         // SAFETY: a valid map value pointer; concurrent updates from other
         // CPUs may lose an increment (no atomics on this target).
-        unsafe { (*e).account(now, flow.len, flow.tcp_flags, from_endpoint, cfg, proto) };
-        return;
-    }
-    if let Some(e) = CT_MAP.get_ptr_mut(&own) {
-        // SAFETY: as above.
         unsafe { (*e).account(now, flow.len, flow.tcp_flags, from_endpoint, cfg, proto) };
         return;
     }
