@@ -120,9 +120,10 @@ fn render(opts: &Options, sizes: &[Size]) -> String {
             .collect();
         let _ = writeln!(
             text,
-            "{:>6} peers: {:.3} ms a peer (passes: {})",
+            "{:>6} peers: {:.3} ms a peer, {:.1} µs a probe (passes: {})",
             s.peers,
             ms(s.mean()),
+            ms(s.mean()) * 1000.0 / f64::from(bench_round::PROBES_A_PEER),
             passes.join(", ")
         );
     }

@@ -27,6 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::echo_peers::EchoPeers;
 use anyhow::{Context as _, bail};
 use health_agent::{
     api::client::Client,
@@ -88,6 +89,10 @@ impl Drop for Lab {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Probes a peer takes a round: ICMP and HTTP to its node and health
+/// addresses.
+pub(crate) const PROBES_A_PEER: u32 = 4;
 
 /// The most peers: the node IPs' and the health IPs' /17s hold 32,768
 /// each.
@@ -407,6 +412,13 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         .enable_all()
         .build()?;
     let stop_peers = serve_peers(&rt, &lab.peers)?;
+    // With the network in a thread of its own, the peers' echo too: the
+    // kernel's shared ICMP socket cannot queue a poll's worth of replies.
+    let echo = if opts.network_thread {
+        Some(EchoPeers::start(&lab.peers)?)
+    } else {
+        None
+    };
     let nodes_file = lab.nodes_file(opts.peers)?;
     let started = Instant::now();
     let pid = lab.start_agent(&nodes_file, opts.interval)?;
@@ -428,7 +440,10 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut last_seq = 0;
     // The network's thread (found by searching /proc) only with it.
     let network_dev = opts.network_thread.then_some(ROUTER_UPLINK);
-    let network_cpu = || network_dev.map(crate::napi::thread_cpu).unwrap_or_default();
+    let network_cpu = || {
+        network_dev.map(crate::napi::thread_cpu).unwrap_or_default()
+            + echo.as_ref().map(EchoPeers::cpu).unwrap_or_default()
+    };
     let mut before = (usage(pid)?.0, cpu_times(pid)?.0, lab.uplink_bytes()?);
     let mut network_before = network_cpu();
     let deadline = Instant::now() + Duration::from_secs(60) + opts.interval * (opts.rounds + 1);
@@ -489,6 +504,10 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         .filter(|n| n.host.icmp.mtu_blackhole.is_some())
         .count();
     print_live_failures(&first, opts.silent_pct, &lab.peers);
+    if let Some(echo) = &echo {
+        let (answered, not_sent) = echo.counts();
+        println!("the peers' echo, answered by the lab: {answered} replies, {not_sent} not sent");
+    }
     let live_paths = live_paths(opts.peers, opts.silent_pct);
     crate::stop::check()?;
     // The reference, in the same run, from the agent's node.
@@ -614,10 +633,12 @@ fn render(opts: &Options, m: &Measured) -> String {
         let n = steady.len() as u64;
         let _ = writeln!(
             text,
-            "steady rounds: mean {} ms wall, {} ms CPU ({:.3} ms a peer)",
+            "steady rounds: mean {} ms wall, {} ms CPU ({:.3} ms a peer, {:.1} µs a probe)",
             steady.iter().map(|r| r.wall_ms).sum::<u64>() / n,
             steady.iter().map(|r| r.cpu.as_millis() as u64).sum::<u64>() / n,
-            steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms)
+            steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms),
+            steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms) * 1000.0
+                / f64::from(PROBES_A_PEER)
         );
         render_steady_cpu(&mut text, opts, &steady);
         let bytes: u64 = steady.iter().map(|r| r.bytes).sum();
@@ -710,7 +731,7 @@ fn render_steady_cpu(text: &mut String, opts: &Options, steady: &[&Round]) {
         let network: Duration = steady.iter().map(|r| r.network).sum();
         let _ = writeln!(
             text,
-            "steady CPU of the simulated network (router, peers and the agent node's receives, in the napi/{ROUTER_UPLINK} kernel thread): {:.2} % of a core, {} ms a round",
+            "steady CPU of the simulated network (router, peers and the agent node's receives, in the napi/{ROUTER_UPLINK} kernel thread and the peers' echo thread): {:.2} % of a core, {} ms a round",
             100.0 * network.as_secs_f64() / (opts.interval.as_secs_f64() * steady.len() as f64),
             network.as_millis() / u128::from(n)
         );

@@ -23,6 +23,7 @@ mod bench_summary_format;
 mod blaster;
 mod chaos;
 mod demo;
+mod echo_peers;
 mod forward;
 mod napi;
 mod sim_nodes;

@@ -31,7 +31,7 @@ mod etcd;
 mod etcd_members;
 mod flows;
 mod hello_flood;
-mod lab_stop;
+mod lab;
 mod maps;
 mod masquerade;
 mod metrics;

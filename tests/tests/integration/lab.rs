@@ -1,5 +1,6 @@
-//! `health-lab`'s benchmarks stop on Ctrl-C and remove what they made:
-//! the namespaces, the bpffs pins and the run's directory.
+//! `health-lab`'s benchmarks: they stop on Ctrl-C and remove what they
+//! made (the namespaces, the bpffs pins and the run's directory), and with
+//! the simulated network in a thread of its own every live peer answers.
 
 use std::{
     io::Read as _,
@@ -138,4 +139,53 @@ fn a_benchmark_interrupted_stops_its_agent_and_removes_what_it_made() {
     assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{stderr}");
     assert_eq!(processes_of(pid), Vec::<i32>::new(), "its agent still runs");
     assert!(!Path::new(&dir).exists());
+}
+
+#[test]
+fn with_the_network_in_a_thread_every_echo_is_answered() {
+    require_root();
+    let child = Command::new(lab_binary())
+        .args(["bench-round", "--peers", "200", "--silent", "50"])
+        .args(["--rounds", "3", "--interval", "2s", "--network-thread"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("health-lab runs");
+    let mut run = Run(child);
+    let end = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = run.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < end, "health-lab still runs after 120 s");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    if let Some(mut o) = run.0.stdout.take() {
+        o.read_to_string(&mut out).expect("stdout");
+    }
+    if let Some(mut e) = run.0.stderr.take() {
+        e.read_to_string(&mut err).expect("stderr");
+    }
+    // The run fails on any live path not OK or any MTU black hole: the
+    // echoes and the MTU probes of the last rounds were all answered.
+    assert!(status.success(), "{out}\n{err}");
+    let answered = out
+        .lines()
+        .find_map(|l| l.strip_prefix("the peers' echo, answered by the lab: "))
+        .unwrap_or_else(|| panic!("no count of the lab's echo replies:\n{out}"));
+    let (replies, not_sent) = answered
+        .split_once(" replies, ")
+        .unwrap_or_else(|| panic!("{answered}"));
+    assert_eq!(not_sent, "0 not sent", "{out}");
+    // 20 live peers, two addresses each, over 3 rounds, and fping's.
+    assert!(replies.parse::<u64>().expect("a count") >= 3 * 40, "{out}");
+    assert!(
+        out.contains("after the last round: 400/400 live paths OK, 0 silent paths OK (false OK), 0 MTU black holes (false)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("the peers' ICMP: 0 replies not sent"),
+        "the peers' kernel answered no echo: {out}"
+    );
 }
