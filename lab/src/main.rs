@@ -74,8 +74,9 @@ enum Command {
         #[arg(long, default_value = "3s", value_parser = health_agent::util::duration::parse)]
         interval: std::time::Duration,
         /// The simulated network's work (the router's forwarding, the
-        /// peers' answers) in a kernel thread of its own, not charged to
-        /// the agent: threaded NAPI on the router's end of the uplink.
+        /// peers' answers) in threads of its own, not charged to the
+        /// agent: threaded NAPI on the router's end of the uplink, and the
+        /// peers' echoes answered by a thread of the lab.
         #[arg(long)]
         network_thread: bool,
     },
@@ -99,11 +100,12 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         passes: u32,
         /// The largest spread that passes, in percent.
-        #[arg(long, default_value_t = 20.0)]
+        #[arg(long, default_value_t = 15.0)]
         within: f64,
         /// The simulated network's work (the router's forwarding, the
-        /// peers' answers) in a kernel thread of its own, not charged to
-        /// the agent: threaded NAPI on the router's end of the uplink.
+        /// peers' answers) in threads of its own, not charged to the
+        /// agent: threaded NAPI on the router's end of the uplink, and the
+        /// peers' echoes answered by a thread of the lab.
         #[arg(long)]
         network_thread: bool,
     },

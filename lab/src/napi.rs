@@ -10,7 +10,8 @@
 //! through NAPI; with NAPI threaded, in a kernel thread
 //! (`napi/<device>-<id>`). Set on the router's end of the agent's uplink,
 //! everything past the agent node's own transmit runs in that thread,
-//! whose CPU the benchmark reports beside the agent's.
+//! whose CPU the benchmark reports beside the agent's, but the peers'
+//! echoes: a thread of the lab answers them ([`crate::echo_peers`]).
 
 use std::{ffi::c_void, fs, os::fd::AsRawFd as _, path::Path};
 

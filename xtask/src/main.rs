@@ -154,8 +154,8 @@ enum Bench {
         #[arg(long, default_value = "3s")]
         interval: String,
         /// The simulated network's work (the router's forwarding, the
-        /// peers' answers, the node's receives) in a kernel thread of its
-        /// own, reported apart: not charged to the agent.
+        /// peers' answers, the node's receives) in threads of its own,
+        /// reported apart: not charged to the agent.
         #[arg(long)]
         network_thread: bool,
     },
@@ -177,8 +177,8 @@ enum Bench {
         #[arg(long, default_value_t = 2)]
         passes: u32,
         /// The simulated network's work (the router's forwarding, the
-        /// peers' answers, the node's receives) in a kernel thread of its
-        /// own, reported apart: not charged to the agent.
+        /// peers' answers, the node's receives) in threads of its own,
+        /// reported apart: not charged to the agent.
         #[arg(long)]
         network_thread: bool,
     },
