@@ -67,7 +67,10 @@ fn track(ctx: &TcContext, from_endpoint: bool) -> i32 {
 /// new flow. The endpoint opens most flows it sees (its probes, four a
 /// peer, against the two a peer opens to it): a packet leaving it is
 /// looked up in its own direction first, one coming back in the reverse
-/// of its own, so that a probe's packets each take one lookup. A function of its own (a BPF subprogram with its own
+/// of its own, so that a probe's packets each take one lookup. A bare SYN
+/// opens a flow in its own direction: only that direction is looked up
+/// (a retransmitted SYN finds its entry; a simultaneous open, a SYN
+/// crossing the other side's, gets an entry of its own). A function of its own (a BPF subprogram with its own
 /// stack frame): its two 40-byte keys and the new entry do not share the
 /// 512 bytes with the RTT code's.
 #[inline(never)]
@@ -90,9 +93,13 @@ fn account(flow: &Flow, from_endpoint: bool, now: u64) {
     } else {
         (&reply, &own)
     };
-    let found = CT_MAP
-        .get_ptr_mut(first)
-        .or_else(|| CT_MAP.get_ptr_mut(second));
+    let found = if proto == IPPROTO_TCP && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+        CT_MAP.get_ptr_mut(&own)
+    } else {
+        CT_MAP
+            .get_ptr_mut(first)
+            .or_else(|| CT_MAP.get_ptr_mut(second))
+    };
     if let Some(e) = found {
         // SAFETY: a valid map value pointer; concurrent updates from other
         // CPUs may lose an increment (no atomics on this target).

@@ -109,6 +109,37 @@ fn a_tcp_handshake_is_timed_and_its_flags_decide_the_lifetime() {
 }
 
 #[test]
+fn a_connection_a_peer_opens_is_one_in_entry_and_a_crossing_syn_one_more() {
+    let (mut r, pins) = loaded();
+    track(&mut r, false, &tcp(PEER, EP, 50_000, 4240, 0x02));
+    track(&mut r, true, &tcp(EP, PEER, 4240, 50_000, 0x12));
+    track(&mut r, false, &tcp(PEER, EP, 50_000, 4240, 0x10));
+    let rows = ct::list(pins.path()).expect("ct");
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(
+        (
+            rows[0].dir,
+            rows[0].src,
+            rows[0].rx_packets,
+            rows[0].tx_packets
+        ),
+        ("IN", IpAddr::V4(PEER), 2, 1),
+        "the endpoint's SYN-ACK found the peer's entry"
+    );
+    // A bare SYN of the endpoint on the same ports, reversed (a
+    // simultaneous open), opens a flow of its own.
+    track(&mut r, true, &tcp(EP, PEER, 4240, 50_000, 0x02));
+    let rows = ct::list(pins.path()).expect("ct");
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    assert!(
+        rows.iter()
+            .any(|row| row.dir == "OUT" && row.src == IpAddr::V4(EP) && row.tx_packets == 1),
+        "{rows:#?}"
+    );
+    assert_eq!(ct_counter(&pins, "created"), 2);
+}
+
+#[test]
 fn unparsable_packets_are_counted_and_passed_unchanged() {
     let (mut r, pins) = loaded();
     let mut cut_tcp = tcp(EP, PEER, 1, 2, 0x02);
