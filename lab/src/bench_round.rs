@@ -392,6 +392,17 @@ fn check(opts: &Options) -> anyhow::Result<()> {
     if opts.silent_pct > 100 {
         bail!("--silent {} is not a percentage", opts.silent_pct);
     }
+    // Peer k is silent when k % 100 < the percentage: a run of fewer peers
+    // than that would check nothing it claims to.
+    if opts.silent_pct < 100 && live_paths(opts.peers, opts.silent_pct) == 0 {
+        bail!(
+            "--peers {} with --silent {} leaves no answering peer (the first {} of every hundred are silent): use at least {} peers",
+            opts.peers,
+            opts.silent_pct,
+            opts.silent_pct,
+            opts.silent_pct + 1
+        );
+    }
     Ok(())
 }
 
@@ -1040,6 +1051,23 @@ mod tests {
             network: Duration::ZERO,
             clients: false,
         }
+    }
+
+    #[test]
+    fn a_run_that_leaves_no_answering_peer_is_refused() {
+        let opts = |peers, silent_pct| Options {
+            peers,
+            silent_pct,
+            rounds: 3,
+            interval: Duration::from_secs(1),
+            network_thread: false,
+        };
+        let err = check(&opts(40, 50)).expect_err("40 peers, the first 50 silent");
+        assert!(err.to_string().contains("use at least 51 peers"), "{err}");
+        check(&opts(51, 50)).expect("one answers");
+        check(&opts(40, 100)).expect("all silent, as asked");
+        check(&opts(1, 0)).expect("none silent");
+        assert!(check(&opts(100, 101)).is_err());
     }
 
     #[test]

@@ -102,7 +102,15 @@ fn socket_up(pid: u32, within: Duration) -> Option<PathBuf> {
 fn a_benchmark_interrupted_stops_its_agent_and_removes_what_it_made() {
     require_root();
     let child = Command::new(lab_binary())
-        .args(["bench-round", "--peers", "20", "--rounds", "1000"])
+        .args([
+            "bench-round",
+            "--peers",
+            "20",
+            "--silent",
+            "0",
+            "--rounds",
+            "1000",
+        ])
         .args(["--interval", "1s"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
