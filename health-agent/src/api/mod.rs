@@ -5,6 +5,7 @@
 //! Cilium's health API (`/v1/healthz`, `/v1/endpoints`, ...).
 
 pub mod client;
+mod front;
 pub mod server;
 pub mod types;
 

@@ -45,8 +45,6 @@ pub enum ServerError {
         path: PathBuf,
         source: io::Error,
     },
-    #[error("serving the API")]
-    Serve(#[source] io::Error),
     #[error("socket group {group:?}: {reason}")]
     Group { group: String, reason: String },
 }
@@ -179,18 +177,26 @@ fn group_id(group: &str) -> Result<u32, ServerError> {
 }
 
 /// Serves the API on `listener` until `shutdown`, then lets requests in
-/// flight finish.
+/// flight finish; every request on the calling task's runtime.
 pub async fn serve(
     listener: UnixListener,
     state: ApiState,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    // A service made once: serving the `Router` itself rebuilds its route
-    // table for every connection, and most clients make one per request.
-    axum::serve(listener, router(state).into_make_service())
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(ServerError::Serve)
+    super::front::serve(listener, router(state), shutdown, None).await;
+    Ok(())
+}
+
+/// [`serve`], the small questions answered on the calling task's runtime
+/// and the rest on `bulk`'s ([`super::front`]).
+pub async fn serve_in_lanes(
+    listener: UnixListener,
+    state: ApiState,
+    shutdown: CancellationToken,
+    bulk: tokio::runtime::Handle,
+) -> Result<(), ServerError> {
+    super::front::serve(listener, router(state), shutdown, Some(bulk)).await;
+    Ok(())
 }
 
 fn router(state: AppState) -> Router {

@@ -1,0 +1,263 @@
+//! The API's accept loop, in two lanes. The small answers (the health
+//! check, the status summary, one node's status, the endpoints) cost tens
+//! of microseconds and are served where connections are accepted. Every
+//! other request goes to the bulk lane: the whole status at 10,000 peers
+//! is 0.6 MB a request, and a probe round asked for through the API runs
+//! there. With clients pulling the whole status as fast as they can, a
+//! small question then no longer waits in line behind their answers, on
+//! threads the kernel gives the CPU to last (the bulk lane runs at a lower
+//! priority, so that probing comes first).
+//!
+//! The lane is chosen by the request line, peeked at without reading it:
+//! hyper reads the request as usual in whichever lane serves it. The rest
+//! of a kept-alive connection stays in its lane.
+
+use std::{io, mem::MaybeUninit, time::Duration};
+
+use axum::Router;
+use hyper_util::{rt::TokioIo, service::TowerToHyperService};
+use tokio::{
+    io::Interest,
+    net::{UnixListener, UnixStream},
+    runtime::Handle,
+};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+/// The requests the front lane answers itself: GETs of these targets
+/// (paths, or paths with the start of their query). Everything else, the
+/// whole status included, goes to the bulk lane.
+const SMALL: [&[u8]; 4] = [
+    b"/v1/healthz",
+    b"/v1/status?summary=",
+    b"/v1/status?node=",
+    b"/v1/endpoints",
+];
+/// The start of a request read to choose its lane: the method, the
+/// longest target of [`SMALL`] and more.
+const HEAD: usize = 64;
+/// A client that sends nothing for this long after connecting is closed.
+const FIRST_BYTES: Duration = Duration::from_secs(30);
+/// After a failed accept (out of descriptors), the loop waits this long.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// Serves `app` on `listener` until `shutdown`, then lets the requests in
+/// flight finish. Small requests are served on the calling task's runtime,
+/// the others on `bulk`'s (on the same runtime without one).
+pub(super) async fn serve(
+    listener: UnixListener,
+    app: Router,
+    shutdown: CancellationToken,
+    bulk: Option<Handle>,
+) {
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "API: accept failed");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        let (app, shutdown, bulk, lanes) =
+            (app.clone(), shutdown.clone(), bulk.clone(), tracker.clone());
+        tracker.spawn(async move {
+            match bulk {
+                Some(bulk) if is_bulk(&stream).await => {
+                    to_bulk(stream, &bulk, app, shutdown, &lanes);
+                }
+                _ => connection(stream, app, shutdown).await,
+            }
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// Moves `stream` to the bulk lane's runtime and serves it there.
+fn to_bulk(
+    stream: UnixStream,
+    bulk: &Handle,
+    app: Router,
+    shutdown: CancellationToken,
+    tracker: &TaskTracker,
+) {
+    let std = match stream.into_std() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(error = %e, "API: moving a connection to the bulk lane");
+            return;
+        }
+    };
+    tracker.spawn_on(
+        async move {
+            match UnixStream::from_std(std) {
+                Ok(stream) => connection(stream, app, shutdown).await,
+                Err(e) => tracing::debug!(error = %e, "API: a connection in the bulk lane"),
+            }
+        },
+        bulk,
+    );
+}
+
+/// One connection, HTTP/1.1, until the client closes it or, at shutdown,
+/// once its request in flight is answered.
+async fn connection(stream: UnixStream, app: Router, shutdown: CancellationToken) {
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    let mut conn = std::pin::pin!(conn);
+    let served = tokio::select! {
+        served = conn.as_mut() => served,
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = served {
+        tracing::debug!(error = %e, "API: connection ended");
+    }
+}
+
+/// Whether the request waiting on `stream` goes to the bulk lane: any but
+/// a GET of a [`SMALL`] target. A client silent for [`FIRST_BYTES`], or a
+/// socket that fails, stays in the front lane, where hyper finds out.
+async fn is_bulk(stream: &UnixStream) -> bool {
+    let mut head = [MaybeUninit::<u8>::uninit(); HEAD];
+    match tokio::time::timeout(FIRST_BYTES, peek(stream, &mut head)).await {
+        Ok(Ok(n)) => {
+            // SAFETY: `peek` initialised the first `n` bytes.
+            let seen = unsafe { std::slice::from_raw_parts(head.as_ptr().cast::<u8>(), n) };
+            bulk_request(seen)
+        }
+        _ => false,
+    }
+}
+
+/// The first bytes the client sent, left in the socket for hyper.
+async fn peek(stream: &UnixStream, buf: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
+    loop {
+        stream.readable().await?;
+        match stream.try_io(Interest::READABLE, || {
+            socket2::SockRef::from(stream).peek(buf)
+        }) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            done => return done,
+        }
+    }
+}
+
+/// Whether a request starting with `head` is not one of the small ones.
+fn bulk_request(head: &[u8]) -> bool {
+    let Some(target) = head.strip_prefix(b"GET ") else {
+        return true;
+    };
+    !SMALL.iter().any(|small| target.starts_with(small))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::routing::{get, put};
+
+    use super::*;
+    use crate::api::client::Client;
+
+    /// The name of the thread that answered.
+    async fn thread_name() -> String {
+        std::thread::current().name().unwrap_or("?").to_owned()
+    }
+
+    #[test]
+    fn small_questions_are_answered_in_front_and_the_rest_in_the_bulk_lane() {
+        let bulk = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("lane-bulk")
+            .enable_all()
+            .build()
+            .expect("bulk runtime");
+        let front = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("front runtime");
+        let path = std::env::temp_dir().join(format!(
+            "health-agent-lanes-{}-{}.sock",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let (_guard, listener) = front
+            .block_on(async { crate::api::server::bind(&path, None) })
+            .expect("bind");
+        let app = Router::new()
+            .route("/v1/status", get(thread_name))
+            .route("/v1/status/probe", put(thread_name))
+            .route("/v1/healthz", get(thread_name));
+        let answered_by = std::thread::Builder::new()
+            .name("lane-front".into())
+            .spawn(move || {
+                let lane = bulk.handle().clone();
+                let names = front.block_on(async move {
+                    let stop = CancellationToken::new();
+                    let served = tokio::spawn(serve(listener, app, stop.clone(), Some(lane)));
+                    let client = Client::new(&path);
+                    let mut names = Vec::new();
+                    for (method, target) in [
+                        ("GET", "/v1/status?summary=true"),
+                        ("GET", "/v1/status?node=peer-1"),
+                        ("GET", "/v1/healthz"),
+                        ("GET", "/v1/status"),
+                        ("PUT", "/v1/status/probe"),
+                    ] {
+                        let (status, body, _) =
+                            client.raw_as_sent(method, target).await.expect(target);
+                        assert!(status.is_success(), "{target}: {status}");
+                        names.push(String::from_utf8(body.to_vec()).expect("utf-8"));
+                    }
+                    stop.cancel();
+                    served.await.expect("served to the end");
+                    names
+                });
+                drop(bulk);
+                names
+            })
+            .expect("front thread")
+            .join()
+            .expect("the front thread");
+        assert_eq!(
+            answered_by,
+            [
+                "lane-front",
+                "lane-front",
+                "lane-front",
+                "lane-bulk",
+                "lane-bulk"
+            ]
+        );
+    }
+
+    #[test]
+    fn small_gets_stay_in_front_and_everything_else_goes_to_bulk() {
+        for front in [
+            &b"GET /v1/healthz HTTP/1.1\r\nhost: x\r\n"[..],
+            b"GET /v1/status?summary=true HTTP/1.1\r\n",
+            b"GET /v1/status?node=peer-00042 HTTP/1.1\r\n",
+            b"GET /v1/endpoints/1 HTTP/1.1\r\n",
+        ] {
+            assert!(!bulk_request(front), "{}", String::from_utf8_lossy(front));
+        }
+        for bulk in [
+            &b"GET /v1/status HTTP/1.1\r\n"[..],
+            b"GET /v1/status?format=x HTTP/1.1\r\n",
+            b"GET /v1/status/history HTTP/1.1\r\n",
+            b"GET /v1/nodes HTTP/1.1\r\n",
+            b"PUT /v1/status/probe HTTP/1.1\r\n",
+            b"POST /v1/healthz HTTP/1.1\r\n",
+            b"",
+            b"GE",
+        ] {
+            assert!(bulk_request(bulk), "{}", String::from_utf8_lossy(bulk));
+        }
+    }
+}
