@@ -10,7 +10,9 @@
 //!
 //! The lane is chosen by the request line, peeked at without reading it:
 //! hyper reads the request as usual in whichever lane serves it. The rest
-//! of a kept-alive connection stays in its lane.
+//! of a kept-alive connection stays in its lane (the agent's clients make
+//! a connection a request). A client that sends nothing within
+//! [`FIRST_BYTES`], or before the agent stops, is closed unanswered.
 
 use std::{io, mem::MaybeUninit, time::Duration};
 
@@ -28,7 +30,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 /// whole status included, goes to the bulk lane.
 const SMALL: [&[u8]; 4] = [
     b"/v1/healthz",
-    b"/v1/status?summary=",
+    b"/v1/status?summary=true",
     b"/v1/status?node=",
     b"/v1/endpoints",
 ];
@@ -66,16 +68,30 @@ pub(super) async fn serve(
         let (app, shutdown, bulk, lanes) =
             (app.clone(), shutdown.clone(), bulk.clone(), tracker.clone());
         tracker.spawn(async move {
-            match bulk {
-                Some(bulk) if is_bulk(&stream).await => {
-                    to_bulk(stream, &bulk, app, shutdown, &lanes);
-                }
+            let lane = tokio::select! {
+                () = shutdown.cancelled() => return,
+                lane = lane(&stream) => lane,
+            };
+            match (lane, bulk) {
+                (Lane::Silent, _) => {}
+                (Lane::Bulk, Some(bulk)) => to_bulk(stream, &bulk, app, shutdown, &lanes),
                 _ => connection(stream, app, shutdown).await,
             }
         });
     }
+    // Connections made from now on are refused, not left in the backlog.
+    drop(listener);
     tracker.close();
     tracker.wait().await;
+}
+
+/// Where a connection is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Front,
+    Bulk,
+    /// Nothing came within [`FIRST_BYTES`]: closed.
+    Silent,
 }
 
 /// Moves `stream` to the bulk lane's runtime and serves it there.
@@ -122,18 +138,23 @@ async fn connection(stream: UnixStream, app: Router, shutdown: CancellationToken
     }
 }
 
-/// Whether the request waiting on `stream` goes to the bulk lane: any but
-/// a GET of a [`SMALL`] target. A client silent for [`FIRST_BYTES`], or a
-/// socket that fails, stays in the front lane, where hyper finds out.
-async fn is_bulk(stream: &UnixStream) -> bool {
+/// The lane of the request waiting on `stream`: the bulk lane for any but
+/// a GET of a [`SMALL`] target. A client that closed, or a socket that
+/// fails, is served in front, where hyper finds out.
+async fn lane(stream: &UnixStream) -> Lane {
     let mut head = [MaybeUninit::<u8>::uninit(); HEAD];
     match tokio::time::timeout(FIRST_BYTES, peek(stream, &mut head)).await {
-        Ok(Ok(n)) => {
+        Err(_elapsed) => Lane::Silent,
+        Ok(Ok(n)) if n > 0 => {
             // SAFETY: `peek` initialised the first `n` bytes.
             let seen = unsafe { std::slice::from_raw_parts(head.as_ptr().cast::<u8>(), n) };
-            bulk_request(seen)
+            if bulk_request(seen) {
+                Lane::Bulk
+            } else {
+                Lane::Front
+            }
         }
-        _ => false,
+        Ok(_) => Lane::Front,
     }
 }
 
@@ -155,7 +176,12 @@ fn bulk_request(head: &[u8]) -> bool {
     let Some(target) = head.strip_prefix(b"GET ") else {
         return true;
     };
-    !SMALL.iter().any(|small| target.starts_with(small))
+    // A small target ends there, or its query goes on.
+    !SMALL.iter().any(|small| {
+        target.strip_prefix(*small).is_some_and(|rest| {
+            matches!(rest.first(), None | Some(b' ' | b'&' | b'/')) || small.ends_with(b"=")
+        })
+    })
 }
 
 #[cfg(test)]
@@ -215,8 +241,15 @@ mod tests {
                         assert!(status.is_success(), "{target}: {status}");
                         names.push(String::from_utf8(body.to_vec()).expect("utf-8"));
                     }
+                    // A client that connects and says nothing holds up
+                    // no stop.
+                    let _silent = UnixStream::connect(&path).await.expect("connect");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     stop.cancel();
-                    served.await.expect("served to the end");
+                    tokio::time::timeout(Duration::from_secs(2), served)
+                        .await
+                        .expect("stopped with a silent client connected")
+                        .expect("served to the end");
                     names
                 });
                 drop(bulk);
@@ -242,6 +275,7 @@ mod tests {
         for front in [
             &b"GET /v1/healthz HTTP/1.1\r\nhost: x\r\n"[..],
             b"GET /v1/status?summary=true HTTP/1.1\r\n",
+            b"GET /v1/status?summary=true&x=1 HTTP/1.1\r\n",
             b"GET /v1/status?node=peer-00042 HTTP/1.1\r\n",
             b"GET /v1/endpoints/1 HTTP/1.1\r\n",
         ] {
@@ -250,6 +284,9 @@ mod tests {
         for bulk in [
             &b"GET /v1/status HTTP/1.1\r\n"[..],
             b"GET /v1/status?format=x HTTP/1.1\r\n",
+            b"GET /v1/status?summary=false HTTP/1.1\r\n",
+            b"GET /v1/status?summary=truex HTTP/1.1\r\n",
+            b"GET /v1/healthzz HTTP/1.1\r\n",
             b"GET /v1/status/history HTTP/1.1\r\n",
             b"GET /v1/nodes HTTP/1.1\r\n",
             b"PUT /v1/status/probe HTTP/1.1\r\n",

@@ -61,7 +61,7 @@ pub(super) async fn api(
 /// At 10,000 peers, with 8 clients pulling the whole status beside one
 /// asking small questions, the small ones' p99 went from 2.1-2.4 ms to
 /// 0.6-0.8 ms, the whole status's from 3.3-3.7 to 4.5-5.0 ms (the small
-/// client, answered sooner, asked 4-6 times as often)
+/// client, answered sooner, asked 3.6 to 6.4 times as often)
 /// (`cargo xtask bench round --peers 10000 --rounds 4 --interval 5s`).
 /// Every thread runs at a lower priority ([`API_NICE`]): when clients keep
 /// the API busy, probing (whose timing is the product) still gets the CPU
@@ -75,13 +75,25 @@ fn api_thread(
     bound: tokio::sync::oneshot::Sender<()>,
 ) -> Result<tokio::sync::oneshot::Receiver<Result<(), server::ServerError>>, server::ServerError> {
     let path = socket.clone();
-    in_lanes("api", move |bulk| async move {
-        let (guard, listener) = server::bind(&socket, group.as_deref())?;
-        let _ = bound.send(());
-        let served = server::serve_in_lanes(listener, state, shutdown, bulk).await;
-        drop(guard);
-        served
-    })
+    let unbuilt = {
+        let path = path.clone();
+        move |source| server::ServerError::Io {
+            op: "building the API's runtimes for",
+            path,
+            source,
+        }
+    };
+    in_lanes(
+        "api",
+        move |bulk| async move {
+            let (guard, listener) = server::bind(&socket, group.as_deref())?;
+            let _ = bound.send(());
+            let served = server::serve_in_lanes(listener, state, shutdown, bulk).await;
+            drop(guard);
+            served
+        },
+        move |e| Err(unbuilt(e)),
+    )
     .map_err(|source| server::ServerError::Io {
         op: "starting the API thread for",
         path,
@@ -92,17 +104,44 @@ fn api_thread(
 /// Runs `serve` on a thread of its own named `name`, in a runtime of its
 /// own, with a second runtime of [`API_WORKERS`] threads whose handle
 /// `serve` gets: its bulk lane; every thread at [`API_NICE`]. What `serve`
-/// returns comes back through the receiver; a thread that panicked drops
-/// it unsent.
+/// returns comes back through the receiver, or what `unbuilt` makes of the
+/// error when a runtime cannot be built; a thread that panicked drops it
+/// unsent. The runtimes are built and dropped on that thread, never in
+/// the caller's async context.
 fn in_lanes<T, F, Fut>(
     name: &'static str,
     serve: F,
+    unbuilt: impl FnOnce(std::io::Error) -> T + Send + 'static,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<T>>
 where
     T: Send + 'static,
     F: FnOnce(tokio::runtime::Handle) -> Fut + Send + 'static,
     Fut: Future<Output = T>,
 {
+    let (done_tx, done) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            lower_priority();
+            let served = match lanes(name) {
+                Ok((front, bulk)) => {
+                    let served = front.block_on(serve(bulk.handle().clone()));
+                    // The front waited for every connection of both lanes:
+                    // what the bulk lane still runs, a handler spawned.
+                    bulk.shutdown_timeout(Duration::from_secs(1));
+                    served
+                }
+                Err(e) => unbuilt(e),
+            };
+            let _ = done_tx.send(served);
+        })?;
+    Ok(done)
+}
+
+/// The front runtime (on the calling thread, its blocking threads named
+/// `name`) and the bulk lane's ([`API_WORKERS`] threads, `name-bulk`),
+/// every thread at [`API_NICE`].
+fn lanes(name: &str) -> std::io::Result<(tokio::runtime::Runtime, tokio::runtime::Runtime)> {
     let bulk = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(API_WORKERS)
         .thread_name(format!("{name}-bulk"))
@@ -110,54 +149,41 @@ where
         .enable_all()
         .build()?;
     let front = tokio::runtime::Builder::new_current_thread()
+        .thread_name(name)
+        .on_thread_start(lower_priority)
         .enable_all()
         .build()?;
-    let (done_tx, done) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            lower_priority();
-            let served = front.block_on(serve(bulk.handle().clone()));
-            // Out of any runtime: connections the bulk lane still holds
-            // after the front let the requests in flight finish are cut.
-            bulk.shutdown_timeout(Duration::from_secs(1));
-            let _ = done_tx.send(served);
-        })?;
-    Ok(done)
+    Ok((front, bulk))
 }
 
 /// Runs `serve` on a thread of its own named `name`, in a runtime of its
-/// own (`workers` threads more, or none: the thread itself), every thread
-/// at [`API_NICE`]: where the API and the metrics listener answer, never
-/// queued behind probes. What `serve` returns comes back through the
-/// receiver; a thread that panicked drops it unsent.
+/// own on that thread, at [`API_NICE`]: where the metrics listener
+/// answers, never queued behind probes. What `serve` returns comes back
+/// through the receiver, or what `unbuilt` makes of the error when the
+/// runtime cannot be built; a thread that panicked drops it unsent.
 fn apart<T, F, Fut>(
     name: &'static str,
-    workers: Option<usize>,
     serve: F,
+    unbuilt: impl FnOnce(std::io::Error) -> T + Send + 'static,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<T>>
 where
     T: Send + 'static,
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = T>,
 {
-    let mut runtime = match workers {
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n)
-                .thread_name(name)
-                .on_thread_start(lower_priority);
-            b
-        }
-        None => tokio::runtime::Builder::new_current_thread(),
-    };
-    let rt = runtime.enable_all().build()?;
     let (done_tx, done) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
             lower_priority();
-            let _ = done_tx.send(rt.block_on(serve()));
+            let served = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(serve()),
+                Err(e) => unbuilt(e),
+            };
+            let _ = done_tx.send(served);
         })?;
     Ok(done)
 }
@@ -217,12 +243,16 @@ pub(super) async fn web(
                 .map_err(|source| crate::web::WebError::Bind { addr, source })?;
             let bound = listener.local_addr().unwrap_or(addr);
             let shutdown = ctx.shutdown.clone();
-            let done = apart("web", None, move || async move {
-                match TcpListener::from_std(listener) {
-                    Ok(l) => crate::web::serve(l, router, shutdown).await,
-                    Err(source) => Err(crate::web::WebError::Serve { addr, source }),
-                }
-            })
+            let done = apart(
+                "web",
+                move || async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(l) => crate::web::serve(l, router, shutdown).await,
+                        Err(source) => Err(crate::web::WebError::Serve { addr, source }),
+                    }
+                },
+                move |source| Err(crate::web::WebError::Serve { addr, source }),
+            )
             .map_err(|source| crate::web::WebError::Serve { addr, source })?;
             info!(addr = %bound, "metrics and connectivity page listening");
             ctx.ready.done();
