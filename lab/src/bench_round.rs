@@ -6,7 +6,8 @@
 //!
 //! The peers namespace holds the node IPs (198.18.128.0/17) and health IPs
 //! (198.19.0.0/17) of the answering peers, by local routes, and answers
-//! ICMP (its kernel) and HTTP :4240 (one `hello` listener). A silent peer's addresses are held by
+//! ICMP (its kernel; with `--network-thread` a thread of the lab,
+//! [`crate::echo_peers`]) and HTTP :4240 (one `hello` listener). A silent peer's addresses are held by
 //! nobody: the router forwards to the peers namespace, which does not
 //! forward and drops them without a word, as a host that is down.
 //!
@@ -48,7 +49,9 @@ pub(crate) struct Options {
     pub(crate) silent_pct: u32,
     pub(crate) rounds: u32,
     pub(crate) interval: Duration,
-    /// The simulated network's work in a kernel thread of its own
+    /// The simulated network's work in threads of its own (the router's
+    /// NAPI thread, [`crate::napi`], and the peers' echo,
+    /// [`crate::echo_peers`]),
     /// ([`crate::napi`]), not in the agent's context.
     pub(crate) network_thread: bool,
 }
@@ -296,7 +299,13 @@ pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
 /// space and in the kernel (on this topology, much of the latter the
 /// simulated network's work in its context).
 pub(crate) fn cpu_times(pid: u32) -> anyhow::Result<(Duration, Duration)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    stat_cpu(&format!("/proc/{pid}/stat"))
+}
+
+/// User and system time from a `stat` file of `/proc` (a process's, or
+/// one thread's under `task/`).
+pub(crate) fn stat_cpu(path: &str) -> anyhow::Result<(Duration, Duration)> {
+    let stat = std::fs::read_to_string(path)?;
     // After the command's closing parenthesis: utime is the 12th field
     // and stime the 13th.
     let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
@@ -334,8 +343,7 @@ struct Round {
     /// Bytes on the agent node's uplink, both directions (the probes and
     /// their answers: nothing else crosses it).
     bytes: u64,
-    /// CPU of the simulated network's kernel thread, with
-    /// `--network-thread`.
+    /// CPU of the simulated network's threads, with `--network-thread`.
     network: Duration,
     /// The status clients pulled through this round: not a steady one.
     clients: bool,
@@ -616,7 +624,7 @@ fn render(opts: &Options, m: &Measured) -> String {
         4 * opts.peers,
         opts.silent_pct,
         if opts.network_thread {
-            "; the simulated network in a kernel thread of its own"
+            "; the simulated network in threads of its own"
         } else {
             ""
         }
@@ -642,14 +650,13 @@ fn render(opts: &Options, m: &Measured) -> String {
     let steady: Vec<&Round> = steady_rounds(rounds).collect();
     if !steady.is_empty() {
         let n = steady.len() as u64;
+        let per_peer = steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms);
         let _ = writeln!(
             text,
-            "steady rounds: mean {} ms wall, {} ms CPU ({:.3} ms a peer, {:.1} µs a probe)",
+            "steady rounds: mean {} ms wall, {} ms CPU ({per_peer:.3} ms a peer, {:.1} µs a probe)",
             steady.iter().map(|r| r.wall_ms).sum::<u64>() / n,
             steady.iter().map(|r| r.cpu.as_millis() as u64).sum::<u64>() / n,
-            steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms),
-            steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms) * 1000.0
-                / f64::from(PROBES_A_PEER)
+            per_peer * 1000.0 / f64::from(PROBES_A_PEER)
         );
         render_steady_cpu(&mut text, opts, &steady);
         let bytes: u64 = steady.iter().map(|r| r.bytes).sum();

@@ -3,14 +3,16 @@
 //!
 //! The kernel answers an echo from one ICMP socket per CPU, shared by every
 //! namespace, whose send buffer holds about 132 KB. A reply holds its
-//! share until the router's stack takes it in, and with the network in a
+//! share (its buffer and the kernel's bookkeeping: about 2.3 KB for 1,500
+//! bytes) until the router's stack takes it in, and with the network in a
 //! NAPI thread the router takes in the replies only after the 64 requests
-//! of a poll have been answered: 64 replies of 1,500 bytes (an agent's MTU
-//! probes) are more than the buffer holds, and the kernel drops the rest,
-//! which the agent rightly calls lost. One host answering for thousands of
-//! peers is the simulation's fault, not the agent's. Here one raw socket
-//! with a buffer of its own answers every peer, in batches, and counts what
-//! it could not send.
+//! of a poll have been answered: 64 replies to an agent's MTU probes are
+//! about 147 KB, and the kernel drops what does not fit, which the agent
+//! rightly calls lost. One host answering for thousands of peers is the
+//! simulation's fault, not the agent's. Here one raw socket with a buffer
+//! of its own (32 MiB) answers every peer, in batches, and counts the
+//! replies the socket refused (a full buffer makes it wait instead; a
+//! drop past the socket is not seen here, but the agent's checks see it).
 
 use std::{
     io,
@@ -33,7 +35,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 const BATCH: usize = 64;
 /// Room for a request of the topology's 1,500-byte MTU and more.
 const PACKET: usize = 2048;
-/// The socket's buffers: a round's burst of requests and replies.
+/// The socket's buffers, as asked (the kernel doubles them): a round's
+/// burst of requests and replies.
 const BUFFER: usize = 16 << 20;
 /// How often the thread checks whether it should stop.
 const POLL: Duration = Duration::from_millis(100);
@@ -88,11 +91,12 @@ impl EchoPeers {
         )
     }
 
-    /// The thread's CPU so far.
+    /// The thread's CPU so far (its own, not the lab's).
     pub(crate) fn cpu(&self) -> Duration {
         match self.counts.tid.load(Ordering::Relaxed) {
             0 => Duration::ZERO,
-            tid => crate::bench_round::cpu_times(tid).map_or(Duration::ZERO, |(u, s)| u + s),
+            tid => crate::bench_round::stat_cpu(&format!("/proc/self/task/{tid}/stat"))
+                .map_or(Duration::ZERO, |(u, s)| u + s),
         }
     }
 }
@@ -304,7 +308,7 @@ fn reply(req: &[u8], out: &mut [u8; PACKET]) -> Option<(Ipv4Addr, usize)> {
     let out = out.get_mut(..len)?;
     let (ip, body) = out.split_at_mut(IP_HEADER);
     ip.copy_from_slice(&[
-        0x45, 0, 0, 0, // version, IHL, TOS; length below
+        0x45, req[1], 0, 0, // version, IHL, the request's TOS; length below
         0, 0, 0x40, 0, // id (the kernel's), DF
         64, 1, 0, 0, // TTL, ICMP; the kernel sums the header
         0, 0, 0, 0, 0, 0, 0, 0, // addresses below

@@ -161,7 +161,7 @@ enum Bench {
     },
     /// Linear cost: `round` at each of --sizes, in passes of alternating
     /// order, then the agent's CPU per round per peer at each size and
-    /// their spread against 20 %.
+    /// their spread against 15 %.
     Linear {
         /// Peer counts, comma-separated.
         #[arg(long, default_value = "500,2000,5000,10000")]

@@ -186,14 +186,11 @@ fn with_the_network_in_a_thread_every_echo_is_answered() {
         .split_once(" replies, ")
         .unwrap_or_else(|| panic!("{answered}"));
     assert_eq!(not_sent, "0 not sent", "{out}");
-    // 20 live peers, two addresses each, over 3 rounds, and fping's.
-    assert!(replies.parse::<u64>().expect("a count") >= 3 * 40, "{out}");
+    // 100 live peers (the last 50 of each hundred), two addresses each,
+    // over 3 rounds (counted before fping runs).
+    assert!(replies.parse::<u64>().expect("a count") >= 3 * 200, "{out}");
     assert!(
         out.contains("after the last round: 400/400 live paths OK, 0 silent paths OK (false OK), 0 MTU black holes (false)"),
         "{out}"
-    );
-    assert!(
-        out.contains("the peers' ICMP: 0 replies not sent"),
-        "the peers' kernel answered no echo: {out}"
     );
 }
