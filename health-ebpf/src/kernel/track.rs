@@ -68,9 +68,10 @@ fn track(ctx: &TcContext, from_endpoint: bool) -> i32 {
 /// peer, against the two a peer opens to it): a packet leaving it is
 /// looked up in its own direction first, one coming back in the reverse
 /// of its own, so that a probe's packets each take one lookup. A bare SYN
-/// opens a flow in its own direction: only that direction is looked up
-/// (a retransmitted SYN finds its entry; a simultaneous open, a SYN
-/// crossing the other side's, gets an entry of its own). A function of its own (a BPF subprogram with its own
+/// opens a flow in its own direction: only that direction is looked up (a
+/// retransmitted SYN finds its entry; a SYN on the reversed ports of a
+/// flow the other side opened, the ports reused or a simultaneous open,
+/// gets an entry of its own). A function of its own (a BPF subprogram with its own
 /// stack frame): its two 40-byte keys and the new entry do not share the
 /// 512 bytes with the RTT code's.
 #[inline(never)]

@@ -126,8 +126,8 @@ fn a_connection_a_peer_opens_is_one_in_entry_and_a_crossing_syn_one_more() {
         ("IN", IpAddr::V4(PEER), 2, 1),
         "the endpoint's SYN-ACK found the peer's entry"
     );
-    // A bare SYN of the endpoint on the same ports, reversed (a
-    // simultaneous open), opens a flow of its own.
+    // A bare SYN of the endpoint on the same ports, reversed (the ports
+    // reused, or a simultaneous open), opens a flow of its own.
     track(&mut r, true, &tcp(EP, PEER, 4240, 50_000, 0x02));
     let rows = ct::list(pins.path()).expect("ct");
     assert_eq!(rows.len(), 2, "{rows:#?}");
