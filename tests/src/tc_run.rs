@@ -55,3 +55,13 @@ pub fn track(r: &mut Datapath, from_endpoint: bool, input: &[u8]) {
 pub fn ct_counter(pins: &PinDir, name: &str) -> u64 {
     crate::counter(&ct::counters(pins.path()).expect("counters"), name)
 }
+
+/// The one CT entry in `pins`: its direction, source, and packets
+/// received and sent.
+#[must_use]
+pub fn only_entry(pins: &PinDir) -> (&'static str, std::net::IpAddr, u64, u64) {
+    let rows = ct::list(pins.path()).expect("ct");
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    let e = &rows[0];
+    (e.dir, e.src, e.rx_packets, e.tx_packets)
+}

@@ -10,7 +10,7 @@ use health_agent::datapath::{ct, rtt};
 use health_tests::{
     packets::{Echo, ethernet},
     packets6::{Echo6, NEXT_ICMPV6, icmpv6_message, ipv6_packet, tcp6, udp6},
-    tc_run::{ct_counter, loaded, track},
+    tc_run::{ct_counter, loaded, only_entry, track},
 };
 
 const EP: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0x40, 0, 0, 0, 2);
@@ -80,17 +80,7 @@ fn a_peer_probing_the_endpoint_over_ipv6_is_an_in_entry_and_not_timed() {
     let req = Echo6::request(PEER, EP, 0x0def, 9);
     track(&mut r, false, &req.frame());
     track(&mut r, true, &req.expected_reply().frame());
-    let rows = ct::list(pins.path()).expect("ct");
-    assert_eq!(rows.len(), 1, "{rows:#?}");
-    assert_eq!(
-        (
-            rows[0].dir,
-            rows[0].src,
-            rows[0].rx_packets,
-            rows[0].tx_packets
-        ),
-        ("IN", IpAddr::V6(PEER), 1, 1)
-    );
+    assert_eq!(only_entry(&pins), ("IN", IpAddr::V6(PEER), 1, 1));
     assert!(
         rtt::list(pins.path()).expect("rtt").is_empty(),
         "only the endpoint's own probes are timed"

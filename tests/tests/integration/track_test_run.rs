@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use health_agent::datapath::{ct, maps, rtt};
 use health_tests::{
     packets::{self, Echo},
-    tc_run::{ct_counter, loaded, track},
+    tc_run::{ct_counter, loaded, only_entry, track},
 };
 
 const EP: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 2);
@@ -53,17 +53,7 @@ fn a_peer_probing_the_endpoint_is_an_in_entry() {
     let req = Echo::request(PEER, EP, 0x0def, 9);
     track(&mut r, false, &req.frame());
     track(&mut r, true, &req.expected_reply().frame());
-    let rows = ct::list(pins.path()).expect("ct");
-    assert_eq!(rows.len(), 1, "{rows:#?}");
-    assert_eq!(
-        (
-            rows[0].dir,
-            rows[0].src,
-            rows[0].rx_packets,
-            rows[0].tx_packets
-        ),
-        ("IN", IpAddr::V4(PEER), 1, 1)
-    );
+    assert_eq!(only_entry(&pins), ("IN", IpAddr::V4(PEER), 1, 1));
     assert!(
         rtt::list(pins.path()).expect("rtt").is_empty(),
         "only the endpoint's own probes are timed"
@@ -114,15 +104,8 @@ fn a_connection_a_peer_opens_is_one_in_entry_and_a_crossing_syn_one_more() {
     track(&mut r, false, &tcp(PEER, EP, 50_000, 4240, 0x02));
     track(&mut r, true, &tcp(EP, PEER, 4240, 50_000, 0x12));
     track(&mut r, false, &tcp(PEER, EP, 50_000, 4240, 0x10));
-    let rows = ct::list(pins.path()).expect("ct");
-    assert_eq!(rows.len(), 1, "{rows:#?}");
     assert_eq!(
-        (
-            rows[0].dir,
-            rows[0].src,
-            rows[0].rx_packets,
-            rows[0].tx_packets
-        ),
+        only_entry(&pins),
         ("IN", IpAddr::V4(PEER), 2, 1),
         "the endpoint's SYN-ACK found the peer's entry"
     );
