@@ -51,8 +51,7 @@ pub(crate) struct Options {
     pub(crate) interval: Duration,
     /// The simulated network's work in threads of its own (the router's
     /// NAPI thread, [`crate::napi`], and the peers' echo,
-    /// [`crate::echo_peers`]),
-    /// ([`crate::napi`]), not in the agent's context.
+    /// [`crate::echo_peers`]), not in the agent's context.
     pub(crate) network_thread: bool,
 }
 
@@ -400,8 +399,8 @@ fn check(opts: &Options) -> anyhow::Result<()> {
     if opts.silent_pct > 100 {
         bail!("--silent {} is not a percentage", opts.silent_pct);
     }
-    // Peer k is silent when k % 100 < the percentage: a run of fewer peers
-    // than that would check nothing it claims to.
+    // Peer k is silent when k % 100 < the percentage: a run of no more
+    // peers than that would check nothing it claims to.
     if opts.silent_pct < 100 && live_paths(opts.peers, opts.silent_pct) == 0 {
         bail!(
             "--peers {} with --silent {} leaves no answering peer (the first {} of every hundred are silent): use at least {} peers",
@@ -621,7 +620,7 @@ fn render(opts: &Options, m: &Measured) -> String {
         text,
         "bench-round: {} peers ({} probes a round), {}% silent, timeout 1 s{}",
         opts.peers,
-        4 * opts.peers,
+        PROBES_A_PEER as usize * opts.peers,
         opts.silent_pct,
         if opts.network_thread {
             "; the simulated network in threads of its own"
@@ -989,7 +988,7 @@ fn print_live_failures(status: &ClusterStatus, pct: u32, peers: &Netns) {
 
 /// The paths of the answering ones among `peers` peers, `pct` % silent.
 fn live_paths(peers: usize, pct: u32) -> usize {
-    4 * (0..peers).filter(|k| !silent(*k, pct)).count()
+    PROBES_A_PEER as usize * (0..peers).filter(|k| !silent(*k, pct)).count()
 }
 
 /// Live paths that are OK, and silent paths that are (wrongly) OK.
