@@ -334,6 +334,8 @@ pub(crate) struct Rss {
 /// Per-round figures.
 struct Round {
     seq: u64,
+    /// When it started, in epoch milliseconds (the agent's record).
+    started_ms: u64,
     wall_ms: u64,
     cpu: Duration,
     /// Of which in user space.
@@ -490,6 +492,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             }
             rounds.push(Round {
                 seq: r.seq,
+                started_ms: r.started_ms,
                 wall_ms: r.duration_ms,
                 cpu: cpu.saturating_sub(before.0),
                 user: user.saturating_sub(before.1),
@@ -712,18 +715,30 @@ fn render(opts: &Options, m: &Measured) -> String {
     text
 }
 
-/// The status clients' latencies.
+/// The status clients' latencies, and when in their round each
+/// kind's slowest answer was asked for.
 fn render_api(text: &mut String, m: &Measured) {
     let which = if m.clients_at == 1 { "first" } else { "second" };
+    let started = m.rounds.get(m.clients_at - 1).map(|r| r.started_ms);
+    let slowest = |p: &Percentiles| {
+        started.map_or_else(String::new, |s| {
+            format!(
+                "; the slowest asked {:+.3} s from the round's start",
+                p.max_from(s)
+            )
+        })
+    };
     let _ = writeln!(
         text,
-        "GET /v1/status during the {which} round, 8 clients: {} (to the body's last byte, as sent)",
-        m.status_latency.line()
+        "GET /v1/status during the {which} round, 8 clients: {} (to the body's last byte, as sent{})",
+        m.status_latency.line(),
+        slowest(&m.status_latency)
     );
     let _ = writeln!(
         text,
-        "GET /v1/status?summary=true and ?node=NAME beside them, 1 client: {}",
-        m.summary_latency.line()
+        "GET /v1/status?summary=true and ?node=NAME beside them, 1 client: {}{}",
+        m.summary_latency.line(),
+        slowest(&m.summary_latency)
     );
 }
 
@@ -818,8 +833,11 @@ fn counter(ns: &Netns, file: &str, prefix: &str, name: &str) -> Option<u64> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
+/// An answer's latency, and when its request was sent (epoch ms).
+type Sample = (Duration, u64);
+
 /// Each status client's thread, and whether it asks the small queries.
-type StatusClient = (std::thread::JoinHandle<Vec<Duration>>, bool);
+type StatusClient = (std::thread::JoinHandle<Vec<Sample>>, bool);
 
 /// 8 clients asking `GET /v1/status` (the whole body) as fast as they can
 /// until `done`, and a ninth asking by turns for the summary
@@ -847,12 +865,12 @@ fn status_clients(client: &Client, done: &Arc<AtomicBool>, node: &str) -> Vec<St
                         (true, _) => node.as_str(),
                     };
                     turn += 1;
-                    let t = Instant::now();
+                    let (t, sent_ms) = (Instant::now(), health_agent::util::timefmt::now_ms());
                     if rt
                         .block_on(client.raw_as_sent("GET", path))
                         .is_ok_and(|(status, _, _)| status.is_success())
                     {
-                        samples.push(t.elapsed());
+                        samples.push((t.elapsed(), sent_ms));
                     }
                 }
                 samples
@@ -884,6 +902,8 @@ struct Percentiles {
     p90: Duration,
     p99: Duration,
     max: Duration,
+    /// When the slowest answer's request was sent (epoch ms).
+    max_sent_ms: u64,
 }
 
 impl Percentiles {
@@ -899,21 +919,34 @@ impl Percentiles {
         )
     }
 
-    fn of(mut samples: Vec<Duration>) -> Self {
+    fn of(mut samples: Vec<Sample>) -> Self {
         samples.sort_unstable();
         let at = |pct: usize| {
             samples
                 .get((samples.len() * pct / 100).min(samples.len().saturating_sub(1)))
-                .copied()
+                .map(|s| s.0)
                 .unwrap_or_default()
         };
+        let (max, max_sent_ms) = samples.last().copied().unwrap_or_default();
         Self {
             count: samples.len(),
             p50: at(50),
             p90: at(90),
             p99: at(99),
-            max: samples.last().copied().unwrap_or_default(),
+            max,
+            max_sent_ms,
         }
+    }
+
+    /// When the slowest answer's request was sent, in seconds from
+    /// `started_ms` (a round's start): where in the round the answers
+    /// wait longest.
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "seconds for display, from milliseconds far below 2^52"
+    )]
+    fn max_from(&self, started_ms: u64) -> f64 {
+        (self.max_sent_ms as f64 - started_ms as f64) / 1000.0
     }
 }
 
@@ -1045,6 +1078,7 @@ mod tests {
     fn round(seq: u64, cpu_ms: u64) -> Round {
         Round {
             seq,
+            started_ms: 0,
             wall_ms: 1_100,
             cpu: Duration::from_millis(cpu_ms),
             user: Duration::from_millis(cpu_ms / 2),
@@ -1119,12 +1153,15 @@ mod tests {
     #[test]
     fn percentiles_of_a_distribution() {
         let ms = Duration::from_millis;
-        let p = Percentiles::of((1..=100).rev().map(ms).collect());
+        // Sample k was sent at 1,000 + k ms: the slowest (100 ms) at
+        // 1,100, 0.6 s after a round that started at 500.
+        let p = Percentiles::of((1..=100).rev().map(|k| (ms(k), 1_000 + k)).collect());
         assert_eq!(p.count, 100);
         assert_eq!(
             (p.p50, p.p90, p.p99, p.max),
             (ms(51), ms(91), ms(100), ms(100))
         );
+        assert!((p.max_from(500) - 0.6).abs() < 1e-9, "{}", p.max_from(500));
         let none = Percentiles::of(Vec::new());
         assert_eq!(
             (none.count, none.p99, none.max),

@@ -283,6 +283,12 @@ impl Prober {
                 None => false,
             });
             left = paths.len() < before;
+            // Set while the paths are locked: a round recording its
+            // results a chunk of nodes at a time reads the set under the
+            // same lock, so it never brings back a node just removed.
+            if let Ok(mut n) = self.nodes.write() {
+                *n = nodes.clone();
+            }
         }
         warn_unprobed(&nodes, self.cfg.families);
         // The round's sockets get their descriptor slots now, before the
@@ -583,8 +589,11 @@ impl Prober {
     }
 
     /// Records a round's outcomes (ICMP and HTTP to the address `keys[i]`
-    /// names, see [`super::targets::Targets`]) in every path's state and history, in one
-    /// pass under the lock; returns the probes recorded.
+    /// names, see [`super::targets::Targets`]) in every path's state and
+    /// history; returns the probes recorded. The paths are locked for
+    /// [`CHUNK`] nodes at a time, not for the whole round (tens of
+    /// milliseconds at 10,000 nodes): a reader of one node's status waits
+    /// for a chunk at most.
     pub(crate) fn record(
         &self,
         nodes: &NodeSet,
@@ -594,22 +603,28 @@ impl Prober {
         started_ms: u64,
         at: u64,
     ) -> usize {
-        // A node removed during the round is not brought back.
-        let current = self.nodes();
         let mut probes = 0;
         let mut texts = ErrorTexts::default();
         let clock = super::quality::clock_ms();
         let mut http_failed = vec![false; keys.len()].into_boxed_slice();
-        if let Ok(mut paths) = self.paths.lock()
-            && let Ok(mut history) = self.history.lock()
-            && let Ok(mut tracing) = self.tracing.lock()
-        {
+        if let Ok(mut history) = self.history.lock() {
             history.begin_round(seq, started_ms, at);
-            let mut outcomes = outcomes.into_iter().peekable();
-            let mut next = 0;
-            // A node's addresses are consecutive in `keys`: its paths are
-            // looked up once for all of them.
-            for group in keys.chunk_by(|a, b| a.0 == b.0) {
+        }
+        let mut outcomes = outcomes.into_iter().peekable();
+        let mut next = 0;
+        // A node's addresses are consecutive in `keys`: its paths are
+        // looked up once for all of them.
+        let mut groups = keys.chunk_by(|a, b| a.0 == b.0).peekable();
+        while groups.peek().is_some() && outcomes.peek().is_some() {
+            let (Ok(mut paths), Ok(mut history), Ok(mut tracing)) =
+                (self.paths.lock(), self.history.lock(), self.tracing.lock())
+            else {
+                break;
+            };
+            // Read under the paths' lock, which a change of the node set
+            // holds: a node removed during the round is not brought back.
+            let current = self.nodes();
+            for group in groups.by_ref().take(CHUNK) {
                 if outcomes.peek().is_none() {
                     break;
                 }
@@ -1019,6 +1034,47 @@ mod tests {
         let two = (0..2).map(|_| (ok(10), ok(20)));
         assert_eq!(prober.record(&set, &t.keys, two, 1, 1000, 1007), 4);
         assert_eq!(prober.paths.lock().expect("paths").len(), 1);
+    }
+
+    /// A round over three chunks of nodes frees the paths between chunks
+    /// (a reader of one node's status waits for a chunk, not the round),
+    /// and a node removed between two chunks is not brought back by the
+    /// next.
+    #[test]
+    fn a_round_is_recorded_a_chunk_of_nodes_at_a_time() {
+        let prober = Prober::new(ProbeConfig::default());
+        let n = u16::try_from(2 * CHUNK + 1).expect("small");
+        let all: Vec<Node> = (0..n)
+            .map(|i| {
+                let [hi, lo] = i.to_be_bytes();
+                Node::v4(
+                    format!("node-{i:04}"),
+                    Ipv4Addr::new(198, 18, hi, lo),
+                    Ipv4Addr::new(198, 19, hi, lo),
+                )
+            })
+            .collect();
+        let set = NodeSet::new(all).expect("unique");
+        prober.set_nodes(set.clone());
+        let t = targets(&set, prober.cfg.families);
+        let last = set[set.len() - 1].name.clone();
+        let without_last = NodeSet::new(set[..set.len() - 1].to_vec()).expect("unique");
+        let free = std::cell::Cell::new(0);
+        let outcomes = (0..t.keys.len()).map(|_| {
+            if prober.paths.try_lock().is_ok() {
+                free.set(free.get() + 1);
+                if free.get() == 2 {
+                    prober.set_nodes(without_last.clone());
+                }
+            }
+            (ok(10), ok(20))
+        });
+        let recorded = prober.record(&set, &t.keys, outcomes, 1, 1000, 1007);
+        assert_eq!(free.get(), 3, "free before each of the three chunks");
+        assert_eq!(recorded, 4 * (set.len() - 1));
+        let paths = prober.paths.lock().expect("paths");
+        assert_eq!(paths.len(), set.len() - 1);
+        assert!(!paths.contains_key(last.as_str()), "{last} came back");
     }
 
     #[test]
