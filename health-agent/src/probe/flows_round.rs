@@ -2,7 +2,7 @@
 //! (which names the failing ones) and every flow's probe in the path's
 //! loss and percentiles.
 
-use super::{Prober, flows::FlowSamples, path::ProbeResult};
+use super::{Prober, flows::FlowSamples, path::ProbeResult, published::CHUNK};
 use crate::membership::NodeSet;
 
 impl Prober {
@@ -23,38 +23,120 @@ impl Prober {
         let threshold = self.cfg.thresholds.failure;
         let degraded_loss = self.cfg.degraded_loss;
         let at = super::quality::clock_ms();
-        let current = self.nodes();
-        let Ok(mut paths) = self.paths.lock() else {
-            return;
-        };
-        for (t, &(node, address)) in keys.iter().enumerate() {
-            let node = &nodes[node as usize];
-            if !current.contains(&node.name) {
-                continue;
-            }
-            let Some(entry) = paths.get_mut(node.name.as_str()) else {
-                continue;
+        // The paths are locked a chunk of targets at a time, as
+        // `Prober::record` does: with 8 flows at 10,000 peers, this is
+        // 300,000 samples.
+        for (chunk, targets) in keys.chunks(2 * CHUNK).enumerate() {
+            let Ok(mut paths) = self.paths.lock() else {
+                return;
             };
-            for (kind, flows) in samples.iter().enumerate() {
-                let Some(flows) = flows else { continue };
-                let slot = 2 * usize::from(address) + kind;
-                let q = entry.quality_mut(slot);
-                for sample in flows.others(t) {
-                    q.record(at, sample);
+            // Under the paths' lock, which a change of the set holds.
+            let current = self.nodes();
+            for (t, &(node, address)) in (chunk * 2 * CHUNK..).zip(targets) {
+                let node = &nodes[node as usize];
+                if !current.contains(&node.name) {
+                    continue;
                 }
-                let lossy = q.is_degraded(at, degraded_loss);
-                let state = entry.state_mut(slot);
-                let source = |f| {
-                    if kind == 0 {
-                        plan.icmp_id(f, per_flow)
-                    } else {
-                        plan.tcp_port(f)
-                    }
+                let Some(entry) = paths.get_mut(node.name.as_str()) else {
+                    continue;
                 };
-                state
-                    .flows_mut()
-                    .record(plan.count, flows.answered(t), source, threshold);
-                state.degraded = lossy && state.result == ProbeResult::Success;
+                for (kind, flows) in samples.iter().enumerate() {
+                    let Some(flows) = flows else { continue };
+                    let slot = 2 * usize::from(address) + kind;
+                    let q = entry.quality_mut(slot);
+                    for sample in flows.others(t) {
+                        q.record(at, sample);
+                    }
+                    let lossy = q.is_degraded(at, degraded_loss);
+                    let state = entry.state_mut(slot);
+                    let source = |f| {
+                        if kind == 0 {
+                            plan.icmp_id(f, per_flow)
+                        } else {
+                            plan.tcp_port(f)
+                        }
+                    };
+                    state
+                        .flows_mut()
+                        .record(plan.count, flows.answered(t), source, threshold);
+                    state.degraded = lossy && state.result == ProbeResult::Success;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{net::Ipv4Addr, time::Duration};
+
+    use super::*;
+    use crate::{
+        membership::Node,
+        probe::{
+            ProbeConfig,
+            error::ProbeError,
+            flows::{FlowPlan, Spread, fold},
+            path::{Outcome, RttSource, Thresholds},
+            targets::targets,
+        },
+    };
+
+    /// Over more targets than a chunk takes, each target's flows are
+    /// recorded in its own path: only the target whose second flow is
+    /// lost, in the second chunk, has a failing flow.
+    #[test]
+    fn each_targets_flows_land_in_its_path_across_chunks() {
+        let prober = Prober::new(ProbeConfig {
+            flows: FlowPlan::new(2, true),
+            thresholds: Thresholds {
+                success: 1,
+                failure: 1,
+            },
+            ..ProbeConfig::default()
+        });
+        let nodes: Vec<Node> = (0..u16::try_from(CHUNK + 44).expect("small"))
+            .map(|i| {
+                let [hi, lo] = i.to_be_bytes();
+                Node::v4(
+                    format!("node-{i:04}"),
+                    Ipv4Addr::new(198, 18, hi, lo),
+                    Ipv4Addr::new(198, 19, hi, lo),
+                )
+            })
+            .collect();
+        prober.set_nodes(NodeSet::new(nodes).expect("unique"));
+        let set = prober.nodes();
+        let t = targets(&set, prober.cfg.families);
+        let n = t.keys.len();
+        assert!(n > 2 * CHUNK, "{n} targets: more than one chunk");
+        let lossy = 2 * CHUNK + 7;
+        let spread = Spread { n, flows: 2 };
+        let outcome = |i: usize| {
+            if spread.of(i) == (1, lossy) {
+                Outcome::Failed(ProbeError::ReceiverStopped)
+            } else {
+                Outcome::Ok {
+                    rtt: Duration::from_micros(50),
+                    warning: None,
+                    source: RttSource::Userspace,
+                }
+            }
+        };
+        let (icmp, icmp_flows) = fold(spread, (0..2 * n).map(outcome).collect());
+        let (http, http_flows) = fold(spread, (0..2 * n).map(outcome).collect());
+        prober.record(&set, &t.keys, icmp.into_iter().zip(http), 1, 1000, 1007);
+        prober.record_flows(&set, &t.keys, &[icmp_flows, http_flows]);
+        let paths = prober.paths.lock().expect("paths");
+        for (i, &(node, address)) in t.keys.iter().enumerate() {
+            let p = &paths[set[node as usize].name.as_str()];
+            for kind in 0..2 {
+                let flows = p.state(2 * usize::from(address) + kind).flows();
+                let failing: Vec<u16> = flows
+                    .map(|f| f.partial().iter().map(|l| l.flow).collect())
+                    .unwrap_or_default();
+                let want: &[u16] = if i == lossy { &[1] } else { &[] };
+                assert_eq!(failing, want, "target {i}, kind {kind}");
             }
         }
     }
