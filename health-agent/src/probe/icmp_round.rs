@@ -14,6 +14,7 @@ use super::{
     icmp::{IcmpProber, Numbering, Padded},
     order::Echoes,
     path::{Outcome, ProbeResult, RttSource},
+    published::CHUNK,
     targets::Targets,
 };
 use crate::{membership::NodeSet, sys::socket_factory::SocketFactory};
@@ -153,31 +154,39 @@ impl Prober {
         let Some(bytes) = mtu.bytes else {
             return;
         };
-        let Ok(mut paths) = self.paths.lock() else {
-            return;
-        };
         let threshold = self.cfg.thresholds.failure.max(1);
-        for (&i, outcome) in mtu.indices.iter().zip(outcomes) {
-            let (node, address) = keys[i];
-            let Some(entry) = paths.get_mut(nodes[node as usize].name.as_str()) else {
-                continue;
+        // The paths are locked a chunk of probes at a time, as
+        // `Prober::record` does.
+        for (indices, outcomes) in mtu
+            .indices
+            .chunks(2 * CHUNK)
+            .zip(outcomes.chunks(2 * CHUNK))
+        {
+            let Ok(mut paths) = self.paths.lock() else {
+                return;
             };
-            let state = entry.state_mut(2 * usize::from(address));
-            // Judged only when this round's small echo was answered.
-            let small_answered =
-                state.result == ProbeResult::Success && state.consecutive_failures == 0;
-            match outcome {
-                MtuOutcome::Answered => {
-                    state.mtu_failures = 0;
-                    state.set_mtu_blackhole(None);
-                }
-                MtuOutcome::Lost if small_answered => {
-                    state.mtu_failures = state.mtu_failures.saturating_add(1);
-                    if state.mtu_failures >= threshold {
-                        state.set_mtu_blackhole(Some(bytes));
+            for (&i, outcome) in indices.iter().zip(outcomes) {
+                let (node, address) = keys[i];
+                let Some(entry) = paths.get_mut(nodes[node as usize].name.as_str()) else {
+                    continue;
+                };
+                let state = entry.state_mut(2 * usize::from(address));
+                // Judged only when this round's small echo was answered.
+                let small_answered =
+                    state.result == ProbeResult::Success && state.consecutive_failures == 0;
+                match outcome {
+                    MtuOutcome::Answered => {
+                        state.mtu_failures = 0;
+                        state.set_mtu_blackhole(None);
                     }
+                    MtuOutcome::Lost if small_answered => {
+                        state.mtu_failures = state.mtu_failures.saturating_add(1);
+                        if state.mtu_failures >= threshold {
+                            state.set_mtu_blackhole(Some(bytes));
+                        }
+                    }
+                    MtuOutcome::Lost | MtuOutcome::NotSent => {}
                 }
-                MtuOutcome::Lost | MtuOutcome::NotSent => {}
             }
         }
     }

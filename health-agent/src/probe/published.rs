@@ -18,8 +18,10 @@ use super::{
 };
 use crate::{encryption::EncryptionView, membership::NodeSet};
 
-/// Nodes made into their status at a time: the prober's paths are locked
-/// for each chunk only, never for the whole serialisation.
+/// Nodes taken at a time wherever every node's paths are read or written
+/// (the status serialised, a round's results and every node's history;
+/// twice as many targets for a round's MTU probes and flows): the
+/// prober's paths are locked for a chunk only, never for all of them.
 pub(super) const CHUNK: usize = 256;
 
 /// The published status, its JSON and its summary made once.

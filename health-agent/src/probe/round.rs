@@ -57,6 +57,12 @@ pub struct Prober {
     history: Mutex<History>,
     /// One round at a time: kubelet counters must see each round once.
     pub(super) round_lock: tokio::sync::Mutex<()>,
+    /// Held while a round's results are recorded, which takes the paths
+    /// a chunk of nodes at a time: what must see no round half recorded
+    /// (a reload taking the paths over, every node's history) holds it
+    /// too, and takes the paths a chunk at a time as well. Taken before
+    /// `paths`.
+    recording: Mutex<()>,
     /// Numbers rounds in the order they start: publishing compares these,
     /// never wall-clock times (which NTP may step back).
     round_seq: std::sync::atomic::AtomicU64,
@@ -102,6 +108,7 @@ impl Prober {
             paths: Mutex::default(),
             history: Mutex::new(History::new(cfg.history_length)),
             round_lock: tokio::sync::Mutex::new(()),
+            recording: Mutex::new(()),
             round_seq: std::sync::atomic::AtomicU64::new(0),
             tracing: Mutex::default(),
             liveness_ms: std::sync::atomic::AtomicU64::new(0),
@@ -160,6 +167,8 @@ impl Prober {
     /// a prober made with new settings (a reload) goes on where the old one
     /// stopped instead of starting every path Unknown.
     pub fn take_over(&self, old: &Self) {
+        // Not in the middle of the old prober's recording of a round.
+        let _recorded = old.recording.lock();
         let nodes = old.nodes();
         if let (Ok(mut mine), Ok(theirs)) = (self.paths.lock(), old.paths.lock())
             && let (Ok(mut history), Ok(old_history)) = (self.history.lock(), old.history.lock())
@@ -532,16 +541,14 @@ impl Prober {
             m.record_round(icmp.iter().zip(&http), |i| targets.kind(i), t0.elapsed());
         }
         let metrics_done = t0.elapsed();
-        let probes = self.record(
-            &nodes,
-            &targets.keys,
-            icmp.into_iter().zip(http),
-            seq,
-            epoch_ms(started),
-            epoch_ms(SystemTime::now()),
-        );
-        self.record_mtu(&nodes, &targets.keys, &mtu, &icmp_mtu);
-        self.record_flows(&nodes, &targets.keys, &[icmp_flows, http_flows]);
+        let (keys, at) = (&targets.keys, epoch_ms(SystemTime::now()));
+        let probes = self.while_recording(|| {
+            let outcomes = icmp.into_iter().zip(http);
+            let probes = self.record(&nodes, keys, outcomes, seq, epoch_ms(started), at);
+            self.record_mtu(&nodes, &targets.keys, &mtu, &icmp_mtu);
+            self.record_flows(&nodes, &targets.keys, &[icmp_flows, http_flows]);
+            probes
+        });
         self.start_traces(&targets.ips);
         self.encryption_check(&nodes, false).await;
         let merged = t0.elapsed();
@@ -552,9 +559,8 @@ impl Prober {
             probes,
         });
         self.publish(round, false);
-        // The round's probe records and outcomes are freed: hand their
-        // pages back, so the agent's resident set between rounds is what
-        // it holds, not what its busiest moment left behind.
+        // The round's records and outcomes are freed: their pages go back,
+        // so RSS between rounds is what is held, not the round's peak.
         crate::util::memory::release_free();
         self.rounds_done.notify_one();
         tracing::debug!(
@@ -588,12 +594,22 @@ impl Prober {
         .await;
     }
 
+    /// Runs `record` (a round's results, MTU probes and flows recorded)
+    /// holding `recording`: no reader of every node's history, and no
+    /// reload, sees the round half recorded.
+    fn while_recording<T>(&self, record: impl FnOnce() -> T) -> T {
+        let _whole_round = self.recording.lock();
+        record()
+    }
+
     /// Records a round's outcomes (ICMP and HTTP to the address `keys[i]`
     /// names, see [`super::targets::Targets`]) in every path's state and
     /// history; returns the probes recorded. The paths are locked for
     /// [`CHUNK`] nodes at a time, not for the whole round (tens of
     /// milliseconds at 10,000 nodes): a reader of one node's status waits
-    /// for a chunk at most.
+    /// for a chunk at most. Meanwhile the round is begun in the history,
+    /// so a node not recorded yet shows it as not probed: the round runs
+    /// this in [`Self::while_recording`].
     pub(crate) fn record(
         &self,
         nodes: &NodeSet,
@@ -701,27 +717,29 @@ impl Prober {
     #[must_use]
     pub fn history_strips(&self) -> HistoryStrips {
         let nodes = self.nodes();
-        let (Ok(paths), Ok(history)) = (self.paths.lock(), self.history.lock()) else {
+        let _whole_rounds = self.recording.lock();
+        let Some((window, rounds)) = self.history.lock().ok().map(|h| (h.length(), h.rounds()))
+        else {
             return HistoryStrips {
                 window: self.cfg.history_length,
                 rounds: Vec::new(),
                 nodes: Vec::new(),
             };
         };
-        let rounds = history.rounds();
-        let strips = nodes
-            .iter()
-            .map(|n| {
+        let mut strips = Vec::with_capacity(nodes.len());
+        for chunk in nodes.chunks(CHUNK) {
+            let Ok(paths) = self.paths.lock() else { break };
+            strips.extend(chunk.iter().map(|n| {
                 History::strips(
                     &n.name,
                     &rounds,
                     paths.get(n.name.as_str()).map(|p| &p.history),
                     Shown::of(n, self.cfg.families),
                 )
-            })
-            .collect();
+            }));
+        }
         HistoryStrips {
-            window: history.length(),
+            window,
             rounds,
             nodes: strips,
         }
@@ -732,26 +750,29 @@ impl Prober {
     #[must_use]
     pub fn history_stats(&self) -> HistoryStats {
         let nodes = self.nodes();
-        let (Ok(paths), Ok(history)) = (self.paths.lock(), self.history.lock()) else {
-            return HistoryStats {
-                window: self.cfg.history_length,
-                nodes: Vec::new(),
+        let _whole_rounds = self.recording.lock();
+        let mut rtts = Vec::with_capacity(self.cfg.history_length);
+        let mut stats = Vec::with_capacity(nodes.len());
+        let mut window = self.cfg.history_length;
+        for chunk in nodes.chunks(CHUNK) {
+            let (Ok(paths), Ok(history)) = (self.paths.lock(), self.history.lock()) else {
+                return HistoryStats {
+                    window,
+                    nodes: Vec::new(),
+                };
             };
-        };
-        let mut rtts = Vec::with_capacity(history.length());
-        let stats = nodes
-            .iter()
-            .map(|n| {
+            window = history.length();
+            stats.extend(chunk.iter().map(|n| {
                 history.stats(
                     &n.name,
                     paths.get(n.name.as_str()).map(|p| &p.history),
                     &mut rtts,
                     Shown::of(n, self.cfg.families),
                 )
-            })
-            .collect();
+            }));
+        }
         HistoryStats {
-            window: history.length(),
+            window,
             nodes: stats,
         }
     }
@@ -1075,6 +1096,67 @@ mod tests {
         let paths = prober.paths.lock().expect("paths");
         assert_eq!(paths.len(), set.len() - 1);
         assert!(!paths.contains_key(last.as_str()), "{last} came back");
+    }
+
+    /// Every node's history is read with no round half recorded: asked
+    /// for between two chunks of a round, it waits for the round's end
+    /// and shows the round on every node.
+    #[test]
+    fn every_nodes_history_waits_for_the_round_being_recorded() {
+        let prober = Prober::new(ProbeConfig::default());
+        let n = u16::try_from(2 * CHUNK + 1).expect("small");
+        let all: Vec<Node> = (0..n)
+            .map(|i| {
+                let [hi, lo] = i.to_be_bytes();
+                Node::v4(
+                    format!("node-{i:04}"),
+                    Ipv4Addr::new(198, 18, hi, lo),
+                    Ipv4Addr::new(198, 19, hi, lo),
+                )
+            })
+            .collect();
+        prober.set_nodes(NodeSet::new(all).expect("unique"));
+        round_with(&prober, 1, None);
+        let set = prober.nodes();
+        let t = targets(&set, prober.cfg.families);
+        let (mid, reader) = std::sync::mpsc::channel();
+        let recorder = {
+            let prober = prober.clone();
+            std::thread::spawn(move || {
+                let mut pulled = 0;
+                let outcomes = (0..t.keys.len()).map(|_| {
+                    // Between the first and the second chunk: the reader
+                    // is let go, and the round waits for it a while.
+                    if prober.paths.try_lock().is_ok() {
+                        pulled += 1;
+                        if pulled == 2 {
+                            let _ = mid.send(());
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                    }
+                    (ok(2), refused())
+                });
+                prober.while_recording(|| prober.record(&set, &t.keys, outcomes, 2, 2000, 2007))
+            })
+        };
+        reader.recv().expect("the round reached its second chunk");
+        let strips = prober.history_strips();
+        let stats = prober.history_stats();
+        assert_eq!(recorder.join().expect("recorded"), 4 * usize::from(n));
+        assert_eq!(strips.nodes.len(), usize::from(n));
+        for s in &strips.nodes {
+            assert_eq!(s.paths[1], "SF", "{}: {:?}", s.name, s.paths);
+        }
+        assert_eq!(stats.nodes.len(), usize::from(n));
+        for s in &stats.nodes {
+            let http = &s.paths[1];
+            assert_eq!(
+                (http.results, http.loss_ratio),
+                (2, Some(0.5)),
+                "{}",
+                s.name
+            );
+        }
     }
 
     #[test]
