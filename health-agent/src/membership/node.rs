@@ -169,6 +169,23 @@ impl NodeSet {
             .collect();
         Self::new(nodes).expect("unique names")
     }
+
+    /// `n` nodes called `node-0000`, `node-0001`, ..., node IPs from
+    /// 198.18.0.0 and health IPs from 198.19.0.0: a fixture of the unit
+    /// tests that need more nodes than a chunk of the prober's takes.
+    pub(crate) fn numbered(n: u16) -> Self {
+        let nodes = (0..n)
+            .map(|i| {
+                let [hi, lo] = i.to_be_bytes();
+                Node::v4(
+                    format!("node-{i:04}"),
+                    Ipv4Addr::new(198, 18, hi, lo),
+                    Ipv4Addr::new(198, 19, hi, lo),
+                )
+            })
+            .collect();
+        Self::new(nodes).expect("unique names")
+    }
 }
 
 impl Deref for NodeSet {

@@ -68,18 +68,15 @@ impl Prober {
 
 #[cfg(test)]
 mod tests {
-    use std::{net::Ipv4Addr, time::Duration};
+    use std::time::Duration;
 
     use super::*;
-    use crate::{
-        membership::Node,
-        probe::{
-            ProbeConfig,
-            error::ProbeError,
-            flows::{FlowPlan, Spread, fold},
-            path::{Outcome, RttSource, Thresholds},
-            targets::targets,
-        },
+    use crate::probe::{
+        ProbeConfig,
+        error::ProbeError,
+        flows::{FlowPlan, Spread, fold},
+        path::{Outcome, RttSource, Thresholds},
+        targets::targets,
     };
 
     /// Over more targets than a chunk takes, each target's flows are
@@ -95,17 +92,7 @@ mod tests {
             },
             ..ProbeConfig::default()
         });
-        let nodes: Vec<Node> = (0..u16::try_from(CHUNK + 44).expect("small"))
-            .map(|i| {
-                let [hi, lo] = i.to_be_bytes();
-                Node::v4(
-                    format!("node-{i:04}"),
-                    Ipv4Addr::new(198, 18, hi, lo),
-                    Ipv4Addr::new(198, 19, hi, lo),
-                )
-            })
-            .collect();
-        prober.set_nodes(NodeSet::new(nodes).expect("unique"));
+        prober.set_nodes(NodeSet::numbered(u16::try_from(CHUNK + 44).expect("small")));
         let set = prober.nodes();
         let t = targets(&set, prober.cfg.families);
         let n = t.keys.len();

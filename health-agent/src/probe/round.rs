@@ -1064,18 +1064,7 @@ mod tests {
     #[test]
     fn a_round_is_recorded_a_chunk_of_nodes_at_a_time() {
         let prober = Prober::new(ProbeConfig::default());
-        let n = u16::try_from(2 * CHUNK + 1).expect("small");
-        let all: Vec<Node> = (0..n)
-            .map(|i| {
-                let [hi, lo] = i.to_be_bytes();
-                Node::v4(
-                    format!("node-{i:04}"),
-                    Ipv4Addr::new(198, 18, hi, lo),
-                    Ipv4Addr::new(198, 19, hi, lo),
-                )
-            })
-            .collect();
-        let set = NodeSet::new(all).expect("unique");
+        let set = NodeSet::numbered(u16::try_from(2 * CHUNK + 1).expect("small"));
         prober.set_nodes(set.clone());
         let t = targets(&set, prober.cfg.families);
         let last = set[set.len() - 1].name.clone();
@@ -1105,17 +1094,7 @@ mod tests {
     fn every_nodes_history_waits_for_the_round_being_recorded() {
         let prober = Prober::new(ProbeConfig::default());
         let n = u16::try_from(2 * CHUNK + 1).expect("small");
-        let all: Vec<Node> = (0..n)
-            .map(|i| {
-                let [hi, lo] = i.to_be_bytes();
-                Node::v4(
-                    format!("node-{i:04}"),
-                    Ipv4Addr::new(198, 18, hi, lo),
-                    Ipv4Addr::new(198, 19, hi, lo),
-                )
-            })
-            .collect();
-        prober.set_nodes(NodeSet::new(all).expect("unique"));
+        prober.set_nodes(NodeSet::numbered(n));
         round_with(&prober, 1, None);
         let set = prober.nodes();
         let t = targets(&set, prober.cfg.families);
