@@ -118,24 +118,16 @@ where
     F: FnOnce(tokio::runtime::Handle) -> Fut + Send + 'static,
     Fut: Future<Output = T>,
 {
-    let (done_tx, done) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            lower_priority();
-            let served = match lanes(name) {
-                Ok((front, bulk)) => {
-                    let served = front.block_on(serve(bulk.handle().clone()));
-                    // The front waited for every connection of both lanes:
-                    // what the bulk lane still runs, a handler spawned.
-                    bulk.shutdown_timeout(Duration::from_secs(1));
-                    served
-                }
-                Err(e) => unbuilt(e),
-            };
-            let _ = done_tx.send(served);
-        })?;
-    Ok(done)
+    at_api_priority(name, move || match lanes(name) {
+        Ok((front, bulk)) => {
+            let served = front.block_on(serve(bulk.handle().clone()));
+            // The front waited for every connection of both lanes: what
+            // the bulk lane still runs, a handler spawned.
+            bulk.shutdown_timeout(Duration::from_secs(1));
+            served
+        }
+        Err(e) => unbuilt(e),
+    })
 }
 
 /// The front runtime (on the calling thread, its blocking threads named
@@ -171,19 +163,31 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = T>,
 {
+    at_api_priority(
+        name,
+        move || match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(serve()),
+            Err(e) => unbuilt(e),
+        },
+    )
+}
+
+/// Runs `body` on a thread of its own named `name`, at [`API_NICE`];
+/// what it returns comes back through the receiver (a thread that
+/// panicked drops it unsent).
+fn at_api_priority<T: Send + 'static>(
+    name: &'static str,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<T>> {
     let (done_tx, done) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
             lower_priority();
-            let served = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt.block_on(serve()),
-                Err(e) => unbuilt(e),
-            };
-            let _ = done_tx.send(served);
+            let _ = done_tx.send(body());
         })?;
     Ok(done)
 }
