@@ -545,8 +545,8 @@ impl Prober {
         let probes = self.while_recording(|| {
             let outcomes = icmp.into_iter().zip(http);
             let probes = self.record(&nodes, keys, outcomes, seq, epoch_ms(started), at);
-            self.record_mtu(&nodes, &targets.keys, &mtu, &icmp_mtu);
-            self.record_flows(&nodes, &targets.keys, &[icmp_flows, http_flows]);
+            self.record_mtu(&nodes, keys, &mtu, &icmp_mtu);
+            self.record_flows(&nodes, keys, &[icmp_flows, http_flows]);
             probes
         });
         self.start_traces(&targets.ips);
