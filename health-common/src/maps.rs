@@ -411,7 +411,7 @@ pub struct EchoConfig {
     /// a broadcast or multicast MAC leaves from it, as the kernel's does.
     pub mac: [u8; 6],
     /// `DROP_UNICAST_IN_L2_MULTICAST`, `DROP_UNICAST_IN_L2_MULTICAST6`,
-    /// `MORE_OWN4`, `MORE_OWN6`, or nothing.
+    /// `MORE_OWN4`, `MORE_OWN6`, `REPLY_TO_PEER`, or nothing.
     pub flags: u8,
     pub reserved: u8,
     pub addr6: [u8; 16],
@@ -434,6 +434,11 @@ impl EchoConfig {
     pub const MORE_OWN4: u8 = 4;
     /// The same for IPv6 and `own6`.
     pub const MORE_OWN6: u8 = 8;
+    /// The interface is a veth (or netkit) whose peer is in another
+    /// namespace: at tc ingress, a reply goes straight to the peer's
+    /// ingress (`bpf_redirect_peer`) instead of out through this device's
+    /// transmit path and the peer's backlog queue.
+    pub const REPLY_TO_PEER: u8 = 16;
 }
 
 // Byte arrays and bytes only: no padding hole anywhere.

@@ -150,6 +150,16 @@ pub(crate) fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<(usize, libc::sockadd
 /// `sll_pkttype` of a frame this host sent.
 const PACKET_OUTGOING: u8 = 4;
 
+/// `sll_pkttype` of a frame addressed to this host.
+pub const PACKET_HOST: u8 = 0;
+
+/// A frame that arrived on an interface, and what the stack took it for
+/// (`sll_pkttype`: [`PACKET_HOST`], broadcast, multicast, another host's).
+pub struct Arrival {
+    pub frame: Vec<u8>,
+    pub pkttype: u8,
+}
+
 /// Sends one whole Ethernet frame out of `iface` in `ns` and returns every
 /// frame that arrives on `iface` within `window` after it (frames sent by
 /// this host are left out).
@@ -158,7 +168,7 @@ pub fn exchange(
     iface: &str,
     frame: &[u8],
     window: Duration,
-) -> io::Result<Vec<Vec<u8>>> {
+) -> io::Result<Vec<Arrival>> {
     let fd = packet_socket(ns, iface, libc::SOCK_RAW)?;
     // SAFETY: frame is valid for its length; fd is open.
     let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
@@ -172,10 +182,31 @@ pub fn exchange(
         if let Some((n, from)) = recv(&fd, &mut buf)
             && from.sll_pkttype != PACKET_OUTGOING
         {
-            got.push(buf[..n].to_vec());
+            got.push(Arrival {
+                frame: buf[..n].to_vec(),
+                pkttype: from.sll_pkttype,
+            });
         }
     }
     Ok(got)
+}
+
+/// The one frame of `got` that `is_reply` picks (`None` when none does).
+/// Panics if two do, or if the one arrived other than addressed to this
+/// host: a reply is unicast to the requester, whatever the request was
+/// sent to.
+pub fn the_reply(got: Vec<Arrival>, is_reply: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
+    let mut replies = got.into_iter().filter(|a| is_reply(&a.frame));
+    let first = replies.next();
+    assert!(replies.next().is_none(), "two replies to one request");
+    first.map(|a| {
+        assert_eq!(
+            a.pkttype, PACKET_HOST,
+            "the reply arrived as sll_pkttype {}, not as addressed to this host",
+            a.pkttype
+        );
+        a.frame
+    })
 }
 
 /// An `AF_PACKET` socket on `iface` of `ns` (`SOCK_DGRAM`: no link header;

@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::programs::{TestRun as _, TestRunOptions};
 use health_agent::datapath::{AttachMode, Datapath, EchoStats, Interface};
-use health_common::maps::ProgId;
+use health_common::maps::{EchoConfig, ProgId};
 
 use crate::{
     echo_classes::{Class, Expect},
@@ -27,7 +27,12 @@ pub fn responder_on_b(
     let pins = PinDir::new();
     let mut responder = Datapath::load(pins.path()).expect("load");
     let iface = Interface::new(B_IF, Some(nodes.b.clone()));
-    responder.set_echo_targets(&iface, v4, v6).expect("address");
+    let cfg = responder.set_echo_targets(&iface, v4, v6).expect("address");
+    assert_ne!(
+        cfg.flags & EchoConfig::REPLY_TO_PEER,
+        0,
+        "B's veth has its peer in A's namespace: the tc responder hands replies to it"
+    );
     let peer = Interface::new(A_IF, Some(nodes.a.clone()));
     responder
         .attach_echo(&iface, mode, Some(&peer))

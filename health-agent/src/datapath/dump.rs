@@ -61,6 +61,7 @@ fn dump_config(dir: &Path, id: MapId) -> Result<Value, DatapathError> {
                     .chain(c.own6.iter().filter(|a| **a != [0; 16]).map(|a| std::net::Ipv6Addr::from(*a).to_string()))
                     .collect::<Vec<_>>(),
                 "more_own_addresses": c.flags & (EchoConfig::MORE_OWN4 | EchoConfig::MORE_OWN6) != 0,
+                "reply_to_peer": c.flags & EchoConfig::REPLY_TO_PEER != 0,
             })
         }
     })

@@ -2,8 +2,9 @@
 //! from that interface's namespace: its MAC (which frames are for this
 //! host, and where replies to group-addressed requests come from), its
 //! addresses (a request from any of them, the IPv6 link-local one
-//! included, is the host's own and goes to the stack) and whether it drops
-//! unicast IP in link-layer multicast frames.
+//! included, is the host's own and goes to the stack), whether it drops
+//! unicast IP in link-layer multicast frames, and whether its peer is in
+//! another namespace (a veth's replies then go straight to the peer).
 
 use std::{
     fs, io,
@@ -17,8 +18,9 @@ use tracing::warn;
 use super::{DatapathError, Interface};
 use crate::sys::netlink::in_netns;
 
-/// The interface's addresses: index, MAC, IPv4 and IPv6 ones.
-type Link = (u32, [u8; 6], Vec<Ipv4Addr>, Vec<Ipv6Addr>);
+/// The interface's index, MAC, IPv4 and IPv6 addresses, and whether its
+/// peer is in another namespace.
+type Link = (u32, [u8; 6], Vec<Ipv4Addr>, Vec<Ipv6Addr>, bool);
 
 /// The responder's configuration for `addr` and `addr6` (either may be
 /// absent: that family is not answered) on `iface`.
@@ -28,23 +30,28 @@ pub(super) fn read(
     addr6: Option<Ipv6Addr>,
 ) -> Result<EchoConfig, DatapathError> {
     let name = iface.name.clone();
-    let (_, mac, all4, all6): Link = in_netns(iface.netns.as_ref(), |nl| async move {
-        let (index, mac) = nl.link_l2(&name).await?;
-        let on = |i: u32| i == index;
-        let v4 = nl.addresses::<Ipv4Addr>().await?;
-        let v6 = nl.addresses::<Ipv6Addr>().await?;
-        Ok((
-            index,
-            mac,
-            v4.into_iter().filter(|a| on(a.0)).map(|a| a.1).collect(),
-            v6.into_iter().filter(|a| on(a.0)).map(|a| a.1).collect(),
-        ))
-    })
-    .map_err(|source| DatapathError::LinkAddress {
-        interface: iface.to_string(),
-        source: Box::new(source),
-    })?;
+    let (_, mac, all4, all6, peer_elsewhere): Link =
+        in_netns(iface.netns.as_ref(), |nl| async move {
+            let (index, mac) = nl.link_l2(&name).await?;
+            let on = |i: u32| i == index;
+            let v4 = nl.addresses::<Ipv4Addr>().await?;
+            let v6 = nl.addresses::<Ipv6Addr>().await?;
+            Ok((
+                index,
+                mac,
+                v4.into_iter().filter(|a| on(a.0)).map(|a| a.1).collect(),
+                v6.into_iter().filter(|a| on(a.0)).map(|a| a.1).collect(),
+                nl.peer_in_other_netns(&name).await?,
+            ))
+        })
+        .map_err(|source| DatapathError::LinkAddress {
+            interface: iface.to_string(),
+            source: Box::new(source),
+        })?;
     let mut flags = 0;
+    if peer_elsewhere {
+        flags |= EchoConfig::REPLY_TO_PEER;
+    }
     if addr.is_some() && drops_unicast_in_l2_multicast(iface, "ipv4")? {
         flags |= EchoConfig::DROP_UNICAST_IN_L2_MULTICAST;
     }

@@ -8,7 +8,7 @@ use std::{future::Future, os::fd::AsRawFd as _};
 
 use futures::TryStreamExt as _;
 use netlink_packet_route::{
-    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage},
+    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo, LinkMessage},
     tc::TcAttribute,
 };
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, new_connection};
@@ -174,6 +174,28 @@ impl Netlink {
             });
             (m.header.index, peer)
         }))
+    }
+
+    /// Whether `name` is a veth or a netkit device whose peer lives in
+    /// another namespace: what `bpf_redirect_peer` needs to hand a packet
+    /// to the peer's ingress. The kernel reports `IFLA_LINK_NETNSID` for
+    /// such a device only when the peer's namespace is not its own.
+    pub async fn peer_in_other_netns(&self, name: &str) -> Result<bool, NetlinkError> {
+        let link = self
+            .link_by_name(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })?;
+        let paired = link.attributes.iter().any(|a| match a {
+            LinkAttribute::LinkInfo(infos) => infos
+                .iter()
+                .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth | InfoKind::Netkit))),
+            _ => false,
+        });
+        let elsewhere = link
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::LinkNetNsId(_)));
+        Ok(paired && elsewhere)
     }
 
     /// Index and MAC address of `name`.

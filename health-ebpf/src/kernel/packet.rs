@@ -1,6 +1,8 @@
 //! `Frame` over a packet's directly addressable bytes, with the whole
 //! packet (linear or not) reachable through the hook's load helper.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{__sk_buff, xdp_md},
@@ -57,11 +59,10 @@ enum Hook {
 }
 
 impl Hook {
-    /// Copies `len` (1..=CHUNK) bytes at `offset` into `buf`.
+    /// Copies `len` (1..=CHUNK) bytes at `offset` to `to`.
     #[inline(always)]
-    fn load(self, offset: usize, buf: &mut [u8; CHUNK + 4], len: u32) -> bool {
-        let to = buf.as_mut_ptr().cast();
-        // SAFETY: `buf` holds CHUNK + 4 >= len bytes; the helpers bound the
+    fn load(self, offset: usize, to: *mut core::ffi::c_void, len: u32) -> bool {
+        // SAFETY: `to` holds CHUNK + 4 >= len bytes; the helpers bound the
         // packet side themselves.
         let rc = unsafe {
             match self {
@@ -103,7 +104,11 @@ impl Frame for PacketFrame {
         if len > MAX_CHECKED_ICMP || offset + len > self.wire_len {
             return None;
         }
-        let mut buf = [0u8; CHUNK + 4];
+        // Left uninitialised: zeroing it cost a `memset` call per request,
+        // and the load helper writes every byte the sum reads but the
+        // three zeroed below.
+        let mut buf = MaybeUninit::<[u8; CHUNK + 4]>::uninit();
+        let buf = buf.as_mut_ptr().cast::<u8>();
         let mut sum: u32 = 0;
         let mut done = 0usize;
         for _ in 0..MAX_CHECKED_ICMP / CHUNK {
@@ -111,25 +116,20 @@ impl Frame for PacketFrame {
                 break;
             }
             let n = chunk_len(len - done);
-            if !self.hook.load(offset + done, &mut buf, n) {
+            if !self.hook.load(offset + done, buf.cast(), n) {
                 return None;
             }
             // csum_diff sums whole 32-bit words: zero the bytes after the
             // last chunk's end (only the last one can be short).
-            let n_usize = n as usize;
-            buf[n_usize] = 0;
-            buf[n_usize + 1] = 0;
-            buf[n_usize + 2] = 0;
-            let words = (n + 3) & !3;
-            // SAFETY: `buf` holds `words` (<= CHUNK + 3) initialised bytes.
+            // SAFETY: n <= CHUNK, so n + 2 < CHUNK + 4, inside `buf`; and
+            // `buf` then holds `words` (<= CHUNK + 3) initialised bytes.
             let r = unsafe {
-                bpf_csum_diff(
-                    core::ptr::null_mut(),
-                    0,
-                    buf.as_mut_ptr().cast(),
-                    words,
-                    sum,
-                )
+                let pad = buf.add(n as usize);
+                pad.write(0);
+                pad.add(1).write(0);
+                pad.add(2).write(0);
+                let words = (n + 3) & !3;
+                bpf_csum_diff(core::ptr::null_mut(), 0, buf.cast(), words, sum)
             };
             if r < 0 {
                 return None;

@@ -116,6 +116,7 @@ fn ct_counts_rtt_expiry_losses_and_bpftool_agree() {
         check_reply(e, ID).expect("reply");
     }
     assert_flow_counted(&pins, src, dst);
+    assert_replies_tracked_at_the_responder(&cluster.nodes[1].pins, src, dst);
     assert_kernel_rtt_agrees(&pins, dst, &ex);
     assert_bpftool_agrees(&pins);
     assert_collected_after_lifetime(&pins);
@@ -168,6 +169,23 @@ fn assert_flow_counted(pins: &Path, src: Ipv4Addr, dst: Ipv4Addr) {
     assert!(
         json.iter()
             .any(|e| e["dport"] == ID && e["tx_packets"] == 5 && e["rx_packets"] == 5)
+    );
+}
+
+/// On the answering node, the 5 requests and the 5 replies its eBPF
+/// responder sent are one IN entry on `lxc_health`: the replies, handed
+/// from the endpoint's `eth0` straight into `lxc_health`'s ingress, still
+/// pass the tracking program there.
+fn assert_replies_tracked_at_the_responder(pins: &Path, src: Ipv4Addr, dst: Ipv4Addr) {
+    let rows = ct::list(pins).expect("ct list");
+    let flow = rows
+        .iter()
+        .find(|r| r.proto == "ICMP" && r.dir == "IN" && r.src == src && r.dst == dst)
+        .unwrap_or_else(|| panic!("no IN entry for the flow at the responder in {rows:#?}"));
+    assert_eq!(
+        (flow.rx_packets, flow.tx_packets),
+        (5, 5),
+        "requests in, replies out: {flow:?}"
     );
 }
 

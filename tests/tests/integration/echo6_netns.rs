@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use health_agent::{datapath::AttachMode, sys::netlink::in_netns};
 use health_tests::{
-    capture::exchange,
+    capture::{exchange, the_reply},
     echo_check::{Background, against_kernel, responder_on_b},
     echo_classes6::classes6,
     packets6::{Echo6, verify_icmpv6_frame},
@@ -106,17 +106,14 @@ fn reply_to(nodes: &TwoNodes, frame: &[u8], identifier: u16) -> Option<Vec<u8>> 
     let icmp = if frame[20] == 58 { 54 } else { 62 };
     let seq = [frame[icmp + 6], frame[icmp + 7]];
     let got = exchange(&nodes.a, A_IF, frame, Duration::from_millis(250)).expect("exchange");
-    let mut replies = got.into_iter().filter(|f| {
+    the_reply(got, |f| {
         f.len() >= 62
             && f[12..14] == [0x86, 0xdd]
             && f[20] == 58
             && f[54] == 129
             && f[58..60] == identifier.to_be_bytes()
             && f[60..62] == seq
-    });
-    let first = replies.next();
-    assert!(replies.next().is_none(), "two replies to one request");
-    first
+    })
 }
 
 /// What two correct replies to one request share: all but the flow label

@@ -2,15 +2,20 @@
 //! echo disabled on the responder side, every request gets its reply, the
 //! replies are correct byte for byte, and the per-CPU counters agree.
 
-use std::time::Duration;
+use std::{net::Ipv4Addr, time::Duration};
 
-use health_agent::{datapath::AttachMode, sys::netlink::in_netns};
+use health_agent::{
+    datapath::{AttachMode, Datapath, Interface},
+    sys::netlink::in_netns,
+};
+use health_common::maps::EchoConfig;
 use health_tests::{
-    capture::exchange,
+    capture::{exchange, the_reply},
     echo_check::{Background, against_kernel, responder_on_b},
     echo_classes::classes,
     packets::{Echo, verify_ipv4_icmp},
     pinger::{check_reply, ping},
+    pins::PinDir,
     topology::{A_IF, A_IP, B_IF, B_IP, TwoNodes},
 };
 
@@ -106,17 +111,14 @@ fn reply_to(nodes: &TwoNodes, frame: &[u8], identifier: u16) -> Option<Vec<u8>> 
     };
     let seq = [frame[ip + 26], frame[ip + 27]];
     let got = exchange(&nodes.a, A_IF, frame, Duration::from_millis(250)).expect("exchange");
-    let mut replies = got.into_iter().filter(|f| {
+    the_reply(got, |f| {
         f.len() >= 42
             && f[12..14] == [0x08, 0x00]
             && f[23] == 1
             && f[34] == 0
             && f[38..40] == identifier.to_be_bytes()
             && f[40..42] == seq
-    });
-    let first = replies.next();
-    assert!(replies.next().is_none(), "two replies to one request");
-    first
+    })
 }
 
 /// What two correct replies to one request share: the kernel's own reply
@@ -189,4 +191,61 @@ fn xdp_generic_treats_every_frame_class_as_the_kernel_does() {
 #[test]
 fn xdp_native_treats_every_frame_class_as_the_kernel_does() {
     frame_classes_over_veth(AttachMode::XdpNative, 0x7203);
+}
+
+/// A veth whose peer shares its namespace: the responder must not hand the
+/// reply to the peer's ingress (the kernel drops that within one
+/// namespace), and sends it out of the veth instead, in both tc modes.
+fn reply_over_a_veth_in_one_namespace(mode: AttachMode, identifier: u16) {
+    const NEAR: &str = "veth-c";
+    const FAR: &str = "veth-d";
+    const FAR_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
+    let nodes = TwoNodes::new();
+    TwoNodes::sysctl(&nodes.a, "net/ipv4/icmp_echo_ignore_all", "1");
+    let (near_mac, far_mac) = in_netns(Some(&nodes.a), |nl| async move {
+        nl.add_veth(NEAR, FAR, None).await?;
+        nl.add_address(FAR, FAR_IP, 24).await?;
+        nl.set_up(NEAR).await?;
+        nl.set_up(FAR).await?;
+        Ok((nl.link_l2(NEAR).await?.1, nl.link_l2(FAR).await?.1))
+    })
+    .expect("a veth pair inside namespace a");
+
+    let pins = PinDir::new();
+    let mut responder = Datapath::load(pins.path()).expect("load");
+    let iface = Interface::new(FAR, Some(nodes.a.clone()));
+    let cfg = responder
+        .set_echo_targets(&iface, Some(FAR_IP), None)
+        .expect("address");
+    assert_eq!(
+        cfg.flags & EchoConfig::REPLY_TO_PEER,
+        0,
+        "{mode}: the peer is in the same namespace, yet the reply would go to its ingress"
+    );
+    responder.attach_echo(&iface, mode, None).expect("attach");
+    let before = responder.echo_stats().expect("stats");
+
+    let mut req = Echo::request(Ipv4Addr::new(198, 18, 1, 1), FAR_IP, identifier, 7);
+    req.src_mac = near_mac;
+    req.dst_mac = far_mac;
+    let got = exchange(&nodes.a, NEAR, &req.frame(), Duration::from_millis(500)).expect("exchange");
+    let reply = the_reply(got, |f| {
+        f.len() >= 42 && f[23] == 1 && f[34] == 0 && f[38..40] == identifier.to_be_bytes()
+    })
+    .unwrap_or_else(|| panic!("{mode}: no reply came back over the veth"));
+    verify_ipv4_icmp(&reply[14..])
+        .unwrap_or_else(|e| panic!("{mode}: the reply does not verify: {e}"));
+    assert_eq!(reply[..6], near_mac, "{mode}: the reply's destination MAC");
+    let delta = responder.echo_stats().expect("stats").since(before);
+    assert_eq!(delta.answered, 1, "{mode}: answered counter");
+}
+
+#[test]
+fn tcx_replies_out_of_a_veth_whose_peer_shares_its_namespace() {
+    reply_over_a_veth_in_one_namespace(AttachMode::Tcx, 0x7301);
+}
+
+#[test]
+fn tc_replies_out_of_a_veth_whose_peer_shares_its_namespace() {
+    reply_over_a_veth_in_one_namespace(AttachMode::Tc, 0x7302);
 }
