@@ -71,9 +71,10 @@ fn reply(skb: *mut __sk_buff, wire_len: u32, len: u16, to_peer: bool) -> i32 {
         }
         if to_peer {
             // The peer's stack takes the frame without reading its
-            // Ethernet header again, and kernels before 6.15 keep the
-            // request's packet type: a reply to a request sent to a
-            // group address would arrive as broadcast or multicast.
+            // Ethernet header again, and kernels before 6.15 without its
+            // fix in their stable releases keep the request's packet
+            // type: a reply to a request sent to a group address would
+            // arrive as broadcast or multicast.
             if (*skb).pkt_type != PACKET_HOST && bpf_skb_change_type(skb, PACKET_HOST) != 0 {
                 return TC_ACT_SHOT;
             }
