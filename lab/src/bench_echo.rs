@@ -272,6 +272,15 @@ fn measure(
             kind.name()
         );
     }
+    // And every answer must be seen: a kernel that does not count a reply
+    // handed to the veth's peer (bpf_redirect_peer) on the peer would
+    // otherwise read as a responder that answers nothing.
+    if responder.is_some() && replies + 1024 < answered {
+        anyhow::bail!(
+            "{}: the program answered {answered} but A's interface counted {replies} replies",
+            kind.name()
+        );
+    }
     #[allow(
         clippy::cast_precision_loss,
         reason = "packet counts stay far below 2^52"

@@ -355,6 +355,8 @@ pub const OTHER_PROGRAMS: &[(&str, &str)] = &[
     ("--key", "etcdctl"),
     ("--prefix", "etcdctl"),
     ("--user", "etcdctl"),
+    ("--bpf-expand-memcpy-in-order", "bpf-linker"),
+    ("--disable-expand-memcpy-in-order", "bpf-linker"),
     ("--kernel", "cargo xtask"),
     ("--network-thread", "cargo xtask"),
     ("--no-lint", "cargo xtask"),

@@ -80,6 +80,7 @@ pub(crate) fn selection(k: &Kernel) -> Vec<&'static str> {
         "echo_test_run::valid_echo_request_becomes_the_exact_reply",
         "echo_netns::tc_answers_every_request",
         "echo_netns::tc_treats_every_frame_class_as_the_kernel_does",
+        "echo_netns::tc_replies_out_of_a_veth_whose_peer_shares_its_namespace",
         "echo_netns::xdp_generic_answers_every_request",
         "attach::auto_attach_uses_tcx_where_the_kernel_has_it_and_says_so",
         "attach::classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_sigterm",
@@ -89,7 +90,7 @@ pub(crate) fn selection(k: &Kernel) -> Vec<&'static str> {
         "cluster::three_nodes_reach_three_of_three_and_sigterm_leaves_nothing",
     ];
     if k.tcx {
-        tests.insert(3, "echo_netns::tcx_answers_every_request");
+        tests.insert(4, "echo_netns::tcx_answers_every_request");
     }
     if k.wireguard {
         tests.push("encryption::wireguard_paths_are_encrypted_and_each_fault_is_named");

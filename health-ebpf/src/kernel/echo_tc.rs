@@ -44,7 +44,7 @@ fn echo(ctx: &TcContext) -> i32 {
     count(verdict.counter());
     match verdict {
         Verdict::Reply { len } => {
-            let to_peer = !tagged && cfg.is_some_and(|c| c.flags & EchoConfig::REPLY_TO_PEER != 0);
+            let to_peer = cfg.is_some_and(|c| c.flags & EchoConfig::REPLY_TO_PEER != 0);
             reply(skb, ctx.len(), len, to_peer)
         }
         // TCX_NEXT: let any later program on this hook see the packet.

@@ -11,7 +11,7 @@ use std::{
 };
 
 use health_agent::{
-    datapath::{ct, maps, rtt},
+    datapath::{ct, maps, read_pinned_stats, rtt},
     sys::netlink::in_netns,
     sys::netns::Netns,
 };
@@ -177,6 +177,11 @@ fn assert_flow_counted(pins: &Path, src: Ipv4Addr, dst: Ipv4Addr) {
 /// from the endpoint's `eth0` straight into `lxc_health`'s ingress, still
 /// pass the tracking program there.
 fn assert_replies_tracked_at_the_responder(pins: &Path, src: Ipv4Addr, dst: Ipv4Addr) {
+    let answered = read_pinned_stats(pins).expect("echo stats").answered;
+    assert!(
+        answered >= 5,
+        "the eBPF responder answered {answered} requests, not the 5 exchanges"
+    );
     let rows = ct::list(pins).expect("ct list");
     let flow = rows
         .iter()

@@ -50,6 +50,15 @@ fn echo_over_veth(mode: AttachMode, identifier: u16) {
 
     let (responder, _pins) = responder_on_b(&nodes, mode, Some(B_IP), None);
     let before = responder.echo_stats().expect("stats");
+    let b_sent = || {
+        in_netns(
+            Some(&nodes.b),
+            |nl| async move { nl.link_stats(B_IF).await },
+        )
+        .expect("B's counters")
+        .tx_packets
+    };
+    let b_sent_before = b_sent();
 
     let exchanges =
         ping(&nodes.a, B_IP, identifier, REQUESTS, Duration::from_secs(1)).expect("ping");
@@ -70,6 +79,16 @@ fn echo_over_veth(mode: AttachMode, identifier: u16) {
         "{mode}: answered counter"
     );
     assert_eq!(delta.malformed, 0, "{mode}: malformed counter");
+    // At tc, B's veth has its peer in A's namespace: the replies go
+    // straight to A's ingress, never out through B's transmit path (a
+    // few frames of B's own may leave meanwhile).
+    if matches!(mode, AttachMode::Tcx | AttachMode::Tc) {
+        let sent = b_sent() - b_sent_before;
+        assert!(
+            sent < u64::from(REQUESTS),
+            "{mode}: {sent} frames left through B's veth: the replies were not handed to its peer"
+        );
+    }
 
     // Detach: the endpoint goes quiet again.
     drop(responder);
