@@ -181,10 +181,7 @@ impl Netlink {
     /// to the peer's ingress. The kernel reports `IFLA_LINK_NETNSID` for
     /// such a device only when the peer's namespace is not its own.
     pub async fn peer_in_other_netns(&self, name: &str) -> Result<bool, NetlinkError> {
-        let link = self
-            .link_by_name(name)
-            .await?
-            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })?;
+        let link = self.require_link_by_name(name).await?;
         let paired = link.attributes.iter().any(|a| match a {
             LinkAttribute::LinkInfo(infos) => infos
                 .iter()
@@ -200,10 +197,7 @@ impl Netlink {
 
     /// Index and MAC address of `name`.
     pub async fn link_l2(&self, name: &str) -> Result<(u32, [u8; 6]), NetlinkError> {
-        let link = self
-            .link_by_name(name)
-            .await?
-            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })?;
+        let link = self.require_link_by_name(name).await?;
         let mac = link
             .attributes
             .iter()
@@ -235,9 +229,7 @@ impl Netlink {
 
     /// Like [`Self::link_index`] but a missing link is an error naming it.
     pub async fn require_link(&self, name: &str) -> Result<u32, NetlinkError> {
-        self.link_index(name)
-            .await?
-            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })
+        Ok(self.require_link_by_name(name).await?.header.index)
     }
 
     /// The MTU of the interface of index `index`, when there is one.
@@ -254,6 +246,13 @@ impl Netlink {
                 _ => None,
             })
         }))
+    }
+
+    /// Like [`Self::link_by_name`] but a missing link is an error naming it.
+    async fn require_link_by_name(&self, name: &str) -> Result<LinkMessage, NetlinkError> {
+        self.link_by_name(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })
     }
 
     async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>, NetlinkError> {
@@ -515,10 +514,7 @@ impl Netlink {
 
     /// The interface's `IFLA_STATS64` counters.
     pub async fn link_stats(&self, name: &str) -> Result<LinkStats, NetlinkError> {
-        let link = self
-            .link_by_name(name)
-            .await?
-            .ok_or_else(|| NetlinkError::NoSuchLink { name: name.into() })?;
+        let link = self.require_link_by_name(name).await?;
         let stats = link.attributes.iter().find_map(|a| match a {
             LinkAttribute::Stats64(s) => Some(LinkStats {
                 rx_packets: s.rx_packets,
