@@ -71,6 +71,12 @@ pub struct PathQuality {
 /// Where each epoch's bytes start in `entries`, and where they end.
 type Offsets = [usize; ALL_EPOCHS + 1];
 
+thread_local! {
+    /// The bytes an epoch's turn keeps, gathered before they go back into
+    /// the path's block: one buffer per thread, reused for every path.
+    static KEPT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Window `t`'s epoch count.
 fn epochs_of(t: usize) -> u32 {
     u32::try_from(WINDOWS[t].epochs).unwrap_or(1)
@@ -244,33 +250,38 @@ impl PathQuality {
                 .zip(&self.lens)
                 .any(|(&gone, &n)| gone && n > 0);
         if changed {
-            let size = (0..ALL_EPOCHS)
-                .filter(|&e| !ended[e])
-                .map(|e| {
-                    sealed
-                        .iter()
-                        .flatten()
-                        .find(|s| s.epoch == e)
-                        .map_or(at[e + 1] - at[e], |s| s.bytes.len())
-                })
-                .sum();
-            let mut kept = Vec::with_capacity(size);
-            for e in 0..ALL_EPOCHS {
-                if let Some(s) = sealed.iter_mut().flatten().find(|s| s.epoch == e) {
-                    kept.extend_from_slice(&s.bytes);
-                    (self.lens[e], self.lost[e]) = (s.len, s.lost);
-                    self.set_raw(e, s.raw);
-                } else if !ended[e] {
-                    kept.extend_from_slice(&self.entries[at[e]..at[e + 1]]);
+            KEPT.with_borrow_mut(|kept| {
+                kept.clear();
+                for e in 0..ALL_EPOCHS {
+                    if let Some(s) = sealed.iter_mut().flatten().find(|s| s.epoch == e) {
+                        kept.extend_from_slice(&s.bytes);
+                        (self.lens[e], self.lost[e]) = (s.len, s.lost);
+                        self.set_raw(e, s.raw);
+                    } else if !ended[e] {
+                        kept.extend_from_slice(&self.entries[at[e]..at[e + 1]]);
+                    }
                 }
-            }
-            self.entries = kept.into_boxed_slice();
+                self.refill(kept);
+            });
         }
         for (e, &gone) in ended.iter().enumerate() {
             if gone {
                 (self.lens[e], self.lost[e]) = (0, 0);
             }
         }
+    }
+
+    /// Makes `with` the epochs' bytes in the block that holds them now,
+    /// resized where it lies (see [`Self::splice`]): a path's block is not
+    /// moved each time its epochs turn over, as a new one for every live
+    /// path each 10 s landed among the blocks a round frees, and left
+    /// pages partly used when it ended.
+    fn refill(&mut self, with: &[u8]) {
+        let mut held = std::mem::take(&mut self.entries).into_vec();
+        held.clear();
+        held.reserve_exact(with.len());
+        held.extend_from_slice(with);
+        self.entries = held.into_boxed_slice();
     }
 
     /// Puts `with` in place of `entries[range]`, keeping the slice
@@ -514,6 +525,22 @@ mod tests {
     };
 
     const SEC: u64 = 1000;
+
+    #[test]
+    fn an_epochs_turn_keeps_the_path_in_its_block() {
+        let mut q = PathQuality::default();
+        q.record(0, Some(1_000_000));
+        q.record(SEC, Some(1_000_000));
+        let block = q.entries.as_ptr();
+        // A minute on, the first 10 s leave the minute's window and are
+        // sealed into the 10 minutes': as many bytes as before, in the same
+        // block (a new one for every live path at every turn scattered
+        // them over the pages a round frees).
+        q.record(60 * SEC, None);
+        assert_eq!(q.heap_bytes(), 2);
+        assert_eq!(q.entries.as_ptr(), block);
+        assert_eq!(q.stats(1, 60 * SEC, &mut Vec::new()).probes, 3);
+    }
 
     /// The bytes a path's histograms hold after `hours` of probes every
     /// `interval_ms`, its RTTs spread evenly (in log scale) over a factor
