@@ -32,7 +32,7 @@ pub(super) fn read(
     let name = iface.name.clone();
     let (_, mac, all4, all6, peer_elsewhere): Link =
         in_netns(iface.netns.as_ref(), |nl| async move {
-            let (index, mac) = nl.link_l2(&name).await?;
+            let (index, mac, peer_elsewhere) = nl.link_l2_and_peer(&name).await?;
             let on = |i: u32| i == index;
             let v4 = nl.addresses::<Ipv4Addr>().await?;
             let v6 = nl.addresses::<Ipv6Addr>().await?;
@@ -41,7 +41,7 @@ pub(super) fn read(
                 mac,
                 v4.into_iter().filter(|a| on(a.0)).map(|a| a.1).collect(),
                 v6.into_iter().filter(|a| on(a.0)).map(|a| a.1).collect(),
-                nl.peer_in_other_netns(&name).await?,
+                peer_elsewhere,
             ))
         })
         .map_err(|source| DatapathError::LinkAddress {

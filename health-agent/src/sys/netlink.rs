@@ -176,37 +176,18 @@ impl Netlink {
         }))
     }
 
-    /// Whether `name` is a veth or a netkit device whose peer lives in
-    /// another namespace: what `bpf_redirect_peer` needs to hand a packet
-    /// to the peer's ingress. The kernel reports `IFLA_LINK_NETNSID` for
-    /// such a device only when the peer's namespace is not its own.
-    pub async fn peer_in_other_netns(&self, name: &str) -> Result<bool, NetlinkError> {
-        let link = self.require_link_by_name(name).await?;
-        let paired = link.attributes.iter().any(|a| match a {
-            LinkAttribute::LinkInfo(infos) => infos
-                .iter()
-                .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth | InfoKind::Netkit))),
-            _ => false,
-        });
-        let elsewhere = link
-            .attributes
-            .iter()
-            .any(|a| matches!(a, LinkAttribute::LinkNetNsId(_)));
-        Ok(paired && elsewhere)
-    }
-
     /// Index and MAC address of `name`.
     pub async fn link_l2(&self, name: &str) -> Result<(u32, [u8; 6]), NetlinkError> {
+        Ok(l2_of(&self.require_link_by_name(name).await?))
+    }
+
+    /// [`Self::link_l2`], and whether `name` is a veth or a netkit device
+    /// whose peer lives in another namespace (what `bpf_redirect_peer`
+    /// needs to hand a packet to the peer's ingress), from one lookup.
+    pub async fn link_l2_and_peer(&self, name: &str) -> Result<(u32, [u8; 6], bool), NetlinkError> {
         let link = self.require_link_by_name(name).await?;
-        let mac = link
-            .attributes
-            .iter()
-            .find_map(|a| match a {
-                LinkAttribute::Address(m) => <[u8; 6]>::try_from(m.as_slice()).ok(),
-                _ => None,
-            })
-            .unwrap_or_default();
-        Ok((link.header.index, mac))
+        let (index, mac) = l2_of(&link);
+        Ok((index, mac, peer_in_other_netns(&link)))
     }
 
     /// The name of the interface with index `index`, if there is one.
@@ -553,4 +534,34 @@ pub async fn watch_links(events: tokio::sync::broadcast::Sender<()>) -> Result<(
     }
     task.abort();
     Ok(())
+}
+
+/// A link's index and MAC address (zero when it has none).
+fn l2_of(link: &LinkMessage) -> (u32, [u8; 6]) {
+    let mac = link
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            LinkAttribute::Address(m) => <[u8; 6]>::try_from(m.as_slice()).ok(),
+            _ => None,
+        })
+        .unwrap_or_default();
+    (link.header.index, mac)
+}
+
+/// Whether a link is a veth or a netkit device whose peer lives in
+/// another namespace: the kernel reports `IFLA_LINK_NETNSID` for such a
+/// device only when the peer's namespace is not its own.
+fn peer_in_other_netns(link: &LinkMessage) -> bool {
+    let paired = link.attributes.iter().any(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos
+            .iter()
+            .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth | InfoKind::Netkit))),
+        _ => false,
+    });
+    paired
+        && link
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::LinkNetNsId(_)))
 }

@@ -261,7 +261,12 @@ impl PathQuality {
                         kept.extend_from_slice(&self.entries[at[e]..at[e + 1]]);
                     }
                 }
-                self.refill(kept);
+                // In the block that holds them now, resized where it
+                // lies: a new block for every live path each 10 s landed
+                // among the blocks a round frees, and left pages partly
+                // used when it ended.
+                let all = 0..self.entries.len();
+                self.splice(all, kept);
             });
         }
         for (e, &gone) in ended.iter().enumerate() {
@@ -269,19 +274,6 @@ impl PathQuality {
                 (self.lens[e], self.lost[e]) = (0, 0);
             }
         }
-    }
-
-    /// Makes `with` the epochs' bytes in the block that holds them now,
-    /// resized where it lies (see [`Self::splice`]): a path's block is not
-    /// moved each time its epochs turn over, as a new one for every live
-    /// path each 10 s landed among the blocks a round frees, and left
-    /// pages partly used when it ended.
-    fn refill(&mut self, with: &[u8]) {
-        let mut held = std::mem::take(&mut self.entries).into_vec();
-        held.clear();
-        held.reserve_exact(with.len());
-        held.extend_from_slice(with);
-        self.entries = held.into_boxed_slice();
     }
 
     /// Puts `with` in place of `entries[range]`, keeping the slice
