@@ -18,7 +18,7 @@ use socket2::Socket;
 /// arrived. The kernel turns its stamps on from a work queue, within
 /// moments; a datagram that comes before is stamped when it is read.
 pub(super) fn stamp_arrivals(sock: &Socket) -> io::Result<()> {
-    super::icmp::setsockopt(
+    crate::sys::sockopt::set(
         sock,
         libc::SOL_SOCKET,
         libc::SO_TIMESTAMPNS,

@@ -29,6 +29,7 @@ use crate::sys::{
         echo_request, echo_request_v6, padded_echo_request, parse_any_reply, parse_any_reply_v6,
     },
     netns::Netns,
+    sockopt,
 };
 
 /// The IP headers the kernel adds to a raw socket's ICMP message.
@@ -340,21 +341,21 @@ fn raw_socket(family: Family) -> io::Result<Socket> {
     // the namespace lands here: SO_RCVBUF is capped by
     // net.core.rmem_max (about 200 KiB, a few hundred replies), so the
     // privileged agent forces its size past the cap.
-    force_buffer(&sock, libc::SO_RCVBUFFORCE, 16 << 20)
+    sockopt::force_buffer(&sock, libc::SO_RCVBUFFORCE, 16 << 20)
         .or_else(|_| sock.set_recv_buffer_size(16 << 20))?;
-    force_buffer(&sock, libc::SO_SNDBUFFORCE, 4 << 20)
+    sockopt::force_buffer(&sock, libc::SO_SNDBUFFORCE, 4 << 20)
         .or_else(|_| sock.set_send_buffer_size(4 << 20))?;
     // Don't Fragment on every request, whatever the route's learnt path
     // MTU: an MTU probe too large for a hop is lost (or refused), never
     // cut into pieces that would pass.
     match family {
-        Family::Ipv4 => setsockopt(
+        Family::Ipv4 => sockopt::set(
             &sock,
             libc::IPPROTO_IP,
             libc::IP_MTU_DISCOVER,
             &libc::IP_PMTUDISC_PROBE,
         )?,
-        Family::Ipv6 => setsockopt(
+        Family::Ipv6 => sockopt::set(
             &sock,
             libc::IPPROTO_IPV6,
             libc::IPV6_MTU_DISCOVER,
@@ -367,7 +368,7 @@ fn raw_socket(family: Family) -> io::Result<Socket> {
         let mut filter = [u32::MAX; 8];
         let t = usize::from(health_common::headers::ICMPV6_ECHO_REPLY);
         filter[t / 32] &= !(1u32 << (t % 32));
-        setsockopt(&sock, libc::IPPROTO_ICMPV6, ICMP6_FILTER, &filter)?;
+        sockopt::set(&sock, libc::IPPROTO_ICMPV6, ICMP6_FILTER, &filter)?;
     }
     Ok(sock)
 }
@@ -603,37 +604,6 @@ fn match_reply_v6(
 ) -> Option<usize> {
     let (id, seq) = parse_any_reply_v6(msg)?;
     matching(IpAddr::V6(src), id, seq, numbering, targets)
-}
-
-/// Sets a socket buffer size past `net.core.[rw]mem_max` (`SO_RCVBUFFORCE`
-/// or `SO_SNDBUFFORCE`; needs `CAP_NET_ADMIN`).
-fn force_buffer(sock: &Socket, opt: libc::c_int, bytes: libc::c_int) -> io::Result<()> {
-    setsockopt(sock, libc::SOL_SOCKET, opt, &bytes)
-}
-
-/// `setsockopt(level, opt)` with `value` as the option's bytes.
-pub(super) fn setsockopt<T>(
-    sock: &Socket,
-    level: libc::c_int,
-    opt: libc::c_int,
-    value: &T,
-) -> io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: a valid socket, an option value of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            opt,
-            std::ptr::from_ref(value).cast(),
-            libc::socklen_t::try_from(size_of::<T>()).unwrap_or(libc::socklen_t::MAX),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 #[cfg(test)]

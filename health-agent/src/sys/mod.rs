@@ -2,7 +2,7 @@
 //! Imported by every layer above `util`; imports nothing of the agent.
 //!
 //! Adapters to the operating system: network namespaces, netlink (links,
-//! addresses, routes), the pidfile lock, signals, raw ICMP sockets, the
+//! addresses, routes), the pidfile lock, signals, raw ICMP sockets, socket options, the
 //! batched BPF map operations aya does not wrap and the size of the
 //! descriptor table.
 //! Nothing here knows about endpoints, probes or the cluster.
@@ -16,5 +16,6 @@ pub mod netns;
 pub mod pidfile;
 pub mod signals;
 pub mod socket_factory;
+pub mod sockopt;
 pub mod sysctl;
 pub mod wireguard;

@@ -1,0 +1,78 @@
+//! Socket options that neither std nor socket2 sets: any option by its
+//! level and number, and buffer sizes past the system's cap.
+
+use std::{io, os::fd::AsFd};
+
+/// `setsockopt(level, opt)` on `sock` with `value` as the option's bytes.
+pub fn set<T>(sock: &impl AsFd, level: libc::c_int, opt: libc::c_int, value: &T) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a valid descriptor (borrowed for the call), an option value
+    // of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_fd().as_raw_fd(),
+            level,
+            opt,
+            std::ptr::from_ref(value).cast(),
+            libc::socklen_t::try_from(size_of::<T>()).unwrap_or(libc::socklen_t::MAX),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets a socket buffer size past `net.core.[rw]mem_max` (`opt`:
+/// `SO_RCVBUFFORCE` or `SO_SNDBUFFORCE`; needs `CAP_NET_ADMIN`). The
+/// kernel doubles `bytes` for its own bookkeeping, as it does for
+/// `SO_RCVBUF` and `SO_SNDBUF`.
+pub fn force_buffer(sock: &impl AsFd, opt: libc::c_int, bytes: libc::c_int) -> io::Result<()> {
+    set(sock, libc::SOL_SOCKET, opt, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    /// `SO_SNDBUF` as the kernel reports it.
+    fn send_buffer(sock: &UnixStream) -> usize {
+        socket2::SockRef::from(sock)
+            .send_buffer_size()
+            .expect("SO_SNDBUF")
+    }
+
+    #[test]
+    fn a_forced_buffer_passes_the_system_cap() {
+        let (a, _b) = UnixStream::pair().expect("socket pair");
+        let cap: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_max")
+            .expect("wmem_max")
+            .trim()
+            .parse()
+            .expect("a number");
+        let want = (cap * 4).max(4 << 20);
+        match force_buffer(
+            &a,
+            libc::SO_SNDBUFFORCE,
+            libc::c_int::try_from(want).expect("fits"),
+        ) {
+            // The kernel doubles what it is given.
+            Ok(()) => assert_eq!(send_buffer(&a), want * 2),
+            // Without CAP_NET_ADMIN the kernel says so, and nothing changed.
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+                assert!(send_buffer(&a) <= cap * 2);
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_option_is_the_kernels_error() {
+        let (a, _b) = UnixStream::pair().expect("socket pair");
+        let e = set(&a, libc::SOL_SOCKET, -1, &1 as &libc::c_int).expect_err("no option -1");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOPROTOOPT), "{e}");
+    }
+}
