@@ -2,9 +2,9 @@
 //! Imported by every layer above `util`; imports nothing of the agent.
 //!
 //! Adapters to the operating system: network namespaces, netlink (links,
-//! addresses, routes), the pidfile lock, signals, raw ICMP sockets, socket options, the
-//! batched BPF map operations aya does not wrap and the size of the
-//! descriptor table.
+//! addresses, routes), the pidfile lock, signals, raw ICMP sockets,
+//! socket options, the batched BPF map operations aya does not wrap and
+//! the size of the descriptor table.
 //! Nothing here knows about endpoints, probes or the cluster.
 
 pub mod bpf_batch;
