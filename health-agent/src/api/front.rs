@@ -222,8 +222,16 @@ mod tests {
         std::thread::current().name().unwrap_or("?").to_owned()
     }
 
-    #[test]
-    fn small_questions_are_answered_in_front_and_the_rest_in_the_bulk_lane() {
+    /// The two lanes' runtimes as the agent has them (the bulk lane's
+    /// threads named `lane-bulk`), and a socket listening for them: its
+    /// path, the guard that removes it, the listener.
+    fn lanes() -> (
+        tokio::runtime::Runtime,
+        tokio::runtime::Runtime,
+        std::path::PathBuf,
+        crate::api::server::SocketGuard,
+        UnixListener,
+    ) {
         let bulk = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("lane-bulk")
@@ -239,9 +247,15 @@ mod tests {
             std::process::id(),
             fastrand::u64(..)
         ));
-        let (_guard, listener) = front
+        let (guard, listener) = front
             .block_on(async { crate::api::server::bind(&path, None) })
             .expect("bind");
+        (bulk, front, path, guard, listener)
+    }
+
+    #[test]
+    fn small_questions_are_answered_in_front_and_the_rest_in_the_bulk_lane() {
+        let (bulk, front, path, _guard, listener) = lanes();
         let app = Router::new()
             .route("/v1/status", get(thread_name))
             .route("/v1/status/probe", put(thread_name))
@@ -310,23 +324,7 @@ mod tests {
     fn a_bulk_answer_is_written_whole_before_the_client_reads() {
         // The whole status at 10,000 peers, gzipped.
         const BODY: usize = 600 * 1024;
-        let bulk = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("bulk runtime");
-        let front = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("front runtime");
-        let path = std::env::temp_dir().join(format!(
-            "health-agent-bulk-{}-{}.sock",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        let (_guard, listener) = front
-            .block_on(async { crate::api::server::bind(&path, None) })
-            .expect("bind");
+        let (bulk, front, path, _guard, listener) = lanes();
         let app = Router::new().route(
             "/v1/status",
             get(|| async { bytes::Bytes::from(vec![b'x'; BODY]) }),
