@@ -42,6 +42,7 @@ use super::{
     icmp_round::MtuTargets,
     order::Echoes,
     path::{Outcome, ProbeResult},
+    path_record::PathRecord,
     targets::{EchoTrack, NodePaths, targets},
 };
 use crate::membership::{Node, NodeSet};
@@ -152,7 +153,7 @@ impl Prober {
                 // Never probed: undecided, so news.
                 None => true,
                 Some(p) => {
-                    let state = p.state(icmp).result;
+                    let state = decided(p.state(icmp));
                     let agrees = settled(p, icmp, answered);
                     p.echo
                         .get_mut(usize::from(address / 2))
@@ -199,16 +200,30 @@ impl EchoTrack {
     }
 }
 
+/// A path's state as an echo reads it: a path whose last probes went the
+/// other way than its state, not yet enough of them to turn it (failing
+/// below the failure threshold), is undecided. Its summary already says
+/// it is failing, so an answered echo must get it probed again: left in
+/// Success, it would wait for the next round to read as reached.
+fn decided(path: &PathRecord) -> ProbeResult {
+    match path.result {
+        ProbeResult::Success if path.consecutive_failures > 0 => ProbeResult::Unknown,
+        ProbeResult::Failure if path.consecutive_successes > 0 => ProbeResult::Unknown,
+        r => r,
+    }
+}
+
 /// Whether every path of the family of node path `icmp` (its node
-/// address's ICMP path: the family's first) agrees with an echo: all in
-/// Success when it was answered, all in Failure when it was not.
+/// address's ICMP path: the family's first) agrees with an echo: all
+/// decided in Success when it was answered, all in Failure when it was
+/// not.
 fn settled(paths: &NodePaths, icmp: usize, answered: bool) -> bool {
     let agreeing = if answered {
         ProbeResult::Success
     } else {
         ProbeResult::Failure
     };
-    (icmp..icmp + PER_FAMILY).all(|i| paths.state(i).result == agreeing)
+    (icmp..icmp + PER_FAMILY).all(|i| decided(paths.state(i)) == agreeing)
 }
 
 /// Whether an echo answered (or not) disagrees with a path in `state`:
@@ -267,11 +282,17 @@ mod tests {
 
     /// A prober of `names` whose paths turn at the first result.
     fn probing(names: &[&str]) -> (NodeSet, Arc<Prober>) {
+        probing_with(names, 1)
+    }
+
+    /// A prober of `names` whose paths turn Failure after `failure`
+    /// failures in a row, Success at the first answer.
+    fn probing_with(names: &[&str], failure: u32) -> (NodeSet, Arc<Prober>) {
         let nodes = NodeSet::named(names);
         let prober = Prober::new(ProbeConfig {
             thresholds: crate::probe::path::Thresholds {
                 success: 1,
-                failure: 1,
+                failure,
             },
             ..ProbeConfig::default()
         });
@@ -351,6 +372,34 @@ mod tests {
             prober.disagreeing(&nodes, &answered),
             Vec::<usize>::new(),
             "no news, no follow-ups left"
+        );
+    }
+
+    /// A node cut off for less than the failure threshold's rounds: its
+    /// paths still in Success but failing, as its summary says. Its
+    /// address answering again is news, so that it is probed and read as
+    /// reached within an echo, not at the next round.
+    #[test]
+    fn a_node_back_before_its_paths_turned_is_probed_at_once() {
+        let (nodes, prober) = probing_with(&["a"], 3);
+        let both = [(0, 0), (0, 1)];
+        prober.record(&nodes, &both, vec![(ok(), ok()); 2], 1, 0, 1);
+        let (silent, answered) = ([((0, 0), false)], [((0, 0), true)]);
+        assert_eq!(prober.disagreeing(&nodes, &silent), vec![0], "cut off");
+        // One early round: every path fails once, still in Success.
+        prober.record(&nodes, &both, vec![(failed(), failed()); 2], 2, 0, 1);
+        let icmp = prober.node_status("a").map(|n| n.host.icmp);
+        assert_eq!(
+            icmp.map(|p| (p.result, p.consecutive_failures)),
+            Some((ProbeResult::Success, 1))
+        );
+        // Back: its answer is news.
+        assert_eq!(prober.disagreeing(&nodes, &answered), vec![0], "back");
+        prober.record(&nodes, &both, vec![(ok(), ok()); 2], 3, 0, 1);
+        assert_eq!(
+            prober.disagreeing(&nodes, &answered),
+            Vec::<usize>::new(),
+            "settled once every path answered"
         );
     }
 

@@ -245,12 +245,17 @@ fn how_each_sees(cluster: &Cluster, name: &str) -> String {
     for node in &cluster.nodes {
         let paths = node.status().and_then(|s| {
             s.nodes.iter().find(|n| n.name == name).map(|n| {
+                // Each path's state and the failures in a row behind it
+                // (a state below the failure threshold reads as failing).
+                let p = |s: &health_agent::probe::path::PathState| {
+                    format!("{:?} ({} failed)", s.result, s.consecutive_failures)
+                };
                 format!(
-                    "host icmp {:?} http {:?}, endpoint icmp {:?} http {:?}",
-                    n.host.icmp.result,
-                    n.host.http.result,
-                    n.endpoint.icmp.result,
-                    n.endpoint.http.result
+                    "host icmp {} http {}, endpoint icmp {} http {}",
+                    p(&n.host.icmp),
+                    p(&n.host.http),
+                    p(&n.endpoint.icmp),
+                    p(&n.endpoint.http)
                 )
             })
         });
