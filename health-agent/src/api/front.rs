@@ -136,12 +136,7 @@ fn to_bulk(
 /// where the agent may (`CAP_NET_ADMIN`), up to it otherwise. A failure
 /// only costs the answer more wake-ups, and is logged.
 fn widen_send_buffer(stream: &std::os::unix::net::UnixStream) {
-    let forced =
-        sockopt::force_buffer(stream, libc::SO_SNDBUFFORCE, BULK_SEND_BUFFER).or_else(|_| {
-            socket2::SockRef::from(stream)
-                .set_send_buffer_size(usize::try_from(BULK_SEND_BUFFER).unwrap_or(usize::MAX))
-        });
-    if let Err(e) = forced {
+    if let Err(e) = sockopt::size_buffer(stream, sockopt::Buffer::Send, BULK_SEND_BUFFER) {
         tracing::debug!(error = %e, "API: sizing a bulk connection's send buffer");
     }
 }

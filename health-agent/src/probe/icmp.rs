@@ -29,7 +29,7 @@ use crate::sys::{
         echo_request, echo_request_v6, padded_echo_request, parse_any_reply, parse_any_reply_v6,
     },
     netns::Netns,
-    sockopt,
+    sockopt::{self, Buffer},
 };
 
 /// The IP headers the kernel adds to a raw socket's ICMP message.
@@ -341,10 +341,8 @@ fn raw_socket(family: Family) -> io::Result<Socket> {
     // the namespace lands here: SO_RCVBUF is capped by
     // net.core.rmem_max (about 200 KiB, a few hundred replies), so the
     // privileged agent forces its size past the cap.
-    sockopt::force_buffer(&sock, libc::SO_RCVBUFFORCE, 16 << 20)
-        .or_else(|_| sock.set_recv_buffer_size(16 << 20))?;
-    sockopt::force_buffer(&sock, libc::SO_SNDBUFFORCE, 4 << 20)
-        .or_else(|_| sock.set_send_buffer_size(4 << 20))?;
+    sockopt::size_buffer(&sock, Buffer::Receive, 16 << 20)?;
+    sockopt::size_buffer(&sock, Buffer::Send, 4 << 20)?;
     // Don't Fragment on every request, whatever the route's learnt path
     // MTU: an MTU probe too large for a hop is lost (or refused), never
     // cut into pieces that would pass.

@@ -43,6 +43,24 @@ pub(crate) fn force_buffer(
     set(sock, libc::SOL_SOCKET, opt, &bytes)
 }
 
+/// A socket's buffer: which of its two [`size_buffer`] sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Buffer {
+    Send,
+    Receive,
+}
+
+/// Sizes `sock`'s `buffer` at `bytes`: past `net.core.[rw]mem_max` where
+/// the caller may ([`force_buffer`]), up to it otherwise (`SO_SNDBUF`,
+/// `SO_RCVBUF`, which the kernel caps). The error is the capped call's.
+pub(crate) fn size_buffer(sock: &impl AsFd, buffer: Buffer, bytes: libc::c_int) -> io::Result<()> {
+    let (force, capped) = match buffer {
+        Buffer::Send => (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        Buffer::Receive => (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+    };
+    force_buffer(sock, force, bytes).or_else(|_| set(sock, libc::SOL_SOCKET, capped, &bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::UnixStream;
@@ -83,6 +101,17 @@ mod tests {
                 assert!(send_buffer(&a) <= cap * 2);
             }
         }
+    }
+
+    #[test]
+    fn each_buffer_is_sized_with_or_without_the_right_to_pass_the_cap() {
+        let (a, _b) = UnixStream::pair().expect("socket pair");
+        // Below any cap: the same size whether forced or not.
+        size_buffer(&a, Buffer::Send, 96 << 10).expect("send buffer");
+        size_buffer(&a, Buffer::Receive, 80 << 10).expect("receive buffer");
+        let sock = socket2::SockRef::from(&a);
+        assert_eq!(sock.send_buffer_size().expect("SO_SNDBUF"), 192 << 10);
+        assert_eq!(sock.recv_buffer_size().expect("SO_RCVBUF"), 160 << 10);
     }
 
     #[test]
