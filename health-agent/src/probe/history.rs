@@ -3,15 +3,22 @@
 //!
 //! The rounds themselves (number, start, when their results were recorded)
 //! are kept once per prober, in a ring of R slots indexed by `seq % R`.
-//! Each node has one ring of `4 * F * R` `u16`s (F: the families it is
-//! probed over, 1 or 2), allocated at its first result, path-major,
-//! indexed the same way: a success stores its RTT as a small float (a
+//! A node's results are a ring of `4 * F * R` `u16`s (F: the families it
+//! is probed over, 1 or 2), path-major, indexed the same way: a success stores its RTT as a small float (a
 //! 10-bit mantissa and a 5-bit binary exponent of nanoseconds: exact
 //! below 1,024 ns, within 0.1 % above, up to about 36 minutes), a failure
 //! the index of its error's class (`timeout`, `connect: refused`,
 //! `HTTP 503`, ...) in a small bounded table of the prober's. At 10,000
 //! peers and 60 rounds the rings are 4.8 MB. The full text of a path's last error is
 //! in its [`PathRecord`](super::path_record::PathRecord), not here.
+//!
+//! A node whose rounds all give the same values (a node that is down:
+//! the same error class on every path, round after round) is kept
+//! compact: one value a path and how many rounds in a row it held. A
+//! node's first result is kept so; it gets its ring when a round differs,
+//! is missed, or is recorded again, and gives the ring back once a whole
+//! window has been alike. A node down from its first round is never
+//! given a ring: at 10,000 peers half silent that is 2.4 MB.
 
 use std::{net::IpAddr, time::Duration};
 
@@ -66,11 +73,48 @@ pub(super) struct History {
 pub(super) struct NodeRing {
     /// The last round recorded in `slots`.
     last_seq: u64,
-    /// `4 * F * R` values, path-major (IPv4's four paths first), at
-    /// `seq % R`.
+    /// A ring: `4 * F * R` values, path-major (IPv4's four paths first),
+    /// at `seq % R`. Compact: `4 * F` values, each path's in every one of
+    /// the last `run` rounds.
     slots: Box<[u16]>,
     /// The families with rows in `slots`: bit `Family::index()`.
     families: u8,
+    /// `slots` holds one value a path, not a ring.
+    compact: bool,
+    /// How many rounds in a row, up to `last_seq`, were each recorded
+    /// whole with the same values (at most R; 0 when not known): in a
+    /// compact ring, the rounds it holds.
+    run: u16,
+}
+
+/// A node's results in one round, four paths per family (`4 * family +
+/// kind`), not probed until set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RoundRow([u16; 2 * PER_FAMILY]);
+
+impl Default for RoundRow {
+    fn default() -> Self {
+        Self([NOT_PROBED; 2 * PER_FAMILY])
+    }
+}
+
+impl RoundRow {
+    /// Sets `path`'s value (from [`History::encode`]); a path out of range
+    /// is ignored.
+    pub(super) fn set(&mut self, path: usize, value: u16) {
+        if let Some(v) = self.0.get_mut(path) {
+            *v = value;
+        }
+    }
+
+    /// The families with a value: bit `Family::index()`.
+    fn families(&self) -> u8 {
+        self.0
+            .chunks(PER_FAMILY)
+            .enumerate()
+            .filter(|(_, f)| f.iter().any(|&v| v != NOT_PROBED))
+            .fold(0, |bits, (i, _)| bits | 1 << i)
+    }
 }
 
 /// An RTT as 15 bits: `exponent << 10 | mantissa`, the nanoseconds being
@@ -173,8 +217,14 @@ impl NodeRing {
         PER_FAMILY * self.families.count_ones() as usize
     }
 
-    fn length(&self) -> usize {
-        self.slots.len().checked_div(self.width()).unwrap_or(0)
+    /// The rounds the ring answers for, up to `last_seq`: R for a ring,
+    /// `run` when compact.
+    fn held(&self) -> usize {
+        if self.compact {
+            usize::from(self.run)
+        } else {
+            self.slots.len().checked_div(self.width()).unwrap_or(0)
+        }
     }
 
     /// The row of `path` (0..8: `4 * family + kind`), when its family has
@@ -186,17 +236,36 @@ impl NodeRing {
         })
     }
 
-    /// The same results with rows for the families of `families` (bits):
-    /// rows of others dropped, new ones not probed.
+    /// The values of `row` for the families with rows here, in their
+    /// order.
+    fn kept<'a>(&self, row: &'a RoundRow) -> impl Iterator<Item = u16> + use<'a> {
+        let families = self.families;
+        row.0
+            .chunks(PER_FAMILY)
+            .enumerate()
+            .filter(move |(f, _)| families & (1 << f) != 0)
+            .flat_map(|(_, v)| v.iter().copied())
+    }
+
+    /// A ring of `length` rounds holding the same results, for the
+    /// families of `families` (bits): rows of others dropped, new ones
+    /// not probed.
     fn with_families(&self, families: u8, length: usize) -> Self {
         let mut new = Self {
             last_seq: self.last_seq,
             slots: Box::default(),
             families,
+            compact: false,
+            // The rows of fewer families are as alike as they were.
+            run: if families & !self.families == 0 {
+                self.run.min(u16::try_from(length).unwrap_or(u16::MAX))
+            } else {
+                0
+            },
         };
         new.slots = vec![NOT_PROBED; new.width() * length].into_boxed_slice();
         let len64 = length as u64;
-        let keep = length.min(self.length()) as u64;
+        let keep = length.min(self.held()) as u64;
         if keep > 0 {
             for seq in self.last_seq.saturating_sub(keep - 1).max(1)..=self.last_seq {
                 for path in 0..2 * PER_FAMILY {
@@ -213,57 +282,122 @@ impl NodeRing {
     /// whose addresses of a family are gone.
     pub(super) fn retain_families(&mut self, families: u8) {
         let kept = self.families & families;
-        if kept != self.families {
-            *self = if kept == 0 {
-                Self::default()
-            } else {
-                self.with_families(kept, self.length())
-            };
+        if kept == self.families {
+            return;
+        }
+        if kept == 0 {
+            *self = Self::default();
+        } else if self.compact {
+            let mut row = RoundRow::default();
+            for path in 0..2 * PER_FAMILY {
+                if let Some(r) = self.row(path) {
+                    row.set(path, self.slots[r]);
+                }
+            }
+            self.families = kept;
+            self.slots = self.kept(&row).collect();
+        } else {
+            *self = self.with_families(kept, self.held());
         }
     }
 
-    /// Records `value` (from [`History::encode`]) for `path` (0..8: `4 *
-    /// family + kind`) in round `seq`, the history's latest. The first
-    /// result of a family allocates its rows.
-    pub(super) fn record(&mut self, history: &History, seq: u64, path: usize, value: u16) {
-        let bit = 1u8 << (path / PER_FAMILY);
-        if self.families & bit == 0 {
-            *self = self.with_families(self.families | bit, history.length());
+    /// Whether round `seq` was recorded whole with `row`'s values.
+    fn holds(&self, seq: u64, row: &RoundRow) -> bool {
+        (0..2 * PER_FAMILY).all(|path| {
+            self.row(path).is_none() || self.get(path, seq).unwrap_or(NOT_PROBED) == row.0[path]
+        })
+    }
+
+    /// Records a node's results in round `seq` (each path's from
+    /// [`History::encode`], not probed where not set), replacing what an
+    /// earlier call recorded for that round; a round older than the
+    /// window is ignored. A family's first result gives it rows (a
+    /// compact ring turns into a ring for it).
+    pub(super) fn record(&mut self, history: &History, seq: u64, row: &RoundRow) {
+        let length = history.length();
+        let wanted = row.families();
+        if wanted == 0 {
+            // Nothing probed: as a round the node was not in.
+            return;
         }
-        let (len, width) = (self.length(), self.width());
+        if self.families == 0 {
+            // The first result: compact until a round differs.
+            self.families = wanted;
+            self.slots = self.kept(row).collect();
+            self.compact = true;
+            self.last_seq = seq;
+            self.run = 1;
+            return;
+        }
+        let max_run = u16::try_from(length).unwrap_or(u16::MAX);
+        let next = seq == self.last_seq + 1;
+        let same = next && wanted & !self.families == 0 && self.holds(self.last_seq, row);
+        if self.compact && same {
+            self.last_seq = seq;
+            self.run = self.run.saturating_add(1).min(max_run);
+            return;
+        }
+        if self.compact || wanted & !self.families != 0 {
+            *self = self.with_families(self.families | wanted, length);
+        }
+        let len = self.held();
         let len64 = len as u64;
         if seq > self.last_seq {
             // The rounds since the last recorded were not probed.
             let gap = (seq - self.last_seq).min(len64);
             for s in seq + 1 - gap..=seq {
                 let i = (s % len64) as usize;
-                for p in 0..width {
+                for p in 0..self.width() {
                     self.slots[p * len + i] = NOT_PROBED;
                 }
             }
             self.last_seq = seq;
+            self.run = if same {
+                self.run.saturating_add(1).min(max_run)
+            } else {
+                1
+            };
         } else if seq + len64 <= self.last_seq {
             return;
+        } else {
+            // An earlier round again: how alike the rounds are is not known.
+            self.run = 0;
         }
-        if let Some(row) = self.row(path) {
-            self.slots[row * len + (seq % len64) as usize] = value;
+        let i = (seq % len64) as usize;
+        for (r, v) in self.kept(row).enumerate() {
+            self.slots[r * len + i] = v;
+        }
+        if usize::from(self.run) >= len {
+            // The whole window is one value a path: compact again.
+            self.slots = self.kept(row).collect();
+            self.compact = true;
         }
     }
 
     /// `path`'s value in round `seq`, when it was probed in it.
     fn get(&self, path: usize, seq: u64) -> Option<u16> {
-        let len = self.length() as u64;
-        if len == 0 || seq > self.last_seq || seq + len <= self.last_seq {
+        let held = self.held() as u64;
+        if held == 0 || seq > self.last_seq || seq + held <= self.last_seq {
             return None;
         }
-        let v = self.slots[self.row(path)? * self.length() + (seq % len) as usize];
+        let row = self.row(path)?;
+        let v = if self.compact {
+            self.slots[row]
+        } else {
+            self.slots[row * self.held() + (seq % held) as usize]
+        };
         (v != NOT_PROBED).then_some(v)
     }
 
     /// The same results in a ring of `length` rounds: the newest that fit.
     pub(super) fn resized(&self, length: usize) -> Self {
         let length = length.max(1);
-        if self.slots.is_empty() || length == self.length() {
+        if self.compact {
+            let mut new = self.clone();
+            new.run = new.run.min(u16::try_from(length).unwrap_or(u16::MAX));
+            return new;
+        }
+        if self.slots.is_empty() || length == self.held() {
             return self.clone();
         }
         self.with_families(self.families, length)
@@ -577,9 +711,18 @@ mod tests {
     fn round(h: &mut History, ring: &mut NodeRing, seq: u64, outcome: &Outcome) {
         h.begin_round(seq, seq * 1000, seq * 1000 + 5);
         let v = h.encode(outcome);
-        for p in 0..4 {
-            ring.record(h, seq, p, v);
+        ring.record(h, seq, &row(&[(0..4, v)]));
+    }
+
+    /// A round's row: each range of paths given its value.
+    fn row(values: &[(std::ops::Range<usize>, u16)]) -> RoundRow {
+        let mut row = RoundRow::default();
+        for (paths, v) in values {
+            for p in paths.clone() {
+                row.set(p, *v);
+            }
         }
+        row
     }
 
     /// An RTT of `ns` nanoseconds as the history keeps it (within 0.1 %).
@@ -625,15 +768,16 @@ mod tests {
         // window).
         for seq in 1..=30 {
             h.begin_round(seq, seq, seq);
+            let mut r = RoundRow::default();
             for p in 0..4 {
                 let outcome = if seq <= 20 || (p == 0 && matches!(seq, 21 | 24 | 27)) {
                     timeout()
                 } else {
                     ok(seq)
                 };
-                let v = h.encode(&outcome);
-                ring.record(&h, seq, p, v);
+                r.set(p, h.encode(&outcome));
             }
+            ring.record(&h, seq, &r);
         }
         let n = h.node("n1", &V4, &ring);
         let icmp = &n.paths[0];
@@ -686,12 +830,10 @@ mod tests {
         for seq in 1..=8 {
             h.begin_round(seq, seq * 10, seq * 10);
             let v = h.encode(&if seq == 7 { timeout() } else { ok(5) });
-            for p in 0..4 {
-                a.record(&h, seq, p, v);
-            }
+            a.record(&h, seq, &row(&[(0..4, v)]));
             // b: added at round 4, not probed in round 6.
             if seq >= 4 && seq != 6 {
-                b.record(&h, seq, 0, v);
+                b.record(&h, seq, &row(&[(0..1, v)]));
             }
         }
         let rounds = h.rounds();
@@ -733,16 +875,15 @@ mod tests {
             h.begin_round(seq, seq, seq);
             let good = h.encode(&ok(seq));
             let bad = h.encode(&timeout());
-            for p in 0..4 {
-                ring.record(&h, seq, p, good);
-            }
+            let mut r = row(&[(0..4, good)]);
             // IPv6: the host paths fail in round 3, and the family's rows
             // start at round 2.
             for p in 4..8 {
                 if seq >= 2 {
-                    ring.record(&h, seq, p, if seq == 3 && p < 6 { bad } else { good });
+                    r.set(p, if seq == 3 && p < 6 { bad } else { good });
                 }
             }
+            ring.record(&h, seq, &r);
         }
         assert_eq!(ring.slots.len(), 8 * 4, "two families of four paths");
         let n = h.node("n", &both, &ring);
@@ -852,6 +993,169 @@ mod tests {
         assert_eq!(h.classes.get(a & !FAILED).to_string(), "connect: refused");
     }
 
+    /// A node down from its first round is never given a ring: one value
+    /// a path, read back as every round of the window.
+    #[test]
+    fn five_thousand_nodes_down_cost_a_value_a_path() {
+        const NODES: usize = 5000;
+        let mut h = History::new(usize::from(DEFAULT_LENGTH));
+        let mut rings = vec![NodeRing::default(); NODES];
+        for seq in 1..=70 {
+            h.begin_round(seq, seq * 1000, seq * 1000 + 5);
+            let r = row(&[(0..4, h.encode(&timeout()))]);
+            for ring in &mut rings {
+                ring.record(&h, seq, &r);
+            }
+        }
+        let heap = rings.iter().map(|r| size_of_val(&*r.slots)).sum::<usize>();
+        assert_eq!(heap, NODES * 4 * size_of::<u16>(), "one value a path");
+        let n = h.node("n1", &V4, &rings[0]);
+        for path in &n.paths {
+            let at: Vec<u64> = path.entries.iter().map(|e| e.at_ms).collect();
+            assert_eq!(at, (11..=70).map(|s| s * 1000 + 5).collect::<Vec<_>>());
+            assert!(
+                path.entries
+                    .iter()
+                    .all(|e| e.error.as_deref() == Some("timeout"))
+            );
+            assert_eq!(path.loss_ratio, Some(1.0));
+        }
+        let strips = History::strips("n1", &h.rounds(), Some(&rings[0]), SHOWN_V4);
+        assert!(strips.paths.iter().all(|s| s == &"F".repeat(60)));
+    }
+
+    /// A node that answers gets a ring; down for a whole window, it gives
+    /// it back; answering again, it gets one again with the window whole.
+    #[test]
+    fn a_ring_down_for_a_whole_window_turns_compact_and_back() {
+        let (mut h, mut ring) = (History::new(5), NodeRing::default());
+        for seq in 1..=6 {
+            round(&mut h, &mut ring, seq, &ok(seq));
+        }
+        assert_eq!(ring.slots.len(), 20, "answers that differ: a ring");
+        for seq in 7..=10 {
+            round(&mut h, &mut ring, seq, &timeout());
+        }
+        assert_eq!(ring.slots.len(), 20, "one answer still in the window");
+        round(&mut h, &mut ring, 11, &timeout());
+        assert_eq!(ring.slots.len(), 4, "five timeouts: compact");
+        round(&mut h, &mut ring, 12, &ok(3));
+        assert_eq!(ring.slots.len(), 20);
+        let n = h.node("n", &V4, &ring);
+        let outcomes: Vec<EntryOutcome> = n.paths[2].entries.iter().map(|e| e.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [
+                EntryOutcome::Failure,
+                EntryOutcome::Failure,
+                EntryOutcome::Failure,
+                EntryOutcome::Failure,
+                EntryOutcome::Success
+            ]
+        );
+        assert_eq!(n.paths[2].rtt_p50_ns, Some(kept(3000)));
+    }
+
+    /// Compact or not, a ring answers as the plain list of the rounds
+    /// recorded would, over random runs: rows repeated, rounds skipped or
+    /// recorded again out of order, paths and families coming and going,
+    /// windows resized.
+    #[test]
+    fn a_ring_answers_as_the_rounds_recorded_whatever_its_form() {
+        let mut random = fastrand::Rng::with_seed(31);
+        let mut checked_compact = 0usize;
+        for run in 0..400 {
+            let mut length = random.usize(1..8);
+            let mut h = History::new(length);
+            let values = [
+                NOT_PROBED,
+                h.encode(&timeout()),
+                h.encode(&ok(7)),
+                h.encode(&ok(9)),
+            ];
+            let mut ring = NodeRing::default();
+            let mut model = std::collections::BTreeMap::<u64, RoundRow>::new();
+            let (mut model_last, mut model_families) = (0u64, 0u8);
+            let mut previous = RoundRow::default();
+            let mut seq = 0;
+            for step in 0..60 {
+                seq += if random.u8(..8) == 0 { 2 } else { 1 };
+                h.begin_round(seq, seq, seq);
+                match random.u8(..24) {
+                    0 => {
+                        let keep = random.u8(0..4);
+                        ring.retain_families(keep);
+                        if model_families & keep == 0 {
+                            if model_families != 0 {
+                                model.clear();
+                                (model_last, model_families) = (0, 0);
+                            }
+                        } else {
+                            for r in model.values_mut() {
+                                for p in 0..2 * PER_FAMILY {
+                                    if keep & (1 << (p / PER_FAMILY)) == 0 {
+                                        r.0[p] = NOT_PROBED;
+                                    }
+                                }
+                            }
+                            model_families &= keep;
+                        }
+                    }
+                    1 => {
+                        length = random.usize(1..8);
+                        h = h.resized(length);
+                        ring = ring.resized(length);
+                    }
+                    _ => {}
+                }
+                let r = if random.u8(..4) != 0 {
+                    previous
+                } else {
+                    let v6 = random.bool();
+                    let mut r = RoundRow::default();
+                    for p in 0..if v6 { 8 } else { 4 } {
+                        r.set(p, values[random.usize(..values.len())]);
+                    }
+                    r
+                };
+                previous = r;
+                // Now and then an earlier round again, maybe out of the
+                // window.
+                let at = if random.u8(..8) == 0 {
+                    seq.saturating_sub(random.u64(0..=length as u64 + 1)).max(1)
+                } else {
+                    seq
+                };
+                ring.record(&h, at, &r);
+                if r.families() != 0 {
+                    // A family gets its rows even from a round too old
+                    // to keep.
+                    model_families |= r.families();
+                    if model_last == 0 || at + length as u64 > model_last {
+                        model.insert(at, r);
+                        model_last = model_last.max(at);
+                    }
+                }
+                model.retain(|&s, _| s + length as u64 > model_last);
+                for s in seq.saturating_sub(length as u64 + 2)..=seq {
+                    for p in 0..2 * PER_FAMILY {
+                        let want = model.get(&s).map(|r| r.0[p]).filter(|&v| v != NOT_PROBED);
+                        assert_eq!(
+                            ring.get(p, s),
+                            want,
+                            "run {run} step {step}: path {p} in round {s}, window {length}, {ring:?}"
+                        );
+                    }
+                }
+                checked_compact += usize::from(ring.compact && length > 1);
+            }
+        }
+        assert!(
+            checked_compact > 2000,
+            "compact rings checked {checked_compact} times"
+        );
+    }
+
     /// The history of 5,000 nodes x 4 paths x 60 rounds: heap and inline
     /// bytes per result (the ring's pointer and last round live in the
     /// node's map value).
@@ -862,11 +1166,9 @@ mod tests {
         let mut rings = vec![NodeRing::default(); NODES];
         for seq in 1..=70 {
             h.begin_round(seq, seq, seq);
-            let v = h.encode(&ok(seq));
+            let r = row(&[(0..4, h.encode(&ok(seq)))]);
             for ring in &mut rings {
-                for p in 0..4 {
-                    ring.record(&h, seq, p, v);
-                }
+                ring.record(&h, seq, &r);
             }
         }
         let results = NODES * 4 * usize::from(DEFAULT_LENGTH);

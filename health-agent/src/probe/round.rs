@@ -19,7 +19,7 @@ use super::{
     error::ProbeError,
     family::{self, Family, Shown},
     flows::{self, Spread},
-    history::{History, HistoryStats, HistoryStrips, NodeHistory, NodeRing},
+    history::{History, HistoryStats, HistoryStrips, NodeHistory, NodeRing, RoundRow},
     http_round,
     icmp::IcmpProber,
     icmp_round::MtuTargets,
@@ -656,13 +656,13 @@ impl Prober {
                     Some(e) => e,
                     None => paths.entry(node.name.as_str().into()).or_default(),
                 };
+                let mut row = RoundRow::default();
                 for (target, (&(_, address), (icmp, http))) in
                     (first..).zip(group.iter().zip(outcomes))
                 {
                     let icmp_slot = 2 * usize::from(address);
                     for (slot, outcome) in [(icmp_slot, icmp), (icmp_slot + 1, http)] {
-                        let value = history.encode(&outcome);
-                        entry.history.record(&history, seq, slot, value);
+                        row.set(slot, history.encode(&outcome));
                         let rtt_ns = match &outcome {
                             Outcome::Ok { rtt, .. } => {
                                 Some(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX))
@@ -683,6 +683,7 @@ impl Prober {
                     }
                     probes += 2;
                 }
+                entry.history.record(&history, seq, &row);
             }
         }
         if let Ok(mut last) = self.http_failed.lock() {
