@@ -993,20 +993,30 @@ mod tests {
         assert_eq!(h.classes.get(a & !FAILED).to_string(), "connect: refused");
     }
 
-    /// A node down from its first round is never given a ring: one value
-    /// a path, read back as every round of the window.
-    #[test]
-    fn five_thousand_nodes_down_cost_a_value_a_path() {
-        const NODES: usize = 5000;
+    /// The nodes of the two tests below.
+    const NODES: usize = 5000;
+
+    /// [`NODES`] nodes in a history of the default length after 70
+    /// rounds, round `seq` at `seq * 1000` ms giving every path
+    /// `outcome(seq)`.
+    fn seventy_rounds(outcome: impl Fn(u64) -> Outcome) -> (History, Vec<NodeRing>) {
         let mut h = History::new(usize::from(DEFAULT_LENGTH));
         let mut rings = vec![NodeRing::default(); NODES];
         for seq in 1..=70 {
             h.begin_round(seq, seq * 1000, seq * 1000 + 5);
-            let r = row(&[(0..4, h.encode(&timeout()))]);
+            let r = row(&[(0..4, h.encode(&outcome(seq)))]);
             for ring in &mut rings {
                 ring.record(&h, seq, &r);
             }
         }
+        (h, rings)
+    }
+
+    /// A node down from its first round is never given a ring: one value
+    /// a path, read back as every round of the window.
+    #[test]
+    fn five_thousand_nodes_down_cost_a_value_a_path() {
+        let (h, rings) = seventy_rounds(|_| timeout());
         let heap = rings.iter().map(|r| size_of_val(&*r.slots)).sum::<usize>();
         assert_eq!(heap, NODES * 4 * size_of::<u16>(), "one value a path");
         let n = h.node("n1", &V4, &rings[0]);
@@ -1161,16 +1171,7 @@ mod tests {
     /// node's map value).
     #[test]
     fn five_thousand_nodes_of_sixty_rounds_cost_under_2_2_bytes_a_result() {
-        const NODES: usize = 5000;
-        let mut h = History::new(usize::from(DEFAULT_LENGTH));
-        let mut rings = vec![NodeRing::default(); NODES];
-        for seq in 1..=70 {
-            h.begin_round(seq, seq, seq);
-            let r = row(&[(0..4, h.encode(&ok(seq)))]);
-            for ring in &mut rings {
-                ring.record(&h, seq, &r);
-            }
-        }
+        let (h, rings) = seventy_rounds(ok);
         let results = NODES * 4 * usize::from(DEFAULT_LENGTH);
         let per_node = rings
             .iter()
