@@ -4,13 +4,14 @@
 //! The rounds themselves (number, start, when their results were recorded)
 //! are kept once per prober, in a ring of R slots indexed by `seq % R`.
 //! A node's results are a ring of `4 * F * R` `u16`s (F: the families it
-//! is probed over, 1 or 2), path-major, indexed the same way: a success stores its RTT as a small float (a
-//! 10-bit mantissa and a 5-bit binary exponent of nanoseconds: exact
-//! below 1,024 ns, within 0.1 % above, up to about 36 minutes), a failure
-//! the index of its error's class (`timeout`, `connect: refused`,
-//! `HTTP 503`, ...) in a small bounded table of the prober's. At 10,000
-//! peers and 60 rounds the rings are 4.8 MB. The full text of a path's last error is
-//! in its [`PathRecord`](super::path_record::PathRecord), not here.
+//! is probed over, 1 or 2), path-major, indexed the same way: a success
+//! stores its RTT as a small float (a 10-bit mantissa and a 5-bit binary
+//! exponent of nanoseconds: exact below 1,024 ns, within 0.1 % above, up
+//! to about 36 minutes), a failure the index of its error's class
+//! (`timeout`, `connect: refused`, `HTTP 503`, ...) in a small bounded
+//! table of the prober's. At 10,000 peers and 60 rounds the rings are
+//! 4.8 MB. The full text of a path's last error is in its
+//! [`PathRecord`](super::path_record::PathRecord), not here.
 //!
 //! A node whose rounds all give the same values (a node that is down:
 //! the same error class on every path, round after round) is kept
