@@ -36,17 +36,6 @@ pub struct WatchCounts {
     pub plain: u64,
 }
 
-impl WatchCounts {
-    /// The sum of per-CPU values.
-    #[must_use]
-    pub fn sum(per_cpu: &[Self]) -> Self {
-        per_cpu.iter().fold(Self::default(), |a, c| Self {
-            tunnel: a.tunnel.wrapping_add(c.tunnel),
-            plain: a.plain.wrapping_add(c.plain),
-        })
-    }
-}
-
 const _: () = assert!(size_of::<WatchKey>() == 16 && align_of::<WatchKey>() == 1);
 const _: () = assert!(size_of::<WatchCounts>() == 16);
 
@@ -253,26 +242,5 @@ mod tests {
         let echo = ipv4(IPPROTO_ICMP, &[8, 0, 0, 0, 0, 1, 0, 1], [0, 0]);
         assert_eq!(dst(eth([0x86, 0xdd], &echo), Link::Ethernet), None);
         assert_eq!(dst(eth([0x08, 0x06], &echo), Link::Ethernet), None);
-    }
-
-    #[test]
-    fn per_cpu_counts_sum() {
-        let c = [
-            WatchCounts {
-                tunnel: 3,
-                plain: 0,
-            },
-            WatchCounts {
-                tunnel: 1,
-                plain: 2,
-            },
-        ];
-        assert_eq!(
-            WatchCounts::sum(&c),
-            WatchCounts {
-                tunnel: 4,
-                plain: 2
-            }
-        );
     }
 }

@@ -10,7 +10,7 @@ use crate::{
 /// The version of the pinned maps' layout as a whole. Bumped whenever a
 /// map's type, key or value changes; recorded in [`MapId::PinLayout`] so an
 /// agent finds out which layout the pins it inherits were made with.
-pub const PIN_LAYOUT_VERSION: u32 = 5;
+pub const PIN_LAYOUT_VERSION: u32 = 6;
 
 /// How many entries the maps that grow with the cluster hold. The kernel
 /// object declares [`MapSizes::DEFAULT`]; the loader sizes each map from
@@ -235,9 +235,10 @@ impl MapId {
         match self {
             Self::EchoConfig | Self::CtConfig | Self::NatConfig | Self::PinLayout => MapKind::Array,
             Self::EchoStats | Self::CtStats | Self::NatStats => MapKind::PerCpuArray,
-            Self::CtMap | Self::RttPending | Self::NatMap | Self::RttLosses => MapKind::LruHash,
-            Self::RttStats => MapKind::LruPerCpuHash,
-            Self::EncryptWatch => MapKind::PerCpuHash,
+            Self::CtMap | Self::RttPending | Self::NatMap | Self::RttLosses | Self::RttStats => {
+                MapKind::LruHash
+            }
+            Self::EncryptWatch => MapKind::Hash,
             Self::AyaLogs => MapKind::RingBuf,
         }
     }
@@ -451,6 +452,22 @@ unsafe impl aya::Pod for EchoConfig {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_map_that_grows_with_the_cluster_is_per_cpu() {
+        // A per-CPU map is allocated for every possible CPU: sized by the
+        // cluster as well, its kernel memory would grow with both.
+        let sizes = MapSizes::DEFAULT;
+        for map in MapId::ALL {
+            if sizes.max_entries(map).is_some() {
+                assert!(!map.kind().is_per_cpu(), "{} is per CPU", map.name());
+            }
+        }
+        // The per-CPU maps left are the counters: a few u64 a CPU.
+        for map in MapId::ALL.into_iter().filter(|m| m.kind().is_per_cpu()) {
+            assert_eq!(map.kind(), MapKind::PerCpuArray, "{}", map.name());
+        }
+    }
 
     #[test]
     fn flows_past_the_first_add_their_connections_per_peer() {

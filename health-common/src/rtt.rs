@@ -80,8 +80,8 @@ impl RttStats {
     pub fn record(&mut self, rtt_ns: u64, now: u64) {
         self.last_ns = rtt_ns;
         self.last_at_ns = now;
-        // A per-CPU slot the kernel zeroed (the entry was made on another
-        // CPU) holds min 0 with no sample: the first sample sets the min.
+        // A value with no sample yet (all zero, as the kernel zeroes a
+        // slot) holds min 0: the first sample sets the min.
         if self.count == 0 || rtt_ns < self.min_ns {
             self.min_ns = rtt_ns;
         }
@@ -96,8 +96,9 @@ impl RttStats {
         }
     }
 
-    /// Folds another CPU's statistics into these. A CPU that never took a
-    /// sample holds an all-zero slot, which is skipped.
+    /// Folds other statistics of the same key into these: one CPU's, from
+    /// pins of the per-CPU layout the map had before. A CPU that never took
+    /// a sample holds an all-zero slot, which is skipped.
     pub fn merge(&mut self, other: &Self) {
         if other.count == 0 {
             return;

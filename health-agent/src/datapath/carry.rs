@@ -2,7 +2,9 @@
 //! makes a pinned map incompatible, its entries are read out before the pin
 //! goes and written into the map that replaces it, wherever key and value
 //! keep their layout. The configuration arrays are not carried: the agent
-//! writes them anew at every start.
+//! writes them anew at every start. The RTT statistics of the per-CPU
+//! layout they had before are carried too, each key's CPUs folded into
+//! its one value.
 
 use std::path::Path;
 
@@ -23,7 +25,7 @@ pub(super) enum Saved {
     Nat(Vec<(NatKey, NatEntry)>),
     Pending(Vec<(PendingKey, u64)>),
     Losses(Vec<(RttKey, u64)>),
-    Rtt(Vec<(RttKey, PerCpuValues<RttStats>)>),
+    Rtt(Vec<(RttKey, RttStats)>),
     Counters(Vec<PerCpuValues<u64>>),
 }
 
@@ -53,7 +55,8 @@ pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
                 | aya::maps::MapType::PerCpuArray
         )
     });
-    if (info.key_size(), info.value_size(), per_cpu)
+    let folded = map == MapId::RttStats && per_cpu;
+    if (info.key_size(), info.value_size(), per_cpu && !folded)
         != (map.key_size(), map.value_size(), map.kind().is_per_cpu())
     {
         return Err(NotCarried::Layout {
@@ -68,11 +71,13 @@ pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
         MapId::NatMap => Saved::Nat(entries(&old)?),
         MapId::RttPending => Saved::Pending(entries(&old)?),
         MapId::RttLosses => Saved::Losses(entries(&old)?),
-        MapId::RttStats => Saved::Rtt(
+        MapId::RttStats if folded => Saved::Rtt(
             PerCpuHashMap::<_, RttKey, RttStats>::try_from(&old)?
                 .iter()
+                .map(|entry| entry.map(|(k, per_cpu)| (k, fold(&per_cpu))))
                 .collect::<Result<_, _>>()?,
         ),
+        MapId::RttStats => Saved::Rtt(entries(&old)?),
         MapId::EchoStats | MapId::CtStats | MapId::NatStats => Saved::Counters(
             PerCpuArray::<_, u64>::try_from(&old)?
                 .iter()
@@ -80,6 +85,15 @@ pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
         ),
         _ => return Err(NotCarried::Config),
     })
+}
+
+/// One key's statistics over every CPU.
+fn fold(per_cpu: &PerCpuValues<RttStats>) -> RttStats {
+    let mut all = RttStats::default();
+    for s in per_cpu.iter() {
+        all.merge(s);
+    }
+    all
 }
 
 fn entries<K: Pod, V: Pod>(map: &Map) -> Result<Vec<(K, V)>, MapError> {
@@ -109,12 +123,7 @@ pub(super) fn restore(
         Saved::Nat(v) => put(m, v, &mut count)?,
         Saved::Pending(v) => put(m, v, &mut count)?,
         Saved::Losses(v) => put(m, v, &mut count)?,
-        Saved::Rtt(v) => {
-            let mut h = PerCpuHashMap::<_, RttKey, RttStats>::try_from(m)?;
-            for (k, vals) in v {
-                count(h.insert(&k, vals, 0).is_ok());
-            }
-        }
+        Saved::Rtt(v) => put(m, v, &mut count)?,
         Saved::Counters(v) => {
             let mut a = PerCpuArray::<_, u64>::try_from(m)?;
             for (i, vals) in (0u32..).zip(v) {

@@ -8,7 +8,7 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{PerCpuHashMap, PerCpuValues};
+use aya::maps::HashMap;
 use health_common::{
     ct::{ip_of, key_addr},
     encrypt::{WatchCounts, WatchKey},
@@ -39,17 +39,13 @@ fn map_err(source: aya::maps::MapError) -> DatapathError {
     }
 }
 
-/// Every watched destination with its counts, summed over the CPUs (in
-/// batches: one entry per watched address).
+/// Every watched destination with its counts (in batches: one entry per
+/// watched address).
 pub fn counts(dir: &Path) -> Result<BTreeMap<IpAddr, WatchCounts>, DatapathError> {
     let mut out = BTreeMap::new();
-    super::maps::per_cpu_entries(
-        dir,
-        MapId::EncryptWatch,
-        |k: &WatchKey, per_cpu: &[WatchCounts]| {
-            out.insert(ip_of(k.addr), WatchCounts::sum(per_cpu));
-        },
-    )?;
+    super::maps::hash_entries(dir, MapId::EncryptWatch, |k: &WatchKey, c: &WatchCounts| {
+        out.insert(ip_of(k.addr), *c);
+    })?;
     Ok(out)
 }
 
@@ -88,20 +84,10 @@ pub fn set_watched(
         return Ok((0, 0));
     }
     let map = open(dir, MapId::EncryptWatch)?;
-    let mut m = PerCpuHashMap::<_, WatchKey, WatchCounts>::try_from(map).map_err(map_err)?;
-    let cpus = aya::util::nr_cpus().map_err(|(_, source)| DatapathError::MapBatch {
-        map: MapId::EncryptWatch,
-        op: "reading the possible CPUs",
-        source,
-    })?;
+    let mut m = HashMap::<_, WatchKey, WatchCounts>::try_from(map).map_err(map_err)?;
     for ip in &add {
-        let zero = PerCpuValues::try_from(vec![WatchCounts::default(); cpus.get() as usize])
-            .map_err(|source| DatapathError::MapBatch {
-                map: MapId::EncryptWatch,
-                op: "making a per-CPU value",
-                source,
-            })?;
-        m.insert(&key(*ip), zero, 0).map_err(map_err)?;
+        m.insert(&key(*ip), &WatchCounts::default(), 0)
+            .map_err(map_err)?;
     }
     for ip in &remove {
         match m.remove(&key(*ip)) {

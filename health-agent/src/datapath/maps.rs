@@ -22,13 +22,9 @@ pub fn open(dir: &Path, id: MapId) -> Result<Map, DatapathError> {
     Map::from_map_data(data).map_err(pinned)
 }
 
-/// The map pinned as `dir/<name>`, checked to be a hash map (per-CPU or
-/// not, as asked) of keys `K` and values `V`, as aya's typed maps check.
-fn pinned_hash<K: aya::Pod, V: aya::Pod>(
-    dir: &Path,
-    id: MapId,
-    per_cpu: bool,
-) -> Result<MapData, DatapathError> {
+/// The map pinned as `dir/<name>`, checked to be a hash map (not per CPU)
+/// of keys `K` and values `V`, as aya's typed maps check.
+fn pinned_hash<K: aya::Pod, V: aya::Pod>(dir: &Path, id: MapId) -> Result<MapData, DatapathError> {
     use aya::maps::{MapError, MapType};
     let path = dir.join(id.name());
     let data = MapData::from_pin(&path).map_err(|source| DatapathError::Pinned {
@@ -38,12 +34,7 @@ fn pinned_hash<K: aya::Pod, V: aya::Pod>(
     let err = |source| DatapathError::Map { map: id, source };
     let info = data.info().map_err(err)?;
     let kind = info.map_type().map_err(err)?;
-    let fits = if per_cpu {
-        matches!(kind, MapType::PerCpuHash | MapType::LruPerCpuHash)
-    } else {
-        matches!(kind, MapType::Hash | MapType::LruHash)
-    };
-    if !fits {
+    if !matches!(kind, MapType::Hash | MapType::LruHash) {
         return Err(err(MapError::InvalidMapType {
             map_type: kind as u32,
         }));
@@ -87,7 +78,7 @@ pub fn hash_entries<K: aya::Pod, V: aya::Pod>(
     id: MapId,
     mut each: impl FnMut(&K, &V),
 ) -> Result<MapData, DatapathError> {
-    let data = pinned_hash::<K, V>(dir, id, false)?;
+    let data = pinned_hash::<K, V>(dir, id)?;
     crate::sys::bpf_batch::for_each(data.fd().as_fd(), &mut each).map_err(batch_read_err(id))?;
     Ok(data)
 }
@@ -141,7 +132,7 @@ pub fn delete_where_each<K: aya::Pod, V: aya::Pod>(
     mut deleted_key: impl FnMut(&K),
 ) -> Result<Slice, DatapathError> {
     use crate::sys::bpf_batch::{CHUNK, delete, for_each_slice};
-    let data = pinned_hash::<K, V>(dir, id, false)?;
+    let data = pinned_hash::<K, V>(dir, id)?;
     let fd = data.fd().as_fd();
     let mut picked: Vec<K> = Vec::with_capacity(CHUNK);
     let mut slice = Slice::default();
@@ -171,23 +162,6 @@ pub fn delete_where_each<K: aya::Pod, V: aya::Pod>(
     flush(&mut picked, &mut deleted);
     slice.deleted = deleted;
     failed.map_or(Ok(slice), |e| Err(batch_delete_err(id)(e)))
-}
-
-/// A pinned per-CPU hash map's entries: each key with its value on every
-/// possible CPU, read in batches.
-pub fn per_cpu_entries<K: aya::Pod, V: aya::Pod>(
-    dir: &Path,
-    id: MapId,
-    each: impl FnMut(&K, &[V]),
-) -> Result<(), DatapathError> {
-    let data = pinned_hash::<K, V>(dir, id, true)?;
-    let cpus = aya::util::nr_cpus().map_err(|(_, source)| DatapathError::MapBatch {
-        map: id,
-        op: "reading the possible CPUs",
-        source,
-    })?;
-    crate::sys::bpf_batch::for_each_per_cpu(data.fd().as_fd(), cpus.get() as usize, each)
-        .map_err(batch_read_err(id))
 }
 
 /// Writes `keys[i]` = `values[i]` into the map `data` (opened by

@@ -2,7 +2,7 @@
 
 use std::{net::IpAddr, path::Path, time::Duration};
 
-use aya::maps::{HashMap, PerCpuHashMap};
+use aya::maps::HashMap;
 use health_common::{
     ct::{ip_of, key_addr},
     maps::MapId,
@@ -44,10 +44,10 @@ fn stats_map_err(source: aya::maps::MapError) -> DatapathError {
     }
 }
 
-/// Per-peer statistics merged over CPUs, with losses; sorted.
+/// Per-peer statistics, with losses; sorted.
 pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
     let map = open(dir, MapId::RttStats)?;
-    let stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&map).map_err(stats_map_err)?;
+    let stats = HashMap::<_, RttKey, RttStats>::try_from(&map).map_err(stats_map_err)?;
     let losses_map = open(dir, MapId::RttLosses)?;
     let losses =
         HashMap::<_, RttKey, u64>::try_from(&losses_map).map_err(|source| DatapathError::Map {
@@ -60,18 +60,18 @@ pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
     keys.dedup();
     let mut rows = Vec::with_capacity(keys.len());
     for k in keys {
-        let merged = merged(&stats, k).unwrap_or_default();
+        let s = stats.get(&k, 0).unwrap_or_default();
         rows.push(RttRow {
             peer: ip_of(k.peer),
             proto: proto_name(k.proto),
-            samples: merged.count,
+            samples: s.count,
             losses: losses.get(&k, 0).unwrap_or(0),
-            last_ns: merged.last_ns,
-            min_ns: if merged.count == 0 { 0 } else { merged.min_ns },
-            avg_ns: merged.sum_ns.checked_div(merged.count).unwrap_or(0),
-            max_ns: merged.max_ns,
-            last_at_ns: merged.last_at_ns,
-            histogram: merged.hist.to_vec(),
+            last_ns: s.last_ns,
+            min_ns: if s.count == 0 { 0 } else { s.min_ns },
+            avg_ns: s.sum_ns.checked_div(s.count).unwrap_or(0),
+            max_ns: s.max_ns,
+            last_at_ns: s.last_at_ns,
+            histogram: s.hist.to_vec(),
         });
     }
     Ok(rows)
@@ -98,8 +98,8 @@ pub fn totals_counted(dir: &Path) -> Result<Totals, DatapathError> {
     // In batches: two entries per live peer address, each a syscall or two
     // by keys.
     let mut t = Totals::default();
-    super::maps::per_cpu_entries(dir, MapId::RttStats, |_: &RttKey, per_cpu: &[RttStats]| {
-        t.samples += per_cpu.iter().map(|s| s.count).sum::<u64>();
+    super::maps::hash_entries(dir, MapId::RttStats, |_: &RttKey, s: &RttStats| {
+        t.samples += s.count;
         t.stats_entries += 1;
     })?;
     super::maps::hash_entries(dir, MapId::RttLosses, |_: &RttKey, n: &u64| {
@@ -154,13 +154,9 @@ impl KernelRtt {
     #[must_use]
     pub fn since(dir: &Path, since_ns: u64) -> Option<Self> {
         let mut last = Vec::new();
-        super::maps::per_cpu_entries(dir, MapId::RttStats, |k: &RttKey, per_cpu: &[RttStats]| {
-            let mut m = RttStats::default();
-            for s in per_cpu {
-                m.merge(s);
-            }
-            if m.count > 0 && m.last_at_ns >= since_ns {
-                last.push((*k, m.last_ns));
+        super::maps::hash_entries(dir, MapId::RttStats, |k: &RttKey, s: &RttStats| {
+            if s.count > 0 && s.last_at_ns >= since_ns {
+                last.push((*k, s.last_ns));
             }
         })
         .ok()?;
@@ -179,18 +175,6 @@ impl KernelRtt {
         let i = self.last.binary_search_by_key(&key, |(k, _)| *k).ok()?;
         Some(Duration::from_nanos(self.last[i].1))
     }
-}
-
-/// A key's statistics folded over CPUs.
-fn merged<T: std::borrow::Borrow<aya::maps::MapData>>(
-    stats: &PerCpuHashMap<T, RttKey, RttStats>,
-    key: RttKey,
-) -> Option<RttStats> {
-    let mut m = RttStats::default();
-    for s in stats.get(&key, 0).ok()?.iter() {
-        m.merge(s);
-    }
-    Some(m)
 }
 
 /// Moves requests unanswered for longer than `timeout` from the pending
@@ -316,7 +300,7 @@ pub fn prune(dir: &Path, keep: impl Fn(IpAddr) -> bool) -> Result<u64, DatapathE
     let mut removed = 0;
     let mut stats_map = open(dir, MapId::RttStats)?;
     let mut stats =
-        PerCpuHashMap::<_, RttKey, RttStats>::try_from(&mut stats_map).map_err(stats_map_err)?;
+        HashMap::<_, RttKey, RttStats>::try_from(&mut stats_map).map_err(stats_map_err)?;
     for k in departed(stats.keys(), &keep) {
         removed += u64::from(stats.remove(&k).is_ok());
     }

@@ -80,26 +80,6 @@ pub fn for_each<K: aya::Pod, V: aya::Pod>(
     walk(map, 1, |k, v: &[V]| each(k, &v[0]))
 }
 
-/// [`for_each`] for a per-CPU hash map: each key with its value on each of
-/// the `cpus` possible CPUs. `V`'s size must be a multiple of 8 (the kernel
-/// lays each CPU's value out at an 8-byte stride).
-pub fn for_each_per_cpu<K: aya::Pod, V: aya::Pod>(
-    map: BorrowedFd<'_>,
-    cpus: usize,
-    each: impl FnMut(&K, &[V]),
-) -> io::Result<()> {
-    if !size_of::<V>().is_multiple_of(8) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "a per-CPU value of {} bytes is not laid out at its size",
-                size_of::<V>()
-            ),
-        ));
-    }
-    walk(map, cpus.max(1), each)
-}
-
 /// Where a walk of a hash map stands between slices: the kernel's batch
 /// token (a bucket number), or the map's start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

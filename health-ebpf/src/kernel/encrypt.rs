@@ -36,8 +36,10 @@ fn count(ctx: &TcContext, link: Link, tunnel: bool) {
         // Not a destination the agent watches.
         return;
     };
-    // SAFETY: this CPU's value of a per-CPU map entry, written only by the
-    // programs on this CPU.
+    // SAFETY: a valid map value pointer, from this program's lookup. The
+    // value is shared by the CPUs: two packets to one destination counted
+    // on two CPUs at once may count once (no atomics on this target), never
+    // none, so a destination that was sent to in plain text reads so.
     unsafe { bump(&mut *slot, tunnel) };
 }
 

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use health_common::{
     ct::{CtConfig, CtCounter, CtEntry, CtKey},
@@ -44,10 +44,13 @@ pub static CT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(CtCounter::COUNT, 0)
 #[map]
 pub static RTT_PENDING: LruHashMap<PendingKey, u64> = LruHashMap::pinned(RTT_KEYS, 0);
 
-/// Per peer and protocol RTT statistics, per CPU (LRU: a peer never seen
-/// again goes first; the agent also removes peers that left the cluster).
+/// Per peer and protocol RTT statistics (LRU: a peer never seen again goes
+/// first; the agent also removes peers that left the cluster). One value
+/// a key, shared by the CPUs, not one per CPU: a per-CPU map is allocated
+/// whole for every possible CPU, 240 bytes a key each (960 MiB at the
+/// default 65,536 keys on a 64-CPU node), and each round reads it whole.
 #[map]
-pub static RTT_STATS: LruPerCpuHashMap<RttKey, RttStats> = LruPerCpuHashMap::pinned(RTT_KEYS, 0);
+pub static RTT_STATS: LruHashMap<RttKey, RttStats> = LruHashMap::pinned(RTT_KEYS, 0);
 
 /// Unanswered requests per peer and protocol, counted by the agent's sweep.
 #[map]
@@ -68,11 +71,11 @@ pub static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
 pub static NAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(NatCounter::COUNT, 0);
 
 /// Probe packets per watched destination (the peers' node and health
-/// addresses while encryption is checked), per CPU: the agent adds and
-/// removes the keys, the egress programs count.
+/// addresses while encryption is checked): the agent adds and removes the
+/// keys, the egress programs count. One value a key, shared by the CPUs,
+/// as `RTT_STATS`: a per-CPU map is allocated for every possible CPU.
 #[map]
-pub static ENCRYPT_WATCH: PerCpuHashMap<WatchKey, WatchCounts> =
-    PerCpuHashMap::pinned(WATCH_KEYS, 0);
+pub static ENCRYPT_WATCH: HashMap<WatchKey, WatchCounts> = HashMap::pinned(WATCH_KEYS, 0);
 
 /// The layout version of these maps (`PIN_LAYOUT_VERSION`), written by the
 /// agent after loading: pinned with the rest, it tells the next agent which

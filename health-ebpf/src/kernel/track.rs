@@ -153,18 +153,32 @@ fn finish_rtt(flow: &Flow, now: u64) {
         pad: [0; 3],
     };
     if let Some(s) = RTT_STATS.get_ptr_mut(&stats_key) {
-        // SAFETY: this CPU's copy of the value.
-        unsafe { (*s).record(sample, now) };
+        record_in(s, sample, now);
     } else {
         first_sample(&stats_key, sample, now);
     }
 }
 
+/// Records a sample in the value at `s`. The value is shared by the CPUs:
+/// a reply of the same peer and protocol taken on another CPU at the same
+/// moment may lose an increment, as a CT entry's counters may (no atomics
+/// on this target).
+#[inline(always)]
+fn record_in(s: *mut RttStats, sample: u64, now: u64) {
+    // SAFETY: a valid map value pointer, from a lookup of this program.
+    unsafe { (*s).record(sample, now) };
+}
+
 /// Makes the peer's statistics with their first sample: the value is 240
-/// bytes of stack, in a frame of its own.
+/// bytes of stack, in a frame of its own. When another CPU made them
+/// meanwhile, the sample goes into theirs.
 #[inline(never)]
 fn first_sample(key: &RttKey, sample: u64, now: u64) {
     let mut s = RttStats::default();
     s.record(sample, now);
-    let _ = RTT_STATS.insert(key, &s, 0);
+    if RTT_STATS.insert(key, &s, u64::from(BPF_NOEXIST)).is_err()
+        && let Some(shared) = RTT_STATS.get_ptr_mut(key)
+    {
+        record_in(shared, sample, now);
+    }
 }

@@ -1,8 +1,13 @@
 //! The maps that grow with the cluster: sized by the loader, their entries
-//! carried over when a pin of another size or type is replaced, and the
-//! RTT entries of departed peers pruned.
+//! carried over when a pin of another size or type is replaced (the RTT
+//! statistics of the per-CPU layout folded), and the RTT entries of
+//! departed peers pruned.
 
-use std::net::IpAddr;
+use std::{
+    net::IpAddr,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::Path,
+};
 
 use aya::maps::{HashMap, MapData, MapInfo, PerCpuHashMap, PerCpuValues};
 use health_agent::datapath::{Datapath, maps, rtt};
@@ -34,23 +39,22 @@ fn stats_map(pins: &PinDir) -> aya::maps::Map {
     pinned(pins, MapId::RttStats)
 }
 
-/// Maps loaded and pinned for 5,000 peers (CT: 40,000 flows; RTT: 20,000
-/// keys), with the `Datapath` holding them.
-fn loaded_for_5000_peers() -> (PinDir, Datapath) {
+/// Maps loaded and pinned for `peers` peers (at 5,000, CT: 40,000 flows;
+/// RTT: 20,000 keys), with the `Datapath` holding them.
+fn loaded_for(peers: u32) -> (PinDir, Datapath) {
     require_root();
     let pins = PinDir::new();
-    let sizes = MapSizes::for_peers(5000);
+    let sizes = MapSizes::for_peers(peers);
     let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &sizes).expect("load");
     (pins, d)
 }
 
-/// Writes a loss count and per-CPU statistics for peers .1 .. =n.
+/// Writes a loss count and statistics for peers .1 .. =n.
 fn seed(pins: &PinDir, n: u8) {
     let mut m = losses_map(pins);
     let mut losses = HashMap::<_, RttKey, u64>::try_from(&mut m).expect("losses");
     let mut s = stats_map(pins);
-    let mut stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&mut s).expect("stats");
-    let cpus = usize::try_from(aya::util::nr_cpus().expect("cpus").get()).expect("cpus");
+    let mut stats = HashMap::<_, RttKey, RttStats>::try_from(&mut s).expect("stats");
     for i in 1..=n {
         losses
             .insert(&key(i, 1), &(u64::from(i) * 10), 0)
@@ -59,17 +63,14 @@ fn seed(pins: &PinDir, n: u8) {
             count: u64::from(i),
             ..RttStats::default()
         };
-        let vals = PerCpuValues::try_from(vec![v; cpus]).expect("per-cpu");
-        stats.insert(&key(i, 6), vals, 0).expect("insert stats");
+        stats.insert(&key(i, 6), &v, 0).expect("insert stats");
     }
 }
 
 #[test]
 fn map_sizes_follow_the_loader_and_entries_survive_a_resize() {
-    require_root();
-    let pins = PinDir::new();
+    let (pins, d) = loaded_for(64);
     let small = MapSizes::for_peers(64);
-    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &small).expect("load");
     for id in [
         MapId::RttStats,
         MapId::RttLosses,
@@ -102,11 +103,11 @@ fn map_sizes_follow_the_loader_and_entries_survive_a_resize() {
         );
     }
     let s = stats_map(&pins);
-    let stats = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&s).expect("stats");
+    let stats = HashMap::<_, RttKey, RttStats>::try_from(&s).expect("stats");
     let got = stats
         .get(&key(3, 6), 0)
         .expect("stats of peer .3 carried over");
-    assert!(got.iter().all(|v| v.count == 3), "every CPU's slot carried");
+    assert_eq!(got.count, 3, "the statistics carried");
     drop(d);
 
     // The list shows entries against the new size.
@@ -119,12 +120,97 @@ fn map_sizes_follow_the_loader_and_entries_survive_a_resize() {
     assert!((row.pressure - 5.0 / 1024.0).abs() < 1e-9, "{row:?}");
 }
 
+/// `bpf(cmd, attr)`, the descriptor it returns.
+fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> OwnedFd {
+    // SAFETY: attr is a zero-padded bpf_attr of the size passed.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+    assert!(fd >= 0, "bpf({cmd}): {}", std::io::Error::last_os_error());
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).expect("fd")) }
+}
+
+/// Pins at `path` an RTT statistics map of the layout agents had before:
+/// an LRU hash with a value per CPU.
+fn pin_per_cpu_rtt_stats(path: &Path, max_entries: u32) {
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_OBJ_PIN: libc::c_long = 6;
+    const BPF_MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
+    let mut attr = [0u8; 128];
+    for (at, v) in [
+        (0, BPF_MAP_TYPE_LRU_PERCPU_HASH),
+        (4, MapId::RttStats.key_size()),
+        (8, MapId::RttStats.value_size()),
+        (12, max_entries),
+    ] {
+        attr[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    attr[32..41].copy_from_slice(b"RTT_STATS");
+    let map = bpf(BPF_MAP_CREATE, &mut attr);
+    let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    let mut attr = [0u8; 128];
+    attr[0..8].copy_from_slice(&(name.as_ptr() as u64).to_ne_bytes());
+    let fd = u32::try_from(map.as_raw_fd()).expect("fd");
+    attr[8..12].copy_from_slice(&fd.to_ne_bytes());
+    drop(bpf(BPF_OBJ_PIN, &mut attr));
+}
+
+#[test]
+fn rtt_statistics_of_the_per_cpu_layout_are_carried_folded() {
+    let (pins, d) = loaded_for(64);
+    drop(d);
+    let sizes = MapSizes::for_peers(64);
+    // The pins an agent of the per-CPU layout left: each CPU took samples
+    // of peer .7's TCP, the last CPU the latest.
+    let path = pins.path().join(MapId::RttStats.name());
+    std::fs::remove_file(&path).expect("unpinning the statistics");
+    pin_per_cpu_rtt_stats(&path, sizes.max_entries(MapId::RttStats).expect("sized"));
+    let cpus = usize::try_from(aya::util::nr_cpus().expect("cpus").get()).expect("cpus");
+    let per_cpu: Vec<RttStats> = (1..=cpus as u64)
+        .map(|c| {
+            let mut s = RttStats::default();
+            s.record(c * 1_000_000, c * 10);
+            s.record(c * 3_000_000, c * 20);
+            s
+        })
+        .collect();
+    let mut expected = RttStats::default();
+    for s in &per_cpu {
+        expected.merge(s);
+    }
+    {
+        let mut m = stats_map(&pins);
+        let mut old = PerCpuHashMap::<_, RttKey, RttStats>::try_from(&mut m).expect("per-CPU");
+        let values = PerCpuValues::try_from(per_cpu).expect("per-CPU values");
+        old.insert(&key(7, 6), values, 0).expect("seeding");
+    }
+
+    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &sizes).expect("reload");
+    let info = MapInfo::from_pin(&path).expect("pinned");
+    assert_eq!(
+        info.map_type().ok(),
+        Some(aya::maps::MapType::LruHash),
+        "one value a key now"
+    );
+    let m = stats_map(&pins);
+    let stats = HashMap::<_, RttKey, RttStats>::try_from(&m).expect("stats");
+    let got = stats.get(&key(7, 6), 0).expect("carried");
+    assert_eq!(got, expected, "every CPU's samples folded into one value");
+    assert_eq!(got.count, 2 * cpus as u64);
+    assert_eq!(
+        (got.last_ns, got.last_at_ns),
+        (cpus as u64 * 3_000_000, cpus as u64 * 20),
+        "the latest sample is the last"
+    );
+    assert_eq!(
+        (got.min_ns, got.max_ns),
+        (1_000_000, cpus as u64 * 3_000_000)
+    );
+    drop(d);
+}
+
 #[test]
 fn rtt_entries_of_departed_peers_are_pruned() {
-    require_root();
-    let pins = PinDir::new();
-    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &MapSizes::for_peers(64))
-        .expect("load");
+    let (pins, d) = loaded_for(64);
     seed(&pins, 6);
     let stay = |ip: IpAddr| matches!(ip, IpAddr::V4(v4) if v4.octets()[3] <= 2);
     let removed = rtt::prune(pins.path(), stay).expect("prune");
@@ -157,7 +243,7 @@ fn flow(i: u32) -> health_common::ct::CtKey {
 
 #[test]
 fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
-    let (pins, d) = loaded_for_5000_peers();
+    let (pins, d) = loaded_for(5000);
     let mut map = pinned(&pins, MapId::CtMap);
     let mut ct =
         HashMap::<_, health_common::ct::CtKey, health_common::ct::CtEntry>::try_from(&mut map)
@@ -208,10 +294,9 @@ fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
     assert_eq!(entries(MapId::CtMap), left.len() as u64);
     assert_eq!(entries(MapId::RttStats), 5);
     assert_eq!(entries(MapId::RttLosses), 5);
-    // The RTT totals of the metrics, read in batches: every CPU's samples
-    // (1 + 2 + ... + 5 on each) and the losses (10 + 20 + ... + 50).
-    let cpus = u64::from(aya::util::nr_cpus().expect("cpus").get());
-    assert_eq!(rtt::totals(pins.path()).expect("totals"), (15 * cpus, 150));
+    // The RTT totals of the metrics, read in batches: the samples
+    // (1 + 2 + ... + 5) and the losses (10 + 20 + ... + 50).
+    assert_eq!(rtt::totals(pins.path()).expect("totals"), (15, 150));
     // The pressure report walks each map once: given the collector's
     // count, it agrees with the listing that counts every map itself.
     let report = |counted| {
@@ -221,13 +306,13 @@ fn the_collector_reads_and_deletes_in_batches_across_many_chunks() {
     let counted = report(vec![(MapId::CtMap, left.len() as u64)]);
     assert_eq!(counted, report(Vec::new()));
     assert_eq!(counted.rows, rows);
-    assert_eq!((counted.rtt_samples, counted.rtt_losses), (15 * cpus, 150));
+    assert_eq!((counted.rtt_samples, counted.rtt_losses), (15, 150));
     drop(d);
 }
 
 #[test]
 fn the_loss_sweep_counts_each_lost_request_once_across_many_chunks() {
-    let (pins, d) = loaded_for_5000_peers();
+    let (pins, d) = loaded_for(5000);
     let mut map = pinned(&pins, MapId::RttPending);
     let mut pending =
         HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
@@ -290,7 +375,7 @@ fn the_loss_sweep_counts_each_lost_request_once_across_many_chunks() {
 #[test]
 fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
     use health_agent::datapath::collect::{Collector, SLICES};
-    let (pins, d) = loaded_for_5000_peers();
+    let (pins, d) = loaded_for(5000);
     let now = health_agent::datapath::monotonic_ns().expect("clock");
     let hour = 3_600_000_000_000;
     // 20,000 flows, every third expired: four slices' worth of a CT map
@@ -381,7 +466,7 @@ fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
 #[test]
 fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
     use health_agent::datapath::collect::Collector;
-    let (pins, d) = loaded_for_5000_peers();
+    let (pins, d) = loaded_for(5000);
     let now = health_agent::datapath::monotonic_ns().expect("clock");
     {
         let mut map = pinned(&pins, MapId::RttPending);
