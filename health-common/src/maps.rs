@@ -166,7 +166,7 @@ pub enum MapId {
     CtStats,
     /// Requests waiting for their reply: [`PendingKey`] -> timestamp (ns).
     RttPending,
-    /// Per-CPU [`RttStats`] per peer and protocol.
+    /// [`RttStats`] per peer and protocol, one value shared by the CPUs.
     RttStats,
     /// Unanswered requests per peer and protocol.
     RttLosses,
@@ -178,8 +178,9 @@ pub enum MapId {
     NatStats,
     /// One `u32`: the [`PIN_LAYOUT_VERSION`] the pins were made with.
     PinLayout,
-    /// Per-CPU probe packets per watched destination, through the tunnel
-    /// and in plain text: [`WatchKey`] -> [`WatchCounts`].
+    /// Probe packets per watched destination, through the tunnel and in
+    /// plain text, one value shared by the CPUs: [`WatchKey`] ->
+    /// [`WatchCounts`].
     EncryptWatch,
     /// aya-log's ring buffer.
     AyaLogs,

@@ -1,6 +1,6 @@
 //! In-kernel RTT: probe requests leaving the endpoint are timestamped
 //! (`RTT_PENDING`), the matching reply closes the sample into the peer's
-//! statistics (`RTT_STATS`, per CPU); the agent sweeps requests that were
+//! statistics (`RTT_STATS`, one value a key); the agent sweeps requests that were
 //! never answered into `RTT_LOSSES`.
 //!
 //! Peers are 16-byte addresses of either family, IPv4 as IPv4-mapped

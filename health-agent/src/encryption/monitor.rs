@@ -44,8 +44,10 @@ struct Counted {
 
 impl Counted {
     fn push(&mut self, now: WatchCounts) {
-        // A counter that went back (the map entry was made again) starts
-        // over from zero.
+        // A counter that went back (the map entry was made again, or, rarely,
+        // a CPU's late write undid increments another CPU made: the value is
+        // shared, without atomics) starts over from zero: a round may count
+        // more packets than went, never a destination's plain text as none.
         let delta = |n: u64, l: u64| if n >= l { n - l } else { n };
         self.recent[self.next % WINDOW] = WatchCounts {
             tunnel: delta(now.tunnel, self.last.tunnel),

@@ -16,7 +16,7 @@ pub const CHUNK: usize = 4096;
 
 /// Bytes of keys and values a lookup batch asks for at most: the buffers
 /// live only through a walk, but their pages count in the agent's RSS
-/// meanwhile (4,096 per-CPU RTT records on 2 CPUs are 2 MB).
+/// meanwhile (4,096 entries of 512 bytes are 2 MB).
 const BATCH_BYTES: usize = 256 * 1024;
 
 /// Entries a lookup batch asks for when an entry takes `bytes` of the
@@ -277,7 +277,7 @@ mod tests {
     fn lookup_batches_stay_within_their_byte_budget() {
         // A CT entry (keys and values of tens of bytes): the full chunk.
         assert_eq!(lookup_chunk(56), CHUNK);
-        // A per-CPU RTT record on 2 CPUs with its key: fewer.
+        // A 240-byte value on each of 2 CPUs with its key: fewer.
         let n = lookup_chunk(480 + 40);
         assert!(n * 520 <= BATCH_BYTES && n < CHUNK, "{n}");
         // Never below 64, however large the value.

@@ -144,7 +144,7 @@ fn pin_per_cpu_rtt_stats(path: &Path, max_entries: u32) {
     ] {
         attr[at..at + 4].copy_from_slice(&v.to_ne_bytes());
     }
-    attr[32..41].copy_from_slice(b"RTT_STATS");
+    attr[28..37].copy_from_slice(b"RTT_STATS");
     let map = bpf(BPF_MAP_CREATE, &mut attr);
     let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
     let mut attr = [0u8; 128];
