@@ -120,13 +120,13 @@ fn map_sizes_follow_the_loader_and_entries_survive_a_resize() {
     assert!((row.pressure - 5.0 / 1024.0).abs() < 1e-9, "{row:?}");
 }
 
-/// `bpf(cmd, attr)`, the descriptor it returns.
-fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> OwnedFd {
+/// `bpf(cmd, attr)`: what it returns (a descriptor for some commands, 0
+/// for others), or the test fails naming the command.
+fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> i32 {
     // SAFETY: attr is a zero-padded bpf_attr of the size passed.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
-    assert!(fd >= 0, "bpf({cmd}): {}", std::io::Error::last_os_error());
-    // SAFETY: the kernel returned a new descriptor that nothing else owns.
-    unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).expect("fd")) }
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+    assert!(rc >= 0, "bpf({cmd}): {}", std::io::Error::last_os_error());
+    i32::try_from(rc).expect("a descriptor or 0")
 }
 
 /// Pins at `path` an RTT statistics map of the layout agents had before:
@@ -145,13 +145,16 @@ fn pin_per_cpu_rtt_stats(path: &Path, max_entries: u32) {
         attr[at..at + 4].copy_from_slice(&v.to_ne_bytes());
     }
     attr[28..37].copy_from_slice(b"RTT_STATS");
-    let map = bpf(BPF_MAP_CREATE, &mut attr);
+    // SAFETY: BPF_MAP_CREATE returned a new descriptor that nothing else
+    // owns.
+    let map = unsafe { OwnedFd::from_raw_fd(bpf(BPF_MAP_CREATE, &mut attr)) };
     let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
     let mut attr = [0u8; 128];
     attr[0..8].copy_from_slice(&(name.as_ptr() as u64).to_ne_bytes());
     let fd = u32::try_from(map.as_raw_fd()).expect("fd");
     attr[8..12].copy_from_slice(&fd.to_ne_bytes());
-    drop(bpf(BPF_OBJ_PIN, &mut attr));
+    // BPF_OBJ_PIN returns 0, not a descriptor: nothing to close but `map`.
+    assert_eq!(bpf(BPF_OBJ_PIN, &mut attr), 0);
 }
 
 #[test]
