@@ -45,7 +45,7 @@ enum Command {
     BenchEcho {
         #[arg(long, default_value_t = 2)]
         seconds: u32,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 5)]
         rounds: u32,
         /// Sender threads (default: one per CPU).
         #[arg(long)]
@@ -54,6 +54,10 @@ enum Command {
         /// echo.
         #[arg(long, value_parser = ["ipv4", "ipv6"], default_value = "ipv4")]
         family: String,
+        /// Let the requester's stack take the replies in, instead of
+        /// dropping them at its tcx ingress once its veth counted them.
+        #[arg(long)]
+        replies_to_stack: bool,
     },
     /// Per-packet cost of the CT and masquerade programs (`BPF_PROG_TEST_RUN`).
     BenchDatapath {
@@ -204,8 +208,10 @@ fn main() -> ExitCode {
             rounds,
             senders,
             family,
+            replies_to_stack,
         } => {
             let opts = bench_echo::Options {
+                replies_to_stack,
                 ipv6: family == "ipv6",
                 seconds: seconds.max(1),
                 rounds: rounds.max(1),

@@ -1,7 +1,9 @@
 //! Fault injection for tests: a tcx program, assembled here, that drops
 //! every IPv4 ICMP packet entering an interface. It stands in for
 //! `tc filter ... u32 match ip protocol 1 action drop` on kernels built
-//! without `act_gact`, and is detached when the guard is dropped.
+//! without `act_gact`, and is detached when the guard is dropped. The
+//! echo benchmark uses the same programs to drop the replies its
+//! requester is sent, once the interface has counted them.
 
 use std::{
     ffi::CString,
@@ -12,6 +14,7 @@ use std::{
 use health_agent::sys::netns::Netns;
 
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 const BPF_TCX_INGRESS: u32 = 46;
@@ -71,6 +74,27 @@ const fn drop_icmp_from(src: [u8; 4]) -> [u64; 15] {
     ]
 }
 
+/// `ICMPv6` echo replies (type 129) right after a fixed IPv6 header ->
+/// `TC_ACT_SHOT`, anything else (neighbour discovery included) ->
+/// `TCX_NEXT`.
+const DROP_ICMPV6_ECHO_REPLIES: [u64; 15] = [
+    insn(0x61, 2, 1, 76, 0),     // r2 = skb->data
+    insn(0x61, 3, 1, 80, 0),     // r3 = skb->data_end
+    insn(0xbf, 4, 2, 0, 0),      // r4 = r2
+    insn(0x07, 4, 0, 0, 55),     // r4 += 55 (Ethernet + IPv6 + the ICMPv6 type)
+    insn(0x2d, 4, 3, 8, 0),      // if r4 > r3 goto pass
+    insn(0x69, 5, 2, 12, 0),     // r5 = ethertype (big-endian bytes read little-endian)
+    insn(0x55, 5, 0, 6, 0xdd86), // if r5 != 0x86dd goto pass
+    insn(0x71, 5, 2, 20, 0),     // r5 = IPv6 next header
+    insn(0x55, 5, 0, 4, 58),     // if r5 != ICMPv6 goto pass
+    insn(0x71, 5, 2, 54, 0),     // r5 = ICMPv6 type
+    insn(0x55, 5, 0, 2, 129),    // if r5 != echo reply goto pass
+    insn(0xb7, 0, 0, 0, 2),      // r0 = TC_ACT_SHOT
+    insn(0x95, 0, 0, 0, 0),      // exit
+    insn(0xb7, 0, 0, 0, -1),     // pass: r0 = TCX_NEXT
+    insn(0x95, 0, 0, 0, 0),      // exit
+];
+
 fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<OwnedFd> {
     // SAFETY: attr is a zero-padded bpf_attr of the size passed.
     let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
@@ -79,6 +103,23 @@ fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<OwnedFd> {
     }
     // SAFETY: the kernel returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).map_err(io::Error::other)?) })
+}
+
+/// Loads `insns` as a tc classifier.
+fn load(insns: &[u64]) -> io::Result<OwnedFd> {
+    let license = CString::new("GPL").map_err(io::Error::other)?;
+    let mut attr = [0u8; 128];
+    put(&mut attr, 0, &BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
+    put(
+        &mut attr,
+        4,
+        &u32::try_from(insns.len())
+            .map_err(io::Error::other)?
+            .to_ne_bytes(),
+    );
+    put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
+    put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
+    bpf(BPF_PROG_LOAD, &mut attr)
 }
 
 fn put(attr: &mut [u8; 128], at: usize, bytes: &[u8]) {
@@ -102,20 +143,62 @@ impl DropIcmp {
         Self::attach_program(ns, iface, &drop_icmp_from(src.octets()))
     }
 
-    fn attach_program(ns: &Netns, iface: &str, insns: &[u64]) -> io::Result<Self> {
-        let license = CString::new("GPL").map_err(io::Error::other)?;
+    /// Drops the echo replies entering `iface` in `ns`: all IPv4 ICMP, or
+    /// with `ipv6` the `ICMPv6` echo replies only, so that neighbour
+    /// discovery still passes.
+    pub fn attach_echo_replies(ns: &Netns, iface: &str, ipv6: bool) -> io::Result<Self> {
+        if ipv6 {
+            Self::attach_program(ns, iface, &DROP_ICMPV6_ECHO_REPLIES)
+        } else {
+            Self::attach_program(ns, iface, &DROP_ICMP)
+        }
+    }
+
+    /// What the program [`Self::attach_echo_replies`] attaches returns
+    /// for `frame`, run by the kernel (`BPF_PROG_TEST_RUN`): 2
+    /// (`TC_ACT_SHOT`) when it drops it, `u32::MAX` (`TCX_NEXT`) when it
+    /// hands it on.
+    pub fn echo_replies_verdict(ipv6: bool, frame: &[u8]) -> io::Result<u32> {
+        let prog = load(if ipv6 {
+            &DROP_ICMPV6_ECHO_REPLIES
+        } else {
+            &DROP_ICMP
+        })?;
         let mut attr = [0u8; 128];
-        put(&mut attr, 0, &BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
         put(
             &mut attr,
-            4,
-            &u32::try_from(insns.len())
+            0,
+            &std::os::fd::AsRawFd::as_raw_fd(&prog).to_ne_bytes(),
+        );
+        put(
+            &mut attr,
+            8,
+            &u32::try_from(frame.len())
                 .map_err(io::Error::other)?
                 .to_ne_bytes(),
         );
-        put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
-        put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
-        let prog = bpf(BPF_PROG_LOAD, &mut attr)?;
+        put(&mut attr, 16, &(frame.as_ptr() as u64).to_ne_bytes());
+        put(&mut attr, 32, &1u32.to_ne_bytes());
+        let mut retval = [0u8; 4];
+        // SAFETY: attr is a zero-padded bpf_attr; the kernel only reads
+        // `frame` (no output buffer is given).
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                attr.as_mut_ptr(),
+                attr.len(),
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        retval.copy_from_slice(&attr[4..8]);
+        Ok(u32::from_ne_bytes(retval))
+    }
+
+    fn attach_program(ns: &Netns, iface: &str, insns: &[u64]) -> io::Result<Self> {
+        let prog = load(insns)?;
         let name = CString::new(iface).map_err(io::Error::other)?;
         let prog_fd = std::os::fd::AsRawFd::as_raw_fd(&prog);
         let link = ns

@@ -133,11 +133,15 @@ enum Bench {
         #[arg(long, default_value_t = 2)]
         seconds: u32,
         /// Interleaved rounds; the median is reported.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 5)]
         rounds: u32,
         /// ICMP over IPv4, or ICMPv6 against the kernel's IPv6 echo.
         #[arg(long, value_parser = ["ipv4", "ipv6"], default_value = "ipv4")]
         family: String,
+        /// Let the requester's stack take the replies in, instead of
+        /// dropping them at its tcx ingress once its veth counted them.
+        #[arg(long)]
+        replies_to_stack: bool,
     },
     /// One agent probing N peers behind a router (half silent by default):
     /// round wall time, agent CPU and RSS, status latency under 8 clients,
@@ -362,10 +366,14 @@ fn run() -> anyhow::Result<()> {
                     seconds,
                     rounds,
                     family,
+                    replies_to_stack,
                 },
         } => {
             let (s, r) = (seconds.to_string(), rounds.to_string());
-            let args = ["--seconds", &s, "--rounds", &r, "--family", &family];
+            let mut args = vec!["--seconds", &s, "--rounds", &r, "--family", &family];
+            if replies_to_stack {
+                args.push("--replies-to-stack");
+            }
             lab_in_namespaces(&root, &pin, "bench-echo", &args)
         }
         Task::Bench {

@@ -29,6 +29,7 @@ mod endpoint6;
 mod endpoint_owned;
 mod etcd;
 mod etcd_members;
+mod faults;
 mod flows;
 mod hello_flood;
 mod lab;
