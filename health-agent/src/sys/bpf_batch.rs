@@ -75,9 +75,9 @@ fn fd_of(map: BorrowedFd<'_>) -> u32 {
 /// the walk may or may not be seen, as with a walk by keys.
 pub fn for_each<K: aya::Pod, V: aya::Pod>(
     map: BorrowedFd<'_>,
-    mut each: impl FnMut(&K, &V),
+    each: impl FnMut(&K, &V),
 ) -> io::Result<()> {
-    walk(map, 1, |k, v: &[V]| each(k, &v[0]))
+    for_each_slice(map, Cursor::START, usize::MAX, each).map(drop)
 }
 
 /// Where a walk of a hash map stands between slices: the kernel's batch
@@ -101,28 +101,8 @@ pub fn for_each_slice<K: aya::Pod, V: aya::Pod>(
     budget: usize,
     mut each: impl FnMut(&K, &V),
 ) -> io::Result<Option<Cursor>> {
-    walk_slice(map, 1, from, budget, |k, v: &[V]| each(k, &v[0]))
-}
-
-/// The batched walk: `per_key` values of `V` for each key.
-fn walk<K: aya::Pod, V: aya::Pod>(
-    map: BorrowedFd<'_>,
-    per_key: usize,
-    each: impl FnMut(&K, &[V]),
-) -> io::Result<()> {
-    walk_slice(map, per_key, Cursor::START, usize::MAX, each).map(drop)
-}
-
-/// [`walk`] over a slice ([`for_each_slice`]).
-fn walk_slice<K: aya::Pod, V: aya::Pod>(
-    map: BorrowedFd<'_>,
-    per_key: usize,
-    from: Cursor,
-    budget: usize,
-    mut each: impl FnMut(&K, &[V]),
-) -> io::Result<Option<Cursor>> {
-    lookup_batches::<K, V>(map, 1, per_key, from, budget, |keys, values| {
-        for (k, v) in keys.iter().zip(values.chunks(per_key)) {
+    lookup_batches::<K, V>(map, 1, 1, from, budget, |keys, values| {
+        for (k, v) in keys.iter().zip(values) {
             // SAFETY: the kernel wrote these keys and their values, and any
             // bytes are a valid `Pod`.
             let (k, v) = unsafe { (k.assume_init_ref(), v.assume_init_ref()) };
