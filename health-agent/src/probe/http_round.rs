@@ -575,7 +575,7 @@ fn write_request(p: &mut InFlight, to: SocketAddr) -> Result<bool, ProbeError> {
         }
     }
     p.requested = true;
-    http::request_sent(&p.sock)?;
+    http::request_sent(&p.sock);
     Ok(true)
 }
 
