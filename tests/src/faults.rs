@@ -95,14 +95,30 @@ const DROP_ICMPV6_ECHO_REPLIES: [u64; 15] = [
     insn(0x95, 0, 0, 0, 0),      // exit
 ];
 
-fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<OwnedFd> {
+/// The `bpf` system call: its non-negative result.
+fn bpf_call(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<i64> {
     // SAFETY: attr is a zero-padded bpf_attr of the size passed.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
-    if fd < 0 {
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+    if rc < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(rc)
+}
+
+/// A `bpf` command that returns a new descriptor.
+fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> io::Result<OwnedFd> {
+    let fd = i32::try_from(bpf_call(cmd, attr)?).map_err(io::Error::other)?;
     // SAFETY: the kernel returned a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).map_err(io::Error::other)?) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The program that drops echo replies of the family.
+const fn echo_replies_program(ipv6: bool) -> &'static [u64] {
+    if ipv6 {
+        &DROP_ICMPV6_ECHO_REPLIES
+    } else {
+        &DROP_ICMP
+    }
 }
 
 /// Loads `insns` as a tc classifier.
@@ -147,11 +163,7 @@ impl DropIcmp {
     /// with `ipv6` the `ICMPv6` echo replies only, so that neighbour
     /// discovery still passes.
     pub fn attach_echo_replies(ns: &Netns, iface: &str, ipv6: bool) -> io::Result<Self> {
-        if ipv6 {
-            Self::attach_program(ns, iface, &DROP_ICMPV6_ECHO_REPLIES)
-        } else {
-            Self::attach_program(ns, iface, &DROP_ICMP)
-        }
+        Self::attach_program(ns, iface, echo_replies_program(ipv6))
     }
 
     /// What the program [`Self::attach_echo_replies`] attaches returns
@@ -159,11 +171,7 @@ impl DropIcmp {
     /// (`TC_ACT_SHOT`) when it drops it, `u32::MAX` (`TCX_NEXT`) when it
     /// hands it on.
     pub fn echo_replies_verdict(ipv6: bool, frame: &[u8]) -> io::Result<u32> {
-        let prog = load(if ipv6 {
-            &DROP_ICMPV6_ECHO_REPLIES
-        } else {
-            &DROP_ICMP
-        })?;
+        let prog = load(echo_replies_program(ipv6))?;
         let mut attr = [0u8; 128];
         put(
             &mut attr,
@@ -179,20 +187,9 @@ impl DropIcmp {
         );
         put(&mut attr, 16, &(frame.as_ptr() as u64).to_ne_bytes());
         put(&mut attr, 32, &1u32.to_ne_bytes());
+        // The kernel only reads `frame`: no output buffer is given.
+        bpf_call(BPF_PROG_TEST_RUN, &mut attr)?;
         let mut retval = [0u8; 4];
-        // SAFETY: attr is a zero-padded bpf_attr; the kernel only reads
-        // `frame` (no output buffer is given).
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_TEST_RUN,
-                attr.as_mut_ptr(),
-                attr.len(),
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
         retval.copy_from_slice(&attr[4..8]);
         Ok(u32::from_ne_bytes(retval))
     }
