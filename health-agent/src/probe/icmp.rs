@@ -1,8 +1,8 @@
 //! ICMP echo for a whole round at once, without a task or a timer per
 //! probe: one raw socket per source namespace; the round's requests are
 //! paced out over the spread from one loop that also reads the replies,
-//! matches them by identifier and sequence (and source), and ends at one
-//! deadline. Identifiers name flows and stay the same from round to round
+//! matches them by identifier and sequence (and source), and ends a
+//! timeout after the last request still unanswered went. Identifiers name flows and stay the same from round to round
 //! (see [`Numbering`]); sequence numbers start at a random offset each
 //! round, so a late reply of an earlier round is not taken for this one's.
 
@@ -44,7 +44,7 @@ const IPV6_HEADER: usize = 40;
 /// echoes and loses large ones, so an address that does not answer gets
 /// none (at 10,000 peers, half of them silent, 5,000 large echoes a round
 /// fewer), and an MTU probe still unanswered keeps the round at most a
-/// tenth of a timeout past its small echoes' deadline (an answer read
+/// tenth of a timeout past its small echo's deadline (an answer read
 /// later, on a busy node, leaves the address without a verdict that
 /// round).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,6 +206,12 @@ impl SentAt {
         }
     }
 
+    /// When request `i` went, while it is unanswered.
+    fn get(&self, i: usize) -> Option<Instant> {
+        let ns = *self.at.get(i)?;
+        (ns > 0).then(|| self.base + Duration::from_nanos(ns - 1))
+    }
+
     /// When request `i` went, once: a second call says it went unanswered.
     fn take(&mut self, i: usize) -> Option<Instant> {
         let ns = std::mem::take(self.at.get_mut(i)?);
@@ -229,6 +235,12 @@ struct Waiting<'a> {
     mtu_after: Vec<u32>,
     /// MTU probes whose small echo was answered, to send.
     mtu_due: Vec<usize>,
+    /// The small requests that may still be unanswered: the first this
+    /// many of the sending order (see [`Waiting::latest_unanswered`]).
+    small_tail: usize,
+    /// The MTU probes sent, in the order they went, less those found
+    /// answered at the end.
+    mtu_sent: Vec<u32>,
 }
 
 /// A small request that no MTU probe follows.
@@ -266,6 +278,8 @@ impl<'a> Waiting<'a> {
             timeout,
             mtu_after,
             mtu_due: Vec::new(),
+            small_tail: small,
+            mtu_sent: Vec::new(),
         }
     }
 }
@@ -303,6 +317,51 @@ impl Waiting<'_> {
             }
             self.pending -= 1;
         }
+    }
+
+    /// When the request sent last of those still unanswered went, once
+    /// every small request is out (`sent_in_order(p)`: the small request
+    /// sent `p`-th): the round waits a timeout after it, for no later
+    /// request is waited for, and an earlier one's own timeout is over
+    /// sooner. A round that sends its likely silent targets first ends a
+    /// timeout after the last of them, not after its last request.
+    /// Found from the end back, each request passed over once a round.
+    fn latest_unanswered(&mut self, sent_in_order: impl Fn(usize) -> usize) -> Option<Instant> {
+        let mut small = None;
+        while self.small_tail > 0 {
+            if let Some(at) = self.sent_at.get(sent_in_order(self.small_tail - 1)) {
+                small = Some(at);
+                break;
+            }
+            self.small_tail -= 1;
+        }
+        let mut mtu = None;
+        while let Some(&k) = self.mtu_sent.last() {
+            if let Some(at) = self.sent_at.get(k as usize) {
+                mtu = Some(at);
+                break;
+            }
+            self.mtu_sent.pop();
+        }
+        small.max(mtu)
+    }
+
+    /// MTU probe `k` (a request past the small ones) went at `at`, or
+    /// could not go: lost unless answered.
+    fn mtu_went(&mut self, k: usize, at: io::Result<Instant>) {
+        self.pending += 1;
+        if let Some(r) = self.results.get_mut(k) {
+            *r = Err(ProbeError::Timeout {
+                proto: Proto::Icmp,
+                after: self.timeout,
+            });
+        }
+        if at.is_ok()
+            && let Ok(k) = u32::try_from(k)
+        {
+            self.mtu_sent.push(k);
+        }
+        self.sent(k, at);
     }
 
     /// Request `i` went at `at` (or could not go: `Err`).
@@ -417,14 +476,21 @@ impl IcmpProber {
     }
 
     /// One echo to each of `targets` (either family), the requests spread
-    /// evenly over `spread`, then the MTU probes of `padded` each once its
-    /// small echo is answered; each answer counts when it comes within
-    /// `timeout` of its request. Results are in the order of `targets`,
-    /// the MTU probes' after them; each request and answer is also marked
-    /// in `echoes` as it happens.
+    /// evenly over `spread` in the order of `order` (a permutation of the
+    /// targets' indices; index order when `None` or when it is not one),
+    /// then the MTU probes of `padded` each once its small echo is
+    /// answered; each answer counts when it comes within `timeout` of its
+    /// request. Results are in the order of `targets`, the MTU probes'
+    /// after them; each request and answer is also marked in `echoes` as
+    /// it happens.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the round's parts, each its own; grouping them would only rename them"
+    )]
     pub async fn round(
         &self,
         targets: &[IpAddr],
+        order: Option<&[usize]>,
         numbering: Numbering,
         padded: Option<Padded>,
         timeout: Duration,
@@ -441,24 +507,27 @@ impl IcmpProber {
         if small == 0 {
             return w.results;
         }
+        let order = order.filter(|o| is_permutation(o, small));
+        let sent_in_order = |p: usize| order.map_or(p, |o| o[p]);
         let start = Instant::now();
         let step = spread / u32::try_from(small).unwrap_or(u32::MAX).max(1);
         let mut next = 0usize;
-        // The small requests' deadline (a timeout after the last one went),
-        // then pushed out by each MTU probe sent.
-        let mut deadline = start + spread + timeout;
         let mut buf = [0u8; 1500];
         let mut request = Vec::new();
         while w.pending > 0 || !w.mtu_due.is_empty() {
             // Send every request whose time has come.
             let now = Instant::now();
             while next < small && start + step * u32::try_from(next).unwrap_or(u32::MAX) <= now {
-                let (id, seq) = numbering.ident(next);
-                let at = self.send(targets[next], id, seq, None, &mut request).await;
-                w.sent(next, at);
+                let i = sent_in_order(next);
+                let (id, seq) = numbering.ident(i);
+                let at = self.send(targets[i], id, seq, None, &mut request).await;
+                w.sent(i, at);
                 next += 1;
                 if next == small {
-                    deadline = deadline.min(Instant::now() + timeout);
+                    tracing::debug!(
+                        ms = start.elapsed().as_millis(),
+                        "the round's echo requests are out"
+                    );
                 }
             }
             // Then the MTU probes whose small echo came back.
@@ -469,16 +538,7 @@ impl IcmpProber {
                     continue;
                 };
                 let at = self.send(dst, id, seq, bytes, &mut request).await;
-                w.pending += 1;
-                // Sent: lost unless answered.
-                w.results[k] = Err(ProbeError::Timeout {
-                    proto: Proto::Icmp,
-                    after: timeout,
-                });
-                if let Ok(at) = at {
-                    deadline = deadline.max(at + timeout);
-                }
-                w.sent(k, at);
+                w.mtu_went(k, at);
             }
             if w.pending == 0 {
                 break;
@@ -489,7 +549,10 @@ impl IcmpProber {
                     start + step * u32::try_from(next).unwrap_or(u32::MAX),
                 )
             } else {
-                deadline
+                // Nothing found unanswered (not expected while requests
+                // are pending): the round ends now rather than never.
+                w.latest_unanswered(sent_in_order)
+                    .map_or(start, |at| at + timeout)
             };
             tokio::select! {
                 ready = readable(self.v4.as_ref()) => {
@@ -506,7 +569,10 @@ impl IcmpProber {
                     }
                 }
                 () = sleep_until(wake) => {
-                    if next == small && Instant::now() >= deadline {
+                    // Replies read meanwhile only answered requests: every
+                    // one still waited for went no later than the one
+                    // this wake was for.
+                    if next == small && Instant::now() >= wake {
                         // Replies that came in time and wait unread (a
                         // busy node) still count.
                         for sock in [&self.v4, &self.v6].into_iter().flatten() {
@@ -571,6 +637,15 @@ impl IcmpProber {
             }
         }
     }
+}
+
+/// Whether `order` holds each of `0..n` once.
+fn is_permutation(order: &[usize], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order
+            .iter()
+            .all(|&i| seen.get_mut(i).is_some_and(|s| !std::mem::replace(s, true)))
 }
 
 /// The request of this round that identifier `id` and sequence `seq`
@@ -694,6 +769,64 @@ mod tests {
     }
 
     #[test]
+    fn a_sending_order_is_taken_only_when_it_holds_every_target_once() {
+        assert!(is_permutation(&[2, 0, 1], 3));
+        assert!(is_permutation(&[], 0));
+        assert!(!is_permutation(&[0, 1], 3), "short");
+        assert!(!is_permutation(&[0, 1, 1], 3), "a repeat");
+        assert!(!is_permutation(&[0, 1, 3], 3), "past the end");
+    }
+
+    #[test]
+    fn the_round_waits_a_timeout_after_its_latest_unanswered_request_only() {
+        let targets: Vec<IpAddr> = (1..=4)
+            .map(|k| IpAddr::V4(Ipv4Addr::new(198, 18, 1, k)))
+            .collect();
+        // MTU probes 4, 5 and 6 follow the echoes of targets 0, 2 and 3.
+        let addresses = Addresses {
+            targets: &targets,
+            follows: &[0, 2, 3],
+        };
+        let echoes = Echoes::new(7, Duration::ZERO, Duration::ZERO);
+        let mut w = Waiting::new(addresses, &echoes, Duration::from_secs(1));
+        let ms = |n: u64| Duration::from_millis(n);
+        let t0 = Instant::now();
+        // Sent in the order 2, 0, 1, 3, 10 ms apart.
+        let order = [2, 0, 1, 3];
+        for (at, &i) in (0..).step_by(10).zip(&order) {
+            w.sent(i, Ok(t0 + ms(at)));
+        }
+        let latest = |w: &mut Waiting<'_>| w.latest_unanswered(|p| order[p]);
+        assert_eq!(latest(&mut w), Some(t0 + ms(30)), "3, sent last");
+        w.answered(3, t0 + ms(31), t0 + ms(31));
+        w.answered(1, t0 + ms(21), t0 + ms(32));
+        assert_eq!(latest(&mut w), Some(t0 + ms(10)), "0: 3 and 1 answered");
+        // 3's MTU probe could not go: nothing waits for it.
+        assert_eq!(std::mem::take(&mut w.mtu_due), [6]);
+        w.mtu_went(6, Err(io::Error::other("refused")));
+        assert_eq!(latest(&mut w), Some(t0 + ms(10)));
+        assert!(
+            matches!(w.results[6], Err(ProbeError::Io { .. })),
+            "{:?}",
+            w.results[6]
+        );
+        // 0 and then 2 answer, and their MTU probes go.
+        w.answered(0, t0 + ms(12), t0 + ms(35));
+        w.mtu_went(4, Ok(t0 + ms(40)));
+        assert_eq!(latest(&mut w), Some(t0 + ms(40)), "MTU probe 4");
+        w.answered(2, t0 + ms(2), t0 + ms(45));
+        w.mtu_went(5, Ok(t0 + ms(50)));
+        assert_eq!(std::mem::take(&mut w.mtu_due), [4, 5]);
+        assert_eq!(latest(&mut w), Some(t0 + ms(50)), "MTU probe 5");
+        // The later MTU probe answered: the earlier one is still waited for.
+        w.answered(5, t0 + ms(51), t0 + ms(51));
+        assert_eq!(latest(&mut w), Some(t0 + ms(40)), "MTU probe 4 again");
+        w.answered(4, t0 + ms(52), t0 + ms(52));
+        assert_eq!(latest(&mut w), None);
+        assert_eq!(w.pending, 0);
+    }
+
+    #[test]
     fn each_flow_has_its_identifier_and_mtu_probes_one_more() {
         let n = Numbering {
             per_flow: 3,
@@ -773,7 +906,15 @@ mod tests {
             let echoes = Echoes::new(1, Duration::ZERO, Duration::ZERO);
             let targets = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
             let numbering = Numbering::single(fastrand::u16(..), 1);
-            let round = prober.round(&targets, numbering, None, timeout, Duration::ZERO, &echoes);
+            let round = prober.round(
+                &targets,
+                None,
+                numbering,
+                None,
+                timeout,
+                Duration::ZERO,
+                &echoes,
+            );
             tokio::pin!(round);
             // Polled until its request is out (the socket's first readiness
             // comes through the reactor), then the thread is held.
@@ -850,6 +991,8 @@ mod tests {
             // Requests 0 and 1 each have an MTU probe (3 and 4), 2 none.
             mtu_after: vec![3, 4, NO_MTU],
             mtu_due: Vec::new(),
+            small_tail: 3,
+            mtu_sent: Vec::new(),
         };
         let ms = |n| t0 + Duration::from_millis(n);
         w.answered(2, ms(1), ms(1));
@@ -881,6 +1024,7 @@ mod tests {
             let results = prober
                 .round(
                     &[lo],
+                    None,
                     numbering,
                     Some(padded),
                     timeout,

@@ -79,12 +79,14 @@ fn outcomes_of(results: Vec<Result<Duration, ProbeError>>) -> Vec<Outcome> {
 
 impl Prober {
     /// ICMP (IPv4 or `ICMPv6`) to every address of `targets` (the round's
-    /// addresses once per flow, as `spread` lays them out), each answer
+    /// addresses once per flow, as `spread` lays them out), sent in
+    /// `order` (their indices; index order when `None`), each answer
     /// marked in `echoes` as it comes, and the MTU probes of `mtu`. The
     /// engine runs as a task of its own, beside the HTTP ones.
     pub(super) async fn icmp_round(
         &self,
         targets: &Arc<Vec<IpAddr>>,
+        order: Option<&Arc<Vec<usize>>>,
         spread: Spread,
         mtu: &MtuTargets,
         sockets: IcmpSockets<'_>,
@@ -116,12 +118,14 @@ impl Prober {
         };
         let total = n + padded.as_ref().map_or(0, |p| p.follows.len());
         let targets = targets.clone();
+        let order = order.cloned();
         let echoes = echoes.clone();
         let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
         let metrics = self.cfg.metrics.as_deref();
         metrics.inspect(|m| m.sent(total));
         let mut results = tokio::spawn(async move {
-            icmp.round(&targets, numbering, padded, timeout, spread, &echoes)
+            let order = order.as_deref().map(Vec::as_slice);
+            icmp.round(&targets, order, numbering, padded, timeout, spread, &echoes)
                 .await
         })
         .await

@@ -98,6 +98,7 @@ impl Prober {
             let (outcomes, _) = self
                 .icmp_round(
                     &ips,
+                    None,
                     spread,
                     &MtuTargets::default(),
                     sockets.as_ref(),

@@ -74,11 +74,11 @@ pub struct Prober {
     pub(super) liveness_ms: std::sync::atomic::AtomicU64,
     /// Woken (one permit) when a round is published.
     rounds_done: tokio::sync::Notify,
-    /// Which targets' HTTP path failed its last probe, as the last round
-    /// recorded them, with the node set they number: the next round's
-    /// order reads these rather than tens of thousands of path states
-    /// spread over the heap (see [`Self::http_failed_first`]).
-    http_failed: Mutex<Option<(NodeSet, Box<[bool]>)>>,
+    /// Which targets had a path (ICMP or HTTP) fail its last probe, as
+    /// the last round recorded them, with the node set they number: the
+    /// next round's order reads these rather than tens of thousands of
+    /// path states spread over the heap (see [`Self::failed_first`]).
+    failed: Mutex<Option<(NodeSet, Box<[bool]>)>>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -113,7 +113,7 @@ impl Prober {
             tracing: Mutex::default(),
             liveness_ms: std::sync::atomic::AtomicU64::new(0),
             rounds_done: tokio::sync::Notify::new(),
-            http_failed: Mutex::new(None),
+            failed: Mutex::new(None),
             published: RwLock::new(Published {
                 summary: Arc::new(StatusSummary {
                     local_node: cfg.local_node.clone(),
@@ -310,7 +310,7 @@ impl Prober {
             *n = nodes;
         }
         // The last round's flags number the old set: not kept alive.
-        if let Ok(mut last) = self.http_failed.lock() {
+        if let Ok(mut last) = self.failed.lock() {
             *last = None;
         }
         let round = self.status_summary().round.clone();
@@ -491,7 +491,10 @@ impl Prober {
             order::echo_grace(self.cfg.timeout),
             self.cfg.timeout / 2,
         ));
-        let (order, suspects) = self.http_failed_first(&nodes, &targets.keys, spread);
+        // Both engines start with the targets that failed last round: the
+        // round ends a timeout after the last of those went.
+        let (order, suspects) = self.failed_first(&nodes, &targets.keys, spread);
+        let order = Arc::new(order);
         // No MTU probes in the agent's first round: it is the start's
         // verdict on every path, and its echoes and connects go first (an
         // MTU black hole is called from the second round on).
@@ -499,7 +502,7 @@ impl Prober {
         let ((icmp, icmp_done), (http, http_done)) = tokio::join!(
             timed(
                 t0,
-                self.icmp_round(&ips, spread, &mtu, sockets.as_ref(), &echoes)
+                self.icmp_round(&ips, Some(&order), spread, &mtu, sockets.as_ref(), &echoes)
             ),
             timed(t0, async {
                 match &sockets {
@@ -622,7 +625,7 @@ impl Prober {
         let mut probes = 0;
         let mut texts = ErrorTexts::default();
         let clock = super::quality::clock_ms();
-        let mut http_failed = vec![false; keys.len()].into_boxed_slice();
+        let mut failed = vec![false; keys.len()].into_boxed_slice();
         if let Ok(mut history) = self.history.lock() {
             history.begin_round(seq, started_ms, at);
         }
@@ -675,10 +678,13 @@ impl Prober {
                         let state = entry.state_mut(slot);
                         state.record(outcome, self.cfg.thresholds, at, &mut texts);
                         state.degraded = lossy && state.result == ProbeResult::Success;
+                        if state.consecutive_failures > 0
+                            && let Some(f) = failed.get_mut(target)
+                        {
+                            *f = true;
+                        }
                         if slot == icmp_slot {
                             tracing.note(state, &node.name, slot, target, at);
-                        } else if let Some(f) = http_failed.get_mut(target) {
-                            *f = state.consecutive_failures > 0;
                         }
                     }
                     probes += 2;
@@ -686,8 +692,8 @@ impl Prober {
                 entry.history.record(&history, seq, &row);
             }
         }
-        if let Ok(mut last) = self.http_failed.lock() {
-            *last = Some((nodes.clone(), http_failed));
+        if let Ok(mut last) = self.failed.lock() {
+            *last = Some((nodes.clone(), failed));
         }
         probes
     }
@@ -778,10 +784,10 @@ impl Prober {
         }
     }
 
-    /// The round's HTTP probes (target indices, see [`super::targets::Targets`]) with
-    /// those whose path failed its last probe first, and how many those
-    /// are (see [`order`]).
-    fn http_failed_first(
+    /// The round's targets (indices, see [`super::targets::Targets`]) with
+    /// those that had a path fail its last probe first, and how many those
+    /// are: the order both engines start their probes in (see [`order`]).
+    fn failed_first(
         &self,
         nodes: &NodeSet,
         keys: &[(u32, u8)],
@@ -793,19 +799,19 @@ impl Prober {
         };
         // As the last round left them, when it probed this very node set
         // (only a round's recording changes a path's failures).
-        if let Ok(last) = self.http_failed.lock()
+        if let Ok(last) = self.failed.lock()
             && let Some((set, failed)) = last.as_ref()
             && set.same_snapshot(nodes)
             && failed.len() == keys.len()
         {
             return of(failed);
         }
-        of(&self.http_failed_looked_up(nodes, keys))
+        of(&self.failed_looked_up(nodes, keys))
     }
 
-    /// Whether each target's HTTP path failed its last probe, from the
+    /// Whether each target had a path fail its last probe, from the
     /// paths' states.
-    fn http_failed_looked_up(&self, nodes: &NodeSet, keys: &[(u32, u8)]) -> Vec<bool> {
+    fn failed_looked_up(&self, nodes: &NodeSet, keys: &[(u32, u8)]) -> Vec<bool> {
         let Ok(paths) = self.paths.lock() else {
             return Vec::new();
         };
@@ -822,7 +828,12 @@ impl Prober {
                         p
                     }
                 };
-                p.is_some_and(|p| p.state(2 * usize::from(address) + 1).consecutive_failures > 0)
+                let icmp = 2 * usize::from(address);
+                p.is_some_and(|p| {
+                    [icmp, icmp + 1]
+                        .into_iter()
+                        .any(|slot| p.state(slot).consecutive_failures > 0)
+                })
             })
             .collect()
     }
@@ -1171,7 +1182,7 @@ mod tests {
     }
 
     #[test]
-    fn the_http_paths_that_failed_last_go_first_as_the_last_round_recorded_them() {
+    fn the_targets_that_failed_last_go_first_as_the_last_round_recorded_them() {
         let prober = prober_of(Families::Dual);
         let set = prober.nodes();
         let t = targets(&set, Families::Dual);
@@ -1179,39 +1190,45 @@ mod tests {
             n: t.keys.len(),
             flows: 2,
         };
-        // b's endpoint HTTP fails (target 5 of a's 4, b's 2, c's 2).
+        // b's endpoint HTTP fails (target 5 of a's 4, b's 2, c's 2), and
+        // b's node echo (target 4).
         round_where(&prober, 1, |n, _, endpoint| {
-            let bad = n.name == "b" && endpoint;
-            (ok(10), if bad { refused() } else { ok(20) })
+            let http_bad = n.name == "b" && endpoint;
+            let icmp_bad = n.name == "b" && !endpoint;
+            (
+                if icmp_bad { refused() } else { ok(10) },
+                if http_bad { refused() } else { ok(20) },
+            )
         });
         let (cached, flags) = {
-            let last = prober.http_failed.lock().expect("lock");
+            let last = prober.failed.lock().expect("lock");
             let (s, f) = last.as_ref().expect("recorded");
             (s.same_snapshot(&set), f.to_vec())
         };
         assert!(cached);
-        assert_eq!(flags, prober.http_failed_looked_up(&set, &t.keys));
-        let (order, suspects) = prober.http_failed_first(&set, &t.keys, spread);
-        assert_eq!(suspects, 2, "{order:?}");
-        assert_eq!(order[..3], [5, 13, 0], "each flow's probe of it first");
+        assert_eq!(flags, prober.failed_looked_up(&set, &t.keys));
+        let (order, suspects) = prober.failed_first(&set, &t.keys, spread);
+        assert_eq!(suspects, 4, "{order:?}");
+        assert_eq!(
+            order[..5],
+            [4, 5, 12, 13, 0],
+            "each flow's probe of them first"
+        );
         // The same nodes in another snapshot: read from the paths.
         let again = NodeSet::new(set.iter().cloned().collect()).expect("unique");
         assert_eq!(
-            prober.http_failed_first(&again, &t.keys, spread),
-            (order.clone(), 2)
+            prober.failed_first(&again, &t.keys, spread),
+            (order.clone(), 4)
         );
         // A new node set lets the old one go, and the order stands.
         let fewer: Vec<Node> = set.iter().filter(|n| n.name != "c").cloned().collect();
         prober.set_nodes(NodeSet::new(fewer).expect("unique"));
-        assert!(prober.http_failed.lock().expect("lock").is_none());
+        assert!(prober.failed.lock().expect("lock").is_none());
         prober.set_nodes(again.clone());
-        assert_eq!(
-            prober.http_failed_first(&again, &t.keys, spread),
-            (order, 2)
-        );
+        assert_eq!(prober.failed_first(&again, &t.keys, spread), (order, 4));
         // Answered again: no suspect.
         round_where(&prober, 2, |_, _, _| (ok(10), ok(20)));
-        assert_eq!(prober.http_failed_first(&set, &t.keys, spread).1, 0);
+        assert_eq!(prober.failed_first(&set, &t.keys, spread).1, 0);
     }
 
     #[test]
