@@ -11,7 +11,8 @@
 //! nobody: the router forwards to the peers namespace, which does not
 //! forward and drops them without a word, as a host that is down.
 //!
-//! Reported: first and steady rounds' wall time, agent CPU per round, RSS,
+//! Reported: first and steady rounds' wall time (the first also from the
+//! endpoint's readiness), agent CPU per round, RSS,
 //! `GET /v1/status` latency under 8 concurrent clients during the first
 //! round, correctness (every answering path OK, no silent path OK), and
 //! `fping -i0` over the same ICMP targets in the same run.
@@ -28,7 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::echo_peers::EchoPeers;
+use crate::{echo_peers::EchoPeers, since_ready::SinceReady};
 use anyhow::{Context as _, bail};
 use health_agent::{
     api::client::Client,
@@ -468,6 +469,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut network_before = network_cpu();
     let deadline = Instant::now() + Duration::from_secs(60) + opts.interval * (opts.rounds + 1);
     let mut first: Option<ClusterStatus> = None;
+    let mut since_ready = None;
     while rounds.len() < opts.rounds as usize {
         if Instant::now() > deadline {
             bail!(
@@ -489,6 +491,12 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             }
             if first.is_none() {
                 first = Some(rt.block_on(client.status())?);
+                // The agent's first round, when the bench saw it.
+                if r.seq == 1
+                    && let Ok(endpoints) = rt.block_on(client.endpoints())
+                {
+                    since_ready = SinceReady::of(&endpoints, r.started_ms, r.duration_ms);
+                }
             }
             rounds.push(Round {
                 seq: r.seq,
@@ -540,6 +548,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
 
     let measured = Measured {
         served,
+        since_ready,
         rounds,
         clients_at,
         status_latency,
@@ -595,6 +604,8 @@ fn served_after(
 /// What a run measured.
 struct Measured {
     served: Duration,
+    /// The first round against the endpoint's readiness.
+    since_ready: Option<SinceReady>,
     rounds: Vec<Round>,
     /// The round the status clients pulled through.
     clients_at: usize,
@@ -632,6 +643,7 @@ fn render(opts: &Options, m: &Measured) -> String {
         }
     );
     let _ = writeln!(text, "socket served after {} ms", served.as_millis());
+    let _ = writeln!(text, "{}", SinceReady::line(m.since_ready));
     for r in rounds {
         let _ = writeln!(
             text,

@@ -27,6 +27,7 @@ mod echo_peers;
 mod forward;
 mod napi;
 mod sim_nodes;
+mod since_ready;
 mod stop;
 
 #[derive(Debug, Parser)]

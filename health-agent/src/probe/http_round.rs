@@ -47,7 +47,7 @@ use super::{
     flows::{FlowPlan, Spread},
     http::{self, STATUS_LINE_MAX},
     metrics::ProbeMetrics,
-    order::{Echoes, IssueOrder},
+    order::{Echoes, IssueOrder, Suspects},
     pace,
     path::Outcome,
 };
@@ -116,16 +116,16 @@ pub(super) fn reserve_descriptors(cfg: &ProbeConfig, targets: usize) {
 }
 
 /// HTTP to every address of `targets` from the probe namespace's `factory`
-/// (the caller's namespace when `None`), in `order` with its first
-/// `suspects` first and each of the rest once its echo is due in
-/// `echoes`, put off to the end when it came back (see
-/// [`super::order`]). Outcomes are in the order of `targets`.
+/// (the caller's namespace when `None`), in `order`'s HTTP order with its
+/// suspects first and each of the rest once its echo is due in `echoes`,
+/// put off to the end when it came back (see [`super::order`]). Outcomes
+/// are in the order of `targets`.
 pub(super) async fn run(
     cfg: &ProbeConfig,
     targets: &Arc<Vec<IpAddr>>,
     spread: Spread,
     factory: Option<Arc<SocketFactory>>,
-    (order, suspects): (&[usize], usize),
+    order: &Suspects,
     echoes: &Arc<Echoes>,
 ) -> Vec<Outcome> {
     let n = targets.len();
@@ -150,8 +150,8 @@ pub(super) async fn run(
     let tasks: Vec<_> = (0..workers)
         .map(|w| {
             // Every task gets its share of the suspects and of the rest.
-            let mine: Vec<usize> = order.iter().skip(w).step_by(workers).copied().collect();
-            let my_suspects = suspects.saturating_sub(w).div_ceil(workers);
+            let mine: Vec<usize> = order.http().skip(w).step_by(workers).collect();
+            let my_suspects = order.http_suspects().saturating_sub(w).div_ceil(workers);
             let shared = shared.clone();
             tokio::spawn(async move { shared.task(mine, my_suspects).await })
         })
@@ -621,7 +621,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::probe::path::RttSource;
+    use crate::probe::{order::Failed, path::RttSource};
 
     /// How a loopback server answers.
     #[derive(Clone, Copy)]
@@ -688,7 +688,8 @@ mod tests {
         for _ in 0..2 {
             let echoes = Arc::new(Echoes::without(3));
             let targets = Arc::new(targets.clone());
-            let outcomes = run(&cfg, &targets, spread, None, (&[0, 1, 2], 0), &echoes).await;
+            let order = Suspects::of(3, |_| Failed::default());
+            let outcomes = run(&cfg, &targets, spread, None, &order, &echoes).await;
             assert!(
                 outcomes.iter().all(|o| matches!(o, Outcome::Ok { .. })),
                 "{outcomes:?}"
@@ -722,9 +723,9 @@ mod tests {
             ..ProbeConfig::default()
         };
         let n = targets.len();
-        let order: Vec<usize> = (0..n).collect();
+        let order = Suspects::of(n, |_| Failed::default());
         let spread = Spread { n, flows: 1 };
-        run(&cfg, &Arc::new(targets), spread, None, (&order, 0), echoes).await
+        run(&cfg, &Arc::new(targets), spread, None, &order, echoes).await
     }
 
     fn host(h: u8) -> IpAddr {

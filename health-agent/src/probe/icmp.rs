@@ -1,8 +1,9 @@
 //! ICMP echo for a whole round at once, without a task or a timer per
 //! probe: one raw socket per source namespace; the round's requests are
 //! paced out over the spread from one loop that also reads the replies,
-//! matches them by identifier and sequence (and source), and ends a
-//! timeout after the last request still unanswered went. Identifiers name flows and stay the same from round to round
+//! matches them by identifier and sequence (and source), and ends once
+//! every request is answered, or a timeout after the last one still
+//! unanswered went. Identifiers name flows and stay the same from round to round
 //! (see [`Numbering`]); sequence numbers start at a random offset each
 //! round, so a late reply of an earlier round is not taken for this one's.
 
@@ -364,6 +365,14 @@ impl Waiting<'_> {
         self.sent(k, at);
     }
 
+    /// When the round may end, once every small request is out: a
+    /// timeout after the latest unanswered request went (none found,
+    /// which pending requests rule out: `fallback`, rather than never).
+    fn end(&mut self, sent_in_order: impl Fn(usize) -> usize, fallback: Instant) -> Instant {
+        self.latest_unanswered(sent_in_order)
+            .map_or(fallback, |at| at + self.timeout)
+    }
+
     /// Request `i` went at `at` (or could not go: `Err`).
     fn sent(&mut self, i: usize, at: io::Result<Instant>) {
         match at {
@@ -507,7 +516,16 @@ impl IcmpProber {
         if small == 0 {
             return w.results;
         }
-        let order = order.filter(|o| is_permutation(o, small));
+        let order = order.filter(|o| {
+            let taken = is_permutation(o, small);
+            if !taken {
+                tracing::warn!(
+                    "an echo order of {} for {small} targets, not each once: sent in target order",
+                    o.len()
+                );
+            }
+            taken
+        });
         let sent_in_order = |p: usize| order.map_or(p, |o| o[p]);
         let start = Instant::now();
         let step = spread / u32::try_from(small).unwrap_or(u32::MAX).max(1);
@@ -549,10 +567,7 @@ impl IcmpProber {
                     start + step * u32::try_from(next).unwrap_or(u32::MAX),
                 )
             } else {
-                // Nothing found unanswered (not expected while requests
-                // are pending): the round ends now rather than never.
-                w.latest_unanswered(sent_in_order)
-                    .map_or(start, |at| at + timeout)
+                w.end(sent_in_order, start)
             };
             tokio::select! {
                 ready = readable(self.v4.as_ref()) => {
@@ -584,6 +599,11 @@ impl IcmpProber {
                     }
                 }
             }
+        }
+        // Left the loop with requests not sent (a socket's readiness
+        // failed): the HTTP probes waiting for their echoes wait no more.
+        for p in next..small {
+            echoes.gave_up(sent_in_order(p));
         }
         w.results
     }
@@ -827,6 +847,28 @@ mod tests {
     }
 
     #[test]
+    fn the_round_ends_a_timeout_after_the_latest_unanswered_request() {
+        let targets: Vec<IpAddr> = (1..=2)
+            .map(|k| IpAddr::V4(Ipv4Addr::new(198, 18, 1, k)))
+            .collect();
+        let echoes = Echoes::new(2, Duration::ZERO, Duration::ZERO);
+        let timeout = Duration::from_secs(1);
+        let mut w = Waiting::new(Addresses::of(&targets), &echoes, timeout);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // 1 went first, 0 a busy 300 ms later: each gets its whole timeout.
+        w.sent(1, Ok(t0));
+        w.sent(0, Ok(t0 + ms(300)));
+        let order = |p: usize| [1, 0][p];
+        assert_eq!(w.end(order, t0), t0 + ms(1300));
+        // 0 answered: the round waits only for 1's timeout.
+        w.answered(0, t0 + ms(301), t0 + ms(301));
+        assert_eq!(w.end(order, t0), t0 + timeout);
+        w.answered(1, t0 + ms(2), t0 + ms(302));
+        assert_eq!(w.end(order, t0 + ms(5)), t0 + ms(5), "none left");
+    }
+
+    #[test]
     fn each_flow_has_its_identifier_and_mtu_probes_one_more() {
         let n = Numbering {
             per_flow: 3,
@@ -1005,6 +1047,39 @@ mod tests {
         w.answered(0, ms(3), ms(91));
         assert_eq!(w.mtu_due, [3], "a duplicate reply sends nothing more");
         assert_eq!(w.pending, 0);
+    }
+
+    #[test]
+    fn echoes_sent_in_a_given_order_come_back_to_their_targets_on_the_loopback() {
+        on_one_thread(async {
+            let Some(prober) = prober_if_root() else {
+                return;
+            };
+            // Three loopback addresses, each answering from itself: a reply
+            // taken for another request's would not match its source.
+            let targets: Vec<IpAddr> = (1..=3)
+                .map(|k| IpAddr::V4(Ipv4Addr::new(127, 0, 0, k)))
+                .collect();
+            let timeout = Duration::from_secs(1);
+            for order in [Some(&[2, 0, 1][..]), Some(&[0, 0, 1][..]), None] {
+                let echoes = Echoes::new(3, Duration::ZERO, Duration::ZERO);
+                let numbering = Numbering::single(fastrand::u16(..), 3);
+                let results = prober
+                    .round(
+                        &targets,
+                        order,
+                        numbering,
+                        None,
+                        timeout,
+                        Duration::ZERO,
+                        &echoes,
+                    )
+                    .await;
+                assert_eq!(results.len(), 3);
+                assert!(results.iter().all(Result::is_ok), "{order:?}: {results:?}");
+                assert!((0..3).all(|i| echoes.is_answered(i)), "{order:?}");
+            }
+        });
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::{
     error::ProbeError,
     flows::Spread,
     icmp::{IcmpProber, Numbering, Padded},
-    order::Echoes,
+    order::{Echoes, Suspects},
     path::{Outcome, ProbeResult, RttSource},
     published::CHUNK,
     targets::Targets,
@@ -80,13 +80,13 @@ fn outcomes_of(results: Vec<Result<Duration, ProbeError>>) -> Vec<Outcome> {
 impl Prober {
     /// ICMP (IPv4 or `ICMPv6`) to every address of `targets` (the round's
     /// addresses once per flow, as `spread` lays them out), sent in
-    /// `order` (their indices; index order when `None`), each answer
+    /// `order`'s ICMP order (index order when `None`), each answer
     /// marked in `echoes` as it comes, and the MTU probes of `mtu`. The
     /// engine runs as a task of its own, beside the HTTP ones.
     pub(super) async fn icmp_round(
         &self,
         targets: &Arc<Vec<IpAddr>>,
-        order: Option<&Arc<Vec<usize>>>,
+        order: Option<&Arc<Suspects>>,
         spread: Spread,
         mtu: &MtuTargets,
         sockets: IcmpSockets<'_>,
@@ -124,7 +124,7 @@ impl Prober {
         let metrics = self.cfg.metrics.as_deref();
         metrics.inspect(|m| m.sent(total));
         let mut results = tokio::spawn(async move {
-            let order = order.as_deref().map(Vec::as_slice);
+            let order = order.as_deref().map(Suspects::icmp);
             icmp.round(&targets, order, numbering, padded, timeout, spread, &echoes)
                 .await
         })

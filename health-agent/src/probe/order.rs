@@ -1,40 +1,38 @@
-//! The order a round starts its HTTP probes in: longest first.
+//! The order a round starts its probes in: longest first.
 //!
 //! A probe to a silent peer lasts the whole timeout, one to a live peer a
 //! round trip, and the round ends when its last probe does. When starting
-//! the probes is what takes time (tens of thousands of connects on a busy
-//! CPU), a round that starts its live probes first ends a timeout after
-//! its last silent one started, late in the issue; one that starts its
-//! silent probes first ends a timeout after the middle of it.
+//! the probes is what takes time (tens of thousands of connects and
+//! echoes on a busy CPU), a round that starts its live probes first ends
+//! a timeout after its last silent one started, late in the issue; one
+//! that starts its silent probes first ends a timeout after the middle of
+//! it.
 //!
 //! Which peers are silent is not known until their probes fail, but two
 //! hints come cheap: a path whose last probe failed (the round before),
 //! and this round's echo to the same address, which goes out first (the
-//! ICMP engine sends a request for a fraction of a connect's cost). So a
-//! task starts first the probes whose target had a path (ICMP or HTTP)
-//! fail last round, as the ICMP engine sends their echoes first; then each other
-//! probe once its address's echo has been out for a short grace: started
-//! then if no reply came (likely silent), put off to the end if one did.
-//! A probe whose echo is not out yet waits for it, but never past the
-//! round's patience (an ICMP engine that stalled holds nothing up for
-//! long). While a probe's echo is out and within its grace, the probes
-//! put off (peers known alive) start, so the CPU is not left idle; while
-//! its echo is not even out, they do not: the ICMP engine is behind its
-//! pace, short of CPU, and a connect to a live peer (its handshake, its
-//! request, its answer) would take more of it from the echoes and the
-//! silent probes that the round's end waits for. In an agent's first round, when no path
-//! has failed yet, this is what puts the silent probes ahead of the live
+//! ICMP engine sends a request for a fraction of a connect's cost). So
+//! each engine starts first the targets whose path of its own protocol
+//! failed last round ([`Suspects`]). Then an HTTP task starts each other
+//! probe once its address's echo has
+//! been out for a short grace: started then if no reply came (likely
+//! silent), put off to the end if one did. A probe whose echo is not out
+//! yet waits for it, but never past the round's patience (an ICMP engine
+//! that stalled holds nothing up for long). While a probe's echo is out
+//! and within its grace, the probes put off (peers known alive) start, so
+//! the CPU is not left idle; while its echo is not even out, they do not:
+//! the ICMP engine is behind the HTTP tasks, most often for want of CPU,
+//! and a connect to a live peer (its handshake, its request, its answer)
+//! would take more of it from the echoes and the silent probes that the
+//! round's end waits for. In an agent's first round, when no path has
+//! failed yet, this is what puts the silent probes ahead of the live
 //! ones: at 5,000 peers, half of them silent, the last silent probe
 //! started 150-220 ms into the round, where it started 290-580 ms in
 //! when the live ones it met first went first.
-//! At 10,000 peers on 2 CPUs, where the echoes fall behind their pace
-//! for most of the round's start, starting live probes while they did
-//! put the last silent probe 585-619 ms into the first round; waiting
-//! for the echoes instead, 385 ms.
 //!
-//! Every probe still gets its whole timeout from its own connect
-//! (kubelet's semantics): the order changes when probes start, never how
-//! they count.
+//! Every probe still gets its whole timeout from its own connect or
+//! request (kubelet's semantics): the order changes when probes start,
+//! never how they count.
 
 use std::{
     collections::VecDeque,
@@ -80,7 +78,7 @@ pub enum Due {
     /// Not before this: its echo is out and may still come back.
     At(Instant),
     /// Looked at again then: its echo is not out yet (the ICMP engine is
-    /// behind its pace).
+    /// behind this task, most often for want of CPU).
     Unsent(Instant),
     /// Its echo came back: the peer is alive, the probe can go last.
     Answered,
@@ -245,24 +243,99 @@ impl IssueOrder {
     }
 }
 
-/// Target indices `0..n` with those `suspect` says first (each group in
-/// index order), and how many those are.
-pub fn suspects_first(n: usize, suspect: impl Fn(usize) -> bool) -> (Vec<usize>, usize) {
-    // One pass, one buffer: suspects from the front, the others from the
-    // back (then turned round into index order).
-    let mut order = vec![0; n];
-    let (mut front, mut back) = (0, n);
-    for i in 0..n {
-        if suspect(i) {
-            order[front] = i;
-            front += 1;
-        } else {
-            back -= 1;
-            order[back] = i;
+/// What failed of a target's paths in its last round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Failed {
+    pub icmp: bool,
+    pub http: bool,
+}
+
+/// A round's targets in one order for both engines, in one buffer: those
+/// whose echo failed last round and not their HTTP probe, those whose
+/// echo and HTTP probe failed, those whose HTTP probe alone failed, then
+/// the rest, each group in index order. The ICMP engine sends in this
+/// order: the targets that failed it first, then those that failed the
+/// HTTP engine alone. The HTTP engine starts from the second group on and
+/// comes round to the first at the end: the targets that failed it
+/// first, and those whose echo alone failed (a host that filters echoes,
+/// its server answering) last. A host that filters echoes, or one whose
+/// server is down, is not taken for a node that is down by the engine
+/// it answers.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Suspects {
+    order: Vec<usize>,
+    icmp_only: usize,
+    both: usize,
+    http_only: usize,
+}
+
+impl Suspects {
+    /// Targets `0..n`, each as `failed` says it fared last round.
+    pub fn of(n: usize, failed: impl Fn(usize) -> Failed) -> Self {
+        let group = |i: usize| match failed(i) {
+            Failed {
+                icmp: true,
+                http: false,
+            } => 0,
+            Failed {
+                icmp: true,
+                http: true,
+            } => 1,
+            Failed {
+                icmp: false,
+                http: true,
+            } => 2,
+            Failed {
+                icmp: false,
+                http: false,
+            } => 3,
+        };
+        // A counting sort: one pass to count, one to place, stable.
+        let mut counts = [0usize; 4];
+        for i in 0..n {
+            counts[group(i)] += 1;
+        }
+        let mut at = [0, counts[0], counts[0] + counts[1], n - counts[3]];
+        let mut order = vec![0; n];
+        for i in 0..n {
+            let g = group(i);
+            order[at[g]] = i;
+            at[g] += 1;
+        }
+        Self {
+            order,
+            icmp_only: counts[0],
+            both: counts[1],
+            http_only: counts[2],
         }
     }
-    order[front..].reverse();
-    (order, front)
+
+    /// The ICMP engine's order.
+    #[must_use]
+    pub fn icmp(&self) -> &[usize] {
+        &self.order
+    }
+
+    /// The targets that failed the ICMP engine: the first this many of
+    /// its order.
+    #[cfg(test)]
+    #[must_use]
+    pub const fn icmp_suspects(&self) -> usize {
+        self.icmp_only + self.both
+    }
+
+    /// The HTTP engine's order.
+    pub fn http(&self) -> impl Iterator<Item = usize> + Clone + '_ {
+        let (echo_only, rest) = self.order.split_at(self.icmp_only);
+        rest.iter().chain(echo_only).copied()
+    }
+
+    /// The HTTP engine's suspects, started without waiting for their
+    /// echoes: the first this many of its order.
+    #[must_use]
+    pub const fn http_suspects(&self) -> usize {
+        self.both + self.http_only
+    }
 }
 
 #[cfg(test)]
@@ -334,11 +407,26 @@ mod tests {
     }
 
     #[test]
-    fn suspects_go_first_then_the_rest_each_in_their_order() {
-        let (order, suspects) = suspects_first(7, |i| i % 3 == 1);
-        assert_eq!(order, [1, 4, 0, 2, 3, 5, 6]);
-        assert_eq!(suspects, 2);
-        assert_eq!(suspects_first(3, |_| false), (vec![0, 1, 2], 0));
+    fn each_engine_starts_with_the_targets_that_failed_it() {
+        // 1 and 5 failed their echo, 3 both, 2 and 6 their HTTP probe.
+        let failed = |i| Failed {
+            icmp: matches!(i, 1 | 3 | 5),
+            http: matches!(i, 2 | 3 | 6),
+        };
+        let s = Suspects::of(8, failed);
+        assert_eq!(s.icmp(), [1, 5, 3, 2, 6, 0, 4, 7]);
+        assert_eq!(s.icmp_suspects(), 3);
+        assert_eq!(s.http().collect::<Vec<_>>(), [3, 2, 6, 0, 4, 7, 1, 5]);
+        assert_eq!(s.http_suspects(), 3);
+        let none = Suspects::of(3, |_| Failed::default());
+        assert_eq!(none.icmp(), [0, 1, 2]);
+        assert_eq!(none.http().collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!((none.icmp_suspects(), none.http_suspects()), (0, 0));
+        let all = Suspects::of(2, |_| Failed {
+            icmp: true,
+            http: true,
+        });
+        assert_eq!((all.icmp_suspects(), all.http_suspects()), (2, 2));
     }
 
     #[test]

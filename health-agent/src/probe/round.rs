@@ -24,7 +24,7 @@ use super::{
     icmp::IcmpProber,
     icmp_round::MtuTargets,
     kernel_rtt::{prune_kernel_rtt, with_kernel_rtt},
-    order::{self, Echoes},
+    order::{self, Echoes, Failed, Suspects},
     path::{Outcome, ProbeResult},
     path_record::ErrorTexts,
     published::{CHUNK, Published, serialised},
@@ -74,11 +74,11 @@ pub struct Prober {
     pub(super) liveness_ms: std::sync::atomic::AtomicU64,
     /// Woken (one permit) when a round is published.
     rounds_done: tokio::sync::Notify,
-    /// Which targets had a path (ICMP or HTTP) fail its last probe, as
-    /// the last round recorded them, with the node set they number: the
+    /// Which of each target's paths (ICMP, HTTP) failed its last probe,
+    /// as the last round recorded them, with the node set they number: the
     /// next round's order reads these rather than tens of thousands of
     /// path states spread over the heap (see [`Self::failed_first`]).
-    failed: Mutex<Option<(NodeSet, Box<[bool]>)>>,
+    failed: Mutex<Option<(NodeSet, Box<[Failed]>)>>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -491,10 +491,9 @@ impl Prober {
             order::echo_grace(self.cfg.timeout),
             self.cfg.timeout / 2,
         ));
-        // Both engines start with the targets that failed last round: the
-        // round ends a timeout after the last of those went.
-        let (order, suspects) = self.failed_first(&nodes, &targets.keys, spread);
-        let order = Arc::new(order);
+        // Each engine starts with the targets that failed it last round:
+        // its end can come a timeout after the last of those went.
+        let order = Arc::new(self.failed_first(&nodes, &targets.keys, spread));
         // No MTU probes in the agent's first round: it is the start's
         // verdict on every path, and its echoes and connects go first (an
         // MTU black hole is called from the second round on).
@@ -507,8 +506,7 @@ impl Prober {
             timed(t0, async {
                 match &sockets {
                     Ok((_, factory)) => {
-                        let order = (order.as_slice(), suspects);
-                        http_round::run(&self.cfg, &ips, spread, factory.clone(), order, &echoes)
+                        http_round::run(&self.cfg, &ips, spread, factory.clone(), &order, &echoes)
                             .await
                     }
                     Err(e) => vec![Outcome::Failed(e.clone()); ips.len()],
@@ -625,7 +623,7 @@ impl Prober {
         let mut probes = 0;
         let mut texts = ErrorTexts::default();
         let clock = super::quality::clock_ms();
-        let mut failed = vec![false; keys.len()].into_boxed_slice();
+        let mut failed = vec![Failed::default(); keys.len()].into_boxed_slice();
         if let Ok(mut history) = self.history.lock() {
             history.begin_round(seq, started_ms, at);
         }
@@ -678,10 +676,13 @@ impl Prober {
                         let state = entry.state_mut(slot);
                         state.record(outcome, self.cfg.thresholds, at, &mut texts);
                         state.degraded = lossy && state.result == ProbeResult::Success;
-                        if state.consecutive_failures > 0
-                            && let Some(f) = failed.get_mut(target)
-                        {
-                            *f = true;
+                        if let Some(f) = failed.get_mut(target) {
+                            let failing = state.consecutive_failures > 0;
+                            if slot == icmp_slot {
+                                f.icmp = failing;
+                            } else {
+                                f.http = failing;
+                            }
                         }
                         if slot == icmp_slot {
                             tracing.note(state, &node.name, slot, target, at);
@@ -784,18 +785,15 @@ impl Prober {
         }
     }
 
-    /// The round's targets (indices, see [`super::targets::Targets`]) with
-    /// those that had a path fail its last probe first, and how many those
-    /// are: the order both engines start their probes in (see [`order`]).
-    fn failed_first(
-        &self,
-        nodes: &NodeSet,
-        keys: &[(u32, u8)],
-        spread: Spread,
-    ) -> (Vec<usize>, usize) {
+    /// The round's targets (indices, see [`super::targets::Targets`]) in
+    /// the order the engines start their probes, those whose paths failed
+    /// their last probe first (see [`order`]).
+    fn failed_first(&self, nodes: &NodeSet, keys: &[(u32, u8)], spread: Spread) -> Suspects {
         let n = spread.n * spread.flows;
-        let of = |failed: &[bool]| {
-            order::suspects_first(n, |i| failed.get(spread.of(i).1) == Some(&true))
+        let of = |failed: &[Failed]| {
+            Suspects::of(n, |i| {
+                failed.get(spread.of(i).1).copied().unwrap_or_default()
+            })
         };
         // As the last round left them, when it probed this very node set
         // (only a round's recording changes a path's failures).
@@ -809,9 +807,9 @@ impl Prober {
         of(&self.failed_looked_up(nodes, keys))
     }
 
-    /// Whether each target had a path fail its last probe, from the
+    /// Which of each target's paths failed its last probe, from the
     /// paths' states.
-    fn failed_looked_up(&self, nodes: &NodeSet, keys: &[(u32, u8)]) -> Vec<bool> {
+    fn failed_looked_up(&self, nodes: &NodeSet, keys: &[(u32, u8)]) -> Vec<Failed> {
         let Ok(paths) = self.paths.lock() else {
             return Vec::new();
         };
@@ -829,11 +827,11 @@ impl Prober {
                     }
                 };
                 let icmp = 2 * usize::from(address);
-                p.is_some_and(|p| {
-                    [icmp, icmp + 1]
-                        .into_iter()
-                        .any(|slot| p.state(slot).consecutive_failures > 0)
-                })
+                let failing = |slot| p.is_some_and(|p| p.state(slot).consecutive_failures > 0);
+                Failed {
+                    icmp: failing(icmp),
+                    http: failing(icmp + 1),
+                }
             })
             .collect()
     }
@@ -1190,11 +1188,13 @@ mod tests {
             n: t.keys.len(),
             flows: 2,
         };
-        // b's endpoint HTTP fails (target 5 of a's 4, b's 2, c's 2), and
-        // b's node echo (target 4).
-        round_where(&prober, 1, |n, _, endpoint| {
-            let http_bad = n.name == "b" && endpoint;
-            let icmp_bad = n.name == "b" && !endpoint;
+        // Of a's 4 targets, b's 2 and c's 2: a's IPv4 endpoint fails both
+        // probes (target 1), b's node its echo (4), b's endpoint its HTTP
+        // probe (5).
+        round_where(&prober, 1, |n, family, endpoint| {
+            let a_v4 = n.name == "a" && endpoint && family == Family::Ipv4;
+            let icmp_bad = a_v4 || (n.name == "b" && !endpoint);
+            let http_bad = a_v4 || (n.name == "b" && endpoint);
             (
                 if icmp_bad { refused() } else { ok(10) },
                 if http_bad { refused() } else { ok(20) },
@@ -1207,28 +1207,27 @@ mod tests {
         };
         assert!(cached);
         assert_eq!(flags, prober.failed_looked_up(&set, &t.keys));
-        let (order, suspects) = prober.failed_first(&set, &t.keys, spread);
-        assert_eq!(suspects, 4, "{order:?}");
-        assert_eq!(
-            order[..5],
-            [4, 5, 12, 13, 0],
-            "each flow's probe of them first"
-        );
+        let order = prober.failed_first(&set, &t.keys, spread);
+        // Each flow's probe of them (target + 8) beside it.
+        assert_eq!(order.icmp()[..7], [4, 12, 1, 9, 5, 13, 0], "{order:?}");
+        assert_eq!(order.icmp_suspects(), 4);
+        let http: Vec<usize> = order.http().collect();
+        assert_eq!(http[..5], [1, 9, 5, 13, 0], "{http:?}");
+        assert_eq!(http[14..], [4, 12], "the echo's failures last");
+        assert_eq!(order.http_suspects(), 4);
         // The same nodes in another snapshot: read from the paths.
         let again = NodeSet::new(set.iter().cloned().collect()).expect("unique");
-        assert_eq!(
-            prober.failed_first(&again, &t.keys, spread),
-            (order.clone(), 4)
-        );
+        assert_eq!(prober.failed_first(&again, &t.keys, spread), order);
         // A new node set lets the old one go, and the order stands.
         let fewer: Vec<Node> = set.iter().filter(|n| n.name != "c").cloned().collect();
         prober.set_nodes(NodeSet::new(fewer).expect("unique"));
         assert!(prober.failed.lock().expect("lock").is_none());
         prober.set_nodes(again.clone());
-        assert_eq!(prober.failed_first(&again, &t.keys, spread), (order, 4));
+        assert_eq!(prober.failed_first(&again, &t.keys, spread), order);
         // Answered again: no suspect.
         round_where(&prober, 2, |_, _, _| (ok(10), ok(20)));
-        assert_eq!(prober.failed_first(&set, &t.keys, spread).1, 0);
+        let none = prober.failed_first(&set, &t.keys, spread);
+        assert_eq!((none.icmp_suspects(), none.http_suspects()), (0, 0));
     }
 
     #[test]
