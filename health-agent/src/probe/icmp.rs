@@ -3,9 +3,10 @@
 //! paced out over the spread from one loop that also reads the replies,
 //! matches them by identifier and sequence (and source), and ends once
 //! every request is answered, or a timeout after the last one still
-//! unanswered went. Identifiers name flows and stay the same from round to round
-//! (see [`Numbering`]); sequence numbers start at a random offset each
-//! round, so a late reply of an earlier round is not taken for this one's.
+//! unanswered went. Identifiers name flows and stay the same from round
+//! to round (see [`Numbering`]); sequence numbers start at a random
+//! offset each round, so a late reply of an earlier round is not taken
+//! for this one's.
 
 use std::{
     io,
