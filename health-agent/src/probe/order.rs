@@ -209,8 +209,6 @@ impl IssueOrder {
                     self.next += 1;
                     return Some(i);
                 }
-                // Meanwhile a peer known alive is probed: the CPU is not
-                // left idle while the echoes come.
                 // Peers known alive wait too: the CPU is the echoes' and
                 // the likely silent probes'.
                 Due::At(t) => {
