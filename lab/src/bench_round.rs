@@ -347,6 +347,10 @@ struct Round {
     bytes: u64,
     /// CPU of the simulated network's threads, with `--network-thread`.
     network: Duration,
+    /// CPU of this process: the peers' HTTP server, the bench's polls
+    /// (and in the clients' round, the clients), and the simulated
+    /// network's softirq work that ran in their context.
+    lab: Duration,
     /// The status clients pulled through this round: not a steady one.
     clients: bool,
 }
@@ -467,6 +471,8 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     };
     let mut before = (usage(pid)?.0, cpu_times(pid)?.0, lab.uplink_bytes()?);
     let mut network_before = network_cpu();
+    let lab_cpu = || cpu_times(std::process::id()).map(|(u, s)| u + s);
+    let mut lab_before = lab_cpu()?;
     let deadline = Instant::now() + Duration::from_secs(60) + opts.interval * (opts.rounds + 1);
     let mut first: Option<ClusterStatus> = None;
     let mut since_ready = None;
@@ -485,6 +491,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             let ((cpu, rss), (user, _)) = (usage(pid)?, cpu_times(pid)?);
             let bytes = lab.uplink_bytes()?;
             let network = network_cpu();
+            let lab_now = lab_cpu()?;
             let clients = rounds.len() + 1 == clients_at;
             if clients {
                 clients_done.store(true, Ordering::Relaxed);
@@ -507,6 +514,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
                 rss,
                 bytes: bytes.saturating_sub(before.2),
                 network: network.saturating_sub(network_before),
+                lab: lab_now.saturating_sub(lab_before),
                 clients,
             });
             if rounds.len() + 1 == clients_at {
@@ -514,6 +522,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             }
             before = (cpu, user, bytes);
             network_before = network;
+            lab_before = lab_now;
             last_seq = r.seq;
         }
         crate::stop::sleep(poll_period(opts.interval))?;
@@ -780,6 +789,14 @@ fn render_steady_cpu(text: &mut String, opts: &Options, steady: &[&Round]) {
             network.as_millis() / u128::from(n)
         );
     }
+    let lab: Duration = steady.iter().map(|r| r.lab).sum();
+    let probes = f64::from(PROBES_A_PEER) * opts.peers as f64 * steady.len() as f64;
+    let _ = writeln!(
+        text,
+        "steady CPU of the peers' HTTP server and the bench (its process, the simulated network's softirq work in its context included): {} ms a round; with the agent's, {:.1} µs a probe",
+        lab.as_millis() / u128::from(n),
+        (cpu + lab).as_secs_f64() * 1e6 / probes.max(1.0)
+    );
 }
 
 /// The answering peers' :4240, one listener in the peers' namespace.
@@ -1101,6 +1118,7 @@ mod tests {
             },
             bytes: 0,
             network: Duration::ZERO,
+            lab: Duration::ZERO,
             clients: false,
         }
     }
