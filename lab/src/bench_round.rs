@@ -347,9 +347,10 @@ struct Round {
     bytes: u64,
     /// CPU of the simulated network's threads, with `--network-thread`.
     network: Duration,
-    /// CPU of this process: the peers' HTTP server, the bench's polls
-    /// (and in the clients' round, the clients), and the simulated
-    /// network's softirq work that ran in their context.
+    /// CPU of this process: the peers' HTTP server (with
+    /// `--network-thread`, their echo too), the bench's polls (and in the
+    /// clients' round, the clients), and the simulated network's softirq
+    /// work that ran in their context.
     lab: Duration,
     /// The status clients pulled through this round: not a steady one.
     clients: bool,
@@ -793,7 +794,12 @@ fn render_steady_cpu(text: &mut String, opts: &Options, steady: &[&Round]) {
     let probes = f64::from(PROBES_A_PEER) * opts.peers as f64 * steady.len() as f64;
     let _ = writeln!(
         text,
-        "steady CPU of the peers' HTTP server and the bench (its process, the simulated network's softirq work in its context included): {} ms a round; with the agent's, {:.1} µs a probe",
+        "steady CPU of the bench's process (the peers' HTTP server{}, and the simulated network's softirq work in its context): {} ms a round; with the agent's, {:.1} µs a probe",
+        if opts.network_thread {
+            " and their echo"
+        } else {
+            ""
+        },
         lab.as_millis() / u128::from(n),
         (cpu + lab).as_secs_f64() * 1e6 / probes.max(1.0)
     );
