@@ -1,0 +1,184 @@
+//! The run's report, as printed.
+
+use std::{fmt::Write as _, time::Duration};
+
+use super::{
+    Measured, Options, PROBES_A_PEER, Round,
+    clients::{Percentiles, ms},
+    steady_cpu_per_peer, steady_rounds,
+    topology::ROUTER_UPLINK,
+};
+use crate::since_ready::SinceReady;
+
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "MiB and ratios for display, from values far below 2^52"
+)]
+pub(super) fn render(opts: &Options, m: &Measured) -> String {
+    let (served, rounds, fping) = (m.served, &m.rounds, m.fping);
+    let (live_ok, live_paths, false_ok) = (m.live_ok, m.live_paths, m.false_ok);
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "bench-round: {} peers ({} probes a round), {}% silent, timeout 1 s{}",
+        opts.peers,
+        PROBES_A_PEER as usize * opts.peers,
+        opts.silent_pct,
+        if opts.network_thread {
+            "; the simulated network in threads of its own"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(text, "socket served after {} ms", served.as_millis());
+    let _ = writeln!(text, "{}", SinceReady::line(m.since_ready));
+    for r in rounds {
+        let _ = writeln!(
+            text,
+            "round {:>3}: {:>6} ms wall, {:>6} ms agent CPU, RSS {:>6.1} MiB ({:.1} of files; peak {:>6.1}){}",
+            r.seq,
+            r.wall_ms,
+            r.cpu.as_millis(),
+            r.rss.now_kib as f64 / 1024.0,
+            r.rss.file_kib as f64 / 1024.0,
+            r.rss.peak_kib as f64 / 1024.0,
+            if r.clients {
+                ", status clients pulling"
+            } else {
+                ""
+            }
+        );
+    }
+    let steady: Vec<&Round> = steady_rounds(rounds).collect();
+    if !steady.is_empty() {
+        let n = steady.len() as u64;
+        let per_peer = steady_cpu_per_peer(rounds, opts.peers).map_or(0.0, ms);
+        let _ = writeln!(
+            text,
+            "steady rounds: mean {} ms wall, {} ms CPU ({per_peer:.3} ms a peer, {:.1} µs a probe)",
+            steady.iter().map(|r| r.wall_ms).sum::<u64>() / n,
+            steady.iter().map(|r| r.cpu.as_millis() as u64).sum::<u64>() / n,
+            per_peer * 1000.0 / f64::from(PROBES_A_PEER)
+        );
+        render_steady_cpu(&mut text, opts, &steady);
+        let bytes: u64 = steady.iter().map(|r| r.bytes).sum();
+        let _ = writeln!(
+            text,
+            "steady network: {:.1} kbit/s on the node's uplink at a {} s interval (both directions, {} B a round, {:.0} B a peer)",
+            8.0 * bytes as f64 / (1e3 * opts.interval.as_secs_f64() * steady.len() as f64),
+            opts.interval.as_secs_f64(),
+            bytes / n,
+            bytes as f64 / (n as f64 * opts.peers as f64)
+        );
+        for (what, kib) in [
+            (
+                "RSS at the rounds' ends",
+                rounds.iter().map(|r| r.rss.now_kib).collect::<Vec<_>>(),
+            ),
+            (
+                "peak RSS within the rounds",
+                rounds.iter().map(|r| r.rss.peak_kib).collect(),
+            ),
+        ] {
+            let (lo, hi) = (
+                kib.iter().min().copied().unwrap_or(0),
+                kib.iter().max().copied().unwrap_or(0),
+            );
+            let _ = writeln!(
+                text,
+                "{what} over {} rounds: {:.1} .. {:.1} MiB ({:+.1}% from the lowest)",
+                rounds.len(),
+                lo as f64 / 1024.0,
+                hi as f64 / 1024.0,
+                100.0 * (hi as f64 - lo as f64) / (lo.max(1) as f64)
+            );
+        }
+    }
+    render_api(&mut text, m);
+    let _ = writeln!(
+        text,
+        "correctness: {live_ok}/{live_paths} live paths OK, {false_ok} silent paths OK (false OK)"
+    );
+    let _ = writeln!(
+        text,
+        "after the last round: {}/{live_paths} live paths OK, {} silent paths OK (false OK), {} MTU black holes (false)",
+        m.last.0, m.last.1, m.false_blackholes
+    );
+    let first_ms = rounds.first().map_or(0, |r| r.wall_ms);
+    let _ = writeln!(
+        text,
+        "fping -i0 over the same {} ICMP targets: {} ms; first round / fping = {:.2}x",
+        2 * opts.peers,
+        fping.as_millis(),
+        first_ms as f64 / fping.as_millis().max(1) as f64
+    );
+    text
+}
+
+/// The status clients' latencies, and when in their round each
+/// kind's slowest answer was asked for.
+fn render_api(text: &mut String, m: &Measured) {
+    let which = if m.clients_at == 1 { "first" } else { "second" };
+    let started = m.rounds.get(m.clients_at - 1).map(|r| r.started_ms);
+    let slowest = |p: &Percentiles| {
+        started.map_or_else(String::new, |s| {
+            format!(
+                "; the slowest asked {:+.3} s from the round's start",
+                p.max_from(s)
+            )
+        })
+    };
+    let _ = writeln!(
+        text,
+        "GET /v1/status during the {which} round, 8 clients: {} (to the body's last byte, as sent{})",
+        m.status_latency.line(),
+        slowest(&m.status_latency)
+    );
+    let _ = writeln!(
+        text,
+        "GET /v1/status?summary=true and ?node=NAME beside them, 1 client: {}{}",
+        m.summary_latency.line(),
+        slowest(&m.summary_latency)
+    );
+}
+
+/// The steady rounds' CPU: the agent's share of a core, its user-space
+/// part, and the simulated network's thread with `--network-thread`.
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "percentages for display, from values far below 2^52"
+)]
+fn render_steady_cpu(text: &mut String, opts: &Options, steady: &[&Round]) {
+    let n = steady.len() as u64;
+    let cpu: Duration = steady.iter().map(|r| r.cpu).sum();
+    let user: Duration = steady.iter().map(|r| r.user).sum();
+    let _ = writeln!(
+        text,
+        "steady CPU: {:.2} % of a core at a {} s interval, {:.0} % of it in user space",
+        100.0 * cpu.as_secs_f64() / (opts.interval.as_secs_f64() * steady.len() as f64),
+        opts.interval.as_secs_f64(),
+        100.0 * user.as_secs_f64() / cpu.as_secs_f64().max(1e-9)
+    );
+    if opts.network_thread {
+        let network: Duration = steady.iter().map(|r| r.network).sum();
+        let _ = writeln!(
+            text,
+            "steady CPU of the simulated network (router, peers and the agent node's receives, in the napi/{ROUTER_UPLINK} kernel thread and the peers' echo thread): {:.2} % of a core, {} ms a round",
+            100.0 * network.as_secs_f64() / (opts.interval.as_secs_f64() * steady.len() as f64),
+            network.as_millis() / u128::from(n)
+        );
+    }
+    let lab: Duration = steady.iter().map(|r| r.lab).sum();
+    let probes = f64::from(PROBES_A_PEER) * opts.peers as f64 * steady.len() as f64;
+    let _ = writeln!(
+        text,
+        "steady CPU of the bench's process (the peers' HTTP server{}, and the simulated network's softirq work in its context): {} ms a round; with the agent's, {:.1} µs a probe",
+        if opts.network_thread {
+            " and their echo"
+        } else {
+            ""
+        },
+        lab.as_millis() / u128::from(n),
+        (cpu + lab).as_secs_f64() * 1e6 / probes.max(1.0)
+    );
+}

@@ -1,0 +1,315 @@
+//! The run's namespaces and links: the agent's node, the router and the
+//! peers (see [`super`]), the peers' one HTTP server, the agent's start,
+//! and the kernel counters that tell whether the simulated network kept
+//! up.
+
+use std::{
+    fmt::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use health_agent::{
+    datapath::remove_pins,
+    sys::{netlink::in_netns, netns::Netns},
+};
+use health_tests::{
+    agent::{daemon_command, socket_in},
+    names,
+    topology::TwoNodes,
+};
+use ipnet::Ipv4Net;
+
+use super::{Options, verdict::peer_name};
+
+/// The router's end of the agent node's uplink.
+pub(super) const ROUTER_UPLINK: &str = "r-agent";
+/// Packets the agent node's uplink queues with `--network-thread`: a
+/// round's burst of every probe's first packet, twice over.
+const UPLINK_QUEUE: u32 = 65_536;
+
+/// Everything made for the run, removed on drop.
+pub(crate) struct Lab {
+    pub(super) agent: Netns,
+    router: Netns,
+    pub(crate) peers: Netns,
+    pub(super) dir: PathBuf,
+    pins: PathBuf,
+    ep_netns: String,
+    daemon: Option<Child>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            if let Ok(pid) = i32::try_from(d.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let _ = d.wait();
+        }
+        let _ = Netns::named(&self.ep_netns).map(|n| n.delete());
+        for ns in [&self.agent, &self.router, &self.peers] {
+            let _ = ns.delete();
+        }
+        let _ = remove_pins(&self.pins);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The `k`-th peer's node and health IPs.
+pub(super) fn peer_ips(k: usize) -> (Ipv4Addr, Ipv4Addr) {
+    let k = u32::try_from(k).unwrap_or(u32::MAX);
+    (
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + k),
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + k),
+    )
+}
+
+/// The answering peers' node and health IPs as the fewest prefixes: the
+/// peers namespace makes them local by route (a real peer holds its own
+/// address, not thousands: held as interface addresses, each answer's
+/// source check walked one hash chain of thousands of them).
+fn answering(n: usize, pct: u32) -> Vec<Ipv4Net> {
+    let hosts: Vec<Ipv4Net> = (0..n)
+        .filter(|k| !silent(*k, pct))
+        .flat_map(|k| {
+            let (node, health) = peer_ips(k);
+            [node, health].map(Ipv4Net::from)
+        })
+        .collect();
+    Ipv4Net::aggregate(&hosts)
+}
+
+/// Whether the `k`-th peer is silent: `pct` percent of them, spread out.
+pub(super) const fn silent(k: usize, pct: u32) -> bool {
+    (k % 100) < pct as usize
+}
+
+impl Lab {
+    pub(crate) fn new(opts: &Options) -> anyhow::Result<Self> {
+        names::sweep_stale_netns();
+        let lab = Self {
+            agent: Netns::create(&names::unique("round-agent"))?,
+            router: Netns::create(&names::unique("round-router"))?,
+            peers: Netns::create(&names::unique("round-peers"))?,
+            dir: std::env::temp_dir().join(names::unique("round")),
+            pins: Path::new("/sys/fs/bpf").join(names::unique("round-pins")),
+            ep_netns: names::unique("round-ep"),
+            daemon: None,
+        };
+        std::fs::create_dir_all(&lab.dir)?;
+        let (router, peers) = (lab.router.clone(), lab.peers.clone());
+        in_netns(Some(&lab.agent), |nl| async move {
+            nl.set_up("lo").await?;
+            nl.add_veth("uplink", ROUTER_UPLINK, Some(&router)).await?;
+            nl.add_address("uplink", Ipv4Addr::new(198, 18, 0, 2), 24)
+                .await?;
+            nl.set_up("uplink").await?;
+            nl.replace_route_via(Ipv4Addr::UNSPECIFIED, 0, Ipv4Addr::new(198, 18, 0, 1))
+                .await
+        })?;
+        in_netns(Some(&lab.router), |nl| async move {
+            nl.set_up("lo").await?;
+            nl.add_veth("r-peers", "peers", Some(&peers)).await?;
+            nl.add_address(ROUTER_UPLINK, Ipv4Addr::new(198, 18, 0, 1), 24)
+                .await?;
+            nl.add_address("r-peers", Ipv4Addr::new(198, 18, 1, 1), 24)
+                .await?;
+            nl.set_up(ROUTER_UPLINK).await?;
+            nl.set_up("r-peers").await?;
+            let via_peers = Ipv4Addr::new(198, 18, 1, 2);
+            nl.replace_route_via(Ipv4Addr::new(198, 18, 128, 0), 17, via_peers)
+                .await?;
+            nl.replace_route_via(Ipv4Addr::new(198, 19, 0, 0), 17, via_peers)
+                .await?;
+            // The agent's health CIDR is behind the agent's node.
+            nl.replace_route_via(
+                Ipv4Addr::new(198, 19, 255, 0),
+                24,
+                Ipv4Addr::new(198, 18, 0, 2),
+            )
+            .await
+        })?;
+        TwoNodes::sysctl(&lab.router, "net/ipv4/ip_forward", "1");
+        if opts.network_thread {
+            crate::napi::threaded((&lab.router, ROUTER_UPLINK), (&lab.agent, "uplink"))?;
+            // A queue on the uplink, as a NIC has: a round's burst waits
+            // for the network's thread instead of overflowing the veth's
+            // ring (tens of thousands of probes lost a round without).
+            in_netns(Some(&lab.agent), |nl| async move {
+                nl.set_fifo_queue("uplink", UPLINK_QUEUE).await
+            })?;
+        }
+        let (n, pct) = (opts.peers, opts.silent_pct);
+        in_netns(Some(&lab.peers), |nl| async move {
+            nl.set_up("lo").await?;
+            nl.add_address("peers", Ipv4Addr::new(198, 18, 1, 2), 24)
+                .await?;
+            nl.set_up("peers").await?;
+            for net in answering(n, pct) {
+                nl.add_local_route(net.addr().into(), net.prefix_len(), "lo")
+                    .await?;
+            }
+            nl.replace_route_via(Ipv4Addr::UNSPECIFIED, 0, Ipv4Addr::new(198, 18, 1, 1))
+                .await
+        })?;
+        Ok(lab)
+    }
+
+    /// Bytes received and sent on the agent node's uplink so far.
+    pub(super) fn uplink_bytes(&self) -> anyhow::Result<u64> {
+        let s = in_netns(Some(&self.agent), |nl| async move {
+            nl.link_stats("uplink").await
+        })?;
+        Ok(s.rx_bytes + s.tx_bytes)
+    }
+
+    pub(crate) fn nodes_file(&self, n: usize) -> anyhow::Result<PathBuf> {
+        let mut yaml = String::with_capacity(n * 80);
+        yaml.push_str("nodes:\n");
+        for k in 0..n {
+            let (node, health) = peer_ips(k);
+            let _ = writeln!(
+                yaml,
+                "  - name: {}\n    node-ip: {node}\n    health-ip: {health}",
+                peer_name(k)
+            );
+        }
+        let path = self.dir.join("nodes.yaml");
+        std::fs::write(&path, yaml)?;
+        Ok(path)
+    }
+
+    pub(super) fn socket(&self) -> PathBuf {
+        socket_in(&self.dir)
+    }
+
+    pub(crate) fn start_agent(
+        &mut self,
+        nodes_file: &Path,
+        interval: Duration,
+    ) -> anyhow::Result<u32> {
+        let mut cmd = daemon_command(
+            &self.agent,
+            &self.dir,
+            &self.pins,
+            &self.ep_netns,
+            "198.19.255.0/24",
+        );
+        // The agent's CIDR and every peer's health IP (198.19.0.0/17).
+        cmd.args(["--node-name", "bench", "--health-range", "198.19.0.0/16"])
+            .arg("--nodes-file")
+            .arg(nodes_file)
+            .args(["--probe-interval", &format!("{}ms", interval.as_millis())])
+            .args(["--probe-timeout", "1s", "--failure-threshold", "1"])
+            // A full mesh: the round over every peer is what is measured.
+            .args(["--probe-peers", "all"])
+            // More agent flags for an A/B run (`--probe-mtu off`).
+            .args(
+                std::env::var("BENCH_AGENT_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(match std::env::var_os("BENCH_AGENT_LOG_FILE") {
+                Some(path) => std::fs::File::create(path)?,
+                None => std::fs::File::create(self.dir.join("daemon.log"))?,
+            });
+        let child = cmd.spawn().context("starting health-agent")?;
+        let pid = child.id();
+        self.daemon = Some(child);
+        Ok(pid)
+    }
+}
+
+/// The answering peers' :4240, one listener in the peers' namespace.
+pub(crate) fn serve_peers(
+    rt: &tokio::runtime::Runtime,
+    peers: &Netns,
+) -> anyhow::Result<tokio_util::sync::CancellationToken> {
+    // The one server stands in for every peer: up to 20,000 connections
+    // reach it within a round's spread, past the namespace's default
+    // `somaxconn` (4,096) that caps the listener's queue. Raised in the
+    // peers' own namespace, for the listen only.
+    let listener = peers.run(|| {
+        let _queue = health_agent::sys::sysctl::Sysctl::set("net/core/somaxconn", "65535")?;
+        health_agent::probe::hello::listen(4240)
+    })??;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _guard = rt.enter();
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    // One server answers for every peer: each peer's server would see one
+    // connection per round from the agent, so no per-source share applies.
+    let limits = health_agent::probe::hello::Limits {
+        total: 65_536,
+        per_source: 65_536,
+    };
+    rt.spawn(health_agent::probe::hello::serve_with(
+        listener,
+        stop.clone(),
+        limits,
+    ));
+    Ok(stop)
+}
+
+/// The peers' namespace's TCP listen overflows and drops (`TcpExt`
+/// `ListenOverflows`, `ListenDrops`): SYNs or handshakes the one server
+/// could not queue, which the agent would see as failed live paths.
+pub(super) fn listen_overflows(peers: &Netns) -> Option<(u64, u64)> {
+    Some((
+        counter(
+            peers,
+            "/proc/thread-self/net/netstat",
+            "TcpExt:",
+            "ListenOverflows",
+        )?,
+        counter(
+            peers,
+            "/proc/thread-self/net/netstat",
+            "TcpExt:",
+            "ListenDrops",
+        )?,
+    ))
+}
+
+/// A counter of the kernel's in `ns`: in `file`, the line pair whose
+/// names line starts with `prefix`, the value named `name`.
+pub(super) fn counter(ns: &Netns, file: &str, prefix: &str, name: &str) -> Option<u64> {
+    let text = ns.run(|| std::fs::read_to_string(file)).ok()?.ok()?;
+    let mut lines = text.lines().filter(|l| l.starts_with(prefix));
+    let (names, values) = (lines.next()?, lines.next()?);
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_prefixes_cover_the_answering_peers_and_no_silent_one() {
+        let nets = answering(1_000, 50);
+        let held = |ip: Ipv4Addr| nets.iter().any(|n| n.contains(&ip));
+        for k in 0..1_100 {
+            let (node, health) = peer_ips(k);
+            let answers = k < 1_000 && !silent(k, 50);
+            assert_eq!((held(node), held(health)), (answers, answers), "peer {k}");
+        }
+        // Runs of 50 addresses: a few prefixes each, not one per address
+        // (1,000 addresses held).
+        assert!(nets.len() <= 100, "{} prefixes", nets.len());
+    }
+}

@@ -1,0 +1,67 @@
+//! The agent's and the lab's own use of the machine, read from `/proc`:
+//! CPU time in user space and in the kernel, and the resident set.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+/// CPU time (user + system) of `pid`, its resident set now and the peak of
+/// its resident set since the last call (`VmHWM`, reset after reading by
+/// writing 5 to `clear_refs`): what a round allocates and frees between two
+/// samples counts in the peak, not in the resident set at its end.
+pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
+    let (user, system) = cpu_times(pid)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let rss = Rss {
+        now_kib: field("VmRSS:"),
+        peak_kib: field("VmHWM:"),
+        file_kib: field("RssFile:"),
+    };
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+        .context("resetting the agent's peak RSS (clear_refs)")?;
+    Ok((user + system, rss))
+}
+
+/// The CPU time of `pid` (a process or a kernel thread) so far, in user
+/// space and in the kernel (on this topology, much of the latter the
+/// simulated network's work in its context).
+pub(crate) fn cpu_times(pid: u32) -> anyhow::Result<(Duration, Duration)> {
+    stat_cpu(&format!("/proc/{pid}/stat"))
+}
+
+/// User and system time from a `stat` file of `/proc` (a process's, or
+/// one thread's under `task/`).
+pub(crate) fn stat_cpu(path: &str) -> anyhow::Result<(Duration, Duration)> {
+    let stat = std::fs::read_to_string(path)?;
+    // After the command's closing parenthesis: utime is the 12th field
+    // and stime the 13th.
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+    let hz = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100))
+        .unwrap_or(100)
+        .max(1);
+    let time = |t: u64| Duration::from_millis(t * 1000 / hz);
+    Ok((time(ticks(11)), time(ticks(12))))
+}
+
+/// The resident set when sampled and its peak since the sample before.
+#[derive(Clone, Copy)]
+#[expect(
+    clippy::struct_field_names,
+    reason = "each in KiB, as /proc/PID/status gives them"
+)]
+pub(crate) struct Rss {
+    pub(crate) now_kib: u64,
+    pub(super) peak_kib: u64,
+    /// Of `now_kib`, pages of files (the binary's code and the libraries):
+    /// the rest is the heap, the stacks and the maps' memory.
+    pub(super) file_kib: u64,
+}
