@@ -49,10 +49,11 @@ use anyhow::{Context as _, ensure};
 use crate::sim_nodes::{mix64, node, rtt_us};
 use health_agent::{
     cluster::{
+        cadence::{HEARTBEAT_ROUNDS, STALE_ROUNDS},
         published_view::PublishedView,
         subset::{ProbePeers, SubsetPlan, name_hash},
         summary::{PathSample, PeerSummary, Summary},
-        summary_writes::{HEARTBEAT_ROUNDS, STALE_ROUNDS, SummaryWrites, verdicts_digest},
+        summary_writes::{SummaryWrites, verdicts_digest},
         view::{ClusterView, NodeView, Verdict, ViewParams, assemble},
     },
     membership::{Node, NodeSet},

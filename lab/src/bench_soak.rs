@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use crate::bench_round::{self, Lab, serve_peers, usage};
+use crate::{
+    bench_round::{self, Lab, serve_peers},
+    usage::usage,
+};
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Options {

@@ -95,7 +95,7 @@ impl EchoPeers {
     pub(crate) fn cpu(&self) -> Duration {
         match self.counts.tid.load(Ordering::Relaxed) {
             0 => Duration::ZERO,
-            tid => crate::bench_round::stat_cpu(&format!("/proc/self/task/{tid}/stat"))
+            tid => crate::usage::stat_cpu(&format!("/proc/self/task/{tid}/stat"))
                 .map_or(Duration::ZERO, |(u, s)| u + s),
         }
     }

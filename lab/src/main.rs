@@ -29,6 +29,7 @@ mod napi;
 mod sim_nodes;
 mod since_ready;
 mod stop;
+mod usage;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -113,7 +113,7 @@ pub(crate) fn thread_cpu(dev: &str) -> std::time::Duration {
             let comm = fs::read_to_string(entry.path().join("comm")).ok()?;
             comm.starts_with(&prefix).then_some(pid)
         })
-        .filter_map(|pid| crate::bench_round::cpu_times(pid).ok())
+        .filter_map(|pid| crate::usage::cpu_times(pid).ok())
         .map(|(user, system)| user + system)
         .sum()
 }

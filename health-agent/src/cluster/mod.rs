@@ -2,6 +2,7 @@
 //! Imported only by `api`, `daemon` and the CLI; imports `probe` and `membership`.
 
 pub mod assigned;
+pub mod cadence;
 pub mod contradiction;
 pub mod matrix;
 pub mod published_view;

@@ -68,7 +68,7 @@ mod wire;
 
 use std::fmt;
 
-use super::summary_writes::STALE_ROUNDS;
+use super::cadence::STALE_ROUNDS;
 use crate::encryption::EncState;
 use crate::membership::record::MAX_NAME_LEN;
 use crate::probe::{

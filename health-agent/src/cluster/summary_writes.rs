@@ -10,14 +10,8 @@
 
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 
+use super::cadence::HEARTBEAT_ROUNDS;
 use super::summary::Summary;
-
-/// An unchanged summary is written again after this many ticks.
-pub const HEARTBEAT_ROUNDS: u64 = 5;
-
-/// Summaries older than this many ticks are left out of the view: two rounds past a heartbeat, so an observer
-/// whose observations did not change is never taken for one that stopped.
-pub const STALE_ROUNDS: u32 = HEARTBEAT_ROUNDS as u32 + 2;
 
 /// Why a summary is written, or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +93,10 @@ pub fn verdicts_digest(summary: &Summary) -> u64 {
 mod tests {
     use super::*;
     use crate::{
-        cluster::summary::{PathSample, PeerSummary},
+        cluster::{
+            cadence::STALE_ROUNDS,
+            summary::{PathSample, PeerSummary},
+        },
         probe::path::ProbeResult,
     };
 

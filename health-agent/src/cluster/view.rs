@@ -1144,7 +1144,7 @@ mod tests {
         };
         let view = assemble(&c.nodes, &slow, &params(60_000));
         assert_eq!((view.reports, view.ignored), (N, 0));
-        let later = 500 + u64::from(crate::cluster::summary_writes::STALE_ROUNDS) * 60_000 + 1;
+        let later = 500 + u64::from(crate::cluster::cadence::STALE_ROUNDS) * 60_000 + 1;
         let view = assemble(&c.nodes, &slow, &params(later));
         assert_eq!((view.reports, view.ignored), (0, N));
     }

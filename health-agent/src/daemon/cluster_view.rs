@@ -49,7 +49,7 @@ use crate::{
     util::errors::chain,
 };
 
-pub use crate::cluster::summary_writes::{HEARTBEAT_ROUNDS, STALE_ROUNDS};
+pub use crate::cluster::cadence::{HEARTBEAT_ROUNDS, STALE_ROUNDS};
 
 /// The election lease's TTL: a leader killed without a word loses the
 /// role this long after its last keepalive.

@@ -7,8 +7,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::path::Outcome;
-
 /// The most flows per path.
 pub const MAX_FLOWS: u16 = 64;
 
@@ -305,6 +303,16 @@ pub struct FlowSamples {
 }
 
 impl FlowSamples {
+    /// The samples of a round's requests, laid out as `spread` says: each
+    /// request's RTT, or `None` when it was lost.
+    #[must_use]
+    pub fn new(spread: Spread, rtts: impl Iterator<Item = Option<std::time::Duration>>) -> Self {
+        let rtt_ns = rtts
+            .map(|rtt| rtt.map_or(LOST, |d| u64::try_from(d.as_nanos()).unwrap_or(LOST - 1)))
+            .collect();
+        Self { spread, rtt_ns }
+    }
+
     /// Target `t`'s flows that answered, a bit each.
     #[must_use]
     pub fn answered(&self, t: usize) -> u64 {
@@ -329,34 +337,6 @@ impl FlowSamples {
             .filter(move |&f| f != picked)
             .map(move |f| Some(self.rtt_ns[self.spread.request(f, t)]).filter(|&r| r != LOST))
     }
-}
-
-/// Each target's outcome from its flows' (`outcomes`, laid out as
-/// `spread` says): the first flow that answered, else flow 0's failure;
-/// with more than one flow, every flow's result too.
-#[must_use]
-pub fn fold(spread: Spread, mut outcomes: Vec<Outcome>) -> (Vec<Outcome>, Option<FlowSamples>) {
-    if spread.flows <= 1 {
-        return (outcomes, None);
-    }
-    let rtt_ns: Vec<u64> = outcomes
-        .iter()
-        .map(|o| match o {
-            Outcome::Ok { rtt, .. } => u64::try_from(rtt.as_nanos()).unwrap_or(LOST - 1),
-            Outcome::Failed(_) => LOST,
-        })
-        .collect();
-    let samples = FlowSamples { spread, rtt_ns };
-    let folded = (0..spread.n)
-        .map(|t| {
-            let i = spread.request(samples.picked(t), t);
-            std::mem::replace(
-                &mut outcomes[i],
-                Outcome::Failed(super::error::ProbeError::ReceiverStopped),
-            )
-        })
-        .collect();
-    (folded, Some(samples))
 }
 
 #[cfg(test)]
@@ -437,32 +417,6 @@ mod tests {
         let results: Vec<bool> = (0..12).map(|i| i != 7 && i != 1).collect();
         assert_eq!(s.answered(1, &results, |&ok| ok), 0b1010);
         assert_eq!(s.answered(0, &results, |&ok| ok), 0b1111);
-    }
-
-    #[test]
-    fn a_target_stands_for_the_first_flow_that_answered() {
-        use std::time::Duration;
-        let ok = |us| Outcome::Ok {
-            rtt: Duration::from_micros(us),
-            warning: None,
-            source: super::super::path::RttSource::Userspace,
-        };
-        let lost = || Outcome::Failed(super::super::error::ProbeError::ReceiverStopped);
-        // Two targets, three flows: target 0 loses flow 0, target 1 all.
-        let outcomes = vec![lost(), lost(), ok(5), lost(), ok(7), lost()];
-        let (folded, samples) = fold(Spread { n: 2, flows: 3 }, outcomes);
-        let samples = samples.expect("flows");
-        assert_eq!(folded[0], ok(5));
-        assert!(matches!(folded[1], Outcome::Failed(_)));
-        assert_eq!((samples.answered(0), samples.answered(1)), (0b110, 0));
-        assert_eq!(
-            samples.others(0).collect::<Vec<_>>(),
-            vec![None, Some(7_000)],
-            "flow 0 lost, flow 2 answered"
-        );
-        assert_eq!(samples.others(1).count(), 2);
-        let (one, none) = fold(Spread { n: 2, flows: 1 }, vec![ok(1), lost()]);
-        assert!(none.is_none() && one.len() == 2);
     }
 
     #[test]

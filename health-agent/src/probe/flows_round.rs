@@ -2,8 +2,44 @@
 //! (which names the failing ones) and every flow's probe in the path's
 //! loss and percentiles.
 
-use super::{Prober, flows::FlowSamples, path::ProbeResult, published::CHUNK};
+use super::{
+    Prober,
+    error::ProbeError,
+    flows::{FlowSamples, Spread},
+    path::{Outcome, ProbeResult},
+    published::CHUNK,
+};
 use crate::membership::NodeSet;
+
+/// Each target's outcome from its flows' (`outcomes`, laid out as
+/// `spread` says): the first flow that answered, else flow 0's failure;
+/// with more than one flow, every flow's result too.
+#[must_use]
+pub(super) fn fold(
+    spread: Spread,
+    mut outcomes: Vec<Outcome>,
+) -> (Vec<Outcome>, Option<FlowSamples>) {
+    if spread.flows <= 1 {
+        return (outcomes, None);
+    }
+    let samples = FlowSamples::new(
+        spread,
+        outcomes.iter().map(|o| match o {
+            Outcome::Ok { rtt, .. } => Some(*rtt),
+            Outcome::Failed(_) => None,
+        }),
+    );
+    let folded = (0..spread.n)
+        .map(|t| {
+            let i = spread.request(samples.picked(t), t);
+            std::mem::replace(
+                &mut outcomes[i],
+                Outcome::Failed(ProbeError::ReceiverStopped),
+            )
+        })
+        .collect();
+    (folded, Some(samples))
+}
 
 impl Prober {
     /// Records the flows of the round's ICMP and HTTP probes (`samples`,
@@ -73,9 +109,8 @@ mod tests {
     use super::*;
     use crate::probe::{
         ProbeConfig,
-        error::ProbeError,
-        flows::{FlowPlan, Spread, fold},
-        path::{Outcome, RttSource, Thresholds},
+        flows::FlowPlan,
+        path::{RttSource, Thresholds},
         targets::targets,
     };
 
@@ -126,5 +161,30 @@ mod tests {
                 assert_eq!(failing, want, "target {i}, kind {kind}");
             }
         }
+    }
+
+    #[test]
+    fn a_target_stands_for_the_first_flow_that_answered() {
+        let ok = |us| Outcome::Ok {
+            rtt: Duration::from_micros(us),
+            warning: None,
+            source: RttSource::Userspace,
+        };
+        let lost = || Outcome::Failed(ProbeError::ReceiverStopped);
+        // Two targets, three flows: target 0 loses flow 0, target 1 all.
+        let outcomes = vec![lost(), lost(), ok(5), lost(), ok(7), lost()];
+        let (folded, samples) = fold(Spread { n: 2, flows: 3 }, outcomes);
+        let samples = samples.expect("flows");
+        assert_eq!(folded[0], ok(5));
+        assert!(matches!(folded[1], Outcome::Failed(_)));
+        assert_eq!((samples.answered(0), samples.answered(1)), (0b110, 0));
+        assert_eq!(
+            samples.others(0).collect::<Vec<_>>(),
+            vec![None, Some(7_000)],
+            "flow 0 lost, flow 2 answered"
+        );
+        assert_eq!(samples.others(1).count(), 2);
+        let (one, none) = fold(Spread { n: 2, flows: 1 }, vec![ok(1), lost()]);
+        assert!(none.is_none() && one.len() == 2);
     }
 }

@@ -19,6 +19,7 @@ use super::{
     error::ProbeError,
     family::{self, Family, Shown},
     flows::{self, Spread},
+    flows_round,
     history::{History, HistoryStats, HistoryStrips, NodeHistory, NodeRing, RoundRow},
     http_round,
     icmp::IcmpProber,
@@ -514,8 +515,8 @@ impl Prober {
             })
         );
         let (icmp, icmp_mtu) = icmp;
-        let (icmp, icmp_flows) = flows::fold(spread, icmp);
-        let (http, http_flows) = flows::fold(spread, http);
+        let (icmp, icmp_flows) = flows_round::fold(spread, icmp);
+        let (http, http_flows) = flows_round::fold(spread, http);
         // Kernel RTTs replace user-space ones before the paths are locked:
         // the map is read (in one batched walk) before, not under the
         // lock.

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use health_agent::sys::netns::Netns;
 use health_tests::process;
 
-use super::topology::peer_ips;
+use super::peers::peer_ips;
 
 /// Wall time of `fping -i0 -q -t 1000 -r 0` over every node and health IP.
 pub(super) fn fping(from: &Netns, n: usize) -> anyhow::Result<Duration> {

@@ -21,9 +21,9 @@
 
 mod clients;
 mod fping;
+mod peers;
 mod render;
 mod topology;
-mod usage;
 mod verdict;
 
 use std::{
@@ -40,16 +40,20 @@ use health_agent::{api::client::Client, probe::status::ClusterStatus};
 use self::{
     clients::{Percentiles, joined, status_clients},
     fping::fping,
+    peers::{MAX_PEERS, live_paths, peer_name},
     render::render,
     topology::ROUTER_UPLINK,
-    usage::Rss,
-    verdict::{correctness, live_paths, peer_name, print_live_failures},
+    verdict::{correctness, print_live_failures},
 };
 pub(crate) use self::{
+    peers::PROBES_A_PEER,
     topology::{Lab, serve_peers},
-    usage::{cpu_times, stat_cpu, usage},
 };
-use crate::{echo_peers::EchoPeers, since_ready::SinceReady};
+use crate::{
+    echo_peers::EchoPeers,
+    since_ready::SinceReady,
+    usage::{Rss, cpu_times, usage},
+};
 
 #[derive(Clone, Copy)]
 pub(crate) struct Options {
@@ -62,14 +66,6 @@ pub(crate) struct Options {
     /// [`crate::echo_peers`]), not in the agent's context.
     pub(crate) network_thread: bool,
 }
-
-/// Probes a peer takes a round: ICMP and HTTP to its node and health
-/// addresses.
-pub(crate) const PROBES_A_PEER: u32 = 4;
-
-/// The most peers: the node IPs' and the health IPs' /17s hold 32,768
-/// each.
-pub(crate) const MAX_PEERS: usize = 32_000;
 
 /// Per-round figures.
 struct Round {

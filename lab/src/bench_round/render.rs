@@ -3,8 +3,9 @@
 use std::{fmt::Write as _, time::Duration};
 
 use super::{
-    Measured, Options, PROBES_A_PEER, Round,
+    Measured, Options, Round,
     clients::{Percentiles, ms},
+    peers::PROBES_A_PEER,
     steady_cpu_per_peer, steady_rounds,
     topology::ROUTER_UPLINK,
 };

@@ -11,6 +11,10 @@ use std::{
     time::Duration,
 };
 
+use super::{
+    Options,
+    peers::{answering, peer_ips, peer_name},
+};
 use anyhow::Context as _;
 use health_agent::{
     datapath::remove_pins,
@@ -21,9 +25,6 @@ use health_tests::{
     names,
     topology::TwoNodes,
 };
-use ipnet::Ipv4Net;
-
-use super::{Options, verdict::peer_name};
 
 /// The router's end of the agent node's uplink.
 pub(super) const ROUTER_UPLINK: &str = "r-agent";
@@ -60,35 +61,6 @@ impl Drop for Lab {
         let _ = remove_pins(&self.pins);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// The `k`-th peer's node and health IPs.
-pub(super) fn peer_ips(k: usize) -> (Ipv4Addr, Ipv4Addr) {
-    let k = u32::try_from(k).unwrap_or(u32::MAX);
-    (
-        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + k),
-        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + k),
-    )
-}
-
-/// The answering peers' node and health IPs as the fewest prefixes: the
-/// peers namespace makes them local by route (a real peer holds its own
-/// address, not thousands: held as interface addresses, each answer's
-/// source check walked one hash chain of thousands of them).
-fn answering(n: usize, pct: u32) -> Vec<Ipv4Net> {
-    let hosts: Vec<Ipv4Net> = (0..n)
-        .filter(|k| !silent(*k, pct))
-        .flat_map(|k| {
-            let (node, health) = peer_ips(k);
-            [node, health].map(Ipv4Net::from)
-        })
-        .collect();
-    Ipv4Net::aggregate(&hosts)
-}
-
-/// Whether the `k`-th peer is silent: `pct` percent of them, spread out.
-pub(super) const fn silent(k: usize, pct: u32) -> bool {
-    (k % 100) < pct as usize
 }
 
 impl Lab {
@@ -293,23 +265,4 @@ pub(super) fn counter(ns: &Netns, file: &str, prefix: &str, name: &str) -> Optio
         .zip(values.split_whitespace())
         .find(|(n, _)| *n == name)
         .and_then(|(_, v)| v.parse().ok())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn local_prefixes_cover_the_answering_peers_and_no_silent_one() {
-        let nets = answering(1_000, 50);
-        let held = |ip: Ipv4Addr| nets.iter().any(|n| n.contains(&ip));
-        for k in 0..1_100 {
-            let (node, health) = peer_ips(k);
-            let answers = k < 1_000 && !silent(k, 50);
-            assert_eq!((held(node), held(health)), (answers, answers), "peer {k}");
-        }
-        // Runs of 50 addresses: a few prefixes each, not one per address
-        // (1,000 addresses held).
-        assert!(nets.len() <= 100, "{} prefixes", nets.len());
-    }
 }

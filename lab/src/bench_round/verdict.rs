@@ -7,21 +7,9 @@ use health_agent::{
 };
 
 use super::{
-    PROBES_A_PEER,
-    topology::{counter, listen_overflows, silent},
+    peers::{peer_index, silent},
+    topology::{counter, listen_overflows},
 };
-
-/// The `k`-th peer's name.
-pub(super) fn peer_name(k: usize) -> String {
-    format!("peer-{k:05}")
-}
-
-/// The index `k` of the node `peer-k` (`usize::MAX` for any other name).
-fn peer_index(name: &str) -> usize {
-    name.trim_start_matches("peer-")
-        .parse()
-        .unwrap_or(usize::MAX)
-}
 
 /// Why live paths failed: (path, error) with counts, most frequent first.
 fn live_failures(status: &ClusterStatus, pct: u32) -> Vec<(String, usize)> {
@@ -63,11 +51,6 @@ pub(super) fn print_live_failures(status: &ClusterStatus, pct: u32, peers: &Netn
     if let Some(errors) = counter(peers, "/proc/thread-self/net/snmp", "Icmp:", "OutErrors") {
         println!("the peers' ICMP: {errors} replies not sent");
     }
-}
-
-/// The paths of the answering ones among `peers` peers, `pct` % silent.
-pub(super) fn live_paths(peers: usize, pct: u32) -> usize {
-    PROBES_A_PEER as usize * (0..peers).filter(|k| !silent(*k, pct)).count()
 }
 
 /// Live paths that are OK, and silent paths that are (wrongly) OK.

@@ -25,8 +25,8 @@ use axum::{
 };
 use health_agent::{
     cluster::{
+        cadence::STALE_ROUNDS,
         matrix::ClusterMatrix,
-        summary_writes::STALE_ROUNDS,
         view::{ClusterView, NodeView, Verdict, VerdictCounts},
     },
     encryption::{EncState, PathEncryption},

@@ -60,8 +60,8 @@ pub(crate) fn stat_cpu(path: &str) -> anyhow::Result<(Duration, Duration)> {
 )]
 pub(crate) struct Rss {
     pub(crate) now_kib: u64,
-    pub(super) peak_kib: u64,
+    pub(crate) peak_kib: u64,
     /// Of `now_kib`, pages of files (the binary's code and the libraries):
     /// the rest is the heap, the stacks and the maps' memory.
-    pub(super) file_kib: u64,
+    pub(crate) file_kib: u64,
 }
