@@ -4,6 +4,15 @@
 //! started in [`super::order`]'s order as the echo replies come. Results
 //! are kept per node (four paths per family probed, up to eight) and the
 //! published status is serialised once per change.
+//!
+//! Here the round itself; the node set in [`node_set`], the recording of a
+//! round's outcomes in [`record`], the published status in
+//! [`published_status`] and the histories' views in [`history_view`].
+
+mod history_view;
+mod node_set;
+mod published_status;
+mod record;
 
 use std::{
     collections::HashMap,
@@ -17,28 +26,21 @@ use bytes::Bytes;
 use super::{
     config::ProbeConfig,
     error::ProbeError,
-    family::{self, Family, Shown},
     flows::{self, Spread},
     flows_round,
-    history::{History, HistoryStats, HistoryStrips, NodeHistory, NodeRing, RoundRow},
+    history::History,
     http_round,
     icmp::IcmpProber,
     icmp_round::MtuTargets,
-    kernel_rtt::{prune_kernel_rtt, with_kernel_rtt},
+    kernel_rtt::with_kernel_rtt,
     order::{self, Echoes, Failed, Suspects},
-    path::{Outcome, ProbeResult},
-    path_record::ErrorTexts,
-    published::{CHUNK, Published, serialised},
-    status::{ClusterStatus, NodeStatus, RoundInfo, StatusSummary},
-    targets::{NodePaths, node_status, target_count, targets, warn_unprobed},
+    path::Outcome,
+    published::Published,
+    status::{ClusterStatus, RoundInfo, StatusSummary},
+    targets::{NodePaths, targets},
     trace::Tracing,
 };
-use crate::{
-    datapath::rtt::KernelRtt,
-    encryption::EncryptionView,
-    membership::{Node, NodeSet},
-    sys::socket_factory::SocketFactory,
-};
+use crate::{datapath::rtt::KernelRtt, membership::NodeSet, sys::socket_factory::SocketFactory};
 
 /// The sockets of the source namespace as it was when they were made
 /// (its inode): made again when the endpoint's namespace is recreated.
@@ -132,12 +134,6 @@ impl Prober {
         .with_status_published()
     }
 
-    /// `self` with its status (no node, no round yet) published.
-    fn with_status_published(self: Arc<Self>) -> Arc<Self> {
-        self.publish(None, true);
-        self
-    }
-
     #[must_use]
     pub const fn config(&self) -> &ProbeConfig {
         &self.cfg
@@ -195,218 +191,6 @@ impl Prober {
         }
         let round = old.status_summary().round.clone();
         self.publish(round, true);
-    }
-
-    fn published(&self) -> Published {
-        self.published
-            .read()
-            .map_or_else(|p| p.into_inner().clone(), |s| s.clone())
-    }
-
-    /// The status of the published round, made now from the paths (never
-    /// waits for a round): the published JSON
-    /// ([`Self::status_json_gzip`]) and counts ([`Self::status_summary`])
-    /// are kept, the structured status is not (at 10,000 nodes it is a
-    /// second copy of every path's state).
-    #[must_use]
-    pub fn status(&self) -> Arc<ClusterStatus> {
-        Arc::new(self.snapshot(self.status_summary().round.clone()))
-    }
-
-    /// The published round's status without its nodes.
-    #[must_use]
-    pub fn status_head(&self) -> ClusterStatus {
-        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
-        self.head(self.status_summary().round.clone(), encryption.as_deref())
-    }
-
-    /// The status of the node named `name` in the published round, made
-    /// now; `None`: no such node.
-    #[must_use]
-    pub fn node_status(&self, name: &str) -> Option<NodeStatus> {
-        let nodes = self.nodes();
-        let node = nodes.get(name)?;
-        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
-        self.node_statuses(std::slice::from_ref(node), encryption.as_deref())
-            .pop()
-    }
-
-    /// The published status's counts (made when it was published).
-    #[must_use]
-    pub fn status_summary(&self) -> Arc<StatusSummary> {
-        self.published().summary
-    }
-
-    /// The published status as JSON, for a client that does not take
-    /// gzip: decompressed from [`Self::status_json_gzip`] for each.
-    #[must_use]
-    pub fn status_json(&self) -> Bytes {
-        let gz = self.status_json_gzip();
-        let mut plain = Vec::with_capacity(gz.len() * 10);
-        // The bytes were compressed here: they decompress.
-        let _ = std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut plain);
-        Bytes::from(plain)
-    }
-
-    /// The published status as gzipped JSON, made once when it was
-    /// published: a 5,000-node status is 4.7 MB of JSON and about a tenth
-    /// of that gzipped.
-    #[must_use]
-    pub fn status_json_gzip(&self) -> Bytes {
-        self.published().gzip
-    }
-
-    #[must_use]
-    pub fn nodes(&self) -> NodeSet {
-        self.nodes.read().map(|n| n.clone()).unwrap_or_default()
-    }
-
-    /// Replaces the node set (the snapshot, shared): removed nodes' paths
-    /// are forgotten, new ones start Unknown, and the published status
-    /// shows the new set at once.
-    pub fn set_nodes(&self, nodes: NodeSet) {
-        // The node sync runs at least once a minute with the set unchanged:
-        // then there is nothing to redo (not a snapshot of the whole
-        // status, which at 5,000 nodes is megabytes, in the middle of a
-        // round).
-        if self.nodes.read().is_ok_and(|n| *n == nodes) {
-            return;
-        }
-        let mut left = false;
-        if let Ok(mut paths) = self.paths.lock() {
-            let before = paths.len();
-            // A node that lost a family's addresses (or kept them where
-            // this agent does not probe) forgets that family's paths.
-            paths.retain(|name, p| match nodes.get(name) {
-                Some(n) => {
-                    let mask = Shown::of(n, self.cfg.families)
-                        .probed()
-                        .fold(0u8, |m, f| m | 1 << f.index());
-                    p.history.retain_families(mask);
-                    for f in Family::ALL {
-                        if mask & (1 << f.index()) == 0 {
-                            p.forget(f);
-                        }
-                    }
-                    true
-                }
-                None => false,
-            });
-            left = paths.len() < before;
-            // Set while the paths are locked: a round recording its
-            // results a chunk of nodes at a time reads the set under the
-            // same lock, so it never brings back a node just removed.
-            if let Ok(mut n) = self.nodes.write() {
-                *n = nodes.clone();
-            }
-        }
-        warn_unprobed(&nodes, self.cfg.families);
-        // The round's sockets get their descriptor slots now, before the
-        // round, not by the table's doubling under its load.
-        http_round::reserve_descriptors(&self.cfg, target_count(&nodes, self.cfg.families));
-        if left && let Some(dir) = self.cfg.kernel_rtt.clone() {
-            prune_kernel_rtt(dir, &nodes);
-        }
-        if let Ok(mut n) = self.nodes.write() {
-            *n = nodes;
-        }
-        // The last round's flags number the old set: not kept alive.
-        if let Ok(mut last) = self.failed.lock() {
-            *last = None;
-        }
-        let round = self.status_summary().round.clone();
-        self.publish(round, true);
-    }
-
-    /// The status of the round `round` as the paths are now.
-    fn snapshot(&self, round: Option<RoundInfo>) -> ClusterStatus {
-        let nodes = self.nodes();
-        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
-        let mut status = self.head(round, encryption.as_deref());
-        status.nodes = Vec::with_capacity(nodes.len());
-        for chunk in nodes.chunks(CHUNK) {
-            status
-                .nodes
-                .extend(self.node_statuses(chunk, encryption.as_deref()));
-        }
-        status
-    }
-
-    /// A status of `round` without its nodes.
-    pub(super) fn head(
-        &self,
-        round: Option<RoundInfo>,
-        encryption: Option<&EncryptionView>,
-    ) -> ClusterStatus {
-        ClusterStatus {
-            local_node: self.cfg.local_node.clone(),
-            probe_interval_ms: ms(self.cfg.interval),
-            probe_timeout_ms: ms(self.cfg.timeout),
-            round,
-            encryption: encryption.map(|v| super::status::EncryptionSummary {
-                device: v.device.clone(),
-                error: v.error.clone(),
-                paths: v
-                    .counts()
-                    .into_iter()
-                    .map(|(s, n)| (s.name().to_owned(), n))
-                    .collect(),
-            }),
-            nodes: Vec::new(),
-        }
-    }
-
-    /// The status of each of `nodes` as the paths are now (one lock of
-    /// the paths for all of them).
-    pub(super) fn node_statuses(
-        &self,
-        nodes: &[Node],
-        encryption: Option<&EncryptionView>,
-    ) -> Vec<NodeStatus> {
-        let paths = self.paths.lock();
-        let unknown = NodePaths::default();
-        nodes
-            .iter()
-            .map(|n| {
-                let p = paths
-                    .as_ref()
-                    .ok()
-                    .and_then(|p| p.get(n.name.as_str()))
-                    .unwrap_or(&unknown);
-                let mut s = node_status(n, p, Shown::of(n, self.cfg.families));
-                if let Some(view) = encryption {
-                    for c in s.connectivities_mut() {
-                        c.encryption = view.paths.get(&c.ip).cloned().map(Box::new);
-                    }
-                }
-                s
-            })
-            .collect()
-    }
-
-    /// Publishes the paths as they are now, as round `round`, unless a
-    /// round that started later is already published (`force`: a
-    /// node-set change, which keeps the round info).
-    fn publish(&self, round: Option<RoundInfo>, force: bool) {
-        let newer = {
-            let Ok(published) = self.published.read() else {
-                return;
-            };
-            match (&round, &published.summary.round) {
-                (Some(new), Some(old)) => new.seq >= old.seq,
-                (Some(_), None) => true,
-                (None, _) => force,
-            }
-        };
-        if newer || force {
-            // Serialised outside the lock: readers keep the old one meanwhile.
-            let nodes = self.nodes();
-            let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
-            let made = serialised(self, &nodes, round, encryption.as_deref());
-            if let Ok(mut published) = self.published.write() {
-                *published = made;
-            }
-        }
     }
 
     /// The ICMP engine and the socket factory for the source namespace as
@@ -596,196 +380,6 @@ impl Prober {
         .await;
     }
 
-    /// Runs `record` (a round's results, MTU probes and flows recorded)
-    /// holding `recording`: no reader of every node's history, and no
-    /// reload, sees the round half recorded.
-    fn while_recording<T>(&self, record: impl FnOnce() -> T) -> T {
-        let _whole_round = self.recording.lock();
-        record()
-    }
-
-    /// Records a round's outcomes (ICMP and HTTP to the address `keys[i]`
-    /// names, see [`super::targets::Targets`]) in every path's state and
-    /// history; returns the probes recorded. The paths are locked for
-    /// [`CHUNK`] nodes at a time, not for the whole round (tens of
-    /// milliseconds at 10,000 nodes): a reader of one node's status waits
-    /// for a chunk at most. Meanwhile the round is begun in the history,
-    /// so a node not recorded yet shows it as not probed: the round runs
-    /// this in [`Self::while_recording`].
-    pub(crate) fn record(
-        &self,
-        nodes: &NodeSet,
-        keys: &[(u32, u8)],
-        outcomes: impl IntoIterator<Item = (Outcome, Outcome)>,
-        seq: u64,
-        started_ms: u64,
-        at: u64,
-    ) -> usize {
-        let mut probes = 0;
-        let mut texts = ErrorTexts::default();
-        let clock = super::quality::clock_ms();
-        let mut failed = vec![Failed::default(); keys.len()].into_boxed_slice();
-        if let Ok(mut history) = self.history.lock() {
-            history.begin_round(seq, started_ms, at);
-        }
-        let mut outcomes = outcomes.into_iter().peekable();
-        let mut next = 0;
-        // A node's addresses are consecutive in `keys`: its paths are
-        // looked up once for all of them.
-        let mut groups = keys.chunk_by(|a, b| a.0 == b.0).peekable();
-        while groups.peek().is_some() && outcomes.peek().is_some() {
-            let (Ok(mut paths), Ok(mut history), Ok(mut tracing)) =
-                (self.paths.lock(), self.history.lock(), self.tracing.lock())
-            else {
-                break;
-            };
-            // Read under the paths' lock, which a change of the node set
-            // holds: a node removed during the round is not brought back.
-            let current = self.nodes();
-            for group in groups.by_ref().take(CHUNK) {
-                if outcomes.peek().is_none() {
-                    break;
-                }
-                let node = &nodes[group[0].0 as usize];
-                let first = next;
-                next += group.len();
-                let outcomes = outcomes.by_ref().take(group.len());
-                if !current.contains(&node.name) {
-                    outcomes.for_each(drop);
-                    continue;
-                }
-                let entry = match paths.get_mut(node.name.as_str()) {
-                    Some(e) => e,
-                    None => paths.entry(node.name.as_str().into()).or_default(),
-                };
-                let mut row = RoundRow::default();
-                for (target, (&(_, address), (icmp, http))) in
-                    (first..).zip(group.iter().zip(outcomes))
-                {
-                    let icmp_slot = 2 * usize::from(address);
-                    for (slot, outcome) in [(icmp_slot, icmp), (icmp_slot + 1, http)] {
-                        row.set(slot, history.encode(&outcome));
-                        let rtt_ns = match &outcome {
-                            Outcome::Ok { rtt, .. } => {
-                                Some(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX))
-                            }
-                            Outcome::Failed(_) => None,
-                        };
-                        let q = entry.quality_mut(slot);
-                        q.record(clock, rtt_ns);
-                        let lossy = q.is_degraded(clock, self.cfg.degraded_loss);
-                        let state = entry.state_mut(slot);
-                        state.record(outcome, self.cfg.thresholds, at, &mut texts);
-                        state.degraded = lossy && state.result == ProbeResult::Success;
-                        if let Some(f) = failed.get_mut(target) {
-                            let failing = state.consecutive_failures > 0;
-                            if slot == icmp_slot {
-                                f.icmp = failing;
-                            } else {
-                                f.http = failing;
-                            }
-                        }
-                        if slot == icmp_slot {
-                            tracing.note(state, &node.name, slot, target, at);
-                        }
-                    }
-                    probes += 2;
-                }
-                entry.history.record(&history, seq, &row);
-            }
-        }
-        if let Ok(mut last) = self.failed.lock() {
-            *last = Some((nodes.clone(), failed));
-        }
-        probes
-    }
-
-    /// `name`'s paths (four per family probed) over the history's window;
-    /// `None` when it is not in the node set.
-    #[must_use]
-    pub fn node_history(&self, name: &str) -> Option<NodeHistory> {
-        let nodes = self.nodes();
-        let node = nodes.get(name)?;
-        let paths = self.paths.lock().ok()?;
-        let history = self.history.lock().ok()?;
-        let empty = NodeRing::default();
-        let ring = paths.get(name).map_or(&empty, |p| &p.history);
-        let families: Vec<(Family, [IpAddr; 2])> = Shown::of(node, self.cfg.families)
-            .shown()
-            .map(|f| {
-                let (ip, health) =
-                    family::addresses(node, f).unwrap_or((f.unspecified(), f.unspecified()));
-                (f, [ip, health])
-            })
-            .collect();
-        Some(history.node(name, &families, ring))
-    }
-
-    /// Every node's paths over the history's window, one character a
-    /// round, in the node set's order.
-    #[must_use]
-    pub fn history_strips(&self) -> HistoryStrips {
-        let nodes = self.nodes();
-        let _whole_rounds = self.recording.lock();
-        let Some((window, rounds)) = self.history.lock().ok().map(|h| (h.length(), h.rounds()))
-        else {
-            return HistoryStrips {
-                window: self.cfg.history_length,
-                rounds: Vec::new(),
-                nodes: Vec::new(),
-            };
-        };
-        let mut strips = Vec::with_capacity(nodes.len());
-        for chunk in nodes.chunks(CHUNK) {
-            let Ok(paths) = self.paths.lock() else { break };
-            strips.extend(chunk.iter().map(|n| {
-                History::strips(
-                    &n.name,
-                    &rounds,
-                    paths.get(n.name.as_str()).map(|p| &p.history),
-                    Shown::of(n, self.cfg.families),
-                )
-            }));
-        }
-        HistoryStrips {
-            window,
-            rounds,
-            nodes: strips,
-        }
-    }
-
-    /// Every node's loss ratio and RTT percentiles over the history's
-    /// window, per path, in the node set's order.
-    #[must_use]
-    pub fn history_stats(&self) -> HistoryStats {
-        let nodes = self.nodes();
-        let _whole_rounds = self.recording.lock();
-        let mut rtts = Vec::with_capacity(self.cfg.history_length);
-        let mut stats = Vec::with_capacity(nodes.len());
-        let mut window = self.cfg.history_length;
-        for chunk in nodes.chunks(CHUNK) {
-            let (Ok(paths), Ok(history)) = (self.paths.lock(), self.history.lock()) else {
-                return HistoryStats {
-                    window,
-                    nodes: Vec::new(),
-                };
-            };
-            window = history.length();
-            stats.extend(chunk.iter().map(|n| {
-                history.stats(
-                    &n.name,
-                    paths.get(n.name.as_str()).map(|p| &p.history),
-                    &mut rtts,
-                    Shown::of(n, self.cfg.families),
-                )
-            }));
-        }
-        HistoryStats {
-            window,
-            nodes: stats,
-        }
-    }
-
     /// The round's targets (indices, see [`super::targets::Targets`]) in
     /// the order the engines start their probes, those whose paths failed
     /// their last probe first (see [`order`]).
@@ -853,11 +447,14 @@ mod tests {
         membership::Node,
         probe::{
             family::{
-                EP_HTTP, EP_ICMP, Families, HOST_HTTP, HOST_ICMP, MAX_PATHS, PER_FAMILY, path_index,
+                EP_HTTP, EP_ICMP, Families, Family, HOST_HTTP, HOST_ICMP, MAX_PATHS, PER_FAMILY,
+                path_index,
             },
             history,
             path::{ProbeResult, RttSource, Thresholds},
             path_record::PathRecord,
+            published::CHUNK,
+            targets::target_count,
         },
     };
 

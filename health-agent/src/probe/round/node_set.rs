@@ -1,0 +1,77 @@
+//! The nodes probed: a new set keeps the paths of the nodes still in it
+//! (less the families they lost), forgets the others' and is published
+//! at once.
+
+use super::Prober;
+use crate::membership::NodeSet;
+use crate::probe::{
+    family::{Family, Shown},
+    http_round,
+    kernel_rtt::prune_kernel_rtt,
+    targets::{target_count, warn_unprobed},
+};
+
+impl Prober {
+    /// The nodes probed (the snapshot, shared).
+    #[must_use]
+    pub fn nodes(&self) -> NodeSet {
+        self.nodes.read().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    /// Replaces the node set (the snapshot, shared): removed nodes' paths
+    /// are forgotten, new ones start Unknown, and the published status
+    /// shows the new set at once.
+    pub fn set_nodes(&self, nodes: NodeSet) {
+        // The node sync runs at least once a minute with the set unchanged:
+        // then there is nothing to redo (not a snapshot of the whole
+        // status, which at 5,000 nodes is megabytes, in the middle of a
+        // round).
+        if self.nodes.read().is_ok_and(|n| *n == nodes) {
+            return;
+        }
+        let mut left = false;
+        if let Ok(mut paths) = self.paths.lock() {
+            let before = paths.len();
+            // A node that lost a family's addresses (or kept them where
+            // this agent does not probe) forgets that family's paths.
+            paths.retain(|name, p| match nodes.get(name) {
+                Some(n) => {
+                    let mask = Shown::of(n, self.cfg.families)
+                        .probed()
+                        .fold(0u8, |m, f| m | 1 << f.index());
+                    p.history.retain_families(mask);
+                    for f in Family::ALL {
+                        if mask & (1 << f.index()) == 0 {
+                            p.forget(f);
+                        }
+                    }
+                    true
+                }
+                None => false,
+            });
+            left = paths.len() < before;
+            // Set while the paths are locked: a round recording its
+            // results a chunk of nodes at a time reads the set under the
+            // same lock, so it never brings back a node just removed.
+            if let Ok(mut n) = self.nodes.write() {
+                *n = nodes.clone();
+            }
+        }
+        warn_unprobed(&nodes, self.cfg.families);
+        // The round's sockets get their descriptor slots now, before the
+        // round, not by the table's doubling under its load.
+        http_round::reserve_descriptors(&self.cfg, target_count(&nodes, self.cfg.families));
+        if left && let Some(dir) = self.cfg.kernel_rtt.clone() {
+            prune_kernel_rtt(dir, &nodes);
+        }
+        if let Ok(mut n) = self.nodes.write() {
+            *n = nodes;
+        }
+        // The last round's flags number the old set: not kept alive.
+        if let Ok(mut last) = self.failed.lock() {
+            *last = None;
+        }
+        let round = self.status_summary().round.clone();
+        self.publish(round, true);
+    }
+}

@@ -1,0 +1,175 @@
+//! The status as the API reads it: the head, each node's paths and the
+//! summary, made from the paths once a round (or a change of the node set)
+//! and published with its gzipped JSON, so that every question reads one
+//! snapshot.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{Prober, ms};
+use crate::probe::{
+    family::Shown,
+    published::{CHUNK, Published, serialised},
+    status::{ClusterStatus, NodeStatus, RoundInfo, StatusSummary},
+    targets::{NodePaths, node_status},
+};
+use crate::{encryption::EncryptionView, membership::Node};
+
+impl Prober {
+    /// `self` with its status (no node, no round yet) published.
+    pub(super) fn with_status_published(self: Arc<Self>) -> Arc<Self> {
+        self.publish(None, true);
+        self
+    }
+
+    fn published(&self) -> Published {
+        self.published
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |s| s.clone())
+    }
+
+    /// The status of the published round, made now from the paths (never
+    /// waits for a round): the published JSON
+    /// ([`Self::status_json_gzip`]) and counts ([`Self::status_summary`])
+    /// are kept, the structured status is not (at 10,000 nodes it is a
+    /// second copy of every path's state).
+    #[must_use]
+    pub fn status(&self) -> Arc<ClusterStatus> {
+        Arc::new(self.snapshot(self.status_summary().round.clone()))
+    }
+
+    /// The published round's status without its nodes.
+    #[must_use]
+    pub fn status_head(&self) -> ClusterStatus {
+        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
+        self.head(self.status_summary().round.clone(), encryption.as_deref())
+    }
+
+    /// The status of the node named `name` in the published round, made
+    /// now; `None`: no such node.
+    #[must_use]
+    pub fn node_status(&self, name: &str) -> Option<NodeStatus> {
+        let nodes = self.nodes();
+        let node = nodes.get(name)?;
+        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
+        self.node_statuses(std::slice::from_ref(node), encryption.as_deref())
+            .pop()
+    }
+
+    /// The published status's counts (made when it was published).
+    #[must_use]
+    pub fn status_summary(&self) -> Arc<StatusSummary> {
+        self.published().summary
+    }
+
+    /// The published status as JSON, for a client that does not take
+    /// gzip: decompressed from [`Self::status_json_gzip`] for each.
+    #[must_use]
+    pub fn status_json(&self) -> Bytes {
+        let gz = self.status_json_gzip();
+        let mut plain = Vec::with_capacity(gz.len() * 10);
+        // The bytes were compressed here: they decompress.
+        let _ = std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut plain);
+        Bytes::from(plain)
+    }
+
+    /// The published status as gzipped JSON, made once when it was
+    /// published: a 5,000-node status is 4.7 MB of JSON and about a tenth
+    /// of that gzipped.
+    #[must_use]
+    pub fn status_json_gzip(&self) -> Bytes {
+        self.published().gzip
+    }
+
+    /// The status of the round `round` as the paths are now.
+    pub(super) fn snapshot(&self, round: Option<RoundInfo>) -> ClusterStatus {
+        let nodes = self.nodes();
+        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
+        let mut status = self.head(round, encryption.as_deref());
+        status.nodes = Vec::with_capacity(nodes.len());
+        for chunk in nodes.chunks(CHUNK) {
+            status
+                .nodes
+                .extend(self.node_statuses(chunk, encryption.as_deref()));
+        }
+        status
+    }
+
+    /// A status of `round` without its nodes.
+    pub(in crate::probe) fn head(
+        &self,
+        round: Option<RoundInfo>,
+        encryption: Option<&EncryptionView>,
+    ) -> ClusterStatus {
+        ClusterStatus {
+            local_node: self.cfg.local_node.clone(),
+            probe_interval_ms: ms(self.cfg.interval),
+            probe_timeout_ms: ms(self.cfg.timeout),
+            round,
+            encryption: encryption.map(|v| crate::probe::status::EncryptionSummary {
+                device: v.device.clone(),
+                error: v.error.clone(),
+                paths: v
+                    .counts()
+                    .into_iter()
+                    .map(|(s, n)| (s.name().to_owned(), n))
+                    .collect(),
+            }),
+            nodes: Vec::new(),
+        }
+    }
+
+    /// The status of each of `nodes` as the paths are now (one lock of
+    /// the paths for all of them).
+    pub(in crate::probe) fn node_statuses(
+        &self,
+        nodes: &[Node],
+        encryption: Option<&EncryptionView>,
+    ) -> Vec<NodeStatus> {
+        let paths = self.paths.lock();
+        let unknown = NodePaths::default();
+        nodes
+            .iter()
+            .map(|n| {
+                let p = paths
+                    .as_ref()
+                    .ok()
+                    .and_then(|p| p.get(n.name.as_str()))
+                    .unwrap_or(&unknown);
+                let mut s = node_status(n, p, Shown::of(n, self.cfg.families));
+                if let Some(view) = encryption {
+                    for c in s.connectivities_mut() {
+                        c.encryption = view.paths.get(&c.ip).cloned().map(Box::new);
+                    }
+                }
+                s
+            })
+            .collect()
+    }
+
+    /// Publishes the paths as they are now, as round `round`, unless a
+    /// round that started later is already published (`force`: a
+    /// node-set change, which keeps the round info).
+    pub(super) fn publish(&self, round: Option<RoundInfo>, force: bool) {
+        let newer = {
+            let Ok(published) = self.published.read() else {
+                return;
+            };
+            match (&round, &published.summary.round) {
+                (Some(new), Some(old)) => new.seq >= old.seq,
+                (Some(_), None) => true,
+                (None, _) => force,
+            }
+        };
+        if newer || force {
+            // Serialised outside the lock: readers keep the old one meanwhile.
+            let nodes = self.nodes();
+            let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
+            let made = serialised(self, &nodes, round, encryption.as_deref());
+            if let Ok(mut published) = self.published.write() {
+                *published = made;
+            }
+        }
+    }
+}
