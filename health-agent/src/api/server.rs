@@ -188,7 +188,7 @@ pub async fn serve(
 }
 
 /// [`serve`], the small questions answered on the calling task's runtime
-/// and the rest on `bulk`'s ([`super::front`]).
+/// and the rest on `bulk`'s (`super::front`).
 pub async fn serve_in_lanes(
     listener: UnixListener,
     state: ApiState,

@@ -62,7 +62,7 @@ const fn mix64(mut z: u64) -> u64 {
 }
 
 /// The stable 64-bit hash of a node name: FNV-1a over its bytes, then
-/// [`mix64`]. Fixed forever: agents of different versions must agree.
+/// `mix64`. Fixed forever: agents of different versions must agree.
 #[must_use]
 pub fn name_hash(name: &str) -> u64 {
     mix64(fnv1a(name.as_bytes()))

@@ -528,7 +528,7 @@ fn node_source(
 const WANTED_FILES: u64 = 1 << 20;
 
 /// HTTP probes to thousands of peers hold a socket each: lifts the
-/// open-file limit to [`WANTED_FILES`] (at most `fs.nr_open`), raising the
+/// open-file limit to `WANTED_FILES` (at most `fs.nr_open`), raising the
 /// hard limit too when the agent may (`CAP_SYS_RESOURCE`), else the soft
 /// limit to the hard one; returns the limit in force.
 pub fn raise_fd_limit() -> u64 {

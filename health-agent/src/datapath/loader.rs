@@ -276,7 +276,7 @@ impl Datapath {
 }
 
 impl Drop for Datapath {
-    /// Detaches what this object attached (see [`Links::detach_all`]); the
+    /// Detaches what this object attached (see `Links::detach_all`); the
     /// programs and maps close with the object.
     fn drop(&mut self) {
         self.links.detach_all(&mut self.ebpf);

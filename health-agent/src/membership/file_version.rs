@@ -1,5 +1,5 @@
 //! A version of a watched file, known without keeping its content: what
-//! `stat` says of it ([`Stamp`]) and a hash of its text. The nodes-file
+//! `stat` says of it (`Stamp`) and a hash of its text. The nodes-file
 //! watcher polls twice a second; at 10,000 nodes the file is a megabyte,
 //! which it then neither reads nor holds while nothing changes.
 

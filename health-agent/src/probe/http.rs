@@ -1,5 +1,5 @@
 //! `GET /hello` on port 4240 with a minimal HTTP/1.1 exchange, in pieces
-//! the round's engine ([`super::http_round`]) drives: the connect, the
+//! the round's engine (`super::http_round`) drives: the connect, the
 //! request, the status line gathered from what comes, and kubelet's
 //! reading of it (2xx success, 3xx success with a warning, anything else a
 //! failure).

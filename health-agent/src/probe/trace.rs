@@ -3,7 +3,7 @@
 //! address from its own namespace ([`crate::sys::icmp_trace`]) and keeps
 //! the hops in the path's state: `status --verbose`, `GET /v1/status` and
 //! the page show them. Traces run beside the rounds, never inside one:
-//! at most [`PER_ROUND`] addresses a round, traced together from one
+//! at most `PER_ROUND` addresses a round, traced together from one
 //! socket on one blocking thread, one batch at a time, so an outage of
 //! many nodes costs a bounded trickle of probes and no more threads.
 

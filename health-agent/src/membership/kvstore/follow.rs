@@ -15,7 +15,7 @@ use super::{
 
 impl KvStore {
     /// Reads every key under `prefix`, at one revision, in pages of
-    /// [`LIST_PAGE`] keys: a prefix holding more than gRPC's 4 MiB receive
+    /// `LIST_PAGE` keys: a prefix holding more than gRPC's 4 MiB receive
     /// limit is read whole.
     pub async fn list(&self, prefix: impl Into<Vec<u8>>) -> Result<(i64, Vec<Entry>), KvError> {
         let prefix = prefix.into();
