@@ -1,4 +1,5 @@
-//! `cargo xtask lint`: formatting and clippy on both sides of the workspace.
+//! `cargo xtask lint`: formatting and clippy on both sides of the workspace,
+//! and the host side's docs (a broken or private link is an error).
 
 use std::{path::Path, process::Command};
 
@@ -18,6 +19,15 @@ pub(crate) fn run(root: &Path, pin: &EbpfPin) -> anyhow::Result<()> {
             "-D",
             "warnings",
         ],
+    )?;
+    // The docs of every host crate, their intra-doc links resolved: a
+    // link to nothing, to an item the reader cannot see, or to two items
+    // at once fails here.
+    cmd::run(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(root)
+            .args(["doc", "--workspace", "--no-deps", "--quiet"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     // The kernel programs, linted as what they are: bpf-target code built
     // with the pinned nightly (the host build of health-ebpf is empty).

@@ -51,7 +51,8 @@ enum Task {
         #[arg(long, value_name = "DIR")]
         out_dir: Option<PathBuf>,
     },
-    /// rustfmt check and `clippy -D warnings`, host side and eBPF side.
+    /// rustfmt check, `clippy -D warnings` (host side and eBPF side) and
+    /// the host crates' docs with their links resolved.
     Lint,
     /// setup, lint, then every test: host unit tests and the root-only
     /// namespace and BPF_PROG_TEST_RUN integration tests. With --kernel

@@ -11,12 +11,12 @@
 //! peer's addresses are held by nobody: the router forwards to the peers namespace, which does not
 //! forward and drops them without a word, as a host that is down.
 //!
-//! Reported ([`render`]): first and steady rounds' wall time (the first
+//! Reported ([`mod@render`]): first and steady rounds' wall time (the first
 //! also from the endpoint's readiness), the agent's CPU and RSS a round
 //! ([`usage`]), `GET /v1/status` latency under 8 concurrent clients through
 //! the second round ([`clients`]), correctness: every answering path OK,
 //! no silent path OK ([`verdict`]), and `fping -i0` over the same ICMP
-//! targets in the same run ([`fping`]). The namespaces, the peers' server
+//! targets in the same run ([`mod@fping`]). The namespaces, the peers' server
 //! and the agent are made in [`topology`].
 
 mod clients;
