@@ -46,7 +46,7 @@ use std::{
 
 use anyhow::{Context as _, ensure};
 
-use crate::sim_nodes::{mix64, node, rtt_us};
+use crate::sim_nodes::{MAX_NODES, NODE_IP_BASE, mix64, node, rtt_us};
 use health_agent::{
     cluster::{
         cadence::{HEARTBEAT_ROUNDS, STALE_ROUNDS},
@@ -183,7 +183,7 @@ fn ratio(a: usize, b: usize) -> f64 {
 
 /// A node's id from its node IP.
 fn id_of(n: &Node) -> u32 {
-    n.node_ip.map_or(0, u32::from).wrapping_sub(0x0a10_0000)
+    n.node_ip.map_or(0, u32::from).wrapping_sub(NODE_IP_BASE)
 }
 
 /// Every node's picks (indices into the set), on every CPU.
@@ -878,7 +878,11 @@ fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Result<Rounds>
 
 /// Runs the simulation; the report as text.
 pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
-    ensure!(opts.nodes >= 100, "--nodes: at least 100");
+    ensure!(
+        (100..=MAX_NODES).contains(&opts.nodes),
+        "--nodes {}: from 100 to {MAX_NODES} (the simulated nodes' addresses are in 198.18.0.0/15)",
+        opts.nodes
+    );
     ensure!(opts.peers >= 2, "--peers: at least 2");
     ensure!(
         opts.rounds > FAULT_ROUND,

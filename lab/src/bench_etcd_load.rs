@@ -94,7 +94,7 @@ use health_agent::{
 use health_tests::etcd::LocalEtcd;
 use tokio::time::Instant;
 
-use crate::sim_nodes::{node, rtt_us};
+use crate::sim_nodes::{MAX_NODES, node, rtt_us};
 use tokio_util::sync::CancellationToken;
 
 pub(crate) struct Options {
@@ -566,6 +566,11 @@ fn cpu_times(etcd: u32) -> Option<(Duration, Duration)> {
 
 pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
     ensure!(!opts.interval.is_zero(), "--interval must be more than 0");
+    ensure!(
+        opts.agents <= MAX_NODES,
+        "--agents {}: at most {MAX_NODES} (the simulated nodes' addresses are in 198.18.0.0/15)",
+        opts.agents
+    );
     let began = std::time::Instant::now();
     let etcd = LocalEtcd::start();
     progress(&format!(

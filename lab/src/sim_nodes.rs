@@ -13,7 +13,9 @@ pub(crate) const fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Node `id`'s name: as EC2 names them (10.16.0.0/12, one address each).
+/// Node `id`'s name, in EC2's form (`ip-` and a private address): a name
+/// only, of the length a real cluster's names have; the node's addresses
+/// are [`node`]'s.
 pub(crate) fn name(id: usize) -> String {
     format!(
         "ip-10-{}-{}-{}.eu-west-1.compute.internal",
@@ -23,13 +25,23 @@ pub(crate) fn name(id: usize) -> String {
     )
 }
 
-/// Node `id` in zone number `zone`.
+/// The most nodes: their node addresses fill 198.18.0.0/16, their health
+/// addresses 198.19.0.0/16.
+pub(crate) const MAX_NODES: usize = 65_536;
+
+/// The first node address (198.18.0.0): node `id`'s is `id` after it.
+pub(crate) const NODE_IP_BASE: u32 = 0xc612_0000;
+/// The first health address (198.19.0.0).
+const HEALTH_IP_BASE: u32 = 0xc613_0000;
+
+/// Node `id` (below [`MAX_NODES`]) in zone number `zone`. Its addresses
+/// are only ever values in this process, never on a wire.
 pub(crate) fn node(id: usize, zone: usize) -> Node {
-    let ip = u32::try_from(id).unwrap_or(u32::MAX);
+    let ip = u32::try_from(id.min(MAX_NODES - 1)).unwrap_or(0);
     Node {
         name: name(id),
-        node_ip: Some(Ipv4Addr::from(0x0a10_0000_u32.wrapping_add(ip))),
-        health_ip: Some(Ipv4Addr::from(0x6440_0000_u32.wrapping_add(ip))),
+        node_ip: Some(Ipv4Addr::from(NODE_IP_BASE + ip)),
+        health_ip: Some(Ipv4Addr::from(HEALTH_IP_BASE + ip)),
         node_ip6: None,
         health_ip6: None,
         zone: Some(format!("eu-west-1-rack-{zone:05}")),

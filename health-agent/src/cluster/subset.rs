@@ -358,8 +358,8 @@ mod tests {
                 (i >> 8) & 255,
                 i & 255
             ),
-            node_ip: Some(Ipv4Addr::from(0x0a00_0000 + ip)),
-            health_ip: Some(Ipv4Addr::from(0x6440_0000 + ip)),
+            node_ip: Some(Ipv4Addr::from(0xc612_0000 + ip)),
+            health_ip: Some(Ipv4Addr::from(0xc613_0000 + ip)),
             node_ip6: None,
             health_ip6: None,
             zone: zone_size.map(|z| format!("rack-{:04}", i / z)),

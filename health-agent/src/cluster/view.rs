@@ -733,10 +733,10 @@ mod tests {
                 .map(|i| Node {
                     name: format!("node-{i:03}"),
                     node_ip: Some(Ipv4Addr::from(
-                        0x0a00_0000 + u32::try_from(i).expect("small"),
+                        0xc612_0000 + u32::try_from(i).expect("small"),
                     )),
                     health_ip: Some(Ipv4Addr::from(
-                        0x6440_0000 + u32::try_from(i).expect("small"),
+                        0xc613_0000 + u32::try_from(i).expect("small"),
                     )),
                     node_ip6: None,
                     health_ip6: None,
