@@ -34,10 +34,19 @@ pub(crate) const NODE_IP_BASE: u32 = 0xc612_0000;
 /// The first health address (198.19.0.0).
 const HEALTH_IP_BASE: u32 = 0xc613_0000;
 
-/// Node `id` (below [`MAX_NODES`]) in zone number `zone`. Its addresses
-/// are only ever values in this process, never on a wire.
+/// Node `id` in zone number `zone`. Its addresses are only ever values in
+/// this process, never on a wire.
+///
+/// # Panics
+///
+/// When `id` is [`MAX_NODES`] or more: its addresses would leave the
+/// range, or be another node's. The benchmarks bound their sizes first.
 pub(crate) fn node(id: usize, zone: usize) -> Node {
-    let ip = u32::try_from(id.min(MAX_NODES - 1)).unwrap_or(0);
+    assert!(
+        id < MAX_NODES,
+        "simulated node {id}: at most {MAX_NODES} nodes"
+    );
+    let ip = u32::try_from(id).unwrap_or(0);
     Node {
         name: name(id),
         node_ip: Some(Ipv4Addr::from(NODE_IP_BASE + ip)),
@@ -56,5 +65,25 @@ pub(crate) fn rtt_us(o: usize, t: usize, path: usize, round: u64) -> u64 {
         80 + h % 320
     } else {
         300 + h % 2700
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_stay_in_the_benchmarking_range_and_apart() {
+        let (first, last) = (node(0, 0), node(MAX_NODES - 1, 0));
+        assert_eq!(first.node_ip, Some(Ipv4Addr::new(198, 18, 0, 0)));
+        assert_eq!(first.health_ip, Some(Ipv4Addr::new(198, 19, 0, 0)));
+        assert_eq!(last.node_ip, Some(Ipv4Addr::new(198, 18, 255, 255)));
+        assert_eq!(last.health_ip, Some(Ipv4Addr::new(198, 19, 255, 255)));
+    }
+
+    #[test]
+    #[should_panic(expected = "at most 65536 nodes")]
+    fn a_node_past_the_range_is_refused() {
+        let _ = node(MAX_NODES, 0);
     }
 }

@@ -306,7 +306,10 @@ impl FlowSamples {
     /// The samples of a round's requests, laid out as `spread` says: each
     /// request's RTT, or `None` when it was lost.
     #[must_use]
-    pub fn new(spread: Spread, rtts: impl Iterator<Item = Option<std::time::Duration>>) -> Self {
+    pub(super) fn new(
+        spread: Spread,
+        rtts: impl Iterator<Item = Option<std::time::Duration>>,
+    ) -> Self {
         let rtt_ns = rtts
             .map(|rtt| rtt.map_or(LOST, |d| u64::try_from(d.as_nanos()).unwrap_or(LOST - 1)))
             .collect();

@@ -1,6 +1,7 @@
-//! A round's flows recorded in the paths they probed: each flow's window
-//! (which names the failing ones) and every flow's probe in the path's
-//! loss and percentiles.
+//! A round's flows: each target's outcome folded from its flows' (the
+//! first that answered), then every flow recorded in the path it probed:
+//! each flow's window (which names the failing ones) and every flow's
+//! probe in the path's loss and percentiles.
 
 use super::{
     Prober,

@@ -9,7 +9,7 @@ use std::{
 /// The system allocator, counting the bytes allocated while [`COUNTING`]
 /// is set (one relaxed load per allocation otherwise): what the view's
 /// assembly allocates, measured rather than estimated.
-pub(super) struct Counting;
+struct Counting;
 
 static COUNTING: AtomicBool = AtomicBool::new(false);
 /// Bytes allocated less bytes freed since counting started (frees of older
@@ -20,14 +20,14 @@ static PEAK: AtomicIsize = AtomicIsize::new(0);
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-pub(super) fn count(delta: isize) {
+fn count(delta: isize) {
     if COUNTING.load(Relaxed) {
         let live = LIVE.fetch_add(delta, Relaxed) + delta;
         PEAK.fetch_max(live, Relaxed);
     }
 }
 
-pub(super) fn signed(n: usize) -> isize {
+fn signed(n: usize) -> isize {
     isize::try_from(n).unwrap_or(isize::MAX)
 }
 

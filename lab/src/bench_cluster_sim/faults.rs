@@ -65,7 +65,7 @@ impl Faults {
     }
 
     /// Whether `o`'s probes of `t` succeed in round `r` (every path alike).
-    pub(super) fn works(&self, c: &Cluster, o: usize, t: usize, r: u32) -> bool {
+    fn works(&self, c: &Cluster, o: usize, t: usize, r: u32) -> bool {
         if r < FAULT_ROUND || o == t {
             return true;
         }
@@ -80,7 +80,7 @@ impl Faults {
     }
 
     /// Whether a fault can touch `o`'s probes of `t`.
-    pub(super) fn touches(&self, c: &Cluster, o: usize, t: usize) -> bool {
+    fn touches(&self, c: &Cluster, o: usize, t: usize) -> bool {
         (FAULT_ROUND..FAULT_ROUND + 2 * FLAP_ROUNDS).any(|r| !self.works(c, o, t, r))
     }
 

@@ -160,9 +160,10 @@ impl Cluster {
 /// Runs the simulation; the report as text.
 pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
     ensure!(
-        (100..=MAX_NODES).contains(&opts.nodes),
-        "--nodes {}: from 100 to {MAX_NODES} (the simulated nodes' addresses are in 198.18.0.0/15)",
-        opts.nodes
+        (100..MAX_NODES).contains(&opts.nodes),
+        "--nodes {}: from 100 to {} (the simulated nodes' addresses are in 198.18.0.0/15, one kept for the node that joins)",
+        opts.nodes,
+        MAX_NODES - 1
     );
     ensure!(opts.peers >= 2, "--peers: at least 2");
     ensure!(

@@ -15,7 +15,7 @@ use super::faults::Faults;
 
 use super::rounds::Rounds;
 
-pub(super) fn pass(ok: bool) -> &'static str {
+fn pass(ok: bool) -> &'static str {
     if ok { "PASS" } else { "FAIL" }
 }
 
@@ -33,13 +33,7 @@ pub(super) fn render(
     s
 }
 
-pub(super) fn render_selection(
-    s: &mut String,
-    opts: &Options,
-    zones: usize,
-    c: &Cluster,
-    sel: &Selection,
-) {
+fn render_selection(s: &mut String, opts: &Options, zones: usize, c: &Cluster, sel: &Selection) {
     let (n, k) = (opts.nodes, opts.peers);
     let zmin = c.zone_size.iter().min().copied().unwrap_or(0);
     let zmax = c.zone_size.iter().max().copied().unwrap_or(0);
@@ -94,13 +88,7 @@ pub(super) fn render_selection(
     }
 }
 
-pub(super) fn render_rounds(
-    out: &mut String,
-    opts: &Options,
-    c: &Cluster,
-    faults: &Faults,
-    r: &Rounds,
-) {
+fn render_rounds(out: &mut String, opts: &Options, c: &Cluster, faults: &Faults, r: &Rounds) {
     let n = opts.nodes;
     let t = &r.tracker;
     let _ = writeln!(
@@ -204,7 +192,7 @@ pub(super) fn render_rounds(
 /// Summaries written: etcd puts a round and a second, steady and with the
 /// faults on. A round of the simulation is one of the agent's publisher
 /// ticks: the liveness interval, 3 s by default with a subset of peers.
-pub(super) fn render_puts(out: &mut String, n: usize, r: &Rounds) {
+fn render_puts(out: &mut String, n: usize, r: &Rounds) {
     #[expect(
         clippy::cast_precision_loss,
         reason = "millisecond counts far below 2^52"
@@ -234,7 +222,7 @@ pub(super) fn render_puts(out: &mut String, n: usize, r: &Rounds) {
 
 /// The elected assembler's figures: what the leader and every other agent
 /// download a round, the leader's CPU, the cluster's etcd egress.
-pub(super) fn render_assembler(out: &mut String, opts: &Options, r: &Rounds) {
+fn render_assembler(out: &mut String, opts: &Options, r: &Rounds) {
     let n = opts.nodes;
     let rounds = opts.rounds.max(1);
     let leader_cpu = (r.assemble_time + r.encode_time) / rounds;

@@ -15,7 +15,7 @@ use health_agent::{
 use super::{Cluster, Options, Rng, id_of, ratio};
 
 /// Every node's picks (indices into the set), on every CPU.
-pub(super) fn select_all(plan: &SubsetPlan, peers: ProbePeers) -> Vec<Vec<u32>> {
+fn select_all(plan: &SubsetPlan, peers: ProbePeers) -> Vec<Vec<u32>> {
     let n = plan.len();
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let chunk = n.div_ceil(threads).max(1);
@@ -44,7 +44,7 @@ pub(super) fn select_all(plan: &SubsetPlan, peers: ProbePeers) -> Vec<Vec<u32>> 
 }
 
 /// A set's picks by node id.
-pub(super) fn picks_by_id(nodes: &NodeSet, picks: &[Vec<u32>]) -> HashMap<u32, BTreeSet<u32>> {
+fn picks_by_id(nodes: &NodeSet, picks: &[Vec<u32>]) -> HashMap<u32, BTreeSet<u32>> {
     picks
         .iter()
         .enumerate()
@@ -63,10 +63,7 @@ pub(super) struct Movement {
     pub(super) picks: usize,
 }
 
-pub(super) fn movement(
-    a: &HashMap<u32, BTreeSet<u32>>,
-    b: &HashMap<u32, BTreeSet<u32>>,
-) -> Movement {
+fn movement(a: &HashMap<u32, BTreeSet<u32>>, b: &HashMap<u32, BTreeSet<u32>>) -> Movement {
     let mut m = Movement {
         probers: 0,
         changed: 0,
@@ -104,7 +101,7 @@ pub(super) struct Selection {
 
 /// Probes per node (max, total, mean), the worst ratio to 4·(K + zone),
 /// observers per node (min, mean).
-pub(super) fn selection_figures(c: &Cluster, k: usize) -> (usize, usize, f64, f64, usize, f64) {
+fn selection_figures(c: &Cluster, k: usize) -> (usize, usize, f64, f64, usize, f64) {
     let n = c.len();
     let mut observers = vec![0usize; n];
     let (mut max, mut total, mut worst) = (0, 0, 0.0f64);

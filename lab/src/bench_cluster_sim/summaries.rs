@@ -14,7 +14,7 @@ use super::faults::Faults;
 
 /// Node `o`'s summary of round `r`, encoded, and the digest of its
 /// verdicts.
-pub(super) fn summary(
+fn summary(
     c: &Cluster,
     o: usize,
     r: u32,
@@ -51,7 +51,7 @@ pub(super) fn summary(
 }
 
 /// A summary encoded, and the digest of its verdicts.
-pub(super) type Encoded = (Vec<u8>, u64);
+type Encoded = (Vec<u8>, u64);
 
 /// Every node's summary of round `r` (None for the node down), on every CPU.
 pub(super) fn publish(

@@ -18,7 +18,7 @@ pub(super) struct Tracker {
     pub(super) wrong: Vec<(u32, String, Verdict)>,
     pub(super) converging: usize,
     /// Nodes whose verdict has been right once.
-    pub(super) settled: Vec<bool>,
+    settled: Vec<bool>,
 }
 
 impl Tracker {

@@ -80,10 +80,10 @@ pub(super) fn joined(clients: Vec<StatusClient>) -> (Percentiles, Percentiles) {
 
 /// A latency distribution's count and percentiles.
 pub(super) struct Percentiles {
-    pub(super) count: usize,
+    count: usize,
     p50: Duration,
     p90: Duration,
-    pub(super) p99: Duration,
+    p99: Duration,
     max: Duration,
     /// When the slowest answer's request was sent (epoch ms).
     max_sent_ms: u64,

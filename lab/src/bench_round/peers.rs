@@ -47,10 +47,11 @@ pub(super) fn peer_name(k: usize) -> String {
     format!("peer-{k:05}")
 }
 
-/// The index `k` of the node `peer-k` (`usize::MAX` for any other name).
+/// The index `k` of the node `peer-k` (`usize::MAX` for a name that is
+/// not `peer-` and a number).
 pub(super) fn peer_index(name: &str) -> usize {
-    name.trim_start_matches("peer-")
-        .parse()
+    name.strip_prefix("peer-")
+        .and_then(|k| k.parse().ok())
         .unwrap_or(usize::MAX)
 }
 

@@ -1,7 +1,7 @@
-//! The status as the API reads it: the head, each node's paths and the
-//! summary, made from the paths once a round (or a change of the node set)
-//! and published with its gzipped JSON, so that every question reads one
-//! snapshot.
+//! The status as the API reads it. Publishing (once a round, or when the
+//! node set changes) keeps the counts and the gzipped JSON, made from the
+//! paths a chunk of nodes at a time; the structured status, its head and
+//! one node's status are made from the paths when asked.
 
 use std::sync::Arc;
 
