@@ -1,5 +1,6 @@
-//! The agent's and the lab's own use of the machine, read from `/proc`:
-//! CPU time in user space and in the kernel, and the resident set.
+//! A process's use of the machine, read from `/proc` (the agent's, the
+//! lab's own, etcd's): CPU time in user space and in the kernel, and the
+//! resident set.
 
 use std::time::Duration;
 
@@ -30,8 +31,8 @@ pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
 }
 
 /// The CPU time of `pid` (a process or a kernel thread) so far, in user
-/// space and in the kernel (on this topology, much of the latter the
-/// simulated network's work in its context).
+/// space and in the kernel (for the agent on the round bench's topology,
+/// much of the latter the simulated network's work in its context).
 pub(crate) fn cpu_times(pid: u32) -> anyhow::Result<(Duration, Duration)> {
     stat_cpu(&format!("/proc/{pid}/stat"))
 }

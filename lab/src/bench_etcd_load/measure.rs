@@ -17,7 +17,7 @@ impl Histogram {
     const BUCKET_US: u64 = 100;
     const RANGE_US: u64 = 60_000_000;
 
-    pub(super) fn new() -> Self {
+    fn new() -> Self {
         let n = (Self::RANGE_US / Self::BUCKET_US) as usize + 1;
         Self {
             buckets: (0..n).map(|_| AtomicU64::new(0)).collect(),
@@ -78,12 +78,12 @@ pub(super) struct PutTimes {
 }
 
 impl PutTimes {
-    pub(super) const SLOTS: usize = 64;
+    const SLOTS: usize = 64;
     const TIME_BITS: u32 = 40;
     const TIME_MASK: u64 = (1 << Self::TIME_BITS) - 1;
     const SEQ_MASK: u64 = (1 << 24) - 1;
 
-    pub(super) fn new(agents: usize) -> Self {
+    fn new(agents: usize) -> Self {
         Self {
             slots: (0..agents * Self::SLOTS)
                 .map(|_| AtomicU64::new(0))
@@ -110,7 +110,7 @@ impl PutTimes {
 pub(super) struct Shared {
     pub(super) cluster: Cluster,
     /// The run's clock (monotonic): put and receive times are µs of it.
-    pub(super) epoch: std::time::Instant,
+    epoch: std::time::Instant,
     pub(super) sent: PutTimes,
     pub(super) put_latency: Histogram,
     pub(super) delivery: Histogram,

@@ -37,8 +37,9 @@
 //! [`Histogram`]).
 //!
 //! **Completeness.** Every watch starts at the revision right after a
-//! read made before any put, so it sees every put. Each watcher counts what it receives per agent and checks each
-//! agent's seqs increase; watcher 0 also decodes every summary with
+//! read made before any put, so it sees every put. Each watcher counts
+//! what it receives per agent and checks each agent's seqs increase;
+//! watcher 0 also decodes every summary with
 //! [`Summary::decode`] and checks it against its key. Missing: per watcher
 //! and agent, the agent's acknowledged puts not received.
 //!
@@ -91,12 +92,14 @@ use health_tests::etcd::LocalEtcd;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use self::{
+    client::{connect, keep_alive, lease, open_watch},
+    cluster::Cluster,
+    measure::Shared,
+    render::{Outcome, render},
+    roles::{agent, watcher},
+};
 use crate::{sim_nodes::MAX_NODES, usage};
-use client::{connect, keep_alive, lease, open_watch};
-use cluster::Cluster;
-use measure::Shared;
-use render::{Outcome, render};
-use roles::{agent, watcher};
 
 pub(crate) struct Options {
     pub(crate) agents: usize,

@@ -11,7 +11,7 @@ use super::{
 };
 
 impl Chaos {
-    /// (3) One agent cut off from etcd (nft drops its packets to the
+    /// One agent cut off from etcd (nft drops its packets to the
     /// members' client port) while it still reaches its peers.
     pub(super) fn agent_cut_off(&mut self, row: &mut Row, opts: Options) {
         let victim = self.n() - 1;
@@ -73,7 +73,7 @@ impl Chaos {
         }
     }
 
-    /// (4) One agent killed with SIGKILL and restarted `kills` times, 2 s
+    /// One agent killed with SIGKILL and restarted `kills` times, 2 s
     /// apart, under probing; then the leak checks.
     pub(super) fn agent_kill_loop(&mut self, row: &mut Row, opts: Options) {
         let victim = self.n() - 1;

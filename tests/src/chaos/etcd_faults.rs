@@ -5,12 +5,28 @@ use std::{
     time::{Duration, Instant},
 };
 
+use health_agent::cluster::view_cell::ClusterReply;
 use nix::sys::signal::Signal;
 
-use super::{Chaos, Options, Row, VIEW_BACK, resync_bound, stopped, view_current};
+use super::{Chaos, Options, Row, resync_bound, stopped};
+
+/// How long after a resync every agent's cluster view may take to be
+/// current again: an election (its lease, 3 s, ran out) and 2 rounds.
+const VIEW_BACK: Duration = Duration::from_secs(5);
+
+/// Whether `node` shows a cluster view that is current (not stale).
+fn view_current(node: &crate::cluster::ClusterNode) -> bool {
+    node.cluster_json::<ClusterReply>()
+        .and_then(|r| r.assembly)
+        .is_some_and(|a| !a.stale)
+}
 
 impl Chaos {
-    /// (1) The etcd leader killed (SIGKILL), then restarted.
+    fn etcd(&mut self) -> &mut crate::etcd_cluster::EtcdCluster {
+        self.cluster.etcd_cluster.as_mut().expect("an etcd cluster")
+    }
+
+    /// The etcd leader killed (SIGKILL), then restarted.
     pub(super) fn leader_killed(&mut self, row: &mut Row, opts: Options) {
         let deadline = Instant::now() + Duration::from_secs(10);
         let leader = loop {
@@ -57,7 +73,7 @@ impl Chaos {
         row.held.push("node sets kept, nobody called down".into());
     }
 
-    /// (2) Every etcd member stopped for `outage`, then started.
+    /// Every etcd member stopped for `outage`, then started.
     pub(super) fn etcd_down(&mut self, row: &mut Row, opts: Options) {
         row.fault = format!("all 3 etcd members stopped {}s", opts.outage.as_secs());
         let rounds_before: Vec<u64> = self.rounds();

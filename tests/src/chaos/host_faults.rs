@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use super::{Chaos, Options, ROUND, Row, resync_bound, stopped};
 
 impl Chaos {
-    /// (5) A node's uplink deleted and made again `flaps` times within a
+    /// A node's uplink deleted and made again `flaps` times within a
     /// minute, under probing. Then: every agent (the flapping node's too)
     /// sees every node again, its endpoint ready, no task of its agent
     /// past its restart budget.
@@ -59,7 +59,7 @@ impl Chaos {
         }
     }
 
-    /// (6) A node stopped for good (its agent killed, its namespaces
+    /// A node stopped for good (its agent killed, its namespaces
     /// removed) and a new node joining. Its record stays for the lease
     /// TTL (15 minutes): every agent must call it down. Run last: the
     /// cluster keeps the change.

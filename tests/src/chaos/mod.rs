@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use health_agent::{cluster::view_cell::ClusterReply, probe::path::ProbeResult};
+use health_agent::probe::path::ProbeResult;
 
 use crate::cluster::{Cluster, ETCD_PREFIX, Settings};
 
@@ -271,28 +271,6 @@ impl Chaos {
         row
     }
 
-    fn etcd(&mut self) -> &mut crate::etcd_cluster::EtcdCluster {
-        self.cluster.etcd_cluster.as_mut().expect("an etcd cluster")
-    }
-
-    /// Polls node `i`'s `/v1/healthz` until `accept` holds: how long it
-    /// took, or `None` after `timeout`.
-    fn wait_healthz(
-        &self,
-        i: usize,
-        timeout: Duration,
-        accept: impl Fn(&health_agent::api::types::Healthz) -> bool,
-    ) -> Option<Duration> {
-        let start = Instant::now();
-        while start.elapsed() < timeout && !stopped() {
-            if self.cluster.nodes[i].healthz().is_some_and(|h| accept(&h)) {
-                return Some(start.elapsed());
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        None
-    }
-
     fn rounds(&self) -> Vec<u64> {
         self.cluster
             .nodes
@@ -300,17 +278,6 @@ impl Chaos {
             .map(|n| n.status().and_then(|s| s.round).map_or(0, |r| r.seq))
             .collect()
     }
-}
-
-/// How long after a resync every agent's cluster view may take to be
-/// current again: an election (its lease, 3 s, ran out) and 2 rounds.
-const VIEW_BACK: Duration = Duration::from_secs(5);
-
-/// Whether `node` shows a cluster view that is current (not stale).
-fn view_current(node: &crate::cluster::ClusterNode) -> bool {
-    node.cluster_json::<ClusterReply>()
-        .and_then(|r| r.assembly)
-        .is_some_and(|a| !a.stale)
 }
 
 /// The last lines of an agent's log that speak of etcd.

@@ -1,5 +1,6 @@
-//! What a node holds that a restarted agent could leak, counted: its
-//! namespaces, routes, pins, sockets, descriptors and memory.
+//! What a restarted agent could leak, counted (its node's namespaces,
+//! links, routes, pins, sockets, etcd keys and leases), and the other
+//! agents' descriptors and memory, compared before and after.
 
 use std::{
     fs,

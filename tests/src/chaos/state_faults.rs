@@ -15,7 +15,25 @@ use nix::sys::signal::Signal;
 use super::{Chaos, Row, stopped};
 
 impl Chaos {
-    /// (7a) The state directory made read-only under a running agent (a
+    /// Polls node `i`'s `/v1/healthz` until `accept` holds: how long it
+    /// took, or `None` after `timeout`.
+    fn wait_healthz(
+        &self,
+        i: usize,
+        timeout: Duration,
+        accept: impl Fn(&health_agent::api::types::Healthz) -> bool,
+    ) -> Option<Duration> {
+        let start = Instant::now();
+        while start.elapsed() < timeout && !stopped() {
+            if self.cluster.nodes[i].healthz().is_some_and(|h| accept(&h)) {
+                return Some(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        None
+    }
+
+    /// The state directory made read-only under a running agent (a
     /// read-only bind mount: root ignores permissions), and the endpoint's
     /// veth deleted so that its repair must record the new one. The agent
     /// repairs it, says it is degraded (its record unsaved), keeps
@@ -103,7 +121,7 @@ impl Chaos {
         }
     }
 
-    /// (7b) The bpffs that holds an agent's pins unmounted under it: the
+    /// The bpffs that holds an agent's pins unmounted under it: the
     /// agent pins the same maps again (their counters carry on), keeps
     /// answering and probing, and is not degraded once they are back.
     pub(super) fn bpffs_unmounted(&mut self, row: &mut Row) {

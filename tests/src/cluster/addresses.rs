@@ -1,4 +1,4 @@
-//! The cluster's addresses: node i's IPv4 and IPv6 addresses, its health
+//! The nodes' addresses: node i's IPv4 and IPv6 addresses, its health
 //! CIDRs, and the nodes file that lists them.
 
 use std::{

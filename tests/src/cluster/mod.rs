@@ -27,14 +27,16 @@ use health_agent::{
     },
 };
 
-use crate::{agent::agent_binary, names, process, require_root};
-pub use addresses::{
-    HEALTH_RANGE, HEALTH_RANGE6, health_cidr, health_cidr6, node_ip, node_ip6, nodes_yaml,
-    nodes_yaml_for,
+use self::settings::{discovery_args, probe_args};
+pub use self::{
+    addresses::{
+        HEALTH_RANGE, HEALTH_RANGE6, health_cidr, health_cidr6, node_ip, node_ip6, nodes_yaml,
+        nodes_yaml_for,
+    },
+    node::ClusterNode,
+    settings::{Family, Settings},
 };
-pub use node::ClusterNode;
-pub use settings::{Family, Settings};
-use settings::{discovery_args, probe_args};
+use crate::{agent::agent_binary, names, process, require_root};
 
 pub struct Cluster {
     pub fabric: Netns,

@@ -6,7 +6,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-/// Probe settings for the agents.
+/// What a test asks of the cluster: its size and address family, the
+/// agents' probe settings, etcd (members, security, lease) or a nodes
+/// file, and WireGuard.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub nodes: usize,
