@@ -184,7 +184,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let started = Instant::now();
     let pid = lab.start_agent(&nodes_file, opts.interval)?;
     let client = Client::new(lab.socket());
-    let served = served_after(&rt, &client, started, &lab)?;
+    let served = served_after(&rt, &client, started, &mut lab)?;
     // 8 clients hammer GET /v1/status, and one asks for the summary and
     // one node's status, through the clients' round.
     let clients_at = clients_round(opts.rounds);
@@ -215,9 +215,9 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     while rounds.len() < opts.rounds as usize {
         if Instant::now() > deadline {
             bail!(
-                "{} rounds did not finish in time; log in {}",
+                "{} rounds did not finish in time; {}",
                 opts.rounds,
-                lab.dir.display()
+                lab.agent_report()
             );
         }
         if let Ok(summary) = rt.block_on(client.status_summary())
@@ -329,16 +329,22 @@ fn served_after(
     rt: &tokio::runtime::Runtime,
     client: &Client,
     started: Instant,
-    lab: &Lab,
+    lab: &mut Lab,
 ) -> anyhow::Result<Duration> {
     loop {
         if rt.block_on(client.healthz()).is_ok() {
             return Ok(started.elapsed());
         }
+        if lab.agent_ended().is_some() {
+            bail!(
+                "the agent ended before its socket served: {}",
+                lab.agent_report()
+            );
+        }
         if started.elapsed() > Duration::from_secs(60) {
             bail!(
-                "the agent's socket did not serve within 60 s; log in {}",
-                lab.dir.display()
+                "the agent's socket did not serve within 60 s; {}",
+                lab.agent_report()
             );
         }
         std::thread::sleep(Duration::from_millis(2));

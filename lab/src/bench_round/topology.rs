@@ -7,7 +7,7 @@ use std::{
     fmt::Write as _,
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    process::{Child, Stdio},
+    process::{Child, ExitStatus, Stdio},
     time::Duration,
 };
 
@@ -26,6 +26,9 @@ use health_tests::{
     topology::TwoNodes,
 };
 
+/// The agent's log lines a failed run prints.
+const LOG_TAIL: usize = 20;
+
 /// The router's end of the agent node's uplink.
 pub(super) const ROUTER_UPLINK: &str = "r-agent";
 /// Packets the agent node's uplink queues with `--network-thread`: a
@@ -41,6 +44,8 @@ pub(crate) struct Lab {
     pins: PathBuf,
     ep_netns: String,
     daemon: Option<Child>,
+    /// The agent's exit status, once it ended on its own.
+    ended: Option<ExitStatus>,
 }
 
 impl Drop for Lab {
@@ -74,6 +79,7 @@ impl Lab {
             pins: Path::new("/sys/fs/bpf").join(names::unique("round-pins")),
             ep_netns: names::unique("round-ep"),
             daemon: None,
+            ended: None,
         };
         std::fs::create_dir_all(&lab.dir)?;
         let (router, peers) = (lab.router.clone(), lab.peers.clone());
@@ -162,6 +168,43 @@ impl Lab {
         socket_in(&self.dir)
     }
 
+    /// Where the agent's log goes: `BENCH_AGENT_LOG_FILE`, else the run's
+    /// directory (removed with the lab).
+    fn daemon_log(&self) -> PathBuf {
+        std::env::var_os("BENCH_AGENT_LOG_FILE")
+            .map_or_else(|| self.dir.join("daemon.log"), PathBuf::from)
+    }
+
+    /// What a failed run says of the agent: its exit status if it ended,
+    /// and its log's last lines (the run's directory goes with the lab).
+    pub(super) fn agent_report(&mut self) -> String {
+        let exited = self
+            .agent_ended()
+            .map_or_else(String::new, |s| format!("the agent exited ({s}); "));
+        let log = std::fs::read_to_string(self.daemon_log()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n");
+        if tail.is_empty() {
+            format!("{exited}its log is empty")
+        } else {
+            format!("{exited}the last lines of its log:\n{tail}")
+        }
+    }
+
+    /// The agent's exit status once it has ended (reaped then, so that
+    /// no signal goes to its process ID afterwards).
+    pub(super) fn agent_ended(&mut self) -> Option<ExitStatus> {
+        if let Some(status) = self
+            .daemon
+            .as_mut()
+            .and_then(|d| d.try_wait().ok().flatten())
+        {
+            self.daemon = None;
+            self.ended = Some(status);
+        }
+        self.ended
+    }
+
     pub(crate) fn start_agent(
         &mut self,
         nodes_file: &Path,
@@ -193,10 +236,7 @@ impl Lab {
                 std::env::var("BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdout(Stdio::null())
-            .stderr(match std::env::var_os("BENCH_AGENT_LOG_FILE") {
-                Some(path) => std::fs::File::create(path)?,
-                None => std::fs::File::create(self.dir.join("daemon.log"))?,
-            });
+            .stderr(std::fs::File::create(self.daemon_log())?);
         let child = cmd.spawn().context("starting health-agent")?;
         let pid = child.id();
         self.daemon = Some(child);

@@ -1,6 +1,7 @@
 //! `health-lab`'s benchmarks: they stop on Ctrl-C and remove what they
 //! made (the namespaces, the bpffs pins and the run's directory), and with
-//! the simulated network in a thread of its own every live peer answers.
+//! the simulated network in a thread of its own every live peer answers;
+//! an agent that ends at its start fails the run at once, with its log.
 
 use std::{
     io::Read as _,
@@ -193,4 +194,27 @@ fn with_the_network_in_a_thread_every_echo_is_answered() {
         out.contains("after the last round: 400/400 live paths OK, 0 silent paths OK (false OK), 0 MTU black holes (false)"),
         "{out}"
     );
+}
+
+#[test]
+fn an_agent_that_refuses_its_flags_fails_the_benchmark_at_once_with_its_words() {
+    require_root();
+    let started = Instant::now();
+    let out = Command::new(lab_binary())
+        .args(["bench-round", "--peers", "100", "--silent", "50"])
+        .args(["--rounds", "2", "--interval", "2s"])
+        .env("BENCH_AGENT_ARGS", "--probe-spread 0s")
+        .output()
+        .expect("health-lab runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    // Not after the 60 s the socket is given, and the agent's own error
+    // is in the bench's (the run's directory, and the log in it, are gone).
+    assert!(started.elapsed() < Duration::from_secs(45), "{err}");
+    assert!(
+        err.contains("the agent ended before its socket served: the agent exited (exit status: 2)"),
+        "{err}"
+    );
+    assert!(err.contains("'--probe-spread <PROBE_SPREAD>'"), "{err}");
+    assert!(err.contains("must be more than zero"), "{err}");
 }
