@@ -72,6 +72,13 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
     let mut samples = Vec::new();
     while start.elapsed() < total {
         crate::stop::sleep(SAMPLE_EVERY.min(total.saturating_sub(start.elapsed())))?;
+        if lab.agent_ended().is_some() {
+            bail!(
+                "the agent ended {} s into the soak: {}",
+                start.elapsed().as_secs(),
+                lab.agent_report()
+            );
+        }
         let (cpu, rss) = usage(pid)?;
         // At rest: the fewest over 1.5 s (a round's probes each hold a
         // socket for a moment).

@@ -177,7 +177,7 @@ impl Lab {
 
     /// What a failed run says of the agent: its exit status if it ended,
     /// and its log's last lines (the run's directory goes with the lab).
-    pub(super) fn agent_report(&mut self) -> String {
+    pub(crate) fn agent_report(&mut self) -> String {
         let exited = self
             .agent_ended()
             .map_or_else(String::new, |s| format!("the agent exited ({s}); "));
@@ -193,7 +193,7 @@ impl Lab {
 
     /// The agent's exit status once it has ended (reaped then, so that
     /// no signal goes to its process ID afterwards).
-    pub(super) fn agent_ended(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn agent_ended(&mut self) -> Option<ExitStatus> {
         if let Some(status) = self
             .daemon
             .as_mut()

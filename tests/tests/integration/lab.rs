@@ -1,7 +1,8 @@
 //! `health-lab`'s benchmarks: they stop on Ctrl-C and remove what they
 //! made (the namespaces, the bpffs pins and the run's directory), and with
 //! the simulated network in a thread of its own every live peer answers;
-//! an agent that ends at its start fails the run at once, with its log.
+//! an agent that ends fails the run at once (at its start, or at the
+//! soak's next sample), with its exit status and its log.
 
 use std::{
     io::Read as _,
@@ -217,4 +218,41 @@ fn an_agent_that_refuses_its_flags_fails_the_benchmark_at_once_with_its_words() 
     );
     assert!(err.contains("'--probe-spread <PROBE_SPREAD>'"), "{err}");
     assert!(err.contains("must be more than zero"), "{err}");
+}
+
+#[test]
+fn a_soak_whose_agent_is_killed_stops_saying_so_and_removes_what_it_made() {
+    require_root();
+    let child = Command::new(lab_binary())
+        .args(["bench-soak", "--peers", "20", "--minutes", "1"])
+        .args(["--interval", "1s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("health-lab runs");
+    let mut run = Run(child);
+    let pid = run.0.id();
+    socket_up(pid, Duration::from_secs(60)).expect("the agent's socket within 60 s");
+    let agents = processes_of(pid);
+    assert_eq!(agents.len(), 1, "one agent: {agents:?}");
+    kill(Pid::from_raw(agents[0]), Signal::SIGKILL).expect("SIGKILL");
+    // Found at the next sample (every 10 s), not at the soak's end.
+    let end = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = run.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < end, "health-lab still runs 30 s after");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = run.0.stderr.take() {
+        e.read_to_string(&mut stderr).expect("stderr");
+    }
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("s into the soak: the agent exited (signal: 9 (SIGKILL))"),
+        "{stderr}"
+    );
+    assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{stderr}");
 }
