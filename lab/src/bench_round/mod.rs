@@ -213,6 +213,14 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut first: Option<ClusterStatus> = None;
     let mut since_ready = None;
     while rounds.len() < opts.rounds as usize {
+        if lab.agent_ended().is_some() {
+            bail!(
+                "the agent ended after {} of {} rounds: {}",
+                rounds.len(),
+                opts.rounds,
+                lab.agent_report()
+            );
+        }
         if Instant::now() > deadline {
             bail!(
                 "{} rounds did not finish in time; {}",
@@ -335,6 +343,8 @@ fn served_after(
         if rt.block_on(client.healthz()).is_ok() {
             return Ok(started.elapsed());
         }
+        // An interrupt reaches the agent too: said as such, not as its end.
+        crate::stop::check()?;
         if lab.agent_ended().is_some() {
             bail!(
                 "the agent ended before its socket served: {}",
@@ -348,7 +358,6 @@ fn served_after(
             );
         }
         std::thread::sleep(Duration::from_millis(2));
-        crate::stop::check()?;
     }
 }
 

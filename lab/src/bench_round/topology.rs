@@ -28,6 +28,8 @@ use health_tests::{
 
 /// The agent's log lines a failed run prints.
 const LOG_TAIL: usize = 20;
+/// The end of the agent's log read for them.
+const LOG_TAIL_BYTES: u64 = 64 << 10;
 
 /// The router's end of the agent node's uplink.
 pub(super) const ROUTER_UPLINK: &str = "r-agent";
@@ -44,7 +46,7 @@ pub(crate) struct Lab {
     pins: PathBuf,
     ep_netns: String,
     daemon: Option<Child>,
-    /// The agent's exit status, once it ended on its own.
+    /// The agent's exit status, once it ended.
     ended: Option<ExitStatus>,
 }
 
@@ -176,23 +178,24 @@ impl Lab {
     }
 
     /// What a failed run says of the agent: its exit status if it ended,
-    /// and its log's last lines (the run's directory goes with the lab).
+    /// and its log's last lines (the run's directory goes with the lab; a
+    /// `BENCH_AGENT_LOG_FILE` stays, and is named).
     pub(crate) fn agent_report(&mut self) -> String {
         let exited = self
             .agent_ended()
             .map_or_else(String::new, |s| format!("the agent exited ({s}); "));
-        let log = std::fs::read_to_string(self.daemon_log()).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        let tail = lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n");
-        if tail.is_empty() {
-            format!("{exited}its log is empty")
-        } else {
-            format!("{exited}the last lines of its log:\n{tail}")
+        let path = self.daemon_log();
+        let kept = std::env::var_os("BENCH_AGENT_LOG_FILE")
+            .map_or_else(String::new, |_| format!(" ({})", path.display()));
+        match log_tail(&path) {
+            Ok(tail) if tail.is_empty() => format!("{exited}its log{kept} is empty"),
+            Ok(tail) => format!("{exited}the last lines of its log{kept}:\n{tail}"),
+            Err(e) => format!("{exited}its log {} could not be read: {e}", path.display()),
         }
     }
 
-    /// The agent's exit status once it has ended (reaped then, so that
-    /// no signal goes to its process ID afterwards).
+    /// The agent's exit status once it has ended, on its own or killed
+    /// (reaped then, so that no signal goes to its process ID afterwards).
     pub(crate) fn agent_ended(&mut self) -> Option<ExitStatus> {
         if let Some(status) = self
             .daemon
@@ -210,6 +213,7 @@ impl Lab {
         nodes_file: &Path,
         interval: Duration,
     ) -> anyhow::Result<u32> {
+        self.ended = None;
         let mut cmd = daemon_command(
             &self.agent,
             &self.dir,
@@ -242,6 +246,24 @@ impl Lab {
         self.daemon = Some(child);
         Ok(pid)
     }
+}
+
+/// The last [`LOG_TAIL`] lines of the log at `path`, read from its last
+/// [`LOG_TAIL_BYTES`] (a debug log may be large). Only a regular file is
+/// read: a terminal or a pipe given as `BENCH_AGENT_LOG_FILE` would block.
+fn log_tail(path: &Path) -> std::io::Result<String> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Ok(format!("(not a regular file: {})", path.display()));
+    }
+    let mut file = std::fs::File::open(path)?;
+    file.seek(SeekFrom::Start(meta.len().saturating_sub(LOG_TAIL_BYTES)))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    Ok(lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n"))
 }
 
 /// The answering peers' :4240, one listener in the peers' namespace.

@@ -1,8 +1,8 @@
 //! `health-lab`'s benchmarks: they stop on Ctrl-C and remove what they
 //! made (the namespaces, the bpffs pins and the run's directory), and with
 //! the simulated network in a thread of its own every live peer answers;
-//! an agent that ends fails the run at once (at its start, or at the
-//! soak's next sample), with its exit status and its log.
+//! an agent that ends fails the run at once (at its start, mid-run, or
+//! at the soak's next sample), with its exit status and its log.
 
 use std::{
     io::Read as _,
@@ -201,23 +201,41 @@ fn with_the_network_in_a_thread_every_echo_is_answered() {
 fn an_agent_that_refuses_its_flags_fails_the_benchmark_at_once_with_its_words() {
     require_root();
     let started = Instant::now();
-    let out = Command::new(lab_binary())
+    let child = Command::new(lab_binary())
         .args(["bench-round", "--peers", "100", "--silent", "50"])
         .args(["--rounds", "2", "--interval", "2s"])
         .env("BENCH_AGENT_ARGS", "--probe-spread 0s")
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("health-lab runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    // Not after the 60 s the socket is given, and the agent's own error
-    // is in the bench's (the run's directory, and the log in it, are gone).
-    assert!(started.elapsed() < Duration::from_secs(45), "{err}");
+    let mut run = Run(child);
+    let pid = run.0.id();
+    // Not after the 60 s the socket is given.
+    let status = loop {
+        if let Some(s) = run.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(45),
+            "health-lab still runs after 45 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = run.0.stderr.take() {
+        e.read_to_string(&mut err).expect("stderr");
+    }
+    assert!(!status.success(), "{err}");
+    // The agent's own error is in the bench's: the run's directory, and
+    // the log in it, are gone.
     assert!(
         err.contains("the agent ended before its socket served: the agent exited (exit status: 2)"),
         "{err}"
     );
     assert!(err.contains("'--probe-spread <PROBE_SPREAD>'"), "{err}");
     assert!(err.contains("must be more than zero"), "{err}");
+    assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{err}");
 }
 
 #[test]
@@ -251,8 +269,51 @@ fn a_soak_whose_agent_is_killed_stops_saying_so_and_removes_what_it_made() {
     }
     assert!(!status.success(), "{stderr}");
     assert!(
-        stderr.contains("s into the soak: the agent exited (signal: 9 (SIGKILL))"),
+        stderr.contains("s into the soak: the agent exited (signal: 9 (SIGKILL)); "),
         "{stderr}"
     );
+    // Its log, empty or not, is accounted for.
+    assert!(stderr.contains("its log"), "{stderr}");
+    assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{stderr}");
+}
+
+#[test]
+fn a_round_bench_whose_agent_is_killed_stops_at_once_saying_so() {
+    require_root();
+    let child = Command::new(lab_binary())
+        .args(["bench-round", "--peers", "20", "--silent", "0"])
+        .args(["--rounds", "1000", "--interval", "1s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("health-lab runs");
+    let mut run = Run(child);
+    let pid = run.0.id();
+    socket_up(pid, Duration::from_secs(60)).expect("the agent's socket within 60 s");
+    // Its rounds under way (the bench past the socket's first answer).
+    std::thread::sleep(Duration::from_secs(2));
+    let agents = processes_of(pid);
+    assert_eq!(agents.len(), 1, "one agent: {agents:?}");
+    kill(Pid::from_raw(agents[0]), Signal::SIGKILL).expect("SIGKILL");
+    // Not at the deadline of 1,000 rounds.
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = run.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < end, "health-lab still runs 20 s after");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = run.0.stderr.take() {
+        e.read_to_string(&mut stderr).expect("stderr");
+    }
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(" of 1000 rounds: the agent exited (signal: 9 (SIGKILL)); "),
+        "{stderr}"
+    );
+    // Its log, empty or not, is accounted for.
+    assert!(stderr.contains("its log"), "{stderr}");
     assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{stderr}");
 }
