@@ -7,7 +7,7 @@
 use std::{
     io::Read as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
@@ -40,6 +40,20 @@ fn made_by(pid: u32) -> Vec<PathBuf> {
         })
         .collect()
 }
+
+/// A round bench that runs until it is stopped: 1,000 rounds of 20
+/// answering peers, a round a second.
+const ENDLESS_ROUNDS: [&str; 9] = [
+    "bench-round",
+    "--peers",
+    "20",
+    "--silent",
+    "0",
+    "--rounds",
+    "1000",
+    "--interval",
+    "1s",
+];
 
 /// The processes other than `pid` whose command line names what `pid`
 /// made (its agent, by its namespaces' and directories' names).
@@ -85,6 +99,49 @@ impl Drop for Run {
     }
 }
 
+impl Run {
+    /// `health-lab ARGS`, with `env` set, its stderr kept.
+    fn lab(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let child = Command::new(lab_binary())
+            .args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("health-lab runs");
+        Self(child)
+    }
+
+    /// SIGKILL to the run's one agent.
+    fn kill_agent(&self) {
+        let agents = processes_of(self.0.id());
+        assert_eq!(agents.len(), 1, "one agent: {agents:?}");
+        kill(Pid::from_raw(agents[0]), Signal::SIGKILL).expect("SIGKILL");
+    }
+
+    /// Its exit status and what it wrote to stderr, once it ends; a
+    /// failure if it still runs after `within` (`after`: since what).
+    fn ended_within(&mut self, within: Duration, after: &str) -> (ExitStatus, String) {
+        let end = Instant::now() + within;
+        let status = loop {
+            if let Some(s) = self.0.try_wait().expect("wait") {
+                break s;
+            }
+            assert!(
+                Instant::now() < end,
+                "health-lab still runs {} s after {after}",
+                within.as_secs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut stderr = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            e.read_to_string(&mut stderr).expect("stderr");
+        }
+        (status, stderr)
+    }
+}
+
 /// The run's directory once its agent's socket is there.
 fn socket_up(pid: u32, within: Duration) -> Option<PathBuf> {
     let end = Instant::now() + within;
@@ -103,22 +160,7 @@ fn socket_up(pid: u32, within: Duration) -> Option<PathBuf> {
 #[test]
 fn a_benchmark_interrupted_stops_its_agent_and_removes_what_it_made() {
     require_root();
-    let child = Command::new(lab_binary())
-        .args([
-            "bench-round",
-            "--peers",
-            "20",
-            "--silent",
-            "0",
-            "--rounds",
-            "1000",
-        ])
-        .args(["--interval", "1s"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("health-lab runs");
-    let mut run = Run(child);
+    let mut run = Run::lab(&ENDLESS_ROUNDS, &[]);
     let pid = run.0.id();
     let dir = socket_up(pid, Duration::from_secs(60)).expect("the agent's socket within 60 s");
     // A round or two, then Ctrl-C to the lab alone (its agent is stopped
@@ -129,21 +171,7 @@ fn a_benchmark_interrupted_stops_its_agent_and_removes_what_it_made() {
     kill(lab, Signal::SIGINT).expect("SIGINT");
     std::thread::sleep(Duration::from_millis(20));
     kill(lab, Signal::SIGINT).expect("SIGINT");
-    let end = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = run.0.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            Instant::now() < end,
-            "health-lab still runs 30 s after Ctrl-C"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut stderr = String::new();
-    if let Some(mut e) = run.0.stderr.take() {
-        e.read_to_string(&mut stderr).expect("stderr");
-    }
+    let (status, stderr) = run.ended_within(Duration::from_secs(30), "Ctrl-C");
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
     assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{stderr}");
@@ -200,32 +228,21 @@ fn with_the_network_in_a_thread_every_echo_is_answered() {
 #[test]
 fn an_agent_that_refuses_its_flags_fails_the_benchmark_at_once_with_its_words() {
     require_root();
-    let started = Instant::now();
-    let child = Command::new(lab_binary())
-        .args(["bench-round", "--peers", "100", "--silent", "50"])
-        .args(["--rounds", "2", "--interval", "2s"])
-        .env("BENCH_AGENT_ARGS", "--probe-spread 0s")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("health-lab runs");
-    let mut run = Run(child);
+    let mut run = Run::lab(
+        &[
+            "bench-round",
+            "--peers",
+            "100",
+            "--silent",
+            "50",
+            "--rounds",
+            "2",
+        ],
+        &[("BENCH_AGENT_ARGS", "--probe-spread 0s")],
+    );
     let pid = run.0.id();
     // Not after the 60 s the socket is given.
-    let status = loop {
-        if let Some(s) = run.0.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(45),
-            "health-lab still runs after 45 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = run.0.stderr.take() {
-        e.read_to_string(&mut err).expect("stderr");
-    }
+    let (status, err) = run.ended_within(Duration::from_secs(45), "its start");
     assert!(!status.success(), "{err}");
     // The agent's own error is in the bench's: the run's directory, and
     // the log in it, are gone.
@@ -238,82 +255,54 @@ fn an_agent_that_refuses_its_flags_fails_the_benchmark_at_once_with_its_words() 
     assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{err}");
 }
 
-#[test]
-fn a_soak_whose_agent_is_killed_stops_saying_so_and_removes_what_it_made() {
-    require_root();
-    let child = Command::new(lab_binary())
-        .args(["bench-soak", "--peers", "20", "--minutes", "1"])
-        .args(["--interval", "1s"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("health-lab runs");
-    let mut run = Run(child);
+/// Runs `health-lab ARGS` until its agent serves, waits `settle` and
+/// kills the agent; then checks that the lab ended within `within`,
+/// failed, said the agent was killed right after `said`, gave its log,
+/// and left nothing behind.
+fn killed_agent(args: &[&str], settle: Duration, within: Duration, said: &str) {
+    let mut run = Run::lab(args, &[]);
     let pid = run.0.id();
     socket_up(pid, Duration::from_secs(60)).expect("the agent's socket within 60 s");
-    let agents = processes_of(pid);
-    assert_eq!(agents.len(), 1, "one agent: {agents:?}");
-    kill(Pid::from_raw(agents[0]), Signal::SIGKILL).expect("SIGKILL");
-    // Found at the next sample (every 10 s), not at the soak's end.
-    let end = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = run.0.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < end, "health-lab still runs 30 s after");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut stderr = String::new();
-    if let Some(mut e) = run.0.stderr.take() {
-        e.read_to_string(&mut stderr).expect("stderr");
-    }
+    std::thread::sleep(settle);
+    run.kill_agent();
+    let (status, stderr) = run.ended_within(within, "its agent was killed");
     assert!(!status.success(), "{stderr}");
-    assert!(
-        stderr.contains("s into the soak: the agent exited (signal: 9 (SIGKILL)); "),
-        "{stderr}"
-    );
+    let expected = format!("{said}: the agent exited (signal: 9 (SIGKILL)); ");
+    assert!(stderr.contains(&expected), "{expected:?} in:\n{stderr}");
     // Its log, empty or not, is accounted for.
     assert!(stderr.contains("its log"), "{stderr}");
     assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{stderr}");
 }
 
 #[test]
+fn a_soak_whose_agent_is_killed_stops_saying_so_and_removes_what_it_made() {
+    require_root();
+    // Found at the next sample (every 10 s), not at the soak's end.
+    killed_agent(
+        &[
+            "bench-soak",
+            "--peers",
+            "20",
+            "--minutes",
+            "1",
+            "--interval",
+            "1s",
+        ],
+        Duration::ZERO,
+        Duration::from_secs(30),
+        "s into the soak",
+    );
+}
+
+#[test]
 fn a_round_bench_whose_agent_is_killed_stops_at_once_saying_so() {
     require_root();
-    let child = Command::new(lab_binary())
-        .args(["bench-round", "--peers", "20", "--silent", "0"])
-        .args(["--rounds", "1000", "--interval", "1s"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("health-lab runs");
-    let mut run = Run(child);
-    let pid = run.0.id();
-    socket_up(pid, Duration::from_secs(60)).expect("the agent's socket within 60 s");
-    // Its rounds under way (the bench past the socket's first answer).
-    std::thread::sleep(Duration::from_secs(2));
-    let agents = processes_of(pid);
-    assert_eq!(agents.len(), 1, "one agent: {agents:?}");
-    kill(Pid::from_raw(agents[0]), Signal::SIGKILL).expect("SIGKILL");
-    // Not at the deadline of 1,000 rounds.
-    let end = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = run.0.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < end, "health-lab still runs 20 s after");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut stderr = String::new();
-    if let Some(mut e) = run.0.stderr.take() {
-        e.read_to_string(&mut stderr).expect("stderr");
-    }
-    assert!(!status.success(), "{stderr}");
-    assert!(
-        stderr.contains(" of 1000 rounds: the agent exited (signal: 9 (SIGKILL)); "),
-        "{stderr}"
+    // Its rounds under way (the bench past the socket's first answer);
+    // stopped long before the deadline of 1,000 rounds.
+    killed_agent(
+        &ENDLESS_ROUNDS,
+        Duration::from_secs(2),
+        Duration::from_secs(20),
+        " of 1000 rounds",
     );
-    // Its log, empty or not, is accounted for.
-    assert!(stderr.contains("its log"), "{stderr}");
-    assert_eq!(made_by(pid), Vec::<PathBuf>::new(), "{stderr}");
 }
