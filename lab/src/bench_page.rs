@@ -107,6 +107,14 @@ fn start_agent(node: &mut AgentNode, opts: &Options) -> anyhow::Result<()> {
         {
             return Ok(());
         }
+        if let Some(status) = node.ended() {
+            bail!(
+                "the agent ended before a round showing {} failing peers: \
+                 the agent exited ({status}); the last lines of its log:\n{}",
+                opts.peers,
+                tail(&node.log(), 15)
+            );
+        }
         if Instant::now() > deadline {
             bail!(
                 "the agent did not finish a round showing {} failing peers; \

@@ -149,6 +149,15 @@ impl AgentNode {
         fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
+    /// The daemon's exit status once it has ended by itself or been
+    /// killed (reaped then: no signal goes to its process ID afterwards);
+    /// `None` while it runs, or when it was not started.
+    pub fn ended(&mut self) -> Option<ExitStatus> {
+        let status = self.daemon.as_mut()?.try_wait().ok().flatten()?;
+        self.daemon = None;
+        Some(status)
+    }
+
     /// Sends `signal` to the daemon, which keeps running.
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let child = self.daemon.as_ref().expect("daemon running");

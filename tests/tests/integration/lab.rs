@@ -1,8 +1,9 @@
 //! `health-lab`'s benchmarks: they stop on Ctrl-C and remove what they
 //! made (the namespaces, the bpffs pins and the run's directory), and with
 //! the simulated network in a thread of its own every live peer answers;
-//! an agent that ends fails the run at once (at its start, mid-run, or
-//! at the soak's next sample), with its exit status and its log.
+//! an agent that ends fails the run at once (the round, soak and page
+//! benches; at its start, mid-run, or at the soak's next sample), with
+//! its exit status and its log.
 
 use std::{
     io::Read as _,
@@ -304,5 +305,19 @@ fn a_round_bench_whose_agent_is_killed_stops_at_once_saying_so() {
         Duration::from_secs(2),
         Duration::from_secs(20),
         " of 1000 rounds",
+    );
+}
+
+#[test]
+fn a_page_bench_whose_agent_is_killed_stops_at_once_saying_so() {
+    require_root();
+    // Killed before its first round ends (a timeout of 1 s, every peer
+    // silent): the bench stops then, not at its deadline, nor later for
+    // want of an agent behind the page.
+    killed_agent(
+        &["bench-page", "--peers", "20"],
+        Duration::ZERO,
+        Duration::from_secs(20),
+        "before a round showing 20 failing peers",
     );
 }
