@@ -9,6 +9,8 @@ pub mod published_view;
 pub mod subset;
 pub mod summary;
 pub mod summary_writes;
+#[cfg(test)]
+mod test_nodes;
 pub mod view;
 pub mod view_cell;
 pub mod view_reader;

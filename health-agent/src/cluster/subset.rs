@@ -340,30 +340,21 @@ pub fn observers(plan: &SubsetPlan, peers: ProbePeers) -> Vec<Vec<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
-
     use super::*;
-    use crate::membership::Node;
+    use crate::{cluster::test_nodes, membership::Node};
 
     fn set(n: usize, zone_size: Option<usize>) -> NodeSet {
         NodeSet::new((0..n).map(|i| node(i, zone_size)).collect()).expect("unique")
     }
 
     fn node(i: usize, zone_size: Option<usize>) -> Node {
-        let ip = u32::try_from(i).expect("small");
-        Node {
-            name: format!(
-                "ip-10-{}-{}-{}.eu-west-1.compute.internal",
-                (i >> 16) & 255,
-                (i >> 8) & 255,
-                i & 255
-            ),
-            node_ip: Some(Ipv4Addr::from(0xc612_0000 + ip)),
-            health_ip: Some(Ipv4Addr::from(0xc613_0000 + ip)),
-            node_ip6: None,
-            health_ip6: None,
-            zone: zone_size.map(|z| format!("rack-{:04}", i / z)),
-        }
+        let name = format!(
+            "ip-10-{}-{}-{}.eu-west-1.compute.internal",
+            (i >> 16) & 255,
+            (i >> 8) & 255,
+            i & 255
+        );
+        test_nodes::node(i, name, zone_size.map(|z| format!("rack-{:04}", i / z)))
     }
 
     fn names(nodes: &NodeSet, picks: &[usize]) -> Vec<String> {

@@ -2,7 +2,10 @@ use std::net::Ipv4Addr;
 
 use super::*;
 use crate::{
-    cluster::subset::{ProbePeers, SubsetPlan},
+    cluster::{
+        subset::{ProbePeers, SubsetPlan},
+        test_nodes,
+    },
     membership::{Node, NodeSet},
     probe::status::{Connectivity, RoundInfo},
 };
@@ -333,18 +336,7 @@ fn a_large_full_mesh_keeps_its_failures() {
 /// probes with K = 32: self, its zone, 32 others.
 fn realistic(name: impl Fn(usize) -> String) -> (NodeSet, Vec<usize>) {
     let nodes: Vec<Node> = (0..50_000)
-        .map(|i| Node {
-            name: name(i),
-            node_ip: Some(Ipv4Addr::from(
-                0xc612_0000 + u32::try_from(i).expect("small"),
-            )),
-            health_ip: Some(Ipv4Addr::from(
-                0xc613_0000 + u32::try_from(i).expect("small"),
-            )),
-            node_ip6: None,
-            health_ip6: None,
-            zone: Some(format!("zone-{}", i / 20)),
-        })
+        .map(|i| test_nodes::node(i, name(i), Some(format!("zone-{}", i / 20))))
         .collect();
     let nodes = NodeSet::new(nodes).expect("unique");
     let plan = SubsetPlan::new(&nodes);

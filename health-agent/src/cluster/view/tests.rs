@@ -1,10 +1,9 @@
-use std::net::Ipv4Addr;
-
 use super::*;
 use crate::{
     cluster::{
         subset::{ProbePeers, SubsetPlan},
         summary::{PathSample, PeerSummary},
+        test_nodes,
     },
     membership::Node,
 };
@@ -52,17 +51,12 @@ impl Cluster {
 
     fn with_zones(zone_size: usize) -> Self {
         let nodes: Vec<Node> = (0..N)
-            .map(|i| Node {
-                name: format!("node-{i:03}"),
-                node_ip: Some(Ipv4Addr::from(
-                    0xc612_0000 + u32::try_from(i).expect("small"),
-                )),
-                health_ip: Some(Ipv4Addr::from(
-                    0xc613_0000 + u32::try_from(i).expect("small"),
-                )),
-                node_ip6: None,
-                health_ip6: None,
-                zone: Some(format!("zone-{}", i / zone_size)),
+            .map(|i| {
+                test_nodes::node(
+                    i,
+                    format!("node-{i:03}"),
+                    Some(format!("zone-{}", i / zone_size)),
+                )
             })
             .collect();
         let nodes = NodeSet::new(nodes).expect("unique");
