@@ -144,8 +144,10 @@ fn widen_send_buffer(stream: &std::os::unix::net::UnixStream) {
 /// One connection, HTTP/1.1, until the client closes it or, at shutdown,
 /// once its request in flight is answered.
 async fn connection(stream: UnixStream, app: Router, shutdown: CancellationToken) {
-    let conn = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(
+        TokioIo::new(super::splice::Connection::new(stream)),
+        TowerToHyperService::new(app),
+    );
     let mut conn = std::pin::pin!(conn);
     let served = tokio::select! {
         served = conn.as_mut() => served,
@@ -315,14 +317,39 @@ mod tests {
         usize::try_from(n).unwrap_or(0)
     }
 
+    /// The whole status at 10,000 peers, gzipped.
+    const BODY: usize = 600 * 1024;
+
+    /// A body of [`BODY`] bytes whose order shows.
+    fn patterned() -> Vec<u8> {
+        (0..BODY).map(|i| (i % 251) as u8).collect()
+    }
+
     #[test]
     fn a_bulk_answer_is_written_whole_before_the_client_reads() {
-        // The whole status at 10,000 peers, gzipped.
-        const BODY: usize = 600 * 1024;
+        bulk_answer_whole(bytes::Bytes::from(patterned()));
+    }
+
+    #[test]
+    fn a_sealed_answer_goes_out_from_its_file_whole() {
+        let before = super::super::splice::sent_from_files();
+        bulk_answer_whole(crate::sys::sealed::bytes(patterned(), c"health-test"));
+        let sent = super::super::splice::sent_from_files() - before;
+        assert!(sent >= BODY as u64, "{sent} bytes sent from the file");
+    }
+
+    /// Serves `body` as the whole status in the bulk lane and reads it:
+    /// in the client's queue whole before it reads (with
+    /// `CAP_NET_ADMIN`), and as it was.
+    fn bulk_answer_whole(body: bytes::Bytes) {
         let (bulk, front, path, _guard, listener) = lanes();
+        let served_body = body.clone();
         let app = Router::new().route(
             "/v1/status",
-            get(|| async { bytes::Bytes::from(vec![b'x'; BODY]) }),
+            get(move || {
+                let b = served_body.clone();
+                async move { b }
+            }),
         );
         // Whether this process may pass the system's cap (CAP_NET_ADMIN):
         // below it, the answer waits for the client as before.
@@ -366,6 +393,7 @@ mod tests {
             let head = body_at(&answer).expect("a head");
             assert!(answer.starts_with(b"HTTP/1.1 200"), "{:?}", &answer[..head]);
             assert_eq!(answer.len() - head, BODY);
+            assert!(answer[head..] == body[..], "the body arrives as it was");
             drop(client);
             stop.cancel();
             tokio::time::timeout(Duration::from_secs(2), served)

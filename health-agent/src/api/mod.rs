@@ -7,6 +7,7 @@
 pub mod client;
 mod front;
 pub mod server;
+mod splice;
 pub mod types;
 
 /// Default socket path.

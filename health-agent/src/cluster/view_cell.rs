@@ -67,11 +67,18 @@ impl ClusterViewCell {
     /// Replaces the view and its matrix (serialised here, outside the
     /// lock). An agent that did not assemble the view has no matrix.
     pub fn publish(&self, reply: ClusterReply, matrix: Option<&ClusterMatrix>) {
-        let json = Bytes::from(serde_json::to_vec(&reply).unwrap_or_default());
+        // Sent whole to every client that asks: from sealed files, without
+        // a copy (`crate::sys::sealed`).
+        let sealed = |json: Vec<u8>, name| crate::sys::sealed::bytes(json, name);
+        let json = sealed(
+            serde_json::to_vec(&reply).unwrap_or_default(),
+            c"health-cluster",
+        );
         let made = Published {
             reply: Arc::new(reply),
             json,
-            matrix: matrix.map(|m| Bytes::from(serde_json::to_vec(m).unwrap_or_default())),
+            matrix: matrix
+                .map(|m| sealed(serde_json::to_vec(m).unwrap_or_default(), c"health-matrix")),
         };
         if let Ok(mut l) = self.latest.write() {
             *l = Some(made);

@@ -1,10 +1,11 @@
-//! Adapters to the operating system: namespaces, netlink, pidfile, signals, sockets, BPF batches.
+//! Adapters to the operating system: namespaces, netlink, pidfile, signals, sockets, BPF batches, sealed files.
 //! Imported by every layer above `util`; imports nothing of the agent.
 //!
 //! Adapters to the operating system: network namespaces, netlink (links,
 //! addresses, routes), the pidfile lock, signals, raw ICMP sockets,
-//! socket options, the batched BPF map operations aya does not wrap and
-//! the size of the descriptor table.
+//! socket options, the batched BPF map operations aya does not wrap, the
+//! size of the descriptor table and bytes kept in sealed files to be sent
+//! without a copy.
 //! Nothing here knows about endpoints, probes or the cluster.
 
 pub mod bpf_batch;
@@ -14,6 +15,7 @@ pub mod icmp_trace;
 pub mod netlink;
 pub mod netns;
 pub mod pidfile;
+pub mod sealed;
 pub mod signals;
 pub mod socket_factory;
 pub mod sockopt;
