@@ -12,7 +12,7 @@
 
 use std::{
     io::{self, IoSlice},
-    os::fd::{AsRawFd as _, BorrowedFd},
+    os::fd::AsRawFd as _,
     pin::Pin,
     task::{Context, Poll, ready},
 };
@@ -28,19 +28,20 @@ use crate::sys::sealed;
 /// system call of their own would cost more than their copy.
 const MIN_SENT_FROM_FILE: usize = 64 << 10;
 
-/// Bytes sent from sealed files, for the tests to see the way taken.
-#[cfg(test)]
-static SENT_FROM_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// A connection of the API.
 #[derive(Debug)]
 pub(super) struct Connection {
     stream: UnixStream,
+    /// `sendfile` failed as unsupported: the rest is written from memory.
+    refused: bool,
 }
 
 impl Connection {
     pub(super) fn new(stream: UnixStream) -> Self {
-        Self { stream }
+        Self {
+            stream,
+            refused: false,
+        }
     }
 
     /// Sends `len` bytes of `file` from `offset`, as much as the socket
@@ -48,7 +49,7 @@ impl Connection {
     fn poll_send_file(
         &self,
         cx: &mut Context<'_>,
-        file: BorrowedFd<'_>,
+        file: &sealed::Sealed,
         offset: u64,
         len: usize,
     ) -> Poll<io::Result<usize>> {
@@ -64,21 +65,15 @@ impl Connection {
     }
 }
 
-/// Bytes sent from sealed files so far (by every test of the process).
-#[cfg(test)]
-pub(super) fn sent_from_files() -> u64 {
-    SENT_FROM_FILES.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// `sendfile(2)` of `len` bytes of `file` from `offset` to `to`.
-fn send_file(to: &UnixStream, file: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<usize> {
+fn send_file(to: &UnixStream, file: &sealed::Sealed, offset: u64, len: usize) -> io::Result<usize> {
     let mut off = libc::off_t::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
     // SAFETY: both descriptors are open for the call; `off` is a valid
     // `off_t` the kernel advances.
-    let sent = unsafe { libc::sendfile(to.as_raw_fd(), file.as_raw_fd(), &raw mut off, len) };
+    let sent = unsafe { libc::sendfile(to.as_raw_fd(), file.fd().as_raw_fd(), &raw mut off, len) };
     let sent = usize::try_from(sent).map_err(|_| io::Error::last_os_error())?;
     #[cfg(test)]
-    SENT_FROM_FILES.fetch_add(sent as u64, std::sync::atomic::Ordering::Relaxed);
+    file.note_sent(sent);
     Ok(sent)
 }
 
@@ -109,7 +104,7 @@ impl AsyncWrite for Connection {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let sealed = bufs.iter().enumerate().find_map(|(i, b)| {
-            (b.len() >= MIN_SENT_FROM_FILE)
+            (!self.refused && b.len() >= MIN_SENT_FROM_FILE)
                 .then(|| sealed::find(b))
                 .flatten()
                 .map(|found| (i, found, b.len()))
@@ -117,9 +112,11 @@ impl AsyncWrite for Connection {
         match sealed {
             // First, or after empty slices only: from its file.
             Some((i, (file, offset), len)) if bufs[..i].iter().all(|b| b.is_empty()) => {
-                match ready!(self.poll_send_file(cx, file.fd(), offset, len)) {
-                    // A kernel or a socket that cannot: written from memory.
+                match ready!(self.poll_send_file(cx, &file, offset, len)) {
+                    // A kernel or a socket that cannot: written from memory,
+                    // now and from now on.
                     Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+                        self.refused = true;
                         Pin::new(&mut self.stream).poll_write_vectored(cx, &bufs[i..=i])
                     }
                     done => Poll::Ready(done),
@@ -193,14 +190,14 @@ mod tests {
         let data = sample(2 << 20);
         let body = sealed::bytes(data.clone(), c"health-test");
         let head = b"HTTP/1.1 200 OK\r\ncontent-length: 2097152\r\n\r\n";
-        let before = sent_from_files();
+        let (file, _) = sealed::find(&body).expect("sealed");
         // 2 MiB through the default socket buffers: many partial sends,
         // the writer waiting for the reader between them.
         let got = through(head, &body).await;
         assert_eq!(&got[..head.len()], head);
         assert!(got[head.len()..] == data[..], "the body arrives as it was");
         assert!(
-            sent_from_files() - before >= data.len() as u64,
+            file.sent() == data.len() as u64,
             "the body went out from its file"
         );
     }

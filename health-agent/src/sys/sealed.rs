@@ -34,6 +34,9 @@ pub struct Sealed {
     file: OwnedFd,
     at: NonNull<u8>,
     len: usize,
+    /// Bytes sent from the file, for the tests to see the way taken.
+    #[cfg(test)]
+    sent: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the mapping is read-only and the file sealed against writes: the
@@ -54,31 +57,54 @@ impl Sealed {
         unsafe { std::slice::from_raw_parts(self.at.as_ptr(), self.len) }
     }
 
-    /// Where `slice` starts in the file, when all of it lies in the
-    /// mapping.
-    fn offset_of(&self, slice: &[u8]) -> Option<u64> {
-        let start = self.at.as_ptr() as usize;
-        let at = slice.as_ptr() as usize;
-        let off = at.checked_sub(start)?;
-        (off.checked_add(slice.len())? <= self.len).then_some(off as u64)
+    /// Counts `n` bytes sent from the file.
+    #[cfg(test)]
+    pub fn note_sent(&self, n: usize) {
+        self.sent
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bytes sent from the file so far.
+    #[cfg(test)]
+    pub fn sent(&self) -> u64 {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
 impl Drop for Sealed {
     fn drop(&mut self) {
         let start = self.at.as_ptr() as usize;
+        // Out of the registry before the address can be mapped again.
         REGISTRY
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|(at, held)| *at != start && held.strong_count() > 0);
+            .retain(|e| e.start != start);
         // SAFETY: the mapping made in `seal`, of `len` bytes, unmapped once.
         unsafe { libc::munmap(self.at.as_ptr().cast(), self.len) };
     }
 }
 
-/// The live sealed bytes, by the address of their mapping. A handful at
-/// most (the status a round, the cluster view), each for a round or two.
-static REGISTRY: Mutex<Vec<(usize, Weak<Sealed>)>> = Mutex::new(Vec::new());
+/// A live mapping of sealed bytes: where it is, and the bytes.
+struct Entry {
+    start: usize,
+    len: usize,
+    held: Weak<Sealed>,
+}
+
+impl Entry {
+    /// Where the `len` bytes at address `at` start in the file, when all of
+    /// them lie in the mapping.
+    fn offset_of(&self, at: usize, len: usize) -> Option<u64> {
+        let off = at.checked_sub(self.start)?;
+        (off.checked_add(len)? <= self.len).then_some(off as u64)
+    }
+}
+
+/// The live sealed bytes. A handful at most (the status a round, the
+/// cluster view), each for a round or two. Only addresses are compared
+/// under the lock: bytes are never upgraded, nor dropped, while it is held
+/// (their drop takes it).
+static REGISTRY: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
 /// Why bytes could not be sealed (they are kept in memory instead).
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +157,8 @@ fn seal(data: &[u8], name: &CStr) -> Result<Sealed, SealError> {
         file,
         at,
         len: data.len(),
+        #[cfg(test)]
+        sent: std::sync::atomic::AtomicU64::new(0),
     })
 }
 
@@ -157,7 +185,11 @@ pub fn bytes(data: Vec<u8>, name: &CStr) -> Bytes {
             REGISTRY
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push((sealed.at.as_ptr() as usize, Arc::downgrade(&sealed)));
+                .push(Entry {
+                    start: sealed.at.as_ptr() as usize,
+                    len: sealed.len,
+                    held: Arc::downgrade(&sealed),
+                });
             Bytes::from_owner(Owner(sealed))
         }
         Err(e) => {
@@ -171,14 +203,19 @@ pub fn bytes(data: Vec<u8>, name: &CStr) -> Bytes {
 /// for any other slice.
 #[must_use]
 pub fn find(slice: &[u8]) -> Option<(Arc<Sealed>, u64)> {
-    let held = REGISTRY
+    locate(slice.as_ptr() as usize, slice.len())
+}
+
+/// [`find`] for the `len` bytes at address `at`.
+fn locate(at: usize, len: usize) -> Option<(Arc<Sealed>, u64)> {
+    let (held, off) = REGISTRY
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    held.iter().find_map(|(_, s)| {
-        let s = s.upgrade()?;
-        let off = s.offset_of(slice)?;
-        Some((s, off))
-    })
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find_map(|e| Some((e.held.clone(), e.offset_of(at, len)?)))?;
+    // Upgraded with the lock released: the last strong reference, dropped
+    // here, takes the lock to leave the registry.
+    Some((held.upgrade()?, off))
 }
 
 #[cfg(test)]
@@ -213,10 +250,8 @@ mod tests {
         assert!(find(&data[..]).is_none());
         let past = b.slice(299_000..);
         assert!(find(&past).is_some());
-        // SAFETY: one byte past the mapping's end, never read (only its
-        // address is compared).
-        let over = unsafe { std::slice::from_raw_parts(past.as_ptr(), past.len() + 1) };
-        assert!(find(over).is_none());
+        // One byte more runs past the mapping's end.
+        assert!(locate(past.as_ptr() as usize, past.len() + 1).is_none());
     }
 
     #[test]
@@ -239,7 +274,7 @@ mod tests {
                 .lock()
                 .expect("registry")
                 .iter()
-                .all(|(_, held)| !held.ptr_eq(&weak)),
+                .all(|e| !e.held.ptr_eq(&weak)),
             "dropped bytes leave the registry"
         );
     }
