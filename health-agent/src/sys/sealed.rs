@@ -128,10 +128,9 @@ fn seal(data: &[u8], name: &CStr) -> Result<Sealed, SealError> {
         return Err(fail("memfd_create")(io::Error::last_os_error()));
     }
     // SAFETY: `fd` is a new descriptor no one else owns.
-    let file = unsafe { OwnedFd::from_raw_fd(fd) };
-    File::from(file.try_clone().map_err(fail("dup"))?)
-        .write_all(data)
-        .map_err(fail("write"))?;
+    let mut written = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    written.write_all(data).map_err(fail("write"))?;
+    let file = OwnedFd::from(written);
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
     // SAFETY: fcntl on a descriptor owned here.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
