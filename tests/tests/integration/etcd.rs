@@ -535,12 +535,15 @@ fn the_kvstore_watch_and_lease_come_through_an_etcd_restart() {
         let (a, b) = (KvStore::new(&cfg), KvStore::new(&cfg));
         let _a_run = running(&a);
         a.put_leased("/t/sum/a", "one").await.expect("kept");
+        a.put_leased("/t/sum/b", "b").await.expect("kept");
         let lease = wait_up(&a).await;
         let mut events = b.watch_prefix("/t/sum/");
-        assert_eq!(snapshot(&mut events).await.len(), 1);
+        let before = snapshot(&mut events).await;
+        assert_eq!(before.len(), 2, "{before:?}");
+        let b_revision = revision_of(&b, "/t/sum/b").await;
 
         // The watch is lost once, then a new snapshot; a's lease survives
-        // (etcd keeps leases across restarts) and so does its key.
+        // (etcd keeps leases across restarts) and so do its keys.
         tokio::task::block_in_place(|| etcd.stop());
         let WatchEvent::Lost { error } = next(&mut events).await else {
             panic!("lost")
@@ -554,20 +557,45 @@ fn the_kvstore_watch_and_lease_come_through_an_etcd_restart() {
         .await
         .expect("a's session down within 10 s")
         .expect("link");
+        // A change while etcd is away is kept, and written when the
+        // session is back.
+        assert_eq!(
+            a.put_leased("/t/sum/a", "down").await.expect("kept"),
+            Put::Pending
+        );
         tokio::task::block_in_place(|| etcd.resume());
-        let after = snapshot(&mut events).await;
-        assert_eq!(after, [("/t/sum/a".into(), "one".into())]);
         assert_eq!(wait_up(&a).await, lease, "the same lease after the restart");
-        // Changes flow again.
-        a.put_leased("/t/sum/a", "two").await.expect("put");
-        loop {
+        let mut seen = snapshot(&mut events).await;
+        while !seen.contains(&("/t/sum/a".into(), "down".into())) {
             match next(&mut events).await {
-                WatchEvent::Put(e) if kv(&e).1 == "two" => break,
-                WatchEvent::Put(e) => assert_eq!(kv(&e).1, "one", "a's re-put after the restart"),
+                WatchEvent::Put(e) => seen.push(kv(&e)),
                 other => panic!("{other:?}"),
             }
         }
+        // The key that did not change was not written again: the lease
+        // kept it.
+        assert_eq!(
+            revision_of(&b, "/t/sum/b").await,
+            b_revision,
+            "b written again: {seen:?}"
+        );
+        // Changes flow again.
+        a.put_leased("/t/sum/a", "two").await.expect("put");
+        match next(&mut events).await {
+            WatchEvent::Put(e) => assert_eq!(kv(&e), ("/t/sum/a".into(), "two".into())),
+            other => panic!("{other:?} before the put of two"),
+        }
     });
+}
+
+/// The revision of `key`'s last change, as `store` lists it.
+async fn revision_of(store: &KvStore, key: &str) -> i64 {
+    let (_, entries) = store.list(key).await.expect("list");
+    entries
+        .iter()
+        .find(|e| e.key_str() == key)
+        .map(|e| e.mod_revision)
+        .expect("the key is there")
 }
 
 /// More than gRPC's 4 MiB receive limit under one prefix (5 MiB: 2,560

@@ -69,7 +69,12 @@ fn agents_keep_their_node_set_and_lease_when_their_etcd_member_is_killed() {
                 node.name,
                 node.log()
             );
-            assert!(view.error.is_none(), "{}: {view:#?}", node.name);
+            assert!(
+                view.error.is_none(),
+                "{}: {view:#?}\n{}",
+                node.name,
+                node.log()
+            );
         }
         let etcd = cluster.etcd_cluster.as_ref().expect("an etcd cluster");
         if let Some(keys) = etcd.keys(ETCD_PREFIX) {

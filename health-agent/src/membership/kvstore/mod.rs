@@ -13,8 +13,9 @@
 //!   lease-keepalive stream) and every key written with
 //!   [`KvStore::put_leased`] attached to it. When the lease is lost (etcd
 //!   away longer than its TTL) a new one is granted and every leased key
-//!   is written again; when the agent leaves, [`KvStore::revoke`] removes
-//!   them all at once.
+//!   is written again (a lease kept through an outage gets only the keys
+//!   that changed meanwhile); when the agent leaves, [`KvStore::revoke`]
+//!   removes them all at once.
 //! - [`KvStore::watch_prefix`] follows every key under a prefix: a
 //!   [`WatchEvent::Snapshot`] (one range read at revision R), then
 //!   [`WatchEvent::Put`] / [`WatchEvent::Delete`] from the watch stream
@@ -232,13 +233,20 @@ struct Inner {
     /// refreshes expired tokens by itself).
     authenticated: AsyncMutex<bool>,
     /// Every key written with the lease, with its latest value.
-    leased: AsyncMutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    leased: AsyncMutex<BTreeMap<Vec<u8>, Leased>>,
     /// The lease being kept alive.
     lease: Mutex<Option<i64>>,
     /// Where the lease's ID is kept between runs.
     lease_file: Option<std::path::PathBuf>,
     link: watch::Sender<Link>,
     running: AtomicBool,
+}
+
+/// A leased key's latest value, and the lease it was last written under
+/// (`None`: not written since it changed, or never).
+struct Leased {
+    value: Vec<u8>,
+    written: Option<i64>,
 }
 
 impl fmt::Debug for KvStore {
@@ -539,20 +547,27 @@ impl KvStore {
         }
     }
 
-    /// Writes every leased key under `lease`.
+    /// Writes every leased key not yet written under `lease` with its
+    /// latest value: all of them under a new lease; under a lease kept
+    /// through an outage, only those that changed meanwhile (the others
+    /// are in etcd as long as the lease is). A session that comes back
+    /// after a member's loss then needs one request that reaches a member
+    /// left, not one per key, and a cluster's agents coming back together
+    /// do not write every record again.
     async fn put_all(&self, client: &Client, lease: i64) -> Result<(), KvError> {
-        let leased = self.inner.leased.lock().await;
+        let mut leased = self.inner.leased.lock().await;
         let mut kv = client.kv_client();
-        for (key, value) in leased.iter() {
+        for (key, l) in leased.iter_mut().filter(|(_, l)| l.written != Some(lease)) {
             timed(
                 format!("writing {}", String::from_utf8_lossy(key)),
                 kv.put(
                     key.clone(),
-                    value.clone(),
+                    l.value.clone(),
                     Some(PutOptions::new().with_lease(lease)),
                 ),
             )
             .await?;
+            l.written = Some(lease);
         }
         Ok(())
     }
@@ -571,18 +586,29 @@ impl KvStore {
     ) -> Result<Put, KvError> {
         let (key, value) = (key.into(), value.into());
         let mut leased = self.inner.leased.lock().await;
-        leased.insert(key.clone(), value.clone());
+        leased.insert(
+            key.clone(),
+            Leased {
+                value: value.clone(),
+                written: None,
+            },
+        );
         let Link::Up { lease } = *self.inner.link.borrow() else {
             return Ok(Put::Pending);
         };
         let client = self.client().await?;
         timed(
             format!("writing {}", String::from_utf8_lossy(&key)),
-            client
-                .kv_client()
-                .put(key, value, Some(PutOptions::new().with_lease(lease))),
+            client.kv_client().put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            ),
         )
         .await?;
+        if let Some(l) = leased.get_mut(&key) {
+            l.written = Some(lease);
+        }
         drop(leased);
         Ok(Put::Written)
     }
