@@ -203,6 +203,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_reader_gone_mid_body_fails_that_send_and_nothing_else() {
+        let data = sample(2 << 20);
+        let body = sealed::bytes(data.clone(), c"health-test");
+        let (ours, theirs) = UnixStream::pair().expect("socket pair");
+        let mut conn = Connection::new(ours);
+        // As much as the socket's buffer takes, from the file.
+        let n = conn.write(&body).await.expect("the first part goes");
+        assert!(n > 0 && n < body.len(), "{n}");
+        let (file, _) = sealed::find(&body).expect("sealed");
+        assert_eq!(file.sent(), n as u64, "sent from the file");
+        drop(theirs);
+        // The rest, to a reader that went: an error for this connection
+        // (no signal ends the process, no wait for a reader).
+        let err = conn
+            .write(&body[n..])
+            .await
+            .expect_err("the reader is gone");
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ),
+            "{err}"
+        );
+        // The bytes are whole for every other reader.
+        assert!(body[..] == data[..], "the bytes changed");
+        assert!(
+            through(b"", &body).await == data,
+            "the next connection gets it all"
+        );
+    }
+
+    #[tokio::test]
     async fn bytes_in_memory_are_written_as_they_are() {
         let data = sample(300_000);
         let head = b"HTTP/1.1 200 OK\r\n\r\n";
