@@ -110,6 +110,22 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/status?summary=true&after=SEQ&wait=WAIT`: the summary once
+    /// a round later than `after` is published, or after `wait` (at most
+    /// [`MAX_WAIT`](super::round_wait::MAX_WAIT)) with the round as it is.
+    pub async fn status_summary_after(
+        &self,
+        after: u64,
+        wait: Duration,
+    ) -> Result<StatusSummary, ClientError> {
+        let wait = wait.as_millis();
+        self.call(
+            "GET",
+            &format!("{}?summary=true&after={after}&wait={wait}ms", paths::STATUS),
+        )
+        .await
+    }
+
     /// `GET /v1/status/history?node=NAME`: the node's paths over the
     /// history's window (404 for a node not in the set).
     pub async fn history(&self, node: &str) -> Result<NodeHistory, ClientError> {

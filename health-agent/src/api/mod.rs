@@ -6,6 +6,7 @@
 
 pub mod client;
 mod front;
+pub mod round_wait;
 pub mod server;
 mod splice;
 pub mod types;

@@ -20,7 +20,10 @@ use tokio::{net::UnixListener, sync::watch};
 
 use tokio_util::sync::CancellationToken;
 
-use super::types::{ApiError, Healthz, NodesView, paths};
+use super::{
+    round_wait::RoundWait,
+    types::{ApiError, Healthz, NodesView, paths},
+};
 use crate::{
     cluster::view_cell::ClusterViewCell,
     datapath::KernelReport,
@@ -65,6 +68,10 @@ pub struct ApiState {
     metrics: Option<Arc<crate::metrics::Metrics>>,
     /// The cluster view (`GET /v1/cluster`), when there is one.
     cluster: Option<ClusterViewCell>,
+    /// Where requests may wait for the next round (the socket's server,
+    /// not the network listener's): the token that ends their waits when
+    /// the server stops.
+    waits: Option<CancellationToken>,
 }
 
 impl ApiState {
@@ -87,6 +94,7 @@ impl ApiState {
             kernel: None,
             metrics: None,
             cluster: None,
+            waits: None,
         }
     }
 
@@ -114,6 +122,12 @@ impl ApiState {
 }
 
 impl ApiState {
+    /// Lets requests wait for the next round until `stop` is cancelled.
+    fn with_waits(mut self, stop: CancellationToken) -> Self {
+        self.waits = Some(stop);
+        self
+    }
+
     fn prober(&self) -> Arc<Prober> {
         self.prober.borrow().clone()
     }
@@ -183,6 +197,7 @@ pub async fn serve(
     state: ApiState,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
+    let state = state.with_waits(shutdown.clone());
     super::front::serve(listener, router(state), shutdown, None).await;
     Ok(())
 }
@@ -195,6 +210,7 @@ pub async fn serve_in_lanes(
     shutdown: CancellationToken,
     bulk: tokio::runtime::Handle,
 ) -> Result<(), ServerError> {
+    let state = state.with_waits(shutdown.clone());
     super::front::serve(listener, router(state), shutdown, Some(bulk)).await;
     Ok(())
 }
@@ -383,6 +399,7 @@ async fn status(
     let mut want_state = None;
     let mut want_node = None;
     let mut summary = false;
+    let (mut after, mut wait) = (None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("state", v)) => match v {
@@ -399,15 +416,36 @@ async fn status(
             Some(("node", v)) if !v.is_empty() => want_node = Some(v.to_owned()),
             Some(("summary", "true")) => summary = true,
             Some(("summary", "false")) => summary = false,
+            Some(("after", v)) => after = Some(v),
+            Some(("wait", v)) => wait = Some(v),
             _ => {
                 return error(
                     StatusCode::BAD_REQUEST,
                     format!(
-                        "unknown query parameter {pair:?} (state=success|failure|unknown, node=NAME, summary=true)"
+                        "unknown query parameter {pair:?} (state=success|failure|unknown, node=NAME, summary=true, after=SEQ, wait=DURATION)"
                     ),
                 );
             }
         }
+    }
+    let round_wait = match RoundWait::parse(after, wait) {
+        Ok(w) => w,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    if let Some(round_wait) = round_wait {
+        if !summary {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "after= goes with summary=true: a client waits for the next round's counts, then asks for what it needs",
+            );
+        }
+        let Some(stop) = &state.waits else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "after= (waiting for the next round) is answered on the agent's socket only",
+            );
+        };
+        round_wait.until_done(&state.prober, stop).await;
     }
     if summary {
         return Json(StatusSummary::clone(&state.prober().status_summary())).into_response();
@@ -556,7 +594,7 @@ async fn nodes(State(state): State<AppState>) -> Json<NodesView> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{net::Ipv4Addr, time::Duration};
 
     use super::*;
@@ -611,13 +649,20 @@ mod tests {
     /// Serves `prober` on a socket of its own (within a runtime) until the
     /// token is cancelled.
     fn serve_prober(prober: Arc<Prober>) -> (Client, SocketGuard, CancellationToken) {
+        serve_probers(watch::channel(prober).1)
+    }
+
+    /// Serves the prober in service in `probers` on a socket of its own
+    /// (within a runtime) until the token is cancelled.
+    pub(crate) fn serve_probers(
+        probers: watch::Receiver<Arc<Prober>>,
+    ) -> (Client, SocketGuard, CancellationToken) {
         let path = std::env::temp_dir().join(format!(
-            "health-agent-history-{}-{}.sock",
+            "health-agent-api-{}-{}.sock",
             std::process::id(),
             fastrand::u64(..)
         ));
         let (guard, listener) = bind(&path, None).expect("bind");
-        let (_, probers) = watch::channel(prober);
         let state = ApiState::new(
             crate::endpoint::shared_view(),
             probers,

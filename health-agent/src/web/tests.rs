@@ -257,3 +257,22 @@ async fn connections_past_the_cap_are_closed_and_a_freed_slot_serves_again() {
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     stop.cancel();
 }
+
+#[tokio::test]
+async fn waiting_for_a_round_is_left_to_the_socket() {
+    let (addr, stop) = listening(Limits::LISTENER).await;
+    let host = format!("127.0.0.1:{}", addr.port());
+    let out = exchange(addr, &get("/api/v1/status?summary=true", &host)).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    // A held request would keep one of the listener's few slots.
+    let t0 = Instant::now();
+    let out = exchange(
+        addr,
+        &get("/api/v1/status?summary=true&after=0&wait=30s", &host),
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    assert!(out.contains("answered on the agent's socket only"), "{out}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    stop.cancel();
+}

@@ -228,8 +228,15 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
                 lab.agent_report()
             );
         }
-        if let Ok(summary) = rt.block_on(client.status_summary())
-            && let Some(r) = summary.round
+        crate::stop::check()?;
+        let Ok(summary) =
+            rt.block_on(client.status_summary_after(last_seq, wait_for(opts.interval)))
+        else {
+            // Not serving yet.
+            crate::stop::sleep(Duration::from_millis(25))?;
+            continue;
+        };
+        if let Some(r) = summary.round
             && r.seq != last_seq
         {
             let ((cpu, rss), (user, _)) = (usage(pid)?, cpu_times(pid)?);
@@ -269,7 +276,6 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             lab_before = lab_now;
             last_seq = r.seq;
         }
-        crate::stop::sleep(poll_period(opts.interval))?;
     }
     clients_done.store(true, Ordering::Relaxed);
     let (status_latency, summary_latency) = joined(latencies);
@@ -382,14 +388,13 @@ struct Measured {
     fping: Duration,
 }
 
-/// How often the agent is asked whether a round ended: often enough to
-/// catch every round (a fifth of the interval: two rounds never end within
-/// one period), seldom enough not to weigh on the agent it measures (at a
-/// 60 s interval, polling every 25 ms cost the agent more CPU than its
-/// rounds did; at 500 peers and 3 s, a twentieth of the interval was 7 %
-/// of the agent's CPU). Rounds are timed by the agent, not by this.
-fn poll_period(interval: Duration) -> Duration {
-    (interval / 5).clamp(Duration::from_millis(25), Duration::from_secs(1))
+/// How long one request waits for the next round: the agent answers as
+/// a round ends (one request a round, where asking every fifth of the
+/// interval took five, and at 500 peers and 3 s a twentieth of the
+/// interval had cost 7 % of the agent's CPU), and at least every 5 s, so
+/// that a stop, an agent that ended or the deadline are seen.
+fn wait_for(interval: Duration) -> Duration {
+    (interval + Duration::from_secs(1)).min(Duration::from_secs(5))
 }
 
 #[cfg(test)]

@@ -77,6 +77,9 @@ pub struct Prober {
     pub(super) liveness_ms: std::sync::atomic::AtomicU64,
     /// Woken (one permit) when a round is published.
     rounds_done: tokio::sync::Notify,
+    /// The number of the newest round published (0: none yet), for the
+    /// API's clients that wait for the next one.
+    published_seq: tokio::sync::watch::Sender<u64>,
     /// Which of each target's paths (ICMP, HTTP) failed its last probe,
     /// as the last round recorded them, with the node set they number: the
     /// next round's order reads these rather than tens of thousands of
@@ -116,6 +119,7 @@ impl Prober {
             tracing: Mutex::default(),
             liveness_ms: std::sync::atomic::AtomicU64::new(0),
             rounds_done: tokio::sync::Notify::new(),
+            published_seq: tokio::sync::watch::Sender::new(0),
             failed: Mutex::new(None),
             published: RwLock::new(Published {
                 summary: Arc::new(StatusSummary {
@@ -143,6 +147,13 @@ impl Prober {
     /// returned (one waiter: the cluster view's publisher).
     pub async fn round_done(&self) {
         self.rounds_done.notified().await;
+    }
+
+    /// The number of the newest round published, as it changes: what a
+    /// client waiting for the next round waits on (any number of them).
+    #[must_use]
+    pub fn published_rounds(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.published_seq.subscribe()
     }
 
     /// Epoch milliseconds of the newest evidence about the peers: the end

@@ -151,7 +151,7 @@ impl Prober {
     /// Publishes the paths as they are now, as round `round`, unless a
     /// round that started later is already published (`force`: a
     /// node-set change, which keeps the round info).
-    pub(super) fn publish(&self, round: Option<RoundInfo>, force: bool) {
+    pub(crate) fn publish(&self, round: Option<RoundInfo>, force: bool) {
         let newer = {
             let Ok(published) = self.published.read() else {
                 return;
@@ -167,8 +167,18 @@ impl Prober {
             let nodes = self.nodes();
             let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
             let made = serialised(self, &nodes, round, encryption.as_deref());
+            let seq = made.summary.round.as_ref().map(|r| r.seq);
             if let Ok(mut published) = self.published.write() {
                 *published = made;
+            }
+            if let Some(seq) = seq {
+                self.published_seq.send_if_modified(|newest| {
+                    let later = seq > *newest;
+                    if later {
+                        *newest = seq;
+                    }
+                    later
+                });
             }
         }
     }

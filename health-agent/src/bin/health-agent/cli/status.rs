@@ -49,6 +49,15 @@ pub(crate) struct StatusArgs {
     /// the counts and the nodes that are not reachable, failing first).
     #[arg(long)]
     all: bool,
+    /// Follow the rounds: a row as each ends (its number, when it ended,
+    /// how long it took, the node counts and the first nodes not
+    /// reachable); with -o json, each round's summary as a line of JSON.
+    /// Until interrupted, or --rounds.
+    #[arg(long, conflicts_with_all = ["probe", "history", "quality", "cluster", "verbose", "all"])]
+    watch: bool,
+    /// With --watch: stop after this many rounds.
+    #[arg(long, requires = "watch", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: Option<u64>,
     /// Deadline of a --probe round.
     #[arg(long, default_value = "30s", value_parser = health_agent::util::duration::parse)]
     probe_timeout: Duration,
@@ -61,6 +70,9 @@ pub(crate) struct StatusArgs {
 impl StatusArgs {
     pub(crate) async fn run(self) -> anyhow::Result<()> {
         let client = Client::new(self.socket.path);
+        if self.watch {
+            return watch::watch(&client, self.output, self.rounds, &mut std::io::stdout()).await;
+        }
         if self.cluster {
             let view = client.cluster().await?;
             match self.output {
@@ -497,3 +509,4 @@ pub(crate) fn render(
 
 #[cfg(test)]
 mod tests;
+mod watch;

@@ -1,0 +1,136 @@
+//! `health-agent status --watch`: a row as each round ends, its counts and
+//! the first nodes it could not reach. One request a round waits for the
+//! next one (`?summary=true&after=SEQ`); the unreachable nodes' names are
+//! asked for only when there are some.
+
+use std::{fmt::Write as _, io::Write, time::Duration};
+
+use health_agent::{api::client::Client, probe::status::StatusSummary, util::timefmt::rfc3339};
+
+use super::super::OutputFormat;
+
+/// How long each request waits for the next round before asking again.
+const WAIT: Duration = Duration::from_secs(60);
+/// Unreachable nodes named in a row; the rest are counted.
+const NAMED: usize = 5;
+
+/// Follows the rounds, writing a row (or, as JSON, the summary) for each
+/// to `out`, until `rounds` rounds have been written (for ever without).
+pub(crate) async fn watch(
+    client: &Client,
+    output: OutputFormat,
+    rounds: Option<u64>,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    if output == OutputFormat::Table {
+        writeln!(out, "{}", header())?;
+    }
+    let mut written = 0;
+    // The last round seen: `None` before the first answer.
+    let mut seen: Option<u64> = None;
+    while rounds.is_none_or(|n| written < n) {
+        let summary = match seen {
+            None => client.status_summary().await?,
+            Some(seq) => client.status_summary_after(seq, WAIT).await?,
+        };
+        let seq = summary.round.as_ref().map(|r| r.seq);
+        // A new round; or a lower number: the agent restarted.
+        if seq.is_some() && seq != seen {
+            match output {
+                OutputFormat::Json => writeln!(out, "{}", serde_json::to_string(&summary)?)?,
+                OutputFormat::Table => {
+                    let failing = if summary.unreachable > 0 {
+                        client
+                            .status_filtered("state=failure")
+                            .await?
+                            .nodes
+                            .into_iter()
+                            .map(|n| n.name)
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    writeln!(out, "{}", row(&summary, &failing))?;
+                }
+            }
+            out.flush()?;
+            written += 1;
+        }
+        seen = Some(seq.unwrap_or(0));
+    }
+    Ok(())
+}
+
+/// The table's header.
+fn header() -> String {
+    format!(
+        "{:<8} {:<20} {:>8} {:>7} {:>10} {:>12} {:>8}  NOT REACHABLE",
+        "ROUND", "ENDED", "TOOK", "NODES", "REACHABLE", "UNREACHABLE", "UNKNOWN"
+    )
+}
+
+/// A round's row: `failing` are the unreachable nodes' names, the first
+/// [`NAMED`] shown.
+fn row(s: &StatusSummary, failing: &[String]) -> String {
+    let (seq, ended, took) = s.round.as_ref().map_or_else(
+        || ("-".to_owned(), "-".to_owned(), "-".to_owned()),
+        |r| {
+            (
+                r.seq.to_string(),
+                rfc3339(r.started_ms.saturating_add(r.duration_ms)),
+                format!("{}.{:02}s", r.duration_ms / 1000, r.duration_ms % 1000 / 10),
+            )
+        },
+    );
+    let mut line = format!(
+        "{seq:<8} {ended:<20} {took:>8} {:>7} {:>10} {:>12} {:>8}  ",
+        s.nodes, s.reachable, s.unreachable, s.unknown
+    );
+    line.push_str(&failing[..failing.len().min(NAMED)].join(", "));
+    if failing.len() > NAMED {
+        let _ = write!(line, " and {} more", failing.len() - NAMED);
+    }
+    line.trim_end().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use health_agent::probe::status::RoundInfo;
+
+    use super::*;
+
+    fn summary(seq: u64, unreachable: usize) -> StatusSummary {
+        StatusSummary {
+            local_node: None,
+            round: Some(RoundInfo {
+                seq,
+                started_ms: 1_764_300_000_000,
+                duration_ms: 1_060,
+                probes: 40_004,
+            }),
+            encryption: None,
+            nodes: 10_000,
+            reachable: 10_000 - unreachable,
+            unreachable,
+            unknown: 0,
+        }
+    }
+
+    #[test]
+    fn a_row_names_the_first_unreachable_nodes_and_counts_the_rest() {
+        let names: Vec<String> = (1..=8).map(|i| format!("node-{i}")).collect();
+        let line = row(&summary(42, 8), &names);
+        assert_eq!(
+            line,
+            "42       2025-11-28T03:20:01Z    1.06s   10000       9992            8        0  \
+             node-1, node-2, node-3, node-4, node-5 and 3 more"
+        );
+        let header = header();
+        assert_eq!(
+            header.find("NOT REACHABLE"),
+            line.find("node-1"),
+            "{header}\n{line}"
+        );
+        assert!(!row(&summary(43, 0), &[]).ends_with(' '));
+    }
+}
