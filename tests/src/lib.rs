@@ -40,6 +40,7 @@ pub mod prometheus;
 pub mod router_chain;
 pub mod tc_run;
 pub mod topology;
+pub mod watch;
 pub mod wireguard;
 
 /// Fails loudly (rather than skipping) when the tests are not run as root:

@@ -118,7 +118,8 @@ impl Client {
         after: u64,
         wait: Duration,
     ) -> Result<StatusSummary, ClientError> {
-        let wait = wait.as_millis();
+        // The agent takes whole milliseconds, at least one.
+        let wait = wait.as_millis().max(1);
         self.call(
             "GET",
             &format!("{}?summary=true&after={after}&wait={wait}ms", paths::STATUS),

@@ -6,7 +6,10 @@
 //! The wait ends, and the summary as it is then is the answer, when a
 //! later round is published, when `wait` has passed (the answer's round
 //! is then still `SEQ` or earlier), when a reload replaces the prober, or
-//! when the agent stops. A waiting request holds its connection and a
+//! when the agent stops. A `SEQ` the agent has not reached is answered at
+//! once: it comes from an earlier run of the agent, whose rounds were
+//! numbered further, and the client learns that the numbering began
+//! again. A waiting request holds its connection and a
 //! small task, no thread. Waits are served on the agent's socket only:
 //! the network listener answers from its own connection cap and idle
 //! timeout, which a held request would tie up.
@@ -37,8 +40,9 @@ pub struct RoundWait {
 pub enum RoundWaitError {
     #[error("after={0:?}: expected a round number (0, 1, 2, ...)")]
     After(String),
-    #[error("wait={value:?}: {reason}")]
-    Wait { value: String, reason: String },
+    /// The reason begins with the value, quoted.
+    #[error("wait={0}")]
+    Wait(String),
     #[error("wait= goes with after=SEQ (the round to wait past)")]
     WaitAlone,
 }
@@ -58,14 +62,10 @@ impl RoundWait {
         let wait = match wait {
             None => DEFAULT_WAIT,
             Some(v) => {
-                let bad = |reason: String| RoundWaitError::Wait {
-                    value: v.to_owned(),
-                    reason,
-                };
-                let d = crate::util::duration::parse(v).map_err(bad)?;
+                let d = crate::util::duration::parse(v).map_err(RoundWaitError::Wait)?;
                 if d > MAX_WAIT {
-                    return Err(bad(format!(
-                        "at most {}",
+                    return Err(RoundWaitError::Wait(format!(
+                        "{v:?}: at most {}",
                         humantime::format_duration(MAX_WAIT)
                     )));
                 }
@@ -75,8 +75,9 @@ impl RoundWait {
         Ok(Some(Self { after, wait }))
     }
 
-    /// Waits until `probers`' prober has published a round later than
-    /// `self.after`, `self.wait` has passed, the prober was replaced or
+    /// Waits until `probers`' prober has published a round other than
+    /// `self.after` (a later one; or an earlier one, `after` being from an
+    /// earlier run), `self.wait` has passed, the prober was replaced or
     /// `stop` is cancelled, whichever comes first.
     pub async fn until_done(
         self,
@@ -86,7 +87,7 @@ impl RoundWait {
         let mut probers = probers.clone();
         let mut rounds = probers.borrow_and_update().published_rounds();
         tokio::select! {
-            _ = rounds.wait_for(|&seq| seq > self.after) => {}
+            _ = rounds.wait_for(|&seq| seq != self.after) => {}
             () = replaced(&mut probers) => {}
             () = tokio::time::sleep(self.wait) => {}
             () = stop.cancelled() => {}
@@ -199,6 +200,15 @@ mod tests {
             .expect("summary");
         assert_eq!(now.round.map(|r| r.seq), Some(1));
         assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        // A round this agent has not reached (the client followed an
+        // earlier run of it): answered at once, with the round it is at.
+        let t0 = Instant::now();
+        let restarted = client
+            .status_summary_after(500, Duration::from_secs(30))
+            .await
+            .expect("summary");
+        assert_eq!(restarted.round.map(|r| r.seq), Some(1));
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
 
         // Many waiters, one round: each hears of it.
         let waiters: Vec<_> = (0..20).map(|_| wait_past(&client, 1, 30)).collect();
@@ -303,12 +313,11 @@ mod tests {
             assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
         }
         for bad in ["0s", "soon", "11m", "1h"] {
-            let e = RoundWait::parse(Some("1"), Some(bad)).expect_err(bad);
-            assert!(
-                matches!(&e, RoundWaitError::Wait { value, .. } if value == bad),
-                "{e}"
-            );
-            assert!(e.to_string().starts_with(&format!("wait={bad:?}")), "{e}");
+            let e = RoundWait::parse(Some("1"), Some(bad))
+                .expect_err(bad)
+                .to_string();
+            assert!(e.starts_with(&format!("wait={bad:?}")), "{e}");
+            assert_eq!(e.matches(bad).count(), 1, "the value named once: {e}");
         }
         assert_eq!(
             RoundWait::parse(None, Some("1s")),

@@ -35,7 +35,10 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use health_agent::{api::client::Client, probe::status::ClusterStatus};
+use health_agent::{
+    api::client::{Client, ClientError},
+    probe::status::ClusterStatus,
+};
 
 use self::{
     clients::{Percentiles, joined, status_clients},
@@ -229,13 +232,16 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             );
         }
         crate::stop::check()?;
-        let Ok(summary) =
-            rt.block_on(client.status_summary_after(last_seq, wait_for(opts.interval)))
-        else {
-            // Not serving yet.
-            crate::stop::sleep(Duration::from_millis(25))?;
-            continue;
-        };
+        let summary =
+            match rt.block_on(client.status_summary_after(last_seq, wait_for(opts.interval))) {
+                Ok(summary) => summary,
+                // Not serving yet.
+                Err(ClientError::Unreachable { .. } | ClientError::Http { .. }) => {
+                    crate::stop::sleep(Duration::from_millis(25))?;
+                    continue;
+                }
+                Err(e) => bail!("asking the agent for its rounds: {e}"),
+            };
         if let Some(r) = summary.round
             && r.seq != last_seq
         {

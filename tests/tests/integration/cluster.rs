@@ -21,6 +21,7 @@ use health_agent::probe::{
 use health_tests::{
     cluster::{Cluster, ClusterNode, Settings, nodes_yaml},
     faults::DropIcmp,
+    watch::Watching,
 };
 
 fn all_paths(s: &ClusterStatus, r: ProbeResult) -> bool {
@@ -143,7 +144,7 @@ fn a_node_whose_link_goes_down_turns_unreachable_then_recovers() {
     });
     cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
     // An operator following the rounds meanwhile.
-    let watching = Watching::start(&cluster.nodes[0]);
+    let mut watching = Watching::start(&cluster.nodes[0].socket());
     cluster.nodes[2].set_uplink(false);
     let down = cluster.wait_status(0, Duration::from_secs(10), |s| {
         !node(s, "node-3").reachable()
@@ -168,7 +169,7 @@ fn a_node_whose_link_goes_down_turns_unreachable_then_recovers() {
     // `status --watch` wrote a row a round as it ended: node-3 named while
     // it was down, not before nor after.
     let up_seq = up.round.as_ref().expect("a round").seq;
-    let rows = watching.rows_through(up_seq);
+    let rows = watching.rows_until(|rows| rows.last().is_some_and(|r| r.seq >= up_seq));
     let states: Vec<&str> = rows
         .iter()
         .map(|r| match (r.unreachable, r.names.as_str()) {
@@ -293,75 +294,6 @@ fn the_agents_routes_come_back_after_a_sync_that_could_not_make_them_and_after_f
 }
 
 /// Waits (4 s at most) until `node` holds its 2 routes again; how long.
-/// `health-agent status --watch` on a node, killed when dropped.
-struct Watching {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-/// A row of `status --watch`.
-#[derive(Debug)]
-struct WatchRow {
-    seq: u64,
-    unreachable: usize,
-    names: String,
-}
-
-impl Watching {
-    fn start(node: &ClusterNode) -> Self {
-        let mut child = std::process::Command::new(health_tests::agent::agent_binary())
-            .args(["status", "--watch", "--socket"])
-            .arg(node.socket())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("status --watch");
-        let out = child.stdout.take().expect("its output");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok)
-            {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// The rows written up to round `seq`'s (within 10 s).
-    fn rows_through(&self, seq: u64) -> Vec<WatchRow> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let mut rows = Vec::new();
-        let mut header = None;
-        while rows.last().is_none_or(|r: &WatchRow| r.seq < seq) {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|e| panic!("no row for round {seq} ({e}): {rows:#?}"));
-            let Some(at) = header else {
-                assert!(line.starts_with("ROUND"), "{line}");
-                header = Some(line.find("NOT REACHABLE").expect("the names' column"));
-                continue;
-            };
-            let cells: Vec<&str> = line.split_whitespace().collect();
-            rows.push(WatchRow {
-                seq: cells[0].parse().expect("a round number"),
-                unreachable: cells[5].parse().expect("a count"),
-                names: line.get(at..).unwrap_or_default().trim().to_owned(),
-            });
-        }
-        rows
-    }
-}
-
-impl Drop for Watching {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn routes_back(node: &ClusterNode, what: &str) -> Duration {
     let t0 = std::time::Instant::now();
     let deadline = health_tests::patience(Duration::from_secs(4));

@@ -14,6 +14,7 @@ use health_agent::{
 use health_tests::{
     cluster::{Cluster, ETCD_ENDPOINT, ETCD_PREFIX, Settings},
     etcd::{LocalEtcd, Security, enable_auth, keys_as, put_as},
+    watch::Watching,
 };
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
@@ -44,13 +45,37 @@ fn nodes_join_and_leave_through_etcd_and_survive_an_etcd_restart() {
     assert!(view.error.is_none(), "{view:?}");
 
     // Leave: a stopped agent revokes its lease; the others see it go.
+    // An operator follows node-3's rounds through its restart.
+    let mut watching = Watching::start(&cluster.nodes[2].socket());
     cluster.stop_agent(2, Signal::SIGTERM);
     cluster.wait_status(0, Duration::from_secs(5), |s| s.nodes.len() == 2);
     // Join: it registers again.
+    let restarted = health_agent::util::timefmt::rfc3339(
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_millis(),
+        )
+        .expect("in range"),
+    );
     cluster.start_agent(2);
     cluster.wait_status(0, Duration::from_secs(20), |s| {
         s.nodes.len() == 3 && s.reachable() == 3
     });
+    // The watch waited for the agent and went on with its new run's
+    // rounds, numbered from 1 again, saying so on stderr.
+    let rows = watching.rows_until(|rows| rows.iter().any(|r| r.ended > restarted));
+    let new_run = rows
+        .iter()
+        .position(|r| r.ended > restarted)
+        .expect("a row of the new run");
+    assert!(new_run > 0 && rows[new_run].seq <= 3, "{rows:#?}");
+    let said = watching.stop();
+    assert!(
+        said.contains("cannot reach the health agent") && said.contains("answers again"),
+        "{said}"
+    );
 
     // etcd down: probing continues over the last known set.
     cluster.stop_etcd();

@@ -80,6 +80,9 @@ pub struct Prober {
     /// The number of the newest round published (0: none yet), for the
     /// API's clients that wait for the next one.
     published_seq: tokio::sync::watch::Sender<u64>,
+    /// Held by a publish from its check of the published round to its
+    /// write (see [`Self::publish`]).
+    publishing: Mutex<()>,
     /// Which of each target's paths (ICMP, HTTP) failed its last probe,
     /// as the last round recorded them, with the node set they number: the
     /// next round's order reads these rather than tens of thousands of
@@ -120,6 +123,7 @@ impl Prober {
             liveness_ms: std::sync::atomic::AtomicU64::new(0),
             rounds_done: tokio::sync::Notify::new(),
             published_seq: tokio::sync::watch::Sender::new(0),
+            publishing: Mutex::new(()),
             failed: Mutex::new(None),
             published: RwLock::new(Published {
                 summary: Arc::new(StatusSummary {

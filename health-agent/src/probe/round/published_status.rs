@@ -150,36 +150,127 @@ impl Prober {
 
     /// Publishes the paths as they are now, as round `round`, unless a
     /// round that started later is already published (`force`: a
-    /// node-set change, which keeps the round info).
+    /// node-set change, published with the newest round's info).
+    ///
+    /// One publish at a time, from the check to the write: a node-set
+    /// change that read round 4 while round 5 was being published could
+    /// otherwise write round 4 back over it, the published round going
+    /// back while the round number its waiters follow did not.
     pub(crate) fn publish(&self, round: Option<RoundInfo>, force: bool) {
-        let newer = {
-            let Ok(published) = self.published.read() else {
-                return;
-            };
-            match (&round, &published.summary.round) {
-                (Some(new), Some(old)) => new.seq >= old.seq,
-                (Some(_), None) => true,
-                (None, _) => force,
-            }
+        let _one = self
+            .publishing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Publish::As(round) = publishable(round, self.status_summary().round.clone(), force)
+        else {
+            return;
         };
-        if newer || force {
-            // Serialised outside the lock: readers keep the old one meanwhile.
-            let nodes = self.nodes();
-            let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
-            let made = serialised(self, &nodes, round, encryption.as_deref());
-            let seq = made.summary.round.as_ref().map(|r| r.seq);
-            if let Ok(mut published) = self.published.write() {
-                *published = made;
-            }
-            if let Some(seq) = seq {
-                self.published_seq.send_if_modified(|newest| {
-                    let later = seq > *newest;
-                    if later {
-                        *newest = seq;
-                    }
-                    later
-                });
-            }
+        // Serialised outside the readers' lock: they keep the old one
+        // meanwhile. The node set is read here, under the publishing
+        // lock, so the last publish shows the last set.
+        let nodes = self.nodes();
+        let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
+        let made = serialised(self, &nodes, round, encryption.as_deref());
+        let seq = made.summary.round.as_ref().map(|r| r.seq);
+        if let Ok(mut published) = self.published.write() {
+            *published = made;
         }
+        if let Some(seq) = seq {
+            self.published_seq.send_if_modified(|newest| {
+                let later = seq > *newest;
+                if later {
+                    *newest = seq;
+                }
+                later
+            });
+        }
+    }
+}
+
+/// What a publish does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Publish {
+    /// Nothing: a later round is published.
+    Nothing,
+    /// The paths as they are now, as this round (`None`: before any).
+    As(Option<RoundInfo>),
+}
+
+/// What to publish, asked to publish `round` (`force`: whatever the
+/// round) with `published` the round published now. A round never goes
+/// back: an older one is not published, and a forced publish of it shows
+/// the newer one's info.
+fn publishable(round: Option<RoundInfo>, published: Option<RoundInfo>, force: bool) -> Publish {
+    let published = match (round, published) {
+        (Some(new), Some(old)) if new.seq < old.seq => Some(old),
+        (None, Some(old)) => Some(old),
+        (None, None) => None,
+        (new, _) => return Publish::As(new),
+    };
+    if force {
+        Publish::As(published)
+    } else {
+        Publish::Nothing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(seq: u64) -> RoundInfo {
+        RoundInfo {
+            seq,
+            started_ms: seq * 1000,
+            duration_ms: 10,
+            probes: 4,
+        }
+    }
+
+    #[test]
+    fn a_published_round_never_goes_back() {
+        let five = Publish::As(Some(info(5)));
+        // A later round, or the same one again: published.
+        assert_eq!(publishable(Some(info(5)), Some(info(4)), false), five);
+        assert_eq!(publishable(Some(info(5)), Some(info(5)), false), five);
+        assert_eq!(
+            publishable(Some(info(1)), None, false),
+            Publish::As(Some(info(1)))
+        );
+        // An older one: not, unless forced, and then with the newer info.
+        assert_eq!(
+            publishable(Some(info(4)), Some(info(5)), false),
+            Publish::Nothing
+        );
+        assert_eq!(publishable(Some(info(4)), Some(info(5)), true), five);
+        assert_eq!(publishable(None, Some(info(5)), true), five);
+        assert_eq!(publishable(None, Some(info(5)), false), Publish::Nothing);
+        // Before any round: only a forced publish (a node-set change).
+        assert_eq!(publishable(None, None, true), Publish::As(None));
+        assert_eq!(publishable(None, None, false), Publish::Nothing);
+    }
+
+    #[test]
+    fn a_node_set_change_that_read_an_older_round_keeps_the_newer_one() {
+        use crate::{membership::NodeSet, probe::ProbeConfig};
+        let prober = Prober::new(ProbeConfig::default());
+        prober.set_nodes(NodeSet::named(&["a", "b"]));
+        let mut rounds = prober.published_rounds();
+        prober.publish(Some(info(4)), false);
+        prober.publish(Some(info(5)), false);
+        // The node-set change's publish, with the round it read before
+        // round 5 was published.
+        prober.publish(Some(info(4)), true);
+        assert_eq!(
+            prober.status_summary().round.as_ref().map(|r| r.seq),
+            Some(5)
+        );
+        assert_eq!(*rounds.borrow_and_update(), 5);
+        // A round that ended late, after a later one: not published.
+        prober.publish(Some(info(3)), false);
+        assert_eq!(
+            prober.status_summary().round.as_ref().map(|r| r.seq),
+            Some(5)
+        );
     }
 }

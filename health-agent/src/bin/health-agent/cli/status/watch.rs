@@ -1,16 +1,24 @@
 //! `health-agent status --watch`: a row as each round ends, its counts and
 //! the first nodes it could not reach. One request a round waits for the
 //! next one (`?summary=true&after=SEQ`); the unreachable nodes' names are
-//! asked for only when there are some.
+//! asked for only when there are some. An agent that stops (a restart, an
+//! upgrade) is waited for, said once on stderr, and followed again from
+//! its next round.
 
 use std::{fmt::Write as _, io::Write, time::Duration};
 
-use health_agent::{api::client::Client, probe::status::StatusSummary, util::timefmt::rfc3339};
+use health_agent::{
+    api::client::{Client, ClientError},
+    probe::status::StatusSummary,
+    util::timefmt::rfc3339,
+};
 
 use super::super::OutputFormat;
 
 /// How long each request waits for the next round before asking again.
 const WAIT: Duration = Duration::from_secs(60);
+/// How often an agent that does not answer is asked again.
+const RETRY: Duration = Duration::from_secs(1);
 /// Unreachable nodes named in a row; the rest are counted.
 const NAMED: usize = 5;
 
@@ -26,37 +34,65 @@ pub(crate) async fn watch(
         writeln!(out, "{}", header())?;
     }
     let mut written = 0;
-    // The last round seen: `None` before the first answer.
+    // The round asked past: `None` before the first answer, and after the
+    // agent stopped answering (its next run numbers rounds from 1).
     let mut seen: Option<u64> = None;
+    // The last round written, by number and start: a round is written once.
+    let mut last: Option<(u64, u64)> = None;
+    let mut down = false;
     while rounds.is_none_or(|n| written < n) {
-        let summary = match seen {
-            None => client.status_summary().await?,
-            Some(seq) => client.status_summary_after(seq, WAIT).await?,
+        let asked = match seen {
+            None => client.status_summary().await,
+            Some(seq) => client.status_summary_after(seq, WAIT).await,
         };
-        let seq = summary.round.as_ref().map(|r| r.seq);
-        // A new round; or a lower number: the agent restarted.
-        if seq.is_some() && seq != seen {
-            match output {
-                OutputFormat::Json => writeln!(out, "{}", serde_json::to_string(&summary)?)?,
-                OutputFormat::Table => {
-                    let failing = if summary.unreachable > 0 {
-                        client
-                            .status_filtered("state=failure")
-                            .await?
-                            .nodes
-                            .into_iter()
-                            .map(|n| n.name)
-                            .collect()
-                    } else {
-                        Vec::new()
-                    };
-                    writeln!(out, "{}", row(&summary, &failing))?;
+        let summary = match asked {
+            Ok(s) => s,
+            Err(e @ (ClientError::Unreachable { .. } | ClientError::Http { .. })) => {
+                if !down {
+                    eprintln!(
+                        "{e}; asking again every {}",
+                        humantime::format_duration(RETRY)
+                    );
+                    down = true;
                 }
+                seen = None;
+                tokio::time::sleep(RETRY).await;
+                continue;
             }
-            out.flush()?;
-            written += 1;
+            Err(e) => return Err(e.into()),
+        };
+        if std::mem::take(&mut down) {
+            eprintln!("the agent at {} answers again", client.socket().display());
         }
-        seen = Some(seq.unwrap_or(0));
+        let Some(round) = summary.round.as_ref() else {
+            seen = Some(0);
+            continue;
+        };
+        seen = Some(round.seq);
+        if last == Some((round.seq, round.started_ms)) {
+            continue;
+        }
+        let line = match output {
+            OutputFormat::Json => serde_json::to_string(&summary)?,
+            OutputFormat::Table => {
+                let failing = if summary.unreachable > 0 {
+                    let failing = client.status_filtered("state=failure").await?;
+                    // A round ended in between: its own row comes next,
+                    // this one's names are gone.
+                    if failing.round.as_ref().map(|r| r.seq) != Some(round.seq) {
+                        continue;
+                    }
+                    failing.nodes.into_iter().map(|n| n.name).collect()
+                } else {
+                    Vec::new()
+                };
+                row(&summary, &failing)
+            }
+        };
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        last = Some((round.seq, round.started_ms));
+        written += 1;
     }
     Ok(())
 }
