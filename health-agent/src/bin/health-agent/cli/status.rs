@@ -52,7 +52,8 @@ pub(crate) struct StatusArgs {
     /// Follow the rounds: a row as each ends (its number, when it ended,
     /// how long it took, the node counts and the first nodes not
     /// reachable); with -o json, each round's summary as a line of JSON.
-    /// Until interrupted, or --rounds.
+    /// Until interrupted, or --rounds; an agent that does not answer (a
+    /// restart) is waited for, said once on stderr.
     #[arg(long, conflicts_with_all = ["probe", "history", "quality", "cluster", "verbose", "all"])]
     watch: bool,
     /// With --watch: stop after this many rounds.
