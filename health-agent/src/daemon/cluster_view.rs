@@ -213,13 +213,45 @@ fn future_limit_ms(interval: Duration) -> u64 {
     u64::try_from((interval * 2 + FUTURE_SLACK).as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The prober in service once it has published a round. A round between
-/// ticks (liveness echoes found news) is summarised at once, not a tick
-/// later.
-async fn next_round(probers: &watch::Receiver<Arc<Prober>>) -> Arc<Prober> {
-    let prober = probers.borrow().clone();
-    prober.round_done().await;
-    prober
+/// The rounds the prober in service publishes, followed across reloads:
+/// a round between ticks (liveness echoes found news) is summarised at
+/// once, not a tick later.
+struct Rounds {
+    prober: Arc<Prober>,
+    published: watch::Receiver<u64>,
+}
+
+impl Rounds {
+    fn of(prober: Arc<Prober>) -> Self {
+        Self {
+            published: prober.published_rounds(),
+            prober,
+        }
+    }
+
+    /// The prober in service once it has published a round this has not
+    /// seen: one published while the view was busy elsewhere counts. A
+    /// prober that replaced the one followed is followed from its next
+    /// round.
+    async fn next(&mut self, probers: &watch::Receiver<Arc<Prober>>) -> Arc<Prober> {
+        let current = probers.borrow().clone();
+        if !Arc::ptr_eq(&current, &self.prober) {
+            *self = Self::of(current);
+        }
+        // The sender is the prober's, held here: it cannot close.
+        if self.published.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        Arc::clone(&self.prober)
+    }
+}
+
+/// A tick every `interval`; a tick missed (the view busy) is not made
+/// up with a burst.
+fn ticker(interval: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }
 
 /// The publisher's tick: the liveness interval while liveness echoes go
@@ -263,11 +295,11 @@ impl ClusterViewTask {
         let mut leading: Option<Leading> = None;
         let mut matrix: Option<matrix::ClusterMatrix> = None;
         let mut published_seq = 0;
+        let mut rounds = Rounds::of(self.prober.borrow().clone());
         let mut interval = cadence(&self.prober.borrow());
         let mut ticks: u64 = 0;
         let mut assignments = Assignments::default();
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = ticker(interval);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => {
@@ -317,7 +349,7 @@ impl ClusterViewTask {
                         self.show(&mut reader, &checker, matrix.as_ref());
                     }
                 }
-                prober = next_round(&self.prober) => {
+                prober = rounds.next(&self.prober) => {
                     published_seq = self.publish(&prober, ticks, &mut checker, &mut writes).await;
                 }
                 _ = tick.tick() => {
@@ -325,7 +357,7 @@ impl ClusterViewTask {
                     let prober = self.prober.borrow().clone();
                     if cadence(&prober) != interval {
                         interval = cadence(&prober);
-                        tick = tokio::time::interval(interval);
+                        tick = ticker(interval);
                         if let Some(lead) = leading.as_mut() {
                             lead.held.future_ms = future_limit_ms(interval);
                         }
@@ -566,5 +598,55 @@ mod tests {
         assert_eq!(summaries_prefix("/health/nodes"), "/health/summaries/");
         assert_eq!(summaries_prefix("/a/b/c/"), "/a/b/summaries/");
         assert_eq!(summaries_prefix("nodes"), "nodes-summaries/");
+    }
+
+    fn round(seq: u64) -> crate::probe::status::RoundInfo {
+        crate::probe::status::RoundInfo {
+            seq,
+            started_ms: seq * 1000,
+            duration_ms: 10,
+            probes: 4,
+        }
+    }
+
+    /// Whether `rounds` yields a prober within 100 ms, and which.
+    async fn next_within(
+        rounds: &mut Rounds,
+        probers: &watch::Receiver<Arc<Prober>>,
+    ) -> Option<Arc<Prober>> {
+        tokio::time::timeout(Duration::from_millis(100), rounds.next(probers))
+            .await
+            .ok()
+    }
+
+    #[tokio::test]
+    async fn rounds_are_followed_once_each_and_across_a_reload() {
+        use crate::{membership::NodeSet, probe::ProbeConfig};
+
+        let first = Prober::new(ProbeConfig::default());
+        first.set_nodes(NodeSet::named(&["a", "b"]));
+        let (probers_tx, probers) = watch::channel(Arc::clone(&first));
+        let mut rounds = Rounds::of(probers.borrow().clone());
+        assert!(next_within(&mut rounds, &probers).await.is_none());
+
+        // A round published while nothing waited counts, once; a node-set
+        // change is not a round.
+        first.publish(Some(round(1)), false);
+        let got = next_within(&mut rounds, &probers).await.expect("round 1");
+        assert!(Arc::ptr_eq(&got, &first));
+        first.set_nodes(NodeSet::named(&["a", "b", "c"]));
+        assert!(next_within(&mut rounds, &probers).await.is_none());
+
+        // A reload: the old prober's rounds no longer count, the new
+        // one's do, from its first.
+        let second = Prober::new(ProbeConfig::default());
+        probers_tx.send_replace(Arc::clone(&second));
+        first.publish(Some(round(2)), false);
+        assert!(next_within(&mut rounds, &probers).await.is_none());
+        second.publish(Some(round(1)), false);
+        let got = next_within(&mut rounds, &probers)
+            .await
+            .expect("its round 1");
+        assert!(Arc::ptr_eq(&got, &second));
     }
 }

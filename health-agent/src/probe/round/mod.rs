@@ -75,10 +75,8 @@ pub struct Prober {
     /// Epoch milliseconds when the last liveness echoes ended (0: none
     /// yet), see [`super::liveness`].
     pub(super) liveness_ms: std::sync::atomic::AtomicU64,
-    /// Woken (one permit) when a round is published.
-    rounds_done: tokio::sync::Notify,
-    /// The number of the newest round published (0: none yet), for the
-    /// API's clients that wait for the next one.
+    /// The number of the newest round published (0: none yet), for what
+    /// waits for the next one: the API's clients, the cluster view.
     published_seq: tokio::sync::watch::Sender<u64>,
     /// Held by a publish from its check of the published round to its
     /// write (see [`Self::publish`]).
@@ -121,7 +119,6 @@ impl Prober {
             round_seq: std::sync::atomic::AtomicU64::new(0),
             tracing: Mutex::default(),
             liveness_ms: std::sync::atomic::AtomicU64::new(0),
-            rounds_done: tokio::sync::Notify::new(),
             published_seq: tokio::sync::watch::Sender::new(0),
             publishing: Mutex::new(()),
             failed: Mutex::new(None),
@@ -147,14 +144,9 @@ impl Prober {
         &self.cfg
     }
 
-    /// Resolves when a round has been published since the last call
-    /// returned (one waiter: the cluster view's publisher).
-    pub async fn round_done(&self) {
-        self.rounds_done.notified().await;
-    }
-
     /// The number of the newest round published, as it changes: what a
-    /// client waiting for the next round waits on (any number of them).
+    /// client waiting for the next round, or the cluster view, waits on
+    /// (any number of them).
     #[must_use]
     pub fn published_rounds(&self) -> tokio::sync::watch::Receiver<u64> {
         self.published_seq.subscribe()
@@ -363,7 +355,6 @@ impl Prober {
         // The round's records and outcomes are freed: their pages go back,
         // so RSS between rounds is what is held, not the round's peak.
         crate::util::memory::release_free();
-        self.rounds_done.notify_one();
         tracing::debug!(
             seq,
             icmp_ms = ms(icmp_done),
