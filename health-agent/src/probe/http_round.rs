@@ -129,7 +129,12 @@ pub(super) async fn run(
     echoes: &Arc<Echoes>,
 ) -> Vec<Outcome> {
     let n = targets.len();
-    let workers = std::thread::available_parallelism().map_or(1, usize::from);
+    // A task for each of the runtime's workers: read from the runtime,
+    // not the machine (no cgroup files read each round).
+    let workers = tokio::runtime::Handle::current()
+        .metrics()
+        .num_workers()
+        .max(1);
     let shared = Arc::new(Shared {
         targets: targets.clone(),
         flows: cfg.flows.many().then_some((spread, cfg.flows)),
@@ -807,7 +812,7 @@ mod tests {
         let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
         serve(2, port, Answer::Silent).await;
         let targets: Vec<IpAddr> = [2, 1, 1, 1, 1, 1, 1, 1].map(host).to_vec();
-        let workers = std::thread::available_parallelism().map_or(1, usize::from);
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
         let outcomes = round(targets, port, workers).await;
         assert!(matches!(
             outcomes[0],
