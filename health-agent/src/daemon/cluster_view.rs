@@ -217,32 +217,68 @@ fn future_limit_ms(interval: Duration) -> u64 {
 /// a round between ticks (liveness echoes found news) is summarised at
 /// once, not a tick later.
 struct Rounds {
+    probers: watch::Receiver<Arc<Prober>>,
+    /// Whether a reload can still replace the prober.
+    replaceable: bool,
     prober: Arc<Prober>,
     published: watch::Receiver<u64>,
+    /// The round last handed out (0: none).
+    last: u64,
 }
 
 impl Rounds {
-    fn of(prober: Arc<Prober>) -> Self {
+    fn new(probers: &watch::Receiver<Arc<Prober>>) -> Self {
+        let mut probers = probers.clone();
+        let prober = probers.borrow_and_update().clone();
+        let published = prober.published_rounds();
+        let last = *published.borrow();
         Self {
-            published: prober.published_rounds(),
+            probers,
+            replaceable: true,
             prober,
+            published,
+            last,
         }
     }
 
-    /// The prober in service once it has published a round this has not
-    /// seen: one published while the view was busy elsewhere counts. A
-    /// prober that replaced the one followed is followed from its next
-    /// round.
-    async fn next(&mut self, probers: &watch::Receiver<Arc<Prober>>) -> Arc<Prober> {
-        let current = probers.borrow().clone();
-        if !Arc::ptr_eq(&current, &self.prober) {
-            *self = Self::of(current);
+    /// The prober in service once it has published a round other than the
+    /// one handed out last: one published while the view was busy
+    /// elsewhere counts. A reload while this waits is followed at once,
+    /// and a round its prober published before this saw it counts too.
+    async fn next(&mut self) -> Arc<Prober> {
+        loop {
+            tokio::select! {
+                biased;
+                // A reload first: a round of the prober it retired is not
+                // handed out.
+                replaced = self.probers.changed(), if self.replaceable => {
+                    if replaced.is_err() {
+                        self.replaceable = false;
+                    } else {
+                        let prober = self.probers.borrow_and_update().clone();
+                        self.follow(prober);
+                    }
+                }
+                changed = self.published.changed() => {
+                    if changed.is_err() {
+                        // The sender is the prober's, held here: never.
+                        std::future::pending::<()>().await;
+                    }
+                    self.last = *self.published.borrow_and_update();
+                    return Arc::clone(&self.prober);
+                }
+            }
         }
-        // The sender is the prober's, held here: it cannot close.
-        if self.published.changed().await.is_err() {
-            std::future::pending::<()>().await;
+    }
+
+    /// Follows `prober` from now on; its newest round counts when it is not
+    /// the one handed out last.
+    fn follow(&mut self, prober: Arc<Prober>) {
+        self.published = prober.published_rounds();
+        self.prober = prober;
+        if *self.published.borrow() != self.last {
+            self.published.mark_changed();
         }
-        Arc::clone(&self.prober)
     }
 }
 
@@ -295,7 +331,7 @@ impl ClusterViewTask {
         let mut leading: Option<Leading> = None;
         let mut matrix: Option<matrix::ClusterMatrix> = None;
         let mut published_seq = 0;
-        let mut rounds = Rounds::of(self.prober.borrow().clone());
+        let mut rounds = Rounds::new(&self.prober);
         let mut interval = cadence(&self.prober.borrow());
         let mut ticks: u64 = 0;
         let mut assignments = Assignments::default();
@@ -349,7 +385,7 @@ impl ClusterViewTask {
                         self.show(&mut reader, &checker, matrix.as_ref());
                     }
                 }
-                prober = rounds.next(&self.prober) => {
+                prober = rounds.next() => {
                     published_seq = self.publish(&prober, ticks, &mut checker, &mut writes).await;
                 }
                 _ = tick.tick() => {
@@ -609,44 +645,72 @@ mod tests {
         }
     }
 
-    /// Whether `rounds` yields a prober within 100 ms, and which.
-    async fn next_within(
-        rounds: &mut Rounds,
-        probers: &watch::Receiver<Arc<Prober>>,
+    /// Whether `next` yields a prober within 100 ms, and which.
+    async fn within<F: Future<Output = Arc<Prober>>>(
+        next: std::pin::Pin<&mut F>,
     ) -> Option<Arc<Prober>> {
-        tokio::time::timeout(Duration::from_millis(100), rounds.next(probers))
+        tokio::time::timeout(Duration::from_millis(100), next)
             .await
             .ok()
     }
 
     #[tokio::test]
-    async fn rounds_are_followed_once_each_and_across_a_reload() {
+    async fn rounds_are_followed_once_each_and_across_reloads() {
         use crate::{membership::NodeSet, probe::ProbeConfig};
 
         let first = Prober::new(ProbeConfig::default());
         first.set_nodes(NodeSet::named(&["a", "b"]));
         let (probers_tx, probers) = watch::channel(Arc::clone(&first));
-        let mut rounds = Rounds::of(probers.borrow().clone());
-        assert!(next_within(&mut rounds, &probers).await.is_none());
+        let mut rounds = Rounds::new(&probers);
+        assert!(within(std::pin::pin!(rounds.next())).await.is_none());
 
         // A round published while nothing waited counts, once; a node-set
         // change is not a round.
         first.publish(Some(round(1)), false);
-        let got = next_within(&mut rounds, &probers).await.expect("round 1");
+        let got = within(std::pin::pin!(rounds.next()))
+            .await
+            .expect("round 1");
         assert!(Arc::ptr_eq(&got, &first));
         first.set_nodes(NodeSet::named(&["a", "b", "c"]));
-        assert!(next_within(&mut rounds, &probers).await.is_none());
+        assert!(within(std::pin::pin!(rounds.next())).await.is_none());
 
-        // A reload: the old prober's rounds no longer count, the new
-        // one's do, from its first.
+        // A reload while waiting: the old prober's rounds no longer count,
+        // the new one's do. Taking over, it publishes the round already
+        // handed out, which is not a new one.
         let second = Prober::new(ProbeConfig::default());
-        probers_tx.send_replace(Arc::clone(&second));
-        first.publish(Some(round(2)), false);
-        assert!(next_within(&mut rounds, &probers).await.is_none());
-        second.publish(Some(round(1)), false);
-        let got = next_within(&mut rounds, &probers)
+        {
+            let mut waiting = std::pin::pin!(rounds.next());
+            assert!(within(waiting.as_mut()).await.is_none());
+            second.take_over(&first);
+            probers_tx.send_replace(Arc::clone(&second));
+            first.publish(Some(round(2)), false);
+            assert!(within(waiting.as_mut()).await.is_none());
+            second.publish(Some(round(2)), false);
+            let got = within(waiting.as_mut())
+                .await
+                .expect("the new prober's round");
+            assert!(Arc::ptr_eq(&got, &second));
+        }
+
+        // A reload whose prober published a round before the view looked:
+        // that round counts.
+        let third = Prober::new(ProbeConfig::default());
+        third.take_over(&second);
+        probers_tx.send_replace(Arc::clone(&third));
+        third.publish(Some(round(3)), false);
+        let got = within(std::pin::pin!(rounds.next()))
             .await
-            .expect("its round 1");
-        assert!(Arc::ptr_eq(&got, &second));
+            .expect("round 3");
+        assert!(Arc::ptr_eq(&got, &third));
+        assert!(within(std::pin::pin!(rounds.next())).await.is_none());
+
+        // Nothing left to reload it: its rounds go on counting.
+        drop(probers_tx);
+        assert!(within(std::pin::pin!(rounds.next())).await.is_none());
+        third.publish(Some(round(4)), false);
+        let got = within(std::pin::pin!(rounds.next()))
+            .await
+            .expect("round 4");
+        assert!(Arc::ptr_eq(&got, &third));
     }
 }

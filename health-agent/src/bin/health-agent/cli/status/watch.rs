@@ -39,7 +39,7 @@ pub(crate) async fn watch(
     let mut seen: Option<u64> = None;
     // The last round written, by number and start: a round is written once.
     let mut last: Option<(u64, u64)> = None;
-    let mut down = false;
+    let mut answering = Answering::default();
     while rounds.is_none_or(|n| written < n) {
         let asked = match seen {
             None => client.status_summary().await,
@@ -47,23 +47,15 @@ pub(crate) async fn watch(
         };
         let summary = match asked {
             Ok(s) => s,
-            Err(e @ (ClientError::Unreachable { .. } | ClientError::Http { .. })) => {
-                if !down {
-                    eprintln!(
-                        "{e}; asking again every {}",
-                        humantime::format_duration(RETRY)
-                    );
-                    down = true;
-                }
+            Err(e) if not_answering(&e) => {
+                answering.lost(&e);
                 seen = None;
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
-        if std::mem::take(&mut down) {
-            eprintln!("the agent at {} answers again", client.socket().display());
-        }
+        answering.back(client);
         let Some(round) = summary.round.as_ref() else {
             seen = Some(0);
             continue;
@@ -76,7 +68,17 @@ pub(crate) async fn watch(
             OutputFormat::Json => serde_json::to_string(&summary)?,
             OutputFormat::Table => {
                 let failing = if summary.unreachable > 0 {
-                    let failing = client.status_filtered("state=failure").await?;
+                    let failing = match client.status_filtered("state=failure").await {
+                        Ok(f) => f,
+                        // Stopped since it answered: waited for as above.
+                        Err(e) if not_answering(&e) => {
+                            answering.lost(&e);
+                            seen = None;
+                            tokio::time::sleep(RETRY).await;
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
                     // A round ended in between: its own row comes next,
                     // this one's names are gone.
                     if failing.round.as_ref().map(|r| r.seq) != Some(round.seq) {
@@ -95,6 +97,39 @@ pub(crate) async fn watch(
         written += 1;
     }
     Ok(())
+}
+
+/// Whether `e` says the agent is not answering (stopped, restarting), as
+/// opposed to refusing the request: the former is waited for.
+const fn not_answering(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Unreachable { .. } | ClientError::Http { .. }
+    )
+}
+
+/// Whether the agent was last found not answering: said once on stderr
+/// as it stops answering, once as it answers again.
+#[derive(Debug, Default)]
+struct Answering {
+    down: bool,
+}
+
+impl Answering {
+    fn lost(&mut self, e: &ClientError) {
+        if !std::mem::replace(&mut self.down, true) {
+            eprintln!(
+                "{e}; asking again every {}",
+                humantime::format_duration(RETRY)
+            );
+        }
+    }
+
+    fn back(&mut self, client: &Client) {
+        if std::mem::take(&mut self.down) {
+            eprintln!("the agent at {} answers again", client.socket().display());
+        }
+    }
 }
 
 /// The table's header.
@@ -168,5 +203,82 @@ mod tests {
             "{header}\n{line}"
         );
         assert!(!row(&summary(43, 0), &[]).ends_with(' '));
+    }
+
+    /// Answers one request on `listener` with `body` as JSON; with `gone`,
+    /// the socket is removed before the answer is written, as an agent
+    /// stopping right after it answered would leave it.
+    async fn answer_one(
+        listener: tokio::net::UnixListener,
+        path: &std::path::Path,
+        body: String,
+        gone: bool,
+    ) -> Option<tokio::net::UnixListener> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        let (mut conn, _) = listener.accept().await.expect("accept");
+        let mut head = Vec::new();
+        let mut buf = [0_u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the request ended early");
+            head.extend_from_slice(&buf[..n]);
+        }
+        let listener = if gone {
+            drop(listener);
+            std::fs::remove_file(path).expect("remove the socket");
+            None
+        } else {
+            Some(listener)
+        };
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(answer.as_bytes()).await.expect("write");
+        listener
+    }
+
+    /// An agent that stops between a round's summary and the names of its
+    /// unreachable nodes is waited for, not an error: its next round is
+    /// written once it answers again.
+    #[tokio::test]
+    async fn an_agent_stopping_between_the_two_questions_is_waited_for() {
+        /// Removes the socket's directory, even on a panic.
+        struct Dir(std::path::PathBuf);
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let dir = Dir(std::env::temp_dir().join(format!("health-watch-{}", std::process::id())));
+        std::fs::create_dir_all(&dir.0).expect("dir");
+        let path = dir.0.join("agent.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let server = {
+            let path = path.clone();
+            tokio::spawn(async move {
+                let first = serde_json::to_string(&summary(7, 1)).expect("json");
+                answer_one(listener, &path, first, true).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let listener = tokio::net::UnixListener::bind(&path).expect("bind again");
+                let next = serde_json::to_string(&summary(1, 0)).expect("json");
+                answer_one(listener, &path, next, false).await;
+            })
+        };
+        let mut out = Vec::new();
+        let watched = tokio::time::timeout(
+            Duration::from_secs(10),
+            watch(&Client::new(&path), OutputFormat::Table, Some(1), &mut out),
+        )
+        .await
+        .expect("a row within 10 s");
+        server.abort();
+        watched.expect("waited for, not an error");
+        let out = String::from_utf8(out).expect("utf-8");
+        let rows: Vec<&str> = out.lines().skip(1).collect();
+        assert_eq!(rows.len(), 1, "{out}");
+        assert!(rows[0].starts_with("1 "), "the next run's round: {out}");
     }
 }
