@@ -130,8 +130,11 @@ impl Client {
     /// `GET /v1/status/history?node=NAME`: the node's paths over the
     /// history's window (404 for a node not in the set).
     pub async fn history(&self, node: &str) -> Result<NodeHistory, ClientError> {
-        self.call("GET", &format!("{}?node={node}", paths::STATUS_HISTORY))
-            .await
+        self.call(
+            "GET",
+            &format!("{}?node={}", paths::STATUS_HISTORY, escaped(node)),
+        )
+        .await
     }
 
     /// `GET /v1/status/quality?node=NAME`: the node's paths over the
@@ -140,8 +143,11 @@ impl Client {
         &self,
         node: &str,
     ) -> Result<crate::probe::quality_view::NodeQuality, ClientError> {
-        self.call("GET", &format!("{}?node={node}", paths::STATUS_QUALITY))
-            .await
+        self.call(
+            "GET",
+            &format!("{}?node={}", paths::STATUS_QUALITY, escaped(node)),
+        )
+        .await
     }
 
     /// `GET /v1/status/history`: every node's paths as strips.
@@ -227,6 +233,12 @@ async fn request(
         return Ok((status, Bytes::from(plain)));
     }
     Ok((status, body))
+}
+
+/// `value` as a query value: every byte but letters and digits escaped, so
+/// that a name with `&` or `%` in it is asked for as itself.
+fn escaped(value: &str) -> percent_encoding::PercentEncode<'_> {
+    percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC)
 }
 
 /// The status, the body as sent and whether it is gzip-encoded.

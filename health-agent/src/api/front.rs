@@ -9,19 +9,28 @@
 //! priority, so that probing comes first).
 //!
 //! The lane is chosen by the request line, peeked at without reading it:
-//! hyper reads the request as usual in whichever lane serves it. The rest
-//! of a kept-alive connection stays in its lane (the agent's clients make
-//! a connection a request). A client that sends nothing within
-//! [`FIRST_BYTES`], or before the agent stops, is closed unanswered.
+//! hyper reads the request as usual in whichever lane serves it. A
+//! connection answered in front is closed after its answer, so that a
+//! heavy request cannot follow a small one there on the same connection
+//! (the agent's clients make a connection a request); the bulk lane keeps
+//! connections alive. A client that sends nothing within [`FIRST_BYTES`],
+//! or before the agent stops, is closed unanswered; one that takes longer
+//! than [`HEADER_TIMEOUT`] over a request's head, or to send its next
+//! request, is closed too. At most [`MAX_CONNECTIONS`] are served at
+//! once: one past them is closed as soon as it is accepted.
 
-use std::{io, mem::MaybeUninit, time::Duration};
+use std::{io, mem::MaybeUninit, sync::Arc, time::Duration};
 
 use axum::Router;
-use hyper_util::{rt::TokioIo, service::TowerToHyperService};
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    service::TowerToHyperService,
+};
 use tokio::{
     io::Interest,
     net::{UnixListener, UnixStream},
     runtime::Handle,
+    sync::Semaphore,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
@@ -41,6 +50,13 @@ const SMALL: [&[u8]; 4] = [
 const HEAD: usize = 64;
 /// A client that sends nothing for this long after connecting is closed.
 const FIRST_BYTES: Duration = Duration::from_secs(30);
+/// How long a client may take over a request's head once it began, and
+/// to begin its next request on a kept-alive connection.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once. The agent's own clients hold one each, a
+/// `status --watch` one for as long as it runs; each bulk connection may
+/// hold [`BULK_SEND_BUFFER`] of kernel memory.
+const MAX_CONNECTIONS: usize = 256;
 /// After a failed accept (out of descriptors), the loop waits this long.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// The send buffer of a bulk connection, 1 MiB asked, which the kernel
@@ -63,6 +79,8 @@ pub(super) async fn serve(
     bulk: Option<Handle>,
 ) {
     let tracker = TaskTracker::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut refused: u64 = 0;
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -76,6 +94,16 @@ pub(super) async fn serve(
                 continue;
             }
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    refused,
+                    "API: {MAX_CONNECTIONS} connections open; the ones past them are closed unanswered"
+                );
+            }
+            continue;
+        };
         let (app, shutdown, bulk, lanes) =
             (app.clone(), shutdown.clone(), bulk.clone(), tracker.clone());
         tracker.spawn(async move {
@@ -85,8 +113,10 @@ pub(super) async fn serve(
             };
             match (lane, bulk) {
                 (Lane::Silent, _) => {}
-                (Lane::Bulk, Some(bulk)) => to_bulk(stream, &bulk, app, shutdown, &lanes),
-                _ => connection(stream, app, shutdown).await,
+                (Lane::Bulk, Some(bulk)) => to_bulk(stream, &bulk, app, shutdown, &lanes, slot),
+                // In front beside a bulk lane: one request.
+                (_, Some(_)) => connection(stream, app, shutdown, false).await,
+                (_, None) => connection(stream, app, shutdown, true).await,
             }
         });
     }
@@ -112,6 +142,7 @@ fn to_bulk(
     app: Router,
     shutdown: CancellationToken,
     tracker: &TaskTracker,
+    slot: tokio::sync::OwnedSemaphorePermit,
 ) {
     let std = match stream.into_std() {
         Ok(s) => s,
@@ -123,8 +154,9 @@ fn to_bulk(
     widen_send_buffer(&std);
     tracker.spawn_on(
         async move {
+            let _slot = slot;
             match UnixStream::from_std(std) {
-                Ok(stream) => connection(stream, app, shutdown).await,
+                Ok(stream) => connection(stream, app, shutdown, true).await,
                 Err(e) => tracing::debug!(error = %e, "API: a connection in the bulk lane"),
             }
         },
@@ -141,13 +173,23 @@ fn widen_send_buffer(stream: &std::os::unix::net::UnixStream) {
     }
 }
 
-/// One connection, HTTP/1.1, until the client closes it or, at shutdown,
-/// once its request in flight is answered.
-async fn connection(stream: UnixStream, app: Router, shutdown: CancellationToken) {
-    let conn = hyper::server::conn::http1::Builder::new().serve_connection(
-        TokioIo::new(super::splice::Connection::new(stream)),
-        TowerToHyperService::new(app),
-    );
+/// One connection, HTTP/1.1, until the client closes it (or, without
+/// `keep_alive`, its first request is answered) or, at shutdown, once its
+/// request in flight is answered.
+async fn connection(
+    stream: UnixStream,
+    app: Router,
+    shutdown: CancellationToken,
+    keep_alive: bool,
+) {
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .keep_alive(keep_alive)
+        .serve_connection(
+            TokioIo::new(super::splice::Connection::new(stream)),
+            TowerToHyperService::new(app),
+        );
     let mut conn = std::pin::pin!(conn);
     let served = tokio::select! {
         served = conn.as_mut() => served,
@@ -305,6 +347,72 @@ mod tests {
                 "lane-bulk"
             ]
         );
+    }
+
+    /// Writes `request` on `stream` and reads until the agent closes it:
+    /// what came back (nothing from a connection closed unanswered, whose
+    /// write or read may also fail).
+    async fn exchange(stream: &mut UnixStream, request: &[u8]) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        if stream.write_all(request).await.is_err() {
+            return String::new();
+        }
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+            .await
+            .expect("closed by the agent within 5 s");
+        if read.is_err() {
+            assert!(answer.is_empty(), "a read failed part way");
+        }
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    /// A connection answered in front carries one request: a second one on
+    /// it (the whole status, say) is not served there. Past
+    /// [`MAX_CONNECTIONS`], a connection is closed at once, and served
+    /// again once one ends.
+    #[test]
+    fn front_connections_carry_one_request_and_past_the_cap_are_closed() {
+        let (bulk, front, path, _guard, listener) = lanes();
+        let app = Router::new()
+            .route("/v1/status", get(thread_name))
+            .route("/v1/healthz", get(thread_name));
+        let lane = bulk.handle().clone();
+        front.block_on(async move {
+            let stop = CancellationToken::new();
+            let served = tokio::spawn(serve(listener, app, stop.clone(), Some(lane)));
+            let mut one = UnixStream::connect(&path).await.expect("connect");
+            let answer = exchange(
+                &mut one,
+                b"GET /v1/healthz HTTP/1.1\r\nhost: a\r\n\r\nGET /v1/status HTTP/1.1\r\nhost: a\r\n\r\n",
+            )
+            .await;
+            assert_eq!(answer.matches("HTTP/1.1 200").count(), 1, "{answer}");
+            assert!(answer.contains("connection: close"), "{answer}");
+
+            // Connections that say nothing hold every slot.
+            let mut held = Vec::new();
+            for _ in 0..MAX_CONNECTIONS {
+                held.push(UnixStream::connect(&path).await.expect("connect"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut past = UnixStream::connect(&path).await.expect("connect");
+            let answer = exchange(&mut past, b"GET /v1/healthz HTTP/1.1\r\nhost: a\r\n\r\n").await;
+            assert!(answer.is_empty(), "past the cap: {answer}");
+            // One ends: the next is served.
+            drop(held.pop());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut next = UnixStream::connect(&path).await.expect("connect");
+            let answer = exchange(&mut next, b"GET /v1/healthz HTTP/1.1\r\nhost: a\r\n\r\n").await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            stop.cancel();
+            drop(held);
+            tokio::time::timeout(Duration::from_secs(2), served)
+                .await
+                .expect("stopped")
+                .expect("served to the end");
+        });
+        drop(bulk);
     }
 
     /// Bytes waiting in `stream`'s receive queue (`FIONREAD`).

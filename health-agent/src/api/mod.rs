@@ -6,6 +6,7 @@
 
 pub mod client;
 mod front;
+mod query;
 pub mod round_wait;
 pub mod server;
 mod splice;

@@ -56,9 +56,11 @@ impl RoundWait {
                 None => Ok(None),
             };
         };
-        let after = after
-            .parse::<u64>()
-            .map_err(|_| RoundWaitError::After(after.to_owned()))?;
+        // Digits only: `parse` would take a leading `+` too.
+        let after = match after.parse::<u64>() {
+            Ok(n) if after.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => return Err(RoundWaitError::After(after.to_owned())),
+        };
         let wait = match wait {
             None => DEFAULT_WAIT,
             Some(v) => {
@@ -306,7 +308,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        for bad in ["", "-1", "x", "1.5", "18446744073709551616"] {
+        for bad in ["", "-1", "+5", " 5", "x", "1.5", "18446744073709551616"] {
             let e = RoundWait::parse(Some(bad), None).expect_err(bad);
             assert_eq!(e, RoundWaitError::After(bad.to_owned()), "{bad:?}");
             assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");

@@ -21,6 +21,7 @@ use tokio::{net::UnixListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    query::Query,
     round_wait::RoundWait,
     types::{ApiError, Healthz, NodesView, paths},
 };
@@ -229,6 +230,7 @@ fn router(state: AppState) -> Router {
         .route(paths::CLUSTER, get(cluster))
         .route(paths::CLUSTER_MATRIX, get(cluster_matrix))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -257,6 +259,13 @@ fn error(code: StatusCode, message: impl Into<String>) -> Response {
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     error(StatusCode::NOT_FOUND, format!("no such API path: {uri}"))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not served at {}", uri.path()),
+    )
 }
 
 /// The cluster view, as its elected assembler published it: the counts,
@@ -396,38 +405,38 @@ async fn status(
                 .into_response()
         };
     };
-    let mut want_state = None;
-    let mut want_node = None;
-    let mut summary = false;
-    let (mut after, mut wait) = (None, None);
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("state", v)) => match v {
-                "success" => want_state = Some(ProbeResult::Success),
-                "failure" => want_state = Some(ProbeResult::Failure),
-                "unknown" => want_state = Some(ProbeResult::Unknown),
-                _ => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        format!("state {v:?}: expected success, failure or unknown"),
-                    );
-                }
-            },
-            Some(("node", v)) if !v.is_empty() => want_node = Some(v.to_owned()),
-            Some(("summary", "true")) => summary = true,
-            Some(("summary", "false")) => summary = false,
-            Some(("after", v)) => after = Some(v),
-            Some(("wait", v)) => wait = Some(v),
-            _ => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "unknown query parameter {pair:?} (state=success|failure|unknown, node=NAME, summary=true, after=SEQ, wait=DURATION)"
-                    ),
-                );
-            }
+    let query = match Query::parse(
+        Some(query),
+        &["state", "node", "summary", "after", "wait"],
+        "state=success|failure|unknown, node=NAME, summary=true, after=SEQ, wait=DURATION",
+    ) {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let want_state = match query.get("state") {
+        None => None,
+        Some("success") => Some(ProbeResult::Success),
+        Some("failure") => Some(ProbeResult::Failure),
+        Some("unknown") => Some(ProbeResult::Unknown),
+        Some(v) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("state {v:?}: expected success, failure or unknown"),
+            );
         }
+    };
+    let want_node = query.get("node");
+    let summary = match query.flag("summary") {
+        Ok(on) => on,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    if summary && (want_node.is_some() || want_state.is_some()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "summary=true counts every node: it does not go with node= or state=",
+        );
     }
+    let (after, wait) = (query.get("after"), query.get("wait"));
     let round_wait = match RoundWait::parse(after, wait) {
         Ok(w) => w,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
@@ -452,7 +461,7 @@ async fn status(
     }
     let prober = state.prober();
     let wanted = |n: &NodeStatus| want_state.is_none_or(|s| n.state() == s);
-    let filtered = match &want_node {
+    let filtered = match want_node {
         // One node's status, made alone (not the whole status's).
         Some(name) => match prober.node_status(name) {
             Some(n) => prober.status_head().with_node(wanted(&n).then_some(n)),
@@ -469,22 +478,15 @@ async fn status(
 /// a 5,000-node answer walks 20,000 paths.
 async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
     use axum::http::header::CONTENT_TYPE;
-    let mut node = None;
-    let mut want_stats = false;
-    for pair in query_pairs(&uri) {
-        match pair.split_once('=') {
-            Some(("node", "")) => {}
-            Some(("node", v)) => node = Some(v.to_owned()),
-            Some(("stats", "true")) => want_stats = true,
-            Some(("stats", "false")) => want_stats = false,
-            _ => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("unknown query parameter {pair:?} (node=NAME or stats=true)"),
-                );
-            }
-        }
-    }
+    let query = match Query::parse(uri.query(), &["node", "stats"], "node=NAME or stats=true") {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let node = query.get("node").map(str::to_owned);
+    let want_stats = match query.flag("stats") {
+        Ok(on) => on,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
     if want_stats && node.is_some() {
         return error(
             StatusCode::BAD_REQUEST,
@@ -517,60 +519,51 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
 
 /// A node's paths over the sliding windows (`?node=NAME`, required).
 async fn quality(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
-    let mut node = None;
-    for pair in query_pairs(&uri) {
-        match pair.split_once('=') {
-            Some(("node", v)) if !v.is_empty() => node = Some(v.to_owned()),
-            _ => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("unknown query parameter {pair:?} (node=NAME)"),
-                );
-            }
-        }
-    }
+    let query = match Query::parse(uri.query(), &["node"], "node=NAME") {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let node = query.get("node");
     let Some(name) = node else {
         return error(StatusCode::BAD_REQUEST, "node=NAME is required");
     };
-    match state.prober().node_quality(&name) {
+    match state.prober().node_quality(name) {
         Some(q) => Json(q).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("node {name:?} not found")),
     }
 }
 
-/// The `&`-separated parts of the URI's query, empty ones left out.
-fn query_pairs(uri: &axum::http::Uri) -> impl Iterator<Item = &str> {
-    uri.query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-}
-
 /// A fresh round, synchronously, within `?timeout=` (default 30s).
 async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
-    let mut deadline = Duration::from_secs(30);
-    for pair in query_pairs(&uri) {
-        match pair.split_once('=') {
-            Some(("timeout", v)) => match crate::util::duration::parse(v) {
-                Ok(d) if d <= MAX_PROBE_DEADLINE => deadline = d,
-                Ok(_) => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        format!("timeout {v} is over the {MAX_PROBE_DEADLINE:?} limit"),
-                    );
-                }
-                Err(e) => return error(StatusCode::BAD_REQUEST, format!("timeout: {e}")),
-            },
-            _ => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("unknown query parameter {pair:?} (only timeout=DURATION)"),
-                );
-            }
+    let query = match Query::parse(uri.query(), &["timeout"], "only timeout=DURATION") {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let deadline = match query.get("timeout").map(crate::util::duration::parse) {
+        None => Duration::from_secs(30),
+        Some(Ok(d)) if d <= MAX_PROBE_DEADLINE => d,
+        Some(Ok(_)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "timeout {} is over the {MAX_PROBE_DEADLINE:?} limit",
+                    query.get("timeout").unwrap_or_default()
+                ),
+            );
         }
-    }
-    match tokio::time::timeout(deadline, state.prober().round()).await {
-        Ok(status) => Json(ClusterStatus::clone(&status)).into_response(),
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("timeout: {e}")),
+    };
+    // The round runs to its end whatever becomes of this request (its
+    // deadline passing, its client gone): a round cut short would be
+    // recorded and never published.
+    let prober = state.prober();
+    let round = tokio::spawn(async move { prober.round().await });
+    match tokio::time::timeout(deadline, round).await {
+        Ok(Ok(status)) => Json(ClusterStatus::clone(&status)).into_response(),
+        Ok(Err(e)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the probe round failed: {e}"),
+        ),
         Err(_) => error(
             StatusCode::GATEWAY_TIMEOUT,
             format!(
@@ -750,14 +743,6 @@ pub(crate) mod tests {
             strips.nodes[0].paths,
             ["FSF", "SSS", "SSS", "SSS"].map(String::from)
         );
-        // An empty node is the strips too.
-        let (code, body) = client
-            .raw("GET", "/v1/status/history?node=")
-            .await
-            .expect("raw");
-        assert_eq!(code, StatusCode::OK);
-        let json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
-        assert_eq!(json["nodes"][0]["paths"][0], "FSF");
 
         let stats = client.history_stats().await.expect("stats");
         assert_eq!(stats.nodes[1].name, "b");
@@ -776,6 +761,77 @@ pub(crate) mod tests {
             let err: ApiError = serde_json::from_slice(&body).expect("an API error");
             assert_eq!(err.code, 400);
         }
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn bad_queries_are_refused_naming_what_is_wrong() {
+        let (client, _guard, stop) = serve_prober(prober());
+        for (request, says) in [
+            (
+                "/v1/status?node=a&node=b",
+                "node given twice: \"a\" and \"b\"",
+            ),
+            (
+                "/v1/status?state=failure&state=success",
+                "state given twice",
+            ),
+            ("/v1/status?node=", "node= is empty"),
+            ("/v1/status?node", "\"node\" has no value"),
+            ("/v1/status?node=a%2", "node=\"a%2\": a % not followed"),
+            (
+                "/v1/status?summary=maybe",
+                "summary \"maybe\": expected true or false",
+            ),
+            (
+                "/v1/status?summary=true&node=a",
+                "does not go with node= or state=",
+            ),
+            (
+                "/v1/status?summary=true&state=failure",
+                "does not go with node= or state=",
+            ),
+            ("/v1/status/history?node=", "node= is empty"),
+            (
+                "/v1/status/history?stats=true&stats=false",
+                "stats given twice",
+            ),
+            ("/v1/status/quality?node=a&node=a", "node given twice"),
+        ] {
+            let (code, body) = client.raw("GET", request).await.expect("raw");
+            assert_eq!(code, StatusCode::BAD_REQUEST, "{request}");
+            let err: ApiError = serde_json::from_slice(&body).expect("an API error");
+            assert!(err.message.contains(says), "{request}: {}", err.message);
+        }
+        let (code, body) = client
+            .raw("PUT", "/v1/status/probe?timeout=1s&timeout=2s")
+            .await
+            .expect("raw");
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        let err: ApiError = serde_json::from_slice(&body).expect("an API error");
+        assert!(
+            err.message.contains("timeout given twice"),
+            "{}",
+            err.message
+        );
+
+        // An escaped name is the name.
+        let (code, body) = client.raw("GET", "/v1/status?node=%61").await.expect("raw");
+        assert_eq!(code, StatusCode::OK);
+        let one: ClusterStatus = serde_json::from_slice(&body).expect("a status");
+        assert_eq!(one.nodes.len(), 1);
+        assert_eq!(one.nodes[0].name, "a");
+
+        // A known path asked with another method: a JSON error naming both.
+        let (code, body) = client.raw("POST", "/v1/healthz").await.expect("raw");
+        assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+        let err: ApiError = serde_json::from_slice(&body).expect("an API error");
+        assert_eq!(err.code, 405);
+        assert!(
+            err.message.contains("POST") && err.message.contains("/v1/healthz"),
+            "{}",
+            err.message
+        );
         stop.cancel();
     }
 }
