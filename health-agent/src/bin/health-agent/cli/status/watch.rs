@@ -48,9 +48,8 @@ pub(crate) async fn watch(
         let summary = match asked {
             Ok(s) => s,
             Err(e) if not_answering(&e) => {
-                answering.lost(&e);
+                answering.lost(&e).await;
                 seen = None;
-                tokio::time::sleep(RETRY).await;
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -72,9 +71,8 @@ pub(crate) async fn watch(
                         Ok(f) => f,
                         // Stopped since it answered: waited for as above.
                         Err(e) if not_answering(&e) => {
-                            answering.lost(&e);
+                            answering.lost(&e).await;
                             seen = None;
-                            tokio::time::sleep(RETRY).await;
                             continue;
                         }
                         Err(e) => return Err(e.into()),
@@ -116,13 +114,16 @@ struct Answering {
 }
 
 impl Answering {
-    fn lost(&mut self, e: &ClientError) {
+    /// Says once that the agent does not answer (`e`), and waits
+    /// [`RETRY`] before it is asked again.
+    async fn lost(&mut self, e: &ClientError) {
         if !std::mem::replace(&mut self.down, true) {
             eprintln!(
                 "{e}; asking again every {}",
                 humantime::format_duration(RETRY)
             );
         }
+        tokio::time::sleep(RETRY).await;
     }
 
     fn back(&mut self, client: &Client) {
