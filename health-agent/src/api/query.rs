@@ -47,7 +47,8 @@ impl<'a> Query<'a> {
         Ok(Self { pairs })
     }
 
-    /// Whether the flag `name` is on: `true`, or `false` and not given.
+    /// Whether the flag `name` is on (`true`); off when `false` or not
+    /// given, an error naming any other value.
     pub(super) fn flag(&self, name: &str) -> Result<bool, String> {
         match self.get(name) {
             None | Some("false") => Ok(false),
