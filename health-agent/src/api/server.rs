@@ -539,19 +539,18 @@ async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response 
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    let deadline = match query.get("timeout").map(crate::util::duration::parse) {
+    let deadline = match query.get("timeout") {
         None => Duration::from_secs(30),
-        Some(Ok(d)) if d <= MAX_PROBE_DEADLINE => d,
-        Some(Ok(_)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "timeout {} is over the {MAX_PROBE_DEADLINE:?} limit",
-                    query.get("timeout").unwrap_or_default()
-                ),
-            );
-        }
-        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("timeout: {e}")),
+        Some(v) => match crate::util::duration::parse(v) {
+            Ok(d) if d <= MAX_PROBE_DEADLINE => d,
+            Ok(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("timeout {v} is over the {MAX_PROBE_DEADLINE:?} limit"),
+                );
+            }
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("timeout: {e}")),
+        },
     };
     // The round runs to its end whatever becomes of this request (its
     // deadline passing, its client gone): a round cut short would be
