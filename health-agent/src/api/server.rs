@@ -802,17 +802,22 @@ pub(crate) mod tests {
             let err: ApiError = serde_json::from_slice(&body).expect("an API error");
             assert!(err.message.contains(says), "{request}: {}", err.message);
         }
-        let (code, body) = client
-            .raw("PUT", "/v1/status/probe?timeout=1s&timeout=2s")
-            .await
-            .expect("raw");
-        assert_eq!(code, StatusCode::BAD_REQUEST);
-        let err: ApiError = serde_json::from_slice(&body).expect("an API error");
-        assert!(
-            err.message.contains("timeout given twice"),
-            "{}",
-            err.message
-        );
+        for (request, says) in [
+            (
+                "/v1/status/probe?timeout=1s&timeout=2s",
+                "timeout given twice",
+            ),
+            (
+                "/v1/status/probe?timeout=121s",
+                "timeout 121s is over the 120s limit",
+            ),
+            ("/v1/status/probe?timeout=soon", "timeout: "),
+        ] {
+            let (code, body) = client.raw("PUT", request).await.expect("raw");
+            assert_eq!(code, StatusCode::BAD_REQUEST, "{request}");
+            let err: ApiError = serde_json::from_slice(&body).expect("an API error");
+            assert!(err.message.contains(says), "{request}: {}", err.message);
+        }
 
         // An escaped name is the name.
         let (code, body) = client.raw("GET", "/v1/status?node=%61").await.expect("raw");
