@@ -16,7 +16,8 @@
 //! connections alive. A client that sends nothing within [`FIRST_BYTES`],
 //! or before the agent stops, is closed unanswered; one that takes longer
 //! than [`HEADER_TIMEOUT`] over a request's head, or to send its next
-//! request, is closed too. At most [`MAX_CONNECTIONS`] are served at
+//! request, is closed too, as is one that stops reading its answer for
+//! [`WRITE_STALL`](super::splice::WRITE_STALL). At most [`MAX_CONNECTIONS`] are served at
 //! once: one past them is closed as soon as it is accepted.
 
 use std::{io, mem::MaybeUninit, sync::Arc, time::Duration};
@@ -65,8 +66,8 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// lane's thread is done with it, instead of waking for each 200 KiB the
 /// client reads (the system's default size). The cost: a member of the
 /// socket's group that asks and never reads holds up to 2 MiB of kernel
-/// memory a connection (about 200 KiB before), as long as it keeps the
-/// connection open.
+/// memory a connection (about 200 KiB before), until the connection
+/// fails at [`WRITE_STALL`](super::splice::WRITE_STALL).
 const BULK_SEND_BUFFER: libc::c_int = 1 << 20;
 
 /// Serves `app` on `listener` until `shutdown`, then lets the requests in

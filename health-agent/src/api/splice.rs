@@ -1,6 +1,9 @@
 //! The API's connections, as hyper reads and writes them: a write of
 //! [sealed](crate::sys::sealed) bytes (the published status) goes out
-//! with `sendfile(2)` from their file, the rest as written.
+//! with `sendfile(2)` from their file, the rest as written; a client
+//! that stops reading its answer for [`WRITE_STALL`] has its connection
+//! failed, so that it holds neither the connection's slot nor its send
+//! buffer (up to 2 MiB of kernel memory in the bulk lane) for longer.
 //!
 //! hyper writes an answer's head and body as slices, the body's the
 //! published bytes themselves; a slice found among the sealed bytes is
@@ -15,11 +18,13 @@ use std::{
     os::fd::AsRawFd as _,
     pin::Pin,
     task::{Context, Poll, ready},
+    time::Duration,
 };
 
 use tokio::{
     io::{AsyncRead, AsyncWrite, Interest, ReadBuf},
     net::UnixStream,
+    time::Sleep,
 };
 
 use crate::sys::sealed;
@@ -28,12 +33,22 @@ use crate::sys::sealed;
 /// system call of their own would cost more than their copy.
 const MIN_SENT_FROM_FILE: usize = 64 << 10;
 
+/// How long a write may wait for the client to read before the
+/// connection fails (`TimedOut`). The agent's clients read as fast as the
+/// answer comes; the whole status at 20,000 peers is about 1.2 MB.
+pub(super) const WRITE_STALL: Duration = Duration::from_secs(30);
+
 /// A connection of the API.
 #[derive(Debug)]
 pub(super) struct Connection {
     stream: UnixStream,
     /// `sendfile` failed as unsupported: the rest is written from memory.
     refused: bool,
+    /// Armed when a write finds the socket full, disarmed by the next
+    /// write that goes: past it, the write fails.
+    stall: Option<Pin<Box<Sleep>>>,
+    /// Whether `stall` is armed (the timer is kept for the next stall).
+    stalled: bool,
 }
 
 impl Connection {
@@ -41,6 +56,36 @@ impl Connection {
         Self {
             stream,
             refused: false,
+            stall: None,
+            stalled: false,
+        }
+    }
+
+    /// `write`'s poll, failed with `TimedOut` once it has waited
+    /// [`WRITE_STALL`] for the client to read.
+    fn poll_unstalled(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: impl FnOnce(&mut Self, &mut Context<'_>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        if let Poll::Ready(done) = write(self, cx) {
+            self.stalled = false;
+            return Poll::Ready(done);
+        }
+        let deadline = tokio::time::Instant::now() + WRITE_STALL;
+        let stall = self
+            .stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if !self.stalled {
+            stall.as_mut().reset(deadline);
+            self.stalled = true;
+        }
+        match stall.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing for {WRITE_STALL:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -61,6 +106,39 @@ impl Connection {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 done => return Poll::Ready(done),
             }
+        }
+    }
+
+    /// Writes the slices before the first sealed one as they are; a
+    /// sealed slice with nothing before it, from its file.
+    fn poll_write_now(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let sealed = bufs.iter().enumerate().find_map(|(i, b)| {
+            (!self.refused && b.len() >= MIN_SENT_FROM_FILE)
+                .then(|| sealed::find(b))
+                .flatten()
+                .map(|found| (i, found, b.len()))
+        });
+        match sealed {
+            // First, or after empty slices only: from its file.
+            Some((i, (file, offset), len)) if bufs[..i].iter().all(|b| b.is_empty()) => {
+                match ready!(self.poll_send_file(cx, &file, offset, len)) {
+                    // A kernel or a socket that cannot: written from memory,
+                    // now and from now on.
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+                        self.refused = true;
+                        Pin::new(&mut self.stream).poll_write_vectored(cx, &bufs[i..=i])
+                    }
+                    done => Poll::Ready(done),
+                }
+            }
+            Some((before, ..)) => {
+                Pin::new(&mut self.stream).poll_write_vectored(cx, &bufs[..before])
+            }
+            None => Pin::new(&mut self.stream).poll_write_vectored(cx, bufs),
         }
     }
 }
@@ -96,37 +174,13 @@ impl AsyncWrite for Connection {
         self.poll_write_vectored(cx, &[IoSlice::new(buf)])
     }
 
-    /// Writes the slices before the first sealed one as they are; a
-    /// sealed slice with nothing before it, from its file.
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let sealed = bufs.iter().enumerate().find_map(|(i, b)| {
-            (!self.refused && b.len() >= MIN_SENT_FROM_FILE)
-                .then(|| sealed::find(b))
-                .flatten()
-                .map(|found| (i, found, b.len()))
-        });
-        match sealed {
-            // First, or after empty slices only: from its file.
-            Some((i, (file, offset), len)) if bufs[..i].iter().all(|b| b.is_empty()) => {
-                match ready!(self.poll_send_file(cx, &file, offset, len)) {
-                    // A kernel or a socket that cannot: written from memory,
-                    // now and from now on.
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
-                        self.refused = true;
-                        Pin::new(&mut self.stream).poll_write_vectored(cx, &bufs[i..=i])
-                    }
-                    done => Poll::Ready(done),
-                }
-            }
-            Some((before, ..)) => {
-                Pin::new(&mut self.stream).poll_write_vectored(cx, &bufs[..before])
-            }
-            None => Pin::new(&mut self.stream).poll_write_vectored(cx, bufs),
-        }
+        self.get_mut()
+            .poll_unstalled(cx, |conn, cx| conn.poll_write_now(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -242,5 +296,67 @@ mod tests {
         let got = through(head, &data).await;
         assert_eq!(&got[..head.len()], head);
         assert!(got[head.len()..] == data[..], "the body arrives as it was");
+    }
+
+    /// Writes `data` through `conn` until it is all written or a write
+    /// fails.
+    async fn write_all(conn: &mut Connection, data: &[u8]) -> io::Result<()> {
+        let mut rest = data;
+        while !rest.is_empty() {
+            let n = conn.write(rest).await?;
+            rest = &rest[n..];
+        }
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_fails_the_write_after_the_stall() {
+        let (ours, theirs) = UnixStream::pair().expect("socket pair");
+        let mut conn = Connection::new(ours);
+        let started = tokio::time::Instant::now();
+        // Far more than the socket's buffers hold, to a reader that reads
+        // nothing.
+        let err = write_all(&mut conn, &sample(8 << 20))
+            .await
+            .expect_err("the write waits for a reader that never reads");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert_eq!(
+            started.elapsed(),
+            WRITE_STALL,
+            "failed at the stall, not before"
+        );
+        drop(theirs);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_that_keeps_reading_is_not_cut_off() {
+        let (ours, mut theirs) = UnixStream::pair().expect("socket pair");
+        let data = sample(4 << 20);
+        let want = data.len();
+        // A chunk every two thirds of the stall: each read lets the writer
+        // go on, and the whole takes many stalls' time.
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::with_capacity(want);
+            let mut chunk = vec![0u8; 256 << 10];
+            while got.len() < want {
+                tokio::time::sleep(WRITE_STALL * 2 / 3).await;
+                let n = theirs.read(&mut chunk).await.expect("read");
+                assert!(n > 0, "the writer ended early");
+                got.extend_from_slice(&chunk[..n]);
+            }
+            got
+        });
+        let mut conn = Connection::new(ours);
+        let started = tokio::time::Instant::now();
+        write_all(&mut conn, &data).await.expect("every write goes");
+        assert!(
+            started.elapsed() > WRITE_STALL * 2,
+            "the reader took {:?}: not slow enough to test",
+            started.elapsed()
+        );
+        assert!(
+            reader.await.expect("reader") == data,
+            "the data arrives whole"
+        );
     }
 }
