@@ -30,6 +30,13 @@ pub enum ClientError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "the health agent's socket {path} is not open to this user (it is to root and the daemon's --socket-group)"
+    )]
+    Forbidden {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("talking to the health agent at {path}")]
     Http { path: PathBuf, source: hyper::Error },
     #[error("the health agent answered {status}: {message}")]
@@ -47,6 +54,17 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Connecting to `path` failed with `source`: a user the socket is
+    /// not open to is told so, not sent to look for a stopped agent.
+    fn connecting(path: &Path, source: std::io::Error) -> Self {
+        let path = path.to_owned();
+        if source.kind() == std::io::ErrorKind::PermissionDenied {
+            Self::Forbidden { path, source }
+        } else {
+            Self::Unreachable { path, source }
+        }
+    }
+
     /// The HTTP status of an error answer.
     #[must_use]
     pub const fn status(&self) -> Option<StatusCode> {
@@ -253,10 +271,7 @@ async fn request_as_sent(
     };
     let stream = UnixStream::connect(socket)
         .await
-        .map_err(|source| ClientError::Unreachable {
-            path: socket.to_owned(),
-            source,
-        })?;
+        .map_err(|source| ClientError::connecting(socket, source))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(http)?;
@@ -280,4 +295,24 @@ async fn request_as_sent(
     let body = resp.into_body().collect().await.map_err(http)?.to_bytes();
     conn.abort();
     Ok((status, body, gzipped))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    #[test]
+    fn a_socket_closed_to_the_user_is_not_called_a_stopped_agent() {
+        let path = Path::new("/run/health/agent.sock");
+        let denied = ClientError::connecting(path, io::ErrorKind::PermissionDenied.into());
+        let text = denied.to_string();
+        assert!(
+            text.contains("/run/health/agent.sock") && text.contains("--socket-group"),
+            "{text}"
+        );
+        let gone = ClientError::connecting(path, io::ErrorKind::NotFound.into()).to_string();
+        assert!(gone.contains("is `health-agent daemon` running?"), "{gone}");
+    }
 }

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     query::Query,
     round_wait::RoundWait,
-    types::{ApiError, Healthz, NodesView, paths},
+    types::{ApiError, Healthz, NodesView, PROBE_DEADLINE_MAX, paths},
 };
 use crate::{
     cluster::view_cell::ClusterViewCell,
@@ -37,9 +37,6 @@ use crate::{
     },
     supervisor::{Health, TaskState},
 };
-
-/// Longest deadline a `PUT /v1/status/probe` may ask for.
-const MAX_PROBE_DEADLINE: Duration = Duration::from_secs(120);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -542,11 +539,11 @@ async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response 
     let deadline = match query.get("timeout") {
         None => Duration::from_secs(30),
         Some(v) => match crate::util::duration::parse(v) {
-            Ok(d) if d <= MAX_PROBE_DEADLINE => d,
+            Ok(d) if d <= PROBE_DEADLINE_MAX => d,
             Ok(_) => {
                 return error(
                     StatusCode::BAD_REQUEST,
-                    format!("timeout {v} is over the {MAX_PROBE_DEADLINE:?} limit"),
+                    format!("timeout {v} is over the {PROBE_DEADLINE_MAX:?} limit"),
                 );
             }
             Err(e) => return error(StatusCode::BAD_REQUEST, format!("timeout: {e}")),

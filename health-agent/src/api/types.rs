@@ -8,6 +8,9 @@ use crate::{
     supervisor::TaskStatus,
 };
 
+/// Longest deadline a `PUT /v1/status/probe` may ask for.
+pub const PROBE_DEADLINE_MAX: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// The API's paths, for the server's routes and the client's calls.
 pub mod paths {
     pub const HEALTHZ: &str = "/v1/healthz";

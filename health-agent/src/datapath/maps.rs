@@ -217,8 +217,12 @@ pub fn list_counted(dir: &Path, counted: &[(MapId, u64)]) -> Result<Vec<MapRow>,
     let mut rows = Vec::new();
     for id in MapId::ALL {
         let path = dir.join(id.name());
-        if !path.exists() {
-            continue;
+        // Missing is skipped; unreadable (a user without access to the
+        // directory) is an error, not an empty listing.
+        match path.try_exists() {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(source) => return Err(DatapathError::PinDir { path, source }),
         }
         let info = MapInfo::from_pin(&path).map_err(|source| DatapathError::Pinned {
             path: path.clone(),

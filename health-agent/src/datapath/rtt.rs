@@ -20,6 +20,8 @@ pub struct RttRow {
     pub proto: &'static str,
     pub samples: u64,
     pub losses: u64,
+    /// The RTT figures: 0 while `samples` is 0 (a peer that has only lost
+    /// probes has none).
     pub last_ns: u64,
     pub min_ns: u64,
     pub avg_ns: u64,
@@ -60,12 +62,23 @@ pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
     keys.dedup();
     let mut rows = Vec::with_capacity(keys.len());
     for k in keys {
-        let s = stats.get(&k, 0).unwrap_or_default();
+        // A key gone since the walk (the loss sweep, an LRU eviction) reads
+        // as empty; any other failure is the map's.
+        let s = match stats.get(&k, 0) {
+            Ok(s) => s,
+            Err(aya::maps::MapError::KeyNotFound) => RttStats::default(),
+            Err(e) => return Err(stats_map_err(e)),
+        };
+        let lost = match losses.get(&k, 0) {
+            Ok(n) => n,
+            Err(aya::maps::MapError::KeyNotFound) => 0,
+            Err(e) => return Err(losses_map_err(e)),
+        };
         rows.push(RttRow {
             peer: ip_of(k.peer),
             proto: proto_name(k.proto),
             samples: s.count,
-            losses: losses.get(&k, 0).unwrap_or(0),
+            losses: lost,
             last_ns: s.last_ns,
             min_ns: if s.count == 0 { 0 } else { s.min_ns },
             avg_ns: s.sum_ns.checked_div(s.count).unwrap_or(0),

@@ -50,6 +50,8 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(cli.run(invocation)) {
         Ok(()) => ExitCode::SUCCESS,
+        // `| head` read what it wanted: nothing went wrong.
+        Err(e) if cli::out::reader_gone(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

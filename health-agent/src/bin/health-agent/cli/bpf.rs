@@ -97,7 +97,14 @@ impl BpfCommand {
                 render_rtt(&rtt::list(&pins.dir)?, output)?
             }
             Self::Map(MapCommand::List { pins, output }) => {
-                render_maps(&maps::list(&pins.dir)?, output)?
+                let rows = maps::list(&pins.dir)?;
+                if rows.is_empty() {
+                    anyhow::bail!(
+                        "no map of the agent is pinned under {} (the daemon's --bpffs-dir)",
+                        pins.dir.display()
+                    );
+                }
+                render_maps(&rows, output)?
             }
             Self::Map(MapCommand::Dump { name, pins, output }) => {
                 let v = dump(&pins.dir, &name)?;
@@ -108,7 +115,7 @@ impl BpfCommand {
             }
         };
         if !text.is_empty() {
-            println!("{text}");
+            super::out::print_line(&text)?;
         }
         Ok(())
     }
@@ -137,8 +144,15 @@ fn render_rtt(rows: &[rtt::RttRow], output: OutputFormat) -> anyhow::Result<Stri
         "{:<w$} {:<6} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}\n",
         "PEER", "PROTO", "LAST", "MIN", "AVG", "MAX", "SAMPLES", "LOSSES"
     );
-    let d = |ns: u64| short(Duration::from_nanos(ns));
     for (r, peer) in rows.iter().zip(&peers) {
+        // No sample, no figure: a peer that only lost probes shows dashes.
+        let d = |ns: u64| {
+            if r.samples == 0 {
+                "-".to_owned()
+            } else {
+                short(Duration::from_nanos(ns))
+            }
+        };
         let _ = writeln!(
             out,
             "{:<w$} {:<6} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}",
@@ -204,5 +218,56 @@ fn dump_table(v: &Value) -> String {
             .collect::<Vec<_>>()
             .join("\n"),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(peer: [u8; 4], samples: u64, losses: u64, ns: u64) -> rtt::RttRow {
+        rtt::RttRow {
+            peer: std::net::Ipv4Addr::from(peer).into(),
+            proto: "icmp",
+            samples,
+            losses,
+            last_ns: ns,
+            min_ns: ns,
+            avg_ns: ns,
+            max_ns: ns,
+            last_at_ns: 0,
+            histogram: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_peer_without_samples_shows_no_rtt_rather_than_zero() {
+        let rows = [
+            row([198, 18, 0, 2], 3, 0, 250_000),
+            row([198, 18, 0, 3], 0, 4, 0),
+        ];
+        let text = render_rtt(&rows, OutputFormat::Table).expect("table");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        let answered: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            answered,
+            [
+                "198.18.0.2",
+                "icmp",
+                "250µs",
+                "250µs",
+                "250µs",
+                "250µs",
+                "3",
+                "0"
+            ]
+        );
+        let lost: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            lost,
+            ["198.18.0.3", "icmp", "-", "-", "-", "-", "0", "4"],
+            "{text}"
+        );
     }
 }

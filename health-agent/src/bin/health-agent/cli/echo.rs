@@ -89,7 +89,7 @@ impl ResponderCommand {
                         pins.dir.display()
                     )
                 })?;
-                println!("{}", render_stats(&stats, output)?);
+                super::out::print_line(&render_stats(&stats, output)?)?;
                 Ok(())
             }
         }

@@ -26,25 +26,36 @@ pub(crate) enum EndpointCommand {
     },
 }
 
+/// The node's one endpoint; with several, which to show is asked for.
+fn only(mut eps: Vec<EndpointView>) -> anyhow::Result<EndpointView> {
+    match eps.len() {
+        0 => anyhow::bail!("the agent has no endpoint yet"),
+        1 => Ok(eps.remove(0)),
+        _ => {
+            let ids: Vec<String> = eps.iter().map(|e| e.id.to_string()).collect();
+            anyhow::bail!(
+                "the agent has {} endpoints ({}): name one, `health-agent endpoint get ID`",
+                eps.len(),
+                ids.join(", ")
+            )
+        }
+    }
+}
+
 impl EndpointCommand {
     pub(crate) async fn run(self) -> anyhow::Result<()> {
         match self {
             Self::List { output, socket } => {
                 let eps = Client::new(socket.path).endpoints().await?;
-                println!("{}", render_list(&eps, output)?);
+                super::out::print_line(&render_list(&eps, output)?)?;
             }
             Self::Get { id, output, socket } => {
                 let client = Client::new(socket.path);
                 let ep: EndpointView = match id {
                     Some(id) => client.endpoint(&id.to_string()).await?,
-                    None => client
-                        .endpoints()
-                        .await?
-                        .into_iter()
-                        .next()
-                        .ok_or_else(|| anyhow::anyhow!("the agent has no endpoint yet"))?,
+                    None => only(client.endpoints().await?)?,
                 };
-                println!("{}", render_one(&ep, output)?);
+                super::out::print_line(&render_one(&ep, output)?)?;
             }
         }
         Ok(())
@@ -100,4 +111,33 @@ pub(crate) fn render_one(ep: &EndpointView, output: OutputFormat) -> anyhow::Res
         );
     }
     Ok(out.trim_end().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_an_id_only_a_single_endpoint_is_shown() {
+        let ep = |id: u16| EndpointView {
+            id,
+            identity: 4,
+            labels: vec!["reserved:health".to_owned()],
+            ipv4: Some(std::net::Ipv4Addr::new(198, 19, 0, 1)),
+            ipv6: None,
+            interface: "lxc_health".to_owned(),
+            netns: "health-ep".to_owned(),
+            state: None,
+            repairs: 0,
+            history: Vec::new(),
+        };
+        assert_eq!(only(vec![ep(7)]).expect("the one").id, 7);
+        let none = only(Vec::new()).expect_err("none").to_string();
+        assert!(none.contains("no endpoint yet"), "{none}");
+        let two = only(vec![ep(7), ep(9)]).expect_err("two").to_string();
+        assert!(
+            two.contains("2 endpoints (7, 9)") && two.contains("endpoint get ID"),
+            "{two}"
+        );
+    }
 }

@@ -10,6 +10,7 @@ pub(crate) mod config;
 mod daemon;
 mod echo;
 mod endpoint;
+pub(crate) mod out;
 mod quality;
 pub(crate) mod status;
 
@@ -124,7 +125,9 @@ impl Cli {
             Command::Bpf(cmd) => cmd.run(),
             Command::Config(cmd) => cmd.run(),
             Command::Completions { shell } => {
-                completions(shell, &mut std::io::stdout().lock());
+                let mut script = Vec::new();
+                completions(shell, &mut script);
+                out::print(&String::from_utf8_lossy(&script))?;
                 Ok(())
             }
             Command::Man { out_dir } => {
@@ -149,19 +152,16 @@ fn completions(shell: Shell, out: &mut dyn std::io::Write) {
 
 impl ConfigCommand {
     fn run(self) -> anyhow::Result<()> {
-        use std::io::Write as _;
         match self {
-            Self::PrintDefaults => {
-                std::io::stdout()
-                    .lock()
-                    .write_all(config::defaults().as_bytes())
-                    .context("writing to stdout")?;
-            }
+            Self::PrintDefaults => out::print(&config::defaults())?,
             Self::Check { file } => {
-                let entries = config::load(&file)?;
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "{}: {} settings, valid", file.display(), entries.len())
-                    .context("writing to stdout")?;
+                let checked = config::check(&file)?;
+                let mut line = format!("{}: {} settings, valid", file.display(), checked.settings);
+                if let Some(flags) = checked.command_line_must_give {
+                    line.push_str("; the daemon's command line must give ");
+                    line.push_str(&flags);
+                }
+                out::print_line(&line)?;
             }
         }
         Ok(())
@@ -225,6 +225,44 @@ mod tests {
                     .expect_err(&format!("{args:?} must be rejected"))
                     .to_string();
             assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn status_flags_that_would_be_ignored_or_refused_by_the_agent_are_refused() {
+        let cases: [(&[&str], &str); 6] = [
+            (
+                &["--probe", "--probe-timeout", "3m"],
+                "at most 120s, the agent's limit",
+            ),
+            (&["--probe", "--probe-timeout", "soon"], "--probe-timeout"),
+            // Without --probe there is no round for it to bound.
+            (&["--probe-timeout", "5s"], "--probe"),
+            (&["-v", "--history", "node-1"], "--verbose"),
+            (&["-v", "--cluster"], "--verbose"),
+            (&["--all", "--quality", "node-1"], "--all"),
+        ];
+        for (args, needle) in cases {
+            let err = Cli::try_parse_from(
+                ["health-agent", "status"]
+                    .into_iter()
+                    .chain(args.iter().copied()),
+            )
+            .expect_err(&format!("{args:?} must be refused"))
+            .to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+        for ok in [
+            &["--probe", "--probe-timeout", "120s"][..],
+            &["-v", "-o", "json"][..],
+            &["--all", "--cluster"][..],
+        ] {
+            Cli::try_parse_from(
+                ["health-agent", "status"]
+                    .into_iter()
+                    .chain(ok.iter().copied()),
+            )
+            .unwrap_or_else(|e| panic!("{ok:?}: {e}"));
         }
     }
 

@@ -4,9 +4,9 @@ use std::{fmt::Write as _, time::Duration};
 
 use clap::Args;
 
-use super::{OutputFormat, SocketArgs};
+use super::{OutputFormat, SocketArgs, out};
 use health_agent::{
-    api::client::Client,
+    api::{client::Client, types::PROBE_DEADLINE_MAX},
     datapath::KernelReport,
     encryption::EncState,
     probe::{
@@ -14,7 +14,10 @@ use health_agent::{
         path::{PathState, ProbeResult},
         status::{ClusterStatus, Connectivity, EncryptionSummary, NodeStatus},
     },
-    util::timefmt::{rfc3339, rfc3339_millis, short},
+    util::{
+        errors::chain,
+        timefmt::{rfc3339, rfc3339_millis, short},
+    },
 };
 
 #[derive(Debug, Args)]
@@ -25,7 +28,7 @@ use health_agent::{
 pub(crate) struct StatusArgs {
     /// Per node and path: result, RTT, errors, and the loss ratio and RTT
     /// percentiles over the results the agent keeps.
-    #[arg(short, long)]
+    #[arg(short, long, conflicts_with_all = ["history", "quality", "cluster"])]
     verbose: bool,
     /// NODE's recent results, path by path: time, outcome, RTT, error (the
     /// agent keeps the last --history-length rounds).
@@ -47,7 +50,7 @@ pub(crate) struct StatusArgs {
     probe: bool,
     /// Every node, even in a large cluster (past 50 nodes the table shows
     /// the counts and the nodes that are not reachable, failing first).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["history", "quality"])]
     all: bool,
     /// Follow the rounds: a row as each ends (its number, when it ended,
     /// how long it took, the node counts and the first nodes not
@@ -59,8 +62,8 @@ pub(crate) struct StatusArgs {
     /// With --watch: stop after this many rounds.
     #[arg(long, requires = "watch", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     rounds: Option<u64>,
-    /// Deadline of a --probe round.
-    #[arg(long, default_value = "30s", value_parser = health_agent::util::duration::parse)]
+    /// Deadline of a --probe round (at most 120s).
+    #[arg(long, requires = "probe", default_value = "30s", value_parser = parse_probe_timeout)]
     probe_timeout: Duration,
     #[arg(short, long, value_enum, default_value_t)]
     output: OutputFormat,
@@ -77,9 +80,9 @@ impl StatusArgs {
         if self.cluster {
             let view = client.cluster().await?;
             match self.output {
-                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&view)?),
+                OutputFormat::Json => out::print_line(&serde_json::to_string_pretty(&view)?)?,
                 OutputFormat::Table => {
-                    print!("{}", super::cluster_view::render_reply(&view, self.all));
+                    out::print(&super::cluster_view::render_reply(&view, self.all))?;
                 }
             }
             return Ok(());
@@ -87,16 +90,16 @@ impl StatusArgs {
         if let Some(node) = &self.quality {
             let quality = client.quality(node).await?;
             match self.output {
-                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&quality)?),
-                OutputFormat::Table => print!("{}", super::quality::render(&quality)),
+                OutputFormat::Json => out::print_line(&serde_json::to_string_pretty(&quality)?)?,
+                OutputFormat::Table => out::print(&super::quality::render(&quality))?,
             }
             return Ok(());
         }
         if let Some(node) = &self.history {
             let history = client.history(node).await?;
             match self.output {
-                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&history)?),
-                OutputFormat::Table => print!("{}", render_history(&history)),
+                OutputFormat::Json => out::print_line(&serde_json::to_string_pretty(&history)?)?,
+                OutputFormat::Table => out::print(&render_history(&history))?,
             }
             return Ok(());
         }
@@ -105,32 +108,76 @@ impl StatusArgs {
         } else {
             client.status().await?
         };
+        let (kernel, figures) = if self.verbose {
+            verbose_extras(&client).await
+        } else {
+            (None, None)
+        };
         match self.output {
-            OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&status)?),
-            OutputFormat::Table => {
-                if self.verbose
-                    && let Some(kernel) = client.healthz().await.ok().and_then(|h| h.kernel)
-                {
-                    print!("{}", render_kernel(&kernel));
-                }
-                // The window's figures come from their own request: the
-                // status itself stays as lean as the agent publishes it.
-                let figures = if self.verbose {
-                    client.history_stats().await.ok()
-                } else {
-                    None
+            OutputFormat::Json if self.verbose => {
+                let verbose = VerboseStatus {
+                    status: &status,
+                    kernel: kernel.as_ref(),
+                    window: figures.as_ref(),
                 };
-                print!(
-                    "{}",
-                    render(&status, self.verbose, self.all, figures.as_ref())
-                );
+                out::print_line(&serde_json::to_string_pretty(&verbose)?)?;
+            }
+            OutputFormat::Json => out::print_line(&serde_json::to_string_pretty(&status)?)?,
+            OutputFormat::Table => {
+                if let Some(kernel) = &kernel {
+                    out::print(&render_kernel(kernel))?;
+                }
+                out::print(&render(&status, self.verbose, self.all, figures.as_ref()))?;
             }
         }
         Ok(())
     }
 }
 
-/// The kernel and how each program is attached (`status --verbose`).
+/// `--probe-timeout`: a duration within the agent's limit.
+fn parse_probe_timeout(s: &str) -> Result<Duration, String> {
+    let d = health_agent::util::duration::parse(s)?;
+    if d > PROBE_DEADLINE_MAX {
+        return Err(format!("at most {PROBE_DEADLINE_MAX:?}, the agent's limit"));
+    }
+    Ok(d)
+}
+
+/// `status -v -o json`: the status, with the kernel's report and each
+/// node's figures over the window beside it (each absent where the agent
+/// could not give it).
+#[derive(serde::Serialize)]
+struct VerboseStatus<'a> {
+    #[serde(flatten)]
+    status: &'a ClusterStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kernel: Option<&'a KernelReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    window: Option<&'a HistoryStats>,
+}
+
+/// What `-v` adds to the status, each from a request of its own (the
+/// status itself stays as lean as the agent publishes it): the kernel's
+/// report and the window's figures. One the agent does not give is left
+/// out, said on stderr.
+async fn verbose_extras(client: &Client) -> (Option<KernelReport>, Option<HistoryStats>) {
+    let kernel = match client.healthz().await {
+        Ok(h) => h.kernel,
+        Err(e) => {
+            eprintln!("warning: the kernel's report left out: {}", chain(&e));
+            None
+        }
+    };
+    let figures = match client.history_stats().await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!("warning: the loss and RTT figures left out: {}", chain(&e));
+            None
+        }
+    };
+    (kernel, figures)
+}
+
 fn render_kernel(k: &KernelReport) -> String {
     let yes = |b: bool| if b { "yes" } else { "no" };
     let mut out = format!(

@@ -18,6 +18,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use anyhow::Context as _;
 use clap::{Arg, CommandFactory as _, FromArgMatches as _};
 use health_agent::config::Config;
 
@@ -164,6 +165,63 @@ fn parse_with_file(argv: &[OsString], daemon: usize, path: &Path) -> Result<Cli,
     let env_set = |name: &OsStr| std::env::var_os(name).is_some();
     let matches = Cli::command().try_get_matches_from(merged(argv, daemon, &entries, env_set))?;
     Ok(Cli::from_arg_matches(&matches)?)
+}
+
+/// What `config check` found in a valid file.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    /// Settings the file holds.
+    pub settings: usize,
+    /// What the daemon still needs from its command line (clap's usage of
+    /// the missing flags), when the file does not give it.
+    pub command_line_must_give: Option<String>,
+}
+
+/// `config check FILE`: the file's keys and values, then the daemon's
+/// settings it makes on its own (over the environment, as the daemon
+/// would see it), checked as the daemon checks them before it creates
+/// anything: flags in conflict, a family without its range, an etcd file
+/// that cannot be read. Flags the file leaves to the command line are
+/// named, not refused.
+pub(crate) fn check(path: &Path) -> anyhow::Result<Checked> {
+    let entries = load(path)?;
+    let argv = ["health-agent", "daemon"].map(OsString::from);
+    let env_set = |name: &OsStr| std::env::var_os(name).is_some();
+    let settings = entries.len();
+    let matches = match Cli::command().try_get_matches_from(merged(&argv, 1, &entries, env_set)) {
+        Ok(m) => m,
+        // clap looks for conflicts before missing flags: none were found.
+        Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => {
+            let missing = match e.get(clap::error::ContextKind::InvalidArg) {
+                Some(clap::error::ContextValue::Strings(flags)) => flags.join(", "),
+                _ => e.to_string(),
+            };
+            return Ok(Checked {
+                settings,
+                command_line_must_give: Some(missing),
+            });
+        }
+        // Its first line, without clap's own "error: " and usage.
+        Err(e) => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            anyhow::bail!(
+                "{}: {}",
+                path.display(),
+                first.strip_prefix("error: ").unwrap_or(first)
+            );
+        }
+    };
+    let Command::Daemon(daemon) = Cli::from_arg_matches(&matches)?.command else {
+        anyhow::bail!("{}: not a daemon command line", path.display());
+    };
+    health_agent::daemon::config::DaemonConfig::new(daemon.settings)
+        .and_then(|cfg| cfg.check_families())
+        .with_context(|| path.display().to_string())?;
+    Ok(Checked {
+        settings,
+        command_line_must_give: None,
+    })
 }
 
 impl Invocation {
@@ -368,6 +426,39 @@ mod tests {
         assert!(
             err.to_string().contains("/nonexistent/health.yaml"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn check_judges_the_daemon_the_file_makes_not_only_its_values() {
+        let check = |text: &str| {
+            let (path, _gone) = write(text);
+            check(&path).map_err(|e| format!("{e:#}"))
+        };
+        let whole = check("health-cidr: 198.18.64.0/24\nnode-name: node-1\n").expect("valid");
+        assert_eq!(whole.settings, 2);
+        assert_eq!(whole.command_line_must_give, None);
+        // Each value is good; together they are not.
+        let err = check(
+            "health-cidr: 198.18.64.0/24\nnodes-file: /etc/health/nodes.yaml\nkvstore: etcd\n",
+        )
+        .expect_err("a conflict");
+        assert!(
+            err.contains("'--nodes-file <PATH>' cannot be used with '--kvstore <KVSTORE>'")
+                && !err.contains("Usage"),
+            "{err}"
+        );
+        let err = check("health-cidr6: 2001:2::/64\nrouting: masquerade\nnode-name: node-1\n")
+            .expect_err("IPv6 masquerade");
+        assert!(err.contains("IPv6 masquerade is not supported"), "{err}");
+        // A flag the command line may give is named, not refused.
+        let partial = check("probe-interval: 5s\n").expect("valid so far");
+        assert!(
+            partial
+                .command_line_must_give
+                .as_deref()
+                .is_some_and(|m| m.contains("--health-cidr")),
+            "{partial:?}"
         );
     }
 

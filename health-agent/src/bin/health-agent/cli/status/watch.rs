@@ -13,7 +13,7 @@ use health_agent::{
     util::timefmt::rfc3339,
 };
 
-use super::super::OutputFormat;
+use super::super::{OutputFormat, out::StdoutError};
 
 /// How long each request waits for the next round before asking again.
 const WAIT: Duration = Duration::from_secs(60);
@@ -31,7 +31,7 @@ pub(crate) async fn watch(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     if output == OutputFormat::Table {
-        writeln!(out, "{}", header())?;
+        writeln!(out, "{}", header()).map_err(StdoutError)?;
     }
     let mut written = 0;
     // The round asked past: `None` before the first answer, and after the
@@ -63,34 +63,36 @@ pub(crate) async fn watch(
         if last == Some((round.seq, round.started_ms)) {
             continue;
         }
-        let line = match output {
-            OutputFormat::Json => serde_json::to_string(&summary)?,
-            OutputFormat::Table => {
-                let failing = if summary.unreachable > 0 {
-                    let failing = match client.status_filtered("state=failure").await {
-                        Ok(f) => f,
-                        // Stopped since it answered: waited for as above.
-                        Err(e) if not_answering(&e) => {
-                            answering.lost(&e).await;
-                            seen = None;
-                            continue;
-                        }
-                        Err(e) => return Err(e.into()),
-                    };
-                    // A round ended in between: its own row comes next,
-                    // this one's names are gone.
-                    if failing.round.as_ref().map(|r| r.seq) != Some(round.seq) {
-                        continue;
-                    }
-                    failing.nodes.into_iter().map(|n| n.name).collect()
-                } else {
-                    Vec::new()
-                };
-                row(&summary, &failing)
+        let failing = if summary.unreachable > 0 {
+            let failing = match client.status_filtered("state=failure").await {
+                Ok(f) => f,
+                // Stopped since it answered: waited for as above.
+                Err(e) if not_answering(&e) => {
+                    answering.lost(&e).await;
+                    seen = None;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            // A round ended in between: its own row comes next, this
+            // one's names are gone.
+            if failing.round.as_ref().map(|r| r.seq) != Some(round.seq) {
+                continue;
             }
+            failing.nodes.into_iter().map(|n| n.name).collect()
+        } else {
+            Vec::new()
         };
-        writeln!(out, "{line}")?;
-        out.flush()?;
+        let line = match output {
+            OutputFormat::Json => serde_json::to_string(&JsonRow {
+                summary: &summary,
+                unreachable_nodes: &failing,
+            })?,
+            OutputFormat::Table => row(&summary, &failing),
+        };
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .map_err(StdoutError)?;
         last = Some((round.seq, round.started_ms));
         written += 1;
     }
@@ -139,6 +141,15 @@ fn header() -> String {
         "{:<8} {:<20} {:>8} {:>7} {:>10} {:>12} {:>8}  NOT REACHABLE",
         "ROUND", "ENDED", "TOOK", "NODES", "REACHABLE", "UNREACHABLE", "UNKNOWN"
     )
+}
+
+/// A round's line of JSON: its summary and the names of its unreachable
+/// nodes, all of them.
+#[derive(serde::Serialize)]
+struct JsonRow<'a> {
+    #[serde(flatten)]
+    summary: &'a StatusSummary,
+    unreachable_nodes: &'a [String],
 }
 
 /// A round's row: `failing` are the unreachable nodes' names, the first
@@ -243,20 +254,30 @@ mod tests {
     /// An agent that stops between a round's summary and the names of its
     /// unreachable nodes is waited for, not an error: its next round is
     /// written once it answers again.
-    #[tokio::test]
-    async fn an_agent_stopping_between_the_two_questions_is_waited_for() {
-        /// Removes the socket's directory, even on a panic.
-        struct Dir(std::path::PathBuf);
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
+    /// Removes a test socket's directory, even on a panic.
+    struct Dir(std::path::PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
         }
-        let dir = Dir(std::env::temp_dir().join(format!("health-watch-{}", std::process::id())));
+    }
+
+    /// A directory of its own for a test's socket (`name`), the socket's
+    /// path and its listener.
+    fn agent_socket(name: &str) -> (Dir, std::path::PathBuf, tokio::net::UnixListener) {
+        let dir =
+            Dir(std::env::temp_dir().join(format!("health-watch-{name}-{}", std::process::id())));
         std::fs::create_dir_all(&dir.0).expect("dir");
         let path = dir.0.join("agent.sock");
         let _ = std::fs::remove_file(&path);
         let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        (dir, path, listener)
+    }
+
+    #[tokio::test]
+    async fn an_agent_stopping_between_the_two_questions_is_waited_for() {
+        let (_dir, path, listener) = agent_socket("stops");
         let server = {
             let path = path.clone();
             tokio::spawn(async move {
@@ -281,5 +302,72 @@ mod tests {
         let rows: Vec<&str> = out.lines().skip(1).collect();
         assert_eq!(rows.len(), 1, "{out}");
         assert!(rows[0].starts_with("1 "), "the next run's round: {out}");
+    }
+
+    /// A line of JSON carries the round's counts and every unreachable
+    /// node's name, as the table's row names the first of them.
+    #[tokio::test]
+    async fn a_json_line_names_every_unreachable_node() {
+        use health_agent::probe::{
+            path::PathState,
+            status::{ClusterStatus, Connectivity, NodeStatus},
+        };
+
+        let (_dir, path, listener) = agent_socket("json");
+        let failing = |name: &str| NodeStatus {
+            name: name.to_owned(),
+            host: Connectivity::new(
+                std::net::Ipv4Addr::new(198, 18, 0, 3),
+                PathState::default(),
+                PathState::default(),
+            ),
+            endpoint: Connectivity::new(
+                std::net::Ipv4Addr::new(198, 19, 0, 3),
+                PathState::default(),
+                PathState::default(),
+            ),
+            host_secondary: None,
+            endpoint_secondary: None,
+        };
+        let round = summary(7, 6);
+        let filtered = ClusterStatus {
+            local_node: None,
+            probe_interval_ms: 60_000,
+            probe_timeout_ms: 1_000,
+            round: round.round.clone(),
+            encryption: None,
+            nodes: (1..=6).map(|i| failing(&format!("node-{i}"))).collect(),
+        };
+        let socket = path.clone();
+        let server = tokio::spawn(async move {
+            let body = serde_json::to_string(&round).expect("json");
+            let listener = answer_one(listener, &path, body, false).await;
+            let body = serde_json::to_string(&filtered).expect("json");
+            answer_one(listener.expect("listening"), &path, body, false).await;
+        });
+        let mut out = Vec::new();
+        let client = Client::new(&socket);
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            watch(&client, OutputFormat::Json, Some(1), &mut out),
+        )
+        .await
+        .expect("a line within 10 s")
+        .expect("watched");
+        server.await.expect("the fake agent answered both");
+        let line: serde_json::Value = serde_json::from_slice(&out).expect("one line of JSON");
+        assert_eq!(line["round"]["seq"], 7, "{line}");
+        assert_eq!(line["unreachable"], 6, "{line}");
+        let names: Vec<&str> = line["unreachable_nodes"]
+            .as_array()
+            .expect("names")
+            .iter()
+            .filter_map(|n| n.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["node-1", "node-2", "node-3", "node-4", "node-5", "node-6"],
+            "every one, not the first five: {line}"
+        );
     }
 }

@@ -1,0 +1,51 @@
+//! The client commands at their edges, run as a user runs them: a reader
+//! that went away, a directory with nothing of the agent's.
+#![allow(
+    unused_crate_dependencies,
+    reason = "an integration test sees every dependency of the agent"
+)]
+
+use std::process::{Command, Stdio};
+
+#[test]
+fn commands_writing_to_a_closed_pipe_end_quietly() {
+    for args in [
+        &["completions", "bash"][..],
+        &["config", "print-defaults"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        // Gone before the first byte: every write fails with EPIPE.
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
+            .args(args)
+            .stdout(Stdio::from(writer))
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run health-agent");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}: {stderr}", out.status);
+        assert_eq!(stderr, "", "{args:?}: nothing to report");
+    }
+}
+
+#[test]
+fn listing_maps_where_none_is_pinned_fails_naming_the_directory() {
+    let dir = std::env::temp_dir().join(format!("health-cli-no-pins-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
+        .args(["bpf", "map", "list", "--bpffs-dir"])
+        .arg(&dir)
+        .output()
+        .expect("run health-agent");
+    let _ = std::fs::remove_dir(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "no map of the agent is pinned under {}",
+            dir.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(out.stdout, b"", "no empty table");
+}
