@@ -11,7 +11,7 @@ use std::{
 
 use axum::{
     Json, Router,
-    extract::{Path as UrlPath, State},
+    extract::{OriginalUri, Path as UrlPath, State},
     http::StatusCode,
     response::{IntoResponse, Response},
     routing::{get, put},
@@ -240,6 +240,8 @@ pub fn read_only_routes(state: AppState) -> Router {
         .route(paths::STATUS_QUALITY, get(quality))
         .route(paths::CLUSTER, get(cluster))
         .route(paths::CLUSTER_MATRIX, get(cluster_matrix))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -254,11 +256,13 @@ fn error(code: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
-async fn not_found(uri: axum::http::Uri) -> Response {
+/// The path as the client asked for it (under `/api` on the metrics
+/// listener, which nests these routes there).
+async fn not_found(OriginalUri(uri): OriginalUri) -> Response {
     error(StatusCode::NOT_FOUND, format!("no such API path: {uri}"))
 }
 
-async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+async fn method_not_allowed(method: axum::http::Method, OriginalUri(uri): OriginalUri) -> Response {
     error(
         StatusCode::METHOD_NOT_ALLOWED,
         format!("{method} is not served at {}", uri.path()),
@@ -377,30 +381,8 @@ async fn status(
     uri: axum::http::Uri,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    use axum::http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE};
     let Some(query) = uri.query().filter(|q| !q.is_empty()) else {
-        let gzip = headers
-            .get_all(ACCEPT_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|e| e.split(';').next().is_some_and(|e| e.trim() == "gzip"));
-        return if gzip {
-            (
-                [
-                    (CONTENT_TYPE, "application/json"),
-                    (CONTENT_ENCODING, "gzip"),
-                ],
-                state.prober().status_json_gzip(),
-            )
-                .into_response()
-        } else {
-            (
-                [(CONTENT_TYPE, "application/json")],
-                state.prober().status_json(),
-            )
-                .into_response()
-        };
+        return whole_status(&state, &headers);
     };
     let query = match Query::parse(
         Some(query),
@@ -458,15 +440,78 @@ async fn status(
     }
     let prober = state.prober();
     let wanted = |n: &NodeStatus| want_state.is_none_or(|s| n.state() == s);
-    let filtered = match want_node {
+    let filtered = match (want_node, want_state) {
         // One node's status, made alone (not the whole status's).
-        Some(name) => match prober.node_status(name) {
+        (Some(name), _) => match prober.node_status(name) {
             Some(n) => prober.status_head().with_node(wanted(&n).then_some(n)),
             None => return error(StatusCode::NOT_FOUND, format!("node {name:?} not found")),
         },
-        None => Arc::unwrap_or_clone(prober.status()).filtered(wanted),
+        // The nodes kept are copied, not the others.
+        (None, Some(_)) => prober
+            .status_head()
+            .with_nodes(prober.status().nodes.iter().filter(|n| wanted(n)).cloned()),
+        // Nothing to filter (`summary=false`, say): as published.
+        (None, None) => return whole_status(&state, &headers),
     };
     Json(filtered).into_response()
+}
+
+/// The whole status as serialised when it was published, gzipped for a
+/// client that takes it.
+fn whole_status(state: &AppState, headers: &axum::http::HeaderMap) -> Response {
+    use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE, VARY};
+    if accepts_gzip(headers) {
+        (
+            [
+                (CONTENT_TYPE, "application/json"),
+                (CONTENT_ENCODING, "gzip"),
+                (VARY, "accept-encoding"),
+            ],
+            state.prober().status_json_gzip(),
+        )
+            .into_response()
+    } else {
+        (
+            [
+                (CONTENT_TYPE, "application/json"),
+                (VARY, "accept-encoding"),
+            ],
+            state.prober().status_json(),
+        )
+            .into_response()
+    }
+}
+
+/// Whether `Accept-Encoding` takes gzip: named (or `*`) with a weight
+/// above 0 (`gzip;q=0` refuses it).
+fn accepts_gzip(headers: &axum::http::HeaderMap) -> bool {
+    let weighted = headers
+        .get_all(axum::http::header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|item| {
+            let mut parts = item.split(';');
+            let coding = parts.next()?.trim().to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| {
+                    p.trim()
+                        .strip_prefix("q=")
+                        .or_else(|| p.trim().strip_prefix("Q="))
+                })
+                .find_map(|q| q.trim().parse::<f32>().ok())
+                .unwrap_or(1.0);
+            Some((coding, q))
+        });
+    let (mut gzip, mut any) = (None, None);
+    for (coding, q) in weighted {
+        match coding.as_str() {
+            "gzip" | "x-gzip" => gzip = Some(q),
+            "*" => any = Some(q),
+            _ => {}
+        }
+    }
+    gzip.or(any).is_some_and(|q| q > 0.0)
 }
 
 /// The paths' recent results: a node's (`?node=NAME`), every node's loss

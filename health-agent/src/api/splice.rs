@@ -2,8 +2,8 @@
 //! [sealed](crate::sys::sealed) bytes (the published status) goes out
 //! with `sendfile(2)` from their file, the rest as written; a client
 //! that stops reading its answer for [`WRITE_STALL`] has its connection
-//! failed, so that it holds neither the connection's slot nor its send
-//! buffer (up to 2 MiB of kernel memory in the bulk lane) for longer.
+//! failed, so that it holds its slot no longer, nor queues more of its
+//! send buffer (up to 2 MiB of kernel memory in the bulk lane).
 //!
 //! hyper writes an answer's head and body as slices, the body's the
 //! published bytes themselves; a slice found among the sealed bytes is

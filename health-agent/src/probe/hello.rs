@@ -8,7 +8,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    net::{IpAddr, Ipv4Addr},
+    net::Ipv4Addr,
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -18,6 +18,8 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 use tokio_util::sync::CancellationToken;
+
+use crate::util::source::Source;
 
 /// Connections served at once: enough for thousands of peers probing within
 /// one spread (each exchange takes well under a millisecond).
@@ -103,33 +105,6 @@ pub async fn serve_with(listener: TcpListener, shutdown: CancellationToken, limi
     shutdown
         .run_until_cancelled(accept_loop(listener, limits))
         .await;
-}
-
-/// What a peer's connections count against: its IPv4 address, or the /64
-/// of its IPv6 address (a host is usually given a whole /64 and may use
-/// any address of it, so counting full IPv6 addresses would let one host
-/// take every slot).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    V4(Ipv4Addr),
-    /// The upper 64 bits of the address.
-    V6(u64),
-}
-
-impl Source {
-    /// The source of a peer address; an IPv4-mapped address (an IPv4 peer
-    /// of the dual-stack listener) counts as its IPv4 address.
-    #[must_use]
-    pub fn of(ip: IpAddr) -> Self {
-        match ip.to_canonical() {
-            IpAddr::V4(v4) => Self::V4(v4),
-            IpAddr::V6(v6) => {
-                let prefix = u128::from(v6) >> 64;
-                // Lossless: a u128 shifted right by 64 fits in 64 bits.
-                Self::V6(u64::try_from(prefix).unwrap_or(u64::MAX))
-            }
-        }
-    }
 }
 
 /// The server's connections: how many, from which source, and which are
@@ -309,6 +284,8 @@ fn reply(code: u16, body: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
 
     #[test]
@@ -362,21 +339,6 @@ mod tests {
             "{closed} of the idle connections closed"
         );
         server.abort();
-    }
-
-    #[test]
-    fn sources_are_ipv4_addresses_and_ipv6_slash_64s() {
-        let ip = |s: &str| s.parse::<IpAddr>().expect("an address");
-        assert_eq!(
-            Source::of(ip("2001:2::1")),
-            Source::of(ip("2001:2::ffff:ffff:ffff:ffff"))
-        );
-        assert_ne!(Source::of(ip("2001:2::1")), Source::of(ip("2001:2:0:1::1")));
-        assert_eq!(
-            Source::of(ip("::ffff:198.18.0.1")),
-            Source::of(ip("198.18.0.1"))
-        );
-        assert_ne!(Source::of(ip("198.18.0.1")), Source::of(ip("198.18.0.2")));
     }
 
     #[test]

@@ -6,4 +6,5 @@ pub mod duration;
 pub mod errors;
 pub mod memory;
 pub mod section;
+pub mod source;
 pub mod timefmt;

@@ -1,5 +1,6 @@
 //! One connection of the metrics listener: HTTP/1.1 by hyper, with a
-//! header-read timeout, an idle timeout and a slot of the listener's cap.
+//! header-read timeout, an idle timeout, an age past which it is asked to
+//! end, and the slots of the listener's caps.
 
 use std::{
     io,
@@ -20,7 +21,6 @@ use hyper_util::{
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
-    sync::OwnedSemaphorePermit,
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
@@ -39,6 +39,17 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once; a connection past them is closed as soon as
 /// it is accepted. Prometheus holds one, a browser up to six per page.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Connections served at once from one source (an IPv4 address or an IPv6
+/// /64): one client cannot take every slot and leave Prometheus out.
+pub const PER_SOURCE: usize = 16;
+/// A connection this old is asked to end: the answer in flight finishes,
+/// no further request is read (its client opens a new connection). A
+/// client reading its answer a byte at a time, which the idle timeout
+/// alone would let hold its slot for ever, holds it no longer.
+pub const MAX_AGE: Duration = Duration::from_secs(60);
+/// Once asked to end (its age, or the agent stopping), a connection has
+/// this long to finish its answer in flight, then is closed.
+pub const GRACE: Duration = Duration::from_secs(5);
 /// The largest request head read (hyper's minimum is 8 KiB); the listener's
 /// requests are short GETs, a browser's cookies for `localhost` included.
 const MAX_BUF: usize = 64 * 1024;
@@ -49,14 +60,21 @@ pub struct Limits {
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
+    pub per_source: usize,
+    pub max_age: Duration,
+    pub grace: Duration,
 }
 
 impl Limits {
-    /// [`HEADER_TIMEOUT`], [`IDLE_TIMEOUT`], [`MAX_CONNECTIONS`].
+    /// [`HEADER_TIMEOUT`], [`IDLE_TIMEOUT`], [`MAX_CONNECTIONS`],
+    /// [`PER_SOURCE`], [`MAX_AGE`], [`GRACE`].
     pub const LISTENER: Self = Self {
         header_timeout: HEADER_TIMEOUT,
         idle_timeout: IDLE_TIMEOUT,
         max_connections: MAX_CONNECTIONS,
+        per_source: PER_SOURCE,
+        max_age: MAX_AGE,
+        grace: GRACE,
     };
 }
 
@@ -147,16 +165,18 @@ impl AsyncWrite for Tracked {
 }
 
 /// Serves `stream` until it ends, is idle past `limits.idle_timeout`, or
-/// `shutdown` (then the request in flight finishes); `_slot` is the
-/// listener's cap, given back on return.
-pub(super) async fn serve(
+/// is asked to end (past `limits.max_age`, or at `shutdown`: the request
+/// in flight has `limits.grace` to finish); `_slots` are its places in the
+/// listener's caps, given back on return.
+pub(super) async fn serve<S>(
     stream: TcpStream,
     router: Router,
     limits: Limits,
     shutdown: CancellationToken,
-    _slot: OwnedSemaphorePermit,
+    _slots: S,
 ) {
     let _ = stream.set_nodelay(true);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Tracked {
         inner: stream,
@@ -169,7 +189,9 @@ pub(super) async fn serve(
         .max_buf_size(MAX_BUF);
     let conn = builder.serve_connection(io, TowerToHyperService::new(router));
     let mut conn = std::pin::pin!(conn);
-    let mut stopping = false;
+    let aged = Instant::now() + limits.max_age;
+    // Once asked to end: when it is closed whatever it is doing.
+    let mut closing: Option<Instant> = None;
     loop {
         let idle_until = activity.last() + limits.idle_timeout;
         tokio::select! {
@@ -186,9 +208,24 @@ pub(super) async fn serve(
                     return;
                 }
             }
-            () = shutdown.cancelled(), if !stopping => {
-                stopping = true;
+            () = tokio::time::sleep_until(aged), if closing.is_none() => {
+                closing = Some(Instant::now() + limits.grace);
                 conn.as_mut().graceful_shutdown();
+            }
+            () = shutdown.cancelled(), if closing.is_none() => {
+                closing = Some(Instant::now() + limits.grace);
+                conn.as_mut().graceful_shutdown();
+            }
+            () = tokio::time::sleep_until(closing.unwrap_or(aged)), if closing.is_some() => {
+                tracing::debug!(grace = ?limits.grace,
+                    "metrics listener: connection reset with its answer unfinished");
+                // Reset, not closed: a close would leave the kernel sending
+                // the rest to a client that reads as slowly as it likes.
+                // SAFETY: `conn` owns the stream and is alive until this
+                // function returns, so `fd` is open.
+                let open = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                let _ = socket2::SockRef::from(&open).set_linger(Some(Duration::ZERO));
+                return;
             }
         }
     }

@@ -5,19 +5,20 @@
 //! It serves `GET /metrics` for Prometheus, the connectivity page at `/`,
 //! and under `/api` the read-only views the page draws from (the status and
 //! its history, as on the unix socket). Bounded: [`Limits::LISTENER`]
-//! (header and idle timeouts, a connection cap), and only for its own
-//! hosts ([`host`]).
+//! (header and idle timeouts, an age, a connection cap and a share of it
+//! per client), and only for its own hosts ([`host`]).
 
 pub mod conn;
 pub mod host;
 pub mod settings;
+mod sources;
 
 use std::{io, net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{
     Router,
     extract::State,
-    http::header::CONTENT_TYPE,
+    http::{StatusCode, header::CONTENT_TYPE},
     response::{IntoResponse, Response},
     routing::get,
 };
@@ -25,7 +26,7 @@ use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
 
 pub use self::conn::Limits;
-use crate::{api::server::ApiState, metrics::Metrics};
+use crate::{api::server::ApiState, metrics::Metrics, util::source::Source};
 
 /// After a failed accept (out of descriptors, say), before the next.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -46,10 +47,33 @@ pub fn router(metrics: Arc<Metrics>, api: ApiState, allowed: host::AllowedHosts)
         .with_state(metrics)
         .nest("/api", crate::api::server::read_only_routes(api))
         .merge(crate::page::routes())
+        .fallback(no_such_page)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             allowed,
             host::require_allowed_host,
         ))
+}
+
+/// Outside `/api` (whose answers are JSON), a line of text.
+async fn no_such_page(uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!("no such page: {}\n", uri.path()),
+    )
+        .into_response()
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(axum::http::header::ALLOW, "GET, HEAD")],
+        format!(
+            "{method} is not served at {}: the listener is read-only\n",
+            uri.path()
+        ),
+    )
+        .into_response()
 }
 
 async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> Response {
@@ -83,6 +107,7 @@ pub async fn serve_with(
     })?;
     let router = router.layer(axum::Extension(host::ListenAddr(addr)));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_source = sources::PerSource::new(limits.per_source);
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -98,6 +123,12 @@ pub async fn serve_with(
                 continue;
             }
         };
+        let Some(source) = per_source.take(Source::of(peer.ip())) else {
+            tracing::debug!(%addr, %peer, max = limits.per_source,
+                "metrics listener: the client's share of connections is open; connection closed");
+            drop(stream);
+            continue;
+        };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::debug!(%addr, %peer, max = limits.max_connections,
                 "metrics listener full: connection closed");
@@ -109,7 +140,7 @@ pub async fn serve_with(
             router.clone(),
             limits,
             shutdown.clone(),
-            permit,
+            (permit, source),
         ));
     }
     // Every connection gives its slot back when it ends: once all are

@@ -153,6 +153,7 @@ async fn slow_heads_and_idle_keep_alive_connections_are_closed_after_the_header_
         header_timeout: header,
         idle_timeout: Duration::from_secs(30),
         max_connections: 64,
+        ..Limits::LISTENER
     })
     .await;
     // Nothing sent.
@@ -210,6 +211,7 @@ async fn a_connection_moving_no_byte_is_closed_after_the_idle_timeout() {
         header_timeout: Duration::from_secs(30),
         idle_timeout: idle,
         max_connections: 64,
+        ..Limits::LISTENER
     })
     .await;
     let mut s = TcpStream::connect(addr).await.expect("connect");
@@ -229,6 +231,7 @@ async fn connections_past_the_cap_are_closed_and_a_freed_slot_serves_again() {
         header_timeout: Duration::from_secs(30),
         idle_timeout: Duration::from_secs(30),
         max_connections: cap,
+        ..Limits::LISTENER
     })
     .await;
     let mut held = Vec::new();
@@ -274,5 +277,217 @@ async fn waiting_for_a_round_is_left_to_the_socket() {
     assert!(out.starts_with("HTTP/1.1 400"), "{out}");
     assert!(out.contains("answered on the agent's socket only"), "{out}");
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    stop.cancel();
+}
+
+/// `method` of `path` for `localhost`, with `headers` (each ending in
+/// CRLF), on a connection of its own.
+fn request(method: &str, path: &str, headers: &str) -> String {
+    format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n{headers}Connection: close\r\n\r\n")
+}
+
+/// The head of an answer, lower-cased, and its body.
+fn split(out: &str) -> (String, &str) {
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((out, ""));
+    (head.to_ascii_lowercase(), body)
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_are_answered_naming_them() {
+    let (addr, stop) = listening(Limits::LISTENER).await;
+    let cases = [
+        ("GET", "/nothing-here", "404", "no such page: /nothing-here"),
+        (
+            "GET",
+            "/api/v1/nope",
+            "404",
+            "\"no such API path: /api/v1/nope\"",
+        ),
+        // The socket's one write is not served here at all.
+        (
+            "PUT",
+            "/api/v1/status/probe",
+            "404",
+            "\"no such API path: /api/v1/status/probe\"",
+        ),
+        (
+            "POST",
+            "/api/v1/status",
+            "405",
+            "\"POST is not served at /api/v1/status\"",
+        ),
+        (
+            "POST",
+            "/metrics",
+            "405",
+            "POST is not served at /metrics: the listener is read-only",
+        ),
+    ];
+    for (method, path, code, says) in cases {
+        let out = exchange(addr, &request(method, path, "")).await;
+        let (head, body) = split(&out);
+        assert!(
+            head.starts_with(&format!("http/1.1 {code}")),
+            "{method} {path}: {out}"
+        );
+        assert!(body.contains(says), "{method} {path}: {out}");
+        let json = path.starts_with("/api");
+        assert_eq!(
+            head.contains("content-type: application/json"),
+            json,
+            "{method} {path}: {out}"
+        );
+    }
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn the_status_is_gzipped_only_for_a_client_that_takes_gzip() {
+    let (addr, stop) = listening(Limits::LISTENER).await;
+    for (accept, gzipped) in [
+        ("gzip", true),
+        ("br, gzip;q=0.5", true),
+        ("*", true),
+        ("gzip;q=0", false),
+        ("gzip;q=0.0, *;q=1", false),
+        ("identity", false),
+        ("", false),
+    ] {
+        let header = if accept.is_empty() {
+            String::new()
+        } else {
+            format!("Accept-Encoding: {accept}\r\n")
+        };
+        // With nothing to filter, a query is answered as published too.
+        for path in ["/api/v1/status", "/api/v1/status?summary=false"] {
+            let out = exchange(addr, &request("GET", path, &header)).await;
+            let (head, _) = split(&out);
+            assert!(head.starts_with("http/1.1 200"), "{accept:?} {path}: {out}");
+            assert_eq!(
+                head.contains("content-encoding: gzip"),
+                gzipped,
+                "{accept:?} {path}: {head}"
+            );
+            assert!(head.contains("vary: accept-encoding"), "{accept:?}: {head}");
+        }
+    }
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn one_client_holds_its_share_of_connections_and_no_more() {
+    let (addr, stop) = listening(Limits {
+        per_source: 2,
+        ..Limits::LISTENER
+    })
+    .await;
+    let from = |ip: [u8; 4]| async move {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::from((ip, 0)))
+            .expect("bind a loopback address");
+        socket.connect(addr).await.expect("connect")
+    };
+    let _held = [from([127, 0, 0, 1]).await, from([127, 0, 0, 1]).await];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut third = from([127, 0, 0, 1]).await;
+    let _ = third
+        .write_all(get("/metrics", "localhost").as_bytes())
+        .await;
+    let (_, out) = closed_after(&mut third, Duration::from_secs(2)).await;
+    assert!(out.is_empty(), "served past the client's share: {out}");
+    // Another client (Prometheus, say) is served meanwhile.
+    let mut other = from([127, 0, 0, 2]).await;
+    other
+        .write_all(get("/metrics", "localhost").as_bytes())
+        .await
+        .expect("send");
+    let (_, out) = closed_after(&mut other, Duration::from_secs(2)).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn an_old_connection_is_asked_to_end_and_a_stuck_answer_closed_after_the_grace() {
+    let (age, grace) = (Duration::from_millis(400), Duration::from_millis(300));
+    let (addr, stop) = listening(Limits {
+        header_timeout: Duration::from_secs(30),
+        max_age: age,
+        grace,
+        ..Limits::LISTENER
+    })
+    .await;
+    // Kept alive and idle: ended at its age, not the header timeout's 30 s.
+    let mut kept = TcpStream::connect(addr).await.expect("connect");
+    let start = Instant::now();
+    kept.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("send");
+    let (after, out) = closed_after(&mut kept, Duration::from_secs(3)).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(
+        after + EARLY >= age && start.elapsed() < age + grace,
+        "{after:?}"
+    );
+    stop.cancel();
+    let stop = CancellationToken::new();
+    // A client reading an answer larger than the sockets' buffers a byte
+    // at a time, through a small window, which the idle timeout alone
+    // never ends: reset at its age and grace, the answer unfinished.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let big = Router::new().route(
+        "/big",
+        axum::routing::get(|| async { vec![b'x'; 32 << 20] }),
+    );
+    tokio::spawn(serve_with(
+        listener,
+        big,
+        Limits {
+            max_age: age,
+            grace,
+            ..Limits::LISTENER
+        },
+        stop.clone(),
+    ));
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(2048).expect("a small window");
+    let mut slow = socket.connect(addr).await.expect("connect");
+    let start = Instant::now();
+    slow.write_all(get("/big", "localhost").as_bytes())
+        .await
+        .expect("send");
+    // A byte every 20 ms until past the age and grace.
+    let mut got = 0;
+    let mut byte = [0u8; 1];
+    let mut open = true;
+    while open && start.elapsed() < age + grace + Duration::from_millis(300) {
+        let read = tokio::time::timeout(Duration::from_secs(1), slow.read(&mut byte))
+            .await
+            .expect("a byte within 1 s");
+        match read {
+            Ok(0) | Err(_) => open = false,
+            Ok(n) => got += n,
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Then as fast as it comes: only what the client's own buffer held
+    // is left, not the rest of the answer.
+    let mut chunk = vec![0u8; 64 << 10];
+    let drained = tokio::time::timeout(Duration::from_secs(2), async {
+        while open {
+            match slow.read(&mut chunk).await {
+                Ok(0) | Err(_) => open = false,
+                Ok(n) => got += n,
+            }
+        }
+    })
+    .await;
+    assert!(
+        drained.is_ok(),
+        "still answering after {:?}",
+        start.elapsed()
+    );
+    assert!(got < 1 << 20, "the answer was not cut short: {got} bytes");
     stop.cancel();
 }
