@@ -557,3 +557,48 @@ fn a_bad_nodes_file_at_start_is_refused_naming_the_line() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A round asked for through the API (`status --probe`) runs to its end
+/// and is published even when the request's deadline passes first: a
+/// round cut short would be recorded and never published.
+#[test]
+fn a_round_asked_for_runs_to_its_end_past_the_requests_deadline() {
+    let cluster = Cluster::start(&Settings {
+        nodes: 3,
+        // No scheduled round or liveness echo during the test: the only
+        // round after the first is the one asked for.
+        probe_interval: "1h",
+        probe_timeout: "1s",
+        failure_threshold: 1,
+        extra_args: vec!["--liveness-interval".into(), "0s".into()],
+        ..Settings::default()
+    });
+    let first = cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    let seq = first.round.as_ref().expect("the first round").seq;
+    // node-3's probes now wait for their whole timeout: the round takes 1 s.
+    cluster.nodes[2].set_uplink(false);
+    let out = std::process::Command::new(health_tests::agent::agent_binary())
+        .args(["status", "--probe", "--probe-timeout", "100ms", "--socket"])
+        .arg(cluster.nodes[0].socket())
+        .output()
+        .expect("status --probe");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("504") && stderr.contains("did not finish within 100ms"),
+        "{stderr}"
+    );
+    let asked = cluster.wait_status(0, Duration::from_secs(10), |s| {
+        s.round.as_ref().is_some_and(|r| r.seq > seq)
+    });
+    assert_eq!(
+        asked.round.as_ref().map(|r| r.seq),
+        Some(seq + 1),
+        "the round asked for, and no other"
+    );
+    assert!(
+        !node(&asked, "node-3").reachable(),
+        "its probes to node-3 ran to their timeout: {asked:#?}"
+    );
+    assert!(node(&asked, "node-2").reachable());
+}
