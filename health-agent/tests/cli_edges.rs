@@ -49,3 +49,25 @@ fn listing_maps_where_none_is_pinned_fails_naming_the_directory() {
     );
     assert_eq!(out.stdout, b"", "no empty table");
 }
+
+#[test]
+fn an_xdp_peer_outside_native_xdp_is_refused_before_anything_is_attached() {
+    let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
+        .args([
+            "responder",
+            "run",
+            "--iface",
+            "lo",
+            "--address",
+            "198.18.0.2",
+        ])
+        .args(["--mode", "tc", "--xdp-peer", "peer0"])
+        .output()
+        .expect("run health-agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--xdp-peer goes with --mode xdp-native") && stderr.contains("not tc"),
+        "{stderr}"
+    );
+}

@@ -80,6 +80,11 @@ impl ResponderCommand {
                     Some(m) => m,
                     None => default_mode()?,
                 };
+                if peer.is_some() && mode != AttachMode::XdpNative {
+                    anyhow::bail!(
+                        "--xdp-peer goes with --mode xdp-native (it gives the veth's far end the XDP program that XDP_TX replies need), not {mode}"
+                    );
+                }
                 run(&iface, address, mode, peer.as_ref(), &pins).await
             }
             Self::Stats { pins, output } => {

@@ -441,6 +441,20 @@ pub(crate) fn render_history(h: &NodeHistory) -> String {
     out
 }
 
+/// The names of the nodes `shown`, the local one marked.
+fn shown_names(s: &ClusterStatus, shown: &[&NodeStatus]) -> Vec<String> {
+    shown
+        .iter()
+        .map(|n| {
+            if s.local_node.as_deref() == Some(n.name.as_str()) {
+                format!("{} (localhost)", n.name)
+            } else {
+                n.name.clone()
+            }
+        })
+        .collect()
+}
+
 /// Past this many nodes, the table lists only those not reachable.
 const LARGE: usize = 50;
 
@@ -491,10 +505,18 @@ pub(crate) fn render(
     // dual-stack node), never narrower than an IPv4 address.
     let ips: Vec<String> = shown.iter().map(|n| addresses(n)).collect();
     let width = ips.iter().map(String::len).max().unwrap_or(0).max(15);
+    // As wide as the longest name shown, with its "(localhost)".
+    let names = shown_names(s, &shown);
+    let name_w = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(20);
     let encrypted = s.encryption.is_some();
     let _ = writeln!(
         out,
-        "  {:<20} {:<width$} {:<12} {}",
+        "  {:<name_w$} {:<width$} {:<12} {}",
         "NAME",
         "IP",
         "NODE",
@@ -504,28 +526,22 @@ pub(crate) fn render(
             "ENDPOINTS"
         }
     );
-    for (n, ip) in shown.iter().zip(&ips) {
-        let local = if s.local_node.as_deref() == Some(n.name.as_str()) {
-            " (localhost)"
-        } else {
-            ""
-        };
+    for ((n, ip), name) in shown.iter().zip(&ips).zip(&names) {
+        let local = s.local_node.as_deref() == Some(n.name.as_str());
         // Over every family probed: a node is reachable when all its
         // paths are.
         let endpoints = word(n.state_of(true));
-        let _ = if encrypted && local.is_empty() {
+        let _ = if encrypted && !local {
             writeln!(
                 out,
-                "  {:<20} {ip:<width$} {:<12} {endpoints:<12} {}",
-                format!("{}{local}", n.name),
+                "  {name:<name_w$} {ip:<width$} {:<12} {endpoints:<12} {}",
                 word(n.state_of(false)),
                 encryption_cell(n)
             )
         } else {
             writeln!(
                 out,
-                "  {:<20} {ip:<width$} {:<12} {endpoints}",
-                format!("{}{local}", n.name),
+                "  {name:<name_w$} {ip:<width$} {:<12} {endpoints}",
                 word(n.state_of(false)),
             )
         };

@@ -339,3 +339,21 @@ fn a_small_cluster_shows_every_node_in_order() {
     assert_eq!(rows(&text).len(), 45, "{text}");
     assert!(!text.contains("--all"), "{text}");
 }
+
+#[test]
+fn long_node_names_keep_the_columns_aligned() {
+    let mut s = status(45);
+    s.nodes[1].name = "ip-198-18-0-2.eu-west-1.compute.internal".into();
+    s.local_node = Some(s.nodes[1].name.clone());
+    let text = render(&s, false, false, None);
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("  ")).collect();
+    let header = lines[0];
+    let ip_at = header.find("IP").expect("an IP column");
+    for row in &lines[1..] {
+        assert_eq!(row.find("198.18.0.1"), Some(ip_at), "{text}");
+    }
+    assert!(
+        text.contains("ip-198-18-0-2.eu-west-1.compute.internal (localhost) "),
+        "{text}"
+    );
+}

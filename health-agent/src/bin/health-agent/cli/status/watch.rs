@@ -121,7 +121,8 @@ impl Answering {
     async fn lost(&mut self, e: &ClientError) {
         if !std::mem::replace(&mut self.down, true) {
             eprintln!(
-                "{e}; asking again every {}",
+                "{}; asking again every {}",
+                health_agent::util::errors::chain(e),
                 humantime::format_duration(RETRY)
             );
         }
