@@ -233,7 +233,7 @@ section! {
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
         pub failure_threshold: u32,
         /// Results kept per path, one a round (`health-agent status --history
-        /// NODE`): about 16 bytes per peer and round.
+        /// NODE`): about 8 bytes per peer, address family and round.
         #[arg(long, value_name = "ROUNDS", default_value_t = history::DEFAULT_LENGTH,
               value_parser = clap::value_parser!(u16).range(1..=i64::from(history::MAX_LENGTH)))]
         pub history_length: u16,
