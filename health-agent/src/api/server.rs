@@ -446,10 +446,8 @@ async fn status(
             Some(n) => prober.status_head().with_node(wanted(&n).then_some(n)),
             None => return error(StatusCode::NOT_FOUND, format!("node {name:?} not found")),
         },
-        // The nodes kept are copied, not the others.
-        (None, Some(_)) => prober
-            .status_head()
-            .with_nodes(prober.status().nodes.iter().filter(|n| wanted(n)).cloned()),
+        // Made a chunk of nodes at a time, keeping only those wanted.
+        (None, Some(_)) => prober.status_where(wanted),
         // Nothing to filter (`summary=false`, say): as published.
         (None, None) => return whole_status(&state, &headers),
     };

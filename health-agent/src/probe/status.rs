@@ -245,13 +245,6 @@ impl ClusterStatus {
         self
     }
 
-    /// The same status with `nodes` as its nodes.
-    #[must_use]
-    pub fn with_nodes(mut self, nodes: impl IntoIterator<Item = NodeStatus>) -> Self {
-        self.nodes = nodes.into_iter().collect();
-        self
-    }
-
     /// The same status with `node` as its only node (none: no node).
     #[must_use]
     pub fn with_node(mut self, node: Option<NodeStatus>) -> Self {

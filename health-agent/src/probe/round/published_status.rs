@@ -39,6 +39,14 @@ impl Prober {
         Arc::new(self.snapshot(self.status_summary().round.clone()))
     }
 
+    /// The status of the published round with only the nodes `keep`
+    /// takes, made now a chunk of nodes at a time: the others are never
+    /// all held at once.
+    #[must_use]
+    pub fn status_where(&self, keep: impl Fn(&NodeStatus) -> bool) -> ClusterStatus {
+        self.snapshot_where(self.status_summary().round.clone(), keep)
+    }
+
     /// The published round's status without its nodes.
     #[must_use]
     pub fn status_head(&self) -> ClusterStatus {
@@ -84,14 +92,24 @@ impl Prober {
 
     /// The status of the round `round` as the paths are now.
     pub(super) fn snapshot(&self, round: Option<RoundInfo>) -> ClusterStatus {
+        self.snapshot_where(round, |_| true)
+    }
+
+    /// [`Self::snapshot`] with only the nodes `keep` takes.
+    fn snapshot_where(
+        &self,
+        round: Option<RoundInfo>,
+        keep: impl Fn(&NodeStatus) -> bool,
+    ) -> ClusterStatus {
         let nodes = self.nodes();
         let encryption = self.cfg.encryption.as_ref().map(|e| e.view());
         let mut status = self.head(round, encryption.as_deref());
-        status.nodes = Vec::with_capacity(nodes.len());
         for chunk in nodes.chunks(CHUNK) {
-            status
-                .nodes
-                .extend(self.node_statuses(chunk, encryption.as_deref()));
+            status.nodes.extend(
+                self.node_statuses(chunk, encryption.as_deref())
+                    .into_iter()
+                    .filter(|n| keep(n)),
+            );
         }
         status
     }
