@@ -27,7 +27,7 @@ use tokio::{
     time::Sleep,
 };
 
-use crate::sys::sealed;
+use crate::sys::{sealed, sockopt};
 
 /// Slices shorter than this are written as they are: a lookup and a
 /// system call of their own would cost more than their copy.
@@ -45,10 +45,12 @@ pub(super) struct Connection {
     /// `sendfile` failed as unsupported: the rest is written from memory.
     refused: bool,
     /// Armed when a write finds the socket full, disarmed by the next
-    /// write that goes: past it, the write fails.
+    /// write that goes: past it, the write fails unless the client read
+    /// something meanwhile.
     stall: Option<Pin<Box<Sleep>>>,
-    /// Whether `stall` is armed (the timer is kept for the next stall).
-    stalled: bool,
+    /// While `stall` is armed, the bytes queued when it was (the timer is
+    /// kept for the next stall).
+    stalled: Option<usize>,
 }
 
 impl Connection {
@@ -57,36 +59,53 @@ impl Connection {
             stream,
             refused: false,
             stall: None,
-            stalled: false,
+            stalled: None,
         }
     }
 
     /// `write`'s poll, failed with `TimedOut` once it has waited
-    /// [`WRITE_STALL`] for the client to read.
+    /// [`WRITE_STALL`] with the client reading nothing. (The kernel wakes a
+    /// writer only once its queue has fallen to a quarter of the buffer:
+    /// a client reading slowly is told from one reading nothing by the
+    /// bytes still queued.)
     fn poll_unstalled(
         &mut self,
         cx: &mut Context<'_>,
         write: impl FnOnce(&mut Self, &mut Context<'_>) -> Poll<io::Result<usize>>,
     ) -> Poll<io::Result<usize>> {
         if let Poll::Ready(done) = write(self, cx) {
-            self.stalled = false;
+            self.stalled = None;
             return Poll::Ready(done);
         }
-        let deadline = tokio::time::Instant::now() + WRITE_STALL;
-        let stall = self
-            .stall
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if !self.stalled {
-            stall.as_mut().reset(deadline);
-            self.stalled = true;
+        let Self {
+            stream,
+            stall,
+            stalled,
+            ..
+        } = self;
+        let queued = || sockopt::queued(&*stream).unwrap_or(usize::MAX);
+        let stall = stall.get_or_insert_with(|| Box::pin(tokio::time::sleep(WRITE_STALL)));
+        if stalled.is_none() {
+            stall
+                .as_mut()
+                .reset(tokio::time::Instant::now() + WRITE_STALL);
+            *stalled = Some(queued());
         }
-        match stall.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the client read nothing for {WRITE_STALL:?}"),
-            ))),
-            Poll::Pending => Poll::Pending,
+        while stall.as_mut().poll(cx).is_ready() {
+            let now = queued();
+            if !stalled.is_some_and(|was| now < was) {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the client read nothing for {WRITE_STALL:?}"),
+                )));
+            }
+            // It read some: another stall's time for the rest.
+            stall
+                .as_mut()
+                .reset(tokio::time::Instant::now() + WRITE_STALL);
+            *stalled = Some(now);
         }
+        Poll::Pending
     }
 
     /// Sends `len` bytes of `file` from `offset`, as much as the socket
@@ -331,13 +350,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_slow_reader_that_keeps_reading_is_not_cut_off() {
         let (ours, mut theirs) = UnixStream::pair().expect("socket pair");
-        let data = sample(4 << 20);
+        // The bulk lane's buffer: the writer is woken only once the reader
+        // has taken three quarters of it, many reads and stalls away.
+        sockopt::size_buffer(&ours, sockopt::Buffer::Send, 1 << 20).expect("SO_SNDBUF");
+        let data = sample(8 << 20);
         let want = data.len();
-        // A chunk every two thirds of the stall: each read lets the writer
-        // go on, and the whole takes many stalls' time.
+        // 64 KiB every two thirds of the stall: the writer waits many
+        // stalls' time between its writes, the reader reading throughout.
         let reader = tokio::spawn(async move {
             let mut got = Vec::with_capacity(want);
-            let mut chunk = vec![0u8; 256 << 10];
+            let mut chunk = vec![0u8; 64 << 10];
             while got.len() < want {
                 tokio::time::sleep(WRITE_STALL * 2 / 3).await;
                 let n = theirs.read(&mut chunk).await.expect("read");

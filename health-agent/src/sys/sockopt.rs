@@ -1,5 +1,6 @@
 //! Socket options that neither std nor socket2 sets: any option by its
-//! level and number, and buffer sizes past the system's cap.
+//! level and number, buffer sizes past the system's cap, and the bytes a
+//! socket has queued to send.
 
 use std::{io, os::fd::AsFd};
 
@@ -61,6 +62,22 @@ pub(crate) fn size_buffer(sock: &impl AsFd, buffer: Buffer, bytes: libc::c_int) 
     force_buffer(sock, force, bytes).or_else(|_| set(sock, libc::SOL_SOCKET, capped, &bytes))
 }
 
+/// Bytes `sock` has queued and its peer has not yet read (`SIOCOUTQ`,
+/// which Linux numbers as `TIOCOUTQ`; on a unix stream socket, the bytes
+/// sent and not yet read).
+pub(crate) fn queued(sock: &impl AsFd) -> io::Result<usize> {
+    use std::os::fd::AsRawFd as _;
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: a valid descriptor (borrowed for the call) and an int for
+    // the kernel to write.
+    let rc = unsafe { libc::ioctl(sock.as_fd().as_raw_fd(), libc::TIOCOUTQ, &raw mut bytes) };
+    if rc == 0 {
+        usize::try_from(bytes).map_err(|_| io::ErrorKind::InvalidData.into())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::UnixStream;
@@ -119,5 +136,18 @@ mod tests {
         let (a, _b) = UnixStream::pair().expect("socket pair");
         let e = set(&a, libc::SOL_SOCKET, -1, &1 as &libc::c_int).expect_err("no option -1");
         assert_eq!(e.raw_os_error(), Some(libc::ENOPROTOOPT), "{e}");
+    }
+
+    #[test]
+    fn queued_bytes_are_those_the_peer_has_not_read() {
+        use std::io::{Read as _, Write as _};
+        let (mut a, mut b) = UnixStream::pair().expect("socket pair");
+        assert_eq!(queued(&a).expect("SIOCOUTQ"), 0);
+        a.write_all(&[7; 1000]).expect("write");
+        let before = queued(&a).expect("SIOCOUTQ");
+        assert!(before >= 1000, "{before}");
+        let mut got = [0; 1000];
+        b.read_exact(&mut got).expect("read");
+        assert_eq!(queued(&a).expect("SIOCOUTQ"), 0);
     }
 }
