@@ -47,7 +47,7 @@ pub(crate) async fn watch(
         };
         let summary = match asked {
             Ok(s) => s,
-            Err(e) if not_answering(&e) => {
+            Err(e) if answering.waits_for(&e) => {
                 answering.lost(&e).await;
                 seen = None;
                 continue;
@@ -67,28 +67,28 @@ pub(crate) async fn watch(
             let failing = match client.status_filtered("state=failure").await {
                 Ok(f) => f,
                 // Stopped since it answered: waited for as above.
-                Err(e) if not_answering(&e) => {
+                Err(e) if answering.waits_for(&e) => {
                     answering.lost(&e).await;
                     seen = None;
                     continue;
                 }
                 Err(e) => return Err(e.into()),
             };
-            // A round ended in between: its own row comes next, this
-            // one's names are gone.
-            if failing.round.as_ref().map(|r| r.seq) != Some(round.seq) {
-                continue;
-            }
-            failing.nodes.into_iter().map(|n| n.name).collect()
+            // `None` when a round ended in between: this one's names are
+            // gone.
+            (failing.round.as_ref().map(|r| r.seq) == Some(round.seq))
+                .then(|| failing.nodes.into_iter().map(|n| n.name).collect())
         } else {
-            Vec::new()
+            Some(Vec::new())
         };
-        let line = match output {
-            OutputFormat::Json => serde_json::to_string(&JsonRow {
+        let line = match (output, &failing) {
+            (OutputFormat::Json, _) => serde_json::to_string(&JsonRow {
                 summary: &summary,
-                unreachable_nodes: &failing,
+                unreachable_nodes: failing.as_deref(),
             })?,
-            OutputFormat::Table => row(&summary, &failing),
+            (OutputFormat::Table, Some(failing)) => row(&summary, failing),
+            // A row names the nodes: the next round's comes next.
+            (OutputFormat::Table, None) => continue,
         };
         writeln!(out, "{line}")
             .and_then(|()| out.flush())
@@ -113,9 +113,17 @@ const fn not_answering(e: &ClientError) -> bool {
 #[derive(Debug, Default)]
 struct Answering {
     down: bool,
+    /// The agent has answered: a socket found closed to this user since
+    /// is an agent restarting (its socket made, its mode not yet set).
+    answered: bool,
 }
 
 impl Answering {
+    /// Whether `e` is waited for rather than reported.
+    fn waits_for(&self, e: &ClientError) -> bool {
+        not_answering(e) || (self.answered && matches!(e, ClientError::Forbidden { .. }))
+    }
+
     /// Says once that the agent does not answer (`e`), and waits
     /// [`RETRY`] before it is asked again.
     async fn lost(&mut self, e: &ClientError) {
@@ -130,6 +138,7 @@ impl Answering {
     }
 
     fn back(&mut self, client: &Client) {
+        self.answered = true;
         if std::mem::take(&mut self.down) {
             eprintln!("the agent at {} answers again", client.socket().display());
         }
@@ -145,12 +154,13 @@ fn header() -> String {
 }
 
 /// A round's line of JSON: its summary and the names of its unreachable
-/// nodes, all of them.
+/// nodes, all of them (`null` when a round ended before they were asked
+/// for).
 #[derive(serde::Serialize)]
 struct JsonRow<'a> {
     #[serde(flatten)]
     summary: &'a StatusSummary,
-    unreachable_nodes: &'a [String],
+    unreachable_nodes: Option<&'a [String]>,
 }
 
 /// A round's row: `failing` are the unreachable nodes' names, the first
@@ -369,6 +379,31 @@ mod tests {
             names,
             ["node-1", "node-2", "node-3", "node-4", "node-5", "node-6"],
             "every one, not the first five: {line}"
+        );
+    }
+
+    /// A socket closed to this user is reported at once, unless the agent
+    /// has answered before: then it is an agent restarting, waited for.
+    #[test]
+    fn a_closed_socket_is_waited_for_only_after_the_agent_answered() {
+        let forbidden = || ClientError::Forbidden {
+            path: "/run/health/agent.sock".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        let gone = ClientError::Unreachable {
+            path: "/run/health/agent.sock".into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        };
+        let mut answering = Answering::default();
+        assert!(answering.waits_for(&gone));
+        assert!(
+            !answering.waits_for(&forbidden()),
+            "never answered: reported"
+        );
+        answering.back(&Client::new("/run/health/agent.sock"));
+        assert!(
+            answering.waits_for(&forbidden()),
+            "answered before: waited for"
         );
     }
 }
