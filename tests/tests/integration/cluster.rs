@@ -573,15 +573,39 @@ fn a_round_asked_for_runs_to_its_end_past_the_requests_deadline() {
         extra_args: vec!["--liveness-interval".into(), "0s".into()],
         ..Settings::default()
     });
-    let first = cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
-    let seq = first.round.as_ref().expect("the first round").seq;
+    // node-1's one scheduled round may run before the others' endpoints
+    // are up: rounds are asked for until one finds all three.
+    cluster.wait_endpoints_ready(Duration::from_secs(30));
+    let ask = |deadline: &str| {
+        std::process::Command::new(health_tests::agent::agent_binary())
+            .args([
+                "status",
+                "--probe",
+                "--probe-timeout",
+                deadline,
+                "-o",
+                "json",
+                "--socket",
+            ])
+            .arg(cluster.nodes[0].socket())
+            .output()
+            .expect("status --probe")
+    };
+    let mut all_up = None;
+    for _ in 0..10 {
+        let out = ask("30s");
+        assert!(out.status.success(), "{out:?}");
+        let s: ClusterStatus = serde_json::from_slice(&out.stdout).expect("status JSON");
+        if s.reachable() == 3 {
+            all_up = Some(s);
+            break;
+        }
+    }
+    let all_up = all_up.expect("a round finding all three nodes");
+    let seq = all_up.round.as_ref().expect("a round").seq;
     // node-3's probes now wait for their whole timeout: the round takes 1 s.
     cluster.nodes[2].set_uplink(false);
-    let out = std::process::Command::new(health_tests::agent::agent_binary())
-        .args(["status", "--probe", "--probe-timeout", "100ms", "--socket"])
-        .arg(cluster.nodes[0].socket())
-        .output()
-        .expect("status --probe");
+    let out = ask("100ms");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
