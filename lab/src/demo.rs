@@ -64,19 +64,25 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
         }
     );
     let interval: &'static str = Box::leak(opts.probe_interval.clone().into_boxed_str());
-    let mut cluster = Cluster::start(&Settings::local(
+    let mut settings = Settings::local(
         opts.nodes,
         interval,
         opts.kvstore == "etcd",
         opts.routing == "masquerade",
         family,
-    ));
+    );
+    // The host's port for node 1's page, taken first: the agents answer
+    // to the address a browser on the host names.
+    let page_port = page_port(&mut settings);
+    let mut cluster = Cluster::start(&settings);
     println!("agents' logs and sockets: {}", cluster.dir.display());
     print!("{}", what_differs(opts));
     if opts.kvstore == "etcd" {
         print!("{}", etcd_setup(&cluster));
     }
-    let page = forward_page(&cluster);
+    let page = page_port
+        .map(|l| forward_page(&cluster, l))
+        .unwrap_or_default();
     let end = opts
         .seconds
         .map(|s| Instant::now() + Duration::from_secs(s));
@@ -216,13 +222,34 @@ fn family(opts: &Options) -> anyhow::Result<Family> {
     }
 }
 
-/// Forwards the host's loopback (port 9962, or any free one) to node 1's
-/// metrics listener, prints the page's and the metrics' addresses, and
-/// returns them for the header of the live view.
-fn forward_page(cluster: &Cluster) -> String {
-    let first = &cluster.nodes[0];
+/// Listens on the host's loopback, port 9962 or any free one, for node 1's
+/// page, and has the agents answer to that address (`--web-allowed-hosts`:
+/// a listener answers only to the names it is given, so that a page on
+/// another site cannot read it through DNS rebinding). `None`, said so,
+/// when no port could be had.
+fn page_port(settings: &mut Settings) -> Option<std::net::TcpListener> {
     let local = std::net::SocketAddr::from(([127, 0, 0, 1], health_tests::cluster::WEB_PORT));
-    match crate::forward::start(local, &cluster.fabric, first.web_addr()) {
+    match crate::forward::bind(local).and_then(|l| l.local_addr().map(|a| (l, a.port()))) {
+        Ok((listener, port)) => {
+            settings.extra_args.extend([
+                "--web-allowed-hosts".to_owned(),
+                format!("127.0.0.1:{port},localhost:{port}"),
+            ]);
+            Some(listener)
+        }
+        Err(e) => {
+            println!("could not listen on the host's loopback for node 1's page: {e}");
+            None
+        }
+    }
+}
+
+/// Forwards `listener` to node 1's metrics listener, prints the page's and
+/// the metrics' addresses, and returns them for the header of the live
+/// view.
+fn forward_page(cluster: &Cluster, listener: std::net::TcpListener) -> String {
+    let first = &cluster.nodes[0];
+    match crate::forward::start(listener, &cluster.fabric, first.web_addr()) {
         Ok(local) => {
             println!(
                 "{} connectivity page: http://{local}/ (forwarded to {} in its namespace)",

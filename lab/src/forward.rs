@@ -12,11 +12,19 @@ use std::{
 
 use health_agent::sys::netns::Netns;
 
-/// Listens on `local` (port 0: any free port) and forwards every
-/// connection to `target` inside `ns`; returns the address listened on.
-pub(crate) fn start(local: SocketAddr, ns: &Netns, target: SocketAddr) -> io::Result<SocketAddr> {
-    let listener =
-        TcpListener::bind(local).or_else(|_| TcpListener::bind(SocketAddr::new(local.ip(), 0)))?;
+/// Listens on `local`, or on any free port of its address when that one
+/// is taken.
+pub(crate) fn bind(local: SocketAddr) -> io::Result<TcpListener> {
+    TcpListener::bind(local).or_else(|_| TcpListener::bind(SocketAddr::new(local.ip(), 0)))
+}
+
+/// Forwards every connection `listener` accepts to `target` inside `ns`;
+/// returns the address listened on.
+pub(crate) fn start(
+    listener: TcpListener,
+    ns: &Netns,
+    target: SocketAddr,
+) -> io::Result<SocketAddr> {
     let bound = listener.local_addr()?;
     let ns = Netns::at(ns.path());
     thread::Builder::new()

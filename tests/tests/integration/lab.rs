@@ -321,3 +321,63 @@ fn a_page_bench_whose_agent_is_killed_stops_at_once_saying_so() {
         "before a round showing 20 failing peers",
     );
 }
+
+/// The main job (`cargo xtask run`, `health-lab demo`) prints where node
+/// 1's page and metrics are on the host; a browser there, naming that
+/// address as its `Host`, is answered.
+#[test]
+fn the_demo_serves_node_1s_page_at_the_address_it_prints() {
+    use std::io::{BufRead as _, Write as _};
+
+    require_root();
+    let child = Command::new(lab_binary())
+        .args(["demo", "--nodes", "2", "--seconds", "60", "--no-redraw"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("health-lab runs");
+    let mut run = Run(child);
+    let stdout = run.0.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let printed = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the page's address printed within 60 s");
+        if let Some(url) = line
+            .strip_prefix("node-1 metrics: http://")
+            .and_then(|rest| rest.strip_suffix("/metrics"))
+        {
+            break url.to_owned();
+        }
+    };
+    assert!(printed.starts_with("127.0.0.1:"), "{printed}");
+    let end = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        let mut s = std::net::TcpStream::connect(&printed).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {printed}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        if answer.starts_with("HTTP/1.1 200") || Instant::now() > end {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("health_build_info"), "{answer}");
+}
