@@ -806,7 +806,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn bad_queries_are_refused_naming_what_is_wrong() {
         let (client, _guard, stop) = serve_prober(prober());
-        for (request, says) in [
+        let gets = [
             (
                 "/v1/status?node=a&node=b",
                 "node given twice: \"a\" and \"b\"",
@@ -836,13 +836,9 @@ pub(crate) mod tests {
                 "stats given twice",
             ),
             ("/v1/status/quality?node=a&node=a", "node given twice"),
-        ] {
-            let (code, body) = client.raw("GET", request).await.expect("raw");
-            assert_eq!(code, StatusCode::BAD_REQUEST, "{request}");
-            let err: ApiError = serde_json::from_slice(&body).expect("an API error");
-            assert!(err.message.contains(says), "{request}: {}", err.message);
-        }
-        for (request, says) in [
+        ]
+        .map(|(request, says)| ("GET", request, says));
+        let puts = [
             (
                 "/v1/status/probe?timeout=1s&timeout=2s",
                 "timeout given twice",
@@ -852,13 +848,14 @@ pub(crate) mod tests {
                 "timeout 121s is over the 120s limit",
             ),
             ("/v1/status/probe?timeout=soon", "timeout: "),
-        ] {
-            let (code, body) = client.raw("PUT", request).await.expect("raw");
-            assert_eq!(code, StatusCode::BAD_REQUEST, "{request}");
+        ]
+        .map(|(request, says)| ("PUT", request, says));
+        for (method, request, says) in gets.into_iter().chain(puts) {
+            let (code, body) = client.raw(method, request).await.expect("raw");
+            assert_eq!(code, StatusCode::BAD_REQUEST, "{method} {request}");
             let err: ApiError = serde_json::from_slice(&body).expect("an API error");
             assert!(err.message.contains(says), "{request}: {}", err.message);
         }
-
         // An escaped name is the name.
         let (code, body) = client.raw("GET", "/v1/status?node=%61").await.expect("raw");
         assert_eq!(code, StatusCode::OK);
