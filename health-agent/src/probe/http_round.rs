@@ -312,10 +312,10 @@ impl Shared {
             if let Some(i) = next
                 && making.is_none()
             {
-                let held = f.busy + f.spare[0].len() + f.spare[1].len();
-                let room = self.share.saturating_sub(held).min(count - started);
+                let family = Family::of(self.targets[i]);
+                let room = f.room_for(family).min(count - started);
                 if room > 0 {
-                    making = Some(Box::pin(self.make(Family::of(self.targets[i]), room)));
+                    making = Some(Box::pin(self.make(family, room)));
                 }
             }
             if started == count && f.busy == 0 {
@@ -395,6 +395,21 @@ impl Shared {
 }
 
 impl Flights<'_> {
+    /// How many sockets of `family` may be made within the task's share.
+    /// When the other family's spare sockets hold the share, half of them
+    /// (one at least) are closed first: a probe of `family` would
+    /// otherwise wait for sockets no probe in flight gives back (with none
+    /// in flight, for ever).
+    fn room_for(&mut self, family: Family) -> usize {
+        let share = self.shared.share;
+        let held = self.busy + self.spare[0].len() + self.spare[1].len();
+        let other = &mut self.spare[1 - family.index()];
+        if held >= share && !other.is_empty() {
+            other.truncate(other.len() / 2);
+        }
+        share.saturating_sub(self.busy + self.spare[0].len() + self.spare[1].len())
+    }
+
     /// Probe `i` ended with `outcome`.
     fn finish(&mut self, i: usize, outcome: Outcome) {
         self.done.push((i, outcome));
@@ -865,6 +880,40 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
         for o in &outcomes {
             assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+        }
+    }
+
+    /// A task whose first probes are of one family, all put off (their
+    /// echoes came back), starts with a probe of the other family: the
+    /// share held by the first family's spare sockets is given back for
+    /// it (before, the round waited for ever), and every probe runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_of_the_family_whose_sockets_were_not_made_first_still_runs() {
+        let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+        // Two tasks, a share of two sockets each: each task's first two
+        // targets are IPv4 and answered, its third is IPv6 (loopback,
+        // nothing listening: refused).
+        let v6 = IpAddr::V6(std::net::Ipv6Addr::LOCALHOST);
+        let targets = vec![host(1), host(1), host(1), host(1), v6, v6];
+        let echoes = Arc::new(Echoes::without(targets.len()));
+        for i in 0..4 {
+            echoes.answered(i);
+        }
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
+        let outcomes = tokio::time::timeout(
+            Duration::from_secs(5),
+            round_with(targets, port, 2 * workers, &echoes),
+        )
+        .await
+        .expect("the round ends");
+        for o in &outcomes[..4] {
+            assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+        }
+        for o in &outcomes[4..] {
+            assert!(
+                matches!(o, Outcome::Failed(ProbeError::Refused { .. })),
+                "{o:?}"
+            );
         }
     }
 }
