@@ -185,6 +185,11 @@ impl Addresses<'_> {
     }
 }
 
+/// How far a reply's arrival stamp, taken on the real-time clock and
+/// moved to the monotonic one, may fall before the instant its request was
+/// sent (read from the monotonic clock before the send).
+const STAMP_ERROR: Duration = Duration::from_micros(10);
+
 /// When each request went: nanoseconds after `base`, plus one (0: not
 /// sent, or answered already). 8 bytes a request, not 16.
 struct SentAt {
@@ -299,8 +304,18 @@ impl Waiting<'_> {
         }
     }
 
-    /// The reply to request `i` came at `at`, read at `now`.
+    /// The reply to request `i` came at `at`, read at `now`. One that
+    /// came before the request went (by more than the clocks' error) is
+    /// not its answer: a late reply to an earlier round's request that
+    /// carries the same numbers, left unread in the socket.
     fn answered(&mut self, i: usize, at: Instant, now: Instant) {
+        if self
+            .sent_at
+            .get(i)
+            .is_some_and(|sent| at + STAMP_ERROR < sent)
+        {
+            return;
+        }
         if let Some(sent) = self.sent_at.take(i) {
             let rtt = at.saturating_duration_since(sent);
             if rtt <= self.timeout {
