@@ -174,15 +174,30 @@ fn parse_status(head: &[u8]) -> Result<u16, ProbeError> {
     let text = std::str::from_utf8(line)
         .map_err(|_| ProbeError::Protocol("status line is not text".into()))?;
     let mut parts = text.split(' ');
-    match (
-        parts.next(),
-        parts.next().and_then(|c| c.parse::<u16>().ok()),
-    ) {
+    match (parts.next(), parts.next().and_then(status_code)) {
         (Some(v), Some(code)) if v.starts_with("HTTP/1.") => Ok(code),
-        _ => Err(ProbeError::Protocol(
-            format!("not an HTTP status line: {text:?}").into(),
-        )),
+        _ => {
+            // The peer's bytes, cut short: they end up in every view.
+            let shown: String = text.chars().take(SHOWN).collect();
+            let cut = if shown.len() < text.len() { "..." } else { "" };
+            Err(ProbeError::Protocol(
+                format!("not an HTTP status line: {shown:?}{cut}").into(),
+            ))
+        }
     }
+}
+
+/// Characters of a line that is not HTTP shown in the probe's error.
+const SHOWN: usize = 48;
+
+/// A status code as RFC 9110 has it, three digits from 100 to 599 (a
+/// peer's `HTTP/1.1 4711` is not HTTP, and cannot make a class of error of
+/// its own).
+fn status_code(code: &str) -> Option<u16> {
+    (code.len() == 3 && code.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| code.parse().ok())
+        .flatten()
+        .filter(|c| (100..=599).contains(c))
 }
 
 #[cfg(test)]
@@ -432,5 +447,16 @@ mod tests {
         assert_eq!(parse_status(b"HTTP/1.0 404 Not Found\r\n"), Ok(404));
         assert!(parse_status(b"SSH-2.0-OpenSSH\r\n").is_err());
         assert!(parse_status(b"HTTP/1.1 abc\r\n").is_err());
+        for code in ["4711", "099", "600", "+20", "20", "2000"] {
+            let line = format!("HTTP/1.1 {code} X\r\n");
+            assert!(parse_status(line.as_bytes()).is_err(), "{code}");
+        }
+        assert_eq!(parse_status(b"HTTP/1.1 599\r\n"), Ok(599));
+        assert_eq!(parse_status(b"HTTP/1.1 100 Continue\r\n"), Ok(100));
+        let long = format!("{}\r\n", "x".repeat(400));
+        let Err(ProbeError::Protocol(shown)) = parse_status(long.as_bytes()) else {
+            panic!("a long line is not HTTP");
+        };
+        assert!(shown.len() < 100 && shown.ends_with("..."), "{shown}");
     }
 }
