@@ -238,13 +238,6 @@ impl ClusterStatus {
             .or_else(|| self.nodes.iter().find(|n| n.name == name))
     }
 
-    /// The same status with only the nodes `keep` accepts.
-    #[must_use]
-    pub fn filtered(mut self, keep: impl Fn(&NodeStatus) -> bool) -> Self {
-        self.nodes.retain(keep);
-        self
-    }
-
     /// The same status with `node` as its only node (none: no node).
     #[must_use]
     pub fn with_node(mut self, node: Option<NodeStatus>) -> Self {
@@ -373,9 +366,6 @@ mod tests {
         let one = status.clone().with_node(d);
         assert_eq!(one.nodes.len(), 1);
         assert_eq!(one.nodes[0].name, "d");
-        let kept = status.filtered(|n| n.name != "b");
-        assert_eq!(kept.nodes.len(), 4);
-        assert!(kept.node("b").is_none());
     }
 
     #[test]

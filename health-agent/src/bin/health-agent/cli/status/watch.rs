@@ -45,14 +45,9 @@ pub(crate) async fn watch(
             None => client.status_summary().await,
             Some(seq) => client.status_summary_after(seq, WAIT).await,
         };
-        let summary = match asked {
-            Ok(s) => s,
-            Err(e) if answering.waits_for(&e) => {
-                answering.lost(&e).await;
-                seen = None;
-                continue;
-            }
-            Err(e) => return Err(e.into()),
+        let Some(summary) = answering.answer(asked).await? else {
+            seen = None;
+            continue;
         };
         answering.back(client);
         let Some(round) = summary.round.as_ref() else {
@@ -64,15 +59,11 @@ pub(crate) async fn watch(
             continue;
         }
         let failing = if summary.unreachable > 0 {
-            let failing = match client.status_filtered("state=failure").await {
-                Ok(f) => f,
-                // Stopped since it answered: waited for as above.
-                Err(e) if answering.waits_for(&e) => {
-                    answering.lost(&e).await;
-                    seen = None;
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
+            let asked = client.status_filtered("state=failure").await;
+            // Stopped since it answered: waited for as above.
+            let Some(failing) = answering.answer(asked).await? else {
+                seen = None;
+                continue;
             };
             // `None` when a round ended in between: this one's names are
             // gone.
@@ -119,6 +110,19 @@ struct Answering {
 }
 
 impl Answering {
+    /// What `asked` answered; `None` once an agent that does not answer
+    /// has been waited for ([`Self::lost`]); the error it refused with.
+    async fn answer<T>(&mut self, asked: Result<T, ClientError>) -> Result<Option<T>, ClientError> {
+        match asked {
+            Ok(answer) => Ok(Some(answer)),
+            Err(e) if self.waits_for(&e) => {
+                self.lost(&e).await;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether `e` is waited for rather than reported.
     fn waits_for(&self, e: &ClientError) -> bool {
         not_answering(e) || (self.answered && matches!(e, ClientError::Forbidden { .. }))
