@@ -84,24 +84,21 @@ impl Assignments {
                 .and_then(|i| u32::try_from(i).ok())
                 .is_some_and(|i| assigned.binary_search(&i).is_ok())
         };
-        let kept: Vec<_> = summary
+        let left_out = summary
             .peers()
             .iter()
-            .filter(|p| is_assigned(&p.name))
-            .cloned()
-            .collect();
-        let left_out = summary.peers().len() - kept.len();
+            .filter(|p| !is_assigned(&p.name))
+            .count();
         if left_out == 0 {
             return None;
         }
-        let restricted = Summary::new(me.to_owned(), summary.seq(), summary.at_ms(), kept).ok()?;
-        Some((restricted, left_out))
+        Some((summary.keeping(|p| is_assigned(&p.name)), left_out))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
+    use std::{net::Ipv4Addr, time::Duration};
 
     use super::*;
     use crate::{
@@ -152,11 +149,18 @@ mod tests {
         assert!(a.restrict(&honest).is_none(), "nothing to leave out");
         // The same, plus reports on every other node.
         let all: Vec<PeerSummary> = nodes.iter().skip(1).map(|n| about(&n.name)).collect();
-        let liar = Summary::new("n000".into(), 2, 2, all).expect("summary");
+        let liar = Summary::new("n000".into(), 2, 2, all)
+            .expect("summary")
+            .with_cadence(Duration::from_secs(300));
         let (kept, left_out) = a.restrict(&liar).expect("restricted");
         assert_eq!(left_out, 199 - assigned.len());
         assert_eq!(kept.peers(), honest.peers());
         assert_eq!((kept.seq(), kept.at_ms()), (2, 2));
+        assert_eq!(
+            kept.cadence_ms(),
+            300_000,
+            "judged at its own cadence still"
+        );
         // A full mesh assigns everyone.
         a.update(&nodes, Some(ProbePeers::All));
         assert!(a.restrict(&liar).is_none());

@@ -531,6 +531,19 @@ impl Summary {
         self
     }
 
+    /// The same summary with only the peers `keep` accepts; everything
+    /// else, its cadence included, as it was.
+    #[must_use]
+    pub fn keeping(&self, keep: impl Fn(&PeerSummary) -> bool) -> Self {
+        Self {
+            observer: self.observer.clone(),
+            seq: self.seq,
+            at_ms: self.at_ms,
+            cadence_ms: self.cadence_ms,
+            peers: self.peers.iter().filter(|p| keep(p)).cloned().collect(),
+        }
+    }
+
     /// How often its observer summarises, ms (0: not said).
     #[must_use]
     pub const fn cadence_ms(&self) -> u64 {
