@@ -126,6 +126,16 @@ fn check_name(name: &str) -> Result<(), Rule> {
     Ok(())
 }
 
+/// Whether `node` is where a record of its name counts: an etcd record at
+/// exactly the prefix and the name (no deeper key, no other name); a
+/// file's anywhere.
+fn at_its_key(node: &Node, origin: &Origin) -> bool {
+    match origin {
+        Origin::Etcd { key, prefix_len } => key.get(*prefix_len..) == Some(node.name.as_str()),
+        Origin::File { .. } => true,
+    }
+}
+
 /// Checks a record alone (everything but uniqueness).
 fn check_record(
     node: &Node,
@@ -140,15 +150,14 @@ fn check_record(
             reason,
         })?;
     }
-    if let Origin::Etcd { key, prefix_len } = origin {
-        // Exactly the prefix and the name: no deeper key, no other name.
+    if let Origin::Etcd { key, prefix_len } = origin
+        && !at_its_key(node, origin)
+    {
         let prefix = key.get(..*prefix_len).unwrap_or_default();
-        if key.get(*prefix_len..) != Some(node.name.as_str()) {
-            return Err(Rule::KeyNotExact {
-                name: node.name.clone(),
-                expected: format!("{prefix}{}", node.name),
-            });
-        }
+        return Err(Rule::KeyNotExact {
+            name: node.name.clone(),
+            expected: format!("{prefix}{}", node.name),
+        });
     }
     let fields = fields(node);
     check_families(node)?;
@@ -256,10 +265,14 @@ fn check_families(node: &Node) -> Result<(), Rule> {
 #[must_use]
 pub fn validate(candidates: Vec<Candidate>, local: &LocalNode, holders: &Holders) -> Validated {
     let n = candidates.len();
+    // This node's record: a copy of it at another key (which sorts
+    // first) is rejected as any misplaced record, and takes nothing from it.
     let local_at = local.name.as_deref().and_then(|me| {
-        candidates
-            .iter()
-            .position(|c| c.node.as_ref().is_ok_and(|node| node.name == me))
+        candidates.iter().position(|c| {
+            c.node
+                .as_ref()
+                .is_ok_and(|node| node.name == me && at_its_key(node, &c.record.origin))
+        })
     });
     let mut verdict: Vec<Option<Rule>> = vec![None; n];
     let names = check_alone(&candidates, local, local_at, &mut verdict);

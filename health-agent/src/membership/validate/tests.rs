@@ -438,6 +438,39 @@ fn etcd_records_must_match_their_keys() {
     );
 }
 
+/// A copy of this node's record at a key that sorts before its own is
+/// rejected as misplaced, and this node's record at its key still counts
+/// as its own (before, the copy was taken as this node's, and its real
+/// record then lost its addresses to the node's own range).
+#[test]
+fn a_copy_of_this_nodes_record_at_another_key_does_not_displace_it() {
+    let at = |key: &str| Candidate {
+        record: Record {
+            origin: Origin::Etcd {
+                key: key.into(),
+                prefix_len: "/h/".len(),
+            },
+            name: Some("me".into()),
+        },
+        node: Ok(Node {
+            name: "me".into(),
+            node_ip: Some(ip("198.18.0.10")),
+            health_ip: Some(ip("198.18.64.2")),
+            node_ip6: None,
+            health_ip6: None,
+            zone: None,
+        }),
+    };
+    let v = validate(
+        vec![at("/h/0/me"), at("/h/me")],
+        &local(),
+        &Holders::default(),
+    );
+    assert_eq!(names(&v), ["me"]);
+    assert_eq!(v.rejected.len(), 1, "{:?}", v.rejected);
+    assert_eq!(RejectedRecord::from(&v.rejected[0]).record, "/h/0/me");
+}
+
 #[test]
 fn the_summary_counts_and_names_the_first_few() {
     let mut all = vec![file(1, "ok", "198.18.0.1", "198.18.65.1")];
