@@ -96,9 +96,11 @@ impl Checker {
     }
 
     /// Where `view` contradicts what `local` (this agent) has seen for at
-    /// least an interval before the view was assembled; by node name.
+    /// least `hold_ms` (the view's interval, or less when it claims a
+    /// longer one than the reader believes) before the view was
+    /// assembled; by node name.
     #[must_use]
-    pub fn check(&self, local: &str, view: &PublishedView) -> Vec<Contradiction> {
+    pub fn check(&self, local: &str, view: &PublishedView, hold_ms: u64) -> Vec<Contradiction> {
         let listed: HashMap<&str, &crate::cluster::view::NodeView> = view
             .view
             .nodes
@@ -110,7 +112,7 @@ impl Checker {
             .is_some_and(|n| n.verdict == Verdict::ObserverProblem);
         let mut out = Vec::new();
         for (name, &(seen, since)) in &self.since {
-            if since.saturating_add(view.interval_ms) > view.at_ms {
+            if since.saturating_add(hold_ms) > view.at_ms {
                 continue;
             }
             let node = listed.get(name.as_str());
@@ -226,7 +228,7 @@ mod tests {
             ],
             0,
         );
-        let found = c.check("me", &v);
+        let found = c.check("me", &v, 1_000);
         let names: Vec<(&str, Verdict, &str)> = found
             .iter()
             .map(|x| (x.node.as_str(), x.published, x.here.as_str()))
@@ -242,7 +244,7 @@ mod tests {
         // A view of 1999 is assembled less than an interval after: no
         // contradiction yet (the assembler may not have had the summary).
         assert_eq!(
-            c.check("me", &view(1_999, v.view.nodes.clone(), 0)),
+            c.check("me", &view(1_999, v.view.nodes.clone(), 0), 1_000),
             Vec::<Contradiction>::new()
         );
     }
@@ -260,20 +262,23 @@ mod tests {
         ));
         // a down and b healthy: as seen here; u unknown here.
         let agree = view(5_000, vec![node("a", Verdict::NodeDown, &[])], 0);
-        assert_eq!(c.check("me", &agree), Vec::<Contradiction>::new());
+        assert_eq!(c.check("me", &agree, 1_000), Vec::<Contradiction>::new());
         // Some nodes not healthy left unlisted: a node not listed may be
         // one of them.
         let partial = view(5_000, Vec::new(), 1);
-        assert_eq!(c.check("me", &partial), Vec::<Contradiction>::new());
+        assert_eq!(c.check("me", &partial, 1_000), Vec::<Contradiction>::new());
         // This agent an observer problem: its failures are discounted.
         let discounted = view(5_000, vec![node("me", Verdict::ObserverProblem, &[])], 0);
-        assert_eq!(c.check("me", &discounted), Vec::<Contradiction>::new());
+        assert_eq!(
+            c.check("me", &discounted, 1_000),
+            Vec::<Contradiction>::new()
+        );
         // An observation that changed restarts its interval.
         c.observe(&own(4_500, vec![peer("b", ProbeResult::Failure, false)]));
         assert_eq!(
-            c.check("me", &view(5_000, Vec::new(), 0)),
+            c.check("me", &view(5_000, Vec::new(), 0), 1_000),
             Vec::<Contradiction>::new()
         );
-        assert_eq!(c.check("me", &view(5_500, Vec::new(), 0)).len(), 1);
+        assert_eq!(c.check("me", &view(5_500, Vec::new(), 0), 1_000).len(), 1);
     }
 }

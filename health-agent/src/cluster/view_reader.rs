@@ -3,10 +3,12 @@
 //! writes its view at its own name on its election lease (one key; two
 //! while the previous assembler's lease ends). Each value is checked
 //! ([`PublishedView::decode`], at exactly `<prefix><assembler>`, not from
-//! the future, at most [`MAX_VIEWS`] held); a refused value is reported
-//! with its key and the last good view kept (it goes stale). The newest
-//! view held is shown, and checked against this agent's own rounds
-//! ([`super::contradiction`]) once per view.
+//! the future by more than two of this agent's own intervals, at most
+//! [`MAX_VIEWS`] held); a refused value is reported with its key and the
+//! last good view kept (it goes stale). The newest view held is shown,
+//! newest by its time but never later than when it was read (a view dated
+//! ahead does not outrank those written after it), and checked against
+//! this agent's own rounds ([`super::contradiction`]) once per view.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -22,8 +24,14 @@ use crate::{
 };
 
 /// How far ahead of the local clock a view's time may be, beyond two of
-/// its intervals.
+/// this agent's intervals.
 const FUTURE_SLACK_MS: u64 = 5_000;
+
+/// The longest a view's interval is believed, as a multiple of this
+/// agent's own, when its observations are weighed against the view (an
+/// assembler that says it assembles once an hour would otherwise have
+/// every failure of the last hour left out of the check).
+const HOLD_INTERVALS: u64 = 2;
 
 /// The most views held (one per key): more are refused and reported.
 pub const MAX_VIEWS: usize = 16;
@@ -33,7 +41,11 @@ pub const MAX_VIEWS: usize = 16;
 pub struct ViewReader {
     prefix: String,
     local: String,
-    by_key: BTreeMap<Vec<u8>, PublishedView>,
+    /// Each view held, and its rank: its time, or when it was read when
+    /// that is earlier.
+    by_key: BTreeMap<Vec<u8>, (PublishedView, u64)>,
+    /// This agent's interval, ms: how far ahead a view may be dated.
+    cadence_ms: u64,
     /// The assembler and time of the view last checked.
     checked: Option<(String, u64)>,
     contradictions: Vec<Contradiction>,
@@ -43,12 +55,15 @@ pub struct ViewReader {
 }
 
 impl ViewReader {
+    /// The reader of the views under `prefix` for the agent `local`, whose
+    /// interval is `cadence`.
     #[must_use]
-    pub fn new(prefix: String, local: String) -> Self {
+    pub fn new(prefix: String, local: String, cadence: Duration) -> Self {
         Self {
             prefix,
             local,
             by_key: BTreeMap::new(),
+            cadence_ms: millis(cadence),
             checked: None,
             contradictions: Vec::new(),
             contradictions_total: 0,
@@ -56,13 +71,18 @@ impl ViewReader {
         }
     }
 
-    /// The view shown and its key: the newest held.
+    /// This agent's interval changed (a reload): views are judged by it.
+    pub fn set_cadence(&mut self, cadence: Duration) {
+        self.cadence_ms = millis(cadence);
+    }
+
+    /// The view shown and its key: the newest held, by rank.
     #[must_use]
     pub fn current(&self) -> Option<(&[u8], &PublishedView)> {
         self.by_key
             .iter()
-            .max_by_key(|(_, v)| v.at_ms)
-            .map(|(k, v)| (k.as_slice(), v))
+            .max_by_key(|(_, (v, rank))| (*rank, v.at_ms))
+            .map(|(k, (v, _))| (k.as_slice(), v))
     }
 
     /// Takes an event of the watch on the views' prefix.
@@ -89,7 +109,8 @@ impl ViewReader {
     pub fn put(&mut self, e: &Entry, now_ms: u64) {
         match self.check(e, now_ms) {
             Ok(v) => {
-                self.by_key.insert(e.key.clone(), v);
+                let rank = v.at_ms.min(now_ms);
+                self.by_key.insert(e.key.clone(), (v, rank));
             }
             Err(reason) => {
                 self.refused += 1;
@@ -111,8 +132,8 @@ impl ViewReader {
                 format!("{}{}", self.prefix, v.assembler)
             ));
         }
-        let limit = v
-            .interval_ms
+        let limit = self
+            .cadence_ms
             .saturating_mul(2)
             .saturating_add(FUTURE_SLACK_MS);
         let ahead = v.ahead_ms(now_ms);
@@ -129,7 +150,8 @@ impl ViewReader {
 
     /// Takes a view this agent published itself, at `key`.
     pub fn published(&mut self, key: String, v: PublishedView) {
-        self.by_key.insert(key.into_bytes(), v);
+        let rank = v.at_ms;
+        self.by_key.insert(key.into_bytes(), (v, rank));
     }
 
     /// Checks the view held against this agent's own rounds (at each of
@@ -143,7 +165,10 @@ impl ViewReader {
         let found = if v.assembler == self.local {
             Vec::new()
         } else {
-            checker.check(&self.local, v)
+            let hold = v
+                .interval_ms
+                .min(self.cadence_ms.saturating_mul(HOLD_INTERVALS));
+            checker.check(&self.local, v, hold)
         };
         let same_view = self.checked.as_ref() == Some(&id);
         let new: Vec<&Contradiction> = found
@@ -201,6 +226,12 @@ mod tests {
     use crate::cluster::view::{ClusterView, VerdictCounts};
 
     fn value(at_ms: u64, assembler: &str) -> Vec<u8> {
+        value_every(at_ms, assembler, 1_000)
+    }
+
+    /// A view of two healthy nodes, saying it is assembled every
+    /// `interval_ms`.
+    fn value_every(at_ms: u64, assembler: &str, interval_ms: u64) -> Vec<u8> {
         let view = ClusterView {
             plaintext_nodes: Vec::new(),
             reports: 2,
@@ -211,7 +242,7 @@ mod tests {
             },
             nodes: Vec::new(),
         };
-        PublishedView::of(assembler, 3, at_ms, 1_000, &view).encode()
+        PublishedView::of(assembler, 3, at_ms, interval_ms, &view).encode()
     }
 
     fn put(key: &str, value: Vec<u8>) -> WatchEvent {
@@ -225,7 +256,7 @@ mod tests {
 
     #[test]
     fn a_refused_view_keeps_the_last_good_one_which_goes_stale() {
-        let mut r = ViewReader::new("/h/view/".into(), "me".into());
+        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
         let now = 1_000_000;
         r.apply(put("/h/view/leader", value(now, "leader")), now);
         let a = r
@@ -287,7 +318,7 @@ mod tests {
             };
             Summary::new("me".into(), 1, at_ms, vec![p]).expect("summary")
         };
-        let mut r = ViewReader::new("/h/view/".into(), "me".into());
+        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
         let mut checker = Checker::default();
         // The view (all healthy, of 10_000) arrives before this agent has
         // failed b for an interval: nothing yet.
@@ -312,12 +343,63 @@ mod tests {
 
     #[test]
     fn the_views_held_are_bounded() {
-        let mut r = ViewReader::new("/h/view/".into(), "me".into());
+        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
         for i in 0..=MAX_VIEWS {
             let name = format!("n{i:02}");
             r.apply(put(&format!("/h/view/{name}"), value(5, &name)), 5);
         }
         assert_eq!(r.by_key.len(), MAX_VIEWS);
         assert_eq!(r.refused, 1);
+    }
+
+    /// A view dated ahead ranks as of when it was read, so the leader's
+    /// next view, written after it, is shown; one dated further ahead
+    /// than two of this agent's intervals is refused, whatever interval
+    /// it claims; and a claim of a long interval does not put this agent's
+    /// older observations out of the check. (Before, a view dated 55
+    /// minutes ahead and claiming an hour's interval was shown for 55
+    /// minutes, and contradicted by no failure of its last hour.)
+    #[test]
+    fn a_view_dated_ahead_does_not_outrank_those_written_after_it() {
+        use crate::cluster::summary::{PathSample, PeerSummary, Summary};
+        use crate::probe::path::ProbeResult;
+        let hour = 3_600_000;
+        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+        let now = 1_000_000;
+        r.apply(
+            put("/h/view/liar", value_every(now + 3_000, "liar", hour)),
+            now,
+        );
+        r.apply(
+            put("/h/view/leader", value(now + 1_000, "leader")),
+            now + 1_000,
+        );
+        assert_eq!(r.refused, 0);
+        assert_eq!(
+            r.current().map(|(_, v)| v.assembler.as_str()),
+            Some("leader")
+        );
+        r.apply(
+            put("/h/view/liar", value_every(now + 60_000, "liar", hour)),
+            now + 1_000,
+        );
+        assert_eq!(r.refused, 1, "dated a minute ahead");
+        // The liar's view alone, all healthy, at now + 3 s: this agent has
+        // failed every path to b since now - 5 s.
+        r.apply(
+            WatchEvent::Delete {
+                key: b"/h/view/leader".to_vec(),
+                revision: 2,
+            },
+            now + 1_000,
+        );
+        let failed = PeerSummary {
+            name: "b".into(),
+            paths: [PathSample::new(ProbeResult::Failure, None); 4],
+        };
+        let mut checker = Checker::default();
+        checker.observe(&Summary::new("me".into(), 1, now - 5_000, vec![failed]).expect("summary"));
+        r.check_contradictions(&checker);
+        assert_eq!(r.contradictions_total, 1, "b is healthy in the view");
     }
 }

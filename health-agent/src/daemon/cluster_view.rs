@@ -309,6 +309,21 @@ struct Leading {
 }
 
 impl ClusterViewTask {
+    /// What this agent holds in `role`: as the leader, the summaries
+    /// watched from its election on.
+    fn take_role(&self, role: Role, interval: Duration) -> Option<Leading> {
+        let Role::Leader(leadership) = role else {
+            return None;
+        };
+        info!(view = %format!("{}{}", self.view_prefix, self.local), "cluster view: this agent assembles and publishes the view");
+        Some(Leading {
+            leadership,
+            events: self.store.watch_prefix(self.prefix.clone().into_bytes()),
+            held: Held::new(&self.prefix, interval, MAX_SUMMARIES),
+            published: false,
+        })
+    }
+
     pub(super) async fn run(self, shutdown: CancellationToken) {
         let (role_tx, mut role) = watch::channel(Role::Candidate);
         let deposed = Notify::new();
@@ -325,14 +340,14 @@ impl ClusterViewTask {
         let mut view_events = self
             .store
             .watch_prefix(self.view_prefix.clone().into_bytes());
-        let mut reader = ViewReader::new(self.view_prefix.clone(), self.local.clone());
+        let mut interval = cadence(&self.prober.borrow());
+        let mut reader = ViewReader::new(self.view_prefix.clone(), self.local.clone(), interval);
         let mut checker = Checker::default();
         let mut writes = SummaryWrites::default();
         let mut leading: Option<Leading> = None;
         let mut matrix: Option<matrix::ClusterMatrix> = None;
         let mut published_seq = 0;
         let mut rounds = Rounds::new(&self.prober);
-        let mut interval = cadence(&self.prober.borrow());
         let mut ticks: u64 = 0;
         let mut assignments = Assignments::default();
         let mut tick = ticker(interval);
@@ -349,22 +364,10 @@ impl ClusterViewTask {
                     if changed.is_err() {
                         break;
                     }
-                    let now = role.borrow_and_update().clone();
-                    leading = match now {
-                        Role::Leader(leadership) => {
-                            info!(view = %format!("{}{}", self.view_prefix, self.local), "cluster view: this agent assembles and publishes the view");
-                            Some(Leading {
-                                leadership,
-                                events: self.store.watch_prefix(self.prefix.clone().into_bytes()),
-                                held: Held::new(&self.prefix, interval, MAX_SUMMARIES),
-                                published: false,
-                            })
-                        }
-                        Role::Candidate => {
-                            matrix = None;
-                            None
-                        }
-                    };
+                    leading = self.take_role(role.borrow_and_update().clone(), interval);
+                    if leading.is_none() {
+                        matrix = None;
+                    }
                 }
                 event = view_events.recv() => match event {
                     Some(e) => {
@@ -394,6 +397,7 @@ impl ClusterViewTask {
                     if cadence(&prober) != interval {
                         interval = cadence(&prober);
                         tick = ticker(interval);
+                        reader.set_cadence(interval);
                         if let Some(lead) = leading.as_mut() {
                             lead.held.future_ms = future_limit_ms(interval);
                         }
