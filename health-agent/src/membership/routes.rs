@@ -10,7 +10,7 @@
 //! by their protocol and removed at the first sync.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
@@ -93,16 +93,22 @@ fn on_link(ip: IpAddr, connected: &[(IpAddr, u8)]) -> bool {
 
 /// Whether `net/prefix` holds `ip` (of the same family).
 fn covers(net: IpAddr, prefix: u8, ip: IpAddr) -> bool {
-    match (ip, net) {
-        (IpAddr::V4(ip), IpAddr::V4(net)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-            ip.to_bits() & mask == net.to_bits() & mask
+    net.is_ipv4() == ip.is_ipv4() && masked(net, prefix) == masked(ip, prefix)
+}
+
+/// `ip` with the bits past `prefix` cleared (none past its family's
+/// length).
+fn masked(ip: IpAddr, prefix: u8) -> IpAddr {
+    let past = |bits: u32| bits.saturating_sub(u32::from(prefix));
+    match ip {
+        IpAddr::V4(ip) => {
+            let mask = u32::MAX.checked_shl(past(32)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from_bits(ip.to_bits() & mask))
         }
-        (IpAddr::V6(ip), IpAddr::V6(net)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-            ip.to_bits() & mask == net.to_bits() & mask
+        IpAddr::V6(ip) => {
+            let mask = u128::MAX.checked_shl(past(128)).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from_bits(ip.to_bits() & mask))
         }
-        _ => false,
     }
 }
 
@@ -156,10 +162,56 @@ impl TableRoute {
     }
 }
 
-/// The node's routes and addresses, as a sync checks them.
+/// The node's routes and addresses, as a sync checks them, indexed so
+/// that each desired route is judged in constant time (a sync at 50,000
+/// peers judges 50,000 routes against as many in the table).
 struct Table {
     routes: Vec<TableRoute>,
     connected: Vec<(IpAddr, u8)>,
+    /// The default routes' gateways.
+    gateways: HashSet<IpAddr>,
+    /// The first host route to each destination.
+    hosts: HashMap<IpAddr, TableRoute>,
+    /// The destinations of routes the agent did not make, by prefix
+    /// length (a handful of lengths).
+    foreign: BTreeMap<u8, HashSet<IpAddr>>,
+}
+
+impl Table {
+    fn new(routes: Vec<TableRoute>, connected: Vec<(IpAddr, u8)>) -> Self {
+        let mut hosts = HashMap::with_capacity(routes.len());
+        let mut foreign: BTreeMap<u8, HashSet<IpAddr>> = BTreeMap::new();
+        let mut gateways = HashSet::new();
+        for r in &routes {
+            if r.is_host() {
+                hosts.entry(r.destination).or_insert(*r);
+            }
+            if r.protocol != ROUTE_PROTOCOL {
+                foreign
+                    .entry(r.prefix)
+                    .or_default()
+                    .insert(masked(r.destination, r.prefix));
+            }
+            if let (0, Some(gw)) = (r.prefix, r.gateway) {
+                gateways.insert(gw);
+            }
+        }
+        Self {
+            routes,
+            connected,
+            gateways,
+            hosts,
+            foreign,
+        }
+    }
+
+    /// Whether a route the agent did not make, `at_least` as specific,
+    /// covers `ip`.
+    fn foreign_covers(&self, ip: IpAddr, at_least: u8) -> bool {
+        self.foreign
+            .range(at_least..)
+            .any(|(&prefix, nets)| nets.contains(&masked(ip, prefix)))
+    }
 }
 
 /// The main table's routes and the node's connected networks, both
@@ -201,7 +253,7 @@ async fn read_table(nl: &Netlink) -> Result<Table, NetlinkError> {
             .filter(|(_, a, _)| !is_link_local(*a))
             .map(|(_, a, p)| (a.into(), p)),
     );
-    Ok(Table { routes, connected })
+    Ok(Table::new(routes, connected))
 }
 
 const fn is_link_local(ip: Ipv6Addr) -> bool {
@@ -242,11 +294,10 @@ impl RouteBounds {
         if self.protected.contains(&health) {
             return Some("an etcd endpoint of this agent".into());
         }
-        let gateway = table
-            .routes
-            .iter()
-            .any(|r| r.prefix == 0 && r.gateway == Some(health));
-        gateway.then(|| "this node's default gateway".into())
+        table
+            .gateways
+            .contains(&health)
+            .then(|| "this node's default gateway".into())
     }
 
     /// The prefix length of the range of `ip`'s family.
@@ -341,21 +392,12 @@ impl PeerRoutes {
                     applied.not_on_link += 1;
                     continue;
                 }
-                let specific = bounds.range_prefix(*health);
-                let foreign = table.routes.iter().any(|r| {
-                    r.protocol != ROUTE_PROTOCOL
-                        && r.prefix >= specific
-                        && covers(r.destination, r.prefix, *health)
-                });
-                if foreign {
+                if table.foreign_covers(*health, bounds.range_prefix(*health)) {
                     applied.foreign += 1;
                     continue;
                 }
                 routed.insert(*health, peer.via);
-                let current = table
-                    .routes
-                    .iter()
-                    .find(|r| r.is_host() && r.destination == *health);
+                let current = table.hosts.get(health);
                 let done = match &bounds.tunnel {
                     // Into the tunnel: ours, without a gateway.
                     Some(_) => {
@@ -469,6 +511,68 @@ mod tests {
             health_ip6: None,
             zone: None,
         }
+    }
+
+    /// The table's index answers as a scan of every route would: which
+    /// routes the agent did not make cover an address at least as
+    /// specifically as asked, the host route to it, and whether it is a
+    /// default gateway; both families, every prefix length.
+    #[test]
+    fn the_tables_index_answers_as_a_scan_of_its_routes() {
+        let ip = |s: &str| -> IpAddr { s.parse().expect(s) };
+        let route = |d: &str, prefix, gateway: Option<&str>, protocol| TableRoute {
+            destination: ip(d),
+            prefix,
+            gateway: gateway.map(ip),
+            protocol,
+        };
+        let mut routes = vec![
+            route("0.0.0.0", 0, Some("198.18.0.1"), 4),
+            route("::", 0, Some("2001:2::1"), 4),
+            route("198.18.64.0", 24, None, 2),
+            route("198.18.65.7", 32, Some("198.18.0.9"), 4),
+            route("198.18.65.7", 32, Some("198.18.0.8"), 4),
+            route("2001:2:40::", 64, None, 2),
+            route("2001:2:41::7", 128, Some("2001:2::9"), 3),
+        ];
+        // The agent's own: never foreign.
+        routes.extend((0..=255).map(|k| {
+            let d = format!("198.18.66.{k}");
+            route(&d, 32, Some("198.18.0.7"), ROUTE_PROTOCOL)
+        }));
+        let table = Table::new(routes.clone(), Vec::new());
+        let asked = [
+            "198.18.0.1",
+            "198.18.64.9",
+            "198.18.65.7",
+            "198.18.65.8",
+            "198.18.66.3",
+            "2001:2::1",
+            "2001:2:40::5",
+            "2001:2:41::7",
+            "2001:2:41::8",
+        ];
+        for a in asked.map(ip) {
+            for at_least in [0, 16, 24, 25, 32, 48, 64, 65, 128] {
+                let scan = routes.iter().any(|r| {
+                    r.protocol != ROUTE_PROTOCOL
+                        && r.prefix >= at_least
+                        && covers(r.destination, r.prefix, a)
+                });
+                assert_eq!(table.foreign_covers(a, at_least), scan, "{a} /{at_least}");
+            }
+            let host = routes.iter().find(|r| r.is_host() && r.destination == a);
+            let indexed = table.hosts.get(&a);
+            assert_eq!(indexed.map(|r| r.gateway), host.map(|r| r.gateway), "{a}");
+            let gateway = routes.iter().any(|r| r.prefix == 0 && r.gateway == Some(a));
+            assert_eq!(table.gateways.contains(&a), gateway, "{a}");
+        }
+        assert!(table.foreign_covers(ip("198.18.64.9"), 24));
+        assert!(!table.foreign_covers(ip("198.18.64.9"), 25));
+        assert!(
+            !table.foreign_covers(ip("198.18.66.3"), 1),
+            "the agent's own"
+        );
     }
 
     #[test]
