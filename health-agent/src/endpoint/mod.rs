@@ -573,14 +573,14 @@ fn new_record(
     let ipv4 = cfg
         .cidr
         .map(|cidr| -> Result<_, EndpointError> {
-            let in_use = node_addresses(cidr)?;
+            let in_use = node_addresses(cidr, &cfg.host_iface)?;
             Ok(allocate(cidr, &in_use, previous.and_then(|r| r.ipv4))?)
         })
         .transpose()?;
     let ipv6 = cfg
         .cidr6
         .map(|cidr| -> Result<_, EndpointError> {
-            let in_use = node_addresses(cidr)?;
+            let in_use = node_addresses(cidr, &cfg.host_iface)?;
             Ok(allocate(cidr, &in_use, previous.and_then(|r| r.ipv6))?)
         })
         .transpose()?;
@@ -595,14 +595,31 @@ fn new_record(
     })
 }
 
-/// Addresses already configured in this (the node's) namespace inside
-/// `cidr`: never handed to the endpoint.
-fn node_addresses<N: Pool>(cidr: N) -> Result<BTreeSet<N::Addr>, EndpointError> {
-    let all = in_netns(None, |nl| async move { nl.addresses::<N::Addr>().await })?;
+/// Addresses inside `cidr` already in use in this (the node's)
+/// namespace: configured on an interface, or the destination of a host
+/// route out of another interface than `host_iface` (someone else's:
+/// the endpoint's own goes out of `host_iface`). Never handed to the
+/// endpoint.
+fn node_addresses<N: Pool>(cidr: N, host_iface: &str) -> Result<BTreeSet<N::Addr>, EndpointError> {
+    let iface = host_iface.to_owned();
+    let (addresses, routes, ours) = in_netns(None, |nl| async move {
+        let ours = nl.link_index(&iface).await?;
+        Ok((
+            nl.addresses::<N::Addr>().await?,
+            nl.routes::<N::Addr>().await?,
+            ours,
+        ))
+    })?;
     let net: IpNet = cidr.into();
-    Ok(all
+    let host = if net.addr().is_ipv4() { 32 } else { 128 };
+    let elsewhere = routes
+        .into_iter()
+        .filter(|r| r.prefix == host && (ours.is_none() || r.oif != ours))
+        .map(|r| r.destination);
+    Ok(addresses
         .into_iter()
         .map(|(_, a, _)| a)
+        .chain(elsewhere)
         .filter(|a| net.contains(&(*a).into()))
         .collect())
 }

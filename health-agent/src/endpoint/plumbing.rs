@@ -170,8 +170,9 @@ async fn add_host_route<C: Plumbed>(
     missing: &[Missing],
 ) -> Result<(), NetlinkError> {
     match assigned {
+        // Never over a route someone else made to the address.
         Some(a) if missing.contains(&C::HOST_ROUTE) => {
-            nl.replace_route(a.addr, C::MAX_PREFIX, &plan.host_iface, None)
+            nl.add_route_new(a.addr, C::MAX_PREFIX, &plan.host_iface)
                 .await
         }
         _ => Ok(()),

@@ -501,6 +501,61 @@ fn the_agent_touches_only_its_own_routes_and_only_on_link_ones() {
     );
 }
 
+/// A host route someone else made to an address of the pool is never
+/// replaced: an address so routed is not given to the endpoint (the last
+/// run's included), and when the endpoint's own route is replaced by
+/// someone else's, the repair fails naming it and leaves it there; both
+/// outlive the agent.
+#[test]
+fn routes_someone_else_made_to_the_pools_addresses_are_left_as_they_are() {
+    use health_agent::sys::netlink::RouteV4;
+
+    const STATIC: u8 = 4;
+    let gateway = Ipv4Addr::new(198, 18, 0, 30);
+    let mut node = AgentNode::new();
+    node.start(&["--controller-interval", "1s"]);
+    let first = ipv4(&node.wait_endpoint(READY, |_| true));
+    assert!(node.stop(Signal::SIGTERM).success());
+    let route_to = |nl_ns: &health_agent::sys::netns::Netns, dst: Ipv4Addr| -> Option<RouteV4> {
+        in_netns(
+            Some(nl_ns),
+            |nl| async move { nl.routes::<Ipv4Addr>().await },
+        )
+        .expect("routes")
+        .into_iter()
+        .find(|r| r.destination == dst && r.prefix == 32)
+    };
+    let theirs =
+        |r: Option<RouteV4>| r.is_some_and(|r| r.gateway == Some(gateway) && r.protocol == STATIC);
+    in_netns(Some(&node.node), move |nl| async move {
+        nl.replace_route_owned(first, 32, gateway, STATIC).await
+    })
+    .expect("someone else's route to the last run's address");
+    node.start(&["--controller-interval", "1s"]);
+    let second = ipv4(&node.wait_endpoint(READY, |_| true));
+    assert_ne!(
+        second, first,
+        "an address routed elsewhere is not given out"
+    );
+    assert!(theirs(route_to(&node.node, first)));
+
+    // The endpoint's own route replaced by someone else's: not taken back.
+    in_netns(Some(&node.node), move |nl| async move {
+        nl.replace_route_owned(second, 32, gateway, STATIC).await
+    })
+    .expect("someone else's route to the endpoint's address");
+    let refused = "never over a route to it that exists";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !node.log().contains(refused) {
+        assert!(std::time::Instant::now() < deadline, "{}", node.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(theirs(route_to(&node.node, second)), "{}", node.log());
+    assert!(node.stop(Signal::SIGTERM).success());
+    assert!(theirs(route_to(&node.node, first)));
+    assert!(theirs(route_to(&node.node, second)));
+}
+
 /// SIGTERM at several moments of the start-up: whatever was made by then is
 /// removed, and once the agent is under way (signals are caught before it
 /// creates anything) it exits cleanly rather than dying of the signal.

@@ -172,6 +172,34 @@ impl Netlink {
         .await
     }
 
+    /// Adds a direct route `destination/prefix` out of `iface`, as
+    /// [`Self::replace_route`] does without a gateway, but never over
+    /// another: where a route to the destination exists (someone else's),
+    /// the kernel refuses the add (`EEXIST`) and that route stays.
+    pub async fn add_route_new<A: Family>(
+        &self,
+        destination: A,
+        prefix: u8,
+        iface: &str,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_link(iface).await?;
+        let destination: IpAddr = destination.into();
+        let b = route(destination, prefix, None)?.output_interface(index);
+        let b = if destination.is_ipv4() {
+            b.scope(RouteScope::Link)
+        } else {
+            b
+        };
+        self.handle
+            .route()
+            .add(b.build())
+            .execute()
+            .await
+            .map_err(req(format!(
+                "adding route {destination}/{prefix} dev {iface} (never over a route to it that exists)"
+            )))
+    }
+
     /// Makes every address of `destination/prefix` local to this namespace
     /// (a `local` route in the local table, "AnyIP"): packets to any of
     /// them are delivered here, and answered from the address they were
