@@ -367,6 +367,8 @@ impl Endpoint {
         if missing.is_empty() && self.ep_index()? != self.attached_to {
             missing.push(Missing::Programs);
         }
+        let ready = self.lifecycle.state() == Some(State::Ready);
+        owed_regeneration(&mut missing, self.datapath.is_some(), ready);
         if missing.is_empty()
             && let Some(d) = &self.datapath
         {
@@ -624,8 +626,46 @@ fn node_addresses<N: Pool>(cidr: N, host_iface: &str) -> Result<BTreeSet<N::Addr
         .collect())
 }
 
+/// A regeneration that failed part-way is owed, whatever the plumbing
+/// shows: the programs were detached before they were attached again
+/// (`attached` false), or the endpoint was left short of ready. Without
+/// this, the namespace's own kernel answering the echo passed every check
+/// and the endpoint stayed without its programs, regenerating for ever.
+fn owed_regeneration(missing: &mut Vec<Missing>, attached: bool, ready: bool) {
+    if missing.is_empty() && !(attached && ready) {
+        missing.push(Missing::Programs);
+    }
+}
+
 /// A fresh shared view, empty until the endpoint publishes.
 #[must_use]
 pub fn shared_view() -> SharedView {
     Arc::new(RwLock::new(None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_regeneration_that_failed_part_way_is_owed() {
+        for (attached, ready, owed) in [
+            (true, true, false),
+            (false, true, true),
+            (true, false, true),
+            (false, false, true),
+        ] {
+            let mut missing = Vec::new();
+            owed_regeneration(&mut missing, attached, ready);
+            assert_eq!(
+                missing.contains(&Missing::Programs),
+                owed,
+                "{attached} {ready}"
+            );
+        }
+        // Something else missing already: it is repaired, nothing added.
+        let mut missing = vec![Missing::Address];
+        owed_regeneration(&mut missing, false, false);
+        assert_eq!(missing, [Missing::Address]);
+    }
 }
