@@ -281,13 +281,6 @@ fn ensure_veth(plan: &Plan, host_proven: Option<u32>) -> Result<Option<Missing>,
         nl.add_veth(&plan.host_iface, &plan.ep_iface, Some(&plan.netns))
             .await
     })?;
-    if plan.v6.is_some() {
-        // Before either end is up: their link-local addresses (the node's
-        // neighbour solicitations leave from lxc_health's) are then usable
-        // at once instead of after a second of DAD.
-        write_in(None, &accept_dad(&plan.host_iface), "0")?;
-        write_in(Some(&plan.netns), &accept_dad(&plan.ep_iface), "0")?;
-    }
     Ok(Some(if host.is_none() {
         Missing::HostInterface
     } else {
@@ -295,10 +288,23 @@ fn ensure_veth(plan: &Plan, host_proven: Option<u32>) -> Result<Option<Missing>,
     }))
 }
 
-/// The `accept_dad` sysctl of `iface` (a dot in an interface name is a
-/// slash in its sysctl path).
+/// The `accept_dad` sysctl of `iface`, as a path under `/proc/sys` (where
+/// a dot in an interface name stays a dot: only `sysctl`'s dotted names
+/// write it as a slash).
 fn accept_dad(iface: &str) -> String {
-    format!("net/ipv6/conf/{}/accept_dad", iface.replace('.', "/"))
+    format!("net/ipv6/conf/{iface}/accept_dad")
+}
+
+/// Turns duplicate address detection off on both ends of a veth just
+/// made, before either is up: their link-local addresses (the node's
+/// neighbour solicitations leave from the host end's) are then usable at
+/// once instead of after a second of DAD.
+fn without_dad(plan: &Plan) -> Result<(), PlumbingError> {
+    if plan.v6.is_some() {
+        write_in(None, &accept_dad(&plan.host_iface), "0")?;
+        write_in(Some(&plan.netns), &accept_dad(&plan.ep_iface), "0")?;
+    }
+    Ok(())
 }
 
 /// An object [`ensure_with`] made.
@@ -329,7 +335,10 @@ pub fn ensure_with<E: From<PlumbingError>>(
         out.push(Missing::Namespace);
     }
     if let Some(m) = ensure_veth(plan, host_proven)? {
+        // Recorded before anything else can fail: a veth the record does
+        // not prove would be taken for someone else's from then on.
         made(Made::Veth)?;
+        without_dad(plan)?;
         out.push(m);
     }
     out.extend(ensure_addressing(plan)?);

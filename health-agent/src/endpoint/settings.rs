@@ -53,10 +53,10 @@ section! {
         #[arg(long, default_value = "health", value_parser = validate_netns_name)]
         pub endpoint_netns: String,
         /// Host side of the endpoint's veth.
-        #[arg(long, default_value = "lxc_health")]
+        #[arg(long, default_value = "lxc_health", value_parser = interface_name)]
         pub host_iface: String,
         /// Endpoint side of the veth, inside its namespace.
-        #[arg(long, default_value = "eth0")]
+        #[arg(long, default_value = "eth0", value_parser = interface_name)]
         pub endpoint_iface: String,
         /// Where the endpoint record (IP, endpoint ID) is kept across restarts.
         #[arg(long, default_value = "/var/lib/health-agent")]
@@ -79,6 +79,27 @@ fn parse_health_cidr6(s: &str) -> Result<Ipv6Net, String> {
     let cidr: Ipv6Net = cidr::parse(s).map_err(|e| e.to_string())?;
     crate::endpoint::ipam::check6(cidr).map_err(|e| e.to_string())?;
     Ok(cidr)
+}
+
+/// An interface name the kernel takes (its `dev_valid_name`): 1 to 15
+/// bytes, not `.` or `..`, without `/`, `:` or white space.
+fn interface_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 15 {
+        return Err(format!(
+            "{s:?} is {} bytes: an interface name has 1 to 15",
+            s.len()
+        ));
+    }
+    if s == "." || s == ".." {
+        return Err(format!("{s:?} is not an interface name"));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| *c == '/' || *c == ':' || c.is_whitespace())
+    {
+        return Err(format!("{s:?}: an interface name has no {c:?}"));
+    }
+    Ok(s.to_owned())
 }
 
 fn validate_netns_name(s: &str) -> Result<String, String> {
@@ -120,6 +141,30 @@ impl super::controller::ControllerConfig {
             endpoint,
             interval: settings.controller_interval,
             http_port,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_names_are_those_the_kernel_takes() {
+        for good in ["lxc_health", "eth0", "lxc.health", "a", "fifteen-bytes-1"] {
+            assert_eq!(interface_name(good).as_deref(), Ok(good));
+        }
+        for (bad, says) in [
+            ("", "1 to 15"),
+            ("sixteen-bytes-12", "1 to 15"),
+            (".", "not an interface name"),
+            ("..", "not an interface name"),
+            ("a/b", "'/'"),
+            ("a:b", "':'"),
+            ("a b", "' '"),
+        ] {
+            let e = interface_name(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad:?}: {e}");
         }
     }
 }
