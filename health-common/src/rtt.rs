@@ -9,6 +9,13 @@
 
 use crate::ct::{CtKey, IPPROTO_TCP};
 
+/// The largest frame (bytes on the wire, its link header included) whose
+/// request is timed. The agent's echoes and SYNs are under 100 bytes; its
+/// path-MTU probes, padded to at least 1280 bytes, follow the small echo
+/// to the same peer: timed, they would be every round's last sample, with
+/// their size's serialisation in it, and mix two sizes in one histogram.
+pub const TIMED_MAX_LEN: u32 = 576;
+
 /// Buckets of the log2 histogram of RTTs in microseconds: bucket `i` holds
 /// RTTs in `[2^(i-1), 2^i)` µs (bucket 0: under 1 µs), the last one the rest.
 pub const HIST_BUCKETS: usize = 24;

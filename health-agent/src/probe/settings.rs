@@ -90,6 +90,9 @@ pub enum ProbeMtu {
 /// The smallest MTU probe: an IPv6 packet of the minimum link MTU.
 pub const MIN_PROBE_MTU: u16 = 1280;
 
+// The kernel times no MTU probe, however small.
+const _: () = assert!(health_common::rtt::TIMED_MAX_LEN < MIN_PROBE_MTU as u32);
+
 impl ProbeMtu {
     /// `auto`, `off`, or a size of 1280 to 65535 bytes.
     ///

@@ -47,6 +47,32 @@ fn an_echo_exchange_is_tracked_and_timed() {
     assert_eq!(ct_counter(&pins, "created"), 1);
 }
 
+/// A path-MTU probe (an echo padded to 1280 bytes and more) is tracked
+/// but not timed: the small echo's sample is the peer's, alone.
+#[test]
+fn an_mtu_probe_is_tracked_but_not_timed() {
+    let (mut r, pins) = loaded();
+    let small = Echo::request(EP, PEER, 0x0abc, 1);
+    let mtu = Echo {
+        payload: vec![0; 1252],
+        ..Echo::request(EP, PEER, 0x0abd, 1)
+    };
+    assert_eq!(mtu.ip_packet().len(), 1280);
+    track(&mut r, true, &small.frame());
+    track(&mut r, true, &mtu.frame());
+    assert_eq!(
+        rtt::pending(pins.path()).expect("pending").len(),
+        1,
+        "the small echo alone"
+    );
+    track(&mut r, false, &small.expected_reply().frame());
+    track(&mut r, false, &mtu.expected_reply().frame());
+    let samples = rtt::list(pins.path()).expect("rtt");
+    assert_eq!(samples.len(), 1);
+    assert_eq!(samples[0].samples, 1, "{samples:?}");
+    assert_eq!(ct::list(pins.path()).expect("ct").len(), 2, "both tracked");
+}
+
 #[test]
 fn a_peer_probing_the_endpoint_is_an_in_entry() {
     let (mut r, pins) = loaded();
