@@ -156,7 +156,12 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
             let tracked = ct.get(&ct_key_of(k), 0).ok();
             if collectable(tracked.as_ref(), e, k.proto, &cfg, now) {
                 doomed.push(*k);
-                doomed.push(in_key(k, e.xlate_addr, e.xlate_port));
+                // Its reverse half, unless another flow claimed the port
+                // after an eviction: that one is the other flow's.
+                let back = in_key(k, e.xlate_addr, e.xlate_port);
+                if nat.get(&back, 0).is_ok_and(|b| out_key_of(&back, &b) == *k) {
+                    doomed.push(back);
+                }
             }
         } else if k.dir == DIR_IN {
             let owner = out_key_of(k, e);

@@ -135,22 +135,32 @@ fn mapping(cfg: &NatConfig, out: &NatKey, port: [u8; 2], now: u64) -> Option<[u8
             *e
         };
         let inbound = nat::in_key(out, cfg.node_ip, fwd.xlate_port);
-        // SAFETY: only checked for presence.
-        if unsafe { NAT_MAP.get(&inbound) }.is_some() {
-            return Some(fwd.xlate_port);
-        }
-        // The LRU evicted the reverse half: restore it, or start over if
-        // another flow has taken the port since.
-        let back = reverse_entry(out, port, now, fwd.created_ns);
-        if NAT_MAP
-            .insert(&inbound, &back, u64::from(BPF_NOEXIST))
-            .is_ok()
+        // The reverse half, when it is this flow's; evicted by the LRU, it
+        // is restored (or another CPU restored it first).
+        if reverse_is(&inbound, out)
+            || NAT_MAP
+                .insert(
+                    &inbound,
+                    &reverse_entry(out, port, now, fwd.created_ns),
+                    u64::from(BPF_NOEXIST),
+                )
+                .is_ok()
+            || reverse_is(&inbound, out)
         {
             return Some(fwd.xlate_port);
         }
+        // Another flow took the port since the eviction: this one starts
+        // over, never sharing its wire tuple.
         let _ = NAT_MAP.remove(out);
     }
     allocate(cfg, out, port, now)
+}
+
+/// Whether the entry at `inbound` is the reverse half of flow `out`.
+#[inline(always)]
+fn reverse_is(inbound: &NatKey, out: &NatKey) -> bool {
+    // SAFETY: the value is copied out at once.
+    unsafe { NAT_MAP.get(inbound) }.is_some_and(|back| nat::out_key_of(inbound, back) == *out)
 }
 
 #[inline(always)]

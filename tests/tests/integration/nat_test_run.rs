@@ -124,6 +124,97 @@ fn an_echo_is_masqueraded_and_its_reply_translated_back() {
     );
 }
 
+/// A flow whose reverse half the LRU evicted, and whose port another flow
+/// claimed since, starts over on a port of its own: the two never share
+/// a wire tuple, and the other flow's entry is left to it, by the kernel
+/// and by the agent's collector.
+#[test]
+fn a_flow_whose_port_was_claimed_after_an_eviction_moves_to_a_port_of_its_own() {
+    use aya::maps::HashMap;
+    use health_common::{
+        maps::MapId,
+        nat::{NatEntry, NatKey},
+    };
+
+    let (mut r, pins) = loaded(config(61_000, 65_535));
+    let first = echo_id(&pass(
+        &mut r,
+        true,
+        &Echo::request(EP, PEER, 0x0201, 1).frame(),
+    ));
+    let mut opened =
+        health_agent::datapath::maps::open(pins.path(), MapId::NatMap).expect("NAT_MAP");
+    let mut map = HashMap::<_, NatKey, NatEntry>::try_from(&mut opened).expect("NAT_MAP");
+    let inbound = map
+        .keys()
+        .filter_map(Result::ok)
+        .find(|k| k.dir == health_common::ct::DIR_IN)
+        .expect("the reverse half");
+    assert_eq!(u16::from_be_bytes(inbound.dport), first);
+    // Evicted, then claimed by another endpoint's flow.
+    map.remove(&inbound).expect("evicted");
+    let theirs = NatEntry {
+        xlate_addr: EP2.octets(),
+        xlate_port: 0x0333u16.to_be_bytes(),
+        ..NatEntry::default()
+    };
+    map.insert(&inbound, &theirs, 0).expect("claimed");
+
+    let moved = echo_id(&pass(
+        &mut r,
+        true,
+        &Echo::request(EP, PEER, 0x0201, 2).frame(),
+    ));
+    assert_ne!(moved, first, "the port is the other flow's");
+    assert_eq!(map.get(&inbound, 0).expect("still there"), theirs);
+    // The reply to the new port comes back to this flow.
+    let mut reply = Echo::request(PEER, NODE, moved, 2);
+    reply.kind = 0;
+    let back = pass(&mut r, false, &reply.frame());
+    let (_, dst, _, _) = verify_frame(&back).expect("valid");
+    assert_eq!((dst, echo_id(&back)), (EP, 0x0201));
+
+    // A flow long over whose port another flow (recent) claimed: the
+    // collector removes the old flow, not the other's reverse half.
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
+    let now_ns = u64::try_from(now.tv_sec()).expect("time") * 1_000_000_000;
+    let old = NatKey {
+        sport: 0x0444u16.to_be_bytes(),
+        ..inbound_out(&inbound)
+    };
+    let port = 0x0f00u16.to_be_bytes();
+    let over = NatEntry {
+        xlate_addr: NODE.octets(),
+        xlate_port: port,
+        ..NatEntry::default()
+    };
+    map.insert(&old, &over, 0).expect("an old flow");
+    let claimed = health_common::nat::in_key(&old, NODE.octets(), port);
+    let recent = NatEntry {
+        created_ns: now_ns,
+        last_ns: now_ns,
+        ..theirs
+    };
+    map.insert(&claimed, &recent, 0).expect("claimed since");
+    assert!(nat::gc(pins.path()).expect("gc") >= 1);
+    assert!(map.get(&old, 0).is_err(), "the old flow collected");
+    assert_eq!(map.get(&claimed, 0).expect("the other flow's kept"), recent);
+}
+
+/// The `OUT` key of the flow `EP -> PEER` whose reverse half is `inbound`
+/// (as an endpoint's echo, identifier aside).
+fn inbound_out(inbound: &health_common::nat::NatKey) -> health_common::nat::NatKey {
+    health_common::nat::NatKey {
+        saddr: EP.octets(),
+        daddr: inbound.saddr,
+        sport: [0, 0],
+        dport: inbound.sport,
+        proto: inbound.proto,
+        dir: health_common::ct::DIR_OUT,
+        pad: [0; 2],
+    }
+}
+
 #[test]
 fn two_endpoints_with_the_same_identifier_never_share_a_node_port() {
     let (mut r, pins) = loaded(config(61_000, 65_535));
