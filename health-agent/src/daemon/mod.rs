@@ -398,6 +398,7 @@ fn datapath_config(
         &cfg.settings.datapath,
         MaintenanceStart {
             pin_dir: cfg.settings.pins.dir.clone(),
+            state_dir: cfg.settings.endpoint.state_dir.clone(),
             keep_pins: cfg.settings.endpoint.keep_endpoint,
             masquerade: at_start.masquerade.clone(),
             tc_hook: resolved.tc_hook,

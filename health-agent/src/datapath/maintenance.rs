@@ -38,6 +38,9 @@ use crate::{
 pub struct DatapathConfig {
     /// bpffs directory of the pinned maps.
     pub pin_dir: PathBuf,
+    /// The agent's state directory: what a sysctl was before the agent
+    /// set it is recorded there until it is written back.
+    pub state_dir: PathBuf,
     /// Connection-tracking lifetimes.
     pub ct: CtConfig,
     /// Masquerade on the uplink (`None`: routed mode).
@@ -161,7 +164,7 @@ pub async fn run(
     ready: impl FnOnce() + Send,
 ) -> Result<(), DatapathError> {
     // The node forwards between its uplink and the endpoint (both modes).
-    let forwarding = Sysctl::set("net/ipv4/ip_forward", "1")
+    let forwarding = Sysctl::set("net/ipv4/ip_forward", "1", &cfg.state_dir)
         .map_err(|e| warn!("could not enable IPv4 forwarding: {e}"))
         .ok();
     let (c, k) = (cfg.clone(), kernel.clone());

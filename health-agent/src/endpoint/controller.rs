@@ -65,7 +65,7 @@ pub async fn run(
     ready: impl FnOnce() + Send,
 ) -> Result<(), ControllerError> {
     let forwarding6 = cfg.endpoint.cidr6.and_then(|_| {
-        Sysctl::set(IPV6_FORWARDING, "1")
+        Sysctl::set(IPV6_FORWARDING, "1", &cfg.endpoint.state_dir)
             .map_err(|e| warn!("could not enable IPv6 forwarding: {e}"))
             .ok()
     });

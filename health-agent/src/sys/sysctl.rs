@@ -1,38 +1,100 @@
 //! Sysctls the agent sets for as long as it runs, and restores after; and
 //! the ones it reads (the ephemeral port range).
 
-use std::{fs, io, path::PathBuf};
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
 
 use tracing::{info, warn};
 
 use crate::sys::netns::{Netns, NetnsError, run_in};
 
 /// A sysctl set by the agent; dropping it writes the value it had back
-/// (when the agent changed it).
+/// (when the agent changed it), and forgets the record of that value.
 #[derive(Debug)]
 pub struct Sysctl {
     path: PathBuf,
     previous: Option<String>,
+    /// Where the value it had is recorded until it is written back.
+    record: Option<PathBuf>,
 }
+
+/// The longest value a record may hold: sysctls the agent sets are
+/// small integers.
+const RECORD_MAX: usize = 20;
 
 impl Sysctl {
     /// Sets `/proc/sys/<name>` to `value` (`name` with slashes, e.g.
-    /// `net/ipv4/ip_forward`), remembering what it was.
-    pub fn set(name: &str, value: &str) -> io::Result<Self> {
-        let path = PathBuf::from("/proc/sys").join(name);
-        let before = fs::read_to_string(&path)?.trim().to_owned();
-        if before == value {
+    /// `net/ipv4/ip_forward`), remembering what it was. That value is
+    /// recorded in `record_dir` until it is written back: an agent killed
+    /// before it could write it back, or one that kept the endpoint (and
+    /// so the setting), leaves the record, and the next agent writes back
+    /// the value recorded, not the one it found (its predecessor's).
+    pub fn set(name: &str, value: &str, record_dir: &Path) -> io::Result<Self> {
+        let record = record_dir.join(format!("sysctl-{}", name.replace('/', ".")));
+        Self::set_at(PathBuf::from("/proc/sys").join(name), value, record)
+    }
+
+    fn set_at(path: PathBuf, value: &str, record: PathBuf) -> io::Result<Self> {
+        let found = fs::read_to_string(&path)?.trim().to_owned();
+        let recorded = read_record(&record);
+        let original = recorded.clone().unwrap_or_else(|| found.clone());
+        if original == value {
+            if recorded.is_some() {
+                forget(&record);
+            }
             return Ok(Self {
                 path,
                 previous: None,
+                record: None,
             });
         }
-        fs::write(&path, value)?;
-        info!(sysctl = name, from = %before, to = value, "set for as long as the agent runs");
+        if recorded.is_none()
+            && let Err(e) = write_record(&record, &original)
+        {
+            warn!(record = %record.display(), "recording {original} before changing {}: {e}; \
+                an agent killed before it writes it back leaves the change", path.display());
+        }
+        if found != value {
+            fs::write(&path, value)?;
+        }
+        info!(sysctl = %path.display(), from = %original, to = value, "set for as long as the agent runs");
         Ok(Self {
             path,
-            previous: Some(before),
+            previous: Some(original),
+            record: Some(record),
         })
+    }
+}
+
+/// The value recorded at `record`, when it holds one (a value that is not
+/// a small integer is ignored, with a warning).
+fn read_record(record: &Path) -> Option<String> {
+    let text = fs::read_to_string(record).ok()?;
+    let v = text.trim();
+    if v.is_empty() || v.len() > RECORD_MAX || !v.bytes().all(|b| b.is_ascii_digit()) {
+        warn!(record = %record.display(), "ignored: not a sysctl value the agent records");
+        return None;
+    }
+    Some(v.to_owned())
+}
+
+/// Writes `value` to `record` whole (a temporary file renamed over it).
+fn write_record(record: &Path, value: &str) -> io::Result<()> {
+    if let Some(dir) = record.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let tmp = record.with_extension("tmp");
+    fs::write(&tmp, format!("{value}\n"))?;
+    fs::rename(&tmp, record)
+}
+
+fn forget(record: &Path) {
+    if let Err(e) = fs::remove_file(record)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        warn!(record = %record.display(), "removing: {e}");
     }
 }
 
@@ -40,7 +102,12 @@ impl Drop for Sysctl {
     fn drop(&mut self) {
         if let Some(v) = &self.previous {
             match fs::write(&self.path, v) {
-                Ok(()) => info!(sysctl = %self.path.display(), to = %v, "restored"),
+                Ok(()) => {
+                    info!(sysctl = %self.path.display(), to = %v, "restored");
+                    if let Some(record) = &self.record {
+                        forget(record);
+                    }
+                }
                 Err(e) => warn!(sysctl = %self.path.display(), "restoring {v}: {e}"),
             }
         }
@@ -122,5 +189,75 @@ pub fn local_port_range() -> io::Result<(u16, u16)> {
     match (it.next(), it.next()) {
         (Some(Ok(min)), Some(Ok(max))) => Ok((min, max)),
         _ => Err(io::Error::other(format!("unexpected content {text:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for a `/proc/sys` file and the agent's state directory.
+    fn files(test: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("sysctl-{test}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("dir");
+        let sysctl = dir.join("ip_forward");
+        fs::write(&sysctl, "0\n").expect("sysctl");
+        (
+            dir.clone(),
+            sysctl,
+            dir.join("state").join("sysctl-net.ipv4.ip_forward"),
+        )
+    }
+
+    fn read(p: &Path) -> String {
+        fs::read_to_string(p).expect("read").trim().to_owned()
+    }
+
+    #[test]
+    fn a_value_changed_is_written_back_and_its_record_forgotten() {
+        let (dir, sysctl, record) = files("back");
+        let set = Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set");
+        assert_eq!((read(&sysctl), read(&record)), ("1".into(), "0".into()));
+        drop(set);
+        assert_eq!(read(&sysctl), "0");
+        assert!(!record.exists());
+        // Already as wanted: nothing changed, nothing recorded.
+        fs::write(&sysctl, "1").expect("write");
+        drop(Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set"));
+        assert_eq!(read(&sysctl), "1");
+        assert!(!record.exists());
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    /// An agent killed (or keeping the endpoint) leaves the value set and
+    /// its record: the next one writes back the value recorded, not the
+    /// one it found. Before, it took the agent's own 1 for the node's.
+    #[test]
+    fn the_next_agent_writes_back_what_a_killed_one_recorded() {
+        let (dir, sysctl, record) = files("killed");
+        std::mem::forget(Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set"));
+        assert_eq!(read(&sysctl), "1");
+        let next = Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set");
+        assert_eq!(read(&record), "0", "kept while set");
+        drop(next);
+        assert_eq!(read(&sysctl), "0");
+        assert!(!record.exists());
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_record_that_is_not_a_value_is_ignored() {
+        let (dir, sysctl, record) = files("garbage");
+        fs::create_dir_all(record.parent().expect("dir")).expect("dir");
+        for garbage in ["", "yes", "1; rm -rf /", &"9".repeat(40)] {
+            fs::write(&record, garbage).expect("record");
+            fs::write(&sysctl, "0").expect("sysctl");
+            let set = Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set");
+            assert_eq!(read(&record), "0", "{garbage:?}: the value found recorded");
+            drop(set);
+            assert_eq!(read(&sysctl), "0", "{garbage:?}");
+        }
+        let _ = fs::remove_dir_all(dir);
     }
 }

@@ -273,12 +273,9 @@ pub(crate) fn serve_peers(
 ) -> anyhow::Result<tokio_util::sync::CancellationToken> {
     // The one server stands in for every peer: up to 20,000 connections
     // reach it within a round's spread, past the namespace's default
-    // `somaxconn` (4,096) that caps the listener's queue. Raised in the
-    // peers' own namespace, for the listen only.
-    let listener = peers.run(|| {
-        let _queue = health_agent::sys::sysctl::Sysctl::set("net/core/somaxconn", "65535")?;
-        health_agent::probe::hello::listen(4240)
-    })??;
+    // `somaxconn` (4,096) that caps the listener's queue; `listen` raises
+    // it in the peers' own namespace, for the listen only.
+    let listener = peers.run(|| health_agent::probe::hello::listen(4240))??;
     let stop = tokio_util::sync::CancellationToken::new();
     let _guard = rt.enter();
     let listener = tokio::net::TcpListener::from_std(listener)?;

@@ -134,6 +134,19 @@ fn kill_9_then_a_new_daemon_restores_ip_id_and_counters() {
         "pinned counters were reset: {answered} -> {now}"
     );
     node.assert_echo_answered_in_kernel(ip, 0x5e01, 2);
+    // The node's own forwarding (off), recorded by the agent killed, is
+    // what the next one writes back; not the 1 it found.
+    let ns = node.node.clone();
+    let forwarding = || {
+        ns.run(|| std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward"))
+            .expect("node namespace")
+            .expect("ip_forward")
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(forwarding(), "1");
+    assert!(node.stop(Signal::SIGTERM).success());
+    assert_eq!(forwarding(), "0");
 }
 
 /// The API's threads (named `api` and `api-bulk`) run at nice 5, every
