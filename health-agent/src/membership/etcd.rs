@@ -340,10 +340,13 @@ impl<'a> View<'a> {
         let recovered = self.shown_error && self.error().is_none();
         if self.synced && (self.dirty || recovered) {
             let update = self.validated(local);
-            self.holders = self
+            let holders = self
                 .holders
                 .after(&update.nodes, Instant::now().into_std(), self.hold);
-            nodes.accept(update);
+            // A set refused whole (past --max-nodes) holds no address.
+            if nodes.accept(update) {
+                self.holders = holders;
+            }
             self.dirty = false;
             self.shown_error = false;
         }
@@ -358,26 +361,53 @@ impl<'a> View<'a> {
     }
 }
 
+/// The largest value read as a node record: a record is a few hundred
+/// bytes; a larger value is refused before it is decoded.
+pub const MAX_RECORD_BYTES: usize = 4096;
+
+/// The longest key kept whole with a record's verdict (a key longer than
+/// the prefix and the longest name is misplaced anyway).
+const MAX_KEY_SHOWN: usize = 512;
+
 /// A record as validation sees it: decoded, or why not, named by its key.
+/// What a writer put there is shown only in part: a verdict is logged on
+/// every agent and served by `GET /v1/nodes`.
 fn candidate(e: &Entry, prefix: &str) -> Candidate {
-    let key = e.key_str().into_owned();
-    let node = serde_json::from_slice::<NodeRecord>(&e.value)
-        .map(Node::from)
-        .map_err(|err| format!("the value is not a node record: {err}"));
+    let key = e.key_str();
+    let prefixed = key.starts_with(prefix);
+    let key = clip(&key, MAX_KEY_SHOWN);
+    let node = if e.value.len() > MAX_RECORD_BYTES {
+        Err(format!(
+            "the value is {} bytes, more than a node record's {MAX_RECORD_BYTES}",
+            e.value.len()
+        ))
+    } else {
+        serde_json::from_slice::<NodeRecord>(&e.value)
+            .map(Node::from)
+            .map_err(|err| clip(&format!("the value is not a node record: {err}"), 256))
+    };
     Candidate {
         record: Record {
             name: node.as_ref().ok().map(|n| n.name.clone()),
             origin: Origin::Etcd {
-                prefix_len: if key.starts_with(prefix) {
-                    prefix.len()
-                } else {
-                    0
-                },
+                prefix_len: if prefixed { prefix.len() } else { 0 },
                 key,
             },
         },
         node,
     }
+}
+
+/// `text` cut to its first `max` bytes (at a character), saying so.
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &text[..end], text.len())
 }
 
 /// Revokes this agent's lease (its keys go with it): a graceful leave.
@@ -435,6 +465,62 @@ mod tests {
             entries,
         });
         view.validated(&local())
+    }
+
+    /// What a writer puts under the prefix is shown only in part: a value
+    /// past a record's size is refused undecoded, a decoding error and a
+    /// long key are cut short; the good record beside them counts.
+    #[test]
+    fn a_writers_bytes_are_refused_or_shown_in_part() {
+        let huge = format!("{{\"name\": \"{}\"}}", "x".repeat(1 << 20));
+        let wrong = json!({"name": "y".repeat(3000), "node_ip": 7, "health_ip": "198.18.65.2"});
+        let long_key = format!("/h/{}", "k".repeat(5000));
+        let v = nodes_from(
+            vec![
+                raw("/h/huge", &huge),
+                kv("/h/wrong", &wrong),
+                kv(&long_key, &record("z", "198.18.0.13", "198.18.67.2")),
+                kv("/h/good", &record("good", "198.18.0.12", "198.18.66.2")),
+            ],
+            "/h/",
+        );
+        assert_eq!(outcome(&v).0, ["good"]);
+        let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
+        assert_eq!(texts.len(), 3, "{texts:?}");
+        for t in &texts {
+            assert!(t.len() < 1200, "{} bytes: {}", t.len(), &t[..200]);
+        }
+        assert!(
+            texts
+                .iter()
+                .any(|t| t.contains("1048588 bytes, more than a node record's 4096")),
+            "{texts:?}"
+        );
+        assert!(
+            texts.iter().any(|t| t.contains("(5003 bytes)")),
+            "{texts:?}"
+        );
+    }
+
+    /// A set refused whole (past `--max-nodes`) holds no address: the
+    /// next set is judged as if it had not been read.
+    #[test]
+    fn a_set_refused_whole_holds_no_address() {
+        let mut view = View::new("/h/", Duration::from_secs(60));
+        view.apply(WatchEvent::Snapshot {
+            revision: 1,
+            entries: vec![
+                kv("/h/a", &record("a", "198.18.0.11", "198.18.65.2")),
+                kv("/h/b", &record("b", "198.18.0.12", "198.18.66.2")),
+            ],
+        });
+        let nodes = Nodes::new("etcd".into()).with_max_nodes(1);
+        view.publish("etcd", &local(), &nodes);
+        assert!(view.holders.is_empty(), "{:?}", view.holders);
+        let nodes = Nodes::new("etcd".into()).with_max_nodes(2);
+        view.dirty = true;
+        view.publish("etcd", &local(), &nodes);
+        assert_eq!(view.holders.len(), 4, "two addresses of each");
     }
 
     fn outcome(v: &Validated) -> (Vec<&str>, Vec<String>) {

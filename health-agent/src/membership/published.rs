@@ -110,14 +110,14 @@ impl Nodes {
     /// Records an accepted update and publishes its set (readers are
     /// woken only when it differs from the current one); its rejected
     /// records are summed up in one warning and listed in the status.
-    pub fn accept(&self, update: Validated) {
+    pub fn accept(&self, update: Validated) -> bool {
         if update.nodes.len() > self.limit {
             self.reject(format!(
                 "{} nodes, more than --max-nodes {}",
                 update.nodes.len(),
                 self.limit
             ));
-            return;
+            return false;
         }
         if let Some(summary) = update.summary() {
             warn!(rejected = update.rejected.len(), "{summary}");
@@ -142,6 +142,7 @@ impl Nodes {
                 true
             }
         });
+        true
     }
 
     /// Lists the peers' health addresses the last route sync refused.

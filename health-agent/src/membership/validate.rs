@@ -146,7 +146,8 @@ fn check_record(
     check_name(&node.name)?;
     if let Some(z) = &node.zone {
         zone(z).map_err(|reason| Rule::Zone {
-            zone: z.clone(),
+            // A writer's bytes, shown in part.
+            zone: z.chars().take(MAX_ZONE_LEN).collect(),
             reason,
         })?;
     }
