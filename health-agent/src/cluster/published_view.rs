@@ -292,8 +292,12 @@ impl PublishedView {
                 .cmp(&b.verdict.rank())
                 .then_with(|| a.name.cmp(&b.name))
         });
-        // The counts, the header and 64 bytes of slack for field tags.
-        let mut budget = MAX_MESSAGE_BYTES - 512 - assembler.len();
+        // The counts, the header and 64 bytes of slack for field tags, and
+        // the names of the nodes whose paths go in plain text.
+        let plaintext: usize = view.plaintext_nodes.iter().map(|n| n.len() + 4).sum();
+        let mut budget = MAX_MESSAGE_BYTES
+            .saturating_sub(512 + assembler.len())
+            .saturating_sub(plaintext);
         let mut nodes = Vec::new();
         for n in &problems {
             let len = node_message(n).encoded_len() + 4;
