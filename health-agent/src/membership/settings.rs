@@ -40,8 +40,9 @@ section! {
         #[arg(long, default_value = "127.0.0.1:2379", value_name = "HOST:PORT",
               value_delimiter = ',', value_parser = crate::membership::kvstore::parse_endpoint)]
         pub kvstore_endpoint: Vec<String>,
-        /// Key prefix under which nodes register.
-        #[arg(long, default_value = "/health/nodes/")]
+        /// Key prefix under which nodes register: a directory, ending in
+        /// `/` (the summaries, the view and the election sit beside it).
+        #[arg(long, default_value = "/health/nodes/", value_parser = key_prefix)]
         pub kvstore_prefix: String,
         /// TTL of this node's registration lease (kept alive while the agent
         /// runs; revoked when it stops cleanly). A node that dies stays in the
@@ -162,5 +163,33 @@ impl ClusterSettings {
     #[must_use]
     pub fn max_nodes(&self) -> usize {
         usize::try_from(self.max_nodes).unwrap_or(usize::MAX)
+    }
+}
+
+/// `--kvstore-prefix`: a directory of keys, ending in `/`. Without the
+/// slash, the keys beside it (`nodes-summaries/`, `nodes-view/`) would be
+/// under it, and every summary would be read as a node record.
+fn key_prefix(s: &str) -> Result<String, String> {
+    if !s.ends_with('/') || s.trim_matches('/').is_empty() {
+        return Err(format!(
+            "{s:?} is not a key directory: it ends in '/' and names one, as /health/nodes/"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+#[cfg(test)]
+mod prefix_tests {
+    use super::key_prefix;
+
+    #[test]
+    fn a_prefix_is_a_directory_of_keys() {
+        for good in ["/health/nodes/", "nodes/", "/a/b/c/"] {
+            assert_eq!(key_prefix(good).as_deref(), Ok(good));
+        }
+        for bad in ["nodes", "/health/nodes", "/", "", "//"] {
+            let e = key_prefix(bad).expect_err(bad);
+            assert!(e.contains("ends in '/'"), "{bad:?}: {e}");
+        }
     }
 }
