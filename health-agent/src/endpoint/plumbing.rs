@@ -435,14 +435,14 @@ pub fn remove(plan: &Plan, owned: &Owned) -> Result<Vec<ForeignObject>, Plumbing
     let mut left = Vec::new();
     let mine = |f: Found| judge(Record::Current(owned), &f);
     if let Some(host) = found.host.clone() {
+        // By the index judged, not the name: a link made under the name
+        // since is not taken for the one proven.
+        let index = host.link.ifindex;
         match mine(Found {
             host: Some(host),
             ..Found::default()
         }) {
-            Ok(_) => in_netns(
-                None,
-                |nl| async move { nl.delete_link(&plan.host_iface).await },
-            )?,
+            Ok(_) => in_netns(None, |nl| async move { nl.delete_link_index(index).await })?,
             Err(e) => left.push(*e),
         }
     }
