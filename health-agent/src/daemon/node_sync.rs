@@ -5,7 +5,7 @@
 use std::{
     net::IpAddr,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicU32, Ordering},
     },
     time::Duration,
@@ -19,7 +19,7 @@ use crate::{
     membership::{
         NodeSet,
         published::Nodes,
-        routes::{PeerRoutes, RouteBounds},
+        routes::{PeerRoutes, RouteBounds, Synced},
         sync,
     },
     probe::Prober,
@@ -102,13 +102,19 @@ impl NodeSync {
                     if let Some(enc) = &encryption {
                         bounds.tunnel = enc.device(&all);
                     }
+                    // A sync that panicked left the routes as a sync
+                    // leaves them: the next one goes on from there.
                     routes
                         .lock()
-                        .map(|mut r| r.apply(&desired, &bounds))
-                        .unwrap_or_default()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .apply(&desired, &bounds)
                 })
                 .await
-                .unwrap_or_default();
+                // This sync panicked: run one again, as after a failure.
+                .unwrap_or_else(|_| Synced {
+                    refused: Vec::new(),
+                    failed: true,
+                });
                 source.set_refused_routes(synced.refused);
                 // A failed sync runs again without waiting for news (a
                 // link that just came up gets its connected routes back
@@ -129,9 +135,10 @@ impl NodeSync {
         }
         if !self.keep_routes {
             let _ = tokio::task::spawn_blocking(move || {
-                if let Ok(mut r) = routes.lock() {
-                    r.clear();
-                }
+                routes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clear();
             })
             .await;
         }
