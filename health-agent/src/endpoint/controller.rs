@@ -93,7 +93,7 @@ pub async fn run(
         "health endpoint ready"
     );
     let netns = Netns::named(&cfg.endpoint.netns_name).map_err(EndpointError::from)?;
-    let mut hello_server = match serve_hello(&netns, cfg.http_port, &shutdown) {
+    let mut hello = match Hello::serve(netns, cfg.http_port, &shutdown) {
         Ok(r) => r,
         Err(e) => {
             // Nothing may stay behind a failed start.
@@ -130,8 +130,12 @@ pub async fn run(
         {
             Ok(done) => done,
             // The endpoint's state went with the panic; its plumbing stays
-            // for the restarted task, which restores it.
-            Err(e) => return Err(ControllerError::Panicked(e.to_string())),
+            // for the restarted task, which restores it (and binds the
+            // hello server again: this one goes).
+            Err(e) => {
+                hello.server.abort();
+                return Err(ControllerError::Panicked(e.to_string()));
+            }
         };
         endpoint = ep;
         unsaved = endpoint.unsaved().is_some();
@@ -141,18 +145,14 @@ pub async fn run(
                  restarted now could not prove its objects its own"
             )
         }));
-        after_run(
-            result,
-            trigger,
-            (&netns, cfg.http_port, &shutdown),
-            &mut hello_server,
-        );
+        after_run(result, trigger);
+        hello.follow(&shutdown);
         // The run's own changes (a recreated veth, re-attached programs)
         // raise link events: they must not trigger the next run.
         tokio::time::sleep(Duration::from_millis(50)).await;
         drain(&mut link_events);
     };
-    hello_server.abort();
+    hello.server.abort();
     let reason = if result.is_ok() {
         "the agent is stopping"
     } else {
@@ -169,26 +169,70 @@ pub async fn run(
     result
 }
 
-/// A controller run's outcome, logged; after a namespace was recreated,
-/// the hello server bound again inside the new one.
-fn after_run(
-    result: Result<ControllerRun, EndpointError>,
-    trigger: &str,
-    (netns, port, shutdown): (&Netns, u16, &CancellationToken),
-    hello_server: &mut JoinHandle<()>,
-) {
+/// The endpoint's hello server, and the namespace it listens in: bound
+/// again whenever the endpoint's name comes to stand for another (a
+/// repair made it anew), whether or not the rest of that repair went
+/// through.
+struct Hello {
+    server: JoinHandle<()>,
+    netns: Netns,
+    port: u16,
+    bound_in: Option<(u64, u64)>,
+}
+
+impl Hello {
+    fn serve(
+        netns: Netns,
+        port: u16,
+        shutdown: &CancellationToken,
+    ) -> Result<Self, ControllerError> {
+        let bound_in = netns_identity(&netns);
+        let server = serve_hello(&netns, port, shutdown)?;
+        Ok(Self {
+            server,
+            netns,
+            port,
+            bound_in,
+        })
+    }
+
+    /// Binds the server again when the endpoint's namespace is another
+    /// than the one it listens in; one that cannot be bound is tried again
+    /// at the next call.
+    fn follow(&mut self, shutdown: &CancellationToken) {
+        let now_in = netns_identity(&self.netns);
+        if now_in.is_none() || now_in == self.bound_in {
+            return;
+        }
+        self.server.abort();
+        match serve_hello(&self.netns, self.port, shutdown) {
+            Ok(server) => {
+                self.server = server;
+                self.bound_in = now_in;
+                info!("the endpoint's hello server listens in its new namespace");
+            }
+            Err(e) => {
+                error!("binding the endpoint's hello server again: {}", chain(&e));
+                self.bound_in = None;
+            }
+        }
+    }
+}
+
+/// The namespace `netns` names now (the device and inode of its nsfs
+/// file): `None` while it names none.
+fn netns_identity(netns: &Netns) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(netns.path())
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// A controller run's outcome, logged.
+fn after_run(result: Result<ControllerRun, EndpointError>, trigger: &str) {
     match result {
         Ok(run) if run.repaired => {
             info!(trigger, missing = ?run.missing, "controller repaired the endpoint");
-            if run.namespace_recreated {
-                hello_server.abort();
-                match serve_hello(netns, port, shutdown) {
-                    Ok(r) => *hello_server = r,
-                    Err(e) => {
-                        error!("rebinding the endpoint's hello server: {}", chain(&e));
-                    }
-                }
-            }
         }
         Ok(_) => debug!(trigger, "controller: endpoint in place"),
         Err(e) => error!(

@@ -96,9 +96,6 @@ impl From<DatapathError> for EndpointError {
 pub struct ControllerRun {
     pub missing: Vec<Missing>,
     pub repaired: bool,
-    /// The namespace itself was recreated: whatever was bound inside the
-    /// old one (the endpoint's :4240 hello server) must be bound again.
-    pub namespace_recreated: bool,
 }
 
 /// How long attaching waits for the endpoint interface's IPv6 link-local
@@ -363,7 +360,6 @@ impl Endpoint {
     ) -> Result<ControllerRun, EndpointError> {
         self.save_again();
         let mut missing = plumbing::inspect(&self.plan)?;
-        let namespace_recreated = missing.contains(&Missing::Namespace);
         if missing.is_empty() && self.ep_index()? != self.attached_to {
             missing.push(Missing::Programs);
         }
@@ -408,7 +404,6 @@ impl Endpoint {
         Ok(ControllerRun {
             missing,
             repaired: true,
-            namespace_recreated,
         })
     }
 

@@ -109,6 +109,31 @@ fn deleted_lxc_health_is_recreated_within_one_controller_interval() {
     node.assert_echo_answered_in_kernel(ip, 0x5e01, 3);
 }
 
+/// The endpoint's namespace deleted under a running agent: the repair
+/// makes it anew, and the hello server listens in the new one (a peer's
+/// HTTP probe of the endpoint is answered again).
+#[test]
+fn a_deleted_endpoint_namespace_is_made_anew_and_its_hello_server_answers() {
+    let mut node = AgentNode::new();
+    node.start(&["--controller-interval", "1s"]);
+    let ip = ipv4(&node.wait_endpoint(READY, |_| true));
+    let hello = std::net::SocketAddr::from((ip, 4240));
+    let answered = |node: &AgentNode| {
+        health_tests::prometheus::http_get(&node.node, hello, "/hello").map(|(code, _)| code)
+    };
+    assert_eq!(answered(&node), Some(200));
+    node.endpoint_ns()
+        .delete()
+        .expect("someone deletes the namespace");
+    node.wait_endpoint(Duration::from_secs(5), |e| e.repairs >= 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while answered(&node) != Some(200) {
+        assert!(std::time::Instant::now() < deadline, "{}", node.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(node.stop(Signal::SIGTERM).success());
+}
+
 #[test]
 fn kill_9_then_a_new_daemon_restores_ip_id_and_counters() {
     let mut node = AgentNode::new();
