@@ -154,19 +154,11 @@ impl Netlink {
         iface: &str,
         gateway: Option<A>,
     ) -> Result<(), NetlinkError> {
-        let index = self.require_link(iface).await?;
-        let destination: IpAddr = destination.into();
-        let b = route(destination, prefix, gateway.map(Into::into))?.output_interface(index);
-        let b = match gateway {
-            Some(_) => b.onlink(),
-            // A direct IPv4 route reaches only the link; IPv6 routes have
-            // no scope.
-            None if destination.is_ipv4() => b.scope(RouteScope::Link),
-            None => b,
-        };
+        let msg = self.out_of(destination, prefix, iface, gateway).await?;
         let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+        let destination: IpAddr = destination.into();
         self.add_route(
-            b.build(),
+            msg,
             format!("adding route {destination}/{prefix}{via} dev {iface}"),
         )
         .await
@@ -182,22 +174,33 @@ impl Netlink {
         prefix: u8,
         iface: &str,
     ) -> Result<(), NetlinkError> {
+        let msg = self.out_of(destination, prefix, iface, None).await?;
+        let destination: IpAddr = destination.into();
+        self.handle.route().add(msg).execute().await.map_err(req(format!(
+            "adding route {destination}/{prefix} dev {iface} (never over a route to it that exists)"
+        )))
+    }
+
+    /// The route `destination/prefix` out of `iface`, through `gateway`
+    /// when given (on-link), else direct.
+    async fn out_of<A: Family>(
+        &self,
+        destination: A,
+        prefix: u8,
+        iface: &str,
+        gateway: Option<A>,
+    ) -> Result<RouteMessage, NetlinkError> {
         let index = self.require_link(iface).await?;
         let destination: IpAddr = destination.into();
-        let b = route(destination, prefix, None)?.output_interface(index);
-        let b = if destination.is_ipv4() {
-            b.scope(RouteScope::Link)
-        } else {
-            b
-        };
-        self.handle
-            .route()
-            .add(b.build())
-            .execute()
-            .await
-            .map_err(req(format!(
-                "adding route {destination}/{prefix} dev {iface} (never over a route to it that exists)"
-            )))
+        let b = route(destination, prefix, gateway.map(Into::into))?.output_interface(index);
+        Ok(match gateway {
+            Some(_) => b.onlink(),
+            // A direct IPv4 route reaches only the link; IPv6 routes have
+            // no scope.
+            None if destination.is_ipv4() => b.scope(RouteScope::Link),
+            None => b,
+        }
+        .build())
     }
 
     /// Makes every address of `destination/prefix` local to this namespace
