@@ -11,10 +11,13 @@ use tracing::{info, warn};
 use crate::sys::netns::{Netns, NetnsError, run_in};
 
 /// A sysctl set by the agent; dropping it writes the value it had back
-/// (when the agent changed it), and forgets the record of that value.
+/// (when the agent changed it, and the value is still the agent's), and
+/// forgets the record of that value.
 #[derive(Debug)]
 pub struct Sysctl {
     path: PathBuf,
+    /// What the agent set.
+    value: String,
     previous: Option<String>,
     /// Where the value it had is recorded until it is written back.
     record: Option<PathBuf>,
@@ -24,34 +27,44 @@ pub struct Sysctl {
 /// small integers.
 const RECORD_MAX: usize = 20;
 
+/// Where the kernel says which boot this is.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
 impl Sysctl {
     /// Sets `/proc/sys/<name>` to `value` (`name` with slashes, e.g.
     /// `net/ipv4/ip_forward`), remembering what it was. That value is
-    /// recorded in `record_dir` until it is written back: an agent killed
-    /// before it could write it back, or one that kept the endpoint (and
-    /// so the setting), leaves the record, and the next agent writes back
-    /// the value recorded, not the one it found (its predecessor's).
+    /// recorded in `record_dir`, with the boot, until it is written back:
+    /// an agent killed before it could write it back, or one that kept the
+    /// endpoint (and so the setting), leaves the record, and the next
+    /// agent of the same boot writes back the value recorded, not the one
+    /// it found (its predecessor's). After a reboot the record is stale:
+    /// the node set its sysctls anew.
     pub fn set(name: &str, value: &str, record_dir: &Path) -> io::Result<Self> {
         let record = record_dir.join(format!("sysctl-{}", name.replace('/', ".")));
-        Self::set_at(PathBuf::from("/proc/sys").join(name), value, record)
+        let boot = fs::read_to_string(BOOT_ID).unwrap_or_default();
+        Self::set_at(
+            PathBuf::from("/proc/sys").join(name),
+            value,
+            record,
+            boot.trim(),
+        )
     }
 
-    fn set_at(path: PathBuf, value: &str, record: PathBuf) -> io::Result<Self> {
+    fn set_at(path: PathBuf, value: &str, record: PathBuf, boot: &str) -> io::Result<Self> {
         let found = fs::read_to_string(&path)?.trim().to_owned();
-        let recorded = read_record(&record);
+        let recorded = read_record(&record, boot);
         let original = recorded.clone().unwrap_or_else(|| found.clone());
         if original == value {
-            if recorded.is_some() {
-                forget(&record);
-            }
+            forget(&record);
             return Ok(Self {
                 path,
+                value: value.to_owned(),
                 previous: None,
                 record: None,
             });
         }
         if recorded.is_none()
-            && let Err(e) = write_record(&record, &original)
+            && let Err(e) = write_record(&record, &original, boot)
         {
             warn!(record = %record.display(), "recording {original} before changing {}: {e}; \
                 an agent killed before it writes it back leaves the change", path.display());
@@ -62,31 +75,35 @@ impl Sysctl {
         info!(sysctl = %path.display(), from = %original, to = value, "set for as long as the agent runs");
         Ok(Self {
             path,
+            value: value.to_owned(),
             previous: Some(original),
             record: Some(record),
         })
     }
 }
 
-/// The value recorded at `record`, when it holds one (a value that is not
-/// a small integer is ignored, with a warning).
-fn read_record(record: &Path) -> Option<String> {
+/// The value recorded at `record` in this boot (`boot`), when it holds
+/// one: a record of another boot, or one that is not a small integer, is
+/// ignored (the latter with a warning).
+fn read_record(record: &Path, boot: &str) -> Option<String> {
     let text = fs::read_to_string(record).ok()?;
-    let v = text.trim();
+    let mut words = text.split_whitespace();
+    let (v, of) = (words.next().unwrap_or_default(), words.next());
     if v.is_empty() || v.len() > RECORD_MAX || !v.bytes().all(|b| b.is_ascii_digit()) {
         warn!(record = %record.display(), "ignored: not a sysctl value the agent records");
         return None;
     }
-    Some(v.to_owned())
+    (of == Some(boot)).then(|| v.to_owned())
 }
 
-/// Writes `value` to `record` whole (a temporary file renamed over it).
-fn write_record(record: &Path, value: &str) -> io::Result<()> {
+/// Writes `value` of boot `boot` to `record` whole (a temporary file
+/// renamed over it).
+fn write_record(record: &Path, value: &str, boot: &str) -> io::Result<()> {
     if let Some(dir) = record.parent() {
         fs::create_dir_all(dir)?;
     }
     let tmp = record.with_extension("tmp");
-    fs::write(&tmp, format!("{value}\n"))?;
+    fs::write(&tmp, format!("{value} {boot}\n"))?;
     fs::rename(&tmp, record)
 }
 
@@ -100,16 +117,22 @@ fn forget(record: &Path) {
 
 impl Drop for Sysctl {
     fn drop(&mut self) {
-        if let Some(v) = &self.previous {
-            match fs::write(&self.path, v) {
-                Ok(()) => {
-                    info!(sysctl = %self.path.display(), to = %v, "restored");
-                    if let Some(record) = &self.record {
-                        forget(record);
-                    }
-                }
-                Err(e) => warn!(sysctl = %self.path.display(), "restoring {v}: {e}"),
-            }
+        let Some(v) = &self.previous else {
+            return;
+        };
+        let now = fs::read_to_string(&self.path).unwrap_or_default();
+        if now.trim() != self.value {
+            // Someone set it since: theirs stays.
+            info!(sysctl = %self.path.display(), now = now.trim(), "changed by someone else since; left as it is");
+        } else if let Err(e) = fs::write(&self.path, v) {
+            // The record stays: the next agent writes it back.
+            warn!(sysctl = %self.path.display(), "restoring {v}: {e}");
+            return;
+        } else {
+            info!(sysctl = %self.path.display(), to = %v, "restored");
+        }
+        if let Some(record) = &self.record {
+            forget(record);
         }
     }
 }
@@ -217,14 +240,14 @@ mod tests {
     #[test]
     fn a_value_changed_is_written_back_and_its_record_forgotten() {
         let (dir, sysctl, record) = files("back");
-        let set = Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set");
-        assert_eq!((read(&sysctl), read(&record)), ("1".into(), "0".into()));
+        let set = Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set");
+        assert_eq!((read(&sysctl), read(&record)), ("1".into(), "0 b1".into()));
         drop(set);
         assert_eq!(read(&sysctl), "0");
         assert!(!record.exists());
         // Already as wanted: nothing changed, nothing recorded.
         fs::write(&sysctl, "1").expect("write");
-        drop(Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set"));
+        drop(Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set"));
         assert_eq!(read(&sysctl), "1");
         assert!(!record.exists());
         let _ = fs::remove_dir_all(dir);
@@ -236,10 +259,10 @@ mod tests {
     #[test]
     fn the_next_agent_writes_back_what_a_killed_one_recorded() {
         let (dir, sysctl, record) = files("killed");
-        std::mem::forget(Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set"));
+        std::mem::forget(Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set"));
         assert_eq!(read(&sysctl), "1");
-        let next = Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set");
-        assert_eq!(read(&record), "0", "kept while set");
+        let next = Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set");
+        assert_eq!(read(&record), "0 b1", "kept while set");
         drop(next);
         assert_eq!(read(&sysctl), "0");
         assert!(!record.exists());
@@ -250,14 +273,48 @@ mod tests {
     fn a_record_that_is_not_a_value_is_ignored() {
         let (dir, sysctl, record) = files("garbage");
         fs::create_dir_all(record.parent().expect("dir")).expect("dir");
-        for garbage in ["", "yes", "1; rm -rf /", &"9".repeat(40)] {
+        for garbage in [
+            "",
+            "yes b1",
+            "1; rm -rf / b1",
+            &format!("{} b1", "9".repeat(40)),
+        ] {
             fs::write(&record, garbage).expect("record");
             fs::write(&sysctl, "0").expect("sysctl");
-            let set = Sysctl::set_at(sysctl.clone(), "1", record.clone()).expect("set");
-            assert_eq!(read(&record), "0", "{garbage:?}: the value found recorded");
+            let set = Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set");
+            assert_eq!(
+                read(&record),
+                "0 b1",
+                "{garbage:?}: the value found recorded"
+            );
             drop(set);
             assert_eq!(read(&sysctl), "0", "{garbage:?}");
         }
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    /// A record of another boot is stale (the node set its sysctls anew
+    /// at boot): the value found is the node's.
+    #[test]
+    fn a_record_of_another_boot_is_not_believed() {
+        let (dir, sysctl, record) = files("reboot");
+        std::mem::forget(Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set"));
+        // Rebooted: the node itself turned forwarding on.
+        drop(Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b2").expect("set"));
+        assert_eq!(read(&sysctl), "1", "the node's own 1 stays");
+        assert!(!record.exists());
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    /// A value someone else set while the agent ran is theirs: left.
+    #[test]
+    fn a_value_changed_by_someone_else_is_left() {
+        let (dir, sysctl, record) = files("theirs");
+        let set = Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set");
+        fs::write(&sysctl, "2").expect("someone else");
+        drop(set);
+        assert_eq!(read(&sysctl), "2");
+        assert!(!record.exists());
         let _ = fs::remove_dir_all(dir);
     }
 }
