@@ -21,7 +21,7 @@ use super::{
     claims::Holders,
     kvstore::{Entry, KvStore, Link, WatchEvent},
     published::Nodes,
-    record::{Candidate, LocalNode, Origin, Record, Validated},
+    record::{Candidate, LocalNode, Origin, Record, Validated, clip},
     validate,
 };
 
@@ -365,17 +365,11 @@ impl<'a> View<'a> {
 /// bytes; a larger value is refused before it is decoded.
 pub const MAX_RECORD_BYTES: usize = 4096;
 
-/// The longest key kept whole with a record's verdict (a key longer than
-/// the prefix and the longest name is misplaced anyway).
-const MAX_KEY_SHOWN: usize = 512;
-
 /// A record as validation sees it: decoded, or why not, named by its key.
 /// What a writer put there is shown only in part: a verdict is logged on
 /// every agent and served by `GET /v1/nodes`.
 fn candidate(e: &Entry, prefix: &str) -> Candidate {
-    let key = e.key_str();
-    let prefixed = key.starts_with(prefix);
-    let key = clip(&key, MAX_KEY_SHOWN);
+    let key = e.key_str().into_owned();
     let node = if e.value.len() > MAX_RECORD_BYTES {
         Err(format!(
             "the value is {} bytes, more than a node record's {MAX_RECORD_BYTES}",
@@ -390,24 +384,16 @@ fn candidate(e: &Entry, prefix: &str) -> Candidate {
         record: Record {
             name: node.as_ref().ok().map(|n| n.name.clone()),
             origin: Origin::Etcd {
-                prefix_len: if prefixed { prefix.len() } else { 0 },
+                prefix_len: if key.starts_with(prefix) {
+                    prefix.len()
+                } else {
+                    0
+                },
                 key,
             },
         },
         node,
     }
-}
-
-/// `text` cut to its first `max` bytes (at a character), saying so.
-fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes)", &text[..end], text.len())
 }
 
 /// Revokes this agent's lease (its keys go with it): a graceful leave.

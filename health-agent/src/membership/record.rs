@@ -59,6 +59,24 @@ pub struct Record {
     pub name: Option<String>,
 }
 
+/// The most of an etcd key shown with a record's verdict (which is logged
+/// on every agent and served by `GET /v1/nodes`); the key itself is kept
+/// whole, and judged whole.
+const MAX_KEY_SHOWN: usize = 512;
+
+/// `text` cut to its first `max` bytes (at a character), saying so.
+#[must_use]
+pub fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &text[..end], text.len())
+}
+
 impl Record {
     /// Where the record is: `nodes.yaml:12`, `nodes.yaml (node #3)` when
     /// its line is not known, or its etcd key.
@@ -75,7 +93,7 @@ impl Record {
                 line: None,
                 entry,
             } => format!("{path} (node #{entry})"),
-            Origin::Etcd { key, .. } => key.clone(),
+            Origin::Etcd { key, .. } => clip(key, MAX_KEY_SHOWN),
         }
     }
 
@@ -88,7 +106,9 @@ impl Record {
             .map_or_else(|| "a node".to_owned(), |n| format!("node {n:?}"));
         match &self.origin {
             Origin::File { .. } => format!("{name} at {}", self.location()),
-            Origin::Etcd { key, .. } => format!("{name} at etcd key {key:?}"),
+            Origin::Etcd { key, .. } => {
+                format!("{name} at etcd key {:?}", clip(key, MAX_KEY_SHOWN))
+            }
         }
     }
 }
@@ -96,7 +116,7 @@ impl Record {
 impl fmt::Display for Record {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (&self.origin, &self.name) {
-            (Origin::Etcd { key, .. }, _) => write!(f, "etcd key {key:?}"),
+            (Origin::Etcd { key, .. }, _) => write!(f, "etcd key {:?}", clip(key, MAX_KEY_SHOWN)),
             (Origin::File { line: Some(_), .. }, Some(name)) => {
                 write!(f, "{}: node {name:?}", self.location())
             }
