@@ -175,6 +175,12 @@ fn key_prefix(s: &str) -> Result<String, String> {
             "{s:?} is not a key directory: it ends in '/' and names one, as /health/nodes/"
         ));
     }
+    let path = s.trim_end_matches('/');
+    if let Some((_, leaf @ ("summaries" | "view" | "assembler"))) = path.rsplit_once('/') {
+        return Err(format!(
+            "{s:?} is where the {leaf} sit, beside the node records: name the records' own directory, as /health/nodes/"
+        ));
+    }
     Ok(s.to_owned())
 }
 
@@ -191,5 +197,14 @@ mod prefix_tests {
             let e = key_prefix(bad).expect_err(bad);
             assert!(e.contains("ends in '/'"), "{bad:?}: {e}");
         }
+        // The summaries', the view's and the election's own directories.
+        for bad in ["/health/summaries/", "/x/view/", "/assembler/"] {
+            let e = key_prefix(bad).expect_err(bad);
+            assert!(e.contains("beside the node records"), "{bad:?}: {e}");
+        }
+        assert!(
+            key_prefix("view/").is_ok(),
+            "its siblings are view-summaries/..."
+        );
     }
 }
