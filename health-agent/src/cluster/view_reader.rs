@@ -165,10 +165,7 @@ impl ViewReader {
         let found = if v.assembler == self.local {
             Vec::new()
         } else {
-            let hold = v
-                .interval_ms
-                .min(self.cadence_ms.saturating_mul(HOLD_INTERVALS));
-            checker.check(&self.local, v, hold)
+            checker.check(&self.local, v, self.believed_interval(v))
         };
         let same_view = self.checked.as_ref() == Some(&id);
         let new: Vec<&Contradiction> = found
@@ -191,10 +188,19 @@ impl ViewReader {
         self.checked = Some(id);
     }
 
-    /// What the API serves at `now_ms`, if a view was read.
+    /// The interval `v` says it is assembled at, believed up to
+    /// [`HOLD_INTERVALS`] of this agent's own.
+    fn believed_interval(&self, v: &PublishedView) -> u64 {
+        v.interval_ms
+            .min(self.cadence_ms.saturating_mul(HOLD_INTERVALS))
+    }
+
+    /// What the API serves at `now_ms`, if a view was read: stale two of
+    /// its believed intervals after its time.
     #[must_use]
     pub fn reply(&self, now_ms: u64) -> Option<ClusterReply> {
         let (key, v) = self.current()?;
+        let interval_ms = self.believed_interval(v);
         Some(ClusterReply {
             view: v.view.clone(),
             assembly: Some(Assembly {
@@ -202,9 +208,9 @@ impl ViewReader {
                 here: v.assembler == self.local,
                 round: v.round,
                 at_ms: v.at_ms,
-                interval_ms: v.interval_ms,
+                interval_ms,
                 age_ms: v.age_ms(now_ms),
-                stale: v.stale(now_ms),
+                stale: crate::cluster::published_view::is_stale(v.at_ms, interval_ms, now_ms),
                 unlisted: v.unlisted,
                 key: String::from_utf8_lossy(key).into_owned(),
             }),
@@ -384,6 +390,11 @@ mod tests {
             now + 1_000,
         );
         assert_eq!(r.refused, 1, "dated a minute ahead");
+        // Its hour's interval is believed up to two of this agent's 1 s:
+        // stale 4 s (two of those) after its time, not 2 hours.
+        let shown = |r: &ViewReader, at| r.reply(at).and_then(|x| x.assembly).expect("assembly");
+        let liar = r.by_key.get(&b"/h/view/liar"[..]).map(|(v, _)| v.at_ms);
+        assert_eq!(liar, Some(now + 3_000));
         // The liar's view alone, all healthy, at now + 3 s: this agent has
         // failed every path to b since now - 5 s.
         r.apply(
@@ -401,5 +412,12 @@ mod tests {
         checker.observe(&Summary::new("me".into(), 1, now - 5_000, vec![failed]).expect("summary"));
         r.check_contradictions(&checker);
         assert_eq!(r.contradictions_total, 1, "b is healthy in the view");
+        let believed = 2_000 * crate::cluster::published_view::STALE_ROUNDS;
+        let a = shown(&r, now + 3_000 + believed);
+        assert_eq!(
+            (a.assembled_by.as_str(), a.interval_ms, a.stale),
+            ("liar", 2_000, false)
+        );
+        assert!(shown(&r, now + 3_001 + believed).stale);
     }
 }
