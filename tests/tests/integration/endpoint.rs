@@ -109,11 +109,15 @@ fn deleted_lxc_health_is_recreated_within_one_controller_interval() {
     node.assert_echo_answered_in_kernel(ip, 0x5e01, 3);
 }
 
-/// The endpoint's namespace deleted under a running agent: the repair
-/// makes it anew, and the hello server listens in the new one (a peer's
-/// HTTP probe of the endpoint is answered again).
+/// The endpoint's namespace deleted under a running agent while someone
+/// else routes its address: the repair makes the namespace anew, then
+/// fails at the route (never made over theirs); the hello server listens
+/// in the new namespace all the same, and once their route is gone the
+/// endpoint is whole and answered again (before, a repair that failed
+/// after making the namespace left the server in the old one for good).
 #[test]
-fn a_deleted_endpoint_namespace_is_made_anew_and_its_hello_server_answers() {
+fn a_deleted_endpoint_namespace_is_made_anew_and_its_hello_server_follows() {
+    const STATIC: u8 = 4;
     let mut node = AgentNode::new();
     node.start(&["--controller-interval", "1s"]);
     let ip = ipv4(&node.wait_endpoint(READY, |_| true));
@@ -122,11 +126,40 @@ fn a_deleted_endpoint_namespace_is_made_anew_and_its_hello_server_answers() {
         health_tests::prometheus::http_get(&node.node, hello, "/hello").map(|(code, _)| code)
     };
     assert_eq!(answered(&node), Some(200));
+    in_netns(Some(&node.node), move |nl| async move {
+        nl.replace_route_owned(ip, 32, Ipv4Addr::new(198, 18, 0, 30), STATIC)
+            .await
+    })
+    .expect("someone else's route to the endpoint");
     node.endpoint_ns()
         .delete()
         .expect("someone deletes the namespace");
-    node.wait_endpoint(Duration::from_secs(5), |e| e.repairs >= 1);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    // A socket of the endpoint's namespace on port 4240 (0x1090), state
+    // LISTEN (0A), either family.
+    let listening = |node: &AgentNode| {
+        let tables = node.endpoint_ns().run(|| {
+            ["tcp", "tcp6"].map(|t| {
+                std::fs::read_to_string(format!("/proc/thread-self/net/{t}")).unwrap_or_default()
+            })
+        });
+        tables.is_ok_and(|tables| {
+            tables.iter().flat_map(|t| t.lines()).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(":1090") && cols[3] == "0A"
+            })
+        })
+    };
+    let refused = "never over a route to it that exists";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(node.log().contains(refused) && node.endpoint_ns().exists() && listening(&node)) {
+        assert!(std::time::Instant::now() < deadline, "{}", node.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    in_netns(Some(&node.node), move |nl| async move {
+        nl.delete_route_owned(ip, 32, STATIC).await
+    })
+    .expect("their route gone");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while answered(&node) != Some(200) {
         assert!(std::time::Instant::now() < deadline, "{}", node.log());
         std::thread::sleep(Duration::from_millis(100));
