@@ -162,7 +162,10 @@ impl SubsetPlan {
     #[must_use]
     pub fn assigned_index(&self, me: usize, peers: ProbePeers) -> Vec<usize> {
         match self.entries.get(me) {
-            Some(e) => self.select_hashed(e.hash, e.ring, e.zone, Some(me), peers),
+            Some(e) => {
+                self.select_hashed(e.hash, e.ring, e.zone, Some(me), peers)
+                    .0
+            }
             None => Vec::new(),
         }
     }
@@ -176,6 +179,19 @@ impl SubsetPlan {
         nodes: &NodeSet,
         peers: ProbePeers,
     ) -> Vec<usize> {
+        self.assigned_reach(me, my_zone, nodes, peers).0
+    }
+
+    /// [`Self::assigned`], and how far the selection reached: which nodes
+    /// joining or leaving the set could change it.
+    #[must_use]
+    pub fn assigned_reach(
+        &self,
+        me: &str,
+        my_zone: Option<&str>,
+        nodes: &NodeSet,
+        peers: ProbePeers,
+    ) -> (Vec<usize>, Reach) {
         let index = nodes.binary_search_by(|n| n.name.as_str().cmp(me)).ok();
         let zone = my_zone.map_or(NO_ZONE, |z| {
             self.zone_ids.get(z).copied().unwrap_or(NO_ZONE - 1)
@@ -193,12 +209,12 @@ impl SubsetPlan {
         zone: u32,
         me: Option<usize>,
         peers: ProbePeers,
-    ) -> Vec<usize> {
+    ) -> (Vec<usize>, Reach) {
         let n = self.len();
         let others = n - usize::from(me.is_some());
         let k = match peers {
             ProbePeers::Count(k) if k < others => k,
-            _ => return (0..n).collect(),
+            _ => return ((0..n).collect(), Reach::everything(me_hash, me_pos)),
         };
         let ring_k = k / 2;
         // The nearest nodes after and before `me` on the ring, and the `k`
@@ -255,7 +271,58 @@ impl SubsetPlan {
         }
         out.extend(picked);
         out.sort_unstable();
-        out
+        let reach = Reach {
+            me_hash,
+            me_pos,
+            after: after.reach(),
+            before: before.reach(),
+            lightest: floor,
+        };
+        (out, reach)
+    }
+}
+
+/// How far one prober's selection reached, outside its zone: a node beyond
+/// it (farther on the ring both ways than the farthest ring pick, and
+/// lighter than the lightest weight kept) changes nothing by joining the
+/// set or leaving it. The prober's own zone is the caller's to compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    me_hash: u64,
+    me_pos: u64,
+    /// The farthest ring distance kept after the prober; `None`: no ring
+    /// pick after it is made.
+    after: Option<u64>,
+    /// The same, before it.
+    before: Option<u64>,
+    /// The lightest rendezvous weight kept (0 while fewer than `K` were
+    /// offered: every weight counts).
+    lightest: u64,
+}
+
+impl Reach {
+    /// Every node counts: the selection took the whole set.
+    const fn everything(me_hash: u64, me_pos: u64) -> Self {
+        Self {
+            me_hash,
+            me_pos,
+            after: Some(u64::MAX),
+            before: Some(u64::MAX),
+            lightest: 0,
+        }
+    }
+
+    /// Whether a node of [`name_hash`] `h`, outside the prober's zone,
+    /// could change the selection by joining or leaving. Ties count: the
+    /// answer errs towards selecting again.
+    #[must_use]
+    pub const fn touched_by(&self, h: u64) -> bool {
+        let ring = ring_position(h);
+        let after = ring.wrapping_sub(self.me_pos);
+        let before = self.me_pos.wrapping_sub(ring);
+        matches!(self.after, Some(limit) if after <= limit)
+            || matches!(self.before, Some(limit) if before <= limit)
+            || rendezvous_weight(self.me_hash, h) >= self.lightest
     }
 }
 
@@ -298,6 +365,16 @@ impl Nearest {
 
     fn indices(&self) -> impl Iterator<Item = usize> + '_ {
         self.items.iter().map(|&(_, i)| i)
+    }
+
+    /// The farthest distance a newcomer could be kept at (`None` when
+    /// nothing is kept).
+    const fn reach(&self) -> Option<u64> {
+        if self.cap == 0 {
+            None
+        } else {
+            Some(self.limit)
+        }
     }
 }
 

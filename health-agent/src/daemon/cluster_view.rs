@@ -111,7 +111,7 @@ enum Refusal {
 /// The summaries held, by key, and what was refused since the last report.
 struct Held {
     prefix: Vec<u8>,
-    by_key: HashMap<Vec<u8>, Summary>,
+    by_key: HashMap<Vec<u8>, Kept>,
     /// The most keys held.
     cap: usize,
     /// How far ahead of now a summary's time may be, in ms.
@@ -120,6 +120,23 @@ struct Held {
     first_refusal: Option<String>,
     /// The first snapshot was read: the summaries are all there.
     loaded: bool,
+}
+
+/// A summary held, and the version of its content: a number no other
+/// summary read by this agent had.
+struct Kept {
+    summary: Summary,
+    version: u64,
+}
+
+impl Kept {
+    fn new(summary: Summary) -> Self {
+        static VERSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Self {
+            summary,
+            version: VERSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
 }
 
 impl Held {
@@ -162,7 +179,7 @@ impl Held {
     fn put(&mut self, key: Vec<u8>, value: &[u8], now_ms: u64) {
         match self.check(&key, value, now_ms) {
             Ok(s) => {
-                self.by_key.insert(key, s);
+                self.by_key.insert(key, Kept::new(s));
             }
             Err(e) => {
                 self.by_key.remove(&key);
@@ -443,7 +460,9 @@ impl ClusterViewTask {
         deposed: &Notify,
         round: u64,
     ) -> Option<matrix::ClusterMatrix> {
-        let (view, matrix) = self.assemble(&lead.held, assignments, interval);
+        // Seconds of CPU once a leader is elected at 50,000 nodes: the
+        // runtime's other tasks move to its other workers meanwhile.
+        let (view, matrix) = blocking(|| self.assemble(&lead.held, assignments, interval));
         let now_ms = crate::util::timefmt::now_ms();
         let published = PublishedView::of(&self.local, round, now_ms, millis(interval), &view);
         lead.published = true;
@@ -525,17 +544,18 @@ impl ClusterViewTask {
         };
         let nodes = self.nodes.current();
         assignments.update(&nodes, self.peers);
+        assignments.select_all(held.by_key.values().map(|k| k.summary.observer()));
         let (mut left_out, mut first) = (0, None);
         let summaries: Vec<Cow<'_, Summary>> = held
             .by_key
             .values()
-            .map(|s| match assignments.restrict(s) {
+            .map(|k| match assignments.restrict(&k.summary, k.version) {
                 Some((restricted, n)) => {
                     left_out += n;
-                    first.get_or_insert_with(|| s.observer().to_owned());
+                    first.get_or_insert_with(|| k.summary.observer().to_owned());
                     Cow::Owned(restricted)
                 }
-                None => Cow::Borrowed(s),
+                None => Cow::Borrowed(&k.summary),
             })
             .collect();
         if let Some(first) = first {
@@ -551,6 +571,18 @@ impl ClusterViewTask {
             (params.oldest_ms, params.now_ms),
         );
         (view, matrix)
+    }
+}
+
+/// Runs `work`, long and synchronous, telling a multi-threaded runtime
+/// to move its other tasks off this worker first.
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi {
+        tokio::task::block_in_place(work)
+    } else {
+        work()
     }
 }
 
@@ -627,7 +659,7 @@ mod tests {
         // A key already held is still updated when full.
         held.apply(put("/h/s/a", summary("a", now + 1)), now);
         assert_eq!(
-            held.by_key.get(&b"/h/s/a"[..]).map(Summary::at_ms),
+            held.by_key.get(&b"/h/s/a"[..]).map(|k| k.summary.at_ms()),
             Some(now + 1)
         );
     }

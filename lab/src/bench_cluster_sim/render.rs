@@ -9,7 +9,7 @@ use super::{
     VIEW_WIRE_FAULTS, VIEW_WIRE_STEADY, ratio,
 };
 
-use super::selection::Selection;
+use super::selection::{LeaderCheck, Selection};
 
 use super::faults::Faults;
 
@@ -86,6 +86,21 @@ fn render_selection(s: &mut String, opts: &Options, zones: usize, c: &Cluster, s
             ratio(1, n)
         );
     }
+    render_leader(s, n, &sel.leader);
+}
+
+fn render_leader(s: &mut String, nodes: usize, l: &LeaderCheck) {
+    let _ = writeln!(
+        s,
+        "  the leader's check of what observers may report: {:.2} s for all {nodes} the first time (on every CPU); a round on one CPU: {:.0} ms with every summary new, {:.1} ms with none; a join {:.1} ms ({} observers selected again), a leave {:.1} ms ({})",
+        l.first.as_secs_f64(),
+        l.round_new.as_secs_f64() * 1e3,
+        l.round_same.as_secs_f64() * 1e3,
+        l.join.as_secs_f64() * 1e3,
+        l.join_selected,
+        l.leave.as_secs_f64() * 1e3,
+        l.leave_selected
+    );
 }
 
 fn render_rounds(out: &mut String, opts: &Options, c: &Cluster, faults: &Faults, r: &Rounds) {

@@ -8,8 +8,13 @@ use std::{
 
 use crate::sim_nodes::node;
 use health_agent::{
-    cluster::subset::{ProbePeers, SubsetPlan},
+    cluster::{
+        assigned::Assignments,
+        subset::{ProbePeers, SubsetPlan},
+        summary::{PathSample, PeerSummary, Summary},
+    },
     membership::{Node, NodeSet},
+    probe::path::ProbeResult,
 };
 
 use super::{Cluster, Options, Rng, id_of, ratio};
@@ -97,6 +102,118 @@ pub(super) struct Selection {
     pub(super) observers_mean: f64,
     pub(super) join: Movement,
     pub(super) leave: Movement,
+    pub(super) leader: LeaderCheck,
+}
+
+/// The elected assembler's check of what each observer may report on
+/// ([`Assignments`]).
+pub(super) struct LeaderCheck {
+    /// Every observer's assignment, the first time.
+    pub(super) first: Duration,
+    /// Checking every observer's honest summary, all new; and again,
+    /// none changed.
+    pub(super) round_new: Duration,
+    pub(super) round_same: Duration,
+    /// Again after a join, and how many observers were selected again.
+    pub(super) join: Duration,
+    pub(super) join_selected: u64,
+    /// The same after a leave.
+    pub(super) leave: Duration,
+    pub(super) leave_selected: u64,
+}
+
+/// What the leader does with a node set: carries its assignments over and
+/// selects every observer `a` does not hold yet (on every CPU); then an
+/// empty summary of each is checked. The time the selection took and the
+/// observers selected.
+fn check_every(
+    a: &mut Assignments,
+    nodes: &NodeSet,
+    peers: ProbePeers,
+) -> anyhow::Result<(Duration, u64)> {
+    let before = a.selected();
+    let t0 = Instant::now();
+    a.update(nodes, Some(peers));
+    a.select_all(nodes.iter().map(|n| n.name.as_str()));
+    let spent = t0.elapsed();
+    let selected = a.selected();
+    for n in nodes.iter() {
+        // Version 0: no honest summary has it.
+        let _ = a.restrict(&Summary::new(n.name.clone(), 1, 1, Vec::new())?, 0);
+    }
+    anyhow::ensure!(
+        a.selected() == selected,
+        "{} observers were selected only when their summary was checked",
+        a.selected() - selected
+    );
+    Ok((spent, selected - before))
+}
+
+/// Checks the summary of every observer of `nodes` reporting on its
+/// `picks` (made a few thousand at a time), each at version `version +`
+/// its index, twice: the time each pass of checks took.
+fn check_honest(
+    a: &mut Assignments,
+    nodes: &NodeSet,
+    picks: &[Vec<u32>],
+    version: u64,
+) -> anyhow::Result<[Duration; 2]> {
+    const AT_ONCE: usize = 5_000;
+    let ok = PathSample::new(ProbeResult::Success, Some(100));
+    let mut spent = [Duration::ZERO; 2];
+    for (part, some) in picks.chunks(AT_ONCE).enumerate() {
+        let summaries = some
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                let peers = p
+                    .iter()
+                    .map(|&j| PeerSummary {
+                        name: nodes[j as usize].name.clone(),
+                        paths: [ok; 4],
+                    })
+                    .collect();
+                Summary::new(nodes[part * AT_ONCE + k].name.clone(), 1, 1, peers)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for pass in &mut spent {
+            let t0 = Instant::now();
+            let left_out: usize = summaries
+                .iter()
+                .enumerate()
+                .filter_map(|(k, s)| a.restrict(s, version + (part * AT_ONCE + k) as u64))
+                .map(|(_, n)| n)
+                .sum();
+            *pass += t0.elapsed();
+            anyhow::ensure!(left_out == 0, "{left_out} honest observations left out");
+        }
+    }
+    Ok(spent)
+}
+
+/// The leader's check over `nodes` (whose observers picked `picks`), then
+/// after `joined`, then after `left` (each from `nodes`).
+fn leader_check(
+    (nodes, picks): (&NodeSet, &[Vec<u32>]),
+    joined: &NodeSet,
+    left: &NodeSet,
+    peers: ProbePeers,
+) -> anyhow::Result<LeaderCheck> {
+    let mut a = Assignments::default();
+    let (first, _) = check_every(&mut a, nodes, peers)?;
+    let [round_new, round_same] = check_honest(&mut a, nodes, picks, 1)?;
+    let (join, join_selected) = check_every(&mut a, joined, peers)?;
+    check_every(&mut a, nodes, peers)?;
+    let (leave, leave_selected) = check_every(&mut a, left, peers)?;
+    Ok(LeaderCheck {
+        first,
+        round_new,
+        round_same,
+        join,
+        join_selected,
+        leave,
+        leave_selected,
+    })
 }
 
 /// Probes per node (max, total, mean), the worst ratio to 4·(K + zone),
@@ -156,6 +273,7 @@ pub(super) fn select(
         movement(&before, &after_join),
         movement(&before, &after_leave),
     );
+    let leader = leader_check((&nodes, &picks), &joined, &left, peers)?;
 
     let cluster = Cluster::new(nodes, picks);
     let (probes_max, cluster_probes, probes_mean, budget_ratio, observers_min, observers_mean) =
@@ -173,6 +291,7 @@ pub(super) fn select(
             observers_mean,
             join,
             leave,
+            leader,
         },
     ))
 }
