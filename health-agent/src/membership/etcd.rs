@@ -216,6 +216,7 @@ async fn follow(
                 };
             }
             () = until(grace_end) => {}
+            () = until(view.publish_due()) => {}
             () = until(hold_end.map(Instant::from_std)) => view.dirty = true,
             () = until(rewrite_due) => rewrites.due = None,
         }
@@ -261,6 +262,8 @@ struct View<'a> {
     /// registration lease's TTL (the time a node that died stays listed),
     /// and at least [`MIN_HOLD`].
     hold: Duration,
+    /// No set is validated before this: see [`View::publish`].
+    quiet_until: Option<Instant>,
 }
 
 impl<'a> View<'a> {
@@ -275,6 +278,7 @@ impl<'a> View<'a> {
             watch_error: None,
             link_error: None,
             shown_error: false,
+            quiet_until: None,
         }
     }
 
@@ -336,9 +340,24 @@ impl<'a> View<'a> {
         )
     }
 
+    /// When a pending change is to be validated, if one waits for a
+    /// quiet spell to end.
+    fn publish_due(&self) -> Option<Instant> {
+        self.quiet_until
+            .filter(|t| self.dirty && self.synced && *t > Instant::now())
+    }
+
+    /// Validates and publishes the set if it changed. A change after a
+    /// quiet spell is published at once; then the next waits
+    /// [`VALIDATE_GAP`] times the validation's own time (at least
+    /// [`MIN_VALIDATE_GAP`]), and what changed meanwhile is published
+    /// together: a storm of records (a rolling restart of 50,000 agents,
+    /// 0.1-0.2 s a validation) takes at most about a fifth of a CPU.
     fn publish(&mut self, endpoint: &str, local: &LocalNode, nodes: &Nodes) {
         let recovered = self.shown_error && self.error().is_none();
-        if self.synced && (self.dirty || recovered) {
+        let now = Instant::now();
+        let quiet = self.quiet_until.is_none_or(|t| now >= t);
+        if self.synced && (self.dirty || recovered) && (quiet || recovered) {
             let update = self.validated(local);
             let holders = self
                 .holders
@@ -349,6 +368,8 @@ impl<'a> View<'a> {
             }
             self.dirty = false;
             self.shown_error = false;
+            let gap = now.elapsed().mul_f64(VALIDATE_GAP).max(MIN_VALIDATE_GAP);
+            self.quiet_until = Some(Instant::now() + gap);
         }
         if let Some(e) = self.error()
             && !self.shown_error
@@ -360,6 +381,13 @@ impl<'a> View<'a> {
         }
     }
 }
+
+/// Between two validations of the set, this many times the last one's
+/// time: validation takes at most about 1/(1 + this) of a CPU.
+const VALIDATE_GAP: f64 = 4.0;
+
+/// Between two validations of the set, at least this.
+const MIN_VALIDATE_GAP: Duration = Duration::from_millis(20);
 
 /// The largest value read as a node record: a record is a few hundred
 /// bytes; a larger value is refused before it is decoded.
@@ -453,6 +481,36 @@ mod tests {
         view.validated(&local())
     }
 
+    /// A change after a quiet spell is published at once; the next one
+    /// waits for the gap after it, then goes out with what else changed.
+    #[tokio::test(start_paused = true)]
+    async fn changes_close_together_are_validated_together() {
+        let nodes = Nodes::new("etcd".into());
+        let names = || -> Vec<String> { nodes.current().iter().map(|n| n.name.clone()).collect() };
+        let mut view = View::new("/h/", Duration::from_secs(60));
+        view.apply(WatchEvent::Snapshot {
+            revision: 1,
+            entries: vec![kv("/h/a", &record("a", "198.18.0.2", "198.18.65.2"))],
+        });
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["a"]);
+        assert_eq!(view.publish_due(), None, "nothing waits");
+        for (key, name, ip, health) in [
+            ("/h/b", "b", "198.18.0.3", "198.18.66.2"),
+            ("/h/c", "c", "198.18.0.4", "198.18.67.2"),
+        ] {
+            view.apply(WatchEvent::Put(kv(key, &record(name, ip, health))));
+            view.publish("e", &local(), &nodes);
+        }
+        assert_eq!(names(), ["a"], "within the gap: not yet");
+        let due = view.publish_due().expect("a change waits");
+        assert!(due - Instant::now() >= MIN_VALIDATE_GAP);
+        tokio::time::advance(due - Instant::now()).await;
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["a", "b", "c"], "both, at once");
+        assert_eq!(view.publish_due(), None);
+    }
+
     /// What a writer puts under the prefix is shown only in part: a value
     /// past a record's size is refused undecoded, a decoding error and a
     /// long key are cut short; the good record beside them counts.
@@ -505,6 +563,8 @@ mod tests {
         assert!(view.holders.is_empty(), "{:?}", view.holders);
         let nodes = Nodes::new("etcd".into()).with_max_nodes(2);
         view.dirty = true;
+        // Past the gap between two validations.
+        view.quiet_until = None;
         view.publish("etcd", &local(), &nodes);
         assert_eq!(view.holders.len(), 4, "two addresses of each");
     }
