@@ -74,7 +74,7 @@ async fn watch_file(
                 info!(
                     path = %path.display(),
                     nodes = update.nodes.len(),
-                    rejected = update.rejected.len(),
+                    rejected = update.rejected_total(),
                     "nodes file changed"
                 );
                 nodes.accept(update);

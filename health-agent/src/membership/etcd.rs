@@ -7,6 +7,7 @@
 
 use std::{
     collections::BTreeMap,
+    hash::BuildHasher as _,
     sync::{Arc, OnceLock},
     time::Duration,
 };
@@ -264,6 +265,12 @@ struct View<'a> {
     hold: Duration,
     /// No set is validated before this: see [`View::publish`].
     quiet_until: Option<Instant>,
+    /// Undecodable records held in `records` (listed with their errors).
+    junk_held: usize,
+    /// The keys of rejected records not held (past [`MAX_JUNK_HELD`],
+    /// or longer than a node's key), by hash: counted, never stored.
+    unheld: std::collections::HashSet<u64>,
+    hasher: std::hash::RandomState,
 }
 
 impl<'a> View<'a> {
@@ -279,27 +286,59 @@ impl<'a> View<'a> {
             link_error: None,
             shown_error: false,
             quiet_until: None,
+            junk_held: 0,
+            unheld: std::collections::HashSet::new(),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
+
+    /// Drops what is held of `key`.
+    fn forget(&mut self, key: &str) {
+        if let Some(old) = self.records.remove(key) {
+            self.junk_held -= usize::from(old.node.is_err());
+        }
+        self.unheld.remove(&self.hasher.hash_one(key));
+    }
+
+    /// Holds the record at `e`'s key: decoded when the key could be a
+    /// node's, and listed when it decodes or fewer than [`MAX_JUNK_HELD`]
+    /// undecodable ones are; otherwise only counted. A writer filling the
+    /// prefix with junk costs every agent 8 bytes a key, not the key.
+    fn hold(&mut self, e: &Entry) {
+        let key = e.key_str();
+        self.forget(&key);
+        let fits = key.len() <= self.prefix.len() + super::record::MAX_NAME_LEN;
+        let c = fits.then(|| candidate(e, self.prefix));
+        match c {
+            Some(c) if c.node.is_ok() || self.junk_held < MAX_JUNK_HELD => {
+                self.junk_held += usize::from(c.node.is_err());
+                self.records.insert(key.into_owned(), c);
+            }
+            _ => {
+                self.unheld.insert(self.hasher.hash_one(&*key));
+            }
         }
     }
 
     fn apply(&mut self, ev: WatchEvent) {
         match ev {
             WatchEvent::Snapshot { entries, .. } => {
-                self.records = entries
-                    .iter()
-                    .map(|e| (e.key_str().into_owned(), candidate(e, self.prefix)))
-                    .collect();
+                self.records.clear();
+                self.unheld.clear();
+                self.junk_held = 0;
+                for e in &entries {
+                    self.hold(e);
+                }
                 self.synced = true;
                 self.dirty = true;
                 self.watch_error = None;
             }
             WatchEvent::Put(e) => {
-                self.records
-                    .insert(e.key_str().into_owned(), candidate(&e, self.prefix));
+                self.hold(&e);
                 self.dirty = true;
             }
             WatchEvent::Delete { key, .. } => {
-                self.records.remove(String::from_utf8_lossy(&key).as_ref());
+                self.forget(&String::from_utf8_lossy(&key));
                 self.dirty = true;
             }
             WatchEvent::Lost { error } => {
@@ -333,11 +372,14 @@ impl<'a> View<'a> {
     /// The set, validated: an address two records claim goes to its
     /// holder, or to neither.
     fn validated(&self, local: &LocalNode) -> Validated {
-        validate::validate(
-            self.records.values().cloned().collect(),
-            local,
-            &self.holders,
-        )
+        Validated {
+            unheld: self.unheld.len(),
+            ..validate::validate(
+                self.records.values().cloned().collect(),
+                local,
+                &self.holders,
+            )
+        }
     }
 
     /// When a pending change is to be validated, if one waits for a
@@ -381,6 +423,10 @@ impl<'a> View<'a> {
         }
     }
 }
+
+/// The most undecodable records held to be listed (`GET /v1/nodes`);
+/// past them, rejected records are only counted.
+const MAX_JUNK_HELD: usize = 256;
 
 /// Between two validations of the set, this many times the last one's
 /// time: validation takes at most about 1/(1 + this) of a CPU.
@@ -530,7 +576,8 @@ mod tests {
         );
         assert_eq!(outcome(&v).0, ["good"]);
         let texts: Vec<String> = v.rejected.iter().map(ToString::to_string).collect();
-        assert_eq!(texts.len(), 3, "{texts:?}");
+        assert_eq!(texts.len(), 2, "{texts:?}");
+        assert_eq!(v.unheld, 1, "the key too long to be a node's is counted");
         for t in &texts {
             assert!(t.len() < 1200, "{} bytes: {}", t.len(), &t[..200]);
         }
@@ -541,9 +588,55 @@ mod tests {
             "{texts:?}"
         );
         assert!(
-            texts.iter().any(|t| t.contains("(5003 bytes)")),
-            "{texts:?}"
+            v.summary().is_some_and(
+                |t| t.contains("3 node records rejected") && t.contains("1 keys not held")
+            ),
+            "{:?}",
+            v.summary()
         );
+    }
+
+    /// A writer filling the prefix with junk is counted, not held: past
+    /// the first undecodable records, a key costs the agent its hash; the
+    /// good records still count, and deleting the junk takes it away.
+    #[test]
+    fn junk_past_a_bound_is_counted_not_held() {
+        let mut view = View::new("/h/", Duration::from_secs(60));
+        let junk = |i: usize| raw(&format!("/h/junk-{i:05}"), "not json");
+        let mut entries: Vec<Entry> = (0..MAX_JUNK_HELD + 1000).map(junk).collect();
+        entries.push(kv("/h/good", &record("good", "198.18.0.12", "198.18.66.2")));
+        view.apply(WatchEvent::Snapshot {
+            revision: 1,
+            entries,
+        });
+        assert_eq!(
+            view.records.len(),
+            MAX_JUNK_HELD + 1,
+            "the held junk and the good record"
+        );
+        let v = view.validated(&local());
+        assert_eq!(outcome(&v).0, ["good"]);
+        assert_eq!((v.rejected.len(), v.unheld), (MAX_JUNK_HELD, 1000));
+        assert_eq!(v.rejected_total(), MAX_JUNK_HELD + 1000);
+        // A held junk key deleted, an unheld one deleted, one made good.
+        let delete = |key: String| WatchEvent::Delete {
+            key: key.into_bytes(),
+            revision: 2,
+        };
+        view.apply(delete("/h/junk-00000".into()));
+        view.apply(delete(format!("/h/junk-{:05}", MAX_JUNK_HELD + 999)));
+        let fixed = format!("/h/junk-{:05}", MAX_JUNK_HELD + 5);
+        let name = &fixed["/h/".len()..];
+        view.apply(WatchEvent::Put(kv(
+            &fixed,
+            &record(name, "198.18.0.13", "198.18.67.2"),
+        )));
+        let v = view.validated(&local());
+        assert_eq!(outcome(&v).0, ["good", name]);
+        assert_eq!((v.rejected.len(), v.unheld), (MAX_JUNK_HELD - 1, 998));
+        // Room again: the next junk is held and listed.
+        view.apply(WatchEvent::Put(junk(99_999)));
+        assert_eq!(view.validated(&local()).rejected.len(), MAX_JUNK_HELD);
     }
 
     /// A set refused whole (past `--max-nodes`) holds no address: the

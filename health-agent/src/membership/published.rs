@@ -120,12 +120,12 @@ impl Nodes {
             return false;
         }
         if let Some(summary) = update.summary() {
-            warn!(rejected = update.rejected.len(), "{summary}");
+            warn!(rejected = update.rejected_total(), "{summary}");
         }
         if let Ok(mut s) = self.status.write() {
             s.error = None;
             s.updated_ms = Some(now_ms());
-            s.rejected_total = update.rejected.len();
+            s.rejected_total = update.rejected_total();
             s.rejected = update
                 .rejected
                 .iter()
@@ -188,6 +188,7 @@ mod tests {
             )
             .expect("unique"),
             rejected: Vec::new(),
+            unheld: 0,
         }
     }
 

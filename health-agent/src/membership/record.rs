@@ -271,13 +271,22 @@ pub struct Validated {
     /// In the order the records were checked: this node's own first, then
     /// file or key order.
     pub rejected: Vec<Rejected>,
+    /// Rejected records not even held to be listed: keys past the most
+    /// undecodable ones kept, or too long to be a node's.
+    pub unheld: usize,
 }
 
 impl Validated {
+    /// Every record rejected, listed or not.
+    #[must_use]
+    pub const fn rejected_total(&self) -> usize {
+        self.rejected.len() + self.unheld
+    }
+
     /// One line for the log: the count, then the first few rejections.
     #[must_use]
     pub fn summary(&self) -> Option<String> {
-        let n = self.rejected.len();
+        let n = self.rejected_total();
         if n == 0 {
             return None;
         }
@@ -292,11 +301,19 @@ impl Validated {
             }
             out.push_str(&r.to_string());
         }
-        if n > MAX_REJECTED_LOGGED {
+        if self.rejected.len() > MAX_REJECTED_LOGGED {
             let _ = write!(
                 out,
                 "; and {} more (GET /v1/nodes lists them)",
-                n - MAX_REJECTED_LOGGED
+                self.rejected.len() - MAX_REJECTED_LOGGED
+            );
+        }
+        if self.unheld > 0 {
+            let _ = write!(
+                out,
+                "; and {} keys not held (undecodable past the first {}, or too long to be a node's)",
+                self.unheld,
+                self.rejected.len()
             );
         }
         Some(out)

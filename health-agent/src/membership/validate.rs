@@ -298,6 +298,7 @@ pub fn validate(candidates: Vec<Candidate>, local: &LocalNode, holders: &Holders
     Validated {
         nodes: NodeSet::from_unique(nodes),
         rejected,
+        unheld: 0,
     }
 }
 
