@@ -41,6 +41,8 @@ pub struct Assignments {
     by_observer: HashMap<String, Assigned>,
     /// Observers selected so far, over every set.
     selected: u64,
+    /// Calls of [`Self::select_all`] so far.
+    listing: u64,
 }
 
 /// One observer's assignment, and what it depended on.
@@ -54,6 +56,8 @@ struct Assigned {
     /// The version of its summary last found to report on assigned
     /// peers only: unchanged, it is not checked again.
     honest: Option<u64>,
+    /// The last [`Assignments::select_all`] that listed it.
+    listed: u64,
 }
 
 /// A node that joined, left or moved zone: what a carried-over
@@ -141,36 +145,54 @@ impl Assignments {
     }
 
     /// Selects every observer of `observers` not selected over the set
-    /// yet, on every CPU: what a newly elected leader does once for the
-    /// whole cluster (about 0.25 ms an observer at 50,000 nodes).
+    /// yet, on every CPU but one (the prober keeps it): what a newly
+    /// elected leader does once for the whole cluster (about 0.25 ms an
+    /// observer at 50,000 nodes). The observers not listed are forgotten.
     pub fn select_all<'a>(&mut self, observers: impl IntoIterator<Item = &'a str>) {
+        self.listing += 1;
+        let listing = self.listing;
         let peers = self.peers();
         let (Some(plan), Some((nodes, _))) = (self.plan.as_ref(), self.over.as_ref()) else {
             return;
         };
-        let missing: Vec<&str> = observers
-            .into_iter()
-            .filter(|o| !self.by_observer.contains_key(*o))
-            .collect();
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let mut missing: Vec<&str> = Vec::new();
+        for o in observers {
+            match self.by_observer.get_mut(o) {
+                Some(a) => a.listed = listing,
+                None => missing.push(o),
+            }
+        }
+        let threads =
+            std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1));
         let chunk = missing.len().div_ceil(threads).max(PARALLEL_FROM);
         let one = |o: &&str| ((*o).to_owned(), select(plan, nodes, o, peers));
-        let selected: Vec<(String, Assigned)> = if missing.len() <= chunk {
-            missing.iter().map(one).collect()
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = missing
-                    .chunks(chunk)
-                    .map(|part| s.spawn(move || part.iter().map(one).collect::<Vec<_>>()))
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_default())
-                    .collect()
-            })
-        };
+        let selected: Vec<(String, Assigned)> = std::thread::scope(|s| {
+            let mut parts = missing.chunks(chunk);
+            let here = parts.next().unwrap_or_default();
+            let elsewhere: Vec<_> = parts
+                .map(|part| {
+                    std::thread::Builder::new()
+                        .name("health-select".into())
+                        .spawn_scoped(s, move || part.iter().map(one).collect::<Vec<_>>())
+                        .map_err(|_| part)
+                })
+                .collect();
+            let mut out: Vec<(String, Assigned)> = here.iter().map(one).collect();
+            for part in elsewhere {
+                match part {
+                    Ok(h) => out.extend(h.join().unwrap_or_default()),
+                    // No thread to be had: here, then.
+                    Err(part) => out.extend(part.iter().map(one)),
+                }
+            }
+            out
+        });
         self.selected += selected.len() as u64;
-        self.by_observer.extend(selected);
+        for (name, mut a) in selected {
+            a.listed = listing;
+            self.by_observer.insert(name, a);
+        }
+        self.by_observer.retain(|_, a| a.listed == listing);
     }
 
     /// `me`'s assigned peers, as indices in the set, sorted; `None` in a
@@ -245,6 +267,7 @@ fn select(plan: &SubsetPlan, nodes: &NodeSet, me: &str, peers: ProbePeers) -> As
         zone,
         reach,
         honest: None,
+        listed: 0,
     }
 }
 
@@ -434,6 +457,13 @@ mod tests {
             300_000,
             "judged at its own cadence still"
         );
+        // Observers no longer listed are forgotten; those listed are not
+        // selected again.
+        let before = a.selected();
+        a.select_all(["n000", "n001"]);
+        assert_eq!(a.selected(), before + 1, "n001 only");
+        a.select_all(["n001"]);
+        assert_eq!(a.by_observer.keys().collect::<Vec<_>>(), ["n001"]);
         // A full mesh assigns everyone.
         a.update(&nodes, Some(ProbePeers::All));
         assert!(a.restrict(&liar, 2).is_none());

@@ -92,7 +92,7 @@ fn render_selection(s: &mut String, opts: &Options, zones: usize, c: &Cluster, s
 fn render_leader(s: &mut String, nodes: usize, l: &LeaderCheck) {
     let _ = writeln!(
         s,
-        "  the leader's check of what observers may report: {:.2} s for all {nodes} the first time (on every CPU); a round on one CPU: {:.0} ms with every summary new, {:.1} ms with none; a join {:.1} ms ({} observers selected again), a leave {:.1} ms ({})",
+        "  the leader's check of what observers may report: {:.2} s for all {nodes} the first time (on every CPU but one); a round on one CPU: {:.0} ms with every summary new, {:.1} ms with none; a join {:.1} ms ({} observers selected again), a leave {:.1} ms ({})",
         l.first.as_secs_f64(),
         l.round_new.as_secs_f64() * 1e3,
         l.round_same.as_secs_f64() * 1e3,
