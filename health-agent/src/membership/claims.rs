@@ -70,6 +70,17 @@ impl Holders {
         })
     }
 
+    /// The same without the holds that ended by `now`.
+    #[must_use]
+    pub fn unexpired(&self, now: Instant) -> Self {
+        let mut kept = self.0.clone();
+        kept.retain(|_, (_, how)| match how {
+            Hold::Present => true,
+            Hold::Departed { until } => *until > now,
+        });
+        Self(kept)
+    }
+
     /// When the first departed node's hold ends, if any does.
     #[must_use]
     pub fn next_expiry(&self) -> Option<Instant> {

@@ -196,7 +196,7 @@ async fn follow(
     let mut rewrites = Rewrites::default();
     loop {
         let grace_end = view.link_grace_end();
-        let hold_end = view.holders.next_expiry();
+        let hold_end = view.hold_end();
         let rewrite_due = rewrites.due;
         tokio::select! {
             ev = events.recv() => {
@@ -265,7 +265,8 @@ struct View<'a> {
     hold: Duration,
     /// No set is validated before this: see [`View::publish`].
     quiet_until: Option<Instant>,
-    /// Undecodable records held in `records` (listed with their errors).
+    /// Records that can never be a node held in `records` (listed with
+    /// their errors): [`is_junk`].
     junk_held: usize,
     /// The keys of rejected records not held (past [`MAX_JUNK_HELD`],
     /// or longer than a node's key), by hash: counted, never stored.
@@ -295,23 +296,25 @@ impl<'a> View<'a> {
     /// Drops what is held of `key`.
     fn forget(&mut self, key: &str) {
         if let Some(old) = self.records.remove(key) {
-            self.junk_held -= usize::from(old.node.is_err());
+            self.junk_held -= usize::from(is_junk(&old));
         }
         self.unheld.remove(&self.hasher.hash_one(key));
     }
 
     /// Holds the record at `e`'s key: decoded when the key could be a
-    /// node's, and listed when it decodes or fewer than [`MAX_JUNK_HELD`]
-    /// undecodable ones are; otherwise only counted. A writer filling the
-    /// prefix with junk costs every agent 8 bytes a key, not the key.
+    /// node's, and listed when it could be a node (it decodes, at its
+    /// key, with a good name and addresses: [`validate::check_shape`]) or
+    /// fewer than [`MAX_JUNK_HELD`] records that cannot are held; otherwise
+    /// only counted. A writer filling the prefix with junk costs every
+    /// agent 8 bytes a key, not the key.
     fn hold(&mut self, e: &Entry) {
         let key = e.key_str();
         self.forget(&key);
         let fits = key.len() <= self.prefix.len() + super::record::MAX_NAME_LEN;
         let c = fits.then(|| candidate(e, self.prefix));
         match c {
-            Some(c) if c.node.is_ok() || self.junk_held < MAX_JUNK_HELD => {
-                self.junk_held += usize::from(c.node.is_err());
+            Some(c) if !is_junk(&c) || self.junk_held < MAX_JUNK_HELD => {
+                self.junk_held += usize::from(is_junk(&c));
                 self.records.insert(key.into_owned(), c);
             }
             _ => {
@@ -382,11 +385,20 @@ impl<'a> View<'a> {
         }
     }
 
-    /// When a pending change is to be validated, if one waits for a
-    /// quiet spell to end.
+    /// When a departed node's hold ends, making a change; none while a
+    /// change waits already (the hold's end changes nothing more).
+    fn hold_end(&self) -> Option<std::time::Instant> {
+        if self.dirty {
+            None
+        } else {
+            self.holders.next_expiry()
+        }
+    }
+
+    /// When a pending change is to be validated, if one waits (a time
+    /// past already: at once).
     fn publish_due(&self) -> Option<Instant> {
-        self.quiet_until
-            .filter(|t| self.dirty && self.synced && *t > Instant::now())
+        self.quiet_until.filter(|_| self.dirty && self.synced)
     }
 
     /// Validates and publishes the set if it changed. A change after a
@@ -404,9 +416,12 @@ impl<'a> View<'a> {
             let holders = self
                 .holders
                 .after(&update.nodes, Instant::now().into_std(), self.hold);
-            // A set refused whole (past --max-nodes) holds no address.
+            // A set refused whole (past --max-nodes) holds no address, and
+            // the holds that ended are let go.
             if nodes.accept(update) {
                 self.holders = holders;
+            } else {
+                self.holders = self.holders.unexpired(now.into_std());
             }
             self.dirty = false;
             self.shown_error = false;
@@ -424,7 +439,15 @@ impl<'a> View<'a> {
     }
 }
 
-/// The most undecodable records held to be listed (`GET /v1/nodes`);
+/// Whether a record can never be a node: it does not decode, or fails
+/// the checks that need nothing but itself.
+fn is_junk(c: &Candidate) -> bool {
+    c.node.as_ref().map_or(true, |n| {
+        validate::check_shape(n, &c.record.origin).is_err()
+    })
+}
+
+/// The most records that can never be a node held to be listed (`GET /v1/nodes`);
 /// past them, rejected records are only counted.
 const MAX_JUNK_HELD: usize = 256;
 
@@ -551,10 +574,39 @@ mod tests {
         assert_eq!(names(), ["a"], "within the gap: not yet");
         let due = view.publish_due().expect("a change waits");
         assert!(due - Instant::now() >= MIN_VALIDATE_GAP);
-        tokio::time::advance(due - Instant::now()).await;
+        tokio::time::advance(due - Instant::now() + Duration::from_millis(5)).await;
+        assert_eq!(
+            view.publish_due(),
+            Some(due),
+            "past due, it still wakes the loop"
+        );
         view.publish("e", &local(), &nodes);
         assert_eq!(names(), ["a", "b", "c"], "both, at once");
         assert_eq!(view.publish_due(), None);
+        // A node leaves: its addresses are held; while a change waits,
+        // the hold's end does not wake the loop again and again.
+        tokio::time::advance(MIN_VALIDATE_GAP).await;
+        view.apply(WatchEvent::Delete {
+            key: b"/h/c".to_vec(),
+            revision: 3,
+        });
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["a", "b"]);
+        let ends = view.hold_end().expect("c's addresses held");
+        view.apply(WatchEvent::Delete {
+            key: b"/h/b".to_vec(),
+            revision: 4,
+        });
+        view.publish("e", &local(), &nodes);
+        assert!(view.publish_due().is_some(), "b's leaving waits");
+        assert_eq!(view.hold_end(), None, "a change waits already");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["a"]);
+        assert!(
+            view.hold_end().is_some_and(|t| t > ends),
+            "c's hold ended; b's runs"
+        );
     }
 
     /// What a writer puts under the prefix is shown only in part: a value
@@ -588,9 +640,9 @@ mod tests {
             "{texts:?}"
         );
         assert!(
-            v.summary().is_some_and(
-                |t| t.contains("3 node records rejected") && t.contains("1 keys not held")
-            ),
+            v.summary()
+                .is_some_and(|t| t.contains("3 node records rejected")
+                    && t.contains("; and 1 more not held")),
             "{:?}",
             v.summary()
         );
@@ -637,6 +689,18 @@ mod tests {
         // Room again: the next junk is held and listed.
         view.apply(WatchEvent::Put(junk(99_999)));
         assert_eq!(view.validated(&local()).rejected.len(), MAX_JUNK_HELD);
+        // Records that decode but can never be a node are junk too: at
+        // another name's key, or with a loopback address.
+        view.apply(WatchEvent::Put(kv(
+            "/h/elsewhere",
+            &record("x", "198.18.0.20", "198.18.68.2"),
+        )));
+        view.apply(WatchEvent::Put(kv(
+            "/h/lo",
+            &record("lo", "127.0.0.1", "198.18.69.2"),
+        )));
+        let v = view.validated(&local());
+        assert_eq!((v.rejected.len(), v.unheld), (MAX_JUNK_HELD, 1000));
     }
 
     /// A set refused whole (past `--max-nodes`) holds no address: the

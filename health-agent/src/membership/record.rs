@@ -311,9 +311,13 @@ impl Validated {
         if self.unheld > 0 {
             let _ = write!(
                 out,
-                "; and {} keys not held (undecodable past the first {}, or too long to be a node's)",
+                "{}{} more not held (records that can never be a node, past the first listed, or keys too long to be a node's)",
+                if self.rejected.is_empty() {
+                    ""
+                } else {
+                    "; and "
+                },
                 self.unheld,
-                self.rejected.len()
             );
         }
         Some(out)

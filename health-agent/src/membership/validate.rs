@@ -143,6 +143,34 @@ fn check_record(
     is_local: bool,
     local: &LocalNode,
 ) -> Result<(), Rule> {
+    check_shape(node, origin)?;
+    if is_local {
+        return Ok(());
+    }
+    check_ranges(node, local)?;
+    let fields = fields(node);
+    for (field, ip) in fields.iter().flatten().copied() {
+        let inside = match ip {
+            IpAddr::V4(v4) => local
+                .health_cidr
+                .filter(|c| c.contains(&v4))
+                .map(|c| c.to_string()),
+            IpAddr::V6(v6) => local
+                .health_cidr6
+                .filter(|c| c.contains(&v6))
+                .map(|c| c.to_string()),
+        };
+        if let Some(cidr) = inside {
+            return Err(Rule::InLocalCidr { field, ip, cidr });
+        }
+    }
+    Ok(())
+}
+
+/// The checks of a record that need nothing but the record: its name,
+/// zone, key, families and address classes. A record failing them can
+/// never be a node, whatever this node's settings.
+pub(super) fn check_shape(node: &Node, origin: &Origin) -> Result<(), Rule> {
     check_name(&node.name)?;
     if let Some(z) = &node.zone {
         zone(z).map_err(|reason| Rule::Zone {
@@ -172,25 +200,6 @@ fn check_record(
             && ip == health_ip
         {
             return Err(Rule::SameAddresses { node, health, ip });
-        }
-    }
-    if is_local {
-        return Ok(());
-    }
-    check_ranges(node, local)?;
-    for (field, ip) in fields.iter().flatten().copied() {
-        let inside = match ip {
-            IpAddr::V4(v4) => local
-                .health_cidr
-                .filter(|c| c.contains(&v4))
-                .map(|c| c.to_string()),
-            IpAddr::V6(v6) => local
-                .health_cidr6
-                .filter(|c| c.contains(&v6))
-                .map(|c| c.to_string()),
-        };
-        if let Some(cidr) = inside {
-            return Err(Rule::InLocalCidr { field, ip, cidr });
         }
     }
     Ok(())
