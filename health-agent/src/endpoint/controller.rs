@@ -16,7 +16,7 @@ use crate::{
     probe::hello,
     supervisor::Problem,
     sys::{netns::Netns, sysctl::Sysctl},
-    util::errors::chain,
+    util::{errors::chain, handoff::handoff},
 };
 
 /// The node forwards IPv6 between its uplink and an endpoint that has an
@@ -121,11 +121,17 @@ pub async fn run(
         let timeout = cfg
             .interval
             .clamp(Duration::from_millis(200), Duration::from_secs(1));
-        let mut ep = endpoint;
-        let (ep, result) = match tokio::task::spawn_blocking(move || {
-            let r = ep.check_and_repair(timeout);
-            (ep, r)
-        })
+        let (ep, result) = match handoff(
+            endpoint,
+            move |ep| ep.check_and_repair(timeout),
+            // The agent stopped past its deadline during the run: this
+            // task is gone, and nothing may stay behind.
+            |mut ep, _| {
+                if let Err(e) = ep.shutdown("the agent stopped during a repair") {
+                    error!("removing the endpoint: {}", chain(&e));
+                }
+            },
+        )
         .await
         {
             Ok(done) => done,
@@ -134,7 +140,7 @@ pub async fn run(
             // hello server again: this one goes).
             Err(e) => {
                 hello.server.abort();
-                return Err(ControllerError::Panicked(e.to_string()));
+                return Err(ControllerError::Panicked(e.0));
             }
         };
         endpoint = ep;

@@ -4,6 +4,7 @@
 pub mod cidr;
 pub mod duration;
 pub mod errors;
+pub mod handoff;
 pub mod memory;
 pub mod section;
 pub mod source;
