@@ -287,6 +287,10 @@ impl CtEntry {
     }
 
     /// Accounts one packet of `len` bytes; `from_endpoint` selects tx or rx.
+    /// A SYN on a TCP entry that saw a FIN or a reset opens a new
+    /// connection on the same ports: the entry starts over, so that the
+    /// new one is neither cut to the closed lifetime nor counted with the
+    /// old one.
     pub const fn account(
         &mut self,
         now: u64,
@@ -296,6 +300,22 @@ impl CtEntry {
         cfg: &CtConfig,
         proto: u8,
     ) {
+        let closed = (self.rx_flags_seen | self.tx_flags_seen) & (TCP_FIN | TCP_RST) != 0;
+        if proto == IPPROTO_TCP && closed && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+            *self = Self {
+                created_ns: now,
+                expires_ns: 0,
+                rx_packets: 0,
+                rx_bytes: 0,
+                tx_packets: 0,
+                tx_bytes: 0,
+                last_rx_ns: 0,
+                last_tx_ns: 0,
+                rx_flags_seen: 0,
+                tx_flags_seen: 0,
+                pad: [0; 6],
+            };
+        }
         if from_endpoint {
             self.tx_packets += 1;
             self.tx_bytes += len as u64;
@@ -423,6 +443,33 @@ mod tests {
         let mut syn = CtEntry::default();
         syn.account(0, 60, TCP_SYN, true, &cfg, IPPROTO_TCP);
         assert_eq!(syn.earliest_expiry(IPPROTO_TCP, 55 * s, 10), 60 * s);
+    }
+
+    /// Ports used again after a close: the SYN starts the entry over; a
+    /// SYN on an open connection (a retransmission) does not.
+    #[test]
+    fn a_syn_after_a_close_starts_the_entry_over() {
+        let cfg = CtConfig::default();
+        let s = 1_000_000_000u64;
+        let mut e = CtEntry::default();
+        e.account(0, 60, TCP_SYN, true, &cfg, IPPROTO_TCP);
+        e.account(0, 60, TCP_SYN | TCP_ACK, false, &cfg, IPPROTO_TCP);
+        e.account(s, 60, TCP_SYN, true, &cfg, IPPROTO_TCP);
+        assert_eq!((e.tx_packets, e.rx_packets), (2, 1), "a retransmitted SYN");
+        e.account(2 * s, 52, TCP_FIN | TCP_ACK, true, &cfg, IPPROTO_TCP);
+        assert_eq!(e.expires_ns, 2 * s + u64::from(cfg.tcp_closed_s) * s);
+        e.account(5 * s, 60, TCP_SYN, true, &cfg, IPPROTO_TCP);
+        assert_eq!(
+            (e.created_ns, e.tx_packets, e.tx_bytes, e.rx_packets),
+            (5 * s, 1, 60, 0),
+            "a new connection"
+        );
+        e.account(5 * s, 60, TCP_SYN | TCP_ACK, false, &cfg, IPPROTO_TCP);
+        assert_eq!(
+            e.expires_ns,
+            5 * s + u64::from(cfg.tcp_established_s) * s,
+            "established again, not closed"
+        );
     }
 
     #[test]
