@@ -401,6 +401,21 @@ fn invalid_ip_headers_are_malformed() {
         Verdict::Malformed(MalformedReason::BadTotalLength),
     );
 
+    // Total length 0: a BIG TCP packet is passed to the stack, an ICMP
+    // message so marked is malformed.
+    let mut big_tcp = good.clone();
+    big_tcp[16..18].copy_from_slice(&0u16.to_be_bytes());
+    big_tcp[23] = 6;
+    refresh_ip_checksum(&mut big_tcp);
+    assert_untouched(&big_tcp, Verdict::Pass(PassReason::NotIcmp));
+    let mut zero_total = good.clone();
+    zero_total[16..18].copy_from_slice(&0u16.to_be_bytes());
+    refresh_ip_checksum(&mut zero_total);
+    assert_untouched(
+        &zero_total,
+        Verdict::Malformed(MalformedReason::BadTotalLength),
+    );
+
     let mut bad_sum = good;
     bad_sum[24] ^= 0x55;
     assert_untouched(&bad_sum, Verdict::Malformed(MalformedReason::BadIpChecksum));
