@@ -413,6 +413,72 @@ mod tests {
         }
     }
 
+    /// Small sets, near the full mesh's edge, with zones and without:
+    /// after random joins, leaves and zone changes, what is carried over
+    /// is what a fresh selection gives.
+    #[test]
+    fn carried_assignments_match_fresh_ones_on_small_random_sets() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut below = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            usize::try_from(seed % n).unwrap_or(0)
+        };
+        let zone = |z: usize| (z < 3).then(|| format!("z{z}"));
+        for trial in 0..300 {
+            let k = 2 + below(7);
+            let n = k + 2 + below(10);
+            let mut nodes: Vec<Node> = (0..n)
+                .map(|i| {
+                    let mut node = node(u32::try_from(i).unwrap_or(0), 1);
+                    node.zone = zone(below(5));
+                    node
+                })
+                .collect();
+            let peers = Some(ProbePeers::Count(k));
+            let first = NodeSet::new(nodes.clone()).expect("unique");
+            let mut a = Assignments::default();
+            a.update(&first, peers);
+            every_assignment(&mut a, &first);
+            for step in 0..=below(3) {
+                match below(3) {
+                    0 => {
+                        let mut joined = node(u32::try_from(1_000 + step).unwrap_or(0), 1);
+                        joined.name = format!("j{trial}-{step}");
+                        joined.zone = zone(below(5));
+                        nodes.push(joined);
+                    }
+                    1 if nodes.len() > 1 => {
+                        nodes.remove(below(nodes.len() as u64));
+                    }
+                    _ => {
+                        let i = below(nodes.len() as u64);
+                        nodes[i].zone = zone(below(5));
+                    }
+                }
+            }
+            let next = NodeSet::new(nodes).expect("unique");
+            a.update(&next, peers);
+            let mut fresh = Assignments::default();
+            fresh.update(&next, peers);
+            assert_eq!(
+                every_assignment_or_mesh(&mut a, &next),
+                every_assignment_or_mesh(&mut fresh, &next),
+                "trial {trial}: k {k}, {n} nodes, then {}",
+                next.len()
+            );
+        }
+    }
+
+    /// [`every_assignment`], or nothing in a full mesh.
+    fn every_assignment_or_mesh(a: &mut Assignments, nodes: &NodeSet) -> Option<Vec<Vec<String>>> {
+        nodes
+            .first()
+            .and_then(|n| a.assigned_to(&n.name).map(|_| ()))
+            .map(|()| every_assignment(a, nodes))
+    }
+
     fn about(name: &str) -> PeerSummary {
         let ok = PathSample::new(ProbeResult::Success, Some(100));
         PeerSummary {
