@@ -24,10 +24,15 @@ pub struct MapSizes {
     pub ct: u32,
     /// Masquerade entries (two per flow).
     pub nat: u32,
+    /// RTT statistics and losses: keys (peer address and protocol).
+    pub rtt: u32,
+    /// RTT requests awaiting their reply.
+    pub rtt_pending: u32,
 }
 
 impl MapSizes {
-    /// RTT keys per peer: ICMP and TCP, to its node IP and its health IP.
+    /// RTT keys per peer and address family: ICMP and TCP, to its node IP
+    /// and its health IP.
     pub const RTT_KEYS_PER_PEER: u32 = 4;
     /// Watched destinations per peer for the encryption check: its node
     /// and health addresses, in both families.
@@ -39,15 +44,11 @@ impl MapSizes {
     pub const DEFAULT_MAX_PEERS: u32 = 16_384;
     pub const DEFAULT: Self = Self::for_peers(Self::DEFAULT_MAX_PEERS);
 
-    /// The default sizes for `max_peers` peers.
+    /// The default sizes for `max_peers` peers, of one address family,
+    /// probed over one flow per path.
     #[must_use]
     pub const fn for_peers(max_peers: u32) -> Self {
-        let flows = max_peers.saturating_mul(Self::FLOWS_PER_PEER);
-        Self {
-            max_peers,
-            ct: flows,
-            nat: flows,
-        }
+        Self::for_peers_and_flows(max_peers, 1, 1)
     }
 
     /// CT and NAT entries per peer for each probe flow past the first
@@ -55,16 +56,23 @@ impl MapSizes {
     pub const EXTRA_PER_FLOW: u32 = 4;
 
     /// The default sizes for `max_peers` peers probed over `flows` flows
-    /// per path.
+    /// per path, in `families` address families (1 or 2): each family
+    /// has its own RTT keys, and each flow its own request awaiting a
+    /// reply.
     #[must_use]
-    pub const fn for_peers_and_flows(max_peers: u32, flows: u16) -> Self {
+    pub const fn for_peers_and_flows(max_peers: u32, flows: u16, families: u8) -> Self {
         let extra = if flows > 1 { flows as u32 - 1 } else { 0 };
         let per_peer = Self::FLOWS_PER_PEER + extra * Self::EXTRA_PER_FLOW;
         let entries = max_peers.saturating_mul(per_peer);
+        let families = if families > 1 { 2 } else { 1 };
+        let rtt = max_peers.saturating_mul(Self::RTT_KEYS_PER_PEER * families);
+        let flows = if flows > 1 { flows as u32 } else { 1 };
         Self {
             max_peers,
             ct: entries,
             nat: entries,
+            rtt,
+            rtt_pending: rtt.saturating_mul(flows),
         }
     }
 
@@ -72,9 +80,8 @@ impl MapSizes {
     #[must_use]
     pub const fn max_entries(&self, map: MapId) -> Option<u32> {
         match map {
-            MapId::RttStats | MapId::RttLosses | MapId::RttPending => {
-                Some(self.max_peers.saturating_mul(Self::RTT_KEYS_PER_PEER))
-            }
+            MapId::RttStats | MapId::RttLosses => Some(self.rtt),
+            MapId::RttPending => Some(self.rtt_pending),
             MapId::CtMap => Some(self.ct),
             MapId::NatMap => Some(self.nat),
             MapId::EncryptWatch => Some(self.max_peers.saturating_mul(Self::WATCH_KEYS_PER_PEER)),
@@ -473,16 +480,40 @@ mod tests {
     #[test]
     fn flows_past_the_first_add_their_connections_per_peer() {
         assert_eq!(
-            MapSizes::for_peers_and_flows(1000, 1),
+            MapSizes::for_peers_and_flows(1000, 1, 1),
             MapSizes::for_peers(1000)
         );
         assert_eq!(
-            MapSizes::for_peers_and_flows(1000, 0),
+            MapSizes::for_peers_and_flows(1000, 0, 0),
             MapSizes::for_peers(1000)
         );
-        let eight = MapSizes::for_peers_and_flows(1000, 8);
+        let eight = MapSizes::for_peers_and_flows(1000, 8, 1);
         assert_eq!((eight.ct, eight.nat), (36_000, 36_000));
-        assert_eq!(MapSizes::for_peers_and_flows(u32::MAX, 64).ct, u32::MAX);
+        assert_eq!(MapSizes::for_peers_and_flows(u32::MAX, 64, 2).ct, u32::MAX);
+    }
+
+    /// Dual stack doubles the RTT keys (each address of a peer has its
+    /// own); each flow has its own request awaiting a reply.
+    #[test]
+    fn rtt_maps_hold_every_family_and_flow() {
+        let one = MapSizes::for_peers(1000);
+        assert_eq!(
+            (
+                one.max_entries(MapId::RttStats),
+                one.max_entries(MapId::RttLosses),
+                one.max_entries(MapId::RttPending)
+            ),
+            (Some(4_000), Some(4_000), Some(4_000))
+        );
+        let dual = MapSizes::for_peers_and_flows(1000, 3, 2);
+        assert_eq!(dual.max_entries(MapId::RttStats), Some(8_000));
+        assert_eq!(dual.max_entries(MapId::RttLosses), Some(8_000));
+        assert_eq!(dual.max_entries(MapId::RttPending), Some(24_000));
+        assert_eq!(
+            MapSizes::for_peers_and_flows(u32::MAX, 64, 2).rtt_pending,
+            u32::MAX,
+            "saturates"
+        );
     }
 
     #[test]

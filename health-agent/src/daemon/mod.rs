@@ -158,7 +158,7 @@ async fn run_inner(
         keep: s.endpoint.keep_endpoint,
     };
     // The one owner of the kernel object (dropped before the pins).
-    let sizes = s.datapath.map_sizes(s.probe.probe_flows);
+    let sizes = map_sizes(&cfg);
     let kernel = DatapathOwner::new(s.pins.dir.clone(), sizes);
     let health = Health::default();
     let stopping = stop.clone();
@@ -387,6 +387,15 @@ fn metrics_and_web(
     (api_state, web)
 }
 
+/// The sizes of the maps that grow with the cluster: for the probe flows
+/// and the address families the endpoint has.
+fn map_sizes(cfg: &DaemonConfig) -> health_common::maps::MapSizes {
+    let s = &cfg.settings;
+    let e = &s.endpoint;
+    let families = u8::from(e.health_cidr.is_some()) + u8::from(e.health_cidr6.is_some());
+    s.datapath.map_sizes(s.probe.probe_flows, families)
+}
+
 fn datapath_config(
     cfg: &DaemonConfig,
     resolved: &config::Resolved,
@@ -404,7 +413,7 @@ fn datapath_config(
             tc_hook: resolved.tc_hook,
             report,
             probe_timeout,
-            probe_flows: cfg.settings.probe.probe_flows,
+            map_sizes: map_sizes(cfg),
         },
     )
 }

@@ -104,14 +104,14 @@ impl DatapathSettings {
 
     /// The sizes of the maps that grow with the cluster, for probes over
     /// `flows` flows per path (`--probe-flows`: each flow is a connection
-    /// of its own).
+    /// of its own) in `families` address families (2: dual-stack).
     #[must_use]
-    pub fn map_sizes(&self, flows: u16) -> MapSizes {
-        let d = MapSizes::for_peers_and_flows(self.max_peers, flows);
+    pub fn map_sizes(&self, flows: u16, families: u8) -> MapSizes {
+        let d = MapSizes::for_peers_and_flows(self.max_peers, flows, families);
         MapSizes {
-            max_peers: self.max_peers,
             ct: self.ct_map_size.unwrap_or(d.ct),
             nat: self.nat_map_size.unwrap_or(d.nat),
+            ..d
         }
     }
 }
@@ -133,8 +133,8 @@ pub struct MaintenanceStart {
     pub report: super::report::MapsReport,
     /// The probe timeout in force (a reload changes it).
     pub probe_timeout: tokio::sync::watch::Receiver<Duration>,
-    /// Flows per path (`--probe-flows`), for the default map sizes.
-    pub probe_flows: u16,
+    /// The sizes of the maps that grow with the cluster.
+    pub map_sizes: MapSizes,
 }
 
 impl super::maintenance::DatapathConfig {
@@ -150,7 +150,7 @@ impl super::maintenance::DatapathConfig {
             gc_interval: settings.ct_gc_interval,
             probe_timeout: start.probe_timeout,
             keep_pins: start.keep_pins,
-            map_sizes: settings.map_sizes(start.probe_flows),
+            map_sizes: start.map_sizes,
             tc_hook: start.tc_hook,
             report: start.report,
         }
