@@ -147,6 +147,20 @@ async fn run_inner(
 ) -> Result<(), DaemonError> {
     let s = &cfg.settings;
     let _pidfile = Pidfile::acquire(&s.process.pidfile, &s.socket.path)?;
+    let result = run_agent(cfg, stop, hangups).await;
+    // What a task aborted at the stop deadline left (the endpoint) is
+    // removed before the pidfile goes.
+    let _ = tokio::task::spawn_blocking(|| crate::util::reclaim::wait(RECLAIM_PATIENCE)).await;
+    result
+}
+
+/// The agent, its pidfile held.
+async fn run_agent(
+    cfg: DaemonConfig,
+    stop: CancellationToken,
+    hangups: Option<(Hangups, Option<reload::Reload>)>,
+) -> Result<(), DaemonError> {
+    let s = &cfg.settings;
     let open_files = raise_fd_limit();
     let resolved = cfg.resolve()?;
     if stop.is_cancelled() {
@@ -251,6 +265,10 @@ async fn run_inner(
     }
     result
 }
+
+/// The longest the agent waits, once stopped, for the removal of what its
+/// aborted tasks left.
+const RECLAIM_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Reads the node set at start ([`DaemonConfig::resolve_nodes`]) into
 /// `nodes`, and gives the prober its peers from it.

@@ -16,7 +16,10 @@ use crate::{
     probe::hello,
     supervisor::Problem,
     sys::{netns::Netns, sysctl::Sysctl},
-    util::{errors::chain, handoff::handoff},
+    util::{
+        errors::chain,
+        reclaim::{Owned, Remove},
+    },
 };
 
 /// The node forwards IPv6 between its uplink and an endpoint that has an
@@ -83,9 +86,11 @@ pub async fn run(
         Ok(Some(endpoint))
     })
     .await?;
-    let Some(mut endpoint) = started else {
+    let Some(endpoint) = started else {
         return Ok(());
     };
+    // From here the endpoint goes with this task if it is aborted.
+    let mut endpoint = Owned::new(endpoint);
     info!(
         id = endpoint.record().id,
         addresses = %endpoint.record().addresses(),
@@ -97,7 +102,8 @@ pub async fn run(
         Ok(r) => r,
         Err(e) => {
             // Nothing may stay behind a failed start.
-            let _ = blocking(move || endpoint.shutdown("the endpoint could not start")).await;
+            let _ =
+                blocking(move || endpoint.release().shutdown("the endpoint could not start")).await;
             return Err(e);
         }
     };
@@ -121,17 +127,13 @@ pub async fn run(
         let timeout = cfg
             .interval
             .clamp(Duration::from_millis(200), Duration::from_secs(1));
-        let (ep, result) = match handoff(
-            endpoint,
-            move |ep| ep.check_and_repair(timeout),
-            // The agent stopped past its deadline during the run: this
-            // task is gone, and nothing may stay behind.
-            |mut ep, _| {
-                if let Err(e) = ep.shutdown("the agent stopped during a repair") {
-                    error!("removing the endpoint: {}", chain(&e));
-                }
-            },
-        )
+        // Stopped past its deadline meanwhile, this task is gone and the
+        // run's output with it: the endpoint is then removed (`Owned`).
+        let mut ep = endpoint;
+        let (ep, result) = match tokio::task::spawn_blocking(move || {
+            let r = ep.check_and_repair(timeout);
+            (ep, r)
+        })
         .await
         {
             Ok(done) => done,
@@ -140,7 +142,7 @@ pub async fn run(
             // hello server again: this one goes).
             Err(e) => {
                 hello.server.abort();
-                return Err(ControllerError::Panicked(e.0));
+                return Err(ControllerError::Panicked(e.to_string()));
             }
         };
         endpoint = ep;
@@ -165,7 +167,7 @@ pub async fn run(
         "the controller failed"
     };
     let keep = cfg.endpoint.keep;
-    blocking(move || endpoint.shutdown(reason)).await?;
+    blocking(move || endpoint.release().shutdown(reason)).await?;
     if keep {
         // The kept endpoint still needs the node to forward for it.
         std::mem::forget(forwarding6);
@@ -173,6 +175,14 @@ pub async fn run(
         drop(forwarding6);
     }
     result
+}
+
+impl Remove for Endpoint {
+    fn remove(mut self, why: &str) {
+        if let Err(e) = self.shutdown(why) {
+            error!("removing the endpoint: {}", chain(&e));
+        }
+    }
 }
 
 /// The endpoint's hello server, and the namespace it listens in: bound

@@ -4,8 +4,8 @@
 pub mod cidr;
 pub mod duration;
 pub mod errors;
-pub mod handoff;
 pub mod memory;
+pub mod reclaim;
 pub mod section;
 pub mod source;
 pub mod timefmt;
