@@ -304,7 +304,8 @@ impl CtEntry {
         if proto == IPPROTO_TCP && closed && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
             *self = Self {
                 created_ns: now,
-                expires_ns: 0,
+                // Set below; never 0 meanwhile for a collector reading it.
+                expires_ns: self.expires_ns,
                 rx_packets: 0,
                 rx_bytes: 0,
                 tx_packets: 0,

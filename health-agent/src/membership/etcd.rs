@@ -640,9 +640,9 @@ mod tests {
             "{texts:?}"
         );
         assert!(
-            v.summary()
-                .is_some_and(|t| t.contains("3 node records rejected")
-                    && t.contains("; and 1 more not held")),
+            v.summary().is_some_and(
+                |t| t.contains("3 node records rejected") && t.contains("; and 1 not held")
+            ),
             "{:?}",
             v.summary()
         );

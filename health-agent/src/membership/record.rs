@@ -311,7 +311,7 @@ impl Validated {
         if self.unheld > 0 {
             let _ = write!(
                 out,
-                "{}{} more not held (records that can never be a node, past the first listed, or keys too long to be a node's)",
+                "{}{} not held (records that can never be a node, past the first listed, or keys too long to be a node's)",
                 if self.rejected.is_empty() {
                     ""
                 } else {
