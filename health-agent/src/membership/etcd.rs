@@ -312,9 +312,9 @@ impl<'a> View<'a> {
         self.forget(&key);
         let fits = key.len() <= self.prefix.len() + super::record::MAX_NAME_LEN;
         let c = fits.then(|| candidate(e, self.prefix));
-        match c {
-            Some(c) if !is_junk(&c) || self.junk_held < MAX_JUNK_HELD => {
-                self.junk_held += usize::from(is_junk(&c));
+        match c.map(|c| (is_junk(&c), c)) {
+            Some((junk, c)) if !junk || self.junk_held < MAX_JUNK_HELD => {
+                self.junk_held += usize::from(junk);
                 self.records.insert(key.into_owned(), c);
             }
             _ => {
