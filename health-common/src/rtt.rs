@@ -124,6 +124,50 @@ impl RttStats {
     }
 }
 
+/// Set in a pending request's value once its SYN has been sent again:
+/// the SYN-ACK may answer either SYN, so it times no sample (Karn's rule).
+/// The rest of the value is the first SYN's timestamp, which the agent's
+/// sweep ages as any other (`CLOCK_MONOTONIC` ns stay far below 2^63).
+pub const RETRANSMITTED: u64 = 1 << 63;
+
+/// How long after a SYN another on the same ports is taken as its
+/// retransmission: longer than Linux's default handshake (6 retries,
+/// 127 s). An older pending SYN is one the sweep has not reached yet; its
+/// ports are taken again by a new connection, timed on its own.
+pub const SYN_RETRANSMIT_WINDOW_NS: u64 = 130_000_000_000;
+
+/// When a pending value's request was first sent.
+#[must_use]
+#[inline(always)]
+pub const fn sent_at(pending: u64) -> u64 {
+    pending & !RETRANSMITTED
+}
+
+/// The pending value a SYN leaving at `now` leaves, given the value
+/// already pending on its ports.
+#[must_use]
+#[inline(always)]
+pub const fn after_syn(pending: Option<u64>, now: u64) -> u64 {
+    match pending {
+        Some(v) if now.saturating_sub(sent_at(v)) < SYN_RETRANSMIT_WINDOW_NS => {
+            sent_at(v) | RETRANSMITTED
+        }
+        _ => now,
+    }
+}
+
+/// The sample a reply at `now` closes on a pending value: none when the
+/// request was sent more than once.
+#[must_use]
+#[inline(always)]
+pub const fn sample(pending: u64, now: u64) -> Option<u64> {
+    if pending & RETRANSMITTED == 0 {
+        Some(now.saturating_sub(pending))
+    } else {
+        None
+    }
+}
+
 /// The pending key a request leaving the endpoint opens: ICMP echo by
 /// (peer, identifier, sequence), TCP SYN by (peer, ports).
 #[must_use]
@@ -194,6 +238,30 @@ mod tests {
         ct::v4_mapped,
         headers::{IPPROTO_ICMP, IPPROTO_ICMPV6},
     };
+
+    #[test]
+    fn a_retransmitted_syn_times_no_sample() {
+        let first = 5_000_000_000;
+        let again = after_syn(Some(first), first + 1_000_000_000);
+        assert_eq!(sent_at(again), first, "the first SYN's time is kept");
+        assert_eq!(sample(again, first + 1_200_000_000), None);
+        let thrice = after_syn(Some(again), first + 3_000_000_000);
+        assert_eq!(
+            (thrice, sample(thrice, first + 3_100_000_000)),
+            (again, None)
+        );
+        let once = after_syn(None, first);
+        assert_eq!(sample(once, first + 250_000), Some(250_000));
+    }
+
+    #[test]
+    fn a_syn_long_after_a_pending_one_is_a_new_connection() {
+        let old = 1_000_000_000;
+        let now = old + SYN_RETRANSMIT_WINDOW_NS;
+        assert_eq!(after_syn(Some(old), now), now);
+        assert_eq!(after_syn(Some(old | RETRANSMITTED), now), now);
+        assert_eq!(sample(after_syn(Some(old), now), now + 7), Some(7));
+    }
 
     #[test]
     fn keys_have_no_padding_holes() {

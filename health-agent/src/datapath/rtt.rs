@@ -6,7 +6,7 @@ use aya::maps::HashMap;
 use health_common::{
     ct::{ip_of, key_addr},
     maps::MapId,
-    rtt::{PendingKey, RttKey, RttStats},
+    rtt::{PendingKey, RETRANSMITTED, RttKey, RttStats, sent_at},
 };
 use serde::Serialize;
 
@@ -130,7 +130,10 @@ pub struct PendingRow {
     /// ICMP and `ICMPv6`: identifier and sequence; TCP: the endpoint's and the peer's ports.
     pub a: u16,
     pub b: u16,
+    /// When the request was first sent (`CLOCK_MONOTONIC` ns).
     pub sent_ns: u64,
+    /// A SYN sent more than once: its SYN-ACK times no sample.
+    pub retransmitted: bool,
 }
 
 /// The pending requests.
@@ -142,12 +145,13 @@ pub fn pending(dir: &Path) -> Result<Vec<PendingRow>, DatapathError> {
     })?;
     Ok(p.iter()
         .filter_map(Result::ok)
-        .map(|(k, sent_ns)| PendingRow {
+        .map(|(k, pending)| PendingRow {
             peer: ip_of(k.peer),
             proto: proto_name(k.proto),
             a: u16::from_be_bytes(k.a),
             b: u16::from_be_bytes(k.b),
-            sent_ns,
+            sent_ns: sent_at(pending),
+            retransmitted: pending & RETRANSMITTED != 0,
         })
         .collect())
 }
@@ -212,7 +216,7 @@ pub fn sweep_counted(dir: &Path, timeout: Duration) -> Result<(u64, u64), Datapa
         MapId::RttPending,
         Cursor::START,
         usize::MAX,
-        |_: &PendingKey, sent: &u64| *sent < cutoff,
+        |_: &PendingKey, pending: &u64| sent_at(*pending) < cutoff,
         |k: &PendingKey| {
             tally.add(RttKey {
                 peer: k.peer,

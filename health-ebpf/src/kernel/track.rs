@@ -128,14 +128,20 @@ fn start_rtt(flow: &Flow, now: u64) {
         return;
     }
     let is_syn = flow.key.proto == IPPROTO_TCP && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-    if flow.is_echo_request() || is_syn {
+    if flow.is_echo_request() {
         let key = rtt::request_key(&flow.key, flow.icmp_seq);
         let _ = RTT_PENDING.insert(&key, &now, 0);
+    } else if is_syn {
+        // A SYN sent again keeps the first one's time, marked: Karn's rule.
+        let key = rtt::request_key(&flow.key, flow.icmp_seq);
+        // SAFETY: the value is copied out at once.
+        let pending = unsafe { RTT_PENDING.get(&key) }.copied();
+        let _ = RTT_PENDING.insert(&key, &rtt::after_syn(pending, now), 0);
     }
 }
 
-/// Closes the sample on an echo reply or SYN-ACK coming back (a
-/// subprogram, as [`account`]).
+/// Closes the sample on an echo reply or SYN-ACK coming back, unless its
+/// SYN was sent more than once (a subprogram, as [`account`]).
 #[inline(never)]
 fn finish_rtt(flow: &Flow, now: u64) {
     let is_synack =
@@ -150,7 +156,9 @@ fn finish_rtt(flow: &Flow, now: u64) {
         return;
     };
     let _ = RTT_PENDING.remove(&key);
-    let sample = now.saturating_sub(sent);
+    let Some(sample) = rtt::sample(sent, now) else {
+        return;
+    };
     let stats_key = RttKey {
         peer: key.peer,
         proto: key.proto,

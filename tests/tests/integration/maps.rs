@@ -322,7 +322,8 @@ fn the_loss_sweep_counts_each_lost_request_once_across_many_chunks() {
     let now = health_agent::datapath::monotonic_ns().expect("clock");
     let peer = |p: u16| health_common::ct::v4_mapped([198, 18, (p >> 8) as u8, p as u8]);
     // 2,000 peers x ICMP and TCP x 3 requests: 12,000 (several chunks);
-    // the first two of each key are a minute old (lost), the third is new.
+    // the first two of each key are a minute old (lost), the third is new;
+    // TCP's last two are SYNs sent again, aged from the first SYN all the same.
     for p in 0..2000u16 {
         for proto in [1u8, 6] {
             for seq in 0..3u16 {
@@ -333,7 +334,10 @@ fn the_loss_sweep_counts_each_lost_request_once_across_many_chunks() {
                     proto,
                     pad: [0; 3],
                 };
-                let sent = if seq < 2 { now - 60_000_000_000 } else { now };
+                let mut sent = if seq < 2 { now - 60_000_000_000 } else { now };
+                if proto == 6 && seq > 0 {
+                    sent |= health_common::rtt::RETRANSMITTED;
+                }
                 pending.insert(&k, &sent, 0).expect("insert pending");
             }
         }

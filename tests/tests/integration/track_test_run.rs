@@ -124,6 +124,33 @@ fn a_tcp_handshake_is_timed_and_its_flags_decide_the_lifetime() {
     );
 }
 
+/// Karn's rule: the SYN-ACK after a retransmitted SYN could answer either
+/// SYN, so it times nothing; the next connection is timed again.
+#[test]
+fn a_handshake_whose_syn_was_sent_again_times_no_sample() {
+    let (mut r, pins) = loaded();
+    track(&mut r, true, &tcp(EP, PEER, 40_001, 4240, 0x02));
+    let first = rtt::pending(pins.path()).expect("pending");
+    track(&mut r, true, &tcp(EP, PEER, 40_001, 4240, 0x02));
+    let again = rtt::pending(pins.path()).expect("pending");
+    assert_eq!(
+        (again.len(), again[0].sent_ns, again[0].retransmitted),
+        (1, first[0].sent_ns, true),
+        "the first SYN's time, marked: {first:?} then {again:?}"
+    );
+    track(&mut r, false, &tcp(PEER, EP, 4240, 40_001, 0x12));
+    assert!(rtt::list(pins.path()).expect("rtt").is_empty(), "no sample");
+    assert!(
+        rtt::pending(pins.path()).expect("pending").is_empty(),
+        "closed"
+    );
+    track(&mut r, true, &tcp(EP, PEER, 40_002, 4240, 0x02));
+    assert!(!rtt::pending(pins.path()).expect("pending")[0].retransmitted);
+    track(&mut r, false, &tcp(PEER, EP, 4240, 40_002, 0x12));
+    let samples = rtt::list(pins.path()).expect("rtt");
+    assert_eq!((samples.len(), samples[0].samples), (1, 1), "{samples:?}");
+}
+
 #[test]
 fn a_connection_a_peer_opens_is_one_in_entry_and_a_crossing_syn_one_more() {
     let (mut r, pins) = loaded();
