@@ -52,6 +52,8 @@ pub struct ViewReader {
     contradictions_total: u64,
     /// Views refused since the start.
     pub refused: u64,
+    /// The keys of the listing under way.
+    listed: std::collections::BTreeSet<Vec<u8>>,
 }
 
 impl ViewReader {
@@ -68,6 +70,7 @@ impl ViewReader {
             contradictions: Vec::new(),
             contradictions_total: 0,
             refused: 0,
+            listed: std::collections::BTreeSet::new(),
         }
     }
 
@@ -88,10 +91,24 @@ impl ViewReader {
     /// Takes an event of the watch on the views' prefix.
     pub fn apply(&mut self, event: WatchEvent, now_ms: u64) {
         match event {
-            WatchEvent::Snapshot { entries, .. } => {
-                self.by_key.clear();
+            // A listing's pages replace the views together: the keys it
+            // did not list go at its last page.
+            WatchEvent::Snapshot {
+                entries,
+                first,
+                last,
+                ..
+            } => {
+                if first {
+                    self.listed.clear();
+                }
                 for e in entries {
                     self.put(&e, now_ms);
+                    self.listed.insert(e.key);
+                }
+                if last {
+                    let listed = std::mem::take(&mut self.listed);
+                    self.by_key.retain(|k, _| listed.contains(k));
                 }
             }
             WatchEvent::Put(e) => self.put(&e, now_ms),
@@ -311,6 +328,41 @@ mod tests {
             now,
         );
         assert_eq!(r.by_key.len(), 1);
+    }
+
+    /// A listing's pages replace the views together: a view it did not
+    /// list goes at its last page, one it lists refused keeps the last
+    /// good one.
+    #[test]
+    fn a_listing_drops_at_its_last_page_the_views_it_did_not_list() {
+        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+        let now = 1_000_000;
+        r.apply(put("/h/view/a", value(now, "a")), now);
+        r.apply(put("/h/view/b", value(now, "b")), now);
+        let page = |entries: Vec<(&str, Vec<u8>)>, first, last| WatchEvent::Snapshot {
+            revision: 4,
+            entries: entries
+                .into_iter()
+                .map(|(k, value)| Entry {
+                    key: k.as_bytes().to_vec(),
+                    value,
+                    mod_revision: 4,
+                    lease: 0,
+                })
+                .collect(),
+            first,
+            last,
+        };
+        r.apply(
+            page(vec![("/h/view/a", b"junk".to_vec())], true, false),
+            now,
+        );
+        assert_eq!(r.by_key.len(), 2, "nothing goes before the last page");
+        r.apply(page(vec![("/h/view/c", value(now, "c"))], false, true), now);
+        let mut keys: Vec<_> = r.by_key.keys().cloned().collect();
+        keys.sort();
+        assert_eq!(keys, [&b"/h/view/a"[..], b"/h/view/c"]);
+        assert_eq!(r.refused, 1);
     }
 
     #[test]

@@ -118,8 +118,10 @@ struct Held {
     future_ms: u64,
     refused: usize,
     first_refusal: Option<String>,
-    /// The first snapshot was read: the summaries are all there.
+    /// The first listing was read whole: the summaries are all there.
     loaded: bool,
+    /// A listing under way: it replaces `by_key` once whole.
+    listing: Option<HashMap<Vec<u8>, Kept>>,
 }
 
 /// A summary held, and the version of its content: a number no other
@@ -149,12 +151,19 @@ impl Held {
             refused: 0,
             first_refusal: None,
             loaded: false,
+            listing: None,
         }
     }
 
     /// Checks a summary against the rules: decodes, sits at exactly its
     /// observer's key, is not from the future, and fits.
-    fn check(&self, key: &[u8], value: &[u8], now_ms: u64) -> Result<Summary, Refusal> {
+    fn check(
+        &self,
+        into: &HashMap<Vec<u8>, Kept>,
+        key: &[u8],
+        value: &[u8],
+        now_ms: u64,
+    ) -> Result<Summary, Refusal> {
         let s = Summary::decode(value).map_err(|e| Refusal::Decode(e.to_string()))?;
         let exact = key.strip_prefix(self.prefix.as_slice()) == Some(s.observer().as_bytes());
         if !exact {
@@ -170,19 +179,20 @@ impl Held {
                 limit_ms: self.future_ms,
             });
         }
-        if self.by_key.len() >= self.cap && !self.by_key.contains_key(key) {
+        if into.len() >= self.cap && !into.contains_key(key) {
             return Err(Refusal::Full { cap: self.cap });
         }
         Ok(s)
     }
 
-    fn put(&mut self, key: Vec<u8>, value: &[u8], now_ms: u64) {
-        match self.check(&key, value, now_ms) {
+    /// Takes a summary into `into`: the held ones, or a listing's.
+    fn put(&mut self, into: &mut HashMap<Vec<u8>, Kept>, key: Vec<u8>, value: &[u8], now_ms: u64) {
+        match self.check(into, &key, value, now_ms) {
             Ok(s) => {
-                self.by_key.insert(key, Kept::new(s));
+                into.insert(key, Kept::new(s));
             }
             Err(e) => {
-                self.by_key.remove(&key);
+                into.remove(&key);
                 self.refused += 1;
                 self.first_refusal
                     .get_or_insert_with(|| format!("{:?}: {e}", String::from_utf8_lossy(&key)));
@@ -192,18 +202,38 @@ impl Held {
 
     fn apply(&mut self, event: WatchEvent, now_ms: u64) {
         match event {
-            WatchEvent::Snapshot { entries, .. } => {
-                self.loaded = true;
-                self.by_key.clear();
+            WatchEvent::Snapshot {
+                entries,
+                first,
+                last,
+                ..
+            } => {
+                if first {
+                    self.listing = Some(HashMap::new());
+                }
+                let Some(mut listing) = self.listing.take() else {
+                    return;
+                };
                 for e in entries {
-                    self.put(e.key, &e.value, now_ms);
+                    self.put(&mut listing, e.key, &e.value, now_ms);
+                }
+                if last {
+                    self.by_key = listing;
+                    self.loaded = true;
+                } else {
+                    self.listing = Some(listing);
                 }
             }
-            WatchEvent::Put(e) => self.put(e.key, &e.value, now_ms),
+            WatchEvent::Put(e) => {
+                let mut held = std::mem::take(&mut self.by_key);
+                self.put(&mut held, e.key, &e.value, now_ms);
+                self.by_key = held;
+            }
             WatchEvent::Delete { key, .. } => {
                 self.by_key.remove(&key);
             }
             WatchEvent::Lost { error } => {
+                self.listing = None;
                 debug!("cluster view: summaries watch lost: {}", chain(&*error));
             }
         }
@@ -638,6 +668,51 @@ mod tests {
         // at its old value.
         held.apply(put("/h/s/a", summary("a", now + 60_000)), now);
         assert!(!held.by_key.contains_key(&b"/h/s/a"[..]));
+    }
+
+    fn page(keys: &[&str], first: bool, last: bool, now: u64) -> WatchEvent {
+        WatchEvent::Snapshot {
+            revision: 3,
+            entries: keys
+                .iter()
+                .map(|k| Entry {
+                    key: format!("/h/s/{k}").into_bytes(),
+                    value: summary(k, now),
+                    mod_revision: 3,
+                    lease: 0,
+                })
+                .collect(),
+            first,
+            last,
+        }
+    }
+
+    /// A listing's pages replace the summaries together at the last one:
+    /// until then the leader works from the ones held, and only a whole
+    /// listing makes it lead.
+    #[test]
+    fn a_listing_in_pages_replaces_the_summaries_at_its_last_page() {
+        let now = 1_000_000;
+        let mut held = Held::new("/h/s/", Duration::from_secs(10), 3);
+        held.apply(page(&["a", "b"], true, false, now), now);
+        assert!(!held.loaded && held.by_key.is_empty(), "not whole yet");
+        held.apply(page(&["c"], false, true, now), now);
+        assert!(held.loaded);
+        assert_eq!(held.by_key.len(), 3);
+        held.apply(page(&["x", "y"], true, false, now), now);
+        assert!(
+            held.by_key.contains_key(&b"/h/s/a"[..]),
+            "the old ones meanwhile"
+        );
+        held.apply(page(&["z", "w"], false, true, now), now);
+        let mut keys: Vec<_> = held.by_key.keys().cloned().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [&b"/h/s/x"[..], b"/h/s/y", b"/h/s/z"],
+            "bounded across pages"
+        );
+        assert_eq!(held.refused, 1);
     }
 
     #[test]

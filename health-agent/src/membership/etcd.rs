@@ -6,8 +6,6 @@
 //! returns the prefix is read again and the watch resumes after it.
 
 use std::{
-    collections::BTreeMap,
-    hash::BuildHasher as _,
     sync::{Arc, OnceLock},
     time::Duration,
 };
@@ -20,6 +18,7 @@ pub use super::kvstore::EtcdConfig;
 use super::{
     Node,
     claims::Holders,
+    held::{Held, Limits},
     kvstore::{Entry, KvStore, Link, WatchEvent},
     published::Nodes,
     record::{Candidate, LocalNode, Origin, Record, Validated, clip},
@@ -95,7 +94,8 @@ impl OwnRecord {
 
     /// Whether the records under the prefix hold this one as written.
     fn is_in(&self, view: &View<'_>) -> bool {
-        view.records
+        view.held
+            .records()
             .get(&self.key)
             .is_some_and(|c| c.node.as_ref() == Ok(&self.node))
     }
@@ -192,12 +192,18 @@ async fn follow(
     own: &OwnRecord,
 ) {
     let mut link = store.link();
-    let mut view = View::new(&cfg.prefix, cfg.lease_ttl.max(MIN_HOLD));
+    let mut view = View::new(
+        &cfg.prefix,
+        cfg.lease_ttl.max(MIN_HOLD),
+        nodes.max_nodes(),
+        &own.key,
+    );
     let mut rewrites = Rewrites::default();
     loop {
         let grace_end = view.link_grace_end();
         let hold_end = view.hold_end();
         let rewrite_due = rewrites.due;
+        let reread_due = view.reread_due();
         tokio::select! {
             ev = events.recv() => {
                 let Some(ev) = ev else { return };
@@ -220,6 +226,11 @@ async fn follow(
             () = until(view.publish_due()) => {}
             () = until(hold_end.map(Instant::from_std)) => view.dirty = true,
             () = until(rewrite_due) => rewrites.due = None,
+            () = until(reread_due) => {
+                info!(prefix = %cfg.prefix, "records that could be nodes fit under --max-nodes again: reading the prefix again");
+                events = store.watch_prefix(cfg.prefix.as_bytes());
+                view.rereading(Instant::now());
+            }
         }
         let up = matches!(*link.borrow(), Link::Up { .. });
         if up && view.synced && !own.is_in(&view) && rewrites.may_write(Instant::now()) {
@@ -246,8 +257,12 @@ async fn until(deadline: Option<Instant>) {
 #[derive(Debug)]
 struct View<'a> {
     prefix: &'a str,
-    records: BTreeMap<String, Candidate>,
-    /// A snapshot was applied since the watch last broke.
+    /// What is held of the prefix.
+    held: Held,
+    /// A listing under way: it replaces `held` once whole.
+    listing: Option<Held>,
+    limits: Limits,
+    /// A listing was applied since the watch last broke.
     synced: bool,
     /// The records changed since they were last published.
     dirty: bool,
@@ -265,90 +280,117 @@ struct View<'a> {
     hold: Duration,
     /// No set is validated before this: see [`View::publish`].
     quiet_until: Option<Instant>,
-    /// Records that can never be a node held in `records` (listed with
-    /// their errors): [`is_junk`].
-    junk_held: usize,
-    /// The keys of rejected records not held (past [`MAX_JUNK_HELD`],
-    /// or longer than a node's key), by hash: counted, never stored.
-    unheld: std::collections::HashSet<u64>,
-    hasher: std::hash::RandomState,
+    /// The prefix read again for records not held.
+    reread: Reread,
+}
+
+/// When the prefix was last read again for records not held.
+#[derive(Debug, Clone, Copy)]
+enum Reread {
+    Never,
+    /// That listing is under way.
+    Running(Instant),
+    Done(Instant),
+}
+
+impl Reread {
+    /// The listing under way ended.
+    const fn ended(self) -> Self {
+        match self {
+            Self::Running(t) => Self::Done(t),
+            other => other,
+        }
+    }
 }
 
 impl<'a> View<'a> {
-    fn new(prefix: &'a str, hold: Duration) -> Self {
+    /// A view of `prefix`, holding at most `max_nodes` records that could
+    /// be nodes beside `own_key`'s.
+    fn new(prefix: &'a str, hold: Duration, max_nodes: usize, own_key: &str) -> Self {
+        let limits = Limits {
+            key_max: prefix.len() + super::record::MAX_NAME_LEN,
+            max_nodes,
+            own_key: own_key.to_owned(),
+        };
         Self {
             prefix,
             hold,
+            held: Held::new(limits.clone()),
+            listing: None,
+            limits,
             holders: Holders::default(),
-            records: BTreeMap::new(),
             synced: false,
             dirty: false,
             watch_error: None,
             link_error: None,
             shown_error: false,
             quiet_until: None,
-            junk_held: 0,
-            unheld: std::collections::HashSet::new(),
-            hasher: std::hash::RandomState::new(),
-        }
-    }
-
-    /// Drops what is held of `key`.
-    fn forget(&mut self, key: &str) {
-        if let Some(old) = self.records.remove(key) {
-            self.junk_held -= usize::from(is_junk(&old));
-        }
-        self.unheld.remove(&self.hasher.hash_one(key));
-    }
-
-    /// Holds the record at `e`'s key: decoded when the key could be a
-    /// node's, and listed when it could be a node (it decodes, at its
-    /// key, with a good name and addresses: [`validate::check_shape`]) or
-    /// fewer than [`MAX_JUNK_HELD`] records that cannot are held; otherwise
-    /// only counted. A writer filling the prefix with junk costs every
-    /// agent 8 bytes a key, not the key.
-    fn hold(&mut self, e: &Entry) {
-        let key = e.key_str();
-        self.forget(&key);
-        let fits = key.len() <= self.prefix.len() + super::record::MAX_NAME_LEN;
-        let c = fits.then(|| candidate(e, self.prefix));
-        match c.map(|c| (is_junk(&c), c)) {
-            Some((junk, c)) if !junk || self.junk_held < MAX_JUNK_HELD => {
-                self.junk_held += usize::from(junk);
-                self.records.insert(key.into_owned(), c);
-            }
-            _ => {
-                self.unheld.insert(self.hasher.hash_one(&*key));
-            }
+            reread: Reread::Never,
         }
     }
 
     fn apply(&mut self, ev: WatchEvent) {
+        let prefix = self.prefix;
         match ev {
-            WatchEvent::Snapshot { entries, .. } => {
-                self.records.clear();
-                self.unheld.clear();
-                self.junk_held = 0;
-                for e in &entries {
-                    self.hold(e);
+            WatchEvent::Snapshot {
+                entries,
+                first,
+                last,
+                ..
+            } => {
+                if first {
+                    self.listing = Some(Held::new(self.limits.clone()));
                 }
-                self.synced = true;
-                self.dirty = true;
-                self.watch_error = None;
+                let Some(listing) = &mut self.listing else {
+                    return;
+                };
+                for e in &entries {
+                    listing.hold(&e.key_str(), || candidate(e, prefix));
+                }
+                if last && let Some(whole) = self.listing.take() {
+                    self.held = whole;
+                    self.synced = true;
+                    self.dirty = true;
+                    self.watch_error = None;
+                    self.reread = self.reread.ended();
+                }
             }
             WatchEvent::Put(e) => {
-                self.hold(&e);
+                self.held.hold(&e.key_str(), || candidate(&e, prefix));
                 self.dirty = true;
             }
             WatchEvent::Delete { key, .. } => {
-                self.forget(&String::from_utf8_lossy(&key));
+                self.held.forget(&String::from_utf8_lossy(&key));
                 self.dirty = true;
             }
             WatchEvent::Lost { error } => {
                 self.synced = false;
+                self.listing = None;
+                self.reread = self.reread.ended();
                 self.watch_error = Some(crate::util::errors::chain(&*error));
             }
         }
+    }
+
+    /// When the prefix is to be read again, if records that could be
+    /// nodes went unheld and now all fit: at once the first time, then
+    /// at most every [`REREAD_GAP`] (a writer keeping the prefix at the
+    /// bound costs a listing that often, not one a change).
+    fn reread_due(&self) -> Option<Instant> {
+        if !self.synced || !self.held.must_reread() {
+            return None;
+        }
+        match self.reread {
+            Reread::Never => Some(Instant::now()),
+            Reread::Running(_) => None,
+            Reread::Done(t) => Some(t + REREAD_GAP),
+        }
+    }
+
+    /// A new listing of the prefix started.
+    fn rereading(&mut self, now: Instant) {
+        self.reread = Reread::Running(now);
+        self.listing = None;
     }
 
     /// The error to show. The lease session's counts once it has
@@ -376,13 +418,38 @@ impl<'a> View<'a> {
     /// holder, or to neither.
     fn validated(&self, local: &LocalNode) -> Validated {
         Validated {
-            unheld: self.unheld.len(),
+            unheld: self.held.unheld(),
             ..validate::validate(
-                self.records.values().cloned().collect(),
+                self.held.records().values().cloned().collect(),
                 local,
                 &self.holders,
             )
         }
+    }
+
+    /// Validates the set and hands it to `nodes`; whether it was taken.
+    /// Records that could be nodes past `--max-nodes` are not all held: the
+    /// set is refused without a look.
+    fn accept(&mut self, local: &LocalNode, nodes: &Nodes) -> bool {
+        if self.held.over() > 0 {
+            nodes.reject(format!(
+                "{} records under {} could be nodes, more than --max-nodes {} ({} not held)",
+                self.held.nodes(),
+                self.prefix,
+                self.limits.max_nodes,
+                self.held.over(),
+            ));
+            return false;
+        }
+        let update = self.validated(local);
+        let holders = self
+            .holders
+            .after(&update.nodes, Instant::now().into_std(), self.hold);
+        let taken = nodes.accept(update);
+        if taken {
+            self.holders = holders;
+        }
+        taken
     }
 
     /// When a departed node's hold ends, making a change; none while a
@@ -412,15 +479,9 @@ impl<'a> View<'a> {
         let now = Instant::now();
         let quiet = self.quiet_until.is_none_or(|t| now >= t);
         if self.synced && (self.dirty || recovered) && (quiet || recovered) {
-            let update = self.validated(local);
-            let holders = self
-                .holders
-                .after(&update.nodes, Instant::now().into_std(), self.hold);
             // A set refused whole (past --max-nodes) holds no address, and
             // the holds that ended are let go.
-            if nodes.accept(update) {
-                self.holders = holders;
-            } else {
+            if !self.accept(local, nodes) {
                 self.holders = self.holders.unexpired(now.into_std());
             }
             self.dirty = false;
@@ -439,17 +500,9 @@ impl<'a> View<'a> {
     }
 }
 
-/// Whether a record can never be a node: it does not decode, or fails
-/// the checks that need nothing but itself.
-fn is_junk(c: &Candidate) -> bool {
-    c.node.as_ref().map_or(true, |n| {
-        validate::check_shape(n, &c.record.origin).is_err()
-    })
-}
-
-/// The most records that can never be a node held to be listed (`GET /v1/nodes`);
-/// past them, rejected records are only counted.
-const MAX_JUNK_HELD: usize = 256;
+/// A prefix whose records that could be nodes went past `--max-nodes`
+/// and came back under it is read again at most this often.
+const REREAD_GAP: Duration = Duration::from_secs(30);
 
 /// Between two validations of the set, this many times the last one's
 /// time: validation takes at most about 1/(1 + this) of a CPU.
@@ -513,6 +566,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::membership::held::MAX_JUNK_HELD;
 
     fn local() -> LocalNode {
         LocalNode {
@@ -542,9 +596,11 @@ mod tests {
 
     /// The set a snapshot of `entries` (in any order) makes.
     fn nodes_from(entries: Vec<Entry>, prefix: &str) -> Validated {
-        let mut view = View::new(prefix, Duration::from_secs(60));
+        let mut view = View::new(prefix, Duration::from_secs(60), usize::MAX, "/h/n1");
         view.apply(WatchEvent::Snapshot {
             revision: 1,
+            first: true,
+            last: true,
             entries,
         });
         view.validated(&local())
@@ -556,9 +612,11 @@ mod tests {
     async fn changes_close_together_are_validated_together() {
         let nodes = Nodes::new("etcd".into());
         let names = || -> Vec<String> { nodes.current().iter().map(|n| n.name.clone()).collect() };
-        let mut view = View::new("/h/", Duration::from_secs(60));
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
         view.apply(WatchEvent::Snapshot {
             revision: 1,
+            first: true,
+            last: true,
             entries: vec![kv("/h/a", &record("a", "198.18.0.2", "198.18.65.2"))],
         });
         view.publish("e", &local(), &nodes);
@@ -653,16 +711,18 @@ mod tests {
     /// good records still count, and deleting the junk takes it away.
     #[test]
     fn junk_past_a_bound_is_counted_not_held() {
-        let mut view = View::new("/h/", Duration::from_secs(60));
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
         let junk = |i: usize| raw(&format!("/h/junk-{i:05}"), "not json");
         let mut entries: Vec<Entry> = (0..MAX_JUNK_HELD + 1000).map(junk).collect();
         entries.push(kv("/h/good", &record("good", "198.18.0.12", "198.18.66.2")));
         view.apply(WatchEvent::Snapshot {
             revision: 1,
+            first: true,
+            last: true,
             entries,
         });
         assert_eq!(
-            view.records.len(),
+            view.held.records().len(),
             MAX_JUNK_HELD + 1,
             "the held junk and the good record"
         );
@@ -707,9 +767,11 @@ mod tests {
     /// next set is judged as if it had not been read.
     #[test]
     fn a_set_refused_whole_holds_no_address() {
-        let mut view = View::new("/h/", Duration::from_secs(60));
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
         view.apply(WatchEvent::Snapshot {
             revision: 1,
+            first: true,
+            last: true,
             entries: vec![
                 kv("/h/a", &record("a", "198.18.0.11", "198.18.65.2")),
                 kv("/h/b", &record("b", "198.18.0.12", "198.18.66.2")),
@@ -724,6 +786,107 @@ mod tests {
         view.quiet_until = None;
         view.publish("etcd", &local(), &nodes);
         assert_eq!(view.holders.len(), 4, "two addresses of each");
+    }
+
+    fn page(entries: Vec<Entry>, first: bool, last: bool) -> WatchEvent {
+        WatchEvent::Snapshot {
+            revision: 7,
+            entries,
+            first,
+            last,
+        }
+    }
+
+    fn node_kv(i: u8) -> Entry {
+        let name = format!("n{i}");
+        kv(
+            &format!("/h/{name}"),
+            &record(
+                &name,
+                &format!("198.18.0.{i}"),
+                &format!("198.18.{}.2", 64 + i),
+            ),
+        )
+    }
+
+    /// Records that could be nodes past --max-nodes are counted, not held,
+    /// and the set is refused whole; once they fit again the prefix is
+    /// read again, and the set is taken.
+    #[tokio::test(start_paused = true)]
+    async fn records_past_max_nodes_are_not_held_and_refuse_the_set() {
+        let nodes = Nodes::new("etcd".into()).with_max_nodes(3);
+        let mut view = View::new("/h/", Duration::from_secs(60), 3, "/h/n1");
+        // In key order n10..n14 come before n1's own record: it is held all
+        // the same.
+        let all: Vec<Entry> = [10, 11, 12, 13, 14, 1].into_iter().map(node_kv).collect();
+        view.apply(page(all.clone(), true, true));
+        assert_eq!((view.held.records().len(), view.held.over()), (4, 2));
+        assert!(view.held.records().contains_key("/h/n1"));
+        view.publish("etcd", &local(), &nodes);
+        assert!(nodes.current().is_empty(), "refused whole");
+        let error = nodes.status().error.expect("said why");
+        assert!(
+            error.contains("6 records under /h/ could be nodes, more than --max-nodes 3"),
+            "{error}"
+        );
+        assert_eq!(nodes.updates_rejected(), 1);
+        assert_eq!(view.reread_due(), None, "six do not fit in three");
+        // Three leave: the three left fit, but one of them is not held.
+        for i in [10, 11, 12] {
+            view.apply(WatchEvent::Delete {
+                key: format!("/h/n{i}").into_bytes(),
+                revision: 8,
+            });
+        }
+        assert_eq!(view.held.nodes(), 3);
+        let due = view.reread_due().expect("read again");
+        assert!(due <= Instant::now(), "at once the first time");
+        view.rereading(Instant::now());
+        assert_eq!(view.reread_due(), None, "one listing at a time");
+        let left: Vec<Entry> = [13, 14, 1].into_iter().map(node_kv).collect();
+        view.apply(page(left, true, true));
+        assert_eq!(view.held.over(), 0);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        view.publish("etcd", &local(), &nodes);
+        let names: Vec<String> = nodes.current().iter().map(|n| n.name.clone()).collect();
+        assert_eq!(names, ["n1", "n13", "n14"]);
+        // Past the bound again, then under it: read again only after the gap.
+        view.apply(WatchEvent::Put(node_kv(15)));
+        view.apply(WatchEvent::Delete {
+            key: b"/h/n13".to_vec(),
+            revision: 9,
+        });
+        let again = view.reread_due().expect("read again");
+        assert!(
+            again - Instant::now() >= REREAD_GAP.saturating_sub(Duration::from_secs(2)),
+            "{again:?}"
+        );
+    }
+
+    /// A listing's pages replace what is held together, at the last one;
+    /// a listing cut off by a lost watch replaces nothing.
+    #[test]
+    fn a_listing_in_pages_replaces_the_records_at_its_last_page() {
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
+        view.apply(page(vec![node_kv(1), node_kv(2)], true, true));
+        let keys = |v: &View<'_>| v.held.records().keys().cloned().collect::<Vec<_>>();
+        view.apply(page(vec![node_kv(3)], true, false));
+        view.apply(page(vec![node_kv(4)], false, false));
+        assert_eq!(keys(&view), ["/h/n1", "/h/n2"], "not yet");
+        view.apply(WatchEvent::Lost {
+            error: Arc::new(super::super::kvstore::KvError::StreamEnded { what: "watch" }),
+        });
+        view.apply(page(vec![node_kv(5)], false, true));
+        assert_eq!(
+            keys(&view),
+            ["/h/n1", "/h/n2"],
+            "a broken listing is dropped"
+        );
+        assert!(!view.synced);
+        view.apply(page(vec![node_kv(3)], true, false));
+        view.apply(page(vec![node_kv(4)], false, true));
+        assert_eq!(keys(&view), ["/h/n3", "/h/n4"]);
+        assert!(view.synced && view.dirty);
     }
 
     fn outcome(v: &Validated) -> (Vec<&str>, Vec<String>) {
@@ -797,9 +960,11 @@ mod tests {
 
     #[test]
     fn events_update_one_record_at_a_time() {
-        let mut view = View::new("/h/", Duration::from_secs(60));
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
         view.apply(WatchEvent::Snapshot {
             revision: 5,
+            first: true,
+            last: true,
             entries: vec![
                 kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2")),
                 kv("/h/n2", &record("n2", "198.18.0.12", "198.18.65.2")),
@@ -829,6 +994,8 @@ mod tests {
         // A new snapshot replaces everything.
         view.apply(WatchEvent::Snapshot {
             revision: 9,
+            first: true,
+            last: true,
             entries: vec![kv("/h/n1", &record("n1", "198.18.0.11", "198.18.64.2"))],
         });
         assert_eq!(outcome(&view.validated(&local())).0, ["n1"]);
@@ -964,9 +1131,11 @@ mod tests {
         );
         // Once node-2 held its address (an agent that saw it first), the
         // newcomer at a key that sorts before it is the one refused.
-        let mut view = View::new("/h/", Duration::from_secs(60));
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
         view.apply(WatchEvent::Snapshot {
             revision: 1,
+            first: true,
+            last: true,
             entries: vec![kv(
                 "/h/node-2",
                 &record("node-2", "198.18.0.12", "198.18.66.2"),

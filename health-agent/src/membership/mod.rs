@@ -6,6 +6,7 @@ pub mod discovery;
 pub mod etcd;
 pub mod file_settle;
 pub mod file_version;
+pub mod held;
 pub mod kvstore;
 mod node;
 pub mod nodes_file;

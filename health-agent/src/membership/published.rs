@@ -83,6 +83,12 @@ impl Nodes {
         self
     }
 
+    /// The most nodes a set may hold (`--max-nodes`).
+    #[must_use]
+    pub const fn max_nodes(&self) -> usize {
+        self.limit
+    }
+
     /// Updates rejected as a whole since the agent started.
     #[must_use]
     pub fn updates_rejected(&self) -> u64 {

@@ -470,14 +470,35 @@ fn running(store: &KvStore) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move { s.run().await })
 }
 
-/// The snapshot a new watch starts with.
+/// The listing a new watch starts with, its pages put together.
 async fn snapshot(events: &mut mpsc::Receiver<WatchEvent>) -> Vec<(String, String)> {
-    match next(events).await {
-        WatchEvent::Snapshot { entries, revision } => {
-            assert!(revision > 0);
-            entries.iter().map(kv).collect()
+    snapshot_pages(events).await.concat()
+}
+
+/// The pages of the listing a new watch starts with: one revision, the
+/// first page first, at most 500 keys each.
+async fn snapshot_pages(events: &mut mpsc::Receiver<WatchEvent>) -> Vec<Vec<(String, String)>> {
+    let mut pages = Vec::new();
+    let mut at = None;
+    loop {
+        match next(events).await {
+            WatchEvent::Snapshot {
+                entries,
+                revision,
+                first,
+                last,
+            } => {
+                assert!(revision > 0);
+                assert_eq!(*at.get_or_insert(revision), revision, "one revision");
+                assert_eq!(first, pages.is_empty(), "the first page first");
+                assert!(entries.len() <= 500);
+                pages.push(entries.iter().map(kv).collect());
+                if last {
+                    return pages;
+                }
+            }
+            other => panic!("{other:?} within the listing"),
         }
-        other => panic!("{other:?} before the snapshot"),
     }
 }
 
@@ -660,6 +681,8 @@ fn a_prefix_of_5_mib_is_listed_whole() {
         );
         assert!(listed.iter().all(|e| e.value.len() == 2048));
         let mut events = store.watch_prefix("/t/big/");
-        assert_eq!(snapshot(&mut events).await.len(), KEYS);
+        let pages = snapshot_pages(&mut events).await;
+        assert_eq!(pages.len(), KEYS.div_ceil(500), "a page at a time");
+        assert_eq!(pages.concat().len(), KEYS);
     });
 }

@@ -18,37 +18,25 @@ impl KvStore {
     /// `LIST_PAGE` keys: a prefix holding more than gRPC's 4 MiB receive
     /// limit is read whole.
     pub async fn list(&self, prefix: impl Into<Vec<u8>>) -> Result<(i64, Vec<Entry>), KvError> {
-        let prefix = prefix.into();
-        let end = prefix_end(&prefix);
-        let client = self.ready_client().await?;
-        let mut kv = client.kv_client();
-        let shown = String::from_utf8_lossy(&prefix).into_owned();
-        let mut from = prefix.clone();
-        let mut revision = 0;
+        let mut pages = self.pages(&prefix.into()).await?;
         let mut entries = Vec::new();
-        loop {
-            let mut opts = GetOptions::new()
-                .with_range(end.clone())
-                .with_limit(LIST_PAGE);
-            if revision > 0 {
-                opts = opts.with_revision(revision);
-            }
-            let resp = timed(format!("listing {shown}"), kv.get(from, Some(opts))).await?;
-            if revision == 0 {
-                revision = resp
-                    .header()
-                    .map_or(0, etcd_client::ResponseHeader::revision);
-            }
-            entries.extend(resp.kvs().iter().map(entry));
-            let Some(last) = resp.kvs().last().filter(|_| resp.more()) else {
-                break;
-            };
-            // The next page starts just after the last key read.
-            let mut next = last.key().to_vec();
-            next.push(0);
-            from = next;
+        while let Some(page) = pages.next().await? {
+            entries.extend(page);
         }
-        Ok((revision, entries))
+        Ok((pages.revision, entries))
+    }
+
+    /// A reader of the keys under `prefix`, a page at a time.
+    async fn pages(&self, prefix: &[u8]) -> Result<Pages, KvError> {
+        let client = self.ready_client().await?;
+        Ok(Pages {
+            kv: client.kv_client(),
+            shown: String::from_utf8_lossy(prefix).into_owned(),
+            from: prefix.to_vec(),
+            end: prefix_end(prefix),
+            revision: 0,
+            done: false,
+        })
     }
 
     /// Follows every key under `prefix`: a [`WatchEvent::Snapshot`], then
@@ -123,10 +111,35 @@ impl KvStore {
         lost: &mut bool,
     ) -> WatchEnd {
         let failed = |synced, error| WatchEnd::Failed { synced, error };
-        let (revision, entries) = match self.list(prefix.to_vec()).await {
-            Ok(l) => l,
+        let mut pages = match self.pages(prefix).await {
+            Ok(p) => p,
             Err(e) => return failed(false, e),
         };
+        // Each page goes as it is read, but the last: it waits for the
+        // watch, so that the receiver is in sync when it has it.
+        let mut first = true;
+        let mut held = None;
+        loop {
+            match pages.next().await {
+                Ok(Some(page)) => {
+                    if let Some(entries) = held.replace(page) {
+                        let part = WatchEvent::Snapshot {
+                            revision: pages.revision,
+                            entries,
+                            first,
+                            last: false,
+                        };
+                        if tx.send(part).await.is_err() {
+                            return WatchEnd::ReceiverGone;
+                        }
+                        first = false;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return failed(false, e),
+            }
+        }
+        let revision = pages.revision;
         let client = match self.client().await {
             Ok(c) => c,
             Err(e) => return failed(false, e),
@@ -144,11 +157,13 @@ impl KvStore {
             Ok(s) => s,
             Err(e) => return failed(false, e),
         };
-        if tx
-            .send(WatchEvent::Snapshot { revision, entries })
-            .await
-            .is_err()
-        {
+        let closing = WatchEvent::Snapshot {
+            revision,
+            entries: held.unwrap_or_default(),
+            first,
+            last: true,
+        };
+        if tx.send(closing).await.is_err() {
             return WatchEnd::ReceiverGone;
         }
         *lost = false;
@@ -186,6 +201,55 @@ impl KvStore {
                 }
             }
         }
+    }
+}
+
+/// The keys under a prefix, `LIST_PAGE` at a time, all at the revision
+/// of the first page: what a reader holds of them at once is a page.
+struct Pages {
+    kv: etcd_client::KvClient,
+    shown: String,
+    /// The next page's first key.
+    from: Vec<u8>,
+    end: Vec<u8>,
+    /// The listing's revision, once the first page is read.
+    revision: i64,
+    done: bool,
+}
+
+impl Pages {
+    /// The next page in key order (the first, empty when the prefix is),
+    /// or `None` past the last.
+    async fn next(&mut self) -> Result<Option<Vec<Entry>>, KvError> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut opts = GetOptions::new()
+            .with_range(self.end.clone())
+            .with_limit(LIST_PAGE);
+        if self.revision > 0 {
+            opts = opts.with_revision(self.revision);
+        }
+        let from = std::mem::take(&mut self.from);
+        let resp = timed(
+            format!("listing {}", self.shown),
+            self.kv.get(from, Some(opts)),
+        )
+        .await?;
+        if self.revision == 0 {
+            self.revision = resp
+                .header()
+                .map_or(0, etcd_client::ResponseHeader::revision);
+        }
+        match resp.kvs().last().filter(|_| resp.more()) {
+            // The next page starts just after the last key read.
+            Some(last) => {
+                self.from = last.key().to_vec();
+                self.from.push(0);
+            }
+            None => self.done = true,
+        }
+        Ok(Some(resp.kvs().iter().map(entry).collect()))
     }
 }
 

@@ -17,7 +17,8 @@
 //!   that changed meanwhile); when the agent leaves, [`KvStore::revoke`]
 //!   removes them all at once.
 //! - [`KvStore::watch_prefix`] follows every key under a prefix: a
-//!   [`WatchEvent::Snapshot`] (one range read at revision R), then
+//!   [`WatchEvent::Snapshot`] (a range read at revision R, a page at a
+//!   time: a reader never holds more than a page of it beside its own), then
 //!   [`WatchEvent::Put`] / [`WatchEvent::Delete`] from the watch stream
 //!   started at R + 1, so that no change is missed or seen twice. When the
 //!   watch breaks ([`WatchEvent::Lost`], once per outage) or its revision
@@ -32,7 +33,7 @@
 //! let mut events = store.watch_prefix("/health/summaries/");
 //! while let Some(ev) = events.recv().await {
 //!     match ev {
-//!         WatchEvent::Snapshot { entries, .. } => { /* replace all */ }
+//!         WatchEvent::Snapshot { entries, first, last, .. } => { /* replace all, from first to last */ }
 //!         WatchEvent::Put(entry) => { /* upsert entry.key */ }
 //!         WatchEvent::Delete { key, .. } => { /* remove key */ }
 //!         WatchEvent::Lost { error } => { /* stale until the next Snapshot */ }
@@ -200,10 +201,19 @@ impl Entry {
 /// What [`KvStore::watch_prefix`] delivers, in revision order.
 #[derive(Debug, Clone)]
 pub enum WatchEvent {
-    /// Every key under the prefix at `revision`, in key order. The first
-    /// event, and again after a `Lost` or a compaction: it replaces
-    /// everything the receiver holds.
-    Snapshot { revision: i64, entries: Vec<Entry> },
+    /// Every key under the prefix at `revision`, in key order, a page of
+    /// at most 500 keys at a time: the first events, and again after a
+    /// `Lost` or a compaction. The pages of one listing replace, together,
+    /// everything the receiver holds: from the `first` to the `last`, which
+    /// comes once the watch follows on from `revision`. A listing that
+    /// breaks off is followed by a new one (its `first` page again), maybe
+    /// after a `Lost`, never by the watch's events.
+    Snapshot {
+        revision: i64,
+        entries: Vec<Entry>,
+        first: bool,
+        last: bool,
+    },
     /// A key was created or changed.
     Put(Entry),
     /// A key was deleted (or its lease ended) at `revision`.
