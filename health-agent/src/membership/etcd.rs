@@ -863,6 +863,33 @@ mod tests {
         );
     }
 
+    /// A departed node's address is held for the hold's length by the
+    /// agent's clock, then a new record may take it.
+    #[tokio::test(start_paused = true)]
+    async fn a_departed_nodes_address_is_free_when_its_hold_ends() {
+        let nodes = Nodes::new("etcd".into());
+        let names = || -> Vec<String> { nodes.current().iter().map(|n| n.name.clone()).collect() };
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
+        view.apply(page(vec![node_kv(2)], true, true));
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["n2"]);
+        view.apply(WatchEvent::Delete {
+            key: b"/h/n2".to_vec(),
+            revision: 8,
+        });
+        tokio::time::advance(Duration::from_secs(1)).await;
+        view.publish("e", &local(), &nodes);
+        let taker = || kv("/h/x", &record("x", "198.18.0.2", "198.18.90.2"));
+        view.apply(WatchEvent::Put(taker()));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        view.publish("e", &local(), &nodes);
+        assert!(names().is_empty(), "n2's address is held");
+        tokio::time::advance(Duration::from_secs(60)).await;
+        view.apply(WatchEvent::Put(taker()));
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["x"], "the hold ended");
+    }
+
     /// A listing's pages replace what is held together, at the last one;
     /// a listing cut off by a lost watch replaces nothing.
     #[test]
