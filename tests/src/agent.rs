@@ -96,8 +96,13 @@ impl AgentNode {
     /// [`Self::start`], with `adjust` applied to the command (environment,
     /// credentials) before it is spawned.
     pub fn start_with(&mut self, extra: &[&str], adjust: impl FnOnce(&mut Command)) {
+        self.start_from(HEALTH_CIDR, extra, adjust);
+    }
+
+    /// [`Self::start_with`], the endpoint's address from `cidr`.
+    pub fn start_from(&mut self, cidr: &str, extra: &[&str], adjust: impl FnOnce(&mut Command)) {
         let log = fs::File::create(self.dir.join("daemon.log")).expect("log file");
-        let mut cmd = self.daemon_command(HEALTH_CIDR, extra);
+        let mut cmd = self.daemon_command(cidr, extra);
         adjust(&mut cmd);
         let child = cmd
             .stdout(Stdio::null())

@@ -140,7 +140,7 @@ impl Endpoint {
         kernel: DatapathHandle,
         shared: SharedView,
     ) -> Result<Self, EndpointError> {
-        let previous = EndpointRecord::load(&cfg.state_dir)?;
+        let previous = retire(EndpointRecord::load(&cfg.state_dir)?, &cfg)?;
         let mut plan = Plan {
             netns: Netns::named(&cfg.netns_name)?,
             netns_name: cfg.netns_name.clone(),
@@ -476,6 +476,51 @@ impl Endpoint {
 /// What of the objects under the endpoint's names the previous run's
 /// record proves is the agent's (for a record of an earlier version, what
 /// it adopts); the first one it does not prove is an error.
+/// Removes the endpoint a previous run left when it cannot be restored
+/// under `cfg` (another namespace or interface name, another CIDR, an
+/// address out of it): what its record proves is the agent's, under the
+/// names it was made with, and nothing else. The record, kept for its ID
+/// and address, then owns nothing.
+fn retire(
+    previous: Option<EndpointRecord>,
+    cfg: &EndpointConfig,
+) -> Result<Option<EndpointRecord>, EndpointError> {
+    let Some(mut r) = previous else {
+        return Ok(None);
+    };
+    let Some(owned) = r.owned.clone().filter(|o| *o != Owned::default()) else {
+        return Ok(Some(r));
+    };
+    let name_of = |l: Option<&ownership::LinkProof>, or: &str| {
+        l.map_or_else(|| or.to_owned(), |l| l.name.clone())
+    };
+    let old = Plan {
+        netns: Netns::named(&r.netns)?,
+        netns_name: r.netns.clone(),
+        host_iface: name_of(owned.host.as_ref(), &cfg.host_iface),
+        ep_iface: name_of(owned.peer.as_ref(), &cfg.ep_iface),
+        v4: None,
+        v6: None,
+    };
+    let same_names = old.netns_name == cfg.netns_name
+        && old.host_iface == cfg.host_iface
+        && old.ep_iface == cfg.ep_iface;
+    if same_names && matches_config(&r, cfg) {
+        return Ok(Some(r));
+    }
+    info!(
+        netns = %r.netns,
+        addresses = %r.addresses(),
+        "the previous run's endpoint does not match the configuration: removing it"
+    );
+    for left in plumbing::remove(&old, &owned)? {
+        warn!("not removed: {left}");
+    }
+    r.owned = Some(Owned::default());
+    r.save(&cfg.state_dir)?;
+    Ok(Some(r))
+}
+
 fn claim(plan: &Plan, previous: Option<&EndpointRecord>) -> Result<Owned, EndpointError> {
     let found = ownership::observe(plan)?;
     let addresses;

@@ -197,6 +197,57 @@ fn after_sigkill_the_agent_adopts_what_its_record_proves_and_removes_it_on_stop(
     assert!(record(&node).is_none(), "its record removed");
 }
 
+/// An endpoint kept by `--keep-endpoint` that the next run's flags no
+/// longer describe (another namespace name, another CIDR) is removed, not
+/// left beside the new one.
+#[test]
+fn a_kept_endpoint_the_flags_no_longer_describe_is_removed() {
+    let mut node = AgentNode::new();
+    node.start(&["--keep-endpoint"]);
+    node.wait_endpoint(READY, |_| true);
+    assert!(node.stop(Signal::SIGTERM).success());
+    let first = node.endpoint_ns();
+    let first_made = proven_now(&node);
+    assert!(first.exists() && first_made.1.is_some(), "kept");
+
+    // Another namespace name: the kept one goes, with its veth.
+    let first_name = std::mem::replace(&mut node.endpoint_netns, health_tests::names::unique("ep"));
+    node.start(&["--keep-endpoint"]);
+    let ep = node.wait_endpoint(READY, |_| true);
+    assert!(
+        !first.exists(),
+        "{first_name} removed; log:\n{}",
+        node.log()
+    );
+    let second = proven_now(&node);
+    assert!(second.0.is_some() && second.1 != first_made.1, "{second:?}");
+    assert_eq!(
+        ep.ipv4.map(|a| a.to_string().starts_with("198.18.64.")),
+        Some(true),
+        "{ep:?}"
+    );
+    assert!(node.stop(Signal::SIGTERM).success());
+
+    // Another CIDR: the namespace is made anew, holding only the new address.
+    node.start_from("198.18.66.0/24", &[], |_| {});
+    let ep = node.wait_endpoint(READY, |_| true);
+    let ip = ep.ipv4.expect("an address");
+    assert!(ip.to_string().starts_with("198.18.66."), "{ip}");
+    assert_ne!(netns_identity(&node), second.0, "made anew");
+    let addresses = in_netns(Some(&node.endpoint_ns()), |nl| async move {
+        nl.addresses::<std::net::Ipv4Addr>().await
+    })
+    .expect("netlink");
+    let held: Vec<String> = addresses
+        .iter()
+        .map(|(_, a, _)| a.to_string())
+        .filter(|a| a.starts_with("198.18."))
+        .collect();
+    assert_eq!(held, [ip.to_string()], "the old address is gone");
+    assert!(node.stop(Signal::SIGTERM).success());
+    assert!(!node.endpoint_ns().exists(), "nothing left");
+}
+
 /// An agent upgraded over an endpoint kept by an earlier version, whose
 /// record proves nothing: the endpoint whose interface holds the recorded
 /// address and is paired with `lxc_health` is adopted, and its proof is
