@@ -43,7 +43,7 @@ pub struct ViewReader {
     local: String,
     /// Each view held, and its rank: its time, or when it was read when
     /// that is earlier.
-    by_key: BTreeMap<Vec<u8>, (PublishedView, u64)>,
+    by_key: Views,
     /// This agent's interval, ms: how far ahead a view may be dated.
     cadence_ms: u64,
     /// The assembler and time of the view last checked.
@@ -52,9 +52,12 @@ pub struct ViewReader {
     contradictions_total: u64,
     /// Views refused since the start.
     pub refused: u64,
-    /// The keys of the listing under way.
-    listed: std::collections::BTreeSet<Vec<u8>>,
+    /// A listing under way: it replaces `by_key` once whole.
+    listing: Option<Views>,
 }
+
+/// Views by key, each with its rank.
+type Views = BTreeMap<Vec<u8>, (PublishedView, u64)>;
 
 impl ViewReader {
     /// The reader of the views under `prefix` for the agent `local`, whose
@@ -70,7 +73,7 @@ impl ViewReader {
             contradictions: Vec::new(),
             contradictions_total: 0,
             refused: 0,
-            listed: std::collections::BTreeSet::new(),
+            listing: None,
         }
     }
 
@@ -91,8 +94,7 @@ impl ViewReader {
     /// Takes an event of the watch on the views' prefix.
     pub fn apply(&mut self, event: WatchEvent, now_ms: u64) {
         match event {
-            // A listing's pages replace the views together: the keys it
-            // did not list go at its last page.
+            // A listing's pages replace the views together, at its last.
             WatchEvent::Snapshot {
                 entries,
                 first,
@@ -100,15 +102,18 @@ impl ViewReader {
                 ..
             } => {
                 if first {
-                    self.listed.clear();
+                    self.listing = Some(BTreeMap::new());
                 }
-                for e in entries {
-                    self.put(&e, now_ms);
-                    self.listed.insert(e.key);
+                let Some(mut listing) = self.listing.take() else {
+                    return;
+                };
+                for e in &entries {
+                    self.put_in(&mut listing, e, now_ms);
                 }
                 if last {
-                    let listed = std::mem::take(&mut self.listed);
-                    self.by_key.retain(|k, _| listed.contains(k));
+                    self.by_key = listing;
+                } else {
+                    self.listing = Some(listing);
                 }
             }
             WatchEvent::Put(e) => self.put(&e, now_ms),
@@ -117,19 +122,32 @@ impl ViewReader {
                 self.by_key.remove(&key);
             }
             // The views held go stale until the watch is back.
-            WatchEvent::Lost { .. } => {}
+            WatchEvent::Lost { .. } => self.listing = None,
         }
     }
 
     /// Checks and takes a value under the prefix: the last good view at
     /// that key stays when it is refused.
     pub fn put(&mut self, e: &Entry, now_ms: u64) {
-        match self.check(e, now_ms) {
+        let mut held = std::mem::take(&mut self.by_key);
+        self.put_in(&mut held, e, now_ms);
+        self.by_key = held;
+    }
+
+    /// [`Self::put`] into `into`: the views held, or a listing's. A
+    /// listing keeps the last good view at a key whose value it refuses.
+    fn put_in(&mut self, into: &mut Views, e: &Entry, now_ms: u64) {
+        match self.check(into, e, now_ms) {
             Ok(v) => {
                 let rank = v.at_ms.min(now_ms);
-                self.by_key.insert(e.key.clone(), (v, rank));
+                into.insert(e.key.clone(), (v, rank));
             }
             Err(reason) => {
+                if let Some(good) = self.by_key.get(&e.key)
+                    && into.len() < MAX_VIEWS
+                {
+                    into.entry(e.key.clone()).or_insert_with(|| good.clone());
+                }
                 self.refused += 1;
                 warn!(
                     key = %e.key_str(),
@@ -140,7 +158,7 @@ impl ViewReader {
         }
     }
 
-    fn check(&self, e: &Entry, now_ms: u64) -> Result<PublishedView, String> {
+    fn check(&self, into: &Views, e: &Entry, now_ms: u64) -> Result<PublishedView, String> {
         let v = PublishedView::decode(&e.value).map_err(|e| e.to_string())?;
         if e.key.strip_prefix(self.prefix.as_bytes()) != Some(v.assembler.as_bytes()) {
             return Err(format!(
@@ -159,7 +177,7 @@ impl ViewReader {
                 "its time is {ahead} ms ahead of this node's clock (at most {limit} ms)"
             ));
         }
-        if self.by_key.len() >= MAX_VIEWS && !self.by_key.contains_key(&e.key) {
+        if into.len() >= MAX_VIEWS && !into.contains_key(&e.key) {
             return Err(format!("{MAX_VIEWS} views are held already"));
         }
         Ok(v)
@@ -332,7 +350,7 @@ mod tests {
 
     /// A listing's pages replace the views together: a view it did not
     /// list goes at its last page, one it lists refused keeps the last
-    /// good one.
+    /// good one, and a listing holds at most as many as are held.
     #[test]
     fn a_listing_drops_at_its_last_page_the_views_it_did_not_list() {
         let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
@@ -363,6 +381,16 @@ mod tests {
         keys.sort();
         assert_eq!(keys, [&b"/h/view/a"[..], b"/h/view/c"]);
         assert_eq!(r.refused, 1);
+        // A listing is bounded on its own, whatever is held.
+        let many: Vec<(String, Vec<u8>)> = (0..MAX_VIEWS + 4)
+            .map(|i| (format!("/h/view/z{i:02}"), value(now, &format!("z{i:02}"))))
+            .collect();
+        let many = || many.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        r.apply(page(many(), true, false), now);
+        assert_eq!(r.listing.as_ref().map(BTreeMap::len), Some(MAX_VIEWS));
+        assert_eq!(r.by_key.len(), 2, "held meanwhile");
+        r.apply(page(Vec::new(), false, true), now);
+        assert_eq!((r.by_key.len(), r.refused), (MAX_VIEWS, 5));
     }
 
     #[test]

@@ -816,8 +816,8 @@ mod tests {
     async fn records_past_max_nodes_are_not_held_and_refuse_the_set() {
         let nodes = Nodes::new("etcd".into()).with_max_nodes(3);
         let mut view = View::new("/h/", Duration::from_secs(60), 3, "/h/n1");
-        // In key order n10..n14 come before n1's own record: it is held all
-        // the same.
+        // n1's own record comes last, past the bound: it is held all the
+        // same.
         let all: Vec<Entry> = [10, 11, 12, 13, 14, 1].into_iter().map(node_kv).collect();
         view.apply(page(all.clone(), true, true));
         assert_eq!((view.held.records().len(), view.held.over()), (4, 2));

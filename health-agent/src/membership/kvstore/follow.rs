@@ -9,8 +9,8 @@ use tokio::sync::mpsc;
 use tracing::info;
 
 use super::{
-    BACKOFF_MIN, Entry, KvError, KvStore, QUIET_FOR, QUIET_RETRY_PAUSE, WATCH_BUFFER, WatchEvent,
-    call_error, timed,
+    BACKOFF_MIN, Entry, KvError, KvStore, QUIET_FOR, QUIET_RETRY_PAUSE, REQUEST_TIMEOUT,
+    WATCH_BUFFER, WatchEvent, call_error, timed,
 };
 
 impl KvStore {
@@ -35,6 +35,7 @@ impl KvStore {
             from: prefix.to_vec(),
             end: prefix_end(prefix),
             revision: 0,
+            limit: LIST_PAGE,
             done: false,
         })
     }
@@ -214,28 +215,43 @@ struct Pages {
     end: Vec<u8>,
     /// The listing's revision, once the first page is read.
     revision: i64,
+    /// Keys a page.
+    limit: i64,
     done: bool,
 }
 
 impl Pages {
     /// The next page in key order (the first, empty when the prefix is),
-    /// or `None` past the last.
+    /// or `None` past the last. A page over gRPC's 4 MiB (values of up to
+    /// the 1.5 MiB etcd allows) is read again with half the keys, down to
+    /// one, and the pages after it too.
     async fn next(&mut self) -> Result<Option<Vec<Entry>>, KvError> {
         if self.done {
             return Ok(None);
         }
-        let mut opts = GetOptions::new()
-            .with_range(self.end.clone())
-            .with_limit(LIST_PAGE);
-        if self.revision > 0 {
-            opts = opts.with_revision(self.revision);
-        }
-        let from = std::mem::take(&mut self.from);
-        let resp = timed(
-            format!("listing {}", self.shown),
-            self.kv.get(from, Some(opts)),
-        )
-        .await?;
+        let resp = loop {
+            let mut opts = GetOptions::new()
+                .with_range(self.end.clone())
+                .with_limit(self.limit);
+            if self.revision > 0 {
+                opts = opts.with_revision(self.revision);
+            }
+            let op = format!("listing {}", self.shown);
+            let read = self.kv.get(self.from.clone(), Some(opts));
+            match tokio::time::timeout(REQUEST_TIMEOUT, read).await {
+                Ok(Ok(resp)) => break resp,
+                Ok(Err(etcd_client::Error::GRpcStatus(s))) if too_large(&s) && self.limit > 1 => {
+                    self.limit /= 2;
+                }
+                Ok(Err(e)) => return Err(call_error(op)(e)),
+                Err(_) => {
+                    return Err(KvError::Timeout {
+                        op,
+                        timeout: REQUEST_TIMEOUT,
+                    });
+                }
+            }
+        };
         if self.revision == 0 {
             self.revision = resp
                 .header()
@@ -253,12 +269,18 @@ impl Pages {
     }
 }
 
+/// Whether a read failed for its answer's size (gRPC's receive limit), not
+/// for a compacted revision, which etcd also says with `OutOfRange`.
+fn too_large(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::OutOfRange && s.message().contains("message length too large")
+}
+
 /// A broken watch is retried before it is said lost at most this often.
 const QUIET_RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Keys read per request when listing a prefix: at the 1.5 MiB etcd
-/// allows a value, a page can still exceed gRPC's 4 MiB limit, but node
-/// records (about 100 bytes) and summaries (about 1.5 KiB) stay far below.
+/// Keys read per request when listing a prefix: node records (about 100
+/// bytes) and summaries (about 1.5 KiB) stay far below gRPC's 4 MiB limit;
+/// a page of larger values over it is read again in smaller ones.
 const LIST_PAGE: i64 = 500;
 
 /// The end of the range of keys starting with `prefix` (etcd's

@@ -17,8 +17,8 @@
 //!   that changed meanwhile); when the agent leaves, [`KvStore::revoke`]
 //!   removes them all at once.
 //! - [`KvStore::watch_prefix`] follows every key under a prefix: a
-//!   [`WatchEvent::Snapshot`] (a range read at revision R, a page at a
-//!   time: a reader never holds more than a page of it beside its own), then
+//!   [`WatchEvent::Snapshot`] (a range read at revision R, sent a page at
+//!   a time as it is read, never gathered whole), then
 //!   [`WatchEvent::Put`] / [`WatchEvent::Delete`] from the watch stream
 //!   started at R + 1, so that no change is missed or seen twice. When the
 //!   watch breaks ([`WatchEvent::Lost`], once per outage) or its revision
