@@ -70,7 +70,7 @@ use crate::{
     supervisor::{Health, Supervisor, SupervisorError},
     sys::{
         netns::Netns,
-        pidfile::{Pidfile, PidfileError},
+        pidfile::{DirLock, Pidfile, PidfileError},
         signals::{Hangups, Signals},
     },
     util::errors::chain,
@@ -92,6 +92,14 @@ pub enum DaemonError {
     Netns(#[from] crate::sys::netns::NetnsError),
     #[error("this node's address for its etcd record")]
     NodeIp(#[from] node_addr::NodeAddrError),
+    #[error("the pin directory (--bpffs-dir)")]
+    Pins(#[source] crate::datapath::DatapathError),
+}
+
+/// Makes the pin directory (mounting bpffs where none is) and locks it.
+fn pin_lock(dir: &std::path::Path) -> Result<DirLock, DaemonError> {
+    crate::datapath::ensure_pin_dir(dir).map_err(DaemonError::Pins)?;
+    Ok(DirLock::take(dir, "--bpffs-dir")?)
 }
 
 /// Runs the agent until SIGINT or SIGTERM (`Ok`), or until a task fails
@@ -147,6 +155,7 @@ async fn run_inner(
 ) -> Result<(), DaemonError> {
     let s = &cfg.settings;
     let _pidfile = Pidfile::acquire(&s.process.pidfile, &s.socket.path)?;
+    let _state = DirLock::take(&s.endpoint.state_dir, "--state-dir")?;
     let result = run_agent(cfg, stop, hangups).await;
     // What a task aborted at the stop deadline left (the endpoint) is
     // removed before the pidfile goes.
@@ -166,6 +175,8 @@ async fn run_agent(
     if stop.is_cancelled() {
         return Ok(());
     }
+    // The pins are this agent's alone, held past their removal.
+    let _pin_lock = pin_lock(&s.pins.dir)?;
     // Whatever ends the agent from here on, the pins go with it.
     let _pins = maintenance::PinsGuard {
         dir: s.pins.dir.clone(),

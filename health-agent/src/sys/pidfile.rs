@@ -15,6 +15,8 @@ pub enum PidfileError {
     SocketInUse { path: PathBuf },
     #[error("{path} (--socket) exists and is not a socket: refusing to remove it")]
     NotASocket { path: PathBuf },
+    #[error("another health-agent holds {path} ({flag}): each agent needs its own")]
+    DirInUse { path: PathBuf, flag: &'static str },
     #[error("{op} {path}")]
     Io {
         op: &'static str,
@@ -87,6 +89,35 @@ impl Pidfile {
     }
 }
 
+/// A directory only this agent may use (its state, its pins), locked
+/// (`flock`) for the agent's life: two agents given different pidfiles but
+/// one such directory would take each other's endpoint or maps.
+pub struct DirLock {
+    /// The open, locked directory: the lock goes with the descriptor.
+    _dir: fs::File,
+}
+
+impl DirLock {
+    /// Creates `path` if it is not there and locks it; `flag` names the
+    /// setting that gave it, for the error.
+    pub fn take(path: &Path, flag: &'static str) -> Result<Self, PidfileError> {
+        let io = |op| {
+            let path = path.to_owned();
+            move |source| PidfileError::Io { op, path, source }
+        };
+        fs::create_dir_all(path).map_err(io("creating"))?;
+        let dir = fs::File::open(path).map_err(io("opening"))?;
+        match dir.try_lock() {
+            Ok(()) => Ok(Self { _dir: dir }),
+            Err(fs::TryLockError::WouldBlock) => Err(PidfileError::DirInUse {
+                path: path.to_owned(),
+                flag,
+            }),
+            Err(fs::TryLockError::Error(source)) => Err(io("locking")(source)),
+        }
+    }
+}
+
 impl Drop for Pidfile {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
@@ -121,6 +152,24 @@ mod tests {
         drop(held);
         assert!(!pid.exists(), "pidfile removed on drop");
         let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_directory_is_held_by_one_agent_at_a_time() {
+        let d = dir("dirlock").join("state");
+        let held = DirLock::take(&d, "--state-dir").expect("made and locked");
+        assert!(d.is_dir());
+        let err = DirLock::take(&d, "--state-dir").err().expect("refused");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "another health-agent holds {} (--state-dir): each agent needs its own",
+                d.display()
+            )
+        );
+        drop(held);
+        assert!(DirLock::take(&d, "--state-dir").is_ok(), "free once let go");
+        let _ = fs::remove_dir_all(d.parent().expect("parent"));
     }
 
     #[test]

@@ -248,6 +248,42 @@ fn a_kept_endpoint_the_flags_no_longer_describe_is_removed() {
     assert!(!node.endpoint_ns().exists(), "nothing left");
 }
 
+/// Two agents given one pin directory under pidfiles of their own: the
+/// second is refused, naming the flag, and the first's pins and endpoint
+/// are left as they were.
+#[test]
+fn a_second_agent_on_the_same_pins_is_refused_and_takes_nothing() {
+    let mut first = AgentNode::new();
+    first.start(&[]);
+    let ep = first.wait_endpoint(READY, |_| true);
+    let pins = || {
+        let mut names: Vec<String> = std::fs::read_dir(&first.pins)
+            .expect("pins")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = pins();
+    assert!(before.len() > 1, "{before:?}");
+    let mut second = AgentNode::new();
+    second.pins.clone_from(&first.pins);
+    let out = second.run_to_exit(HEALTH_CIDR, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the second agent started:\n{err}");
+    assert!(
+        err.contains(&format!(
+            "another health-agent holds {} (--bpffs-dir)",
+            first.pins.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(pins(), before, "the first's pins are left");
+    assert!(!second.endpoint_ns().exists(), "the second made nothing");
+    let still = first.wait_endpoint(READY, |_| true);
+    assert_eq!((still.id, still.ipv4), (ep.id, ep.ipv4));
+}
+
 /// An agent upgraded over an endpoint kept by an earlier version, whose
 /// record proves nothing: the endpoint whose interface holds the recorded
 /// address and is paired with `lxc_health` is adopted, and its proof is
