@@ -302,5 +302,7 @@ unsafe impl aya::Pod for NatEntry {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for NatConfig {}
 
+pub mod quoted;
+
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,9 @@
 //! Masquerade on the node's uplink: SNAT of health traffic leaving the
-//! node (egress) and the reverse translation of its replies (ingress),
-//! before the stack sees them. A flow that cannot be translated is
-//! dropped, never sent with the endpoint's own address. IPv4 only: IPv6
-//! (and anything else without an IPv4 NAT key) passes untouched.
+//! node (egress) and the reverse translation of its replies and of the
+//! ICMP errors about it (ingress), before the stack sees them. A flow that
+//! cannot be translated is dropped, never sent with the endpoint's own
+//! address. IPv4 only: IPv6 (and anything else without an IPv4 NAT key)
+//! passes untouched.
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_SHOT, TC_ACT_UNSPEC},
@@ -14,7 +15,7 @@ use health_common::{
     ct::{Flow, IPPROTO_TCP, IPPROTO_UDP},
     flow,
     headers::EthHdr,
-    nat::{self, ALLOC_RETRIES, NatConfig, NatCounter, NatEntry, NatKey},
+    nat::{self, ALLOC_RETRIES, NatConfig, NatCounter, NatEntry, NatKey, quoted},
 };
 
 use super::{
@@ -53,11 +54,15 @@ pub fn health_nat_egress(ctx: TcContext) -> i32 {
     verdict(done, NatCounter::Snat)
 }
 
-/// Arriving at the node: translate replies of masqueraded flows back.
+/// Arriving at the node: translate replies of masqueraded flows back, and
+/// the ICMP errors about them.
 #[classifier]
 pub fn health_nat_ingress(ctx: TcContext) -> i32 {
-    let Some((cfg, flow)) = prepare(&ctx) else {
+    let Some(cfg) = config() else {
         return TC_ACT_UNSPEC;
+    };
+    let Some(flow) = ipv4_flow(&ctx) else {
+        return quoted_error(&ctx, &cfg);
     };
     let Some(key) = nat::arriving_key(&flow) else {
         return TC_ACT_UNSPEC;
@@ -112,16 +117,73 @@ fn verdict(done: Result<(), i64>, counter: NatCounter) -> i32 {
 /// is IPv4 (IPv6 is never masqueraded: it is not even parsed).
 #[inline(always)]
 fn prepare(ctx: &TcContext) -> Option<(NatConfig, Flow)> {
+    Some((config()?, ipv4_flow(ctx)?))
+}
+
+/// The configuration when masquerade is on.
+#[inline(always)]
+fn config() -> Option<NatConfig> {
     let cfg = *NAT_CONFIG.get(0)?;
-    if cfg.enabled != 1 {
-        return None;
-    }
+    (cfg.enabled == 1).then_some(cfg)
+}
+
+/// The packet's flow when it is a tracked IPv4 one.
+#[inline(always)]
+fn ipv4_flow(ctx: &TcContext) -> Option<Flow> {
     let mut frame = packet::headers(ctx, FLOW_HEADERS);
     let mut flow = Flow::default();
-    if !flow::parse_ipv4_into(&mut frame, &mut flow) {
-        return None;
+    flow::parse_ipv4_into(&mut frame, &mut flow).then_some(flow)
+}
+
+/// An ICMP error about a masqueraded flow, translated back to the
+/// endpoint: the outer destination, and the quoted source address and
+/// port (see [`quoted`]). Any other packet passes as it is.
+#[inline(always)]
+fn quoted_error(ctx: &TcContext, cfg: &NatConfig) -> i32 {
+    let mut frame = packet::headers(ctx, quoted::QUOTE_HEADERS);
+    let Some(q) = quoted::quoted_error(&mut frame, cfg.node_ip) else {
+        return TC_ACT_UNSPEC;
+    };
+    // SAFETY: the value is copied out at once.
+    let Some(back) = (unsafe { NAT_MAP.get(&q.key) }).copied() else {
+        // About the node's own traffic.
+        return TC_ACT_UNSPEC;
+    };
+    verdict(
+        rewrite_quoted(ctx, &q, cfg.node_ip, &back),
+        NatCounter::RevSnat,
+    )
+}
+
+/// The rewrites of [`quoted_error`]. The quoted header's sum, its
+/// checksum included, is the same after its source and checksum change,
+/// so the ICMP checksum changes only with the quoted port. The quoted L4
+/// checksum is left: the quote is often cut before it, and no stack checks
+/// it.
+#[inline(always)]
+fn rewrite_quoted(
+    ctx: &TcContext,
+    q: &quoted::QuotedError,
+    node_ip: [u8; 4],
+    back: &NatEntry,
+) -> Result<(), i64> {
+    let (node, ep) = (
+        u64::from(u32::from_ne_bytes(node_ip)),
+        u64::from(u32::from_ne_bytes(back.xlate_addr)),
+    );
+    ctx.l3_csum_replace(IP_CSUM, node, ep, 4)?;
+    ctx.store(IP_DST, &back.xlate_addr, 0)?;
+    ctx.l3_csum_replace(q.quote_at + 10, node, ep, 4)?;
+    ctx.store(q.quote_at + 12, &back.xlate_addr, 0)?;
+    if q.key.dport != back.xlate_port {
+        let (from_p, to_p) = (
+            u64::from(u16::from_ne_bytes(q.key.dport)),
+            u64::from(u16::from_ne_bytes(back.xlate_port)),
+        );
+        ctx.l4_csum_replace(q.icmp_at + 2, from_p, to_p, 2)?;
+        ctx.store(q.quote_port_at, &back.xlate_port, 0)?;
     }
-    Some((cfg, flow))
+    Ok(())
 }
 
 /// The node port of flow `out`: its existing pair's, or a newly allocated

@@ -288,6 +288,76 @@ fn tcp_and_udp_get_ports_and_valid_checksums() {
     assert_eq!(counter(&pins, "created"), 3);
 }
 
+/// An ICMP error from `ROUTER` to the node, type `t`, quoting the first
+/// `quoted` bytes of the IP packet of `frame`.
+fn icmp_error(t: u8, frame: &[u8], quoted: usize) -> Vec<u8> {
+    const ROUTER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+    let mut icmp = vec![t, 4, 0, 0, 0, 0, 0x05, 0x00];
+    icmp.extend_from_slice(&frame[14..14 + quoted]);
+    let c = packets::inet_checksum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut ip = packets::ipv4_header(ROUTER, NODE, 1, 64, 7, icmp.len());
+    ip.extend_from_slice(&icmp);
+    packets::ethernet([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1], 0x0800, &ip)
+}
+
+/// A router's error about a masqueraded probe (fragmentation needed, a
+/// host unreachable, a TTL exceeded) reaches the endpoint as it would
+/// without masquerade: to its address, quoting its own address and port,
+/// every checksum valid. An error about the node's own traffic passes as
+/// it is.
+#[test]
+fn icmp_errors_about_masqueraded_flows_are_translated_back() {
+    let (mut r, pins) = loaded(config(61_000, 65_535));
+    let syn = packets::tcp(EP, PEER, (40_000, 4240), 0x02, b"");
+    let out = pass(&mut r, true, &syn);
+    let echo = pass(&mut r, true, &Echo::request(EP, PEER, 0x0201, 1).frame());
+    let before = counter(&pins, "rev_snat");
+    // The whole packet quoted, and only its header and 8 bytes.
+    for (t, sent, quoted, port_at) in [
+        (3, &out, out.len() - 14, 20),
+        (11, &out, 28, 20),
+        (3, &echo, 28, 24),
+        (12, &echo, echo.len() - 14, 24),
+    ] {
+        let err = icmp_error(t, sent, quoted);
+        let back = pass(&mut r, false, &err);
+        let (src, dst, proto, icmp) = verify_frame(&back).expect("checksums valid");
+        assert_eq!(
+            (src, dst, proto, icmp[0]),
+            (Ipv4Addr::new(198, 18, 0, 1), EP, 1, t)
+        );
+        let quote = &icmp[8..];
+        assert_eq!(
+            packets::inet_checksum(&quote[..20]),
+            0,
+            "the quoted header's checksum"
+        );
+        assert_eq!(
+            Ipv4Addr::new(quote[12], quote[13], quote[14], quote[15]),
+            EP,
+            "the quoted source"
+        );
+        let original = if port_at == 20 { 40_000 } else { 0x0201 };
+        assert_eq!(
+            u16::from_be_bytes([quote[port_at], quote[port_at + 1]]),
+            original,
+            "the quoted port or identifier"
+        );
+        assert_eq!(&quote[16..20], &sent[30..34], "the quoted destination kept");
+    }
+    assert_eq!(counter(&pins, "rev_snat"), before + 4);
+
+    // About the node's own traffic (a port NAT never handed out), or cut
+    // inside the quoted ports: passed as they are.
+    let own = packets::tcp(NODE, PEER, (40_000, 4240), 0x02, b"");
+    for err in [icmp_error(3, &own, 28), icmp_error(3, &out, 22)] {
+        let (verdict, passed) = run(&mut r, false, &err);
+        assert_eq!((verdict, passed), (TCX_NEXT, err));
+    }
+    assert_eq!(counter(&pins, "rev_snat"), before + 4);
+}
+
 #[test]
 fn traffic_that_is_not_masqueraded_is_untouched() {
     let (mut r, pins) = loaded(config(61_000, 65_535));
