@@ -140,35 +140,30 @@ impl Endpoint {
         kernel: DatapathHandle,
         shared: SharedView,
     ) -> Result<Self, EndpointError> {
-        let previous = retire(EndpointRecord::load(&cfg.state_dir)?, &cfg)?;
-        let mut plan = Plan {
-            netns: Netns::named(&cfg.netns_name)?,
-            netns_name: cfg.netns_name.clone(),
-            host_iface: cfg.host_iface.clone(),
-            ep_iface: cfg.ep_iface.clone(),
-            v4: None,
-            v6: None,
-        };
-        let owned = claim(&plan, previous.as_ref())?;
-        let restorable = previous.as_ref().filter(|r| {
-            r.netns == cfg.netns_name && owned.netns.is_some() && matches_config(r, &cfg)
-        });
+        let Begun {
+            mut plan,
+            previous,
+            owned,
+            begin,
+        } = begin(&cfg)?;
         let mut lifecycle = Lifecycle::default();
-        let mut record = if let Some(r) = restorable {
-            lifecycle.transition(
-                State::Restoring,
-                format!(
-                    "found endpoint {} ({}) in netns {} from a previous run",
-                    r.id,
-                    r.addresses(),
-                    r.netns
-                ),
-            )?;
-            r.clone()
-        } else {
-            let record = new_record(&cfg, previous.as_ref())?;
-            lifecycle.transition(State::WaitingForIdentity, "allocating an identity")?;
-            record
+        let mut record = match begin {
+            Ok(r) => {
+                lifecycle.transition(
+                    State::Restoring,
+                    format!(
+                        "found endpoint {} ({}) in netns {} from a previous run",
+                        r.id,
+                        r.addresses(),
+                        r.netns
+                    ),
+                )?;
+                r
+            }
+            Err(record) => {
+                lifecycle.transition(State::WaitingForIdentity, "allocating an identity")?;
+                record
+            }
         };
         let changed = previous
             .as_ref()
@@ -473,23 +468,79 @@ impl Endpoint {
     }
 }
 
-/// What of the objects under the endpoint's names the previous run's
-/// record proves is the agent's (for a record of an earlier version, what
-/// it adopts); the first one it does not prove is an error.
+/// What [`Endpoint::start`] found before it makes anything.
+struct Begun {
+    plan: Plan,
+    previous: Option<EndpointRecord>,
+    /// What the previous record proves is the agent's under the endpoint's
+    /// names.
+    owned: Owned,
+    /// The record restored (`Ok`), or one made anew (`Err`).
+    begin: Result<EndpointRecord, EndpointRecord>,
+}
+
+/// Loads the previous run's record and judges what is under the
+/// endpoint's names; once everything that can be refused is checked, a
+/// previous endpoint the flags no longer describe goes ([`retire`]), and
+/// what is under the names is judged again.
+fn begin(cfg: &EndpointConfig) -> Result<Begun, EndpointError> {
+    let previous = EndpointRecord::load(&cfg.state_dir)?;
+    let plan = Plan {
+        netns: Netns::named(&cfg.netns_name)?,
+        netns_name: cfg.netns_name.clone(),
+        host_iface: cfg.host_iface.clone(),
+        ep_iface: cfg.ep_iface.clone(),
+        v4: None,
+        v6: None,
+    };
+    let claimed = claim(&plan, previous.as_ref())?;
+    let restorable = previous
+        .as_ref()
+        .filter(|r| r.netns == cfg.netns_name && claimed.netns.is_some() && matches_config(r, cfg))
+        .cloned();
+    let begin = match restorable {
+        Some(r) => Ok(r),
+        None => Err(new_record(cfg, previous.as_ref())?),
+    };
+    let (previous, owned) = match retire(previous, cfg)? {
+        Retired::Kept(p) => (p, claimed),
+        Retired::Removed(p) => {
+            let owned = claim(&plan, Some(&p))?;
+            (Some(p), owned)
+        }
+    };
+    Ok(Begun {
+        plan,
+        previous,
+        owned,
+        begin,
+    })
+}
+
+/// What [`retire`] did with the previous run's record.
+enum Retired {
+    /// It describes the endpoint to make (or proves nothing): kept as it is.
+    Kept(Option<EndpointRecord>),
+    /// Its endpoint was removed; the record, kept for its ID and address,
+    /// owns nothing now.
+    Removed(EndpointRecord),
+}
+
 /// Removes the endpoint a previous run left when it cannot be restored
 /// under `cfg` (another namespace or interface name, another CIDR, an
 /// address out of it): what its record proves is the agent's, under the
-/// names it was made with, and nothing else. The record, kept for its ID
-/// and address, then owns nothing.
+/// names it was made with, and nothing else. Only while its namespace is
+/// there and proven: interface indexes start over at a reboot, so a link
+/// proof alone (the namespace gone with the reboot) proves nothing.
 fn retire(
     previous: Option<EndpointRecord>,
     cfg: &EndpointConfig,
-) -> Result<Option<EndpointRecord>, EndpointError> {
+) -> Result<Retired, EndpointError> {
     let Some(mut r) = previous else {
-        return Ok(None);
+        return Ok(Retired::Kept(None));
     };
     let Some(owned) = r.owned.clone().filter(|o| *o != Owned::default()) else {
-        return Ok(Some(r));
+        return Ok(Retired::Kept(Some(r)));
     };
     let name_of = |l: Option<&ownership::LinkProof>, or: &str| {
         l.map_or_else(|| or.to_owned(), |l| l.name.clone())
@@ -506,21 +557,38 @@ fn retire(
         && old.host_iface == cfg.host_iface
         && old.ep_iface == cfg.ep_iface;
     if same_names && matches_config(&r, cfg) {
-        return Ok(Some(r));
+        return Ok(Retired::Kept(Some(r)));
     }
-    info!(
-        netns = %r.netns,
-        addresses = %r.addresses(),
-        "the previous run's endpoint does not match the configuration: removing it"
-    );
-    for left in plumbing::remove(&old, &owned)? {
-        warn!("not removed: {left}");
+    let netns = ownership::observe(&old)?.netns;
+    let proven = netns.is_some()
+        && ownership::judge(
+            Record::Current(&owned),
+            &ownership::Found {
+                netns,
+                ..ownership::Found::default()
+            },
+        )
+        .is_ok();
+    if proven {
+        info!(
+            netns = %r.netns,
+            addresses = %r.addresses(),
+            "the previous run's endpoint does not match the configuration: removing it"
+        );
+        for left in plumbing::remove(&old, &owned)? {
+            warn!("not removed: {left}");
+        }
+    } else {
+        info!(netns = %r.netns, "the previous run's endpoint is gone: nothing of it to remove");
     }
     r.owned = Some(Owned::default());
     r.save(&cfg.state_dir)?;
-    Ok(Some(r))
+    Ok(Retired::Removed(r))
 }
 
+/// What of the objects under the endpoint's names the previous run's
+/// record proves is the agent's (for a record of an earlier version, what
+/// it adopts); the first one it does not prove is an error.
 fn claim(plan: &Plan, previous: Option<&EndpointRecord>) -> Result<Owned, EndpointError> {
     let found = ownership::observe(plan)?;
     let addresses;

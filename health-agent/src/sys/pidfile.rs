@@ -105,16 +105,36 @@ impl DirLock {
             let path = path.to_owned();
             move |source| PidfileError::Io { op, path, source }
         };
-        fs::create_dir_all(path).map_err(io("creating"))?;
-        let dir = fs::File::open(path).map_err(io("opening"))?;
-        match dir.try_lock() {
-            Ok(()) => Ok(Self { _dir: dir }),
-            Err(fs::TryLockError::WouldBlock) => Err(PidfileError::DirInUse {
-                path: path.to_owned(),
-                flag,
-            }),
-            Err(fs::TryLockError::Error(source)) => Err(io("locking")(source)),
+        // An agent that removes the directory it held (the pins) may do so
+        // between this open and this lock: the lock must be on the
+        // directory the path names once it is taken.
+        for _ in 0..3 {
+            fs::create_dir_all(path).map_err(io("creating"))?;
+            let dir = fs::File::open(path).map_err(io("opening"))?;
+            match dir.try_lock() {
+                Ok(()) if same_file(&dir, path) => return Ok(Self { _dir: dir }),
+                Ok(()) => {}
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(PidfileError::DirInUse {
+                        path: path.to_owned(),
+                        flag,
+                    });
+                }
+                Err(fs::TryLockError::Error(source)) => return Err(io("locking")(source)),
+            }
         }
+        Err(io("locking")(io::Error::other(
+            "the directory was replaced while it was locked",
+        )))
+    }
+}
+
+/// Whether `file` is what `path` names now.
+fn same_file(file: &fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (file.metadata(), fs::metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     }
 }
 

@@ -11,7 +11,7 @@ use crate::{
     ct::{DIR_IN, IPPROTO_TCP, IPPROTO_UDP},
     frame::Frame,
     headers::{
-        EthHdr, ICMP_ECHO_REQUEST, IPPROTO_ICMP, Ipv4Hdr, ipv4_header_len, is_ipv4,
+        EthHdr, ICMP_ECHO_REQUEST, IPPROTO_ICMP, Ipv4Hdr, ipv4_header_len, ipv4_total_len, is_ipv4,
         is_later_fragment,
     },
 };
@@ -52,28 +52,45 @@ pub const fn is_error(t: u8) -> bool {
     )
 }
 
-/// The ICMP error in `frame`, when it is addressed to `node_ip` and quotes
-/// a TCP or UDP packet, or an ICMP echo request, that `node_ip` sent.
-/// `None` for anything else, a quote too short to hold the ports among it.
+/// Where the ICMP header of the error in `frame` is, and where its
+/// datagram ends, when `frame` holds an unfragmented IPv4 ICMP error
+/// addressed to `node_ip`: read from the first 82 bytes, so a program can
+/// tell before it reads further.
 #[inline(always)]
-pub fn quoted_error<F: Frame>(frame: &mut F, node_ip: [u8; 4]) -> Option<QuotedError> {
+pub fn error_at<F: Frame>(frame: &mut F, node_ip: [u8; 4]) -> Option<(usize, usize)> {
     let eth = frame.read::<EthHdr>(0)?;
     if !is_ipv4(&eth) {
         return None;
     }
+    let mut end = 0;
     let icmp_at = ipv4_at(frame, EthHdr::LEN, IPPROTO_ICMP, |ip| {
-        ip.dst_addr == node_ip
+        end = EthHdr::LEN + ipv4_total_len(ip);
+        // Translated, a first fragment would part from the others.
+        ip.dst_addr == node_ip && u16::from_be_bytes(ip.frags) & FRAGMENTED == 0
     })?;
     let icmp = frame.read::<[u8; 8]>(icmp_at)?;
-    if !is_error(icmp[0]) {
-        return None;
-    }
+    is_error(icmp[0]).then_some((icmp_at, end))
+}
+
+/// The more-fragments flag and the fragment offset.
+const FRAGMENTED: u16 = 0x3fff;
+
+/// The ICMP error in `frame`, when it is addressed to `node_ip` and quotes
+/// a TCP or UDP packet, or an ICMP echo request, that `node_ip` sent.
+/// `None` for anything else, or a quote too short to hold the ports.
+#[inline(always)]
+pub fn quoted_error<F: Frame>(frame: &mut F, node_ip: [u8; 4]) -> Option<QuotedError> {
+    let (icmp_at, end) = error_at(frame, node_ip)?;
     let quote_at = icmp_at + 8;
     let quote = *frame.header_mut::<Ipv4Hdr>(quote_at)?;
     if quote.src_addr != node_ip {
         return None;
     }
     let l4 = ipv4_at(frame, quote_at, quote.proto, |_| true)?;
+    // The ports are within the datagram, not in the frame's padding.
+    if l4 + 8 > end {
+        return None;
+    }
     let ports = frame.read::<[u8; 8]>(l4)?;
     let mut key = NatKey {
         saddr: quote.dst_addr,
@@ -132,7 +149,10 @@ mod tests {
     const ROUTER: [u8; 4] = [198, 18, 0, 1];
 
     fn ipv4(src: [u8; 4], dst: [u8; 4], proto: u8, payload: &[u8]) -> Vec<u8> {
-        let mut h = Vec::from([0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto, 0, 0]);
+        let total = u16::try_from(20 + payload.len())
+            .expect("small")
+            .to_be_bytes();
+        let mut h = Vec::from([0x45, 0, total[0], total[1], 0, 0, 0, 0, 64, proto, 0, 0]);
         h.extend_from_slice(&src);
         h.extend_from_slice(&dst);
         h.extend_from_slice(payload);
@@ -230,5 +250,13 @@ mod tests {
         frag[6..8].copy_from_slice(&0x0010u16.to_be_bytes());
         assert_eq!(parse(&mut error(3, NODE, &frag)), None);
         assert!(parse(&mut error(3, NODE, &quote)).is_some());
+        // The error itself a fragment (the first, more to come).
+        let mut first = error(3, NODE, &quote);
+        first[20..22].copy_from_slice(&0x2000u16.to_be_bytes());
+        assert_eq!(parse(&mut first), None);
+        // Ports only in the frame's padding, past the datagram's length.
+        let mut padded = error(3, NODE, cut);
+        padded.extend_from_slice(&[0; 5]);
+        assert_eq!(parse(&mut padded), None);
     }
 }

@@ -140,6 +140,10 @@ fn ipv4_flow(ctx: &TcContext) -> Option<Flow> {
 /// port (see [`quoted`]). Any other packet passes as it is.
 #[inline(always)]
 fn quoted_error(ctx: &TcContext, cfg: &NatConfig) -> i32 {
+    // From the headers read already: only an ICMP error reads further.
+    if quoted::error_at(&mut packet::headers(ctx, FLOW_HEADERS), cfg.node_ip).is_none() {
+        return TC_ACT_UNSPEC;
+    }
     let mut frame = packet::headers(ctx, quoted::QUOTE_HEADERS);
     let Some(q) = quoted::quoted_error(&mut frame, cfg.node_ip) else {
         return TC_ACT_UNSPEC;

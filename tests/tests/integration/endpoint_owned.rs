@@ -210,6 +210,13 @@ fn a_kept_endpoint_the_flags_no_longer_describe_is_removed() {
     let first_made = proven_now(&node);
     assert!(first.exists() && first_made.1.is_some(), "kept");
 
+    // A change the agent refuses (no free address in the new CIDR) leaves
+    // the kept endpoint as it was.
+    let out = node.run_to_exit("198.18.0.8/30", &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no free address in 198.18.0.8/30"), "{err}");
+    assert_eq!(proven_now(&node), first_made, "refused: nothing removed");
+
     // Another namespace name: the kept one goes, with its veth.
     let first_name = std::mem::replace(&mut node.endpoint_netns, health_tests::names::unique("ep"));
     node.start(&["--keep-endpoint"]);
