@@ -20,7 +20,7 @@ use crate::{
         published_view::PublishedView,
         view_cell::{Assembly, ClusterReply},
     },
-    membership::kvstore::{Entry, WatchEvent},
+    membership::kvstore::{Entry, Listing, WatchEvent},
 };
 
 /// How far ahead of the local clock a view's time may be, beyond two of
@@ -53,7 +53,7 @@ pub struct ViewReader {
     /// Views refused since the start.
     pub refused: u64,
     /// A listing under way: it replaces `by_key` once whole.
-    listing: Option<Views>,
+    listing: Listing<Views>,
 }
 
 /// Views by key, each with its rank.
@@ -73,7 +73,7 @@ impl ViewReader {
             contradictions: Vec::new(),
             contradictions_total: 0,
             refused: 0,
-            listing: None,
+            listing: Listing::default(),
         }
     }
 
@@ -101,19 +101,14 @@ impl ViewReader {
                 last,
                 ..
             } => {
-                if first {
-                    self.listing = Some(BTreeMap::new());
-                }
-                let Some(mut listing) = self.listing.take() else {
+                let Some(mut listing) = self.listing.page(first, BTreeMap::new) else {
                     return;
                 };
                 for e in &entries {
                     self.put_in(&mut listing, e, now_ms);
                 }
-                if last {
-                    self.by_key = listing;
-                } else {
-                    self.listing = Some(listing);
+                if let Some(whole) = self.listing.after_page(listing, last) {
+                    self.by_key = whole;
                 }
             }
             WatchEvent::Put(e) => self.put(&e, now_ms),
@@ -122,7 +117,7 @@ impl ViewReader {
                 self.by_key.remove(&key);
             }
             // The views held go stale until the watch is back.
-            WatchEvent::Lost { .. } => self.listing = None,
+            WatchEvent::Lost { .. } => self.listing.abandon(),
         }
     }
 
@@ -387,7 +382,7 @@ mod tests {
             .collect();
         let many = || many.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         r.apply(page(many(), true, false), now);
-        assert_eq!(r.listing.as_ref().map(BTreeMap::len), Some(MAX_VIEWS));
+        assert_eq!(r.listing.under_way().map(BTreeMap::len), Some(MAX_VIEWS));
         assert_eq!(r.by_key.len(), 2, "held meanwhile");
         r.apply(page(Vec::new(), false, true), now);
         assert_eq!((r.by_key.len(), r.refused), (MAX_VIEWS, 5));

@@ -42,7 +42,7 @@ use crate::{
         view_reader::{ViewReader, millis},
     },
     membership::{
-        kvstore::{KvStore, LeaderPutError, Leadership, Role, WatchEvent},
+        kvstore::{KvStore, LeaderPutError, Leadership, Listing, Role, WatchEvent},
         published::Nodes,
     },
     probe::Prober,
@@ -121,7 +121,7 @@ struct Held {
     /// The first listing was read whole: the summaries are all there.
     loaded: bool,
     /// A listing under way: it replaces `by_key` once whole.
-    listing: Option<HashMap<Vec<u8>, Kept>>,
+    listing: Listing<HashMap<Vec<u8>, Kept>>,
 }
 
 /// A summary held, and the version of its content: a number no other
@@ -151,7 +151,7 @@ impl Held {
             refused: 0,
             first_refusal: None,
             loaded: false,
-            listing: None,
+            listing: Listing::default(),
         }
     }
 
@@ -208,20 +208,15 @@ impl Held {
                 last,
                 ..
             } => {
-                if first {
-                    self.listing = Some(HashMap::new());
-                }
-                let Some(mut listing) = self.listing.take() else {
+                let Some(mut listing) = self.listing.page(first, HashMap::new) else {
                     return;
                 };
                 for e in entries {
                     self.put(&mut listing, e.key, &e.value, now_ms);
                 }
-                if last {
-                    self.by_key = listing;
+                if let Some(whole) = self.listing.after_page(listing, last) {
+                    self.by_key = whole;
                     self.loaded = true;
-                } else {
-                    self.listing = Some(listing);
                 }
             }
             WatchEvent::Put(e) => {
@@ -233,7 +228,7 @@ impl Held {
                 self.by_key.remove(&key);
             }
             WatchEvent::Lost { error } => {
-                self.listing = None;
+                self.listing.abandon();
                 debug!("cluster view: summaries watch lost: {}", chain(&*error));
             }
         }

@@ -19,7 +19,7 @@ use super::{
     Node,
     claims::Holders,
     held::{Held, Limits},
-    kvstore::{Entry, KvStore, Link, WatchEvent},
+    kvstore::{Entry, KvStore, Link, Listing, WatchEvent},
     published::Nodes,
     record::{Candidate, LocalNode, Origin, Record, Validated, clip},
     validate,
@@ -260,7 +260,7 @@ struct View<'a> {
     /// What is held of the prefix.
     held: Held,
     /// A listing under way: it replaces `held` once whole.
-    listing: Option<Held>,
+    listing: Listing<Held>,
     limits: Limits,
     /// A listing was applied since the watch last broke.
     synced: bool,
@@ -316,7 +316,7 @@ impl<'a> View<'a> {
             prefix,
             hold,
             held: Held::new(limits.clone()),
-            listing: None,
+            listing: Listing::default(),
             limits,
             holders: Holders::default(),
             synced: false,
@@ -338,16 +338,15 @@ impl<'a> View<'a> {
                 last,
                 ..
             } => {
-                if first {
-                    self.listing = Some(Held::new(self.limits.clone()));
-                }
-                let Some(listing) = &mut self.listing else {
+                let limits = &self.limits;
+                let Some(mut listing) = self.listing.page(first, || Held::new(limits.clone()))
+                else {
                     return;
                 };
                 for e in &entries {
                     listing.hold(&e.key_str(), || candidate(e, prefix));
                 }
-                if last && let Some(whole) = self.listing.take() {
+                if let Some(whole) = self.listing.after_page(listing, last) {
                     self.held = whole;
                     self.synced = true;
                     self.dirty = true;
@@ -365,7 +364,7 @@ impl<'a> View<'a> {
             }
             WatchEvent::Lost { error } => {
                 self.synced = false;
-                self.listing = None;
+                self.listing.abandon();
                 self.reread = self.reread.ended();
                 self.watch_error = Some(crate::util::errors::chain(&*error));
             }
@@ -390,7 +389,7 @@ impl<'a> View<'a> {
     /// A new listing of the prefix started.
     fn rereading(&mut self, now: Instant) {
         self.reread = Reread::Running(now);
-        self.listing = None;
+        self.listing.abandon();
     }
 
     /// The error to show. The lease session's counts once it has

@@ -58,10 +58,12 @@ use tracing::{info, warn};
 
 pub use self::config::{Credentials, EtcdConfig, KvConfigError, TlsConfig, parse_endpoint};
 pub use self::election::{LeaderPutError, Leadership, MIN_ELECTION_TTL, Role};
+pub use self::listing::Listing;
 
 mod config;
 mod election;
 mod follow;
+mod listing;
 
 /// The file in the state directory holding the lease's ID (hex) between
 /// runs.
