@@ -116,9 +116,10 @@ impl AgentNode {
     /// by itself.
     #[must_use]
     pub fn run_to_exit(&self, cidr: &str, extra: &[&str]) -> Output {
-        self.daemon_command(cidr, extra)
-            .output()
-            .expect("run health-agent daemon")
+        crate::process::output_within(
+            &mut self.daemon_command(cidr, extra),
+            crate::process::EXIT_WITHIN,
+        )
     }
 
     /// With the kernel's own echo off in the endpoint, `n` pings from the

@@ -2,8 +2,10 @@
 //! namespace only (the mount namespace is shared, as with `nsenter --net`).
 
 use std::{
+    io::Read,
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
-    process::Command,
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
 };
 
 use health_agent::sys::netns::Netns;
@@ -20,5 +22,63 @@ pub fn enter<'a>(cmd: &'a mut Command, ns: &Netns) -> &'a mut Command {
             }
             Ok(())
         })
+    }
+}
+
+/// How long a program expected to exit by itself may run before it is
+/// stopped: a refused daemon exits within a second, one that was wrongly
+/// let start would otherwise hold its test until the suite times out.
+pub const EXIT_WITHIN: Duration = Duration::from_secs(60);
+
+/// Runs `cmd` to its exit, as [`Command::output`] does, but sends it
+/// SIGTERM once it has run for `limit` (its output then says how far it
+/// got, and its status is a failure or what it chose on SIGTERM).
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + limit;
+    let mut stopped = false;
+    let status = loop {
+        // Not reaped until `try_wait` says so: until then the pid is the
+        // child's, and the signal reaches no one else.
+        if let Some(status) = child.try_wait().expect("waiting for the program") {
+            break status;
+        }
+        if !stopped && Instant::now() >= deadline {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            stopped = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().expect("its stdout"),
+        stderr: stderr.join().expect("its stderr"),
     }
 }

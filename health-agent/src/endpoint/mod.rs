@@ -39,6 +39,7 @@ use crate::{
         AttachMode, Attachments, DatapathError, DatapathHandle, Interface, TcHook, render_missing,
     },
     endpoint::ipam::{IpamError, Pool, allocate},
+    sys::boot::{BootError, ThisBoot},
     sys::netlink::{NetlinkError, in_netns},
     sys::netns::{Netns, NetnsError},
     util::{cidr::Cidr as _, errors::chain},
@@ -83,6 +84,8 @@ pub enum EndpointError {
     Transition(#[from] InvalidTransition),
     #[error(transparent)]
     Foreign(#[from] Box<ForeignObject>),
+    #[error("telling which boot the endpoint record's proofs are from")]
+    Boot(#[from] BootError),
 }
 
 impl From<DatapathError> for EndpointError {
@@ -484,7 +487,8 @@ struct Begun {
 /// previous endpoint the flags no longer describe goes ([`retire`]), and
 /// what is under the names is judged again.
 fn begin(cfg: &EndpointConfig) -> Result<Begun, EndpointError> {
-    let previous = EndpointRecord::load(&cfg.state_dir)?;
+    let boot = ThisBoot::read()?;
+    let previous = EndpointRecord::load_in(&cfg.state_dir, &boot)?;
     let plan = Plan {
         netns: Netns::named(&cfg.netns_name)?,
         netns_name: cfg.netns_name.clone(),
@@ -500,7 +504,7 @@ fn begin(cfg: &EndpointConfig) -> Result<Begun, EndpointError> {
         .cloned();
     let begin = match restorable {
         Some(r) => Ok(r),
-        None => Err(new_record(cfg, previous.as_ref())?),
+        None => Err(new_record(cfg, previous.as_ref(), &boot)?),
     };
     let (previous, owned) = match retire(previous, cfg)? {
         Retired::Kept(p) => (p, claimed),
@@ -679,6 +683,7 @@ fn matches_config(r: &EndpointRecord, cfg: &EndpointConfig) -> bool {
 fn new_record(
     cfg: &EndpointConfig,
     previous: Option<&EndpointRecord>,
+    boot: &ThisBoot,
 ) -> Result<EndpointRecord, EndpointError> {
     let ipv4 = cfg
         .cidr
@@ -702,6 +707,7 @@ fn new_record(
         cidr6: cfg.cidr6,
         netns: cfg.netns_name.clone(),
         owned: Some(Owned::default()),
+        boot: Some(boot.id.clone()),
     })
 }
 

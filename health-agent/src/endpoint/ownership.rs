@@ -15,7 +15,12 @@
 //! An nsfs inode number is handed out again once its namespace is freed;
 //! the cookie (kernels from 5.14) never is, and is compared whenever the
 //! record has one. Interface indexes are handed out cyclically and not
-//! reused while the kernel runs.
+//! reused while the kernel runs. None of these outlives a boot: the
+//! kernel starts every counter over, and a node booting the same way
+//! hands the same numbers out again, perhaps to another agent's
+//! `lxc_health`. The record names the boot its proofs were made in
+//! ([`super::record::EndpointRecord::in_boot`]); another boot's prove
+//! nothing, and what is under the names then is refused as foreign.
 //!
 //! A namespace, host interface or endpoint interface under the configured
 //! names that the record does not prove is foreign: the agent refuses to

@@ -5,13 +5,15 @@ use std::{
     fs, io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
+    time::SystemTime,
 };
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
+use tracing::info;
 
 use super::ownership::Owned;
-use crate::util::cidr;
+use crate::{sys::boot::ThisBoot, util::cidr};
 
 pub const FILE_NAME: &str = "endpoint.json";
 
@@ -27,6 +29,7 @@ pub const HEALTH_LABEL: &str = "reserved:health";
 /// `owned` proves which namespace and interfaces the agent made
 /// ([`super::ownership`]); this version always writes it (`{}` when it
 /// owns nothing), so its absence marks a record of an earlier version.
+/// Those proofs hold in the boot `boot` names only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointRecord {
     pub id: u16,
@@ -49,6 +52,12 @@ pub struct EndpointRecord {
     pub netns: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned: Option<Owned>,
+    /// The boot `owned` was proven in (`/proc/sys/kernel/random/boot_id`).
+    /// A reboot takes the namespace and the veth with it, and the kernel
+    /// hands their indexes, inode and cookie out again, as like as not to
+    /// the same names: another boot's proofs prove nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<String>,
 }
 
 impl EndpointRecord {
@@ -108,6 +117,44 @@ impl EndpointRecord {
         serde_json::from_str(&text)
             .map(Some)
             .map_err(|source| RecordError::Corrupt { path, source })
+    }
+
+    /// The record in `state_dir` as this boot sees it ([`Self::in_boot`]).
+    pub fn load_in(state_dir: &Path, boot: &ThisBoot) -> Result<Option<Self>, RecordError> {
+        let Some(record) = Self::load(state_dir)? else {
+            return Ok(None);
+        };
+        let written = fs::metadata(state_dir.join(FILE_NAME))
+            .and_then(|m| m.modified())
+            .ok();
+        Ok(Some(record.in_boot(boot, written)))
+    }
+
+    /// The record of this boot: its proofs kept when they were made in
+    /// it, dropped when they were made in an earlier one (the record
+    /// keeps its ID and addresses). A record without a boot, written
+    /// before records named one, is judged by when it was last written
+    /// (`written`, unknown: earlier): before this boot began, its proofs
+    /// are an earlier boot's.
+    #[must_use]
+    pub fn in_boot(mut self, boot: &ThisBoot, written: Option<SystemTime>) -> Self {
+        let proves = self.owned.as_ref().is_some_and(|o| *o != Owned::default());
+        let earlier = match &self.boot {
+            Some(id) => *id != boot.id,
+            None => written.is_none_or(|w| w < boot.began),
+        };
+        if proves && earlier {
+            info!(
+                netns = %self.netns,
+                recorded_boot = self.boot.as_deref().unwrap_or("unnamed"),
+                "the endpoint record is from an earlier boot: the namespace and interfaces it \
+                 names went with that boot, and nothing under their names now is taken as the \
+                 agent's; its ID and addresses are kept"
+            );
+            self.owned = Some(Owned::default());
+        }
+        self.boot = Some(boot.id.clone());
+        self
     }
 
     /// Writes the record atomically (temporary file, fsync, rename, fsync
@@ -194,6 +241,7 @@ mod tests {
             cidr6: Some("2001:2:0:1::/64".parse().expect("cidr6")),
             netns: "health".into(),
             owned: Some(Owned::default()),
+            boot: Some("4f1c1ad6-5d1e-4d5e-9b7a-3c2e1f0a9b8c".into()),
         };
         r.save(&dir).expect("save");
         assert_eq!(EndpointRecord::load(&dir).expect("load"), Some(r.clone()));
@@ -245,6 +293,7 @@ mod tests {
             cidr6: None,
             netns: "health".into(),
             owned: Some(owned),
+            boot: None,
         };
         r.save(&dir).expect("save");
         let text = fs::read_to_string(dir.join(FILE_NAME)).expect("read");
@@ -285,6 +334,7 @@ mod tests {
                 cidr6: None,
                 netns: "health".into(),
                 owned: None,
+                boot: None,
             }
         );
         assert_eq!(r.addresses(), "198.18.64.9");
@@ -326,5 +376,120 @@ mod tests {
             let id = new_endpoint_id(&[]);
             assert!((1..=4095).contains(&id));
         }
+    }
+
+    /// Proofs of an earlier boot prove nothing: dropped, the ID and
+    /// addresses kept; those of this boot are kept. A record naming no
+    /// boot is judged by when it was written.
+    #[test]
+    fn proofs_hold_in_their_own_boot_only() {
+        use super::super::ownership::LinkProof;
+        use std::time::Duration;
+        let began = SystemTime::now() - Duration::from_secs(3_600);
+        let boot = ThisBoot {
+            id: "this-boot".into(),
+            began,
+        };
+        let proving = EndpointRecord {
+            id: 9,
+            ipv4: Some(Ipv4Addr::new(198, 18, 64, 2)),
+            cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+            ipv6: None,
+            cidr6: None,
+            netns: "health".into(),
+            owned: Some(Owned {
+                host: Some(LinkProof {
+                    name: "lxc_health".into(),
+                    ifindex: 5,
+                }),
+                ..Owned::default()
+            }),
+            boot: Some("this-boot".into()),
+        };
+        let kept = proving.clone().in_boot(&boot, None);
+        assert_eq!(kept, proving, "this boot's proofs are kept");
+
+        let earlier = EndpointRecord {
+            boot: Some("another-boot".into()),
+            ..proving.clone()
+        };
+        let judged = earlier.in_boot(&boot, Some(SystemTime::now()));
+        assert_eq!(
+            judged.owned,
+            Some(Owned::default()),
+            "another boot's dropped"
+        );
+        assert_eq!((judged.id, judged.ipv4), (proving.id, proving.ipv4));
+        assert_eq!(judged.boot.as_deref(), Some("this-boot"));
+
+        let unnamed = EndpointRecord {
+            boot: None,
+            ..proving.clone()
+        };
+        let after = unnamed
+            .clone()
+            .in_boot(&boot, Some(began + Duration::from_secs(1)));
+        assert_eq!(after.owned, proving.owned, "written in this boot");
+        let before = unnamed
+            .clone()
+            .in_boot(&boot, Some(began - Duration::from_secs(1)));
+        assert_eq!(before.owned, Some(Owned::default()), "written before it");
+        let unknown = unnamed.in_boot(&boot, None);
+        assert_eq!(
+            unknown.owned,
+            Some(Owned::default()),
+            "when unknown, earlier"
+        );
+
+        // A record of an earlier version (no proofs at all) keeps its
+        // adoption by address, whatever its age.
+        let older = EndpointRecord {
+            owned: None,
+            boot: None,
+            ..proving
+        };
+        let older = older.in_boot(&boot, Some(began - Duration::from_secs(1)));
+        assert_eq!(older.owned, None);
+    }
+
+    /// Loaded from the state directory, a record naming no boot is
+    /// judged by its file's modification time.
+    #[test]
+    fn a_record_naming_no_boot_is_dated_by_its_file() {
+        use super::super::ownership::LinkProof;
+        let dir = tmp_dir("dated");
+        let boot = ThisBoot::read().expect("the boot");
+        let r = EndpointRecord {
+            id: 9,
+            ipv4: Some(Ipv4Addr::new(198, 18, 64, 2)),
+            cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+            ipv6: None,
+            cidr6: None,
+            netns: "health".into(),
+            owned: Some(Owned {
+                host: Some(LinkProof {
+                    name: "lxc_health".into(),
+                    ifindex: 5,
+                }),
+                ..Owned::default()
+            }),
+            boot: None,
+        };
+        r.save(&dir).expect("save");
+        let now = EndpointRecord::load_in(&dir, &boot)
+            .expect("load")
+            .expect("a record");
+        assert_eq!(now.owned, r.owned, "written now: this boot's");
+        assert_eq!(now.boot.as_ref(), Some(&boot.id));
+        fs::File::options()
+            .write(true)
+            .open(dir.join(FILE_NAME))
+            .and_then(|f| f.set_modified(boot.began - std::time::Duration::from_secs(60)))
+            .expect("dated before the boot");
+        let old = EndpointRecord::load_in(&dir, &boot)
+            .expect("load")
+            .expect("a record");
+        assert_eq!(old.owned, Some(Owned::default()), "an earlier boot's");
+        let _ = fs::remove_dir_all(&dir);
     }
 }

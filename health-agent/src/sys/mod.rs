@@ -1,4 +1,4 @@
-//! Adapters to the operating system: namespaces, netlink, pidfile, signals, sockets, BPF batches, sealed files.
+//! Adapters to the operating system: the boot, namespaces, netlink, pidfile, signals, sockets, BPF batches, sealed files.
 //! Imported by every layer above `util`; imports nothing of the agent.
 //!
 //! Adapters to the operating system: network namespaces, netlink (links,
@@ -8,6 +8,7 @@
 //! without a copy.
 //! Nothing here knows about endpoints, probes or the cluster.
 
+pub mod boot;
 pub mod bpf_batch;
 pub mod fd_table;
 pub mod icmp;

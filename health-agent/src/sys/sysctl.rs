@@ -8,7 +8,10 @@ use std::{
 
 use tracing::{info, warn};
 
-use crate::sys::netns::{Netns, NetnsError, run_in};
+use crate::sys::{
+    boot,
+    netns::{Netns, NetnsError, run_in},
+};
 
 /// A sysctl set by the agent; dropping it writes the value it had back
 /// (when the agent changed it, and the value is still the agent's), and
@@ -27,9 +30,6 @@ pub struct Sysctl {
 /// small integers.
 const RECORD_MAX: usize = 20;
 
-/// Where the kernel says which boot this is.
-const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
-
 impl Sysctl {
     /// Sets `/proc/sys/<name>` to `value` (`name` with slashes, e.g.
     /// `net/ipv4/ip_forward`), remembering what it was. That value is
@@ -41,13 +41,8 @@ impl Sysctl {
     /// the node set its sysctls anew.
     pub fn set(name: &str, value: &str, record_dir: &Path) -> io::Result<Self> {
         let record = record_dir.join(format!("sysctl-{}", name.replace('/', ".")));
-        let boot = fs::read_to_string(BOOT_ID).unwrap_or_default();
-        Self::set_at(
-            PathBuf::from("/proc/sys").join(name),
-            value,
-            record,
-            boot.trim(),
-        )
+        let boot = boot::id().unwrap_or_default();
+        Self::set_at(PathBuf::from("/proc/sys").join(name), value, record, &boot)
     }
 
     fn set_at(path: PathBuf, value: &str, record: PathBuf, boot: &str) -> io::Result<Self> {

@@ -87,9 +87,10 @@ impl Agent6 {
     }
 
     fn run_to_exit(&self, args: &[&str]) -> Output {
-        self.command(args)
-            .output()
-            .expect("run health-agent daemon")
+        health_tests::process::output_within(
+            &mut self.command(args),
+            health_tests::process::EXIT_WITHIN,
+        )
     }
 
     fn stop(&mut self, signal: Signal) -> ExitStatus {

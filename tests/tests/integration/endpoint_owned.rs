@@ -337,6 +337,76 @@ fn a_record_of_an_earlier_version_adopts_only_the_endpoint_its_address_proves() 
     assert_eq!(proven_now(&node), made, "left as it was");
 }
 
+/// A reboot takes the endpoint with it, and the kernel hands its numbers
+/// out again: a record proving objects in another boot proves nothing,
+/// even where the same indexes and inode are found under its names, and
+/// what is there is refused and left. A record naming no boot is dated
+/// by its file.
+#[test]
+fn a_record_of_an_earlier_boot_proves_nothing() {
+    let mut node = AgentNode::new();
+    node.start(&["--keep-endpoint"]);
+    node.wait_endpoint(READY, |_| true);
+    assert!(node.stop(Signal::SIGTERM).success());
+    let made = proven_now(&node);
+    let kept = record(&node).expect("kept");
+    let this_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+    assert_eq!(
+        kept.boot.as_deref(),
+        Some(this_boot.trim()),
+        "the record names its boot"
+    );
+
+    // The same proofs, as if made in an earlier boot that numbered the
+    // objects alike.
+    EndpointRecord {
+        boot: Some("00000000-0000-4000-8000-000000000000".into()),
+        ..kept.clone()
+    }
+    .save(&state_dir(&node))
+    .expect("a record of another boot");
+    assert_refused(
+        &node,
+        &["was not made by this agent", "from an earlier boot"],
+    );
+    assert_eq!(proven_now(&node), made, "left as it was");
+
+    // Naming no boot, written before this boot began.
+    let unnamed = EndpointRecord {
+        boot: None,
+        ..kept.clone()
+    };
+    unnamed
+        .save(&state_dir(&node))
+        .expect("a record naming no boot");
+    let uptime = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).expect("uptime");
+    let before_boot =
+        std::time::SystemTime::now() - Duration::from(uptime) - Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(state_dir(&node).join("endpoint.json"))
+        .and_then(|f| f.set_modified(before_boot))
+        .expect("dated before this boot");
+    assert_refused(&node, &["was not made by this agent"]);
+    assert_eq!(proven_now(&node), made, "left as it was");
+
+    // Written in this boot, it proves them: adopted, and removed on stop.
+    unnamed
+        .save(&state_dir(&node))
+        .expect("a record naming no boot");
+    node.start(&[]);
+    let restored = node.wait_endpoint(READY, |_| true);
+    assert_eq!(
+        restored.history.first().map(|t| t.to.as_str()),
+        Some("restoring"),
+        "its own objects adopted"
+    );
+    assert_eq!(proven_now(&node), made, "reused, not recreated");
+    assert!(node.stop(Signal::SIGTERM).success());
+    assert!(!node.endpoint_ns().exists(), "its namespace removed");
+    assert_eq!(node_link(&node, "lxc_health"), None, "its veth removed");
+}
+
 /// While the agent runs, its `lxc_health` is replaced by someone else's:
 /// the controller does not repair over it (it names it instead), and a
 /// clean stop removes the agent's namespace but leaves the stranger's
