@@ -19,7 +19,7 @@ use super::{
     Node,
     claims::Holders,
     held::{Held, Limits},
-    kvstore::{Entry, KvStore, Link, Listing, WatchEvent},
+    kvstore::{Entry, KvStore, Link, Listing, ReadAgain, WatchEvent},
     published::Nodes,
     record::{Candidate, LocalNode, Origin, Record, Validated, clip},
     validate,
@@ -68,11 +68,11 @@ pub async fn run(
     };
     info!(key = own.key, "registering in etcd");
     own.write(&store).await;
-    let events = store.watch_prefix(cfg.prefix.as_bytes());
+    let followed = store.follow_prefix(cfg.prefix.as_bytes());
     // Boxed: the client's futures are large, and so would be the caller's.
     tokio::join!(
         Box::pin(store.run()),
-        Box::pin(follow(&store, events, &cfg, &local, &nodes, &own))
+        Box::pin(follow(&store, followed, &cfg, &local, &nodes, &own))
     );
 }
 
@@ -185,7 +185,7 @@ impl From<NodeRecord> for Node {
 /// published once), and the etcd errors in its status (once per outage).
 async fn follow(
     store: &KvStore,
-    mut events: mpsc::Receiver<WatchEvent>,
+    (mut events, read_again): (mpsc::Receiver<WatchEvent>, ReadAgain),
     cfg: &EtcdConfig,
     local: &LocalNode,
     nodes: &Nodes,
@@ -228,7 +228,7 @@ async fn follow(
             () = until(rewrite_due) => rewrites.due = None,
             () = until(reread_due) => {
                 info!(prefix = %cfg.prefix, "records that could be nodes fit under --max-nodes again: reading the prefix again");
-                events = store.watch_prefix(cfg.prefix.as_bytes());
+                read_again.now();
                 view.rereading(Instant::now());
             }
         }

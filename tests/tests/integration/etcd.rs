@@ -634,6 +634,54 @@ fn the_kvstore_watch_and_lease_come_through_an_etcd_restart() {
     });
 }
 
+/// Asked to, a followed prefix is listed again in its own stream: a
+/// whole snapshot of it as it is now, then its changes, nothing lost
+/// between them and no break in between.
+#[test]
+fn a_followed_prefix_is_listed_again_in_its_stream_when_asked() {
+    let etcd = LocalEtcd::start();
+    let cfg = local_config(&etcd);
+    runtime().block_on(async {
+        let store = KvStore::new(&cfg);
+        let _run = running(&store);
+        wait_up(&store).await;
+        store.put_leased("/t/again/a", "a").await.expect("put");
+        let (mut events, again) = store.follow_prefix("/t/again/");
+        assert_eq!(
+            snapshot(&mut events).await,
+            [("/t/again/a".into(), "a".into())]
+        );
+        store.put_leased("/t/again/b", "b").await.expect("put");
+        match next(&mut events).await {
+            WatchEvent::Put(e) => assert_eq!(kv(&e), ("/t/again/b".into(), "b".into())),
+            other => panic!("{other:?} before b's put"),
+        }
+        again.now();
+        let listed = snapshot(&mut events).await;
+        assert_eq!(
+            listed,
+            [
+                ("/t/again/a".into(), "a".into()),
+                ("/t/again/b".into(), "b".into())
+            ]
+        );
+        store.put_leased("/t/again/c", "c").await.expect("put");
+        match next(&mut events).await {
+            WatchEvent::Put(e) => assert_eq!(kv(&e), ("/t/again/c".into(), "c".into())),
+            other => panic!("{other:?} before c's put"),
+        }
+        // Once asked, once listed: nothing more until asked again.
+        again.now();
+        assert_eq!(snapshot(&mut events).await.len(), 3);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(2), events.recv())
+                .await
+                .is_err(),
+            "nothing more"
+        );
+    });
+}
+
 /// The revision of `key`'s last change, as `store` lists it.
 async fn revision_of(store: &KvStore, key: &str) -> i64 {
     let (_, entries) = store.list(key).await.expect("list");

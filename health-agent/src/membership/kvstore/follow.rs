@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use etcd_client::{EventType, GetOptions, WatchOptions};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tracing::info;
 
 use super::{
@@ -46,27 +46,48 @@ impl KvStore {
     /// dropped.
     #[must_use]
     pub fn watch_prefix(&self, prefix: impl Into<Vec<u8>>) -> mpsc::Receiver<WatchEvent> {
+        self.follow_prefix(prefix).0
+    }
+
+    /// [`Self::watch_prefix`], with a handle that has the prefix listed
+    /// again in the same stream ([`ReadAgain::now`]).
+    #[must_use]
+    pub fn follow_prefix(
+        &self,
+        prefix: impl Into<Vec<u8>>,
+    ) -> (mpsc::Receiver<WatchEvent>, ReadAgain) {
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        let again = ReadAgain::default();
         let store = self.clone();
         let prefix = prefix.into();
+        let asked = Arc::clone(&again.0);
         tokio::spawn(async move {
             tokio::select! {
-                () = store.follow(&prefix, &tx) => {}
+                () = store.follow(&prefix, &tx, &asked) => {}
                 () = tx.closed() => {}
             }
         });
-        rx
+        (rx, again)
     }
 
-    async fn follow(&self, prefix: &[u8], tx: &mpsc::Sender<WatchEvent>) {
+    async fn follow(&self, prefix: &[u8], tx: &mpsc::Sender<WatchEvent>, asked: &Notify) {
         let (mut backoff, mut down) = (BACKOFF_MIN, false);
         let mut lost = false;
         // The last quiet retry's start, and until when it stays quiet.
         let mut quiet: Option<(tokio::time::Instant, tokio::time::Instant)> = None;
         loop {
-            let (synced, error) = match self.watch_session(prefix, tx, &mut lost).await {
+            let session = self.watch_session(prefix, tx, &mut lost, asked);
+            let (synced, error) = match session.await {
                 WatchEnd::ReceiverGone => return,
                 WatchEnd::Compacted => {
+                    backoff = BACKOFF_MIN;
+                    continue;
+                }
+                WatchEnd::ReadAgain => {
+                    // Listed again as after a break in sync: a member
+                    // that refuses is retried quietly, not said lost.
+                    let now = tokio::time::Instant::now();
+                    quiet = Some((now, now + QUIET_FOR));
                     backoff = BACKOFF_MIN;
                     continue;
                 }
@@ -110,6 +131,7 @@ impl KvStore {
         prefix: &[u8],
         tx: &mpsc::Sender<WatchEvent>,
         lost: &mut bool,
+        asked: &Notify,
     ) -> WatchEnd {
         let failed = |synced, error| WatchEnd::Failed { synced, error };
         let mut pages = match self.pages(prefix).await {
@@ -169,7 +191,11 @@ impl KvStore {
         }
         *lost = false;
         loop {
-            let resp = match stream.message().await {
+            let message = tokio::select! {
+                m = stream.message() => m,
+                () = asked.notified() => return WatchEnd::ReadAgain,
+            };
+            let resp = match message {
                 Ok(Some(r)) => r,
                 Ok(None) => return failed(true, KvError::StreamEnded { what: "watch" }),
                 Err(e) => return failed(true, call_error(format!("watching {shown}"))(e)),
@@ -297,10 +323,27 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// Has a followed prefix listed again, in its stream: a
+/// [`WatchEvent::Snapshot`] of it as it is now, then its changes. Asked
+/// while a listing is under way, once more after it.
+#[derive(Debug, Clone, Default)]
+pub struct ReadAgain(Arc<Notify>);
+
+impl ReadAgain {
+    pub fn now(&self) {
+        self.0.notify_one();
+    }
+}
+
 enum WatchEnd {
     ReceiverGone,
     Compacted,
-    Failed { synced: bool, error: KvError },
+    /// [`ReadAgain::now`] was called.
+    ReadAgain,
+    Failed {
+        synced: bool,
+        error: KvError,
+    },
 }
 
 fn entry(kv: &etcd_client::KeyValue) -> Entry {

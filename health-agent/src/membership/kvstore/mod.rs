@@ -58,6 +58,7 @@ use tracing::{info, warn};
 
 pub use self::config::{Credentials, EtcdConfig, KvConfigError, TlsConfig, parse_endpoint};
 pub use self::election::{LeaderPutError, Leadership, MIN_ELECTION_TTL, Role};
+pub use self::follow::ReadAgain;
 pub use self::listing::Listing;
 
 mod config;
