@@ -10,7 +10,8 @@ use aya_ebpf::{
 };
 use health_common::{
     ct::{
-        CtConfig, CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, TCP_ACK, TCP_SYN,
+        CtConfig, CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, TCP_ACK, TCP_RST,
+        TCP_SYN,
     },
     flow,
     rtt::{self, RttKey, RttStats},
@@ -141,13 +142,17 @@ fn start_rtt(flow: &Flow, now: u64) {
 }
 
 /// Closes the sample on an echo reply or SYN-ACK coming back, unless its
-/// SYN was sent more than once (a subprogram, as [`account`]).
+/// SYN was sent more than once (a subprogram, as [`account`]). A reset
+/// coming back answers a pending SYN too (a closed port, a firewall's
+/// reject): the request is closed, not left for the loss sweep, and
+/// times nothing (it may come from a box on the way).
 #[inline(never)]
 fn finish_rtt(flow: &Flow, now: u64) {
-    let is_synack =
-        flow.key.proto == IPPROTO_TCP && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
+    let is_tcp = flow.key.proto == IPPROTO_TCP;
+    let is_reset = is_tcp && flow.tcp_flags & TCP_RST != 0;
+    let is_synack = is_tcp && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
     let is_echo_reply = flow.is_echo_reply();
-    if !is_synack && !is_echo_reply {
+    if !is_synack && !is_echo_reply && !is_reset {
         return;
     }
     let key = rtt::reply_key(&flow.key, flow.icmp_seq);
@@ -156,6 +161,9 @@ fn finish_rtt(flow: &Flow, now: u64) {
         return;
     };
     let _ = RTT_PENDING.remove(&key);
+    if is_reset {
+        return;
+    }
     let Some(sample) = rtt::sample(sent, now) else {
         return;
     };

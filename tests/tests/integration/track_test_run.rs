@@ -151,6 +151,35 @@ fn a_handshake_whose_syn_was_sent_again_times_no_sample() {
     assert_eq!((samples.len(), samples[0].samples), (1, 1), "{samples:?}");
 }
 
+/// A SYN answered by a reset (a closed port) is answered: closed at
+/// once, timing nothing, and never counted lost by the sweep.
+#[test]
+fn a_syn_answered_by_a_reset_is_closed_not_lost() {
+    let (mut r, pins) = loaded();
+    track(&mut r, true, &tcp(EP, PEER, 40_003, 4240, 0x02));
+    assert_eq!(rtt::pending(pins.path()).expect("pending").len(), 1);
+    // A reset for another connection closes nothing.
+    track(&mut r, false, &tcp(PEER, EP, 4240, 40_004, 0x14));
+    assert_eq!(rtt::pending(pins.path()).expect("pending").len(), 1);
+    track(&mut r, false, &tcp(PEER, EP, 4240, 40_003, 0x14));
+    assert!(
+        rtt::pending(pins.path()).expect("pending").is_empty(),
+        "closed by the reset"
+    );
+    assert!(rtt::list(pins.path()).expect("rtt").is_empty(), "no sample");
+    assert_eq!(
+        rtt::sweep(pins.path(), std::time::Duration::ZERO).expect("sweep"),
+        0,
+        "nothing left to count lost"
+    );
+    // Unanswered, the same SYN is the sweep's.
+    track(&mut r, true, &tcp(EP, PEER, 40_005, 4240, 0x02));
+    assert_eq!(
+        rtt::sweep(pins.path(), std::time::Duration::ZERO).expect("sweep"),
+        1
+    );
+}
+
 #[test]
 fn a_connection_a_peer_opens_is_one_in_entry_and_a_crossing_syn_one_more() {
     let (mut r, pins) = loaded();
