@@ -31,8 +31,9 @@ pub fn enter<'a>(cmd: &'a mut Command, ns: &Netns) -> &'a mut Command {
 pub const EXIT_WITHIN: Duration = Duration::from_secs(60);
 
 /// Runs `cmd` to its exit, as [`Command::output`] does, but sends it
-/// SIGTERM once it has run for `limit` (its output then says how far it
-/// got, and its status is a failure or what it chose on SIGTERM).
+/// SIGTERM once it has run for `limit`, and SIGKILL 10 s later (its
+/// output then says how far it got, and its status is a failure or what
+/// it chose on SIGTERM).
 pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
@@ -61,18 +62,26 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let deadline = Instant::now() + limit;
-    let mut stopped = false;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+    let started = Instant::now();
+    // SIGTERM at `limit`, SIGKILL if it is still there 10 s later.
+    let mut signals = [
+        (limit, nix::sys::signal::Signal::SIGTERM),
+        (
+            limit + Duration::from_secs(10),
+            nix::sys::signal::Signal::SIGKILL,
+        ),
+    ]
+    .into_iter()
+    .peekable();
     let status = loop {
         // Not reaped until `try_wait` says so: until then the pid is the
-        // child's, and the signal reaches no one else.
+        // child's, and a signal reaches no one else.
         if let Some(status) = child.try_wait().expect("waiting for the program") {
             break status;
         }
-        if !stopped && Instant::now() >= deadline {
-            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            stopped = true;
+        if let Some((_, signal)) = signals.next_if(|&(at, _)| started.elapsed() >= at) {
+            let _ = nix::sys::signal::kill(pid, signal);
         }
         std::thread::sleep(Duration::from_millis(20));
     };

@@ -134,19 +134,25 @@ impl EndpointRecord {
     /// it, dropped when they were made in an earlier one (the record
     /// keeps its ID and addresses). A record without a boot, written
     /// before records named one, is judged by when it was last written
-    /// (`written`, unknown: earlier): before this boot began, its proofs
-    /// are an earlier boot's.
+    /// (`written`): before this boot began, after now (a clock that ran
+    /// ahead in the boot that wrote it) or unknown, it is an earlier
+    /// boot's, and so is a record of an earlier version (no proofs: what
+    /// its address would adopt). The wall clock stepped forward by more
+    /// than the time from boot to the record's writing dates a record of
+    /// this boot earlier: its endpoint is then refused, never taken.
     #[must_use]
     pub fn in_boot(mut self, boot: &ThisBoot, written: Option<SystemTime>) -> Self {
-        let proves = self.owned.as_ref().is_some_and(|o| *o != Owned::default());
+        let proves = self.owned.as_ref() != Some(&Owned::default());
         let earlier = match &self.boot {
             Some(id) => *id != boot.id,
-            None => written.is_none_or(|w| w < boot.began),
+            None => written.is_none_or(|w| w < boot.began || w > SystemTime::now()),
         };
         if proves && earlier {
             info!(
                 netns = %self.netns,
                 recorded_boot = self.boot.as_deref().unwrap_or("unnamed"),
+                written = %written.map_or_else(|| "unknown".to_owned(), |w| humantime::format_rfc3339_seconds(w).to_string()),
+                boot_began = %humantime::format_rfc3339_seconds(boot.began),
                 "the endpoint record is from an earlier boot: the namespace and interfaces it \
                  names went with that boot, and nothing under their names now is taken as the \
                  agent's; its ID and addresses are kept"
@@ -434,22 +440,29 @@ mod tests {
             .clone()
             .in_boot(&boot, Some(began - Duration::from_secs(1)));
         assert_eq!(before.owned, Some(Owned::default()), "written before it");
-        let unknown = unnamed.in_boot(&boot, None);
+        let unknown = unnamed.clone().in_boot(&boot, None);
         assert_eq!(
             unknown.owned,
             Some(Owned::default()),
             "when unknown, earlier"
         );
 
-        // A record of an earlier version (no proofs at all) keeps its
-        // adoption by address, whatever its age.
+        let ahead = unnamed.in_boot(&boot, Some(SystemTime::now() + Duration::from_hours(1)));
+        assert_eq!(ahead.owned, Some(Owned::default()), "dated ahead of now");
+
+        // A record of an earlier version (no proofs: its address adopts)
+        // adopts in the boot that wrote it only.
         let older = EndpointRecord {
             owned: None,
             boot: None,
             ..proving
         };
-        let older = older.in_boot(&boot, Some(began - Duration::from_secs(1)));
-        assert_eq!(older.owned, None);
+        let now = older
+            .clone()
+            .in_boot(&boot, Some(began + Duration::from_secs(1)));
+        assert_eq!(now.owned, None, "this boot's: its address may adopt");
+        let before = older.in_boot(&boot, Some(began - Duration::from_secs(1)));
+        assert_eq!(before.owned, Some(Owned::default()), "an earlier boot's");
     }
 
     /// Loaded from the state directory, a record naming no boot is

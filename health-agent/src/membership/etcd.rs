@@ -386,10 +386,11 @@ impl<'a> View<'a> {
         }
     }
 
-    /// A new listing of the prefix started.
+    /// A new listing of the prefix was asked for. A listing under way
+    /// goes on: its pages are the stream's, and the watch goes on from
+    /// its revision.
     fn rereading(&mut self, now: Instant) {
         self.reread = Reread::Running(now);
-        self.listing.abandon();
     }
 
     /// The error to show. The lease session's counts once it has

@@ -143,13 +143,14 @@ fn start_rtt(flow: &Flow, now: u64) {
 
 /// Closes the sample on an echo reply or SYN-ACK coming back, unless its
 /// SYN was sent more than once (a subprogram, as [`account`]). A reset
-/// coming back answers a pending SYN too (a closed port, a firewall's
-/// reject): the request is closed, not left for the loss sweep, and
+/// acknowledging a pending SYN answers it too (a closed port, a firewall
+/// rejecting with a reset; a bare reset cannot, as TCP takes none in
+/// SYN-SENT): the request is closed, not left for the loss sweep, and
 /// times nothing (it may come from a box on the way).
 #[inline(never)]
 fn finish_rtt(flow: &Flow, now: u64) {
     let is_tcp = flow.key.proto == IPPROTO_TCP;
-    let is_reset = is_tcp && flow.tcp_flags & TCP_RST != 0;
+    let is_reset = is_tcp && flow.tcp_flags & (TCP_RST | TCP_ACK) == TCP_RST | TCP_ACK;
     let is_synack = is_tcp && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
     let is_echo_reply = flow.is_echo_reply();
     if !is_synack && !is_echo_reply && !is_reset {

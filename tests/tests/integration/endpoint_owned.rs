@@ -7,7 +7,7 @@ use std::{path::PathBuf, time::Duration};
 
 use health_agent::{
     endpoint::{
-        ownership::Owned,
+        ownership::{LinkProof, Owned},
         plan::{Plan, PlumbingError, V4},
         plumbing,
         record::EndpointRecord,
@@ -304,11 +304,12 @@ fn a_record_of_an_earlier_version_adopts_only_the_endpoint_its_address_proves() 
     let made = proven_now(&node);
     let earlier = EndpointRecord {
         owned: None,
+        boot: None,
         ..record(&node).expect("kept")
     };
     earlier.save(&state_dir(&node)).expect("an earlier record");
     let text = std::fs::read_to_string(state_dir(&node).join("endpoint.json")).expect("read");
-    assert!(!text.contains("owned"), "{text}");
+    assert!(!text.contains("owned") && !text.contains("boot"), "{text}");
 
     node.start(&["--keep-endpoint"]);
     node.wait_endpoint(READY, |_| true);
@@ -405,6 +406,37 @@ fn a_record_of_an_earlier_boot_proves_nothing() {
     assert!(node.stop(Signal::SIGTERM).success());
     assert!(!node.endpoint_ns().exists(), "its namespace removed");
     assert_eq!(node_link(&node, "lxc_health"), None, "its veth removed");
+
+    // After a reboot only someone else's lxc_health is there, numbered as
+    // the record's: refused, and left.
+    in_netns(Some(&node.node), |nl| async move {
+        nl.add_veth("lxc_health", "theirs-peer", None).await
+    })
+    .expect("a foreign lxc_health");
+    let index = node_link(&node, "lxc_health").expect("there");
+    EndpointRecord {
+        owned: Some(Owned {
+            host: Some(LinkProof {
+                name: "lxc_health".into(),
+                ifindex: index,
+            }),
+            ..Owned::default()
+        }),
+        boot: Some("00000000-0000-4000-8000-000000000000".into()),
+        ..kept
+    }
+    .save(&state_dir(&node))
+    .expect("a record of another boot");
+    assert_refused(
+        &node,
+        &[
+            "interface \"lxc_health\" in the node's namespace was not made by this agent",
+            &format!("found index {index}"),
+            "from an earlier boot",
+        ],
+    );
+    assert_eq!(node_link(&node, "lxc_health"), Some(index), "left");
+    assert!(node_link(&node, "theirs-peer").is_some(), "its peer too");
 }
 
 /// While the agent runs, its `lxc_health` is replaced by someone else's:

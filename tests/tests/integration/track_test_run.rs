@@ -158,8 +158,10 @@ fn a_syn_answered_by_a_reset_is_closed_not_lost() {
     let (mut r, pins) = loaded();
     track(&mut r, true, &tcp(EP, PEER, 40_003, 4240, 0x02));
     assert_eq!(rtt::pending(pins.path()).expect("pending").len(), 1);
-    // A reset for another connection closes nothing.
+    // A reset for another connection closes nothing, nor a bare reset
+    // (no ACK: TCP takes none in SYN-SENT).
     track(&mut r, false, &tcp(PEER, EP, 4240, 40_004, 0x14));
+    track(&mut r, false, &tcp(PEER, EP, 4240, 40_003, 0x04));
     assert_eq!(rtt::pending(pins.path()).expect("pending").len(), 1);
     track(&mut r, false, &tcp(PEER, EP, 4240, 40_003, 0x14));
     assert!(
@@ -172,7 +174,7 @@ fn a_syn_answered_by_a_reset_is_closed_not_lost() {
         0,
         "nothing left to count lost"
     );
-    // Unanswered, the same SYN is the sweep's.
+    // Unanswered, a SYN is the sweep's.
     track(&mut r, true, &tcp(EP, PEER, 40_005, 4240, 0x02));
     assert_eq!(
         rtt::sweep(pins.path(), std::time::Duration::ZERO).expect("sweep"),

@@ -1,11 +1,12 @@
 //! Following every key under a prefix: a range read at one revision (in
 //! pages), then the watch stream from the next revision, read again after
-//! an outage or a compaction ([`WatchEvent`]).
+//! an outage or a compaction, or when asked ([`ReadAgain`]), in the same
+//! stream ([`WatchEvent`]).
 
 use std::sync::Arc;
 
 use etcd_client::{EventType, GetOptions, WatchOptions};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tracing::info;
 
 use super::{
@@ -57,24 +58,33 @@ impl KvStore {
         prefix: impl Into<Vec<u8>>,
     ) -> (mpsc::Receiver<WatchEvent>, ReadAgain) {
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
-        let again = ReadAgain::default();
+        // One request held at most: asked again before it is taken, the
+        // asks are one.
+        let (ask, mut asked) = mpsc::channel(1);
         let store = self.clone();
         let prefix = prefix.into();
-        let asked = Arc::clone(&again.0);
         tokio::spawn(async move {
             tokio::select! {
-                () = store.follow(&prefix, &tx, &asked) => {}
+                () = store.follow(&prefix, &tx, &mut asked) => {}
                 () = tx.closed() => {}
             }
         });
-        (rx, again)
+        (rx, ReadAgain(ask))
     }
 
-    async fn follow(&self, prefix: &[u8], tx: &mpsc::Sender<WatchEvent>, asked: &Notify) {
+    async fn follow(
+        &self,
+        prefix: &[u8],
+        tx: &mpsc::Sender<WatchEvent>,
+        asked: &mut mpsc::Receiver<()>,
+    ) {
         let (mut backoff, mut down) = (BACKOFF_MIN, false);
         let mut lost = false;
-        // The last quiet retry's start, and until when it stays quiet.
-        let mut quiet: Option<(tokio::time::Instant, tokio::time::Instant)> = None;
+        // When the last broken watch began its quiet retries (they come
+        // at most once per QUIET_RETRY_EVERY), and until when the retries
+        // stay quiet.
+        let mut quiet_since: Option<tokio::time::Instant> = None;
+        let mut quiet_until: Option<tokio::time::Instant> = None;
         loop {
             let session = self.watch_session(prefix, tx, &mut lost, asked);
             let (synced, error) = match session.await {
@@ -84,10 +94,10 @@ impl KvStore {
                     continue;
                 }
                 WatchEnd::ReadAgain => {
-                    // Listed again as after a break in sync: a member
-                    // that refuses is retried quietly, not said lost.
-                    let now = tokio::time::Instant::now();
-                    quiet = Some((now, now + QUIET_FOR));
+                    // Listed again in sync: a member that refuses is
+                    // retried quietly, as after a break, without taking
+                    // a broken watch's turn.
+                    quiet_until = Some(tokio::time::Instant::now() + QUIET_FOR);
                     backoff = BACKOFF_MIN;
                     continue;
                 }
@@ -101,12 +111,13 @@ impl KvStore {
                 // QUIET_FOR. At most once per QUIET_RETRY_EVERY, so that a
                 // watch etcd keeps cancelling is said.
                 let now = tokio::time::Instant::now();
-                if !lost && quiet.is_none_or(|(start, _)| now - start > QUIET_RETRY_EVERY) {
+                if !lost && quiet_since.is_none_or(|start| now - start > QUIET_RETRY_EVERY) {
                     info!(prefix = %String::from_utf8_lossy(prefix), "etcd watch broke ({}): watching again", crate::util::errors::chain(&error));
-                    quiet = Some((now, now + QUIET_FOR));
+                    quiet_since = Some(now);
+                    quiet_until = Some(now + QUIET_FOR);
                 }
             }
-            if !lost && quiet.is_some_and(|(_, until)| tokio::time::Instant::now() < until) {
+            if !lost && quiet_until.is_some_and(|until| tokio::time::Instant::now() < until) {
                 // Every half second, not backing off: the client picks a
                 // member per request, and a dead one refuses at once, so
                 // a few tries reach one that answers.
@@ -131,9 +142,11 @@ impl KvStore {
         prefix: &[u8],
         tx: &mpsc::Sender<WatchEvent>,
         lost: &mut bool,
-        asked: &Notify,
+        asked: &mut mpsc::Receiver<()>,
     ) -> WatchEnd {
         let failed = |synced, error| WatchEnd::Failed { synced, error };
+        // This listing answers whatever was asked before it began.
+        while asked.try_recv().is_ok() {}
         let mut pages = match self.pages(prefix).await {
             Ok(p) => p,
             Err(e) => return failed(false, e),
@@ -193,7 +206,8 @@ impl KvStore {
         loop {
             let message = tokio::select! {
                 m = stream.message() => m,
-                () = asked.notified() => return WatchEnd::ReadAgain,
+                // Without a handle left, never.
+                Some(()) = asked.recv() => return WatchEnd::ReadAgain,
             };
             let resp = match message {
                 Ok(Some(r)) => r,
@@ -323,15 +337,17 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// Has a followed prefix listed again, in its stream: a
-/// [`WatchEvent::Snapshot`] of it as it is now, then its changes. Asked
-/// while a listing is under way, once more after it.
-#[derive(Debug, Clone, Default)]
-pub struct ReadAgain(Arc<Notify>);
+/// Has a followed prefix ([`KvStore::follow_prefix`]) listed again, in
+/// its stream: a [`WatchEvent::Snapshot`] of it as it is now, then its
+/// changes. Asked while a listing is under way, once more after it;
+/// asked several times before a listing begins, once.
+#[derive(Debug, Clone)]
+pub struct ReadAgain(mpsc::Sender<()>);
 
 impl ReadAgain {
     pub fn now(&self) {
-        self.0.notify_one();
+        // Full: a listing is asked for already.
+        let _ = self.0.try_send(());
     }
 }
 

@@ -31,8 +31,8 @@ impl<T> Listing<T> {
         }
     }
 
-    /// The listing broke off (the watch was lost, or a new one started):
-    /// its pages are dropped.
+    /// The listing broke off (the watch was lost): its pages are
+    /// dropped.
     pub fn abandon(&mut self) {
         self.0 = None;
     }

@@ -22,7 +22,8 @@
 //!   [`WatchEvent::Put`] / [`WatchEvent::Delete`] from the watch stream
 //!   started at R + 1, so that no change is missed or seen twice. When the
 //!   watch breaks ([`WatchEvent::Lost`], once per outage) or its revision
-//!   is compacted, the prefix is read again (a new `Snapshot`, which
+//!   is compacted, or when the receiver asks ([`KvStore::follow_prefix`],
+//!   [`ReadAgain`]), the prefix is read again (a new `Snapshot`, which
 //!   replaces everything the receiver holds) and the watch resumes after
 //!   it.
 //!
@@ -206,7 +207,7 @@ impl Entry {
 pub enum WatchEvent {
     /// Every key under the prefix at `revision`, in key order, a page of
     /// at most 500 keys at a time: the first events, and again after a
-    /// `Lost` or a compaction. The pages of one listing replace, together,
+    /// `Lost`, a compaction or a [`ReadAgain`]. The pages of one listing replace, together,
     /// everything the receiver holds: from the `first` to the `last`, which
     /// comes once the watch follows on from `revision`. A listing that
     /// breaks off is followed by a new one (its `first` page again), maybe
