@@ -137,8 +137,9 @@ impl EndpointRecord {
     /// (`written`): before this boot began, after now (a clock that ran
     /// ahead in the boot that wrote it) or unknown, it is an earlier
     /// boot's, and so is a record of an earlier version (no proofs: what
-    /// its address would adopt). The wall clock stepped forward by more
-    /// than the time from boot to the record's writing dates a record of
+    /// its address would adopt). A wall clock stepped since the record
+    /// was written (forward by more than the time from boot to the
+    /// writing, or back by more than the time since) dates a record of
     /// this boot earlier: its endpoint is then refused, never taken.
     #[must_use]
     pub fn in_boot(mut self, boot: &ThisBoot, written: Option<SystemTime>) -> Self {

@@ -863,6 +863,24 @@ mod tests {
         );
     }
 
+    /// A re-read asked for while a listing is under way leaves that
+    /// listing whole: it is the stream's, and the watch goes on from its
+    /// revision. Its last page ends the re-read.
+    #[tokio::test(start_paused = true)]
+    async fn a_reread_asked_during_a_listing_leaves_it_whole() {
+        let mut view = View::new("/h/", Duration::from_secs(60), 3, "/h/n1");
+        view.apply(page(vec![node_kv(1)], true, true));
+        assert!(view.synced);
+        // A listing after a quiet break: the view stays in sync meanwhile.
+        view.apply(page(vec![node_kv(1), node_kv(2)], true, false));
+        view.rereading(Instant::now());
+        assert_eq!(view.reread_due(), None, "one listing at a time");
+        view.apply(page(vec![node_kv(3)], false, true));
+        let held: Vec<&String> = view.held.records().keys().collect();
+        assert_eq!(held, ["/h/n1", "/h/n2", "/h/n3"], "the listing, whole");
+        assert!(matches!(view.reread, Reread::Done(_)), "{:?}", view.reread);
+    }
+
     /// A departed node's address is held for the hold's length by the
     /// agent's clock, then a new record may take it.
     #[tokio::test(start_paused = true)]

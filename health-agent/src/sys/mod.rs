@@ -1,11 +1,10 @@
-//! Adapters to the operating system: the boot, namespaces, netlink, pidfile, signals, sockets, BPF batches, sealed files.
-//! Imported by every layer above `util`; imports nothing of the agent.
-//!
 //! Adapters to the operating system: the boot (its ID and start),
-//! network namespaces, netlink (links, addresses, routes), the pidfile lock, signals, raw ICMP sockets,
-//! socket options, the batched BPF map operations aya does not wrap, the
-//! size of the descriptor table and bytes kept in sealed files to be sent
-//! without a copy.
+//! network namespaces, netlink (links, addresses, routes), the pidfile
+//! lock, signals, raw ICMP sockets, socket options, the batched BPF map
+//! operations aya does not wrap, the size of the descriptor table and
+//! bytes kept in sealed files to be sent without a copy.
+//!
+//! Imported by every layer above `util`; imports nothing of the agent.
 //! Nothing here knows about endpoints, probes or the cluster.
 
 pub mod boot;

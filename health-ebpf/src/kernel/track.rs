@@ -143,10 +143,13 @@ fn start_rtt(flow: &Flow, now: u64) {
 
 /// Closes the sample on an echo reply or SYN-ACK coming back, unless its
 /// SYN was sent more than once (a subprogram, as [`account`]). A reset
-/// acknowledging a pending SYN answers it too (a closed port, a firewall
-/// rejecting with a reset; a bare reset cannot, as TCP takes none in
-/// SYN-SENT): the request is closed, not left for the loss sweep, and
-/// times nothing (it may come from a box on the way).
+/// with its ACK flag on a pending SYN's ports answers it too (a closed
+/// port, a firewall rejecting with a reset; a bare reset cannot, as TCP
+/// takes none in SYN-SENT): the request is closed, not left for the loss
+/// sweep, and times nothing (it may come from a box on the way). Its
+/// acknowledgment number is not compared with the SYN's, which is not
+/// kept: a stale or forged reset on the same ports closes the request
+/// with no loss counted, as it would have closed the connection.
 #[inline(never)]
 fn finish_rtt(flow: &Flow, now: u64) {
     let is_tcp = flow.key.proto == IPPROTO_TCP;

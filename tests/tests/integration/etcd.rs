@@ -641,7 +641,12 @@ fn the_kvstore_watch_and_lease_come_through_an_etcd_restart() {
 fn a_followed_prefix_is_listed_again_in_its_stream_when_asked() {
     let etcd = LocalEtcd::start();
     let cfg = local_config(&etcd);
-    runtime().block_on(async {
+    // One thread: the two asks below go before the follower runs again.
+    let one_thread = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    one_thread.block_on(async {
         let store = KvStore::new(&cfg);
         let _run = running(&store);
         wait_up(&store).await;

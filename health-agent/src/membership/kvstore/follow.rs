@@ -145,12 +145,12 @@ impl KvStore {
         asked: &mut mpsc::Receiver<()>,
     ) -> WatchEnd {
         let failed = |synced, error| WatchEnd::Failed { synced, error };
-        // This listing answers whatever was asked before it began.
-        while asked.try_recv().is_ok() {}
         let mut pages = match self.pages(prefix).await {
             Ok(p) => p,
             Err(e) => return failed(false, e),
         };
+        // This listing answers whatever was asked before its first read.
+        while asked.try_recv().is_ok() {}
         // Each page goes as it is read, but the last: it waits for the
         // watch, so that the receiver is in sync when it has it.
         let mut first = true;
