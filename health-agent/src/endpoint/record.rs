@@ -385,19 +385,10 @@ mod tests {
         }
     }
 
-    /// Proofs of an earlier boot prove nothing: dropped, the ID and
-    /// addresses kept; those of this boot are kept. A record naming no
-    /// boot is judged by when it was written.
-    #[test]
-    fn proofs_hold_in_their_own_boot_only() {
+    /// A record proving an `lxc_health` of index 5, made in `boot`.
+    fn proving_lxc_health(boot: Option<&str>) -> EndpointRecord {
         use super::super::ownership::LinkProof;
-        use std::time::Duration;
-        let began = SystemTime::now() - Duration::from_secs(3_600);
-        let boot = ThisBoot {
-            id: "this-boot".into(),
-            began,
-        };
-        let proving = EndpointRecord {
+        EndpointRecord {
             id: 9,
             ipv4: Some(Ipv4Addr::new(198, 18, 64, 2)),
             cidr: Some("198.18.64.0/24".parse().expect("cidr")),
@@ -411,8 +402,22 @@ mod tests {
                 }),
                 ..Owned::default()
             }),
-            boot: Some("this-boot".into()),
+            boot: boot.map(str::to_owned),
+        }
+    }
+
+    /// Proofs of an earlier boot prove nothing: dropped, the ID and
+    /// addresses kept; those of this boot are kept. A record naming no
+    /// boot is judged by when it was written.
+    #[test]
+    fn proofs_hold_in_their_own_boot_only() {
+        use std::time::Duration;
+        let began = SystemTime::now() - Duration::from_secs(3_600);
+        let boot = ThisBoot {
+            id: "this-boot".into(),
+            began,
         };
+        let proving = proving_lxc_health(Some("this-boot"));
         let kept = proving.clone().in_boot(&boot, None);
         assert_eq!(kept, proving, "this boot's proofs are kept");
 
@@ -470,25 +475,9 @@ mod tests {
     /// judged by its file's modification time.
     #[test]
     fn a_record_naming_no_boot_is_dated_by_its_file() {
-        use super::super::ownership::LinkProof;
         let dir = tmp_dir("dated");
         let boot = ThisBoot::read().expect("the boot");
-        let r = EndpointRecord {
-            id: 9,
-            ipv4: Some(Ipv4Addr::new(198, 18, 64, 2)),
-            cidr: Some("198.18.64.0/24".parse().expect("cidr")),
-            ipv6: None,
-            cidr6: None,
-            netns: "health".into(),
-            owned: Some(Owned {
-                host: Some(LinkProof {
-                    name: "lxc_health".into(),
-                    ifindex: 5,
-                }),
-                ..Owned::default()
-            }),
-            boot: None,
-        };
+        let r = proving_lxc_health(None);
         r.save(&dir).expect("save");
         let now = EndpointRecord::load_in(&dir, &boot)
             .expect("load")
