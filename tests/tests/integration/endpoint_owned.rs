@@ -70,6 +70,23 @@ fn recorded(owned: &Owned) -> (Option<(u64, u64)>, Option<u32>, Option<u32>) {
     )
 }
 
+/// Someone else's `lxc_health` (paired with `theirs-peer`) in the node's
+/// namespace; its index.
+fn foreign_lxc_health(node: &AgentNode) -> u32 {
+    in_netns(Some(&node.node), |nl| async move {
+        nl.add_veth("lxc_health", "theirs-peer", None).await
+    })
+    .expect("a foreign lxc_health");
+    node_link(node, "lxc_health").expect("there")
+}
+
+/// The foreign `lxc_health` of [`foreign_lxc_health`] is as it was, and
+/// its peer too.
+fn assert_foreign_lxc_health_left(node: &AgentNode, index: u32) {
+    assert_eq!(node_link(node, "lxc_health"), Some(index), "left as it was");
+    assert!(node_link(node, "theirs-peer").is_some(), "its peer too");
+}
+
 /// The daemon, run to its exit, fails naming `needles`.
 fn assert_refused(node: &AgentNode, needles: &[&str]) {
     let out = node.run_to_exit(HEALTH_CIDR, &[]);
@@ -136,11 +153,7 @@ fn a_foreign_endpoint_namespace_is_refused_named_and_left() {
 #[test]
 fn a_foreign_lxc_health_is_refused_named_and_left() {
     let node = AgentNode::new();
-    in_netns(Some(&node.node), |nl| async move {
-        nl.add_veth("lxc_health", "theirs-peer", None).await
-    })
-    .expect("a foreign lxc_health");
-    let index = node_link(&node, "lxc_health").expect("there");
+    let index = foreign_lxc_health(&node);
     assert_refused(
         &node,
         &[
@@ -150,12 +163,7 @@ fn a_foreign_lxc_health_is_refused_named_and_left() {
             "--host-iface",
         ],
     );
-    assert_eq!(
-        node_link(&node, "lxc_health"),
-        Some(index),
-        "left as it was"
-    );
-    assert!(node_link(&node, "theirs-peer").is_some(), "its peer too");
+    assert_foreign_lxc_health_left(&node, index);
     assert!(!node.endpoint_ns().exists(), "no endpoint namespace made");
 }
 
@@ -409,11 +417,7 @@ fn a_record_of_an_earlier_boot_proves_nothing() {
 
     // After a reboot only someone else's lxc_health is there, numbered as
     // the record's: refused, and left.
-    in_netns(Some(&node.node), |nl| async move {
-        nl.add_veth("lxc_health", "theirs-peer", None).await
-    })
-    .expect("a foreign lxc_health");
-    let index = node_link(&node, "lxc_health").expect("there");
+    let index = foreign_lxc_health(&node);
     EndpointRecord {
         owned: Some(Owned {
             host: Some(LinkProof {
@@ -435,8 +439,7 @@ fn a_record_of_an_earlier_boot_proves_nothing() {
             "from an earlier boot",
         ],
     );
-    assert_eq!(node_link(&node, "lxc_health"), Some(index), "left");
-    assert!(node_link(&node, "theirs-peer").is_some(), "its peer too");
+    assert_foreign_lxc_health_left(&node, index);
 }
 
 /// While the agent runs, its `lxc_health` is replaced by someone else's:
