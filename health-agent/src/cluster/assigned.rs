@@ -3,8 +3,9 @@
 //! out before the view is assembled, so that an agent (or anyone writing
 //! its summary key) cannot speak about nodes it does not probe.
 //!
-//! Cost: an observer's assignment is one pass over the node set, O(N),
-//! computed when its summary is first checked against a node set and kept
+//! Cost: an observer's assignment is one selection over the set's
+//! [`SubsetPlan`] (a pass of a hash a node, and about K/2 steps along the
+//! ring), computed when its summary is first checked against a node set and kept
 //! (about K + zone indices per observer). When the set changes, only the
 //! observers a changed node could move are selected again: those of its
 //! zone, and those whose selection reached it ([`Reach`]), about K + zone

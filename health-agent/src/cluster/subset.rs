@@ -36,15 +36,22 @@
 //! by splitmix64's mixer. Every agent of a cluster must compute the same
 //! assignment whatever version built it.
 //!
-//! Cost: one pass over the node set per call, O(N) (plus O(log K) for the
-//! few nodes that enter a pick buffer); no allocation but the result and
-//! two buffers of at most K entries. [`SubsetPlan`] keeps the names' hashes
-//! for callers that compute many assignments over one node set (a
-//! simulation, or the view's observers).
+//! Cost: [`assigned`] makes one selection in two passes over the node set,
+//! O(N) (plus O(log K) for the few nodes that enter a pick buffer); no
+//! allocation but the result and buffers of at most K entries.
+//! [`SubsetPlan`] keeps the names' hashes, the zones' nodes and the set in
+//! ring order for callers that select for many probers over one node set
+//! (the elected assembler's check of every observer, a simulation): each
+//! selection then costs one pass of a hash and a comparison a node (the
+//! rendezvous half) and about `K/2` steps along the ring.
 
-use std::{cmp::Reverse, collections::BinaryHeap, collections::HashMap};
+mod picks;
+mod plan;
 
 use crate::membership::NodeSet;
+
+pub use picks::Reach;
+pub use plan::SubsetPlan;
 
 pub use crate::probe::peers::{DEFAULT_PEERS, FULL_MESH_UP_TO, ProbePeers, ProbePeersError};
 
@@ -96,288 +103,6 @@ pub const fn ring_position(name_hash: u64) -> u64 {
 /// No zone: matches no other node's.
 const NO_ZONE: u32 = u32::MAX;
 
-/// The hashes and zones of a node set, computed once: [`SubsetPlan::assigned`]
-/// then costs one pass of integer work per call.
-#[derive(Debug, Clone)]
-pub struct SubsetPlan {
-    /// Per node, in the set's order.
-    entries: Vec<Entry>,
-    /// Zone numbers by name.
-    zone_ids: HashMap<String, u32>,
-}
-
-/// What the selection needs of a node, together for one pass.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    /// [`name_hash`]: the prober's half of [`rendezvous_weight`].
-    hash: u64,
-    /// [`ring_position`].
-    ring: u64,
-    /// `mix64(name_hash)`: the peer's half of [`rendezvous_weight`].
-    key: u64,
-    /// Zone number ([`NO_ZONE`] for none).
-    zone: u32,
-}
-
-impl SubsetPlan {
-    /// O(N): one hash per name, one map entry per zone.
-    #[must_use]
-    pub fn new(nodes: &NodeSet) -> Self {
-        let mut zone_ids: HashMap<String, u32> = HashMap::new();
-        let entries = nodes
-            .iter()
-            .map(|n| {
-                let zone = match &n.zone {
-                    None => NO_ZONE,
-                    Some(z) => {
-                        let next = u32::try_from(zone_ids.len()).unwrap_or(NO_ZONE - 1);
-                        *zone_ids.entry(z.clone()).or_insert(next)
-                    }
-                };
-                let h = name_hash(&n.name);
-                Entry {
-                    hash: h,
-                    ring: ring_position(h),
-                    key: mix64(h),
-                    zone,
-                }
-            })
-            .collect();
-        Self { entries, zone_ids }
-    }
-
-    /// Nodes in the plan.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether the plan has no nodes.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// What the node at index `me` of the set probes: see [`assigned`].
-    #[must_use]
-    pub fn assigned_index(&self, me: usize, peers: ProbePeers) -> Vec<usize> {
-        match self.entries.get(me) {
-            Some(e) => {
-                self.select_hashed(e.hash, e.ring, e.zone, Some(me), peers)
-                    .0
-            }
-            None => Vec::new(),
-        }
-    }
-
-    /// What a node called `me` in `my_zone` probes: see [`assigned`].
-    #[must_use]
-    pub fn assigned(
-        &self,
-        me: &str,
-        my_zone: Option<&str>,
-        nodes: &NodeSet,
-        peers: ProbePeers,
-    ) -> Vec<usize> {
-        self.assigned_reach(me, my_zone, nodes, peers).0
-    }
-
-    /// [`Self::assigned`], and how far the selection reached: which nodes
-    /// joining or leaving the set could change it.
-    #[must_use]
-    pub fn assigned_reach(
-        &self,
-        me: &str,
-        my_zone: Option<&str>,
-        nodes: &NodeSet,
-        peers: ProbePeers,
-    ) -> (Vec<usize>, Reach) {
-        let index = nodes.binary_search_by(|n| n.name.as_str().cmp(me)).ok();
-        let zone = my_zone.map_or(NO_ZONE, |z| {
-            self.zone_ids.get(z).copied().unwrap_or(NO_ZONE - 1)
-        });
-        let h = name_hash(me);
-        self.select_hashed(h, ring_position(h), zone, index, peers)
-    }
-
-    /// The selection: one pass over the set. `me_hash` is the prober's
-    /// [`name_hash`], `me_pos` its ring position.
-    fn select_hashed(
-        &self,
-        me_hash: u64,
-        me_pos: u64,
-        zone: u32,
-        me: Option<usize>,
-        peers: ProbePeers,
-    ) -> (Vec<usize>, Reach) {
-        let n = self.len();
-        let others = n - usize::from(me.is_some());
-        let k = match peers {
-            ProbePeers::Count(k) if k < others => k,
-            _ => return ((0..n).collect(), Reach::everything(me_hash, me_pos)),
-        };
-        let ring_k = k / 2;
-        // The nearest nodes after and before `me` on the ring, and the `k`
-        // of highest weight (up to `ring_k` of which may be ring picks
-        // already), all outside the zone.
-        let mut after = Nearest::new(ring_k - ring_k / 2);
-        let mut before = Nearest::new(ring_k / 2);
-        let mut heaviest: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::with_capacity(k + 1);
-        // The lightest weight kept once `heaviest` is full: most nodes
-        // weigh less and cost one comparison.
-        let mut floor = 0u64;
-        let mut out = Vec::with_capacity(k + 16);
-        for (i, e) in self.entries.iter().enumerate() {
-            if Some(i) == me || (zone != NO_ZONE && e.zone == zone) {
-                out.push(i);
-                continue;
-            }
-            after.offer(e.ring.wrapping_sub(me_pos), i);
-            before.offer(me_pos.wrapping_sub(e.ring), i);
-            // `rendezvous_weight(name_hash(me), name_hash(peer))`.
-            let w = mix64(me_hash ^ e.key);
-            if k == 0 || (heaviest.len() == k && w < floor) {
-                continue;
-            }
-            // Ties go to the lower index (the smaller name).
-            let entry = Reverse((w, usize::MAX - i));
-            if heaviest.len() < k {
-                heaviest.push(entry);
-            } else if heaviest.peek().is_some_and(|min| entry < *min) {
-                heaviest.pop();
-                heaviest.push(entry);
-            }
-            if heaviest.len() == k {
-                floor = heaviest.peek().map_or(0, |Reverse((w, _))| *w);
-            }
-        }
-        // A node can be both after and before `me` when the set is small.
-        let mut picked: Vec<usize> = after.indices().chain(before.indices()).collect();
-        picked.sort_unstable();
-        picked.dedup();
-        let mut by_weight: Vec<(u64, usize)> = heaviest
-            .into_iter()
-            .map(|Reverse((w, j))| (w, usize::MAX - j))
-            .collect();
-        by_weight.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let ring_picked = picked.len();
-        for (_, i) in by_weight {
-            if picked.len() >= k {
-                break;
-            }
-            if picked[..ring_picked].binary_search(&i).is_err() {
-                picked.push(i);
-            }
-        }
-        out.extend(picked);
-        out.sort_unstable();
-        let reach = Reach {
-            me_hash,
-            me_pos,
-            after: after.reach(),
-            before: before.reach(),
-            lightest: floor,
-        };
-        (out, reach)
-    }
-}
-
-/// How far one prober's selection reached, outside its zone: a node beyond
-/// it (farther on the ring both ways than the farthest ring pick, and
-/// lighter than the lightest weight kept) changes nothing by joining the
-/// set or leaving it. The prober's own zone is the caller's to compare.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reach {
-    me_hash: u64,
-    me_pos: u64,
-    /// The farthest ring distance kept after the prober; `None`: no ring
-    /// pick after it is made.
-    after: Option<u64>,
-    /// The same, before it.
-    before: Option<u64>,
-    /// The lightest rendezvous weight kept (0 while fewer than `K` were
-    /// offered: every weight counts).
-    lightest: u64,
-}
-
-impl Reach {
-    /// Every node counts: the selection took the whole set.
-    const fn everything(me_hash: u64, me_pos: u64) -> Self {
-        Self {
-            me_hash,
-            me_pos,
-            after: Some(u64::MAX),
-            before: Some(u64::MAX),
-            lightest: 0,
-        }
-    }
-
-    /// Whether a node of [`name_hash`] `h`, outside the prober's zone,
-    /// could change the selection by joining or leaving. Ties count: the
-    /// answer errs towards selecting again.
-    #[must_use]
-    pub const fn touched_by(&self, h: u64) -> bool {
-        let ring = ring_position(h);
-        let after = ring.wrapping_sub(self.me_pos);
-        let before = self.me_pos.wrapping_sub(ring);
-        matches!(self.after, Some(limit) if after <= limit)
-            || matches!(self.before, Some(limit) if before <= limit)
-            || rendezvous_weight(self.me_hash, h) >= self.lightest
-    }
-}
-
-/// The `cap` smallest distances offered, with their indices (ties to the
-/// lower index).
-struct Nearest {
-    cap: usize,
-    /// Sorted ascending by (distance, index).
-    items: Vec<(u64, usize)>,
-    /// The largest distance kept once full (`u64::MAX` before): most
-    /// offers are farther and cost one comparison.
-    limit: u64,
-}
-
-impl Nearest {
-    fn new(cap: usize) -> Self {
-        Self {
-            cap,
-            items: Vec::with_capacity(cap + 1),
-            limit: u64::MAX,
-        }
-    }
-
-    #[inline]
-    fn offer(&mut self, distance: u64, index: usize) {
-        if distance > self.limit || self.cap == 0 {
-            return;
-        }
-        let item = (distance, index);
-        if self.items.len() == self.cap && self.items.last().is_some_and(|last| item >= *last) {
-            return;
-        }
-        let at = self.items.partition_point(|x| *x < item);
-        self.items.insert(at, item);
-        self.items.truncate(self.cap);
-        if self.items.len() == self.cap {
-            self.limit = self.items.last().map_or(u64::MAX, |&(d, _)| d);
-        }
-    }
-
-    fn indices(&self) -> impl Iterator<Item = usize> + '_ {
-        self.items.iter().map(|&(_, i)| i)
-    }
-
-    /// The farthest distance a newcomer could be kept at (`None` when
-    /// nothing is kept).
-    const fn reach(&self) -> Option<u64> {
-        if self.cap == 0 {
-            None
-        } else {
-            Some(self.limit)
-        }
-    }
-}
-
 /// The nodes that the node called `me`, in zone `my_zone`, probes: indices
 /// into `nodes`, sorted, deterministic.
 ///
@@ -395,7 +120,7 @@ pub fn assigned(me: &str, my_zone: Option<&str>, nodes: &NodeSet, peers: ProbePe
     if peers.is_full_mesh(nodes.len()) {
         return (0..nodes.len()).collect();
     }
-    SubsetPlan::new(nodes).assigned(me, my_zone, nodes, peers)
+    SubsetPlan::new(nodes).assigned_once(me, my_zone, nodes, peers)
 }
 
 /// Who probes each node: `observers[i]` lists the indices of the nodes
@@ -458,6 +183,35 @@ mod tests {
             ProbePeers::default_for(FULL_MESH_UP_TO + 1),
             ProbePeers::Count(DEFAULT_PEERS)
         );
+    }
+
+    /// Every picks' names of `nodes` under `K`, folded into one hash.
+    fn fingerprint(nodes: &NodeSet, k: usize) -> u64 {
+        let plan = SubsetPlan::new(nodes);
+        let mut h = FNV_OFFSET;
+        for me in 0..nodes.len() {
+            for i in plan.assigned_index(me, ProbePeers::Count(k)) {
+                h = (h ^ fnv1a(nodes[i].name.as_bytes())).wrapping_mul(FNV_PRIME);
+            }
+        }
+        h
+    }
+
+    #[test]
+    fn the_assignment_is_pinned() {
+        // Agents of every version must pick the same peers: a leader
+        // checks every observer against its own selection. These values
+        // were computed by the first version to select this way and must
+        // never change.
+        let plain = set(3000, None);
+        let zoned = set(3000, Some(20));
+        let pinned = [
+            (fingerprint(&plain, 32), 0x4bdc_88fb_e8f0_0f66),
+            (fingerprint(&plain, 7), 0x88bc_f9f8_947d_3e0d),
+            (fingerprint(&zoned, 32), 0x5a46_c5d0_46ce_d444),
+            (fingerprint(&zoned, 3), 0xf945_72fe_00cd_4111),
+        ];
+        assert_eq!(pinned.map(|(got, _)| got), pinned.map(|(_, want)| want));
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub const FULL_MESH_UP_TO: usize = 64;
 pub enum ProbePeers {
     /// A full mesh: every node of the set.
     All,
-    /// Self, its zone and `K` other nodes ([`SubsetPlan::assigned`](crate::cluster::subset::SubsetPlan::assigned)). `Count(0)` probes
+    /// Self, its zone and `K` other nodes ([`assigned`](crate::cluster::subset::assigned)). `Count(0)` probes
     /// only the zone (and self); the command line refuses 0.
     Count(usize),
 }
