@@ -36,10 +36,11 @@
 //! by splitmix64's mixer. Every agent of a cluster must compute the same
 //! assignment whatever version built it.
 //!
-//! Cost: [`assigned`] makes one selection in two passes over the node set,
-//! O(N) (plus O(log K) for the few nodes that enter a pick buffer); no
-//! allocation but the result and buffers of at most K entries.
-//! [`SubsetPlan`] keeps the names' hashes, the zones' nodes and the set in
+//! Cost: [`assigned`] makes one selection in a few passes over the node
+//! set, O(N) (plus O(log K) for the few nodes that enter a pick buffer),
+//! with nothing sorted: one to hash the names and index the zones (a
+//! [`SubsetPlan`] without its ring order), one for the ring picks and one
+//! for the rendezvous picks. [`SubsetPlan`] keeps the names' hashes, the zones' nodes and the set in
 //! ring order for callers that select for many probers over one node set
 //! (the elected assembler's check of every observer, a simulation): each
 //! selection then costs one pass of a hash and a comparison a node (the
@@ -113,8 +114,8 @@ const NO_ZONE: u32 = u32::MAX;
 /// `K + zone size` indices (self counted in its zone) and, given more than
 /// `K` nodes outside the zone, exactly that many.
 ///
-/// One pass over the set: build a [`SubsetPlan`] once instead when computing
-/// the assignment of many nodes over one set.
+/// A few passes over the set, nothing sorted: build a [`SubsetPlan`] once
+/// instead when computing the assignment of many nodes over one set.
 #[must_use]
 pub fn assigned(me: &str, my_zone: Option<&str>, nodes: &NodeSet, peers: ProbePeers) -> Vec<usize> {
     if peers.is_full_mesh(nodes.len()) {
@@ -185,12 +186,19 @@ mod tests {
         );
     }
 
-    /// Every picks' names of `nodes` under `K`, folded into one hash.
+    /// Every node's picks' names under `K`, folded into one hash; every
+    /// 25th node's are selected from its name as well, and must agree.
     fn fingerprint(nodes: &NodeSet, k: usize) -> u64 {
         let plan = SubsetPlan::new(nodes);
+        let peers = ProbePeers::Count(k);
         let mut h = FNV_OFFSET;
-        for me in 0..nodes.len() {
-            for i in plan.assigned_index(me, ProbePeers::Count(k)) {
+        for (me, n) in nodes.iter().enumerate() {
+            let picks = plan.assigned_index(me, peers);
+            if me % 25 == 0 {
+                let by_name = assigned(&n.name, n.zone.as_deref(), nodes, peers);
+                assert_eq!(picks, by_name, "node {me}, K = {k}");
+            }
+            for i in picks {
                 h = (h ^ fnv1a(nodes[i].name.as_bytes())).wrapping_mul(FNV_PRIME);
             }
         }
@@ -201,8 +209,8 @@ mod tests {
     fn the_assignment_is_pinned() {
         // Agents of every version must pick the same peers: a leader
         // checks every observer against its own selection. These values
-        // were computed by the first version to select this way and must
-        // never change.
+        // were computed by the one-pass selection that came before the
+        // plan's ring order, and must never change.
         let plain = set(3000, None);
         let zoned = set(3000, Some(20));
         let pinned = [

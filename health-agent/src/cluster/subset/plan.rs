@@ -6,7 +6,8 @@
 //! `K/2` steps of a walk along the set in ring order, sorted once for the
 //! plan when it is first asked (O(N log N)); its zone is read from an
 //! index. [`super::assigned`], which selects for one prober only, finds
-//! the ring picks in the same pass instead and never sorts.
+//! the ring picks in a pass of their own over the set instead and never
+//! sorts.
 
 use std::{collections::HashMap, sync::OnceLock};
 
@@ -217,10 +218,10 @@ impl SubsetPlan {
             }
         }
         let mut out = self.zone_nodes(me.zone).to_vec();
-        out.extend(
-            me.index
-                .filter(|&i| self.entries[i].zone != me.zone || me.zone == NO_ZONE),
-        );
+        // The prober, unless its zone's nodes hold it already.
+        let in_zone =
+            |i: usize| me.zone != NO_ZONE && self.entries.get(i).is_some_and(|e| e.zone == me.zone);
+        out.extend(me.index.filter(|&i| !in_zone(i)));
         out.extend(picked);
         out.sort_unstable();
         let reach = Reach {
@@ -260,9 +261,12 @@ impl SubsetPlan {
     /// The nodes of zone number `zone`, ascending (none for [`NO_ZONE`]
     /// or a zone no node of the set is in).
     fn zone_nodes(&self, zone: u32) -> &[usize] {
+        if zone == NO_ZONE {
+            return &[];
+        }
         let z = zone as usize;
         match (self.zone_starts.get(z), self.zone_starts.get(z + 1)) {
-            (Some(&from), Some(&to)) if zone != NO_ZONE => &self.zoned[from..to],
+            (Some(&from), Some(&to)) => &self.zoned[from..to],
             _ => &[],
         }
     }
