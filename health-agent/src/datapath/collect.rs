@@ -103,13 +103,51 @@ struct Pass {
     done: PassDone,
 }
 
+/// The timeout a sweep counts losses with: the probe timeout in force (a
+/// reload changes it), read at each sweep. When a reload shortens it, the
+/// longer one still counts for as long as it is: a request sent under it
+/// may be answered that late, and is not lost before.
+#[derive(Debug)]
+struct SweepTimeout {
+    in_force: watch::Receiver<Duration>,
+    /// The timeout read last.
+    seen: Duration,
+    /// The longest timeout a reload shortened, and until when a request
+    /// sent under it may still be answered.
+    replaced: Option<(Duration, Instant)>,
+}
+
+impl SweepTimeout {
+    fn new(in_force: watch::Receiver<Duration>) -> Self {
+        let seen = *in_force.borrow();
+        Self {
+            in_force,
+            seen,
+            replaced: None,
+        }
+    }
+
+    fn at(&mut self, now: Instant) -> Duration {
+        let current = *self.in_force.borrow();
+        let replaced = self.replaced.filter(|&(_, until)| now < until);
+        if current < self.seen {
+            // Read after the reload, so `now + longest` is never early.
+            let longest = replaced.map_or(self.seen, |(t, _)| t.max(self.seen));
+            self.replaced = Some((longest, now.checked_add(longest).unwrap_or(now)));
+        } else {
+            self.replaced = replaced;
+        }
+        self.seen = current;
+        self.replaced.map_or(current, |(t, _)| t.max(current))
+    }
+}
+
 /// The collectors' passes: when the next starts, and the one in progress.
 #[derive(Debug)]
 pub struct Collector {
     interval: Duration,
-    /// The probe timeout in force (a reload changes it): read at each
-    /// sweep.
-    timeout: watch::Receiver<Duration>,
+    /// The timeout each sweep counts losses with.
+    timeout: SweepTimeout,
     ct_budget: usize,
     /// The closed TCP lifetime in force (see [`ct::gc_slice`]).
     tcp_closed_s: u32,
@@ -132,7 +170,7 @@ impl Collector {
         let entries = sizes.max_entries(MapId::CtMap).unwrap_or(0) / SLICES;
         Self {
             interval,
-            timeout,
+            timeout: SweepTimeout::new(timeout),
             ct_budget: usize::try_from(entries)
                 .unwrap_or(usize::MAX)
                 .max(crate::sys::bpf_batch::CHUNK),
@@ -201,11 +239,11 @@ impl Collector {
             .is_some_and(|w| std::mem::take(&mut w.nat_behind))
     }
 
-    /// The timeout the next sweep counts losses with: the probe timeout in
-    /// force.
-    #[must_use]
-    pub fn sweep_timeout(&self) -> Duration {
-        *self.timeout.borrow()
+    /// The timeout a sweep at `now` counts losses with: the probe timeout
+    /// in force, or a longer one a reload shortened, for as long after
+    /// the reload as it is.
+    pub fn sweep_timeout(&mut self, now: Instant) -> Duration {
+        self.timeout.at(now)
     }
 
     /// Whether a pass is in progress.
@@ -224,7 +262,7 @@ impl Collector {
         let started = Instant::now();
         if !pass.swept {
             (pass.done.lost, pass.done.pending_left) =
-                rtt::sweep_counted(dir, self.sweep_timeout())?;
+                rtt::sweep_counted(dir, self.sweep_timeout(started))?;
             pass.swept = true;
         }
         if let Some(from) = pass.ct {
@@ -324,10 +362,35 @@ mod tests {
     #[test]
     fn the_sweep_follows_the_probe_timeout_in_force() {
         let s = Duration::from_secs(1);
+        let t0 = Instant::now();
         let (timeout, rx) = watch::channel(3 * s);
-        let c = Collector::new(10 * s, rx, &MapSizes::DEFAULT, Instant::now());
-        assert_eq!(c.sweep_timeout(), 3 * s);
+        let mut c = Collector::new(10 * s, rx, &MapSizes::DEFAULT, t0);
+        assert_eq!(c.sweep_timeout(t0), 3 * s);
+        // Longer: at once.
+        timeout.send_replace(5 * s);
+        assert_eq!(c.sweep_timeout(t0 + s), 5 * s, "a longer timeout");
+        // Shorter: a request sent under 5 s may be answered until 5 s
+        // after the reload was read.
         timeout.send_replace(s / 2);
-        assert_eq!(c.sweep_timeout(), s / 2, "a reloaded timeout");
+        let read = t0 + 2 * s;
+        assert_eq!(c.sweep_timeout(read), 5 * s, "shortened: the longer one");
+        assert_eq!(c.sweep_timeout(read + 4 * s), 5 * s);
+        // Shortened again meanwhile: the longest still counts, as long.
+        timeout.send_replace(s / 4);
+        assert_eq!(c.sweep_timeout(read + 4 * s), 5 * s);
+        assert_eq!(c.sweep_timeout(read + 8 * s + s * 9 / 10), 5 * s);
+        assert_eq!(
+            c.sweep_timeout(read + 9 * s),
+            s / 4,
+            "then the one in force"
+        );
+        assert_eq!(c.sweep_timeout(read + 20 * s), s / 4);
+        // Lengthened past a shortened one still counting: the new one.
+        timeout.send_replace(2 * s);
+        assert_eq!(c.sweep_timeout(read + 21 * s), 2 * s);
+        timeout.send_replace(s);
+        assert_eq!(c.sweep_timeout(read + 22 * s), 2 * s);
+        timeout.send_replace(8 * s);
+        assert_eq!(c.sweep_timeout(read + 23 * s), 8 * s);
     }
 }
