@@ -53,6 +53,7 @@ use crate::{
     cluster::view_cell::ClusterViewCell,
     datapath::{
         DatapathOwner,
+        collect::LossTimeout,
         maintenance::{self, DatapathConfig},
         report::MapsReport,
         settings::MaintenanceStart,
@@ -195,8 +196,9 @@ async fn run_agent(
     let probe_metrics = prober.config().metrics.clone().unwrap_or_default();
     // The prober in service; a reload that changes its settings replaces it.
     let (probers, prober) = watch::channel(prober);
-    // The probe timeout in force, for the RTT loss sweep (a reload changes it).
-    let (probe_timeout, probe_timeout_in_force) = watch::channel(s.tuning.probe_timeout);
+    // The probe timeout for the RTT loss sweep, as reloads leave it.
+    let (probe_timeout, probe_timeout_in_force) =
+        watch::channel(LossTimeout::new(s.tuning.probe_timeout));
 
     let (api_state, cluster) = api_state(&cfg, &resolved, &view, &prober, &nodes, health);
     let (links, _) = broadcast::channel(16);
@@ -430,7 +432,7 @@ fn datapath_config(
     resolved: &config::Resolved,
     at_start: &config::NodesAtStart,
     report: MapsReport,
-    probe_timeout: watch::Receiver<Duration>,
+    probe_timeout: watch::Receiver<LossTimeout>,
 ) -> DatapathConfig {
     DatapathConfig::new(
         &cfg.settings.datapath,

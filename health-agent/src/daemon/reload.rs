@@ -8,16 +8,17 @@
 //! a new probe): a failing path shows Unknown until it reaches the new
 //! failure threshold. The probe timeout also goes to the datapath's RTT
 //! loss sweep (on its own channel), which counts losses with it from its
-//! next pass.
+//! next pass; a shortened one, once the longer one has stopped counting
+//! ([`LossTimeout`]).
 
-use std::{sync::Arc, time::Duration};
+use std::{sync::Arc, time::Instant};
 
 use sd_notify::NotifyState;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 pub use crate::config::ProbeTuning;
-use crate::{probe::Prober, sys::signals::Hangups};
+use crate::{datapath::collect::LossTimeout, probe::Prober, sys::signals::Hangups};
 
 /// Called on SIGHUP: re-reads the configuration, applies what it owns
 /// itself (the log level), reports what needs a restart, and returns the
@@ -37,7 +38,7 @@ pub(super) fn notify(states: &[NotifyState<'_>]) {
 #[derive(Debug, Clone)]
 pub(super) struct Targets {
     pub(super) probers: watch::Sender<Arc<Prober>>,
-    pub(super) probe_timeout: watch::Sender<Duration>,
+    pub(super) probe_timeout: watch::Sender<LossTimeout>,
 }
 
 /// Answers SIGHUPs until the task is dropped.
@@ -71,11 +72,9 @@ fn apply(tuning: ProbeTuning, targets: &Targets) {
     // change.
     new.take_over(&old);
     targets.probers.send_replace(new);
-    targets.probe_timeout.send_if_modified(|t| {
-        let changed = *t != tuning.probe_timeout;
-        *t = tuning.probe_timeout;
-        changed
-    });
+    targets
+        .probe_timeout
+        .send_if_modified(|t| t.reload(tuning.probe_timeout, Instant::now()));
     info!(
         interval = ?tuning.probe_interval,
         timeout = ?tuning.probe_timeout,
@@ -106,7 +105,7 @@ mod tests {
     fn a_new_probe_timeout_reaches_the_prober_and_the_loss_sweep() {
         let cfg = ProbeConfig::default();
         let (probers, prober) = watch::channel(Prober::new(cfg.clone()));
-        let (probe_timeout, mut sweep) = watch::channel(cfg.timeout);
+        let (probe_timeout, mut sweep) = watch::channel(LossTimeout::new(cfg.timeout));
         let targets = Targets {
             probers,
             probe_timeout,
@@ -119,12 +118,20 @@ mod tests {
         apply(longer, &targets);
         assert_eq!(prober.borrow().config().timeout, cfg.timeout * 3);
         assert!(sweep.has_changed().expect("open"));
-        assert_eq!(*sweep.borrow_and_update(), cfg.timeout * 3);
+        assert_eq!(sweep.borrow_and_update().in_force(), cfg.timeout * 3);
         // Another setting alone: the sweep is not woken.
         let mut slower = longer;
         slower.probe_interval = cfg.interval * 2;
         apply(slower, &targets);
         assert_eq!(prober.borrow().config().interval, cfg.interval * 2);
         assert!(!sweep.has_changed().expect("open"));
+        // Shorter again: in force at once, the longer one still counting.
+        let mut shorter = slower;
+        shorter.probe_timeout = cfg.timeout;
+        apply(shorter, &targets);
+        let now = Instant::now();
+        let loss = *sweep.borrow_and_update();
+        assert_eq!(loss.in_force(), cfg.timeout);
+        assert_eq!(loss.at(now), cfg.timeout * 3);
     }
 }

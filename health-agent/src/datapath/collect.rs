@@ -103,51 +103,82 @@ struct Pass {
     done: PassDone,
 }
 
-/// The timeout a sweep counts losses with: the probe timeout in force (a
-/// reload changes it), read at each sweep. When a reload shortens it, the
-/// longer one still counts for as long as it is: a request sent under it
-/// may be answered that late, and is not lost before.
-#[derive(Debug)]
-struct SweepTimeout {
-    in_force: watch::Receiver<Duration>,
-    /// The timeout read last.
-    seen: Duration,
-    /// The longest timeout a reload shortened, and until when a request
-    /// sent under it may still be answered.
-    replaced: Option<(Duration, Instant)>,
+/// The timeout the RTT loss sweep counts losses with, as reloads change
+/// the probe timeout: a request unanswered that long after it left is
+/// lost. A reload that shortens it leaves the longer one counting for twice
+/// its length: the replaced prober's last round may go on sending under it
+/// for up to one timeout, and its requests may be answered one timeout
+/// later. The reload computes it, so a timeout changed and changed back
+/// between two sweeps is not missed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LossTimeout {
+    in_force: Duration,
+    /// The longest timeout a reload shortened, while it may still count,
+    /// and until when (`None`: past the clock's range).
+    replaced: Option<(Duration, Option<Instant>)>,
 }
 
-impl SweepTimeout {
-    fn new(in_force: watch::Receiver<Duration>) -> Self {
-        let seen = *in_force.borrow();
+impl LossTimeout {
+    /// `in_force` from the start.
+    #[must_use]
+    pub const fn new(in_force: Duration) -> Self {
         Self {
             in_force,
-            seen,
             replaced: None,
         }
     }
 
-    fn at(&mut self, now: Instant) -> Duration {
-        let current = *self.in_force.borrow();
-        let replaced = self.replaced.filter(|&(_, until)| now < until);
-        if current < self.seen {
-            // Read after the reload, so `now + longest` is never early.
-            let longest = replaced.map_or(self.seen, |(t, _)| t.max(self.seen));
-            self.replaced = Some((longest, now.checked_add(longest).unwrap_or(now)));
-        } else {
-            self.replaced = replaced;
-        }
-        self.seen = current;
-        self.replaced.map_or(current, |(t, _)| t.max(current))
+    /// The probe timeout in force.
+    #[must_use]
+    pub const fn in_force(&self) -> Duration {
+        self.in_force
     }
+
+    /// A reload at `now` puts `timeout` in force; returns whether that
+    /// changed it.
+    pub fn reload(&mut self, timeout: Duration, now: Instant) -> bool {
+        if timeout == self.in_force {
+            return false;
+        }
+        let still = self.replaced.filter(|&(_, until)| counts_at(until, now));
+        let shortened = (timeout < self.in_force).then(|| {
+            let until = now.checked_add(self.in_force.saturating_mul(2));
+            (self.in_force, until)
+        });
+        self.replaced = match (still, shortened) {
+            (Some((a, until_a)), Some((b, until_b))) => {
+                // Either may count later: the longer timeout, as long as
+                // the later of the two.
+                let until = until_a.zip(until_b).map(|(x, y)| x.max(y));
+                Some((a.max(b), until))
+            }
+            (one, other) => one.or(other),
+        };
+        self.in_force = timeout;
+        true
+    }
+
+    /// The timeout a sweep at `now` counts losses with.
+    #[must_use]
+    pub fn at(&self, now: Instant) -> Duration {
+        match self.replaced {
+            Some((longer, until)) if counts_at(until, now) => longer.max(self.in_force),
+            _ => self.in_force,
+        }
+    }
+}
+
+/// Whether a replaced timeout counting until `until` counts at `now`.
+fn counts_at(until: Option<Instant>, now: Instant) -> bool {
+    until.is_none_or(|until| now < until)
 }
 
 /// The collectors' passes: when the next starts, and the one in progress.
 #[derive(Debug)]
 pub struct Collector {
     interval: Duration,
-    /// The timeout each sweep counts losses with.
-    timeout: SweepTimeout,
+    /// The timeout each sweep counts losses with, as reloads change it.
+    timeout: watch::Receiver<LossTimeout>,
     ct_budget: usize,
     /// The closed TCP lifetime in force (see [`ct::gc_slice`]).
     tcp_closed_s: u32,
@@ -158,19 +189,19 @@ pub struct Collector {
 
 impl Collector {
     /// Passes every `interval` (the first one `interval` after `now`);
-    /// requests unanswered for the probe timeout `timeout` holds when a
-    /// pass sweeps are lost; slices sized from the maps' sizes.
+    /// requests unanswered for the time `timeout` holds when a pass sweeps
+    /// ([`LossTimeout::at`]) are lost; slices sized from the maps' sizes.
     #[must_use]
     pub fn new(
         interval: Duration,
-        timeout: watch::Receiver<Duration>,
+        timeout: watch::Receiver<LossTimeout>,
         sizes: &MapSizes,
         now: Instant,
     ) -> Self {
         let entries = sizes.max_entries(MapId::CtMap).unwrap_or(0) / SLICES;
         Self {
             interval,
-            timeout: SweepTimeout::new(timeout),
+            timeout,
             ct_budget: usize::try_from(entries)
                 .unwrap_or(usize::MAX)
                 .max(crate::sys::bpf_batch::CHUNK),
@@ -242,8 +273,9 @@ impl Collector {
     /// The timeout a sweep at `now` counts losses with: the probe timeout
     /// in force, or a longer one a reload shortened, for as long after
     /// the reload as it is.
-    pub fn sweep_timeout(&mut self, now: Instant) -> Duration {
-        self.timeout.at(now)
+    #[must_use]
+    pub fn sweep_timeout(&self, now: Instant) -> Duration {
+        self.timeout.borrow().at(now)
     }
 
     /// Whether a pass is in progress.
@@ -308,7 +340,12 @@ mod tests {
     fn passes_start_once_an_interval_and_not_while_one_runs() {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
-        let mut c = Collector::new(10 * s, watch::channel(s).1, &MapSizes::DEFAULT, t0);
+        let mut c = Collector::new(
+            10 * s,
+            watch::channel(LossTimeout::new(s)).1,
+            &MapSizes::DEFAULT,
+            t0,
+        );
         assert_eq!(c.tick(), Duration::from_millis(1250));
         assert!(!c.running());
         assert!(!c.start_if_due(t0 + 9 * s), "not before the interval");
@@ -352,45 +389,86 @@ mod tests {
     fn slices_take_a_share_of_the_map_never_less_than_a_batch() {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
-        let c = Collector::new(10 * s, watch::channel(s).1, &MapSizes::DEFAULT, t0);
+        let c = Collector::new(
+            10 * s,
+            watch::channel(LossTimeout::new(s)).1,
+            &MapSizes::DEFAULT,
+            t0,
+        );
         // 131,072 CT entries by default.
         assert_eq!(c.ct_budget, 16_384);
-        let small = Collector::new(10 * s, watch::channel(s).1, &MapSizes::for_peers(16), t0);
+        let small = Collector::new(
+            10 * s,
+            watch::channel(LossTimeout::new(s)).1,
+            &MapSizes::for_peers(16),
+            t0,
+        );
         assert_eq!(small.ct_budget, crate::sys::bpf_batch::CHUNK);
     }
 
     #[test]
-    fn the_sweep_follows_the_probe_timeout_in_force() {
+    fn a_shortened_timeout_counts_for_twice_its_length() {
         let s = Duration::from_secs(1);
         let t0 = Instant::now();
-        let (timeout, rx) = watch::channel(3 * s);
-        let mut c = Collector::new(10 * s, rx, &MapSizes::DEFAULT, t0);
-        assert_eq!(c.sweep_timeout(t0), 3 * s);
-        // Longer: at once.
-        timeout.send_replace(5 * s);
-        assert_eq!(c.sweep_timeout(t0 + s), 5 * s, "a longer timeout");
-        // Shorter: a request sent under 5 s may be answered until 5 s
-        // after the reload was read.
-        timeout.send_replace(s / 2);
-        let read = t0 + 2 * s;
-        assert_eq!(c.sweep_timeout(read), 5 * s, "shortened: the longer one");
-        assert_eq!(c.sweep_timeout(read + 4 * s), 5 * s);
-        // Shortened again meanwhile: the longest still counts, as long.
-        timeout.send_replace(s / 4);
-        assert_eq!(c.sweep_timeout(read + 4 * s), 5 * s);
-        assert_eq!(c.sweep_timeout(read + 8 * s + s * 9 / 10), 5 * s);
-        assert_eq!(
-            c.sweep_timeout(read + 9 * s),
-            s / 4,
-            "then the one in force"
-        );
-        assert_eq!(c.sweep_timeout(read + 20 * s), s / 4);
-        // Lengthened past a shortened one still counting: the new one.
-        timeout.send_replace(2 * s);
-        assert_eq!(c.sweep_timeout(read + 21 * s), 2 * s);
-        timeout.send_replace(s);
-        assert_eq!(c.sweep_timeout(read + 22 * s), 2 * s);
-        timeout.send_replace(8 * s);
-        assert_eq!(c.sweep_timeout(read + 23 * s), 8 * s);
+        let mut t = LossTimeout::new(3 * s);
+        assert_eq!(t.at(t0), 3 * s);
+        // Longer: at once; the same again changes nothing.
+        assert!(t.reload(5 * s, t0 + s));
+        assert_eq!(t.at(t0 + s), 5 * s, "a longer timeout");
+        assert!(!t.reload(5 * s, t0 + s));
+        // Shorter at `r`: 5 s still counts until r + 10 s.
+        let r = t0 + 2 * s;
+        assert!(t.reload(s / 2, r));
+        assert_eq!(t.in_force(), s / 2);
+        assert_eq!(t.at(r), 5 * s, "shortened: the longer one");
+        assert_eq!(t.at(r + 9 * s + s * 9 / 10), 5 * s);
+        assert_eq!(t.at(r + 10 * s), s / 2, "then the one in force");
+        assert_eq!(t.at(r + 600 * s), s / 2, "and for good");
+        // Shortened again meanwhile: 5 s counts no longer than before.
+        let mut again = t;
+        assert!(again.reload(s / 4, r + 4 * s));
+        assert_eq!(again.at(r + 9 * s + s * 9 / 10), 5 * s);
+        assert_eq!(again.at(r + 10 * s), s / 4);
+        // Lengthened meanwhile, to less than the replaced one: the
+        // replaced one still counts; shortened then, the longer as long as
+        // the later of the two.
+        let mut up = t;
+        assert!(up.reload(2 * s, r + 6 * s));
+        assert_eq!(up.at(r + 7 * s), 5 * s);
+        assert_eq!(up.at(r + 10 * s), 2 * s);
+        assert!(up.reload(s, r + 8 * s));
+        assert_eq!(up.at(r + 11 * s), 5 * s);
+        assert_eq!(up.at(r + 12 * s), s);
+        // Once expired, a replaced timeout is forgotten by the next reload.
+        let mut late = t;
+        assert!(late.reload(8 * s, r + 30 * s));
+        assert_eq!(late.at(r + 30 * s), 8 * s);
+        assert!(late.reload(s, r + 31 * s));
+        assert_eq!(late.at(r + 46 * s), 8 * s);
+        assert_eq!(late.at(r + 47 * s), s);
+        assert_eq!(late.at(r + 600 * s), s);
+        // Past the clock's range, the longer one counts for good.
+        let mut huge = LossTimeout::new(Duration::MAX);
+        assert!(huge.reload(s, t0));
+        assert_eq!(huge.at(t0 + Duration::from_hours(24_000)), Duration::MAX);
+    }
+
+    #[test]
+    fn the_sweep_reads_the_timeout_each_reload_leaves() {
+        let s = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let (timeout, rx) = watch::channel(LossTimeout::new(s));
+        let c = Collector::new(10 * s, rx, &MapSizes::DEFAULT, t0);
+        assert_eq!(c.sweep_timeout(t0), s);
+        // Lengthened and shortened back between two sweeps: the sweep at
+        // t0 + 10 s still counts with the 10 s the prober sent under.
+        timeout.send_modify(|t| {
+            t.reload(10 * s, t0 + s);
+        });
+        timeout.send_modify(|t| {
+            t.reload(s, t0 + 8 * s);
+        });
+        assert_eq!(c.sweep_timeout(t0 + 10 * s), 10 * s);
+        assert_eq!(c.sweep_timeout(t0 + 28 * s), s);
     }
 }

@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     Attachments, DatapathError, DatapathHandle, Interface, MissingAttachment, TcHook,
-    collect::{Collector, PassDone},
+    collect::{Collector, LossTimeout, PassDone},
     maps,
     masquerade::Masquerade,
     nat, remove_pins,
@@ -49,8 +49,8 @@ pub struct DatapathConfig {
     /// walked in slices over the period).
     pub gc_interval: Duration,
     /// A request unanswered for this long counts as an RTT loss: the probe
-    /// timeout in force (a reload changes it), read at each sweep.
-    pub probe_timeout: watch::Receiver<Duration>,
+    /// timeout as reloads leave it, read at each sweep.
+    pub probe_timeout: watch::Receiver<LossTimeout>,
     /// On shutdown, leave the pins for the next agent.
     pub keep_pins: bool,
     /// Sizes of the maps that grow with the cluster (`--max-peers`,

@@ -131,8 +131,8 @@ pub struct MaintenanceStart {
     pub tc_hook: super::TcHook,
     /// Where each walk of the maps is published.
     pub report: super::report::MapsReport,
-    /// The probe timeout in force (a reload changes it).
-    pub probe_timeout: tokio::sync::watch::Receiver<Duration>,
+    /// The probe timeout for the RTT loss sweep, as reloads leave it.
+    pub probe_timeout: tokio::sync::watch::Receiver<super::collect::LossTimeout>,
     /// The sizes of the maps that grow with the cluster.
     pub map_sizes: MapSizes,
 }

@@ -425,7 +425,10 @@ fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
     let start = std::time::Instant::now();
     let mut c = Collector::new(
         std::time::Duration::ZERO,
-        tokio::sync::watch::channel(std::time::Duration::from_secs(1)).1,
+        tokio::sync::watch::channel(health_agent::datapath::collect::LossTimeout::new(
+            std::time::Duration::from_secs(1),
+        ))
+        .1,
         &MapSizes::for_peers(5000),
         start,
     );
@@ -467,19 +470,24 @@ fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
     drop(d);
 }
 
-/// A reload that changes the probe timeout reaches the loss sweep: the
-/// same pending requests, five seconds old, are not lost under a 60 s
-/// timeout and are lost at the next pass once the timeout is 2 s.
+/// A reload that changes the probe timeout reaches the loss sweep: a
+/// longer timeout at once; a shorter one once the longer one has stopped
+/// counting (twice its length after the reload: requests sent under it may
+/// be answered until then).
 #[test]
 fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
-    use health_agent::datapath::collect::Collector;
+    use std::time::{Duration, Instant};
+
+    use health_agent::datapath::collect::{Collector, LossTimeout};
     let (pins, d) = loaded_for(5000);
-    let now = health_agent::datapath::monotonic_ns().expect("clock");
-    {
+    // 50 requests from `first` on, sent `age` ago.
+    let send = |first: u8, age: Duration| {
+        let now = health_agent::datapath::monotonic_ns().expect("clock");
+        let sent = now - u64::try_from(age.as_nanos()).expect("an age");
         let mut map = pinned(&pins, MapId::RttPending);
         let mut pending =
             HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
-        for i in 0..50u8 {
+        for i in first..first + 50 {
             let k = health_common::rtt::PendingKey {
                 peer: health_common::ct::v4_mapped([198, 18, 7, i]),
                 a: [0, 1],
@@ -487,33 +495,56 @@ fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
                 proto: 1,
                 pad: [0; 3],
             };
-            pending
-                .insert(&k, &(now - 5_000_000_000), 0)
-                .expect("insert pending");
+            pending.insert(&k, &sent, 0).expect("insert pending");
         }
-    }
-    let (timeout, in_force) = tokio::sync::watch::channel(std::time::Duration::from_secs(60));
-    let start = std::time::Instant::now();
+    };
+    let ms = Duration::from_millis;
+    let (timeout, in_force) = tokio::sync::watch::channel(LossTimeout::new(ms(500)));
     let mut c = Collector::new(
-        std::time::Duration::ZERO,
+        Duration::ZERO,
         in_force,
         &MapSizes::for_peers(5000),
-        start,
+        Instant::now(),
     );
     let pass = |c: &mut Collector| {
-        assert!(c.start_if_due(std::time::Instant::now()));
+        assert!(c.start_if_due(Instant::now()));
         loop {
             if let Some(done) = c.step(pins.path()).expect("slice") {
                 break (done.lost, done.pending_left);
             }
         }
     };
-    assert_eq!(pass(&mut c), (0, 50), "younger than 60 s: pending");
     // What SIGHUP's reload sends when the probe timeout changes.
-    timeout.send_replace(std::time::Duration::from_secs(2));
-    assert_eq!(pass(&mut c), (50, 0), "older than the new 2 s: lost");
+    let reload = |to: Duration, at: Instant| {
+        timeout.send_modify(|t| {
+            t.reload(to, at);
+        });
+    };
+    send(0, ms(1000));
+    reload(ms(1500), Instant::now());
+    assert_eq!(
+        pass(&mut c),
+        (0, 50),
+        "a second old, under a 1.5 s timeout: pending"
+    );
+    let shortened = Instant::now();
+    reload(ms(500), shortened);
+    assert_eq!(
+        pass(&mut c),
+        (0, 50),
+        "shortened to 0.5 s: the 1.5 s still counts"
+    );
+    // Once 1.5 s no longer counts (3 s after the reload), requests a
+    // second old are lost under the 0.5 s in force.
+    std::thread::sleep((shortened + ms(3050)).saturating_duration_since(Instant::now()));
+    send(50, ms(1000));
+    assert_eq!(
+        pass(&mut c),
+        (100, 0),
+        "older than the 0.5 s in force: lost"
+    );
     let m = losses_map(&pins);
     let losses = HashMap::<_, RttKey, u64>::try_from(&m).expect("losses");
-    assert_eq!(losses.iter().count(), 50);
+    assert_eq!(losses.iter().count(), 100);
     drop(d);
 }
