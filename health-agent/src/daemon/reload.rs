@@ -2,14 +2,14 @@
 //! knows where it came from) and the settings that can change at run time
 //! are applied. The prober's settings (interval, timeout, thresholds) are
 //! fixed for a prober's life, so a change makes a new prober with the same
-//! node set: it runs its first round while the old one keeps serving, then
-//! replaces it in the API, the node sync and the probe loop. The new
-//! prober's paths start from that round (as kubelet's counters restart with
-//! a new probe): a failing path shows Unknown until it reaches the new
-//! failure threshold. The probe timeout also goes to the datapath's RTT
-//! loss sweep (on its own channel), which counts losses with it from its
-//! next pass; a shortened one, once the longer one has stopped counting
-//! ([`LossTimeout`]).
+//! node set, which takes over every path's counters, results and history
+//! from the old one and replaces it at once in the API, the node sync and
+//! the probe loop: the round under way is dropped (its probes' tasks
+//! aborted; a path trace it started runs to its end), and the new
+//! prober's first round starts one interval later. The probe
+//! timeout also goes to the datapath's RTT loss sweep (on its own
+//! channel), which counts losses with it from its next pass; a shortened
+//! one, once the longer one has stopped counting ([`LossTimeout`]).
 
 use std::{sync::Arc, time::Instant};
 

@@ -399,8 +399,9 @@ pub(super) async fn sync(
     .await
 }
 
-/// The probe rounds, by the prober in service: when a reload replaces it
-/// (after the new one's first round), its rounds go on one interval later.
+/// The probe rounds, by the prober in service: when a reload replaces it,
+/// the round under way is dropped (its probes' tasks aborted) and the new
+/// one's rounds start one interval later.
 pub(super) async fn probe(
     sup: &mut Supervisor,
     probers: watch::Receiver<Arc<Prober>>,

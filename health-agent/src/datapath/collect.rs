@@ -106,10 +106,14 @@ struct Pass {
 /// The timeout the RTT loss sweep counts losses with, as reloads change
 /// the probe timeout: a request unanswered that long after it left is
 /// lost. A reload that shortens it leaves the longer one counting for twice
-/// its length: the replaced prober's last round may go on sending under it
-/// for up to one timeout, and its requests may be answered one timeout
-/// later. The reload computes it, so a timeout changed and changed back
-/// between two sweeps is not missed.
+/// its length: the replaced prober's round stops at the reload (its
+/// probes' tasks are aborted), and what it sent may be answered up to one
+/// timeout later; the second leaves room for a round asked for through the
+/// API, which runs to its end, to send in its first timeout after the
+/// reload (a request such a round sends later, when its spread is longer
+/// than its timeout, may be counted lost early). The reload computes it,
+/// so a timeout changed and changed back between two sweeps is not
+/// missed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LossTimeout {
     in_force: Duration,
@@ -271,8 +275,8 @@ impl Collector {
     }
 
     /// The timeout a sweep at `now` counts losses with: the probe timeout
-    /// in force, or a longer one a reload shortened, for as long after
-    /// the reload as it is.
+    /// in force, or a longer one a reload shortened, for twice its length
+    /// after the reload ([`LossTimeout`]).
     #[must_use]
     pub fn sweep_timeout(&self, now: Instant) -> Duration {
         self.timeout.borrow().at(now)
@@ -447,6 +451,12 @@ mod tests {
         assert_eq!(late.at(r + 46 * s), 8 * s);
         assert_eq!(late.at(r + 47 * s), s);
         assert_eq!(late.at(r + 600 * s), s);
+        // An expired longer one is not merged into a later shortening.
+        let mut expired = LossTimeout::new(10 * s);
+        assert!(expired.reload(3 * s, t0));
+        assert!(expired.reload(s, t0 + 100 * s));
+        assert_eq!(expired.at(t0 + 101 * s), 3 * s);
+        assert_eq!(expired.at(t0 + 106 * s), s);
         // Past the clock's range, the longer one counts for good.
         let mut huge = LossTimeout::new(Duration::MAX);
         assert!(huge.reload(s, t0));

@@ -152,18 +152,18 @@ pub(super) async fn run(
         // failed while it was in flight) fails naming that.
         outcomes: Mutex::new(vec![Outcome::Failed(ProbeError::ReceiverStopped); n]),
     });
-    let tasks: Vec<_> = (0..workers)
-        .map(|w| {
-            // Every task gets its share of the suspects and of the rest.
-            let mine: Vec<usize> = order.http().skip(w).step_by(workers).collect();
-            let my_suspects = order.http_suspects().saturating_sub(w).div_ceil(workers);
-            let shared = shared.clone();
-            tokio::spawn(async move { shared.task(mine, my_suspects).await })
-        })
-        .collect();
-    for task in tasks {
-        let _ = task.await;
+    // In a set, so that a round dropped (its prober replaced by a reload,
+    // or the agent stopping) stops making connections: dropping the set
+    // aborts its tasks.
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..workers {
+        // Every task gets its share of the suspects and of the rest.
+        let mine: Vec<usize> = order.http().skip(w).step_by(workers).collect();
+        let my_suspects = order.http_suspects().saturating_sub(w).div_ceil(workers);
+        let shared = shared.clone();
+        tasks.spawn(async move { shared.task(mine, my_suspects).await });
     }
+    while tasks.join_next().await.is_some() {}
     tracing::debug!(
         latest_start_ms = shared.latest_start.load(Ordering::Relaxed) / 1000,
         latest_timed_out_start_ms = shared.latest_timed_out.load(Ordering::Relaxed) / 1000,
@@ -249,6 +249,17 @@ struct Flights<'a> {
     busy: usize,
     /// Outcomes not yet settled into the round's ([`FLUSH`] at most).
     done: Vec<(usize, Outcome)>,
+}
+
+impl Drop for Flights<'_> {
+    /// A task aborted partway (its round dropped) settles the probes it
+    /// still had in flight in the gauge, as their ends would have.
+    fn drop(&mut self) {
+        if self.busy > 0 {
+            let busy = self.busy;
+            self.shared.metrics.as_deref().inspect(|m| m.settled(busy));
+        }
+    }
 }
 
 impl Shared {
@@ -915,5 +926,58 @@ mod tests {
                 "{o:?}"
             );
         }
+    }
+
+    /// A round dropped partway (its prober replaced by a reload) stops
+    /// connecting: its tasks are aborted, not left to finish its spread,
+    /// and the probes they had in flight leave the gauge.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_round_stops_connecting() {
+        let listener = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 41), 0))
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                held.push(conn);
+            }
+        });
+        // 200 starts paced over 2 s: one every 10 ms.
+        let n = 200;
+        let metrics = Arc::new(ProbeMetrics::default());
+        let cfg = ProbeConfig {
+            timeout: Duration::from_secs(5),
+            spread: Duration::from_secs(2),
+            http_port: port,
+            metrics: Some(metrics.clone()),
+            ..ProbeConfig::default()
+        };
+        let targets = Arc::new(vec![host(41); n]);
+        let echoes = Arc::new(Echoes::without(n));
+        let order = Suspects::of(n, |_| Failed::default());
+        let spread = Spread { n, flows: 1 };
+        let round = run(&cfg, &targets, spread, None, &order, &echoes);
+        let dropped = tokio::time::timeout(Duration::from_millis(300), round).await;
+        assert!(dropped.is_err(), "the round outlasts 300 ms");
+        // The connections made before the drop, all accepted: the count
+        // holds still for 200 ms.
+        let mut at_drop = accepted.load(Ordering::Relaxed);
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = accepted.load(Ordering::Relaxed);
+            if now == at_drop {
+                break;
+            }
+            at_drop = now;
+        }
+        assert!((5..n as u64 / 2).contains(&at_drop), "{at_drop} connected");
+        assert_eq!(metrics.in_flight(), 0, "the dropped probes are settled");
+        // A spread's worth later, no more have come.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(accepted.load(Ordering::Relaxed), at_drop);
     }
 }

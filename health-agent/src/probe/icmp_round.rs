@@ -12,6 +12,7 @@ use super::{
     error::ProbeError,
     flows::Spread,
     icmp::{IcmpProber, Numbering, Padded},
+    metrics::InFlight,
     order::{Echoes, Suspects},
     path::{Outcome, ProbeResult, RttSource},
     published::CHUNK,
@@ -121,16 +122,22 @@ impl Prober {
         let order = order.cloned();
         let echoes = echoes.clone();
         let (timeout, spread) = (self.cfg.timeout, self.cfg.spread);
-        let metrics = self.cfg.metrics.as_deref();
-        metrics.inspect(|m| m.sent(total));
-        let mut results = tokio::spawn(async move {
+        let in_flight = InFlight::sent(self.cfg.metrics.as_deref(), total);
+        // In a set, so that a round dropped (its prober replaced by a
+        // reload, or the agent stopping) stops sending: dropping the set
+        // aborts the task.
+        let mut task = tokio::task::JoinSet::new();
+        task.spawn(async move {
             let order = order.as_deref().map(Suspects::icmp);
             icmp.round(&targets, order, numbering, padded, timeout, spread, &echoes)
                 .await
-        })
-        .await
-        .unwrap_or_else(|_| vec![Err(ProbeError::ReceiverStopped); total]);
-        metrics.inspect(|m| m.settled(total));
+        });
+        let mut results = task
+            .join_next()
+            .await
+            .and_then(Result::ok)
+            .unwrap_or_else(|| vec![Err(ProbeError::ReceiverStopped); total]);
+        drop(in_flight);
         // The MTU probes' results, taken off the end in place, and their
         // pages handed back.
         let mtu_results = results

@@ -185,6 +185,36 @@ impl ProbeMetrics {
     pub fn settled(&self, n: usize) {
         self.in_flight.dec_by(i64::try_from(n).unwrap_or(i64::MAX));
     }
+
+    /// The probes in flight now.
+    #[must_use]
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.get()
+    }
+}
+
+/// Probes counted in flight (with `metrics`, when there are any) until
+/// this is dropped: settled then, whether their round ended or was
+/// dropped partway (its prober replaced by a reload).
+#[derive(Debug)]
+pub struct InFlight<'a> {
+    metrics: Option<&'a ProbeMetrics>,
+    n: usize,
+}
+
+impl<'a> InFlight<'a> {
+    /// Counts `n` probes sent.
+    #[must_use]
+    pub fn sent(metrics: Option<&'a ProbeMetrics>, n: usize) -> Self {
+        metrics.inspect(|m| m.sent(n));
+        Self { metrics, n }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.metrics.inspect(|m| m.settled(self.n));
+    }
 }
 
 #[cfg(test)]
@@ -285,5 +315,9 @@ mod tests {
         m.sent(10);
         m.settled(4);
         assert!(text(&m).contains("health_probes_in_flight 6"));
+        let held = InFlight::sent(Some(&m), 3);
+        assert_eq!(m.in_flight(), 9);
+        drop(held);
+        assert_eq!(m.in_flight(), 6, "settled when dropped");
     }
 }

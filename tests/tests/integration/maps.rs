@@ -499,7 +499,7 @@ fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
         }
     };
     let ms = Duration::from_millis;
-    let (timeout, in_force) = tokio::sync::watch::channel(LossTimeout::new(ms(500)));
+    let (timeout, in_force) = tokio::sync::watch::channel(LossTimeout::new(ms(100)));
     let mut c = Collector::new(
         Duration::ZERO,
         in_force,
@@ -520,28 +520,28 @@ fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
             t.reload(to, at);
         });
     };
-    send(0, ms(1000));
+    send(0, ms(200));
     reload(ms(1500), Instant::now());
     assert_eq!(
         pass(&mut c),
         (0, 50),
-        "a second old, under a 1.5 s timeout: pending"
+        "0.2 s old, under a 1.5 s timeout: pending"
     );
     let shortened = Instant::now();
-    reload(ms(500), shortened);
+    reload(ms(100), shortened);
     assert_eq!(
         pass(&mut c),
         (0, 50),
-        "shortened to 0.5 s: the 1.5 s still counts"
+        "shortened to 0.1 s: the 1.5 s still counts"
     );
-    // Once 1.5 s no longer counts (3 s after the reload), requests a
-    // second old are lost under the 0.5 s in force.
+    // Once 1.5 s no longer counts (3 s after the reload), requests 0.2 s
+    // old are lost under the 0.1 s in force.
     std::thread::sleep((shortened + ms(3050)).saturating_duration_since(Instant::now()));
-    send(50, ms(1000));
+    send(50, ms(200));
     assert_eq!(
         pass(&mut c),
         (100, 0),
-        "older than the 0.5 s in force: lost"
+        "older than the 0.1 s in force: lost"
     );
     let m = losses_map(&pins);
     let losses = HashMap::<_, RttKey, u64>::try_from(&m).expect("losses");
