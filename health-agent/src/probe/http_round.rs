@@ -252,8 +252,9 @@ struct Flights<'a> {
 }
 
 impl Drop for Flights<'_> {
-    /// A task aborted partway (its round dropped) settles the probes it
-    /// still had in flight in the gauge, as their ends would have.
+    /// A task that ends with probes still in flight (aborted with its
+    /// round, or its epoll set no longer readable) settles them in the
+    /// gauge, as their ends would have.
     fn drop(&mut self) {
         if self.busy > 0 {
             let busy = self.busy;
