@@ -16,10 +16,12 @@
 //! A node whose rounds all give the same values (a node that is down:
 //! the same error class on every path, round after round) is kept
 //! compact: one value a path and how many rounds in a row it held. A
-//! node's first result is kept so; it gets its ring when a round differs,
-//! is missed, or is recorded again, and gives the ring back once a whole
-//! window has been alike. A node down from its first round is never
-//! given a ring: at 10,000 peers half silent that is 2.4 MB.
+//! node's first result is kept so unless it holds an answer (whose RTT
+//! the next round's will differ from: such a node gets its ring at
+//! once); it gets its ring when a round differs, is missed, or is
+//! recorded again, and gives the ring back once a whole window has been
+//! alike. A node down from its first round is never given a ring: at
+//! 10,000 peers half silent that is 2.4 MB.
 
 use std::{net::IpAddr, time::Duration};
 
@@ -116,6 +118,11 @@ impl RoundRow {
             .filter(|(_, f)| f.iter().any(|&v| v != NOT_PROBED))
             .fold(0, |bits, (i, _)| bits | 1 << i)
     }
+}
+
+/// Whether a round's row holds a success (an answer, with its RTT).
+fn answered(row: &RoundRow) -> bool {
+    row.0.iter().any(|&v| v != NOT_PROBED && v & FAILED == 0)
 }
 
 /// An RTT as 15 bits: `exponent << 10 | mantissa`, the nanoseconds being
@@ -322,12 +329,24 @@ impl NodeRing {
             return;
         }
         if self.families == 0 {
-            // The first result: compact until a round differs.
             self.families = wanted;
-            self.slots = self.kept(row).collect();
-            self.compact = true;
             self.last_seq = seq;
             self.run = 1;
+            if answered(row) {
+                // An answering node's RTTs differ from round to round: it
+                // takes its ring now, not a round later, so what a node
+                // costs is held from its first round on.
+                self.slots = vec![NOT_PROBED; self.width() * length].into_boxed_slice();
+                self.compact = false;
+                let i = (seq % length as u64) as usize;
+                for (r, v) in self.kept(row).enumerate() {
+                    self.slots[r * length + i] = v;
+                }
+            } else {
+                // A node down: compact until a round differs.
+                self.slots = self.kept(row).collect();
+                self.compact = true;
+            }
             return;
         }
         let max_run = u16::try_from(length).unwrap_or(u16::MAX);

@@ -392,6 +392,37 @@ fn a_ring_down_for_a_whole_window_turns_compact_and_back() {
     assert_eq!(n.paths[2].rtt_p50_ns, Some(kept(3000)));
 }
 
+/// A node answering its first round holds its ring from that round (its
+/// next round's RTTs will differ), read back as that one round; a node
+/// failing its first round stays one value a path.
+#[test]
+fn a_first_answer_takes_the_ring_at_once_a_first_failure_does_not() {
+    let mut h = History::new(5);
+    let (mut up, mut down) = (NodeRing::default(), NodeRing::default());
+    round(&mut h, &mut up, 1, &ok(4));
+    round(&mut h, &mut down, 1, &timeout());
+    assert_eq!(up.slots.len(), 20, "an answer: the ring, at once");
+    assert_eq!(down.slots.len(), 4, "a failure: compact");
+    let n = h.node("n", &V4, &up);
+    for path in &n.paths {
+        let outcomes: Vec<_> = path.entries.iter().map(|e| e.outcome).collect();
+        assert_eq!(outcomes, [EntryOutcome::Success]);
+        assert_eq!(path.rtt_p50_ns, Some(kept(4000)));
+    }
+    // The next round fills the ring's next slot.
+    round(&mut h, &mut up, 2, &ok(5));
+    assert_eq!(up.slots.len(), 20);
+    let n = h.node("n", &V4, &up);
+    assert_eq!(n.paths[0].entries.len(), 2);
+    // A window of one round: one value a path either way.
+    let (mut one, mut ring) = (History::new(1), NodeRing::default());
+    round(&mut one, &mut ring, 1, &ok(4));
+    round(&mut one, &mut ring, 2, &ok(6));
+    assert_eq!(ring.slots.len(), 4);
+    let n = one.node("n", &V4, &ring);
+    assert_eq!(n.paths[0].rtt_p50_ns, Some(kept(6000)));
+}
+
 /// Compact or not, a ring answers as the plain list of the rounds
 /// recorded would, over random runs: rows repeated, rounds skipped or
 /// recorded again out of order, paths and families coming and going,
