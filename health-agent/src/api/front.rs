@@ -174,6 +174,12 @@ fn widen_send_buffer(stream: &std::os::unix::net::UnixStream) {
     }
 }
 
+/// The most a request's head may take (hyper's default is about 400
+/// KiB): the API's requests are a line and a few headers, and a client
+/// sending more is answered 431 before it holds more of the agent's
+/// memory.
+const MAX_HEAD: usize = 64 << 10;
+
 /// One connection, HTTP/1.1, until the client closes it (or, without
 /// `keep_alive`, its first request is answered) or, at shutdown, once its
 /// request in flight is answered.
@@ -186,6 +192,7 @@ async fn connection(
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
         .keep_alive(keep_alive)
         .serve_connection(
             TokioIo::new(super::splice::Connection::new(stream)),

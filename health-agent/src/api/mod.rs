@@ -5,6 +5,7 @@
 //! Cilium's health API (`/v1/healthz`, `/v1/endpoints`, ...).
 
 pub mod client;
+mod demand;
 mod front;
 mod query;
 pub mod round_wait;

@@ -21,6 +21,7 @@ use tokio::{net::UnixListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    demand::Demand,
     query::Query,
     round_wait::RoundWait,
     types::{ApiError, Healthz, NodesView, PROBE_DEADLINE_MAX, paths},
@@ -70,6 +71,11 @@ pub struct ApiState {
     /// not the network listener's): the token that ends their waits when
     /// the server stops.
     waits: Option<CancellationToken>,
+    /// The rounds asked for with `PUT /v1/status/probe`.
+    demand: Demand,
+    /// Whole-history walks, one at a time: each holds the paths' recording
+    /// for its length, which the round's recording waits for.
+    walks: Arc<tokio::sync::Semaphore>,
 }
 
 impl ApiState {
@@ -93,6 +99,8 @@ impl ApiState {
             metrics: None,
             cluster: None,
             waits: None,
+            demand: Demand::default(),
+            walks: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -360,7 +368,20 @@ async fn endpoints(State(state): State<AppState>) -> Json<Vec<EndpointView>> {
     Json(current(&state).into_iter().collect())
 }
 
-async fn endpoint(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Response {
+async fn endpoint(
+    State(state): State<AppState>,
+    id: Result<UrlPath<String>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    let id = match id {
+        Ok(UrlPath(id)) => id,
+        // Not UTF-8 once decoded, say.
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("endpoint ID: {}", e.body_text()),
+            );
+        }
+    };
     let Ok(id) = id.parse::<u16>() else {
         return error(
             StatusCode::BAD_REQUEST,
@@ -474,11 +495,20 @@ fn whole_status(state: &AppState, headers: &axum::http::HeaderMap) -> Response {
                 (CONTENT_TYPE, "application/json"),
                 (VARY, "accept-encoding"),
             ],
-            state.prober().status_json(),
+            // Decompressed as the client reads: a client that reads
+            // slowly, or not at all, holds a piece, not the whole JSON
+            // (9 MB at 10,000 nodes).
+            axum::body::Body::from_stream(futures::stream::iter(
+                state.prober().status_json_pieces(PLAIN_PIECE),
+            )),
         )
             .into_response()
     }
 }
+
+/// The pieces the whole status is sent in to a client that does not take
+/// gzip.
+const PLAIN_PIECE: usize = 64 << 10;
 
 /// Whether `Accept-Encoding` takes gzip: named (or `*`) with a weight
 /// above 0 (`gzip;q=0` refuses it).
@@ -514,8 +544,8 @@ fn accepts_gzip(headers: &axum::http::HeaderMap) -> bool {
 
 /// The paths' recent results: a node's (`?node=NAME`), every node's loss
 /// ratio and RTT percentiles (`?stats=true`), or every node's results as
-/// strips (no parameter). Made and serialised off the runtime's threads:
-/// a 5,000-node answer walks 20,000 paths.
+/// strips (no parameter). Made and serialised off the runtime's threads,
+/// one request at a time: a 5,000-node answer walks 20,000 paths.
 async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
     use axum::http::header::CONTENT_TYPE;
     let query = match Query::parse(uri.query(), &["node", "stats"], "node=NAME or stats=true") {
@@ -533,14 +563,23 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
             "node=NAME and stats=true do not go together (stats=true covers every node)",
         );
     }
+    // One walk at a time, waited for here: a request whose client goes
+    // while it waits costs nothing, and the round's recording waits for
+    // one walk at most.
+    let Ok(turn) = state.walks.clone().acquire_owned().await else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the agent is stopping");
+    };
     let prober = state.prober();
-    let made = tokio::task::spawn_blocking(move || match node {
-        Some(name) => prober
-            .node_history(&name)
-            .map(|h| serde_json::to_vec(&h))
-            .ok_or(name),
-        None if want_stats => Ok(serde_json::to_vec(&prober.history_stats())),
-        None => Ok(serde_json::to_vec(&prober.history_strips())),
+    let made = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        match node {
+            Some(name) => prober
+                .node_history(&name)
+                .map(|h| serde_json::to_vec(&h))
+                .ok_or(name),
+            None if want_stats => Ok(serde_json::to_vec(&prober.history_stats())),
+            None => Ok(serde_json::to_vec(&prober.history_strips())),
+        }
     })
     .await;
     match made {
@@ -593,10 +632,9 @@ async fn probe(State(state): State<AppState>, uri: axum::http::Uri) -> Response 
         },
     };
     // The round runs to its end whatever becomes of this request (its
-    // deadline passing, its client gone): a round cut short would be
-    // recorded and never published.
-    let prober = state.prober();
-    let round = tokio::spawn(async move { prober.round().await });
+    // deadline passing, its client gone); requests waiting together share
+    // one (see `demand`).
+    let round = state.demand.round(state.prober());
     match tokio::time::timeout(deadline, round).await {
         Ok(Ok(status)) => Json(ClusterStatus::clone(&status)).into_response(),
         Ok(Err(e)) => error(
@@ -836,6 +874,7 @@ pub(crate) mod tests {
                 "stats given twice",
             ),
             ("/v1/status/quality?node=a&node=a", "node given twice"),
+            ("/v1/endpoints/%FF", "endpoint ID: "),
         ]
         .map(|(request, says)| ("GET", request, says));
         let puts = [
@@ -874,5 +913,112 @@ pub(crate) mod tests {
             err.message
         );
         stop.cancel();
+    }
+
+    /// One request as written, without `Accept-Encoding`: the answer's
+    /// status, headers and body (hyper's client undoes the chunks).
+    async fn plain(
+        client_path: &Path,
+        path: &str,
+    ) -> (StatusCode, axum::http::HeaderMap, bytes::Bytes) {
+        use http_body_util::BodyExt as _;
+        let stream = tokio::net::UnixStream::connect(client_path)
+            .await
+            .expect("connect");
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .expect("handshake");
+        let conn = tokio::spawn(conn);
+        let req = axum::http::Request::get(path)
+            .header("host", "health-agent")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("answer");
+        let (status, headers) = (resp.status(), resp.headers().clone());
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        conn.abort();
+        (status, headers, body)
+    }
+
+    /// A client that does not take gzip gets the status's JSON decompressed
+    /// as it is sent, in pieces (chunked), not made whole first; a head
+    /// past 64 KiB is refused before it is held.
+    #[tokio::test]
+    async fn the_plain_status_is_streamed_and_an_oversized_head_refused() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let prober = prober();
+        let json = prober.status_json();
+        let pieces: Vec<bytes::Bytes> = prober
+            .status_json_pieces(100)
+            .collect::<Result<_, _>>()
+            .expect("pieces");
+        assert!(pieces.len() > 2 && pieces.iter().all(|p| p.len() <= 100));
+        assert_eq!(pieces.concat(), json.to_vec());
+        let (client, guard, stop) = serve_prober(prober);
+        let (status, headers, body) = plain(&guard.path, "/v1/status").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers.get("content-encoding").is_none());
+        assert_eq!(
+            headers
+                .get("transfer-encoding")
+                .map(axum::http::HeaderValue::as_bytes),
+            Some(&b"chunked"[..]),
+            "{headers:?}"
+        );
+        assert_eq!(body, json);
+        serde_json::from_slice::<ClusterStatus>(&body).expect("a status");
+
+        let mut raw = tokio::net::UnixStream::connect(&guard.path)
+            .await
+            .expect("connect");
+        // Past 64 KiB by more than one read: hyper checks between reads.
+        let big = "x".repeat(200 << 10);
+        raw.write_all(
+            format!("GET /v1/healthz HTTP/1.1\r\nHost: a\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok();
+        let mut answer = Vec::new();
+        let _ = raw.read_to_end(&mut answer).await;
+        assert!(
+            answer.starts_with(b"HTTP/1.1 431"),
+            "{:?}",
+            String::from_utf8_lossy(&answer[..answer.len().min(80)])
+        );
+        // The server serves on.
+        client.healthz().await.expect("healthz");
+        stop.cancel();
+    }
+
+    /// History walks go one at a time, waited for before any work: a
+    /// request waiting for its turn holds no thread, and one dropped while
+    /// it waits costs nothing.
+    #[tokio::test]
+    async fn history_walks_take_turns() {
+        let state = ApiState::new(
+            crate::endpoint::shared_view(),
+            watch::channel(prober()).1,
+            Nodes::new("none".into()),
+            Health::default(),
+            Duration::from_secs(1),
+        );
+        let turn = state.walks.clone().try_acquire_owned().expect("the turn");
+        let uri: axum::http::Uri = "/v1/status/history".parse().expect("uri");
+        let waiting = history(State(state.clone()), uri.clone());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), waiting)
+                .await
+                .is_err(),
+            "a walk while another has the turn waits"
+        );
+        assert_eq!(state.walks.available_permits(), 0);
+        drop(turn);
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), history(State(state.clone()), uri))
+                .await
+                .expect("its turn");
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(state.walks.available_permits(), 1, "given back");
     }
 }

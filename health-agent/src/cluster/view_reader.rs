@@ -20,7 +20,10 @@ use crate::{
         published_view::PublishedView,
         view_cell::{Assembly, ClusterReply},
     },
-    membership::kvstore::{Entry, Listing, WatchEvent},
+    membership::{
+        NodeSet,
+        kvstore::{Entry, Listing, WatchEvent},
+    },
 };
 
 /// How far ahead of the local clock a view's time may be, beyond two of
@@ -33,8 +36,12 @@ const FUTURE_SLACK_MS: u64 = 5_000;
 /// every failure of the last hour left out of the check).
 const HOLD_INTERVALS: u64 = 2;
 
-/// The most views held (one per key): more are refused and reported.
+/// The most views held (one per key): a new one past it takes the place
+/// of the oldest.
 pub const MAX_VIEWS: usize = 16;
+
+/// How much of a refused view's key or assembler the log shows.
+const KEY_SHOWN: usize = 512;
 
 /// The view read last, and what this agent found against it.
 #[derive(Debug)]
@@ -54,6 +61,8 @@ pub struct ViewReader {
     pub refused: u64,
     /// A listing under way: it replaces `by_key` once whole.
     listing: Listing<Views>,
+    /// The node set: a view counts only from one of its nodes.
+    members: NodeSet,
 }
 
 /// Views by key, each with its rank.
@@ -74,7 +83,13 @@ impl ViewReader {
             contradictions_total: 0,
             refused: 0,
             listing: Listing::default(),
+            members: NodeSet::default(),
         }
+    }
+
+    /// The node set changed: views are taken from its nodes only.
+    pub fn set_members(&mut self, members: NodeSet) {
+        self.members = members;
     }
 
     /// This agent's interval changed (a reload): views are judged by it.
@@ -145,15 +160,14 @@ impl ViewReader {
                 }
                 self.refused += 1;
                 warn!(
-                    key = %e.key_str(),
                     "cluster view: the published view at {:?} was refused and the last good one kept: {reason}",
-                    e.key_str()
+                    crate::membership::record::clip(&e.key_str(), KEY_SHOWN)
                 );
             }
         }
     }
 
-    fn check(&self, into: &Views, e: &Entry, now_ms: u64) -> Result<PublishedView, String> {
+    fn check(&self, into: &mut Views, e: &Entry, now_ms: u64) -> Result<PublishedView, String> {
         let v = PublishedView::decode(&e.value).map_err(|e| e.to_string())?;
         if e.key.strip_prefix(self.prefix.as_bytes()) != Some(v.assembler.as_bytes()) {
             return Err(format!(
@@ -172,8 +186,22 @@ impl ViewReader {
                 "its time is {ahead} ms ahead of this node's clock (at most {limit} ms)"
             ));
         }
+        if !self.members.contains(&v.assembler) {
+            return Err(format!(
+                "its assembler {:?} is not in the node set",
+                crate::membership::record::clip(&v.assembler, KEY_SHOWN)
+            ));
+        }
         if into.len() >= MAX_VIEWS && !into.contains_key(&e.key) {
-            return Err(format!("{MAX_VIEWS} views are held already"));
+            // The oldest makes room: views no one renews never keep a
+            // new leader's out.
+            let oldest = into
+                .iter()
+                .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                into.remove(&k);
+            }
         }
         Ok(v)
     }
@@ -281,6 +309,21 @@ mod tests {
         PublishedView::of(assembler, 3, at_ms, interval_ms, &view).encode()
     }
 
+    /// The reader of node `me`, in a node set of the tests' assemblers.
+    fn reader() -> ViewReader {
+        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+        let names: Vec<String> = ["a", "b", "c", "leader", "liar", "me"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain((0..=MAX_VIEWS).map(|i| format!("n{i:02}")))
+            .chain((0..MAX_VIEWS + 4).map(|i| format!("z{i:02}")))
+            .collect();
+        r.set_members(NodeSet::named(
+            &names.iter().map(String::as_str).collect::<Vec<_>>(),
+        ));
+        r
+    }
+
     fn put(key: &str, value: Vec<u8>) -> WatchEvent {
         WatchEvent::Put(Entry {
             key: key.as_bytes().to_vec(),
@@ -292,7 +335,7 @@ mod tests {
 
     #[test]
     fn a_refused_view_keeps_the_last_good_one_which_goes_stale() {
-        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+        let mut r = reader();
         let now = 1_000_000;
         r.apply(put("/h/view/leader", value(now, "leader")), now);
         let a = r
@@ -348,7 +391,7 @@ mod tests {
     /// good one, and a listing holds at most as many as are held.
     #[test]
     fn a_listing_drops_at_its_last_page_the_views_it_did_not_list() {
-        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+        let mut r = reader();
         let now = 1_000_000;
         r.apply(put("/h/view/a", value(now, "a")), now);
         r.apply(put("/h/view/b", value(now, "b")), now);
@@ -385,7 +428,7 @@ mod tests {
         assert_eq!(r.listing.under_way().map(BTreeMap::len), Some(MAX_VIEWS));
         assert_eq!(r.by_key.len(), 2, "held meanwhile");
         r.apply(page(Vec::new(), false, true), now);
-        assert_eq!((r.by_key.len(), r.refused), (MAX_VIEWS, 5));
+        assert_eq!((r.by_key.len(), r.refused), (MAX_VIEWS, 1));
     }
 
     #[test]
@@ -399,7 +442,7 @@ mod tests {
             };
             Summary::new("me".into(), 1, at_ms, vec![p]).expect("summary")
         };
-        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+        let mut r = reader();
         let mut checker = Checker::default();
         // The view (all healthy, of 10_000) arrives before this agent has
         // failed b for an interval: nothing yet.
@@ -424,13 +467,26 @@ mod tests {
 
     #[test]
     fn the_views_held_are_bounded() {
-        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+        let mut r = reader();
         for i in 0..=MAX_VIEWS {
             let name = format!("n{i:02}");
-            r.apply(put(&format!("/h/view/{name}"), value(5, &name)), 5);
+            r.apply(
+                put(&format!("/h/view/{name}"), value(5 + i as u64, &name)),
+                5 + i as u64,
+            );
         }
         assert_eq!(r.by_key.len(), MAX_VIEWS);
+        assert_eq!(r.refused, 0);
+        assert!(
+            !r.by_key.contains_key(&b"/h/view/n00"[..])
+                && r.by_key.contains_key(&b"/h/view/n16"[..]),
+            "the oldest made room for the newest"
+        );
+        // A view of no node is refused, however fresh.
+        r.apply(put("/h/view/stranger", value(100, "stranger")), 100);
         assert_eq!(r.refused, 1);
+        assert!(!r.by_key.contains_key(&b"/h/view/stranger"[..]));
+        assert_eq!(r.current().map(|(_, v)| v.assembler.as_str()), Some("n16"));
     }
 
     /// A view dated ahead ranks as of when it was read, so the leader's
@@ -445,7 +501,7 @@ mod tests {
         use crate::cluster::summary::{PathSample, PeerSummary, Summary};
         use crate::probe::path::ProbeResult;
         let hour = 3_600_000;
-        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+        let mut r = reader();
         let now = 1_000_000;
         r.apply(
             put("/h/view/liar", value_every(now + 3_000, "liar", hour)),

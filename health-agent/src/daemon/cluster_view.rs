@@ -42,6 +42,7 @@ use crate::{
         view_reader::{ViewReader, millis},
     },
     membership::{
+        NodeSet,
         kvstore::{KvStore, LeaderPutError, Leadership, Listing, Role, WatchEvent},
         published::Nodes,
     },
@@ -88,6 +89,9 @@ pub(super) struct ClusterViewTask {
 /// without bound.
 pub const MAX_SUMMARIES: usize = 65_536;
 
+/// How much of a refused summary's key the log shows.
+const KEY_SHOWN: usize = 512;
+
 /// How far ahead of the local clock a summary's time may be: two probe
 /// intervals and this slack (clocks differ a little; a summary from the
 /// far future would otherwise outlive every newer one).
@@ -106,6 +110,8 @@ enum Refusal {
     Future { ahead_ms: u64, limit_ms: u64 },
     #[error("{cap} summaries are held already")]
     Full { cap: usize },
+    #[error("its observer {0:?} is not in the node set")]
+    NotANode(String),
 }
 
 /// The summaries held, by key, and what was refused since the last report.
@@ -156,14 +162,17 @@ impl Held {
     }
 
     /// Checks a summary against the rules: decodes, sits at exactly its
-    /// observer's key, is not from the future, and fits.
+    /// observer's key, its observer is one of `members` (so that keys of
+    /// no node, however many, take no place a node's summary needs), is
+    /// not from the future, and fits.
     fn check(
         &self,
         into: &HashMap<Vec<u8>, Kept>,
         key: &[u8],
         value: &[u8],
-        now_ms: u64,
+        at: (u64, &NodeSet),
     ) -> Result<Summary, Refusal> {
+        let (now_ms, members) = at;
         let s = Summary::decode(value).map_err(|e| Refusal::Decode(e.to_string()))?;
         let exact = key.strip_prefix(self.prefix.as_slice()) == Some(s.observer().as_bytes());
         if !exact {
@@ -171,6 +180,9 @@ impl Held {
                 observer: s.observer().to_owned(),
                 expected: format!("{}{}", String::from_utf8_lossy(&self.prefix), s.observer()),
             });
+        }
+        if !members.contains(s.observer()) {
+            return Err(Refusal::NotANode(s.observer().to_owned()));
         }
         let ahead_ms = s.at_ms().saturating_sub(now_ms);
         if ahead_ms > self.future_ms {
@@ -186,21 +198,33 @@ impl Held {
     }
 
     /// Takes a summary into `into`: the held ones, or a listing's.
-    fn put(&mut self, into: &mut HashMap<Vec<u8>, Kept>, key: Vec<u8>, value: &[u8], now_ms: u64) {
-        match self.check(into, &key, value, now_ms) {
+    fn put(
+        &mut self,
+        into: &mut HashMap<Vec<u8>, Kept>,
+        key: Vec<u8>,
+        value: &[u8],
+        at: (u64, &NodeSet),
+    ) {
+        match self.check(into, &key, value, at) {
             Ok(s) => {
                 into.insert(key, Kept::new(s));
             }
             Err(e) => {
                 into.remove(&key);
                 self.refused += 1;
-                self.first_refusal
-                    .get_or_insert_with(|| format!("{:?}: {e}", String::from_utf8_lossy(&key)));
+                self.first_refusal.get_or_insert_with(|| {
+                    format!(
+                        "{:?}: {e}",
+                        crate::membership::record::clip(&String::from_utf8_lossy(&key), KEY_SHOWN)
+                    )
+                });
             }
         }
     }
 
-    fn apply(&mut self, event: WatchEvent, now_ms: u64) {
+    /// Takes `event` in at `now_ms`, `members` being the node set.
+    fn apply(&mut self, event: WatchEvent, now_ms: u64, members: &NodeSet) {
+        let at = (now_ms, members);
         match event {
             WatchEvent::Snapshot {
                 entries,
@@ -212,7 +236,7 @@ impl Held {
                     return;
                 };
                 for e in entries {
-                    self.put(&mut listing, e.key, &e.value, now_ms);
+                    self.put(&mut listing, e.key, &e.value, at);
                 }
                 if let Some(whole) = self.listing.after_page(listing, last) {
                     self.by_key = whole;
@@ -221,7 +245,7 @@ impl Held {
             }
             WatchEvent::Put(e) => {
                 let mut held = std::mem::take(&mut self.by_key);
-                self.put(&mut held, e.key, &e.value, now_ms);
+                self.put(&mut held, e.key, &e.value, at);
                 self.by_key = held;
             }
             WatchEvent::Delete { key, .. } => {
@@ -232,6 +256,12 @@ impl Held {
                 debug!("cluster view: summaries watch lost: {}", chain(&*error));
             }
         }
+    }
+
+    /// Lets go of the summaries of observers no longer in `members`.
+    fn prune(&mut self, members: &NodeSet) {
+        self.by_key
+            .retain(|_, k| members.contains(k.summary.observer()));
     }
 
     /// One warning for every summary refused since the last one.
@@ -413,6 +443,7 @@ impl ClusterViewTask {
                 }
                 event = view_events.recv() => match event {
                     Some(e) => {
+                        reader.set_members(self.nodes.current());
                         reader.apply(e, crate::util::timefmt::now_ms());
                         self.show(&mut reader, &checker, matrix.as_ref());
                     }
@@ -421,7 +452,7 @@ impl ClusterViewTask {
                 event = async { leading.as_mut()?.events.recv().await }, if leading.is_some() => {
                     let Some(lead) = leading.as_mut() else { continue };
                     match event {
-                        Some(e) => lead.held.apply(e, crate::util::timefmt::now_ms()),
+                        Some(e) => lead.held.apply(e, crate::util::timefmt::now_ms(), &self.nodes.current()),
                         None => break,
                     }
                     // Newly elected: publish as soon as the summaries are read.
@@ -485,6 +516,7 @@ impl ClusterViewTask {
         deposed: &Notify,
         round: u64,
     ) -> Option<matrix::ClusterMatrix> {
+        lead.held.prune(&self.nodes.current());
         // Seconds of CPU once a leader is elected at 50,000 nodes: the
         // runtime's other tasks move to its other workers meanwhile.
         let (view, matrix) = blocking(|| self.assemble(&lead.held, assignments, interval));
@@ -617,6 +649,11 @@ mod tests {
 
     use crate::membership::kvstore::Entry;
 
+    /// The node set of the tests' observers.
+    fn members() -> NodeSet {
+        NodeSet::named(&["a", "b", "c", "d", "e", "w", "x", "y", "z"])
+    }
+
     fn summary(observer: &str, at_ms: u64) -> Vec<u8> {
         Summary::new(observer.into(), 1, at_ms, Vec::new())
             .expect("summary")
@@ -637,9 +674,9 @@ mod tests {
         let now = 1_000_000;
         let mut held = Held::new("/h/s/", Duration::from_secs(10), 3);
         assert_eq!(held.future_ms, 25_000);
-        held.apply(put("/h/s/a", summary("a", now)), now);
-        held.apply(put("/h/s/x/b", summary("b", now)), now);
-        held.apply(put("/h/s/c", summary("a", now)), now);
+        held.apply(put("/h/s/a", summary("a", now)), now, &members());
+        held.apply(put("/h/s/x/b", summary("b", now)), now, &members());
+        held.apply(put("/h/s/c", summary("a", now)), now, &members());
         assert_eq!(held.by_key.len(), 1);
         assert_eq!(held.refused, 2);
         assert_eq!(
@@ -649,19 +686,19 @@ mod tests {
             )
         );
         // Within the limit ahead of the clock, and past it.
-        held.apply(put("/h/s/d", summary("d", now + 25_000)), now);
-        held.apply(put("/h/s/e", summary("e", now + 25_001)), now);
+        held.apply(put("/h/s/d", summary("d", now + 25_000)), now, &members());
+        held.apply(put("/h/s/e", summary("e", now + 25_001)), now, &members());
         assert!(held.by_key.contains_key(&b"/h/s/d"[..]));
         assert!(!held.by_key.contains_key(&b"/h/s/e"[..]));
         held.report_refused();
-        held.apply(put("/h/s/e", summary("e", now + 25_001)), now);
+        held.apply(put("/h/s/e", summary("e", now + 25_001)), now, &members());
         assert_eq!(
             held.first_refusal.as_deref(),
             Some("\"/h/s/e\": its time is 25001 ms ahead of this node's clock (at most 25000 ms)")
         );
         // An agent's summary that went to the future is dropped, not kept
         // at its old value.
-        held.apply(put("/h/s/a", summary("a", now + 60_000)), now);
+        held.apply(put("/h/s/a", summary("a", now + 60_000)), now, &members());
         assert!(!held.by_key.contains_key(&b"/h/s/a"[..]));
     }
 
@@ -689,17 +726,17 @@ mod tests {
     fn a_listing_in_pages_replaces_the_summaries_at_its_last_page() {
         let now = 1_000_000;
         let mut held = Held::new("/h/s/", Duration::from_secs(10), 3);
-        held.apply(page(&["a", "b"], true, false, now), now);
+        held.apply(page(&["a", "b"], true, false, now), now, &members());
         assert!(!held.loaded && held.by_key.is_empty(), "not whole yet");
-        held.apply(page(&["c"], false, true, now), now);
+        held.apply(page(&["c"], false, true, now), now, &members());
         assert!(held.loaded);
         assert_eq!(held.by_key.len(), 3);
-        held.apply(page(&["x", "y"], true, false, now), now);
+        held.apply(page(&["x", "y"], true, false, now), now, &members());
         assert!(
             held.by_key.contains_key(&b"/h/s/a"[..]),
             "the old ones meanwhile"
         );
-        held.apply(page(&["z", "w"], false, true, now), now);
+        held.apply(page(&["z", "w"], false, true, now), now, &members());
         let mut keys: Vec<_> = held.by_key.keys().cloned().collect();
         keys.sort();
         assert_eq!(
@@ -715,7 +752,11 @@ mod tests {
         let now = 1_000_000;
         let mut held = Held::new("/h/s/", Duration::from_secs(10), 2);
         for name in ["a", "b", "c", "d"] {
-            held.apply(put(&format!("/h/s/{name}"), summary(name, now)), now);
+            held.apply(
+                put(&format!("/h/s/{name}"), summary(name, now)),
+                now,
+                &members(),
+            );
         }
         assert_eq!(held.by_key.len(), 2);
         assert_eq!(held.refused, 2);
@@ -727,10 +768,56 @@ mod tests {
             held.first_refusal
         );
         // A key already held is still updated when full.
-        held.apply(put("/h/s/a", summary("a", now + 1)), now);
+        held.apply(put("/h/s/a", summary("a", now + 1)), now, &members());
         assert_eq!(
             held.by_key.get(&b"/h/s/a"[..]).map(|k| k.summary.at_ms()),
             Some(now + 1)
+        );
+    }
+
+    /// Keys of no node, however many and however early, take no place a
+    /// node's summary needs; a node that leaves the set has its summary
+    /// let go.
+    #[test]
+    fn summaries_of_observers_outside_the_node_set_are_refused_and_let_go() {
+        let now = 1_000_000;
+        let mut held = Held::new("/h/s/", Duration::from_secs(10), 2);
+        for junk in ["!0001", "!0002", "!0003"] {
+            held.apply(
+                put(&format!("/h/s/{junk}"), summary(junk, now)),
+                now,
+                &members(),
+            );
+        }
+        assert!(held.by_key.is_empty());
+        assert_eq!(held.refused, 3);
+        assert_eq!(
+            held.first_refusal.as_deref(),
+            Some("\"/h/s/!0001\": its observer \"!0001\" is not in the node set")
+        );
+        for name in ["a", "b"] {
+            held.apply(
+                put(&format!("/h/s/{name}"), summary(name, now)),
+                now,
+                &members(),
+            );
+        }
+        assert_eq!(held.by_key.len(), 2, "the nodes' summaries, every one");
+        held.prune(&NodeSet::named(&["b"]));
+        let keys: Vec<&[u8]> = held.by_key.keys().map(Vec::as_slice).collect();
+        assert_eq!(keys, [&b"/h/s/b"[..]]);
+        // A refused key is shown cut short.
+        let long = "y".repeat(2_000);
+        held.report_refused();
+        held.apply(
+            put(&format!("/h/s/{long}"), summary("y", now)),
+            now,
+            &members(),
+        );
+        assert!(
+            held.first_refusal.as_ref().is_some_and(|r| r.len() < 1_200),
+            "{:?}",
+            held.first_refusal.as_ref().map(String::len)
         );
     }
 

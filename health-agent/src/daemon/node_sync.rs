@@ -95,12 +95,11 @@ impl NodeSync {
             let (mut bounds, source) = (self.bounds.clone(), self.source.clone());
             // With encryption on, health addresses go into its device.
             let encryption = prober.config().encryption.clone();
-            let all = set.clone();
             async move {
                 prober.set_nodes(subset);
                 let synced = tokio::task::spawn_blocking(move || {
                     if let Some(enc) = &encryption {
-                        bounds.tunnel = enc.device(&all);
+                        bounds.tunnel = enc.device();
                     }
                     // A sync that panicked left the routes as a sync
                     // leaves them: the next one goes on from there.

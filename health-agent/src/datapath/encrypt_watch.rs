@@ -85,15 +85,17 @@ pub fn set_watched(
     }
     let map = open(dir, MapId::EncryptWatch)?;
     let mut m = HashMap::<_, WatchKey, WatchCounts>::try_from(map).map_err(map_err)?;
-    for ip in &add {
-        m.insert(&key(*ip), &WatchCounts::default(), 0)
-            .map_err(map_err)?;
-    }
+    // Removed first: a full map makes room for the new ones, and is never
+    // left full of destinations no longer wanted.
     for ip in &remove {
         match m.remove(&key(*ip)) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
             Err(e) => return Err(map_err(e)),
         }
+    }
+    for ip in &add {
+        m.insert(&key(*ip), &WatchCounts::default(), 0)
+            .map_err(map_err)?;
     }
     Ok((add.len(), remove.len()))
 }

@@ -157,7 +157,7 @@ impl EncryptionMonitor {
             );
         }
         if let Ok((links, devices)) = wireguard::read()
-            && let Some(dev) = self.choose(&devices, &peers)
+            && let Ok(dev) = choose(self.settings.encryption_device.as_deref(), &devices)
         {
             self.place(&links, dev);
             // Routes go into the device from the first sync on.
@@ -176,16 +176,16 @@ impl EncryptionMonitor {
     }
 
     /// The WireGuard device health addresses are routed into: the one
-    /// asked for, or the one whose peers cover the most node addresses of
-    /// `nodes` (read now: blocking).
+    /// asked for, or the node's only one (read now: blocking). Never one
+    /// chosen by what the node records say: with several devices and none
+    /// named, none.
     #[must_use]
-    pub fn device(&self, nodes: &NodeSet) -> Option<String> {
+    pub fn device(&self) -> Option<String> {
         if let Some(name) = &self.settings.encryption_device {
             return Some(name.clone());
         }
         let (_, devices) = wireguard::read().ok()?;
-        self.choose(&devices, &self.peers(nodes))
-            .map(|d| d.name.clone())
+        choose(None, &devices).ok().map(|d| d.name.clone())
     }
 
     fn peers<'a>(&self, nodes: &'a NodeSet) -> Vec<&'a Node> {
@@ -200,19 +200,14 @@ impl EncryptionMonitor {
         let peers: Vec<&Node> = self.peers(nodes);
         let wanted: BTreeSet<IpAddr> = peers.iter().flat_map(|n| addresses(n)).collect();
         let seen = self.count(&wanted);
+        let named = self.settings.encryption_device.as_deref();
         let view = match wireguard::read() {
-            Ok((links, devices)) => match self.choose(&devices, &peers) {
-                Some(dev) => {
+            Ok((links, devices)) => match choose(named, &devices) {
+                Ok(dev) => {
                     self.place(&links, dev);
                     judged(dev, &peers, &seen, self.settings.stale_after())
                 }
-                None => unknown(
-                    &wanted,
-                    match &self.settings.encryption_device {
-                        Some(name) => format!("no WireGuard device {name:?} on this node"),
-                        None => "no WireGuard device on this node".to_owned(),
-                    },
-                ),
+                Err(why) => unknown(&wanted, why),
             },
             Err(e) => unknown(&wanted, chain(&e)),
         };
@@ -249,23 +244,6 @@ impl EncryptionMonitor {
                 (*ip, c.seen())
             })
             .collect()
-    }
-
-    /// The device asked for, or the one whose peers cover the most node
-    /// addresses.
-    fn choose<'a>(&self, devices: &'a [WgDevice], peers: &[&Node]) -> Option<&'a WgDevice> {
-        if let Some(name) = &self.settings.encryption_device {
-            return devices.iter().find(|d| d.name == *name);
-        }
-        devices.iter().max_by_key(|d| {
-            let coverage = Coverage::of(d);
-            let covered = peers
-                .iter()
-                .flat_map(|n| node_addresses(n))
-                .filter(|ip| coverage.peer(*ip).is_some())
-                .count();
-            (covered, std::cmp::Reverse(d.index))
-        })
     }
 
     /// The counting programs on the device's egress and on that of every
@@ -353,13 +331,6 @@ impl EncryptionMonitor {
     }
 }
 
-/// A node's own addresses (either family).
-fn node_addresses(n: &Node) -> impl Iterator<Item = IpAddr> {
-    [n.node_ip.map(IpAddr::V4), n.node_ip6.map(IpAddr::V6)]
-        .into_iter()
-        .flatten()
-}
-
 /// A node's own and health addresses (either family).
 fn addresses(n: &Node) -> impl Iterator<Item = IpAddr> {
     [
@@ -425,9 +396,71 @@ fn unknown(wanted: &BTreeSet<IpAddr>, why: String) -> EncryptionView {
     }
 }
 
+/// The device `named`, or without a name the node's only one: which of
+/// several devices the health routes go into is the operator's choice,
+/// never one the node records' addresses could make. Why there is none,
+/// otherwise.
+fn choose<'a>(named: Option<&str>, devices: &'a [WgDevice]) -> Result<&'a WgDevice, String> {
+    if let Some(name) = named {
+        return devices
+            .iter()
+            .find(|d| d.name == name)
+            .ok_or_else(|| format!("no WireGuard device {name:?} on this node"));
+    }
+    match devices {
+        [] => Err("no WireGuard device on this node".to_owned()),
+        [only] => Ok(only),
+        several => Err(format!(
+            "{} WireGuard devices on this node ({}): name the one the cluster's traffic uses with --encryption-device",
+            several.len(),
+            several
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The device is the one named, or the only one: with several and
+    /// none named there is none, whatever the node records' addresses
+    /// (which would otherwise pick the device every health route goes
+    /// into).
+    #[test]
+    fn the_device_is_named_or_the_only_one_never_chosen_by_records() {
+        let dev = |name: &str, index| WgDevice {
+            name: name.to_owned(),
+            index,
+            peers: Vec::new(),
+        };
+        let (wg0, vpn) = (dev("wg0", 4), dev("vpn", 9));
+        assert_eq!(
+            choose(None, std::slice::from_ref(&wg0)).map(|d| d.index),
+            Ok(4)
+        );
+        let both = [wg0, vpn];
+        assert_eq!(choose(Some("vpn"), &both).map(|d| d.index), Ok(9));
+        assert_eq!(
+            choose(Some("wg1"), &both).map(|d| d.index),
+            Err("no WireGuard device \"wg1\" on this node".to_owned())
+        );
+        let why = choose(None, &both)
+            .map(|d| d.index)
+            .expect_err("none chosen");
+        assert!(
+            why.contains("2 WireGuard devices on this node (wg0, vpn)")
+                && why.contains("--encryption-device"),
+            "{why}"
+        );
+        assert_eq!(
+            choose(None, &[]).map(|d| d.index),
+            Err("no WireGuard device on this node".to_owned())
+        );
+    }
 
     #[test]
     fn counts_are_judged_over_the_last_rounds_only() {

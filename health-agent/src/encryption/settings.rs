@@ -31,8 +31,8 @@ section! {
         /// covered, stale).
         #[arg(long, value_enum, default_value_t = Encryption::None)]
         pub encryption: Encryption,
-        /// The WireGuard device (default: the one whose peers' AllowedIPs
-        /// cover the most node addresses).
+        /// The WireGuard device (default: the node's only one; with
+        /// several, name one).
         #[arg(long, value_name = "NAME")]
         pub encryption_device: Option<String>,
         /// A peer that probes went to is stale when its last handshake is

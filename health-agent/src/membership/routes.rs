@@ -153,6 +153,8 @@ struct TableRoute {
     destination: IpAddr,
     prefix: u8,
     gateway: Option<IpAddr>,
+    /// The interface it leaves through.
+    oif: Option<u32>,
     protocol: u8,
 }
 
@@ -225,6 +227,7 @@ async fn read_table(nl: &Netlink) -> Result<Table, NetlinkError> {
             destination: r.destination.into(),
             prefix: r.prefix,
             gateway: r.gateway.map(IpAddr::V4),
+            oif: r.oif,
             protocol: r.protocol,
         })
         .collect();
@@ -237,6 +240,7 @@ async fn read_table(nl: &Netlink) -> Result<Table, NetlinkError> {
                 destination: r.destination.into(),
                 prefix: r.prefix,
                 gateway: r.gateway.map(IpAddr::V6),
+                oif: r.oif,
                 protocol: r.protocol,
             }),
     );
@@ -375,6 +379,13 @@ impl PeerRoutes {
         let bounds = bounds.clone();
         let done = in_netns(None, |nl| async move {
             let table = read_table(&nl).await?;
+            // The tunnel's index: a route into another device (the one a
+            // route was made into before a reload named another) is made
+            // again.
+            let tunnel = match &bounds.tunnel {
+                Some(dev) => nl.link_index(dev).await?,
+                None => None,
+            };
             let mut applied = Applied::default();
             let mut routed: BTreeMap<IpAddr, IpAddr> = BTreeMap::new();
             for (health, peer) in &desired {
@@ -399,10 +410,12 @@ impl PeerRoutes {
                 routed.insert(*health, peer.via);
                 let current = table.hosts.get(health);
                 let done = match &bounds.tunnel {
-                    // Into the tunnel: ours, without a gateway.
-                    Some(_) => {
-                        current.is_some_and(|r| r.gateway.is_none() && r.protocol == ROUTE_PROTOCOL)
-                    }
+                    // Into the tunnel: ours, without a gateway, through it.
+                    Some(_) => current.is_some_and(|r| {
+                        r.gateway.is_none()
+                            && r.protocol == ROUTE_PROTOCOL
+                            && tunnel.is_some_and(|i| r.oif == Some(i))
+                    }),
                     None => current.is_some_and(|r| r.gateway == Some(peer.via)),
                 };
                 if done {
@@ -524,6 +537,7 @@ mod tests {
             destination: ip(d),
             prefix,
             gateway: gateway.map(ip),
+            oif: None,
             protocol,
         };
         let mut routes = vec![

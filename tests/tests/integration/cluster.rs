@@ -625,4 +625,42 @@ fn a_round_asked_for_runs_to_its_end_past_the_requests_deadline() {
         "its probes to node-3 ran to their timeout: {asked:#?}"
     );
     assert!(node(&asked, "node-2").reachable());
+
+    // Twenty requests at once, each gone after 100 ms, while a round of
+    // theirs runs for a second: they share one waiting round, and no
+    // round is queued per request.
+    let seq = seq + 1;
+    let first = ask("100ms");
+    assert!(!first.status.success());
+    let many: Vec<_> = (0..20)
+        .map(|_| {
+            std::process::Command::new(health_tests::agent::agent_binary())
+                .args(["status", "--probe", "--probe-timeout", "100ms", "--socket"])
+                .arg(cluster.nodes[0].socket())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("status --probe")
+        })
+        .collect();
+    for mut child in many {
+        child.wait().expect("status --probe");
+    }
+    let shared = cluster.wait_status(0, Duration::from_secs(10), |s| {
+        s.round.as_ref().is_some_and(|r| r.seq >= seq + 2)
+    });
+    assert!(shared.round.is_some());
+    // Three rounds' time, then two more, with nothing more asked: no
+    // round comes. (A request slow to start, landing after the shared
+    // round began, asks for one more: at most one.)
+    let last = || {
+        std::thread::sleep(Duration::from_secs(3));
+        let after = cluster.nodes[0].status().expect("status");
+        after.round.as_ref().map_or(0, |r| r.seq)
+    };
+    let (settled, later) = (last(), last());
+    assert!(
+        settled <= seq + 3 && later == settled,
+        "rounds up to {settled}, then {later}, from {seq} for 21 requests: one for the first, one shared by the twenty"
+    );
 }

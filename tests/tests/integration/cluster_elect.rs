@@ -231,10 +231,27 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
         r.assembly.as_ref().is_some_and(|a| !a.stale)
     });
 
-    // A valid view by hand at another name's key, calling the leader
-    // down, written again and again: each is shown (named as its
-    // writer's) until the leader's next view, written after it, and the
-    // follower, which reaches the leader again, reports the contradiction.
+    // A valid view by hand at the key of a name no node has: refused.
+    etcd::put_bytes(
+        Some(&cluster.fabric),
+        ETCD_ENDPOINT,
+        &format!("{}node-9", view_prefix(ETCD_PREFIX)),
+        forged_view(&leader, "node-9"),
+    );
+    let logged = "its assembler \"node-9\" is not in the node set";
+    let deadline = Instant::now() + patience(Duration::from_secs(10));
+    while !node.log().contains(logged) {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The same at the leader's key, named as the leader's, calling it
+    // down, written again and again: each is shown until the leader's
+    // next view, written after it, and the follower, which reaches the
+    // leader again, reports the contradiction.
     cluster.wait_status(follower, Duration::from_secs(30), |s| {
         s.nodes.iter().any(|n| n.name == leader && n.reachable())
     });
@@ -243,12 +260,13 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
         etcd::put_bytes(
             Some(&cluster.fabric),
             ETCD_ENDPOINT,
-            &format!("{}node-9", view_prefix(ETCD_PREFIX)),
-            forged_view(&leader),
+            &key,
+            forged_view(&leader, &leader),
         );
         std::thread::sleep(Duration::from_millis(200));
         if let Some(r) = reply(node).filter(|r| {
-            assembler(r) == Some("node-9") && r.contradictions.iter().any(|c| c.node == leader)
+            assembler(r) == Some(leader.as_str())
+                && r.contradictions.iter().any(|c| c.node == leader)
         }) {
             break r;
         }
@@ -269,10 +287,10 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
     );
 }
 
-/// A view by "node-9", 6 s ahead of now (within what is accepted: two of
-/// the reader's 2 s intervals and 5 s), that calls `down` down and one
-/// other node healthy. It ranks as of when it is read.
-fn forged_view(down: &str) -> Vec<u8> {
+/// A view by `by`, 6 s ahead of now (within what is accepted: two of the
+/// reader's 2 s intervals and 5 s), that calls `down` down and one other
+/// node healthy. It ranks as of when it is read.
+fn forged_view(down: &str, by: &str) -> Vec<u8> {
     use health_agent::cluster::{
         published_view::PublishedView,
         view::{ClusterView, NodeView, Verdict, VerdictCounts},
@@ -297,13 +315,13 @@ fn forged_view(down: &str) -> Vec<u8> {
             failing: 1,
             discounted: 0,
             verdict: Verdict::NodeDown,
-            failing_observers: vec!["node-9".into()],
+            failing_observers: vec![by.into()],
             unreached: 0,
             unreached_nodes: Vec::new(),
             lossy: 0,
         }],
     };
-    PublishedView::of("node-9", 1, now_ms + 6_000, 1_000, &view).encode()
+    PublishedView::of(by, 1, now_ms + 6_000, 1_000, &view).encode()
 }
 
 /// `cargo xtask run --kvstore etcd --nodes 6` as its users get it (the

@@ -50,3 +50,34 @@ fn probes_to_a_watched_address_are_counted_and_every_frame_passes_unchanged() {
     assert_eq!((added, removed), (0, 1));
     assert_eq!(encrypt_watch::list(pins.path()).expect("list"), []);
 }
+
+/// A full map takes new destinations once those no longer wanted go: the
+/// removals come first, so a map filled once (a node set past
+/// `--max-peers`) does not refuse every later change.
+#[test]
+fn a_full_watch_map_makes_room_for_new_destinations() {
+    let (_r, pins) = tc_run::loaded();
+    let capacity = health_common::maps::MapSizes::DEFAULT.max_peers
+        * health_common::maps::MapSizes::WATCH_KEYS_PER_PEER;
+    // 198.18.0.0/15 holds 131,072 addresses: the map's 65,536, then ten more.
+    let at = |i: u32| IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i));
+    let full: BTreeSet<IpAddr> = (0..capacity).map(at).collect();
+    encrypt_watch::set_watched(pins.path(), &BTreeMap::new(), &full).expect("fill");
+    let extra: BTreeSet<IpAddr> = (capacity..capacity + 10).map(at).collect();
+    let present = encrypt_watch::counts(pins.path()).expect("counts");
+    assert_eq!(present.len(), capacity as usize);
+    // Past the capacity: refused, naming the map's error.
+    let over: BTreeSet<IpAddr> = full.iter().chain(&extra).copied().collect();
+    assert!(encrypt_watch::set_watched(pins.path(), &present, &over).is_err());
+    // Ten of the old ones go, ten new ones come.
+    let present = encrypt_watch::counts(pins.path()).expect("counts");
+    let swapped: BTreeSet<IpAddr> = full.iter().skip(10).chain(&extra).copied().collect();
+    let (added, removed) =
+        encrypt_watch::set_watched(pins.path(), &present, &swapped).expect("swap in a full map");
+    assert_eq!((added, removed), (10, 10));
+    let now: BTreeSet<IpAddr> = encrypt_watch::counts(pins.path())
+        .expect("counts")
+        .into_keys()
+        .collect();
+    assert_eq!(now, swapped);
+}

@@ -48,3 +48,4 @@ mod trace;
 mod track6_test_run;
 mod track_test_run;
 mod trust;
+mod tunnel_routes;

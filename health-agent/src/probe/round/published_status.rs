@@ -82,6 +82,42 @@ impl Prober {
         Bytes::from(plain)
     }
 
+    /// The published status as JSON, decompressed from
+    /// [`Self::status_json_gzip`] a piece of at most `piece` bytes at a
+    /// time, as the pieces are taken: a reader that takes them slowly
+    /// holds the decoder's state and one piece, never the whole JSON. A
+    /// failure ends the pieces.
+    pub fn status_json_pieces(
+        &self,
+        piece: usize,
+    ) -> impl Iterator<Item = std::io::Result<Bytes>> + Send + 'static {
+        let mut decoder = Some(flate2::read::GzDecoder::new(bytes::Buf::reader(
+            self.status_json_gzip(),
+        )));
+        std::iter::from_fn(move || {
+            let d = decoder.as_mut()?;
+            let mut buf = bytes::BytesMut::zeroed(piece.max(1));
+            let mut filled = 0;
+            while filled < buf.len() {
+                match std::io::Read::read(d, &mut buf[filled..]) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        decoder = None;
+                        return Some(Err(e));
+                    }
+                }
+            }
+            if filled == 0 {
+                decoder = None;
+                return None;
+            }
+            buf.truncate(filled);
+            Some(Ok(buf.freeze()))
+        })
+    }
+
     /// The published status as gzipped JSON, made once when it was
     /// published: a 5,000-node status is 4.7 MB of JSON and about a tenth
     /// of that gzipped.

@@ -230,7 +230,9 @@ mod tests {
 
     #[test]
     fn status_flags_that_would_be_ignored_or_refused_by_the_agent_are_refused() {
-        let cases: [(&[&str], &str); 6] = [
+        let cases: [(&[&str], &str); 8] = [
+            (&["--history", ""], "--history"),
+            (&["--quality", ""], "--quality"),
             (
                 &["--probe", "--probe-timeout", "3m"],
                 "at most 120s, the agent's limit",

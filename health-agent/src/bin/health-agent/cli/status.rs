@@ -32,13 +32,13 @@ pub(crate) struct StatusArgs {
     verbose: bool,
     /// NODE's recent results, path by path: time, outcome, RTT, error (the
     /// agent keeps the last --history-length rounds).
-    #[arg(long, value_name = "NODE", conflicts_with = "probe")]
+    #[arg(long, value_name = "NODE", conflicts_with = "probe", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     history: Option<String>,
     /// NODE's paths over sliding windows of 1 minute, 10 minutes and 1
     /// hour: probes, loss with its 95 % confidence interval, RTT
     /// percentiles (p50 to p99.9, each once the window has enough
     /// samples), and whether the path is degraded.
-    #[arg(long, value_name = "NODE", conflicts_with_all = ["probe", "history"])]
+    #[arg(long, value_name = "NODE", conflicts_with_all = ["probe", "history"], value_parser = clap::builder::NonEmptyStringValueParser::new())]
     quality: Option<String>,
     /// The cluster view instead of this node's: per node, its observers,
     /// how many reach it, and a verdict (node down, path degraded, observer
