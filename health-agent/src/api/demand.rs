@@ -15,11 +15,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-use crate::probe::{Prober, status::ClusterStatus};
+use crate::probe::{Prober, status::StatusSummary};
 
-/// What a round asked for through the API ends with: its status, or
-/// `None` while it runs.
-type Outcome = Option<Arc<ClusterStatus>>;
+/// What a round asked for through the API ends with: its counts, or
+/// `None` while it runs. (Its status is the published one, served as
+/// published: made once, not once a request.)
+type Outcome = Option<Arc<StatusSummary>>;
 
 /// The round that requests join until it begins.
 struct Waiting {
@@ -43,8 +44,8 @@ pub(super) struct RoundLost;
 
 impl Demand {
     /// A round on `prober` that begins after this call: the one waiting
-    /// for its turn, or a new one. Its status when it ends.
-    pub(super) async fn round(&self, prober: Arc<Prober>) -> Result<Arc<ClusterStatus>, RoundLost> {
+    /// for its turn, or a new one. Its counts when it ends.
+    pub(super) async fn round(&self, prober: Arc<Prober>) -> Result<Arc<StatusSummary>, RoundLost> {
         let mut ended = self.join_or_ask(prober);
         let outcome = ended
             .wait_for(Option::is_some)
@@ -70,7 +71,7 @@ impl Demand {
         let slot = self.waiting.clone();
         let ours = ended.clone();
         tokio::spawn(async move {
-            let status = prober
+            let summary = prober
                 .round_when_started(|| {
                     // Begun: later requests ask for a round of their own.
                     let mut waiting = slot.lock().unwrap_or_else(PoisonError::into_inner);
@@ -83,7 +84,7 @@ impl Demand {
                 })
                 .await;
             // Nobody waiting any more is no error.
-            let _ = done.send(Some(status));
+            let _ = done.send(Some(summary));
         });
         ended
     }

@@ -3,16 +3,20 @@
 //! writes its view at its own name on its election lease (one key; two
 //! while the previous assembler's lease ends). Each value is checked
 //! ([`PublishedView::decode`], at exactly `<prefix><assembler>`, not from
-//! the future by more than two of this agent's own intervals, at most
-//! [`MAX_VIEWS`] held); a refused value is reported with its key and the
-//! last good view kept (it goes stale). The newest view held is shown,
+//! the future by more than two of this agent's own intervals, by a node
+//! of the node set, at most [`MAX_VIEWS`] held, the oldest making room
+//! for a newer one); a refused value is reported with its key and the
+//! last good view kept (it goes stale). A view refused only for its
+//! assembler not being in the set is noted, so that the prefix is read
+//! again when the set changes (at start, the set is read after the
+//! views). The newest view held is shown,
 //! newest by its time but never later than when it was read (a view dated
 //! ahead does not outrank those written after it), and checked against
 //! this agent's own rounds ([`super::contradiction`]) once per view.
 
 use std::{collections::BTreeMap, time::Duration};
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::{
     cluster::{
@@ -63,6 +67,25 @@ pub struct ViewReader {
     listing: Listing<Views>,
     /// The node set: a view counts only from one of its nodes.
     members: NodeSet,
+    /// A view was refused for its assembler not being in the node set,
+    /// since the last [`Self::take_not_a_node`].
+    not_a_node: bool,
+}
+
+/// Why a view was refused, and whether only because its assembler is not
+/// in the node set (it may be once the set is read).
+struct Refused {
+    reason: String,
+    not_a_node: bool,
+}
+
+impl From<String> for Refused {
+    fn from(reason: String) -> Self {
+        Self {
+            reason,
+            not_a_node: false,
+        }
+    }
 }
 
 /// Views by key, each with its rank.
@@ -84,7 +107,15 @@ impl ViewReader {
             refused: 0,
             listing: Listing::default(),
             members: NodeSet::default(),
+            not_a_node: false,
         }
+    }
+
+    /// Whether a view was refused for its assembler not being in the node
+    /// set since the last call: after the set changes, such a view may
+    /// count, and the prefix is worth reading again.
+    pub fn take_not_a_node(&mut self) -> bool {
+        std::mem::take(&mut self.not_a_node)
     }
 
     /// The node set changed: views are taken from its nodes only.
@@ -152,29 +183,35 @@ impl ViewReader {
                 let rank = v.at_ms.min(now_ms);
                 into.insert(e.key.clone(), (v, rank));
             }
-            Err(reason) => {
+            Err(Refused { reason, not_a_node }) => {
                 if let Some(good) = self.by_key.get(&e.key)
                     && into.len() < MAX_VIEWS
                 {
                     into.entry(e.key.clone()).or_insert_with(|| good.clone());
                 }
                 self.refused += 1;
-                warn!(
-                    "cluster view: the published view at {:?} was refused and the last good one kept: {reason}",
-                    crate::membership::record::clip(&e.key_str(), KEY_SHOWN)
-                );
+                self.not_a_node |= not_a_node;
+                let key = crate::membership::record::clip(&e.key_str(), KEY_SHOWN);
+                if not_a_node && self.members.is_empty() {
+                    // The node set is not read yet: read again once it is.
+                    debug!("cluster view: the published view at {key:?} waits for the node set");
+                } else {
+                    warn!(
+                        "cluster view: the published view at {key:?} was refused and the last good one kept: {reason}"
+                    );
+                }
             }
         }
     }
 
-    fn check(&self, into: &mut Views, e: &Entry, now_ms: u64) -> Result<PublishedView, String> {
-        let v = PublishedView::decode(&e.value).map_err(|e| e.to_string())?;
+    fn check(&self, into: &mut Views, e: &Entry, now_ms: u64) -> Result<PublishedView, Refused> {
+        let v = PublishedView::decode(&e.value).map_err(|e| Refused::from(e.to_string()))?;
         if e.key.strip_prefix(self.prefix.as_bytes()) != Some(v.assembler.as_bytes()) {
-            return Err(format!(
+            return Err(Refused::from(format!(
                 "a view counts only at exactly <prefix><assembler>: {:?} belongs at {:?}",
                 v.assembler,
                 format!("{}{}", self.prefix, v.assembler)
-            ));
+            )));
         }
         let limit = self
             .cadence_ms
@@ -182,25 +219,36 @@ impl ViewReader {
             .saturating_add(FUTURE_SLACK_MS);
         let ahead = v.ahead_ms(now_ms);
         if ahead > limit {
-            return Err(format!(
+            return Err(Refused::from(format!(
                 "its time is {ahead} ms ahead of this node's clock (at most {limit} ms)"
-            ));
+            )));
         }
         if !self.members.contains(&v.assembler) {
-            return Err(format!(
-                "its assembler {:?} is not in the node set",
-                crate::membership::record::clip(&v.assembler, KEY_SHOWN)
-            ));
+            return Err(Refused {
+                reason: format!(
+                    "its assembler {:?} is not in the node set",
+                    crate::membership::record::clip(&v.assembler, KEY_SHOWN)
+                ),
+                not_a_node: true,
+            });
         }
         if into.len() >= MAX_VIEWS && !into.contains_key(&e.key) {
-            // The oldest makes room: views no one renews never keep a
-            // new leader's out.
+            // The oldest makes room for a newer one: views no one renews
+            // never keep a new leader's out.
             let oldest = into
                 .iter()
                 .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                into.remove(&k);
+                .map(|(k, (v, rank))| (k.clone(), (*rank, v.at_ms)));
+            match oldest {
+                Some((_, ranked)) if (v.at_ms.min(now_ms), v.at_ms) < ranked => {
+                    return Err(Refused::from(format!(
+                        "{MAX_VIEWS} views are held, each newer than this one"
+                    )));
+                }
+                Some((k, _)) => {
+                    into.remove(&k);
+                }
+                None => {}
             }
         }
         Ok(v)
@@ -482,9 +530,13 @@ mod tests {
                 && r.by_key.contains_key(&b"/h/view/n16"[..]),
             "the oldest made room for the newest"
         );
+        // One older than every view held is refused.
+        r.apply(put("/h/view/n00", value(4, "n00")), 30);
+        assert_eq!(r.refused, 1);
+        assert!(!r.by_key.contains_key(&b"/h/view/n00"[..]));
         // A view of no node is refused, however fresh.
         r.apply(put("/h/view/stranger", value(100, "stranger")), 100);
-        assert_eq!(r.refused, 1);
+        assert_eq!(r.refused, 2);
         assert!(!r.by_key.contains_key(&b"/h/view/stranger"[..]));
         assert_eq!(r.current().map(|(_, v)| v.assembler.as_str()), Some("n16"));
     }

@@ -43,7 +43,7 @@ use crate::{
     },
     membership::{
         NodeSet,
-        kvstore::{KvStore, LeaderPutError, Leadership, Listing, Role, WatchEvent},
+        kvstore::{KvStore, LeaderPutError, Leadership, Listing, ReadAgain, Role, WatchEvent},
         published::Nodes,
     },
     probe::Prober,
@@ -128,6 +128,9 @@ struct Held {
     loaded: bool,
     /// A listing under way: it replaces `by_key` once whole.
     listing: Listing<HashMap<Vec<u8>, Kept>>,
+    /// A summary was refused for its observer not being in the node set,
+    /// since the last [`Held::take_not_a_node`].
+    not_a_node: bool,
 }
 
 /// A summary held, and the version of its content: a number no other
@@ -158,6 +161,7 @@ impl Held {
             first_refusal: None,
             loaded: false,
             listing: Listing::default(),
+            not_a_node: false,
         }
     }
 
@@ -211,6 +215,13 @@ impl Held {
             }
             Err(e) => {
                 into.remove(&key);
+                if let Refusal::NotANode(_) = e {
+                    self.not_a_node = true;
+                    if at.1.is_empty() {
+                        // The node set is not read yet: read again once it is.
+                        return;
+                    }
+                }
                 self.refused += 1;
                 self.first_refusal.get_or_insert_with(|| {
                     format!(
@@ -256,6 +267,15 @@ impl Held {
                 debug!("cluster view: summaries watch lost: {}", chain(&*error));
             }
         }
+    }
+
+    /// Whether a summary was refused for its observer not being in the
+    /// node set since the last call: after the set changes, it may count,
+    /// and the prefix is worth reading again (at start, the set may be
+    /// read after the summaries; a node's summary may come before its
+    /// record).
+    fn take_not_a_node(&mut self) -> bool {
+        std::mem::take(&mut self.not_a_node)
     }
 
     /// Lets go of the summaries of observers no longer in `members`.
@@ -371,11 +391,32 @@ fn cadence(prober: &Prober) -> Duration {
         .unwrap_or(prober.config().interval)
 }
 
+/// The node set changed to `set`: the views, and the summaries while
+/// leading, refused for want of a node may count now, and are read again.
+fn read_again_for(
+    set: NodeSet,
+    reader: &mut ViewReader,
+    views_again: &ReadAgain,
+    leading: Option<&mut Leading>,
+) {
+    reader.set_members(set);
+    if reader.take_not_a_node() {
+        views_again.now();
+    }
+    if let Some(lead) = leading
+        && lead.held.take_not_a_node()
+    {
+        lead.again.now();
+    }
+}
+
 /// What the leader holds while it leads: its election key, the summaries
 /// (watched from the election on) and its own view's matrix.
 struct Leading {
     leadership: Leadership,
     events: mpsc::Receiver<WatchEvent>,
+    /// Has the summaries' prefix listed again.
+    again: ReadAgain,
     held: Held,
     published: bool,
 }
@@ -388,9 +429,11 @@ impl ClusterViewTask {
             return None;
         };
         info!(view = %format!("{}{}", self.view_prefix, self.local), "cluster view: this agent assembles and publishes the view");
+        let (events, again) = self.store.follow_prefix(self.prefix.clone().into_bytes());
         Some(Leading {
             leadership,
-            events: self.store.watch_prefix(self.prefix.clone().into_bytes()),
+            events,
+            again,
             held: Held::new(&self.prefix, interval, MAX_SUMMARIES),
             published: false,
         })
@@ -409,9 +452,10 @@ impl ClusterViewTask {
             &stop,
         );
         tokio::pin!(campaign);
-        let mut view_events = self
+        let (mut view_events, views_again) = self
             .store
-            .watch_prefix(self.view_prefix.clone().into_bytes());
+            .follow_prefix(self.view_prefix.clone().into_bytes());
+        let mut members = self.nodes.subscribe();
         let mut interval = cadence(&self.prober.borrow());
         let mut reader = ViewReader::new(self.view_prefix.clone(), self.local.clone(), interval);
         let mut checker = Checker::default();
@@ -441,6 +485,13 @@ impl ClusterViewTask {
                         matrix = None;
                     }
                 }
+                changed = members.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let set = members.borrow_and_update().clone();
+                    read_again_for(set, &mut reader, &views_again, leading.as_mut());
+                }
                 event = view_events.recv() => match event {
                     Some(e) => {
                         reader.set_members(self.nodes.current());
@@ -455,8 +506,9 @@ impl ClusterViewTask {
                         Some(e) => lead.held.apply(e, crate::util::timefmt::now_ms(), &self.nodes.current()),
                         None => break,
                     }
-                    // Newly elected: publish as soon as the summaries are read.
-                    if lead.held.loaded && !lead.published {
+                    // Newly elected: publish as soon as the summaries and
+                    // the node set are read.
+                    if lead.held.loaded && !lead.published && !self.nodes.current().is_empty() {
                         matrix = self.lead(lead, &mut assignments, interval, &mut reader, &deposed, published_seq).await;
                         self.show(&mut reader, &checker, matrix.as_ref());
                     }
@@ -478,7 +530,7 @@ impl ClusterViewTask {
                     published_seq = self.publish(&prober, ticks, &mut checker, &mut writes).await;
                     if let Some(lead) = leading.as_mut() {
                         lead.held.report_refused();
-                        if lead.held.loaded {
+                        if lead.held.loaded && !self.nodes.current().is_empty() {
                             matrix = self.lead(lead, &mut assignments, interval, &mut reader, &deposed, published_seq).await;
                         }
                     }
@@ -803,6 +855,12 @@ mod tests {
             );
         }
         assert_eq!(held.by_key.len(), 2, "the nodes' summaries, every one");
+        assert!(held.take_not_a_node() && !held.take_not_a_node());
+        // Before the node set is read, a summary waits quietly for it.
+        held.report_refused();
+        held.apply(put("/h/s/c", summary("c", now)), now, &NodeSet::default());
+        assert_eq!(held.refused, 0, "not reported");
+        assert!(held.take_not_a_node(), "read again once the set is in");
         held.prune(&NodeSet::named(&["b"]));
         let keys: Vec<&[u8]> = held.by_key.keys().map(Vec::as_slice).collect();
         assert_eq!(keys, [&b"/h/s/b"[..]]);

@@ -100,6 +100,16 @@ impl NodeSync {
                 let synced = tokio::task::spawn_blocking(move || {
                     if let Some(enc) = &encryption {
                         bounds.tunnel = enc.device();
+                        if bounds.tunnel.is_none() {
+                            // No device to route into (several and none
+                            // named, or none readable now): the routes stay
+                            // as they are, never moved out of the tunnel;
+                            // the encryption view says why. Tried again.
+                            return Synced {
+                                refused: Vec::new(),
+                                failed: true,
+                            };
+                        }
                     }
                     // A sync that panicked left the routes as a sync
                     // leaves them: the next one goes on from there.

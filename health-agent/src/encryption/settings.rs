@@ -33,7 +33,7 @@ section! {
         pub encryption: Encryption,
         /// The WireGuard device (default: the node's only one; with
         /// several, name one).
-        #[arg(long, value_name = "NAME")]
+        #[arg(long, value_name = "NAME", value_parser = crate::endpoint::settings::interface_name)]
         pub encryption_device: Option<String>,
         /// A peer that probes went to is stale when its last handshake is
         /// older than WireGuard's rekey time (2 minutes) plus this margin.

@@ -83,7 +83,7 @@ fn parse_health_cidr6(s: &str) -> Result<Ipv6Net, String> {
 
 /// An interface name the kernel takes (its `dev_valid_name`): 1 to 15
 /// bytes, not `.` or `..`, without `/`, `:` or white space.
-fn interface_name(s: &str) -> Result<String, String> {
+pub(crate) fn interface_name(s: &str) -> Result<String, String> {
     if s.is_empty() || s.len() > 15 {
         return Err(format!(
             "{s:?} is {} bytes: an interface name has 1 to 15",

@@ -379,11 +379,18 @@ impl PeerRoutes {
         let bounds = bounds.clone();
         let done = in_netns(None, |nl| async move {
             let table = read_table(&nl).await?;
-            // The tunnel's index: a route into another device (the one a
-            // route was made into before a reload named another) is made
-            // again.
+            // The tunnel's index: a route of the agent's into another
+            // device (made by an earlier run, or before the node's only
+            // device changed) is made again. Not found, every route into
+            // it is made again, and fails naming it.
             let tunnel = match &bounds.tunnel {
-                Some(dev) => nl.link_index(dev).await?,
+                Some(dev) => nl.link_index(dev).await.unwrap_or_else(|e| {
+                    warn!(
+                        "routes: looking up the encryption device {dev:?}: {}",
+                        chain(&e)
+                    );
+                    None
+                }),
                 None => None,
             };
             let mut applied = Applied::default();

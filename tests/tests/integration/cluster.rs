@@ -568,7 +568,9 @@ fn a_round_asked_for_runs_to_its_end_past_the_requests_deadline() {
         // No scheduled round or liveness echo during the test: the only
         // round after the first is the one asked for.
         probe_interval: "1h",
-        probe_timeout: "1s",
+        // Rounds of 2 s with a node down: time for twenty requests to
+        // come while one waits.
+        probe_timeout: "2s",
         failure_threshold: 1,
         extra_args: vec!["--liveness-interval".into(), "0s".into()],
         ..Settings::default()
@@ -603,7 +605,7 @@ fn a_round_asked_for_runs_to_its_end_past_the_requests_deadline() {
     }
     let all_up = all_up.expect("a round finding all three nodes");
     let seq = all_up.round.as_ref().expect("a round").seq;
-    // node-3's probes now wait for their whole timeout: the round takes 1 s.
+    // node-3's probes now wait for their whole timeout: the round takes 2 s.
     cluster.nodes[2].set_uplink(false);
     let out = ask("100ms");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -627,8 +629,8 @@ fn a_round_asked_for_runs_to_its_end_past_the_requests_deadline() {
     assert!(node(&asked, "node-2").reachable());
 
     // Twenty requests at once, each gone after 100 ms, while a round of
-    // theirs runs for a second: they share one waiting round, and no
-    // round is queued per request.
+    // theirs runs for 2 s: they share one waiting round, and no round is
+    // queued per request.
     let seq = seq + 1;
     let first = ask("100ms");
     assert!(!first.status.success());

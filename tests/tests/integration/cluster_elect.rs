@@ -231,23 +231,7 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
         r.assembly.as_ref().is_some_and(|a| !a.stale)
     });
 
-    // A valid view by hand at the key of a name no node has: refused.
-    etcd::put_bytes(
-        Some(&cluster.fabric),
-        ETCD_ENDPOINT,
-        &format!("{}node-9", view_prefix(ETCD_PREFIX)),
-        forged_view(&leader, "node-9"),
-    );
-    let logged = "its assembler \"node-9\" is not in the node set";
-    let deadline = Instant::now() + patience(Duration::from_secs(10));
-    while !node.log().contains(logged) {
-        assert!(
-            Instant::now() < deadline,
-            "no refusal logged:\n{}",
-            node.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    a_view_of_no_node_is_refused(&cluster, node, &leader);
     // The same at the leader's key, named as the leader's, calling it
     // down, written again and again: each is shown until the leader's
     // next view, written after it, and the follower, which reaches the
@@ -285,6 +269,27 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
         "{}",
         node.log()
     );
+}
+
+/// A valid view by hand at the key of a name no node has: refused, and
+/// logged so by `node`.
+fn a_view_of_no_node_is_refused(cluster: &Cluster, node: &ClusterNode, leader: &str) {
+    etcd::put_bytes(
+        Some(&cluster.fabric),
+        ETCD_ENDPOINT,
+        &format!("{}node-9", view_prefix(ETCD_PREFIX)),
+        forged_view(leader, "node-9"),
+    );
+    let logged = "its assembler \"node-9\" is not in the node set";
+    let deadline = Instant::now() + patience(Duration::from_secs(10));
+    while !node.log().contains(logged) {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A view by `by`, 6 s ahead of now (within what is accepted: two of the

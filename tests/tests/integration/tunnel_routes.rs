@@ -1,7 +1,7 @@
 //! With encryption on, peers' health addresses are routed into the
-//! encryption device: a route of the agent's through another device (the
-//! one a reload named before) is made again through the one named now,
-//! not left where it was.
+//! encryption device: a route of the agent's through another device (made
+//! by an earlier run, or before the node's only device changed) is made
+//! again through the one named now, not left where it was.
 
 use std::{
     collections::BTreeMap,

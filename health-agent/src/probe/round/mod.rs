@@ -255,32 +255,33 @@ impl Prober {
         self.round_over(self.nodes()).await
     }
 
-    /// [`Self::round`], calling `started` once the round has its turn
-    /// (rounds run one at a time) and begins: whoever waits for it knows
-    /// from then on that a later request needs a later round.
+    /// [`Self::run_round`] over the node set as it is when the round has
+    /// its turn (rounds run one at a time), calling `started` then: whoever
+    /// waits for it knows from then on that a later request needs a later
+    /// round.
     pub async fn round_when_started(
         self: &Arc<Self>,
         started: impl FnOnce(),
-    ) -> Arc<ClusterStatus> {
-        self.round_over_with(self.nodes(), started).await;
-        self.status()
+    ) -> Arc<StatusSummary> {
+        self.round_over_with(|| self.nodes(), started).await
     }
 
     /// Runs one round over `nodes` (the node set, or some of its nodes:
     /// the others keep their states and miss this round in their
     /// histories) and publishes it.
     pub(super) async fn round_over(self: &Arc<Self>, nodes: NodeSet) -> Arc<StatusSummary> {
-        self.round_over_with(nodes, || {}).await
+        self.round_over_with(|| nodes, || {}).await
     }
 
-    /// [`Self::round_over`], calling `started` once the round has its
-    /// turn.
+    /// [`Self::round_over`] over the nodes `nodes` gives once the round
+    /// has its turn, calling `started` then.
     async fn round_over_with(
         self: &Arc<Self>,
-        nodes: NodeSet,
+        nodes: impl FnOnce() -> NodeSet,
         started: impl FnOnce(),
     ) -> Arc<StatusSummary> {
         let _one_at_a_time = self.round_lock.lock().await;
+        let nodes = nodes();
         started();
         let seq = self
             .round_seq
