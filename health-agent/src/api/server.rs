@@ -478,6 +478,11 @@ async fn status(
 /// The whole status as serialised when it was published, gzipped for a
 /// client that takes it.
 fn whole_status(state: &AppState, headers: &axum::http::HeaderMap) -> Response {
+    whole_status_of(&state.prober(), headers)
+}
+
+/// [`whole_status`], of `prober`.
+fn whole_status_of(prober: &Prober, headers: &axum::http::HeaderMap) -> Response {
     use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE, VARY};
     if accepts_gzip(headers) {
         (
@@ -486,7 +491,7 @@ fn whole_status(state: &AppState, headers: &axum::http::HeaderMap) -> Response {
                 (CONTENT_ENCODING, "gzip"),
                 (VARY, "accept-encoding"),
             ],
-            state.prober().status_json_gzip(),
+            prober.status_json_gzip(),
         )
             .into_response()
     } else {
@@ -499,7 +504,7 @@ fn whole_status(state: &AppState, headers: &axum::http::HeaderMap) -> Response {
             // slowly, or not at all, holds a piece, not the whole JSON
             // (9 MB at 10,000 nodes).
             axum::body::Body::from_stream(futures::stream::iter(
-                state.prober().status_json_pieces(PLAIN_PIECE),
+                prober.status_json_pieces(PLAIN_PIECE),
             )),
         )
             .into_response()
@@ -642,9 +647,12 @@ async fn probe(
     // The round runs to its end whatever becomes of this request (its
     // deadline passing, its client gone); requests waiting together share
     // one (see `demand`).
-    let round = state.demand.round(state.prober());
+    // Answered from the prober that ran the round, a reload meanwhile
+    // notwithstanding.
+    let prober = state.prober();
+    let round = state.demand.round(prober.clone());
     match tokio::time::timeout(deadline, round).await {
-        Ok(Ok(_)) => whole_status(&state, &headers),
+        Ok(Ok(_)) => whole_status_of(&prober, &headers),
         Ok(Err(e)) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the probe round failed: {e}"),

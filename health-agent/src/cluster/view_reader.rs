@@ -7,9 +7,8 @@
 //! of the node set, at most [`MAX_VIEWS`] held, the oldest making room
 //! for a newer one); a refused value is reported with its key and the
 //! last good view kept (it goes stale). A view refused only for its
-//! assembler not being in the set is noted, so that the prefix is read
-//! again when the set changes (at start, the set is read after the
-//! views). The newest view held is shown,
+//! assembler not being in the set while the set is not read yet (at
+//! start) is logged quietly; it counts at its assembler's next write. The newest view held is shown,
 //! newest by its time but never later than when it was read (a view dated
 //! ahead does not outrank those written after it), and checked against
 //! this agent's own rounds ([`super::contradiction`]) once per view.
@@ -67,23 +66,25 @@ pub struct ViewReader {
     listing: Listing<Views>,
     /// The node set: a view counts only from one of its nodes.
     members: NodeSet,
-    /// A view was refused for its assembler not being in the node set,
-    /// since the last [`Self::take_not_a_node`].
-    not_a_node: bool,
+    /// Views refused only for their assembler not being in the node set,
+    /// with their rank (at most [`MAX_VIEWS`]): at start the set is read
+    /// after the views, and a view waits here for its assembler's record.
+    waiting: Views,
 }
 
 /// Why a view was refused, and whether only because its assembler is not
-/// in the node set (it may be once the set is read).
+/// in the node set (which, at start, may not be read yet).
 struct Refused {
     reason: String,
-    not_a_node: bool,
+    /// The view, refused only for its assembler not being in the node set.
+    not_a_node: Option<Box<PublishedView>>,
 }
 
 impl From<String> for Refused {
     fn from(reason: String) -> Self {
         Self {
             reason,
-            not_a_node: false,
+            not_a_node: None,
         }
     }
 }
@@ -107,20 +108,27 @@ impl ViewReader {
             refused: 0,
             listing: Listing::default(),
             members: NodeSet::default(),
-            not_a_node: false,
+            waiting: BTreeMap::new(),
         }
     }
 
-    /// Whether a view was refused for its assembler not being in the node
-    /// set since the last call: after the set changes, such a view may
-    /// count, and the prefix is worth reading again.
-    pub fn take_not_a_node(&mut self) -> bool {
-        std::mem::take(&mut self.not_a_node)
-    }
-
-    /// The node set changed: views are taken from its nodes only.
+    /// The node set changed: views are taken from its nodes only, and a
+    /// view waiting for its assembler's record counts once it is in.
     pub fn set_members(&mut self, members: NodeSet) {
         self.members = members;
+        let ready: Vec<Vec<u8>> = self
+            .waiting
+            .iter()
+            .filter(|(_, (v, _))| self.members.contains(&v.assembler))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in ready {
+            if let Some(held) = self.waiting.remove(&key)
+                && (self.by_key.len() < MAX_VIEWS || self.by_key.contains_key(&key))
+            {
+                self.by_key.insert(key, held);
+            }
+        }
     }
 
     /// This agent's interval changed (a reload): views are judged by it.
@@ -150,6 +158,9 @@ impl ViewReader {
                 let Some(mut listing) = self.listing.page(first, BTreeMap::new) else {
                     return;
                 };
+                if first {
+                    self.waiting.clear();
+                }
                 for e in &entries {
                     self.put_in(&mut listing, e, now_ms);
                 }
@@ -161,6 +172,7 @@ impl ViewReader {
             // Its assembler's election lease ended (or it was deleted).
             WatchEvent::Delete { key, .. } => {
                 self.by_key.remove(&key);
+                self.waiting.remove(&key);
             }
             // The views held go stale until the watch is back.
             WatchEvent::Lost { .. } => self.listing.abandon(),
@@ -182,19 +194,24 @@ impl ViewReader {
             Ok(v) => {
                 let rank = v.at_ms.min(now_ms);
                 into.insert(e.key.clone(), (v, rank));
+                self.waiting.remove(&e.key);
             }
             Err(Refused { reason, not_a_node }) => {
+                let quiet = not_a_node.is_some() && self.members.is_empty();
+                if let Some(v) = not_a_node {
+                    self.wait_for_its_node(e.key.clone(), *v, now_ms);
+                }
                 if let Some(good) = self.by_key.get(&e.key)
                     && into.len() < MAX_VIEWS
                 {
                     into.entry(e.key.clone()).or_insert_with(|| good.clone());
                 }
                 self.refused += 1;
-                self.not_a_node |= not_a_node;
                 let key = crate::membership::record::clip(&e.key_str(), KEY_SHOWN);
-                if not_a_node && self.members.is_empty() {
-                    // The node set is not read yet: read again once it is.
-                    debug!("cluster view: the published view at {key:?} waits for the node set");
+                if quiet {
+                    // The node set is not read yet (at start): the view
+                    // counts at its next write once it is.
+                    debug!("cluster view: the published view at {key:?} came before the node set");
                 } else {
                     warn!(
                         "cluster view: the published view at {key:?} was refused and the last good one kept: {reason}"
@@ -229,7 +246,7 @@ impl ViewReader {
                     "its assembler {:?} is not in the node set",
                     crate::membership::record::clip(&v.assembler, KEY_SHOWN)
                 ),
-                not_a_node: true,
+                not_a_node: Some(Box::new(v)),
             });
         }
         if into.len() >= MAX_VIEWS && !into.contains_key(&e.key) {
@@ -252,6 +269,23 @@ impl ViewReader {
             }
         }
         Ok(v)
+    }
+
+    /// Keeps `v`, refused for its assembler not being in the node set, to
+    /// count once it is: the oldest waiting makes room.
+    fn wait_for_its_node(&mut self, key: Vec<u8>, v: PublishedView, now_ms: u64) {
+        if self.waiting.len() >= MAX_VIEWS && !self.waiting.contains_key(&key) {
+            let oldest = self
+                .waiting
+                .iter()
+                .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.waiting.remove(&k);
+            }
+        }
+        let rank = v.at_ms.min(now_ms);
+        self.waiting.insert(key, (v, rank));
     }
 
     /// Takes a view this agent published itself, at `key`.
@@ -511,6 +545,33 @@ mod tests {
         r.apply(put("/h/view/leader", value(11_000, "leader")), 11_000);
         r.check_contradictions(&checker);
         assert_eq!(r.contradictions_total, 2);
+    }
+
+    /// At start the views come before the node set: a view of a node not
+    /// in the set yet waits, and counts once its node is in; one of no
+    /// node never does.
+    #[test]
+    fn a_view_read_before_the_node_set_counts_once_its_node_is_in() {
+        let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+        let now = 1_000_000;
+        r.apply(put("/h/view/leader", value(now, "leader")), now);
+        r.apply(put("/h/view/stranger", value(now + 1, "stranger")), now + 1);
+        assert!(r.current().is_none());
+        assert_eq!(r.refused, 2);
+        r.set_members(NodeSet::named(&["leader", "me"]));
+        assert_eq!(
+            r.current().map(|(_, v)| v.assembler.as_str()),
+            Some("leader")
+        );
+        assert_eq!(r.waiting.len(), 1, "the stranger's, until its key goes");
+        r.apply(
+            WatchEvent::Delete {
+                key: b"/h/view/stranger".to_vec(),
+                revision: 2,
+            },
+            now + 2,
+        );
+        assert!(r.waiting.is_empty());
     }
 
     #[test]

@@ -7,8 +7,10 @@
 //! between ticks (a node that stopped answering, probed at once) is
 //! summarised as soon as it ends. The agents elect one of them, on an
 //! election lease of [`ELECTION_TTL`] (`<parent>/assembler/`); the
-//! leader alone watches every agent's summaries (applied one event at a
-//! time, never re-listed), assembles the view ([`view::assemble`]) once
+//! leader alone watches every agent's summaries (from when its node set
+//! is read; applied one event at a time, never re-listed; only those of
+//! nodes of the set, let go when their node leaves), assembles the view
+//! ([`view::assemble`]) once
 //! a tick and publishes it at `<parent>/view/<its name>`
 //! ([`PublishedView`]: the counts, the nodes not healthy), on its election
 //! lease, with a write conditional on its election key. Every agent (the
@@ -43,7 +45,7 @@ use crate::{
     },
     membership::{
         NodeSet,
-        kvstore::{KvStore, LeaderPutError, Leadership, Listing, ReadAgain, Role, WatchEvent},
+        kvstore::{KvStore, LeaderPutError, Leadership, Listing, Role, WatchEvent},
         published::Nodes,
     },
     probe::Prober,
@@ -128,9 +130,6 @@ struct Held {
     loaded: bool,
     /// A listing under way: it replaces `by_key` once whole.
     listing: Listing<HashMap<Vec<u8>, Kept>>,
-    /// A summary was refused for its observer not being in the node set,
-    /// since the last [`Held::take_not_a_node`].
-    not_a_node: bool,
 }
 
 /// A summary held, and the version of its content: a number no other
@@ -161,7 +160,6 @@ impl Held {
             first_refusal: None,
             loaded: false,
             listing: Listing::default(),
-            not_a_node: false,
         }
     }
 
@@ -215,13 +213,6 @@ impl Held {
             }
             Err(e) => {
                 into.remove(&key);
-                if let Refusal::NotANode(_) = e {
-                    self.not_a_node = true;
-                    if at.1.is_empty() {
-                        // The node set is not read yet: read again once it is.
-                        return;
-                    }
-                }
                 self.refused += 1;
                 self.first_refusal.get_or_insert_with(|| {
                     format!(
@@ -267,15 +258,6 @@ impl Held {
                 debug!("cluster view: summaries watch lost: {}", chain(&*error));
             }
         }
-    }
-
-    /// Whether a summary was refused for its observer not being in the
-    /// node set since the last call: after the set changes, it may count,
-    /// and the prefix is worth reading again (at start, the set may be
-    /// read after the summaries; a node's summary may come before its
-    /// record).
-    fn take_not_a_node(&mut self) -> bool {
-        std::mem::take(&mut self.not_a_node)
     }
 
     /// Lets go of the summaries of observers no longer in `members`.
@@ -391,32 +373,13 @@ fn cadence(prober: &Prober) -> Duration {
         .unwrap_or(prober.config().interval)
 }
 
-/// The node set changed to `set`: the views, and the summaries while
-/// leading, refused for want of a node may count now, and are read again.
-fn read_again_for(
-    set: NodeSet,
-    reader: &mut ViewReader,
-    views_again: &ReadAgain,
-    leading: Option<&mut Leading>,
-) {
-    reader.set_members(set);
-    if reader.take_not_a_node() {
-        views_again.now();
-    }
-    if let Some(lead) = leading
-        && lead.held.take_not_a_node()
-    {
-        lead.again.now();
-    }
-}
-
 /// What the leader holds while it leads: its election key, the summaries
 /// (watched from the election on) and its own view's matrix.
 struct Leading {
     leadership: Leadership,
-    events: mpsc::Receiver<WatchEvent>,
-    /// Has the summaries' prefix listed again.
-    again: ReadAgain,
+    /// The summaries' watch, from when the node set is read (the
+    /// summaries of nodes it does not hold yet would be refused).
+    events: Option<mpsc::Receiver<WatchEvent>>,
     held: Held,
     published: bool,
 }
@@ -429,14 +392,23 @@ impl ClusterViewTask {
             return None;
         };
         info!(view = %format!("{}{}", self.view_prefix, self.local), "cluster view: this agent assembles and publishes the view");
-        let (events, again) = self.store.follow_prefix(self.prefix.clone().into_bytes());
-        Some(Leading {
+        let mut lead = Leading {
             leadership,
-            events,
-            again,
+            events: None,
             held: Held::new(&self.prefix, interval, MAX_SUMMARIES),
             published: false,
-        })
+        };
+        self.follow_summaries(&mut lead);
+        Some(lead)
+    }
+
+    /// Starts the leader's watch of the summaries once the node set is
+    /// read: at a cold start an agent may be elected before it is, and
+    /// would refuse every summary of its first listing.
+    fn follow_summaries(&self, lead: &mut Leading) {
+        if lead.events.is_none() && !self.nodes.current().is_empty() {
+            lead.events = Some(self.store.watch_prefix(self.prefix.clone().into_bytes()));
+        }
     }
 
     pub(super) async fn run(self, shutdown: CancellationToken) {
@@ -452,9 +424,9 @@ impl ClusterViewTask {
             &stop,
         );
         tokio::pin!(campaign);
-        let (mut view_events, views_again) = self
+        let mut view_events = self
             .store
-            .follow_prefix(self.view_prefix.clone().into_bytes());
+            .watch_prefix(self.view_prefix.clone().into_bytes());
         let mut members = self.nodes.subscribe();
         let mut interval = cadence(&self.prober.borrow());
         let mut reader = ViewReader::new(self.view_prefix.clone(), self.local.clone(), interval);
@@ -489,8 +461,10 @@ impl ClusterViewTask {
                     if changed.is_err() {
                         break;
                     }
-                    let set = members.borrow_and_update().clone();
-                    read_again_for(set, &mut reader, &views_again, leading.as_mut());
+                    reader.set_members(members.borrow_and_update().clone());
+                    if let Some(lead) = leading.as_mut() {
+                        self.follow_summaries(lead);
+                    }
                 }
                 event = view_events.recv() => match event {
                     Some(e) => {
@@ -500,7 +474,7 @@ impl ClusterViewTask {
                     }
                     None => break,
                 },
-                event = async { leading.as_mut()?.events.recv().await }, if leading.is_some() => {
+                event = async { leading.as_mut()?.events.as_mut()?.recv().await }, if leading.as_ref().is_some_and(|l| l.events.is_some()) => {
                     let Some(lead) = leading.as_mut() else { continue };
                     match event {
                         Some(e) => lead.held.apply(e, crate::util::timefmt::now_ms(), &self.nodes.current()),
@@ -855,12 +829,6 @@ mod tests {
             );
         }
         assert_eq!(held.by_key.len(), 2, "the nodes' summaries, every one");
-        assert!(held.take_not_a_node() && !held.take_not_a_node());
-        // Before the node set is read, a summary waits quietly for it.
-        held.report_refused();
-        held.apply(put("/h/s/c", summary("c", now)), now, &NodeSet::default());
-        assert_eq!(held.refused, 0, "not reported");
-        assert!(held.take_not_a_node(), "read again once the set is in");
         held.prune(&NodeSet::named(&["b"]));
         let keys: Vec<&[u8]> = held.by_key.keys().map(Vec::as_slice).collect();
         assert_eq!(keys, [&b"/h/s/b"[..]]);

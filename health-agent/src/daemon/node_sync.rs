@@ -99,37 +99,40 @@ impl NodeSync {
                 prober.set_nodes(subset);
                 let synced = tokio::task::spawn_blocking(move || {
                     if let Some(enc) = &encryption {
-                        bounds.tunnel = enc.device();
-                        if bounds.tunnel.is_none() {
-                            // No device to route into (several and none
-                            // named, or none readable now): the routes stay
-                            // as they are, never moved out of the tunnel;
-                            // the encryption view says why. Tried again.
-                            return Synced {
-                                refused: Vec::new(),
-                                failed: true,
-                            };
-                        }
+                        // No device to route into when there should be one
+                        // (several and none named, or none readable now):
+                        // the routes stay as they are, none moved out of
+                        // the tunnel; the encryption view says why.
+                        bounds.tunnel = enc.device().ok()?;
                     }
                     // A sync that panicked left the routes as a sync
                     // leaves them: the next one goes on from there.
-                    routes
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .apply(&desired, &bounds)
+                    Some(
+                        routes
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .apply(&desired, &bounds),
+                    )
                 })
                 .await
                 // This sync panicked: run one again, as after a failure.
-                .unwrap_or_else(|_| Synced {
-                    refused: Vec::new(),
-                    failed: true,
+                .unwrap_or_else(|_| {
+                    Some(Synced {
+                        refused: Vec::new(),
+                        failed: true,
+                    })
                 });
-                source.set_refused_routes(synced.refused);
+                // Skipped, the routes and what was refused stay as they
+                // were: tried again, as after a failure.
+                let failed = synced.is_none_or(|s| {
+                    source.set_refused_routes(s.refused);
+                    s.failed
+                });
                 // A failed sync runs again without waiting for news (a
                 // link that just came up gets its connected routes back
                 // after the event that woke this sync); lasting failures
                 // less and less often. Meanwhile any news wakes it.
-                if synced.failed {
+                if failed {
                     Some(retry_after(failures.fetch_add(1, Ordering::Relaxed)))
                 } else {
                     failures.store(0, Ordering::Relaxed);

@@ -176,16 +176,19 @@ impl EncryptionMonitor {
     }
 
     /// The WireGuard device health addresses are routed into: the one
-    /// asked for, or the node's only one (read now: blocking). Never one
-    /// chosen by what the node records say: with several devices and none
-    /// named, none.
-    #[must_use]
-    pub fn device(&self) -> Option<String> {
+    /// asked for, or the node's only one (read now: blocking); `None` on a
+    /// node without one (routed as without encryption). Never one chosen
+    /// by what the node records say: with several devices and none named,
+    /// or the devices unreadable, why there is none to route into.
+    pub fn device(&self) -> Result<Option<String>, String> {
         if let Some(name) = &self.settings.encryption_device {
-            return Some(name.clone());
+            return Ok(Some(name.clone()));
         }
-        let (_, devices) = wireguard::read().ok()?;
-        choose(None, &devices).ok().map(|d| d.name.clone())
+        let (_, devices) = wireguard::read().map_err(|e| chain(&e))?;
+        if devices.is_empty() {
+            return Ok(None);
+        }
+        choose(None, &devices).map(|d| Some(d.name.clone()))
     }
 
     fn peers<'a>(&self, nodes: &'a NodeSet) -> Vec<&'a Node> {
