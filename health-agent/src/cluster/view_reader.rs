@@ -6,9 +6,9 @@
 //! the future by more than two of this agent's own intervals, by a node
 //! of the node set, at most [`MAX_VIEWS`] held, the oldest making room
 //! for a newer one); a refused value is reported with its key and the
-//! last good view kept (it goes stale). A view refused only for its
-//! assembler not being in the set while the set is not read yet (at
-//! start) is logged quietly; it counts at its assembler's next write. The newest view held is shown,
+//! last good view kept (it goes stale). A view read before the node set
+//! (at start) waits for it, [`MAX_VIEWS`] at most, and counts once the
+//! set holds its assembler. The newest view held is shown,
 //! newest by its time but never later than when it was read (a view dated
 //! ahead does not outrank those written after it), and checked against
 //! this agent's own rounds ([`super::contradiction`]) once per view.
@@ -114,21 +114,42 @@ impl ViewReader {
 
     /// The node set changed: views are taken from its nodes only, and a
     /// view waiting for its assembler's record counts once it is in.
-    pub fn set_members(&mut self, members: NodeSet) {
+    /// Returns whether a waiting view was taken.
+    pub fn set_members(&mut self, members: NodeSet) -> bool {
         self.members = members;
-        let ready: Vec<Vec<u8>> = self
-            .waiting
-            .iter()
-            .filter(|(_, (v, _))| self.members.contains(&v.assembler))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in ready {
-            if let Some(held) = self.waiting.remove(&key)
-                && (self.by_key.len() < MAX_VIEWS || self.by_key.contains_key(&key))
-            {
-                self.by_key.insert(key, held);
-            }
+        self.promote()
+    }
+
+    /// Takes the views waiting for the node set once it is read: those of
+    /// its nodes as if read now (the oldest held making room, as for any
+    /// view), the others dropped. Returns whether one was taken.
+    fn promote(&mut self) -> bool {
+        if self.members.is_empty() || self.waiting.is_empty() {
+            return false;
         }
+        let mut taken = false;
+        for (key, (v, rank)) in std::mem::take(&mut self.waiting) {
+            if !self.members.contains(&v.assembler) {
+                continue;
+            }
+            if self.by_key.len() >= MAX_VIEWS && !self.by_key.contains_key(&key) {
+                let oldest = self
+                    .by_key
+                    .iter()
+                    .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
+                    .map(|(k, (v, rank))| (k.clone(), (*rank, v.at_ms)));
+                match oldest {
+                    Some((_, ranked)) if (rank, v.at_ms) < ranked => continue,
+                    Some((k, _)) => {
+                        self.by_key.remove(&k);
+                    }
+                    None => {}
+                }
+            }
+            self.by_key.insert(key, (v, rank));
+            taken = true;
+        }
+        taken
     }
 
     /// This agent's interval changed (a reload): views are judged by it.
@@ -166,6 +187,7 @@ impl ViewReader {
                 }
                 if let Some(whole) = self.listing.after_page(listing, last) {
                     self.by_key = whole;
+                    self.promote();
                 }
             }
             WatchEvent::Put(e) => self.put(&e, now_ms),
@@ -197,9 +219,14 @@ impl ViewReader {
                 self.waiting.remove(&e.key);
             }
             Err(Refused { reason, not_a_node }) => {
+                // Before the node set is read (at start), a view of one of
+                // its nodes waits for it; after, it is refused.
                 let quiet = not_a_node.is_some() && self.members.is_empty();
-                if let Some(v) = not_a_node {
-                    self.wait_for_its_node(e.key.clone(), *v, now_ms);
+                match not_a_node {
+                    Some(v) if quiet => self.wait_for_its_node(e.key.clone(), *v, now_ms),
+                    _ => {
+                        self.waiting.remove(&e.key);
+                    }
                 }
                 if let Some(good) = self.by_key.get(&e.key)
                     && into.len() < MAX_VIEWS
@@ -210,7 +237,7 @@ impl ViewReader {
                 let key = crate::membership::record::clip(&e.key_str(), KEY_SHOWN);
                 if quiet {
                     // The node set is not read yet (at start): the view
-                    // counts at its next write once it is.
+                    // waits for it.
                     debug!("cluster view: the published view at {key:?} came before the node set");
                 } else {
                     warn!(
@@ -274,17 +301,21 @@ impl ViewReader {
     /// Keeps `v`, refused for its assembler not being in the node set, to
     /// count once it is: the oldest waiting makes room.
     fn wait_for_its_node(&mut self, key: Vec<u8>, v: PublishedView, now_ms: u64) {
+        let rank = v.at_ms.min(now_ms);
         if self.waiting.len() >= MAX_VIEWS && !self.waiting.contains_key(&key) {
             let oldest = self
                 .waiting
                 .iter()
                 .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                self.waiting.remove(&k);
+                .map(|(k, (v, rank))| (k.clone(), (*rank, v.at_ms)));
+            match oldest {
+                Some((_, ranked)) if (rank, v.at_ms) < ranked => return,
+                Some((k, _)) => {
+                    self.waiting.remove(&k);
+                }
+                None => {}
             }
         }
-        let rank = v.at_ms.min(now_ms);
         self.waiting.insert(key, (v, rank));
     }
 
@@ -547,9 +578,9 @@ mod tests {
         assert_eq!(r.contradictions_total, 2);
     }
 
-    /// At start the views come before the node set: a view of a node not
-    /// in the set yet waits, and counts once its node is in; one of no
-    /// node never does.
+    /// At start the views come before the node set: a view read then
+    /// waits, and counts once its node is in; one of no node is dropped
+    /// then, and once the set is read such a view waits for nothing.
     #[test]
     fn a_view_read_before_the_node_set_counts_once_its_node_is_in() {
         let mut r = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
@@ -558,20 +589,29 @@ mod tests {
         r.apply(put("/h/view/stranger", value(now + 1, "stranger")), now + 1);
         assert!(r.current().is_none());
         assert_eq!(r.refused, 2);
-        r.set_members(NodeSet::named(&["leader", "me"]));
+        // A later value at a waiting key that is refused for another
+        // reason drops the waiting one.
+        r.apply(put("/h/view/other", value(now, "other")), now);
+        assert_eq!(r.waiting.len(), 3);
+        r.apply(put("/h/view/other", b"junk".to_vec()), now);
+        assert_eq!(r.waiting.len(), 2, "the leader's and the stranger's");
+        assert!(r.set_members(NodeSet::named(&["leader", "me"])));
         assert_eq!(
             r.current().map(|(_, v)| v.assembler.as_str()),
             Some("leader")
         );
-        assert_eq!(r.waiting.len(), 1, "the stranger's, until its key goes");
-        r.apply(
-            WatchEvent::Delete {
-                key: b"/h/view/stranger".to_vec(),
-                revision: 2,
-            },
-            now + 2,
+        assert!(
+            r.waiting.is_empty(),
+            "the stranger's dropped once the set is in"
         );
+        // Once the set is read, a view of no node waits for nothing.
+        r.apply(put("/h/view/stranger", value(now + 3, "stranger")), now + 3);
         assert!(r.waiting.is_empty());
+        assert!(!r.set_members(NodeSet::named(&["leader", "me", "stranger"])));
+        assert_eq!(
+            r.current().map(|(_, v)| v.assembler.as_str()),
+            Some("leader")
+        );
     }
 
     #[test]

@@ -374,7 +374,7 @@ fn cadence(prober: &Prober) -> Duration {
 }
 
 /// What the leader holds while it leads: its election key, the summaries
-/// (watched from the election on) and its own view's matrix.
+/// (watched from when its node set is read) and its own view's matrix.
 struct Leading {
     leadership: Leadership,
     /// The summaries' watch, from when the node set is read (the
@@ -386,7 +386,7 @@ struct Leading {
 
 impl ClusterViewTask {
     /// What this agent holds in `role`: as the leader, the summaries
-    /// watched from its election on.
+    /// watched from when its node set is read.
     fn take_role(&self, role: Role, interval: Duration) -> Option<Leading> {
         let Role::Leader(leadership) = role else {
             return None;
@@ -400,6 +400,23 @@ impl ClusterViewTask {
         };
         self.follow_summaries(&mut lead);
         Some(lead)
+    }
+
+    /// The node set changed to `set`: a view waiting for it may count
+    /// (shown at once), and a leader may start reading the summaries.
+    fn members_changed(
+        &self,
+        set: NodeSet,
+        reader: &mut ViewReader,
+        shown: (&Checker, Option<&matrix::ClusterMatrix>),
+        leading: Option<&mut Leading>,
+    ) {
+        if reader.set_members(set) {
+            self.show(reader, shown.0, shown.1);
+        }
+        if let Some(lead) = leading {
+            self.follow_summaries(lead);
+        }
     }
 
     /// Starts the leader's watch of the summaries once the node set is
@@ -461,10 +478,8 @@ impl ClusterViewTask {
                     if changed.is_err() {
                         break;
                     }
-                    reader.set_members(members.borrow_and_update().clone());
-                    if let Some(lead) = leading.as_mut() {
-                        self.follow_summaries(lead);
-                    }
+                    let set = members.borrow_and_update().clone();
+                    self.members_changed(set, &mut reader, (&checker, matrix.as_ref()), leading.as_mut());
                 }
                 event = view_events.recv() => match event {
                     Some(e) => {

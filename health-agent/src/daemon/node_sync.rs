@@ -99,10 +99,9 @@ impl NodeSync {
                 prober.set_nodes(subset);
                 let synced = tokio::task::spawn_blocking(move || {
                     if let Some(enc) = &encryption {
-                        // No device to route into when there should be one
-                        // (several and none named, or none readable now):
-                        // the routes stay as they are, none moved out of
-                        // the tunnel; the encryption view says why.
+                        // The devices cannot be read now: the routes stay
+                        // as they are rather than flap out of the tunnel
+                        // and back. Tried again.
                         bounds.tunnel = enc.device().ok()?;
                     }
                     // A sync that panicked left the routes as a sync

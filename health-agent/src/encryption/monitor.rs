@@ -176,19 +176,17 @@ impl EncryptionMonitor {
     }
 
     /// The WireGuard device health addresses are routed into: the one
-    /// asked for, or the node's only one (read now: blocking); `None` on a
-    /// node without one (routed as without encryption). Never one chosen
-    /// by what the node records say: with several devices and none named,
-    /// or the devices unreadable, why there is none to route into.
+    /// asked for, or the node's only one (read now: blocking). Never one
+    /// chosen by what the node records say: `None` on a node without one,
+    /// or with several and none named (routed as without encryption; the
+    /// encryption view says why); why none is known when the devices
+    /// cannot be read now (the routes then stay as they are).
     pub fn device(&self) -> Result<Option<String>, String> {
         if let Some(name) = &self.settings.encryption_device {
             return Ok(Some(name.clone()));
         }
         let (_, devices) = wireguard::read().map_err(|e| chain(&e))?;
-        if devices.is_empty() {
-            return Ok(None);
-        }
-        choose(None, &devices).map(|d| Some(d.name.clone()))
+        Ok(choose(None, &devices).ok().map(|d| d.name.clone()))
     }
 
     fn peers<'a>(&self, nodes: &'a NodeSet) -> Vec<&'a Node> {
