@@ -72,6 +72,28 @@ pub struct ViewReader {
     waiting: Views,
 }
 
+/// Makes room in `views` for a view at `key` ranked `ranked` (its rank,
+/// then its time): with [`MAX_VIEWS`] held and `key` not among them, the
+/// oldest goes, unless the newcomer is older than it (then `false`). Views
+/// no one renews so never keep a new leader's out.
+fn make_room(views: &mut Views, key: &[u8], ranked: (u64, u64)) -> bool {
+    if views.len() < MAX_VIEWS || views.contains_key(key) {
+        return true;
+    }
+    let oldest = views
+        .iter()
+        .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
+        .map(|(k, (v, rank))| (k.clone(), (*rank, v.at_ms)));
+    match oldest {
+        Some((_, held)) if ranked < held => false,
+        Some((k, _)) => {
+            views.remove(&k);
+            true
+        }
+        None => true,
+    }
+}
+
 /// Why a view was refused, and whether only because its assembler is not
 /// in the node set (which, at start, may not be read yet).
 struct Refused {
@@ -132,22 +154,10 @@ impl ViewReader {
             if !self.members.contains(&v.assembler) {
                 continue;
             }
-            if self.by_key.len() >= MAX_VIEWS && !self.by_key.contains_key(&key) {
-                let oldest = self
-                    .by_key
-                    .iter()
-                    .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
-                    .map(|(k, (v, rank))| (k.clone(), (*rank, v.at_ms)));
-                match oldest {
-                    Some((_, ranked)) if (rank, v.at_ms) < ranked => continue,
-                    Some((k, _)) => {
-                        self.by_key.remove(&k);
-                    }
-                    None => {}
-                }
+            if make_room(&mut self.by_key, &key, (rank, v.at_ms)) {
+                self.by_key.insert(key, (v, rank));
+                taken = true;
             }
-            self.by_key.insert(key, (v, rank));
-            taken = true;
         }
         taken
     }
@@ -276,24 +286,10 @@ impl ViewReader {
                 not_a_node: Some(Box::new(v)),
             });
         }
-        if into.len() >= MAX_VIEWS && !into.contains_key(&e.key) {
-            // The oldest makes room for a newer one: views no one renews
-            // never keep a new leader's out.
-            let oldest = into
-                .iter()
-                .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
-                .map(|(k, (v, rank))| (k.clone(), (*rank, v.at_ms)));
-            match oldest {
-                Some((_, ranked)) if (v.at_ms.min(now_ms), v.at_ms) < ranked => {
-                    return Err(Refused::from(format!(
-                        "{MAX_VIEWS} views are held, each newer than this one"
-                    )));
-                }
-                Some((k, _)) => {
-                    into.remove(&k);
-                }
-                None => {}
-            }
+        if !make_room(into, &e.key, (v.at_ms.min(now_ms), v.at_ms)) {
+            return Err(Refused::from(format!(
+                "{MAX_VIEWS} views are held, each newer than this one"
+            )));
         }
         Ok(v)
     }
@@ -302,21 +298,9 @@ impl ViewReader {
     /// count once it is: the oldest waiting makes room.
     fn wait_for_its_node(&mut self, key: Vec<u8>, v: PublishedView, now_ms: u64) {
         let rank = v.at_ms.min(now_ms);
-        if self.waiting.len() >= MAX_VIEWS && !self.waiting.contains_key(&key) {
-            let oldest = self
-                .waiting
-                .iter()
-                .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
-                .map(|(k, (v, rank))| (k.clone(), (*rank, v.at_ms)));
-            match oldest {
-                Some((_, ranked)) if (rank, v.at_ms) < ranked => return,
-                Some((k, _)) => {
-                    self.waiting.remove(&k);
-                }
-                None => {}
-            }
+        if make_room(&mut self.waiting, &key, (rank, v.at_ms)) {
+            self.waiting.insert(key, (v, rank));
         }
-        self.waiting.insert(key, (v, rank));
     }
 
     /// Takes a view this agent published itself, at `key`.
