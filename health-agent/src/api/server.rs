@@ -30,13 +30,14 @@ use crate::{
     cluster::view_cell::ClusterViewCell,
     datapath::KernelReport,
     endpoint::{EndpointView, SharedView, lifecycle},
-    membership::published::Nodes,
+    membership::{NodeSet, published::Nodes},
     probe::{
         Prober,
         path::ProbeResult,
         status::{NodeStatus, StatusSummary},
     },
     supervisor::{Health, TaskState},
+    util::json_list,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -467,8 +468,22 @@ async fn status(
             Some(n) => prober.status_head().with_node(wanted(&n).then_some(n)),
             None => return error(StatusCode::NOT_FOUND, format!("node {name:?} not found")),
         },
-        // Made a chunk of nodes at a time, keeping only those wanted.
-        (None, Some(_)) => prober.status_where(wanted),
+        // Made and sent a chunk of nodes at a time, keeping only those
+        // wanted.
+        (None, Some(s)) => {
+            let probers = state.prober.clone();
+            let pieces = Prober::status_where_pieces(
+                move || probers.borrow().clone(),
+                move |n: &NodeStatus| n.state() == s,
+            );
+            return match pieces {
+                Some(pieces) => json_pieces(pieces),
+                None => error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the status has no node list",
+                ),
+            };
+        }
         // Nothing to filter (`summary=false`, say): as published.
         (None, None) => return whole_status(&state, &headers),
     };
@@ -675,8 +690,36 @@ fn humanize(d: Duration) -> String {
     }
 }
 
-async fn nodes(State(state): State<AppState>) -> Json<NodesView> {
-    Json(NodesView::new(state.nodes.current(), state.nodes.status()))
+/// The node set and how it was read: the nodes' JSON made and sent a
+/// chunk at a time (at 10,000 nodes about 2 MB of it).
+async fn nodes(State(state): State<AppState>) -> Response {
+    let view = NodesView::new(NodeSet::default(), state.nodes.status());
+    let nodes = state.nodes.current();
+    let chunks =
+        json_list::ranges(nodes.len(), NODES_CHUNK).map(move |r| json_list::chunk(&nodes[r]));
+    // The view serialises: it holds strings, numbers and addresses.
+    let empty = serde_json::to_vec(&view).unwrap_or_default();
+    match json_list::pieces(empty, "nodes", chunks) {
+        Some(pieces) => json_pieces(pieces),
+        None => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the node list has no place",
+        ),
+    }
+}
+
+/// Nodes serialised at a time for `GET /v1/nodes`.
+const NODES_CHUNK: usize = 256;
+
+/// A JSON answer sent as `pieces` are made.
+fn json_pieces(pieces: impl Iterator<Item = bytes::Bytes> + Send + 'static) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(futures::stream::iter(
+            pieces.map(Ok::<_, std::convert::Infallible>),
+        )),
+    )
+        .into_response()
 }
 
 #[cfg(test)]
@@ -744,6 +787,14 @@ pub(crate) mod tests {
     pub(crate) fn serve_probers(
         probers: watch::Receiver<Arc<Prober>>,
     ) -> (Client, SocketGuard, CancellationToken) {
+        serve_with_nodes(probers, Nodes::new("none".into()))
+    }
+
+    /// [`serve_probers`], with `nodes` as the node set's source.
+    fn serve_with_nodes(
+        probers: watch::Receiver<Arc<Prober>>,
+        nodes: Nodes,
+    ) -> (Client, SocketGuard, CancellationToken) {
         let path = std::env::temp_dir().join(format!(
             "health-agent-api-{}-{}.sock",
             std::process::id(),
@@ -753,7 +804,7 @@ pub(crate) mod tests {
         let state = ApiState::new(
             crate::endpoint::shared_view(),
             probers,
-            Nodes::new("none".into()),
+            nodes,
             Health::default(),
             Duration::from_secs(1),
         );
@@ -929,6 +980,114 @@ pub(crate) mod tests {
             "{}",
             err.message
         );
+        stop.cancel();
+    }
+
+    /// A status filtered by state is made and sent a chunk of nodes at a
+    /// time, and is the whole status's nodes of that state, byte for byte.
+    #[tokio::test]
+    async fn a_status_filtered_by_state_is_sent_a_chunk_at_a_time() {
+        let many = Prober::new(ProbeConfig::default());
+        // Three chunks' worth: of the first 500, every third node fails;
+        // the last 100 are not probed yet (unknown).
+        let set = NodeSet::numbered(600);
+        many.set_nodes(set.clone());
+        let ok = Outcome::Ok {
+            rtt: Duration::from_micros(50),
+            warning: None,
+            source: RttSource::Kernel,
+        };
+        let timeout = Outcome::Failed(ProbeError::Timeout {
+            proto: Proto::Icmp,
+            after: Duration::from_secs(1),
+        });
+        let keys: Vec<(u32, u8)> = (0..500).flat_map(|i| [(i, 0), (i, 1)]).collect();
+        // Failing past the failure threshold's rounds.
+        for seq in 1..=5 {
+            let outcomes = keys.iter().map(|&(i, _)| {
+                let o = if i % 3 == 0 { &timeout } else { &ok };
+                (o.clone(), o.clone())
+            });
+            many.record(&set, &keys, outcomes, seq, seq * 1000, seq * 1000 + 1);
+        }
+        many.publish(None, true);
+        let whole = many.status();
+        let (_, guard, stop) = serve_prober(many.clone());
+        for (state, result, count) in [
+            ("success", ProbeResult::Success, 333),
+            ("failure", ProbeResult::Failure, 167),
+            ("unknown", ProbeResult::Unknown, 100),
+        ] {
+            let mut expected = ClusterStatus::clone(&whole);
+            expected.nodes.retain(|n| n.state() == result);
+            assert_eq!(expected.nodes.len(), count, "{state}");
+            let one = many.clone();
+            let pieces: Vec<bytes::Bytes> =
+                Prober::status_where_pieces(move || one.clone(), move |n| n.state() == result)
+                    .expect("a node list")
+                    .collect();
+            assert!(pieces.len() >= 3, "{state}: {} pieces", pieces.len());
+            let (status, headers, body) =
+                plain(&guard.path, &format!("/v1/status?state={state}")).await;
+            assert_eq!(status, StatusCode::OK, "{state}");
+            assert_eq!(
+                headers
+                    .get("transfer-encoding")
+                    .map(axum::http::HeaderValue::as_bytes),
+                Some(&b"chunked"[..]),
+                "{headers:?}"
+            );
+            assert_eq!(
+                body,
+                serde_json::to_vec(&expected).expect("json"),
+                "{state}"
+            );
+            assert_eq!(pieces.concat(), body.to_vec(), "{state}");
+        }
+        stop.cancel();
+
+        // No node of the state asked for: an empty list, as JSON.
+        let small = prober();
+        let mut expected = ClusterStatus::clone(&small.status());
+        expected.nodes.clear();
+        let (_, guard, stop) = serve_prober(small);
+        let (status, _, body) = plain(&guard.path, "/v1/status?state=unknown").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, serde_json::to_vec(&expected).expect("json"));
+        stop.cancel();
+    }
+
+    /// The node set is sent a chunk of nodes at a time, the same bytes as
+    /// the whole view's JSON, with what was rejected and refused.
+    #[tokio::test]
+    async fn the_node_set_is_sent_a_chunk_at_a_time() {
+        let nodes = Nodes::new(r#"file:/etc/health/"nodes":[].json"#.into());
+        nodes.accept(crate::membership::record::Validated {
+            nodes: NodeSet::numbered(600),
+            ..Default::default()
+        });
+        nodes.set_refused_routes(vec![crate::membership::routes::RefusedRoute {
+            node: "node-0007".into(),
+            address: Ipv4Addr::new(198, 19, 0, 7).into(),
+            reason: r#"in a connected network "nodes":[]"#.into(),
+        }]);
+        nodes.reject("an update of 70,000 nodes".into());
+        let whole = NodesView::new(nodes.current(), nodes.status());
+        let (client, guard, stop) = serve_with_nodes(watch::channel(prober()).1, nodes);
+        let (status, headers, body) = plain(&guard.path, "/v1/nodes").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            headers
+                .get("transfer-encoding")
+                .map(axum::http::HeaderValue::as_bytes),
+            Some(&b"chunked"[..]),
+            "{headers:?}"
+        );
+        assert_eq!(body, serde_json::to_vec(&whole).expect("json"));
+        let read = client.nodes().await.expect("the node set");
+        assert_eq!(read.nodes.len(), 600);
+        assert_eq!(read.refused_routes_total, 1);
+        assert_eq!(read.error.as_deref(), Some("an update of 70,000 nodes"));
         stop.cancel();
     }
 

@@ -89,6 +89,10 @@ pub enum ViewError {
     Version(u8),
     #[error("{len} bytes of message, more than the {MAX_MESSAGE_BYTES} accepted")]
     TooLong { len: usize },
+    #[error(
+        "its nodes and names would take more than the {MAX_DECODED_BYTES} bytes accepted once decoded"
+    )]
+    TooCostly,
     #[error("truncated or trailing bytes: the length says {said}, {got} follow")]
     Length { said: usize, got: usize },
     #[error("not a view message: {0}")]
@@ -126,6 +130,9 @@ pub enum ViewError {
 }
 
 pub use super::view::MAX_PLAINTEXT_NAMED;
+pub use cost::{LISTED_DECODED_BYTES, MAX_DECODED_BYTES};
+
+mod cost;
 
 /// One published view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -298,13 +305,17 @@ impl PublishedView {
         let mut budget = MAX_MESSAGE_BYTES
             .saturating_sub(512 + assembler.len())
             .saturating_sub(plaintext);
+        // What a reader will count it to cost decoded ([`cost`]).
+        let mut decoded =
+            LISTED_DECODED_BYTES.saturating_sub(cost::head_cost(assembler, &view.plaintext_nodes));
         let mut nodes = Vec::new();
         for n in &problems {
-            let len = node_message(n).encoded_len() + 4;
-            if len > budget {
+            let (len, takes) = (node_message(n).encoded_len() + 4, cost::node_cost(n));
+            if len > budget || takes > decoded {
                 break;
             }
             budget -= len;
+            decoded -= takes;
             nodes.push((*n).clone());
         }
         // Listed by name, as a view's nodes are ([`ClusterView::node`]).
@@ -360,7 +371,9 @@ impl PublishedView {
     }
 
     /// Reads and checks a value written by any agent (or anyone who may
-    /// write the key): never panics, allocates at most about its length.
+    /// write the key): never panics, and decodes nothing that would take
+    /// more than [`MAX_DECODED_BYTES`] (its tags and lengths are
+    /// walked first).
     pub fn decode(bytes: &[u8]) -> Result<Self, ViewError> {
         let (&version, mut rest) = bytes.split_first().ok_or(ViewError::Empty)?;
         if version != VERSION {
@@ -377,6 +390,7 @@ impl PublishedView {
                 got: rest.len(),
             });
         }
+        cost::check(rest)?;
         let m = proto::View::decode(rest).map_err(|e| ViewError::Decode(e.to_string()))?;
         check_name("assembler", &m.assembler)?;
         if m.interval_ms == 0 || m.interval_ms > MAX_INTERVAL_MS {

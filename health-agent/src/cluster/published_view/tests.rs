@@ -114,6 +114,101 @@ fn a_view_past_its_byte_budget_lists_the_worst_and_counts_the_rest() {
     assert_eq!(back.verdict_on("nobody"), None);
 }
 
+/// A value of the current version whose message is `message`.
+fn framed(message: &[u8]) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    prost::encode_length_delimiter(message.len(), &mut out).expect("varint");
+    out.extend_from_slice(message);
+    out
+}
+
+#[test]
+fn a_view_of_many_empty_nodes_is_refused_before_it_is_decoded() {
+    // 1 MiB of empty node messages (tag 12, length 0): 2 bytes each on
+    // the wire, a few hundred each decoded, 100 MB and more in all.
+    let message: Vec<u8> = [0x62, 0x00].repeat(MAX_MESSAGE_BYTES / 2);
+    let refusal = PublishedView::decode(&framed(&message)).expect_err("refused");
+    // Decoded, the message would be refused for its empty assembler;
+    // it is refused first, for what decoding it would take.
+    assert_eq!(refusal, ViewError::TooCostly, "{refusal}");
+    assert_eq!(
+        refusal.to_string(),
+        format!(
+            "its nodes and names would take more than the {MAX_DECODED_BYTES} bytes accepted once decoded"
+        )
+    );
+    // So are nodes of one-byte names, 5 bytes each on the wire.
+    let named_nodes = [0x62, 0x03, 0x0a, 0x01, b'n'].repeat(MAX_MESSAGE_BYTES / 5);
+    assert_eq!(
+        PublishedView::decode(&framed(&named_nodes)),
+        Err(ViewError::TooCostly)
+    );
+    // Names cost at most about 14 times their bytes: 1 MiB of them stays
+    // under the cap, and each is counted.
+    let names = 300_000;
+    let names_in_a_node: Vec<u8> = {
+        let inner = [0x4a, 0x01, b'o'].repeat(names);
+        let mut m = vec![0x62];
+        prost::encoding::encode_varint(inner.len() as u64, &mut m);
+        m.extend(inner);
+        m
+    };
+    assert!(names_in_a_node.len() <= MAX_MESSAGE_BYTES);
+    assert_eq!(
+        cost::check(&names_in_a_node),
+        Ok(cost::NODE_COST + names * (cost::STRING_COST + 1))
+    );
+    // A malformed field is named as such, not decoded.
+    assert!(refused(&framed(&[0x62, 0x05, 0x00])).starts_with("not a view message"));
+    assert!(refused(&framed(&[0x63])).starts_with("not a view message: a group"));
+}
+
+#[test]
+fn a_view_of_short_names_lists_within_what_readers_decode() {
+    // Short names, each node down with 16 failing observers named: small
+    // on the wire, large decoded, so the decoded budget binds first.
+    let n = 20_000;
+    let nodes: Vec<NodeView> = (0..n)
+        .map(|i| {
+            let mut v = node(&format!("{i:x}"), Verdict::NodeDown);
+            v.zone = None;
+            v.failing_observers = (0..16).map(|j| format!("{j:x}")).collect();
+            (v.failing, v.observers, v.plaintext) = (16, 20, 0);
+            v
+        })
+        .collect();
+    let view = ClusterView {
+        plaintext_nodes: Vec::new(),
+        reports: n,
+        ignored: 0,
+        counts: VerdictCounts {
+            node_down: n,
+            ..VerdictCounts::default()
+        },
+        nodes,
+    };
+    let p = PublishedView::of("node-1", 1, 5, 1_000, &view);
+    let bytes = p.encode();
+    assert!(
+        bytes.len() < MAX_MESSAGE_BYTES * 3 / 4,
+        "the wire's budget is not what binds: {} bytes",
+        bytes.len()
+    );
+    assert!(p.unlisted > 0, "{}", p.unlisted);
+    // The reader's count of what it decodes is the assembler's, within the
+    // budget, and one more node would have passed it.
+    let mut message = &bytes[1..];
+    prost::decode_length_delimiter(&mut message).expect("a length");
+    let counted = cost::check(message).expect("within the budget");
+    assert!(counted <= LISTED_DECODED_BYTES, "{counted}");
+    assert!(
+        counted + cost::node_cost(&p.view.nodes[0]) > LISTED_DECODED_BYTES,
+        "{counted}: the budget is used"
+    );
+    let back = PublishedView::decode(&bytes).expect("decodes");
+    assert_eq!(back.view.nodes.len() + usize_of(back.unlisted), n);
+}
+
 fn refused(bytes: &[u8]) -> String {
     PublishedView::decode(bytes)
         .expect_err("refused")
