@@ -197,7 +197,8 @@ async fn follow(
         cfg.lease_ttl.max(MIN_HOLD),
         nodes.max_nodes(),
         &own.key,
-    );
+    )
+    .with_own(own.node.clone());
     let mut rewrites = Rewrites::default();
     loop {
         let grace_end = view.link_grace_end();
@@ -282,6 +283,9 @@ struct View<'a> {
     quiet_until: Option<Instant>,
     /// The prefix read again for records not held.
     reread: Reread,
+    /// This node's record as this agent writes it: validated in place of
+    /// whatever is at its key (see [`View::with_own`]).
+    own: Option<Candidate>,
 }
 
 /// When the prefix was last read again for records not held.
@@ -326,7 +330,27 @@ impl<'a> View<'a> {
             shown_error: false,
             quiet_until: None,
             reread: Reread::Never,
+            own: None,
         }
+    }
+
+    /// `self`, with `node` (this node's, at the view's own key) as the
+    /// record validated there whatever the key holds: a record someone
+    /// else changed or deleted is written back within [`REWRITE_EVERY`],
+    /// and meanwhile takes no address and drops nothing from this agent's
+    /// set. Other agents see what the key holds until it is written back.
+    fn with_own(mut self, node: Node) -> Self {
+        self.own = Some(Candidate {
+            record: Record {
+                name: Some(node.name.clone()),
+                origin: Origin::Etcd {
+                    key: self.limits.own_key.clone(),
+                    prefix_len: self.prefix.len(),
+                },
+            },
+            node: Ok(node),
+        });
+        self
     }
 
     fn apply(&mut self, ev: WatchEvent) {
@@ -417,13 +441,25 @@ impl<'a> View<'a> {
     /// The set, validated: an address two records claim goes to its
     /// holder, or to neither.
     fn validated(&self, local: &LocalNode) -> Validated {
+        let records = self.held.records();
+        let candidates: Vec<Candidate> = match &self.own {
+            // In key order, with this node's own in its place.
+            Some(own) => {
+                use std::ops::Bound::{Excluded, Unbounded};
+                let key = self.limits.own_key.as_str();
+                let before = records.range::<str, _>((Unbounded, Excluded(key)));
+                let after = records.range::<str, _>((Excluded(key), Unbounded));
+                before
+                    .map(|(_, c)| c.clone())
+                    .chain(std::iter::once(own.clone()))
+                    .chain(after.map(|(_, c)| c.clone()))
+                    .collect()
+            }
+            None => records.values().cloned().collect(),
+        };
         Validated {
             unheld: self.held.unheld(),
-            ..validate::validate(
-                self.held.records().values().cloned().collect(),
-                local,
-                &self.holders,
-            )
+            ..validate::validate(candidates, local, &self.holders)
         }
     }
 
@@ -939,6 +975,53 @@ mod tests {
             v.nodes.iter().map(|n| n.name.as_str()).collect(),
             v.rejected.iter().map(ToString::to_string).collect(),
         )
+    }
+
+    /// This node's record, changed or deleted by someone else, counts as
+    /// this agent wrote it: the forgery takes no other node's address and
+    /// the node stays in its own set until the record is written back.
+    #[test]
+    fn a_forged_own_record_counts_as_this_agent_wrote_it() {
+        let me = Node::from(
+            serde_json::from_value::<NodeRecord>(record("n1", "198.18.0.11", "198.18.64.2"))
+                .expect("a record"),
+        );
+        let node_2 = kv("/h/node-2", &record("node-2", "198.18.0.12", "198.18.66.2"));
+        // At n1's key: n1, with node-2's node address and another health
+        // address.
+        let forged = kv("/h/n1", &record("n1", "198.18.0.12", "198.18.64.9"));
+        let snapshot = |entries: Vec<Entry>, own: Option<&Node>| {
+            let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
+            if let Some(me) = own {
+                view = view.with_own(me.clone());
+            }
+            view.apply(WatchEvent::Snapshot {
+                revision: 1,
+                first: true,
+                last: true,
+                entries,
+            });
+            view.validated(&local())
+        };
+        // Without its own record to stand for it, the forgery wins.
+        let got = snapshot(vec![node_2.clone(), forged.clone()], None);
+        assert_eq!(outcome(&got).0, ["n1"]);
+        // With it, n1 is as written and node-2 keeps its address.
+        let got = snapshot(vec![node_2.clone(), forged], Some(&me));
+        let (kept, rejected) = outcome(&got);
+        assert_eq!(kept, ["n1", "node-2"]);
+        assert!(rejected.is_empty(), "{rejected:?}");
+        assert_eq!(got.nodes.get("n1"), Some(&me));
+        // Deleted: still in its own set, in key order.
+        let got = snapshot(
+            vec![
+                kv("/h/a", &record("a", "198.18.0.13", "198.18.67.2")),
+                node_2,
+            ],
+            Some(&me),
+        );
+        assert_eq!(outcome(&got).0, ["a", "n1", "node-2"]);
+        assert_eq!(got.nodes.get("n1"), Some(&me));
     }
 
     #[test]
