@@ -1,9 +1,9 @@
 //! Connectivity as counts of nodes by path type and status (over every
-//! family probed, and per family), from the published status at each
-//! scrape: a fixed set of series whatever the cluster's size. Per-peer
-//! series (`--metrics-per-peer`) are made from the same status, so a peer
-//! that left has none; a peer's secondary family's paths carry a `family`
-//! label.
+//! family probed, and per family), counted when the status was published:
+//! a fixed set of series whatever the cluster's size, read without
+//! walking the nodes. Per-peer series (`--metrics-per-peer`) are made
+//! from the status at each scrape, so a peer that left has none; a peer's
+//! secondary family's paths carry a `family` label.
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use crate::probe::{
     Prober,
     family::Family,
     path::{PathState, ProbeResult},
-    status::{ClusterStatus, Connectivity},
+    status::{ClusterStatus, Connectivity, EncryptionSummary},
 };
 
 const STATUSES: [(ProbeResult, &str); 3] = [
@@ -30,47 +30,10 @@ pub(super) struct ConnectivityCollector {
     pub(super) per_peer: bool,
 }
 
-fn slot(r: ProbeResult) -> usize {
-    STATUSES.iter().position(|(s, _)| *s == r).unwrap_or(2)
-}
-
-/// Nodes by path type (`node`: the node's own addresses, `endpoint`: its
-/// health endpoint's) and status over every family probed; every
-/// combination, zeros included.
-fn counts(status: &ClusterStatus) -> [[u64; 3]; 2] {
-    let mut counts = [[0u64; 3]; 2];
-    for n in &status.nodes {
-        counts[0][slot(n.state_of(false))] += 1;
-        counts[1][slot(n.state_of(true))] += 1;
-    }
-    counts
-}
-
-/// The same per family: `[family][type][status]`, and which families any
-/// node is shown in.
-fn family_counts(status: &ClusterStatus) -> ([[[u64; 3]; 2]; 2], [bool; 2]) {
-    let mut counts = [[[0u64; 3]; 2]; 2];
-    let mut seen = [false; 2];
-    for n in &status.nodes {
-        let pairs = [(&n.host, &n.endpoint)].into_iter().chain(
-            n.host_secondary
-                .as_deref()
-                .zip(n.endpoint_secondary.as_deref()),
-        );
-        for (host, endpoint) in pairs {
-            let f = host.family.index();
-            seen[f] = true;
-            counts[f][0][slot(host.summary())] += 1;
-            counts[f][1][slot(endpoint.summary())] += 1;
-        }
-    }
-    (counts, seen)
-}
-
 /// Addresses per encryption state, every state named (a constant set of
 /// series), when encryption is checked.
-fn encryption_series(status: &ClusterStatus) -> Option<Vec<(&'static str, i64)>> {
-    let e = status.encryption.as_ref()?;
+fn encryption_series(e: Option<&EncryptionSummary>) -> Option<Vec<(&'static str, i64)>> {
+    let e = e?;
     Some(
         crate::encryption::EncState::ALL
             .iter()
@@ -82,45 +45,13 @@ fn encryption_series(status: &ClusterStatus) -> Option<Vec<(&'static str, i64)>>
     )
 }
 
-/// Paths degraded, over every node and family.
-fn degraded(status: &ClusterStatus) -> usize {
-    status
-        .nodes
-        .iter()
-        .flat_map(crate::probe::status::NodeStatus::connectivities)
-        .flat_map(|c| [&c.icmp, &c.http])
-        .filter(|p| p.degraded)
-        .count()
-}
-
-/// ICMP paths found to be MTU black holes.
-fn mtu_blackholes(status: &ClusterStatus) -> usize {
-    status
-        .nodes
-        .iter()
-        .flat_map(crate::probe::status::NodeStatus::connectivities)
-        .filter(|c| c.icmp.mtu_blackhole.is_some())
-        .count()
-}
-
-/// Paths some of whose flows fail while others answer.
-fn partial_losses(status: &ClusterStatus) -> usize {
-    status
-        .nodes
-        .iter()
-        .flat_map(crate::probe::status::NodeStatus::connectivities)
-        .flat_map(|c| [&c.icmp, &c.http])
-        .filter(|p| p.flows.as_deref().is_some_and(|f| !f.partial().is_empty()))
-        .count()
-}
-
 impl Collector for ConnectivityCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let status = self.prober.borrow().status();
-        let counts = counts(&status);
+        let prober = self.prober.borrow().clone();
+        let (counts, summary) = (prober.status_counts(), prober.status_summary());
         let series = ["node", "endpoint"]
             .into_iter()
-            .zip(counts)
+            .zip(counts.by_type)
             .flat_map(|(ty, row)| {
                 STATUSES
                     .iter()
@@ -133,14 +64,13 @@ impl Collector for ConnectivityCollector {
             "Peers by path type (node: the node's addresses, endpoint: its health endpoint's) and status (reachable: ICMP and HTTP succeed in every family probed)",
             series,
         )?;
-        let (by_family, seen) = family_counts(&status);
         let series = Family::ALL
             .into_iter()
-            .filter(|f| seen[f.index()])
+            .filter(|f| counts.families[f.index()])
             .flat_map(|f| {
                 ["node", "endpoint"]
                     .into_iter()
-                    .zip(by_family[f.index()])
+                    .zip(counts.by_family[f.index()])
                     .flat_map(move |(ty, row)| {
                         STATUSES.iter().zip(row).map(move |((_, st), n)| {
                             ([("family", f.as_str()), ("type", ty), ("status", *st)], n)
@@ -157,27 +87,27 @@ impl Collector for ConnectivityCollector {
             &mut enc,
             "nodes_reachable",
             "Peers whose paths (four per family probed) all succeed",
-            i64::try_from(status.reachable()).unwrap_or(i64::MAX),
+            i64::try_from(counts.reachable).unwrap_or(i64::MAX),
         )?;
         gauge(
             &mut enc,
             "paths_degraded",
             "Paths that answer but lose at least --degraded-loss of their probes with 95 % confidence over a window of 1 minute, 10 minutes or 1 hour",
-            i64::try_from(degraded(&status)).unwrap_or(i64::MAX),
+            i64::try_from(counts.degraded).unwrap_or(i64::MAX),
         )?;
         gauge(
             &mut enc,
             "paths_mtu_blackhole",
             "ICMP paths that answer small echoes but lose the Don't-Fragment echo of --probe-mtu bytes, failure-threshold rounds in a row",
-            i64::try_from(mtu_blackholes(&status)).unwrap_or(i64::MAX),
+            i64::try_from(counts.mtu_blackholes).unwrap_or(i64::MAX),
         )?;
         gauge(
             &mut enc,
             "paths_partial_loss",
             "Paths probed over several flows (--probe-flows) some of which fail while others answer: one way through an ECMP group is bad",
-            i64::try_from(partial_losses(&status)).unwrap_or(i64::MAX),
+            i64::try_from(counts.partial_losses).unwrap_or(i64::MAX),
         )?;
-        if let Some(series) = encryption_series(&status) {
+        if let Some(series) = encryption_series(summary.encryption.as_ref()) {
             gauges(
                 &mut enc,
                 "paths_encryption",
@@ -185,8 +115,9 @@ impl Collector for ConnectivityCollector {
                 series.into_iter().map(|(st, n)| ([("state", st)], n)),
             )?;
         }
+        // Made whole at each scrape: series per peer are opt-in.
         if self.per_peer {
-            per_peer(&mut enc, &status)?;
+            per_peer(&mut enc, &prober.status())?;
         }
         Ok(())
     }
@@ -258,7 +189,7 @@ fn per_peer(enc: &mut DescriptorEncoder, status: &ClusterStatus) -> Result<(), s
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::status::NodeStatus;
+    use crate::probe::{status::NodeStatus, status_counts::StatusCounts};
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn path(result: ProbeResult) -> PathState {
@@ -305,35 +236,106 @@ mod tests {
                 node(Success, Success),
             ],
         };
-        assert_eq!(counts(&status), [[2, 1, 0], [3, 0, 0]]);
-        let (by_family, seen) = family_counts(&status);
-        assert_eq!(seen, [true, true]);
-        assert_eq!(by_family[0], [[3, 0, 0], [3, 0, 0]], "IPv4");
-        assert_eq!(by_family[1], [[1, 1, 0], [2, 0, 0]], "IPv6");
+        let counts = StatusCounts::of(&status);
+        assert_eq!(counts.by_type, [[2, 1, 0], [3, 0, 0]]);
+        assert_eq!(counts.families, [true, true]);
+        assert_eq!(counts.by_family[0], [[3, 0, 0], [3, 0, 0]], "IPv4");
+        assert_eq!(counts.by_family[1], [[1, 1, 0], [2, 0, 0]], "IPv6");
+        assert_eq!(counts.reachable, 2);
     }
 
     #[test]
     fn encryption_states_are_one_series_each_and_absent_when_unchecked() {
-        let mut status = ClusterStatus {
-            local_node: None,
-            probe_interval_ms: 0,
-            probe_timeout_ms: 0,
-            round: None,
-            encryption: None,
-            nodes: Vec::new(),
-        };
-        assert_eq!(encryption_series(&status), None);
-        status.encryption = Some(crate::probe::status::EncryptionSummary {
+        assert_eq!(encryption_series(None), None);
+        let encryption = Some(EncryptionSummary {
             device: Some("wg0".into()),
             error: None,
             paths: [("encrypted".to_owned(), 7), ("plaintext".to_owned(), 1)]
                 .into_iter()
                 .collect(),
         });
-        let s = encryption_series(&status).expect("series");
+        let s = encryption_series(encryption.as_ref()).expect("series");
         assert_eq!(s.len(), 6, "every state, zero included: {s:?}");
         assert!(s.contains(&("encrypted", 7)) && s.contains(&("plaintext", 1)));
         assert!(s.contains(&("stale", 0)));
+    }
+
+    /// A scrape reads the counts made when the status was published: the
+    /// same as counting every node's status then, and not moved by a round
+    /// recorded since, until it is published.
+    #[test]
+    fn a_scrape_reads_the_counts_of_the_published_status() {
+        use crate::{
+            membership::NodeSet,
+            probe::{
+                ProbeConfig,
+                error::{ProbeError, Proto},
+                path::{Outcome, RttSource},
+            },
+        };
+        let prober = Prober::new(ProbeConfig::default());
+        let set = NodeSet::numbered(600);
+        prober.set_nodes(set.clone());
+        let ok = Outcome::Ok {
+            rtt: std::time::Duration::from_micros(50),
+            warning: None,
+            source: RttSource::Kernel,
+        };
+        let timeout = Outcome::Failed(ProbeError::Timeout {
+            proto: Proto::Http,
+            after: std::time::Duration::from_secs(1),
+        });
+        // Of the first 500 nodes, every fourth one's health endpoint
+        // fails; the last 100 are not probed.
+        let keys: Vec<(u32, u8)> = (0..500).flat_map(|i| [(i, 0), (i, 1)]).collect();
+        let record = |seq: u64, failing: u32| {
+            let outcomes = keys.iter().map(|&(i, a)| {
+                let o = if a == 1 && i % failing == 0 {
+                    &timeout
+                } else {
+                    &ok
+                };
+                (ok.clone(), o.clone())
+            });
+            prober.record(&set, &keys, outcomes, seq, seq * 1000, seq * 1000 + 1);
+        };
+        for seq in 1..=4 {
+            record(seq, 4);
+        }
+        prober.publish(None, true);
+        let published = prober.status_counts();
+        assert_eq!(*published, StatusCounts::of(&prober.status()));
+        assert_eq!(published.by_type, [[500, 0, 100], [375, 125, 100]]);
+        assert_eq!(published.reachable, 375);
+        let mut registry = prometheus_client::registry::Registry::with_prefix("health");
+        registry.register_collector(Box::new(ConnectivityCollector {
+            prober: watch::channel(prober.clone()).1,
+            per_peer: false,
+        }));
+        let scrape = || {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, &registry).expect("encoded");
+            out
+        };
+        let text = scrape();
+        assert!(
+            text.contains(
+                r#"health_node_connectivity_status{type="endpoint",status="unreachable"} 125"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains("health_nodes_reachable 375"), "{text}");
+        // Every other node failing now: read once published.
+        for seq in 5..=8 {
+            record(seq, 2);
+        }
+        assert!(scrape().contains("health_nodes_reachable 375"));
+        prober.publish(None, true);
+        assert!(
+            scrape().contains("health_nodes_reachable 250"),
+            "{}",
+            scrape()
+        );
     }
 
     #[test]
@@ -352,6 +354,6 @@ mod tests {
             ],
         };
         // [node, endpoint] x [reachable, unreachable, unknown]
-        assert_eq!(counts(&status), [[2, 1, 0], [2, 0, 1]]);
+        assert_eq!(StatusCounts::of(&status).by_type, [[2, 1, 0], [2, 0, 1]]);
     }
 }

@@ -34,6 +34,7 @@ mod round;
 pub mod scheduler;
 pub mod settings;
 pub mod status;
+pub mod status_counts;
 mod targets;
 pub mod trace;
 

@@ -13,8 +13,8 @@ use serde::{Serialize, Serializer, ser::SerializeSeq as _};
 
 use super::{
     Prober,
-    path::ProbeResult,
-    status::{EncryptionSummary, NodeStatus, RoundInfo, StatusSummary},
+    status::{EncryptionSummary, RoundInfo, StatusSummary},
+    status_counts::{StatusCounts, slot},
 };
 use crate::{encryption::EncryptionView, membership::NodeSet};
 
@@ -35,6 +35,9 @@ pub(super) struct Published {
     /// JSON itself (4.7 MB at 5,000 nodes, ten times its gzip) is never
     /// held whole, neither kept nor built.
     pub(super) gzip: Bytes,
+    /// What the metrics count over every node, counted as the JSON is
+    /// written.
+    pub(super) counts: Arc<StatusCounts>,
 }
 
 /// `ClusterStatus` as written: the same fields in the same order (its
@@ -57,28 +60,25 @@ struct NodesOut<'a> {
     encryption: Option<&'a EncryptionView>,
     /// Reachable, unreachable, unknown.
     counts: Cell<[usize; 3]>,
+    /// The metrics' counts.
+    tally: std::cell::RefCell<StatusCounts>,
 }
 
 impl Serialize for NodesOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(self.nodes.len()))?;
         let mut counts = [0usize; 3];
+        let mut tally = StatusCounts::default();
         for chunk in self.nodes.chunks(CHUNK) {
             for n in self.prober.node_statuses(chunk, self.encryption) {
-                counts[state_slot(&n)] += 1;
+                counts[slot(n.state())] += 1;
+                tally.add(&n);
                 seq.serialize_element(&n)?;
             }
         }
         self.counts.set(counts);
+        self.tally.replace(tally);
         seq.end()
-    }
-}
-
-fn state_slot(n: &NodeStatus) -> usize {
-    match n.state() {
-        ProbeResult::Success => 0,
-        ProbeResult::Failure => 1,
-        ProbeResult::Unknown => 2,
     }
 }
 
@@ -121,10 +121,12 @@ pub(super) fn serialised(
             nodes,
             encryption,
             counts: Cell::default(),
+            tally: std::cell::RefCell::default(),
         },
     };
     let gzip = gzipped_json(&out);
     let [reachable, unreachable, unknown] = out.nodes.counts.get();
+    let counts = Arc::new(out.nodes.tally.take());
     Published {
         summary: Arc::new(StatusSummary {
             local_node: head.local_node,
@@ -136,5 +138,6 @@ pub(super) fn serialised(
             unknown,
         }),
         gzip,
+        counts,
     }
 }

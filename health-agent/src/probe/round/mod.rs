@@ -133,6 +133,7 @@ impl Prober {
                     unknown: 0,
                 }),
                 gzip: Bytes::new(),
+                counts: Arc::default(),
             }),
             cfg,
         })

@@ -12,6 +12,7 @@ use crate::probe::{
     family::Shown,
     published::{CHUNK, Published, serialised},
     status::{ClusterStatus, NodeStatus, RoundInfo, StatusSummary},
+    status_counts::StatusCounts,
     targets::{NodePaths, node_status},
 };
 use crate::{encryption::EncryptionView, membership::Node, util::json_list};
@@ -90,6 +91,13 @@ impl Prober {
     #[must_use]
     pub fn status_summary(&self) -> Arc<StatusSummary> {
         self.published().summary
+    }
+
+    /// What the metrics count over the published status's nodes (counted
+    /// when it was published).
+    #[must_use]
+    pub fn status_counts(&self) -> Arc<StatusCounts> {
+        self.published().counts
     }
 
     /// The published status as JSON, for a client that does not take
