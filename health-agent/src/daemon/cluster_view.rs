@@ -114,6 +114,10 @@ enum Refusal {
     Full { cap: usize },
     #[error("its observer {0:?} is not in the node set")]
     NotANode(String),
+    #[error(
+        "it reports on {peers} peers; an observer is assigned at most {most} in this node set (twice its zone and --probe-peers)"
+    )]
+    TooManyPeers { peers: usize, most: usize },
 }
 
 /// The summaries held, by key, and what was refused since the last report.
@@ -130,6 +134,30 @@ struct Held {
     loaded: bool,
     /// A listing under way: it replaces `by_key` once whole.
     listing: Listing<HashMap<Vec<u8>, Kept>>,
+    /// `--probe-peers` as this agent has it.
+    peers: Option<ProbePeers>,
+    /// The most peers a summary may report, and the node set it is of.
+    peer_bound: Option<(NodeSet, usize)>,
+}
+
+/// The most peers a summary over `members` may report: every node in a
+/// full mesh; in a subset, twice what the largest zone and K others come
+/// to (an observer configured with another K than this agent's is not
+/// refused for it; its observations of nodes not assigned to it are left
+/// out when the view is assembled). A summary is held whole until then,
+/// so this bounds what the summaries of every node may hold.
+fn peer_bound(members: &NodeSet, peers: Option<ProbePeers>) -> usize {
+    let n = members.len();
+    let k = match peers.unwrap_or_else(|| ProbePeers::default_for(n)) {
+        ProbePeers::All => return n,
+        ProbePeers::Count(k) => k,
+    };
+    let mut zones: HashMap<&str, usize> = HashMap::new();
+    for z in members.iter().filter_map(|m| m.zone.as_deref()) {
+        *zones.entry(z).or_default() += 1;
+    }
+    let zone = zones.into_values().max().unwrap_or(0);
+    k.saturating_add(zone).saturating_mul(2).min(n)
 }
 
 /// A summary held, and the version of its content: a number no other
@@ -160,6 +188,28 @@ impl Held {
             first_refusal: None,
             loaded: false,
             listing: Listing::default(),
+            peers: None,
+            peer_bound: None,
+        }
+    }
+
+    /// `self`, bounding the peers a summary may report by `peers`
+    /// (`--probe-peers`; `None`: its default for the set's size).
+    fn with_peers(mut self, peers: Option<ProbePeers>) -> Self {
+        self.peers = peers;
+        self
+    }
+
+    /// [`peer_bound`] over `members`, counted again only when the set
+    /// changes.
+    fn peer_bound(&mut self, members: &NodeSet) -> usize {
+        match &self.peer_bound {
+            Some((set, most)) if set.same_snapshot(members) => *most,
+            _ => {
+                let most = peer_bound(members, self.peers);
+                self.peer_bound = Some((members.clone(), most));
+                most
+            }
         }
     }
 
@@ -173,6 +223,7 @@ impl Held {
         key: &[u8],
         value: &[u8],
         at: (u64, &NodeSet),
+        most: usize,
     ) -> Result<Summary, Refusal> {
         let (now_ms, members) = at;
         let s = Summary::decode(value).map_err(|e| Refusal::Decode(e.to_string()))?;
@@ -185,6 +236,12 @@ impl Held {
         }
         if !members.contains(s.observer()) {
             return Err(Refusal::NotANode(s.observer().to_owned()));
+        }
+        if s.peers().len() > most {
+            return Err(Refusal::TooManyPeers {
+                peers: s.peers().len(),
+                most,
+            });
         }
         let ahead_ms = s.at_ms().saturating_sub(now_ms);
         if ahead_ms > self.future_ms {
@@ -207,7 +264,8 @@ impl Held {
         value: &[u8],
         at: (u64, &NodeSet),
     ) {
-        match self.check(into, &key, value, at) {
+        let most = self.peer_bound(at.1);
+        match self.check(into, &key, value, at, most) {
             Ok(s) => {
                 into.insert(key, Kept::new(s));
             }
@@ -395,7 +453,7 @@ impl ClusterViewTask {
         let mut lead = Leading {
             leadership,
             events: None,
-            held: Held::new(&self.prefix, interval, MAX_SUMMARIES),
+            held: Held::new(&self.prefix, interval, MAX_SUMMARIES).with_peers(self.peers),
             published: false,
         };
         self.follow_summaries(&mut lead);
@@ -860,6 +918,63 @@ mod tests {
             "{:?}",
             held.first_refusal.as_ref().map(String::len)
         );
+    }
+
+    /// A summary reporting on more peers than an observer can be assigned
+    /// is refused: summaries are held whole until the view is assembled,
+    /// so a writer of every node's summary key could otherwise make the
+    /// leader hold thousands of peers for each node.
+    #[test]
+    fn a_summary_past_what_an_observer_is_assigned_is_refused() {
+        use crate::{
+            cluster::summary::{PathSample, PeerSummary},
+            membership::Node,
+            probe::path::ProbeResult,
+        };
+        let now = 1_000_000;
+        // 200 nodes, 30 of them in zone "z1": K = 32 by default above 64
+        // nodes, so at most 2 × (32 + 30) = 124 peers.
+        let nodes: Vec<Node> = NodeSet::numbered(200)
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let mut n = n.clone();
+                n.zone = (i < 30).then(|| "z1".to_owned());
+                n
+            })
+            .collect();
+        let members = NodeSet::new(nodes).expect("a set");
+        assert_eq!(peer_bound(&members, None), 124);
+        assert_eq!(peer_bound(&members, Some(ProbePeers::Count(100))), 200);
+        assert_eq!(peer_bound(&members, Some(ProbePeers::All)), 200);
+        assert_eq!(peer_bound(&NodeSet::numbered(40), None), 40, "a full mesh");
+        let reporting = |peers: usize| {
+            let peers = (1..=peers)
+                .map(|i| PeerSummary {
+                    name: format!("node-{i:04}"),
+                    paths: [PathSample::new(ProbeResult::Success, Some(50)); 4],
+                })
+                .collect();
+            Summary::new("node-0000".into(), 1, now, peers)
+                .expect("summary")
+                .encode()
+        };
+        let mut held = Held::new("/h/s/", Duration::from_secs(10), 8);
+        held.apply(put("/h/s/node-0000", reporting(124)), now, &members);
+        assert!(held.by_key.contains_key(&b"/h/s/node-0000"[..]));
+        held.apply(put("/h/s/node-0000", reporting(125)), now, &members);
+        assert!(!held.by_key.contains_key(&b"/h/s/node-0000"[..]));
+        assert_eq!(
+            held.first_refusal.as_deref(),
+            Some(
+                "\"/h/s/node-0000\": it reports on 125 peers; an observer is assigned at most 124 in this node set (twice its zone and --probe-peers)"
+            )
+        );
+        // Bounded by this agent's --probe-peers.
+        let mut held =
+            Held::new("/h/s/", Duration::from_secs(10), 8).with_peers(Some(ProbePeers::All));
+        held.apply(put("/h/s/node-0000", reporting(199)), now, &members);
+        assert!(held.by_key.contains_key(&b"/h/s/node-0000"[..]));
     }
 
     #[test]

@@ -42,6 +42,11 @@ pub struct DaemonConfig {
 pub enum ConfigError {
     #[error("no --node-name and no hostname to default it to")]
     NoNodeName,
+    #[error("node name {name:?} (--node-name, or the hostname): {rule}")]
+    NodeName {
+        name: String,
+        rule: crate::membership::record::Rule,
+    },
     #[error(transparent)]
     Kvstore(#[from] KvConfigError),
     #[error(transparent)]
@@ -144,6 +149,13 @@ impl DaemonConfig {
             Some(n) => n.clone(),
             None => hostname().ok_or(ConfigError::NoNodeName)?,
         };
+        // Its record would be refused by every agent, this one included.
+        crate::membership::validate::check_name(&node_name).map_err(|rule| {
+            ConfigError::NodeName {
+                name: crate::membership::record::clip(&node_name, 64),
+                rule,
+            }
+        })?;
         Ok(Self {
             settings,
             node_name,

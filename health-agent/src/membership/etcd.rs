@@ -1012,7 +1012,7 @@ mod tests {
         assert_eq!(kept, ["n1", "node-2"]);
         assert!(rejected.is_empty(), "{rejected:?}");
         assert_eq!(got.nodes.get("n1"), Some(&me));
-        // Deleted: still in its own set, in key order.
+        // Deleted: still in its own set.
         let got = snapshot(
             vec![
                 kv("/h/a", &record("a", "198.18.0.13", "198.18.67.2")),

@@ -103,7 +103,7 @@ pub fn zone(z: &str) -> Result<&str, String> {
 }
 
 /// Checks a name alone.
-fn check_name(name: &str) -> Result<(), Rule> {
+pub(crate) fn check_name(name: &str) -> Result<(), Rule> {
     if name.is_empty() {
         return Err(Rule::EmptyName);
     }

@@ -48,7 +48,7 @@ fn encryption_series(e: Option<&EncryptionSummary>) -> Option<Vec<(&'static str,
 impl Collector for ConnectivityCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let prober = self.prober.borrow().clone();
-        let (counts, summary) = (prober.status_counts(), prober.status_summary());
+        let (summary, counts) = prober.status_counts();
         let series = ["node", "endpoint"]
             .into_iter()
             .zip(counts.by_type)
@@ -303,7 +303,7 @@ mod tests {
             record(seq, 4);
         }
         prober.publish(None, true);
-        let published = prober.status_counts();
+        let (_, published) = prober.status_counts();
         assert_eq!(*published, StatusCounts::of(&prober.status()));
         assert_eq!(published.by_type, [[500, 0, 100], [375, 125, 100]]);
         assert_eq!(published.reachable, 375);

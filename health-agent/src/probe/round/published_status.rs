@@ -94,10 +94,11 @@ impl Prober {
     }
 
     /// What the metrics count over the published status's nodes (counted
-    /// when it was published).
+    /// when it was published), with that status's summary: one publish's.
     #[must_use]
-    pub fn status_counts(&self) -> Arc<StatusCounts> {
-        self.published().counts
+    pub fn status_counts(&self) -> (Arc<StatusSummary>, Arc<StatusCounts>) {
+        let p = self.published();
+        (p.summary, p.counts)
     }
 
     /// The published status as JSON, for a client that does not take
