@@ -91,7 +91,7 @@ fn a_node_name_no_record_could_hold_is_refused_at_start() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(
-            stderr.contains("(--node-name, or the hostname)") && stderr.contains(why),
+            stderr.contains("--node-name (or the hostname): ") && stderr.contains(why),
             "{stderr}"
         );
     }

@@ -115,7 +115,7 @@ enum Refusal {
     #[error("its observer {0:?} is not in the node set")]
     NotANode(String),
     #[error(
-        "it reports on {peers} peers; an observer is assigned at most {most} in this node set (twice its zone and --probe-peers)"
+        "it reports on {peers} peers, more than the {most} taken: twice what an observer can be assigned in this node set (every node in a full mesh, else the largest zone and --probe-peers), and 64"
     )]
     TooManyPeers { peers: usize, most: usize },
 }
@@ -140,24 +140,30 @@ struct Held {
     peer_bound: Option<(NodeSet, usize)>,
 }
 
-/// The most peers a summary over `members` may report: every node in a
-/// full mesh; in a subset, twice what the largest zone and K others come
-/// to (an observer configured with another K than this agent's is not
-/// refused for it; its observations of nodes not assigned to it are left
-/// out when the view is assembled). A summary is held whole until then,
-/// so this bounds what the summaries of every node may hold.
+/// The most peers a summary over `members` may report. An observer is
+/// assigned every node in a full mesh; in a subset, its zone and K others
+/// (itself included: K + its zone + 1). Twice that, over the largest zone,
+/// and 64 more are taken, so that an observer whose node set holds a few
+/// nodes this agent's does not (a join seen first, a record refused here
+/// alone), or that probes with another `--probe-peers` while it changes,
+/// is not refused: its observations of nodes not assigned to it are left
+/// out when the view is assembled. A summary is held whole until then, so
+/// this bounds what the summaries of every node may hold.
 fn peer_bound(members: &NodeSet, peers: Option<ProbePeers>) -> usize {
+    const SLACK: usize = 64;
     let n = members.len();
-    let k = match peers.unwrap_or_else(|| ProbePeers::default_for(n)) {
-        ProbePeers::All => return n,
-        ProbePeers::Count(k) => k,
+    let assigned = match peers.unwrap_or_else(|| ProbePeers::default_for(n)) {
+        ProbePeers::All => n,
+        ProbePeers::Count(k) => {
+            let mut zones: HashMap<&str, usize> = HashMap::new();
+            for z in members.iter().filter_map(|m| m.zone.as_deref()) {
+                *zones.entry(z).or_default() += 1;
+            }
+            let zone = zones.into_values().max().unwrap_or(0);
+            k.saturating_add(zone).saturating_add(1)
+        }
     };
-    let mut zones: HashMap<&str, usize> = HashMap::new();
-    for z in members.iter().filter_map(|m| m.zone.as_deref()) {
-        *zones.entry(z).or_default() += 1;
-    }
-    let zone = zones.into_values().max().unwrap_or(0);
-    k.saturating_add(zone).saturating_mul(2).min(n)
+    assigned.saturating_mul(2).saturating_add(SLACK)
 }
 
 /// A summary held, and the version of its content: a number no other
@@ -933,7 +939,7 @@ mod tests {
         };
         let now = 1_000_000;
         // 200 nodes, 30 of them in zone "z1": K = 32 by default above 64
-        // nodes, so at most 2 × (32 + 30) = 124 peers.
+        // nodes, so 2 × (32 + 30 + 1) + 64 = 190 peers at most.
         let nodes: Vec<Node> = NodeSet::numbered(200)
             .iter()
             .enumerate()
@@ -944,10 +950,10 @@ mod tests {
             })
             .collect();
         let members = NodeSet::new(nodes).expect("a set");
-        assert_eq!(peer_bound(&members, None), 124);
-        assert_eq!(peer_bound(&members, Some(ProbePeers::Count(100))), 200);
-        assert_eq!(peer_bound(&members, Some(ProbePeers::All)), 200);
-        assert_eq!(peer_bound(&NodeSet::numbered(40), None), 40, "a full mesh");
+        assert_eq!(peer_bound(&members, None), 190);
+        assert_eq!(peer_bound(&members, Some(ProbePeers::Count(100))), 326);
+        assert_eq!(peer_bound(&members, Some(ProbePeers::All)), 464);
+        assert_eq!(peer_bound(&NodeSet::numbered(40), None), 144, "a full mesh");
         let reporting = |peers: usize| {
             let peers = (1..=peers)
                 .map(|i| PeerSummary {
@@ -960,21 +966,24 @@ mod tests {
                 .encode()
         };
         let mut held = Held::new("/h/s/", Duration::from_secs(10), 8);
-        held.apply(put("/h/s/node-0000", reporting(124)), now, &members);
+        held.apply(put("/h/s/node-0000", reporting(190)), now, &members);
         assert!(held.by_key.contains_key(&b"/h/s/node-0000"[..]));
-        held.apply(put("/h/s/node-0000", reporting(125)), now, &members);
+        held.apply(put("/h/s/node-0000", reporting(191)), now, &members);
         assert!(!held.by_key.contains_key(&b"/h/s/node-0000"[..]));
         assert_eq!(
             held.first_refusal.as_deref(),
             Some(
-                "\"/h/s/node-0000\": it reports on 125 peers; an observer is assigned at most 124 in this node set (twice its zone and --probe-peers)"
+                "\"/h/s/node-0000\": it reports on 191 peers, more than the 190 taken: twice what an observer can be assigned in this node set (every node in a full mesh, else the largest zone and --probe-peers), and 64"
             )
         );
-        // Bounded by this agent's --probe-peers.
+        // Bounded by this agent's --probe-peers: a full mesh, reported by
+        // an observer whose set holds nodes this agent's does not.
         let mut held =
             Held::new("/h/s/", Duration::from_secs(10), 8).with_peers(Some(ProbePeers::All));
-        held.apply(put("/h/s/node-0000", reporting(199)), now, &members);
+        held.apply(put("/h/s/node-0000", reporting(464)), now, &members);
         assert!(held.by_key.contains_key(&b"/h/s/node-0000"[..]));
+        held.apply(put("/h/s/node-0000", reporting(465)), now, &members);
+        assert!(!held.by_key.contains_key(&b"/h/s/node-0000"[..]));
     }
 
     #[test]

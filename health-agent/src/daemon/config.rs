@@ -42,11 +42,8 @@ pub struct DaemonConfig {
 pub enum ConfigError {
     #[error("no --node-name and no hostname to default it to")]
     NoNodeName,
-    #[error("node name {name:?} (--node-name, or the hostname): {rule}")]
-    NodeName {
-        name: String,
-        rule: crate::membership::record::Rule,
-    },
+    #[error("--node-name (or the hostname): {0}")]
+    NodeName(crate::membership::record::Rule),
     #[error(transparent)]
     Kvstore(#[from] KvConfigError),
     #[error(transparent)]
@@ -134,7 +131,8 @@ impl DaemonConfig {
     /// `--node-name` is given (read once), the etcd TLS and password files.
     ///
     /// # Errors
-    /// No node name, or an etcd file that cannot be used (naming its flag).
+    /// No node name, a node name no record could hold, or an etcd file that
+    /// cannot be used (naming its flag).
     pub fn new(settings: Config) -> Result<Self, ConfigError> {
         let mut discovery = settings.cluster.discovery()?;
         if let Discovery::Etcd(etcd) = &mut discovery {
@@ -150,12 +148,7 @@ impl DaemonConfig {
             None => hostname().ok_or(ConfigError::NoNodeName)?,
         };
         // Its record would be refused by every agent, this one included.
-        crate::membership::validate::check_name(&node_name).map_err(|rule| {
-            ConfigError::NodeName {
-                name: crate::membership::record::clip(&node_name, 64),
-                rule,
-            }
-        })?;
+        crate::membership::validate::check_name(&node_name).map_err(ConfigError::NodeName)?;
         Ok(Self {
             settings,
             node_name,
