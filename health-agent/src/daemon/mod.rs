@@ -32,6 +32,7 @@
 
 pub mod cluster_view;
 pub mod config;
+mod endpoint_names;
 pub mod node_addr;
 mod node_sync;
 pub mod reload;
@@ -332,24 +333,22 @@ fn node_sync(
             range: cfg.settings.endpoint.health_range,
             range6: cfg.settings.endpoint.health_range6,
             protected: match &cfg.discovery {
-                Discovery::Etcd(e) => e.endpoints.iter().filter_map(|e| address_of(e)).collect(),
+                Discovery::Etcd(e) => e
+                    .endpoints
+                    .iter()
+                    .filter_map(|e| endpoint_names::address_of(e))
+                    .collect(),
                 Discovery::File(_) | Discovery::None => Vec::new(),
             },
             // Set at each sync from the encryption check's device.
             tunnel: None,
         },
         source: nodes.clone(),
+        endpoint_names: std::sync::Arc::new(match &cfg.discovery {
+            Discovery::Etcd(e) => endpoint_names::EndpointNames::of(&e.endpoints),
+            Discovery::File(_) | Discovery::None => endpoint_names::EndpointNames::default(),
+        }),
     }
-}
-
-/// The address of a `host:port` endpoint, when its host is an address
-/// (`198.18.0.1:2379`, `[2001:2::1]:2379`).
-fn address_of(endpoint: &str) -> Option<IpAddr> {
-    endpoint
-        .parse::<std::net::SocketAddr>()
-        .map(|a| a.ip())
-        .ok()
-        .or_else(|| endpoint.parse().ok())
 }
 
 fn api_state(

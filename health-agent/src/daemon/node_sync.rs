@@ -14,6 +14,7 @@ use std::{
 use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::endpoint_names::EndpointNames;
 use crate::{
     cluster::subset::{self, ProbePeers},
     membership::{
@@ -47,6 +48,9 @@ pub(super) struct NodeSync {
     pub(super) bounds: RouteBounds,
     /// Where the addresses refused a route are listed (`GET /v1/nodes`).
     pub(super) source: Nodes,
+    /// The etcd endpoints given by name: their addresses, resolved at each
+    /// sync, are kept off every route as those given as addresses are.
+    pub(super) endpoint_names: Arc<EndpointNames>,
 }
 
 /// The nodes `local` probes out of `set`: all of them, or its zone and K
@@ -93,10 +97,12 @@ impl NodeSync {
             let desired = PeerRoutes::desired(&set, Some(&self.local_name), &self.own_ips);
             let subset = probed(&set, &self.local_name, self.peers);
             let (mut bounds, source) = (self.bounds.clone(), self.source.clone());
+            let names = self.endpoint_names.clone();
             // With encryption on, health addresses go into its device.
             let encryption = prober.config().encryption.clone();
             async move {
                 prober.set_nodes(subset);
+                bounds.protected.extend(names.addresses().await);
                 let synced = tokio::task::spawn_blocking(move || {
                     if let Some(enc) = &encryption {
                         // The devices cannot be read now: the routes stay
