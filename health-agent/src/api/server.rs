@@ -1030,13 +1030,7 @@ pub(crate) mod tests {
             let (status, headers, body) =
                 plain(&guard.path, &format!("/v1/status?state={state}")).await;
             assert_eq!(status, StatusCode::OK, "{state}");
-            assert_eq!(
-                headers
-                    .get("transfer-encoding")
-                    .map(axum::http::HeaderValue::as_bytes),
-                Some(&b"chunked"[..]),
-                "{headers:?}"
-            );
+            assert_chunked(&headers);
             assert_eq!(
                 body,
                 serde_json::to_vec(&expected).expect("json"),
@@ -1076,6 +1070,17 @@ pub(crate) mod tests {
         let (client, guard, stop) = serve_with_nodes(watch::channel(prober()).1, nodes);
         let (status, headers, body) = plain(&guard.path, "/v1/nodes").await;
         assert_eq!(status, StatusCode::OK);
+        assert_chunked(&headers);
+        assert_eq!(body, serde_json::to_vec(&whole).expect("json"));
+        let read = client.nodes().await.expect("the node set");
+        assert_eq!(read.nodes.len(), 600);
+        assert_eq!(read.refused_routes_total, 1);
+        assert_eq!(read.error.as_deref(), Some("an update of 70,000 nodes"));
+        stop.cancel();
+    }
+
+    /// The answer was sent in chunks, as its pieces were made.
+    fn assert_chunked(headers: &axum::http::HeaderMap) {
         assert_eq!(
             headers
                 .get("transfer-encoding")
@@ -1083,12 +1088,6 @@ pub(crate) mod tests {
             Some(&b"chunked"[..]),
             "{headers:?}"
         );
-        assert_eq!(body, serde_json::to_vec(&whole).expect("json"));
-        let read = client.nodes().await.expect("the node set");
-        assert_eq!(read.nodes.len(), 600);
-        assert_eq!(read.refused_routes_total, 1);
-        assert_eq!(read.error.as_deref(), Some("an update of 70,000 nodes"));
-        stop.cancel();
     }
 
     /// One request as written, without `Accept-Encoding`: the answer's
@@ -1135,13 +1134,7 @@ pub(crate) mod tests {
         let (status, headers, body) = plain(&guard.path, "/v1/status").await;
         assert_eq!(status, StatusCode::OK);
         assert!(headers.get("content-encoding").is_none());
-        assert_eq!(
-            headers
-                .get("transfer-encoding")
-                .map(axum::http::HeaderValue::as_bytes),
-            Some(&b"chunked"[..]),
-            "{headers:?}"
-        );
+        assert_chunked(&headers);
         assert_eq!(body, json);
         serde_json::from_slice::<ClusterStatus>(&body).expect("a status");
 

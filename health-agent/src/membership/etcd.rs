@@ -632,7 +632,16 @@ mod tests {
 
     /// The set a snapshot of `entries` (in any order) makes.
     fn nodes_from(entries: Vec<Entry>, prefix: &str) -> Validated {
+        nodes_with_own(entries, prefix, None)
+    }
+
+    /// [`nodes_from`], with `own` as this node's record as its agent
+    /// wrote it.
+    fn nodes_with_own(entries: Vec<Entry>, prefix: &str, own: Option<&Node>) -> Validated {
         let mut view = View::new(prefix, Duration::from_secs(60), usize::MAX, "/h/n1");
+        if let Some(me) = own {
+            view = view.with_own(me.clone());
+        }
         view.apply(WatchEvent::Snapshot {
             revision: 1,
             first: true,
@@ -990,19 +999,8 @@ mod tests {
         // At n1's key: n1, with node-2's node address and another health
         // address.
         let forged = kv("/h/n1", &record("n1", "198.18.0.12", "198.18.64.9"));
-        let snapshot = |entries: Vec<Entry>, own: Option<&Node>| {
-            let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
-            if let Some(me) = own {
-                view = view.with_own(me.clone());
-            }
-            view.apply(WatchEvent::Snapshot {
-                revision: 1,
-                first: true,
-                last: true,
-                entries,
-            });
-            view.validated(&local())
-        };
+        let snapshot =
+            |entries: Vec<Entry>, own: Option<&Node>| nodes_with_own(entries, "/h/", own);
         // Without its own record to stand for it, the forgery wins.
         let got = snapshot(vec![node_2.clone(), forged.clone()], None);
         assert_eq!(outcome(&got).0, ["n1"]);
