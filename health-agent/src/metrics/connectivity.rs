@@ -87,7 +87,7 @@ impl Collector for ConnectivityCollector {
             &mut enc,
             "nodes_reachable",
             "Peers whose paths (four per family probed) all succeed",
-            i64::try_from(counts.reachable).unwrap_or(i64::MAX),
+            i64::try_from(counts.reachable()).unwrap_or(i64::MAX),
         )?;
         gauge(
             &mut enc,
@@ -241,7 +241,7 @@ mod tests {
         assert_eq!(counts.families, [true, true]);
         assert_eq!(counts.by_family[0], [[3, 0, 0], [3, 0, 0]], "IPv4");
         assert_eq!(counts.by_family[1], [[1, 1, 0], [2, 0, 0]], "IPv6");
-        assert_eq!(counts.reachable, 2);
+        assert_eq!(counts.reachable(), 2);
     }
 
     #[test]
@@ -306,7 +306,7 @@ mod tests {
         let (_, published) = prober.status_counts();
         assert_eq!(*published, StatusCounts::of(&prober.status()));
         assert_eq!(published.by_type, [[500, 0, 100], [375, 125, 100]]);
-        assert_eq!(published.reachable, 375);
+        assert_eq!(published.reachable(), 375);
         let mut registry = prometheus_client::registry::Registry::with_prefix("health");
         registry.register_collector(Box::new(ConnectivityCollector {
             prober: watch::channel(prober.clone()).1,

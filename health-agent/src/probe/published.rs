@@ -6,7 +6,7 @@
 //! (5.5 MB): a reader that wants the structured status builds it then
 //! ([`super::Prober::status`]).
 
-use std::{cell::Cell, sync::Arc};
+use std::{cell::RefCell, sync::Arc};
 
 use bytes::Bytes;
 use serde::{Serialize, Serializer, ser::SerializeSeq as _};
@@ -14,7 +14,7 @@ use serde::{Serialize, Serializer, ser::SerializeSeq as _};
 use super::{
     Prober,
     status::{EncryptionSummary, RoundInfo, StatusSummary},
-    status_counts::{StatusCounts, slot},
+    status_counts::StatusCounts,
 };
 use crate::{encryption::EncryptionView, membership::NodeSet};
 
@@ -58,26 +58,21 @@ struct NodesOut<'a> {
     prober: &'a Prober,
     nodes: &'a NodeSet,
     encryption: Option<&'a EncryptionView>,
-    /// Reachable, unreachable, unknown.
-    counts: Cell<[usize; 3]>,
-    /// The metrics' counts.
-    tally: std::cell::RefCell<StatusCounts>,
+    /// What the summary and the metrics count.
+    counts: RefCell<StatusCounts>,
 }
 
 impl Serialize for NodesOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(self.nodes.len()))?;
-        let mut counts = [0usize; 3];
-        let mut tally = StatusCounts::default();
+        let mut counts = StatusCounts::default();
         for chunk in self.nodes.chunks(CHUNK) {
             for n in self.prober.node_statuses(chunk, self.encryption) {
-                counts[slot(n.state())] += 1;
-                tally.add(&n);
+                counts.add(&n);
                 seq.serialize_element(&n)?;
             }
         }
-        self.counts.set(counts);
-        self.tally.replace(tally);
+        self.counts.replace(counts);
         seq.end()
     }
 }
@@ -120,13 +115,12 @@ pub(super) fn serialised(
             prober,
             nodes,
             encryption,
-            counts: Cell::default(),
-            tally: std::cell::RefCell::default(),
+            counts: RefCell::default(),
         },
     };
     let gzip = gzipped_json(&out);
-    let [reachable, unreachable, unknown] = out.nodes.counts.get();
-    let counts = Arc::new(out.nodes.tally.take());
+    let counts = Arc::new(out.nodes.counts.take());
+    let [reachable, unreachable, unknown] = counts.by_state;
     Published {
         summary: Arc::new(StatusSummary {
             local_node: head.local_node,

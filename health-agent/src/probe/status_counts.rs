@@ -11,7 +11,7 @@ use super::{
 
 /// A state's place in the counts: reachable, unreachable, unknown.
 #[must_use]
-pub const fn slot(r: ProbeResult) -> usize {
+const fn slot(r: ProbeResult) -> usize {
     match r {
         ProbeResult::Success => 0,
         ProbeResult::Failure => 1,
@@ -23,14 +23,15 @@ pub const fn slot(r: ProbeResult) -> usize {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatusCounts {
     /// Nodes by path type (the node's addresses, its health endpoint's)
-    /// and state ([`slot`]) over every family probed.
+    /// and state (reachable, unreachable, unknown) over every family probed.
     pub by_type: [[u64; 3]; 2],
     /// The same per family (`[family][type][state]`).
     pub by_family: [[[u64; 3]; 2]; 2],
     /// The families any node is shown in.
     pub families: [bool; 2],
-    /// Nodes whose paths all succeed.
-    pub reachable: usize,
+    /// Nodes by their state over all their paths, in that order: every path
+    /// succeeds, one failed, none failed but one not known yet.
+    pub by_state: [usize; 3],
     /// Paths degraded.
     pub degraded: usize,
     /// ICMP paths found to be MTU black holes.
@@ -55,7 +56,7 @@ impl StatusCounts {
             self.by_family[f][0][slot(host.summary())] += 1;
             self.by_family[f][1][slot(endpoint.summary())] += 1;
         }
-        self.reachable += usize::from(n.reachable());
+        self.by_state[slot(n.state())] += 1;
         for c in n.connectivities() {
             self.mtu_blackholes += usize::from(c.icmp.mtu_blackhole.is_some());
             for p in [&c.icmp, &c.http] {
@@ -64,6 +65,12 @@ impl StatusCounts {
                     usize::from(p.flows.as_deref().is_some_and(|f| !f.partial().is_empty()));
             }
         }
+    }
+
+    /// Nodes whose paths all succeed.
+    #[must_use]
+    pub const fn reachable(&self) -> usize {
+        self.by_state[0]
     }
 
     /// The counts of every node of `status`.
