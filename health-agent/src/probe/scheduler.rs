@@ -3,17 +3,33 @@
 //! round in flight at shutdown is abandoned: its probes are dropped with
 //! their sockets, and nothing half-done is published.
 //!
+//! A node that joins the set is not left unknown until the next tick: the
+//! nodes never probed get a round of their own ([`Prober::probe_joined`])
+//! [`JOINED_GAP`] after the last round began, or at once when that is
+//! past (an agent that found its peers in etcd after its first round, a
+//! node that joins a full mesh too large for liveness echoes). However
+//! many nodes join, and however often, that is at most one such round a
+//! gap, each over the nodes that joined; the rounds' cadence stays.
+//!
 //! A round that takes the whole interval or longer leaves the next round's
 //! tick due as soon as it ends; liveness echoes whose tick came due meanwhile
 //! go first then, so a slow round never starves them.
 
-use std::{future::Future, sync::Arc, task::Poll, time::Duration};
+use std::{future::Future, pin::pin, sync::Arc, task::Poll, time::Duration};
 
-use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio::{
+    sync::watch,
+    time::{Instant, Interval, MissedTickBehavior},
+};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::Prober;
+
+/// The least time from a round's start to the round of the nodes that
+/// joined: a node set that changes at every sync (once a second at
+/// most, by default) sets off no more of them.
+pub const JOINED_GAP: Duration = Duration::from_secs(1);
 
 /// Runs rounds until `shutdown`.
 pub async fn run(prober: Arc<Prober>, initial_delay: Duration, shutdown: CancellationToken) {
@@ -22,6 +38,7 @@ pub async fn run(prober: Arc<Prober>, initial_delay: Duration, shutdown: Cancell
         interval: prober.config().interval,
         liveness: prober.config().liveness,
     };
+    let joins = prober.joins();
     let round = || {
         let prober = Arc::clone(&prober);
         async move {
@@ -34,6 +51,14 @@ pub async fn run(prober: Arc<Prober>, initial_delay: Duration, shutdown: Cancell
                     reachable = summary.reachable,
                     "probe round"
                 );
+            }
+        }
+    };
+    let joined = || {
+        let prober = Arc::clone(&prober);
+        async move {
+            if let Some(r) = prober.probe_joined().await.and_then(|s| s.round.clone()) {
+                debug!(seq = r.seq, probes = r.probes, "nodes that joined probed");
             }
         }
     };
@@ -52,7 +77,14 @@ pub async fn run(prober: Arc<Prober>, initial_delay: Duration, shutdown: Cancell
         }
     };
     shutdown
-        .run_until_cancelled(cadence.drive(round, live))
+        .run_until_cancelled(cadence.drive(
+            Runs {
+                round,
+                live,
+                joined,
+            },
+            joins,
+        ))
         .await;
 }
 
@@ -65,15 +97,54 @@ struct Cadence {
     liveness: Option<Duration>,
 }
 
+/// What the cadence runs: the rounds, the liveness echoes and the rounds
+/// of the nodes that joined.
+struct Runs<R, L, J> {
+    round: R,
+    live: L,
+    joined: J,
+}
+
+/// When the round of the nodes that joined is due.
+#[derive(Debug, Default)]
+struct Joined {
+    /// When the last round (of either kind) began.
+    last_start: Option<Instant>,
+    /// When the round of the nodes that joined is due, if any joined.
+    due: Option<Instant>,
+}
+
+impl Joined {
+    /// A round of either kind begins: it probes the nodes joined so far.
+    fn begin(&mut self, joins: &mut watch::Receiver<u64>) {
+        joins.borrow_and_update();
+        self.due = None;
+        self.last_start = Some(Instant::now());
+    }
+
+    /// Nodes joined at `now`: their round is due a gap after the last
+    /// round began, or at once when that is past.
+    fn joined(&mut self, now: Instant) -> Instant {
+        let due = self.last_start.map_or(now, |t| (t + JOINED_GAP).max(now));
+        *self.due.insert(self.due.map_or(due, |d| d.min(due)))
+    }
+}
+
 impl Cadence {
-    /// Runs `round` every interval and `live` between rounds, one at a time,
-    /// for ever.
-    async fn drive<R, RF, L, LF>(self, mut round: R, mut live: L)
-    where
+    /// Runs the rounds every interval, the rounds of the nodes that
+    /// joined when they do, and liveness echoes between rounds, one at a
+    /// time, for ever.
+    async fn drive<R, RF, L, LF, J, JF>(
+        self,
+        mut runs: Runs<R, L, J>,
+        mut joins: watch::Receiver<u64>,
+    ) where
         R: FnMut() -> RF,
         RF: Future<Output = ()>,
         L: FnMut() -> LF,
         LF: Future<Output = ()>,
+        J: FnMut() -> JF,
+        JF: Future<Output = ()>,
     {
         tokio::time::sleep(self.initial_delay).await;
         let mut tick = tokio::time::interval(self.interval);
@@ -83,16 +154,31 @@ impl Cadence {
         let mut echo = tokio::time::interval_at(Instant::now() + every, every);
         echo.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let live_on = self.liveness.is_some();
+        let mut joined = Joined::default();
+        let mut joins_open = true;
+        let mut due = pin!(tokio::time::sleep_until(Instant::now() + ONE_DAY));
         loop {
             tokio::select! {
                 biased;
                 _ = tick.tick() => {
-                    round().await;
+                    joined.begin(&mut joins);
+                    (runs.round)().await;
                     if live_on && is_due(&mut echo).await {
-                        live().await;
+                        (runs.live)().await;
                     }
                 }
-                _ = echo.tick(), if live_on => live().await,
+                () = &mut due, if joined.due.is_some() => {
+                    joined.begin(&mut joins);
+                    (runs.joined)().await;
+                }
+                changed = joins.changed(), if joins_open => match changed {
+                    Ok(()) => {
+                        let at = joined.joined(Instant::now());
+                        due.as_mut().reset(at);
+                    }
+                    Err(_) => joins_open = false,
+                },
+                _ = echo.tick(), if live_on => (runs.live)().await,
             }
         }
     }
@@ -121,24 +207,98 @@ mod tests {
         echoes_take: Duration,
         for_: Duration,
     ) -> Vec<(char, Duration)> {
+        let script = Script {
+            round_takes,
+            echoes_take,
+            ..Script::default()
+        };
+        run_script(cadence, &script, for_).await
+    }
+
+    /// What the rounds and echoes do, and when nodes join.
+    #[derive(Default)]
+    struct Script {
+        round_takes: Duration,
+        echoes_take: Duration,
+        joins_at: Vec<Duration>,
+    }
+
+    /// What ran, in order: `R` a round, `L` liveness echoes, `J` a round
+    /// of the nodes that joined.
+    async fn run_script(
+        cadence: Cadence,
+        script: &Script,
+        for_: Duration,
+    ) -> Vec<(char, Duration)> {
         let log: Log = Rc::default();
         let start = Instant::now();
-        let round = || {
+        let run = |what: char, takes: Duration| {
             let log = Rc::clone(&log);
             async move {
-                log.borrow_mut().push(('R', start.elapsed()));
-                tokio::time::sleep(round_takes).await;
+                log.borrow_mut().push((what, start.elapsed()));
+                tokio::time::sleep(takes).await;
             }
         };
-        let live = || {
-            let log = Rc::clone(&log);
-            async move {
-                log.borrow_mut().push(('L', start.elapsed()));
-                tokio::time::sleep(echoes_take).await;
-            }
+        let runs = Runs {
+            round: || run('R', script.round_takes),
+            live: || run('L', script.echoes_take),
+            joined: || run('J', script.round_takes / 10),
         };
-        let _ = tokio::time::timeout(for_, cadence.drive(round, live)).await;
+        let (joined, joins) = watch::channel(0u64);
+        let join = async {
+            for at in &script.joins_at {
+                tokio::time::sleep_until(start + *at).await;
+                joined.send_modify(|n| *n += 1);
+            }
+            std::future::pending::<()>().await;
+        };
+        let _ = tokio::time::timeout(for_, async {
+            tokio::select! {
+                () = cadence.drive(runs, joins) => {}
+                () = join => {}
+            }
+        })
+        .await;
         log.take()
+    }
+
+    fn starts(log: &[(char, Duration)]) -> Vec<(char, Duration)> {
+        log.iter().filter(|(c, _)| *c != 'L').copied().collect()
+    }
+
+    fn at(what: char, s: f64) -> (char, Duration) {
+        (what, Duration::from_secs_f64(s))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nodes_that_join_are_probed_within_a_gap_and_the_rounds_keep_their_cadence() {
+        let cadence = Cadence {
+            initial_delay: Duration::ZERO,
+            interval: Duration::from_secs(60),
+            liveness: None,
+        };
+        let script = Script {
+            round_takes: Duration::from_millis(500),
+            // One soon after the first round; a burst; one long after;
+            // one while a round runs, past its gap when it ends.
+            joins_at: [0.2, 1.3, 1.4, 1.9, 30.0, 60.1]
+                .map(Duration::from_secs_f64)
+                .to_vec(),
+            ..Script::default()
+        };
+        let log = run_script(cadence, &script, Duration::from_secs(62)).await;
+        assert_eq!(
+            starts(&log),
+            [
+                at('R', 0.0),
+                at('J', 1.0),
+                at('J', 2.0),
+                at('J', 30.0),
+                at('R', 60.0),
+                at('J', 61.0)
+            ],
+            "{log:?}"
+        );
     }
 
     fn count(log: &[(char, Duration)], what: char) -> usize {

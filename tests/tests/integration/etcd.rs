@@ -116,6 +116,48 @@ fn nodes_join_and_leave_through_etcd_and_survive_an_etcd_restart() {
     assert!(view.error.is_none(), "re-synced: {view:?}");
 }
 
+/// A round a minute, as by default, and no liveness echoes (as in a full
+/// mesh too large for them): the peers an agent finds in etcd after its
+/// first round, and a node that joins later, are probed in a round of
+/// their own within a second, not at the next round a minute later.
+#[test]
+fn nodes_found_in_etcd_are_probed_before_the_next_round_is_due() {
+    let soon = Duration::from_secs(15);
+    let started = std::time::Instant::now();
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        probe_interval: "60s",
+        probe_timeout: "1s",
+        extra_args: ["--liveness-interval", "0s"].map(String::from).to_vec(),
+        ..Settings::default()
+    });
+    let all =
+        |s: &health_agent::probe::status::ClusterStatus| s.nodes.len() == 3 && s.reachable() == 3;
+    for i in 0..3 {
+        cluster.wait_status(i, Duration::from_secs(30), all);
+    }
+    assert!(
+        started.elapsed() < soon,
+        "every peer probed {:?} after the start",
+        started.elapsed()
+    );
+    // node-3 leaves (SIGTERM: its lease goes) and joins again.
+    cluster.stop_agent(2, Signal::SIGTERM);
+    cluster.wait_status(0, Duration::from_secs(10), |s| s.nodes.len() == 2);
+    let back = std::time::Instant::now();
+    cluster.start_agent(2);
+    let seen = cluster.wait_status(0, Duration::from_secs(30), all);
+    assert!(
+        back.elapsed() < soon,
+        "node-3 probed {:?} after it came back: {seen:#?}",
+        back.elapsed()
+    );
+    // In a round of its own: node-1's last round probed node-3 alone.
+    let round = seen.round.expect("a round");
+    assert_eq!(round.probes, 4, "{round:?}");
+}
+
 /// Puts `key` = `value` from the fabric (plain etcd).
 fn etcd_put(cluster: &Cluster, key: &str, value: &str) {
     health_tests::etcd::put(

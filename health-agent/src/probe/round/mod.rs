@@ -78,6 +78,10 @@ pub struct Prober {
     /// The number of the newest round published (0: none yet), for what
     /// waits for the next one: the API's clients, the cluster view.
     published_seq: tokio::sync::watch::Sender<u64>,
+    /// Counts the node sets that brought nodes the last one did not have:
+    /// the scheduler brings a round forward for them (see
+    /// [`super::scheduler`]).
+    joined: tokio::sync::watch::Sender<u64>,
     /// Held by a publish from its check of the published round to its
     /// write (see [`Self::publish`]).
     publishing: Mutex<()>,
@@ -120,6 +124,7 @@ impl Prober {
             tracing: Mutex::default(),
             liveness_ms: std::sync::atomic::AtomicU64::new(0),
             published_seq: tokio::sync::watch::Sender::new(0),
+            joined: tokio::sync::watch::Sender::new(0),
             publishing: Mutex::new(()),
             failed: Mutex::new(None),
             published: RwLock::new(Published {
@@ -151,6 +156,13 @@ impl Prober {
     #[must_use]
     pub fn published_rounds(&self) -> tokio::sync::watch::Receiver<u64> {
         self.published_seq.subscribe()
+    }
+
+    /// Changes each time the node set gains a node, so that the scheduler
+    /// probes it before the next round is due.
+    #[must_use]
+    pub fn joins(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.joined.subscribe()
     }
 
     /// Epoch milliseconds of the newest evidence about the peers: the end
@@ -281,9 +293,19 @@ impl Prober {
         nodes: impl FnOnce() -> NodeSet,
         started: impl FnOnce(),
     ) -> Arc<StatusSummary> {
-        let _one_at_a_time = self.round_lock.lock().await;
+        let turn = self.round_lock.lock().await;
         let nodes = nodes();
         started();
+        self.round_in_turn(turn, nodes).await
+    }
+
+    /// Runs one round over `nodes`, holding the rounds' turn (`_turn`:
+    /// one round at a time), and publishes it.
+    pub(super) async fn round_in_turn(
+        self: &Arc<Self>,
+        _turn: tokio::sync::MutexGuard<'_, ()>,
+        nodes: NodeSet,
+    ) -> Arc<StatusSummary> {
         let seq = self
             .round_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)

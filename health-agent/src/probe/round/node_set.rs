@@ -2,12 +2,15 @@
 //! (less the families they lost), forgets the others' and is published
 //! at once.
 
+use std::sync::Arc;
+
 use super::Prober;
 use crate::membership::NodeSet;
 use crate::probe::{
     family::{Family, Shown},
     http_round,
     kernel_rtt::prune_kernel_rtt,
+    status::StatusSummary,
     targets::{target_count, warn_unprobed},
 };
 
@@ -18,6 +21,30 @@ impl Prober {
         self.nodes.read().map(|n| n.clone()).unwrap_or_default()
     }
 
+    /// A round over the nodes never probed (those that joined since the
+    /// last round took its targets), published as any round; `None` when
+    /// every node has been probed.
+    pub async fn probe_joined(self: &Arc<Self>) -> Option<Arc<StatusSummary>> {
+        // Read in the rounds' turn: a round that ran meanwhile probed them.
+        let turn = self.round_lock.lock().await;
+        let nodes = self.nodes();
+        let never = self.never_probed(&nodes);
+        if never.is_empty() {
+            return None;
+        }
+        Some(self.round_in_turn(turn, nodes.subset(&never)).await)
+    }
+
+    /// The indices of `nodes`' nodes that no round has recorded.
+    pub(super) fn never_probed(&self, nodes: &NodeSet) -> Vec<usize> {
+        let Ok(paths) = self.paths.lock() else {
+            return Vec::new();
+        };
+        (0..nodes.len())
+            .filter(|&i| !paths.contains_key(nodes[i].name.as_str()))
+            .collect()
+    }
+
     /// Replaces the node set (the snapshot, shared): removed nodes' paths
     /// are forgotten, new ones start Unknown, and the published status
     /// shows the new set at once.
@@ -26,9 +53,14 @@ impl Prober {
         // then there is nothing to redo (not a snapshot of the whole
         // status, which at 5,000 nodes is megabytes, in the middle of a
         // round).
-        if self.nodes.read().is_ok_and(|n| *n == nodes) {
+        let Ok(before) = self.nodes.read().map(|n| n.clone()) else {
+            return;
+        };
+        if before == nodes {
             return;
         }
+        let gained = nodes.iter().any(|n| !before.contains(&n.name));
+        drop(before);
         let mut left = false;
         if let Ok(mut paths) = self.paths.lock() {
             let before = paths.len();
@@ -73,5 +105,8 @@ impl Prober {
         }
         let round = self.status_summary().round.clone();
         self.publish(round, true);
+        if gained {
+            self.joined.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 }

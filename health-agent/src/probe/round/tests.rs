@@ -649,3 +649,45 @@ fn a_node_holds_states_only_for_the_families_it_is_probed_over() {
     p.forget(Family::Ipv6);
     assert_eq!(p.paths.len(), 0, "both forgotten");
 }
+
+#[test]
+fn a_node_set_that_gains_a_node_says_so_and_one_that_only_loses_does_not() {
+    let prober = Prober::new(ProbeConfig::default());
+    let mut joins = prober.joins();
+    prober.set_nodes(nodes(&["a", "b"]));
+    assert!(joins.has_changed().expect("open"), "a and b joined");
+    joins.borrow_and_update();
+    // The same set again (the sync's periodic run), then one fewer.
+    prober.set_nodes(nodes(&["a", "b"]));
+    prober.set_nodes(nodes(&["a"]));
+    assert!(!joins.has_changed().expect("open"), "no one joined");
+    // A node that left and came back joins again, as does a new one
+    // beside a leave.
+    prober.set_nodes(nodes(&["a", "b"]));
+    assert!(joins.has_changed().expect("open"));
+    joins.borrow_and_update();
+    prober.set_nodes(nodes(&["a", "c"]));
+    assert!(joins.has_changed().expect("open"));
+}
+
+#[test]
+fn the_nodes_that_joined_are_those_no_round_recorded() {
+    let prober = Prober::new(ProbeConfig::default());
+    prober.set_nodes(nodes(&["b", "d"]));
+    assert_eq!(prober.never_probed(&prober.nodes()), [0, 1]);
+    round_with(&prober, 1, None);
+    assert_eq!(prober.never_probed(&prober.nodes()), Vec::<usize>::new());
+    prober.set_nodes(nodes(&["a", "b", "c", "d", "e"]));
+    let set = prober.nodes();
+    let never: Vec<&str> = prober
+        .never_probed(&set)
+        .into_iter()
+        .map(|i| set[i].name.as_str())
+        .collect();
+    assert_eq!(never, ["a", "c", "e"]);
+    // A node that left and came back starts again: never probed.
+    prober.set_nodes(nodes(&["a", "c", "e"]));
+    round_with(&prober, 2, None);
+    prober.set_nodes(nodes(&["a", "b", "c", "e"]));
+    assert_eq!(prober.never_probed(&prober.nodes()), [1]);
+}
