@@ -154,11 +154,13 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
             .then(a.name.cmp(&b.name))
     });
     let width = rows.iter().map(|n| n.name.len()).max().unwrap_or(4).max(4);
-    let _ = writeln!(
-        out,
-        "{:<width$}  {:<8}  {:>9}  {:>9}  {:<16}  DETAIL",
-        "NODE", "ZONE", "OBSERVERS", "REACHABLE", "VERDICT"
-    );
+    if !rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<8}  {:>9}  {:>9}  {:<16}  DETAIL",
+            "NODE", "ZONE", "OBSERVERS", "REACHABLE", "VERDICT"
+        );
+    }
     for n in &rows {
         let line = format!(
             "{:<width$}  {:<8}  {:>9}  {:>9}  {:<16}  {}",
@@ -173,10 +175,25 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
     }
     let hidden = total.saturating_sub(rows.len());
     if view.nodes.len() < total {
+        // The published view lists the nodes not healthy, as many as its
+        // bound allows: the others are healthy, but for those left out.
+        let healthy_shown = rows
+            .iter()
+            .filter(|n| n.verdict == Verdict::Healthy)
+            .count();
+        let healthy = c.healthy.saturating_sub(healthy_shown).min(hidden);
+        let left_out = hidden - healthy;
         let _ = writeln!(
             out,
-            "\n{hidden} other nodes (the published view lists the nodes not healthy)"
+            "{}{healthy} healthy nodes not listed (the published view lists the nodes not healthy)",
+            if rows.is_empty() { "" } else { "\n" }
         );
+        if left_out > 0 {
+            let _ = writeln!(
+                out,
+                "{left_out} nodes not healthy left out of the published view (its size bound), counted above"
+            );
+        }
     } else if hidden > 0 {
         let _ = writeln!(out, "\n{hidden} healthy nodes not shown (--all shows them)");
     }
@@ -269,6 +286,40 @@ mod tests {
     }
 
     #[test]
+    fn a_published_view_of_healthy_nodes_prints_no_empty_table() {
+        let mut view = ClusterView {
+            plaintext_nodes: Vec::new(),
+            reports: 4,
+            ignored: 0,
+            counts: VerdictCounts {
+                healthy: 4,
+                ..VerdictCounts::default()
+            },
+            nodes: Vec::new(),
+        };
+        let text = render(&view, false);
+        assert!(!text.contains("NODE"), "{text}");
+        assert!(
+            text.ends_with(
+                "\n\n4 healthy nodes not listed (the published view lists the nodes not healthy)\n"
+            ),
+            "{text}"
+        );
+        // Nodes not healthy beyond the view's bound: counted, not listed.
+        view.counts.node_down = 3;
+        view.nodes = vec![node("n3", Verdict::NodeDown)];
+        let text = render(&view, false);
+        assert!(text.contains("\nNODE "), "{text}");
+        assert!(text.contains("\n4 healthy nodes not listed"), "{text}");
+        assert!(
+            text.ends_with(
+                "2 nodes not healthy left out of the published view (its size bound), counted above\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn the_published_view_says_who_assembled_it_and_when_it_is_stale() {
         use health_agent::cluster::{contradiction::Contradiction, view_cell::Assembly};
         let view = ClusterView {
@@ -309,7 +360,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("4 other nodes (the published view lists the nodes not healthy)"),
+            text.contains(
+                "4 healthy nodes not listed (the published view lists the nodes not healthy)"
+            ),
             "{text}"
         );
         if let Some(a) = reply.assembly.as_mut() {
