@@ -21,7 +21,10 @@ use crate::{
         controller::{self, ControllerConfig},
     },
     membership::{discovery::NodeSource, published::Nodes},
-    probe::{Prober, hello, scheduler},
+    probe::{
+        Prober, hello,
+        scheduler::{self, First},
+    },
     supervisor::{Restart, Supervisor, SupervisorError, task},
     sys::netlink::{NetlinkError, watch_links},
 };
@@ -401,7 +404,8 @@ pub(super) async fn sync(
 
 /// The probe rounds, by the prober in service: when a reload replaces it,
 /// the round under way is dropped (its probes' tasks aborted) and the new
-/// one's rounds start one interval later.
+/// one's rounds start one interval later, its liveness echoes and the
+/// rounds of nodes that joined going on meanwhile.
 pub(super) async fn probe(
     sup: &mut Supervisor,
     probers: watch::Receiver<Arc<Prober>>,
@@ -410,23 +414,23 @@ pub(super) async fn probe(
     sup.start("probe", Restart::WithinBudget, move |ctx| {
         let mut probers = probers.clone();
         // A restarted loop probes at once: the first delay is for start-up.
-        let mut delay = if ctx.restarts == 0 {
+        let mut first = First::After(if ctx.restarts == 0 {
             initial_delay
         } else {
             Duration::ZERO
-        };
+        });
         task(async move {
             ctx.ready.done();
             loop {
                 let prober = probers.borrow_and_update().clone();
-                let rounds = scheduler::run(prober, delay, ctx.shutdown.clone());
+                let rounds = scheduler::run(prober, first, ctx.shutdown.clone());
                 tokio::select! {
                     () = rounds => break,
                     changed = probers.changed() => {
                         if changed.is_err() {
                             break;
                         }
-                        delay = probers.borrow().config().interval;
+                        first = First::Resumed(probers.borrow().config().interval);
                     }
                 }
             }

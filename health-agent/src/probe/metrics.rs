@@ -133,7 +133,7 @@ impl ProbeMetrics {
         &self,
         outcomes: impl IntoIterator<Item = (&'a Outcome, &'a Outcome)>,
         kind: impl Fn(usize) -> (AddressFamily, bool),
-        duration: Duration,
+        duration: Option<Duration>,
     ) {
         let mut handles: [Option<LatencyHandles>; 2] = [None, None];
         // [family][protocol][success, failure]
@@ -173,7 +173,9 @@ impl ProbeMetrics {
                 }
             }
         }
-        self.rounds.observe(duration.as_secs_f64());
+        if let Some(d) = duration {
+            self.rounds.observe(d.as_secs_f64());
+        }
     }
 
     /// `n` probes were sent.
@@ -258,7 +260,7 @@ mod tests {
                 1 => (AddressFamily::Ipv4, true),
                 _ => (AddressFamily::Ipv6, false),
             },
-            Duration::from_millis(1200),
+            Some(Duration::from_millis(1200)),
         );
         let t = text(&m);
         for line in [
@@ -276,6 +278,16 @@ mod tests {
         ] {
             assert!(t.contains(line), "missing {line:?} in\n{t}");
         }
+        // The round of nodes that joined: its probes, not its duration.
+        let one = ok(1, RttSource::Kernel);
+        m.record_round([(&one, &one)], |_| (AddressFamily::Ipv4, false), None);
+        let t = text(&m);
+        for line in [
+            r#"health_probes_total{protocol="icmp",result="success",family="ipv4"} 3"#,
+            "health_probe_round_duration_seconds_count 1",
+        ] {
+            assert!(t.contains(line), "missing {line:?} in\n{t}");
+        }
     }
 
     #[test]
@@ -288,7 +300,7 @@ mod tests {
             m.record_round(
                 round.iter().map(|(a, b)| (a, b)),
                 |i| (AddressFamily::ALL[i % 4 / 2], i % 2 == 1),
-                Duration::from_secs(1),
+                Some(Duration::from_secs(1)),
             );
             text(&m).lines().filter(|l| !l.starts_with('#')).count()
         };
@@ -302,7 +314,7 @@ mod tests {
         m.record_round(
             [(&one.0, &one.1)],
             |_| (AddressFamily::Ipv4, false),
-            Duration::from_secs(1),
+            Some(Duration::from_secs(1)),
         );
         let t = text(&m);
         assert!(t.contains(r#"family="ipv4""#), "{t}");

@@ -31,10 +31,21 @@ use super::Prober;
 /// most, by default) sets off no more of them.
 pub const JOINED_GAP: Duration = Duration::from_secs(1);
 
+/// When the first round goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum First {
+    /// At start-up, after this delay (`--probe-initial-delay`): nothing
+    /// goes before it.
+    After(Duration),
+    /// After a reload, this long on (the rounds' cadence goes on), with
+    /// liveness echoes and the rounds of the nodes that joined meanwhile.
+    Resumed(Duration),
+}
+
 /// Runs rounds until `shutdown`.
-pub async fn run(prober: Arc<Prober>, initial_delay: Duration, shutdown: CancellationToken) {
+pub async fn run(prober: Arc<Prober>, first: First, shutdown: CancellationToken) {
     let cadence = Cadence {
-        initial_delay,
+        first,
         interval: prober.config().interval,
         liveness: prober.config().liveness,
     };
@@ -91,7 +102,7 @@ pub async fn run(prober: Arc<Prober>, initial_delay: Duration, shutdown: Cancell
 /// When rounds and liveness echoes run.
 #[derive(Debug, Clone, Copy)]
 struct Cadence {
-    initial_delay: Duration,
+    first: First,
     interval: Duration,
     /// Liveness echoes' interval, `None` when they are off.
     liveness: Option<Duration>,
@@ -146,17 +157,34 @@ impl Cadence {
         J: FnMut() -> JF,
         JF: Future<Output = ()>,
     {
-        tokio::time::sleep(self.initial_delay).await;
-        let mut tick = tokio::time::interval(self.interval);
+        let mut joined = Joined::default();
+        let (first, resumed) = match self.first {
+            First::After(delay) => {
+                tokio::time::sleep(delay).await;
+                (Instant::now(), false)
+            }
+            First::Resumed(delay) => {
+                // Nodes may have joined the prober this one took over from
+                // without a round: looked for a gap on (cheap when none).
+                let now = Instant::now();
+                joined.last_start = Some(now);
+                joined.due = Some(now + JOINED_GAP);
+                (now + delay, true)
+            }
+        };
+        let mut tick = tokio::time::interval_at(first, self.interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // The first echoes go an interval after the first round.
+        // The first echoes go an interval after the first round, or after
+        // the reload.
         let every = self.liveness.unwrap_or(ONE_DAY).min(ONE_DAY);
-        let mut echo = tokio::time::interval_at(Instant::now() + every, every);
+        let echo_from = if resumed { Instant::now() } else { first };
+        let mut echo = tokio::time::interval_at(echo_from + every, every);
         echo.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let live_on = self.liveness.is_some();
-        let mut joined = Joined::default();
         let mut joins_open = true;
-        let mut due = pin!(tokio::time::sleep_until(Instant::now() + ONE_DAY));
+        let mut due = pin!(tokio::time::sleep_until(
+            joined.due.unwrap_or_else(|| Instant::now() + ONE_DAY)
+        ));
         loop {
             tokio::select! {
                 biased;
@@ -170,6 +198,9 @@ impl Cadence {
                 () = &mut due, if joined.due.is_some() => {
                     joined.begin(&mut joins);
                     (runs.joined)().await;
+                    if live_on && is_due(&mut echo).await {
+                        (runs.live)().await;
+                    }
                 }
                 changed = joins.changed(), if joins_open => match changed {
                     Ok(()) => {
@@ -220,6 +251,8 @@ mod tests {
     struct Script {
         round_takes: Duration,
         echoes_take: Duration,
+        /// A round of the nodes that joined: a tenth of a round when zero.
+        joined_takes: Duration,
         joins_at: Vec<Duration>,
     }
 
@@ -242,7 +275,14 @@ mod tests {
         let runs = Runs {
             round: || run('R', script.round_takes),
             live: || run('L', script.echoes_take),
-            joined: || run('J', script.round_takes / 10),
+            joined: || {
+                let takes = if script.joined_takes.is_zero() {
+                    script.round_takes / 10
+                } else {
+                    script.joined_takes
+                };
+                run('J', takes)
+            },
         };
         let (joined, joins) = watch::channel(0u64);
         let join = async {
@@ -273,7 +313,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn nodes_that_join_are_probed_within_a_gap_and_the_rounds_keep_their_cadence() {
         let cadence = Cadence {
-            initial_delay: Duration::ZERO,
+            first: First::After(Duration::ZERO),
             interval: Duration::from_secs(60),
             liveness: None,
         };
@@ -308,7 +348,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn rounds_longer_than_the_interval_leave_room_for_liveness() {
         let cadence = Cadence {
-            initial_delay: Duration::ZERO,
+            first: First::After(Duration::ZERO),
             interval: Duration::from_secs(2),
             liveness: Some(Duration::from_secs(3)),
         };
@@ -344,7 +384,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn quick_rounds_keep_their_cadence_and_echoes_theirs() {
         let cadence = Cadence {
-            initial_delay: Duration::from_secs(1),
+            first: First::After(Duration::from_secs(1)),
             interval: Duration::from_secs(10),
             liveness: Some(Duration::from_secs(3)),
         };
@@ -374,7 +414,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn no_echoes_when_liveness_is_off() {
         let cadence = Cadence {
-            initial_delay: Duration::ZERO,
+            first: First::After(Duration::ZERO),
             interval: Duration::from_secs(1),
             liveness: None,
         };
@@ -387,5 +427,62 @@ mod tests {
         .await;
         assert_eq!(count(&log, 'L'), 0);
         assert!(count(&log, 'R') >= 19, "{log:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn joins_one_after_another_leave_room_for_liveness() {
+        let cadence = Cadence {
+            first: First::After(Duration::ZERO),
+            interval: Duration::from_secs(60),
+            liveness: Some(Duration::from_secs(3)),
+        };
+        // Nodes that do not answer yet: each round of them takes a
+        // timeout, and another node joins during each.
+        let script = Script {
+            round_takes: Duration::from_millis(500),
+            joined_takes: Duration::from_secs(1),
+            joins_at: (1..60).map(|i| Duration::from_millis(500 * i)).collect(),
+            ..Script::default()
+        };
+        let log = run_script(cadence, &script, Duration::from_secs(30)).await;
+        let echoes: Vec<Duration> = log
+            .iter()
+            .filter(|(c, _)| *c == 'L')
+            .map(|(_, at)| *at)
+            .collect();
+        assert!(echoes.len() >= 9, "{log:?}");
+        assert!(
+            echoes
+                .windows(2)
+                .all(|w| w[1].saturating_sub(w[0]) <= Duration::from_secs(3 + 1)),
+            "an echo at most a round of joined nodes late: {log:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_reload_echoes_and_the_rounds_of_nodes_that_joined_go_on() {
+        let cadence = Cadence {
+            first: First::Resumed(Duration::from_secs(60)),
+            interval: Duration::from_secs(60),
+            liveness: Some(Duration::from_secs(3)),
+        };
+        let script = Script {
+            round_takes: Duration::from_millis(500),
+            joins_at: vec![Duration::from_secs(5)],
+            ..Script::default()
+        };
+        let log = run_script(cadence, &script, Duration::from_secs(61)).await;
+        // A look for nodes that joined before the reload, one for the
+        // join, and the rounds' cadence from an interval on.
+        assert_eq!(
+            starts(&log),
+            [at('J', 1.0), at('J', 5.0), at('R', 60.0)],
+            "{log:?}"
+        );
+        assert_eq!(
+            log.iter().find(|(c, _)| *c == 'L'),
+            Some(&at('L', 3.0)),
+            "{log:?}"
+        );
     }
 }

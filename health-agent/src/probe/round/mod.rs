@@ -78,8 +78,8 @@ pub struct Prober {
     /// The number of the newest round published (0: none yet), for what
     /// waits for the next one: the API's clients, the cluster view.
     published_seq: tokio::sync::watch::Sender<u64>,
-    /// Counts the node sets that brought nodes the last one did not have:
-    /// the scheduler brings a round forward for them (see
+    /// Counts the node sets that brought nodes (or records) the last one
+    /// did not have: the scheduler probes the nodes never probed (see
     /// [`super::scheduler`]).
     joined: tokio::sync::watch::Sender<u64>,
     /// Held by a publish from its check of the published round to its
@@ -107,6 +107,19 @@ fn epoch_ms(t: SystemTime) -> u64 {
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What a round is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RoundKind {
+    /// One of the rounds: numbered, a slot in the histories, its info
+    /// published (the scheduler's, those asked through the API, and
+    /// those of nodes whose liveness echo is news).
+    Numbered,
+    /// The round of the nodes that joined: their first results only,
+    /// with no number, no slot in the histories, no MTU probes and no
+    /// round duration; the last round's info stays published.
+    Joined,
 }
 
 impl Prober {
@@ -158,8 +171,9 @@ impl Prober {
         self.published_seq.subscribe()
     }
 
-    /// Changes each time the node set gains a node, so that the scheduler
-    /// probes it before the next round is due.
+    /// Changes each time the node set gains a node or a node's record
+    /// changes, so that the scheduler probes the nodes never probed
+    /// before the next round is due.
     #[must_use]
     pub fn joins(&self) -> tokio::sync::watch::Receiver<u64> {
         self.joined.subscribe()
@@ -296,20 +310,19 @@ impl Prober {
         let turn = self.round_lock.lock().await;
         let nodes = nodes();
         started();
-        self.round_in_turn(turn, nodes).await
+        self.round_in_turn(turn, nodes, RoundKind::Numbered).await
     }
 
-    /// Runs one round over `nodes`, holding the rounds' turn (`_turn`:
-    /// one round at a time), and publishes it.
+    /// Runs one round of `kind` over `nodes`, holding the rounds' turn
+    /// (`_turn`: one round at a time), and publishes it.
     pub(super) async fn round_in_turn(
         self: &Arc<Self>,
         _turn: tokio::sync::MutexGuard<'_, ()>,
         nodes: NodeSet,
+        kind: RoundKind,
     ) -> Arc<StatusSummary> {
-        let seq = self
-            .round_seq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
+        let numbered = kind == RoundKind::Numbered;
+        let seq = self.seq_of(kind);
         let started = SystemTime::now();
         let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
         let t0 = Instant::now();
@@ -335,7 +348,7 @@ impl Prober {
         // No MTU probes in the agent's first round: it is the start's
         // verdict on every path, and its echoes and connects go first (an
         // MTU black hole is called from the second round on).
-        let mtu = MtuTargets::of(&targets, self.cfg.mtu_probe.filter(|_| seq > 1));
+        let mtu = MtuTargets::of(&targets, self.cfg.mtu_probe.filter(|_| seq > 1 && numbered));
         let ((icmp, icmp_done), (http, http_done)) = tokio::join!(
             timed(
                 t0,
@@ -377,13 +390,15 @@ impl Prober {
         }
         let rtt_done = t0.elapsed();
         if let Some(m) = &self.cfg.metrics {
-            m.record_round(icmp.iter().zip(&http), |i| targets.kind(i), t0.elapsed());
+            let took = numbered.then(|| t0.elapsed());
+            m.record_round(icmp.iter().zip(&http), |i| targets.kind(i), took);
         }
         let metrics_done = t0.elapsed();
         let (keys, at) = (&targets.keys, epoch_ms(SystemTime::now()));
         let probes = self.while_recording(|| {
             let outcomes = icmp.into_iter().zip(http);
-            let probes = self.record(&nodes, keys, outcomes, seq, epoch_ms(started), at);
+            let round = numbered.then(|| (seq, epoch_ms(started)));
+            let probes = self.record_in(&nodes, keys, outcomes, round, at);
             self.record_mtu(&nodes, keys, &mtu, &icmp_mtu);
             self.record_flows(&nodes, keys, &[icmp_flows, http_flows]);
             probes
@@ -391,13 +406,12 @@ impl Prober {
         self.start_traces(&targets.ips);
         self.encryption_check(&nodes, false).await;
         let merged = t0.elapsed();
-        let round = Some(RoundInfo {
+        self.publish_round(numbered.then(|| RoundInfo {
             seq,
             started_ms: epoch_ms(started),
             duration_ms: ms(t0.elapsed()),
             probes,
-        });
-        self.publish(round, false);
+        }));
         // The round's records and outcomes are freed: their pages go back,
         // so RSS between rounds is what is held, not the round's peak.
         crate::util::memory::release_free();
@@ -412,6 +426,26 @@ impl Prober {
             "round done"
         );
         self.status_summary()
+    }
+
+    /// A round's number: the next for a numbered one; the last for the
+    /// round of the nodes that joined, which takes none.
+    fn seq_of(&self, kind: RoundKind) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        match kind {
+            RoundKind::Numbered => self.round_seq.fetch_add(1, Relaxed) + 1,
+            RoundKind::Joined => self.round_seq.load(Relaxed),
+        }
+    }
+
+    /// Publishes a numbered round, or (`None`) the round of the nodes that
+    /// joined under the last round's info and number: no one waiting for
+    /// the next round takes it for one.
+    fn publish_round(&self, round: Option<RoundInfo>) {
+        match round {
+            Some(round) => self.publish(Some(round), false),
+            None => self.publish(self.status_summary().round.clone(), true),
+        }
     }
 
     /// The encryption check, when on: before a round (`before`), the

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use super::Prober;
+use super::{Prober, RoundKind};
 use crate::membership::NodeSet;
 use crate::probe::{
-    family::{Family, Shown},
+    family::{self, Family, Shown},
     http_round,
     kernel_rtt::prune_kernel_rtt,
     status::StatusSummary,
@@ -32,16 +32,26 @@ impl Prober {
         if never.is_empty() {
             return None;
         }
-        Some(self.round_in_turn(turn, nodes.subset(&never)).await)
+        Some(
+            self.round_in_turn(turn, nodes.subset(&never), RoundKind::Joined)
+                .await,
+        )
     }
 
-    /// The indices of `nodes`' nodes that no round has recorded.
+    /// The indices of `nodes`' nodes that no round has recorded, of those
+    /// with an address to probe (a node with none never has a record).
     pub(super) fn never_probed(&self, nodes: &NodeSet) -> Vec<usize> {
         let Ok(paths) = self.paths.lock() else {
             return Vec::new();
         };
         (0..nodes.len())
-            .filter(|&i| !paths.contains_key(nodes[i].name.as_str()))
+            .filter(|&i| {
+                let n = &nodes[i];
+                !paths.contains_key(n.name.as_str())
+                    && Family::ALL
+                        .into_iter()
+                        .any(|f| self.cfg.families.contains(f) && family::addresses(n, f).is_some())
+            })
             .collect()
     }
 
@@ -59,7 +69,9 @@ impl Prober {
         if before == nodes {
             return;
         }
-        let gained = nodes.iter().any(|n| !before.contains(&n.name));
+        // A node new to the set, or one whose record changed (an address
+        // it lacked, to be probed now, comes in a later record).
+        let gained = nodes.iter().any(|n| before.get(&n.name) != Some(n));
         drop(before);
         let mut left = false;
         if let Ok(mut paths) = self.paths.lock() {

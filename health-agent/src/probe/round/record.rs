@@ -20,14 +20,8 @@ impl Prober {
         record()
     }
 
-    /// Records a round's outcomes (ICMP and HTTP to the address `keys[i]`
-    /// names, see [`super::targets::Targets`]) in every path's state and
-    /// history; returns the probes recorded. The paths are locked for
-    /// [`CHUNK`] nodes at a time, not for the whole round (tens of
-    /// milliseconds at 10,000 nodes): a reader of one node's status waits
-    /// for a chunk at most. Meanwhile the round is begun in the history,
-    /// so a node not recorded yet shows it as not probed: the round runs
-    /// this in [`Self::while_recording`].
+    /// [`Self::record_in`] as round `seq`, begun at `started_ms`.
+    #[cfg(test)]
     pub(crate) fn record(
         &self,
         nodes: &NodeSet,
@@ -37,11 +31,35 @@ impl Prober {
         started_ms: u64,
         at: u64,
     ) -> usize {
+        self.record_in(nodes, keys, outcomes, Some((seq, started_ms)), at)
+    }
+
+    /// Records a round's outcomes (ICMP and HTTP to the address `keys[i]`
+    /// names, see [`super::targets::Targets`]) in every path's state and
+    /// history; returns the probes recorded. The paths are locked for
+    /// [`CHUNK`] nodes at a time, not for the whole round (tens of
+    /// milliseconds at 10,000 nodes): a reader of one node's status waits
+    /// for a chunk at most. Meanwhile the round is begun in the history,
+    /// so a node not recorded yet shows it as not probed: the round runs
+    /// this in [`Self::while_recording`]. `round`: the round's number and
+    /// start in the history, or `None` for the round of the nodes that
+    /// joined, which is in no history (their rounds there begin with the
+    /// next).
+    pub(super) fn record_in(
+        &self,
+        nodes: &NodeSet,
+        keys: &[(u32, u8)],
+        outcomes: impl IntoIterator<Item = (Outcome, Outcome)>,
+        round: Option<(u64, u64)>,
+        at: u64,
+    ) -> usize {
         let mut probes = 0;
         let mut texts = ErrorTexts::default();
         let clock = crate::probe::quality::clock_ms();
         let mut failed = vec![Failed::default(); keys.len()].into_boxed_slice();
-        if let Ok(mut history) = self.history.lock() {
+        if let Some((seq, started_ms)) = round
+            && let Ok(mut history) = self.history.lock()
+        {
             history.begin_round(seq, started_ms, at);
         }
         let mut outcomes = outcomes.into_iter().peekable();
@@ -107,10 +125,15 @@ impl Prober {
                     }
                     probes += 2;
                 }
-                entry.history.record(&history, seq, &row);
+                if let Some((seq, _)) = round {
+                    entry.history.record(&history, seq, &row);
+                }
             }
         }
-        if let Ok(mut last) = self.failed.lock() {
+        // The next round's order: not from the nodes that joined alone.
+        if round.is_some()
+            && let Ok(mut last) = self.failed.lock()
+        {
             *last = Some((nodes.clone(), failed));
         }
         probes

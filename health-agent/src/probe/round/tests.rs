@@ -691,3 +691,44 @@ fn the_nodes_that_joined_are_those_no_round_recorded() {
     prober.set_nodes(nodes(&["a", "b", "c", "e"]));
     assert_eq!(prober.never_probed(&prober.nodes()), [1]);
 }
+
+#[test]
+fn the_nodes_that_joined_are_recorded_in_no_history_and_leave_the_round_published() {
+    let prober = Prober::new(ProbeConfig::default());
+    prober.set_nodes(nodes(&["a"]));
+    round_with(&prober, 1, None);
+    let published = Some(RoundInfo {
+        seq: 1,
+        started_ms: 1_000,
+        duration_ms: 7,
+        probes: 4,
+    });
+    prober.publish(published.clone(), false);
+    prober.set_nodes(nodes(&["a", "b"]));
+    let set = prober.nodes();
+    let joined = set.subset(&prober.never_probed(&set));
+    let t = targets(&joined, prober.cfg.families);
+    let outcomes = vec![(ok(5), ok(5)); t.keys.len()];
+    let recorded =
+        prober.while_recording(|| prober.record_in(&joined, &t.keys, outcomes, None, 2_000));
+    assert_eq!(recorded, 4, "b's four paths");
+    prober.publish(prober.status_summary().round.clone(), true);
+    // b is decided, shown, and counted; the round published is round 1.
+    assert_eq!(prober.never_probed(&set), Vec::<usize>::new());
+    let b = prober.status().node("b").cloned().expect("b");
+    assert_eq!(b.host.icmp.result, ProbeResult::Success);
+    assert_eq!(prober.status_summary().reachable, 2);
+    assert_eq!(prober.status_summary().round, published);
+    // The history holds round 1 alone, in which b was not probed.
+    let strips = prober.history_strips();
+    assert_eq!(strips.rounds.len(), 1);
+    assert_eq!(strips.rounds[0].seq, 1);
+    let b = strips
+        .nodes
+        .iter()
+        .find(|n| n.name == "b")
+        .expect("b's strips");
+    assert!(b.paths.iter().all(|p| p == "."), "{b:?}");
+    // No flags for the next round's order numbered by b alone.
+    assert!(prober.failed.lock().expect("lock").is_none());
+}
