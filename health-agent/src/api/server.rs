@@ -320,14 +320,7 @@ fn cluster_json(state: &AppState, part: fn(&ClusterViewCell) -> Option<bytes::By
 /// The Prometheus metrics, as on the metrics listener.
 async fn metrics(State(state): State<AppState>) -> Response {
     match &state.metrics {
-        Some(m) => (
-            [(
-                axum::http::header::CONTENT_TYPE,
-                crate::metrics::CONTENT_TYPE,
-            )],
-            m.encode(),
-        )
-            .into_response(),
+        Some(m) => crate::web::metrics_body(m),
         None => error(StatusCode::NOT_FOUND, "this agent keeps no metrics"),
     }
 }

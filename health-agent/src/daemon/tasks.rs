@@ -430,7 +430,15 @@ pub(super) async fn probe(
                         if changed.is_err() {
                             break;
                         }
-                        first = First::Resumed(probers.borrow().config().interval);
+                        // Before any round (a reload in the initial
+                        // delay) nothing is resumed: the first round waits.
+                        let prober = probers.borrow().clone();
+                        let interval = prober.config().interval;
+                        first = if prober.status_summary().round.is_some() {
+                            First::Resumed(interval)
+                        } else {
+                            First::After(interval)
+                        };
                     }
                 }
             }

@@ -2,8 +2,8 @@
 //! family probed, and per family), counted when the status was published:
 //! a fixed set of series whatever the cluster's size, read without
 //! walking the nodes. Per-peer series (`--metrics-per-peer`) are made
-//! from the status at each scrape, so a peer that left has none; a peer's
-//! secondary family's paths carry a `family` label.
+//! from the paths at each scrape ([`super::per_peer`]), so a peer that
+//! left has none.
 
 use std::sync::Arc;
 
@@ -11,12 +11,7 @@ use prometheus_client::{collector::Collector, encoding::DescriptorEncoder};
 use tokio::sync::watch;
 
 use super::encode::{gauge, gauges};
-use crate::probe::{
-    Prober,
-    family::Family,
-    path::{PathState, ProbeResult},
-    status::{ClusterStatus, Connectivity, EncryptionSummary},
-};
+use crate::probe::{Prober, family::Family, path::ProbeResult, status::EncryptionSummary};
 
 const STATUSES: [(ProbeResult, &str); 3] = [
     (ProbeResult::Success, "reachable"),
@@ -115,81 +110,22 @@ impl Collector for ConnectivityCollector {
                 series.into_iter().map(|(st, n)| ([("state", st)], n)),
             )?;
         }
-        // Made whole at each scrape: series per peer are opt-in.
+        // Series per peer are opt-in.
         if self.per_peer {
-            per_peer(&mut enc, &prober.status())?;
+            super::per_peer::encode(&mut enc, &prober)?;
         }
         Ok(())
     }
 }
 
-/// One series per peer (every node but this one) and path: reachability
-/// (1 or 0; none while unknown) and the last RTT. The primary family's paths are labelled
-/// `peer`, `type`, `protocol` (as before IPv6); the secondary family's add
-/// `family`.
-fn per_peer(enc: &mut DescriptorEncoder, status: &ClusterStatus) -> Result<(), std::fmt::Error> {
-    type Labels<'a> = Vec<(&'static str, &'a str)>;
-    fn paths(c: &Connectivity) -> [(&'static str, &PathState); 2] {
-        [("icmp", &c.icmp), ("http", &c.http)]
-    }
-    // Other nodes only: the agent's own paths never leave the node, and a
-    // node that no other agent reaches must read as down.
-    let peers = || {
-        status
-            .nodes
-            .iter()
-            .filter(|n| status.local_node.as_deref() != Some(n.name.as_str()))
-    };
-    let each = || {
-        peers().flat_map(move |n| {
-            let secondary = n.host_secondary.iter().map(|c| ("node", &**c, true)).chain(
-                n.endpoint_secondary
-                    .iter()
-                    .map(|c| ("endpoint", &**c, true)),
-            );
-            [("node", &n.host, false), ("endpoint", &n.endpoint, false)]
-                .into_iter()
-                .chain(secondary)
-                .flat_map(move |(ty, c, labelled)| {
-                    paths(c).into_iter().map(move |(proto, p)| {
-                        let mut labels: Labels<'_> =
-                            vec![("peer", n.name.as_str()), ("type", ty), ("protocol", proto)];
-                        if labelled {
-                            labels.push(("family", c.family.as_str()));
-                        }
-                        (labels, p)
-                    })
-                })
-        })
-    };
-    let reachable = |p: &PathState| match p.result {
-        ProbeResult::Success => Some(1i64),
-        ProbeResult::Failure => Some(0),
-        ProbeResult::Unknown => None,
-    };
-    gauges(
-        enc,
-        "peer_reachable",
-        "Per peer and path: 1 when the path succeeds, 0 when it failed",
-        each().filter_map(|(labels, p)| reachable(p).map(|v| (labels, v))),
-    )?;
-    #[allow(
-        clippy::cast_precision_loss,
-        reason = "nanoseconds as seconds in a float"
-    )]
-    let seconds = |ns: u64| ns as f64 / 1e9;
-    gauges(
-        enc,
-        "peer_rtt_seconds",
-        "Per peer and path: the RTT of the last successful probe",
-        each().filter_map(|(labels, p)| p.rtt_ns.map(|ns| (labels, seconds(ns)))),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::{status::NodeStatus, status_counts::StatusCounts};
+    use crate::probe::{
+        path::PathState,
+        status::{ClusterStatus, Connectivity, NodeStatus},
+        status_counts::StatusCounts,
+    };
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn path(result: ProbeResult) -> PathState {

@@ -40,4 +40,5 @@ pub mod trace;
 
 pub use config::ProbeConfig;
 pub use http_round::RESERVED_FILES;
+pub(crate) use published::CHUNK;
 pub use round::Prober;

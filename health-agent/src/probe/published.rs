@@ -22,7 +22,7 @@ use crate::{encryption::EncryptionView, membership::NodeSet};
 /// (the status serialised, a round's results and every node's history;
 /// twice as many targets for a round's MTU probes and flows): the
 /// prober's paths are locked for a chunk only, never for all of them.
-pub(super) const CHUNK: usize = 256;
+pub(crate) const CHUNK: usize = 256;
 
 /// The published status, its JSON and its summary made once.
 #[derive(Clone)]

@@ -68,8 +68,9 @@ pub async fn run(prober: Arc<Prober>, first: First, shutdown: CancellationToken)
     let joined = || {
         let prober = Arc::clone(&prober);
         async move {
-            if let Some(r) = prober.probe_joined().await.and_then(|s| s.round.clone()) {
-                debug!(seq = r.seq, probes = r.probes, "nodes that joined probed");
+            let nodes = prober.probe_joined().await;
+            if nodes > 0 {
+                debug!(nodes, "nodes that joined probed");
             }
         }
     };
@@ -318,10 +319,11 @@ mod tests {
             liveness: None,
         };
         let script = Script {
-            round_takes: Duration::from_millis(500),
-            // One soon after the first round; a burst; one long after;
-            // one while a round runs, past its gap when it ends.
-            joins_at: [0.2, 1.3, 1.4, 1.9, 30.0, 60.1]
+            round_takes: Duration::from_millis(1_500),
+            // During the first round, past its gap when it ends; during
+            // that and a round of joined nodes; a burst; one long after;
+            // one during a round, again past the gap when it ends.
+            joins_at: [0.2, 1.3, 1.4, 1.6, 30.0, 60.1]
                 .map(Duration::from_secs_f64)
                 .to_vec(),
             ..Script::default()
@@ -331,11 +333,11 @@ mod tests {
             starts(&log),
             [
                 at('R', 0.0),
-                at('J', 1.0),
-                at('J', 2.0),
+                at('J', 1.5),
+                at('J', 2.5),
                 at('J', 30.0),
                 at('R', 60.0),
-                at('J', 61.0)
+                at('J', 61.5)
             ],
             "{log:?}"
         );

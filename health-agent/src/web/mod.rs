@@ -77,9 +77,15 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 }
 
 async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> Response {
+    metrics_body(&metrics)
+}
+
+/// The metrics' exposition as it is written (see [`Metrics::pieces`]).
+pub(crate) fn metrics_body(metrics: &Arc<Metrics>) -> Response {
+    use futures::StreamExt as _;
     (
         [(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        metrics.encode(),
+        axum::body::Body::from_stream(metrics.pieces().map(Ok::<_, std::convert::Infallible>)),
     )
         .into_response()
 }

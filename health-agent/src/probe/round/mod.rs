@@ -327,7 +327,13 @@ impl Prober {
         let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
         let t0 = Instant::now();
         let targets = targets(&nodes, self.cfg.families);
-        self.encryption_check(&nodes, true).await;
+        // Encryption is judged over the whole set only: a round of some
+        // nodes (news from their liveness echoes, or nodes that joined)
+        // leaves the others' counters and verdicts alone.
+        let whole = nodes.same_snapshot(&self.nodes());
+        if whole {
+            self.encryption_check(&nodes, true).await;
+        }
         let sockets = self.sockets();
         // Each flow probes every address: the addresses once per flow.
         let spread = Spread {
@@ -404,7 +410,9 @@ impl Prober {
             probes
         });
         self.start_traces(&targets.ips);
-        self.encryption_check(&nodes, false).await;
+        if whole {
+            self.encryption_check(&nodes, false).await;
+        }
         let merged = t0.elapsed();
         self.publish_round(numbered.then(|| RoundInfo {
             seq,
@@ -417,6 +425,7 @@ impl Prober {
         crate::util::memory::release_free();
         tracing::debug!(
             seq,
+            ?kind,
             icmp_ms = ms(icmp_done),
             http_ms = ms(http_done),
             rtt_ms = ms(rtt_done),

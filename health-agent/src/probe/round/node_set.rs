@@ -10,7 +10,6 @@ use crate::probe::{
     family::{self, Family, Shown},
     http_round,
     kernel_rtt::prune_kernel_rtt,
-    status::StatusSummary,
     targets::{target_count, warn_unprobed},
 };
 
@@ -21,21 +20,19 @@ impl Prober {
         self.nodes.read().map(|n| n.clone()).unwrap_or_default()
     }
 
-    /// A round over the nodes never probed (those that joined since the
-    /// last round took its targets), published as any round; `None` when
-    /// every node has been probed.
-    pub async fn probe_joined(self: &Arc<Self>) -> Option<Arc<StatusSummary>> {
+    /// A quiet round (`RoundKind::Joined`) over the nodes never probed
+    /// (those that joined since the last round took their targets); the
+    /// nodes it probed, none when every node has been probed.
+    pub async fn probe_joined(self: &Arc<Self>) -> usize {
         // Read in the rounds' turn: a round that ran meanwhile probed them.
         let turn = self.round_lock.lock().await;
         let nodes = self.nodes();
         let never = self.never_probed(&nodes);
-        if never.is_empty() {
-            return None;
-        }
-        Some(
+        if !never.is_empty() {
             self.round_in_turn(turn, nodes.subset(&never), RoundKind::Joined)
-                .await,
-        )
+                .await;
+        }
+        never.len()
     }
 
     /// The indices of `nodes`' nodes that no round has recorded, of those

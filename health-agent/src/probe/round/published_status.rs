@@ -195,7 +195,7 @@ impl Prober {
 
     /// The status of each of `nodes` as the paths are now (one lock of
     /// the paths for all of them).
-    pub(in crate::probe) fn node_statuses(
+    pub(crate) fn node_statuses(
         &self,
         nodes: &[Node],
         encryption: Option<&EncryptionView>,

@@ -668,6 +668,12 @@ fn a_node_set_that_gains_a_node_says_so_and_one_that_only_loses_does_not() {
     joins.borrow_and_update();
     prober.set_nodes(nodes(&["a", "c"]));
     assert!(joins.has_changed().expect("open"));
+    joins.borrow_and_update();
+    // A record that changed (its health address came late, say).
+    let mut changed: Vec<Node> = prober.nodes().to_vec();
+    changed[1].health_ip = Some(Ipv4Addr::new(198, 19, 9, 9));
+    prober.set_nodes(NodeSet::new(changed).expect("unique"));
+    assert!(joins.has_changed().expect("open"));
 }
 
 #[test]
@@ -712,7 +718,7 @@ fn the_nodes_that_joined_are_recorded_in_no_history_and_leave_the_round_publishe
     let recorded =
         prober.while_recording(|| prober.record_in(&joined, &t.keys, outcomes, None, 2_000));
     assert_eq!(recorded, 4, "b's four paths");
-    prober.publish(prober.status_summary().round.clone(), true);
+    prober.publish_round(None);
     // b is decided, shown, and counted; the round published is round 1.
     assert_eq!(prober.never_probed(&set), Vec::<usize>::new());
     let b = prober.status().node("b").cloned().expect("b");

@@ -183,11 +183,15 @@ pub(crate) fn render(view: &ClusterView, all: bool) -> String {
             .count();
         let healthy = c.healthy.saturating_sub(healthy_shown).min(hidden);
         let left_out = hidden - healthy;
-        let _ = writeln!(
-            out,
-            "{}{healthy} healthy nodes not listed (the published view lists the nodes not healthy)",
-            if rows.is_empty() { "" } else { "\n" }
-        );
+        if hidden > 0 && !rows.is_empty() {
+            out.push('\n');
+        }
+        if healthy > 0 {
+            let _ = writeln!(
+                out,
+                "{healthy} healthy nodes not listed (the published view lists the nodes not healthy)"
+            );
+        }
         if left_out > 0 {
             let _ = writeln!(
                 out,
@@ -317,6 +321,10 @@ mod tests {
             ),
             "{text}"
         );
+        view.counts.healthy = 0;
+        let text = render(&view, false);
+        assert!(!text.contains("healthy nodes not listed"), "{text}");
+        assert!(text.contains("\n\n2 nodes not healthy left out"), "{text}");
     }
 
     #[test]

@@ -1,0 +1,208 @@
+//! Series per peer and path (`--metrics-per-peer`): reachability (1 or
+//! 0; none while unknown) and the last RTT, made at each scrape from the
+//! paths as they are then, [`CHUNK`] nodes at a time. A scrape holds one
+//! chunk's statuses, never the whole status (megabytes at 10,000 peers).
+//! The primary family's paths are labelled `peer`, `type`, `protocol`;
+//! the secondary family's add `family`.
+
+use std::fmt::Error;
+
+use prometheus_client::{
+    encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric as _},
+    metrics::{MetricType, gauge::ConstGauge},
+};
+
+use crate::{
+    membership::NodeSet,
+    probe::{
+        CHUNK, Prober,
+        path::{PathState, ProbeResult},
+        status::{Connectivity, NodeStatus},
+    },
+};
+
+/// A series' labels.
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+/// Both families, over every node but this one: the agent's own paths
+/// never leave the node, and a node that no other agent reaches must
+/// read as down.
+pub(super) fn encode(enc: &mut DescriptorEncoder, prober: &Prober) -> Result<(), Error> {
+    let nodes = prober.nodes();
+    family(
+        enc,
+        (
+            "peer_reachable",
+            "Per peer and path: 1 when the path succeeds, 0 when it failed",
+        ),
+        prober,
+        &nodes,
+        |p| match p.result {
+            ProbeResult::Success => Some(1i64),
+            ProbeResult::Failure => Some(0),
+            ProbeResult::Unknown => None,
+        },
+    )?;
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "nanoseconds as seconds in a float"
+    )]
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    family(
+        enc,
+        (
+            "peer_rtt_seconds",
+            "Per peer and path: the RTT of the last successful probe",
+        ),
+        prober,
+        &nodes,
+        |p| p.rtt_ns.map(seconds),
+    )
+}
+
+/// One family (`name`, `help`): a series per peer and path that has a
+/// `value`, the paths read a chunk of nodes at a time.
+fn family<V: EncodeGaugeValue + std::fmt::Debug>(
+    enc: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    prober: &Prober,
+    nodes: &NodeSet,
+    value: impl Fn(&PathState) -> Option<V>,
+) -> Result<(), Error> {
+    let local = prober.config().local_node.as_deref();
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for chunk in nodes.chunks(CHUNK) {
+        let statuses = prober.node_statuses(chunk, None);
+        for n in statuses.iter().filter(|n| local != Some(n.name.as_str())) {
+            for (labels, p) in series(n) {
+                if let Some(v) = value(p) {
+                    ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A node's paths with their labels: the primary family's, then the
+/// secondary's (labelled with its family).
+fn series(n: &NodeStatus) -> impl Iterator<Item = (Labels<'_>, &PathState)> {
+    let secondary = n.host_secondary.iter().map(|c| ("node", &**c, true)).chain(
+        n.endpoint_secondary
+            .iter()
+            .map(|c| ("endpoint", &**c, true)),
+    );
+    [("node", &n.host, false), ("endpoint", &n.endpoint, false)]
+        .into_iter()
+        .chain(secondary)
+        .flat_map(
+            move |(ty, c, labelled): (&'static str, &Connectivity, bool)| {
+                [("icmp", &c.icmp), ("http", &c.http)]
+                    .into_iter()
+                    .map(move |(proto, p)| {
+                        let mut labels: Labels<'_> =
+                            vec![("peer", n.name.as_str()), ("type", ty), ("protocol", proto)];
+                        if labelled {
+                            labels.push(("family", c.family.as_str()));
+                        }
+                        (labels, p)
+                    })
+            },
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use futures::StreamExt as _;
+    use tokio::sync::watch;
+
+    use crate::{
+        datapath::report::MapsReport,
+        membership::{NodeSet, published::Nodes},
+        metrics::{Metrics, PIECE, Sources},
+        probe::{
+            ProbeConfig, Prober,
+            error::{ProbeError, Proto},
+            metrics::ProbeMetrics,
+            path::{Outcome, RttSource, Thresholds},
+        },
+    };
+
+    /// 600 nodes, `node-0000` this one; the first 500 probed once (a
+    /// failure is enough to fail), the health endpoint's HTTP path of
+    /// every seventh failing, and the last 100 nodes not probed.
+    fn prober() -> Arc<Prober> {
+        let prober = Prober::new(ProbeConfig {
+            local_node: Some("node-0000".into()),
+            thresholds: Thresholds {
+                failure: 1,
+                success: 1,
+            },
+            ..ProbeConfig::default()
+        });
+        let set = NodeSet::numbered(600);
+        prober.set_nodes(set.clone());
+        let ok = Outcome::Ok {
+            rtt: Duration::from_micros(250),
+            warning: None,
+            source: RttSource::Kernel,
+        };
+        let timeout = Outcome::Failed(ProbeError::Timeout {
+            proto: Proto::Http,
+            after: Duration::from_secs(1),
+        });
+        let keys: Vec<(u32, u8)> = (0..500).flat_map(|i| [(i, 0), (i, 1)]).collect();
+        let outcomes = keys.iter().map(|&(i, a)| {
+            let http = if a == 1 && i % 7 == 0 { &timeout } else { &ok };
+            (ok.clone(), http.clone())
+        });
+        prober.record(&set, &keys, outcomes, 1, 1_000, 1_001);
+        prober
+    }
+
+    #[test]
+    fn series_per_peer_are_made_a_chunk_of_nodes_at_a_time_and_sent_in_pieces() {
+        let prober = prober();
+        let metrics = Arc::new(Metrics::new(Sources {
+            prober: watch::channel(prober).1,
+            probe: Arc::new(ProbeMetrics::default()),
+            nodes: Nodes::new("none".into()),
+            endpoint: crate::endpoint::shared_view(),
+            pin_dir: "/nonexistent".into(),
+            maps: MapsReport::default(),
+            per_peer: true,
+        }));
+        let text = metrics.encode();
+        let count = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+        // Four paths of each of the 499 other nodes probed; none of this
+        // node's, none of the unprobed ones' (unknown: no series).
+        assert_eq!(count("health_peer_reachable{"), 499 * 4);
+        assert_eq!(count("# TYPE health_peer_reachable gauge"), 1);
+        assert_eq!(count("# TYPE health_peer_rtt_seconds gauge"), 1);
+        assert!(!text.contains(r#"peer="node-0000""#));
+        assert!(!text.contains(r#"peer="node-0599""#));
+        assert!(text.contains(
+            r#"health_peer_reachable{peer="node-0007",type="endpoint",protocol="http"} 0"#
+        ));
+        assert!(text.contains(
+            r#"health_peer_reachable{peer="node-0499",type="endpoint",protocol="http"} 1"#
+        ));
+        // An RTT for every path that succeeded: a seventh of the
+        // endpoints' HTTP paths failed (node-0007 to node-0497).
+        assert_eq!(count("health_peer_rtt_seconds{"), 499 * 4 - 71);
+        assert!(text.contains(
+            r#"health_peer_rtt_seconds{peer="node-0001",type="node",protocol="icmp"} 0.00025"#
+        ));
+        assert!(text.ends_with("# EOF\n"));
+        // Sent as written, in pieces: the same text.
+        let pieces: Vec<bytes::Bytes> = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(async { metrics.pieces().collect().await });
+        assert!(pieces.len() >= 3, "{} pieces", pieces.len());
+        assert!(pieces[..pieces.len() - 1].iter().all(|p| p.len() >= PIECE));
+        assert_eq!(pieces.concat(), text.as_bytes());
+    }
+}
