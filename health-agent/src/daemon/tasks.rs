@@ -414,11 +414,13 @@ pub(super) async fn probe(
     sup.start("probe", Restart::WithinBudget, move |ctx| {
         let mut probers = probers.clone();
         // A restarted loop probes at once: the first delay is for start-up.
-        let mut first = First::After(if ctx.restarts == 0 {
+        let delay = if ctx.restarts == 0 {
             initial_delay
         } else {
             Duration::ZERO
-        });
+        };
+        let began = tokio::time::Instant::now();
+        let mut first = First::After(delay);
         task(async move {
             ctx.ready.done();
             loop {
@@ -431,13 +433,13 @@ pub(super) async fn probe(
                             break;
                         }
                         // Before any round (a reload in the initial
-                        // delay) nothing is resumed: the first round waits.
+                        // delay, or during the first round) nothing is
+                        // resumed: the first round goes when it was due.
                         let prober = probers.borrow().clone();
-                        let interval = prober.config().interval;
                         first = if prober.status_summary().round.is_some() {
-                            First::Resumed(interval)
+                            First::Resumed(prober.config().interval)
                         } else {
-                            First::After(interval)
+                            First::After(delay.saturating_sub(began.elapsed()))
                         };
                     }
                 }

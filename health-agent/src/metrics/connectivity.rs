@@ -112,7 +112,7 @@ impl Collector for ConnectivityCollector {
         }
         // Series per peer are opt-in.
         if self.per_peer {
-            super::per_peer::encode(&mut enc, &prober)?;
+            super::per_peer::encode(&mut enc, &self.prober)?;
         }
         Ok(())
     }

@@ -15,6 +15,10 @@ mod connectivity;
 mod datapath;
 mod encode;
 mod per_peer;
+mod pieces;
+
+#[cfg(test)]
+pub(crate) use pieces::PIECE;
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -57,6 +61,8 @@ pub struct Sources {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// Scrapes encode one at a time: each may walk every path.
+    turns: Arc<tokio::sync::Semaphore>,
 }
 
 impl Metrics {
@@ -76,7 +82,10 @@ impl Metrics {
             view: sources.endpoint,
             nodes: sources.nodes,
         }));
-        Self { registry }
+        Self {
+            registry,
+            turns: Arc::new(tokio::sync::Semaphore::new(1)),
+        }
     }
 
     /// The `OpenMetrics` exposition of every series, as of now, whole.
@@ -90,61 +99,12 @@ impl Metrics {
         out
     }
 
-    /// The `OpenMetrics` exposition of every series as it is written, in
-    /// pieces of about
-    /// `PIECE` (64 KiB) bytes: encoded on a blocking thread (the pinned maps'
-    /// reads and, with `--metrics-per-peer`, a walk of every path), which
-    /// waits while the client has `PIECES_AHEAD` (2) pieces unread. A scrape
-    /// at 10,000 peers holds a piece and a chunk of nodes' statuses, not
-    /// the megabytes of its text. A client that goes ends the encoding.
-    pub fn pieces(self: &Arc<Self>) -> impl futures::Stream<Item = Bytes> + Send + 'static {
-        let (tx, mut rx) = tokio::sync::mpsc::channel(PIECES_AHEAD);
-        let metrics = Arc::clone(self);
-        tokio::task::spawn_blocking(move || {
-            let mut out = Pieces {
-                tx,
-                piece: String::with_capacity(PIECE),
-            };
-            let sent = prometheus_client::encoding::text::encode(&mut out, &metrics.registry)
-                .and_then(|()| out.send());
-            // A client that went is nothing to tell.
-            if let Err(e) = sent
-                && !out.tx.is_closed()
-            {
-                tracing::warn!("encoding the metrics: {e}");
-            }
-        });
-        futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
-    }
-}
-
-/// The size of the pieces [`Metrics::pieces`] sends.
-pub(crate) const PIECE: usize = 64 << 10;
-/// Pieces written and not yet sent, at most.
-const PIECES_AHEAD: usize = 2;
-
-/// Text written into pieces, each sent once full.
-struct Pieces {
-    tx: tokio::sync::mpsc::Sender<Bytes>,
-    piece: String,
-}
-
-impl Pieces {
-    /// Sends the piece written so far, waiting for room.
-    fn send(&mut self) -> std::fmt::Result {
-        let piece = std::mem::replace(&mut self.piece, String::with_capacity(PIECE));
-        self.tx
-            .blocking_send(Bytes::from(piece))
-            .map_err(|_| std::fmt::Error)
-    }
-}
-
-impl std::fmt::Write for Pieces {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.piece.push_str(s);
-        if self.piece.len() >= PIECE {
-            self.send()?;
-        }
-        Ok(())
+    /// The `OpenMetrics` exposition of every series as it is written
+    /// (see module `pieces`): one scrape encodes at a time, on a blocking
+    /// thread, a few pieces of 64 KiB ahead of its client at most.
+    pub fn pieces(
+        self: &Arc<Self>,
+    ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+        pieces::stream(Arc::clone(self), Arc::clone(&self.turns))
     }
 }

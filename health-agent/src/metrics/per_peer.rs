@@ -5,12 +5,13 @@
 //! The primary family's paths are labelled `peer`, `type`, `protocol`;
 //! the secondary family's add `family`.
 
-use std::fmt::Error;
+use std::{fmt::Error, sync::Arc};
 
 use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric as _},
     metrics::{MetricType, gauge::ConstGauge},
 };
+use tokio::sync::watch;
 
 use crate::{
     membership::NodeSet,
@@ -26,16 +27,21 @@ type Labels<'a> = Vec<(&'static str, &'a str)>;
 
 /// Both families, over every node but this one: the agent's own paths
 /// never leave the node, and a node that no other agent reaches must
-/// read as down.
-pub(super) fn encode(enc: &mut DescriptorEncoder, prober: &Prober) -> Result<(), Error> {
-    let nodes = prober.nodes();
+/// read as down. Each chunk is read from the prober in service, so a
+/// reload during a slow scrape lets the old one go.
+pub(super) fn encode(
+    enc: &mut DescriptorEncoder,
+    probers: &watch::Receiver<Arc<Prober>>,
+) -> Result<(), Error> {
+    let current = || probers.borrow().clone();
+    let nodes = current().nodes();
     family(
         enc,
         (
             "peer_reachable",
             "Per peer and path: 1 when the path succeeds, 0 when it failed",
         ),
-        prober,
+        &current,
         &nodes,
         |p| match p.result {
             ProbeResult::Success => Some(1i64),
@@ -54,7 +60,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, prober: &Prober) -> Result<(),
             "peer_rtt_seconds",
             "Per peer and path: the RTT of the last successful probe",
         ),
-        prober,
+        &current,
         &nodes,
         |p| p.rtt_ns.map(seconds),
     )
@@ -65,13 +71,14 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, prober: &Prober) -> Result<(),
 fn family<V: EncodeGaugeValue + std::fmt::Debug>(
     enc: &mut DescriptorEncoder,
     (name, help): (&str, &str),
-    prober: &Prober,
+    current: &impl Fn() -> Arc<Prober>,
     nodes: &NodeSet,
     value: impl Fn(&PathState) -> Option<V>,
 ) -> Result<(), Error> {
-    let local = prober.config().local_node.as_deref();
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for chunk in nodes.chunks(CHUNK) {
+        let prober = current();
+        let local = prober.config().local_node.as_deref();
         let statuses = prober.node_statuses(chunk, None);
         for n in statuses.iter().filter(|n| local != Some(n.name.as_str())) {
             for (labels, p) in series(n) {
@@ -197,12 +204,90 @@ mod tests {
         ));
         assert!(text.ends_with("# EOF\n"));
         // Sent as written, in pieces: the same text.
-        let pieces: Vec<bytes::Bytes> = tokio::runtime::Builder::new_current_thread()
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
             .build()
-            .expect("runtime")
-            .block_on(async { metrics.pieces().collect().await });
+            .expect("runtime");
+        let pieces: Vec<bytes::Bytes> = runtime.block_on(async {
+            metrics
+                .pieces()
+                .map(|p| p.expect("a piece"))
+                .collect()
+                .await
+        });
         assert!(pieces.len() >= 3, "{} pieces", pieces.len());
-        assert!(pieces[..pieces.len() - 1].iter().all(|p| p.len() >= PIECE));
+        assert!(pieces.iter().all(|p| p.len() <= PIECE));
+        assert!(
+            pieces[..pieces.len() - 1]
+                .iter()
+                .all(|p| p.len() > PIECE - 200)
+        );
         assert_eq!(pieces.concat(), text.as_bytes());
+        // A client that goes after a piece ends the encoding, and the
+        // next scrape has its turn.
+        runtime.block_on(async {
+            let mut first = Box::pin(metrics.pieces());
+            assert!(first.next().await.is_some());
+            drop(first);
+            let gone = async {
+                while Arc::strong_count(&metrics) > 1 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(5), gone)
+                .await
+                .expect("the encoding ended with its client");
+            let again: Vec<_> = metrics.pieces().collect().await;
+            assert_eq!(again.len(), pieces.len());
+        });
+    }
+
+    #[test]
+    fn a_secondary_familys_paths_are_labelled_with_it() {
+        use std::net::{Ipv4Addr, Ipv6Addr};
+
+        use crate::probe::{
+            path::PathState,
+            status::{Connectivity, NodeStatus},
+        };
+        let v4 = |last| {
+            Connectivity::new(
+                Ipv4Addr::new(198, 18, 0, last),
+                PathState::default(),
+                PathState::default(),
+            )
+        };
+        let v6 = |last| {
+            Connectivity::new(
+                Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, last),
+                PathState::default(),
+                PathState::default(),
+            )
+        };
+        let n = NodeStatus {
+            name: "n".into(),
+            host: v4(1),
+            endpoint: v4(2),
+            host_secondary: Some(Box::new(v6(1))),
+            endpoint_secondary: Some(Box::new(v6(2))),
+        };
+        let labels: Vec<Vec<(&str, &str)>> = super::series(&n).map(|(l, _)| l).collect();
+        assert_eq!(labels.len(), 8);
+        assert_eq!(
+            labels[0],
+            [("peer", "n"), ("type", "node"), ("protocol", "icmp")]
+        );
+        assert_eq!(
+            labels[7],
+            [
+                ("peer", "n"),
+                ("type", "endpoint"),
+                ("protocol", "http"),
+                ("family", "ipv6")
+            ]
+        );
+        assert!(labels[..4].iter().all(|l| l.len() == 3));
+        assert!(labels[4..].iter().all(|l| l.contains(&("family", "ipv6"))));
     }
 }

@@ -82,10 +82,9 @@ async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> Response {
 
 /// The metrics' exposition as it is written (see [`Metrics::pieces`]).
 pub(crate) fn metrics_body(metrics: &Arc<Metrics>) -> Response {
-    use futures::StreamExt as _;
     (
         [(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        axum::body::Body::from_stream(metrics.pieces().map(Ok::<_, std::convert::Infallible>)),
+        axum::body::Body::from_stream(metrics.pieces()),
     )
         .into_response()
 }

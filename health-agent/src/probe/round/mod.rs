@@ -112,10 +112,14 @@ fn ms(d: Duration) -> u64 {
 /// What a round is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum RoundKind {
-    /// One of the rounds: numbered, a slot in the histories, its info
-    /// published (the scheduler's, those asked through the API, and
-    /// those of nodes whose liveness echo is news).
-    Numbered,
+    /// A round over the whole node set as it is when the round has its
+    /// turn (the scheduler's, those asked through the API): numbered, a
+    /// slot in the histories, its info published, encryption judged.
+    Whole,
+    /// A round over some nodes (those whose liveness echo is news):
+    /// numbered as a whole round is, but judging no encryption, which is
+    /// judged over the whole set.
+    Some,
     /// The round of the nodes that joined: their first results only,
     /// with no number, no slot in the histories, no MTU probes and no
     /// round duration; the last round's info stays published.
@@ -279,7 +283,7 @@ impl Prober {
     /// Runs one round over the node set and publishes it; returns the
     /// published counts (the scheduler's: no status is made for them).
     pub async fn run_round(self: &Arc<Self>) -> Arc<StatusSummary> {
-        self.round_over(self.nodes()).await
+        self.round_when_started(|| {}).await
     }
 
     /// [`Self::run_round`] over the node set as it is when the round has
@@ -290,27 +294,29 @@ impl Prober {
         self: &Arc<Self>,
         started: impl FnOnce(),
     ) -> Arc<StatusSummary> {
-        self.round_over_with(|| self.nodes(), started).await
+        self.round_over_with(|| self.nodes(), started, RoundKind::Whole)
+            .await
     }
 
     /// Runs one round over `nodes` (the node set, or some of its nodes:
     /// the others keep their states and miss this round in their
     /// histories) and publishes it.
     pub(super) async fn round_over(self: &Arc<Self>, nodes: NodeSet) -> Arc<StatusSummary> {
-        self.round_over_with(|| nodes, || {}).await
+        self.round_over_with(|| nodes, || {}, RoundKind::Some).await
     }
 
-    /// [`Self::round_over`] over the nodes `nodes` gives once the round
-    /// has its turn, calling `started` then.
+    /// A round of `kind` over the nodes `nodes` gives once the round has
+    /// its turn, calling `started` then.
     async fn round_over_with(
         self: &Arc<Self>,
         nodes: impl FnOnce() -> NodeSet,
         started: impl FnOnce(),
+        kind: RoundKind,
     ) -> Arc<StatusSummary> {
         let turn = self.round_lock.lock().await;
         let nodes = nodes();
         started();
-        self.round_in_turn(turn, nodes, RoundKind::Numbered).await
+        self.round_in_turn(turn, nodes, kind).await
     }
 
     /// Runs one round of `kind` over `nodes`, holding the rounds' turn
@@ -321,7 +327,7 @@ impl Prober {
         nodes: NodeSet,
         kind: RoundKind,
     ) -> Arc<StatusSummary> {
-        let numbered = kind == RoundKind::Numbered;
+        let numbered = kind != RoundKind::Joined;
         let seq = self.seq_of(kind);
         let started = SystemTime::now();
         let started_mono = crate::datapath::monotonic_ns().unwrap_or(0);
@@ -330,7 +336,7 @@ impl Prober {
         // Encryption is judged over the whole set only: a round of some
         // nodes (news from their liveness echoes, or nodes that joined)
         // leaves the others' counters and verdicts alone.
-        let whole = nodes.same_snapshot(&self.nodes());
+        let whole = kind == RoundKind::Whole;
         if whole {
             self.encryption_check(&nodes, true).await;
         }
@@ -442,7 +448,7 @@ impl Prober {
     fn seq_of(&self, kind: RoundKind) -> u64 {
         use std::sync::atomic::Ordering::Relaxed;
         match kind {
-            RoundKind::Numbered => self.round_seq.fetch_add(1, Relaxed) + 1,
+            RoundKind::Whole | RoundKind::Some => self.round_seq.fetch_add(1, Relaxed) + 1,
             RoundKind::Joined => self.round_seq.load(Relaxed),
         }
     }
