@@ -405,7 +405,8 @@ pub(super) async fn sync(
 /// The probe rounds, by the prober in service: when a reload replaces it,
 /// the round under way is dropped (its probes' tasks aborted) and the new
 /// one's rounds start one interval later, its liveness echoes and the
-/// rounds of nodes that joined going on meanwhile.
+/// rounds of nodes that joined going on meanwhile (before any round, the
+/// first round goes when it was due).
 pub(super) async fn probe(
     sup: &mut Supervisor,
     probers: watch::Receiver<Arc<Prober>>,

@@ -57,12 +57,18 @@ pub struct Sources {
     pub per_peer: bool,
 }
 
+/// How long a scrape keeps its turn at most.
+const SCRAPE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The agent's registry.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     /// Scrapes encode one at a time: each may walk every path.
     turns: Arc<tokio::sync::Semaphore>,
+    /// How long a scrape keeps its turn at most (30 s): a client reading
+    /// slower than that gets a broken answer.
+    deadline: std::time::Duration,
 }
 
 impl Metrics {
@@ -85,6 +91,7 @@ impl Metrics {
         Self {
             registry,
             turns: Arc::new(tokio::sync::Semaphore::new(1)),
+            deadline: SCRAPE_DEADLINE,
         }
     }
 
@@ -99,9 +106,18 @@ impl Metrics {
         out
     }
 
+    /// A scrape's turn lasting `deadline` at most, not 30 s.
+    #[cfg(test)]
+    #[must_use]
+    pub(crate) fn with_deadline(mut self, deadline: std::time::Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
     /// The `OpenMetrics` exposition of every series as it is written
     /// (see module `pieces`): one scrape encodes at a time, on a blocking
-    /// thread, a few pieces of 64 KiB ahead of its client at most.
+    /// thread, a few pieces of 64 KiB ahead of its client at most, for
+    /// 30 s at most.
     pub fn pieces(
         self: &Arc<Self>,
     ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {

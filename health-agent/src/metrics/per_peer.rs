@@ -224,22 +224,55 @@ mod tests {
                 .all(|p| p.len() > PIECE - 200)
         );
         assert_eq!(pieces.concat(), text.as_bytes());
-        // A client that goes after a piece ends the encoding, and the
-        // next scrape has its turn.
+        // A client that goes after a piece lets the next scrape have
+        // its turn.
         runtime.block_on(async {
             let mut first = Box::pin(metrics.pieces());
             assert!(first.next().await.is_some());
             drop(first);
-            let gone = async {
-                while Arc::strong_count(&metrics) > 1 {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            };
-            tokio::time::timeout(Duration::from_secs(5), gone)
+            let again = tokio::time::timeout(Duration::from_secs(5), metrics.pieces().count())
                 .await
-                .expect("the encoding ended with its client");
-            let again: Vec<_> = metrics.pieces().collect().await;
-            assert_eq!(again.len(), pieces.len());
+                .expect("the next scrape had its turn");
+            assert_eq!(again, pieces.len());
+        });
+    }
+
+    #[test]
+    fn a_client_that_stops_reading_loses_its_turn_at_the_deadline() {
+        let deadline = Duration::from_millis(300);
+        let metrics = Arc::new(
+            Metrics::new(Sources {
+                prober: watch::channel(prober()).1,
+                probe: Arc::new(ProbeMetrics::default()),
+                nodes: Nodes::new("none".into()),
+                endpoint: crate::endpoint::shared_view(),
+                pin_dir: "/nonexistent".into(),
+                maps: MapsReport::default(),
+                per_peer: true,
+            })
+            .with_deadline(deadline),
+        );
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let mut stalled = Box::pin(metrics.pieces());
+            assert!(matches!(stalled.next().await, Some(Ok(_))));
+            // It reads no more: the next scrape waits for the deadline,
+            // not for it.
+            let started = tokio::time::Instant::now();
+            let next: Vec<_> =
+                tokio::time::timeout(Duration::from_secs(5), metrics.pieces().collect())
+                    .await
+                    .expect("the next scrape had its turn");
+            assert!(next.iter().all(Result::is_ok));
+            assert!(started.elapsed() >= deadline / 2, "{:?}", started.elapsed());
+            // What the stalled client reads next ends broken.
+            let rest: Vec<_> = stalled.collect().await;
+            assert!(rest.last().is_some_and(Result::is_err), "{rest:?}");
+            assert_eq!(rest.iter().filter(|p| p.is_err()).count(), 1);
         });
     }
 
@@ -289,5 +322,17 @@ mod tests {
         );
         assert!(labels[..4].iter().all(|l| l.len() == 3));
         assert!(labels[4..].iter().all(|l| l.contains(&("family", "ipv6"))));
+        // An IPv6 node's IPv4 paths are the secondary ones.
+        let n = NodeStatus {
+            name: "m".into(),
+            host: v6(3),
+            endpoint: v6(4),
+            host_secondary: Some(Box::new(v4(3))),
+            endpoint_secondary: None,
+        };
+        let labels: Vec<Vec<(&str, &str)>> = super::series(&n).map(|(l, _)| l).collect();
+        assert_eq!(labels.len(), 6);
+        assert!(labels[4..].iter().all(|l| l.contains(&("family", "ipv4"))));
+        assert!(labels[..4].iter().all(|l| l.len() == 3));
     }
 }
