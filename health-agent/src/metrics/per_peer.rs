@@ -258,17 +258,17 @@ mod tests {
             .build()
             .expect("runtime");
         runtime.block_on(async {
+            let started = tokio::time::Instant::now();
             let mut stalled = Box::pin(metrics.pieces());
             assert!(matches!(stalled.next().await, Some(Ok(_))));
             // It reads no more: the next scrape waits for the deadline,
             // not for it.
-            let started = tokio::time::Instant::now();
             let next: Vec<_> =
                 tokio::time::timeout(Duration::from_secs(5), metrics.pieces().collect())
                     .await
                     .expect("the next scrape had its turn");
             assert!(next.iter().all(Result::is_ok));
-            assert!(started.elapsed() >= deadline / 2, "{:?}", started.elapsed());
+            assert!(started.elapsed() >= deadline, "{:?}", started.elapsed());
             // What the stalled client reads next ends broken.
             let rest: Vec<_> = stalled.collect().await;
             assert!(rest.last().is_some_and(Result::is_err), "{rest:?}");

@@ -50,6 +50,9 @@ pub(super) fn stream(
             () = tx.closed() => return,
         };
         let Ok(turn) = turn else { return };
+        // Held until the flag is set: the body ends once every sender
+        // is gone, and must not end before it can say it is broken.
+        let holding = tx.clone();
         let out = Pieces {
             tx,
             piece: String::with_capacity(PIECE),
@@ -61,11 +64,12 @@ pub(super) fn stream(
             encode(&metrics, out)
         });
         if !matches!(encoding.await, Ok(Sent::Whole | Sent::ClientGone)) {
-            failed.store(true, Ordering::Relaxed);
+            failed.store(true, Ordering::Release);
         }
+        drop(holding);
     });
     futures::stream::poll_fn(move |cx| match rx.poll_recv(cx) {
-        Poll::Ready(None) if broken.swap(false, Ordering::Relaxed) => Poll::Ready(Some(Err(
+        Poll::Ready(None) if broken.swap(false, Ordering::Acquire) => Poll::Ready(Some(Err(
             io::Error::other("encoding the metrics failed or ran out of time"),
         ))),
         other => other.map(|piece| piece.map(Ok)),
@@ -167,9 +171,9 @@ mod tests {
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let (tx, mut rx) = mpsc::channel(64);
         let mut out = pieces(tx, &runtime);
-        // Writes of every size, one longer than two pieces, with
-        // characters of several bytes across the cuts.
-        let long = "é".repeat(PIECE);
+        // Writes of every size, one longer than two pieces, of
+        // characters of three bytes: a piece's size falls inside one.
+        let long = "€".repeat(PIECE);
         for s in ["a", &"b".repeat(PIECE - 3), "cdef", &long, "g"] {
             out.write_str(s).expect("written");
         }
@@ -178,6 +182,7 @@ mod tests {
         let mut got = Vec::new();
         while let Ok(p) = rx.try_recv() {
             assert!(p.len() <= PIECE, "{}", p.len());
+            assert!(std::str::from_utf8(&p).is_ok(), "cut between characters");
             got.extend_from_slice(&p);
         }
         let text = String::from_utf8(got).expect("every piece cut between characters");
