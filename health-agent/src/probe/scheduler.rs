@@ -9,7 +9,8 @@
 //! past (an agent that found its peers in etcd after its first round, a
 //! node that joins a full mesh too large for liveness echoes). However
 //! many nodes join, and however often, that is at most one such round a
-//! gap, each over the nodes that joined; the rounds' cadence stays.
+//! gap, each over the nodes not probed yet, and quiet: no round number,
+//! history slot or summary of its own (see `RoundKind::Joined`).
 //!
 //! A round that takes the whole interval or longer leaves the next round's
 //! tick due as soon as it ends; liveness echoes whose tick came due meanwhile
@@ -166,7 +167,8 @@ impl Cadence {
             }
             First::Resumed(delay) => {
                 // Nodes may have joined the prober this one took over from
-                // without a round: looked for a gap on (cheap when none).
+                // without a round: looked for a gap on (a lookup when none
+                // did).
                 let now = Instant::now();
                 joined.last_start = Some(now);
                 joined.due = Some(now + JOINED_GAP);
