@@ -169,18 +169,22 @@ mod tests {
         prober
     }
 
-    #[test]
-    fn series_per_peer_are_made_a_chunk_of_nodes_at_a_time_and_sent_in_pieces() {
-        let prober = prober();
-        let metrics = Arc::new(Metrics::new(Sources {
-            prober: watch::channel(prober).1,
+    /// The metrics of [`prober`]'s nodes, series per peer on.
+    fn metrics_per_peer() -> Metrics {
+        Metrics::new(Sources {
+            prober: watch::channel(prober()).1,
             probe: Arc::new(ProbeMetrics::default()),
             nodes: Nodes::new("none".into()),
             endpoint: crate::endpoint::shared_view(),
             pin_dir: "/nonexistent".into(),
             maps: MapsReport::default(),
             per_peer: true,
-        }));
+        })
+    }
+
+    #[test]
+    fn series_per_peer_are_made_a_chunk_of_nodes_at_a_time_and_sent_in_pieces() {
+        let metrics = Arc::new(metrics_per_peer());
         let text = metrics.encode();
         let count = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
         // Four paths of each of the 499 other nodes probed; none of this
@@ -240,18 +244,7 @@ mod tests {
     #[test]
     fn a_client_that_stops_reading_loses_its_turn_at_the_deadline() {
         let deadline = Duration::from_millis(300);
-        let metrics = Arc::new(
-            Metrics::new(Sources {
-                prober: watch::channel(prober()).1,
-                probe: Arc::new(ProbeMetrics::default()),
-                nodes: Nodes::new("none".into()),
-                endpoint: crate::endpoint::shared_view(),
-                pin_dir: "/nonexistent".into(),
-                maps: MapsReport::default(),
-                per_peer: true,
-            })
-            .with_deadline(deadline),
-        );
+        let metrics = Arc::new(metrics_per_peer().with_deadline(deadline));
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_time()
