@@ -375,6 +375,23 @@ pub fn put(ns: Option<&Netns>, endpoint: &str, security: (Option<&Pki>, bool), k
     .expect("netns");
 }
 
+/// A new directory for an etcd's data, named for `what`, in memory where
+/// the machine has `/dev/shm`. etcd syncs its log on every write; on a
+/// disk shared with parallel builds and package installs a sync can
+/// stall a leader for seconds, and a stalled leader lets leases expire
+/// that their clients kept alive (etcd-io/etcd#15247). What the tests
+/// check is the agents, not the disk. The caller removes it.
+#[must_use]
+pub fn data_dir(what: &str) -> PathBuf {
+    let memory = Path::new("/dev/shm");
+    let base = if memory.is_dir() {
+        memory.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    base.join(crate::names::unique(what))
+}
+
 /// Starts etcd (in `ns` when given) with its data in `data` and waits
 /// until its client port accepts connections.
 #[must_use]
@@ -434,7 +451,7 @@ pub struct LocalEtcd {
 impl LocalEtcd {
     #[must_use]
     pub fn start() -> Self {
-        let dir = std::env::temp_dir().join(crate::names::unique("etcd"));
+        let dir = data_dir("etcd");
         fs::create_dir_all(&dir).expect("etcd dir");
         let port = |_| {
             TcpListener::bind((Ipv4Addr::LOCALHOST, 0))

@@ -99,6 +99,14 @@ impl OwnRecord {
             .get(&self.key)
             .is_some_and(|c| c.node.as_ref() == Ok(&self.node))
     }
+
+    /// Whether someone else changed or deleted this record: the view has
+    /// come as far as this agent's last write of it (at revision
+    /// `written`) and holds something else there. Before the view has
+    /// seen that write (a listing read just before it), nothing is known.
+    fn taken_from(&self, view: &View<'_>, written: Option<i64>) -> bool {
+        written.is_some_and(|w| view.revision >= w) && !self.is_in(view)
+    }
 }
 
 /// How long, at least, a node whose record went keeps its addresses: long
@@ -234,7 +242,9 @@ async fn follow(
             }
         }
         let up = matches!(*link.borrow(), Link::Up { .. });
-        if up && view.synced && !own.is_in(&view) && rewrites.may_write(Instant::now()) {
+        let written = store.written_revision(own.key.as_bytes());
+        if up && view.synced && own.taken_from(&view, written) && rewrites.may_write(Instant::now())
+        {
             warn!(key = %own.key, "this node's record was changed or deleted by someone else: writing it back");
             own.write(store).await;
         }
@@ -265,6 +275,9 @@ struct View<'a> {
     limits: Limits,
     /// A listing was applied since the watch last broke.
     synced: bool,
+    /// The revision `held` is at: the last listing's, or the last
+    /// event's after it.
+    revision: i64,
     /// The records changed since they were last published.
     dirty: bool,
     watch_error: Option<String>,
@@ -324,6 +337,7 @@ impl<'a> View<'a> {
             limits,
             holders: Holders::default(),
             synced: false,
+            revision: 0,
             dirty: false,
             watch_error: None,
             link_error: None,
@@ -360,7 +374,7 @@ impl<'a> View<'a> {
                 entries,
                 first,
                 last,
-                ..
+                revision,
             } => {
                 let limits = &self.limits;
                 let Some(mut listing) = self.listing.page(first, || Held::new(limits.clone()))
@@ -372,6 +386,7 @@ impl<'a> View<'a> {
                 }
                 if let Some(whole) = self.listing.after_page(listing, last) {
                     self.held = whole;
+                    self.revision = revision;
                     self.synced = true;
                     self.dirty = true;
                     self.watch_error = None;
@@ -380,10 +395,12 @@ impl<'a> View<'a> {
             }
             WatchEvent::Put(e) => {
                 self.held.hold(&e.key_str(), || candidate(&e, prefix));
+                self.revision = self.revision.max(e.mod_revision);
                 self.dirty = true;
             }
-            WatchEvent::Delete { key, .. } => {
+            WatchEvent::Delete { key, revision } => {
                 self.held.forget(&String::from_utf8_lossy(&key));
+                self.revision = self.revision.max(revision);
                 self.dirty = true;
             }
             WatchEvent::Lost { error } => {
@@ -984,6 +1001,70 @@ mod tests {
             v.nodes.iter().map(|n| n.name.as_str()).collect(),
             v.rejected.iter().map(ToString::to_string).collect(),
         )
+    }
+
+    /// This node's record counts as taken by someone else only once the
+    /// view has seen this agent's write of it: a listing read just before
+    /// the write (an agent starting) is no reason to write it back.
+    #[test]
+    fn a_record_counts_as_taken_only_after_the_view_saw_this_agents_write() {
+        let value = record("n1", "198.18.0.11", "198.18.64.2");
+        let me = Node::from(serde_json::from_value::<NodeRecord>(value.clone()).expect("a record"));
+        let own = OwnRecord {
+            key: "/h/n1".into(),
+            node: me.clone(),
+            value: value.to_string().into_bytes(),
+        };
+        let at = |mut e: Entry, revision| {
+            e.mod_revision = revision;
+            e
+        };
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1").with_own(me);
+        view.apply(WatchEvent::Snapshot {
+            revision: 5,
+            entries: vec![at(node_kv(2), 3)],
+            first: true,
+            last: true,
+        });
+        assert!(!own.taken_from(&view, None), "nothing written yet");
+        assert!(
+            !own.taken_from(&view, Some(6)),
+            "the write at 6 not seen yet"
+        );
+        view.apply(WatchEvent::Put(at(kv("/h/n1", &value), 6)));
+        assert!(
+            !own.taken_from(&view, Some(6)),
+            "the write seen, as written"
+        );
+        view.apply(WatchEvent::Delete {
+            key: b"/h/n1".to_vec(),
+            revision: 7,
+        });
+        assert!(own.taken_from(&view, Some(6)), "deleted after the write");
+        let changed = record("n1", "198.18.0.11", "198.18.64.9");
+        view.apply(WatchEvent::Put(at(kv("/h/n1", &changed), 8)));
+        assert!(own.taken_from(&view, Some(6)), "changed after the write");
+        assert!(
+            !own.taken_from(&view, Some(9)),
+            "written back at 9, not seen yet"
+        );
+        view.apply(WatchEvent::Snapshot {
+            revision: 9,
+            entries: vec![at(kv("/h/n1", &value), 9)],
+            first: true,
+            last: true,
+        });
+        assert!(
+            !own.taken_from(&view, Some(9)),
+            "a listing at 9 holds the write"
+        );
+        // An event older than the listing (none comes, but a stale one
+        // would) leaves the view at the listing's revision.
+        view.apply(WatchEvent::Delete {
+            key: b"/h/n2".to_vec(),
+            revision: 4,
+        });
+        assert_eq!(view.revision, 9);
     }
 
     /// This node's record, changed or deleted by someone else, counts as

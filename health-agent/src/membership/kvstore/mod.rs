@@ -248,6 +248,10 @@ struct Inner {
     authenticated: AsyncMutex<bool>,
     /// Every key written with the lease, with its latest value.
     leased: AsyncMutex<BTreeMap<Vec<u8>, Leased>>,
+    /// The revision of each leased key's last write by this agent: read
+    /// without waiting for writes under way (see
+    /// [`KvStore::written_revision`]).
+    revisions: Mutex<BTreeMap<Vec<u8>, i64>>,
     /// The lease being kept alive.
     lease: Mutex<Option<i64>>,
     /// Where the lease's ID is kept between runs.
@@ -286,6 +290,7 @@ impl KvStore {
                 client: AsyncMutex::new(None),
                 authenticated: AsyncMutex::new(false),
                 leased: AsyncMutex::new(BTreeMap::new()),
+                revisions: Mutex::new(BTreeMap::new()),
                 lease: Mutex::new(cfg.lease_file.as_deref().and_then(read_lease)),
                 lease_file: cfg.lease_file.clone(),
                 link: watch::Sender::new(Link::Connecting),
@@ -572,7 +577,7 @@ impl KvStore {
         let mut leased = self.inner.leased.lock().await;
         let mut kv = client.kv_client();
         for (key, l) in leased.iter_mut().filter(|(_, l)| l.written != Some(lease)) {
-            timed(
+            let put = timed(
                 format!("writing {}", String::from_utf8_lossy(key)),
                 kv.put(
                     key.clone(),
@@ -582,8 +587,26 @@ impl KvStore {
             )
             .await?;
             l.written = Some(lease);
+            self.wrote(key, put.header());
         }
         Ok(())
+    }
+
+    /// Keeps the revision a write of `key` made.
+    fn wrote(&self, key: &[u8], header: Option<&etcd_client::ResponseHeader>) {
+        let revision = header.map_or(0, etcd_client::ResponseHeader::revision);
+        if let Ok(mut revisions) = self.inner.revisions.lock() {
+            revisions.insert(key.to_vec(), revision);
+        }
+    }
+
+    /// The revision at which this agent last wrote `key` with its lease,
+    /// if it has: a watcher of the key that has seen events up to it
+    /// knows the write has reached it, and whatever differs there since
+    /// is someone else's doing.
+    #[must_use]
+    pub fn written_revision(&self, key: &[u8]) -> Option<i64> {
+        self.inner.revisions.lock().ok()?.get(key).copied()
     }
 
     /// Puts `value` under `key` with this agent's lease: it stays while
@@ -611,7 +634,7 @@ impl KvStore {
             return Ok(Put::Pending);
         };
         let client = self.client().await?;
-        timed(
+        let put = timed(
             format!("writing {}", String::from_utf8_lossy(&key)),
             client.kv_client().put(
                 key.clone(),
@@ -623,6 +646,7 @@ impl KvStore {
         if let Some(l) = leased.get_mut(&key) {
             l.written = Some(lease);
         }
+        self.wrote(&key, put.header());
         drop(leased);
         Ok(Put::Written)
     }
@@ -633,6 +657,9 @@ impl KvStore {
         let key = key.into();
         let mut leased = self.inner.leased.lock().await;
         leased.remove(&key);
+        if let Ok(mut revisions) = self.inner.revisions.lock() {
+            revisions.remove(&key);
+        }
         let client = self.client().await?;
         timed(
             format!("deleting {}", String::from_utf8_lossy(&key)),
