@@ -375,22 +375,12 @@ pub fn put(ns: Option<&Netns>, endpoint: &str, security: (Option<&Pki>, bool), k
     .expect("netns");
 }
 
-/// A new directory for an etcd's data, named for `what`, in memory where
-/// the machine has `/dev/shm`. etcd syncs its log on every write; on a
-/// disk shared with parallel builds and package installs a sync can
-/// stall a leader for seconds, and a stalled leader lets leases expire
-/// that their clients kept alive (etcd-io/etcd#15247). What the tests
-/// check is the agents, not the disk. The caller removes it.
-#[must_use]
-pub fn data_dir(what: &str) -> PathBuf {
-    let memory = Path::new("/dev/shm");
-    let base = if memory.is_dir() {
-        memory.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    base.join(crate::names::unique(what))
-}
+/// etcd's flag that writes without syncing. etcd syncs its log on every
+/// write; on a disk shared with parallel builds and package installs a
+/// sync can stall a leader for seconds, and a leader stalled past a
+/// lease's TTL lets it expire although its client kept it alive. What the
+/// tests check is the agents, not the disk.
+pub const UNSAFE_NO_FSYNC: &str = "--unsafe-no-fsync";
 
 /// Starts etcd (in `ns` when given) with its data in `data` and waits
 /// until its client port accepts connections.
@@ -408,6 +398,7 @@ pub fn spawn(
     let mut cmd = Command::new("etcd");
     cmd.args(["--name", "default", "--data-dir"])
         .arg(data)
+        .arg(UNSAFE_NO_FSYNC)
         .args(["--listen-client-urls", &format!("{scheme}://{client_addr}")])
         .args([
             "--advertise-client-urls",
@@ -451,7 +442,7 @@ pub struct LocalEtcd {
 impl LocalEtcd {
     #[must_use]
     pub fn start() -> Self {
-        let dir = data_dir("etcd");
+        let dir = std::env::temp_dir().join(crate::names::unique("etcd"));
         fs::create_dir_all(&dir).expect("etcd dir");
         let port = |_| {
             TcpListener::bind((Ipv4Addr::LOCALHOST, 0))

@@ -41,8 +41,6 @@ pub struct Member {
     pub ns: Netns,
     pub ip: Ipv4Addr,
     pub dir: PathBuf,
-    /// Its data directory: see [`crate::etcd::data_dir`].
-    data: PathBuf,
     child: Option<Child>,
 }
 
@@ -117,7 +115,6 @@ impl EtcdCluster {
                 ns,
                 ip,
                 dir: mdir,
-                data: crate::etcd::data_dir(&format!("etcd-{}", i + 1)),
                 child: None,
             });
         }
@@ -154,7 +151,8 @@ impl EtcdCluster {
         let peer = format!("http://{}:{PEER_PORT}", m.ip);
         let mut cmd = Command::new("etcd");
         cmd.args(["--name", &m.name, "--data-dir"])
-            .arg(&m.data)
+            .arg(m.dir.join("data"))
+            .arg(crate::etcd::UNSAFE_NO_FSYNC)
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
@@ -396,7 +394,6 @@ impl Drop for EtcdCluster {
                 eprintln!("warning: could not remove {}: {e}", m.ns.path().display());
             }
             let _ = fs::remove_dir_all(&m.dir);
-            let _ = fs::remove_dir_all(&m.data);
         }
     }
 }

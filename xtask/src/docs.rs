@@ -349,6 +349,7 @@ pub const OTHER_PROGRAMS: &[(&str, &str)] = &[
     ("--client-cert-auth", "etcd"),
     ("--key-file", "etcd"),
     ("--trusted-ca-file", "etcd"),
+    ("--unsafe-no-fsync", "etcd"),
     ("--cacert", "etcdctl"),
     ("--cert", "etcdctl"),
     ("--endpoints", "etcdctl"),

@@ -100,12 +100,15 @@ impl OwnRecord {
             .is_some_and(|c| c.node.as_ref() == Ok(&self.node))
     }
 
-    /// Whether someone else changed or deleted this record: the view has
-    /// come as far as this agent's last write of it (at revision
-    /// `written`) and holds something else there. Before the view has
-    /// seen that write (a listing read just before it), nothing is known.
+    /// Whether this record was changed or deleted other than by this
+    /// agent (another writer, or its lease ending): the view has come as
+    /// far as this agent's last write of it (at revision `written`) and
+    /// holds something else there. Before the view has seen that write (a
+    /// listing read just before it), nothing is known; after etcd's
+    /// history went back past it (a restore from an older backup), the
+    /// view holding something else is enough.
     fn taken_from(&self, view: &View<'_>, written: Option<i64>) -> bool {
-        written.is_some_and(|w| view.revision >= w) && !self.is_in(view)
+        written.is_some_and(|w| view.revision.past(w)) && !self.is_in(view)
     }
 }
 
@@ -242,10 +245,13 @@ async fn follow(
             }
         }
         let up = matches!(*link.borrow(), Link::Up { .. });
-        let written = store.written_revision(own.key.as_bytes());
-        if up && view.synced && own.taken_from(&view, written) && rewrites.may_write(Instant::now())
+        if up
+            && view.synced
+            && !own.is_in(&view)
+            && own.taken_from(&view, store.written_revision(own.key.as_bytes()))
+            && rewrites.may_write(Instant::now())
         {
-            warn!(key = %own.key, "this node's record was changed or deleted by someone else: writing it back");
+            warn!(key = %own.key, "this node's record was changed or deleted, not by this agent (another writer, or its lease ending): writing it back");
             own.write(store).await;
         }
         view.publish(&cfg.endpoints_text(), local, nodes);
@@ -275,9 +281,8 @@ struct View<'a> {
     limits: Limits,
     /// A listing was applied since the watch last broke.
     synced: bool,
-    /// The revision `held` is at: the last listing's, or the last
-    /// event's after it.
-    revision: i64,
+    /// The revision `held` is at.
+    revision: Revision,
     /// The records changed since they were last published.
     dirty: bool,
     watch_error: Option<String>,
@@ -299,6 +304,37 @@ struct View<'a> {
     /// This node's record as this agent writes it: validated in place of
     /// whatever is at its key (see [`View::with_own`]).
     own: Option<Candidate>,
+}
+
+/// The revision the records held are at: the last listing's, or the last
+/// event's after it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Revision {
+    at: i64,
+    /// The last listing was at a revision below the one before it:
+    /// etcd's history went back (a restore from an older backup), and the
+    /// revisions of writes made before are no measure of what was seen.
+    went_back: bool,
+}
+
+impl Revision {
+    /// A listing at `revision`: a linearizable read, at or past every
+    /// write made before it, unless history went back.
+    fn listed(&mut self, revision: i64) {
+        self.went_back = revision < self.at;
+        self.at = revision;
+    }
+
+    /// A change at `revision`.
+    fn changed(&mut self, revision: i64) {
+        self.at = self.at.max(revision);
+    }
+
+    /// Whether a write at `written` has been seen (or history went back
+    /// since: it can be no longer).
+    const fn past(self, written: i64) -> bool {
+        self.at >= written || self.went_back
+    }
 }
 
 /// When the prefix was last read again for records not held.
@@ -337,7 +373,7 @@ impl<'a> View<'a> {
             limits,
             holders: Holders::default(),
             synced: false,
-            revision: 0,
+            revision: Revision::default(),
             dirty: false,
             watch_error: None,
             link_error: None,
@@ -386,7 +422,7 @@ impl<'a> View<'a> {
                 }
                 if let Some(whole) = self.listing.after_page(listing, last) {
                     self.held = whole;
-                    self.revision = revision;
+                    self.revision.listed(revision);
                     self.synced = true;
                     self.dirty = true;
                     self.watch_error = None;
@@ -395,12 +431,12 @@ impl<'a> View<'a> {
             }
             WatchEvent::Put(e) => {
                 self.held.hold(&e.key_str(), || candidate(&e, prefix));
-                self.revision = self.revision.max(e.mod_revision);
+                self.revision.changed(e.mod_revision);
                 self.dirty = true;
             }
             WatchEvent::Delete { key, revision } => {
                 self.held.forget(&String::from_utf8_lossy(&key));
-                self.revision = self.revision.max(revision);
+                self.revision.changed(revision);
                 self.dirty = true;
             }
             WatchEvent::Lost { error } => {
@@ -1019,13 +1055,14 @@ mod tests {
             e.mod_revision = revision;
             e
         };
-        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1").with_own(me);
-        view.apply(WatchEvent::Snapshot {
-            revision: 5,
-            entries: vec![at(node_kv(2), 3)],
+        let listing = |revision, entries| WatchEvent::Snapshot {
+            revision,
+            entries,
             first: true,
             last: true,
-        });
+        };
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1").with_own(me);
+        view.apply(listing(5, vec![at(node_kv(2), 3)]));
         assert!(!own.taken_from(&view, None), "nothing written yet");
         assert!(
             !own.taken_from(&view, Some(6)),
@@ -1048,12 +1085,7 @@ mod tests {
             !own.taken_from(&view, Some(9)),
             "written back at 9, not seen yet"
         );
-        view.apply(WatchEvent::Snapshot {
-            revision: 9,
-            entries: vec![at(kv("/h/n1", &value), 9)],
-            first: true,
-            last: true,
-        });
+        view.apply(listing(9, vec![at(kv("/h/n1", &value), 9)]));
         assert!(
             !own.taken_from(&view, Some(9)),
             "a listing at 9 holds the write"
@@ -1064,7 +1096,17 @@ mod tests {
             key: b"/h/n2".to_vec(),
             revision: 4,
         });
-        assert_eq!(view.revision, 9);
+        assert_eq!(view.revision.at, 9);
+        // etcd's history went back (restored from an older backup) with
+        // the lease kept: the write at 9 is not to be waited for.
+        view.apply(listing(4, vec![at(node_kv(2), 3)]));
+        assert!(
+            own.taken_from(&view, Some(9)),
+            "gone in a history gone back"
+        );
+        view.apply(listing(6, vec![at(kv("/h/n1", &value), 5)]));
+        assert!(!own.taken_from(&view, Some(9)), "held as written");
+        assert!(!view.revision.went_back, "a listing past the last one");
     }
 
     /// This node's record, changed or deleted by someone else, counts as

@@ -42,7 +42,6 @@ use super::{
     icmp_round::MtuTargets,
     order::Echoes,
     path::{Outcome, ProbeResult},
-    path_record::PathRecord,
     targets::{EchoTrack, NodePaths, targets},
 };
 use crate::membership::{Node, NodeSet};
@@ -154,7 +153,7 @@ impl Prober {
                 // Never probed: undecided, so news.
                 None => true,
                 Some(p) => {
-                    let state = decided(p.state(icmp));
+                    let state = p.state(icmp).verdict();
                     let agrees = settled(p, icmp, answered);
                     p.echo
                         .get_mut(usize::from(address / 2))
@@ -170,7 +169,7 @@ impl Prober {
 
     /// Early rounds a node gets after news: [`FOLLOW_UPS`], or as many as
     /// its paths need to reach a verdict when the thresholds ask for more.
-    fn follow_ups(&self) -> u8 {
+    pub(super) fn follow_ups(&self) -> u8 {
         let t = self.cfg.thresholds;
         let need = t.failure.max(t.success);
         FOLLOW_UPS.max(u8::try_from(need).unwrap_or(u8::MAX))
@@ -201,19 +200,6 @@ impl EchoTrack {
     }
 }
 
-/// A path's state as an echo reads it: a path whose last probes went the
-/// other way than its state, not yet enough of them to turn it (failing
-/// below the failure threshold), is undecided. Its summary already says
-/// it is failing, so an answered echo must get it probed again: left in
-/// Success, it would wait for the next round to read as reached.
-fn decided(path: &PathRecord) -> ProbeResult {
-    match path.result {
-        ProbeResult::Success if path.consecutive_failures > 0 => ProbeResult::Unknown,
-        ProbeResult::Failure if path.consecutive_successes > 0 => ProbeResult::Unknown,
-        r => r,
-    }
-}
-
 /// Whether every path of the family of node path `icmp` (its node
 /// address's ICMP path: the family's first) agrees with an echo: all
 /// decided in Success when it was answered, all in Failure when it was
@@ -224,7 +210,7 @@ fn settled(paths: &NodePaths, icmp: usize, answered: bool) -> bool {
     } else {
         ProbeResult::Failure
     };
-    (icmp..icmp + PER_FAMILY).all(|i| decided(paths.state(i)) == agreeing)
+    (icmp..icmp + PER_FAMILY).all(|i| paths.state(i).verdict() == agreeing)
 }
 
 /// Whether an echo answered (or not) disagrees with a path in `state`:

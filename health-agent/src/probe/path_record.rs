@@ -188,6 +188,21 @@ impl PathRecord {
     }
 }
 
+impl PathRecord {
+    /// The path's verdict: its state, but Unknown for a path whose last
+    /// probes went the other way than its state, not yet enough of them
+    /// to turn it (failing below the failure threshold). Its summary
+    /// already says it is failing: it is to be probed again soon, not left
+    /// to the next round.
+    pub(super) const fn verdict(&self) -> ProbeResult {
+        match self.result {
+            ProbeResult::Success if self.consecutive_failures > 0 => ProbeResult::Unknown,
+            ProbeResult::Failure if self.consecutive_successes > 0 => ProbeResult::Unknown,
+            r => r,
+        }
+    }
+}
+
 impl Default for PathRecord {
     fn default() -> Self {
         Self::UNKNOWN

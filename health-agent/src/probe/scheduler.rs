@@ -9,8 +9,9 @@
 //! past (an agent that found its peers in etcd after its first round, a
 //! node that joins a full mesh too large for liveness echoes). However
 //! many nodes join, and however often, that is at most one such round a
-//! gap, each over the nodes not probed yet, and quiet: no round number,
-//! history slot or summary of its own (see `RoundKind::Joined`).
+//! gap, each over the nodes not probed yet (and those such rounds left
+//! undecided, a few times), and quiet: no round number, history slot or
+//! summary of its own (see `RoundKind::Joined`).
 //!
 //! A round that takes the whole interval or longer leaves the next round's
 //! tick due as soon as it ends; liveness echoes whose tick came due meanwhile

@@ -7,6 +7,7 @@ use std::{net::IpAddr, sync::Arc};
 use super::{
     family::{self, Families, Family, MAX_PATHS, PER_FAMILY, Shown},
     history::NodeRing,
+    path::ProbeResult,
     path_record::PathRecord,
     quality::PathQuality,
     status::{Connectivity, NodeStatus},
@@ -25,6 +26,10 @@ pub(super) struct NodePaths {
     /// `Family::index`): early rounds left while the family's paths
     /// disagree with its echoes, and whether its last echo was answered.
     pub(super) echo: [EchoTrack; 2],
+    /// Rounds of the nodes that joined (`RoundKind::Joined`) left to this
+    /// node while some of its paths have no verdict (see
+    /// [`Prober::probe_joined`](super::Prober::probe_joined)).
+    pub(super) join_rounds: u8,
 }
 
 /// One path as the prober keeps it: its state, and its loss and RTT over
@@ -45,6 +50,15 @@ pub(super) struct EchoTrack {
 }
 
 impl NodePaths {
+    /// Whether some path `node` is probed over has no verdict yet (see
+    /// [`PathRecord::verdict`]).
+    pub(super) fn undecided(&self, node: &Node, families: Families) -> bool {
+        Shown::of(node, families).probed().any(|f| {
+            let at = f.index() * PER_FAMILY;
+            (at..at + PER_FAMILY).any(|i| self.state(i).verdict() == ProbeResult::Unknown)
+        })
+    }
+
     /// Path `i`'s state (Unknown when never probed).
     pub(super) fn state(&self, i: usize) -> &PathRecord {
         self.paths.get(i).map_or(&PathRecord::UNKNOWN, |p| &p.state)

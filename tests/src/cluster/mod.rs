@@ -45,9 +45,6 @@ pub struct Cluster {
     pub nodes_file: PathBuf,
     settings: Settings,
     etcd: Option<Child>,
-    /// The single etcd's data directory, kept across its restarts: see
-    /// [`crate::etcd::data_dir`].
-    etcd_data: PathBuf,
     /// The etcd cluster, with `etcd_members` above 1.
     pub etcd_cluster: Option<crate::etcd_cluster::EtcdCluster>,
     /// Each node's WireGuard keys, with `wireguard`.
@@ -82,7 +79,6 @@ impl Cluster {
             dir,
             settings: settings.clone(),
             etcd: None,
-            etcd_data: crate::etcd::data_dir("etcd"),
             etcd_cluster: None,
             wg_keys: Vec::new(),
         };
@@ -139,7 +135,7 @@ impl Cluster {
             return;
         }
         assert!(self.etcd.is_none(), "etcd already running");
-        let data = self.etcd_data.clone();
+        let data = self.dir.join("etcd");
         let first = !data.exists();
         let pki = self.etcd_pki();
         self.etcd = Some(crate::etcd::spawn(
@@ -441,6 +437,5 @@ impl Drop for Cluster {
         }
         let _ = self.fabric.delete();
         let _ = fs::remove_dir_all(&self.dir);
-        let _ = fs::remove_dir_all(&self.etcd_data);
     }
 }

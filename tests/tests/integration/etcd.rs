@@ -152,18 +152,40 @@ fn nodes_found_in_etcd_are_probed_before_the_next_round_is_due() {
         "every peer probed {:?} after the start",
         started.elapsed()
     );
-    // node-3 leaves (SIGTERM: its lease goes) and joins again.
+    // node-3 leaves (SIGTERM: its lease goes). Its record comes back
+    // before its agent answers (as from an agent still making its
+    // endpoint): the round of the nodes that joined finds it failing.
+    let first = cluster.wait_status(0, Duration::from_secs(1), all);
+    let node3 = first.node("node-3").expect("node-3").clone();
     cluster.stop_agent(2, Signal::SIGTERM);
     let left = cluster.wait_status(0, Duration::from_secs(10), |s| s.nodes.len() == 2);
-    let back = std::time::Instant::now();
     let back_ms = health_agent::util::timefmt::now_ms();
-    cluster.start_agent(2);
-    let seen = cluster.wait_status(0, Duration::from_secs(30), |s| {
+    etcd_put(
+        &cluster,
+        "/health/nodes/node-3",
+        &format!(
+            r#"{{"name": "node-3", "node_ip": "{}", "health_ip": "{}"}}"#,
+            node3.host.ip, node3.endpoint.ip
+        ),
+    );
+    let failing = cluster.wait_status(0, Duration::from_secs(10), |s| {
         s.node("node-3").is_some_and(|n| probed_since(n, back_ms))
     });
     assert!(
+        !failing.node("node-3").is_some_and(NodeStatus::reachable),
+        "{failing:#?}"
+    );
+    // Its agent starts: more rounds of the kind follow while some path
+    // has no verdict, and it is reachable on every path within seconds,
+    // not at the next round a minute away.
+    let back = std::time::Instant::now();
+    cluster.start_agent(2);
+    let seen = cluster.wait_status(0, Duration::from_secs(30), |s| {
+        s.node("node-3").is_some_and(NodeStatus::reachable)
+    });
+    assert!(
         back.elapsed() < soon,
-        "node-3 probed {:?} after it came back: {seen:#?}",
+        "node-3 reachable {:?} after its agent started: {seen:#?}",
         back.elapsed()
     );
     // In a round of its own, which leaves the last round published as it

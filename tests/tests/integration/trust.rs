@@ -306,7 +306,7 @@ fn an_agent_writes_its_own_record_back() {
     assert!(
         cluster.nodes[0]
             .log()
-            .contains("changed or deleted by someone else: writing it back"),
+            .contains("changed or deleted, not by this agent"),
         "{}",
         cluster.nodes[0].log()
     );

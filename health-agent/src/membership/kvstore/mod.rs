@@ -512,6 +512,8 @@ impl KvStore {
         };
         let lease = keeper.id();
         self.put_all(&client, lease).await.map_err(down)?;
+        // After the writes' revisions are kept: what waits for the link
+        // to come up reads them then.
         self.mark_up(lease, previous.is_some_and(|p| p != lease));
         let up = |e| (true, e);
         let mut tick = tokio::time::interval(ttl / 3);
@@ -592,21 +594,34 @@ impl KvStore {
         Ok(())
     }
 
-    /// Keeps the revision a write of `key` made.
+    /// Keeps the revision a write of `key` made (0 when etcd's answer
+    /// has no header: then any revision counts as past it).
     fn wrote(&self, key: &[u8], header: Option<&etcd_client::ResponseHeader>) {
         let revision = header.map_or(0, etcd_client::ResponseHeader::revision);
-        if let Ok(mut revisions) = self.inner.revisions.lock() {
-            revisions.insert(key.to_vec(), revision);
+        let mut revisions = self.revisions();
+        match revisions.get_mut(key) {
+            Some(r) => *r = revision,
+            None => {
+                revisions.insert(key.to_vec(), revision);
+            }
         }
+    }
+
+    fn revisions(&self) -> std::sync::MutexGuard<'_, BTreeMap<Vec<u8>, i64>> {
+        self.inner
+            .revisions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The revision at which this agent last wrote `key` with its lease,
     /// if it has: a watcher of the key that has seen events up to it
     /// knows the write has reached it, and whatever differs there since
-    /// is someone else's doing.
+    /// was not written by this agent (another writer did, or the lease
+    /// ended).
     #[must_use]
     pub fn written_revision(&self, key: &[u8]) -> Option<i64> {
-        self.inner.revisions.lock().ok()?.get(key).copied()
+        self.revisions().get(key).copied()
     }
 
     /// Puts `value` under `key` with this agent's lease: it stays while
@@ -657,9 +672,7 @@ impl KvStore {
         let key = key.into();
         let mut leased = self.inner.leased.lock().await;
         leased.remove(&key);
-        if let Ok(mut revisions) = self.inner.revisions.lock() {
-            revisions.remove(&key);
-        }
+        self.revisions().remove(&key);
         let client = self.client().await?;
         timed(
             format!("deleting {}", String::from_utf8_lossy(&key)),

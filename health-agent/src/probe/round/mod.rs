@@ -82,6 +82,10 @@ pub struct Prober {
     /// did not have: the scheduler probes the nodes never probed (see
     /// [`super::scheduler`]).
     joined: tokio::sync::watch::Sender<u64>,
+    /// Some node that joined has rounds of its own still to come (see
+    /// [`Self::probe_joined`]): a round of another kind says so to the
+    /// scheduler again when it ends, as it took the turn of the one due.
+    pub(super) joining: std::sync::atomic::AtomicBool,
     /// Held by a publish from its check of the published round to its
     /// write (see [`Self::publish`]).
     publishing: Mutex<()>,
@@ -120,9 +124,10 @@ pub(super) enum RoundKind {
     /// numbered as a whole round is, but judging no encryption, which is
     /// judged over the whole set.
     Some,
-    /// The round of the nodes that joined: their first results only,
-    /// with no number, no slot in the histories, no MTU probes and no
-    /// round duration; the last round's info stays published.
+    /// The round of the nodes that joined (and of those such rounds left
+    /// undecided): their first results only, with no number, no slot in
+    /// the histories, no MTU probes and no round duration; the last
+    /// round's info stays published.
     Joined,
 }
 
@@ -142,6 +147,7 @@ impl Prober {
             liveness_ms: std::sync::atomic::AtomicU64::new(0),
             published_seq: tokio::sync::watch::Sender::new(0),
             joined: tokio::sync::watch::Sender::new(0),
+            joining: std::sync::atomic::AtomicBool::new(false),
             publishing: Mutex::new(()),
             failed: Mutex::new(None),
             published: RwLock::new(Published {
@@ -216,6 +222,8 @@ impl Prober {
                     paths: p.paths.clone(),
                     history: p.history.resized(length),
                     echo: p.echo,
+                    // Looked for a gap after the reload (`First::Resumed`).
+                    join_rounds: p.join_rounds,
                 };
                 (name.clone(), p)
             }));
@@ -440,7 +448,17 @@ impl Prober {
             published_ms = ms(t0.elapsed()),
             "round done"
         );
+        self.pass_on_joined(kind);
         self.status_summary()
+    }
+
+    /// After a round of `kind`: one of another kind took the turn of the
+    /// round of the nodes that joined due, which it passes on while some
+    /// are to come.
+    fn pass_on_joined(&self, kind: RoundKind) {
+        if kind != RoundKind::Joined && self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+            self.joins_more();
+        }
     }
 
     /// A round's number: the next for a numbered one; the last for the

@@ -21,18 +21,100 @@ impl Prober {
     }
 
     /// A quiet round (`RoundKind::Joined`) over the nodes never probed
-    /// (those that joined since the last round took their targets); the
-    /// nodes it probed, none when every node has been probed.
+    /// (those that joined since the last round took their targets), and
+    /// over those such rounds left with a path undecided, each up to
+    /// `Prober::follow_ups` more times: a node just starting can miss the
+    /// first probe, and with a failure threshold above one a path needs
+    /// several to fail. The nodes it probed, none when there was nothing
+    /// to do. While some node has such rounds to come, the scheduler is
+    /// told as of a join: the next goes a gap after this one began.
     pub async fn probe_joined(self: &Arc<Self>) -> usize {
         // Read in the rounds' turn: a round that ran meanwhile probed them.
         let turn = self.round_lock.lock().await;
         let nodes = self.nodes();
-        let never = self.never_probed(&nodes);
-        if !never.is_empty() {
-            self.round_in_turn(turn, nodes.subset(&never), RoundKind::Joined)
+        let (picked, never) = self.joined_now(&nodes);
+        if !picked.is_empty() {
+            self.round_in_turn(turn, nodes.subset(&picked), RoundKind::Joined)
                 .await;
         }
-        never.len()
+        let more = self.after_joined(&nodes, &picked, &never);
+        self.joining
+            .store(more, std::sync::atomic::Ordering::Relaxed);
+        if more {
+            self.joins_more();
+        }
+        picked.len()
+    }
+
+    /// The nodes (indices into `nodes`, sorted) a round of the nodes that
+    /// joined probes now, and of them those never probed.
+    pub(super) fn joined_now(&self, nodes: &NodeSet) -> (Vec<usize>, Vec<usize>) {
+        let never = self.never_probed(nodes);
+        let again = self.joined_undecided(nodes);
+        // Disjoint: the nodes never probed have no paths to be undecided.
+        let mut picked: Vec<usize> = never.iter().chain(&again).copied().collect();
+        picked.sort_unstable();
+        (picked, never)
+    }
+
+    /// Tells the scheduler a round of the nodes that joined is due.
+    pub(super) fn joins_more(&self) {
+        self.joined.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The nodes (indices into `nodes`) left with a path undecided by the
+    /// rounds of the nodes that joined, with rounds to come: each has one
+    /// fewer now. Those decided meanwhile (by another round) have none
+    /// left.
+    pub(super) fn joined_undecided(&self, nodes: &NodeSet) -> Vec<usize> {
+        let Ok(mut paths) = self.paths.lock() else {
+            return Vec::new();
+        };
+        let families = self.cfg.families;
+        (0..nodes.len())
+            .filter(|&i| {
+                let n = &nodes[i];
+                let Some(p) = paths.get_mut(n.name.as_str()) else {
+                    return false;
+                };
+                if p.join_rounds == 0 {
+                    return false;
+                }
+                if !p.undecided(n, families) {
+                    p.join_rounds = 0;
+                    return false;
+                }
+                p.join_rounds -= 1;
+                true
+            })
+            .collect()
+    }
+
+    /// After a round of the nodes that joined over `picked` (indices into
+    /// `nodes`; `never`, sorted, those never probed before it): a node
+    /// probed for the first time that some path left undecided gets
+    /// [`Self::follow_ups`] rounds to come, a decided one none. Whether
+    /// some node has rounds to come.
+    pub(super) fn after_joined(&self, nodes: &NodeSet, picked: &[usize], never: &[usize]) -> bool {
+        let follow_ups = self.follow_ups();
+        let Ok(mut paths) = self.paths.lock() else {
+            return false;
+        };
+        let mut more = false;
+        for &i in picked {
+            let n = &nodes[i];
+            // Gone from the set meanwhile: nothing to come.
+            let Some(p) = paths.get_mut(n.name.as_str()) else {
+                continue;
+            };
+            if !p.undecided(n, self.cfg.families) {
+                p.join_rounds = 0;
+            } else if never.binary_search(&i).is_ok() {
+                p.join_rounds = follow_ups;
+            }
+            more |= p.join_rounds > 0;
+        }
+        more
     }
 
     /// The indices of `nodes`' nodes that no round has recorded, of those

@@ -738,3 +738,130 @@ fn the_nodes_that_joined_are_recorded_in_no_history_and_leave_the_round_publishe
     // No flags for the next round's order numbered by b alone.
     assert!(prober.failed.lock().expect("lock").is_none());
 }
+
+/// A round of the nodes that joined, as [`Prober::probe_joined`] runs
+/// it, each probe's (ICMP, HTTP) outcomes from `outcome(node, to the
+/// endpoint)`: the nodes it probed, and whether some have rounds to come.
+fn joined_round(
+    prober: &Prober,
+    at: u64,
+    outcome: impl Fn(&Node, bool) -> (Outcome, Outcome),
+) -> (Vec<String>, bool) {
+    let set = prober.nodes();
+    let (picked, never) = prober.joined_now(&set);
+    let these = set.subset(&picked);
+    let t = targets(&these, prober.cfg.families);
+    let outcomes: Vec<_> = (0..t.keys.len())
+        .map(|i| outcome(&these[t.keys[i].0 as usize], t.kind(i).1))
+        .collect();
+    prober.while_recording(|| prober.record_in(&these, &t.keys, outcomes, None, at));
+    let more = prober.after_joined(&set, &picked, &never);
+    let names = these.iter().map(|n| n.name.clone()).collect();
+    (names, more)
+}
+
+fn thresholds(success: u32, failure: u32) -> Arc<Prober> {
+    Prober::new(ProbeConfig {
+        thresholds: Thresholds { success, failure },
+        ..ProbeConfig::default()
+    })
+}
+
+#[test]
+fn a_node_that_joined_is_probed_again_until_every_path_has_its_verdict() {
+    // Three failures turn a path: three rounds to come after the first.
+    let prober = thresholds(1, 3);
+    assert_eq!(prober.follow_ups(), 3);
+    prober.set_nodes(nodes(&["a"]));
+    round_with(&prober, 1, None);
+    prober.set_nodes(nodes(&["a", "b", "c"]));
+    // b answers at once; c's endpoint is silent for good, and its node
+    // address misses the first echo (a node just starting).
+    let silent = |first: bool| {
+        move |n: &Node, endpoint: bool| match (n.name.as_str(), endpoint) {
+            ("c", true) => (refused(), refused()),
+            ("c", false) if first => (refused(), ok(5)),
+            _ => (ok(5), ok(5)),
+        }
+    };
+    assert_eq!(
+        joined_round(&prober, 2_000, silent(true)),
+        (vec!["b".to_owned(), "c".to_owned()], true)
+    );
+    let state = |i| prober.paths.lock().expect("lock")["c"].state(i).result;
+    assert_eq!(state(0), ProbeResult::Unknown, "one failure of three");
+    // c alone, twice more: its node address answers, its endpoint's
+    // paths fail their third time and are decided.
+    assert_eq!(
+        joined_round(&prober, 3_000, silent(false)),
+        (vec!["c".to_owned()], true)
+    );
+    assert_eq!(state(0), ProbeResult::Success);
+    assert_eq!(
+        joined_round(&prober, 4_000, silent(false)),
+        (vec!["c".to_owned()], false)
+    );
+    assert_eq!(state(2), ProbeResult::Failure);
+    assert_eq!(joined_round(&prober, 5_000, silent(false)), (vec![], false));
+    // A round of the whole set decides a node meanwhile: nothing to come.
+    prober.set_nodes(nodes(&["a", "b", "c", "d"]));
+    assert!(
+        joined_round(&prober, 6_000, |n, _| if n.name == "d" {
+            (refused(), refused())
+        } else {
+            (ok(5), ok(5))
+        })
+        .1
+    );
+    round_with(&prober, 2, None);
+    assert_eq!(joined_round(&prober, 7_000, silent(false)), (vec![], false));
+}
+
+#[test]
+fn a_node_that_joined_and_stays_undecided_runs_out_of_rounds() {
+    // Two of a kind turn a path: one that alternates never does.
+    let prober = thresholds(2, 2);
+    let rounds = prober.follow_ups();
+    prober.set_nodes(nodes(&["a"]));
+    let mut count = 0;
+    for i in 0..10u64 {
+        let outcome = if i % 2 == 0 { refused() } else { ok(5) };
+        let (names, more) = joined_round(&prober, 1_000 * (i + 1), |_, _| {
+            (outcome.clone(), outcome.clone())
+        });
+        count += names.len();
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(
+        count,
+        1 + usize::from(rounds),
+        "the first round and its follow-ups"
+    );
+    assert_eq!(
+        joined_round(&prober, 20_000, |_, _| (ok(5), ok(5))).0,
+        Vec::<String>::new()
+    );
+}
+
+/// A round of another kind takes the turn of the round of the nodes that
+/// joined due: it says again that one is due, while some are to come.
+#[tokio::test]
+async fn a_round_of_another_kind_passes_on_the_rounds_of_nodes_that_joined() {
+    let prober = Prober::new(ProbeConfig::default());
+    let mut joins = prober.joins();
+    prober.run_round().await;
+    assert!(!joins.has_changed().expect("open"), "none to come");
+    prober
+        .joining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    prober.run_round().await;
+    assert!(joins.has_changed().expect("open"), "some to come");
+    joins.borrow_and_update();
+    // Nothing left to probe: the round of the nodes that joined says so.
+    assert_eq!(prober.probe_joined().await, 0);
+    assert!(!prober.joining.load(std::sync::atomic::Ordering::Relaxed));
+    prober.run_round().await;
+    assert!(!joins.has_changed().expect("open"));
+}
