@@ -101,7 +101,6 @@ impl NodeSync {
             // With encryption on, health addresses go into its device.
             let encryption = prober.config().encryption.clone();
             async move {
-                prober.set_nodes(subset);
                 bounds.protected.extend(names.addresses().await);
                 let synced = tokio::task::spawn_blocking(move || {
                     if let Some(enc) = &encryption {
@@ -127,6 +126,11 @@ impl NodeSync {
                         failed: true,
                     })
                 });
+                // The prober gets the set once its routes are made: a
+                // node new to it is probed at once (in the round of the
+                // nodes that joined), and its health address is reached
+                // through its route.
+                prober.set_nodes(subset);
                 // Skipped, the routes and what was refused stay as they
                 // were: tried again, as after a failure.
                 let failed = synced.is_none_or(|s| {

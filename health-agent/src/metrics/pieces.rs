@@ -195,4 +195,41 @@ mod tests {
         out.write_str(&"x".repeat(PIECE)).expect("a piece held");
         assert!(out.write_str("y").is_err());
     }
+
+    /// A collector that writes a series, then fails, or panics.
+    #[derive(Debug)]
+    struct Failing {
+        panics: bool,
+    }
+
+    impl prometheus_client::collector::Collector for Failing {
+        fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> fmt::Result {
+            super::super::encode::counter(&mut enc, "written_first", "A series", 1)?;
+            assert!(!self.panics, "a collector's bug");
+            Err(fmt::Error)
+        }
+    }
+
+    /// A scrape whose encoding fails, or panics, ends broken, not as a
+    /// short answer, and gives its turn back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn an_encoding_that_fails_or_panics_ends_the_body_broken() {
+        use futures::StreamExt as _;
+        for panics in [false, true] {
+            let mut registry = prometheus_client::registry::Registry::default();
+            registry.register_collector(Box::new(Failing { panics }));
+            let metrics = Arc::new(Metrics {
+                registry,
+                turns: Arc::new(Semaphore::new(1)),
+                deadline: std::time::Duration::from_secs(5),
+            });
+            let body: Vec<_> = metrics.pieces().collect().await;
+            assert!(
+                body.last().is_some_and(Result::is_err),
+                "panics: {panics}: {body:?}"
+            );
+            assert_eq!(body.iter().filter(|p| p.is_err()).count(), 1);
+            assert_eq!(metrics.turns.available_permits(), 1, "the turn given back");
+        }
+    }
 }

@@ -167,8 +167,9 @@ impl Prober {
         out
     }
 
-    /// Early rounds a node gets after news: [`FOLLOW_UPS`], or as many as
-    /// its paths need to reach a verdict when the thresholds ask for more.
+    /// Early rounds a node gets after news (and after it joined, see
+    /// `Prober::probe_joined`): [`FOLLOW_UPS`], or as many as its paths
+    /// need to reach a verdict when the thresholds ask for more.
     pub(super) fn follow_ups(&self) -> u8 {
         let t = self.cfg.thresholds;
         let need = t.failure.max(t.success);

@@ -14,8 +14,10 @@
 //! summary of its own (see `RoundKind::Joined`).
 //!
 //! A round that takes the whole interval or longer leaves the next round's
-//! tick due as soon as it ends; liveness echoes whose tick came due meanwhile
-//! go first then, so a slow round never starves them.
+//! tick due as soon as it ends, and a round of the nodes that joined in a
+//! tick's way delays that round alone: the ticks keep their times.
+//! Liveness echoes whose tick came due meanwhile go first then, so a slow
+//! round never starves them.
 
 use std::{future::Future, pin::pin, sync::Arc, task::Poll, time::Duration};
 
@@ -72,7 +74,7 @@ pub async fn run(prober: Arc<Prober>, first: First, shutdown: CancellationToken)
         async move {
             let nodes = prober.probe_joined().await;
             if nodes > 0 {
-                debug!(nodes, "nodes that joined probed");
+                debug!(nodes, "nodes that joined (or were left undecided) probed");
             }
         }
     };
@@ -177,7 +179,10 @@ impl Cadence {
             }
         };
         let mut tick = tokio::time::interval_at(first, self.interval);
-        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // A tick missed (a round of the nodes that joined, or a round
+        // longer than the interval, in its way) goes as soon as it can,
+        // and the ticks after it keep their times.
+        tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
         // The first echoes go an interval after the first round, or after
         // the reload.
         let every = self.liveness.unwrap_or(ONE_DAY).min(ONE_DAY);
@@ -341,6 +346,33 @@ mod tests {
                 at('J', 30.0),
                 at('R', 60.0),
                 at('J', 61.5)
+            ],
+            "{log:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_of_nodes_that_joined_over_a_tick_delays_that_round_alone() {
+        let cadence = Cadence {
+            first: First::After(Duration::ZERO),
+            interval: Duration::from_secs(60),
+            liveness: None,
+        };
+        let script = Script {
+            round_takes: Duration::from_millis(500),
+            joined_takes: Duration::from_secs(2),
+            joins_at: vec![Duration::from_secs(59)],
+            ..Script::default()
+        };
+        let log = run_script(cadence, &script, Duration::from_secs(182)).await;
+        assert_eq!(
+            starts(&log),
+            [
+                at('R', 0.0),
+                at('J', 59.0),
+                at('R', 61.0),
+                at('R', 120.0),
+                at('R', 180.0)
             ],
             "{log:?}"
         );

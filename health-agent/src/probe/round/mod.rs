@@ -85,7 +85,7 @@ pub struct Prober {
     /// Some node that joined has rounds of its own still to come (see
     /// [`Self::probe_joined`]): a round of another kind says so to the
     /// scheduler again when it ends, as it took the turn of the one due.
-    pub(super) joining: std::sync::atomic::AtomicBool,
+    joining: std::sync::atomic::AtomicBool,
     /// Held by a publish from its check of the published round to its
     /// write (see [`Self::publish`]).
     publishing: Mutex<()>,

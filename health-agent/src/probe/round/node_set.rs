@@ -197,7 +197,7 @@ impl Prober {
         let round = self.status_summary().round.clone();
         self.publish(round, true);
         if gained {
-            self.joined.send_modify(|n| *n = n.wrapping_add(1));
+            self.joins_more();
         }
     }
 }

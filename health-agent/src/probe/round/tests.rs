@@ -614,8 +614,19 @@ fn a_reload_keeps_the_history_that_fits_the_new_length() {
         history_length: 5,
         ..ProbeConfig::default()
     });
+    old.paths
+        .lock()
+        .expect("lock")
+        .get_mut("a")
+        .expect("a")
+        .join_rounds = 2;
     same.take_over(&old);
     assert_eq!(same.history_strips().nodes[0].paths[HOST_HTTP], "SSSFS");
+    assert_eq!(
+        same.paths.lock().expect("lock")["a"].join_rounds,
+        2,
+        "rounds of the nodes that joined to come, carried"
+    );
 }
 
 /// 10,000 nodes in the prober's map (16,384 slots with their names)
@@ -864,4 +875,47 @@ async fn a_round_of_another_kind_passes_on_the_rounds_of_nodes_that_joined() {
     assert!(!prober.joining.load(std::sync::atomic::Ordering::Relaxed));
     prober.run_round().await;
     assert!(!joins.has_changed().expect("open"));
+}
+
+#[test]
+fn a_node_is_undecided_while_some_path_of_a_family_it_is_probed_over_is() {
+    let prober = prober_of(Families::Dual);
+    // Every path answered: decided.
+    round_where(&prober, 1, |_, _, _| (ok(5), ok(5)));
+    let set = prober.nodes();
+    let undecided = |p: &Prober| -> Vec<String> {
+        let paths = p.paths.lock().expect("lock");
+        set.iter()
+            .filter(|n| {
+                paths
+                    .get(n.name.as_str())
+                    .is_some_and(|path| path.undecided(n, p.cfg.families))
+            })
+            .map(|n| n.name.clone())
+            .collect()
+    };
+    assert_eq!(undecided(&prober), Vec::<String>::new());
+    // Three failures turn a path: a's IPv6 endpoint and c's (IPv6 only)
+    // host path failing once leave them undecided; b, IPv4 only, is not
+    // probed over IPv6.
+    let slow = Prober::new(ProbeConfig {
+        families: Families::Dual,
+        thresholds: Thresholds {
+            success: 1,
+            failure: 3,
+        },
+        ..ProbeConfig::default()
+    });
+    slow.set_nodes(mixed());
+    round_where(&slow, 1, |_, _, _| (ok(5), ok(5)));
+    round_where(&slow, 2, |n, family, endpoint| {
+        let fails = family == Family::Ipv6 && (n.name == "a") == endpoint;
+        (ok(5), if fails { refused() } else { ok(5) })
+    });
+    assert_eq!(undecided(&slow), ["a", "c"]);
+    // An agent of IPv4 alone does not probe c at all: decided, with
+    // nothing to decide.
+    let v4 = prober_of(Families::Ipv4);
+    round_where(&v4, 1, |_, _, _| (refused(), refused()));
+    assert_eq!(undecided(&v4), Vec::<String>::new());
 }
