@@ -3,6 +3,7 @@
 //! re-checked after link events: a link going down takes its routes).
 
 use std::{
+    collections::BTreeMap,
     net::IpAddr,
     sync::{
         Arc, Mutex, PoisonError,
@@ -20,7 +21,7 @@ use crate::{
     membership::{
         NodeSet,
         published::Nodes,
-        routes::{PeerRoutes, RouteBounds, Synced},
+        routes::{PeerRoute, PeerRoutes, RouteBounds, Synced},
         sync,
     },
     probe::Prober,
@@ -76,11 +77,16 @@ impl NodeSync {
         let routes = Arc::new(Mutex::new(PeerRoutes::default()));
         let wake = Arc::new(Notify::new());
         let mut changes = nodes.clone();
+        // A reload's prober gets the set too: taken over from the one it
+        // replaced, which a sync under way meanwhile may have handed a
+        // newer one.
+        let mut reloads = self.prober.clone();
         let waker = wake.clone();
         let watch = async move {
             loop {
                 tokio::select! {
                     r = changes.changed() => if r.is_err() { break },
+                    r = reloads.changed() => if r.is_err() { break },
                     r = links.recv() => if matches!(r, Err(broadcast::error::RecvError::Closed)) { break },
                 }
                 waker.notify_one();
@@ -93,43 +99,23 @@ impl NodeSync {
         let apply = sync::run(self.limits, &wake, || {
             let failures = failures.clone();
             let set = nodes.borrow_and_update().clone();
-            let (prober, routes) = (self.prober.borrow().clone(), routes.clone());
+            let probers = self.prober.clone();
             let desired = PeerRoutes::desired(&set, Some(&self.local_name), &self.own_ips);
             let subset = probed(&set, &self.local_name, self.peers);
-            let (mut bounds, source) = (self.bounds.clone(), self.source.clone());
+            let bounds = self.bounds.clone();
+            let source = self.source.clone();
             let names = self.endpoint_names.clone();
             // With encryption on, health addresses go into its device.
-            let encryption = prober.config().encryption.clone();
+            let encryption = probers.borrow().config().encryption.clone();
+            let routes = routes.clone();
             async move {
-                bounds.protected.extend(names.addresses().await);
-                let synced = tokio::task::spawn_blocking(move || {
-                    if let Some(enc) = &encryption {
-                        // The devices cannot be read now: the routes stay
-                        // as they are rather than flap out of the tunnel
-                        // and back. Tried again.
-                        bounds.tunnel = enc.device().ok()?;
-                    }
-                    // A sync that panicked left the routes as a sync
-                    // leaves them: the next one goes on from there.
-                    Some(
-                        routes
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .apply(&desired, &bounds),
-                    )
-                })
-                .await
-                // This sync panicked: run one again, as after a failure.
-                .unwrap_or_else(|_| {
-                    Some(Synced {
-                        refused: Vec::new(),
-                        failed: true,
-                    })
-                });
-                // The prober gets the set once its routes are made: a
+                let synced = make_routes(routes, desired, bounds, &names, encryption).await;
+                // The prober in service now (a reload may have replaced
+                // it meanwhile) gets the set once the routes were made: a
                 // node new to it is probed at once (in the round of the
                 // nodes that joined), and its health address is reached
                 // through its route.
+                let prober = probers.borrow().clone();
                 prober.set_nodes(subset);
                 // Skipped, the routes and what was refused stay as they
                 // were: tried again, as after a failure.
@@ -164,6 +150,41 @@ impl NodeSync {
             .await;
         }
     }
+}
+
+/// Makes `desired`'s routes within `bounds` (the etcd endpoints given by
+/// name kept off them, and, with `encryption`, its device as the tunnel);
+/// `None` when that device cannot be read now (the routes stay as they
+/// are rather than flap out of the tunnel and back: tried again).
+async fn make_routes(
+    routes: Arc<Mutex<PeerRoutes>>,
+    desired: BTreeMap<IpAddr, PeerRoute>,
+    mut bounds: RouteBounds,
+    names: &EndpointNames,
+    encryption: Option<Arc<crate::encryption::EncryptionMonitor>>,
+) -> Option<Synced> {
+    bounds.protected.extend(names.addresses().await);
+    tokio::task::spawn_blocking(move || {
+        if let Some(enc) = &encryption {
+            bounds.tunnel = enc.device().ok()?;
+        }
+        // A sync that panicked left the routes as a sync leaves them: the
+        // next one goes on from there.
+        Some(
+            routes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .apply(&desired, &bounds),
+        )
+    })
+    .await
+    // This sync panicked: run one again, as after a failure.
+    .unwrap_or_else(|_| {
+        Some(Synced {
+            refused: Vec::new(),
+            failed: true,
+        })
+    })
 }
 
 #[cfg(test)]

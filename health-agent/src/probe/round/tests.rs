@@ -581,7 +581,7 @@ fn rounds_are_kept_per_path_and_go_with_their_node() {
 }
 
 #[test]
-fn a_reload_keeps_the_history_that_fits_the_new_length() {
+fn a_reload_keeps_the_history_that_fits_the_new_length_and_the_rounds_to_come() {
     let old = Prober::new(ProbeConfig {
         history_length: 5,
         ..ProbeConfig::default()
@@ -913,8 +913,9 @@ fn a_node_is_undecided_while_some_path_of_a_family_it_is_probed_over_is() {
         (ok(5), if fails { refused() } else { ok(5) })
     });
     assert_eq!(undecided(&slow), ["a", "c"]);
-    // An agent of IPv4 alone does not probe c at all: decided, with
-    // nothing to decide.
+    // An agent of IPv4 alone: a's IPv6 paths, never recorded, read
+    // Unknown, but a is not probed over IPv6 (c, not probed at all, has
+    // no paths).
     let v4 = prober_of(Families::Ipv4);
     round_where(&v4, 1, |_, _, _| (refused(), refused()));
     assert_eq!(undecided(&v4), Vec::<String>::new());
