@@ -81,12 +81,21 @@ impl NodeSync {
         // replaced, which a sync under way meanwhile may have handed a
         // newer one.
         let mut reloads = self.prober.clone();
+        // Only reloads from now on: the first sync is woken below.
+        reloads.borrow_and_update();
+        let mut reloads_open = true;
         let waker = wake.clone();
         let watch = async move {
             loop {
                 tokio::select! {
                     r = changes.changed() => if r.is_err() { break },
-                    r = reloads.changed() => if r.is_err() { break },
+                    r = reloads.changed(), if reloads_open => {
+                        // No more reloads: the node set still changes.
+                        if r.is_err() {
+                            reloads_open = false;
+                            continue;
+                        }
+                    }
                     r = links.recv() => if matches!(r, Err(broadcast::error::RecvError::Closed)) { break },
                 }
                 waker.notify_one();
@@ -105,16 +114,18 @@ impl NodeSync {
             let bounds = self.bounds.clone();
             let source = self.source.clone();
             let names = self.endpoint_names.clone();
-            // With encryption on, health addresses go into its device.
+            // With encryption on, health addresses go into its device (a
+            // reload keeps it: changing it takes a restart).
             let encryption = probers.borrow().config().encryption.clone();
             let routes = routes.clone();
             async move {
                 let synced = make_routes(routes, desired, bounds, &names, encryption).await;
                 // The prober in service now (a reload may have replaced
-                // it meanwhile) gets the set once the routes were made: a
-                // node new to it is probed at once (in the round of the
-                // nodes that joined), and its health address is reached
-                // through its route.
+                // it meanwhile) gets the set once its routes were tried
+                // (or skipped, the encryption device unreadable: the set
+                // is not held back for it): a node new to it is probed at
+                // once (in the round of the nodes that joined), and its
+                // health address is reached through its route.
                 let prober = probers.borrow().clone();
                 prober.set_nodes(subset);
                 // Skipped, the routes and what was refused stay as they

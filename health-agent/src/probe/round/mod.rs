@@ -210,10 +210,13 @@ impl Prober {
     pub fn take_over(&self, old: &Self) {
         // Not in the middle of the old prober's recording of a round.
         let _recorded = old.recording.lock();
-        let nodes = old.nodes();
+        let mut nodes = None;
         if let (Ok(mut mine), Ok(theirs)) = (self.paths.lock(), old.paths.lock())
             && let (Ok(mut history), Ok(old_history)) = (self.history.lock(), old.history.lock())
         {
+            // The set the paths were kept for: `set_nodes` changes both
+            // under the paths' lock.
+            nodes = Some(old.nodes());
             let length = history.length();
             *history = old_history.resized(length);
             mine.clear();
@@ -232,6 +235,7 @@ impl Prober {
             old.round_seq.load(std::sync::atomic::Ordering::Relaxed),
             std::sync::atomic::Ordering::Relaxed,
         );
+        let nodes = nodes.unwrap_or_else(|| old.nodes());
         if let Ok(mut n) = self.nodes.write() {
             *n = nodes;
         }
