@@ -220,6 +220,11 @@ impl Prober {
             let length = history.length();
             *history = old_history.resized(length);
             mine.clear();
+            // Rounds of the nodes that joined still to come go on.
+            self.joining.store(
+                theirs.values().any(|p| p.join_rounds > 0),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             mine.extend(theirs.iter().map(|(name, p)| {
                 let p = NodePaths {
                     paths: p.paths.clone(),

@@ -37,10 +37,7 @@ impl Prober {
             self.round_in_turn(turn, nodes.subset(&picked), RoundKind::Joined)
                 .await;
         }
-        let more = self.after_joined(&nodes, &picked, &never);
-        self.joining
-            .store(more, std::sync::atomic::Ordering::Relaxed);
-        if more {
+        if self.after_joined(&nodes, &picked, &never) {
             self.joins_more();
         }
         picked.len()
@@ -65,8 +62,11 @@ impl Prober {
     /// The nodes (indices into `nodes`) left with a path undecided by the
     /// rounds of the nodes that joined, with rounds to come: each has one
     /// fewer now. Those decided meanwhile (by another round) have none
-    /// left.
+    /// left. No pass over the set when no node has rounds to come.
     pub(super) fn joined_undecided(&self, nodes: &NodeSet) -> Vec<usize> {
+        if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+            return Vec::new();
+        }
         let Ok(mut paths) = self.paths.lock() else {
             return Vec::new();
         };
@@ -94,7 +94,7 @@ impl Prober {
     /// `nodes`; `never`, sorted, those never probed before it): a node
     /// probed for the first time that some path left undecided gets
     /// [`Self::follow_ups`] rounds to come, a decided one none. Whether
-    /// some node has rounds to come.
+    /// some node has rounds to come (kept in `joining`).
     pub(super) fn after_joined(&self, nodes: &NodeSet, picked: &[usize], never: &[usize]) -> bool {
         let follow_ups = self.follow_ups();
         let Ok(mut paths) = self.paths.lock() else {
@@ -114,6 +114,8 @@ impl Prober {
             }
             more |= p.join_rounds > 0;
         }
+        self.joining
+            .store(more, std::sync::atomic::Ordering::Relaxed);
         more
     }
 

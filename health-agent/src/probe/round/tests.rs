@@ -627,6 +627,7 @@ fn a_reload_keeps_the_history_that_fits_the_new_length_and_the_rounds_to_come() 
         2,
         "rounds of the nodes that joined to come, carried"
     );
+    assert!(same.joining.load(std::sync::atomic::Ordering::Relaxed));
 }
 
 /// 10,000 nodes in the prober's map (16,384 slots with their names)
