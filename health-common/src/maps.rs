@@ -3,14 +3,17 @@
 use crate::{
     ct::{CtConfig, CtEntry, CtKey},
     encrypt::{WatchCounts, WatchKey},
-    nat::{NatConfig, NatEntry, NatKey},
+    nat::{
+        NatConfig, NatEntry, NatKey,
+        fragments::{FragEntry, FragKey},
+    },
     rtt::{PendingKey, RttKey, RttStats},
 };
 
 /// The version of the pinned maps' layout as a whole. Bumped whenever a
 /// map's type, key or value changes; recorded in [`MapId::PinLayout`] so an
 /// agent finds out which layout the pins it inherits were made with.
-pub const PIN_LAYOUT_VERSION: u32 = 6;
+pub const PIN_LAYOUT_VERSION: u32 = 7;
 
 /// How many entries the maps that grow with the cluster hold. The kernel
 /// object declares [`MapSizes::DEFAULT`]; the loader sizes each map from
@@ -183,6 +186,9 @@ pub enum MapId {
     NatConfig,
     /// Per-CPU `u64` counters, indexed by `NatCounter`.
     NatStats,
+    /// Masqueraded datagrams whose later fragments may still come:
+    /// [`FragKey`] -> [`FragEntry`].
+    NatFrags,
     /// One `u32`: the [`PIN_LAYOUT_VERSION`] the pins were made with.
     PinLayout,
     /// Probe packets per watched destination, through the tunnel and in
@@ -194,7 +200,7 @@ pub enum MapId {
 }
 
 impl MapId {
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::EchoStats,
         Self::EchoConfig,
         Self::CtMap,
@@ -206,6 +212,7 @@ impl MapId {
         Self::NatMap,
         Self::NatConfig,
         Self::NatStats,
+        Self::NatFrags,
         Self::PinLayout,
         Self::EncryptWatch,
         Self::AyaLogs,
@@ -226,6 +233,7 @@ impl MapId {
             Self::NatMap => NAT_MAP,
             Self::NatConfig => NAT_CONFIG,
             Self::NatStats => NAT_STATS,
+            Self::NatFrags => NAT_FRAGS,
             Self::PinLayout => PIN_LAYOUT,
             Self::EncryptWatch => ENCRYPT_WATCH,
             Self::AyaLogs => AYA_LOGS,
@@ -243,9 +251,12 @@ impl MapId {
         match self {
             Self::EchoConfig | Self::CtConfig | Self::NatConfig | Self::PinLayout => MapKind::Array,
             Self::EchoStats | Self::CtStats | Self::NatStats => MapKind::PerCpuArray,
-            Self::CtMap | Self::RttPending | Self::NatMap | Self::RttLosses | Self::RttStats => {
-                MapKind::LruHash
-            }
+            Self::CtMap
+            | Self::RttPending
+            | Self::NatMap
+            | Self::NatFrags
+            | Self::RttLosses
+            | Self::RttStats => MapKind::LruHash,
             Self::EncryptWatch => MapKind::Hash,
             Self::AyaLogs => MapKind::RingBuf,
         }
@@ -257,6 +268,7 @@ impl MapId {
         (match self {
             Self::CtMap => size_of::<CtKey>(),
             Self::NatMap => size_of::<NatKey>(),
+            Self::NatFrags => size_of::<FragKey>(),
             Self::RttPending => size_of::<PendingKey>(),
             Self::RttStats | Self::RttLosses => size_of::<RttKey>(),
             Self::EncryptWatch => size_of::<WatchKey>(),
@@ -280,6 +292,7 @@ impl MapId {
             Self::NatConfig => size_of::<NatConfig>(),
             Self::CtMap => size_of::<CtEntry>(),
             Self::NatMap => size_of::<NatEntry>(),
+            Self::NatFrags => size_of::<FragEntry>(),
             Self::RttStats => size_of::<RttStats>(),
             Self::PinLayout => size_of::<u32>(),
             Self::EncryptWatch => size_of::<WatchCounts>(),
@@ -299,6 +312,7 @@ const RTT_LOSSES: &str = "RTT_LOSSES";
 const NAT_MAP: &str = "NAT_MAP";
 const NAT_CONFIG: &str = "NAT_CONFIG";
 const NAT_STATS: &str = "NAT_STATS";
+const NAT_FRAGS: &str = "NAT_FRAGS";
 const PIN_LAYOUT: &str = "PIN_LAYOUT";
 const ENCRYPT_WATCH: &str = "ENCRYPT_WATCH";
 const AYA_LOGS: &str = "AYA_LOGS";
@@ -539,11 +553,14 @@ mod tests {
         assert_eq!(s.max_entries(MapId::CtMap), Some(131_072));
         assert_eq!(s.max_entries(MapId::EchoStats), None);
         assert_eq!(MapSizes::for_peers(u32::MAX).ct, u32::MAX, "saturates");
-        for id in MapId::ALL {
+        // Datagrams in fragments are rare in health traffic and last a
+        // moment: their map holds a burst, whatever the cluster's size.
+        assert_eq!(s.max_entries(MapId::NatFrags), None);
+        for id in MapId::ALL.into_iter().filter(|m| *m != MapId::NatFrags) {
             assert_eq!(
                 s.max_entries(id).is_some(),
                 id.kind().is_hash(),
-                "{}: every hash map grows with the cluster",
+                "{}: every other hash map grows with the cluster",
                 id.name()
             );
         }

@@ -151,17 +151,28 @@ pub enum NatCounter {
     Removed = 4,
     /// A checksum or store helper failed: the packet was dropped.
     RewriteFailures = 5,
+    /// Later fragments whose source was rewritten (egress).
+    FragSnat = 6,
+    /// Later fragments whose destination was rewritten back (ingress).
+    FragRevSnat = 7,
+    /// Later fragments leaving that masquerade covers, of a datagram whose
+    /// first fragment was not translated: dropped, never sent with the
+    /// endpoint's address.
+    FragDropped = 8,
 }
 
 impl NatCounter {
-    pub const COUNT: u32 = 6;
-    pub const ALL: [Self; 6] = [
+    pub const COUNT: u32 = 9;
+    pub const ALL: [Self; 9] = [
         Self::Snat,
         Self::RevSnat,
         Self::Created,
         Self::AllocFailures,
         Self::Removed,
         Self::RewriteFailures,
+        Self::FragSnat,
+        Self::FragRevSnat,
+        Self::FragDropped,
     ];
 
     #[must_use]
@@ -173,6 +184,9 @@ impl NatCounter {
             Self::AllocFailures => "alloc_failures",
             Self::Removed => "removed",
             Self::RewriteFailures => "rewrite_failures",
+            Self::FragSnat => "frag_snat",
+            Self::FragRevSnat => "frag_rev_snat",
+            Self::FragDropped => "frag_dropped",
         }
     }
 }
@@ -302,6 +316,7 @@ unsafe impl aya::Pod for NatEntry {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for NatConfig {}
 
+pub mod fragments;
 pub mod quoted;
 
 #[cfg(test)]

@@ -147,6 +147,69 @@ pub fn as_fragment(echo: &Echo) -> Vec<u8> {
     f
 }
 
+/// The IPv4 frame `frame` (20-byte header) as two fragments: the first
+/// carrying the first `at` bytes of its payload (a multiple of 8), More
+/// Fragments set; the last the rest, at offset `at`. Both keep the
+/// datagram's identification; each has its own header checksum.
+#[must_use]
+pub fn split_fragments(frame: &[u8], at: usize) -> [Vec<u8>; 2] {
+    assert!(
+        at.is_multiple_of(8) && frame.len() > 34 + at,
+        "split at {at}"
+    );
+    let piece = |payload: &[u8], frags: u16| {
+        let mut f = frame[..34].to_vec();
+        f.extend_from_slice(payload);
+        let total = u16::try_from(f.len() - 14).expect("small");
+        f[16..18].copy_from_slice(&total.to_be_bytes());
+        f[20..22].copy_from_slice(&frags.to_be_bytes());
+        fix_ip_checksum(&mut f);
+        f
+    };
+    let offset = u16::try_from(at / 8).expect("small");
+    [
+        piece(&frame[34..34 + at], 0x2000),
+        piece(&frame[34 + at..], offset),
+    ]
+}
+
+/// The datagram of two fragments as one frame (the first's Ethernet and IP
+/// header, flags cleared, length and checksum made anew), after checking
+/// that they belong together: the same addresses, protocol and
+/// identification, each header's checksum valid, the first with More
+/// Fragments at offset 0 and the second ending the datagram where the
+/// first ends.
+pub fn reassemble(first: &[u8], last: &[u8]) -> Result<Vec<u8>, String> {
+    for f in [first, last] {
+        if f.len() < 34 || inet_checksum(&f[14..34]) != 0 {
+            return Err("a fragment's IPv4 header checksum is wrong".into());
+        }
+    }
+    if first[26..34] != last[26..34] || first[23] != last[23] || first[18..20] != last[18..20] {
+        return Err(format!(
+            "not one datagram: {:?} and {:?}",
+            &first[18..34],
+            &last[18..34]
+        ));
+    }
+    let frags = |f: &[u8]| u16::from_be_bytes([f[20], f[21]]);
+    let first_len = first.len() - 34;
+    if frags(first) != 0x2000 || usize::from(frags(last)) * 8 != first_len {
+        return Err(format!(
+            "fragment fields {:#06x} and {:#06x} for a first part of {first_len} bytes",
+            frags(first),
+            frags(last)
+        ));
+    }
+    let mut whole = first.to_vec();
+    whole.extend_from_slice(&last[34..]);
+    let total = u16::try_from(whole.len() - 14).expect("small");
+    whole[16..18].copy_from_slice(&total.to_be_bytes());
+    whole[20..22].copy_from_slice(&[0, 0]);
+    fix_ip_checksum(&mut whole);
+    Ok(whole)
+}
+
 /// A UDP datagram between the same addresses.
 #[must_use]
 pub fn udp(echo: &Echo) -> Vec<u8> {
@@ -282,6 +345,31 @@ mod tests {
             0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
         ];
         assert_eq!(inet_checksum(&h), 0xb861);
+    }
+
+    #[test]
+    fn fragments_split_and_reassemble_to_the_datagram() {
+        let whole = udp_datagram(
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 18, 0, 2),
+            (1, 2),
+            true,
+        );
+        let [first, last] = split_fragments(&whole, 8);
+        assert_eq!(first.len(), 34 + 8);
+        let back = reassemble(&first, &last).expect("one datagram");
+        let mut want = whole.clone();
+        want[20..22].fill(0);
+        fix_ip_checksum(&mut want);
+        assert_eq!(back, want);
+        assert!(reassemble(&last, &first).is_err(), "out of place");
+        let mut other = last.clone();
+        other[19] ^= 1;
+        fix_ip_checksum(&mut other);
+        assert!(reassemble(&first, &other).is_err(), "another datagram");
+        let mut broken = last;
+        broken[26] ^= 1;
+        assert!(reassemble(&first, &broken).is_err(), "a bad checksum");
     }
 
     #[test]

@@ -55,6 +55,59 @@ pub fn ping(
     .map_err(io::Error::other)?
 }
 
+/// One echo request of `size` payload bytes to `dst` from inside `ns`,
+/// with Don't Fragment off, so that a size over the path's MTU leaves in
+/// fragments; the reply's ICMP message (checksum checked) when one came
+/// before `timeout`. The payload's bytes are `i % 7`: never an echo's type
+/// where a capture would read a later fragment's first byte.
+pub fn ping_fragmented(
+    ns: &Netns,
+    dst: Ipv4Addr,
+    identifier: u16,
+    size: usize,
+    timeout: Duration,
+) -> io::Result<Option<Vec<u8>>> {
+    ns.run(|| {
+        let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?;
+        let dont: libc::c_int = libc::IP_PMTUDISC_DONT;
+        // SAFETY: a plain setsockopt on an open socket, with an int option.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                (&raw const dont).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut req = Echo::request(Ipv4Addr::UNSPECIFIED, dst, identifier, 1);
+        req.payload = fragmented_payload(size);
+        sock.send_to(
+            &req.ip_packet()[20..],
+            &SockAddr::from(SocketAddrV4::new(dst, 0)),
+        )?;
+        let deadline = Instant::now() + timeout;
+        let Some(reply) = wait_for(&sock, deadline, |pkt| is_reply_to(pkt, dst, identifier, 1))?
+        else {
+            return Ok(None);
+        };
+        verify_ipv4_icmp(&reply)
+            .map(<[u8]>::to_vec)
+            .map(Some)
+            .map_err(io::Error::other)
+    })
+    .map_err(io::Error::other)?
+}
+
+/// The payload [`ping_fragmented`] sends, of `size` bytes.
+#[must_use]
+pub fn fragmented_payload(size: usize) -> Vec<u8> {
+    (0..size).map(|i| (i % 7) as u8).collect()
+}
+
 /// A payload that differs per sequence number, so a reply cannot match
 /// another request's by accident.
 #[must_use]
@@ -81,7 +134,7 @@ pub(crate) fn wait_for(
     deadline: Instant,
     wanted: impl Fn(&[u8]) -> bool,
 ) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
+    let mut buf = vec![MaybeUninit::<u8>::uninit(); 65_536];
     loop {
         let now = Instant::now();
         if now >= deadline {

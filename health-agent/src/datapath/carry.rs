@@ -38,6 +38,8 @@ pub(super) enum NotCarried {
     Layout { key: u32, value: u32, per_cpu: bool },
     #[error("the agent writes it anew")]
     Config,
+    #[error("its records are of datagrams in flight, soon over")]
+    InFlight,
     #[error("reading it: {0}")]
     Read(#[from] MapError),
 }
@@ -83,6 +85,7 @@ pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
                 .iter()
                 .collect::<Result<_, _>>()?,
         ),
+        MapId::NatFrags => return Err(NotCarried::InFlight),
         _ => return Err(NotCarried::Config),
     })
 }

@@ -82,6 +82,7 @@ pub fn dump(dir: &Path, id: MapId) -> Result<Value, DatapathError> {
         MapId::RttPending => json(serde_json::to_value(rtt::pending(dir)?)),
         MapId::CtStats => Ok(counters(ct::counters(dir)?)),
         MapId::NatMap => json(serde_json::to_value(nat::list(dir)?)),
+        MapId::NatFrags => json(serde_json::to_value(nat::fragments(dir)?)),
         MapId::NatStats => Ok(counters(nat::counters(dir)?)),
         MapId::EchoStats => json(serde_json::to_value(read_pinned_stats(dir)?)),
         MapId::EncryptWatch => json(serde_json::to_value(encrypt_watch::list(dir)?)),

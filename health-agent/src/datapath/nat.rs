@@ -7,7 +7,11 @@ use aya::maps::{Array, HashMap, MapData};
 use health_common::{
     ct::{CtConfig, CtEntry, CtKey, DIR_IN, DIR_OUT, lifetime_s},
     maps::MapId,
-    nat::{NatCounter, NatEntry, NatKey, ct_key_of, in_key, out_key_of},
+    nat::{
+        NatCounter, NatEntry, NatKey, ct_key_of,
+        fragments::{FragEntry, FragKey},
+        in_key, out_key_of,
+    },
 };
 use serde::Serialize;
 
@@ -93,6 +97,57 @@ pub fn list(dir: &Path) -> Result<Vec<NatRow>, DatapathError> {
             (a.proto, a.src, a.sport, a.dst, a.dport)
                 .cmp(&(b.proto, b.src, b.sport, b.dst, b.dport))
         })
+    });
+    Ok(rows)
+}
+
+/// One record of the fragment map: a masqueraded datagram whose later
+/// fragments are translated like its first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FragRow {
+    pub proto: &'static str,
+    /// `OUT` (leaving, as the endpoint sent it) or `IN` (arriving).
+    pub dir: &'static str,
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    /// The IP identification the datagram's fragments share.
+    pub id: u16,
+    /// `XLATE_SRC` or `XLATE_DST`, as in the NAT map.
+    pub xlate: &'static str,
+    pub xlate_addr: Ipv4Addr,
+}
+
+fn frag_row(k: &FragKey, e: FragEntry) -> FragRow {
+    let out = k.dir == DIR_OUT;
+    FragRow {
+        proto: proto_name(k.proto),
+        dir: if out { "OUT" } else { "IN" },
+        src: Ipv4Addr::from(k.saddr),
+        dst: Ipv4Addr::from(k.daddr),
+        id: u16::from_be_bytes(k.id),
+        xlate: if out { "XLATE_SRC" } else { "XLATE_DST" },
+        xlate_addr: Ipv4Addr::from(e.xlate_addr),
+    }
+}
+
+/// Every record of the pinned fragment map, `OUT` before `IN`, sorted.
+pub fn fragments(dir: &Path) -> Result<Vec<FragRow>, DatapathError> {
+    let mut map = open(dir, MapId::NatFrags)?;
+    let frags = HashMap::<_, FragKey, FragEntry>::try_from(&mut map).map_err(|source| {
+        DatapathError::Map {
+            map: MapId::NatFrags,
+            source,
+        }
+    })?;
+    let mut rows: Vec<FragRow> = frags
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(k, e)| frag_row(&k, e))
+        .collect();
+    rows.sort_by(|a, b| {
+        b.dir
+            .cmp(a.dir)
+            .then_with(|| (a.proto, a.src, a.dst, a.id).cmp(&(b.proto, b.src, b.dst, b.id)))
     });
     Ok(rows)
 }

@@ -140,6 +140,15 @@ fn counter_help(prefix: &str, name: &str) -> &'static str {
         ("nat", "alloc_failures") => "Packets dropped because no masquerade port was free",
         ("nat", "removed") => "Masquerade pairs removed by the agent's collector",
         ("nat", "rewrite_failures") => "Packets whose masquerade rewrite failed",
+        ("nat", "frag_snat") => {
+            "Later fragments whose source was masqueraded like their first fragment's (egress)"
+        }
+        ("nat", "frag_rev_snat") => {
+            "Later fragments whose destination was translated back like their first fragment's (ingress)"
+        }
+        ("nat", "frag_dropped") => {
+            "Later fragments dropped because their datagram's first fragment was not masqueraded"
+        }
         _ => "Datapath counter",
     }
 }

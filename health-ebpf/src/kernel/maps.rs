@@ -9,7 +9,10 @@ use health_common::{
     ct::{CtConfig, CtCounter, CtEntry, CtKey},
     encrypt::{WatchCounts, WatchKey},
     maps::{EchoConfig, EchoCounter, MapSizes},
-    nat::{NatConfig, NatCounter, NatEntry, NatKey},
+    nat::{
+        NatConfig, NatCounter, NatEntry, NatKey,
+        fragments::{FRAG_ENTRIES, FragEntry, FragKey},
+    },
     rtt::{PendingKey, RttKey, RttStats},
 };
 
@@ -65,6 +68,12 @@ pub static NAT_MAP: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(SIZES.nat,
 /// Masquerade settings, set by the agent (all zero: off).
 #[map]
 pub static NAT_CONFIG: Array<NatConfig> = Array::pinned(1, 0);
+
+/// Masqueraded datagrams whose later fragments may still come (LRU: the
+/// oldest go first; the fragments of a datagram may arrive in any order
+/// after its first, so no record is removed early).
+#[map]
+pub static NAT_FRAGS: LruHashMap<FragKey, FragEntry> = LruHashMap::pinned(FRAG_ENTRIES, 0);
 
 /// Per-CPU counters, indexed by `NatCounter`.
 #[map]

@@ -2,8 +2,9 @@
 //! node (egress) and the reverse translation of its replies and of the
 //! ICMP errors about it (ingress), before the stack sees them. A flow that
 //! cannot be translated is dropped, never sent with the endpoint's own
-//! address. IPv4 only: IPv6 (and anything else without an IPv4 NAT key)
-//! passes untouched.
+//! address. The later fragments of a datagram follow its first (see
+//! [`fragments`]). IPv4 only: IPv6 (and anything else without an IPv4 NAT
+//! key) passes untouched.
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_SHOT, TC_ACT_UNSPEC},
@@ -12,14 +13,19 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use health_common::{
-    ct::{Flow, IPPROTO_TCP, IPPROTO_UDP},
+    ct::{DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP},
     flow,
-    headers::EthHdr,
-    nat::{self, ALLOC_RETRIES, NatConfig, NatCounter, NatEntry, NatKey, quoted},
+    frame::Frame as _,
+    headers::{EthHdr, Ipv4Hdr, ipv4_header_len, is_ipv4},
+    nat::{
+        self, ALLOC_RETRIES, NatConfig, NatCounter, NatEntry, NatKey,
+        fragments::{self, FragEntry, FragKey, Fragment},
+        quoted,
+    },
 };
 
 use super::{
-    maps::{NAT_CONFIG, NAT_MAP, NAT_STATS},
+    maps::{NAT_CONFIG, NAT_FRAGS, NAT_MAP, NAT_STATS},
     packet::{self, FLOW_HEADERS},
 };
 
@@ -31,8 +37,11 @@ const IP_DST: usize = EthHdr::LEN + 16;
 /// Leaving the node: masquerade health sources.
 #[classifier]
 pub fn health_nat_egress(ctx: TcContext) -> i32 {
-    let Some((cfg, flow)) = prepare(&ctx) else {
+    let Some(cfg) = config() else {
         return TC_ACT_UNSPEC;
+    };
+    let Some((flow, first)) = ipv4_flow(&ctx, DIR_OUT) else {
+        return later_fragment_out(&ctx, &cfg);
     };
     let Some((out, port)) = nat::out_key(&flow) else {
         return TC_ACT_UNSPEC;
@@ -51,6 +60,7 @@ pub fn health_nat_egress(ctx: TcContext) -> i32 {
         port_at: usize::from(flow.l4) + nat::port_offset(flow.key.proto, true),
     };
     let done = rewrite(&ctx, &flow, &side, (out.saddr, cfg.node_ip), (port, xlate));
+    remember(first, done, cfg.node_ip);
     verdict(done, NatCounter::Snat)
 }
 
@@ -61,8 +71,8 @@ pub fn health_nat_ingress(ctx: TcContext) -> i32 {
     let Some(cfg) = config() else {
         return TC_ACT_UNSPEC;
     };
-    let Some(flow) = ipv4_flow(&ctx) else {
-        return quoted_error(&ctx, &cfg);
+    let Some((flow, first)) = ipv4_flow(&ctx, DIR_IN) else {
+        return later_fragment_in(&ctx, &cfg).unwrap_or_else(|| quoted_error(&ctx, &cfg));
     };
     let Some(key) = nat::arriving_key(&flow) else {
         return TC_ACT_UNSPEC;
@@ -91,7 +101,86 @@ pub fn health_nat_ingress(ctx: TcContext) -> i32 {
         (cfg.node_ip, back.xlate_addr),
         (key.dport, back.xlate_port),
     );
+    remember(first, done, back.xlate_addr);
     verdict(done, NatCounter::RevSnat)
+}
+
+/// Records the datagram of a first fragment translated to `xlate_addr`, so
+/// that its later fragments follow it.
+#[inline(always)]
+fn remember(first: Option<FragKey>, done: Result<(), i64>, xlate_addr: [u8; 4]) {
+    if let (Some(key), Ok(())) = (first, done) {
+        // A full map evicts its oldest record: at worst, a datagram
+        // whose later fragments are too late is lost, never misdirected.
+        let _ = NAT_FRAGS.insert(&key, &FragEntry { xlate_addr }, 0);
+    }
+}
+
+/// A later fragment leaving: its source rewritten as its datagram's first
+/// fragment's was; dropped when masquerade covers it and that first
+/// fragment was not translated. Anything else passes.
+#[inline(always)]
+fn later_fragment_out(ctx: &TcContext, cfg: &NatConfig) -> i32 {
+    let Some(ip) = later_fragment(ctx) else {
+        return TC_ACT_UNSPEC;
+    };
+    if !fragments::translated_proto(ip.proto) || !cfg.masquerades(ip.src_addr, ip.dst_addr) {
+        return TC_ACT_UNSPEC;
+    }
+    // SAFETY: the value is copied out at once.
+    let Some(e) = (unsafe { NAT_FRAGS.get(&fragments::out_key(&ip)) }).copied() else {
+        count(NatCounter::FragDropped);
+        return TC_ACT_SHOT;
+    };
+    verdict(
+        rewrite_addr(ctx, IP_SRC, ip.src_addr, e.xlate_addr),
+        NatCounter::FragSnat,
+    )
+}
+
+/// A later fragment arriving at the node IP, of a datagram whose first
+/// fragment was translated back: its destination rewritten the same way.
+/// `None` when the packet is not a later fragment.
+#[inline(always)]
+fn later_fragment_in(ctx: &TcContext, cfg: &NatConfig) -> Option<i32> {
+    let ip = later_fragment(ctx)?;
+    if ip.dst_addr != cfg.node_ip || !fragments::translated_proto(ip.proto) {
+        return Some(TC_ACT_UNSPEC);
+    }
+    // SAFETY: the value is copied out at once.
+    let Some(e) = (unsafe { NAT_FRAGS.get(&fragments::in_key(&ip)) }).copied() else {
+        // The node's own datagram.
+        return Some(TC_ACT_UNSPEC);
+    };
+    Some(verdict(
+        rewrite_addr(ctx, IP_DST, ip.dst_addr, e.xlate_addr),
+        NatCounter::FragRevSnat,
+    ))
+}
+
+/// The IPv4 header of a well-formed later fragment.
+#[inline(always)]
+fn later_fragment(ctx: &TcContext) -> Option<Ipv4Hdr> {
+    let mut frame = packet::headers(ctx, (EthHdr::LEN + Ipv4Hdr::LEN) as u32);
+    if !is_ipv4(&frame.read::<EthHdr>(0)?) {
+        return None;
+    }
+    let ip = frame.read::<Ipv4Hdr>(EthHdr::LEN)?;
+    let well_formed = ip.vihl >> 4 == 4 && ipv4_header_len(&ip) >= Ipv4Hdr::LEN;
+    (well_formed && fragments::fragment_of(&ip) == Fragment::Later).then_some(ip)
+}
+
+/// Replaces the IPv4 address at `at` (source or destination) and updates
+/// the header checksum: a later fragment has no L4 header to update.
+#[inline(always)]
+fn rewrite_addr(ctx: &TcContext, at: usize, old: [u8; 4], new: [u8; 4]) -> Result<(), i64> {
+    let (from, to) = (
+        u64::from(u32::from_ne_bytes(old)),
+        u64::from(u32::from_ne_bytes(new)),
+    );
+    ctx.l3_csum_replace(IP_CSUM, from, to, 4)?;
+    ctx.store(at, &new, 0)?;
+    Ok(())
 }
 
 #[inline(always)]
@@ -113,13 +202,6 @@ fn verdict(done: Result<(), i64>, counter: NatCounter) -> i32 {
     }
 }
 
-/// The configuration when masquerade is on, and the packet's flow when it
-/// is IPv4 (IPv6 is never masqueraded: it is not even parsed).
-#[inline(always)]
-fn prepare(ctx: &TcContext) -> Option<(NatConfig, Flow)> {
-    Some((config()?, ipv4_flow(ctx)?))
-}
-
 /// The configuration when masquerade is on.
 #[inline(always)]
 fn config() -> Option<NatConfig> {
@@ -127,12 +209,21 @@ fn config() -> Option<NatConfig> {
     (cfg.enabled == 1).then_some(cfg)
 }
 
-/// The packet's flow when it is a tracked IPv4 one.
+/// The packet's flow when it is a tracked IPv4 one (IPv6 is never
+/// masqueraded: it is not even parsed), and, when the packet is the first
+/// fragment of a datagram, that datagram's key in direction `dir`.
 #[inline(always)]
-fn ipv4_flow(ctx: &TcContext) -> Option<Flow> {
+fn ipv4_flow(ctx: &TcContext, dir: u8) -> Option<(Flow, Option<FragKey>)> {
     let mut frame = packet::headers(ctx, FLOW_HEADERS);
     let mut flow = Flow::default();
-    flow::parse_ipv4_into(&mut frame, &mut flow).then_some(flow)
+    if !flow::parse_ipv4_into(&mut frame, &mut flow) {
+        return None;
+    }
+    let first = frame
+        .read::<Ipv4Hdr>(EthHdr::LEN)
+        .filter(|ip| fragments::fragment_of(ip) == Fragment::First)
+        .map(|ip| fragments::key_of(&ip, dir));
+    Some((flow, first))
 }
 
 /// An ICMP error about a masqueraded flow, translated back to the

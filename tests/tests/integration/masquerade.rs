@@ -1,8 +1,9 @@
 //! Masquerade mode in a two-node cluster: the agent's probes to the peer's
 //! node IP succeed through SNAT, the peer sees only the node IP (checked
 //! with a capture on the peer's uplink), `bpf nat list` holds each flow's
-//! OUT/IN pair, pairs go with their CT entries, and two endpoints using
-//! the same echo identifier get different node-side identifiers.
+//! OUT/IN pair, pairs go with their CT entries, two endpoints using the
+//! same echo identifier get different node-side identifiers, and an echo
+//! over the MTU goes and comes back in fragments, every one translated.
 
 use std::{
     net::Ipv4Addr,
@@ -25,7 +26,7 @@ use health_tests::{
     capture::{Capture, Seen},
     cluster::{Cluster, Settings},
     names,
-    pinger::{check_reply, ping},
+    pinger::{check_reply, fragmented_payload, ping, ping_fragmented},
 };
 
 const EP1: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 2);
@@ -34,6 +35,10 @@ const EP1_B: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 200);
 const NODE1: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 11);
 const NODE2: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 12);
 const SHARED_ID: u16 = 0x5151;
+/// The identifier of the echo sent in fragments.
+const FRAGMENTED_ID: u16 = 0x5252;
+/// Its payload: three fragments each way at the uplink's 1,500 bytes.
+const FRAGMENTED_SIZE: usize = 3_000;
 
 fn masquerade_cluster() -> Cluster {
     Cluster::start(&Settings {
@@ -94,6 +99,7 @@ fn masquerade_end_to_end() {
             check_reply(e, SHARED_ID).expect("reply through the reverse translation");
         }
     }
+    assert_fragments_follow_their_first(&ep1, &pins);
     let ids = assert_no_identifier_collision(&pins);
     assert_bpftool_counts_the_pairs(&pins);
     let seen = capture.stop();
@@ -173,6 +179,41 @@ fn assert_pairs_go_with_their_ct_entries(pins: &Path) {
     assert_eq!(rows.len(), 2 * outs, "every OUT has its IN: {rows:#?}");
     let removed = health_tests::counter(&nat::counters(pins).expect("counters"), "removed");
     assert!(removed >= 2, "removed {removed}");
+}
+
+/// An echo of 3,000 bytes leaves the endpoint in three fragments: the
+/// peer can only reassemble it if the later two took the node IP too, and
+/// its reply's fragments reach the endpoint only if the later two were
+/// translated back (the capture on the peer checks no fragment carried
+/// the endpoint's address).
+fn assert_fragments_follow_their_first(ep: &Netns, pins: &Path) {
+    let icmp = ping_fragmented(
+        ep,
+        NODE2,
+        FRAGMENTED_ID,
+        FRAGMENTED_SIZE,
+        Duration::from_secs(2),
+    )
+    .expect("ping")
+    .expect("a reply to the echo sent in fragments");
+    assert_eq!(
+        icmp[8..],
+        fragmented_payload(FRAGMENTED_SIZE)[..],
+        "the reply's payload, whole"
+    );
+    let counters = nat::counters(pins).expect("counters");
+    for name in ["frag_snat", "frag_rev_snat"] {
+        let n = health_tests::counter(&counters, name);
+        assert!(n >= 2, "{name} {n}: {counters:?}");
+    }
+    assert_eq!(health_tests::counter(&counters, "frag_dropped"), 0);
+    let records = nat::fragments(pins).expect("fragment map");
+    for dir in ["OUT", "IN"] {
+        assert!(
+            records.iter().any(|r| r.dir == dir && r.proto == "ICMP"),
+            "no {dir} record in {records:#?}"
+        );
+    }
 }
 
 /// The two sources' flows with the same identifier got different node

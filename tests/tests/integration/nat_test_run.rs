@@ -429,3 +429,143 @@ fn malformed_packets_pass_unchanged() {
         "nothing translated"
     );
 }
+
+/// Runs a fragment and asserts it went on, its length kept and its IPv4
+/// header's checksum valid (its L4 checksum covers the whole datagram, so
+/// it is checked after reassembly).
+fn pass_fragment(r: &mut Datapath, egress: bool, input: &[u8]) -> Vec<u8> {
+    let (verdict, out) = run(r, egress, input);
+    assert_eq!(verdict, TCX_NEXT, "handed on");
+    assert_eq!(out.len(), input.len(), "length kept");
+    assert_eq!(
+        packets::inet_checksum(&out[14..34]),
+        0,
+        "header checksum valid"
+    );
+    out
+}
+
+/// Each fragment of `whole` (split after `at` payload bytes) through the
+/// program, and the datagram they make at the far end.
+fn through_in_fragments(r: &mut Datapath, egress: bool, whole: &[u8], at: usize) -> Vec<u8> {
+    let [first, last] = packets::split_fragments(whole, at);
+    let first = pass_fragment(r, egress, &first);
+    let last = pass_fragment(r, egress, &last);
+    packets::reassemble(&first, &last).expect("the fragments make one datagram")
+}
+
+/// A datagram in fragments, either way: the first is translated as a whole
+/// datagram would be, the later ones take the same address, and the
+/// datagram they make has every checksum right.
+#[test]
+fn the_later_fragments_of_a_masqueraded_datagram_follow_its_first() {
+    let (mut r, pins) = loaded(config(61_000, 65_535));
+    let udp = packets::udp_datagram(EP, PEER, (5353, 53), true);
+    let sent = through_in_fragments(&mut r, true, &udp, 8);
+    let (src, dst, _, seg) = verify_frame(&sent).expect("valid at the peer");
+    let port = u16::from_be_bytes([seg[0], seg[1]]);
+    assert_eq!((src, dst), (NODE, PEER));
+    assert!((61_000..=65_535).contains(&port), "port {port}");
+    let echo = Echo::request(EP, PEER, 0x0201, 1);
+    let sent = through_in_fragments(&mut r, true, &echo.frame(), 16);
+    let (src, _, _, _) = verify_frame(&sent).expect("valid at the peer");
+    let id = echo_id(&sent);
+    assert_eq!(src, NODE);
+
+    // The replies, in fragments too.
+    let reply = packets::udp_datagram(PEER, NODE, (53, port), true);
+    let back = through_in_fragments(&mut r, false, &reply, 8);
+    let (_, dst, _, seg) = verify_frame(&back).expect("valid at the endpoint");
+    assert_eq!((dst, u16::from_be_bytes([seg[2], seg[3]])), (EP, 5353));
+    let mut reply = Echo::request(PEER, NODE, id, 1);
+    reply.kind = 0;
+    let back = through_in_fragments(&mut r, false, &reply.frame(), 16);
+    let (_, dst, _, _) = verify_frame(&back).expect("valid at the endpoint");
+    assert_eq!((dst, echo_id(&back)), (EP, 0x0201));
+
+    let records = nat::fragments(pins.path()).expect("fragment map");
+    let seen: Vec<_> = records
+        .iter()
+        .map(|f| (f.dir, f.proto, f.src, f.dst, f.xlate_addr))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("OUT", "ICMP", EP, PEER, NODE),
+            ("OUT", "UDP", EP, PEER, NODE),
+            ("IN", "ICMP", PEER, NODE, EP),
+            ("IN", "UDP", PEER, NODE, EP),
+        ]
+    );
+    assert_eq!(
+        [
+            "snat",
+            "rev_snat",
+            "frag_snat",
+            "frag_rev_snat",
+            "frag_dropped"
+        ]
+        .map(|c| counter(&pins, c)),
+        [2, 2, 2, 2, 0]
+    );
+}
+
+/// The fragment of `whole` after its first `at` payload bytes, with the
+/// identification `id`.
+fn later_fragment(whole: &[u8], at: usize, id: u16) -> Vec<u8> {
+    let [_, mut last] = packets::split_fragments(whole, at);
+    last[18..20].copy_from_slice(&id.to_be_bytes());
+    packets::fix_ip_checksum(&mut last);
+    last
+}
+
+/// A later fragment masquerade covers whose first fragment was not
+/// translated (never seen, or dropped for want of a port) is dropped, never
+/// sent with the endpoint's address; the node's own, those routed, those
+/// of protocols masquerade leaves alone and those arriving for the node
+/// pass as they are.
+#[test]
+fn a_later_fragment_without_its_first_translated_is_dropped_leaving_and_passed_arriving() {
+    // A one-port range: the second flow cannot be masqueraded.
+    let (mut r, pins) = loaded(config(61_000, 61_000));
+    let udp = |src, dst| packets::udp_datagram(src, dst, (5353, 53), true);
+    let (verdict, _) = run(&mut r, true, &later_fragment(&udp(EP, PEER), 8, 7));
+    assert_eq!(verdict, TC_ACT_SHOT, "its first was never seen");
+
+    let [first, _] = packets::split_fragments(&udp(EP, PEER), 8);
+    pass_fragment(&mut r, true, &first);
+    let mut other = udp(EP2, PEER);
+    other[18..20].copy_from_slice(&9u16.to_be_bytes());
+    packets::fix_ip_checksum(&mut other);
+    let [first, last] = packets::split_fragments(&other, 8);
+    assert_eq!(run(&mut r, true, &first).0, TC_ACT_SHOT, "no port for it");
+    assert_eq!(run(&mut r, true, &last).0, TC_ACT_SHOT, "nor for its rest");
+    assert_eq!(counter(&pins, "frag_dropped"), 2);
+
+    let mut gre = udp(EP, PEER);
+    gre[23] = 47;
+    packets::fix_ip_checksum(&mut gre);
+    let untouched = [
+        (true, later_fragment(&udp(NODE, PEER), 8, 7)),
+        (true, later_fragment(&udp(EP, PEER_HEALTH), 8, 7)),
+        (true, later_fragment(&gre, 8, 7)),
+        (false, later_fragment(&udp(PEER, NODE), 8, 7)),
+        (false, later_fragment(&udp(PEER, EP), 8, 7)),
+    ];
+    for (egress, input) in &untouched {
+        assert_eq!(run(&mut r, *egress, input), (TCX_NEXT, input.clone()));
+    }
+    assert_eq!(
+        nat::fragments(pins.path()).expect("fragment map").len(),
+        1,
+        "only the one translated first fragment recorded"
+    );
+    assert_eq!(
+        ["frag_snat", "frag_rev_snat", "frag_dropped"].map(|c| counter(&pins, c)),
+        [0, 0, 2]
+    );
+    // Masquerade off: nothing is dropped.
+    r.set_nat_config(NatConfig::default()).expect("off");
+    let input = later_fragment(&udp(EP, PEER), 8, 7);
+    assert_eq!(run(&mut r, true, &input), (TCX_NEXT, input.clone()));
+}
