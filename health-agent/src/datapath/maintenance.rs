@@ -310,6 +310,13 @@ fn maintain(
         {
             warn!("NAT garbage collection: {}", chain(&e));
         }
+        // Records of fragmented datagrams last 30 s, whatever the flows:
+        // the map is nearly always empty, and its walk one system call.
+        if cfg.masquerade.is_some()
+            && let Err(e) = nat::gc_fragments(kernel.pin_dir())
+        {
+            warn!("NAT fragment records' collection: {}", chain(&e));
+        }
     }
     if !collector.running() {
         return Ok((node, collector));

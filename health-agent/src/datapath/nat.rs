@@ -115,9 +115,12 @@ pub struct FragRow {
     /// `XLATE_SRC` or `XLATE_DST`, as in the NAT map.
     pub xlate: &'static str,
     pub xlate_addr: Ipv4Addr,
+    /// Since the datagram's first fragment passed (a record counts for
+    /// 30 s).
+    pub created_seconds_ago: u64,
 }
 
-fn frag_row(k: &FragKey, e: FragEntry) -> FragRow {
+fn frag_row(k: &FragKey, e: FragEntry, now: u64) -> FragRow {
     let out = k.dir == DIR_OUT;
     FragRow {
         proto: proto_name(k.proto),
@@ -127,22 +130,28 @@ fn frag_row(k: &FragKey, e: FragEntry) -> FragRow {
         id: u16::from_be_bytes(k.id),
         xlate: if out { "XLATE_SRC" } else { "XLATE_DST" },
         xlate_addr: Ipv4Addr::from(e.xlate_addr),
+        created_seconds_ago: now.saturating_sub(e.created_ns) / 1_000_000_000,
     }
+}
+
+fn frags_map(
+    map: &mut aya::maps::Map,
+) -> Result<HashMap<&mut MapData, FragKey, FragEntry>, DatapathError> {
+    HashMap::try_from(map).map_err(|source| DatapathError::Map {
+        map: MapId::NatFrags,
+        source,
+    })
 }
 
 /// Every record of the pinned fragment map, `OUT` before `IN`, sorted.
 pub fn fragments(dir: &Path) -> Result<Vec<FragRow>, DatapathError> {
     let mut map = open(dir, MapId::NatFrags)?;
-    let frags = HashMap::<_, FragKey, FragEntry>::try_from(&mut map).map_err(|source| {
-        DatapathError::Map {
-            map: MapId::NatFrags,
-            source,
-        }
-    })?;
+    let frags = frags_map(&mut map)?;
+    let now = super::monotonic_ns()?;
     let mut rows: Vec<FragRow> = frags
         .iter()
         .filter_map(Result::ok)
-        .map(|(k, e)| frag_row(&k, e))
+        .map(|(k, e)| frag_row(&k, e, now))
         .collect();
     rows.sort_by(|a, b| {
         b.dir
@@ -150,6 +159,23 @@ pub fn fragments(dir: &Path) -> Result<Vec<FragRow>, DatapathError> {
             .then_with(|| (a.proto, a.src, a.dst, a.id).cmp(&(b.proto, b.src, b.dst, b.id)))
     });
     Ok(rows)
+}
+
+/// Removes the fragment map's records past their lifetime (the programs
+/// ignore them already): the map holds only datagrams whose later
+/// fragments may still come, so its pressure means what it says. Returns
+/// how many went.
+pub fn gc_fragments(dir: &Path) -> Result<u64, DatapathError> {
+    let now = super::monotonic_ns()?;
+    let mut map = open(dir, MapId::NatFrags)?;
+    let mut frags = frags_map(&mut map)?;
+    let over: Vec<FragKey> = frags
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, e)| !e.live(now))
+        .map(|(k, _)| k)
+        .collect();
+    Ok(over.iter().filter(|k| frags.remove(k).is_ok()).count() as u64)
 }
 
 /// The per-CPU NAT counters, summed, by name.

@@ -13,9 +13,19 @@
 //! - Arriving: a later fragment to the node IP whose datagram has no record
 //!   is the node's own and passes.
 //!
-//! Records are not removed: the fragments of a datagram may arrive in any
-//! order after the first, so the map is an LRU and the oldest records go
-//! first, as in Cilium's fragment map.
+//! A first fragment leaving that the masquerade covers but does not
+//! translate (an echo reply, say) is recorded too, to its own source, so
+//! that its later fragments pass with it rather than being dropped.
+//!
+//! A record counts for [`FRAG_LIFETIME_NS`] (the kernel's default
+//! reassembly time): a datagram is whole by then or lost, and an older
+//! record must not match a later datagram that happens to reuse the
+//! identification. The fragments of a datagram may arrive in any order
+//! after the first, so a record is not removed when its last fragment
+//! passes: the map is an LRU, and the agent's collector removes records
+//! past their lifetime. A later fragment that arrives before its first is
+//! not translated (leaving: dropped; arriving: it goes to the node, and
+//! its datagram is lost).
 
 use crate::{
     ct::{DIR_IN, DIR_OUT, IPPROTO_TCP, IPPROTO_UDP},
@@ -41,12 +51,41 @@ pub struct FragKey {
     pub dir: u8,
 }
 
-/// Fragment map value: the address the datagram's fragments are
-/// translated to (leaving: the new source; arriving: the new destination).
+/// Fragment map value (16 bytes, no implicit padding): the address the
+/// datagram's fragments are translated to (leaving: the new source;
+/// arriving: the new destination), and when its first fragment passed.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FragEntry {
+    /// `bpf_ktime_get_ns` when the first fragment was translated.
+    pub created_ns: u64,
     pub xlate_addr: [u8; 4],
+    pub pad: [u8; 4],
+}
+
+/// How long a record counts: the kernel's default `ipfrag_time`, after
+/// which a receiver drops a datagram it could not reassemble.
+pub const FRAG_LIFETIME_NS: u64 = 30_000_000_000;
+
+impl FragEntry {
+    /// A record of a first fragment translated to `xlate_addr` at `now`.
+    #[must_use]
+    #[inline(always)]
+    pub const fn new(xlate_addr: [u8; 4], now: u64) -> Self {
+        Self {
+            created_ns: now,
+            xlate_addr,
+            pad: [0; 4],
+        }
+    }
+
+    /// Whether the record still counts at `now` (a clock read before the
+    /// record was made, on another CPU, counts as the same moment).
+    #[must_use]
+    #[inline(always)]
+    pub const fn live(&self, now: u64) -> bool {
+        now.saturating_sub(self.created_ns) <= FRAG_LIFETIME_NS
+    }
 }
 
 /// Where a packet stands among its datagram's fragments.
@@ -113,7 +152,7 @@ pub const fn in_key(ip: &Ipv4Hdr) -> FragKey {
 
 const _: () = {
     assert!(size_of::<FragKey>() == 12);
-    assert!(size_of::<FragEntry>() == 4);
+    assert!(size_of::<FragEntry>() == 16);
 };
 
 // SAFETY: repr(C), no padding, every bit pattern valid.
@@ -177,6 +216,15 @@ mod tests {
         let mut other = header(0x00b9, 17);
         other.id = [0, 1];
         assert_ne!(out_key(&other), out_key(&later));
+    }
+
+    #[test]
+    fn a_record_counts_for_the_reassembly_time_and_no_longer() {
+        let e = FragEntry::new([198, 18, 0, 11], 5_000);
+        assert!(e.live(5_000));
+        assert!(e.live(4_000), "a clock read just before, elsewhere");
+        assert!(e.live(5_000 + FRAG_LIFETIME_NS));
+        assert!(!e.live(5_001 + FRAG_LIFETIME_NS));
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub fn health_nat_egress(ctx: TcContext) -> i32 {
         return later_fragment_out(&ctx, &cfg);
     };
     let Some((out, port)) = nat::out_key(&flow) else {
+        passed_whole(first, &cfg);
         return TC_ACT_UNSPEC;
     };
     if !cfg.masquerades(out.saddr, out.daddr) {
@@ -60,7 +61,7 @@ pub fn health_nat_egress(ctx: TcContext) -> i32 {
         port_at: usize::from(flow.l4) + nat::port_offset(flow.key.proto, true),
     };
     let done = rewrite(&ctx, &flow, &side, (out.saddr, cfg.node_ip), (port, xlate));
-    remember(first, done, cfg.node_ip);
+    remember(first, done, cfg.node_ip, now);
     verdict(done, NatCounter::Snat)
 }
 
@@ -101,24 +102,49 @@ pub fn health_nat_ingress(ctx: TcContext) -> i32 {
         (cfg.node_ip, back.xlate_addr),
         (key.dport, back.xlate_port),
     );
-    remember(first, done, back.xlate_addr);
+    remember(first, done, back.xlate_addr, back.last_ns);
     verdict(done, NatCounter::RevSnat)
 }
 
-/// Records the datagram of a first fragment translated to `xlate_addr`, so
-/// that its later fragments follow it.
+/// Records the datagram of a first fragment translated to `xlate_addr` at
+/// `now`, so that its later fragments follow it.
 #[inline(always)]
-fn remember(first: Option<FragKey>, done: Result<(), i64>, xlate_addr: [u8; 4]) {
+fn remember(first: Option<FragKey>, done: Result<(), i64>, xlate_addr: [u8; 4], now: u64) {
     if let (Some(key), Ok(())) = (first, done) {
-        // A full map evicts its oldest record: at worst, a datagram
-        // whose later fragments are too late is lost, never misdirected.
-        let _ = NAT_FRAGS.insert(&key, &FragEntry { xlate_addr }, 0);
+        // A full map evicts its oldest record: a datagram whose later
+        // fragments come after that is lost, as after its lifetime.
+        let _ = NAT_FRAGS.insert(&key, &FragEntry::new(xlate_addr, now), 0);
     }
 }
 
+/// A first fragment leaving that the masquerade covers but passes as it
+/// is (ICMP other than an echo request): recorded to its own source, so
+/// that its later fragments pass with it.
+#[inline(always)]
+fn passed_whole(first: Option<FragKey>, cfg: &NatConfig) {
+    if let Some(key) = first
+        && fragments::translated_proto(key.proto)
+        && cfg.masquerades(key.saddr, key.daddr)
+    {
+        // SAFETY: plain helper call.
+        let now = unsafe { bpf_ktime_get_ns() };
+        remember(first, Ok(()), key.saddr, now);
+    }
+}
+
+/// The live record of `key`, copied out.
+#[inline(always)]
+fn record(key: &FragKey) -> Option<FragEntry> {
+    // SAFETY: the value is copied out at once.
+    let e = (unsafe { NAT_FRAGS.get(key) }).copied()?;
+    // SAFETY: plain helper call.
+    e.live(unsafe { bpf_ktime_get_ns() }).then_some(e)
+}
+
 /// A later fragment leaving: its source rewritten as its datagram's first
-/// fragment's was; dropped when masquerade covers it and that first
-/// fragment was not translated. Anything else passes.
+/// fragment's was (or left, when that one passed as it was); dropped when
+/// masquerade covers it and its datagram has no live record. Anything
+/// else passes.
 #[inline(always)]
 fn later_fragment_out(ctx: &TcContext, cfg: &NatConfig) -> i32 {
     let Some(ip) = later_fragment(ctx) else {
@@ -127,11 +153,14 @@ fn later_fragment_out(ctx: &TcContext, cfg: &NatConfig) -> i32 {
     if !fragments::translated_proto(ip.proto) || !cfg.masquerades(ip.src_addr, ip.dst_addr) {
         return TC_ACT_UNSPEC;
     }
-    // SAFETY: the value is copied out at once.
-    let Some(e) = (unsafe { NAT_FRAGS.get(&fragments::out_key(&ip)) }).copied() else {
+    let Some(e) = record(&fragments::out_key(&ip)) else {
         count(NatCounter::FragDropped);
         return TC_ACT_SHOT;
     };
+    if e.xlate_addr == ip.src_addr {
+        // Its first passed as it was.
+        return TC_ACT_UNSPEC;
+    }
     verdict(
         rewrite_addr(ctx, IP_SRC, ip.src_addr, e.xlate_addr),
         NatCounter::FragSnat,
@@ -147,8 +176,7 @@ fn later_fragment_in(ctx: &TcContext, cfg: &NatConfig) -> Option<i32> {
     if ip.dst_addr != cfg.node_ip || !fragments::translated_proto(ip.proto) {
         return Some(TC_ACT_UNSPEC);
     }
-    // SAFETY: the value is copied out at once.
-    let Some(e) = (unsafe { NAT_FRAGS.get(&fragments::in_key(&ip)) }).copied() else {
+    let Some(e) = record(&fragments::in_key(&ip)) else {
         // The node's own datagram.
         return Some(TC_ACT_UNSPEC);
     };

@@ -560,12 +560,56 @@ fn a_later_fragment_without_its_first_translated_is_dropped_leaving_and_passed_a
         1,
         "only the one translated first fragment recorded"
     );
+
+    // An echo reply the endpoint sends in fragments is covered but not
+    // translated: its first passes as it is, and so do the others.
+    let mut reply = Echo::request(EP, PEER, 0x0303, 1);
+    reply.kind = 0;
+    let [first, last] = packets::split_fragments(&reply.frame(), 16);
+    for part in [first, last] {
+        assert_eq!(run(&mut r, true, &part), (TCX_NEXT, part.clone()));
+    }
     assert_eq!(
         ["frag_snat", "frag_rev_snat", "frag_dropped"].map(|c| counter(&pins, c)),
         [0, 0, 2]
     );
+    stale_records_count_for_nothing(&mut r, &pins);
     // Masquerade off: nothing is dropped.
     r.set_nat_config(NatConfig::default()).expect("off");
     let input = later_fragment(&udp(EP, PEER), 8, 7);
     assert_eq!(run(&mut r, true, &input), (TCX_NEXT, input.clone()));
+}
+
+/// A record older than the reassembly time (made at boot, by hand) counts
+/// for nothing: the later fragment it would have let through is dropped,
+/// and the collector removes it, leaving the live ones.
+fn stale_records_count_for_nothing(r: &mut Datapath, pins: &PinDir) {
+    use aya::maps::HashMap;
+    use health_common::{
+        maps::MapId,
+        nat::fragments::{self, FragEntry},
+    };
+    let udp = packets::udp_datagram(EP, PEER, (5353, 53), true);
+    let stale = later_fragment(&udp, 8, 11);
+    let mut ip = [0u8; 20];
+    ip.copy_from_slice(&stale[14..34]);
+    // SAFETY: `Ipv4Hdr` is 20 bytes of plain fields.
+    let header = unsafe { std::mem::transmute::<[u8; 20], health_common::headers::Ipv4Hdr>(ip) };
+    let mut opened =
+        health_agent::datapath::maps::open(pins.path(), MapId::NatFrags).expect("NAT_FRAGS");
+    let mut map = HashMap::<_, _, FragEntry>::try_from(&mut opened).expect("NAT_FRAGS");
+    map.insert(
+        &fragments::out_key(&header),
+        &FragEntry::new(NODE.octets(), 0),
+        0,
+    )
+    .expect("a record from boot");
+    let before = nat::fragments(pins.path()).expect("fragment map").len();
+    assert_eq!(run(r, true, &stale).0, TC_ACT_SHOT, "a stale record");
+    assert_eq!(nat::gc_fragments(pins.path()).expect("collected"), 1);
+    assert_eq!(
+        nat::fragments(pins.path()).expect("fragment map").len(),
+        before - 1,
+        "the live records kept"
+    );
 }
