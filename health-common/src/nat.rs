@@ -155,8 +155,9 @@ pub enum NatCounter {
     FragSnat = 6,
     /// Later fragments whose destination was rewritten back (ingress).
     FragRevSnat = 7,
-    /// Later fragments leaving that masquerade covers, of a datagram whose
-    /// first fragment was not translated: dropped, never sent with the
+    /// Later fragments leaving that masquerade covers, of a datagram with
+    /// no live record (its first fragment not translated, nor passed as an
+    /// echo reply, in the last 30 s): dropped, never sent with the
     /// endpoint's address.
     FragDropped = 8,
 }

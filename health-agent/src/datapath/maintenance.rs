@@ -311,7 +311,8 @@ fn maintain(
             warn!("NAT garbage collection: {}", chain(&e));
         }
         // Records of fragmented datagrams last 30 s, whatever the flows:
-        // the map is nearly always empty, and its walk one system call.
+        // the map is nearly always empty, and its walk then one system
+        // call.
         if cfg.masquerade.is_some()
             && let Err(e) = nat::gc_fragments(kernel.pin_dir())
         {

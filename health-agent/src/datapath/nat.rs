@@ -175,7 +175,15 @@ pub fn gc_fragments(dir: &Path) -> Result<u64, DatapathError> {
         .filter(|(_, e)| !e.live(now))
         .map(|(k, _)| k)
         .collect();
-    Ok(over.iter().filter(|k| frags.remove(k).is_ok()).count() as u64)
+    // Read again before each removal: a datagram reusing the key since
+    // has a live record, which stays.
+    let stale = |frags: &HashMap<&mut MapData, FragKey, FragEntry>, k: &FragKey| {
+        frags.get(k, 0).is_ok_and(|e| !e.live(now))
+    };
+    Ok(over
+        .iter()
+        .filter(|k| stale(&frags, k) && frags.remove(k).is_ok())
+        .count() as u64)
 }
 
 /// The per-CPU NAT counters, summed, by name.

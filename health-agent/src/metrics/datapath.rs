@@ -147,7 +147,7 @@ fn counter_help(prefix: &str, name: &str) -> &'static str {
             "Later fragments whose destination was translated back like their first fragment's (ingress)"
         }
         ("nat", "frag_dropped") => {
-            "Later fragments dropped because their datagram's first fragment was not masqueraded"
+            "Later fragments dropped for want of a live record of their datagram's first fragment"
         }
         _ => "Datapath counter",
     }

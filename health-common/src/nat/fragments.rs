@@ -8,14 +8,16 @@
 //! from that record (their address alone: they hold no port).
 //!
 //! - Leaving: a later fragment the masquerade covers whose datagram has no
-//!   record (its first fragment was dropped, evicted or never seen) is
+//!   live record (its first fragment was dropped, evicted or never seen) is
 //!   dropped, never sent with the endpoint's address.
-//! - Arriving: a later fragment to the node IP whose datagram has no record
-//!   is the node's own and passes.
+//! - Arriving: a later fragment to the node IP whose datagram has no live
+//!   record is the node's own and passes.
 //!
 //! A first fragment leaving that the masquerade covers but does not
-//! translate (an echo reply, say) is recorded too, to its own source, so
-//! that its later fragments pass with it rather than being dropped.
+//! translate (an echo reply: the only untranslated kind the flow parser
+//! reads) is recorded too, to its own source, so that its later fragments
+//! pass with it rather than being dropped. A first fragment too short for
+//! its L4 header is not parsed at all, and passes as it is.
 //!
 //! A record counts for [`FRAG_LIFETIME_NS`] (the kernel's default
 //! reassembly time): a datagram is whole by then or lost, and an older
@@ -57,7 +59,8 @@ pub struct FragKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FragEntry {
-    /// `bpf_ktime_get_ns` when the first fragment was translated.
+    /// `bpf_ktime_get_ns` when the first fragment passed (translated, or
+    /// an echo reply recorded to its own source).
     pub created_ns: u64,
     pub xlate_addr: [u8; 4],
     pub pad: [u8; 4],

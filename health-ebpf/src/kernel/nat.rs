@@ -118,8 +118,8 @@ fn remember(first: Option<FragKey>, done: Result<(), i64>, xlate_addr: [u8; 4], 
 }
 
 /// A first fragment leaving that the masquerade covers but passes as it
-/// is (ICMP other than an echo request): recorded to its own source, so
-/// that its later fragments pass with it.
+/// is (an echo reply): recorded to its own source, so that its later
+/// fragments pass with it.
 #[inline(always)]
 fn passed_whole(first: Option<FragKey>, cfg: &NatConfig) {
     if let Some(key) = first

@@ -580,32 +580,39 @@ fn a_later_fragment_without_its_first_translated_is_dropped_leaving_and_passed_a
     assert_eq!(run(&mut r, true, &input), (TCX_NEXT, input.clone()));
 }
 
-/// A record older than the reassembly time (made at boot, by hand) counts
-/// for nothing: the later fragment it would have let through is dropped,
-/// and the collector removes it, leaving the live ones.
+/// A record made by hand under a later fragment's key lets it through
+/// while it is live; once older than the reassembly time it counts for
+/// nothing: the fragment is dropped, and the collector removes the record,
+/// leaving the live ones.
 fn stale_records_count_for_nothing(r: &mut Datapath, pins: &PinDir) {
     use aya::maps::HashMap;
     use health_common::{
         maps::MapId,
-        nat::fragments::{self, FragEntry},
+        nat::fragments::{self, FRAG_LIFETIME_NS, FragEntry},
     };
     let udp = packets::udp_datagram(EP, PEER, (5353, 53), true);
-    let stale = later_fragment(&udp, 8, 11);
+    let fragment = later_fragment(&udp, 8, 11);
     let mut ip = [0u8; 20];
-    ip.copy_from_slice(&stale[14..34]);
+    ip.copy_from_slice(&fragment[14..34]);
     // SAFETY: `Ipv4Hdr` is 20 bytes of plain fields.
     let header = unsafe { std::mem::transmute::<[u8; 20], health_common::headers::Ipv4Hdr>(ip) };
+    let key = fragments::out_key(&header);
     let mut opened =
         health_agent::datapath::maps::open(pins.path(), MapId::NatFrags).expect("NAT_FRAGS");
     let mut map = HashMap::<_, _, FragEntry>::try_from(&mut opened).expect("NAT_FRAGS");
-    map.insert(
-        &fragments::out_key(&header),
-        &FragEntry::new(NODE.octets(), 0),
-        0,
-    )
-    .expect("a record from boot");
+    let now = health_agent::datapath::monotonic_ns().expect("clock");
+    let record = |at| FragEntry::new(NODE.octets(), at);
+    map.insert(&key, &record(now), 0).expect("a live record");
+    let (verdict, out) = run(r, true, &fragment);
+    assert_eq!(verdict, TCX_NEXT, "a live record");
+    assert_eq!(&out[26..30], &NODE.octets(), "the source translated");
+    let long_ago = now
+        .checked_sub(FRAG_LIFETIME_NS + 1)
+        .expect("the machine is up for over 30 s");
+    map.insert(&key, &record(long_ago), 0)
+        .expect("a stale record");
     let before = nat::fragments(pins.path()).expect("fragment map").len();
-    assert_eq!(run(r, true, &stale).0, TC_ACT_SHOT, "a stale record");
+    assert_eq!(run(r, true, &fragment).0, TC_ACT_SHOT, "a stale record");
     assert_eq!(nat::gc_fragments(pins.path()).expect("collected"), 1);
     assert_eq!(
         nat::fragments(pins.path()).expect("fragment map").len(),
