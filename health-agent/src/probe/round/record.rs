@@ -62,6 +62,13 @@ impl Prober {
         {
             history.begin_round(seq, started_ms, at);
         }
+        // Only a round of the nodes that joined (unnumbered) gives rounds
+        // to come: nodes first probed in a whole round get none.
+        let join_rounds = if round.is_none() {
+            self.follow_ups()
+        } else {
+            0
+        };
         let mut outcomes = outcomes.into_iter().peekable();
         let mut next = 0;
         // A node's addresses are consecutive in `keys`: its paths are
@@ -88,9 +95,17 @@ impl Prober {
                     outcomes.for_each(drop);
                     continue;
                 }
-                let entry = match paths.get_mut(node.name.as_str()) {
-                    Some(e) => e,
-                    None => paths.entry(node.name.as_str().into()).or_default(),
+                let entry = if let Some(e) = paths.get_mut(node.name.as_str()) {
+                    e
+                } else {
+                    let e = paths.entry(node.name.as_str().into()).or_default();
+                    // First probed by a round of the nodes that joined: its
+                    // rounds to come are set with its first results, under
+                    // the recording a reload's take-over waits for (so a
+                    // reload right after the round keeps them); the round's
+                    // bookkeeping clears them when every path is decided.
+                    e.join_rounds = join_rounds;
+                    e
                 };
                 let mut row = RoundRow::default();
                 for (target, (&(_, address), (icmp, http))) in

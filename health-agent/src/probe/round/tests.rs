@@ -829,6 +829,34 @@ fn a_node_that_joined_is_probed_again_until_every_path_has_its_verdict() {
     assert_eq!(joined_round(&prober, 7_000, silent(false)), (vec![], false));
 }
 
+/// A reload between a round of the nodes that joined and that round's
+/// bookkeeping: the node's rounds to come were set with its first
+/// results, under the recording the take-over waits for, so the new
+/// prober probes it again. A node first probed by a whole round has none.
+#[test]
+fn a_reload_right_after_a_round_of_nodes_that_joined_keeps_their_rounds_to_come() {
+    let old = thresholds(1, 3);
+    old.set_nodes(nodes(&["a"]));
+    round_with(&old, 1, None);
+    assert_eq!(old.paths.lock().expect("lock")["a"].join_rounds, 0);
+    old.set_nodes(nodes(&["a", "b"]));
+    let set = old.nodes();
+    let (picked, _) = old.joined_now(&set);
+    let these = set.subset(&picked);
+    let t = targets(&these, old.cfg.families);
+    let outcomes = (0..t.keys.len()).map(|_| (refused(), refused()));
+    old.while_recording(|| old.record_in(&these, &t.keys, outcomes, None, 2_000));
+    // The reload, before `after_joined` ran.
+    let new = thresholds(1, 3);
+    new.take_over(&old);
+    assert_eq!(
+        new.paths.lock().expect("lock")["b"].join_rounds,
+        new.follow_ups()
+    );
+    let (picked, never) = new.joined_now(&new.nodes());
+    assert_eq!((picked.len(), never.len()), (1, 0), "b, probed again");
+}
+
 #[test]
 fn a_node_that_joined_and_stays_undecided_runs_out_of_rounds() {
     // Two of a kind turn a path: one that alternates never does.
