@@ -63,7 +63,7 @@ impl Prober {
             history.begin_round(seq, started_ms, at);
         }
         // Only a round of the nodes that joined (unnumbered) gives rounds
-        // to come: nodes first probed in a whole round get none.
+        // to come: nodes first probed in a numbered round get none.
         let join_rounds = if round.is_none() {
             self.follow_ups()
         } else {

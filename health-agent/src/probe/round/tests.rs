@@ -851,7 +851,7 @@ fn a_reload_right_after_a_round_of_nodes_that_joined_keeps_their_rounds_to_come(
     new.take_over(&old);
     assert_eq!(
         new.paths.lock().expect("lock")["b"].join_rounds,
-        new.follow_ups()
+        old.follow_ups()
     );
     let (picked, never) = new.joined_now(&new.nodes());
     assert_eq!((picked.len(), never.len()), (1, 0), "b, probed again");
