@@ -86,6 +86,7 @@ pub(crate) fn selection(k: &Kernel) -> Vec<&'static str> {
         "attach::classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_sigterm",
         "endpoint::sigterm_leaves_nothing_behind",
         "nat_test_run::an_echo_is_masqueraded_and_its_reply_translated_back",
+        "nat_test_run::the_later_fragments_of_a_masqueraded_datagram_follow_its_first",
         "datapath::ct_counts_rtt_expiry_losses_and_bpftool_agree",
         "cluster::three_nodes_reach_three_of_three_and_sigterm_leaves_nothing",
     ];
