@@ -134,25 +134,13 @@ fn frag_row(k: &FragKey, e: FragEntry, now: u64) -> FragRow {
     }
 }
 
-fn frags_map(
-    map: &mut aya::maps::Map,
-) -> Result<HashMap<&mut MapData, FragKey, FragEntry>, DatapathError> {
-    HashMap::try_from(map).map_err(|source| DatapathError::Map {
-        map: MapId::NatFrags,
-        source,
-    })
-}
-
 /// Every record of the pinned fragment map, `OUT` before `IN`, sorted.
 pub fn fragments(dir: &Path) -> Result<Vec<FragRow>, DatapathError> {
-    let mut map = open(dir, MapId::NatFrags)?;
-    let frags = frags_map(&mut map)?;
     let now = super::monotonic_ns()?;
-    let mut rows: Vec<FragRow> = frags
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(k, e)| frag_row(&k, e, now))
-        .collect();
+    let mut rows = Vec::new();
+    super::maps::hash_entries::<FragKey, FragEntry>(dir, MapId::NatFrags, |k, e| {
+        rows.push(frag_row(k, *e, now));
+    })?;
     rows.sort_by(|a, b| {
         b.dir
             .cmp(a.dir)
@@ -162,28 +150,14 @@ pub fn fragments(dir: &Path) -> Result<Vec<FragRow>, DatapathError> {
 }
 
 /// Removes the fragment map's records past their lifetime (the programs
-/// ignore them already): the map holds only datagrams whose later
-/// fragments may still come, so its pressure means what it says. Returns
-/// how many went.
+/// ignore them already), in batches as the walk goes: the map holds only
+/// datagrams whose later fragments may still come, so its pressure means
+/// what it says. Returns how many went.
 pub fn gc_fragments(dir: &Path) -> Result<u64, DatapathError> {
     let now = super::monotonic_ns()?;
-    let mut map = open(dir, MapId::NatFrags)?;
-    let mut frags = frags_map(&mut map)?;
-    let over: Vec<FragKey> = frags
-        .iter()
-        .filter_map(Result::ok)
-        .filter(|(_, e)| !e.live(now))
-        .map(|(k, _)| k)
-        .collect();
-    // Read again before each removal: a datagram reusing the key since
-    // has a live record, which stays.
-    let stale = |frags: &HashMap<&mut MapData, FragKey, FragEntry>, k: &FragKey| {
-        frags.get(k, 0).is_ok_and(|e| !e.live(now))
-    };
-    Ok(over
-        .iter()
-        .filter(|k| stale(&frags, k) && frags.remove(k).is_ok())
-        .count() as u64)
+    let (deleted, _) =
+        super::maps::delete_where::<FragKey, FragEntry>(dir, MapId::NatFrags, |_, e| !e.live(now))?;
+    Ok(deleted)
 }
 
 /// The per-CPU NAT counters, summed, by name.
