@@ -219,6 +219,9 @@ pub struct Flow {
     /// sequence.
     pub icmp_type: u8,
     pub icmp_seq: [u8; 2],
+    /// TCP: the sequence and acknowledgment numbers, as on the wire.
+    pub tcp_seq: [u8; 4],
+    pub tcp_ack: [u8; 4],
     pub len: u32,
     /// Offset of the L4 header in the frame.
     pub l4: u16,

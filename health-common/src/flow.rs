@@ -124,6 +124,8 @@ fn l4_fields<F: Frame>(frame: &mut F, flow: &mut Flow, l4: usize) -> bool {
             key.sport = tcp.source;
             key.dport = tcp.dest;
             flow.tcp_flags = tcp_flags(tcp);
+            flow.tcp_seq = tcp.seq;
+            flow.tcp_ack = tcp.ack_seq;
         }
         IPPROTO_UDP => {
             let Some(udp) = frame.header_mut::<UdpHdr>(l4) else {
@@ -183,6 +185,8 @@ mod tests {
         let mut tcp = [0u8; 20];
         tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
         tcp[2..4].copy_from_slice(&4240u16.to_be_bytes());
+        tcp[4..8].copy_from_slice(&0x0102_0304u32.to_be_bytes());
+        tcp[8..12].copy_from_slice(&0x0a0b_0c0du32.to_be_bytes());
         tcp[12] = 0x50;
         tcp[13] = TCP_SYN;
         tcp
@@ -217,6 +221,10 @@ mod tests {
         assert_eq!(flow.key.sport, 40000u16.to_be_bytes());
         assert_eq!(flow.key.dport, 4240u16.to_be_bytes());
         assert_eq!((flow.key.proto, flow.tcp_flags), (IPPROTO_TCP, TCP_SYN));
+        assert_eq!(
+            (flow.tcp_seq, flow.tcp_ack),
+            ([1, 2, 3, 4], [0x0a, 0x0b, 0x0c, 0x0d])
+        );
         assert_eq!(flow.len as usize, f.len());
         assert_eq!(flow.l4, 54);
         assert!(!flow.key.is_ipv4());
@@ -322,12 +330,14 @@ mod tests {
         let mut tcp = [0u8; 20];
         tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
         tcp[2..4].copy_from_slice(&4240u16.to_be_bytes());
+        tcp[4..8].copy_from_slice(&7u32.to_be_bytes());
         tcp[13] = TCP_SYN;
         let mut f = frame(IPPROTO_TCP, &tcp, 0x4000);
         let flow = parse(&mut SliceFrame::new(&mut f)).expect("tracked");
         assert_eq!(flow.key.sport, 40000u16.to_be_bytes());
         assert_eq!(flow.key.dport, 4240u16.to_be_bytes());
         assert_eq!(flow.tcp_flags, TCP_SYN);
+        assert_eq!((flow.tcp_seq, flow.tcp_ack), ([0, 0, 0, 7], [0; 4]));
         assert_eq!(flow.len as usize, f.len());
         assert_eq!(flow.l4, 34);
     }

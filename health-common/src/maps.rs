@@ -13,7 +13,7 @@ use crate::{
 /// The version of the pinned maps' layout as a whole. Bumped whenever a
 /// map's type, key or value changes; recorded in [`MapId::PinLayout`] so an
 /// agent finds out which layout the pins it inherits were made with.
-pub const PIN_LAYOUT_VERSION: u32 = 7;
+pub const PIN_LAYOUT_VERSION: u32 = 8;
 
 /// How many entries the maps that grow with the cluster hold. The kernel
 /// object declares [`MapSizes::DEFAULT`]; the loader sizes each map from

@@ -4,10 +4,10 @@
 //! never answered into `RTT_LOSSES`.
 //!
 //! Peers are 16-byte addresses of either family, IPv4 as IPv4-mapped
-//! (`::ffff:a.b.c.d`), as in [`CtKey`]; `proto` is `IPPROTO_ICMP`,
+//! (`::ffff:a.b.c.d`), as in [`CtKey`](crate::ct::CtKey); `proto` is `IPPROTO_ICMP`,
 //! `IPPROTO_ICMPV6` or `IPPROTO_TCP`.
 
-use crate::ct::{CtKey, IPPROTO_TCP};
+use crate::ct::{Flow, IPPROTO_TCP};
 
 /// The largest frame (bytes on the wire, its link header included) whose
 /// request is timed. The agent's echoes and SYNs are under 100 bytes; its
@@ -20,7 +20,7 @@ pub const TIMED_MAX_LEN: u32 = 576;
 /// RTTs in `[2^(i-1), 2^i)` µs (bucket 0: under 1 µs), the last one the rest.
 pub const HIST_BUCKETS: usize = 24;
 
-/// A request waiting for its reply (24 bytes, no implicit padding).
+/// A request waiting for its reply (28 bytes, no implicit padding).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct PendingKey {
@@ -31,6 +31,10 @@ pub struct PendingKey {
     pub b: [u8; 2],
     pub proto: u8,
     pub pad: [u8; 3],
+    /// TCP: the SYN's sequence number (its ISN), as on the wire; a SYN-ACK
+    /// or a reset answers it only when it acknowledges exactly that plus
+    /// one. ICMP: zero.
+    pub isn: [u8; 4],
 }
 
 /// Per peer and protocol (20 bytes, no implicit padding).
@@ -169,54 +173,67 @@ pub const fn sample(pending: u64, now: u64) -> Option<u64> {
 }
 
 /// The pending key a request leaving the endpoint opens: ICMP echo by
-/// (peer, identifier, sequence), TCP SYN by (peer, ports).
+/// (peer, identifier, sequence), TCP SYN by (peer, ports, ISN). A SYN
+/// sent again keeps its ISN, so it finds its first one's key; a new
+/// connection on the same ports has another ISN, and a key of its own.
 #[must_use]
 #[inline(always)]
-pub const fn request_key(flow_key: &CtKey, icmp_seq: [u8; 2]) -> PendingKey {
-    if flow_key.proto == IPPROTO_TCP {
+pub const fn request_key(flow: &Flow) -> PendingKey {
+    let k = &flow.key;
+    if k.proto == IPPROTO_TCP {
         PendingKey {
-            peer: flow_key.daddr,
-            a: flow_key.sport,
-            b: flow_key.dport,
+            peer: k.daddr,
+            a: k.sport,
+            b: k.dport,
             proto: IPPROTO_TCP,
             pad: [0; 3],
+            isn: flow.tcp_seq,
         }
     } else {
         PendingKey {
-            peer: flow_key.daddr,
-            a: flow_key.dport,
-            b: icmp_seq,
-            proto: flow_key.proto,
+            peer: k.daddr,
+            a: k.dport,
+            b: flow.icmp_seq,
+            proto: k.proto,
             pad: [0; 3],
+            isn: [0; 4],
         }
     }
 }
 
-/// The pending key the reply coming back to the endpoint closes.
+/// The pending key the reply coming back to the endpoint closes. A
+/// SYN-ACK or a reset names its SYN by its acknowledgment number, the ISN
+/// plus one: one for another connection on the same ports, stale or
+/// forged, finds no key.
 #[must_use]
 #[inline(always)]
-pub const fn reply_key(flow_key: &CtKey, icmp_seq: [u8; 2]) -> PendingKey {
-    if flow_key.proto == IPPROTO_TCP {
+pub const fn reply_key(flow: &Flow) -> PendingKey {
+    let k = &flow.key;
+    if k.proto == IPPROTO_TCP {
         PendingKey {
-            peer: flow_key.saddr,
-            a: flow_key.dport,
-            b: flow_key.sport,
+            peer: k.saddr,
+            a: k.dport,
+            b: k.sport,
             proto: IPPROTO_TCP,
             pad: [0; 3],
+            isn: u32::from_be_bytes(flow.tcp_ack)
+                .wrapping_sub(1)
+                .to_be_bytes(),
         }
     } else {
         PendingKey {
-            peer: flow_key.saddr,
-            a: flow_key.sport,
-            b: icmp_seq,
-            proto: flow_key.proto,
+            peer: k.saddr,
+            a: k.sport,
+            b: flow.icmp_seq,
+            proto: k.proto,
             pad: [0; 3],
+            isn: [0; 4],
         }
     }
 }
 
 const _: () = {
-    assert!(size_of::<PendingKey>() == 24);
+    assert!(size_of::<PendingKey>() == 28);
     assert!(size_of::<RttKey>() == 20);
     assert!(size_of::<RttStats>() == 48 + 8 * HIST_BUCKETS);
 };
@@ -235,7 +252,7 @@ unsafe impl aya::Pod for RttStats {}
 mod tests {
     use super::*;
     use crate::{
-        ct::v4_mapped,
+        ct::{CtKey, v4_mapped},
         headers::{IPPROTO_ICMP, IPPROTO_ICMPV6},
     };
 
@@ -265,10 +282,21 @@ mod tests {
 
     #[test]
     fn keys_have_no_padding_holes() {
-        assert_eq!(size_of::<PendingKey>(), 16 + 2 + 2 + 1 + 3);
+        assert_eq!(size_of::<PendingKey>(), 16 + 2 + 2 + 1 + 3 + 4);
         assert_eq!(size_of::<RttKey>(), 16 + 1 + 3);
         assert_eq!(align_of::<PendingKey>(), 1);
         assert_eq!(align_of::<RttKey>(), 1);
+    }
+
+    /// A flow of `key`, with an echo's sequence and TCP's numbers.
+    fn flow(key: CtKey, icmp_seq: u16, seq: u32, ack: u32) -> Flow {
+        Flow {
+            key,
+            icmp_seq: icmp_seq.to_be_bytes(),
+            tcp_seq: seq.to_be_bytes(),
+            tcp_ack: ack.to_be_bytes(),
+            ..Flow::default()
+        }
     }
 
     #[test]
@@ -282,23 +310,21 @@ mod tests {
             proto: IPPROTO_ICMPV6,
             ..CtKey::default()
         };
-        let k = request_key(&req, [0, 3]);
+        let k = request_key(&flow(req, 3, 0, 0));
         assert_eq!(
-            (k.peer, k.a, k.b, k.proto),
-            (peer, [0x12, 0x34], [0, 3], 58)
+            (k.peer, k.a, k.b, k.proto, k.isn),
+            (peer, [0x12, 0x34], [0, 3], 58, [0; 4])
         );
-        assert_eq!(k, reply_key(&req.reversed(0), [0, 3]));
+        assert_eq!(k, reply_key(&flow(req.reversed(0), 3, 0, 0)));
         let syn = CtKey {
             sport: [0x9c, 0x40],
             dport: [0x10, 0x90],
             proto: IPPROTO_TCP,
             ..req
         };
-        assert_eq!(
-            request_key(&syn, [0, 0]),
-            reply_key(&syn.reversed(0), [0, 0])
-        );
-        assert_eq!(request_key(&syn, [0, 0]).peer, peer);
+        let k = request_key(&flow(syn, 0, 0xdead_beef, 0));
+        assert_eq!((k.peer, k.isn), (peer, [0xde, 0xad, 0xbe, 0xef]));
+        assert_eq!(k, reply_key(&flow(syn.reversed(0), 0, 7, 0xdead_bef0)));
     }
 
     #[test]
@@ -321,18 +347,47 @@ mod tests {
             ..CtKey::default()
         };
         let reply = req.reversed(0);
-        assert_eq!(request_key(&req, [0, 9]), reply_key(&reply, [0, 9]));
-        assert_ne!(request_key(&req, [0, 9]), reply_key(&reply, [0, 8]));
+        assert_eq!(
+            request_key(&flow(req, 9, 0, 0)),
+            reply_key(&flow(reply, 9, 0, 0))
+        );
+        assert_ne!(
+            request_key(&flow(req, 9, 0, 0)),
+            reply_key(&flow(reply, 8, 0, 0))
+        );
         let syn = CtKey {
             sport: [0x9c, 0x40],
             dport: [0x10, 0x90],
             proto: IPPROTO_TCP,
             ..req
         };
-        assert_eq!(
-            request_key(&syn, [0, 0]),
-            reply_key(&syn.reversed(0), [0, 0])
-        );
+        let sent = request_key(&flow(syn, 0, 41, 0));
+        assert_eq!(sent, reply_key(&flow(syn.reversed(0), 0, 900, 42)));
+    }
+
+    /// A SYN-ACK or reset names the SYN it answers by its acknowledgment
+    /// number: one acknowledging anything else (another connection on the
+    /// same ports, stale or forged) meets no pending SYN, and a SYN of a
+    /// new connection on those ports opens a key of its own.
+    #[test]
+    fn a_tcp_answer_meets_only_the_syn_it_acknowledges() {
+        let syn = CtKey {
+            saddr: v4_mapped([198, 18, 64, 2]),
+            daddr: v4_mapped([198, 18, 65, 2]),
+            sport: [0x9c, 0x40],
+            dport: [0x10, 0x90],
+            proto: IPPROTO_TCP,
+            ..CtKey::default()
+        };
+        let sent = request_key(&flow(syn, 0, 1000, 0));
+        let answer = |ack| reply_key(&flow(syn.reversed(0), 0, 5, ack));
+        assert_eq!(sent, answer(1001));
+        for other in [1000, 1002, 0, u32::MAX] {
+            assert_ne!(sent, answer(other), "ack {other}");
+        }
+        assert_ne!(sent, request_key(&flow(syn, 0, 77_000, 0)));
+        // The sequence space wraps: an ISN of 2^32 - 1 is acknowledged by 0.
+        assert_eq!(request_key(&flow(syn, 0, u32::MAX, 0)), answer(0));
     }
 
     #[test]

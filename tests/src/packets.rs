@@ -269,18 +269,59 @@ pub fn l4_checksum(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, segment: &[u8]) -> u
     inet_checksum(&data)
 }
 
-/// A TCP segment (20-byte header, `payload`) in an Ethernet frame, with
-/// correct checksums.
+/// The initial sequence number of both sides of [`tcp`]'s connections.
+pub const TCP_ISN: u32 = 0x0102_0304;
+
+/// A TCP header (20 bytes) and `payload`, numbered `(seq, ack)`, its
+/// checksum left zero.
 #[must_use]
-pub fn tcp(src: Ipv4Addr, dst: Ipv4Addr, ports: (u16, u16), flags: u8, payload: &[u8]) -> Vec<u8> {
+pub fn tcp_segment(
+    ports: (u16, u16),
+    flags: u8,
+    (seq, ack): (u32, u32),
+    payload: &[u8],
+) -> Vec<u8> {
     let mut seg = vec![0u8; 20];
     seg[0..2].copy_from_slice(&ports.0.to_be_bytes());
     seg[2..4].copy_from_slice(&ports.1.to_be_bytes());
-    seg[4..8].copy_from_slice(&0x0102_0304u32.to_be_bytes());
+    seg[4..8].copy_from_slice(&seq.to_be_bytes());
+    seg[8..12].copy_from_slice(&ack.to_be_bytes());
     seg[12] = 0x50;
     seg[13] = flags;
     seg[14..16].copy_from_slice(&64_240u16.to_be_bytes());
     seg.extend_from_slice(payload);
+    seg
+}
+
+/// The numbers of [`tcp`]'s segments: both sides started at [`TCP_ISN`],
+/// and a segment with ACK acknowledges the other side's SYN.
+#[must_use]
+pub const fn tcp_numbers(flags: u8) -> (u32, u32) {
+    if flags & 0x10 == 0 {
+        (TCP_ISN, 0)
+    } else {
+        (TCP_ISN, TCP_ISN.wrapping_add(1))
+    }
+}
+
+/// A TCP segment (20-byte header, `payload`) in an Ethernet frame, with
+/// correct checksums, numbered by [`tcp_numbers`].
+#[must_use]
+pub fn tcp(src: Ipv4Addr, dst: Ipv4Addr, ports: (u16, u16), flags: u8, payload: &[u8]) -> Vec<u8> {
+    tcp_numbered(src, dst, ports, flags, tcp_numbers(flags), payload)
+}
+
+/// [`tcp`] numbered `(seq, ack)`.
+#[must_use]
+pub fn tcp_numbered(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    ports: (u16, u16),
+    flags: u8,
+    numbers: (u32, u32),
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut seg = tcp_segment(ports, flags, numbers, payload);
     let c = l4_checksum(src, dst, 6, &seg);
     seg[16..18].copy_from_slice(&c.to_be_bytes());
     let mut ip = ipv4_header(src, dst, 6, 64, 1, seg.len());

@@ -4,7 +4,7 @@
 
 use std::net::Ipv6Addr;
 
-use crate::packets::{ethernet, inet_checksum};
+use crate::packets::{ethernet, inet_checksum, tcp_numbers, tcp_segment};
 
 /// `ICMPv6`'s next-header value.
 pub const NEXT_ICMPV6: u8 = 58;
@@ -35,17 +35,23 @@ pub fn l4_checksum6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, segment: &[u8]) -> u
 }
 
 /// A TCP segment (20-byte header, `payload`) over IPv6 in an Ethernet
-/// frame, with a correct checksum.
+/// frame, with a correct checksum, numbered as `packets::tcp`'s.
 #[must_use]
 pub fn tcp6(src: Ipv6Addr, dst: Ipv6Addr, ports: (u16, u16), flags: u8, payload: &[u8]) -> Vec<u8> {
-    let mut seg = vec![0u8; 20];
-    seg[0..2].copy_from_slice(&ports.0.to_be_bytes());
-    seg[2..4].copy_from_slice(&ports.1.to_be_bytes());
-    seg[4..8].copy_from_slice(&0x0102_0304u32.to_be_bytes());
-    seg[12] = 0x50;
-    seg[13] = flags;
-    seg[14..16].copy_from_slice(&64_240u16.to_be_bytes());
-    seg.extend_from_slice(payload);
+    tcp6_numbered(src, dst, ports, flags, tcp_numbers(flags), payload)
+}
+
+/// [`tcp6`] numbered `(seq, ack)`.
+#[must_use]
+pub fn tcp6_numbered(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    ports: (u16, u16),
+    flags: u8,
+    numbers: (u32, u32),
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut seg = tcp_segment(ports, flags, numbers, payload);
     let c = l4_checksum6(src, dst, 6, &seg);
     seg[16..18].copy_from_slice(&c.to_be_bytes());
     let ip = ipv6_packet(6 << 28, src, dst, 6, 64, &seg);

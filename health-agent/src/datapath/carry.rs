@@ -4,7 +4,9 @@
 //! keep their layout. The configuration arrays are not carried: the agent
 //! writes them anew at every start. The RTT statistics of the per-CPU
 //! layout they had before are carried too, each key's CPUs folded into
-//! its one value.
+//! its one value. The pending echoes of the layout whose pending key held
+//! no ISN are carried too; its pending SYNs are not (their answers name
+//! an ISN the old key did not keep).
 
 use std::path::Path;
 
@@ -13,7 +15,7 @@ use aya::{
     maps::{HashMap, Map, MapData, MapError, MapInfo, PerCpuArray, PerCpuHashMap, PerCpuValues},
 };
 use health_common::{
-    ct::{CtEntry, CtKey},
+    ct::{CtEntry, CtKey, IPPROTO_TCP},
     maps::MapId,
     nat::{NatEntry, NatKey},
     rtt::{PendingKey, RttKey, RttStats},
@@ -58,6 +60,15 @@ pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
         )
     });
     let folded = map == MapId::RttStats && per_cpu;
+    if map == MapId::RttPending && info.key_size() == OLD_PENDING_KEY as u32 {
+        let old = Map::from_map_data(MapData::from_pin(&path)?)?;
+        return Ok(Saved::Pending(
+            entries::<[u8; OLD_PENDING_KEY], u64>(&old)?
+                .into_iter()
+                .filter_map(|(k, sent)| pending_without_isn(&k).map(|k| (k, sent)))
+                .collect(),
+        ));
+    }
     if (info.key_size(), info.value_size(), per_cpu && !folded)
         != (map.key_size(), map.value_size(), map.kind().is_per_cpu())
     {
@@ -87,6 +98,29 @@ pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
         ),
         MapId::NatFrags => return Err(NotCarried::InFlight),
         _ => return Err(NotCarried::Config),
+    })
+}
+
+/// The size of the pending key before it held the SYN's ISN.
+const OLD_PENDING_KEY: usize = 24;
+
+/// A pending key of that layout (the peer, `a`, `b`, the protocol, three
+/// bytes of padding) in today's: an echo's, whose key is the same with a
+/// zero ISN; `None` for a SYN's.
+fn pending_without_isn(old: &[u8; OLD_PENDING_KEY]) -> Option<PendingKey> {
+    let proto = old[20];
+    if proto == IPPROTO_TCP {
+        return None;
+    }
+    let mut peer = [0; 16];
+    peer.copy_from_slice(&old[..16]);
+    Some(PendingKey {
+        peer,
+        a: [old[16], old[17]],
+        b: [old[18], old[19]],
+        proto,
+        pad: [0; 3],
+        isn: [0; 4],
     })
 }
 

@@ -4,7 +4,7 @@ use std::{net::IpAddr, path::Path, time::Duration};
 
 use aya::maps::HashMap;
 use health_common::{
-    ct::{ip_of, key_addr},
+    ct::{IPPROTO_TCP, ip_of, key_addr},
     maps::MapId,
     rtt::{PendingKey, RETRANSMITTED, RttKey, RttStats, sent_at},
 };
@@ -134,6 +134,10 @@ pub struct PendingRow {
     pub sent_ns: u64,
     /// A SYN sent more than once: its SYN-ACK times no sample.
     pub retransmitted: bool,
+    /// TCP: the SYN's sequence number, which its SYN-ACK or reset must
+    /// acknowledge (plus one) to close it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isn: Option<u32>,
 }
 
 /// The pending requests.
@@ -152,6 +156,7 @@ pub fn pending(dir: &Path) -> Result<Vec<PendingRow>, DatapathError> {
             b: u16::from_be_bytes(k.b),
             sent_ns: sent_at(pending),
             retransmitted: pending & RETRANSMITTED != 0,
+            isn: (k.proto == IPPROTO_TCP).then(|| u32::from_be_bytes(k.isn)),
         })
         .collect())
 }

@@ -130,11 +130,12 @@ fn start_rtt(flow: &Flow, now: u64) {
     }
     let is_syn = flow.key.proto == IPPROTO_TCP && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
     if flow.is_echo_request() {
-        let key = rtt::request_key(&flow.key, flow.icmp_seq);
+        let key = rtt::request_key(flow);
         let _ = RTT_PENDING.insert(&key, &now, 0);
     } else if is_syn {
-        // A SYN sent again keeps the first one's time, marked: Karn's rule.
-        let key = rtt::request_key(&flow.key, flow.icmp_seq);
+        // A SYN sent again (the same ISN, so the same key) keeps the first
+        // one's time, marked: Karn's rule.
+        let key = rtt::request_key(flow);
         // SAFETY: the value is copied out at once.
         let pending = unsafe { RTT_PENDING.get(&key) }.copied();
         let _ = RTT_PENDING.insert(&key, &rtt::after_syn(pending, now), 0);
@@ -146,10 +147,10 @@ fn start_rtt(flow: &Flow, now: u64) {
 /// with its ACK flag on a pending SYN's ports answers it too (a closed
 /// port, a firewall rejecting with a reset; a bare reset cannot, as TCP
 /// takes none in SYN-SENT): the request is closed, not left for the loss
-/// sweep, and times nothing (it may come from a box on the way). Its
-/// acknowledgment number is not compared with the SYN's, which is not
-/// kept: a stale or forged reset on the same ports closes the request
-/// with no loss counted, as it would have closed the connection.
+/// sweep, and times nothing (it may come from a box on the way). A
+/// SYN-ACK or reset closes only the SYN it acknowledges (its ISN plus
+/// one, in the key): one for an older connection on the same ports, or a
+/// forged one, closes nothing, as TCP would take neither.
 #[inline(never)]
 fn finish_rtt(flow: &Flow, now: u64) {
     let is_tcp = flow.key.proto == IPPROTO_TCP;
@@ -159,7 +160,7 @@ fn finish_rtt(flow: &Flow, now: u64) {
     if !is_synack && !is_echo_reply && !is_reset {
         return;
     }
-    let key = rtt::reply_key(&flow.key, flow.icmp_seq);
+    let key = rtt::reply_key(flow);
     // SAFETY: the value is read before the entry is removed.
     let Some(sent) = (unsafe { RTT_PENDING.get(&key) }).copied() else {
         return;

@@ -129,22 +129,34 @@ fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> i32 {
     i32::try_from(rc).expect("a descriptor or 0")
 }
 
-/// Pins at `path` an RTT statistics map of the layout agents had before:
-/// an LRU hash with a value per CPU.
-fn pin_per_cpu_rtt_stats(path: &Path, max_entries: u32) {
+/// A map's layout for [`pin_map`]: its type (`BPF_MAP_TYPE_*`), name,
+/// key and value sizes and entries.
+struct Layout {
+    map_type: u32,
+    name: &'static str,
+    key: u32,
+    value: u32,
+    max_entries: u32,
+}
+
+const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+const BPF_MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
+
+/// Pins at `path` a map of `layout`, as an agent of an older layout left
+/// it.
+fn pin_map(path: &Path, layout: &Layout) {
     const BPF_MAP_CREATE: libc::c_long = 0;
     const BPF_OBJ_PIN: libc::c_long = 6;
-    const BPF_MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
     let mut attr = [0u8; 128];
     for (at, v) in [
-        (0, BPF_MAP_TYPE_LRU_PERCPU_HASH),
-        (4, MapId::RttStats.key_size()),
-        (8, MapId::RttStats.value_size()),
-        (12, max_entries),
+        (0, layout.map_type),
+        (4, layout.key),
+        (8, layout.value),
+        (12, layout.max_entries),
     ] {
         attr[at..at + 4].copy_from_slice(&v.to_ne_bytes());
     }
-    attr[28..37].copy_from_slice(b"RTT_STATS");
+    attr[28..28 + layout.name.len()].copy_from_slice(layout.name.as_bytes());
     // SAFETY: BPF_MAP_CREATE returned a new descriptor that nothing else
     // owns.
     let map = unsafe { OwnedFd::from_raw_fd(bpf(BPF_MAP_CREATE, &mut attr)) };
@@ -155,6 +167,21 @@ fn pin_per_cpu_rtt_stats(path: &Path, max_entries: u32) {
     attr[8..12].copy_from_slice(&fd.to_ne_bytes());
     // BPF_OBJ_PIN returns 0, not a descriptor: nothing to close but `map`.
     assert_eq!(bpf(BPF_OBJ_PIN, &mut attr), 0);
+}
+
+/// Pins at `path` an RTT statistics map of the layout agents had before:
+/// an LRU hash with a value per CPU.
+fn pin_per_cpu_rtt_stats(path: &Path, max_entries: u32) {
+    pin_map(
+        path,
+        &Layout {
+            map_type: BPF_MAP_TYPE_LRU_PERCPU_HASH,
+            name: "RTT_STATS",
+            key: MapId::RttStats.key_size(),
+            value: MapId::RttStats.value_size(),
+            max_entries,
+        },
+    );
 }
 
 #[test]
@@ -207,6 +234,72 @@ fn rtt_statistics_of_the_per_cpu_layout_are_carried_folded() {
     assert_eq!(
         (got.min_ns, got.max_ns),
         (1_000_000, cpus as u64 * 3_000_000)
+    );
+    drop(d);
+}
+
+/// The pending requests of the layout whose key held no ISN: the echoes
+/// are carried, their key the same with a zero ISN, and a reply still
+/// closes them; the SYNs are not, as their answers name an ISN the old
+/// key did not keep.
+#[test]
+fn pending_echoes_of_the_key_without_isn_are_carried_and_syns_are_not() {
+    let (pins, d) = loaded_for(64);
+    drop(d);
+    let sizes = MapSizes::for_peers(64);
+    let path = pins.path().join(MapId::RttPending.name());
+    std::fs::remove_file(&path).expect("unpinning the pending requests");
+    pin_map(
+        &path,
+        &Layout {
+            map_type: BPF_MAP_TYPE_LRU_HASH,
+            name: "RTT_PENDING",
+            key: 24,
+            value: 8,
+            max_entries: sizes.max_entries(MapId::RttPending).expect("sized"),
+        },
+    );
+    let now = health_agent::datapath::monotonic_ns().expect("clock");
+    let old_key = |last: u8, a: u16, b: u16, proto: u8| {
+        let mut k = [0u8; 24];
+        k[..16].copy_from_slice(&health_common::ct::v4_mapped([198, 18, 9, last]));
+        k[16..18].copy_from_slice(&a.to_be_bytes());
+        k[18..20].copy_from_slice(&b.to_be_bytes());
+        k[20] = proto;
+        k
+    };
+    {
+        let mut m = pinned(&pins, MapId::RttPending);
+        let mut old = HashMap::<_, [u8; 24], u64>::try_from(&mut m).expect("old layout");
+        old.insert(&old_key(1, 0x0abc, 7, 1), &now, 0)
+            .expect("echo");
+        old.insert(&old_key(2, 40_000, 4240, 6), &now, 0)
+            .expect("SYN");
+    }
+
+    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &sizes).expect("reload");
+    let info = MapInfo::from_pin(&path).expect("pinned");
+    assert_eq!(info.key_size(), MapId::RttPending.key_size(), "today's key");
+    let rows = rtt::pending(pins.path()).expect("pending");
+    assert_eq!(rows.len(), 1, "the echo alone: {rows:?}");
+    assert_eq!(
+        (rows[0].peer, rows[0].proto, rows[0].a, rows[0].b),
+        (IpAddr::from([198, 18, 9, 1]), "ICMP", 0x0abc, 7)
+    );
+    assert_eq!((rows[0].sent_ns, rows[0].isn), (now, None));
+    let m = pinned(&pins, MapId::RttPending);
+    let pending = HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&m).expect("pending");
+    let echo = health_common::rtt::PendingKey {
+        peer: health_common::ct::v4_mapped([198, 18, 9, 1]),
+        a: 0x0abcu16.to_be_bytes(),
+        b: 7u16.to_be_bytes(),
+        proto: 1,
+        ..health_common::rtt::PendingKey::default()
+    };
+    assert_eq!(
+        pending.get(&echo, 0).ok(),
+        Some(now),
+        "the key its reply names"
     );
     drop(d);
 }
@@ -333,6 +426,7 @@ fn the_loss_sweep_counts_each_lost_request_once_across_many_chunks() {
                     b: seq.to_be_bytes(),
                     proto,
                     pad: [0; 3],
+                    isn: [0; 4],
                 };
                 let mut sent = if seq < 2 { now - 60_000_000_000 } else { now };
                 if proto == 6 && seq > 0 {
@@ -413,6 +507,7 @@ fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
                 b: [0, 0],
                 proto: 1,
                 pad: [0; 3],
+                isn: [0; 4],
             };
             let sent = if i % 3 == 0 {
                 now
@@ -494,6 +589,7 @@ fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
                 b: [0, 0],
                 proto: 1,
                 pad: [0; 3],
+                isn: [0; 4],
             };
             pending.insert(&k, &sent, 0).expect("insert pending");
         }

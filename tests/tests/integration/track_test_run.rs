@@ -86,15 +86,15 @@ fn a_peer_probing_the_endpoint_is_an_in_entry() {
     );
 }
 
+/// A segment of a connection both sides of which started at
+/// [`packets::TCP_ISN`] (an answer acknowledges the endpoint's SYN).
 fn tcp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
-    let mut seg = vec![0u8; 20];
-    seg[0..2].copy_from_slice(&sport.to_be_bytes());
-    seg[2..4].copy_from_slice(&dport.to_be_bytes());
-    seg[12] = 0x50;
-    seg[13] = flags;
-    let mut ip = packets::ipv4_header(src, dst, 6, 64, 1, seg.len());
-    ip.extend_from_slice(&seg);
-    packets::ethernet([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1], 0x0800, &ip)
+    packets::tcp(src, dst, (sport, dport), flags, b"")
+}
+
+/// A segment numbered `(seq, ack)`.
+fn numbered(src: Ipv4Addr, dst: Ipv4Addr, ports: (u16, u16), flags: u8, n: (u32, u32)) -> Vec<u8> {
+    packets::tcp_numbered(src, dst, ports, flags, n, b"")
 }
 
 #[test]
@@ -179,6 +179,69 @@ fn a_syn_answered_by_a_reset_is_closed_not_lost() {
     assert_eq!(
         rtt::sweep(pins.path(), std::time::Duration::ZERO).expect("sweep"),
         1
+    );
+}
+
+/// A SYN-ACK or reset answers only the SYN it acknowledges: one for
+/// another connection on the same ports (stale, or forged by someone who
+/// does not know the ISN) neither times a sample nor closes the request,
+/// which the right answer then closes.
+#[test]
+fn only_an_answer_acknowledging_the_syn_closes_it() {
+    let (mut r, pins) = loaded();
+    let ports = (40_006, 4240);
+    let back = (ports.1, ports.0);
+    track(&mut r, true, &numbered(EP, PEER, ports, 0x02, (7_000, 0)));
+    for (flags, ack) in [(0x12, 7_000), (0x12, 7_002), (0x14, 0), (0x14, 9_001)] {
+        track(&mut r, false, &numbered(PEER, EP, back, flags, (50, ack)));
+        let pending = rtt::pending(pins.path()).expect("pending");
+        assert_eq!(
+            pending.len(),
+            1,
+            "flags {flags:#x} ack {ack} closed it: {pending:?}"
+        );
+        assert_eq!(pending[0].isn, Some(7_000));
+    }
+    assert!(rtt::list(pins.path()).expect("rtt").is_empty(), "no sample");
+    track(&mut r, false, &numbered(PEER, EP, back, 0x12, (50, 7_001)));
+    assert!(
+        rtt::pending(pins.path()).expect("pending").is_empty(),
+        "closed by the SYN-ACK that acknowledges it"
+    );
+    let samples = rtt::list(pins.path()).expect("rtt");
+    assert_eq!((samples.len(), samples[0].samples), (1, 1), "{samples:?}");
+}
+
+/// A new connection on the ports of an unanswered SYN (another ISN) is
+/// timed on its own, not taken for that SYN sent again; the old SYN is
+/// left for the sweep to count lost.
+#[test]
+fn a_new_connection_on_the_ports_of_a_lost_syn_is_timed_on_its_own() {
+    let (mut r, pins) = loaded();
+    let ports = (40_007, 4240);
+    track(&mut r, true, &numbered(EP, PEER, ports, 0x02, (1_000, 0)));
+    track(&mut r, true, &numbered(EP, PEER, ports, 0x02, (900_000, 0)));
+    let mut pending = rtt::pending(pins.path()).expect("pending");
+    pending.sort_by_key(|p| p.isn);
+    assert_eq!(
+        pending
+            .iter()
+            .map(|p| (p.isn, p.retransmitted))
+            .collect::<Vec<_>>(),
+        [(Some(1_000), false), (Some(900_000), false)],
+        "two connections, neither sent again"
+    );
+    track(
+        &mut r,
+        false,
+        &numbered(PEER, EP, (4240, 40_007), 0x12, (5, 900_001)),
+    );
+    let samples = rtt::list(pins.path()).expect("rtt");
+    assert_eq!((samples.len(), samples[0].samples), (1, 1), "{samples:?}");
+    assert_eq!(
+        rtt::sweep(pins.path(), std::time::Duration::ZERO).expect("sweep"),
+        1,
+        "the first SYN, lost"
     );
 }
 
