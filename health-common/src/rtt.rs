@@ -134,10 +134,11 @@ impl RttStats {
 /// sweep ages as any other (`CLOCK_MONOTONIC` ns stay far below 2^63).
 pub const RETRANSMITTED: u64 = 1 << 63;
 
-/// How long after a SYN another on the same ports is taken as its
-/// retransmission: longer than Linux's default handshake (6 retries,
-/// 127 s). An older pending SYN is one the sweep has not reached yet; its
-/// ports are taken again by a new connection, timed on its own.
+/// How long after a SYN another of the same key (ports and ISN) is taken
+/// as its retransmission: longer than Linux's default handshake (6
+/// retries, 127 s). An older pending SYN is one the sweep has not reached
+/// yet; a SYN of its key later than that (an ISN met again, which Linux's
+/// clock-driven ISNs make unlikely) is timed on its own.
 pub const SYN_RETRANSMIT_WINDOW_NS: u64 = 130_000_000_000;
 
 /// When a pending value's request was first sent.
@@ -148,7 +149,7 @@ pub const fn sent_at(pending: u64) -> u64 {
 }
 
 /// The pending value a SYN leaving at `now` leaves, given the value
-/// already pending on its ports.
+/// already pending under its key (ports and ISN).
 #[must_use]
 #[inline(always)]
 pub const fn after_syn(pending: Option<u64>, now: u64) -> u64 {

@@ -60,7 +60,9 @@ pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
         )
     });
     let folded = map == MapId::RttStats && per_cpu;
-    if map == MapId::RttPending && info.key_size() == OLD_PENDING_KEY as u32 {
+    if map == MapId::RttPending
+        && (info.key_size(), info.value_size(), per_cpu) == (OLD_PENDING_KEY as u32, 8, false)
+    {
         let old = Map::from_map_data(MapData::from_pin(&path)?)?;
         return Ok(Saved::Pending(
             entries::<[u8; OLD_PENDING_KEY], u64>(&old)?

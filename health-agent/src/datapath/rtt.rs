@@ -186,6 +186,25 @@ impl KernelRtt {
         Some(Self { last })
     }
 
+    /// Samples as a walk would have found them: `(peer, proto, ns)`.
+    #[cfg(test)]
+    #[must_use]
+    pub fn from_samples(samples: &[(IpAddr, u8, u64)]) -> Self {
+        let mut last: Vec<(RttKey, u64)> = samples
+            .iter()
+            .map(|&(peer, proto, ns)| {
+                let key = RttKey {
+                    peer: key_addr(peer),
+                    proto,
+                    pad: [0; 3],
+                };
+                (key, ns)
+            })
+            .collect();
+        last.sort_unstable_by_key(|(k, _)| *k);
+        Self { last }
+    }
+
     /// The last sample for `peer`/`proto` since the round's start, if any.
     #[must_use]
     pub fn last_sample(&self, peer: IpAddr, proto: u8) -> Option<Duration> {

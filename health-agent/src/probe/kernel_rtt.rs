@@ -29,7 +29,11 @@ pub(super) fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
 
 /// Replaces a user-space RTT by the kernel's sample of the same round
 /// (ICMP: the echo; HTTP: the TCP handshake), when there is one, in
-/// place.
+/// place. The kernel times a probe between the endpoint's veth and back,
+/// inside the agent's own timing of it, so a sample longer than the
+/// agent's is not this probe's: the late answer to an earlier round's
+/// probe, closed after this round's own answer. The agent's figure
+/// stands then.
 pub(super) fn with_kernel_rtt(
     kernel: Option<&KernelRtt>,
     ip: IpAddr,
@@ -38,11 +42,71 @@ pub(super) fn with_kernel_rtt(
 ) {
     if let (Outcome::Ok { rtt, source, .. }, Some(k)) = (outcome, kernel) {
         match k.last_sample(ip, proto) {
-            Some(kernel_rtt) => {
+            Some(kernel_rtt) if kernel_rtt <= *rtt => {
                 *rtt = kernel_rtt;
                 *source = RttSource::Kernel;
             }
-            None => *source = RttSource::Userspace,
+            _ => *source = RttSource::Userspace,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 65, 2));
+    const TCP: u8 = 6;
+
+    fn ok(rtt_us: u64) -> Outcome {
+        Outcome::Ok {
+            rtt: Duration::from_micros(rtt_us),
+            warning: None,
+            source: RttSource::Userspace,
+        }
+    }
+
+    fn rtt_of(o: &Outcome) -> (Duration, RttSource) {
+        match o {
+            Outcome::Ok { rtt, source, .. } => (*rtt, *source),
+            Outcome::Failed(e) => panic!("failed: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn the_kernels_sample_replaces_the_agents_within_it() {
+        let k = KernelRtt::from_samples(&[(PEER, TCP, 180_000)]);
+        let mut o = ok(250);
+        with_kernel_rtt(Some(&k), PEER, TCP, &mut o);
+        assert_eq!(rtt_of(&o), (Duration::from_micros(180), RttSource::Kernel));
+        // Another protocol, or no map: the agent's own figure.
+        let mut o = ok(250);
+        with_kernel_rtt(Some(&k), PEER, 1, &mut o);
+        assert_eq!(
+            rtt_of(&o),
+            (Duration::from_micros(250), RttSource::Userspace)
+        );
+        let mut o = ok(250);
+        with_kernel_rtt(None, PEER, TCP, &mut o);
+        assert_eq!(
+            rtt_of(&o),
+            (Duration::from_micros(250), RttSource::Userspace)
+        );
+    }
+
+    /// A sample longer than the agent's timing of the probe is a late
+    /// answer to an earlier probe (1.3 s, past a 1 s timeout): not this
+    /// probe's RTT.
+    #[test]
+    fn a_sample_longer_than_the_probe_is_not_its() {
+        let k = KernelRtt::from_samples(&[(PEER, TCP, 1_300_000_000)]);
+        let mut o = ok(250);
+        with_kernel_rtt(Some(&k), PEER, TCP, &mut o);
+        assert_eq!(
+            rtt_of(&o),
+            (Duration::from_micros(250), RttSource::Userspace)
+        );
     }
 }
