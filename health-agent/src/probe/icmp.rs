@@ -67,6 +67,12 @@ const PER_IDENTIFIER: usize = 1 << 16;
 /// identifier sends a flow the same way each time), then the MTU probes
 /// as one flow more; each flow's sequence numbers start at `seq_base`,
 /// drawn anew each round.
+///
+/// Each request carries a token of its own as its payload's first 8
+/// bytes ([`Numbering::token`]), which its reply must echo: the
+/// identifier and sequence are 32 bits, guessable in a flood, and a
+/// reply forged with a silent node's address would otherwise pass for
+/// its answer. A peer learns the tokens of its own requests only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Numbering {
     /// Requests a flow: the round's targets.
@@ -76,19 +82,38 @@ pub struct Numbering {
     /// The identifier of flow 0.
     pub base: u16,
     pub seq_base: u16,
+    /// Drawn anew each round: no token is used twice.
+    pub nonce: u64,
+}
+
+/// The key of the requests' tokens: a keyed hash whose keys the standard
+/// library draws from the operating system's random source, once an
+/// agent.
+fn token_key() -> &'static std::hash::RandomState {
+    static KEY: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    KEY.get_or_init(std::hash::RandomState::new)
 }
 
 impl Numbering {
     /// One flow, one identifier, sequence numbers from 0: requests numbered
     /// as `targets` are.
     #[must_use]
-    pub const fn single(base: u16, per_flow: usize) -> Self {
+    pub fn single(base: u16, per_flow: usize) -> Self {
         Self {
             per_flow,
             flows: 1,
             base,
             seq_base: 0,
+            nonce: fastrand::u64(..),
         }
+    }
+
+    /// The payload's first 8 bytes of request `i`, which its reply must
+    /// carry back.
+    #[must_use]
+    pub fn token(&self, i: usize) -> [u8; 8] {
+        use std::hash::BuildHasher as _;
+        token_key().hash_one((self.nonce, i)).to_ne_bytes()
     }
 
     /// Identifiers a flow takes.
@@ -124,6 +149,16 @@ impl Numbering {
         )
     }
 
+    /// Request `i` as it goes on the wire.
+    fn named(&self, i: usize) -> Named {
+        let (id, seq) = self.ident(i);
+        Named {
+            id,
+            seq,
+            token: self.token(i),
+        }
+    }
+
     /// The request identifier `id` and sequence `seq` name, of `total`.
     fn request(&self, id: u16, seq: u16, total: usize) -> Option<usize> {
         let k = usize::from(id.wrapping_sub(self.base));
@@ -133,6 +168,14 @@ impl Numbering {
         (f <= self.flows && (j < self.per_flow || f == self.flows) && i < total).then_some(i)
     }
 }
+/// A request's identifier, sequence and token.
+#[derive(Debug, Clone, Copy)]
+struct Named {
+    id: u16,
+    seq: u16,
+    token: [u8; 8],
+}
+
 /// `ICMP6_FILTER` of `<netinet/icmp6.h>` (level `IPPROTO_ICMPV6`).
 const ICMP6_FILTER: libc::c_int = 1;
 
@@ -557,8 +600,9 @@ impl IcmpProber {
             let now = Instant::now();
             while next < small && start + step * u32::try_from(next).unwrap_or(u32::MAX) <= now {
                 let i = sent_in_order(next);
-                let (id, seq) = numbering.ident(i);
-                let at = self.send(targets[i], id, seq, None, &mut request).await;
+                let at = self
+                    .send(targets[i], numbering.named(i), None, &mut request)
+                    .await;
                 w.sent(i, at);
                 next += 1;
                 if next == small {
@@ -570,12 +614,13 @@ impl IcmpProber {
             }
             // Then the MTU probes whose small echo came back.
             while let Some(k) = w.mtu_due.pop() {
-                let (id, seq) = numbering.ident(k);
                 let bytes = padded.as_ref().map(|p| p.bytes);
                 let Some(dst) = addresses.get(k) else {
                     continue;
                 };
-                let at = self.send(dst, id, seq, bytes, &mut request).await;
+                let at = self
+                    .send(dst, numbering.named(k), bytes, &mut request)
+                    .await;
                 w.mtu_went(k, at);
             }
             if w.pending == 0 {
@@ -634,27 +679,28 @@ impl IcmpProber {
     async fn send(
         &self,
         dst: IpAddr,
-        id: u16,
-        seq: u16,
+        Named { id, seq, token }: Named,
         size: Option<usize>,
         padded: &mut Vec<u8>,
     ) -> io::Result<Instant> {
         let small;
         let (sock, request): (_, &[u8]) = match (dst, size) {
             (IpAddr::V4(_), None) => {
-                small = echo_request(id, seq);
+                small = echo_request(id, seq, token);
                 (self.v4.as_ref(), &small)
             }
             (IpAddr::V6(_), None) => {
-                small = echo_request_v6(id, seq);
+                small = echo_request_v6(id, seq, token);
                 (self.v6.as_ref(), &small)
             }
             (IpAddr::V4(_), Some(n)) => {
-                padded_echo_request(padded, false, id, seq, n.saturating_sub(IPV4_HEADER));
+                let len = n.saturating_sub(IPV4_HEADER);
+                padded_echo_request(padded, false, (id, seq), token, len);
                 (self.v4.as_ref(), padded.as_slice())
             }
             (IpAddr::V6(_), Some(n)) => {
-                padded_echo_request(padded, true, id, seq, n.saturating_sub(IPV6_HEADER));
+                let len = n.saturating_sub(IPV6_HEADER);
+                padded_echo_request(padded, true, (id, seq), token, len);
                 (self.v6.as_ref(), padded.as_slice())
             }
         };
@@ -688,24 +734,23 @@ fn is_permutation(order: &[usize], n: usize) -> bool {
             .all(|&i| seen.get_mut(i).is_some_and(|s| !std::mem::replace(s, true)))
 }
 
-/// The request of this round that identifier `id` and sequence `seq`
-/// answer, when it went to `src`.
+/// The request of this round that identifier `id`, sequence `seq` and
+/// `token` answer, when it went to `src`.
 fn matching(
     src: IpAddr,
-    id: u16,
-    seq: u16,
+    (id, seq, token): (u16, u16, [u8; 8]),
     numbering: Numbering,
     targets: Addresses<'_>,
 ) -> Option<usize> {
     let i = numbering.request(id, seq, targets.len())?;
-    (targets.get(i) == Some(src)).then_some(i)
+    (targets.get(i) == Some(src) && token == numbering.token(i)).then_some(i)
 }
 
-/// The index of the request `pkt` (an IPv4 packet) answers: identifier and
-/// sequence of this round, from the address it was sent to.
+/// The index of the request `pkt` (an IPv4 packet) answers: identifier,
+/// sequence and token of this round, from the address it was sent to.
 fn match_reply(pkt: &[u8], numbering: Numbering, targets: Addresses<'_>) -> Option<usize> {
-    let (src, id, seq) = parse_any_reply(pkt)?;
-    matching(IpAddr::V4(src), id, seq, numbering, targets)
+    let (src, id, seq, token) = parse_any_reply(pkt)?;
+    matching(IpAddr::V4(src), (id, seq, token), numbering, targets)
 }
 
 /// The same for an `ICMPv6` message from `src`.
@@ -715,8 +760,12 @@ fn match_reply_v6(
     numbering: Numbering,
     targets: Addresses<'_>,
 ) -> Option<usize> {
-    let (id, seq) = parse_any_reply_v6(msg)?;
-    matching(IpAddr::V6(src), id, seq, numbering, targets)
+    matching(
+        IpAddr::V6(src),
+        parse_any_reply_v6(msg)?,
+        numbering,
+        targets,
+    )
 }
 
 #[cfg(test)]

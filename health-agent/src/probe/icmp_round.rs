@@ -99,6 +99,7 @@ impl Prober {
             flows: spread.flows,
             base: self.cfg.flows.icmp_base,
             seq_base: fastrand::u16(..),
+            nonce: fastrand::u64(..),
         };
         let icmp = match sockets {
             Ok((icmp, _)) => icmp.clone(),

@@ -20,9 +20,15 @@ use health_common::{
 };
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-/// An echo request (ICMP header and an 8-byte payload) with its checksum.
+/// The payload of echoes whose replies are matched by their identifier
+/// and sequence alone: the endpoint controller's check of its own
+/// endpoint, and the traces (whose answers quote no payload).
+pub const UNKEYED: [u8; 8] = *b"health!!";
+
+/// An echo request (ICMP header and the 8-byte payload `token`) with its
+/// checksum.
 #[must_use]
-pub fn echo_request(identifier: u16, sequence: u16) -> [u8; 16] {
+pub fn echo_request(identifier: u16, sequence: u16, token: [u8; 8]) -> [u8; 16] {
     let [i0, i1] = identifier.to_be_bytes();
     let [s0, s1] = sequence.to_be_bytes();
     let header = Icmpv4Hdr {
@@ -42,7 +48,7 @@ pub fn echo_request(identifier: u16, sequence: u16) -> [u8; 16] {
         header.data[2],
         header.data[3],
     ]);
-    req[8..].copy_from_slice(b"health!!");
+    req[8..].copy_from_slice(&token);
     let sum: u32 = req
         .chunks(2)
         .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
@@ -51,22 +57,22 @@ pub fn echo_request(identifier: u16, sequence: u16) -> [u8; 16] {
     req
 }
 
-/// An echo request of `len` bytes of ICMP (header, the 8-byte payload of
-/// [`echo_request`], zeros) written into `out`, for an IP packet of
-/// `len + 20` bytes (IPv4; its checksum set) or `len + 40` (IPv6: the
-/// kernel sums it). `len` is at least 16.
+/// An echo request of `len` bytes of ICMP (header, the 8-byte payload
+/// `token`, zeros) written into `out`, for an IP packet of `len + 20`
+/// bytes (IPv4; its checksum set) or `len + 40` (IPv6: the kernel sums
+/// it). `len` is at least 16.
 pub fn padded_echo_request(
     out: &mut Vec<u8>,
     ipv6: bool,
-    identifier: u16,
-    sequence: u16,
+    (identifier, sequence): (u16, u16),
+    token: [u8; 8],
     len: usize,
 ) {
     out.clear();
     if ipv6 {
-        out.extend_from_slice(&echo_request_v6(identifier, sequence));
+        out.extend_from_slice(&echo_request_v6(identifier, sequence, token));
     } else {
-        out.extend_from_slice(&echo_request(identifier, sequence));
+        out.extend_from_slice(&echo_request(identifier, sequence, token));
     }
     out.resize(len.max(16), 0);
     if !ipv6 {
@@ -96,10 +102,12 @@ pub fn parse_reply(pkt: &[u8], identifier: u16) -> Option<(Ipv4Addr, u16)> {
     Some((Ipv4Addr::from(ip.src_addr), u16::from_be_bytes(seq)))
 }
 
-/// `(source, identifier, sequence)` of any echo reply, in a packet as a raw
-/// socket returns it (IPv4 header first).
+/// `(source, identifier, sequence, token)` of any echo reply, in a packet
+/// as a raw socket returns it (IPv4 header first); the token is the first
+/// 8 bytes of its payload, which a reply to one of the agent's requests
+/// has.
 #[must_use]
-pub fn parse_any_reply(pkt: &[u8]) -> Option<(Ipv4Addr, u16, u16)> {
+pub fn parse_any_reply(pkt: &[u8]) -> Option<(Ipv4Addr, u16, u16, [u8; 8])> {
     let ip: Ipv4Hdr = read_at(pkt, 0)?;
     let ihl = ipv4_header_len(&ip);
     if ihl < Ipv4Hdr::LEN {
@@ -109,36 +117,58 @@ pub fn parse_any_reply(pkt: &[u8]) -> Option<(Ipv4Addr, u16, u16)> {
     if icmp.type_ != ICMP_ECHO_REPLY {
         return None;
     }
+    let token: [u8; 8] = read_at(pkt, ihl + Icmpv4Hdr::LEN)?;
     let (id, seq) = echo_id_seq(&icmp);
     Some((
         Ipv4Addr::from(ip.src_addr),
         u16::from_be_bytes(id),
         u16::from_be_bytes(seq),
+        token,
     ))
 }
 
-/// An `ICMPv6` echo request (header and the same 8-byte payload), checksum
-/// left zero: the kernel computes it over the pseudo-header for a raw
-/// `ICMPv6` socket (RFC 3542).
+/// An `ICMPv6` echo request (header and the 8-byte payload `token`),
+/// checksum left zero: the kernel computes it over the pseudo-header for
+/// a raw `ICMPv6` socket (RFC 3542).
 #[must_use]
-pub fn echo_request_v6(identifier: u16, sequence: u16) -> [u8; 16] {
+pub fn echo_request_v6(identifier: u16, sequence: u16, token: [u8; 8]) -> [u8; 16] {
     let [i0, i1] = identifier.to_be_bytes();
     let [s0, s1] = sequence.to_be_bytes();
     let mut req = [0u8; 16];
     req[..8].copy_from_slice(&[ICMPV6_ECHO_REQUEST, 0, 0, 0, i0, i1, s0, s1]);
-    req[8..].copy_from_slice(b"health!!");
+    req[8..].copy_from_slice(&token);
     req
 }
 
-/// `(identifier, sequence)` of an `ICMPv6` echo reply, in a message as a raw
-/// `ICMPv6` socket returns it (no IPv6 header: the source comes with
-/// `recvfrom`).
+/// `(identifier, sequence, token)` of an `ICMPv6` echo reply, in a message
+/// as a raw `ICMPv6` socket returns it (no IPv6 header: the source comes
+/// with `recvfrom`); the token is the first 8 bytes of its payload, which
+/// a reply to one of the agent's requests has.
 #[must_use]
-pub fn parse_any_reply_v6(msg: &[u8]) -> Option<(u16, u16)> {
+pub fn parse_any_reply_v6(msg: &[u8]) -> Option<(u16, u16, [u8; 8])> {
     match msg {
-        [ty, _code, _, _, i0, i1, s0, s1, ..] if *ty == ICMPV6_ECHO_REPLY => Some((
+        [
+            ty,
+            _code,
+            _,
+            _,
+            i0,
+            i1,
+            s0,
+            s1,
+            t0,
+            t1,
+            t2,
+            t3,
+            t4,
+            t5,
+            t6,
+            t7,
+            ..,
+        ] if *ty == ICMPV6_ECHO_REPLY => Some((
             u16::from_be_bytes([*i0, *i1]),
             u16::from_be_bytes([*s0, *s1]),
+            [*t0, *t1, *t2, *t3, *t4, *t5, *t6, *t7],
         )),
         _ => None,
     }
@@ -156,11 +186,11 @@ pub fn echo(
     let (sock, request) = match dst {
         IpAddr::V4(_) => (
             Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?,
-            echo_request(identifier, sequence),
+            echo_request(identifier, sequence, UNKEYED),
         ),
         IpAddr::V6(_) => (
             Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?,
-            echo_request_v6(identifier, sequence),
+            echo_request_v6(identifier, sequence, UNKEYED),
         ),
     };
     let start = Instant::now();
@@ -169,7 +199,7 @@ pub fn echo(
         IpAddr::V4(v4) => parse_reply(msg, identifier) == Some((v4, sequence)),
         IpAddr::V6(v6) => {
             from.as_socket_ipv6().is_some_and(|a| *a.ip() == v6)
-                && parse_any_reply_v6(msg) == Some((identifier, sequence))
+                && parse_any_reply_v6(msg) == Some((identifier, sequence, UNKEYED))
         }
     })?;
     Ok(answered.then(|| start.elapsed()))
@@ -240,14 +270,33 @@ mod tests {
     }
 
     #[test]
+    fn any_reply_gives_its_token() {
+        let from = Ipv4Addr::new(198, 18, 0, 2);
+        let token = *b"\x01tokens\xfe";
+        let mut p = vec![0x45, 0, 0, 36, 0, 0, 0, 0, 64, 1, 0, 0];
+        p.extend_from_slice(&from.octets());
+        p.extend_from_slice(&[198, 18, 0, 1]);
+        let mut icmp = echo_request(0x1234, 9, token);
+        icmp[0] = ICMP_ECHO_REPLY;
+        p.extend_from_slice(&icmp);
+        assert_eq!(parse_any_reply(&p), Some((from, 0x1234, 9, token)));
+        assert_eq!(parse_any_reply(&p[..35]), None, "no whole token");
+        p[20] = ICMP_ECHO_REQUEST;
+        assert_eq!(parse_any_reply(&p), None, "a request, not a reply");
+    }
+
+    #[test]
     fn icmpv6_requests_and_replies() {
-        let req = echo_request_v6(0xbeef, 3);
+        let token = *b"12345678";
+        let req = echo_request_v6(0xbeef, 3, token);
         assert_eq!(&req[..8], &[128, 0, 0, 0, 0xbe, 0xef, 0, 3]);
+        assert_eq!(&req[8..], b"12345678");
         let mut reply = req;
         reply[0] = 129;
-        assert_eq!(parse_any_reply_v6(&reply), Some((0xbeef, 3)));
+        assert_eq!(parse_any_reply_v6(&reply), Some((0xbeef, 3, token)));
         assert_eq!(parse_any_reply_v6(&req), None, "a request, not a reply");
         assert_eq!(parse_any_reply_v6(&reply[..7]), None, "truncated");
+        assert_eq!(parse_any_reply_v6(&reply[..15]), None, "no whole token");
         reply[0] = 136; // neighbour advertisement
         assert_eq!(parse_any_reply_v6(&reply), None);
     }
@@ -255,23 +304,26 @@ mod tests {
     #[test]
     fn padded_requests_carry_a_valid_checksum_over_every_byte() {
         let mut buf = Vec::new();
+        let token = [0xa5, 1, 2, 3, 4, 5, 6, 0xff];
         for len in [16usize, 17, 1_000, 1_480] {
-            padded_echo_request(&mut buf, false, 0x1234, 7, len);
+            padded_echo_request(&mut buf, false, (0x1234, 7), token, len);
             assert_eq!(buf.len(), len);
             assert_eq!(&buf[4..8], &[0x12, 0x34, 0, 7]);
+            assert_eq!(buf[8..16], token, "the token leads the payload");
             let sum: u32 = buf
                 .chunks(2)
                 .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
                 .sum();
             assert_eq!(checksum::fold(sum), 0xffff, "len {len}");
         }
-        padded_echo_request(&mut buf, true, 1, 2, 1_452);
+        padded_echo_request(&mut buf, true, (1, 2), token, 1_452);
         assert_eq!((buf.len(), buf[0]), (1_452, ICMPV6_ECHO_REQUEST));
+        assert_eq!(buf[8..16], token);
     }
 
     #[test]
     fn requests_carry_a_valid_checksum() {
-        let req = echo_request(0x1234, 7);
+        let req = echo_request(0x1234, 7, UNKEYED);
         let sum: u32 = req
             .chunks(2)
             .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))

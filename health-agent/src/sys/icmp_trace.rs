@@ -12,7 +12,7 @@ use std::{
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::icmp::{echo_request, echo_request_v6, receive_until};
+use super::icmp::{UNKEYED, echo_request, echo_request_v6, receive_until};
 
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_UNREACHABLE: u8 = 3;
@@ -155,9 +155,9 @@ pub fn trace(
             let to = SockAddr::from(SocketAddr::new(*dst, 0));
             let (id, seq) = (id_of(k), u16::from(ttl));
             if v4 {
-                sock.send_to(&echo_request(id, seq), &to)?;
+                sock.send_to(&echo_request(id, seq, UNKEYED), &to)?;
             } else {
-                sock.send_to(&echo_request_v6(id, seq), &to)?;
+                sock.send_to(&echo_request_v6(id, seq, UNKEYED), &to)?;
             }
         }
     }
@@ -226,7 +226,7 @@ mod tests {
     /// An error of `ty`/`code` quoting our echo request `id`/`seq`.
     fn error_quoting(ty: u8, code: u8, id: u16, seq: u16) -> Vec<u8> {
         let mut m = vec![ty, code, 0, 0, 0, 0, 0, 0];
-        let quoted = v4([198, 18, 0, 1], &echo_request(id, seq));
+        let quoted = v4([198, 18, 0, 1], &echo_request(id, seq, UNKEYED));
         m.extend_from_slice(&quoted[..28]);
         m
     }
@@ -283,7 +283,7 @@ mod tests {
         ip6[0] = 0x60;
         ip6[6] = IPPROTO_ICMPV6;
         m.extend_from_slice(&ip6);
-        m.extend_from_slice(&echo_request_v6(7, 2));
+        m.extend_from_slice(&echo_request_v6(7, 2, UNKEYED));
         assert_eq!(
             parse_hop_answer_v6(&m),
             Some((7, 2, HopAnswer::TimeExceeded))
@@ -291,7 +291,7 @@ mod tests {
         m[8 + 6] = 17; // the quoted header's next header: UDP
         assert_eq!(parse_hop_answer_v6(&m), None);
         assert_eq!(parse_hop_answer_v6(&m[..20]), None);
-        let mut reply = echo_request_v6(7, 2);
+        let mut reply = echo_request_v6(7, 2, UNKEYED);
         reply[0] = ICMPV6_ECHO_REPLY;
         assert_eq!(
             parse_hop_answer_v6(&reply),

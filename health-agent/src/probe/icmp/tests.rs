@@ -2,11 +2,11 @@ use std::net::Ipv4Addr;
 
 use super::*;
 
-fn reply(from: Ipv4Addr, id: u16, seq: u16) -> Vec<u8> {
+fn reply(from: Ipv4Addr, id: u16, seq: u16, token: [u8; 8]) -> Vec<u8> {
     let mut p = vec![0x45, 0, 0, 36, 0, 0, 0, 0, 64, 1, 0, 0];
     p.extend_from_slice(&from.octets());
     p.extend_from_slice(&[198, 18, 64, 2]);
-    let mut icmp = echo_request(id, seq).to_vec();
+    let mut icmp = echo_request(id, seq, token).to_vec();
     icmp[0] = 0;
     p.extend_from_slice(&icmp);
     p
@@ -18,18 +18,19 @@ fn replies_match_by_identifier_sequence_and_source() {
     let targets: Vec<IpAddr> = v4.iter().map(|ip| IpAddr::V4(*ip)).collect();
     let base = 0xfffe;
     let one = Numbering::single(base, 3);
+    let t = |i| one.token(i);
     assert_eq!(
-        match_reply(&reply(v4[2], base, 2), one, Addresses::of(&targets)),
+        match_reply(&reply(v4[2], base, 2, t(2)), one, Addresses::of(&targets)),
         Some(2)
     );
     assert_eq!(
-        match_reply(&reply(v4[1], base, 2), one, Addresses::of(&targets)),
+        match_reply(&reply(v4[1], base, 2, t(2)), one, Addresses::of(&targets)),
         None,
         "a reply from another address than the request's"
     );
     assert_eq!(
         match_reply(
-            &reply(v4[0], base.wrapping_add(7), 0),
+            &reply(v4[0], base.wrapping_add(7), 0, t(0)),
             one,
             Addresses::of(&targets)
         ),
@@ -37,25 +38,68 @@ fn replies_match_by_identifier_sequence_and_source() {
         "an identifier of no flow"
     );
     assert_eq!(
-        match_reply(&reply(v4[0], base, 9), one, Addresses::of(&targets)),
+        match_reply(&reply(v4[0], base, 9, t(0)), one, Addresses::of(&targets)),
         None
     );
     let next_round = Numbering {
         seq_base: 40_000,
+        nonce: one.nonce.wrapping_add(1),
         ..one
     };
     assert_eq!(
-        match_reply(&reply(v4[2], base, 2), next_round, Addresses::of(&targets)),
+        match_reply(
+            &reply(v4[2], base, 2, t(2)),
+            next_round,
+            Addresses::of(&targets)
+        ),
         None,
         "the same request of an earlier round"
     );
     assert_eq!(
         match_reply(
-            &reply(v4[2], base, 40_002),
+            &reply(v4[2], base, 40_002, next_round.token(2)),
             next_round,
             Addresses::of(&targets)
         ),
         Some(2)
+    );
+}
+
+/// A reply forged with a target's address, identifier and sequence
+/// (32 bits, found in a flood) is not its answer without the request's
+/// token: not another request's, nor the last round's, nor a guess.
+#[test]
+fn a_reply_without_its_requests_token_answers_nothing() {
+    let v4: Vec<Ipv4Addr> = (1..=3).map(|k| Ipv4Addr::new(198, 18, 1, k)).collect();
+    let targets: Vec<IpAddr> = v4.iter().map(|ip| IpAddr::V4(*ip)).collect();
+    let base = 0x2000;
+    let one = Numbering::single(base, 3);
+    let earlier = Numbering {
+        nonce: one.nonce.wrapping_sub(1),
+        ..one
+    };
+    let mut flipped = one.token(1);
+    flipped[7] ^= 1;
+    for (why, token) in [
+        ("another request's", one.token(0)),
+        ("the last round's", earlier.token(1)),
+        ("one bit off", flipped),
+        ("the fixed payload of old", crate::sys::icmp::UNKEYED),
+    ] {
+        assert_eq!(
+            match_reply(&reply(v4[1], base, 1, token), one, Addresses::of(&targets)),
+            None,
+            "{why}"
+        );
+    }
+    assert_ne!(one.token(0), one.token(1), "a token a request");
+    assert_eq!(
+        match_reply(
+            &reply(v4[1], base, 1, one.token(1)),
+            one,
+            Addresses::of(&targets)
+        ),
+        Some(1)
     );
 }
 
@@ -65,7 +109,7 @@ fn icmpv6_replies_match_in_the_same_numbering_as_ipv4() {
     let targets = [IpAddr::V4(Ipv4Addr::new(198, 18, 1, 1)), IpAddr::V6(v6)];
     let base = 0x1000;
     let one = Numbering::single(base, 2);
-    let mut msg = echo_request_v6(base, 1);
+    let mut msg = echo_request_v6(base, 1, one.token(1));
     msg[0] = 129;
     assert_eq!(
         match_reply_v6(&msg, v6, one, Addresses::of(&targets)),
@@ -76,7 +120,14 @@ fn icmpv6_replies_match_in_the_same_numbering_as_ipv4() {
         match_reply_v6(&msg, other, one, Addresses::of(&targets)),
         None
     );
-    let mut first = echo_request_v6(base, 0);
+    let mut forged = echo_request_v6(base, 1, one.token(0));
+    forged[0] = 129;
+    assert_eq!(
+        match_reply_v6(&forged, v6, one, Addresses::of(&targets)),
+        None,
+        "another request's token"
+    );
+    let mut first = echo_request_v6(base, 0, one.token(0));
     first[0] = 129;
     assert_eq!(
         match_reply_v6(&first, v6, one, Addresses::of(&targets)),
@@ -194,6 +245,7 @@ fn each_flow_has_its_identifier_and_mtu_probes_one_more() {
         flows: 4,
         base: 0xfffe,
         seq_base: 0xffff,
+        nonce: 1,
     };
     // Flow 2's request to target 1, then the second MTU probe.
     assert_eq!(n.ident(7), (0, 0));
@@ -214,6 +266,7 @@ fn flows_past_65536_requests_use_the_next_identifiers() {
         flows: 2,
         base: 0xffff,
         seq_base: 0,
+        nonce: 2,
     };
     assert_eq!(n.ident(0), (0xffff, 0));
     assert_eq!(n.ident(65_535), (0xffff, 65_535));
