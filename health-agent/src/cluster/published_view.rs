@@ -97,8 +97,12 @@ pub enum ViewError {
     Length { said: usize, got: usize },
     #[error("not a view message: {0}")]
     Decode(String),
-    #[error("{what} {name:?}: a name is 1 to {MAX_NAME_LEN} bytes")]
+    #[error(
+        "{what} {name:?}: a name is 1 to {MAX_NAME_LEN} bytes of letters, digits, '.', '_' and '-', the first a letter or digit"
+    )]
     Name { what: &'static str, name: String },
+    #[error("zone {name:?}: {why}")]
+    Zone { name: String, why: String },
     #[error("interval of {0} ms (1 ms to 1 h)")]
     Interval(u64),
     #[error("node {name:?}: verdict code {code} (1 to 4)")]
@@ -191,14 +195,24 @@ fn node_message(n: &NodeView) -> proto::Node {
     }
 }
 
+/// A name in a view follows the node-name rule of the records: what a
+/// reader shows (`status --cluster`, the page) holds no control
+/// character, escape sequence or space from a view's writer.
 fn check_name(what: &'static str, name: &str) -> Result<(), ViewError> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(ViewError::Name {
-            what,
-            name: name.chars().take(64).collect(),
-        });
-    }
-    Ok(())
+    crate::membership::validate::check_name(name).map_err(|_| ViewError::Name {
+        what,
+        name: name.chars().take(64).collect(),
+    })
+}
+
+/// A zone follows the zone rule of the records.
+fn check_zone(zone: &str) -> Result<(), ViewError> {
+    crate::membership::validate::zone(zone)
+        .map(drop)
+        .map_err(|why| ViewError::Zone {
+            name: zone.chars().take(64).collect(),
+            why,
+        })
 }
 
 fn usize_of(n: u64) -> usize {
@@ -208,7 +222,7 @@ fn usize_of(n: u64) -> usize {
 fn node_view(m: proto::Node) -> Result<NodeView, ViewError> {
     check_name("node", &m.name)?;
     if !m.zone.is_empty() {
-        check_name("zone", &m.zone)?;
+        check_zone(&m.zone)?;
     }
     for o in m.failing_observers.iter().chain(&m.unreached_nodes) {
         check_name("named node", o)?;

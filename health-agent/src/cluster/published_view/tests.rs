@@ -248,7 +248,7 @@ fn hostile_views_are_refused_with_the_reason() {
     };
     assert_eq!(
         edit(&|p| p.assembler.clear()),
-        "assembler \"\": a name is 1 to 253 bytes"
+        format!("assembler \"\": {NAME_RULE}")
     );
     assert_eq!(
         edit(&|p| p.interval_ms = 0),
@@ -304,6 +304,37 @@ fn hostile_views_are_refused_with_the_reason() {
     assert_eq!(
         edit(&|p| p.view.plaintext_nodes.reverse()),
         "node \"a\": listed twice or out of order"
+    );
+}
+
+const NAME_RULE: &str =
+    "a name is 1 to 253 bytes of letters, digits, '.', '_' and '-', the first a letter or digit";
+
+/// What a terminal or the page would show: no escape sequence, control
+/// character or space gets there from a view, whose names and zones
+/// follow the records' rules.
+#[test]
+fn names_in_a_view_follow_the_records_rules() {
+    let edit = |f: &dyn Fn(&mut PublishedView)| {
+        let mut p = published();
+        f(&mut p);
+        refused(&p.encode())
+    };
+    assert_eq!(
+        edit(&|p| p.view.nodes[1].name = "c\u{1b}[2J".into()),
+        format!("node \"c\\u{{1b}}[2J\": {NAME_RULE}")
+    );
+    assert_eq!(
+        edit(&|p| p.view.nodes[1].failing_observers = vec!["a\rSTALE".into()]),
+        format!("named node \"a\\rSTALE\": {NAME_RULE}")
+    );
+    assert_eq!(
+        edit(&|p| p.view.nodes[1].zone = Some("zone a".into())),
+        "zone \"zone a\": only letters, digits, '.', '_' and '-'"
+    );
+    assert_eq!(
+        edit(&|p| p.assembler = "-x".into()),
+        format!("assembler \"-x\": {NAME_RULE}")
     );
 }
 
