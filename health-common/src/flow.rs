@@ -152,6 +152,7 @@ fn l4_fields<F: Frame>(frame: &mut F, flow: &mut Flow, l4: usize) -> bool {
             }
             flow.icmp_type = icmp.type_;
             flow.icmp_seq = sequence;
+            flow.echo_data = frame.read::<[u8; 4]>(l4 + Icmpv4Hdr::LEN).unwrap_or([0; 4]);
         }
         _ => return false,
     }
@@ -351,6 +352,19 @@ mod tests {
         let mut rep = frame(IPPROTO_ICMP, &[0, 0, 0, 0, 0x12, 0x34, 0, 7], 0);
         let p = parse(&mut SliceFrame::new(&mut rep)).expect("reply");
         assert_eq!((p.key.sport, p.key.dport), ([0x12, 0x34], [0, 0]));
+        assert_eq!(p.echo_data, [0; 4], "no payload");
+    }
+
+    #[test]
+    fn an_echos_first_payload_bytes_are_its_data() {
+        let echo = [8, 0, 0, 0, 0x12, 0x34, 0, 7, b't', b'o', b'k', b'n', b'!'];
+        let mut req = frame(IPPROTO_ICMP, &echo, 0);
+        let r = parse(&mut SliceFrame::new(&mut req)).expect("request");
+        assert_eq!(r.echo_data, *b"tokn");
+        // Three bytes of payload: too short to carry a tag.
+        let mut short = frame(IPPROTO_ICMP, &echo[..11], 0);
+        let r = parse(&mut SliceFrame::new(&mut short)).expect("request");
+        assert_eq!(r.echo_data, [0; 4]);
     }
 
     #[test]

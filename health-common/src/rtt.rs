@@ -31,10 +31,12 @@ pub struct PendingKey {
     pub b: [u8; 2],
     pub proto: u8,
     pub pad: [u8; 3],
-    /// TCP: the SYN's sequence number (its ISN), as on the wire; a SYN-ACK
-    /// or a reset answers it only when it acknowledges exactly that plus
-    /// one. ICMP: zero.
-    pub isn: [u8; 4],
+    /// What the answer must carry back, as on the wire. TCP: the SYN's
+    /// sequence number (its ISN); a SYN-ACK or a reset answers it only
+    /// when it acknowledges exactly that plus one. ICMP: the first 4 bytes
+    /// of the echo's payload (the agent's requests carry a token there,
+    /// which a reply forged without seeing the request lacks).
+    pub tag: [u8; 4],
 }
 
 /// Per peer and protocol (20 bytes, no implicit padding).
@@ -174,7 +176,8 @@ pub const fn sample(pending: u64, now: u64) -> Option<u64> {
 }
 
 /// The pending key a request leaving the endpoint opens: ICMP echo by
-/// (peer, identifier, sequence), TCP SYN by (peer, ports, ISN). A SYN
+/// (peer, identifier, sequence, payload's first 4 bytes), TCP SYN by
+/// (peer, ports, ISN). A SYN
 /// sent again keeps its ISN, so it finds its first one's key; a new
 /// connection on the same ports has another ISN, and a key of its own.
 #[must_use]
@@ -188,7 +191,7 @@ pub const fn request_key(flow: &Flow) -> PendingKey {
             b: k.dport,
             proto: IPPROTO_TCP,
             pad: [0; 3],
-            isn: flow.tcp_seq,
+            tag: flow.tcp_seq,
         }
     } else {
         PendingKey {
@@ -197,7 +200,7 @@ pub const fn request_key(flow: &Flow) -> PendingKey {
             b: flow.icmp_seq,
             proto: k.proto,
             pad: [0; 3],
-            isn: [0; 4],
+            tag: flow.echo_data,
         }
     }
 }
@@ -205,7 +208,8 @@ pub const fn request_key(flow: &Flow) -> PendingKey {
 /// The pending key the reply coming back to the endpoint closes. A
 /// SYN-ACK or a reset names its SYN by its acknowledgment number, the ISN
 /// plus one: one for another connection on the same ports, stale or
-/// forged, finds no key.
+/// forged, finds no key. An echo reply names its request by the payload
+/// it carries back as well.
 #[must_use]
 #[inline(always)]
 pub const fn reply_key(flow: &Flow) -> PendingKey {
@@ -217,7 +221,7 @@ pub const fn reply_key(flow: &Flow) -> PendingKey {
             b: k.sport,
             proto: IPPROTO_TCP,
             pad: [0; 3],
-            isn: u32::from_be_bytes(flow.tcp_ack)
+            tag: u32::from_be_bytes(flow.tcp_ack)
                 .wrapping_sub(1)
                 .to_be_bytes(),
         }
@@ -228,7 +232,7 @@ pub const fn reply_key(flow: &Flow) -> PendingKey {
             b: flow.icmp_seq,
             proto: k.proto,
             pad: [0; 3],
-            isn: [0; 4],
+            tag: flow.echo_data,
         }
     }
 }
@@ -300,6 +304,29 @@ mod tests {
         }
     }
 
+    /// An echo reply closes its request only when it carries back the
+    /// request's payload (the token the agent put there): one forged
+    /// with the right identifier and sequence does not.
+    #[test]
+    fn an_echo_reply_meets_its_request_only_with_its_payload() {
+        let req = CtKey {
+            saddr: v4_mapped([198, 18, 64, 2]),
+            daddr: v4_mapped([198, 18, 65, 2]),
+            dport: [0xab, 0xcd],
+            proto: IPPROTO_ICMP,
+            ..CtKey::default()
+        };
+        let with = |key, data| Flow {
+            echo_data: data,
+            ..flow(key, 9, 0, 0)
+        };
+        let sent = request_key(&with(req, *b"tokn"));
+        assert_eq!(sent.tag, *b"tokn");
+        assert_eq!(sent, reply_key(&with(req.reversed(0), *b"tokn")));
+        assert_ne!(sent, reply_key(&with(req.reversed(0), *b"heal")));
+        assert_ne!(sent, reply_key(&with(req.reversed(0), [0; 4])));
+    }
+
     #[test]
     fn ipv6_request_and_reply_keys_meet() {
         let ep = [0x20, 0x01, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
@@ -313,7 +340,7 @@ mod tests {
         };
         let k = request_key(&flow(req, 3, 0, 0));
         assert_eq!(
-            (k.peer, k.a, k.b, k.proto, k.isn),
+            (k.peer, k.a, k.b, k.proto, k.tag),
             (peer, [0x12, 0x34], [0, 3], 58, [0; 4])
         );
         assert_eq!(k, reply_key(&flow(req.reversed(0), 3, 0, 0)));
@@ -324,7 +351,7 @@ mod tests {
             ..req
         };
         let k = request_key(&flow(syn, 0, 0xdead_beef, 0));
-        assert_eq!((k.peer, k.isn), (peer, [0xde, 0xad, 0xbe, 0xef]));
+        assert_eq!((k.peer, k.tag), (peer, [0xde, 0xad, 0xbe, 0xef]));
         assert_eq!(k, reply_key(&flow(syn.reversed(0), 0, 7, 0xdead_bef0)));
     }
 

@@ -5,8 +5,9 @@
 //! writes them anew at every start. The RTT statistics of the per-CPU
 //! layout they had before are carried too, each key's CPUs folded into
 //! its one value. The pending echoes of the layout whose pending key held
-//! no ISN are carried too; its pending SYNs are not (their answers name
-//! an ISN the old key did not keep).
+//! no tag are carried too, tagged with the payload agents of that layout
+//! sent; its pending SYNs are not (their answers name an ISN the old key
+//! did not keep).
 
 use std::path::Path;
 
@@ -67,7 +68,7 @@ pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
         return Ok(Saved::Pending(
             entries::<[u8; OLD_PENDING_KEY], u64>(&old)?
                 .into_iter()
-                .filter_map(|(k, sent)| pending_without_isn(&k).map(|k| (k, sent)))
+                .filter_map(|(k, sent)| pending_without_tag(&k).map(|k| (k, sent)))
                 .collect(),
         ));
     }
@@ -103,13 +104,17 @@ pub(super) fn save(dir: &Path, map: MapId) -> Result<Saved, NotCarried> {
     })
 }
 
-/// The size of the pending key before it held the SYN's ISN.
+/// The size of the pending key before it held the answer's tag.
 const OLD_PENDING_KEY: usize = 24;
 
+/// The payload agents of that layout gave every echo: its replies carry
+/// it back.
+const OLD_ECHO_PAYLOAD: [u8; 8] = *b"health!!";
+
 /// A pending key of that layout (the peer, `a`, `b`, the protocol, three
-/// bytes of padding) in today's: an echo's, whose key is the same with a
-/// zero ISN; `None` for a SYN's.
-fn pending_without_isn(old: &[u8; OLD_PENDING_KEY]) -> Option<PendingKey> {
+/// bytes of padding) in today's: an echo's, tagged with the first bytes of
+/// the payload its reply carries back; `None` for a SYN's.
+fn pending_without_tag(old: &[u8; OLD_PENDING_KEY]) -> Option<PendingKey> {
     let proto = old[20];
     if proto == IPPROTO_TCP {
         return None;
@@ -122,7 +127,12 @@ fn pending_without_isn(old: &[u8; OLD_PENDING_KEY]) -> Option<PendingKey> {
         b: [old[18], old[19]],
         proto,
         pad: [0; 3],
-        isn: [0; 4],
+        tag: [
+            OLD_ECHO_PAYLOAD[0],
+            OLD_ECHO_PAYLOAD[1],
+            OLD_ECHO_PAYLOAD[2],
+            OLD_ECHO_PAYLOAD[3],
+        ],
     })
 }
 

@@ -156,7 +156,7 @@ pub fn pending(dir: &Path) -> Result<Vec<PendingRow>, DatapathError> {
             b: u16::from_be_bytes(k.b),
             sent_ns: sent_at(pending),
             retransmitted: pending & RETRANSMITTED != 0,
-            isn: (k.proto == IPPROTO_TCP).then(|| u32::from_be_bytes(k.isn)),
+            isn: (k.proto == IPPROTO_TCP).then(|| u32::from_be_bytes(k.tag)),
         })
         .collect())
 }

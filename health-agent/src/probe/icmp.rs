@@ -1,12 +1,13 @@
 //! ICMP echo for a whole round at once, without a task or a timer per
 //! probe: one raw socket per source namespace; the round's requests are
 //! paced out over the spread from one loop that also reads the replies,
-//! matches them by identifier and sequence (and source), and ends once
-//! every request is answered, or a timeout after the last one still
-//! unanswered went. Identifiers name flows and stay the same from round
-//! to round (see [`Numbering`]); sequence numbers start at a random
-//! offset each round, so a late reply of an earlier round is not taken
-//! for this one's.
+//! matches them by identifier, sequence, source and the request's token
+//! (its payload's first 8 bytes), and ends once every request is
+//! answered, or a timeout after the last one still unanswered went.
+//! Identifiers name flows and stay the same from round to round (see
+//! [`Numbering`]); sequence numbers start at a random offset each round
+//! and the tokens are drawn anew, so a late reply of an earlier round is
+//! not taken for this one's, nor a reply forged without the request.
 
 use std::{
     io,
@@ -86,12 +87,18 @@ pub struct Numbering {
     pub nonce: u64,
 }
 
-/// The key of the requests' tokens: a keyed hash whose keys the standard
-/// library draws from the operating system's random source, once an
-/// agent.
+/// The key of the requests' tokens: a keyed hash (`SipHash`) whose keys
+/// the standard library draws from the operating system's random source.
+/// It draws them once a thread and derives a thread's later keys from
+/// them, so the key is made on a thread of its own: related to no hash
+/// table's key elsewhere in the agent.
 fn token_key() -> &'static std::hash::RandomState {
     static KEY: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
-    KEY.get_or_init(std::hash::RandomState::new)
+    KEY.get_or_init(|| {
+        std::thread::spawn(std::hash::RandomState::new)
+            .join()
+            .unwrap_or_default()
+    })
 }
 
 impl Numbering {

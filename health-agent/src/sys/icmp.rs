@@ -22,7 +22,8 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 /// The payload of echoes whose replies are matched by their identifier
 /// and sequence alone: the endpoint controller's check of its own
-/// endpoint, and the traces (whose answers quote no payload).
+/// endpoint, and the traces (diagnostics, whose hops' answers need quote
+/// no payload: forgeable by identifier and sequence).
 pub const UNKEYED: [u8; 8] = *b"health!!";
 
 /// An echo request (ICMP header and the 8-byte payload `token`) with its

@@ -238,12 +238,12 @@ fn rtt_statistics_of_the_per_cpu_layout_are_carried_folded() {
     drop(d);
 }
 
-/// The pending requests of the layout whose key held no ISN: the echoes
-/// are carried, their key the same with a zero ISN, and a reply still
-/// closes them; the SYNs are not, as their answers name an ISN the old
-/// key did not keep.
+/// The pending requests of the layout whose key held no tag: the echoes
+/// are carried, tagged with the payload agents of that layout sent, so a
+/// reply still closes them; the SYNs are not, as their answers name an
+/// ISN the old key did not keep.
 #[test]
-fn pending_echoes_of_the_key_without_isn_are_carried_and_syns_are_not() {
+fn pending_echoes_of_the_key_without_a_tag_are_carried_and_syns_are_not() {
     let (pins, d) = loaded_for(64);
     drop(d);
     let sizes = MapSizes::for_peers(64);
@@ -289,12 +289,15 @@ fn pending_echoes_of_the_key_without_isn_are_carried_and_syns_are_not() {
     assert_eq!((rows[0].sent_ns, rows[0].isn), (now, None));
     let m = pinned(&pins, MapId::RttPending);
     let pending = HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&m).expect("pending");
+    // Tagged with what agents of that layout sent as every echo's payload,
+    // which the reply carries back.
     let echo = health_common::rtt::PendingKey {
         peer: health_common::ct::v4_mapped([198, 18, 9, 1]),
         a: 0x0abcu16.to_be_bytes(),
         b: 7u16.to_be_bytes(),
         proto: 1,
-        ..health_common::rtt::PendingKey::default()
+        pad: [0; 3],
+        tag: *b"heal",
     };
     assert_eq!(
         pending.get(&echo, 0).ok(),
@@ -426,7 +429,7 @@ fn the_loss_sweep_counts_each_lost_request_once_across_many_chunks() {
                     b: seq.to_be_bytes(),
                     proto,
                     pad: [0; 3],
-                    isn: [0; 4],
+                    tag: [0; 4],
                 };
                 let mut sent = if seq < 2 { now - 60_000_000_000 } else { now };
                 if proto == 6 && seq > 0 {
@@ -507,7 +510,7 @@ fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
                 b: [0, 0],
                 proto: 1,
                 pad: [0; 3],
-                isn: [0; 4],
+                tag: [0; 4],
             };
             let sent = if i % 3 == 0 {
                 now
@@ -589,7 +592,7 @@ fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
                 b: [0, 0],
                 proto: 1,
                 pad: [0; 3],
-                isn: [0; 4],
+                tag: [0; 4],
             };
             pending.insert(&k, &sent, 0).expect("insert pending");
         }

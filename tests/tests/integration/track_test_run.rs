@@ -47,6 +47,27 @@ fn an_echo_exchange_is_tracked_and_timed() {
     assert_eq!(ct_counter(&pins, "created"), 1);
 }
 
+/// An echo reply closes its request only with the request's payload
+/// carried back (the agent's token): one forged with the right source,
+/// identifier and sequence times nothing and leaves the request pending.
+#[test]
+fn an_echo_reply_without_its_requests_payload_closes_nothing() {
+    let (mut r, pins) = loaded();
+    let req = Echo::request(EP, PEER, 0x0abc, 2);
+    track(&mut r, true, &req.frame());
+    let mut forged = req.expected_reply();
+    forged.payload[..4].copy_from_slice(b"heal");
+    track(&mut r, false, &forged.frame());
+    assert_eq!(rtt::pending(pins.path()).expect("pending").len(), 1);
+    assert!(rtt::list(pins.path()).expect("rtt").is_empty(), "no sample");
+    track(&mut r, false, &req.expected_reply().frame());
+    assert!(
+        rtt::pending(pins.path()).expect("pending").is_empty(),
+        "closed by the true reply"
+    );
+    assert_eq!(rtt::list(pins.path()).expect("rtt")[0].samples, 1);
+}
+
 /// A path-MTU probe (an echo padded to 1280 bytes and more) is tracked
 /// but not timed: the small echo's sample is the peer's, alone.
 #[test]
