@@ -222,12 +222,14 @@ pub struct Flow {
     /// TCP: the sequence and acknowledgment numbers, as on the wire.
     pub tcp_seq: [u8; 4],
     pub tcp_ack: [u8; 4],
-    /// ICMP echo: the first 4 bytes of the payload (zeros when it is
-    /// shorter), which a reply carries back.
+    /// ICMP echo: the first 4 bytes of the payload (zeros when the
+    /// datagram holds fewer), which a reply carries back.
     pub echo_data: [u8; 4],
     pub len: u32,
     /// Offset of the L4 header in the frame.
     pub l4: u16,
+    /// The IPv4 TTL or the IPv6 hop limit.
+    pub ttl: u8,
 }
 
 impl Flow {

@@ -2,13 +2,13 @@
 //! ICMP / `ICMPv6` echo.
 
 use crate::{
-    ct::{CtKey, Flow, IPPROTO_TCP, IPPROTO_UDP, is_v4_mapped, v4_mapped},
+    ct::{Flow, IPPROTO_TCP, IPPROTO_UDP, is_v4_mapped, v4_mapped},
     frame::Frame,
     headers::{
         EthHdr, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, ICMPV6_ECHO_REPLY, ICMPV6_ECHO_REQUEST,
         IPPROTO_ICMP, IPPROTO_ICMPV6, Icmpv4Hdr, Icmpv6Hdr, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr,
-        echo_id_seq, ipv4_header_len, ipv6_payload_len, is_ipv4, is_ipv6, is_later_fragment,
-        tcp_flags,
+        echo_id_seq, ipv4_header_len, ipv4_total_len, ipv6_payload_len, is_ipv4, is_ipv6,
+        is_later_fragment, tcp_flags,
     },
 };
 
@@ -34,14 +34,14 @@ pub fn parse_into<F: Frame>(frame: &mut F, flow: &mut Flow) -> bool {
         return false;
     };
     let l4 = if is_ipv4(&eth) {
-        ipv4_key(frame, &mut flow.key)
+        ipv4_key(frame, flow)
     } else if is_ipv6(&eth) {
-        ipv6_key(frame, &mut flow.key)
+        ipv6_key(frame, flow)
     } else {
         None
     };
     match l4 {
-        Some(l4) => l4_fields(frame, flow, l4),
+        Some(at) => l4_fields(frame, flow, at),
         None => false,
     }
 }
@@ -58,15 +58,24 @@ pub fn parse_ipv4_into<F: Frame>(frame: &mut F, flow: &mut Flow) -> bool {
     if !is_ipv4(&eth) {
         return false;
     }
-    match ipv4_key(frame, &mut flow.key) {
-        Some(l4) => l4_fields(frame, flow, l4),
+    match ipv4_key(frame, flow) {
+        Some(at) => l4_fields(frame, flow, at),
         None => false,
     }
 }
 
-/// Addresses and protocol of an IPv4 packet into `key`; the L4 offset.
+/// Where a packet's L4 header starts and where its datagram ends (the
+/// frame may run on: a link's minimum-size padding).
+#[derive(Clone, Copy)]
+struct L4At {
+    start: usize,
+    end: usize,
+}
+
+/// Addresses, protocol and TTL of an IPv4 packet into `flow`; where its L4
+/// header is.
 #[inline(always)]
-fn ipv4_key<F: Frame>(frame: &mut F, key: &mut CtKey) -> Option<usize> {
+fn ipv4_key<F: Frame>(frame: &mut F, flow: &mut Flow) -> Option<L4At> {
     let ip = frame.header_mut::<Ipv4Hdr>(EthHdr::LEN)?;
     let ihl = ipv4_header_len(ip);
     if ip.vihl >> 4 != 4 || !(20..=60).contains(&ihl) {
@@ -76,17 +85,21 @@ fn ipv4_key<F: Frame>(frame: &mut F, key: &mut CtKey) -> Option<usize> {
     if is_later_fragment(ip) {
         return None;
     }
-    key.saddr = v4_mapped(ip.src_addr);
-    key.daddr = v4_mapped(ip.dst_addr);
-    key.proto = ip.proto;
-    Some(EthHdr::LEN + ihl)
+    flow.key.saddr = v4_mapped(ip.src_addr);
+    flow.key.daddr = v4_mapped(ip.dst_addr);
+    flow.key.proto = ip.proto;
+    flow.ttl = ip.ttl;
+    Some(L4At {
+        start: EthHdr::LEN + ihl,
+        end: EthHdr::LEN + ipv4_total_len(ip),
+    })
 }
 
 /// Addresses and next header of an IPv6 packet whose L4 header follows
 /// the fixed one into `key`; the L4 offset. The payload length must cover
 /// that header (a shorter one is a truncated packet).
 #[inline(always)]
-fn ipv6_key<F: Frame>(frame: &mut F, key: &mut CtKey) -> Option<usize> {
+fn ipv6_key<F: Frame>(frame: &mut F, flow: &mut Flow) -> Option<L4At> {
     // Read in place: a copy of the 40-byte header would cost the programs
     // stack they do not have.
     let ip = frame.header_mut::<Ipv6Hdr>(EthHdr::LEN)?;
@@ -103,16 +116,21 @@ fn ipv6_key<F: Frame>(frame: &mut F, key: &mut CtKey) -> Option<usize> {
     if ipv6_payload_len(ip) < min_l4 {
         return None;
     }
-    key.saddr = ip.src_addr;
-    key.daddr = ip.dst_addr;
-    key.proto = ip.next_hdr;
-    Some(EthHdr::LEN + Ipv6Hdr::LEN)
+    flow.key.saddr = ip.src_addr;
+    flow.key.daddr = ip.dst_addr;
+    flow.key.proto = ip.next_hdr;
+    flow.ttl = ip.hop_limit;
+    Some(L4At {
+        start: EthHdr::LEN + Ipv6Hdr::LEN,
+        end: EthHdr::LEN + Ipv6Hdr::LEN + ipv6_payload_len(ip),
+    })
 }
 
 /// The L4 part of the flow: ports, TCP flags, or the echo identifier as a
 /// port (requests: destination, replies: source) and the sequence.
 #[inline(always)]
-fn l4_fields<F: Frame>(frame: &mut F, flow: &mut Flow, l4: usize) -> bool {
+fn l4_fields<F: Frame>(frame: &mut F, flow: &mut Flow, at: L4At) -> bool {
+    let l4 = at.start;
     flow.len = u32::try_from(frame.wire_len()).unwrap_or(u32::MAX);
     flow.l4 = u16::try_from(l4).unwrap_or(0);
     let key = &mut flow.key;
@@ -152,7 +170,12 @@ fn l4_fields<F: Frame>(frame: &mut F, flow: &mut Flow, l4: usize) -> bool {
             }
             flow.icmp_type = icmp.type_;
             flow.icmp_seq = sequence;
-            flow.echo_data = frame.read::<[u8; 4]>(l4 + Icmpv4Hdr::LEN).unwrap_or([0; 4]);
+            // Within the datagram: a reply the link padded must give what
+            // its request gave.
+            let data = l4 + Icmpv4Hdr::LEN;
+            if data + 4 <= at.end {
+                flow.echo_data = frame.read::<[u8; 4]>(data).unwrap_or([0; 4]);
+            }
         }
         _ => return false,
     }
@@ -319,7 +342,9 @@ mod tests {
 
     fn frame(proto: u8, l4: &[u8], frag: u16) -> Vec<u8> {
         let mut f = Vec::from([0u8; 12]);
-        f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 0, 0, 0]);
+        f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
+        f.extend_from_slice(&u16::try_from(20 + l4.len()).expect("small").to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
         f.extend_from_slice(&frag.to_be_bytes());
         f.extend_from_slice(&[64, proto, 0, 0, 198, 18, 64, 2, 198, 18, 65, 2]);
         f.extend_from_slice(l4);
@@ -361,10 +386,20 @@ mod tests {
         let mut req = frame(IPPROTO_ICMP, &echo, 0);
         let r = parse(&mut SliceFrame::new(&mut req)).expect("request");
         assert_eq!(r.echo_data, *b"tokn");
-        // Three bytes of payload: too short to carry a tag.
+        assert_eq!(r.ttl, 64);
+        // Three bytes of payload: too short to carry a tag, whatever
+        // padding the link put after the datagram.
         let mut short = frame(IPPROTO_ICMP, &echo[..11], 0);
         let r = parse(&mut SliceFrame::new(&mut short)).expect("request");
         assert_eq!(r.echo_data, [0; 4]);
+        short.extend_from_slice(&[0xee; 20]);
+        let padded = parse(&mut SliceFrame::new(&mut short)).expect("padded");
+        assert_eq!(padded.echo_data, [0; 4]);
+        assert_eq!(padded.key, r.key);
+        let v6 = [128, 0, 0, 0, 0x12, 0x34, 0, 7, b't', b'o', b'k', b'n'];
+        let mut req6 = frame6(EP6, PEER6, IPPROTO_ICMPV6, &v6);
+        let r6 = parse(&mut SliceFrame::new(&mut req6)).expect("ICMPv6 request");
+        assert_eq!((r6.echo_data, r6.ttl), (*b"tokn", 64));
     }
 
     #[test]

@@ -16,6 +16,13 @@ use crate::ct::{Flow, IPPROTO_TCP};
 /// their size's serialisation in it, and mix two sizes in one histogram.
 pub const TIMED_MAX_LEN: u32 = 576;
 
+/// Echo requests sent with a TTL (hop limit) of at most this are path
+/// traces', not probes: most are answered on the way by a Time Exceeded,
+/// never by an echo reply, so they are not timed (timed, every hop short
+/// of the peer would be a loss the sweep counts). Probes go with the
+/// system's default, 64.
+pub const UNTIMED_MAX_TTL: u8 = 16;
+
 /// Buckets of the log2 histogram of RTTs in microseconds: bucket `i` holds
 /// RTTs in `[2^(i-1), 2^i)` µs (bucket 0: under 1 µs), the last one the rest.
 pub const HIST_BUCKETS: usize = 24;

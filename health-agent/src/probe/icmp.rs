@@ -95,8 +95,10 @@ pub struct Numbering {
 fn token_key() -> &'static std::hash::RandomState {
     static KEY: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
     KEY.get_or_init(|| {
-        std::thread::spawn(std::hash::RandomState::new)
-            .join()
+        std::thread::Builder::new()
+            .spawn(std::hash::RandomState::new)
+            .ok()
+            .and_then(|t| t.join().ok())
             .unwrap_or_default()
     })
 }

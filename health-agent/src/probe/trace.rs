@@ -20,6 +20,10 @@ use crate::sys::icmp_trace::{self, Hop, HopAnswer};
 
 /// How far a trace goes.
 pub const MAX_HOPS: u8 = 16;
+
+// The kernel times no echo sent with a TTL a trace uses: each hop short
+// of the peer would be counted lost.
+const _: () = assert!(MAX_HOPS <= health_common::rtt::UNTIMED_MAX_TTL);
 /// A path still failing is traced again after this long.
 pub const RETRACE_MS: u64 = 5 * 60 * 1000;
 /// Addresses traced per round at most.

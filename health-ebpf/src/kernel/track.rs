@@ -121,15 +121,16 @@ fn account(flow: &Flow, from_endpoint: bool, now: u64) {
 }
 
 /// Timestamps echo requests (ICMP and `ICMPv6`) and TCP SYNs leaving the
-/// endpoint, up to [`rtt::TIMED_MAX_LEN`] bytes (not the path-MTU probes)
-/// (a subprogram, as [`account`]).
+/// endpoint, up to [`rtt::TIMED_MAX_LEN`] bytes (not the path-MTU probes),
+/// echoes only past [`rtt::UNTIMED_MAX_TTL`] (not the path traces') (a
+/// subprogram, as [`account`]).
 #[inline(never)]
 fn start_rtt(flow: &Flow, now: u64) {
     if flow.len > rtt::TIMED_MAX_LEN {
         return;
     }
     let is_syn = flow.key.proto == IPPROTO_TCP && flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-    if flow.is_echo_request() {
+    if flow.is_echo_request() && flow.ttl > rtt::UNTIMED_MAX_TTL {
         let key = rtt::request_key(flow);
         let _ = RTT_PENDING.insert(&key, &now, 0);
     } else if is_syn {

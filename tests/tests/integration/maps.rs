@@ -239,8 +239,8 @@ fn rtt_statistics_of_the_per_cpu_layout_are_carried_folded() {
 }
 
 /// The pending requests of the layout whose key held no tag: the echoes
-/// are carried, tagged with the payload agents of that layout sent, so a
-/// reply still closes them; the SYNs are not, as their answers name an
+/// are carried, tagged with the payload agents of that layout sent (the
+/// key their replies name); the SYNs are not, as their answers name an
 /// ISN the old key did not keep.
 #[test]
 fn pending_echoes_of_the_key_without_a_tag_are_carried_and_syns_are_not() {

@@ -68,6 +68,32 @@ fn an_echo_reply_without_its_requests_payload_closes_nothing() {
     assert_eq!(rtt::list(pins.path()).expect("rtt")[0].samples, 1);
 }
 
+/// A path trace's echo (a TTL of at most 16) is tracked but not timed:
+/// most die on the way, answered by a Time Exceeded, and each would be a
+/// loss for the sweep to count. One sent with the system's TTL is timed.
+#[test]
+fn a_path_traces_echo_is_tracked_but_not_timed() {
+    let (mut r, pins) = loaded();
+    for ttl in [1, 16] {
+        let hop = Echo {
+            ttl,
+            ..Echo::request(EP, PEER, 0x0abe, u16::from(ttl))
+        };
+        track(&mut r, true, &hop.frame());
+    }
+    assert!(
+        rtt::pending(pins.path()).expect("pending").is_empty(),
+        "no trace echo timed"
+    );
+    assert_eq!(ct::list(pins.path()).expect("ct").len(), 1, "tracked");
+    let probe = Echo {
+        ttl: 17,
+        ..Echo::request(EP, PEER, 0x0abe, 17)
+    };
+    track(&mut r, true, &probe.frame());
+    assert_eq!(rtt::pending(pins.path()).expect("pending").len(), 1);
+}
+
 /// A path-MTU probe (an echo padded to 1280 bytes and more) is tracked
 /// but not timed: the small echo's sample is the peer's, alone.
 #[test]
