@@ -95,9 +95,9 @@ fn ipv4_key<F: Frame>(frame: &mut F, flow: &mut Flow) -> Option<L4At> {
     })
 }
 
-/// Addresses and next header of an IPv6 packet whose L4 header follows
-/// the fixed one into `key`; the L4 offset. The payload length must cover
-/// that header (a shorter one is a truncated packet).
+/// Addresses, next header and hop limit of an IPv6 packet whose L4 header
+/// follows the fixed one into `flow`; where its L4 header is. The payload
+/// length must cover that header (a shorter one is a truncated packet).
 #[inline(always)]
 fn ipv6_key<F: Frame>(frame: &mut F, flow: &mut Flow) -> Option<L4At> {
     // Read in place: a copy of the 40-byte header would cost the programs

@@ -19,8 +19,8 @@ pub const TIMED_MAX_LEN: u32 = 576;
 /// Echo requests sent with a TTL (hop limit) of at most this are path
 /// traces', not probes: most are answered on the way by a Time Exceeded,
 /// never by an echo reply, so they are not timed (timed, every hop short
-/// of the peer would be a loss the sweep counts). Probes go with the
-/// system's default, 64.
+/// of the peer would be a loss the sweep counts). The prober's echoes go
+/// with 64, set on its sockets.
 pub const UNTIMED_MAX_TTL: u8 = 16;
 
 /// Buckets of the log2 histogram of RTTs in microseconds: bucket `i` holds

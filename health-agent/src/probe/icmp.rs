@@ -469,6 +469,10 @@ async fn readable(sock: Option<&AsyncFd<Socket>>) -> io::Result<AsyncFdReadyGuar
     }
 }
 
+/// The TTL (hop limit) of the probes' echoes.
+const PROBE_TTL: u32 = 64;
+const _: () = assert!(PROBE_TTL > health_common::rtt::UNTIMED_MAX_TTL as u32);
+
 /// A raw socket for `family`'s echo, its buffers sized for a round.
 fn raw_socket(family: Family) -> io::Result<Socket> {
     let sock = match family {
@@ -499,6 +503,13 @@ fn raw_socket(family: Family) -> io::Result<Socket> {
             libc::IPV6_MTU_DISCOVER,
             &libc::IPV6_PMTUDISC_PROBE,
         )?,
+    }
+    // A TTL of its own, whatever the namespace's default (or a router
+    // advertisement's hop limit): the kernel times no echo sent with a
+    // path trace's.
+    match family {
+        Family::Ipv4 => sock.set_ttl_v4(PROBE_TTL)?,
+        Family::Ipv6 => sock.set_unicast_hops_v6(PROBE_TTL)?,
     }
     if family == Family::Ipv6 {
         // Only echo replies: not the neighbour discovery and router
