@@ -126,8 +126,9 @@ fn ipv6_key<F: Frame>(frame: &mut F, flow: &mut Flow) -> Option<L4At> {
     })
 }
 
-/// The L4 part of the flow: ports, TCP flags, or the echo identifier as a
-/// port (requests: destination, replies: source) and the sequence.
+/// The L4 part of the flow: ports, TCP flags and numbers, or the echo
+/// identifier as a port (requests: destination, replies: source), the
+/// sequence and the payload's first 4 bytes (within the datagram).
 #[inline(always)]
 fn l4_fields<F: Frame>(frame: &mut F, flow: &mut Flow, at: L4At) -> bool {
     let l4 = at.start;

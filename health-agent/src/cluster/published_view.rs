@@ -7,8 +7,8 @@
 //! The wire format (version 1, [`VERSION`]) is the protobuf message of
 //! `health-agent/proto/view.proto`, as the summaries': one version byte,
 //! the message's length as a varint, the message. [`PublishedView::decode`]
-//! checks everything (any agent may write the key): the size, the names,
-//! the interval, and that the counts agree with the nodes listed.
+//! checks everything (any agent may write the key): the size, the names
+//! and zones (by the node records' rules), the interval, and that the counts agree with the nodes listed.
 //! [`PublishedView::stale`] is the staleness rule: older than
 //! [`STALE_ROUNDS`] of its assembler's rounds.
 

@@ -362,8 +362,9 @@ impl Waiting<'_> {
 
     /// The reply to request `i` came at `at`, read at `now`. One that
     /// came before the request went (by more than the clocks' error) is
-    /// not its answer: a late reply to an earlier round's request that
-    /// carries the same numbers, left unread in the socket.
+    /// not its answer: a late reply to an earlier round's request left
+    /// unread in the socket (its token, drawn for that round, already
+    /// fails to match: this is a second guard).
     fn answered(&mut self, i: usize, at: Instant, now: Instant) {
         if self
             .sent_at

@@ -70,7 +70,7 @@ fn an_echo_reply_without_its_requests_payload_closes_nothing() {
 
 /// A path trace's echo (a TTL of at most 16) is tracked but not timed:
 /// most die on the way, answered by a Time Exceeded, and each would be a
-/// loss for the sweep to count. One sent with the system's TTL is timed.
+/// loss for the sweep to count. One sent with a TTL above 16 is timed.
 #[test]
 fn a_path_traces_echo_is_tracked_but_not_timed() {
     let (mut r, pins) = loaded();
