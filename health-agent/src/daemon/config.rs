@@ -118,6 +118,22 @@ pub struct NodesAtStart {
     pub file: Option<FileVersion>,
 }
 
+/// The lease file in `state_dir`, and the keys this node writes under its
+/// lease: its record and its summary.
+fn lease_file(
+    state_dir: &std::path::Path,
+    prefix: &str,
+    node: &str,
+) -> crate::membership::kvstore::LeaseFile {
+    crate::membership::kvstore::LeaseFile {
+        path: state_dir.join(crate::membership::kvstore::LEASE_FILE),
+        own_keys: vec![
+            format!("{prefix}{node}").into_bytes(),
+            format!("{}{node}", super::cluster_view::summaries_prefix(prefix)).into_bytes(),
+        ],
+    }
+}
+
 /// The node's hostname, when it has one.
 fn hostname() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -135,20 +151,19 @@ impl DaemonConfig {
     /// cannot be used (naming its flag).
     pub fn new(settings: Config) -> Result<Self, ConfigError> {
         let mut discovery = settings.cluster.discovery()?;
-        if let Discovery::Etcd(etcd) = &mut discovery {
-            etcd.lease_file = Some(
-                settings
-                    .endpoint
-                    .state_dir
-                    .join(crate::membership::kvstore::LEASE_FILE),
-            );
-        }
         let node_name = match &settings.cluster.node_name {
             Some(n) => n.clone(),
             None => hostname().ok_or(ConfigError::NoNodeName)?,
         };
         // Its record would be refused by every agent, this one included.
         crate::membership::validate::check_name(&node_name).map_err(ConfigError::NodeName)?;
+        if let Discovery::Etcd(etcd) = &mut discovery {
+            etcd.lease_file = Some(lease_file(
+                &settings.endpoint.state_dir,
+                &etcd.prefix,
+                &node_name,
+            ));
+        }
         Ok(Self {
             settings,
             node_name,

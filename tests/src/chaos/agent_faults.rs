@@ -83,6 +83,13 @@ impl Chaos {
             opts.kills
         );
         let before = self.resources_at_rest(victim);
+        let record = format!("{}{name}", crate::cluster::ETCD_PREFIX);
+        let lease_of = |chaos: &Self| {
+            let etcd = chaos.cluster.etcd_cluster.as_ref()?;
+            let keys = etcd.keys(&record)?;
+            keys.iter().find(|(k, _)| *k == record).map(|(_, l)| *l)
+        };
+        let lease_before = lease_of(self);
         let others_before: Vec<(usize, Option<(usize, u64)>)> = (0..victim)
             .map(|i| (i, self.cluster.nodes[i].pid().and_then(settled_fds_and_rss)))
             .collect();
@@ -103,6 +110,17 @@ impl Chaos {
             ));
         }
         let after = self.resources_settled(victim, &before);
+        // Each run took the lease its predecessor kept over: the record
+        // never went, nor moved to a lease of its own.
+        match (lease_before, lease_of(self)) {
+            (Some(b), Some(a)) if a == b => {
+                row.held
+                    .push(format!("{name}'s record kept its lease {b:x}"));
+            }
+            (b, a) => row.fail(format!(
+                "{name}'s record's lease: {b:x?} before, {a:x?} after"
+            )),
+        }
         for (what, b, a) in before.iter().zip(&after).map(|((w, b), (_, a))| (w, b, a)) {
             if a > b {
                 row.fail(format!("leaked {what}: {b} before, {a} after"));

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use health_agent::{
     api::types::NodesView,
-    membership::kvstore::{Entry, EtcdConfig, KvStore, Link, Put, WatchEvent},
+    membership::kvstore::{Entry, EtcdConfig, KvStore, LeaseFile, Link, Put, WatchEvent},
 };
 use health_tests::{
     cluster::{Cluster, ETCD_ENDPOINT, ETCD_PREFIX, Settings},
@@ -710,6 +710,67 @@ fn the_kvstore_watch_and_lease_come_through_an_etcd_restart() {
             other => panic!("{other:?} before the put of two"),
         }
     });
+}
+
+/// A lease file names the lease a previous run kept: the next run takes
+/// it over when etcd says it holds that node's keys alone, and its keys
+/// never go. A file naming another node's lease (a state directory copied
+/// from that node) is left alone: a new lease is granted, and that node's
+/// key outlives this agent's leave.
+#[test]
+fn a_kept_lease_is_taken_over_only_when_it_holds_this_nodes_keys_alone() {
+    let etcd = LocalEtcd::start();
+    let dir = std::env::temp_dir().join(health_tests::names::unique("lease"));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let file = |node: &str| dir.join(format!("{node}-lease"));
+    let cfg = |node: &str| EtcdConfig {
+        lease_file: Some(LeaseFile {
+            path: file(node),
+            own_keys: vec![format!("/t/nodes/{node}").into_bytes()],
+        }),
+        ..local_config(&etcd)
+    };
+    let kept = |node: &str| std::fs::read_to_string(file(node)).expect("lease file");
+    runtime().block_on(async {
+        // a's first run is killed: its lease stays for its TTL.
+        let first = KvStore::new(&cfg("a"));
+        let first_run = running(&first);
+        first.put_leased("/t/nodes/a", "a").await.expect("kept");
+        let lease_a = wait_up(&first).await;
+        assert_eq!(kept("a").trim(), format!("{lease_a:x}"));
+        first_run.abort();
+        let a = KvStore::new(&cfg("a"));
+        let _a_run = running(&a);
+        a.put_leased("/t/nodes/a", "a").await.expect("kept");
+        assert_eq!(wait_up(&a).await, lease_a, "the next run takes it over");
+
+        // b's state directory is a copy of a's.
+        std::fs::copy(file("a"), file("b")).expect("copy");
+        let b = KvStore::new(&cfg("b"));
+        let b_run = running(&b);
+        b.put_leased("/t/nodes/b", "b").await.expect("kept");
+        let lease_b = wait_up(&b).await;
+        assert_ne!(lease_b, lease_a, "a's lease is not b's");
+        assert_eq!(kept("b").trim(), format!("{lease_b:x}"));
+        let (_, listed) = a.list("/t/nodes/").await.expect("list");
+        let leases: Vec<_> = listed.iter().map(|e| (kv(e).0, e.lease)).collect();
+        assert_eq!(
+            leases,
+            [
+                ("/t/nodes/a".into(), lease_a),
+                ("/t/nodes/b".into(), lease_b)
+            ]
+        );
+
+        // b leaves: its lease goes, a's key stays with a's.
+        b_run.abort();
+        assert_eq!(b.revoke().await.expect("revoke"), Some(lease_b));
+        let (_, listed) = a.list("/t/nodes/").await.expect("list");
+        let leases: Vec<_> = listed.iter().map(|e| (kv(e).0, e.lease)).collect();
+        assert_eq!(leases, [("/t/nodes/a".into(), lease_a)]);
+        assert!(!file("b").exists(), "b's file goes with its lease");
+    });
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Asked to, a followed prefix is listed again in its own stream: a

@@ -29,7 +29,19 @@ pub struct EtcdConfig {
     /// Where the lease's ID is kept between runs (in the state directory):
     /// an agent restarted after a crash takes its lease over while etcd
     /// still has it, instead of leaving it to expire.
-    pub lease_file: Option<PathBuf>,
+    pub lease_file: Option<LeaseFile>,
+}
+
+/// The file that keeps this agent's lease ID between runs, and the keys
+/// that make a lease this node's: a lease it names is taken over only
+/// when etcd says it holds keys and nothing but these (a state directory
+/// copied with a machine's image names another node's lease).
+#[derive(Debug, Clone)]
+pub struct LeaseFile {
+    /// The file, in the state directory.
+    pub path: PathBuf,
+    /// Every key this agent writes under its lease.
+    pub own_keys: Vec<Vec<u8>>,
 }
 
 impl EtcdConfig {

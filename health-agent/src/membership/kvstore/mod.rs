@@ -57,7 +57,9 @@ use etcd_client::{Client, ConnectOptions, PutOptions};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tracing::{info, warn};
 
-pub use self::config::{Credentials, EtcdConfig, KvConfigError, TlsConfig, parse_endpoint};
+pub use self::config::{
+    Credentials, EtcdConfig, KvConfigError, LeaseFile, TlsConfig, parse_endpoint,
+};
 pub use self::election::{LeaderPutError, Leadership, MIN_ELECTION_TTL, Role};
 pub use self::follow::ReadAgain;
 pub use self::listing::Listing;
@@ -65,6 +67,7 @@ pub use self::listing::Listing;
 mod config;
 mod election;
 mod follow;
+mod kept_lease;
 mod listing;
 
 /// The file in the state directory holding the lease's ID (hex) between
@@ -252,10 +255,15 @@ struct Inner {
     /// without waiting for writes under way (see
     /// [`KvStore::written_revision`]).
     revisions: Mutex<BTreeMap<Vec<u8>, i64>>,
-    /// The lease being kept alive.
+    /// The lease being kept alive: one this agent was granted, or took
+    /// over once etcd confirmed it its own.
     lease: Mutex<Option<i64>>,
-    /// Where the lease's ID is kept between runs.
-    lease_file: Option<std::path::PathBuf>,
+    /// The lease the lease file named at start, until it has been asked
+    /// of etcd (see [`kept_lease`]).
+    kept: Mutex<Option<i64>>,
+    /// Where the lease's ID is kept between runs, and the keys that make a
+    /// lease this node's.
+    lease_file: Option<LeaseFile>,
     link: watch::Sender<Link>,
     running: AtomicBool,
 }
@@ -291,7 +299,12 @@ impl KvStore {
                 authenticated: AsyncMutex::new(false),
                 leased: AsyncMutex::new(BTreeMap::new()),
                 revisions: Mutex::new(BTreeMap::new()),
-                lease: Mutex::new(cfg.lease_file.as_deref().and_then(read_lease)),
+                lease: Mutex::new(None),
+                kept: Mutex::new(
+                    cfg.lease_file
+                        .as_ref()
+                        .and_then(|f| kept_lease::read(&f.path)),
+                ),
                 lease_file: cfg.lease_file.clone(),
                 link: watch::Sender::new(Link::Connecting),
                 running: AtomicBool::new(false),
@@ -482,7 +495,11 @@ impl KvStore {
         // The last lease is kept when etcd still has it (a short outage,
         // an etcd restart): no key of this agent disappears meanwhile.
         let previous = self.lease();
-        let kept = match previous {
+        let adopted = match previous {
+            Some(_) => None,
+            None => self.adoptable(&mut leases, ttl_s).await.map_err(down)?,
+        };
+        let kept = match previous.or(adopted) {
             Some(id) => match tokio::time::timeout(REQUEST_TIMEOUT, leases.keep_alive(id)).await {
                 Ok(Ok(k)) => Some(k),
                 Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => None,
@@ -544,28 +561,38 @@ impl KvStore {
     }
 
     /// Keeps `lease` in the lease file (removes it with `None`), for the
-    /// next run to take over; a failure is logged, not fatal.
+    /// next run to take over.
     fn save_lease(&self, lease: Option<i64>) {
-        let Some(path) = &self.inner.lease_file else {
-            return;
-        };
-        let result = match lease {
-            Some(id) => path
-                .parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|()| {
-                    let tmp = path.with_extension("tmp");
-                    std::fs::write(&tmp, format!("{id:x}\n"))?;
-                    std::fs::rename(&tmp, path)
-                }),
-            None => match std::fs::remove_file(path) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                other => other,
-            },
-        };
-        if let Err(e) = result {
-            warn!(path = %path.display(), "keeping the etcd lease's ID for the next run: {e}");
+        if let Some(file) = &self.inner.lease_file {
+            kept_lease::save(&file.path, lease);
         }
+    }
+
+    /// The lease the lease file named, if etcd confirms it this node's to
+    /// take over; asked once (again only when etcd did not answer).
+    async fn adoptable(
+        &self,
+        leases: &mut etcd_client::LeaseClient,
+        ttl_s: i64,
+    ) -> Result<Option<i64>, KvError> {
+        let kept = self.inner.kept.lock().ok().and_then(|k| *k);
+        let (Some(file), Some(id)) = (&self.inner.lease_file, kept) else {
+            return Ok(None);
+        };
+        let verdict = kept_lease::check(leases, id, file, ttl_s).await?;
+        kept_lease::report(&verdict, id, &file.path);
+        if let Ok(mut k) = self.inner.kept.lock() {
+            *k = None;
+        }
+        if verdict != kept_lease::Verdict::Adopt {
+            return Ok(None);
+        }
+        // This agent's from now on: a session that breaks before it is up
+        // keeps it as its own lease.
+        if let Ok(mut l) = self.inner.lease.lock() {
+            *l = Some(id);
+        }
+        Ok(Some(id))
     }
 
     /// Writes every leased key not yet written under `lease` with its
@@ -704,41 +731,5 @@ impl KvStore {
             }
         };
         Ok(Some(lease))
-    }
-}
-
-/// The lease ID a previous run kept in `path`: hexadecimal, positive;
-/// anything else (a missing, damaged or foreign file) is ignored and a new
-/// lease granted.
-fn read_lease(path: &std::path::Path) -> Option<i64> {
-    let text = std::fs::read(path).ok()?;
-    if text.len() > 32 {
-        return None;
-    }
-    let id = i64::from_str_radix(std::str::from_utf8(&text).ok()?.trim(), 16).ok()?;
-    (id > 0).then_some(id)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::read_lease;
-
-    #[test]
-    fn a_kept_lease_is_read_back_and_junk_ignored() {
-        let dir = std::env::temp_dir().join(format!("kvstore-lease-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let file = dir.join("etcd-lease");
-        for (content, want) in [
-            (&b"694d8b1e2f3a\n"[..], Some(0x694d_8b1e_2f3a)),
-            (b"0\n", None),
-            (b"-5", None),
-            (b"not hex", None),
-            (&[b'1'; 40][..], None),
-        ] {
-            std::fs::write(&file, content).expect("write");
-            assert_eq!(read_lease(&file), want, "{content:?}");
-        }
-        assert_eq!(read_lease(&dir.join("absent")), None);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
