@@ -138,6 +138,10 @@ pub struct PendingRow {
     /// acknowledge (plus one) to close it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub isn: Option<u32>,
+    /// ICMP and `ICMPv6`: the request's first 4 payload bytes, in hex,
+    /// which its reply must carry back to close it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub echo_data: Option<String>,
 }
 
 /// The pending requests.
@@ -157,6 +161,8 @@ pub fn pending(dir: &Path) -> Result<Vec<PendingRow>, DatapathError> {
             sent_ns: sent_at(pending),
             retransmitted: pending & RETRANSMITTED != 0,
             isn: (k.proto == IPPROTO_TCP).then(|| u32::from_be_bytes(k.tag)),
+            echo_data: (k.proto != IPPROTO_TCP)
+                .then(|| format!("{:08x}", u32::from_be_bytes(k.tag))),
         })
         .collect())
 }

@@ -287,6 +287,7 @@ fn pending_echoes_of_the_key_without_a_tag_are_carried_and_syns_are_not() {
         (IpAddr::from([198, 18, 9, 1]), "ICMP", 0x0abc, 7)
     );
     assert_eq!((rows[0].sent_ns, rows[0].isn), (now, None));
+    assert_eq!(rows[0].echo_data.as_deref(), Some("6865616c"), "b\"heal\"");
     let m = pinned(&pins, MapId::RttPending);
     let pending = HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&m).expect("pending");
     // Tagged with what agents of that layout sent as every echo's payload,

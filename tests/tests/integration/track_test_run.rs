@@ -58,7 +58,16 @@ fn an_echo_reply_without_its_requests_payload_closes_nothing() {
     let mut forged = req.expected_reply();
     forged.payload[..4].copy_from_slice(b"heal");
     track(&mut r, false, &forged.frame());
-    assert_eq!(rtt::pending(pins.path()).expect("pending").len(), 1);
+    let pending = rtt::pending(pins.path()).expect("pending");
+    let tag: [u8; 4] = req.payload[..4].try_into().expect("4 bytes");
+    assert_eq!(
+        pending
+            .iter()
+            .map(|p| p.echo_data.clone())
+            .collect::<Vec<_>>(),
+        [Some(format!("{:08x}", u32::from_be_bytes(tag)))],
+        "the request, shown with its tag"
+    );
     assert!(rtt::list(pins.path()).expect("rtt").is_empty(), "no sample");
     track(&mut r, false, &req.expected_reply().frame());
     assert!(
