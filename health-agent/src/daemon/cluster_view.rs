@@ -58,6 +58,12 @@ pub use crate::cluster::cadence::{HEARTBEAT_ROUNDS, STALE_ROUNDS};
 /// role this long after its last keepalive.
 pub const ELECTION_TTL: Duration = Duration::from_secs(3);
 
+/// Node `name`'s summary's key under the summaries' prefix.
+#[must_use]
+pub fn summary_key(summaries_prefix: &str, name: &str) -> String {
+    format!("{summaries_prefix}{name}")
+}
+
 /// The summaries' prefix beside the node records': `/health/nodes/` gives
 /// `/health/summaries/`.
 #[must_use]
@@ -681,7 +687,7 @@ impl ClusterViewTask {
         if !why.writes() {
             return seq;
         }
-        let key = format!("{}{}", self.prefix, self.local);
+        let key = summary_key(&self.prefix, &self.local);
         if let Err(e) = self.store.put_leased(key, summary.encode()).await {
             writes.failed();
             warn!("cluster view: publishing round {seq}: {}", chain(&e));

@@ -128,8 +128,9 @@ fn lease_file(
     crate::membership::kvstore::LeaseFile {
         path: state_dir.join(crate::membership::kvstore::LEASE_FILE),
         own_keys: vec![
-            format!("{prefix}{node}").into_bytes(),
-            format!("{}{node}", super::cluster_view::summaries_prefix(prefix)).into_bytes(),
+            crate::membership::etcd::record_key(prefix, node).into_bytes(),
+            super::cluster_view::summary_key(&super::cluster_view::summaries_prefix(prefix), node)
+                .into_bytes(),
         ],
     }
 }
@@ -355,5 +356,25 @@ impl DaemonConfig {
             Discovery::Etcd(e) => format!("etcd:{}{}", e.endpoints_text(), e.prefix),
             Discovery::None => "none".into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lease_file;
+
+    /// The keys a kept lease may hold are those the agent writes under
+    /// it: its record and its summary, each by the function its writer
+    /// names it with.
+    #[test]
+    fn a_lease_is_this_nodes_when_it_holds_its_record_and_summary() {
+        let file = lease_file(std::path::Path::new("/var/lib/h"), "/health/nodes/", "n-1");
+        assert_eq!(file.path, std::path::Path::new("/var/lib/h/etcd-lease"));
+        let keys: Vec<_> = file
+            .own_keys
+            .iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        assert_eq!(keys, ["/health/nodes/n-1", "/health/summaries/n-1"]);
     }
 }

@@ -46,6 +46,12 @@ impl Registration {
     }
 }
 
+/// Node `name`'s record's key under `prefix` (a directory, ending in `/`).
+#[must_use]
+pub fn record_key(prefix: &str, name: &str) -> String {
+    format!("{prefix}{name}")
+}
+
 /// Keeps this agent registered and the node set in sync, forever.
 pub async fn run(
     cfg: EtcdConfig,
@@ -56,7 +62,7 @@ pub async fn run(
 ) {
     let store = registration.store(&cfg);
     let own = OwnRecord {
-        key: format!("{}{}", cfg.prefix, me.name),
+        key: record_key(&cfg.prefix, &me.name),
         node: me.clone(),
         value: match serde_json::to_vec(&NodeRecord::from(&me)) {
             Ok(v) => v,

@@ -384,12 +384,16 @@ fn a_node_user_writes_only_its_own_keys() {
 /// The agents of a cluster whose etcd runs TLS and authentication, each
 /// logged in as its node's user: they register, see each other and publish
 /// their summaries; one of them is refused another's key there too; the
-/// one elected publishes the cluster view, which every agent reads.
+/// one elected publishes the cluster view, which every agent reads. One
+/// killed and started again takes its lease over: its user may read what
+/// the lease holds, which etcd asks of it.
 #[test]
 fn agents_with_a_user_each_register_and_see_each_other_over_tls() {
-    let cluster = Cluster::start(&Settings {
+    let mut cluster = Cluster::start(&Settings {
         nodes: 3,
         etcd: true,
+        // Outlives a restart with room to spare.
+        lease_ttl: "30s",
         etcd_security: Security {
             tls: true,
             auth: true,
@@ -457,6 +461,21 @@ fn agents_with_a_user_each_register_and_see_each_other_over_tls() {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+
+    let lease_file = cluster.nodes[2].dir.join("state/etcd-lease");
+    let kept = || std::fs::read_to_string(&lease_file).expect("node-3's lease file");
+    let before = kept();
+    cluster.stop_agent(2, Signal::SIGKILL);
+    cluster.start_agent(2);
+    cluster.wait_status(2, Duration::from_secs(20), |s| {
+        s.nodes.len() == 3 && s.reachable() == 3
+    });
+    let log = cluster.nodes[2].log();
+    assert!(
+        log.contains("the last run's lease taken over"),
+        "node-3 took its lease over: {log}"
+    );
+    assert_eq!(kept(), before, "no new lease written over it");
 }
 
 #[test]
@@ -723,11 +742,14 @@ fn a_kept_lease_is_taken_over_only_when_it_holds_this_nodes_keys_alone() {
     let dir = std::env::temp_dir().join(health_tests::names::unique("lease"));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let file = |node: &str| dir.join(format!("{node}-lease"));
+    // Long enough that the first run's lease outlives the start of the
+    // next (etcd counts what is left in whole seconds).
     let cfg = |node: &str| EtcdConfig {
         lease_file: Some(LeaseFile {
             path: file(node),
             own_keys: vec![format!("/t/nodes/{node}").into_bytes()],
         }),
+        lease_ttl: Duration::from_secs(20),
         ..local_config(&etcd)
     };
     let kept = |node: &str| std::fs::read_to_string(file(node)).expect("lease file");
@@ -737,7 +759,11 @@ fn a_kept_lease_is_taken_over_only_when_it_holds_this_nodes_keys_alone() {
         let first_run = running(&first);
         first.put_leased("/t/nodes/a", "a").await.expect("kept");
         let lease_a = wait_up(&first).await;
-        assert_eq!(kept("a").trim(), format!("{lease_a:x}"));
+        assert_eq!(
+            kept("a").trim(),
+            format!("{lease_a:x} 20"),
+            "its ID and TTL"
+        );
         first_run.abort();
         let a = KvStore::new(&cfg("a"));
         let _a_run = running(&a);
@@ -751,7 +777,7 @@ fn a_kept_lease_is_taken_over_only_when_it_holds_this_nodes_keys_alone() {
         b.put_leased("/t/nodes/b", "b").await.expect("kept");
         let lease_b = wait_up(&b).await;
         assert_ne!(lease_b, lease_a, "a's lease is not b's");
-        assert_eq!(kept("b").trim(), format!("{lease_b:x}"));
+        assert_eq!(kept("b").trim(), format!("{lease_b:x} 20"));
         let (_, listed) = a.list("/t/nodes/").await.expect("list");
         let leases: Vec<_> = listed.iter().map(|e| (kv(e).0, e.lease)).collect();
         assert_eq!(

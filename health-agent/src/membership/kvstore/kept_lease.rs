@@ -25,24 +25,39 @@ pub(super) enum Verdict {
     Ended,
     /// Alive and holding no key: nothing to keep, and nothing says whose.
     Empty,
-    /// Granted with another TTL than the one configured now.
-    OtherTtl { granted: i64 },
+    /// Asked for (or, kept by an older agent without it, granted) with
+    /// another TTL than the one configured now.
+    OtherTtl { was: i64 },
     /// Holding a key that is not this node's (the first, as text), among
     /// `keys` keys.
     Foreign { key: String, keys: usize },
     /// etcd would not say which keys it holds: this node's user may not
     /// read them, so they are not its own.
     Unreadable { detail: String },
+    /// etcd refused the question for another reason than being away (a
+    /// store without `LeaseTimeToLive`): what is not confirmed is not
+    /// taken over.
+    Unanswered { detail: String },
 }
 
-/// Judges a lease from etcd's answer: its remaining and granted TTL (s),
-/// its keys; against this node's keys and the TTL configured now.
+/// A lease ID kept in the lease file, and the TTL it was asked for (not
+/// written by older agents).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Kept {
+    pub(super) id: i64,
+    pub(super) ttl: Option<i64>,
+}
+
+/// Judges a lease from etcd's answer (its remaining and granted TTL, s;
+/// its keys), against this node's keys and the TTL configured now. The
+/// TTL compared is the one the lease was asked for, when the file kept
+/// it: etcd raises a TTL below its minimum, so the granted one can differ
+/// from what was asked.
 pub(super) fn judge(
-    ttl: i64,
-    granted: i64,
+    (ttl, granted): (i64, i64),
     keys: &[Vec<u8>],
     own: &[Vec<u8>],
-    want_ttl: i64,
+    (asked, want_ttl): (Option<i64>, i64),
 ) -> Verdict {
     if ttl <= 0 {
         return Verdict::Ended;
@@ -56,43 +71,56 @@ pub(super) fn judge(
     if keys.is_empty() {
         return Verdict::Empty;
     }
-    if granted != want_ttl {
-        return Verdict::OtherTtl { granted };
+    let was = asked.unwrap_or(granted);
+    if was != want_ttl {
+        return Verdict::OtherTtl { was };
     }
     Verdict::Adopt
 }
 
-/// Asks etcd about lease `id`, kept in `file`. An error is etcd not
-/// answering (asked again with the next session); a refusal to list the
-/// lease's keys is a verdict.
+/// Asks etcd about the lease kept in `file`. An error is etcd not
+/// answering or away (asked again with the next session); any other
+/// refusal is a verdict: the lease is not taken over.
 pub(super) async fn check(
     leases: &mut LeaseClient,
-    id: i64,
+    kept: Kept,
     file: &LeaseFile,
     want_ttl: i64,
 ) -> Result<Verdict, KvError> {
     const OP: &str = "checking the lease the last run kept";
-    let asked = leases.time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()));
-    match tokio::time::timeout(REQUEST_TIMEOUT, asked).await {
-        Err(_) => Err(KvError::Timeout {
-            op: OP.into(),
-            timeout: REQUEST_TIMEOUT,
-        }),
-        Ok(Ok(r)) => Ok(judge(
-            r.ttl(),
-            r.granted_ttl(),
-            r.keys(),
-            &file.own_keys,
-            want_ttl,
-        )),
-        Ok(Err(etcd_client::Error::GRpcStatus(s))) => match s.code() {
-            tonic::Code::NotFound => Ok(Verdict::Ended),
-            tonic::Code::PermissionDenied => Ok(Verdict::Unreadable {
-                detail: s.message().to_owned(),
-            }),
-            _ => Err(call_error(OP)(etcd_client::Error::GRpcStatus(s))),
-        },
-        Ok(Err(e)) => Err(call_error(OP)(e)),
+    let asked = leases.time_to_live(kept.id, Some(LeaseTimeToLiveOptions::new().with_keys()));
+    let status = match tokio::time::timeout(REQUEST_TIMEOUT, asked).await {
+        Err(_) => {
+            return Err(KvError::Timeout {
+                op: OP.into(),
+                timeout: REQUEST_TIMEOUT,
+            });
+        }
+        Ok(Ok(r)) => {
+            return Ok(judge(
+                (r.ttl(), r.granted_ttl()),
+                r.keys(),
+                &file.own_keys,
+                (kept.ttl, want_ttl),
+            ));
+        }
+        Ok(Err(etcd_client::Error::GRpcStatus(s))) => s,
+        Ok(Err(e)) => return Err(call_error(OP)(e)),
+    };
+    let detail = || status.message().to_owned();
+    match status.code() {
+        tonic::Code::NotFound => Ok(Verdict::Ended),
+        tonic::Code::PermissionDenied => Ok(Verdict::Unreadable { detail: detail() }),
+        tonic::Code::Unavailable
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::Cancelled
+        | tonic::Code::Unknown
+        | tonic::Code::Aborted
+        | tonic::Code::ResourceExhausted
+        | tonic::Code::Unauthenticated => {
+            Err(call_error(OP)(etcd_client::Error::GRpcStatus(status)))
+        }
+        _ => Ok(Verdict::Unanswered { detail: detail() }),
     }
 }
 
@@ -107,9 +135,9 @@ pub(super) fn report(verdict: &Verdict, id: i64, path: &Path) {
         Verdict::Empty => {
             info!(lease = %format!("{id:x}"), %path, "the lease the last run kept holds no key: a new one is granted");
         }
-        Verdict::OtherTtl { granted } => info!(
-            lease = %format!("{id:x}"), %path, granted_ttl_s = granted,
-            "the lease the last run kept was granted with another TTL than configured: a new one is granted, the old one ends by its TTL"
+        Verdict::OtherTtl { was } => info!(
+            lease = %format!("{id:x}"), %path, ttl_s = was,
+            "the lease the last run kept has another TTL than configured: a new one is granted, the old one ends by its TTL"
         ),
         Verdict::Foreign { key, keys } => warn!(
             lease = %format!("{id:x}"), %path, keys,
@@ -119,31 +147,45 @@ pub(super) fn report(verdict: &Verdict, id: i64, path: &Path) {
             lease = %format!("{id:x}"), %path,
             "{path} names etcd lease {id:x}, whose keys this node may not read ({detail}): it is left alone and a new lease granted"
         ),
+        Verdict::Unanswered { detail } => warn!(
+            lease = %format!("{id:x}"), %path,
+            "etcd would not say what lease {id:x}, named in {path}, holds ({detail}): it is left alone and a new lease granted"
+        ),
     }
 }
 
-/// The lease ID a previous run kept in `path`: hexadecimal, positive;
-/// anything else (a missing or damaged file) is ignored and a new lease
-/// granted.
-pub(super) fn read(path: &Path) -> Option<i64> {
+/// The lease a previous run kept in `path`: its ID in hexadecimal,
+/// positive, then the TTL it asked for in seconds (older agents wrote the
+/// ID alone); anything else (a missing or damaged file) is ignored and a
+/// new lease granted.
+pub(super) fn read(path: &Path) -> Option<Kept> {
     let text = std::fs::read(path).ok()?;
-    if text.len() > 32 {
+    if text.len() > 64 {
         return None;
     }
-    let id = i64::from_str_radix(std::str::from_utf8(&text).ok()?.trim(), 16).ok()?;
-    (id > 0).then_some(id)
+    let mut words = std::str::from_utf8(&text).ok()?.split_ascii_whitespace();
+    let id = i64::from_str_radix(words.next()?, 16).ok()?;
+    let ttl = match words.next() {
+        Some(t) => Some(t.parse::<i64>().ok().filter(|t| *t > 0)?),
+        None => None,
+    };
+    (id > 0 && words.next().is_none()).then_some(Kept { id, ttl })
 }
 
 /// Keeps `lease` in `path` (removes the file with `None`), for the next
 /// run to take over; a failure is logged, not fatal.
-pub(super) fn save(path: &Path, lease: Option<i64>) {
+pub(super) fn save(path: &Path, lease: Option<Kept>) {
     let result = match lease {
-        Some(id) => path
+        Some(Kept { id, ttl }) => path
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)
             .and_then(|()| {
                 let tmp = path.with_extension("tmp");
-                std::fs::write(&tmp, format!("{id:x}\n"))?;
+                let line = match ttl {
+                    Some(t) => format!("{id:x} {t}\n"),
+                    None => format!("{id:x}\n"),
+                };
+                std::fs::write(&tmp, line)?;
                 std::fs::rename(&tmp, path)
             }),
         None => match std::fs::remove_file(path) {
@@ -158,7 +200,7 @@ pub(super) fn save(path: &Path, lease: Option<i64>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Verdict, judge, read, save};
+    use super::{Kept, Verdict, judge, read, save};
 
     fn keys(names: &[&str]) -> Vec<Vec<u8>> {
         names.iter().map(|n| n.as_bytes().to_vec()).collect()
@@ -167,7 +209,8 @@ mod tests {
     #[test]
     fn a_kept_lease_is_taken_over_only_holding_this_nodes_keys_alone() {
         let own = keys(&["/h/nodes/a", "/h/summaries/a"]);
-        let judged = |ttl, granted, held: &[&str]| judge(ttl, granted, &keys(held), &own, 900);
+        let judged =
+            |ttl, granted, held: &[&str]| judge((ttl, granted), &keys(held), &own, (None, 900));
         assert_eq!(judged(600, 900, &["/h/nodes/a"]), Verdict::Adopt);
         assert_eq!(
             judged(600, 900, &["/h/summaries/a", "/h/nodes/a"]),
@@ -191,8 +234,14 @@ mod tests {
         assert_eq!(judged(600, 900, &[]), Verdict::Empty);
         assert_eq!(
             judged(600, 15, &["/h/nodes/a"]),
-            Verdict::OtherTtl { granted: 15 }
+            Verdict::OtherTtl { was: 15 }
         );
+        // etcd raised the TTL asked for to its minimum: the TTL asked for
+        // is what counts.
+        let raised = |asked, want| judge((5, 8), &keys(&["/h/nodes/a"]), &own, (asked, want));
+        assert_eq!(raised(Some(3), 3), Verdict::Adopt);
+        assert_eq!(raised(Some(3), 4), Verdict::OtherTtl { was: 3 });
+        assert_eq!(raised(None, 3), Verdict::OtherTtl { was: 8 });
         // Ended first: etcd answers -1 for a lease it no longer has.
         assert_eq!(judged(-1, 0, &[]), Verdict::Ended);
         assert_eq!(judged(0, 900, &["/h/nodes/b"]), Verdict::Ended);
@@ -203,19 +252,24 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kvstore-lease-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let file = dir.join("etcd-lease");
+        let kept = |id, ttl| Some(Kept { id, ttl });
         for (content, want) in [
-            (&b"694d8b1e2f3a\n"[..], Some(0x694d_8b1e_2f3a)),
+            (&b"694d8b1e2f3a\n"[..], kept(0x694d_8b1e_2f3a, None)),
+            (b"694d8b1e2f3a 900\n", kept(0x694d_8b1e_2f3a, Some(900))),
+            (b"694d8b1e2f3a 900 1\n", None),
+            (b"694d8b1e2f3a -900\n", None),
+            (b"694d8b1e2f3a ttl\n", None),
             (b"0\n", None),
             (b"-5", None),
             (b"not hex", None),
-            (&[b'1'; 40][..], None),
+            (&[b'1'; 80][..], None),
         ] {
             std::fs::write(&file, content).expect("write");
             assert_eq!(read(&file), want, "{content:?}");
         }
         assert_eq!(read(&dir.join("absent")), None);
-        save(&file, Some(0x1234));
-        assert_eq!(read(&file), Some(0x1234));
+        save(&file, kept(0x1234, Some(15)));
+        assert_eq!(read(&file), kept(0x1234, Some(15)));
         save(&file, None);
         assert!(!file.exists(), "removed");
         let _ = std::fs::remove_dir_all(&dir);

@@ -166,6 +166,17 @@ async fn timed<T>(
     }
 }
 
+/// How a session came by its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Got {
+    /// Granted now.
+    Granted,
+    /// This agent's, kept through an outage.
+    Kept,
+    /// The last run's, confirmed this node's and taken over.
+    TakenOver,
+}
+
 /// The lease session's state, as [`KvStore::link`] publishes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Link {
@@ -260,7 +271,7 @@ struct Inner {
     lease: Mutex<Option<i64>>,
     /// The lease the lease file named at start, until it has been asked
     /// of etcd (see [`kept_lease`]).
-    kept: Mutex<Option<i64>>,
+    kept: Mutex<Option<kept_lease::Kept>>,
     /// Where the lease's ID is kept between runs, and the keys that make a
     /// lease this node's.
     lease_file: Option<LeaseFile>,
@@ -452,15 +463,19 @@ impl KvStore {
         )
     }
 
-    fn mark_up(&self, lease: i64, renewed: bool) {
+    fn mark_up(&self, lease: i64, how: Got, keys: usize) {
         let ttl = self.inner.lease_ttl.as_secs();
-        let keys = self.inner.leased.try_lock().map_or(0, |m| m.len());
+        let renewed = how != Got::Kept;
         let lease_hex = format!("{lease:x}");
         self.inner.link.send_modify(|link| {
             match link {
                 Link::Down { .. } => info!(
                     url = %self.inner.url, lease = %lease_hex, keys, renewed,
                     "etcd reachable again"
+                ),
+                Link::Connecting if how == Got::TakenOver => info!(
+                    url = %self.inner.url, lease = %lease_hex, keys,
+                    "connected to etcd, the last run's lease taken over"
                 ),
                 Link::Connecting => info!(
                     url = %self.inner.url, lease = %lease_hex, ttl_s = ttl, keys,
@@ -522,16 +537,29 @@ impl KvStore {
             if let Ok(mut l) = self.inner.lease.lock() {
                 *l = Some(grant.id());
             }
-            self.save_lease(Some(grant.id()));
+            self.save_lease(Some(kept_lease::Kept {
+                id: grant.id(),
+                ttl: Some(ttl_s),
+            }));
             timed("keeping the lease alive", leases.keep_alive(grant.id()))
                 .await
                 .map_err(down)?
         };
         let lease = keeper.id();
-        self.put_all(&client, lease).await.map_err(down)?;
+        let keys = self.put_all(&client, lease).await.map_err(down)?;
         // After the writes' revisions are kept: what waits for the link
-        // to come up reads them then.
-        self.mark_up(lease, previous.is_some_and(|p| p != lease));
+        // to come up reads them then. Under the keys' lock: a key put
+        // meanwhile waits, then is written with the lease, not left for
+        // the next session.
+        let how = if adopted == Some(lease) {
+            Got::TakenOver
+        } else if previous == Some(lease) {
+            Got::Kept
+        } else {
+            Got::Granted
+        };
+        self.mark_up(lease, how, keys.len());
+        drop(keys);
         let up = |e| (true, e);
         let mut tick = tokio::time::interval(ttl / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -562,7 +590,7 @@ impl KvStore {
 
     /// Keeps `lease` in the lease file (removes it with `None`), for the
     /// next run to take over.
-    fn save_lease(&self, lease: Option<i64>) {
+    fn save_lease(&self, lease: Option<kept_lease::Kept>) {
         if let Some(file) = &self.inner.lease_file {
             kept_lease::save(&file.path, lease);
         }
@@ -576,10 +604,11 @@ impl KvStore {
         ttl_s: i64,
     ) -> Result<Option<i64>, KvError> {
         let kept = self.inner.kept.lock().ok().and_then(|k| *k);
-        let (Some(file), Some(id)) = (&self.inner.lease_file, kept) else {
+        let (Some(file), Some(kept)) = (&self.inner.lease_file, kept) else {
             return Ok(None);
         };
-        let verdict = kept_lease::check(leases, id, file, ttl_s).await?;
+        let id = kept.id;
+        let verdict = kept_lease::check(leases, kept, file, ttl_s).await?;
         kept_lease::report(&verdict, id, &file.path);
         if let Ok(mut k) = self.inner.kept.lock() {
             *k = None;
@@ -601,8 +630,12 @@ impl KvStore {
     /// are in etcd as long as the lease is). A session that comes back
     /// after a member's loss then needs one request that reaches a member
     /// left, not one per key, and a cluster's agents coming back together
-    /// do not write every record again.
-    async fn put_all(&self, client: &Client, lease: i64) -> Result<(), KvError> {
+    /// do not write every record again. Returns the keys, still locked.
+    async fn put_all(
+        &self,
+        client: &Client,
+        lease: i64,
+    ) -> Result<tokio::sync::MutexGuard<'_, BTreeMap<Vec<u8>, Leased>>, KvError> {
         let mut leased = self.inner.leased.lock().await;
         let mut kv = client.kv_client();
         for (key, l) in leased.iter_mut().filter(|(_, l)| l.written != Some(lease)) {
@@ -618,7 +651,7 @@ impl KvStore {
             l.written = Some(lease);
             self.wrote(key, put.header());
         }
-        Ok(())
+        Ok(leased)
     }
 
     /// Keeps the revision a write of `key` made (0 when etcd's answer
