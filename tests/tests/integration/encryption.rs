@@ -298,3 +298,48 @@ fn without_a_wireguard_device_every_path_is_unknown_and_the_status_says_why() {
     assert_eq!(watched.len(), 2, "{watched:?}");
     assert!(watched.contains(&b.host.ip) && watched.contains(&b.endpoint.ip));
 }
+
+/// A round over some nodes (the round of a node that joined, or of those
+/// whose liveness echo is news) judges no encryption: the verdicts and
+/// the watched addresses stay those of the last round over the whole set,
+/// not the few nodes of that round, until the next whole round.
+#[test]
+fn a_round_of_a_node_that_joined_leaves_the_encryption_check_to_whole_rounds() {
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 2,
+        // No whole round between the first and the end of the test.
+        probe_interval: "120s",
+        extra_args: ["--encryption", "wireguard"].map(String::from).to_vec(),
+        ..Settings::default()
+    });
+    let first = cluster.wait_status(0, Duration::from_secs(20), |s| {
+        s.reachable() == 2 && s.encryption.as_ref().is_some_and(|e| e.error.is_some())
+    });
+    let round = first.round.as_ref().map(|r| r.started_ms);
+    let third = cluster.join();
+    cluster.write_nodes_file(third + 1);
+    let s = cluster.wait_status(0, Duration::from_secs(20), |s| {
+        s.nodes.len() == 3 && node(s, "node-3").reachable()
+    });
+    assert_eq!(
+        s.round.as_ref().map(|r| r.started_ms),
+        round,
+        "node-3 was probed in a round of its own, not a whole one"
+    );
+    let e = s.encryption.as_ref().expect("summary");
+    assert_eq!(e.paths["unknown"], 2, "node-2's two addresses still: {e:?}");
+    assert_eq!(state(&s, "node-2", true), Some(EncState::Unknown));
+    assert_eq!(state(&s, "node-3", true), None, "not judged yet");
+    let watched: Vec<IpAddr> = health_agent::datapath::encrypt_watch::list(&cluster.nodes[0].pins)
+        .expect("ENCRYPT_WATCH")
+        .into_iter()
+        .map(|r| r.destination)
+        .collect();
+    let b = node(&s, "node-2");
+    assert_eq!(
+        watched.len(),
+        2,
+        "node-2's, as the whole round left them: {watched:?}"
+    );
+    assert!(watched.contains(&b.host.ip) && watched.contains(&b.endpoint.ip));
+}
