@@ -7,6 +7,7 @@
 pub mod client;
 mod demand;
 mod front;
+mod history_cache;
 mod query;
 pub mod round_wait;
 pub mod server;

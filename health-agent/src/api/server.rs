@@ -16,12 +16,14 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, put},
 };
+use bytes::Bytes;
 use tokio::{net::UnixListener, sync::watch};
 
 use tokio_util::sync::CancellationToken;
 
 use super::{
     demand::Demand,
+    history_cache::{HistoryCache, Made, Whole},
     query::Query,
     round_wait::RoundWait,
     types::{ApiError, Healthz, NodesView, PROBE_DEADLINE_MAX, paths},
@@ -77,6 +79,8 @@ pub struct ApiState {
     /// Whole-history walks, one at a time: each holds the paths' recording
     /// for its length, which the round's recording waits for.
     walks: Arc<tokio::sync::Semaphore>,
+    /// Their answers, made once a round and shared.
+    whole_history: Arc<HistoryCache>,
 }
 
 impl ApiState {
@@ -102,6 +106,7 @@ impl ApiState {
             waits: None,
             demand: Demand::default(),
             walks: Arc::new(tokio::sync::Semaphore::new(1)),
+            whole_history: Arc::default(),
         }
     }
 
@@ -302,7 +307,7 @@ async fn cluster_matrix(State(state): State<AppState>) -> Response {
     cluster_json(&state, |c| c.matrix_json().flatten())
 }
 
-fn cluster_json(state: &AppState, part: fn(&ClusterViewCell) -> Option<bytes::Bytes>) -> Response {
+fn cluster_json(state: &AppState, part: fn(&ClusterViewCell) -> Option<Bytes>) -> Response {
     use axum::http::header::CONTENT_TYPE;
     match state.cluster.as_ref().map(part) {
         Some(Some(json)) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
@@ -577,26 +582,23 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
             "node=NAME and stats=true do not go together (stats=true covers every node)",
         );
     }
-    // Walks of every node one at a time, waited for here: a request whose
-    // client goes while it waits costs nothing, and the round's recording
-    // waits for one walk at most. One node's is made at once.
-    let turn = match node {
-        Some(_) => None,
-        None => state.walks.clone().acquire_owned().await.ok(),
-    };
     let prober = state.prober();
-    let made = tokio::task::spawn_blocking(move || {
-        let _turn = turn;
-        match node {
-            Some(name) => prober
+    let made = if let Some(name) = node {
+        tokio::task::spawn_blocking(move || {
+            prober
                 .node_history(&name)
-                .map(|h| serde_json::to_vec(&h))
-                .ok_or(name),
-            None if want_stats => Ok(serde_json::to_vec(&prober.history_stats())),
-            None => Ok(serde_json::to_vec(&prober.history_strips())),
-        }
-    })
-    .await;
+                .map(|h| serde_json::to_vec(&h).map(Bytes::from))
+                .ok_or(name)
+        })
+        .await
+    } else {
+        let which = if want_stats {
+            Whole::Stats
+        } else {
+            Whole::Strips
+        };
+        whole_history(&state, prober, which).await.map(Ok)
+    };
     match made {
         Ok(Ok(Ok(json))) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
         Ok(Err(name)) => error(StatusCode::NOT_FOUND, format!("node {name:?} not found")),
@@ -609,6 +611,35 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
             format!("making the history: {e}"),
         ),
     }
+}
+
+/// Every node's history (`which`): the answer made for this round and node
+/// set, or made now. Walks of every node one at a time, waited for here:
+/// a request whose client goes while it waits costs nothing, the round's
+/// recording waits for one walk at most, and the requests that waited
+/// behind a walk take its answer.
+async fn whole_history(
+    state: &ApiState,
+    prober: Arc<Prober>,
+    which: Whole,
+) -> Result<serde_json::Result<Bytes>, tokio::task::JoinError> {
+    let turn = state.walks.clone().acquire_owned().await.ok();
+    let made = Made::now(&prober);
+    if let Some(bytes) = state.whole_history.get(which, &made) {
+        return Ok(Ok(bytes));
+    }
+    let cache = Arc::clone(&state.whole_history);
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        let json = match which {
+            Whole::Strips => serde_json::to_vec(&prober.history_strips()),
+            Whole::Stats => serde_json::to_vec(&prober.history_stats()),
+        }?;
+        let bytes = Bytes::from(json);
+        cache.put(which, made, bytes.clone());
+        Ok(bytes)
+    })
+    .await
 }
 
 /// A node's paths over the sliding windows (`?node=NAME`, required).
@@ -705,7 +736,7 @@ async fn nodes(State(state): State<AppState>) -> Response {
 const NODES_CHUNK: usize = 256;
 
 /// A JSON answer sent as `pieces` are made.
-fn json_pieces(pieces: impl Iterator<Item = bytes::Bytes> + Send + 'static) -> Response {
+fn json_pieces(pieces: impl Iterator<Item = Bytes> + Send + 'static) -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         axum::body::Body::from_stream(futures::stream::iter(
@@ -1015,7 +1046,7 @@ pub(crate) mod tests {
             expected.nodes.retain(|n| n.state() == result);
             assert_eq!(expected.nodes.len(), count, "{state}");
             let one = many.clone();
-            let pieces: Vec<bytes::Bytes> =
+            let pieces: Vec<Bytes> =
                 Prober::status_where_pieces(move || one.clone(), move |n| n.state() == result)
                     .expect("a node list")
                     .collect();
@@ -1085,10 +1116,7 @@ pub(crate) mod tests {
 
     /// One request as written, without `Accept-Encoding`: the answer's
     /// status, headers and body (hyper's client undoes the chunks).
-    async fn plain(
-        client_path: &Path,
-        path: &str,
-    ) -> (StatusCode, axum::http::HeaderMap, bytes::Bytes) {
+    async fn plain(client_path: &Path, path: &str) -> (StatusCode, axum::http::HeaderMap, Bytes) {
         use http_body_util::BodyExt as _;
         let stream = tokio::net::UnixStream::connect(client_path)
             .await
@@ -1100,7 +1128,7 @@ pub(crate) mod tests {
         let conn = tokio::spawn(conn);
         let req = axum::http::Request::get(path)
             .header("host", "health-agent")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .body(http_body_util::Empty::<Bytes>::new())
             .expect("request");
         let resp = sender.send_request(req).await.expect("answer");
         let (status, headers) = (resp.status(), resp.headers().clone());
@@ -1117,7 +1145,7 @@ pub(crate) mod tests {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let prober = prober();
         let json = prober.status_json();
-        let pieces: Vec<bytes::Bytes> = prober
+        let pieces: Vec<Bytes> = prober
             .status_json_pieces(100)
             .collect::<Result<_, _>>()
             .expect("pieces");
@@ -1151,6 +1179,69 @@ pub(crate) mod tests {
         // The server serves on.
         client.healthz().await.expect("healthz");
         stop.cancel();
+    }
+
+    /// Every node's history is made once a published round and node set,
+    /// and shared: a round recorded and not yet published changes no
+    /// answer (it is the one kept); once published, or with another node
+    /// set, the answer is made again.
+    #[tokio::test]
+    async fn whole_history_answers_are_made_once_a_round_and_shared() {
+        let prober = prober();
+        let state = ApiState::new(
+            crate::endpoint::shared_view(),
+            watch::channel(prober.clone()).1,
+            Nodes::new("none".into()),
+            Health::default(),
+            Duration::from_secs(1),
+        );
+        let ask = |stats: bool| {
+            let uri = if stats {
+                "/v1/status/history?stats=true"
+            } else {
+                "/v1/status/history"
+            };
+            let state = state.clone();
+            async move {
+                let r = history(State(state), uri.parse().expect("uri")).await;
+                assert_eq!(r.status(), StatusCode::OK);
+                axum::body::to_bytes(r.into_body(), usize::MAX)
+                    .await
+                    .expect("body")
+            }
+        };
+        let (strips, figures) = (ask(false).await, ask(true).await);
+        assert_ne!(strips, figures);
+        let set = NodeSet::named(&["a", "b"]);
+        let keys = [(0, 0), (0, 1), (1, 0), (1, 1)];
+        let timeout = || {
+            Outcome::Failed(ProbeError::Timeout {
+                proto: Proto::Icmp,
+                after: Duration::from_secs(1),
+            })
+        };
+        let failed = (0..4).map(|_| (timeout(), timeout()));
+        prober.record(&set, &keys, failed, 5, 5000, 5001);
+        assert_eq!(ask(false).await, strips, "the kept answer");
+        assert_eq!(ask(true).await, figures, "the kept answer");
+        prober.publish(
+            Some(crate::probe::status::RoundInfo {
+                seq: 5,
+                started_ms: 5000,
+                duration_ms: 1,
+                probes: 8,
+            }),
+            false,
+        );
+        let (new_strips, new_figures) = (ask(false).await, ask(true).await);
+        assert_ne!(new_strips, strips, "round 5 published");
+        assert_ne!(new_figures, figures, "round 5 published");
+        prober.set_nodes(NodeSet::named(&["a", "b", "c"]));
+        let more = ask(false).await;
+        assert!(
+            String::from_utf8_lossy(&more).contains("\"c\""),
+            "the new node set: {more:?}"
+        );
     }
 
     /// Walks of every node's history go one at a time, waited for before
