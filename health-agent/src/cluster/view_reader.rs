@@ -138,6 +138,12 @@ impl ViewReader {
     /// view waiting for its assembler's record counts once it is in.
     /// Returns whether a waiting view was taken.
     pub fn set_members(&mut self, members: NodeSet) -> bool {
+        // The views of assemblers that left go with them (an empty set is
+        // one not read yet, which removes nothing).
+        if !members.is_empty() {
+            self.by_key
+                .retain(|_, (v, _)| members.contains(&v.assembler));
+        }
         self.members = members;
         self.promote()
     }
@@ -480,6 +486,22 @@ mod tests {
             },
             now,
         );
+        assert_eq!(r.by_key.len(), 1);
+    }
+
+    /// A view of an assembler that leaves the node set goes with it.
+    #[test]
+    fn the_view_of_an_assembler_that_left_the_set_goes() {
+        let mut r = reader();
+        let now = 1_000_000;
+        r.apply(put("/h/view/leader", value(now, "leader")), now);
+        r.apply(put("/h/view/a", value(now - 10, "a")), now);
+        assert_eq!(
+            r.current().map(|(_, v)| v.assembler.as_str()),
+            Some("leader")
+        );
+        r.set_members(NodeSet::named(&["a", "me"]));
+        assert_eq!(r.current().map(|(_, v)| v.assembler.as_str()), Some("a"));
         assert_eq!(r.by_key.len(), 1);
     }
 

@@ -27,7 +27,14 @@ enum Hold {
 
 /// Who held each address, and how.
 #[derive(Debug, Clone, Default)]
-pub struct Holders(HashMap<IpAddr, (String, Hold)>);
+pub struct Holders {
+    held: HashMap<IpAddr, (String, Hold)>,
+    /// A node of the last good set without a record in an update holds
+    /// its addresses as one departing now (etcd: its record went, and its
+    /// hold begins once the update is taken). Without it (a nodes file),
+    /// an edit may remove a node and give its addresses to another.
+    departing: bool,
+}
 
 impl Holders {
     /// The holders of `set`'s addresses.
@@ -39,7 +46,18 @@ impl Holders {
                 held.insert(ip, (node.name.clone(), Hold::Present));
             }
         }
-        Self(held)
+        Self {
+            held,
+            departing: false,
+        }
+    }
+
+    /// `self`, where a holder without a record in an update keeps its
+    /// addresses as one departing now (the etcd source's holders).
+    #[must_use]
+    pub const fn departing(mut self) -> Self {
+        self.departing = true;
+        self
     }
 
     /// The holders of `set` (the new good set), keeping for `hold` past
@@ -47,9 +65,12 @@ impl Holders {
     /// (their record went, or was refused).
     #[must_use]
     pub fn after(&self, set: &NodeSet, now: Instant, hold: Duration) -> Self {
-        let mut next = Self::of(set);
-        for (ip, (name, how)) in &self.0 {
-            if next.0.contains_key(ip) || set.get(name).is_some() {
+        let mut next = Self {
+            departing: self.departing,
+            ..Self::of(set)
+        };
+        for (ip, (name, how)) in &self.held {
+            if next.held.contains_key(ip) || set.get(name).is_some() {
                 continue;
             }
             let until = match how {
@@ -57,15 +78,16 @@ impl Holders {
                 Hold::Departed { until } if *until > now => *until,
                 Hold::Departed { .. } => continue,
             };
-            next.0.insert(*ip, (name.clone(), Hold::Departed { until }));
+            next.held
+                .insert(*ip, (name.clone(), Hold::Departed { until }));
         }
         next
     }
 
     /// The holder of `ip`, and whether its hold lasts without a record.
     pub(super) fn holder(&self, ip: IpAddr, now: Instant) -> Option<(&str, bool)> {
-        self.0.get(&ip).and_then(|(name, how)| match how {
-            Hold::Present => Some((name.as_str(), false)),
+        self.held.get(&ip).and_then(|(name, how)| match how {
+            Hold::Present => Some((name.as_str(), self.departing)),
             Hold::Departed { until } => (*until > now).then_some((name.as_str(), true)),
         })
     }
@@ -73,18 +95,21 @@ impl Holders {
     /// The same without the holds that ended by `now`.
     #[must_use]
     pub fn unexpired(&self, now: Instant) -> Self {
-        let mut kept = self.0.clone();
-        kept.retain(|_, (_, how)| match how {
+        let mut held = self.held.clone();
+        held.retain(|_, (_, how)| match how {
             Hold::Present => true,
             Hold::Departed { until } => *until > now,
         });
-        Self(kept)
+        Self {
+            held,
+            departing: self.departing,
+        }
     }
 
     /// When the first departed node's hold ends, if any does.
     #[must_use]
     pub fn next_expiry(&self) -> Option<Instant> {
-        self.0
+        self.held
             .values()
             .filter_map(|(_, how)| match how {
                 Hold::Departed { until } => Some(*until),
@@ -96,12 +121,12 @@ impl Holders {
     /// Addresses held.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.held.len()
     }
 
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.held.is_empty()
     }
 }
 

@@ -377,7 +377,7 @@ impl<'a> View<'a> {
             held: Held::new(limits.clone()),
             listing: Listing::default(),
             limits,
-            holders: Holders::default(),
+            holders: Holders::default().departing(),
             synced: false,
             revision: Revision::default(),
             dirty: false,
@@ -1396,8 +1396,11 @@ mod tests {
                 &record("node-2", "198.18.0.12", "198.18.66.2"),
             )],
         });
-        let first = view.validated(&local());
-        view.holders = Holders::of(&first.nodes);
+        // Taken as the agent takes a set: its holders are the etcd
+        // source's.
+        let nodes = Nodes::new("etcd".into());
+        view.publish("etcd", &local(), &nodes);
+        assert_eq!(view.holders.len(), 2, "node-2's two addresses");
         view.apply(WatchEvent::Put(kv(
             "/h/a",
             &record("a", "198.18.0.12", "198.18.70.2"),
@@ -1410,6 +1413,21 @@ mod tests {
             [
                 "etcd key \"/h/a\": node-ip 198.18.0.12 is already the node-ip of node \"node-2\" at etcd key \"/h/node-2\", which is kept"
             ]
+        );
+        // node-2's record goes (a restart): the claim that waited for it
+        // does not take its address in the same update, nor until its
+        // hold ends.
+        view.apply(WatchEvent::Delete {
+            key: b"/h/node-2".to_vec(),
+            revision: 3,
+        });
+        let third = view.validated(&local());
+        let (kept, rejected) = outcome(&third);
+        assert!(kept.is_empty(), "{kept:?}");
+        assert_eq!(rejected.len(), 1, "{rejected:?}");
+        assert!(
+            rejected[0].contains("node-ip 198.18.0.12") && rejected[0].contains("node-2"),
+            "{rejected:?}"
         );
     }
 

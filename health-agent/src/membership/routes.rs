@@ -295,7 +295,13 @@ impl RouteBounds {
                 "inside this node's connected network {net}/{prefix}"
             ));
         }
-        if self.protected.contains(&health) {
+        // Compared canonical: an endpoint written as a mapped IPv6
+        // address (`[::ffff:a.b.c.d]`) is the IPv4 address a record names.
+        if self
+            .protected
+            .iter()
+            .any(|p| p.to_canonical() == health.to_canonical())
+        {
             return Some("an etcd endpoint of this agent".into());
         }
         table
@@ -614,6 +620,25 @@ mod tests {
         // An IPv4 default network does not make IPv6 addresses on-link.
         assert!(!on_link(ip("2001:2::1"), &[(ip("0.0.0.0"), 0)]));
         assert!(on_link(ip("2001:2:0:1::1"), &[(ip("::"), 0)]));
+    }
+
+    #[test]
+    fn an_etcd_endpoint_is_never_routed_in_either_of_its_spellings() {
+        let ip = |s: &str| -> IpAddr { s.parse().expect(s) };
+        let bounds = RouteBounds {
+            range: Some("198.18.0.0/15".parse().expect("range")),
+            protected: vec![ip("::ffff:198.18.66.2"), ip("198.18.67.2")],
+            ..RouteBounds::default()
+        };
+        let table = Table::new(Vec::new(), Vec::new());
+        for health in ["198.18.66.2", "198.18.67.2"] {
+            assert_eq!(
+                bounds.refuse(ip(health), &table).as_deref(),
+                Some("an etcd endpoint of this agent"),
+                "{health}"
+            );
+        }
+        assert_eq!(bounds.refuse(ip("198.18.68.2"), &table), None);
     }
 
     #[test]

@@ -313,7 +313,8 @@ pub fn validate(candidates: Vec<Candidate>, local: &LocalNode, holders: &Holders
 
 /// Checks each record alone and the names' uniqueness (the first good
 /// record of a name keeps it, this node's own first): the verdict of each
-/// record, and the index of the first record of each name (good or not).
+/// record, and the index of the first record of each name at its own key
+/// (good or not).
 fn check_alone<'a>(
     candidates: &'a [Candidate],
     local: &LocalNode,
@@ -335,7 +336,11 @@ fn check_alone<'a>(
             }
             Ok(node) => node,
         };
-        named.entry(node.name.as_str()).or_insert(i);
+        // Only a record at its own key names its node: a copy elsewhere
+        // (refused) would otherwise keep a name's claims for it.
+        if at_its_key(node, &c.record.origin) {
+            named.entry(node.name.as_str()).or_insert(i);
+        }
         if let Err(rule) = check_record(node, &c.record.origin, Some(i) == local_at, local) {
             verdict[i] = Some(rule);
         } else if let Some(&first) = valid.get(node.name.as_str()) {

@@ -392,9 +392,9 @@ fn this_nodes_record_wins_conflicts_wherever_it_is() {
     );
 }
 
-#[test]
-fn etcd_records_must_match_their_keys() {
-    let at = |key: &str, name: &str, node_ip: &str, health_ip: &str| Candidate {
+/// A record of node `name` at etcd key `key` (prefix `/h/`).
+fn etcd_at(key: &str, name: &str, node_ip: &str, health_ip: &str) -> Candidate {
+    Candidate {
         record: Record {
             origin: Origin::Etcd {
                 key: key.into(),
@@ -410,7 +410,65 @@ fn etcd_records_must_match_their_keys() {
             health_ip6: None,
             zone: None,
         }),
-    };
+    }
+}
+
+/// A node that drops an address gives it up in the same update, whatever
+/// copies of its record stand at other keys: only a record at its own key
+/// speaks for a node.
+#[test]
+fn a_copy_of_a_nodes_record_elsewhere_keeps_no_address_for_it() {
+    let first = validate(
+        vec![etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.2")],
+        &local(),
+        &Holders::default(),
+    );
+    let holders = Holders::of(&first.nodes).departing();
+    let v = validate(
+        vec![
+            etcd_at("/h/0", "b", "198.18.0.99", "198.18.66.2"),
+            etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.3"),
+            etcd_at("/h/c", "c", "198.18.0.13", "198.18.66.2"),
+        ],
+        &local(),
+        &holders,
+    );
+    assert_eq!(names(&v), ["b", "c"], "{:?}", v.rejected);
+    assert_eq!(v.rejected.len(), 1, "the copy alone: {:?}", v.rejected);
+}
+
+/// With etcd, a node of the last good set whose record goes in an update
+/// keeps its addresses as one departing then: a claim that waited for
+/// them is refused in that update, not given them.
+#[test]
+fn a_claim_waiting_for_an_address_does_not_take_it_when_its_holder_leaves() {
+    let first = validate(
+        vec![etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.2")],
+        &local(),
+        &Holders::default(),
+    );
+    let v = validate(
+        vec![etcd_at("/h/evil", "evil", "198.18.0.20", "198.18.66.2")],
+        &local(),
+        &Holders::of(&first.nodes).departing(),
+    );
+    assert!(names(&v).is_empty(), "{:?}", v.rejected);
+    assert_eq!(
+        v.rejected[0].to_string(),
+        "etcd key \"/h/evil\": health-ip 198.18.66.2 belongs to node \"b\", which held it first and keeps it"
+    );
+    // A nodes file's edit may move an address from one node to another.
+    let edited = validate(
+        vec![file(1, "evil", "198.18.0.20", "198.18.66.2")],
+        &local(),
+        &Holders::of(&first.nodes),
+    );
+    assert_eq!(names(&edited), ["evil"]);
+}
+
+#[test]
+fn etcd_records_must_match_their_keys() {
+    let at = etcd_at;
     let v = validate(
         vec![
             at("/h/a", "a", "198.18.0.11", "198.18.65.2"),
