@@ -57,7 +57,7 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once. The agent's own clients hold one each, a
 /// `status --watch` one for as long as it runs; each bulk connection may
 /// hold [`BULK_SEND_BUFFER`] of kernel memory.
-const MAX_CONNECTIONS: usize = 256;
+pub(crate) const MAX_CONNECTIONS: usize = 256;
 /// After a failed accept (out of descriptors), the loop waits this long.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// The send buffer of a bulk connection, 1 MiB asked, which the kernel

@@ -7,6 +7,7 @@
 pub mod client;
 mod demand;
 mod front;
+pub(crate) use front::MAX_CONNECTIONS;
 mod history_cache;
 mod query;
 pub mod round_wait;

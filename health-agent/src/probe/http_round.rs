@@ -99,9 +99,16 @@ impl Shared {
     }
 }
 
-/// Descriptors kept for everything but HTTP probe sockets (the API's
-/// connections, etcd, netlink, the engines' epoll sets, ...).
-pub const RESERVED_FILES: usize = 512;
+/// Descriptors kept for everything but HTTP probe sockets: the
+/// connections the agent's servers may hold at once (the node's and the
+/// endpoint's hello servers, the API socket, the metrics listener), which
+/// peers and the socket's users can fill, and 512 for the rest (etcd,
+/// netlink, the engines' epoll sets, ...). A probe never finds the
+/// descriptors taken by them.
+pub const RESERVED_FILES: usize = 512
+    + 2 * super::hello::MAX_CONNECTIONS
+    + crate::api::MAX_CONNECTIONS
+    + crate::web::conn::MAX_CONNECTIONS;
 
 /// Grows the descriptor table, in one step, to hold the sockets of a round
 /// of `targets` HTTP probes (at most the in-flight bound) beside the
@@ -645,6 +652,17 @@ mod tests {
     #[test]
     fn a_probe_in_flight_is_small() {
         assert!(size_of::<Option<InFlight>>() <= 40);
+    }
+
+    /// The descriptors kept from probes cover every connection the
+    /// agent's servers may hold, as the docs say (`--max-in-flight`).
+    #[test]
+    fn the_servers_connections_are_kept_from_the_probes() {
+        let servers = 2 * crate::probe::hello::MAX_CONNECTIONS
+            + crate::api::MAX_CONNECTIONS
+            + crate::web::conn::MAX_CONNECTIONS;
+        assert!(RESERVED_FILES >= servers + 512);
+        assert_eq!(RESERVED_FILES, 9_024, "the figure docs/operations.md gives");
     }
 
     use tokio::{

@@ -52,8 +52,9 @@ section! {
         pub probe_spread: Duration,
         /// HTTP probes in flight at once (each holds a socket; ICMP probes hold
         /// none). Default: the open-file limit, raised at start (to 1,048,576
-        /// with `CAP_SYS_RESOURCE`, else to the hard limit), less 512 for
-        /// everything else. Probes past it wait for a slot.
+        /// with `CAP_SYS_RESOURCE`, else to the hard limit), less 9,024 for
+        /// everything else (the servers' connections at most, and 512).
+        /// Probes past it wait for a slot.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
         pub max_in_flight: Option<u64>,
         /// A path that answers (Success) but loses at least this share of
