@@ -232,14 +232,15 @@ fn router(state: AppState) -> Router {
         .route(paths::HEALTHZ, get(healthz))
         .route(paths::ENDPOINTS, get(endpoints))
         .route(paths::ENDPOINT, get(endpoint))
-        .route(paths::STATUS, get(status))
-        .route(paths::STATUS_PROBE, put(probe))
-        .route(paths::STATUS_HISTORY, get(history))
-        .route(paths::STATUS_QUALITY, get(quality))
         .route(paths::NODES, get(nodes))
         .route(paths::METRICS, get(metrics))
         .route(paths::CLUSTER, get(cluster))
         .route(paths::CLUSTER_MATRIX, get(cluster_matrix))
+        .route_layer(axum::middleware::from_fn(refuse_query))
+        .route(paths::STATUS, get(status))
+        .route(paths::STATUS_PROBE, put(probe))
+        .route(paths::STATUS_HISTORY, get(history))
+        .route(paths::STATUS_QUALITY, get(quality))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -249,14 +250,32 @@ fn router(state: AppState) -> Router {
 /// the connectivity page): the status, its history and the cluster view.
 pub fn read_only_routes(state: AppState) -> Router {
     Router::new()
+        .route(paths::CLUSTER, get(cluster))
+        .route(paths::CLUSTER_MATRIX, get(cluster_matrix))
+        .route_layer(axum::middleware::from_fn(refuse_query))
         .route(paths::STATUS, get(status))
         .route(paths::STATUS_HISTORY, get(history))
         .route(paths::STATUS_QUALITY, get(quality))
-        .route(paths::CLUSTER, get(cluster))
-        .route(paths::CLUSTER_MATRIX, get(cluster_matrix))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// The views that take no parameter refuse a query rather than ignore it:
+/// `nodes?state=failure` would otherwise answer every node as if filtered.
+async fn refuse_query(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if let Some(query) = request.uri().query().filter(|q| !q.is_empty()) {
+        // The path as asked (under `/api` on the metrics listener).
+        let path = request
+            .extensions()
+            .get::<OriginalUri>()
+            .map_or_else(|| request.uri().path(), |u| u.path());
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("{path} takes no query parameters (given {query:?})"),
+        );
+    }
+    next.run(request).await
 }
 
 fn error(code: StatusCode, message: impl Into<String>) -> Response {
@@ -381,7 +400,9 @@ async fn endpoint(
             );
         }
     };
-    let Ok(id) = id.parse::<u16>() else {
+    // Digits only: `u16`'s parser takes a sign too.
+    let digits = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit());
+    let Some(id) = id.parse::<u16>().ok().filter(|_| digits) else {
         return error(
             StatusCode::BAD_REQUEST,
             format!("endpoint ID {id:?} is not a number from 0 to 65535"),
@@ -967,6 +988,13 @@ pub(crate) mod tests {
             ),
             ("/v1/status/quality?node=a&node=a", "node given twice"),
             ("/v1/endpoints/%FF", "endpoint ID: "),
+            ("/v1/endpoints/+1", "\"+1\" is not a number"),
+            (
+                "/v1/nodes?state=failure",
+                "/v1/nodes takes no query parameters (given \"state=failure\")",
+            ),
+            ("/v1/healthz?x=1", "takes no query parameters"),
+            ("/v1/cluster?node=a", "takes no query parameters"),
         ]
         .map(|(request, says)| ("GET", request, says));
         let puts = [
