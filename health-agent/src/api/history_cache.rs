@@ -3,7 +3,8 @@
 //! by every request until either changes. A walk of every path is made
 //! once, not once a request, and the answer's bytes are one shared copy:
 //! clients that ask and never read hold references to it, not copies of
-//! megabytes each.
+//! megabytes each. One answer of each kind is kept, with the node set it
+//! was made of, until a request of its kind finds them out of date.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 

@@ -400,8 +400,11 @@ async fn endpoint(
             );
         }
     };
-    // Digits only: `u16`'s parser takes a sign too.
-    let digits = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit());
+    // Digits only, one spelling an ID: `u16`'s parser takes a sign and
+    // leading zeros too.
+    let digits = !id.is_empty()
+        && id.bytes().all(|b| b.is_ascii_digit())
+        && (id == "0" || !id.starts_with('0'));
     let Some(id) = id.parse::<u16>().ok().filter(|_| digits) else {
         return error(
             StatusCode::BAD_REQUEST,
@@ -603,8 +606,8 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
             "node=NAME and stats=true do not go together (stats=true covers every node)",
         );
     }
-    let prober = state.prober();
     let made = if let Some(name) = node {
+        let prober = state.prober();
         tokio::task::spawn_blocking(move || {
             prober
                 .node_history(&name)
@@ -618,7 +621,7 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
         } else {
             Whole::Strips
         };
-        whole_history(&state, prober, which).await.map(Ok)
+        whole_history(&state, which).await.map(Ok)
     };
     match made {
         Ok(Ok(Ok(json))) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
@@ -641,10 +644,12 @@ async fn history(State(state): State<AppState>, uri: axum::http::Uri) -> Respons
 /// behind a walk take its answer.
 async fn whole_history(
     state: &ApiState,
-    prober: Arc<Prober>,
     which: Whole,
 ) -> Result<serde_json::Result<Bytes>, tokio::task::JoinError> {
     let turn = state.walks.clone().acquire_owned().await.ok();
+    // The prober in service once the turn came: a reload while the
+    // request waited retired the one in service when it came.
+    let prober = state.prober();
     let made = Made::now(&prober);
     if let Some(bytes) = state.whole_history.get(which, &made) {
         return Ok(Ok(bytes));
@@ -989,6 +994,7 @@ pub(crate) mod tests {
             ("/v1/status/quality?node=a&node=a", "node given twice"),
             ("/v1/endpoints/%FF", "endpoint ID: "),
             ("/v1/endpoints/+1", "\"+1\" is not a number"),
+            ("/v1/endpoints/01", "\"01\" is not a number"),
             (
                 "/v1/nodes?state=failure",
                 "/v1/nodes takes no query parameters (given \"state=failure\")",
@@ -1211,14 +1217,15 @@ pub(crate) mod tests {
 
     /// Every node's history is made once a published round and node set,
     /// and shared: a round recorded and not yet published changes no
-    /// answer (it is the one kept); once published, or with another node
-    /// set, the answer is made again.
+    /// answer (it is the one kept); once published, with another node set,
+    /// or once a reload's prober is in service, the answer is made again.
     #[tokio::test]
     async fn whole_history_answers_are_made_once_a_round_and_shared() {
         let prober = prober();
+        let (probers, in_service) = watch::channel(prober.clone());
         let state = ApiState::new(
             crate::endpoint::shared_view(),
-            watch::channel(prober.clone()).1,
+            in_service,
             Nodes::new("none".into()),
             Health::default(),
             Duration::from_secs(1),
@@ -1269,6 +1276,21 @@ pub(crate) mod tests {
         assert!(
             String::from_utf8_lossy(&more).contains("\"c\""),
             "the new node set: {more:?}"
+        );
+        // A reload's prober, with no round yet, while a request waits for
+        // its turn: its answer is the prober's in service once the turn
+        // comes.
+        let turn = state.walks.clone().try_acquire_owned().expect("the turn");
+        let waiting = tokio::spawn(ask(false));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let reloaded = Prober::new(ProbeConfig::default());
+        reloaded.set_nodes(NodeSet::named(&["a", "b", "c"]));
+        probers.send(reloaded).expect("in service");
+        drop(turn);
+        let fresh = waiting.await.expect("answered");
+        assert!(
+            String::from_utf8_lossy(&fresh).contains("\"rounds\":[]"),
+            "the reloaded prober's: {fresh:?}"
         );
     }
 

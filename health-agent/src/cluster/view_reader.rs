@@ -134,18 +134,26 @@ impl ViewReader {
         }
     }
 
-    /// The node set changed: views are taken from its nodes only, and a
-    /// view waiting for its assembler's record counts once it is in.
-    /// Returns whether a waiting view was taken.
+    /// The node set changed: views are taken from its nodes only (those
+    /// of assemblers that left go with them), and a view waiting for its
+    /// assembler's record counts once it is in. Returns whether the views
+    /// held changed.
     pub fn set_members(&mut self, members: NodeSet) -> bool {
-        // The views of assemblers that left go with them (an empty set is
-        // one not read yet, which removes nothing).
-        if !members.is_empty() {
+        self.members = members;
+        let held = self.by_key.len();
+        self.drop_departed();
+        let promoted = self.promote();
+        promoted || self.by_key.len() != held
+    }
+
+    /// Drops the views of assemblers not in the node set (an empty set is
+    /// one not read yet, which drops nothing).
+    fn drop_departed(&mut self) {
+        if !self.members.is_empty() {
+            let members = &self.members;
             self.by_key
                 .retain(|_, (v, _)| members.contains(&v.assembler));
         }
-        self.members = members;
-        self.promote()
     }
 
     /// Takes the views waiting for the node set once it is read: those of
@@ -203,6 +211,8 @@ impl ViewReader {
                 }
                 if let Some(whole) = self.listing.after_page(listing, last) {
                     self.by_key = whole;
+                    // Its first pages may predate a change of the set.
+                    self.drop_departed();
                     self.promote();
                 }
             }
@@ -500,7 +510,30 @@ mod tests {
             r.current().map(|(_, v)| v.assembler.as_str()),
             Some("leader")
         );
+        assert!(r.set_members(NodeSet::named(&["a", "me"])), "changed");
+        assert_eq!(r.current().map(|(_, v)| v.assembler.as_str()), Some("a"));
+        assert_eq!(r.by_key.len(), 1);
+        assert!(!r.set_members(NodeSet::named(&["a", "me"])), "unchanged");
+
+        // A listing whose first page came before the leader left.
+        let mut r = reader();
+        let entry = |key: &str, value: Vec<u8>| Entry {
+            key: key.as_bytes().to_vec(),
+            value,
+            mod_revision: 1,
+            lease: 0,
+        };
+        let page = |entries, first, last| WatchEvent::Snapshot {
+            revision: 1,
+            entries,
+            first,
+            last,
+        };
+        let leader = entry("/h/view/leader", value(now, "leader"));
+        r.apply(page(vec![leader], true, false), now);
         r.set_members(NodeSet::named(&["a", "me"]));
+        let a = entry("/h/view/a", value(now - 10, "a"));
+        r.apply(page(vec![a], false, true), now);
         assert_eq!(r.current().map(|(_, v)| v.assembler.as_str()), Some("a"));
         assert_eq!(r.by_key.len(), 1);
     }

@@ -490,6 +490,14 @@ fn probe_config(
         mtu_probe = ?probe.mtu_probe,
         open_files, "HTTP probes in flight at most"
     );
+    if usize::try_from(open_files).unwrap_or(usize::MAX) < RESERVED_FILES + 1024 {
+        warn!(
+            open_files,
+            reserved = RESERVED_FILES,
+            max_in_flight = probe.max_in_flight,
+            "the open-file limit leaves HTTP probes few descriptors beside the {RESERVED_FILES} kept for the agent's servers and the rest: a large round waits for slots (raise LimitNOFILE, or give the agent CAP_SYS_RESOURCE)"
+        );
+    }
     Ok(probe)
 }
 
