@@ -33,6 +33,15 @@ fn state(s: &ClusterStatus, name: &str, endpoint: bool) -> Option<EncState> {
     c.encryption.as_ref().map(|e| e.state)
 }
 
+/// The addresses node `i`'s encryption check watches (`ENCRYPT_WATCH`).
+fn watched(cluster: &Cluster, i: usize) -> Vec<IpAddr> {
+    health_agent::datapath::encrypt_watch::list(&cluster.nodes[i].pins)
+        .expect("ENCRYPT_WATCH")
+        .into_iter()
+        .map(|r| r.destination)
+        .collect()
+}
+
 fn peers_are(s: &ClusterStatus, want: &[(&str, bool, EncState)]) -> bool {
     want.iter()
         .all(|(name, endpoint, st)| state(s, name, *endpoint) == Some(*st))
@@ -289,11 +298,7 @@ fn without_a_wireguard_device_every_path_is_unknown_and_the_status_says_why() {
     // Probing goes on regardless: the peer is reachable.
     assert!(node(&s, "node-2").reachable());
     // The counters watch the peer's two addresses (not this node's).
-    let watched: Vec<IpAddr> = health_agent::datapath::encrypt_watch::list(&cluster.nodes[0].pins)
-        .expect("ENCRYPT_WATCH")
-        .into_iter()
-        .map(|r| r.destination)
-        .collect();
+    let watched = watched(&cluster, 0);
     let b = node(&s, "node-2");
     assert_eq!(watched.len(), 2, "{watched:?}");
     assert!(watched.contains(&b.host.ip) && watched.contains(&b.endpoint.ip));
@@ -330,11 +335,7 @@ fn a_round_of_a_node_that_joined_leaves_the_encryption_check_to_whole_rounds() {
     assert_eq!(e.paths["unknown"], 2, "node-2's two addresses still: {e:?}");
     assert_eq!(state(&s, "node-2", true), Some(EncState::Unknown));
     assert_eq!(state(&s, "node-3", true), None, "not judged yet");
-    let watched: Vec<IpAddr> = health_agent::datapath::encrypt_watch::list(&cluster.nodes[0].pins)
-        .expect("ENCRYPT_WATCH")
-        .into_iter()
-        .map(|r| r.destination)
-        .collect();
+    let watched = watched(&cluster, 0);
     let b = node(&s, "node-2");
     assert_eq!(
         watched.len(),

@@ -413,17 +413,22 @@ fn etcd_at(key: &str, name: &str, node_ip: &str, health_ip: &str) -> Candidate {
     }
 }
 
+/// The set of node `b` alone, at etcd key `/h/b`.
+fn b_alone() -> NodeSet {
+    validate(
+        vec![etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.2")],
+        &local(),
+        &Holders::default(),
+    )
+    .nodes
+}
+
 /// A node that drops an address gives it up in the same update, whatever
 /// copies of its record stand at other keys: only a record at its own key
 /// speaks for a node.
 #[test]
 fn a_copy_of_a_nodes_record_elsewhere_keeps_no_address_for_it() {
-    let first = validate(
-        vec![etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.2")],
-        &local(),
-        &Holders::default(),
-    );
-    let holders = Holders::of(&first.nodes).departing();
+    let holders = Holders::of(&b_alone()).departing();
     let v = validate(
         vec![
             etcd_at("/h/0", "b", "198.18.0.99", "198.18.66.2"),
@@ -442,15 +447,10 @@ fn a_copy_of_a_nodes_record_elsewhere_keeps_no_address_for_it() {
 /// them is refused in that update, not given them.
 #[test]
 fn a_claim_waiting_for_an_address_does_not_take_it_when_its_holder_leaves() {
-    let first = validate(
-        vec![etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.2")],
-        &local(),
-        &Holders::default(),
-    );
     let v = validate(
         vec![etcd_at("/h/evil", "evil", "198.18.0.20", "198.18.66.2")],
         &local(),
-        &Holders::of(&first.nodes).departing(),
+        &Holders::of(&b_alone()).departing(),
     );
     assert!(names(&v).is_empty(), "{:?}", v.rejected);
     assert_eq!(
@@ -461,7 +461,7 @@ fn a_claim_waiting_for_an_address_does_not_take_it_when_its_holder_leaves() {
     let edited = validate(
         vec![file(1, "evil", "198.18.0.20", "198.18.66.2")],
         &local(),
-        &Holders::of(&first.nodes),
+        &Holders::of(&b_alone()),
     );
     assert_eq!(names(&edited), ["evil"]);
 }
