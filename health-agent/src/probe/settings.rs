@@ -53,7 +53,8 @@ section! {
         /// HTTP probes in flight at once (each holds a socket; ICMP probes hold
         /// none). Default: the open-file limit, raised at start (to 1,048,576
         /// with `CAP_SYS_RESOURCE`, else to the hard limit), less 9,024 for
-        /// everything else (the servers' connections at most, and 512).
+        /// everything else (the servers' connections at most, and 512), and
+        /// at least 64.
         /// Probes past it wait for a slot.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
         pub max_in_flight: Option<u64>,

@@ -27,8 +27,9 @@ pub struct EtcdConfig {
     /// Authenticate as an etcd user.
     pub credentials: Option<Credentials>,
     /// Where the lease's ID is kept between runs (in the state directory):
-    /// an agent restarted after a crash takes its lease over while etcd
-    /// still has it, instead of leaving it to expire.
+    /// an agent restarted after a crash takes its lease over once etcd
+    /// confirms it this node's (see [`LeaseFile`]), instead of leaving it
+    /// to expire.
     pub lease_file: Option<LeaseFile>,
 }
 

@@ -5,9 +5,10 @@
 //! with a machine's image names the original node's lease, and an agent
 //! that took it over would keep that node's keys alive after it died and
 //! delete them when it leaves (a leave revokes the lease). A kept lease is
-//! taken over only while it is alive, granted with the TTL configured now,
-//! and holding keys, every one of them this node's; otherwise it is left
-//! alone (never revoked) and a new lease is granted.
+//! taken over only while it is alive, asked for with the TTL configured
+//! now (the file keeps that TTL beside the ID), and holding keys, every
+//! one of them this node's; otherwise it is left alone (never revoked)
+//! and a new lease is granted.
 
 use std::path::Path;
 

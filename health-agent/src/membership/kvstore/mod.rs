@@ -70,8 +70,8 @@ mod follow;
 mod kept_lease;
 mod listing;
 
-/// The file in the state directory holding the lease's ID (hex) between
-/// runs.
+/// The file in the state directory holding the lease's ID (hex) and the
+/// TTL it was asked for (s) between runs.
 pub const LEASE_FILE: &str = "etcd-lease";
 
 /// The longest any single request (not a stream) may take.
@@ -465,17 +465,19 @@ impl KvStore {
 
     fn mark_up(&self, lease: i64, how: Got, keys: usize) {
         let ttl = self.inner.lease_ttl.as_secs();
-        let renewed = how != Got::Kept;
+        let new_lease = how == Got::Granted;
         let lease_hex = format!("{lease:x}");
         self.inner.link.send_modify(|link| {
             match link {
-                Link::Down { .. } => info!(
-                    url = %self.inner.url, lease = %lease_hex, keys, renewed,
-                    "etcd reachable again"
-                ),
-                Link::Connecting if how == Got::TakenOver => info!(
+                // Whether the link was down (a first try that failed) or
+                // connecting.
+                Link::Down { .. } | Link::Connecting if how == Got::TakenOver => info!(
                     url = %self.inner.url, lease = %lease_hex, keys,
                     "connected to etcd, the last run's lease taken over"
+                ),
+                Link::Down { .. } => info!(
+                    url = %self.inner.url, lease = %lease_hex, keys, new_lease,
+                    "etcd reachable again"
                 ),
                 Link::Connecting => info!(
                     url = %self.inner.url, lease = %lease_hex, ttl_s = ttl, keys,
