@@ -80,8 +80,8 @@ pub(super) fn judge(
 }
 
 /// Asks etcd about the lease kept in `file`. An error is etcd not
-/// answering or away (asked again with the next session); any other
-/// refusal is a verdict: the lease is not taken over.
+/// answering or away (asked again when the lease session is retried);
+/// any other refusal is a verdict: the lease is not taken over.
 pub(super) async fn check(
     leases: &mut LeaseClient,
     kept: Kept,

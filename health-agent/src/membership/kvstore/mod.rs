@@ -551,8 +551,8 @@ impl KvStore {
         let keys = self.put_all(&client, lease).await.map_err(down)?;
         // After the writes' revisions are kept: what waits for the link
         // to come up reads them then. Under the keys' lock: a key put
-        // meanwhile waits, then is written with the lease, not left for
-        // the next session.
+        // meanwhile waits, then is written with the lease, not left until
+        // the lease session is made again.
         let how = if adopted == Some(lease) {
             Got::TakenOver
         } else if previous == Some(lease) {
