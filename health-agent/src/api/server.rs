@@ -342,9 +342,11 @@ fn cluster_json(state: &AppState, part: fn(&ClusterViewCell) -> Option<Bytes>) -
 }
 
 /// The Prometheus metrics, as on the metrics listener.
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
     match &state.metrics {
-        Some(m) => crate::web::metrics_body(m),
+        Some(m) => crate::web::metrics_body(m, &headers)
+            .await
+            .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
         None => error(StatusCode::NOT_FOUND, "this agent keeps no metrics"),
     }
 }
@@ -521,7 +523,7 @@ fn whole_status(state: &AppState, headers: &axum::http::HeaderMap) -> Response {
 /// [`whole_status`], of `prober`.
 fn whole_status_of(prober: &Prober, headers: &axum::http::HeaderMap) -> Response {
     use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE, VARY};
-    if accepts_gzip(headers) {
+    if crate::util::gzip::accepted(headers) {
         (
             [
                 (CONTENT_TYPE, "application/json"),
@@ -541,47 +543,11 @@ fn whole_status_of(prober: &Prober, headers: &axum::http::HeaderMap) -> Response
             // slowly, or not at all, holds a piece, not the whole JSON
             // (9 MB at 10,000 nodes).
             axum::body::Body::from_stream(futures::stream::iter(
-                prober.status_json_pieces(PLAIN_PIECE),
+                prober.status_json_pieces(crate::util::gzip::PIECE),
             )),
         )
             .into_response()
     }
-}
-
-/// The pieces the whole status is sent in to a client that does not take
-/// gzip.
-const PLAIN_PIECE: usize = 64 << 10;
-
-/// Whether `Accept-Encoding` takes gzip: named (or `*`) with a weight
-/// above 0 (`gzip;q=0` refuses it).
-fn accepts_gzip(headers: &axum::http::HeaderMap) -> bool {
-    let weighted = headers
-        .get_all(axum::http::header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|item| {
-            let mut parts = item.split(';');
-            let coding = parts.next()?.trim().to_ascii_lowercase();
-            let q = parts
-                .filter_map(|p| {
-                    p.trim()
-                        .strip_prefix("q=")
-                        .or_else(|| p.trim().strip_prefix("Q="))
-                })
-                .find_map(|q| q.trim().parse::<f32>().ok())
-                .unwrap_or(1.0);
-            Some((coding, q))
-        });
-    let (mut gzip, mut any) = (None, None);
-    for (coding, q) in weighted {
-        match coding.as_str() {
-            "gzip" | "x-gzip" => gzip = Some(q),
-            "*" => any = Some(q),
-            _ => {}
-        }
-    }
-    gzip.or(any).is_some_and(|q| q > 0.0)
 }
 
 /// The paths' recent results: a node's (`?node=NAME`), every node's loss

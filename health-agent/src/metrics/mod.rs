@@ -14,15 +14,12 @@ mod agent;
 mod connectivity;
 mod datapath;
 mod encode;
+mod exposition;
 mod per_peer;
-mod pieces;
 
-#[cfg(test)]
-pub(crate) use pieces::PIECE;
+pub use exposition::ExpositionError;
 
 use std::{path::PathBuf, sync::Arc};
-
-use bytes::Bytes;
 
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
@@ -34,7 +31,7 @@ use crate::{
     probe::{Prober, metrics::ProbeMetrics},
 };
 
-/// The `Content-Type` of [`Metrics::pieces`]' text.
+/// The `Content-Type` of [`Metrics::exposition`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Every metric name starts with this and an underscore.
@@ -57,18 +54,13 @@ pub struct Sources {
     pub per_peer: bool,
 }
 
-/// How long a scrape keeps its turn at most.
-const SCRAPE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// The agent's registry.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    /// Scrapes encode one at a time: each may walk every path.
-    turns: Arc<tokio::sync::Semaphore>,
-    /// How long a scrape keeps its turn at most (30 s): a client reading
-    /// slower than that gets a broken answer.
-    deadline: std::time::Duration,
+    /// The last encoding, and the turn to make the next: scrapes encode
+    /// one at a time, as each may walk every path.
+    shared: exposition::Shared,
 }
 
 impl Metrics {
@@ -90,8 +82,7 @@ impl Metrics {
         }));
         Self {
             registry,
-            turns: Arc::new(tokio::sync::Semaphore::new(1)),
-            deadline: SCRAPE_DEADLINE,
+            shared: exposition::Shared::default(),
         }
     }
 
@@ -104,23 +95,5 @@ impl Metrics {
             tracing::warn!("encoding the metrics: {e}");
         }
         out
-    }
-
-    /// A scrape's turn lasting `deadline` at most, not 30 s.
-    #[cfg(test)]
-    #[must_use]
-    pub(crate) fn with_deadline(mut self, deadline: std::time::Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// The `OpenMetrics` exposition of every series as it is written
-    /// (see module `pieces`): one scrape encodes at a time, on a blocking
-    /// thread, a few pieces of 64 KiB ahead of its client at most, for
-    /// 30 s at most.
-    pub fn pieces(
-        self: &Arc<Self>,
-    ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-        pieces::stream(Arc::clone(self), Arc::clone(&self.turns))
     }
 }

@@ -122,19 +122,19 @@ fn series(n: &NodeStatus) -> impl Iterator<Item = (Labels<'_>, &PathState)> {
 mod tests {
     use std::{sync::Arc, time::Duration};
 
-    use futures::StreamExt as _;
     use tokio::sync::watch;
 
     use crate::{
         datapath::report::MapsReport,
         membership::{NodeSet, published::Nodes},
-        metrics::{Metrics, PIECE, Sources},
+        metrics::{Metrics, Sources},
         probe::{
             ProbeConfig, Prober,
             error::{ProbeError, Proto},
             metrics::ProbeMetrics,
             path::{Outcome, RttSource, Thresholds},
         },
+        util::gzip,
     };
 
     /// 600 nodes, `node-0000` this one; the first 500 probed once (a
@@ -183,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn series_per_peer_are_made_a_chunk_of_nodes_at_a_time_and_sent_in_pieces() {
+    fn series_per_peer_are_made_a_chunk_of_nodes_at_a_time_and_sent_gzipped() {
         let metrics = Arc::new(metrics_per_peer());
         let text = metrics.encode();
         let count = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
@@ -207,66 +207,22 @@ mod tests {
             r#"health_peer_rtt_seconds{peer="node-0001",type="node",protocol="icmp"} 0.00025"#
         ));
         assert!(text.ends_with("# EOF\n"));
-        // Sent as written, in pieces: the same text.
+        // Scraped: the same text, gzipped, or in pieces for a client that
+        // does not take gzip.
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
-            .enable_time()
             .build()
             .expect("runtime");
-        let pieces: Vec<bytes::Bytes> = runtime.block_on(async {
-            metrics
-                .pieces()
-                .map(|p| p.expect("a piece"))
-                .collect()
-                .await
-        });
+        let gz = runtime
+            .block_on(metrics.exposition())
+            .expect("an exposition");
+        assert!(gz.len() * 5 < text.len(), "{} of {}", gz.len(), text.len());
+        let pieces: Vec<bytes::Bytes> = gzip::pieces(gz, gzip::PIECE)
+            .collect::<Result<_, _>>()
+            .expect("pieces");
         assert!(pieces.len() >= 3, "{} pieces", pieces.len());
-        assert!(pieces.iter().all(|p| p.len() <= PIECE));
-        assert!(
-            pieces[..pieces.len() - 1]
-                .iter()
-                .all(|p| p.len() > PIECE - 200)
-        );
+        assert!(pieces.iter().all(|p| p.len() <= gzip::PIECE));
         assert_eq!(pieces.concat(), text.as_bytes());
-        // A client that goes after a piece lets the next scrape have
-        // its turn.
-        runtime.block_on(async {
-            let mut first = Box::pin(metrics.pieces());
-            assert!(first.next().await.is_some());
-            drop(first);
-            let again = tokio::time::timeout(Duration::from_secs(5), metrics.pieces().count())
-                .await
-                .expect("the next scrape had its turn");
-            assert_eq!(again, pieces.len());
-        });
-    }
-
-    #[test]
-    fn a_client_that_stops_reading_loses_its_turn_at_the_deadline() {
-        let deadline = Duration::from_millis(300);
-        let metrics = Arc::new(metrics_per_peer().with_deadline(deadline));
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_time()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let started = tokio::time::Instant::now();
-            let mut stalled = Box::pin(metrics.pieces());
-            assert!(matches!(stalled.next().await, Some(Ok(_))));
-            // It reads no more: the next scrape waits for the deadline,
-            // not for it.
-            let next: Vec<_> =
-                tokio::time::timeout(Duration::from_secs(5), metrics.pieces().collect())
-                    .await
-                    .expect("the next scrape had its turn");
-            assert!(next.iter().all(Result::is_ok));
-            assert!(started.elapsed() >= deadline, "{:?}", started.elapsed());
-            // What the stalled client reads next ends broken.
-            let rest: Vec<_> = stalled.collect().await;
-            assert!(rest.last().is_some_and(Result::is_err), "{rest:?}");
-            assert_eq!(rest.iter().filter(|p| p.is_err()).count(), 1);
-        });
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod cidr;
 pub mod duration;
 pub mod errors;
+pub mod gzip;
 pub mod json_list;
 pub mod memory;
 pub mod reclaim;

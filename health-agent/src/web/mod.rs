@@ -76,17 +76,38 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
         .into_response()
 }
 
-async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> Response {
-    metrics_body(&metrics)
+async fn metrics_text(
+    State(metrics): State<Arc<Metrics>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    metrics_body(&metrics, &headers).await.unwrap_or_else(|e| {
+        tracing::warn!("{e}");
+        (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
+    })
 }
 
-/// The metrics' exposition as it is written (see [`Metrics::pieces`]).
-pub(crate) fn metrics_body(metrics: &Arc<Metrics>) -> Response {
-    (
-        [(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        axum::body::Body::from_stream(metrics.pieces()),
-    )
-        .into_response()
+/// The metrics' exposition as of the request (see [`Metrics::exposition`]):
+/// gzipped for a client that takes it, decompressed as it is read for
+/// one that does not.
+///
+/// # Errors
+///
+/// The exposition could not be made.
+pub(crate) async fn metrics_body(
+    metrics: &Arc<Metrics>,
+    headers: &axum::http::HeaderMap,
+) -> Result<Response, crate::metrics::ExpositionError> {
+    use crate::util::gzip;
+    use axum::http::header::{CONTENT_ENCODING, VARY};
+    let gz = metrics.exposition().await?;
+    let kind = (CONTENT_TYPE, crate::metrics::CONTENT_TYPE);
+    let vary = (VARY, "accept-encoding");
+    Ok(if gzip::accepted(headers) {
+        ([kind, (CONTENT_ENCODING, "gzip"), vary], gz).into_response()
+    } else {
+        let pieces = futures::stream::iter(gzip::pieces(gz, gzip::PIECE));
+        ([kind, vary], axum::body::Body::from_stream(pieces)).into_response()
+    })
 }
 
 /// Serves until `shutdown`, then lets requests in flight finish, with

@@ -343,7 +343,7 @@ async fn unknown_paths_and_methods_are_answered_naming_them() {
 }
 
 #[tokio::test]
-async fn the_status_is_gzipped_only_for_a_client_that_takes_gzip() {
+async fn the_status_and_the_metrics_are_gzipped_only_for_a_client_that_takes_gzip() {
     let (addr, stop) = listening(Limits::LISTENER).await;
     for (accept, gzipped) in [
         ("gzip", true),
@@ -359,8 +359,9 @@ async fn the_status_is_gzipped_only_for_a_client_that_takes_gzip() {
         } else {
             format!("Accept-Encoding: {accept}\r\n")
         };
-        // With nothing to filter, a query is answered as published too.
-        for path in ["/api/v1/status", "/api/v1/status?summary=false"] {
+        // With nothing to filter, a query is answered as published too;
+        // the metrics as the status.
+        for path in ["/api/v1/status", "/api/v1/status?summary=false", "/metrics"] {
             let out = exchange(addr, &request("GET", path, &header)).await;
             let (head, _) = split(&out);
             assert!(head.starts_with("http/1.1 200"), "{accept:?} {path}: {out}");

@@ -121,31 +121,7 @@ impl Prober {
         &self,
         piece: usize,
     ) -> impl Iterator<Item = std::io::Result<Bytes>> + Send + 'static {
-        let mut decoder = Some(flate2::read::GzDecoder::new(bytes::Buf::reader(
-            self.status_json_gzip(),
-        )));
-        std::iter::from_fn(move || {
-            let d = decoder.as_mut()?;
-            let mut buf = bytes::BytesMut::zeroed(piece.max(1));
-            let mut filled = 0;
-            while filled < buf.len() {
-                match std::io::Read::read(d, &mut buf[filled..]) {
-                    Ok(0) => break,
-                    Ok(n) => filled += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        decoder = None;
-                        return Some(Err(e));
-                    }
-                }
-            }
-            if filled == 0 {
-                decoder = None;
-                return None;
-            }
-            buf.truncate(filled);
-            Some(Ok(buf.freeze()))
-        })
+        crate::util::gzip::pieces(self.status_json_gzip(), piece)
     }
 
     /// The published status as gzipped JSON, made once when it was
