@@ -346,7 +346,12 @@ async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) 
     match &state.metrics {
         Some(m) => crate::web::metrics_body(m, &headers)
             .await
-            .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+            .unwrap_or_else(|e| {
+                error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    crate::util::errors::chain(&e),
+                )
+            }),
         None => error(StatusCode::NOT_FOUND, "this agent keeps no metrics"),
     }
 }

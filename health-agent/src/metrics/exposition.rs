@@ -12,10 +12,10 @@
 //! that reads slowly, or not at all, holds back no other scrape and holds
 //! the encoding it was given, not a copy.
 
-use std::{fmt, io, sync::Arc};
+use std::{fmt, io, sync::Arc, time::Instant};
 
 use bytes::Bytes;
-use tokio::{sync::Mutex, time::Instant};
+use tokio::sync::Mutex;
 
 use super::Metrics;
 
@@ -28,10 +28,10 @@ const BUFFER: usize = 64 << 10;
 pub enum ExpositionError {
     #[error("encoding the metrics failed (a collector gave up)")]
     Encode,
-    #[error("encoding the metrics failed: {0}")]
+    #[error("encoding the metrics failed: compressing them")]
     Compress(#[source] io::Error),
-    #[error("encoding the metrics failed: the encoder panicked or was cancelled")]
-    Lost,
+    #[error("encoding the metrics failed: the encoder panicked")]
+    Lost(#[source] tokio::task::JoinError),
 }
 
 /// An encoding, and when it started.
@@ -72,7 +72,9 @@ impl Metrics {
             });
             Ok(gzip)
         });
-        encoding.await.unwrap_or(Err(ExpositionError::Lost))
+        encoding
+            .await
+            .unwrap_or_else(|e| Err(ExpositionError::Lost(e)))
     }
 
     /// Every series, written through a buffer into the compressor.
@@ -91,8 +93,10 @@ impl Metrics {
             .out
             .into_inner()
             .map_err(|e| ExpositionError::Compress(e.into_error()))?;
+        // Exactly as long as the bytes: each client holds them until its
+        // answer is sent.
         gz.finish()
-            .map(Bytes::from)
+            .map(|v| Bytes::from(v.into_boxed_slice()))
             .map_err(ExpositionError::Compress)
     }
 }
@@ -132,6 +136,8 @@ mod tests {
     /// writes `series` more series; or fails, or panics.
     #[derive(Debug)]
     struct Counting {
+        /// Encodings started, and ended.
+        started: Arc<AtomicU64>,
         encodings: Arc<AtomicU64>,
         delay: Duration,
         series: u64,
@@ -140,6 +146,7 @@ mod tests {
 
     impl Collector for Counting {
         fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+            self.started.fetch_add(1, Ordering::Relaxed);
             std::thread::sleep(self.delay);
             let n = self.encodings.fetch_add(1, Ordering::Relaxed) + 1;
             super::super::encode::counter(&mut enc, "encodings", "Encodings so far", n)?;
@@ -153,18 +160,38 @@ mod tests {
         }
     }
 
-    fn metrics(delay: Duration, series: u64, fails: Option<bool>) -> Arc<Metrics> {
+    /// Metrics of a [`Counting`] collector, and its count of encodings
+    /// started.
+    fn counting(
+        delay: Duration,
+        series: u64,
+        fails: Option<bool>,
+    ) -> (Arc<Metrics>, Arc<AtomicU64>) {
+        let started = Arc::new(AtomicU64::new(0));
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Counting {
+            started: Arc::clone(&started),
             encodings: Arc::default(),
             delay,
             series,
             fails,
         }));
-        Arc::new(Metrics {
+        let metrics = Arc::new(Metrics {
             registry,
             shared: Shared::default(),
-        })
+        });
+        (metrics, started)
+    }
+
+    fn metrics(delay: Duration, series: u64, fails: Option<bool>) -> Arc<Metrics> {
+        counting(delay, series, fails).0
+    }
+
+    /// Until `started` has counted `n` encodings.
+    async fn started_at_least(started: &AtomicU64, n: u64) {
+        while started.load(Ordering::Relaxed) < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     fn text(gz: &Bytes) -> String {
@@ -179,7 +206,7 @@ mod tests {
     /// an encoding runs share the next one, made after they asked.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn scrapes_queued_behind_an_encoding_share_the_next_and_none_gets_older_figures() {
-        let m = metrics(Duration::from_millis(300), 0, None);
+        let (m, started) = counting(Duration::from_millis(300), 0, None);
         for n in 1..=2 {
             let gz = m.exposition().await.expect("an exposition");
             let t = text(&gz);
@@ -190,7 +217,7 @@ mod tests {
             tokio::spawn(async move { m.exposition().await })
         };
         let first = scrape();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        started_at_least(&started, 3).await;
         let queued: Vec<_> = (0..8).map(|_| scrape()).collect();
         let first = first.await.expect("joined").expect("an exposition");
         assert!(text(&first).contains("encodings_total 3\n"));
@@ -233,6 +260,32 @@ mod tests {
         }
         let rest = String::from_utf8(rest).expect("UTF-8");
         assert!(rest.contains("encodings_total 1\n") && rest.ends_with("# EOF\n"));
+    }
+
+    /// A scrape whose client leaves while its encoding runs lets the
+    /// encoding end, then gives the turn to the next.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scrape_left_while_encoding_gives_the_turn_back_when_it_ends() {
+        let (m, started) = counting(Duration::from_millis(300), 0, None);
+        let left = tokio::spawn({
+            let m = Arc::clone(&m);
+            async move { m.exposition().await }
+        });
+        started_at_least(&started, 1).await;
+        left.abort();
+        assert!(left.await.is_err_and(|e| e.is_cancelled()));
+        let next = tokio::time::timeout(Duration::from_secs(5), m.exposition())
+            .await
+            .expect("the turn given back")
+            .expect("an exposition");
+        // The one left ran to its end; the next scrape asked after it
+        // started, so it has one of its own.
+        assert!(
+            text(&next).contains("encodings_total 2\n"),
+            "{}",
+            text(&next)
+        );
+        assert_eq!(started.load(Ordering::Relaxed), 2);
     }
 
     /// A collector that fails or panics makes the scrape fail, naming it,

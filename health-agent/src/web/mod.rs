@@ -81,7 +81,7 @@ async fn metrics_text(
     headers: axum::http::HeaderMap,
 ) -> Response {
     metrics_body(&metrics, &headers).await.unwrap_or_else(|e| {
-        tracing::warn!("{e}");
+        let e = crate::util::errors::chain(&e);
         (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
     })
 }
@@ -92,14 +92,16 @@ async fn metrics_text(
 ///
 /// # Errors
 ///
-/// The exposition could not be made.
+/// The exposition could not be made (logged here).
 pub(crate) async fn metrics_body(
     metrics: &Arc<Metrics>,
     headers: &axum::http::HeaderMap,
 ) -> Result<Response, crate::metrics::ExpositionError> {
     use crate::util::gzip;
     use axum::http::header::{CONTENT_ENCODING, VARY};
-    let gz = metrics.exposition().await?;
+    let gz = metrics.exposition().await.inspect_err(|e| {
+        tracing::warn!("{}", crate::util::errors::chain(e));
+    })?;
     let kind = (CONTENT_TYPE, crate::metrics::CONTENT_TYPE);
     let vary = (VARY, "accept-encoding");
     Ok(if gzip::accepted(headers) {

@@ -102,7 +102,8 @@ async fn foreign_hosts_are_refused_and_its_own_served() {
     ] {
         let out = exchange(addr, &get("/metrics", &host)).await;
         assert!(out.starts_with("HTTP/1.1 200"), "{host}: {out}");
-        // Sent as written: chunked, the text's end in the last chunk.
+        // Decompressed as it is read, for a client that does not take
+        // gzip: chunked, the text's end in the last chunk.
         assert!(out.ends_with("# EOF\n\r\n0\r\n\r\n"), "{host}: {out}");
     }
     // A rebound name, on every route (the page, the API, and a path
@@ -373,6 +374,51 @@ async fn the_status_and_the_metrics_are_gzipped_only_for_a_client_that_takes_gzi
             assert!(head.contains("vary: accept-encoding"), "{accept:?}: {head}");
         }
     }
+    stop.cancel();
+}
+
+/// `GET /metrics` over HTTP/1.0 (the body ends with the connection),
+/// with `headers`: the head and the body's bytes.
+async fn metrics_over_http_1_0(addr: SocketAddr, headers: &str) -> (String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: localhost\r\n{headers}\r\n");
+    s.write_all(request.as_bytes()).await.expect("send");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("answered and closed")
+        .expect("read");
+    let end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
+    let head = String::from_utf8_lossy(&out[..end]).to_ascii_lowercase();
+    (head, out[end + 4..].to_vec())
+}
+
+#[tokio::test]
+async fn the_metrics_gzipped_and_plain_are_the_same_text() {
+    use std::io::Read as _;
+    let (addr, stop) = listening(Limits::LISTENER).await;
+    let (head, gz) = metrics_over_http_1_0(addr, "Accept-Encoding: gzip\r\n").await;
+    assert!(head.contains("content-encoding: gzip"), "{head}");
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    let mut unzipped = String::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_string(&mut unzipped)
+        .expect("gzip");
+    let (head, plain) = metrics_over_http_1_0(addr, "").await;
+    assert!(!head.contains("content-encoding"), "{head}");
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    assert_eq!(unzipped, String::from_utf8(plain).expect("UTF-8"));
+    assert!(unzipped.contains("# TYPE health_"), "{unzipped}");
+    assert!(unzipped.ends_with("# EOF\n"), "{unzipped}");
     stop.cancel();
 }
 
