@@ -26,6 +26,13 @@
 //!    make the outside observers that fail towards them look suspect.
 //!    An observer problem's *failures* are discounted everywhere below (its
 //!    successes still count: a path it reaches is reachable).
+//!    A *reach* is discounted too when the node publishes no summary of its
+//!    own (a dead node publishes none) and its other observers, at least
+//!    [`ViewParams::min_observers`] of them, fail it over three times as
+//!    often as they reach it: one observer saying a dead node answers (a
+//!    compromised node lying, say) does not keep it from *node down*. A
+//!    node that still publishes is alive somewhere, and every reach of it
+//!    counts.
 //! 2. With fewer than [`ViewParams::min_observers`] observers reporting a
 //!    definite state (reached or failed, discounted failures aside), the
 //!    node's verdict is **unknown**, or **observer problem** if it is one.
@@ -144,7 +151,8 @@ pub struct NodeView {
     pub seen_reachable: u32,
     /// Observers (observer problems aside) failing at least one path.
     pub failing: u32,
-    /// Failures from observer problems: shown, not counted.
+    /// Failures from observer problems, and reaches of a silent node that
+    /// its other observers overwhelmingly fail: shown, not counted.
     pub discounted: u32,
     pub verdict: Verdict,
     /// Up to [`MAX_NAMED`] of the `failing` observers, by name.
@@ -381,6 +389,11 @@ impl Observations {
         o
     }
 
+    /// Whether node `t` has a summary of its own in the view.
+    fn reporting(&self, t: usize) -> bool {
+        self.slots[t].is_some()
+    }
+
     /// Each reporting observer with its observations, in node order.
     fn by_observer(
         &self,
@@ -470,6 +483,17 @@ const fn suspect_failure(others_reach: u32, others_fail: u32) -> bool {
     others_reach > others_fail.saturating_mul(3)
 }
 
+/// Whether an observer's reach of a node that publishes no summary of its
+/// own is suspect, given how many of the node's other observers reach it
+/// and fail it: they fail it over three times as often, and are enough
+/// (`min_observers`) to stand for a verdict without it. A dead node
+/// publishes nothing; one observer saying it answers (a compromised node
+/// lying) must not keep it from *node down*. A node that still publishes
+/// is alive somewhere: every reach of it counts.
+fn suspect_reach(others_reach: u32, others_fail: u32, min_observers: usize) -> bool {
+    others_fail as usize >= min_observers && others_fail > others_reach.saturating_mul(3)
+}
+
 /// A number per node for its zone; a node without one is its own.
 fn zone_numbers(nodes: &NodeSet) -> Vec<u32> {
     let mut ids: HashMap<&str, u32> = HashMap::new();
@@ -525,12 +549,14 @@ fn named(list: &mut Vec<String>, name: &str) {
 
 /// Every node's tally over the observations, and the names that go with
 /// it (`first`, `problem`: observer problems of the first and second
-/// pass; `ok`, `fail`: the first pass's reach and failure counts).
+/// pass; `ok`, `fail`: the first pass's reach and failure counts;
+/// `min_observers`: [`ViewParams::min_observers`]).
 fn tally(
     nodes: &NodeSet,
     obs: &Observations,
     (first, problem): (&[bool], &[bool]),
     (ok, fail): (&[u32], &[u32]),
+    min_observers: usize,
 ) -> (Vec<Tally>, Vec<Names>) {
     let n = nodes.len();
     let mut tally = vec![Tally::default(); n];
@@ -540,6 +566,13 @@ fn tally(
             let tl = &mut tally[t];
             tl.observers += 1;
             match seen {
+                s if s.reached() && !s.down_now() && !obs.reporting(t) && {
+                    let others_reach = ok[t] - u32::from(!first[o]);
+                    suspect_reach(others_reach, fail[t], min_observers)
+                } =>
+                {
+                    tl.discounted += 1;
+                }
                 s if s.reached() => {
                     tl.reached += 1;
                     tl.lossy += u32::from(s == Seen::ReachedLossy);
@@ -599,7 +632,13 @@ pub fn assemble<S: Borrow<Summary>>(
     let (suspect, problem) = obs.problems(&zones, &first, params);
     let (ok, fail) = obs.tallies(n, &first);
 
-    let (tally, names) = tally(nodes, &obs, (&first, &problem), (&ok, &fail));
+    let (tally, names) = tally(
+        nodes,
+        &obs,
+        (&first, &problem),
+        (&ok, &fail),
+        params.min_observers.max(1),
+    );
 
     let mut counts = VerdictCounts::default();
     let views: Vec<NodeView> = nodes
@@ -641,7 +680,7 @@ pub fn assemble<S: Borrow<Summary>>(
             NodeView {
                 name: node.name.clone(),
                 zone: node.zone.clone(),
-                reporting: obs.slots[i].is_some(),
+                reporting: obs.reporting(i),
                 observers: t.observers,
                 seen_reachable,
                 failing,

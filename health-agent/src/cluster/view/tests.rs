@@ -36,6 +36,9 @@ struct Faults {
     /// (observer, target): the target's endpoint address reached in
     /// plain text by that observer.
     plaintext: Vec<(usize, usize)>,
+    /// (observer, target): the observer says it reaches the target on
+    /// every path, whatever happens (a compromised node lying).
+    liars: Vec<(usize, usize)>,
 }
 
 struct Cluster {
@@ -84,6 +87,7 @@ impl Cluster {
             && !f.lagging.contains(&o);
         let http = p % 2 == 1;
         f.before.contains(&o)
+            || f.liars.contains(&(o, t))
             || !(f.down.contains(&t)
                 || cut
                 || parted
@@ -175,6 +179,71 @@ fn a_node_down() {
     let v = &view.nodes[57];
     assert!(!v.reporting);
     assert_eq!((v.seen_reachable, v.failing), (0, v.observers));
+}
+
+/// A dead node that one observer says it reaches (a compromised node
+/// lying) is down all the same: it publishes no summary, and its other
+/// observers fail it. A node that still publishes is alive somewhere:
+/// every reach of it counts, and so do enough reaches of a silent one.
+#[test]
+fn a_lying_observer_does_not_keep_a_dead_node_from_down() {
+    let c = Cluster::new();
+    let observers: Vec<usize> = (0..N).filter(|&o| c.observes(o, 57)).collect();
+    let down = Faults {
+        down: vec![57],
+        liars: vec![(observers[0], 57)],
+        ..Faults::default()
+    };
+    let view = c.view(&down);
+    Cluster::check(&view, &[(57, Verdict::NodeDown)]);
+    let v = &view.nodes[57];
+    assert!(!v.reporting);
+    assert_eq!(
+        (v.seen_reachable, v.failing, v.discounted),
+        (0, v.observers - 1, 1),
+        "{v:?}"
+    );
+    assert!(!v.failing_observers.contains(&c.nodes[observers[0]].name));
+    // Cut from every observer but the liar, yet publishing: degraded,
+    // the liar's reach counted.
+    let cut = Faults {
+        cut: observers[1..].iter().map(|&o| (o, 57)).collect(),
+        liars: vec![(observers[0], 57)],
+        ..Faults::default()
+    };
+    let v = &c.view(&cut).nodes[57];
+    assert!(v.reporting);
+    assert_eq!(v.verdict, Verdict::PathDegraded, "{v:?}");
+    assert_eq!((v.seen_reachable, v.discounted), (1, 0), "{v:?}");
+    // Silent, but reached by over a quarter of its observers: each reach
+    // has others beside it, and counts.
+    let n = observers.len();
+    let reaching = (n + 3).div_ceil(4) + 1;
+    assert!(3 * (reaching - 1) >= n - reaching);
+    let reached = Faults {
+        down: vec![57],
+        liars: observers[..reaching].iter().map(|&o| (o, 57)).collect(),
+        ..Faults::default()
+    };
+    let v = &c.view(&reached).nodes[57];
+    assert_eq!(v.verdict, Verdict::PathDegraded, "{v:?}");
+    assert_eq!((v.seen_reachable, v.discounted), (reaching as u32, 0));
+}
+
+#[test]
+fn a_reach_is_suspect_only_against_enough_failures() {
+    // Failures over three times the others' reaches, and enough of them
+    // (2 here) to stand for a verdict without it.
+    for (reach, fail, suspect) in [
+        (0, 1, false),
+        (0, 2, true),
+        (1, 3, false),
+        (1, 4, true),
+        (2, 6, false),
+        (2, 7, true),
+    ] {
+        assert_eq!(suspect_reach(reach, fail, 2), suspect, "{reach} {fail}");
+    }
 }
 
 #[test]

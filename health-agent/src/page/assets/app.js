@@ -929,7 +929,7 @@
     } else if (n.verdict !== "observer-problem") {
       parts.push(`${n.seenReachable} of ${plural(n.observers, "observer reaches", "observers reach")} it`);
     }
-    if (n.discounted > 0) parts.push(`${n.discounted} failing from observer problems, discounted`);
+    if (n.discounted > 0) parts.push(`${n.discounted} discounted (failures from observer problems, or reaches of a silent node the others fail)`);
     if (!n.reporting) parts.push("publishes no summary");
     return parts.join("; ");
   }
