@@ -14,6 +14,11 @@
 //! - the view says a node is healthy, and this agent fails every path to
 //!   it (unless the view calls this agent an observer problem: its
 //!   failures are discounted then).
+//!
+//! A node without a summary of its own that this agent reaches while its
+//! other observers fail it is down in the view, this agent's reach
+//! discounted (`cluster::view`): that is reported as well, the view and
+//! this agent's rounds disagreeing.
 
 use std::collections::HashMap;
 

@@ -25,16 +25,20 @@
 //!    (each one an observer problem: it fails every node outside) do not
 //!    make the outside observers that fail towards them look suspect.
 //!    An observer problem's *failures* are discounted everywhere below (its
-//!    successes still count: a path it reaches is reachable).
-//!    A *reach* is discounted too when the node publishes no summary of its
-//!    own (a dead node publishes none) and its other observers, at least
-//!    [`ViewParams::min_observers`] of them, fail it over three times as
-//!    often as they reach it: one observer saying a dead node answers (a
-//!    compromised node lying, say) does not keep it from *node down*. A
-//!    node that still publishes is alive somewhere, and every reach of it
-//!    counts.
+//!    successes still count: a path it reaches is reachable, but for the
+//!    rule that follows).
+//!    A *reach* is discounted too, whoever the observer, when the node
+//!    publishes no current summary of its own (a dead node's goes stale
+//!    after [`super::cadence::STALE_ROUNDS`] ticks) and its other
+//!    observers, observer problems aside, at least
+//!    [`ViewParams::min_observers`] of them, fail every path to it over
+//!    three times as often as they reach it: one observer saying a dead
+//!    node answers (a compromised node lying, say) does not keep it from
+//!    *node down* once its summary is gone. A node that still publishes is
+//!    alive somewhere, and every reach of it counts; so does a reach among
+//!    enough others.
 //! 2. With fewer than [`ViewParams::min_observers`] observers reporting a
-//!    definite state (reached or failed, discounted failures aside), the
+//!    definite state (reached or failed, discounted observations aside), the
 //!    node's verdict is **unknown**, or **observer problem** if it is one.
 //! 3. **Node down**: every such observer fails every path (none reaches
 //!    it, none fails only some paths), by the paths' states or by their
@@ -485,8 +489,8 @@ const fn suspect_failure(others_reach: u32, others_fail: u32) -> bool {
 
 /// Whether an observer's reach of a node that publishes no summary of its
 /// own is suspect, given how many of the node's other observers reach it
-/// and fail it: they fail it over three times as often, and are enough
-/// (`min_observers`) to stand for a verdict without it. A dead node
+/// and fail every path to it: they fail it over three times as often, and
+/// are enough (`min_observers`) to stand for a verdict without it. A dead node
 /// publishes nothing; one observer saying it answers (a compromised node
 /// lying) must not keep it from *node down*. A node that still publishes
 /// is alive somewhere: every reach of it counts.
@@ -550,13 +554,13 @@ fn named(list: &mut Vec<String>, name: &str) {
 /// Every node's tally over the observations, and the names that go with
 /// it (`first`, `problem`: observer problems of the first and second
 /// pass; `ok`, `fail`: the first pass's reach and failure counts;
-/// `min_observers`: [`ViewParams::min_observers`]).
+/// `silent`: the reaches to discount).
 fn tally(
     nodes: &NodeSet,
     obs: &Observations,
     (first, problem): (&[bool], &[bool]),
     (ok, fail): (&[u32], &[u32]),
-    min_observers: usize,
+    silent: &SilentReaches,
 ) -> (Vec<Tally>, Vec<Names>) {
     let n = nodes.len();
     let mut tally = vec![Tally::default(); n];
@@ -566,13 +570,7 @@ fn tally(
             let tl = &mut tally[t];
             tl.observers += 1;
             match seen {
-                s if s.reached() && !s.down_now() && !obs.reporting(t) && {
-                    let others_reach = ok[t] - u32::from(!first[o]);
-                    suspect_reach(others_reach, fail[t], min_observers)
-                } =>
-                {
-                    tl.discounted += 1;
-                }
+                s if silent.discounts(o, t, s) => tl.discounted += 1,
                 s if s.reached() => {
                     tl.reached += 1;
                     tl.lossy += u32::from(s == Seen::ReachedLossy);
@@ -605,15 +603,76 @@ fn tally(
 
     // Plain text: an observer that reached some path of it outside the
     // tunnel (a summary marks only paths that answered), whatever its
-    // other paths did.
-    for slot in obs.slots.iter().flatten() {
+    // other paths did, unless its reach is discounted.
+    for (o, slot) in obs.slots.iter().enumerate() {
+        let Some(slot) = slot else { continue };
         for i in slot.start..slot.end {
-            if obs.plaintext[i] {
-                tally[obs.targets[i] as usize].plaintext += 1;
+            let t = obs.targets[i] as usize;
+            if obs.plaintext[i] && !silent.discounts(o, t, obs.seen[i]) {
+                tally[t].plaintext += 1;
             }
         }
     }
     (tally, names)
+}
+
+/// The reaches of nodes without a summary of their own that their other
+/// observers overwhelmingly fail ([`suspect_reach`]), found from two
+/// counts a node: its observers' reaches and their failures of every
+/// path (by the states or the last probes), observer problems of either
+/// pass left out of both.
+struct SilentReaches<'a> {
+    obs: &'a Observations,
+    excluded: Vec<bool>,
+    reach: Vec<u32>,
+    down: Vec<u32>,
+    min_observers: usize,
+}
+
+impl<'a> SilentReaches<'a> {
+    fn new(
+        obs: &'a Observations,
+        (first, problem): (&[bool], &[bool]),
+        min_observers: usize,
+    ) -> Self {
+        let n = obs.slots.len();
+        let excluded: Vec<bool> = first.iter().zip(problem).map(|(a, b)| *a || *b).collect();
+        let (mut reach, mut down) = (vec![0u32; n], vec![0u32; n]);
+        for (o, seen_by_o) in obs.by_observer() {
+            if excluded[o] {
+                continue;
+            }
+            for (t, seen) in seen_by_o.filter(|&(t, _)| !obs.reporting(t)) {
+                if Self::a_reach(seen) {
+                    reach[t] += 1;
+                } else if seen.down_now() {
+                    down[t] += 1;
+                }
+            }
+        }
+        Self {
+            obs,
+            excluded,
+            reach,
+            down,
+            min_observers,
+        }
+    }
+
+    /// Every path in Success, and not failing every one by the last
+    /// probes (that counts as a failure of every path).
+    const fn a_reach(seen: Seen) -> bool {
+        seen.reached() && !seen.down_now()
+    }
+
+    /// Whether observer `o`'s `seen` of node `t` is a reach to discount.
+    fn discounts(&self, o: usize, t: usize, seen: Seen) -> bool {
+        if !Self::a_reach(seen) || self.obs.reporting(t) {
+            return false;
+        }
+        let others_reach = self.reach[t] - u32::from(!self.excluded[o]);
+        suspect_reach(others_reach, self.down[t], self.min_observers)
+    }
 }
 
 /// The cluster view of `nodes` from `summaries` (any order; the newest of
@@ -632,13 +691,8 @@ pub fn assemble<S: Borrow<Summary>>(
     let (suspect, problem) = obs.problems(&zones, &first, params);
     let (ok, fail) = obs.tallies(n, &first);
 
-    let (tally, names) = tally(
-        nodes,
-        &obs,
-        (&first, &problem),
-        (&ok, &fail),
-        params.min_observers.max(1),
-    );
+    let silent = SilentReaches::new(&obs, (&first, &problem), params.min_observers.max(1));
+    let (tally, names) = tally(nodes, &obs, (&first, &problem), (&ok, &fail), &silent);
 
     let mut counts = VerdictCounts::default();
     let views: Vec<NodeView> = nodes
