@@ -59,6 +59,11 @@ async fn listening(limits: Limits) -> (SocketAddr, CancellationToken) {
 
 /// Sends `request` on a new connection; the whole answer.
 async fn exchange(addr: SocketAddr, request: &str) -> String {
+    String::from_utf8_lossy(&exchange_bytes(addr, request).await).into_owned()
+}
+
+/// Sends `request` on a new connection; the whole answer's bytes.
+async fn exchange_bytes(addr: SocketAddr, request: &str) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).await.expect("connect");
     s.write_all(request.as_bytes()).await.expect("send");
     let mut out = Vec::new();
@@ -66,7 +71,7 @@ async fn exchange(addr: SocketAddr, request: &str) -> String {
         .await
         .expect("answered and closed")
         .expect("read");
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 fn get(path: &str, host: &str) -> String {
@@ -380,14 +385,8 @@ async fn the_status_and_the_metrics_are_gzipped_only_for_a_client_that_takes_gzi
 /// `GET /metrics` over HTTP/1.0 (the body ends with the connection),
 /// with `headers`: the head and the body's bytes.
 async fn metrics_over_http_1_0(addr: SocketAddr, headers: &str) -> (String, Vec<u8>) {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
     let request = format!("GET /metrics HTTP/1.0\r\nHost: localhost\r\n{headers}\r\n");
-    s.write_all(request.as_bytes()).await.expect("send");
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
-        .await
-        .expect("answered and closed")
-        .expect("read");
+    let out = exchange_bytes(addr, &request).await;
     let end = out
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
