@@ -525,34 +525,11 @@ fn whole_status(state: &AppState, headers: &axum::http::HeaderMap) -> Response {
     whole_status_of(&state.prober(), headers)
 }
 
-/// [`whole_status`], of `prober`.
+/// [`whole_status`], of `prober`: its JSON gzipped when it was published,
+/// decompressed as it is sent for a client that does not take gzip (it
+/// then holds a piece, not the whole JSON: 9 MB at 10,000 nodes).
 fn whole_status_of(prober: &Prober, headers: &axum::http::HeaderMap) -> Response {
-    use axum::http::header::{CONTENT_ENCODING, CONTENT_TYPE, VARY};
-    if crate::util::gzip::accepted(headers) {
-        (
-            [
-                (CONTENT_TYPE, "application/json"),
-                (CONTENT_ENCODING, "gzip"),
-                (VARY, "accept-encoding"),
-            ],
-            prober.status_json_gzip(),
-        )
-            .into_response()
-    } else {
-        (
-            [
-                (CONTENT_TYPE, "application/json"),
-                (VARY, "accept-encoding"),
-            ],
-            // Decompressed as the client reads: a client that reads
-            // slowly, or not at all, holds a piece, not the whole JSON
-            // (9 MB at 10,000 nodes).
-            axum::body::Body::from_stream(futures::stream::iter(
-                prober.status_json_pieces(crate::util::gzip::PIECE),
-            )),
-        )
-            .into_response()
-    }
+    crate::util::gzip::answer("application/json", prober.status_json_gzip(), headers)
 }
 
 /// The paths' recent results: a node's (`?node=NAME`), every node's loss
@@ -1150,8 +1127,7 @@ pub(crate) mod tests {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let prober = prober();
         let json = prober.status_json();
-        let pieces: Vec<Bytes> = prober
-            .status_json_pieces(100)
+        let pieces: Vec<Bytes> = crate::util::gzip::pieces(prober.status_json_gzip(), 100)
             .collect::<Result<_, _>>()
             .expect("pieces");
         assert!(pieces.len() > 2 && pieces.iter().all(|p| p.len() <= 100));

@@ -620,26 +620,30 @@ fn tally(
 /// observers overwhelmingly fail ([`suspect_reach`]), found from two
 /// counts a node: its observers' reaches and their failures of every
 /// path (by the states or the last probes), observer problems of either
-/// pass left out of both.
+/// pass left out of both. Made once, as two flags a silent node (whether
+/// a reach of it is discounted when its observer is among those counted,
+/// and when it is not); nothing when every node publishes.
 struct SilentReaches<'a> {
-    obs: &'a Observations,
-    excluded: Vec<bool>,
-    reach: Vec<u32>,
-    down: Vec<u32>,
-    min_observers: usize,
+    /// Observer problems of the first and the second pass.
+    problems: (&'a [bool], &'a [bool]),
+    /// Per node: bit 0, a counted observer's reach is discounted; bit 1,
+    /// an observer problem's. Empty when every node publishes.
+    flags: Vec<u8>,
 }
 
 impl<'a> SilentReaches<'a> {
-    fn new(
-        obs: &'a Observations,
-        (first, problem): (&[bool], &[bool]),
-        min_observers: usize,
-    ) -> Self {
+    fn new(obs: &Observations, problems: (&'a [bool], &'a [bool]), min_observers: usize) -> Self {
+        let (first, problem) = problems;
         let n = obs.slots.len();
-        let excluded: Vec<bool> = first.iter().zip(problem).map(|(a, b)| *a || *b).collect();
+        if (0..n).all(|t| obs.reporting(t)) {
+            return Self {
+                problems,
+                flags: Vec::new(),
+            };
+        }
         let (mut reach, mut down) = (vec![0u32; n], vec![0u32; n]);
         for (o, seen_by_o) in obs.by_observer() {
-            if excluded[o] {
+            if first[o] || problem[o] {
                 continue;
             }
             for (t, seen) in seen_by_o.filter(|&(t, _)| !obs.reporting(t)) {
@@ -650,13 +654,18 @@ impl<'a> SilentReaches<'a> {
                 }
             }
         }
-        Self {
-            obs,
-            excluded,
-            reach,
-            down,
-            min_observers,
-        }
+        let flags = (0..n)
+            .map(|t| {
+                if obs.reporting(t) {
+                    return 0;
+                }
+                // A counted observer's reach is one of `reach[t]`.
+                let counted = reach[t] > 0 && suspect_reach(reach[t] - 1, down[t], min_observers);
+                let problem = suspect_reach(reach[t], down[t], min_observers);
+                u8::from(counted) | (u8::from(problem) << 1)
+            })
+            .collect();
+        Self { problems, flags }
     }
 
     /// Every path in Success, and not failing every one by the last
@@ -667,11 +676,12 @@ impl<'a> SilentReaches<'a> {
 
     /// Whether observer `o`'s `seen` of node `t` is a reach to discount.
     fn discounts(&self, o: usize, t: usize, seen: Seen) -> bool {
-        if !Self::a_reach(seen) || self.obs.reporting(t) {
+        let Some(&flags) = self.flags.get(t) else {
             return false;
-        }
-        let others_reach = self.reach[t] - u32::from(!self.excluded[o]);
-        suspect_reach(others_reach, self.down[t], self.min_observers)
+        };
+        let (first, problem) = self.problems;
+        let bit = if first[o] || problem[o] { 2 } else { 1 };
+        flags & bit != 0 && Self::a_reach(seen)
     }
 }
 
@@ -691,7 +701,7 @@ pub fn assemble<S: Borrow<Summary>>(
     let (suspect, problem) = obs.problems(&zones, &first, params);
     let (ok, fail) = obs.tallies(n, &first);
 
-    let silent = SilentReaches::new(&obs, (&first, &problem), params.min_observers.max(1));
+    let silent = SilentReaches::new(&obs, (&first, &problem), params.min_observers);
     let (tally, names) = tally(nodes, &obs, (&first, &problem), (&ok, &fail), &silent);
 
     let mut counts = VerdictCounts::default();

@@ -19,26 +19,28 @@ use tokio::sync::Mutex;
 
 use super::Metrics;
 
-/// How the text is buffered before the compressor: it takes large writes
-/// best, and the encoder writes a label or a number at a time.
-const BUFFER: usize = 64 << 10;
-
 /// Why a scrape has no exposition.
 #[derive(Debug, thiserror::Error)]
 pub enum ExpositionError {
     #[error("encoding the metrics failed (a collector gave up)")]
     Encode,
-    #[error("encoding the metrics failed: compressing them")]
-    Compress(#[source] io::Error),
     #[error("encoding the metrics failed: the encoder panicked")]
     Lost(#[source] tokio::task::JoinError),
 }
 
 /// An encoding, and when it started.
-#[derive(Debug, Clone)]
 pub(super) struct Made {
     started: Instant,
     gzip: Bytes,
+}
+
+impl fmt::Debug for Made {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Made")
+            .field("started", &self.started)
+            .field("gzip_bytes", &self.gzip.len())
+            .finish()
+    }
 }
 
 /// The last encoding, behind the turn to encode.
@@ -53,7 +55,8 @@ impl Metrics {
     ///
     /// # Errors
     ///
-    /// A collector failed, or the encoder panicked.
+    /// A collector failed ([`ExpositionError::Encode`]), or the encoder
+    /// panicked ([`ExpositionError::Lost`]).
     pub async fn exposition(self: &Arc<Self>) -> Result<Bytes, ExpositionError> {
         let asked = Instant::now();
         let mut turn = Arc::clone(&self.shared.last).lock_owned().await;
@@ -77,43 +80,25 @@ impl Metrics {
             .unwrap_or_else(|e| Err(ExpositionError::Lost(e)))
     }
 
-    /// Every series, written through a buffer into the compressor.
+    /// Every series, gzipped as it is written.
     fn encode_gzip(&self) -> Result<Bytes, ExpositionError> {
-        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        let mut out = Text {
-            out: io::BufWriter::with_capacity(BUFFER, gz),
-            failed: None,
-        };
-        let written = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        if let Some(e) = out.failed {
-            return Err(ExpositionError::Compress(e));
-        }
+        let (written, gz) = crate::util::gzip::gzipped(|out| {
+            prometheus_client::encoding::text::encode(&mut Text(out), &self.registry)
+        });
         written.map_err(|fmt::Error| ExpositionError::Encode)?;
-        let gz = out
-            .out
-            .into_inner()
-            .map_err(|e| ExpositionError::Compress(e.into_error()))?;
         // Exactly as long as the bytes: each client holds them until its
         // answer is sent.
-        gz.finish()
-            .map(|v| Bytes::from(v.into_boxed_slice()))
-            .map_err(ExpositionError::Compress)
+        Ok(Bytes::from(gz.into_boxed_slice()))
     }
 }
 
-/// Text written into a compressor: the first write error kept, as
-/// `fmt::Write` cannot carry it.
-struct Text<W: io::Write> {
-    out: W,
-    failed: Option<io::Error>,
-}
+/// Text written into a compressor (which writes into memory: it does not
+/// fail).
+struct Text<W>(W);
 
 impl<W: io::Write> fmt::Write for Text<W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.out.write_all(s.as_bytes()).map_err(|e| {
-            self.failed.get_or_insert(e);
-            fmt::Error
-        })
+        self.0.write_all(s.as_bytes()).map_err(|_| fmt::Error)
     }
 }
 
@@ -132,16 +117,25 @@ mod tests {
 
     use super::*;
 
+    /// How a [`Counting`] collector ends.
+    #[derive(Debug, Clone, Copy)]
+    enum Ends {
+        Well,
+        Fails,
+        Panics,
+    }
+
     /// A collector that counts its encodings, each taking `delay`, and
     /// writes `series` more series; or fails, or panics.
     #[derive(Debug)]
     struct Counting {
-        /// Encodings started, and ended.
+        /// Encodings started.
         started: Arc<AtomicU64>,
+        /// Encodings that wrote their count.
         encodings: Arc<AtomicU64>,
         delay: Duration,
         series: u64,
-        fails: Option<bool>,
+        ends: Ends,
     }
 
     impl Collector for Counting {
@@ -150,10 +144,10 @@ mod tests {
             std::thread::sleep(self.delay);
             let n = self.encodings.fetch_add(1, Ordering::Relaxed) + 1;
             super::super::encode::counter(&mut enc, "encodings", "Encodings so far", n)?;
-            match self.fails {
-                Some(true) => panic!("a collector's bug"),
-                Some(false) => return Err(fmt::Error),
-                None => {}
+            match self.ends {
+                Ends::Panics => panic!("a collector's bug"),
+                Ends::Fails => return Err(fmt::Error),
+                Ends::Well => {}
             }
             let series = (0..self.series).map(|i| (vec![("peer", format!("node-{i:05}"))], i));
             super::super::encode::gauges(&mut enc, "filler", "Series to fill pieces", series)
@@ -162,11 +156,7 @@ mod tests {
 
     /// Metrics of a [`Counting`] collector, and its count of encodings
     /// started.
-    fn counting(
-        delay: Duration,
-        series: u64,
-        fails: Option<bool>,
-    ) -> (Arc<Metrics>, Arc<AtomicU64>) {
+    fn counting(delay: Duration, series: u64, ends: Ends) -> (Arc<Metrics>, Arc<AtomicU64>) {
         let started = Arc::new(AtomicU64::new(0));
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Counting {
@@ -174,7 +164,7 @@ mod tests {
             encodings: Arc::default(),
             delay,
             series,
-            fails,
+            ends,
         }));
         let metrics = Arc::new(Metrics {
             registry,
@@ -183,8 +173,8 @@ mod tests {
         (metrics, started)
     }
 
-    fn metrics(delay: Duration, series: u64, fails: Option<bool>) -> Arc<Metrics> {
-        counting(delay, series, fails).0
+    fn metrics(delay: Duration, series: u64, ends: Ends) -> Arc<Metrics> {
+        counting(delay, series, ends).0
     }
 
     /// Until `started` has counted `n` encodings.
@@ -206,7 +196,7 @@ mod tests {
     /// an encoding runs share the next one, made after they asked.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn scrapes_queued_behind_an_encoding_share_the_next_and_none_gets_older_figures() {
-        let (m, started) = counting(Duration::from_millis(300), 0, None);
+        let (m, started) = counting(Duration::from_millis(300), 0, Ends::Well);
         for n in 1..=2 {
             let gz = m.exposition().await.expect("an exposition");
             let t = text(&gz);
@@ -239,7 +229,7 @@ mod tests {
     /// no other scrape.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_client_that_stops_reading_holds_back_no_scrape() {
-        let m = metrics(Duration::ZERO, 20_000, None);
+        let m = metrics(Duration::ZERO, 20_000, Ends::Well);
         let plain = crate::web::metrics_body(&m, &axum::http::HeaderMap::new())
             .await
             .expect("an answer");
@@ -266,7 +256,7 @@ mod tests {
     /// encoding end, then gives the turn to the next.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_scrape_left_while_encoding_gives_the_turn_back_when_it_ends() {
-        let (m, started) = counting(Duration::from_millis(300), 0, None);
+        let (m, started) = counting(Duration::from_millis(300), 0, Ends::Well);
         let left = tokio::spawn({
             let m = Arc::clone(&m);
             async move { m.exposition().await }
@@ -292,8 +282,11 @@ mod tests {
     /// and gives the turn back.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn an_encoding_that_fails_or_panics_fails_the_scrape_and_gives_the_turn_back() {
-        for (panics, said) in [(false, "a collector gave up"), (true, "panicked")] {
-            let m = metrics(Duration::ZERO, 0, Some(panics));
+        for (ends, said) in [
+            (Ends::Fails, "a collector gave up"),
+            (Ends::Panics, "panicked"),
+        ] {
+            let m = metrics(Duration::ZERO, 0, ends);
             for _ in 0..2 {
                 let e = tokio::time::timeout(Duration::from_secs(5), m.exposition())
                     .await

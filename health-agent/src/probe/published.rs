@@ -77,20 +77,12 @@ impl Serialize for NodesOut<'_> {
     }
 }
 
-/// `value` as JSON, gzipped as it is written (through a buffer that gives
-/// the compressor large writes).
+/// `value` as JSON, gzipped as it is written.
 fn gzipped_json(value: &impl Serialize) -> Bytes {
-    use std::io::Write as _;
-    let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut out = std::io::BufWriter::with_capacity(64 << 10, enc);
-    // Writing to a Vec cannot fail, nor serialising the status.
-    let _ = serde_json::to_writer(&mut out, value);
-    let _ = out.flush();
-    let bytes = out
-        .into_inner()
-        .ok()
-        .and_then(|enc| enc.finish().ok())
-        .unwrap_or_default();
+    // Serialising the status cannot fail.
+    let ((), bytes) = crate::util::gzip::gzipped(|out| {
+        let _ = serde_json::to_writer(out, value);
+    });
     // Sent whole to every client that asks: from a sealed file, without
     // a copy (`crate::sys::sealed`).
     crate::sys::sealed::bytes(bytes, c"health-status")

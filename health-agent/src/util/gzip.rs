@@ -4,12 +4,53 @@
 
 use std::io::{self, Read as _};
 
-use axum::http::{HeaderMap, header::ACCEPT_ENCODING};
+use axum::{
+    http::{
+        HeaderMap,
+        header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE, VARY},
+    },
+    response::{IntoResponse as _, Response},
+};
 use bytes::{Buf as _, Bytes, BytesMut};
+use flate2::{Compression, write::GzEncoder};
 
 /// The pieces a shared answer is decompressed in for a client that does
 /// not take gzip.
 pub const PIECE: usize = 64 << 10;
+
+/// How much text is gathered before the compressor: it takes large writes
+/// best, and writers of JSON or metrics write a field or a number at a
+/// time.
+const BUFFER: usize = 64 << 10;
+
+/// What `write` writes, gzipped (the fast level) as it is written, and
+/// what `write` returned.
+pub fn gzipped<T>(write: impl FnOnce(&mut io::BufWriter<GzEncoder<Vec<u8>>>) -> T) -> (T, Vec<u8>) {
+    let mut out =
+        io::BufWriter::with_capacity(BUFFER, GzEncoder::new(Vec::new(), Compression::fast()));
+    let written = write(&mut out);
+    // Writing into a Vec cannot fail.
+    let bytes = out
+        .into_inner()
+        .ok()
+        .and_then(|enc| enc.finish().ok())
+        .unwrap_or_default();
+    (written, bytes)
+}
+
+/// An answer of `gz`, text of `content_type` gzipped: sent as it is to a
+/// client whose `headers` take gzip, decompressed a [`PIECE`] at a time
+/// as it is read for one that does not.
+pub fn answer(content_type: &'static str, gz: Bytes, headers: &HeaderMap) -> Response {
+    let kind = (CONTENT_TYPE, content_type);
+    let vary = (VARY, "accept-encoding");
+    if accepted(headers) {
+        ([kind, (CONTENT_ENCODING, "gzip"), vary], gz).into_response()
+    } else {
+        let pieces = futures::stream::iter(pieces(gz, PIECE));
+        ([kind, vary], axum::body::Body::from_stream(pieces)).into_response()
+    }
+}
 
 /// Whether `Accept-Encoding` takes gzip: named (or `*`) with a weight
 /// above 0 (`gzip;q=0` refuses it).
@@ -107,9 +148,9 @@ mod tests {
     #[test]
     fn pieces_give_back_the_text_and_a_broken_stream_ends_them_with_an_error() {
         let text = "health_peer_reachable{peer=\"node-1\"} 1\n".repeat(5_000);
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        enc.write_all(text.as_bytes()).expect("written");
-        let gz = Bytes::from(enc.finish().expect("finished"));
+        let (written, gz) = gzipped(|out| out.write_all(text.as_bytes()));
+        written.expect("written");
+        let gz = Bytes::from(gz);
         let got: Vec<Bytes> = pieces(gz.clone(), 1000)
             .collect::<Result<_, _>>()
             .expect("pieces");

@@ -18,7 +18,7 @@ use std::{io, net::SocketAddr, sync::Arc, time::Duration};
 use axum::{
     Router,
     extract::State,
-    http::{StatusCode, header::CONTENT_TYPE},
+    http::StatusCode,
     response::{IntoResponse, Response},
     routing::get,
 };
@@ -97,19 +97,14 @@ pub(crate) async fn metrics_body(
     metrics: &Arc<Metrics>,
     headers: &axum::http::HeaderMap,
 ) -> Result<Response, crate::metrics::ExpositionError> {
-    use crate::util::gzip;
-    use axum::http::header::{CONTENT_ENCODING, VARY};
     let gz = metrics.exposition().await.inspect_err(|e| {
         tracing::warn!("{}", crate::util::errors::chain(e));
     })?;
-    let kind = (CONTENT_TYPE, crate::metrics::CONTENT_TYPE);
-    let vary = (VARY, "accept-encoding");
-    Ok(if gzip::accepted(headers) {
-        ([kind, (CONTENT_ENCODING, "gzip"), vary], gz).into_response()
-    } else {
-        let pieces = futures::stream::iter(gzip::pieces(gz, gzip::PIECE));
-        ([kind, vary], axum::body::Body::from_stream(pieces)).into_response()
-    })
+    Ok(crate::util::gzip::answer(
+        crate::metrics::CONTENT_TYPE,
+        gz,
+        headers,
+    ))
 }
 
 /// Serves until `shutdown`, then lets requests in flight finish, with

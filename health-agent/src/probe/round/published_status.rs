@@ -112,18 +112,6 @@ impl Prober {
         Bytes::from(plain)
     }
 
-    /// The published status as JSON, decompressed from
-    /// [`Self::status_json_gzip`] a piece of at most `piece` bytes at a
-    /// time, as the pieces are taken: a reader that takes them slowly
-    /// holds the decoder's state and one piece, never the whole JSON. A
-    /// failure ends the pieces.
-    pub fn status_json_pieces(
-        &self,
-        piece: usize,
-    ) -> impl Iterator<Item = std::io::Result<Bytes>> + Send + 'static {
-        crate::util::gzip::pieces(self.status_json_gzip(), piece)
-    }
-
     /// The published status as gzipped JSON, made once when it was
     /// published: a 5,000-node status is 4.7 MB of JSON and about a tenth
     /// of that gzipped.
