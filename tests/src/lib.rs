@@ -38,6 +38,7 @@ pub mod pins;
 pub mod process;
 pub mod prometheus;
 pub mod router_chain;
+pub mod scratch;
 pub mod tc_run;
 pub mod topology;
 pub mod watch;

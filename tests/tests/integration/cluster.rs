@@ -530,8 +530,7 @@ fn wait_nodes_error(cluster: &Cluster, needle: &str) -> NodesView {
 
 #[test]
 fn a_bad_nodes_file_at_start_is_refused_naming_the_line() {
-    let dir = std::env::temp_dir().join(health_tests::names::unique("badfile"));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = health_tests::scratch::ScratchDir::new("badfile");
     let file = dir.join("nodes.yaml");
     std::fs::write(
         &file,
@@ -546,6 +545,8 @@ fn a_bad_nodes_file_at_start_is_refused_naming_the_line() {
         .arg(dir.join("pid"))
         .arg("--socket")
         .arg(dir.join("sock"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
         .output()
         .expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -555,7 +556,6 @@ fn a_bad_nodes_file_at_start_is_refused_naming_the_line() {
         !dir.join("sock").exists() && !dir.join("pid").exists(),
         "nothing left behind"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A round asked for through the API (`status --probe`) runs to its end

@@ -739,8 +739,7 @@ fn the_kvstore_watch_and_lease_come_through_an_etcd_restart() {
 #[test]
 fn a_kept_lease_is_taken_over_only_when_it_holds_this_nodes_keys_alone() {
     let etcd = LocalEtcd::start();
-    let dir = std::env::temp_dir().join(health_tests::names::unique("lease"));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let dir = health_tests::scratch::ScratchDir::new("lease");
     let file = |node: &str| dir.join(format!("{node}-lease"));
     // Long enough that the first run's lease outlives the start of the
     // next (etcd counts what is left in whole seconds).
@@ -796,7 +795,6 @@ fn a_kept_lease_is_taken_over_only_when_it_holds_this_nodes_keys_alone() {
         assert_eq!(leases, [("/t/nodes/a".into(), lease_a)]);
         assert!(!file("b").exists(), "b's file goes with its lease");
     });
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Asked to, a followed prefix is listed again in its own stream: a

@@ -366,8 +366,7 @@ fn a_node_set_past_max_nodes_keeps_the_last_good_one() {
 /// start, naming the flag; a CIDR outside the range is named too.
 #[test]
 fn peers_without_a_health_range_refuse_to_start_naming_the_flag() {
-    let dir = std::env::temp_dir().join(health_tests::names::unique("norange"));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = health_tests::scratch::ScratchDir::new("norange");
     let file = dir.join("nodes.yaml");
     std::fs::write(
         &file,
@@ -402,6 +401,8 @@ fn peers_without_a_health_range_refuse_to_start_naming_the_flag() {
             .arg(dir.join("pid"))
             .arg("--socket")
             .arg(dir.join("sock"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
             .output()
             .expect("run");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -409,7 +410,6 @@ fn peers_without_a_health_range_refuse_to_start_naming_the_flag() {
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(!dir.join("sock").exists(), "nothing left behind");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Node 1's cluster view (the elected assembler's), through the CLI.
