@@ -342,9 +342,13 @@ fn cluster_json(state: &AppState, part: fn(&ClusterViewCell) -> Option<Bytes>) -
 }
 
 /// The Prometheus metrics, as on the metrics listener.
-async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+async fn metrics(
+    State(state): State<AppState>,
+    method: axum::http::Method,
+    headers: axum::http::HeaderMap,
+) -> Response {
     match &state.metrics {
-        Some(m) => crate::web::metrics_body(m, &headers)
+        Some(m) => crate::web::metrics_body(m, &method, &headers)
             .await
             .unwrap_or_else(|e| {
                 error(

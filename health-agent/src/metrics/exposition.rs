@@ -3,16 +3,25 @@
 //! is written, and shared: a scrape takes the last encoding if that one
 //! started after the scrape asked, and encodes anew otherwise. Scrapes
 //! that queue behind an encoding therefore share the next one, however
-//! many they are, and no scrape is answered with figures older than its
-//! request.
+//! many they are, its figures or its failure, and no scrape is answered
+//! with figures older than its request.
 //!
 //! The turn to encode is held for the encoding alone, never while a
 //! client reads: every client is sent the shared bytes (gzipped, or
 //! decompressed as it reads them, [`crate::util::gzip`]), so a client
 //! that reads slowly, or not at all, holds back no other scrape and holds
-//! the encoding it was given, not a copy.
+//! the encoding it was given, not a copy. An encoding is kept only while
+//! a scrape waits for the turn: the last of them to take it lets it go.
 
-use std::{fmt, io, sync::Arc, time::Instant};
+use std::{
+    fmt, io,
+    panic::AssertUnwindSafe,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Instant,
+};
 
 use bytes::Bytes;
 use tokio::sync::Mutex;
@@ -20,33 +29,54 @@ use tokio::sync::Mutex;
 use super::Metrics;
 
 /// Why a scrape has no exposition.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ExpositionError {
     #[error("encoding the metrics failed (a collector gave up)")]
     Encode,
-    #[error("encoding the metrics failed: the encoder panicked")]
-    Lost(#[source] tokio::task::JoinError),
+    #[error("encoding the metrics failed: the encoder panicked: {0}")]
+    Panicked(String),
+    #[error("encoding the metrics failed: the agent is stopping")]
+    Stopping,
 }
 
-/// An encoding, and when it started.
+/// An encoding, when it started, and what it made.
 pub(super) struct Made {
     started: Instant,
-    gzip: Bytes,
+    made: Result<Bytes, ExpositionError>,
 }
 
 impl fmt::Debug for Made {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Made")
             .field("started", &self.started)
-            .field("gzip_bytes", &self.gzip.len())
+            .field("gzip_bytes", &self.made.as_ref().map(Bytes::len))
             .finish()
     }
 }
 
-/// The last encoding, behind the turn to encode.
+/// The last encoding, behind the turn to encode, and the scrapes waiting
+/// for the turn.
 #[derive(Debug, Default)]
 pub(super) struct Shared {
     last: Arc<Mutex<Option<Made>>>,
+    waiting: Arc<AtomicUsize>,
+}
+
+/// A scrape counted among those waiting for the turn until it is dropped
+/// (it took the turn, or its client left).
+struct Waiting(Arc<AtomicUsize>);
+
+impl Waiting {
+    fn new(waiting: &Arc<AtomicUsize>) -> Self {
+        waiting.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(waiting))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Metrics {
@@ -55,29 +85,45 @@ impl Metrics {
     ///
     /// # Errors
     ///
-    /// A collector failed ([`ExpositionError::Encode`]), or the encoder
-    /// panicked ([`ExpositionError::Lost`]).
+    /// A collector failed ([`ExpositionError::Encode`]) or panicked
+    /// ([`ExpositionError::Panicked`]) in the encoding this scrape was
+    /// given, or the runtime is shutting down.
     pub async fn exposition(self: &Arc<Self>) -> Result<Bytes, ExpositionError> {
+        // Counted before it asks: an encoding that starts after the ask
+        // sees it waiting when it ends.
+        let waiting = Waiting::new(&self.shared.waiting);
         let asked = Instant::now();
         let mut turn = Arc::clone(&self.shared.last).lock_owned().await;
-        if let Some(made) = turn.as_ref().filter(|m| m.started >= asked) {
-            return Ok(made.gzip.clone());
+        drop(waiting);
+        let others = &self.shared.waiting;
+        if let Some(m) = turn.as_ref().filter(|m| m.started >= asked) {
+            let made = m.made.clone();
+            if others.load(Ordering::Acquire) == 0 {
+                *turn = None;
+            }
+            return made;
         }
-        let metrics = Arc::clone(self);
+        *turn = None;
+        let (metrics, others) = (Arc::clone(self), Arc::clone(others));
         // The turn goes with the encoding: a scrape whose client leaves
         // meanwhile lets it finish, and the next scrape take it.
         let encoding = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let gzip = metrics.encode_gzip()?;
-            *turn = Some(Made {
-                started,
-                gzip: gzip.clone(),
-            });
-            Ok(gzip)
+            let made = std::panic::catch_unwind(AssertUnwindSafe(|| metrics.encode_gzip()))
+                .unwrap_or_else(|panic| Err(ExpositionError::Panicked(said(&*panic))));
+            // Kept for the scrapes that wait: any that asked before this
+            // encoding started is counted by now.
+            if others.load(Ordering::Acquire) > 0 {
+                *turn = Some(Made {
+                    started,
+                    made: made.clone(),
+                });
+            }
+            made
         });
         encoding
             .await
-            .unwrap_or_else(|e| Err(ExpositionError::Lost(e)))
+            .unwrap_or_else(|_| Err(ExpositionError::Stopping))
     }
 
     /// Every series, gzipped as it is written.
@@ -90,6 +136,15 @@ impl Metrics {
         // answer is sent.
         Ok(Bytes::from(gz.into_boxed_slice()))
     }
+}
+
+/// What a panic said, when it said it in text.
+fn said(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned())
 }
 
 /// Text written into a compressor (which writes into memory: it does not
@@ -230,9 +285,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_client_that_stops_reading_holds_back_no_scrape() {
         let m = metrics(Duration::ZERO, 20_000, Ends::Well);
-        let plain = crate::web::metrics_body(&m, &axum::http::HeaderMap::new())
-            .await
-            .expect("an answer");
+        let plain =
+            crate::web::metrics_body(&m, &axum::http::Method::GET, &axum::http::HeaderMap::new())
+                .await
+                .expect("an answer");
         let mut stalled = plain.into_body().into_data_stream();
         let piece = stalled.next().await.expect("a piece").expect("read");
         assert_eq!(piece.len(), crate::util::gzip::PIECE);
@@ -278,24 +334,109 @@ mod tests {
         assert_eq!(started.load(Ordering::Relaxed), 2);
     }
 
+    /// Whether `m` keeps an encoding (its turn free).
+    fn kept(m: &Metrics) -> bool {
+        m.shared.last.try_lock().expect("the turn free").is_some()
+    }
+
     /// A collector that fails or panics makes the scrape fail, naming it,
-    /// and gives the turn back.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn an_encoding_that_fails_or_panics_fails_the_scrape_and_gives_the_turn_back() {
+    /// and gives the turn back; the scrapes queued behind that encoding
+    /// share its failure rather than each trying again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_encoding_that_fails_or_panics_fails_the_scrapes_queued_behind_it_once() {
         for (ends, said) in [
             (Ends::Fails, "a collector gave up"),
-            (Ends::Panics, "panicked"),
+            (Ends::Panics, "panicked: a collector's bug"),
         ] {
-            let m = metrics(Duration::ZERO, 0, ends);
-            for _ in 0..2 {
+            let (m, started) = counting(Duration::from_millis(200), 0, ends);
+            for n in 1..=2 {
                 let e = tokio::time::timeout(Duration::from_secs(5), m.exposition())
                     .await
                     .expect("the turn given back")
                     .expect_err("failed");
                 assert!(e.to_string().contains(said), "{e}");
+                assert_eq!(started.load(Ordering::Relaxed), n);
             }
-            let answer = crate::web::metrics_body(&m, &axum::http::HeaderMap::new()).await;
+            let first = tokio::spawn({
+                let m = Arc::clone(&m);
+                async move { m.exposition().await }
+            });
+            started_at_least(&started, 3).await;
+            let queued: Vec<_> = (0..6)
+                .map(|_| {
+                    let m = Arc::clone(&m);
+                    tokio::spawn(async move { m.exposition().await })
+                })
+                .collect();
+            assert!(first.await.expect("joined").is_err());
+            for q in queued {
+                let e = q.await.expect("joined").expect_err("failed");
+                assert!(e.to_string().contains(said), "{e}");
+            }
+            // The one under way when they asked, and one for all six.
+            assert_eq!(started.load(Ordering::Relaxed), 4);
+            assert!(!kept(&m), "no scrape waits: nothing kept");
+            let answer = crate::web::metrics_body(
+                &m,
+                &axum::http::Method::GET,
+                &axum::http::HeaderMap::new(),
+            )
+            .await;
             assert!(answer.is_err());
         }
+    }
+
+    /// An encoding is kept only while scrapes wait for it: one after
+    /// another keep none, and the last of a queue to take it lets it go.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_encoding_is_kept_once_no_scrape_waits_for_it() {
+        let (m, started) = counting(Duration::from_millis(200), 100, Ends::Well);
+        m.exposition().await.expect("an exposition");
+        assert!(!kept(&m), "a scrape alone keeps nothing");
+        let first = tokio::spawn({
+            let m = Arc::clone(&m);
+            async move { m.exposition().await }
+        });
+        started_at_least(&started, 2).await;
+        let queued: Vec<_> = (0..4)
+            .map(|_| {
+                let m = Arc::clone(&m);
+                tokio::spawn(async move { m.exposition().await })
+            })
+            .collect();
+        first.await.expect("joined").expect("an exposition");
+        for q in queued {
+            q.await.expect("joined").expect("an exposition");
+        }
+        assert_eq!(started.load(Ordering::Relaxed), 3);
+        assert!(!kept(&m), "the queue drained: nothing kept");
+    }
+
+    /// A `HEAD` is answered the head of a scrape, without an encoding.
+    #[tokio::test]
+    async fn a_head_makes_no_encoding() {
+        let (m, started) = counting(Duration::ZERO, 0, Ends::Well);
+        let mut gzip = axum::http::HeaderMap::new();
+        gzip.insert(
+            axum::http::header::ACCEPT_ENCODING,
+            "gzip".parse().expect("a value"),
+        );
+        for (headers, encoded) in [(axum::http::HeaderMap::new(), false), (gzip, true)] {
+            let head = crate::web::metrics_body(&m, &axum::http::Method::HEAD, &headers)
+                .await
+                .expect("an answer");
+            assert_eq!(head.status(), axum::http::StatusCode::OK);
+            assert_eq!(
+                head.headers()
+                    .get(axum::http::header::CONTENT_ENCODING)
+                    .is_some(),
+                encoded
+            );
+            assert_eq!(
+                head.headers()[axum::http::header::CONTENT_TYPE],
+                super::super::CONTENT_TYPE
+            );
+        }
+        assert_eq!(started.load(Ordering::Relaxed), 0);
     }
 }

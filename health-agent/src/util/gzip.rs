@@ -52,6 +52,22 @@ pub fn answer(content_type: &'static str, gz: Bytes, headers: &HeaderMap) -> Res
     }
 }
 
+/// The head [`answer`] gives a client whose request had `headers`,
+/// without a body: the answer to a `HEAD`, made without the text.
+#[must_use]
+pub fn head(content_type: &'static str, headers: &HeaderMap) -> Response {
+    let kind = (CONTENT_TYPE, content_type);
+    let vary = (VARY, "accept-encoding");
+    // Of no stated length (an empty body would say `content-length: 0`,
+    // which the text is not).
+    let none = axum::body::Body::from_stream(futures::stream::empty::<io::Result<Bytes>>());
+    if accepted(headers) {
+        ([kind, (CONTENT_ENCODING, "gzip"), vary], none).into_response()
+    } else {
+        ([kind, vary], none).into_response()
+    }
+}
+
 /// Whether `Accept-Encoding` takes gzip: named (or `*`) with a weight
 /// above 0 (`gzip;q=0` refuses it).
 #[must_use]

@@ -78,25 +78,36 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 
 async fn metrics_text(
     State(metrics): State<Arc<Metrics>>,
+    method: axum::http::Method,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    metrics_body(&metrics, &headers).await.unwrap_or_else(|e| {
-        let e = crate::util::errors::chain(&e);
-        (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
-    })
+    metrics_body(&metrics, &method, &headers)
+        .await
+        .unwrap_or_else(|e| {
+            let e = crate::util::errors::chain(&e);
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
+        })
 }
 
 /// The metrics' exposition as of the request (see [`Metrics::exposition`]):
 /// gzipped for a client that takes it, decompressed as it is read for
-/// one that does not.
+/// one that does not. A `HEAD` is answered the same head without an
+/// encoding being made.
 ///
 /// # Errors
 ///
 /// The exposition could not be made (logged here).
 pub(crate) async fn metrics_body(
     metrics: &Arc<Metrics>,
+    method: &axum::http::Method,
     headers: &axum::http::HeaderMap,
 ) -> Result<Response, crate::metrics::ExpositionError> {
+    if method == axum::http::Method::HEAD {
+        return Ok(crate::util::gzip::head(
+            crate::metrics::CONTENT_TYPE,
+            headers,
+        ));
+    }
     let gz = metrics.exposition().await.inspect_err(|e| {
         tracing::warn!("{}", crate::util::errors::chain(e));
     })?;

@@ -378,6 +378,17 @@ async fn the_status_and_the_metrics_are_gzipped_only_for_a_client_that_takes_gzi
             );
             assert!(head.contains("vary: accept-encoding"), "{accept:?}: {head}");
         }
+        // A HEAD of the metrics: the same head, no body.
+        let out = exchange(addr, &request("HEAD", "/metrics", &header)).await;
+        let (head, body) = split(&out);
+        assert!(head.starts_with("http/1.1 200"), "{accept:?}: {out}");
+        assert_eq!(head.contains("content-encoding: gzip"), gzipped, "{head}");
+        assert!(
+            head.contains("content-type: application/openmetrics-text"),
+            "{head}"
+        );
+        assert!(!head.contains("content-length: 0"), "{head}");
+        assert!(body.is_empty(), "{accept:?}: {out}");
     }
     stop.cancel();
 }
