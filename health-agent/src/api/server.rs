@@ -1123,6 +1123,64 @@ pub(crate) mod tests {
         (status, headers, body)
     }
 
+    /// The metrics on the socket: a `GET` has the exposition, a `HEAD`
+    /// its head without a body or a length.
+    #[tokio::test]
+    async fn the_socket_serves_the_metrics_and_their_head() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (_, probers) = watch::channel(prober());
+        let metrics = Arc::new(crate::metrics::Metrics::new(crate::metrics::Sources {
+            prober: probers.clone(),
+            probe: Arc::new(crate::probe::metrics::ProbeMetrics::default()),
+            nodes: Nodes::new("none".into()),
+            endpoint: crate::endpoint::shared_view(),
+            pin_dir: "/nonexistent".into(),
+            maps: crate::datapath::report::MapsReport::default(),
+            per_peer: false,
+        }));
+        let path = std::env::temp_dir().join(format!(
+            "health-agent-api-{}-{}.sock",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let (_guard, listener) = bind(&path, None).expect("bind");
+        let state = ApiState::new(
+            crate::endpoint::shared_view(),
+            probers,
+            Nodes::new("none".into()),
+            Health::default(),
+            Duration::from_secs(1),
+        )
+        .with_metrics(metrics);
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, state, stop.clone()));
+        let (status, _, body) = plain(&path, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        let text = String::from_utf8(body.to_vec()).expect("UTF-8");
+        assert!(text.contains("health_node_connectivity_status{"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+        let mut raw = tokio::net::UnixStream::connect(&path)
+            .await
+            .expect("connect");
+        raw.write_all(b"HEAD /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("written");
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut answer))
+            .await
+            .expect("answered")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        assert!(answer.starts_with("http/1.1 200"), "{answer}");
+        assert!(
+            answer.contains("content-type: application/openmetrics-text"),
+            "{answer}"
+        );
+        assert!(!answer.contains("content-length"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\n"), "no body: {answer}");
+        stop.cancel();
+    }
+
     /// A client that does not take gzip gets the status's JSON decompressed
     /// as it is sent, in pieces (chunked), not made whole first; a head
     /// past 64 KiB is refused before it is held.

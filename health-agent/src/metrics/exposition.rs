@@ -11,7 +11,9 @@
 //! decompressed as it reads them, [`crate::util::gzip`]), so a client
 //! that reads slowly, or not at all, holds back no other scrape and holds
 //! the encoding it was given, not a copy. An encoding is kept only while
-//! a scrape waits for the turn: the last of them to take it lets it go.
+//! a scrape waits for the turn: the last of them to take it, or to leave
+//! before it does, lets it go (or, in the rare case a leaving scrape finds
+//! the turn taken, the next scrape).
 
 use std::{
     fmt, io,
@@ -62,20 +64,41 @@ pub(super) struct Shared {
     waiting: Arc<AtomicUsize>,
 }
 
-/// A scrape counted among those waiting for the turn until it is dropped
-/// (it took the turn, or its client left).
-struct Waiting(Arc<AtomicUsize>);
+/// A scrape counted among those waiting for the turn until it takes it
+/// ([`Waiting::took`]) or its client leaves (dropped): the last to leave
+/// lets the kept encoding go when the turn is free.
+struct Waiting<'a> {
+    shared: &'a Shared,
+    took: bool,
+}
 
-impl Waiting {
-    fn new(waiting: &Arc<AtomicUsize>) -> Self {
-        waiting.fetch_add(1, Ordering::AcqRel);
-        Self(Arc::clone(waiting))
+impl<'a> Waiting<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        shared.waiting.fetch_add(1, Ordering::AcqRel);
+        Self {
+            shared,
+            took: false,
+        }
+    }
+
+    /// Took the turn: no longer waiting. Whether others still wait.
+    fn took(mut self) -> bool {
+        self.took = true;
+        self.shared.waiting.fetch_sub(1, Ordering::AcqRel) > 1
     }
 }
 
-impl Drop for Waiting {
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if self.took {
+            return;
+        }
+        let last = self.shared.waiting.fetch_sub(1, Ordering::AcqRel) == 1;
+        // Held: by an encoding, which keeps nothing once none waits, or
+        // by a scrape, which lets it go as the last to take it.
+        if let (true, Ok(mut kept)) = (last, self.shared.last.try_lock()) {
+            *kept = None;
+        }
     }
 }
 
@@ -91,26 +114,26 @@ impl Metrics {
     pub async fn exposition(self: &Arc<Self>) -> Result<Bytes, ExpositionError> {
         // Counted before it asks: an encoding that starts after the ask
         // sees it waiting when it ends.
-        let waiting = Waiting::new(&self.shared.waiting);
+        let waiting = Waiting::new(&self.shared);
         let asked = Instant::now();
         let mut turn = Arc::clone(&self.shared.last).lock_owned().await;
-        drop(waiting);
-        let others = &self.shared.waiting;
+        let others_wait = waiting.took();
         if let Some(m) = turn.as_ref().filter(|m| m.started >= asked) {
             let made = m.made.clone();
-            if others.load(Ordering::Acquire) == 0 {
+            if !others_wait {
                 *turn = None;
             }
             return made;
         }
         *turn = None;
-        let (metrics, others) = (Arc::clone(self), Arc::clone(others));
+        let (metrics, others) = (Arc::clone(self), Arc::clone(&self.shared.waiting));
         // The turn goes with the encoding: a scrape whose client leaves
         // meanwhile lets it finish, and the next scrape take it.
         let encoding = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             let made = std::panic::catch_unwind(AssertUnwindSafe(|| metrics.encode_gzip()))
-                .unwrap_or_else(|panic| Err(ExpositionError::Panicked(said(&*panic))));
+                .unwrap_or_else(|panic| Err(ExpositionError::Panicked(said(&*panic))))
+                .inspect_err(|e| tracing::warn!("{}", crate::util::errors::chain(e)));
             // Kept for the scrapes that wait: any that asked before this
             // encoding started is counted by now.
             if others.load(Ordering::Acquire) > 0 {
@@ -340,10 +363,10 @@ mod tests {
     }
 
     /// A collector that fails or panics makes the scrape fail, naming it,
-    /// and gives the turn back; the scrapes queued behind that encoding
-    /// share its failure rather than each trying again.
+    /// and gives the turn back; the scrapes waiting for the turn when an
+    /// encoding starts share its failure rather than each trying again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_encoding_that_fails_or_panics_fails_the_scrapes_queued_behind_it_once() {
+    async fn scrapes_waiting_for_a_failing_encoding_share_its_failure() {
         for (ends, said) in [
             (Ends::Fails, "a collector gave up"),
             (Ends::Panics, "panicked: a collector's bug"),
@@ -410,6 +433,40 @@ mod tests {
         }
         assert_eq!(started.load(Ordering::Relaxed), 3);
         assert!(!kept(&m), "the queue drained: nothing kept");
+    }
+
+    /// Scrapes that leave while waiting let the kept encoding go when the
+    /// last of them leaves and the turn is free.
+    #[test]
+    fn the_last_scrape_to_leave_while_waiting_lets_the_kept_encoding_go() {
+        let shared = Shared::default();
+        let keep = || {
+            *shared.last.try_lock().expect("free") = Some(Made {
+                started: Instant::now(),
+                made: Ok(Bytes::from_static(b"kept")),
+            });
+        };
+        let is_kept = || shared.last.try_lock().expect("free").is_some();
+        keep();
+        let (first, second) = (Waiting::new(&shared), Waiting::new(&shared));
+        drop(first);
+        assert!(is_kept(), "one still waits");
+        drop(second);
+        assert!(!is_kept(), "none waits");
+        keep();
+        let (took, left) = (Waiting::new(&shared), Waiting::new(&shared));
+        assert!(took.took(), "another waits");
+        drop(left);
+        assert!(!is_kept(), "the last one left");
+        // The turn taken when the last leaves: kept, for the next scrape
+        // to let go.
+        keep();
+        let left = Waiting::new(&shared);
+        let held = shared.last.try_lock().expect("free");
+        drop(left);
+        drop(held);
+        assert!(is_kept());
+        assert_eq!(shared.waiting.load(Ordering::Acquire), 0);
     }
 
     /// A `HEAD` is answered the head of a scrape, without an encoding.

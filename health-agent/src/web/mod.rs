@@ -96,7 +96,8 @@ async fn metrics_text(
 ///
 /// # Errors
 ///
-/// The exposition could not be made (logged here).
+/// The exposition could not be made (logged once an encoding, by
+/// [`Metrics::exposition`]).
 pub(crate) async fn metrics_body(
     metrics: &Arc<Metrics>,
     method: &axum::http::Method,
@@ -108,9 +109,7 @@ pub(crate) async fn metrics_body(
             headers,
         ));
     }
-    let gz = metrics.exposition().await.inspect_err(|e| {
-        tracing::warn!("{}", crate::util::errors::chain(e));
-    })?;
+    let gz = metrics.exposition().await?;
     Ok(crate::util::gzip::answer(
         crate::metrics::CONTENT_TYPE,
         gz,

@@ -351,15 +351,9 @@ async fn unknown_paths_and_methods_are_answered_naming_them() {
 #[tokio::test]
 async fn the_status_and_the_metrics_are_gzipped_only_for_a_client_that_takes_gzip() {
     let (addr, stop) = listening(Limits::LISTENER).await;
-    for (accept, gzipped) in [
-        ("gzip", true),
-        ("br, gzip;q=0.5", true),
-        ("*", true),
-        ("gzip;q=0", false),
-        ("gzip;q=0.0, *;q=1", false),
-        ("identity", false),
-        ("", false),
-    ] {
+    // How weights are read is `util::gzip`'s table; here, that every
+    // answer follows it.
+    for (accept, gzipped) in [("br, gzip;q=0.5", true), ("gzip;q=0", false), ("", false)] {
         let header = if accept.is_empty() {
             String::new()
         } else {
