@@ -797,19 +797,28 @@ pub(crate) mod tests {
         probers: watch::Receiver<Arc<Prober>>,
         nodes: Nodes,
     ) -> (Client, SocketGuard, CancellationToken) {
+        serve_state(probers, nodes, |state| state)
+    }
+
+    /// [`serve_with_nodes`], the state as `with` makes it.
+    fn serve_state(
+        probers: watch::Receiver<Arc<Prober>>,
+        nodes: Nodes,
+        with: impl FnOnce(ApiState) -> ApiState,
+    ) -> (Client, SocketGuard, CancellationToken) {
         let path = std::env::temp_dir().join(format!(
             "health-agent-api-{}-{}.sock",
             std::process::id(),
             fastrand::u64(..)
         ));
         let (guard, listener) = bind(&path, None).expect("bind");
-        let state = ApiState::new(
+        let state = with(ApiState::new(
             crate::endpoint::shared_view(),
             probers,
             nodes,
             Health::default(),
             Duration::from_secs(1),
-        );
+        ));
         let stop = CancellationToken::new();
         tokio::spawn(serve(listener, state, stop.clone()));
         (Client::new(path), guard, stop)
@@ -1138,22 +1147,10 @@ pub(crate) mod tests {
             maps: crate::datapath::report::MapsReport::default(),
             per_peer: false,
         }));
-        let path = std::env::temp_dir().join(format!(
-            "health-agent-api-{}-{}.sock",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        let (_guard, listener) = bind(&path, None).expect("bind");
-        let state = ApiState::new(
-            crate::endpoint::shared_view(),
-            probers,
-            Nodes::new("none".into()),
-            Health::default(),
-            Duration::from_secs(1),
-        )
-        .with_metrics(metrics);
-        let stop = CancellationToken::new();
-        tokio::spawn(serve(listener, state, stop.clone()));
+        let (_, guard, stop) = serve_state(probers, Nodes::new("none".into()), |state| {
+            state.with_metrics(metrics)
+        });
+        let path = guard.path.clone();
         let (status, _, body) = plain(&path, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         let text = String::from_utf8(body.to_vec()).expect("UTF-8");

@@ -255,6 +255,12 @@ mod tests {
         counting(delay, series, ends).0
     }
 
+    /// A scrape of `m` on a task of its own.
+    fn scrape(m: &Arc<Metrics>) -> tokio::task::JoinHandle<Result<Bytes, ExpositionError>> {
+        let m = Arc::clone(m);
+        tokio::spawn(async move { m.exposition().await })
+    }
+
     /// Until `started` has counted `n` encodings.
     async fn started_at_least(started: &AtomicU64, n: u64) {
         while started.load(Ordering::Relaxed) < n {
@@ -280,13 +286,9 @@ mod tests {
             let t = text(&gz);
             assert!(t.contains(&format!("encodings_total {n}\n")), "{t}");
         }
-        let scrape = || {
-            let m = Arc::clone(&m);
-            tokio::spawn(async move { m.exposition().await })
-        };
-        let first = scrape();
+        let first = scrape(&m);
         started_at_least(&started, 3).await;
-        let queued: Vec<_> = (0..8).map(|_| scrape()).collect();
+        let queued: Vec<_> = (0..8).map(|_| scrape(&m)).collect();
         let first = first.await.expect("joined").expect("an exposition");
         assert!(text(&first).contains("encodings_total 3\n"));
         let mut answers = Vec::new();
@@ -336,10 +338,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_scrape_left_while_encoding_gives_the_turn_back_when_it_ends() {
         let (m, started) = counting(Duration::from_millis(300), 0, Ends::Well);
-        let left = tokio::spawn({
-            let m = Arc::clone(&m);
-            async move { m.exposition().await }
-        });
+        let left = scrape(&m);
         started_at_least(&started, 1).await;
         left.abort();
         assert!(left.await.is_err_and(|e| e.is_cancelled()));
@@ -380,17 +379,9 @@ mod tests {
                 assert!(e.to_string().contains(said), "{e}");
                 assert_eq!(started.load(Ordering::Relaxed), n);
             }
-            let first = tokio::spawn({
-                let m = Arc::clone(&m);
-                async move { m.exposition().await }
-            });
+            let first = scrape(&m);
             started_at_least(&started, 3).await;
-            let queued: Vec<_> = (0..6)
-                .map(|_| {
-                    let m = Arc::clone(&m);
-                    tokio::spawn(async move { m.exposition().await })
-                })
-                .collect();
+            let queued: Vec<_> = (0..6).map(|_| scrape(&m)).collect();
             assert!(first.await.expect("joined").is_err());
             for q in queued {
                 let e = q.await.expect("joined").expect_err("failed");
@@ -416,17 +407,9 @@ mod tests {
         let (m, started) = counting(Duration::from_millis(200), 100, Ends::Well);
         m.exposition().await.expect("an exposition");
         assert!(!kept(&m), "a scrape alone keeps nothing");
-        let first = tokio::spawn({
-            let m = Arc::clone(&m);
-            async move { m.exposition().await }
-        });
+        let first = scrape(&m);
         started_at_least(&started, 2).await;
-        let queued: Vec<_> = (0..4)
-            .map(|_| {
-                let m = Arc::clone(&m);
-                tokio::spawn(async move { m.exposition().await })
-            })
-            .collect();
+        let queued: Vec<_> = (0..4).map(|_| scrape(&m)).collect();
         first.await.expect("joined").expect("an exposition");
         for q in queued {
             q.await.expect("joined").expect("an exposition");
