@@ -24,21 +24,8 @@ fn help(path: &[String]) -> Result<String, String> {
 #[test]
 fn every_quoted_agent_command_exists() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let documents = docs::documents(&root).expect("reading the docs");
-    let commands: Vec<_> = documents
-        .iter()
-        .flat_map(|(name, text)| docs::quoted(name, text))
-        .filter(|q| q.program == Program::Agent)
-        .collect();
-    assert!(
-        commands.len() >= 10,
-        "only {} commands found",
-        commands.len()
-    );
-    let problems: Vec<_> = commands
-        .iter()
-        .flat_map(|q| docs::check(q, &mut help))
-        .collect();
+    let (commands, problems) = docs::check_quoted(&root, Program::Agent, &mut help);
+    assert!(commands >= 10, "only {commands} commands found");
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
 

@@ -433,6 +433,28 @@ pub fn documents(root: &Path) -> std::io::Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// Every command of `program` quoted in the documents under the workspace
+/// `root`, checked against `help` (see [`check`]): how many there are, and
+/// their problems.
+///
+/// # Panics
+///
+/// A document cannot be read (the checks run as tests).
+pub fn check_quoted<E: fmt::Display>(
+    root: &Path,
+    program: Program,
+    help: &mut impl FnMut(&[String]) -> Result<String, E>,
+) -> (usize, Vec<Problem>) {
+    let documents = documents(root).expect("reading the docs");
+    let commands: Vec<_> = documents
+        .iter()
+        .flat_map(|(name, text)| quoted(name, text))
+        .filter(|q| q.program == program)
+        .collect();
+    let problems = commands.iter().flat_map(|q| check(q, help)).collect();
+    (commands.len(), problems)
+}
+
 /// `binary PATH... --help`: its text, or what it printed on failure. The
 /// agent's socket variable is cleared so that no environment changes a
 /// default the help prints.

@@ -16,22 +16,9 @@ fn help(path: &[String]) -> Result<String, String> {
 #[test]
 fn every_quoted_xtask_command_exists() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let documents = docs::documents(&root).expect("reading the docs");
-    let commands: Vec<_> = documents
-        .iter()
-        .flat_map(|(name, text)| docs::quoted(name, text))
-        .filter(|q| q.program == Program::Xtask)
-        .collect();
+    let (commands, problems) = docs::check_quoted(&root, Program::Xtask, &mut help);
     // The README alone quotes `run`, `test` and `package`.
-    assert!(
-        commands.len() >= 3,
-        "only {} commands found",
-        commands.len()
-    );
-    let problems: Vec<_> = commands
-        .iter()
-        .flat_map(|q| docs::check(q, &mut help))
-        .collect();
+    assert!(commands >= 3, "only {commands} commands found");
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
 
