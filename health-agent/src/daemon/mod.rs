@@ -238,7 +238,7 @@ async fn run_agent(
         view.clone(),
         links.clone()
     ));
-    start!(tasks::hello(&mut sup, HEALTH_PORT));
+    start!(tasks::hello(&mut sup, HEALTH_PORT, &cfg.node_name));
     let registration = Registration::default();
     let own = (endpoint_ip(&view), crate::endpoint::ipv6(&view));
     let source = or_stop!(sup, node_source(&cfg, &at_start, own, &registration));
@@ -308,6 +308,7 @@ fn controller_config(cfg: &DaemonConfig, resolved: &config::Resolved) -> Control
         EndpointConfig::new(e, resolved.echo_mode, resolved.tc_hook),
         HEALTH_PORT,
     )
+    .naming(&cfg.node_name)
 }
 
 /// The endpoint's IPv4 address once it exists, when it has one (its IPv6

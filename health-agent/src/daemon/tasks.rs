@@ -351,8 +351,10 @@ pub(super) async fn endpoint(
 }
 
 /// The node's own :4240 hello server.
-pub(super) async fn hello(sup: &mut Supervisor, port: u16) -> Started {
+pub(super) async fn hello(sup: &mut Supervisor, port: u16, node: &str) -> Started {
+    let node: Arc<str> = Arc::from(node);
     sup.start("hello", Restart::WithinBudget, move |ctx| {
+        let node = node.clone();
         task(async move {
             let listener = hello::listen(port)
                 .and_then(TcpListener::from_std)
@@ -363,7 +365,7 @@ pub(super) async fn hello(sup: &mut Supervisor, port: u16) -> Started {
                     )
                 })?;
             ctx.ready.done();
-            hello::serve(listener, ctx.shutdown).await;
+            hello::serve(listener, ctx.shutdown, &node).await;
             Ok::<_, std::io::Error>(())
         })
     })

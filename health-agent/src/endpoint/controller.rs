@@ -39,6 +39,8 @@ pub struct ControllerConfig {
     pub interval: Duration,
     /// Port of the endpoint's hello server.
     pub http_port: u16,
+    /// The node its hello server's answers name (none: they name none).
+    pub node: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,7 +100,7 @@ pub async fn run(
         "health endpoint ready"
     );
     let netns = Netns::named(&cfg.endpoint.netns_name).map_err(EndpointError::from)?;
-    let mut hello = match Hello::serve(netns, cfg.http_port, &shutdown) {
+    let mut hello = match Hello::serve(netns, (cfg.http_port, &cfg.node), &shutdown) {
         Ok(r) => r,
         Err(e) => {
             // Nothing may stay behind a failed start.
@@ -193,21 +195,23 @@ struct Hello {
     server: JoinHandle<()>,
     netns: Netns,
     port: u16,
+    node: String,
     bound_in: Option<(u64, u64)>,
 }
 
 impl Hello {
     fn serve(
         netns: Netns,
-        port: u16,
+        (port, node): (u16, &str),
         shutdown: &CancellationToken,
     ) -> Result<Self, ControllerError> {
         let bound_in = netns_identity(&netns);
-        let server = serve_hello(&netns, port, shutdown)?;
+        let server = serve_hello(&netns, (port, node), shutdown)?;
         Ok(Self {
             server,
             netns,
             port,
+            node: node.to_owned(),
             bound_in,
         })
     }
@@ -221,7 +225,7 @@ impl Hello {
             return;
         }
         self.server.abort();
-        match serve_hello(&self.netns, self.port, shutdown) {
+        match serve_hello(&self.netns, (self.port, &self.node), shutdown) {
             Ok(server) => {
                 self.server = server;
                 self.bound_in = now_in;
@@ -279,7 +283,7 @@ async fn blocking<T: Send + 'static>(
 /// socket is created there, then served from the runtime.
 fn serve_hello(
     netns: &Netns,
-    port: u16,
+    (port, node): (u16, &str),
     shutdown: &CancellationToken,
 ) -> Result<JoinHandle<()>, ControllerError> {
     let bind_err = |source| ControllerError::Bind {
@@ -292,5 +296,8 @@ fn serve_hello(
         .map_err(EndpointError::from)?
         .map_err(bind_err)?;
     let listener = TcpListener::from_std(std_listener).map_err(bind_err)?;
-    Ok(tokio::spawn(hello::serve(listener, shutdown.child_token())))
+    let (shutdown, node) = (shutdown.child_token(), node.to_owned());
+    Ok(tokio::spawn(async move {
+        hello::serve(listener, shutdown, &node).await;
+    }))
 }

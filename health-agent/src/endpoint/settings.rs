@@ -141,7 +141,15 @@ impl super::controller::ControllerConfig {
             endpoint,
             interval: settings.controller_interval,
             http_port,
+            node: String::new(),
         }
+    }
+
+    /// `self`, its hello server's answers naming `node`.
+    #[must_use]
+    pub fn naming(mut self, node: &str) -> Self {
+        node.clone_into(&mut self.node);
+        self
     }
 }
 

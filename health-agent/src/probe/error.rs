@@ -23,6 +23,10 @@ pub enum ProbeError {
     Io { step: &'static str, error: Box<str> },
     /// The peer's answer is not HTTP.
     Protocol(Box<str>),
+    /// The hello server that answered names another node than the one
+    /// the address is of (its name, as the answer gave it, cut short): the
+    /// address leads to the wrong node.
+    OtherNode(Box<str>),
     /// The probe could not be sent from the probe namespace.
     Namespace(Box<str>),
     /// The agent's own ICMP receiver is gone.
@@ -72,6 +76,7 @@ impl fmt::Display for ProbeError {
             | Self::Unreachable { step, error }
             | Self::Io { step, error } => write!(f, "{step}: {error}"),
             Self::Protocol(what) | Self::Namespace(what) => f.write_str(what),
+            Self::OtherNode(name) => write!(f, "answered by node {name:?}, not this node"),
             Self::ReceiverStopped => f.write_str("ICMP receiver stopped"),
             Self::NotSent(why) => f.write_str(why),
         }
@@ -102,6 +107,10 @@ mod tests {
                 "no HTTP answer within 250 ms",
             ),
             (ProbeError::HttpStatus(503), "HTTP 503"),
+            (
+                ProbeError::OtherNode("node-7".into()),
+                "answered by node \"node-7\", not this node",
+            ),
             (
                 ProbeError::io("connect", &io::Error::from_raw_os_error(libc::ECONNREFUSED)),
                 "connect: Connection refused (os error 111)",

@@ -274,13 +274,10 @@ impl Spread {
     }
 }
 
-/// The round's addresses once per flow, flow after flow (the addresses
-/// themselves, shared, with one flow).
+/// The round's addresses (or what each has, its node's tag) once per
+/// flow, flow after flow (themselves, shared, with one flow).
 #[must_use]
-pub fn per_flow(
-    spread: Spread,
-    ips: &std::sync::Arc<Vec<std::net::IpAddr>>,
-) -> std::sync::Arc<Vec<std::net::IpAddr>> {
+pub fn per_flow<T: Copy>(spread: Spread, ips: &std::sync::Arc<Vec<T>>) -> std::sync::Arc<Vec<T>> {
     if spread.flows <= 1 {
         return ips.clone();
     }

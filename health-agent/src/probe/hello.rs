@@ -1,5 +1,5 @@
 //! The HTTP hello server on port 4240: `GET /hello` answers 200, anything else
-//! a 4xx. Small and bounded: at most `MAX_CONNECTIONS` at once and
+//! a 4xx, every answer naming the node (`X-Health-Node`). Small and bounded: at most `MAX_CONNECTIONS` at once and
 //! `PER_SOURCE` from one source (an IPv4 address, or an IPv6 /64: more are
 //! closed at once, so a peer holding many idle or slow connections cannot
 //! starve the others), 4 KiB of request head, [`HEAD_TIMEOUT`] to send it.
@@ -19,6 +19,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
+use super::http::NODE_HEADER;
 use crate::util::source::Source;
 
 /// Connections served at once: enough for thousands of peers probing within
@@ -78,9 +79,15 @@ fn listen_on(domain: socket2::Domain, port: u16) -> std::io::Result<std::net::Tc
 }
 
 /// Serves until `shutdown` (connections being answered finish on their own,
-/// bounded by the head timeout).
-pub async fn serve(listener: TcpListener, shutdown: CancellationToken) {
-    serve_with(listener, shutdown, Limits::NODE).await;
+/// bounded by the head timeout), each answer naming `node` in
+/// [`NODE_HEADER`]: a prober tells by it that the address it probed led
+/// to the node it meant (a name that is not a valid node name is not
+/// sent).
+pub async fn serve(listener: TcpListener, shutdown: CancellationToken, node: &str) {
+    let node = crate::membership::validate::check_name(node)
+        .is_ok()
+        .then(|| Arc::from(node));
+    serve_with(listener, shutdown, Limits::NODE, node).await;
 }
 
 /// How many connections a hello server answers at once.
@@ -101,9 +108,14 @@ impl Limits {
 /// [`serve`] with other limits: a benchmark's one server standing in for
 /// thousands of peers sees every probe of a prober from one address, which
 /// a real peer's server never does.
-pub async fn serve_with(listener: TcpListener, shutdown: CancellationToken, limits: Limits) {
+pub async fn serve_with(
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    limits: Limits,
+    node: Option<Arc<str>>,
+) {
     shutdown
-        .run_until_cancelled(accept_loop(listener, limits))
+        .run_until_cancelled(accept_loop(listener, limits, node))
         .await;
 }
 
@@ -199,7 +211,7 @@ impl Drop for Slot {
     }
 }
 
-async fn accept_loop(listener: TcpListener, limits: Limits) {
+async fn accept_loop(listener: TcpListener, limits: Limits, node: Option<Arc<str>>) {
     let shared = Shared::default();
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
@@ -210,18 +222,20 @@ async fn accept_loop(listener: TcpListener, limits: Limits) {
             drop(stream);
             continue;
         };
+        let node = node.clone();
         tokio::spawn(async move {
             let evicted = slot.evicted.clone();
+            let answered = handle(stream, &slot, node.as_deref());
             tokio::select! {
                 () = evicted.cancelled() => {}
-                _ = tokio::time::timeout(HEAD_TIMEOUT * 2, handle(stream, &slot)) => {}
+                _ = tokio::time::timeout(HEAD_TIMEOUT * 2, answered) => {}
             }
             drop(slot);
         });
     }
 }
 
-async fn handle(mut stream: TcpStream, slot: &Slot) -> std::io::Result<()> {
+async fn handle(mut stream: TcpStream, slot: &Slot, node: Option<&str>) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(256);
     let mut buf = [0u8; 1024];
     let complete = tokio::time::timeout(HEAD_TIMEOUT, async {
@@ -242,32 +256,32 @@ async fn handle(mut stream: TcpStream, slot: &Slot) -> std::io::Result<()> {
     .await;
     slot.answered();
     let response = match complete {
-        Ok(Ok(true)) => respond(&head),
-        Ok(Ok(false)) => reply(400, "bad request\n"),
+        Ok(Ok(true)) => respond(&head, node),
+        Ok(Ok(false)) => reply(400, "bad request\n", node),
         Ok(Err(e)) => return Err(e),
-        Err(_) => reply(408, "request timeout\n"),
+        Err(_) => reply(408, "request timeout\n", node),
     };
     stream.write_all(response.as_bytes()).await?;
     stream.shutdown().await
 }
 
-/// The response to a complete request head.
-fn respond(head: &[u8]) -> String {
+/// The response to a complete request head, naming `node`.
+fn respond(head: &[u8], node: Option<&str>) -> String {
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|b| *b == b' ');
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(b"GET"), Some(b"/hello"), Some(v)) if v.starts_with(b"HTTP/1.") => reply(200, "ok\n"),
+    let (code, body) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(b"GET"), Some(b"/hello"), Some(v)) if v.starts_with(b"HTTP/1.") => (200, "ok\n"),
         (Some(b"GET"), Some(_), Some(v)) if v.starts_with(b"HTTP/1.") => {
-            reply(404, "only /hello is served\n")
+            (404, "only /hello is served\n")
         }
-        (Some(_), Some(_), Some(v)) if v.starts_with(b"HTTP/1.") => {
-            reply(405, "only GET is served\n")
-        }
-        _ => reply(400, "bad request\n"),
-    }
+        (Some(_), Some(_), Some(v)) if v.starts_with(b"HTTP/1.") => (405, "only GET is served\n"),
+        _ => (400, "bad request\n"),
+    };
+    reply(code, body, node)
 }
 
-fn reply(code: u16, body: &str) -> String {
+/// An answer of `code` with `body`, naming `node` in [`NODE_HEADER`].
+fn reply(code: u16, body: &str, node: Option<&str>) -> String {
     let reason = match code {
         200 => "OK",
         404 => "Not Found",
@@ -276,8 +290,11 @@ fn reply(code: u16, body: &str) -> String {
         _ => "Bad Request",
     };
     let allow = if code == 405 { "Allow: GET\r\n" } else { "" };
+    let (named, node) = node.map_or(("", ""), |n| (NODE_HEADER, n));
+    let colon = if named.is_empty() { "" } else { ": " };
+    let end = if named.is_empty() { "" } else { "\r\n" };
     format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n{body}",
+        "HTTP/1.1 {code} {reason}\r\n{named}{colon}{node}{end}Content-Type: text/plain\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n{body}",
         body.len()
     )
 }
@@ -290,11 +307,52 @@ mod tests {
 
     #[test]
     fn only_get_hello_is_served() {
+        let respond = |head: &[u8]| respond(head, None);
         assert!(respond(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n").starts_with("HTTP/1.1 200 OK"));
         assert!(respond(b"GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(respond(b"POST /hello HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
         assert!(respond(b"\x16\x03\x01 garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
         assert!(respond(b"GET /hello\r\n\r\n").starts_with("HTTP/1.1 400"));
+    }
+
+    /// Every answer names the node when the server has one, as the
+    /// prober reads it; a name that is not a node's is not sent.
+    #[tokio::test]
+    async fn answers_name_the_node_a_valid_name_at_most() {
+        let ok = respond(b"GET /hello HTTP/1.1\r\n\r\n", Some("node-7"));
+        assert!(
+            ok.starts_with("HTTP/1.1 200 OK\r\nX-Health-Node: node-7\r\n"),
+            "{ok}"
+        );
+        let tag = super::super::http::node_tag(b"node-7");
+        let mut carried = Vec::new();
+        let read = super::super::http::gather(&mut carried, ok.as_bytes(), tag, false);
+        assert_eq!(read, Some(Ok(200)));
+        assert!(
+            respond(b"GET / HTTP/1.1\r\n\r\n", Some("node-7"))
+                .contains("X-Health-Node: node-7\r\n")
+        );
+        for (name, sent) in [("node-7", true), ("bad\r\nX-Evil: 1", false), ("", false)] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let stop = CancellationToken::new();
+            let server = tokio::spawn({
+                let (stop, name) = (stop.clone(), name.to_owned());
+                async move { serve(listener, stop, &name).await }
+            });
+            let mut client = TcpStream::connect(addr).await.expect("connect");
+            client
+                .write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .expect("written");
+            let mut out = String::new();
+            client.read_to_string(&mut out).await.expect("read");
+            assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+            assert_eq!(out.contains("X-Health-Node:"), sent, "{name:?}: {out}");
+            assert!(!out.contains("X-Evil"), "{out}");
+            stop.cancel();
+            server.await.expect("stopped");
+        }
     }
 
     /// One peer holds 1,000 idle connections open: another peer is still
@@ -310,7 +368,7 @@ mod tests {
         }
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(serve(listener, CancellationToken::new()));
+        let server = tokio::spawn(serve(listener, CancellationToken::new(), "node-1"));
         let mut idle = Vec::new();
         for _ in 0..1000 {
             idle.push(TcpStream::connect(addr).await.expect("idle connection"));
@@ -388,7 +446,7 @@ mod tests {
             total: 8,
             per_source: 8,
         };
-        let server = tokio::spawn(serve_with(listener, CancellationToken::new(), limits));
+        let server = tokio::spawn(serve_with(listener, CancellationToken::new(), limits, None));
         let start = std::time::Instant::now();
         let mut idle = Vec::new();
         for _ in 0..8 {
@@ -440,7 +498,7 @@ mod tests {
         let std_listener = listen(0).expect("listen");
         let port = std_listener.local_addr().expect("addr").port();
         let listener = TcpListener::from_std(std_listener).expect("tokio listener");
-        let server = tokio::spawn(serve(listener, CancellationToken::new()));
+        let server = tokio::spawn(serve(listener, CancellationToken::new(), "node-1"));
         for ip in [
             IpAddr::from([127, 0, 0, 1]),
             IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
@@ -460,7 +518,7 @@ mod tests {
     async fn serves_over_tcp_and_rejects_oversized_heads() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(serve(listener, CancellationToken::new()));
+        let server = tokio::spawn(serve(listener, CancellationToken::new(), "node-1"));
         let exchange = |req: Vec<u8>| async move {
             let mut s = TcpStream::connect(addr).await.expect("connect");
             s.write_all(&req).await.expect("send");

@@ -1,8 +1,9 @@
 //! `GET /hello` on port 4240 with a minimal HTTP/1.1 exchange, in pieces
 //! the round's engine (`super::http_round`) drives: the connect, the
-//! request, the status line gathered from what comes, and kubelet's
-//! reading of it (2xx success, 3xx success with a warning, anything else a
-//! failure).
+//! request, the answer's head gathered from what comes (its status line,
+//! and the node its [`NODE_HEADER`] names, which must be the one the
+//! address is of), and kubelet's reading of the status (2xx success, 3xx
+//! success with a warning, anything else a failure).
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -78,31 +79,116 @@ pub(super) fn request_sent(sock: &socket2::Socket) {
     let _ = sock.set_tcp_quickack(false);
 }
 
-/// The longest status line read: past it, the answer is not HTTP.
+/// The longest head read: a status line past it is not HTTP, and a head
+/// past it without the node header is judged on its status alone.
 pub(super) const STATUS_LINE_MAX: usize = 512;
 
-/// Gathers the status line from what each read brought (`read`): the
-/// line's code once it is complete (or why it is not HTTP), `None` while
-/// it is not. A line that comes in parts is kept in `carried` (empty and
+/// The header a hello answer names its node in (the agent's hello
+/// servers send it; other servers, and agents before it, do not).
+pub const NODE_HEADER: &str = "X-Health-Node";
+
+/// The tag a node's name is checked by in a probe's answer: FNV-1a of
+/// its bytes, never 0 (a target's tag 0: no check). Four bytes a target,
+/// not its name: a wrong node's answer is told apart but for a chance of
+/// one in four billion.
+#[must_use]
+pub fn node_tag(name: &[u8]) -> u32 {
+    let hash = name.iter().fold(0x811c_9dc5_u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    hash.max(1)
+}
+
+/// Gathers the answer's head from what each read brought (`read`; empty
+/// and `closed` once the peer closed): once the status line and the
+/// [`NODE_HEADER`] or the head's end are in (or the head passed
+/// [`STATUS_LINE_MAX`], or the peer closed, after a whole status line),
+/// the status, or why it is not one: not HTTP, or the answer of another
+/// node than the one tagged `expected` (0: any). `None` while more is to
+/// come. A head that comes in parts is kept in `carried` (empty and
 /// unallocated in the usual case, where it comes whole); reads take at
 /// most `STATUS_LINE_MAX - carried.len()` bytes.
-pub(super) fn gather(carried: &mut Vec<u8>, read: &[u8]) -> Option<Result<u16, ProbeError>> {
+pub(super) fn gather(
+    carried: &mut Vec<u8>,
+    read: &[u8],
+    expected: u32,
+    closed: bool,
+) -> Option<Result<u16, ProbeError>> {
     let head = if carried.is_empty() {
         read
     } else {
         carried.extend_from_slice(read);
         &carried[..]
     };
-    if head.windows(2).any(|w| w == b"\r\n") {
-        return Some(parse_status(head));
+    let Some(line) = head.windows(2).position(|w| w == b"\r\n") else {
+        if closed {
+            return Some(Err(closed_early()));
+        }
+        if head.len() >= STATUS_LINE_MAX {
+            return Some(Err(ProbeError::Protocol("status line too long".into())));
+        }
+        keep(carried, read);
+        return None;
+    };
+    let status = match parse_status(head) {
+        Ok(status) => status,
+        Err(e) => return Some(Err(e)),
+    };
+    match node_named(&head[line + 2..]) {
+        Named::Node(name) if expected != 0 && node_tag(name) != expected => {
+            Some(Err(other_node(name)))
+        }
+        Named::Node(_) | Named::Nobody => Some(Ok(status)),
+        Named::NotYet if closed || head.len() >= STATUS_LINE_MAX => Some(Ok(status)),
+        Named::NotYet => {
+            keep(carried, read);
+            None
+        }
     }
-    if head.len() >= STATUS_LINE_MAX {
-        return Some(Err(ProbeError::Protocol("status line too long".into())));
-    }
+}
+
+/// Keeps the first part of a head that comes in parts.
+fn keep(carried: &mut Vec<u8>, read: &[u8]) {
     if carried.is_empty() {
         carried.extend_from_slice(read);
     }
-    None
+}
+
+/// What a head's header lines say of the node that answered.
+enum Named<'a> {
+    /// [`NODE_HEADER`]'s value.
+    Node(&'a [u8]),
+    /// The head ended without it.
+    Nobody,
+    /// Neither yet: a line is not whole.
+    NotYet,
+}
+
+/// The node [`NODE_HEADER`] names in `lines` (the head after its status
+/// line).
+fn node_named(mut lines: &[u8]) -> Named<'_> {
+    while let Some(end) = lines.windows(2).position(|w| w == b"\r\n") {
+        let line = &lines[..end];
+        if line.is_empty() {
+            return Named::Nobody;
+        }
+        if let Some((name, value)) = line.split_at_checked(NODE_HEADER.len() + 1)
+            && name[..NODE_HEADER.len()].eq_ignore_ascii_case(NODE_HEADER.as_bytes())
+            && name[NODE_HEADER.len()] == b':'
+        {
+            return Named::Node(value.trim_ascii());
+        }
+        lines = &lines[end + 2..];
+    }
+    Named::NotYet
+}
+
+/// Another node's answer, its name cut short (it ends up in every view).
+fn other_node(name: &[u8]) -> ProbeError {
+    let text = String::from_utf8_lossy(name);
+    let shown: String = text.chars().take(SHOWN).collect();
+    let cut = if shown.len() < text.len() { "..." } else { "" };
+    ProbeError::OtherNode(format!("{shown}{cut}").into())
 }
 
 /// What a connection closed before its status line is.
@@ -420,25 +506,91 @@ mod tests {
     /// A status line that comes in parts is gathered; one without an end
     /// in 512 bytes is an error naming it.
     #[test]
-    fn status_lines_are_gathered_from_their_parts() {
+    fn heads_are_gathered_from_their_parts() {
         let mut carried = Vec::new();
-        for part in [&b"HTTP/1.1 2"[..], b"04 No", b" Content\r"] {
-            assert_eq!(gather(&mut carried, part), None);
+        for part in [
+            &b"HTTP/1.1 2"[..],
+            b"04 No",
+            b" Content\r",
+            b"\n",
+            b"Server: x\r\n",
+        ] {
+            assert_eq!(gather(&mut carried, part, 0, false), None);
         }
-        assert_eq!(gather(&mut carried, b"\n"), Some(Ok(204)));
+        assert_eq!(gather(&mut carried, b"\r\n", 0, false), Some(Ok(204)));
         // Whole in one read: nothing carried, nothing allocated.
         let mut carried = Vec::new();
-        assert_eq!(
-            gather(&mut carried, b"HTTP/1.0 503 Busy\r\nx"),
-            Some(Ok(503))
-        );
+        let busy = b"HTTP/1.0 503 Busy\r\n\r\nx";
+        assert_eq!(gather(&mut carried, busy, 0, false), Some(Ok(503)));
         assert_eq!(carried.capacity(), 0);
+        // A status line, then the peer closes: judged on its status.
         let mut carried = Vec::new();
-        assert_eq!(gather(&mut carried, &[b'x'; 300]), None);
+        assert_eq!(gather(&mut carried, &busy[..19], 0, false), None);
+        assert_eq!(gather(&mut carried, b"", 0, true), Some(Ok(503)));
+        // Closed before a whole status line: not HTTP.
+        let mut carried = Vec::new();
+        assert_eq!(gather(&mut carried, b"HTTP/1.1 2", 0, false), None);
         assert_eq!(
-            gather(&mut carried, &[b'x'; 212]),
+            gather(&mut carried, b"", 0, true),
+            Some(Err(closed_early()))
+        );
+        assert_eq!(
+            gather(&mut Vec::new(), b"", 0, true),
+            Some(Err(closed_early()))
+        );
+        let mut carried = Vec::new();
+        assert_eq!(gather(&mut carried, &[b'x'; 300], 0, false), None);
+        assert_eq!(
+            gather(&mut carried, &[b'x'; 212], 0, false),
             Some(Err(ProbeError::Protocol("status line too long".into())))
         );
+        // A head past the limit before the node header: judged on its
+        // status alone.
+        let long = format!("HTTP/1.1 200 OK\r\nX-Pad: {}\r\n", "p".repeat(600));
+        let tag = node_tag(b"node-2");
+        let first = &long.as_bytes()[..STATUS_LINE_MAX];
+        assert_eq!(gather(&mut Vec::new(), first, tag, false), Some(Ok(200)));
+    }
+
+    /// An answer naming another node than the address's fails the probe,
+    /// naming that node; one naming none (another server, an older agent)
+    /// is judged on its status.
+    #[test]
+    fn the_node_an_answer_names_is_the_one_probed() {
+        let tag = node_tag(b"node-2");
+        let answer = |status: &str, name: &str| {
+            format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nx-health-node:  {name} \r\n\r\nok\n"
+            )
+        };
+        let read = |text: &str, expected| gather(&mut Vec::new(), text.as_bytes(), expected, false);
+        assert_eq!(read(&answer("200 OK", "node-2"), tag), Some(Ok(200)));
+        let other = Some(Err(ProbeError::OtherNode("node-3".into())));
+        assert_eq!(read(&answer("200 OK", "node-3"), tag), other);
+        assert_eq!(read(&answer("404 Not Found", "node-3"), tag), other);
+        assert_eq!(read(&answer("200 OK", "node-3"), 0), Some(Ok(200)));
+        assert_eq!(
+            read("HTTP/1.1 200 OK\r\nServer: x\r\n\r\n", tag),
+            Some(Ok(200))
+        );
+        assert_eq!(
+            read("HTTP/1.1 200 OK\r\nX-Health-Nodes: node-3\r\n\r\n", tag),
+            Some(Ok(200))
+        );
+        // In parts, the header cut in two.
+        let mut carried = Vec::new();
+        for part in [&b"HTTP/1.1 200 OK\r\nX-Health-No"[..], b"de: node-"] {
+            assert_eq!(gather(&mut carried, part, tag, false), None);
+        }
+        assert_eq!(gather(&mut carried, b"3\r\n", tag, false), other);
+        // A name past what is shown is cut.
+        let long = "n".repeat(200);
+        let Some(Err(ProbeError::OtherNode(shown))) = read(&answer("200 OK", &long), tag) else {
+            panic!("another node");
+        };
+        assert_eq!(&*shown, format!("{}...", &long[..SHOWN]));
+        assert_ne!(node_tag(b"node-2"), node_tag(b"node-3"));
+        assert_ne!(node_tag(b""), 0);
     }
 
     #[test]

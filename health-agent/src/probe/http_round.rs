@@ -65,6 +65,9 @@ const FLUSH: usize = 256;
 /// What every task of a round shares.
 struct Shared {
     targets: Arc<Vec<IpAddr>>,
+    /// The tag of each target's node ([`http::node_tag`]), checked against
+    /// the node its answer names; empty: no check.
+    tags: Arc<Vec<u32>>,
     /// With more than one flow: how `targets` runs flow after flow, and
     /// the source port each flow binds.
     flows: Option<(Spread, FlowPlan)>,
@@ -123,6 +126,25 @@ pub(super) fn reserve_descriptors(cfg: &ProbeConfig, targets: usize) {
     }
 }
 
+impl super::Prober {
+    /// [`run`] from the round's `sockets` (every probe failing with their
+    /// error when they could not be had): to every address of `to`, each
+    /// answer checked against its node's tag.
+    pub(super) async fn http_round(
+        &self,
+        to: (&Arc<Vec<IpAddr>>, &Arc<Vec<u32>>),
+        spread: Spread,
+        sockets: super::icmp_round::IcmpSockets<'_>,
+        order: &Suspects,
+        echoes: &Arc<Echoes>,
+    ) -> Vec<Outcome> {
+        match sockets {
+            Ok((_, factory)) => run(&self.cfg, to, spread, factory.clone(), order, echoes).await,
+            Err(e) => vec![Outcome::Failed(e.clone()); to.0.len()],
+        }
+    }
+}
+
 /// HTTP to every address of `targets` from the probe namespace's `factory`
 /// (the caller's namespace when `None`), in `order`'s HTTP order with its
 /// suspects first and each of the rest once its echo is due in `echoes`,
@@ -130,7 +152,7 @@ pub(super) fn reserve_descriptors(cfg: &ProbeConfig, targets: usize) {
 /// are in the order of `targets`.
 pub(super) async fn run(
     cfg: &ProbeConfig,
-    targets: &Arc<Vec<IpAddr>>,
+    (targets, tags): (&Arc<Vec<IpAddr>>, &Arc<Vec<u32>>),
     spread: Spread,
     factory: Option<Arc<SocketFactory>>,
     order: &Suspects,
@@ -145,6 +167,7 @@ pub(super) async fn run(
         .max(1);
     let shared = Arc::new(Shared {
         targets: targets.clone(),
+        tags: tags.clone(),
         flows: cfg.flows.many().then_some((spread, cfg.flows)),
         factory,
         share: (cfg.max_in_flight / workers).max(1),
@@ -563,7 +586,8 @@ impl Flights<'_> {
         if !events.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
             return;
         }
-        match read_status(p) {
+        let expected = self.shared.tags.get(p.target as usize).copied();
+        match read_status(p, expected.unwrap_or(0)) {
             Ok(None) => {}
             Ok(Some(status)) => {
                 let rtt = now.saturating_duration_since(p.start);
@@ -619,18 +643,19 @@ fn write_request(p: &mut InFlight, to: SocketAddr) -> Result<bool, ProbeError> {
     Ok(true)
 }
 
-/// Reads what came until the socket would block: the status once its
-/// line is complete.
-fn read_status(p: &mut InFlight) -> Result<Option<u16>, ProbeError> {
+/// Reads what came until the socket would block: the status once the
+/// head says enough (see [`http::gather`]), from the node tagged
+/// `expected` (0: any).
+fn read_status(p: &mut InFlight, expected: u32) -> Result<Option<u16>, ProbeError> {
     use std::io::Read as _;
     let mut buf = [0u8; STATUS_LINE_MAX];
     let mut carried = p.carried.take().map(|c| *c).unwrap_or_default();
     loop {
         let room = STATUS_LINE_MAX - carried.len();
         match (&p.sock).read(&mut buf[..room]) {
-            Ok(0) => return Err(http::closed_early()),
             Ok(n) => {
-                if let Some(status) = http::gather(&mut carried, &buf[..n]) {
+                let closed = n == 0;
+                if let Some(status) = http::gather(&mut carried, &buf[..n], expected, closed) {
                     return status.map(Some);
                 }
             }
@@ -740,7 +765,15 @@ mod tests {
             let echoes = Arc::new(Echoes::without(3));
             let targets = Arc::new(targets.clone());
             let order = Suspects::of(3, |_| Failed::default());
-            let outcomes = run(&cfg, &targets, spread, None, &order, &echoes).await;
+            let outcomes = run(
+                &cfg,
+                (&targets, &Arc::default()),
+                spread,
+                None,
+                &order,
+                &echoes,
+            )
+            .await;
             assert!(
                 outcomes.iter().all(|o| matches!(o, Outcome::Ok { .. })),
                 "{outcomes:?}"
@@ -757,6 +790,39 @@ mod tests {
     async fn round(targets: Vec<IpAddr>, port: u16, max_in_flight: usize) -> Vec<Outcome> {
         let echoes = Arc::new(Echoes::without(targets.len()));
         round_with(targets, port, max_in_flight, &echoes).await
+    }
+
+    /// A hello server naming node-3 answers for addresses of node-2 (a
+    /// route to the wrong node): those probes fail naming node-3, the
+    /// probes meant for node-3 and those of no named node succeed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_address_answered_by_another_nodes_hello_server_fails_naming_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn({
+            let stop = stop.clone();
+            async move { crate::probe::hello::serve(listener, stop, "node-3").await }
+        });
+        let cfg = ProbeConfig {
+            timeout: Duration::from_millis(800),
+            spread: Duration::from_millis(20),
+            http_port: port,
+            ..ProbeConfig::default()
+        };
+        let (two, three) = (http::node_tag(b"node-2"), http::node_tag(b"node-3"));
+        let targets = Arc::new(vec![IpAddr::from(Ipv4Addr::LOCALHOST); 4]);
+        let tags = Arc::new(vec![two, three, 0, two]);
+        let order = Suspects::of(4, |_| Failed::default());
+        let echoes = Arc::new(Echoes::without(4));
+        let spread = Spread { n: 4, flows: 1 };
+        let outcomes = run(&cfg, (&targets, &tags), spread, None, &order, &echoes).await;
+        let other = Outcome::Failed(ProbeError::OtherNode("node-3".into()));
+        assert_eq!(outcomes[0], other);
+        assert!(matches!(outcomes[1], Outcome::Ok { .. }), "{outcomes:?}");
+        assert!(matches!(outcomes[2], Outcome::Ok { .. }), "{outcomes:?}");
+        assert_eq!(outcomes[3], other);
+        stop.cancel();
     }
 
     /// A round whose probes wait for `echoes` (see [`super::super::order`]).
@@ -776,7 +842,15 @@ mod tests {
         let n = targets.len();
         let order = Suspects::of(n, |_| Failed::default());
         let spread = Spread { n, flows: 1 };
-        run(&cfg, &Arc::new(targets), spread, None, &order, echoes).await
+        run(
+            &cfg,
+            (&Arc::new(targets), &Arc::default()),
+            spread,
+            None,
+            &order,
+            echoes,
+        )
+        .await
     }
 
     fn host(h: u8) -> IpAddr {
@@ -980,7 +1054,8 @@ mod tests {
         let echoes = Arc::new(Echoes::without(n));
         let order = Suspects::of(n, |_| Failed::default());
         let spread = Spread { n, flows: 1 };
-        let round = run(&cfg, &targets, spread, None, &order, &echoes);
+        let any = Arc::default();
+        let round = run(&cfg, (&targets, &any), spread, None, &order, &echoes);
         let dropped = tokio::time::timeout(Duration::from_millis(300), round).await;
         assert!(dropped.is_err(), "the round outlasts 300 ms");
         // The connections made before the drop, all accepted: the count

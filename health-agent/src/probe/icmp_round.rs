@@ -60,7 +60,8 @@ pub(super) enum MtuOutcome {
     NotSent,
 }
 
-type IcmpSockets<'a> = Result<&'a (Arc<IcmpProber>, Option<Arc<SocketFactory>>), &'a ProbeError>;
+pub(super) type IcmpSockets<'a> =
+    Result<&'a (Arc<IcmpProber>, Option<Arc<SocketFactory>>), &'a ProbeError>;
 
 /// A round's echo results as its outcomes, in place: the same size, the
 /// same buffer (30,000 at 10,000 peers are not copied).

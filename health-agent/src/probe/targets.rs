@@ -118,6 +118,9 @@ impl NodePaths {
 pub(super) struct Targets {
     pub(super) ips: Arc<Vec<IpAddr>>,
     pub(super) keys: Vec<(u32, u8)>,
+    /// Each address's node, by [`super::http::node_tag`]: what its hello
+    /// answer must name.
+    pub(super) tags: Arc<Vec<u32>>,
 }
 
 impl Targets {
@@ -163,8 +166,10 @@ pub(super) fn target_count(nodes: &[Node], families: Families) -> usize {
 pub(super) fn targets(nodes: &[Node], families: Families) -> Targets {
     let mut ips = Vec::with_capacity(nodes.len() * 2);
     let mut keys = Vec::with_capacity(nodes.len() * 2);
+    let mut tags = Vec::with_capacity(nodes.len() * 2);
     for (i, n) in nodes.iter().enumerate() {
         let i = u32::try_from(i).unwrap_or(u32::MAX);
+        let tag = super::http::node_tag(n.name.as_bytes());
         for f in Family::ALL {
             if families.contains(f)
                 && let Some((ip, health)) = family::addresses(n, f)
@@ -172,12 +177,14 @@ pub(super) fn targets(nodes: &[Node], families: Families) -> Targets {
                 let a = 2 * u8::from(f == Family::Ipv6);
                 ips.extend([ip, health]);
                 keys.extend([(i, a), (i, a + 1)]);
+                tags.extend([tag, tag]);
             }
         }
     }
     Targets {
         ips: Arc::new(ips),
         keys,
+        tags: Arc::new(tags),
     }
 }
 

@@ -285,10 +285,12 @@ pub(crate) fn serve_peers(
         total: 65_536,
         per_source: 65_536,
     };
+    // Naming no node: every peer's answer is its own node's.
     rt.spawn(health_agent::probe::hello::serve_with(
         listener,
         stop.clone(),
         limits,
+        None,
     ));
     Ok(stop)
 }

@@ -649,3 +649,43 @@ fn sigterm_at_any_moment_of_start_up_leaves_nothing() {
         );
     }
 }
+
+/// The answer head of `GET /hello` to `addr` from `ns`.
+fn hello_head(ns: &health_agent::sys::netns::Netns, addr: std::net::SocketAddr) -> String {
+    use std::io::{Read as _, Write as _};
+    ns.run(move || {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw)?;
+        Ok::<_, std::io::Error>(raw)
+    })
+    .expect("in the namespace")
+    .unwrap_or_else(|e| panic!("GET http://{addr}/hello: {e}"))
+    .split("\r\n\r\n")
+    .next()
+    .unwrap_or_default()
+    .to_owned()
+}
+
+/// Both hello servers, the node's and the endpoint's, name the node in
+/// their answers, so that a prober tells an address that leads to
+/// another node.
+#[test]
+fn the_node_and_endpoint_hello_servers_name_the_node() {
+    let mut node = AgentNode::new();
+    node.start(&["--node-name", "hello-node-7"]);
+    let ip = ipv4(&node.wait_endpoint(READY, |_| true));
+    for addr in [
+        std::net::SocketAddr::from((ip, 4240)),
+        std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, 4240)),
+    ] {
+        let head = hello_head(&node.node, addr);
+        assert!(head.starts_with("HTTP/1.1 200 OK"), "{addr}: {head}");
+        assert!(
+            head.lines().any(|l| l == "X-Health-Node: hello-node-7"),
+            "{addr}: {head}"
+        );
+    }
+}

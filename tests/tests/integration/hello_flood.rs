@@ -1,5 +1,5 @@
 //! The hello server (:4240) under a flood of idle connections: the node's
-//! own server (`probe::hello::serve`, its real limits) listens in namespace
+//! own server (`probe::hello::serve_with`, its real limits) listens in namespace
 //! `b`; namespace `a` floods it from many source addresses, re-opening
 //! every connection the server closes, while a real peer's `GET /hello`
 //! (from a source of its own) must still be answered within 1 s.
@@ -114,9 +114,11 @@ impl Lab {
             .expect("listen on :4240");
         assert_eq!(somaxconn(), before, "somaxconn written back after listen");
         server.spawn(async move {
-            health_agent::probe::hello::serve(
+            health_agent::probe::hello::serve_with(
                 tokio::net::TcpListener::from_std(listener).expect("listener"),
                 CancellationToken::new(),
+                health_agent::probe::hello::Limits::NODE,
+                None,
             )
             .await;
         });

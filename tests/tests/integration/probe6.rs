@@ -90,9 +90,11 @@ impl Lab {
             .expect("enter the peers namespace")
             .expect("bind [::]:4240");
         rt.spawn(async move {
-            health_agent::probe::hello::serve(
+            health_agent::probe::hello::serve_with(
                 tokio::net::TcpListener::from_std(listener).expect("listener"),
                 tokio_util::sync::CancellationToken::new(),
+                health_agent::probe::hello::Limits::NODE,
+                None,
             )
             .await;
         });

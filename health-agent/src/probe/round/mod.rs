@@ -29,7 +29,6 @@ use super::{
     flows::{self, Spread},
     flows_round,
     history::History,
-    http_round,
     icmp::IcmpProber,
     icmp_round::MtuTargets,
     kernel_rtt::with_kernel_rtt,
@@ -364,6 +363,7 @@ impl Prober {
             flows: usize::from(self.cfg.flows.count),
         };
         let ips = flows::per_flow(spread, &targets.ips);
+        let tags = flows::per_flow(spread, &targets.tags);
         // An HTTP probe waits for its address's echo (see `order`) at most
         // half a timeout.
         let echoes = Arc::new(Echoes::new(
@@ -383,15 +383,10 @@ impl Prober {
                 t0,
                 self.icmp_round(&ips, Some(&order), spread, &mtu, sockets.as_ref(), &echoes)
             ),
-            timed(t0, async {
-                match &sockets {
-                    Ok((_, factory)) => {
-                        http_round::run(&self.cfg, &ips, spread, factory.clone(), &order, &echoes)
-                            .await
-                    }
-                    Err(e) => vec![Outcome::Failed(e.clone()); ips.len()],
-                }
-            })
+            timed(
+                t0,
+                self.http_round((&ips, &tags), spread, sockets.as_ref(), &order, &echoes)
+            )
         );
         let (icmp, icmp_mtu) = icmp;
         let (icmp, icmp_flows) = flows_round::fold(spread, icmp);

@@ -180,6 +180,13 @@ fn paths_per_family_follow_the_node_and_the_agents_families() {
         t.ips[2],
         IpAddr::V6(Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, 1))
     );
+    // Each address carries its node's tag, which its answer must name.
+    let nodes = mixed();
+    assert_eq!(t.tags.len(), t.ips.len());
+    for (tag, &(node, _)) in t.tags.iter().zip(&t.keys) {
+        let name = nodes[node as usize].name.as_bytes();
+        assert_eq!(*tag, crate::probe::http::node_tag(name));
+    }
 }
 
 #[test]
