@@ -1,5 +1,5 @@
-//! The HTTP hello server on port 4240: `GET /hello` answers 200, anything else
-//! a 4xx, every answer naming the node (`X-Health-Node`). Small and bounded: at most `MAX_CONNECTIONS` at once and
+//! The HTTP hello server on port 4240: `GET /hello` answers 200, anything
+//! else a 4xx, every answer naming the node (`X-Health-Node`). Small and bounded: at most `MAX_CONNECTIONS` at once and
 //! `PER_SOURCE` from one source (an IPv4 address, or an IPv6 /64: more are
 //! closed at once, so a peer holding many idle or slow connections cannot
 //! starve the others), 4 KiB of request head, [`HEAD_TIMEOUT`] to send it.

@@ -159,6 +159,10 @@ pub(super) async fn run(
     echoes: &Arc<Echoes>,
 ) -> Vec<Outcome> {
     let n = targets.len();
+    debug_assert!(
+        tags.is_empty() || tags.len() == n,
+        "a tag for each target, or none"
+    );
     // A task for each of the runtime's workers: read from the runtime,
     // not the machine (no cgroup files read each round).
     let workers = tokio::runtime::Handle::current()
@@ -225,9 +229,9 @@ struct InFlight {
     start: Instant,
     /// Bytes of the request written.
     sent: u8,
-    /// Whether the whole request is written (the status line is awaited).
+    /// Whether the whole request is written (the answer's head is awaited).
     requested: bool,
-    /// A status line that came in parts (see [`http::gather`]): rare,
+    /// An answer's head that came in parts (see [`http::gather`]): rare,
     /// so behind one thin pointer (thousands of probes are in flight).
     #[expect(
         clippy::box_collection,
@@ -661,6 +665,10 @@ fn read_status(p: &mut InFlight, expected: u32) -> Result<Option<u16>, ProbeErro
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if !carried.is_empty() {
+                    // A head in parts (rare): each part acknowledged at
+                    // once, so that a server holding its next write for
+                    // that ACK (Nagle) is not held for the delayed one.
+                    let _ = p.sock.set_tcp_quickack(true);
                     p.carried = Some(Box::new(carried));
                 }
                 return Ok(None);

@@ -119,7 +119,7 @@ fn deleted_lxc_health_is_recreated_within_one_controller_interval() {
 fn a_deleted_endpoint_namespace_is_made_anew_and_its_hello_server_follows() {
     const STATIC: u8 = 4;
     let mut node = AgentNode::new();
-    node.start(&["--controller-interval", "1s"]);
+    node.start(&["--controller-interval", "1s", "--node-name", "repaired-7"]);
     let ip = ipv4(&node.wait_endpoint(READY, |_| true));
     let hello = std::net::SocketAddr::from((ip, 4240));
     let answered = |node: &AgentNode| {
@@ -164,6 +164,12 @@ fn a_deleted_endpoint_namespace_is_made_anew_and_its_hello_server_follows() {
         assert!(std::time::Instant::now() < deadline, "{}", node.log());
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Bound again, it still names the node.
+    let head = hello_head(&node.node, hello);
+    assert!(
+        head.lines().any(|l| l == "X-Health-Node: repaired-7"),
+        "{head}"
+    );
     assert!(node.stop(Signal::SIGTERM).success());
 }
 
@@ -650,23 +656,29 @@ fn sigterm_at_any_moment_of_start_up_leaves_nothing() {
     }
 }
 
-/// The answer head of `GET /hello` to `addr` from `ns`.
+/// The answer head of `GET /hello` to `addr` from `ns`, tried for up to
+/// 5 s (a server may be binding yet).
 fn hello_head(ns: &health_agent::sys::netns::Netns, addr: std::net::SocketAddr) -> String {
     use std::io::{Read as _, Write as _};
-    ns.run(move || {
+    let once = move || {
         let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
         let mut raw = String::new();
         s.read_to_string(&mut raw)?;
         Ok::<_, std::io::Error>(raw)
-    })
-    .expect("in the namespace")
-    .unwrap_or_else(|e| panic!("GET http://{addr}/hello: {e}"))
-    .split("\r\n\r\n")
-    .next()
-    .unwrap_or_default()
-    .to_owned()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let raw = loop {
+        match ns.run(once).expect("in the namespace") {
+            Ok(raw) => break raw,
+            Err(e) if std::time::Instant::now() > deadline => {
+                panic!("GET http://{addr}/hello: {e}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    raw.split("\r\n\r\n").next().unwrap_or_default().to_owned()
 }
 
 /// Both hello servers, the node's and the endpoint's, name the node in

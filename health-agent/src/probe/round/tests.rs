@@ -956,3 +956,43 @@ fn a_node_is_undecided_while_some_path_of_a_family_it_is_probed_over_is() {
     round_where(&v4, 1, |_, _, _| (refused(), refused()));
     assert_eq!(undecided(&v4), Vec::<String>::new());
 }
+
+/// A whole round, two flows a path, to a node whose addresses lead to a
+/// hello server naming another node (a route to the wrong node): its
+/// HTTP paths fail naming that node, on every flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_fails_the_http_paths_of_an_address_another_node_answers() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move { crate::probe::hello::serve(listener, stop, "node-3").await }
+    });
+    let prober = Prober::new(ProbeConfig {
+        families: Families::Ipv4,
+        timeout: Duration::from_millis(800),
+        http_port: port,
+        flows: flows::FlowPlan::new(2, false),
+        thresholds: Thresholds {
+            success: 1,
+            failure: 1,
+        },
+        ..ProbeConfig::default()
+    });
+    let loopback = Ipv4Addr::LOCALHOST;
+    prober.set_nodes(NodeSet::new(vec![Node::v4("node-2", loopback, loopback)]).expect("unique"));
+    let status = prober.run_round().await;
+    let summary = prober.status();
+    let node = &summary.nodes[0];
+    for c in [&node.host, &node.endpoint] {
+        assert_eq!(c.http.result, ProbeResult::Failure, "{status:?}");
+        assert_eq!(
+            c.http.last_error.as_deref(),
+            Some("answered by node \"node-3\", not this node")
+        );
+    }
+    stop.cancel();
+}
