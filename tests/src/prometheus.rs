@@ -22,8 +22,17 @@ const LISTEN: &str = "127.0.0.1:9090";
 /// `GET path` on `addr` from inside `ns`: the status code and the body.
 #[must_use]
 pub fn http_get(ns: &Netns, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let (head, body) = http_exchange(ns, addr, path)?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body))
+}
+
+/// `GET path` from `ns` to `addr`: the answer's head and body, or `None`
+/// when there is no answer.
+#[must_use]
+pub fn http_exchange(ns: &Netns, addr: SocketAddr, path: &str) -> Option<(String, String)> {
     let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    ns.run(move || -> Option<(u16, String)> {
+    ns.run(move || -> Option<(String, String)> {
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
         s.write_all(request.as_bytes()).ok()?;
@@ -31,8 +40,7 @@ pub fn http_get(ns: &Netns, addr: SocketAddr, path: &str) -> Option<(u16, String
         s.read_to_end(&mut raw).ok()?;
         let text = String::from_utf8_lossy(&raw).into_owned();
         let (head, body) = text.split_once("\r\n\r\n")?;
-        let code = head.split_whitespace().nth(1)?.parse().ok()?;
-        Some((code, body.to_owned()))
+        Some((head.to_owned(), body.to_owned()))
     })
     .ok()
     .flatten()

@@ -1138,15 +1138,7 @@ pub(crate) mod tests {
     async fn the_socket_serves_the_metrics_and_their_head() {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let (_, probers) = watch::channel(prober());
-        let metrics = Arc::new(crate::metrics::Metrics::new(crate::metrics::Sources {
-            prober: probers.clone(),
-            probe: Arc::new(crate::probe::metrics::ProbeMetrics::default()),
-            nodes: Nodes::new("none".into()),
-            endpoint: crate::endpoint::shared_view(),
-            pin_dir: "/nonexistent".into(),
-            maps: crate::datapath::report::MapsReport::default(),
-            per_peer: false,
-        }));
+        let metrics = Arc::new(crate::metrics::Metrics::of_probers(probers.clone()));
         let (_, guard, stop) = serve_state(probers, Nodes::new("none".into()), |state| {
             state.with_metrics(metrics)
         });
@@ -1156,25 +1148,29 @@ pub(crate) mod tests {
         let text = String::from_utf8(body.to_vec()).expect("UTF-8");
         assert!(text.contains("health_node_connectivity_status{"), "{text}");
         assert!(text.ends_with("# EOF\n"));
-        let mut raw = tokio::net::UnixStream::connect(&path)
-            .await
-            .expect("connect");
-        raw.write_all(b"HEAD /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-            .await
-            .expect("written");
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut answer))
-            .await
-            .expect("answered")
-            .expect("read");
-        let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
-        assert!(answer.starts_with("http/1.1 200"), "{answer}");
-        assert!(
-            answer.contains("content-type: application/openmetrics-text"),
-            "{answer}"
-        );
-        assert!(!answer.contains("content-length"), "{answer}");
-        assert!(answer.ends_with("\r\n\r\n"), "no body: {answer}");
+        // Gzipped, a GET has a length: a HEAD, made without the text, none.
+        for accept in ["", "Accept-Encoding: gzip\r\n"] {
+            let mut raw = tokio::net::UnixStream::connect(&path)
+                .await
+                .expect("connect");
+            let head =
+                format!("HEAD /metrics HTTP/1.1\r\nHost: a\r\n{accept}Connection: close\r\n\r\n");
+            raw.write_all(head.as_bytes()).await.expect("written");
+            let mut answer = Vec::new();
+            tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut answer))
+                .await
+                .expect("answered")
+                .expect("read");
+            let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+            assert!(answer.starts_with("http/1.1 200"), "{answer}");
+            assert!(answer.contains("content-type: application/openmetrics-text"));
+            assert_eq!(
+                answer.contains("content-encoding: gzip"),
+                !accept.is_empty()
+            );
+            assert!(!answer.contains("content-length"), "{answer}");
+            assert!(answer.ends_with("\r\n\r\n"), "no body: {answer}");
+        }
         stop.cancel();
     }
 

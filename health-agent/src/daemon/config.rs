@@ -227,6 +227,7 @@ impl DaemonConfig {
                     rejected = update.rejected.len(),
                     "nodes file loaded"
                 );
+                nodes_file::warn_if_unnamed(path, &update, &self.local_node());
                 (update, Some(version))
             }
             Discovery::Etcd(_) | Discovery::None => (Validated::default(), None),

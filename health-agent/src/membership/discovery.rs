@@ -77,6 +77,7 @@ async fn watch_file(
                     rejected = update.rejected_total(),
                     "nodes file changed"
                 );
+                nodes_file::warn_if_unnamed(&path, &update, &local);
                 nodes.accept(update);
             }
             Err(e) => nodes.reject(e.to_string()),

@@ -92,6 +92,27 @@ const FIELDS: [&str; 8] = [
     "zone",
 ];
 
+/// Warns when the nodes in `update` (read from `path`) hold none named as
+/// this node (`local`): peers then probe this node under a record of
+/// another name, and fail every HTTP probe of it, since its hello servers
+/// name it by its own. Whether it warned.
+pub fn warn_if_unnamed(path: &Path, update: &Validated, local: &LocalNode) -> bool {
+    let Some(name) = local.name.as_deref() else {
+        return false;
+    };
+    let unnamed = !update.nodes.is_empty() && update.nodes.get(name).is_none();
+    if unnamed {
+        tracing::warn!(
+            path = %path.display(),
+            node = name,
+            "no record of the nodes file is named as this node: --node-name (default: the \
+             hostname) must be the name of this node's record, or peers fail every HTTP \
+             probe of it (its hello servers answer under this name)"
+        );
+    }
+    unnamed
+}
+
 /// Parses the file's text; `path` decides the format and names the file in
 /// errors; `local` is this node, for the rules that depend on it.
 pub fn parse(

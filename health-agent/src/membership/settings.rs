@@ -25,7 +25,9 @@ section! {
     /// This node and its node set.
     #[derive(Debug, Clone, PartialEq, Eq, Args)]
     pub struct ClusterSettings {
-        /// This node's name in the node set (default: the hostname).
+        /// This node's name in the node set (default: the hostname): the
+        /// name of its record, which its hello servers answer under (peers
+        /// fail the probes of an address answered under another name).
         #[arg(long)]
         pub node_name: Option<String>,
         /// Nodes file (YAML or JSON), watched for changes.

@@ -94,8 +94,9 @@ impl Drop for Waiting<'_> {
             return;
         }
         let last = self.shared.waiting.fetch_sub(1, Ordering::AcqRel) == 1;
-        // Held: by an encoding, which keeps nothing once none waits, or
-        // by a scrape, which lets it go as the last to take it.
+        // Held: by an encoding, which keeps nothing once none waits (or,
+        // rarely, until the next scrape), or by a scrape, which lets it go
+        // as the last to take it.
         if let (true, Ok(mut kept)) = (last, self.shared.last.try_lock()) {
             *kept = None;
         }

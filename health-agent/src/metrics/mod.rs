@@ -86,6 +86,22 @@ impl Metrics {
         }
     }
 
+    /// The metrics of the probers of `probers` alone: no node set, no
+    /// endpoint, no pinned maps (tests of what serves them).
+    #[cfg(test)]
+    #[must_use]
+    pub fn of_probers(probers: watch::Receiver<Arc<Prober>>) -> Self {
+        Self::new(Sources {
+            prober: probers,
+            probe: Arc::new(ProbeMetrics::default()),
+            nodes: Nodes::new("none".into()),
+            endpoint: crate::endpoint::shared_view(),
+            pin_dir: "/nonexistent".into(),
+            maps: MapsReport::default(),
+            per_peer: false,
+        })
+    }
+
     /// The `OpenMetrics` exposition of every series, as of now, whole.
     #[cfg(test)]
     #[must_use]

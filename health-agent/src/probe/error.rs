@@ -76,7 +76,7 @@ impl fmt::Display for ProbeError {
             | Self::Unreachable { step, error }
             | Self::Io { step, error } => write!(f, "{step}: {error}"),
             Self::Protocol(what) | Self::Namespace(what) => f.write_str(what),
-            Self::OtherNode(name) => write!(f, "answered by node {name:?}, not this node"),
+            Self::OtherNode(name) => write!(f, "answered by node {name:?}, not the node probed"),
             Self::ReceiverStopped => f.write_str("ICMP receiver stopped"),
             Self::NotSent(why) => f.write_str(why),
         }
@@ -109,7 +109,7 @@ mod tests {
             (ProbeError::HttpStatus(503), "HTTP 503"),
             (
                 ProbeError::OtherNode("node-7".into()),
-                "answered by node \"node-7\", not this node",
+                "answered by node \"node-7\", not the node probed",
             ),
             (
                 ProbeError::io("connect", &io::Error::from_raw_os_error(libc::ECONNREFUSED)),

@@ -213,6 +213,7 @@ impl Drop for Slot {
 
 async fn accept_loop(listener: TcpListener, limits: Limits, node: Option<Arc<str>>) {
     let shared = Shared::default();
+    let named: Arc<str> = named_line(node.as_deref()).into();
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -222,10 +223,10 @@ async fn accept_loop(listener: TcpListener, limits: Limits, node: Option<Arc<str
             drop(stream);
             continue;
         };
-        let node = node.clone();
+        let named = named.clone();
         tokio::spawn(async move {
             let evicted = slot.evicted.clone();
-            let answered = handle(stream, &slot, node.as_deref());
+            let answered = handle(stream, &slot, &named);
             tokio::select! {
                 () = evicted.cancelled() => {}
                 _ = tokio::time::timeout(HEAD_TIMEOUT * 2, answered) => {}
@@ -235,7 +236,7 @@ async fn accept_loop(listener: TcpListener, limits: Limits, node: Option<Arc<str
     }
 }
 
-async fn handle(mut stream: TcpStream, slot: &Slot, node: Option<&str>) -> std::io::Result<()> {
+async fn handle(mut stream: TcpStream, slot: &Slot, named: &str) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(256);
     let mut buf = [0u8; 1024];
     let complete = tokio::time::timeout(HEAD_TIMEOUT, async {
@@ -256,17 +257,17 @@ async fn handle(mut stream: TcpStream, slot: &Slot, node: Option<&str>) -> std::
     .await;
     slot.answered();
     let response = match complete {
-        Ok(Ok(true)) => respond(&head, node),
-        Ok(Ok(false)) => reply(400, "bad request\n", node),
+        Ok(Ok(true)) => respond(&head, named),
+        Ok(Ok(false)) => reply(400, "bad request\n", named),
         Ok(Err(e)) => return Err(e),
-        Err(_) => reply(408, "request timeout\n", node),
+        Err(_) => reply(408, "request timeout\n", named),
     };
     stream.write_all(response.as_bytes()).await?;
     stream.shutdown().await
 }
 
-/// The response to a complete request head, naming `node`.
-fn respond(head: &[u8], node: Option<&str>) -> String {
+/// The response to a complete request head, with `named` ([`named_line`]).
+fn respond(head: &[u8], named: &str) -> String {
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|b| *b == b' ');
     let (code, body) = match (parts.next(), parts.next(), parts.next()) {
@@ -277,11 +278,18 @@ fn respond(head: &[u8], node: Option<&str>) -> String {
         (Some(_), Some(_), Some(v)) if v.starts_with(b"HTTP/1.") => (405, "only GET is served\n"),
         _ => (400, "bad request\n"),
     };
-    reply(code, body, node)
+    reply(code, body, named)
 }
 
-/// An answer of `code` with `body`, naming `node` in [`NODE_HEADER`].
-fn reply(code: u16, body: &str, node: Option<&str>) -> String {
+/// The header line naming `node` in every answer (none without a node),
+/// made once a server.
+fn named_line(node: Option<&str>) -> String {
+    node.map(|n| format!("{NODE_HEADER}: {n}\r\n"))
+        .unwrap_or_default()
+}
+
+/// An answer of `code` with `body`, with `named` ([`named_line`]).
+fn reply(code: u16, body: &str, named: &str) -> String {
     let reason = match code {
         200 => "OK",
         404 => "Not Found",
@@ -290,11 +298,8 @@ fn reply(code: u16, body: &str, node: Option<&str>) -> String {
         _ => "Bad Request",
     };
     let allow = if code == 405 { "Allow: GET\r\n" } else { "" };
-    let (named, node) = node.map_or(("", ""), |n| (NODE_HEADER, n));
-    let colon = if named.is_empty() { "" } else { ": " };
-    let end = if named.is_empty() { "" } else { "\r\n" };
     format!(
-        "HTTP/1.1 {code} {reason}\r\n{named}{colon}{node}{end}Content-Type: text/plain\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n{body}",
+        "HTTP/1.1 {code} {reason}\r\n{named}Content-Type: text/plain\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n{body}",
         body.len()
     )
 }
@@ -307,7 +312,7 @@ mod tests {
 
     #[test]
     fn only_get_hello_is_served() {
-        let respond = |head: &[u8]| respond(head, None);
+        let respond = |head: &[u8]| respond(head, "");
         assert!(respond(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n").starts_with("HTTP/1.1 200 OK"));
         assert!(respond(b"GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(respond(b"POST /hello HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
@@ -319,7 +324,8 @@ mod tests {
     /// prober reads it; a name that is not a node's is not sent.
     #[tokio::test]
     async fn answers_name_the_node_a_valid_name_at_most() {
-        let ok = respond(b"GET /hello HTTP/1.1\r\n\r\n", Some("node-7"));
+        let named = named_line(Some("node-7"));
+        let ok = respond(b"GET /hello HTTP/1.1\r\n\r\n", &named);
         assert!(
             ok.starts_with("HTTP/1.1 200 OK\r\nX-Health-Node: node-7\r\n"),
             "{ok}"
@@ -328,10 +334,7 @@ mod tests {
         let mut carried = Vec::new();
         let read = super::super::http::gather(&mut carried, ok.as_bytes(), tag, false);
         assert_eq!(read, Some(Ok(200)));
-        assert!(
-            respond(b"GET / HTTP/1.1\r\n\r\n", Some("node-7"))
-                .contains("X-Health-Node: node-7\r\n")
-        );
+        assert!(respond(b"GET / HTTP/1.1\r\n\r\n", &named).contains("X-Health-Node: node-7\r\n"));
         for (name, sent) in [("node-7", true), ("bad\r\nX-Evil: 1", false), ("", false)] {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");

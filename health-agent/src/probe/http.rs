@@ -83,7 +83,7 @@ pub(super) fn request_sent(sock: &socket2::Socket) {
 
 /// The longest head read: a status line past it is not HTTP, and a head
 /// past it without the node header is judged on its status alone.
-pub(super) const STATUS_LINE_MAX: usize = 512;
+pub(super) const HEAD_MAX: usize = 512;
 
 /// The header a hello answer names its node in (the agent's hello
 /// servers send it; other servers, and agents before it, do not).
@@ -104,12 +104,12 @@ pub fn node_tag(name: &[u8]) -> u32 {
 /// Gathers the answer's head from what each read brought (`read`; empty
 /// and `closed` once the peer closed): once the status line and the
 /// [`NODE_HEADER`] or the head's end are in (or the head passed
-/// [`STATUS_LINE_MAX`], or the peer closed, after a whole status line),
+/// [`HEAD_MAX`], or the peer closed, after a whole status line),
 /// the status, or why it is not one: not HTTP, or the answer of another
 /// node than the one tagged `expected` (0: any). `None` while more is to
 /// come. A head that comes in parts is kept in `carried` (empty and
 /// unallocated in the usual case, where it comes whole); reads take at
-/// most `STATUS_LINE_MAX - carried.len()` bytes.
+/// most `HEAD_MAX - carried.len()` bytes.
 pub(super) fn gather(
     carried: &mut Vec<u8>,
     read: &[u8],
@@ -126,7 +126,7 @@ pub(super) fn gather(
         if closed {
             return Some(Err(closed_early()));
         }
-        if head.len() >= STATUS_LINE_MAX {
+        if head.len() >= HEAD_MAX {
             return Some(Err(ProbeError::Protocol("status line too long".into())));
         }
         keep(carried, read);
@@ -141,7 +141,7 @@ pub(super) fn gather(
             Some(Err(other_node(name)))
         }
         Named::Node(_) | Named::Nobody => Some(Ok(status)),
-        Named::NotYet if closed || head.len() >= STATUS_LINE_MAX => Some(Ok(status)),
+        Named::NotYet if closed || head.len() >= HEAD_MAX => Some(Ok(status)),
         Named::NotYet => {
             keep(carried, read);
             None
@@ -187,10 +187,16 @@ fn node_named(mut lines: &[u8]) -> Named<'_> {
 
 /// Another node's answer, its name cut short (it ends up in every view).
 fn other_node(name: &[u8]) -> ProbeError {
-    let text = String::from_utf8_lossy(name);
+    let (shown, cut) = cut_short(&String::from_utf8_lossy(name));
+    ProbeError::OtherNode(format!("{shown}{cut}").into())
+}
+
+/// A peer's text cut to [`SHOWN`] characters, and `...` when it was (or
+/// nothing).
+fn cut_short(text: &str) -> (String, &'static str) {
     let shown: String = text.chars().take(SHOWN).collect();
     let cut = if shown.len() < text.len() { "..." } else { "" };
-    ProbeError::OtherNode(format!("{shown}{cut}").into())
+    (shown, cut)
 }
 
 /// What a connection closed before its status line is.
@@ -266,8 +272,7 @@ fn parse_status(head: &[u8]) -> Result<u16, ProbeError> {
         (Some(v), Some(code)) if v.starts_with("HTTP/1.") => Ok(code),
         _ => {
             // The peer's bytes, cut short: they end up in every view.
-            let shown: String = text.chars().take(SHOWN).collect();
-            let cut = if shown.len() < text.len() { "..." } else { "" };
+            let (shown, cut) = cut_short(text);
             Err(ProbeError::Protocol(
                 format!("not an HTTP status line: {shown:?}{cut}").into(),
             ))
@@ -505,8 +510,10 @@ mod tests {
         );
     }
 
-    /// A status line that comes in parts is gathered; one without an end
-    /// in 512 bytes is an error naming it.
+    /// A head that comes in parts is gathered; a close after a whole
+    /// status line is judged on it, one before is not HTTP; a status line
+    /// without an end in 512 bytes is an error naming it, a head past
+    /// them without the node's name is judged on its status.
     #[test]
     fn heads_are_gathered_from_their_parts() {
         let mut carried = Vec::new();
@@ -550,7 +557,7 @@ mod tests {
         // status alone.
         let long = format!("HTTP/1.1 200 OK\r\nX-Pad: {}\r\n", "p".repeat(600));
         let tag = node_tag(b"node-2");
-        let first = &long.as_bytes()[..STATUS_LINE_MAX];
+        let first = &long.as_bytes()[..HEAD_MAX];
         assert_eq!(gather(&mut Vec::new(), first, tag, false), Some(Ok(200)));
     }
 

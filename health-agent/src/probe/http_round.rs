@@ -45,7 +45,7 @@ use super::{
     error::{ProbeError, Proto},
     family::Family,
     flows::{FlowPlan, Spread},
-    http::{self, STATUS_LINE_MAX},
+    http::{self, HEAD_MAX},
     metrics::ProbeMetrics,
     order::{Echoes, IssueOrder, Suspects},
     pace,
@@ -652,10 +652,10 @@ fn write_request(p: &mut InFlight, to: SocketAddr) -> Result<bool, ProbeError> {
 /// `expected` (0: any).
 fn read_status(p: &mut InFlight, expected: u32) -> Result<Option<u16>, ProbeError> {
     use std::io::Read as _;
-    let mut buf = [0u8; STATUS_LINE_MAX];
+    let mut buf = [0u8; HEAD_MAX];
     let mut carried = p.carried.take().map(|c| *c).unwrap_or_default();
     loop {
-        let room = STATUS_LINE_MAX - carried.len();
+        let room = HEAD_MAX - carried.len();
         match (&p.sock).read(&mut buf[..room]) {
             Ok(n) => {
                 let closed = n == 0;
@@ -712,8 +712,8 @@ mod tests {
     enum Answer {
         /// These parts, 20 ms apart, then close.
         Parts(&'static [&'static [u8]]),
-        /// Nothing, the connection held open.
-        Silent,
+        /// These parts at once, then the connection held open.
+        Held(&'static [&'static [u8]]),
     }
 
     /// Serves `answer` on `127.0.0.<host>:port` (port 0: any); the port.
@@ -737,7 +737,12 @@ mod tests {
                                 tokio::time::sleep(Duration::from_millis(20)).await;
                             }
                         }
-                        Answer::Silent => tokio::time::sleep(Duration::from_secs(5)).await,
+                        Answer::Held(parts) => {
+                            for part in parts {
+                                let _ = conn.write_all(part).await;
+                            }
+                            tokio::time::sleep(Duration::from_secs(5)).await;
+                        }
                     }
                 });
             }
@@ -866,9 +871,10 @@ mod tests {
     }
 
     /// Every kind of answer reads as kubelet reads it, each probe's
-    /// outcome at its target's index: a status line whole or in parts, a
+    /// outcome at its target's index: a head whole or in parts, a
     /// redirect, a server error, a line too long, a connection closed
-    /// early, a refused connect and a silent server (timed out).
+    /// early, a refused connect, a silent server and one that stalls after
+    /// its status line (both timed out, as kubelet reads the whole head).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn each_answer_reads_as_kubelet_reads_it() {
         let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
@@ -878,13 +884,14 @@ mod tests {
             Answer::Parts(&[b"HTTP/1.1 500 Oops\r\n"]),
             Answer::Parts(&[&[b'x'; 600]]),
             Answer::Parts(&[b"HTTP/1.1 200"]),
-            Answer::Silent,
+            Answer::Held(&[]),
+            Answer::Held(&[b"HTTP/1.1 200 OK\r\n"]),
         ];
         for (h, answer) in (2..).zip(answers) {
             serve(h, port, answer).await;
         }
-        // 127.0.0.8 and 127.0.0.9 have no listener: refused.
-        let outcomes = round((1..=9).map(host).collect(), port, 1024).await;
+        // 127.0.0.9 and 127.0.0.10 have no listener: refused.
+        let outcomes = round((1..=10).map(host).collect(), port, 1024).await;
         let ok = |o: &Outcome| matches!(o, Outcome::Ok { warning: None, source: RttSource::Userspace, rtt } if *rtt < Duration::from_millis(400));
         assert!(ok(&outcomes[0]), "{:?}", outcomes[0]);
         assert!(ok(&outcomes[1]), "{:?}", outcomes[1]);
@@ -899,26 +906,25 @@ mod tests {
             Outcome::Failed(ProbeError::Protocol("status line too long".into()))
         );
         assert_eq!(outcomes[5], Outcome::Failed(http::closed_early()));
-        assert_eq!(
-            outcomes[6],
-            Outcome::Failed(ProbeError::Timeout {
-                proto: Proto::Http,
-                after: Duration::from_millis(400)
-            })
-        );
+        let timed_out = Outcome::Failed(ProbeError::Timeout {
+            proto: Proto::Http,
+            after: Duration::from_millis(400),
+        });
+        assert_eq!(outcomes[6], timed_out);
+        assert_eq!(outcomes[7], timed_out);
         assert!(
             matches!(
-                &outcomes[7],
+                &outcomes[8],
                 Outcome::Failed(ProbeError::Refused {
                     step: "connect",
                     ..
                 })
             ),
             "{:?}",
-            outcomes[7]
+            outcomes[8]
         );
         assert!(matches!(
-            &outcomes[8],
+            &outcomes[9],
             Outcome::Failed(ProbeError::Refused { .. })
         ));
     }
@@ -938,7 +944,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn past_the_budget_probes_wait_for_a_socket_and_none_is_lost() {
         let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
-        serve(2, port, Answer::Silent).await;
+        serve(2, port, Answer::Held(&[])).await;
         let targets: Vec<IpAddr> = [2, 1, 1, 1, 1, 1, 1, 1].map(host).to_vec();
         let workers = tokio::runtime::Handle::current().metrics().num_workers();
         let outcomes = round(targets, port, workers).await;

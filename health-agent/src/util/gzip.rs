@@ -42,13 +42,11 @@ pub fn gzipped<T>(write: impl FnOnce(&mut io::BufWriter<GzEncoder<Vec<u8>>>) -> 
 /// client whose `headers` take gzip, decompressed a [`PIECE`] at a time
 /// as it is read for one that does not.
 pub fn answer(content_type: &'static str, gz: Bytes, headers: &HeaderMap) -> Response {
-    let kind = (CONTENT_TYPE, content_type);
-    let vary = (VARY, "accept-encoding");
     if accepted(headers) {
-        ([kind, (CONTENT_ENCODING, "gzip"), vary], gz).into_response()
+        with_head(content_type, true, axum::body::Body::from(gz))
     } else {
         let pieces = futures::stream::iter(pieces(gz, PIECE));
-        ([kind, vary], axum::body::Body::from_stream(pieces)).into_response()
+        with_head(content_type, false, axum::body::Body::from_stream(pieces))
     }
 }
 
@@ -56,15 +54,20 @@ pub fn answer(content_type: &'static str, gz: Bytes, headers: &HeaderMap) -> Res
 /// without a body: the answer to a `HEAD`, made without the text.
 #[must_use]
 pub fn head(content_type: &'static str, headers: &HeaderMap) -> Response {
-    let kind = (CONTENT_TYPE, content_type);
-    let vary = (VARY, "accept-encoding");
     // Of no stated length (an empty body would say `content-length: 0`,
     // which the text is not).
     let none = axum::body::Body::from_stream(futures::stream::empty::<io::Result<Bytes>>());
-    if accepted(headers) {
-        ([kind, (CONTENT_ENCODING, "gzip"), vary], none).into_response()
+    with_head(content_type, accepted(headers), none)
+}
+
+/// `body`, text of `content_type`, gzipped or not.
+fn with_head(content_type: &'static str, gzipped: bool, body: axum::body::Body) -> Response {
+    let kind = (CONTENT_TYPE, content_type);
+    let vary = (VARY, "accept-encoding");
+    if gzipped {
+        ([kind, (CONTENT_ENCODING, "gzip"), vary], body).into_response()
     } else {
-        ([kind, vary], none).into_response()
+        ([kind, vary], body).into_response()
     }
 }
 

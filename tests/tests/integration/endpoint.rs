@@ -659,26 +659,17 @@ fn sigterm_at_any_moment_of_start_up_leaves_nothing() {
 /// The answer head of `GET /hello` to `addr` from `ns`, tried for up to
 /// 5 s (a server may be binding yet).
 fn hello_head(ns: &health_agent::sys::netns::Netns, addr: std::net::SocketAddr) -> String {
-    use std::io::{Read as _, Write as _};
-    let once = move || {
-        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-        let mut raw = String::new();
-        s.read_to_string(&mut raw)?;
-        Ok::<_, std::io::Error>(raw)
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let raw = loop {
-        match ns.run(once).expect("in the namespace") {
-            Ok(raw) => break raw,
-            Err(e) if std::time::Instant::now() > deadline => {
-                panic!("GET http://{addr}/hello: {e}")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+    loop {
+        if let Some((head, _)) = health_tests::prometheus::http_exchange(ns, addr, "/hello") {
+            return head;
         }
-    };
-    raw.split("\r\n\r\n").next().unwrap_or_default().to_owned()
+        assert!(
+            std::time::Instant::now() < deadline,
+            "GET http://{addr}/hello: no answer"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Both hello servers, the node's and the endpoint's, name the node in

@@ -471,3 +471,25 @@ fn ten_thousand_records_parse_in_one_pass() {
         started.elapsed()
     );
 }
+
+/// A file without a record named as this node is warned about (its
+/// peers would fail every HTTP probe of it); one with it, or with no
+/// node at all, is not.
+#[test]
+fn a_file_naming_no_record_as_this_node_is_warned_about() {
+    let path = Path::new("nodes.yaml");
+    let with = yaml(YAML).expect("parses");
+    assert!(!warn_if_unnamed(path, &with, &local()));
+    let other = LocalNode {
+        name: Some("node-9".into()),
+        ..local()
+    };
+    assert!(warn_if_unnamed(path, &with, &other));
+    let empty = yaml("nodes: []\n").expect("parses");
+    assert!(!warn_if_unnamed(path, &empty, &other));
+    let unnamed = LocalNode {
+        name: None,
+        ..local()
+    };
+    assert!(!warn_if_unnamed(path, &with, &unnamed));
+}
