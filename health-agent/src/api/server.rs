@@ -1138,7 +1138,7 @@ pub(crate) mod tests {
     async fn the_socket_serves_the_metrics_and_their_head() {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let (_, probers) = watch::channel(prober());
-        let metrics = Arc::new(crate::metrics::Metrics::of_probers(probers.clone()));
+        let metrics = Arc::new(crate::metrics::Metrics::of_probers(probers.clone(), false));
         let (_, guard, stop) = serve_state(probers, Nodes::new("none".into()), |state| {
             state.with_metrics(metrics)
         });

@@ -86,11 +86,11 @@ impl Metrics {
         }
     }
 
-    /// The metrics of the probers of `probers` alone: no node set, no
-    /// endpoint, no pinned maps (tests of what serves them).
+    /// The metrics of the probers of `probers` alone, series per peer
+    /// when `per_peer`: no node set, no endpoint, no pinned maps (tests).
     #[cfg(test)]
     #[must_use]
-    pub fn of_probers(probers: watch::Receiver<Arc<Prober>>) -> Self {
+    pub fn of_probers(probers: watch::Receiver<Arc<Prober>>, per_peer: bool) -> Self {
         Self::new(Sources {
             prober: probers,
             probe: Arc::new(ProbeMetrics::default()),
@@ -98,7 +98,7 @@ impl Metrics {
             endpoint: crate::endpoint::shared_view(),
             pin_dir: "/nonexistent".into(),
             maps: MapsReport::default(),
-            per_peer: false,
+            per_peer,
         })
     }
 

@@ -125,13 +125,11 @@ mod tests {
     use tokio::sync::watch;
 
     use crate::{
-        datapath::report::MapsReport,
-        membership::{NodeSet, published::Nodes},
-        metrics::{Metrics, Sources},
+        membership::NodeSet,
+        metrics::Metrics,
         probe::{
             ProbeConfig, Prober,
             error::{ProbeError, Proto},
-            metrics::ProbeMetrics,
             path::{Outcome, RttSource, Thresholds},
         },
         util::gzip,
@@ -171,15 +169,7 @@ mod tests {
 
     /// The metrics of [`prober`]'s nodes, series per peer on.
     fn metrics_per_peer() -> Metrics {
-        Metrics::new(Sources {
-            prober: watch::channel(prober()).1,
-            probe: Arc::new(ProbeMetrics::default()),
-            nodes: Nodes::new("none".into()),
-            endpoint: crate::endpoint::shared_view(),
-            pin_dir: "/nonexistent".into(),
-            maps: MapsReport::default(),
-            per_peer: true,
-        })
+        Metrics::of_probers(watch::channel(prober()).1, true)
     }
 
     #[test]

@@ -22,7 +22,7 @@ const EARLY: Duration = Duration::from_millis(50);
 /// The agent's router over an empty prober, answering `allowed` too.
 fn agent_router(allowed: &str) -> Router {
     let (_, probers) = watch::channel(Prober::new(ProbeConfig::default()));
-    let metrics = Arc::new(Metrics::of_probers(probers.clone()));
+    let metrics = Arc::new(Metrics::of_probers(probers.clone(), false));
     let api = ApiState::new(
         crate::endpoint::shared_view(),
         probers,
