@@ -73,6 +73,30 @@ fn an_xdp_peer_outside_native_xdp_is_refused_before_anything_is_attached() {
 }
 
 #[test]
+fn allocations_without_etcd_are_refused_at_start() {
+    for source in [&["--nodes-file", "/nonexistent/nodes.yaml"][..], &[]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
+            .args([
+                "daemon",
+                "--node-name",
+                "n1",
+                "--health-cidr",
+                "198.18.64.0/24",
+                "--kvstore-allocations",
+            ])
+            .args(source)
+            .output()
+            .expect("run health-agent");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("--kvstore-allocations needs --kvstore etcd"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
 fn a_node_name_no_record_could_hold_is_refused_at_start() {
     for (name, why) in [
         ("bad name", "is not a node name"),

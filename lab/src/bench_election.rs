@@ -82,6 +82,7 @@ pub(crate) async fn election(endpoint: &str, agents: usize) -> anyhow::Result<St
         tls: None,
         credentials: None,
         lease_file: None,
+        allocations: None,
     };
     let stop = CancellationToken::new();
     let mut tasks = Vec::with_capacity(agents);

@@ -181,7 +181,7 @@ fn etcd_setup(cluster: &Cluster) -> String {
         let g = NodeGrants::new(ETCD_PREFIX, &node.name);
         let _ = writeln!(
             out,
-            "    {0}: role {0} writes {1}, {2} and {5} only, campaigns under {6}*, reads {3}*, {4}* and {7}*",
+            "    {0}: role {0} writes {1}, {2} and {5} only, campaigns under {6}*, reads {3}*, {4}*, {8}* and {7}*",
             node.name,
             g.write[0],
             g.write[1],
@@ -189,9 +189,17 @@ fn etcd_setup(cluster: &Cluster) -> String {
             g.read[1],
             g.assemble[0],
             g.assemble[1],
-            g.assemble[2]
+            g.assemble[2],
+            g.read[2]
         );
     }
+    let _ = writeln!(
+        out,
+        "  health allocations: each node's --health-cidr and --health-cidr6 written by root at \
+         {}<name>, which no node's role may write; the agents run --kvstore-allocations, taking \
+         a peer's health address only inside its node's allocation",
+        health_agent::membership::kvstore::beside(ETCD_PREFIX, "allocations")
+    );
     out
 }
 

@@ -26,6 +26,10 @@ pub struct Security {
     /// etcd's authentication on: each agent logs in as the user named
     /// after its node ([`enable_auth`]), with [`node_password`].
     pub auth: bool,
+    /// Each node's health CIDRs written as its allocation
+    /// (`/health/allocations/<name>`, as root when `auth`) and the agents
+    /// started with `--kvstore-allocations`.
+    pub allocations: bool,
 }
 
 const ROOT_PASSWORD: &str = "root-password-for-tests";
@@ -41,9 +45,9 @@ pub fn node_password(name: &str) -> String {
 /// `/health/summaries/`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeGrants {
-    /// Read, with everything below: the node records' and the summaries'
-    /// prefixes.
-    pub read: [String; 2],
+    /// Read, with everything below: the node records', the summaries' and
+    /// the health allocations' prefixes.
+    pub read: [String; 3],
     /// Read and write, that key alone: the node's record and its summary.
     pub write: [String; 2],
     /// For the elected assembler: its own view's key alone (read and
@@ -58,7 +62,11 @@ impl NodeGrants {
         let summaries = health_agent::daemon::cluster_view::summaries_prefix(prefix);
         Self {
             write: [format!("{prefix}{name}"), format!("{summaries}{name}")],
-            read: [prefix.to_owned(), summaries],
+            read: [
+                prefix.to_owned(),
+                summaries,
+                health_agent::membership::kvstore::beside(prefix, "allocations"),
+            ],
             assemble: [
                 format!(
                     "{}{name}",

@@ -62,22 +62,14 @@ pub const fn is_stale(at_ms: u64, interval_ms: u64, now_ms: u64) -> bool {
 /// (a node may write that key alone).
 #[must_use]
 pub fn view_prefix(node_prefix: &str) -> String {
-    format!("{}/", sibling(node_prefix, "view"))
+    crate::membership::kvstore::beside(node_prefix, "view")
 }
 
 /// The election's name beside the node records: `/health/nodes/` gives
 /// `/health/assembler/` (each candidate's key is below it).
 #[must_use]
 pub fn election_name(node_prefix: &str) -> String {
-    format!("{}/", sibling(node_prefix, "assembler"))
-}
-
-fn sibling(node_prefix: &str, leaf: &str) -> String {
-    let trimmed = node_prefix.trim_end_matches('/');
-    match trimmed.rsplit_once('/') {
-        Some((parent, _)) => format!("{parent}/{leaf}"),
-        None => format!("{trimmed}-{leaf}"),
-    }
+    crate::membership::kvstore::beside(node_prefix, "assembler")
 }
 
 /// Why a published view was refused.

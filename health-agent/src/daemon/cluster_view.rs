@@ -68,11 +68,7 @@ pub fn summary_key(summaries_prefix: &str, name: &str) -> String {
 /// `/health/summaries/`.
 #[must_use]
 pub fn summaries_prefix(node_prefix: &str) -> String {
-    let trimmed = node_prefix.trim_end_matches('/');
-    match trimmed.rsplit_once('/') {
-        Some((parent, _)) => format!("{parent}/summaries/"),
-        None => format!("{trimmed}-summaries/"),
-    }
+    crate::membership::kvstore::beside(node_prefix, "summaries")
 }
 
 #[derive(Clone)]

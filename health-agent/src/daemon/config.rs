@@ -44,6 +44,11 @@ pub enum ConfigError {
     NoNodeName,
     #[error("--node-name (or the hostname): {0}")]
     NodeName(crate::membership::record::Rule),
+    #[error(
+        "--kvstore-allocations needs --kvstore etcd: the allocations are read from etcd (a nodes \
+         file is written by the admin, and says which addresses are each node's itself)"
+    )]
+    AllocationsWithoutEtcd,
     #[error(transparent)]
     Kvstore(#[from] KvConfigError),
     #[error(transparent)]
@@ -158,6 +163,9 @@ impl DaemonConfig {
         };
         // Its record would be refused by every agent, this one included.
         crate::membership::validate::check_name(&node_name).map_err(ConfigError::NodeName)?;
+        if settings.cluster.kvstore_allocations && !matches!(discovery, Discovery::Etcd(_)) {
+            return Err(ConfigError::AllocationsWithoutEtcd);
+        }
         if let Discovery::Etcd(etcd) = &mut discovery {
             etcd.lease_file = Some(lease_file(
                 &settings.endpoint.state_dir,

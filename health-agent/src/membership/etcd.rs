@@ -17,6 +17,7 @@ use tracing::{info, warn};
 pub use super::kvstore::EtcdConfig;
 use super::{
     Node,
+    allocations::Allocations,
     claims::Holders,
     held::{Held, Limits},
     kvstore::{Entry, KvStore, Link, Listing, ReadAgain, WatchEvent},
@@ -75,10 +76,27 @@ pub async fn run(
     info!(key = own.key, "registering in etcd");
     own.write(&store).await;
     let followed = store.follow_prefix(cfg.prefix.as_bytes());
+    let allocations = cfg.allocations.as_ref().map(|prefix| {
+        info!(
+            prefix,
+            "peers' health addresses must lie in their nodes' allocations"
+        );
+        (
+            store.follow_prefix(prefix.as_bytes()),
+            Allocations::new(prefix.clone(), local.clone(), nodes.max_nodes()),
+        )
+    });
     // Boxed: the client's futures are large, and so would be the caller's.
     tokio::join!(
         Box::pin(store.run()),
-        Box::pin(follow(&store, followed, &cfg, &local, &nodes, &own))
+        Box::pin(follow(
+            &store,
+            (followed, allocations),
+            &cfg,
+            &local,
+            &nodes,
+            &own
+        ))
     );
 }
 
@@ -198,17 +216,24 @@ impl From<NodeRecord> for Node {
     }
 }
 
+/// The allocations' events and what they hold, when followed.
+type FollowedAllocations = ((mpsc::Receiver<WatchEvent>, ReadAgain), Allocations);
+
 /// Publishes the node set from the prefix's events (a burst of events is
 /// published once), and the etcd errors in its status (once per outage).
 async fn follow(
     store: &KvStore,
-    (mut events, read_again): (mpsc::Receiver<WatchEvent>, ReadAgain),
+    ((mut events, read_again), allocations): (
+        (mpsc::Receiver<WatchEvent>, ReadAgain),
+        Option<FollowedAllocations>,
+    ),
     cfg: &EtcdConfig,
     local: &LocalNode,
     nodes: &Nodes,
     own: &OwnRecord,
 ) {
     let mut link = store.link();
+    let (mut allocation_events, allocations) = allocations.unzip();
     let mut view = View::new(
         &cfg.prefix,
         cfg.lease_ttl.max(MIN_HOLD),
@@ -216,6 +241,7 @@ async fn follow(
         &own.key,
     )
     .with_own(own.node.clone());
+    view.allocations = allocations;
     let mut rewrites = Rewrites::default();
     loop {
         let grace_end = view.link_grace_end();
@@ -230,6 +256,19 @@ async fn follow(
                     view.apply(ev);
                 }
 
+            }
+            ev = next_event(allocation_events.as_mut()) => {
+                let Some(ev) = ev else { return };
+                view.apply_allocation(ev);
+                while let Some(ev) = allocation_events.as_mut().and_then(|(rx, _)| rx.try_recv().ok()) {
+                    view.apply_allocation(ev);
+                }
+                view.allocations_settled();
+                if let Some((_, again)) = &allocation_events
+                    && view.allocations.as_mut().is_some_and(Allocations::take_reread)
+                {
+                    again.now();
+                }
             }
             changed = link.changed() => {
                 if changed.is_err() {
@@ -267,6 +306,16 @@ async fn follow(
 /// How long the lease session may stay down, with the watch in sync,
 /// before its error is shown in the node set's status.
 const LINK_GRACE: Duration = Duration::from_secs(10);
+
+/// The next event of a followed prefix, or never when none is followed.
+async fn next_event(
+    followed: Option<&mut (mpsc::Receiver<WatchEvent>, ReadAgain)>,
+) -> Option<WatchEvent> {
+    match followed {
+        Some((events, _)) => events.recv().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Sleeps until `deadline`, or forever.
 async fn until(deadline: Option<Instant>) {
@@ -310,6 +359,12 @@ struct View<'a> {
     /// This node's record as this agent writes it: validated in place of
     /// whatever is at its key (see [`View::with_own`]).
     own: Option<Candidate>,
+    /// The health allocations peers' records are judged by, when
+    /// `--kvstore-allocations` asks for them.
+    allocations: Option<Allocations>,
+    /// What was last said of this node's own record against its
+    /// allocation.
+    own_allocation: Option<String>,
 }
 
 /// The revision the records held are at: the last listing's, or the last
@@ -387,6 +442,8 @@ impl<'a> View<'a> {
             quiet_until: None,
             reread: Reread::Never,
             own: None,
+            allocations: None,
+            own_allocation: None,
         }
     }
 
@@ -454,6 +511,43 @@ impl<'a> View<'a> {
         }
     }
 
+    /// Applies an event of the allocations' prefix.
+    fn apply_allocation(&mut self, ev: WatchEvent) {
+        if let Some(allocations) = self.allocations.as_mut()
+            && allocations.apply(ev)
+        {
+            self.dirty = true;
+        }
+    }
+
+    /// After a burst of the allocations' events: their overlaps found
+    /// again and, once they are read, a mismatch with this node's own
+    /// record warned about once.
+    fn allocations_settled(&mut self) {
+        let Some(allocations) = self.allocations.as_mut() else {
+            return;
+        };
+        allocations.settle();
+        if !allocations.synced() {
+            return;
+        }
+        let mismatch = self
+            .own
+            .as_ref()
+            .and_then(|c| c.node.as_ref().ok())
+            .and_then(|own| allocations.own_mismatch(own));
+        if mismatch != self.own_allocation {
+            match &mismatch {
+                Some(m) => warn!("{m}"),
+                None if self.own_allocation.is_some() => {
+                    info!("this node's record lies in its allocation again");
+                }
+                None => {}
+            }
+            self.own_allocation = mismatch;
+        }
+    }
+
     /// When the prefix is to be read again, if records that could be
     /// nodes went unheld and now all fit: at once the first time, then
     /// at most every [`REREAD_GAP`] (a writer keeping the prefix at the
@@ -480,13 +574,21 @@ impl<'a> View<'a> {
     /// outlasted [`LINK_GRACE`] with the watch in sync: when etcd returns,
     /// the watch and the lease session come back within a backoff of each
     /// other, and the outage is reported once.
-    fn error(&self) -> Option<&str> {
-        self.watch_error.as_deref().or_else(|| {
-            self.link_error
-                .as_ref()
-                .filter(|(_, since)| !self.synced || since.elapsed() >= LINK_GRACE)
-                .map(|(e, _)| e.as_str())
-        })
+    fn error(&self) -> Option<String> {
+        self.watch_error
+            .clone()
+            .or_else(|| {
+                self.allocations
+                    .as_ref()
+                    .filter(|a| !a.synced())
+                    .and_then(Allocations::error)
+            })
+            .or_else(|| {
+                self.link_error
+                    .as_ref()
+                    .filter(|(_, since)| !self.synced || since.elapsed() >= LINK_GRACE)
+                    .map(|(e, _)| e.clone())
+            })
     }
 
     /// When the lease session's error starts to count, if it is pending.
@@ -518,7 +620,11 @@ impl<'a> View<'a> {
         };
         Validated {
             unheld: self.held.unheld(),
-            ..validate::validate(candidates, local, &self.holders)
+            ..validate::validate_allocated(
+                candidates,
+                (local, self.allocations.as_ref()),
+                &self.holders,
+            )
         }
     }
 
@@ -535,6 +641,13 @@ impl<'a> View<'a> {
                 self.held.over(),
             ));
             return false;
+        }
+        if let Some(allocations) = self.allocations.as_mut() {
+            allocations.settle();
+            if let Some(e) = allocations.error() {
+                nodes.reject(e);
+                return false;
+            }
         }
         let update = self.validated(local);
         let holders = self
@@ -557,10 +670,16 @@ impl<'a> View<'a> {
         }
     }
 
+    /// The records, and the allocations when followed, were listed since
+    /// their watches last broke: a set may be validated.
+    fn all_synced(&self) -> bool {
+        self.synced && self.allocations.as_ref().is_none_or(Allocations::synced)
+    }
+
     /// When a pending change is to be validated, if one waits (a time
     /// past already: at once).
     fn publish_due(&self) -> Option<Instant> {
-        self.quiet_until.filter(|_| self.dirty && self.synced)
+        self.quiet_until.filter(|_| self.dirty && self.all_synced())
     }
 
     /// Validates and publishes the set if it changed. A change after a
@@ -573,7 +692,7 @@ impl<'a> View<'a> {
         let recovered = self.shown_error && self.error().is_none();
         let now = Instant::now();
         let quiet = self.quiet_until.is_none_or(|t| now >= t);
-        if self.synced && (self.dirty || recovered) && (quiet || recovered) {
+        if self.all_synced() && (self.dirty || recovered) && (quiet || recovered) {
             // A set refused whole (past --max-nodes) holds no address, and
             // the holds that ended are let go.
             if !self.accept(local, nodes) {
@@ -769,6 +888,103 @@ mod tests {
             view.hold_end().is_some_and(|t| t > ends),
             "c's hold ended; b's runs"
         );
+    }
+
+    /// With allocations followed, no set is judged before they are listed;
+    /// a record outside its node's allocation is refused and claims
+    /// nothing; allocations past the bound refuse the set whole, and a
+    /// broken watch of them is said.
+    #[tokio::test(start_paused = true)]
+    async fn records_are_judged_by_the_allocations_once_they_are_listed() {
+        let nodes = Nodes::new("etcd".into());
+        let names = || -> Vec<String> { nodes.current().iter().map(|n| n.name.clone()).collect() };
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
+        view.allocations = Some(Allocations::new("/a/".into(), local(), 2));
+        let allocation = |name: &str, cidr: &str| {
+            raw(
+                &format!("/a/{name}"),
+                &format!(r#"{{"health_cidr":"{cidr}"}}"#),
+            )
+        };
+        view.apply(page(
+            vec![
+                kv("/h/a", &record("a", "198.18.0.2", "198.18.65.2")),
+                kv("/h/squat", &record("squat", "198.18.0.9", "198.18.66.2")),
+            ],
+            true,
+            true,
+        ));
+        view.publish("e", &local(), &nodes);
+        assert_eq!(
+            names(),
+            Vec::<String>::new(),
+            "the allocations not read yet"
+        );
+        assert_eq!(view.publish_due(), None, "nor does the loop spin");
+        view.apply_allocation(page(
+            vec![
+                allocation("a", "198.18.65.0/24"),
+                allocation("b", "198.18.66.0/24"),
+            ],
+            true,
+            true,
+        ));
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["a"]);
+        let status = nodes.status();
+        assert_eq!(status.rejected.len(), 1, "{status:?}");
+        assert_eq!(
+            status.rejected[0].reason,
+            "health-ip 198.18.66.2 is not allocated: no allocation at etcd key \"/a/squat\" (--kvstore-allocations)"
+        );
+        // b comes for the address the squatter claimed first: it is b's.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        view.apply(WatchEvent::Put(kv(
+            "/h/b",
+            &record("b", "198.18.0.3", "198.18.66.2"),
+        )));
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["a", "b"]);
+        // Past the bound: the set is refused whole, the last good one kept.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        view.apply_allocation(WatchEvent::Put(allocation("c", "198.18.67.0/24")));
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["a", "b"]);
+        let error = nodes.status().error.expect("refused");
+        assert!(
+            error.starts_with("more allocations under /a/ than --max-nodes 2"),
+            "{error}"
+        );
+        // The allocations' watch breaks: said, and nothing judged.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        view.apply_allocation(page(vec![allocation("a", "198.18.65.0/24")], true, true));
+        view.apply_allocation(WatchEvent::Lost {
+            error: Arc::new(super::super::kvstore::KvError::Timeout {
+                op: "watch".into(),
+                timeout: Duration::from_secs(5),
+            }),
+        });
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["a", "b"], "not judged while the watch is out");
+        view.apply(WatchEvent::Put(kv(
+            "/h/c",
+            &record("c", "198.18.0.4", "198.18.65.9"),
+        )));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            view.publish_due(),
+            None,
+            "a change waits without waking the loop"
+        );
+        let error = nodes.status().error.expect("said");
+        assert!(
+            error.starts_with("etcd at e: the allocations under /a/: "),
+            "{error}"
+        );
+        view.apply_allocation(page(vec![allocation("a", "198.18.65.0/24")], true, true));
+        view.publish("e", &local(), &nodes);
+        assert_eq!(names(), ["a"], "b's allocation went");
+        assert_eq!(nodes.status().error, None);
     }
 
     /// What a writer puts under the prefix is shown only in part: a value

@@ -1,6 +1,7 @@
 //! Who is in the cluster: node records and their validation, the nodes file, etcd, routes, sync.
 //! Imported by the prober and everything above it; imports only `sys` and `util`.
 
+pub mod allocations;
 pub mod claims;
 pub mod discovery;
 pub mod etcd;

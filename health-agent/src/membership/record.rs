@@ -198,6 +198,14 @@ pub enum Rule {
         range: String,
         flag: &'static str,
     },
+    /// A health address outside its node's allocation
+    /// (`--kvstore-allocations`); the reason names the allocation's key.
+    #[error("{field} {ip} {reason}")]
+    Unallocated {
+        field: Field,
+        ip: IpAddr,
+        reason: String,
+    },
     #[error("zone {zone:?}: {reason}")]
     Zone { zone: String, reason: String },
     #[error("duplicate name {name:?}: {} has it and is kept", .first.describe())]

@@ -46,6 +46,15 @@ section! {
         /// `/` (the summaries, the view and the election sit beside it).
         #[arg(long, default_value = "/health/nodes/", value_parser = key_prefix)]
         pub kvstore_prefix: String,
+        /// Take a peer's health address only inside the health CIDRs an
+        /// admin allocated to its node, at `<allocations-prefix><name>` beside
+        /// the records (`/health/nodes/` gives `/health/allocations/<name>`,
+        /// e.g. `{"health_cidr": "198.18.64.0/24"}`), a key no node's etcd
+        /// role may write: a node then cannot claim a health address that
+        /// is not its own, even one no node holds yet. Node addresses must
+        /// then lie outside --health-range.
+        #[arg(long)]
+        pub kvstore_allocations: bool,
         /// TTL of this node's registration lease (kept alive while the agent
         /// runs; revoked when it stops cleanly). A node that dies stays in the
         /// others' node sets this long, so that they see it fail and the
@@ -146,6 +155,9 @@ impl ClusterSettings {
                     .map(|(user, file)| Credentials::load(user, file))
                     .transpose()?,
                 lease_file: None,
+                allocations: self.kvstore_allocations.then(|| {
+                    crate::membership::kvstore::beside(&self.kvstore_prefix, "allocations")
+                }),
             }),
             (None, None) => Discovery::None,
         })
@@ -178,7 +190,9 @@ fn key_prefix(s: &str) -> Result<String, String> {
         ));
     }
     let path = s.trim_end_matches('/');
-    if let Some((_, leaf @ ("summaries" | "view" | "assembler"))) = path.rsplit_once('/') {
+    if let Some((_, leaf @ ("summaries" | "view" | "assembler" | "allocations"))) =
+        path.rsplit_once('/')
+    {
         return Err(format!(
             "{s:?} is where the {leaf} sit, beside the node records: name the records' own directory, as /health/nodes/"
         ));
@@ -200,7 +214,12 @@ mod prefix_tests {
             assert!(e.contains("ends in '/'"), "{bad:?}: {e}");
         }
         // The summaries', the view's and the election's own directories.
-        for bad in ["/health/summaries/", "/x/view/", "/assembler/"] {
+        for bad in [
+            "/health/summaries/",
+            "/x/view/",
+            "/assembler/",
+            "/health/allocations/",
+        ] {
             let e = key_prefix(bad).expect_err(bad);
             assert!(e.contains("beside the node records"), "{bad:?}: {e}");
         }

@@ -16,6 +16,8 @@
 //!   address;
 //! - a peer's addresses are not inside this node's own health CIDR (this
 //!   node's own record is exempt: its endpoint's address is in it);
+//! - with etcd and `--kvstore-allocations`, a peer's health addresses lie
+//!   in the CIDRs allocated to its node ([`super::allocations`]);
 //! - names are unique and so are addresses: no address is the node IP or
 //!   the health IP of two records, or both of one.
 //!
@@ -31,6 +33,7 @@ use std::{
 
 use super::{
     Node, NodeSet,
+    allocations::Allocations,
     claims::Holders,
     record::{Candidate, Field, LocalNode, MAX_NAME_LEN, Origin, Rejected, Rule, Validated},
 };
@@ -141,13 +144,16 @@ fn check_record(
     node: &Node,
     origin: &Origin,
     is_local: bool,
-    local: &LocalNode,
+    (local, allocations): (&LocalNode, Option<&Allocations>),
 ) -> Result<(), Rule> {
     check_shape(node, origin)?;
     if is_local {
         return Ok(());
     }
     check_ranges(node, local)?;
+    if let Some(allocations) = allocations {
+        allocations.check(node)?;
+    }
     let fields = fields(node);
     for (field, ip) in fields.iter().flatten().copied() {
         let inside = match ip {
@@ -274,6 +280,18 @@ fn check_families(node: &Node) -> Result<(), Rule> {
 /// it, neither takes it. This node's own record is taken first.
 #[must_use]
 pub fn validate(candidates: Vec<Candidate>, local: &LocalNode, holders: &Holders) -> Validated {
+    validate_allocated(candidates, (local, None), holders)
+}
+
+/// [`validate`], where a peer's health addresses must also lie in its
+/// node's allocation when `allocations` are given
+/// (`--kvstore-allocations`): a record outside it claims nothing.
+#[must_use]
+pub fn validate_allocated(
+    candidates: Vec<Candidate>,
+    (local, allocations): (&LocalNode, Option<&Allocations>),
+    holders: &Holders,
+) -> Validated {
     let n = candidates.len();
     // This node's record: a copy of it at another key (which sorts
     // first) is rejected as any misplaced record, and takes nothing from it.
@@ -285,7 +303,7 @@ pub fn validate(candidates: Vec<Candidate>, local: &LocalNode, holders: &Holders
         })
     });
     let mut verdict: Vec<Option<Rule>> = vec![None; n];
-    let names = check_alone(&candidates, local, local_at, &mut verdict);
+    let names = check_alone(&candidates, (local, allocations), local_at, &mut verdict);
     check_claims(&candidates, local_at, &names, holders, &mut verdict);
     let mut rejected = Vec::new();
     let order = local_at
@@ -317,7 +335,7 @@ pub fn validate(candidates: Vec<Candidate>, local: &LocalNode, holders: &Holders
 /// (good or not).
 fn check_alone<'a>(
     candidates: &'a [Candidate],
-    local: &LocalNode,
+    rules: (&LocalNode, Option<&Allocations>),
     local_at: Option<usize>,
     verdict: &mut [Option<Rule>],
 ) -> HashMap<&'a str, usize> {
@@ -341,7 +359,7 @@ fn check_alone<'a>(
         if at_its_key(node, &c.record.origin) {
             named.entry(node.name.as_str()).or_insert(i);
         }
-        if let Err(rule) = check_record(node, &c.record.origin, Some(i) == local_at, local) {
+        if let Err(rule) = check_record(node, &c.record.origin, Some(i) == local_at, rules) {
             verdict[i] = Some(rule);
         } else if let Some(&first) = valid.get(node.name.as_str()) {
             verdict[i] = Some(Rule::DuplicateName {

@@ -123,8 +123,10 @@ impl Cluster {
     pub fn start_etcd(&mut self) {
         if self.settings.etcd_members > 1 {
             assert!(
-                !self.settings.etcd_security.tls && !self.settings.etcd_security.auth,
-                "an etcd cluster of several members runs plain http without users"
+                !self.settings.etcd_security.tls
+                    && !self.settings.etcd_security.auth
+                    && !self.settings.etcd_security.allocations,
+                "an etcd cluster of several members runs plain http without users or allocations"
             );
             assert!(self.etcd_cluster.is_none(), "etcd already running");
             self.etcd_cluster = Some(crate::etcd_cluster::EtcdCluster::start(
@@ -158,6 +160,37 @@ impl Cluster {
                 &names,
             );
         }
+        if first && self.settings.etcd_security.allocations {
+            for i in 0..self.nodes.len() {
+                self.allocate(i);
+            }
+        }
+    }
+
+    /// Writes node `i`'s health CIDRs as its allocation (as root when auth
+    /// is on), where `--kvstore-allocations` reads them.
+    pub fn allocate(&self, i: usize) {
+        let node = &self.nodes[i];
+        let key = format!(
+            "{}{}",
+            health_agent::membership::kvstore::beside(ETCD_PREFIX, "allocations"),
+            node.name
+        );
+        let mut value = serde_json::Map::new();
+        if node.family.has_v4() {
+            value.insert("health_cidr".into(), node.cidr.clone().into());
+        }
+        if let Some(cidr6) = &node.cidr6 {
+            value.insert("health_cidr6".into(), cidr6.clone().into());
+        }
+        let value = serde_json::Value::Object(value).to_string();
+        let pki = self.etcd_pki();
+        crate::etcd::put(
+            Some(&self.fabric),
+            ETCD_ENDPOINT,
+            (pki.as_ref(), self.settings.etcd_security.auth),
+            (&key, &value),
+        );
     }
 
     /// The TLS material of etcd and the agents (made on first use), when
@@ -189,6 +222,9 @@ impl Cluster {
         let i = self.nodes.len();
         let node = self.add_node(i);
         self.nodes.push(node);
+        if self.settings.etcd && self.settings.etcd_security.allocations {
+            self.allocate(i);
+        }
         self.start_agent(i);
         i
     }

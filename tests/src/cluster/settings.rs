@@ -100,6 +100,7 @@ impl Settings {
             etcd_security: crate::etcd::Security {
                 tls: etcd,
                 auth: etcd,
+                allocations: etcd,
             },
             family,
             lease_ttl: "",
@@ -173,6 +174,9 @@ pub(super) fn discovery_args(
         .to_vec();
     if !s.product_defaults && !s.lease_ttl.is_empty() {
         args.extend(["--kvstore-lease-ttl".to_owned(), s.lease_ttl.to_owned()]);
+    }
+    if s.etcd_security.allocations {
+        args.push("--kvstore-allocations".into());
     }
     let path = |p: PathBuf| p.display().to_string();
     if let Some(pki) = pki {

@@ -297,7 +297,7 @@ fn nodes_discover_each_other_over_tls_and_a_wrong_ca_is_named() {
         etcd: true,
         etcd_security: Security {
             tls: true,
-            auth: false,
+            ..Security::default()
         },
         ..Settings::default()
     });
@@ -361,6 +361,7 @@ fn a_node_user_writes_only_its_own_keys() {
         "/health/nodes/node-1/x",
         "/health/summaries/node-2",
         "/health/view",
+        "/health/allocations/node-1",
     ] {
         let e = put("node-1", key).expect_err(key);
         assert!(e.contains("permission denied"), "{key}: {e}");
@@ -377,12 +378,18 @@ fn a_node_user_writes_only_its_own_keys() {
         keys("node-2", "/health/summaries/"),
         Ok(vec!["/health/summaries/node-1".to_owned()])
     );
+    assert_eq!(
+        keys("node-1", "/health/allocations/"),
+        Ok(Vec::new()),
+        "the allocations are read, written by none"
+    );
     let e = keys("node-1", "/health/").expect_err("outside the prefixes");
     assert!(e.contains("permission denied"), "{e}");
 }
 
 /// The agents of a cluster whose etcd runs TLS and authentication, each
-/// logged in as its node's user: they register, see each other and publish
+/// logged in as its node's user, their health addresses checked against
+/// the allocations root wrote: they register, see each other and publish
 /// their summaries; one of them is refused another's key there too; the
 /// one elected publishes the cluster view, which every agent reads. One
 /// killed and started again takes its lease over: its user may read what
@@ -394,9 +401,12 @@ fn agents_with_a_user_each_register_and_see_each_other_over_tls() {
         etcd: true,
         // Outlives a restart with room to spare.
         lease_ttl: "30s",
+        // As `cargo xtask run --kvstore etcd`: each node's user reads the
+        // allocations root wrote.
         etcd_security: Security {
             tls: true,
             auth: true,
+            allocations: true,
         },
         ..Settings::default()
     });
@@ -484,8 +494,8 @@ fn etcd_users_log_in_with_a_password_file_and_a_wrong_password_is_named() {
         nodes: 2,
         etcd: true,
         etcd_security: Security {
-            tls: false,
             auth: true,
+            ..Security::default()
         },
         ..Settings::default()
     });
@@ -550,6 +560,7 @@ fn local_config(etcd: &LocalEtcd) -> EtcdConfig {
         tls: None,
         credentials: None,
         lease_file: None,
+        allocations: None,
     }
 }
 

@@ -20,7 +20,7 @@ use health_agent::{
     probe::path::ProbeResult,
     sys::netlink::{RouteV4, in_netns},
 };
-use health_tests::cluster::{Cluster, ETCD_ENDPOINT, Settings, node_ip};
+use health_tests::cluster::{Cluster, ETCD_ENDPOINT, Settings, health_cidr, node_ip};
 use nix::sys::signal::Signal;
 
 /// A plain etcd client in the fabric namespace, for one call.
@@ -189,6 +189,94 @@ fn an_etcd_writer_cannot_redirect_routes_or_take_a_nodes_place() {
         .wait_nodes_view(Duration::from_secs(20), |v| v.nodes.get("node-2").is_some());
     assert!(back.nodes.get("0").is_none(), "{back:#?}");
     cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+}
+
+/// With `--kvstore-allocations` (each node's health CIDR written by the
+/// admin at `/health/allocations/<name>`), a record claiming the health
+/// address of a node not registered yet is refused alone and routes
+/// nothing, an allocation of its own lets it claim no other, and the node
+/// allocated that address takes it when it comes. Without allocations the
+/// first claimant would take it until it left.
+#[test]
+fn no_node_takes_a_health_address_outside_its_allocation() {
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        etcd_security: health_tests::etcd::Security {
+            allocations: true,
+            ..Default::default()
+        },
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| {
+        s.nodes.len() == 3 && s.reachable() == 3
+    });
+    // node-4's health address, by node-1's place in its own CIDR.
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.nodes.len() == 3);
+    let own = view
+        .nodes
+        .get("node-1")
+        .and_then(|n| n.health_ip)
+        .expect("node-1's health address");
+    assert_eq!(health_cidr(0), "198.18.64.0/24");
+    assert_eq!(health_cidr(3), "198.18.67.0/24");
+    let offset = u32::from(own) - u32::from(Ipv4Addr::new(198, 18, 64, 0));
+    let node4 = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 67, 0)) + offset);
+    put(
+        &cluster,
+        "/health/nodes/squat",
+        &record("squat", Ipv4Addr::new(198, 18, 0, 90), &node4.to_string()),
+    );
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.rejected_total == 1);
+    assert_eq!(
+        reason_of(&view, "/health/nodes/squat"),
+        Some(
+            format!(
+                "health-ip {node4} is not allocated: no allocation at etcd key \"/health/allocations/squat\" (--kvstore-allocations)"
+            )
+            .as_str()
+        ),
+        "{view:#?}"
+    );
+    put(
+        &cluster,
+        "/health/allocations/squat",
+        r#"{"health_cidr":"198.18.100.0/24"}"#,
+    );
+    let expected = format!(
+        "health-ip {node4} is outside the node's allocation 198.18.100.0/24 (etcd key \"/health/allocations/squat\")"
+    );
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
+        reason_of(v, "/health/nodes/squat") == Some(expected.as_str())
+    });
+    assert_eq!(view.nodes.len(), 3, "{view:#?}");
+    assert!(
+        !host_routes(&cluster, 0)
+            .iter()
+            .any(|r| r.destination == node4 && r.protocol == ROUTE_PROTOCOL),
+        "no route to node-4's address"
+    );
+    // node-4 comes, its CIDR allocated to it: the address is its.
+    let i = cluster.join();
+    cluster.wait_status(0, Duration::from_secs(30), |s| {
+        s.nodes.len() == 4 && s.reachable() == 4
+    });
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.nodes.len() == 4);
+    assert_eq!(
+        view.nodes.get("node-4").and_then(|n| n.health_ip),
+        Some(node4)
+    );
+    assert_eq!(
+        reason_of(&view, "/health/nodes/squat"),
+        Some(expected.as_str())
+    );
+    let routes = host_routes(&cluster, 0);
+    assert!(
+        routes.iter().any(|r| r.destination == node4
+            && r.gateway == Some(node_ip(i))
+            && r.protocol == ROUTE_PROTOCOL),
+        "{routes:?}"
+    );
 }
 
 /// A health address inside the range that the agent must still not route:

@@ -31,6 +31,22 @@ pub struct EtcdConfig {
     /// confirms it this node's (see [`LeaseFile`]), instead of leaving it
     /// to expire.
     pub lease_file: Option<LeaseFile>,
+    /// Where the admin's health allocations are, when a peer's health
+    /// addresses must lie in its node's (`--kvstore-allocations`; see
+    /// [`crate::membership::allocations`]).
+    pub allocations: Option<String>,
+}
+
+/// The directory `leaf` beside the node records' prefix, ending in `/`:
+/// `/health/nodes/` and `summaries` give `/health/summaries/`; a prefix of
+/// one segment, `nodes/`, gives `nodes-summaries/`.
+#[must_use]
+pub fn beside(node_prefix: &str, leaf: &str) -> String {
+    let trimmed = node_prefix.trim_end_matches('/');
+    match trimmed.rsplit_once('/') {
+        Some((parent, _)) => format!("{parent}/{leaf}/"),
+        None => format!("{trimmed}-{leaf}/"),
+    }
 }
 
 /// The file that keeps this agent's lease ID between runs, and the keys
@@ -380,6 +396,7 @@ mod tests {
             endpoints: vec!["198.18.0.1:2379".into(), "198.18.0.2:2379".into()],
             prefix: "/h/".into(),
             lease_ttl: Duration::from_secs(10),
+            allocations: None,
             tls: None,
             credentials: None,
             lease_file: None,

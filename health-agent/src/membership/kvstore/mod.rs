@@ -58,7 +58,7 @@ use tokio::sync::{Mutex as AsyncMutex, watch};
 use tracing::{info, warn};
 
 pub use self::config::{
-    Credentials, EtcdConfig, KvConfigError, LeaseFile, TlsConfig, parse_endpoint,
+    Credentials, EtcdConfig, KvConfigError, LeaseFile, TlsConfig, beside, parse_endpoint,
 };
 pub use self::election::{LeaderPutError, Leadership, MIN_ELECTION_TTL, Role};
 pub use self::follow::ReadAgain;

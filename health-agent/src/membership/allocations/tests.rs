@@ -1,0 +1,376 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::membership::{
+    claims::Holders,
+    kvstore::{Entry, KvError},
+    record::{Candidate, Origin, Record},
+    validate::validate_allocated,
+};
+
+const PREFIX: &str = "/health/allocations/";
+
+fn local() -> LocalNode {
+    LocalNode {
+        name: Some("me".into()),
+        health_cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+        health_range: Some("198.18.64.0/18".parse().expect("range")),
+        health_range6: Some("2001:2:0:40::/58".parse().expect("range6")),
+        ..LocalNode::default()
+    }
+}
+
+fn entry(key: &str, value: &str) -> Entry {
+    Entry {
+        key: key.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+        mod_revision: 1,
+        lease: 0,
+    }
+}
+
+fn cidr(name: &str, cidr: &str) -> Entry {
+    entry(
+        &format!("{PREFIX}{name}"),
+        &format!(r#"{{"health_cidr":"{cidr}"}}"#),
+    )
+}
+
+fn page(entries: Vec<Entry>, first: bool, last: bool) -> WatchEvent {
+    WatchEvent::Snapshot {
+        revision: 1,
+        entries,
+        first,
+        last,
+    }
+}
+
+fn listed(max: usize, entries: Vec<Entry>) -> Allocations {
+    let mut a = Allocations::new(PREFIX.into(), local(), max);
+    assert!(a.apply(page(entries, true, true)));
+    a.settle();
+    a
+}
+
+fn node(name: &str, node_ip: &str, health_ip: &str) -> Node {
+    Node {
+        name: name.into(),
+        node_ip: Some(node_ip.parse().expect("ip")),
+        health_ip: Some(health_ip.parse().expect("ip")),
+        node_ip6: None,
+        health_ip6: None,
+        zone: None,
+    }
+}
+
+fn reason(a: &Allocations, n: &Node) -> Option<String> {
+    a.check(n).err().map(|rule| rule.to_string())
+}
+
+#[test]
+fn an_allocation_decodes_or_is_refused_naming_why() {
+    let l = local();
+    let ok = |v: &str| Allocation::decode(v.as_bytes(), &l);
+    assert_eq!(
+        ok(r#"{"health_cidr":"198.18.65.0/24","health_cidr6":"2001:2:0:41::/64"}"#),
+        Ok(Allocation {
+            cidr: Some("198.18.65.0/24".parse().expect("cidr")),
+            cidr6: Some("2001:2:0:41::/64".parse().expect("cidr6")),
+        })
+    );
+    for (value, why) in [
+        ("{}", "it allocates nothing"),
+        ("[1]", "the value is not an allocation"),
+        (
+            r#"{"health_cidr":"198.18.65.0/24","pod_cidr":"x"}"#,
+            "unknown field `pod_cidr`",
+        ),
+        (r#"{"health_cidr":"198.18.65.0"}"#, "is not a CIDR"),
+        (r#"{"health_cidr":"2001:2::/64"}"#, "is not a CIDR"),
+        (
+            r#"{"health_cidr":"198.18.65.9/24"}"#,
+            "health_cidr 198.18.65.9/24 is not a network (its network is 198.18.65.0/24)",
+        ),
+        (
+            r#"{"health_cidr":"198.18.0.0/24"}"#,
+            "health_cidr 198.18.0.0/24 is outside the cluster's health range 198.18.64.0/18 (--health-range)",
+        ),
+        (
+            r#"{"health_cidr6":"2001:2::/64"}"#,
+            "health_cidr6 2001:2::/64 is outside the cluster's health range 2001:2:0:40::/58 (--health-range6)",
+        ),
+        (
+            r#"{"health_cidr":"198.18.0.0/16"}"#,
+            "outside the cluster's health range",
+        ),
+    ] {
+        let e = ok(value).expect_err(value);
+        assert!(e.contains(why), "{value}: {e}");
+    }
+    let big = format!(r#"{{"health_cidr":"{}"}}"#, "1".repeat(600));
+    let e = ok(&big).expect_err("too large");
+    assert!(
+        e.starts_with("the value is 618 bytes, more than an allocation's 512"),
+        "{e}"
+    );
+    assert!(
+        Allocation::decode(br#"{"health_cidr":"198.18.0.0/24"}"#, &LocalNode::default()).is_ok(),
+        "without a range, any network"
+    );
+}
+
+#[test]
+fn a_health_address_counts_only_inside_its_nodes_allocation() {
+    let a = listed(
+        10,
+        vec![
+            cidr("b", "198.18.65.0/24"),
+            cidr("c", "198.18.66.0/24"),
+            entry(&format!("{PREFIX}d"), "not json"),
+            entry(
+                &format!("{PREFIX}v6"),
+                r#"{"health_cidr6":"2001:2:0:41::/64"}"#,
+            ),
+            cidr("x", "198.18.72.0/23"),
+            cidr("y", "198.18.73.0/24"),
+        ],
+    );
+    assert_eq!(
+        reason(&a, &node("y", "198.18.0.25", "198.18.73.1")).as_deref(),
+        Some(
+            "health-ip 198.18.73.1 is not allocated: the allocation at etcd key \"/health/allocations/y\" overlaps the one at \"/health/allocations/x\", and neither counts"
+        )
+    );
+    assert!(
+        reason(&a, &node("x", "198.18.0.24", "198.18.72.1"))
+            .is_some_and(|r| r.contains("overlaps the one at \"/health/allocations/y\"")),
+        "both refused"
+    );
+    assert_eq!(
+        reason(&a, &node("b", "198.18.66.7", "198.18.65.7")).as_deref(),
+        Some(
+            "node-ip 198.18.66.7 is inside the cluster's health range 198.18.64.0/18 (--health-range), which holds only allocated health addresses (--kvstore-allocations)"
+        ),
+        "c's address, claimed by b as its node address"
+    );
+    assert_eq!(reason(&a, &node("b", "198.18.0.2", "198.18.65.7")), None);
+    assert_eq!(
+        reason(&a, &node("b", "198.18.0.2", "198.18.66.7")).as_deref(),
+        Some(
+            "health-ip 198.18.66.7 is outside the node's allocation 198.18.65.0/24 (etcd key \"/health/allocations/b\")"
+        ),
+        "c's address, claimed by b"
+    );
+    assert_eq!(
+        reason(&a, &node("e", "198.18.0.5", "198.18.67.1")).as_deref(),
+        Some(
+            "health-ip 198.18.67.1 is not allocated: no allocation at etcd key \"/health/allocations/e\" (--kvstore-allocations)"
+        )
+    );
+    let refused = reason(&a, &node("d", "198.18.0.4", "198.18.68.1")).expect("refused");
+    assert!(
+        refused.starts_with(
+            "health-ip 198.18.68.1 is not allocated: the allocation at etcd key \"/health/allocations/d\" is refused: the value is not an allocation"
+        ),
+        "{refused}"
+    );
+    assert_eq!(
+        reason(&a, &node("v6", "198.18.0.6", "198.18.69.1")).as_deref(),
+        Some(
+            "health-ip 198.18.69.1 is not allocated: the allocation at etcd key \"/health/allocations/v6\" has no health_cidr"
+        )
+    );
+    let mut dual = node("v6", "198.18.0.6", "198.18.69.1");
+    dual.health_ip = None;
+    dual.node_ip = None;
+    dual.node_ip6 = Some("2001:2::6".parse().expect("ip6"));
+    dual.health_ip6 = Some("2001:2:0:41::1".parse().expect("ip6"));
+    assert_eq!(reason(&a, &dual), None);
+    dual.health_ip6 = Some("2001:2:0:42::1".parse().expect("ip6"));
+    assert_eq!(
+        reason(&a, &dual).as_deref(),
+        Some(
+            "health-ip6 2001:2:0:42::1 is outside the node's allocation 2001:2:0:41::/64 (etcd key \"/health/allocations/v6\")"
+        )
+    );
+}
+
+#[test]
+fn keys_not_exactly_the_prefix_and_a_name_allocate_nothing() {
+    let a = listed(
+        10,
+        vec![
+            cidr("b/c", "198.18.65.0/24"),
+            cidr("-b", "198.18.65.0/24"),
+            cidr("", "198.18.65.0/24"),
+            entry(
+                "/health/allocationsb",
+                r#"{"health_cidr":"198.18.65.0/24"}"#,
+            ),
+        ],
+    );
+    assert!(a.held.is_empty(), "{:?}", a.held);
+    let mut a = a;
+    assert!(
+        !a.apply(WatchEvent::Put(cidr("x/y", "198.18.65.0/24"))),
+        "no change"
+    );
+    assert!(a.held.is_empty());
+}
+
+#[test]
+fn a_listing_in_pages_replaces_the_allocations_at_its_last_page() {
+    let mut a = Allocations::new(PREFIX.into(), local(), 10);
+    assert!(!a.synced(), "nothing listed yet");
+    assert!(!a.apply(page(vec![cidr("b", "198.18.65.0/24")], true, false)));
+    assert!(!a.synced(), "a listing under way");
+    assert!(a.apply(page(vec![cidr("c", "198.18.66.0/24")], false, true)));
+    assert!(a.synced());
+    let c = node("c", "198.18.0.3", "198.18.66.1");
+    assert_eq!(reason(&a, &c), None, "the second page's");
+    assert_eq!(reason(&a, &node("b", "198.18.0.2", "198.18.65.1")), None);
+    // The watch breaks: what is held stays, the error is said, and no set
+    // is judged until the prefix is listed again.
+    assert!(!a.apply(WatchEvent::Lost {
+        error: Arc::new(KvError::Timeout {
+            op: "watch".into(),
+            timeout: std::time::Duration::from_secs(5),
+        }),
+    }));
+    assert!(!a.synced());
+    let e = a.error().expect("error");
+    assert!(
+        e.starts_with("the allocations under /health/allocations/: "),
+        "{e}"
+    );
+    assert!(a.apply(page(vec![cidr("b", "198.18.65.0/24")], true, true)));
+    assert_eq!(a.error(), None);
+    assert!(
+        reason(&a, &c).is_some_and(|r| r.contains("no allocation")),
+        "c's allocation went with the new listing"
+    );
+    // A delete and a put, one key at a time.
+    assert!(a.apply(WatchEvent::Delete {
+        key: format!("{PREFIX}b").into_bytes(),
+        revision: 3,
+    }));
+    assert!(reason(&a, &node("b", "198.18.0.2", "198.18.65.1")).is_some());
+    assert!(a.apply(WatchEvent::Put(cidr("b", "198.18.70.0/24"))));
+    assert!(reason(&a, &node("b", "198.18.0.2", "198.18.70.1")).is_none());
+}
+
+#[test]
+fn allocations_past_the_bound_are_not_held_said_and_read_again_once_one_goes() {
+    let mut a = listed(
+        2,
+        vec![
+            cidr("a", "198.18.65.0/24"),
+            cidr("b", "198.18.66.0/24"),
+            cidr("c", "198.18.67.0/24"),
+        ],
+    );
+    assert_eq!(a.held.len(), 2);
+    assert_eq!(
+        a.error().as_deref(),
+        Some(
+            "more allocations under /health/allocations/ than --max-nodes 2: the node set is refused whole until some go"
+        )
+    );
+    assert!(a.apply(WatchEvent::Put(cidr("a", "198.18.68.0/24"))));
+    assert_eq!(
+        a.held.get("a"),
+        Some(&Ok(Allocation {
+            cidr: Some("198.18.68.0/24".parse().expect("cidr")),
+            cidr6: None,
+        })),
+        "a held one changes in place"
+    );
+    assert!(!a.take_reread(), "nothing went yet");
+    assert!(a.apply(WatchEvent::Delete {
+        key: format!("{PREFIX}a").into_bytes(),
+        revision: 2,
+    }));
+    assert!(a.take_reread(), "room for one not held: read again");
+    assert!(!a.take_reread(), "asked once");
+    // A listing under way leaves the bound's breach said until its last
+    // page: what is held meanwhile is still the partial set.
+    assert!(!a.apply(page(vec![cidr("b", "198.18.66.0/24")], true, false)));
+    assert!(a.error().is_some(), "said until the listing is whole");
+    assert!(a.apply(page(vec![cidr("c", "198.18.67.0/24")], false, true)));
+    assert_eq!(a.error(), None);
+    assert_eq!(a.held.len(), 2);
+}
+
+fn etcd_record(name: &str, node_ip: &str, health_ip: &str) -> Candidate {
+    Candidate {
+        record: Record {
+            origin: Origin::Etcd {
+                key: format!("/health/nodes/{name}"),
+                prefix_len: "/health/nodes/".len(),
+            },
+            name: Some(name.into()),
+        },
+        node: Ok(node(name, node_ip, health_ip)),
+    }
+}
+
+/// A node that registers before the one a health address is allocated to
+/// cannot take it: refused alone, it claims nothing, and the rightful
+/// node takes it, whatever the order.
+#[test]
+fn a_record_outside_its_allocation_claims_nothing() {
+    let a = listed(
+        10,
+        vec![
+            cidr("me", "198.18.64.0/24"),
+            cidr("b", "198.18.65.0/24"),
+            cidr("squatter", "198.18.66.0/24"),
+        ],
+    );
+    let l = local();
+    let records = || {
+        vec![
+            etcd_record("a-squatter", "198.18.0.9", "198.18.65.1"),
+            etcd_record("b", "198.18.0.2", "198.18.65.1"),
+            etcd_record("me", "198.18.0.1", "198.18.71.1"),
+            etcd_record("squatter", "198.18.0.8", "198.18.65.2"),
+        ]
+    };
+    let v = validate_allocated(records(), (&l, Some(&a)), &Holders::default());
+    let names: Vec<&str> = v.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["b", "me"]);
+    let reasons: Vec<(String, String)> = v
+        .rejected
+        .iter()
+        .map(|r| (r.record.location(), r.rule.to_string()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            (
+                "/health/nodes/a-squatter".to_owned(),
+                "health-ip 198.18.65.1 is not allocated: no allocation at etcd key \"/health/allocations/a-squatter\" (--kvstore-allocations)".to_owned()
+            ),
+            (
+                "/health/nodes/squatter".to_owned(),
+                "health-ip 198.18.65.2 is outside the node's allocation 198.18.66.0/24 (etcd key \"/health/allocations/squatter\")".to_owned()
+            ),
+        ]
+    );
+    // Without allocations, the squatter's earlier claim contests b's.
+    let v = crate::membership::validate::validate(records(), &l, &Holders::default());
+    assert!(v.nodes.get("b").is_none(), "{:?}", v.nodes);
+    // This node's own record (outside its allocation above) is its own
+    // configuration: not judged here, but said.
+    let stray = node("me", "198.18.0.1", "198.18.70.1");
+    assert_eq!(
+        a.own_mismatch(&stray).as_deref(),
+        Some(
+            "this node's record is refused by its peers: health-ip 198.18.70.1 is outside the node's allocation 198.18.64.0/24 (etcd key \"/health/allocations/me\")"
+        )
+    );
+    assert_eq!(
+        a.own_mismatch(&node("me", "198.18.0.1", "198.18.64.1")),
+        None
+    );
+}
