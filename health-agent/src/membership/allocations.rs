@@ -164,6 +164,8 @@ pub struct Allocations {
     bound: Bound,
     /// Each node whose allocation overlaps another's, with that other.
     overlaps: HashMap<String, String>,
+    /// Every address allocated to a node.
+    spans: overlap::Spans,
     /// `overlaps` is to be found again ([`Self::settle`]).
     stale: bool,
     watch_error: Option<String>,
@@ -183,6 +185,7 @@ impl Allocations {
             synced: false,
             bound: Bound::Within,
             overlaps: HashMap::new(),
+            spans: overlap::Spans::default(),
             stale: false,
             watch_error: None,
         }
@@ -235,10 +238,11 @@ impl Allocations {
         changed
     }
 
-    /// Finds the overlapping allocations again after changes.
+    /// Finds the overlapping allocations, and the addresses allocated,
+    /// again after changes.
     pub fn settle(&mut self) {
         if std::mem::replace(&mut self.stale, false) {
-            self.overlaps = overlap::overlapping(&self.held);
+            (self.overlaps, self.spans) = overlap::survey(&self.held);
         }
     }
 
@@ -322,14 +326,32 @@ impl Allocations {
     }
 
     /// Whether `node`'s health addresses lie in its allocation, and its
-    /// node addresses outside the health range: the rule its record breaks
-    /// if not.
+    /// node addresses outside the health range and every allocation: the
+    /// rule its record breaks if not.
     ///
     /// # Errors
     /// A health address outside the node's allocation, or the node has no
     /// allocation of that family, or its allocation was refused or
-    /// overlaps another; a node address inside the health range.
+    /// overlaps another; a node address inside the health range or an
+    /// allocation.
     pub fn check(&self, node: &Node) -> Result<(), Rule> {
+        self.check_node_addresses(node)?;
+        let fields = [
+            node.health_ip.map(|ip| (Field::HealthIp, IpAddr::V4(ip))),
+            node.health_ip6.map(|ip| (Field::HealthIp6, IpAddr::V6(ip))),
+        ];
+        for (field, ip) in fields.into_iter().flatten() {
+            if let Some(reason) = self.outside(&node.name, ip) {
+                return Err(Rule::Unallocated { field, ip, reason });
+            }
+        }
+        Ok(())
+    }
+
+    /// A node address is never a health address: not inside the health
+    /// range (where this agent has one of its family), nor inside any
+    /// node's allocation (where it has none).
+    fn check_node_addresses(&self, node: &Node) -> Result<(), Rule> {
         let in_range = [
             node.node_ip.and_then(|ip| {
                 let range = self.local.health_range.filter(|r| r.contains(&ip))?;
@@ -359,14 +381,20 @@ impl Allocations {
                 ),
             });
         }
-        let fields = [
-            node.health_ip.map(|ip| (Field::HealthIp, IpAddr::V4(ip))),
-            node.health_ip6.map(|ip| (Field::HealthIp6, IpAddr::V6(ip))),
+        let allocated = [
+            node.node_ip.map(|ip| (Field::NodeIp, IpAddr::V4(ip))),
+            node.node_ip6.map(|ip| (Field::NodeIp6, IpAddr::V6(ip))),
         ];
-        for (field, ip) in fields.into_iter().flatten() {
-            if let Some(reason) = self.outside(&node.name, ip) {
-                return Err(Rule::Unallocated { field, ip, reason });
-            }
+        if let Some((field, ip)) = allocated
+            .into_iter()
+            .flatten()
+            .find(|&(_, ip)| self.spans.cover(ip))
+        {
+            return Err(Rule::Unallocated {
+                field,
+                ip,
+                reason: "is a health address allocated to a node (--kvstore-allocations), not a node address".into(),
+            });
         }
         Ok(())
     }

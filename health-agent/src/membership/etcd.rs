@@ -531,6 +531,10 @@ impl<'a> View<'a> {
         if !allocations.synced() {
             return;
         }
+        // While allocations go unheld, this node's own may be among them.
+        if allocations.error().is_some() {
+            return;
+        }
         let mismatch = self
             .own
             .as_ref()
@@ -920,7 +924,12 @@ mod tests {
             Vec::<String>::new(),
             "the allocations not read yet"
         );
-        assert_eq!(view.publish_due(), None, "nor does the loop spin");
+        let status = nodes.status();
+        assert_eq!(
+            (status.updated_ms, status.rejected_total, status.error),
+            (None, 0, None),
+            "nothing judged"
+        );
         view.apply_allocation(page(
             vec![
                 allocation("a", "198.18.65.0/24"),

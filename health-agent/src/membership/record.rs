@@ -198,8 +198,9 @@ pub enum Rule {
         range: String,
         flag: &'static str,
     },
-    /// A health address outside its node's allocation
-    /// (`--kvstore-allocations`); the reason names the allocation's key.
+    /// With `--kvstore-allocations`: a health address outside its node's
+    /// allocation (the reason names the allocation's key), or a node
+    /// address where health addresses are allocated.
     #[error("{field} {ip} {reason}")]
     Unallocated {
         field: Field,

@@ -17,7 +17,8 @@
 //! - a peer's addresses are not inside this node's own health CIDR (this
 //!   node's own record is exempt: its endpoint's address is in it);
 //! - with etcd and `--kvstore-allocations`, a peer's health addresses lie
-//!   in the CIDRs allocated to its node ([`super::allocations`]);
+//!   in the CIDRs allocated to its node, and its node addresses outside
+//!   the health range and every allocation ([`super::allocations`]);
 //! - names are unique and so are addresses: no address is the node IP or
 //!   the health IP of two records, or both of one.
 //!

@@ -378,10 +378,19 @@ fn a_node_user_writes_only_its_own_keys() {
         keys("node-2", "/health/summaries/"),
         Ok(vec!["/health/summaries/node-1".to_owned()])
     );
+    health_tests::etcd::put(
+        None,
+        &etcd.endpoint,
+        (None, true),
+        (
+            "/health/allocations/node-2",
+            r#"{"health_cidr":"198.18.65.0/24"}"#,
+        ),
+    );
     assert_eq!(
         keys("node-1", "/health/allocations/"),
-        Ok(Vec::new()),
-        "the allocations are read, written by none"
+        Ok(vec!["/health/allocations/node-2".to_owned()]),
+        "the allocations root wrote are read, and written by no node"
     );
     let e = keys("node-1", "/health/").expect_err("outside the prefixes");
     assert!(e.contains("permission denied"), "{e}");

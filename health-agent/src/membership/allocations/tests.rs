@@ -153,6 +153,15 @@ fn a_health_address_counts_only_inside_its_nodes_allocation() {
         ),
         "c's address, claimed by b as its node address"
     );
+    let mut v6_node = node("b", "198.18.0.2", "198.18.65.7");
+    v6_node.node_ip6 = Some("2001:2:0:41::9".parse().expect("ip6"));
+    v6_node.health_ip6 = Some("2001:2:0:41::1".parse().expect("ip6"));
+    assert_eq!(
+        reason(&a, &v6_node).as_deref(),
+        Some(
+            "node-ip6 2001:2:0:41::9 is inside the cluster's health range 2001:2:0:40::/58 (--health-range6), which holds only allocated health addresses (--kvstore-allocations)"
+        )
+    );
     assert_eq!(reason(&a, &node("b", "198.18.0.2", "198.18.65.7")), None);
     assert_eq!(
         reason(&a, &node("b", "198.18.0.2", "198.18.66.7")).as_deref(),
@@ -193,6 +202,53 @@ fn a_health_address_counts_only_inside_its_nodes_allocation() {
             "health-ip6 2001:2:0:42::1 is outside the node's allocation 2001:2:0:41::/64 (etcd key \"/health/allocations/v6\")"
         )
     );
+}
+
+/// An agent without a health range of a family (an IPv4-only agent and
+/// IPv6 allocations) still refuses a node address some node is allocated.
+#[test]
+fn a_node_address_allocated_to_a_node_is_refused_without_a_range() {
+    let mut a = Allocations::new(PREFIX.into(), LocalNode::default(), 10);
+    assert!(a.apply(page(
+        vec![
+            cidr("b", "198.18.65.0/24"),
+            entry(
+                &format!("{PREFIX}c"),
+                r#"{"health_cidr":"198.18.66.0/24","health_cidr6":"2001:2:0:42::/64"}"#,
+            ),
+        ],
+        true,
+        true
+    )));
+    a.settle();
+    let mut squat = node("b", "198.18.66.9", "198.18.65.7");
+    assert_eq!(
+        reason(&a, &squat).as_deref(),
+        Some(
+            "node-ip 198.18.66.9 is a health address allocated to a node (--kvstore-allocations), not a node address"
+        )
+    );
+    squat.node_ip = Some("198.18.0.2".parse().expect("ip"));
+    assert_eq!(reason(&a, &squat), None);
+    squat.node_ip6 = Some("2001:2:0:42::1".parse().expect("ip6"));
+    squat.health_ip6 = Some("2001:2:0:41::1".parse().expect("ip6"));
+    assert!(
+        reason(&a, &squat)
+            .is_some_and(|r| r
+                .starts_with("node-ip6 2001:2:0:42::1 is a health address allocated to a node")),
+        "{:?}",
+        reason(&a, &squat)
+    );
+    // A change is seen once settled.
+    assert!(a.apply(WatchEvent::Delete {
+        key: format!("{PREFIX}c").into_bytes(),
+        revision: 2,
+    }));
+    a.settle();
+    squat.node_ip6 = None;
+    squat.health_ip6 = None;
+    squat.node_ip = Some("198.18.66.9".parse().expect("ip"));
+    assert_eq!(reason(&a, &squat), None, "c's allocation went");
 }
 
 #[test]
@@ -270,6 +326,19 @@ fn allocations_past_the_bound_are_not_held_said_and_read_again_once_one_goes() {
         ],
     );
     assert_eq!(a.held.len(), 2);
+    // Left unheld on an earlier page of a listing: said at its last.
+    let mut paged = Allocations::new(PREFIX.into(), local(), 2);
+    assert!(!paged.apply(page(
+        vec![
+            cidr("a", "198.18.65.0/24"),
+            cidr("b", "198.18.66.0/24"),
+            cidr("c", "198.18.67.0/24"),
+        ],
+        true,
+        false
+    )));
+    assert!(paged.apply(page(Vec::new(), false, true)));
+    assert!(paged.error().is_some(), "the first page's breach is kept");
     assert_eq!(
         a.error().as_deref(),
         Some(
