@@ -929,6 +929,40 @@ mod tests {
         ));
     }
 
+    /// A server that writes its head in two writes with Nagle's algorithm
+    /// on holds the second until the first is acknowledged. The probe
+    /// acknowledges a part at once, so the answer is not held for a
+    /// delayed ACK (40 ms at least): of three probes, the fastest is in
+    /// well under that.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_head_in_two_writes_under_nagle_is_not_held_for_a_delayed_ack() {
+        let listener = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 41), 0))
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    conn.set_nodelay(false).expect("Nagle on");
+                    let mut req = [0u8; 256];
+                    let _ = conn.read(&mut req).await;
+                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\n").await;
+                    let _ = conn.write_all(b"Content-Length: 0\r\n\r\n").await;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                });
+            }
+        });
+        let mut fastest = Duration::MAX;
+        for _ in 0..3 {
+            let outcomes = round(vec![host(41)], port, 16).await;
+            let Outcome::Ok { rtt, .. } = outcomes[0] else {
+                panic!("{outcomes:?}");
+            };
+            fastest = fastest.min(rtt);
+        }
+        assert!(fastest < Duration::from_millis(30), "{fastest:?}");
+    }
+
     /// A probe in flight costs its record in the slab and its deadline:
     /// under 96 bytes (a future per probe was 472 bytes, and 1,216 before
     /// that, plus its task's header).
