@@ -43,7 +43,8 @@ section! {
               value_delimiter = ',', value_parser = crate::membership::kvstore::parse_endpoint)]
         pub kvstore_endpoint: Vec<String>,
         /// Key prefix under which nodes register: a directory, ending in
-        /// `/` (the summaries, the view and the election sit beside it).
+        /// `/` (the summaries, the view, the election and the health
+        /// allocations sit beside it).
         #[arg(long, default_value = "/health/nodes/", value_parser = key_prefix)]
         pub kvstore_prefix: String,
         /// Take a peer's health address only inside the health CIDRs an
@@ -52,7 +53,8 @@ section! {
         /// e.g. `{"health_cidr": "198.18.64.0/24"}`), a key no node's etcd
         /// role may write: a node then cannot claim a health address that
         /// is not its own, even one no node holds yet. Node addresses must
-        /// then lie outside --health-range.
+        /// then lie outside --health-range, --health-range6 and every
+        /// node's allocation.
         #[arg(long)]
         pub kvstore_allocations: bool,
         /// TTL of this node's registration lease (kept alive while the agent
@@ -97,7 +99,8 @@ section! {
         pub zone: Option<String>,
         /// The largest node set taken: a nodes file or etcd prefix with more
         /// nodes is refused whole, and the last good set is kept (said in
-        /// `GET /v1/nodes`).
+        /// `GET /v1/nodes`). With --kvstore-allocations, at most this many
+        /// allocations are held; past it the set is refused whole.
         #[arg(long, value_name = "N", default_value_t = 65_536,
               value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
         pub max_nodes: u32,
