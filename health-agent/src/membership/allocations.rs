@@ -191,12 +191,6 @@ impl Allocations {
         }
     }
 
-    /// The prefix followed.
-    #[must_use]
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// A listing was applied since the watch last broke: records may be
     /// judged by what is held.
     #[must_use]
