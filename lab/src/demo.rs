@@ -195,9 +195,10 @@ fn etcd_setup(cluster: &Cluster) -> String {
     }
     let _ = writeln!(
         out,
-        "  health allocations: each node's --health-cidr and --health-cidr6 written by root at \
-         {}<name>, which no node's role may write; the agents run --kvstore-allocations, taking \
-         a peer's health address only inside its node's allocation",
+        "  health allocations: each node's --health-cidr, --health-cidr6, --node-ip and \
+         --node-ip6 written by root at {}<name>, which no node's role may write; the agents run \
+         --kvstore-allocations, taking a peer's health address only inside its node's \
+         allocation and a node address only from the node it is allocated to",
         health_agent::membership::kvstore::beside(ETCD_PREFIX, "allocations")
     );
     out

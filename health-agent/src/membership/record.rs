@@ -199,8 +199,9 @@ pub enum Rule {
         flag: &'static str,
     },
     /// With `--kvstore-allocations`: a health address outside its node's
-    /// allocation (the reason names the allocation's key), or a node
-    /// address where health addresses are allocated.
+    /// allocation (the reason names the allocation's key), a node address
+    /// where health addresses are allocated, or one other than its
+    /// allocation names, or one another node's allocation names.
     #[error("{field} {ip} {reason}")]
     Unallocated {
         field: Field,

@@ -47,14 +47,16 @@ section! {
         /// allocations sit beside it).
         #[arg(long, default_value = "/health/nodes/", value_parser = key_prefix)]
         pub kvstore_prefix: String,
-        /// Take a peer's health address only inside the health CIDRs an
-        /// admin allocated to its node, at `<allocations-prefix><name>` beside
-        /// the records (`/health/nodes/` gives `/health/allocations/<name>`,
-        /// e.g. `{"health_cidr": "198.18.64.0/24"}`), a key no node's etcd
-        /// role may write: a node then cannot claim a health address that
-        /// is not its own, even one no node holds yet. Node addresses must
-        /// then lie outside --health-range, --health-range6 and every
-        /// node's allocation.
+        /// Take a peer's addresses only as an admin allocated them to its
+        /// node, at `<allocations-prefix><name>` beside the records
+        /// (`/health/nodes/` gives `/health/allocations/<name>`, e.g.
+        /// `{"health_cidr": "198.18.64.0/24", "node_ip": "198.18.0.11"}`), a
+        /// key no node's etcd role may write: a peer's health address must
+        /// lie inside its allocation's health CIDRs, and a node address an
+        /// allocation names is that node's alone, so a node cannot claim
+        /// another's address, even one no node holds yet. Node addresses
+        /// must then lie outside --health-range, --health-range6 and every
+        /// node's health CIDRs.
         #[arg(long)]
         pub kvstore_allocations: bool,
         /// TTL of this node's registration lease (kept alive while the agent

@@ -18,7 +18,9 @@
 //!   node's own record is exempt: its endpoint's address is in it);
 //! - with etcd and `--kvstore-allocations`, a peer's health addresses lie
 //!   in the CIDRs allocated to its node, and its node addresses outside
-//!   the health range and every allocation ([`super::allocations`]);
+//!   the health range and every allocated CIDR, are the ones its
+//!   allocation names where it names one, and none that another node's
+//!   names ([`super::allocations`]);
 //! - names are unique and so are addresses: no address is the node IP or
 //!   the health IP of two records, or both of one.
 //!
@@ -284,9 +286,10 @@ pub fn validate(candidates: Vec<Candidate>, local: &LocalNode, holders: &Holders
     validate_allocated(candidates, (local, None), holders)
 }
 
-/// [`validate`], where a peer's health addresses must also lie in its
-/// node's allocation when `allocations` are given
-/// (`--kvstore-allocations`): a record outside it claims nothing.
+/// [`validate`], where a peer's addresses must also agree with its node's
+/// allocation when `allocations` are given (`--kvstore-allocations`): a
+/// record that does not claims nothing, and a claim the allocations back
+/// outranks another node's hold on the address.
 #[must_use]
 pub fn validate_allocated(
     candidates: Vec<Candidate>,
@@ -305,7 +308,13 @@ pub fn validate_allocated(
     });
     let mut verdict: Vec<Option<Rule>> = vec![None; n];
     let names = check_alone(&candidates, (local, allocations), local_at, &mut verdict);
-    check_claims(&candidates, local_at, &names, holders, &mut verdict);
+    check_claims(
+        &candidates,
+        (local_at, allocations),
+        &names,
+        holders,
+        &mut verdict,
+    );
     let mut rejected = Vec::new();
     let order = local_at
         .into_iter()
@@ -379,7 +388,7 @@ fn check_alone<'a>(
 /// or the holder takes it, or none does.
 fn check_claims(
     candidates: &[Candidate],
-    local_at: Option<usize>,
+    (local_at, allocations): (Option<usize>, Option<&Allocations>),
     names: &HashMap<&str, usize>,
     holders: &Holders,
     verdict: &mut [Option<Rule>],
@@ -399,6 +408,13 @@ fn check_claims(
     let name_of = |i: usize| candidates[i].node.as_ref().map(|n| n.name.as_str()).ok();
     let mut lost: Vec<(usize, Rule)> = Vec::new();
     for (ip, claimants) in &claims {
+        // A claimant the allocations give the address to outranks any
+        // hold: it wins before the holder is asked.
+        let backed = allocations.and_then(|a| {
+            claimants
+                .iter()
+                .find(|(i, _)| name_of(*i).is_some_and(|n| a.backs(n, *ip)))
+        });
         let holder = holders.holder(*ip, now).filter(|(name, lasts)| {
             // A holder still in the update keeps the address only while its
             // record claims it (or is refused); one without a record, only
@@ -411,6 +427,7 @@ fn check_claims(
         let winner = claimants
             .iter()
             .find(|(i, _)| Some(*i) == local_at)
+            .or(backed)
             .or_else(|| {
                 holder.and_then(|(h, _)| claimants.iter().find(|(i, _)| name_of(*i) == Some(h)))
             })

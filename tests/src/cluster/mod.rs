@@ -167,8 +167,8 @@ impl Cluster {
         }
     }
 
-    /// Writes node `i`'s health CIDRs as its allocation (as root when auth
-    /// is on), where `--kvstore-allocations` reads them.
+    /// Writes node `i`'s health CIDRs and node addresses as its allocation
+    /// (as root when auth is on), where `--kvstore-allocations` reads them.
     pub fn allocate(&self, i: usize) {
         let node = &self.nodes[i];
         let key = format!(
@@ -179,9 +179,11 @@ impl Cluster {
         let mut value = serde_json::Map::new();
         if node.family.has_v4() {
             value.insert("health_cidr".into(), node.cidr.clone().into());
+            value.insert("node_ip".into(), node.ip.to_string().into());
         }
-        if let Some(cidr6) = &node.cidr6 {
+        if let (Some(cidr6), Some(ip6)) = (&node.cidr6, node.ip6) {
             value.insert("health_cidr6".into(), cidr6.clone().into());
+            value.insert("node_ip6".into(), ip6.to_string().into());
         }
         let value = serde_json::Value::Object(value).to_string();
         let pki = self.etcd_pki();

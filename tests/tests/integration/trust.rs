@@ -191,14 +191,30 @@ fn an_etcd_writer_cannot_redirect_routes_or_take_a_nodes_place() {
     cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
 }
 
-/// With `--kvstore-allocations` (each node's health CIDR written by the
-/// admin at `/health/allocations/<name>`), a record claiming the health
-/// address of a node not registered yet is refused alone and routes
-/// nothing, an allocation of its own lets it claim no other, and the node
-/// allocated that address takes it when it comes. Without allocations the
-/// first claimant would take it until it left.
+/// The health address node-4 will take, by node-1's place in its own
+/// CIDR.
+fn fourth_health_address(cluster: &Cluster) -> Ipv4Addr {
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.nodes.len() == 3);
+    let own = view
+        .nodes
+        .get("node-1")
+        .and_then(|n| n.health_ip)
+        .expect("node-1's health address");
+    assert_eq!(health_cidr(0), "198.18.64.0/24");
+    assert_eq!(health_cidr(3), "198.18.67.0/24");
+    let offset = u32::from(own) - u32::from(Ipv4Addr::new(198, 18, 64, 0));
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 67, 0)) + offset)
+}
+
+/// With `--kvstore-allocations` (each node's health CIDR and node address
+/// written by the admin at `/health/allocations/<name>`), a record
+/// claiming the health address of a node not registered yet is refused
+/// alone and routes nothing, an allocation of its own lets it claim no
+/// other, a record claiming that node's allocated node address is refused
+/// too, and the node takes both when it comes. Without allocations the
+/// first claimant would take them until it left.
 #[test]
-fn no_node_takes_a_health_address_outside_its_allocation() {
+fn no_node_takes_an_address_allocated_to_another() {
     let mut cluster = Cluster::start(&Settings {
         nodes: 3,
         etcd: true,
@@ -211,17 +227,7 @@ fn no_node_takes_a_health_address_outside_its_allocation() {
     cluster.wait_status(0, Duration::from_secs(20), |s| {
         s.nodes.len() == 3 && s.reachable() == 3
     });
-    // node-4's health address, by node-1's place in its own CIDR.
-    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.nodes.len() == 3);
-    let own = view
-        .nodes
-        .get("node-1")
-        .and_then(|n| n.health_ip)
-        .expect("node-1's health address");
-    assert_eq!(health_cidr(0), "198.18.64.0/24");
-    assert_eq!(health_cidr(3), "198.18.67.0/24");
-    let offset = u32::from(own) - u32::from(Ipv4Addr::new(198, 18, 64, 0));
-    let node4 = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 67, 0)) + offset);
+    let node4 = fourth_health_address(&cluster);
     put(
         &cluster,
         "/health/nodes/squat",
@@ -256,7 +262,31 @@ fn no_node_takes_a_health_address_outside_its_allocation() {
             .any(|r| r.destination == node4 && r.protocol == ROUTE_PROTOCOL),
         "no route to node-4's address"
     );
-    // node-4 comes, its CIDR allocated to it: the address is its.
+    // node-4's allocation names its node address before it comes: the
+    // squatter's claim of it, with a health address of its own, is refused.
+    put(
+        &cluster,
+        "/health/allocations/node-4",
+        &format!(
+            r#"{{"health_cidr":"{}","node_ip":"{}"}}"#,
+            health_cidr(3),
+            node_ip(3)
+        ),
+    );
+    put(
+        &cluster,
+        "/health/nodes/squat",
+        &record("squat", node_ip(3), "198.18.100.2"),
+    );
+    let expected = format!(
+        "node-ip {} is allocated to node \"node-4\" (etcd key \"/health/allocations/node-4\")",
+        node_ip(3)
+    );
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
+        reason_of(v, "/health/nodes/squat") == Some(expected.as_str())
+    });
+    assert_eq!(view.nodes.len(), 3, "{view:#?}");
+    // node-4 comes, its CIDR and address allocated to it: they are its.
     let i = cluster.join();
     cluster.wait_status(0, Duration::from_secs(30), |s| {
         s.nodes.len() == 4 && s.reachable() == 4
@@ -265,6 +295,10 @@ fn no_node_takes_a_health_address_outside_its_allocation() {
     assert_eq!(
         view.nodes.get("node-4").and_then(|n| n.health_ip),
         Some(node4)
+    );
+    assert_eq!(
+        view.nodes.get("node-4").and_then(|n| n.node_ip),
+        Some(node_ip(3))
     );
     assert_eq!(
         reason_of(&view, "/health/nodes/squat"),

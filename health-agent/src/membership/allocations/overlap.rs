@@ -2,7 +2,9 @@
 //! nest or lie apart, so sorted by first address (the wider first where two
 //! start together), a CIDR overlaps an earlier one exactly when it starts
 //! before the end of the outermost one still open: that one holds it. The
-//! outermost ones, apart from each other, are every address allocated.
+//! outermost ones, apart from each other, are every health address
+//! allocated. A node address two allocations name, or one inside another
+//! allocation's CIDR, makes them overlap too.
 
 use std::{collections::HashMap, net::IpAddr};
 
@@ -28,11 +30,26 @@ impl Spans {
     }
 }
 
-/// Every node whose allocation overlaps another's, with one node it
-/// overlaps (neither counts: an address two allocations hold is neither
-/// node's), and every address allocated.
+/// A span of addresses (first and last) and the node it is allocated to.
+type Span<'a> = (u128, u128, &'a str);
+
+/// What the allocations held say together.
+#[derive(Debug, Default)]
+pub(super) struct Survey {
+    /// Every node whose allocation overlaps another's, with the first by name it
+    /// overlaps (neither counts: an address two allocations hold is
+    /// neither node's).
+    pub(super) overlaps: HashMap<String, String>,
+    /// Every health address allocated.
+    pub(super) spans: Spans,
+    /// Each node address an allocation names, with its node (of several
+    /// naming one, the first by name; they overlap).
+    pub(super) named: HashMap<IpAddr, String>,
+}
+
+/// Surveys the allocations held.
 #[must_use]
-pub(super) fn survey(held: &ByName) -> (HashMap<String, String>, Spans) {
+pub(super) fn survey(held: &ByName) -> Survey {
     let mut found = HashMap::new();
     let allocated = || {
         held.iter()
@@ -60,31 +77,92 @@ pub(super) fn survey(held: &ByName) -> (HashMap<String, String>, Spans) {
         })
         .collect();
     let v6 = sweep(v6, &mut found);
-    (found, Spans { v4, v6 })
+    let named = name_node_addresses(held, (&v4, &v6), &mut found);
+    let strip =
+        |outer: Vec<(u128, u128, &str)>| outer.into_iter().map(|(f, l, _)| (f, l)).collect();
+    Survey {
+        overlaps: found,
+        spans: Spans {
+            v4: strip(v4),
+            v6: strip(v6),
+        },
+        named,
+    }
+}
+
+/// Marks `a` and `b` as overlapping each other (each keeps the smallest
+/// name it overlaps, the same whatever the order they were found in).
+fn overlap(found: &mut HashMap<String, String>, a: &str, b: &str) {
+    for (one, other) in [(a, b), (b, a)] {
+        match found.get_mut(one) {
+            Some(kept) if other < kept.as_str() => other.clone_into(kept),
+            Some(_) => {}
+            None => {
+                found.insert(one.to_owned(), other.to_owned());
+            }
+        }
+    }
+}
+
+/// The node that holds `at` among the outermost spans, if one does.
+fn holder<'a>(outer: &[Span<'a>], at: u128) -> Option<&'a str> {
+    let after = outer.partition_point(|&(first, _, _)| first <= at);
+    let &(_, last, name) = outer.get(after.checked_sub(1)?)?;
+    (last >= at).then_some(name)
+}
+
+/// Each node address named by an allocation, with its node; allocations
+/// naming one overlap the first of them by name, and one naming an address
+/// inside another's CIDR overlaps that one.
+fn name_node_addresses(
+    held: &ByName,
+    (v4, v6): (&[Span<'_>], &[Span<'_>]),
+    found: &mut HashMap<String, String>,
+) -> HashMap<IpAddr, String> {
+    let naming = || {
+        held.iter()
+            .filter_map(|(n, a)| Some((n, a.as_ref().ok()?)))
+            .flat_map(|(n, a)| a.node_addresses().map(move |ip| (n, ip)))
+    };
+    // Each address to the first of its namers by name, whatever the map's
+    // order.
+    let mut named: HashMap<IpAddr, String> = HashMap::with_capacity(naming().count());
+    for (name, ip) in naming() {
+        match named.get_mut(&ip) {
+            Some(first) if name < first => name.clone_into(first),
+            Some(_) => {}
+            None => {
+                named.insert(ip, name.clone());
+            }
+        }
+    }
+    for (name, ip) in naming() {
+        let inside = match ip {
+            IpAddr::V4(v4ip) => holder(v4, u128::from(u32::from(v4ip))),
+            IpAddr::V6(v6ip) => holder(v6, u128::from(v6ip)),
+        };
+        if let Some(other) = inside {
+            overlap(found, name, other);
+        }
+        if let Some(first) = named.get(&ip).filter(|first| *first != name) {
+            overlap(found, name, first);
+        }
+    }
+    named
 }
 
 /// Finds the overlaps among `spans` (first address, last address, node);
 /// the outermost spans.
-fn sweep(
-    mut spans: Vec<(u128, u128, &str)>,
-    found: &mut HashMap<String, String>,
-) -> Vec<(u128, u128)> {
+fn sweep<'a>(mut spans: Vec<Span<'a>>, found: &mut HashMap<String, String>) -> Vec<Span<'a>> {
     spans.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(b.2)));
-    let mut outer: Vec<(u128, u128)> = Vec::new();
+    let mut outer: Vec<Span<'_>> = Vec::new();
     let mut open: Option<(u128, &str)> = None;
     for (first, last, name) in spans {
         match open {
-            Some((end, holder)) if first <= end => {
-                found
-                    .entry(name.to_owned())
-                    .or_insert_with(|| holder.to_owned());
-                found
-                    .entry(holder.to_owned())
-                    .or_insert_with(|| name.to_owned());
-            }
+            Some((end, holder)) if first <= end => overlap(found, name, holder),
             _ => {
                 open = Some((last, name));
-                outer.push((first, last));
+                outer.push((first, last, name));
             }
         }
     }
@@ -105,6 +183,7 @@ mod tests {
                     Ok(Allocation {
                         cidr: c4.map(|c| c.parse().expect("cidr")),
                         cidr6: c6.map(|c| c.parse().expect("cidr6")),
+                        ..Allocation::default()
                     }),
                 )
             })
@@ -122,7 +201,11 @@ mod tests {
 
     #[test]
     fn nested_and_equal_cidrs_overlap_and_adjacent_ones_do_not() {
-        let (found, spans) = survey(&held(&[
+        let Survey {
+            overlaps: found,
+            spans,
+            ..
+        } = survey(&held(&[
             ("a", Some("198.18.64.0/24"), None),
             ("b", Some("198.18.65.0/24"), None),
             ("wide", Some("198.18.66.0/23"), None),
@@ -178,8 +261,75 @@ mod tests {
     fn a_refused_allocation_overlaps_nothing() {
         let mut h = held(&[("a", Some("198.18.64.0/24"), None)]);
         h.insert("b".into(), Err("refused".into()));
-        let (found, spans) = survey(&h);
-        assert!(found.is_empty());
-        assert!(spans.cover("198.18.64.1".parse().expect("ip")));
+        let s = survey(&h);
+        assert!(s.overlaps.is_empty());
+        assert!(s.spans.cover("198.18.64.1".parse().expect("ip")));
+    }
+
+    #[test]
+    fn node_addresses_named_twice_or_inside_a_cidr_overlap() {
+        let mut h = held(&[
+            ("a", Some("198.18.64.0/24"), None),
+            ("b", Some("198.18.65.0/24"), None),
+            ("g", None, Some("2001:2:0:41::/64")),
+            ("c", None, None),
+            ("d", None, None),
+            ("e", None, None),
+            ("f", None, None),
+        ]);
+        let name = |h: &mut ByName, n: &str, ip: Option<&str>, ip6: Option<&str>| {
+            if let Some(Ok(a)) = h.get_mut(n) {
+                a.node_ip = ip.map(|i| i.parse().expect("ip"));
+                a.node_ip6 = ip6.map(|i| i.parse().expect("ip6"));
+            }
+        };
+        name(&mut h, "a", Some("198.18.0.1"), None);
+        name(&mut h, "c", Some("198.18.0.3"), Some("2001:2::3"));
+        name(&mut h, "d", Some("198.18.65.4"), None);
+        name(&mut h, "e", None, Some("2001:2::3"));
+        name(&mut h, "f", None, Some("2001:2:0:41::6"));
+        for three in ["x-3", "x-1", "x-2"] {
+            h.insert(
+                three.into(),
+                Ok(Allocation {
+                    node_ip: Some("198.18.0.30".parse().expect("ip")),
+                    ..Allocation::default()
+                }),
+            );
+        }
+        let s = survey(&h);
+        assert_eq!(
+            pairs(&s.overlaps),
+            [
+                ("b", "d"),
+                ("c", "e"),
+                ("d", "b"),
+                ("e", "c"),
+                ("f", "g"),
+                ("g", "f"),
+                ("x-1", "x-2"),
+                ("x-2", "x-1"),
+                ("x-3", "x-1"),
+            ],
+            "d's node address is in b's CIDR, f's in g's; c and e name one"
+        );
+        let mut named: Vec<(String, &str)> = s
+            .named
+            .iter()
+            .map(|(ip, n)| (ip.to_string(), n.as_str()))
+            .collect();
+        named.sort_unstable();
+        assert_eq!(
+            named,
+            [
+                ("198.18.0.1".to_owned(), "a"),
+                ("198.18.0.3".to_owned(), "c"),
+                ("198.18.0.30".to_owned(), "x-1"),
+                ("198.18.65.4".to_owned(), "d"),
+                ("2001:2:0:41::6".to_owned(), "f"),
+                ("2001:2::3".to_owned(), "c"),
+            ],
+            "of two naming one address, the first by name"
+        );
     }
 }

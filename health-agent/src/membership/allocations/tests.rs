@@ -2,9 +2,10 @@ use std::sync::Arc;
 
 use super::*;
 use crate::membership::{
+    Node,
     claims::Holders,
     kvstore::{Entry, KvError},
-    record::{Candidate, Origin, Record},
+    record::{Candidate, LocalNode, Origin, Record},
     validate::validate_allocated,
 };
 
@@ -76,7 +77,17 @@ fn an_allocation_decodes_or_is_refused_naming_why() {
         Ok(Allocation {
             cidr: Some("198.18.65.0/24".parse().expect("cidr")),
             cidr6: Some("2001:2:0:41::/64".parse().expect("cidr6")),
+            ..Allocation::default()
         })
+    );
+    assert_eq!(
+        ok(r#"{"node_ip":"198.18.0.5","node_ip6":"2001:2::5"}"#),
+        Ok(Allocation {
+            node_ip: Some("198.18.0.5".parse().expect("ip")),
+            node_ip6: Some("2001:2::5".parse().expect("ip6")),
+            ..Allocation::default()
+        }),
+        "node addresses alone"
     );
     for (value, why) in [
         ("{}", "it allocates nothing"),
@@ -103,6 +114,31 @@ fn an_allocation_decodes_or_is_refused_naming_why() {
             r#"{"health_cidr":"198.18.0.0/16"}"#,
             "outside the cluster's health range",
         ),
+        (
+            r#"{"node_ip":"2001:2::5"}"#,
+            r#"node_ip "2001:2::5" is not an IPv4 address"#,
+        ),
+        (
+            r#"{"node_ip6":"198.18.0.5"}"#,
+            r#"node_ip6 "198.18.0.5" is not an IPv6 address"#,
+        ),
+        (r#"{"node_ip":"198.18.0.5/32"}"#, "is not an IPv4 address"),
+        (
+            r#"{"node_ip":"224.0.0.1"}"#,
+            "node_ip 224.0.0.1 is multicast (224.0.0.0/4), which no node may hold",
+        ),
+        (
+            r#"{"node_ip6":"::ffff:198.18.0.5"}"#,
+            "node_ip6 ::ffff:198.18.0.5 is IPv4-mapped (::ffff:0:0/96), which no node may hold",
+        ),
+        (
+            r#"{"node_ip":"198.18.70.1"}"#,
+            "node_ip 198.18.70.1 is inside the cluster's health range 198.18.64.0/18 (--health-range), which holds health addresses",
+        ),
+        (
+            r#"{"node_ip6":"2001:2:0:41::1"}"#,
+            "node_ip6 2001:2:0:41::1 is inside the cluster's health range 2001:2:0:40::/58 (--health-range6)",
+        ),
     ] {
         let e = ok(value).expect_err(value);
         assert!(e.contains(why), "{value}: {e}");
@@ -116,6 +152,21 @@ fn an_allocation_decodes_or_is_refused_naming_why() {
     assert!(
         Allocation::decode(br#"{"health_cidr":"198.18.0.0/24"}"#, &LocalNode::default()).is_ok(),
         "without a range, any network"
+    );
+    assert_eq!(
+        Allocation::decode(
+            br#"{"health_cidr":"198.18.0.0/24","node_ip":"198.18.0.9"}"#,
+            &LocalNode::default()
+        ),
+        Err("node_ip 198.18.0.9 is inside the allocation's own health_cidr 198.18.0.0/24".into()),
+        "without a range, still not inside its own CIDR"
+    );
+    assert!(
+        Allocation::decode(
+            br#"{"health_cidr6":"2001:2::/64","node_ip6":"2001:2::9"}"#,
+            &LocalNode::default()
+        )
+        .is_err_and(|e| e.contains("inside the allocation's own health_cidr6")),
     );
 }
 
@@ -251,6 +302,116 @@ fn a_node_address_allocated_to_a_node_is_refused_without_a_range() {
     assert_eq!(reason(&a, &squat), None, "c's allocation went");
 }
 
+/// A node address an allocation names is that node's: another node's
+/// record claiming it is refused (also before that node has a record), and
+/// the node itself holds no other address of that family.
+#[test]
+fn a_node_address_an_allocation_names_is_its_nodes_alone() {
+    let named = |name: &str, value: &str| entry(&format!("{PREFIX}{name}"), value);
+    let a = listed(
+        10,
+        vec![
+            named(
+                "b",
+                r#"{"health_cidr":"198.18.65.0/24","node_ip":"198.18.0.2","node_ip6":"2001:2::2"}"#,
+            ),
+            named(
+                "c",
+                r#"{"health_cidr":"198.18.66.0/24","node_ip":"198.18.0.3"}"#,
+            ),
+            cidr("d", "198.18.67.0/24"),
+            named("twin-1", r#"{"node_ip":"198.18.0.9"}"#),
+            named("twin-2", r#"{"node_ip":"198.18.0.9"}"#),
+            named("inside", r#"{"node_ip":"198.18.66.200"}"#),
+        ],
+    );
+    assert_eq!(reason(&a, &node("b", "198.18.0.2", "198.18.65.7")), None);
+    assert_eq!(
+        reason(&a, &node("b", "198.18.0.20", "198.18.65.7")).as_deref(),
+        Some(
+            "node-ip 198.18.0.20 is not the node's allocated node address 198.18.0.2 (etcd key \"/health/allocations/b\")"
+        )
+    );
+    assert_eq!(
+        reason(&a, &node("c", "198.18.0.2", "198.18.66.7")).as_deref(),
+        Some(
+            "node-ip 198.18.0.2 is not the node's allocated node address 198.18.0.3 (etcd key \"/health/allocations/c\")"
+        ),
+        "its own allocation's address is told first"
+    );
+    assert_eq!(
+        reason(&a, &node("d", "198.18.0.3", "198.18.67.7")).as_deref(),
+        Some("node-ip 198.18.0.3 is allocated to node \"c\" (etcd key \"/health/allocations/c\")"),
+        "d's allocation names no node address; c's names this one"
+    );
+    assert_eq!(
+        reason(&a, &node("d", "198.18.0.4", "198.18.67.7")),
+        None,
+        "an address no allocation names"
+    );
+    let mut v6 = node("c", "198.18.0.3", "198.18.66.7");
+    v6.node_ip6 = Some("2001:2::2".parse().expect("ip6"));
+    assert_eq!(
+        reason(&a, &v6).as_deref(),
+        Some("node-ip6 2001:2::2 is allocated to node \"b\" (etcd key \"/health/allocations/b\")"),
+        "c's allocation names no IPv6 node address"
+    );
+    v6.node_ip6 = Some("2001:2::3".parse().expect("ip6"));
+    assert_eq!(reason(&a, &v6), None);
+    for (twin, other) in [("twin-1", "twin-2"), ("twin-2", "twin-1")] {
+        let mut n = node(twin, "198.18.0.9", "198.18.64.1");
+        n.health_ip = None;
+        assert_eq!(
+            reason(&a, &n),
+            Some(format!(
+                "node-ip 198.18.0.9 is not allocated: the allocation at etcd key \"/health/allocations/{twin}\" overlaps the one at \"/health/allocations/{other}\", and neither counts"
+            )),
+            "two allocations naming one address: neither node holds it"
+        );
+    }
+    assert!(
+        a.held.get("inside").is_some_and(|v| v.as_ref().is_err_and(
+            |e| e.starts_with("node_ip 198.18.66.200 is inside the cluster's health range")
+        )),
+        "a node address inside another's CIDR is refused at decode where there is a range: {:?}",
+        a.held.get("inside")
+    );
+    assert_eq!(
+        reason(&a, &node("c", "198.18.0.3", "198.18.66.7")),
+        None,
+        "a refused allocation's node address overlaps nothing"
+    );
+}
+
+/// Without a health range, a node address named inside another node's
+/// CIDR makes the two allocations overlap: neither counts.
+#[test]
+fn a_node_address_named_inside_another_allocation_overlaps_it() {
+    let mut a = Allocations::new(PREFIX.into(), LocalNode::default(), 10);
+    assert!(a.apply(page(
+        vec![
+            cidr("b", "198.18.65.0/24"),
+            entry(&format!("{PREFIX}c"), r#"{"node_ip":"198.18.65.9"}"#),
+        ],
+        true,
+        true
+    )));
+    a.settle();
+    assert_eq!(
+        reason(&a, &node("b", "198.18.0.2", "198.18.65.7")).as_deref(),
+        Some(
+            "health-ip 198.18.65.7 is not allocated: the allocation at etcd key \"/health/allocations/b\" overlaps the one at \"/health/allocations/c\", and neither counts"
+        )
+    );
+    let mut c = node("c", "198.18.65.9", "198.18.65.7");
+    c.health_ip = None;
+    assert!(
+        reason(&a, &c).is_some_and(|r| r.contains("is a health address allocated to a node")),
+        "{:?}",
+        reason(&a, &c)
+    );
+}
+
 #[test]
 fn keys_not_exactly_the_prefix_and_a_name_allocate_nothing() {
     let a = listed(
@@ -350,7 +511,7 @@ fn allocations_past_the_bound_are_not_held_said_and_read_again_once_one_goes() {
         a.held.get("a"),
         Some(&Ok(Allocation {
             cidr: Some("198.18.68.0/24".parse().expect("cidr")),
-            cidr6: None,
+            ..Allocation::default()
         })),
         "a held one changes in place"
     );
@@ -442,4 +603,95 @@ fn a_record_outside_its_allocation_claims_nothing() {
         a.own_mismatch(&node("me", "198.18.0.1", "198.18.64.1")),
         None
     );
+}
+
+/// A node address named in an allocation cannot be taken by a node that
+/// registers first: refused alone, its record claims nothing, and the
+/// named node takes the address when it comes.
+#[test]
+fn a_record_claiming_a_named_node_address_claims_nothing() {
+    let a = listed(
+        10,
+        vec![
+            entry(
+                &format!("{PREFIX}b"),
+                r#"{"health_cidr":"198.18.65.0/24","node_ip":"198.18.0.2"}"#,
+            ),
+            cidr("a-squatter", "198.18.66.0/24"),
+        ],
+    );
+    let l = local();
+    let squat = etcd_record("a-squatter", "198.18.0.2", "198.18.66.1");
+    let v = validate_allocated(vec![squat], (&l, Some(&a)), &Holders::default());
+    assert!(v.nodes.is_empty());
+    let v = validate_allocated(
+        vec![
+            etcd_record("a-squatter", "198.18.0.2", "198.18.66.1"),
+            etcd_record("b", "198.18.0.2", "198.18.65.1"),
+        ],
+        (&l, Some(&a)),
+        &Holders::default(),
+    );
+    let names: Vec<&str> = v.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["b"]);
+    assert_eq!(
+        v.rejected
+            .iter()
+            .map(|r| r.rule.to_string())
+            .collect::<Vec<_>>(),
+        ["node-ip 198.18.0.2 is allocated to node \"b\" (etcd key \"/health/allocations/b\")"]
+    );
+    // Without allocations the first claimant's record contests b's.
+    let v = crate::membership::validate::validate(
+        vec![
+            etcd_record("a-squatter", "198.18.0.2", "198.18.66.1"),
+            etcd_record("b", "198.18.0.2", "198.18.65.1"),
+        ],
+        &l,
+        &Holders::default(),
+    );
+    assert!(v.nodes.get("b").is_none(), "{:?}", v.nodes);
+}
+
+/// The allocations are the authority: a claim they back outranks the hold
+/// of a node that held the address before (its record now refused, or gone
+/// and still within its hold), where without them the holder keeps it.
+#[test]
+fn an_allocated_claim_outranks_a_hold() {
+    let l = local();
+    let a = listed(
+        10,
+        vec![
+            entry(
+                &format!("{PREFIX}b"),
+                r#"{"health_cidr":"198.18.65.0/24","node_ip":"198.18.0.2"}"#,
+            ),
+            entry(
+                &format!("{PREFIX}h"),
+                r#"{"health_cidr":"198.18.66.0/24","node_ip":"198.18.0.8"}"#,
+            ),
+        ],
+    );
+    // h held 198.18.0.2 and 198.18.65.1 in the last good set.
+    let before =
+        crate::membership::NodeSet::new(vec![node("h", "198.18.0.2", "198.18.65.1")]).expect("set");
+    let b = || etcd_record("b", "198.18.0.2", "198.18.65.1");
+    for (holders, gone) in [
+        (Holders::of(&before), false),
+        (Holders::of(&before).departing(), true),
+    ] {
+        let records = if gone {
+            vec![b()]
+        } else {
+            vec![b(), etcd_record("h", "198.18.0.2", "198.18.65.1")]
+        };
+        let v = validate_allocated(records.clone(), (&l, Some(&a)), &holders);
+        let names: Vec<&str> = v.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["b"], "h gone: {gone}: {:?}", v.rejected);
+        let without = crate::membership::validate::validate(records, &l, &holders);
+        assert!(
+            without.nodes.get("b").is_none(),
+            "h gone: {gone}: without allocations the hold stands"
+        );
+    }
 }
