@@ -1,7 +1,9 @@
 //! Who holds an address. Two records claiming one address are never decided
 //! by their order (an etcd writer chooses its key, and so the order): the
 //! node that held the address in the last good set keeps it, and when
-//! neither claimant held it, neither takes it.
+//! neither claimant held it, neither takes it. With health allocations, a
+//! claim they back comes before any hold (`validate::check_claims`): the
+//! admin says whose the address is.
 //!
 //! [`Holders`] is that memory. Built from the last good set, a holder keeps
 //! its addresses while it has a record; with etcd, a node whose record went

@@ -385,7 +385,9 @@ fn check_alone<'a>(
 
 /// Decides every address claimed by records that passed alone: one
 /// claimant takes it unless another node holds it; of several, this node
-/// or the holder takes it, or none does.
+/// or the holder takes it, or none does. With allocations, the one
+/// claimant they give the address to takes it after this node and before
+/// the holder.
 fn check_claims(
     candidates: &[Candidate],
     (local_at, allocations): (Option<usize>, Option<&Allocations>),
@@ -408,12 +410,16 @@ fn check_claims(
     let name_of = |i: usize| candidates[i].node.as_ref().map(|n| n.name.as_str()).ok();
     let mut lost: Vec<(usize, Rule)> = Vec::new();
     for (ip, claimants) in &claims {
-        // A claimant the allocations give the address to outranks any
-        // hold: it wins before the holder is asked.
+        // The one claimant the allocations give the address to outranks
+        // any hold: it wins before the holder is asked.
         let backed = allocations.and_then(|a| {
-            claimants
+            let mut backed = claimants
                 .iter()
-                .find(|(i, _)| name_of(*i).is_some_and(|n| a.backs(n, *ip)))
+                .filter(|(i, field)| name_of(*i).is_some_and(|n| a.backs(n, *field, *ip)));
+            match (backed.next(), backed.next()) {
+                (Some(one), None) => Some(one),
+                _ => None,
+            }
         });
         let holder = holders.holder(*ip, now).filter(|(name, lasts)| {
             // A holder still in the update keeps the address only while its

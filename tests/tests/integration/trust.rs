@@ -210,9 +210,10 @@ fn fourth_health_address(cluster: &Cluster) -> Ipv4Addr {
 /// written by the admin at `/health/allocations/<name>`), a record
 /// claiming the health address of a node not registered yet is refused
 /// alone and routes nothing, an allocation of its own lets it claim no
-/// other, a record claiming that node's allocated node address is refused
-/// too, and the node takes both when it comes. Without allocations the
-/// first claimant would take them until it left.
+/// other, a record holding a node address is refused once an allocation
+/// names it for another node, and that node takes both addresses when it
+/// comes, within the squatter's hold. Without allocations the first
+/// claimant would keep them until it left, and 15 minutes more.
 #[test]
 fn no_node_takes_an_address_allocated_to_another() {
     let mut cluster = Cluster::start(&Settings {
@@ -262,8 +263,19 @@ fn no_node_takes_an_address_allocated_to_another() {
             .any(|r| r.destination == node4 && r.protocol == ROUTE_PROTOCOL),
         "no route to node-4's address"
     );
-    // node-4's allocation names its node address before it comes: the
-    // squatter's claim of it, with a health address of its own, is refused.
+    // The squatter takes node-4's node address while no allocation names
+    // it (its health address now inside its own allocation)...
+    put(
+        &cluster,
+        "/health/nodes/squat",
+        &record("squat", node_ip(3), "198.18.100.2"),
+    );
+    cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
+        v.nodes.get("squat").and_then(|n| n.node_ip) == Some(node_ip(3))
+    });
+    // ... until node-4's allocation names it: then its record is refused,
+    // and what it held stays held (for 15 minutes) from any claim the
+    // allocations do not back.
     put(
         &cluster,
         "/health/allocations/node-4",
@@ -273,11 +285,6 @@ fn no_node_takes_an_address_allocated_to_another() {
             node_ip(3)
         ),
     );
-    put(
-        &cluster,
-        "/health/nodes/squat",
-        &record("squat", node_ip(3), "198.18.100.2"),
-    );
     let expected = format!(
         "node-ip {} is allocated to node \"node-4\" (etcd key \"/health/allocations/node-4\")",
         node_ip(3)
@@ -285,8 +292,9 @@ fn no_node_takes_an_address_allocated_to_another() {
     let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
         reason_of(v, "/health/nodes/squat") == Some(expected.as_str())
     });
-    assert_eq!(view.nodes.len(), 3, "{view:#?}");
-    // node-4 comes, its CIDR and address allocated to it: they are its.
+    assert!(view.nodes.get("squat").is_none(), "{view:#?}");
+    // node-4 comes, its CIDR and address allocated to it: they are its, the
+    // allocations outranking the squatter's hold.
     let i = cluster.join();
     cluster.wait_status(0, Duration::from_secs(30), |s| {
         s.nodes.len() == 4 && s.reachable() == 4

@@ -115,24 +115,22 @@ impl Allocations {
         Ok(())
     }
 
-    /// Whether the allocations give `ip` to node `name`: a health address
-    /// inside its allocation, or a node address it names. Such a claim
-    /// outranks any other node's hold on the address.
+    /// Whether the allocations give `ip`, claimed as `field`, to node
+    /// `name`: a health address inside its counted allocation, or the node
+    /// address it names. Such a claim outranks any other node's hold on
+    /// the address.
     #[must_use]
-    pub fn backs(&self, name: &str, ip: IpAddr) -> bool {
-        if self
-            .survey
-            .named
-            .get(&ip)
-            .is_some_and(|owner| owner == name)
-        {
-            return true;
+    pub fn backs(&self, name: &str, field: Field, ip: IpAddr) -> bool {
+        let Ok(a) = self.counted(name, self.held.get(name)) else {
+            return false;
+        };
+        match (field, ip) {
+            (Field::NodeIp, IpAddr::V4(v4)) => a.node_ip == Some(v4),
+            (Field::NodeIp6, IpAddr::V6(v6)) => a.node_ip6 == Some(v6),
+            (Field::HealthIp, IpAddr::V4(v4)) => a.cidr.is_some_and(|c| c.contains(&v4)),
+            (Field::HealthIp6, IpAddr::V6(v6)) => a.cidr6.is_some_and(|c| c.contains(&v6)),
+            _ => false,
         }
-        self.counted(name, self.held.get(name))
-            .is_ok_and(|a| match ip {
-                IpAddr::V4(v4) => a.cidr.is_some_and(|c| c.contains(&v4)),
-                IpAddr::V6(v6) => a.cidr6.is_some_and(|c| c.contains(&v6)),
-            })
     }
 
     /// The etcd key of `name`'s allocation, for a verdict's reason.

@@ -36,9 +36,11 @@ type Span<'a> = (u128, u128, &'a str);
 /// What the allocations held say together.
 #[derive(Debug, Default)]
 pub(super) struct Survey {
-    /// Every node whose allocation overlaps another's, with the first by name it
+    /// Every node whose allocation overlaps another's, with one it
     /// overlaps (neither counts: an address two allocations hold is
-    /// neither node's).
+    /// neither node's): a CIDR or address is paired with the outermost
+    /// CIDR holding it, two naming one address with the first by name, and
+    /// of several found, the smallest name is kept.
     pub(super) overlaps: HashMap<String, String>,
     /// Every health address allocated.
     pub(super) spans: Spans,
@@ -223,6 +225,9 @@ mod tests {
             ("deep-2", Some("198.18.89.0/24"), None),
             ("deep-3", Some("198.18.89.128/25"), None),
             ("deep-4", Some("198.18.89.128/25"), None),
+            ("z-outer", Some("198.18.96.0/22"), None),
+            ("m-middle", Some("198.18.97.0/24"), None),
+            ("n-inner", Some("198.18.97.128/25"), None),
         ]));
         assert_eq!(
             pairs(&found),
@@ -232,11 +237,14 @@ mod tests {
                 ("deep-3", "deep-1"),
                 ("deep-4", "deep-1"),
                 ("inside", "wide"),
+                ("m-middle", "z-outer"),
+                ("n-inner", "z-outer"),
                 ("twin-1", "twin-2"),
                 ("twin-2", "twin-1"),
                 ("v6", "v6-inside"),
                 ("v6-inside", "v6"),
                 ("wide", "inside"),
+                ("z-outer", "m-middle"),
             ]
         );
         for (ip, allocated) in [

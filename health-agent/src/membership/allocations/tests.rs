@@ -5,7 +5,7 @@ use crate::membership::{
     Node,
     claims::Holders,
     kvstore::{Entry, KvError},
-    record::{Candidate, LocalNode, Origin, Record},
+    record::{Candidate, Field, LocalNode, Origin, Record, Rule},
     validate::validate_allocated,
 };
 
@@ -694,4 +694,73 @@ fn an_allocated_claim_outranks_a_hold() {
             "h gone: {gone}: without allocations the hold stands"
         );
     }
+}
+
+/// Only the allocations' word outranks a hold: a claimant whose allocation
+/// names no node address, or does not count, or claims the address in
+/// another field, is not backed, and the holder keeps the address; two
+/// claimants neither is given it to contest it as without allocations.
+#[test]
+fn an_unallocated_claim_does_not_outrank_a_hold() {
+    let l = local();
+    let a = listed(
+        10,
+        vec![
+            cidr("b", "198.18.65.0/24"),
+            cidr("h", "198.18.66.0/24"),
+            cidr("x", "198.18.67.0/24"),
+            entry(
+                &format!("{PREFIX}o"),
+                r#"{"health_cidr":"198.18.68.0/24","node_ip":"198.18.0.7"}"#,
+            ),
+            cidr("o-twin", "198.18.68.0/25"),
+        ],
+    );
+    assert!(!a.backs("b", Field::NodeIp, "198.18.0.2".parse().expect("ip")));
+    assert!(a.backs("b", Field::HealthIp, "198.18.65.1".parse().expect("ip")));
+    assert!(
+        !a.backs("b", Field::NodeIp, "198.18.65.1".parse().expect("ip")),
+        "a health address claimed as a node address"
+    );
+    assert!(
+        !a.backs("o", Field::NodeIp, "198.18.0.7".parse().expect("ip")),
+        "an allocation that overlaps another backs nothing"
+    );
+    assert!(!a.backs("o", Field::HealthIp, "198.18.68.1".parse().expect("ip")));
+    let before =
+        crate::membership::NodeSet::new(vec![node("h", "198.18.0.2", "198.18.66.1")]).expect("set");
+    let b = || etcd_record("b", "198.18.0.2", "198.18.65.1");
+    let v = validate_allocated(
+        vec![b(), etcd_record("h", "198.18.0.2", "198.18.66.1")],
+        (&l, Some(&a)),
+        &Holders::of(&before),
+    );
+    let names: Vec<&str> = v.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["h"], "h's record there: {:?}", v.rejected);
+    let v = validate_allocated(vec![b()], (&l, Some(&a)), &Holders::of(&before).departing());
+    assert!(v.nodes.is_empty(), "h gone, within its hold");
+    assert_eq!(
+        v.rejected
+            .iter()
+            .map(|r| r.rule.clone())
+            .collect::<Vec<_>>(),
+        [Rule::Held {
+            field: Field::NodeIp,
+            ip: "198.18.0.2".parse().expect("ip"),
+            holder: "h".into(),
+        }]
+    );
+    let v = validate_allocated(
+        vec![b(), etcd_record("x", "198.18.0.2", "198.18.67.1")],
+        (&l, Some(&a)),
+        &Holders::default(),
+    );
+    assert!(v.nodes.is_empty(), "{:?}", v.nodes);
+    assert!(
+        v.rejected
+            .iter()
+            .all(|r| matches!(r.rule, Rule::Contested { .. })),
+        "{:?}",
+        v.rejected
+    );
 }
