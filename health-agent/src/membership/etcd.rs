@@ -622,13 +622,19 @@ impl<'a> View<'a> {
             }
             None => records.values().cloned().collect(),
         };
+        let mut v = validate::validate_allocated(
+            candidates,
+            (local, self.allocations.as_ref()),
+            &self.holders,
+        );
+        // After the records: allocations that count for nothing, so that
+        // an admin's mistake shows before its node has a record.
+        if let Some(allocations) = &self.allocations {
+            v.rejected.extend(allocations.uncounted());
+        }
         Validated {
             unheld: self.held.unheld(),
-            ..validate::validate_allocated(
-                candidates,
-                (local, self.allocations.as_ref()),
-                &self.holders,
-            )
+            ..v
         }
     }
 
@@ -994,6 +1000,67 @@ mod tests {
         view.publish("e", &local(), &nodes);
         assert_eq!(names(), ["a"], "b's allocation went");
         assert_eq!(nodes.status().error, None);
+    }
+
+    /// Allocations that count for nothing are listed with the rejected
+    /// records, at their keys and after them, whether or not their nodes
+    /// have records: an admin's mistake shows before its node comes.
+    #[tokio::test(start_paused = true)]
+    async fn allocations_that_count_for_nothing_are_listed() {
+        let nodes = Nodes::new("etcd".into());
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
+        view.allocations = Some(Allocations::new("/a/".into(), local(), 10));
+        view.apply(page(
+            vec![kv("/h/a", &record("a", "198.18.0.2", "198.18.65.2"))],
+            true,
+            true,
+        ));
+        view.apply_allocation(page(
+            vec![
+                raw("/a/a", r#"{"health_cidr":"198.18.65.0/24"}"#),
+                raw("/a/o-1", r#"{"health_cidr":"198.18.66.0/24"}"#),
+                raw("/a/o-2", r#"{"health_cidr":"198.18.66.0/25"}"#),
+                raw(
+                    "/a/typo",
+                    r#"{"health_cidr":"198.18.67.0/24","node_ip":"198.18.0.300"}"#,
+                ),
+            ],
+            true,
+            true,
+        ));
+        view.publish("e", &local(), &nodes);
+        let status = nodes.status();
+        let listed: Vec<(&str, &str)> = status
+            .rejected
+            .iter()
+            .map(|r| (r.record.as_str(), r.reason.as_str()))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                (
+                    "/a/o-1",
+                    "this allocation overlaps the one at \"/a/o-2\", and neither counts"
+                ),
+                (
+                    "/a/o-2",
+                    "this allocation overlaps the one at \"/a/o-1\", and neither counts"
+                ),
+                (
+                    "/a/typo",
+                    "this allocation is refused: node_ip \"198.18.0.300\" is not an IPv4 address"
+                ),
+            ]
+        );
+        assert_eq!(status.rejected_total, 3);
+        assert_eq!(
+            nodes
+                .current()
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>(),
+            ["a"]
+        );
     }
 
     /// What a writer puts under the prefix is shown only in part: a value

@@ -206,6 +206,23 @@ fn fourth_health_address(cluster: &Cluster) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 67, 0)) + offset)
 }
 
+/// An allocation with a typo is listed at its key with why, though its node
+/// has no record; gone, it is no longer listed.
+fn an_allocation_counting_for_nothing_is_listed(cluster: &Cluster) {
+    let key = "/health/allocations/typo";
+    put(
+        cluster,
+        key,
+        r#"{"health_cidr":"198.18.101.0/24","node_ip":"198.18.0.300"}"#,
+    );
+    cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
+        reason_of(v, key)
+            == Some("this allocation is refused: node_ip \"198.18.0.300\" is not an IPv4 address")
+    });
+    delete(cluster, key);
+    cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| reason_of(v, key).is_none());
+}
+
 /// With `--kvstore-allocations` (each node's health CIDR and node address
 /// written by the admin at `/health/allocations/<name>`), a record
 /// claiming the health address of a node not registered yet is refused
@@ -263,6 +280,7 @@ fn no_node_takes_an_address_allocated_to_another() {
             .any(|r| r.destination == node4 && r.protocol == ROUTE_PROTOCOL),
         "no route to node-4's address"
     );
+    an_allocation_counting_for_nothing_is_listed(&cluster);
     // The squatter takes node-4's node address while no allocation names
     // it (its health address now inside its own allocation)...
     put(

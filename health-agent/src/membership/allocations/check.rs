@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use super::{Allocation, Allocations};
 use crate::membership::{
     Node,
-    record::{Field, Rule},
+    record::{Field, Origin, Record, Rejected, Rule},
 };
 
 impl Allocations {
@@ -208,6 +208,43 @@ impl Allocations {
                 }
             )),
         }
+    }
+
+    /// Every allocation that counts for nothing (its value refused, or
+    /// overlapping another), by name, as a rejected record at its key:
+    /// what an admin is to fix, shown before its node has a record.
+    #[must_use]
+    pub fn uncounted(&self) -> Vec<Rejected> {
+        let mut names: Vec<&String> = self
+            .held
+            .iter()
+            .filter(|(name, a)| a.is_err() || self.survey.overlaps.contains_key(*name))
+            .map(|(name, _)| name)
+            .collect();
+        names.sort_unstable();
+        names
+            .into_iter()
+            .filter_map(|name| {
+                let reason = match self.counted(name, self.held.get(name)) {
+                    Ok(_) | Err(Uncounted::Missing) => return None,
+                    Err(Uncounted::Refused(why)) => format!("is refused: {why}"),
+                    Err(Uncounted::Overlaps(other)) => format!(
+                        "overlaps the one at {:?}, and neither counts",
+                        self.key(other)
+                    ),
+                };
+                Some(Rejected {
+                    record: Record {
+                        origin: Origin::Etcd {
+                            key: self.key(name),
+                            prefix_len: self.prefix.len(),
+                        },
+                        name: Some(name.clone()),
+                    },
+                    rule: Rule::Allocation { reason },
+                })
+            })
+            .collect()
     }
 
     /// This node's own record against its allocation: what is wrong, for

@@ -47,7 +47,12 @@ fn page(entries: Vec<Entry>, first: bool, last: bool) -> WatchEvent {
 }
 
 fn listed(max: usize, entries: Vec<Entry>) -> Allocations {
-    let mut a = Allocations::new(PREFIX.into(), local(), max);
+    listed_by(local(), max, entries)
+}
+
+/// Allocations listed by an agent of `local`'s health ranges.
+fn listed_by(local: LocalNode, max: usize, entries: Vec<Entry>) -> Allocations {
+    let mut a = Allocations::new(PREFIX.into(), local, max);
     assert!(a.apply(page(entries, true, true)));
     a.settle();
     a
@@ -259,8 +264,9 @@ fn a_health_address_counts_only_inside_its_nodes_allocation() {
 /// IPv6 allocations) still refuses a node address some node is allocated.
 #[test]
 fn a_node_address_allocated_to_a_node_is_refused_without_a_range() {
-    let mut a = Allocations::new(PREFIX.into(), LocalNode::default(), 10);
-    assert!(a.apply(page(
+    let mut a = listed_by(
+        LocalNode::default(),
+        10,
         vec![
             cidr("b", "198.18.65.0/24"),
             entry(
@@ -268,10 +274,7 @@ fn a_node_address_allocated_to_a_node_is_refused_without_a_range() {
                 r#"{"health_cidr":"198.18.66.0/24","health_cidr6":"2001:2:0:42::/64"}"#,
             ),
         ],
-        true,
-        true
-    )));
-    a.settle();
+    );
     let mut squat = node("b", "198.18.66.9", "198.18.65.7");
     assert_eq!(
         reason(&a, &squat).as_deref(),
@@ -387,16 +390,14 @@ fn a_node_address_an_allocation_names_is_its_nodes_alone() {
 /// CIDR makes the two allocations overlap: neither counts.
 #[test]
 fn a_node_address_named_inside_another_allocation_overlaps_it() {
-    let mut a = Allocations::new(PREFIX.into(), LocalNode::default(), 10);
-    assert!(a.apply(page(
+    let a = listed_by(
+        LocalNode::default(),
+        10,
         vec![
             cidr("b", "198.18.65.0/24"),
             entry(&format!("{PREFIX}c"), r#"{"node_ip":"198.18.65.9"}"#),
         ],
-        true,
-        true
-    )));
-    a.settle();
+    );
     assert_eq!(
         reason(&a, &node("b", "198.18.0.2", "198.18.65.7")).as_deref(),
         Some(
