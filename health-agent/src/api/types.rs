@@ -75,6 +75,14 @@ pub struct NodesView {
     /// How many were refused in all.
     #[serde(default)]
     pub refused_routes_total: usize,
+    /// With `--kvstore-allocations`: the health allocations that count for
+    /// nothing (refused, or overlapping another), at their etcd keys, each
+    /// with why (the first 100, by name).
+    #[serde(default)]
+    pub allocations_uncounted: Vec<RejectedRecord>,
+    /// How many in all.
+    #[serde(default)]
+    pub allocations_uncounted_total: usize,
 }
 
 impl NodesView {
@@ -89,6 +97,8 @@ impl NodesView {
             rejected_total: status.rejected_total,
             refused_routes: status.refused_routes,
             refused_routes_total: status.refused_routes_total,
+            allocations_uncounted: status.allocations_uncounted,
+            allocations_uncounted_total: status.allocations_uncounted_total,
         }
     }
 }

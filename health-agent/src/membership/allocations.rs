@@ -70,6 +70,9 @@ pub struct Allocations {
     /// The overlaps, the health addresses allocated and the node
     /// addresses named.
     survey: overlap::Survey,
+    /// The allocations that count for nothing, as listed (the first
+    /// [`super::record::MAX_REJECTED_SHOWN`]), and how many in all.
+    uncounted: (Vec<super::record::RejectedRecord>, usize),
     /// `survey` is to be made again ([`Self::settle`]).
     stale: bool,
     watch_error: Option<String>,
@@ -89,6 +92,7 @@ impl Allocations {
             synced: false,
             bound: Bound::Within,
             survey: overlap::Survey::default(),
+            uncounted: (Vec::new(), 0),
             stale: false,
             watch_error: None,
         }
@@ -140,6 +144,7 @@ impl Allocations {
     pub fn settle(&mut self) {
         if std::mem::replace(&mut self.stale, false) {
             self.survey = overlap::survey(&self.held);
+            self.uncounted = self.list_uncounted();
         }
     }
 
@@ -196,6 +201,13 @@ impl Allocations {
                 false
             }
         }
+    }
+
+    /// The allocations that count for nothing (refused, or overlapping
+    /// another), by name: the first ones listed, and how many in all.
+    #[must_use]
+    pub fn uncounted(&self) -> (Vec<super::record::RejectedRecord>, usize) {
+        (self.uncounted.0.clone(), self.uncounted.1)
     }
 
     /// Whether the prefix is to be read again (allocations went unheld and

@@ -622,19 +622,13 @@ impl<'a> View<'a> {
             }
             None => records.values().cloned().collect(),
         };
-        let mut v = validate::validate_allocated(
-            candidates,
-            (local, self.allocations.as_ref()),
-            &self.holders,
-        );
-        // After the records: allocations that count for nothing, so that
-        // an admin's mistake shows before its node has a record.
-        if let Some(allocations) = &self.allocations {
-            v.rejected.extend(allocations.uncounted());
-        }
         Validated {
             unheld: self.held.unheld(),
-            ..v
+            ..validate::validate_allocated(
+                candidates,
+                (local, self.allocations.as_ref()),
+                &self.holders,
+            )
         }
     }
 
@@ -654,6 +648,8 @@ impl<'a> View<'a> {
         }
         if let Some(allocations) = self.allocations.as_mut() {
             allocations.settle();
+            let (shown, total) = allocations.uncounted();
+            nodes.set_allocations_uncounted(shown, total);
             if let Some(e) = allocations.error() {
                 nodes.reject(e);
                 return false;
@@ -791,6 +787,7 @@ mod tests {
 
     use super::*;
     use crate::membership::held::MAX_JUNK_HELD;
+    use crate::membership::record::RejectedRecord;
 
     fn local() -> LocalNode {
         LocalNode {
@@ -1002,8 +999,8 @@ mod tests {
         assert_eq!(nodes.status().error, None);
     }
 
-    /// Allocations that count for nothing are listed with the rejected
-    /// records, at their keys and after them, whether or not their nodes
+    /// Allocations that count for nothing are listed at their keys, on
+    /// their own beside the rejected records, whether or not their nodes
     /// have records: an admin's mistake shows before its node comes.
     #[tokio::test(start_paused = true)]
     async fn allocations_that_count_for_nothing_are_listed() {
@@ -1011,7 +1008,10 @@ mod tests {
         let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
         view.allocations = Some(Allocations::new("/a/".into(), local(), 10));
         view.apply(page(
-            vec![kv("/h/a", &record("a", "198.18.0.2", "198.18.65.2"))],
+            vec![
+                kv("/h/a", &record("a", "198.18.0.2", "198.18.65.2")),
+                kv("/h/z", &record("z", "198.18.0.26", "198.18.69.2")),
+            ],
             true,
             true,
         ));
@@ -1030,29 +1030,37 @@ mod tests {
         ));
         view.publish("e", &local(), &nodes);
         let status = nodes.status();
-        let listed: Vec<(&str, &str)> = status
-            .rejected
-            .iter()
-            .map(|r| (r.record.as_str(), r.reason.as_str()))
-            .collect();
+        let listed = |l: &[RejectedRecord]| -> Vec<(String, String)> {
+            l.iter()
+                .map(|r| (r.record.clone(), r.reason.clone()))
+                .collect()
+        };
         assert_eq!(
-            listed,
+            listed(&status.allocations_uncounted),
             [
                 (
-                    "/a/o-1",
-                    "this allocation overlaps the one at \"/a/o-2\", and neither counts"
+                    "/a/o-1".to_owned(),
+                    "overlaps the one at \"/a/o-2\", and neither counts".to_owned()
                 ),
                 (
-                    "/a/o-2",
-                    "this allocation overlaps the one at \"/a/o-1\", and neither counts"
+                    "/a/o-2".to_owned(),
+                    "overlaps the one at \"/a/o-1\", and neither counts".to_owned()
                 ),
                 (
-                    "/a/typo",
-                    "this allocation is refused: node_ip \"198.18.0.300\" is not an IPv4 address"
+                    "/a/typo".to_owned(),
+                    "refused: node_ip \"198.18.0.300\" is not an IPv4 address".to_owned()
                 ),
             ]
         );
-        assert_eq!(status.rejected_total, 3);
+        assert_eq!(status.allocations_uncounted_total, 3);
+        assert_eq!(
+            listed(&status.rejected),
+            [(
+                "/h/z".to_owned(),
+                "health-ip 198.18.69.2 is not allocated: no allocation at etcd key \"/a/z\" (--kvstore-allocations)".to_owned()
+            )],
+            "the rejected records are node records alone"
+        );
         assert_eq!(
             nodes
                 .current()
@@ -1061,6 +1069,14 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["a"]
         );
+        // Fixed, it is listed no more.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        view.apply_allocation(WatchEvent::Put(raw(
+            "/a/typo",
+            r#"{"health_cidr":"198.18.67.0/24","node_ip":"198.18.0.30"}"#,
+        )));
+        view.publish("e", &local(), &nodes);
+        assert_eq!(nodes.status().allocations_uncounted_total, 2);
     }
 
     /// What a writer puts under the prefix is shown only in part: a value

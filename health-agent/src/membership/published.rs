@@ -42,6 +42,15 @@ pub struct SourceStatus {
     /// How many were refused in all.
     #[serde(default)]
     pub refused_routes_total: usize,
+    /// With `--kvstore-allocations`: the health allocations that count for
+    /// nothing (refused, or overlapping another), at their keys, each with
+    /// why (the first [`MAX_REJECTED_SHOWN`], by name), whether or not
+    /// their nodes have records.
+    #[serde(default)]
+    pub allocations_uncounted: Vec<RejectedRecord>,
+    /// How many in all.
+    #[serde(default)]
+    pub allocations_uncounted_total: usize,
 }
 
 /// The published node set and the status of its source.
@@ -157,6 +166,14 @@ impl Nodes {
             s.refused_routes_total = refused.len();
             refused.truncate(MAX_REJECTED_SHOWN);
             s.refused_routes = refused;
+        }
+    }
+
+    /// Lists the health allocations that count for nothing.
+    pub fn set_allocations_uncounted(&self, shown: Vec<RejectedRecord>, total: usize) {
+        if let Ok(mut s) = self.status.write() {
+            s.allocations_uncounted = shown;
+            s.allocations_uncounted_total = total;
         }
     }
 

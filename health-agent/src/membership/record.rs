@@ -208,11 +208,6 @@ pub enum Rule {
         ip: IpAddr,
         reason: String,
     },
-    /// With `--kvstore-allocations`: an allocation (the "record" its key)
-    /// that counts for nothing, refused or overlapping another, listed
-    /// whether or not its node has a record.
-    #[error("this allocation {reason}")]
-    Allocation { reason: String },
     #[error("zone {zone:?}: {reason}")]
     Zone { zone: String, reason: String },
     #[error("duplicate name {name:?}: {} has it and is kept", .first.describe())]

@@ -117,6 +117,18 @@ impl ClusterNode {
         }
     }
 
+    /// `health-agent nodes --refused` as the operator reads it: what the
+    /// agent refused, with why.
+    #[must_use]
+    pub fn refused_text(&self) -> String {
+        Command::new(agent_binary())
+            .args(["nodes", "--refused", "--socket"])
+            .arg(self.socket())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
     /// `health-agent status` as the operator reads it (the table).
     #[must_use]
     pub fn status_text(&self) -> String {

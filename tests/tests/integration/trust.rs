@@ -206,8 +206,9 @@ fn fourth_health_address(cluster: &Cluster) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 67, 0)) + offset)
 }
 
-/// An allocation with a typo is listed at its key with why, though its node
-/// has no record; gone, it is no longer listed.
+/// An allocation with a typo is listed at its key with why, apart from the
+/// node records, though its node has no record; gone, it is no longer
+/// listed.
 fn an_allocation_counting_for_nothing_is_listed(cluster: &Cluster) {
     let key = "/health/allocations/typo";
     put(
@@ -215,12 +216,29 @@ fn an_allocation_counting_for_nothing_is_listed(cluster: &Cluster) {
         key,
         r#"{"health_cidr":"198.18.101.0/24","node_ip":"198.18.0.300"}"#,
     );
-    cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
-        reason_of(v, key)
-            == Some("this allocation is refused: node_ip \"198.18.0.300\" is not an IPv4 address")
+    let uncounted = |v: &NodesView| {
+        v.allocations_uncounted
+            .iter()
+            .find(|r| r.record == key)
+            .map(|r| r.reason.clone())
+    };
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
+        uncounted(v).as_deref() == Some("refused: node_ip \"198.18.0.300\" is not an IPv4 address")
     });
+    assert_eq!(view.allocations_uncounted_total, 1, "{view:#?}");
+    assert_eq!(reason_of(&view, key), None, "not a node record");
+    let text = cluster.nodes[0].refused_text();
+    assert!(
+        text.contains("Health allocations counting for nothing: 1\nKEY ")
+            && text.contains(
+                "/health/allocations/typo  typo  refused: node_ip \"198.18.0.300\" is not an IPv4 address"
+            ),
+        "{text}"
+    );
     delete(cluster, key);
-    cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| reason_of(v, key).is_none());
+    cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
+        uncounted(v).is_none() && v.allocations_uncounted_total == 0
+    });
 }
 
 /// With `--kvstore-allocations` (each node's health CIDR and node address

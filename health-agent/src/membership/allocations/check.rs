@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use super::{Allocation, Allocations};
 use crate::membership::{
     Node,
-    record::{Field, Origin, Record, Rejected, Rule},
+    record::{Field, MAX_REJECTED_SHOWN, RejectedRecord, Rule},
 };
 
 impl Allocations {
@@ -211,40 +211,38 @@ impl Allocations {
     }
 
     /// Every allocation that counts for nothing (its value refused, or
-    /// overlapping another), by name, as a rejected record at its key:
-    /// what an admin is to fix, shown before its node has a record.
-    #[must_use]
-    pub fn uncounted(&self) -> Vec<Rejected> {
+    /// overlapping another), by name, with why: the first
+    /// [`MAX_REJECTED_SHOWN`], and how many in all. Made when the
+    /// allocations settle, not at each validation.
+    pub(super) fn list_uncounted(&self) -> (Vec<RejectedRecord>, usize) {
         let mut names: Vec<&String> = self
             .held
             .iter()
             .filter(|(name, a)| a.is_err() || self.survey.overlaps.contains_key(*name))
             .map(|(name, _)| name)
             .collect();
+        let total = names.len();
         names.sort_unstable();
-        names
+        names.truncate(MAX_REJECTED_SHOWN);
+        let shown = names
             .into_iter()
             .filter_map(|name| {
                 let reason = match self.counted(name, self.held.get(name)) {
                     Ok(_) | Err(Uncounted::Missing) => return None,
-                    Err(Uncounted::Refused(why)) => format!("is refused: {why}"),
+                    Err(Uncounted::Refused(why)) => format!("refused: {why}"),
                     Err(Uncounted::Overlaps(other)) => format!(
                         "overlaps the one at {:?}, and neither counts",
                         self.key(other)
                     ),
                 };
-                Some(Rejected {
-                    record: Record {
-                        origin: Origin::Etcd {
-                            key: self.key(name),
-                            prefix_len: self.prefix.len(),
-                        },
-                        name: Some(name.clone()),
-                    },
-                    rule: Rule::Allocation { reason },
+                Some(RejectedRecord {
+                    record: self.key(name),
+                    name: Some(name.clone()),
+                    reason,
                 })
             })
-            .collect()
+            .collect();
+        (shown, total)
     }
 
     /// This node's own record against its allocation: what is wrong, for

@@ -10,6 +10,7 @@ pub(crate) mod config;
 mod daemon;
 mod echo;
 mod endpoint;
+mod nodes;
 pub(crate) mod out;
 mod quality;
 pub(crate) mod status;
@@ -49,6 +50,9 @@ pub(crate) enum Command {
     /// Inspect the health endpoint through the agent's API.
     #[command(subcommand)]
     Endpoint(endpoint::EndpointCommand),
+    /// The node set this agent probes, and every record, route and health
+    /// allocation it refused, with why.
+    Nodes(nodes::NodesArgs),
     /// The kernel ICMP echo responder.
     #[command(subcommand)]
     Responder(echo::ResponderCommand),
@@ -121,6 +125,7 @@ impl Cli {
             Command::Responder(cmd) => cmd.run().await,
             Command::Daemon(args) => args.run(invocation).await,
             Command::Endpoint(cmd) => cmd.run().await,
+            Command::Nodes(args) => args.run().await,
             Command::Status(args) => args.run().await,
             Command::Bpf(cmd) => cmd.run(),
             Command::Config(cmd) => cmd.run(),

@@ -1,0 +1,269 @@
+//! `health-agent nodes`: the node set this agent probes, where it came
+//! from, and every record, route and health allocation it refused, with
+//! why. What went wrong comes first; the set, which may run to thousands
+//! of lines, last.
+
+use std::fmt::Write as _;
+
+use clap::Args;
+
+use super::{OutputFormat, SocketArgs};
+use health_agent::{
+    api::{client::Client, types::NodesView},
+    membership::{Node, record::RejectedRecord},
+    util::timefmt::rfc3339_millis,
+};
+
+#[derive(Debug, Args)]
+pub(crate) struct NodesArgs {
+    /// Only what was refused (records, routes, allocations), not the set.
+    #[arg(long)]
+    refused: bool,
+    #[arg(short, long, value_enum, default_value_t)]
+    output: OutputFormat,
+    #[command(flatten)]
+    socket: SocketArgs,
+}
+
+impl NodesArgs {
+    pub(crate) async fn run(self) -> anyhow::Result<()> {
+        let view = Client::new(self.socket.path).nodes().await?;
+        super::out::print_line(&render(&view, self.refused, self.output)?)?;
+        Ok(())
+    }
+}
+
+/// A node's addresses of one kind, both families: `-` for none.
+fn both(v4: Option<impl ToString>, v6: Option<impl ToString>) -> String {
+    let both: Vec<String> = [v4.map(|a| a.to_string()), v6.map(|a| a.to_string())]
+        .into_iter()
+        .flatten()
+        .collect();
+    if both.is_empty() {
+        "-".to_owned()
+    } else {
+        both.join(",")
+    }
+}
+
+/// A section of refused things: its title with the count, then a table,
+/// and how many more the agent did not list.
+fn section(out: &mut String, title: &str, total: usize, rows: &[[&str; 3]], head: [&str; 3]) {
+    let _ = writeln!(out, "\n{title}: {total}");
+    if rows.is_empty() {
+        return;
+    }
+    let width = |k: usize| {
+        rows.iter()
+            .map(|r| r[k].chars().count())
+            .chain([head[k].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let (w0, w1) = (width(0), width(1));
+    let _ = writeln!(out, "{:<w0$}  {:<w1$}  {}", head[0], head[1], head[2]);
+    for r in rows {
+        let _ = writeln!(out, "{:<w0$}  {:<w1$}  {}", r[0], r[1], r[2]);
+    }
+    if total > rows.len() {
+        let _ = writeln!(
+            out,
+            "... and {} more (the agent lists the first {})",
+            total - rows.len(),
+            rows.len()
+        );
+    }
+}
+
+fn rejected_rows(list: &[RejectedRecord]) -> Vec<[&str; 3]> {
+    list.iter()
+        .map(|r| {
+            [
+                r.record.as_str(),
+                r.name.as_deref().unwrap_or("-"),
+                r.reason.as_str(),
+            ]
+        })
+        .collect()
+}
+
+fn node_table(out: &mut String, nodes: &[Node]) {
+    let rows: Vec<[String; 4]> = nodes
+        .iter()
+        .map(|n| {
+            [
+                n.name.clone(),
+                both(n.node_ip, n.node_ip6),
+                both(n.health_ip, n.health_ip6),
+                n.zone.clone().unwrap_or_else(|| "-".to_owned()),
+            ]
+        })
+        .collect();
+    let head = ["NAME", "NODE-IP", "HEALTH-IP", "ZONE"];
+    let width = |k: usize| {
+        rows.iter()
+            .map(|r| r[k].len())
+            .chain([head[k].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let (w0, w1, w2) = (width(0), width(1), width(2));
+    let _ = writeln!(
+        out,
+        "\n{:<w0$}  {:<w1$}  {:<w2$}  {}",
+        head[0], head[1], head[2], head[3]
+    );
+    for r in &rows {
+        let _ = writeln!(out, "{:<w0$}  {:<w1$}  {:<w2$}  {}", r[0], r[1], r[2], r[3]);
+    }
+}
+
+/// The view as a table (problems first), or as the API's JSON.
+pub(crate) fn render(
+    view: &NodesView,
+    refused: bool,
+    output: OutputFormat,
+) -> anyhow::Result<String> {
+    if output == OutputFormat::Json {
+        return Ok(serde_json::to_string_pretty(view)?);
+    }
+    let mut out = format!("Source:  {}\n", view.source);
+    let updated = view
+        .updated_ms
+        .map_or_else(|| "never".to_owned(), rfc3339_millis);
+    let _ = writeln!(out, "Updated: {updated}");
+    if let Some(e) = &view.error {
+        let _ = writeln!(out, "Error:   {e} (the set below is the last good one)");
+    }
+    let _ = writeln!(out, "Nodes:   {}", view.nodes.len());
+    section(
+        &mut out,
+        "Rejected records",
+        view.rejected_total,
+        &rejected_rows(&view.rejected),
+        ["RECORD", "NAME", "REASON"],
+    );
+    let routes: Vec<(String, String, &str)> = view
+        .refused_routes
+        .iter()
+        .map(|r| (r.address.to_string(), r.node.clone(), r.reason.as_str()))
+        .collect();
+    let route_rows: Vec<[&str; 3]> = routes
+        .iter()
+        .map(|(a, n, r)| [a.as_str(), n.as_str(), *r])
+        .collect();
+    section(
+        &mut out,
+        "Refused routes",
+        view.refused_routes_total,
+        &route_rows,
+        ["ADDRESS", "NODE", "REASON"],
+    );
+    if view.allocations_uncounted_total > 0 || !view.allocations_uncounted.is_empty() {
+        section(
+            &mut out,
+            "Health allocations counting for nothing",
+            view.allocations_uncounted_total,
+            &rejected_rows(&view.allocations_uncounted),
+            ["KEY", "NODE", "REASON"],
+        );
+    }
+    if !refused {
+        let nodes: Vec<Node> = view.nodes.iter().cloned().collect();
+        node_table(&mut out, &nodes);
+    }
+    Ok(out.trim_end().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use health_agent::membership::{NodeSet, routes::RefusedRoute};
+
+    fn view() -> NodesView {
+        let mut n1 = Node::v4(
+            "node-1",
+            "198.18.0.11".parse().expect("ip"),
+            "198.18.64.5".parse().expect("ip"),
+        );
+        n1.node_ip6 = Some("2001:2::11".parse().expect("ip6"));
+        n1.zone = Some("rack-a".into());
+        let n2 = Node::v4(
+            "node-20",
+            "198.18.0.30".parse().expect("ip"),
+            "198.18.83.5".parse().expect("ip"),
+        );
+        NodesView {
+            source: "etcd:198.18.0.1:2379/health/nodes/".into(),
+            nodes: NodeSet::new(vec![n2, n1]).expect("set"),
+            error: None,
+            updated_ms: Some(1_764_489_600_000),
+            rejected: vec![RejectedRecord {
+                record: "/health/nodes/squat".into(),
+                name: Some("squat".into()),
+                reason: "health-ip 198.18.66.2 is outside the node's allocation".into(),
+            }],
+            rejected_total: 3,
+            refused_routes: vec![RefusedRoute {
+                node: "node-20".into(),
+                address: "198.18.83.5".parse().expect("ip"),
+                reason: "inside a connected network".into(),
+            }],
+            refused_routes_total: 1,
+            allocations_uncounted: vec![RejectedRecord {
+                record: "/health/allocations/typo".into(),
+                name: Some("typo".into()),
+                reason: "refused: node_ip \"198.18.0.300\" is not an IPv4 address".into(),
+            }],
+            allocations_uncounted_total: 1,
+        }
+    }
+
+    #[test]
+    fn the_refused_come_first_and_the_set_last() {
+        let text = render(&view(), false, OutputFormat::Table).expect("table");
+        let expected = "\
+Source:  etcd:198.18.0.1:2379/health/nodes/
+Updated: 2025-11-30T08:00:00.000Z
+Nodes:   2
+
+Rejected records: 3
+RECORD               NAME   REASON
+/health/nodes/squat  squat  health-ip 198.18.66.2 is outside the node's allocation
+... and 2 more (the agent lists the first 1)
+
+Refused routes: 1
+ADDRESS      NODE     REASON
+198.18.83.5  node-20  inside a connected network
+
+Health allocations counting for nothing: 1
+KEY                       NODE  REASON
+/health/allocations/typo  typo  refused: node_ip \"198.18.0.300\" is not an IPv4 address
+
+NAME     NODE-IP                 HEALTH-IP    ZONE
+node-1   198.18.0.11,2001:2::11  198.18.64.5  rack-a
+node-20  198.18.0.30             198.18.83.5  -";
+        assert_eq!(text, expected);
+        let refused = render(&view(), true, OutputFormat::Table).expect("table");
+        assert!(refused.ends_with("is not an IPv4 address"), "{refused}");
+        assert!(!refused.contains("NODE-IP"), "{refused}");
+    }
+
+    #[test]
+    fn without_allocations_their_section_is_left_out_and_json_is_the_apis() {
+        let mut v = view();
+        v.allocations_uncounted.clear();
+        v.allocations_uncounted_total = 0;
+        v.error = Some("etcd at e: unreachable".into());
+        let text = render(&v, true, OutputFormat::Table).expect("table");
+        assert!(!text.contains("allocations"), "{text}");
+        assert!(
+            text.contains("Error:   etcd at e: unreachable (the set below is the last good one)"),
+            "{text}"
+        );
+        let json = render(&v, false, OutputFormat::Json).expect("json");
+        let back: NodesView = serde_json::from_str(&json).expect("the API's form");
+        assert_eq!(back.nodes.len(), 2);
+        assert_eq!(back.rejected_total, 3);
+    }
+}
