@@ -636,6 +636,13 @@ impl<'a> View<'a> {
     /// Records that could be nodes past `--max-nodes` are not all held: the
     /// set is refused without a look.
     fn accept(&mut self, local: &LocalNode, nodes: &Nodes) -> bool {
+        // The allocations' listing is theirs: kept current even while the
+        // set is refused.
+        if let Some(allocations) = self.allocations.as_mut() {
+            allocations.settle();
+            let (shown, total) = allocations.uncounted();
+            nodes.set_allocations_uncounted(shown, total);
+        }
         if self.held.over() > 0 {
             nodes.reject(format!(
                 "{} records under {} could be nodes, more than --max-nodes {} ({} not held)",
@@ -646,14 +653,9 @@ impl<'a> View<'a> {
             ));
             return false;
         }
-        if let Some(allocations) = self.allocations.as_mut() {
-            allocations.settle();
-            let (shown, total) = allocations.uncounted();
-            nodes.set_allocations_uncounted(shown, total);
-            if let Some(e) = allocations.error() {
-                nodes.reject(e);
-                return false;
-            }
+        if let Some(e) = self.allocations.as_ref().and_then(Allocations::error) {
+            nodes.reject(e);
+            return false;
         }
         let update = self.validated(local);
         let holders = self
@@ -1077,6 +1079,43 @@ mod tests {
         )));
         view.publish("e", &local(), &nodes);
         assert_eq!(nodes.status().allocations_uncounted_total, 2);
+    }
+
+    /// The allocations' listing stays current while the node set is
+    /// refused whole (records past --max-nodes).
+    #[tokio::test(start_paused = true)]
+    async fn the_allocations_listing_follows_them_while_the_set_is_refused() {
+        let nodes = Nodes::new("etcd".into());
+        let mut view = View::new("/h/", Duration::from_secs(60), 1, "/h/n1");
+        view.allocations = Some(Allocations::new("/a/".into(), local(), 10));
+        view.apply(page(
+            vec![
+                kv("/h/a", &record("a", "198.18.0.2", "198.18.65.2")),
+                kv("/h/b", &record("b", "198.18.0.3", "198.18.66.2")),
+            ],
+            true,
+            true,
+        ));
+        view.apply_allocation(page(vec![raw("/a/a", "not json")], true, true));
+        view.publish("e", &local(), &nodes);
+        let status = nodes.status();
+        assert!(
+            status
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("more than --max-nodes 1")),
+            "{status:?}"
+        );
+        assert_eq!(status.allocations_uncounted_total, 1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        view.apply_allocation(WatchEvent::Put(raw(
+            "/a/a",
+            r#"{"health_cidr":"198.18.65.0/24"}"#,
+        )));
+        view.publish("e", &local(), &nodes);
+        let status = nodes.status();
+        assert!(status.error.is_some(), "still refused whole");
+        assert_eq!(status.allocations_uncounted_total, 0, "{status:?}");
     }
 
     /// What a writer puts under the prefix is shown only in part: a value

@@ -169,9 +169,22 @@ impl Nodes {
         }
     }
 
-    /// Lists the health allocations that count for nothing.
+    /// Lists the health allocations that count for nothing; a change in
+    /// them is warned about once.
     pub fn set_allocations_uncounted(&self, shown: Vec<RejectedRecord>, total: usize) {
         if let Ok(mut s) = self.status.write() {
+            if s.allocations_uncounted != shown || s.allocations_uncounted_total != total {
+                if let Some(first) = shown.first() {
+                    warn!(
+                        uncounted = total,
+                        "{total} health allocations count for nothing (GET /v1/nodes lists them); first: {:?}: {:?}",
+                        first.record,
+                        first.reason
+                    );
+                } else {
+                    tracing::info!("every health allocation counts again");
+                }
+            }
             s.allocations_uncounted = shown;
             s.allocations_uncounted_total = total;
         }

@@ -63,6 +63,12 @@ impl Collector for AgentCollector {
                 "1 while the last exchange with the kvstore succeeded",
                 i64::from(status.error.is_none() && status.updated_ms.is_some()),
             )?;
+            gauge(
+                &mut enc,
+                "allocations_uncounted",
+                "Health allocations that count for nothing: refused, or overlapping another (--kvstore-allocations)",
+                i64::try_from(status.allocations_uncounted_total).unwrap_or(i64::MAX),
+            )?;
         }
         gauges(
             &mut enc,

@@ -227,6 +227,18 @@ fn an_allocation_counting_for_nothing_is_listed(cluster: &Cluster) {
     });
     assert_eq!(view.allocations_uncounted_total, 1, "{view:#?}");
     assert_eq!(reason_of(&view, key), None, "not a node record");
+    let (_, metrics) = health_tests::prometheus::http_get(
+        &cluster.fabric,
+        cluster.nodes[0].web_addr(),
+        "/metrics",
+    )
+    .expect("the metrics listener");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "health_allocations_uncounted 1"),
+        "{metrics}"
+    );
     let text = cluster.nodes[0].refused_text();
     assert!(
         text.contains("Health allocations counting for nothing: 1\nKEY ")

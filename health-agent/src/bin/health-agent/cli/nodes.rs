@@ -10,7 +10,7 @@ use clap::Args;
 use super::{OutputFormat, SocketArgs};
 use health_agent::{
     api::{client::Client, types::NodesView},
-    membership::{Node, record::RejectedRecord},
+    membership::{Node, NodeSet, record::RejectedRecord},
     util::timefmt::rfc3339_millis,
 };
 
@@ -46,13 +46,48 @@ fn both(v4: Option<impl ToString>, v6: Option<impl ToString>) -> String {
     }
 }
 
+/// The widest a key or name column is drawn: a longer cell is cut, so
+/// that one long key cannot push every row off the screen.
+const MAX_COLUMN: usize = 64;
+
+/// A cell as the terminal is to show it: control characters (from etcd
+/// keys and values, which anyone with write access chose) escaped, and cut
+/// to `max` characters when given.
+fn cell(text: &str, max: Option<usize>) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    match max {
+        Some(max) if shown.chars().count() > max => {
+            let cut: String = shown.chars().take(max - 1).collect();
+            format!("{cut}…")
+        }
+        _ => shown,
+    }
+}
+
 /// A section of refused things: its title with the count, then a table,
-/// and how many more the agent did not list.
+/// and how many more there are than the agent listed.
 fn section(out: &mut String, title: &str, total: usize, rows: &[[&str; 3]], head: [&str; 3]) {
     let _ = writeln!(out, "\n{title}: {total}");
     if rows.is_empty() {
         return;
     }
+    let rows: Vec<[String; 3]> = rows
+        .iter()
+        .map(|r| {
+            [
+                cell(r[0], Some(MAX_COLUMN)),
+                cell(r[1], Some(MAX_COLUMN)),
+                cell(r[2], None),
+            ]
+        })
+        .collect();
     let width = |k: usize| {
         rows.iter()
             .map(|r| r[k].chars().count())
@@ -62,16 +97,11 @@ fn section(out: &mut String, title: &str, total: usize, rows: &[[&str; 3]], head
     };
     let (w0, w1) = (width(0), width(1));
     let _ = writeln!(out, "{:<w0$}  {:<w1$}  {}", head[0], head[1], head[2]);
-    for r in rows {
+    for r in &rows {
         let _ = writeln!(out, "{:<w0$}  {:<w1$}  {}", r[0], r[1], r[2]);
     }
     if total > rows.len() {
-        let _ = writeln!(
-            out,
-            "... and {} more (the agent lists the first {})",
-            total - rows.len(),
-            rows.len()
-        );
+        let _ = writeln!(out, "... and {} more, not listed", total - rows.len());
     }
 }
 
@@ -118,22 +148,45 @@ fn node_table(out: &mut String, nodes: &[Node]) {
     }
 }
 
-/// The view as a table (problems first), or as the API's JSON.
+/// One line of counts: what the set holds and what was refused.
+fn counts(view: &NodesView) -> String {
+    format!(
+        "{} nodes; {} rejected records, {} refused routes, {} health allocations counting for nothing",
+        view.nodes.len(),
+        view.rejected_total,
+        view.refused_routes_total,
+        view.allocations_uncounted_total
+    )
+}
+
+/// The view as a table (what was refused first, the set last, and the
+/// counts again below it), or as the API's JSON (without the set with
+/// `refused`).
 pub(crate) fn render(
     view: &NodesView,
     refused: bool,
     output: OutputFormat,
 ) -> anyhow::Result<String> {
     if output == OutputFormat::Json {
+        if refused {
+            let mut only = view.clone();
+            only.nodes = NodeSet::default();
+            return Ok(serde_json::to_string_pretty(&only)?);
+        }
         return Ok(serde_json::to_string_pretty(view)?);
     }
-    let mut out = format!("Source:  {}\n", view.source);
+    let mut out = format!("Source:  {}\n", cell(&view.source, None));
     let updated = view
         .updated_ms
         .map_or_else(|| "never".to_owned(), rfc3339_millis);
     let _ = writeln!(out, "Updated: {updated}");
     if let Some(e) = &view.error {
-        let _ = writeln!(out, "Error:   {e} (the set below is the last good one)");
+        let kept = if view.updated_ms.is_some() {
+            " (the set in use is the last good one)"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "Error:   {}{kept}", cell(e, None));
     }
     let _ = writeln!(out, "Nodes:   {}", view.nodes.len());
     section(
@@ -171,6 +224,8 @@ pub(crate) fn render(
     if !refused {
         let nodes: Vec<Node> = view.nodes.iter().cloned().collect();
         node_table(&mut out, &nodes);
+        // Below a long set, what was refused is above the screen.
+        let _ = writeln!(out, "\n{} (--refused: those alone)", counts(view));
     }
     Ok(out.trim_end().to_owned())
 }
@@ -178,7 +233,7 @@ pub(crate) fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use health_agent::membership::{NodeSet, routes::RefusedRoute};
+    use health_agent::membership::routes::RefusedRoute;
 
     fn view() -> NodesView {
         let mut n1 = Node::v4(
@@ -230,7 +285,7 @@ Nodes:   2
 Rejected records: 3
 RECORD               NAME   REASON
 /health/nodes/squat  squat  health-ip 198.18.66.2 is outside the node's allocation
-... and 2 more (the agent lists the first 1)
+... and 2 more, not listed
 
 Refused routes: 1
 ADDRESS      NODE     REASON
@@ -242,7 +297,9 @@ KEY                       NODE  REASON
 
 NAME     NODE-IP                 HEALTH-IP    ZONE
 node-1   198.18.0.11,2001:2::11  198.18.64.5  rack-a
-node-20  198.18.0.30             198.18.83.5  -";
+node-20  198.18.0.30             198.18.83.5  -
+
+2 nodes; 3 rejected records, 1 refused routes, 1 health allocations counting for nothing (--refused: those alone)";
         assert_eq!(text, expected);
         let refused = render(&view(), true, OutputFormat::Table).expect("table");
         assert!(refused.ends_with("is not an IPv4 address"), "{refused}");
@@ -258,12 +315,46 @@ node-20  198.18.0.30             198.18.83.5  -";
         let text = render(&v, true, OutputFormat::Table).expect("table");
         assert!(!text.contains("allocations"), "{text}");
         assert!(
-            text.contains("Error:   etcd at e: unreachable (the set below is the last good one)"),
+            text.contains("Error:   etcd at e: unreachable (the set in use is the last good one)"),
             "{text}"
         );
         let json = render(&v, false, OutputFormat::Json).expect("json");
         let back: NodesView = serde_json::from_str(&json).expect("the API's form");
         assert_eq!(back.nodes.len(), 2);
         assert_eq!(back.rejected_total, 3);
+        let json = render(&v, true, OutputFormat::Json).expect("json");
+        let back: NodesView = serde_json::from_str(&json).expect("the API's form");
+        assert_eq!(back.nodes.len(), 0, "--refused leaves the set out");
+        assert_eq!(back.rejected_total, 3);
+    }
+
+    /// What an etcd writer chose cannot steer the terminal or the table:
+    /// control characters are escaped, long keys and names cut.
+    #[test]
+    fn a_writers_text_is_escaped_and_cut() {
+        let mut v = view();
+        v.rejected = vec![RejectedRecord {
+            record: format!("/health/nodes/{}", "k".repeat(200)),
+            name: Some("evil\u{1b}]0;owned\u{7}\nforged row".into()),
+            reason: "unknown field `\u{1b}[2J`".into(),
+        }];
+        let text = render(&v, true, OutputFormat::Table).expect("table");
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text:?}"
+        );
+        assert!(
+            text.contains("evil\\u{1b}]0;owned\\u{7}\\nforged row"),
+            "{text}"
+        );
+        assert!(text.contains("unknown field `\\u{1b}[2J`"), "{text}");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("/health/nodes/k"))
+            .expect("the row");
+        assert!(
+            row.starts_with(&format!("/health/nodes/{}…  ", "k".repeat(49))),
+            "{row}"
+        );
     }
 }
