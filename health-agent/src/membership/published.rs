@@ -175,9 +175,14 @@ impl Nodes {
         if let Ok(mut s) = self.status.write() {
             if s.allocations_uncounted != shown || s.allocations_uncounted_total != total {
                 if let Some(first) = shown.first() {
+                    let (n, count) = if total == 1 {
+                        ("1 health allocation".to_owned(), "counts")
+                    } else {
+                        (format!("{total} health allocations"), "count")
+                    };
                     warn!(
                         uncounted = total,
-                        "{total} health allocations count for nothing (GET /v1/nodes lists them); first: {:?}: {:?}",
+                        "{n} {count} for nothing (GET /v1/nodes lists them); first: {:?}: {:?}",
                         first.record,
                         first.reason
                     );

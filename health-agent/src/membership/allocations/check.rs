@@ -1,6 +1,7 @@
 //! A peer's record against the allocations: its health addresses inside
 //! its node's allocation, its node addresses outside every health address
-//! allocated and none that another node's allocation names.
+//! allocated, the one its allocation names where it names one, and none
+//! that another node's allocation names.
 
 use std::net::IpAddr;
 
@@ -39,7 +40,7 @@ impl Allocations {
 
     /// A node address is never a health address: not inside the health
     /// range (where this agent has one of its family), nor inside any
-    /// node's allocation (where it has none).
+    /// node's allocated health CIDRs (with a range or without).
     fn check_node_addresses(&self, node: &Node) -> Result<(), Rule> {
         let in_range = [
             node.node_ip.and_then(|ip| {
@@ -103,10 +104,21 @@ impl Allocations {
                     self.key(&node.name)
                 ),
                 _ => match self.survey.named.get(&ip) {
-                    Some(owner) if *owner != node.name => format!(
-                        "is allocated to node {owner:?} (etcd key {:?})",
-                        self.key(owner)
-                    ),
+                    // An overlapping allocation's address stays reserved:
+                    // it counts for no node, this one included.
+                    Some(owner) if *owner != node.name => {
+                        if self.survey.overlaps.contains_key(owner) {
+                            format!(
+                                "is named by the allocation at etcd key {:?}, which overlaps another and counts for nothing",
+                                self.key(owner)
+                            )
+                        } else {
+                            format!(
+                                "is allocated to node {owner:?} (etcd key {:?})",
+                                self.key(owner)
+                            )
+                        }
+                    }
                     _ => continue,
                 },
             };

@@ -372,6 +372,13 @@ fn a_node_address_an_allocation_names_is_its_nodes_alone() {
             "two allocations naming one address: neither node holds it"
         );
     }
+    assert_eq!(
+        reason(&a, &node("d", "198.18.0.9", "198.18.67.7")).as_deref(),
+        Some(
+            "node-ip 198.18.0.9 is named by the allocation at etcd key \"/health/allocations/twin-1\", which overlaps another and counts for nothing"
+        ),
+        "an overlapping allocation's address stays reserved from a third node"
+    );
     assert!(
         a.held.get("inside").is_some_and(|v| v.as_ref().is_err_and(
             |e| e.starts_with("node_ip 198.18.66.200 is inside the cluster's health range")

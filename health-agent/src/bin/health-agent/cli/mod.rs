@@ -50,8 +50,9 @@ pub(crate) enum Command {
     /// Inspect the health endpoint through the agent's API.
     #[command(subcommand)]
     Endpoint(endpoint::EndpointCommand),
-    /// The node set this agent probes, and every record, route and health
-    /// allocation it refused, with why.
+    /// The node set this agent probes, and what it refused or does not
+    /// count (records, routes, health allocations; the first 100 of each),
+    /// with why.
     Nodes(nodes::NodesArgs),
     /// The kernel ICMP echo responder.
     #[command(subcommand)]

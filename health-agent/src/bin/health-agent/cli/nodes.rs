@@ -1,5 +1,6 @@
 //! `health-agent nodes`: the node set this agent probes, where it came
-//! from, and every record, route and health allocation it refused, with
+//! from, and what it refused or does not count (node records, health
+//! routes, health allocations: the first 100 of each, and how many), with
 //! why. What went wrong comes first; the set, which may run to thousands
 //! of lines, last.
 
@@ -10,7 +11,7 @@ use clap::Args;
 use super::{OutputFormat, SocketArgs};
 use health_agent::{
     api::{client::Client, types::NodesView},
-    membership::{Node, NodeSet, record::RejectedRecord},
+    membership::{Node, record::RejectedRecord},
     util::timefmt::rfc3339_millis,
 };
 
@@ -56,7 +57,7 @@ const MAX_COLUMN: usize = 64;
 fn cell(text: &str, max: Option<usize>) -> String {
     let mut shown = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() {
+        if c.is_control() || invisible(c) {
             shown.extend(c.escape_default());
         } else {
             shown.push(c);
@@ -68,6 +69,25 @@ fn cell(text: &str, max: Option<usize>) -> String {
             format!("{cut}…")
         }
         _ => shown,
+    }
+}
+
+/// A character that changes how the text around it is drawn without
+/// showing itself: bidirectional overrides and isolates, zero-width
+/// characters.
+const fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}'
+    )
+}
+
+/// `n` and `what`, plural but for one.
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
     }
 }
 
@@ -150,13 +170,20 @@ fn node_table(out: &mut String, nodes: &[Node]) {
 
 /// One line of counts: what the set holds and what was refused.
 fn counts(view: &NodesView) -> String {
-    format!(
-        "{} nodes; {} rejected records, {} refused routes, {} health allocations counting for nothing",
-        view.nodes.len(),
-        view.rejected_total,
-        view.refused_routes_total,
-        view.allocations_uncounted_total
-    )
+    let mut line = format!(
+        "{}; {}, {}",
+        count(view.nodes.len(), "node"),
+        count(view.rejected_total, "rejected record"),
+        count(view.refused_routes_total, "refused route"),
+    );
+    if view.allocations_uncounted_total > 0 {
+        let _ = write!(
+            line,
+            ", {} counting for nothing",
+            count(view.allocations_uncounted_total, "health allocation")
+        );
+    }
+    line
 }
 
 /// The view as a table (what was refused first, the set last, and the
@@ -168,12 +195,11 @@ pub(crate) fn render(
     output: OutputFormat,
 ) -> anyhow::Result<String> {
     if output == OutputFormat::Json {
-        if refused {
-            let mut only = view.clone();
-            only.nodes = NodeSet::default();
-            return Ok(serde_json::to_string_pretty(&only)?);
+        let mut json = serde_json::to_value(view)?;
+        if refused && let Some(object) = json.as_object_mut() {
+            object.remove("nodes");
         }
-        return Ok(serde_json::to_string_pretty(view)?);
+        return Ok(serde_json::to_string_pretty(&json)?);
     }
     let mut out = format!("Source:  {}\n", cell(&view.source, None));
     let updated = view
@@ -233,7 +259,7 @@ pub(crate) fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use health_agent::membership::routes::RefusedRoute;
+    use health_agent::membership::{NodeSet, routes::RefusedRoute};
 
     fn view() -> NodesView {
         let mut n1 = Node::v4(
@@ -299,7 +325,7 @@ NAME     NODE-IP                 HEALTH-IP    ZONE
 node-1   198.18.0.11,2001:2::11  198.18.64.5  rack-a
 node-20  198.18.0.30             198.18.83.5  -
 
-2 nodes; 3 rejected records, 1 refused routes, 1 health allocations counting for nothing (--refused: those alone)";
+2 nodes; 3 rejected records, 1 refused route, 1 health allocation counting for nothing (--refused: those alone)";
         assert_eq!(text, expected);
         let refused = render(&view(), true, OutputFormat::Table).expect("table");
         assert!(refused.ends_with("is not an IPv4 address"), "{refused}");
@@ -323,9 +349,14 @@ node-20  198.18.0.30             198.18.83.5  -
         assert_eq!(back.nodes.len(), 2);
         assert_eq!(back.rejected_total, 3);
         let json = render(&v, true, OutputFormat::Json).expect("json");
-        let back: NodesView = serde_json::from_str(&json).expect("the API's form");
-        assert_eq!(back.nodes.len(), 0, "--refused leaves the set out");
-        assert_eq!(back.rejected_total, 3);
+        let back: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        assert!(back.get("nodes").is_none(), "--refused leaves the set out");
+        assert_eq!(back["rejected_total"], 3);
+        let text = render(&v, false, OutputFormat::Table).expect("table");
+        assert!(
+            text.ends_with("2 nodes; 3 rejected records, 1 refused route (--refused: those alone)"),
+            "no allocations clause without any: {text}"
+        );
     }
 
     /// What an etcd writer chose cannot steer the terminal or the table:
@@ -335,7 +366,7 @@ node-20  198.18.0.30             198.18.83.5  -
         let mut v = view();
         v.rejected = vec![RejectedRecord {
             record: format!("/health/nodes/{}", "k".repeat(200)),
-            name: Some("evil\u{1b}]0;owned\u{7}\nforged row".into()),
+            name: Some("evil\u{1b}]0;owned\u{7}\nforged\u{202e}row".into()),
             reason: "unknown field `\u{1b}[2J`".into(),
         }];
         let text = render(&v, true, OutputFormat::Table).expect("table");
@@ -344,7 +375,7 @@ node-20  198.18.0.30             198.18.83.5  -
             "{text:?}"
         );
         assert!(
-            text.contains("evil\\u{1b}]0;owned\\u{7}\\nforged row"),
+            text.contains("evil\\u{1b}]0;owned\\u{7}\\nforged\\u{202e}row"),
             "{text}"
         );
         assert!(text.contains("unknown field `\\u{1b}[2J`"), "{text}");
