@@ -121,8 +121,15 @@ impl ClusterNode {
     /// agent refused, with why.
     #[must_use]
     pub fn refused_text(&self) -> String {
+        self.cli_text(&["nodes", "--refused"])
+    }
+
+    /// What `health-agent <args> --socket <this node's>` prints on stdout
+    /// (empty when it cannot run).
+    fn cli_text(&self, args: &[&str]) -> String {
         Command::new(agent_binary())
-            .args(["nodes", "--refused", "--socket"])
+            .args(args)
+            .arg("--socket")
             .arg(self.socket())
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
@@ -132,13 +139,7 @@ impl ClusterNode {
     /// `health-agent status` as the operator reads it (the table).
     #[must_use]
     pub fn status_text(&self) -> String {
-        Command::new(agent_binary())
-            .arg("status")
-            .arg("--socket")
-            .arg(self.socket())
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
+        self.cli_text(&["status"])
     }
 
     /// The cluster view as `status --cluster -o json` prints it, read as
@@ -202,12 +203,7 @@ impl ClusterNode {
     /// reads it (with etcd discovery).
     #[must_use]
     pub fn cluster_text(&self) -> String {
-        Command::new(agent_binary())
-            .args(["status", "--cluster", "--socket"])
-            .arg(self.socket())
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
+        self.cli_text(&["status", "--cluster"])
     }
 
     /// Sets the node's uplink up or down.

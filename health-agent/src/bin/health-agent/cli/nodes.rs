@@ -11,7 +11,7 @@ use clap::Args;
 use super::{OutputFormat, SocketArgs};
 use health_agent::{
     api::{client::Client, types::NodesView},
-    membership::{Node, record::RejectedRecord},
+    membership::{NodeSet, record::RejectedRecord},
     util::timefmt::rfc3339_millis,
 };
 
@@ -108,18 +108,7 @@ fn section(out: &mut String, title: &str, total: usize, rows: &[[&str; 3]], head
             ]
         })
         .collect();
-    let width = |k: usize| {
-        rows.iter()
-            .map(|r| r[k].chars().count())
-            .chain([head[k].len()])
-            .max()
-            .unwrap_or(0)
-    };
-    let (w0, w1) = (width(0), width(1));
-    let _ = writeln!(out, "{:<w0$}  {:<w1$}  {}", head[0], head[1], head[2]);
-    for r in &rows {
-        let _ = writeln!(out, "{:<w0$}  {:<w1$}  {}", r[0], r[1], r[2]);
-    }
+    table(out, head, &rows);
     if total > rows.len() {
         let _ = writeln!(out, "... and {} more, not listed", total - rows.len());
     }
@@ -137,7 +126,33 @@ fn rejected_rows(list: &[RejectedRecord]) -> Vec<[&str; 3]> {
         .collect()
 }
 
-fn node_table(out: &mut String, nodes: &[Node]) {
+/// Rows under a head, every column but the last padded to its widest
+/// cell.
+fn table<const N: usize>(out: &mut String, head: [&str; N], rows: &[[String; N]]) {
+    let mut widths = head.map(str::len);
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut line = |cells: [&str; N]| {
+        let mut text = String::new();
+        for (k, c) in cells.iter().enumerate() {
+            if k + 1 < N {
+                let _ = write!(text, "{c:<w$}  ", w = widths[k]);
+            } else {
+                text.push_str(c);
+            }
+        }
+        let _ = writeln!(out, "{}", text.trim_end());
+    };
+    line(head);
+    for row in rows {
+        line(row.each_ref().map(String::as_str));
+    }
+}
+
+fn node_table(out: &mut String, nodes: &NodeSet) {
     let rows: Vec<[String; 4]> = nodes
         .iter()
         .map(|n| {
@@ -149,23 +164,8 @@ fn node_table(out: &mut String, nodes: &[Node]) {
             ]
         })
         .collect();
-    let head = ["NAME", "NODE-IP", "HEALTH-IP", "ZONE"];
-    let width = |k: usize| {
-        rows.iter()
-            .map(|r| r[k].len())
-            .chain([head[k].len()])
-            .max()
-            .unwrap_or(0)
-    };
-    let (w0, w1, w2) = (width(0), width(1), width(2));
-    let _ = writeln!(
-        out,
-        "\n{:<w0$}  {:<w1$}  {:<w2$}  {}",
-        head[0], head[1], head[2], head[3]
-    );
-    for r in &rows {
-        let _ = writeln!(out, "{:<w0$}  {:<w1$}  {:<w2$}  {}", r[0], r[1], r[2], r[3]);
-    }
+    out.push('\n');
+    table(out, ["NAME", "NODE-IP", "HEALTH-IP", "ZONE"], &rows);
 }
 
 /// One line of counts: what the set holds and what was refused.
@@ -248,8 +248,7 @@ pub(crate) fn render(
         );
     }
     if !refused {
-        let nodes: Vec<Node> = view.nodes.iter().cloned().collect();
-        node_table(&mut out, &nodes);
+        node_table(&mut out, &view.nodes);
         // Below a long set, what was refused is above the screen.
         let _ = writeln!(out, "\n{} (--refused: those alone)", counts(view));
     }
@@ -259,7 +258,7 @@ pub(crate) fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use health_agent::membership::{NodeSet, routes::RefusedRoute};
+    use health_agent::membership::{Node, routes::RefusedRoute};
 
     fn view() -> NodesView {
         let mut n1 = Node::v4(
