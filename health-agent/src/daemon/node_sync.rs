@@ -74,7 +74,9 @@ impl NodeSync {
         mut links: broadcast::Receiver<()>,
         shutdown: CancellationToken,
     ) {
-        let routes = Arc::new(Mutex::new(PeerRoutes::default()));
+        // `None` once stopped: a sync still under way then (its blocking
+        // part cannot be cancelled) finds no routes to make.
+        let routes = Arc::new(Mutex::new(Some(PeerRoutes::default())));
         let wake = Arc::new(Notify::new());
         let mut changes = nodes.clone();
         // A reload's prober gets the set too: taken over from the one it
@@ -151,24 +153,24 @@ impl NodeSync {
             () = watch => {}
             () = apply => {}
         }
-        if !self.keep_routes {
-            let _ = tokio::task::spawn_blocking(move || {
-                routes
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clear();
-            })
-            .await;
-        }
+        let keep = self.keep_routes;
+        let _ = tokio::task::spawn_blocking(move || {
+            let stopped = routes.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some(mut made) = stopped.filter(|_| !keep) {
+                made.clear();
+            }
+        })
+        .await;
     }
 }
 
 /// Makes `desired`'s routes within `bounds` (the etcd endpoints given by
 /// name kept off them, and, with `encryption`, its device as the tunnel);
 /// `None` when that device cannot be read now (the routes stay as they
-/// are rather than flap out of the tunnel and back: tried again).
+/// are rather than flap out of the tunnel and back: tried again), or once
+/// the routes are stopped.
 async fn make_routes(
-    routes: Arc<Mutex<PeerRoutes>>,
+    routes: Arc<Mutex<Option<PeerRoutes>>>,
     desired: BTreeMap<IpAddr, PeerRoute>,
     mut bounds: RouteBounds,
     names: &EndpointNames,
@@ -180,13 +182,12 @@ async fn make_routes(
             bounds.tunnel = enc.device().ok()?;
         }
         // A sync that panicked left the routes as a sync leaves them: the
-        // next one goes on from there.
-        Some(
-            routes
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .apply(&desired, &bounds),
-        )
+        // next one goes on from there. Stopped, none is made.
+        routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+            .map(|made| made.apply(&desired, &bounds))
     })
     .await
     // This sync panicked: run one again, as after a failure.

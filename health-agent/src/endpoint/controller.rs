@@ -69,11 +69,16 @@ pub async fn run(
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), ControllerError> {
-    let forwarding6 = cfg.endpoint.cidr6.and_then(|_| {
+    let forwarding6 = if cfg.endpoint.cidr6.is_some() {
         Sysctl::set(IPV6_FORWARDING, "1", &cfg.endpoint.state_dir)
             .map_err(|e| warn!("could not enable IPv6 forwarding: {e}"))
             .ok()
-    });
+    } else {
+        // An earlier agent's IPv6 endpoint (kept, or its agent killed)
+        // goes: so does the forwarding it needed.
+        Sysctl::restore_recorded(IPV6_FORWARDING, "1", &cfg.endpoint.state_dir);
+        None
+    };
     let ep_cfg = cfg.endpoint.clone();
     let stop = shutdown.clone();
     let started = blocking(move || {

@@ -45,6 +45,39 @@ impl Sysctl {
         Self::set_at(PathBuf::from("/proc/sys").join(name), value, record, &boot)
     }
 
+    /// For a sysctl this agent does not set (its setting is off this run):
+    /// writes back the value an earlier agent of this boot recorded for
+    /// `/proc/sys/<name>` (killed, or keeping the endpoint that needed it),
+    /// when the sysctl still holds `value`, what the agent sets; then
+    /// forgets the record. Without a record of this boot, nothing changes.
+    pub fn restore_recorded(name: &str, value: &str, record_dir: &Path) {
+        let record = record_dir.join(format!("sysctl-{}", name.replace('/', ".")));
+        let boot = boot::id().unwrap_or_default();
+        Self::restore_at(
+            &PathBuf::from("/proc/sys").join(name),
+            value,
+            &record,
+            &boot,
+        );
+    }
+
+    fn restore_at(path: &Path, value: &str, record: &Path, boot: &str) {
+        if !record.exists() {
+            return;
+        }
+        if let Some(recorded) = read_record(record, boot) {
+            drop(Self {
+                path: path.to_owned(),
+                value: value.to_owned(),
+                previous: Some(recorded),
+                record: Some(record.to_owned()),
+            });
+        } else {
+            // Another boot's, or not a value: nothing to write back.
+            forget(record);
+        }
+    }
+
     fn set_at(path: PathBuf, value: &str, record: PathBuf, boot: &str) -> io::Result<Self> {
         let found = fs::read_to_string(&path)?.trim().to_owned();
         let recorded = read_record(&record, boot);
@@ -310,6 +343,34 @@ mod tests {
         drop(set);
         assert_eq!(read(&sysctl), "2");
         assert!(!record.exists());
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    /// An earlier agent of this boot set the sysctl and left its record;
+    /// this one does not set it: the value recorded is written back, unless
+    /// someone changed it since, and the record goes either way.
+    #[test]
+    fn a_sysctl_set_no_more_is_written_back_from_its_record() {
+        let (dir, sysctl, record) = files("unused");
+        std::mem::forget(Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set"));
+        Sysctl::restore_at(&sysctl, "1", &record, "b1");
+        assert_eq!(read(&sysctl), "0", "written back");
+        assert!(!record.exists());
+        // Changed by someone since: theirs stays.
+        std::mem::forget(Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set"));
+        fs::write(&sysctl, "2").expect("someone else");
+        Sysctl::restore_at(&sysctl, "1", &record, "b1");
+        assert_eq!(read(&sysctl), "2");
+        assert!(!record.exists());
+        // Another boot's record: the node's value stays.
+        fs::write(&sysctl, "0").expect("sysctl");
+        std::mem::forget(Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set"));
+        Sysctl::restore_at(&sysctl, "1", &record, "b2");
+        assert_eq!(read(&sysctl), "1");
+        assert!(!record.exists());
+        // No record: nothing happens.
+        Sysctl::restore_at(&sysctl, "1", &record, "b2");
+        assert_eq!(read(&sysctl), "1");
         let _ = fs::remove_dir_all(dir);
     }
 }

@@ -309,6 +309,31 @@ fn ipv6_only_endpoint_is_plumbed_answered_and_removed_with_forwarding_restored()
     a.assert_nothing_left(Some(addr));
 }
 
+/// An agent with an IPv6 endpoint killed (its forwarding left on, with
+/// its record), then one without `--health-cidr6`: the old endpoint goes,
+/// and the forwarding it needed is written back, while the agent runs.
+#[test]
+fn forwarding_a_killed_ipv6_endpoint_needed_is_restored_by_an_agent_without_one() {
+    let mut a = Agent6::new();
+    a.start(&["--health-cidr6", "2001:2:0:3::/64"]);
+    a.wait_endpoint(|_| true);
+    assert_eq!(a.forwarding6(), "1");
+    a.stop(Signal::SIGKILL);
+    assert_eq!(a.forwarding6(), "1", "left on by the killed agent");
+    a.start(&["--health-cidr", "198.18.64.0/24"]);
+    let ep = a.wait_endpoint(|e| e.ipv6.is_none() && e.ipv4.is_some());
+    assert_eq!(ep.ipv4, Some(Ipv4Addr::new(198, 18, 64, 2)));
+    assert_eq!(a.forwarding6(), "0", "written back: {}", a.log());
+    assert!(
+        !a.state_dir()
+            .join("sysctl-net.ipv6.conf.all.forwarding")
+            .exists(),
+        "its record forgotten"
+    );
+    assert!(a.stop(Signal::SIGTERM).success(), "{}", a.log());
+    assert_eq!(a.forwarding6(), "0");
+}
+
 /// Both flags (`--health-cidr6` from the config file): a dual-stack
 /// endpoint, both families plumbed and answered (echo and hello).
 #[test]

@@ -67,3 +67,64 @@ fn a_health_route_follows_the_encryption_device_named() {
         "made again into {OTHER}, not left in {A_IF}"
     );
 }
+
+/// The health addresses node `a` routes with the agent's protocol.
+fn owned_routes(nodes: &TwoNodes) -> Vec<Ipv4Addr> {
+    nodes.a.run(owned_routes_here).expect("enter a")
+}
+
+#[test]
+fn a_tunnel_route_goes_when_its_peer_leaves_and_when_the_agent_stops() {
+    let nodes = TwoNodes::new();
+    let bounds = RouteBounds {
+        range: Some("198.18.64.0/18".parse().expect("range")),
+        tunnel: Some(A_IF.to_owned()),
+        ..RouteBounds::default()
+    };
+    let other = Ipv4Addr::new(198, 18, 66, 3);
+    let peer = |health: Ipv4Addr| {
+        (
+            IpAddr::V4(health),
+            PeerRoute {
+                via: IpAddr::V4(B_IP),
+                node: format!("n-{health}"),
+            },
+        )
+    };
+    let both: BTreeMap<IpAddr, PeerRoute> = [peer(HEALTH), peer(other)].into_iter().collect();
+    let one: BTreeMap<IpAddr, PeerRoute> = [peer(other)].into_iter().collect();
+    let (removed, left) = nodes
+        .a
+        .run(move || {
+            let mut routes = PeerRoutes::default();
+            let made = routes.apply(&both, &bounds);
+            assert!(!made.failed, "{made:?}");
+            let synced = routes.apply(&one, &bounds);
+            let left = owned_routes_here();
+            routes.clear();
+            (synced, left)
+        })
+        .expect("enter a");
+    assert!(!removed.failed, "{removed:?}");
+    // Link-scoped routes into the device: a delete that named no scope
+    // would match none of them and find nothing to remove.
+    assert_eq!(left, [other], "the departed peer's route is gone");
+    assert_eq!(
+        owned_routes(&nodes),
+        Vec::<Ipv4Addr>::new(),
+        "cleared at stop"
+    );
+}
+
+/// [`owned_routes`] from inside the namespace already entered.
+fn owned_routes_here() -> Vec<Ipv4Addr> {
+    in_netns(None, |nl| async move {
+        let routes = nl.routes::<Ipv4Addr>().await?;
+        Ok(routes
+            .into_iter()
+            .filter(|r| r.protocol == ROUTE_PROTOCOL)
+            .map(|r| r.destination)
+            .collect::<Vec<_>>())
+    })
+    .expect("routes")
+}

@@ -313,7 +313,9 @@ impl Netlink {
     }
 
     /// Deletes the main-table route to `destination/prefix` (either family)
-    /// installed by `protocol`; the kernel leaves a route of another
+    /// installed by `protocol`, whatever its scope (a route into a device
+    /// is link-scoped, and the kernel matches a delete's scope unless it
+    /// is `RT_SCOPE_NOWHERE`); the kernel leaves a route of another
     /// protocol alone. A missing one is fine.
     pub async fn delete_route_owned(
         &self,
@@ -324,6 +326,7 @@ impl Netlink {
         let destination = destination.into();
         let msg = route(destination, prefix, None)?
             .protocol(RouteProtocol::from(protocol))
+            .scope(RouteScope::NoWhere)
             .build();
         self.delete_message(
             msg,
