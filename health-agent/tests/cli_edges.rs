@@ -97,6 +97,51 @@ fn allocations_without_etcd_are_refused_at_start() {
 }
 
 #[test]
+fn etcd_flags_without_etcd_and_crossed_sync_bounds_are_refused_at_start() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--kvstore-ca", "/nonexistent/ca.pem"],
+            "--kvstore-ca is read only with --kvstore etcd",
+        ),
+        (
+            &[
+                "--nodes-file",
+                "/nonexistent/nodes.yaml",
+                "--kvstore-user",
+                "n1",
+                "--kvstore-password-file",
+                "/nonexistent/pw",
+            ],
+            "--kvstore-user is read only with --kvstore etcd",
+        ),
+        (
+            &["--sync-min-interval", "2m"],
+            "--sync-min-interval 2m is longer than --sync-max-interval 1m",
+        ),
+        (
+            &["--sync-min-interval", "61s", "--sync-max-interval", "1m"],
+            "--sync-min-interval 1m 1s is longer",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
+            .args([
+                "daemon",
+                "--node-name",
+                "n1",
+                "--health-cidr",
+                "198.18.64.0/24",
+            ])
+            .args(args)
+            .output()
+            .expect("run health-agent");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
 fn a_node_name_no_record_could_hold_is_refused_at_start() {
     for (name, why) in [
         ("bad name", "is not a node name"),

@@ -37,6 +37,8 @@ section! {
     /// The process: its pidfile, who may use its socket, how it stops.
     #[derive(Debug, Clone, PartialEq, Eq, Args)]
     pub struct ProcessSettings {
+        /// The file holding the agent's process ID while it runs: a second
+        /// agent finding it held by a live agent refuses to start.
         #[arg(long, default_value = "/var/run/health-agent/health-agent.pid")]
         pub pidfile: PathBuf,
         /// On SIGTERM, every task must have stopped (and removed what it made)

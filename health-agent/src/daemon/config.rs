@@ -49,6 +49,16 @@ pub enum ConfigError {
          file is written by the admin, and says which addresses are each node's itself)"
     )]
     AllocationsWithoutEtcd,
+    #[error(
+        "{flag} is read only with --kvstore etcd: without it the agent takes no peers from etcd \
+         and never reads {flag}"
+    )]
+    KvstoreFlagWithoutEtcd { flag: &'static str },
+    #[error(
+        "--sync-min-interval {min} is longer than --sync-max-interval {max}: node-set changes are \
+         applied at most every --sync-min-interval and at least every --sync-max-interval"
+    )]
+    SyncIntervals { min: String, max: String },
     #[error(transparent)]
     Kvstore(#[from] KvConfigError),
     #[error(transparent)]
@@ -140,6 +150,39 @@ fn lease_file(
     }
 }
 
+/// The cluster flags against each other: etcd's own flags only with etcd,
+/// the node-set runner's bounds in order.
+fn check_cluster_flags(
+    cluster: &crate::membership::settings::ClusterSettings,
+    discovery: &Discovery,
+) -> Result<(), ConfigError> {
+    if !matches!(discovery, Discovery::Etcd(_)) {
+        if cluster.kvstore_allocations {
+            return Err(ConfigError::AllocationsWithoutEtcd);
+        }
+        let given = [
+            ("--kvstore-ca", cluster.kvstore_ca.is_some()),
+            ("--kvstore-cert", cluster.kvstore_cert.is_some()),
+            ("--kvstore-key", cluster.kvstore_key.is_some()),
+            ("--kvstore-user", cluster.kvstore_user.is_some()),
+            (
+                "--kvstore-password-file",
+                cluster.kvstore_password_file.is_some(),
+            ),
+        ];
+        if let Some((flag, _)) = given.into_iter().find(|(_, set)| *set) {
+            return Err(ConfigError::KvstoreFlagWithoutEtcd { flag });
+        }
+    }
+    if cluster.sync_min_interval > cluster.sync_max_interval {
+        return Err(ConfigError::SyncIntervals {
+            min: humantime::format_duration(cluster.sync_min_interval).to_string(),
+            max: humantime::format_duration(cluster.sync_max_interval).to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// The node's hostname, when it has one.
 fn hostname() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -163,9 +206,7 @@ impl DaemonConfig {
         };
         // Its record would be refused by every agent, this one included.
         crate::membership::validate::check_name(&node_name).map_err(ConfigError::NodeName)?;
-        if settings.cluster.kvstore_allocations && !matches!(discovery, Discovery::Etcd(_)) {
-            return Err(ConfigError::AllocationsWithoutEtcd);
-        }
+        check_cluster_flags(&settings.cluster, &discovery)?;
         if let Discovery::Etcd(etcd) = &mut discovery {
             etcd.lease_file = Some(lease_file(
                 &settings.endpoint.state_dir,

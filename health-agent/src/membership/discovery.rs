@@ -44,8 +44,13 @@ async fn watch_file(
     loop {
         tokio::time::sleep(poll).await;
         let renamed = rename_events.as_ref().is_some_and(Renames::renamed_in);
-        let latest = settling.pending().or(seen);
-        if !renamed && latest.is_some_and(|v| !v.may_have_changed(&path, SystemTime::now())) {
+        // A version waiting to settle is offered again at every poll, even
+        // unchanged: its stamp turning old enough is what takes it.
+        let waiting = settling.pending().is_some();
+        if !renamed
+            && !waiting
+            && seen.is_some_and(|v| !v.may_have_changed(&path, SystemTime::now()))
+        {
             continue;
         }
         let (text, version) = match FileVersion::read(&path) {

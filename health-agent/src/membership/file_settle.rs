@@ -370,4 +370,50 @@ mod tests {
         stop.cancel();
         watcher.await.expect("watcher");
     }
+
+    /// An in-place edit first read when it is not two seconds old, and
+    /// found unchanged once it is, at the next poll: taken then, not left
+    /// waiting for good.
+    #[tokio::test]
+    async fn an_edit_read_young_is_taken_once_it_is_old_enough() {
+        use super::super::{discovery::NodeSource, published::Nodes, record::LocalNode};
+        let dir = Scratch::new("young-edit");
+        let path = dir.0.join("nodes.yaml");
+        std::fs::write(&path, format!("nodes:\n{}", record(1))).expect("write");
+        let (_, seen) = read_settled(&path, Duration::from_millis(20), Duration::from_secs(5))
+            .expect("read at start");
+        let nodes = Nodes::new("file".into());
+        // Read 1.5 s after the edit (young: waiting), then at 3 s (old).
+        let source = NodeSource::File {
+            path: path.clone(),
+            poll: Duration::from_millis(1_500),
+            local: LocalNode {
+                name: Some("node-1".into()),
+                ..LocalNode::default()
+            },
+            seen: Some(seen),
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let watcher = tokio::spawn({
+            let (nodes, stop) = (nodes.clone(), stop.clone());
+            async move { source.run(nodes, stop).await }
+        });
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("open");
+        f.write_all(record(2).as_bytes()).expect("in place");
+        drop(f);
+        let edited = Instant::now();
+        while names(&nodes) != ["node-1", "node-2"] {
+            assert!(
+                edited.elapsed() < Duration::from_secs(8),
+                "never taken: {:?}",
+                nodes.status()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        watcher.await.expect("watcher");
+    }
 }

@@ -112,6 +112,8 @@ section! {
         /// ...and at least this often.
         #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse)]
         pub sync_max_interval: Duration,
+        /// Node-set changes applied back to back before --sync-min-interval
+        /// holds them apart (a change after a quiet spell is applied at once).
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
         pub sync_burst: u32,
     }

@@ -62,9 +62,12 @@ impl Bucket {
         }
     }
 
+    /// Takes a token for a run, if one is left: a run the longest interval
+    /// forced with none left costs nothing, so that a later change waits
+    /// for one token, never for a debt of many.
     fn take(&mut self, now: Instant) {
         self.refill(now);
-        self.tokens -= 1.0;
+        self.tokens = (self.tokens - 1.0).max(0.0);
     }
 }
 
@@ -184,5 +187,25 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(runs.load(Ordering::SeqCst), 2);
         task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn runs_forced_by_the_longest_interval_leave_no_debt() {
+        // Longer between tokens than between forced runs: every forced run
+        // finds no token left.
+        let limits = Limits {
+            min_interval: Duration::from_secs(120),
+            max_interval: Duration::from_secs(60),
+            burst: 1,
+        };
+        let start = Instant::now();
+        let mut bucket = Bucket::new(limits, start);
+        let mut now = start;
+        for _ in 0..1_000 {
+            now += limits.max_interval;
+            bucket.take(now);
+        }
+        let wait = bucket.next_allowed(now) - now;
+        assert!(wait <= limits.min_interval, "{wait:?}");
     }
 }

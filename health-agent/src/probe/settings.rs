@@ -246,11 +246,7 @@ section! {
 }
 
 fn parse_delay(s: &str) -> Result<Duration, String> {
-    if s == "0" || s == "0s" {
-        Ok(Duration::ZERO)
-    } else {
-        crate::util::duration::parse(s)
-    }
+    crate::util::duration::parse_or_zero(s)
 }
 
 impl ProbeSettings {

@@ -15,6 +15,16 @@ const UNITS: [&str; 4] = ["ms", "s", "m", "h"];
 
 /// Parses a duration of more than zero.
 pub fn parse(s: &str) -> Result<Duration, String> {
+    let d = parse_or_zero(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be more than zero"));
+    }
+    Ok(d)
+}
+
+/// Parses a duration, zero included however it is spelt (`0`, `0s`,
+/// `0ms`): for the settings where zero means none.
+pub fn parse_or_zero(s: &str) -> Result<Duration, String> {
     let hint = "use e.g. 500ms, 60s, 2m, 1h or 1h30m";
     if s.trim().is_empty() {
         return Err(format!("{s:?} is not a duration ({hint})"));
@@ -36,9 +46,6 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         return Err(format!(
             "{s:?} is too long: a duration is at most 100 years"
         ));
-    }
-    if d.is_zero() {
-        return Err(format!("{s:?}: must be more than zero"));
     }
     Ok(d)
 }
@@ -89,6 +96,19 @@ mod tests {
         assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
         for bad in ["", "s", "1d", "-1s", "0s", "1.5s"] {
             assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn zero_is_taken_however_spelt_where_it_means_none() {
+        for zero in ["0", "0s", "0ms", "0m", "0h", "0m 0s"] {
+            assert_eq!(parse_or_zero(zero), Ok(Duration::ZERO), "{zero:?}");
+            let err = parse(zero).expect_err(zero);
+            assert!(err.contains("must be more than zero"), "{zero:?}: {err}");
+        }
+        assert_eq!(parse_or_zero("3s"), Ok(Duration::from_secs(3)));
+        for bad in ["", "-0s", "0d", "0.0s"] {
+            assert!(parse_or_zero(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -10,6 +10,40 @@ use tracing_subscriber::{
 /// Swaps the filter of the installed subscriber.
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
+/// Words taken for levels that are not one: alone in a filter, a word is
+/// a target whose events pass at every level while all else is off, so
+/// `warning` would silence the agent. Each with the level meant.
+const NOT_LEVELS: [(&str, &str); 10] = [
+    ("warning", "warn"),
+    ("err", "error"),
+    ("fatal", "error"),
+    ("critical", "error"),
+    ("crit", "error"),
+    ("information", "info"),
+    ("notice", "info"),
+    ("verbose", "debug"),
+    ("all", "trace"),
+    ("none", "off"),
+];
+
+/// `--log-level` (and the config file's `log-level`): a filter the log
+/// subscriber takes, without a misspelt level it would take as a target.
+pub(crate) fn parse_filter(s: &str) -> Result<String, String> {
+    for directive in s.split(',').map(str::trim) {
+        if let Some((_, meant)) = NOT_LEVELS
+            .iter()
+            .find(|(word, _)| directive.eq_ignore_ascii_case(word))
+        {
+            return Err(format!(
+                "{directive:?} is not a level (trace, debug, info, warn, error, off): did you mean \
+                 {meant:?}? Alone it would name a target and turn every other log off"
+            ));
+        }
+    }
+    EnvFilter::try_new(s).map_err(|e| e.to_string())?;
+    Ok(s.to_owned())
+}
+
 /// Installs the global subscriber, writing to stderr. `RUST_LOG` overrides
 /// `default_filter`.
 pub(crate) fn init(default_filter: &str) -> anyhow::Result<()> {
@@ -48,4 +82,32 @@ pub(crate) fn set_level(filter: &str) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("replacing the log filter: {e}"))?;
     tracing::info!(filter, "log level changed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_filter;
+
+    #[test]
+    fn filters_are_checked_and_misspelt_levels_refused() {
+        for good in [
+            "info",
+            "debug",
+            "health_agent=trace,info",
+            "warn",
+            "off",
+            "hyper",
+        ] {
+            assert_eq!(parse_filter(good).as_deref(), Ok(good));
+        }
+        for (bad, needle) in [
+            ("warning", "did you mean \"warn\""),
+            ("info,Verbose", "\"Verbose\" is not a level"),
+            ("health_agent=verbose", "expected one of"),
+            ("health_agent=[", ""),
+        ] {
+            let err = parse_filter(bad).expect_err(bad);
+            assert!(err.contains(needle), "{bad:?}: {err}");
+        }
+    }
 }

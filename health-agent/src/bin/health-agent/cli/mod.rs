@@ -31,7 +31,8 @@ use health_agent::sys::netns::{Netns, NetnsError};
 )]
 pub(crate) struct Cli {
     /// Log filter (`info`, `debug`, `health_agent=trace`, ...); RUST_LOG overrides.
-    #[arg(long, global = true, default_value = "info", env = "HEALTH_AGENT_LOG")]
+    #[arg(long, global = true, default_value = "info", env = "HEALTH_AGENT_LOG",
+          value_parser = crate::logging::parse_filter)]
     pub log_level: String,
 
     #[command(subcommand)]

@@ -129,15 +129,10 @@ pub(crate) fn parse(path: &str, text: &str) -> Result<Vec<Entry>, ConfigFileErro
         };
         let value = match v {
             Value::Null => None,
-            Value::Bool(b) => Some(b.to_string()),
-            Value::Number(n) => Some(n.to_string()),
-            Value::String(s) => Some(s),
-            Value::Sequence(_) | Value::Mapping(_) | Value::Tagged(_) => {
-                return Err(invalid(
-                    line,
-                    format!("{key:?}: expected a single value, not a list or a mapping"),
-                ));
+            Value::Sequence(items) if arg.get_value_delimiter().is_some() => {
+                Some(list(arg, &key, items).map_err(|m| invalid(line, m))?)
             }
+            v => Some(scalar(&key, v).map_err(|m| invalid(line, m))?),
         };
         let flag = match value {
             None => None,
@@ -161,14 +156,53 @@ pub(crate) fn parse(path: &str, text: &str) -> Result<Vec<Entry>, ConfigFileErro
     Ok(entries)
 }
 
+/// A key's single value as the command line would spell it.
+fn scalar(key: &str, v: Value) -> Result<String, String> {
+    match v {
+        Value::Bool(b) => Ok(b.to_string()),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::String(s) => Ok(s),
+        Value::Null | Value::Sequence(_) | Value::Mapping(_) | Value::Tagged(_) => Err(format!(
+            "{key:?}: expected a single value, not a list or a mapping"
+        )),
+    }
+}
+
+/// A list for a flag that takes several values (`kvstore-endpoint:
+/// [198.18.0.2:2379, 198.18.0.3:2379]`), joined by the flag's delimiter
+/// as the command line takes it.
+fn list(arg: &Arg, key: &str, items: Vec<Value>) -> Result<String, String> {
+    let delimiter = arg.get_value_delimiter().unwrap_or(',');
+    let mut joined = Vec::with_capacity(items.len());
+    for item in items {
+        let item = scalar(key, item)
+            .map_err(|_| format!("{key:?}: a list of single values, not of lists or mappings"))?;
+        if item.contains(delimiter) {
+            return Err(format!(
+                "{key:?}: the list's item {item:?} holds {delimiter:?}, which separates items"
+            ));
+        }
+        joined.push(item);
+    }
+    if joined.is_empty() {
+        return Err(format!("{key:?}: an empty list"));
+    }
+    Ok(joined.join(&delimiter.to_string()))
+}
+
 /// Runs `value` through `arg`'s own parser (alone: none of its relations
-/// to other flags, which are checked once everything is merged).
+/// to other flags, which are checked once everything is merged), split
+/// by its delimiter where it takes several values, as the command line
+/// splits it.
 fn check_value(arg: &Arg, value: &str) -> Result<(), String> {
-    let probe = clap::Command::new("check").no_binary_name(true).arg(
-        Arg::new("value")
-            .long("value")
-            .value_parser(arg.get_value_parser().clone()),
-    );
+    let one = Arg::new("value")
+        .long("value")
+        .value_parser(arg.get_value_parser().clone());
+    let one = match arg.get_value_delimiter() {
+        Some(d) => one.value_delimiter(d).action(ArgAction::Append),
+        None => one,
+    };
+    let probe = clap::Command::new("check").no_binary_name(true).arg(one);
     match probe.try_get_matches_from(["--value", value]) {
         Ok(_) => Ok(()),
         Err(e) => {

@@ -420,6 +420,42 @@ mod tests {
     }
 
     #[test]
+    fn several_members_are_taken_comma_separated_or_as_a_list() {
+        let want = ["198.18.0.2:2379", "198.18.0.3:2379"];
+        for text in [
+            "kvstore-endpoint: 198.18.0.2:2379,198.18.0.3:2379\n",
+            "kvstore-endpoint: [198.18.0.2:2379, 198.18.0.3:2379]\n",
+            "kvstore-endpoint:\n  - 198.18.0.2:2379\n  - 198.18.0.3:2379\n",
+        ] {
+            let file = format!("health-cidr: 198.18.64.0/24\nkvstore: etcd\n{text}");
+            let (_, d) = daemon(&[], &file).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(d.settings.cluster.kvstore_endpoint, want, "{text:?}");
+        }
+        for (text, needle) in [
+            (
+                "kvstore-endpoint: 198.18.0.2:2379,198.18.0.3\n",
+                ":3: \"kvstore-endpoint\": invalid value \"198.18.0.2:2379,198.18.0.3\"",
+            ),
+            (
+                "kvstore-endpoint: []\n",
+                ":3: \"kvstore-endpoint\": an empty list",
+            ),
+            (
+                "kvstore-endpoint: [198.18.0.2:2379, [198.18.0.3:2379]]\n",
+                ":3: \"kvstore-endpoint\": a list of single values",
+            ),
+            (
+                "kvstore-endpoint: [\"198.18.0.2:2379,198.18.0.3:2379\"]\n",
+                "holds ',', which separates items",
+            ),
+        ] {
+            let file = format!("health-cidr: 198.18.64.0/24\nkvstore: etcd\n{text}");
+            let err = daemon(&[], &file).expect_err(text);
+            assert!(err.contains(needle), "{text:?}: {err:?} lacks {needle:?}");
+        }
+    }
+
+    #[test]
     fn an_unreadable_file_is_named() {
         let err = parse_command_line(argv(&["daemon", "--config", "/nonexistent/health.yaml"]))
             .expect_err("missing file");
