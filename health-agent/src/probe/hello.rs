@@ -270,15 +270,21 @@ async fn handle(mut stream: TcpStream, slot: &Slot, named: &str) -> std::io::Res
 fn respond(head: &[u8], named: &str) -> String {
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|b| *b == b' ');
-    let (code, body) = match (parts.next(), parts.next(), parts.next()) {
-        (Some(b"GET"), Some(b"/hello"), Some(v)) if v.starts_with(b"HTTP/1.") => (200, "ok\n"),
-        (Some(b"GET"), Some(_), Some(v)) if v.starts_with(b"HTTP/1.") => {
-            (404, "only /hello is served\n")
-        }
-        (Some(_), Some(_), Some(v)) if v.starts_with(b"HTTP/1.") => (405, "only GET is served\n"),
+    let (method, target, version) = (parts.next(), parts.next(), parts.next());
+    let http1 = version.is_some_and(|v| v.starts_with(b"HTTP/1."));
+    let (code, body) = match (method, target) {
+        (Some(b"GET" | b"HEAD"), Some(b"/hello")) if http1 => (200, "ok\n"),
+        (Some(b"GET" | b"HEAD"), Some(_)) if http1 => (404, "only /hello is served\n"),
+        (Some(_), Some(_)) if http1 => (405, "only GET and HEAD are served\n"),
         _ => (400, "bad request\n"),
     };
-    reply(code, body, named)
+    let answer = reply(code, body, named);
+    if method == Some(b"HEAD") && http1 {
+        // The head a GET would get, without its body (RFC 9110 9.3.2).
+        answer[..answer.len() - body.len()].to_owned()
+    } else {
+        answer
+    }
 }
 
 /// The header line naming `node` in every answer (none without a node),
@@ -297,7 +303,11 @@ fn reply(code: u16, body: &str, named: &str) -> String {
         408 => "Request Timeout",
         _ => "Bad Request",
     };
-    let allow = if code == 405 { "Allow: GET\r\n" } else { "" };
+    let allow = if code == 405 {
+        "Allow: GET, HEAD\r\n"
+    } else {
+        ""
+    };
     format!(
         "HTTP/1.1 {code} {reason}\r\n{named}Content-Type: text/plain\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n{body}",
         body.len()
@@ -316,6 +326,16 @@ mod tests {
         assert!(respond(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n").starts_with("HTTP/1.1 200 OK"));
         assert!(respond(b"GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(respond(b"POST /hello HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        // HEAD: a GET's head, without its body.
+        let get = respond(b"GET /hello HTTP/1.1\r\n\r\n");
+        let head = respond(b"HEAD /hello HTTP/1.1\r\n\r\n");
+        assert_eq!(format!("{head}ok\n"), get);
+        assert!(
+            head.ends_with("Content-Length: 3\r\nConnection: close\r\n\r\n"),
+            "{head}"
+        );
+        let missing = respond(b"HEAD /x HTTP/1.1\r\n\r\n");
+        assert!(missing.starts_with("HTTP/1.1 404") && missing.ends_with("\r\n\r\n"));
         assert!(respond(b"\x16\x03\x01 garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
         assert!(respond(b"GET /hello\r\n\r\n").starts_with("HTTP/1.1 400"));
     }

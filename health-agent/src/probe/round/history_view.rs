@@ -17,6 +17,10 @@ impl Prober {
     pub fn node_history(&self, name: &str) -> Option<NodeHistory> {
         let nodes = self.nodes();
         let node = nodes.get(name)?;
+        // A round is begun in the history before its nodes are recorded, a
+        // chunk at a time: read between the two, the window would name a
+        // round this node has no result of yet.
+        let _whole_rounds = self.recording.lock();
         let paths = self.paths.lock().ok()?;
         let history = self.history.lock().ok()?;
         let empty = NodeRing::default();

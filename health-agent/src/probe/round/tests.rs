@@ -1007,3 +1007,38 @@ async fn a_round_fails_the_http_paths_of_an_address_another_node_answers() {
     }
     stop.cancel();
 }
+
+/// A node's history read while a round is being recorded waits for the
+/// round's end: the round is begun in the history before the node's
+/// results are in, and read between the two it would lack a result of
+/// the window's newest round.
+#[test]
+fn one_nodes_history_is_never_read_half_recorded() {
+    let prober = thresholds(1, 1);
+    prober.set_nodes(nodes(&["a"]));
+    round_with(&prober, 1, None);
+    let entries =
+        |h: &history::NodeHistory| h.paths.iter().map(|p| p.entries.len()).collect::<Vec<_>>();
+    assert_eq!(
+        entries(&prober.node_history("a").expect("a")),
+        [1; 4],
+        "one round, every path"
+    );
+    let set = prober.nodes();
+    let t = targets(&set, prober.cfg.families);
+    let outcomes: Vec<_> = (0..t.keys.len()).map(|_| (ok(2), ok(2))).collect();
+    std::thread::scope(|s| {
+        let reader = prober.while_recording(|| {
+            if let Ok(mut history) = prober.history.lock() {
+                history.begin_round(2, 2_000, 2_007);
+            }
+            let reader = s.spawn(|| prober.node_history("a").expect("a"));
+            std::thread::sleep(Duration::from_millis(150));
+            assert!(!reader.is_finished(), "read while round 2 is half recorded");
+            prober.record_in(&set, &t.keys, outcomes, Some((2, 2_000)), 2_007);
+            reader
+        });
+        let h = reader.join().expect("reader");
+        assert_eq!(entries(&h), [2; 4], "round 2 whole: {h:?}");
+    });
+}
