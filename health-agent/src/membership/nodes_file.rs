@@ -72,10 +72,10 @@ struct Decoded {
 
 impl<'de> Deserialize<'de> for Decoded {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = Value::deserialize(d)?;
+        let written::Written { value, fault } = written::Written::deserialize(d)?;
         Ok(Self {
-            name: v.get("name").and_then(Value::as_str).map(str::to_owned),
-            node: decode(&v),
+            name: value.get("name").and_then(Value::as_str).map(str::to_owned),
+            node: fault.map_or_else(|| decode(&value), Err),
         })
     }
 }
@@ -342,3 +342,4 @@ fn name_value(line: &str, at: usize) -> Option<&str> {
 
 #[cfg(test)]
 mod tests;
+mod written;

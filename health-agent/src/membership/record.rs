@@ -210,7 +210,7 @@ pub enum Rule {
     },
     #[error("zone {zone:?}: {reason}")]
     Zone { zone: String, reason: String },
-    #[error("duplicate name {name:?}: {} has it and is kept", .first.describe())]
+    #[error("duplicate name {name:?}: {} came before it (a name's later records are refused)", .first.describe())]
     DuplicateName { name: String, first: Box<Record> },
     #[error("{field} {ip} is already the {first_field} of {}, which is kept", .first.describe())]
     DuplicateAddress {

@@ -440,7 +440,7 @@ fn bad_records_in_the_nodes_file_are_rejected_alone_and_named_on_the_api() {
                 format!("{file}:14"),
                 Some("node-2"),
                 &*format!(
-                    "duplicate name \"node-2\": node \"node-2\" at {file}:5 has it and is kept"
+                    "duplicate name \"node-2\": node \"node-2\" at {file}:5 came before it (a name's later records are refused)"
                 ),
             ),
             (

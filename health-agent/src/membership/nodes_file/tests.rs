@@ -300,6 +300,43 @@ fn missing_unknown_and_mistyped_fields_reject_the_record() {
     }
 }
 
+/// What a generic value would hide: a field given twice (its last value
+/// silently taken) and a float no value holds (`.nan`, `.inf`: read as
+/// null, so as absent) reject the record, naming the field, in YAML and
+/// in JSON alike.
+#[test]
+fn a_field_given_twice_or_a_float_no_field_holds_rejects_the_record() {
+    for (record, needle) in [
+        (
+            "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n    node-ip: 198.18.0.99\n",
+            "field `node-ip` is given twice",
+        ),
+        (
+            "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n    zone: .nan\n",
+            "field `zone`: expected a string, found number `NaN`",
+        ),
+        (
+            "  - name: bad\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n    node-ip6: .inf\n    health-ip6: .inf\n",
+            "field `node-ip6`: expected a string, found number `inf`",
+        ),
+    ] {
+        only_bad_is_rejected(record, needle);
+    }
+    let text = r#"{"nodes": [
+        {"name": "node-1", "node-ip": "198.18.0.11", "health-ip": "198.18.64.2"},
+        {"name": "bad", "node-ip": "198.18.0.12", "health-ip": "198.18.65.2", "health-ip": "198.18.65.3"}
+    ]}"#;
+    let (kept, rejected) = outcome(&json(text).expect("parses"));
+    assert_eq!(kept, ["node-1"]);
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert!(
+        rejected[0].contains("node \"bad\"")
+            && rejected[0].contains("field `health-ip` is given twice"),
+        "{}",
+        rejected[0]
+    );
+}
+
 #[test]
 fn zones_are_read_from_the_file_and_bad_ones_reject_the_record() {
     let longest = "z".repeat(validate::MAX_ZONE_LEN);
@@ -386,7 +423,7 @@ fn conflicts_give_an_address_to_neither_new_claimant_and_name_both() {
             vec!["d".to_owned()],
             vec![
                 "nodes.yaml:2: node \"a\": node-ip 198.18.0.1 is also claimed as node-ip by node \"b\" at nodes.yaml:8: neither takes it".to_owned(),
-                "nodes.yaml:5: node \"a\": duplicate name \"a\": node \"a\" at nodes.yaml:2 has it and is kept".to_owned(),
+                "nodes.yaml:5: node \"a\": duplicate name \"a\": node \"a\" at nodes.yaml:2 came before it (a name's later records are refused)".to_owned(),
                 "nodes.yaml:8: node \"b\": node-ip 198.18.0.1 is also claimed as node-ip by node \"a\" at nodes.yaml:2: neither takes it".to_owned(),
                 "nodes.yaml:11: node \"c\": health-ip 198.18.0.1 is also claimed as node-ip by node \"a\" at nodes.yaml:2: neither takes it".to_owned(),
             ]

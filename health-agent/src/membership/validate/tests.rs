@@ -210,7 +210,7 @@ fn conflicts_without_a_holder_give_the_address_to_neither() {
     );
     assert_eq!(
         texts[2],
-        "nodes.yaml:9: node \"a\": duplicate name \"a\": node \"a\" at nodes.yaml:6 has it and is kept"
+        "nodes.yaml:9: node \"a\": duplicate name \"a\": node \"a\" at nodes.yaml:6 came before it (a name's later records are refused)"
     );
     assert_eq!(
         texts[6],

@@ -66,6 +66,16 @@ fn key_lines(text: &str) -> BTreeMap<String, usize> {
     lines
 }
 
+/// The plain scalar after the key on 1-based `line` of `text`, as
+/// written (a comment after it left out); `None` for any other form.
+fn as_written(text: &str, line: Option<usize>) -> Option<String> {
+    let (_, value) = text.lines().nth(line?.checked_sub(1)?)?.split_once(':')?;
+    let value = value.split(" #").next().unwrap_or_default().trim();
+    let plain =
+        !value.is_empty() && !value.starts_with(['[', '{', '|', '>', '"', '\'', '&', '*', '!']);
+    plain.then(|| value.to_owned())
+}
+
 /// serde's messages end in " at line L column C"; the line is shown up front.
 fn strip_location(msg: &str) -> &str {
     msg.find(" at line ").map_or(msg, |i| &msg[..i])
@@ -132,6 +142,9 @@ pub(crate) fn parse(path: &str, text: &str) -> Result<Vec<Entry>, ConfigFileErro
             Value::Sequence(items) if arg.get_value_delimiter().is_some() => {
                 Some(list(arg, &key, items).map_err(|m| invalid(line, m))?)
             }
+            // As written, as the command line would take it: YAML reads
+            // `zone: 1.10` as 1.1 and `node-name: 1e3` as 1000.
+            Value::Number(n) => Some(as_written(text, line).unwrap_or_else(|| n.to_string())),
             v => Some(scalar(&key, v).map_err(|m| invalid(line, m))?),
         };
         let flag = match value {
