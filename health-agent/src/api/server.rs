@@ -311,19 +311,26 @@ async fn cluster(State(state): State<AppState>) -> Response {
 /// The cluster view as an observers-by-targets matrix: served by the agent
 /// that assembled the view (the others read the view alone).
 async fn cluster_matrix(State(state): State<AppState>) -> Response {
-    if let Some(Some(None)) = state.cluster.as_ref().map(ClusterViewCell::matrix_json) {
-        let by = state
-            .cluster
-            .as_ref()
-            .and_then(ClusterViewCell::reply)
-            .and_then(|r| r.assembly.as_ref().map(|a| a.assembled_by.clone()))
-            .unwrap_or_default();
-        return error(
+    use crate::cluster::view_cell::MatrixAnswer;
+    use axum::http::header::CONTENT_TYPE;
+    match state.cluster.as_ref().map(ClusterViewCell::matrix) {
+        Some(MatrixAnswer::Json(json)) => {
+            ([(CONTENT_TYPE, "application/json")], json).into_response()
+        }
+        Some(MatrixAnswer::Elsewhere { by }) => error(
             StatusCode::NOT_FOUND,
             format!("no matrix here: the agent that assembles the cluster view serves it ({by:?})"),
-        );
+        ),
+        Some(MatrixAnswer::Stale { by, age_ms }) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the cluster view this agent ({by:?}) assembled is stale ({}s old, older than two of its \
+                 rounds): no current matrix (GET /v1/cluster says who assembles the view now)",
+                age_ms / 1_000
+            ),
+        ),
+        Some(MatrixAnswer::NotPublished) | None => cluster_json(&state, |_| None),
     }
-    cluster_json(&state, |c| c.matrix_json().flatten())
 }
 
 fn cluster_json(state: &AppState, part: fn(&ClusterViewCell) -> Option<Bytes>) -> Response {

@@ -50,6 +50,20 @@ pub struct ClusterReply {
     pub contradictions_total: u64,
 }
 
+/// What [`ClusterViewCell::matrix`] finds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatrixAnswer {
+    /// No view was read yet.
+    NotPublished,
+    /// The view was assembled by another agent, `by`, which serves it.
+    Elsewhere { by: String },
+    /// This agent assembled the view, which is stale now (`age_ms` old):
+    /// its matrix is no current one.
+    Stale { by: String, age_ms: u64 },
+    /// The matrix of the current view, as JSON.
+    Json(Bytes),
+}
+
 #[derive(Debug, Clone)]
 struct Published {
     reply: Arc<ClusterReply>,
@@ -120,11 +134,24 @@ impl ClusterViewCell {
         Some(made)
     }
 
-    /// The latest view's matrix as JSON: `Some(None)` when a view was read
-    /// but this agent did not assemble it.
+    /// The latest view's matrix, read with the view it belongs to (one
+    /// read: never a matrix of one view said of another), its staleness
+    /// as of now.
     #[must_use]
-    pub fn matrix_json(&self) -> Option<Option<Bytes>> {
-        self.latest.read().ok()?.as_ref().map(|p| p.matrix.clone())
+    pub fn matrix(&self) -> MatrixAnswer {
+        let Some(p) = self.current() else {
+            return MatrixAnswer::NotPublished;
+        };
+        let assembly = p.reply.assembly.as_ref();
+        let by = assembly.map(|a| a.assembled_by.clone()).unwrap_or_default();
+        match (p.matrix, assembly) {
+            (None, _) => MatrixAnswer::Elsewhere { by },
+            (Some(_), Some(a)) if a.stale => MatrixAnswer::Stale {
+                by,
+                age_ms: a.age_ms,
+            },
+            (Some(json), _) => MatrixAnswer::Json(json),
+        }
     }
 
     /// The latest view as JSON, its staleness as of now.
@@ -187,5 +214,38 @@ mod tests {
             .and_then(|r| r.assembly.clone())
             .expect("assembled");
         assert!(a.age_ms >= 3_000, "{a:?}");
+    }
+
+    /// The matrix goes with its view: served while the view is current,
+    /// refused once it is stale, and elsewhere when another agent made it.
+    #[test]
+    fn a_matrix_is_served_only_with_its_view_current() {
+        let cell = ClusterViewCell::default();
+        assert_eq!(cell.matrix(), MatrixAnswer::NotPublished);
+        let matrix = ClusterMatrix {
+            nodes: vec!["node-1".into()],
+            rows: vec![".".into()],
+            total: 1,
+            truncated: false,
+        };
+        let now = crate::util::timefmt::now_ms();
+        cell.publish(reply(now, false), Some(&matrix));
+        let MatrixAnswer::Json(json) = cell.matrix() else {
+            panic!("current: {:?}", cell.matrix());
+        };
+        assert!(json.starts_with(b"{\"nodes\":[\"node-1\"]"), "{json:?}");
+        cell.publish(reply(now - 3_000, false), Some(&matrix));
+        assert!(
+            matches!(cell.matrix(), MatrixAnswer::Stale { ref by, age_ms } if by == "node-1" && age_ms >= 3_000),
+            "{:?}",
+            cell.matrix()
+        );
+        cell.publish(reply(now, false), None);
+        assert_eq!(
+            cell.matrix(),
+            MatrixAnswer::Elsewhere {
+                by: "node-1".into()
+            }
+        );
     }
 }
