@@ -198,7 +198,8 @@ impl Prober {
                             state.set_mtu_blackhole(Some(bytes));
                         }
                     }
-                    MtuOutcome::Lost | MtuOutcome::NotSent => {}
+                    // No verdict this round: the row of losses is broken.
+                    MtuOutcome::Lost | MtuOutcome::NotSent => state.mtu_failures = 0,
                 }
             }
         }

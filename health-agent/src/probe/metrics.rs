@@ -90,7 +90,7 @@ impl ProbeMetrics {
         );
         registry.register(
             "probes",
-            "Probes made, by protocol, result and address family",
+            "Paths' results a round (with several flows, one for them together), by protocol, result and address family",
             self.probes.clone(),
         );
         registry.register(

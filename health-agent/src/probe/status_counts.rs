@@ -58,7 +58,11 @@ impl StatusCounts {
         }
         self.by_state[slot(n.state())] += 1;
         for c in n.connectivities() {
-            self.mtu_blackholes += usize::from(c.icmp.mtu_blackhole.is_some());
+            // A path that answers the small echo: one down is down, not
+            // an MTU black hole (its flag is kept for when it answers).
+            self.mtu_blackholes += usize::from(
+                c.icmp.mtu_blackhole.is_some() && c.icmp.result == ProbeResult::Success,
+            );
             for p in [&c.icmp, &c.http] {
                 self.degraded += usize::from(p.degraded);
                 self.partial_losses +=

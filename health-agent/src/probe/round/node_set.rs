@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use super::{Prober, RoundKind};
-use crate::membership::NodeSet;
+use crate::membership::{Node, NodeSet};
 use crate::probe::{
     family::{self, Family, Shown},
     http_round,
     kernel_rtt::prune_kernel_rtt,
-    targets::{target_count, warn_unprobed},
+    targets::{EchoTrack, target_count, warn_unprobed},
 };
 
 impl Prober {
@@ -153,28 +153,45 @@ impl Prober {
         // A node new to the set, or one whose record changed (an address
         // it lacked, to be probed now, comes in a later record).
         let gained = nodes.iter().any(|n| before.get(&n.name) != Some(n));
-        drop(before);
         let mut left = false;
+        let follow_ups = self.follow_ups();
         if let Ok(mut paths) = self.paths.lock() {
-            let before = paths.len();
+            let count = paths.len();
+            let mut moved_any = false;
             // A node that lost a family's addresses (or kept them where
-            // this agent does not probe) forgets that family's paths.
+            // this agent does not probe) forgets that family's paths; so
+            // does one whose addresses of a family changed: their paths
+            // start Unknown, and are probed at once as a new node's are,
+            // never showing the old address's verdict for the new one.
             paths.retain(|name, p| match nodes.get(name) {
                 Some(n) => {
+                    let moved = before.get(name).map_or(0, |old| moved_families(old, n));
                     let mask = Shown::of(n, self.cfg.families)
                         .probed()
-                        .fold(0u8, |m, f| m | 1 << f.index());
+                        .fold(0u8, |m, f| m | 1 << f.index())
+                        & !moved;
                     p.history.retain_families(mask);
                     for f in Family::ALL {
                         if mask & (1 << f.index()) == 0 {
                             p.forget(f);
                         }
+                        if moved & (1 << f.index()) != 0 {
+                            p.echo[f.index()] = EchoTrack::default();
+                        }
+                    }
+                    if moved != 0 {
+                        p.join_rounds = follow_ups;
+                        moved_any = true;
                     }
                     true
                 }
                 None => false,
             });
-            left = paths.len() < before;
+            left = paths.len() < count;
+            if moved_any {
+                self.joining
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             // Set while the paths are locked: a round recording its
             // results a chunk of nodes at a time reads the set under the
             // same lock, so it never brings back a node just removed.
@@ -182,6 +199,7 @@ impl Prober {
                 *n = nodes.clone();
             }
         }
+        drop(before);
         warn_unprobed(&nodes, self.cfg.families);
         // The round's sockets get their descriptor slots now, before the
         // round, not by the table's doubling under its load.
@@ -202,4 +220,19 @@ impl Prober {
             self.joins_more();
         }
     }
+}
+
+/// The families (bit `Family::index`) in which `now` has other addresses
+/// than `old`, the same node's earlier record: a family it had and has,
+/// at another node or health address.
+pub(super) fn moved_families(old: &Node, now: &Node) -> u8 {
+    Family::ALL
+        .into_iter()
+        .filter(|&f| {
+            matches!(
+                (family::addresses(old, f), family::addresses(now, f)),
+                (Some(a), Some(b)) if a != b
+            )
+        })
+        .fold(0u8, |m, f| m | 1 << f.index())
 }

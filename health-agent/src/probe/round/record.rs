@@ -91,7 +91,12 @@ impl Prober {
                 let first = next;
                 next += group.len();
                 let outcomes = outcomes.by_ref().take(group.len());
-                if !current.contains(&node.name) {
+                // Gone, or its addresses changed since the round read
+                // them: these results are of addresses it no longer has.
+                let moved = current
+                    .get(&node.name)
+                    .is_none_or(|now| super::node_set::moved_families(node, now) != 0);
+                if moved {
                     outcomes.for_each(drop);
                     continue;
                 }

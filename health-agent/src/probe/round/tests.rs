@@ -1042,3 +1042,94 @@ fn one_nodes_history_is_never_read_half_recorded() {
         assert_eq!(entries(&h), [2; 4], "round 2 whole: {h:?}");
     });
 }
+
+/// A node whose address moves keeps no verdict of the old one: the
+/// family's paths start Unknown, the node is probed at once as a new one
+/// is, and a round that probed the old address records nothing of it.
+#[test]
+fn a_node_whose_address_moved_starts_its_paths_anew_and_is_probed_at_once() {
+    let prober = thresholds(1, 3);
+    prober.set_nodes(nodes(&["a", "b"]));
+    round_with(&prober, 1, None);
+    let reachable = |p: &Prober| {
+        p.status()
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.host.icmp.result, n.endpoint.icmp.result))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        reachable(&prober),
+        [
+            ("a".to_owned(), ProbeResult::Success, ProbeResult::Success),
+            ("b".to_owned(), ProbeResult::Success, ProbeResult::Success),
+        ]
+    );
+    let old = prober.nodes();
+    let mut moved: Vec<Node> = old.to_vec();
+    moved[1].node_ip = Some(Ipv4Addr::new(198, 18, 9, 9));
+    let moved = NodeSet::new(moved).expect("unique");
+    // A round begun before the move, recorded after it.
+    let t = targets(&old, prober.cfg.families);
+    let outcomes: Vec<_> = (0..t.keys.len()).map(|_| (ok(2), ok(2))).collect();
+    prober.set_nodes(moved.clone());
+    prober.while_recording(|| prober.record(&old, &t.keys, outcomes, 2, 2_000, 2_007));
+    assert_eq!(
+        reachable(&prober),
+        [
+            ("a".to_owned(), ProbeResult::Success, ProbeResult::Success),
+            ("b".to_owned(), ProbeResult::Unknown, ProbeResult::Unknown),
+        ],
+        "b's old address's results, old and new, are not the new one's"
+    );
+    let h = prober.node_history("b").expect("b");
+    assert!(h.paths.iter().all(|p| p.entries.is_empty()), "{h:?}");
+    let (picked, never) = prober.joined_now(&moved);
+    assert_eq!((picked, never), (vec![1], vec![]), "b probed at once");
+}
+
+/// An MTU black hole is losses of the large echo in a row, each in a
+/// round whose small echo answered: a round without a verdict breaks the
+/// row; and a path that stops answering is counted down, not as an MTU
+/// black hole.
+#[test]
+fn an_mtu_black_hole_is_losses_in_a_row_on_a_path_that_answers() {
+    use crate::probe::icmp_round::{MtuOutcome, MtuTargets};
+    let prober = thresholds(1, 2);
+    prober.set_nodes(nodes(&["a"]));
+    let set = prober.nodes();
+    let t = targets(&set, prober.cfg.families);
+    let mtu = MtuTargets::of(&t, Some(1_500));
+    let mtu_round = |seq: u64, small_ok: bool, large: MtuOutcome| {
+        round_where(&prober, seq, |_, _, _| {
+            (if small_ok { ok(seq) } else { refused() }, ok(seq))
+        });
+        prober.record_mtu(&set, &t.keys, &mtu, &[large]);
+        prober.publish(None, true);
+        let s = prober.status();
+        (
+            s.nodes[0].host.icmp.mtu_blackhole.is_some(),
+            crate::probe::status_counts::StatusCounts::of(&s).mtu_blackholes,
+        )
+    };
+    assert_eq!(mtu_round(1, true, MtuOutcome::Lost), (false, 0), "one loss");
+    assert_eq!(
+        mtu_round(2, true, MtuOutcome::NotSent),
+        (false, 0),
+        "no verdict"
+    );
+    assert_eq!(
+        mtu_round(3, true, MtuOutcome::Lost),
+        (false, 0),
+        "the row began again"
+    );
+    assert_eq!(
+        mtu_round(4, true, MtuOutcome::Lost),
+        (true, 1),
+        "two in a row"
+    );
+    // The path fails: its flag stays, for when it answers, but it is
+    // counted as down, not as an MTU black hole.
+    mtu_round(5, false, MtuOutcome::NotSent);
+    assert_eq!(mtu_round(6, false, MtuOutcome::NotSent), (true, 0));
+}
