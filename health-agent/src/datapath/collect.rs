@@ -74,6 +74,9 @@ struct Walked {
     /// collected: an entry that expired after the NAT collection at the
     /// pass's start leaves its pair for the next collection.
     nat_behind: bool,
+    /// The CT evictions counted by it: still the count while no entry
+    /// was created since (an eviction makes room for one).
+    evicted: u64,
 }
 
 /// Whether a pass starting at `now_ns` with the CT `created` counter at
@@ -269,6 +272,9 @@ impl Collector {
         pass.ct = None;
         pass.done.ct_walked = false;
         pass.done.ct_left = self.walked.map_or(0, |w| w.left);
+        // Not counted again, not reset: a counter read as zero in between
+        // would read as a reset.
+        pass.done.ct_evicted = self.walked.map_or(0, |w| w.evicted);
         self.walked
             .as_mut()
             .is_some_and(|w| std::mem::take(&mut w.nat_behind))
@@ -327,6 +333,7 @@ impl Collector {
                     earliest_ns: pass.earliest_ns,
                     left: pass.done.ct_left,
                     nat_behind: pass.done.ct_removed > 0,
+                    evicted: pass.done.ct_evicted,
                 });
             }
             return Ok(Some(pass.done));
@@ -367,6 +374,7 @@ mod tests {
             earliest_ns: 5_000,
             left: 7,
             nat_behind: false,
+            evicted: 0,
         };
         assert!(walk_needed(None, 100, 0), "no walk yet: nothing is known");
         assert!(

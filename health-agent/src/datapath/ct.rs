@@ -6,7 +6,6 @@ use std::{
     path::Path,
 };
 
-use aya::maps::HashMap;
 use health_common::{
     ct::{CtCounter, CtEntry, CtKey, DIR_IN, DIR_OUT, IPPROTO_TCP, IPPROTO_UDP, ip_of},
     headers::{IPPROTO_ICMP, IPPROTO_ICMPV6},
@@ -14,7 +13,7 @@ use health_common::{
 };
 use serde::Serialize;
 
-use super::{DatapathError, maps::open};
+use super::DatapathError;
 
 /// One entry, decoded. IPv4 flows have IPv4 addresses, IPv6 flows IPv6
 /// ones (JSON: strings either way).
@@ -106,19 +105,15 @@ impl CtRow {
     }
 }
 
-/// Every entry of the pinned CT map, sorted.
+/// Every entry of the pinned CT map, sorted: read in batches, bucket by
+/// bucket, so that an entry deleted meanwhile (collected, evicted) never
+/// sends the walk back to the start, listing entries twice.
 pub fn list(dir: &Path) -> Result<Vec<CtRow>, DatapathError> {
-    let map = open(dir, MapId::CtMap)?;
-    let ct = HashMap::<_, CtKey, CtEntry>::try_from(&map).map_err(|source| DatapathError::Map {
-        map: MapId::CtMap,
-        source,
-    })?;
     let now = super::monotonic_ns()?;
-    let mut rows: Vec<CtRow> = ct
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(k, e)| row(&k, &e, now))
-        .collect();
+    let mut rows: Vec<CtRow> = Vec::new();
+    super::maps::hash_entries::<CtKey, CtEntry>(dir, MapId::CtMap, |k, e| {
+        rows.push(row(k, e, now));
+    })?;
     rows.sort_by(|a, b| {
         (a.proto, a.dir, a.src, a.sport, a.dst, a.dport)
             .cmp(&(b.proto, b.dir, b.src, b.sport, b.dst, b.dport))

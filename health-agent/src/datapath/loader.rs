@@ -287,8 +287,20 @@ impl Drop for Datapath {
 /// layout differs is replaced, once per map at most, its entries carried
 /// into the new map where their layout allows.
 fn load_object(pin_dir: &Path, sizes: &MapSizes) -> Result<Ebpf, DatapathError> {
-    let log_level = kernel_log_level();
+    pins::recover_aside(pin_dir);
     let mut replaced = Vec::new();
+    let loaded = load_replacing(pin_dir, sizes, &mut replaced);
+    pins::settle_aside(pin_dir, &replaced, loaded.is_ok());
+    loaded
+}
+
+/// [`load_object`]'s loads, the pins replaced named in `replaced`.
+fn load_replacing(
+    pin_dir: &Path,
+    sizes: &MapSizes,
+    replaced: &mut Vec<String>,
+) -> Result<Ebpf, DatapathError> {
+    let log_level = kernel_log_level();
     let mut carried = Vec::new();
     loop {
         let mut loader = EbpfLoader::new();

@@ -82,16 +82,14 @@ fn nat_map(
     })
 }
 
-/// Every entry of the pinned NAT map, `OUT` before `IN`, sorted.
+/// Every entry of the pinned NAT map, `OUT` before `IN`, sorted (read in
+/// batches, as [`super::ct::list`] reads).
 pub fn list(dir: &Path) -> Result<Vec<NatRow>, DatapathError> {
-    let mut map = open(dir, MapId::NatMap)?;
-    let nat = nat_map(&mut map)?;
     let now = super::monotonic_ns()?;
-    let mut rows: Vec<NatRow> = nat
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(k, e)| row(&k, &e, now))
-        .collect();
+    let mut rows: Vec<NatRow> = Vec::new();
+    super::maps::hash_entries::<NatKey, NatEntry>(dir, MapId::NatMap, |k, e| {
+        rows.push(row(k, e, now));
+    })?;
     rows.sort_by(|a, b| {
         b.dir.cmp(a.dir).then_with(|| {
             (a.proto, a.src, a.sport, a.dst, a.dport)

@@ -117,9 +117,58 @@ pub(super) fn report_layout(dir: &Path) {
     }
 }
 
+/// Where a replaced pin waits for its replacement: a load that fails
+/// after it puts it back, with its map and entries, rather than leave
+/// none (no map of the object is pinned under that name; bpffs takes no
+/// dot in a name).
+fn aside(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("REPLACED_{name}"))
+}
+
+/// After a load that replaced the pins `names`: the old maps set aside
+/// go once the new ones are pinned (`made`), and come back when the load
+/// failed.
+pub(super) fn settle_aside(dir: &Path, names: &[String], made: bool) {
+    for name in names {
+        let old = aside(dir, name);
+        let done = if made {
+            fs::remove_file(&old)
+        } else {
+            fs::rename(&old, dir.join(name))
+        };
+        match done {
+            Ok(()) if !made => info!(map = %name, "the load failed: the old map is pinned again"),
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => warn!(path = %old.display(), "settling a replaced pin: {e}"),
+        }
+    }
+}
+
+/// Pins set aside by a load that did not finish (the agent killed in
+/// it): pinned again where nothing replaced them, else removed.
+pub(super) fn recover_aside(dir: &Path) {
+    for id in MapId::ALL {
+        let old = aside(dir, id.name());
+        if fs::symlink_metadata(&old).is_err() {
+            continue;
+        }
+        let pin = dir.join(id.name());
+        let done = if fs::symlink_metadata(&pin).is_ok() {
+            fs::remove_file(&old)
+        } else {
+            fs::rename(&old, &pin)
+        };
+        if let Err(e) = done {
+            warn!(path = %old.display(), "a pin set aside by an unfinished load: {e}");
+        }
+    }
+}
+
 /// When `err` is aya refusing to reuse a pinned map whose layout differs
-/// from the object's, removes that pin (the map is made anew on the next
-/// load) and returns its name; any other error is handed back.
+/// from the object's, sets that pin aside (the map is made anew on the
+/// next load; [`settle_aside`] then removes or restores the old one) and
+/// returns its name; any other error is handed back.
 pub(super) fn replace_incompatible(dir: &Path, err: EbpfError) -> Result<String, EbpfError> {
     let EbpfError::MapError(MapError::IncompatiblePinnedMap {
         name,
@@ -137,11 +186,11 @@ pub(super) fn replace_incompatible(dir: &Path, err: EbpfError) -> Result<String,
         actual,
         "pinned map has another layout or size: replacing it"
     );
-    match fs::remove_file(dir.join(&name)) {
+    match fs::rename(dir.join(&name), aside(dir, &name)) {
         Ok(()) => Ok(name),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(name),
         Err(e) => {
-            warn!(map = %name, "removing the incompatible pin: {e}");
+            warn!(map = %name, "setting the incompatible pin aside: {e}");
             Err(EbpfError::MapError(MapError::IncompatiblePinnedMap {
                 name,
                 property,
@@ -155,7 +204,8 @@ pub(super) fn replace_incompatible(dir: &Path, err: EbpfError) -> Result<String,
 /// Removes the datapath's pins and then `dir` itself if it is empty.
 /// Missing pins are fine; anything else left in `dir` is kept.
 pub fn remove_pins(dir: &Path) -> Result<(), DatapathError> {
-    for path in pin_paths(dir) {
+    let set_aside = MapId::ALL.iter().map(|m| aside(dir, m.name()));
+    for path in pin_paths(dir).into_iter().chain(set_aside) {
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}

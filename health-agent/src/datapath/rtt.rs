@@ -144,15 +144,15 @@ pub struct PendingRow {
     pub echo_data: Option<String>,
 }
 
-/// The pending requests.
+/// The pending requests (read in batches: the kernel deletes each as its
+/// reply comes, which would send a key-by-key walk back to the start).
 pub fn pending(dir: &Path) -> Result<Vec<PendingRow>, DatapathError> {
-    let map = open(dir, MapId::RttPending)?;
-    let p = HashMap::<_, PendingKey, u64>::try_from(&map).map_err(|source| DatapathError::Map {
-        map: MapId::RttPending,
-        source,
+    let mut entries: Vec<(PendingKey, u64)> = Vec::new();
+    super::maps::hash_entries::<PendingKey, u64>(dir, MapId::RttPending, |k, v| {
+        entries.push((*k, *v));
     })?;
-    Ok(p.iter()
-        .filter_map(Result::ok)
+    Ok(entries
+        .into_iter()
         .map(|(k, pending)| PendingRow {
             peer: ip_of(k.peer),
             proto: proto_name(k.proto),

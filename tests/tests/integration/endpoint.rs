@@ -692,3 +692,46 @@ fn the_node_and_endpoint_hello_servers_name_the_node() {
         );
     }
 }
+
+/// `health-agent responder run` on the pins a running daemon holds is
+/// refused before it loads anything: it would replace the daemon's maps
+/// with its own (of other sizes), unpinning the ones the daemon's
+/// programs use.
+#[test]
+fn a_responder_on_a_running_daemons_pins_is_refused_and_leaves_them() {
+    use aya::maps::MapData;
+    use health_common::maps::MapId;
+    let mut node = AgentNode::new();
+    node.start(&[]);
+    node.wait_endpoint(READY, |_| true);
+    let ids = || {
+        [MapId::CtMap, MapId::EchoConfig, MapId::RttStats].map(|id| {
+            MapData::from_pin(node.pins.join(id.name()))
+                .and_then(|m| m.info())
+                .map(|i| i.id())
+                .expect("pinned")
+        })
+    };
+    let before = ids();
+    let mut cmd = std::process::Command::new(health_tests::agent::agent_binary());
+    cmd.args([
+        "responder",
+        "run",
+        "--iface",
+        "lo",
+        "--address",
+        "198.18.0.2",
+        "--bpffs-dir",
+    ])
+    .arg(&node.pins);
+    health_tests::process::enter(&mut cmd, &node.node);
+    let out = health_tests::process::output_within(&mut cmd, health_tests::process::EXIT_WITHIN);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("another health-agent holds") && stderr.contains("(--bpffs-dir)"),
+        "{stderr}"
+    );
+    assert_eq!(ids(), before, "the daemon's maps still pinned");
+    assert!(node.stop(Signal::SIGTERM).success(), "{}", node.log());
+}

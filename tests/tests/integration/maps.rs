@@ -648,3 +648,135 @@ fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
     assert_eq!(losses.iter().count(), 100);
     drop(d);
 }
+
+/// The CT evictions a walk counted stay the count through the passes
+/// that skip the walk (nothing created since, nothing due to expire): a
+/// zero in between would read as a counter reset.
+#[test]
+fn a_pass_that_skips_the_ct_walk_keeps_the_evictions_counted() {
+    use std::time::{Duration, Instant};
+
+    use aya::maps::{PerCpuArray, PerCpuValues};
+    use health_agent::datapath::collect::{Collector, LossTimeout};
+    use health_common::ct::CtCounter;
+    let (pins, d) = loaded_for(5000);
+    // Four entries created by the kernel's count, none in the map: evicted.
+    {
+        let mut m = pinned(&pins, MapId::CtStats);
+        let mut stats = PerCpuArray::<_, u64>::try_from(&mut m).expect("CT stats");
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e).expect("cpus");
+        let mut created = vec![0u64; usize::try_from(cpus.get()).expect("cpus")];
+        created[0] = 4;
+        stats
+            .set(
+                CtCounter::Created as u32,
+                PerCpuValues::try_from(created).expect("values"),
+                0,
+            )
+            .expect("set created");
+    }
+    let start = Instant::now();
+    let mut c = Collector::new(
+        Duration::ZERO,
+        tokio::sync::watch::channel(LossTimeout::new(Duration::from_secs(1))).1,
+        &MapSizes::for_peers(5000),
+        start,
+    );
+    let mut pass = |walks: bool| {
+        assert!(c.start_if_due(Instant::now()));
+        let _nat = c.plan_walk(pins.path());
+        loop {
+            if let Some(done) = c.step(pins.path()).expect("slice") {
+                assert_eq!(done.ct_walked, walks);
+                break done.ct_evicted;
+            }
+        }
+    };
+    assert_eq!(pass(true), 4, "the first pass walks and counts");
+    assert_eq!(pass(false), 4, "skipped: the same count");
+    drop(d);
+}
+
+/// `bpf ct list` while entries go (the collector, LRU evictions): each
+/// entry listed once. A key-by-key walk starts over when the key it
+/// stands on is deleted, listing the entries before it again.
+#[test]
+fn the_ct_listing_lists_each_entry_once_while_entries_go() {
+    let (pins, d) = loaded_for(5000);
+    let total = 20_000u32;
+    {
+        let mut map = pinned(&pins, MapId::CtMap);
+        let mut ct =
+            HashMap::<_, health_common::ct::CtKey, health_common::ct::CtEntry>::try_from(&mut map)
+                .expect("ct");
+        for i in 0..total {
+            ct.insert(&flow(i), &health_common::ct::CtEntry::default(), 0)
+                .expect("insert");
+        }
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut map = pinned(&pins, MapId::CtMap);
+            let mut ct =
+                HashMap::<_, health_common::ct::CtKey, health_common::ct::CtEntry>::try_from(
+                    &mut map,
+                )
+                .expect("ct");
+            for i in (0..total).rev() {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let _ = ct.remove(&flow(i));
+            }
+        });
+        for _ in 0..5 {
+            let rows = health_agent::datapath::ct::list(pins.path()).expect("ct list");
+            let mut keys: Vec<_> = rows.iter().map(|r| (r.dst, r.sport)).collect();
+            let listed = keys.len();
+            keys.sort_unstable();
+            keys.dedup();
+            assert_eq!(keys.len(), listed, "an entry listed twice");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    drop(d);
+}
+
+/// A load that replaces a pin of another size and then fails (the new map
+/// cannot be made) puts the old pin back, its entries with it: a retry,
+/// or the old setting again, finds them.
+#[test]
+fn a_failed_load_puts_a_replaced_pin_back_with_its_entries() {
+    let (pins, d) = loaded_for(64);
+    drop(d);
+    seed(&pins, 5);
+    let before = MapInfo::from_pin(pins.path().join(MapId::RttLosses.name())).expect("pinned");
+    // Too large a map for the kernel to make (E2BIG): the pins of the
+    // RTT maps are of another size, set aside, and their new maps fail.
+    let huge = MapSizes {
+        rtt: 1 << 31,
+        ..MapSizes::for_peers(64)
+    };
+    let err = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &huge)
+        .err()
+        .expect("no map of 2^31 entries");
+    let after = MapInfo::from_pin(pins.path().join(MapId::RttLosses.name()))
+        .unwrap_or_else(|e| panic!("pinned again after {err}: {e}"));
+    assert_eq!(after.id(), before.id(), "the same map");
+    let m = losses_map(&pins);
+    let losses = HashMap::<_, RttKey, u64>::try_from(&m).expect("losses");
+    assert_eq!(losses.get(&key(3, 1), 0).ok(), Some(30), "its entries kept");
+    let names: Vec<_> = std::fs::read_dir(pins.path())
+        .expect("pins")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with("REPLACED_")),
+        "{names:?}"
+    );
+    // The old setting loads over them as before.
+    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &MapSizes::for_peers(64))
+        .expect("load");
+    drop(d);
+}

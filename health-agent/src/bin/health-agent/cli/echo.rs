@@ -108,6 +108,10 @@ async fn run(
     peer: Option<&Interface>,
     pins: &PinArgs,
 ) -> anyhow::Result<()> {
+    // The pins are this command's alone while it runs: a daemon's (or
+    // another responder's) would be replaced by maps of other sizes.
+    health_agent::datapath::ensure_pin_dir(&pins.dir)?;
+    let _pins_held = health_agent::sys::pidfile::DirLock::take(&pins.dir, "--bpffs-dir")?;
     let mut responder = Datapath::load(&pins.dir)?;
     responder.set_echo_target(iface, address)?;
     if let Err(e) = responder.spawn_log_forwarder() {
