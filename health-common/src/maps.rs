@@ -72,7 +72,9 @@ impl MapSizes {
         let flows = if flows > 1 { flows as u32 } else { 1 };
         Self {
             max_peers,
-            ct: entries,
+            // Both families' flows share the CT map; only IPv4 is
+            // masqueraded.
+            ct: entries.saturating_mul(families),
             nat: entries,
             rtt,
             rtt_pending: rtt.saturating_mul(flows),
@@ -503,6 +505,10 @@ mod tests {
         );
         let eight = MapSizes::for_peers_and_flows(1000, 8, 1);
         assert_eq!((eight.ct, eight.nat), (36_000, 36_000));
+        // Dual stack: the CT map tracks both families' flows, the NAT map
+        // IPv4's alone.
+        let dual = MapSizes::for_peers_and_flows(1000, 1, 2);
+        assert_eq!((dual.ct, dual.nat), (16_000, 8_000));
         assert_eq!(MapSizes::for_peers_and_flows(u32::MAX, 64, 2).ct, u32::MAX);
     }
 

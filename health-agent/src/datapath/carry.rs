@@ -183,14 +183,20 @@ pub(super) fn restore(
     Ok(tally)
 }
 
+/// Inserts `entries` into the new map (nothing else writes it yet: its
+/// programs are not attached), counted by what it holds after: a full LRU
+/// map evicts an entry for each insert rather than refuse it.
 fn put<K: Pod, V: Pod>(
     m: &mut Map,
     entries: Vec<(K, V)>,
     count: &mut impl FnMut(bool),
 ) -> Result<(), MapError> {
     let mut h = HashMap::<_, K, V>::try_from(m)?;
+    let total = entries.len();
     for (k, v) in entries {
-        count(h.insert(&k, &v, 0).is_ok());
+        let _ = h.insert(&k, &v, 0);
     }
+    let kept = h.keys().flatten().count().min(total);
+    (0..total).for_each(|i| count(i < kept));
     Ok(())
 }

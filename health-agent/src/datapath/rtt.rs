@@ -341,9 +341,19 @@ impl LossTally {
     }
 }
 
-/// Removes the RTT statistics and loss counters of every peer address
-/// `keep` refuses (peers that left the cluster); returns how many keys went.
+/// Removes the RTT statistics, loss counters and pending requests of
+/// every peer address `keep` refuses (peers that left the cluster; their
+/// requests, swept once lost, would count their losses anew); returns how
+/// many statistics and counters went.
 pub fn prune(dir: &Path, keep: impl Fn(IpAddr) -> bool) -> Result<u64, DatapathError> {
+    super::maps::delete_where_each(
+        dir,
+        MapId::RttPending,
+        super::maps::Cursor::START,
+        usize::MAX,
+        |k: &PendingKey, _: &u64| !keep(ip_of(k.peer)),
+        |_: &PendingKey| {},
+    )?;
     let mut removed = 0;
     let mut stats_map = open(dir, MapId::RttStats)?;
     let mut stats =

@@ -69,10 +69,12 @@ section! {
               value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
         pub max_peers: u32,
         /// Connection-tracking map entries (default: 8 per --max-peers, and
-        /// 4 more per flow past the first with --probe-flows).
+        /// 4 more per flow past the first with --probe-flows; twice that
+        /// in dual stack).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
         pub ct_map_size: Option<u32>,
-        /// Masquerade map entries, two per flow (default: as --ct-map-size).
+        /// Masquerade map entries, two per flow (default: as --ct-map-size
+        /// for one family; IPv4 only is masqueraded).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
         pub nat_map_size: Option<u32>,
     }

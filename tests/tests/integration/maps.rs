@@ -324,6 +324,39 @@ fn rtt_entries_of_departed_peers_are_pruned() {
         left.iter().all(|ip| stay(*ip)) && !left.is_empty(),
         "left: {left:?}"
     );
+    // A departed peer's requests still pending go too: swept once lost,
+    // they would bring its loss counter back.
+    let old = health_agent::datapath::monotonic_ns().expect("clock") - 60_000_000_000;
+    {
+        let mut map = pinned(&pins, MapId::RttPending);
+        let mut pending =
+            HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
+        for last in [1u8, 5] {
+            let k = health_common::rtt::PendingKey {
+                peer: key(last, 1).peer,
+                a: [0, 1],
+                b: [0, 0],
+                proto: 1,
+                pad: [0; 3],
+                tag: [0; 4],
+            };
+            pending.insert(&k, &old, 0).expect("insert pending");
+        }
+    }
+    rtt::prune(pins.path(), stay).expect("prune");
+    assert_eq!(
+        rtt::sweep(pins.path(), std::time::Duration::from_secs(1)).expect("sweep"),
+        1,
+        "the staying peer's request alone"
+    );
+    let m = losses_map(&pins);
+    let losses = HashMap::<_, RttKey, u64>::try_from(&m).expect("losses");
+    assert_eq!(losses.get(&key(5, 1), 0).ok(), None, "peer .5 left");
+    assert_eq!(
+        losses.get(&key(1, 1), 0).ok(),
+        Some(11),
+        "peer .1: 10 and 1"
+    );
     drop(d);
 }
 
