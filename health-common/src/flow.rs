@@ -85,6 +85,18 @@ fn ipv4_key<F: Frame>(frame: &mut F, flow: &mut Flow) -> Option<L4At> {
     if is_later_fragment(ip) {
         return None;
     }
+    // The total length must cover the L4 header: a shorter packet is
+    // truncated, and what follows it in the frame (a link's padding) is
+    // no header of its.
+    let min_l4 = match ip.proto {
+        IPPROTO_TCP => TcpHdr::LEN,
+        IPPROTO_UDP => UdpHdr::LEN,
+        IPPROTO_ICMP => Icmpv4Hdr::LEN,
+        _ => return None,
+    };
+    if ipv4_total_len(ip) < ihl + min_l4 {
+        return None;
+    }
     flow.key.saddr = v4_mapped(ip.src_addr);
     flow.key.daddr = v4_mapped(ip.dst_addr);
     flow.key.proto = ip.proto;
@@ -413,5 +425,22 @@ mod tests {
         assert!(parse(&mut SliceFrame::new(&mut short)).is_none());
         let mut gre = frame(47, &[0; 8], 0);
         assert!(parse(&mut SliceFrame::new(&mut gre)).is_none());
+        // A header alone (total length 20) in a frame padded with what
+        // would read as ports: no L4 header of its own.
+        for (proto, l4) in [
+            (IPPROTO_TCP, &tcp_syn()[..]),
+            (IPPROTO_UDP, &[0, 53, 0, 53, 0, 8, 0, 0][..]),
+            (IPPROTO_ICMP, &[8, 0, 0, 0, 0x12, 0x34, 0, 1][..]),
+        ] {
+            let mut padded = frame(proto, l4, 0);
+            padded[16..18].copy_from_slice(&20u16.to_be_bytes());
+            assert!(
+                parse(&mut SliceFrame::new(&mut padded)).is_none(),
+                "{proto}"
+            );
+            // The same with its whole length is parsed.
+            let mut whole = frame(proto, l4, 0);
+            assert!(parse(&mut SliceFrame::new(&mut whole)).is_some(), "{proto}");
+        }
     }
 }

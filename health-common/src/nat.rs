@@ -21,7 +21,9 @@
 //! [`arriving_key`] give `None`), so the programs pass IPv6 untouched.
 
 use crate::{
-    ct::{CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP, as_v4, v4_mapped},
+    ct::{
+        CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_SYN, as_v4, v4_mapped,
+    },
     headers::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP},
 };
 
@@ -211,6 +213,19 @@ pub fn out_key(flow: &Flow) -> Option<(NatKey, [u8; 2])> {
         _ => return None,
     }
     Some((key, key.sport))
+}
+
+/// Whether a packet leaving the endpoint may open a masqueraded flow: an
+/// echo request, a TCP SYN without ACK, a UDP datagram. Any other TCP
+/// segment without a pair is no flow the endpoint opened (its answer to a
+/// connection from outside, say): given a port of its own, it would
+/// leave under a tuple its peer never sent to.
+#[must_use]
+pub const fn opens_flow(flow: &Flow) -> bool {
+    match flow.key.proto {
+        IPPROTO_TCP => flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN,
+        _ => true,
+    }
 }
 
 /// The `IN` key of the replies to `out` once its source is `node_ip:port`.

@@ -494,19 +494,42 @@ impl ClusterViewTask {
         }
     }
 
+    /// Campaigns for the assembler's role until `stop`, on a task of its
+    /// own: the election lease's keep-alive must go on while [`Self::run`]
+    /// assembles a view or waits for a write (seconds at 50,000 nodes,
+    /// past the lease's TTL).
+    fn campaign(
+        &self,
+        role: watch::Sender<Role>,
+        deposed: &Arc<Notify>,
+        stop: &CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let (store, election, local) = (
+            self.store.clone(),
+            self.election.clone(),
+            self.local.clone(),
+        );
+        let (deposed, stop) = (deposed.clone(), stop.clone());
+        tokio::spawn(async move {
+            store
+                .campaign(
+                    election.as_bytes(),
+                    local.as_bytes(),
+                    ELECTION_TTL,
+                    &role,
+                    &deposed,
+                    &stop,
+                )
+                .await;
+        })
+    }
+
     pub(super) async fn run(self, shutdown: CancellationToken) {
         let (role_tx, mut role) = watch::channel(Role::Candidate);
-        let deposed = Notify::new();
+        let deposed = Arc::new(Notify::new());
         let stop = shutdown.child_token();
-        let campaign = self.store.campaign(
-            self.election.as_bytes(),
-            self.local.as_bytes(),
-            ELECTION_TTL,
-            &role_tx,
-            &deposed,
-            &stop,
-        );
-        tokio::pin!(campaign);
+        let mut campaign = self.campaign(role_tx, &deposed, &stop);
+        let mut campaigning = true;
         let mut view_events = self
             .store
             .watch_prefix(self.view_prefix.clone().into_bytes());
@@ -524,13 +547,11 @@ impl ClusterViewTask {
         let mut tick = ticker(interval);
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => {
-                    // Resigns (the campaign watches the same token).
-                    stop.cancel();
-                    (&mut campaign).await;
+                () = shutdown.cancelled() => break,
+                _ = &mut campaign => {
+                    campaigning = false;
                     break;
                 }
-                () = &mut campaign => break,
                 changed = role.changed() => {
                     if changed.is_err() {
                         break;
@@ -593,6 +614,12 @@ impl ClusterViewTask {
                     self.show(&mut reader, &checker, matrix.as_ref());
                 }
             }
+        }
+        // However the loop ended: the campaign resigns (it watches the same
+        // token) and ends before this task does, never leading on alone.
+        stop.cancel();
+        if campaigning {
+            let _ = campaign.await;
         }
     }
 

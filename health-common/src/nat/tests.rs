@@ -1,5 +1,9 @@
 use super::*;
-use crate::{ct::TCP_SYN, flow, frame::SliceFrame};
+use crate::{
+    ct::{TCP_ACK, TCP_SYN},
+    flow,
+    frame::SliceFrame,
+};
 use std::vec::Vec;
 
 const EP: [u8; 4] = [198, 18, 64, 2];
@@ -21,7 +25,10 @@ fn cfg() -> NatConfig {
 
 fn frame(src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
     let mut f = Vec::from([0u8; 12]);
-    f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, proto, 0, 0]);
+    let total = u16::try_from(20 + l4.len()).expect("small").to_be_bytes();
+    f.extend_from_slice(&[
+        0x08, 0x00, 0x45, 0, total[0], total[1], 0, 0, 0x40, 0, 64, proto, 0, 0,
+    ]);
     f.extend_from_slice(&src);
     f.extend_from_slice(&dst);
     f.extend_from_slice(l4);
@@ -192,4 +199,25 @@ fn ipv6_flows_have_no_nat_keys() {
     let mut req = frame(EP, PEER, IPPROTO_ICMP, &[8, 0, 0, 0, 0x02, 0x01, 0, 1]);
     let (out, _) = out_key(&parse(&mut req)).expect("IPv4 echo");
     assert_eq!((out.saddr, out.daddr), (EP, PEER));
+}
+
+/// A flow is opened by an echo request, a SYN without ACK or a UDP
+/// datagram; any other TCP segment belongs to a flow already there.
+#[test]
+fn only_a_bare_syn_opens_a_tcp_flow() {
+    let segment = |flags: u8| {
+        let mut tcp = [0u8; 20];
+        tcp[0..2].copy_from_slice(&4240u16.to_be_bytes());
+        tcp[2..4].copy_from_slice(&40_000u16.to_be_bytes());
+        tcp[12] = 0x50;
+        tcp[13] = flags;
+        let mut f = frame(EP, PEER, IPPROTO_TCP, &tcp);
+        opens_flow(&parse(&mut f))
+    };
+    assert!(segment(TCP_SYN));
+    for flags in [TCP_SYN | TCP_ACK, TCP_ACK, 0x04, 0x18, 0x11] {
+        assert!(!segment(flags), "{flags:#x}");
+    }
+    let mut udp = frame(EP, PEER, IPPROTO_UDP, &[0, 53, 0, 53, 0, 8, 0, 0]);
+    assert!(opens_flow(&parse(&mut udp)));
 }

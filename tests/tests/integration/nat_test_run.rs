@@ -371,6 +371,12 @@ fn traffic_that_is_not_masqueraded_is_untouched() {
         (false, packets::tcp(PEER, NODE, (4240, 62_000), 0x12, b"")),
         // The endpoint answering a ping: echo replies are not SNATed.
         (true, Echo::request(PEER, EP, 7, 1).expected_reply().frame()),
+        // The endpoint answering a connection from outside (a peer that
+        // probes from its node): its SYN-ACK, data and reset are no flow
+        // it opened, and leave as they are.
+        (true, packets::tcp(EP, PEER, (4240, 40_000), 0x12, b"")),
+        (true, packets::tcp(EP, PEER, (4240, 40_000), 0x18, b"ok")),
+        (true, packets::tcp(EP, PEER, (4240, 40_000), 0x04, b"")),
     ];
     for (egress, input) in &cases {
         let (verdict, out) = run(&mut r, *egress, input);

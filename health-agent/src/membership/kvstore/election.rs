@@ -152,6 +152,14 @@ impl KvStore {
                         key = %String::from_utf8_lossy(key.key()),
                         "elected"
                     );
+                    // A deposal told of an earlier leadership (its leader's
+                    // write refused after this campaign had ended) is no
+                    // news of this one.
+                    {
+                        let stale = deposed.notified();
+                        tokio::pin!(stale);
+                        stale.as_mut().enable();
+                    }
                     role.send_replace(Role::Leader(Leadership {
                         name: key.name().to_vec(),
                         key: key.key().to_vec(),

@@ -354,6 +354,10 @@ impl KvStore {
             // within 15 s; etcd refuses pings more often than every 5 s.
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_keep_alive_while_idle(false)
+            // A member cut off from its cluster ends the watches it serves
+            // and answers no request, rather than keep a watch open with no
+            // events: the client goes on through a member that has quorum.
+            .with_require_leader(true)
             .with_auto_token_refresh(true);
         if let Some(tls) = &self.inner.tls {
             opts = opts.with_tls(tls.options());
