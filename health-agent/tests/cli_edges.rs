@@ -72,23 +72,30 @@ fn an_xdp_peer_outside_native_xdp_is_refused_before_anything_is_attached() {
     );
 }
 
+/// `health-agent daemon` as node n1 with a health CIDR and `args`, which
+/// must make it refuse to start: what it said.
+fn daemon_refused(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
+        .args([
+            "daemon",
+            "--node-name",
+            "n1",
+            "--health-cidr",
+            "198.18.64.0/24",
+        ])
+        .args(args)
+        .output()
+        .expect("run health-agent");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    stderr
+}
+
 #[test]
 fn allocations_without_etcd_are_refused_at_start() {
     for source in [&["--nodes-file", "/nonexistent/nodes.yaml"][..], &[]] {
-        let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
-            .args([
-                "daemon",
-                "--node-name",
-                "n1",
-                "--health-cidr",
-                "198.18.64.0/24",
-                "--kvstore-allocations",
-            ])
-            .args(source)
-            .output()
-            .expect("run health-agent");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let args = [&["--kvstore-allocations"][..], source].concat();
+        let stderr = daemon_refused(&args);
         assert!(
             stderr.contains("--kvstore-allocations needs --kvstore etcd"),
             "{stderr}"
@@ -124,19 +131,7 @@ fn etcd_flags_without_etcd_and_crossed_sync_bounds_are_refused_at_start() {
         ),
     ];
     for (args, needle) in cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
-            .args([
-                "daemon",
-                "--node-name",
-                "n1",
-                "--health-cidr",
-                "198.18.64.0/24",
-            ])
-            .args(args)
-            .output()
-            .expect("run health-agent");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        let stderr = daemon_refused(args);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }

@@ -21,9 +21,8 @@
 //! [`arriving_key`] give `None`), so the programs pass IPv6 untouched.
 
 use crate::{
-    ct::{
-        CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_SYN, as_v4, v4_mapped,
-    },
+    ct::{CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP, as_v4, v4_mapped},
+    encrypt::HELLO_PORT,
     headers::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP},
 };
 
@@ -215,17 +214,15 @@ pub fn out_key(flow: &Flow) -> Option<(NatKey, [u8; 2])> {
     Some((key, key.sport))
 }
 
-/// Whether a packet leaving the endpoint may open a masqueraded flow: an
-/// echo request, a TCP SYN without ACK, a UDP datagram. Any other TCP
-/// segment without a pair is no flow the endpoint opened (its answer to a
-/// connection from outside, say): given a port of its own, it would
-/// leave under a tuple its peer never sent to.
+/// Whether a packet leaving the endpoint answers a connection made to it
+/// from outside: a TCP segment from its hello server's port (a peer that
+/// probes from its node connects there). Those leave as they are: given a
+/// node port, they would leave under a tuple the peer never sent to. The
+/// endpoint's own connections come from ephemeral ports, never this one.
 #[must_use]
-pub const fn opens_flow(flow: &Flow) -> bool {
-    match flow.key.proto {
-        IPPROTO_TCP => flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN,
-        _ => true,
-    }
+pub const fn answers_inbound(flow: &Flow) -> bool {
+    let hello = HELLO_PORT.to_be_bytes();
+    flow.key.proto == IPPROTO_TCP && flow.key.sport[0] == hello[0] && flow.key.sport[1] == hello[1]
 }
 
 /// The `IN` key of the replies to `out` once its source is `node_ip:port`.

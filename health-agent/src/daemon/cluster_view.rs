@@ -347,6 +347,23 @@ impl Held {
     }
 }
 
+/// Tells the campaign that its leadership is gone, found by a refused
+/// write: only while the role still is that leadership (a write for an
+/// earlier one, refused after the campaign was elected again, is no news
+/// of the new one).
+struct Deposal<'a> {
+    notify: &'a Notify,
+    role: &'a watch::Receiver<Role>,
+}
+
+impl Deposal<'_> {
+    fn tell(&self, lost: &Leadership) {
+        if matches!(&*self.role.borrow(), Role::Leader(now) if now == lost) {
+            self.notify.notify_one();
+        }
+    }
+}
+
 /// How far ahead of the local clock a summary may be: 2 × the
 /// publisher's tick + [`FUTURE_SLACK`], in ms.
 fn future_limit_ms(interval: Duration) -> u64 {
@@ -530,6 +547,9 @@ impl ClusterViewTask {
         let stop = shutdown.child_token();
         let mut campaign = self.campaign(role_tx, &deposed, &stop);
         let mut campaigning = true;
+        // However this task ends, a panic included: the campaign resigns
+        // rather than lead on alone (a restarted task campaigns anew).
+        let _resign = stop.clone().drop_guard();
         let mut view_events = self
             .store
             .watch_prefix(self.view_prefix.clone().into_bytes());
@@ -585,7 +605,7 @@ impl ClusterViewTask {
                     // Newly elected: publish as soon as the summaries and
                     // the node set are read.
                     if lead.held.loaded && !lead.published && !self.nodes.current().is_empty() {
-                        matrix = self.lead(lead, &mut assignments, interval, &mut reader, &deposed, published_seq).await;
+                        matrix = self.lead(lead, &mut assignments, interval, &mut reader, &Deposal { notify: &deposed, role: &role }, published_seq).await;
                         self.show(&mut reader, &checker, matrix.as_ref());
                     }
                 }
@@ -607,7 +627,7 @@ impl ClusterViewTask {
                     if let Some(lead) = leading.as_mut() {
                         lead.held.report_refused();
                         if lead.held.loaded && !self.nodes.current().is_empty() {
-                            matrix = self.lead(lead, &mut assignments, interval, &mut reader, &deposed, published_seq).await;
+                            matrix = self.lead(lead, &mut assignments, interval, &mut reader, &Deposal { notify: &deposed, role: &role }, published_seq).await;
                         }
                     }
                     reader.check_contradictions(&checker);
@@ -647,7 +667,7 @@ impl ClusterViewTask {
         assignments: &mut Assignments,
         interval: Duration,
         reader: &mut ViewReader,
-        deposed: &Notify,
+        deposed: &Deposal<'_>,
         round: u64,
     ) -> Option<matrix::ClusterMatrix> {
         lead.held.prune(&self.nodes.current());
@@ -671,7 +691,7 @@ impl ClusterViewTask {
                 warn!(
                     "cluster view: not published: the election key {key:?} is gone; campaigning again"
                 );
-                deposed.notify_one();
+                deposed.tell(&lead.leadership);
                 None
             }
             Err(LeaderPutError::Kv(e)) => {

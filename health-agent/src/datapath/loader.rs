@@ -72,7 +72,24 @@ impl Datapath {
     ) -> Result<Self, DatapathError> {
         pins::ensure_pin_dir(pin_dir)?;
         pins::report_layout(pin_dir);
-        let mut ebpf = load_object(pin_dir, sizes)?;
+        pins::recover_aside(pin_dir);
+        // A pin replaced for its size or layout waits aside until all is
+        // loaded: a failure after it (a map the kernel refuses, a program
+        // the verifier does) pins the old map again, entries and all.
+        let mut replaced = Vec::new();
+        let loaded = Self::load_replacing(pin_dir, programs, sizes, &mut replaced);
+        pins::settle_aside(pin_dir, &replaced, loaded.is_ok());
+        loaded
+    }
+
+    /// [`Self::load_sized`]'s loads, the pins replaced named in `replaced`.
+    fn load_replacing(
+        pin_dir: &Path,
+        programs: &[ProgId],
+        sizes: &MapSizes,
+        replaced: &mut Vec<String>,
+    ) -> Result<Self, DatapathError> {
+        let mut ebpf = load_object(pin_dir, sizes, replaced)?;
         for &id in programs {
             ensure_loaded(&mut ebpf, id)?;
         }
@@ -284,18 +301,10 @@ impl Drop for Datapath {
 }
 
 /// The object with its maps created or taken from the pins. A pin whose
-/// layout differs is replaced, once per map at most, its entries carried
-/// into the new map where their layout allows.
-fn load_object(pin_dir: &Path, sizes: &MapSizes) -> Result<Ebpf, DatapathError> {
-    pins::recover_aside(pin_dir);
-    let mut replaced = Vec::new();
-    let loaded = load_replacing(pin_dir, sizes, &mut replaced);
-    pins::settle_aside(pin_dir, &replaced, loaded.is_ok());
-    loaded
-}
-
-/// [`load_object`]'s loads, the pins replaced named in `replaced`.
-fn load_replacing(
+/// layout differs is replaced, once per map at most (set aside, named in
+/// `replaced`), its entries carried into the new map where their layout
+/// allows.
+fn load_object(
     pin_dir: &Path,
     sizes: &MapSizes,
     replaced: &mut Vec<String>,

@@ -64,7 +64,7 @@ section! {
         pub ct_gc_interval: Duration,
         /// Peers the kernel's RTT maps hold (4 keys each: ICMP and TCP to the
         /// node and the health address); also sets the default CT and NAT map
-        /// sizes (8 entries per peer).
+        /// sizes (8 entries per peer; the CT map 16 in dual stack).
         #[arg(long, default_value_t = MapSizes::DEFAULT_MAX_PEERS,
               value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
         pub max_peers: u32,

@@ -292,6 +292,38 @@ mod tests {
         )
     }
 
+    /// The watcher of `path` (its version read at start as `seen`) as
+    /// node-1's agent runs it, polling every `poll`: the set it publishes,
+    /// and how to stop it.
+    fn watcher(
+        path: &Path,
+        poll: Duration,
+    ) -> (
+        super::super::published::Nodes,
+        tokio_util::sync::CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use super::super::{discovery::NodeSource, published::Nodes, record::LocalNode};
+        let (_, seen) = read_settled(path, Duration::from_millis(20), Duration::from_secs(5))
+            .expect("read at start");
+        let nodes = Nodes::new("file".into());
+        let source = NodeSource::File {
+            path: path.to_owned(),
+            poll,
+            local: LocalNode {
+                name: Some("node-1".into()),
+                ..LocalNode::default()
+            },
+            seen: Some(seen),
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn({
+            let (nodes, stop) = (nodes.clone(), stop.clone());
+            async move { source.run(nodes, stop).await }
+        });
+        (nodes, stop, task)
+    }
+
     /// The watcher over a real file (its first version seen at start, the
     /// published set still empty): a writer that writes it in place in
     /// two halves, pausing between them, never has its first half applied
@@ -301,27 +333,10 @@ mod tests {
     /// changing. A replacement renamed into place is applied at once.
     #[tokio::test]
     async fn the_watcher_applies_a_file_whole_once_stable_and_a_rename_at_once() {
-        use super::super::{discovery::NodeSource, published::Nodes, record::LocalNode};
         let dir = Scratch::new("watcher");
         let path = dir.0.join("nodes.yaml");
         std::fs::write(&path, format!("nodes:\n{}{}", record(1), record(2))).expect("write");
-        let (_, seen) = read_settled(&path, Duration::from_millis(20), Duration::from_secs(5))
-            .expect("read at start");
-        let nodes = Nodes::new("file".into());
-        let source = NodeSource::File {
-            path: path.clone(),
-            poll: Duration::from_millis(20),
-            local: LocalNode {
-                name: Some("node-1".into()),
-                ..LocalNode::default()
-            },
-            seen: Some(seen),
-        };
-        let stop = tokio_util::sync::CancellationToken::new();
-        let watcher = tokio::spawn({
-            let (nodes, stop) = (nodes.clone(), stop.clone());
-            async move { source.run(nodes, stop).await }
-        });
+        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(20));
 
         let first = format!(
             "nodes:\n{}  - name: node-4\n    node-ip: 198.18.0.4\n",
@@ -376,28 +391,11 @@ mod tests {
     /// waiting for good.
     #[tokio::test]
     async fn an_edit_read_young_is_taken_once_it_is_old_enough() {
-        use super::super::{discovery::NodeSource, published::Nodes, record::LocalNode};
         let dir = Scratch::new("young-edit");
         let path = dir.0.join("nodes.yaml");
         std::fs::write(&path, format!("nodes:\n{}", record(1))).expect("write");
-        let (_, seen) = read_settled(&path, Duration::from_millis(20), Duration::from_secs(5))
-            .expect("read at start");
-        let nodes = Nodes::new("file".into());
         // Read 1.5 s after the edit (young: waiting), then at 3 s (old).
-        let source = NodeSource::File {
-            path: path.clone(),
-            poll: Duration::from_millis(1_500),
-            local: LocalNode {
-                name: Some("node-1".into()),
-                ..LocalNode::default()
-            },
-            seen: Some(seen),
-        };
-        let stop = tokio_util::sync::CancellationToken::new();
-        let watcher = tokio::spawn({
-            let (nodes, stop) = (nodes.clone(), stop.clone());
-            async move { source.run(nodes, stop).await }
-        });
+        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(1_500));
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)

@@ -141,6 +141,21 @@ pub fn addresses(node: &Node, family: Family) -> Option<(IpAddr, IpAddr)> {
     }
 }
 
+/// The families (bit `Family::index`) in which `now` has other addresses
+/// than `old`, the same node's earlier record: a family it had and has,
+/// at another node or health address.
+pub(super) fn moved(old: &Node, now: &Node) -> u8 {
+    Family::ALL
+        .into_iter()
+        .filter(|&f| {
+            matches!(
+                (addresses(old, f), addresses(now, f)),
+                (Some(a), Some(b)) if a != b
+            )
+        })
+        .fold(0u8, |m, f| m | 1 << f.index())
+}
+
 /// The families a node is shown and probed in: the primary (the first of
 /// the node's families this agent probes, IPv4 first) and the secondary
 /// (the other one, when both are probed). When the node has no family this

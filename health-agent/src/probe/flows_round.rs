@@ -71,7 +71,11 @@ impl Prober {
             let current = self.nodes();
             for (t, &(node, address)) in (chunk * 2 * CHUNK..).zip(targets) {
                 let node = &nodes[node as usize];
-                if !current.contains(&node.name) {
+                // Gone, or its addresses moved since the round read them.
+                let moved = current
+                    .get(&node.name)
+                    .is_none_or(|now| super::family::moved(node, now) != 0);
+                if moved {
                     continue;
                 }
                 let Some(entry) = paths.get_mut(node.name.as_str()) else {

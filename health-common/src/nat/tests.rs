@@ -201,23 +201,23 @@ fn ipv6_flows_have_no_nat_keys() {
     assert_eq!((out.saddr, out.daddr), (EP, PEER));
 }
 
-/// A flow is opened by an echo request, a SYN without ACK or a UDP
-/// datagram; any other TCP segment belongs to a flow already there.
+/// The hello server's segments answer connections from outside; the
+/// endpoint's own flows, from other ports, are masqueraded.
 #[test]
-fn only_a_bare_syn_opens_a_tcp_flow() {
-    let segment = |flags: u8| {
+fn segments_from_the_hello_port_answer_inbound_connections() {
+    let segment = |sport: u16, flags: u8| {
         let mut tcp = [0u8; 20];
-        tcp[0..2].copy_from_slice(&4240u16.to_be_bytes());
+        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
         tcp[2..4].copy_from_slice(&40_000u16.to_be_bytes());
         tcp[12] = 0x50;
         tcp[13] = flags;
         let mut f = frame(EP, PEER, IPPROTO_TCP, &tcp);
-        opens_flow(&parse(&mut f))
+        answers_inbound(&parse(&mut f))
     };
-    assert!(segment(TCP_SYN));
     for flags in [TCP_SYN | TCP_ACK, TCP_ACK, 0x04, 0x18, 0x11] {
-        assert!(!segment(flags), "{flags:#x}");
+        assert!(segment(4240, flags), "{flags:#x}");
+        assert!(!segment(40_001, flags), "{flags:#x}");
     }
-    let mut udp = frame(EP, PEER, IPPROTO_UDP, &[0, 53, 0, 53, 0, 8, 0, 0]);
-    assert!(opens_flow(&parse(&mut udp)));
+    let mut udp = frame(EP, PEER, IPPROTO_UDP, &[0x10, 0x90, 0, 53, 0, 8, 0, 0]);
+    assert!(!answers_inbound(&parse(&mut udp)), "UDP from 4240");
 }

@@ -50,16 +50,15 @@ pub fn health_nat_egress(ctx: TcContext) -> i32 {
     if !cfg.masquerades(out.saddr, out.daddr) {
         return TC_ACT_UNSPEC;
     }
+    if nat::answers_inbound(&flow) {
+        // No flow of the endpoint's: its answer to a connection from
+        // outside leaves as it is.
+        passed_whole(first, &cfg);
+        return TC_ACT_UNSPEC;
+    }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let opens = nat::opens_flow(&flow);
-    let Some(xlate) = mapping(&cfg, &out, port, now, opens) else {
-        if !opens {
-            // No flow of the endpoint's: its answer to a connection from
-            // outside leaves as it is.
-            passed_whole(first, &cfg);
-            return TC_ACT_UNSPEC;
-        }
+    let Some(xlate) = mapping(&cfg, &out, port, now) else {
         count(NatCounter::AllocFailures);
         return TC_ACT_SHOT;
     };
@@ -316,11 +315,10 @@ fn rewrite_quoted(
     Ok(())
 }
 
-/// The node port of flow `out`: its existing pair's, or (`opens`: a packet
-/// that may open a flow) a newly allocated one. `None` when it has no pair
-/// and may not open one, or when every attempt collided.
+/// The node port of flow `out`: its existing pair's, or a newly allocated
+/// one. `None` when every attempt collided.
 #[inline(always)]
-fn mapping(cfg: &NatConfig, out: &NatKey, port: [u8; 2], now: u64, opens: bool) -> Option<[u8; 2]> {
+fn mapping(cfg: &NatConfig, out: &NatKey, port: [u8; 2], now: u64) -> Option<[u8; 2]> {
     if let Some(e) = NAT_MAP.get_ptr_mut(out) {
         // SAFETY: a valid map value pointer, copied before further calls.
         let fwd = unsafe {
@@ -345,9 +343,6 @@ fn mapping(cfg: &NatConfig, out: &NatKey, port: [u8; 2], now: u64, opens: bool) 
         // Another flow took the port since the eviction: this one starts
         // over, never sharing its wire tuple.
         let _ = NAT_MAP.remove(out);
-    }
-    if !opens {
-        return None;
     }
     allocate(cfg, out, port, now)
 }

@@ -25,6 +25,19 @@ fn key(last: u8, proto: u8) -> RttKey {
     }
 }
 
+/// A pending echo request (identifier 1) to `peer`, of an agent that
+/// sent no payload tag.
+fn echo_request(peer: [u8; 16]) -> health_common::rtt::PendingKey {
+    health_common::rtt::PendingKey {
+        peer,
+        a: [0, 1],
+        b: [0, 0],
+        proto: 1,
+        pad: [0; 3],
+        tag: [0; 4],
+    }
+}
+
 /// The map `id` pinned under `pins`.
 fn pinned(pins: &PinDir, id: MapId) -> aya::maps::Map {
     let data = MapData::from_pin(pins.path().join(id.name())).expect("pin");
@@ -332,14 +345,7 @@ fn rtt_entries_of_departed_peers_are_pruned() {
         let mut pending =
             HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
         for last in [1u8, 5] {
-            let k = health_common::rtt::PendingKey {
-                peer: key(last, 1).peer,
-                a: [0, 1],
-                b: [0, 0],
-                proto: 1,
-                pad: [0; 3],
-                tag: [0; 4],
-            };
+            let k = echo_request(key(last, 1).peer);
             pending.insert(&k, &old, 0).expect("insert pending");
         }
     }
@@ -538,14 +544,12 @@ fn a_pass_in_slices_collects_and_sweeps_what_one_walk_does() {
         let mut pending =
             HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
         for i in 0..12_000u16 {
-            let k = health_common::rtt::PendingKey {
-                peer: health_common::ct::v4_mapped([198, 18, (i >> 8) as u8, i as u8]),
-                a: [0, 1],
-                b: [0, 0],
-                proto: 1,
-                pad: [0; 3],
-                tag: [0; 4],
-            };
+            let k = echo_request(health_common::ct::v4_mapped([
+                198,
+                18,
+                (i >> 8) as u8,
+                i as u8,
+            ]));
             let sent = if i % 3 == 0 {
                 now
             } else {
@@ -620,14 +624,7 @@ fn the_loss_sweep_follows_a_reloaded_probe_timeout() {
         let mut pending =
             HashMap::<_, health_common::rtt::PendingKey, u64>::try_from(&mut map).expect("pending");
         for i in first..first + 50 {
-            let k = health_common::rtt::PendingKey {
-                peer: health_common::ct::v4_mapped([198, 18, 7, i]),
-                a: [0, 1],
-                b: [0, 0],
-                proto: 1,
-                pad: [0; 3],
-                tag: [0; 4],
-            };
+            let k = echo_request(health_common::ct::v4_mapped([198, 18, 7, i]));
             pending.insert(&k, &sent, 0).expect("insert pending");
         }
     };
@@ -776,27 +773,34 @@ fn the_ct_listing_lists_each_entry_once_while_entries_go() {
     drop(d);
 }
 
-/// A load that replaces a pin of another size and then fails (the new map
-/// cannot be made) puts the old pin back, its entries with it: a retry,
-/// or the old setting again, finds them.
+/// A load that replaces pins of another size and then fails (a new map
+/// the kernel cannot make) puts every old pin back, its entries with it,
+/// over a new map already pinned in its place: a retry, or the old
+/// setting again, finds them.
 #[test]
 fn a_failed_load_puts_a_replaced_pin_back_with_its_entries() {
     let (pins, d) = loaded_for(64);
     drop(d);
     seed(&pins, 5);
-    let before = MapInfo::from_pin(pins.path().join(MapId::RttLosses.name())).expect("pinned");
-    // Too large a map for the kernel to make (E2BIG): the pins of the
-    // RTT maps are of another size, set aside, and their new maps fail.
+    let sized = [MapId::CtMap, MapId::RttStats, MapId::RttLosses];
+    let ids = || {
+        sized.map(|id| {
+            MapInfo::from_pin(pins.path().join(id.name()))
+                .map_or_else(|e| panic!("{} pinned: {e}", id.name()), |i| i.id())
+        })
+    };
+    let before = ids();
+    // A larger CT map the kernel makes, RTT maps too large for it (E2BIG):
+    // every one of them is of another size, set aside, and the load fails.
     let huge = MapSizes {
+        ct: 4096,
         rtt: 1 << 31,
         ..MapSizes::for_peers(64)
     };
     let err = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &huge)
         .err()
         .expect("no map of 2^31 entries");
-    let after = MapInfo::from_pin(pins.path().join(MapId::RttLosses.name()))
-        .unwrap_or_else(|e| panic!("pinned again after {err}: {e}"));
-    assert_eq!(after.id(), before.id(), "the same map");
+    assert_eq!(ids(), before, "the same maps pinned again after {err}");
     let m = losses_map(&pins);
     let losses = HashMap::<_, RttKey, u64>::try_from(&m).expect("losses");
     assert_eq!(losses.get(&key(3, 1), 0).ok(), Some(30), "its entries kept");

@@ -435,7 +435,8 @@
 
   // The view and its matrix, in parallel. A 404 (no cluster view: the
   // nodes come from a file) hides the section; a 503 (before the first
-  // view) shows it as being assembled; any other failure keeps the last
+  // view, or the matrix of a stale view) shows it as being assembled, or
+  // as stale; any other failure keeps the last
   // data and says so in the section, not in the banner.
   async function loadCluster() {
     const c = st.cluster;
@@ -875,7 +876,10 @@
     if (c.problem) notes.push(c.problem);
     if (v && v.assembly && v.assembly.stale) notes.push(`Stale: no view published for ${Math.round(v.assembly.ageMs / 1000)} s (more than 2 of its rounds); shown as last published, not current.`);
     if (v && c.matrixState === "missing") notes.push(v.assembly && !v.assembly.here ? `The matrix is served by the assembling agent, ${v.assembly.by}.` : "This agent serves no matrix.");
-    if (v && c.matrixState === "assembling") notes.push("The matrix is being assembled.");
+    if (v && c.matrixState === "assembling") {
+      // 503: none yet, or (this agent's view gone stale) no current one.
+      notes.push(v.assembly && v.assembly.stale ? "No current matrix: the view is stale." : "The matrix is being assembled.");
+    }
     if (m && m.truncated) notes.push(`The matrix shows the first ${m.nodes.length} of ${m.total} nodes.`);
     el.clusterNote.hidden = notes.length === 0;
     el.clusterNote.textContent = notes.join(" ");

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::{Prober, RoundKind};
-use crate::membership::{Node, NodeSet};
+use crate::membership::NodeSet;
 use crate::probe::{
     family::{self, Family, Shown},
     http_round,
@@ -153,11 +153,10 @@ impl Prober {
         // A node new to the set, or one whose record changed (an address
         // it lacked, to be probed now, comes in a later record).
         let gained = nodes.iter().any(|n| before.get(&n.name) != Some(n));
-        let mut left = false;
+        let (mut left, mut moved_any) = (false, false);
         let follow_ups = self.follow_ups();
         if let Ok(mut paths) = self.paths.lock() {
             let count = paths.len();
-            let mut moved_any = false;
             // A node that lost a family's addresses (or kept them where
             // this agent does not probe) forgets that family's paths; so
             // does one whose addresses of a family changed: their paths
@@ -165,7 +164,7 @@ impl Prober {
             // never showing the old address's verdict for the new one.
             paths.retain(|name, p| match nodes.get(name) {
                 Some(n) => {
-                    let moved = before.get(name).map_or(0, |old| moved_families(old, n));
+                    let moved = before.get(name).map_or(0, |old| family::moved(old, n));
                     let mask = Shown::of(n, self.cfg.families)
                         .probed()
                         .fold(0u8, |m, f| m | 1 << f.index())
@@ -204,7 +203,11 @@ impl Prober {
         // The round's sockets get their descriptor slots now, before the
         // round, not by the table's doubling under its load.
         http_round::reserve_descriptors(&self.cfg, target_count(&nodes, self.cfg.families));
-        if left && let Some(dir) = self.cfg.kernel_rtt.clone() {
+        // A node gone, or an address no node has any more: the kernel's
+        // samples, losses and pending requests of its addresses go.
+        if (left || moved_any)
+            && let Some(dir) = self.cfg.kernel_rtt.clone()
+        {
             prune_kernel_rtt(dir, &nodes);
         }
         if let Ok(mut n) = self.nodes.write() {
@@ -220,19 +223,4 @@ impl Prober {
             self.joins_more();
         }
     }
-}
-
-/// The families (bit `Family::index`) in which `now` has other addresses
-/// than `old`, the same node's earlier record: a family it had and has,
-/// at another node or health address.
-pub(super) fn moved_families(old: &Node, now: &Node) -> u8 {
-    Family::ALL
-        .into_iter()
-        .filter(|&f| {
-            matches!(
-                (family::addresses(old, f), family::addresses(now, f)),
-                (Some(a), Some(b)) if a != b
-            )
-        })
-        .fold(0u8, |m, f| m | 1 << f.index())
 }

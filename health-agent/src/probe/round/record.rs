@@ -95,7 +95,7 @@ impl Prober {
                 // them: these results are of addresses it no longer has.
                 let moved = current
                     .get(&node.name)
-                    .is_none_or(|now| super::node_set::moved_families(node, now) != 0);
+                    .is_none_or(|now| crate::probe::family::moved(node, now) != 0);
                 if moved {
                     outcomes.for_each(drop);
                     continue;

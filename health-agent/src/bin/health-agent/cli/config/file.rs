@@ -66,14 +66,22 @@ fn key_lines(text: &str) -> BTreeMap<String, usize> {
     lines
 }
 
-/// The plain scalar after the key on 1-based `line` of `text`, as
-/// written (a comment after it left out); `None` for any other form.
+/// The number after the key on 1-based `line` of `text` as written (a
+/// comment after it left out), when written in decimal (`1.10`, `1e3`,
+/// `007`); `None` for any other form (`0x10`: taken as YAML reads it).
 fn as_written(text: &str, line: Option<usize>) -> Option<String> {
     let (_, value) = text.lines().nth(line?.checked_sub(1)?)?.split_once(':')?;
-    let value = value.split(" #").next().unwrap_or_default().trim();
-    let plain =
-        !value.is_empty() && !value.starts_with(['[', '{', '|', '>', '"', '\'', '&', '*', '!']);
-    plain.then(|| value.to_owned())
+    // A comment starts at a `#` after blank space.
+    let end = value
+        .char_indices()
+        .find(|&(i, c)| c == '#' && value[..i].ends_with([' ', '\t']))
+        .map_or(value.len(), |(i, _)| i);
+    let value = value[..end].trim();
+    let decimal = !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-' | '_'));
+    decimal.then(|| value.to_owned())
 }
 
 /// serde's messages end in " at line L column C"; the line is shown up front.

@@ -459,13 +459,20 @@ mod tests {
     fn a_number_is_taken_as_written() {
         let (_, d) = daemon(
             &[],
-            "health-cidr: 198.18.64.0/24\nzone: 1.10 # rack\nnode-name: 1e3\nfailure-threshold: 07\n",
+            "health-cidr: 198.18.64.0/24\nzone: 1.10 # rack\nnode-name: 1e3\nfailure-threshold: 07\t# tab\nsuccess-threshold: 0x2\n",
         )
         .expect("valid");
         let c = &d.settings.cluster;
         assert_eq!(c.zone.as_deref(), Some("1.10"), "not 1.1");
         assert_eq!(c.node_name.as_deref(), Some("1e3"), "not 1000");
-        assert_eq!(d.settings.tuning.failure_threshold, 7);
+        assert_eq!(
+            d.settings.tuning.failure_threshold, 7,
+            "a tab before the comment"
+        );
+        assert_eq!(
+            d.settings.tuning.success_threshold, 2,
+            "hex, as YAML reads it"
+        );
     }
 
     #[test]
