@@ -96,8 +96,10 @@ pub const PATHS: [&str; 4] = ["host-icmp", "host-http", "endpoint-icmp", "endpoi
 
 /// The most bytes one peer takes in either format: its name's prefix,
 /// suffix and middle length (varints of up to 2 bytes), the longest name,
-/// the states (up to 2) and four RTTs (5-byte varints).
-pub const MAX_PEER_BYTES: usize = 3 * 2 + MAX_NAME_LEN + 2 + 4 * 5;
+/// the states (up to 2), four RTTs (5-byte varints), and its index (2)
+/// and mask (1) in each of the three sparse columns (lossy, plain text,
+/// failed in one family).
+pub const MAX_PEER_BYTES: usize = 3 * 2 + MAX_NAME_LEN + 2 + 4 * 5 + 3 * (2 + 1);
 
 /// The largest RTT a summary carries, in µs (71 minutes): larger values are
 /// saturated to it.
@@ -105,6 +107,10 @@ pub const MAX_RTT_US: u32 = u32::MAX - 1;
 
 /// One path of a peer as the summary keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent marks, each carried in a column of its own on the wire"
+)]
 pub struct PathSample {
     pub state: ProbeResult,
     /// The last RTT, kept for a path in Success only.
@@ -120,6 +126,9 @@ pub struct PathSample {
     /// A path in Success whose probes left outside the WireGuard tunnel
     /// (`--encryption wireguard`: its address is `plaintext`).
     pub plaintext: bool,
+    /// A dual-stack peer's path failed (or failing) in one family while
+    /// the other reached it: the peer answers, over that family.
+    pub split: bool,
 }
 
 impl PathSample {
@@ -129,6 +138,7 @@ impl PathSample {
         failing: false,
         lossy: false,
         plaintext: false,
+        split: false,
     };
 
     /// A path in `state`; the RTT is kept for Success only, in µs,
@@ -146,6 +156,7 @@ impl PathSample {
             failing: false,
             lossy: false,
             plaintext: false,
+            split: false,
         }
     }
 
@@ -156,6 +167,7 @@ impl PathSample {
         failing: true,
         lossy: false,
         plaintext: false,
+        split: false,
     };
 
     /// A path in `state`, failing (its last probe failed) or not: only a
@@ -195,6 +207,14 @@ impl PathSample {
         self
     }
 
+    /// The same path, failed in one family only (`split`, kept for a path
+    /// in Failure or failing only).
+    #[must_use]
+    pub const fn with_split(mut self, split: bool) -> Self {
+        self.split = split && (matches!(self.state, ProbeResult::Failure) || self.failing);
+        self
+    }
+
     /// The state code of the binary form.
     pub(crate) const fn code(&self) -> u8 {
         match (self.state, self.failing) {
@@ -217,7 +237,8 @@ pub struct PeerSummary {
 impl PeerSummary {
     /// The prober's status of a peer. A dual-stack peer's path is as bad
     /// as the worse of its two families (its RTT is the primary family's,
-    /// or the secondary's when only that one has an answer).
+    /// or the secondary's when only that one has an answer), and marked
+    /// split when one family fails it while the other reaches it cleanly.
     #[must_use]
     pub fn from_status(n: &NodeStatus) -> Self {
         let path = |primary: &PathState, secondary: Option<&PathState>| {
@@ -234,12 +255,17 @@ impl PeerSummary {
                 }
             };
             let rtt = primary.rtt_ns.or(second.rtt_ns);
+            let fails =
+                |p: &PathState| p.result == ProbeResult::Failure || p.consecutive_failures > 0;
+            let clean =
+                |p: &PathState| p.result == ProbeResult::Success && p.consecutive_failures == 0;
             PathSample::with_failing(
                 worse(primary.result, second.result),
                 rtt.map(|ns| ns / 1000),
                 primary.consecutive_failures > 0 || second.consecutive_failures > 0,
             )
             .with_lossy(primary.degraded || second.degraded)
+            .with_split((fails(primary) && clean(second)) || (fails(second) && clean(primary)))
         };
         let (host6, ep6) = (n.host_secondary.as_deref(), n.endpoint_secondary.as_deref());
         // An address of either family whose probes left in plain text.
@@ -276,6 +302,15 @@ impl PeerSummary {
     #[must_use]
     pub fn plaintext(&self) -> bool {
         self.paths.iter().any(|p| p.plaintext)
+    }
+
+    /// The paths failed in one family only: path i in bit i.
+    #[must_use]
+    pub fn split_bits(&self) -> u8 {
+        self.paths
+            .iter()
+            .enumerate()
+            .fold(0, |bits, (i, p)| bits | (u8::from(p.split) << i))
     }
 
     /// The lossy paths: path i in bit i.
@@ -393,6 +428,10 @@ pub enum SummaryError {
         "summary {at}: plain-text paths {mask:#06b}: expected 1 to 0b1111, each a path in Success, peers in order"
     )]
     Plaintext { at: At, mask: u32 },
+    #[error(
+        "summary {at}: paths failed in one family {mask:#06b}: expected 1 to 0b1111, each a path in Failure or failing, peers in order"
+    )]
+    Split { at: At, mask: u32 },
     #[error("summary {at}: {what} name is not UTF-8")]
     NameUtf8 { at: At, what: &'static str },
     #[error(
@@ -468,7 +507,8 @@ impl Summary {
                 *path =
                     PathSample::with_failing(path.state, path.rtt_us.map(u64::from), path.failing)
                         .with_lossy(path.lossy)
-                        .with_plaintext(path.plaintext);
+                        .with_plaintext(path.plaintext)
+                        .with_split(path.split);
             }
         }
         peers.sort_unstable_by(|a, b| a.name.cmp(&b.name));

@@ -74,8 +74,8 @@ impl SummaryWrites {
 }
 
 /// A digest of everything in `summary` the view's verdicts read: the
-/// observer, each peer's name and each path's state, failing and lossy
-/// marks; not the round, the time or the RTTs.
+/// observer, each peer's name and each path's state, failing, lossy,
+/// plain-text and one-family marks; not the round, the time or the RTTs.
 #[must_use]
 pub fn verdicts_digest(summary: &Summary) -> u64 {
     let mut h = DefaultHasher::new();
@@ -83,7 +83,7 @@ pub fn verdicts_digest(summary: &Summary) -> u64 {
     for p in summary.peers() {
         p.name.hash(&mut h);
         for s in &p.paths {
-            (s.code(), s.lossy).hash(&mut h);
+            (s.code(), s.lossy, s.plaintext, s.split).hash(&mut h);
         }
     }
     h.finish()
@@ -148,21 +148,24 @@ mod tests {
     }
 
     #[test]
-    fn a_state_a_failing_probe_a_lossy_path_or_a_peer_change_writes_at_once() {
+    fn a_state_a_failing_probe_a_mark_or_a_peer_change_writes_at_once() {
         let mut w = SummaryWrites::default();
         w.decide(&summary(1, &[("a", ok(10))]), 1);
+        let failed = PathSample::new(ProbeResult::Failure, None);
         let changes = [
             summary(2, &[("a", PathSample::FAILING)]),
-            summary(3, &[("a", PathSample::new(ProbeResult::Failure, None))]),
-            summary(4, &[("a", ok(10))]),
-            summary(5, &[("a", ok(10).with_lossy(true))]),
-            summary(6, &[("a", ok(10)), ("b", ok(10))]),
-            summary(7, &[("b", ok(10))]),
+            summary(3, &[("a", failed)]),
+            summary(4, &[("a", failed.with_split(true))]),
+            summary(5, &[("a", ok(10))]),
+            summary(6, &[("a", ok(10).with_lossy(true))]),
+            summary(7, &[("a", ok(10).with_plaintext(true))]),
+            summary(8, &[("a", ok(10)), ("b", ok(10))]),
+            summary(9, &[("b", ok(10))]),
         ];
         for s in &changes {
             assert_eq!(w.decide(s, s.seq()), Write::Changed, "round {}", s.seq());
         }
-        assert_eq!(w.decide(&summary(8, &[("b", ok(12))]), 8), Write::Skip);
+        assert_eq!(w.decide(&summary(10, &[("b", ok(12))]), 10), Write::Skip);
     }
 
     #[test]

@@ -279,10 +279,13 @@ impl Seen {
             .filter(|p| p.state == ProbeResult::Failure)
             .count();
         let failing = paths.iter().filter(|p| p.failing).count();
+        // A path failed in one family only: the other reached the node,
+        // so the observer did not fail it whole.
+        let split = paths.iter().any(|p| p.split);
         match (failed, failed + failing) {
-            (4, _) => Self::FailedAll,
-            (0, 4) => Self::ReachedFailingAll,
-            (_, 4) => Self::FailedSomeFailingAll,
+            (4, _) if !split => Self::FailedAll,
+            (0, 4) if !split => Self::ReachedFailingAll,
+            (_, 4) if !split => Self::FailedSomeFailingAll,
             (1.., _) => Self::FailedSome,
             _ if paths.iter().any(|p| p.state == ProbeResult::Unknown) => Self::Unknown,
             _ if paths.iter().any(|p| p.lossy) => Self::ReachedLossy,

@@ -26,7 +26,7 @@
 
 use std::{borrow::Cow, collections::HashMap, sync::Arc, time::Duration};
 
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -53,6 +53,9 @@ use crate::{
 };
 
 pub use crate::cluster::cadence::{HEARTBEAT_ROUNDS, STALE_ROUNDS};
+
+mod leading;
+use leading::Leading;
 
 /// The election lease's TTL: a leader killed without a word loses the
 /// role this long after its last keepalive.
@@ -456,17 +459,6 @@ fn cadence(prober: &Prober) -> Duration {
         .unwrap_or(prober.config().interval)
 }
 
-/// What the leader holds while it leads: its election key, the summaries
-/// (watched from when its node set is read) and its own view's matrix.
-struct Leading {
-    leadership: Leadership,
-    /// The summaries' watch, from when the node set is read (the
-    /// summaries of nodes it does not hold yet would be refused).
-    events: Option<mpsc::Receiver<WatchEvent>>,
-    held: Held,
-    published: bool,
-}
-
 impl ClusterViewTask {
     /// What this agent holds in `role`: as the leader, the summaries
     /// watched from when its node set is read.
@@ -475,12 +467,10 @@ impl ClusterViewTask {
             return None;
         };
         info!(view = %format!("{}{}", self.view_prefix, self.local), "cluster view: this agent assembles and publishes the view");
-        let mut lead = Leading {
+        let mut lead = Leading::new(
             leadership,
-            events: None,
-            held: Held::new(&self.prefix, interval, MAX_SUMMARIES).with_peers(self.peers),
-            published: false,
-        };
+            Held::new(&self.prefix, interval, MAX_SUMMARIES).with_peers(self.peers),
+        );
         self.follow_summaries(&mut lead);
         Some(lead)
     }
@@ -626,9 +616,13 @@ impl ClusterViewTask {
                     published_seq = self.publish(&prober, ticks, &mut checker, &mut writes).await;
                     if let Some(lead) = leading.as_mut() {
                         lead.held.report_refused();
+                        let deposal = Deposal { notify: &deposed, role: &role };
+                        let mut out = false;
                         if lead.held.loaded && !self.nodes.current().is_empty() {
-                            matrix = self.lead(lead, &mut assignments, interval, &mut reader, &Deposal { notify: &deposed, role: &role }, published_seq).await;
+                            matrix = self.lead(lead, &mut assignments, interval, &mut reader, &deposal, published_seq).await;
+                            out = matrix.is_some();
                         }
+                        lead.tick(out, &deposal);
                     }
                     reader.check_contradictions(&checker);
                     self.show(&mut reader, &checker, matrix.as_ref());

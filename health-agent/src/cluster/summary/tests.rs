@@ -34,6 +34,7 @@ fn ok(rtt_us: u32) -> PathSample {
         failing: false,
         lossy: false,
         plaintext: false,
+        split: false,
     }
 }
 
@@ -186,6 +187,79 @@ fn a_dual_stack_peers_path_is_the_worse_of_its_families() {
     );
     assert_eq!(p.paths[1].rtt_us, Some(20), "the primary family's RTT");
     assert_eq!(p.state(), ProbeResult::Failure);
+    // The host ICMP path failed over IPv6 alone, IPv4 reaching it: split.
+    // The endpoint ICMP path, unknown over IPv4, is not.
+    assert_eq!(p.split_bits(), 0b0001, "{p:?}");
+}
+
+#[test]
+fn paths_failed_in_one_family_travel_in_their_own_column_and_bad_masks_are_refused() {
+    let conn = |ip: std::net::IpAddr, icmp, http| Connectivity {
+        ip,
+        family: crate::probe::family::Family::of(ip),
+        icmp,
+        http,
+        encryption: None,
+    };
+    let v4: std::net::IpAddr = Ipv4Addr::new(198, 18, 0, 3).into();
+    let v6: std::net::IpAddr = "2001:2::3".parse().expect("ip");
+    let ok_path = || path(ProbeResult::Success, Some(50_000));
+    let failed_path = || path(ProbeResult::Failure, None);
+    let failing_path = || PathState {
+        consecutive_failures: 1,
+        ..ok_path()
+    };
+    // IPv6 broken whole, IPv4 answering: every path split. Over the
+    // endpoint, IPv4's last probe failed too: failed in both, not split.
+    let n = NodeStatus {
+        name: "peer".into(),
+        host: conn(v4, ok_path(), ok_path()),
+        endpoint: conn(v4, failing_path(), ok_path()),
+        host_secondary: Some(Box::new(conn(v6, failed_path(), failing_path()))),
+        endpoint_secondary: Some(Box::new(conn(v6, failed_path(), failed_path()))),
+    };
+    let p = PeerSummary::from_status(&n);
+    assert_eq!(p.split_bits(), 0b1011, "{p:?}");
+    assert!(p.paths[1].failing && p.paths[1].split);
+    let s = Summary::new("a".into(), 1, 2, vec![p]).expect("summary");
+    let back = Summary::decode(&s.encode()).expect("decoded");
+    assert_eq!(back.peers()[0].split_bits(), 0b1011);
+    assert_eq!(back, s);
+    // A path in Success, not failing, or unknown is never split.
+    assert!(!ok_path_sample().with_split(true).split);
+    assert!(!PathSample::UNKNOWN.with_split(true).split);
+    // Forged columns: refused, named. Paths: success, failure, failing,
+    // unknown.
+    let base = message(&[(0, 0, "node-a", 0b00_11_10_01)], vec![1]);
+    let with = |peer: Vec<u32>, paths: Vec<u32>| wire::proto::Summary {
+        split_peer: peer,
+        split_paths: paths,
+        ..base.clone()
+    };
+    assert!(Summary::decode(&forged(&with(vec![0], vec![0b0110]))).is_ok());
+    for (peer, paths) in [
+        (vec![1], vec![0b0010]),
+        (vec![0], vec![0]),
+        (vec![0], vec![0b0001]),
+        (vec![0], vec![0b1000]),
+        (vec![0, 0], vec![0b0010, 0b0100]),
+    ] {
+        assert!(
+            matches!(
+                refused(&with(peer.clone(), paths.clone())),
+                SummaryError::Split { .. }
+            ),
+            "{peer:?} {paths:?}"
+        );
+    }
+    assert!(matches!(
+        refused(&with(vec![0], Vec::new())),
+        SummaryError::Columns { .. }
+    ));
+}
+
+fn ok_path_sample() -> PathSample {
+    PathSample::new(ProbeResult::Success, Some(50))
 }
 
 #[test]
@@ -531,6 +605,8 @@ fn message(peers: &[(u32, u32, &str, u32)], rtt: Vec<u32>) -> wire::proto::Summa
     wire::proto::Summary {
         plaintext_paths: Vec::new(),
         plaintext_peer: Vec::new(),
+        split_paths: Vec::new(),
+        split_peer: Vec::new(),
         observer: "a".into(),
         seq: 1,
         at_ms: 2,

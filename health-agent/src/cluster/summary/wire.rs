@@ -45,6 +45,8 @@ pub(super) fn encode(s: &Summary) -> Vec<u8> {
         cadence_ms: s.cadence_ms,
         plaintext_peer: Vec::new(),
         plaintext_paths: Vec::new(),
+        split_peer: Vec::new(),
+        split_paths: Vec::new(),
     };
     let mut previous: &[u8] = &[];
     for p in &s.peers {
@@ -66,6 +68,11 @@ pub(super) fn encode(s: &Summary) -> Vec<u8> {
         if plaintext != 0 {
             m.plaintext_peer.push(m.states.len() as u32 - 1);
             m.plaintext_paths.push(u32::from(plaintext));
+        }
+        let split = p.split_bits();
+        if split != 0 {
+            m.split_peer.push(m.states.len() as u32 - 1);
+            m.split_paths.push(u32::from(split));
         }
         for path in &p.paths {
             if path.code() == 1 {
@@ -162,6 +169,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Summary, SummaryError> {
         Mark::Plaintext,
         &mut peers,
     )?;
+    mark(&m.split_peer, &m.split_paths, Mark::Split, &mut peers)?;
     Ok(Summary {
         observer: m.observer,
         seq: m.seq,
@@ -176,10 +184,12 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Summary, SummaryError> {
 enum Mark {
     Lossy,
     Plaintext,
+    Split,
 }
 
 /// Marks the paths a sparse column lists (`peer`: indices, `masks`: each
-/// one's paths): peers in order, each mask naming paths in Success only.
+/// one's paths): peers in order, each mask naming paths in Success only
+/// (paths failed in one family: in Failure or failing only).
 fn mark(
     peer: &[u32],
     masks: &[u32],
@@ -191,6 +201,7 @@ fn mark(
             what: match what {
                 Mark::Lossy => "lossy path masks",
                 Mark::Plaintext => "plain-text path masks",
+                Mark::Split => "masks of paths failed in one family",
             },
             len: masks.len(),
             expected: peer.len(),
@@ -204,6 +215,7 @@ fn mark(
             match what {
                 Mark::Lossy => SummaryError::Lossy { at, mask },
                 Mark::Plaintext => SummaryError::Plaintext { at, mask },
+                Mark::Split => SummaryError::Split { at, mask },
             }
         };
         if index < next || mask == 0 || mask > 0b1111 {
@@ -212,12 +224,17 @@ fn mark(
         let p = peers.get_mut(index).ok_or_else(refused)?;
         for (bit, path) in p.paths.iter_mut().enumerate() {
             if mask & (1 << bit) != 0 {
-                if path.state != ProbeResult::Success {
+                let fits = match what {
+                    Mark::Split => matches!(path.code(), 2 | 3),
+                    Mark::Lossy | Mark::Plaintext => path.state == ProbeResult::Success,
+                };
+                if !fits {
                     return Err(refused());
                 }
                 match what {
                     Mark::Lossy => path.lossy = true,
                     Mark::Plaintext => path.plaintext = true,
+                    Mark::Split => path.split = true,
                 }
             }
         }

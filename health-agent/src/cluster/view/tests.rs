@@ -39,6 +39,9 @@ struct Faults {
     /// (observer, target): the observer says it reaches the target on
     /// every path, whatever happens (a compromised node lying).
     liars: Vec<(usize, usize)>,
+    /// Dual-stack targets whose second family is broken: every path
+    /// fails over it, the first family reaching them.
+    one_family: Vec<usize>,
 }
 
 struct Cluster {
@@ -89,6 +92,7 @@ impl Cluster {
         f.before.contains(&o)
             || f.liars.contains(&(o, t))
             || !(f.down.contains(&t)
+                || f.one_family.contains(&t)
                 || cut
                 || parted
                 || f.deaf.contains(&o)
@@ -115,6 +119,7 @@ impl Cluster {
                             } else {
                                 PathSample::new(ProbeResult::Failure, None)
                             }
+                            .with_split(f.one_family.contains(&t))
                         }),
                     })
                     .collect();
@@ -179,6 +184,51 @@ fn a_node_down() {
     let v = &view.nodes[57];
     assert!(!v.reporting);
     assert_eq!((v.seen_reachable, v.failing), (0, v.observers));
+}
+
+/// A dual-stack node broken over one family only is reached over the
+/// other: its paths degraded once they fail, never down; while its
+/// failures are below the probers' threshold, reached (as a node failing
+/// some of its paths is). Read as plain failures (a reader that predates
+/// the marks), it would be down either way.
+#[test]
+fn a_node_broken_over_one_family_is_degraded_not_down() {
+    let c = Cluster::new();
+    for fresh in [false, true] {
+        let f = Faults {
+            one_family: vec![57],
+            fresh,
+            ..Faults::default()
+        };
+        let view = c.view(&f);
+        let v = &view.nodes[57];
+        if fresh {
+            Cluster::check(&view, &[]);
+        } else {
+            Cluster::check(&view, &[(57, Verdict::PathDegraded)]);
+            assert!(v.reporting && v.failing == v.observers, "{v:?}");
+        }
+        let unmarked: Vec<Summary> = c
+            .summaries(&f)
+            .into_iter()
+            .map(|s| {
+                let peers = s
+                    .peers()
+                    .iter()
+                    .map(|p| PeerSummary {
+                        name: p.name.clone(),
+                        paths: p.paths.map(|mut path| {
+                            path.split = false;
+                            path
+                        }),
+                    })
+                    .collect();
+                Summary::new(s.observer().to_owned(), s.seq(), s.at_ms(), peers).expect("valid")
+            })
+            .collect();
+        let old = assemble(&c.nodes, &unmarked, &ViewParams::default());
+        Cluster::check(&old, &[(57, Verdict::NodeDown)]);
+    }
 }
 
 /// A dead node that one observer says it reaches (a compromised node
