@@ -12,6 +12,7 @@ mod history_cache;
 mod query;
 pub mod round_wait;
 pub mod server;
+mod socket;
 mod splice;
 pub mod types;
 

@@ -3,8 +3,7 @@
 
 use std::{
     io,
-    os::unix::fs::PermissionsExt as _,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -147,60 +146,7 @@ impl ApiState {
 
 type AppState = ApiState;
 
-/// Removes the socket file when dropped.
-pub struct SocketGuard {
-    path: PathBuf,
-}
-
-impl Drop for SocketGuard {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Binds `path` (mode 0660, owned by `group` when given: a group name or
-/// number, whose members may then use the API); the socket file goes when
-/// the guard drops.
-pub fn bind(path: &Path, group: Option<&str>) -> Result<(SocketGuard, UnixListener), ServerError> {
-    let io = |op, source| ServerError::Io {
-        op,
-        path: path.to_owned(),
-        source,
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| io("creating the directory of", e))?;
-    }
-    let listener = UnixListener::bind(path).map_err(|e| io("binding", e))?;
-    let guard = SocketGuard {
-        path: path.to_owned(),
-    };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .map_err(|e| io("setting mode 0660 on", e))?;
-    if let Some(group) = group {
-        let gid = group_id(group)?;
-        std::os::unix::fs::chown(path, None, Some(gid))
-            .map_err(|e| io("changing the group of", e))?;
-    }
-    Ok((guard, listener))
-}
-
-/// The ID of `group`, a name or a number.
-fn group_id(group: &str) -> Result<u32, ServerError> {
-    if let Ok(gid) = group.parse::<u32>() {
-        return Ok(gid);
-    }
-    match nix::unistd::Group::from_name(group) {
-        Ok(Some(g)) => Ok(g.gid.as_raw()),
-        Ok(None) => Err(ServerError::Group {
-            group: group.to_owned(),
-            reason: "no such group".into(),
-        }),
-        Err(e) => Err(ServerError::Group {
-            group: group.to_owned(),
-            reason: e.to_string(),
-        }),
-    }
-}
+pub use super::socket::{SocketGuard, bind};
 
 /// Serves the API on `listener` until `shutdown`, then lets requests in
 /// flight finish; every request on the calling task's runtime.
@@ -1118,7 +1064,10 @@ pub(crate) mod tests {
 
     /// One request as written, without `Accept-Encoding`: the answer's
     /// status, headers and body (hyper's client undoes the chunks).
-    async fn plain(client_path: &Path, path: &str) -> (StatusCode, axum::http::HeaderMap, Bytes) {
+    async fn plain(
+        client_path: &std::path::Path,
+        path: &str,
+    ) -> (StatusCode, axum::http::HeaderMap, Bytes) {
         use http_body_util::BodyExt as _;
         let stream = tokio::net::UnixStream::connect(client_path)
             .await

@@ -69,10 +69,14 @@ pub async fn run(
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), ControllerError> {
+    // A kept endpoint keeps the forwarding it needs, however this task
+    // ends (aborted at the stop deadline included).
+    let keep = cfg.endpoint.keep;
     let forwarding6 = if cfg.endpoint.cidr6.is_some() {
         Sysctl::set(IPV6_FORWARDING, "1", &cfg.endpoint.state_dir)
             .map_err(|e| warn!("could not enable IPv6 forwarding: {e}"))
             .ok()
+            .map(|s| if keep { s.kept_on_drop() } else { s })
     } else {
         // An earlier agent's IPv6 endpoint (kept, or its agent killed)
         // goes: so does the forwarding it needed.
@@ -173,14 +177,9 @@ pub async fn run(
     } else {
         "the controller failed"
     };
-    let keep = cfg.endpoint.keep;
     blocking(move || endpoint.release().shutdown(reason)).await?;
-    if keep {
-        // The kept endpoint still needs the node to forward for it.
-        std::mem::forget(forwarding6);
-    } else {
-        drop(forwarding6);
-    }
+    // Kept: the endpoint still needs the node to forward for it.
+    drop(forwarding6);
     result
 }
 

@@ -241,9 +241,8 @@ impl Addresses<'_> {
 /// moved to the monotonic one, may fall before the instant its request was
 /// sent (read from the monotonic clock before the send): the move reads
 /// both clocks one after the other, and a thread preempted between them
-/// shifts the stamp by as long. A late reply to an earlier round's
-/// request came long before (a round's interval, seconds); a genuine one
-/// refused would be a false failure.
+/// shifts the stamp by as long. Within it, the stamp stands (an RTT of
+/// zero); past it, the clock stepped and the read time stands.
 const STAMP_ERROR: Duration = Duration::from_millis(1);
 
 /// When each request went: nanoseconds after `base`, plus one (0: not
@@ -360,19 +359,17 @@ impl Waiting<'_> {
         }
     }
 
-    /// The reply to request `i` came at `at`, read at `now`. One that
-    /// came before the request went (by more than the clocks' error) is
-    /// not its answer: a late reply to an earlier round's request left
-    /// unread in the socket (its token, drawn for that round, already
-    /// fails to match: this is a second guard).
+    /// The reply to request `i` came at `at`, read at `now`. It carries
+    /// this round's token of the request, so it is the request's answer
+    /// whatever its stamp says: a stamp before the request went (by more
+    /// than the clocks' error) is the real-time clock stepped forward
+    /// between the reply's arrival and its read, and the read time, the
+    /// latest it can have come, stands for it.
     fn answered(&mut self, i: usize, at: Instant, now: Instant) {
-        if self
-            .sent_at
-            .get(i)
-            .is_some_and(|sent| at + STAMP_ERROR < sent)
-        {
-            return;
-        }
+        let at = match self.sent_at.get(i) {
+            Some(sent) if at + STAMP_ERROR < sent => now,
+            _ => at,
+        };
         if let Some(sent) = self.sent_at.take(i) {
             let rtt = at.saturating_duration_since(sent);
             if rtt <= self.timeout {

@@ -24,6 +24,8 @@ pub struct Sysctl {
     previous: Option<String>,
     /// Where the value it had is recorded until it is written back.
     record: Option<PathBuf>,
+    /// Dropping leaves the value and its record ([`Sysctl::kept_on_drop`]).
+    kept: bool,
 }
 
 /// The longest value a record may hold: sysctls the agent sets are
@@ -71,6 +73,7 @@ impl Sysctl {
                 value: value.to_owned(),
                 previous: Some(recorded),
                 record: Some(record.to_owned()),
+                kept: false,
             });
         } else {
             // Another boot's, or not a value: nothing to write back.
@@ -89,6 +92,7 @@ impl Sysctl {
                 value: value.to_owned(),
                 previous: None,
                 record: None,
+                kept: false,
             });
         }
         if recorded.is_none()
@@ -106,7 +110,18 @@ impl Sysctl {
             value: value.to_owned(),
             previous: Some(original),
             record: Some(record),
+            kept: false,
         })
+    }
+
+    /// Dropping leaves the value set and its record for the next agent of
+    /// this boot: for a setting that something the agent keeps after it
+    /// stops needs, whether the task holding it ends or is dropped at any
+    /// point (aborted at a deadline).
+    #[must_use]
+    pub fn kept_on_drop(mut self) -> Self {
+        self.kept = true;
+        self
     }
 }
 
@@ -145,7 +160,7 @@ fn forget(record: &Path) {
 
 impl Drop for Sysctl {
     fn drop(&mut self) {
-        let Some(v) = &self.previous else {
+        let Some(v) = self.previous.as_ref().filter(|_| !self.kept) else {
             return;
         };
         let now = fs::read_to_string(&self.path).unwrap_or_default();
@@ -292,6 +307,20 @@ mod tests {
         let next = Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set");
         assert_eq!(read(&record), "0 b1", "kept while set");
         drop(next);
+        assert_eq!(read(&sysctl), "0");
+        assert!(!record.exists());
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    /// Kept on drop: the value and its record stay for the next agent,
+    /// which writes back the value recorded.
+    #[test]
+    fn a_setting_kept_on_drop_stays_for_the_next_agent() {
+        let (dir, sysctl, record) = files("kept");
+        let set = Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set");
+        drop(set.kept_on_drop());
+        assert_eq!((read(&sysctl), read(&record)), ("1".into(), "0 b1".into()));
+        drop(Sysctl::set_at(sysctl.clone(), "1", record.clone(), "b1").expect("set"));
         assert_eq!(read(&sysctl), "0");
         assert!(!record.exists());
         let _ = fs::remove_dir_all(dir);

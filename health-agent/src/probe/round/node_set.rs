@@ -153,10 +153,10 @@ impl Prober {
         // A node new to the set, or one whose record changed (an address
         // it lacked, to be probed now, comes in a later record).
         let gained = nodes.iter().any(|n| before.get(&n.name) != Some(n));
-        let (mut left, mut moved_any) = (false, false);
+        let gone = addresses_gone(&before, &nodes);
+        let mut moved_any = false;
         let follow_ups = self.follow_ups();
         if let Ok(mut paths) = self.paths.lock() {
-            let count = paths.len();
             // A node that lost a family's addresses (or kept them where
             // this agent does not probe) forgets that family's paths; so
             // does one whose addresses of a family changed: their paths
@@ -186,7 +186,6 @@ impl Prober {
                 }
                 None => false,
             });
-            left = paths.len() < count;
             if moved_any {
                 self.joining
                     .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -203,11 +202,10 @@ impl Prober {
         // The round's sockets get their descriptor slots now, before the
         // round, not by the table's doubling under its load.
         http_round::reserve_descriptors(&self.cfg, target_count(&nodes, self.cfg.families));
-        // A node gone, or an address no node has any more: the kernel's
-        // samples, losses and pending requests of its addresses go.
-        if (left || moved_any)
-            && let Some(dir) = self.cfg.kernel_rtt.clone()
-        {
+        // A node gone, or an address it dropped or changed: the kernel's
+        // samples, losses and pending requests of the addresses no node
+        // has any more go.
+        if gone && let Some(dir) = self.cfg.kernel_rtt.clone() {
             prune_kernel_rtt(dir, &nodes);
         }
         if let Ok(mut n) = self.nodes.write() {
@@ -222,5 +220,59 @@ impl Prober {
         if gained {
             self.joins_more();
         }
+    }
+}
+
+/// Whether some address of a node in `before` is not that node's in
+/// `now`: the node left, or dropped or changed an address (a family
+/// dropped whole included).
+fn addresses_gone(before: &NodeSet, now: &NodeSet) -> bool {
+    before.iter().any(|old| match now.get(&old.name) {
+        None => true,
+        Some(n) => old.addresses().any(|a| !n.addresses().any(|b| b == a)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+    use crate::membership::Node;
+
+    fn node(name: &str, v4: Option<u8>, v6: Option<u16>) -> Node {
+        Node {
+            name: name.to_owned(),
+            node_ip: v4.map(|i| Ipv4Addr::new(198, 18, 0, i)),
+            health_ip: v4.map(|i| Ipv4Addr::new(198, 18, 1, i)),
+            node_ip6: v6.map(|i| Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, i)),
+            health_ip6: v6.map(|i| Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, i)),
+            ..Node::default()
+        }
+    }
+
+    fn set(nodes: &[Node]) -> NodeSet {
+        NodeSet::new(nodes.to_vec()).expect("distinct names")
+    }
+
+    #[test]
+    fn an_address_is_gone_when_its_node_leaves_drops_or_moves_it() {
+        let both = set(&[node("a", Some(2), Some(2)), node("b", Some(3), None)]);
+        // Unchanged, or a node and an address gained: nothing to prune.
+        assert!(!addresses_gone(&both, &both));
+        let more = set(&[
+            node("a", Some(2), Some(2)),
+            node("b", Some(3), Some(3)),
+            node("c", Some(4), None),
+        ]);
+        assert!(!addresses_gone(&both, &more));
+        // A node left.
+        assert!(addresses_gone(&both, &set(&[node("a", Some(2), Some(2))])));
+        // A family dropped whole, its node staying.
+        let v4_only = set(&[node("a", Some(2), None), node("b", Some(3), None)]);
+        assert!(addresses_gone(&both, &v4_only));
+        // An address moved.
+        let moved = set(&[node("a", Some(2), Some(9)), node("b", Some(3), None)]);
+        assert!(addresses_gone(&both, &moved));
     }
 }
