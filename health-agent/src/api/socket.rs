@@ -3,8 +3,9 @@
 //! connect while it still has the umask's mode.
 
 use std::{
-    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
+    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
 };
 
 use nix::fcntl::{RenameFlags, renameat2};
@@ -27,7 +28,7 @@ impl Drop for SocketGuard {
 /// number, whose members may then use the API); the socket file goes when
 /// the guard drops. A file already at `path` is left, and refused.
 pub fn bind(path: &Path, group: Option<&str>) -> Result<(SocketGuard, UnixListener), ServerError> {
-    let io = |op, source| ServerError::Io {
+    let io = |op, path: &Path, source| ServerError::Io {
         op,
         path: path.to_owned(),
         source,
@@ -36,40 +37,19 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<(SocketGuard, UnixListen
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    std::fs::create_dir_all(dir).map_err(|e| io("creating the directory of", e))?;
-    // Short, so that a path that fits the socket address's 108 bytes
-    // fits with it; the process's own, so that only a leftover of an
-    // earlier process of the same ID is in the way.
-    let staged = dir.join(format!(".bind{}", std::process::id()));
-    if std::fs::symlink_metadata(&staged).is_ok_and(|m| m.file_type().is_socket()) {
-        let _ = std::fs::remove_file(&staged);
-    }
-    let listener = UnixListener::bind(&staged).map_err(|e| io("binding", e))?;
+    std::fs::create_dir_all(dir).map_err(|e| io("creating the directory of", path, e))?;
+    let gid = group.map(group_id).transpose()?;
+    let (staged, listener) = bind_staged(dir)?;
     let staged_guard = SocketGuard {
         path: staged.clone(),
     };
     std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o660))
-        .map_err(|e| io("setting mode 0660 on", e))?;
-    if let Some(group) = group {
-        let gid = group_id(group)?;
-        std::os::unix::fs::chown(&staged, None, Some(gid))
-            .map_err(|e| io("changing the group of", e))?;
+        .map_err(|e| io("setting mode 0660 on", &staged, e))?;
+    if let Some(gid) = gid {
+        std::os::unix::fs::lchown(&staged, None, Some(gid))
+            .map_err(|e| io("changing the group of", &staged, e))?;
     }
-    renameat2(
-        nix::fcntl::AT_FDCWD,
-        &staged,
-        nix::fcntl::AT_FDCWD,
-        path,
-        RenameFlags::RENAME_NOREPLACE,
-    )
-    .map_err(|e| {
-        let e = if e == nix::errno::Errno::EEXIST {
-            std::io::Error::from(std::io::ErrorKind::AddrInUse)
-        } else {
-            std::io::Error::from(e)
-        };
-        io("binding", e)
-    })?;
+    move_into_place(&staged, path).map_err(|e| io("binding", path, e))?;
     std::mem::forget(staged_guard);
     Ok((
         SocketGuard {
@@ -77,6 +57,78 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<(SocketGuard, UnixListen
         },
         listener,
     ))
+}
+
+/// A socket bound in `dir` under a name of this call's own: short (a dot,
+/// the process ID and a count, in base 36), so that a directory whose
+/// path fits the socket address's 108 bytes with the API's name fits
+/// with it; a name in the way (a leftover of a process killed while
+/// binding) is passed over for the next.
+fn bind_staged(dir: &Path) -> Result<(PathBuf, UnixListener), ServerError> {
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let mut last = None;
+    for _ in 0..8 {
+        let n = CALLS.fetch_add(1, Ordering::Relaxed);
+        let staged = dir.join(format!(".{}{}", base36(std::process::id()), base36(n)));
+        match UnixListener::bind(&staged) {
+            Ok(listener) => return Ok((staged, listener)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some((staged, e)),
+            Err(e) => {
+                return Err(ServerError::Io {
+                    op: "binding",
+                    path: staged,
+                    source: e,
+                });
+            }
+        }
+    }
+    let (path, source) = last.expect("eight tries");
+    Err(ServerError::Io {
+        op: "binding",
+        path,
+        source,
+    })
+}
+
+/// Moves the socket at `staged` to `path`, never over a file there: a
+/// rename that refuses to replace, or where the file system has none, a
+/// hard link and the staged name's removal.
+fn move_into_place(staged: &Path, path: &Path) -> std::io::Result<()> {
+    let renamed = renameat2(
+        nix::fcntl::AT_FDCWD,
+        staged,
+        nix::fcntl::AT_FDCWD,
+        path,
+        RenameFlags::RENAME_NOREPLACE,
+    );
+    match renamed {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EEXIST) => Err(std::io::ErrorKind::AddrInUse.into()),
+        Err(nix::errno::Errno::EINVAL) => {
+            std::fs::hard_link(staged, path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    std::io::ErrorKind::AddrInUse.into()
+                } else {
+                    e
+                }
+            })?;
+            std::fs::remove_file(staged)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `n` in base 36, lowercase.
+fn base36(mut n: u32) -> String {
+    let mut digits = Vec::new();
+    loop {
+        digits.push(char::from_digit(n % 36, 36).unwrap_or('0'));
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    digits.iter().rev().collect()
 }
 
 /// The ID of `group`, a name or a number.
@@ -99,7 +151,7 @@ fn group_id(group: &str) -> Result<u32, ServerError> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::MetadataExt as _;
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
@@ -165,5 +217,49 @@ mod tests {
         );
         assert_eq!(std::fs::read(&path).expect("read"), b"someone else's");
         assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 1);
+    }
+
+    /// Binds made at once in one process, as the API's tests do, each
+    /// stage under a name of their own, and each socket lands at its
+    /// path.
+    #[test]
+    fn binds_at_once_stage_under_names_of_their_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rt = runtime();
+        let paths: Vec<PathBuf> = (0..8)
+            .map(|i| dir.path().join(format!("s{i}.sock")))
+            .collect();
+        let bound: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = paths
+                .iter()
+                .map(|p| s.spawn(|| rt.block_on(async { bind(p, None) }).expect("bind")))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        for p in &paths {
+            assert!(
+                std::fs::symlink_metadata(p)
+                    .expect("socket")
+                    .file_type()
+                    .is_socket()
+            );
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("dir").count(),
+            paths.len()
+        );
+        drop(bound);
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+    }
+
+    #[test]
+    fn base36_is_short() {
+        assert_eq!(base36(0), "0");
+        assert_eq!(base36(35), "z");
+        assert_eq!(base36(36), "10");
+        assert_eq!(base36(4_194_304), "2hwcg");
     }
 }

@@ -38,7 +38,7 @@ use crate::{
 pub enum Seen {
     /// Every path in Success, none failing its last probe.
     Reached,
-    /// Every path in Failure or failing its last probe.
+    /// Every path in Failure or failing its last probe, in every family.
     FailedAll,
     /// Anything between, or not known yet: no evidence either way.
     Other,
@@ -55,7 +55,7 @@ impl Seen {
         } else if p
             .paths
             .iter()
-            .all(|s| s.state == ProbeResult::Failure || s.failing)
+            .all(|s| (s.state == ProbeResult::Failure || s.failing) && !s.split)
         {
             Self::FailedAll
         } else {
@@ -285,5 +285,18 @@ mod tests {
             Vec::<Contradiction>::new()
         );
         assert_eq!(c.check("me", &view(5_500, Vec::new(), 0), 1_000).len(), 1);
+    }
+
+    /// Every path failed over one address family only: the node answers
+    /// over the other, so not "fails every path".
+    #[test]
+    fn paths_failed_in_one_family_are_not_every_path_failed() {
+        let failed = PathSample::new(ProbeResult::Failure, None);
+        let p = |split| PeerSummary {
+            name: "a".into(),
+            paths: [failed.with_split(split); 4],
+        };
+        assert_eq!(Seen::of(&p(false)), Seen::FailedAll);
+        assert_eq!(Seen::of(&p(true)), Seen::Other);
     }
 }

@@ -19,9 +19,11 @@ pub const MAX_MATRIX_NODES: usize = 1000;
 /// Every path succeeds.
 pub const REACHED: u8 = b'S';
 /// Every path failed: by its state, or by its last probe while below the
-/// prober's failure threshold (as the node-down verdict reads it).
+/// prober's failure threshold (as the node-down verdict reads it), none
+/// of them in one address family only.
 pub const FAILED: u8 = b'F';
-/// Some path failed.
+/// Some path failed (every one, some in one address family only,
+/// included).
 pub const DEGRADED: u8 = b'D';
 /// No failure, some path not known yet.
 pub const UNKNOWN: u8 = b'?';
@@ -44,7 +46,7 @@ fn cell(p: &PeerSummary) -> u8 {
     let states = p.paths.map(|s| s.state);
     if p.paths
         .iter()
-        .all(|s| s.state == ProbeResult::Failure || s.failing)
+        .all(|s| (s.state == ProbeResult::Failure || s.failing) && !s.split)
     {
         FAILED
     } else if states.contains(&ProbeResult::Failure) {
@@ -182,9 +184,20 @@ mod tests {
         )
         .expect("n1");
         let stale = Summary::new("n2".into(), 1, 5, vec![peer("n0", [S; 4])]).expect("stale");
-        let m = matrix(&nodes, [&n1_old, &n0, &n1, &stale], (100, 0));
+        // Every path failed, over one address family only: degraded.
+        let n3 = Summary::new(
+            "n3".into(),
+            3,
+            1_000,
+            vec![PeerSummary {
+                name: "n0".into(),
+                paths: [failed.with_split(true); 4],
+            }],
+        )
+        .expect("n3");
+        let m = matrix(&nodes, [&n1_old, &n0, &n1, &stale, &n3], (100, 0));
         assert_eq!(m.nodes, ["n0", "n1", "n2", "n3"]);
-        assert_eq!(m.rows, ["SFD?", "S.FS", "....", "...."]);
+        assert_eq!(m.rows, ["SFD?", "S.FS", "....", "D..."]);
         assert_eq!((m.total, m.truncated), (4, false));
     }
 

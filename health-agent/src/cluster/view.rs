@@ -650,7 +650,7 @@ impl<'a> SilentReaches<'a> {
                 continue;
             }
             for (t, seen) in seen_by_o.filter(|&(t, _)| !obs.reporting(t)) {
-                if Self::a_reach(seen) {
+                if Self::claims_up(seen) {
                     reach[t] += 1;
                 } else if seen.down_now() {
                     down[t] += 1;
@@ -671,10 +671,13 @@ impl<'a> SilentReaches<'a> {
         Self { problems, flags }
     }
 
-    /// Every path in Success, and not failing every one by the last
-    /// probes (that counts as a failure of every path).
-    const fn a_reach(seen: Seen) -> bool {
-        seen.reached() && !seen.down_now()
+    /// Some path said to answer: every path in Success, or some failed
+    /// and others in Success (a path failed in one family only counts as
+    /// answering over the other), and not every one failed by the
+    /// states or the last probes. An observer's claim that the node is
+    /// up: a liar's partial reach is discounted as a whole one is.
+    fn claims_up(seen: Seen) -> bool {
+        seen != Seen::Unknown && !seen.down_now()
     }
 
     /// Whether observer `o`'s `seen` of node `t` is a reach to discount.
@@ -684,7 +687,7 @@ impl<'a> SilentReaches<'a> {
         };
         let (first, problem) = self.problems;
         let bit = if first[o] || problem[o] { 2 } else { 1 };
-        flags & bit != 0 && Self::a_reach(seen)
+        flags & bit != 0 && Self::claims_up(seen)
     }
 }
 

@@ -462,7 +462,7 @@ fn cadence(prober: &Prober) -> Duration {
 impl ClusterViewTask {
     /// What this agent holds in `role`: as the leader, the summaries
     /// watched from when its node set is read.
-    fn take_role(&self, role: Role, interval: Duration) -> Option<Leading> {
+    fn take_role(&self, role: Role, interval: Duration, handed_over: u32) -> Option<Leading> {
         let Role::Leader(leadership) = role else {
             return None;
         };
@@ -470,6 +470,7 @@ impl ClusterViewTask {
         let mut lead = Leading::new(
             leadership,
             Held::new(&self.prefix, interval, MAX_SUMMARIES).with_peers(self.peers),
+            handed_over,
         );
         self.follow_summaries(&mut lead);
         Some(lead)
@@ -552,7 +553,7 @@ impl ClusterViewTask {
         let mut matrix: Option<matrix::ClusterMatrix> = None;
         let mut published_seq = 0;
         let mut rounds = Rounds::new(&self.prober);
-        let mut ticks: u64 = 0;
+        let (mut ticks, mut handed_over): (u64, u32) = (0, 0);
         let mut assignments = Assignments::default();
         let mut tick = ticker(interval);
         loop {
@@ -566,7 +567,8 @@ impl ClusterViewTask {
                     if changed.is_err() {
                         break;
                     }
-                    leading = self.take_role(role.borrow_and_update().clone(), interval);
+                    handed_over = leading.as_ref().map_or(handed_over, Leading::hand_overs_after);
+                    leading = self.take_role(role.borrow_and_update().clone(), interval, handed_over);
                     if leading.is_none() {
                         matrix = None;
                     }
@@ -622,7 +624,7 @@ impl ClusterViewTask {
                             matrix = self.lead(lead, &mut assignments, interval, &mut reader, &deposal, published_seq).await;
                             out = matrix.is_some();
                         }
-                        lead.tick(out, &deposal);
+                        lead.tick(out, !self.nodes.current().is_empty(), &deposal);
                     }
                     reader.check_contradictions(&checker);
                     self.show(&mut reader, &checker, matrix.as_ref());
@@ -679,6 +681,7 @@ impl ClusterViewTask {
         {
             Ok(()) => {
                 reader.published(key, published);
+                lead.published_now();
                 Some(matrix)
             }
             Err(LeaderPutError::Deposed { key }) => {

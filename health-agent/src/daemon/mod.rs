@@ -43,6 +43,7 @@ use std::{
     time::Duration,
 };
 
+use health_common::maps::ProgId;
 use sd_notify::NotifyState;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
@@ -186,7 +187,8 @@ async fn run_agent(
     };
     // The one owner of the kernel object (dropped before the pins).
     let sizes = map_sizes(&cfg);
-    let kernel = DatapathOwner::new(s.pins.dir.clone(), sizes);
+    let kernel =
+        DatapathOwner::new(s.pins.dir.clone(), sizes).with_programs(&programs(&cfg, &resolved));
     let health = Health::default();
     let stopping = stop.clone();
     let mut sup = Supervisor::new(s.process.supervisor(), health.clone(), stop);
@@ -420,6 +422,21 @@ fn metrics_and_web(
 
 /// The sizes of the maps that grow with the cluster: for the probe flows
 /// and the address families the endpoint has.
+/// The programs the agent's settings attach: the endpoint's tracking and
+/// echo responder, masquerade, the encryption check's counters.
+fn programs(cfg: &DaemonConfig, resolved: &config::Resolved) -> Vec<ProgId> {
+    let s = &cfg.settings;
+    let mut programs = vec![ProgId::LxcIngress, ProgId::LxcEgress];
+    programs.extend_from_slice(resolved.echo_mode.programs());
+    if s.datapath.masquerade() {
+        programs.extend([ProgId::NatIngress, ProgId::NatEgress]);
+    }
+    if s.encryption.enabled() {
+        programs.extend([ProgId::TunnelEgress, ProgId::PlainEgress]);
+    }
+    programs
+}
+
 fn map_sizes(cfg: &DaemonConfig) -> health_common::maps::MapSizes {
     let s = &cfg.settings;
     let e = &s.endpoint;

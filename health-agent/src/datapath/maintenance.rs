@@ -163,10 +163,13 @@ pub async fn run(
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), DatapathError> {
-    // The node forwards between its uplink and the endpoint (both modes).
+    // The node forwards between its uplink and the endpoint (both modes);
+    // a kept endpoint keeps that however this task ends (aborted at the
+    // stop deadline, or failing, included).
     let forwarding = Sysctl::set("net/ipv4/ip_forward", "1", &cfg.state_dir)
         .map_err(|e| warn!("could not enable IPv4 forwarding: {e}"))
-        .ok();
+        .ok()
+        .map(|s| if cfg.keep_pins { s.kept_on_drop() } else { s });
     let (c, k) = (cfg.clone(), kernel.clone());
     let mut node = blocking(move || set_up(&c, &k)).await?;
     ready();
@@ -193,12 +196,7 @@ pub async fn run(
         .await?;
     }
     drop(node);
-    if cfg.keep_pins {
-        // The kept endpoint still needs the node to forward for it.
-        std::mem::forget(forwarding);
-    } else {
-        drop(forwarding);
-    }
+    drop(forwarding);
     Ok(())
 }
 

@@ -33,6 +33,18 @@ impl AttachMode {
 }
 
 impl AttachMode {
+    /// The programs the responder attaches in this mode (native XDP also
+    /// puts an `XDP_PASS` program on the veth's far end).
+    #[must_use]
+    pub const fn programs(self) -> &'static [health_common::maps::ProgId] {
+        use health_common::maps::ProgId;
+        match self {
+            Self::Tcx | Self::Tc => &[ProgId::EchoTc],
+            Self::XdpNative => &[ProgId::EchoXdp, ProgId::XdpPass],
+            Self::XdpGeneric => &[ProgId::EchoXdp],
+        }
+    }
+
     /// Whether the responder runs at the tc hook (tcx or classic).
     #[must_use]
     pub const fn is_tc(self) -> bool {

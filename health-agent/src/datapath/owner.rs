@@ -18,7 +18,7 @@ use std::{
 
 use health_common::{
     ct::CtConfig,
-    maps::{EchoConfig, MapSizes},
+    maps::{EchoConfig, MapSizes, ProgId},
     nat::NatConfig,
 };
 
@@ -41,6 +41,8 @@ pub struct DatapathOwner {
 struct Owned {
     pin_dir: PathBuf,
     sizes: MapSizes,
+    /// Loaded (verified) with the object, before a pin it replaced goes.
+    programs: Vec<ProgId>,
     datapath: Option<Datapath>,
     sets: BTreeMap<u64, Links>,
     next_set: u64,
@@ -67,12 +69,26 @@ impl DatapathOwner {
             shared: Arc::new(Mutex::new(Owned {
                 pin_dir: pin_dir.clone(),
                 sizes,
+                programs: Vec::new(),
                 datapath: None,
                 sets: BTreeMap::new(),
                 next_set: 1,
             })),
             pin_dir,
         }
+    }
+
+    /// The same owner, loading `programs` with the object (the ones the
+    /// agent's settings attach): the verifier's refusal of one then fails
+    /// the load as a map the kernel refuses does, and every pin the load
+    /// replaced comes back, rather than at the first attachment, after
+    /// the old pins went. Any other program loads on first use.
+    #[must_use]
+    pub fn with_programs(self, programs: &[ProgId]) -> Self {
+        if let Ok(mut owned) = self.shared.lock() {
+            owned.programs = programs.to_vec();
+        }
+        self
     }
 
     /// A handle for a user of the object.
@@ -123,13 +139,14 @@ impl DatapathHandle {
         let Owned {
             pin_dir,
             sizes,
+            programs,
             datapath,
             sets,
             ..
         } = &mut *owned;
         let datapath = match datapath {
             Some(d) => d,
-            None => datapath.insert(Datapath::load_sized(pin_dir, &[], sizes)?),
+            None => datapath.insert(Datapath::load_sized(pin_dir, programs, sizes)?),
         };
         f(datapath, sets)
     }

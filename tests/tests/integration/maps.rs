@@ -817,3 +817,60 @@ fn a_failed_load_puts_a_replaced_pin_back_with_its_entries() {
         .expect("load");
     drop(d);
 }
+
+/// The loaded programs that use one of `maps` pinned under `pins`, by
+/// the names the kernel keeps (15 bytes at most).
+fn programs_using(pins: &PinDir, maps: &[MapId]) -> Vec<String> {
+    let ids: Vec<u32> = maps
+        .iter()
+        .map(|m| {
+            MapData::from_pin(pins.path().join(m.name()))
+                .expect("pin")
+                .info()
+                .expect("map info")
+                .id()
+        })
+        .collect();
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| {
+            p.map_ids()
+                .ok()
+                .flatten()
+                .is_some_and(|used| used.iter().any(|id| ids.contains(id)))
+        })
+        .filter_map(|p| p.name_as_str().map(str::to_owned))
+        .collect()
+}
+
+/// An owner given the programs its settings attach loads them with the
+/// object, at its first request and before any attachment: a program the
+/// verifier refuses fails that load, which puts back the pins it
+/// replaced. The others wait for their first use.
+#[test]
+fn an_owner_loads_the_programs_it_is_given_with_the_object() {
+    require_root();
+    let pins = PinDir::new();
+    let owner =
+        health_agent::datapath::DatapathOwner::new(pins.path().to_owned(), MapSizes::for_peers(64))
+            .with_programs(&[ProgId::NatEgress, ProgId::LxcIngress]);
+    owner
+        .handle()
+        .set_ct_config(health_common::ct::CtConfig::default())
+        .expect("loaded");
+    let names = programs_using(&pins, &[MapId::CtMap, MapId::NatMap]);
+    let has = |p: ProgId| {
+        names
+            .iter()
+            .any(|n| !n.is_empty() && p.name().starts_with(n.as_str()))
+    };
+    assert!(
+        has(ProgId::NatEgress) && has(ProgId::LxcIngress),
+        "{names:?}"
+    );
+    assert!(
+        !has(ProgId::LxcEgress),
+        "not given: on first use only; {names:?}"
+    );
+    drop(owner);
+}

@@ -254,6 +254,43 @@ fn a_lying_observer_does_not_keep_a_dead_node_from_down() {
         "{v:?}"
     );
     assert!(!v.failing_observers.contains(&c.nodes[observers[0]].name));
+    // A liar saying less, that some path answers (the others failed, or
+    // every one failed over one family only), is discounted the same.
+    for (failed, split) in [(3, false), (4, true)] {
+        let mut summaries = c.summaries(&down);
+        let liar = &c.nodes[observers[0]].name;
+        let lie = summaries
+            .iter_mut()
+            .find(|s| s.observer() == liar)
+            .expect("the liar's summary");
+        let peers = lie
+            .peers()
+            .iter()
+            .map(|p| PeerSummary {
+                name: p.name.clone(),
+                paths: if p.name == c.nodes[57].name {
+                    std::array::from_fn(|i| {
+                        if i < failed {
+                            PathSample::new(ProbeResult::Failure, None).with_split(split)
+                        } else {
+                            PathSample::new(ProbeResult::Success, Some(200))
+                        }
+                    })
+                } else {
+                    p.paths
+                },
+            })
+            .collect();
+        *lie =
+            Summary::new(lie.observer().to_owned(), lie.seq(), lie.at_ms(), peers).expect("valid");
+        let view = assemble(&c.nodes, &summaries, &ViewParams::default());
+        let v = &view.nodes[57];
+        assert_eq!(
+            (v.verdict, v.discounted),
+            (Verdict::NodeDown, 1),
+            "{failed} failed, split {split}: {v:?}"
+        );
+    }
     // Cut from every observer but the liar, yet publishing: degraded,
     // the liar's reach counted.
     let cut = Faults {

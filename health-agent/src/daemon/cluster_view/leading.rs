@@ -2,7 +2,11 @@
 //! a leader that cannot publish (its writes fail, or it cannot read the
 //! summaries) leaves every agent's view stale for as long as it holds the
 //! role, so after a few ticks without a view out it resigns, and another
-//! candidate leads (this one campaigns again, behind the others).
+//! candidate leads (this one campaigns again, behind the others). Each
+//! hand-over in a row without a view published between doubles the
+//! patience of the agent's next leadership, so that a cause every agent
+//! shares (no permission for the view's key) does not pass the role
+//! around every few ticks, each leader reading every summary anew.
 
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -20,6 +24,9 @@ pub(super) const HAND_OVER_TICKS: u32 = 3;
 /// then its view is as old as a summary left out.
 pub(super) const HAND_OVER_UNREAD_TICKS: u32 = STALE_ROUNDS;
 
+/// The most a leader's patience is doubled by hand-overs in a row.
+const MOST_DOUBLINGS: u32 = 5;
+
 /// The leader's election key, the summaries (watched from when its node
 /// set is read) and how its ticks went.
 pub(super) struct Leading {
@@ -30,48 +37,87 @@ pub(super) struct Leading {
     pub(super) held: Held,
     /// A view was assembled (and its write tried) since the election.
     pub(super) published: bool,
-    /// Ticks in a row without a view published.
-    pub(super) unpublished: u32,
+    /// Ticks in a row without the summaries read, and, once read, ticks
+    /// in a row whose view was not published.
+    unread: u32,
+    unpublished: u32,
+    /// The hand-overs in a row before this leadership: its patience is
+    /// doubled that many times.
+    handed_over: u32,
+    /// Whether this leadership published a view, and whether it handed
+    /// the role over.
+    published_any: bool,
+    handed: bool,
 }
 
 impl Leading {
-    pub(super) const fn new(leadership: Leadership, held: Held) -> Self {
+    /// A new leadership, after `handed_over` hand-overs in a row.
+    pub(super) const fn new(leadership: Leadership, held: Held, handed_over: u32) -> Self {
         Self {
             leadership,
             events: None,
             held,
             published: false,
+            unread: 0,
             unpublished: 0,
+            handed_over,
+            published_any: false,
+            handed: false,
         }
     }
 
-    /// Counts a tick at which a view was published (`out`) or not, and
-    /// hands the role over (through `deposal`) when it is time.
-    pub(super) fn tick(&mut self, out: bool, deposal: &Deposal<'_>) {
-        if self.ticked(out) {
-            warn!(
-                ticks = self.unpublished,
-                summaries_read = self.held.loaded,
-                "cluster view: no view published for as many ticks as the leader; handing the role over"
-            );
-            deposal.tell(&self.leadership);
+    /// The hand-overs in a row once this leadership ends: none once it
+    /// published a view, one more if it handed the role over.
+    pub(super) const fn hand_overs_after(&self) -> u32 {
+        if self.published_any {
+            0
+        } else if self.handed {
+            self.handed_over.saturating_add(1)
+        } else {
+            self.handed_over
         }
+    }
+
+    /// A view went out (at a tick, or as soon as the summaries were
+    /// read): the counts start anew.
+    pub(super) const fn published_now(&mut self) {
+        self.unread = 0;
+        self.unpublished = 0;
+        self.published_any = true;
+    }
+
+    /// Counts a tick at which a view was published (`out`) or not, and
+    /// hands the role over (through `deposal`) when it is time; whether it
+    /// did. A tick without a node set (`members` false: no view to make
+    /// yet) is not counted.
+    pub(super) fn tick(&mut self, out: bool, members: bool, deposal: &Deposal<'_>) -> bool {
+        if !members || !self.ticked(out) {
+            return false;
+        }
+        self.handed = true;
+        warn!(
+            ticks = self.unread.max(self.unpublished),
+            summaries_read = self.held.loaded,
+            "cluster view: no view published for as many ticks as the leader; handing the role over"
+        );
+        deposal.tell(&self.leadership);
+        true
     }
 
     /// Counts a tick at which a view was published (`out`) or not;
     /// whether the role is to be handed over.
-    pub(super) fn ticked(&mut self, out: bool) -> bool {
+    fn ticked(&mut self, out: bool) -> bool {
         if out {
-            self.unpublished = 0;
+            self.published_now();
             return false;
         }
-        self.unpublished = self.unpublished.saturating_add(1);
-        let most = if self.held.loaded {
-            HAND_OVER_TICKS
+        let (count, most) = if self.held.loaded {
+            (&mut self.unpublished, HAND_OVER_TICKS)
         } else {
-            HAND_OVER_UNREAD_TICKS
+            (&mut self.unread, HAND_OVER_UNREAD_TICKS)
         };
-        self.unpublished >= most
+        *count = count.saturating_add(1);
+        *count >= most << self.handed_over.min(MOST_DOUBLINGS)
     }
 }
 
@@ -91,6 +137,7 @@ mod tests {
         Leading::new(
             leadership,
             Held::new("/health/summaries/", Duration::from_secs(3), 16),
+            0,
         )
     }
 
@@ -122,19 +169,54 @@ mod tests {
             role: &role,
         };
         let told = || tokio::time::timeout(Duration::from_millis(20), notify.notified());
-        lead.tick(false, &deposal);
-        lead.tick(false, &deposal);
+        for _ in 0..5 {
+            assert!(
+                !lead.tick(false, false, &deposal),
+                "no node set: not counted"
+            );
+        }
+        lead.tick(false, true, &deposal);
+        lead.tick(false, true, &deposal);
         assert!(told().await.is_err(), "two ticks are let pass");
-        lead.tick(false, &deposal);
+        assert!(lead.tick(false, true, &deposal));
         assert!(told().await.is_ok(), "the third hands the role over");
+        assert_eq!(lead.hand_overs_after(), 1);
+        // A leadership that published is followed by no hand-over in a row.
+        lead.published_now();
+        assert_eq!(lead.hand_overs_after(), 0);
     }
 
+    /// Ticks spent reading the summaries are not failed writes: once
+    /// read, a failed write is let pass as it is to any leader.
     #[test]
     fn a_leader_still_reading_the_summaries_has_longer() {
         let mut lead = leading();
         for tick in 1..HAND_OVER_UNREAD_TICKS {
             assert!(!lead.ticked(false), "tick {tick}");
         }
+        lead.held.loaded = true;
+        assert!(!lead.ticked(false), "a first failed write");
+        assert!(!lead.ticked(false));
         assert!(lead.ticked(false));
+        let mut lead = leading();
+        for _ in 1..HAND_OVER_UNREAD_TICKS {
+            lead.ticked(false);
+        }
+        assert!(lead.ticked(false), "never read");
+    }
+
+    /// After hand-overs in a row, a leadership has twice the patience
+    /// each time, up to a bound.
+    #[test]
+    fn hand_overs_in_a_row_double_the_patience() {
+        for (handed_over, ticks) in [(0, 3), (1, 6), (2, 12), (9, 3 << MOST_DOUBLINGS)] {
+            let mut lead = leading();
+            lead.handed_over = handed_over;
+            lead.held.loaded = true;
+            for tick in 1..ticks {
+                assert!(!lead.ticked(false), "{handed_over}: tick {tick}");
+            }
+            assert!(lead.ticked(false), "{handed_over}");
+        }
     }
 }

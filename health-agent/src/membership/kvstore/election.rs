@@ -137,7 +137,8 @@ impl KvStore {
                 () = stop.cancelled() => break Ok(()),
                 () = deposed.notified(), if leader.is_some() => break Err(KvError::Call {
                     op: "leading".into(),
-                    detail: "the election key is gone or replaced".into(),
+                    detail: "deposed (the election key gone or replaced), or handing the role over"
+                        .into(),
                 }),
                 r = &mut campaign, if leader.is_none() => {
                     let key = r
