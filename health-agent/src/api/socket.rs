@@ -112,7 +112,12 @@ fn move_into_place(staged: &Path, path: &Path) -> std::io::Result<()> {
                     e
                 }
             })?;
-            std::fs::remove_file(staged)
+            // Served at `path` from here: a staged name left behind is a
+            // second name of the same socket, not a failure.
+            if let Err(e) = std::fs::remove_file(staged) {
+                tracing::warn!(staged = %staged.display(), "removing the staged name of the API socket: {e}");
+            }
+            Ok(())
         }
         Err(e) => Err(e.into()),
     }

@@ -40,7 +40,10 @@ pub enum Seen {
     Reached,
     /// Every path in Failure or failing its last probe, in every family.
     FailedAll,
-    /// Anything between, or not known yet: no evidence either way.
+    /// Some path answers (in Success, its last probe answered, or failed
+    /// in one address family only), some does not: the node is up.
+    ReachedSome,
+    /// Anything else, or not known yet: no evidence either way.
     Other,
 }
 
@@ -58,6 +61,12 @@ impl Seen {
             .all(|s| (s.state == ProbeResult::Failure || s.failing) && !s.split)
         {
             Self::FailedAll
+        } else if p
+            .paths
+            .iter()
+            .any(|s| (s.state == ProbeResult::Success && !s.failing) || s.split)
+        {
+            Self::ReachedSome
         } else {
             Self::Other
         }
@@ -131,6 +140,7 @@ impl Checker {
                 Seen::Reached if published == Verdict::NodeDown || names_local => {
                     "reaches it on every path"
                 }
+                Seen::ReachedSome if published == Verdict::NodeDown => "reaches it on some path",
                 Seen::FailedAll if published == Verdict::Healthy && !discounted => {
                     "fails every path to it"
                 }
@@ -201,6 +211,14 @@ mod tests {
         }
     }
 
+    /// A peer every path of which failed over one address family only.
+    fn one_family(name: &str) -> PeerSummary {
+        PeerSummary {
+            name: name.into(),
+            paths: [PathSample::new(ProbeResult::Failure, None).with_split(true); 4],
+        }
+    }
+
     #[test]
     fn a_view_contradicting_what_this_agent_has_seen_for_an_interval_is_reported() {
         let mut c = Checker::default();
@@ -211,6 +229,7 @@ mod tests {
                 peer("b", ProbeResult::Failure, false),
                 peer("c", ProbeResult::Success, false),
                 peer("d", ProbeResult::Success, true),
+                one_family("e"),
                 peer("me", ProbeResult::Success, false),
             ],
         ));
@@ -222,6 +241,7 @@ mod tests {
                 peer("b", ProbeResult::Failure, false),
                 peer("c", ProbeResult::Success, false),
                 peer("d", ProbeResult::Success, true),
+                one_family("e"),
             ],
         ));
         let v = view(
@@ -230,6 +250,7 @@ mod tests {
                 node("a", Verdict::NodeDown, &[]),
                 node("c", Verdict::PathDegraded, &["me"]),
                 node("d", Verdict::NodeDown, &[]),
+                node("e", Verdict::NodeDown, &[]),
             ],
             0,
         );
@@ -244,6 +265,7 @@ mod tests {
                 ("a", Verdict::NodeDown, "reaches it on every path"),
                 ("b", Verdict::Healthy, "fails every path to it"),
                 ("c", Verdict::PathDegraded, "reaches it on every path"),
+                ("e", Verdict::NodeDown, "reaches it on some path"),
             ]
         );
         // A view of 1999 is assembled less than an interval after: no
@@ -297,6 +319,6 @@ mod tests {
             paths: [failed.with_split(split); 4],
         };
         assert_eq!(Seen::of(&p(false)), Seen::FailedAll);
-        assert_eq!(Seen::of(&p(true)), Seen::Other);
+        assert_eq!(Seen::of(&p(true)), Seen::ReachedSome);
     }
 }

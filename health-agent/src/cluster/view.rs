@@ -260,7 +260,12 @@ impl ClusterView {
 enum Seen {
     Reached,
     FailedAll,
+    /// Failed some path, and some other answers (in Success, its last
+    /// probe answered, or failed in one address family only).
     FailedSome,
+    /// Failed some path, and none of the others answers (unknown, or in
+    /// Success failing its last probe).
+    FailedSomeNoneAnswering,
     Unknown,
     /// Every path failed its last probe, none in Failure yet: reached by
     /// the states.
@@ -286,7 +291,14 @@ impl Seen {
             (4, _) if !split => Self::FailedAll,
             (0, 4) if !split => Self::ReachedFailingAll,
             (_, 4) if !split => Self::FailedSomeFailingAll,
-            (1.., _) => Self::FailedSome,
+            (1.., _)
+                if paths
+                    .iter()
+                    .any(|p| (p.state == ProbeResult::Success && !p.failing) || p.split) =>
+            {
+                Self::FailedSome
+            }
+            (1.., _) => Self::FailedSomeNoneAnswering,
             _ if paths.iter().any(|p| p.state == ProbeResult::Unknown) => Self::Unknown,
             _ if paths.iter().any(|p| p.lossy) => Self::ReachedLossy,
             _ => Self::Reached,
@@ -305,7 +317,10 @@ impl Seen {
     const fn failed(self) -> bool {
         matches!(
             self,
-            Self::FailedAll | Self::FailedSome | Self::FailedSomeFailingAll
+            Self::FailedAll
+                | Self::FailedSome
+                | Self::FailedSomeNoneAnswering
+                | Self::FailedSomeFailingAll
         )
     }
 
@@ -677,7 +692,7 @@ impl<'a> SilentReaches<'a> {
     /// states or the last probes. An observer's claim that the node is
     /// up: a liar's partial reach is discounted as a whole one is.
     fn claims_up(seen: Seen) -> bool {
-        seen != Seen::Unknown && !seen.down_now()
+        !matches!(seen, Seen::Unknown | Seen::FailedSomeNoneAnswering) && !seen.down_now()
     }
 
     /// Whether observer `o`'s `seen` of node `t` is a reach to discount.

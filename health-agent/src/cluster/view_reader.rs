@@ -366,6 +366,20 @@ impl ViewReader {
             .min(self.cadence_ms.saturating_mul(HOLD_INTERVALS))
     }
 
+    /// Whether the view held at `now_ms` is current and assembled by
+    /// another agent.
+    #[must_use]
+    pub fn current_from_another(&self, now_ms: u64) -> bool {
+        self.current().is_some_and(|(_, v)| {
+            v.assembler != self.local
+                && !crate::cluster::published_view::is_stale(
+                    v.at_ms,
+                    self.believed_interval(v),
+                    now_ms,
+                )
+        })
+    }
+
     /// What the API serves at `now_ms`, if a view was read: stale two of
     /// its believed intervals after its time.
     #[must_use]
@@ -465,6 +479,7 @@ mod tests {
             ),
             ("leader", false, false, 500, "/h/view/leader")
         );
+        assert!(r.current_from_another(now + 500));
         // Garbage, a view from the future, a view at another's key:
         // refused, the good one kept.
         r.apply(put("/h/view/leader", b"\x01\x05junk!".to_vec()), now);
@@ -481,6 +496,7 @@ mod tests {
             .and_then(|x| x.assembly)
             .expect("assembly");
         assert!(a.stale, "{a:?}");
+        assert!(!r.current_from_another(now + 2_001));
         // A newer view (a new assembler) is shown; this agent's own is
         // marked as such; the old one goes with its lease.
         r.apply(put("/h/view/me", value(now + 3_000, "me")), now + 3_000);
@@ -489,6 +505,7 @@ mod tests {
             .and_then(|x| x.assembly)
             .expect("assembly");
         assert!(a.here && !a.stale, "{a:?}");
+        assert!(!r.current_from_another(now + 3_000), "this agent's own");
         r.apply(
             WatchEvent::Delete {
                 key: b"/h/view/leader".to_vec(),

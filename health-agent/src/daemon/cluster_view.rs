@@ -581,11 +581,9 @@ impl ClusterViewTask {
                     self.members_changed(set, &mut reader, (&checker, matrix.as_ref()), leading.as_mut());
                 }
                 event = view_events.recv() => match event {
-                    Some(e) => {
-                        reader.set_members(self.nodes.current());
-                        reader.apply(e, crate::util::timefmt::now_ms());
-                        self.show(&mut reader, &checker, matrix.as_ref());
-                    }
+                    // A current view another agent assembled: this one's
+                    // hand-overs in a row are over.
+                    Some(e) => if self.view_event(e, &mut reader, &checker, matrix.as_ref()) { handed_over = 0 },
                     None => break,
                 },
                 event = async { leading.as_mut()?.events.as_mut()?.recv().await }, if leading.as_ref().is_some_and(|l| l.events.is_some()) => {
@@ -637,6 +635,22 @@ impl ClusterViewTask {
         if campaigning {
             let _ = campaign.await;
         }
+    }
+
+    /// Applies a change of the views' keys and shows the result; whether
+    /// the view now held is current and another agent's.
+    fn view_event(
+        &self,
+        event: WatchEvent,
+        reader: &mut ViewReader,
+        checker: &Checker,
+        matrix: Option<&matrix::ClusterMatrix>,
+    ) -> bool {
+        let now_ms = crate::util::timefmt::now_ms();
+        reader.set_members(self.nodes.current());
+        reader.apply(event, now_ms);
+        self.show(reader, checker, matrix);
+        reader.current_from_another(now_ms)
     }
 
     /// The view read (or published) last, to the API: its staleness as of

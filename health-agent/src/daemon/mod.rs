@@ -420,23 +420,21 @@ fn metrics_and_web(
     (api_state, web)
 }
 
-/// The sizes of the maps that grow with the cluster: for the probe flows
-/// and the address families the endpoint has.
-/// The programs the agent's settings attach: the endpoint's tracking and
-/// echo responder, masquerade, the encryption check's counters.
+/// The programs the agent's settings need for the datapath to start: the
+/// endpoint's tracking and echo responder, masquerade. The encryption
+/// check's counters load when a WireGuard device is there to count on,
+/// and a failure there only degrades that check.
 fn programs(cfg: &DaemonConfig, resolved: &config::Resolved) -> Vec<ProgId> {
-    let s = &cfg.settings;
     let mut programs = vec![ProgId::LxcIngress, ProgId::LxcEgress];
     programs.extend_from_slice(resolved.echo_mode.programs());
-    if s.datapath.masquerade() {
+    if cfg.settings.datapath.masquerade() {
         programs.extend([ProgId::NatIngress, ProgId::NatEgress]);
-    }
-    if s.encryption.enabled() {
-        programs.extend([ProgId::TunnelEgress, ProgId::PlainEgress]);
     }
     programs
 }
 
+/// The sizes of the maps that grow with the cluster: for the probe flows
+/// and the address families the endpoint has.
 fn map_sizes(cfg: &DaemonConfig) -> health_common::maps::MapSizes {
     let s = &cfg.settings;
     let e = &s.endpoint;

@@ -150,6 +150,28 @@ impl Cluster {
         }
     }
 
+    /// Replaces observer `o`'s observation of `t` in `summaries` by
+    /// `paths`.
+    fn rewrite(&self, summaries: &mut [Summary], o: usize, t: usize, paths: [PathSample; 4]) {
+        let s = summaries
+            .iter_mut()
+            .find(|s| s.observer() == self.nodes[o].name)
+            .expect("the observer's summary");
+        let peers = s
+            .peers()
+            .iter()
+            .map(|p| PeerSummary {
+                name: p.name.clone(),
+                paths: if p.name == self.nodes[t].name {
+                    paths
+                } else {
+                    p.paths
+                },
+            })
+            .collect();
+        *s = Summary::new(s.observer().to_owned(), s.seq(), s.at_ms(), peers).expect("valid");
+    }
+
     fn observes(&self, o: usize, t: usize) -> bool {
         self.plan
             .assigned_index(o, ProbePeers::Count(K))
@@ -258,31 +280,14 @@ fn a_lying_observer_does_not_keep_a_dead_node_from_down() {
     // every one failed over one family only), is discounted the same.
     for (failed, split) in [(3, false), (4, true)] {
         let mut summaries = c.summaries(&down);
-        let liar = &c.nodes[observers[0]].name;
-        let lie = summaries
-            .iter_mut()
-            .find(|s| s.observer() == liar)
-            .expect("the liar's summary");
-        let peers = lie
-            .peers()
-            .iter()
-            .map(|p| PeerSummary {
-                name: p.name.clone(),
-                paths: if p.name == c.nodes[57].name {
-                    std::array::from_fn(|i| {
-                        if i < failed {
-                            PathSample::new(ProbeResult::Failure, None).with_split(split)
-                        } else {
-                            PathSample::new(ProbeResult::Success, Some(200))
-                        }
-                    })
-                } else {
-                    p.paths
-                },
-            })
-            .collect();
-        *lie =
-            Summary::new(lie.observer().to_owned(), lie.seq(), lie.at_ms(), peers).expect("valid");
+        let lie = std::array::from_fn(|i| {
+            if i < failed {
+                PathSample::new(ProbeResult::Failure, None).with_split(split)
+            } else {
+                PathSample::new(ProbeResult::Success, Some(200))
+            }
+        });
+        c.rewrite(&mut summaries, observers[0], 57, lie);
         let view = assemble(&c.nodes, &summaries, &ViewParams::default());
         let v = &view.nodes[57];
         assert_eq!(
@@ -291,6 +296,22 @@ fn a_lying_observer_does_not_keep_a_dead_node_from_down() {
             "{failed} failed, split {split}: {v:?}"
         );
     }
+    // Observers that fail some path and know nothing of the others (no
+    // path answering) claim no reach: they do not stand beside the liar's.
+    let n = observers.len() as u32;
+    let unsure = (n - 1).div_ceil(4) as usize;
+    assert!(
+        n - 1 - unsure as u32 <= 3 * unsure as u32,
+        "enough to shield a reach"
+    );
+    let mut summaries = c.summaries(&down);
+    let failed = PathSample::new(ProbeResult::Failure, None);
+    for &o in &observers[1..=unsure] {
+        let paths = [failed, failed, PathSample::UNKNOWN, PathSample::UNKNOWN];
+        c.rewrite(&mut summaries, o, 57, paths);
+    }
+    let v = &assemble(&c.nodes, &summaries, &ViewParams::default()).nodes[57];
+    assert_eq!(v.discounted, 1, "the liar's reach: {v:?}");
     // Cut from every observer but the liar, yet publishing: degraded,
     // the liar's reach counted.
     let cut = Faults {
