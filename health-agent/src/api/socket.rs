@@ -1,6 +1,7 @@
-//! The API's unix socket: made under a name of its own, given its mode
-//! and group, and only then moved to its path, so that nobody can
-//! connect while it still has the umask's mode.
+//! The API's unix socket: made with its mode (0660 at most, whatever the
+//! umask) under a name of its own, given its group, and only then moved
+//! to its path, so that nobody can connect while it has another mode or
+//! group.
 
 use std::{
     os::unix::fs::PermissionsExt as _,
@@ -70,7 +71,7 @@ fn bind_staged(dir: &Path) -> Result<(PathBuf, UnixListener), ServerError> {
     for _ in 0..8 {
         let n = CALLS.fetch_add(1, Ordering::Relaxed);
         let staged = dir.join(format!(".{}{}", base36(std::process::id()), base36(n)));
-        match UnixListener::bind(&staged) {
+        match listen_at(&staged) {
             Ok(listener) => return Ok((staged, listener)),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some((staged, e)),
             Err(e) => {
@@ -88,6 +89,25 @@ fn bind_staged(dir: &Path) -> Result<(PathBuf, UnixListener), ServerError> {
         path,
         source,
     })
+}
+
+/// A listening socket bound at `path` whose file is made with mode 0660
+/// at most: the kernel makes it with the socket's own mode less the
+/// umask, and that mode is set first, so no umask, however permissive,
+/// lets anyone connect to it before it is moved into place.
+fn listen_at(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::fd::AsFd as _;
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    nix::sys::stat::fchmod(
+        socket.as_fd(),
+        nix::sys::stat::Mode::from_bits_truncate(0o660),
+    )?;
+    socket.bind(&socket2::SockAddr::unix(path)?)?;
+    socket.listen(1024)?;
+    socket.set_nonblocking(true)?;
+    UnixListener::from_std(std::os::unix::net::UnixListener::from(
+        std::os::fd::OwnedFd::from(socket),
+    ))
 }
 
 /// Moves the socket at `staged` to `path`, never over a file there: a
@@ -167,6 +187,20 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime")
+    }
+
+    /// The staged socket's file is made with no access for others and no
+    /// execute bit, whatever the umask (the process's here: 022 or less
+    /// strict would leave others read and execute).
+    #[test]
+    fn the_staged_socket_is_made_with_its_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(".staged");
+        let _listener = runtime()
+            .block_on(async { listen_at(&path) })
+            .expect("listen");
+        let mode = std::fs::symlink_metadata(&path).expect("socket").mode() & 0o777;
+        assert_eq!(mode & !0o660, 0, "{mode:o}");
     }
 
     /// The socket appears at its path by a rename, with its mode and group

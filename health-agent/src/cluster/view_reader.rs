@@ -366,17 +366,11 @@ impl ViewReader {
             .min(self.cadence_ms.saturating_mul(HOLD_INTERVALS))
     }
 
-    /// Whether the view held at `now_ms` is current and assembled by
-    /// another agent.
+    /// Whether a view is held and current at `now_ms`.
     #[must_use]
-    pub fn current_from_another(&self, now_ms: u64) -> bool {
+    pub fn holds_current(&self, now_ms: u64) -> bool {
         self.current().is_some_and(|(_, v)| {
-            v.assembler != self.local
-                && !crate::cluster::published_view::is_stale(
-                    v.at_ms,
-                    self.believed_interval(v),
-                    now_ms,
-                )
+            !crate::cluster::published_view::is_stale(v.at_ms, self.believed_interval(v), now_ms)
         })
     }
 
@@ -479,7 +473,7 @@ mod tests {
             ),
             ("leader", false, false, 500, "/h/view/leader")
         );
-        assert!(r.current_from_another(now + 500));
+        assert!(r.holds_current(now + 500));
         // Garbage, a view from the future, a view at another's key:
         // refused, the good one kept.
         r.apply(put("/h/view/leader", b"\x01\x05junk!".to_vec()), now);
@@ -496,7 +490,7 @@ mod tests {
             .and_then(|x| x.assembly)
             .expect("assembly");
         assert!(a.stale, "{a:?}");
-        assert!(!r.current_from_another(now + 2_001));
+        assert!(!r.holds_current(now + 2_001));
         // A newer view (a new assembler) is shown; this agent's own is
         // marked as such; the old one goes with its lease.
         r.apply(put("/h/view/me", value(now + 3_000, "me")), now + 3_000);
@@ -505,7 +499,7 @@ mod tests {
             .and_then(|x| x.assembly)
             .expect("assembly");
         assert!(a.here && !a.stale, "{a:?}");
-        assert!(!r.current_from_another(now + 3_000), "this agent's own");
+        assert!(r.holds_current(now + 3_000), "this agent's own counts too");
         r.apply(
             WatchEvent::Delete {
                 key: b"/h/view/leader".to_vec(),

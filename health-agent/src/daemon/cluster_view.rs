@@ -462,7 +462,7 @@ fn cadence(prober: &Prober) -> Duration {
 impl ClusterViewTask {
     /// What this agent holds in `role`: as the leader, the summaries
     /// watched from when its node set is read.
-    fn take_role(&self, role: Role, interval: Duration, handed_over: u32) -> Option<Leading> {
+    fn take_role(&self, role: Role, interval: Duration, stale_ticks: u64) -> Option<Leading> {
         let Role::Leader(leadership) = role else {
             return None;
         };
@@ -470,7 +470,7 @@ impl ClusterViewTask {
         let mut lead = Leading::new(
             leadership,
             Held::new(&self.prefix, interval, MAX_SUMMARIES).with_peers(self.peers),
-            handed_over,
+            stale_ticks,
         );
         self.follow_summaries(&mut lead);
         Some(lead)
@@ -553,7 +553,8 @@ impl ClusterViewTask {
         let mut matrix: Option<matrix::ClusterMatrix> = None;
         let mut published_seq = 0;
         let mut rounds = Rounds::new(&self.prober);
-        let (mut ticks, mut handed_over): (u64, u32) = (0, 0);
+        // The tick at which this agent last held a current view.
+        let (mut ticks, mut last_current): (u64, u64) = (0, 0);
         let mut assignments = Assignments::default();
         let mut tick = ticker(interval);
         loop {
@@ -567,8 +568,7 @@ impl ClusterViewTask {
                     if changed.is_err() {
                         break;
                     }
-                    handed_over = leading.as_ref().map_or(handed_over, Leading::hand_overs_after);
-                    leading = self.take_role(role.borrow_and_update().clone(), interval, handed_over);
+                    leading = self.take_role(role.borrow_and_update().clone(), interval, ticks - last_current);
                     if leading.is_none() {
                         matrix = None;
                     }
@@ -581,9 +581,7 @@ impl ClusterViewTask {
                     self.members_changed(set, &mut reader, (&checker, matrix.as_ref()), leading.as_mut());
                 }
                 event = view_events.recv() => match event {
-                    // A current view another agent assembled: this one's
-                    // hand-overs in a row are over.
-                    Some(e) => if self.view_event(e, &mut reader, &checker, matrix.as_ref()) { handed_over = 0 },
+                    Some(e) => self.view_event(e, &mut reader, &checker, matrix.as_ref()),
                     None => break,
                 },
                 event = async { leading.as_mut()?.events.as_mut()?.recv().await }, if leading.as_ref().is_some_and(|l| l.events.is_some()) => {
@@ -624,6 +622,9 @@ impl ClusterViewTask {
                         }
                         lead.tick(out, !self.nodes.current().is_empty(), &deposal);
                     }
+                    if reader.holds_current(crate::util::timefmt::now_ms()) {
+                        last_current = ticks;
+                    }
                     reader.check_contradictions(&checker);
                     self.show(&mut reader, &checker, matrix.as_ref());
                 }
@@ -637,20 +638,17 @@ impl ClusterViewTask {
         }
     }
 
-    /// Applies a change of the views' keys and shows the result; whether
-    /// the view now held is current and another agent's.
+    /// Applies a change of the views' keys and shows the result.
     fn view_event(
         &self,
         event: WatchEvent,
         reader: &mut ViewReader,
         checker: &Checker,
         matrix: Option<&matrix::ClusterMatrix>,
-    ) -> bool {
-        let now_ms = crate::util::timefmt::now_ms();
+    ) {
         reader.set_members(self.nodes.current());
-        reader.apply(event, now_ms);
+        reader.apply(event, crate::util::timefmt::now_ms());
         self.show(reader, checker, matrix);
-        reader.current_from_another(now_ms)
     }
 
     /// The view read (or published) last, to the API: its staleness as of

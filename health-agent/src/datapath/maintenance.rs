@@ -163,15 +163,15 @@ pub async fn run(
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), DatapathError> {
-    // The node forwards between its uplink and the endpoint (both modes);
-    // a kept endpoint keeps that however this task ends (aborted at the
-    // stop deadline, or failing, included).
+    // The node forwards between its uplink and the endpoint (both modes).
     let forwarding = Sysctl::set("net/ipv4/ip_forward", "1", &cfg.state_dir)
         .map_err(|e| warn!("could not enable IPv4 forwarding: {e}"))
-        .ok()
-        .map(|s| if cfg.keep_pins { s.kept_on_drop() } else { s });
+        .ok();
     let (c, k) = (cfg.clone(), kernel.clone());
     let mut node = blocking(move || set_up(&c, &k)).await?;
+    // Set up, a kept endpoint keeps that however this task ends (aborted
+    // at the stop deadline, or failing, included).
+    let forwarding = forwarding.map(|s| if cfg.keep_pins { s.kept_on_drop() } else { s });
     ready();
     let mut collector = Collector::new(
         cfg.gc_interval,

@@ -69,20 +69,7 @@ pub async fn run(
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), ControllerError> {
-    // A kept endpoint keeps the forwarding it needs, however this task
-    // ends (aborted at the stop deadline included).
-    let keep = cfg.endpoint.keep;
-    let forwarding6 = if cfg.endpoint.cidr6.is_some() {
-        Sysctl::set(IPV6_FORWARDING, "1", &cfg.endpoint.state_dir)
-            .map_err(|e| warn!("could not enable IPv6 forwarding: {e}"))
-            .ok()
-            .map(|s| if keep { s.kept_on_drop() } else { s })
-    } else {
-        // An earlier agent's IPv6 endpoint (kept, or its agent killed)
-        // goes: so does the forwarding it needed.
-        Sysctl::restore_recorded(IPV6_FORWARDING, "1", &cfg.endpoint.state_dir);
-        None
-    };
+    let forwarding6 = ipv6_forwarding(&cfg.endpoint);
     let ep_cfg = cfg.endpoint.clone();
     let stop = shutdown.clone();
     let started = blocking(move || {
@@ -100,6 +87,15 @@ pub async fn run(
     let Some(endpoint) = started else {
         return Ok(());
     };
+    // A kept endpoint, once there, keeps the forwarding it needs however
+    // this task ends (aborted at the stop deadline included).
+    let forwarding6 = forwarding6.map(|s| {
+        if cfg.endpoint.keep {
+            s.kept_on_drop()
+        } else {
+            s
+        }
+    });
     // From here the endpoint goes with this task if it is aborted.
     let mut endpoint = Owned::new(endpoint);
     info!(
@@ -181,6 +177,20 @@ pub async fn run(
     // Kept: the endpoint still needs the node to forward for it.
     drop(forwarding6);
     result
+}
+
+/// IPv6 forwarding, on while an endpoint with an IPv6 address runs; for
+/// one without, an earlier agent's IPv6 endpoint (kept, or its agent
+/// killed) is gone, and so is the forwarding it needed.
+fn ipv6_forwarding(cfg: &EndpointConfig) -> Option<Sysctl> {
+    if cfg.cidr6.is_some() {
+        Sysctl::set(IPV6_FORWARDING, "1", &cfg.state_dir)
+            .map_err(|e| warn!("could not enable IPv6 forwarding: {e}"))
+            .ok()
+    } else {
+        Sysctl::restore_recorded(IPV6_FORWARDING, "1", &cfg.state_dir);
+        None
+    }
 }
 
 impl Remove for Endpoint {

@@ -2,11 +2,12 @@
 //! a leader that cannot publish (its writes fail, or it cannot read the
 //! summaries) leaves every agent's view stale for as long as it holds the
 //! role, so after a few ticks without a view out it resigns, and another
-//! candidate leads (this one campaigns again, behind the others). Each
-//! hand-over in a row without a view published between doubles the
-//! patience of the agent's next leadership, so that a cause every agent
-//! shares (no permission for the view's key) does not pass the role
-//! around every few ticks, each leader reading every summary anew.
+//! candidate leads (this one campaigns again, behind the others). A new
+//! leader is at least as patient as the view has been stale to it: when
+//! every agent shares the cause (no permission for the view's key), each
+//! one in turn waits about as long as all before it together, so the role
+//! passes ever more slowly rather than every few ticks, each leader
+//! reading every summary anew.
 
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -15,8 +16,8 @@ use super::{Deposal, Held, STALE_ROUNDS};
 use crate::membership::kvstore::{Leadership, WatchEvent};
 
 /// Ticks in a row without a view published, the summaries read, after
-/// which the leader hands the role over: one failed write is let pass (a
-/// moment without etcd), a third is not.
+/// which the leader hands the role over: two failed writes are let pass
+/// (a moment without etcd), a third is not.
 pub(super) const HAND_OVER_TICKS: u32 = 3;
 
 /// Ticks in a row after which a leader still reading the summaries (a
@@ -24,8 +25,8 @@ pub(super) const HAND_OVER_TICKS: u32 = 3;
 /// then its view is as old as a summary left out.
 pub(super) const HAND_OVER_UNREAD_TICKS: u32 = STALE_ROUNDS;
 
-/// The most a leader's patience is doubled by hand-overs in a row.
-const MOST_DOUBLINGS: u32 = 5;
+/// The most ticks a leader waits for: 32 times [`HAND_OVER_TICKS`].
+const MOST_PATIENCE: u32 = HAND_OVER_TICKS << 5;
 
 /// The leader's election key, the summaries (watched from when its node
 /// set is read) and how its ticks went.
@@ -41,18 +42,15 @@ pub(super) struct Leading {
     /// in a row whose view was not published.
     unread: u32,
     unpublished: u32,
-    /// The hand-overs in a row before this leadership: its patience is
-    /// doubled that many times.
-    handed_over: u32,
-    /// Whether this leadership published a view, and whether it handed
-    /// the role over.
-    published_any: bool,
-    handed: bool,
+    /// The ticks the view had been stale to this agent when it was
+    /// elected: the least it waits for either count.
+    stale_before: u32,
 }
 
 impl Leading {
-    /// A new leadership, after `handed_over` hand-overs in a row.
-    pub(super) const fn new(leadership: Leadership, held: Held, handed_over: u32) -> Self {
+    /// A new leadership, the view stale to this agent for `stale_ticks`
+    /// ticks before it.
+    pub(super) fn new(leadership: Leadership, held: Held, stale_ticks: u64) -> Self {
         Self {
             leadership,
             events: None,
@@ -60,21 +58,9 @@ impl Leading {
             published: false,
             unread: 0,
             unpublished: 0,
-            handed_over,
-            published_any: false,
-            handed: false,
-        }
-    }
-
-    /// The hand-overs in a row once this leadership ends: none once it
-    /// published a view, one more if it handed the role over.
-    pub(super) const fn hand_overs_after(&self) -> u32 {
-        if self.published_any {
-            0
-        } else if self.handed {
-            self.handed_over.saturating_add(1)
-        } else {
-            self.handed_over
+            stale_before: u32::try_from(stale_ticks)
+                .unwrap_or(u32::MAX)
+                .min(MOST_PATIENCE),
         }
     }
 
@@ -83,7 +69,6 @@ impl Leading {
     pub(super) const fn published_now(&mut self) {
         self.unread = 0;
         self.unpublished = 0;
-        self.published_any = true;
     }
 
     /// Counts a tick at which a view was published (`out`) or not, and
@@ -94,7 +79,6 @@ impl Leading {
         if !members || !self.ticked(out) {
             return false;
         }
-        self.handed = true;
         warn!(
             ticks = self.unread.max(self.unpublished),
             summaries_read = self.held.loaded,
@@ -117,7 +101,7 @@ impl Leading {
             (&mut self.unread, HAND_OVER_UNREAD_TICKS)
         };
         *count = count.saturating_add(1);
-        *count >= most << self.handed_over.min(MOST_DOUBLINGS)
+        *count >= most.max(self.stale_before)
     }
 }
 
@@ -180,10 +164,6 @@ mod tests {
         assert!(told().await.is_err(), "two ticks are let pass");
         assert!(lead.tick(false, true, &deposal));
         assert!(told().await.is_ok(), "the third hands the role over");
-        assert_eq!(lead.hand_overs_after(), 1);
-        // A leadership that published is followed by no hand-over in a row.
-        lead.published_now();
-        assert_eq!(lead.hand_overs_after(), 0);
     }
 
     /// Ticks spent reading the summaries are not failed writes: once
@@ -205,18 +185,18 @@ mod tests {
         assert!(lead.ticked(false), "never read");
     }
 
-    /// After hand-overs in a row, a leadership has twice the patience
-    /// each time, up to a bound.
+    /// A leader elected while the view has been stale to it for longer
+    /// than its usual patience waits at least as long, up to a bound.
     #[test]
-    fn hand_overs_in_a_row_double_the_patience() {
-        for (handed_over, ticks) in [(0, 3), (1, 6), (2, 12), (9, 3 << MOST_DOUBLINGS)] {
+    fn a_leader_waits_as_long_as_the_view_was_stale_before_it() {
+        for (stale, ticks) in [(0, 3), (2, 3), (6, 6), (50, 50), (10_000, MOST_PATIENCE)] {
             let mut lead = leading();
-            lead.handed_over = handed_over;
+            lead.stale_before = u32::try_from(stale).unwrap_or(u32::MAX).min(MOST_PATIENCE);
             lead.held.loaded = true;
             for tick in 1..ticks {
-                assert!(!lead.ticked(false), "{handed_over}: tick {tick}");
+                assert!(!lead.ticked(false), "stale {stale}: tick {tick}");
             }
-            assert!(lead.ticked(false), "{handed_over}");
+            assert!(lead.ticked(false), "stale {stale}");
         }
     }
 }

@@ -191,7 +191,7 @@ impl KvStore {
             if leader.is_some() {
                 warn!(
                     election = %String::from_utf8_lossy(name),
-                    "the election lease was lost: no longer the leader"
+                    "no longer the leader: the election lease lost, the key gone, or the role handed over"
                 );
             }
             return result;

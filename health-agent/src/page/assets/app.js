@@ -50,7 +50,7 @@
   // A matrix cell: an observer's last round towards a target.
   const CELLS = {
     S: { colour: "success", text: "success (all four paths)" },
-    D: { colour: "degraded", text: "degraded (some path failed)" },
+    D: { colour: "degraded", text: "degraded (some path failed, or every one over one address family)" },
     F: { colour: "failure", text: "failure (every path failed)" },
     "?": { colour: "unknown", text: "unknown (not known yet)" },
     ".": { colour: "line", text: "not probed" },
