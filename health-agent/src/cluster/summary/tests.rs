@@ -237,20 +237,27 @@ fn paths_failed_in_one_family_travel_in_their_own_column_and_bad_masks_are_refus
         ..base.clone()
     };
     assert!(Summary::decode(&forged(&with(vec![0], vec![0b0110]))).is_ok());
-    for (peer, paths) in [
+    let cases = [
         (vec![1], vec![0b0010]),
         (vec![0], vec![0]),
         (vec![0], vec![0b0001]),
         (vec![0], vec![0b1000]),
         (vec![0, 0], vec![0b0010, 0b0100]),
-    ] {
-        assert!(
-            matches!(
-                refused(&with(peer.clone(), paths.clone())),
-                SummaryError::Split { .. }
-            ),
-            "{peer:?} {paths:?}"
-        );
+    ];
+    masks_refused(with, &cases, |e| matches!(e, SummaryError::Split { .. }));
+}
+
+/// Each of `cases` (a sparse column's peers and masks, put in a message
+/// by `with`) refused as `is_its_error` says, and masks without their
+/// peers refused as columns of different lengths.
+fn masks_refused(
+    with: impl Fn(Vec<u32>, Vec<u32>) -> wire::proto::Summary,
+    cases: &[(Vec<u32>, Vec<u32>)],
+    is_its_error: impl Fn(&SummaryError) -> bool,
+) {
+    for (peer, paths) in cases {
+        let e = refused(&with(peer.clone(), paths.clone()));
+        assert!(is_its_error(&e), "{peer:?} {paths:?}: {e:?}");
     }
     assert!(matches!(
         refused(&with(vec![0], Vec::new())),
@@ -716,7 +723,7 @@ fn version_3_refuses_lossy_paths_out_of_order_empty_or_not_in_success() {
             .collect::<Vec<_>>(),
         [0b1111, 0b1001]
     );
-    for (peer, paths) in [
+    let cases = [
         (vec![1, 0], vec![1, 1]),  // out of order
         (vec![0, 0], vec![1, 2]),  // twice
         (vec![2], vec![1]),        // no such peer
@@ -724,15 +731,8 @@ fn version_3_refuses_lossy_paths_out_of_order_empty_or_not_in_success() {
         (vec![0], vec![0b1_0000]), // a fifth path
         (vec![1], vec![0b0100]),   // a path in Failure
         (vec![1], vec![0b0010]),   // a path unknown
-    ] {
-        assert!(
-            matches!(
-                refused(&with(peer.clone(), paths.clone())),
-                SummaryError::Lossy { .. }
-            ),
-            "{peer:?} {paths:?}"
-        );
-    }
+    ];
+    masks_refused(with, &cases, |e| matches!(e, SummaryError::Lossy { .. }));
     assert!(matches!(
         refused(&with(vec![0, 1], vec![1])),
         SummaryError::Columns { .. }
@@ -788,23 +788,14 @@ fn plain_text_paths_travel_in_their_own_column_and_bad_masks_are_refused() {
         ..base.clone()
     };
     assert!(Summary::decode(&forged(&with(vec![0], vec![0b0011]))).is_ok());
-    for (peer, paths) in [
+    let cases = [
         (vec![1], vec![1]),
         (vec![0], vec![0]),
         (vec![0], vec![0b1_0000]),
-    ] {
-        assert!(
-            matches!(
-                refused(&with(peer.clone(), paths.clone())),
-                SummaryError::Plaintext { .. }
-            ),
-            "{peer:?} {paths:?}"
-        );
-    }
-    assert!(matches!(
-        refused(&with(vec![0], Vec::new())),
-        SummaryError::Columns { .. }
-    ));
+    ];
+    masks_refused(with, &cases, |e| {
+        matches!(e, SummaryError::Plaintext { .. })
+    });
 }
 
 #[test]

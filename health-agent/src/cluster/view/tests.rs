@@ -152,24 +152,15 @@ impl Cluster {
 
     /// Replaces observer `o`'s observation of `t` in `summaries` by
     /// `paths`.
-    fn rewrite(&self, summaries: &mut [Summary], o: usize, t: usize, paths: [PathSample; 4]) {
-        let s = summaries
-            .iter_mut()
-            .find(|s| s.observer() == self.nodes[o].name)
-            .expect("the observer's summary");
-        let peers = s
-            .peers()
-            .iter()
-            .map(|p| PeerSummary {
-                name: p.name.clone(),
-                paths: if p.name == self.nodes[t].name {
-                    paths
-                } else {
-                    p.paths
-                },
-            })
-            .collect();
-        *s = Summary::new(s.observer().to_owned(), s.seq(), s.at_ms(), peers).expect("valid");
+    fn rewrite(&self, summaries: &mut Vec<Summary>, o: usize, t: usize, paths: [PathSample; 4]) {
+        let (o, t) = (&self.nodes[o].name, &self.nodes[t].name);
+        *summaries = with_paths(summaries, |observer, p| {
+            if observer == o && p.name == *t {
+                paths
+            } else {
+                p.paths
+            }
+        });
     }
 
     fn observes(&self, o: usize, t: usize) -> bool {
@@ -177,6 +168,27 @@ impl Cluster {
             .assigned_index(o, ProbePeers::Count(K))
             .contains(&t)
     }
+}
+
+/// `summaries`, each peer's paths made by `paths(observer, peer)`.
+fn with_paths(
+    summaries: &[Summary],
+    paths: impl Fn(&str, &PeerSummary) -> [PathSample; 4],
+) -> Vec<Summary> {
+    summaries
+        .iter()
+        .map(|s| {
+            let peers = s
+                .peers()
+                .iter()
+                .map(|p| PeerSummary {
+                    name: p.name.clone(),
+                    paths: paths(s.observer(), p),
+                })
+                .collect();
+            Summary::new(s.observer().to_owned(), s.seq(), s.at_ms(), peers).expect("valid")
+        })
+        .collect()
 }
 
 #[test]
@@ -230,24 +242,12 @@ fn a_node_broken_over_one_family_is_degraded_not_down() {
             Cluster::check(&view, &[(57, Verdict::PathDegraded)]);
             assert!(v.reporting && v.failing == v.observers, "{v:?}");
         }
-        let unmarked: Vec<Summary> = c
-            .summaries(&f)
-            .into_iter()
-            .map(|s| {
-                let peers = s
-                    .peers()
-                    .iter()
-                    .map(|p| PeerSummary {
-                        name: p.name.clone(),
-                        paths: p.paths.map(|mut path| {
-                            path.split = false;
-                            path
-                        }),
-                    })
-                    .collect();
-                Summary::new(s.observer().to_owned(), s.seq(), s.at_ms(), peers).expect("valid")
+        let unmarked = with_paths(&c.summaries(&f), |_, p| {
+            p.paths.map(|mut path| {
+                path.split = false;
+                path
             })
-            .collect();
+        });
         let old = assemble(&c.nodes, &unmarked, &ViewParams::default());
         Cluster::check(&old, &[(57, Verdict::NodeDown)]);
     }
@@ -613,20 +613,7 @@ fn too_few_observers_is_unknown() {
     }
     assert!(view.counts.unknown > 0);
     // Every path still unknown (a first round): unknown everywhere.
-    let fresh: Vec<Summary> = all
-        .iter()
-        .map(|s| {
-            let peers = s
-                .peers()
-                .iter()
-                .map(|p| PeerSummary {
-                    name: p.name.clone(),
-                    paths: [PathSample::UNKNOWN; 4],
-                })
-                .collect();
-            Summary::new(s.observer().into(), 1, 1, peers).expect("valid")
-        })
-        .collect();
+    let fresh = with_paths(&all, |_, _| [PathSample::UNKNOWN; 4]);
     let view = assemble(&c.nodes, &fresh, &ViewParams::default());
     assert_eq!(view.counts.unknown, N);
 }
