@@ -113,6 +113,28 @@ impl NatConfig {
         }
     }
 
+    /// Whether `port` (network byte order) lies in the range handed out.
+    #[must_use]
+    pub const fn holds(&self, port: [u8; 2]) -> bool {
+        let port = u16::from_be_bytes(port);
+        self.port_min <= port && port <= self.port_max
+    }
+
+    /// Whether a packet leaving from `src` with source port (or echo
+    /// identifier) `port` is a flow of the node's own on a port of the
+    /// range: masquerade must not hand that port out toward the same peer
+    /// while the flow lives, or the flow's replies would go to the
+    /// endpoint.
+    #[must_use]
+    pub const fn node_flow_in_range(&self, src: [u8; 4], port: [u8; 2]) -> bool {
+        self.enabled == 1
+            && src[0] == self.node_ip[0]
+            && src[1] == self.node_ip[1]
+            && src[2] == self.node_ip[2]
+            && src[3] == self.node_ip[3]
+            && self.holds(port)
+    }
+
     /// The port to try at `attempt`: first the flow's own port when it lies
     /// in the range (nothing to rewrite then), later a random one.
     #[must_use]
@@ -161,11 +183,16 @@ pub enum NatCounter {
     /// echo reply, in the last 30 s): dropped, never sent with the
     /// endpoint's address.
     FragDropped = 8,
+    /// Ports (or echo identifiers) of the range held for a flow of the
+    /// node's own, toward one peer: masquerade hands them out to no
+    /// endpoint flow toward it while the node's flow lives, and moves one
+    /// that had it.
+    NodeHeld = 9,
 }
 
 impl NatCounter {
-    pub const COUNT: u32 = 9;
-    pub const ALL: [Self; 9] = [
+    pub const COUNT: u32 = 10;
+    pub const ALL: [Self; 10] = [
         Self::Snat,
         Self::RevSnat,
         Self::Created,
@@ -175,6 +202,7 @@ impl NatCounter {
         Self::FragSnat,
         Self::FragRevSnat,
         Self::FragDropped,
+        Self::NodeHeld,
     ];
 
     #[must_use]
@@ -189,6 +217,7 @@ impl NatCounter {
             Self::FragSnat => "frag_snat",
             Self::FragRevSnat => "frag_rev_snat",
             Self::FragDropped => "frag_dropped",
+            Self::NodeHeld => "node_held",
         }
     }
 }
@@ -237,6 +266,16 @@ pub const fn in_key(out: &NatKey, node_ip: [u8; 4], port: [u8; 2]) -> NatKey {
         dir: DIR_IN,
         pad: [0; 2],
     }
+}
+
+/// Whether the `IN` entry `back` under key `inbound` holds its port for a
+/// flow of the node's own (it translates to itself), not an endpoint's.
+#[must_use]
+pub const fn held_by_node(inbound: &NatKey, back: &NatEntry) -> bool {
+    back.xlate_addr[0] == inbound.daddr[0]
+        && back.xlate_addr[1] == inbound.daddr[1]
+        && back.xlate_addr[2] == inbound.daddr[2]
+        && back.xlate_addr[3] == inbound.daddr[3]
 }
 
 /// The `IN` key of a packet arriving on the uplink. `None`: not a reply

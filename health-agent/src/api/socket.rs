@@ -40,6 +40,7 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<(SocketGuard, UnixListen
     };
     std::fs::create_dir_all(dir).map_err(|e| io("creating the directory of", path, e))?;
     let gid = group.map(group_id).transpose()?;
+    remove_leftovers(dir);
     let (staged, listener) = bind_staged(dir)?;
     let staged_guard = SocketGuard {
         path: staged.clone(),
@@ -61,16 +62,16 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<(SocketGuard, UnixListen
 }
 
 /// A socket bound in `dir` under a name of this call's own: short (a dot,
-/// the process ID and a count, in base 36), so that a directory whose
-/// path fits the socket address's 108 bytes with the API's name fits
-/// with it; a name in the way (a leftover of a process killed while
-/// binding) is passed over for the next.
+/// the process ID and a count, in base 36: [`staged_name`]), so that a
+/// directory whose path fits the socket address's 108 bytes with the
+/// API's name fits with it; a name in the way (a leftover of a process
+/// killed while binding, whose ID came back) is passed over for the next.
 fn bind_staged(dir: &Path) -> Result<(PathBuf, UnixListener), ServerError> {
     static CALLS: AtomicU32 = AtomicU32::new(0);
     let mut last = None;
     for _ in 0..8 {
         let n = CALLS.fetch_add(1, Ordering::Relaxed);
-        let staged = dir.join(format!(".{}{}", base36(std::process::id()), base36(n)));
+        let staged = dir.join(staged_name(std::process::id(), n));
         match listen_at(&staged) {
             Ok(listener) => return Ok((staged, listener)),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some((staged, e)),
@@ -141,6 +142,70 @@ fn move_into_place(staged: &Path, path: &Path) -> std::io::Result<()> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The staged name of a process's `n`th bind: `.<pid>-<n>`, both in base
+/// 36.
+fn staged_name(pid: u32, n: u32) -> String {
+    format!(".{}-{}", base36(pid), base36(n))
+}
+
+/// The process ID in a staged name, when `name` is one.
+fn staged_pid(name: &str) -> Option<u32> {
+    let (pid, n) = name.strip_prefix('.')?.split_once('-')?;
+    let digits = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+    };
+    if !digits(pid) || !digits(n) {
+        return None;
+    }
+    u32::from_str_radix(pid, 36).ok()
+}
+
+/// Removes the staged sockets in `dir` that a process killed between
+/// binding one and moving it into place left: a socket under a staged
+/// name, owned by this user, of a process that is gone. Anything else
+/// (another file, another owner's, a live process's) is left.
+fn remove_leftovers(dir: &Path) {
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let uid = nix::unistd::geteuid().as_raw();
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(staged_pid) else {
+            continue;
+        };
+        let ours = entry
+            .metadata()
+            .is_ok_and(|m| m.file_type().is_socket() && m.uid() == uid);
+        if !ours || pid == std::process::id() || !process_gone(pid) {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::remove_file(&path) {
+            Ok(()) => tracing::info!(
+                path = %path.display(),
+                pid,
+                "removed a staged API socket left by a process that is gone"
+            ),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "removing a staged API socket left behind: {e}");
+            }
+        }
+    }
+}
+
+/// Whether no process has the ID `pid` (one that cannot be signalled by
+/// this one is there).
+fn process_gone(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH)
 }
 
 /// `n` in base 36, lowercase.
@@ -292,6 +357,61 @@ mod tests {
         );
         drop(bound);
         assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+    }
+
+    /// A staged socket left by a process that is gone is removed at the
+    /// next bind; a live process's, a file that is not a socket and names
+    /// of another form are left.
+    #[test]
+    fn staged_sockets_of_processes_gone_are_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let gone = child.id();
+        child.wait().expect("wait");
+        let rt = runtime();
+        let socket_at = |name: &str| {
+            rt.block_on(async { listen_at(&dir.path().join(name)) })
+                .expect("listen")
+        };
+        let left = staged_name(gone, 3);
+        let live = staged_name(1, 0);
+        let _listeners = [socket_at(&left), socket_at(&live), socket_at(".other")];
+        let not_socket = staged_name(gone, 4);
+        std::fs::write(dir.path().join(&not_socket), b"data").expect("write");
+        let (guard, _listener) = rt
+            .block_on(async { bind(&dir.path().join("health.sock"), None) })
+            .expect("bind");
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let mut want = vec![
+            live,
+            ".other".to_owned(),
+            not_socket,
+            "health.sock".to_owned(),
+        ];
+        want.sort();
+        assert_eq!(names, want, "{left} removed");
+        drop(guard);
+    }
+
+    #[test]
+    fn staged_names_give_their_process_back() {
+        assert_eq!(staged_name(4_194_304, 35), ".2hwcg-z");
+        assert_eq!(staged_pid(".2hwcg-z"), Some(4_194_304));
+        for name in [
+            ".2hwcg",
+            "2hwcg-z",
+            ".-z",
+            ".2h-",
+            ".2H-z",
+            ".2h-z.sock",
+            ".zzzzzzzzz-0",
+        ] {
+            assert_eq!(staged_pid(name), None, "{name}");
+        }
     }
 
     #[test]

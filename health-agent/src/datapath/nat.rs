@@ -10,7 +10,7 @@ use health_common::{
     nat::{
         NatCounter, NatEntry, NatKey, ct_key_of,
         fragments::{FragEntry, FragKey},
-        in_key, out_key_of,
+        held_by_node, in_key, out_key_of,
     },
 };
 use serde::Serialize;
@@ -26,8 +26,9 @@ pub struct NatRow {
     pub sport: u16,
     pub dst: Ipv4Addr,
     pub dport: u16,
-    /// `XLATE_SRC` (OUT: the new source) or `XLATE_DST` (IN: the new
-    /// destination).
+    /// `XLATE_SRC` (OUT: the new source), `XLATE_DST` (IN: the new
+    /// destination) or `HELD_BY_NODE` (IN: a port of the range a flow of
+    /// the node's own has toward the peer, handed to no endpoint flow).
     pub xlate: &'static str,
     pub xlate_addr: Ipv4Addr,
     pub xlate_port: u16,
@@ -65,7 +66,13 @@ fn row(k: &NatKey, e: &NatEntry, now: u64) -> NatRow {
         sport: u16::from_be_bytes(k.sport),
         dst: Ipv4Addr::from(k.daddr),
         dport: u16::from_be_bytes(k.dport),
-        xlate: if out { "XLATE_SRC" } else { "XLATE_DST" },
+        xlate: if out {
+            "XLATE_SRC"
+        } else if held_by_node(k, e) {
+            "HELD_BY_NODE"
+        } else {
+            "XLATE_DST"
+        },
         xlate_addr: Ipv4Addr::from(e.xlate_addr),
         xlate_port: u16::from_be_bytes(e.xlate_port),
         created_seconds_ago: now.saturating_sub(e.created_ns) / 1_000_000_000,

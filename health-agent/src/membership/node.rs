@@ -144,6 +144,18 @@ impl NodeSet {
         )
     }
 
+    /// The nodes of this set whose records `current` holds unchanged.
+    #[must_use]
+    pub fn still_in(&self, current: &Self) -> Self {
+        Self(
+            self.0
+                .iter()
+                .filter(|n| current.get(&n.name) == Some(*n))
+                .cloned()
+                .collect(),
+        )
+    }
+
     /// Whether both hold the very same snapshot (no comparison of nodes).
     #[must_use]
     pub fn same_snapshot(&self, other: &Self) -> bool {
@@ -256,6 +268,16 @@ mod tests {
         assert!(!set.contains("d"));
         let shared = set.clone();
         assert!(shared.same_snapshot(&set));
+    }
+
+    #[test]
+    fn still_in_keeps_the_nodes_whose_records_are_unchanged() {
+        let old = NodeSet::new(vec![node("a", 1), node("b", 2), node("c", 3)]).expect("unique");
+        // b left, c moved to another address, d joined.
+        let now = NodeSet::new(vec![node("a", 1), node("c", 9), node("d", 4)]).expect("unique");
+        let names: Vec<_> = old.still_in(&now).iter().map(|n| n.name.clone()).collect();
+        assert_eq!(names, ["a"]);
+        assert!(old.still_in(&NodeSet::default()).is_empty());
     }
 
     #[test]

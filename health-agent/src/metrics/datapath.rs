@@ -149,6 +149,9 @@ fn counter_help(prefix: &str, name: &str) -> &'static str {
         ("nat", "frag_dropped") => {
             "Later fragments dropped for want of a live record of their datagram's first fragment"
         }
+        ("nat", "node_held") => {
+            "Masquerade ports or echo identifiers held for a flow of the node's own toward a peer"
+        }
         _ => "Datapath counter",
     }
 }

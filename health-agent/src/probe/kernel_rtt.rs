@@ -11,19 +11,21 @@ use crate::{
 };
 
 /// Removes the kernel's RTT entries of peers no longer in `nodes`, off the
-/// caller's thread (it walks the RTT maps).
-pub(super) fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
+/// runtime's threads (it walks the RTT maps), and waits for it: the
+/// caller holds the rounds' turn, so that no probe to a departed address
+/// is in flight whose reply would make its entry again.
+pub(super) async fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
     let keep: std::collections::HashSet<IpAddr> = nodes.iter().flat_map(Node::addresses).collect();
-    let work = move || match crate::datapath::rtt::prune(&dir, |ip| keep.contains(&ip)) {
-        Ok(removed) => tracing::debug!(removed, "kernel RTT entries of departed peers removed"),
-        Err(e) => tracing::warn!(
+    let work = move || crate::datapath::rtt::prune(&dir, |ip| keep.contains(&ip));
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(removed)) => {
+            tracing::debug!(removed, "kernel RTT entries of departed peers removed");
+        }
+        Ok(Err(e)) => tracing::warn!(
             "removing kernel RTT entries of departed peers: {}",
             crate::util::errors::chain(&e)
         ),
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn_blocking(work)),
-        Err(_) => work(),
+        Err(e) => tracing::warn!("removing kernel RTT entries of departed peers: {e}"),
     }
 }
 

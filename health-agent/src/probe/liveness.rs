@@ -82,8 +82,11 @@ impl Prober {
         if nodes.is_empty() || self.liveness_interval(nodes.len()).is_none() {
             return Liveness::default();
         }
-        let (echoes, unanswered, news, echoed_ms) = {
-            let _one_at_a_time = self.round_lock.lock().await;
+        let (nodes, echoes, unanswered, news, echoed_ms) = {
+            let _one_at_a_time = self.turn().await;
+            // Read again in the turn, which may have pruned the kernel's
+            // entries of nodes gone meanwhile: those are not echoed.
+            let nodes = self.nodes();
             let all = targets(&nodes, self.cfg.families);
             // The node addresses (`2 * family`), not the health endpoints'.
             let picked: Vec<usize> = (0..all.keys.len())
@@ -111,7 +114,8 @@ impl Prober {
                 .map(|(&i, o)| (all.keys[i], matches!(o, Outcome::Ok { .. })))
                 .collect();
             let unanswered = seen.iter().filter(|(_, ok)| !ok).count();
-            (n, unanswered, self.disagreeing(&nodes, &seen), echoed_ms)
+            let news = self.disagreeing(&nodes, &seen);
+            (nodes, n, unanswered, news, echoed_ms)
         };
         let escalated = news.len();
         if escalated > 0 {

@@ -154,6 +154,39 @@ fn candidates_stay_in_the_range() {
     assert_eq!(full.range_len(), 65_536);
 }
 
+/// The node's own flows on a port (or identifier) of the range are held
+/// for it; its flows on other ports, and the endpoint's, are not. An
+/// `IN` entry translating to the node itself is such a hold.
+#[test]
+fn the_nodes_own_flows_in_the_range_are_held() {
+    let c = cfg();
+    assert!(c.node_flow_in_range(NODE, 61_000u16.to_be_bytes()));
+    assert!(c.node_flow_in_range(NODE, 65_535u16.to_be_bytes()));
+    assert!(!c.node_flow_in_range(NODE, 60_999u16.to_be_bytes()));
+    assert!(!c.node_flow_in_range(EP, 61_500u16.to_be_bytes()));
+    assert!(!NatConfig { enabled: 0, ..c }.node_flow_in_range(NODE, 61_500u16.to_be_bytes()));
+    let mut ping = frame(NODE, PEER, IPPROTO_ICMP, &[8, 0, 0, 0, 0xf0, 0x10, 0, 1]);
+    let (out, port) = out_key(&parse(&mut ping)).expect("echo request");
+    assert!(c.node_flow_in_range(out.saddr, port), "identifier 61456");
+    let inbound = in_key(&out, NODE, port);
+    let held = NatEntry {
+        xlate_addr: NODE,
+        xlate_port: port,
+        ..NatEntry::default()
+    };
+    assert!(held_by_node(&inbound, &held));
+    assert_eq!(
+        out_key_of(&inbound, &held),
+        out,
+        "its owner is the node's flow"
+    );
+    let endpoint = NatEntry {
+        xlate_addr: EP,
+        ..held
+    };
+    assert!(!held_by_node(&inbound, &endpoint));
+}
+
 #[test]
 fn offsets_name_the_right_fields() {
     assert_eq!(l4_csum_offset(IPPROTO_TCP), Some(16));

@@ -47,6 +47,10 @@ pub fn health_nat_egress(ctx: TcContext) -> i32 {
         passed_whole(first, &cfg);
         return TC_ACT_UNSPEC;
     };
+    if cfg.node_flow_in_range(out.saddr, port) {
+        hold_for_node(&cfg, &out, port);
+        return TC_ACT_UNSPEC;
+    }
     if !cfg.masquerades(out.saddr, out.daddr) {
         return TC_ACT_UNSPEC;
     }
@@ -97,6 +101,10 @@ pub fn health_nat_ingress(ctx: TcContext) -> i32 {
         (*e).last_ns = bpf_ktime_get_ns();
         *e
     };
+    if nat::held_by_node(&key, &back) {
+        // A reply to a flow of the node's own.
+        return TC_ACT_UNSPEC;
+    }
     let side = Side {
         addr_at: IP_DST,
         port_at: usize::from(flow.l4) + nat::port_offset(flow.key.proto, false),
@@ -278,6 +286,10 @@ fn quoted_error(ctx: &TcContext, cfg: &NatConfig) -> i32 {
         // About the node's own traffic.
         return TC_ACT_UNSPEC;
     };
+    if nat::held_by_node(&q.key, &back) {
+        // About a flow of the node's own on a port of the range.
+        return TC_ACT_UNSPEC;
+    }
     verdict(
         rewrite_quoted(ctx, &q, cfg.node_ip, &back),
         NatCounter::RevSnat,
@@ -313,6 +325,41 @@ fn rewrite_quoted(
         ctx.store(q.quote_port_at, &back.xlate_port, 0)?;
     }
     Ok(())
+}
+
+/// Holds the port (or echo identifier) of `out`, a flow of the node's own
+/// on a port of the range, toward its peer: an `IN` entry translating to
+/// the node itself, which no endpoint flow can claim (claims insert with
+/// `BPF_NOEXIST`) while it lives. An endpoint flow that held the port
+/// toward that peer loses it to the node, whose replies these are: its
+/// next packet finds its reverse half gone and takes another port (see
+/// [`mapping`]). The hold lasts while the node's flow sends, and goes
+/// with the agent's collector after its protocol's idle lifetime (a
+/// subprogram: its own stack frame).
+#[inline(never)]
+fn hold_for_node(cfg: &NatConfig, out: &NatKey, port: [u8; 2]) {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let inbound = nat::in_key(out, cfg.node_ip, port);
+    if let Some(e) = NAT_MAP.get_ptr_mut(&inbound) {
+        // SAFETY: a valid map value pointer, read and written at once.
+        let held = unsafe { nat::held_by_node(&inbound, &*e) };
+        if held {
+            // SAFETY: as above.
+            unsafe { (*e).last_ns = now };
+            return;
+        }
+    }
+    let held = NatEntry {
+        created_ns: now,
+        last_ns: now,
+        xlate_addr: cfg.node_ip,
+        xlate_port: port,
+        pad: [0; 2],
+    };
+    if NAT_MAP.insert(&inbound, &held, 0).is_ok() {
+        count(NatCounter::NodeHeld);
+    }
 }
 
 /// The node port of flow `out`: its existing pair's, or a newly allocated

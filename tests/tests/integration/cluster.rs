@@ -1,11 +1,14 @@
 //! Local clusters of namespaces, each node running the real agent: full-mesh
 //! probing, reachability changes, partial failures.
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
 
 use health_agent::{
     api::types::NodesView,
-    datapath::classic::PRIORITY,
+    datapath::{classic::PRIORITY, rtt},
     membership::routes::ROUTE_PROTOCOL,
     sys::{
         netlink::{TcDirection, in_netns},
@@ -350,10 +353,35 @@ fn nodes_file_edits_add_and_remove_peers_and_bad_edits_keep_the_last_good_set() 
         nodes: 3,
         ..Settings::default()
     });
-    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    let s = cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    let leaving: Vec<IpAddr> = node(&s, "node-3").connectivities().map(|c| c.ip).collect();
+    let timed = |c: &Cluster| -> Vec<IpAddr> {
+        rtt::list(&c.nodes[0].pins)
+            .expect("rtt list")
+            .into_iter()
+            .map(|r| r.peer)
+            .collect()
+    };
+    let peers = timed(&cluster);
+    assert!(
+        leaving.iter().all(|ip| peers.contains(ip)),
+        "node-3 timed by the kernel: {peers:?}"
+    );
     // node-3 leaves the file: gone from the status within a sync.
     cluster.write_nodes_file(2);
-    cluster.wait_status(0, Duration::from_secs(5), |s| s.nodes.len() == 2);
+    let left = cluster.wait_status(0, Duration::from_secs(5), |s| s.nodes.len() == 2);
+    // Its kernel RTT entries go before the next round, and no late reply
+    // brings them back: none over the next rounds.
+    let round = |s: &ClusterStatus| s.round.as_ref().map_or(0, |r| r.seq);
+    let after = round(&left);
+    for later in [2, 4] {
+        cluster.wait_status(0, Duration::from_secs(10), |s| round(s) >= after + later);
+        let peers = timed(&cluster);
+        assert!(
+            leaving.iter().all(|ip| !peers.contains(ip)) && !peers.is_empty(),
+            "node-3's entries left {later} rounds on: {peers:?}"
+        );
+    }
     // ...and joins again.
     cluster.write_nodes_file(3);
     cluster.wait_status(0, Duration::from_secs(10), |s| {

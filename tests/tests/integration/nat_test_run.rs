@@ -248,6 +248,74 @@ fn two_endpoints_with_the_same_identifier_never_share_a_node_port() {
     assert_eq!(nat::list(pins.path()).expect("nat").len(), 2 * ids.len());
 }
 
+/// The node's own ping on an identifier of the range, toward a peer an
+/// endpoint flow holds that identifier for: the node's flow takes it (its
+/// request and reply, and an error about it, pass as they are), the
+/// endpoint's flow moves to another identifier, and no endpoint flow is
+/// given it while the node's flow lives. The node's flows outside the
+/// range hold nothing.
+#[test]
+fn the_nodes_own_flows_in_the_range_keep_their_replies() {
+    let (mut r, pins) = loaded(config(61_000, 65_535));
+    let taken = echo_id(&pass(
+        &mut r,
+        true,
+        &Echo::request(EP, PEER, 0x0201, 1).frame(),
+    ));
+    let own = Echo::request(NODE, PEER, taken, 1);
+    assert_eq!(run(&mut r, true, &own.frame()), (TCX_NEXT, own.frame()));
+    let translated = counter(&pins, "rev_snat");
+    let reply = own.expected_reply().frame();
+    assert_eq!(
+        run(&mut r, false, &reply),
+        (TCX_NEXT, reply),
+        "the node's reply"
+    );
+    let err = icmp_error(3, &own.frame(), 28);
+    assert_eq!(
+        run(&mut r, false, &err),
+        (TCX_NEXT, err),
+        "an error about it"
+    );
+    assert_eq!(counter(&pins, "node_held"), 1);
+    assert_eq!(counter(&pins, "rev_snat"), translated, "nothing translated");
+    let held: Vec<_> = nat::list(pins.path())
+        .expect("nat list")
+        .into_iter()
+        .filter(|row| row.xlate == "HELD_BY_NODE")
+        .map(|row| (row.src, row.dst, row.dport, row.xlate_addr))
+        .collect();
+    assert_eq!(held, [(PEER, NODE, taken, NODE)]);
+
+    // The endpoint's flow moves, and its replies still reach it.
+    let moved = echo_id(&pass(
+        &mut r,
+        true,
+        &Echo::request(EP, PEER, 0x0201, 2).frame(),
+    ));
+    assert_ne!(moved, taken);
+    let mut to_ep = Echo::request(PEER, NODE, moved, 2);
+    to_ep.kind = 0;
+    let back = pass(&mut r, false, &to_ep.frame());
+    assert_eq!(verify_frame(&back).expect("valid").1, EP);
+    // A new endpoint flow whose own identifier it is goes elsewhere too.
+    let other = echo_id(&pass(
+        &mut r,
+        true,
+        &Echo::request(EP2, PEER, taken, 1).frame(),
+    ));
+    assert_ne!(other, taken);
+    // The node's next request keeps its hold, and makes no other; its
+    // pings outside the range hold nothing.
+    let rows = nat::list(pins.path()).expect("nat").len();
+    let again = Echo::request(NODE, PEER, taken, 2).frame();
+    assert_eq!(run(&mut r, true, &again), (TCX_NEXT, again));
+    let outside = Echo::request(NODE, PEER, 0x0100, 1).frame();
+    assert_eq!(run(&mut r, true, &outside), (TCX_NEXT, outside));
+    assert_eq!(nat::list(pins.path()).expect("nat").len(), rows);
+    assert_eq!(counter(&pins, "node_held"), 1);
+}
+
 #[test]
 fn tcp_and_udp_get_ports_and_valid_checksums() {
     let (mut r, pins) = loaded(config(61_000, 65_535));

@@ -31,7 +31,7 @@ use super::{
     history::History,
     icmp::IcmpProber,
     icmp_round::MtuTargets,
-    kernel_rtt::with_kernel_rtt,
+    kernel_rtt::{prune_kernel_rtt, with_kernel_rtt},
     order::{self, Echoes, Failed, Suspects},
     path::Outcome,
     published::Published,
@@ -58,7 +58,11 @@ pub struct Prober {
     /// while it is held.
     history: Mutex<History>,
     /// One round at a time: kubelet counters must see each round once.
-    pub(super) round_lock: tokio::sync::Mutex<()>,
+    /// Taken through [`Self::turn`].
+    round_lock: tokio::sync::Mutex<()>,
+    /// The node set lost addresses: the next turn prunes the kernel's RTT
+    /// entries of those no node has any more.
+    prune_due: std::sync::atomic::AtomicBool,
     /// Held while a round's results are recorded, which takes the paths
     /// a chunk of nodes at a time: what must see no round half recorded
     /// (a reload taking the paths over, every node's history) holds it
@@ -140,6 +144,7 @@ impl Prober {
             paths: Mutex::default(),
             history: Mutex::new(History::new(cfg.history_length)),
             round_lock: tokio::sync::Mutex::new(()),
+            prune_due: std::sync::atomic::AtomicBool::new(false),
             recording: Mutex::new(()),
             round_seq: std::sync::atomic::AtomicU64::new(0),
             tracing: Mutex::default(),
@@ -317,8 +322,16 @@ impl Prober {
     /// Runs one round over `nodes` (the node set, or some of its nodes:
     /// the others keep their states and miss this round in their
     /// histories) and publishes it.
-    pub(super) async fn round_over(self: &Arc<Self>, nodes: NodeSet) -> Arc<StatusSummary> {
-        self.round_over_with(|| nodes, || {}, RoundKind::Some).await
+    pub(super) async fn round_over(self: &Arc<Self>, nodes: NodeSet) -> Option<Arc<StatusSummary>> {
+        let turn = self.turn().await;
+        // A node that left, or whose record changed, since `nodes` was
+        // read is not probed: the turn may have pruned its old addresses'
+        // kernel entries, which its probes would make again.
+        let nodes = nodes.still_in(&self.nodes());
+        if nodes.is_empty() {
+            return None;
+        }
+        Some(self.round_in_turn(turn, nodes, RoundKind::Some).await)
     }
 
     /// A round of `kind` over the nodes `nodes` gives once the round has
@@ -329,10 +342,28 @@ impl Prober {
         started: impl FnOnce(),
         kind: RoundKind,
     ) -> Arc<StatusSummary> {
-        let turn = self.round_lock.lock().await;
+        let turn = self.turn().await;
         let nodes = nodes();
         started();
         self.round_in_turn(turn, nodes, kind).await
+    }
+
+    /// The rounds' turn: one round, or one pass of liveness echoes, at a
+    /// time. When the node set lost addresses, the kernel's RTT entries of
+    /// those no node has any more are removed first, between rounds: no
+    /// probe to them is in flight then whose reply would make an entry
+    /// again (a round started before the set changed still probes the
+    /// old one), and the requests still pending go with them.
+    pub(super) async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        let turn = self.round_lock.lock().await;
+        if self
+            .prune_due
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+            && let Some(dir) = self.cfg.kernel_rtt.clone()
+        {
+            prune_kernel_rtt(dir, &self.nodes()).await;
+        }
+        turn
     }
 
     /// Runs one round of `kind` over `nodes`, holding the rounds' turn

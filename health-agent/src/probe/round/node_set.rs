@@ -9,7 +9,6 @@ use crate::membership::NodeSet;
 use crate::probe::{
     family::{self, Family, Shown},
     http_round,
-    kernel_rtt::prune_kernel_rtt,
     targets::{EchoTrack, target_count, warn_unprobed},
 };
 
@@ -30,7 +29,7 @@ impl Prober {
     /// told as of a join: the next goes a gap after this one began.
     pub async fn probe_joined(self: &Arc<Self>) -> usize {
         // Read in the rounds' turn: a round that ran meanwhile probed them.
-        let turn = self.round_lock.lock().await;
+        let turn = self.turn().await;
         let nodes = self.nodes();
         let (picked, never) = self.joined_now(&nodes);
         if !picked.is_empty() {
@@ -202,14 +201,16 @@ impl Prober {
         // The round's sockets get their descriptor slots now, before the
         // round, not by the table's doubling under its load.
         http_round::reserve_descriptors(&self.cfg, target_count(&nodes, self.cfg.families));
-        // A node gone, or an address it dropped or changed: the kernel's
-        // samples, losses and pending requests of the addresses no node
-        // has any more go.
-        if gone && let Some(dir) = self.cfg.kernel_rtt.clone() {
-            prune_kernel_rtt(dir, &nodes);
-        }
         if let Ok(mut n) = self.nodes.write() {
             *n = nodes;
+        }
+        // A node gone, or an address it dropped or changed: the kernel's
+        // samples, losses and pending requests of the addresses no node
+        // has any more go, in the next turn (see `Prober::turn`). Set
+        // after the set, which the turn reads.
+        if gone && self.cfg.kernel_rtt.is_some() {
+            self.prune_due
+                .store(true, std::sync::atomic::Ordering::Release);
         }
         // The last round's flags number the old set: not kept alive.
         if let Ok(mut last) = self.failed.lock() {
