@@ -74,6 +74,20 @@ pub struct NatEntry {
     pub pad: [u8; 2],
 }
 
+impl NatEntry {
+    /// An entry made at `now`, translating to `addr:port`.
+    #[must_use]
+    pub const fn made(addr: [u8; 4], port: [u8; 2], now: u64) -> Self {
+        Self {
+            created_ns: now,
+            last_ns: now,
+            xlate_addr: addr,
+            xlate_port: port,
+            pad: [0; 2],
+        }
+    }
+}
+
 /// NAT configuration, the only entry of `NAT_CONFIG`. All-zero: disabled.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -120,18 +134,18 @@ impl NatConfig {
         self.port_min <= port && port <= self.port_max
     }
 
-    /// Whether a packet leaving from `src` with source port (or echo
-    /// identifier) `port` is a flow of the node's own on a port of the
-    /// range: masquerade must not hand that port out toward the same peer
-    /// while the flow lives, or the flow's replies would go to the
-    /// endpoint.
+    /// Whether `out`, leaving with source port (or echo identifier)
+    /// `port`, is a flow of the node's own on a port of the range toward
+    /// a peer masquerade covers: masquerade must not hand that port out
+    /// toward that peer while the flow lives, or the flow's replies would
+    /// go to the endpoint. Toward the health range (or the node itself) no
+    /// endpoint flow is masqueraded: nothing to hold there.
     #[must_use]
-    pub const fn node_flow_in_range(&self, src: [u8; 4], port: [u8; 2]) -> bool {
+    pub fn node_flow_in_range(&self, out: &NatKey, port: [u8; 2]) -> bool {
         self.enabled == 1
-            && src[0] == self.node_ip[0]
-            && src[1] == self.node_ip[1]
-            && src[2] == self.node_ip[2]
-            && src[3] == self.node_ip[3]
+            && out.saddr == self.node_ip
+            && out.daddr != self.node_ip
+            && !in_net(out.daddr, self.exclude_net, self.exclude_mask)
             && self.holds(port)
     }
 

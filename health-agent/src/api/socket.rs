@@ -166,8 +166,9 @@ fn staged_pid(name: &str) -> Option<u32> {
 
 /// Removes the staged sockets in `dir` that a process killed between
 /// binding one and moving it into place left: a socket under a staged
-/// name, owned by this user, of a process that is gone. Anything else
-/// (another file, another owner's, a live process's) is left.
+/// name, owned by this user, of a process that is gone, that nobody
+/// listens on. Anything else (another file, another owner's, a live
+/// process's, one that answers) is left.
 fn remove_leftovers(dir: &Path) {
     use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -186,6 +187,11 @@ fn remove_leftovers(dir: &Path) {
             continue;
         }
         let path = entry.path();
+        // A process of that ID in another PID namespace may still serve
+        // it: only a socket nobody listens on is left over.
+        if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+            continue;
+        }
         match std::fs::remove_file(&path) {
             Ok(()) => tracing::info!(
                 path = %path.display(),
@@ -375,7 +381,13 @@ mod tests {
         };
         let left = staged_name(gone, 3);
         let live = staged_name(1, 0);
-        let _listeners = [socket_at(&left), socket_at(&live), socket_at(".other")];
+        // Left by a process killed after its bind: closed with it.
+        drop(socket_at(&left));
+        let _listeners = [socket_at(&live), socket_at(".other")];
+        // A socket named for the gone process that answers (its ID reused
+        // in another PID namespace, say): served, so left.
+        let served = staged_name(gone, 5);
+        let _serving = socket_at(&served);
         let not_socket = staged_name(gone, 4);
         std::fs::write(dir.path().join(&not_socket), b"data").expect("write");
         let (guard, _listener) = rt
@@ -388,6 +400,7 @@ mod tests {
         names.sort();
         let mut want = vec![
             live,
+            served,
             ".other".to_owned(),
             not_socket,
             "health.sock".to_owned(),

@@ -5,7 +5,7 @@ use std::{net::Ipv4Addr, path::Path};
 
 use aya::maps::{Array, HashMap, MapData};
 use health_common::{
-    ct::{CtConfig, CtEntry, CtKey, DIR_IN, DIR_OUT, lifetime_s},
+    ct::{CtConfig, CtEntry, CtKey, DIR_IN, DIR_OUT, TCP_ACK, lifetime_s},
     maps::MapId,
     nat::{
         NatCounter, NatEntry, NatKey, ct_key_of,
@@ -194,6 +194,16 @@ pub fn collectable(
     now.saturating_sub(nat.last_ns) > idle
 }
 
+/// Whether a port held for a flow of the node's own (no conntrack entry
+/// of the agent's sees it) may go: idle for its protocol's lifetime, a
+/// TCP connection's being that of an established one (the node's
+/// connection may idle for hours; its hold must outlive that).
+#[must_use]
+pub fn hold_over(held: &NatEntry, proto: u8, cfg: &CtConfig, now: u64) -> bool {
+    let idle = u64::from(lifetime_s(cfg, proto, TCP_ACK)) * 1_000_000_000;
+    now.saturating_sub(held.last_ns) > idle
+}
+
 /// Removes the pairs whose flows are over (see [`collectable`]) and
 /// reverse halves no `OUT` entry points to any more; returns how many
 /// entries went, also added to the `removed` counter. Run it before the CT
@@ -230,6 +240,10 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
                 if nat.get(&back, 0).is_ok_and(|b| out_key_of(&back, &b) == *k) {
                     doomed.push(back);
                 }
+            }
+        } else if held_by_node(k, e) {
+            if hold_over(e, k.proto, &cfg, now) {
+                doomed.push(*k);
             }
         } else if k.dir == DIR_IN {
             let owner = out_key_of(k, e);
@@ -288,6 +302,31 @@ mod tests {
         let icmp = health_common::headers::IPPROTO_ICMP;
         assert!(!collectable(None, &nat, icmp, &cfg, (10 + 60) * S));
         assert!(collectable(None, &nat, icmp, &cfg, (10 + 61) * S));
+    }
+
+    /// A port held for a TCP connection of the node's own lasts an
+    /// established connection's idle lifetime, not a SYN's; an echo's, the
+    /// ICMP lifetime.
+    #[test]
+    fn a_hold_lasts_its_flows_idle_lifetime() {
+        let cfg = CtConfig::default();
+        let held = NatEntry {
+            last_ns: 10 * S,
+            ..NatEntry::default()
+        };
+        let syn_s = u64::from(cfg.tcp_syn_s);
+        let established_s = u64::from(cfg.tcp_established_s);
+        assert!(syn_s < established_s, "the defaults differ");
+        assert!(!hold_over(&held, IPPROTO_TCP, &cfg, (11 + syn_s) * S));
+        assert!(hold_over(
+            &held,
+            IPPROTO_TCP,
+            &cfg,
+            (11 + established_s) * S
+        ));
+        let icmp_s = u64::from(cfg.icmp_s);
+        assert!(!hold_over(&held, 1, &cfg, (9 + icmp_s) * S));
+        assert!(hold_over(&held, 1, &cfg, (11 + icmp_s) * S));
     }
 
     #[test]

@@ -144,14 +144,20 @@ impl NodeSet {
         )
     }
 
-    /// The nodes of this set whose records `current` holds unchanged.
+    /// The records `current` holds of this set's nodes that still have
+    /// every address they had here (their other fields may have changed,
+    /// and they may have gained addresses).
     #[must_use]
     pub fn still_in(&self, current: &Self) -> Self {
         Self(
             self.0
                 .iter()
-                .filter(|n| current.get(&n.name) == Some(*n))
-                .cloned()
+                .filter_map(|old| {
+                    let now = current.get(&old.name)?;
+                    old.addresses()
+                        .all(|a| now.addresses().any(|b| b == a))
+                        .then(|| now.clone())
+                })
                 .collect(),
         )
     }
@@ -271,12 +277,20 @@ mod tests {
     }
 
     #[test]
-    fn still_in_keeps_the_nodes_whose_records_are_unchanged() {
-        let old = NodeSet::new(vec![node("a", 1), node("b", 2), node("c", 3)]).expect("unique");
-        // b left, c moved to another address, d joined.
-        let now = NodeSet::new(vec![node("a", 1), node("c", 9), node("d", 4)]).expect("unique");
-        let names: Vec<_> = old.still_in(&now).iter().map(|n| n.name.clone()).collect();
-        assert_eq!(names, ["a"]);
+    fn still_in_keeps_the_nodes_that_kept_their_addresses() {
+        let old = NodeSet::new(vec![node("a", 1), node("b", 2), node("c", 3), node("e", 5)])
+            .expect("unique");
+        // b left, c moved to another address, d joined, e changed zone.
+        let e = Node {
+            zone: Some("z1".into()),
+            ..node("e", 5)
+        };
+        let now = NodeSet::new(vec![node("a", 1), node("c", 9), node("d", 4), e.clone()])
+            .expect("unique");
+        let kept = old.still_in(&now);
+        let names: Vec<_> = kept.iter().map(|n| n.name.clone()).collect();
+        assert_eq!(names, ["a", "e"]);
+        assert_eq!(kept.get("e"), Some(&e), "the current record");
         assert!(old.still_in(&NodeSet::default()).is_empty());
     }
 

@@ -13,19 +13,27 @@ use crate::{
 /// Removes the kernel's RTT entries of peers no longer in `nodes`, off the
 /// runtime's threads (it walks the RTT maps), and waits for it: the
 /// caller holds the rounds' turn, so that no probe to a departed address
-/// is in flight whose reply would make its entry again.
-pub(super) async fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) {
+/// is in flight whose reply would make its entry again. Whether they
+/// went (a failure is logged).
+pub(super) async fn prune_kernel_rtt(dir: std::path::PathBuf, nodes: &NodeSet) -> bool {
     let keep: std::collections::HashSet<IpAddr> = nodes.iter().flat_map(Node::addresses).collect();
     let work = move || crate::datapath::rtt::prune(&dir, |ip| keep.contains(&ip));
     match tokio::task::spawn_blocking(work).await {
         Ok(Ok(removed)) => {
             tracing::debug!(removed, "kernel RTT entries of departed peers removed");
+            true
         }
-        Ok(Err(e)) => tracing::warn!(
-            "removing kernel RTT entries of departed peers: {}",
-            crate::util::errors::chain(&e)
-        ),
-        Err(e) => tracing::warn!("removing kernel RTT entries of departed peers: {e}"),
+        Ok(Err(e)) => {
+            tracing::warn!(
+                "removing kernel RTT entries of departed peers: {}",
+                crate::util::errors::chain(&e)
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!("removing kernel RTT entries of departed peers: {e}");
+            false
+        }
     }
 }
 

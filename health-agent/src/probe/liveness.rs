@@ -123,12 +123,14 @@ impl Prober {
                 nodes = escalated,
                 "liveness: echoes say otherwise than the paths, probing those nodes in full now"
             );
-            self.round_over(nodes.subset(&news)).await;
         }
         // The echoes confirm the paths as of when they were seen, once
         // the paths they contradicted were probed again: not before, or
-        // a summary written meanwhile would pass old verdicts for new.
-        self.liveness_ms.store(echoed_ms, Ordering::Relaxed);
+        // a summary written meanwhile would pass old verdicts for new;
+        // nor when some of them were not (a node that moved meanwhile).
+        if escalated == 0 || self.round_over(nodes.subset(&news)).await {
+            self.liveness_ms.store(echoed_ms, Ordering::Relaxed);
+        }
         Liveness {
             echoes,
             unanswered,

@@ -160,14 +160,26 @@ fn candidates_stay_in_the_range() {
 #[test]
 fn the_nodes_own_flows_in_the_range_are_held() {
     let c = cfg();
-    assert!(c.node_flow_in_range(NODE, 61_000u16.to_be_bytes()));
-    assert!(c.node_flow_in_range(NODE, 65_535u16.to_be_bytes()));
-    assert!(!c.node_flow_in_range(NODE, 60_999u16.to_be_bytes()));
-    assert!(!c.node_flow_in_range(EP, 61_500u16.to_be_bytes()));
-    assert!(!NatConfig { enabled: 0, ..c }.node_flow_in_range(NODE, 61_500u16.to_be_bytes()));
-    let mut ping = frame(NODE, PEER, IPPROTO_ICMP, &[8, 0, 0, 0, 0xf0, 0x10, 0, 1]);
-    let (out, port) = out_key(&parse(&mut ping)).expect("echo request");
-    assert!(c.node_flow_in_range(out.saddr, port), "identifier 61456");
+    let ping = |src, dst, id: u16| {
+        let [hi, lo] = id.to_be_bytes();
+        let mut f = frame(src, dst, IPPROTO_ICMP, &[8, 0, 0, 0, hi, lo, 0, 1]);
+        out_key(&parse(&mut f)).expect("echo request")
+    };
+    let held = |src, dst, id| {
+        let (out, port) = ping(src, dst, id);
+        c.node_flow_in_range(&out, port)
+    };
+    assert!(held(NODE, PEER, 61_000));
+    assert!(held(NODE, PEER, 65_535));
+    assert!(!held(NODE, PEER, 60_999), "outside the range");
+    assert!(!held(EP, PEER, 61_500), "the endpoint's");
+    assert!(
+        !held(NODE, [198, 18, 65, 2], 61_500),
+        "toward the health range"
+    );
+    assert!(!held(NODE, NODE, 61_500), "toward the node itself");
+    let (out, port) = ping(NODE, PEER, 61_456);
+    assert!(!NatConfig { enabled: 0, ..c }.node_flow_in_range(&out, port));
     let inbound = in_key(&out, NODE, port);
     let held = NatEntry {
         xlate_addr: NODE,

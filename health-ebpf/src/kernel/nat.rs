@@ -47,7 +47,7 @@ pub fn health_nat_egress(ctx: TcContext) -> i32 {
         passed_whole(first, &cfg);
         return TC_ACT_UNSPEC;
     };
-    if cfg.node_flow_in_range(out.saddr, port) {
+    if cfg.node_flow_in_range(&out, port) {
         hold_for_node(&cfg, &out, port);
         return TC_ACT_UNSPEC;
     }
@@ -350,13 +350,7 @@ fn hold_for_node(cfg: &NatConfig, out: &NatKey, port: [u8; 2]) {
             return;
         }
     }
-    let held = NatEntry {
-        created_ns: now,
-        last_ns: now,
-        xlate_addr: cfg.node_ip,
-        xlate_port: port,
-        pad: [0; 2],
-    };
+    let held = NatEntry::made(cfg.node_ip, port, now);
     if NAT_MAP.insert(&inbound, &held, 0).is_ok() {
         count(NatCounter::NodeHeld);
     }
@@ -436,13 +430,7 @@ fn allocate(cfg: &NatConfig, out: &NatKey, port: [u8; 2], now: u64) -> Option<[u
         }
     }
     let chosen = chosen?;
-    let fwd = NatEntry {
-        created_ns: now,
-        last_ns: now,
-        xlate_addr: cfg.node_ip,
-        xlate_port: chosen,
-        pad: [0; 2],
-    };
+    let fwd = NatEntry::made(cfg.node_ip, chosen, now);
     if NAT_MAP.insert(out, &fwd, u64::from(BPF_NOEXIST)).is_err() {
         // Another CPU made this flow's pair first: use it, free ours.
         let _ = NAT_MAP.remove(&nat::in_key(out, cfg.node_ip, chosen));

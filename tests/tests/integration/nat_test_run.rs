@@ -253,7 +253,7 @@ fn two_endpoints_with_the_same_identifier_never_share_a_node_port() {
 /// request and reply, and an error about it, pass as they are), the
 /// endpoint's flow moves to another identifier, and no endpoint flow is
 /// given it while the node's flow lives. The node's flows outside the
-/// range hold nothing.
+/// range, or toward the health range, hold nothing.
 #[test]
 fn the_nodes_own_flows_in_the_range_keep_their_replies() {
     let (mut r, pins) = loaded(config(61_000, 65_535));
@@ -312,8 +312,38 @@ fn the_nodes_own_flows_in_the_range_keep_their_replies() {
     assert_eq!(run(&mut r, true, &again), (TCX_NEXT, again));
     let outside = Echo::request(NODE, PEER, 0x0100, 1).frame();
     assert_eq!(run(&mut r, true, &outside), (TCX_NEXT, outside));
+    // Toward the health range, where no endpoint flow is masqueraded.
+    let routed = Echo::request(NODE, PEER_HEALTH, taken, 1).frame();
+    assert_eq!(run(&mut r, true, &routed), (TCX_NEXT, routed));
     assert_eq!(nat::list(pins.path()).expect("nat").len(), rows);
     assert_eq!(counter(&pins, "node_held"), 1);
+
+    // The collector leaves a live hold, and removes one idle past the
+    // echo's lifetime (made here as the kernel makes them, long ago).
+    let idle = Echo::request(NODE, PEER2, 61_777, 1).frame();
+    assert_eq!(run(&mut r, true, &idle), (TCX_NEXT, idle));
+    {
+        use aya::maps::HashMap;
+        use health_common::{maps::MapId, nat::NatEntry, nat::NatKey};
+        let mut opened =
+            health_agent::datapath::maps::open(pins.path(), MapId::NatMap).expect("NAT_MAP");
+        let mut map = HashMap::<_, NatKey, NatEntry>::try_from(&mut opened).expect("NAT_MAP");
+        let (k, e) = map
+            .iter()
+            .filter_map(Result::ok)
+            .find(|(k, _)| k.saddr == PEER2.octets())
+            .expect("the hold toward PEER2");
+        map.insert(&k, &NatEntry { last_ns: 1, ..e }, 0)
+            .expect("aged");
+    }
+    nat::gc(pins.path()).expect("gc");
+    let left: Vec<_> = nat::list(pins.path())
+        .expect("nat list")
+        .into_iter()
+        .filter(|row| row.xlate == "HELD_BY_NODE")
+        .map(|row| row.src)
+        .collect();
+    assert_eq!(left, [PEER], "the idle hold went, the live one stayed");
 }
 
 #[test]

@@ -244,6 +244,14 @@ impl Prober {
             old.round_seq.load(std::sync::atomic::Ordering::Relaxed),
             std::sync::atomic::Ordering::Relaxed,
         );
+        // A prune the old prober had due is this one's.
+        if old
+            .prune_due
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            self.prune_due
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         let nodes = nodes.unwrap_or_else(|| old.nodes());
         if let Ok(mut n) = self.nodes.write() {
             *n = nodes;
@@ -322,16 +330,17 @@ impl Prober {
     /// Runs one round over `nodes` (the node set, or some of its nodes:
     /// the others keep their states and miss this round in their
     /// histories) and publishes it.
-    pub(super) async fn round_over(self: &Arc<Self>, nodes: NodeSet) -> Option<Arc<StatusSummary>> {
+    pub(super) async fn round_over(self: &Arc<Self>, nodes: NodeSet) -> bool {
         let turn = self.turn().await;
-        // A node that left, or whose record changed, since `nodes` was
-        // read is not probed: the turn may have pruned its old addresses'
-        // kernel entries, which its probes would make again.
-        let nodes = nodes.still_in(&self.nodes());
-        if nodes.is_empty() {
-            return None;
+        // A node that left, or dropped or changed an address, since
+        // `nodes` was read is not probed: the turn may have pruned its old
+        // addresses' kernel entries, which its probes would make again.
+        let now = nodes.still_in(&self.nodes());
+        let all = now.len() == nodes.len();
+        if !now.is_empty() {
+            self.round_in_turn(turn, now, RoundKind::Some).await;
         }
-        Some(self.round_in_turn(turn, nodes, RoundKind::Some).await)
+        all
     }
 
     /// A round of `kind` over the nodes `nodes` gives once the round has
@@ -360,8 +369,11 @@ impl Prober {
             .prune_due
             .swap(false, std::sync::atomic::Ordering::AcqRel)
             && let Some(dir) = self.cfg.kernel_rtt.clone()
+            && !prune_kernel_rtt(dir, &self.nodes()).await
         {
-            prune_kernel_rtt(dir, &self.nodes()).await;
+            // Tried again at the next turn.
+            self.prune_due
+                .store(true, std::sync::atomic::Ordering::Release);
         }
         turn
     }
