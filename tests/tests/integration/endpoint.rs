@@ -200,17 +200,19 @@ fn kill_9_then_a_new_daemon_restores_ip_id_and_counters() {
     node.assert_echo_answered_in_kernel(ip, 0x5e01, 2);
     // The node's own forwarding (off), recorded by the agent killed, is
     // what the next one writes back; not the 1 it found.
-    let ns = node.node.clone();
-    let forwarding = || {
-        ns.run(|| std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward"))
-            .expect("node namespace")
-            .expect("ip_forward")
-            .trim()
-            .to_owned()
-    };
-    assert_eq!(forwarding(), "1");
+    assert_eq!(ip_forward(&node), "1");
     assert!(node.stop(Signal::SIGTERM).success());
-    assert_eq!(forwarding(), "0");
+    assert_eq!(ip_forward(&node), "0");
+}
+
+/// The node namespace's `net.ipv4.ip_forward`.
+fn ip_forward(node: &AgentNode) -> String {
+    node.node
+        .run(|| std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward"))
+        .expect("node namespace")
+        .expect("ip_forward")
+        .trim()
+        .to_owned()
 }
 
 /// The API's threads (named `api` and `api-bulk`) run at nice 5, every
@@ -358,16 +360,23 @@ fn keep_endpoint_survives_sigterm_and_is_restored() {
     let mut node = AgentNode::new();
     node.start(&["--keep-endpoint"]);
     let ep = node.wait_endpoint(READY, |_| true);
+    assert_eq!(ip_forward(&node), "1");
     assert!(node.stop(Signal::SIGTERM).success());
     assert!(
         node.endpoint_ns().exists() && node.node_has_link("lxc_health"),
         "endpoint kept"
     );
+    // The kept endpoint is still routed through the node.
+    assert_eq!(ip_forward(&node), "1", "forwarding kept with it");
     assert!(!node.socket().exists() && !node.pidfile().exists());
     node.start(&[]);
     let restored = node.wait_endpoint(READY, |_| true);
     assert_eq!((ipv4(&restored), restored.id), (ipv4(&ep), ep.id));
     assert_eq!(states(&get(&node))[0], "restoring");
+    // Not kept this time: the node's own value (off), recorded by the
+    // first run, comes back.
+    assert!(node.stop(Signal::SIGTERM).success());
+    assert_eq!(ip_forward(&node), "0");
 }
 
 /// A supervised task that fails for real: masquerade's uplink is deleted

@@ -312,6 +312,7 @@ fn ipv6_only_endpoint_is_plumbed_answered_and_removed_with_forwarding_restored()
 /// An agent with an IPv6 endpoint killed (its forwarding left on, with
 /// its record), then one without `--health-cidr6`: the old endpoint goes,
 /// and the forwarding it needed is written back, while the agent runs.
+/// An endpoint kept past a SIGTERM keeps its forwarding.
 #[test]
 fn forwarding_a_killed_ipv6_endpoint_needed_is_restored_by_an_agent_without_one() {
     let mut a = Agent6::new();
@@ -332,6 +333,17 @@ fn forwarding_a_killed_ipv6_endpoint_needed_is_restored_by_an_agent_without_one(
     );
     assert!(a.stop(Signal::SIGTERM).success(), "{}", a.log());
     assert_eq!(a.forwarding6(), "0");
+
+    // A kept IPv6 endpoint keeps the forwarding it needs past a SIGTERM;
+    // the next run that keeps nothing writes the node's value back.
+    a.start(&["--health-cidr6", "2001:2:0:3::/64", "--keep-endpoint"]);
+    a.wait_endpoint(|e| e.ipv6.is_some());
+    assert!(a.stop(Signal::SIGTERM).success(), "{}", a.log());
+    assert_eq!(a.forwarding6(), "1", "kept with the endpoint");
+    a.start(&["--health-cidr6", "2001:2:0:3::/64"]);
+    a.wait_endpoint(|e| e.ipv6.is_some());
+    assert!(a.stop(Signal::SIGTERM).success(), "{}", a.log());
+    assert_eq!(a.forwarding6(), "0", "written back: {}", a.log());
 }
 
 /// Both flags (`--health-cidr6` from the config file): a dual-stack
