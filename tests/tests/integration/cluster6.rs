@@ -5,6 +5,7 @@
 use std::{net::IpAddr, time::Duration};
 
 use health_agent::{
+    datapath::rtt,
     probe::{
         path::ProbeResult,
         status::{ClusterStatus, Connectivity, NodeStatus},
@@ -12,7 +13,7 @@ use health_agent::{
     sys::netlink::in_netns,
 };
 use health_tests::{
-    cluster::{Cluster, Family, Settings},
+    cluster::{Cluster, Family, Settings, health_cidr6, node_ip6, nodes_yaml_for},
     topology::TwoNodes,
 };
 
@@ -118,7 +119,48 @@ fn a_dual_stack_cluster_probes_both_families_and_shows_an_ipv6_failure() {
         nl.add_address("uplink", ip6, 64).await
     })
     .expect("node-2's IPv6 address again");
-    cluster.wait_status(0, Duration::from_secs(30), all_ok);
+    let s = cluster.wait_status(0, Duration::from_secs(30), all_ok);
+
+    // Node 2's record drops its IPv6 addresses: node 1's kernel RTT
+    // entries of them go before its next round, and no late reply brings
+    // them back; those of its IPv4 addresses stay.
+    let node2 = s.nodes.iter().find(|n| n.name == "node-2").expect("node-2");
+    let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = paths(node2)
+        .into_iter()
+        .map(|c| c.ip)
+        .partition(IpAddr::is_ipv4);
+    let timed = || -> Vec<IpAddr> {
+        rtt::list(&cluster.nodes[0].pins)
+            .expect("rtt list")
+            .into_iter()
+            .map(|r| r.peer)
+            .collect()
+    };
+    assert!(v6.iter().all(|ip| timed().contains(ip)), "timed before");
+    let dropped = format!(
+        "    node-ip6: {}\n    health-cidr6: {}\n",
+        node_ip6(1),
+        health_cidr6(1)
+    );
+    let yaml = nodes_yaml_for(NODES, Family::Dual);
+    assert!(yaml.contains(&dropped), "{yaml}");
+    cluster.write_nodes_text(&yaml.replace(&dropped, ""));
+    let round = |s: &ClusterStatus| s.round.as_ref().map_or(0, |r| r.seq);
+    let one_family = cluster.wait_status(0, Duration::from_secs(10), |s| {
+        s.nodes
+            .iter()
+            .any(|n| n.name == "node-2" && n.host_secondary.is_none())
+    });
+    for later in [2, 4] {
+        cluster.wait_status(0, Duration::from_secs(10), |s| {
+            round(s) >= round(&one_family) + later
+        });
+        let peers = timed();
+        assert!(
+            v6.iter().all(|ip| !peers.contains(ip)) && v4.iter().all(|ip| peers.contains(ip)),
+            "node-2's IPv6 entries gone, its IPv4 ones kept, {later} rounds on: {peers:?}"
+        );
+    }
 }
 
 #[test]
