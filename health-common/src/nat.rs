@@ -21,7 +21,10 @@
 //! [`arriving_key`] give `None`), so the programs pass IPv6 untouched.
 
 use crate::{
-    ct::{CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP, as_v4, v4_mapped},
+    ct::{
+        CtKey, DIR_IN, DIR_OUT, Flow, IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN,
+        as_v4, v4_mapped,
+    },
     encrypt::HELLO_PORT,
     headers::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IPPROTO_ICMP},
 };
@@ -71,7 +74,11 @@ pub struct NatEntry {
     pub xlate_addr: [u8; 4],
     /// Network byte order.
     pub xlate_port: [u8; 2],
-    pub pad: [u8; 2],
+    /// A hold's (see [`held_by_node`]): the FIN and RST flags its TCP
+    /// connection sent since its last SYN, which shorten its lifetime. 0
+    /// in a pair.
+    pub closing: u8,
+    pub pad: u8,
 }
 
 impl NatEntry {
@@ -83,7 +90,20 @@ impl NatEntry {
             last_ns: now,
             xlate_addr: addr,
             xlate_port: port,
-            pad: [0; 2],
+            closing: 0,
+            pad: 0,
+        }
+    }
+
+    /// A hold's `closing` flags after a TCP segment with `tcp_flags` (0
+    /// for other protocols) leaves: a SYN starts a connection afresh, a
+    /// FIN or RST marks it closing.
+    #[must_use]
+    pub const fn closing_after(closing: u8, tcp_flags: u8) -> u8 {
+        if tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+            0
+        } else {
+            closing | (tcp_flags & (TCP_FIN | TCP_RST))
         }
     }
 }

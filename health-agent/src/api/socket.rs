@@ -189,7 +189,7 @@ fn remove_leftovers(dir: &Path) {
         let path = entry.path();
         // A process of that ID in another PID namespace may still serve
         // it: only a socket nobody listens on is left over.
-        if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+        if answers(&path) {
             continue;
         }
         match std::fs::remove_file(&path) {
@@ -202,6 +202,26 @@ fn remove_leftovers(dir: &Path) {
                 tracing::warn!(path = %path.display(), "removing a staged API socket left behind: {e}");
             }
         }
+    }
+}
+
+/// Whether something listens on the socket at `path`: a connection is
+/// refused only when nothing does (not waited for: a listener whose
+/// backlog is full answers so too). In doubt, yes.
+fn answers(path: &Path) -> bool {
+    let Ok(socket) = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
+    else {
+        return true;
+    };
+    let Ok(addr) = socket2::SockAddr::unix(path) else {
+        return true;
+    };
+    if socket.set_nonblocking(true).is_err() {
+        return true;
+    }
+    match socket.connect(&addr) {
+        Ok(()) => true,
+        Err(e) => e.raw_os_error() != Some(nix::errno::Errno::ECONNREFUSED as i32),
     }
 }
 

@@ -489,10 +489,6 @@ fn probe_config(
             )
             .unwrap_or_default(),
             mtu_probe: cfg.settings.probe.probe_mtu.resolve(),
-            nat_ports: cfg.settings.datapath.masquerade().then(|| {
-                let r = cfg.settings.datapath.nat_port_range;
-                (r.min, r.max)
-            }),
         },
     );
     let enc = &cfg.settings.encryption;

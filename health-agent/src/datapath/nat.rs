@@ -197,10 +197,11 @@ pub fn collectable(
 /// Whether a port held for a flow of the node's own (no conntrack entry
 /// of the agent's sees it) may go: idle for its protocol's lifetime, a
 /// TCP connection's being that of an established one (the node's
-/// connection may idle for hours; its hold must outlive that).
+/// connection may idle for hours; its hold must outlive that) until it
+/// sent a FIN or RST, a closed one's from then.
 #[must_use]
 pub fn hold_over(held: &NatEntry, proto: u8, cfg: &CtConfig, now: u64) -> bool {
-    let idle = u64::from(lifetime_s(cfg, proto, TCP_ACK)) * 1_000_000_000;
+    let idle = u64::from(lifetime_s(cfg, proto, TCP_ACK | held.closing)) * 1_000_000_000;
     now.saturating_sub(held.last_ns) > idle
 }
 
@@ -270,7 +271,7 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
 
 #[cfg(test)]
 mod tests {
-    use health_common::ct::IPPROTO_TCP;
+    use health_common::ct::{IPPROTO_TCP, TCP_RST};
 
     use super::*;
 
@@ -305,8 +306,8 @@ mod tests {
     }
 
     /// A port held for a TCP connection of the node's own lasts an
-    /// established connection's idle lifetime, not a SYN's; an echo's, the
-    /// ICMP lifetime.
+    /// established connection's idle lifetime, not a SYN's, until it
+    /// closes; an echo's, the ICMP lifetime.
     #[test]
     fn a_hold_lasts_its_flows_idle_lifetime() {
         let cfg = CtConfig::default();
@@ -324,6 +325,14 @@ mod tests {
             &cfg,
             (11 + established_s) * S
         ));
+        // Closed (a reset sent): a closed connection's lifetime.
+        let closed_s = u64::from(cfg.tcp_closed_s);
+        let closed = NatEntry {
+            closing: NatEntry::closing_after(0, TCP_RST),
+            ..held
+        };
+        assert!(!hold_over(&closed, IPPROTO_TCP, &cfg, (9 + closed_s) * S));
+        assert!(hold_over(&closed, IPPROTO_TCP, &cfg, (11 + closed_s) * S));
         let icmp_s = u64::from(cfg.icmp_s);
         assert!(!hold_over(&held, 1, &cfg, (9 + icmp_s) * S));
         assert!(hold_over(&held, 1, &cfg, (11 + icmp_s) * S));
@@ -345,7 +354,8 @@ mod tests {
             last_ns: 3 * S,
             xlate_addr: [198, 18, 0, 11],
             xlate_port: 61_001u16.to_be_bytes(),
-            pad: [0; 2],
+            closing: 0,
+            pad: 0,
         };
         assert_eq!(
             row(&k, &e, 5 * S).line(),

@@ -230,9 +230,15 @@ pub fn sweep(dir: &Path, timeout: Duration) -> Result<u64, DatapathError> {
     sweep_counted(dir, timeout).map(|(lost, _)| lost)
 }
 
+/// Held by a sweep and a prune from their first read to their last write:
+/// a sweep that read a departed peer's lost requests before a prune would
+/// otherwise write its loss counter back after it.
+static UPKEEP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// [`sweep`], and the requests it left pending.
 pub fn sweep_counted(dir: &Path, timeout: Duration) -> Result<(u64, u64), DatapathError> {
     use super::maps::{Cursor, delete_where_each, hash_entries, update_entries};
+    let _one_at_a_time = UPKEEP.lock();
     let now = super::monotonic_ns()?;
     let cutoff = now.saturating_sub(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
     // In one batched walk that deletes as it goes: a round of 20,000
@@ -346,6 +352,7 @@ impl LossTally {
 /// requests, swept once lost, would count their losses anew); returns how
 /// many statistics and counters went.
 pub fn prune(dir: &Path, keep: impl Fn(IpAddr) -> bool) -> Result<u64, DatapathError> {
+    let _one_at_a_time = UPKEEP.lock();
     super::maps::delete_where_each(
         dir,
         MapId::RttPending,

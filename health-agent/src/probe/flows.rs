@@ -26,45 +26,43 @@ pub struct FlowPlan {
 }
 
 impl FlowPlan {
-    /// `count` flows from sources chosen once for the prober's life: ports
-    /// at random outside the ephemeral range of the namespace the probes
-    /// leave from, so no socket the kernel numbers for itself (a
-    /// connection of this process or another's) holds a flow's port when
-    /// its probe binds it. From the node's namespace (`from_endpoint`
-    /// false) that is the node's `net.ipv4.ip_local_port_range`, read
-    /// here; from the endpoint's, a namespace the agent made and nobody
-    /// tunes, the kernel's default (each namespace starts with it,
-    /// whatever the node's says). From the node, the ports and the ICMP
-    /// identifiers also avoid masquerade's range (`nat`, when it is on):
-    /// a flow of the node's own there would hold its port in the NAT map
-    /// toward every peer.
+    /// `count` flows from sources chosen once for the prober's life: an
+    /// identifier at random, ports at random outside the ephemeral range
+    /// of the namespace the probes leave from, so no socket the kernel
+    /// numbers for itself (a connection of this process or another's)
+    /// holds a flow's port when its probe binds it. From the node's
+    /// namespace (`from_endpoint` false) that is the node's
+    /// `net.ipv4.ip_local_port_range`, read here; from the endpoint's, a
+    /// namespace the agent made and nobody tunes, the kernel's default
+    /// (each namespace starts with it, whatever the node's says).
     #[must_use]
-    pub fn new(count: u16, from_endpoint: bool, nat: Option<(u16, u16)>) -> Self {
-        if from_endpoint {
-            Self::outside(count, KERNEL_EPHEMERAL_RANGE, None)
+    pub fn new(count: u16, from_endpoint: bool) -> Self {
+        let range = if from_endpoint {
+            KERNEL_EPHEMERAL_RANGE
         } else {
-            Self::outside(count, ephemeral_range(), nat)
-        }
+            ephemeral_range()
+        };
+        Self::outside(count, range)
     }
 
-    /// `count` flows whose ports avoid the ephemeral range and `nat`: in
-    /// the highest stretch of ports from 1024 up that holds `MAX_FLOWS`
-    /// of them clear of both (above the ephemeral range, else below it),
-    /// and within the dynamic range (49152–65535, IANA) when none does.
-    /// The identifiers avoid `nat` likewise, `ICMP_ROOM` of them clear.
+    /// `count` flows whose ports avoid the ephemeral range `(lo, hi)`:
+    /// above it when `MAX_FLOWS` ports fit there, below it (not under
+    /// 1024) when they fit there, and within the dynamic range
+    /// (49152–65535, IANA) when the range leaves no room either side.
     #[must_use]
-    pub fn outside(count: u16, ephemeral: (u16, u16), nat: Option<(u16, u16)>) -> Self {
+    pub fn outside(count: u16, (lo, hi): (u16, u16)) -> Self {
         let count = count.clamp(1, MAX_FLOWS);
-        let mut avoid = vec![ephemeral];
-        avoid.extend(nat);
-        let ports = free_starts(&avoid, (1024, u16::MAX - 1), MAX_FLOWS)
-            .unwrap_or(49_152..=u16::MAX - MAX_FLOWS);
-        let icmp_base = nat
-            .and_then(|n| free_starts(&[n], (0, u16::MAX), ICMP_ROOM))
-            .map_or_else(|| fastrand::u16(..), fastrand::u16);
+        let top = u16::MAX - MAX_FLOWS;
+        let ports = if hi < top {
+            hi + 1..=top
+        } else if lo > 1024 + MAX_FLOWS {
+            1024..=lo - MAX_FLOWS
+        } else {
+            49_152..=top
+        };
         Self {
             count,
-            icmp_base,
+            icmp_base: fastrand::u16(..),
             tcp_base: fastrand::u16(ports),
         }
     }
@@ -96,45 +94,6 @@ impl FlowPlan {
     }
 }
 
-/// Identifiers kept clear of masquerade's range from a flow plan's first:
-/// `MAX_FLOWS` flows of up to 16 identifiers each (a million targets a
-/// flow).
-const ICMP_ROOM: u16 = 1024;
-
-/// The first values of `room` consecutive ones within `universe`
-/// (inclusive) that meet none of the ranges `avoid` (inclusive), in the
-/// highest stretch clear of them that holds `room`; `None` when none
-/// does.
-fn free_starts(
-    avoid: &[(u16, u16)],
-    (lo, hi): (u16, u16),
-    room: u16,
-) -> Option<std::ops::RangeInclusive<u16>> {
-    let mut taken: Vec<(u32, u32)> = avoid
-        .iter()
-        .map(|&(a, b)| (u32::from(a), u32::from(b)))
-        .collect();
-    taken.sort_unstable();
-    let mut clear = Vec::with_capacity(taken.len() + 1);
-    let mut next = u32::from(lo);
-    for (a, b) in taken {
-        if a > next {
-            clear.push((next, a - 1));
-        }
-        next = next.max(b + 1);
-    }
-    if next <= u32::from(hi) {
-        clear.push((next, u32::from(hi)));
-    }
-    let room = u32::from(room);
-    let (a, b) = clear
-        .into_iter()
-        .map(|(a, b)| (a, b.min(u32::from(hi))))
-        .rev()
-        .find(|&(a, b)| b + 1 >= a + room)?;
-    Some(u16::try_from(a).ok()?..=u16::try_from(b + 1 - room).ok()?)
-}
-
 /// The ephemeral port range every network namespace starts with.
 const KERNEL_EPHEMERAL_RANGE: (u16, u16) = (32_768, 60_999);
 
@@ -146,7 +105,7 @@ fn ephemeral_range() -> (u16, u16) {
 
 impl Default for FlowPlan {
     fn default() -> Self {
-        Self::new(1, false, None)
+        Self::new(1, false)
     }
 }
 
@@ -462,48 +421,19 @@ mod tests {
 
     #[test]
     fn plans_stay_within_their_ranges() {
-        let p = FlowPlan::new(200, false, None);
+        let p = FlowPlan::new(200, false);
         assert_eq!(p.count, MAX_FLOWS);
-        assert!(!FlowPlan::new(0, true, None).many());
+        assert!(!FlowPlan::new(0, true).many());
         // From the endpoint's namespace: outside the range it starts with.
-        let endpoint = FlowPlan::new(MAX_FLOWS, true, Some((1024, 65_535)));
+        let endpoint = FlowPlan::new(MAX_FLOWS, true);
         assert!(endpoint.tcp_base > KERNEL_EPHEMERAL_RANGE.1);
-        let last = |p: &FlowPlan| p.tcp_port(MAX_FLOWS - 1);
         for _ in 0..1000 {
-            let above = FlowPlan::outside(MAX_FLOWS, (32_768, 60_999), None);
-            assert!(above.tcp_base > 60_999 && last(&above) > above.tcp_base);
-            let below = FlowPlan::outside(MAX_FLOWS, (40_000, 65_535), None);
-            assert!(below.tcp_base >= 1024 && last(&below) < 40_000);
-            let within = FlowPlan::outside(MAX_FLOWS, (1024, 65_535), None);
-            assert!(within.tcp_base >= 49_152 && last(&within) > within.tcp_base);
-            // Masquerade's default range just above the ephemeral one:
-            // the ports go below both, the identifiers clear of it.
-            let nat = FlowPlan::outside(MAX_FLOWS, (32_768, 60_999), Some((61_000, 65_535)));
-            assert!(nat.tcp_base >= 1024 && last(&nat) < 32_768);
-            let ids = u32::from(nat.icmp_base)..u32::from(nat.icmp_base) + u32::from(ICMP_ROOM);
-            assert!(ids.end <= 61_000, "{ids:?}");
-            // A range below the ephemeral one leaves the ports above it.
-            let low = FlowPlan::outside(MAX_FLOWS, (32_768, 60_999), Some((20_000, 29_999)));
-            assert!(low.tcp_base > 60_999);
-            let id = u32::from(low.icmp_base);
-            assert!(id + u32::from(ICMP_ROOM) <= 20_000 || id >= 30_000, "{id}");
+            let above = FlowPlan::outside(MAX_FLOWS, (32_768, 60_999));
+            assert!(above.tcp_base > 60_999 && above.tcp_port(MAX_FLOWS - 1) > above.tcp_base);
+            let below = FlowPlan::outside(MAX_FLOWS, (40_000, 65_535));
+            assert!(below.tcp_base >= 1024 && below.tcp_port(MAX_FLOWS - 1) < 40_000);
+            let within = FlowPlan::outside(MAX_FLOWS, (1024, 65_535));
+            assert!(within.tcp_base >= 49_152 && within.tcp_port(MAX_FLOWS - 1) > within.tcp_base);
         }
-    }
-
-    #[test]
-    fn free_starts_leave_room_clear_of_every_range() {
-        assert_eq!(free_starts(&[], (0, 99), 10), Some(0..=90));
-        assert_eq!(free_starts(&[(50, 59)], (0, 99), 10), Some(60..=90));
-        assert_eq!(free_starts(&[(50, 95)], (0, 99), 10), Some(0..=40));
-        assert_eq!(
-            free_starts(&[(60, 99), (0, 49)], (0, 99), 10),
-            Some(50..=50)
-        );
-        assert_eq!(free_starts(&[(55, 99), (0, 49)], (0, 99), 10), None);
-        assert_eq!(free_starts(&[(0, 65_535)], (0, 65_535), 1), None);
-        assert_eq!(
-            free_starts(&[(10, 20), (15, 30)], (0, 40), 10),
-            Some(31..=31)
-        );
     }
 }

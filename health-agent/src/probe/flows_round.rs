@@ -125,7 +125,7 @@ mod tests {
     #[test]
     fn each_targets_flows_land_in_its_path_across_chunks() {
         let prober = Prober::new(ProbeConfig {
-            flows: FlowPlan::new(2, true, None),
+            flows: FlowPlan::new(2, true),
             thresholds: Thresholds {
                 success: 1,
                 failure: 1,

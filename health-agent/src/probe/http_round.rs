@@ -763,7 +763,7 @@ mod tests {
                 let _ = conn.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
             }
         });
-        let plan = FlowPlan::new(3, false, None);
+        let plan = FlowPlan::new(3, false);
         let targets: Vec<IpAddr> = vec![Ipv4Addr::new(127, 0, 0, 31).into(); 3];
         let cfg = ProbeConfig {
             timeout: Duration::from_millis(400),

@@ -306,9 +306,6 @@ pub struct ProberStart {
     /// The MTU probes' size in bytes, `--probe-mtu` resolved against the
     /// node; `None`: off.
     pub mtu_probe: Option<u16>,
-    /// Masquerade's ports and echo identifiers (`--nat-port-range`), when
-    /// it is on: probes from the node take theirs outside them.
-    pub nat_ports: Option<(u16, u16)>,
 }
 
 impl ProbeConfig {
@@ -331,7 +328,7 @@ impl ProbeConfig {
             families: start.families,
             degraded_loss: settings.degraded_loss.ratio(),
             mtu_probe: start.mtu_probe,
-            flows: FlowPlan::new(settings.probe_flows, from_endpoint, start.nat_ports),
+            flows: FlowPlan::new(settings.probe_flows, from_endpoint),
             ..Self::default()
         };
         cfg.retune(tuning);

@@ -1,6 +1,6 @@
 use super::*;
 use crate::{
-    ct::{TCP_ACK, TCP_SYN},
+    ct::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     flow,
     frame::SliceFrame,
 };
@@ -197,6 +197,19 @@ fn the_nodes_own_flows_in_the_range_are_held() {
         ..held
     };
     assert!(!held_by_node(&inbound, &endpoint));
+}
+
+/// A hold's connection is closing once it sent a FIN or RST, and new at
+/// its next SYN; an echo (no flags) changes nothing.
+#[test]
+fn a_holds_closing_flags_follow_its_connection() {
+    let fin = NatEntry::closing_after(0, TCP_FIN | TCP_ACK);
+    assert_eq!(fin, TCP_FIN);
+    assert_eq!(NatEntry::closing_after(fin, TCP_ACK), TCP_FIN, "kept");
+    assert_eq!(NatEntry::closing_after(fin, TCP_RST), TCP_FIN | TCP_RST);
+    assert_eq!(NatEntry::closing_after(fin, TCP_SYN), 0, "a new connection");
+    assert_eq!(NatEntry::closing_after(fin, 0), TCP_FIN, "an echo");
+    assert_eq!(NatEntry::closing_after(0, TCP_SYN | TCP_ACK), 0);
 }
 
 #[test]

@@ -48,7 +48,7 @@ pub fn health_nat_egress(ctx: TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     };
     if cfg.node_flow_in_range(&out, port) {
-        hold_for_node(&cfg, &out, port);
+        hold_for_node(&cfg, &out, port, flow.tcp_flags);
         return TC_ACT_UNSPEC;
     }
     if !cfg.masquerades(out.saddr, out.daddr) {
@@ -334,10 +334,11 @@ fn rewrite_quoted(
 /// toward that peer loses it to the node, whose replies these are: its
 /// next packet finds its reverse half gone and takes another port (see
 /// [`mapping`]). The hold lasts while the node's flow sends, and goes
-/// with the agent's collector after its protocol's idle lifetime (a
-/// subprogram: its own stack frame).
+/// with the agent's collector after its protocol's idle lifetime, a TCP
+/// connection's as its FIN or RST say (a subprogram: its own stack
+/// frame).
 #[inline(never)]
-fn hold_for_node(cfg: &NatConfig, out: &NatKey, port: [u8; 2]) {
+fn hold_for_node(cfg: &NatConfig, out: &NatKey, port: [u8; 2], tcp_flags: u8) {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let inbound = nat::in_key(out, cfg.node_ip, port);
@@ -346,11 +347,17 @@ fn hold_for_node(cfg: &NatConfig, out: &NatKey, port: [u8; 2]) {
         let held = unsafe { nat::held_by_node(&inbound, &*e) };
         if held {
             // SAFETY: as above.
-            unsafe { (*e).last_ns = now };
+            unsafe {
+                (*e).last_ns = now;
+                (*e).closing = NatEntry::closing_after((*e).closing, tcp_flags);
+            }
             return;
         }
     }
-    let held = NatEntry::made(cfg.node_ip, port, now);
+    let held = NatEntry {
+        closing: NatEntry::closing_after(0, tcp_flags),
+        ..NatEntry::made(cfg.node_ip, port, now)
+    };
     if NAT_MAP.insert(&inbound, &held, 0).is_ok() {
         count(NatCounter::NodeHeld);
     }
@@ -399,10 +406,7 @@ fn reverse_is(inbound: &NatKey, out: &NatKey) -> bool {
 const fn reverse_entry(out: &NatKey, port: [u8; 2], now: u64, created_ns: u64) -> NatEntry {
     NatEntry {
         created_ns,
-        last_ns: now,
-        xlate_addr: out.saddr,
-        xlate_port: port,
-        pad: [0; 2],
+        ..NatEntry::made(out.saddr, port, now)
     }
 }
 

@@ -318,32 +318,40 @@ fn the_nodes_own_flows_in_the_range_keep_their_replies() {
     assert_eq!(nat::list(pins.path()).expect("nat").len(), rows);
     assert_eq!(counter(&pins, "node_held"), 1);
 
-    // The collector leaves a live hold, and removes one idle past the
-    // echo's lifetime (made here as the kernel makes them, long ago).
-    let idle = Echo::request(NODE, PEER2, 61_777, 1).frame();
-    assert_eq!(run(&mut r, true, &idle), (TCX_NEXT, idle));
-    {
-        use aya::maps::HashMap;
-        use health_common::{maps::MapId, nat::NatEntry, nat::NatKey};
-        let mut opened =
-            health_agent::datapath::maps::open(pins.path(), MapId::NatMap).expect("NAT_MAP");
-        let mut map = HashMap::<_, NatKey, NatEntry>::try_from(&mut opened).expect("NAT_MAP");
-        let (k, e) = map
-            .iter()
-            .filter_map(Result::ok)
-            .find(|(k, _)| k.saddr == PEER2.octets())
-            .expect("the hold toward PEER2");
-        map.insert(&k, &NatEntry { last_ns: 1, ..e }, 0)
-            .expect("aged");
+    // The collector leaves a live hold, and removes one idle past its
+    // lifetime: an echo's, and a TCP connection's once it sent its reset
+    // (1 s each here); an open connection's is hours.
+    r.set_ct_config(CtConfig {
+        icmp_s: 1,
+        tcp_closed_s: 1,
+        ..CtConfig::default()
+    })
+    .expect("ct config");
+    let node_tcp = |port, flags| packets::tcp(NODE, PEER2, (port, 4240), flags, b"");
+    for out in [
+        Echo::request(NODE, PEER2, 61_777, 1).frame(),
+        node_tcp(61_888, 0x02),
+        node_tcp(61_889, 0x02),
+        node_tcp(61_889, 0x04),
+    ] {
+        assert_eq!(run(&mut r, true, &out), (TCX_NEXT, out));
     }
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let live = Echo::request(NODE, PEER, taken, 3).frame();
+    assert_eq!(run(&mut r, true, &live), (TCX_NEXT, live));
     nat::gc(pins.path()).expect("gc");
-    let left: Vec<_> = nat::list(pins.path())
+    let mut left: Vec<_> = nat::list(pins.path())
         .expect("nat list")
         .into_iter()
         .filter(|row| row.xlate == "HELD_BY_NODE")
-        .map(|row| row.src)
+        .map(|row| (row.src, row.dport))
         .collect();
-    assert_eq!(left, [PEER], "the idle hold went, the live one stayed");
+    left.sort_unstable();
+    assert_eq!(
+        left,
+        [(PEER, taken), (PEER2, 61_888)],
+        "the idle echo's and the reset connection's holds went"
+    );
 }
 
 #[test]

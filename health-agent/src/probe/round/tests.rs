@@ -986,7 +986,7 @@ async fn a_round_fails_the_http_paths_of_an_address_another_node_answers() {
         families: Families::Ipv4,
         timeout: Duration::from_millis(800),
         http_port: port,
-        flows: flows::FlowPlan::new(2, false, None),
+        flows: flows::FlowPlan::new(2, false),
         thresholds: Thresholds {
             success: 1,
             failure: 1,
