@@ -386,8 +386,8 @@ mod tests {
     }
 
     /// A staged socket left by a process that is gone is removed at the
-    /// next bind; a live process's, a file that is not a socket and names
-    /// of another form are left.
+    /// next bind; a live process's, one that answers, a file that is not
+    /// a socket and names of another form are left.
     #[test]
     fn staged_sockets_of_processes_gone_are_removed() {
         let dir = tempfile::tempdir().expect("tempdir");
