@@ -131,10 +131,13 @@ impl NatConfig {
     /// Whether a packet `src -> dst` is masqueraded.
     #[must_use]
     pub fn masquerades(&self, src: [u8; 4], dst: [u8; 4]) -> bool {
-        self.enabled == 1
-            && in_net(src, self.src_net, self.src_mask)
-            && !in_net(dst, self.exclude_net, self.exclude_mask)
-            && dst != self.node_ip
+        self.enabled == 1 && in_net(src, self.src_net, self.src_mask) && self.covers(dst)
+    }
+
+    /// Whether masquerade covers flows toward `dst`: outside the health
+    /// range, and not the node itself.
+    fn covers(&self, dst: [u8; 4]) -> bool {
+        !in_net(dst, self.exclude_net, self.exclude_mask) && dst != self.node_ip
     }
 
     /// How many ports the range holds (0 when misconfigured).
@@ -147,10 +150,9 @@ impl NatConfig {
         }
     }
 
-    /// Whether `port` (network byte order) lies in the range handed out.
+    /// Whether `port` lies in the range handed out.
     #[must_use]
-    pub const fn holds(&self, port: [u8; 2]) -> bool {
-        let port = u16::from_be_bytes(port);
+    pub const fn holds(&self, port: u16) -> bool {
         self.port_min <= port && port <= self.port_max
     }
 
@@ -164,9 +166,8 @@ impl NatConfig {
     pub fn node_flow_in_range(&self, out: &NatKey, port: [u8; 2]) -> bool {
         self.enabled == 1
             && out.saddr == self.node_ip
-            && out.daddr != self.node_ip
-            && !in_net(out.daddr, self.exclude_net, self.exclude_mask)
-            && self.holds(port)
+            && self.covers(out.daddr)
+            && self.holds(u16::from_be_bytes(port))
     }
 
     /// The port to try at `attempt`: first the flow's own port when it lies
@@ -177,7 +178,7 @@ impl NatConfig {
         if len == 0 {
             return 0;
         }
-        if attempt == 0 && own >= self.port_min && own <= self.port_max {
+        if attempt == 0 && self.holds(own) {
             return own;
         }
         #[allow(clippy::cast_possible_truncation, reason = "below port_max")]
@@ -305,11 +306,8 @@ pub const fn in_key(out: &NatKey, node_ip: [u8; 4], port: [u8; 2]) -> NatKey {
 /// Whether the `IN` entry `back` under key `inbound` holds its port for a
 /// flow of the node's own (it translates to itself), not an endpoint's.
 #[must_use]
-pub const fn held_by_node(inbound: &NatKey, back: &NatEntry) -> bool {
-    back.xlate_addr[0] == inbound.daddr[0]
-        && back.xlate_addr[1] == inbound.daddr[1]
-        && back.xlate_addr[2] == inbound.daddr[2]
-        && back.xlate_addr[3] == inbound.daddr[3]
+pub fn held_by_node(inbound: &NatKey, back: &NatEntry) -> bool {
+    back.xlate_addr == inbound.daddr
 }
 
 /// The `IN` key of a packet arriving on the uplink. `None`: not a reply

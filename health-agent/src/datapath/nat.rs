@@ -190,8 +190,12 @@ pub fn collectable(
     if let Some(e) = ct {
         return e.expires_ns < now;
     }
-    let idle = u64::from(lifetime_s(cfg, proto, 0)) * 1_000_000_000;
-    now.saturating_sub(nat.last_ns) > idle
+    idle_past(nat, lifetime_s(cfg, proto, 0), now)
+}
+
+/// Whether `e` has been idle at `now` for longer than `lifetime_s`.
+fn idle_past(e: &NatEntry, lifetime_s: u32, now: u64) -> bool {
+    now.saturating_sub(e.last_ns) > u64::from(lifetime_s) * 1_000_000_000
 }
 
 /// Whether a port held for a flow of the node's own (no conntrack entry
@@ -201,8 +205,7 @@ pub fn collectable(
 /// sent a FIN or RST, a closed one's from then.
 #[must_use]
 pub fn hold_over(held: &NatEntry, proto: u8, cfg: &CtConfig, now: u64) -> bool {
-    let idle = u64::from(lifetime_s(cfg, proto, TCP_ACK | held.closing)) * 1_000_000_000;
-    now.saturating_sub(held.last_ns) > idle
+    idle_past(held, lifetime_s(cfg, proto, TCP_ACK | held.closing), now)
 }
 
 /// Removes the pairs whose flows are over (see [`collectable`]) and
