@@ -12,7 +12,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use tokio::{sync::mpsc, time::Instant};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use super::kvstore::EtcdConfig;
 use super::{
@@ -146,15 +146,58 @@ const MIN_HOLD: Duration = Duration::from_mins(15);
 /// given the same name would otherwise overwrite each other without pause.
 const REWRITE_EVERY: Duration = Duration::from_secs(5);
 
+/// The same warning of a write-back is repeated at most this often; the
+/// write-backs between are counted in the next.
+const REWRITE_SAID_EVERY: Duration = Duration::from_mins(1);
+
 /// When this node's record was last written back, and when it may be next.
 #[derive(Debug, Default)]
 struct Rewrites {
     last: Option<Instant>,
     /// A write-back waits for this instant.
     due: Option<Instant>,
+    /// The last warning, when it was given, and the write-backs for the
+    /// same reason since.
+    said: Option<(String, Instant, u64)>,
+}
+
+/// Who changed this node's record, from the lease its key was written
+/// under as the watch saw it (`at_key`: `Some(0)` for none, `None` for a
+/// deleted key) and this agent's lease (`ours`): a write under a lease
+/// not this agent's is most likely another agent's under the same name.
+fn other_writer(at_key: Option<i64>, ours: Option<i64>) -> String {
+    match at_key {
+        None => "deleted, not by this agent (by another writer, or by the lease it was under ending)".into(),
+        Some(0) => "changed without a lease, not by this agent (by an etcd user writing under the prefix)".into(),
+        Some(l) if Some(l) == ours => "changed under this agent's own lease, not by this agent (by a writer that took the lease over)".into(),
+        Some(l) => format!("changed under etcd lease {l:x}, not this agent's: another agent may run under this node's name (a machine cloned with its name?), or another writer used a lease"),
+    }
 }
 
 impl Rewrites {
+    /// Whether a write-back for the reason `by` is to be warned about at
+    /// `now`, with the write-backs for that reason since the last warning
+    /// (`None`: said less than [`REWRITE_SAID_EVERY`] ago, counted for the
+    /// next): two agents under one name overwrite each other every
+    /// [`REWRITE_EVERY`], which says the same every time.
+    fn said(&mut self, by: &str, now: Instant) -> Option<u64> {
+        match &mut self.said {
+            Some((what, at, since)) if what == by && now < *at + REWRITE_SAID_EVERY => {
+                *since += 1;
+                None
+            }
+            Some((what, at, since)) if what == by => {
+                let n = std::mem::take(since);
+                *at = now;
+                Some(n)
+            }
+            _ => {
+                self.said = Some((by.to_owned(), now, 0));
+                Some(0)
+            }
+        }
+    }
+
     /// Whether a write-back may go now; if not, when it may is kept.
     fn may_write(&mut self, now: Instant) -> bool {
         match self.last {
@@ -296,7 +339,14 @@ async fn follow(
             && own.taken_from(&view, store.written_revision(own.key.as_bytes()))
             && rewrites.may_write(Instant::now())
         {
-            warn!(key = %own.key, "this node's record was changed or deleted, not by this agent (another writer, or its lease ending): writing it back");
+            let by = other_writer(view.own_lease, store.lease());
+            match rewrites.said(&by, Instant::now()) {
+                Some(0) => warn!(key = %own.key, "this node's record was {by}: writing it back"),
+                Some(n) => {
+                    warn!(key = %own.key, "this node's record was {by}: writing it back (written back {n} more times since the last warning)");
+                }
+                None => debug!(key = %own.key, "this node's record was {by}: writing it back"),
+            }
             own.write(store).await;
         }
         view.publish(&cfg.endpoints_text(), local, nodes);
@@ -365,6 +415,12 @@ struct View<'a> {
     /// What was last said of this node's own record against its
     /// allocation.
     own_allocation: Option<String>,
+    /// The lease this node's key was last written under, as the watch
+    /// saw it (`Some(0)`: none; `None`: the key is absent): whose write a
+    /// write-back undoes.
+    own_lease: Option<i64>,
+    /// The same, in the listing under way.
+    listed_own_lease: Option<i64>,
 }
 
 /// The revision the records held are at: the last listing's, or the last
@@ -444,6 +500,8 @@ impl<'a> View<'a> {
             own: None,
             allocations: None,
             own_allocation: None,
+            own_lease: None,
+            listed_own_lease: None,
         }
     }
 
@@ -480,10 +538,17 @@ impl<'a> View<'a> {
                 else {
                     return;
                 };
+                if first {
+                    self.listed_own_lease = None;
+                }
                 for e in &entries {
+                    if e.key == limits.own_key.as_bytes() {
+                        self.listed_own_lease = Some(e.lease);
+                    }
                     listing.hold(&e.key_str(), || candidate(e, prefix));
                 }
                 if let Some(whole) = self.listing.after_page(listing, last) {
+                    self.own_lease = self.listed_own_lease.take();
                     self.held = whole;
                     self.revision.listed(revision);
                     self.synced = true;
@@ -493,11 +558,17 @@ impl<'a> View<'a> {
                 }
             }
             WatchEvent::Put(e) => {
+                if e.key == self.limits.own_key.as_bytes() {
+                    self.own_lease = Some(e.lease);
+                }
                 self.held.hold(&e.key_str(), || candidate(&e, prefix));
                 self.revision.changed(e.mod_revision);
                 self.dirty = true;
             }
             WatchEvent::Delete { key, revision } => {
+                if key == self.limits.own_key.as_bytes() {
+                    self.own_lease = None;
+                }
                 self.held.forget(&String::from_utf8_lossy(&key));
                 self.revision.changed(revision);
                 self.dirty = true;
@@ -1460,6 +1531,69 @@ mod tests {
         view.apply(listing(6, vec![at(kv("/h/n1", &value), 5)]));
         assert!(!own.taken_from(&view, Some(9)), "held as written");
         assert!(!view.revision.went_back, "a listing past the last one");
+    }
+
+    /// A write-back names whose write it undoes, from the lease the watch
+    /// saw this node's key written under: another lease is most likely
+    /// another agent under this node's name. Its warning is said once a
+    /// minute, with the write-backs since, not at every write-back.
+    #[test]
+    fn a_write_back_names_the_lease_it_undoes_and_says_so_once_a_minute() {
+        let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
+        let under = |lease| {
+            let mut e = node_kv(1);
+            e.lease = lease;
+            e
+        };
+        let listing = |entries, first, last| WatchEvent::Snapshot {
+            revision: 5,
+            entries,
+            first,
+            last,
+        };
+        view.apply(listing(vec![under(0xabc), node_kv(2)], true, true));
+        assert_eq!(view.own_lease, Some(0xabc));
+        // A listing's lease counts once the listing is whole.
+        view.apply(listing(vec![node_kv(2)], true, false));
+        view.apply(listing(vec![under(0xdef)], false, false));
+        assert_eq!(view.own_lease, Some(0xabc), "not yet");
+        view.apply(listing(vec![node_kv(3)], false, true));
+        assert_eq!(view.own_lease, Some(0xdef));
+        view.apply(listing(vec![node_kv(2)], true, true));
+        assert_eq!(view.own_lease, None, "absent from the listing");
+        view.apply(WatchEvent::Put(under(0x123)));
+        assert_eq!(view.own_lease, Some(0x123));
+        view.apply(WatchEvent::Put(node_kv(2)));
+        assert_eq!(view.own_lease, Some(0x123), "another key's lease");
+        let by = other_writer(view.own_lease, Some(0x777));
+        assert!(
+            by.contains("lease 123") && by.contains("another agent"),
+            "{by}"
+        );
+        assert!(other_writer(Some(0x777), Some(0x777)).contains("own lease"));
+        assert!(other_writer(Some(0), Some(0x777)).contains("without a lease"));
+        view.apply(WatchEvent::Delete {
+            key: b"/h/n1".to_vec(),
+            revision: 6,
+        });
+        assert_eq!(view.own_lease, None);
+        assert!(other_writer(view.own_lease, Some(0x777)).contains("deleted"));
+
+        let mut rewrites = Rewrites::default();
+        let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
+        assert_eq!(rewrites.said(&by, at(0)), Some(0), "said at once");
+        assert_eq!(rewrites.said(&by, at(5)), None);
+        assert_eq!(rewrites.said(&by, at(10)), None);
+        assert_eq!(rewrites.said(&by, at(60)), Some(2), "a minute on, counted");
+        assert_eq!(rewrites.said(&by, at(65)), None);
+        let deleted = other_writer(None, Some(0x777));
+        assert_eq!(
+            rewrites.said(&deleted, at(70)),
+            Some(0),
+            "another reason: at once"
+        );
+        assert_eq!(rewrites.said(&by, at(75)), Some(0));
     }
 
     /// This node's record, changed or deleted by someone else, counts as

@@ -772,6 +772,8 @@ fn a_kept_lease_is_taken_over_only_when_it_holds_this_nodes_keys_alone() {
         ..local_config(&etcd)
     };
     let kept = |node: &str| std::fs::read_to_string(file(node)).expect("lease file");
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot ID");
+    let boot = boot.trim();
     runtime().block_on(async {
         // a's first run is killed: its lease stays for its TTL.
         let first = KvStore::new(&cfg("a"));
@@ -780,14 +782,40 @@ fn a_kept_lease_is_taken_over_only_when_it_holds_this_nodes_keys_alone() {
         let lease_a = wait_up(&first).await;
         assert_eq!(
             kept("a").trim(),
-            format!("{lease_a:x} 20"),
-            "its ID and TTL"
+            format!("{lease_a:x} 20 {boot}"),
+            "its ID, TTL and boot"
         );
         first_run.abort();
         let a = KvStore::new(&cfg("a"));
         let _a_run = running(&a);
         a.put_leased("/t/nodes/a", "a").await.expect("kept");
         assert_eq!(wait_up(&a).await, lease_a, "the next run takes it over");
+
+        // A clone of a's machine, under a's name with a copy of its state
+        // directory, boots with another boot ID: it neither takes a's
+        // lease over nor ends it when it leaves.
+        let other_boot = "4c1f2a7e-0d3b-4b8e-8a6f-2e9d5c7b1a03";
+        std::fs::write(file("clone"), kept("a").replace(boot, other_boot)).expect("copy");
+        let clone = KvStore::new(&EtcdConfig {
+            lease_file: Some(LeaseFile {
+                path: file("clone"),
+                own_keys: vec![b"/t/nodes/a".to_vec()],
+            }),
+            ..cfg("a")
+        });
+        let clone_run = running(&clone);
+        let lease_clone = wait_up(&clone).await;
+        assert_ne!(lease_clone, lease_a, "a's lease is not its clone's");
+        assert_eq!(kept("clone").trim(), format!("{lease_clone:x} 20 {boot}"));
+        clone_run.abort();
+        assert_eq!(clone.revoke().await.expect("revoke"), Some(lease_clone));
+        let (_, listed) = a.list("/t/nodes/").await.expect("list");
+        let leases: Vec<_> = listed.iter().map(|e| (kv(e).0, e.lease)).collect();
+        assert_eq!(
+            leases,
+            [("/t/nodes/a".into(), lease_a)],
+            "a's key and lease live on"
+        );
 
         // b's state directory is a copy of a's.
         std::fs::copy(file("a"), file("b")).expect("copy");
@@ -796,7 +824,7 @@ fn a_kept_lease_is_taken_over_only_when_it_holds_this_nodes_keys_alone() {
         b.put_leased("/t/nodes/b", "b").await.expect("kept");
         let lease_b = wait_up(&b).await;
         assert_ne!(lease_b, lease_a, "a's lease is not b's");
-        assert_eq!(kept("b").trim(), format!("{lease_b:x} 20"));
+        assert_eq!(kept("b").trim(), format!("{lease_b:x} 20 {boot}"));
         let (_, listed) = a.list("/t/nodes/").await.expect("list");
         let leases: Vec<_> = listed.iter().map(|e| (kv(e).0, e.lease)).collect();
         assert_eq!(

@@ -481,13 +481,27 @@ fn an_agent_writes_its_own_record_back() {
     wait_restored("overwritten");
     delete(&cluster, key);
     wait_restored("deleted");
-    assert!(
-        cluster.nodes[0]
-            .log()
-            .contains("changed or deleted, not by this agent"),
-        "{}",
-        cluster.nodes[0].log()
-    );
+    // Written under a lease of its own, as a second agent under node-1's
+    // name (a cloned machine) would: the write-back names that lease.
+    let forged = record("node-1", Ipv4Addr::new(198, 18, 0, 94), "198.18.64.9");
+    let (k, v) = (key.to_owned(), forged);
+    let lease = etcd(&cluster, async move |c| {
+        let lease = c.lease_grant(60, None).await.expect("etcd lease").id();
+        let leased = etcd_client::PutOptions::new().with_lease(lease);
+        c.put(k, v, Some(leased)).await.expect("etcd put");
+        lease
+    });
+    wait_restored("overwritten under a lease");
+    let log = cluster.nodes[0].log();
+    for said in [
+        "record was changed without a lease, not by this agent".to_owned(),
+        "record was deleted, not by this agent".to_owned(),
+        format!(
+            "record was changed under etcd lease {lease:x}, not this agent's: another agent may run under this node's name"
+        ),
+    ] {
+        assert!(log.contains(&said), "{said}: {log}");
+    }
     // node-2 never lost node-1.
     cluster.wait_status(1, Duration::from_secs(10), |s| s.reachable() == 2);
 }

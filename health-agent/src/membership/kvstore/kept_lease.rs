@@ -5,10 +5,13 @@
 //! with a machine's image names the original node's lease, and an agent
 //! that took it over would keep that node's keys alive after it died and
 //! delete them when it leaves (a leave revokes the lease). A kept lease is
-//! taken over only while it is alive, asked for with the TTL configured
-//! now (the file keeps that TTL beside the ID), and holding keys, every
-//! one of them this node's; otherwise it is left alone (never revoked)
-//! and a new lease is granted.
+//! taken over only when it was kept in this boot (the file names the
+//! kernel's boot ID: a machine cloned with its node name and state
+//! directory boots with another, so two agents under one name never share
+//! a lease), while it is alive, asked for with the TTL configured now (the
+//! file keeps that TTL beside the ID), and holding keys, every one of them
+//! this node's; otherwise it is left alone (never revoked) and a new lease
+//! is granted.
 
 use std::path::Path;
 
@@ -22,6 +25,10 @@ use super::{KvError, LeaseFile, REQUEST_TIMEOUT, call_error};
 pub(super) enum Verdict {
     /// Alive, with the configured TTL, holding only this node's keys.
     Adopt,
+    /// Kept in another boot than this one (`kept`: the boot the file
+    /// names, if any), or this boot's ID cannot be read: not asked of
+    /// etcd at all.
+    OtherBoot { kept: Option<Box<str>> },
     /// Ended: etcd no longer has it.
     Ended,
     /// Alive and holding no key: nothing to keep, and nothing says whose.
@@ -41,12 +48,25 @@ pub(super) enum Verdict {
     Unanswered { detail: String },
 }
 
-/// A lease ID kept in the lease file, and the TTL it was asked for (not
-/// written by older agents).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A lease ID kept in the lease file, the TTL it was asked for and the
+/// boot it was kept in (neither written by older agents).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Kept {
     pub(super) id: i64,
     pub(super) ttl: Option<i64>,
+    /// The kernel's boot ID when the lease was kept (`None`: the file
+    /// named none, or it could not be read then).
+    pub(super) boot: Option<Box<str>>,
+}
+
+impl Kept {
+    /// Whether it was kept in the boot `this` (`None`: this boot's ID
+    /// cannot be read): only then may it be this agent's. A lease kept in
+    /// another boot, or in no boot the file names, is another machine's
+    /// (a clone of this one, under its name) as far as anyone can tell.
+    pub(super) fn of_boot(&self, this: Option<&str>) -> bool {
+        this.is_some_and(|b| self.boot.as_deref() == Some(b))
+    }
 }
 
 /// Judges a lease from etcd's answer (its remaining and granted TTL, s;
@@ -79,16 +99,20 @@ pub(super) fn judge(
     Verdict::Adopt
 }
 
-/// Asks etcd about the lease kept in `file`. An error is etcd not
-/// answering or away (asked again when the lease session is retried);
-/// any other refusal is a verdict: the lease is not taken over.
+/// Asks etcd about the lease kept in `file`, when it was kept in this
+/// boot (`this_boot`). An error is etcd not answering or away (asked
+/// again when the lease session is retried); any other refusal is a
+/// verdict: the lease is not taken over.
 pub(super) async fn check(
     leases: &mut LeaseClient,
     kept: Kept,
     file: &LeaseFile,
-    want_ttl: i64,
+    (want_ttl, this_boot): (i64, Option<&str>),
 ) -> Result<Verdict, KvError> {
     const OP: &str = "checking the lease the last run kept";
+    if !kept.of_boot(this_boot) {
+        return Ok(Verdict::OtherBoot { kept: kept.boot });
+    }
     let asked = leases.time_to_live(kept.id, Some(LeaseTimeToLiveOptions::new().with_keys()));
     let status = match tokio::time::timeout(REQUEST_TIMEOUT, asked).await {
         Err(_) => {
@@ -132,6 +156,14 @@ pub(super) fn report(verdict: &Verdict, id: i64, path: &Path) {
         Verdict::Adopt => {
             info!(lease = %format!("{id:x}"), %path, "taking over the lease the last run kept: it holds this node's keys alone");
         }
+        Verdict::OtherBoot { kept: Some(boot) } => warn!(
+            lease = %format!("{id:x}"), %path, %boot,
+            "{path} names etcd lease {id:x}, kept in another boot ({boot}; a machine cloned with this node's name and state directory?): it is left alone and a new lease granted"
+        ),
+        Verdict::OtherBoot { kept: None } => info!(
+            lease = %format!("{id:x}"), %path,
+            "{path} names etcd lease {id:x} but no boot, or this boot's ID cannot be read: it is left alone and a new lease granted"
+        ),
         Verdict::Ended => {}
         Verdict::Empty => {
             info!(lease = %format!("{id:x}"), %path, "the lease the last run kept holds no key: a new one is granted");
@@ -156,12 +188,13 @@ pub(super) fn report(verdict: &Verdict, id: i64, path: &Path) {
 }
 
 /// The lease a previous run kept in `path`: its ID in hexadecimal,
-/// positive, then the TTL it asked for in seconds (older agents wrote the
-/// ID alone); anything else (a missing or damaged file) is ignored and a
-/// new lease granted.
+/// positive, then the TTL it asked for in seconds and the boot ID it was
+/// kept in (older agents wrote the ID alone, or the ID and the TTL);
+/// anything else (a missing or damaged file) is ignored and a new lease
+/// granted.
 pub(super) fn read(path: &Path) -> Option<Kept> {
     let text = std::fs::read(path).ok()?;
-    if text.len() > 64 {
+    if text.len() > 128 {
         return None;
     }
     let mut words = std::str::from_utf8(&text).ok()?.split_ascii_whitespace();
@@ -170,21 +203,33 @@ pub(super) fn read(path: &Path) -> Option<Kept> {
         Some(t) => Some(t.parse::<i64>().ok().filter(|t| *t > 0)?),
         None => None,
     };
-    (id > 0 && words.next().is_none()).then_some(Kept { id, ttl })
+    let boot = match words.next() {
+        Some(b) if is_boot_id(b) => Some(b.into()),
+        Some(_) => return None,
+        None => None,
+    };
+    (id > 0 && words.next().is_none()).then_some(Kept { id, ttl, boot })
+}
+
+/// A boot ID as the kernel writes it: a UUID, 36 characters of hex
+/// digits and dashes.
+fn is_boot_id(word: &str) -> bool {
+    word.len() == 36 && word.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
 }
 
 /// Keeps `lease` in `path` (removes the file with `None`), for the next
 /// run to take over; a failure is logged, not fatal.
 pub(super) fn save(path: &Path, lease: Option<Kept>) {
     let result = match lease {
-        Some(Kept { id, ttl }) => path
+        Some(Kept { id, ttl, boot }) => path
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)
             .and_then(|()| {
                 let tmp = path.with_extension("tmp");
-                let line = match ttl {
-                    Some(t) => format!("{id:x} {t}\n"),
-                    None => format!("{id:x}\n"),
+                let line = match (ttl, boot) {
+                    (Some(t), Some(b)) => format!("{id:x} {t} {b}\n"),
+                    (Some(t), None) => format!("{id:x} {t}\n"),
+                    (None, _) => format!("{id:x}\n"),
                 };
                 std::fs::write(&tmp, line)?;
                 std::fs::rename(&tmp, path)
@@ -248,31 +293,73 @@ mod tests {
         assert_eq!(judged(0, 900, &["/h/nodes/b"]), Verdict::Ended);
     }
 
+    const BOOT: &str = "0b6a9c4e-5d8f-4e1a-9c2b-7f3e8d1a6b54";
+
     #[test]
     fn a_kept_lease_is_read_back_and_junk_ignored() {
         let dir = std::env::temp_dir().join(format!("kvstore-lease-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let file = dir.join("etcd-lease");
-        let kept = |id, ttl| Some(Kept { id, ttl });
+        let kept = |id, ttl, boot: Option<&str>| {
+            Some(Kept {
+                id,
+                ttl,
+                boot: boot.map(Into::into),
+            })
+        };
+        let with_boot = format!("694d8b1e2f3a 900 {BOOT}\n");
         for (content, want) in [
-            (&b"694d8b1e2f3a\n"[..], kept(0x694d_8b1e_2f3a, None)),
-            (b"694d8b1e2f3a 900\n", kept(0x694d_8b1e_2f3a, Some(900))),
+            (&b"694d8b1e2f3a\n"[..], kept(0x694d_8b1e_2f3a, None, None)),
+            (
+                b"694d8b1e2f3a 900\n",
+                kept(0x694d_8b1e_2f3a, Some(900), None),
+            ),
+            (
+                with_boot.as_bytes(),
+                kept(0x694d_8b1e_2f3a, Some(900), Some(BOOT)),
+            ),
             (b"694d8b1e2f3a 900 1\n", None),
+            (
+                b"694d8b1e2f3a 900 0b6a9c4e-5d8f-4e1a-9c2b-7f3e8d1a6b5z\n",
+                None,
+            ),
+            (b"694d8b1e2f3a 900 0b6a9c4e 5d8f\n", None),
             (b"694d8b1e2f3a -900\n", None),
             (b"694d8b1e2f3a ttl\n", None),
             (b"0\n", None),
             (b"-5", None),
             (b"not hex", None),
-            (&[b'1'; 80][..], None),
+            (&[b'1'; 130][..], None),
         ] {
             std::fs::write(&file, content).expect("write");
             assert_eq!(read(&file), want, "{content:?}");
         }
         assert_eq!(read(&dir.join("absent")), None);
-        save(&file, kept(0x1234, Some(15)));
-        assert_eq!(read(&file), kept(0x1234, Some(15)));
+        save(&file, kept(0x1234, Some(15), Some(BOOT)));
+        assert_eq!(read(&file), kept(0x1234, Some(15), Some(BOOT)));
+        save(&file, kept(0x1234, Some(15), None));
+        assert_eq!(read(&file), kept(0x1234, Some(15), None));
         save(&file, None);
         assert!(!file.exists(), "removed");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A lease is this agent's to take over only when it was kept in this
+    /// very boot: a machine cloned with the node's name and its state
+    /// directory boots with another ID, and one that cannot read its own
+    /// takes over nothing.
+    #[test]
+    fn a_kept_lease_is_taken_over_only_in_the_boot_it_was_kept_in() {
+        let kept = |boot: Option<&str>| Kept {
+            id: 0x1234,
+            ttl: Some(15),
+            boot: boot.map(Into::into),
+        };
+        assert!(kept(Some(BOOT)).of_boot(Some(BOOT)));
+        let other = "4c1f2a7e-0d3b-4b8e-8a6f-2e9d5c7b1a03";
+        assert!(!kept(Some(BOOT)).of_boot(Some(other)));
+        assert!(!kept(None).of_boot(Some(BOOT)), "kept by an older agent");
+        assert!(!kept(Some(BOOT)).of_boot(None), "this boot unknown");
+        assert!(!kept(None).of_boot(None));
     }
 }

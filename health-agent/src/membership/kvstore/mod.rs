@@ -275,6 +275,9 @@ struct Inner {
     /// Where the lease's ID is kept between runs, and the keys that make a
     /// lease this node's.
     lease_file: Option<LeaseFile>,
+    /// This boot's ID, written beside a kept lease: the next run takes the
+    /// lease over only in the same boot (`None`: unreadable, so never).
+    boot: Option<Box<str>>,
     link: watch::Sender<Link>,
     running: AtomicBool,
 }
@@ -317,6 +320,10 @@ impl KvStore {
                         .and_then(|f| kept_lease::read(&f.path)),
                 ),
                 lease_file: cfg.lease_file.clone(),
+                boot: crate::sys::boot::id()
+                    .ok()
+                    .filter(|b| !b.is_empty())
+                    .map(Into::into),
                 link: watch::Sender::new(Link::Connecting),
                 running: AtomicBool::new(false),
             }),
@@ -546,6 +553,7 @@ impl KvStore {
             self.save_lease(Some(kept_lease::Kept {
                 id: grant.id(),
                 ttl: Some(ttl_s),
+                boot: self.inner.boot.clone(),
             }));
             timed("keeping the lease alive", leases.keep_alive(grant.id()))
                 .await
@@ -609,12 +617,13 @@ impl KvStore {
         leases: &mut etcd_client::LeaseClient,
         ttl_s: i64,
     ) -> Result<Option<i64>, KvError> {
-        let kept = self.inner.kept.lock().ok().and_then(|k| *k);
+        let kept = self.inner.kept.lock().ok().and_then(|k| k.clone());
         let (Some(file), Some(kept)) = (&self.inner.lease_file, kept) else {
             return Ok(None);
         };
         let id = kept.id;
-        let verdict = kept_lease::check(leases, kept, file, ttl_s).await?;
+        let this_boot = self.inner.boot.as_deref();
+        let verdict = kept_lease::check(leases, kept, file, (ttl_s, this_boot)).await?;
         kept_lease::report(&verdict, id, &file.path);
         if let Ok(mut k) = self.inner.kept.lock() {
             *k = None;
