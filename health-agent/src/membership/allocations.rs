@@ -18,7 +18,8 @@
 //! exactly the prefix and a node name is no allocation; a value that does
 //! not decode is refused, and so are two allocations that overlap
 //! (`overlap.rs`): a record of such a node is refused naming why
-//! (`check.rs`). With allocations the health range holds health addresses
+//! (`check.rs`). The node addresses a refused value still names are no
+//! other node's: a slip elsewhere in it does not free them. With allocations the health range holds health addresses
 //! alone: a peer's node address inside it is refused too, so no node can
 //! hold an allocated address under another field. At most `--max-nodes`
 //! allocations are held.
@@ -37,8 +38,19 @@ mod overlap;
 
 pub use decode::{Allocation, MAX_ALLOCATION_BYTES};
 
+/// A node's allocation as held: what it allocates, or why it was refused.
+type Held = Result<Allocation, Refused>;
+
 /// Every node's allocation (or why it was refused), by node name.
-type ByName = HashMap<String, Result<Allocation, String>>;
+type ByName = HashMap<String, Held>;
+
+/// An allocation refused: why, and the node addresses it names all the
+/// same ([`Allocation::named_by_refused`]), which are no other node's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refused {
+    why: String,
+    names: Vec<std::net::IpAddr>,
+}
 
 /// Allocations against the most held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,17 +125,17 @@ impl Allocations {
 
     /// `key`'s allocation: its node's name and its verdict (`None`: the
     /// key is no allocation).
-    fn judged(&self, key: &str, value: &[u8]) -> Option<(String, Result<Allocation, String>)> {
+    fn judged(&self, key: &str, value: &[u8]) -> Option<(String, Held)> {
         let name = self.name_of(key)?;
-        Some((name.to_owned(), Allocation::decode(value, &self.local)))
+        let verdict = Allocation::decode(value, &self.local).map_err(|why| Refused {
+            why,
+            names: Allocation::named_by_refused(value, &self.local),
+        });
+        Some((name.to_owned(), verdict))
     }
 
     /// Keeps an allocation in `map`, within the bound: whether it was.
-    fn hold(
-        map: &mut ByName,
-        max: usize,
-        (name, verdict): (String, Result<Allocation, String>),
-    ) -> bool {
+    fn hold(map: &mut ByName, max: usize, (name, verdict): (String, Held)) -> bool {
         if map.len() >= max && !map.contains_key(&name) {
             return false;
         }

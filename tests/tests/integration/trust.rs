@@ -253,12 +253,34 @@ fn an_allocation_counting_for_nothing_is_listed(cluster: &Cluster) {
     });
 }
 
+/// node-4's allocation, refused for a mistyped CIDR, still keeps the node
+/// address it names from the squatter.
+fn a_refused_allocation_keeps_its_node_address(cluster: &Cluster) {
+    put(
+        cluster,
+        "/health/allocations/node-4",
+        &format!(
+            r#"{{"health_cidr":"{}x","node_ip":"{}"}}"#,
+            health_cidr(3),
+            node_ip(3)
+        ),
+    );
+    let refused = format!(
+        "node-ip {} is named by the allocation at etcd key \"/health/allocations/node-4\", which is refused and counts for nothing: it is no other node's",
+        node_ip(3)
+    );
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
+        reason_of(v, "/health/nodes/squat") == Some(refused.as_str())
+    });
+    assert!(view.nodes.get("squat").is_none(), "{view:#?}");
+}
+
 /// With `--kvstore-allocations` (each node's health CIDR and node address
 /// written by the admin at `/health/allocations/<name>`), a record
 /// claiming the health address of a node not registered yet is refused
 /// alone and routes nothing, an allocation of its own lets it claim no
 /// other, a record holding a node address is refused once an allocation
-/// names it for another node, and that node takes both addresses when it
+/// names it for another node (a refused one too), and that node takes both addresses when it
 /// comes, within the squatter's hold. Without allocations the first
 /// claimant would keep them until it left, and 15 minutes more.
 #[test]
@@ -321,9 +343,11 @@ fn no_node_takes_an_address_allocated_to_another() {
     cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
         v.nodes.get("squat").and_then(|n| n.node_ip) == Some(node_ip(3))
     });
-    // ... until node-4's allocation names it: then its record is refused,
-    // and what it held stays held (for 15 minutes) from any claim the
-    // allocations do not back.
+    // ... until node-4's allocation names it, even one refused for a slip
+    // elsewhere in its value: then its record is refused, and what it
+    // held stays held (for 15 minutes) from any claim the allocations do
+    // not back.
+    a_refused_allocation_keeps_its_node_address(&cluster);
     put(
         &cluster,
         "/health/allocations/node-4",

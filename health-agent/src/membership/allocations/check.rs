@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use super::{Allocation, Allocations};
+use super::{Allocation, Allocations, Held};
 use crate::membership::{
     Node,
     record::{Field, MAX_REJECTED_SHOWN, RejectedRecord, Rule},
@@ -104,6 +104,14 @@ impl Allocations {
                     self.key(&node.name)
                 ),
                 _ => match self.survey.named.get(&ip) {
+                    // A refused allocation's address is no other node's.
+                    None => match self.survey.reserved.get(&ip) {
+                        Some(owner) if *owner != node.name => format!(
+                            "is named by the allocation at etcd key {:?}, which is refused and counts for nothing: it is no other node's",
+                            self.key(owner)
+                        ),
+                        _ => continue,
+                    },
                     // An overlapping allocation's address stays reserved:
                     // it counts for no node, this one included.
                     Some(owner) if *owner != node.name => {
@@ -161,7 +169,7 @@ impl Allocations {
     ) -> Result<&'a Allocation, Uncounted<'a>> {
         match held {
             None => Err(Uncounted::Missing),
-            Some(Err(why)) => Err(Uncounted::Refused(why)),
+            Some(Err(refused)) => Err(Uncounted::Refused(&refused.why)),
             Some(Ok(a)) => match self.survey.overlaps.get(name) {
                 Some(other) => Err(Uncounted::Overlaps(other)),
                 None => Ok(a),
@@ -266,9 +274,6 @@ impl Allocations {
             .map(|rule| format!("this node's record is refused by its peers: {rule}"))
     }
 }
-
-/// A node's allocation as held: its verdict.
-type Held = Result<Allocation, String>;
 
 /// Why a node's allocation does not count.
 enum Uncounted<'a> {

@@ -185,6 +185,36 @@ impl Allocation {
         Ok(())
     }
 
+    /// The node addresses a refused value still names: `node_ip` and
+    /// `node_ip6` where the value is JSON within the size and they read
+    /// as addresses of their family that a node may hold, outside the
+    /// cluster's health ranges. No node but the allocation's may hold
+    /// them while it stands: an admin's slip elsewhere in the value must
+    /// not leave the address it names to the first node that claims it.
+    #[must_use]
+    pub fn named_by_refused(value: &[u8], local: &LocalNode) -> Vec<IpAddr> {
+        if value.len() > MAX_ALLOCATION_BYTES {
+            return Vec::new();
+        }
+        let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(value) else {
+            return Vec::new();
+        };
+        let text = |field: &str| fields.get(field).and_then(serde_json::Value::as_str);
+        let v4 = text("node_ip")
+            .and_then(|t| t.parse::<Ipv4Addr>().ok())
+            .filter(|ip| !local.health_range.is_some_and(|r| r.contains(ip)))
+            .map(IpAddr::V4);
+        let v6 = text("node_ip6")
+            .and_then(|t| t.parse::<Ipv6Addr>().ok())
+            .filter(|ip| !local.health_range6.is_some_and(|r| r.contains(ip)))
+            .map(IpAddr::V6);
+        [v4, v6]
+            .into_iter()
+            .flatten()
+            .filter(|&ip| address_class(ip).is_none())
+            .collect()
+    }
+
     /// The node addresses named, of either family.
     pub(super) fn node_addresses(&self) -> impl Iterator<Item = IpAddr> {
         [self.node_ip.map(IpAddr::V4), self.node_ip6.map(IpAddr::V6)]

@@ -47,6 +47,9 @@ pub(super) struct Survey {
     /// Each node address an allocation names, with its node (of several
     /// naming one, the first by name; they overlap).
     pub(super) named: HashMap<IpAddr, String>,
+    /// Each node address a refused allocation names and no other does,
+    /// with its node (the first by name): no other node's.
+    pub(super) reserved: HashMap<IpAddr, String>,
 }
 
 /// Surveys the allocations held.
@@ -80,6 +83,7 @@ pub(super) fn survey(held: &ByName) -> Survey {
         .collect();
     let v6 = sweep(v6, &mut found);
     let named = name_node_addresses(held, (&v4, &v6), &mut found);
+    let reserved = reserve_refused_names(held, &named);
     let strip =
         |outer: Vec<(u128, u128, &str)>| outer.into_iter().map(|(f, l, _)| (f, l)).collect();
     Survey {
@@ -89,7 +93,31 @@ pub(super) fn survey(held: &ByName) -> Survey {
             v6: strip(v6),
         },
         named,
+        reserved,
     }
+}
+
+/// The node addresses refused allocations name that no counted one does,
+/// each with the first of its namers by name, whatever the map's order.
+fn reserve_refused_names(
+    held: &ByName,
+    named: &HashMap<IpAddr, String>,
+) -> HashMap<IpAddr, String> {
+    let mut reserved: HashMap<IpAddr, String> = HashMap::new();
+    let refused = held
+        .iter()
+        .filter_map(|(n, a)| Some((n, a.as_ref().err()?)))
+        .flat_map(|(n, r)| r.names.iter().map(move |ip| (n, *ip)));
+    for (name, ip) in refused.filter(|(_, ip)| !named.contains_key(ip)) {
+        match reserved.get_mut(&ip) {
+            Some(first) if name < first => name.clone_into(first),
+            Some(_) => {}
+            None => {
+                reserved.insert(ip, name.clone());
+            }
+        }
+    }
+    reserved
 }
 
 /// Marks `a` and `b` as overlapping each other (each keeps the smallest
@@ -268,9 +296,21 @@ mod tests {
     #[test]
     fn a_refused_allocation_overlaps_nothing() {
         let mut h = held(&[("a", Some("198.18.64.0/24"), None)]);
-        h.insert("b".into(), Err("refused".into()));
+        let refused = super::super::Refused {
+            why: "refused".into(),
+            names: vec!["198.18.0.9".parse().expect("ip")],
+        };
+        h.insert("b".into(), Err(refused));
         let s = survey(&h);
         assert!(s.overlaps.is_empty());
+        assert!(s.named.is_empty());
+        assert_eq!(
+            s.reserved
+                .get(&"198.18.0.9".parse().expect("ip"))
+                .map(String::as_str),
+            Some("b"),
+            "its node address is no other node's"
+        );
         assert!(s.spans.cover("198.18.64.1".parse().expect("ip")));
     }
 

@@ -380,9 +380,12 @@ fn a_node_address_an_allocation_names_is_its_nodes_alone() {
         "an overlapping allocation's address stays reserved from a third node"
     );
     assert!(
-        a.held.get("inside").is_some_and(|v| v.as_ref().is_err_and(
-            |e| e.starts_with("node_ip 198.18.66.200 is inside the cluster's health range")
-        )),
+        a.held
+            .get("inside")
+            .is_some_and(|v| v.as_ref().is_err_and(|e| e
+                .why
+                .starts_with("node_ip 198.18.66.200 is inside the cluster's health range")
+                && e.names.is_empty())),
         "a node address inside another's CIDR is refused at decode where there is a range: {:?}",
         a.held.get("inside")
     );
@@ -391,6 +394,90 @@ fn a_node_address_an_allocation_names_is_its_nodes_alone() {
         None,
         "a refused allocation's node address overlaps nothing"
     );
+}
+
+/// An allocation refused for a slip elsewhere in its value still keeps
+/// the node address it names from every other node: the address is not
+/// left to the first node that claims it. A counted allocation naming it
+/// holds it all the same, and what no node may hold reserves nothing.
+#[test]
+fn a_refused_allocations_node_address_is_no_other_nodes() {
+    let alloc = |name: &str, value: &str| entry(&format!("{PREFIX}{name}"), value);
+    let mut a = listed(
+        10,
+        vec![
+            // health_cidr outside the health range: refused.
+            alloc(
+                "a",
+                r#"{"health_cidr":"198.18.0.0/24","node_ip":"198.18.0.31"}"#,
+            ),
+            cidr("b", "198.18.65.0/24"),
+            alloc(
+                "m",
+                r#"{"health_cidr":"198.18.0.0/24","node_ip":"224.0.0.1"}"#,
+            ),
+            alloc("n", r#"{"node_ip":"198.18.0.32","pod_cidr":"x"}"#),
+            alloc("j", "not json"),
+            alloc(
+                "x",
+                r#"{"health_cidr":"198.18.1.0/24","node_ip6":"2001:2::40"}"#,
+            ),
+        ],
+    );
+    let reserved = |owner: &str| {
+        format!(
+            "is named by the allocation at etcd key \"{PREFIX}{owner}\", which is refused and counts for nothing: it is no other node's"
+        )
+    };
+    let b = reason(&a, &node("b", "198.18.0.31", "198.18.65.1"));
+    assert_eq!(
+        b,
+        Some(format!("node-ip 198.18.0.31 {}", reserved("a"))),
+        "a's address"
+    );
+    let b = reason(&a, &node("b", "198.18.0.32", "198.18.65.1"));
+    assert_eq!(
+        b,
+        Some(format!("node-ip 198.18.0.32 {}", reserved("n"))),
+        "refused for an unknown field, its address all the same"
+    );
+    let mut b6 = node("b", "198.18.0.33", "198.18.65.1");
+    b6.node_ip6 = Some("2001:2::40".parse().expect("ip6"));
+    assert_eq!(
+        reason(&a, &b6),
+        Some(format!("node-ip6 2001:2::40 {}", reserved("x"))),
+    );
+    assert_eq!(reason(&a, &node("b", "198.18.0.33", "198.18.65.1")), None);
+    let own = reason(&a, &node("a", "198.18.0.31", "198.18.65.1")).expect("refused");
+    assert!(
+        own.contains("the allocation at etcd key \"/health/allocations/a\" is refused: health_cidr 198.18.0.0/24 is outside"),
+        "{own}"
+    );
+    // A counted allocation naming the address holds it; the refused one
+    // contests nothing.
+    a.apply(WatchEvent::Put(alloc(
+        "c",
+        r#"{"health_cidr":"198.18.66.0/24","node_ip":"198.18.0.31"}"#,
+    )));
+    a.settle();
+    assert_eq!(reason(&a, &node("c", "198.18.0.31", "198.18.66.1")), None);
+    assert_eq!(
+        reason(&a, &node("b", "198.18.0.31", "198.18.65.1")),
+        Some(
+            "node-ip 198.18.0.31 is allocated to node \"c\" (etcd key \"/health/allocations/c\")"
+                .into()
+        )
+    );
+    // Once the refused allocation goes, its address is free again.
+    for gone in ["a", "c", "n"] {
+        a.apply(WatchEvent::Delete {
+            key: format!("{PREFIX}{gone}").into_bytes(),
+            revision: 2,
+        });
+    }
+    a.settle();
+    assert_eq!(reason(&a, &node("b", "198.18.0.31", "198.18.65.1")), None);
+    assert_eq!(reason(&a, &node("b", "198.18.0.32", "198.18.65.1")), None);
 }
 
 /// Without a health range, a node address named inside another node's
