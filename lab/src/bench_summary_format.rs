@@ -55,11 +55,13 @@ fn figures(encoded: &[Vec<u8>]) -> anyhow::Result<Figures> {
 /// A summary of [`MAX_PEERS`] simulated nodes, all reachable.
 fn largest() -> anyhow::Result<Summary> {
     let peers = (1..=MAX_PEERS)
-        .map(|t| PeerSummary {
-            name: name(t),
-            paths: std::array::from_fn(|p| {
-                PathSample::new(ProbeResult::Success, Some(rtt_us(0, t, p, 1)))
-            }),
+        .map(|t| {
+            PeerSummary::new(
+                name(t),
+                std::array::from_fn(|p| {
+                    PathSample::new(ProbeResult::Success, Some(rtt_us(0, t, p, 1)))
+                }),
+            )
         })
         .collect();
     Ok(Summary::new(name(0), 1, 1, peers)?)

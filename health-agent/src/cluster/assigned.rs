@@ -240,10 +240,10 @@ impl Assignments {
             .peers()
             .iter()
             .filter(|p| {
-                while name(j).is_some_and(|n| n < p.name.as_str()) {
+                while name(j).is_some_and(|n| n < &*p.name) {
                     j += 1;
                 }
-                name(j) != Some(p.name.as_str())
+                name(j) != Some(&*p.name)
             })
             .count();
         if left_out == 0 {
@@ -482,10 +482,7 @@ mod tests {
 
     fn about(name: &str) -> PeerSummary {
         let ok = PathSample::new(ProbeResult::Success, Some(100));
-        PeerSummary {
-            name: name.into(),
-            paths: [ok; 4],
-        }
+        PeerSummary::new(name, [ok; 4])
     }
 
     #[test]

@@ -50,19 +50,18 @@ pub enum Seen {
 impl Seen {
     #[must_use]
     pub fn of(p: &PeerSummary) -> Self {
-        if p.paths
+        let paths = p.paths();
+        if paths
             .iter()
             .all(|s| s.state == ProbeResult::Success && !s.failing)
         {
             Self::Reached
-        } else if p
-            .paths
+        } else if paths
             .iter()
             .all(|s| (s.state == ProbeResult::Failure || s.failing) && !s.split)
         {
             Self::FailedAll
-        } else if p
-            .paths
+        } else if paths
             .iter()
             .any(|s| (s.state == ProbeResult::Success && !s.failing) || s.split)
         {
@@ -96,15 +95,15 @@ impl Checker {
         let at = own.at_ms();
         let mut next = HashMap::with_capacity(own.peers().len());
         for p in own.peers() {
-            if p.name == own.observer() {
+            if *p.name == *own.observer() {
                 continue;
             }
             let seen = Seen::of(p);
-            let since = match self.since.get(&p.name) {
+            let since = match self.since.get(&*p.name) {
                 Some(&(s, t)) if s == seen => t,
                 _ => at,
             };
-            next.insert(p.name.clone(), (seen, since));
+            next.insert(p.name.to_string(), (seen, since));
         }
         self.since = next;
     }
@@ -166,10 +165,7 @@ mod tests {
     };
 
     fn peer(name: &str, state: ProbeResult, failing: bool) -> PeerSummary {
-        PeerSummary {
-            name: name.into(),
-            paths: [PathSample::with_failing(state, None, failing); 4],
-        }
+        PeerSummary::new(name, [PathSample::with_failing(state, None, failing); 4])
     }
 
     fn own(at_ms: u64, peers: Vec<PeerSummary>) -> Summary {
@@ -213,10 +209,10 @@ mod tests {
 
     /// A peer every path of which failed over one address family only.
     fn one_family(name: &str) -> PeerSummary {
-        PeerSummary {
-            name: name.into(),
-            paths: [PathSample::new(ProbeResult::Failure, None).with_split(true); 4],
-        }
+        PeerSummary::new(
+            name,
+            [PathSample::new(ProbeResult::Failure, None).with_split(true); 4],
+        )
     }
 
     #[test]
@@ -314,10 +310,7 @@ mod tests {
     #[test]
     fn paths_failed_in_one_family_are_not_every_path_failed() {
         let failed = PathSample::new(ProbeResult::Failure, None);
-        let p = |split| PeerSummary {
-            name: "a".into(),
-            paths: [failed.with_split(split); 4],
-        };
+        let p = |split| PeerSummary::new("a", [failed.with_split(split); 4]);
         assert_eq!(Seen::of(&p(false)), Seen::FailedAll);
         assert_eq!(Seen::of(&p(true)), Seen::ReachedSome);
     }

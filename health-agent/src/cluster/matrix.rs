@@ -43,8 +43,9 @@ pub struct ClusterMatrix {
 }
 
 fn cell(p: &PeerSummary) -> u8 {
-    let states = p.paths.map(|s| s.state);
-    if p.paths
+    let paths = p.paths();
+    let states = paths.map(|s| s.state);
+    if paths
         .iter()
         .all(|s| (s.state == ProbeResult::Failure || s.failing) && !s.split)
     {
@@ -94,7 +95,7 @@ pub fn matrix<S: Borrow<Summary>>(
         .map(|s| {
             let mut row = vec![NOT_PROBED; shown];
             for p in s.iter().flat_map(|s| s.borrow().peers()) {
-                if let Some(&j) = index.get(p.name.as_str()) {
+                if let Some(&j) = index.get(&*p.name) {
                     row[j] = cell(p);
                 }
             }
@@ -137,10 +138,7 @@ mod tests {
     }
 
     fn peer(name: &str, states: [ProbeResult; 4]) -> PeerSummary {
-        PeerSummary {
-            name: name.into(),
-            paths: states.map(|s| PathSample::new(s, Some(100))),
-        }
+        PeerSummary::new(name, states.map(|s| PathSample::new(s, Some(100))))
     }
 
     #[test]
@@ -172,14 +170,8 @@ mod tests {
             1_000,
             vec![
                 peer("n0", [S; 4]),
-                PeerSummary {
-                    name: "n2".into(),
-                    paths: [failing, failing, failed, failing],
-                },
-                PeerSummary {
-                    name: "n3".into(),
-                    paths: [failing, ok, ok, ok],
-                },
+                PeerSummary::new("n2", [failing, failing, failed, failing]),
+                PeerSummary::new("n3", [failing, ok, ok, ok]),
             ],
         )
         .expect("n1");
@@ -189,10 +181,7 @@ mod tests {
             "n3".into(),
             3,
             1_000,
-            vec![PeerSummary {
-                name: "n0".into(),
-                paths: [failed.with_split(true); 4],
-            }],
+            vec![PeerSummary::new("n0", [failed.with_split(true); 4])],
         )
         .expect("n3");
         let m = matrix(&nodes, [&n1_old, &n0, &n1, &stale, &n3], (100, 0));

@@ -8,6 +8,11 @@
 //! Bounded: at most [`MAX_PEERS`] peers of at most [`MAX_NAME_LEN`] bytes,
 //! so at most [`MAX_PEER_BYTES`] a peer.
 //!
+//! **Held**, a summary keeps each peer's four paths packed (20 bytes, see
+//! `Packed`) and its name as a shared string: the elected assembler holds
+//! every observer's summary, and interns their names ([`Names`]) so that
+//! the 50 or so summaries naming a node share one copy of its name.
+//!
 //! **The wire format** (version 3, [`VERSION`]) is the protobuf message of
 //! `health-agent/proto/summary.proto`, compiled by the build script with
 //! prost-build: the schema is the one description of the bytes, a reader
@@ -66,7 +71,7 @@ mod peers;
 mod v2;
 mod wire;
 
-use std::fmt;
+use std::{collections::HashSet, fmt, sync::Arc};
 
 use super::cadence::STALE_ROUNDS;
 use crate::encryption::EncState;
@@ -226,15 +231,107 @@ impl PathSample {
     }
 }
 
-/// One probed peer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A peer's four paths as a summary holds them: each path's state and
+/// marks in a byte, its RTT in a `u32` ([`NO_RTT`]: none), 20 bytes where
+/// four [`PathSample`]s take 64. The elected assembler holds every
+/// observer's summary: 50,000 of about 52 peers each.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Packed {
+    marks: [u8; 4],
+    rtt_us: [u32; 4],
+}
+
+/// An RTT of none, packed: above [`MAX_RTT_US`].
+const NO_RTT: u32 = u32::MAX;
+const _: () = assert!(MAX_RTT_US < NO_RTT);
+
+/// A packed path's marks: its state in the low two bits, then one bit
+/// each.
+const FAILING_BIT: u8 = 1 << 2;
+const LOSSY_BIT: u8 = 1 << 3;
+const PLAINTEXT_BIT: u8 = 1 << 4;
+const SPLIT_BIT: u8 = 1 << 5;
+
+impl Packed {
+    fn pack(paths: &[PathSample; 4]) -> Self {
+        let mark = |p: &PathSample| {
+            let state = match p.state {
+                ProbeResult::Unknown => 0,
+                ProbeResult::Success => 1,
+                ProbeResult::Failure => 2,
+            };
+            let bit = |on: bool, b: u8| if on { b } else { 0 };
+            state
+                | bit(p.failing, FAILING_BIT)
+                | bit(p.lossy, LOSSY_BIT)
+                | bit(p.plaintext, PLAINTEXT_BIT)
+                | bit(p.split, SPLIT_BIT)
+        };
+        Self {
+            marks: paths.each_ref().map(mark),
+            // Saturated as the wire form saturates it.
+            rtt_us: paths.map(|p| p.rtt_us.map_or(NO_RTT, |us| us.min(MAX_RTT_US))),
+        }
+    }
+
+    fn unpack(self) -> [PathSample; 4] {
+        std::array::from_fn(|i| {
+            let m = self.marks[i];
+            PathSample {
+                state: match m & 3 {
+                    1 => ProbeResult::Success,
+                    2 => ProbeResult::Failure,
+                    _ => ProbeResult::Unknown,
+                },
+                rtt_us: (self.rtt_us[i] != NO_RTT).then_some(self.rtt_us[i]),
+                failing: m & FAILING_BIT != 0,
+                lossy: m & LOSSY_BIT != 0,
+                plaintext: m & PLAINTEXT_BIT != 0,
+                split: m & SPLIT_BIT != 0,
+            }
+        })
+    }
+}
+
+/// One probed peer: its name (shared by every summary held that names
+/// it, see [`Names`]) and its four paths, packed.
+#[derive(Clone, PartialEq, Eq)]
 pub struct PeerSummary {
-    pub name: String,
-    /// Host ICMP, host HTTP, endpoint ICMP, endpoint HTTP ([`PATHS`]).
-    pub paths: [PathSample; 4],
+    pub name: Arc<str>,
+    paths: Packed,
+}
+
+impl fmt::Debug for PeerSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerSummary")
+            .field("name", &self.name)
+            .field("paths", &self.paths())
+            .finish()
+    }
 }
 
 impl PeerSummary {
+    /// Peer `name` with `paths`: host ICMP, host HTTP, endpoint ICMP,
+    /// endpoint HTTP ([`PATHS`]).
+    #[must_use]
+    pub fn new(name: impl Into<Arc<str>>, paths: [PathSample; 4]) -> Self {
+        Self {
+            name: name.into(),
+            paths: Packed::pack(&paths),
+        }
+    }
+
+    /// Host ICMP, host HTTP, endpoint ICMP, endpoint HTTP ([`PATHS`]).
+    #[must_use]
+    pub fn paths(&self) -> [PathSample; 4] {
+        self.paths.unpack()
+    }
+
+    /// Changes the paths to `paths`.
+    pub fn set_paths(&mut self, paths: [PathSample; 4]) {
+        self.paths = Packed::pack(&paths);
+    }
+
     /// The prober's status of a peer. A dual-stack peer's path is as bad
     /// as the worse of its two families (its RTT is the primary family's,
     /// or the secondary's when only that one has an answer), and marked
@@ -278,21 +375,21 @@ impl PeerSummary {
             p(c) || c6.is_some_and(p)
         };
         let (host_plain, ep_plain) = (plain(&n.host, host6), plain(&n.endpoint, ep6));
-        Self {
-            name: n.name.clone(),
-            paths: [
+        Self::new(
+            n.name.as_str(),
+            [
                 path(&n.host.icmp, host6.map(|c| &c.icmp)).with_plaintext(host_plain),
                 path(&n.host.http, host6.map(|c| &c.http)).with_plaintext(host_plain),
                 path(&n.endpoint.icmp, ep6.map(|c| &c.icmp)).with_plaintext(ep_plain),
                 path(&n.endpoint.http, ep6.map(|c| &c.http)).with_plaintext(ep_plain),
             ],
-        }
+        )
     }
 
     /// The paths reached in plain text: path i in bit i.
     #[must_use]
     pub fn plaintext_bits(&self) -> u8 {
-        self.paths
+        self.paths()
             .iter()
             .enumerate()
             .fold(0, |bits, (i, p)| bits | (u8::from(p.plaintext) << i))
@@ -301,13 +398,13 @@ impl PeerSummary {
     /// Some path reached in plain text.
     #[must_use]
     pub fn plaintext(&self) -> bool {
-        self.paths.iter().any(|p| p.plaintext)
+        self.paths.marks.iter().any(|m| m & PLAINTEXT_BIT != 0)
     }
 
     /// The paths failed in one family only: path i in bit i.
     #[must_use]
     pub fn split_bits(&self) -> u8 {
-        self.paths
+        self.paths()
             .iter()
             .enumerate()
             .fold(0, |bits, (i, p)| bits | (u8::from(p.split) << i))
@@ -316,7 +413,7 @@ impl PeerSummary {
     /// The lossy paths: path i in bit i.
     #[must_use]
     pub fn lossy_bits(&self) -> u8 {
-        self.paths
+        self.paths()
             .iter()
             .enumerate()
             .fold(0, |bits, (i, p)| bits | (u8::from(p.lossy) << i))
@@ -325,7 +422,7 @@ impl PeerSummary {
     /// The four states in one byte: path i in bits 2i..2i+1.
     #[must_use]
     pub fn state_bits(&self) -> u8 {
-        self.paths
+        self.paths()
             .iter()
             .enumerate()
             .fold(0, |bits, (i, p)| bits | (p.code() << (2 * i)))
@@ -335,7 +432,7 @@ impl PeerSummary {
     /// Success (as [`NodeStatus::state`]).
     #[must_use]
     pub fn state(&self) -> ProbeResult {
-        let states = self.paths.map(|p| p.state);
+        let states = self.paths().map(|p| p.state);
         if states.contains(&ProbeResult::Failure) {
             ProbeResult::Failure
         } else if states.contains(&ProbeResult::Unknown) {
@@ -343,6 +440,44 @@ impl PeerSummary {
         } else {
             ProbeResult::Success
         }
+    }
+}
+
+/// Peer names shared by the summaries held ([`Summary::interned`]): one
+/// copy of each name, however many summaries name it.
+#[derive(Debug, Default)]
+pub struct Names {
+    held: HashSet<Arc<str>>,
+}
+
+impl Names {
+    /// The shared copy of `name`, kept from now on if it is new.
+    pub fn intern(&mut self, name: &Arc<str>) -> Arc<str> {
+        if let Some(held) = self.held.get(name) {
+            return Arc::clone(held);
+        }
+        self.held.insert(Arc::clone(name));
+        Arc::clone(name)
+    }
+
+    /// Lets go of the names no summary holds any more; how many were let
+    /// go.
+    pub fn prune(&mut self) -> usize {
+        let before = self.held.len();
+        self.held.retain(|n| Arc::strong_count(n) > 1);
+        before - self.held.len()
+    }
+
+    /// The names held.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether no name is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
     }
 }
 
@@ -461,7 +596,7 @@ pub struct Summary {
     /// How often the observer summarises, ms (0: not said).
     cadence_ms: u64,
     /// Sorted by name, unique, at most [`MAX_PEERS`].
-    peers: Vec<PeerSummary>,
+    peers: Box<[PeerSummary]>,
 }
 
 /// The longest cadence a summary is believed to claim: past it, a summary
@@ -503,18 +638,18 @@ impl Summary {
         }
         for p in &mut peers {
             check_name("peer", &p.name)?;
-            for path in &mut p.paths {
-                *path =
-                    PathSample::with_failing(path.state, path.rtt_us.map(u64::from), path.failing)
-                        .with_lossy(path.lossy)
-                        .with_plaintext(path.plaintext)
-                        .with_split(path.split);
-            }
+            let paths = p.paths().map(|path| {
+                PathSample::with_failing(path.state, path.rtt_us.map(u64::from), path.failing)
+                    .with_lossy(path.lossy)
+                    .with_plaintext(path.plaintext)
+                    .with_split(path.split)
+            });
+            p.set_paths(paths);
         }
         peers.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         if let Some(w) = peers.windows(2).find(|w| w[0].name == w[1].name) {
             return Err(SummaryError::DuplicatePeer {
-                name: w[0].name.clone(),
+                name: w[0].name.to_string(),
             });
         }
         Ok(Self {
@@ -522,7 +657,7 @@ impl Summary {
             seq,
             at_ms,
             cadence_ms: 0,
-            peers,
+            peers: peers.into_boxed_slice(),
         })
     }
 
@@ -632,11 +767,22 @@ impl Summary {
         &self.peers
     }
 
+    /// The same summary, its peers' names shared with every other summary
+    /// `names` interned them for: the elected assembler holds every
+    /// observer's summary, and each names about 50 of the same nodes.
+    #[must_use]
+    pub fn interned(mut self, names: &mut Names) -> Self {
+        for p in &mut self.peers {
+            p.name = names.intern(&p.name);
+        }
+        self
+    }
+
     /// The peer called `name`.
     #[must_use]
     pub fn peer(&self, name: &str) -> Option<&PeerSummary> {
         self.peers
-            .binary_search_by(|p| p.name.as_str().cmp(name))
+            .binary_search_by(|p| (*p.name).cmp(name))
             .ok()
             .map(|i| &self.peers[i])
     }

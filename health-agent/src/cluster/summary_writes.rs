@@ -82,7 +82,7 @@ pub fn verdicts_digest(summary: &Summary) -> u64 {
     summary.observer().hash(&mut h);
     for p in summary.peers() {
         p.name.hash(&mut h);
-        for s in &p.paths {
+        for s in &p.paths() {
             (s.code(), s.lossy, s.plaintext, s.split).hash(&mut h);
         }
     }
@@ -107,10 +107,7 @@ mod tests {
             1_000 * seq,
             peers
                 .iter()
-                .map(|(name, s)| PeerSummary {
-                    name: (*name).into(),
-                    paths: [*s; 4],
-                })
+                .map(|(name, s)| PeerSummary::new(*name, [*s; 4]))
                 .collect(),
         )
         .expect("summary")

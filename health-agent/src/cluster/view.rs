@@ -392,10 +392,10 @@ impl Observations {
             }
             let start = o.targets.len();
             for p in s.peers() {
-                match index.get(p.name.as_str()) {
+                match index.get(&*p.name) {
                     Some(&t) if t != me => {
                         o.targets.push(t);
-                        o.seen.push(Seen::of(p.paths));
+                        o.seen.push(Seen::of(p.paths()));
                         o.plaintext.push(p.plaintext());
                     }
                     _ => {}

@@ -599,10 +599,7 @@ mod tests {
         use crate::cluster::summary::{PathSample, PeerSummary, Summary};
         use crate::probe::path::ProbeResult;
         let own = |at_ms, state| {
-            let p = PeerSummary {
-                name: "b".into(),
-                paths: [PathSample::new(state, None); 4],
-            };
+            let p = PeerSummary::new("b", [PathSample::new(state, None); 4]);
             Summary::new("me".into(), 1, at_ms, vec![p]).expect("summary")
         };
         let mut r = reader();
@@ -738,10 +735,7 @@ mod tests {
             },
             now + 1_000,
         );
-        let failed = PeerSummary {
-            name: "b".into(),
-            paths: [PathSample::new(ProbeResult::Failure, None); 4],
-        };
+        let failed = PeerSummary::new("b", [PathSample::new(ProbeResult::Failure, None); 4]);
         let mut checker = Checker::default();
         checker.observe(&Summary::new("me".into(), 1, now - 5_000, vec![failed]).expect("summary"));
         r.check_contradictions(&checker);

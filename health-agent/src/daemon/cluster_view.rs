@@ -37,7 +37,7 @@ use crate::{
         matrix,
         published_view::PublishedView,
         subset::ProbePeers,
-        summary::Summary,
+        summary::{Names, Summary},
         summary_writes::SummaryWrites,
         view::{self, ViewParams},
         view_cell::ClusterViewCell,
@@ -143,6 +143,9 @@ struct Held {
     peers: Option<ProbePeers>,
     /// The most peers a summary may report, and the node set it is of.
     peer_bound: Option<(NodeSet, usize)>,
+    /// The peers' names, one copy each however many summaries name them:
+    /// at 50,000 nodes every summary names about 50 of the same nodes.
+    names: Names,
 }
 
 /// The most peers a summary over `members` may report. An observer is
@@ -201,6 +204,7 @@ impl Held {
             listing: Listing::default(),
             peers: None,
             peer_bound: None,
+            names: Names::default(),
         }
     }
 
@@ -278,7 +282,7 @@ impl Held {
         let most = self.peer_bound(at.1);
         match self.check(into, &key, value, at, most) {
             Ok(s) => {
-                into.insert(key, Kept::new(s));
+                into.insert(key, Kept::new(s.interned(&mut self.names)));
             }
             Err(e) => {
                 into.remove(&key);
@@ -333,6 +337,7 @@ impl Held {
     fn prune(&mut self, members: &NodeSet) {
         self.by_key
             .retain(|_, k| members.contains(k.summary.observer()));
+        self.names.prune();
     }
 
     /// One warning for every summary refused since the last one.
@@ -984,6 +989,58 @@ mod tests {
         );
     }
 
+    /// The summaries held share their peers' names, one copy each however
+    /// many observers name a node (at 50,000 nodes each of the leader's
+    /// 50,000 summaries names about 50 of the same nodes), and a name goes
+    /// with the last summary that names it.
+    #[test]
+    fn summaries_held_share_their_peers_names() {
+        use crate::{
+            cluster::summary::{PathSample, PeerSummary},
+            probe::path::ProbeResult,
+        };
+        let now = 1_000_000;
+        let members = NodeSet::numbered(20);
+        let reporting = |observer: &str| {
+            let peers = (2..=10)
+                .map(|i| {
+                    PeerSummary::new(
+                        format!("node-{i:04}"),
+                        [PathSample::new(ProbeResult::Success, Some(50)); 4],
+                    )
+                })
+                .collect();
+            Summary::new(observer.into(), 1, now, peers)
+                .expect("summary")
+                .encode()
+        };
+        let mut held = Held::new("/h/s/", Duration::from_secs(10), 8);
+        held.apply(put("/h/s/node-0000", reporting("node-0000")), now, &members);
+        held.apply(put("/h/s/node-0001", reporting("node-0001")), now, &members);
+        let peers = |key: &[u8]| held.by_key[key].summary.peers().to_vec();
+        let (a, b) = (peers(b"/h/s/node-0000"), peers(b"/h/s/node-0001"));
+        assert_eq!(a.len(), 9);
+        for (x, y) in a.iter().zip(&b) {
+            assert!(Arc::ptr_eq(&x.name, &y.name), "{} held twice", x.name);
+        }
+        drop((a, b));
+        assert_eq!(held.names.len(), 9);
+        // node-0001 leaves the set: its summary goes, the names stay with
+        // node-0000's.
+        held.prune(&NodeSet::numbered(1));
+        assert_eq!((held.by_key.len(), held.names.len()), (1, 9));
+        held.apply(
+            WatchEvent::Delete {
+                key: b"/h/s/node-0000".to_vec(),
+                revision: 2,
+            },
+            now,
+            &members,
+        );
+        held.prune(&members);
+        assert!(held.by_key.is_empty() && held.names.is_empty());
+    }
+
     /// A summary reporting on more peers than an observer can be assigned
     /// is refused: summaries are held whole until the view is assembled,
     /// so a writer of every node's summary key could otherwise make the
@@ -1014,9 +1071,11 @@ mod tests {
         assert_eq!(peer_bound(&NodeSet::numbered(40), None), 144, "a full mesh");
         let reporting = |peers: usize| {
             let peers = (1..=peers)
-                .map(|i| PeerSummary {
-                    name: format!("node-{i:04}"),
-                    paths: [PathSample::new(ProbeResult::Success, Some(50)); 4],
+                .map(|i| {
+                    PeerSummary::new(
+                        format!("node-{i:04}"),
+                        [PathSample::new(ProbeResult::Success, Some(50)); 4],
+                    )
                 })
                 .collect();
             Summary::new("node-0000".into(), 1, now, peers)

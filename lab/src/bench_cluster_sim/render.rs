@@ -181,19 +181,7 @@ fn render_rounds(out: &mut String, opts: &Options, c: &Cluster, faults: &Faults,
         pass(r.bytes_max <= budget)
     );
     render_puts(out, n, r);
-    let mib = |b: usize| ratio(b, 1 << 20);
-    let _ = writeln!(
-        out,
-        "one agent's cluster view: {:.1} MiB allocated (by capacities: {:.1} MiB)  [{}: ≤ 64 MiB]",
-        mib(r.view_bytes),
-        mib(r.view_estimate),
-        pass(r.view_bytes.max(r.view_estimate) <= VIEW_BUDGET)
-    );
-    let _ = writeln!(
-        out,
-        "  the assembly's peak: {:.1} MiB allocated at once (one decoded summary at a time, the observations, the view)",
-        mib(r.peak_bytes)
-    );
+    render_memory(out, r);
     let _ = writeln!(
         out,
         "time: summaries made and encoded {:.2} s, decoded and assembled {:.2} s, over {} rounds",
@@ -275,5 +263,29 @@ the elected assembler (the view published once a round under one key, read by ev
         steady / summaries.max(1.0),
         egress / summaries.max(1.0),
         pass(egress <= budget)
+    );
+}
+
+/// The memory of the view, its assembly and the summaries held.
+fn render_memory(out: &mut String, r: &Rounds) {
+    let mib = |b: usize| ratio(b, 1 << 20);
+    let _ = writeln!(
+        out,
+        "one agent's cluster view: {:.1} MiB allocated (by capacities: {:.1} MiB)  [{}: ≤ 64 MiB]",
+        mib(r.view_bytes),
+        mib(r.view_estimate),
+        pass(r.view_bytes.max(r.view_estimate) <= VIEW_BUDGET)
+    );
+    let _ = writeln!(
+        out,
+        "  the assembly's peak: {:.1} MiB allocated at once (one decoded summary at a time, the observations, the view)",
+        mib(r.peak_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "the elected assembler's summaries, held decoded between rounds: {:.1} MiB ({} summaries, {:.0} B each, their peers' names shared)",
+        mib(r.held_bytes),
+        r.held,
+        ratio(r.held_bytes, r.held)
     );
 }

@@ -5,7 +5,10 @@ use std::time::{Duration, Instant};
 
 use health_agent::{
     cluster::{
-        cadence::HEARTBEAT_ROUNDS, published_view::PublishedView, summary_writes::SummaryWrites,
+        cadence::HEARTBEAT_ROUNDS,
+        published_view::PublishedView,
+        summary::{Names, Summary},
+        summary_writes::SummaryWrites,
     },
     probe::path::Thresholds,
 };
@@ -37,6 +40,11 @@ pub(super) struct Rounds {
     pub(super) last_counts: String,
     /// The last round's summaries, as published.
     pub(super) last: Vec<Vec<u8>>,
+    /// What the elected assembler holds between rounds, as the agent
+    /// holds it: every summary in etcd decoded, by key (measured), and
+    /// how many.
+    pub(super) held_bytes: usize,
+    pub(super) held: usize,
     /// The published view's bytes (what each other agent downloads a
     /// round): the largest before the faults, and the largest after.
     pub(super) view_wire_steady: usize,
@@ -149,6 +157,28 @@ pub(super) fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Res
         )
     };
     (out.puts_steady, out.puts_faults) = (mean_max(&puts.0), mean_max(&puts.1));
+    (out.held, out.held_bytes) = held_decoded(&written);
     out.last = written.into_iter().flatten().collect();
     Ok(out)
+}
+
+/// What the elected assembler holds between rounds: every summary etcd
+/// holds, decoded, its peers' names shared, by its key (as
+/// `daemon::cluster_view` keeps them); how many, and the bytes they take
+/// with the names (measured).
+fn held_decoded(written: &[Option<Vec<u8>>]) -> (usize, usize) {
+    let ((held, _names), _, bytes) = super::alloc_count::counted(|| {
+        let mut names = Names::default();
+        let held = written
+            .iter()
+            .flatten()
+            .filter_map(|b| Summary::decode(b).ok())
+            .map(|s| {
+                let key = format!("/health/summaries/{}", s.observer()).into_bytes();
+                (key, s.interned(&mut names))
+            })
+            .collect::<std::collections::HashMap<Vec<u8>, Summary>>();
+        (held, names)
+    });
+    (held.len(), bytes)
 }

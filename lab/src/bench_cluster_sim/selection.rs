@@ -168,10 +168,7 @@ fn check_honest(
             .map(|(k, p)| {
                 let peers = p
                     .iter()
-                    .map(|&j| PeerSummary {
-                        name: nodes[j as usize].name.clone(),
-                        paths: [ok; 4],
-                    })
+                    .map(|&j| PeerSummary::new(nodes[j as usize].name.as_str(), [ok; 4]))
                     .collect();
                 Summary::new(nodes[part * AT_ONCE + k].name.clone(), 1, 1, peers)
             })

@@ -35,10 +35,7 @@ fn summary(
                 },
                 |per_round| per_round[r as usize],
             );
-            PeerSummary {
-                name: c.nodes[t as usize].name.clone(),
-                paths,
-            }
+            PeerSummary::new(c.nodes[t as usize].name.as_str(), paths)
         })
         .collect();
     let s = Summary::new(

@@ -60,11 +60,13 @@ impl Cluster {
     pub(super) fn summary(&self, i: usize, seq: u64, at_ms: u64) -> anyhow::Result<Vec<u8>> {
         let peers = self.picks[i]
             .iter()
-            .map(|&t| PeerSummary {
-                name: self.names[t].clone(),
-                paths: std::array::from_fn(|p| {
-                    PathSample::new(ProbeResult::Success, Some(rtt_us(i, t, p, seq)))
-                }),
+            .map(|&t| {
+                PeerSummary::new(
+                    self.names[t].as_str(),
+                    std::array::from_fn(|p| {
+                        PathSample::new(ProbeResult::Success, Some(rtt_us(i, t, p, seq)))
+                    }),
+                )
             })
             .collect();
         Ok(Summary::new(self.names[i].clone(), seq, at_ms, peers)?.encode())

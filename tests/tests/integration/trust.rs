@@ -679,10 +679,7 @@ fn forged_summaries_do_not_reach_the_cluster_view() {
         let peers = ["node-1", "node-2", "node-3"]
             .into_iter()
             .filter(|n| *n != observer)
-            .map(|n| PeerSummary {
-                name: n.into(),
-                paths: [down; 4],
-            })
+            .map(|n| PeerSummary::new(n, [down; 4]))
             .collect();
         Summary::new(observer.into(), u64::MAX / 2, at_ms, peers)
             .expect("summary")

@@ -90,12 +90,12 @@ impl PeerReader {
         let text = std::str::from_utf8(&self.buf)
             .map_err(|_| SummaryError::NameUtf8 { at, what: "peer" })?;
         if let Some(last) = self.peers.last()
-            && text <= last.name.as_str()
+            && text <= &*last.name
         {
             return Err(SummaryError::Order {
                 at,
                 name: shown(text),
-                previous: last.name.clone(),
+                previous: last.name.to_string(),
             });
         }
         Ok(text.to_owned())
@@ -130,7 +130,7 @@ impl PeerReader {
                 path.rtt_us = next()?;
             }
         }
-        self.peers.push(PeerSummary { name, paths });
+        self.peers.push(PeerSummary::new(name, paths));
         Ok(())
     }
 }

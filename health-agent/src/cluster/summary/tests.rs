@@ -39,10 +39,7 @@ fn ok(rtt_us: u32) -> PathSample {
 }
 
 fn peer(name: &str, paths: [PathSample; 4]) -> PeerSummary {
-    PeerSummary {
-        name: name.into(),
-        paths,
-    }
+    PeerSummary::new(name, paths)
 }
 
 fn failed() -> PathSample {
@@ -79,19 +76,19 @@ fn sample() -> Summary {
 #[test]
 fn round_trips() {
     let s = sample();
-    let names: Vec<&str> = s.peers().iter().map(|p| p.name.as_str()).collect();
+    let names: Vec<&str> = s.peers().iter().map(|p| &*p.name).collect();
     assert_eq!(
         names,
         ["nod", "node-a", "node-b", "node-c", "node-d"],
         "sorted"
     );
     assert_eq!(
-        s.peer("node-d").map(|p| p.paths.map(|p| p.failing)),
+        s.peer("node-d").map(|p| p.paths().map(|p| p.failing)),
         Some([true, false, false, true]),
         "failing paths are kept"
     );
     assert_eq!(
-        s.peer("node-a").map(|p| p.paths[1].rtt_us),
+        s.peer("node-a").map(|p| p.paths()[1].rtt_us),
         Some(Some(MAX_RTT_US)),
         "saturated"
     );
@@ -177,7 +174,7 @@ fn a_dual_stack_peers_path_is_the_worse_of_its_families() {
     };
     let p = PeerSummary::from_status(&n);
     assert_eq!(
-        p.paths.map(|p| p.state),
+        p.paths().map(|p| p.state),
         [
             ProbeResult::Failure,
             ProbeResult::Success,
@@ -185,7 +182,7 @@ fn a_dual_stack_peers_path_is_the_worse_of_its_families() {
             ProbeResult::Success
         ]
     );
-    assert_eq!(p.paths[1].rtt_us, Some(20), "the primary family's RTT");
+    assert_eq!(p.paths()[1].rtt_us, Some(20), "the primary family's RTT");
     assert_eq!(p.state(), ProbeResult::Failure);
     // The host ICMP path failed over IPv6 alone, IPv4 reaching it: split.
     // The endpoint ICMP path, unknown over IPv4, is not.
@@ -220,7 +217,7 @@ fn paths_failed_in_one_family_travel_in_their_own_column_and_bad_masks_are_refus
     };
     let p = PeerSummary::from_status(&n);
     assert_eq!(p.split_bits(), 0b1011, "{p:?}");
-    assert!(p.paths[1].failing && p.paths[1].split);
+    assert!(p.paths()[1].failing && p.paths()[1].split);
     let s = Summary::new("a".into(), 1, 2, vec![p]).expect("summary");
     let back = Summary::decode(&s.encode()).expect("decoded");
     assert_eq!(back.peers()[0].split_bits(), 0b1011);
@@ -344,13 +341,13 @@ fn from_status_takes_the_states_and_the_round() {
     let s = Summary::from_status(&status).expect("summary");
     assert_eq!((s.observer(), s.seq(), s.at_ms()), ("me", 7, 1250));
     let me = s.peer("me").expect("self is a peer");
-    assert_eq!(me.paths[0], ok(81));
-    assert_eq!(me.paths[1], ok(400));
-    assert_eq!(me.paths[2], failed(), "no RTT kept for a failed path");
-    assert_eq!(me.paths[3], PathSample::UNKNOWN);
+    assert_eq!(me.paths()[0], ok(81));
+    assert_eq!(me.paths()[1], ok(400));
+    assert_eq!(me.paths()[2], failed(), "no RTT kept for a failed path");
+    assert_eq!(me.paths()[3], PathSample::UNKNOWN);
     let p = s.peer("peer").expect("peer");
     assert_eq!(
-        p.paths.map(|p| p.rtt_us),
+        p.paths().map(|p| p.rtt_us),
         [None, Some(MAX_RTT_US), Some(0), Some(1)]
     );
     assert_eq!(Summary::decode(&s.encode()), Ok(s));
@@ -546,7 +543,7 @@ fn garbage_is_refused_never_panics() {
     failing[0] = VERSION_2;
     let read = Summary::decode(&failing).expect("version 2 reads code 3");
     assert_eq!(
-        read.peer("b").map(|p| p.paths),
+        read.peer("b").map(PeerSummary::paths),
         Some([
             PathSample::FAILING,
             PathSample::UNKNOWN,
@@ -557,7 +554,7 @@ fn garbage_is_refused_never_panics() {
     // A version-1 summary (no code 3) still reads.
     let v1 = [VERSION_1, 1, b'a', 0, 0, 1, 0, 0, 1, b'b', 2];
     assert_eq!(
-        Summary::decode(&v1).map(|s| s.peer("b").map(|p| p.paths[0].state)),
+        Summary::decode(&v1).map(|s| s.peer("b").map(|p| p.paths()[0].state)),
         Ok(Some(ProbeResult::Failure))
     );
     let coding = [VERSION_2, 1, b'a', 0, 0, 1, 1, 0, 1, b'b', 0];
@@ -677,11 +674,13 @@ fn lossy_paths_travel_in_a_sparse_column_and_cost_nothing_without_them() {
     let d = lossy
         .peers
         .iter_mut()
-        .find(|p| p.name == "node-d")
+        .find(|p| &*p.name == "node-d")
         .expect("node-d");
     // A path in Success, lossy; one failing its last probe, lossy too.
-    d.paths[1] = d.paths[1].with_lossy(true);
-    d.paths[3] = d.paths[3].with_lossy(true);
+    let mut paths = d.paths();
+    paths[1] = paths[1].with_lossy(true);
+    paths[3] = paths[3].with_lossy(true);
+    d.set_paths(paths);
     assert_eq!(d.lossy_bits(), 0b1010, "{d:?}");
     let bytes = lossy.encode();
     assert_eq!(Summary::decode(&bytes), Ok(lossy.clone()));
@@ -808,7 +807,7 @@ fn version_3_reads_its_schema() {
     let s = Summary::decode(&forged(&m)).expect("valid");
     assert_eq!((s.observer(), s.seq(), s.at_ms()), ("a", 1, 2));
     assert_eq!(
-        s.peer("node-a").map(|p| p.paths),
+        s.peer("node-a").map(PeerSummary::paths),
         Some([
             PathSample::new(ProbeResult::Success, None),
             ok(7),
@@ -818,7 +817,7 @@ fn version_3_reads_its_schema() {
     );
     let b = s.peer("node-b").expect("node-b");
     assert_eq!(
-        b.paths,
+        b.paths(),
         [
             ok(9),
             PathSample::UNKNOWN,
@@ -973,4 +972,64 @@ fn the_most_peers_fit_the_bounds_in_both_versions() {
     assert!(v2.len() <= 512 + MAX_PEERS * MAX_PEER_BYTES, "{}", v2.len());
     assert_eq!(Summary::decode(&v3).as_ref(), Ok(&s));
     assert_eq!(Summary::decode(&v2), Ok(s));
+}
+
+/// A peer's four paths are held packed, 40 bytes a peer where they took
+/// 88 (the elected assembler holds every observer's summary), and read
+/// back exactly: every state, mark and RTT.
+#[test]
+fn a_peers_paths_are_held_packed_and_read_back_exactly() {
+    assert_eq!(
+        size_of::<PeerSummary>(),
+        40,
+        "a shared name and 20 bytes of paths"
+    );
+    for state in [
+        ProbeResult::Unknown,
+        ProbeResult::Success,
+        ProbeResult::Failure,
+    ] {
+        for marks in 0..16u8 {
+            for rtt_us in [None, Some(0), Some(1), Some(70_000), Some(MAX_RTT_US)] {
+                let p = PathSample {
+                    state,
+                    rtt_us,
+                    failing: marks & 1 != 0,
+                    lossy: marks & 2 != 0,
+                    plaintext: marks & 4 != 0,
+                    split: marks & 8 != 0,
+                };
+                let paths = [p, PathSample::UNKNOWN, p, ok(5)];
+                let mut peer = PeerSummary::new("n", [PathSample::UNKNOWN; 4]);
+                peer.set_paths(paths);
+                assert_eq!(peer.paths(), paths);
+                assert_eq!(PeerSummary::new("n", paths).paths(), paths);
+            }
+        }
+    }
+    // Saturated as the wire form saturates it.
+    let peer = PeerSummary::new("n", [ok(u32::MAX); 4]);
+    assert_eq!(peer.paths()[0].rtt_us, Some(MAX_RTT_US));
+}
+
+/// Summaries interned together share their peers' names; a name is let
+/// go once no summary names it.
+#[test]
+fn interned_summaries_share_their_peers_names() {
+    let mut names = Names::default();
+    let decoded = || Summary::decode(&sample().encode()).expect("decodes");
+    let a = decoded().interned(&mut names);
+    let b = decoded().interned(&mut names);
+    assert_eq!(a, sample());
+    assert_eq!(b, sample());
+    for (x, y) in a.peers().iter().zip(b.peers()) {
+        assert!(Arc::ptr_eq(&x.name, &y.name), "{}", x.name);
+    }
+    assert_eq!(names.len(), 5);
+    assert_eq!(names.prune(), 0, "named by both");
+    drop(a);
+    assert_eq!(names.prune(), 0, "named by one");
+    drop(b);
+    assert_eq!(names.prune(), 5);
+    assert!(names.is_empty());
 }

@@ -26,7 +26,7 @@ pub(super) fn encode(s: &Summary) -> Vec<u8> {
         out.extend_from_slice(&[prefix as u8, suffix as u8, middle.len() as u8]);
         out.extend_from_slice(middle);
         out.push(p.state_bits());
-        for path in &p.paths {
+        for path in &p.paths() {
             if path.code() == 1 {
                 put_varint(&mut out, path.rtt_us.map_or(0, |us| u64::from(us) + 1));
             }
@@ -85,7 +85,7 @@ pub(super) fn decode(version: u8, bytes: &[u8]) -> Result<Summary, SummaryError>
         seq,
         at_ms,
         cadence_ms: 0,
-        peers: peers.peers,
+        peers: peers.peers.into_boxed_slice(),
     })
 }
 

@@ -74,7 +74,7 @@ pub(super) fn encode(s: &Summary) -> Vec<u8> {
             m.split_peer.push(m.states.len() as u32 - 1);
             m.split_paths.push(u32::from(split));
         }
-        for path in &p.paths {
+        for path in &p.paths() {
             if path.code() == 1 {
                 m.rtt.push(path.rtt_us.map_or(0, |us| us + 1));
             }
@@ -175,7 +175,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Summary, SummaryError> {
         seq: m.seq,
         at_ms: m.at_ms,
         cadence_ms: m.cadence_ms,
-        peers,
+        peers: peers.into_boxed_slice(),
     })
 }
 
@@ -222,7 +222,8 @@ fn mark(
             return Err(refused());
         }
         let p = peers.get_mut(index).ok_or_else(refused)?;
-        for (bit, path) in p.paths.iter_mut().enumerate() {
+        let mut paths = p.paths();
+        for (bit, path) in paths.iter_mut().enumerate() {
             if mask & (1 << bit) != 0 {
                 let fits = match what {
                     Mark::Split => matches!(path.code(), 2 | 3),
@@ -238,6 +239,7 @@ fn mark(
                 }
             }
         }
+        p.set_paths(paths);
         next = index + 1;
     }
     Ok(())

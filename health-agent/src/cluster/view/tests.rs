@@ -107,20 +107,22 @@ impl Cluster {
                     .plan
                     .assigned_index(o, ProbePeers::Count(K))
                     .into_iter()
-                    .map(|t| PeerSummary {
-                        name: self.nodes[t].name.clone(),
-                        paths: std::array::from_fn(|p| {
-                            if self.works(f, o, t, p) {
-                                PathSample::new(ProbeResult::Success, Some(200))
-                                    .with_lossy(p == 0 && f.lossy.contains(&t))
-                                    .with_plaintext(p >= 2 && f.plaintext.contains(&(o, t)))
-                            } else if f.fresh {
-                                PathSample::FAILING
-                            } else {
-                                PathSample::new(ProbeResult::Failure, None)
-                            }
-                            .with_split(f.one_family.contains(&t))
-                        }),
+                    .map(|t| {
+                        PeerSummary::new(
+                            self.nodes[t].name.as_str(),
+                            std::array::from_fn(|p| {
+                                if self.works(f, o, t, p) {
+                                    PathSample::new(ProbeResult::Success, Some(200))
+                                        .with_lossy(p == 0 && f.lossy.contains(&t))
+                                        .with_plaintext(p >= 2 && f.plaintext.contains(&(o, t)))
+                                } else if f.fresh {
+                                    PathSample::FAILING
+                                } else {
+                                    PathSample::new(ProbeResult::Failure, None)
+                                }
+                                .with_split(f.one_family.contains(&t))
+                            }),
+                        )
                     })
                     .collect();
                 Summary::new(self.nodes[o].name.clone(), 1, 1000, peers).expect("valid")
@@ -155,10 +157,10 @@ impl Cluster {
     fn rewrite(&self, summaries: &mut Vec<Summary>, o: usize, t: usize, paths: [PathSample; 4]) {
         let (o, t) = (&self.nodes[o].name, &self.nodes[t].name);
         *summaries = with_paths(summaries, |observer, p| {
-            if observer == o && p.name == *t {
+            if observer == o && *p.name == **t {
                 paths
             } else {
-                p.paths
+                p.paths()
             }
         });
     }
@@ -181,10 +183,7 @@ fn with_paths(
             let peers = s
                 .peers()
                 .iter()
-                .map(|p| PeerSummary {
-                    name: p.name.clone(),
-                    paths: paths(s.observer(), p),
-                })
+                .map(|p| PeerSummary::new(p.name.clone(), paths(s.observer(), p)))
                 .collect();
             Summary::new(s.observer().to_owned(), s.seq(), s.at_ms(), peers).expect("valid")
         })
@@ -243,7 +242,7 @@ fn a_node_broken_over_one_family_is_degraded_not_down() {
             assert!(v.reporting && v.failing == v.observers, "{v:?}");
         }
         let unmarked = with_paths(&c.summaries(&f), |_, p| {
-            p.paths.map(|mut path| {
+            p.paths().map(|mut path| {
                 path.split = false;
                 path
             })
