@@ -146,7 +146,14 @@ struct Held {
     /// The peers' names, one copy each however many summaries name them:
     /// at 50,000 nodes every summary names about 50 of the same nodes.
     names: Names,
+    /// The names held after they were last pruned: pruned again at each
+    /// of the leader's rounds, and sooner once twice as many (summaries
+    /// rewritten with new names between rounds hold no more than that).
+    names_pruned: usize,
 }
+
+/// Names are pruned between the leader's rounds only past this many.
+const NAMES_PRUNED_PAST: usize = 4096;
 
 /// The most peers a summary over `members` may report. An observer is
 /// assigned every node in a full mesh; in a subset, its zone and K others
@@ -205,6 +212,7 @@ impl Held {
             peers: None,
             peer_bound: None,
             names: Names::default(),
+            names_pruned: 0,
         }
     }
 
@@ -283,6 +291,9 @@ impl Held {
         match self.check(into, &key, value, at, most) {
             Ok(s) => {
                 into.insert(key, Kept::new(s.interned(&mut self.names)));
+                if self.names.len() > self.names_pruned.saturating_mul(2).max(NAMES_PRUNED_PAST) {
+                    self.prune_names();
+                }
             }
             Err(e) => {
                 into.remove(&key);
@@ -337,7 +348,13 @@ impl Held {
     fn prune(&mut self, members: &NodeSet) {
         self.by_key
             .retain(|_, k| members.contains(k.summary.observer()));
+        self.prune_names();
+    }
+
+    /// Lets go of the names no summary held names any more.
+    fn prune_names(&mut self) {
         self.names.prune();
+        self.names_pruned = self.names.len();
     }
 
     /// One warning for every summary refused since the last one.
@@ -1039,6 +1056,31 @@ mod tests {
         );
         held.prune(&members);
         assert!(held.by_key.is_empty() && held.names.is_empty());
+        // A summary rewritten over and over with new names between the
+        // leader's rounds: the names it no longer holds are let go once
+        // they pass the bound, not kept until the next round.
+        let renaming = |round: usize| {
+            let peers = (0..100)
+                .map(|i| {
+                    PeerSummary::new(
+                        format!("gone-{round}-{i}"),
+                        [PathSample::new(ProbeResult::Success, Some(50)); 4],
+                    )
+                })
+                .collect();
+            Summary::new("node-0000".into(), 1, now, peers)
+                .expect("summary")
+                .encode()
+        };
+        for round in 0..200 {
+            held.apply(put("/h/s/node-0000", renaming(round)), now, &members);
+            assert!(
+                held.names.len() <= NAMES_PRUNED_PAST + 100,
+                "{}",
+                held.names.len()
+            );
+        }
+        assert!(held.names.len() >= 100, "the held summary's");
     }
 
     /// A summary reporting on more peers than an observer can be assigned

@@ -6,6 +6,7 @@
 //! returns the prefix is read again and the watch resumes after it.
 
 use std::{
+    fmt,
     sync::{Arc, OnceLock},
     time::Duration,
 };
@@ -146,8 +147,8 @@ const MIN_HOLD: Duration = Duration::from_mins(15);
 /// given the same name would otherwise overwrite each other without pause.
 const REWRITE_EVERY: Duration = Duration::from_secs(5);
 
-/// The same warning of a write-back is repeated at most this often; the
-/// write-backs between are counted in the next.
+/// A write-back's warning for one kind of writer is repeated at most this
+/// often; the write-backs between are counted in the next.
 const REWRITE_SAID_EVERY: Duration = Duration::from_mins(1);
 
 /// When this node's record was last written back, and when it may be next.
@@ -156,43 +157,81 @@ struct Rewrites {
     last: Option<Instant>,
     /// A write-back waits for this instant.
     due: Option<Instant>,
-    /// The last warning, when it was given, and the write-backs for the
-    /// same reason since.
-    said: Option<(String, Instant, u64)>,
+    /// For each kind of writer ([`Writer`]), when a write-back was last
+    /// warned about, and the write-backs since.
+    said: [Option<(Instant, u64)>; 4],
 }
 
-/// Who changed this node's record, from the lease its key was written
-/// under as the watch saw it (`at_key`: `Some(0)` for none, `None` for a
-/// deleted key) and this agent's lease (`ours`): a write under a lease
-/// not this agent's is most likely another agent's under the same name.
-fn other_writer(at_key: Option<i64>, ours: Option<i64>) -> String {
-    match at_key {
-        None => "deleted, not by this agent (by another writer, or by the lease it was under ending)".into(),
-        Some(0) => "changed without a lease, not by this agent (by an etcd user writing under the prefix)".into(),
-        Some(l) if Some(l) == ours => "changed under this agent's own lease, not by this agent (by a writer that took the lease over)".into(),
-        Some(l) => format!("changed under etcd lease {l:x}, not this agent's: another agent may run under this node's name (a machine cloned with its name?), or another writer used a lease"),
+/// Who changed this node's record, as far as the watch can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writer {
+    /// The key was deleted.
+    Deleted,
+    /// Written without a lease.
+    NoLease,
+    /// Written under this agent's own lease.
+    OwnLease,
+    /// Written under another lease (named).
+    Lease(i64),
+}
+
+impl Writer {
+    /// From the lease the key was written under as the watch saw it
+    /// (`at_key`: `Some(0)` for none, `None` for a deleted key) and this
+    /// agent's lease (`ours`).
+    fn of(at_key: Option<i64>, ours: Option<i64>) -> Self {
+        match at_key {
+            None => Self::Deleted,
+            Some(0) => Self::NoLease,
+            Some(l) if Some(l) == ours => Self::OwnLease,
+            Some(l) => Self::Lease(l),
+        }
+    }
+
+    /// Its slot in [`Rewrites::said`]: every other lease is one kind, so
+    /// that writers changing leases are told no more often than one.
+    const fn kind(self) -> usize {
+        match self {
+            Self::Deleted => 0,
+            Self::NoLease => 1,
+            Self::OwnLease => 2,
+            Self::Lease(_) => 3,
+        }
+    }
+}
+
+/// What became of this node's record, for the write-back's warning: a
+/// write under a lease not this agent's is most likely another agent's
+/// under the same name.
+impl fmt::Display for Writer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Deleted => f.write_str("deleted, not by this agent (by another writer, or by the lease it was under ending)"),
+            Self::NoLease => f.write_str("changed without a lease, not by this agent (by an etcd user writing under the prefix)"),
+            Self::OwnLease => f.write_str("changed under this agent's own lease, not by this agent (by a writer that took the lease over)"),
+            Self::Lease(l) => write!(f, "changed under etcd lease {l:x}, not this agent's: another agent may run under this node's name (a machine cloned with its name?), or another writer used a lease"),
+        }
     }
 }
 
 impl Rewrites {
-    /// Whether a write-back for the reason `by` is to be warned about at
-    /// `now`, with the write-backs for that reason since the last warning
-    /// (`None`: said less than [`REWRITE_SAID_EVERY`] ago, counted for the
-    /// next): two agents under one name overwrite each other every
-    /// [`REWRITE_EVERY`], which says the same every time.
-    fn said(&mut self, by: &str, now: Instant) -> Option<u64> {
-        match &mut self.said {
-            Some((what, at, since)) if what == by && now < *at + REWRITE_SAID_EVERY => {
+    /// Whether a write-back undoing `by`'s write is to be warned about at
+    /// `now`, with the write-backs for that kind of writer since the last
+    /// warning (`None`: said less than [`REWRITE_SAID_EVERY`] ago, counted
+    /// for the next): two agents under one name overwrite each other
+    /// every [`REWRITE_EVERY`], which says the same every time.
+    fn said(&mut self, by: Writer, now: Instant) -> Option<u64> {
+        match &mut self.said[by.kind()] {
+            Some((at, since)) if now < *at + REWRITE_SAID_EVERY => {
                 *since += 1;
                 None
             }
-            Some((what, at, since)) if what == by => {
-                let n = std::mem::take(since);
+            Some((at, since)) => {
                 *at = now;
-                Some(n)
+                Some(std::mem::take(since))
             }
-            _ => {
-                self.said = Some((by.to_owned(), now, 0));
+            slot @ None => {
+                *slot = Some((now, 0));
                 Some(0)
             }
         }
@@ -339,8 +378,8 @@ async fn follow(
             && own.taken_from(&view, store.written_revision(own.key.as_bytes()))
             && rewrites.may_write(Instant::now())
         {
-            let by = other_writer(view.own_lease, store.lease());
-            match rewrites.said(&by, Instant::now()) {
+            let by = Writer::of(view.own_lease, store.lease());
+            match rewrites.said(by, Instant::now()) {
                 Some(0) => warn!(key = %own.key, "this node's record was {by}: writing it back"),
                 Some(n) => {
                     warn!(key = %own.key, "this node's record was {by}: writing it back (written back {n} more times since the last warning)");
@@ -1536,7 +1575,8 @@ mod tests {
     /// A write-back names whose write it undoes, from the lease the watch
     /// saw this node's key written under: another lease is most likely
     /// another agent under this node's name. Its warning is said once a
-    /// minute, with the write-backs since, not at every write-back.
+    /// minute for each kind of writer (every other lease is one kind),
+    /// with the write-backs since, not at every write-back.
     #[test]
     fn a_write_back_names_the_lease_it_undoes_and_says_so_once_a_minute() {
         let mut view = View::new("/h/", Duration::from_secs(60), usize::MAX, "/h/n1");
@@ -1565,35 +1605,38 @@ mod tests {
         assert_eq!(view.own_lease, Some(0x123));
         view.apply(WatchEvent::Put(node_kv(2)));
         assert_eq!(view.own_lease, Some(0x123), "another key's lease");
-        let by = other_writer(view.own_lease, Some(0x777));
+        let by = Writer::of(view.own_lease, Some(0x777));
+        assert_eq!(by, Writer::Lease(0x123));
+        let said = by.to_string();
         assert!(
-            by.contains("lease 123") && by.contains("another agent"),
-            "{by}"
+            said.contains("lease 123") && said.contains("another agent"),
+            "{said}"
         );
-        assert!(other_writer(Some(0x777), Some(0x777)).contains("own lease"));
-        assert!(other_writer(Some(0), Some(0x777)).contains("without a lease"));
+        assert_eq!(Writer::of(Some(0x777), Some(0x777)), Writer::OwnLease);
+        assert_eq!(Writer::of(Some(0), Some(0x777)), Writer::NoLease);
+        assert_eq!(Writer::of(Some(0), None), Writer::NoLease);
         view.apply(WatchEvent::Delete {
             key: b"/h/n1".to_vec(),
             revision: 6,
         });
         assert_eq!(view.own_lease, None);
-        assert!(other_writer(view.own_lease, Some(0x777)).contains("deleted"));
+        assert_eq!(Writer::of(view.own_lease, Some(0x777)), Writer::Deleted);
 
         let mut rewrites = Rewrites::default();
         let t0 = Instant::now();
         let at = |s| t0 + Duration::from_secs(s);
-        assert_eq!(rewrites.said(&by, at(0)), Some(0), "said at once");
-        assert_eq!(rewrites.said(&by, at(5)), None);
-        assert_eq!(rewrites.said(&by, at(10)), None);
-        assert_eq!(rewrites.said(&by, at(60)), Some(2), "a minute on, counted");
-        assert_eq!(rewrites.said(&by, at(65)), None);
-        let deleted = other_writer(None, Some(0x777));
-        assert_eq!(
-            rewrites.said(&deleted, at(70)),
-            Some(0),
-            "another reason: at once"
-        );
-        assert_eq!(rewrites.said(&by, at(75)), Some(0));
+        assert_eq!(rewrites.said(by, at(0)), Some(0), "said at once");
+        assert_eq!(rewrites.said(by, at(5)), None);
+        // Another lease is the same kind of writer: counted, not said.
+        assert_eq!(rewrites.said(Writer::Lease(0x456), at(10)), None);
+        assert_eq!(rewrites.said(by, at(60)), Some(2), "a minute on, counted");
+        assert_eq!(rewrites.said(by, at(65)), None);
+        // Another kind is said at once, and each keeps its own count.
+        assert_eq!(rewrites.said(Writer::Deleted, at(70)), Some(0));
+        assert_eq!(rewrites.said(Writer::Deleted, at(75)), None);
+        assert_eq!(rewrites.said(by, at(80)), None);
+        assert_eq!(rewrites.said(by, at(120)), Some(2));
+        assert_eq!(rewrites.said(Writer::Deleted, at(130)), Some(1));
     }
 
     /// This node's record, changed or deleted by someone else, counts as

@@ -188,7 +188,7 @@ impl Allocation {
     /// The node addresses a refused value still names: `node_ip` and
     /// `node_ip6` where the value is JSON within the size and they read
     /// as addresses of their family that a node may hold, outside the
-    /// cluster's health ranges. No node but the allocation's may hold
+    /// cluster's health ranges and the value's own CIDRs. No node but the allocation's may hold
     /// them while it stands: an admin's slip elsewhere in the value must
     /// not leave the address it names to the first node that claims it.
     #[must_use]
@@ -200,13 +200,19 @@ impl Allocation {
             return Vec::new();
         };
         let text = |field: &str| fields.get(field).and_then(serde_json::Value::as_str);
+        // Inside the cluster's range or the value's own CIDR, the address
+        // is itself the slip.
+        let cidr = text("health_cidr").and_then(|t| t.parse::<Ipv4Net>().ok());
+        let cidr6 = text("health_cidr6").and_then(|t| t.parse::<Ipv6Net>().ok());
         let v4 = text("node_ip")
             .and_then(|t| t.parse::<Ipv4Addr>().ok())
             .filter(|ip| !local.health_range.is_some_and(|r| r.contains(ip)))
+            .filter(|ip| !cidr.is_some_and(|c| c.contains(ip)))
             .map(IpAddr::V4);
         let v6 = text("node_ip6")
             .and_then(|t| t.parse::<Ipv6Addr>().ok())
             .filter(|ip| !local.health_range6.is_some_and(|r| r.contains(ip)))
+            .filter(|ip| !cidr6.is_some_and(|c| c.contains(ip)))
             .map(IpAddr::V6);
         [v4, v6]
             .into_iter()

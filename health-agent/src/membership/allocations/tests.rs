@@ -396,6 +396,36 @@ fn a_node_address_an_allocation_names_is_its_nodes_alone() {
     );
 }
 
+/// The node addresses a refused value still names: those that read as
+/// addresses a node may hold, outside the health range and the value's
+/// own CIDR, in a value of JSON within the size.
+#[test]
+fn a_refused_value_names_the_node_addresses_a_node_may_hold() {
+    let ranges = local();
+    let names = |value: &str| Allocation::named_by_refused(value.as_bytes(), &ranges);
+    assert_eq!(
+        names(r#"{"health_cidr":"198.18.2.0/24","node_ip":"198.18.0.31","node_ip6":"2001:2::9"}"#),
+        [
+            "198.18.0.31".parse::<std::net::IpAddr>().expect("ip"),
+            "2001:2::9".parse().expect("ip6")
+        ]
+    );
+    let big = format!(r#"{{"node_ip":"198.18.0.31","pad":"{}"}}"#, "x".repeat(600));
+    assert!(names(&big).is_empty(), "over the size");
+    assert!(
+        names(r#"{"health_cidr":"198.18.0.0/24x","node_ip":"198.18.70.1"}"#).is_empty(),
+        "inside the health range"
+    );
+    assert!(
+        Allocation::named_by_refused(
+            br#"{"health_cidr":"198.18.0.0/24","node_ip":"198.18.0.9"}"#,
+            &LocalNode::default()
+        )
+        .is_empty(),
+        "inside its own CIDR: the address is the slip"
+    );
+}
+
 /// An allocation refused for a slip elsewhere in its value still keeps
 /// the node address it names from every other node: the address is not
 /// left to the first node that claims it. A counted allocation naming it
@@ -409,7 +439,7 @@ fn a_refused_allocations_node_address_is_no_other_nodes() {
             // health_cidr outside the health range: refused.
             alloc(
                 "a",
-                r#"{"health_cidr":"198.18.0.0/24","node_ip":"198.18.0.31"}"#,
+                r#"{"health_cidr":"198.18.2.0/24","node_ip":"198.18.0.31"}"#,
             ),
             cidr("b", "198.18.65.0/24"),
             alloc(
@@ -424,6 +454,14 @@ fn a_refused_allocations_node_address_is_no_other_nodes() {
             ),
         ],
     );
+    // What no node may hold, or a value that is no JSON, reserves nothing.
+    for refused in ["m", "j"] {
+        assert!(
+            a.held[refused].as_ref().is_err_and(|r| r.names.is_empty()),
+            "{refused}: {:?}",
+            a.held[refused]
+        );
+    }
     let reserved = |owner: &str| {
         format!(
             "is named by the allocation at etcd key \"{PREFIX}{owner}\", which is refused and counts for nothing: it is no other node's"
@@ -450,7 +488,7 @@ fn a_refused_allocations_node_address_is_no_other_nodes() {
     assert_eq!(reason(&a, &node("b", "198.18.0.33", "198.18.65.1")), None);
     let own = reason(&a, &node("a", "198.18.0.31", "198.18.65.1")).expect("refused");
     assert!(
-        own.contains("the allocation at etcd key \"/health/allocations/a\" is refused: health_cidr 198.18.0.0/24 is outside"),
+        own.contains("the allocation at etcd key \"/health/allocations/a\" is refused: health_cidr 198.18.2.0/24 is outside"),
         "{own}"
     );
     // A counted allocation naming the address holds it; the refused one

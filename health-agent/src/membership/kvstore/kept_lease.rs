@@ -6,9 +6,10 @@
 //! that took it over would keep that node's keys alive after it died and
 //! delete them when it leaves (a leave revokes the lease). A kept lease is
 //! taken over only when it was kept in this boot (the file names the
-//! kernel's boot ID: a machine cloned with its node name and state
-//! directory boots with another, so two agents under one name never share
-//! a lease), while it is alive, asked for with the TTL configured now (the
+//! kernel's boot ID: a machine or VM cloned with its node name and state
+//! directory boots with another, so the clone does not take the lease;
+//! copies within one boot, such as containers on one host, share the ID
+//! and are told apart by the keys alone), while it is alive, asked for with the TTL configured now (the
 //! file keeps that TTL beside the ID), and holding keys, every one of them
 //! this node's; otherwise it is left alone (never revoked) and a new lease
 //! is granted.
@@ -26,8 +27,8 @@ pub(super) enum Verdict {
     /// Alive, with the configured TTL, holding only this node's keys.
     Adopt,
     /// Kept in another boot than this one (`kept`: the boot the file
-    /// names, if any), or this boot's ID cannot be read: not asked of
-    /// etcd at all.
+    /// names; `None` when it names none, or this boot's ID cannot be
+    /// read): not asked of etcd at all.
     OtherBoot { kept: Option<Box<str>> },
     /// Ended: etcd no longer has it.
     Ended,
@@ -111,7 +112,9 @@ pub(super) async fn check(
 ) -> Result<Verdict, KvError> {
     const OP: &str = "checking the lease the last run kept";
     if !kept.of_boot(this_boot) {
-        return Ok(Verdict::OtherBoot { kept: kept.boot });
+        // Another boot's only when this one's is known.
+        let kept = this_boot.and(kept.boot);
+        return Ok(Verdict::OtherBoot { kept });
     }
     let asked = leases.time_to_live(kept.id, Some(LeaseTimeToLiveOptions::new().with_keys()));
     let status = match tokio::time::timeout(REQUEST_TIMEOUT, asked).await {
@@ -162,7 +165,7 @@ pub(super) fn report(verdict: &Verdict, id: i64, path: &Path) {
         ),
         Verdict::OtherBoot { kept: None } => info!(
             lease = %format!("{id:x}"), %path,
-            "{path} names etcd lease {id:x} but no boot, or this boot's ID cannot be read: it is left alone and a new lease granted"
+            "{path} names etcd lease {id:x} but not the boot it was kept in (as older agents wrote it), or this boot's ID cannot be read: it is left alone and a new lease granted"
         ),
         Verdict::Ended => {}
         Verdict::Empty => {
