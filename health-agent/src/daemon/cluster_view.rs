@@ -845,6 +845,20 @@ mod tests {
             .encode()
     }
 
+    /// `observer`'s summary at `at_ms` reporting on `peers`, every path
+    /// reached.
+    fn reporting(observer: &str, at_ms: u64, peers: impl Iterator<Item = String>) -> Vec<u8> {
+        use crate::{
+            cluster::summary::{PathSample, PeerSummary},
+            probe::path::ProbeResult,
+        };
+        let ok = PathSample::new(ProbeResult::Success, Some(50));
+        let peers = peers.map(|name| PeerSummary::new(name, [ok; 4])).collect();
+        Summary::new(observer.into(), 1, at_ms, peers)
+            .expect("summary")
+            .encode()
+    }
+
     fn put(key: &str, value: Vec<u8>) -> WatchEvent {
         WatchEvent::Put(Entry {
             key: key.as_bytes().to_vec(),
@@ -1012,28 +1026,13 @@ mod tests {
     /// with the last summary that names it.
     #[test]
     fn summaries_held_share_their_peers_names() {
-        use crate::{
-            cluster::summary::{PathSample, PeerSummary},
-            probe::path::ProbeResult,
-        };
         let now = 1_000_000;
         let members = NodeSet::numbered(20);
-        let reporting = |observer: &str| {
-            let peers = (2..=10)
-                .map(|i| {
-                    PeerSummary::new(
-                        format!("node-{i:04}"),
-                        [PathSample::new(ProbeResult::Success, Some(50)); 4],
-                    )
-                })
-                .collect();
-            Summary::new(observer.into(), 1, now, peers)
-                .expect("summary")
-                .encode()
-        };
+        let of =
+            |observer: &str| reporting(observer, now, (2..=10).map(|i| format!("node-{i:04}")));
         let mut held = Held::new("/h/s/", Duration::from_secs(10), 8);
-        held.apply(put("/h/s/node-0000", reporting("node-0000")), now, &members);
-        held.apply(put("/h/s/node-0001", reporting("node-0001")), now, &members);
+        held.apply(put("/h/s/node-0000", of("node-0000")), now, &members);
+        held.apply(put("/h/s/node-0001", of("node-0001")), now, &members);
         let peers = |key: &[u8]| held.by_key[key].summary.peers().to_vec();
         let (a, b) = (peers(b"/h/s/node-0000"), peers(b"/h/s/node-0001"));
         assert_eq!(a.len(), 9);
@@ -1060,17 +1059,11 @@ mod tests {
         // leader's rounds: the names it no longer holds are let go once
         // they pass the bound, not kept until the next round.
         let renaming = |round: usize| {
-            let peers = (0..100)
-                .map(|i| {
-                    PeerSummary::new(
-                        format!("gone-{round}-{i}"),
-                        [PathSample::new(ProbeResult::Success, Some(50)); 4],
-                    )
-                })
-                .collect();
-            Summary::new("node-0000".into(), 1, now, peers)
-                .expect("summary")
-                .encode()
+            reporting(
+                "node-0000",
+                now,
+                (0..100).map(|i| format!("gone-{round}-{i}")),
+            )
         };
         for round in 0..200 {
             held.apply(put("/h/s/node-0000", renaming(round)), now, &members);
@@ -1089,11 +1082,7 @@ mod tests {
     /// leader hold thousands of peers for each node.
     #[test]
     fn a_summary_past_what_an_observer_is_assigned_is_refused() {
-        use crate::{
-            cluster::summary::{PathSample, PeerSummary},
-            membership::Node,
-            probe::path::ProbeResult,
-        };
+        use crate::membership::Node;
         let now = 1_000_000;
         // 200 nodes, 30 of them in zone "z1": K = 32 by default above 64
         // nodes, so 2 × (32 + 30 + 1) + 64 = 190 peers at most.
@@ -1111,23 +1100,17 @@ mod tests {
         assert_eq!(peer_bound(&members, Some(ProbePeers::Count(100))), 326);
         assert_eq!(peer_bound(&members, Some(ProbePeers::All)), 464);
         assert_eq!(peer_bound(&NodeSet::numbered(40), None), 144, "a full mesh");
-        let reporting = |peers: usize| {
-            let peers = (1..=peers)
-                .map(|i| {
-                    PeerSummary::new(
-                        format!("node-{i:04}"),
-                        [PathSample::new(ProbeResult::Success, Some(50)); 4],
-                    )
-                })
-                .collect();
-            Summary::new("node-0000".into(), 1, now, peers)
-                .expect("summary")
-                .encode()
+        let of_peers = |peers: usize| {
+            reporting(
+                "node-0000",
+                now,
+                (1..=peers).map(|i| format!("node-{i:04}")),
+            )
         };
         let mut held = Held::new("/h/s/", Duration::from_secs(10), 8);
-        held.apply(put("/h/s/node-0000", reporting(190)), now, &members);
+        held.apply(put("/h/s/node-0000", of_peers(190)), now, &members);
         assert!(held.by_key.contains_key(&b"/h/s/node-0000"[..]));
-        held.apply(put("/h/s/node-0000", reporting(191)), now, &members);
+        held.apply(put("/h/s/node-0000", of_peers(191)), now, &members);
         assert!(!held.by_key.contains_key(&b"/h/s/node-0000"[..]));
         assert_eq!(
             held.first_refusal.as_deref(),
@@ -1139,9 +1122,9 @@ mod tests {
         // an observer whose set holds nodes this agent's does not.
         let mut held =
             Held::new("/h/s/", Duration::from_secs(10), 8).with_peers(Some(ProbePeers::All));
-        held.apply(put("/h/s/node-0000", reporting(464)), now, &members);
+        held.apply(put("/h/s/node-0000", of_peers(464)), now, &members);
         assert!(held.by_key.contains_key(&b"/h/s/node-0000"[..]));
-        held.apply(put("/h/s/node-0000", reporting(465)), now, &members);
+        held.apply(put("/h/s/node-0000", of_peers(465)), now, &members);
         assert!(!held.by_key.contains_key(&b"/h/s/node-0000"[..]));
     }
 
