@@ -451,13 +451,22 @@ pub struct Names {
 }
 
 impl Names {
-    /// The shared copy of `name`, kept from now on if it is new.
-    pub fn intern(&mut self, name: &Arc<str>) -> Arc<str> {
+    /// The shared copy of `name`: one held already, else `name` itself,
+    /// kept from now on, if `known` accepts it; `None` if it does not.
+    /// `known` is asked only of names not held.
+    pub fn intern_known(
+        &mut self,
+        name: &Arc<str>,
+        known: impl FnOnce(&str) -> bool,
+    ) -> Option<Arc<str>> {
         if let Some(held) = self.held.get(name) {
-            return Arc::clone(held);
+            return Some(Arc::clone(held));
+        }
+        if !known(name) {
+            return None;
         }
         self.held.insert(Arc::clone(name));
-        Arc::clone(name)
+        Some(Arc::clone(name))
     }
 
     /// Lets go of the names no summary holds any more; how many were let
@@ -767,15 +776,28 @@ impl Summary {
         &self.peers
     }
 
-    /// The same summary, its peers' names shared with every other summary
-    /// `names` interned them for: the elected assembler holds every
-    /// observer's summary, and each names about 50 of the same nodes.
-    #[must_use]
-    pub fn interned(mut self, names: &mut Names) -> Self {
-        for p in &mut self.peers {
-            p.name = names.intern(&p.name);
-        }
-        self
+    /// The same summary with only the peers whose names `names` holds
+    /// already or `known` accepts (the nodes of the reader's node set),
+    /// their names shared with every other summary `names` interned them
+    /// for, and how many peers were left out. The elected assembler holds
+    /// every observer's summary, each naming about 50 of the same nodes;
+    /// and as only known names are held, a writer of summaries who makes
+    /// up names makes the assembler hold none of them, whatever their
+    /// number. A name held is one a summary taken earlier named while it
+    /// was known: one hash lookup, where `known` may search the node set.
+    pub fn interned(mut self, names: &mut Names, known: impl Fn(&str) -> bool) -> (Self, usize) {
+        let before = self.peers.len();
+        let mut peers = std::mem::take(&mut self.peers).into_vec();
+        peers.retain_mut(|p| match names.intern_known(&p.name, &known) {
+            Some(shared) => {
+                p.name = shared;
+                true
+            }
+            None => false,
+        });
+        let left_out = before - peers.len();
+        self.peers = peers.into_boxed_slice();
+        (self, left_out)
     }
 
     /// The peer called `name`.

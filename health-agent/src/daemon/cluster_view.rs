@@ -146,6 +146,11 @@ struct Held {
     /// The peers' names, one copy each however many summaries name them:
     /// at 50,000 nodes every summary names about 50 of the same nodes.
     names: Names,
+    /// Observations of nodes not in the node set, left out of the
+    /// summaries held since the last report (a node that joined or left
+    /// and the leader or the observer has not seen it yet, or names a
+    /// writer made up).
+    unknown_peers: usize,
     /// The names held after they were last pruned: pruned again at each
     /// of the leader's rounds, and sooner once twice as many (summaries
     /// rewritten with new names between rounds hold no more than that).
@@ -212,6 +217,7 @@ impl Held {
             peers: None,
             peer_bound: None,
             names: Names::default(),
+            unknown_peers: 0,
             names_pruned: 0,
         }
     }
@@ -290,7 +296,9 @@ impl Held {
         let most = self.peer_bound(at.1);
         match self.check(into, &key, value, at, most) {
             Ok(s) => {
-                into.insert(key, Kept::new(s.interned(&mut self.names)));
+                let (s, unknown) = s.interned(&mut self.names, |name| at.1.contains(name));
+                self.unknown_peers += unknown;
+                into.insert(key, Kept::new(s));
                 if self.names.len() > self.names_pruned.saturating_mul(2).max(NAMES_PRUNED_PAST) {
                     self.prune_names();
                 }
@@ -368,6 +376,13 @@ impl Held {
                 "cluster view: summaries refused and left out (first: {first})"
             );
             self.refused = 0;
+        }
+        if self.unknown_peers > 0 {
+            debug!(
+                observations = self.unknown_peers,
+                "cluster view: observations of nodes not in the node set left out"
+            );
+            self.unknown_peers = 0;
         }
     }
 }
@@ -1055,14 +1070,15 @@ mod tests {
         );
         held.prune(&members);
         assert!(held.by_key.is_empty() && held.names.is_empty());
-        // A summary rewritten over and over with new names between the
+        // A summary rewritten over and over with other peers between the
         // leader's rounds: the names it no longer holds are let go once
         // they pass the bound, not kept until the next round.
+        let members = NodeSet::numbered(20_001);
         let renaming = |round: usize| {
             reporting(
                 "node-0000",
                 now,
-                (0..100).map(|i| format!("gone-{round}-{i}")),
+                (1..=100).map(|i| format!("node-{:04}", round * 100 + i)),
             )
         };
         for round in 0..200 {
@@ -1074,6 +1090,49 @@ mod tests {
             );
         }
         assert!(held.names.len() >= 100, "the held summary's");
+        assert_eq!(held.unknown_peers, 0);
+    }
+
+    /// A summary's observations of names not in the node set are left
+    /// out when it is taken in: a writer of every summary key who makes
+    /// up long names makes the leader hold none of them, and a node the
+    /// leader comes to know later is reported again by its observer's
+    /// next write.
+    #[test]
+    fn names_not_in_the_node_set_are_not_held() {
+        let now = 1_000_000;
+        let members = NodeSet::numbered(50);
+        let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
+        let made_up = |observer: usize| {
+            let known = (1..=3).map(|i| format!("node-{i:04}"));
+            let long = (0..40).map(move |i| format!("{}-{observer}-{i:02}", "x".repeat(200)));
+            reporting(&format!("node-{observer:04}"), now, known.chain(long))
+        };
+        for observer in 0..50 {
+            held.apply(
+                put(&format!("/h/s/node-{observer:04}"), made_up(observer)),
+                now,
+                &members,
+            );
+        }
+        assert_eq!(held.by_key.len(), 50, "the summaries are taken");
+        assert_eq!(held.refused, 0);
+        assert_eq!(held.names.len(), 3, "only the nodes' names are held");
+        assert_eq!(held.unknown_peers, 50 * 40);
+        for k in held.by_key.values() {
+            let names: Vec<&str> = k.summary.peers().iter().map(|p| &*p.name).collect();
+            assert_eq!(names, ["node-0001", "node-0002", "node-0003"]);
+        }
+        held.report_refused();
+        assert_eq!(held.unknown_peers, 0, "counted until reported");
+        // node-0050 joins: the observer's next write reports it.
+        let joined = NodeSet::numbered(51);
+        let with_new = reporting("node-0000", now + 1, ["node-0050".to_owned()].into_iter());
+        held.apply(put("/h/s/node-0000", with_new.clone()), now, &members);
+        let peers = |held: &Held| held.by_key[&b"/h/s/node-0000"[..]].summary.peers().len();
+        assert_eq!(peers(&held), 0, "not in this node set yet");
+        held.apply(put("/h/s/node-0000", with_new), now, &joined);
+        assert_eq!(peers(&held), 1);
     }
 
     /// A summary reporting on more peers than an observer can be assigned

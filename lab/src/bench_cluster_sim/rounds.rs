@@ -10,6 +10,7 @@ use health_agent::{
         summary::{Names, Summary},
         summary_writes::SummaryWrites,
     },
+    membership::NodeSet,
     probe::path::Thresholds,
 };
 
@@ -157,7 +158,7 @@ pub(super) fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Res
         )
     };
     (out.puts_steady, out.puts_faults) = (mean_max(&puts.0), mean_max(&puts.1));
-    (out.held, out.held_bytes) = held_decoded(&written);
+    (out.held, out.held_bytes) = held_decoded(&c.nodes, &written);
     out.last = written.into_iter().flatten().collect();
     Ok(out)
 }
@@ -166,7 +167,7 @@ pub(super) fn run_rounds(opts: &Options, c: &Cluster, f: &Faults) -> anyhow::Res
 /// holds, decoded, its peers' names shared, by its key (as
 /// `daemon::cluster_view` keeps them); how many, and the bytes they take
 /// with the names (measured).
-fn held_decoded(written: &[Option<Vec<u8>>]) -> (usize, usize) {
+fn held_decoded(nodes: &NodeSet, written: &[Option<Vec<u8>>]) -> (usize, usize) {
     let ((held, _names), _, bytes) = super::alloc_count::counted(|| {
         let mut names = Names::default();
         let held = written
@@ -175,7 +176,7 @@ fn held_decoded(written: &[Option<Vec<u8>>]) -> (usize, usize) {
             .filter_map(|b| Summary::decode(b).ok())
             .map(|s| {
                 let key = format!("/health/summaries/{}", s.observer()).into_bytes();
-                (key, s.interned(&mut names))
+                (key, s.interned(&mut names, |n| nodes.contains(n)).0)
             })
             .collect::<std::collections::HashMap<Vec<u8>, Summary>>();
         (held, names)

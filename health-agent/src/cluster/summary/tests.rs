@@ -1013,13 +1013,16 @@ fn a_peers_paths_are_held_packed_and_read_back_exactly() {
 }
 
 /// Summaries interned together share their peers' names; a name is let
-/// go once no summary names it.
+/// go once no summary names it; names not known are neither kept nor
+/// held.
 #[test]
 fn interned_summaries_share_their_peers_names() {
     let mut names = Names::default();
     let decoded = || Summary::decode(&sample().encode()).expect("decodes");
-    let a = decoded().interned(&mut names);
-    let b = decoded().interned(&mut names);
+    let everyone = |_: &str| true;
+    let (a, none) = decoded().interned(&mut names, everyone);
+    let (b, _) = decoded().interned(&mut names, everyone);
+    assert_eq!(none, 0);
     assert_eq!(a, sample());
     assert_eq!(b, sample());
     for (x, y) in a.peers().iter().zip(b.peers()) {
@@ -1032,4 +1035,19 @@ fn interned_summaries_share_their_peers_names() {
     drop(b);
     assert_eq!(names.prune(), 5);
     assert!(names.is_empty());
+    // Only the names known are kept, and only those are held.
+    let (c, left_out) = decoded().interned(&mut names, |n| n.starts_with("node-"));
+    assert_eq!(left_out, 1);
+    let kept: Vec<&str> = c.peers().iter().map(|p| &*p.name).collect();
+    assert_eq!(kept, ["node-a", "node-b", "node-c", "node-d"]);
+    assert_eq!(c.peer("node-c"), sample().peer("node-c"));
+    assert_eq!(
+        (c.observer(), c.seq(), c.at_ms()),
+        ("node-b", 42, 1_790_000_000_123)
+    );
+    assert_eq!(names.len(), 4);
+    // A name held already is shared without asking.
+    let (d, left_out) = decoded().interned(&mut names, |_| false);
+    assert_eq!((d.peers().len(), left_out), (4, 1));
+    assert!(Arc::ptr_eq(&c.peers()[0].name, &d.peers()[0].name));
 }
