@@ -13,4 +13,5 @@ pub mod summary_writes;
 mod test_nodes;
 pub mod view;
 pub mod view_cell;
+pub mod view_inbox;
 pub mod view_reader;

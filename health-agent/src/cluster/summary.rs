@@ -469,11 +469,12 @@ impl Names {
         Some(Arc::clone(name))
     }
 
-    /// Lets go of the names no summary holds any more; how many were let
-    /// go.
-    pub fn prune(&mut self) -> usize {
+    /// Lets go of the names no summary holds any more, and of those
+    /// `known` no longer accepts (a node that left: a summary naming it
+    /// again is asked about it anew); how many were let go.
+    pub fn prune(&mut self, known: impl Fn(&str) -> bool) -> usize {
         let before = self.held.len();
-        self.held.retain(|n| Arc::strong_count(n) > 1);
+        self.held.retain(|n| Arc::strong_count(n) > 1 && known(n));
         before - self.held.len()
     }
 

@@ -62,6 +62,9 @@ pub struct ViewReader {
     contradictions_total: u64,
     /// Views refused since the start.
     pub refused: u64,
+    /// Refusals not said yet: one is said at once, the rest of a tick
+    /// counted and said at its end.
+    unsaid: Unsaid,
     /// A listing under way: it replaces `by_key` once whole.
     listing: Listing<Views>,
     /// The node set: a view counts only from one of its nodes.
@@ -111,6 +114,15 @@ impl From<String> for Refused {
     }
 }
 
+/// The refusals of a tick: whether one was said, and how many more came,
+/// the first of them with its key and reason.
+#[derive(Debug, Default)]
+struct Unsaid {
+    said: bool,
+    refused: u64,
+    first: Option<String>,
+}
+
 /// Views by key, each with its rank.
 type Views = BTreeMap<Vec<u8>, (PublishedView, u64)>;
 
@@ -128,6 +140,7 @@ impl ViewReader {
             contradictions: Vec::new(),
             contradictions_total: 0,
             refused: 0,
+            unsaid: Unsaid::default(),
             listing: Listing::default(),
             members: NodeSet::default(),
             waiting: BTreeMap::new(),
@@ -265,7 +278,14 @@ impl ViewReader {
                     // The node set is not read yet (at start): the view
                     // waits for it.
                     debug!("cluster view: the published view at {key:?} came before the node set");
+                } else if self.unsaid.said {
+                    // Said at the tick's end, with a count.
+                    self.unsaid.refused += 1;
+                    self.unsaid.first.get_or_insert_with(|| {
+                        format!("the published view at {key:?} was refused: {reason}")
+                    });
                 } else {
+                    self.unsaid.said = true;
                     warn!(
                         "cluster view: the published view at {key:?} was refused and the last good one kept: {reason}"
                     );
@@ -357,6 +377,28 @@ impl ViewReader {
         }
         self.contradictions = found;
         self.checked = Some(id);
+    }
+
+    /// At the end of a tick: says how many views were refused since the
+    /// one said at once, and how many changes of the views' keys were
+    /// `replaced` before they were read (see
+    /// [`super::view_inbox::ViewInbox::to_say`]): a node rewriting its
+    /// view key in a loop is said once a tick at most, not once a write.
+    pub fn report_refused(&mut self, replaced: Option<u64>) {
+        let unsaid = std::mem::take(&mut self.unsaid);
+        if let Some(first) = unsaid.first {
+            warn!(
+                refused = unsaid.refused,
+                "cluster view: more published views refused since the last said, the last good ones kept (first: {first})"
+            );
+        }
+        if let Some(replaced) = replaced {
+            warn!(
+                replaced,
+                "cluster view: published views rewritten faster than they are read (at most one batch every {} ms), only the last of each taken: a node writing its view key in a loop?",
+                super::view_inbox::MIN_GAP.as_millis()
+            );
+        }
     }
 
     /// The interval `v` says it is assembled at, believed up to
@@ -484,6 +526,19 @@ mod tests {
             r.current().map(|(_, v)| v.assembler.as_str()),
             Some("leader")
         );
+        // The first refusal of a tick is said at once, the others counted
+        // and said at its end.
+        assert!(r.unsaid.said);
+        assert_eq!(r.unsaid.refused, 2);
+        assert!(
+            r.unsaid.first.as_deref().is_some_and(|f| f.starts_with(
+                "the published view at \"/h/view/liar\" was refused: its time is 7001 ms ahead"
+            )),
+            "{:?}",
+            r.unsaid.first
+        );
+        r.report_refused(None);
+        assert!(!r.unsaid.said && r.unsaid.refused == 0 && r.unsaid.first.is_none());
         // Two rounds on, the view held is stale, not current.
         let a = r
             .reply(now + 2_001)

@@ -41,6 +41,7 @@ use crate::{
         summary_writes::SummaryWrites,
         view::{self, ViewParams},
         view_cell::ClusterViewCell,
+        view_inbox::ViewInbox,
         view_reader::{ViewReader, millis},
     },
     membership::{
@@ -151,11 +152,20 @@ struct Held {
     /// and the leader or the observer has not seen it yet, or names a
     /// writer made up).
     unknown_peers: usize,
+    /// The observer that named the most of them in one summary, and how
+    /// many.
+    unknown_most: (String, usize),
     /// The names held after they were last pruned: pruned again at each
     /// of the leader's rounds, and sooner once twice as many (summaries
     /// rewritten with new names between rounds hold no more than that).
     names_pruned: usize,
 }
+
+/// Observations of nodes not in the node set in one summary past which
+/// they are warned about: nodes joining or leaving faster than the leader
+/// and the observer both see account for a few, a writer making names up
+/// for many.
+const UNKNOWN_PEERS_SAID: usize = 64;
 
 /// Names are pruned between the leader's rounds only past this many.
 const NAMES_PRUNED_PAST: usize = 4096;
@@ -218,6 +228,7 @@ impl Held {
             peer_bound: None,
             names: Names::default(),
             unknown_peers: 0,
+            unknown_most: (String::new(), 0),
             names_pruned: 0,
         }
     }
@@ -298,9 +309,12 @@ impl Held {
             Ok(s) => {
                 let (s, unknown) = s.interned(&mut self.names, |name| at.1.contains(name));
                 self.unknown_peers += unknown;
+                if unknown > 0 && unknown >= self.unknown_most.1 {
+                    self.unknown_most = (s.observer().to_owned(), unknown);
+                }
                 into.insert(key, Kept::new(s));
                 if self.names.len() > self.names_pruned.saturating_mul(2).max(NAMES_PRUNED_PAST) {
-                    self.prune_names();
+                    self.prune_names(at.1);
                 }
             }
             Err(e) => {
@@ -356,12 +370,13 @@ impl Held {
     fn prune(&mut self, members: &NodeSet) {
         self.by_key
             .retain(|_, k| members.contains(k.summary.observer()));
-        self.prune_names();
+        self.prune_names(members);
     }
 
-    /// Lets go of the names no summary held names any more.
-    fn prune_names(&mut self) {
-        self.names.prune();
+    /// Lets go of the names no summary held names any more, and of those
+    /// of nodes no longer in `members`.
+    fn prune_names(&mut self, members: &NodeSet) {
+        self.names.prune(|name| members.contains(name));
         self.names_pruned = self.names.len();
     }
 
@@ -377,13 +392,19 @@ impl Held {
             );
             self.refused = 0;
         }
-        if self.unknown_peers > 0 {
+        let (observer, most) = std::mem::take(&mut self.unknown_most);
+        if most > UNKNOWN_PEERS_SAID {
+            warn!(
+                observations = self.unknown_peers,
+                "cluster view: observations of nodes not in the node set left out ({observer:?} named {most} in one summary)"
+            );
+        } else if self.unknown_peers > 0 {
             debug!(
                 observations = self.unknown_peers,
-                "cluster view: observations of nodes not in the node set left out"
+                "cluster view: observations of nodes not in the node set left out (most in one summary: {most}, by {observer:?})"
             );
-            self.unknown_peers = 0;
         }
+        self.unknown_peers = 0;
     }
 }
 
@@ -584,6 +605,7 @@ impl ClusterViewTask {
         let mut members = self.nodes.subscribe();
         let mut interval = cadence(&self.prober.borrow());
         let mut reader = ViewReader::new(self.view_prefix.clone(), self.local.clone(), interval);
+        let mut inbox = ViewInbox::default();
         let mut checker = Checker::default();
         let mut writes = SummaryWrites::default();
         let mut leading: Option<Leading> = None;
@@ -618,9 +640,10 @@ impl ClusterViewTask {
                     self.members_changed(set, &mut reader, (&checker, matrix.as_ref()), leading.as_mut());
                 }
                 event = view_events.recv() => match event {
-                    Some(e) => self.view_event(e, &mut reader, &checker, matrix.as_ref()),
+                    Some(e) => self.view_events(inbox.take(e, clock()), &mut reader, &checker, matrix.as_ref()),
                     None => break,
                 },
+                () = tokio::time::sleep_until(wake_at(&inbox)), if inbox.due().is_some() => self.view_events(inbox.release(clock()), &mut reader, &checker, matrix.as_ref()),
                 event = async { leading.as_mut()?.events.as_mut()?.recv().await }, if leading.as_ref().is_some_and(|l| l.events.is_some()) => {
                     let Some(lead) = leading.as_mut() else { continue };
                     match event {
@@ -662,7 +685,7 @@ impl ClusterViewTask {
                     if reader.holds_current(crate::util::timefmt::now_ms()) {
                         last_current = ticks;
                     }
-                    reader.check_contradictions(&checker);
+                    reader.report_refused(inbox.to_say(clock()));
                     self.show(&mut reader, &checker, matrix.as_ref());
                 }
             }
@@ -675,16 +698,22 @@ impl ClusterViewTask {
         }
     }
 
-    /// Applies a change of the views' keys and shows the result.
-    fn view_event(
+    /// Applies changes of the views' keys (none: they are held, see
+    /// [`ViewInbox`]) and shows the result.
+    fn view_events(
         &self,
-        event: WatchEvent,
+        events: Vec<WatchEvent>,
         reader: &mut ViewReader,
         checker: &Checker,
         matrix: Option<&matrix::ClusterMatrix>,
     ) {
+        if events.is_empty() {
+            return;
+        }
         reader.set_members(self.nodes.current());
-        reader.apply(event, crate::util::timefmt::now_ms());
+        for event in events {
+            reader.apply(event, crate::util::timefmt::now_ms());
+        }
         self.show(reader, checker, matrix);
     }
 
@@ -829,6 +858,20 @@ impl ClusterViewTask {
         );
         (view, matrix)
     }
+}
+
+/// Now, on the runtime's clock (which tests may pause).
+fn clock() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// When the view changes `inbox` holds are due (an hour on when none is
+/// held: the branch waiting for it is off then).
+fn wake_at(inbox: &ViewInbox) -> tokio::time::Instant {
+    inbox.due().map_or_else(
+        || tokio::time::Instant::now() + Duration::from_secs(3600),
+        tokio::time::Instant::from_std,
+    )
 }
 
 /// Runs `work`, long and synchronous, telling a multi-threaded runtime
@@ -1057,9 +1100,30 @@ mod tests {
         drop((a, b));
         assert_eq!(held.names.len(), 9);
         // node-0001 leaves the set: its summary goes, the names stay with
-        // node-0000's.
-        held.prune(&NodeSet::numbered(1));
+        // node-0000's. node-0005 leaves too: its name is let go though
+        // node-0000's summary names it, and a summary naming it is asked
+        // about it anew.
+        let without = |gone: &[&str]| {
+            let left = members.iter().filter(|n| !gone.contains(&n.name.as_str()));
+            NodeSet::new(left.cloned().collect()).expect("a set")
+        };
+        held.prune(&without(&["node-0001"]));
         assert_eq!((held.by_key.len(), held.names.len()), (1, 9));
+        let smaller = without(&["node-0001", "node-0005"]);
+        held.prune(&smaller);
+        assert_eq!((held.by_key.len(), held.names.len()), (1, 8));
+        held.apply(put("/h/s/node-0002", of("node-0002")), now, &smaller);
+        let kept = held.by_key[&b"/h/s/node-0002"[..]].summary.peers().len();
+        assert_eq!((kept, held.names.len(), held.unknown_peers), (8, 8, 1));
+        held.apply(
+            WatchEvent::Delete {
+                key: b"/h/s/node-0002".to_vec(),
+                revision: 2,
+            },
+            now,
+            &members,
+        );
+        held.unknown_peers = 0;
         held.apply(
             WatchEvent::Delete {
                 key: b"/h/s/node-0000".to_vec(),
@@ -1119,12 +1183,14 @@ mod tests {
         assert_eq!(held.refused, 0);
         assert_eq!(held.names.len(), 3, "only the nodes' names are held");
         assert_eq!(held.unknown_peers, 50 * 40);
+        assert_eq!(held.unknown_most, ("node-0049".to_owned(), 40));
         for k in held.by_key.values() {
             let names: Vec<&str> = k.summary.peers().iter().map(|p| &*p.name).collect();
             assert_eq!(names, ["node-0001", "node-0002", "node-0003"]);
         }
         held.report_refused();
         assert_eq!(held.unknown_peers, 0, "counted until reported");
+        assert_eq!(held.unknown_most.1, 0);
         // node-0050 joins: the observer's next write reports it.
         let joined = NodeSet::numbered(51);
         let with_new = reporting("node-0000", now + 1, ["node-0050".to_owned()].into_iter());

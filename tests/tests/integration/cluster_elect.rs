@@ -232,6 +232,7 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
     });
 
     a_view_of_no_node_is_refused(&cluster, node, &leader);
+    a_flood_of_views_is_read_a_batch_at_a_time(&cluster, node);
     // The same at the leader's key, named as the leader's, calling it
     // down, written again and again: each is shown until the leader's
     // next view, written after it, and the follower, which reaches the
@@ -290,6 +291,47 @@ fn a_view_of_no_node_is_refused(cluster: &Cluster, node: &ClusterNode, leader: &
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// 200 values written at one key as fast as etcd takes them: `node`
+/// reads a batch every 250 ms at most, the last value of each key, and
+/// says how many it skipped; the refusals are said once a tick, counted.
+fn a_flood_of_views_is_read_a_batch_at_a_time(cluster: &Cluster, node: &ClusterNode) {
+    let key = format!("{}flood", view_prefix(ETCD_PREFIX));
+    let values = (0..200)
+        .map(|i| format!("\u{1}junk {i}").into_bytes())
+        .collect();
+    let started = Instant::now();
+    etcd::put_bytes_each(Some(&cluster.fabric), ETCD_ENDPOINT, &key, values);
+    let took = started.elapsed();
+    let said = "published views rewritten faster than they are read";
+    let deadline = Instant::now() + patience(Duration::from_secs(10));
+    while !node.log().contains(said) {
+        assert!(Instant::now() < deadline, "not said:\n{}", node.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = node.log();
+    let line = log.lines().find(|l| l.contains(said)).unwrap_or_default();
+    let replaced: u64 = line
+        .split("replaced=")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    // A batch every 250 ms at most over the writes, and the last.
+    let batches = u64::try_from(took.as_millis() / 250).unwrap_or(u64::MAX) + 2;
+    println!("200 writes in {} ms: {replaced} skipped", took.as_millis());
+    assert!(
+        replaced + batches >= 200,
+        "{replaced} skipped in {took:?}:\n{line}"
+    );
+    // Two lines a tick at most (the first at once, the count at the
+    // tick's end), and ticks are a second or more.
+    let refusals = log
+        .matches(&format!("the published view at {key:?} was refused"))
+        .count();
+    let most = 2 * (took.as_secs() + 3);
+    assert!(refusals as u64 <= most, "{refusals} refusals said:\n{log}");
 }
 
 /// A view by `by`, 6 s ahead of now (within what is accepted: two of the

@@ -1029,25 +1029,31 @@ fn interned_summaries_share_their_peers_names() {
         assert!(Arc::ptr_eq(&x.name, &y.name), "{}", x.name);
     }
     assert_eq!(names.len(), 5);
-    assert_eq!(names.prune(), 0, "named by both");
+    assert_eq!(names.prune(everyone), 0, "named by both");
     drop(a);
-    assert_eq!(names.prune(), 0, "named by one");
+    assert_eq!(names.prune(everyone), 0, "named by one");
     drop(b);
-    assert_eq!(names.prune(), 5);
+    assert_eq!(names.prune(everyone), 5);
     assert!(names.is_empty());
     // Only the names known are kept, and only those are held.
-    let (c, left_out) = decoded().interned(&mut names, |n| n.starts_with("node-"));
+    let (known, left_out) = decoded().interned(&mut names, |n| n.starts_with("node-"));
     assert_eq!(left_out, 1);
-    let kept: Vec<&str> = c.peers().iter().map(|p| &*p.name).collect();
+    let kept: Vec<&str> = known.peers().iter().map(|p| &*p.name).collect();
     assert_eq!(kept, ["node-a", "node-b", "node-c", "node-d"]);
-    assert_eq!(c.peer("node-c"), sample().peer("node-c"));
+    assert_eq!(known.peer("node-c"), sample().peer("node-c"));
     assert_eq!(
-        (c.observer(), c.seq(), c.at_ms()),
+        (known.observer(), known.seq(), known.at_ms()),
         ("node-b", 42, 1_790_000_000_123)
     );
     assert_eq!(names.len(), 4);
     // A name held already is shared without asking.
-    let (d, left_out) = decoded().interned(&mut names, |_| false);
-    assert_eq!((d.peers().len(), left_out), (4, 1));
-    assert!(Arc::ptr_eq(&c.peers()[0].name, &d.peers()[0].name));
+    let (again, left_out) = decoded().interned(&mut names, |_| false);
+    assert_eq!((again.peers().len(), left_out), (4, 1));
+    assert!(Arc::ptr_eq(&known.peers()[0].name, &again.peers()[0].name));
+    // A name no longer known is let go though summaries still hold it,
+    // and asked about anew.
+    assert_eq!(names.prune(|n| n != "node-a"), 1);
+    let (anew, left_out) = decoded().interned(&mut names, |_| false);
+    assert_eq!((anew.peers().len(), left_out), (3, 2));
+    assert!(anew.peer("node-a").is_none());
 }
