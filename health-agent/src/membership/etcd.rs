@@ -271,6 +271,7 @@ async fn follow(
             && rewrites.may_write(Instant::now())
         {
             let by = Writer::of(view.own_lease, store.lease());
+            nodes.count_rewrite(by.kind());
             match rewrites.said(by, Instant::now()) {
                 Some(0) => warn!(key = %own.key, "this node's record was {by}: writing it back"),
                 Some(n) => {

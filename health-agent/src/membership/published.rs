@@ -60,9 +60,18 @@ pub struct Nodes {
     tx: watch::Sender<NodeSet>,
     /// Updates rejected as a whole since the agent started.
     rejected_updates: Arc<std::sync::atomic::AtomicU64>,
+    /// This node's record written back since the agent started, by whose
+    /// change it undid ([`REWRITTEN_AFTER`]).
+    rewrites: Arc<[std::sync::atomic::AtomicU64; 4]>,
     /// The largest set taken (`--max-nodes`).
     limit: usize,
 }
+
+/// Whose change of this node's record a write-back undid, as the metric
+/// labels it: the key deleted, written without a lease, under this
+/// agent's own lease, or under another lease (most likely a second agent
+/// given this node's name).
+pub const REWRITTEN_AFTER: [&str; 4] = ["deleted", "no_lease", "own_lease", "other_lease"];
 
 /// `--max-nodes`'s default: a node set larger than this is refused whole
 /// (the last good set is kept), so that a writer of the nodes file or the
@@ -81,6 +90,7 @@ impl Nodes {
             })),
             tx: watch::Sender::new(NodeSet::default()),
             rejected_updates: Arc::default(),
+            rewrites: Arc::default(),
             limit: DEFAULT_MAX_NODES,
         }
     }
@@ -103,6 +113,21 @@ impl Nodes {
     pub fn updates_rejected(&self) -> u64 {
         self.rejected_updates
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts a write-back of this node's record undoing a change of the
+    /// kind at `kind` in [`REWRITTEN_AFTER`].
+    pub fn count_rewrite(&self, kind: usize) {
+        if let Some(n) = self.rewrites.get(kind) {
+            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// This node's record written back since the agent started, by the
+    /// kinds of [`REWRITTEN_AFTER`].
+    #[must_use]
+    pub fn rewrites(&self) -> [u64; 4] {
+        std::array::from_fn(|i| self.rewrites[i].load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The current snapshot (shared, not copied).

@@ -4,8 +4,12 @@
 
 use prometheus_client::{collector::Collector, encoding::DescriptorEncoder};
 
-use super::encode::{counter, gauge, gauges};
-use crate::{endpoint::SharedView, endpoint::lifecycle::State, membership::published::Nodes};
+use super::encode::{counter, counters, gauge, gauges};
+use crate::{
+    endpoint::SharedView,
+    endpoint::lifecycle::State,
+    membership::published::{Nodes, REWRITTEN_AFTER},
+};
 
 #[derive(Debug)]
 pub(super) struct AgentCollector {
@@ -62,6 +66,15 @@ impl Collector for AgentCollector {
                 "kvstore_connected",
                 "1 while the last exchange with the kvstore succeeded",
                 i64::from(status.error.is_none() && status.updated_ms.is_some()),
+            )?;
+            counters(
+                &mut enc,
+                "own_record_rewrites",
+                "This node's record written back, by whose change it undid: deleted, written without a lease, under this agent's lease, or under another (a second agent given this node's name?)",
+                REWRITTEN_AFTER
+                    .into_iter()
+                    .zip(self.nodes.rewrites())
+                    .map(|(after, n)| ([("after", after)], n)),
             )?;
             gauge(
                 &mut enc,

@@ -30,7 +30,7 @@ fn the_alert_rules_load_and_pass_their_unit_tests() {
         .expect("promtool (Debian package prometheus: cargo xtask setup installs it)");
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success(), "{check:?}");
-    assert!(text.contains("SUCCESS: 6 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 7 rules found"), "{text}");
     let unit = Command::new("promtool")
         .args(["test", "rules"])
         .arg(packaging("prometheus/health-alerts.test.yml"))
@@ -106,7 +106,7 @@ fn the_rules_and_the_dashboard_work_on_real_agents() {
         .iter()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(all.len(), 6, "{rules}");
+    assert_eq!(all.len(), 7, "{rules}");
     for r in &all {
         assert_eq!(r["health"], "ok", "{r}");
     }

@@ -526,6 +526,22 @@ fn an_agent_writes_its_own_record_back() {
     ] {
         assert!(log.contains(&said), "{said}: {log}");
     }
+    // Counted by whose change each undid, for an alert on the last kind.
+    let metrics = health_tests::prometheus::http_get(
+        &cluster.fabric,
+        cluster.nodes[0].web_addr(),
+        "/metrics",
+    )
+    .expect("the metrics listener")
+    .1;
+    for after in ["no_lease", "deleted", "other_lease"] {
+        let series = format!("health_own_record_rewrites_total{{after=\"{after}\"}} 1\n");
+        assert!(metrics.contains(&series), "{series}: {metrics}");
+    }
+    assert!(
+        metrics.contains("health_own_record_rewrites_total{after=\"own_lease\"} 0\n"),
+        "{metrics}"
+    );
     // node-2 never lost node-1.
     cluster.wait_status(1, Duration::from_secs(10), |s| s.reachable() == 2);
 }

@@ -50,9 +50,11 @@ impl Writer {
         }
     }
 
-    /// Its slot in [`Rewrites::said`]: every other lease is one kind, so
-    /// that writers changing leases are told no more often than one.
-    const fn kind(self) -> usize {
+    /// Its slot in [`Rewrites::said`], and in
+    /// [`crate::membership::published::REWRITTEN_AFTER`]: every other
+    /// lease is one kind, so that writers changing leases are told no more
+    /// often than one.
+    pub(super) const fn kind(self) -> usize {
         match self {
             Self::Deleted => 0,
             Self::NoLease => 1,
