@@ -287,6 +287,14 @@ fn check_plaintext(m: &proto::View, total: u64) -> Result<(), ViewError> {
 }
 
 impl PublishedView {
+    /// What the view costs decoded, as a reader counts it from the wire
+    /// before decoding: the nodes it lists and its names.
+    #[must_use]
+    pub fn cost(&self) -> usize {
+        cost::head_cost(&self.assembler, &self.view.plaintext_nodes)
+            + self.view.nodes.iter().map(cost::node_cost).sum::<usize>()
+    }
+
     /// The view to publish of `view` (every node of the set): its counts
     /// and the nodes not healthy, worst first, as many as fit in
     /// [`MAX_MESSAGE_BYTES`].

@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 use crate::{
     cluster::{
         contradiction::{Checker, Contradiction},
-        published_view::PublishedView,
+        published_view::{MAX_DECODED_BYTES, PublishedView},
         view_cell::{Assembly, ClusterReply},
     },
     membership::{
@@ -42,6 +42,12 @@ const HOLD_INTERVALS: u64 = 2;
 /// The most views held (one per key): a new one past it takes the place
 /// of the oldest.
 pub const MAX_VIEWS: usize = 16;
+
+/// The most the views held may cost decoded together (by
+/// [`PublishedView::cost`]), and again those waiting for the node set: a
+/// new one past it takes the place of the oldest. Two of the largest a
+/// reader takes, where [`MAX_VIEWS`] of them would be 384 MiB.
+pub const HELD_DECODED_BYTES: usize = 2 * MAX_DECODED_BYTES;
 
 /// How much of a refused view's key or assembler the log shows.
 const KEY_SHOWN: usize = 512;
@@ -76,25 +82,34 @@ pub struct ViewReader {
 }
 
 /// Makes room in `views` for a view at `key` ranked `ranked` (its rank,
-/// then its time): with [`MAX_VIEWS`] held and `key` not among them, the
-/// oldest goes, unless the newcomer is older than it (then `false`). Views
-/// no one renews so never keep a new leader's out.
-fn make_room(views: &mut Views, key: &[u8], ranked: (u64, u64)) -> bool {
-    if views.len() < MAX_VIEWS || views.contains_key(key) {
-        return true;
-    }
-    let oldest = views
+/// then its time) that costs `cost` decoded: while the others number
+/// [`MAX_VIEWS`], or they and it would cost more than
+/// [`HELD_DECODED_BYTES`], the oldest goes, unless the newcomer is older
+/// than it (then `false`, and nothing goes). Views no one renews so never
+/// keep a new leader's out.
+fn make_room(views: &mut Views, key: &[u8], ranked: (u64, u64), cost: usize) -> bool {
+    // The others, newest first: the oldest is the last.
+    let mut others: Vec<((u64, u64), &[u8], usize)> = views
         .iter()
-        .min_by_key(|(_, (v, rank))| (*rank, v.at_ms))
-        .map(|(k, (v, rank))| (k.clone(), (*rank, v.at_ms)));
-    match oldest {
-        Some((_, held)) if ranked < held => false,
-        Some((k, _)) => {
-            views.remove(&k);
-            true
+        .filter(|(k, _)| k.as_slice() != key)
+        .map(|(k, (v, rank, c))| ((*rank, v.at_ms), k.as_slice(), *c))
+        .collect();
+    others.sort_unstable_by_key(|o| std::cmp::Reverse(o.0));
+    let mut held: usize = others.iter().map(|o| o.2).sum();
+    let mut gone = Vec::new();
+    while others.len() >= MAX_VIEWS || held.saturating_add(cost) > HELD_DECODED_BYTES {
+        match others.pop() {
+            Some((older, k, c)) if older <= ranked => {
+                held -= c;
+                gone.push(k.to_vec());
+            }
+            _ => return false,
         }
-        None => true,
     }
+    for k in gone {
+        views.remove(&k);
+    }
+    true
 }
 
 /// Why a view was refused, and whether only because its assembler is not
@@ -123,8 +138,8 @@ struct Unsaid {
     first: Option<String>,
 }
 
-/// Views by key, each with its rank.
-type Views = BTreeMap<Vec<u8>, (PublishedView, u64)>;
+/// Views by key, each with its rank and its cost decoded.
+type Views = BTreeMap<Vec<u8>, (PublishedView, u64, usize)>;
 
 impl ViewReader {
     /// The reader of the views under `prefix` for the agent `local`, whose
@@ -165,7 +180,7 @@ impl ViewReader {
         if !self.members.is_empty() {
             let members = &self.members;
             self.by_key
-                .retain(|_, (v, _)| members.contains(&v.assembler));
+                .retain(|_, (v, _, _)| members.contains(&v.assembler));
         }
     }
 
@@ -177,12 +192,12 @@ impl ViewReader {
             return false;
         }
         let mut taken = false;
-        for (key, (v, rank)) in std::mem::take(&mut self.waiting) {
+        for (key, (v, rank, cost)) in std::mem::take(&mut self.waiting) {
             if !self.members.contains(&v.assembler) {
                 continue;
             }
-            if make_room(&mut self.by_key, &key, (rank, v.at_ms)) {
-                self.by_key.insert(key, (v, rank));
+            if make_room(&mut self.by_key, &key, (rank, v.at_ms), cost) {
+                self.by_key.insert(key, (v, rank, cost));
                 taken = true;
             }
         }
@@ -199,8 +214,8 @@ impl ViewReader {
     pub fn current(&self) -> Option<(&[u8], &PublishedView)> {
         self.by_key
             .iter()
-            .max_by_key(|(_, (v, rank))| (*rank, v.at_ms))
-            .map(|(k, (v, _))| (k.as_slice(), v))
+            .max_by_key(|(_, (v, rank, _))| (*rank, v.at_ms))
+            .map(|(k, (v, _, _))| (k.as_slice(), v))
     }
 
     /// Takes an event of the watch on the views' prefix.
@@ -253,8 +268,8 @@ impl ViewReader {
     fn put_in(&mut self, into: &mut Views, e: &Entry, now_ms: u64) {
         match self.check(into, e, now_ms) {
             Ok(v) => {
-                let rank = v.at_ms.min(now_ms);
-                into.insert(e.key.clone(), (v, rank));
+                let (rank, cost) = (v.at_ms.min(now_ms), v.cost());
+                into.insert(e.key.clone(), (v, rank, cost));
                 self.waiting.remove(&e.key);
             }
             Err(Refused { reason, not_a_node }) => {
@@ -322,9 +337,10 @@ impl ViewReader {
                 not_a_node: Some(Box::new(v)),
             });
         }
-        if !make_room(into, &e.key, (v.at_ms.min(now_ms), v.at_ms)) {
+        if !make_room(into, &e.key, (v.at_ms.min(now_ms), v.at_ms), v.cost()) {
             return Err(Refused::from(format!(
-                "{MAX_VIEWS} views are held, each newer than this one"
+                "the views held (at most {MAX_VIEWS}, {} MiB decoded) are each newer than this one",
+                HELD_DECODED_BYTES >> 20
             )));
         }
         Ok(v)
@@ -333,16 +349,16 @@ impl ViewReader {
     /// Keeps `v`, refused for its assembler not being in the node set, to
     /// count once it is: the oldest waiting makes room.
     fn wait_for_its_node(&mut self, key: Vec<u8>, v: PublishedView, now_ms: u64) {
-        let rank = v.at_ms.min(now_ms);
-        if make_room(&mut self.waiting, &key, (rank, v.at_ms)) {
-            self.waiting.insert(key, (v, rank));
+        let (rank, cost) = (v.at_ms.min(now_ms), v.cost());
+        if make_room(&mut self.waiting, &key, (rank, v.at_ms), cost) {
+            self.waiting.insert(key, (v, rank, cost));
         }
     }
 
     /// Takes a view this agent published itself, at `key`.
     pub fn published(&mut self, key: String, v: PublishedView) {
-        let rank = v.at_ms;
-        self.by_key.insert(key.into_bytes(), (v, rank));
+        let (rank, cost) = (v.at_ms, v.cost());
+        self.by_key.insert(key.into_bytes(), (v, rank, cost));
     }
 
     /// Checks the view held against this agent's own rounds (at each of
@@ -744,6 +760,39 @@ mod tests {
         assert_eq!(r.current().map(|(_, v)| v.assembler.as_str()), Some("n16"));
     }
 
+    /// The views held are bounded by what they cost decoded too: the
+    /// oldest make room for a newer one, an older one than every view
+    /// held is refused with nothing let go, and a view replacing one at
+    /// its key counts without it.
+    #[test]
+    fn the_views_held_are_bounded_in_bytes() {
+        let half = HELD_DECODED_BYTES / 2;
+        let view = |at: u64| PublishedView::decode(&value(at, "a")).expect("a view");
+        let mut views = Views::new();
+        for (key, at) in [("a", 10), ("b", 20)] {
+            assert!(make_room(&mut views, key.as_bytes(), (at, at), half));
+            views.insert(key.as_bytes().to_vec(), (view(at), at, half));
+        }
+        let keys = |views: &Views| views.keys().cloned().collect::<Vec<_>>();
+        assert!(make_room(&mut views, b"b", (30, 30), half), "b replaced");
+        assert_eq!(keys(&views), [b"a".to_vec(), b"b".to_vec()]);
+        assert!(!make_room(&mut views, b"old", (5, 5), 1), "older than all");
+        assert_eq!(views.len(), 2);
+        assert!(make_room(&mut views, b"c", (30, 30), half));
+        assert_eq!(keys(&views), [b"b".to_vec()], "the oldest went");
+        views.insert(b"c".to_vec(), (view(30), 30, half));
+        // One that takes the whole budget: every older one goes.
+        assert!(make_room(&mut views, b"d", (40, 40), HELD_DECODED_BYTES));
+        assert!(views.is_empty());
+        // Many small ones: the count binds.
+        for i in 0..MAX_VIEWS as u64 {
+            views.insert(i.to_be_bytes().to_vec(), (view(50 + i), 50 + i, 1));
+        }
+        assert!(make_room(&mut views, b"e", (100, 100), 1));
+        assert_eq!(views.len(), MAX_VIEWS - 1);
+        assert!(!views.contains_key(&0u64.to_be_bytes()[..]));
+    }
+
     /// A view dated ahead ranks as of when it was read, so the leader's
     /// next view, written after it, is shown; one dated further ahead
     /// than two of this agent's intervals is refused, whatever interval
@@ -779,7 +828,7 @@ mod tests {
         // Its hour's interval is believed up to two of this agent's 1 s:
         // stale 4 s (two of those) after its time, not 2 hours.
         let shown = |r: &ViewReader, at| r.reply(at).and_then(|x| x.assembly).expect("assembly");
-        let liar = r.by_key.get(&b"/h/view/liar"[..]).map(|(v, _)| v.at_ms);
+        let liar = r.by_key.get(&b"/h/view/liar"[..]).map(|(v, _, _)| v.at_ms);
         assert_eq!(liar, Some(now + 3_000));
         // The liar's view alone, all healthy, at now + 3 s: this agent has
         // failed every path to b since now - 5 s.

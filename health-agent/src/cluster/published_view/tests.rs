@@ -207,6 +207,8 @@ fn a_view_of_short_names_lists_within_what_readers_decode() {
     );
     let back = PublishedView::decode(&bytes).expect("decodes");
     assert_eq!(back.view.nodes.len() + usize_of(back.unlisted), n);
+    // A view's cost counted from what it holds is the wire's count.
+    assert_eq!(back.cost(), counted);
 }
 
 fn refused(bytes: &[u8]) -> String {
