@@ -48,6 +48,15 @@ pub struct ClusterReply {
     /// view).
     #[serde(default)]
     pub contradictions_total: u64,
+    /// Views refused since the agent started (undecodable, at another's
+    /// key, from the future, of no node, or older than every view held).
+    #[serde(default)]
+    pub views_refused_total: u64,
+    /// Values of the views' keys skipped since the agent started: a later
+    /// value of their key came within the 250 ms between two batches read
+    /// (a node writing its view key in a loop).
+    #[serde(default)]
+    pub views_skipped_total: u64,
 }
 
 /// What [`ClusterViewCell::matrix`] finds.
@@ -187,6 +196,8 @@ mod tests {
             }),
             contradictions: Vec::new(),
             contradictions_total: 0,
+            views_refused_total: 0,
+            views_skipped_total: 0,
         }
     }
 

@@ -68,6 +68,12 @@ pub struct ViewReader {
     contradictions_total: u64,
     /// Views refused since the start.
     pub refused: u64,
+    /// Values of the views' keys skipped since the start, as of the last
+    /// tick ([`super::view_inbox::ViewInbox::skipped`]).
+    skipped: u64,
+    /// The key and time of the last view this agent published itself: the
+    /// watch's echo of an earlier one, read after it, is not taken.
+    own: Option<(Vec<u8>, u64)>,
     /// Refusals not said yet: one is said at once, the rest of a tick
     /// counted and said at its end.
     unsaid: Unsaid,
@@ -155,6 +161,8 @@ impl ViewReader {
             contradictions: Vec::new(),
             contradictions_total: 0,
             refused: 0,
+            skipped: 0,
+            own: None,
             unsaid: Unsaid::default(),
             listing: Listing::default(),
             members: NodeSet::default(),
@@ -266,6 +274,14 @@ impl ViewReader {
     /// [`Self::put`] into `into`: the views held, or a listing's. A
     /// listing keeps the last good view at a key whose value it refuses.
     fn put_in(&mut self, into: &mut Views, e: &Entry, now_ms: u64) {
+        if let Some((key, at_ms)) = &self.own
+            && *key == e.key
+            && PublishedView::decode(&e.value).is_ok_and(|v| v.at_ms < *at_ms)
+        {
+            // The echo of an earlier view of this agent's own, read after
+            // a later one was published.
+            return;
+        }
         match self.check(into, e, now_ms) {
             Ok(v) => {
                 let (rank, cost) = (v.at_ms.min(now_ms), v.cost());
@@ -283,9 +299,10 @@ impl ViewReader {
                     }
                 }
                 if let Some(good) = self.by_key.get(&e.key)
-                    && into.len() < MAX_VIEWS
+                    && !into.contains_key(&e.key)
+                    && make_room(into, &e.key, (good.1, good.0.at_ms), good.2)
                 {
-                    into.entry(e.key.clone()).or_insert_with(|| good.clone());
+                    into.insert(e.key.clone(), good.clone());
                 }
                 self.refused += 1;
                 let key = crate::membership::record::clip(&e.key_str(), KEY_SHOWN);
@@ -357,8 +374,11 @@ impl ViewReader {
 
     /// Takes a view this agent published itself, at `key`.
     pub fn published(&mut self, key: String, v: PublishedView) {
-        let (rank, cost) = (v.at_ms, v.cost());
-        self.by_key.insert(key.into_bytes(), (v, rank, cost));
+        let (key, rank, cost) = (key.into_bytes(), v.at_ms, v.cost());
+        self.own = Some((key.clone(), v.at_ms));
+        if make_room(&mut self.by_key, &key, (rank, v.at_ms), cost) {
+            self.by_key.insert(key, (v, rank, cost));
+        }
     }
 
     /// Checks the view held against this agent's own rounds (at each of
@@ -400,7 +420,8 @@ impl ViewReader {
     /// `replaced` before they were read (see
     /// [`super::view_inbox::ViewInbox::to_say`]): a node rewriting its
     /// view key in a loop is said once a tick at most, not once a write.
-    pub fn report_refused(&mut self, replaced: Option<u64>) {
+    pub fn report_refused(&mut self, replaced: Option<u64>, skipped: u64) {
+        self.skipped = skipped;
         let unsaid = std::mem::take(&mut self.unsaid);
         if let Some(first) = unsaid.first {
             warn!(
@@ -410,7 +431,7 @@ impl ViewReader {
         }
         if let Some(replaced) = replaced {
             warn!(
-                replaced,
+                skipped = replaced,
                 "cluster view: published views rewritten faster than they are read (at most one batch every {} ms), only the last of each taken: a node writing its view key in a loop?",
                 super::view_inbox::MIN_GAP.as_millis()
             );
@@ -453,6 +474,8 @@ impl ViewReader {
             }),
             contradictions: self.contradictions.clone(),
             contradictions_total: self.contradictions_total,
+            views_refused_total: self.refused,
+            views_skipped_total: self.skipped,
         })
     }
 }
@@ -553,7 +576,7 @@ mod tests {
             "{:?}",
             r.unsaid.first
         );
-        r.report_refused(None);
+        r.report_refused(None, 0);
         assert!(!r.unsaid.said && r.unsaid.refused == 0 && r.unsaid.first.is_none());
         // Two rounds on, the view held is stale, not current.
         let a = r
@@ -758,6 +781,24 @@ mod tests {
         assert_eq!(r.refused, 2);
         assert!(!r.by_key.contains_key(&b"/h/view/stranger"[..]));
         assert_eq!(r.current().map(|(_, v)| v.assembler.as_str()), Some("n16"));
+    }
+
+    /// The watch's echo of an earlier view of this agent's own, read after
+    /// it published a later one, is not taken: the round shown never goes
+    /// back.
+    #[test]
+    fn an_echo_of_an_earlier_own_view_is_not_taken() {
+        let mut r = reader();
+        let later = PublishedView::decode(&value(2_000, "me")).expect("a view");
+        r.published("/h/view/me".into(), later);
+        r.apply(put("/h/view/me", value(1_000, "me")), 2_500);
+        assert_eq!(r.current().map(|(_, v)| v.at_ms), Some(2_000));
+        assert_eq!(r.refused, 0, "not a refusal");
+        // Its own echo, and another's older view, are taken.
+        r.apply(put("/h/view/me", value(2_000, "me")), 2_500);
+        r.apply(put("/h/view/a", value(1_500, "a")), 2_500);
+        assert_eq!(r.by_key.len(), 2);
+        assert_eq!(r.current().map(|(_, v)| v.at_ms), Some(2_000));
     }
 
     /// The views held are bounded by what they cost decoded too: the

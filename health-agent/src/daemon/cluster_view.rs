@@ -685,7 +685,7 @@ impl ClusterViewTask {
                     if reader.holds_current(crate::util::timefmt::now_ms()) {
                         last_current = ticks;
                     }
-                    reader.report_refused(inbox.to_say(clock()));
+                    reader.report_refused(inbox.to_say(clock()), inbox.skipped());
                     self.show(&mut reader, &checker, matrix.as_ref());
                 }
             }

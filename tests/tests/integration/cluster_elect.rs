@@ -294,39 +294,45 @@ fn a_view_of_no_node_is_refused(cluster: &Cluster, node: &ClusterNode, leader: &
 }
 
 /// 200 values written at one key as fast as etcd takes them: `node`
-/// reads a batch every 250 ms at most, the last value of each key, and
-/// says how many it skipped; the refusals are said once a tick, counted.
+/// reads a batch every 250 ms at most, the last value of each key,
+/// counts the values it skipped (`views_skipped_total`) and says so;
+/// the refusals are said once a tick, counted.
 fn a_flood_of_views_is_read_a_batch_at_a_time(cluster: &Cluster, node: &ClusterNode) {
     let key = format!("{}flood", view_prefix(ETCD_PREFIX));
     let values = (0..200)
         .map(|i| format!("\u{1}junk {i}").into_bytes())
         .collect();
+    let before = reply(node).expect("a view");
     let started = Instant::now();
     etcd::put_bytes_each(Some(&cluster.fabric), ETCD_ENDPOINT, &key, values);
     let took = started.elapsed();
+    // A batch every 250 ms at most over the writes, and the last.
+    let batches = u64::try_from(took.as_millis() / 250).unwrap_or(u64::MAX) + 2;
+    let r = wait_reply(
+        node,
+        Duration::from_secs(10),
+        "the skipped values counted",
+        |r| r.views_skipped_total - before.views_skipped_total + batches >= 200,
+    );
+    let skipped = r.views_skipped_total - before.views_skipped_total;
+    let refused = r.views_refused_total - before.views_refused_total;
+    println!(
+        "200 writes in {} ms: {skipped} skipped, {refused} refused",
+        took.as_millis()
+    );
+    assert!(
+        refused <= batches && refused >= 1,
+        "{refused} refused: {r:#?}"
+    );
     let said = "published views rewritten faster than they are read";
     let deadline = Instant::now() + patience(Duration::from_secs(10));
     while !node.log().contains(said) {
         assert!(Instant::now() < deadline, "not said:\n{}", node.log());
         std::thread::sleep(Duration::from_millis(100));
     }
-    let log = node.log();
-    let line = log.lines().find(|l| l.contains(said)).unwrap_or_default();
-    let replaced: u64 = line
-        .split("replaced=")
-        .nth(1)
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    // A batch every 250 ms at most over the writes, and the last.
-    let batches = u64::try_from(took.as_millis() / 250).unwrap_or(u64::MAX) + 2;
-    println!("200 writes in {} ms: {replaced} skipped", took.as_millis());
-    assert!(
-        replaced + batches >= 200,
-        "{replaced} skipped in {took:?}:\n{line}"
-    );
     // Two lines a tick at most (the first at once, the count at the
     // tick's end), and ticks are a second or more.
+    let log = node.log();
     let refusals = log
         .matches(&format!("the published view at {key:?} was refused"))
         .count();

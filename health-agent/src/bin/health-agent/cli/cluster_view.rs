@@ -356,6 +356,8 @@ mod tests {
             }),
             contradictions: Vec::new(),
             contradictions_total: 0,
+            views_refused_total: 0,
+            views_skipped_total: 0,
         };
         let text = render_reply(&reply, false);
         assert!(
