@@ -274,17 +274,18 @@ impl ViewReader {
     /// [`Self::put`] into `into`: the views held, or a listing's. A
     /// listing keeps the last good view at a key whose value it refuses.
     fn put_in(&mut self, into: &mut Views, e: &Entry, now_ms: u64) {
-        if let Some((key, at_ms)) = &self.own
+        let decoded = PublishedView::decode(&e.value).map_err(|e| Refused::from(e.to_string()));
+        if let (Some((key, at_ms)), Ok(v)) = (&self.own, &decoded)
             && *key == e.key
-            && PublishedView::decode(&e.value).is_ok_and(|v| v.at_ms < *at_ms)
+            && v.at_ms < *at_ms
         {
             // The echo of an earlier view of this agent's own, read after
             // a later one was published.
             return;
         }
-        match self.check(into, e, now_ms) {
-            Ok(v) => {
-                let (rank, cost) = (v.at_ms.min(now_ms), v.cost());
+        match decoded.and_then(|v| self.check(into, &e.key, v, now_ms)) {
+            Ok((v, cost)) => {
+                let rank = v.at_ms.min(now_ms);
                 into.insert(e.key.clone(), (v, rank, cost));
                 self.waiting.remove(&e.key);
             }
@@ -326,9 +327,16 @@ impl ViewReader {
         }
     }
 
-    fn check(&self, into: &mut Views, e: &Entry, now_ms: u64) -> Result<PublishedView, Refused> {
-        let v = PublishedView::decode(&e.value).map_err(|e| Refused::from(e.to_string()))?;
-        if e.key.strip_prefix(self.prefix.as_bytes()) != Some(v.assembler.as_bytes()) {
+    /// Checks `v`, read at `key`, against the rules, making room for it in
+    /// `into`; returns it with what it costs decoded.
+    fn check(
+        &self,
+        into: &mut Views,
+        key: &[u8],
+        v: PublishedView,
+        now_ms: u64,
+    ) -> Result<(PublishedView, usize), Refused> {
+        if key.strip_prefix(self.prefix.as_bytes()) != Some(v.assembler.as_bytes()) {
             return Err(Refused::from(format!(
                 "a view counts only at exactly <prefix><assembler>: {:?} belongs at {:?}",
                 v.assembler,
@@ -354,13 +362,14 @@ impl ViewReader {
                 not_a_node: Some(Box::new(v)),
             });
         }
-        if !make_room(into, &e.key, (v.at_ms.min(now_ms), v.at_ms), v.cost()) {
+        let cost = v.cost();
+        if !make_room(into, key, (v.at_ms.min(now_ms), v.at_ms), cost) {
             return Err(Refused::from(format!(
                 "the views held (at most {MAX_VIEWS}, {} MiB decoded) are each newer than this one",
                 HELD_DECODED_BYTES >> 20
             )));
         }
-        Ok(v)
+        Ok((v, cost))
     }
 
     /// Keeps `v`, refused for its assembler not being in the node set, to
