@@ -9,9 +9,10 @@
 //! so at most [`MAX_PEER_BYTES`] a peer.
 //!
 //! **Held**, a summary keeps each peer's four paths packed (20 bytes, see
-//! `Packed`) and its name as a shared string: the elected assembler holds
-//! every observer's summary, and interns their names ([`Names`]) so that
-//! the 50 or so summaries naming a node share one copy of its name.
+//! `Packed`) and its name as a [`PeerName`], a pointer of 8 bytes to a
+//! shared copy: the elected assembler holds every observer's summary, and
+//! interns their names ([`Names`]) so that the 50 or so summaries naming
+//! a node share one copy of its name, 32 bytes a peer in all.
 //!
 //! **The wire format** (version 3, [`VERSION`]) is the protobuf message of
 //! `health-agent/proto/summary.proto`, compiled by the build script with
@@ -67,11 +68,14 @@
 //! goes through the same checks of every peer (name coding and length,
 //! UTF-8, order, state codes, the bounds).
 
+mod name;
 mod peers;
 mod v2;
 mod wire;
 
-use std::{collections::HashSet, fmt, sync::Arc};
+use std::{collections::HashSet, fmt};
+
+pub use name::PeerName;
 
 use super::cadence::STALE_ROUNDS;
 use crate::encryption::EncState;
@@ -297,7 +301,7 @@ impl Packed {
 /// it, see [`Names`]) and its four paths, packed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PeerSummary {
-    pub name: Arc<str>,
+    pub name: PeerName,
     paths: Packed,
 }
 
@@ -314,7 +318,7 @@ impl PeerSummary {
     /// Peer `name` with `paths`: host ICMP, host HTTP, endpoint ICMP,
     /// endpoint HTTP ([`PATHS`]).
     #[must_use]
-    pub fn new(name: impl Into<Arc<str>>, paths: [PathSample; 4]) -> Self {
+    pub fn new(name: impl Into<PeerName>, paths: [PathSample; 4]) -> Self {
         Self {
             name: name.into(),
             paths: Packed::pack(&paths),
@@ -447,7 +451,7 @@ impl PeerSummary {
 /// copy of each name, however many summaries name it.
 #[derive(Debug, Default)]
 pub struct Names {
-    held: HashSet<Arc<str>>,
+    held: HashSet<PeerName>,
 }
 
 impl Names {
@@ -456,17 +460,17 @@ impl Names {
     /// `known` is asked only of names not held.
     pub fn intern_known(
         &mut self,
-        name: &Arc<str>,
+        name: &PeerName,
         known: impl FnOnce(&str) -> bool,
-    ) -> Option<Arc<str>> {
-        if let Some(held) = self.held.get(name) {
-            return Some(Arc::clone(held));
+    ) -> Option<PeerName> {
+        if let Some(held) = self.held.get(name.as_str()) {
+            return Some(held.clone());
         }
         if !known(name) {
             return None;
         }
-        self.held.insert(Arc::clone(name));
-        Some(Arc::clone(name))
+        self.held.insert(name.clone());
+        Some(name.clone())
     }
 
     /// Lets go of the names no summary holds any more, and of those
@@ -474,7 +478,7 @@ impl Names {
     /// again is asked about it anew); how many were let go.
     pub fn prune(&mut self, known: impl Fn(&str) -> bool) -> usize {
         let before = self.held.len();
-        self.held.retain(|n| Arc::strong_count(n) > 1 && known(n));
+        self.held.retain(|n| PeerName::shared_by(n) > 1 && known(n));
         before - self.held.len()
     }
 

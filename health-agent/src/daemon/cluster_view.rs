@@ -1095,7 +1095,11 @@ mod tests {
         let (a, b) = (peers(b"/h/s/node-0000"), peers(b"/h/s/node-0001"));
         assert_eq!(a.len(), 9);
         for (x, y) in a.iter().zip(&b) {
-            assert!(Arc::ptr_eq(&x.name, &y.name), "{} held twice", x.name);
+            assert!(
+                crate::cluster::summary::PeerName::same_copy(&x.name, &y.name),
+                "{} held twice",
+                x.name
+            );
         }
         drop((a, b));
         assert_eq!(held.names.len(), 9);

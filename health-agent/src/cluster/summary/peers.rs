@@ -3,7 +3,8 @@
 //! state codes), and how a name is written against the previous one.
 
 use super::{
-    At, MAX_NAME_LEN, PathSample, PeerSummary, ProbeResult, SummaryError, VERSION_1, shown,
+    At, MAX_NAME_LEN, PathSample, PeerName, PeerSummary, ProbeResult, SummaryError, VERSION_1,
+    shown,
 };
 
 /// How a name is written against the previous one: the bytes it shares
@@ -80,7 +81,7 @@ impl PeerReader {
         prefix: usize,
         suffix: usize,
         middle: &[u8],
-    ) -> Result<String, SummaryError> {
+    ) -> Result<PeerName, SummaryError> {
         let previous: &[u8] = self.peers.last().map_or(&[], |p| p.name.as_bytes());
         self.buf.clear();
         self.buf.extend_from_slice(&previous[..prefix]);
@@ -98,7 +99,7 @@ impl PeerReader {
                 previous: last.name.to_string(),
             });
         }
-        Ok(text.to_owned())
+        Ok(PeerName::from(text))
     }
 
     /// The four paths of a states byte, without their RTTs (version 1 has
@@ -121,7 +122,7 @@ impl PeerReader {
     /// RTT in µs + 1, 0 for none); then keeps the peer.
     pub(super) fn push(
         &mut self,
-        name: String,
+        name: PeerName,
         mut paths: [PathSample; 4],
         mut next: impl FnMut() -> Result<Option<u32>, SummaryError>,
     ) -> Result<(), SummaryError> {

@@ -974,15 +974,15 @@ fn the_most_peers_fit_the_bounds_in_both_versions() {
     assert_eq!(Summary::decode(&v2), Ok(s));
 }
 
-/// A peer's four paths are held packed, 40 bytes a peer where they took
-/// 88 (the elected assembler holds every observer's summary), and read
+/// A peer is held in 32 bytes, its four paths packed, where it took 88
+/// (the elected assembler holds every observer's summary), and read
 /// back exactly: every state, mark and RTT.
 #[test]
 fn a_peers_paths_are_held_packed_and_read_back_exactly() {
     assert_eq!(
         size_of::<PeerSummary>(),
-        40,
-        "a shared name and 20 bytes of paths"
+        32,
+        "a thin shared name and 20 bytes of paths"
     );
     for state in [
         ProbeResult::Unknown,
@@ -1026,7 +1026,7 @@ fn interned_summaries_share_their_peers_names() {
     assert_eq!(a, sample());
     assert_eq!(b, sample());
     for (x, y) in a.peers().iter().zip(b.peers()) {
-        assert!(Arc::ptr_eq(&x.name, &y.name), "{}", x.name);
+        assert!(PeerName::same_copy(&x.name, &y.name), "{}", x.name);
     }
     assert_eq!(names.len(), 5);
     assert_eq!(names.prune(everyone), 0, "named by both");
@@ -1049,7 +1049,10 @@ fn interned_summaries_share_their_peers_names() {
     // A name held already is shared without asking.
     let (again, left_out) = decoded().interned(&mut names, |_| false);
     assert_eq!((again.peers().len(), left_out), (4, 1));
-    assert!(Arc::ptr_eq(&known.peers()[0].name, &again.peers()[0].name));
+    assert!(PeerName::same_copy(
+        &known.peers()[0].name,
+        &again.peers()[0].name
+    ));
     // A name no longer known is let go though summaries still hold it,
     // and asked about anew.
     assert_eq!(names.prune(|n| n != "node-a"), 1);
