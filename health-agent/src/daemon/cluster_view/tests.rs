@@ -1,0 +1,452 @@
+use super::*;
+
+use crate::membership::kvstore::Entry;
+
+/// The node set of the tests' observers.
+fn members() -> NodeSet {
+    NodeSet::named(&["a", "b", "c", "d", "e", "w", "x", "y", "z"])
+}
+
+fn summary(observer: &str, at_ms: u64) -> Vec<u8> {
+    Summary::new(observer.into(), 1, at_ms, Vec::new())
+        .expect("summary")
+        .encode()
+}
+
+/// `observer`'s summary at `at_ms` reporting on `peers`, every path
+/// reached.
+fn reporting(observer: &str, at_ms: u64, peers: impl Iterator<Item = String>) -> Vec<u8> {
+    use crate::{
+        cluster::summary::{PathSample, PeerSummary},
+        probe::path::ProbeResult,
+    };
+    let ok = PathSample::new(ProbeResult::Success, Some(50));
+    let peers = peers.map(|name| PeerSummary::new(name, [ok; 4])).collect();
+    Summary::new(observer.into(), 1, at_ms, peers)
+        .expect("summary")
+        .encode()
+}
+
+fn put(key: &str, value: Vec<u8>) -> WatchEvent {
+    WatchEvent::Put(Entry {
+        key: key.as_bytes().to_vec(),
+        value,
+        mod_revision: 1,
+        lease: 0,
+    })
+}
+
+#[test]
+fn summaries_count_only_at_their_observers_key_and_not_from_the_future() {
+    let now = 1_000_000;
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 3);
+    assert_eq!(held.future_ms, 25_000);
+    held.apply(put("/h/s/a", summary("a", now)), now, &members());
+    held.apply(put("/h/s/x/b", summary("b", now)), now, &members());
+    held.apply(put("/h/s/c", summary("a", now)), now, &members());
+    assert_eq!(held.by_key.len(), 1);
+    assert_eq!(held.refused, 2);
+    assert_eq!(
+        held.first_refusal.as_deref(),
+        Some(
+            "\"/h/s/x/b\": a summary counts only at exactly <prefix><observer>: \"b\" belongs at \"/h/s/b\""
+        )
+    );
+    // Within the limit ahead of the clock, and past it.
+    held.apply(put("/h/s/d", summary("d", now + 25_000)), now, &members());
+    held.apply(put("/h/s/e", summary("e", now + 25_001)), now, &members());
+    assert!(held.by_key.contains_key(&b"/h/s/d"[..]));
+    assert!(!held.by_key.contains_key(&b"/h/s/e"[..]));
+    held.report_refused();
+    held.apply(put("/h/s/e", summary("e", now + 25_001)), now, &members());
+    assert_eq!(
+        held.first_refusal.as_deref(),
+        Some("\"/h/s/e\": its time is 25001 ms ahead of this node's clock (at most 25000 ms)")
+    );
+    // An agent's summary that went to the future is dropped, not kept
+    // at its old value.
+    held.apply(put("/h/s/a", summary("a", now + 60_000)), now, &members());
+    assert!(!held.by_key.contains_key(&b"/h/s/a"[..]));
+}
+
+fn page(keys: &[&str], first: bool, last: bool, now: u64) -> WatchEvent {
+    WatchEvent::Snapshot {
+        revision: 3,
+        entries: keys
+            .iter()
+            .map(|k| Entry {
+                key: format!("/h/s/{k}").into_bytes(),
+                value: summary(k, now),
+                mod_revision: 3,
+                lease: 0,
+            })
+            .collect(),
+        first,
+        last,
+    }
+}
+
+/// A listing's pages replace the summaries together at the last one:
+/// until then the leader works from the ones held, and only a whole
+/// listing makes it lead.
+#[test]
+fn a_listing_in_pages_replaces_the_summaries_at_its_last_page() {
+    let now = 1_000_000;
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 3);
+    held.apply(page(&["a", "b"], true, false, now), now, &members());
+    assert!(!held.loaded && held.by_key.is_empty(), "not whole yet");
+    held.apply(page(&["c"], false, true, now), now, &members());
+    assert!(held.loaded);
+    assert_eq!(held.by_key.len(), 3);
+    held.apply(page(&["x", "y"], true, false, now), now, &members());
+    assert!(
+        held.by_key.contains_key(&b"/h/s/a"[..]),
+        "the old ones meanwhile"
+    );
+    held.apply(page(&["z", "w"], false, true, now), now, &members());
+    let mut keys: Vec<_> = held.by_key.keys().cloned().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [&b"/h/s/x"[..], b"/h/s/y", b"/h/s/z"],
+        "bounded across pages"
+    );
+    assert_eq!(held.refused, 1);
+}
+
+#[test]
+fn the_summaries_held_are_bounded_and_the_excess_reported() {
+    let now = 1_000_000;
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 2);
+    for name in ["a", "b", "c", "d"] {
+        held.apply(
+            put(&format!("/h/s/{name}"), summary(name, now)),
+            now,
+            &members(),
+        );
+    }
+    assert_eq!(held.by_key.len(), 2);
+    assert_eq!(held.refused, 2);
+    assert!(
+        held.first_refusal
+            .as_deref()
+            .is_some_and(|r| r.ends_with(": 2 summaries are held already")),
+        "{:?}",
+        held.first_refusal
+    );
+    // A key already held is still updated when full.
+    held.apply(put("/h/s/a", summary("a", now + 1)), now, &members());
+    assert_eq!(
+        held.by_key.get(&b"/h/s/a"[..]).map(|k| k.summary.at_ms()),
+        Some(now + 1)
+    );
+}
+
+/// Keys of no node, however many and however early, take no place a
+/// node's summary needs; a node that leaves the set has its summary
+/// let go.
+#[test]
+fn summaries_of_observers_outside_the_node_set_are_refused_and_let_go() {
+    let now = 1_000_000;
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 2);
+    for junk in ["!0001", "!0002", "!0003"] {
+        held.apply(
+            put(&format!("/h/s/{junk}"), summary(junk, now)),
+            now,
+            &members(),
+        );
+    }
+    assert!(held.by_key.is_empty());
+    assert_eq!(held.refused, 3);
+    assert_eq!(
+        held.first_refusal.as_deref(),
+        Some("\"/h/s/!0001\": its observer \"!0001\" is not in the node set")
+    );
+    for name in ["a", "b"] {
+        held.apply(
+            put(&format!("/h/s/{name}"), summary(name, now)),
+            now,
+            &members(),
+        );
+    }
+    assert_eq!(held.by_key.len(), 2, "the nodes' summaries, every one");
+    held.prune(&NodeSet::named(&["b"]));
+    let keys: Vec<&[u8]> = held.by_key.keys().map(Vec::as_slice).collect();
+    assert_eq!(keys, [&b"/h/s/b"[..]]);
+    // A refused key is shown cut short.
+    let long = "y".repeat(2_000);
+    held.report_refused();
+    held.apply(
+        put(&format!("/h/s/{long}"), summary("y", now)),
+        now,
+        &members(),
+    );
+    assert!(
+        held.first_refusal.as_ref().is_some_and(|r| r.len() < 1_200),
+        "{:?}",
+        held.first_refusal.as_ref().map(String::len)
+    );
+}
+
+/// The summaries held share their peers' names, one copy each however
+/// many observers name a node (at 50,000 nodes each of the leader's
+/// 50,000 summaries names about 50 of the same nodes), and a name goes
+/// with the last summary that names it.
+#[test]
+fn summaries_held_share_their_peers_names() {
+    let now = 1_000_000;
+    let members = NodeSet::numbered(20);
+    let of = |observer: &str| reporting(observer, now, (2..=10).map(|i| format!("node-{i:04}")));
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 8);
+    held.apply(put("/h/s/node-0000", of("node-0000")), now, &members);
+    held.apply(put("/h/s/node-0001", of("node-0001")), now, &members);
+    let peers = |key: &[u8]| held.by_key[key].summary.peers().to_vec();
+    let (a, b) = (peers(b"/h/s/node-0000"), peers(b"/h/s/node-0001"));
+    assert_eq!(a.len(), 9);
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            crate::cluster::summary::PeerName::same_copy(&x.name, &y.name),
+            "{} held twice",
+            x.name
+        );
+    }
+    drop((a, b));
+    assert_eq!(held.names.len(), 9);
+    // node-0001 leaves the set: its summary goes, the names stay with
+    // node-0000's. node-0005 leaves too: its name is let go though
+    // node-0000's summary names it, and a summary naming it is asked
+    // about it anew.
+    let without = |gone: &[&str]| {
+        let left = members.iter().filter(|n| !gone.contains(&n.name.as_str()));
+        NodeSet::new(left.cloned().collect()).expect("a set")
+    };
+    held.prune(&without(&["node-0001"]));
+    assert_eq!((held.by_key.len(), held.names.len()), (1, 9));
+    let smaller = without(&["node-0001", "node-0005"]);
+    held.prune(&smaller);
+    assert_eq!((held.by_key.len(), held.names.len()), (1, 8));
+    held.apply(put("/h/s/node-0002", of("node-0002")), now, &smaller);
+    let kept = held.by_key[&b"/h/s/node-0002"[..]].summary.peers().len();
+    assert_eq!((kept, held.names.len(), held.unknown_peers), (8, 8, 1));
+    held.apply(
+        WatchEvent::Delete {
+            key: b"/h/s/node-0002".to_vec(),
+            revision: 2,
+        },
+        now,
+        &members,
+    );
+    held.unknown_peers = 0;
+    held.apply(
+        WatchEvent::Delete {
+            key: b"/h/s/node-0000".to_vec(),
+            revision: 2,
+        },
+        now,
+        &members,
+    );
+    held.prune(&members);
+    assert!(held.by_key.is_empty() && held.names.is_empty());
+    // A summary rewritten over and over with other peers between the
+    // leader's rounds: the names it no longer holds are let go once
+    // they pass the bound, not kept until the next round.
+    let members = NodeSet::numbered(20_001);
+    let renaming = |round: usize| {
+        reporting(
+            "node-0000",
+            now,
+            (1..=100).map(|i| format!("node-{:04}", round * 100 + i)),
+        )
+    };
+    for round in 0..200 {
+        held.apply(put("/h/s/node-0000", renaming(round)), now, &members);
+        assert!(
+            held.names.len() <= NAMES_PRUNED_PAST + 100,
+            "{}",
+            held.names.len()
+        );
+    }
+    assert!(held.names.len() >= 100, "the held summary's");
+    assert_eq!(held.unknown_peers, 0);
+}
+
+/// A summary's observations of names not in the node set are left
+/// out when it is taken in: a writer of every summary key who makes
+/// up long names makes the leader hold none of them, and a node the
+/// leader comes to know later is reported again by its observer's
+/// next write.
+#[test]
+fn names_not_in_the_node_set_are_not_held() {
+    let now = 1_000_000;
+    let members = NodeSet::numbered(50);
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
+    let made_up = |observer: usize| {
+        let known = (1..=3).map(|i| format!("node-{i:04}"));
+        let long = (0..40).map(move |i| format!("{}-{observer}-{i:02}", "x".repeat(200)));
+        reporting(&format!("node-{observer:04}"), now, known.chain(long))
+    };
+    for observer in 0..50 {
+        held.apply(
+            put(&format!("/h/s/node-{observer:04}"), made_up(observer)),
+            now,
+            &members,
+        );
+    }
+    assert_eq!(held.by_key.len(), 50, "the summaries are taken");
+    assert_eq!(held.refused, 0);
+    assert_eq!(held.names.len(), 3, "only the nodes' names are held");
+    assert_eq!(held.unknown_peers, 50 * 40);
+    assert_eq!(held.unknown_most, ("node-0049".to_owned(), 40));
+    for k in held.by_key.values() {
+        let names: Vec<&str> = k.summary.peers().iter().map(|p| &*p.name).collect();
+        assert_eq!(names, ["node-0001", "node-0002", "node-0003"]);
+    }
+    held.report_refused();
+    assert_eq!(held.unknown_peers, 0, "counted until reported");
+    assert_eq!(held.unknown_most.1, 0);
+    // node-0050 joins: the observer's next write reports it.
+    let joined = NodeSet::numbered(51);
+    let with_new = reporting("node-0000", now + 1, ["node-0050".to_owned()].into_iter());
+    held.apply(put("/h/s/node-0000", with_new.clone()), now, &members);
+    let peers = |held: &Held| held.by_key[&b"/h/s/node-0000"[..]].summary.peers().len();
+    assert_eq!(peers(&held), 0, "not in this node set yet");
+    held.apply(put("/h/s/node-0000", with_new), now, &joined);
+    assert_eq!(peers(&held), 1);
+}
+
+/// A summary reporting on more peers than an observer can be assigned
+/// is refused: summaries are held whole until the view is assembled,
+/// so a writer of every node's summary key could otherwise make the
+/// leader hold thousands of peers for each node.
+#[test]
+fn a_summary_past_what_an_observer_is_assigned_is_refused() {
+    use crate::membership::Node;
+    let now = 1_000_000;
+    // 200 nodes, 30 of them in zone "z1": K = 32 by default above 64
+    // nodes, so 2 × (32 + 30 + 1) + 64 = 190 peers at most.
+    let nodes: Vec<Node> = NodeSet::numbered(200)
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let mut n = n.clone();
+            n.zone = (i < 30).then(|| "z1".to_owned());
+            n
+        })
+        .collect();
+    let members = NodeSet::new(nodes).expect("a set");
+    assert_eq!(peer_bound(&members, None), 190);
+    assert_eq!(peer_bound(&members, Some(ProbePeers::Count(100))), 326);
+    assert_eq!(peer_bound(&members, Some(ProbePeers::All)), 464);
+    assert_eq!(peer_bound(&NodeSet::numbered(40), None), 144, "a full mesh");
+    let of_peers = |peers: usize| {
+        reporting(
+            "node-0000",
+            now,
+            (1..=peers).map(|i| format!("node-{i:04}")),
+        )
+    };
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 8);
+    held.apply(put("/h/s/node-0000", of_peers(190)), now, &members);
+    assert!(held.by_key.contains_key(&b"/h/s/node-0000"[..]));
+    held.apply(put("/h/s/node-0000", of_peers(191)), now, &members);
+    assert!(!held.by_key.contains_key(&b"/h/s/node-0000"[..]));
+    assert_eq!(
+        held.first_refusal.as_deref(),
+        Some(
+            "\"/h/s/node-0000\": it reports on 191 peers, more than the 190 taken: twice what an observer can be assigned in this node set (every node in a full mesh, else the largest zone and --probe-peers), and 64"
+        )
+    );
+    // Bounded by this agent's --probe-peers: a full mesh, reported by
+    // an observer whose set holds nodes this agent's does not.
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 8).with_peers(Some(ProbePeers::All));
+    held.apply(put("/h/s/node-0000", of_peers(464)), now, &members);
+    assert!(held.by_key.contains_key(&b"/h/s/node-0000"[..]));
+    held.apply(put("/h/s/node-0000", of_peers(465)), now, &members);
+    assert!(!held.by_key.contains_key(&b"/h/s/node-0000"[..]));
+}
+
+#[test]
+fn summaries_sit_beside_the_node_records() {
+    assert_eq!(summaries_prefix("/health/nodes/"), "/health/summaries/");
+    assert_eq!(summaries_prefix("/health/nodes"), "/health/summaries/");
+    assert_eq!(summaries_prefix("/a/b/c/"), "/a/b/summaries/");
+    assert_eq!(summaries_prefix("nodes"), "nodes-summaries/");
+}
+
+fn round(seq: u64) -> crate::probe::status::RoundInfo {
+    crate::probe::status::RoundInfo {
+        seq,
+        started_ms: seq * 1000,
+        duration_ms: 10,
+        probes: 4,
+    }
+}
+
+/// Whether `next` yields a prober within 100 ms, and which.
+async fn within<F: Future<Output = Arc<Prober>>>(
+    next: std::pin::Pin<&mut F>,
+) -> Option<Arc<Prober>> {
+    tokio::time::timeout(Duration::from_millis(100), next)
+        .await
+        .ok()
+}
+
+#[tokio::test]
+async fn rounds_are_followed_once_each_and_across_reloads() {
+    use crate::{membership::NodeSet, probe::ProbeConfig};
+
+    let first = Prober::new(ProbeConfig::default());
+    first.set_nodes(NodeSet::named(&["a", "b"]));
+    let (probers_tx, probers) = watch::channel(Arc::clone(&first));
+    let mut rounds = Rounds::new(&probers);
+    assert!(within(std::pin::pin!(rounds.next())).await.is_none());
+
+    // A round published while nothing waited counts, once; a node-set
+    // change is not a round.
+    first.publish(Some(round(1)), false);
+    let got = within(std::pin::pin!(rounds.next()))
+        .await
+        .expect("round 1");
+    assert!(Arc::ptr_eq(&got, &first));
+    first.set_nodes(NodeSet::named(&["a", "b", "c"]));
+    assert!(within(std::pin::pin!(rounds.next())).await.is_none());
+
+    // A reload while waiting: the old prober's rounds no longer count,
+    // the new one's do. Taking over, it publishes the round already
+    // handed out, which is not a new one.
+    let second = Prober::new(ProbeConfig::default());
+    {
+        let mut waiting = std::pin::pin!(rounds.next());
+        assert!(within(waiting.as_mut()).await.is_none());
+        second.take_over(&first);
+        probers_tx.send_replace(Arc::clone(&second));
+        first.publish(Some(round(2)), false);
+        assert!(within(waiting.as_mut()).await.is_none());
+        second.publish(Some(round(2)), false);
+        let got = within(waiting.as_mut())
+            .await
+            .expect("the new prober's round");
+        assert!(Arc::ptr_eq(&got, &second));
+    }
+
+    // A reload whose prober published a round before the view looked:
+    // that round counts.
+    let third = Prober::new(ProbeConfig::default());
+    third.take_over(&second);
+    probers_tx.send_replace(Arc::clone(&third));
+    third.publish(Some(round(3)), false);
+    let got = within(std::pin::pin!(rounds.next()))
+        .await
+        .expect("round 3");
+    assert!(Arc::ptr_eq(&got, &third));
+    assert!(within(std::pin::pin!(rounds.next())).await.is_none());
+
+    // Nothing left to reload it: its rounds go on counting.
+    drop(probers_tx);
+    assert!(within(std::pin::pin!(rounds.next())).await.is_none());
+    third.publish(Some(round(4)), false);
+    let got = within(std::pin::pin!(rounds.next()))
+        .await
+        .expect("round 4");
+    assert!(Arc::ptr_eq(&got, &third));
+}

@@ -1,0 +1,443 @@
+use std::net::Ipv4Addr;
+
+/// Thousands are in flight at once: 40 bytes each, not 56.
+#[test]
+fn a_probe_in_flight_is_small() {
+    assert!(size_of::<Option<InFlight>>() <= 40);
+}
+
+/// The descriptors kept from probes cover every connection the
+/// agent's servers may hold, as the docs say (`--max-in-flight`).
+#[test]
+fn the_servers_connections_are_kept_from_the_probes() {
+    let servers = 2 * crate::probe::hello::MAX_CONNECTIONS
+        + crate::api::MAX_CONNECTIONS
+        + crate::web::conn::MAX_CONNECTIONS;
+    assert!(RESERVED_FILES >= servers + 512);
+    assert_eq!(RESERVED_FILES, 9_024, "the figure docs/operations.md gives");
+}
+
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpListener,
+};
+
+use super::*;
+use crate::probe::{order::Failed, path::RttSource};
+
+/// How a loopback server answers.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// These parts, 20 ms apart, then close.
+    Parts(&'static [&'static [u8]]),
+    /// These parts at once, then the connection held open.
+    Held(&'static [&'static [u8]]),
+}
+
+/// Serves `answer` on `127.0.0.<host>:port` (port 0: any); the port.
+async fn serve(host: u8, port: u16, answer: Answer) -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::new(127, 0, 0, host), port))
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut req = [0u8; 256];
+                let _ = conn.read(&mut req).await;
+                match answer {
+                    Answer::Parts(parts) => {
+                        for part in parts {
+                            let _ = conn.write_all(part).await;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                    Answer::Held(parts) => {
+                        for part in parts {
+                            let _ = conn.write_all(part).await;
+                        }
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn each_flow_connects_from_its_own_port_round_after_round() {
+    let listener = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 31), 0))
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut conn, from)) = listener.accept().await {
+            let _ = seen_tx.send(from.port());
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
+        }
+    });
+    let plan = FlowPlan::new(3, false);
+    let targets: Vec<IpAddr> = vec![Ipv4Addr::new(127, 0, 0, 31).into(); 3];
+    let cfg = ProbeConfig {
+        timeout: Duration::from_millis(400),
+        spread: Duration::from_millis(20),
+        http_port: port,
+        flows: plan,
+        ..ProbeConfig::default()
+    };
+    let spread = Spread { n: 1, flows: 3 };
+    let mut ports = Vec::new();
+    for _ in 0..2 {
+        let echoes = Arc::new(Echoes::without(3));
+        let targets = Arc::new(targets.clone());
+        let order = Suspects::of(3, |_| Failed::default());
+        let outcomes = run(
+            &cfg,
+            (&targets, &Arc::default()),
+            spread,
+            None,
+            &order,
+            &echoes,
+        )
+        .await;
+        assert!(
+            outcomes.iter().all(|o| matches!(o, Outcome::Ok { .. })),
+            "{outcomes:?}"
+        );
+        for _ in 0..3 {
+            ports.push(seen_rx.recv().await.expect("a connection"));
+        }
+    }
+    ports.sort_unstable();
+    let want: Vec<u16> = (0..3).flat_map(|f| [plan.tcp_port(f); 2]).collect();
+    assert_eq!(ports, want, "flow f from port base + f, both rounds");
+}
+
+async fn round(targets: Vec<IpAddr>, port: u16, max_in_flight: usize) -> Vec<Outcome> {
+    let echoes = Arc::new(Echoes::without(targets.len()));
+    round_with(targets, port, max_in_flight, &echoes).await
+}
+
+/// A hello server naming node-3 answers for addresses of node-2 (a
+/// route to the wrong node): those probes fail naming node-3, the
+/// probes meant for node-3 and those of no named node succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_answered_by_another_nodes_hello_server_fails_naming_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move { crate::probe::hello::serve(listener, stop, "node-3").await }
+    });
+    let cfg = ProbeConfig {
+        timeout: Duration::from_millis(800),
+        spread: Duration::from_millis(20),
+        http_port: port,
+        ..ProbeConfig::default()
+    };
+    let (two, three) = (http::node_tag(b"node-2"), http::node_tag(b"node-3"));
+    let targets = Arc::new(vec![IpAddr::from(Ipv4Addr::LOCALHOST); 4]);
+    let tags = Arc::new(vec![two, three, 0, two]);
+    let order = Suspects::of(4, |_| Failed::default());
+    let echoes = Arc::new(Echoes::without(4));
+    let spread = Spread { n: 4, flows: 1 };
+    let outcomes = run(&cfg, (&targets, &tags), spread, None, &order, &echoes).await;
+    let other = Outcome::Failed(ProbeError::OtherNode("node-3".into()));
+    assert_eq!(outcomes[0], other);
+    assert!(matches!(outcomes[1], Outcome::Ok { .. }), "{outcomes:?}");
+    assert!(matches!(outcomes[2], Outcome::Ok { .. }), "{outcomes:?}");
+    assert_eq!(outcomes[3], other);
+    stop.cancel();
+}
+
+/// A round whose probes wait for `echoes` (see [`super::super::order`]).
+async fn round_with(
+    targets: Vec<IpAddr>,
+    port: u16,
+    max_in_flight: usize,
+    echoes: &Arc<Echoes>,
+) -> Vec<Outcome> {
+    let cfg = ProbeConfig {
+        timeout: Duration::from_millis(400),
+        spread: Duration::from_millis(20),
+        max_in_flight,
+        http_port: port,
+        ..ProbeConfig::default()
+    };
+    let n = targets.len();
+    let order = Suspects::of(n, |_| Failed::default());
+    let spread = Spread { n, flows: 1 };
+    run(
+        &cfg,
+        (&Arc::new(targets), &Arc::default()),
+        spread,
+        None,
+        &order,
+        echoes,
+    )
+    .await
+}
+
+fn host(h: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, h))
+}
+
+/// Every kind of answer reads as kubelet reads it, each probe's
+/// outcome at its target's index: a head whole or in parts, a
+/// redirect, a server error, a line too long, a connection closed
+/// early, a refused connect, a silent server and one that stalls after
+/// its status line (both timed out, as kubelet reads the whole head).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_answer_reads_as_kubelet_reads_it() {
+    let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+    let answers = [
+        Answer::Parts(&[b"HTTP/1.1 2", b"04 No", b" Content\r", b"\n"]),
+        Answer::Parts(&[b"HTTP/1.1 302 Found\r\n"]),
+        Answer::Parts(&[b"HTTP/1.1 500 Oops\r\n"]),
+        Answer::Parts(&[&[b'x'; 600]]),
+        Answer::Parts(&[b"HTTP/1.1 200"]),
+        Answer::Held(&[]),
+        Answer::Held(&[b"HTTP/1.1 200 OK\r\n"]),
+    ];
+    for (h, answer) in (2..).zip(answers) {
+        serve(h, port, answer).await;
+    }
+    // 127.0.0.9 and 127.0.0.10 have no listener: refused.
+    let outcomes = round((1..=10).map(host).collect(), port, 1024).await;
+    let ok = |o: &Outcome| matches!(o, Outcome::Ok { warning: None, source: RttSource::Userspace, rtt } if *rtt < Duration::from_millis(400));
+    assert!(ok(&outcomes[0]), "{:?}", outcomes[0]);
+    assert!(ok(&outcomes[1]), "{:?}", outcomes[1]);
+    assert!(
+        matches!(&outcomes[2], Outcome::Ok { warning: Some(w), .. } if w.contains("302")),
+        "{:?}",
+        outcomes[2]
+    );
+    assert_eq!(outcomes[3], Outcome::Failed(ProbeError::HttpStatus(500)));
+    assert_eq!(
+        outcomes[4],
+        Outcome::Failed(ProbeError::Protocol("status line too long".into()))
+    );
+    assert_eq!(outcomes[5], Outcome::Failed(http::closed_early()));
+    let timed_out = Outcome::Failed(ProbeError::Timeout {
+        proto: Proto::Http,
+        after: Duration::from_millis(400),
+    });
+    assert_eq!(outcomes[6], timed_out);
+    assert_eq!(outcomes[7], timed_out);
+    assert!(
+        matches!(
+            &outcomes[8],
+            Outcome::Failed(ProbeError::Refused {
+                step: "connect",
+                ..
+            })
+        ),
+        "{:?}",
+        outcomes[8]
+    );
+    assert!(matches!(
+        &outcomes[9],
+        Outcome::Failed(ProbeError::Refused { .. })
+    ));
+}
+
+/// A server that writes its head in two writes with Nagle's algorithm
+/// on holds the second until the first is acknowledged. The probe
+/// acknowledges a part at once, so the answer is not held for a
+/// delayed ACK (40 ms at least): of three probes, the fastest is in
+/// well under that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_in_two_writes_under_nagle_is_not_held_for_a_delayed_ack() {
+    let listener = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 41), 0))
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                conn.set_nodelay(false).expect("Nagle on");
+                let mut req = [0u8; 256];
+                let _ = conn.read(&mut req).await;
+                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\n").await;
+                let _ = conn.write_all(b"Content-Length: 0\r\n\r\n").await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            });
+        }
+    });
+    let mut fastest = Duration::MAX;
+    for _ in 0..3 {
+        let outcomes = round(vec![host(41)], port, 16).await;
+        let Outcome::Ok { rtt, .. } = outcomes[0] else {
+            panic!("{outcomes:?}");
+        };
+        fastest = fastest.min(rtt);
+    }
+    assert!(fastest < Duration::from_millis(30), "{fastest:?}");
+}
+
+/// A probe in flight costs its record in the slab and its deadline:
+/// under 96 bytes (a future per probe was 472 bytes, and 1,216 before
+/// that, plus its task's header).
+#[test]
+fn a_probe_in_flight_is_a_small_record() {
+    let per_probe = size_of::<Option<InFlight>>() + size_of::<(Instant, u32, u32)>();
+    assert!(per_probe <= 96, "{per_probe} bytes");
+}
+
+/// With a budget of one socket per task, probes wait for the one in
+/// flight to end (a silent one's for its timeout) and have theirs made
+/// then, a batch each time: every probe runs and none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_budget_probes_wait_for_a_socket_and_none_is_lost() {
+    let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+    serve(2, port, Answer::Held(&[])).await;
+    let targets: Vec<IpAddr> = [2, 1, 1, 1, 1, 1, 1, 1].map(host).to_vec();
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    let outcomes = round(targets, port, workers).await;
+    assert!(matches!(
+        outcomes[0],
+        Outcome::Failed(ProbeError::Timeout { .. })
+    ));
+    for o in &outcomes[1..] {
+        assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+    }
+}
+
+/// Probes wait for their echo: those whose echo is never sent (an
+/// ICMP engine that stalled) start when the round's patience runs
+/// out, and every probe still runs and counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_waiting_for_an_echo_that_never_comes_start_after_the_patience() {
+    let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+    let patience = Duration::from_millis(150);
+    let echoes = Arc::new(Echoes::new(4, Duration::from_millis(5), patience));
+    let t0 = Instant::now();
+    let outcomes = round_with(vec![host(1); 4], port, 1024, &echoes).await;
+    assert!(t0.elapsed() >= patience, "{:?}", t0.elapsed());
+    for o in &outcomes {
+        assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+    }
+}
+
+/// Echoes that are sent and answered as the round goes (the ICMP
+/// engine's part, played here) let the probes start well before the
+/// patience: answered ones are put off, not dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoes_sent_and_answered_release_their_probes() {
+    let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+    let echoes = Arc::new(Echoes::new(
+        6,
+        Duration::from_millis(5),
+        Duration::from_secs(5),
+    ));
+    let icmp = echoes.clone();
+    tokio::spawn(async move {
+        for i in 0..6 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            icmp.sent(i, Instant::now());
+            if i % 2 == 0 {
+                icmp.answered(i);
+            }
+        }
+    });
+    let t0 = Instant::now();
+    let outcomes = round_with(vec![host(1); 6], port, 1024, &echoes).await;
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    for o in &outcomes {
+        assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+    }
+}
+
+/// A task whose first probes are of one family, all put off (their
+/// echoes came back), starts with a probe of the other family: the
+/// share held by the first family's spare sockets is given back for
+/// it (before, the round waited for ever), and every probe runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_of_the_family_whose_sockets_were_not_made_first_still_runs() {
+    let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+    // Two tasks, a share of two sockets each: each task's first two
+    // targets are IPv4 and answered, its third is IPv6 (loopback,
+    // nothing listening: refused).
+    let v6 = IpAddr::V6(std::net::Ipv6Addr::LOCALHOST);
+    let targets = vec![host(1), host(1), host(1), host(1), v6, v6];
+    let echoes = Arc::new(Echoes::without(targets.len()));
+    for i in 0..4 {
+        echoes.answered(i);
+    }
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(5),
+        round_with(targets, port, 2 * workers, &echoes),
+    )
+    .await
+    .expect("the round ends");
+    for o in &outcomes[..4] {
+        assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+    }
+    for o in &outcomes[4..] {
+        assert!(
+            matches!(o, Outcome::Failed(ProbeError::Refused { .. })),
+            "{o:?}"
+        );
+    }
+}
+
+/// A round dropped partway (its prober replaced by a reload) stops
+/// connecting: its tasks are aborted, not left to finish its spread,
+/// and the probes they had in flight leave the gauge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_round_stops_connecting() {
+    let listener = TcpListener::bind((Ipv4Addr::new(127, 0, 0, 41), 0))
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::Relaxed);
+            held.push(conn);
+        }
+    });
+    // 200 starts paced over 2 s: one every 10 ms.
+    let n = 200;
+    let metrics = Arc::new(ProbeMetrics::default());
+    let cfg = ProbeConfig {
+        timeout: Duration::from_secs(5),
+        spread: Duration::from_secs(2),
+        http_port: port,
+        metrics: Some(metrics.clone()),
+        ..ProbeConfig::default()
+    };
+    let targets = Arc::new(vec![host(41); n]);
+    let echoes = Arc::new(Echoes::without(n));
+    let order = Suspects::of(n, |_| Failed::default());
+    let spread = Spread { n, flows: 1 };
+    let any = Arc::default();
+    let round = run(&cfg, (&targets, &any), spread, None, &order, &echoes);
+    let dropped = tokio::time::timeout(Duration::from_millis(300), round).await;
+    assert!(dropped.is_err(), "the round outlasts 300 ms");
+    // The connections made before the drop, all accepted: the count
+    // holds still for 200 ms.
+    let mut at_drop = accepted.load(Ordering::Relaxed);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = accepted.load(Ordering::Relaxed);
+        if now == at_drop {
+            break;
+        }
+        at_drop = now;
+    }
+    assert!((5..n as u64 / 2).contains(&at_drop), "{at_drop} connected");
+    assert_eq!(metrics.in_flight(), 0, "the dropped probes are settled");
+    // A spread's worth later, no more have come.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(accepted.load(Ordering::Relaxed), at_drop);
+}
