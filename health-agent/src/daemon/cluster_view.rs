@@ -159,7 +159,20 @@ struct Held {
     /// of the leader's rounds, and sooner once twice as many (summaries
     /// rewritten with new names between rounds hold no more than that).
     names_pruned: usize,
+    /// The values of summaries taken with a few observations of nodes not
+    /// in the node set (nodes that joined, that the observer read before
+    /// this agent did), by key: read again when the node set changes, so
+    /// that those observations count from then, not from the observer's
+    /// next write. At most [`REREAD_BYTES`] together.
+    reread: HashMap<Vec<u8>, Vec<u8>>,
+    reread_bytes: usize,
 }
+
+/// The most bytes of summaries' values kept to be read again when the node
+/// set changes ([`Held::reread`]): at 50,000 nodes a node is observed by
+/// about 50 others, whose summaries take about 900 bytes each, so this
+/// covers dozens of nodes joining at once.
+const REREAD_BYTES: usize = 4 << 20;
 
 /// Observations of nodes not in the node set in one summary past which
 /// they are warned about: nodes joining or leaving faster than the leader
@@ -230,6 +243,8 @@ impl Held {
             unknown_peers: 0,
             unknown_most: (String::new(), 0),
             names_pruned: 0,
+            reread: HashMap::new(),
+            reread_bytes: 0,
         }
     }
 
@@ -305,12 +320,19 @@ impl Held {
         at: (u64, &NodeSet),
     ) {
         let most = self.peer_bound(at.1);
+        self.forget_reread(&key);
         match self.check(into, &key, value, at, most) {
             Ok(s) => {
                 let (s, unknown) = s.interned(&mut self.names, |name| at.1.contains(name));
                 self.unknown_peers += unknown;
                 if unknown > 0 && unknown >= self.unknown_most.1 {
                     self.unknown_most = (s.observer().to_owned(), unknown);
+                }
+                if (1..=UNKNOWN_PEERS_SAID).contains(&unknown)
+                    && self.reread_bytes + value.len() <= REREAD_BYTES
+                {
+                    self.reread_bytes += value.len();
+                    self.reread.insert(key.clone(), value.to_vec());
                 }
                 into.insert(key, Kept::new(s));
                 if self.names.len() > self.names_pruned.saturating_mul(2).max(NAMES_PRUNED_PAST) {
@@ -349,6 +371,7 @@ impl Held {
                 if let Some(whole) = self.listing.after_page(listing, last) {
                     self.by_key = whole;
                     self.loaded = true;
+                    self.keep_rereads_held();
                 }
             }
             WatchEvent::Put(e) => {
@@ -357,6 +380,7 @@ impl Held {
                 self.by_key = held;
             }
             WatchEvent::Delete { key, .. } => {
+                self.forget_reread(&key);
                 self.by_key.remove(&key);
             }
             WatchEvent::Lost { error } => {
@@ -366,10 +390,45 @@ impl Held {
         }
     }
 
+    /// Keeps to be read again only the summaries held (not those a listing
+    /// left out, nor those of observers that left).
+    fn keep_rereads_held(&mut self) {
+        let by_key = &self.by_key;
+        self.reread.retain(|k, _| by_key.contains_key(k));
+        self.reread_bytes = self.reread.values().map(Vec::len).sum();
+    }
+
+    /// Lets go of the value kept to read `key`'s summary again.
+    fn forget_reread(&mut self, key: &[u8]) {
+        if let Some(v) = self.reread.remove(key) {
+            self.reread_bytes -= v.len();
+        }
+    }
+
+    /// Reads again, against `members`, the summaries taken with
+    /// observations of nodes that were not in the node set: those of nodes
+    /// that joined since count from now. Each is checked anew, as when it
+    /// came.
+    fn reread(&mut self, now_ms: u64, members: &NodeSet) {
+        if self.reread.is_empty() {
+            return;
+        }
+        let values = std::mem::take(&mut self.reread);
+        self.reread_bytes = 0;
+        let mut held = std::mem::take(&mut self.by_key);
+        for (key, value) in values {
+            if held.contains_key(&key) {
+                self.put(&mut held, key, &value, (now_ms, members));
+            }
+        }
+        self.by_key = held;
+    }
+
     /// Lets go of the summaries of observers no longer in `members`.
     fn prune(&mut self, members: &NodeSet) {
         self.by_key
             .retain(|_, k| members.contains(k.summary.observer()));
+        self.keep_rereads_held();
         self.prune_names(members);
     }
 
@@ -547,6 +606,8 @@ impl ClusterViewTask {
             self.show(reader, shown.0, shown.1);
         }
         if let Some(lead) = leading {
+            lead.held
+                .reread(crate::util::timefmt::now_ms(), &self.nodes.current());
             self.follow_summaries(lead);
         }
     }

@@ -314,6 +314,121 @@ fn names_not_in_the_node_set_are_not_held() {
     assert_eq!(peers(&held), 1);
 }
 
+/// An observation of a node the leader's node set does not hold yet (the
+/// observer read the node's record first) counts as soon as the node set
+/// has it, not from the observer's next write; a summary deleted, or
+/// replaced by one naming only known nodes, is not read again.
+#[test]
+fn observations_of_a_node_that_joined_count_once_the_node_set_has_it() {
+    let now = 1_000_000;
+    let (before, joined) = (NodeSet::numbered(50), NodeSet::numbered(52));
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
+    let peers = |held: &Held, key: &str| -> Vec<String> {
+        held.by_key.get(key.as_bytes()).map_or_else(Vec::new, |k| {
+            k.summary
+                .peers()
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect()
+        })
+    };
+    for (observer, seen) in [(0, [1, 50]), (2, [3, 51]), (4, [5, 50]), (6, [7, 8])] {
+        let value = reporting(
+            &format!("node-{observer:04}"),
+            now,
+            named(&seen).into_iter(),
+        );
+        held.apply(
+            put(&format!("/h/s/node-{observer:04}"), value),
+            now,
+            &before,
+        );
+    }
+    assert_eq!(
+        peers(&held, "/h/s/node-0000"),
+        named(&[1]),
+        "node-0050 not in the set yet"
+    );
+    assert_eq!(
+        held.reread.len(),
+        3,
+        "the summaries naming a node not in the set"
+    );
+    // One is deleted and one rewritten with known nodes only before the
+    // node set has the new nodes.
+    held.apply(
+        WatchEvent::Delete {
+            key: b"/h/s/node-0002".to_vec(),
+            revision: 2,
+        },
+        now,
+        &before,
+    );
+    let known_only = reporting("node-0004", now + 1, named(&[5]).into_iter());
+    held.apply(put("/h/s/node-0004", known_only), now, &before);
+    assert_eq!(held.reread.len(), 1);
+    held.reread(now + 2, &joined);
+    assert_eq!(
+        peers(&held, "/h/s/node-0000"),
+        named(&[1, 50]),
+        "counted at once"
+    );
+    assert!(
+        !held.by_key.contains_key(&b"/h/s/node-0002"[..]),
+        "not brought back"
+    );
+    assert_eq!(
+        peers(&held, "/h/s/node-0004"),
+        named(&[5]),
+        "its newer value stays"
+    );
+    assert_eq!(peers(&held, "/h/s/node-0006"), named(&[7, 8]));
+    assert!(
+        held.reread.is_empty() && held.reread_bytes == 0,
+        "all known now"
+    );
+}
+
+/// The values kept to be read again take at most [`REREAD_BYTES`].
+#[test]
+fn the_summaries_kept_to_be_read_again_are_bounded_in_bytes() {
+    let now = 1_000_000;
+    // 100 known peers and one not in the set, within what an observer
+    // may report; twice as many bytes of such summaries as are kept.
+    let value = |o: usize, set: usize| {
+        let mut seen: Vec<usize> = (1..=100).map(|d| (o + d) % set).collect();
+        seen.push(99_999);
+        reporting(&format!("node-{o:04}"), now, named(&seen).into_iter())
+    };
+    let observers = 2 * REREAD_BYTES / value(0, 9_000).len();
+    let members = NodeSet::numbered(u16::try_from(observers).expect("under 10,000"));
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), observers);
+    for o in 0..observers {
+        held.apply(
+            put(&format!("/h/s/node-{o:04}"), value(o, observers)),
+            now,
+            &members,
+        );
+    }
+    assert_eq!(held.by_key.len(), observers, "every summary is taken");
+    let kept: usize = held.reread.values().map(Vec::len).sum();
+    assert_eq!(kept, held.reread_bytes);
+    assert!(
+        held.reread_bytes <= REREAD_BYTES,
+        "{} bytes",
+        held.reread_bytes
+    );
+    assert!(
+        (observers / 3..observers * 2 / 3).contains(&held.reread.len()),
+        "{} of {observers} kept: as many as fit",
+        held.reread.len()
+    );
+}
+
+fn named(numbers: &[usize]) -> Vec<String> {
+    numbers.iter().map(|i| format!("node-{i:04}")).collect()
+}
+
 /// A summary reporting on more peers than an observer can be assigned
 /// is refused: summaries are held whole until the view is assembled,
 /// so a writer of every node's summary key could otherwise make the
