@@ -28,12 +28,7 @@ fn reporting(observer: &str, at_ms: u64, peers: impl Iterator<Item = String>) ->
 }
 
 fn put(key: &str, value: Vec<u8>) -> WatchEvent {
-    WatchEvent::Put(Entry {
-        key: key.as_bytes().to_vec(),
-        value,
-        mod_revision: 1,
-        lease: 0,
-    })
+    WatchEvent::put_at(key, value)
 }
 
 #[test]

@@ -241,6 +241,19 @@ pub enum WatchEvent {
     Lost { error: Arc<KvError> },
 }
 
+#[cfg(test)]
+impl WatchEvent {
+    /// A put of `value` at `key`, at revision 1, with no lease.
+    pub(crate) fn put_at(key: &str, value: Vec<u8>) -> Self {
+        Self::Put(Entry {
+            key: key.as_bytes().to_vec(),
+            value,
+            mod_revision: 1,
+            lease: 0,
+        })
+    }
+}
+
 /// The agent's etcd client and lease; cloning shares both. See the module
 /// documentation.
 #[derive(Clone)]
