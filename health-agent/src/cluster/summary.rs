@@ -784,23 +784,28 @@ impl Summary {
     /// The same summary with only the peers whose names `names` holds
     /// already or `known` accepts (the nodes of the reader's node set),
     /// their names shared with every other summary `names` interned them
-    /// for, and how many peers were left out. The elected assembler holds
+    /// for, and the names of the peers left out. The elected assembler holds
     /// every observer's summary, each naming about 50 of the same nodes;
     /// and as only known names are held, a writer of summaries who makes
     /// up names makes the assembler hold none of them, whatever their
     /// number. A name held is one a summary taken earlier named while it
     /// was known: one hash lookup, where `known` may search the node set.
-    pub fn interned(mut self, names: &mut Names, known: impl Fn(&str) -> bool) -> (Self, usize) {
-        let before = self.peers.len();
+    pub fn interned(
+        mut self,
+        names: &mut Names,
+        known: impl Fn(&str) -> bool,
+    ) -> (Self, Vec<PeerName>) {
+        let mut left_out = Vec::new();
         let mut peers = std::mem::take(&mut self.peers).into_vec();
-        peers.retain_mut(|p| match names.intern_known(&p.name, &known) {
-            Some(shared) => {
+        peers.retain_mut(|p| {
+            if let Some(shared) = names.intern_known(&p.name, &known) {
                 p.name = shared;
                 true
+            } else {
+                left_out.push(p.name.clone());
+                false
             }
-            None => false,
         });
-        let left_out = before - peers.len();
         self.peers = peers.into_boxed_slice();
         (self, left_out)
     }

@@ -56,7 +56,9 @@ use crate::{
 pub use crate::cluster::cadence::{HEARTBEAT_ROUNDS, STALE_ROUNDS};
 
 mod leading;
+mod rereads;
 use leading::Leading;
+use rereads::Rereads;
 
 /// The election lease's TTL: a leader killed without a word loses the
 /// role this long after its last keepalive.
@@ -159,20 +161,14 @@ struct Held {
     /// of the leader's rounds, and sooner once twice as many (summaries
     /// rewritten with new names between rounds hold no more than that).
     names_pruned: usize,
-    /// The values of summaries taken with a few observations of nodes not
-    /// in the node set (nodes that joined, that the observer read before
-    /// this agent did), by key: read again when the node set changes, so
-    /// that those observations count from then, not from the observer's
-    /// next write. At most [`REREAD_BYTES`] together.
-    reread: HashMap<Vec<u8>, Vec<u8>>,
-    reread_bytes: usize,
+    /// The summaries taken with a few observations of nodes not in the
+    /// node set (nodes that joined, that the observer read before this
+    /// agent did): read again once the node set has one of them.
+    rereads: Rereads,
+    /// The node set changed while a listing was under way: the summaries
+    /// are read again once it is whole.
+    reread_due: bool,
 }
-
-/// The most bytes of summaries' values kept to be read again when the node
-/// set changes ([`Held::reread`]): at 50,000 nodes a node is observed by
-/// about 50 others, whose summaries take about 900 bytes each, so this
-/// covers dozens of nodes joining at once.
-const REREAD_BYTES: usize = 4 << 20;
 
 /// Observations of nodes not in the node set in one summary past which
 /// they are warned about: nodes joining or leaving faster than the leader
@@ -243,8 +239,8 @@ impl Held {
             unknown_peers: 0,
             unknown_most: (String::new(), 0),
             names_pruned: 0,
-            reread: HashMap::new(),
-            reread_bytes: 0,
+            rereads: Rereads::default(),
+            reread_due: false,
         }
     }
 
@@ -320,20 +316,16 @@ impl Held {
         at: (u64, &NodeSet),
     ) {
         let most = self.peer_bound(at.1);
-        self.forget_reread(&key);
+        self.rereads.forget(&key);
         match self.check(into, &key, value, at, most) {
             Ok(s) => {
-                let (s, unknown) = s.interned(&mut self.names, |name| at.1.contains(name));
+                let (s, missing) = s.interned(&mut self.names, |name| at.1.contains(name));
+                let unknown = missing.len();
                 self.unknown_peers += unknown;
                 if unknown > 0 && unknown >= self.unknown_most.1 {
                     self.unknown_most = (s.observer().to_owned(), unknown);
                 }
-                if (1..=UNKNOWN_PEERS_SAID).contains(&unknown)
-                    && self.reread_bytes + value.len() <= REREAD_BYTES
-                {
-                    self.reread_bytes += value.len();
-                    self.reread.insert(key.clone(), value.to_vec());
-                }
+                self.rereads.keep(&key, value, missing);
                 into.insert(key, Kept::new(s));
                 if self.names.len() > self.names_pruned.saturating_mul(2).max(NAMES_PRUNED_PAST) {
                     self.prune_names(at.1);
@@ -372,6 +364,9 @@ impl Held {
                     self.by_key = whole;
                     self.loaded = true;
                     self.keep_rereads_held();
+                    if std::mem::take(&mut self.reread_due) {
+                        self.reread(at.0, at.1);
+                    }
                 }
             }
             WatchEvent::Put(e) => {
@@ -380,7 +375,7 @@ impl Held {
                 self.by_key = held;
             }
             WatchEvent::Delete { key, .. } => {
-                self.forget_reread(&key);
+                self.rereads.forget(&key);
                 self.by_key.remove(&key);
             }
             WatchEvent::Lost { error } => {
@@ -394,34 +389,36 @@ impl Held {
     /// left out, nor those of observers that left).
     fn keep_rereads_held(&mut self) {
         let by_key = &self.by_key;
-        self.reread.retain(|k, _| by_key.contains_key(k));
-        self.reread_bytes = self.reread.values().map(Vec::len).sum();
+        self.rereads.retain(|k| by_key.contains_key(k));
     }
 
-    /// Lets go of the value kept to read `key`'s summary again.
-    fn forget_reread(&mut self, key: &[u8]) {
-        if let Some(v) = self.reread.remove(key) {
-            self.reread_bytes -= v.len();
-        }
-    }
-
-    /// Reads again, against `members`, the summaries taken with
-    /// observations of nodes that were not in the node set: those of nodes
-    /// that joined since count from now. Each is checked anew, as when it
-    /// came.
+    /// Reads again, against `members`, the summaries held that named nodes
+    /// the node set did not hold and now does: their observations of those
+    /// count from now. Each is checked anew, as when it came; one that no
+    /// longer passes (its observer left) stays as it was, for the leader's
+    /// round to let go, and is neither refused nor warned about twice.
+    /// While a listing is under way, waits for it to be whole.
     fn reread(&mut self, now_ms: u64, members: &NodeSet) {
-        if self.reread.is_empty() {
+        if self.listing.under_way().is_some() {
+            self.reread_due = true;
             return;
         }
-        let values = std::mem::take(&mut self.reread);
-        self.reread_bytes = 0;
-        let mut held = std::mem::take(&mut self.by_key);
-        for (key, value) in values {
-            if held.contains_key(&key) {
-                self.put(&mut held, key, &value, (now_ms, members));
-            }
+        let due = self.rereads.due(members);
+        if due.is_empty() {
+            return;
         }
-        self.by_key = held;
+        let most = self.peer_bound(members);
+        for (key, value) in due {
+            if !self.by_key.contains_key(&key) {
+                continue;
+            }
+            let Ok(s) = self.check(&self.by_key, &key, &value, (now_ms, members), most) else {
+                continue;
+            };
+            let (s, missing) = s.interned(&mut self.names, |name| members.contains(name));
+            self.rereads.keep(&key, &value, missing);
+            self.by_key.insert(key, Kept::new(s));
+        }
     }
 
     /// Lets go of the summaries of observers no longer in `members`.

@@ -312,112 +312,180 @@ fn names_not_in_the_node_set_are_not_held() {
 /// An observation of a node the leader's node set does not hold yet (the
 /// observer read the node's record first) counts as soon as the node set
 /// has it, not from the observer's next write; a summary deleted, or
-/// replaced by one naming only known nodes, is not read again.
+/// replaced by one naming only known nodes, is not read again, nor one
+/// whose missing node has not joined.
 #[test]
 fn observations_of_a_node_that_joined_count_once_the_node_set_has_it() {
     let now = 1_000_000;
     let (before, joined) = (NodeSet::numbered(50), NodeSet::numbered(52));
     let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
-    let peers = |held: &Held, key: &str| -> Vec<String> {
-        held.by_key.get(key.as_bytes()).map_or_else(Vec::new, |k| {
-            k.summary
-                .peers()
-                .iter()
-                .map(|p| p.name.to_string())
-                .collect()
-        })
-    };
-    for (observer, seen) in [(0, [1, 50]), (2, [3, 51]), (4, [5, 50]), (6, [7, 8])] {
-        let value = reporting(
-            &format!("node-{observer:04}"),
-            now,
-            named(&seen).into_iter(),
-        );
-        held.apply(
-            put(&format!("/h/s/node-{observer:04}"), value),
-            now,
-            &before,
-        );
+    for (observer, seen) in [
+        (0, [1, 50]),
+        (2, [3, 51]),
+        (4, [5, 50]),
+        (6, [7, 8]),
+        (8, [9, 77]),
+    ] {
+        let value = observing(observer, now, &seen);
+        held.apply(put(&key_of(observer), value), now, &before);
     }
     assert_eq!(
-        peers(&held, "/h/s/node-0000"),
+        peers_of(&held, 0),
         named(&[1]),
         "node-0050 not in the set yet"
     );
     assert_eq!(
-        held.reread.len(),
-        3,
+        held.rereads.len(),
+        4,
         "the summaries naming a node not in the set"
     );
     // One is deleted and one rewritten with known nodes only before the
     // node set has the new nodes.
     held.apply(
         WatchEvent::Delete {
-            key: b"/h/s/node-0002".to_vec(),
+            key: key_of(2).into_bytes(),
             revision: 2,
         },
         now,
         &before,
     );
-    let known_only = reporting("node-0004", now + 1, named(&[5]).into_iter());
-    held.apply(put("/h/s/node-0004", known_only), now, &before);
-    assert_eq!(held.reread.len(), 1);
+    held.apply(put(&key_of(4), observing(4, now + 1, &[5])), now, &before);
+    assert_eq!(held.rereads.len(), 2);
+    let version = |held: &Held, o| held.by_key[key_of(o).as_bytes()].version;
+    let unjoined = version(&held, 8);
     held.reread(now + 2, &joined);
-    assert_eq!(
-        peers(&held, "/h/s/node-0000"),
-        named(&[1, 50]),
-        "counted at once"
-    );
+    assert_eq!(peers_of(&held, 0), named(&[1, 50]), "counted at once");
     assert!(
-        !held.by_key.contains_key(&b"/h/s/node-0002"[..]),
+        !held.by_key.contains_key(key_of(2).as_bytes()),
         "not brought back"
     );
+    assert_eq!(peers_of(&held, 4), named(&[5]), "its newer value stays");
+    assert_eq!(peers_of(&held, 6), named(&[7, 8]));
     assert_eq!(
-        peers(&held, "/h/s/node-0004"),
-        named(&[5]),
-        "its newer value stays"
+        version(&held, 8),
+        unjoined,
+        "node-0077 has not joined: not read again"
     );
-    assert_eq!(peers(&held, "/h/s/node-0006"), named(&[7, 8]));
-    assert!(
-        held.reread.is_empty() && held.reread_bytes == 0,
-        "all known now"
-    );
+    assert_eq!(held.rereads.len(), 1, "kept for node-0077");
+    assert_eq!(held.rereads.bytes().0, held.rereads.bytes().1);
+    assert_eq!(held.refused, 0);
 }
 
-/// The values kept to be read again take at most [`REREAD_BYTES`].
+/// A summary read again after its observer left the node set is neither
+/// refused nor warned about: it stays as it was, for the leader's round
+/// to let go.
+#[test]
+fn a_summary_read_again_after_its_observer_left_is_not_refused() {
+    let now = 1_000_000;
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
+    held.apply(
+        put(&key_of(10), observing(10, now, &[11, 50])),
+        now,
+        &NodeSet::numbered(50),
+    );
+    let mut names: Vec<String> = (0..52).map(|i| format!("node-{i:04}")).collect();
+    names.retain(|n| n != "node-0010");
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    held.reread(now + 1, &NodeSet::named(&names));
+    assert_eq!((held.refused, held.first_refusal.as_deref()), (0, None));
+    assert_eq!(peers_of(&held, 10), named(&[11]), "held as it was");
+    held.prune(&NodeSet::named(&names));
+    assert!(held.by_key.is_empty() && held.rereads.len() == 0);
+}
+
+/// The node set changing while a listing of the summaries is under way (a
+/// newly elected leader's first, or one after a broken watch): the
+/// summaries are read again once the listing is whole.
+#[test]
+fn a_node_set_change_during_a_listing_is_read_once_it_is_whole() {
+    let now = 1_000_000;
+    let (before, joined) = (NodeSet::numbered(50), NodeSet::numbered(51));
+    let snapshot = |entries: Vec<(usize, Vec<usize>)>, first, last| WatchEvent::Snapshot {
+        revision: 3,
+        entries: entries
+            .into_iter()
+            .map(|(o, seen)| Entry {
+                key: key_of(o).into_bytes(),
+                value: observing(o, now, &seen),
+                mod_revision: 1,
+                lease: 0,
+            })
+            .collect(),
+        first,
+        last,
+    };
+    for relisting in [false, true] {
+        let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
+        if relisting {
+            held.apply(snapshot(vec![(0, vec![1])], true, true), now, &before);
+            assert_eq!(peers_of(&held, 0), named(&[1]));
+        }
+        held.apply(snapshot(vec![(0, vec![1, 50])], true, false), now, &before);
+        held.reread(now, &joined);
+        assert!(held.reread_due, "waits for the listing");
+        held.apply(snapshot(vec![(2, vec![3])], false, true), now, &joined);
+        assert_eq!(
+            peers_of(&held, 0),
+            named(&[1, 50]),
+            "relisting: {relisting}"
+        );
+        assert!(!held.reread_due && held.rereads.len() == 0);
+    }
+}
+
+/// The values kept to be read again, and their names, take at most
+/// `REREAD_BYTES`.
 #[test]
 fn the_summaries_kept_to_be_read_again_are_bounded_in_bytes() {
+    use super::rereads::REREAD_BYTES;
     let now = 1_000_000;
     // 100 known peers and one not in the set, within what an observer
     // may report; twice as many bytes of such summaries as are kept.
     let value = |o: usize, set: usize| {
         let mut seen: Vec<usize> = (1..=100).map(|d| (o + d) % set).collect();
         seen.push(99_999);
-        reporting(&format!("node-{o:04}"), now, named(&seen).into_iter())
+        observing(o, now, &seen)
     };
     let observers = 2 * REREAD_BYTES / value(0, 9_000).len();
     let members = NodeSet::numbered(u16::try_from(observers).expect("under 10,000"));
     let mut held = Held::new("/h/s/", Duration::from_secs(10), observers);
     for o in 0..observers {
-        held.apply(
-            put(&format!("/h/s/node-{o:04}"), value(o, observers)),
-            now,
-            &members,
-        );
+        held.apply(put(&key_of(o), value(o, observers)), now, &members);
     }
     assert_eq!(held.by_key.len(), observers, "every summary is taken");
-    let kept: usize = held.reread.values().map(Vec::len).sum();
-    assert_eq!(kept, held.reread_bytes);
+    let (counted, recounted) = held.rereads.bytes();
+    assert_eq!(counted, recounted);
+    assert!(counted <= REREAD_BYTES, "{counted} bytes");
     assert!(
-        held.reread_bytes <= REREAD_BYTES,
-        "{} bytes",
-        held.reread_bytes
+        counted > REREAD_BYTES - 2 * value(0, 9_000).len(),
+        "{counted} bytes: as many as fit"
     );
-    assert!(
-        (observers / 3..observers * 2 / 3).contains(&held.reread.len()),
-        "{} of {observers} kept: as many as fit",
-        held.reread.len()
-    );
+}
+
+fn key_of(observer: usize) -> String {
+    format!("/h/s/node-{observer:04}")
+}
+
+/// Node `observer`'s summary at `at_ms` reporting on `seen` (by number).
+fn observing(observer: usize, at_ms: u64, seen: &[usize]) -> Vec<u8> {
+    reporting(
+        &format!("node-{observer:04}"),
+        at_ms,
+        named(seen).into_iter(),
+    )
+}
+
+/// The peers of `observer`'s summary as held.
+fn peers_of(held: &Held, observer: usize) -> Vec<String> {
+    held.by_key
+        .get(key_of(observer).as_bytes())
+        .map_or_else(Vec::new, |k| {
+            k.summary
+                .peers()
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect()
+        })
 }
 
 fn named(numbers: &[usize]) -> Vec<String> {

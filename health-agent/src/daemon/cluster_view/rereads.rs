@@ -1,0 +1,103 @@
+//! The summaries the leader took while they named nodes its node set did
+//! not hold yet (the observer read a joining node's record first): their
+//! values, kept to be read again once the node set has one of those
+//! nodes, so that its observations count from then, not from the
+//! observer's next write (a heartbeat may be 5 ticks away).
+
+use std::collections::HashMap;
+
+use super::UNKNOWN_PEERS_SAID;
+use crate::{cluster::summary::PeerName, membership::NodeSet};
+
+/// The most bytes kept, values and names: at 50,000 nodes a node is
+/// observed by about 50 others, whose summaries take about 900 bytes
+/// each, so this covers dozens of nodes joining at once. Past it a
+/// summary is not kept (its observations count from its next write).
+pub(super) const REREAD_BYTES: usize = 4 << 20;
+
+/// A summary's value and the names it named that the node set did not
+/// hold.
+struct Kept {
+    value: Vec<u8>,
+    missing: Vec<PeerName>,
+}
+
+impl Kept {
+    /// What it takes: its value, and each name with its handle and the
+    /// shared copy's count and length.
+    fn bytes(&self) -> usize {
+        let name = |n: &PeerName| n.len() + size_of::<PeerName>() + 2 * size_of::<usize>();
+        self.value.len() + self.missing.iter().map(name).sum::<usize>()
+    }
+}
+
+/// The summaries kept to be read again, by key.
+#[derive(Default)]
+pub(super) struct Rereads {
+    by_key: HashMap<Vec<u8>, Kept>,
+    bytes: usize,
+}
+
+impl Rereads {
+    /// Keeps `value` of `key` to be read again when the node set has one
+    /// of `missing`: only when it names a few (a join seen first accounts
+    /// for a few, a writer making names up for many: at most
+    /// [`UNKNOWN_PEERS_SAID`]), within [`REREAD_BYTES`]. Replaces what was
+    /// kept for `key`.
+    pub(super) fn keep(&mut self, key: &[u8], value: &[u8], missing: Vec<PeerName>) {
+        self.forget(key);
+        if missing.is_empty() || missing.len() > UNKNOWN_PEERS_SAID {
+            return;
+        }
+        let kept = Kept {
+            value: value.to_vec(),
+            missing,
+        };
+        if self.bytes + kept.bytes() <= REREAD_BYTES {
+            self.bytes += kept.bytes();
+            self.by_key.insert(key.to_vec(), kept);
+        }
+    }
+
+    /// Lets go of what was kept for `key` (deleted, rewritten, refused).
+    pub(super) fn forget(&mut self, key: &[u8]) {
+        if let Some(k) = self.by_key.remove(key) {
+            self.bytes -= k.bytes();
+        }
+    }
+
+    /// Keeps only the keys `held` accepts.
+    pub(super) fn retain(&mut self, held: impl Fn(&[u8]) -> bool) {
+        self.by_key.retain(|k, _| held(k));
+        self.bytes = self.by_key.values().map(Kept::bytes).sum();
+    }
+
+    /// Takes out the values of the summaries that named a node `members`
+    /// now holds, with their keys; the others stay.
+    pub(super) fn due(&mut self, members: &NodeSet) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let keys: Vec<Vec<u8>> = self
+            .by_key
+            .iter()
+            .filter(|(_, k)| k.missing.iter().any(|n| members.contains(n)))
+            .map(|(key, _)| key.clone())
+            .collect();
+        keys.into_iter()
+            .filter_map(|key| {
+                let k = self.by_key.remove(&key)?;
+                self.bytes -= k.bytes();
+                Some((key, k.value))
+            })
+            .collect()
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// The bytes kept, as counted, and as recounted from what is kept.
+    #[cfg(test)]
+    pub(super) fn bytes(&self) -> (usize, usize) {
+        (self.bytes, self.by_key.values().map(Kept::bytes).sum())
+    }
+}
