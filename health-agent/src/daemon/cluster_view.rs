@@ -364,7 +364,7 @@ impl Held {
                     self.by_key = whole;
                     self.loaded = true;
                     self.keep_rereads_held();
-                    if std::mem::take(&mut self.reread_due) {
+                    if self.reread_due {
                         self.reread(at.0, at.1);
                     }
                 }
@@ -380,16 +380,22 @@ impl Held {
             }
             WatchEvent::Lost { error } => {
                 self.listing.abandon();
+                self.keep_rereads_held();
+                if self.reread_due {
+                    self.reread(at.0, at.1);
+                }
                 debug!("cluster view: summaries watch lost: {}", chain(&*error));
             }
         }
     }
 
-    /// Keeps to be read again only the summaries held (not those a listing
-    /// left out, nor those of observers that left).
+    /// Keeps to be read again only the summaries held or in the listing
+    /// under way: not those a listing left out or an abandoned listing
+    /// took, nor those of observers that left.
     fn keep_rereads_held(&mut self) {
-        let by_key = &self.by_key;
-        self.rereads.retain(|k| by_key.contains_key(k));
+        let (by_key, listing) = (&self.by_key, self.listing.under_way());
+        self.rereads
+            .retain(|k| by_key.contains_key(k) || listing.is_some_and(|l| l.contains_key(k)));
     }
 
     /// Reads again, against `members`, the summaries held that named nodes
@@ -403,6 +409,7 @@ impl Held {
             self.reread_due = true;
             return;
         }
+        self.reread_due = false;
         let due = self.rereads.due(members);
         if due.is_empty() {
             return;

@@ -20,15 +20,20 @@ pub(super) const REREAD_BYTES: usize = 4 << 20;
 struct Kept {
     value: Vec<u8>,
     missing: Vec<PeerName>,
+    /// What it takes with its key ([`cost`]).
+    cost: usize,
 }
 
-impl Kept {
-    /// What it takes: its value, and each name with its handle and the
-    /// shared copy's count and length.
-    fn bytes(&self) -> usize {
-        let name = |n: &PeerName| n.len() + size_of::<PeerName>() + 2 * size_of::<usize>();
-        self.value.len() + self.missing.iter().map(name).sum::<usize>()
-    }
+/// What keeping `value` and `missing` under `key` takes: the bytes of
+/// each, each name's handle and its shared copy's count and length, and
+/// the map's entry.
+fn cost(key: &[u8], value: &[u8], missing: &[PeerName]) -> usize {
+    let name = |n: &PeerName| n.len() + size_of::<PeerName>() + 2 * size_of::<usize>();
+    key.len()
+        + value.len()
+        + missing.iter().map(name).sum::<usize>()
+        + size_of::<Vec<u8>>()
+        + size_of::<Kept>()
 }
 
 /// The summaries kept to be read again, by key.
@@ -49,27 +54,32 @@ impl Rereads {
         if missing.is_empty() || missing.len() > UNKNOWN_PEERS_SAID {
             return;
         }
-        let kept = Kept {
-            value: value.to_vec(),
-            missing,
-        };
-        if self.bytes + kept.bytes() <= REREAD_BYTES {
-            self.bytes += kept.bytes();
-            self.by_key.insert(key.to_vec(), kept);
+        let cost = cost(key, value, &missing);
+        if self.bytes + cost <= REREAD_BYTES {
+            self.bytes += cost;
+            let value = value.to_vec();
+            self.by_key.insert(
+                key.to_vec(),
+                Kept {
+                    value,
+                    missing,
+                    cost,
+                },
+            );
         }
     }
 
     /// Lets go of what was kept for `key` (deleted, rewritten, refused).
     pub(super) fn forget(&mut self, key: &[u8]) {
         if let Some(k) = self.by_key.remove(key) {
-            self.bytes -= k.bytes();
+            self.bytes -= k.cost;
         }
     }
 
     /// Keeps only the keys `held` accepts.
     pub(super) fn retain(&mut self, held: impl Fn(&[u8]) -> bool) {
         self.by_key.retain(|k, _| held(k));
-        self.bytes = self.by_key.values().map(Kept::bytes).sum();
+        self.bytes = self.by_key.values().map(|k| k.cost).sum();
     }
 
     /// Takes out the values of the summaries that named a node `members`
@@ -84,7 +94,7 @@ impl Rereads {
         keys.into_iter()
             .filter_map(|key| {
                 let k = self.by_key.remove(&key)?;
-                self.bytes -= k.bytes();
+                self.bytes -= k.cost;
                 Some((key, k.value))
             })
             .collect()
@@ -98,6 +108,10 @@ impl Rereads {
     /// The bytes kept, as counted, and as recounted from what is kept.
     #[cfg(test)]
     pub(super) fn bytes(&self) -> (usize, usize) {
-        (self.bytes, self.by_key.values().map(Kept::bytes).sum())
+        let recounted = self
+            .by_key
+            .iter()
+            .map(|(key, k)| cost(key, &k.value, &k.missing));
+        (self.bytes, recounted.sum())
     }
 }

@@ -320,13 +320,14 @@ fn observations_of_a_node_that_joined_count_once_the_node_set_has_it() {
     let (before, joined) = (NodeSet::numbered(50), NodeSet::numbered(52));
     let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
     for (observer, seen) in [
-        (0, [1, 50]),
-        (2, [3, 51]),
-        (4, [5, 50]),
-        (6, [7, 8]),
-        (8, [9, 77]),
+        (0, &[1, 50][..]),
+        (2, &[3, 51]),
+        (4, &[5, 50]),
+        (6, &[7, 8]),
+        (8, &[9, 77]),
+        (10, &[11, 50, 77]),
     ] {
-        let value = observing(observer, now, &seen);
+        let value = observing(observer, now, seen);
         held.apply(put(&key_of(observer), value), now, &before);
     }
     assert_eq!(
@@ -336,7 +337,7 @@ fn observations_of_a_node_that_joined_count_once_the_node_set_has_it() {
     );
     assert_eq!(
         held.rereads.len(),
-        4,
+        5,
         "the summaries naming a node not in the set"
     );
     // One is deleted and one rewritten with known nodes only before the
@@ -350,7 +351,7 @@ fn observations_of_a_node_that_joined_count_once_the_node_set_has_it() {
         &before,
     );
     held.apply(put(&key_of(4), observing(4, now + 1, &[5])), now, &before);
-    assert_eq!(held.rereads.len(), 2);
+    assert_eq!(held.rereads.len(), 3);
     let version = |held: &Held, o| held.by_key[key_of(o).as_bytes()].version;
     let unjoined = version(&held, 8);
     held.reread(now + 2, &joined);
@@ -366,9 +367,14 @@ fn observations_of_a_node_that_joined_count_once_the_node_set_has_it() {
         unjoined,
         "node-0077 has not joined: not read again"
     );
-    assert_eq!(held.rereads.len(), 1, "kept for node-0077");
+    assert_eq!(peers_of(&held, 10), named(&[11, 50]));
+    assert_eq!(held.rereads.len(), 2, "kept for node-0077");
     assert_eq!(held.rereads.bytes().0, held.rereads.bytes().1);
     assert_eq!(held.refused, 0);
+    assert_eq!(
+        held.unknown_peers, 6,
+        "node-0050, 51, 50, 77, 50 and 77 as they came; none counted again by reading again"
+    );
 }
 
 /// A summary read again after its observer left the node set is neither
@@ -420,17 +426,38 @@ fn a_node_set_change_during_a_listing_is_read_once_it_is_whole() {
             held.apply(snapshot(vec![(0, vec![1])], true, true), now, &before);
             assert_eq!(peers_of(&held, 0), named(&[1]));
         }
-        held.apply(snapshot(vec![(0, vec![1, 50])], true, false), now, &before);
+        // node-0004 is in the listing alone, not (yet) held.
+        let first_page = vec![(0, vec![1, 50]), (4, vec![5, 50])];
+        held.apply(snapshot(first_page, true, false), now, &before);
         held.reread(now, &joined);
         assert!(held.reread_due, "waits for the listing");
+        // The leader's round between the pages keeps the listing's.
+        held.prune(&joined);
+        assert_eq!(held.rereads.len(), 2, "relisting: {relisting}");
         held.apply(snapshot(vec![(2, vec![3])], false, true), now, &joined);
         assert_eq!(
             peers_of(&held, 0),
             named(&[1, 50]),
             "relisting: {relisting}"
         );
+        assert_eq!(
+            peers_of(&held, 4),
+            named(&[5, 50]),
+            "relisting: {relisting}"
+        );
         assert!(!held.reread_due && held.rereads.len() == 0);
     }
+    // A listing that breaks off: the summaries held are read again at
+    // once, the listing's pages let go.
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
+    held.apply(snapshot(vec![(0, vec![1, 50])], true, true), now, &before);
+    held.apply(snapshot(vec![(4, vec![5, 50])], true, false), now, &before);
+    held.reread(now, &joined);
+    let error = Arc::new(crate::membership::kvstore::KvError::StreamEnded { what: "watch" });
+    held.apply(WatchEvent::Lost { error }, now, &joined);
+    assert_eq!(peers_of(&held, 0), named(&[1, 50]));
+    assert!(!held.by_key.contains_key(key_of(4).as_bytes()));
+    assert!(!held.reread_due && held.rereads.len() == 0);
 }
 
 /// The values kept to be read again, and their names, take at most
