@@ -316,7 +316,6 @@ impl Held {
         at: (u64, &NodeSet),
     ) {
         let most = self.peer_bound(at.1);
-        self.rereads.forget(&key);
         match self.check(into, &key, value, at, most) {
             Ok(s) => {
                 let (s, missing) = s.interned(&mut self.names, |name| at.1.contains(name));
@@ -333,6 +332,7 @@ impl Held {
             }
             Err(e) => {
                 into.remove(&key);
+                self.rereads.forget(&key);
                 self.refused += 1;
                 self.first_refusal.get_or_insert_with(|| {
                     format!(
