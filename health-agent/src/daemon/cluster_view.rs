@@ -163,7 +163,8 @@ struct Held {
     names_pruned: usize,
     /// The summaries taken with a few observations of nodes not in the
     /// node set (nodes that joined, that the observer read before this
-    /// agent did): read again once the node set has one of them.
+    /// agent did), and those refused because their observer was not in
+    /// it: read again once the node set has one of them.
     rereads: Rereads,
     /// The node set changed while a listing was under way: the summaries
     /// are read again once it is whole.
@@ -332,7 +333,11 @@ impl Held {
             }
             Err(e) => {
                 into.remove(&key);
-                self.rereads.forget(&key);
+                if let Refusal::NotANode(observer) = &e {
+                    self.rereads.keep_refused(&key, value, observer);
+                } else {
+                    self.rereads.forget(&key);
+                }
                 self.refused += 1;
                 self.first_refusal.get_or_insert_with(|| {
                     format!(
@@ -357,13 +362,17 @@ impl Held {
                 let Some(mut listing) = self.listing.page(first, HashMap::new) else {
                     return;
                 };
+                if first {
+                    // The listing refuses them again if they still are.
+                    self.rereads.retain(|_| true, false);
+                }
                 for e in entries {
                     self.put(&mut listing, e.key, &e.value, at);
                 }
                 if let Some(whole) = self.listing.after_page(listing, last) {
                     self.by_key = whole;
                     self.loaded = true;
-                    self.keep_rereads_held();
+                    self.keep_rereads_held(true);
                     if self.reread_due {
                         self.reread(at.0, at.1);
                     }
@@ -380,7 +389,9 @@ impl Held {
             }
             WatchEvent::Lost { error } => {
                 self.listing.abandon();
-                self.keep_rereads_held();
+                // The refused ones may be of the listing dropped: the next
+                // one refuses them again if they still are.
+                self.keep_rereads_held(false);
                 if self.reread_due {
                     self.reread(at.0, at.1);
                 }
@@ -390,20 +401,25 @@ impl Held {
     }
 
     /// Keeps to be read again only the summaries held or in the listing
-    /// under way: not those a listing left out or an abandoned listing
-    /// took, nor those of observers that left.
-    fn keep_rereads_held(&mut self) {
+    /// under way (not those a listing left out or an abandoned listing
+    /// took, nor those of observers that left), and the refused ones if
+    /// `refused`.
+    fn keep_rereads_held(&mut self, refused: bool) {
         let (by_key, listing) = (&self.by_key, self.listing.under_way());
-        self.rereads
-            .retain(|k| by_key.contains_key(k) || listing.is_some_and(|l| l.contains_key(k)));
+        self.rereads.retain(
+            |k| by_key.contains_key(k) || listing.is_some_and(|l| l.contains_key(k)),
+            refused,
+        );
     }
 
     /// Reads again, against `members`, the summaries held that named nodes
-    /// the node set did not hold and now does: their observations of those
-    /// count from now. Each is checked anew, as when it came; one that no
-    /// longer passes (its observer left) stays as it was, for the leader's
-    /// round to let go, and is neither refused nor warned about twice.
-    /// While a listing is under way, waits for it to be whole.
+    /// the node set did not hold and now does, and those refused because
+    /// their observer was not in it and now is: their observations count
+    /// from now. Each is checked anew, as when it came; one that no longer
+    /// passes (its observer left) stays as it was (held for the leader's
+    /// round to let go, or left out), and is neither refused nor warned
+    /// about twice. While a listing is under way, waits for it to be
+    /// whole.
     fn reread(&mut self, now_ms: u64, members: &NodeSet) {
         if self.listing.under_way().is_some() {
             self.reread_due = true;
@@ -415,8 +431,8 @@ impl Held {
             return;
         }
         let most = self.peer_bound(members);
-        for (key, value) in due {
-            if !self.by_key.contains_key(&key) {
+        for (key, value, held) in due {
+            if self.by_key.contains_key(&key) != held {
                 continue;
             }
             let Ok(s) = self.check(&self.by_key, &key, &value, (now_ms, members), most) else {
@@ -432,7 +448,7 @@ impl Held {
     fn prune(&mut self, members: &NodeSet) {
         self.by_key
             .retain(|_, k| members.contains(k.summary.observer()));
-        self.keep_rereads_held();
+        self.keep_rereads_held(true);
         self.prune_names(members);
     }
 

@@ -745,4 +745,67 @@ fn forged_summaries_do_not_reach_the_cluster_view() {
         .expect("the assembler is a node")
         .log();
     assert!(log.contains("summaries refused and left out"), "{log}");
+    a_summary_read_before_its_observers_record_counts_once_it_is(&cluster, &by);
+}
+
+/// A joining node's summary read by the assembler `by` before the node's
+/// record is refused, and counts as soon as the record is read, though
+/// its observer never writes it again.
+fn a_summary_read_before_its_observers_record_counts_once_it_is(cluster: &Cluster, by: &str) {
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis(),
+    )
+    .expect("ms");
+    let up = PathSample::new(ProbeResult::Success, Some(100));
+    let peers = ["node-1", "node-2", "node-3"]
+        .into_iter()
+        .map(|n| PeerSummary::new(n, [up; 4]))
+        .collect();
+    // Current for a minute whatever the readers' interval.
+    let summary = Summary::new("node-4".into(), 1, now_ms, peers)
+        .expect("summary")
+        .with_cadence(Duration::from_secs(20))
+        .encode();
+    etcd(cluster, async move |c| {
+        c.put("/health/summaries/node-4", summary, None)
+            .await
+            .expect("etcd put");
+    });
+    let assembler = cluster
+        .nodes
+        .iter()
+        .find(|n| n.name == by)
+        .expect("the assembler is a node");
+    let refused = "its observer \"node-4\" is not in the node set";
+    let deadline = Instant::now() + health_tests::patience(Duration::from_secs(10));
+    while !assembler.log().contains(refused) {
+        assert!(Instant::now() < deadline, "{}", assembler.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let reporting = |r: &ClusterReply| {
+        r.view
+            .nodes
+            .iter()
+            .find(|n| n.name == "node-4")
+            .map(|n| n.reporting)
+    };
+    assert_eq!(cluster_view(cluster).as_ref().and_then(reporting), None);
+    let health = fourth_health_address(cluster).to_string();
+    put(
+        cluster,
+        "/health/nodes/node-4",
+        &record("node-4", node_ip(3), &health),
+    );
+    let deadline = Instant::now() + health_tests::patience(Duration::from_secs(10));
+    loop {
+        let view = cluster_view(cluster);
+        if view.as_ref().and_then(reporting) == Some(true) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{view:#?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }

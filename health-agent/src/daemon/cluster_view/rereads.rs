@@ -1,8 +1,10 @@
 //! The summaries the leader took while they named nodes its node set did
-//! not hold yet (the observer read a joining node's record first): their
-//! values, kept to be read again once the node set has one of those
-//! nodes, so that its observations count from then, not from the
-//! observer's next write (a heartbeat may be 5 ticks away).
+//! not hold yet (the observer read a joining node's record first), and
+//! those it refused because their observer was not in it yet (a joining
+//! node's own summary read before its record): their values, kept to be
+//! read again once the node set has one of those nodes, so that the
+//! observations count from then, not from the observer's next write (a
+//! heartbeat may be 5 ticks away).
 
 use std::collections::HashMap;
 
@@ -20,6 +22,9 @@ pub(super) const REREAD_BYTES: usize = 4 << 20;
 struct Kept {
     value: Vec<u8>,
     missing: Vec<PeerName>,
+    /// Whether it is held; if not, it was refused, its observer (its one
+    /// missing name) not in the node set.
+    held: bool,
     /// What it takes with its key ([`cost`]).
     cost: usize,
 }
@@ -54,6 +59,18 @@ impl Rereads {
         if missing.is_empty() || missing.len() > UNKNOWN_PEERS_SAID {
             return;
         }
+        self.insert(key, value, missing, true);
+    }
+
+    /// Keeps `value` of `key`, refused because its `observer` is not in
+    /// the node set, to be read again when the node set has it, within
+    /// [`REREAD_BYTES`]. Replaces what was kept for `key`.
+    pub(super) fn keep_refused(&mut self, key: &[u8], value: &[u8], observer: &str) {
+        self.forget(key);
+        self.insert(key, value, vec![PeerName::from(observer)], false);
+    }
+
+    fn insert(&mut self, key: &[u8], value: &[u8], missing: Vec<PeerName>, held: bool) {
         let cost = cost(key, value, &missing);
         if self.bytes + cost <= REREAD_BYTES {
             self.bytes += cost;
@@ -63,6 +80,7 @@ impl Rereads {
                 Kept {
                     value,
                     missing,
+                    held,
                     cost,
                 },
             );
@@ -76,15 +94,18 @@ impl Rereads {
         }
     }
 
-    /// Keeps only the keys `held` accepts.
-    pub(super) fn retain(&mut self, held: impl Fn(&[u8]) -> bool) {
-        self.by_key.retain(|k, _| held(k));
+    /// Keeps only the summaries held whose keys `held` accepts, and the
+    /// refused ones if `refused`.
+    pub(super) fn retain(&mut self, held: impl Fn(&[u8]) -> bool, refused: bool) {
+        self.by_key
+            .retain(|key, k| if k.held { held(key) } else { refused });
         self.bytes = self.by_key.values().map(|k| k.cost).sum();
     }
 
     /// Takes out the values of the summaries that named a node `members`
-    /// now holds, with their keys; the others stay.
-    pub(super) fn due(&mut self, members: &NodeSet) -> Vec<(Vec<u8>, Vec<u8>)> {
+    /// now holds, with their keys and whether they are held; the others
+    /// stay.
+    pub(super) fn due(&mut self, members: &NodeSet) -> Vec<(Vec<u8>, Vec<u8>, bool)> {
         let keys: Vec<Vec<u8>> = self
             .by_key
             .iter()
@@ -95,7 +116,7 @@ impl Rereads {
             .filter_map(|key| {
                 let k = self.by_key.remove(&key)?;
                 self.bytes -= k.cost;
-                Some((key, k.value))
+                Some((key, k.value, k.held))
             })
             .collect()
     }

@@ -399,6 +399,69 @@ fn a_summary_read_again_after_its_observer_left_is_not_refused() {
     assert!(held.by_key.is_empty() && held.rereads.len() == 0);
 }
 
+/// A joining node's own summary read before its record is refused, and
+/// kept: it counts once the node set has its observer, without being
+/// refused again. A listing refuses again the summaries it still holds,
+/// and one that breaks off, or a delete, lets them go.
+#[test]
+fn a_summary_refused_before_its_observer_joined_counts_once_it_has() {
+    let now = 1_000_000;
+    let (before, joined) = (NodeSet::numbered(50), NodeSet::numbered(51));
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
+    held.apply(put(&key_of(50), observing(50, now, &[1, 2])), now, &before);
+    held.apply(put(&key_of(77), observing(77, now, &[1])), now, &before);
+    assert_eq!((held.refused, held.by_key.len()), (2, 0));
+    assert_eq!(held.rereads.len(), 2, "both kept");
+    held.reread(now + 1, &before);
+    assert_eq!((held.by_key.len(), held.rereads.len()), (0, 2));
+    held.reread(now + 2, &joined);
+    assert_eq!(peers_of(&held, 50), named(&[1, 2]), "counted at once");
+    assert_eq!(held.refused, 2, "not refused again");
+    assert_eq!(held.rereads.len(), 1, "node-0077 has not joined");
+    assert_eq!(held.rereads.bytes().0, held.rereads.bytes().1);
+    // The leader's round keeps it; a delete lets it go.
+    held.prune(&joined);
+    assert_eq!(held.rereads.len(), 1);
+    let delete = |key: String| WatchEvent::Delete {
+        key: key.into_bytes(),
+        revision: 4,
+    };
+    held.apply(delete(key_of(77)), now, &joined);
+    assert_eq!(held.rereads.len(), 0);
+    // A listing lets go of those it does not refuse again, and keeps
+    // those it does.
+    let snapshot = |observers: &[usize], first, last| WatchEvent::Snapshot {
+        revision: 5,
+        entries: observers
+            .iter()
+            .map(|&o| Entry {
+                key: key_of(o).into_bytes(),
+                value: observing(o, now, &[1]),
+                mod_revision: 5,
+                lease: 0,
+            })
+            .collect(),
+        first,
+        last,
+    };
+    held.apply(put(&key_of(77), observing(77, now, &[1])), now, &joined);
+    held.apply(put(&key_of(78), observing(78, now, &[1])), now, &joined);
+    held.apply(snapshot(&[0, 78], true, false), now, &joined);
+    held.prune(&joined);
+    held.apply(snapshot(&[1], false, true), now, &joined);
+    assert_eq!(held.rereads.len(), 1, "node-0078's, refused again");
+    held.reread(now + 3, &NodeSet::numbered(79));
+    assert_eq!(peers_of(&held, 78), named(&[1]));
+    assert_eq!(peers_of(&held, 77), named(&[]), "deleted by the listing");
+    // A listing that breaks off lets go of those refused.
+    held.apply(snapshot(&[80], true, false), now, &joined);
+    let error = Arc::new(crate::membership::kvstore::KvError::StreamEnded { what: "watch" });
+    held.apply(WatchEvent::Lost { error }, now, &joined);
+    held.reread(now + 4, &NodeSet::numbered(81));
+    assert_eq!(peers_of(&held, 80), named(&[]));
+    assert_eq!(held.rereads.len(), 0);
+}
+
 /// The node set changing while a listing of the summaries is under way (a
 /// newly elected leader's first, or one after a broken watch): the
 /// summaries are read again once the listing is whole.
