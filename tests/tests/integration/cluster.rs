@@ -6,6 +6,7 @@ use std::{
     time::Duration,
 };
 
+use health_agent::util::timefmt::now_ms;
 use health_agent::{
     api::types::NodesView,
     datapath::{classic::PRIORITY, rtt},
@@ -507,12 +508,6 @@ fn bad_records_in_the_nodes_file_are_rejected_alone_and_named_on_the_api() {
     cluster.write_nodes_file(3);
     let view = wait_nodes(&cluster, |v| v.rejected_total == 0);
     assert!(view.rejected.is_empty(), "{view:?}");
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Polls `GET /v1/nodes` of node-1 until `accept` holds.

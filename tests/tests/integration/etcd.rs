@@ -50,15 +50,7 @@ fn nodes_join_and_leave_through_etcd_and_survive_an_etcd_restart() {
     cluster.stop_agent(2, Signal::SIGTERM);
     cluster.wait_status(0, Duration::from_secs(5), |s| s.nodes.len() == 2);
     // Join: it registers again.
-    let restarted = health_agent::util::timefmt::rfc3339(
-        u64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("after 1970")
-                .as_millis(),
-        )
-        .expect("in range"),
-    );
+    let restarted = health_agent::util::timefmt::rfc3339(health_agent::util::timefmt::now_ms());
     cluster.start_agent(2);
     cluster.wait_status(0, Duration::from_secs(20), |s| {
         s.nodes.len() == 3 && s.reachable() == 3

@@ -23,6 +23,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
+use health_agent::util::timefmt::now_ms;
 use health_agent::{
     cluster::{
         cadence::STALE_ROUNDS,
@@ -771,16 +772,6 @@ fn failed_path(at: u64) -> PathState {
         last_probe_ms: Some(at),
         ..PathState::default()
     }
-}
-
-fn now_ms() -> u64 {
-    u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_millis(),
-    )
-    .expect("ms")
 }
 
 /// `peer-00000` .. : every tenth fails on its host ICMP path.

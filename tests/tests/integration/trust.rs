@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use health_agent::util::timefmt::now_ms;
 use health_agent::{
     api::types::NodesView,
     cluster::{
@@ -683,13 +684,7 @@ fn forged_summaries_do_not_reach_the_cluster_view() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    let now_ms = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_millis(),
-    )
-    .expect("ms");
+    let now_ms = now_ms();
     let down = PathSample::new(ProbeResult::Failure, None);
     let all_down = |observer: &str, at_ms: u64| {
         let peers = ["node-1", "node-2", "node-3"]
@@ -752,13 +747,7 @@ fn forged_summaries_do_not_reach_the_cluster_view() {
 /// record is refused, and counts as soon as the record is read, though
 /// its observer never writes it again.
 fn a_summary_read_before_its_observers_record_counts_once_it_is(cluster: &Cluster, by: &str) {
-    let now_ms = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_millis(),
-    )
-    .expect("ms");
+    let now_ms = now_ms();
     let up = PathSample::new(ProbeResult::Success, Some(100));
     let peers = ["node-1", "node-2", "node-3"]
         .into_iter()
