@@ -58,7 +58,7 @@ pub use crate::cluster::cadence::{HEARTBEAT_ROUNDS, STALE_ROUNDS};
 mod leading;
 mod rereads;
 use leading::Leading;
-use rereads::Rereads;
+use rereads::{Due, Rereads};
 
 /// The election lease's TTL: a leader killed without a word loses the
 /// role this long after its last keepalive.
@@ -334,7 +334,7 @@ impl Held {
             Err(e) => {
                 into.remove(&key);
                 if let Refusal::NotANode(observer) = &e {
-                    self.rereads.keep_refused(&key, value, observer);
+                    self.rereads.keep_refused(&key, value, observer, at.0);
                 } else {
                     self.rereads.forget(&key);
                 }
@@ -431,7 +431,13 @@ impl Held {
             return;
         }
         let most = self.peer_bound(members);
-        for (key, value, held) in due {
+        if self.by_key.len() >= self.cap {
+            // Departed observers' summaries, left for the leader's round,
+            // would take the place of joining ones.
+            self.by_key
+                .retain(|_, k| members.contains(k.summary.observer()));
+        }
+        for Due { key, value, held } in due {
             if self.by_key.contains_key(&key) != held {
                 continue;
             }
@@ -444,11 +450,13 @@ impl Held {
         }
     }
 
-    /// Lets go of the summaries of observers no longer in `members`.
-    fn prune(&mut self, members: &NodeSet) {
+    /// Lets go of the summaries of observers no longer in `members`, and
+    /// of those refused and kept too long by `now_ms`.
+    fn prune(&mut self, members: &NodeSet, now_ms: u64) {
         self.by_key
             .retain(|_, k| members.contains(k.summary.observer()));
         self.keep_rereads_held(true);
+        self.rereads.expire_refused(now_ms);
         self.prune_names(members);
     }
 
@@ -825,7 +833,8 @@ impl ClusterViewTask {
         deposed: &Deposal<'_>,
         round: u64,
     ) -> Option<matrix::ClusterMatrix> {
-        lead.held.prune(&self.nodes.current());
+        lead.held
+            .prune(&self.nodes.current(), crate::util::timefmt::now_ms());
         // Seconds of CPU once a leader is elected at 50,000 nodes: the
         // runtime's other tasks move to its other workers meanwhile.
         let (view, matrix) = blocking(|| self.assemble(&lead.held, assignments, interval));

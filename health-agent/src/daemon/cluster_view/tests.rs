@@ -165,7 +165,7 @@ fn summaries_of_observers_outside_the_node_set_are_refused_and_let_go() {
         );
     }
     assert_eq!(held.by_key.len(), 2, "the nodes' summaries, every one");
-    held.prune(&NodeSet::named(&["b"]));
+    held.prune(&NodeSet::named(&["b"]), now);
     let keys: Vec<&[u8]> = held.by_key.keys().map(Vec::as_slice).collect();
     assert_eq!(keys, [&b"/h/s/b"[..]]);
     // A refused key is shown cut short.
@@ -215,10 +215,10 @@ fn summaries_held_share_their_peers_names() {
         let left = members.iter().filter(|n| !gone.contains(&n.name.as_str()));
         NodeSet::new(left.cloned().collect()).expect("a set")
     };
-    held.prune(&without(&["node-0001"]));
+    held.prune(&without(&["node-0001"]), now);
     assert_eq!((held.by_key.len(), held.names.len()), (1, 9));
     let smaller = without(&["node-0001", "node-0005"]);
-    held.prune(&smaller);
+    held.prune(&smaller, now);
     assert_eq!((held.by_key.len(), held.names.len()), (1, 8));
     held.apply(put("/h/s/node-0002", of("node-0002")), now, &smaller);
     let kept = held.by_key[&b"/h/s/node-0002"[..]].summary.peers().len();
@@ -240,7 +240,7 @@ fn summaries_held_share_their_peers_names() {
         now,
         &members,
     );
-    held.prune(&members);
+    held.prune(&members, now);
     assert!(held.by_key.is_empty() && held.names.is_empty());
     // A summary rewritten over and over with other peers between the
     // leader's rounds: the names it no longer holds are let go once
@@ -395,7 +395,7 @@ fn a_summary_read_again_after_its_observer_left_is_not_refused() {
     held.reread(now + 1, &NodeSet::named(&names));
     assert_eq!((held.refused, held.first_refusal.as_deref()), (0, None));
     assert_eq!(peers_of(&held, 10), named(&[11]), "held as it was");
-    held.prune(&NodeSet::named(&names));
+    held.prune(&NodeSet::named(&names), now);
     assert!(held.by_key.is_empty() && held.rereads.len() == 0);
 }
 
@@ -405,6 +405,7 @@ fn a_summary_read_again_after_its_observer_left_is_not_refused() {
 /// and one that breaks off, or a delete, lets them go.
 #[test]
 fn a_summary_refused_before_its_observer_joined_counts_once_it_has() {
+    use super::rereads::REFUSED_KEPT_MS;
     let now = 1_000_000;
     let (before, joined) = (NodeSet::numbered(50), NodeSet::numbered(51));
     let mut held = Held::new("/h/s/", Duration::from_secs(10), 64);
@@ -420,13 +421,19 @@ fn a_summary_refused_before_its_observer_joined_counts_once_it_has() {
     assert_eq!(held.rereads.len(), 1, "node-0077 has not joined");
     assert_eq!(held.rereads.bytes().0, held.rereads.bytes().1);
     // The leader's round keeps it; a delete lets it go.
-    held.prune(&joined);
+    held.prune(&joined, now);
     assert_eq!(held.rereads.len(), 1);
     let delete = |key: String| WatchEvent::Delete {
         key: key.into_bytes(),
         revision: 4,
     };
     held.apply(delete(key_of(77)), now, &joined);
+    assert_eq!(held.rereads.len(), 0);
+    // One refused is kept for a while, not for good.
+    held.apply(put(&key_of(90), observing(90, now, &[1])), now, &joined);
+    held.prune(&joined, now + REFUSED_KEPT_MS);
+    assert_eq!(held.rereads.len(), 1);
+    held.prune(&joined, now + REFUSED_KEPT_MS + 1);
     assert_eq!(held.rereads.len(), 0);
     // A listing lets go of those it does not refuse again, and keeps
     // those it does.
@@ -447,7 +454,7 @@ fn a_summary_refused_before_its_observer_joined_counts_once_it_has() {
     held.apply(put(&key_of(77), observing(77, now, &[1])), now, &joined);
     held.apply(put(&key_of(78), observing(78, now, &[1])), now, &joined);
     held.apply(snapshot(&[0, 78], true, false), now, &joined);
-    held.prune(&joined);
+    held.prune(&joined, now);
     held.apply(snapshot(&[1], false, true), now, &joined);
     assert_eq!(held.rereads.len(), 1, "node-0078's, refused again");
     held.reread(now + 3, &NodeSet::numbered(79));
@@ -495,7 +502,7 @@ fn a_node_set_change_during_a_listing_is_read_once_it_is_whole() {
         held.reread(now, &joined);
         assert!(held.reread_due, "waits for the listing");
         // The leader's round between the pages keeps the listing's.
-        held.prune(&joined);
+        held.prune(&joined, now);
         assert_eq!(held.rereads.len(), 2, "relisting: {relisting}");
         held.apply(snapshot(vec![(2, vec![3])], false, true), now, &joined);
         assert_eq!(
@@ -527,7 +534,7 @@ fn a_node_set_change_during_a_listing_is_read_once_it_is_whole() {
 /// `REREAD_BYTES`.
 #[test]
 fn the_summaries_kept_to_be_read_again_are_bounded_in_bytes() {
-    use super::rereads::REREAD_BYTES;
+    use super::rereads::{REFUSED_BYTES, REREAD_BYTES};
     let now = 1_000_000;
     // 100 known peers and one not in the set, within what an observer
     // may report; twice as many bytes of such summaries as are kept.
@@ -543,13 +550,48 @@ fn the_summaries_kept_to_be_read_again_are_bounded_in_bytes() {
         held.apply(put(&key_of(o), value(o, observers)), now, &members);
     }
     assert_eq!(held.by_key.len(), observers, "every summary is taken");
-    let (counted, recounted) = held.rereads.bytes();
-    assert_eq!(counted, recounted);
+    let ((counted, refused), recounted) = held.rereads.bytes();
+    assert_eq!((counted, refused), recounted);
     assert!(counted <= REREAD_BYTES, "{counted} bytes");
     assert!(
         counted > REREAD_BYTES - 2 * value(0, 9_000).len(),
         "{counted} bytes: as many as fit"
     );
+    // Summaries of observers not in the node set, twice as many bytes as
+    // are kept of them: kept apart, within their own bound.
+    let refusals = 2 * REFUSED_BYTES / value(0, 9_000).len();
+    for o in observers..observers + refusals {
+        held.apply(put(&key_of(o), value(o, observers)), now, &members);
+    }
+    let ((held_bytes, refused), recounted) = held.rereads.bytes();
+    assert_eq!((held_bytes, refused), recounted);
+    assert_eq!(held_bytes, counted, "the held ones' bound is theirs");
+    assert!(refused <= REFUSED_BYTES, "{refused} bytes");
+    assert!(
+        refused > REFUSED_BYTES - 2 * value(0, 9_000).len(),
+        "{refused} bytes: as many as fit"
+    );
+}
+
+/// A summary read again when the summaries held are at their bound takes
+/// the place of one whose observer left the node set, though the leader's
+/// round has not let that one go yet.
+#[test]
+fn a_summary_read_again_takes_a_departed_observers_place() {
+    let now = 1_000_000;
+    let mut held = Held::new("/h/s/", Duration::from_secs(10), 3);
+    let first = NodeSet::named(&["node-0000", "node-0001", "node-0002"]);
+    for o in 0..3 {
+        held.apply(put(&key_of(o), observing(o, now, &[1])), now, &first);
+    }
+    held.apply(put(&key_of(5), observing(5, now, &[1])), now, &first);
+    assert_eq!((held.by_key.len(), held.refused), (3, 1));
+    held.reread(
+        now + 1,
+        &NodeSet::named(&["node-0001", "node-0002", "node-0005"]),
+    );
+    assert_eq!(peers_of(&held, 5), named(&[1]));
+    assert_eq!(held.by_key.len(), 3);
 }
 
 fn key_of(observer: usize) -> String {
