@@ -8,7 +8,11 @@
 //! [`Holders`] is that memory. Built from the last good set, a holder keeps
 //! its addresses while it has a record; with etcd, a node whose record went
 //! (a restart, a re-registration) keeps them for a while longer, so that no
-//! other record can take them in between.
+//! other record can take them in between, and so does a node whose record
+//! no longer claims one (a writer of the prefix who moves a node's record
+//! away from an address, to claim it for another node in the next update,
+//! takes it from no one: the node's agent writes its record back within
+//! seconds, and takes the address back).
 
 use std::{
     collections::HashMap,
@@ -31,10 +35,12 @@ enum Hold {
 #[derive(Debug, Clone, Default)]
 pub struct Holders {
     held: HashMap<IpAddr, (String, Hold)>,
-    /// A node of the last good set without a record in an update holds
-    /// its addresses as one departing now (etcd: its record went, and its
-    /// hold begins once the update is taken). Without it (a nodes file),
-    /// an edit may remove a node and give its addresses to another.
+    /// A node of the last good set without a record in an update, or
+    /// whose record no longer claims an address, holds its addresses (or
+    /// that one) as one departing now (etcd: its record went or changed,
+    /// and its hold begins once the update is taken). Without it (a nodes
+    /// file), an edit may remove or move a node and give its addresses to
+    /// another.
     departing: bool,
 }
 
@@ -64,7 +70,8 @@ impl Holders {
 
     /// The holders of `set` (the new good set), keeping for `hold` past
     /// `now` the addresses of nodes of `self` that are no longer in it
-    /// (their record went, or was refused).
+    /// (their record went, or was refused), and when departing, those
+    /// nodes of `set` no longer claim.
     #[must_use]
     pub fn after(&self, set: &NodeSet, now: Instant, hold: Duration) -> Self {
         let mut next = Self {
@@ -72,7 +79,7 @@ impl Holders {
             ..Self::of(set)
         };
         for (ip, (name, how)) in &self.held {
-            if next.held.contains_key(ip) || set.get(name).is_some() {
+            if next.held.contains_key(ip) || (!self.departing && set.get(name).is_some()) {
                 continue;
             }
             let until = match how {

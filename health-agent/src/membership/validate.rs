@@ -422,11 +422,15 @@ fn check_claims(
             }
         });
         let holder = holders.holder(*ip, now).filter(|(name, lasts)| {
-            // A holder still in the update keeps the address only while its
-            // record claims it (or is refused); one without a record, only
-            // when its hold outlasts the record.
+            // A holder still in the update keeps the address while its
+            // record claims it (or is refused), and when its hold outlasts
+            // the record's claim (etcd: a record moved away from the
+            // address holds it as one departing); one without a record,
+            // only when its hold outlasts the record.
             match names.get(name) {
-                Some(&at) => verdict[at].is_some() || claimants.iter().any(|(i, _)| *i == at),
+                Some(&at) => {
+                    *lasts || verdict[at].is_some() || claimants.iter().any(|(i, _)| *i == at)
+                }
                 None => *lasts,
             }
         });

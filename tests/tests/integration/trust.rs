@@ -190,6 +190,55 @@ fn an_etcd_writer_cannot_redirect_routes_or_take_a_nodes_place() {
         .wait_nodes_view(Duration::from_secs(20), |v| v.nodes.get("node-2").is_some());
     assert!(back.nodes.get("0").is_none(), "{back:#?}");
     cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
+    a_record_moved_away_gives_its_address_to_no_one(&cluster);
+}
+
+/// A writer moves node-2's record off its health address and, in the same
+/// write, claims that address for a node of its own: no agent routes it
+/// via the claimant, and node-2's agent, writing its record back, keeps
+/// it.
+fn a_record_moved_away_gives_its_address_to_no_one(cluster: &Cluster) {
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| v.nodes.len() == 3);
+    let node2 = view.nodes.get("node-2").expect("node-2");
+    let (n2, h2) = (
+        node2.node_ip.expect("node-2's node address"),
+        node2.health_ip.expect("node-2's health address"),
+    );
+    let elsewhere = Ipv4Addr::from(u32::from(h2) + 1).to_string();
+    let claimant = Ipv4Addr::new(198, 18, 0, 95);
+    let (moved, claim) = (
+        record("node-2", n2, &elsewhere),
+        record("evil-move", claimant, &h2.to_string()),
+    );
+    etcd(cluster, async move |c| {
+        let ops = vec![
+            etcd_client::TxnOp::put("/health/nodes/node-2", moved, None),
+            etcd_client::TxnOp::put("/health/nodes/evil-move", claim, None),
+        ];
+        c.txn(etcd_client::Txn::new().and_then(ops))
+            .await
+            .expect("etcd txn");
+    });
+    let view = cluster.nodes[0].wait_nodes_view(Duration::from_secs(10), |v| {
+        reason_of(v, "/health/nodes/evil-move").is_some()
+            && v.nodes.get("node-2").and_then(|n| n.health_ip) == Some(h2)
+    });
+    assert!(view.nodes.get("evil-move").is_none(), "{view:#?}");
+    let reason = reason_of(&view, "/health/nodes/evil-move").unwrap_or_default();
+    assert!(
+        reason.starts_with(&format!("health-ip {h2} ")) && reason.contains("node \"node-2\""),
+        "{reason}"
+    );
+    for i in [0, 2] {
+        let routes = host_routes(cluster, i);
+        assert!(
+            !routes
+                .iter()
+                .any(|r| r.destination == h2 && r.gateway == Some(claimant)),
+            "node {i}: {routes:?}"
+        );
+    }
+    cluster.wait_status(0, Duration::from_secs(20), |s| s.reachable() == 3);
 }
 
 /// The health address node-4 will take, by node-1's place in its own

@@ -423,23 +423,71 @@ fn b_alone() -> NodeSet {
     .nodes
 }
 
-/// A node that drops an address gives it up in the same update, whatever
-/// copies of its record stand at other keys: only a record at its own key
-/// speaks for a node.
+/// Only a record at its own key speaks for a node: a copy elsewhere
+/// neither keeps nor takes an address for it.
 #[test]
 fn a_copy_of_a_nodes_record_elsewhere_keeps_no_address_for_it() {
     let holders = Holders::of(&b_alone()).departing();
     let v = validate(
         vec![
-            etcd_at("/h/0", "b", "198.18.0.99", "198.18.66.2"),
-            etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.3"),
-            etcd_at("/h/c", "c", "198.18.0.13", "198.18.66.2"),
+            etcd_at("/h/0", "b", "198.18.0.99", "198.18.66.3"),
+            etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.2"),
+            etcd_at("/h/c", "c", "198.18.0.13", "198.18.66.3"),
         ],
         &local(),
         &holders,
     );
     assert_eq!(names(&v), ["b", "c"], "{:?}", v.rejected);
     assert_eq!(v.rejected.len(), 1, "the copy alone: {:?}", v.rejected);
+}
+
+/// With etcd, a record moved away from an address keeps it for its node
+/// as one departing: a writer of the prefix who moves a node's record and
+/// claims the address for another node, in the same update or the next,
+/// takes it from no one, and the node's agent writing its record back
+/// takes it back. Past the hold, it is free. A nodes file's edit may move
+/// an address from one node to another at once.
+#[test]
+fn a_record_moved_away_from_an_address_keeps_it_from_other_claims() {
+    let t0 = std::time::Instant::now();
+    let hold = std::time::Duration::from_mins(15);
+    let refusal = "etcd key \"/h/c\": health-ip 198.18.66.2 belongs to node \"b\", which held it first and keeps it";
+    let moved = || etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.3");
+    let claim = || etcd_at("/h/c", "c", "198.18.0.13", "198.18.66.2");
+    let holders = Holders::of(&b_alone()).departing();
+    let v = validate(vec![moved(), claim()], &local(), &holders);
+    assert_eq!(names(&v), ["b"], "{:?}", v.rejected);
+    assert_eq!(v.rejected[0].to_string(), refusal);
+    // The update after: b's record still moved, then written back.
+    let holders = holders.after(&v.nodes, t0, hold);
+    let v = validate(vec![moved(), claim()], &local(), &holders);
+    assert_eq!(names(&v), ["b"], "{:?}", v.rejected);
+    assert_eq!(v.rejected[0].to_string(), refusal);
+    let holders = holders.after(&v.nodes, t0, hold);
+    let back = etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.2");
+    let v = validate(vec![back, claim()], &local(), &holders);
+    assert_eq!(names(&v), ["b"], "{:?}", v.rejected);
+    assert_eq!(
+        v.nodes.get("b").and_then(|n| n.health_ip),
+        Some(ip("198.18.66.2"))
+    );
+    // b moved for good: the address is free once the hold has ended.
+    let holders = holders.after(&b_alone(), t0, hold);
+    let holders = holders.after(&validate(vec![moved()], &local(), &holders).nodes, t0, hold);
+    let later = holders.unexpired(t0 + hold);
+    assert_eq!(later.len(), 2, "b's two addresses now");
+    let v = validate(vec![moved(), claim()], &local(), &later);
+    assert_eq!(names(&v), ["b", "c"], "{:?}", v.rejected);
+    // A nodes file's edit moves it at once.
+    let edited = validate(
+        vec![
+            file(1, "b", "198.18.0.12", "198.18.66.3"),
+            file(2, "c", "198.18.0.13", "198.18.66.2"),
+        ],
+        &local(),
+        &Holders::of(&b_alone()),
+    );
+    assert_eq!(names(&edited), ["b", "c"], "{:?}", edited.rejected);
 }
 
 /// With etcd, a node of the last good set whose record goes in an update
