@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use super::NodeSet;
 use crate::{
-    sys::netlink::{Netlink, NetlinkError, in_netns},
+    sys::netlink::{Netlink, NetlinkError, RouteWrite, in_netns},
     util::errors::chain,
 };
 
@@ -319,17 +319,27 @@ impl RouteBounds {
     }
 }
 
-async fn install(nl: &Netlink, health: IpAddr, node: IpAddr) -> Result<(), NetlinkError> {
+async fn install(
+    nl: &Netlink,
+    health: IpAddr,
+    node: IpAddr,
+    write: RouteWrite,
+) -> Result<(), NetlinkError> {
     let prefix = if health.is_ipv4() { 32 } else { 128 };
-    nl.replace_route_owned(health, prefix, node, ROUTE_PROTOCOL)
+    nl.write_route_owned(health, prefix, node, (ROUTE_PROTOCOL, write))
         .await
 }
 
 /// `health` routed into the WireGuard device `dev` (marked as the
 /// agent's): WireGuard picks the peer by its AllowedIPs.
-async fn install_into(nl: &Netlink, health: IpAddr, dev: &str) -> Result<(), NetlinkError> {
+async fn install_into(
+    nl: &Netlink,
+    health: IpAddr,
+    dev: &str,
+    write: RouteWrite,
+) -> Result<(), NetlinkError> {
     let prefix = if health.is_ipv4() { 32 } else { 128 };
-    nl.replace_route_dev_owned(health, prefix, dev, ROUTE_PROTOCOL)
+    nl.write_route_dev_owned(health, prefix, dev, (ROUTE_PROTOCOL, write))
         .await
 }
 
@@ -434,12 +444,21 @@ impl PeerRoutes {
                 if done {
                     continue;
                 }
+                // A host route read is the agent's (another's is foreign,
+                // above): replaced. None read: added never over one made
+                // since by someone else.
+                let write = if current.is_some() {
+                    RouteWrite::Replace
+                } else {
+                    RouteWrite::New
+                };
                 let made = match &bounds.tunnel {
-                    Some(dev) => install_into(&nl, *health, dev).await,
-                    None => install(&nl, *health, peer.via).await,
+                    Some(dev) => install_into(&nl, *health, dev, write).await,
+                    None => install(&nl, *health, peer.via, write).await,
                 };
                 match made {
                     Ok(()) => applied.added += 1,
+                    Err(e) if write == RouteWrite::New && e.exists() => applied.foreign += 1,
                     Err(e) => applied.fail(&e),
                 }
             }

@@ -20,7 +20,7 @@ mod links;
 mod routes;
 
 pub use links::LinkSummary;
-pub use routes::{Route, RouteV4, RouteV6};
+pub use routes::{Route, RouteV4, RouteV6, RouteWrite};
 
 /// `RTPROT_BOOT`, what `ip route add` marks a route with by default.
 const RTPROT_BOOT: u8 = 3;
@@ -51,6 +51,16 @@ pub enum NetlinkError {
     Runtime(#[source] std::io::Error),
     #[error(transparent)]
     Netns(#[from] NetnsError),
+}
+
+impl NetlinkError {
+    /// Whether the kernel refused a request because what it would make
+    /// exists already (`EEXIST`): a route added never over another found
+    /// one.
+    #[must_use]
+    pub fn exists(&self) -> bool {
+        matches!(self, Self::Request { source: rtnetlink::Error::NetlinkError(e), .. } if e.raw_code() == -libc::EEXIST)
+    }
 }
 
 /// Counters of an interface, from `IFLA_STATS64`.

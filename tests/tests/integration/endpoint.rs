@@ -4,7 +4,11 @@
 use std::{net::Ipv4Addr, time::Duration};
 
 use health_agent::endpoint::EndpointView;
-use health_agent::{datapath::read_pinned_stats, sys::netlink::in_netns, util::cidr::Cidr as _};
+use health_agent::{
+    datapath::read_pinned_stats,
+    sys::netlink::{RouteWrite, in_netns},
+    util::cidr::Cidr as _,
+};
 use health_tests::agent::{AgentNode, HEALTH_CIDR};
 use nix::sys::signal::Signal;
 
@@ -127,8 +131,13 @@ fn a_deleted_endpoint_namespace_is_made_anew_and_its_hello_server_follows() {
     };
     assert_eq!(answered(&node), Some(200));
     in_netns(Some(&node.node), move |nl| async move {
-        nl.replace_route_owned(ip, 32, Ipv4Addr::new(198, 18, 0, 30), STATIC)
-            .await
+        nl.write_route_owned(
+            ip,
+            32,
+            Ipv4Addr::new(198, 18, 0, 30),
+            (STATIC, RouteWrite::Replace),
+        )
+        .await
     })
     .expect("someone else's route to the endpoint");
     node.endpoint_ns()
@@ -497,10 +506,15 @@ fn the_agent_touches_only_its_own_routes_and_only_on_link_ones() {
     let mut node = AgentNode::new();
     in_netns(Some(&node.node), |nl| async move {
         // Someone else's route to a peer's health IP, and a stale one of ours.
-        nl.replace_route_owned(ip(100, 2), 32, ip(0, 30), STATIC)
+        nl.write_route_owned(ip(100, 2), 32, ip(0, 30), (STATIC, RouteWrite::Replace))
             .await?;
-        nl.replace_route_owned(ip(103, 2), 32, ip(0, 22), ROUTE_PROTOCOL)
-            .await
+        nl.write_route_owned(
+            ip(103, 2),
+            32,
+            ip(0, 22),
+            (ROUTE_PROTOCOL, RouteWrite::Replace),
+        )
+        .await
     })
     .expect("routes before the agent");
     let nodes = node.dir.join("nodes.yaml");
@@ -614,7 +628,8 @@ fn routes_someone_else_made_to_the_pools_addresses_are_left_as_they_are() {
     let theirs =
         |r: Option<RouteV4>| r.is_some_and(|r| r.gateway == Some(gateway) && r.protocol == STATIC);
     in_netns(Some(&node.node), move |nl| async move {
-        nl.replace_route_owned(first, 32, gateway, STATIC).await
+        nl.write_route_owned(first, 32, gateway, (STATIC, RouteWrite::Replace))
+            .await
     })
     .expect("someone else's route to the last run's address");
     node.start(&["--controller-interval", "1s"]);
@@ -627,7 +642,8 @@ fn routes_someone_else_made_to_the_pools_addresses_are_left_as_they_are() {
 
     // The endpoint's own route replaced by someone else's: not taken back.
     in_netns(Some(&node.node), move |nl| async move {
-        nl.replace_route_owned(second, 32, gateway, STATIC).await
+        nl.write_route_owned(second, 32, gateway, (STATIC, RouteWrite::Replace))
+            .await
     })
     .expect("someone else's route to the endpoint's address");
     let refused = "never over a route to it that exists";

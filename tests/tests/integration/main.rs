@@ -40,6 +40,7 @@ mod nat6_test_run;
 mod nat_test_run;
 mod package;
 mod page;
+mod peer_routes;
 mod probe6;
 mod quality;
 mod scale;

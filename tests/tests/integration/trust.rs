@@ -19,7 +19,7 @@ use health_agent::{
     },
     membership::routes::ROUTE_PROTOCOL,
     probe::path::ProbeResult,
-    sys::netlink::{RouteV4, in_netns},
+    sys::netlink::{RouteV4, RouteWrite, in_netns},
 };
 use health_tests::cluster::{Cluster, ETCD_ENDPOINT, Settings, health_cidr, node_ip};
 use nix::sys::signal::Signal;
@@ -462,7 +462,7 @@ fn addresses_the_node_reaches_otherwise_are_not_routed() {
     in_netns(Some(&cluster.nodes[0].ns), |nl| async move {
         nl.add_address("uplink", Ipv4Addr::new(198, 18, 101, 1), 24)
             .await?;
-        nl.replace_route_owned(foreign_net, 24, node_ip(1), STATIC)
+        nl.write_route_owned(foreign_net, 24, node_ip(1), (STATIC, RouteWrite::Replace))
             .await
     })
     .expect("node-1's own network and route");

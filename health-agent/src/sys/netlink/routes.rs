@@ -78,16 +78,36 @@ fn address<A: Family>(a: &RouteAddress) -> Option<A> {
     }
 }
 
+/// How a route is written where one to the same destination and metric
+/// may exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteWrite {
+    /// Replacing it (the caller knows it is its own).
+    Replace,
+    /// Never over it: the kernel refuses the add (`EEXIST`, see
+    /// [`NetlinkError::exists`]) and that route stays.
+    New,
+}
+
 impl Netlink {
     /// Adds `msg`, replacing a route to the same destination.
     async fn add_route(&self, msg: RouteMessage, op: String) -> Result<(), NetlinkError> {
-        self.handle
-            .route()
-            .add(msg)
-            .replace()
-            .execute()
-            .await
-            .map_err(req(op))
+        self.write_route(msg, RouteWrite::Replace, op).await
+    }
+
+    /// Adds `msg` as `write` says.
+    async fn write_route(
+        &self,
+        msg: RouteMessage,
+        write: RouteWrite,
+        op: String,
+    ) -> Result<(), NetlinkError> {
+        let add = self.handle.route().add(msg);
+        let add = match write {
+            RouteWrite::Replace => add.replace(),
+            RouteWrite::New => add,
+        };
+        add.execute().await.map_err(req(op))
     }
 
     /// Deletes the route `msg` names; a missing one is fine.
@@ -260,41 +280,45 @@ impl Netlink {
         prefix: u8,
         gateway: A,
     ) -> Result<(), NetlinkError> {
-        self.replace_route_owned(destination, prefix, gateway, RTPROT_BOOT)
+        let owner = (RTPROT_BOOT, RouteWrite::Replace);
+        self.write_route_owned(destination, prefix, gateway, owner)
             .await
     }
 
     /// Adds `destination/prefix via gateway` (either family, both the
-    /// same) marked as installed by `protocol`, replacing a route to the
-    /// same destination (callers check that any such route is theirs
-    /// first). The kernel picks the interface that reaches the gateway.
-    pub async fn replace_route_owned(
+    /// same) marked as installed by `protocol`, over a route to the same
+    /// destination as `write` says (callers replace only a route they
+    /// know is theirs). The kernel picks the interface that reaches the
+    /// gateway.
+    pub async fn write_route_owned(
         &self,
         destination: impl Into<IpAddr>,
         prefix: u8,
         gateway: impl Into<IpAddr>,
-        protocol: u8,
+        (protocol, write): (u8, RouteWrite),
     ) -> Result<(), NetlinkError> {
         let (destination, gateway) = (destination.into(), gateway.into());
         let msg = route(destination, prefix, Some(gateway))?
             .protocol(RouteProtocol::from(protocol))
             .build();
-        self.add_route(
+        self.write_route(
             msg,
+            write,
             format!("adding route {destination}/{prefix} via {gateway} (protocol {protocol})"),
         )
         .await
     }
 
     /// Adds `destination/prefix dev iface` (either family, no gateway)
-    /// marked as installed by `protocol`, replacing a route to the same
-    /// destination (callers check that any such route is theirs first).
-    pub async fn replace_route_dev_owned(
+    /// marked as installed by `protocol`, over a route to the same
+    /// destination as `write` says (callers replace only a route they
+    /// know is theirs).
+    pub async fn write_route_dev_owned(
         &self,
         destination: IpAddr,
         prefix: u8,
         iface: &str,
-        protocol: u8,
+        (protocol, write): (u8, RouteWrite),
     ) -> Result<(), NetlinkError> {
         let index = self.require_link(iface).await?;
         let b = route(destination, prefix, None)?
@@ -305,8 +329,9 @@ impl Netlink {
         } else {
             b
         };
-        self.add_route(
+        self.write_route(
             b.build(),
+            write,
             format!("adding route {destination}/{prefix} dev {iface} (protocol {protocol})"),
         )
         .await
