@@ -331,6 +331,7 @@ fn node_sync(
         local_name: cfg.node_name.clone(),
         own_ips,
         keep_routes: cfg.settings.endpoint.keep_endpoint,
+        set_comes_later: matches!(cfg.discovery, Discovery::Etcd(_)),
         peers: cfg.settings.probe.probe_peers,
         bounds: RouteBounds {
             range: cfg.settings.endpoint.health_range,

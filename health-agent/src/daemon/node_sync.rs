@@ -43,6 +43,12 @@ pub(super) struct NodeSync {
     pub(super) own_ips: Vec<IpAddr>,
     /// On shutdown, leave the routes (the endpoint is kept too).
     pub(super) keep_routes: bool,
+    /// The source gives its first set after the start (etcd's listing):
+    /// until it does, the empty set the agent starts with syncs nothing
+    /// (neither at the start nor at a link's event), so that routes kept
+    /// from the last run (`--keep-endpoint`, or a crash) stay while etcd
+    /// is away.
+    pub(super) set_comes_later: bool,
     /// Which peers the prober gets (`None`: by the set's size).
     pub(super) peers: Option<ProbePeers>,
     /// What the routes to peers are kept within.
@@ -110,6 +116,9 @@ impl NodeSync {
         let apply = sync::run(self.limits, &wake, || {
             let failures = failures.clone();
             let set = nodes.borrow_and_update().clone();
+            // Nothing to sync before the source's first set (etcd's holds
+            // this node at least).
+            let waiting = self.set_comes_later && set.is_empty();
             let probers = self.prober.clone();
             let desired = PeerRoutes::desired(&set, Some(&self.local_name), &self.own_ips);
             let subset = probed(&set, &self.local_name, self.peers);
@@ -121,6 +130,9 @@ impl NodeSync {
             let encryption = probers.borrow().config().encryption.clone();
             let routes = routes.clone();
             async move {
+                if waiting {
+                    return None;
+                }
                 let synced = make_routes(routes, desired, bounds, &names, encryption).await;
                 // The prober in service now (a reload may have replaced
                 // it meanwhile) gets the set once its routes were tried

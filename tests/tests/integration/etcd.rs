@@ -115,6 +115,49 @@ fn nodes_join_and_leave_through_etcd_and_survive_an_etcd_restart() {
 /// node that round finds not answering yet is probed again a second
 /// apart while its paths have no verdict (ten failures turn one here, so
 /// that the agent started after its record has ten seconds to answer).
+/// Node 1's routes of the agent's, to its peers' health addresses.
+fn agent_routes(cluster: &Cluster) -> Vec<std::net::Ipv4Addr> {
+    health_agent::sys::netlink::in_netns(Some(&cluster.nodes[0].ns), |nl| async move {
+        nl.routes::<std::net::Ipv4Addr>().await
+    })
+    .expect("routes")
+    .into_iter()
+    .filter(|r| r.protocol == health_agent::membership::routes::ROUTE_PROTOCOL)
+    .map(|r| r.destination)
+    .collect()
+}
+
+/// With `--keep-endpoint` the routes to peers survive the agent's stop,
+/// and the next agent leaves them until etcd has given it a node set: an
+/// agent restarted while etcd is down keeps routing its peers' answers.
+#[test]
+fn kept_routes_stay_until_etcd_gives_the_restarted_agent_its_nodes() {
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        extra_args: vec!["--keep-endpoint".into()],
+        ..Settings::default()
+    });
+    cluster.wait_status(0, Duration::from_secs(20), |s| {
+        s.nodes.len() == 3 && s.reachable() == 3
+    });
+    let routes = agent_routes(&cluster);
+    assert_eq!(routes.len(), 2, "{routes:?}");
+    cluster.stop_agent(0, Signal::SIGTERM);
+    assert_eq!(agent_routes(&cluster), routes, "kept with the endpoint");
+    cluster.stop_etcd();
+    cluster.start_agent(0);
+    cluster.wait_status(0, Duration::from_secs(20), |_| true);
+    // Well past a sync of the empty set it starts with.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(agent_routes(&cluster), routes, "{}", cluster.nodes[0].log());
+    cluster.start_etcd();
+    cluster.wait_status(0, Duration::from_secs(30), |s| {
+        s.nodes.len() == 3 && s.reachable() == 3
+    });
+    assert_eq!(agent_routes(&cluster), routes);
+}
+
 #[test]
 fn nodes_found_in_etcd_are_probed_before_the_next_round_is_due() {
     use health_agent::probe::status::{ClusterStatus, NodeStatus};
