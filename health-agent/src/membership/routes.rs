@@ -456,9 +456,11 @@ impl PeerRoutes {
                     Some(dev) => install_into(&nl, *health, dev, write).await,
                     None => install(&nl, *health, peer.via, write).await,
                 };
+                // Refused as existing (someone made one since the read, or
+                // the read missed one): a failure, so that the sync runs
+                // again within a second and reads what is there.
                 match made {
                     Ok(()) => applied.added += 1,
-                    Err(e) if write == RouteWrite::New && e.exists() => applied.foreign += 1,
                     Err(e) => applied.fail(&e),
                 }
             }

@@ -424,9 +424,11 @@ fn check_claims(
         let holder = holders.holder(*ip, now).filter(|(name, lasts)| {
             // A holder still in the update keeps the address while its
             // record claims it (or is refused), and when its hold outlasts
-            // the record's claim (etcd: a record moved away from the
-            // address holds it as one departing); one without a record,
-            // only when its hold outlasts the record.
+            // the record's claim (etcd, where every hold lasts: a record
+            // moved away from the address holds it as one departing; so
+            // the claim and the refusal count for the nodes file alone);
+            // one without a record, only when its hold outlasts the
+            // record.
             match names.get(name) {
                 Some(&at) => {
                     *lasts || verdict[at].is_some() || claimants.iter().any(|(i, _)| *i == at)

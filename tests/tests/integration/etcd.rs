@@ -108,13 +108,6 @@ fn nodes_join_and_leave_through_etcd_and_survive_an_etcd_restart() {
     assert!(view.error.is_none(), "re-synced: {view:?}");
 }
 
-/// A round a minute, as by default, and no liveness echoes (as in a full
-/// mesh too large for them): the peers an agent finds in etcd after its
-/// first round, and a node that joins later, are probed in a round of
-/// their own within a second, not at the next round a minute later; a
-/// node that round finds not answering yet is probed again a second
-/// apart while its paths have no verdict (ten failures turn one here, so
-/// that the agent started after its record has ten seconds to answer).
 /// Node 1's routes of the agent's, to its peers' health addresses.
 fn agent_routes(cluster: &Cluster) -> Vec<std::net::Ipv4Addr> {
     health_agent::sys::netlink::in_netns(Some(&cluster.nodes[0].ns), |nl| async move {
@@ -158,6 +151,13 @@ fn kept_routes_stay_until_etcd_gives_the_restarted_agent_its_nodes() {
     assert_eq!(agent_routes(&cluster), routes);
 }
 
+/// A round a minute, as by default, and no liveness echoes (as in a full
+/// mesh too large for them): the peers an agent finds in etcd after its
+/// first round, and a node that joins later, are probed in a round of
+/// their own within a second, not at the next round a minute later; a
+/// node that round finds not answering yet is probed again a second
+/// apart while its paths have no verdict (ten failures turn one here, so
+/// that the agent started after its record has ten seconds to answer).
 #[test]
 fn nodes_found_in_etcd_are_probed_before_the_next_round_is_due() {
     use health_agent::probe::status::{ClusterStatus, NodeStatus};
