@@ -32,7 +32,7 @@ enum Hold {
 }
 
 /// Who held each address, and how.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Holders {
     held: HashMap<IpAddr, (String, Hold)>,
     /// A node of the last good set without a record in an update, or
@@ -42,6 +42,20 @@ pub struct Holders {
     /// file), an edit may remove or move a node and give its addresses to
     /// another.
     departing: bool,
+    /// The most addresses held by nodes without a record (or whose record
+    /// gave them up): past it, the holds ending first end now, so that a
+    /// writer who makes and deletes records in a loop holds no more.
+    most_departed: usize,
+}
+
+impl Default for Holders {
+    fn default() -> Self {
+        Self {
+            held: HashMap::new(),
+            departing: false,
+            most_departed: usize::MAX,
+        }
+    }
 }
 
 impl Holders {
@@ -56,15 +70,18 @@ impl Holders {
         }
         Self {
             held,
-            departing: false,
+            ..Self::default()
         }
     }
 
     /// `self`, where a holder without a record in an update keeps its
-    /// addresses as one departing now (the etcd source's holders).
+    /// addresses as one departing now (the etcd source's holders), at
+    /// most `most` of them: the set's bound on nodes (`--max-nodes`) times
+    /// their four addresses covers every node of a set leaving at once.
     #[must_use]
-    pub const fn departing(mut self) -> Self {
+    pub const fn departing(mut self, most: usize) -> Self {
         self.departing = true;
+        self.most_departed = most;
         self
     }
 
@@ -76,8 +93,10 @@ impl Holders {
     pub fn after(&self, set: &NodeSet, now: Instant, hold: Duration) -> Self {
         let mut next = Self {
             departing: self.departing,
+            most_departed: self.most_departed,
             ..Self::of(set)
         };
+        let mut departed = 0;
         for (ip, (name, how)) in &self.held {
             if next.held.contains_key(ip) || (!self.departing && set.get(name).is_some()) {
                 continue;
@@ -89,8 +108,32 @@ impl Holders {
             };
             next.held
                 .insert(*ip, (name.clone(), Hold::Departed { until }));
+            departed += 1;
+        }
+        if departed > next.most_departed {
+            next.end_first_holds(departed - next.most_departed);
         }
         next
+    }
+
+    /// Ends the `n` departed holds that end first.
+    fn end_first_holds(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut ends: Vec<(Instant, IpAddr)> = self
+            .held
+            .iter()
+            .filter_map(|(ip, (_, how))| match how {
+                Hold::Departed { until } => Some((*until, *ip)),
+                Hold::Present => None,
+            })
+            .collect();
+        let n = n.min(ends.len());
+        ends.select_nth_unstable(n.saturating_sub(1));
+        for (_, ip) in &ends[..n] {
+            self.held.remove(ip);
+        }
     }
 
     /// The holder of `ip`, and whether its hold lasts without a record.
@@ -112,6 +155,7 @@ impl Holders {
         Self {
             held,
             departing: self.departing,
+            most_departed: self.most_departed,
         }
     }
 
@@ -188,6 +232,29 @@ mod tests {
         // b back with the same addresses: held again as present.
         let h = h.after(&set(&[("a", 1), ("b", 2)]), t1, hold);
         assert_eq!(h.holder(ip(2), t1), Some(("b", false)));
+    }
+
+    /// A writer who makes records and deletes them in a loop makes holds
+    /// of their addresses: past the bound, those ending first end.
+    #[test]
+    fn departed_holds_are_bounded_the_first_to_end_going_first() {
+        let t0 = Instant::now();
+        let hold = Duration::from_secs(60);
+        let mut h = Holders::of(&set(&[("a", 1)])).departing(4);
+        for (k, n) in (10..16).enumerate() {
+            let at = t0 + Duration::from_secs(u64::try_from(k).expect("small"));
+            h = h.after(&set(&[("a", 1), ("x", n)]), at, hold);
+            h = h.after(&set(&[("a", 1)]), at, hold);
+        }
+        assert_eq!(h.len(), 2 + 4, "a's two and four departed");
+        assert_eq!(h.holder(ip(1), t0), Some(("a", true)));
+        // x's last two records' addresses, held the longest.
+        for n in [14, 15] {
+            assert_eq!(h.holder(ip(n), t0), Some(("x", true)), "{n}");
+        }
+        for n in 10..14 {
+            assert_eq!(h.holder(ip(n), t0), None, "{n}");
+        }
     }
 
     #[test]

@@ -420,7 +420,7 @@ impl<'a> View<'a> {
             held: Held::new(limits.clone()),
             listing: Listing::default(),
             limits,
-            holders: Holders::default().departing(),
+            holders: Holders::default().departing(max_nodes.saturating_mul(4)),
             synced: false,
             revision: Revision::default(),
             dirty: false,

@@ -811,7 +811,7 @@ fn an_allocated_claim_outranks_a_hold() {
     let b = || etcd_record("b", "198.18.0.2", "198.18.65.1");
     for (holders, gone) in [
         (Holders::of(&before), false),
-        (Holders::of(&before).departing(), true),
+        (Holders::of(&before).departing(usize::MAX), true),
     ] {
         let records = if gone {
             vec![b()]
@@ -870,7 +870,11 @@ fn an_unallocated_claim_does_not_outrank_a_hold() {
     );
     let names: Vec<&str> = v.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["h"], "h's record there: {:?}", v.rejected);
-    let v = validate_allocated(vec![b()], (&l, Some(&a)), &Holders::of(&before).departing());
+    let v = validate_allocated(
+        vec![b()],
+        (&l, Some(&a)),
+        &Holders::of(&before).departing(usize::MAX),
+    );
     assert!(v.nodes.is_empty(), "h gone, within its hold");
     assert_eq!(
         v.rejected

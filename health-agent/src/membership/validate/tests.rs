@@ -427,7 +427,7 @@ fn b_alone() -> NodeSet {
 /// neither keeps nor takes an address for it.
 #[test]
 fn a_copy_of_a_nodes_record_elsewhere_keeps_no_address_for_it() {
-    let holders = Holders::of(&b_alone()).departing();
+    let holders = Holders::of(&b_alone()).departing(usize::MAX);
     let v = validate(
         vec![
             etcd_at("/h/0", "b", "198.18.0.99", "198.18.66.3"),
@@ -454,7 +454,7 @@ fn a_record_moved_away_from_an_address_keeps_it_from_other_claims() {
     let refusal = "etcd key \"/h/c\": health-ip 198.18.66.2 belongs to node \"b\", which held it first and keeps it";
     let moved = || etcd_at("/h/b", "b", "198.18.0.12", "198.18.66.3");
     let claim = || etcd_at("/h/c", "c", "198.18.0.13", "198.18.66.2");
-    let holders = Holders::of(&b_alone()).departing();
+    let holders = Holders::of(&b_alone()).departing(usize::MAX);
     let v = validate(vec![moved(), claim()], &local(), &holders);
     assert_eq!(names(&v), ["b"], "{:?}", v.rejected);
     assert_eq!(v.rejected[0].to_string(), refusal);
@@ -498,7 +498,7 @@ fn a_claim_waiting_for_an_address_does_not_take_it_when_its_holder_leaves() {
     let v = validate(
         vec![etcd_at("/h/evil", "evil", "198.18.0.20", "198.18.66.2")],
         &local(),
-        &Holders::of(&b_alone()).departing(),
+        &Holders::of(&b_alone()).departing(usize::MAX),
     );
     assert!(names(&v).is_empty(), "{:?}", v.rejected);
     assert_eq!(
