@@ -63,3 +63,61 @@ fn a_new_route_is_never_written_over_one_made_by_someone_else() {
         (Some(OTHER), ROUTE_PROTOCOL)
     );
 }
+
+/// Every gateway of a multipath default route is this node's: none is
+/// routed as a peer's health address, as the one gateway of a plain
+/// default route is not.
+#[test]
+fn no_gateway_of_a_multipath_default_route_is_routed_as_a_peer() {
+    use std::{collections::BTreeMap, net::IpAddr};
+
+    use health_agent::membership::routes::{PeerRoute, PeerRoutes, RouteBounds};
+    use health_tests::topology::A_IF;
+
+    let nodes = TwoNodes::new();
+    let mut ip = std::process::Command::new("ip");
+    ip.args(["route", "add", "default", "nexthop", "via"])
+        .arg(HEALTH.to_string())
+        .args(["dev", A_IF, "onlink", "nexthop", "via"])
+        .arg(B_IP.to_string())
+        .args(["dev", A_IF]);
+    health_tests::process::enter(&mut ip, &nodes.a);
+    let out = ip.output().expect("ip");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let desired: BTreeMap<IpAddr, PeerRoute> = [(
+        IpAddr::V4(HEALTH),
+        PeerRoute {
+            via: IpAddr::V4(B_IP),
+            node: "b".into(),
+        },
+    )]
+    .into_iter()
+    .collect();
+    let bounds = RouteBounds {
+        range: Some("198.18.64.0/18".parse().expect("range")),
+        ..RouteBounds::default()
+    };
+    let synced = nodes
+        .a
+        .run(move || PeerRoutes::default().apply(&desired, &bounds))
+        .expect("enter a");
+    let refused: Vec<(IpAddr, &str)> = synced
+        .refused
+        .iter()
+        .map(|r| (r.address, r.reason.as_str()))
+        .collect();
+    assert_eq!(
+        refused,
+        [(IpAddr::V4(HEALTH), "this node's default gateway")],
+        "{synced:?}"
+    );
+    let ours: Vec<RouteV4> = routes_to_health(&nodes)
+        .into_iter()
+        .filter(|r| r.protocol == ROUTE_PROTOCOL)
+        .collect();
+    assert_eq!(ours, [], "nothing routed");
+}

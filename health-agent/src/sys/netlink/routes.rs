@@ -7,7 +7,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use futures::TryStreamExt as _;
 use netlink_packet_route::{
     AddressFamily,
-    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
+    route::{
+        RouteAddress, RouteAttribute, RouteMessage, RouteNextHop, RouteProtocol, RouteScope,
+        RouteType,
+    },
 };
 use rtnetlink::RouteMessageBuilder;
 
@@ -89,6 +92,46 @@ pub enum RouteWrite {
     New,
 }
 
+/// The route `msg` gives: one a next hop when it has several
+/// (`RTA_MULTIPATH`), each with its gateway and interface, so that every
+/// gateway of a multipath default route is seen.
+fn parsed_route<A: Family>(msg: &RouteMessage) -> Vec<Route<A>> {
+    let mut r = Route {
+        destination: A::UNSPECIFIED,
+        prefix: msg.header.destination_prefix_length,
+        gateway: None,
+        oif: None,
+        protocol: u8::from(msg.header.protocol),
+        table: u32::from(msg.header.table),
+    };
+    let mut hops: &[RouteNextHop] = &[];
+    for a in &msg.attributes {
+        match a {
+            RouteAttribute::Destination(d) => {
+                r.destination = address(d).unwrap_or(r.destination);
+            }
+            RouteAttribute::Gateway(g) => r.gateway = address(g).or(r.gateway),
+            RouteAttribute::Oif(i) => r.oif = Some(*i),
+            RouteAttribute::Table(t) => r.table = *t,
+            RouteAttribute::MultiPath(h) => hops = h,
+            _ => {}
+        }
+    }
+    if hops.is_empty() {
+        return vec![r];
+    }
+    hops.iter()
+        .map(|hop| Route {
+            gateway: hop.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Gateway(g) => address(g),
+                _ => None,
+            }),
+            oif: Some(hop.interface_index).filter(|&i| i != 0),
+            ..r
+        })
+        .collect()
+}
+
 impl Netlink {
     /// Adds `msg`, replacing a route to the same destination.
     async fn add_route(&self, msg: RouteMessage, op: String) -> Result<(), NetlinkError> {
@@ -137,31 +180,7 @@ impl Netlink {
             .try_collect()
             .await
             .map_err(req(format!("listing {} routes", A::NAME)))?;
-        Ok(msgs
-            .iter()
-            .map(|msg| {
-                let mut r = Route {
-                    destination: A::UNSPECIFIED,
-                    prefix: msg.header.destination_prefix_length,
-                    gateway: None,
-                    oif: None,
-                    protocol: u8::from(msg.header.protocol),
-                    table: u32::from(msg.header.table),
-                };
-                for a in &msg.attributes {
-                    match a {
-                        RouteAttribute::Destination(d) => {
-                            r.destination = address(d).unwrap_or(r.destination);
-                        }
-                        RouteAttribute::Gateway(g) => r.gateway = address(g).or(r.gateway),
-                        RouteAttribute::Oif(i) => r.oif = Some(*i),
-                        RouteAttribute::Table(t) => r.table = *t,
-                        _ => {}
-                    }
-                }
-                r
-            })
-            .collect())
+        Ok(msgs.iter().flat_map(parsed_route).collect())
     }
 
     /// Adds (or replaces) a route `destination/prefix` out of `iface`,
