@@ -96,6 +96,8 @@ pub enum RecordError {
         path: PathBuf,
         source: serde_json::Error,
     },
+    #[error("the endpoint record {path} is not the agent's alone: {why} (fix or remove it)")]
+    NotPrivate { path: PathBuf, why: String },
 }
 
 impl EndpointRecord {
@@ -103,6 +105,15 @@ impl EndpointRecord {
     /// cannot be parsed is an error, never silently replaced.
     pub fn load(state_dir: &Path) -> Result<Option<Self>, RecordError> {
         let path = state_dir.join(FILE_NAME);
+        match fs::symlink_metadata(&path) {
+            Ok(meta) => {
+                if let Some(why) = crate::sys::private_path::not_private(&meta) {
+                    return Err(RecordError::NotPrivate { path, why });
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(_) => {}
+        }
         let text = match fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -180,7 +191,7 @@ impl EndpointRecord {
             .map_err(io("serializing", &path))?;
         {
             use io::Write as _;
-            let mut f = fs::File::create(&tmp).map_err(io("creating", &tmp))?;
+            let mut f = crate::sys::private_path::create(&tmp).map_err(io("creating", &tmp))?;
             f.write_all(&json).map_err(io("writing", &tmp))?;
             f.sync_all().map_err(io("syncing", &tmp))?;
         }
@@ -370,6 +381,39 @@ mod tests {
         );
         // The bad file is left for the operator, not overwritten.
         assert!(dir.join(FILE_NAME).exists());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A record others may write, or a link in its place, is refused and
+    /// left as it is: it could name what the agent did not make.
+    #[test]
+    fn a_record_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tmp_dir("private");
+        EndpointRecord {
+            id: 7,
+            ipv4: Some(Ipv4Addr::new(198, 18, 64, 2)),
+            cidr: Some("198.18.64.0/24".parse().expect("cidr")),
+            ipv6: None,
+            cidr6: None,
+            netns: "health".into(),
+            owned: None,
+            boot: None,
+        }
+        .save(&dir)
+        .expect("save");
+        assert!(EndpointRecord::load(&dir).expect("load").is_some());
+        let path = dir.join(FILE_NAME);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).expect("chmod");
+        let err = EndpointRecord::load(&dir).expect_err("refused").to_string();
+        assert!(
+            err.contains("endpoint.json is not the agent's alone: it is writable by its group or others (mode 0666"),
+            "{err}"
+        );
+        fs::rename(&path, dir.join("elsewhere")).expect("moved");
+        std::os::unix::fs::symlink(dir.join("elsewhere"), &path).expect("link");
+        let err = EndpointRecord::load(&dir).expect_err("refused").to_string();
+        assert!(err.contains("it is a symbolic link"), "{err}");
         let _ = fs::remove_dir_all(&dir);
     }
 

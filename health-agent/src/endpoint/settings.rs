@@ -59,6 +59,9 @@ section! {
         #[arg(long, default_value = "eth0", value_parser = interface_name)]
         pub endpoint_iface: String,
         /// Where the endpoint record (IP, endpoint ID) is kept across restarts.
+        /// It must be the agent's alone (owned by its user, writable by no
+        /// one else), as must --bpffs-dir: else the agent refuses to start,
+        /// naming it.
         #[arg(long, default_value = "/var/lib/health-agent")]
         pub state_dir: PathBuf,
         /// How often the controller verifies the endpoint (it also runs on link events).

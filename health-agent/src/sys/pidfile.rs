@@ -17,6 +17,14 @@ pub enum PidfileError {
     NotASocket { path: PathBuf },
     #[error("another health-agent holds {path} ({flag}): each agent needs its own")]
     DirInUse { path: PathBuf, flag: &'static str },
+    #[error(
+        "{path} ({flag}) is not the agent's alone: {why}; the agent adopts and removes what it finds there"
+    )]
+    NotPrivate {
+        path: PathBuf,
+        flag: &'static str,
+        why: String,
+    },
     #[error("{op} {path}")]
     Io {
         op: &'static str,
@@ -109,10 +117,27 @@ impl DirLock {
         // between this open and this lock: the lock must be on the
         // directory the path names once it is taken.
         for _ in 0..3 {
-            fs::create_dir_all(path).map_err(io("creating"))?;
+            {
+                use std::os::unix::fs::DirBuilderExt as _;
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(path)
+                    .map_err(io("creating"))?;
+            }
             let dir = fs::File::open(path).map_err(io("opening"))?;
             match dir.try_lock() {
-                Ok(()) if same_file(&dir, path) => return Ok(Self { _dir: dir }),
+                Ok(()) if same_file(&dir, path) => {
+                    let meta = dir.metadata().map_err(io("reading the metadata of"))?;
+                    if let Some(why) = crate::sys::private_path::not_private(&meta) {
+                        return Err(PidfileError::NotPrivate {
+                            path: path.to_owned(),
+                            flag,
+                            why,
+                        });
+                    }
+                    return Ok(Self { _dir: dir });
+                }
                 Ok(()) => {}
                 Err(fs::TryLockError::WouldBlock) => {
                     return Err(PidfileError::DirInUse {
@@ -189,6 +214,27 @@ mod tests {
         );
         drop(held);
         assert!(DirLock::take(&d, "--state-dir").is_ok(), "free once let go");
+        let _ = fs::remove_dir_all(d.parent().expect("parent"));
+    }
+
+    /// A directory others may write to is refused, naming it, its flag
+    /// and its mode; one the agent makes is its alone.
+    #[test]
+    fn a_directory_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = dir("private").join("state");
+        drop(DirLock::take(&d, "--state-dir").expect("made and locked"));
+        let mode = fs::metadata(&d).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o755);
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let err = DirLock::take(&d, "--state-dir").err().expect("refused");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{} (--state-dir) is not the agent's alone: it is writable by its group or others (mode 1777; chmod go-w); the agent adopts and removes what it finds there",
+                d.display()
+            )
+        );
         let _ = fs::remove_dir_all(d.parent().expect("parent"));
     }
 

@@ -146,7 +146,11 @@ fn write_record(record: &Path, value: &str, boot: &str) -> io::Result<()> {
         fs::create_dir_all(dir)?;
     }
     let tmp = record.with_extension("tmp");
-    fs::write(&tmp, format!("{value} {boot}\n"))?;
+    {
+        use io::Write as _;
+        let mut f = super::private_path::create(&tmp)?;
+        f.write_all(format!("{value} {boot}\n").as_bytes())?;
+    }
     fs::rename(&tmp, record)
 }
 
