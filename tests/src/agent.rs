@@ -74,6 +74,23 @@ impl AgentNode {
         Netns::named(&self.endpoint_netns).expect("valid name")
     }
 
+    /// Whether a socket of the namespace at the endpoint's name listens on
+    /// port 4240 (0x1090, state LISTEN: 0A), either family.
+    #[must_use]
+    pub fn hello_listening(&self) -> bool {
+        let tables = self.endpoint_ns().run(|| {
+            ["tcp", "tcp6"].map(|t| {
+                fs::read_to_string(format!("/proc/thread-self/net/{t}")).unwrap_or_default()
+            })
+        });
+        tables.is_ok_and(|tables| {
+            tables.iter().flat_map(|t| t.lines()).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(":1090") && cols[3] == "0A"
+            })
+        })
+    }
+
     fn daemon_command(&self, cidr: &str, extra: &[&str]) -> Command {
         let mut cmd = daemon_command(
             &self.node,

@@ -161,7 +161,13 @@ pub async fn run(
             )
         }));
         after_run(result, trigger);
-        hello.follow(&shutdown);
+        let proven = endpoint
+            .record()
+            .owned
+            .as_ref()
+            .and_then(|o| o.netns.as_ref())
+            .map(|p| (p.dev, p.ino));
+        hello.follow(proven, &shutdown);
         // The run's own changes (a recreated veth, re-attached programs)
         // raise link events: they must not trigger the next run.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -231,11 +237,12 @@ impl Hello {
     }
 
     /// Binds the server again when the endpoint's namespace is another
-    /// than the one it listens in; one that cannot be bound is tried again
-    /// at the next call.
-    fn follow(&mut self, shutdown: &CancellationToken) {
+    /// than the one it listens in, and the one the record proves (`proven`:
+    /// a namespace someone else put at the name is never served in); one
+    /// that cannot be bound is tried again at the next call.
+    fn follow(&mut self, proven: Option<(u64, u64)>, shutdown: &CancellationToken) {
         let now_in = netns_identity(&self.netns);
-        if now_in.is_none() || now_in == self.bound_in {
+        if now_in.is_none() || now_in == self.bound_in || now_in != proven {
             return;
         }
         self.server.abort();

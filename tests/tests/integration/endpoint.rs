@@ -143,24 +143,9 @@ fn a_deleted_endpoint_namespace_is_made_anew_and_its_hello_server_follows() {
     node.endpoint_ns()
         .delete()
         .expect("someone deletes the namespace");
-    // A socket of the endpoint's namespace on port 4240 (0x1090), state
-    // LISTEN (0A), either family.
-    let listening = |node: &AgentNode| {
-        let tables = node.endpoint_ns().run(|| {
-            ["tcp", "tcp6"].map(|t| {
-                std::fs::read_to_string(format!("/proc/thread-self/net/{t}")).unwrap_or_default()
-            })
-        });
-        tables.is_ok_and(|tables| {
-            tables.iter().flat_map(|t| t.lines()).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(":1090") && cols[3] == "0A"
-            })
-        })
-    };
     let refused = "never over a route to it that exists";
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !(node.log().contains(refused) && node.endpoint_ns().exists() && listening(&node)) {
+    while !(node.log().contains(refused) && node.endpoint_ns().exists() && node.hello_listening()) {
         assert!(std::time::Instant::now() < deadline, "{}", node.log());
         std::thread::sleep(Duration::from_millis(100));
     }

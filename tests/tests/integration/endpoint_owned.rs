@@ -494,6 +494,45 @@ fn a_foreign_lxc_health_made_while_the_agent_runs_is_neither_used_nor_removed() 
     assert!(node.log().contains("not removed"), "{}", node.log());
 }
 
+/// While the agent runs, its namespace is replaced by someone else's under
+/// the same name: the controller names it, and the hello server, which
+/// follows the endpoint into a namespace the agent made anew, never
+/// listens in it.
+#[test]
+fn a_namespace_put_at_the_endpoints_name_while_it_runs_is_not_served_in() {
+    let mut node = AgentNode::new();
+    node.start(&[]);
+    node.wait_endpoint(READY, |_| true);
+    assert!(node.hello_listening(), "in its own namespace");
+    // The controller makes a deleted namespace anew 100 ms after the
+    // link event: the swap is tried again until the stranger's is in.
+    let mut attempts = 0;
+    let _theirs = loop {
+        let _ = node.endpoint_ns().delete();
+        match Netns::create(&node.endpoint_netns) {
+            Ok(ns) => break ns,
+            Err(e) => {
+                attempts += 1;
+                assert!(attempts < 20, "replace the namespace: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !node.log().contains("was not made by this agent") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller never named it; log:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Past the controller's runs after the swap.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!node.hello_listening(), "{}", node.log());
+    assert!(node.stop(Signal::SIGTERM).success(), "{}", node.log());
+}
+
 /// Inside the agent's own kept namespace, its `eth0` was replaced by
 /// someone else's: the agent refuses to start, naming it, and leaves it.
 #[test]
