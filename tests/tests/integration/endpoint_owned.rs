@@ -88,6 +88,20 @@ fn assert_foreign_lxc_health_left(node: &AgentNode, index: u32) {
 }
 
 /// The daemon, run to its exit, fails naming `needles`.
+/// Waits for the running agent's controller to name something under the
+/// endpoint's names as not its own.
+fn wait_named_foreign(node: &AgentNode) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !node.log().contains("was not made by this agent") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller never named it; log:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn assert_refused(node: &AgentNode, needles: &[&str]) {
     let out = node.run_to_exit(HEALTH_CIDR, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -466,15 +480,7 @@ fn a_foreign_lxc_health_made_while_the_agent_runs_is_neither_used_nor_removed() 
         std::thread::sleep(Duration::from_millis(20));
     }
     let theirs = node_link(&node, "lxc_health").expect("there");
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !node.log().contains("was not made by this agent") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the controller never named it; log:\n{}",
-            node.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_named_foreign(&node);
     let log = node.log();
     assert!(
         log.contains("interface \"lxc_health\" in the node's namespace")
@@ -518,15 +524,7 @@ fn a_namespace_put_at_the_endpoints_name_while_it_runs_is_not_served_in() {
             }
         }
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !node.log().contains("was not made by this agent") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the controller never named it; log:\n{}",
-            node.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_named_foreign(&node);
     // Past the controller's runs after the swap.
     std::thread::sleep(Duration::from_millis(1500));
     assert!(!node.hello_listening(), "{}", node.log());
