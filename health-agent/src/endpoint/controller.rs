@@ -134,15 +134,7 @@ pub async fn run(
         let timeout = cfg
             .interval
             .clamp(Duration::from_millis(200), Duration::from_secs(1));
-        // Stopped past its deadline meanwhile, this task is gone and the
-        // run's output with it: the endpoint is then removed (`Owned`).
-        let mut ep = endpoint;
-        let (ep, result) = match tokio::task::spawn_blocking(move || {
-            let r = ep.check_and_repair(timeout);
-            (ep, r)
-        })
-        .await
-        {
+        let (ep, result) = match check_and_repair(endpoint, timeout).await {
             Ok(done) => done,
             // The endpoint's state went with the panic; its plumbing stays
             // for the restarted task, which restores it (and binds the
@@ -179,7 +171,11 @@ pub async fn run(
     } else {
         "the controller failed"
     };
-    blocking(move || endpoint.release().shutdown(reason)).await?;
+    blocking(move || {
+        let _mark = crate::util::reclaim::busy();
+        endpoint.release().shutdown(reason)
+    })
+    .await?;
     // Kept: the endpoint still needs the node to forward for it.
     drop(forwarding6);
     result
@@ -289,6 +285,24 @@ fn drain(events: &mut broadcast::Receiver<()>) {
         events.try_recv(),
         Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)
     ) {}
+}
+
+/// One controller run on a blocking thread. Stopped past its deadline
+/// meanwhile, this task is gone and the run's output with it: the
+/// endpoint is then removed (`Owned`). The run is marked busy, so that the
+/// agent waits for it, and for that removal, before it lets go of its
+/// pidfile.
+async fn check_and_repair(
+    mut ep: Owned<Endpoint>,
+    timeout: Duration,
+) -> Result<(Owned<Endpoint>, Result<ControllerRun, EndpointError>), tokio::task::JoinError> {
+    tokio::task::spawn_blocking(move || {
+        let mark = crate::util::reclaim::busy();
+        let r = ep.check_and_repair(timeout);
+        (ep, r, mark)
+    })
+    .await
+    .map(|(ep, r, _mark)| (ep, r))
 }
 
 async fn blocking<T: Send + 'static>(

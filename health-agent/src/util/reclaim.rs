@@ -7,7 +7,10 @@
 //! An [`Owned`] value dropped so is removed on a thread of its own, which
 //! [`wait`] joins before the agent lets go of its pidfile. A value dropped
 //! while its thread panics is left as it is: the restarted task restores
-//! it.
+//! it. Work on such a value that a blocking thread carries on after its
+//! task was aborted (a repair, the removal itself) is marked with
+//! [`busy`], and [`wait`] waits for it too, and for the removal its end
+//! may start.
 
 use std::{
     ops::{Deref, DerefMut},
@@ -26,6 +29,28 @@ pub trait Remove: Send + 'static {
 
 /// The removals under way.
 static UNDER_WAY: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Blocking work under way on a value that removes itself ([`busy`]).
+static BUSY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Marks blocking work on an [`Owned`] value (or its removal) as under
+/// way until the mark is dropped: [`wait`] waits for it. Drop the mark
+/// after the value, so that a removal the value's drop starts is seen.
+#[must_use = "the work is under way only while the mark is held"]
+pub fn busy() -> Busy {
+    BUSY.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Busy(())
+}
+
+/// Blocking work under way ([`busy`]).
+#[derive(Debug)]
+pub struct Busy(());
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        BUSY.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
 
 /// A value that is removed if dropped before [`Owned::release`].
 #[derive(Debug)]
@@ -78,23 +103,39 @@ impl<T: Remove> Drop for Owned<T> {
     }
 }
 
-/// Waits, at most `patience`, for the removals under way; how many were
-/// still running when it gave up.
+/// Waits, at most `patience`, for the removals and the blocking work
+/// under way ([`busy`]), and the removals that work starts; how many
+/// were still running when it gave up.
 pub fn wait(patience: Duration) -> usize {
     let until = Instant::now() + patience;
-    let under_way = UNDER_WAY
-        .lock()
-        .map(|mut v| std::mem::take(&mut *v))
-        .unwrap_or_default();
     let mut left = 0;
-    for h in under_way {
-        while !h.is_finished() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(5));
+    loop {
+        // Read before the removals are taken: work that ended since had
+        // registered the removal its end started (its mark drops last).
+        let busy = BUSY.load(std::sync::atomic::Ordering::SeqCst);
+        let under_way = UNDER_WAY
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        if under_way.is_empty() && busy == 0 {
+            break;
         }
-        if h.is_finished() {
-            let _ = h.join();
-        } else {
-            left += 1;
+        for h in under_way {
+            while !h.is_finished() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                left += 1;
+            }
+        }
+        if Instant::now() >= until {
+            left += BUSY.load(std::sync::atomic::Ordering::SeqCst);
+            break;
+        }
+        if busy > 0 {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
     if left > 0 {
@@ -144,6 +185,36 @@ mod tests {
             .expect("joined");
         assert_eq!(left, 0);
         assert_eq!(rx.try_recv(), Ok("aborted"), "removed before wait returned");
+    }
+
+    /// A task aborted while a blocking thread works on its value: `wait`
+    /// returns once that work has ended and the removal the value's drop
+    /// started then has run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn work_carried_on_past_an_aborted_task_is_waited_for() {
+        let _one = ONE_AT_A_TIME.lock();
+        let (tx, rx) = mpsc::channel();
+        let owned = Owned::new(Plumbing(tx, "repaired, then dropped"));
+        let task = tokio::spawn(async move {
+            let _ = tokio::task::spawn_blocking(move || {
+                let mark = busy();
+                std::thread::sleep(Duration::from_millis(200));
+                (owned, mark)
+            })
+            .await;
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        task.abort();
+        assert!(task.await.is_err_and(|e| e.is_cancelled()));
+        let left = tokio::task::spawn_blocking(|| wait(Duration::from_secs(5)))
+            .await
+            .expect("joined");
+        assert_eq!(left, 0);
+        assert_eq!(
+            rx.try_recv(),
+            Ok("repaired, then dropped"),
+            "removed before wait returned"
+        );
     }
 
     #[test]
