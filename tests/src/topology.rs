@@ -10,7 +10,10 @@ use std::{
     path::Path,
 };
 
-use health_agent::sys::{netlink::in_netns, netns::Netns};
+use health_agent::{
+    membership::routes::PeerRoute,
+    sys::{netlink::in_netns, netns::Netns},
+};
 
 use crate::names;
 
@@ -89,4 +92,17 @@ impl Drop for TwoNodes {
             }
         }
     }
+}
+
+/// A peer `node` whose health address `health` node `a` routes via node
+/// `b` ([`B_IP`]), as the agent's route sync wants it.
+#[must_use]
+pub fn peer_via_b(health: Ipv4Addr, node: &str) -> (std::net::IpAddr, PeerRoute) {
+    (
+        health.into(),
+        PeerRoute {
+            via: B_IP.into(),
+            node: node.to_owned(),
+        },
+    )
 }

@@ -166,6 +166,16 @@ mod tests {
         }
     }
 
+    /// Aborts `task` once it has started, then [`wait`]s; what `wait` left.
+    async fn abort_then_wait(task: tokio::task::JoinHandle<()>) -> usize {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        task.abort();
+        assert!(task.await.is_err_and(|e| e.is_cancelled()));
+        tokio::task::spawn_blocking(|| wait(Duration::from_secs(5)))
+            .await
+            .expect("joined")
+    }
+
     /// A task aborted while it waits, owning the value: the value is
     /// removed, and `wait` returns once it is.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,13 +187,7 @@ mod tests {
             let _held = owned;
             std::future::pending::<()>().await;
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        task.abort();
-        assert!(task.await.is_err_and(|e| e.is_cancelled()));
-        let left = tokio::task::spawn_blocking(|| wait(Duration::from_secs(5)))
-            .await
-            .expect("joined");
-        assert_eq!(left, 0);
+        assert_eq!(abort_then_wait(task).await, 0);
         assert_eq!(rx.try_recv(), Ok("aborted"), "removed before wait returned");
     }
 
@@ -203,13 +207,7 @@ mod tests {
             })
             .await;
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        task.abort();
-        assert!(task.await.is_err_and(|e| e.is_cancelled()));
-        let left = tokio::task::spawn_blocking(|| wait(Duration::from_secs(5)))
-            .await
-            .expect("joined");
-        assert_eq!(left, 0);
+        assert_eq!(abort_then_wait(task).await, 0);
         assert_eq!(
             rx.try_recv(),
             Ok("repaired, then dropped"),

@@ -72,7 +72,7 @@ fn no_gateway_of_a_multipath_default_route_is_routed_as_a_peer() {
     use std::{collections::BTreeMap, net::IpAddr};
 
     use health_agent::membership::routes::{PeerRoute, PeerRoutes, RouteBounds};
-    use health_tests::topology::A_IF;
+    use health_tests::topology::{A_IF, peer_via_b};
 
     let nodes = TwoNodes::new();
     let mut ip = std::process::Command::new("ip");
@@ -88,15 +88,7 @@ fn no_gateway_of_a_multipath_default_route_is_routed_as_a_peer() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let desired: BTreeMap<IpAddr, PeerRoute> = [(
-        IpAddr::V4(HEALTH),
-        PeerRoute {
-            via: IpAddr::V4(B_IP),
-            node: "b".into(),
-        },
-    )]
-    .into_iter()
-    .collect();
+    let desired: BTreeMap<IpAddr, PeerRoute> = [peer_via_b(HEALTH, "b")].into_iter().collect();
     let bounds = RouteBounds {
         range: Some("198.18.64.0/18".parse().expect("range")),
         ..RouteBounds::default()

@@ -12,7 +12,7 @@ use health_agent::{
     membership::routes::{PeerRoute, PeerRoutes, ROUTE_PROTOCOL, RouteBounds},
     sys::netlink::in_netns,
 };
-use health_tests::topology::{A_IF, B_IP, TwoNodes};
+use health_tests::topology::{A_IF, TwoNodes, peer_via_b};
 
 /// Stands in for a second tunnel device in node `a`.
 const OTHER: &str = "tun-o";
@@ -28,15 +28,7 @@ fn a_health_route_follows_the_encryption_device_named() {
         nl.set_up(OTHER_PEER).await
     })
     .expect("a second device in a");
-    let desired: BTreeMap<IpAddr, PeerRoute> = [(
-        IpAddr::V4(HEALTH),
-        PeerRoute {
-            via: IpAddr::V4(B_IP),
-            node: "b".into(),
-        },
-    )]
-    .into_iter()
-    .collect();
+    let desired: BTreeMap<IpAddr, PeerRoute> = [peer_via_b(HEALTH, "b")].into_iter().collect();
     let through = |dev: &str| {
         let bounds = RouteBounds {
             range: Some("198.18.64.0/18".parse().expect("range")),
@@ -82,15 +74,7 @@ fn a_tunnel_route_goes_when_its_peer_leaves_and_when_the_agent_stops() {
         ..RouteBounds::default()
     };
     let other = Ipv4Addr::new(198, 18, 66, 3);
-    let peer = |health: Ipv4Addr| {
-        (
-            IpAddr::V4(health),
-            PeerRoute {
-                via: IpAddr::V4(B_IP),
-                node: format!("n-{health}"),
-            },
-        )
-    };
+    let peer = |health: Ipv4Addr| peer_via_b(health, &format!("n-{health}"));
     let both: BTreeMap<IpAddr, PeerRoute> = [peer(HEALTH), peer(other)].into_iter().collect();
     let one: BTreeMap<IpAddr, PeerRoute> = [peer(other)].into_iter().collect();
     let (removed, left) = nodes
