@@ -33,6 +33,7 @@
 pub mod cluster_view;
 pub mod config;
 mod endpoint_names;
+mod forwarding;
 pub mod node_addr;
 mod node_sync;
 pub mod reload;
@@ -159,10 +160,12 @@ async fn run_inner(
     let s = &cfg.settings;
     let _pidfile = Pidfile::acquire(&s.process.pidfile, &s.socket.path)?;
     let _state = DirLock::take(&s.endpoint.state_dir, "--state-dir")?;
-    let result = run_agent(cfg, stop, hangups).await;
+    let mut forwarding = None;
+    let result = run_agent(cfg, stop, hangups, &mut forwarding).await;
     // What a task aborted at the stop deadline left (the endpoint) is
-    // removed before the pidfile goes.
+    // removed before forwarding is written back and the pidfile goes.
     let _ = tokio::task::spawn_blocking(|| crate::util::reclaim::wait(RECLAIM_PATIENCE)).await;
+    drop(forwarding);
     result
 }
 
@@ -171,6 +174,7 @@ async fn run_agent(
     cfg: DaemonConfig,
     stop: CancellationToken,
     hangups: Option<(Hangups, Option<reload::Reload>)>,
+    forwarding: &mut Option<forwarding::Forwarding>,
 ) -> Result<(), DaemonError> {
     let s = &cfg.settings;
     let open_files = raise_fd_limit();
@@ -186,9 +190,8 @@ async fn run_agent(
         keep: s.endpoint.keep_endpoint,
     };
     // The one owner of the kernel object (dropped before the pins).
-    let sizes = map_sizes(&cfg);
-    let kernel =
-        DatapathOwner::new(s.pins.dir.clone(), sizes).with_programs(&programs(&cfg, &resolved));
+    let kernel = DatapathOwner::new(s.pins.dir.clone(), map_sizes(&cfg))
+        .with_programs(&programs(&cfg, &resolved));
     let health = Health::default();
     let stopping = stop.clone();
     let mut sup = Supervisor::new(s.process.supervisor(), health.clone(), stop);
@@ -227,6 +230,7 @@ async fn run_agent(
         start!(tasks::web(&mut sup, addr, router));
     }
     start!(tasks::links(&mut sup, links.clone()));
+    *forwarding = Some(forwarding::Forwarding::set(&s.endpoint));
     start!(tasks::datapath(
         &mut sup,
         datapath_config(&cfg, &resolved, &at_start, maps, probe_timeout_in_force),
@@ -454,7 +458,6 @@ fn datapath_config(
         &cfg.settings.datapath,
         MaintenanceStart {
             pin_dir: cfg.settings.pins.dir.clone(),
-            state_dir: cfg.settings.endpoint.state_dir.clone(),
             keep_pins: cfg.settings.endpoint.keep_endpoint,
             masquerade: at_start.masquerade.clone(),
             tc_hook: resolved.tc_hook,

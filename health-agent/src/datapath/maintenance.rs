@@ -27,20 +27,13 @@ use super::{
     report::{self, MapsReport},
 };
 
-use crate::{
-    supervisor::Problem,
-    sys::{netlink::in_netns, sysctl::Sysctl},
-    util::errors::chain,
-};
+use crate::{supervisor::Problem, sys::netlink::in_netns, util::errors::chain};
 
 /// What the node's datapath is made of.
 #[derive(Debug, Clone)]
 pub struct DatapathConfig {
     /// bpffs directory of the pinned maps.
     pub pin_dir: PathBuf,
-    /// The agent's state directory: what a sysctl was before the agent
-    /// set it is recorded there until it is written back.
-    pub state_dir: PathBuf,
     /// Connection-tracking lifetimes.
     pub ct: CtConfig,
     /// Masquerade on the uplink (`None`: routed mode).
@@ -163,15 +156,8 @@ pub async fn run(
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), DatapathError> {
-    // The node forwards between its uplink and the endpoint (both modes).
-    let forwarding = Sysctl::set("net/ipv4/ip_forward", "1", &cfg.state_dir)
-        .map_err(|e| warn!("could not enable IPv4 forwarding: {e}"))
-        .ok();
     let (c, k) = (cfg.clone(), kernel.clone());
     let mut node = blocking(move || set_up(&c, &k)).await?;
-    // Set up, a kept endpoint keeps that however this task ends (aborted
-    // at the stop deadline, or failing, included).
-    let forwarding = forwarding.map(|s| if cfg.keep_pins { s.kept_on_drop() } else { s });
     ready();
     let mut collector = Collector::new(
         cfg.gc_interval,
@@ -196,7 +182,6 @@ pub async fn run(
         .await?;
     }
     drop(node);
-    drop(forwarding);
     Ok(())
 }
 

@@ -123,8 +123,6 @@ impl DatapathSettings {
 pub struct MaintenanceStart {
     /// bpffs directory of the pinned maps (`--bpffs-dir`).
     pub pin_dir: std::path::PathBuf,
-    /// The agent's state directory (`--state-dir`).
-    pub state_dir: std::path::PathBuf,
     /// Leave the pins for the next agent (`--keep-endpoint`).
     pub keep_pins: bool,
     /// Masquerade on the uplink, resolved against the node.
@@ -146,7 +144,6 @@ impl super::maintenance::DatapathConfig {
     pub fn new(settings: &DatapathSettings, start: MaintenanceStart) -> Self {
         Self {
             pin_dir: start.pin_dir,
-            state_dir: start.state_dir,
             ct: settings.ct(),
             masquerade: start.masquerade,
             gc_interval: settings.ct_gc_interval,

@@ -8,24 +8,19 @@ use std::time::Duration;
 
 use tokio::{net::TcpListener, sync::broadcast, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 use super::{ControllerRun, Endpoint, EndpointConfig, EndpointError, SharedView};
 use crate::{
     datapath::DatapathHandle,
     probe::hello,
     supervisor::Problem,
-    sys::{netns::Netns, sysctl::Sysctl},
+    sys::netns::Netns,
     util::{
         errors::chain,
         reclaim::{Owned, Remove},
     },
 };
-
-/// The node forwards IPv6 between its uplink and an endpoint that has an
-/// IPv6 address, for as long as the endpoint runs (restored after, unless
-/// the endpoint is kept for the next agent).
-const IPV6_FORWARDING: &str = "net/ipv6/conf/all/forwarding";
 
 /// While the record cannot be saved, the controller runs (and tries the
 /// save again) this often.
@@ -69,7 +64,6 @@ pub async fn run(
     shutdown: CancellationToken,
     ready: impl FnOnce() + Send,
 ) -> Result<(), ControllerError> {
-    let forwarding6 = ipv6_forwarding(&cfg.endpoint);
     let ep_cfg = cfg.endpoint.clone();
     let stop = shutdown.clone();
     let started = blocking(move || {
@@ -87,15 +81,6 @@ pub async fn run(
     let Some(endpoint) = started else {
         return Ok(());
     };
-    // A kept endpoint, once there, keeps the forwarding it needs however
-    // this task ends (aborted at the stop deadline included).
-    let forwarding6 = forwarding6.map(|s| {
-        if cfg.endpoint.keep {
-            s.kept_on_drop()
-        } else {
-            s
-        }
-    });
     // From here the endpoint goes with this task if it is aborted.
     let mut endpoint = Owned::new(endpoint);
     info!(
@@ -176,23 +161,7 @@ pub async fn run(
         endpoint.release().shutdown(reason)
     })
     .await?;
-    // Kept: the endpoint still needs the node to forward for it.
-    drop(forwarding6);
     result
-}
-
-/// IPv6 forwarding, on while an endpoint with an IPv6 address runs; for
-/// one without, an earlier agent's IPv6 endpoint (kept, or its agent
-/// killed) is gone, and so is the forwarding it needed.
-fn ipv6_forwarding(cfg: &EndpointConfig) -> Option<Sysctl> {
-    if cfg.cidr6.is_some() {
-        Sysctl::set(IPV6_FORWARDING, "1", &cfg.state_dir)
-            .map_err(|e| warn!("could not enable IPv6 forwarding: {e}"))
-            .ok()
-    } else {
-        Sysctl::restore_recorded(IPV6_FORWARDING, "1", &cfg.state_dir);
-        None
-    }
 }
 
 impl Remove for Endpoint {

@@ -427,6 +427,27 @@ fn a_failing_task_is_shown_degraded_restarted_then_the_agent_exits_non_zero() {
         .all(|t| !t.degraded);
     assert!(others_fine, "{degraded:?}");
 
+    // Forwarding stays on through the restarts: the agent, not the task,
+    // holds it. Once written back at the end, it stays off.
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while node.pidfile().exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running: {seen:?}"
+        );
+        let now = ip_forward(&node);
+        if seen.last() != Some(&now) {
+            seen.push(now);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(seen.first().map(String::as_str), Some("1"), "{seen:?}");
+    assert!(
+        seen.len() <= 2,
+        "forwarding turned off while the agent ran: {seen:?}"
+    );
+
     // Restarts keep failing: past the budget the agent stops, non-zero.
     let status = node.wait_exit(Duration::from_secs(30));
     let log = node.log();
@@ -441,6 +462,7 @@ fn a_failing_task_is_shown_degraded_restarted_then_the_agent_exits_non_zero() {
         "five restarts; log:\n{log}"
     );
     assert_nothing_left(&node, Some(ip));
+    assert_eq!(ip_forward(&node), "0", "written back");
 }
 
 /// An upgrade that changes maps: a pin of another layout sits at every
