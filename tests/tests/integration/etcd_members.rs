@@ -1,7 +1,8 @@
 //! Agents over a 3-member etcd cluster (each member a real etcd in a
 //! namespace of its own): given every member's endpoint, they ride out the
 //! loss of the member they talk to, keeping their node set and their
-//! registration (the lease kept alive through another member).
+//! registration (the lease kept alive through another member), and the
+//! cut-off of that member from the others.
 
 use std::{
     fmt::Write as _,
@@ -10,7 +11,8 @@ use std::{
 
 use health_tests::{
     cluster::{Cluster, ETCD_PREFIX, Settings},
-    etcd_cluster::connected_members,
+    etcd_cluster::{PEER_PORT, connected_members},
+    nft::NftTable,
 };
 use nix::sys::signal::Signal;
 
@@ -154,4 +156,84 @@ fn story(cluster: &Cluster, leases_before: &[i64]) -> String {
         }
     }
     out
+}
+
+/// The member an agent talks to cut off from the other two (its peer
+/// traffic dropped, its clients still served): it has no leader, so it
+/// ends the watches it serves and answers nothing, and the agent goes on
+/// through the members that have a quorum. A node that leaves is seen to
+/// leave, and the agent's own record keeps its lease.
+#[test]
+fn an_agent_whose_etcd_member_is_cut_off_from_the_others_goes_on_through_them() {
+    let lease_ttl = Duration::from_secs(4);
+    let mut cluster = Cluster::start(&Settings {
+        nodes: 3,
+        etcd: true,
+        etcd_members: 3,
+        lease_ttl: "4s",
+        ..Settings::default()
+    });
+    for node in &cluster.nodes {
+        node.wait_nodes_view(Duration::from_secs(30), |v| v.nodes.len() == 3);
+    }
+    let pid = cluster.nodes[0].pid().expect("node-1's agent runs");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let talked_to = loop {
+        if let Some(ip) = connected_members(pid).first().copied() {
+            break ip;
+        }
+        assert!(Instant::now() < deadline, "node-1 holds no etcd connection");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let etcd = cluster.etcd_cluster.as_ref().expect("an etcd cluster");
+    let victim = etcd
+        .members
+        .iter()
+        .find(|m| m.ip == talked_to)
+        .expect("a member's address");
+    let node1_lease = |keys: &[(String, i64)]| {
+        keys.iter()
+            .find(|(k, _)| k.ends_with("/node-1"))
+            .map(|(_, l)| *l)
+    };
+    let lease_before =
+        node1_lease(&etcd.keys(ETCD_PREFIX).expect("etcd answers")).expect("node-1's record");
+    let _cut = NftTable::netdev(
+        &victim.ns,
+        &format!(
+            "chain cut {{ type filter hook ingress device \"uplink\" priority 0; \
+             tcp dport {PEER_PORT} drop; tcp sport {PEER_PORT} drop; }}"
+        ),
+    )
+    .expect("nft rules");
+
+    // node-3 leaves (its record deleted, or its lease let go); node-1 sees
+    // it within two lease TTLs and a member switch.
+    cluster.stop_agent(2, Signal::SIGTERM);
+    cluster.nodes[0].wait_nodes_view(Duration::from_secs(30), |v| v.nodes.len() == 2);
+
+    // Through three lease TTLs more, node-1's record stays on its lease:
+    // its keep-alives reach the leader through another member.
+    let etcd = cluster.etcd_cluster.as_ref().expect("an etcd cluster");
+    let until = Instant::now() + 3 * lease_ttl;
+    while Instant::now() < until {
+        if let Some(keys) = etcd.keys(ETCD_PREFIX) {
+            assert_eq!(
+                node1_lease(&keys),
+                Some(lease_before),
+                "node-1's record on its lease: {keys:?}\n{}",
+                story(&cluster, &[lease_before])
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let now = connected_members(pid);
+    assert!(
+        now.iter().any(|ip| *ip != talked_to),
+        "node-1 talks to a member with a quorum: {now:?} (cut off: {talked_to})"
+    );
+
+    // node-3 comes back through the members left, and node-1 sees it.
+    cluster.start_agent(2);
+    cluster.nodes[0].wait_nodes_view(Duration::from_secs(30), |v| v.nodes.len() == 3);
 }
