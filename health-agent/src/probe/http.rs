@@ -104,44 +104,71 @@ pub fn node_tag(name: &[u8]) -> u32 {
 /// Gathers the answer's head from what each read brought (`read`; empty
 /// and `closed` once the peer closed): once the status line and the
 /// [`NODE_HEADER`] or the head's end are in (or the head passed
-/// [`HEAD_MAX`], or the peer closed, after a whole status line),
-/// the status, or why it is not one: not HTTP, or the answer of another
-/// node than the one tagged `expected` (0: any). `None` while more is to
-/// come. A head that comes in parts is kept in `carried` (empty and
-/// unallocated in the usual case, where it comes whole); reads take at
-/// most `HEAD_MAX - carried.len()` bytes.
+/// [`HEAD_MAX`]), the status, or why it is not one: not HTTP, a head the
+/// peer cut short by closing, or the answer of another node than the one
+/// tagged `expected` (0: any). Interim answers (1xx but 101) before the
+/// final one are passed over, as Go's client (and so kubelet) does. `None`
+/// while more is to come. A head that comes in parts is kept in `carried`
+/// (empty and unallocated in the usual case, where it comes whole); reads
+/// take at most `HEAD_MAX - carried.len()` bytes.
 pub(super) fn gather(
     carried: &mut Vec<u8>,
     read: &[u8],
     expected: u32,
     closed: bool,
 ) -> Option<Result<u16, ProbeError>> {
-    let head = if carried.is_empty() {
+    let whole = if carried.is_empty() {
         read
     } else {
         carried.extend_from_slice(read);
         &carried[..]
     };
-    let Some(line) = head.windows(2).position(|w| w == b"\r\n") else {
+    // What to say when the head is not all in: wait for more, or why not.
+    let short = |what: &'static str| {
         if closed {
-            return Some(Err(closed_early()));
+            Some(Err(closed_early(what)))
+        } else if whole.len() >= HEAD_MAX {
+            Some(Err(ProbeError::Protocol(
+                format!("{what} past {HEAD_MAX} bytes").into(),
+            )))
+        } else {
+            None
         }
-        if head.len() >= HEAD_MAX {
-            return Some(Err(ProbeError::Protocol("status line too long".into())));
-        }
-        keep(carried, read);
-        return None;
     };
-    let status = match parse_status(head) {
-        Ok(status) => status,
-        Err(e) => return Some(Err(e)),
+    let mut head = whole;
+    let (status, line) = loop {
+        let Some(line) = head.windows(2).position(|w| w == b"\r\n") else {
+            let wait = short("a status line");
+            if wait.is_none() {
+                keep(carried, read);
+            }
+            return wait;
+        };
+        let status = match parse_status(head) {
+            Ok(status) => status,
+            Err(e) => return Some(Err(e)),
+        };
+        if !(100..200).contains(&status) || status == 101 {
+            break (status, line);
+        }
+        let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+            let wait = short("an interim answer's end");
+            if wait.is_none() {
+                keep(carried, read);
+            }
+            return wait;
+        };
+        head = &head[end + 4..];
     };
     match node_named(&head[line + 2..]) {
         Named::Node(name) if expected != 0 && node_tag(name) != expected => {
             Some(Err(other_node(name)))
         }
         Named::Node(_) | Named::Nobody => Some(Ok(status)),
-        Named::NotYet if closed || head.len() >= HEAD_MAX => Some(Ok(status)),
+        // A head past what is read, without the node's name: judged on
+        // its status alone.
+        Named::NotYet if whole.len() >= HEAD_MAX => Some(Ok(status)),
+        Named::NotYet if closed => Some(Err(closed_early("the head's end"))),
         Named::NotYet => {
             keep(carried, read);
             None
@@ -199,9 +226,11 @@ fn cut_short(text: &str) -> (String, &'static str) {
     (shown, cut)
 }
 
-/// What a connection closed before its status line is.
-pub(super) fn closed_early() -> ProbeError {
-    ProbeError::Protocol("connection closed before a status line".into())
+/// What a connection closed before `what` of its head (a status line,
+/// the head's end) is: an answer cut short, a failure as it is to Go's
+/// client (and so to kubelet).
+pub(super) fn closed_early(what: &str) -> ProbeError {
+    ProbeError::Protocol(format!("connection closed before {what}").into())
 }
 
 /// Kubelet's reading of a status: 2xx success, 3xx success with a
@@ -510,10 +539,10 @@ mod tests {
         );
     }
 
-    /// A head that comes in parts is gathered; a close after a whole
-    /// status line is judged on it, one before is not HTTP; a status line
-    /// without an end in 512 bytes is an error naming it, a head past
-    /// them without the node's name is judged on its status.
+    /// A head that comes in parts is gathered; a close before its end is
+    /// an answer cut short (a failure to Go's client, and so to kubelet);
+    /// a status line without an end in 512 bytes is an error naming it, a
+    /// head past them without the node's name is judged on its status.
     #[test]
     fn heads_are_gathered_from_their_parts() {
         let mut carried = Vec::new();
@@ -532,33 +561,70 @@ mod tests {
         let busy = b"HTTP/1.0 503 Busy\r\n\r\nx";
         assert_eq!(gather(&mut carried, busy, 0, false), Some(Ok(503)));
         assert_eq!(carried.capacity(), 0);
-        // A status line, then the peer closes: judged on its status.
+        // A status line, then the peer closes: cut short.
         let mut carried = Vec::new();
-        assert_eq!(gather(&mut carried, &busy[..19], 0, false), None);
-        assert_eq!(gather(&mut carried, b"", 0, true), Some(Ok(503)));
+        let ok = b"HTTP/1.1 200 OK\r\nX-Health-Node: node-3";
+        assert_eq!(gather(&mut carried, &ok[..17], 0, false), None);
+        let cut = Some(Err(closed_early("the head's end")));
+        assert_eq!(gather(&mut carried, b"", 0, true), cut);
+        // ... or mid-way through the node's header, naming another node.
+        let tag = node_tag(b"node-2");
+        assert_eq!(gather(&mut Vec::new(), ok, tag, true), cut);
         // Closed before a whole status line: not HTTP.
         let mut carried = Vec::new();
         assert_eq!(gather(&mut carried, b"HTTP/1.1 2", 0, false), None);
-        assert_eq!(
-            gather(&mut carried, b"", 0, true),
-            Some(Err(closed_early()))
-        );
-        assert_eq!(
-            gather(&mut Vec::new(), b"", 0, true),
-            Some(Err(closed_early()))
-        );
+        let no_status = Some(Err(closed_early("a status line")));
+        assert_eq!(gather(&mut carried, b"", 0, true), no_status);
+        assert_eq!(gather(&mut Vec::new(), b"", 0, true), no_status);
         let mut carried = Vec::new();
         assert_eq!(gather(&mut carried, &[b'x'; 300], 0, false), None);
         assert_eq!(
             gather(&mut carried, &[b'x'; 212], 0, false),
-            Some(Err(ProbeError::Protocol("status line too long".into())))
+            Some(Err(ProbeError::Protocol(
+                "a status line past 512 bytes".into()
+            )))
         );
         // A head past the limit before the node header: judged on its
         // status alone.
         let long = format!("HTTP/1.1 200 OK\r\nX-Pad: {}\r\n", "p".repeat(600));
-        let tag = node_tag(b"node-2");
         let first = &long.as_bytes()[..HEAD_MAX];
         assert_eq!(gather(&mut Vec::new(), first, tag, false), Some(Ok(200)));
+    }
+
+    /// Interim answers (1xx but 101) are passed over, whole or in parts,
+    /// and the final answer judged; 101 is a final answer (a failure).
+    #[test]
+    fn interim_answers_are_passed_over() {
+        let tag = node_tag(b"node-2");
+        let two = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: x\r\n\r\n\
+                    HTTP/1.1 200 OK\r\nX-Health-Node: node-2\r\n\r\n";
+        assert_eq!(gather(&mut Vec::new(), two, tag, false), Some(Ok(200)));
+        let mut carried = Vec::new();
+        for part in two.chunks(7) {
+            if let Some(done) = gather(&mut carried, part, tag, false) {
+                assert_eq!(done, Ok(200));
+                assert!(carried.len() > two.len() - 7, "judged once whole");
+            }
+        }
+        let other =
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nX-Health-Node: node-3\r\n\r\n";
+        assert_eq!(
+            gather(&mut Vec::new(), other, tag, false),
+            Some(Err(ProbeError::OtherNode("node-3".into())))
+        );
+        // Closed after the interim answer: no final one.
+        let mut carried = Vec::new();
+        assert_eq!(gather(&mut carried, &two[..25], 0, false), None);
+        assert_eq!(
+            gather(&mut carried, b"", 0, true),
+            Some(Err(closed_early("a status line")))
+        );
+        let switching = b"HTTP/1.1 101 Switching Protocols\r\n\r\n";
+        assert_eq!(gather(&mut Vec::new(), switching, 0, false), Some(Ok(101)));
+        assert_eq!(
+            classify(101, Duration::from_millis(1)),
+            Outcome::Failed(ProbeError::HttpStatus(101))
+        );
     }
 
     /// An answer naming another node than the address's fails the probe,

@@ -197,9 +197,9 @@ fn host(h: u8) -> IpAddr {
 async fn each_answer_reads_as_kubelet_reads_it() {
     let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
     let answers = [
-        Answer::Parts(&[b"HTTP/1.1 2", b"04 No", b" Content\r", b"\n"]),
-        Answer::Parts(&[b"HTTP/1.1 302 Found\r\n"]),
-        Answer::Parts(&[b"HTTP/1.1 500 Oops\r\n"]),
+        Answer::Parts(&[b"HTTP/1.1 2", b"04 No", b" Content\r", b"\n\r", b"\n"]),
+        Answer::Parts(&[b"HTTP/1.1 302 Found\r\n\r\n"]),
+        Answer::Parts(&[b"HTTP/1.1 500 Oops\r\n\r\n"]),
         Answer::Parts(&[&[b'x'; 600]]),
         Answer::Parts(&[b"HTTP/1.1 200"]),
         Answer::Held(&[]),
@@ -221,9 +221,12 @@ async fn each_answer_reads_as_kubelet_reads_it() {
     assert_eq!(outcomes[3], Outcome::Failed(ProbeError::HttpStatus(500)));
     assert_eq!(
         outcomes[4],
-        Outcome::Failed(ProbeError::Protocol("status line too long".into()))
+        Outcome::Failed(ProbeError::Protocol("a status line past 512 bytes".into()))
     );
-    assert_eq!(outcomes[5], Outcome::Failed(http::closed_early()));
+    assert_eq!(
+        outcomes[5],
+        Outcome::Failed(http::closed_early("a status line"))
+    );
     let timed_out = Outcome::Failed(ProbeError::Timeout {
         proto: Proto::Http,
         after: Duration::from_millis(400),
