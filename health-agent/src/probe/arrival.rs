@@ -62,7 +62,7 @@ pub(super) fn recv_stamped(sock: &Socket, buf: &mut [u8]) -> io::Result<Received
     // length given beside it, for the duration of the call.
     let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &raw mut msg, libc::MSG_DONTWAIT) };
     let len = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
-    let read = (Instant::now(), SystemTime::now());
+    let read = clocks(SystemTime::now, Instant::now);
     // SAFETY: recvmsg filled `msg`'s control buffer and `name` (of
     // `msg_namelen` bytes).
     let (stamp, from) = unsafe { (arrival(&msg), source_v6(name.as_ptr(), msg.msg_namelen)) };
@@ -115,6 +115,18 @@ unsafe fn source_v6(name: *const libc::sockaddr_storage, len: libc::socklen_t) -
     Some(Ipv6Addr::from(a.sin6_addr.s6_addr))
 }
 
+/// A reading of both clocks, (monotonic, real-time), the real-time clock
+/// read first: a pause between the two readings (the thread preempted)
+/// makes a stamp put on the monotonic clock later, never earlier, so a
+/// reply that came late is never taken for one in time.
+fn clocks(
+    real: impl FnOnce() -> SystemTime,
+    mono: impl FnOnce() -> Instant,
+) -> (Instant, SystemTime) {
+    let r = real();
+    (mono(), r)
+}
+
 /// `stamp`, taken on the real-time clock, on the monotonic clock, given
 /// a reading of both (`read`) after it. A stamp ahead of the reading (the
 /// clock stepped back) is the reading.
@@ -126,6 +138,41 @@ fn on_monotonic(stamp: SystemTime, (mono, real): (Instant, SystemTime)) -> Insta
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The real-time clock is read first, so that a pause between the two
+    /// readings puts the arrival later, never earlier.
+    #[test]
+    fn a_pause_between_the_clock_readings_puts_the_arrival_later() {
+        let start = (Instant::now(), SystemTime::now());
+        let stamp = start.1;
+        let pause = Duration::from_millis(5);
+        // The reading taken across a 5 ms pause: whichever clock is read
+        // second reads 5 ms later.
+        let order = std::cell::RefCell::new(Vec::new());
+        let read = clocks(
+            || {
+                order.borrow_mut().push("real");
+                if order.borrow().len() == 2 {
+                    start.1 + pause
+                } else {
+                    start.1
+                }
+            },
+            || {
+                order.borrow_mut().push("mono");
+                if order.borrow().len() == 2 {
+                    start.0 + pause
+                } else {
+                    start.0
+                }
+            },
+        );
+        assert_eq!(*order.borrow(), ["real", "mono"]);
+        assert!(
+            on_monotonic(stamp, read) >= start.0,
+            "never before the arrival"
+        );
+    }
 
     #[test]
     fn a_stamp_is_as_long_before_the_read_on_either_clock() {
