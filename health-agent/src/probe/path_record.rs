@@ -116,6 +116,19 @@ impl PathRecord {
         }
     }
 
+    /// The verdict under `thresholds` (a reload's) of the run of
+    /// outcomes the path has had: a run that reaches the new threshold
+    /// turns the path at once, not a round later; one short of it leaves
+    /// the verdict as it is, as a verdict changes only at a threshold.
+    pub fn rejudge(&mut self, thresholds: Thresholds) {
+        if self.consecutive_failures >= thresholds.failure.max(1) {
+            self.result = ProbeResult::Failure;
+        } else if self.consecutive_successes >= thresholds.success.max(1) {
+            self.result = ProbeResult::Success;
+            self.set_trace(None);
+        }
+    }
+
     /// The path's state as the API shows it.
     #[must_use]
     pub fn to_state(&self) -> PathState {

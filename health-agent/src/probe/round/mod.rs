@@ -229,9 +229,15 @@ impl Prober {
                 theirs.values().any(|p| p.join_rounds > 0),
                 std::sync::atomic::Ordering::Relaxed,
             );
+            let thresholds = self.cfg.thresholds;
             mine.extend(theirs.iter().map(|(name, p)| {
+                let mut paths = p.paths.clone();
+                // Judged by this prober's thresholds from the first.
+                for path in &mut paths {
+                    path.state.rejudge(thresholds);
+                }
                 let p = NodePaths {
-                    paths: p.paths.clone(),
+                    paths,
                     history: p.history.resized(length),
                     echo: p.echo,
                     // Looked for a gap after the reload (`First::Resumed`).

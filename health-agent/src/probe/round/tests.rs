@@ -864,6 +864,36 @@ fn a_reload_right_after_a_round_of_nodes_that_joined_keeps_their_rounds_to_come(
     assert_eq!((picked.len(), never.len()), (1, 0), "b, probed again");
 }
 
+/// A reload that lowers the failure threshold: a path two failures into
+/// a run turns at the take-over under the new threshold of 1, not a
+/// round later; one that raises the success threshold leaves a verdict
+/// as it is.
+#[test]
+fn a_reload_judges_the_runs_it_carries_by_the_new_thresholds() {
+    let old = thresholds(1, 3);
+    old.set_nodes(nodes(&["a", "b"]));
+    round_with(&old, 1, None);
+    round_with(&old, 2, Some("a"));
+    round_with(&old, 3, Some("a"));
+    let state = |p: &Prober, n: &str, i| p.paths.lock().expect("lock")[n].state(i).clone();
+    // Path 1 is a's node address over HTTP: two failures of three.
+    let failing = state(&old, "a", 1);
+    assert_eq!(
+        (failing.result, failing.consecutive_failures),
+        (ProbeResult::Success, 2)
+    );
+    let new = thresholds(5, 1);
+    new.take_over(&old);
+    assert_eq!(state(&new, "a", 1).result, ProbeResult::Failure);
+    for (node, path) in [("a", 0), ("b", 1)] {
+        assert_eq!(
+            state(&new, node, path).result,
+            ProbeResult::Success,
+            "{node}'s path {path}: 3 successes of 5 leave the verdict"
+        );
+    }
+}
+
 #[test]
 fn a_node_that_joined_and_stays_undecided_runs_out_of_rounds() {
     // Two of a kind turn a path: one that alternates never does.
