@@ -37,6 +37,13 @@ pub enum ClientError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "the health agent at {path} takes no connection now: its queue of connections is full (the agent busy, or flooded); try again"
+    )]
+    Busy {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("talking to the health agent at {path}")]
     Http { path: PathBuf, source: hyper::Error },
     #[error("the health agent answered {status}: {message}")]
@@ -55,13 +62,15 @@ pub enum ClientError {
 
 impl ClientError {
     /// Connecting to `path` failed with `source`: a user the socket is
-    /// not open to is told so, not sent to look for a stopped agent.
+    /// not open to, or a client the agent's full queue of connections
+    /// refuses (`EAGAIN`), is told so, not sent to look for a stopped
+    /// agent.
     fn connecting(path: &Path, source: std::io::Error) -> Self {
         let path = path.to_owned();
-        if source.kind() == std::io::ErrorKind::PermissionDenied {
-            Self::Forbidden { path, source }
-        } else {
-            Self::Unreachable { path, source }
+        match source.kind() {
+            std::io::ErrorKind::PermissionDenied => Self::Forbidden { path, source },
+            std::io::ErrorKind::WouldBlock => Self::Busy { path, source },
+            _ => Self::Unreachable { path, source },
         }
     }
 
@@ -314,5 +323,44 @@ mod tests {
         );
         let gone = ClientError::connecting(path, io::ErrorKind::NotFound.into()).to_string();
         assert!(gone.contains("is `health-agent daemon` running?"), "{gone}");
+    }
+
+    /// A listener whose queue of connections is full (one that does not
+    /// accept): the client says the agent takes no connection now, not
+    /// that it is not running.
+    #[tokio::test]
+    async fn a_full_queue_of_connections_is_not_called_a_stopped_agent() {
+        let path = std::env::temp_dir().join(format!(
+            "health-agent-full-{}-{}.sock",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let listener = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
+            .expect("socket");
+        listener
+            .bind(&socket2::SockAddr::unix(&path).expect("address"))
+            .expect("bind");
+        listener.listen(0).expect("listen");
+        // Connections the listener never accepts fill its queue.
+        let mut queued = Vec::new();
+        loop {
+            let c = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
+                .expect("socket");
+            c.set_nonblocking(true).expect("non-blocking");
+            match c.connect(&socket2::SockAddr::unix(&path).expect("address")) {
+                Ok(()) => queued.push(c),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("connect: {e}"),
+            }
+            assert!(queued.len() < 8, "the queue never filled");
+        }
+        let err = tokio::time::timeout(Duration::from_secs(5), Client::new(&path).healthz())
+            .await
+            .expect("refused at once")
+            .err();
+        let _ = std::fs::remove_file(&path);
+        assert!(matches!(err, Some(ClientError::Busy { .. })), "{err:?}");
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("takes no connection now"), "{text}");
     }
 }

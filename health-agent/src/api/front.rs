@@ -18,7 +18,11 @@
 //! than [`HEADER_TIMEOUT`] over a request's head, or to send its next
 //! request, is closed too, as is one that stops reading its answer for
 //! [`WRITE_STALL`](super::splice::WRITE_STALL). At most [`MAX_CONNECTIONS`] are served at
-//! once: one past them is closed as soon as it is accepted.
+//! once, at most [`PER_USER`](super::users::PER_USER) of one user other
+//! than root (the client's `SO_PEERCRED`), with
+//! [`ROOT_RESERVED`](super::users::ROOT_RESERVED) of them kept for root: a
+//! connection past them is answered 503, saying which cap it met, and
+//! closed.
 
 use std::{io, mem::MaybeUninit, sync::Arc, time::Duration};
 
@@ -35,6 +39,7 @@ use tokio::{
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
+use super::users::{UserSlot, Users};
 use crate::sys::sockopt;
 
 /// The requests the front lane answers itself: GETs of these targets
@@ -81,6 +86,8 @@ pub(super) async fn serve(
 ) {
     let tracker = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let users = Users::new(MAX_CONNECTIONS);
+    let refusing = Arc::new(Semaphore::new(REFUSALS));
     let mut refused: u64 = 0;
     loop {
         let accepted = tokio::select! {
@@ -95,15 +102,29 @@ pub(super) async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            refused += 1;
-            if refused.is_power_of_two() {
-                tracing::warn!(
-                    refused,
-                    "API: {MAX_CONNECTIONS} connections open; the ones past them are closed unanswered"
-                );
+        let uid = stream.peer_cred().ok().map(|c| c.uid());
+        let admitted = users
+            .take(uid)
+            .map_err(|full| full.reason(MAX_CONNECTIONS))
+            .and_then(|user| {
+                let slot = Arc::clone(&slots).try_acquire_owned().map_err(|_| {
+                    format!(
+                        "the agent's API serves {MAX_CONNECTIONS} connections at once, all \
+                         open: try again"
+                    )
+                })?;
+                Ok((slot, user))
+            });
+        let slot = match admitted {
+            Ok(slot) => slot,
+            Err(reason) => {
+                refused += 1;
+                if refused.is_power_of_two() {
+                    tracing::warn!(refused, uid, "API: a connection refused: {reason}");
+                }
+                refuse(stream, reason, &refusing, &tracker);
+                continue;
             }
-            continue;
         };
         let (app, shutdown, bulk, lanes) =
             (app.clone(), shutdown.clone(), bulk.clone(), tracker.clone());
@@ -143,7 +164,7 @@ fn to_bulk(
     app: Router,
     shutdown: CancellationToken,
     tracker: &TaskTracker,
-    slot: tokio::sync::OwnedSemaphorePermit,
+    slot: Slot,
 ) {
     let std = match stream.into_std() {
         Ok(s) => s,
@@ -163,6 +184,54 @@ fn to_bulk(
         },
         bulk,
     );
+}
+
+/// A connection's places in the API's caps: one of [`MAX_CONNECTIONS`],
+/// and its user's share (root's: none).
+type Slot = (tokio::sync::OwnedSemaphorePermit, Option<UserSlot>);
+
+/// Refusals answered at once; a connection refused past them is closed
+/// unanswered.
+const REFUSALS: usize = 16;
+/// How long a refused client has to send its request before it is
+/// answered, and to take the answer.
+const REFUSAL_WAIT: Duration = Duration::from_millis(500);
+
+/// Answers a connection the caps refuse `503`, with `reason` (what
+/// [`Client`](super::client::Client) shows), once its request is read:
+/// closed before the request is written, the client would see its write
+/// fail, not the answer.
+fn refuse(stream: UnixStream, reason: String, refusing: &Arc<Semaphore>, tracker: &TaskTracker) {
+    let Ok(permit) = Arc::clone(refusing).try_acquire_owned() else {
+        return;
+    };
+    tracker.spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let _permit = permit;
+        let mut stream = stream;
+        let mut head = [0u8; 4096];
+        let mut len = 0;
+        let _ = tokio::time::timeout(REFUSAL_WAIT, async {
+            while len < head.len() && !head[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut head[len..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => len += n,
+                }
+            }
+        })
+        .await;
+        let body = serde_json::to_string(&super::types::ApiError {
+            code: 503,
+            message: reason,
+        })
+        .unwrap_or_default();
+        let answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = tokio::time::timeout(REFUSAL_WAIT, stream.write_all(answer.as_bytes())).await;
+    });
 }
 
 /// Gives a bulk connection [`BULK_SEND_BUFFER`]: past the system's cap
@@ -377,8 +446,8 @@ mod tests {
 
     /// A connection answered in front carries one request: a second one on
     /// it (the whole status, say) is not served there. Past
-    /// [`MAX_CONNECTIONS`], a connection is closed at once, and served
-    /// again once one ends.
+    /// [`MAX_CONNECTIONS`], a connection is answered 503, saying why, and
+    /// served again once one ends.
     #[test]
     fn front_connections_carry_one_request_and_past_the_cap_are_closed() {
         let (bulk, front, path, _guard, listener) = lanes();
@@ -406,7 +475,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let mut past = UnixStream::connect(&path).await.expect("connect");
             let answer = exchange(&mut past, b"GET /v1/healthz HTTP/1.1\r\nhost: a\r\n\r\n").await;
-            assert!(answer.is_empty(), "past the cap: {answer}");
+            assert!(answer.starts_with("HTTP/1.1 503"), "past the cap: {answer}");
+            assert!(
+                answer.contains(&format!("serves {MAX_CONNECTIONS} connections at once")),
+                "{answer}"
+            );
             // One ends: the next is served.
             drop(held.pop());
             tokio::time::sleep(Duration::from_millis(100)).await;

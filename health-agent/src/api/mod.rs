@@ -15,6 +15,7 @@ pub mod server;
 mod socket;
 mod splice;
 pub mod types;
+pub mod users;
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/var/run/health-agent/health.sock";

@@ -5,7 +5,9 @@
 //! test's own namespace, directories and socket group. It checks that
 //! `READY=1` comes only once the API socket serves, that a user in the
 //! socket's group can run `health-agent status` (and one outside it
-//! cannot), and that SIGTERM leaves nothing behind.
+//! cannot), that a member holding its share of the API's connections is
+//! told so while root is still served, and that SIGTERM leaves nothing
+//! behind.
 
 use std::{
     fs,
@@ -15,6 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use health_agent::api::users::PER_USER;
 use health_tests::{
     agent::{AgentNode, HEALTH_CIDR, agent_binary},
     api, names, process,
@@ -101,6 +104,51 @@ fn status_as(socket: &Path, gid: u32) -> std::process::Output {
         .env_clear()
         .output()
         .expect("run health-agent status")
+}
+
+/// A member holding its share of connections open is answered 503,
+/// saying so, and so is its CLI; root is still served, and the member
+/// again once its connections are closed.
+fn assert_a_member_past_its_share_is_told_so(socket: &Path, gid: u32) {
+    let held = connections_as(socket, gid, PER_USER);
+    let past = status_as(socket, gid);
+    let said = String::from_utf8_lossy(&past.stderr);
+    assert!(!past.status.success(), "a member past its share served");
+    assert!(
+        said.contains("503") && said.contains(&format!("user 65534 holds {PER_USER}")),
+        "{said}"
+    );
+    let root = api::call(socket, |c| async move { c.healthz().await });
+    assert!(root.is_ok(), "root locked out: {root:?}");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !status_as(socket, gid).status.success() {
+        assert!(Instant::now() < deadline, "the share not given back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `n` connections to `socket` made as uid 65534 with group `gid` (on a
+/// thread of their own, whose credentials alone change), saying nothing.
+fn connections_as(socket: &Path, gid: u32, n: usize) -> Vec<std::os::unix::net::UnixStream> {
+    let socket = socket.to_owned();
+    std::thread::spawn(move || {
+        // SAFETY: raw system calls change only this thread's credentials
+        // (glibc's wrappers would change every thread's).
+        unsafe {
+            assert_eq!(
+                libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
+                0
+            );
+            assert_eq!(libc::syscall(libc::SYS_setresgid, gid, gid, gid), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534), 0);
+        }
+        (0..n)
+            .map(|_| std::os::unix::net::UnixStream::connect(&socket).expect("connect as 65534"))
+            .collect()
+    })
+    .join()
+    .expect("the connecting thread")
 }
 
 /// The unit's `ExecStart=` command line with its `Environment=` (and
@@ -216,6 +264,8 @@ fn the_unit_notifies_ready_serves_its_group_and_stops_cleanly() {
         "{}",
         String::from_utf8_lossy(&outsider.stderr)
     );
+
+    assert_a_member_past_its_share_is_told_so(&socket, group.gid);
 
     // SIGTERM (systemctl stop): STOPPING=1, a clean exit, nothing left.
     let child = service.0.take().expect("running");
