@@ -258,6 +258,9 @@ async fn connection(
     shutdown: CancellationToken,
     keep_alive: bool,
 ) {
+    // Kept past hyper's end, so that the connection's slot is held until
+    // the client has taken what was queued for it.
+    let kept = std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned().ok();
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
@@ -277,6 +280,34 @@ async fn connection(
     };
     if let Err(e) = served {
         tracing::debug!(error = %e, "API: connection ended");
+    }
+    if let Some(fd) = kept {
+        taken(fd, &shutdown).await;
+    }
+}
+
+/// How often a finished connection's queue is looked at: soon at first
+/// (a client reads its answer within milliseconds), then less often, up to
+/// once a second.
+const TAKEN_FIRST: Duration = Duration::from_millis(5);
+const TAKEN_EVERY: Duration = Duration::from_secs(1);
+
+/// Waits until the client has read every byte queued on `fd` for it, or
+/// closed its end, or the agent stops; the agent's end is shut for
+/// writing first, so the client reads the end once it has read the
+/// answer. What a client that asks and never reads makes the kernel hold
+/// (its answers' bytes, queued to it) is so held within the caps on its
+/// connections, not past them: a slot given back while its bytes were
+/// still queued would let the client ask again, and again.
+async fn taken(fd: std::os::fd::OwnedFd, shutdown: &CancellationToken) {
+    let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Write);
+    let mut wait = TAKEN_FIRST;
+    while sockopt::queued(&fd).is_ok_and(|n| n > 0) {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(TAKEN_EVERY);
     }
 }
 
@@ -494,6 +525,53 @@ mod tests {
                 .expect("served to the end");
         });
         drop(bulk);
+    }
+
+    /// A finished connection whose client has not read what was queued
+    /// for it is held (its slot with it) until the client reads it all,
+    /// then sees the end; or until the agent stops.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_held_until_its_client_took_what_was_queued() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (mut agent, mut client) = UnixStream::pair().expect("pair");
+        agent.write_all(&vec![7; 64 << 10]).await.expect("queued");
+        let fd = std::os::fd::AsFd::as_fd(&agent)
+            .try_clone_to_owned()
+            .expect("dup");
+        drop(agent);
+        let stop = CancellationToken::new();
+        let held = tokio::spawn({
+            let stop = stop.clone();
+            async move { taken(fd, &stop).await }
+        });
+        tokio::time::sleep(super::super::splice::WRITE_STALL * 4).await;
+        assert!(!held.is_finished(), "given back with its bytes queued");
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.expect("read");
+        assert_eq!(got.len(), 64 << 10, "the answer, then its end");
+        tokio::time::timeout(TAKEN_EVERY * 2, held)
+            .await
+            .expect("given back once taken")
+            .expect("task");
+
+        // The agent stopping ends the wait.
+        let (agent, _client) = UnixStream::pair().expect("pair");
+        let mut agent = agent;
+        agent.write_all(b"never read").await.expect("queued");
+        let fd = std::os::fd::AsFd::as_fd(&agent)
+            .try_clone_to_owned()
+            .expect("dup");
+        let held = tokio::spawn({
+            let stop = stop.clone();
+            async move { taken(fd, &stop).await }
+        });
+        tokio::time::sleep(TAKEN_EVERY * 3).await;
+        assert!(!held.is_finished());
+        stop.cancel();
+        tokio::time::timeout(TAKEN_EVERY, held)
+            .await
+            .expect("ended at the stop")
+            .expect("task");
     }
 
     /// Bytes waiting in `stream`'s receive queue (`FIONREAD`).
