@@ -884,7 +884,9 @@
     el.clusterNote.hidden = notes.length === 0;
     el.clusterNote.textContent = notes.join(" ");
     renderProblems(v);
-    const verdicts = {};
+    // Keyed by node names: no prototype, so a node named `constructor` has
+    // no verdict but its own.
+    const verdicts = Object.create(null);
     // The view lists the nodes not healthy: the other nodes it counts
     // (those of the matrix) are healthy.
     if (v && (!v.assembly || v.assembly.unlisted === 0) && !(v.assembly && v.assembly.stale)) {
