@@ -150,8 +150,11 @@ fn split(value: &str) -> Option<(String, Option<u16>)> {
 pub enum Refusal {
     /// No `Host` header (and no authority in the request line).
     Missing,
-    /// More than one `Host` header, or one that is not `host[:port]`.
-    Malformed,
+    /// More than one `Host` header, or a host that is not `host[:port]`
+    /// (what was given, cut short).
+    Malformed(String),
+    /// `Host` given this many times.
+    Repeated(usize),
     /// A well-formed host this listener does not answer to.
     Foreign(String),
 }
@@ -163,7 +166,7 @@ impl AllowedHosts {
     /// # Errors
     /// The [`Refusal`].
     pub fn check(&self, listen: SocketAddr, value: &str) -> Result<(), Refusal> {
-        let (host, port) = split(value).ok_or(Refusal::Malformed)?;
+        let (host, port) = split(value).ok_or_else(|| Refusal::Malformed(shown(value)))?;
         let listen_port = port.is_none() || port == Some(listen.port());
         let ip = host
             .strip_prefix('[')
@@ -210,32 +213,56 @@ pub async fn require_allowed_host(
         .get::<ListenAddr>()
         .map_or(SocketAddr::from(([0, 0, 0, 1], 0)), |l| l.0);
     let mut hosts = request.headers().get_all(header::HOST).iter();
+    // The absolute form (`GET http://host/ HTTP/1.1`) names the host in
+    // the request line, which wins over the header (RFC 9112 3.2.2).
+    let from = if request.uri().authority().is_some() {
+        "the request line's host"
+    } else {
+        "the Host header"
+    };
     let value = match (request.uri().authority(), hosts.next(), hosts.next()) {
-        // The absolute form (`GET http://host/ HTTP/1.1`) names the host
-        // in the request line, which wins over the header (RFC 9112 3.2.2).
         (Some(a), _, _) => Ok(a.as_str().to_owned()),
         (None, Some(h), None) => h
             .to_str()
             .map(str::to_owned)
-            .map_err(|_| Refusal::Malformed),
+            .map_err(|_| Refusal::Malformed(shown(&String::from_utf8_lossy(h.as_bytes())))),
         (None, None, _) => Err(Refusal::Missing),
-        (None, Some(_), Some(_)) => Err(Refusal::Malformed),
+        (None, Some(_), Some(_)) => Err(Refusal::Repeated(
+            request.headers().get_all(header::HOST).iter().count(),
+        )),
     };
     match value.and_then(|v| allowed.check(listen, &v)) {
         Ok(()) => next.run(request).await,
-        Err(refusal) => refused(&refusal, listen),
+        Err(refusal) => refused(&refusal, listen, from),
     }
 }
 
-fn refused(refusal: &Refusal, listen: SocketAddr) -> Response {
+/// The longest part of a refused host shown in the answer.
+const SHOWN: usize = 64;
+
+/// `value` quoted, cut to [`SHOWN`] characters.
+fn shown(value: &str) -> String {
+    let cut: String = value.chars().take(SHOWN).collect();
+    if cut.len() < value.len() {
+        format!("{cut:?}...")
+    } else {
+        format!("{cut:?}")
+    }
+}
+
+fn refused(refusal: &Refusal, listen: SocketAddr, from: &str) -> Response {
     let (status, body) = match refusal {
         Refusal::Missing => (
             StatusCode::BAD_REQUEST,
             "a Host header is required\n".to_owned(),
         ),
-        Refusal::Malformed => (
+        Refusal::Repeated(n) => (
             StatusCode::BAD_REQUEST,
-            "the Host header is not one host[:port]\n".to_owned(),
+            format!("{from} is given {n} times: give one host[:port]\n"),
+        ),
+        Refusal::Malformed(what) => (
+            StatusCode::BAD_REQUEST,
+            format!("{from} {what} is not one host[:port]\n"),
         ),
         Refusal::Foreign(host) => {
             tracing::debug!(host = ?host, "refused a request for a foreign host");
@@ -373,7 +400,7 @@ mod tests {
         for bad in ["", "a b", "user@localhost", "localhost:x", "[::1"] {
             assert_eq!(
                 AllowedHosts::default().check(listen, bad),
-                Err(Refusal::Malformed),
+                Err(Refusal::Malformed(format!("{bad:?}"))),
                 "{bad:?}"
             );
         }

@@ -140,6 +140,24 @@ async fn foreign_hosts_are_refused_and_its_own_served() {
     )
     .await;
     assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    assert!(out.contains("the Host header is given 2 times"), "{out}");
+    // A malformed host is named, with where it came from.
+    let out = exchange(
+        addr,
+        "GET http://user@localhost/metrics HTTP/1.1\r\nHost: localhost\r\n\
+         Connection: close\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    assert!(
+        out.contains("the request line's host \"user@localhost\" is not one host[:port]"),
+        "{out}"
+    );
+    let out = exchange(addr, &get("/metrics", "localhost:x")).await;
+    assert!(
+        out.contains("the Host header \"localhost:x\" is not one host[:port]"),
+        "{out}"
+    );
     stop.cancel();
 }
 
