@@ -334,6 +334,9 @@ impl Shared {
         // The next probe, taken from the queue, waiting for a socket.
         let mut next: Option<usize> = None;
         let mut making: Option<Making<'_>> = None;
+        // A batch made no socket while this many probes were in flight: the
+        // next waits for one of them to end (and give its descriptor back).
+        let mut held_back: Option<usize> = None;
         // One timer for the task, moved only when its next wake changes.
         let timer = tokio::time::sleep_until(self.t0);
         tokio::pin!(timer);
@@ -358,10 +361,12 @@ impl Shared {
             // Out of sockets: make a batch when the budget has room.
             if let Some(i) = next
                 && making.is_none()
+                && held_back.is_none_or(|busy| f.busy < busy)
             {
                 let family = Family::of(self.targets[i]);
                 let room = f.room_for(family).min(count - started);
                 if room > 0 {
+                    held_back = None;
                     making = Some(Box::pin(self.make(family, room)));
                 }
             }
@@ -393,17 +398,7 @@ impl Shared {
                 () = &mut timer, if wake.is_some() => {}
                 (family, made) = made(&mut making), if making.is_some() => {
                     making = None;
-                    match made {
-                        Ok(made) => f.spare[family.index()].extend(made),
-                        Err(e) => {
-                            // The waiting probe fails naming why; the next
-                            // one asks again.
-                            if let Some(i) = next.take() {
-                                f.finish(i, Outcome::Failed(ProbeError::io("socket", &e)));
-                                started += 1;
-                            }
-                        }
-                    }
+                    held_back = f.took(family, made, &mut next, &mut started);
                 }
             }
         }
@@ -433,9 +428,9 @@ impl Shared {
         let (domain, ty, proto) = http::tcp_for(family);
         let made = match self.factory.as_deref() {
             Some(maker) => maker.sockets(domain, ty, proto, n).await,
-            None => (0..n)
-                .map(|_| socket2::Socket::new(domain, ty.nonblocking(), proto))
-                .collect(),
+            None => crate::sys::socket_factory::batch(n, || {
+                socket2::Socket::new(domain, ty.nonblocking(), proto)
+            }),
         };
         (family, made)
     }
@@ -455,6 +450,32 @@ impl Flights<'_> {
             other.truncate(other.len() / 2);
         }
         share.saturating_sub(self.busy + self.spare[0].len() + self.spare[1].len())
+    }
+
+    /// A batch of sockets of `family` came: they are spare. Where none
+    /// could be made, probes in flight give descriptors back as they end,
+    /// and the waiting probe (`next`) waits for one: the number in flight
+    /// now, which a new batch waits to see fall, is returned. With none in
+    /// flight it fails naming why (`started` counts it), and the next one
+    /// asks again.
+    fn took(
+        &mut self,
+        family: Family,
+        made: io::Result<Vec<socket2::Socket>>,
+        next: &mut Option<usize>,
+        started: &mut usize,
+    ) -> Option<usize> {
+        match made {
+            Ok(made) => self.spare[family.index()].extend(made),
+            Err(_) if self.busy > 0 => return Some(self.busy),
+            Err(e) => {
+                if let Some(i) = next.take() {
+                    self.finish(i, Outcome::Failed(ProbeError::io("socket", &e)));
+                    *started += 1;
+                }
+            }
+        }
+        None
     }
 
     /// Probe `i` ended with `outcome`.

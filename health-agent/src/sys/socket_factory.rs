@@ -23,6 +23,27 @@ type Request = (
     oneshot::Sender<io::Result<Vec<Socket>>>,
 );
 
+/// Up to `count` sockets from `new_socket`, until it first fails: those made,
+/// or its error when it made none. A table of descriptors that fills part
+/// way through a batch gives what it had room for, not nothing.
+///
+/// # Errors
+/// `new_socket`'s first error, when no socket was made.
+pub fn batch(
+    count: usize,
+    mut new_socket: impl FnMut() -> io::Result<Socket>,
+) -> io::Result<Vec<Socket>> {
+    let mut sockets = Vec::with_capacity(count);
+    for _ in 0..count {
+        match new_socket() {
+            Ok(s) => sockets.push(s),
+            Err(e) if sockets.is_empty() => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(sockets)
+}
+
 /// Makes sockets inside one namespace, from a thread that lives there.
 #[derive(Debug)]
 pub struct SocketFactory {
@@ -48,11 +69,9 @@ impl SocketFactory {
                 }
                 drop(file);
                 while let Ok((domain, ty, proto, count, reply)) = rx.recv() {
-                    let made = (0..count)
-                        // Non-blocking from the start (SOCK_NONBLOCK):
-                        // no fcntl round trips.
-                        .map(|_| Socket::new(domain, ty.nonblocking(), proto))
-                        .collect();
+                    // Non-blocking from the start (SOCK_NONBLOCK): no
+                    // fcntl round trips.
+                    let made = batch(count, || Socket::new(domain, ty.nonblocking(), proto));
                     let _ = reply.send(made);
                 }
             })
@@ -91,5 +110,37 @@ impl SocketFactory {
             .map_err(|_| io::Error::other("the namespace's socket thread is gone"))?;
         made.await
             .map_err(|_| io::Error::other("the namespace's socket thread is gone"))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch that fails part way keeps the sockets made; one that makes
+    /// none is its error.
+    #[test]
+    fn a_batch_keeps_what_it_made_before_a_failure() {
+        let mut left = 3;
+        let made = batch(5, || {
+            if left == 0 {
+                return Err(io::Error::from_raw_os_error(libc::EMFILE));
+            }
+            left -= 1;
+            Socket::new(Domain::IPV4, Type::STREAM, None)
+        })
+        .expect("three made");
+        assert_eq!(made.len(), 3);
+        let none = batch(5, || Err(io::Error::from_raw_os_error(libc::EMFILE)));
+        assert_eq!(
+            none.expect_err("none made").raw_os_error(),
+            Some(libc::EMFILE)
+        );
+        assert_eq!(
+            batch(2, || Socket::new(Domain::IPV4, Type::STREAM, None))
+                .map(|v| v.len())
+                .ok(),
+            Some(2)
+        );
     }
 }
