@@ -54,6 +54,11 @@ const SMALL: [&[u8]; 4] = [
 /// The start of a request read to choose its lane: the method, the
 /// longest target of [`SMALL`] and more.
 const HEAD: usize = 64;
+/// How long the rest of a request line that came in parts is waited for
+/// before its lane is chosen by what came, looked at every
+/// [`LINE_PART_WAIT`].
+const LINE_IN_PARTS: Duration = Duration::from_millis(50);
+const LINE_PART_WAIT: Duration = Duration::from_millis(2);
 /// A client that sends nothing for this long after connecting is closed.
 const FIRST_BYTES: Duration = Duration::from_secs(30);
 /// How long a client may take over a request's head once it began, and
@@ -316,7 +321,24 @@ async fn taken(fd: std::os::fd::OwnedFd, shutdown: &CancellationToken) {
 /// fails, is served in front, where hyper finds out.
 async fn lane(stream: &UnixStream) -> Lane {
     let mut head = [MaybeUninit::<u8>::uninit(); HEAD];
-    match tokio::time::timeout(FIRST_BYTES, peek(stream, &mut head)).await {
+    let first = tokio::time::timeout(FIRST_BYTES, peek(stream, &mut head)).await;
+    // A request line that came in parts (a client writing it in pieces):
+    // its rest is waited for a moment, so that its lane is chosen by all
+    // of it.
+    let mut seen = first;
+    let mut waited = Duration::ZERO;
+    while let Ok(Ok(n)) = seen
+        && n > 0
+        && n < HEAD
+        && waited < LINE_IN_PARTS
+        // SAFETY: `peek` initialised the first `n` bytes.
+        && !unsafe { std::slice::from_raw_parts(head.as_ptr().cast::<u8>(), n) }.contains(&b'\n')
+    {
+        tokio::time::sleep(LINE_PART_WAIT).await;
+        waited += LINE_PART_WAIT;
+        seen = Ok(peek(stream, &mut head).await);
+    }
+    match seen {
         Err(_elapsed) => Lane::Silent,
         Ok(Ok(n)) if n > 0 => {
             // SAFETY: `peek` initialised the first `n` bytes.
@@ -428,6 +450,16 @@ mod tests {
                         assert!(status.is_success(), "{target}: {status}");
                         names.push(String::from_utf8(body.to_vec()).expect("utf-8"));
                     }
+                    // A request line written in two parts, 20 ms apart,
+                    // is answered in its lane.
+                    let mut parts = UnixStream::connect(&path).await.expect("connect");
+                    let answer = {
+                        use tokio::io::AsyncWriteExt as _;
+                        parts.write_all(b"GET /v1/hea").await.expect("write");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        exchange(&mut parts, b"lthz HTTP/1.1\r\nhost: a\r\n\r\n").await
+                    };
+                    names.push(answer.rsplit("\r\n").next().unwrap_or_default().to_owned());
                     // A client that connects and says nothing holds up
                     // no stop.
                     let _silent = UnixStream::connect(&path).await.expect("connect");
@@ -452,7 +484,8 @@ mod tests {
                 "lane-front",
                 "lane-front",
                 "lane-bulk",
-                "lane-bulk"
+                "lane-bulk",
+                "lane-front"
             ]
         );
     }
