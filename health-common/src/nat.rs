@@ -108,6 +108,17 @@ impl NatEntry {
     }
 }
 
+/// Whether a segment of the node's own with TCP flags `tcp_flags` (0
+/// for other protocols) makes a hold on its port: not a reset, which the
+/// node's kernel sends in answer to any segment for a port without a
+/// socket, so that a sender could make it hold every port of the range
+/// (and fill the map, evicting the endpoint's pairs). A reset of a flow
+/// already held closes the hold.
+#[must_use]
+pub const fn makes_hold(tcp_flags: u8) -> bool {
+    tcp_flags & TCP_RST == 0
+}
+
 /// NAT configuration, the only entry of `NAT_CONFIG`. All-zero: disabled.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -279,3 +279,10 @@ fn segments_from_the_hello_port_answer_inbound_connections() {
     let mut udp = frame(EP, PEER, IPPROTO_UDP, &[0x10, 0x90, 0, 53, 0, 8, 0, 0]);
     assert!(!answers_inbound(&parse(&mut udp)), "UDP from 4240");
 }
+
+#[test]
+fn a_reset_makes_no_hold() {
+    assert!(makes_hold(0), "an echo or a datagram");
+    assert!(makes_hold(TCP_SYN) && makes_hold(TCP_ACK) && makes_hold(TCP_FIN | TCP_ACK));
+    assert!(!makes_hold(TCP_RST) && !makes_hold(TCP_RST | TCP_ACK));
+}

@@ -335,8 +335,8 @@ fn rewrite_quoted(
 /// next packet finds its reverse half gone and takes another port (see
 /// [`mapping`]). The hold lasts while the node's flow sends, and goes
 /// with the agent's collector after its protocol's idle lifetime, a TCP
-/// connection's as its FIN or RST say (a subprogram: its own stack
-/// frame).
+/// connection's as its FIN or RST say. A reset makes no hold
+/// ([`nat::makes_hold`]). (A subprogram: its own stack frame.)
 #[inline(never)]
 fn hold_for_node(cfg: &NatConfig, out: &NatKey, port: [u8; 2], tcp_flags: u8) {
     // SAFETY: plain helper call.
@@ -353,6 +353,9 @@ fn hold_for_node(cfg: &NatConfig, out: &NatKey, port: [u8; 2], tcp_flags: u8) {
             }
             return;
         }
+    }
+    if !nat::makes_hold(tcp_flags) {
+        return;
     }
     let held = NatEntry {
         closing: NatEntry::closing_after(0, tcp_flags),

@@ -354,6 +354,30 @@ fn the_nodes_own_flows_in_the_range_keep_their_replies() {
     );
 }
 
+/// Resets the node sends from ports of the range (its kernel's answers
+/// to a sender's segments for ports without a socket) hold no port: an
+/// endpoint flow toward that peer still gets one, whichever port the
+/// resets came from.
+#[test]
+fn resets_the_node_sends_hold_no_port() {
+    let (mut r, pins) = loaded(config(61_000, 61_031));
+    for port in 61_000..=61_031 {
+        let rst = packets::tcp(NODE, PEER, (port, 4240), 0x14, b"");
+        assert_eq!(run(&mut r, true, &rst), (TCX_NEXT, rst));
+    }
+    assert_eq!(counter(&pins, "node_held"), 0);
+    assert_eq!(
+        nat::list(pins.path()).expect("nat").len(),
+        0,
+        "no hold made"
+    );
+    let syn = packets::tcp(EP, PEER, (40_000, 4240), 0x02, b"");
+    let (verdict, out) = run(&mut r, true, &syn);
+    assert_eq!(verdict, TCX_NEXT, "translated, not dropped");
+    assert_eq!(out[26..30], NODE.octets(), "from the node's address");
+    assert_eq!(counter(&pins, "alloc_failures"), 0);
+}
+
 #[test]
 fn tcp_and_udp_get_ports_and_valid_checksums() {
     let (mut r, pins) = loaded(config(61_000, 65_535));
