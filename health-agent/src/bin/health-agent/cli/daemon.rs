@@ -34,10 +34,11 @@ impl DaemonArgs {
 /// What SIGHUP does: reads the file again with the same command line over
 /// it, into the same typed configuration; applies the log level here and
 /// hands the probe tuning to the daemon; names every other changed key as
-/// needing a restart. A file that no longer parses changes nothing.
+/// needing a restart. A file that no longer parses, or that the daemon
+/// would refuse at start, changes nothing.
 fn reloader(mut inv: Invocation) -> Reload {
     Box::new(move || {
-        let cli = match inv.reread() {
+        let cli = match inv.reread_checked() {
             Ok(v) => v,
             Err(e) => {
                 error!("config file refused, the running settings stay: {e:#}");

@@ -233,6 +233,19 @@ impl Invocation {
         })?;
         parse_with_file(&self.argv, daemon, &self.path)
     }
+
+    /// [`Self::reread`], the daemon's settings then checked as the daemon
+    /// checks them at start: a file the daemon would refuse at start (a
+    /// restart would fail on it) is refused whole, naming the file.
+    pub(crate) fn reread_checked(&self) -> anyhow::Result<Cli> {
+        let cli = self.reread()?;
+        if let Command::Daemon(daemon) = &cli.command {
+            health_agent::daemon::config::DaemonConfig::new(daemon.settings.clone())
+                .and_then(|cfg| cfg.check_families())
+                .with_context(|| self.path.display().to_string())?;
+        }
+        Ok(cli)
+    }
 }
 
 #[cfg(test)]
@@ -608,6 +621,36 @@ mod tests {
             inv.settings.changes(&same.settings),
             health_agent::config::Changes::default()
         );
+    }
+
+    /// A file the daemon would refuse at start is refused on reload too,
+    /// naming the file and what is wrong.
+    #[test]
+    fn a_reread_file_the_daemon_would_refuse_at_start_is_refused() {
+        let (path, _gone) = write("health-cidr: 198.18.64.0/24\nnode-name: n1\n");
+        let (_, inv) =
+            parse_command_line(argv(&["daemon", "--config", path.to_str().expect("utf-8")]))
+                .expect("valid");
+        let inv = inv.expect("a config file");
+        assert!(inv.reread_checked().is_ok());
+        for (text, says) in [
+            (
+                "health-cidr: 198.18.64.0/24\nnode-name: n1\nprobe-interval: 6s\nsync-min-interval: 2m\n",
+                "sync",
+            ),
+            (
+                "health-cidr: 198.18.64.0/24\nnode-name: \"bad name\"\n",
+                "bad name",
+            ),
+        ] {
+            std::fs::write(&path, text).expect("rewrite");
+            assert!(inv.reread().is_ok(), "it parses: {text}");
+            let err = format!("{:#}", inv.reread_checked().expect_err(text));
+            assert!(
+                err.contains(&path.display().to_string()) && err.contains(says),
+                "{err}"
+            );
+        }
     }
 
     #[test]
