@@ -34,6 +34,15 @@ pub enum NodeAddrError {
     NoIpv6 { node_ip: Ipv4Addr },
     #[error("listing the node's addresses")]
     Netlink(#[from] crate::sys::netlink::NetlinkError),
+    #[error(
+        "this node's address {ip} ({how}) is {class}: every agent, this one included, would refuse its record; give a routable one with --{flag}"
+    )]
+    Unusable {
+        ip: IpAddr,
+        how: String,
+        class: &'static str,
+        flag: &'static str,
+    },
 }
 
 /// What is known before the lookup.
@@ -48,8 +57,36 @@ pub struct Wanted {
 }
 
 /// This node's IPv4 and IPv6 addresses, for the families it needs,
-/// found toward the etcd `endpoints` (`host:port` each).
+/// found toward the etcd `endpoints` (`host:port` each), each one a node
+/// address peers accept (not loopback, link-local, ...: etcd on the node
+/// itself is reached from loopback).
 pub fn resolve(
+    endpoints: &[String],
+    wanted: Wanted,
+) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), NodeAddrError> {
+    let (v4, v6) = found(endpoints, wanted)?;
+    let usable = |ip: Option<IpAddr>, given: bool, flag| match ip
+        .and_then(|ip| crate::membership::validate::address_class(ip).map(|c| (ip, c)))
+    {
+        Some((ip, class)) => Err(NodeAddrError::Unusable {
+            ip,
+            how: if given {
+                format!("given by --{flag}")
+            } else {
+                format!("found toward etcd at {}", endpoints.join(", "))
+            },
+            class,
+            flag,
+        }),
+        None => Ok(()),
+    };
+    usable(v4.map(IpAddr::V4), wanted.node_ip.is_some(), "node-ip")?;
+    usable(v6.map(IpAddr::V6), wanted.node_ip6.is_some(), "node-ip6")?;
+    Ok((v4, v6))
+}
+
+/// [`resolve`]'s addresses, whatever their class.
+fn found(
     endpoints: &[String],
     wanted: Wanted,
 ) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), NodeAddrError> {
@@ -196,7 +233,7 @@ mod tests {
 
     #[test]
     fn the_source_toward_etcd_is_found_and_missing_families_are_named() {
-        let found = resolve(
+        let source = found(
             &one("127.0.0.1:2379"),
             Wanted {
                 v4: true,
@@ -204,7 +241,7 @@ mod tests {
             },
         )
         .expect("loopback");
-        assert_eq!(found, (Some(Ipv4Addr::LOCALHOST), None));
+        assert_eq!(source, (Some(Ipv4Addr::LOCALHOST), None));
         let err = resolve(
             &one("127.0.0.1:2379"),
             Wanted {
@@ -226,7 +263,7 @@ mod tests {
         };
         let endpoints = ["not an endpoint".to_owned(), "127.0.0.2:2379".to_owned()];
         assert_eq!(
-            resolve(&endpoints, v4).expect("the second one"),
+            found(&endpoints, v4).expect("the second one"),
             (Some(Ipv4Addr::LOCALHOST), None)
         );
         let err = resolve(
@@ -235,6 +272,48 @@ mod tests {
         )
         .expect_err("none resolves");
         assert!(err.to_string().contains("not an endpoint"), "{err}");
+    }
+
+    /// An address peers would refuse is refused at start, naming how it
+    /// was had and the flag that gives another: found toward an etcd on
+    /// the node itself (loopback), or given.
+    #[test]
+    fn an_address_peers_would_refuse_is_refused_naming_its_flag() {
+        let v4 = Wanted {
+            v4: true,
+            ..Wanted::default()
+        };
+        let err = resolve(&one("127.0.0.1:2379"), v4)
+            .expect_err("loopback")
+            .to_string();
+        assert!(
+            err.contains("127.0.0.1 (found toward etcd at 127.0.0.1:2379) is loopback")
+                && err.contains("--node-ip"),
+            "{err}"
+        );
+        let given = Wanted {
+            node_ip: Some(Ipv4Addr::new(169, 254, 1, 1)),
+            ..v4
+        };
+        let err = resolve(&one("127.0.0.1:2379"), given)
+            .expect_err("link-local")
+            .to_string();
+        assert!(
+            err.contains("given by --node-ip") && err.contains("link-local"),
+            "{err}"
+        );
+        let mapped = Wanted {
+            node_ip6: Some("::ffff:198.18.0.11".parse().expect("ip")),
+            v6: true,
+            ..Wanted::default()
+        };
+        let err = resolve(&one("127.0.0.1:2379"), mapped)
+            .expect_err("mapped")
+            .to_string();
+        assert!(
+            err.contains("IPv4-mapped") && err.contains("--node-ip6"),
+            "{err}"
+        );
     }
 
     fn one(endpoint: &str) -> Vec<String> {
