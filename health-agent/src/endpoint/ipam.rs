@@ -21,6 +21,17 @@ pub enum IpamError {
         Ipv6Net::LONGEST_USABLE_PREFIX
     )]
     TooSmall6 { cidr: Ipv6Net },
+    #[error(
+        "{cidr} is too small for the health endpoint: a prefix longer than /30 leaves no \
+         room for a router and a host address beside the network and broadcast ones"
+    )]
+    TooSmall4 { cidr: Ipv4Net },
+    #[error("{cidr} cannot be a health CIDR: it overlaps {reserved} ({what})")]
+    Reserved4 {
+        cidr: Ipv4Net,
+        reserved: Ipv4Net,
+        what: &'static str,
+    },
     #[error("{cidr} cannot be a health CIDR: it overlaps {reserved} ({what})")]
     Reserved6 {
         cidr: Ipv6Net,
@@ -37,8 +48,46 @@ pub trait Pool: Cidr {
 
 impl Pool for Ipv4Net {
     fn check(self) -> Result<(), IpamError> {
-        Ok(())
+        check4(self)
     }
+}
+
+/// IPv4 ranges no endpoint address may come from: no peer would take a
+/// record naming one.
+const RESERVED4: [([u8; 4], u8, &str); 5] = [
+    ([0, 0, 0, 0], 8, "\"this network\" addresses"),
+    ([127, 0, 0, 0], 8, "loopback addresses"),
+    ([169, 254, 0, 0], 16, "link-local addresses"),
+    ([224, 0, 0, 0], 4, "multicast addresses"),
+    (
+        [240, 0, 0, 0],
+        4,
+        "reserved addresses and the limited broadcast address",
+    ),
+];
+
+/// Whether `cidr` can be an IPv4 health CIDR: room for a router and a host
+/// beside its network and broadcast addresses (a /30 at most), and no
+/// overlap with "this network", loopback, link-local, multicast or
+/// reserved addresses.
+///
+/// # Errors
+/// What keeps it from being one, naming it.
+pub fn check4(cidr: Ipv4Net) -> Result<(), IpamError> {
+    if cidr.prefix_len() > 30 {
+        return Err(IpamError::TooSmall4 { cidr });
+    }
+    for (network, prefix, what) in RESERVED4 {
+        let reserved = Ipv4Net::new_assert(network.into(), prefix);
+        if reserved.contains(&cidr) || cidr.contains(&reserved) {
+            return Err(IpamError::Reserved4 {
+                cidr,
+                reserved,
+                what,
+            });
+        }
+    }
+    Ok(())
 }
 
 impl Pool for Ipv6Net {
@@ -151,7 +200,24 @@ mod tests {
             let err = allocate(cidr(tiny), &BTreeSet::new(), None)
                 .expect_err(tiny)
                 .to_string();
-            assert!(err.contains(tiny), "{err}");
+            assert!(err.contains(tiny) && err.contains("too small"), "{err}");
+        }
+    }
+
+    #[test]
+    fn ipv4_health_cidrs_hold_a_host_and_no_reserved_address() {
+        assert_eq!(check4(cidr("198.18.64.0/30")), Ok(()));
+        assert_eq!(check4(cidr("198.18.64.0/18")), Ok(()));
+        for (bad, says) in [
+            ("198.18.64.0/31", "too small"),
+            ("127.0.0.0/24", "loopback"),
+            ("224.0.0.0/24", "multicast"),
+            ("169.254.1.0/24", "link-local"),
+            ("0.0.0.0/0", "\"this network\""),
+            ("240.0.0.0/24", "reserved"),
+        ] {
+            let err = check4(cidr(bad)).expect_err(bad).to_string();
+            assert!(err.contains(bad) && err.contains(says), "{err}");
         }
     }
 

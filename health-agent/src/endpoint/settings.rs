@@ -27,10 +27,10 @@ section! {
             .multiple(true)
     ))]
     pub struct EndpointSettings {
-        /// The node's share of the pod range (IPv4); the endpoint's IPv4
-        /// address comes from it. At least one of --health-cidr and
+        /// The node's share of the pod range (IPv4, at most a /30); the
+        /// endpoint's IPv4 address comes from it. At least one of --health-cidr and
         /// --health-cidr6 is given; both: a dual-stack endpoint.
-        #[arg(long, value_name = "CIDR", value_parser = cidr::parse::<Ipv4Net>)]
+        #[arg(long, value_name = "CIDR", value_parser = parse_health_cidr)]
         pub health_cidr: Option<Ipv4Net>,
         /// The node's share of the IPv6 pod range (such as
         /// `2001:db8:0:1::/64`; at most a /126); the endpoint's IPv6 address
@@ -75,6 +75,13 @@ section! {
         #[arg(long)]
         pub keep_endpoint: bool,
     }
+}
+
+/// `--health-cidr`: an IPv4 CIDR that can hold the endpoint.
+fn parse_health_cidr(s: &str) -> Result<Ipv4Net, String> {
+    let cidr: Ipv4Net = cidr::parse(s).map_err(|e| e.to_string())?;
+    crate::endpoint::ipam::check4(cidr).map_err(|e| e.to_string())?;
+    Ok(cidr)
 }
 
 /// `--health-cidr6`: an IPv6 CIDR that can hold the endpoint.

@@ -90,6 +90,21 @@ mod tests {
         }
     }
 
+    /// A health CIDR no endpoint could take an address from is refused as
+    /// the flag is read, naming it.
+    #[test]
+    fn a_health_cidr_without_room_or_in_a_reserved_range_is_refused() {
+        for (cidr, says) in [
+            ("198.18.64.0/31", "too small"),
+            ("127.0.0.0/24", "loopback"),
+        ] {
+            let err = Cli::try_parse_from(["health-agent", "daemon", "--health-cidr", cidr])
+                .expect_err(cidr)
+                .to_string();
+            assert!(err.contains("--health-cidr") && err.contains(says), "{err}");
+        }
+    }
+
     #[test]
     fn the_metrics_listener_defaults_to_loopback_port_9962() {
         let d = daemon(&["--health-cidr", "198.18.64.0/24"]);
