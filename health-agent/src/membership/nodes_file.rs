@@ -131,16 +131,25 @@ pub fn parse(
         path.extension().and_then(|e| e.to_str()),
         Some("yaml" | "yml")
     );
+    // The format the name says, named in an error (a YAML file named
+    // otherwise fails as JSON).
     let file: File = if yaml {
         serde_yaml_ng::from_str(text).map_err(|e| {
             err(
                 e.location().map(|l| l.line()),
-                strip_location(&e.to_string()),
+                format!("as YAML: {}", strip_location(&e.to_string())),
             )
         })?
     } else {
-        serde_json::from_str(text)
-            .map_err(|e| err(Some(e.line()), strip_location(&e.to_string())))?
+        serde_json::from_str(text).map_err(|e| {
+            err(
+                Some(e.line()),
+                format!(
+                    "as JSON (the name does not end in .yaml or .yml): {}",
+                    strip_location(&e.to_string())
+                ),
+            )
+        })?
     };
     let path: Arc<str> = shown.as_str().into();
     // Records are found in the text by their names: one pass over it.

@@ -36,8 +36,10 @@ section! {
     }
 }
 
+/// `--prometheus-serve-addr`: `ADDR:PORT`, or `off` (an empty value is
+/// refused: a template's blank is not taken to turn metrics off).
 fn parse_serve_addr(s: &str) -> Result<ServeAddr, String> {
-    if s == "off" || s.is_empty() {
+    if s == "off" {
         return Ok(ServeAddr(None));
     }
     s.parse()
@@ -61,5 +63,18 @@ impl WebSettings {
     #[must_use]
     pub fn allowed_hosts(&self) -> AllowedHosts {
         self.web_allowed_hosts.clone().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listen_address_is_an_address_or_off_never_empty() {
+        assert_eq!(parse_serve_addr("off"), Ok(ServeAddr(None)));
+        assert!(parse_serve_addr("127.0.0.1:9962").is_ok_and(|a| a.0.is_some()));
+        let err = parse_serve_addr("").expect_err("empty");
+        assert!(err.contains("or `off`"), "{err}");
     }
 }

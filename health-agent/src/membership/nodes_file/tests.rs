@@ -89,6 +89,21 @@ fn syntax_errors_refuse_the_whole_file_naming_the_line() {
     assert!(e.message.contains("nodez"), "{e}");
     let e = yaml("nodes: 3\n").expect_err("not a list");
     assert!(e.to_string().starts_with("nodes.yaml:"), "{e}");
+    assert!(e.message.starts_with("as YAML: "), "{e}");
+    // A YAML file whose name does not say so is read as JSON, and the
+    // error says why.
+    let e = parse(
+        Path::new("nodes"),
+        "nodes: []\n",
+        &local(),
+        &Holders::default(),
+    )
+    .expect_err("YAML read as JSON");
+    assert!(
+        e.message
+            .contains("as JSON (the name does not end in .yaml or .yml)"),
+        "{e}"
+    );
 }
 
 #[test]
