@@ -16,10 +16,10 @@ use health_tests::{
 };
 use nix::sys::signal::Signal;
 
-#[test]
-fn agents_keep_their_node_set_and_lease_when_their_etcd_member_is_killed() {
-    let lease_ttl = Duration::from_secs(4);
-    let mut cluster = Cluster::start(&Settings {
+/// Three agents over a 3-member etcd, leases of [`LEASE_TTL`], each seeing
+/// all three nodes.
+fn three_over_three_members() -> Cluster {
+    let cluster = Cluster::start(&Settings {
         nodes: 3,
         etcd: true,
         etcd_members: 3,
@@ -27,7 +27,36 @@ fn agents_keep_their_node_set_and_lease_when_their_etcd_member_is_killed() {
         ..Settings::default()
     });
     for node in &cluster.nodes {
-        let view = node.wait_nodes_view(Duration::from_secs(30), |v| v.nodes.len() == 3);
+        node.wait_nodes_view(Duration::from_secs(30), |v| v.nodes.len() == 3);
+    }
+    cluster
+}
+
+/// The agents' lease TTL.
+const LEASE_TTL: Duration = Duration::from_secs(4);
+
+/// The member the agent `pid` talks to: its established connections to
+/// etcd's client port.
+fn talked_to(pid: u32) -> std::net::Ipv4Addr {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(ip) = connected_members(pid).first().copied() {
+            return ip;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent holds no etcd connection"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn agents_keep_their_node_set_and_lease_when_their_etcd_member_is_killed() {
+    let lease_ttl = LEASE_TTL;
+    let mut cluster = three_over_three_members();
+    for node in &cluster.nodes {
+        let view = node.nodes_view().expect("the agent answers");
         let etcd = cluster.etcd_cluster.as_ref().expect("an etcd cluster");
         assert_eq!(
             view.source,
@@ -36,17 +65,9 @@ fn agents_keep_their_node_set_and_lease_when_their_etcd_member_is_killed() {
         );
     }
 
-    // The member node-1's agent talks to (its established connections to
-    // etcd's client port), killed as in a crash.
+    // The member node-1's agent talks to, killed as in a crash.
     let pid = cluster.nodes[0].pid().expect("node-1's agent runs");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let talked_to = loop {
-        if let Some(ip) = connected_members(pid).first().copied() {
-            break ip;
-        }
-        assert!(Instant::now() < deadline, "node-1 holds no etcd connection");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let talked_to = talked_to(pid);
     let etcd = cluster.etcd_cluster.as_mut().expect("an etcd cluster");
     let victim = etcd
         .members
@@ -165,26 +186,10 @@ fn story(cluster: &Cluster, leases_before: &[i64]) -> String {
 /// leave, and the agent's own record keeps its lease.
 #[test]
 fn an_agent_whose_etcd_member_is_cut_off_from_the_others_goes_on_through_them() {
-    let lease_ttl = Duration::from_secs(4);
-    let mut cluster = Cluster::start(&Settings {
-        nodes: 3,
-        etcd: true,
-        etcd_members: 3,
-        lease_ttl: "4s",
-        ..Settings::default()
-    });
-    for node in &cluster.nodes {
-        node.wait_nodes_view(Duration::from_secs(30), |v| v.nodes.len() == 3);
-    }
+    let lease_ttl = LEASE_TTL;
+    let mut cluster = three_over_three_members();
     let pid = cluster.nodes[0].pid().expect("node-1's agent runs");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let talked_to = loop {
-        if let Some(ip) = connected_members(pid).first().copied() {
-            break ip;
-        }
-        assert!(Instant::now() < deadline, "node-1 holds no etcd connection");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let talked_to = talked_to(pid);
     let etcd = cluster.etcd_cluster.as_ref().expect("an etcd cluster");
     let victim = etcd
         .members
