@@ -163,8 +163,41 @@ pub(crate) fn parse_command_line(
 fn parse_with_file(argv: &[OsString], daemon: usize, path: &Path) -> Result<Cli, ConfigFileError> {
     let entries = load(path)?;
     let env_set = |name: &OsStr| std::env::var_os(name).is_some();
-    let matches = Cli::command().try_get_matches_from(merged(argv, daemon, &entries, env_set))?;
+    let matches = Cli::command()
+        .try_get_matches_from(merged(argv, daemon, &entries, env_set))
+        .map_err(|e| with_file(e, path))?;
     Ok(Cli::from_arg_matches(&matches)?)
+}
+
+/// clap's refusal of the command line the file was merged into, naming
+/// the file (its values may be the ones in conflict, or it may lack one
+/// the others need) in one line, without clap's usage; `--help` and
+/// `--version` as clap has them.
+fn with_file(e: clap::Error, path: &Path) -> ConfigFileError {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        return ConfigFileError::Clap(e);
+    }
+    let missing = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::Strings(flags)) if e.kind() == ErrorKind::MissingRequiredArgument => {
+            Some(flags.join(", "))
+        }
+        _ => None,
+    };
+    let message = if let Some(flags) = missing {
+        format!("with the command line, {flags} is still missing")
+    } else {
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or_default();
+        format!(
+            "with the command line, {}",
+            first.strip_prefix("error: ").unwrap_or(first)
+        )
+    };
+    ConfigFileError::Invalid {
+        at: path.display().to_string(),
+        message,
+    }
 }
 
 /// What `config check` found in a valid file.
@@ -494,6 +527,36 @@ mod tests {
             .expect_err("missing file");
         assert!(
             err.to_string().contains("/nonexistent/health.yaml"),
+            "{err}"
+        );
+    }
+
+    /// A file whose values the command line conflicts with, or that
+    /// leaves a flag its others need to the command line, is named with
+    /// what is wrong, in one line.
+    #[test]
+    fn the_daemons_refusal_of_a_file_and_its_command_line_names_the_file() {
+        let err = daemon(
+            &["--kvstore", "etcd"],
+            "health-cidr: 198.18.64.0/24\nnodes-file: /etc/health/nodes.yaml\n",
+        )
+        .expect_err("a conflict");
+        assert!(
+            err.contains("health-agent-config-")
+                && err.contains("with the command line, the argument")
+                && err.contains("cannot be used with")
+                && !err.contains("Usage"),
+            "{err}"
+        );
+        let err = daemon(
+            &[],
+            "health-cidr: 198.18.64.0/24\nkvstore: etcd\nkvstore-user: health\n",
+        )
+        .expect_err("a password file missing");
+        assert!(
+            err.contains("health-agent-config-")
+                && err.contains("--kvstore-password-file")
+                && err.contains("is still missing"),
             "{err}"
         );
     }
