@@ -46,16 +46,16 @@ section! {
         #[arg(long, value_enum, default_value_t = TcPolicy::Auto)]
         pub attach: TcPolicy,
         /// Connection-tracking lifetime of ICMP entries.
-        #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse)]
+        #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse_whole_secs)]
         pub ct_lifetime_icmp: Duration,
         /// Connection-tracking lifetime of established TCP entries.
-        #[arg(long, default_value = "6h", value_parser = crate::util::duration::parse)]
+        #[arg(long, default_value = "6h", value_parser = crate::util::duration::parse_whole_secs)]
         pub ct_lifetime_tcp: Duration,
         /// Lifetime of TCP entries before the handshake completes, and of UDP.
-        #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse)]
+        #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse_whole_secs)]
         pub ct_lifetime_syn: Duration,
         /// Lifetime of closed (FIN/RST) TCP entries.
-        #[arg(long, default_value = "10s", value_parser = crate::util::duration::parse)]
+        #[arg(long, default_value = "10s", value_parser = crate::util::duration::parse_whole_secs)]
         pub ct_lifetime_closed: Duration,
         /// How often expired CT entries are collected and unanswered probes
         /// counted as RTT losses (each pass is walked in slices over the

@@ -63,7 +63,7 @@ section! {
         /// runs; revoked when it stops cleanly). A node that dies stays in the
         /// others' node sets this long, so that they see it fail and the
         /// cluster view says "node down" (as Cilium's 15-minute default).
-        #[arg(long, default_value = "15m", value_parser = crate::util::duration::parse)]
+        #[arg(long, default_value = "15m", value_parser = parse_lease_ttl)]
         pub kvstore_lease_ttl: Duration,
         /// CA certificate (PEM) that signed etcd's server certificate: talk to
         /// etcd over TLS (https).
@@ -234,5 +234,28 @@ mod prefix_tests {
             key_prefix("view/").is_ok(),
             "its siblings are view-summaries/..."
         );
+    }
+}
+
+/// `--kvstore-lease-ttl`: whole seconds (etcd grants leases in seconds),
+/// 2 at least (one keep-alive a second leaves no room under less).
+fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
+    let ttl = crate::util::duration::parse_whole_secs(s)?;
+    if ttl < Duration::from_secs(2) {
+        return Err(format!("{s:?}: an etcd lease lasts 2 s at least"));
+    }
+    Ok(ttl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_ttl_is_whole_seconds_two_at_least() {
+        assert_eq!(parse_lease_ttl("4s"), Ok(Duration::from_secs(4)));
+        for bad in ["1s", "2500ms"] {
+            assert!(parse_lease_ttl(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -13,6 +13,19 @@ pub const MAX: Duration = Duration::from_hours(100 * 365 * 24);
 /// The units a part may have.
 const UNITS: [&str; 4] = ["ms", "s", "m", "h"];
 
+/// Parses a duration of whole seconds, one at least: for settings the
+/// kernel or etcd keep in seconds (a connection-tracking lifetime, a lease
+/// TTL), which would otherwise round it without a word.
+pub fn parse_whole_secs(s: &str) -> Result<Duration, String> {
+    let d = parse(s)?;
+    if d.subsec_nanos() != 0 || d < Duration::from_secs(1) {
+        return Err(format!(
+            "{s:?} is not a whole number of seconds: this setting is kept in seconds"
+        ));
+    }
+    Ok(d)
+}
+
 /// Parses a duration of more than zero.
 pub fn parse(s: &str) -> Result<Duration, String> {
     let d = parse_or_zero(s)?;
@@ -86,6 +99,16 @@ fn check_syntax(s: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_kept_in_seconds_take_whole_seconds() {
+        assert_eq!(parse_whole_secs("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_whole_secs("2000ms"), Ok(Duration::from_secs(2)));
+        for bad in ["1500ms", "500ms", "1s500ms"] {
+            let err = parse_whole_secs(bad).expect_err(bad);
+            assert!(err.contains("not a whole number of seconds"), "{err}");
+        }
+    }
 
     #[test]
     fn units() {
