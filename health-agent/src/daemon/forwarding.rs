@@ -25,6 +25,8 @@ const IPV6: &str = "net/ipv6/conf/all/forwarding";
 pub(super) struct Forwarding {
     set: Vec<Sysctl>,
     state_dir: PathBuf,
+    /// The endpoint's namespace, by name.
+    netns: String,
     keep_endpoint: bool,
 }
 
@@ -49,6 +51,7 @@ impl Forwarding {
         Self {
             set,
             state_dir: state_dir.clone(),
+            netns: endpoint.endpoint_netns.clone(),
             keep_endpoint: endpoint.keep_endpoint,
         }
     }
@@ -56,10 +59,15 @@ impl Forwarding {
 
 impl Drop for Forwarding {
     fn drop(&mut self) {
-        // An endpoint kept past the stop (its record left) is still routed
-        // through the node: its forwarding stays, recorded for the next
-        // agent of this boot.
-        let kept = self.keep_endpoint && self.state_dir.join(record::FILE_NAME).exists();
+        // An endpoint kept past the stop (its record or its namespace
+        // left: a record not yet saved still leaves the namespace) is still
+        // routed through the node: its forwarding stays, recorded for the
+        // next agent of this boot.
+        let left = || {
+            self.state_dir.join(record::FILE_NAME).exists()
+                || crate::sys::netns::Netns::named(&self.netns).is_ok_and(|n| n.path().exists())
+        };
+        let kept = self.keep_endpoint && left();
         for s in self.set.drain(..) {
             drop(if kept { s.kept_on_drop() } else { s });
         }
