@@ -5,14 +5,10 @@
 //! source's share, is full, the oldest connection (of that source) still
 //! waiting for its request head is closed to make room for the new one: a
 //! peer holding many idle or slow connections turns over its own share
-//! and cannot starve the others, even those sharing its source.
+//! and cannot starve the others, even those sharing its source (the rules
+//! are [`crate::util::admission`]'s).
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    net::Ipv4Addr,
-    sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
-};
+use std::{net::Ipv4Addr, sync::Arc, time::Duration};
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
@@ -21,7 +17,10 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use super::http::NODE_HEADER;
-use crate::util::source::Source;
+use crate::util::{
+    admission::{self, Admission, Admitted},
+    source::Source,
+};
 
 /// Connections served at once: enough for thousands of peers probing within
 /// one spread (each exchange takes well under a millisecond).
@@ -120,138 +119,26 @@ pub async fn serve_with(
         .await;
 }
 
-/// The server's connections: how many, from which source, and which are
-/// still waiting for their request head (oldest first), to be closed when
-/// a new connection finds the server, or its source's share, full.
-#[derive(Debug, Default)]
-struct Registry {
-    total: usize,
-    per_source: HashMap<Source, usize>,
-    /// By accept order, with their source; the token closes the
-    /// connection.
-    waiting: BTreeMap<u64, (Source, CancellationToken)>,
-    next: u64,
-}
-
-impl Registry {
-    /// Closes waiting connection `id`, giving its slot and its source's
-    /// share back at once (its own drop then gives back nothing).
-    fn evict(&mut self, id: u64) {
-        if let Some((source, token)) = self.waiting.remove(&id) {
-            token.cancel();
-            self.total -= 1;
-            self.release(source);
-        }
-    }
-
-    fn release(&mut self, source: Source) {
-        if let Some(n) = self.per_source.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_source.remove(&source);
-            }
-        }
-    }
-}
-
-type Shared = Arc<Mutex<Registry>>;
-
-fn lock(shared: &Shared) -> MutexGuard<'_, Registry> {
-    // Every critical section leaves the registry consistent: a panic in
-    // one (none is expected) does not make it unusable.
-    shared
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Why a connection was not admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refused {
-    /// Its source holds its whole share, every connection of it having
-    /// sent its request.
-    SourceFull,
-    /// The server is full and every connection has sent its request.
-    Full,
-}
-
-/// One admitted connection; gives its share back when dropped.
-struct Slot {
-    id: u64,
-    source: Source,
-    /// Cancelled when the connection is evicted to make room.
-    evicted: CancellationToken,
-    shared: Shared,
-}
-
-impl Slot {
-    /// Admits a connection from `source`. At its source's share, the
-    /// source's own oldest connection that has not yet sent its request
-    /// head is closed to make room: hosts sharing a source (an IPv6 /64,
-    /// an address behind SNAT) are not locked out by one of them holding
-    /// idle connections, whose flood only turns over its own. When the
-    /// server is full, the oldest such connection of any source is.
-    fn take(shared: &Shared, source: Source, limits: Limits) -> Result<Self, Refused> {
-        let mut r = lock(shared);
-        if r.per_source.get(&source).copied().unwrap_or(0) >= limits.per_source {
-            let oldest = r
-                .waiting
-                .iter()
-                .find(|(_, (s, _))| *s == source)
-                .map(|(&id, _)| id)
-                .ok_or(Refused::SourceFull)?;
-            r.evict(oldest);
-        }
-        if r.total >= limits.total {
-            let oldest = r.waiting.keys().next().copied().ok_or(Refused::Full)?;
-            r.evict(oldest);
-        }
-        r.total += 1;
-        *r.per_source.entry(source).or_insert(0) += 1;
-        let id = r.next;
-        r.next += 1;
-        let evicted = CancellationToken::new();
-        r.waiting.insert(id, (source, evicted.clone()));
-        Ok(Self {
-            id,
-            source,
-            evicted,
-            shared: shared.clone(),
-        })
-    }
-
-    /// The request head arrived: the connection is no longer one to evict.
-    fn answered(&self) {
-        lock(&self.shared).waiting.remove(&self.id);
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut r = lock(&self.shared);
-        r.waiting.remove(&self.id);
-        // An evicted slot was given back when it was evicted.
-        if !self.evicted.is_cancelled() {
-            r.total -= 1;
-            r.release(self.source);
-        }
-    }
-}
+type Slot = Admitted<Source>;
 
 async fn accept_loop(listener: TcpListener, limits: Limits, node: Option<Arc<str>>) {
-    let shared = Shared::default();
+    let admission = Admission::new(admission::Limits {
+        total: limits.total,
+        per_key: limits.per_source,
+    });
     let named: Arc<str> = named_line(node.as_deref()).into();
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Ok(slot) = Slot::take(&shared, Source::of(peer.ip()), limits) else {
+        let Ok(slot) = admission.take(Source::of(peer.ip())) else {
             drop(stream);
             continue;
         };
         let named = named.clone();
         tokio::spawn(async move {
-            let evicted = slot.evicted.clone();
+            let evicted = slot.evicted().clone();
             let answered = handle(stream, &slot, &named);
             tokio::select! {
                 () = evicted.cancelled() => {}
@@ -281,7 +168,7 @@ async fn handle(mut stream: TcpStream, slot: &Slot, named: &str) -> std::io::Res
         }
     })
     .await;
-    slot.answered();
+    slot.busy();
     let response = match complete {
         Ok(Ok(true)) => respond(&head, named),
         Ok(Ok(false)) => reply(400, "bad request\n", named),
@@ -446,71 +333,6 @@ mod tests {
             "{closed} of the idle connections closed"
         );
         server.abort();
-    }
-
-    #[test]
-    fn a_full_server_evicts_its_oldest_waiting_connection() {
-        let shared = Shared::default();
-        let limits = Limits {
-            total: 3,
-            per_source: 2,
-        };
-        let a = Source::of(IpAddr::from([198, 18, 0, 1]));
-        let b = Source::of(IpAddr::from([198, 18, 0, 2]));
-        let c = Source::of(IpAddr::from([198, 18, 0, 3]));
-        let first = Slot::take(&shared, a, limits).expect("room");
-        let second = Slot::take(&shared, b, limits).expect("room");
-        let third = Slot::take(&shared, b, limits).expect("room");
-        // Full: the first connection, the oldest waiting, makes room.
-        let fourth = Slot::take(&shared, c, limits).expect("the oldest evicted");
-        assert!(first.evicted.is_cancelled());
-        assert!(!second.evicted.is_cancelled() && !third.evicted.is_cancelled());
-        assert_eq!(lock(&shared).total, 3);
-        assert_eq!(lock(&shared).per_source.get(&a), None, "given back at once");
-        drop(first);
-        assert_eq!(lock(&shared).total, 3, "an evicted slot is given back once");
-        // Connections that sent their request are never evicted.
-        for s in [&second, &third, &fourth] {
-            s.answered();
-        }
-        assert_eq!(Slot::take(&shared, c, limits).err(), Some(Refused::Full));
-        assert_eq!(
-            Slot::take(&shared, b, limits).err(),
-            Some(Refused::SourceFull),
-            "a source whose connections all sent their request holds its share"
-        );
-        drop((second, third, fourth));
-        let r = lock(&shared);
-        assert_eq!((r.total, r.per_source.len(), r.waiting.len()), (0, 0, 0));
-    }
-
-    /// A host flooding the server from an IPv6 /64 holds that source's
-    /// whole share with idle connections; a peer in the same /64 is still
-    /// admitted, in the place of the flood's oldest, and the flood turns
-    /// over its own connections, not the peer's.
-    #[test]
-    fn a_source_at_its_share_turns_over_its_own_idle_connections() {
-        let shared = Shared::default();
-        let limits = Limits {
-            total: 8,
-            per_source: 2,
-        };
-        let ip = |s: &str| Source::of(s.parse::<IpAddr>().expect("an address"));
-        let (flood, peer) = (ip("2001:2::1:1"), ip("2001:2::1"));
-        assert_eq!(flood, peer, "one /64, one source");
-        let idle = [
-            Slot::take(&shared, flood, limits).expect("room"),
-            Slot::take(&shared, flood, limits).expect("room"),
-        ];
-        let probe = Slot::take(&shared, peer, limits).expect("admitted at the share");
-        assert!(idle[0].evicted.is_cancelled() && !idle[1].evicted.is_cancelled());
-        probe.answered();
-        let again = Slot::take(&shared, flood, limits).expect("the flood's own turned over");
-        assert!(idle[1].evicted.is_cancelled() && !probe.evicted.is_cancelled());
-        assert_eq!(lock(&shared).per_source.get(&flood), Some(&2));
-        drop((idle, again, probe));
-        let r = lock(&shared);
-        assert_eq!((r.total, r.per_source.len(), r.waiting.len()), (0, 0, 0));
     }
 
     /// A server full of idle connections answers a new peer at once, by

@@ -1,6 +1,7 @@
 //! Small helpers that every layer may use: durations, times, addresses, error chains.
 //! Imported by every layer; imports nothing of the agent.
 
+pub mod admission;
 pub mod cidr;
 pub mod duration;
 pub mod errors;

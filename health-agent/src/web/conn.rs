@@ -25,6 +25,8 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::util::{admission::Admitted, source::Source};
+
 /// How long a client may take to send a whole request head. Prometheus
 /// and browsers send theirs in one segment, so 5 s is ample on a slow
 /// link; a client trickling one (slowloris) holds its slot no longer.
@@ -36,11 +38,14 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// whatever it is doing (a client that stops reading its response, say):
 /// longer than [`HEADER_TIMEOUT`], which covers waiting for requests.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Connections served at once; a connection past them is closed as soon as
-/// it is accepted. Prometheus holds one, a browser up to six per page.
+/// Connections served at once. A connection past them takes the place of
+/// an idle one, or of one of the client holding the most (see
+/// [`crate::util::admission`]), or is closed as soon as it is accepted.
+/// Prometheus holds one, a browser up to six per page.
 pub const MAX_CONNECTIONS: usize = 64;
 /// Connections served at once from one source (an IPv4 address or an IPv6
-/// /64): one client cannot take every slot and leave Prometheus out.
+/// /64): one client cannot take every slot and leave Prometheus out; a
+/// source at its share turns over its own idle connections.
 pub const PER_SOURCE: usize = 16;
 /// A connection this old is asked to end: the answer in flight finishes,
 /// no further request is read (its client opens a new connection). A
@@ -164,17 +169,21 @@ impl AsyncWrite for Tracked {
     }
 }
 
-/// Serves `stream` until it ends, is idle past `limits.idle_timeout`, or
-/// is asked to end (past `limits.max_age`, or at `shutdown`: the request
-/// in flight has `limits.grace` to finish); `_slots` are its places in the
-/// listener's caps, given back on return.
-pub(super) async fn serve<S>(
+/// Serves `stream` until it ends, is idle past `limits.idle_timeout`, is
+/// closed to make room for another ([`Admitted::evicted`]), or is asked
+/// to end (past `limits.max_age`, or at `shutdown`: the request in flight
+/// has `limits.grace` to finish). `slot` is its place in the listener's
+/// caps, marked busy while a request is answered and given back on
+/// return.
+pub(super) async fn serve(
     stream: TcpStream,
     router: Router,
     limits: Limits,
     shutdown: CancellationToken,
-    _slots: S,
+    slot: Admitted<Source>,
 ) {
+    let slot = Arc::new(slot);
+    let evicted = slot.evicted().clone();
     let _ = stream.set_nodelay(true);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let activity = Arc::new(Activity::new());
@@ -187,7 +196,11 @@ pub(super) async fn serve<S>(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(MAX_BUF);
-    let conn = builder.serve_connection(io, TowerToHyperService::new(router));
+    let service = Marked {
+        inner: TowerToHyperService::new(router),
+        slot,
+    };
+    let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
     let aged = Instant::now() + limits.max_age;
     // Once asked to end: when it is closed whatever it is doing.
@@ -216,17 +229,95 @@ pub(super) async fn serve<S>(
                 closing = Some(Instant::now() + limits.grace);
                 conn.as_mut().graceful_shutdown();
             }
+            () = evicted.cancelled() => {
+                tracing::debug!("metrics listener: connection reset to make room for another");
+                reset(fd);
+                return;
+            }
             () = tokio::time::sleep_until(closing.unwrap_or(aged)), if closing.is_some() => {
                 tracing::debug!(grace = ?limits.grace,
                     "metrics listener: connection reset with its answer unfinished");
-                // Reset, not closed: a close would leave the kernel sending
-                // the rest to a client that reads as slowly as it likes.
-                // SAFETY: `conn` owns the stream and is alive until this
-                // function returns, so `fd` is open.
-                let open = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-                let _ = socket2::SockRef::from(&open).set_linger(Some(Duration::ZERO));
+                reset(fd);
                 return;
             }
         }
+    }
+}
+
+/// Makes the close of `fd` a reset, not a FIN: a close would leave the
+/// kernel sending the rest of an answer to a client that reads as slowly
+/// as it likes. `fd` must be the connection's, still open.
+fn reset(fd: std::os::fd::RawFd) {
+    // SAFETY: the caller's connection owns the stream and is alive until
+    // it returns, so `fd` is open.
+    let open = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let _ = socket2::SockRef::from(&open).set_linger(Some(Duration::ZERO));
+}
+
+/// The router as hyper's service, marking the connection busy from a
+/// request's head to its answer's last byte.
+struct Marked {
+    inner: TowerToHyperService<Router>,
+    slot: Arc<Admitted<Source>>,
+}
+
+/// The connection's busy mark, taken off when dropped: with the answer's
+/// body once hyper has written it, or with the request if it is dropped
+/// unanswered.
+struct Busy(Arc<Admitted<Source>>);
+
+impl Busy {
+    fn new(slot: &Arc<Admitted<Source>>) -> Self {
+        slot.busy();
+        Self(slot.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.idle();
+    }
+}
+
+type Answer = hyper::Response<Guarded>;
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Marked {
+    type Response = Answer;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Answer, Self::Error>> + Send>>;
+
+    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let busy = Busy::new(&self.slot);
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let answer = answer.await?;
+            Ok(answer.map(|body| Guarded { body, _busy: busy }))
+        })
+    }
+}
+
+/// An answer's body, holding the connection's busy mark until dropped.
+struct Guarded {
+    body: axum::body::Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }

@@ -11,7 +11,6 @@
 pub mod conn;
 pub mod host;
 pub mod settings;
-mod sources;
 
 use std::{io, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -22,11 +21,18 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use tokio::{net::TcpListener, sync::Semaphore};
-use tokio_util::sync::CancellationToken;
+use tokio::net::TcpListener;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 pub use self::conn::Limits;
-use crate::{api::server::ApiState, metrics::Metrics, util::source::Source};
+use crate::{
+    api::server::ApiState,
+    metrics::Metrics,
+    util::{
+        admission::{self, Admission, Refused},
+        source::Source,
+    },
+};
 
 /// After a failed accept (out of descriptors, say), before the next.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -139,8 +145,11 @@ pub async fn serve_with(
         source,
     })?;
     let router = router.layer(axum::Extension(host::ListenAddr(addr)));
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let per_source = sources::PerSource::new(limits.per_source);
+    let admission = Admission::new(admission::Limits {
+        total: limits.max_connections,
+        per_key: limits.per_source,
+    });
+    let connections = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -156,30 +165,30 @@ pub async fn serve_with(
                 continue;
             }
         };
-        let Some(source) = per_source.take(Source::of(peer.ip())) else {
-            tracing::debug!(%addr, %peer, max = limits.per_source,
-                "metrics listener: the client's share of connections is open; connection closed");
-            drop(stream);
-            continue;
+        let slot = match admission.take(Source::of(peer.ip())) {
+            Ok(slot) => slot,
+            Err(Refused::KeyFull) => {
+                tracing::debug!(%addr, %peer, max = limits.per_source,
+                    "metrics listener: the client's share of connections is busy; connection closed");
+                continue;
+            }
+            Err(Refused::Full) => {
+                tracing::debug!(%addr, %peer, max = limits.max_connections,
+                    "metrics listener full of busy connections: connection closed");
+                continue;
+            }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(%addr, %peer, max = limits.max_connections,
-                "metrics listener full: connection closed");
-            drop(stream);
-            continue;
-        };
-        tokio::spawn(conn::serve(
+        connections.spawn(conn::serve(
             stream,
             router.clone(),
             limits,
             shutdown.clone(),
-            (permit, source),
+            slot,
         ));
     }
-    // Every connection gives its slot back when it ends: once all are
-    // back, the requests in flight are done.
-    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    let _ = slots.acquire_many(all).await;
+    // Once every connection has ended, the requests in flight are done.
+    connections.close();
+    connections.wait().await;
     Ok(())
 }
 

@@ -8,6 +8,8 @@ use tokio::{
     sync::watch,
 };
 
+use axum::routing::get as get_route;
+
 use super::*;
 use crate::{
     membership::published::Nodes,
@@ -239,40 +241,124 @@ async fn a_connection_moving_no_byte_is_closed_after_the_idle_timeout() {
     stop.cancel();
 }
 
+/// Serves the agent's router, and `/slow`, answered after 30 s, on
+/// 127.0.0.1 with `limits`.
+async fn listening_with_slow(limits: Limits) -> (SocketAddr, CancellationToken) {
+    let router = agent_router("localhost").route(
+        "/slow",
+        get_route(|| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            "late\n"
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = CancellationToken::new();
+    tokio::spawn(serve_with(listener, router, limits, stop.clone()));
+    (addr, stop)
+}
+
+/// A connection to `addr` from loopback address `ip`.
+async fn from(ip: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from((ip, 0)))
+        .expect("bind a loopback address");
+    socket.connect(addr).await.expect("connect")
+}
+
+/// A connection from `ip` whose request (`/slow`) is being answered.
+async fn busy_from(ip: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let mut s = from(ip, addr).await;
+    s.write_all(get("/slow", "localhost").as_bytes())
+        .await
+        .expect("send");
+    s
+}
+
+/// Whether the server has closed `s` (within 500 ms).
+async fn is_closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 64];
+    matches!(
+        tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
 #[tokio::test]
-async fn connections_past_the_cap_are_closed_and_a_freed_slot_serves_again() {
+async fn past_the_cap_a_connection_takes_an_idle_ones_place_not_a_busy_ones() {
     let cap = 4;
-    let (addr, stop) = listening(Limits {
+    let (addr, stop) = listening_with_slow(Limits {
         header_timeout: Duration::from_secs(30),
         idle_timeout: Duration::from_secs(30),
         max_connections: cap,
         ..Limits::LISTENER
     })
     .await;
-    let mut held = Vec::new();
+    let mut idle = Vec::new();
     for _ in 0..cap {
-        held.push(TcpStream::connect(addr).await.expect("connect"));
+        idle.push(TcpStream::connect(addr).await.expect("connect"));
+        // Accepted in this order.
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Accepted (and given their slots) before the next one comes.
+    let out = exchange(addr, &get("/metrics", "localhost")).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(
+        is_closed(&mut idle[0]).await,
+        "the oldest idle one made room"
+    );
+    drop(idle);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut past = TcpStream::connect(addr).await.expect("connect");
+    // Four sources with a request each being answered: a fifth source,
+    // holding no more than they, is turned away; they are not closed.
+    let mut busy = Vec::new();
+    for ip in 2..=5 {
+        busy.push(busy_from([127, 0, 0, ip], addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut past = from([127, 0, 0, 6], addr).await;
     let _ = past
         .write_all(get("/metrics", "localhost").as_bytes())
         .await;
     let (_, out) = closed_after(&mut past, Duration::from_secs(2)).await;
     assert!(out.is_empty(), "served past the cap: {out}");
-    // The held connections are still served.
-    let first = &mut held[0];
-    first
+    for s in &mut busy {
+        assert!(!is_closed(s).await, "a busy connection was closed");
+    }
+    stop.cancel();
+}
+
+/// Four clients each hold their share with answers they have not finished
+/// reading, which fills the listener: Prometheus, holding none, is still
+/// served, in the place of the oldest of them.
+#[tokio::test]
+async fn clients_holding_the_listener_with_slow_answers_give_way_to_prometheus() {
+    let (addr, stop) = listening_with_slow(Limits {
+        max_connections: 8,
+        per_source: 2,
+        ..Limits::LISTENER
+    })
+    .await;
+    let mut slow = Vec::new();
+    for ip in [2, 2, 3, 3, 4, 4, 5, 5] {
+        slow.push(busy_from([127, 0, 0, ip], addr).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut prometheus = from([127, 0, 0, 1], addr).await;
+    prometheus
         .write_all(get("/metrics", "localhost").as_bytes())
         .await
         .expect("send");
-    let (_, out) = closed_after(first, Duration::from_secs(2)).await;
+    let (_, out) = closed_after(&mut prometheus, Duration::from_secs(2)).await;
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-    // Its slot is free again: a new connection is served.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let out = exchange(addr, &get("/metrics", "localhost")).await;
-    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(
+        is_closed(&mut slow[0]).await,
+        "the oldest slow one made room"
+    );
+    for s in &mut slow[1..] {
+        assert!(!is_closed(s).await, "only one was closed");
+    }
     stop.cancel();
 }
 
@@ -436,28 +522,37 @@ async fn the_metrics_gzipped_and_plain_are_the_same_text() {
 
 #[tokio::test]
 async fn one_client_holds_its_share_of_connections_and_no_more() {
-    let (addr, stop) = listening(Limits {
+    let (addr, stop) = listening_with_slow(Limits {
         per_source: 2,
         ..Limits::LISTENER
     })
     .await;
-    let from = |ip: [u8; 4]| async move {
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket
-            .bind(SocketAddr::from((ip, 0)))
-            .expect("bind a loopback address");
-        socket.connect(addr).await.expect("connect")
-    };
-    let _held = [from([127, 0, 0, 1]).await, from([127, 0, 0, 1]).await];
+    let mut held = [
+        from([127, 0, 0, 1], addr).await,
+        from([127, 0, 0, 1], addr).await,
+    ];
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut third = from([127, 0, 0, 1]).await;
+    // Idle, the client's share turns over: its oldest makes room.
+    let out = exchange(addr, &get("/metrics", "localhost")).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(
+        is_closed(&mut held[0]).await,
+        "its oldest idle one made room"
+    );
+    // Busy, it holds its share and no more.
+    let _busy = [
+        busy_from([127, 0, 0, 1], addr).await,
+        busy_from([127, 0, 0, 1], addr).await,
+    ];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut third = from([127, 0, 0, 1], addr).await;
     let _ = third
         .write_all(get("/metrics", "localhost").as_bytes())
         .await;
     let (_, out) = closed_after(&mut third, Duration::from_secs(2)).await;
     assert!(out.is_empty(), "served past the client's share: {out}");
     // Another client (Prometheus, say) is served meanwhile.
-    let mut other = from([127, 0, 0, 2]).await;
+    let mut other = from([127, 0, 0, 2], addr).await;
     other
         .write_all(get("/metrics", "localhost").as_bytes())
         .await
