@@ -38,8 +38,13 @@ use crate::{
 pub enum Seen {
     /// Every path in Success, none failing its last probe.
     Reached,
-    /// Every path in Failure or failing its last probe, in every family.
+    /// Every path in Failure, in every family.
     FailedAll,
+    /// Every path in Failure or failing its last probe, some still in
+    /// Success (their failures short of the threshold): an assembler
+    /// counts such an observer as reaching the node, so it is no evidence
+    /// against a healthy verdict.
+    FailingAll,
     /// Some path answers (in Success, its last probe answered, or failed
     /// in one address family only), some does not: the node is up.
     ReachedSome,
@@ -58,9 +63,14 @@ impl Seen {
             Self::Reached
         } else if paths
             .iter()
-            .all(|s| (s.state == ProbeResult::Failure || s.failing) && !s.split)
+            .all(|s| s.state == ProbeResult::Failure && !s.split)
         {
             Self::FailedAll
+        } else if paths
+            .iter()
+            .all(|s| (s.state == ProbeResult::Failure || s.failing) && !s.split)
+        {
+            Self::FailingAll
         } else if paths
             .iter()
             .any(|s| (s.state == ProbeResult::Success && !s.failing) || s.split)
@@ -313,5 +323,25 @@ mod tests {
         let p = |split| PeerSummary::new("a", [failed.with_split(split); 4]);
         assert_eq!(Seen::of(&p(false)), Seen::FailedAll);
         assert_eq!(Seen::of(&p(true)), Seen::ReachedSome);
+    }
+
+    /// Every path failing its last probes but short of the failure
+    /// threshold: the assembler counts this agent as reaching the node
+    /// (it is healthy in an honest view), so that view is no
+    /// contradiction, however long it lasts.
+    #[test]
+    fn paths_failing_short_of_the_threshold_do_not_contradict_a_healthy_view() {
+        let mut c = Checker::default();
+        c.observe(&own(
+            1_000,
+            vec![PeerSummary::new("a", [PathSample::FAILING; 4])],
+        ));
+        assert_eq!(c.since.get("a").map(|s| s.0), Some(Seen::FailingAll));
+        let healthy = view(60_000, Vec::new(), 0);
+        assert_eq!(c.check("me", &healthy, 1_000), Vec::<Contradiction>::new());
+        // Once they fail (the threshold reached), it is one.
+        let failed = PathSample::new(ProbeResult::Failure, None);
+        c.observe(&own(2_000, vec![PeerSummary::new("a", [failed; 4])]));
+        assert_eq!(c.check("me", &healthy, 1_000).len(), 1);
     }
 }

@@ -113,6 +113,11 @@ pub enum ViewError {
     },
     #[error("{0} nodes counted, more than {MAX_NODES}")]
     TooMany(u64),
+    #[error(
+        "{unlisted} nodes not healthy left unlisted, with room for {wire_left} bytes more listed: \
+         an assembler lists them all until its message is full"
+    )]
+    Unlisted { unlisted: u64, wire_left: usize },
     #[error("{lossy} nodes counted with lossy paths, of {total} nodes")]
     Lossy { lossy: u64, total: u64 },
     #[error(
@@ -209,6 +214,68 @@ fn check_zone(zone: &str) -> Result<(), ViewError> {
 
 fn usize_of(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// The most a listed node takes of the message: its name, its zone and
+/// [`MAX_NAMED`] names of each list, each with its tag and length, and its
+/// counts.
+const LARGEST_NODE_WIRE: usize = (2 * MAX_NAMED + 2) * (MAX_NAME_LEN + 3) + 256;
+
+/// A view leaves nodes unlisted only when those it lists fill what an
+/// assembler may list ([`PublishedView::of`] stops at the first that does
+/// not fit): less than the largest node's room is left in the message or
+/// in what readers decode. A reader takes a node that is not listed for
+/// healthy only when none is unlisted, so a view claiming unlisted nodes
+/// with room to spare would hide every node it leaves out from the checks
+/// against what the readers see themselves.
+fn check_full(
+    assembler: &str,
+    plaintext: &[String],
+    wire_listed: usize,
+    nodes: &[NodeView],
+    unlisted: u64,
+) -> Result<(), ViewError> {
+    let plaintext_wire: usize = plaintext.iter().map(|n| n.len() + 4).sum();
+    let wire_left = MAX_MESSAGE_BYTES
+        .saturating_sub(512 + assembler.len())
+        .saturating_sub(plaintext_wire)
+        .saturating_sub(wire_listed);
+    let decoded = cost::head_cost(assembler, plaintext)
+        .saturating_add(nodes.iter().map(cost::node_cost).sum::<usize>());
+    let decoded_left = LISTED_DECODED_BYTES.saturating_sub(decoded);
+    if wire_left >= LARGEST_NODE_WIRE && decoded_left >= cost::LARGEST_NODE_COST {
+        return Err(ViewError::Unlisted {
+            unlisted,
+            wire_left,
+        });
+    }
+    Ok(())
+}
+
+/// A view's listed nodes, checked and in order; how many of each verdict;
+/// what they take of the message, as the assembler counts it
+/// ([`PublishedView::of`]).
+fn listed_nodes(
+    listed: Vec<proto::Node>,
+) -> Result<(Vec<NodeView>, VerdictCounts, usize), ViewError> {
+    let mut nodes: Vec<NodeView> = Vec::with_capacity(listed.len());
+    let mut by_verdict = VerdictCounts::default();
+    let mut wire = 0usize;
+    for n in listed {
+        wire = wire.saturating_add(n.encoded_len() + 4);
+        let n = node_view(n)?;
+        if nodes.last().is_some_and(|prev| prev.name >= n.name) {
+            return Err(ViewError::Order { name: n.name });
+        }
+        match n.verdict {
+            Verdict::NodeDown => by_verdict.node_down += 1,
+            Verdict::PathDegraded => by_verdict.path_degraded += 1,
+            Verdict::ObserverProblem => by_verdict.observer_problem += 1,
+            Verdict::Unknown | Verdict::Healthy => by_verdict.unknown += 1,
+        }
+        nodes.push(n);
+    }
+    Ok((nodes, by_verdict, wire))
 }
 
 fn node_view(m: proto::Node) -> Result<NodeView, ViewError> {
@@ -433,21 +500,7 @@ impl PublishedView {
                 unlisted: m.unlisted,
             });
         }
-        let mut nodes: Vec<NodeView> = Vec::with_capacity(listed);
-        let mut by_verdict = VerdictCounts::default();
-        for n in m.nodes {
-            let n = node_view(n)?;
-            if nodes.last().is_some_and(|prev| prev.name >= n.name) {
-                return Err(ViewError::Order { name: n.name });
-            }
-            match n.verdict {
-                Verdict::NodeDown => by_verdict.node_down += 1,
-                Verdict::PathDegraded => by_verdict.path_degraded += 1,
-                Verdict::ObserverProblem => by_verdict.observer_problem += 1,
-                Verdict::Unknown | Verdict::Healthy => by_verdict.unknown += 1,
-            }
-            nodes.push(n);
-        }
+        let (nodes, by_verdict, wire_listed) = listed_nodes(m.nodes)?;
         let counts = VerdictCounts {
             healthy: usize_of(m.healthy),
             node_down: usize_of(m.node_down),
@@ -467,6 +520,15 @@ impl PublishedView {
                 listed,
                 unlisted: m.unlisted,
             });
+        }
+        if m.unlisted > 0 {
+            check_full(
+                &m.assembler,
+                &m.plaintext_nodes,
+                wire_listed,
+                &nodes,
+                m.unlisted,
+            )?;
         }
         Ok(Self {
             assembler: m.assembler,

@@ -74,12 +74,16 @@ impl SummaryWrites {
 }
 
 /// A digest of everything in `summary` the view's verdicts read: the
-/// observer, each peer's name and each path's state, failing, lossy,
-/// plain-text and one-family marks; not the round, the time or the RTTs.
+/// observer, its cadence (by which the assembler tells a stale summary:
+/// a lengthened cadence not written would make it stale within a few of
+/// the old ticks), each peer's name and each path's state, failing,
+/// lossy, plain-text and one-family marks; not the round, the time or the
+/// RTTs.
 #[must_use]
 pub fn verdicts_digest(summary: &Summary) -> u64 {
     let mut h = DefaultHasher::new();
     summary.observer().hash(&mut h);
+    summary.cadence_ms().hash(&mut h);
     for p in summary.peers() {
         p.name.hash(&mut h);
         for s in &p.paths() {
@@ -91,6 +95,8 @@ pub fn verdicts_digest(summary: &Summary) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::{
         cluster::{
@@ -163,6 +169,20 @@ mod tests {
             assert_eq!(w.decide(s, s.seq()), Write::Changed, "round {}", s.seq());
         }
         assert_eq!(w.decide(&summary(10, &[("b", ok(12))]), 10), Write::Skip);
+    }
+
+    /// A reload that lengthens the cadence (3 s echoes turned off, rounds
+    /// at 60 s) is written at once: the assembler, reading the old cadence,
+    /// would count the summary stale within a few of its ticks.
+    #[test]
+    fn a_changed_cadence_writes_at_once() {
+        let mut w = SummaryWrites::default();
+        let at = |seq, cadence| summary(seq, &[("a", ok(10))]).with_cadence(cadence);
+        let (short, long) = (Duration::from_secs(3), Duration::from_secs(60));
+        assert_eq!(w.decide(&at(1, short), 1), Write::Changed);
+        assert_eq!(w.decide(&at(2, short), 2), Write::Skip);
+        assert_eq!(w.decide(&at(3, long), 3), Write::Changed);
+        assert_eq!(w.decide(&at(4, long), 4), Write::Skip);
     }
 
     #[test]

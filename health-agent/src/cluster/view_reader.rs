@@ -26,6 +26,7 @@ use crate::{
     membership::{
         NodeSet,
         kvstore::{Entry, Listing, WatchEvent},
+        validate::check_name,
     },
 };
 
@@ -274,7 +275,10 @@ impl ViewReader {
     /// [`Self::put`] into `into`: the views held, or a listing's. A
     /// listing keeps the last good view at a key whose value it refuses.
     fn put_in(&mut self, into: &mut Views, e: &Entry, now_ms: u64) {
-        let decoded = PublishedView::decode(&e.value).map_err(|e| Refused::from(e.to_string()));
+        let decoded = match self.key_refused(&e.key) {
+            Some(reason) => Err(Refused::from(reason)),
+            None => PublishedView::decode(&e.value).map_err(|e| Refused::from(e.to_string())),
+        };
         if let (Some((key, at_ms)), Ok(v)) = (&self.own, &decoded)
             && *key == e.key
             && v.at_ms < *at_ms
@@ -325,6 +329,26 @@ impl ViewReader {
                 }
             }
         }
+    }
+
+    /// Why a value at `key` is refused before it is decoded: a view counts
+    /// only at `<prefix><node>`, a node of the set (any valid name before
+    /// the set is read), so values written at other keys cost no decode.
+    fn key_refused(&self, key: &[u8]) -> Option<String> {
+        let name = key
+            .strip_prefix(self.prefix.as_bytes())
+            .and_then(|n| std::str::from_utf8(n).ok());
+        let node = match name {
+            Some(n) if self.members.is_empty() => check_name(n).is_ok(),
+            Some(n) => self.members.contains(n),
+            None => false,
+        };
+        (!node).then(|| {
+            format!(
+                "a view counts only at {:?} followed by a node's name, and this key names no node",
+                self.prefix
+            )
+        })
     }
 
     /// Checks `v`, read at `key`, against the rules, making room for it in

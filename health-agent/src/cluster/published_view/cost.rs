@@ -54,6 +54,13 @@ const PLAINTEXT_NODES: u32 = 16;
 /// observers and unreached nodes.
 const NODE_NAMES: [u32; 4] = [1, 2, 9, 11];
 
+/// The most one listed node costs: its name, its zone and
+/// [`MAX_NAMED`](crate::cluster::view::MAX_NAMED) names of each list, all
+/// of the longest.
+pub(super) const LARGEST_NODE_COST: usize = NODE_COST
+    + (2 * crate::cluster::view::MAX_NAMED + 2)
+        * name_cost(crate::membership::record::MAX_NAME_LEN);
+
 /// The cost of a name of `len` bytes.
 const fn name_cost(len: usize) -> usize {
     STRING_COST.saturating_add(len)

@@ -267,6 +267,18 @@ fn hostile_views_are_refused_with_the_reason() {
         }),
         "the counts say 3 nodes not healthy; 3 are listed and 0 unlisted"
     );
+    // Nodes left unlisted with room to spare: a writer hiding a node from
+    // the readers' checks (one not listed reads as healthy only when none
+    // is unlisted).
+    let hiding = edit(&|p| {
+        p.view.nodes.pop();
+        p.unlisted = 1;
+    });
+    assert!(
+        hiding.starts_with("1 nodes not healthy left unlisted, with room for ")
+            && hiding.ends_with("an assembler lists them all until its message is full"),
+        "{hiding}"
+    );
     assert_eq!(
         edit(&|p| p.view.nodes.swap(0, 1)),
         "node \"b\": listed twice or out of order"

@@ -109,6 +109,31 @@ fn a_refused_view_keeps_the_last_good_one_which_goes_stale() {
     assert_eq!(r.by_key.len(), 1);
 }
 
+/// A value at a key naming no node is refused before it is decoded:
+/// megabytes written at such keys cost the readers no decode.
+#[test]
+fn a_value_at_a_key_naming_no_node_is_refused_undecoded() {
+    let now = 1_000_000;
+    for key in ["/h/view/stranger", "/h/view/a/b", "/h/viewer"] {
+        let mut r = reader();
+        // The first refusal of a tick is logged at once; the next kept
+        // to be said at its end, with its reason.
+        r.apply(put("/h/view/leader", b"\x01\x05junk!".to_vec()), now);
+        r.apply(put(key, b"\x01\x05junk!".to_vec()), now);
+        assert_eq!(r.refused, 2);
+        let said = r.unsaid.first.clone().unwrap_or_default();
+        assert!(
+            said.ends_with("a view counts only at \"/h/view/\" followed by a node's name, and this key names no node"),
+            "{key}: {said}"
+        );
+    }
+    // Before the node set is read, any valid node name may be a node's.
+    let early = ViewReader::new("/h/view/".into(), "me".into(), Duration::from_secs(1));
+    assert_eq!(early.key_refused(b"/h/view/stranger"), None);
+    assert!(early.key_refused(b"/h/view/a/b").is_some());
+    assert_eq!(reader().key_refused(b"/h/view/leader"), None);
+}
+
 /// A view of an assembler that leaves the node set goes with it.
 #[test]
 fn the_view_of_an_assembler_that_left_the_set_goes() {
