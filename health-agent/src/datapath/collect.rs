@@ -327,7 +327,8 @@ impl Collector {
         if pass.ct.is_none() {
             if pass.done.ct_walked {
                 let (created, removed) = pass.counters;
-                pass.done.ct_evicted = ct::evicted(created, removed, pass.ct_seen);
+                let previous = self.walked.map_or(0, |w| w.evicted);
+                pass.done.ct_evicted = ct::evicted_since(previous, created, removed, pass.ct_seen);
                 self.walked = Some(Walked {
                     created,
                     earliest_ns: pass.earliest_ns,

@@ -169,6 +169,16 @@ pub const fn evicted(created: u64, removed: u64, entries: u64) -> u64 {
     created.saturating_sub(removed).saturating_sub(entries)
 }
 
+/// [`evicted`] as a counter: never below the figure of the walk before
+/// (`previous`). Entries created while a walk counts the map lower the
+/// figure for that walk, and counters that could not be read read zero;
+/// a counter going back would read as a reset, and a rate over it as a
+/// burst of evictions that never happened.
+#[must_use]
+pub fn evicted_since(previous: u64, created: u64, removed: u64, entries: u64) -> u64 {
+    previous.max(evicted(created, removed, entries))
+}
+
 /// Removes expired entries; returns how many, also added to the
 /// `removed` counter.
 pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
@@ -225,6 +235,16 @@ pub fn gc_slice(
 mod tests {
     use super::*;
     use health_common::ct::{key_addr, v4_mapped};
+
+    #[test]
+    fn evictions_never_go_back() {
+        assert_eq!(evicted_since(0, 100, 10, 80), 10);
+        // More entries counted this walk (created while it counted).
+        assert_eq!(evicted_since(10, 120, 10, 105), 10);
+        // Counters unread (zero).
+        assert_eq!(evicted_since(10, 0, 0, 50), 10);
+        assert_eq!(evicted_since(10, 200, 20, 160), 20);
+    }
 
     #[test]
     fn evictions_are_what_was_created_and_is_neither_removed_nor_there() {

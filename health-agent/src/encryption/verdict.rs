@@ -117,6 +117,23 @@ pub fn judge(cx: Context<'_>, ip: IpAddr, expected: Option<usize>, seen: Seen) -
             format!("no probe to {ip} left in the last rounds"),
         );
     }
+    // A handshake dated ahead of the clock by more than a read's race: the
+    // clock stepped back, and its age says nothing.
+    if let Some(ahead) = peer
+        .last_handshake
+        .and_then(|t| t.duration_since(cx.now).ok())
+        .filter(|a| *a > HANDSHAKE_SLACK)
+    {
+        return verdict(
+            EncState::Stale,
+            key,
+            format!(
+                "probes went to peer {} but its last handshake is dated {} ahead of this node's clock (did the clock step back?)",
+                short(&peer.public_key),
+                humantime::format_duration(Duration::from_secs(ahead.as_secs()))
+            ),
+        );
+    }
     let age = peer
         .last_handshake
         .map(|t| cx.now.duration_since(t).unwrap_or_default());
@@ -146,6 +163,10 @@ pub fn judge(cx: Context<'_>, ip: IpAddr, expected: Option<usize>, seen: Seen) -
         },
     }
 }
+
+/// How far ahead of the judging time a handshake may be dated: one that
+/// completed between the clock's read and the device's.
+const HANDSHAKE_SLACK: Duration = Duration::from_secs(5);
 
 fn verdict(state: EncState, peer: Option<String>, reason: String) -> PathEncryption {
     PathEncryption {
@@ -279,6 +300,21 @@ mod tests {
         let v = judge(cx(&d, &c), ip("198.18.1.99"), None, TUNNEL);
         assert_eq!(v.state, EncState::Stale);
         assert!(v.reason.expect("why").contains("never"));
+        // Dated an hour ahead (the clock stepped back): not fresh.
+        let mut ahead = device();
+        ahead.peers[1].last_handshake = Some(cx(&d, &c).now + Duration::from_secs(3_600));
+        let a = Coverage::of(&ahead);
+        let v = judge(cx(&ahead, &a), ip("198.18.1.13"), Some(1), TUNNEL);
+        assert_eq!(v.state, EncState::Stale);
+        assert!(
+            v.reason.expect("why").contains("dated 1h ahead"),
+            "names how far"
+        );
+        // A second ahead: a handshake made as the device was read.
+        ahead.peers[1].last_handshake = Some(cx(&d, &c).now + Duration::from_secs(1));
+        let a = Coverage::of(&ahead);
+        let v = judge(cx(&ahead, &a), ip("198.18.1.13"), Some(1), TUNNEL);
+        assert_eq!(v.state, EncState::Encrypted);
         // Idle: no probe went to it, so an old handshake says nothing.
         let v = judge(cx(&d, &c), ip("198.18.1.13"), Some(1), Seen::default());
         assert_eq!(v.state, EncState::Unobserved);

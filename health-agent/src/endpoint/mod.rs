@@ -186,12 +186,15 @@ impl Endpoint {
             .zip(record.cidr6)
             .map(|(addr, cidr)| V6 { addr, cidr });
         let restoring = lifecycle.state() == Some(State::Restoring);
+        // A task started again within the process goes on counting: the
+        // metric is a counter.
+        let repairs = repairs_so_far(&shared);
         let mut ep = Self {
             cfg,
             record,
             plan,
             lifecycle,
-            repairs: 0,
+            repairs,
             kernel,
             datapath: None,
             attached_to: None,
@@ -751,6 +754,16 @@ fn owed_regeneration(missing: &mut Vec<Missing>, attached: bool, ready: bool) {
     }
 }
 
+/// The repairs the view counts so far: those of an endpoint task that ran
+/// before in this process (none in a fresh view).
+fn repairs_so_far(shared: &SharedView) -> u64 {
+    shared
+        .read()
+        .ok()
+        .and_then(|v| v.as_ref().map(|v| v.repairs))
+        .unwrap_or(0)
+}
+
 /// A fresh shared view, empty until the endpoint publishes.
 #[must_use]
 pub fn shared_view() -> SharedView {
@@ -781,5 +794,27 @@ mod tests {
         let mut missing = vec![Missing::Address];
         owed_regeneration(&mut missing, false, false);
         assert_eq!(missing, [Missing::Address]);
+    }
+
+    /// An endpoint task started again within the process (the supervisor
+    /// restarting it) counts on from the repairs its view shows.
+    #[test]
+    fn repairs_count_on_from_the_view() {
+        let shared = shared_view();
+        assert_eq!(repairs_so_far(&shared), 0);
+        let view = EndpointView {
+            id: 1,
+            identity: record::HEALTH_IDENTITY,
+            labels: Vec::new(),
+            ipv4: None,
+            ipv6: None,
+            interface: "lxc_health".into(),
+            netns: "health".into(),
+            state: None,
+            repairs: 3,
+            history: Vec::new(),
+        };
+        *shared.write().expect("lock") = Some(view);
+        assert_eq!(repairs_so_far(&shared), 3);
     }
 }

@@ -717,7 +717,7 @@ impl<'a> View<'a> {
         if let Some(e) = self.error()
             && !self.shown_error
         {
-            nodes.reject(format!(
+            nodes.unreachable(format!(
                 "etcd at {endpoint}: {e}; probing the last known set"
             ));
             self.shown_error = true;

@@ -51,6 +51,11 @@ pub struct SourceStatus {
     /// How many in all.
     #[serde(default)]
     pub allocations_uncounted_total: usize,
+    /// With etcd: whether the last exchange with it succeeded (`None`
+    /// before the first). A set refused whole (past `--max-nodes`, say)
+    /// was read, so it leaves this true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connected: Option<bool>,
 }
 
 /// The published node set and the status of its source.
@@ -164,6 +169,7 @@ impl Nodes {
         }
         if let Ok(mut s) = self.status.write() {
             s.error = None;
+            s.connected = Some(true);
             s.updated_ms = Some(now_ms());
             s.rejected_total = update.rejected_total();
             s.rejected = update
@@ -223,11 +229,23 @@ impl Nodes {
     /// Records an update rejected as a whole; the last good set stays (and
     /// so does the list of its rejected records).
     pub fn reject(&self, error: String) {
+        self.rejected(error, true);
+    }
+
+    /// Records that the source cannot be read (etcd unreachable, say):
+    /// the last good set stays, and the source reads not connected until
+    /// an update is read again, taken or refused.
+    pub fn unreachable(&self, error: String) {
+        self.rejected(error, false);
+    }
+
+    fn rejected(&self, error: String, connected: bool) {
         warn!("node set update rejected, keeping the last good set: {error}");
         self.rejected_updates
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut s) = self.status.write() {
             s.error = Some(error);
+            s.connected = Some(connected);
         }
     }
 }
@@ -273,5 +291,19 @@ mod tests {
         nodes.accept(update(2));
         assert_eq!(nodes.current().len(), 2);
         assert_eq!(nodes.status().error, None);
+    }
+
+    /// A set refused whole was read: the source is connected. Only an
+    /// exchange that failed says it is not.
+    #[test]
+    fn a_refused_set_leaves_the_source_connected_and_a_failed_read_does_not() {
+        let nodes = Nodes::new("etcd:x".into()).with_max_nodes(3);
+        assert_eq!(nodes.status().connected, None);
+        nodes.accept(update(4));
+        assert_eq!(nodes.status().connected, Some(true));
+        nodes.unreachable("etcd at x: unavailable".into());
+        assert_eq!(nodes.status().connected, Some(false));
+        nodes.accept(update(2));
+        assert_eq!(nodes.status().connected, Some(true));
     }
 }

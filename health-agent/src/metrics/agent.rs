@@ -65,7 +65,7 @@ impl Collector for AgentCollector {
                 &mut enc,
                 "kvstore_connected",
                 "1 while the last exchange with the kvstore succeeded",
-                i64::from(status.error.is_none() && status.updated_ms.is_some()),
+                i64::from(status.connected == Some(true)),
             )?;
             counters(
                 &mut enc,
