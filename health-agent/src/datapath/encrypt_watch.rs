@@ -61,6 +61,9 @@ pub fn list(dir: &Path) -> Result<Vec<WatchRow>, DatapathError> {
         .collect())
 }
 
+/// `bpf(2)`'s flag: insert only where no entry is.
+const BPF_NOEXIST: u64 = 1;
+
 /// Makes the watched destinations `wanted`: new ones start at zero, ones
 /// no longer wanted are removed (their counts with them), the others keep
 /// counting. `present` is what [`counts`] just read. Returns how many were
@@ -93,9 +96,16 @@ pub fn set_watched(
             Err(e) => return Err(map_err(e)),
         }
     }
+    // Never over an entry that is there (`present` read short, or an
+    // entry made meanwhile): its counts stand.
+    let mut added = 0;
     for ip in &add {
-        m.insert(&key(*ip), &WatchCounts::default(), 0)
-            .map_err(map_err)?;
+        match m.insert(&key(*ip), &WatchCounts::default(), BPF_NOEXIST) {
+            Ok(()) => added += 1,
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(map_err(e)),
+        }
     }
-    Ok((add.len(), remove.len()))
+    Ok((added, remove.len()))
 }

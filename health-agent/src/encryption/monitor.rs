@@ -43,6 +43,16 @@ struct Counted {
 }
 
 impl Counted {
+    /// An address first watched when its entry read `reading`: an entry
+    /// kept from before (a restart keeps the map) counts only what comes
+    /// after, not its whole life as one round.
+    fn starting_at(reading: WatchCounts) -> Self {
+        Self {
+            last: reading,
+            ..Self::default()
+        }
+    }
+
     fn push(&mut self, now: WatchCounts) {
         // A counter that went back (the map entry was made again, or, rarely,
         // a CPU's late write undid increments another CPU made: the value is
@@ -63,6 +73,52 @@ impl Counted {
             plain: s.plain + c.plain,
         })
     }
+}
+
+/// Addresses watched from now on start from their entries' readings in
+/// `present` (zero for an entry made just now).
+fn prime(
+    counted: &mut HashMap<IpAddr, Counted>,
+    present: &BTreeMap<IpAddr, WatchCounts>,
+    wanted: &BTreeSet<IpAddr>,
+) {
+    for ip in wanted {
+        counted
+            .entry(*ip)
+            .or_insert_with(|| Counted::starting_at(present.get(ip).copied().unwrap_or_default()));
+    }
+}
+
+/// Each wanted address's probes over the window, with the round's reading
+/// `present` pushed; a reading that failed (`None`) pushes nothing, so the
+/// next good one counts from the last good one, not from zero.
+fn tally(
+    counted: &mut HashMap<IpAddr, Counted>,
+    wanted: &BTreeSet<IpAddr>,
+    present: Option<&BTreeMap<IpAddr, WatchCounts>>,
+) -> HashMap<IpAddr, Seen> {
+    counted.retain(|ip, _| wanted.contains(ip));
+    wanted
+        .iter()
+        .map(|ip| {
+            let reading = present.map(|p| p.get(ip).copied().unwrap_or_default());
+            let seen = match (counted.get_mut(ip), reading) {
+                (Some(c), Some(now)) => {
+                    c.push(now);
+                    c.seen()
+                }
+                (Some(c), None) => c.seen(),
+                // Not primed (the reading before the round failed): this
+                // reading is where it starts.
+                (None, Some(now)) => {
+                    counted.insert(*ip, Counted::starting_at(now));
+                    Seen::default()
+                }
+                (None, None) => Seen::default(),
+            };
+            (*ip, seen)
+        })
+        .collect()
 }
 
 /// Where the counting programs are attached: interface name and index,
@@ -149,11 +205,20 @@ impl EncryptionMonitor {
         let peers: Vec<&Node> = self.peers(nodes);
         let wanted: BTreeSet<IpAddr> = peers.iter().flat_map(|n| addresses(n)).collect();
         let dir = self.pin_dir();
-        let present = encrypt_watch::counts(&dir).unwrap_or_default();
-        if let Err(e) = encrypt_watch::set_watched(&dir, &present, &wanted) {
+        let present = encrypt_watch::counts(&dir).ok();
+        if let Err(e) =
+            encrypt_watch::set_watched(&dir, present.as_ref().unwrap_or(&BTreeMap::new()), &wanted)
+        {
             warn!(
                 "updating the encryption check's watched addresses: {}",
                 chain(&e)
+            );
+        }
+        if let Some(present) = &present {
+            prime(
+                &mut self.counted.lock().unwrap_or_else(PoisonError::into_inner),
+                present,
+                &wanted,
             );
         }
         if let Ok((links, devices)) = wireguard::read()
@@ -222,29 +287,19 @@ impl EncryptionMonitor {
     /// returns each address's probes over the window.
     fn count(&self, wanted: &BTreeSet<IpAddr>) -> HashMap<IpAddr, Seen> {
         let dir = self.pin_dir();
-        let present = match encrypt_watch::counts(&dir) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!("reading the encryption check's counters: {}", chain(&e));
-                BTreeMap::new()
-            }
-        };
-        if let Err(e) = encrypt_watch::set_watched(&dir, &present, wanted) {
+        let present = encrypt_watch::counts(&dir)
+            .inspect_err(|e| warn!("reading the encryption check's counters: {}", chain(e)))
+            .ok();
+        if let Some(present) = &present
+            && let Err(e) = encrypt_watch::set_watched(&dir, present, wanted)
+        {
             warn!(
                 "updating the encryption check's watched addresses: {}",
                 chain(&e)
             );
         }
         let mut counted = self.counted.lock().unwrap_or_else(PoisonError::into_inner);
-        counted.retain(|ip, _| wanted.contains(ip));
-        wanted
-            .iter()
-            .map(|ip| {
-                let c = counted.entry(*ip).or_default();
-                c.push(present.get(ip).copied().unwrap_or_default());
-                (*ip, c.seen())
-            })
-            .collect()
+        tally(&mut counted, wanted, present.as_ref())
     }
 
     /// The counting programs on the device's egress and on that of every
@@ -426,6 +481,53 @@ fn choose<'a>(named: Option<&str>, devices: &'a [WgDevice]) -> Result<&'a WgDevi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kept entry's lifetime counts are not one round's; a failed read
+    /// counts nothing and the next good one counts from the last good one.
+    #[test]
+    fn counts_start_from_the_first_reading_and_skip_failed_reads() {
+        let ip: IpAddr = "198.18.1.12".parse().expect("ip");
+        let wanted: BTreeSet<IpAddr> = [ip].into_iter().collect();
+        let reading = |plain| BTreeMap::from([(ip, WatchCounts { tunnel: 0, plain })]);
+        let mut counted = HashMap::new();
+        // Kept from before a restart: 500 packets in plain text long ago.
+        prime(&mut counted, &reading(500), &wanted);
+        let seen = tally(&mut counted, &wanted, Some(&reading(500)));
+        assert_eq!(seen[&ip].plain, 0, "nothing this round");
+        let seen = tally(&mut counted, &wanted, None);
+        assert_eq!(seen[&ip].plain, 0, "a failed read counts nothing");
+        let seen = tally(&mut counted, &wanted, Some(&reading(502)));
+        assert_eq!(seen[&ip].plain, 2, "counted from the last good reading");
+        // Not primed: its first reading is where it starts.
+        let other: IpAddr = "198.18.1.13".parse().expect("ip");
+        let both: BTreeSet<IpAddr> = [ip, other].into_iter().collect();
+        let mut kept = reading(502);
+        kept.insert(
+            other,
+            WatchCounts {
+                tunnel: 0,
+                plain: 900,
+            },
+        );
+        let seen = tally(&mut counted, &both, Some(&kept));
+        assert_eq!(seen[&other].plain, 0, "not its lifetime's 900");
+        kept.insert(
+            other,
+            WatchCounts {
+                tunnel: 0,
+                plain: 901,
+            },
+        );
+        let seen = tally(&mut counted, &both, Some(&kept));
+        assert_eq!(seen[&other].plain, 1);
+        // Priming again leaves a watched address as it is.
+        prime(&mut counted, &reading(0), &wanted);
+        for _ in 0..WINDOW {
+            tally(&mut counted, &wanted, Some(&reading(502)));
+        }
+        let seen = tally(&mut counted, &wanted, Some(&reading(505)));
+        assert_eq!(seen[&ip].plain, 3, "from 502, not from the priming's 0");
+    }
 
     /// The device is the one named, or the only one: with several and
     /// none named there is none, whatever the node records' addresses

@@ -43,6 +43,13 @@ fn probes_to_a_watched_address_are_counted_and_every_frame_passes_unchanged() {
         (2, 0),
         "two requests: {rows:?}"
     );
+    // Asked to watch it again on a reading that came back short (a failed
+    // read, or one made before the entry): its counts stand.
+    let (added, _) =
+        encrypt_watch::set_watched(pins.path(), &BTreeMap::new(), &wanted).expect("watch again");
+    assert_eq!(added, 0, "already there");
+    let rows = encrypt_watch::list(pins.path()).expect("list");
+    assert_eq!((rows[0].plain, rows[0].tunnel), (2, 0), "kept: {rows:?}");
     // A peer that left is no longer watched.
     let present = encrypt_watch::counts(pins.path()).expect("counts");
     let (added, removed) =
