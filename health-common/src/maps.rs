@@ -15,6 +15,29 @@ use crate::{
 /// agent finds out which layout the pins it inherits were made with.
 pub const PIN_LAYOUT_VERSION: u32 = 8;
 
+/// The maps whose meaning changed at a layout version while their type,
+/// key and value sizes stayed (fields reordered, counters renumbered):
+/// the loader cannot see such a change, so pins of an older version are
+/// made anew for each map listed at a later version, their entries not
+/// carried. A change of size or type needs no entry here: the loader
+/// replaces that pin and carries what keeps its layout. No change so far
+/// has kept its sizes.
+pub const SAME_SIZE_CHANGES: &[(u32, &[MapId])] = &[];
+
+/// The maps pins made with layout `recorded` cannot be reused for, as far
+/// as sizes cannot tell: those of [`SAME_SIZE_CHANGES`] after it, or
+/// every map when `recorded` is newer than [`PIN_LAYOUT_VERSION`] (a
+/// later agent's layout, unknown to this one).
+pub fn remade_since(recorded: u32) -> impl Iterator<Item = MapId> {
+    let newer = recorded > PIN_LAYOUT_VERSION;
+    MapId::ALL.into_iter().filter(move |id| {
+        newer
+            || SAME_SIZE_CHANGES
+                .iter()
+                .any(|(v, maps)| *v > recorded && maps.contains(id))
+    })
+}
+
 /// How many entries the maps that grow with the cluster hold. The kernel
 /// object declares [`MapSizes::DEFAULT`]; the loader sizes each map from
 /// the agent's flags before creating it.
@@ -476,6 +499,31 @@ unsafe impl aya::Pod for EchoConfig {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pins_of_a_newer_layout_are_all_remade_and_of_an_older_as_listed() {
+        assert_eq!(remade_since(PIN_LAYOUT_VERSION).count(), 0);
+        assert_eq!(
+            remade_since(PIN_LAYOUT_VERSION + 1).count(),
+            MapId::ALL.len()
+        );
+        assert_eq!(
+            remade_since(0).count(),
+            MapId::ALL
+                .iter()
+                .filter(|id| SAME_SIZE_CHANGES.iter().any(|(_, m)| m.contains(id)))
+                .count()
+        );
+        // Listed in order, at versions this agent knows.
+        for pair in SAME_SIZE_CHANGES.windows(2) {
+            assert!(pair[0].0 < pair[1].0);
+        }
+        assert!(
+            SAME_SIZE_CHANGES
+                .iter()
+                .all(|(v, _)| *v <= PIN_LAYOUT_VERSION)
+        );
+    }
 
     #[test]
     fn no_map_that_grows_with_the_cluster_is_per_cpu() {

@@ -71,13 +71,12 @@ impl Datapath {
         sizes: &MapSizes,
     ) -> Result<Self, DatapathError> {
         pins::ensure_pin_dir(pin_dir)?;
-        pins::report_layout(pin_dir);
         pins::recover_aside(pin_dir);
         // A pin replaced for its size or layout waits aside until this
         // load is done: a failure after it (a map the kernel refuses, one
         // of `programs` the verifier does) pins the old map again, entries
         // and all. Programs loaded later, on first use, come after it.
-        let mut replaced = Vec::new();
+        let mut replaced = pins::set_aside_other_layout(pin_dir);
         let loaded = Self::load_replacing(pin_dir, programs, sizes, &mut replaced);
         pins::settle_aside(pin_dir, &replaced, loaded.is_ok());
         loaded

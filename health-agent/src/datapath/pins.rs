@@ -103,18 +103,37 @@ pub fn recorded_layout(dir: &Path) -> Option<u32> {
     Array::<_, u32>::try_from(&map).ok()?.get(&0, 0).ok()
 }
 
-/// Says which layout the pins in `dir` were made with, when it is not
-/// this agent's.
-pub(super) fn report_layout(dir: &Path) {
-    match recorded_layout(dir) {
-        Some(v) if v != PIN_LAYOUT_VERSION => info!(
-            dir = %dir.display(),
-            from = v,
-            to = PIN_LAYOUT_VERSION,
-            "pinned maps were made with another layout version: incompatible maps are replaced"
-        ),
-        _ => {}
+/// Sets aside the pins in `dir` that a layout version recorded with them
+/// says cannot be reused though their sizes may match
+/// ([`health_common::maps::remade_since`]: every pin of a newer agent's
+/// layout; those changed at the same size since an older one's), so that
+/// no entry of another meaning is read. Returns the names set aside (for
+/// [`settle_aside`]: removed once the new maps are pinned, put back if
+/// the load fails). Other pins of another version are replaced, and their
+/// entries carried, when their sizes differ, as at any load.
+pub(super) fn set_aside_other_layout(dir: &Path) -> Vec<String> {
+    let Some(from) = recorded_layout(dir).filter(|v| *v != PIN_LAYOUT_VERSION) else {
+        return Vec::new();
+    };
+    let mut aside_now = Vec::new();
+    for id in health_common::maps::remade_since(from) {
+        let name = id.name();
+        match fs::rename(dir.join(name), aside(dir, name)) {
+            Ok(()) => aside_now.push(name.to_owned()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // Left in place: the load reuses it if its sizes match, or
+            // replaces it.
+            Err(e) => warn!(map = %name, "setting a pin of another layout aside: {e}"),
+        }
     }
+    info!(
+        dir = %dir.display(),
+        from,
+        to = PIN_LAYOUT_VERSION,
+        remade = aside_now.len(),
+        "pinned maps were made with another layout version: those it changed are made anew"
+    );
+    aside_now
 }
 
 /// Where a replaced pin waits for its replacement: a load that fails

@@ -133,6 +133,52 @@ fn map_sizes_follow_the_loader_and_entries_survive_a_resize() {
     assert!((row.pressure - 5.0 / 1024.0).abs() < 1e-9, "{row:?}");
 }
 
+/// Pins left by an agent of a newer layout version, every size matching:
+/// none is reused and no entry carried (a value of the same size may hold
+/// its fields in another order).
+#[test]
+fn pins_of_a_newer_layout_version_are_made_anew_whatever_their_sizes() {
+    let (pins, d) = loaded_for(64);
+    drop(d);
+    seed(&pins, 5);
+    let id_of = |id: MapId| {
+        MapInfo::from_pin(pins.path().join(id.name()))
+            .expect("pinned")
+            .id()
+    };
+    let before = id_of(MapId::RttLosses);
+    {
+        let m = pinned(&pins, MapId::PinLayout);
+        let mut layout = aya::maps::Array::<_, u32>::try_from(m).expect("layout");
+        layout
+            .set(0, &(health_common::maps::PIN_LAYOUT_VERSION + 1), 0)
+            .expect("a newer version");
+    }
+    let d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &MapSizes::for_peers(64))
+        .expect("reload");
+    assert_ne!(id_of(MapId::RttLosses), before, "a new map");
+    let m = losses_map(&pins);
+    let losses = HashMap::<_, RttKey, u64>::try_from(&m).expect("losses");
+    assert_eq!(losses.keys().count(), 0, "nothing carried");
+    assert_eq!(
+        health_agent::datapath::recorded_layout(pins.path()),
+        Some(health_common::maps::PIN_LAYOUT_VERSION)
+    );
+    let aside: Vec<_> = std::fs::read_dir(pins.path())
+        .expect("dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("REPLACED_"))
+        .collect();
+    assert!(aside.is_empty(), "the old pins are gone: {aside:?}");
+    // The same version again: reused, entries and all.
+    drop(d);
+    seed(&pins, 2);
+    let again = id_of(MapId::RttLosses);
+    let _d = Datapath::load_sized(pins.path(), &[ProgId::LxcIngress], &MapSizes::for_peers(64))
+        .expect("reload");
+    assert_eq!(id_of(MapId::RttLosses), again, "reused");
+}
+
 /// `bpf(cmd, attr)`: what it returns (a descriptor for some commands, 0
 /// for others), or the test fails naming the command.
 fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> i32 {
