@@ -479,6 +479,11 @@ fn probe_config(
         .unwrap_or(usize::MAX)
         .saturating_sub(RESERVED_FILES)
         .max(64);
+    let families = crate::probe::family::Families::from_flags(
+        e.health_cidr.is_some(),
+        e.health_cidr6.is_some(),
+    )
+    .unwrap_or_default();
     let mut probe = ProbeConfig::new(
         &cfg.settings.probe,
         &cfg.settings.tuning,
@@ -487,11 +492,7 @@ fn probe_config(
             local_node: cfg.node_name.clone(),
             endpoint_netns: Some(Netns::named(&e.endpoint_netns)?),
             pin_dir: cfg.settings.pins.dir.clone(),
-            families: crate::probe::family::Families::from_flags(
-                e.health_cidr.is_some(),
-                e.health_cidr6.is_some(),
-            )
-            .unwrap_or_default(),
+            families,
             mtu_probe: cfg.settings.probe.probe_mtu.resolve(),
         },
     );
@@ -503,6 +504,10 @@ fn probe_config(
             kernel.handle(),
             tc_hook,
             e.host_iface.clone(),
+            crate::encryption::monitor::Families {
+                ipv4: e.health_cidr.is_some(),
+                ipv6: e.health_cidr6.is_some(),
+            },
         )));
     }
     info!(

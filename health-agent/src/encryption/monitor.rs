@@ -132,6 +132,8 @@ struct Watching {
 
 pub struct EncryptionMonitor {
     settings: EncryptionSettings,
+    /// The families this agent probes its peers in.
+    families: Families,
     local: Option<String>,
     datapath: DatapathHandle,
     hook: TcHook,
@@ -161,9 +163,11 @@ impl EncryptionMonitor {
         datapath: DatapathHandle,
         hook: TcHook,
         endpoint_iface: String,
+        families: Families,
     ) -> Self {
         Self {
             settings,
+            families,
             local,
             datapath,
             hook,
@@ -203,7 +207,10 @@ impl EncryptionMonitor {
             return;
         }
         let peers: Vec<&Node> = self.peers(nodes);
-        let wanted: BTreeSet<IpAddr> = peers.iter().flat_map(|n| addresses(n)).collect();
+        let wanted: BTreeSet<IpAddr> = peers
+            .iter()
+            .flat_map(|n| addresses(n, self.families))
+            .collect();
         let dir = self.pin_dir();
         let present = encrypt_watch::counts(&dir).ok();
         if let Err(e) =
@@ -264,14 +271,23 @@ impl EncryptionMonitor {
     /// Judges every address of `nodes` (but this node's) after a round.
     pub fn evaluate(&self, nodes: &NodeSet) {
         let peers: Vec<&Node> = self.peers(nodes);
-        let wanted: BTreeSet<IpAddr> = peers.iter().flat_map(|n| addresses(n)).collect();
+        let wanted: BTreeSet<IpAddr> = peers
+            .iter()
+            .flat_map(|n| addresses(n, self.families))
+            .collect();
         let seen = self.count(&wanted);
         let named = self.settings.encryption_device.as_deref();
         let view = match wireguard::read() {
             Ok((links, devices)) => match choose(named, &devices) {
                 Ok(dev) => {
                     self.place(&links, dev);
-                    judged(dev, &peers, &seen, self.settings.stale_after())
+                    judged(
+                        dev,
+                        &peers,
+                        self.families,
+                        &seen,
+                        self.settings.stale_after(),
+                    )
                 }
                 Err(why) => unknown(&wanted, why),
             },
@@ -387,21 +403,41 @@ impl EncryptionMonitor {
     }
 }
 
-/// A node's own and health addresses (either family).
-fn addresses(n: &Node) -> impl Iterator<Item = IpAddr> {
-    [
-        n.node_ip.map(IpAddr::V4),
-        n.health_ip.map(IpAddr::V4),
-        n.node_ip6.map(IpAddr::V6),
-        n.health_ip6.map(IpAddr::V6),
-    ]
-    .into_iter()
-    .flatten()
+/// The address families this agent probes its peers in: those its
+/// endpoint has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Families {
+    pub ipv4: bool,
+    pub ipv6: bool,
+}
+
+/// A node's own and health addresses in the families this agent probes
+/// it in: only those are judged, so a family it never probes (its
+/// endpoint has none, or the node lacks its node or health address in
+/// it) raises no `not_covered`.
+fn addresses(n: &Node, families: Families) -> impl Iterator<Item = IpAddr> {
+    probed_pairs(n, families).flat_map(|(node, health)| [node, health])
+}
+
+/// Each probed family's (node, health) addresses of `n`, IPv4 first.
+fn probed_pairs(n: &Node, families: Families) -> impl Iterator<Item = (IpAddr, IpAddr)> {
+    let v4 = n
+        .node_ip
+        .zip(n.health_ip)
+        .filter(|_| families.ipv4)
+        .map(|(a, b)| (IpAddr::V4(a), IpAddr::V4(b)));
+    let v6 = n
+        .node_ip6
+        .zip(n.health_ip6)
+        .filter(|_| families.ipv6)
+        .map(|(a, b)| (IpAddr::V6(a), IpAddr::V6(b)));
+    v4.into_iter().chain(v6)
 }
 
 fn judged(
     dev: &WgDevice,
     peers: &[&Node],
+    families: Families,
     seen: &HashMap<IpAddr, Seen>,
     stale_after: std::time::Duration,
 ) -> EncryptionView {
@@ -414,12 +450,9 @@ fn judged(
     };
     let mut paths = HashMap::new();
     for n in peers {
-        for (node, health) in [
-            (n.node_ip.map(IpAddr::V4), n.health_ip.map(IpAddr::V4)),
-            (n.node_ip6.map(IpAddr::V6), n.health_ip6.map(IpAddr::V6)),
-        ] {
-            let expected = node.and_then(|ip| coverage.peer(ip));
-            for ip in [node, health].into_iter().flatten() {
+        for (node, health) in probed_pairs(n, families) {
+            let expected = coverage.peer(node);
+            for ip in [node, health] {
                 let s = seen.get(&ip).copied().unwrap_or_default();
                 paths.insert(ip, judge(cx, ip, expected, s));
             }
@@ -481,6 +514,53 @@ fn choose<'a>(named: Option<&str>, devices: &'a [WgDevice]) -> Result<&'a WgDevi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dual-stack peer judged by an agent probing IPv4 only, through a
+    /// device whose AllowedIPs are IPv4: its IPv6 addresses, never probed,
+    /// are not judged (before, they read `not_covered`); an agent probing
+    /// both judges a peer's IPv6 only where it has both its addresses.
+    #[test]
+    fn only_the_families_probed_are_judged() {
+        let dev = WgDevice {
+            name: "wg0".into(),
+            index: 4,
+            peers: vec![wireguard::WgPeer {
+                public_key: "BBBBBBBBkey".into(),
+                endpoint: None,
+                allowed_ips: vec!["198.18.0.0/15".parse().expect("net")],
+                last_handshake: None,
+                tx_bytes: 0,
+                rx_bytes: 0,
+            }],
+        };
+        let mut n = Node::v4(
+            "b",
+            std::net::Ipv4Addr::new(198, 18, 0, 2),
+            std::net::Ipv4Addr::new(198, 18, 64, 2),
+        );
+        n.node_ip6 = Some("2001:2::2".parse().expect("ip"));
+        n.health_ip6 = Some("2001:2:0:40::2".parse().expect("ip"));
+        let v4_only = Families {
+            ipv4: true,
+            ipv6: false,
+        };
+        let view = judged(&dev, &[&n], v4_only, &HashMap::new(), WINDOW_STALE);
+        assert_eq!(view.paths.len(), 2, "{:?}", view.paths.keys());
+        assert!(view.paths.keys().all(IpAddr::is_ipv4));
+        let dual = Families {
+            ipv4: true,
+            ipv6: true,
+        };
+        let view = judged(&dev, &[&n], dual, &HashMap::new(), WINDOW_STALE);
+        assert_eq!(view.paths.len(), 4);
+        // No health address of IPv6: its node's IPv6 is not probed either.
+        n.health_ip6 = None;
+        let view = judged(&dev, &[&n], dual, &HashMap::new(), WINDOW_STALE);
+        assert_eq!(view.paths.len(), 2);
+        assert_eq!(addresses(&n, dual).count(), 2);
+    }
+
+    const WINDOW_STALE: std::time::Duration = std::time::Duration::from_secs(180);
 
     /// A kept entry's lifetime counts are not one round's; a failed read
     /// counts nothing and the next good one counts from the last good one.
