@@ -272,18 +272,23 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
     );
 }
 
-/// A valid view by hand at the key of a name no node has: refused, and
-/// logged so by `node`.
+/// A valid view by hand at the key of a name no node has: refused by its
+/// key, before it is decoded, and logged so by `node`.
 fn a_view_of_no_node_is_refused(cluster: &Cluster, node: &ClusterNode, leader: &str) {
+    let prefix = view_prefix(ETCD_PREFIX);
+    let key = format!("{prefix}node-9");
     etcd::put_bytes(
         Some(&cluster.fabric),
         ETCD_ENDPOINT,
-        &format!("{}node-9", view_prefix(ETCD_PREFIX)),
+        &key,
         forged_view(leader, "node-9"),
     );
-    let logged = "its assembler \"node-9\" is not in the node set";
+    let logged = format!(
+        "{key:?} was refused and the last good one kept: a view counts only at \
+         {prefix:?} followed by a node's name, and this key names no node"
+    );
     let deadline = Instant::now() + patience(Duration::from_secs(10));
-    while !node.log().contains(logged) {
+    while !node.log().contains(&logged) {
         assert!(
             Instant::now() < deadline,
             "no refusal logged:\n{}",
