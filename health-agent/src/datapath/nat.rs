@@ -1,9 +1,9 @@
 //! The masquerade table: listing, counters, and the collector that removes
 //! a flow's pair of entries together with its connection-tracking entry.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{net::Ipv4Addr, os::fd::AsFd as _, path::Path};
 
-use aya::maps::{Array, HashMap, MapData};
+use aya::maps::{Array, HashMap};
 use health_common::{
     ct::{CtConfig, CtEntry, CtKey, DIR_IN, DIR_OUT, TCP_ACK, lifetime_s},
     maps::MapId,
@@ -78,15 +78,6 @@ fn row(k: &NatKey, e: &NatEntry, now: u64) -> NatRow {
         created_seconds_ago: now.saturating_sub(e.created_ns) / 1_000_000_000,
         last_used_seconds_ago: now.saturating_sub(e.last_ns) / 1_000_000_000,
     }
-}
-
-fn nat_map(
-    map: &mut aya::maps::Map,
-) -> Result<HashMap<&mut MapData, NatKey, NatEntry>, DatapathError> {
-    HashMap::try_from(map).map_err(|source| DatapathError::Map {
-        map: MapId::NatMap,
-        source,
-    })
 }
 
 /// Every entry of the pinned NAT map, `OUT` before `IN`, sorted (read in
@@ -208,10 +199,57 @@ pub fn hold_over(held: &NatEntry, proto: u8, cfg: &CtConfig, now: u64) -> bool {
     idle_past(held, lifetime_s(cfg, proto, TCP_ACK | held.closing), now)
 }
 
-/// Removes the pairs whose flows are over (see [`collectable`]) and
-/// reverse halves no `OUT` entry points to any more; returns how many
-/// entries went, also added to the `removed` counter. Run it before the CT
-/// collector, so an expired CT entry is still there to be seen.
+/// The entries a collection removes from `entries` (the NAT map, read
+/// whole): the pairs whose flows are over (see [`collectable`]; `ct` gives
+/// a pair's connection-tracking entry), the holds that are over
+/// ([`hold_over`]), and reverse halves no `OUT` entry points to any more.
+/// A reverse half another flow claimed after an eviction is that flow's,
+/// and stays.
+pub fn doomed<E, S: std::hash::BuildHasher>(
+    entries: &std::collections::HashMap<NatKey, NatEntry, S>,
+    mut ct: impl FnMut(&CtKey) -> Result<Option<CtEntry>, E>,
+    cfg: &CtConfig,
+    now: u64,
+) -> Result<Vec<NatKey>, E> {
+    let mut doomed = Vec::new();
+    for (k, e) in entries {
+        if k.dir == DIR_OUT {
+            let tracked = ct(&ct_key_of(k))?;
+            if collectable(tracked.as_ref(), e, k.proto, cfg, now) {
+                doomed.push(*k);
+                let back = in_key(k, e.xlate_addr, e.xlate_port);
+                if entries
+                    .get(&back)
+                    .is_some_and(|b| out_key_of(&back, b) == *k)
+                {
+                    doomed.push(back);
+                }
+            }
+        } else if held_by_node(k, e) {
+            if hold_over(e, k.proto, cfg, now) {
+                doomed.push(*k);
+            }
+        } else if k.dir == DIR_IN {
+            let paired = entries
+                .get(&out_key_of(k, e))
+                .is_some_and(|o| o.xlate_port == k.dport && o.xlate_addr == k.daddr);
+            if !paired && collectable(None, e, k.proto, cfg, now) {
+                doomed.push(*k);
+            }
+        }
+    }
+    // A hold can also be the reverse half of a pair that is over.
+    doomed.sort_unstable_by_key(|k| (k.dir, k.proto, k.saddr, k.daddr, k.sport, k.dport));
+    doomed.dedup();
+    Ok(doomed)
+}
+
+/// Removes what [`doomed`] picks; returns how many entries went, also
+/// added to the `removed` counter, even when a removal fails part way.
+/// The map is read in batches, a few system calls for the whole table;
+/// a failed read or removal is an error, never a shorter collection. Run
+/// it before the CT collector, so an expired CT entry is still there to
+/// be seen.
 pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
     let now = super::monotonic_ns()?;
     let cfg = {
@@ -224,51 +262,36 @@ pub fn gc(dir: &Path) -> Result<u64, DatapathError> {
             })?
     };
     let ct_map = open(dir, MapId::CtMap)?;
-    let ct =
-        HashMap::<_, CtKey, CtEntry>::try_from(&ct_map).map_err(|source| DatapathError::Map {
-            map: MapId::CtMap,
-            source,
-        })?;
-    let mut map = open(dir, MapId::NatMap)?;
-    let mut nat = nat_map(&mut map)?;
-    let entries: Vec<(NatKey, NatEntry)> = nat.iter().filter_map(Result::ok).collect();
-    let mut doomed = Vec::new();
-    for (k, e) in &entries {
-        if k.dir == DIR_OUT {
-            let tracked = ct.get(&ct_key_of(k), 0).ok();
-            if collectable(tracked.as_ref(), e, k.proto, &cfg, now) {
-                doomed.push(*k);
-                // Its reverse half, unless another flow claimed the port
-                // after an eviction: that one is the other flow's.
-                let back = in_key(k, e.xlate_addr, e.xlate_port);
-                if nat.get(&back, 0).is_ok_and(|b| out_key_of(&back, &b) == *k) {
-                    doomed.push(back);
-                }
-            }
-        } else if held_by_node(k, e) {
-            if hold_over(e, k.proto, &cfg, now) {
-                doomed.push(*k);
-            }
-        } else if k.dir == DIR_IN {
-            let owner = out_key_of(k, e);
-            let paired = nat
-                .get(&owner, 0)
-                .is_ok_and(|o| o.xlate_port == k.dport && o.xlate_addr == k.daddr);
-            if !paired && collectable(None, e, k.proto, &cfg, now) {
-                doomed.push(*k);
-            }
-        }
-    }
-    // A key listed twice fails its second removal and is counted once.
+    let ct_err = |source| DatapathError::Map {
+        map: MapId::CtMap,
+        source,
+    };
+    let ct = HashMap::<_, CtKey, CtEntry>::try_from(&ct_map).map_err(ct_err)?;
+    let mut entries = std::collections::HashMap::new();
+    let nat = super::maps::hash_entries::<NatKey, NatEntry>(dir, MapId::NatMap, |k, e| {
+        entries.insert(*k, *e);
+    })?;
+    let doomed = doomed(
+        &entries,
+        |k| match ct.get(k, 0) {
+            Ok(e) => Ok(Some(e)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(ct_err(e)),
+        },
+        &cfg,
+        now,
+    )?;
+    drop(entries);
     let mut removed = 0u64;
-    for k in &doomed {
-        if nat.remove(k).is_ok() {
-            removed += 1;
-        }
-    }
+    let deleted = crate::sys::bpf_batch::delete(nat.fd().as_fd(), &doomed, |_| removed += 1);
     if removed > 0 {
         super::maps::add_to_counter(dir, MapId::NatStats, NatCounter::Removed as u32, removed)?;
     }
+    deleted.map_err(|source| DatapathError::MapBatch {
+        map: MapId::NatMap,
+        op: "deleting entries in batches",
+        source,
+    })?;
     Ok(removed)
 }
 
@@ -339,6 +362,83 @@ mod tests {
         let icmp_s = u64::from(cfg.icmp_s);
         assert!(!hold_over(&held, 1, &cfg, (9 + icmp_s) * S));
         assert!(hold_over(&held, 1, &cfg, (11 + icmp_s) * S));
+    }
+
+    const EP: [u8; 4] = [198, 18, 65, 2];
+    const NODE: [u8; 4] = [198, 18, 0, 12];
+    const PEER: [u8; 4] = [198, 18, 0, 11];
+
+    /// A flow of the endpoint from `sport` to the peer's hello port, given
+    /// the node's `port`, last used at `last_ns`: its `OUT` and `IN` halves.
+    fn pair(sport: u16, port: u16, last_ns: u64) -> [(NatKey, NatEntry); 2] {
+        let out = NatKey {
+            saddr: EP,
+            daddr: PEER,
+            sport: sport.to_be_bytes(),
+            dport: 4240u16.to_be_bytes(),
+            proto: IPPROTO_TCP,
+            dir: DIR_OUT,
+            pad: [0; 2],
+        };
+        let back = in_key(&out, NODE, port.to_be_bytes());
+        let mut o = NatEntry::made(NODE, port.to_be_bytes(), last_ns);
+        let mut i = NatEntry::made(EP, sport.to_be_bytes(), last_ns);
+        o.last_ns = last_ns;
+        i.last_ns = last_ns;
+        [(out, o), (back, i)]
+    }
+
+    /// An idle pair goes whole; a live pair stays whole; an `IN` half
+    /// whose port a later flow claimed after its `OUT` half was evicted is
+    /// that flow's and stays with it; an orphaned `IN` half goes once idle.
+    #[test]
+    fn a_collection_takes_whole_pairs_and_orphans_never_another_flows_half() {
+        let cfg = CtConfig::default();
+        let idle_s = u64::from(lifetime_s(&cfg, IPPROTO_TCP, 0));
+        let now = (idle_s + 100) * S;
+        let [old_out, old_in] = pair(40_000, 61_000, 0);
+        let [live_out, live_in] = pair(40_001, 61_001, now);
+        // A flow of the node's own made after an old flow's OUT was evicted
+        // took port 61_002 with an IN half that is still in use.
+        let [_, claimed_in] = pair(40_002, 61_002, now);
+        let [stale_out, _] = pair(40_003, 61_002, 0);
+        // An orphan: its OUT half was evicted long ago.
+        let [_, orphan_in] = pair(40_004, 61_004, 0);
+        let entries: std::collections::HashMap<_, _> = [
+            old_out, old_in, live_out, live_in, claimed_in, stale_out, orphan_in,
+        ]
+        .into_iter()
+        .collect();
+        let got = doomed(&entries, |_| Ok::<_, ()>(None), &cfg, now).expect("no ct error");
+        let mut want = vec![old_out.0, old_in.0, stale_out.0, orphan_in.0];
+        want.sort_unstable_by_key(|k| (k.dir, k.proto, k.saddr, k.daddr, k.sport, k.dport));
+        assert_eq!(got, want);
+    }
+
+    /// A connection-tracking entry that cannot be read fails the whole
+    /// collection: nothing is picked on a partial view.
+    #[test]
+    fn a_failed_ct_lookup_fails_the_collection() {
+        let cfg = CtConfig::default();
+        let entries: std::collections::HashMap<_, _> =
+            pair(40_000, 61_000, 0).into_iter().collect();
+        let got = doomed(&entries, |_| Err("EPERM"), &cfg, u64::MAX / 2);
+        assert_eq!(got, Err("EPERM"));
+    }
+
+    /// A pair whose CT entry lives stays however long it idles.
+    #[test]
+    fn a_pair_whose_ct_entry_lives_stays() {
+        let cfg = CtConfig::default();
+        let now = 10_000 * S;
+        let entries: std::collections::HashMap<_, _> =
+            pair(40_000, 61_000, 0).into_iter().collect();
+        let live = CtEntry {
+            expires_ns: now + S,
+            ..CtEntry::default()
+        };
+        let got = doomed(&entries, |_| Ok::<_, ()>(Some(live)), &cfg, now).expect("no error");
+        assert_eq!(got, Vec::new());
     }
 
     #[test]

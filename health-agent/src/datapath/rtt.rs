@@ -2,7 +2,6 @@
 
 use std::{net::IpAddr, path::Path, time::Duration};
 
-use aya::maps::HashMap;
 use health_common::{
     ct::{IPPROTO_TCP, ip_of, key_addr},
     maps::MapId,
@@ -10,7 +9,7 @@ use health_common::{
 };
 use serde::Serialize;
 
-use super::{DatapathError, ct::proto_name, maps::open};
+use super::{DatapathError, ct::proto_name};
 
 /// One row of `bpf rtt list`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -32,48 +31,19 @@ pub struct RttRow {
     pub histogram: Vec<u64>,
 }
 
-fn losses_map_err(source: aya::maps::MapError) -> DatapathError {
-    DatapathError::Map {
-        map: MapId::RttLosses,
-        source,
-    }
-}
-
-fn stats_map_err(source: aya::maps::MapError) -> DatapathError {
-    DatapathError::Map {
-        map: MapId::RttStats,
-        source,
-    }
-}
-
-/// Per-peer statistics, with losses; sorted.
+/// Per-peer statistics, with losses; sorted. Both maps are read in
+/// batches; a failed read is an error, never a shorter list.
 pub fn list(dir: &Path) -> Result<Vec<RttRow>, DatapathError> {
-    let map = open(dir, MapId::RttStats)?;
-    let stats = HashMap::<_, RttKey, RttStats>::try_from(&map).map_err(stats_map_err)?;
-    let losses_map = open(dir, MapId::RttLosses)?;
-    let losses =
-        HashMap::<_, RttKey, u64>::try_from(&losses_map).map_err(|source| DatapathError::Map {
-            map: MapId::RttLosses,
-            source,
-        })?;
-    let mut keys: Vec<RttKey> = stats.keys().filter_map(Result::ok).collect();
-    keys.extend(losses.keys().filter_map(Result::ok));
-    keys.sort();
-    keys.dedup();
-    let mut rows = Vec::with_capacity(keys.len());
-    for k in keys {
-        // A key gone since the walk (the loss sweep, an LRU eviction) reads
-        // as empty; any other failure is the map's.
-        let s = match stats.get(&k, 0) {
-            Ok(s) => s,
-            Err(aya::maps::MapError::KeyNotFound) => RttStats::default(),
-            Err(e) => return Err(stats_map_err(e)),
-        };
-        let lost = match losses.get(&k, 0) {
-            Ok(n) => n,
-            Err(aya::maps::MapError::KeyNotFound) => 0,
-            Err(e) => return Err(losses_map_err(e)),
-        };
+    let mut by_key: std::collections::BTreeMap<RttKey, (RttStats, u64)> =
+        std::collections::BTreeMap::new();
+    super::maps::hash_entries::<RttKey, RttStats>(dir, MapId::RttStats, |k, s| {
+        by_key.entry(*k).or_default().0 = *s;
+    })?;
+    super::maps::hash_entries::<RttKey, u64>(dir, MapId::RttLosses, |k, n| {
+        by_key.entry(*k).or_default().1 = *n;
+    })?;
+    let mut rows = Vec::with_capacity(by_key.len());
+    for (k, (s, lost)) in by_key {
         rows.push(RttRow {
             peer: ip_of(k.peer),
             proto: proto_name(k.proto),
@@ -365,31 +335,12 @@ pub fn prune(dir: &Path, keep: impl Fn(IpAddr) -> bool) -> Result<u64, DatapathE
         |k: &PendingKey, _: &u64| !keep(ip_of(k.peer)),
         |_: &PendingKey| {},
     )?;
-    let mut removed = 0;
-    let mut stats_map = open(dir, MapId::RttStats)?;
-    let mut stats =
-        HashMap::<_, RttKey, RttStats>::try_from(&mut stats_map).map_err(stats_map_err)?;
-    for k in departed(stats.keys(), &keep) {
-        removed += u64::from(stats.remove(&k).is_ok());
-    }
-    let mut losses_map = open(dir, MapId::RttLosses)?;
-    let mut losses =
-        HashMap::<_, RttKey, u64>::try_from(&mut losses_map).map_err(losses_map_err)?;
-    for k in departed(losses.keys(), &keep) {
-        removed += u64::from(losses.remove(&k).is_ok());
-    }
-    Ok(removed)
-}
-
-/// The keys of peers `keep` refuses, collected before any is removed (a
-/// hash map's key walk restarts when the key it stands on goes).
-fn departed(
-    keys: impl Iterator<Item = Result<RttKey, aya::maps::MapError>>,
-    keep: &impl Fn(IpAddr) -> bool,
-) -> Vec<RttKey> {
-    keys.filter_map(Result::ok)
-        .filter(|k| !keep(ip_of(k.peer)))
-        .collect()
+    let gone = |k: &RttKey| !keep(ip_of(k.peer));
+    let (stats, _) =
+        super::maps::delete_where::<RttKey, RttStats>(dir, MapId::RttStats, |k, _| gone(k))?;
+    let (losses, _) =
+        super::maps::delete_where::<RttKey, u64>(dir, MapId::RttLosses, |k, _| gone(k))?;
+    Ok(stats + losses)
 }
 
 #[cfg(test)]
