@@ -59,6 +59,12 @@ pub enum ConfigError {
          applied at most every --sync-min-interval and at least every --sync-max-interval"
     )]
     SyncIntervals { min: String, max: String },
+    #[error(
+        "--probe-timeout {timeout} is longer than --probe-interval {interval}: a round lasts \
+         about one timeout, so rounds would run back to back every {timeout}, and every \
+         node's published summary would read stale"
+    )]
+    ProbeTimeout { timeout: String, interval: String },
     #[error(transparent)]
     Kvstore(#[from] KvConfigError),
     #[error(transparent)]
@@ -150,6 +156,19 @@ fn lease_file(
     }
 }
 
+/// The probe timeout against the interval: a round over silent peers
+/// lasts about one timeout, and a timeout past the interval would make the
+/// interval a fiction (checked at start and at every reload).
+fn check_tuning(tuning: &crate::config::ProbeTuning) -> Result<(), ConfigError> {
+    if tuning.probe_timeout > tuning.probe_interval {
+        return Err(ConfigError::ProbeTimeout {
+            timeout: humantime::format_duration(tuning.probe_timeout).to_string(),
+            interval: humantime::format_duration(tuning.probe_interval).to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// The cluster flags against each other: etcd's own flags only with etcd,
 /// the node-set runner's bounds in order.
 fn check_cluster_flags(
@@ -207,6 +226,7 @@ impl DaemonConfig {
         // Its record would be refused by every agent, this one included.
         crate::membership::validate::check_name(&node_name).map_err(ConfigError::NodeName)?;
         check_cluster_flags(&settings.cluster, &discovery)?;
+        check_tuning(&settings.tuning)?;
         if let Discovery::Etcd(etcd) = &mut discovery {
             etcd.lease_file = Some(lease_file(
                 &settings.endpoint.state_dir,

@@ -228,7 +228,8 @@ section! {
         /// always) and when shorter than --probe-interval; 0s: none.
         #[arg(long, default_value = "3s", value_parser = parse_delay)]
         pub liveness_interval: Duration,
-        /// Timeout of each probe.
+        /// Timeout of each probe; at most --probe-interval (a round lasts
+        /// about one timeout).
         #[arg(long, default_value = "1s", value_parser = crate::util::duration::parse)]
         pub probe_timeout: Duration,
         /// Consecutive successes that make a path Success.

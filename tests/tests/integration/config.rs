@@ -173,22 +173,42 @@ fn sighup_applies_each_reloadable_setting_and_only_those() {
         "{log}"
     );
 
-    // A file that no longer parses changes nothing, and says where.
-    write(&file, "probe-interval: 2s\nprobe-timeout: never\n");
-    node.signal(Signal::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !node.log().contains("config.yaml:2") {
-        assert!(
-            Instant::now() < deadline,
-            "no refusal logged:\n{}",
-            node.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(status(&node).expect("status").probe_interval_ms, 300);
+    bad_files_change_nothing(&node, &file, &nodes);
 
     let exit = node.stop(Signal::SIGTERM);
     assert!(exit.success(), "{exit}; log:\n{}", node.log());
+}
+
+/// Reloads of files the agent would refuse change nothing of its running
+/// settings (interval 300 ms, timeout 200 ms), and say why.
+fn bad_files_change_nothing(node: &AgentNode, file: &Path, nodes: &Path) {
+    let wait_logged = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !node.log().contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "no refusal logged ({what}):\n{}",
+                node.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // A file that no longer parses, naming where.
+    write(file, "probe-interval: 2s\nprobe-timeout: never\n");
+    node.signal(Signal::SIGHUP);
+    wait_logged("config.yaml:2");
+    assert_eq!(status(node).expect("status").probe_interval_ms, 300);
+    // One that parses but that the agent would refuse at start (a timeout
+    // past the interval).
+    write(file, &config(nodes, "300ms", "2s", 1, "debug"));
+    node.signal(Signal::SIGHUP);
+    wait_logged("--probe-timeout 2s is longer than --probe-interval 300ms");
+    let kept = status(node).expect("status");
+    assert_eq!(
+        (kept.probe_interval_ms, kept.probe_timeout_ms),
+        (300, 200),
+        "the running settings stay"
+    );
 }
 
 #[test]

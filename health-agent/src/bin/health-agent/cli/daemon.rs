@@ -147,6 +147,32 @@ mod tests {
         assert_eq!(off.settings.web.prometheus_serve_addr, ServeAddr(None));
     }
 
+    /// A probe timeout longer than the interval is refused, naming both;
+    /// as long as it is taken.
+    #[test]
+    fn a_probe_timeout_past_the_interval_is_refused_naming_both() {
+        let with = |interval: &str, timeout: &str| {
+            let args = [
+                "--health-cidr",
+                "198.18.64.0/24",
+                "--node-name",
+                "n",
+                "--probe-interval",
+                interval,
+                "--probe-timeout",
+                timeout,
+            ];
+            DaemonConfig::new(daemon(&args).settings)
+        };
+        let err = with("1s", "1500ms").expect_err("refused").to_string();
+        assert!(
+            err.contains("--probe-timeout 1s 500ms is longer than --probe-interval 1s"),
+            "{err}"
+        );
+        with("1s", "1s").expect("as long as the interval");
+        with("60s", "1s").expect("the defaults' shape");
+    }
+
     #[test]
     fn web_allowed_hosts_are_parsed_and_bad_ones_named() {
         let none = DaemonConfig::new(
