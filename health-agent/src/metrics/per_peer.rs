@@ -2,8 +2,8 @@
 //! 0; none while unknown) and the last RTT, made at each scrape from the
 //! paths as they are then, [`CHUNK`] nodes at a time. A scrape holds one
 //! chunk's statuses, never the whole status (megabytes at 10,000 peers).
-//! The primary family's paths are labelled `peer`, `type`, `protocol`;
-//! the secondary family's add `family`.
+//! Every series is labelled `peer`, `type`, `protocol` and `family`, so a
+//! dual-stack cluster's series of either family are selected alike.
 
 use std::{fmt::Error, sync::Arc};
 
@@ -92,30 +92,29 @@ fn family<V: EncodeGaugeValue + std::fmt::Debug>(
 }
 
 /// A node's paths with their labels: the primary family's, then the
-/// secondary's (labelled with its family).
+/// secondary's.
 fn series(n: &NodeStatus) -> impl Iterator<Item = (Labels<'_>, &PathState)> {
-    let secondary = n.host_secondary.iter().map(|c| ("node", &**c, true)).chain(
-        n.endpoint_secondary
-            .iter()
-            .map(|c| ("endpoint", &**c, true)),
-    );
-    [("node", &n.host, false), ("endpoint", &n.endpoint, false)]
+    let secondary = n
+        .host_secondary
+        .iter()
+        .map(|c| ("node", &**c))
+        .chain(n.endpoint_secondary.iter().map(|c| ("endpoint", &**c)));
+    [("node", &n.host), ("endpoint", &n.endpoint)]
         .into_iter()
         .chain(secondary)
-        .flat_map(
-            move |(ty, c, labelled): (&'static str, &Connectivity, bool)| {
-                [("icmp", &c.icmp), ("http", &c.http)]
-                    .into_iter()
-                    .map(move |(proto, p)| {
-                        let mut labels: Labels<'_> =
-                            vec![("peer", n.name.as_str()), ("type", ty), ("protocol", proto)];
-                        if labelled {
-                            labels.push(("family", c.family.as_str()));
-                        }
-                        (labels, p)
-                    })
-            },
-        )
+        .flat_map(move |(ty, c): (&'static str, &Connectivity)| {
+            [("icmp", &c.icmp), ("http", &c.http)]
+                .into_iter()
+                .map(move |(proto, p)| {
+                    let labels: Labels<'_> = vec![
+                        ("peer", n.name.as_str()),
+                        ("type", ty),
+                        ("protocol", proto),
+                        ("family", c.family.as_str()),
+                    ];
+                    (labels, p)
+                })
+        })
 }
 
 #[cfg(test)]
@@ -185,16 +184,16 @@ mod tests {
         assert!(!text.contains(r#"peer="node-0000""#));
         assert!(!text.contains(r#"peer="node-0599""#));
         assert!(text.contains(
-            r#"health_peer_reachable{peer="node-0007",type="endpoint",protocol="http"} 0"#
+            r#"health_peer_reachable{peer="node-0007",type="endpoint",protocol="http",family="ipv4"} 0"#
         ));
         assert!(text.contains(
-            r#"health_peer_reachable{peer="node-0499",type="endpoint",protocol="http"} 1"#
+            r#"health_peer_reachable{peer="node-0499",type="endpoint",protocol="http",family="ipv4"} 1"#
         ));
         // An RTT for every path that succeeded: a seventh of the
         // endpoints' HTTP paths failed (node-0007 to node-0497).
         assert_eq!(count("health_peer_rtt_seconds{"), 499 * 4 - 71);
         assert!(text.contains(
-            r#"health_peer_rtt_seconds{peer="node-0001",type="node",protocol="icmp"} 0.00025"#
+            r#"health_peer_rtt_seconds{peer="node-0001",type="node",protocol="icmp",family="ipv4"} 0.00025"#
         ));
         assert!(text.ends_with("# EOF\n"));
         // Scraped: the same text, gzipped, or in pieces for a client that
@@ -216,7 +215,7 @@ mod tests {
     }
 
     #[test]
-    fn a_secondary_familys_paths_are_labelled_with_it() {
+    fn every_path_is_labelled_with_its_family() {
         use std::net::{Ipv4Addr, Ipv6Addr};
 
         use crate::probe::{
@@ -248,7 +247,12 @@ mod tests {
         assert_eq!(labels.len(), 8);
         assert_eq!(
             labels[0],
-            [("peer", "n"), ("type", "node"), ("protocol", "icmp")]
+            [
+                ("peer", "n"),
+                ("type", "node"),
+                ("protocol", "icmp"),
+                ("family", "ipv4")
+            ]
         );
         assert_eq!(
             labels[7],
@@ -259,7 +263,7 @@ mod tests {
                 ("family", "ipv6")
             ]
         );
-        assert!(labels[..4].iter().all(|l| l.len() == 3));
+        assert!(labels[..4].iter().all(|l| l.contains(&("family", "ipv4"))));
         assert!(labels[4..].iter().all(|l| l.contains(&("family", "ipv6"))));
         // An IPv6 node's IPv4 paths are the secondary ones.
         let n = NodeStatus {
@@ -272,6 +276,6 @@ mod tests {
         let labels: Vec<Vec<(&str, &str)>> = super::series(&n).map(|(l, _)| l).collect();
         assert_eq!(labels.len(), 6);
         assert!(labels[4..].iter().all(|l| l.contains(&("family", "ipv4"))));
-        assert!(labels[..4].iter().all(|l| l.len() == 3));
+        assert!(labels[..4].iter().all(|l| l.contains(&("family", "ipv6"))));
     }
 }

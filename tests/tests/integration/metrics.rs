@@ -405,9 +405,9 @@ fn per_peer_series_go_with_their_peer() {
     let node = &cluster.nodes[0];
     let before = scrape(&cluster, node);
     for line in [
-        r#"health_peer_reachable{peer="node-3",type="node",protocol="icmp"} 1"#,
-        r#"health_peer_reachable{peer="node-3",type="endpoint",protocol="http"} 1"#,
-        r#"health_peer_rtt_seconds{peer="node-3",type="endpoint",protocol="icmp"}"#,
+        r#"health_peer_reachable{peer="node-3",type="node",protocol="icmp",family="ipv4"} 1"#,
+        r#"health_peer_reachable{peer="node-3",type="endpoint",protocol="http",family="ipv4"} 1"#,
+        r#"health_peer_rtt_seconds{peer="node-3",type="endpoint",protocol="icmp",family="ipv4"}"#,
     ] {
         assert!(before.contains(line), "missing {line:?} in\n{before}");
     }
@@ -421,14 +421,18 @@ fn per_peer_series_go_with_their_peer() {
     let on_socket = String::from_utf8_lossy(&body);
     assert_eq!(code.as_u16(), 200, "{on_socket}");
     assert!(
-        on_socket.contains(r#"health_peer_reachable{peer="node-3",type="node",protocol="icmp"} 1"#),
+        on_socket.contains(
+            r#"health_peer_reachable{peer="node-3",type="node",protocol="icmp",family="ipv4"} 1"#
+        ),
         "{on_socket}"
     );
     cluster.write_nodes_text(&nodes_yaml(2));
     cluster.wait_status(0, Duration::from_secs(20), |s| s.nodes.len() == 2);
     let after = scrape(&cluster, node);
     assert!(
-        after.contains(r#"health_peer_reachable{peer="node-2",type="node",protocol="icmp"} 1"#),
+        after.contains(
+            r#"health_peer_reachable{peer="node-2",type="node",protocol="icmp",family="ipv4"} 1"#
+        ),
         "{after}"
     );
     assert!(
