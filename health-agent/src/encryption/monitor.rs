@@ -128,6 +128,8 @@ type Placement = BTreeSet<(String, u32, bool)>;
 struct Watching {
     placed: Placement,
     attachments: Option<Attachments>,
+    /// The node's addressed interfaces no program watches ([`unwatched`]).
+    unwatched: Vec<String>,
 }
 
 pub struct EncryptionMonitor {
@@ -176,6 +178,7 @@ impl EncryptionMonitor {
             watching: Mutex::new(Watching {
                 placed: Placement::new(),
                 attachments: None,
+                unwatched: Vec::new(),
             }),
             prepared: Mutex::default(),
             view: RwLock::default(),
@@ -280,13 +283,14 @@ impl EncryptionMonitor {
         let view = match wireguard::read() {
             Ok((links, devices)) => match choose(named, &devices) {
                 Ok(dev) => {
-                    self.place(&links, dev);
+                    let unwatched = self.place(&links, dev);
                     judged(
                         dev,
                         &peers,
                         self.families,
                         &seen,
                         self.settings.stale_after(),
+                        &unwatched,
                     )
                 }
                 Err(why) => unknown(&wanted, why),
@@ -321,8 +325,27 @@ impl EncryptionMonitor {
     /// The counting programs on the device's egress and on that of every
     /// other Ethernet interface with an address of the node (where its
     /// traffic can leave; not the veths of pods or containers), made
-    /// again whenever that set changes.
-    fn place(&self, links: &[LinkSummary], dev: &WgDevice) {
+    /// again whenever that set changes. Returns the addressed interfaces
+    /// left unwatched ([`unwatched`]), warned of when they change.
+    fn place(&self, links: &[LinkSummary], dev: &WgDevice) -> Vec<String> {
+        let unwatched = unwatched(links, dev);
+        let mut w = self.watching.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.unwatched != unwatched {
+            if !unwatched.is_empty() {
+                warn!(
+                    interfaces = %unwatched.join(", "),
+                    "encryption check: probes leaving through these interfaces (not Ethernet) are \
+                     not counted; a path through one reads unobserved"
+                );
+            }
+            w.unwatched.clone_from(&unwatched);
+        }
+        drop(w);
+        self.attach_counters(links, dev);
+        unwatched
+    }
+
+    fn attach_counters(&self, links: &[LinkSummary], dev: &WgDevice) {
         let wanted: Placement = links
             .iter()
             .filter_map(|l| {
@@ -403,6 +426,27 @@ impl EncryptionMonitor {
     }
 }
 
+/// The interfaces of the node that hold an address and are up, but that
+/// the counting programs do not watch: not Ethernet (a tun device, an IP
+/// tunnel), neither the device nor another WireGuard device, nor the
+/// loopback. Sorted by name.
+fn unwatched(links: &[LinkSummary], dev: &WgDevice) -> Vec<String> {
+    let mut names: Vec<String> = links
+        .iter()
+        .filter(|l| {
+            l.addressed
+                && l.up
+                && !l.ethernet
+                && l.index != dev.index
+                && !l.is_wireguard()
+                && l.name != "lo"
+        })
+        .map(|l| l.name.clone())
+        .collect();
+    names.sort_unstable();
+    names
+}
+
 /// The address families this agent probes its peers in: those its
 /// endpoint has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,6 +484,7 @@ fn judged(
     families: Families,
     seen: &HashMap<IpAddr, Seen>,
     stale_after: std::time::Duration,
+    unwatched: &[String],
 ) -> EncryptionView {
     let coverage = Coverage::of(dev);
     let cx = Context {
@@ -447,6 +492,7 @@ fn judged(
         coverage: &coverage,
         now: SystemTime::now(),
         stale_after,
+        unwatched,
     };
     let mut paths = HashMap::new();
     for n in peers {
@@ -544,18 +590,18 @@ mod tests {
             ipv4: true,
             ipv6: false,
         };
-        let view = judged(&dev, &[&n], v4_only, &HashMap::new(), WINDOW_STALE);
+        let view = judged(&dev, &[&n], v4_only, &HashMap::new(), WINDOW_STALE, &[]);
         assert_eq!(view.paths.len(), 2, "{:?}", view.paths.keys());
         assert!(view.paths.keys().all(IpAddr::is_ipv4));
         let dual = Families {
             ipv4: true,
             ipv6: true,
         };
-        let view = judged(&dev, &[&n], dual, &HashMap::new(), WINDOW_STALE);
+        let view = judged(&dev, &[&n], dual, &HashMap::new(), WINDOW_STALE, &[]);
         assert_eq!(view.paths.len(), 4);
         // No health address of IPv6: its node's IPv6 is not probed either.
         n.health_ip6 = None;
-        let view = judged(&dev, &[&n], dual, &HashMap::new(), WINDOW_STALE);
+        let view = judged(&dev, &[&n], dual, &HashMap::new(), WINDOW_STALE, &[]);
         assert_eq!(view.paths.len(), 2);
         assert_eq!(addresses(&n, dual).count(), 2);
     }
@@ -685,5 +731,40 @@ mod tests {
                 plain: 0
             }
         );
+    }
+
+    /// Addressed interfaces that are up and not Ethernet are named, but
+    /// neither the device, another WireGuard device, nor the loopback;
+    /// Ethernet ones and those without an address are not.
+    #[test]
+    fn the_addressed_interfaces_not_watched_are_named() {
+        use crate::sys::netlink::LinkSummary;
+        let link = |index, name: &str, kind: Option<&str>, ethernet, addressed| LinkSummary {
+            index,
+            name: name.to_owned(),
+            kind: kind.map(str::to_owned),
+            ethernet,
+            up: true,
+            addressed,
+        };
+        let mut down = link(8, "tun1", Some("tun"), false, true);
+        down.up = false;
+        let links = [
+            link(1, "lo", None, false, true),
+            link(2, "eth0", None, true, true),
+            link(3, "veth-pod", Some("veth"), true, false),
+            link(4, "wg0", Some("wireguard"), false, true),
+            link(5, "wg1", Some("wireguard"), false, true),
+            link(6, "tun0", Some("tun"), false, true),
+            link(7, "ipip0", Some("ipip"), false, true),
+            down,
+            link(9, "sit0", Some("sit"), false, false),
+        ];
+        let dev = WgDevice {
+            name: "wg0".into(),
+            index: 4,
+            peers: Vec::new(),
+        };
+        assert_eq!(unwatched(&links, &dev), ["ipip0", "tun0"]);
     }
 }

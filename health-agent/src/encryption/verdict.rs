@@ -5,6 +5,7 @@
 
 use std::{
     collections::HashMap,
+    fmt::Write as _,
     net::IpAddr,
     time::{Duration, SystemTime},
 };
@@ -70,6 +71,9 @@ pub struct Context<'a> {
     pub now: SystemTime,
     /// Rekey time plus the margin.
     pub stale_after: Duration,
+    /// Interfaces of the node with an address that no counting program
+    /// watches (not Ethernet): probes leaving through them are not seen.
+    pub unwatched: &'a [String],
 }
 
 /// `ip`'s encryption: `expected` is the peer that covers its node's own
@@ -111,11 +115,17 @@ pub fn judge(cx: Context<'_>, ip: IpAddr, expected: Option<usize>, seen: Seen) -
         );
     }
     if seen.tunnel == 0 {
-        return verdict(
-            EncState::Unobserved,
-            key,
-            format!("no probe to {ip} left in the last rounds"),
-        );
+        let mut why = format!("no probe to {ip} left in the last rounds");
+        if !cx.unwatched.is_empty() {
+            let _ = write!(
+                why,
+                " through {} or a watched interface; probes through {} (not Ethernet) are not \
+                 counted",
+                dev.name,
+                cx.unwatched.join(", ")
+            );
+        }
+        return verdict(EncState::Unobserved, key, why);
     }
     // A handshake dated ahead of the clock by more than a read's race: the
     // clock stepped back, and its age says nothing.
@@ -222,6 +232,7 @@ mod tests {
             coverage,
             now: SystemTime::UNIX_EPOCH + Duration::from_secs(NOW),
             stale_after: Duration::from_secs(180),
+            unwatched: &[],
         }
     }
 
@@ -318,5 +329,28 @@ mod tests {
         // Idle: no probe went to it, so an old handshake says nothing.
         let v = judge(cx(&d, &c), ip("198.18.1.13"), Some(1), Seen::default());
         assert_eq!(v.state, EncState::Unobserved);
+        assert!(!v.reason.expect("why").contains("not counted"));
+    }
+
+    /// Where some interface of the node is not watched, an unobserved
+    /// address's reason names it: its probes may be leaving there.
+    #[test]
+    fn an_unobserved_address_names_the_interfaces_not_watched() {
+        let (d, c) = (device(), Coverage::of(&device()));
+        let unwatched = ["tun0".to_owned(), "ipip1".to_owned()];
+        let cx = Context {
+            unwatched: &unwatched,
+            ..cx(&d, &c)
+        };
+        let v = judge(cx, ip("198.18.65.9"), Some(0), Seen::default());
+        assert_eq!(v.state, EncState::Unobserved);
+        let why = v.reason.expect("why");
+        assert!(
+            why.contains("probes through tun0, ipip1 (not Ethernet) are not counted"),
+            "{why}"
+        );
+        // Seen in the tunnel: encrypted, whatever is not watched.
+        let v = judge(cx, ip("198.18.65.9"), Some(0), TUNNEL);
+        assert_eq!(v.state, EncState::Encrypted);
     }
 }
