@@ -120,6 +120,32 @@ pub fn attach(
     }
 }
 
+/// Removes the classic filter at `program`'s slot on `iface`, in
+/// `attach_type`'s direction: one an agent attached with `--attach tc`
+/// and left when it was killed, which would run beside the tcx program
+/// this agent attaches instead. Runs in the calling thread's namespace.
+pub fn remove_left(
+    iface: &CStr,
+    program: ProgId,
+    attach_type: TcAttachType,
+) -> Result<(), ProgramError> {
+    let link = SchedClassifierLink::attached(
+        iface,
+        parent(attach_type),
+        PRIORITY,
+        TcHandle::from(handle(program)),
+        None,
+    )
+    .map_err(ProgramError::IOError)?;
+    aya::programs::Link::detach(link)
+}
+
+/// Whether `filters` hold one at `program`'s slot (whatever it runs).
+#[must_use]
+pub fn at_slot(filters: &[TcFilter], program: ProgId) -> bool {
+    slot(filters, program, None).is_none()
+}
+
 /// What is at `program`'s slot in `filters`: `None` when its filter runs
 /// `prog_id` (any program when `prog_id` is unknown), else why not.
 #[must_use]

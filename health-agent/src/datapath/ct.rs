@@ -207,7 +207,8 @@ pub fn gc_slice(
     let mut earliest = u64::MAX;
     // In batches: a pass over the tens of thousands of entries of a large
     // cluster in a few syscalls, not two per entry, deleting as it goes.
-    let slice = super::maps::delete_where_slice(
+    let mut deleted = 0u64;
+    let slice = super::maps::delete_where_each(
         dir,
         MapId::CtMap,
         from,
@@ -219,16 +220,14 @@ pub fn gc_slice(
             }
             gone
         },
-    )?;
-    if slice.deleted > 0 {
-        super::maps::add_to_counter(
-            dir,
-            MapId::CtStats,
-            CtCounter::Removed as u32,
-            slice.deleted,
-        )?;
+        |_: &CtKey| deleted += 1,
+    );
+    // Entries deleted before a failure are counted all the same: they are
+    // gone, and uncounted they would read as evicted.
+    if deleted > 0 {
+        super::maps::add_to_counter(dir, MapId::CtStats, CtCounter::Removed as u32, deleted)?;
     }
-    Ok((slice, earliest))
+    Ok((slice?, earliest))
 }
 
 #[cfg(test)]

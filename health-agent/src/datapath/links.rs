@@ -257,6 +257,7 @@ impl Links {
         programs: &[(ProgId, TcAttachType)],
     ) -> Result<(), DatapathError> {
         let name = iface.c_name()?;
+        remove_classic_left(iface, programs);
         for &(id, attach_type) in programs {
             let prog: &mut SchedClassifier = loaded(ebpf, id)?;
             let attach = || {
@@ -427,6 +428,55 @@ impl Links {
                 Ok(false) => {}
                 Err(e) => debug!(interface = %iface, "clsact qdisc not removed: {}", chain(&e)),
             }
+        }
+    }
+}
+
+/// Removes the classic tc filters at the slots of `programs` on `iface`:
+/// those an agent run with `--attach tc` left when it was killed (an
+/// orderly stop removes its own). Attached with tcx, the programs would
+/// otherwise run twice: tracked twice, masqueraded twice. Only the
+/// agent's own slots are looked at ([`classic::PRIORITY`] and its
+/// handles); a failure is logged and the attach goes on.
+fn remove_classic_left(iface: &Interface, programs: &[(ProgId, TcAttachType)]) {
+    let Ok(name) = iface.c_name() else { return };
+    let dev = iface.name.clone();
+    let directions = [TcAttachType::Ingress, TcAttachType::Egress];
+    let listed = in_netns(iface.netns.as_ref(), |nl| async move {
+        let mut by_dir = Vec::with_capacity(2);
+        for dir in directions {
+            by_dir.push(nl.tc_filters(&dev, classic::direction(dir)).await?);
+        }
+        Ok(by_dir)
+    });
+    let listed = match listed {
+        Ok(l) => l,
+        Err(e) => {
+            debug!(interface = %iface, "tc filters not listed: {}", chain(&e));
+            return;
+        }
+    };
+    for &(id, attach_type) in programs {
+        let filters = &listed[usize::from(attach_type == TcAttachType::Egress)];
+        if !classic::at_slot(filters, id) {
+            continue;
+        }
+        let removed = crate::sys::netns::run_in(iface.netns.as_ref(), || {
+            classic::remove_left(&name, id, attach_type)
+        });
+        match removed {
+            Ok(Ok(())) => info!(
+                program = id.name(),
+                interface = %iface,
+                "removed the tc filter a previous agent left at our slot (now attached with tcx)"
+            ),
+            Ok(Err(e)) => warn!(
+                program = id.name(),
+                interface = %iface,
+                "the tc filter a previous agent left at our slot is not removed: {}",
+                chain(&e)
+            ),
+            Err(e) => warn!(interface = %iface, "tc filter not removed: {}", chain(&e)),
         }
     }
 }

@@ -163,7 +163,8 @@ const TC_MASQUERADE: [&str; 8] = [
 ];
 
 #[test]
-fn classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_sigterm() {
+fn classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_sigterm_or_by_tcx()
+{
     let mut node = AgentNode::new();
     let args = [&TC_MASQUERADE[..], &["--ct-gc-interval", "1s"]].concat();
     // A foreign filter on the uplink before the agent comes: its clsact
@@ -240,6 +241,7 @@ fn classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_
         "ours and the foreign one"
     );
     node.assert_echo_answered_in_kernel(ep.ipv4.expect("IPv4"), 0x7a03, 3);
+    a_tcx_agent_removes_the_filters_a_killed_one_left(&mut node, &args);
 
     // SIGTERM: ours go, the foreign filter and its qdisc stay.
     assert!(node.stop(Signal::SIGTERM).success(), "{}", node.log());
@@ -252,6 +254,39 @@ fn classic_tc_filters_coexist_are_repaired_replaced_after_kill_9_and_removed_on_
     assert!(!node.node_has_link("lxc_health"));
     assert!(!node.endpoint_ns().exists());
     assert!(!node.pins.exists());
+}
+
+/// kill -9 leaves the classic filters; the next agent, attaching with
+/// tcx, removes those at its slots (they would run beside its tcx
+/// programs) and leaves the foreign ones.
+fn a_tcx_agent_removes_the_filters_a_killed_one_left(node: &mut AgentNode, args: &[&str]) {
+    node.stop(Signal::SIGKILL);
+    assert_every_filter_of_ours(node);
+    let mut tcx = args.to_vec();
+    let at = tcx.iter().position(|a| *a == "tc").expect("--attach tc");
+    tcx[at] = "tcx";
+    node.start(&tcx);
+    let ep = node.wait_endpoint(READY, |_| true);
+    let log = node.log();
+    assert!(
+        log.contains("removed the tc filter a previous agent left at our slot"),
+        "{log}"
+    );
+    for (id, iface, dir) in HOOKS {
+        let ns = if iface == "eth0" {
+            node.endpoint_ns()
+        } else {
+            node.node.clone()
+        };
+        let left = ours(&ns, iface, dir);
+        assert!(left.is_empty(), "{} left on {iface}: {left:#?}", id.name());
+    }
+    let foreign = filters(&node.node, "lxc_health", TcDirection::Ingress);
+    assert!(
+        foreign.iter().all(|f| f.priority != PRIORITY),
+        "{foreign:#?}"
+    );
+    node.assert_echo_answered_in_kernel(ep.ipv4.expect("IPv4"), 0x7a04, 3);
 }
 
 /// Every hook of the agent in tc mode with masquerade: program, interface
