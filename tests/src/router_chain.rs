@@ -47,6 +47,8 @@ pub struct Chain {
     pub dir: PathBuf,
     pins: PathBuf,
     agent: Option<Child>,
+    /// The agent's endpoint namespace, once it started.
+    endpoint_netns: Option<String>,
 }
 
 impl Default for Chain {
@@ -60,7 +62,20 @@ impl Drop for Chain {
         if let Some(mut child) = self.agent.take() {
             let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            // An orderly stop removes the agent's endpoint; one that does not
+            // come within the stop deadline is killed.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
             let _ = child.wait();
+        }
+        // Left by an agent that crashed or was killed.
+        if let Some(ep) = self.endpoint_netns.take()
+            && let Ok(ns) = Netns::named(&ep)
+        {
+            let _ = ns.delete();
         }
         for ns in &self.ns {
             let _ = ns.delete();
@@ -119,6 +134,7 @@ impl Chain {
             pins: Path::new(health_agent::datapath::BPFFS_ROOT).join(names::unique("trace-pins")),
             dir,
             agent: None,
+            endpoint_netns: None,
         };
         for name in [
             "trace-node",
@@ -189,6 +205,7 @@ impl Chain {
         )
         .expect("nodes file");
         let ep = names::unique("trace-ep");
+        self.endpoint_netns = Some(ep.clone());
         let mut cmd = daemon_command(&self.ns[0], &self.dir, &self.pins, &ep, AGENT_CIDR);
         cmd.args(["--node-name", "agent", "--health-range", "198.19.0.0/16"])
             .arg("--nodes-file")

@@ -148,7 +148,7 @@ mod tests {
 
     /// `node(host, endpoint)` with IPv6 paths whose host ICMP is `host6`.
     fn dual(host: ProbeResult, host6: ProbeResult) -> NodeStatus {
-        let v6: Ipv6Addr = "2001:2:1::1".parse().expect("ip");
+        let v6: Ipv6Addr = "2001:2:0:1::1".parse().expect("ip");
         let c = |r| Connectivity::new(v6, path(r), path(ProbeResult::Success));
         NodeStatus {
             host_secondary: Some(Box::new(c(host6))),

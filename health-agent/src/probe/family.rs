@@ -231,8 +231,8 @@ mod tests {
 
     fn dual() -> Node {
         Node {
-            node_ip6: Some("2001:2:1::1".parse().expect("ip")),
-            health_ip6: Some("2001:2:2::1".parse().expect("ip")),
+            node_ip6: Some("2001:2:0:1::1".parse().expect("ip")),
+            health_ip6: Some("2001:2:0:2::1".parse().expect("ip")),
             ..Node::v4(
                 "n",
                 Ipv4Addr::new(198, 18, 1, 1),
@@ -295,8 +295,8 @@ mod tests {
         assert_eq!(
             addresses(&dual(), Family::Ipv6),
             Some((
-                "2001:2:1::1".parse().expect("ip"),
-                "2001:2:2::1".parse().expect("ip")
+                "2001:2:0:1::1".parse().expect("ip"),
+                "2001:2:0:2::1".parse().expect("ip")
             ))
         );
         assert_eq!(addresses(&v6_only(), Family::Ipv4), None);

@@ -296,12 +296,12 @@ mod tests {
             host: conn(Ipv4Addr::new(198, 18, 1, 1), v4, v4),
             endpoint: conn(Ipv4Addr::new(198, 18, 2, 1), v4, v4),
             host_secondary: Some(Box::new(conn(
-                "2001:2:1::1".parse::<Ipv6Addr>().expect("ip"),
+                "2001:2:0:1::1".parse::<Ipv6Addr>().expect("ip"),
                 v6_icmp,
                 Success,
             ))),
             endpoint_secondary: Some(Box::new(conn(
-                "2001:2:2::1".parse::<Ipv6Addr>().expect("ip"),
+                "2001:2:0:2::1".parse::<Ipv6Addr>().expect("ip"),
                 Success,
                 Success,
             ))),
@@ -374,7 +374,7 @@ mod tests {
         let v = serde_json::to_value(dual(Success, Success)).expect("json");
         assert_eq!(v["host"]["ip"], "198.18.1.1");
         assert_eq!(v["host"]["family"], "ipv4");
-        assert_eq!(v["host_secondary"]["ip"], "2001:2:1::1");
+        assert_eq!(v["host_secondary"]["ip"], "2001:2:0:1::1");
         assert_eq!(v["host_secondary"]["family"], "ipv6");
         assert_eq!(v["endpoint_secondary"]["family"], "ipv6");
         assert_eq!(v["endpoint_secondary"]["icmp"]["result"], "success");
@@ -397,7 +397,7 @@ mod tests {
         // An IPv6-only node: its primary is IPv6.
         let v6 = NodeStatus {
             host: conn(
-                "2001:2:1::9".parse::<Ipv6Addr>().expect("ip"),
+                "2001:2:0:1::9".parse::<Ipv6Addr>().expect("ip"),
                 Success,
                 Success,
             ),

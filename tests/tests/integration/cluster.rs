@@ -553,30 +553,23 @@ fn wait_nodes_error(cluster: &Cluster, needle: &str) -> NodesView {
 
 #[test]
 fn a_bad_nodes_file_at_start_is_refused_naming_the_line() {
-    let dir = health_tests::scratch::ScratchDir::new("badfile");
-    let file = dir.join("nodes.yaml");
+    let node = health_tests::agent::AgentNode::new();
+    let file = node.dir.join("nodes.yaml");
     std::fs::write(
         &file,
         "nodes:\n  - name: a\n    node-ip: 198.18.0.1\n    health-ip: 198.18.64.2\n  - name: b\n    node-ip: [198.18.0.2\n",
     )
     .expect("write");
-    let out = std::process::Command::new(health_tests::agent::agent_binary())
-        .args(["daemon", "--health-cidr", "198.18.64.0/24"])
-        .args(["--health-range", "198.18.64.0/18", "--nodes-file"])
-        .arg(&file)
-        .arg("--pidfile")
-        .arg(dir.join("pid"))
-        .arg("--socket")
-        .arg(dir.join("sock"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .output()
-        .expect("run");
+    let file = file.to_str().expect("utf-8");
+    let out = node.run_to_exit(
+        health_tests::agent::HEALTH_CIDR,
+        &["--health-range", "198.18.64.0/18", "--nodes-file", file],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("nodes.yaml:7: "), "{err}");
     assert!(
-        !dir.join("sock").exists() && !dir.join("pid").exists(),
+        !node.socket().exists() && !health_tests::agent::pidfile_in(&node.dir).exists(),
         "nothing left behind"
     );
 }

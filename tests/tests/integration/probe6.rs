@@ -2,8 +2,8 @@
 //! no endpoint): the probes leave from a source namespace the test makes
 //! (`ProbeConfig.source_netns`), joined by a veth to a peers namespace
 //! whose addresses (on its loopback, routed through the veth) play three
-//! dual-stack nodes: node addresses `198.18.1.k` and `2001:2:1::k`, health
-//! addresses `198.18.2.k` and `2001:2:2::k`, answering ICMP and `ICMPv6` echo
+//! dual-stack nodes: node addresses `198.18.1.k` and `2001:2:0:1::k`, health
+//! addresses `198.18.2.k` and `2001:2:0:2::k`, answering ICMP and `ICMPv6` echo
 //! from their kernel and HTTP :4240 over both families (one `[::]`
 //! listener). The connectivity page is fed the same prober's answers and
 //! shows the IPv6 paths too.
@@ -40,11 +40,11 @@ fn health_ip(k: u8) -> Ipv4Addr {
 }
 
 fn node_ip6(k: u8) -> Ipv6Addr {
-    Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, u16::from(k))
+    Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, u16::from(k))
 }
 
 fn health_ip6(k: u8) -> Ipv6Addr {
-    Ipv6Addr::new(0x2001, 2, 2, 0, 0, 0, 0, u16::from(k))
+    Ipv6Addr::new(0x2001, 2, 0, 2, 0, 0, 0, u16::from(k))
 }
 
 /// The two namespaces (removed on drop, panics included) and a runtime
@@ -208,7 +208,10 @@ fn dual_stack_peers_are_reachable_over_eight_paths_each() {
     let json: serde_json::Value = serde_json::from_slice(&prober.status_json()).expect("JSON");
     assert_eq!(json["nodes"][0]["host"]["family"], "ipv4");
     assert_eq!(json["nodes"][0]["endpoint_secondary"]["family"], "ipv6");
-    assert_eq!(json["nodes"][0]["endpoint_secondary"]["ip"], "2001:2:2::1");
+    assert_eq!(
+        json["nodes"][0]["endpoint_secondary"]["ip"],
+        "2001:2:0:2::1"
+    );
     // The history has the eight paths, each with its address.
     let h = prober.node_history("peer-2").expect("peer-2");
     let paths: Vec<(String, Family, IpAddr)> = h
@@ -446,11 +449,11 @@ fn check_page(lab: &Lab, prober: &Arc<Prober>) {
     let cards = cards.as_array().expect("cards");
     assert_eq!(
         cards[4],
-        serde_json::json!(["host-icmp-ipv6", "failure", "2001:2:1::2"])
+        serde_json::json!(["host-icmp-ipv6", "failure", "2001:2:0:1::2"])
     );
     assert_eq!(
         cards[7],
-        serde_json::json!(["endpoint-http-ipv6", "failure", "2001:2:2::2"])
+        serde_json::json!(["endpoint-http-ipv6", "failure", "2001:2:0:2::2"])
     );
     assert_eq!(
         cards[0],

@@ -648,7 +648,10 @@ fn a_node_set_past_max_nodes_keeps_the_last_good_one() {
 /// start, naming the flag; a CIDR outside the range is named too.
 #[test]
 fn peers_without_a_health_range_refuse_to_start_naming_the_flag() {
-    let dir = health_tests::scratch::ScratchDir::new("norange");
+    // A node of its own: were the refusal to regress, the agent would
+    // make its endpoint there, never in the host's namespace.
+    let node = health_tests::agent::AgentNode::new();
+    let dir = &node.dir;
     let file = dir.join("nodes.yaml");
     std::fs::write(
         &file,
@@ -674,8 +677,8 @@ fn peers_without_a_health_range_refuse_to_start_naming_the_flag() {
             "--health-cidr 198.18.64.0/24 is not inside --health-range 198.18.128.0/18",
         ),
     ] {
-        let out = std::process::Command::new(health_tests::agent::agent_binary())
-            .arg("daemon")
+        let mut cmd = std::process::Command::new(health_tests::agent::agent_binary());
+        cmd.arg("daemon")
             .args(args)
             .arg("--nodes-file")
             .arg(&file)
@@ -685,8 +688,13 @@ fn peers_without_a_health_range_refuse_to_start_naming_the_flag() {
             .arg(dir.join("sock"))
             .arg("--state-dir")
             .arg(dir.join("state"))
-            .output()
-            .expect("run");
+            .arg("--endpoint-netns")
+            .arg(&node.endpoint_netns)
+            .arg("--bpffs-dir")
+            .arg(&node.pins);
+        health_tests::process::enter(&mut cmd, &node.node);
+        let out =
+            health_tests::process::output_within(&mut cmd, health_tests::process::EXIT_WITHIN);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?}");
         assert!(err.contains(needle), "{args:?}: {err}");

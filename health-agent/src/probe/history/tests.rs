@@ -187,8 +187,8 @@ fn strips_mark_rounds_a_node_was_not_probed_in() {
 #[test]
 fn a_dual_stack_node_keeps_eight_paths_and_drops_a_family_that_goes() {
     let v6: [IpAddr; 2] = [
-        IpAddr::V6(Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, 2)),
-        IpAddr::V6(Ipv6Addr::new(0x2001, 2, 2, 0, 0, 0, 0, 2)),
+        IpAddr::V6(Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 2)),
+        IpAddr::V6(Ipv6Addr::new(0x2001, 2, 0, 2, 0, 0, 0, 2)),
     ];
     let both = [(Family::Ipv4, IPS), (Family::Ipv6, v6)];
     let shown = Shown {

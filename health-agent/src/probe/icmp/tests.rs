@@ -105,7 +105,7 @@ fn a_reply_without_its_requests_token_answers_nothing() {
 
 #[test]
 fn icmpv6_replies_match_in_the_same_numbering_as_ipv4() {
-    let v6: Ipv6Addr = "2001:2:1::1".parse().expect("ip");
+    let v6: Ipv6Addr = "2001:2:0:1::1".parse().expect("ip");
     let targets = [IpAddr::V4(Ipv4Addr::new(198, 18, 1, 1)), IpAddr::V6(v6)];
     let base = 0x1000;
     let one = Numbering::single(base, 2);
@@ -115,7 +115,7 @@ fn icmpv6_replies_match_in_the_same_numbering_as_ipv4() {
         match_reply_v6(&msg, v6, one, Addresses::of(&targets)),
         Some(1)
     );
-    let other: Ipv6Addr = "2001:2:1::2".parse().expect("ip");
+    let other: Ipv6Addr = "2001:2:0:1::2".parse().expect("ip");
     assert_eq!(
         match_reply_v6(&msg, other, one, Addresses::of(&targets)),
         None

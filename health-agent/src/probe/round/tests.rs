@@ -123,8 +123,8 @@ fn round_where(
 fn mixed() -> NodeSet {
     let v4 = |n: u8| Ipv4Addr::new(198, 18, 1, n);
     let h4 = |n: u8| Ipv4Addr::new(198, 18, 2, n);
-    let v6 = |n: u16| Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, n);
-    let h6 = |n: u16| Ipv6Addr::new(0x2001, 2, 2, 0, 0, 0, 0, n);
+    let v6 = |n: u16| Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, n);
+    let h6 = |n: u16| Ipv6Addr::new(0x2001, 2, 0, 2, 0, 0, 0, n);
     NodeSet::new(vec![
         Node {
             node_ip6: Some(v6(1)),
@@ -178,7 +178,7 @@ fn paths_per_family_follow_the_node_and_the_agents_families() {
     assert_eq!(t.kind(3), (Family::Ipv6, true));
     assert_eq!(
         t.ips[2],
-        IpAddr::V6(Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, 1))
+        IpAddr::V6(Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 1))
     );
     // Each address carries its node's tag, which its answer must name.
     let nodes = mixed();
@@ -414,7 +414,7 @@ fn a_dual_stack_node_is_reachable_only_over_all_eight_paths() {
     );
     assert_eq!(
         (h2.family, h2.ip),
-        (Family::Ipv6, "2001:2:1::1".parse().expect("ip"))
+        (Family::Ipv6, "2001:2:0:1::1".parse().expect("ip"))
     );
     assert_eq!(e2.icmp.result, ProbeResult::Failure);
     assert_eq!(a.host.icmp.result, ProbeResult::Success);

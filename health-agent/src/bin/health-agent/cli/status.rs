@@ -383,7 +383,7 @@ fn encryption_cell(n: &NodeStatus) -> String {
 }
 
 /// The node's addresses as the table shows them: the primary, then the
-/// secondary (`198.18.1.1,2001:2:1::1`), as `cilium-health status` does.
+/// secondary (`198.18.1.1,2001:2:0:1::1`), as `cilium-health status` does.
 fn addresses(n: &NodeStatus) -> String {
     match &n.host_secondary {
         Some(c) => format!("{},{}", n.host.ip, c.ip),

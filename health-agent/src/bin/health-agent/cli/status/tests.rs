@@ -206,8 +206,8 @@ fn dual_stack(n: usize) -> ClusterStatus {
         name: "node-040".into(),
         host: v4(Ipv4Addr::new(198, 18, 0, 40)),
         endpoint: v4(Ipv4Addr::new(198, 18, 64, 40)),
-        host_secondary: Some(Box::new(v6("2001:2:1::40", ProbeResult::Failure))),
-        endpoint_secondary: Some(Box::new(v6("2001:2:2::40", ProbeResult::Success))),
+        host_secondary: Some(Box::new(v6("2001:2:0:1::40", ProbeResult::Failure))),
+        endpoint_secondary: Some(Box::new(v6("2001:2:0:2::40", ProbeResult::Success))),
     };
     s
 }
@@ -224,7 +224,7 @@ fn a_dual_stack_node_shows_both_addresses_and_its_secondary_paths() {
         row.split_whitespace().collect::<Vec<_>>(),
         [
             "node-040",
-            "198.18.0.40,2001:2:1::40",
+            "198.18.0.40,2001:2:0:1::40",
             "unreachable",
             "reachable"
         ],
@@ -255,17 +255,17 @@ fn a_dual_stack_node_shows_both_addresses_and_its_secondary_paths() {
     assert_eq!(
         block,
         [
-            "  node-040 (198.18.0.40,2001:2:1::40):",
+            "  node-040 (198.18.0.40,2001:2:0:1::40):",
             "    Host connectivity to 198.18.0.40:",
             "      ICMP to stack:   OK, RTT=",
             "      HTTP to agent:   OK, RTT=",
-            "      Secondary connectivity to 2001:2:1::40:",
+            "      Secondary connectivity to 2001:2:0:1::40:",
             "        ICMP to stack:   Failure: no echo reply within 1000 ms",
             "        HTTP to agent:   OK, RTT=",
             "    Endpoint connectivity to 198.18.64.40:",
             "      ICMP to stack:   OK, RTT=",
             "      HTTP to agent:   OK, RTT=",
-            "      Secondary connectivity to 2001:2:2::40:",
+            "      Secondary connectivity to 2001:2:0:2::40:",
             "        ICMP to stack:   OK, RTT=",
             "        HTTP to agent:   OK, RTT=",
         ],
