@@ -46,6 +46,11 @@ pub enum ClientError {
     },
     #[error("talking to the health agent at {path}")]
     Http { path: PathBuf, source: hyper::Error },
+    #[error(
+        "the health agent at {path} took the connection but did not answer within {}s (stuck or overloaded? its log says why)",
+        after.as_secs_f64()
+    )]
+    Timeout { path: PathBuf, after: Duration },
     #[error("the health agent answered {status}: {message}")]
     Api { status: StatusCode, message: String },
     #[error("the health agent's answer to {what} is not what this client expects")]
@@ -84,10 +89,16 @@ impl ClientError {
     }
 }
 
+/// How long the agent has to answer a call whole, from the connection to
+/// the body's last byte; a call that asks the agent to wait (a round to
+/// come, a probe round) has its wait on top.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(30);
+
 /// The agent's API on a unix socket.
 #[derive(Debug, Clone)]
 pub struct Client {
     socket: PathBuf,
+    answer_within: Duration,
 }
 
 impl Client {
@@ -95,7 +106,16 @@ impl Client {
     pub fn new(socket: impl Into<PathBuf>) -> Self {
         Self {
             socket: socket.into(),
+            answer_within: ANSWER_WITHIN,
         }
+    }
+
+    /// The same client, giving the agent `limit` to answer a call (see
+    /// [`ANSWER_WITHIN`]).
+    #[must_use]
+    pub const fn answering_within(mut self, limit: Duration) -> Self {
+        self.answer_within = limit;
+        self
     }
 
     #[must_use]
@@ -146,10 +166,11 @@ impl Client {
         wait: Duration,
     ) -> Result<StatusSummary, ClientError> {
         // The agent takes whole milliseconds, at least one.
-        let wait = wait.as_millis().max(1);
-        self.call(
+        let ms = wait.as_millis().max(1);
+        self.call_waiting(
             "GET",
-            &format!("{}?summary=true&after={after}&wait={wait}ms", paths::STATUS),
+            &format!("{}?summary=true&after={after}&wait={ms}ms", paths::STATUS),
+            wait,
         )
         .await
     }
@@ -192,7 +213,7 @@ impl Client {
     /// `PUT /v1/status/probe`: a fresh round within `timeout`.
     pub async fn probe(&self, timeout: Duration) -> Result<ClusterStatus, ClientError> {
         let path = format!("{}?timeout={}ms", paths::STATUS_PROBE, timeout.as_millis());
-        self.call("PUT", &path).await
+        self.call_waiting("PUT", &path, timeout).await
     }
 
     /// `GET /v1/nodes`.
@@ -214,7 +235,7 @@ impl Client {
     /// Any request, for paths and methods the typed calls do not cover
     /// (and for tests of bad requests): the status and the raw body.
     pub async fn raw(&self, method: &str, path: &str) -> Result<(StatusCode, Bytes), ClientError> {
-        request(&self.socket, method, path).await
+        request(&self.socket, method, path, self.answer_within).await
     }
 
     /// Any request, its body as the server sent it (gzip-encoded when the
@@ -225,11 +246,28 @@ impl Client {
         method: &str,
         path: &str,
     ) -> Result<(StatusCode, Bytes, bool), ClientError> {
-        request_as_sent(&self.socket, method, path).await
+        within(
+            &self.socket,
+            self.answer_within,
+            request_as_sent(&self.socket, method, path),
+        )
+        .await
     }
 
     async fn call<T: DeserializeOwned>(&self, method: &str, path: &str) -> Result<T, ClientError> {
-        let (status, body) = request(&self.socket, method, path).await?;
+        self.call_waiting(method, path, Duration::ZERO).await
+    }
+
+    /// [`Self::call`] of a request that asks the agent to wait up to
+    /// `wait`: the answer is given that much longer.
+    async fn call_waiting<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        wait: Duration,
+    ) -> Result<T, ClientError> {
+        let limit = self.answer_within.saturating_add(wait);
+        let (status, body) = request(&self.socket, method, path, limit).await?;
         if !status.is_success() {
             let message = serde_json::from_slice::<ApiError>(&body).map_or_else(
                 |_| String::from_utf8_lossy(&body).into_owned(),
@@ -244,12 +282,28 @@ impl Client {
     }
 }
 
+/// `work` on the socket `socket`, given `limit` to finish.
+async fn within<T>(
+    socket: &Path,
+    limit: Duration,
+    work: impl Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
+        Err(ClientError::Timeout {
+            path: socket.to_owned(),
+            after: limit,
+        })
+    })
+}
+
 async fn request(
     socket: &Path,
     method: &str,
     path: &str,
+    limit: Duration,
 ) -> Result<(StatusCode, Bytes), ClientError> {
-    let (status, body, gzipped) = request_as_sent(socket, method, path).await?;
+    let (status, body, gzipped) =
+        within(socket, limit, request_as_sent(socket, method, path)).await?;
     if gzipped {
         let mut plain = Vec::with_capacity(body.len() * 8);
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut plain)
@@ -362,5 +416,46 @@ mod tests {
         assert!(matches!(err, Some(ClientError::Busy { .. })), "{err:?}");
         let text = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(text.contains("takes no connection now"), "{text}");
+    }
+
+    /// An agent that takes the connection and never answers: the call
+    /// fails once its time is up, naming the socket, and does not hang.
+    #[tokio::test]
+    async fn an_agent_that_never_answers_fails_the_call_in_time() {
+        let path = std::env::temp_dir().join(format!(
+            "health-agent-mute-{}-{}.sock",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((c, _)) = listener.accept().await {
+                open.push(c);
+            }
+        });
+        let client = Client::new(&path).answering_within(Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        let err = client.healthz().await.err();
+        let took = started.elapsed();
+        // A call that asks the agent to wait gets that wait on top.
+        let waited = std::time::Instant::now();
+        let probe = client.probe(Duration::from_millis(400)).await.err();
+        let probe_took = waited.elapsed();
+        held.abort();
+        let _ = std::fs::remove_file(&path);
+        assert!(matches!(err, Some(ClientError::Timeout { .. })), "{err:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            text.contains(&path.display().to_string())
+                && text.contains("did not answer within 0.3s"),
+            "{text}"
+        );
+        assert!(
+            matches!(probe, Some(ClientError::Timeout { .. })),
+            "{probe:?}"
+        );
+        assert!(probe_took >= Duration::from_millis(700), "{probe_took:?}");
     }
 }

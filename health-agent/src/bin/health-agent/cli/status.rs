@@ -55,8 +55,9 @@ pub(crate) struct StatusArgs {
     /// Follow the rounds: a row as each ends (its number, when it ended,
     /// how long it took, the node counts and the first nodes not
     /// reachable); with -o json, each round's summary as a line of JSON.
-    /// Until interrupted, or --rounds; an agent that does not answer (a
-    /// restart) is waited for, said once on stderr.
+    /// Until interrupted, or --rounds; an agent that stops answering after
+    /// it answered (a restart) is waited for, said once on stderr; one
+    /// that never answered is an error.
     #[arg(long, conflicts_with_all = ["probe", "history", "quality", "cluster", "verbose", "all"])]
     watch: bool,
     /// With --watch: stop after this many rounds.

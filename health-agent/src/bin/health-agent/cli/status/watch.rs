@@ -90,12 +90,13 @@ pub(crate) async fn watch(
     Ok(())
 }
 
-/// Whether `e` says the agent is not answering (stopped, restarting), as
-/// opposed to refusing the request: the former is waited for.
+/// Whether `e` says the agent is not answering (stopped, restarting,
+/// stuck), as opposed to refusing the request: the former is waited for
+/// once the agent has answered.
 const fn not_answering(e: &ClientError) -> bool {
     matches!(
         e,
-        ClientError::Unreachable { .. } | ClientError::Http { .. }
+        ClientError::Unreachable { .. } | ClientError::Http { .. } | ClientError::Timeout { .. }
     )
 }
 
@@ -123,9 +124,12 @@ impl Answering {
         }
     }
 
-    /// Whether `e` is waited for rather than reported.
+    /// Whether `e` is waited for rather than reported: only once the agent
+    /// has answered (then it is an agent restarting: its socket gone, or
+    /// made and its mode not yet set). Before that, a socket that does not
+    /// answer is a wrong `--socket` or a stopped agent: reported at once.
     fn waits_for(&self, e: &ClientError) -> bool {
-        not_answering(e) || (self.answered && matches!(e, ClientError::Forbidden { .. }))
+        self.answered && (not_answering(e) || matches!(e, ClientError::Forbidden { .. }))
     }
 
     /// Says once that the agent does not answer (`e`), and waits
@@ -386,10 +390,11 @@ mod tests {
         );
     }
 
-    /// A socket closed to this user is reported at once, unless the agent
-    /// has answered before: then it is an agent restarting, waited for.
+    /// A socket closed to this user, or one nothing answers on, is
+    /// reported at once, unless the agent has answered before: then it is
+    /// an agent restarting, waited for.
     #[test]
-    fn a_closed_socket_is_waited_for_only_after_the_agent_answered() {
+    fn a_socket_is_waited_for_only_after_the_agent_answered() {
         let forbidden = || ClientError::Forbidden {
             path: "/run/health/agent.sock".into(),
             source: std::io::ErrorKind::PermissionDenied.into(),
@@ -399,12 +404,13 @@ mod tests {
             source: std::io::ErrorKind::NotFound.into(),
         };
         let mut answering = Answering::default();
-        assert!(answering.waits_for(&gone));
+        assert!(!answering.waits_for(&gone), "never answered: reported");
         assert!(
             !answering.waits_for(&forbidden()),
             "never answered: reported"
         );
         answering.back(&Client::new("/run/health/agent.sock"));
+        assert!(answering.waits_for(&gone), "answered before: waited for");
         assert!(
             answering.waits_for(&forbidden()),
             "answered before: waited for"
