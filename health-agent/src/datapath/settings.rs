@@ -32,7 +32,8 @@ section! {
         pub routing: Routing,
         /// The node's uplink, where masquerade is attached (default: the
         /// interface that holds the node IP).
-        #[arg(long, value_name = "IFACE")]
+        #[arg(long, value_name = "IFACE",
+              value_parser = crate::endpoint::settings::interface_name)]
         pub uplink: Option<String>,
         /// Ports and ICMP echo identifiers masquerade hands out; must not
         /// overlap the node's net.ipv4.ip_local_port_range.

@@ -86,13 +86,13 @@ section! {
         pub kvstore_password_file: Option<PathBuf>,
         /// This node's IP as published in the kvstore (default: the source
         /// address of the route to the kvstore).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_node_ip)]
         pub node_ip: Option<Ipv4Addr>,
         /// This node's IPv6 address as published in the kvstore, with
         /// --health-cidr6 (default: the source address toward the kvstore when
         /// it is reached over IPv6, else a global IPv6 address of the interface
         /// holding the IPv4 node IP).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_node_ip6)]
         pub node_ip6: Option<std::net::Ipv6Addr>,
         /// This node's zone (a rack, a failure domain), written in its etcd
         /// record: nodes of one zone probe each other in full whatever
@@ -121,6 +121,32 @@ section! {
 
 fn parse_zone(s: &str) -> Result<String, String> {
     crate::membership::validate::zone(s).map(str::to_owned)
+}
+
+/// A node address peers accept: not unspecified, loopback, link-local,
+/// multicast or broadcast (checked as the flag is read, so `config check`
+/// refuses it too).
+fn parse_node_address<A: std::str::FromStr + Into<std::net::IpAddr> + Copy>(
+    s: &str,
+) -> Result<A, String>
+where
+    A::Err: std::fmt::Display,
+{
+    let ip: A = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    match crate::membership::validate::address_class(ip.into()) {
+        Some(class) => Err(format!(
+            "{s} is {class}: peers could not reach this node there"
+        )),
+        None => Ok(ip),
+    }
+}
+
+fn parse_node_ip(s: &str) -> Result<Ipv4Addr, String> {
+    parse_node_address(s)
+}
+
+fn parse_node_ip6(s: &str) -> Result<std::net::Ipv6Addr, String> {
+    parse_node_address(s)
 }
 
 /// Where the node set comes from.

@@ -224,7 +224,9 @@ fn check_value(arg: &Arg, value: &str) -> Result<(), String> {
         None => one,
     };
     let probe = clap::Command::new("check").no_binary_name(true).arg(one);
-    match probe.try_get_matches_from(["--value", value]) {
+    // As `--key=value`, so that a value starting with `-` is the flag's
+    // value, as the daemon's command line takes it.
+    match probe.try_get_matches_from([format!("--value={value}")]) {
         Ok(_) => Ok(()),
         Err(e) => {
             use std::error::Error as _;

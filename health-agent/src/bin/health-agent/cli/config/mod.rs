@@ -458,10 +458,42 @@ mod tests {
                 "health-cidr: 198.18.64.0/24\nconfig: other.yaml\n",
                 ":2: unknown key \"config\"",
             ),
+            (
+                "health-cidr: 198.18.64.0/24\nuplink: an-interface-name-too-long\n",
+                ":2: \"uplink\": invalid value \"an-interface-name-too-long\"",
+            ),
+            (
+                "health-cidr: 198.18.64.0/24\nnode-ip: 0.0.0.0\n",
+                ":2: \"node-ip\": invalid value \"0.0.0.0\": 0.0.0.0 is unspecified",
+            ),
+            (
+                "health-cidr: 198.18.64.0/24\nnode-ip6: fe80::1\n",
+                ":2: \"node-ip6\": invalid value \"fe80::1\": fe80::1 is link-local",
+            ),
         ];
         for (text, needle) in cases {
             let err = daemon(&[], text).expect_err(text);
             assert!(err.contains(needle), "{text:?}: {err:?} lacks {needle:?}");
+        }
+    }
+
+    /// A value starting with `-` is judged by its key's parser, not taken
+    /// for a flag.
+    #[test]
+    fn a_negative_value_is_refused_by_its_keys_parser() {
+        for (text, needle) in [
+            (
+                "health-cidr: 198.18.64.0/24\ndegraded-loss: -1%\n",
+                ":2: \"degraded-loss\": invalid value \"-1%\"",
+            ),
+            (
+                "health-cidr: 198.18.64.0/24\nprobe-timeout: -5s\n",
+                ":2: \"probe-timeout\": invalid value \"-5s\"",
+            ),
+        ] {
+            let err = daemon(&[], text).expect_err(text);
+            assert!(err.contains(needle), "{text:?}: {err:?} lacks {needle:?}");
+            assert!(!err.contains("unexpected argument"), "{err}");
         }
     }
 
