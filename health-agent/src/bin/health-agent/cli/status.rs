@@ -49,7 +49,8 @@ pub(crate) struct StatusArgs {
     #[arg(long)]
     probe: bool,
     /// Every node, even in a large cluster (past 50 nodes the table shows
-    /// the counts and the nodes that are not reachable, failing first).
+    /// the counts and the first 100 nodes that are not reachable, failing
+    /// first).
     #[arg(long, conflicts_with_all = ["history", "quality"])]
     all: bool,
     /// Follow the rounds: a row as each ends (its number, when it ended,
@@ -459,6 +460,33 @@ fn shown_names(s: &ClusterStatus, shown: &[&NodeStatus]) -> Vec<String> {
 /// Past this many nodes, the table lists only those not reachable.
 const LARGE: usize = 50;
 
+/// The nodes not reachable a large cluster's table lists at most (the
+/// failing first): a cluster just started has every node unknown.
+const NOT_REACHABLE_SHOWN: usize = 100;
+
+/// The nodes a table lists: every one, or past [`LARGE`] nodes (unless
+/// `all`) the counts, written to `out`, and the first
+/// [`NOT_REACHABLE_SHOWN`] nodes not reachable, failing first; with how
+/// many more were left out.
+fn selected<'a>(s: &'a ClusterStatus, all: bool, out: &mut String) -> (Vec<&'a NodeStatus>, usize) {
+    let mut shown: Vec<&NodeStatus> = s.nodes.iter().collect();
+    if s.nodes.len() <= LARGE || all {
+        return (shown, 0);
+    }
+    let sum = s.summary();
+    let _ = writeln!(
+        out,
+        "{} reachable, {} unreachable, {} unknown; not reachable below, failing first (--all for every node)",
+        sum.reachable, sum.unreachable, sum.unknown
+    );
+    // A path that is reachable but not encrypted is a problem too.
+    shown.retain(|n| !n.reachable() || n.encryption().is_some_and(EncState::is_problem));
+    shown.sort_by_key(|n| (n.state() != ProbeResult::Failure, n.name.as_str()));
+    let more = shown.len().saturating_sub(NOT_REACHABLE_SHOWN);
+    shown.truncate(NOT_REACHABLE_SHOWN);
+    (shown, more)
+}
+
 /// The human form of a status.
 #[must_use]
 pub(crate) fn render(
@@ -490,18 +518,7 @@ pub(crate) fn render(
     if let Some(e) = &s.encryption {
         let _ = writeln!(out, "{}", encryption_line(e));
     }
-    let mut shown: Vec<&NodeStatus> = s.nodes.iter().collect();
-    if s.nodes.len() > LARGE && !all {
-        let sum = s.summary();
-        let _ = writeln!(
-            out,
-            "{} reachable, {} unreachable, {} unknown; not reachable below, failing first (--all for every node)",
-            sum.reachable, sum.unreachable, sum.unknown
-        );
-        // A path that is reachable but not encrypted is a problem too.
-        shown.retain(|n| !n.reachable() || n.encryption().is_some_and(EncState::is_problem));
-        shown.sort_by_key(|n| (n.state() != ProbeResult::Failure, n.name.as_str()));
-    }
+    let (shown, more) = selected(s, all, &mut out);
     // As wide as the widest address shown (an IPv6 one, or both of a
     // dual-stack node), never narrower than an IPv4 address.
     let ips: Vec<String> = shown.iter().map(|n| addresses(n)).collect();
@@ -546,6 +563,12 @@ pub(crate) fn render(
                 word(n.state_of(false)),
             )
         };
+    }
+    if more > 0 {
+        let _ = writeln!(
+            out,
+            "  ... and {more} more not reachable (--all lists every node, -o json gives them all)"
+        );
     }
     if verbose {
         // Both lists are in the node set's order.

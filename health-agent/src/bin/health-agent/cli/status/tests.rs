@@ -54,6 +54,33 @@ fn a_large_cluster_shows_counts_and_the_nodes_not_reachable_failing_first() {
     assert_eq!(rows(&render(&status(60), false, true, None)).len(), 60);
 }
 
+/// At 5,000 nodes, all of them unknown (an agent just started) but two
+/// failing: the failing two, then the first unknown ones up to the cap,
+/// and how many more; --all lists them all.
+#[test]
+fn a_large_cluster_lists_a_bounded_number_of_nodes_not_reachable() {
+    let mut s = status(5_000);
+    for n in &mut s.nodes {
+        if n.state() == ProbeResult::Success {
+            *n = node(&n.name, ProbeResult::Unknown);
+        }
+    }
+    let text = render(&s, false, false, None);
+    let listed = rows(&text);
+    assert_eq!(listed.len(), NOT_REACHABLE_SHOWN, "{text}");
+    assert_eq!(listed[..3], ["node-040", "node-041", "node-000"], "{text}");
+    assert!(
+        text.contains(&format!(
+            "... and {} more not reachable (--all lists every node",
+            5_000 - NOT_REACHABLE_SHOWN
+        )),
+        "{text}"
+    );
+    let all = render(&s, false, true, None);
+    assert_eq!(rows(&all).len(), 5_000);
+    assert!(!all.contains("more not reachable"));
+}
+
 fn window(results: usize, loss: f64, p50: u64, p99: u64) -> WindowStats {
     WindowStats {
         results,
