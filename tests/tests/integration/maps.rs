@@ -790,8 +790,8 @@ fn the_ct_listing_lists_each_entry_once_while_entries_go() {
                 .expect("insert");
         }
     }
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let during = std::thread::scope(|s| {
         s.spawn(|| {
             let mut map = pinned(&pins, MapId::CtMap);
             let mut ct =
@@ -799,23 +799,30 @@ fn the_ct_listing_lists_each_entry_once_while_entries_go() {
                     &mut map,
                 )
                 .expect("ct");
+            // About 400 ms in all: listings run through the removals.
             for i in (0..total).rev() {
-                if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    break;
-                }
                 let _ = ct.remove(&flow(i));
+                if i % 100 == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
             }
+            done.store(true, std::sync::atomic::Ordering::Release);
         });
-        for _ in 0..5 {
+        let mut during = 0;
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
             let rows = health_agent::datapath::ct::list(pins.path()).expect("ct list");
             let mut keys: Vec<_> = rows.iter().map(|r| (r.dst, r.sport)).collect();
             let listed = keys.len();
             keys.sort_unstable();
             keys.dedup();
             assert_eq!(keys.len(), listed, "an entry listed twice");
+            if listed > 0 && listed < usize::try_from(total).expect("total") {
+                during += 1;
+            }
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        during
     });
+    assert!(during >= 1, "no listing ran while entries went");
     drop(d);
 }
 
