@@ -29,6 +29,7 @@ pub mod etcd_cluster;
 pub mod faults;
 pub mod names;
 pub mod nat_setup;
+pub mod netns_guard;
 pub mod nft;
 pub mod packets;
 pub mod packets6;

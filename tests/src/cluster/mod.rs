@@ -36,7 +36,7 @@ pub use self::{
     node::ClusterNode,
     settings::{Family, Settings},
 };
-use crate::{agent::agent_binary, names, process, require_root};
+use crate::{agent::agent_binary, names, netns_guard::NetnsGuard, process, require_root};
 
 pub struct Cluster {
     pub fabric: Netns,
@@ -233,14 +233,17 @@ impl Cluster {
 
     fn add_node(&self, i: usize) -> ClusterNode {
         let name = format!("node-{}", i + 1);
-        let ns = Netns::create(&names::unique(&name)).expect("node netns");
+        // Removed if a step fails before the node is the cluster's.
+        let guard = NetnsGuard::create(&names::unique(&name), "node");
         let ip = node_ip(i);
         let family = self.settings.family;
         let ip6 = family.has_v6().then(|| node_ip6(i));
-        in_netns(Some(&ns), |nl| async move { nl.set_up("lo").await }).expect("node loopback");
-        self.make_uplink(i, &ns).expect("node uplink");
+        in_netns(Some(guard.ns()), |nl| async move { nl.set_up("lo").await })
+            .expect("node loopback");
+        self.make_uplink(i, guard.ns()).expect("node uplink");
         let dir = self.dir.join(&name);
         fs::create_dir_all(&dir).expect("node dir");
+        let ns = guard.keep();
         ClusterNode {
             cidr: health_cidr(i),
             ip6,

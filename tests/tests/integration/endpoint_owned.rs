@@ -241,6 +241,9 @@ fn a_kept_endpoint_the_flags_no_longer_describe_is_removed() {
 
     // Another namespace name: the kept one goes, with its veth.
     let first_name = std::mem::replace(&mut node.endpoint_netns, health_tests::names::unique("ep"));
+    // The node no longer removes the first namespace: this does, if the
+    // agent does not.
+    let _first = health_tests::netns_guard::NetnsGuard::named(&first_name);
     node.start(&["--keep-endpoint"]);
     let ep = node.wait_endpoint(READY, |_| true);
     assert!(

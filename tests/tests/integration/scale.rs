@@ -17,7 +17,9 @@ use health_agent::{
 };
 use health_tests::{
     agent::{daemon_command, pidfile_in, socket_in},
-    names, require_root,
+    names,
+    netns_guard::NetnsGuard,
+    require_root,
 };
 
 const TIMEOUT_MS: u64 = 1000;
@@ -54,9 +56,11 @@ impl Lab {
     fn new(on_link: bool) -> Self {
         require_root();
         names::sweep_stale_netns();
+        let node = NetnsGuard::create(&names::unique("scale-node"), "node");
+        let peers = NetnsGuard::create(&names::unique("scale-peers"), "peers");
         let lab = Self {
-            node: Netns::create(&names::unique("scale-node")).expect("node"),
-            peers: Netns::create(&names::unique("scale-peers")).expect("peers"),
+            node: node.keep(),
+            peers: peers.keep(),
             dir: std::env::temp_dir().join(names::unique("scale")),
             pins: Path::new("/sys/fs/bpf").join(names::unique("scale-pins")),
             ep_netns: names::unique("scale-ep"),
