@@ -21,6 +21,14 @@ impl NetnsGuard {
         ))
     }
 
+    /// Makes the namespace `name`, or says why it could not.
+    ///
+    /// # Errors
+    /// The namespace could not be made.
+    pub fn try_create(name: &str) -> Result<Self, health_agent::sys::netns::NetnsError> {
+        Netns::create(name).map(|ns| Self(Some(ns)))
+    }
+
     /// Guards the namespace `name`, made by someone else.
     #[must_use]
     pub fn named(name: &str) -> Self {

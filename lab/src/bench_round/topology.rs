@@ -23,6 +23,7 @@ use health_agent::{
 use health_tests::{
     agent::{daemon_command, socket_in},
     names,
+    netns_guard::NetnsGuard,
     topology::TwoNodes,
 };
 
@@ -73,10 +74,14 @@ impl Drop for Lab {
 impl Lab {
     pub(crate) fn new(opts: &Options) -> anyhow::Result<Self> {
         names::sweep_stale_netns();
+        // Each removed if a later one cannot be made.
+        let agent = NetnsGuard::try_create(&names::unique("round-agent"))?;
+        let router = NetnsGuard::try_create(&names::unique("round-router"))?;
+        let peers = NetnsGuard::try_create(&names::unique("round-peers"))?;
         let lab = Self {
-            agent: Netns::create(&names::unique("round-agent"))?,
-            router: Netns::create(&names::unique("round-router"))?,
-            peers: Netns::create(&names::unique("round-peers"))?,
+            agent: agent.keep(),
+            router: router.keep(),
+            peers: peers.keep(),
             dir: std::env::temp_dir().join(names::unique("round")),
             pins: Path::new("/sys/fs/bpf").join(names::unique("round-pins")),
             ep_netns: names::unique("round-ep"),

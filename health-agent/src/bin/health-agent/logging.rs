@@ -29,6 +29,11 @@ const NOT_LEVELS: [(&str, &str); 10] = [
 /// `--log-level` (and the config file's `log-level`): a filter the log
 /// subscriber takes, without a misspelt level it would take as a target.
 pub(crate) fn parse_filter(s: &str) -> Result<String, String> {
+    check_filter(s)
+        .map_err(|e| format!("{e} (HEALTH_AGENT_LOG, when set, gives the value the flag does not)"))
+}
+
+fn check_filter(s: &str) -> Result<String, String> {
     for directive in s.split(',').map(str::trim) {
         if let Some((_, meant)) = NOT_LEVELS
             .iter()
@@ -108,6 +113,8 @@ mod tests {
         ] {
             let err = parse_filter(bad).expect_err(bad);
             assert!(err.contains(needle), "{bad:?}: {err}");
+            // A bad value may have come from the environment, not the flag.
+            assert!(err.contains("HEALTH_AGENT_LOG"), "{bad:?}: {err}");
         }
     }
 }

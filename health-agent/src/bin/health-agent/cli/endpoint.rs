@@ -18,6 +18,7 @@ pub(crate) enum EndpointCommand {
     },
     /// Show one endpoint with its state history (default: the only one).
     Get {
+        #[arg(allow_negative_numbers = true)]
         id: Option<u16>,
         #[arg(short, long, value_enum, default_value_t)]
         output: OutputFormat,

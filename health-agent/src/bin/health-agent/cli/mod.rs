@@ -237,8 +237,18 @@ mod tests {
 
     #[test]
     fn status_flags_that_would_be_ignored_or_refused_by_the_agent_are_refused() {
-        let cases: [(&[&str], &str); 8] = [
+        let cases: [(&[&str], &str); 10] = [
             (&["--history", ""], "--history"),
+            // A negative value is judged by its flag's parser, not taken
+            // for a flag.
+            (
+                &["--probe", "--probe-timeout", "-5s"],
+                "invalid value '-5s' for '--probe-timeout",
+            ),
+            (
+                &["--watch", "--rounds", "-1"],
+                "invalid value '-1' for '--rounds",
+            ),
             (&["--quality", ""], "--quality"),
             (
                 &["--probe", "--probe-timeout", "3m"],

@@ -62,10 +62,12 @@ pub(crate) struct StatusArgs {
     #[arg(long, conflicts_with_all = ["probe", "history", "quality", "cluster", "verbose", "all"])]
     watch: bool,
     /// With --watch: stop after this many rounds.
-    #[arg(long, requires = "watch", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, requires = "watch", value_name = "N", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
     rounds: Option<u64>,
     /// Deadline of a --probe round (at most 120s).
-    #[arg(long, requires = "probe", default_value = "30s", value_parser = parse_probe_timeout)]
+    #[arg(long, requires = "probe", default_value = "30s", allow_hyphen_values = true,
+          value_parser = parse_probe_timeout)]
     probe_timeout: Duration,
     #[arg(short, long, value_enum, default_value_t)]
     output: OutputFormat,
