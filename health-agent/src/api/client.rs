@@ -366,6 +366,26 @@ mod tests {
 
     use super::*;
 
+    /// A socket path of the test's own under the temporary directory,
+    /// removed when dropped (a failed assertion included).
+    struct TempSocket(PathBuf);
+
+    impl TempSocket {
+        fn new(tag: &str) -> Self {
+            Self(std::env::temp_dir().join(format!(
+                "health-agent-{tag}-{}-{}.sock",
+                std::process::id(),
+                fastrand::u64(..)
+            )))
+        }
+    }
+
+    impl Drop for TempSocket {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
     #[test]
     fn a_socket_closed_to_the_user_is_not_called_a_stopped_agent() {
         let path = Path::new("/run/health/agent.sock");
@@ -384,15 +404,12 @@ mod tests {
     /// that it is not running.
     #[tokio::test]
     async fn a_full_queue_of_connections_is_not_called_a_stopped_agent() {
-        let path = std::env::temp_dir().join(format!(
-            "health-agent-full-{}-{}.sock",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
+        let socket = TempSocket::new("full");
+        let path = &socket.0;
         let listener = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
             .expect("socket");
         listener
-            .bind(&socket2::SockAddr::unix(&path).expect("address"))
+            .bind(&socket2::SockAddr::unix(path).expect("address"))
             .expect("bind");
         listener.listen(0).expect("listen");
         // Connections the listener never accepts fill its queue.
@@ -401,18 +418,17 @@ mod tests {
             let c = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
                 .expect("socket");
             c.set_nonblocking(true).expect("non-blocking");
-            match c.connect(&socket2::SockAddr::unix(&path).expect("address")) {
+            match c.connect(&socket2::SockAddr::unix(path).expect("address")) {
                 Ok(()) => queued.push(c),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => panic!("connect: {e}"),
             }
             assert!(queued.len() < 8, "the queue never filled");
         }
-        let err = tokio::time::timeout(Duration::from_secs(5), Client::new(&path).healthz())
+        let err = tokio::time::timeout(Duration::from_secs(5), Client::new(path).healthz())
             .await
             .expect("refused at once")
             .err();
-        let _ = std::fs::remove_file(&path);
         assert!(matches!(err, Some(ClientError::Busy { .. })), "{err:?}");
         let text = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(text.contains("takes no connection now"), "{text}");
@@ -422,19 +438,16 @@ mod tests {
     /// fails once its time is up, naming the socket, and does not hang.
     #[tokio::test]
     async fn an_agent_that_never_answers_fails_the_call_in_time() {
-        let path = std::env::temp_dir().join(format!(
-            "health-agent-mute-{}-{}.sock",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let socket = TempSocket::new("mute");
+        let path = &socket.0;
+        let listener = tokio::net::UnixListener::bind(path).expect("bind");
         let held = tokio::spawn(async move {
             let mut open = Vec::new();
             while let Ok((c, _)) = listener.accept().await {
                 open.push(c);
             }
         });
-        let client = Client::new(&path).answering_within(Duration::from_millis(300));
+        let client = Client::new(path).answering_within(Duration::from_millis(300));
         let started = std::time::Instant::now();
         let err = client.healthz().await.err();
         let took = started.elapsed();
@@ -443,7 +456,6 @@ mod tests {
         let probe = client.probe(Duration::from_millis(400)).await.err();
         let probe_took = waited.elapsed();
         held.abort();
-        let _ = std::fs::remove_file(&path);
         assert!(matches!(err, Some(ClientError::Timeout { .. })), "{err:?}");
         assert!(took < Duration::from_secs(3), "{took:?}");
         let text = err.map(|e| e.to_string()).unwrap_or_default();
