@@ -264,7 +264,7 @@ mod tests {
             "{ok}"
         );
         let tag = super::super::http::node_tag(b"node-7");
-        let mut carried = Vec::new();
+        let mut carried = super::super::http::Carried::default();
         let read = super::super::http::gather(&mut carried, ok.as_bytes(), tag, false);
         assert_eq!(read, Some(Ok(200)));
         assert!(respond(b"GET / HTTP/1.1\r\n\r\n", &named).contains("X-Health-Node: node-7\r\n"));

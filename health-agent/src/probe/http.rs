@@ -101,33 +101,41 @@ pub fn node_tag(name: &[u8]) -> u32 {
     hash.max(1)
 }
 
+/// The most interim answers passed over before a final one, as in Go's
+/// client: past them the peer is failing the probe.
+pub(super) const MAX_INTERIM: usize = 5;
+
 /// Gathers the answer's head from what each read brought (`read`; empty
 /// and `closed` once the peer closed): once the status line and the
 /// [`NODE_HEADER`] or the head's end are in (or the head passed
 /// [`HEAD_MAX`]), the status, or why it is not one: not HTTP, a head the
 /// peer cut short by closing, or the answer of another node than the one
 /// tagged `expected` (0: any). Interim answers (1xx but 101) before the
-/// final one are passed over, as Go's client (and so kubelet) does. `None`
-/// while more is to come. A head that comes in parts is kept in `carried`
-/// (empty and unallocated in the usual case, where it comes whole); reads
-/// take at most `HEAD_MAX - carried.len()` bytes.
+/// final one are passed over, as Go's client (and so kubelet) does: at
+/// most [`MAX_INTERIM`], each dropped once passed, so that only the final
+/// answer's head counts toward [`HEAD_MAX`]. `None` while more is to
+/// come. A head that comes in parts is kept in `carried` (empty and
+/// unallocated in the usual case, where it comes whole); reads take at
+/// most `HEAD_MAX - carried.len()` bytes.
 pub(super) fn gather(
-    carried: &mut Vec<u8>,
+    carried: &mut Carried,
     read: &[u8],
     expected: u32,
     closed: bool,
 ) -> Option<Result<u16, ProbeError>> {
-    let whole = if carried.is_empty() {
+    let mut interim = carried.interim;
+    let whole = if carried.head.is_empty() {
         read
     } else {
-        carried.extend_from_slice(read);
-        &carried[..]
+        carried.head.extend_from_slice(read);
+        &carried.head[..]
     };
-    // What to say when the head is not all in: wait for more, or why not.
-    let short = |what: &'static str| {
+    // What to say when the answer's head is not all in: wait for more, or
+    // why not.
+    let short = |what: &'static str, len: usize| {
         if closed {
             Some(Err(closed_early(what)))
-        } else if whole.len() >= HEAD_MAX {
+        } else if len >= HEAD_MAX {
             Some(Err(ProbeError::Protocol(
                 format!("{what} past {HEAD_MAX} bytes").into(),
             )))
@@ -138,9 +146,10 @@ pub(super) fn gather(
     let mut head = whole;
     let (status, line) = loop {
         let Some(line) = head.windows(2).position(|w| w == b"\r\n") else {
-            let wait = short("a status line");
+            let wait = short("a status line", head.len());
+            let passed = whole.len() - head.len();
             if wait.is_none() {
-                keep(carried, read);
+                carried.keep(read, passed, interim);
             }
             return wait;
         };
@@ -151,13 +160,20 @@ pub(super) fn gather(
         if !(100..200).contains(&status) || status == 101 {
             break (status, line);
         }
+        if interim == MAX_INTERIM {
+            return Some(Err(ProbeError::Protocol(
+                format!("more than {MAX_INTERIM} interim answers").into(),
+            )));
+        }
         let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
-            let wait = short("an interim answer's end");
+            let wait = short("an interim answer's end", head.len());
+            let passed = whole.len() - head.len();
             if wait.is_none() {
-                keep(carried, read);
+                carried.keep(read, passed, interim);
             }
             return wait;
         };
+        interim += 1;
         head = &head[end + 4..];
     };
     match node_named(&head[line + 2..]) {
@@ -167,19 +183,44 @@ pub(super) fn gather(
         Named::Node(_) | Named::Nobody => Some(Ok(status)),
         // A head past what is read, without the node's name: judged on
         // its status alone.
-        Named::NotYet if whole.len() >= HEAD_MAX => Some(Ok(status)),
+        Named::NotYet if head.len() >= HEAD_MAX => Some(Ok(status)),
         Named::NotYet if closed => Some(Err(closed_early("the head's end"))),
         Named::NotYet => {
-            keep(carried, read);
+            let passed = whole.len() - head.len();
+            carried.keep(read, passed, interim);
             None
         }
     }
 }
 
-/// Keeps the first part of a head that comes in parts.
-fn keep(carried: &mut Vec<u8>, read: &[u8]) {
-    if carried.is_empty() {
-        carried.extend_from_slice(read);
+/// What an answer that comes in parts left to judge: its head so far,
+/// less the interim answers passed over, and how many those were.
+#[derive(Debug, Default)]
+pub(super) struct Carried {
+    head: Vec<u8>,
+    interim: usize,
+}
+
+impl Carried {
+    /// The bytes kept.
+    pub(super) const fn len(&self) -> usize {
+        self.head.len()
+    }
+
+    /// Whether nothing is carried: the next read starts an answer.
+    pub(super) const fn is_empty(&self) -> bool {
+        self.head.is_empty() && self.interim == 0
+    }
+
+    /// Keeps what a read left to judge, `passed` bytes of interim answers
+    /// (`interim` so far) dropped from its front.
+    fn keep(&mut self, read: &[u8], passed: usize, interim: usize) {
+        if self.head.is_empty() {
+            self.head.extend_from_slice(&read[passed..]);
+        } else {
+            self.head.drain(..passed);
+        }
+        self.interim = interim;
     }
 }
 
@@ -545,7 +586,7 @@ mod tests {
     /// head past them without the node's name is judged on its status.
     #[test]
     fn heads_are_gathered_from_their_parts() {
-        let mut carried = Vec::new();
+        let mut carried = Carried::default();
         for part in [
             &b"HTTP/1.1 2"[..],
             b"04 No",
@@ -557,26 +598,26 @@ mod tests {
         }
         assert_eq!(gather(&mut carried, b"\r\n", 0, false), Some(Ok(204)));
         // Whole in one read: nothing carried, nothing allocated.
-        let mut carried = Vec::new();
+        let mut carried = Carried::default();
         let busy = b"HTTP/1.0 503 Busy\r\n\r\nx";
         assert_eq!(gather(&mut carried, busy, 0, false), Some(Ok(503)));
-        assert_eq!(carried.capacity(), 0);
+        assert_eq!(carried.head.capacity(), 0);
         // A status line, then the peer closes: cut short.
-        let mut carried = Vec::new();
+        let mut carried = Carried::default();
         let ok = b"HTTP/1.1 200 OK\r\nX-Health-Node: node-3";
         assert_eq!(gather(&mut carried, &ok[..17], 0, false), None);
         let cut = Some(Err(closed_early("the head's end")));
         assert_eq!(gather(&mut carried, b"", 0, true), cut);
         // ... or mid-way through the node's header, naming another node.
         let tag = node_tag(b"node-2");
-        assert_eq!(gather(&mut Vec::new(), ok, tag, true), cut);
+        assert_eq!(gather(&mut Carried::default(), ok, tag, true), cut);
         // Closed before a whole status line: not HTTP.
-        let mut carried = Vec::new();
+        let mut carried = Carried::default();
         assert_eq!(gather(&mut carried, b"HTTP/1.1 2", 0, false), None);
         let no_status = Some(Err(closed_early("a status line")));
         assert_eq!(gather(&mut carried, b"", 0, true), no_status);
-        assert_eq!(gather(&mut Vec::new(), b"", 0, true), no_status);
-        let mut carried = Vec::new();
+        assert_eq!(gather(&mut Carried::default(), b"", 0, true), no_status);
+        let mut carried = Carried::default();
         assert_eq!(gather(&mut carried, &[b'x'; 300], 0, false), None);
         assert_eq!(
             gather(&mut carried, &[b'x'; 212], 0, false),
@@ -588,7 +629,10 @@ mod tests {
         // status alone.
         let long = format!("HTTP/1.1 200 OK\r\nX-Pad: {}\r\n", "p".repeat(600));
         let first = &long.as_bytes()[..HEAD_MAX];
-        assert_eq!(gather(&mut Vec::new(), first, tag, false), Some(Ok(200)));
+        assert_eq!(
+            gather(&mut Carried::default(), first, tag, false),
+            Some(Ok(200))
+        );
     }
 
     /// Interim answers (1xx but 101) are passed over, whole or in parts,
@@ -598,32 +642,93 @@ mod tests {
         let tag = node_tag(b"node-2");
         let two = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: x\r\n\r\n\
                     HTTP/1.1 200 OK\r\nX-Health-Node: node-2\r\n\r\n";
-        assert_eq!(gather(&mut Vec::new(), two, tag, false), Some(Ok(200)));
-        let mut carried = Vec::new();
-        for part in two.chunks(7) {
+        assert_eq!(
+            gather(&mut Carried::default(), two, tag, false),
+            Some(Ok(200))
+        );
+        let mut carried = Carried::default();
+        let parts = two.chunks(7).count();
+        for (i, part) in two.chunks(7).enumerate() {
             if let Some(done) = gather(&mut carried, part, tag, false) {
                 assert_eq!(done, Ok(200));
-                assert!(carried.len() > two.len() - 7, "judged once whole");
+                assert_eq!(i, parts - 1, "judged once whole");
             }
         }
         let other =
             b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nX-Health-Node: node-3\r\n\r\n";
         assert_eq!(
-            gather(&mut Vec::new(), other, tag, false),
+            gather(&mut Carried::default(), other, tag, false),
             Some(Err(ProbeError::OtherNode("node-3".into())))
         );
         // Closed after the interim answer: no final one.
-        let mut carried = Vec::new();
+        let mut carried = Carried::default();
         assert_eq!(gather(&mut carried, &two[..25], 0, false), None);
         assert_eq!(
             gather(&mut carried, b"", 0, true),
             Some(Err(closed_early("a status line")))
         );
         let switching = b"HTTP/1.1 101 Switching Protocols\r\n\r\n";
-        assert_eq!(gather(&mut Vec::new(), switching, 0, false), Some(Ok(101)));
+        assert_eq!(
+            gather(&mut Carried::default(), switching, 0, false),
+            Some(Ok(101))
+        );
         assert_eq!(
             classify(101, Duration::from_millis(1)),
             Outcome::Failed(ProbeError::HttpStatus(101))
+        );
+    }
+
+    /// Only the final answer's head counts toward the bytes read: interim
+    /// answers passed over are dropped, in one read or across reads; past
+    /// [`MAX_INTERIM`] of them, even in parts, the probe fails naming why.
+    #[test]
+    fn interim_answers_are_dropped_once_passed_and_bounded() {
+        let tag = node_tag(b"node-2");
+        let early = format!(
+            "HTTP/1.1 103 Early Hints\r\nLink: <{}>\r\n\r\n",
+            "a".repeat(200)
+        );
+        let fin = "HTTP/1.1 200 OK\r\nX-Health-Node: node-2\r\n\r\n";
+        // Two interim answers of 230 bytes and the final one: 500 bytes
+        // past the head's limit in all.
+        let answer = format!("{early}{early}{fin}");
+        assert!(answer.len() > HEAD_MAX);
+        let mut carried = Carried::default();
+        let mut done = None;
+        for part in answer.as_bytes().chunks(HEAD_MAX - 100) {
+            assert!(done.is_none(), "judged before the final answer");
+            assert!(carried.len() < HEAD_MAX);
+            done = gather(&mut carried, part, tag, false);
+        }
+        assert_eq!(done, Some(Ok(200)));
+        let too_many = format!(
+            "{}{fin}",
+            "HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INTERIM + 1)
+        );
+        let refused = Some(Err(ProbeError::Protocol(
+            format!("more than {MAX_INTERIM} interim answers").into(),
+        )));
+        assert_eq!(
+            gather(&mut Carried::default(), too_many.as_bytes(), tag, false),
+            refused
+        );
+        // The same, one interim answer a read: counted across reads.
+        let mut carried = Carried::default();
+        let mut done = None;
+        for part in too_many.as_bytes().chunks(25) {
+            if done.is_none() {
+                done = gather(&mut carried, part, tag, false);
+            }
+        }
+        assert_eq!(done, refused);
+        // As many as allowed pass.
+        let most = format!(
+            "{}{fin}",
+            "HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INTERIM)
+        );
+        assert_eq!(
+            gather(&mut Carried::default(), most.as_bytes(), tag, false),
+            Some(Ok(200))
         );
     }
 
@@ -638,7 +743,9 @@ mod tests {
                 "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nx-health-node:  {name} \r\n\r\nok\n"
             )
         };
-        let read = |text: &str, expected| gather(&mut Vec::new(), text.as_bytes(), expected, false);
+        let read = |text: &str, expected| {
+            gather(&mut Carried::default(), text.as_bytes(), expected, false)
+        };
         assert_eq!(read(&answer("200 OK", "node-2"), tag), Some(Ok(200)));
         let other = Some(Err(ProbeError::OtherNode("node-3".into())));
         assert_eq!(read(&answer("200 OK", "node-3"), tag), other);
@@ -653,7 +760,7 @@ mod tests {
             Some(Ok(200))
         );
         // In parts, the header cut in two.
-        let mut carried = Vec::new();
+        let mut carried = Carried::default();
         for part in [&b"HTTP/1.1 200 OK\r\nX-Health-No"[..], b"de: node-"] {
             assert_eq!(gather(&mut carried, part, tag, false), None);
         }

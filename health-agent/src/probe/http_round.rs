@@ -233,11 +233,7 @@ struct InFlight {
     requested: bool,
     /// An answer's head that came in parts (see [`http::gather`]): rare,
     /// so behind one thin pointer (thousands of probes are in flight).
-    #[expect(
-        clippy::box_collection,
-        reason = "a thin pointer: 8 bytes in every probe in flight, not 24"
-    )]
-    carried: Option<Box<Vec<u8>>>,
+    carried: Option<Box<http::Carried>>,
 }
 
 /// The epoll set, watched by the runtime.

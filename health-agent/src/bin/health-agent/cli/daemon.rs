@@ -31,6 +31,20 @@ impl DaemonArgs {
     }
 }
 
+/// Lets every flag of the daemon that takes a value take one starting
+/// with `-` (`--probe-interval -5s`), so that its parser judges it and
+/// names the flag, as it does the same value in a config file, rather
+/// than clap calling it an unexpected argument. A flag given where a
+/// value belongs (`--probe-interval --zone a`) is then that flag's
+/// invalid value, still named.
+pub(crate) fn values_may_start_with_a_hyphen(arg: clap::Arg) -> clap::Arg {
+    if arg.get_action().takes_values() && !arg.is_positional() {
+        arg.allow_hyphen_values(true)
+    } else {
+        arg
+    }
+}
+
 /// What SIGHUP does: reads the file again with the same command line over
 /// it, into the same typed configuration; applies the log level here and
 /// hands the probe tuning to the daemon; names every other changed key as

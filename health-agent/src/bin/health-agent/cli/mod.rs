@@ -42,6 +42,7 @@ pub(crate) struct Cli {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Run the agent: create and keep the health endpoint, serve the API.
+    #[command(mut_args = daemon::values_may_start_with_a_hyphen)]
     Daemon(Box<daemon::DaemonArgs>),
     /// The datapath's BPF maps (CT, RTT, counters), read from the pins.
     #[command(subcommand)]
@@ -304,6 +305,11 @@ mod tests {
             ("--zone", "a b", "only letters, digits"),
             ("--zone", "", "not empty"),
             ("--history-length", "0", "--history-length"),
+            // A negative value is judged by its flag's parser, as in a
+            // config file, not taken for a flag.
+            ("--probe-interval", "-5s", "invalid value '-5s'"),
+            ("--probe-peers", "-3", "invalid probe peers \"-3\""),
+            ("--max-in-flight", "-1", "invalid value '-1'"),
         ] {
             let err = Cli::try_parse_from(daemon.iter().copied().chain([flag, bad]))
                 .expect_err(&format!("{flag} {bad:?} must be refused"))
