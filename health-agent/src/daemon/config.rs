@@ -288,8 +288,9 @@ impl DaemonConfig {
                         line: None,
                         message: format!("cannot read: {e}"),
                     })?;
+                let text = nodes_file::text(path, &text)?;
                 let update =
-                    nodes_file::parse(path, &text, &self.local_node(), &Holders::default())?;
+                    nodes_file::parse(path, text, &self.local_node(), &Holders::default())?;
                 info!(
                     path = %path.display(),
                     nodes = update.nodes.len(),

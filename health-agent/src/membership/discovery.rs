@@ -41,6 +41,8 @@ async fn watch_file(
     let mut seen = seen.or_else(|| FileVersion::read(&path).ok().map(|(_, v)| v));
     let rename_events = Renames::watch(&path);
     let mut settling = Settling::default();
+    // Whether the last read failed, reported once.
+    let mut failing = false;
     loop {
         tokio::time::sleep(poll).await;
         let renamed = rename_events.as_ref().is_some_and(Renames::renamed_in);
@@ -53,17 +55,27 @@ async fn watch_file(
         {
             continue;
         }
-        let (text, version) = match FileVersion::read(&path) {
+        // Read (up to a limit) off the runtime's threads.
+        let reading = path.clone();
+        let read = tokio::task::spawn_blocking(move || FileVersion::read(&reading))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        let (bytes, version) = match read {
             Ok(read) => read,
             Err(e) => {
                 settling.clear();
-                if seen.is_some() {
+                if !failing {
                     nodes.reject(format!("{}: cannot read: {e}", path.display()));
-                    seen = None;
+                    failing = true;
                 }
+                // A file refused as read (too large, no regular file) is
+                // not read again until it changes; a gone one is looked
+                // for at every poll.
+                seen = FileVersion::refused(&path);
                 continue;
             }
         };
+        failing = false;
         if version.consistent() && seen.is_some_and(|v| v.same_content(&version)) {
             settling.clear();
             seen = Some(version);
@@ -74,7 +86,29 @@ async fn watch_file(
             continue;
         }
         seen = Some(version);
-        match nodes_file::parse(&path, &text, &local, &Holders::of(&nodes.current())) {
+        // Parsed off the runtime's threads: 10,000 records take tens of
+        // milliseconds.
+        let (parsing, holders, me) = (path.clone(), Holders::of(&nodes.current()), local.clone());
+        let parsed = tokio::task::spawn_blocking(move || {
+            nodes_file::text(&parsing, &bytes)
+                .and_then(|text| nodes_file::parse(&parsing, text, &me, &holders))
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("{}: parsing failed: {e}", path.display())));
+        match parsed {
+            // A version rejecting every record it holds (a field renamed
+            // in all, say) would drop every peer: refused whole.
+            Ok(update) if update.nodes.is_empty() && !nodes.current().is_empty() => {
+                if let Some(summary) = update.summary() {
+                    nodes.reject(format!(
+                        "{}: every record rejected, the set in use stays: {summary}",
+                        path.display()
+                    ));
+                } else {
+                    nodes.accept(update);
+                }
+            }
             Ok(update) => {
                 info!(
                     path = %path.display(),
@@ -85,7 +119,7 @@ async fn watch_file(
                 nodes_file::warn_if_unnamed(&path, &update, &local);
                 nodes.accept(update);
             }
-            Err(e) => nodes.reject(e.to_string()),
+            Err(e) => nodes.reject(e),
         }
     }
 }

@@ -146,7 +146,7 @@ pub fn read_settled(
     path: &Path,
     poll: Duration,
     limit: Duration,
-) -> std::io::Result<(String, FileVersion)> {
+) -> std::io::Result<(Vec<u8>, FileVersion)> {
     let started = Instant::now();
     let mut settling = Settling::default();
     loop {
@@ -269,7 +269,7 @@ mod tests {
         writer.join().expect("writer");
         assert_eq!(
             text,
-            format!("{first}{second}"),
+            format!("{first}{second}").into_bytes(),
             "never the first half alone"
         );
         assert!(started.elapsed() >= Duration::from_millis(400) + QUIET);
@@ -410,6 +410,88 @@ mod tests {
                 nodes.status()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        watcher.await.expect("watcher");
+    }
+
+    /// A file replaced by something the watcher must not read (a device
+    /// behind a symbolic link), cannot read as text (Latin-1), or whose
+    /// every record is rejected (a field misspelt in all) is refused once, naming why and the file, and not read again while it
+    /// stays; the set in use stays. A good file renamed in afterwards is
+    /// applied and the error cleared.
+    #[tokio::test]
+    async fn a_file_that_cannot_be_read_keeps_the_set_and_is_reported_once() {
+        let dir = Scratch::new("refused");
+        let path = dir.0.join("nodes.yaml");
+        std::fs::write(&path, format!("nodes:\n{}{}", record(1), record(2))).expect("write");
+        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(20));
+        let wait_for = async |what: &str, done: &dyn Fn() -> bool| {
+            let started = Instant::now();
+            while !done() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "never {what}: {:?}",
+                    nodes.status()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let swap = |write: &dyn Fn(&Path)| {
+            let tmp = dir.0.join("next.yaml");
+            write(&tmp);
+            std::fs::rename(&tmp, &path).expect("rename");
+        };
+        // The version seen at start is not published again: a new one is.
+        swap(&|tmp: &Path| {
+            std::fs::write(tmp, format!("nodes:\n{}{}", record(2), record(1))).expect("write");
+        });
+        wait_for("applied", &|| names(&nodes) == ["node-1", "node-2"]).await;
+        for (what, says) in [
+            ("device", "a device, not a regular file"),
+            (
+                "latin-1",
+                "nodes.yaml:2: not UTF-8 text: byte 20 of the file is not",
+            ),
+            (
+                "all bad",
+                "every record rejected, the set in use stays: 2 node records rejected",
+            ),
+        ] {
+            let before = nodes.updates_rejected();
+            swap(&|tmp: &Path| match what {
+                "device" => std::os::unix::fs::symlink("/dev/zero", tmp).expect("symlink"),
+                "latin-1" => std::fs::write(tmp, b"nodes:\n  - name: caf\xe9\n").expect("write"),
+                _ => std::fs::write(
+                    tmp,
+                    format!("nodes:\n{}{}", record(1), record(2)).replace("node-ip", "nodeip"),
+                )
+                .expect("write"),
+            });
+            wait_for("refused", &|| nodes.status().error.is_some()).await;
+            let error = nodes.status().error.expect("an error");
+            assert!(
+                error.contains(&*path.to_string_lossy()) && error.contains(says),
+                "{what}: {error}"
+            );
+            // Many polls later: reported once, the set kept.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(nodes.updates_rejected(), before + 1, "{what}");
+            assert_eq!(names(&nodes), ["node-1", "node-2"], "{what}");
+            swap(&|tmp: &Path| {
+                std::fs::write(tmp, format!("nodes:\n{}{}", record(1), record(3))).expect("write");
+            });
+            wait_for("recovered", &|| {
+                names(&nodes) == ["node-1", "node-3"] && nodes.status().error.is_none()
+            })
+            .await;
+            std::fs::write(
+                dir.0.join("next.yaml"),
+                format!("nodes:\n{}{}", record(1), record(2)),
+            )
+            .expect("write");
+            std::fs::rename(dir.0.join("next.yaml"), &path).expect("rename");
+            wait_for("restored", &|| names(&nodes) == ["node-1", "node-2"]).await;
         }
         stop.cancel();
         watcher.await.expect("watcher");

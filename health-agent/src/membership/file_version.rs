@@ -20,22 +20,44 @@ pub struct FileVersion {
     consistent: bool,
 }
 
+/// The largest nodes file read, in bytes: 50,000 records written one
+/// field a line take about 10 MiB. A larger file is refused whole, and
+/// never read past this.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
 impl FileVersion {
-    /// Reads `path`: its text, and the version it is.
-    pub fn read(path: &Path) -> std::io::Result<(String, Self)> {
+    /// Reads `path`: its bytes, and the version it is. Only a regular file
+    /// of at most [`MAX_FILE_BYTES`] is read, opened without blocking.
+    ///
+    /// # Errors
+    /// The file cannot be opened or read, is no regular file, or is
+    /// larger.
+    pub fn read(path: &Path) -> std::io::Result<(Vec<u8>, Self)> {
         let stamp = Stamp::of(path);
-        let text = std::fs::read_to_string(path)?;
+        let bytes = read_regular(path, MAX_FILE_BYTES)?;
         let mut h = std::hash::DefaultHasher::new();
-        text.hash(&mut h);
+        bytes.hash(&mut h);
         let consistent = stamp.is_some() && Stamp::of(path) == stamp;
         Ok((
-            text,
+            bytes,
             Self {
                 stamp,
                 hash: h.finish(),
                 consistent,
             },
         ))
+    }
+
+    /// The version of a file that exists but was refused as it was read
+    /// (too large, no regular file): its stamp, so that it is not read
+    /// again until it changes. `None` when it is gone.
+    #[must_use]
+    pub fn refused(path: &Path) -> Option<Self> {
+        Stamp::of(path).map(|stamp| Self {
+            stamp: Some(stamp),
+            hash: 0,
+            consistent: false,
+        })
     }
 
     /// Whether nothing changed the file while it was read.
@@ -72,6 +94,49 @@ impl FileVersion {
     pub fn same_content(&self, other: &Self) -> bool {
         self.hash == other.hash
     }
+}
+
+/// Reads the regular file at `path` (a symbolic link to one is
+/// followed), of at most `max` bytes. It is opened without blocking, so
+/// that a FIFO put in its place never holds the reader; a device, a
+/// directory or a socket is refused before anything is read, and a file
+/// larger than `max` after `max + 1` bytes.
+fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::{
+        io::{Error, ErrorKind, Read as _},
+        os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _},
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        };
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{what}, not a regular file"),
+        ));
+    }
+    let expected = usize::try_from(meta.len().min(max)).unwrap_or(0);
+    let mut bytes = Vec::with_capacity(expected);
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > max {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {max} bytes: not read"),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// What `stat` says of a file: its identity, size and times. An unchanged
@@ -182,7 +247,7 @@ mod tests {
     fn a_version_says_when_the_file_may_differ_and_whether_it_does() {
         let (_scratch, path) = Scratch::new("version");
         let (text, v) = FileVersion::read(&path).expect("read");
-        assert_eq!(text, "nodes: []\n");
+        assert_eq!(text, b"nodes: []\n");
         let later = SystemTime::now() + Stamp::SETTLE;
         assert!(v.may_have_changed(&path, SystemTime::now()), "too recent");
         assert!(!v.may_have_changed(&path, later), "settled and untouched");
@@ -199,5 +264,42 @@ mod tests {
         std::fs::remove_file(&path).expect("remove");
         assert!(v.may_have_changed(&path, later));
         assert!(FileVersion::read(&path).is_err());
+    }
+
+    /// Only a regular file is read, and only up to the limit: a FIFO put
+    /// in its place is refused at once (never waited on), a device behind
+    /// a symbolic link, a directory, and a file past the limit are each
+    /// refused naming what they are; a symbolic link to a regular file is
+    /// followed.
+    #[test]
+    fn only_a_regular_file_within_the_limit_is_read() {
+        let (scratch, path) = Scratch::new("regular");
+        let refused = |p: &Path, max| read_regular(p, max).expect_err("refused").to_string();
+        let fifo = scratch.0.join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: a valid C string; mkfifo touches nothing else.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        assert_eq!(refused(&fifo, 1 << 20), "a FIFO, not a regular file");
+        let device = scratch.0.join("zero.yaml");
+        std::os::unix::fs::symlink("/dev/zero", &device).expect("symlink");
+        assert_eq!(refused(&device, 1 << 20), "a device, not a regular file");
+        assert_eq!(
+            refused(&scratch.0, 1 << 20),
+            "a directory, not a regular file"
+        );
+        assert_eq!(refused(&path, 4), "larger than 4 bytes: not read");
+        assert_eq!(
+            read_regular(&path, 10).expect("at the limit"),
+            b"nodes: []\n"
+        );
+        let link = scratch.0.join("link.yaml");
+        std::os::unix::fs::symlink(&path, &link).expect("symlink");
+        let (bytes, _) = FileVersion::read(&link).expect("a link to a file");
+        assert_eq!(bytes, b"nodes: []\n");
+        // Refused as read, a file that exists still has a version, so that
+        // it is not read again until it changes; a gone one has none.
+        let v = FileVersion::refused(&device).expect("exists");
+        assert!(!v.may_have_changed(&device, SystemTime::now() + Duration::from_secs(3600)));
+        assert!(FileVersion::refused(&scratch.0.join("absent")).is_none());
     }
 }

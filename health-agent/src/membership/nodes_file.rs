@@ -32,9 +32,19 @@ use serde_json::{Map, Value};
 use super::{
     Node,
     claims::Holders,
-    record::{Candidate, LocalNode, Origin, Record, Validated},
+    record::{Candidate, LocalNode, MAX_NAME_LEN, Origin, Record, Validated, clip},
     validate,
 };
+
+/// The most of a value from the file shown in a record's verdict (logged,
+/// and served by `GET /v1/nodes`).
+const SHOWN: usize = 64;
+
+/// A key from the file as a verdict shows it: cut to [`SHOWN`] bytes, its
+/// control characters escaped (no forged log line).
+fn shown(key: &str) -> String {
+    clip(key, SHOWN).escape_debug().to_string()
+}
 use crate::util::cidr::{self, Cidr};
 
 /// The whole file is refused: unreadable or unparsable.
@@ -74,7 +84,13 @@ impl<'de> Deserialize<'de> for Decoded {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let written::Written { value, fault } = written::Written::deserialize(d)?;
         Ok(Self {
-            name: value.get("name").and_then(Value::as_str).map(str::to_owned),
+            // A longer one is none (its rule says how long it is): never
+            // copied into every message about the record.
+            name: value
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| n.len() <= MAX_NAME_LEN)
+                .map(str::to_owned),
             node: fault.map_or_else(|| decode(&value), Err),
         })
     }
@@ -113,6 +129,19 @@ pub fn warn_if_unnamed(path: &Path, update: &Validated, local: &LocalNode) -> bo
     unnamed
 }
 
+/// The file's bytes as text: UTF-8, or an error naming the line and the
+/// byte where it stops being (a file saved as Latin-1 or UTF-16, say).
+pub fn text<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a str, NodesFileError> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        let at = e.valid_up_to();
+        NodesFileError {
+            path: path.display().to_string(),
+            line: Some(bytes[..at].split(|&b| b == b'\n').count()),
+            message: format!("not UTF-8 text: byte {at} of the file is not"),
+        }
+    })
+}
+
 /// Parses the file's text; `path` decides the format and names the file in
 /// errors; `local` is this node, for the rules that depend on it.
 pub fn parse(
@@ -133,6 +162,7 @@ pub fn parse(
     );
     // The format the name says, named in an error (a YAML file named
     // otherwise fails as JSON).
+    let budget = written::Budget::for_file(text.len());
     let file: File = if yaml {
         serde_yaml_ng::from_str(text).map_err(|e| {
             err(
@@ -151,6 +181,7 @@ pub fn parse(
             )
         })?
     };
+    drop(budget);
     let path: Arc<str> = shown.as_str().into();
     // Records are found in the text by their names: one pass over it.
     let mut lines = name_lines(text);
@@ -190,7 +221,8 @@ fn decode(v: &Value) -> Result<Node, String> {
     };
     if let Some(k) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(format!(
-            "unknown field `{k}`, expected one of `{}`",
+            "unknown field `{}`, expected one of `{}`",
+            shown(k),
             FIELDS.join("`, `")
         ));
     }
@@ -263,7 +295,7 @@ fn address(s: &str, field: &str) -> Result<Ipv4Addr, String> {
         if s.parse::<Ipv6Addr>().is_ok() {
             format!("field `{field}`: {s} is an IPv6 address; give it as `{field}6`")
         } else {
-            format!("field `{field}`: invalid IPv4 address {s:?}")
+            format!("field `{field}`: invalid IPv4 address {:?}", clip(s, SHOWN))
         }
     })
 }
@@ -276,7 +308,7 @@ fn address6(s: &str, field: &str) -> Result<Ipv6Addr, String> {
                 field.trim_end_matches('6')
             )
         } else {
-            format!("field `{field}`: invalid IPv6 address {s:?}")
+            format!("field `{field}`: invalid IPv6 address {:?}", clip(s, SHOWN))
         }
     })
 }
@@ -286,7 +318,7 @@ fn kind(v: &Value) -> String {
         Value::Null => "null".into(),
         Value::Bool(b) => format!("boolean `{b}`"),
         Value::Number(n) => format!("number `{n}`"),
-        Value::String(s) => format!("string {s:?}"),
+        Value::String(s) => format!("string {:?}", clip(s, SHOWN)),
         Value::Array(_) => "a list".into(),
         Value::Object(_) => "a mapping".into(),
     }
@@ -337,16 +369,26 @@ fn name_value(line: &str, at: usize) -> Option<&str> {
         return None;
     }
     let value = after.trim_start().strip_prefix(':')?.trim_start();
+    // No name is longer: looked for no further, so that a line of many
+    // `name`s costs no pass over the rest of it for each.
+    let value = &value[..floor_char_boundary(value, MAX_NAME_LEN + 2)];
     if let Some(q @ ('"' | '\'')) = value.chars().next() {
-        return value[1..].split(q).next();
+        let (name, _) = value[1..].split_once(q)?;
+        return Some(name);
     }
     let end = value
-        .find([',', '}', ']'])
-        .into_iter()
-        .chain(value.find(" #"))
-        .min()
-        .unwrap_or(value.len());
+        .char_indices()
+        .find(|&(i, c)| matches!(c, ',' | '}' | ']') || (c == '#' && value[..i].ends_with(' ')))
+        .map_or(value.len(), |(i, _)| i);
     Some(value[..end].trim_end())
+}
+
+/// The largest character boundary of `s` at most `at`.
+fn floor_char_boundary(s: &str, at: usize) -> usize {
+    if at >= s.len() {
+        return s.len();
+    }
+    (0..=at).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
 }
 
 #[cfg(test)]

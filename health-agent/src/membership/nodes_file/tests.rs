@@ -545,3 +545,97 @@ fn a_file_naming_no_record_as_this_node_is_warned_about() {
     };
     assert!(!warn_if_unnamed(path, &with, &unnamed));
 }
+
+/// Text from the file is never copied whole into a verdict: a name past
+/// the longest is not kept (the record is named by its number and the
+/// rule says how long the name is), and an address, a key or a string of
+/// the wrong field is cut short with its control characters escaped (no
+/// forged log line).
+#[test]
+fn long_or_hostile_text_is_cut_short_in_verdicts() {
+    let long = "n".repeat(100_000);
+    let text = format!(
+        "nodes:\n  - name: {long}\n    node-ip: 198.18.0.12\n    health-ip: 198.18.65.2\n  \
+         - name: bad\n    node-ip: \"{long}\"\n    health-ip: 198.18.66.2\n  \
+         - name: bad2\n    \"x\\nINFO forged\": 1\n    node-ip: 198.18.0.14\n    \
+         health-ip: 198.18.67.2\n  - name: bad3\n    node-ip: [1]\n    zone: {long}\n    \
+         health-ip: 198.18.68.2\n"
+    );
+    let (kept, rejected) = outcome(&yaml(&text).expect("parses"));
+    assert!(kept.is_empty(), "{kept:?}");
+    assert_eq!(rejected.len(), 4, "{rejected:?}");
+    for r in &rejected {
+        assert!(r.len() < 400, "{} bytes: {}", r.len(), &r[..400]);
+        assert!(!r.contains('\n'), "{r}");
+    }
+    assert!(
+        rejected[0].starts_with("nodes.yaml: node #1:")
+            && rejected[0].contains("100000 bytes long"),
+        "{}",
+        rejected[0]
+    );
+    assert!(rejected[1].contains("(100000 bytes)"), "{}", rejected[1]);
+    assert!(
+        rejected[2].contains(r"unknown field `x\nINFO forged`"),
+        "{}",
+        rejected[2]
+    );
+}
+
+/// A file whose YAML aliases repeat a value far past what it holds is
+/// refused whole, naming why, before it can take the agent's memory; an
+/// alias or two within a file's size is read as YAML says.
+#[test]
+fn aliases_repeating_a_value_past_the_files_size_are_refused() {
+    let big = "a".repeat(100_000);
+    let mut text = format!("nodes:\n  - &r {{name: \"{big}\"}}\n");
+    for _ in 0..1_000 {
+        text.push_str("  - *r\n");
+    }
+    let err = yaml(&text).expect_err("100 MB from 108 kB").to_string();
+    assert!(
+        err.starts_with("nodes.yaml") && err.contains("more than twice the file's size"),
+        "{err}"
+    );
+    let few =
+        "nodes:\n  - &one {name: node-2, node-ip: 198.18.0.12, health-ip: 198.18.65.2}\n  - *one\n";
+    let v = yaml(few).expect("parses");
+    assert_eq!(v.nodes.len(), 1);
+    assert_eq!(v.rejected.len(), 1, "the same name twice");
+}
+
+/// Lines of many `name`s (a long comment, a flow list on one line) are
+/// found in time linear in the line: no name is looked for past the
+/// longest a name can be.
+#[test]
+fn many_names_on_one_line_cost_one_pass() {
+    let text = format!("nodes: [] # {}\n", "name: x ".repeat(200_000));
+    let started = std::time::Instant::now();
+    assert!(good(&text).is_empty());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Found still: quoted, plain, and cut by a comment or a separator.
+    let lines = name_lines("- {name: 'a b', x: 1}\n- name: c # c\n- {name: d}\n");
+    assert_eq!(lines.get("a b").map(|l| l[0]), Some(1));
+    assert_eq!(lines.get("c").map(|l| l[0]), Some(2));
+    assert_eq!(lines.get("d").map(|l| l[0]), Some(3));
+}
+
+/// A file that is not UTF-8 is refused naming the line and byte where it
+/// stops being text.
+#[test]
+fn a_file_that_is_not_utf8_is_refused_naming_where() {
+    let bytes = b"nodes:\n  - name: caf\xe9\n";
+    let err = text(Path::new("nodes.yaml"), bytes).expect_err("Latin-1");
+    assert_eq!(
+        err.to_string(),
+        "nodes.yaml:2: not UTF-8 text: byte 20 of the file is not"
+    );
+    assert_eq!(
+        text(Path::new("n.yaml"), b"nodes: []\n").expect("text"),
+        "nodes: []\n"
+    );
+}

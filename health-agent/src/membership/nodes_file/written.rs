@@ -3,14 +3,58 @@
 //! (a generic map keeps the last value, silently) and a float a generic
 //! value cannot hold (YAML's `.nan` and `.inf`, held as null, so the
 //! field would read as absent) reject the record, naming the field.
+//! What the records decode to is bounded by the file's size ([`Budget`]):
+//! YAML aliases repeat a value without repeating its text.
 
-use std::fmt;
+use std::{cell::Cell, fmt};
 
 use serde::{
     Deserialize, Deserializer,
     de::{IgnoredAny, MapAccess, SeqAccess, Visitor},
 };
 use serde_json::{Map, Number, Value};
+
+use super::shown;
+
+thread_local! {
+    /// The bytes the records being decoded on this thread may still take
+    /// (`None`: unbounded).
+    static LEFT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Bounds what the records of one file decode to, while it lives: their
+/// keys and strings, and a byte a record. Without aliases that is at most
+/// the file's size; a file whose aliases make it more than twice that is
+/// refused, before it can take the agent's memory.
+pub(super) struct Budget;
+
+impl Budget {
+    /// A budget for a file of `len` bytes.
+    pub(super) fn for_file(len: usize) -> Self {
+        LEFT.set(Some(len.saturating_mul(2).saturating_add(4096)));
+        Self
+    }
+}
+
+impl Drop for Budget {
+    fn drop(&mut self) {
+        LEFT.set(None);
+    }
+}
+
+/// Takes `n` bytes from the budget: an error once it is spent.
+fn charge<E: serde::de::Error>(n: usize) -> Result<(), E> {
+    match LEFT.get() {
+        None => Ok(()),
+        Some(left) if left >= n => {
+            LEFT.set(Some(left - n));
+            Ok(())
+        }
+        Some(_) => Err(E::custom(
+            "the records decode to more than twice the file's size (a YAML alias repeated?)",
+        )),
+    }
+}
 
 /// A record: its value (a field given twice with its first value), and
 /// the first fault found while reading it.
@@ -21,6 +65,7 @@ pub(super) struct Written {
 
 impl<'de> Deserialize<'de> for Written {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        charge::<D::Error>(1)?;
         d.deserialize_any(RecordVisitor)
     }
 }
@@ -47,14 +92,20 @@ impl<'de> Visitor<'de> for RecordVisitor {
         let mut fields = Map::new();
         let mut fault = None;
         while let Some(key) = access.next_key::<String>()? {
+            charge::<A::Error>(key.len())?;
             let Field(value) = access.next_value()?;
             let found = match value {
-                _ if fields.contains_key(&key) => Some(format!("field `{key}` is given twice")),
+                _ if fields.contains_key(&key) => {
+                    Some(format!("field `{}` is given twice", shown(&key)))
+                }
                 Ok(v) => {
                     fields.insert(key, v);
                     None
                 }
-                Err(why) => Some(format!("field `{key}`: expected a string, found {why}")),
+                Err(why) => Some(format!(
+                    "field `{}`: expected a string, found {why}",
+                    shown(&key)
+                )),
             };
             fault = fault.or(found);
         }
@@ -122,10 +173,12 @@ impl<'de> Visitor<'de> for FieldVisitor {
     }
 
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        charge::<E>(v.len())?;
         Ok(Ok(Value::String(v.to_owned())))
     }
 
     fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+        charge::<E>(v.len())?;
         Ok(Ok(Value::String(v)))
     }
 
