@@ -349,12 +349,17 @@ pub(crate) fn render(results: &Results, opts: &Options) -> String {
     for (kind, s) in &results.medians {
         let _ = writeln!(
             out,
-            "{:<14} {:>12.0} {:>12.0} {:>8.1}% {:>9.2}x {:>14} {:>12}",
+            "{:<14} {:>12.0} {:>12.0} {:>8.1}% {:>10} {:>14} {:>12}",
             kind.name(),
             s.offered_pps,
             s.replies_pps,
             100.0 * s.replies_pps / s.offered_pps.max(1.0),
-            s.replies_pps / kernel,
+            // No ratio to a kernel that answered nothing (or was not run).
+            if kernel > 0.0 {
+                format!("{:.2}x", s.replies_pps / kernel)
+            } else {
+                "n/a".to_owned()
+            },
             s.answered_in_kernel_program,
             kind.program(&results.program)
                 .map_or_else(|| "-".to_owned(), |d| d.as_nanos().to_string())

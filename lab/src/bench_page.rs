@@ -62,7 +62,7 @@ fn nodes_file(node: &AgentNode, n: usize) -> anyhow::Result<PathBuf> {
         );
     }
     let path = node.dir.join("nodes.yaml");
-    std::fs::write(&path, yaml)?;
+    std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
 

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 
 use crate::{
     bench_round::{self, Lab, serve_peers},
@@ -25,10 +25,10 @@ pub(crate) struct Options {
 /// How often RSS and descriptors are sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 
-/// One sample: seconds since the start, CPU time so far, RSS, descriptors.
+/// One sample: the time since the start, CPU time so far, RSS, descriptors.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
-    at_s: u64,
+    at: Duration,
     cpu: Duration,
     rss_kib: u64,
     fds: usize,
@@ -84,18 +84,20 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
         // socket for a moment).
         let mut fds = usize::MAX;
         for _ in 0..10 {
-            fds = fds.min(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count());
+            let dir = format!("/proc/{pid}/fd");
+            let open = std::fs::read_dir(&dir).with_context(|| format!("listing {dir}"))?;
+            fds = fds.min(open.count());
             crate::stop::sleep(Duration::from_millis(150))?;
         }
         let s = Sample {
-            at_s: start.elapsed().as_secs(),
+            at: start.elapsed(),
             cpu,
             rss_kib: rss.now_kib,
             fds,
         };
         eprintln!(
             "  {:>5} s  RSS {:>7} KiB  fds {:>5}  CPU {:>8.2} s",
-            s.at_s,
+            s.at.as_secs(),
             s.rss_kib,
             s.fds,
             s.cpu.as_secs_f64()
@@ -135,10 +137,7 @@ fn render(
     window: Duration,
 ) -> (String, bool) {
     use std::fmt::Write as _;
-    let steady: Vec<&Sample> = samples
-        .iter()
-        .filter(|s| s.at_s >= warmup.as_secs())
-        .collect();
+    let steady: Vec<&Sample> = samples.iter().filter(|s| s.at >= warmup).collect();
     #[allow(
         clippy::cast_precision_loss,
         reason = "kilobytes and descriptors, far below 2^52"
@@ -151,16 +150,23 @@ fn render(
     let mut from = steady.first().copied();
     for s in &steady {
         if let Some(f) = from
-            && s.at_s >= f.at_s + window.as_secs()
+            && s.at >= f.at + window
         {
-            let secs = Duration::from_secs(s.at_s - f.at_s).as_secs_f64();
+            // The windows' own lengths, not whole seconds: a window of
+            // 10 s read as 10 when it was 10.9 would be 9 % off.
+            let secs = s.at.saturating_sub(f.at).as_secs_f64();
             cpu.push((s.cpu.saturating_sub(f.cpu)).as_secs_f64() / secs * 100.0);
             from = Some(*s);
         }
     }
     let (rss_spread, fd_spread, cpu_spread) =
         (spread_pct(&rss), spread_pct(&fds), spread_pct(&cpu));
-    let flat = !steady.is_empty() && rss_spread <= 10.0 && fd_spread <= 10.0 && cpu_spread <= 10.0;
+    // A spread of one window is no evidence of a flat CPU.
+    let flat = !steady.is_empty()
+        && cpu.len() >= 2
+        && rss_spread <= 10.0
+        && fd_spread <= 10.0
+        && cpu_spread <= 10.0;
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -19,7 +19,7 @@ pub(crate) struct Options {
     /// off from etcd.
     #[arg(long, default_value_t = 60)]
     pub seconds: u64,
-    /// Nodes of the cluster.
+    /// Nodes of the cluster (2 to 63).
     #[arg(long, default_value_t = 12)]
     pub nodes: usize,
     /// Times the kill loop kills the agent (2 s apart).
@@ -35,8 +35,10 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
-    if !(2..=100).contains(&opts.nodes) {
-        bail!("--nodes {} is out of range (2 to 100)", opts.nodes);
+    // One node more joins when a node is replaced.
+    let most = health_tests::cluster::MAX_NODES - 1;
+    if !(2..=most).contains(&opts.nodes) {
+        bail!("--nodes {} is out of range (2 to {most})", opts.nodes);
     }
     if opts.seconds == 0 {
         bail!("--seconds must be at least 1");

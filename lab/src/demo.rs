@@ -21,7 +21,7 @@ use health_tests::{
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Options {
-    /// Number of nodes.
+    /// Number of nodes (1 to 64).
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
     /// Probe interval of the agents.
@@ -48,8 +48,9 @@ pub(crate) struct Options {
 }
 
 pub(crate) fn run(opts: &Options) -> anyhow::Result<()> {
-    if !(1..=100).contains(&opts.nodes) {
-        bail!("--nodes {} is out of range (1 to 100)", opts.nodes);
+    let most = health_tests::cluster::MAX_NODES;
+    if !(1..=most).contains(&opts.nodes) {
+        bail!("--nodes {} is out of range (1 to {most})", opts.nodes);
     }
     health_agent::util::duration::parse(&opts.probe_interval)
         .map_err(|e| anyhow::anyhow!("--probe-interval: {e}"))?;

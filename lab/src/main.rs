@@ -198,6 +198,8 @@ fn main() -> ExitCode {
             | Command::BenchLinear { .. }
             | Command::BenchPage { .. }
             | Command::BenchSoak { .. }
+            | Command::BenchEtcdLoad { .. }
+            | Command::BenchDatapath { .. }
             | Command::Demo(_)
     );
     if polls && let Err(e) = stop::install() {

@@ -12,7 +12,8 @@ use anyhow::Context as _;
 /// samples counts in the peak, not in the resident set at its end.
 pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
     let (user, system) = cpu_times(pid)?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     let field = |name: &str| {
         status
             .lines()
@@ -40,7 +41,7 @@ pub(crate) fn cpu_times(pid: u32) -> anyhow::Result<(Duration, Duration)> {
 /// User and system time from a `stat` file of `/proc` (a process's, or
 /// one thread's under `task/`).
 pub(crate) fn stat_cpu(path: &str) -> anyhow::Result<(Duration, Duration)> {
-    let stat = std::fs::read_to_string(path)?;
+    let stat = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     // After the command's closing parenthesis: utime is the 12th field
     // and stime the 13th.
     let after = stat.rsplit_once(')').map_or("", |(_, a)| a);

@@ -38,13 +38,14 @@ impl AgentNode {
     pub fn new() -> Self {
         require_root();
         names::sweep_stale_netns();
-        let node = Netns::create(&names::unique("node")).expect("node netns");
+        // Removed if a step fails before the node is `me`'s.
+        let guard = crate::netns_guard::NetnsGuard::create(&names::unique("node"), "node");
         let dir = std::env::temp_dir().join(names::unique("agent"));
         fs::create_dir_all(&dir).expect("temp dir");
         let me = Self {
             endpoint_netns: names::unique("ep"),
             pins: Path::new(health_agent::datapath::BPFFS_ROOT).join(names::unique("pins")),
-            node,
+            node: guard.keep(),
             dir,
             daemon: None,
         };

@@ -421,18 +421,29 @@ pub fn spawn(
     if let Some(ns) = ns {
         crate::process::enter(&mut cmd, ns);
     }
-    let child = cmd
+    let mut child = cmd
         .spawn()
         .expect("start etcd (Debian package etcd-server)");
     let deadline = Instant::now() + crate::patience(Duration::from_secs(15));
     while health_agent::sys::netns::run_in(ns, || TcpStream::connect(client_addr).is_err())
         .expect("netns")
     {
-        assert!(
-            Instant::now() < deadline,
-            "etcd did not start:\n{}",
-            fs::read_to_string(log).unwrap_or_default()
-        );
+        // Gone (its port taken, say), or too slow: stopped and reaped
+        // before failing, never left running.
+        let exited = child.try_wait().ok().flatten();
+        if exited.is_some() || Instant::now() >= deadline {
+            let _ = child.kill();
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            let why = if exited.is_some() {
+                "exited"
+            } else {
+                "did not answer in time, stopped"
+            };
+            panic!(
+                "etcd {why} ({status}):\n{}",
+                fs::read_to_string(log).unwrap_or_default()
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     child
@@ -478,9 +489,7 @@ impl LocalEtcd {
     /// Stops etcd (SIGTERM), keeping its data.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0));
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let _ = child.wait();
+            crate::process::stop(&mut child, nix::sys::signal::Signal::SIGTERM);
         }
     }
 

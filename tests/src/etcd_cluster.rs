@@ -17,7 +17,7 @@ use std::{
 use health_agent::sys::{netlink::in_netns, netns::Netns};
 use nix::sys::signal::Signal;
 
-use crate::names;
+use crate::{names, netns_guard::NetnsGuard};
 
 /// The client port of every member.
 pub const CLIENT_PORT: u16 = 2379;
@@ -91,8 +91,10 @@ impl EtcdCluster {
         };
         for i in 0..n {
             let name = format!("etcd-{}", i + 1);
-            // From here on, drop removes what was made.
-            let ns = Netns::create(&names::unique(&name)).expect("member netns");
+            // Removed if a step fails before the member is the cluster's
+            // (whose drop removes it from then on).
+            let guard = NetnsGuard::create(&names::unique(&name), "member");
+            let ns = guard.ns().clone();
             let ip = member_ip(i);
             let port = format!("e{}", i + 1);
             let member_ns = ns.clone();
@@ -112,7 +114,7 @@ impl EtcdCluster {
             fs::create_dir_all(&mdir).expect("member dir");
             cluster.members.push(Member {
                 name,
-                ns,
+                ns: guard.keep(),
                 ip,
                 dir: mdir,
                 child: None,

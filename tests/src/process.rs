@@ -25,6 +25,35 @@ pub fn enter<'a>(cmd: &'a mut Command, ns: &Netns) -> &'a mut Command {
     }
 }
 
+/// How long a stopped program may take to exit before it is killed: an
+/// agent's orderly stop (its endpoint removed) takes well under it.
+pub const STOP_WITHIN: Duration = Duration::from_secs(20);
+
+/// Sends `signal` to `child` and reaps it; one still running after
+/// [`STOP_WITHIN`] is killed (SIGKILL) and reaped, so that a stop that
+/// hangs never holds a test or a bench's teardown. Its exit status.
+pub fn stop(
+    child: &mut std::process::Child,
+    signal: nix::sys::signal::Signal,
+) -> Option<std::process::ExitStatus> {
+    if let Ok(Some(status)) = child.try_wait() {
+        return Some(status);
+    }
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+    }
+    let deadline = Instant::now() + STOP_WITHIN;
+    while Instant::now() < deadline {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    child.wait().ok()
+}
+
 /// How long a program expected to exit by itself may run before it is
 /// stopped: a refused daemon exits within a second, one that was wrongly
 /// let start would otherwise hold its test until the suite times out.

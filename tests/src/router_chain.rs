@@ -60,16 +60,9 @@ impl Default for Chain {
 impl Drop for Chain {
     fn drop(&mut self) {
         if let Some(mut child) = self.agent.take() {
-            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
             // An orderly stop removes the agent's endpoint; one that does not
             // come within the stop deadline is killed.
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            crate::process::stop(&mut child, nix::sys::signal::Signal::SIGTERM);
         }
         // Left by an agent that crashed or was killed.
         if let Some(ep) = self.endpoint_netns.take()

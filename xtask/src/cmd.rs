@@ -41,6 +41,18 @@ pub(crate) fn interrupted() -> bool {
 pub(crate) fn run_forwarding_signals(cmd: &mut Command) -> anyhow::Result<()> {
     use std::sync::atomic::Ordering;
     eprintln!("xtask: $ {}", display(cmd));
+    // Installed before the child starts, so that no signal in between
+    // ends xtask and leaves the child without its parent (the child's
+    // exec resets its own handlers to the default).
+    // SAFETY: the handler only stores to an atomic, which is
+    // async-signal-safe; sigaction with a zeroed mask and flags is valid.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = (record_signal as extern "C" fn(libc::c_int)) as usize;
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            libc::sigaction(sig, &raw const action, std::ptr::null_mut());
+        }
+    }
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", display(cmd)))?;
@@ -54,15 +66,6 @@ pub(crate) fn run_forwarding_signals(cmd: &mut Command) -> anyhow::Result<()> {
             std::thread::spawn(move || drop(std::io::copy(&mut s, &mut std::io::stderr())))
         }),
     ];
-    // SAFETY: the handler only stores to an atomic, which is
-    // async-signal-safe; sigaction with a zeroed mask and flags is valid.
-    unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = (record_signal as extern "C" fn(libc::c_int)) as usize;
-        for sig in [libc::SIGINT, libc::SIGTERM] {
-            libc::sigaction(sig, &raw const action, std::ptr::null_mut());
-        }
-    }
     let pid = libc::pid_t::try_from(child.id()).context("child pid")?;
     let status = loop {
         if let Some(status) = child.try_wait().context("waiting for the child")? {

@@ -312,12 +312,19 @@ async fn load(opts: &Options, endpoint: &str, pid: u32) -> anyhow::Result<String
     tokio::time::sleep_until(start).await;
     let cpu_before = cpu_times(pid);
     let acked = join_all(agents).await.context("the agents")?;
+    if crate::stop::requested() {
+        stop.cancel();
+    }
+    crate::stop::check()?;
     progress("the agents are done; waiting for the last deliveries");
 
     // Every acknowledged put to every watcher, or the drain's end.
     let expected = shared.puts.load(Ordering::Relaxed) * shape.watchers as u64;
     let drained = Instant::now() + DRAIN;
-    while shared.delivered.load(Ordering::Relaxed) < expected && Instant::now() < drained {
+    while shared.delivered.load(Ordering::Relaxed) < expected
+        && Instant::now() < drained
+        && !crate::stop::requested()
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let cpu_after = cpu_times(pid);

@@ -31,7 +31,8 @@ pub(super) async fn agent(
     let mut acked = 0;
     let mut at = start + phase;
     let mut seq = 0;
-    while at < end {
+    // Ctrl-C ends the run early (the caller then stops).
+    while at < end && !crate::stop::requested() {
         tokio::time::sleep_until(at).await;
         seq += 1;
         let value = shared.cluster.summary(i, seq, now_ms())?;

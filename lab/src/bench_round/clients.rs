@@ -15,8 +15,12 @@ use health_agent::api::client::Client;
 /// An answer's latency, and when its request was sent (epoch ms).
 type Sample = (Duration, u64);
 
+/// A client's answers' samples, and how many requests failed (an error,
+/// or an answer other than 2xx).
+type Samples = (Vec<Sample>, usize);
+
 /// Each status client's thread, and whether it asks the small queries.
-type StatusClient = (std::thread::JoinHandle<Vec<Sample>>, bool);
+type StatusClient = (std::thread::JoinHandle<Samples>, bool);
 
 /// 8 clients asking `GET /v1/status` (the whole body) as fast as they can
 /// until `done`, and a ninth asking by turns for the summary
@@ -39,7 +43,7 @@ pub(super) fn status_clients(
                     .enable_all()
                     .build()
                     .expect("runtime");
-                let mut samples = Vec::new();
+                let (mut samples, mut failed) = (Vec::new(), 0);
                 let mut turn = 0_usize;
                 while !done.load(Ordering::Relaxed) {
                     let path = match (small, turn % 2) {
@@ -54,9 +58,11 @@ pub(super) fn status_clients(
                         .is_ok_and(|(status, _, _)| status.is_success())
                     {
                         samples.push((t.elapsed(), sent_ms));
+                    } else {
+                        failed += 1;
                     }
                 }
-                samples
+                (samples, failed)
             });
             (handle, small)
         })
@@ -66,21 +72,24 @@ pub(super) fn status_clients(
 /// The status clients' latencies, once they stopped: the whole status's,
 /// and the small queries'.
 pub(super) fn joined(clients: Vec<StatusClient>) -> (Percentiles, Percentiles) {
-    let (mut full, mut small) = (Vec::new(), Vec::new());
+    let (mut full, mut small) = ((Vec::new(), 0), (Vec::new(), 0));
     for (h, summary) in clients {
-        let samples = h.join().unwrap_or_default();
-        if summary {
-            small.extend(samples);
-        } else {
-            full.extend(samples);
-        }
+        let (samples, failed) = h.join().unwrap_or_default();
+        let into = if summary { &mut small } else { &mut full };
+        into.0.extend(samples);
+        into.1 += failed;
     }
-    (Percentiles::of(full), Percentiles::of(small))
+    (
+        Percentiles::of(full.0).failing(full.1),
+        Percentiles::of(small.0).failing(small.1),
+    )
 }
 
 /// A latency distribution's count and percentiles.
 pub(super) struct Percentiles {
     count: usize,
+    /// Requests that failed (an error or no 2xx answer): in no figure.
+    failed: usize,
     p50: Duration,
     p90: Duration,
     p99: Duration,
@@ -90,11 +99,12 @@ pub(super) struct Percentiles {
 }
 
 impl Percentiles {
-    /// "N answers, p99 X ms (p50, p90, max)".
+    /// "N answers, F failed, p99 X ms (p50, p90, max)".
     pub(super) fn line(&self) -> String {
         format!(
-            "{} answers, p99 {:.2} ms (p50 {:.2}, p90 {:.2}, max {:.2} ms)",
+            "{} answers, {} failed, p99 {:.2} ms (p50 {:.2}, p90 {:.2}, max {:.2} ms)",
             self.count,
+            self.failed,
             ms(self.p99),
             ms(self.p50),
             ms(self.p90),
@@ -102,17 +112,23 @@ impl Percentiles {
         )
     }
 
+    /// With `failed` requests counted beside the answers.
+    const fn failing(self, failed: usize) -> Self {
+        Self { failed, ..self }
+    }
+
+    /// The distribution of `samples`, each percentile its nearest rank:
+    /// the smallest sample at least `pct` % of them do not exceed.
     fn of(mut samples: Vec<Sample>) -> Self {
         samples.sort_unstable();
         let at = |pct: usize| {
-            samples
-                .get((samples.len() * pct / 100).min(samples.len().saturating_sub(1)))
-                .map(|s| s.0)
-                .unwrap_or_default()
+            let rank = (samples.len() * pct).div_ceil(100).max(1);
+            samples.get(rank - 1).map(|s| s.0).unwrap_or_default()
         };
         let (max, max_sent_ms) = samples.last().copied().unwrap_or_default();
         Self {
             count: samples.len(),
+            failed: 0,
             p50: at(50),
             p90: at(90),
             p99: at(99),
@@ -151,7 +167,18 @@ mod tests {
         assert_eq!(p.count, 100);
         assert_eq!(
             (p.p50, p.p90, p.p99, p.max),
-            (ms(51), ms(91), ms(100), ms(100))
+            (ms(50), ms(90), ms(99), ms(100))
+        );
+        // Of 1,000: the 990th is the p99.
+        let thousand = Percentiles::of((1..=1_000).map(|k| (ms(k), 0)).collect());
+        assert_eq!((thousand.p50, thousand.p99), (ms(500), ms(990)));
+        // One sample is every percentile.
+        let one = Percentiles::of(vec![(ms(7), 0)]);
+        assert_eq!((one.p50, one.p99, one.max), (ms(7), ms(7), ms(7)));
+        assert!(
+            one.failing(3)
+                .line()
+                .starts_with("1 answers, 3 failed, p99 7.00 ms")
         );
         assert!((p.max_from(500) - 0.6).abs() < 1e-9, "{}", p.max_from(500));
         let none = Percentiles::of(Vec::new());

@@ -24,15 +24,31 @@ pub(super) fn fping(from: &Netns, n: usize) -> anyhow::Result<Duration> {
     cmd.args(["-i0", "-q", "-t", "1000", "-r", "0"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(Stdio::piped());
     process::enter(&mut cmd, from);
     let t = Instant::now();
     let mut child = cmd
         .spawn()
         .context("starting fping (apt-get install fping)")?;
-    if let Some(mut stdin) = child.stdin.take() {
-        std::io::Write::write_all(&mut stdin, targets.as_bytes())?;
+    let fed = child.stdin.take().map_or(Ok(()), |mut stdin| {
+        std::io::Write::write_all(&mut stdin, targets.as_bytes())
+    });
+    if let Err(e) = fed {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e).context("writing fping's targets");
     }
-    child.wait()?;
-    Ok(t.elapsed())
+    let out = child.wait_with_output().context("waiting for fping")?;
+    let took = t.elapsed();
+    // 0: every target answered; 1: some did not (the silent peers). Any
+    // other status (a bad argument, no raw socket, an unknown target) is
+    // no sweep to compare with.
+    if !matches!(out.status.code(), Some(0 | 1)) {
+        anyhow::bail!(
+            "fping failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(took)
 }

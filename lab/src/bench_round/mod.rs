@@ -262,16 +262,30 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
                     since_ready = SinceReady::of(&endpoints, r.started_ms, r.duration_ms);
                 }
             }
+            // Rounds ended since the last one seen: more than one when the
+            // bench was slow to ask, and then each is booked its share.
+            let spans: u32 = if last_seq == 0 {
+                1
+            } else {
+                u32::try_from(r.seq.saturating_sub(last_seq).max(1)).unwrap_or(u32::MAX)
+            };
+            if spans > 1 {
+                println!(
+                    "  rounds {}..={} ended between two looks: each booked 1/{spans} of their CPU and bytes",
+                    last_seq + 1,
+                    r.seq
+                );
+            }
             rounds.push(Round {
                 seq: r.seq,
                 started_ms: r.started_ms,
                 wall_ms: r.duration_ms,
-                cpu: cpu.saturating_sub(before.0),
-                user: user.saturating_sub(before.1),
+                cpu: cpu.saturating_sub(before.0) / spans,
+                user: user.saturating_sub(before.1) / spans,
                 rss,
-                bytes: bytes.saturating_sub(before.2),
-                network: network.saturating_sub(network_before),
-                lab: lab_now.saturating_sub(lab_before),
+                bytes: bytes.saturating_sub(before.2) / u64::from(spans),
+                network: network.saturating_sub(network_before) / spans,
+                lab: lab_now.saturating_sub(lab_before) / spans,
                 clients,
             });
             if rounds.len() + 1 == clients_at {

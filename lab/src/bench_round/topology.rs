@@ -54,13 +54,7 @@ pub(crate) struct Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         if let Some(mut d) = self.daemon.take() {
-            if let Ok(pid) = i32::try_from(d.id()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-            let _ = d.wait();
+            health_tests::process::stop(&mut d, nix::sys::signal::Signal::SIGTERM);
         }
         let _ = Netns::named(&self.ep_netns).map(|n| n.delete());
         for ns in [&self.agent, &self.router, &self.peers] {
@@ -245,7 +239,10 @@ impl Lab {
                 std::env::var("BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.daemon_log())?);
+            .stderr(
+                std::fs::File::create(self.daemon_log())
+                    .with_context(|| format!("creating {}", self.daemon_log().display()))?,
+            );
         let child = cmd.spawn().context("starting health-agent")?;
         let pid = child.id();
         self.daemon = Some(child);

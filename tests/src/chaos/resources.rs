@@ -5,7 +5,6 @@
 use std::{
     fs,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -60,6 +59,7 @@ impl Chaos {
         let node = &self.cluster.nodes[i];
         let etcd = self.cluster.etcd_cluster.as_ref();
         let summaries = health_agent::daemon::cluster_view::summaries_prefix(ETCD_PREFIX);
+        let (links, routes) = links_and_routes(&node.ns);
         vec![
             (
                 "namespaces",
@@ -77,11 +77,8 @@ impl Chaos {
                         .count()
                 }),
             ),
-            ("links", ip_lines(&node.ns, &["-o", "link", "show"])),
-            (
-                "routes",
-                ip_lines(&node.ns, &["-o", "route", "show", "table", "all"]),
-            ),
+            ("links", links),
+            ("routes", routes),
             ("pins", count_files(&node.pins)),
             (
                 // Besides its etcd connections (the client holds one to a
@@ -129,13 +126,17 @@ pub(super) fn within_10pct(before: u64, after: u64) -> bool {
     after <= before + before.div_ceil(10)
 }
 
-/// Lines `ip ARGS` prints in `ns`.
-fn ip_lines(ns: &health_agent::sys::netns::Netns, args: &[&str]) -> usize {
-    let mut cmd = Command::new("ip");
-    cmd.args(args);
-    crate::process::enter(&mut cmd, ns);
-    cmd.output()
-        .map_or(0, |o| String::from_utf8_lossy(&o.stdout).lines().count())
+/// The links of `ns`, and its routes of both families in every table,
+/// listed over netlink; a listing that fails fails the check (a count of
+/// nothing would hide a leak).
+fn links_and_routes(ns: &health_agent::sys::netns::Netns) -> (usize, usize) {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    health_agent::sys::netlink::in_netns(Some(ns), |nl| async move {
+        let links = nl.links().await?.len();
+        let routes = nl.routes::<Ipv4Addr>().await?.len() + nl.routes::<Ipv6Addr>().await?.len();
+        Ok((links, routes))
+    })
+    .expect("listing a node's links and routes")
 }
 
 fn count_files(dir: &Path) -> usize {

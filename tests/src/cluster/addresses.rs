@@ -78,6 +78,10 @@ pub fn node_ip(i: usize) -> Ipv4Addr {
 /// The cluster's health range: every node's [`health_cidr`] is in it.
 pub const HEALTH_RANGE: &str = "198.18.64.0/18";
 
+/// The most nodes a cluster has: the health ranges hold 64 /24s and 64
+/// /64s.
+pub const MAX_NODES: usize = 64;
+
 /// The cluster's IPv6 health range: every node's [`health_cidr6`] is in
 /// it (64 nodes).
 pub const HEALTH_RANGE6: &str = "2001:2:0:40::/58";

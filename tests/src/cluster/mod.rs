@@ -30,8 +30,8 @@ use health_agent::{
 use self::settings::{discovery_args, probe_args};
 pub use self::{
     addresses::{
-        HEALTH_RANGE, HEALTH_RANGE6, health_cidr, health_cidr6, node_ip, node_ip6, nodes_yaml,
-        nodes_yaml_for,
+        HEALTH_RANGE, HEALTH_RANGE6, MAX_NODES, health_cidr, health_cidr6, node_ip, node_ip6,
+        nodes_yaml, nodes_yaml_for,
     },
     node::ClusterNode,
     settings::{Family, Settings},
@@ -212,9 +212,7 @@ impl Cluster {
     /// Stops etcd (SIGTERM) and waits for it.
     pub fn stop_etcd(&mut self) {
         if let Some(mut child) = self.etcd.take() {
-            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let _ = child.wait();
+            process::stop(&mut child, nix::sys::signal::Signal::SIGTERM);
         }
     }
 
@@ -243,11 +241,12 @@ impl Cluster {
         self.make_uplink(i, guard.ns()).expect("node uplink");
         let dir = self.dir.join(&name);
         fs::create_dir_all(&dir).expect("node dir");
+        let (cidr, cidr6) = (health_cidr(i), family.has_v6().then(|| health_cidr6(i)));
         let ns = guard.keep();
         ClusterNode {
-            cidr: health_cidr(i),
+            cidr,
             ip6,
-            cidr6: family.has_v6().then(|| health_cidr6(i)),
+            cidr6,
             family,
             endpoint_netns: names::unique(&format!("{name}-ep")),
             pins: Path::new(health_agent::datapath::BPFFS_ROOT)
@@ -425,12 +424,11 @@ impl Cluster {
         }
     }
 
-    /// Stops node `i`'s agent with `signal` and waits for it.
+    /// Stops node `i`'s agent with `signal` and waits for it (killed
+    /// past [`process::STOP_WITHIN`]).
     pub fn stop_agent(&mut self, i: usize, signal: nix::sys::signal::Signal) {
         if let Some(mut child) = self.nodes[i].daemon.take() {
-            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
-            let _ = nix::sys::signal::kill(pid, signal);
-            let _ = child.wait();
+            process::stop(&mut child, signal);
         }
     }
 
