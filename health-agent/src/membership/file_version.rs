@@ -169,9 +169,12 @@ impl Stamp {
     }
 
     /// Whether the file's last change (content or metadata) is at least
-    /// [`Stamp::SETTLE`] before `now`.
+    /// [`Stamp::SETTLE`] before `now`. By its change time alone: every
+    /// write sets it to the kernel's clock, and no one can set it, while
+    /// the modification time can be set to any date (`touch -d 2030`),
+    /// which would make the file never settle and be read at every poll.
     fn settled(&self, now: SystemTime) -> bool {
-        let latest = self.mtime.max(self.ctime);
+        let latest = self.ctime;
         let secs = u64::try_from(latest.0).unwrap_or(0);
         let nanos = u32::try_from(latest.1).unwrap_or(0);
         let changed = UNIX_EPOCH + Duration::new(secs, nanos);
@@ -234,6 +237,17 @@ mod tests {
         assert!(!stamp.settled(SystemTime::now()));
         assert!(stamp.settled(SystemTime::now() + Stamp::SETTLE));
         assert_eq!(Stamp::of(&path), Some(stamp));
+        // A modification time set a year ahead: settled all the same once
+        // the change itself is old, not left to be read at every poll.
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .expect("open")
+            .set_modified(SystemTime::now() + Duration::from_hours(365 * 24))
+            .expect("mtime");
+        let ahead = Stamp::of(&path).expect("stamp");
+        assert!(!ahead.settled(SystemTime::now()));
+        assert!(ahead.settled(SystemTime::now() + Stamp::SETTLE));
         // Replaced by another file (as editors and config maps do): a new
         // identity.
         let other = dir.join("next.yaml");
