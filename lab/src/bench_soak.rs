@@ -40,10 +40,12 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<String> {
     }
     let total = Duration::from_secs(opts.minutes * 60);
     // 5 minutes of warm-up and 10-minute CPU windows, shortened for a
-    // short run (a third of it, and half of what is left).
+    // short run (a third of it, and a third of what is left: two windows
+    // fit with room for the samples' late ends, and two are needed to
+    // call the CPU flat).
     let warmup = Duration::from_secs(300).min(total / 3);
     let window = Duration::from_secs(600)
-        .min(total.saturating_sub(warmup) / 2)
+        .min(total.saturating_sub(warmup) / 3)
         .max(SAMPLE_EVERY);
     eprintln!(
         "soak: {} peers (half silent), probe interval {:?}, {} min; warm-up {} s, CPU windows {} s",

@@ -41,8 +41,8 @@ async fn watch_file(
     let mut seen = seen.or_else(|| FileVersion::read(&path).ok().map(|(_, v)| v));
     let rename_events = Renames::watch(&path);
     let mut settling = Settling::default();
-    // Whether the last read failed, reported once.
-    let mut failing = false;
+    // The last read's error, reported once while it stays the same.
+    let mut failing: Option<String> = None;
     loop {
         tokio::time::sleep(poll).await;
         let renamed = rename_events.as_ref().is_some_and(Renames::renamed_in);
@@ -57,25 +57,27 @@ async fn watch_file(
         }
         // Read (up to a limit) off the runtime's threads.
         let reading = path.clone();
-        let read = tokio::task::spawn_blocking(move || FileVersion::read(&reading))
+        let read = tokio::task::spawn_blocking(move || FileVersion::read_or_refused(&reading))
             .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            .unwrap_or_else(|e| Err((std::io::Error::other(e), None)));
         let (bytes, version) = match read {
             Ok(read) => read,
-            Err(e) => {
+            Err((e, refused)) => {
                 settling.clear();
-                if !failing {
-                    nodes.reject(format!("{}: cannot read: {e}", path.display()));
-                    failing = true;
+                let error = format!("{}: cannot read: {e}", path.display());
+                if failing.as_ref() != Some(&error) {
+                    nodes.reject(error.clone());
+                    failing = Some(error);
                 }
-                // A file refused as read (too large, no regular file) is
-                // not read again until it changes; a gone one is looked
-                // for at every poll.
-                seen = FileVersion::refused(&path);
+                // A file refused for what it is (too large, no regular
+                // file) is not read again until it changes; after any
+                // other error (gone, too many open files) it is read again
+                // at every poll.
+                seen = refused;
                 continue;
             }
         };
-        failing = false;
+        failing = None;
         if version.consistent() && seen.is_some_and(|v| v.same_content(&version)) {
             settling.clear();
             seen = Some(version);

@@ -82,11 +82,19 @@ impl Settling {
     }
 }
 
-/// Renames into a file's place, seen with inotify on its directory.
+/// Kubernetes' projected volumes (the files of a config map) swap their content
+/// by renaming this link in the directory; the files are links through it.
+const ATOMIC_WRITER_LINK: &str = "..data";
+
+/// Renames into a file's place, seen with inotify on its directory. A
+/// directory removed (and made again) is watched again at the next look.
 #[derive(Debug)]
 pub struct Renames {
     inotify: Inotify,
+    dir: std::path::PathBuf,
     name: OsString,
+    /// Whether the watch went with its directory (`IN_IGNORED`).
+    lost: std::cell::Cell<bool>,
 }
 
 impl Renames {
@@ -104,7 +112,12 @@ impl Renames {
             Ok(i)
         });
         match watched {
-            Ok(inotify) => Some(Self { inotify, name }),
+            Ok(inotify) => Some(Self {
+                inotify,
+                dir: dir.to_owned(),
+                name,
+                lost: std::cell::Cell::new(false),
+            }),
             Err(e) => {
                 warn!(
                     dir = %dir.display(),
@@ -116,16 +129,38 @@ impl Renames {
     }
 
     /// Whether the file was renamed into place since the last call (the
-    /// events are drained).
+    /// events are drained): its own name, or the link a Kubernetes
+    /// projected volume swaps. A watch lost with its directory is set
+    /// again; until it can be, changes are taken by stability alone.
     pub fn renamed_in(&self) -> bool {
+        if self.lost.get() {
+            if self
+                .inotify
+                .add_watch(&self.dir, AddWatchFlags::IN_MOVED_TO)
+                .is_err()
+            {
+                return false;
+            }
+            debug!(dir = %self.dir.display(), "the nodes file's directory is watched again");
+            self.lost.set(false);
+        }
         let mut renamed = false;
         loop {
             match self.inotify.read_events() {
                 Ok(events) if !events.is_empty() => {
-                    renamed |= events.iter().any(|e| {
-                        e.mask.contains(AddWatchFlags::IN_MOVED_TO)
-                            && e.name.as_deref() == Some(self.name.as_os_str())
-                    });
+                    for e in &events {
+                        renamed |= e.mask.contains(AddWatchFlags::IN_MOVED_TO)
+                            && e.name.as_deref().is_some_and(|n| {
+                                n == self.name.as_os_str() || n == ATOMIC_WRITER_LINK
+                            });
+                        if e.mask.contains(AddWatchFlags::IN_IGNORED) {
+                            warn!(
+                                dir = %self.dir.display(),
+                                "the nodes file's directory went: renames into it are watched again once it is back"
+                            );
+                            self.lost.set(true);
+                        }
+                    }
                 }
                 Ok(_) | Err(nix::errno::Errno::EAGAIN) => break,
                 Err(e) => {
@@ -495,5 +530,37 @@ mod tests {
         }
         stop.cancel();
         watcher.await.expect("watcher");
+    }
+
+    /// A rename of the file's own name, or of the link a Kubernetes
+    /// projected volume swaps, is a rename into place; another name's is
+    /// not. A directory removed and made again is watched again.
+    #[test]
+    fn renames_are_seen_through_a_projected_volume_and_a_directory_made_again() {
+        let scratch = Scratch::new("renames");
+        let dir = scratch.0.join("config");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("nodes.yaml");
+        std::fs::write(&path, "nodes: []\n").expect("write");
+        let renames = Renames::watch(&path).expect("a watch");
+        let rename_in = |name: &str| {
+            let tmp = dir.join(format!("{name}.tmp"));
+            std::fs::write(&tmp, "nodes: []\n").expect("write");
+            std::fs::rename(&tmp, dir.join(name)).expect("rename");
+        };
+        assert!(!renames.renamed_in(), "nothing yet");
+        rename_in("other.yaml");
+        assert!(!renames.renamed_in(), "another file's rename");
+        rename_in("nodes.yaml");
+        assert!(renames.renamed_in());
+        rename_in(ATOMIC_WRITER_LINK);
+        assert!(renames.renamed_in(), "a projected volume's swap");
+        std::fs::remove_dir_all(&dir).expect("remove");
+        assert!(!renames.renamed_in(), "the directory went");
+        std::fs::create_dir_all(&dir).expect("again");
+        // The next look watches it again; a rename after it is seen.
+        assert!(!renames.renamed_in());
+        rename_in("nodes.yaml");
+        assert!(renames.renamed_in(), "watched again");
     }
 }

@@ -33,8 +33,31 @@ impl FileVersion {
     /// The file cannot be opened or read, is no regular file, or is
     /// larger.
     pub fn read(path: &Path) -> std::io::Result<(Vec<u8>, Self)> {
+        Self::read_or_refused(path).map_err(|(e, _)| e)
+    }
+
+    /// [`Self::read`], and on an error, the version of a file refused for
+    /// what it is (no regular file, too large) as `stat` said before the
+    /// read: it is not read again until it changes (a file changed since
+    /// then is read at the next look). Any other error (gone, too many
+    /// open files) gives none, and the file is read at every look.
+    ///
+    /// # Errors
+    /// As [`Self::read`].
+    pub fn read_or_refused(path: &Path) -> Result<(Vec<u8>, Self), (std::io::Error, Option<Self>)> {
         let stamp = Stamp::of(path);
-        let bytes = read_regular(path, MAX_FILE_BYTES)?;
+        let bytes = read_regular(path, MAX_FILE_BYTES).map_err(|e| {
+            let refused = matches!(
+                e.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
+            );
+            let version = stamp.filter(|_| refused).map(|stamp| Self {
+                stamp: Some(stamp),
+                hash: 0,
+                consistent: false,
+            });
+            (e, version)
+        })?;
         let mut h = std::hash::DefaultHasher::new();
         bytes.hash(&mut h);
         let consistent = stamp.is_some() && Stamp::of(path) == stamp;
@@ -46,18 +69,6 @@ impl FileVersion {
                 consistent,
             },
         ))
-    }
-
-    /// The version of a file that exists but was refused as it was read
-    /// (too large, no regular file): its stamp, so that it is not read
-    /// again until it changes. `None` when it is gone.
-    #[must_use]
-    pub fn refused(path: &Path) -> Option<Self> {
-        Stamp::of(path).map(|stamp| Self {
-            stamp: Some(stamp),
-            hash: 0,
-            consistent: false,
-        })
     }
 
     /// Whether nothing changed the file while it was read.
@@ -310,10 +321,12 @@ mod tests {
         std::os::unix::fs::symlink(&path, &link).expect("symlink");
         let (bytes, _) = FileVersion::read(&link).expect("a link to a file");
         assert_eq!(bytes, b"nodes: []\n");
-        // Refused as read, a file that exists still has a version, so that
-        // it is not read again until it changes; a gone one has none.
-        let v = FileVersion::refused(&device).expect("exists");
+        // Refused for what it is, a file still has a version, so that it is
+        // not read again until it changes; a gone one has none.
+        let (_, v) = FileVersion::read_or_refused(&device).expect_err("a device");
+        let v = v.expect("a version");
         assert!(!v.may_have_changed(&device, SystemTime::now() + Duration::from_secs(3600)));
-        assert!(FileVersion::refused(&scratch.0.join("absent")).is_none());
+        let (_, gone) = FileVersion::read_or_refused(&scratch.0.join("absent")).expect_err("gone");
+        assert!(gone.is_none());
     }
 }

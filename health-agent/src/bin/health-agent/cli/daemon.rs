@@ -31,14 +31,25 @@ impl DaemonArgs {
     }
 }
 
-/// Lets every flag of the daemon that takes a value take one starting
-/// with `-` (`--probe-interval -5s`), so that its parser judges it and
-/// names the flag, as it does the same value in a config file, rather
-/// than clap calling it an unexpected argument. A flag given where a
-/// value belongs (`--probe-interval --zone a`) is then that flag's
-/// invalid value, still named.
+/// Lets every flag of the daemon whose value is parsed into something
+/// (a duration, a number, an address) take one starting with `-`
+/// (`--probe-interval -5s`), so that its parser judges it and names the
+/// flag, as it does the same value in a config file, rather than clap
+/// calling it an unexpected argument. A flag given where such a value
+/// belongs (`--probe-interval --zone a`) is then that flag's invalid
+/// value, still named. Free-form text and paths keep clap's rule, or
+/// `--state-dir --keep-endpoint` would take the next flag for a path.
 pub(crate) fn values_may_start_with_a_hyphen(arg: clap::Arg) -> clap::Arg {
-    if arg.get_action().takes_values() && !arg.is_positional() {
+    use std::{any::TypeId, ffi::OsString, path::PathBuf};
+    let parsed = arg.get_value_parser().type_id();
+    let free_form = [
+        TypeId::of::<String>(),
+        TypeId::of::<PathBuf>(),
+        TypeId::of::<OsString>(),
+    ]
+    .iter()
+    .any(|t| parsed == *t);
+    if arg.get_action().takes_values() && !arg.is_positional() && !free_form {
         arg.allow_hyphen_values(true)
     } else {
         arg

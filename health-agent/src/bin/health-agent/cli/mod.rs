@@ -310,6 +310,12 @@ mod tests {
             ("--probe-interval", "-5s", "invalid value '-5s'"),
             ("--probe-peers", "-3", "invalid probe peers \"-3\""),
             ("--max-in-flight", "-1", "invalid value '-1'"),
+            // A path's value forgotten: the next flag is not taken for it.
+            (
+                "--state-dir",
+                "--keep-endpoint",
+                "a value is required for '--state-dir",
+            ),
         ] {
             let err = Cli::try_parse_from(daemon.iter().copied().chain([flag, bad]))
                 .expect_err(&format!("{flag} {bad:?} must be refused"))
