@@ -731,4 +731,51 @@ mod tests {
             assert!(bulk_request(bulk), "{}", String::from_utf8_lossy(bulk));
         }
     }
+
+    /// A finished connection's slot is held while its client has answers'
+    /// bytes left to read: `taken` returns only once they are read (or
+    /// the client closed its end, or the agent stops), and shuts the
+    /// agent's end for writing first, so the client reads the end.
+    #[tokio::test]
+    async fn a_finished_connection_is_held_until_its_client_read_its_answers() {
+        use std::io::{Read as _, Write as _};
+        let (agent, mut client) = std::os::unix::net::UnixStream::pair().expect("pair");
+        (&agent).write_all(&[7; 4000]).expect("an answer queued");
+        let shutdown = CancellationToken::new();
+        let fd = std::os::fd::OwnedFd::from(agent);
+        let held = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { taken(fd, &shutdown).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!held.is_finished(), "held while the answer is unread");
+        let mut read = Vec::new();
+        client
+            .read_to_end(&mut read)
+            .expect("the answer, then the end");
+        assert_eq!(
+            read.len(),
+            4000,
+            "shut for writing: the client reads the end"
+        );
+        tokio::time::timeout(Duration::from_secs(3), held)
+            .await
+            .expect("given back once read")
+            .expect("task");
+        // A client that never reads: held until the agent stops.
+        let (agent, _client) = std::os::unix::net::UnixStream::pair().expect("pair");
+        (&agent).write_all(&[7; 4000]).expect("queued");
+        let fd = std::os::fd::OwnedFd::from(agent);
+        let held = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { taken(fd, &shutdown).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!held.is_finished());
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(3), held)
+            .await
+            .expect("given back when the agent stops")
+            .expect("task");
+    }
 }

@@ -187,4 +187,58 @@ mod tests {
         let ahead = real + Duration::from_secs(3);
         assert_eq!(on_monotonic(ahead, (mono, real)), mono);
     }
+
+    /// Over loopback: a datagram read 200 ms after it came is stamped
+    /// when it came, not when it was read; its length is its own, and an
+    /// IPv6 one names its source. Without stamps asked for, the read is
+    /// the arrival.
+    #[test]
+    fn a_datagram_read_late_is_stamped_when_it_came() {
+        use socket2::{Domain, Protocol, SockAddr, Type};
+        let wait = Duration::from_millis(200);
+        for (domain, at) in [
+            (Domain::IPV4, "127.0.0.1:0".parse::<std::net::SocketAddr>()),
+            (Domain::IPV6, "[::1]:0".parse::<std::net::SocketAddr>()),
+        ] {
+            let at = SockAddr::from(at.expect("address"));
+            let receiver = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)).expect("socket");
+            receiver.bind(&at).expect("bind");
+            stamp_arrivals(&receiver).expect("SO_TIMESTAMPNS");
+            // The kernel turns stamping on from a work queue.
+            std::thread::sleep(Duration::from_millis(50));
+            let sender = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)).expect("socket");
+            let to = receiver.local_addr().expect("bound");
+            sender.send_to(b"echo", &to).expect("send");
+            let sent = Instant::now();
+            std::thread::sleep(wait);
+            let mut buf = [0u8; 16];
+            let got = recv_stamped(&receiver, &mut buf).expect("a datagram");
+            assert_eq!((got.len, &buf[..4]), (4, &b"echo"[..]));
+            let before_read = Instant::now().saturating_duration_since(got.at);
+            assert!(
+                before_read >= Duration::from_millis(180),
+                "{domain:?}: stamped {before_read:?} before the read, not on arrival"
+            );
+            assert!(got.at <= sent + Duration::from_millis(20), "{domain:?}");
+            assert_eq!(
+                got.from,
+                (domain == Domain::IPV6).then_some(Ipv6Addr::LOCALHOST),
+                "{domain:?}"
+            );
+            // Nothing queued: an error, no datagram made up.
+            assert!(recv_stamped(&receiver, &mut buf).is_err());
+        }
+        // Unstamped: the read's time.
+        let at = SockAddr::from("127.0.0.1:0".parse::<std::net::SocketAddr>().expect("addr"));
+        let plain = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).expect("socket");
+        plain.bind(&at).expect("bind");
+        let sender = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).expect("socket");
+        sender
+            .send_to(b"x", &plain.local_addr().expect("bound"))
+            .expect("send");
+        std::thread::sleep(wait);
+        let mut buf = [0u8; 4];
+        let got = recv_stamped(&plain, &mut buf).expect("a datagram");
+        assert!(Instant::now().saturating_duration_since(got.at) < wait / 2);
+    }
 }
