@@ -452,9 +452,10 @@ mod tests {
 
     /// A file replaced by something the watcher must not read (a device
     /// behind a symbolic link), cannot read as text (Latin-1), or whose
-    /// every record is rejected (a field misspelt in all) is refused once, naming why and the file, and not read again while it
-    /// stays; the set in use stays. A good file renamed in afterwards is
-    /// applied and the error cleared.
+    /// every record is rejected (a field misspelt in all) is refused once,
+    /// naming why and the file, and not read again while it stays; the set
+    /// in use stays. A good file renamed in afterwards is applied and the
+    /// error cleared.
     #[tokio::test]
     async fn a_file_that_cannot_be_read_keeps_the_set_and_is_reported_once() {
         let dir = Scratch::new("refused");

@@ -58,12 +58,14 @@ impl Group {
             .status()
             .expect("groupadd");
         assert!(ok.success(), "groupadd {name}");
-        let gid = nix::unistd::Group::from_name(&name)
+        // Removed from here on, even if its lookup fails.
+        let mut group = Self { name, gid: 0 };
+        group.gid = nix::unistd::Group::from_name(&group.name)
             .expect("group lookup")
             .expect("the group exists")
             .gid
             .as_raw();
-        Self { name, gid }
+        group
     }
 }
 
