@@ -129,10 +129,12 @@ impl RttStats {
         }
         self.min_ns = self.min_ns.min(other.min_ns);
         self.max_ns = self.max_ns.max(other.max_ns);
-        self.sum_ns += other.sum_ns;
-        self.count += other.count;
+        // Read from pins: counts that would overflow wrap, as the kernel's
+        // own additions do, never panic.
+        self.sum_ns = self.sum_ns.wrapping_add(other.sum_ns);
+        self.count = self.count.wrapping_add(other.count);
         for (a, b) in self.hist.iter_mut().zip(other.hist.iter()) {
-            *a += b;
+            *a = a.wrapping_add(*b);
         }
     }
 }

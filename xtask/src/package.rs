@@ -111,6 +111,19 @@ fn run(cmd: &mut Command) -> io::Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
+/// Every directory under `stage` (itself included) mode 0755, whatever
+/// the builder's umask made them: 0775 fails lintian, 0700 dpkg-deb.
+fn dirs_0755(dir: &Path) -> io::Result<()> {
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            dirs_0755(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 fn write(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
@@ -195,6 +208,7 @@ fn control(fields: &[(&str, String)], description: &str) -> String {
 
 fn dpkg_deb(stage: &Path, deb: &Path) -> io::Result<()> {
     write(&stage.join("DEBIAN/md5sums"), &md5sums(stage)?, 0o644)?;
+    dirs_0755(stage)?;
     run(Command::new("dpkg-deb")
         .args(["--root-owner-group", "-Zxz", "--build"])
         .arg(stage)

@@ -47,9 +47,20 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<(SocketGuard, UnixListen
     };
     std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o660))
         .map_err(|e| io("setting mode 0660 on", &staged, e))?;
-    if let Some(gid) = gid {
-        std::os::unix::fs::lchown(&staged, None, Some(gid))
-            .map_err(|e| io("changing the group of", &staged, e))?;
+    if let (Some(gid), Some(name)) = (gid, group) {
+        std::os::unix::fs::lchown(&staged, None, Some(gid)).map_err(|e| {
+            // Without CAP_CHOWN (as under the packaged unit), only a group
+            // the agent is in.
+            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                ": the agent must be in the group (the unit's SupplementaryGroups=) or hold CAP_CHOWN"
+            } else {
+                ""
+            };
+            ServerError::Group {
+                group: name.to_owned(),
+                reason: format!("giving {} to it: {e}{hint}", staged.display()),
+            }
+        })?;
     }
     move_into_place(&staged, path).map_err(|e| io("binding", path, e))?;
     std::mem::forget(staged_guard);

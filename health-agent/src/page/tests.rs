@@ -66,7 +66,13 @@ async fn serves_the_page_and_every_asset_with_its_type() {
         "text/html; charset=utf-8"
     );
     assert_eq!(header_of(&page, &header::CACHE_CONTROL), "no-cache");
-    assert!(header_of(&page, &header::CONTENT_SECURITY_POLICY).contains("connect-src 'self'"));
+    let csp = header_of(&page, &header::CONTENT_SECURITY_POLICY);
+    // No inline script or style, no eval; never framed.
+    assert!(csp.contains("connect-src 'self'"), "{csp}");
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert!(!csp.contains("unsafe-"), "{csp}");
+    assert_eq!(header_of(&page, &header::X_FRAME_OPTIONS), "DENY");
     assert_eq!(&page.body[..], INDEX.body);
     let html = std::str::from_utf8(&page.body).expect("UTF-8");
     for (path, ty) in [

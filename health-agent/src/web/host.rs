@@ -269,8 +269,9 @@ fn refused(refusal: &Refusal, listen: SocketAddr, from: &str) -> Response {
             (
                 StatusCode::MISDIRECTED_REQUEST,
                 format!(
-                    "host {host:?} is not served here: this listener answers to {listen}, \
-                     localhost and the names of --web-allowed-hosts\n"
+                    "host {} is not served here: this listener answers to {listen}, \
+                     localhost and the names of --web-allowed-hosts\n",
+                    shown(host)
                 ),
             )
         }

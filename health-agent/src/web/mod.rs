@@ -46,12 +46,18 @@ pub enum WebError {
 }
 
 /// Everything the listener serves, for the hosts of [`host::AllowedHosts`]
-/// (see [`host::require_allowed_host`]).
+/// (see [`host::require_allowed_host`]). Every answer, a refusal
+/// included, says it is not to be sniffed for another type (some echo
+/// what was asked); the API's are stored by no cache (a shared one
+/// behind a proxy of `--web-allowed-hosts` would hand the status to
+/// others).
 pub fn router(metrics: Arc<Metrics>, api: ApiState, allowed: host::AllowedHosts) -> Router {
+    let api = crate::api::server::read_only_routes(api)
+        .layer(axum::middleware::map_response(stored_by_no_cache));
     Router::new()
         .route("/metrics", get(metrics_text))
         .with_state(metrics)
-        .nest("/api", crate::api::server::read_only_routes(api))
+        .nest("/api", api)
         .merge(crate::page::routes())
         .fallback(no_such_page)
         .method_not_allowed_fallback(method_not_allowed)
@@ -59,6 +65,23 @@ pub fn router(metrics: Arc<Metrics>, api: ApiState, allowed: host::AllowedHosts)
             allowed,
             host::require_allowed_host,
         ))
+        .layer(axum::middleware::map_response(not_sniffed))
+}
+
+async fn not_sniffed(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        axum::http::header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+async fn stored_by_no_cache(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    response
 }
 
 /// Outside `/api` (whose answers are JSON), a line of text.

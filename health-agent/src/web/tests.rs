@@ -438,6 +438,44 @@ async fn unknown_paths_and_methods_are_answered_naming_them() {
             json,
             "{method} {path}: {out}"
         );
+        assert!(
+            head.contains("x-content-type-options: nosniff"),
+            "{method} {path}: {out}"
+        );
+    }
+    stop.cancel();
+}
+
+/// Every answer says it is not to be sniffed, a refused host's too (whose
+/// echo of the host is cut short); the API's are stored by no cache, the
+/// page's may be (revalidated).
+#[tokio::test]
+async fn answers_are_never_sniffed_and_the_apis_never_stored() {
+    let (addr, stop) = listening(Limits::LISTENER).await;
+    for (path, host, code, no_store) in [
+        ("/api/v1/status", "localhost", "200", true),
+        ("/metrics", "localhost", "200", false),
+        ("/", "localhost", "200", false),
+        ("/", &"x".repeat(500), "421", false),
+    ] {
+        let out = exchange(addr, &get(path, host)).await;
+        let (head, body) = split(&out);
+        assert!(
+            head.starts_with(&format!("http/1.1 {code}")),
+            "{path}: {out}"
+        );
+        assert!(
+            head.contains("x-content-type-options: nosniff"),
+            "{path}: {head}"
+        );
+        assert_eq!(
+            head.contains("cache-control: no-store"),
+            no_store,
+            "{path}: {head}"
+        );
+        if code == "421" {
+            assert!(body.len() < 400, "{path}: {} bytes", body.len());
+        }
     }
     stop.cancel();
 }

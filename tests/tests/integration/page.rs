@@ -1082,6 +1082,7 @@ fn check_render_time(browser: &Browser) {
 /// Malformed answers and a vanished agent: a banner, the last data kept.
 fn check_bad_answers(agent: &mut FakeAgent, browser: &Browser) {
     let _ = browser.eval("window.sameDocument = true; return true");
+    check_hostile_text(agent, browser);
     for bad in [
         "{\"nodes\": [",
         "[1, 2, 3]",
@@ -1129,6 +1130,42 @@ fn check_bad_answers(agent: &mut FakeAgent, browser: &Browser) {
     assert_eq!(dom_rows(browser)[0].0, "peer-00003");
     assert_eq!(browser.eval("return window.sameDocument === true"), true);
     screenshot(browser, "agent-gone.png", None);
+}
+
+/// Markup in what peers and records write (a name, an error) is shown as
+/// text: no element is made of it, and no script of it runs.
+fn check_hostile_text(agent: &FakeAgent, browser: &Browser) {
+    const MARKUP: &str = "<img src=x onerror=\"window.pwned=1\">";
+    let mut status = synthetic_status(PEERS);
+    let first = &mut status.nodes[3];
+    first.name = format!("{MARKUP}__proto__");
+    first.host.icmp.last_error =
+        Some(format!("{MARKUP}</div><script>window.pwned=2</script>").into());
+    agent.set_status(serde_json::to_string(&status).expect("JSON"));
+    browser.wait_for(
+        "the hostile name's row",
+        Duration::from_secs(5),
+        &format!(
+            "return Array.from(document.querySelectorAll('#rows .row[data-node]')).some(r => r.textContent.includes({}))",
+            serde_json::to_string(MARKUP).expect("JSON")
+        ),
+    );
+    assert_eq!(
+        browser.eval("return document.querySelectorAll('img, script:not([src])').length"),
+        0,
+        "markup from the status became elements"
+    );
+    assert_eq!(
+        browser.eval("return window.pwned === undefined"),
+        true,
+        "a script from the status ran"
+    );
+    agent.set_status(serde_json::to_string(&synthetic_status(PEERS)).expect("JSON"));
+    browser.wait_for(
+        "the usual rows back",
+        Duration::from_secs(5),
+        "return document.querySelector('#rows .row[data-node]').dataset.node === 'peer-00003'",
+    );
 }
 
 // ---- a 1,000-node cluster view ---------------------------------------------
