@@ -17,7 +17,7 @@ use super::{
     Node,
     claims::Holders,
     etcd::{self, EtcdConfig, Registration},
-    file_settle::{Renames, Settling},
+    file_settle::{Look, Renames, Settling},
     file_version::FileVersion,
     nodes_file,
     published::Nodes,
@@ -45,11 +45,13 @@ async fn watch_file(
     let mut failing: Option<String> = None;
     loop {
         tokio::time::sleep(poll).await;
-        let renamed = rename_events.as_ref().is_some_and(Renames::renamed_in);
+        let look = rename_events
+            .as_ref()
+            .map_or(Look::UNWATCHED, Renames::look);
         // A version waiting to settle is offered again at every poll, even
         // unchanged: its stamp turning old enough is what takes it.
         let waiting = settling.pending().is_some();
-        if !renamed
+        if !look.renamed
             && !waiting
             && seen.is_some_and(|v| !v.may_have_changed(&path, SystemTime::now()))
         {
@@ -83,7 +85,7 @@ async fn watch_file(
             seen = Some(version);
             continue;
         }
-        if !settling.offer(version, renamed, Instant::now(), SystemTime::now()) {
+        if !settling.offer(version, look, Instant::now(), SystemTime::now()) {
             debug!(path = %path.display(), "nodes file changing: taken once it is stable");
             continue;
         }

@@ -6,13 +6,17 @@
 //! the read as before) and
 //! - it was renamed into place since the last look (an atomic replace, as
 //!   `mv`, editors and configuration tools do): at once; or
-//! - its last change is two seconds old; or
-//! - it was read the same (size, times and a hash of its text) for
-//!   [`QUIET`]: a writer that writes in place is followed until it stopped
-//!   changing the file for that long.
+//! - its writer closed it since it changed, and its last change is two
+//!   seconds old or it was read the same (size, times and a hash of its
+//!   text) for [`QUIET`]; or
+//! - it was read the same for [`OPEN_QUIET`] with no close seen: a writer
+//!   that keeps it open, or pauses part way (a slow copy), is followed
+//!   that long, so that its first part is not taken for the file.
 //!
-//! Renames are seen with inotify on the file's directory, drained at each
-//! poll; where no watch can be set, changes are taken by stability alone.
+//! Renames and closes are seen with inotify on the file's directory,
+//! drained at each poll; where no watch can be set (or while it is lost),
+//! an in-place change is taken once its last change is two seconds old or
+//! it was read the same for [`QUIET`].
 
 use std::{
     ffi::OsString,
@@ -28,20 +32,42 @@ use super::file_version::FileVersion;
 /// How long an in-place change must stay the same before it is taken.
 pub const QUIET: Duration = Duration::from_secs(1);
 
-/// The version waiting to be taken, and since when it was read the same.
+/// How long an in-place change whose writer has not closed the file must
+/// stay the same before it is taken.
+pub const OPEN_QUIET: Duration = Duration::from_secs(10);
+
+/// What the directory's events said since the last look.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Look {
+    /// The file was renamed into place.
+    pub renamed: bool,
+    /// Whether a writer closed the file (`None`: closes are not watched).
+    pub closed: Option<bool>,
+}
+
+impl Look {
+    /// Nothing watched: stability alone.
+    pub const UNWATCHED: Self = Self {
+        renamed: false,
+        closed: None,
+    };
+}
+
+/// The version waiting to be taken, since when it was read the same, and
+/// whether its writer closed the file since.
 #[derive(Debug, Default)]
 pub struct Settling {
-    pending: Option<(FileVersion, Instant)>,
+    pending: Option<(FileVersion, Instant, bool)>,
 }
 
 impl Settling {
-    /// Whether the version just read may be taken (`renamed`: the file was
-    /// renamed into place since the last look); `now` and `wall` are the
-    /// monotonic and wall clocks' readings.
+    /// Whether the version just read may be taken, given what the
+    /// directory's events said since the last look (`look`); `now` and
+    /// `wall` are the monotonic and wall clocks' readings.
     pub fn offer(
         &mut self,
         version: FileVersion,
-        renamed: bool,
+        look: Look,
         now: Instant,
         wall: SystemTime,
     ) -> bool {
@@ -50,30 +76,29 @@ impl Settling {
             self.pending = None;
             return false;
         }
-        if renamed || version.settled(wall) {
+        if look.renamed {
             self.pending = None;
             return true;
         }
-        match self.pending {
-            Some((seen, since)) if seen == version => {
-                if now.saturating_duration_since(since) >= QUIET {
-                    self.pending = None;
-                    true
-                } else {
-                    false
-                }
-            }
-            _ => {
-                self.pending = Some((version, now));
-                false
-            }
-        }
+        let closed_now = look.closed.unwrap_or(false);
+        let (since, closed) = match self.pending {
+            Some((seen, since, closed)) if seen == version => (since, closed || closed_now),
+            // A new version: its close, if any, came with it.
+            _ => (now, closed_now),
+        };
+        let quiet = now.saturating_duration_since(since);
+        let take = match look.closed {
+            None => version.settled(wall) || quiet >= QUIET,
+            Some(_) => (closed && (version.settled(wall) || quiet >= QUIET)) || quiet >= OPEN_QUIET,
+        };
+        self.pending = (!take).then_some((version, since, closed));
+        take
     }
 
     /// The version waiting to be taken, if any.
     #[must_use]
     pub fn pending(&self) -> Option<FileVersion> {
-        self.pending.map(|(v, _)| v)
+        self.pending.map(|(v, ..)| v)
     }
 
     /// Forgets the waiting version (the file is as it was, or gone).
@@ -81,6 +106,9 @@ impl Settling {
         self.pending = None;
     }
 }
+
+/// The events watched in the file's directory.
+const WATCHED: AddWatchFlags = AddWatchFlags::IN_MOVED_TO.union(AddWatchFlags::IN_CLOSE_WRITE);
 
 /// Kubernetes' projected volumes (the files of a config map) swap their content
 /// by renaming this link in the directory; the files are links through it.
@@ -108,7 +136,7 @@ impl Renames {
             _ => Path::new("."),
         };
         let watched = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|i| {
-            i.add_watch(dir, AddWatchFlags::IN_MOVED_TO)?;
+            i.add_watch(dir, WATCHED)?;
             Ok(i)
         });
         match watched {
@@ -128,31 +156,37 @@ impl Renames {
         }
     }
 
-    /// Whether the file was renamed into place since the last call (the
-    /// events are drained): its own name, or the link a Kubernetes
-    /// projected volume swaps. A watch lost with its directory is set
-    /// again; until it can be, changes are taken by stability alone.
+    /// Whether the file was renamed into place since the last call (see
+    /// [`Self::look`], whose other news it drops).
     pub fn renamed_in(&self) -> bool {
+        self.look().renamed
+    }
+
+    /// What happened to the file since the last call (the events are
+    /// drained): renamed into place (its own name, or the link a
+    /// Kubernetes projected volume swaps), or closed by a writer. A watch
+    /// lost with its directory is set again; until it can be, closes are
+    /// not watched.
+    pub fn look(&self) -> Look {
         if self.lost.get() {
-            if self
-                .inotify
-                .add_watch(&self.dir, AddWatchFlags::IN_MOVED_TO)
-                .is_err()
-            {
-                return false;
+            if self.inotify.add_watch(&self.dir, WATCHED).is_err() {
+                return Look::UNWATCHED;
             }
             debug!(dir = %self.dir.display(), "the nodes file's directory is watched again");
             self.lost.set(false);
         }
-        let mut renamed = false;
+        let (mut renamed, mut closed) = (false, false);
         loop {
             match self.inotify.read_events() {
                 Ok(events) if !events.is_empty() => {
                     for e in &events {
+                        let name = e.name.as_deref();
                         renamed |= e.mask.contains(AddWatchFlags::IN_MOVED_TO)
-                            && e.name.as_deref().is_some_and(|n| {
+                            && name.is_some_and(|n| {
                                 n == self.name.as_os_str() || n == ATOMIC_WRITER_LINK
                             });
+                        closed |= e.mask.contains(AddWatchFlags::IN_CLOSE_WRITE)
+                            && name == Some(self.name.as_os_str());
                         if e.mask.contains(AddWatchFlags::IN_IGNORED) {
                             warn!(
                                 dir = %self.dir.display(),
@@ -169,7 +203,10 @@ impl Renames {
                 }
             }
         }
-        renamed
+        Look {
+            renamed,
+            closed: (!self.lost.get()).then_some(closed),
+        }
     }
 }
 
@@ -186,7 +223,7 @@ pub fn read_settled(
     let mut settling = Settling::default();
     loop {
         let (text, version) = FileVersion::read(path)?;
-        if settling.offer(version, false, Instant::now(), SystemTime::now()) {
+        if settling.offer(version, Look::UNWATCHED, Instant::now(), SystemTime::now()) {
             return Ok((text, version));
         }
         if started.elapsed() >= limit {
@@ -204,6 +241,12 @@ mod tests {
     use std::{io::Write as _, path::PathBuf};
 
     use super::*;
+
+    /// A rename into place seen.
+    const RENAMED: Look = Look {
+        renamed: true,
+        closed: Some(false),
+    };
 
     /// A directory of its own for a test, removed when dropped.
     struct Scratch(PathBuf);
@@ -230,22 +273,28 @@ mod tests {
         let (_, v) = FileVersion::read(&path).expect("read");
         let (t0, wall) = (Instant::now(), SystemTime::now());
         let mut s = Settling::default();
-        assert!(!s.offer(v, false, t0, wall), "just written");
+        assert!(!s.offer(v, Look::UNWATCHED, t0, wall), "just written");
         assert_eq!(s.pending(), Some(v));
-        assert!(!s.offer(v, false, t0 + QUIET / 2, wall));
-        assert!(s.offer(v, false, t0 + QUIET, wall), "unchanged for QUIET");
+        assert!(!s.offer(v, Look::UNWATCHED, t0 + QUIET / 2, wall));
+        assert!(
+            s.offer(v, Look::UNWATCHED, t0 + QUIET, wall),
+            "unchanged for QUIET"
+        );
         assert_eq!(s.pending(), None);
         // Changed meanwhile: the quiet time starts again.
         let mut s = Settling::default();
-        assert!(!s.offer(v, false, t0, wall));
+        assert!(!s.offer(v, Look::UNWATCHED, t0, wall));
         std::fs::write(&path, "nodes: [ ]\n").expect("write");
         let (_, w) = FileVersion::read(&path).expect("read");
-        assert!(!s.offer(w, false, t0 + QUIET, wall), "another version");
-        assert!(s.offer(w, false, t0 + 2 * QUIET, wall));
+        assert!(
+            !s.offer(w, Look::UNWATCHED, t0 + QUIET, wall),
+            "another version"
+        );
+        assert!(s.offer(w, Look::UNWATCHED, t0 + 2 * QUIET, wall));
         // A renamed file at once; an old one at once.
-        assert!(Settling::default().offer(w, true, t0, wall));
+        assert!(Settling::default().offer(w, RENAMED, t0, wall));
         let later = SystemTime::now() + Duration::from_secs(2);
-        assert!(Settling::default().offer(w, false, t0, later));
+        assert!(Settling::default().offer(w, Look::UNWATCHED, t0, later));
     }
 
     #[test]
@@ -259,7 +308,7 @@ mod tests {
         let mut s = Settling::default();
         let later = SystemTime::now() + Duration::from_secs(60);
         assert!(
-            !s.offer(torn, true, Instant::now(), later),
+            !s.offer(torn, RENAMED, Instant::now(), later),
             "not even renamed or old"
         );
         assert_eq!(s.pending(), None);
@@ -330,7 +379,7 @@ mod tests {
     /// The watcher of `path` (its version read at start as `seen`) as
     /// node-1's agent runs it, polling every `poll`: the set it publishes,
     /// and how to stop it.
-    fn watcher(
+    async fn watcher(
         path: &Path,
         poll: Duration,
     ) -> (
@@ -356,6 +405,9 @@ mod tests {
             let (nodes, stop) = (nodes.clone(), stop.clone());
             async move { source.run(nodes, stop).await }
         });
+        // Its directory watched before the test writes, as a running
+        // agent's is.
+        tokio::time::sleep(Duration::from_millis(50)).await;
         (nodes, stop, task)
     }
 
@@ -371,7 +423,7 @@ mod tests {
         let dir = Scratch::new("watcher");
         let path = dir.0.join("nodes.yaml");
         std::fs::write(&path, format!("nodes:\n{}{}", record(1), record(2))).expect("write");
-        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(20));
+        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(20)).await;
 
         let first = format!(
             "nodes:\n{}  - name: node-4\n    node-ip: 198.18.0.4\n",
@@ -430,7 +482,7 @@ mod tests {
         let path = dir.0.join("nodes.yaml");
         std::fs::write(&path, format!("nodes:\n{}", record(1))).expect("write");
         // Read 1.5 s after the edit (young: waiting), then at 3 s (old).
-        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(1_500));
+        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(1_500)).await;
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
@@ -461,7 +513,7 @@ mod tests {
         let dir = Scratch::new("refused");
         let path = dir.0.join("nodes.yaml");
         std::fs::write(&path, format!("nodes:\n{}{}", record(1), record(2))).expect("write");
-        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(20));
+        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(20)).await;
         let wait_for = async |what: &str, done: &dyn Fn() -> bool| {
             let started = Instant::now();
             while !done() {
@@ -563,5 +615,55 @@ mod tests {
         assert!(!renames.renamed_in());
         rename_in("nodes.yaml");
         assert!(renames.renamed_in(), "watched again");
+    }
+
+    /// A writer that pauses part way through an in-place write for longer
+    /// than the quiet time and the file's settling (a slow copy) never
+    /// has its first part applied: the file is taken once it closes it. A
+    /// writer that keeps the file open has it taken after [`OPEN_QUIET`].
+    #[tokio::test]
+    async fn a_paused_writer_is_waited_for_until_it_closes_the_file() {
+        let dir = Scratch::new("paused");
+        let path = dir.0.join("nodes.yaml");
+        std::fs::write(&path, format!("nodes:\n{}{}", record(1), record(2))).expect("write");
+        let (nodes, stop, watcher) = watcher(&path, Duration::from_millis(20)).await;
+        let first = format!("nodes:\n{}", record(1));
+        let mut f = std::fs::File::create(&path).expect("truncate");
+        f.write_all(first.as_bytes()).expect("first part");
+        let pause = Duration::from_millis(3_000);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(pause);
+            f.write_all(record(3).as_bytes()).expect("the rest");
+            // Closed here.
+        });
+        let started = Instant::now();
+        while names(&nodes).is_empty() {
+            assert!(started.elapsed() < Duration::from_secs(10), "never applied");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        writer.join().expect("writer");
+        assert_eq!(
+            names(&nodes),
+            ["node-1", "node-3"],
+            "the whole file, never its first part"
+        );
+        assert!(started.elapsed() >= pause, "{:?}", started.elapsed());
+        // Written whole and kept open: taken once it stayed the same for
+        // OPEN_QUIET.
+        let mut f = std::fs::File::create(&path).expect("truncate");
+        f.write_all(format!("nodes:\n{}{}", record(1), record(4)).as_bytes())
+            .expect("write");
+        let written = Instant::now();
+        while names(&nodes) != ["node-1", "node-4"] {
+            assert!(
+                written.elapsed() < OPEN_QUIET + Duration::from_secs(5),
+                "never taken"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(written.elapsed() >= OPEN_QUIET, "{:?}", written.elapsed());
+        drop(f);
+        stop.cancel();
+        watcher.await.expect("watcher");
     }
 }
