@@ -6,17 +6,18 @@
 //! the read as before) and
 //! - it was renamed into place since the last look (an atomic replace, as
 //!   `mv`, editors and configuration tools do): at once; or
-//! - its writer closed it since it changed, and its last change is two
-//!   seconds old or it was read the same (size, times and a hash of its
-//!   text) for [`QUIET`]; or
-//! - it was read the same for [`OPEN_QUIET`] with no close seen: a writer
-//!   that keeps it open, or pauses part way (a slow copy), is followed
-//!   that long, so that its first part is not taken for the file.
+//! - its last write seen was followed by its writer closing it, or no
+//!   write was seen (no watch, a file reached through a link into another
+//!   directory, a change made before the watch), and its last change is
+//!   two seconds old or its content was read the same for [`QUIET`]; or
+//! - it was written and not closed since, and its content was read the
+//!   same for [`OPEN_QUIET`]: a writer that keeps it open, or pauses part
+//!   way (a slow copy), is followed that long, so that its first part is
+//!   not taken for the file.
 //!
-//! Renames and closes are seen with inotify on the file's directory,
-//! drained at each poll; where no watch can be set (or while it is lost),
-//! an in-place change is taken once its last change is two seconds old or
-//! it was read the same for [`QUIET`].
+//! Renames, writes and closes are seen with inotify on the file's
+//! directory, drained at each poll, in order: a write after a close (`>`
+//! then `>>`) is a writer at work again.
 
 use std::{
     ffi::OsString,
@@ -41,23 +42,26 @@ pub const OPEN_QUIET: Duration = Duration::from_secs(10);
 pub struct Look {
     /// The file was renamed into place.
     pub renamed: bool,
-    /// Whether a writer closed the file (`None`: closes are not watched).
+    /// The last write of the file seen: `Some(true)` when its writer
+    /// closed it after, `Some(false)` when it is written and not closed
+    /// since, `None` when nothing was seen (no watch, a file reached
+    /// through a link elsewhere, or no write since the last look).
     pub closed: Option<bool>,
 }
 
 impl Look {
-    /// Nothing watched: stability alone.
+    /// Nothing seen: stability alone.
     pub const UNWATCHED: Self = Self {
         renamed: false,
         closed: None,
     };
 }
 
-/// The version waiting to be taken, since when it was read the same, and
-/// whether its writer closed the file since.
+/// The version waiting to be taken, since when its content was read the
+/// same, and what its writer was last seen doing (see [`Look::closed`]).
 #[derive(Debug, Default)]
 pub struct Settling {
-    pending: Option<(FileVersion, Instant, bool)>,
+    pending: Option<(FileVersion, Instant, Option<bool>)>,
 }
 
 impl Settling {
@@ -80,16 +84,23 @@ impl Settling {
             self.pending = None;
             return true;
         }
-        let closed_now = look.closed.unwrap_or(false);
+        // The same content (its metadata may change: a `chmod` after the
+        // copy) keeps its quiet time and what its writer did, updated by
+        // what was seen since; new content starts over with what came
+        // with it.
         let (since, closed) = match self.pending {
-            Some((seen, since, closed)) if seen == version => (since, closed || closed_now),
-            // A new version: its close, if any, came with it.
-            _ => (now, closed_now),
+            Some((seen, since, closed)) if seen.same_content(&version) => {
+                (since, look.closed.or(closed))
+            }
+            _ => (now, look.closed),
         };
         let quiet = now.saturating_duration_since(since);
-        let take = match look.closed {
-            None => version.settled(wall) || quiet >= QUIET,
-            Some(_) => (closed && (version.settled(wall) || quiet >= QUIET)) || quiet >= OPEN_QUIET,
+        let take = if closed == Some(false) {
+            // Written and not closed since: a writer may be paused part
+            // way, whatever the file's times say.
+            quiet >= OPEN_QUIET
+        } else {
+            version.settled(wall) || quiet >= QUIET
         };
         self.pending = (!take).then_some((version, since, closed));
         take
@@ -108,7 +119,9 @@ impl Settling {
 }
 
 /// The events watched in the file's directory.
-const WATCHED: AddWatchFlags = AddWatchFlags::IN_MOVED_TO.union(AddWatchFlags::IN_CLOSE_WRITE);
+const WATCHED: AddWatchFlags = AddWatchFlags::IN_MOVED_TO
+    .union(AddWatchFlags::IN_CLOSE_WRITE)
+    .union(AddWatchFlags::IN_MODIFY);
 
 /// Kubernetes' projected volumes (the files of a config map) swap their content
 /// by renaming this link in the directory; the files are links through it.
@@ -164,9 +177,9 @@ impl Renames {
 
     /// What happened to the file since the last call (the events are
     /// drained): renamed into place (its own name, or the link a
-    /// Kubernetes projected volume swaps), or closed by a writer. A watch
-    /// lost with its directory is set again; until it can be, closes are
-    /// not watched.
+    /// Kubernetes projected volume swaps), and its last write, closed or
+    /// not (see [`Look::closed`]). A watch lost with its directory is set
+    /// again; until it can be, nothing is seen.
     pub fn look(&self) -> Look {
         if self.lost.get() {
             if self.inotify.add_watch(&self.dir, WATCHED).is_err() {
@@ -175,7 +188,7 @@ impl Renames {
             debug!(dir = %self.dir.display(), "the nodes file's directory is watched again");
             self.lost.set(false);
         }
-        let (mut renamed, mut closed) = (false, false);
+        let (mut renamed, mut closed) = (false, None);
         loop {
             match self.inotify.read_events() {
                 Ok(events) if !events.is_empty() => {
@@ -185,8 +198,16 @@ impl Renames {
                             && name.is_some_and(|n| {
                                 n == self.name.as_os_str() || n == ATOMIC_WRITER_LINK
                             });
-                        closed |= e.mask.contains(AddWatchFlags::IN_CLOSE_WRITE)
-                            && name == Some(self.name.as_os_str());
+                        // In order: a write after a close is a writer
+                        // at work again (`>` then `>>`).
+                        if name == Some(self.name.as_os_str()) {
+                            if e.mask.contains(AddWatchFlags::IN_MODIFY) {
+                                closed = Some(false);
+                            }
+                            if e.mask.contains(AddWatchFlags::IN_CLOSE_WRITE) {
+                                closed = Some(true);
+                            }
+                        }
                         if e.mask.contains(AddWatchFlags::IN_IGNORED) {
                             warn!(
                                 dir = %self.dir.display(),
@@ -205,7 +226,7 @@ impl Renames {
         }
         Look {
             renamed,
-            closed: (!self.lost.get()).then_some(closed),
+            closed: closed.filter(|_| !self.lost.get()),
         }
     }
 }
@@ -245,7 +266,7 @@ mod tests {
     /// A rename into place seen.
     const RENAMED: Look = Look {
         renamed: true,
-        closed: Some(false),
+        closed: None,
     };
 
     /// A directory of its own for a test, removed when dropped.
@@ -665,5 +686,77 @@ mod tests {
         drop(f);
         stop.cancel();
         watcher.await.expect("watcher");
+    }
+
+    /// The events say what the file's writer did last, in order: a write
+    /// closed, or a write after a close (`>` then `>>`: at work again);
+    /// another file's writes say nothing.
+    #[test]
+    fn the_last_write_seen_says_whether_the_writer_closed_the_file() {
+        use std::io::Write as _;
+        let scratch = Scratch::new("look");
+        let path = scratch.0.join("nodes.yaml");
+        std::fs::write(&path, "nodes: []\n").expect("write");
+        let renames = Renames::watch(&path).expect("a watch");
+        assert_eq!(renames.look(), Look::UNWATCHED, "nothing yet");
+        std::fs::write(&path, "nodes:\n").expect("write and close");
+        assert_eq!(renames.look().closed, Some(true));
+        let mut more = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("append");
+        more.write_all(b"  - name: a\n").expect("append");
+        assert_eq!(renames.look().closed, Some(false), "at work again");
+        std::fs::write(scratch.0.join("other.yaml"), "x").expect("another file");
+        assert_eq!(renames.look().closed, None, "no news of this file");
+        drop(more);
+        assert_eq!(renames.look().closed, Some(true));
+        // `>` then `>>` before a look: at work.
+        std::fs::write(&path, "nodes:\n").expect("write and close");
+        let mut again = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("append");
+        again.write_all(b"  - name: a\n").expect("append");
+        assert_eq!(renames.look().closed, Some(false));
+    }
+
+    /// What the writer was last seen doing decides the rule: written and
+    /// not closed, only [`OPEN_QUIET`] unchanged takes the file (its times
+    /// say nothing of a paused writer); closed, or nothing seen, the quiet
+    /// time or settled times. A change of metadata alone (a `chmod` after
+    /// the copy) keeps the quiet time and what was seen.
+    #[test]
+    fn a_write_not_closed_waits_the_open_quiet_time() {
+        let dir = Scratch::new("open-quiet");
+        let path = dir.0.join("nodes.yaml");
+        std::fs::write(&path, "nodes: []\n").expect("write");
+        let (_, v) = FileVersion::read(&path).expect("read");
+        let (t0, wall) = (Instant::now(), SystemTime::now());
+        let old = wall + Duration::from_secs(60);
+        let look = |closed| Look {
+            renamed: false,
+            closed,
+        };
+        let mut s = Settling::default();
+        assert!(!s.offer(v, look(Some(false)), t0, old), "not even old");
+        assert!(!s.offer(v, Look::UNWATCHED, t0 + QUIET, old), "still open");
+        assert!(s.offer(v, Look::UNWATCHED, t0 + OPEN_QUIET, old));
+        let mut s = Settling::default();
+        assert!(!s.offer(v, look(Some(false)), t0, wall));
+        assert!(
+            !s.offer(v, look(Some(true)), t0 + QUIET / 2, wall),
+            "closed"
+        );
+        assert!(s.offer(v, Look::UNWATCHED, t0 + QUIET, wall));
+        // Its mode changed after the close: the same content, the same
+        // quiet time.
+        let mut s = Settling::default();
+        assert!(!s.offer(v, look(Some(true)), t0, wall));
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
+        let (_, chmodded) = FileVersion::read(&path).expect("read");
+        assert_ne!(chmodded, v, "a new stamp");
+        assert!(s.offer(chmodded, Look::UNWATCHED, t0 + QUIET, wall));
     }
 }
