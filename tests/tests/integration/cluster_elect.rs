@@ -183,6 +183,14 @@ fn a_bad_view_is_refused_a_stale_one_shown_stale_and_a_false_one_contradicted() 
     let leader = assembler(&first).expect("assembled").to_owned();
     let follower = 1 - leader_index(&cluster, &leader);
     let key = format!("{}{leader}", view_prefix(ETCD_PREFIX));
+    // The follower holds that view too before it is replaced: its last
+    // good one could still be the leader's first, of its own report only.
+    wait_reply(
+        &cluster.nodes[follower],
+        Duration::from_secs(20),
+        "the follower's current view of 2 reports",
+        |r| current(r, Some(&leader), 2),
+    );
 
     // A bad value by hand: refused, named with its key in the log; the
     // last good view still shown.
