@@ -136,10 +136,17 @@ async fn accept_loop(listener: TcpListener, limits: Limits, node: Option<Arc<str
             drop(stream);
             continue;
         };
+        // A prober writes its request as it connects: one whose whole head
+        // is here already is busy, never closed for a newer connection of
+        // its source while its task waits to run behind a burst of accepts.
+        let mut head = Vec::with_capacity(256);
+        if arrived(&stream, &mut head) {
+            slot.busy();
+        }
         let named = named.clone();
         tokio::spawn(async move {
             let evicted = slot.evicted().clone();
-            let answered = handle(stream, &slot, &named);
+            let answered = handle(stream, head, &slot, &named);
             tokio::select! {
                 () = evicted.cancelled() => {}
                 _ = tokio::time::timeout(HEAD_TIMEOUT * 2, answered) => {}
@@ -149,27 +156,45 @@ async fn accept_loop(listener: TcpListener, limits: Limits, node: Option<Arc<str
     }
 }
 
-async fn handle(mut stream: TcpStream, slot: &Slot, named: &str) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(256);
+/// Reads what has arrived on `stream` without waiting: whether it holds a
+/// whole request head. Nothing read (or an error, which the connection's
+/// own read meets again) leaves `head` empty.
+fn arrived(stream: &TcpStream, head: &mut Vec<u8>) -> bool {
+    matches!(stream.try_read_buf(head), Ok(n) if n > 0) && complete(head)
+}
+
+fn complete(head: &[u8]) -> bool {
+    head.windows(4).any(|w| w == b"\r\n\r\n")
+}
+
+/// Answers the request whose first bytes are `head` (marked busy already
+/// when they hold all of it).
+async fn handle(
+    mut stream: TcpStream,
+    mut head: Vec<u8>,
+    slot: &Slot,
+    named: &str,
+) -> std::io::Result<()> {
+    let whole = complete(&head);
     let mut buf = [0u8; 1024];
-    let complete = tokio::time::timeout(HEAD_TIMEOUT, async {
-        loop {
+    let read = tokio::time::timeout(HEAD_TIMEOUT, async {
+        while !complete(&head) {
+            if head.len() > MAX_HEAD {
+                return Ok(false);
+            }
             let n = stream.read(&mut buf).await?;
             if n == 0 {
                 return Ok::<bool, std::io::Error>(false);
             }
             head.extend_from_slice(&buf[..n]);
-            if head.windows(4).any(|w| w == b"\r\n\r\n") {
-                return Ok(true);
-            }
-            if head.len() > MAX_HEAD {
-                return Ok(false);
-            }
         }
+        Ok(true)
     })
     .await;
-    slot.busy();
-    let response = match complete {
+    if !whole {
+        slot.busy();
+    }
+    let response = match read {
         Ok(Ok(true)) => respond(&head, named),
         Ok(Ok(false)) => reply(400, "bad request\n", named),
         Ok(Err(e)) => return Err(e),
@@ -370,6 +395,44 @@ mod tests {
             .expect("read");
         assert!(rest.starts_with("HTTP/1.1 408"), "{rest}");
         assert!(start.elapsed() >= HEAD_TIMEOUT, "{:?}", start.elapsed());
+        server.abort();
+    }
+
+    /// A request already sent when the server accepts its connection is
+    /// answered though the connections of its source accepted right after
+    /// it, in one burst, would close the oldest idle one: it is busy from
+    /// its accept, not from when its task first runs.
+    #[tokio::test]
+    async fn a_request_here_at_accept_is_never_closed_for_a_newer_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // Queued in the kernel before the server runs: accepted together.
+        let mut asking = TcpStream::connect(addr).await.expect("connect");
+        asking
+            .write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("send");
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            idle.push(TcpStream::connect(addr).await.expect("idle connection"));
+        }
+        let limits = Limits {
+            total: 16,
+            per_source: 2,
+        };
+        let server = tokio::spawn(serve_with(listener, CancellationToken::new(), limits, None));
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(1), asking.read_to_string(&mut out))
+            .await
+            .expect("answered within 1 s")
+            .expect("read");
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out:?}");
+        // The idle one accepted first was closed for the third.
+        let mut b = [0u8; 64];
+        let first_idle = tokio::time::timeout(Duration::from_millis(500), idle[0].read(&mut b))
+            .await
+            .expect("the oldest idle connection is closed at once");
+        assert!(matches!(first_idle, Ok(0) | Err(_)), "{first_idle:?}");
         server.abort();
     }
 
