@@ -169,20 +169,34 @@ impl AsyncWrite for Tracked {
     }
 }
 
+/// The busy mark of a connection whose whole first request head is here
+/// when it is accepted (read without taking it off the socket): a client
+/// sends its request as it connects, and such a connection must not be
+/// closed as idle for a newer one of its source while its task waits to
+/// run behind a burst of accepts. Held until hyper takes that request.
+pub(super) fn arrived(stream: &TcpStream, slot: &Arc<Admitted<Source>>) -> Option<Busy> {
+    let mut buf = [0u8; 4096];
+    let mut peeked = ReadBuf::new(&mut buf);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let here = matches!(stream.poll_peek(&mut cx, &mut peeked), Poll::Ready(Ok(n)) if n > 0);
+    (here && peeked.filled().windows(4).any(|w| w == b"\r\n\r\n")).then(|| Busy::new(slot))
+}
+
 /// Serves `stream` until it ends, is idle past `limits.idle_timeout`, is
 /// closed to make room for another ([`Admitted::evicted`]), or is asked
 /// to end (past `limits.max_age`, or at `shutdown`: the request in flight
 /// has `limits.grace` to finish). `slot` is its place in the listener's
-/// caps, marked busy while a request is answered and given back on
-/// return.
+/// caps, marked busy while a request is answered (and from the accept
+/// while the first request, `arrived` then, waits for hyper) and given
+/// back on return.
 pub(super) async fn serve(
     stream: TcpStream,
     router: Router,
     limits: Limits,
     shutdown: CancellationToken,
-    slot: Admitted<Source>,
+    slot: Arc<Admitted<Source>>,
+    arrived: Option<Busy>,
 ) {
-    let slot = Arc::new(slot);
     let evicted = slot.evicted().clone();
     let _ = stream.set_nodelay(true);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
@@ -199,6 +213,7 @@ pub(super) async fn serve(
     let service = Marked {
         inner: TowerToHyperService::new(router),
         slot,
+        arrived: std::sync::Mutex::new(arrived),
     };
     let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
@@ -259,12 +274,15 @@ fn reset(fd: std::os::fd::RawFd) {
 struct Marked {
     inner: TowerToHyperService<Router>,
     slot: Arc<Admitted<Source>>,
+    /// The first request's mark from the accept ([`arrived`]), handed
+    /// over to that request's own.
+    arrived: std::sync::Mutex<Option<Busy>>,
 }
 
 /// The connection's busy mark, taken off when dropped: with the answer's
 /// body once hyper has written it, or with the request if it is dropped
 /// unanswered.
-struct Busy(Arc<Admitted<Source>>);
+pub(super) struct Busy(Arc<Admitted<Source>>);
 
 impl Busy {
     fn new(slot: &Arc<Admitted<Source>>) -> Self {
@@ -288,6 +306,12 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Marked {
 
     fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         let busy = Busy::new(&self.slot);
+        drop(
+            self.arrived
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
         let answer = self.inner.call(req);
         Box::pin(async move {
             let answer = answer.await?;

@@ -201,12 +201,15 @@ pub async fn serve_with(
                 continue;
             }
         };
+        let slot = Arc::new(slot);
+        let arrived = conn::arrived(&stream, &slot);
         connections.spawn(conn::serve(
             stream,
             router.clone(),
             limits,
             shutdown.clone(),
             slot,
+            arrived,
         ));
     }
     // Once every connection has ended, the requests in flight are done.

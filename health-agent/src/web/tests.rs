@@ -685,3 +685,41 @@ async fn an_old_connection_is_asked_to_end_and_a_stuck_answer_closed_after_the_g
     assert!(got < 1 << 20, "the answer was not cut short: {got} bytes");
     stop.cancel();
 }
+
+/// A request already sent when the listener accepts its connection is
+/// answered though connections of its source accepted right after it, in
+/// one burst, take the places of the oldest idle ones: it is busy from its
+/// accept, not from when hyper first reads it.
+#[tokio::test]
+async fn a_request_here_at_accept_is_never_closed_for_a_newer_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // Queued in the kernel before the listener runs: accepted together.
+    let mut asking = TcpStream::connect(addr).await.expect("connect");
+    asking
+        .write_all(get("/metrics", "localhost").as_bytes())
+        .await
+        .expect("send");
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(TcpStream::connect(addr).await.expect("idle connection"));
+    }
+    let stop = CancellationToken::new();
+    let limits = Limits {
+        per_source: 2,
+        ..Limits::LISTENER
+    };
+    tokio::spawn(serve_with(
+        listener,
+        agent_router("localhost"),
+        limits,
+        stop.clone(),
+    ));
+    let (_, out) = closed_after(&mut asking, Duration::from_secs(2)).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out:?}");
+    assert!(
+        is_closed(&mut idle[0]).await,
+        "the oldest idle one made room"
+    );
+    stop.cancel();
+}
