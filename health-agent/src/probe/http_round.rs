@@ -29,7 +29,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -61,6 +61,37 @@ const EVENTS: usize = 256;
 /// Outcomes a task keeps before it moves them into the round's (one lock
 /// a batch, and at 10,000 peers 20,000 outcomes are not held twice).
 const FLUSH: usize = 256;
+/// How soon a task with no probe in flight asks again for a socket none
+/// could be made of (the round's other tasks hold the descriptors, and
+/// give them back as their probes end).
+const SHORT_RETRY: Duration = Duration::from_millis(10);
+
+/// Why a task's next batch of sockets waits: the last one made none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Until fewer than this many of its probes are in flight (one ended
+    /// and gave its descriptor back).
+    InFlight(usize),
+    /// Until then: none of its probes was in flight.
+    Until(Instant),
+}
+
+impl Held {
+    /// Whether a batch may be asked for again.
+    fn over(self, busy: usize, now: Instant) -> bool {
+        match self {
+            Self::InFlight(held) => busy < held,
+            Self::Until(t) => now >= t,
+        }
+    }
+
+    fn retry(self) -> Option<Instant> {
+        match self {
+            Self::InFlight(_) => None,
+            Self::Until(t) => Some(t),
+        }
+    }
+}
 
 /// What every task of a round shares.
 struct Shared {
@@ -83,6 +114,9 @@ struct Shared {
     /// The latest start of a probe that timed out (the round lasts until
     /// it does, a timeout later), likewise.
     latest_timed_out: AtomicU64,
+    /// Probes in flight, every task's: a task that can make no socket
+    /// waits while the others hold descriptors they will give back.
+    in_flight: AtomicUsize,
     echoes: Arc<Echoes>,
     metrics: Option<Arc<ProbeMetrics>>,
     /// The round's outcomes, in the order of `targets`: each task moves
@@ -181,6 +215,7 @@ pub(super) async fn run(
         t0: Instant::now(),
         latest_start: AtomicU64::new(0),
         latest_timed_out: AtomicU64::new(0),
+        in_flight: AtomicUsize::new(0),
         echoes: echoes.clone(),
         metrics: cfg.metrics.clone(),
         // A probe no task settled (its task panicked, or its epoll set
@@ -191,12 +226,16 @@ pub(super) async fn run(
     // or the agent stopping) stops making connections: dropping the set
     // aborts its tasks.
     let mut tasks = tokio::task::JoinSet::new();
-    for w in 0..workers {
+    // Every task's epoll set before any task makes a socket: a round short
+    // of descriptors waits for its own probes to give theirs back, which
+    // a task whose set could not be made would not.
+    let sets: Vec<_> = (0..workers).map(|_| EpollSet::open()).collect();
+    for (w, epoll) in sets.into_iter().enumerate() {
         // Every task gets its share of the suspects and of the rest.
         let mine: Vec<usize> = order.http().skip(w).step_by(workers).collect();
         let my_suspects = order.http_suspects().saturating_sub(w).div_ceil(workers);
         let shared = shared.clone();
-        tasks.spawn(async move { shared.task(mine, my_suspects).await });
+        tasks.spawn(async move { shared.task(mine, my_suspects, epoll).await });
     }
     while tasks.join_next().await.is_some() {}
     tracing::debug!(
@@ -277,6 +316,9 @@ struct Flights<'a> {
     deadlines: VecDeque<(Instant, u32, u32)>,
     /// Sockets made and not yet used, per family (at `Family::index`).
     spare: [Vec<socket2::Socket>; 2],
+    /// Since when no socket could be made, with none of the task's probes
+    /// in flight.
+    short_since: Option<Instant>,
     busy: usize,
     /// Outcomes not yet settled into the round's ([`FLUSH`] at most).
     done: Vec<(usize, Outcome)>,
@@ -289,6 +331,7 @@ impl Drop for Flights<'_> {
     fn drop(&mut self) {
         if self.busy > 0 {
             let busy = self.busy;
+            self.shared.in_flight.fetch_sub(busy, Ordering::Relaxed);
             self.shared.metrics.as_deref().inspect(|m| m.settled(busy));
         }
     }
@@ -298,12 +341,12 @@ impl Shared {
     /// One task's probes (`mine`, its first `suspects` first): started at
     /// most a burst at a time, paced by one timer, the k-th at
     /// `t0 + k * step` (woken once a [`pace::SLICE`]).
-    async fn task(&self, mine: Vec<usize>, suspects: usize) {
+    async fn task(&self, mine: Vec<usize>, suspects: usize, epoll: io::Result<AsyncFd<EpollSet>>) {
         let count = mine.len();
         if count == 0 {
             return;
         }
-        let epoll = match EpollSet::open() {
+        let epoll = match epoll {
             Ok(e) => e,
             Err(e) => {
                 let failed = Outcome::Failed(ProbeError::io("epoll", &e));
@@ -320,6 +363,7 @@ impl Shared {
             free: Vec::new(),
             deadlines: VecDeque::new(),
             spare,
+            short_since: None,
             busy: 0,
             done: Vec::with_capacity(FLUSH.min(count)),
         };
@@ -330,9 +374,8 @@ impl Shared {
         // The next probe, taken from the queue, waiting for a socket.
         let mut next: Option<usize> = None;
         let mut making: Option<Making<'_>> = None;
-        // A batch made no socket while this many probes were in flight: the
-        // next waits for one of them to end (and give its descriptor back).
-        let mut held_back: Option<usize> = None;
+        // A batch made no socket: the next waits (see `Held`).
+        let mut held_back: Option<Held> = None;
         // One timer for the task, moved only when its next wake changes.
         let timer = tokio::time::sleep_until(self.t0);
         tokio::pin!(timer);
@@ -357,7 +400,7 @@ impl Shared {
             // Out of sockets: make a batch when the budget has room.
             if let Some(i) = next
                 && making.is_none()
-                && held_back.is_none_or(|busy| f.busy < busy)
+                && held_back.is_none_or(|h| h.over(f.busy, now))
             {
                 let family = Family::of(self.targets[i]);
                 let room = f.room_for(family).min(count - started);
@@ -379,7 +422,10 @@ impl Shared {
                         .map_or(at(started), |t| t.max(at(started))),
                 )
             });
-            let wake = earliest(pacing, f.deadlines.front().map(|&(d, ..)| d));
+            let wake = earliest(
+                earliest(pacing, f.deadlines.front().map(|&(d, ..)| d)),
+                held_back.and_then(Held::retry).filter(|_| making.is_none()),
+            );
             if let Some(w) = wake
                 && armed != Some(w)
             {
@@ -450,26 +496,39 @@ impl Flights<'_> {
 
     /// A batch of sockets of `family` came: they are spare. Where none
     /// could be made, probes in flight give descriptors back as they end,
-    /// and the waiting probe (`next`) waits for one: the number in flight
-    /// now, which a new batch waits to see fall, is returned. With none in
-    /// flight it fails naming why (`started` counts it), and the next one
-    /// asks again.
+    /// and the waiting probe (`next`) waits for one of them to end. With
+    /// none of this task's in flight it asks again after [`SHORT_RETRY`]
+    /// while the round's other tasks have probes in flight (they hold the
+    /// descriptors), and for one probe timeout at least; then it fails
+    /// naming why (`started` counts it), and the next one asks again.
+    /// Returns why the next batch waits.
     fn took(
         &mut self,
         family: Family,
         made: io::Result<Vec<socket2::Socket>>,
         next: &mut Option<usize>,
         started: &mut usize,
-    ) -> Option<usize> {
-        match made {
-            Ok(made) => self.spare[family.index()].extend(made),
-            Err(_) if self.busy > 0 => return Some(self.busy),
-            Err(e) => {
-                if let Some(i) = next.take() {
-                    self.finish(i, Outcome::Failed(ProbeError::io("socket", &e)));
-                    *started += 1;
-                }
+    ) -> Option<Held> {
+        let e = match made {
+            Ok(made) => {
+                self.short_since = None;
+                self.spare[family.index()].extend(made);
+                return None;
             }
+            Err(_) if self.busy > 0 => return Some(Held::InFlight(self.busy)),
+            Err(e) => e,
+        };
+        let now = Instant::now();
+        let since = *self.short_since.get_or_insert(now);
+        if self.shared.in_flight.load(Ordering::Relaxed) > 0
+            || now.saturating_duration_since(since) < self.shared.timeout
+        {
+            return Some(Held::Until(now + SHORT_RETRY));
+        }
+        self.short_since = None;
+        if let Some(i) = next.take() {
+            self.finish(i, Outcome::Failed(ProbeError::io("socket", &e)));
+            *started += 1;
         }
         None
     }
@@ -524,6 +583,7 @@ impl Flights<'_> {
             carried: None,
         });
         self.busy += 1;
+        shared.in_flight.fetch_add(1, Ordering::Relaxed);
         self.deadlines
             .push_back((start + shared.timeout, key, target));
         shared.metrics.as_deref().inspect(|m| m.sent(1));
@@ -626,6 +686,7 @@ impl Flights<'_> {
         };
         self.free.push(key);
         self.busy -= 1;
+        self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         let outcome = match result {
             // Read after the deadline but before the timer fired: late.
             Ok((_, rtt)) if rtt > self.shared.timeout => Outcome::Failed(self.timed_out()),

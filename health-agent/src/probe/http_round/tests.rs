@@ -444,3 +444,68 @@ async fn a_dropped_round_stops_connecting() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(accepted.load(Ordering::Relaxed), at_drop);
 }
+
+/// Set in the child process of
+/// [`a_round_short_of_descriptors_waits_for_them_and_loses_no_probe`]:
+/// the port its round probes.
+const SHORT_OF_FILES: &str = "HEALTH_TEST_SHORT_OF_FILES_PORT";
+
+/// A round that runs out of descriptors (a soft open-file limit a few
+/// above what the process holds: socket batches come short, then fail
+/// with EMFILE while probes are in flight) waits for its probes in
+/// flight to give theirs back: every probe runs, the answered ones OK
+/// and the silent ones timed out, and none fails for want of a socket.
+/// The round runs in a child process, whose limit binds only it; the
+/// servers run here, out of its reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_short_of_descriptors_waits_for_them_and_loses_no_probe() {
+    const ANSWERED: usize = 60;
+    const SILENT: usize = 20;
+    if let Ok(port) = std::env::var(SHORT_OF_FILES) {
+        let port: u16 = port.parse().expect("a port");
+        let open = std::fs::read_dir("/proc/self/fd").expect("fds").count();
+        let limit = u64::try_from(open + 8).expect("fits");
+        let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .expect("getrlimit");
+        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, limit, hard)
+            .expect("lower the soft limit");
+        // A quarter silent, through the order: their sockets are held a
+        // whole timeout while the answered ones ask for theirs.
+        let targets: Vec<IpAddr> = (0..ANSWERED + SILENT)
+            .map(|k| host(if k % 4 == 0 { 2 } else { 1 }))
+            .collect();
+        let outcomes = round(targets.clone(), port, ANSWERED + SILENT).await;
+        for (o, t) in outcomes.iter().zip(&targets) {
+            if *t == host(2) {
+                assert!(
+                    matches!(o, Outcome::Failed(ProbeError::Timeout { .. })),
+                    "{t}: {o:?}"
+                );
+            } else {
+                assert!(matches!(o, Outcome::Ok { .. }), "{t}: {o:?}");
+            }
+        }
+        return;
+    }
+    let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+    serve(2, port, Answer::Held(&[])).await;
+    let child = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args([
+                "--exact",
+                "probe::http_round::tests::a_round_short_of_descriptors_waits_for_them_and_loses_no_probe",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(SHORT_OF_FILES, port.to_string())
+            .output()
+    });
+    let out = child.await.expect("joined").expect("run the child");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("1 passed"),
+        "the child's round: {}\n{said}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
