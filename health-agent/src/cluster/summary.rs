@@ -617,16 +617,11 @@ pub struct Summary {
 /// is stale after [`STALE_ROUNDS`] of this.
 pub const MAX_CADENCE_MS: u64 = 10 * 60 * 1000;
 
-/// The first 64 characters of an over-long name, for an error.
-fn shown(name: &str) -> String {
-    name.chars().take(64).collect()
-}
-
 fn check_name(what: &'static str, name: &str) -> Result<(), SummaryError> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(SummaryError::NameLength {
             what,
-            name: shown(name),
+            name: crate::util::text::clip(name, 64),
             len: name.len(),
         });
     }

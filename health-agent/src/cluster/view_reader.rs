@@ -310,7 +310,7 @@ impl ViewReader {
                     into.insert(e.key.clone(), good.clone());
                 }
                 self.refused += 1;
-                let key = crate::membership::record::clip(&e.key_str(), KEY_SHOWN);
+                let key = crate::util::text::clip(&e.key_str(), KEY_SHOWN);
                 if quiet {
                     // The node set is not read yet (at start): the view
                     // waits for it.
@@ -381,7 +381,7 @@ impl ViewReader {
             return Err(Refused {
                 reason: format!(
                     "its assembler {:?} is not in the node set",
-                    crate::membership::record::clip(&v.assembler, KEY_SHOWN)
+                    crate::util::text::clip(&v.assembler, KEY_SHOWN)
                 ),
                 not_a_node: Some(Box::new(v)),
             });

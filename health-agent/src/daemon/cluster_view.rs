@@ -342,7 +342,7 @@ impl Held {
                 self.first_refusal.get_or_insert_with(|| {
                     format!(
                         "{:?}: {e}",
-                        crate::membership::record::clip(&String::from_utf8_lossy(&key), KEY_SHOWN)
+                        crate::util::text::clip(&String::from_utf8_lossy(&key), KEY_SHOWN)
                     )
                 });
             }

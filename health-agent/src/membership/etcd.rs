@@ -7,6 +7,7 @@
 
 mod rewrites;
 
+use crate::util::text::clip;
 use std::{
     sync::{Arc, OnceLock},
     time::Duration,
@@ -24,7 +25,7 @@ use super::{
     held::{Held, Limits},
     kvstore::{Entry, KvStore, Link, Listing, ReadAgain, WatchEvent},
     published::Nodes,
-    record::{Candidate, LocalNode, Origin, Record, Validated, clip},
+    record::{Candidate, LocalNode, Origin, Record, Validated},
     validate,
 };
 use rewrites::{Rewrites, Writer};

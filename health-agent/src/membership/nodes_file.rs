@@ -17,6 +17,7 @@
 //! ([`super::validate`]): a bad one is rejected, named by its line and
 //! name, and the others are used.
 
+use crate::util::text::clip;
 use std::{
     collections::{HashMap, VecDeque},
     fmt,
@@ -32,7 +33,7 @@ use serde_json::{Map, Value};
 use super::{
     Node,
     claims::Holders,
-    record::{Candidate, LocalNode, MAX_NAME_LEN, Origin, Record, Validated, clip},
+    record::{Candidate, LocalNode, MAX_NAME_LEN, Origin, Record, Validated},
     validate,
 };
 

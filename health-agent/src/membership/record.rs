@@ -8,6 +8,7 @@ use std::{fmt, fmt::Write as _, net::IpAddr, sync::Arc};
 use serde::{Deserialize, Serialize};
 
 use super::{Node, NodeSet};
+use crate::util::text::clip;
 use ipnet::{Ipv4Net, Ipv6Net};
 
 /// The longest node name, in bytes (a DNS name's limit).
@@ -63,19 +64,6 @@ pub struct Record {
 /// on every agent and served by `GET /v1/nodes`); the key itself is kept
 /// whole, and judged whole.
 const MAX_KEY_SHOWN: usize = 512;
-
-/// `text` cut to its first `max` bytes (at a character), saying so.
-#[must_use]
-pub fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes)", &text[..end], text.len())
-}
 
 impl Record {
     /// Where the record is: `nodes.yaml:12`, `nodes.yaml (node #3)` when

@@ -11,4 +11,5 @@ pub mod memory;
 pub mod reclaim;
 pub mod section;
 pub mod source;
+pub mod text;
 pub mod timefmt;

@@ -240,14 +240,9 @@ pub async fn require_allowed_host(
 /// The longest part of a refused host shown in the answer.
 const SHOWN: usize = 64;
 
-/// `value` quoted, cut to [`SHOWN`] characters.
+/// `value` cut to [`SHOWN`] bytes, quoted.
 fn shown(value: &str) -> String {
-    let cut: String = value.chars().take(SHOWN).collect();
-    if cut.len() < value.len() {
-        format!("{cut:?}...")
-    } else {
-        format!("{cut:?}")
-    }
+    format!("{:?}", crate::util::text::clip(value, SHOWN))
 }
 
 fn refused(refusal: &Refusal, listen: SocketAddr, from: &str) -> Response {

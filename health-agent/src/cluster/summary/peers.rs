@@ -4,7 +4,6 @@
 
 use super::{
     At, MAX_NAME_LEN, PathSample, PeerName, PeerSummary, ProbeResult, SummaryError, VERSION_1,
-    shown,
 };
 
 /// How a name is written against the previous one: the bytes it shares
@@ -95,7 +94,7 @@ impl PeerReader {
         {
             return Err(SummaryError::Order {
                 at,
-                name: shown(text),
+                name: crate::util::text::clip(text, 64),
                 previous: last.name.to_string(),
             });
         }

@@ -1,6 +1,7 @@
 //! An allocation's value: the health CIDRs and node addresses an admin gave
 //! one node, checked alone against the cluster's health ranges.
 
+use crate::util::text::clip;
 use std::{
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -10,10 +11,7 @@ use std::{
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 
-use crate::membership::{
-    record::{LocalNode, clip},
-    validate::address_class,
-};
+use crate::membership::{record::LocalNode, validate::address_class};
 
 /// The largest value read as an allocation: one is under 200 bytes.
 pub const MAX_ALLOCATION_BYTES: usize = 512;
