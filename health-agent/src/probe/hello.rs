@@ -157,8 +157,9 @@ async fn accept_loop(listener: TcpListener, limits: Limits, node: Option<Arc<str
 }
 
 /// Reads what has arrived on `stream` without waiting: whether it holds a
-/// whole request head. Nothing read (or an error, which the connection's
-/// own read meets again) leaves `head` empty.
+/// whole request head (or an empty line, answered 400 as soon as its task
+/// runs). Nothing read, or an error, leaves `head` empty: the task reads
+/// on (a reset taken here reads as the end of the stream there).
 fn arrived(stream: &TcpStream, head: &mut Vec<u8>) -> bool {
     matches!(stream.try_read_buf(head), Ok(n) if n > 0) && complete(head)
 }

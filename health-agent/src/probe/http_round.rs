@@ -114,9 +114,9 @@ struct Shared {
     /// The latest start of a probe that timed out (the round lasts until
     /// it does, a timeout later), likewise.
     latest_timed_out: AtomicU64,
-    /// Probes in flight, every task's: a task that can make no socket
-    /// waits while the others hold descriptors they will give back.
-    in_flight: AtomicUsize,
+    /// Sockets every task has closed so far: a task that can make none
+    /// waits while the round's sockets keep coming back.
+    given_back: AtomicUsize,
     echoes: Arc<Echoes>,
     metrics: Option<Arc<ProbeMetrics>>,
     /// The round's outcomes, in the order of `targets`: each task moves
@@ -215,7 +215,7 @@ pub(super) async fn run(
         t0: Instant::now(),
         latest_start: AtomicU64::new(0),
         latest_timed_out: AtomicU64::new(0),
-        in_flight: AtomicUsize::new(0),
+        given_back: AtomicUsize::new(0),
         echoes: echoes.clone(),
         metrics: cfg.metrics.clone(),
         // A probe no task settled (its task panicked, or its epoll set
@@ -316,9 +316,10 @@ struct Flights<'a> {
     deadlines: VecDeque<(Instant, u32, u32)>,
     /// Sockets made and not yet used, per family (at `Family::index`).
     spare: [Vec<socket2::Socket>; 2],
-    /// Since when no socket could be made, with none of the task's probes
-    /// in flight.
-    short_since: Option<Instant>,
+    /// Since when no socket could be made with none of the task's probes
+    /// in flight and none given back by the round, and how many the round
+    /// had given back then.
+    short: Option<(Instant, usize)>,
     busy: usize,
     /// Outcomes not yet settled into the round's ([`FLUSH`] at most).
     done: Vec<(usize, Outcome)>,
@@ -327,11 +328,15 @@ struct Flights<'a> {
 impl Drop for Flights<'_> {
     /// A task that ends with probes still in flight (aborted with its
     /// round, or its epoll set no longer readable) settles them in the
-    /// gauge, as their ends would have.
+    /// gauge, as their ends would have; its sockets, in flight and spare,
+    /// count as given back.
     fn drop(&mut self) {
+        let spare = self.spare[0].len() + self.spare[1].len();
+        self.shared
+            .given_back
+            .fetch_add(self.busy + spare, Ordering::Relaxed);
         if self.busy > 0 {
             let busy = self.busy;
-            self.shared.in_flight.fetch_sub(busy, Ordering::Relaxed);
             self.shared.metrics.as_deref().inspect(|m| m.settled(busy));
         }
     }
@@ -363,7 +368,7 @@ impl Shared {
             free: Vec::new(),
             deadlines: VecDeque::new(),
             spare,
-            short_since: None,
+            short: None,
             busy: 0,
             done: Vec::with_capacity(FLUSH.min(count)),
         };
@@ -489,7 +494,9 @@ impl Flights<'_> {
         let held = self.busy + self.spare[0].len() + self.spare[1].len();
         let other = &mut self.spare[1 - family.index()];
         if held >= share && !other.is_empty() {
+            let closed = other.len() - other.len() / 2;
             other.truncate(other.len() / 2);
+            self.shared.given_back.fetch_add(closed, Ordering::Relaxed);
         }
         share.saturating_sub(self.busy + self.spare[0].len() + self.spare[1].len())
     }
@@ -497,11 +504,13 @@ impl Flights<'_> {
     /// A batch of sockets of `family` came: they are spare. Where none
     /// could be made, probes in flight give descriptors back as they end,
     /// and the waiting probe (`next`) waits for one of them to end. With
-    /// none of this task's in flight it asks again after [`SHORT_RETRY`]
-    /// while the round's other tasks have probes in flight (they hold the
-    /// descriptors), and for one probe timeout at least; then it fails
-    /// naming why (`started` counts it), and the next one asks again.
-    /// Returns why the next batch waits.
+    /// none of this task's in flight and the process out of descriptors
+    /// (`EMFILE`, `ENFILE`), it asks again after [`SHORT_RETRY`] for as
+    /// long as the round's other tasks keep giving sockets back (their
+    /// probes end), until a probe timeout passes with none given back.
+    /// Then, or at once for any other error, it fails naming why
+    /// (`started` counts it); so do its next probes, until a socket is
+    /// given back or made. Returns why the next batch waits.
     fn took(
         &mut self,
         family: Family,
@@ -511,21 +520,25 @@ impl Flights<'_> {
     ) -> Option<Held> {
         let e = match made {
             Ok(made) => {
-                self.short_since = None;
+                self.short = None;
                 self.spare[family.index()].extend(made);
                 return None;
             }
             Err(_) if self.busy > 0 => return Some(Held::InFlight(self.busy)),
             Err(e) => e,
         };
-        let now = Instant::now();
-        let since = *self.short_since.get_or_insert(now);
-        if self.shared.in_flight.load(Ordering::Relaxed) > 0
-            || now.saturating_duration_since(since) < self.shared.timeout
-        {
-            return Some(Held::Until(now + SHORT_RETRY));
+        let out_of_files = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+        if out_of_files {
+            let now = Instant::now();
+            let back = self.shared.given_back.load(Ordering::Relaxed);
+            let (since, seen) = self.short.get_or_insert((now, back));
+            if *seen != back {
+                (*since, *seen) = (now, back);
+            }
+            if now.saturating_duration_since(*since) < self.shared.timeout {
+                return Some(Held::Until(now + SHORT_RETRY));
+            }
         }
-        self.short_since = None;
         if let Some(i) = next.take() {
             self.finish(i, Outcome::Failed(ProbeError::io("socket", &e)));
             *started += 1;
@@ -551,12 +564,14 @@ impl Flights<'_> {
         if let Some((spread, plan)) = shared.flows {
             let f = u16::try_from(spread.of(i).0).unwrap_or(u16::MAX);
             if let Err(e) = http::bind_source_port(&sock, to, plan.tcp_port(f)) {
+                shared.given_back.fetch_add(1, Ordering::Relaxed);
                 self.finish(i, Outcome::Failed(e));
                 return;
             }
         }
         let start = Instant::now();
         if let Err(e) = http::issue_connect(&sock, to) {
+            shared.given_back.fetch_add(1, Ordering::Relaxed);
             self.finish(i, Outcome::Failed(e));
             return;
         }
@@ -570,6 +585,7 @@ impl Flights<'_> {
             .add(&sock, EpollEvent::new(interest, u64::from(key)))
         {
             self.free.push(key);
+            shared.given_back.fetch_add(1, Ordering::Relaxed);
             self.finish(i, Outcome::Failed(ProbeError::io("epoll", &e.into())));
             return;
         }
@@ -583,7 +599,6 @@ impl Flights<'_> {
             carried: None,
         });
         self.busy += 1;
-        shared.in_flight.fetch_add(1, Ordering::Relaxed);
         self.deadlines
             .push_back((start + shared.timeout, key, target));
         shared.metrics.as_deref().inspect(|m| m.sent(1));
@@ -686,7 +701,7 @@ impl Flights<'_> {
         };
         self.free.push(key);
         self.busy -= 1;
-        self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.shared.given_back.fetch_add(1, Ordering::Relaxed);
         let outcome = match result {
             // Read after the deadline but before the timer fired: late.
             Ok((_, rtt)) if rtt > self.shared.timeout => Outcome::Failed(self.timed_out()),

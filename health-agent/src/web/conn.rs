@@ -170,17 +170,26 @@ impl AsyncWrite for Tracked {
 }
 
 /// The busy mark of a connection whose whole first request head is here
-/// when it is accepted (read without taking it off the socket): a client
-/// sends its request as it connects, and such a connection must not be
-/// closed as idle for a newer one of its source while its task waits to
-/// run behind a burst of accepts. Held until hyper takes that request.
+/// when it is accepted (read without taking it off the socket, and
+/// parsed as hyper will: empty lines before a request are no request): a
+/// client sends its request as it connects, and such a connection must
+/// not be closed as idle for a newer one of its source while its task
+/// waits to run behind a burst of accepts. Held until hyper takes that
+/// request. A head longer than [`PEEKED`] is not looked for.
 pub(super) fn arrived(stream: &TcpStream, slot: &Arc<Admitted<Source>>) -> Option<Busy> {
-    let mut buf = [0u8; 4096];
-    let mut peeked = ReadBuf::new(&mut buf);
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    let here = matches!(stream.poll_peek(&mut cx, &mut peeked), Poll::Ready(Ok(n)) if n > 0);
-    (here && peeked.filled().windows(4).any(|w| w == b"\r\n\r\n")).then(|| Busy::new(slot))
+    use nix::sys::socket::{MsgFlags, recv};
+    let mut buf = [0u8; PEEKED];
+    // Straight from the socket: no waker, and none of the accept loop's
+    // cooperative budget, which would leave it unread in a burst.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(stream);
+    let n = recv(fd, &mut buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT).ok()?;
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let parsed = httparse::Request::new(&mut headers).parse(&buf[..n]);
+    matches!(parsed, Ok(httparse::Status::Complete(_))).then(|| Busy::new(slot))
 }
+
+/// The most of a first request looked at when it is accepted.
+const PEEKED: usize = 4096;
 
 /// Serves `stream` until it ends, is idle past `limits.idle_timeout`, is
 /// closed to make room for another ([`Admitted::evicted`]), or is asked

@@ -723,3 +723,41 @@ async fn a_request_here_at_accept_is_never_closed_for_a_newer_connection() {
     );
     stop.cancel();
 }
+
+/// Empty lines are no request (hyper skips them): connections that sent
+/// only those when accepted stay idle, and a client's share full of them
+/// turns over for its real request.
+#[tokio::test]
+async fn empty_lines_at_accept_do_not_make_a_connection_busy() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let mut blank = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"\r\n\r\n").await.expect("send");
+        blank.push(s);
+    }
+    let mut asking = TcpStream::connect(addr).await.expect("connect");
+    asking
+        .write_all(get("/metrics", "localhost").as_bytes())
+        .await
+        .expect("send");
+    let stop = CancellationToken::new();
+    let limits = Limits {
+        per_source: 2,
+        ..Limits::LISTENER
+    };
+    tokio::spawn(serve_with(
+        listener,
+        agent_router("localhost"),
+        limits,
+        stop.clone(),
+    ));
+    let (_, out) = closed_after(&mut asking, Duration::from_secs(2)).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out:?}");
+    assert!(
+        is_closed(&mut blank[0]).await,
+        "the oldest blank one made room"
+    );
+    stop.cancel();
+}

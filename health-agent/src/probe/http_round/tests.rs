@@ -445,55 +445,34 @@ async fn a_dropped_round_stops_connecting() {
     assert_eq!(accepted.load(Ordering::Relaxed), at_drop);
 }
 
-/// Set in the child process of
-/// [`a_round_short_of_descriptors_waits_for_them_and_loses_no_probe`]:
-/// the port its round probes.
+/// Set in the child process of a test run by [`in_child`]: the port its
+/// round probes.
 const SHORT_OF_FILES: &str = "HEALTH_TEST_SHORT_OF_FILES_PORT";
 
-/// A round that runs out of descriptors (a soft open-file limit a few
-/// above what the process holds: socket batches come short, then fail
-/// with EMFILE while probes are in flight) waits for its probes in
-/// flight to give theirs back: every probe runs, the answered ones OK
-/// and the silent ones timed out, and none fails for want of a socket.
-/// The round runs in a child process, whose limit binds only it; the
-/// servers run here, out of its reach.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_round_short_of_descriptors_waits_for_them_and_loses_no_probe() {
-    const ANSWERED: usize = 60;
-    const SILENT: usize = 20;
-    if let Ok(port) = std::env::var(SHORT_OF_FILES) {
-        let port: u16 = port.parse().expect("a port");
-        let open = std::fs::read_dir("/proc/self/fd").expect("fds").count();
-        let limit = u64::try_from(open + 8).expect("fits");
-        let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-            .expect("getrlimit");
-        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, limit, hard)
-            .expect("lower the soft limit");
-        // A quarter silent, through the order: their sockets are held a
-        // whole timeout while the answered ones ask for theirs.
-        let targets: Vec<IpAddr> = (0..ANSWERED + SILENT)
-            .map(|k| host(if k % 4 == 0 { 2 } else { 1 }))
-            .collect();
-        let outcomes = round(targets.clone(), port, ANSWERED + SILENT).await;
-        for (o, t) in outcomes.iter().zip(&targets) {
-            if *t == host(2) {
-                assert!(
-                    matches!(o, Outcome::Failed(ProbeError::Timeout { .. })),
-                    "{t}: {o:?}"
-                );
-            } else {
-                assert!(matches!(o, Outcome::Ok { .. }), "{t}: {o:?}");
-            }
-        }
-        return;
-    }
-    let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
-    serve(2, port, Answer::Held(&[])).await;
+/// In the child process [`in_child`] runs, before the round: the soft
+/// open-file limit lowered so that `spare` descriptors are free below it
+/// (the round's two epoll sets among them; a limit bounds descriptor
+/// numbers, and closed ones below the highest are free too).
+fn lower_open_files(spare: usize) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    // Looked up by path, which opens no descriptor.
+    let open = |fd: usize| std::fs::symlink_metadata(format!("/proc/self/fd/{fd}")).is_ok();
+    let free = (0..).filter(|&fd| !open(fd));
+    let limit = free.take(spare).last().map_or(0, |fd| fd + 1);
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    let limit = u64::try_from(limit).expect("fits");
+    setrlimit(Resource::RLIMIT_NOFILE, limit, hard).expect("lower the soft limit");
+}
+
+/// Runs test `name` of this module again in a child process, whose lowered
+/// open-file limit binds only it, probing `port` (served here, out of the
+/// limit's reach); fails with the child's output when it fails.
+async fn in_child(name: &'static str, port: u16) {
     let child = tokio::task::spawn_blocking(move || {
         std::process::Command::new(std::env::current_exe().expect("the test binary"))
             .args([
                 "--exact",
-                "probe::http_round::tests::a_round_short_of_descriptors_waits_for_them_and_loses_no_probe",
+                &format!("probe::http_round::tests::{name}"),
                 "--test-threads=1",
                 "--nocapture",
             ])
@@ -508,4 +487,85 @@ async fn a_round_short_of_descriptors_waits_for_them_and_loses_no_probe() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A round that runs out of descriptors (a soft open-file limit a few
+/// above what the process holds: socket batches come short, then fail
+/// with EMFILE while probes are in flight) waits for its probes in
+/// flight to give theirs back: every probe runs, the answered ones OK
+/// and the silent ones timed out, and none fails for want of a socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_short_of_descriptors_waits_for_them_and_loses_no_probe() {
+    const ANSWERED: usize = 60;
+    const SILENT: usize = 20;
+    let Ok(port) = std::env::var(SHORT_OF_FILES) else {
+        let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+        serve(2, port, Answer::Held(&[])).await;
+        in_child(
+            "a_round_short_of_descriptors_waits_for_them_and_loses_no_probe",
+            port,
+        )
+        .await;
+        return;
+    };
+    lower_open_files(8);
+    // A quarter silent, through the order: their sockets are held a
+    // whole timeout while the answered ones ask for theirs.
+    let targets: Vec<IpAddr> = (0..ANSWERED + SILENT)
+        .map(|k| host(if k % 4 == 0 { 2 } else { 1 }))
+        .collect();
+    let port: u16 = port.parse().expect("a port");
+    let outcomes = round(targets.clone(), port, ANSWERED + SILENT).await;
+    for (o, t) in outcomes.iter().zip(&targets) {
+        if *t == host(2) {
+            assert!(
+                matches!(o, Outcome::Failed(ProbeError::Timeout { .. })),
+                "{t}: {o:?}"
+            );
+        } else {
+            assert!(matches!(o, Outcome::Ok { .. }), "{t}: {o:?}");
+        }
+    }
+}
+
+/// A round that can make no socket (every descriptor the limit allows is
+/// taken before it starts, but its epoll sets) fails its probes naming
+/// the error after one probe timeout without a socket given back, not a
+/// timeout for each probe. (A task that ends so closes its epoll set,
+/// and the other may make its sockets from that descriptor.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_that_can_make_no_socket_fails_its_probes_within_a_timeout() {
+    let Ok(port) = std::env::var(SHORT_OF_FILES) else {
+        let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+        in_child(
+            "a_round_that_can_make_no_socket_fails_its_probes_within_a_timeout",
+            port,
+        )
+        .await;
+        return;
+    };
+    // Room for the round's two epoll sets, and no socket.
+    lower_open_files(2);
+    let port: u16 = port.parse().expect("a port");
+    let t0 = std::time::Instant::now();
+    let outcomes = round(vec![host(1); 20], port, 20).await;
+    let took = t0.elapsed();
+    let mut short = 0;
+    for o in &outcomes {
+        match o {
+            Outcome::Failed(ProbeError::Io {
+                step: "socket",
+                error,
+            }) if error.contains("Too many open files") => {
+                short += 1;
+            }
+            Outcome::Ok { .. } => {}
+            other @ Outcome::Failed(_) => panic!("{other:?}"),
+        }
+    }
+    assert!(short >= 10, "{outcomes:?}");
+    // A timeout (400 ms) or two (the other task's wait, once the first's
+    // set is closed) and the spread; a timeout for each of a task's ten
+    // probes would be 4 s.
+    assert!(took < Duration::from_millis(1_200), "{took:?}");
 }
