@@ -114,8 +114,10 @@ struct Shared {
     /// The latest start of a probe that timed out (the round lasts until
     /// it does, a timeout later), likewise.
     latest_timed_out: AtomicU64,
-    /// Sockets every task has closed so far: a task that can make none
-    /// waits while the round's sockets keep coming back.
+    /// Probes in flight, every task's, and the sockets every task has
+    /// closed so far: a task that can make no socket waits while the
+    /// round's probes are in flight, or its sockets keep coming back.
+    in_flight: AtomicUsize,
     given_back: AtomicUsize,
     echoes: Arc<Echoes>,
     metrics: Option<Arc<ProbeMetrics>>,
@@ -215,6 +217,7 @@ pub(super) async fn run(
         t0: Instant::now(),
         latest_start: AtomicU64::new(0),
         latest_timed_out: AtomicU64::new(0),
+        in_flight: AtomicUsize::new(0),
         given_back: AtomicUsize::new(0),
         echoes: echoes.clone(),
         metrics: cfg.metrics.clone(),
@@ -335,6 +338,9 @@ impl Drop for Flights<'_> {
         self.shared
             .given_back
             .fetch_add(self.busy + spare, Ordering::Relaxed);
+        self.shared
+            .in_flight
+            .fetch_sub(self.busy, Ordering::Relaxed);
         if self.busy > 0 {
             let busy = self.busy;
             self.shared.metrics.as_deref().inspect(|m| m.settled(busy));
@@ -502,15 +508,16 @@ impl Flights<'_> {
     }
 
     /// A batch of sockets of `family` came: they are spare. Where none
-    /// could be made, probes in flight give descriptors back as they end,
-    /// and the waiting probe (`next`) waits for one of them to end. With
-    /// none of this task's in flight and the process out of descriptors
-    /// (`EMFILE`, `ENFILE`), it asks again after [`SHORT_RETRY`] for as
-    /// long as the round's other tasks keep giving sockets back (their
-    /// probes end), until a probe timeout passes with none given back.
-    /// Then, or at once for any other error, it fails naming why
-    /// (`started` counts it); so do its next probes, until a socket is
-    /// given back or made. Returns why the next batch waits.
+    /// could be made for want of descriptors (`EMFILE`, `ENFILE`), the
+    /// waiting probe (`next`) waits for some to be given back: with its
+    /// task's own probes in flight, for one of them to end; else, half its
+    /// spare sockets of the other family closed first, it asks again
+    /// after [`SHORT_RETRY`] while any probe of the round is in flight
+    /// (each gives its socket back within a timeout), and while the
+    /// round's sockets keep coming back, until a probe timeout passes with
+    /// none given back. Then, or at once for any other error, it fails
+    /// naming why (`started` counts it); so do its next probes, until a
+    /// socket is given back or made. Returns why the next batch waits.
     fn took(
         &mut self,
         family: Family,
@@ -524,15 +531,23 @@ impl Flights<'_> {
                 self.spare[family.index()].extend(made);
                 return None;
             }
-            Err(_) if self.busy > 0 => return Some(Held::InFlight(self.busy)),
             Err(e) => e,
         };
-        let out_of_files = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
-        if out_of_files {
+        if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+            if self.busy > 0 {
+                return Some(Held::InFlight(self.busy));
+            }
             let now = Instant::now();
+            let other = &mut self.spare[1 - family.index()];
+            if !other.is_empty() {
+                let closed = other.len() - other.len() / 2;
+                other.truncate(other.len() / 2);
+                self.shared.given_back.fetch_add(closed, Ordering::Relaxed);
+                return Some(Held::Until(now));
+            }
             let back = self.shared.given_back.load(Ordering::Relaxed);
             let (since, seen) = self.short.get_or_insert((now, back));
-            if *seen != back {
+            if *seen != back || self.shared.in_flight.load(Ordering::Relaxed) > 0 {
                 (*since, *seen) = (now, back);
             }
             if now.saturating_duration_since(*since) < self.shared.timeout {
@@ -599,6 +614,7 @@ impl Flights<'_> {
             carried: None,
         });
         self.busy += 1;
+        shared.in_flight.fetch_add(1, Ordering::Relaxed);
         self.deadlines
             .push_back((start + shared.timeout, key, target));
         shared.metrics.as_deref().inspect(|m| m.sent(1));
@@ -701,6 +717,7 @@ impl Flights<'_> {
         };
         self.free.push(key);
         self.busy -= 1;
+        self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.shared.given_back.fetch_add(1, Ordering::Relaxed);
         let outcome = match result {
             // Read after the deadline but before the timer fired: late.

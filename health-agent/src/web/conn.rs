@@ -183,7 +183,8 @@ pub(super) fn arrived(stream: &TcpStream, slot: &Arc<Admitted<Source>>) -> Optio
     // cooperative budget, which would leave it unread in a burst.
     let fd = std::os::fd::AsRawFd::as_raw_fd(stream);
     let n = recv(fd, &mut buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT).ok()?;
-    let mut headers = [httparse::EMPTY_HEADER; 64];
+    // hyper's own bound on a request's headers.
+    let mut headers = [httparse::EMPTY_HEADER; 100];
     let parsed = httparse::Request::new(&mut headers).parse(&buf[..n]);
     matches!(parsed, Ok(httparse::Status::Complete(_))).then(|| Busy::new(slot))
 }
