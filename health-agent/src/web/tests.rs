@@ -704,24 +704,7 @@ async fn a_request_here_at_accept_is_never_closed_for_a_newer_connection() {
     for _ in 0..2 {
         idle.push(TcpStream::connect(addr).await.expect("idle connection"));
     }
-    let stop = CancellationToken::new();
-    let limits = Limits {
-        per_source: 2,
-        ..Limits::LISTENER
-    };
-    tokio::spawn(serve_with(
-        listener,
-        agent_router("localhost"),
-        limits,
-        stop.clone(),
-    ));
-    let (_, out) = closed_after(&mut asking, Duration::from_secs(2)).await;
-    assert!(out.starts_with("HTTP/1.1 200"), "{out:?}");
-    assert!(
-        is_closed(&mut idle[0]).await,
-        "the oldest idle one made room"
-    );
-    stop.cancel();
+    served_in_place_of(listener, &mut asking, &mut idle[0]).await;
 }
 
 /// Empty lines are no request (hyper skips them): connections that sent
@@ -742,6 +725,13 @@ async fn empty_lines_at_accept_do_not_make_a_connection_busy() {
         .write_all(get("/metrics", "localhost").as_bytes())
         .await
         .expect("send");
+    served_in_place_of(listener, &mut asking, &mut blank[0]).await;
+}
+
+/// Serves the connections `listener` has queued (accepted in one burst),
+/// a client's share being two: `asking` is answered, and `oldest` was
+/// closed to make room for it.
+async fn served_in_place_of(listener: TcpListener, asking: &mut TcpStream, oldest: &mut TcpStream) {
     let stop = CancellationToken::new();
     let limits = Limits {
         per_source: 2,
@@ -753,11 +743,8 @@ async fn empty_lines_at_accept_do_not_make_a_connection_busy() {
         limits,
         stop.clone(),
     ));
-    let (_, out) = closed_after(&mut asking, Duration::from_secs(2)).await;
+    let (_, out) = closed_after(asking, Duration::from_secs(2)).await;
     assert!(out.starts_with("HTTP/1.1 200"), "{out:?}");
-    assert!(
-        is_closed(&mut blank[0]).await,
-        "the oldest blank one made room"
-    );
+    assert!(is_closed(oldest).await, "the oldest idle one made room");
     stop.cancel();
 }
