@@ -28,10 +28,7 @@ use health_agent::{
     sys::netlink::in_netns,
 };
 use health_tests::topology::{A_IF, A_IP, A_IP6, B_IF, B_IP, B_IP6, TwoNodes};
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpSocket,
-};
+use tokio::{io::AsyncReadExt as _, net::TcpSocket};
 use tokio_util::sync::CancellationToken;
 
 const PORT: u16 = 4240;
@@ -72,8 +69,8 @@ const PEER_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 1);
 /// The namespaces, the server's runtime (serving in `b`), and a client
 /// runtime whose threads live in `a`.
 struct Lab {
-    /// Kept for their drop (the namespaces go, and the server with them).
-    _nodes: TwoNodes,
+    /// The namespaces (they go when dropped, and the server with them).
+    nodes: TwoNodes,
     _server: tokio::runtime::Runtime,
     client: tokio::runtime::Runtime,
 }
@@ -128,7 +125,7 @@ impl Lab {
         // them: every socket the client runtime opens is in `a`.
         let client = nodes.a.run(|| runtime("client")).expect("enter netns a");
         Self {
-            _nodes: nodes,
+            nodes,
             _server: server,
             client,
         }
@@ -233,25 +230,34 @@ async fn hold(
 }
 
 /// `GET /hello` from `src` to `dst`: the time to a complete 200 answer.
-async fn get_hello(src: IpAddr, dst: SocketAddr) -> Duration {
+/// Blocking, on a thread of its own in namespace `a` (see
+/// [`flood_and_probe`]), as a prober writes its request the moment its
+/// connect completes: from the flood's runtime, thousands of the flood's
+/// tasks would run between the two, leaving the connection idle long
+/// enough for the flood to turn it over, which no prober does.
+fn get_hello(src: IpAddr, dst: SocketAddr) -> Duration {
+    use std::io::{Read as _, Write as _};
     let start = Instant::now();
-    let exchange = async {
-        let socket = match src {
-            IpAddr::V4(_) => TcpSocket::new_v4()?,
-            IpAddr::V6(_) => TcpSocket::new_v6()?,
-        };
-        socket.bind(SocketAddr::new(src, 0))?;
-        let mut s = socket.connect(dst).await?;
-        s.write_all(b"GET /hello HTTP/1.1\r\nHost: health\r\n\r\n")
-            .await?;
+    let exchange = || -> std::io::Result<Vec<u8>> {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(dst),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        socket.bind(&SocketAddr::new(src, 0).into())?;
+        socket.connect_timeout(&dst.into(), Duration::from_secs(1))?;
+        let mut s = std::net::TcpStream::from(socket);
+        s.write_all(b"GET /hello HTTP/1.1\r\nHost: health\r\n\r\n")?;
+        s.set_read_timeout(Some(
+            Duration::from_secs(1)
+                .saturating_sub(start.elapsed())
+                .max(Duration::from_millis(1)),
+        ))?;
         let mut out = Vec::new();
-        s.read_to_end(&mut out).await?;
-        Ok::<_, std::io::Error>(out)
+        s.read_to_end(&mut out)?;
+        Ok(out)
     };
-    let out = tokio::time::timeout(Duration::from_secs(1), exchange)
-        .await
-        .unwrap_or_else(|_| panic!("GET http://{dst}/hello from {src}: no answer within 1 s"))
-        .unwrap_or_else(|e| panic!("GET http://{dst}/hello from {src}: {e}"));
+    let out = exchange().unwrap_or_else(|e| panic!("GET http://{dst}/hello from {src}: {e}"));
     let took = start.elapsed();
     assert!(
         out.starts_with(b"HTTP/1.1 200 OK"),
@@ -320,11 +326,11 @@ fn flood_and_probe(
     let mut took = Vec::new();
     while started.elapsed() < THROUGH {
         for &(src, to) in peers {
-            // On a worker thread of the client runtime: in namespace `a`.
             let t = lab
-                .client
-                .block_on(lab.client.spawn(get_hello(src, to)))
-                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+                .nodes
+                .a
+                .run(|| get_hello(src, to))
+                .expect("enter netns a");
             took.push(t);
         }
         std::thread::sleep(Duration::from_millis(100));
