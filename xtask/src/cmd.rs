@@ -84,10 +84,30 @@ pub(crate) fn run_forwarding_signals(cmd: &mut Command) -> anyhow::Result<()> {
         let _ = copier.join();
     }
     if !status.success() {
-        bail!("`{}` failed ({status})", display(cmd));
+        return Err(Exited {
+            cmd: display(cmd),
+            status,
+        }
+        .into());
     }
     Ok(())
 }
+
+/// A child that ran and exited unsuccessfully: its command line and status,
+/// for callers that tell one exit code from another.
+#[derive(Debug)]
+pub(crate) struct Exited {
+    pub(crate) cmd: String,
+    pub(crate) status: std::process::ExitStatus,
+}
+
+impl std::fmt::Display for Exited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` failed ({})", self.cmd, self.status)
+    }
+}
+
+impl std::error::Error for Exited {}
 
 /// Runs `cmd` quietly and returns its output (exit status not checked).
 pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<Output> {

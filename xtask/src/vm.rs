@@ -195,8 +195,41 @@ impl std::fmt::Display for FastFailure {
 /// minutes.
 const FAST_FAILURE: Duration = Duration::from_secs(30);
 
-/// One boot of `vmlinuz` running the guest script; `console`: the guest
-/// kernel's console shown too.
+/// How much of the guest kernel's console a boot shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Console {
+    /// Emergencies, and the whole trace of an oops or a panic.
+    Emergencies,
+    /// Every message from the first: where a boot stopped.
+    Full,
+}
+
+/// Exit code of virtme-ng for a guest that ended without its script's
+/// exit code: the guest kernel panicked (`panic=-1`) or QEMU ended.
+const GUEST_LOST: i32 = 255;
+
+/// Why a failed boot is worth a second one, and how much of the console
+/// that one shows; `None` for a failure of the tests themselves.
+fn second_boot(e: &anyhow::Error) -> Option<(String, Console)> {
+    if cmd::interrupted() {
+        return None;
+    }
+    if let Some(fast) = e.downcast_ref::<FastFailure>() {
+        return Some((fast.to_string(), Console::Full));
+    }
+    let exited = e.downcast_ref::<cmd::Exited>()?;
+    (exited.status.code() == Some(GUEST_LOST)).then(|| {
+        (
+            "the guest ended without its tests' exit code: its kernel panicked \
+             (the trace is above) or QEMU ended"
+                .to_owned(),
+            Console::Emergencies,
+        )
+    })
+}
+
+/// One boot of `vmlinuz` running the guest script, showing `console` of the
+/// guest kernel's console on stderr.
 #[expect(
     clippy::too_many_arguments,
     reason = "one call site with a retry: a struct would only rename them"
@@ -209,7 +242,7 @@ fn boot(
     release: &str,
     k: &Kernel,
     tests: usize,
-    console: bool,
+    console: Console,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut vng = Command::new("vng");
@@ -223,8 +256,12 @@ fn boot(
     if !kvm {
         vng.arg("--disable-kvm");
     }
-    if console {
-        vng.arg("--verbose");
+    // The guest kernel's console goes to stderr; at `loglevel=1` it shows
+    // emergencies only, and an oops or a panic raises the level to print
+    // its whole trace.
+    vng.arg("--verbose");
+    if matches!(console, Console::Emergencies) {
+        vng.args(["--append", "loglevel=1"]);
     }
     // virtme-ng reopens the guest console's output: given our stdout as it
     // is, it truncated a log file that stdout was redirected to (everything
@@ -383,19 +420,14 @@ pub(crate) fn run(root: &Path, k: &Kernel, binary: &Path, tests: &[String]) -> a
             console,
         )
     };
-    let mut result = boot_once(false);
-    if let Err(e) = &result
-        && e.downcast_ref::<FastFailure>().is_some()
-    {
-        // The selection takes minutes: a guest gone within seconds never ran
-        // a test (QEMU or virtme-ng failed to start it), so one more boot
-        // tells a passing flake from a real fault, which fails again; the
-        // guest's console is shown this time (`--verbose`), so that a fault
-        // says where the boot stopped.
-        eprintln!("xtask: {e:#}; booting Linux {release} once more, showing its console");
+    let mut result = boot_once(Console::Emergencies);
+    if let Some((why, console)) = result.as_ref().err().and_then(second_boot) {
+        // One more boot tells a rare fault of the guest or of QEMU, which
+        // passes, from a fault of the tests or the agent, which fails again.
+        eprintln!("xtask: {why}; booting Linux {release} once more");
         host_state();
         std::thread::sleep(Duration::from_secs(5));
-        result = boot_once(true);
+        result = boot_once(console);
     }
     if result.is_err() {
         host_state();
@@ -432,6 +464,33 @@ mod tests {
                 k.name
             );
         }
+    }
+
+    fn exited(code: i32) -> anyhow::Error {
+        use std::os::unix::process::ExitStatusExt as _;
+        cmd::Exited {
+            cmd: "vng".into(),
+            status: std::process::ExitStatus::from_raw(code << 8),
+        }
+        .into()
+    }
+
+    #[test]
+    fn a_lost_guest_boots_again_and_failing_tests_do_not() {
+        let (why, console) = second_boot(&exited(GUEST_LOST)).expect("a panic boots again");
+        assert!(why.contains("panicked"), "{why}");
+        assert_eq!(console, Console::Emergencies);
+        // The tests' own failure (libtest exits 101) is the answer.
+        assert!(second_boot(&exited(101)).is_none());
+        assert!(second_boot(&anyhow::anyhow!("vng not found")).is_none());
+        // Gone before a test could run: the whole console, to see where.
+        let fast = exited(1).context(FastFailure(Duration::from_secs(3)));
+        assert_eq!(second_boot(&fast).map(|(_, c)| c), Some(Console::Full));
+        let fast_panic = exited(GUEST_LOST).context(FastFailure(Duration::from_secs(3)));
+        assert_eq!(
+            second_boot(&fast_panic).map(|(_, c)| c),
+            Some(Console::Full)
+        );
     }
 
     #[test]
