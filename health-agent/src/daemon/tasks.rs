@@ -245,8 +245,7 @@ pub(super) async fn web(
     sup.start("web", Restart::WithinBudget, move |ctx| {
         let router = router.clone();
         task(async move {
-            let listener = std::net::TcpListener::bind(addr)
-                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            let listener = crate::web::listen(addr)
                 .map_err(|source| crate::web::WebError::Bind { addr, source })?;
             let bound = listener.local_addr().unwrap_or(addr);
             let shutdown = ctx.shutdown.clone();

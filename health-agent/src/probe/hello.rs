@@ -5,8 +5,10 @@
 //! source's share, is full, the oldest connection (of that source) still
 //! waiting for its request head is closed to make room for the new one: a
 //! peer holding many idle or slow connections turns over its own share
-//! and cannot starve the others, even those sharing its source (the rules
-//! are [`crate::util::admission`]'s).
+//! and cannot starve the others, even those sharing its source. The
+//! kernel hands over a connection when its first bytes arrive, and one
+//! whose whole head is there then is never closed for a newer connection
+//! of its source (the rules are [`crate::util::admission`]'s).
 
 use std::{net::Ipv4Addr, sync::Arc, time::Duration};
 
@@ -51,7 +53,9 @@ pub const BACKLOG: i32 = 65_535;
 
 /// A non-blocking listener on `[::]:port` of the calling thread's
 /// namespace, dual-stack (IPv4 peers arrive as IPv4-mapped addresses), with
-/// [`BACKLOG`]; on `0.0.0.0:port` where the namespace has no IPv6.
+/// [`BACKLOG`], accepting a connection when its first bytes arrive, or
+/// after [`admission::ACCEPT_ON_DATA`]; on `0.0.0.0:port` where the
+/// namespace has no IPv6.
 pub fn listen(port: u16) -> std::io::Result<std::net::TcpListener> {
     match listen_on(socket2::Domain::IPV6, port) {
         Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
@@ -71,6 +75,7 @@ fn listen_on(domain: socket2::Domain, port: u16) -> std::io::Result<std::net::Tc
         std::net::SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
     };
     sock.bind(&addr.into())?;
+    crate::sys::sockopt::defer_accept(&sock, admission::ACCEPT_ON_DATA)?;
     crate::sys::sysctl::with_at_least("net/core/somaxconn", BACKLOG.unsigned_abs().into(), || {
         sock.listen(BACKLOG)
     })?;
@@ -434,6 +439,71 @@ mod tests {
             .await
             .expect("the oldest idle connection is closed at once");
         assert!(matches!(first_idle, Ok(0) | Err(_)), "{first_idle:?}");
+        server.abort();
+    }
+
+    /// A request sent a while after its connect (the handshake's last ACK
+    /// went alone) is answered though its source opened more than its
+    /// share of connections in between: the node's listener accepts a
+    /// connection when its first bytes arrive, so the request is there at
+    /// its accept and the idle ones are not accepted before
+    /// [`admission::ACCEPT_ON_DATA`]. Then they are, and answered 408 at
+    /// the head timeout or closed for one another.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_sent_after_its_connect_is_answered_through_a_burst_of_idle_connections() {
+        let listener = TcpListener::from_std(listen(0).expect("listen")).expect("tokio listener");
+        let addr = std::net::SocketAddr::from((
+            [127, 0, 0, 1],
+            listener.local_addr().expect("addr").port(),
+        ));
+        let limits = Limits {
+            total: 16,
+            per_source: 2,
+        };
+        let server = tokio::spawn(serve_with(listener, CancellationToken::new(), limits, None));
+        let start = std::time::Instant::now();
+        let mut asking = TcpStream::connect(addr).await.expect("connect");
+        let mut idle = Vec::new();
+        for _ in 0..4 {
+            idle.push(TcpStream::connect(addr).await.expect("idle connection"));
+        }
+        // Accepted on connect, the asking connection would be the oldest
+        // idle one of its source by now, closed for the third idle one.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        asking
+            .write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("send");
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_millis(500), asking.read_to_string(&mut out))
+            .await
+            .expect("answered at once")
+            .expect("read");
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out:?}");
+        assert!(
+            start.elapsed() < admission::ACCEPT_ON_DATA,
+            "{:?}",
+            start.elapsed()
+        );
+        // Held by the kernel, then accepted and closed like any other.
+        let mut answers = Vec::new();
+        for c in &mut idle {
+            let mut rest = Vec::new();
+            let within = admission::ACCEPT_ON_DATA + HEAD_TIMEOUT + Duration::from_secs(3);
+            let _ = tokio::time::timeout(within, c.read_to_end(&mut rest))
+                .await
+                .expect("accepted and closed");
+            answers.push(String::from_utf8_lossy(&rest).into_owned());
+        }
+        assert!(
+            start.elapsed() > admission::ACCEPT_ON_DATA + HEAD_TIMEOUT,
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(
+            answers.iter().any(|a| a.starts_with("HTTP/1.1 408")),
+            "{answers:?}"
+        );
         server.abort();
     }
 

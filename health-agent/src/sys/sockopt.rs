@@ -32,6 +32,17 @@ pub(crate) fn set<T>(
     }
 }
 
+/// Has a listening TCP socket accept a connection only once its first
+/// bytes have arrived, or about `after` its handshake (`TCP_DEFER_ACCEPT`:
+/// 1 s exactly; longer times are rounded to when the kernel would send the
+/// SYN-ACK again, 3 s, 7 s, 15 s...): the kernel drops the handshake's bare
+/// last ACK until then, and a connection that sends nothing is accepted
+/// when its client answers the SYN-ACK sent again at the end of that time.
+pub(crate) fn defer_accept(listener: &impl AsFd, after: std::time::Duration) -> io::Result<()> {
+    let secs = libc::c_int::try_from(after.as_secs().max(1)).unwrap_or(libc::c_int::MAX);
+    set(listener, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, &secs)
+}
+
 /// Sets a socket buffer size past `net.core.[rw]mem_max` (`opt`:
 /// `SO_RCVBUFFORCE` or `SO_SNDBUFFORCE`; needs `CAP_NET_ADMIN`). The
 /// kernel doubles `bytes` for its own bookkeeping, as it does for

@@ -18,6 +18,16 @@
 //!
 //! Otherwise the new connection is refused. A closed connection's place is
 //! given back at once; its task sees [`Admitted::evicted`] and ends.
+//!
+//! Both listeners accept a connection when its first bytes arrive, or
+//! after [`ACCEPT_ON_DATA`], and a connection whose whole request is there
+//! when accepted is busy from its accept: a peer's request, sent as it
+//! connects or within a second of it, is never closed for newer
+//! connections of its key, however fast they come; a client holding
+//! connections open with nothing sent takes no place for that second.
+//! (While a listener's queue of connections not yet accepted is full, the
+//! kernel answers with SYN cookies, and a cookie's connection is accepted
+//! on its handshake's last ACK, data or not: as if there were no wait.)
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -26,6 +36,12 @@ use std::{
 };
 
 use tokio_util::sync::CancellationToken;
+
+/// How long a listener's kernel holds a connection that has sent nothing
+/// before handing it over anyway (`TCP_DEFER_ACCEPT`, `sys::sockopt::defer_accept`):
+/// a prober sends its request within its probe timeout (1 s by default),
+/// and a browser or Prometheus as it connects.
+pub const ACCEPT_ON_DATA: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A listener's caps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

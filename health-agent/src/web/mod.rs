@@ -45,6 +45,31 @@ pub enum WebError {
     Serve { addr: SocketAddr, source: io::Error },
 }
 
+/// The metrics listener's socket on `addr`, non-blocking, accepting a
+/// connection when its first bytes arrive, or after
+/// [`admission::ACCEPT_ON_DATA`]. Connections waiting so count against
+/// its [`BACKLOG`], past which the kernel answers with SYN cookies and
+/// accepts on the handshake: the wait is then gone.
+pub fn listen(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.set_reuse_address(true)?;
+    sock.bind(&addr.into())?;
+    crate::sys::sockopt::defer_accept(&sock, admission::ACCEPT_ON_DATA)?;
+    sock.listen(BACKLOG)?;
+    sock.set_nonblocking(true)?;
+    Ok(sock.into())
+}
+
+/// Connections the metrics listener's kernel queues, accepted or waiting
+/// for their first bytes: 16 times its connections at once (std's 128
+/// let a client connecting 128 times a second without sending turn the
+/// wait off).
+pub const BACKLOG: i32 = 1024;
+
 /// Everything the listener serves, for the hosts of [`host::AllowedHosts`]
 /// (see [`host::require_allowed_host`]). Every answer, a refusal
 /// included, says it is not to be sniffed for another type (some echo

@@ -707,6 +707,67 @@ async fn a_request_here_at_accept_is_never_closed_for_a_newer_connection() {
     served_in_place_of(listener, &mut asking, &mut idle[0]).await;
 }
 
+/// A request sent a while after its connect (the handshake's last ACK
+/// went alone) is answered though its client opened more than its share
+/// of connections in between: the agent's listener ([`listen`]) accepts a
+/// connection when its first bytes arrive, so the request is there at its
+/// accept, and the idle ones are not accepted yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_after_its_connect_is_answered_through_a_burst_of_idle_connections() {
+    let listener = listen(SocketAddr::from(([127, 0, 0, 1], 0))).expect("listen");
+    let listener = TcpListener::from_std(listener).expect("tokio listener");
+    let addr = listener.local_addr().expect("addr");
+    let stop = CancellationToken::new();
+    let limits = Limits {
+        per_source: 2,
+        ..Limits::LISTENER
+    };
+    tokio::spawn(serve_with(
+        listener,
+        agent_router("localhost"),
+        limits,
+        stop.clone(),
+    ));
+    let start = Instant::now();
+    let mut asking = TcpStream::connect(addr).await.expect("connect");
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(TcpStream::connect(addr).await.expect("idle connection"));
+    }
+    // Accepted on connect, the asking connection would be the oldest idle
+    // one of its client by now, closed for the third idle one.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    asking
+        .write_all(get("/metrics", "localhost").as_bytes())
+        .await
+        .expect("send");
+    let (_, out) = closed_after(&mut asking, Duration::from_millis(500)).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out:?}");
+    assert!(
+        start.elapsed() < admission::ACCEPT_ON_DATA,
+        "{:?}",
+        start.elapsed()
+    );
+    // Held by the kernel until then, then accepted as any connection is:
+    // two of them closed for the other two.
+    let deadline = tokio::time::Instant::from_std(start + admission::ACCEPT_ON_DATA * 3);
+    let mut closed = Vec::new();
+    for c in &mut idle {
+        let mut b = [0u8; 64];
+        if let Ok(Ok(0) | Err(_)) = tokio::time::timeout_at(deadline, c.read(&mut b)).await {
+            closed.push(start.elapsed());
+        }
+    }
+    assert_eq!(closed.len(), 2, "{closed:?}");
+    assert!(
+        closed
+            .iter()
+            .all(|t| *t >= admission::ACCEPT_ON_DATA.saturating_sub(EARLY)),
+        "{closed:?}"
+    );
+    stop.cancel();
+}
+
 /// Empty lines are no request (hyper skips them): connections that sent
 /// only those when accepted stay idle, and a client's share full of them
 /// turns over for its real request.

@@ -2,7 +2,11 @@
 //! own server (`probe::hello::serve_with`, its real limits) listens in namespace
 //! `b`; namespace `a` floods it from many source addresses, re-opening
 //! every connection the server closes, while a real peer's `GET /hello`
-//! (from a source of its own) must still be answered within 1 s.
+//! (from a source of its own) must still be answered within 1 s. Each
+//! flood connection sends one byte, a request head begun and never
+//! finished: the node's listener accepts a connection when its first bytes
+//! arrive, so one that sends nothing waits in the kernel for a second and
+//! takes no place before then.
 //!
 //! - 16 IPv4 sources (198.18.0.16-31) holding 256 idle connections each fill
 //!   the server (16 × 256 = `MAX_CONNECTIONS`): the real request is
@@ -12,7 +16,9 @@
 //!   counts as one source and holds at most `PER_SOURCE` connections, its
 //!   oldest idle one closed for each new one; peers from 198.18.0.1,
 //!   another /64 (`2001:2:0:1::1`) and the flood's own /64 (`2001:2::1`,
-//!   a host sharing it with the flood) are answered.
+//!   a host sharing it with the flood) are answered, the last also when
+//!   its request comes 300 ms after its connect, while the flood turns
+//!   its /64's share over several times.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
@@ -28,7 +34,10 @@ use health_agent::{
     sys::netlink::in_netns,
 };
 use health_tests::topology::{A_IF, A_IP, A_IP6, B_IF, B_IP, B_IP6, TwoNodes};
-use tokio::{io::AsyncReadExt as _, net::TcpSocket};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpSocket,
+};
 use tokio_util::sync::CancellationToken;
 
 const PORT: u16 = 4240;
@@ -50,6 +59,9 @@ const QUEUED: usize = 8;
 /// How long real requests are sent through the flood: more than two head
 /// timeouts, so the flood's connections are timed out and re-opened meanwhile.
 const THROUGH: Duration = Duration::from_secs(5);
+
+/// How long after its connect a late peer writes its request.
+const LATE: Duration = Duration::from_millis(300);
 
 /// One flood at a time: each opens thousands of connections on a shared
 /// two-core runner.
@@ -169,7 +181,7 @@ struct Gauge {
 }
 
 /// Keeps one idle connection from `src` open until `stop`: connects, sends
-/// nothing, and when the server closes it opens another (after a second
+/// one byte, and when the server closes it opens another (after a second
 /// when it was refused at once, so a refused source does not spin).
 async fn hold(
     src: IpAddr,
@@ -194,6 +206,10 @@ async fn hold(
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        if stream.write_all(b"G").await.is_err() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
         gauge.opened.fetch_add(1, Ordering::Relaxed);
         let opened = Instant::now();
         let held = tokio::select! {
@@ -229,13 +245,14 @@ async fn hold(
     }
 }
 
-/// `GET /hello` from `src` to `dst`: the time to a complete 200 answer.
+/// `GET /hello` from `src` to `dst`, written `late` after the connect
+/// completes: the time to a complete 200 answer, `late` left out.
 /// Blocking, on a thread of its own in namespace `a` (see
 /// [`flood_and_probe`]), as a prober writes its request the moment its
 /// connect completes: from the flood's runtime, thousands of the flood's
 /// tasks would run between the two, leaving the connection idle long
 /// enough for the flood to turn it over, which no prober does.
-fn get_hello(src: IpAddr, dst: SocketAddr) -> Duration {
+fn get_hello(src: IpAddr, dst: SocketAddr, late: Duration) -> Duration {
     use std::io::{Read as _, Write as _};
     let start = Instant::now();
     let exchange = || -> std::io::Result<Vec<u8>> {
@@ -247,9 +264,10 @@ fn get_hello(src: IpAddr, dst: SocketAddr) -> Duration {
         socket.bind(&SocketAddr::new(src, 0).into())?;
         socket.connect_timeout(&dst.into(), Duration::from_secs(1))?;
         let mut s = std::net::TcpStream::from(socket);
+        std::thread::sleep(late);
         s.write_all(b"GET /hello HTTP/1.1\r\nHost: health\r\n\r\n")?;
         s.set_read_timeout(Some(
-            Duration::from_secs(1)
+            (Duration::from_secs(1) + late)
                 .saturating_sub(start.elapsed())
                 .max(Duration::from_millis(1)),
         ))?;
@@ -258,7 +276,7 @@ fn get_hello(src: IpAddr, dst: SocketAddr) -> Duration {
         Ok(out)
     };
     let out = exchange().unwrap_or_else(|e| panic!("GET http://{dst}/hello from {src}: {e}"));
-    let took = start.elapsed();
+    let took = start.elapsed().saturating_sub(late);
     assert!(
         out.starts_with(b"HTTP/1.1 200 OK"),
         "GET /hello from {src}: {}",
@@ -287,12 +305,13 @@ impl Filled {
 
 /// Floods `dst` from `sources` (`EACH` connections each, held past
 /// `held_after`) and, once `filled`, sends real requests from `peers`
-/// every 100 ms for [`THROUGH`]. Returns the slowest answer and the gauge.
+/// every 100 ms for [`THROUGH`], each written so long after its connect.
+/// Returns the slowest answer and the gauge.
 fn flood_and_probe(
     lab: &Lab,
     sources: &[IpAddr],
     dst: SocketAddr,
-    peers: &[(IpAddr, SocketAddr)],
+    peers: &[(IpAddr, SocketAddr, Duration)],
     held_after: Duration,
     filled: Filled,
 ) -> (Duration, Arc<Gauge>) {
@@ -325,11 +344,11 @@ fn flood_and_probe(
     let started = Instant::now();
     let mut took = Vec::new();
     while started.elapsed() < THROUGH {
-        for &(src, to) in peers {
+        for &(src, to, late) in peers {
             let t = lab
                 .nodes
                 .a
-                .run(|| get_hello(src, to))
+                .run(|| get_hello(src, to, late))
                 .expect("enter netns a");
             took.push(t);
         }
@@ -369,8 +388,12 @@ fn sixteen_sources_holding_256_idle_connections_each_do_not_stop_a_real_hello() 
         &sources,
         dst,
         &[
-            (IpAddr::V4(A_IP), dst),
-            (IpAddr::V6(PEER_IP6), SocketAddr::from((B_IP6, PORT))),
+            (IpAddr::V4(A_IP), dst, Duration::ZERO),
+            (
+                IpAddr::V6(PEER_IP6),
+                SocketAddr::from((B_IP6, PORT)),
+                Duration::ZERO,
+            ),
         ],
         HELD_AFTER,
         Filled::Held(MAX_CONNECTIONS - 64),
@@ -402,9 +425,17 @@ fn one_ipv6_64_holds_one_sources_share_and_does_not_stop_a_real_hello() {
         &sources,
         dst6,
         &[
-            (IpAddr::V6(PEER_IP6), dst6),
-            (IpAddr::V6(A_IP6), dst6),
-            (IpAddr::V4(A_IP), SocketAddr::from((B_IP, PORT))),
+            (IpAddr::V6(PEER_IP6), dst6, Duration::ZERO),
+            (IpAddr::V6(A_IP6), dst6, Duration::ZERO),
+            // Accepted on connect, its connection would be the oldest
+            // idle one of its /64 within about 70 ms, and closed for the
+            // flood's next.
+            (IpAddr::V6(A_IP6), dst6, LATE),
+            (
+                IpAddr::V4(A_IP),
+                SocketAddr::from((B_IP, PORT)),
+                Duration::ZERO,
+            ),
         ],
         HELD_AFTER_STRICT,
         Filled::Opened(4 * PER_SOURCE),
