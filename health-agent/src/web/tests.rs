@@ -717,17 +717,7 @@ async fn a_request_sent_after_its_connect_is_answered_through_a_burst_of_idle_co
     let listener = listen(SocketAddr::from(([127, 0, 0, 1], 0))).expect("listen");
     let listener = TcpListener::from_std(listener).expect("tokio listener");
     let addr = listener.local_addr().expect("addr");
-    let stop = CancellationToken::new();
-    let limits = Limits {
-        per_source: 2,
-        ..Limits::LISTENER
-    };
-    tokio::spawn(serve_with(
-        listener,
-        agent_router("localhost"),
-        limits,
-        stop.clone(),
-    ));
+    let stop = serving_shares_of_two(listener);
     let start = Instant::now();
     let mut asking = TcpStream::connect(addr).await.expect("connect");
     let mut idle = Vec::new();
@@ -789,10 +779,9 @@ async fn empty_lines_at_accept_do_not_make_a_connection_busy() {
     served_in_place_of(listener, &mut asking, &mut blank[0]).await;
 }
 
-/// Serves the connections `listener` has queued (accepted in one burst),
-/// a client's share being two: `asking` is answered, and `oldest` was
-/// closed to make room for it.
-async fn served_in_place_of(listener: TcpListener, asking: &mut TcpStream, oldest: &mut TcpStream) {
+/// Serves the agent's router for `localhost` on `listener`, a client's
+/// share being two connections, until the token returned is cancelled.
+fn serving_shares_of_two(listener: TcpListener) -> CancellationToken {
     let stop = CancellationToken::new();
     let limits = Limits {
         per_source: 2,
@@ -804,6 +793,14 @@ async fn served_in_place_of(listener: TcpListener, asking: &mut TcpStream, oldes
         limits,
         stop.clone(),
     ));
+    stop
+}
+
+/// Serves the connections `listener` has queued (accepted in one burst),
+/// a client's share being two: `asking` is answered, and `oldest` was
+/// closed to make room for it.
+async fn served_in_place_of(listener: TcpListener, asking: &mut TcpStream, oldest: &mut TcpStream) {
+    let stop = serving_shares_of_two(listener);
     let (_, out) = closed_after(asking, Duration::from_secs(2)).await;
     assert!(out.starts_with("HTTP/1.1 200"), "{out:?}");
     assert!(is_closed(oldest).await, "the oldest idle one made room");
