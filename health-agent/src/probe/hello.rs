@@ -462,18 +462,9 @@ mod tests {
         };
         let server = tokio::spawn(serve_with(listener, CancellationToken::new(), limits, None));
         let start = std::time::Instant::now();
-        let mut asking = TcpStream::connect(addr).await.expect("connect");
-        let mut idle = Vec::new();
-        for _ in 0..4 {
-            idle.push(TcpStream::connect(addr).await.expect("idle connection"));
-        }
-        // Accepted on connect, the asking connection would be the oldest
-        // idle one of its source by now, closed for the third idle one.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        asking
-            .write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .expect("send");
+        let (mut asking, mut idle) =
+            admission::sent_late_behind_idle(addr, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n", 4)
+                .await;
         let mut out = String::new();
         tokio::time::timeout(Duration::from_millis(500), asking.read_to_string(&mut out))
             .await

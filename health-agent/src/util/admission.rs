@@ -229,5 +229,28 @@ impl<K: Copy + Eq + Hash> Drop for Admitted<K> {
     }
 }
 
+/// For the listeners' tests: connects to `addr`, opens `idle` connections
+/// from the same source that send nothing, and 100 ms later writes
+/// `request` on the first. Accepted on its connect, that first connection
+/// would by then be its source's oldest idle one, closed for newer ones
+/// past a share smaller than `idle`. Returns it and the idle ones.
+#[cfg(test)]
+pub(crate) async fn sent_late_behind_idle(
+    addr: std::net::SocketAddr,
+    request: &[u8],
+    idle: usize,
+) -> (tokio::net::TcpStream, Vec<tokio::net::TcpStream>) {
+    use tokio::io::AsyncWriteExt as _;
+    let connect = || tokio::net::TcpStream::connect(addr);
+    let mut asking = connect().await.expect("connect");
+    let mut held = Vec::with_capacity(idle);
+    for _ in 0..idle {
+        held.push(connect().await.expect("idle connection"));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    asking.write_all(request).await.expect("send");
+    (asking, held)
+}
+
 #[cfg(test)]
 mod tests;

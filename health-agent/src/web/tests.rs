@@ -719,18 +719,9 @@ async fn a_request_sent_after_its_connect_is_answered_through_a_burst_of_idle_co
     let addr = listener.local_addr().expect("addr");
     let stop = serving_shares_of_two(listener);
     let start = Instant::now();
-    let mut asking = TcpStream::connect(addr).await.expect("connect");
-    let mut idle = Vec::new();
-    for _ in 0..4 {
-        idle.push(TcpStream::connect(addr).await.expect("idle connection"));
-    }
-    // Accepted on connect, the asking connection would be the oldest idle
-    // one of its client by now, closed for the third idle one.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    asking
-        .write_all(get("/metrics", "localhost").as_bytes())
-        .await
-        .expect("send");
+    let request = get("/metrics", "localhost");
+    let (mut asking, mut idle) =
+        admission::sent_late_behind_idle(addr, request.as_bytes(), 4).await;
     let (_, out) = closed_after(&mut asking, Duration::from_millis(500)).await;
     assert!(out.starts_with("HTTP/1.1 200"), "{out:?}");
     assert!(
