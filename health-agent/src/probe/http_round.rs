@@ -367,17 +367,7 @@ impl Shared {
             }
         };
         let spare = self.first_sockets(&mine[..count.min(self.share)]).await;
-        let mut f = Flights {
-            shared: self,
-            epoll: &epoll.get_ref().0,
-            slots: Vec::new(),
-            free: Vec::new(),
-            deadlines: VecDeque::new(),
-            spare,
-            short: None,
-            busy: 0,
-            done: Vec::with_capacity(FLUSH.min(count)),
-        };
+        let mut f = Flights::new(self, &epoll.get_ref().0, spare, count);
         let step = self.spread / u32::try_from(count).unwrap_or(u32::MAX).max(1);
         let at = |k: usize| self.t0 + step * u32::try_from(k).unwrap_or(u32::MAX);
         let mut queue = IssueOrder::new(mine, suspects);
@@ -489,7 +479,27 @@ impl Shared {
     }
 }
 
-impl Flights<'_> {
+impl<'a> Flights<'a> {
+    /// A task of `count` probes with `spare` sockets and none in flight.
+    fn new(
+        shared: &'a Shared,
+        epoll: &'a Epoll,
+        spare: [Vec<socket2::Socket>; 2],
+        count: usize,
+    ) -> Self {
+        Self {
+            shared,
+            epoll,
+            slots: Vec::new(),
+            free: Vec::new(),
+            deadlines: VecDeque::new(),
+            spare,
+            short: None,
+            busy: 0,
+            done: Vec::with_capacity(FLUSH.min(count)),
+        }
+    }
+
     /// How many sockets of `family` may be made within the task's share.
     /// When the other family's spare sockets hold the share, half of them
     /// (one at least) are closed first: a probe of `family` would

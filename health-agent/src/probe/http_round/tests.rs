@@ -569,3 +569,178 @@ async fn a_round_that_can_make_no_socket_fails_its_probes_within_a_timeout() {
     // probes would be 4 s.
     assert!(took < Duration::from_millis(1_200), "{took:?}");
 }
+
+/// The round state of a task whose socket batches are judged by hand
+/// (`Flights::took`): `targets`, a share of 8 sockets, a timeout of 400
+/// ms, nothing in flight.
+fn by_hand(targets: Vec<IpAddr>) -> Shared {
+    let n = targets.len();
+    Shared {
+        targets: Arc::new(targets),
+        tags: Arc::new(Vec::new()),
+        flows: None,
+        factory: None,
+        share: 8,
+        port: 4240,
+        timeout: Duration::from_millis(400),
+        spread: Duration::ZERO,
+        t0: Instant::now(),
+        latest_start: AtomicU64::new(0),
+        latest_timed_out: AtomicU64::new(0),
+        in_flight: AtomicUsize::new(0),
+        given_back: AtomicUsize::new(0),
+        echoes: Arc::new(Echoes::without(n)),
+        metrics: None,
+        outcomes: Mutex::new(vec![Outcome::Failed(ProbeError::ReceiverStopped); n]),
+    }
+}
+
+/// `n` real sockets of `family`, spare.
+fn sockets(family: Family, n: usize) -> Vec<socket2::Socket> {
+    let (domain, ty, proto) = http::tcp_for(family);
+    (0..n)
+        .map(|_| socket2::Socket::new(domain, ty, proto).expect("socket"))
+        .collect()
+}
+
+fn emfile() -> io::Result<Vec<socket2::Socket>> {
+    Err(io::Error::from_raw_os_error(libc::EMFILE))
+}
+
+/// An IPv6 probe that finds no descriptor while none of its task's probes
+/// is in flight, and the task holds spare IPv4 sockets it will not use
+/// soon: half of them (rounded up) are closed and counted as given back,
+/// and the probe asks again at once, again and again until none is left;
+/// then it waits, and fails naming the error only after a probe timeout
+/// with nothing given back and nothing of the round in flight.
+#[test]
+fn a_task_out_of_descriptors_closes_the_other_familys_spares_before_it_waits() {
+    let shared = by_hand(vec![host(1), "::1".parse().expect("IPv6")]);
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
+    let mut f = Flights::new(&shared, &epoll, [sockets(Family::Ipv4, 5), Vec::new()], 2);
+    let (mut next, mut started) = (Some(1), 0);
+    let mut closed = Vec::new();
+    for _ in 0..3 {
+        let before = Instant::now();
+        let held = f.took(Family::Ipv6, emfile(), &mut next, &mut started);
+        assert!(
+            matches!(held, Some(Held::Until(t)) if t >= before && t <= Instant::now()),
+            "asked again at once: {held:?}"
+        );
+        closed.push(shared.given_back.load(Ordering::Relaxed));
+        assert_eq!(f.spare[Family::Ipv6.index()].len(), 0);
+    }
+    // 5 spare: 3 closed, then 1, then the last.
+    assert_eq!(closed, [3, 4, 5]);
+    assert!(f.spare[Family::Ipv4.index()].is_empty());
+    assert_eq!((next, started), (Some(1), 0), "the probe waits, not failed");
+    assert!(f.done.is_empty(), "{:?}", f.done);
+    // Nothing left to close: it waits, asking again every SHORT_RETRY.
+    let before = Instant::now();
+    let held = f.took(Family::Ipv6, emfile(), &mut next, &mut started);
+    assert!(
+        matches!(held, Some(Held::Until(t)) if t >= before + SHORT_RETRY),
+        "{held:?}"
+    );
+    assert_eq!((next, started), (Some(1), 0));
+    // A timeout later with nothing given back: it fails, naming why.
+    f.short = Some((Instant::now() - shared.timeout, 5));
+    assert_eq!(
+        f.took(Family::Ipv6, emfile(), &mut next, &mut started),
+        None
+    );
+    assert_eq!((next, started), (None, 1));
+    assert!(
+        matches!(
+            &f.done[..],
+            [(1, Outcome::Failed(ProbeError::Io { step: "socket", error }))]
+                if error.contains("Too many open files")
+        ),
+        "{:?}",
+        f.done
+    );
+}
+
+/// Out of descriptors with nothing of its own in flight, a task keeps
+/// asking while another task's probes are in flight, or while the round
+/// keeps giving sockets back, however long that takes: each gives its
+/// socket back within a timeout.
+#[test]
+fn a_task_out_of_descriptors_waits_while_the_round_may_give_some_back() {
+    let shared = by_hand(vec![host(1)]);
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
+    let mut f = Flights::new(&shared, &epoll, [Vec::new(), Vec::new()], 1);
+    let (mut next, mut started) = (Some(0), 0);
+    let long_ago = Instant::now() - 3 * shared.timeout;
+    // Another task's probes in flight.
+    shared.in_flight.store(2, Ordering::Relaxed);
+    f.short = Some((long_ago, 0));
+    let held = f.took(Family::Ipv4, emfile(), &mut next, &mut started);
+    assert!(matches!(held, Some(Held::Until(_))), "{held:?}");
+    assert!(
+        f.short.is_some_and(|(since, _)| since > long_ago),
+        "the wait starts again"
+    );
+    // None in flight, but sockets given back since it last looked.
+    shared.in_flight.store(0, Ordering::Relaxed);
+    shared.given_back.store(7, Ordering::Relaxed);
+    f.short = Some((long_ago, 6));
+    let held = f.took(Family::Ipv4, emfile(), &mut next, &mut started);
+    assert!(matches!(held, Some(Held::Until(_))), "{held:?}");
+    assert_eq!(f.short.map(|(_, seen)| seen), Some(7));
+    assert_eq!((next, started), (Some(0), 0), "still waiting");
+    assert!(f.done.is_empty(), "{:?}", f.done);
+}
+
+/// A socket error other than a want of descriptors fails the waiting probe
+/// at once, naming it, even with the task's probes in flight (they give
+/// back no permission); a want of descriptors then waits for one of them
+/// to end.
+#[test]
+fn a_socket_error_other_than_descriptors_fails_at_once_with_probes_in_flight() {
+    let shared = by_hand(vec![host(1), host(1)]);
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
+    let mut f = Flights::new(&shared, &epoll, [Vec::new(), Vec::new()], 2);
+    // Three probes in flight, as `start` counts them.
+    f.busy = 3;
+    shared.in_flight.store(3, Ordering::Relaxed);
+    let (mut next, mut started) = (Some(0), 0);
+    let denied = Err(io::Error::from_raw_os_error(libc::EACCES));
+    assert_eq!(f.took(Family::Ipv4, denied, &mut next, &mut started), None);
+    assert_eq!((next, started), (None, 1));
+    assert!(
+        matches!(
+            &f.done[..],
+            [(0, Outcome::Failed(ProbeError::Io { step: "socket", error }))]
+                if error.contains("Permission denied")
+        ),
+        "{:?}",
+        f.done
+    );
+    next = Some(1);
+    let held = f.took(Family::Ipv4, emfile(), &mut next, &mut started);
+    assert_eq!(held, Some(Held::InFlight(3)));
+    assert_eq!((next, started), (Some(1), 1), "waits for a probe to end");
+    f.busy = 0;
+    shared.in_flight.store(0, Ordering::Relaxed);
+}
+
+/// A task whose share is all held, partly by spare sockets of the other
+/// family, closes half of those to make room for a probe of this one;
+/// with room in its share it closes none.
+#[test]
+fn a_full_share_makes_room_from_the_other_familys_spares() {
+    let shared = by_hand(vec![host(1)]);
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
+    let mut f = Flights::new(&shared, &epoll, [sockets(Family::Ipv4, 3), Vec::new()], 1);
+    assert_eq!(f.room_for(Family::Ipv6), 5, "room left: nothing closed");
+    assert_eq!(f.spare[Family::Ipv4.index()].len(), 3);
+    f.spare[Family::Ipv4.index()].extend(sockets(Family::Ipv4, 5));
+    assert_eq!(f.room_for(Family::Ipv6), 4, "half the 8 spare closed");
+    assert_eq!(shared.given_back.load(Ordering::Relaxed), 4);
+    // Its own family's spares are never closed for it.
+    f.spare[Family::Ipv4.index()].extend(sockets(Family::Ipv4, 4));
+    assert_eq!(f.room_for(Family::Ipv4), 0);
+    assert_eq!(f.spare[Family::Ipv4.index()].len(), 8);
+    assert_eq!(shared.given_back.load(Ordering::Relaxed), 4);
+}
