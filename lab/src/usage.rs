@@ -31,6 +31,19 @@ pub(crate) fn usage(pid: u32) -> anyhow::Result<(Duration, Rss)> {
     Ok((user + system, rss))
 }
 
+/// The soft open-file limit of `pid` (`Max open files` in its `limits`);
+/// `None` when unlimited.
+pub(crate) fn open_file_limit(pid: u32) -> anyhow::Result<Option<u64>> {
+    let path = format!("/proc/{pid}/limits");
+    let limits = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let soft = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .with_context(|| format!("no open-file limit in {path}"))?;
+    Ok(soft.parse().ok())
+}
+
 /// The CPU time of `pid` (a process or a kernel thread) so far, in user
 /// space and in the kernel (for the agent on the round bench's topology,
 /// much of the latter the simulated network's work in its context).

@@ -29,7 +29,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -119,6 +119,8 @@ struct Shared {
     /// round's probes are in flight, or its sockets keep coming back.
     in_flight: AtomicUsize,
     given_back: AtomicUsize,
+    /// Some probe waited for its task's share of the in-flight limit.
+    limit_reached: AtomicBool,
     echoes: Arc<Echoes>,
     metrics: Option<Arc<ProbeMetrics>>,
     /// The round's outcomes, in the order of `targets`: each task moves
@@ -219,6 +221,7 @@ pub(super) async fn run(
         latest_timed_out: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         given_back: AtomicUsize::new(0),
+        limit_reached: AtomicBool::new(false),
         echoes: echoes.clone(),
         metrics: cfg.metrics.clone(),
         // A probe no task settled (its task panicked, or its epoll set
@@ -247,11 +250,41 @@ pub(super) async fn run(
         done_ms = shared.t0.elapsed().as_millis(),
         "HTTP probes"
     );
+    report_held(&shared, cfg.max_in_flight);
     let mut outcomes = shared
         .outcomes
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     std::mem::take(&mut *outcomes)
+}
+
+/// After a round: when its probes waited for the in-flight limit and its
+/// last one started only after a probe timeout, the limit held the round
+/// back (each limit's worth of unanswered probes holds their sockets a
+/// whole timeout): counted, and logged at the first such round and then
+/// at the 2nd, 4th, 8th, ...
+fn report_held(shared: &Shared, max_in_flight: usize) {
+    let last_start = Duration::from_micros(shared.latest_start.load(Ordering::Relaxed));
+    if !shared.limit_reached.load(Ordering::Relaxed) || last_start <= shared.timeout {
+        return;
+    }
+    let rounds = shared
+        .metrics
+        .as_deref()
+        .map_or(1, ProbeMetrics::held_by_limit);
+    if rounds.is_power_of_two() {
+        tracing::warn!(
+            rounds,
+            probes = shared.targets.len(),
+            max_in_flight,
+            last_start_ms = last_start.as_millis(),
+            "HTTP probes waited for the in-flight limit (--max-in-flight) until after a probe \
+             timeout: each {max_in_flight} unanswered probes (peers down) add a timeout to a \
+             round. Raise the agent's open-file limit, of which the limit is what is left once \
+             {RESERVED_FILES} are kept for the rest (LimitNOFILE, or CAP_SYS_RESOURCE, with \
+             which the agent lifts it to 1,048,576), or --max-in-flight"
+        );
+    }
 }
 
 /// The earlier of two wakes, either of which may be none.
@@ -408,6 +441,8 @@ impl Shared {
                 if room > 0 {
                     held_back = None;
                     making = Some(Box::pin(self.make(family, room)));
+                } else {
+                    self.limit_reached.store(true, Ordering::Relaxed);
                 }
             }
             if started == count && f.busy == 0 {

@@ -1,6 +1,7 @@
 //! The prober's instruments: probe latency by path type, protocol, RTT
 //! source and address family, probes by protocol, result and family, round
-//! durations and probes in flight. Their series are fixed (40 label sets at
+//! durations, probes in flight and the rounds the in-flight limit held
+//! back. Their series are fixed (40 label sets at
 //! most), whatever the number of peers.
 
 use std::time::Duration;
@@ -63,6 +64,7 @@ pub struct ProbeMetrics {
     probes: Family<ResultLabels, Counter>,
     rounds: Histogram,
     in_flight: Gauge,
+    held: Counter,
 }
 
 impl Default for ProbeMetrics {
@@ -72,6 +74,7 @@ impl Default for ProbeMetrics {
             probes: Family::default(),
             rounds: round_histogram(),
             in_flight: Gauge::default(),
+            held: Counter::default(),
         }
     }
 }
@@ -102,6 +105,11 @@ impl ProbeMetrics {
             "probes_in_flight",
             "Probes sent and not yet answered or timed out",
             self.in_flight.clone(),
+        );
+        registry.register(
+            "probe_rounds_held_by_in_flight_limit",
+            "Rounds whose HTTP probes waited for the in-flight limit (--max-in-flight) until after a probe timeout: each limit's worth of unanswered probes adds a timeout to such a round",
+            self.held.clone(),
         );
     }
 
@@ -192,6 +200,19 @@ impl ProbeMetrics {
     #[must_use]
     pub fn in_flight(&self) -> i64 {
         self.in_flight.get()
+    }
+
+    /// A round's HTTP probes were held back by the in-flight limit past a
+    /// probe timeout; returns how many rounds were, this one included.
+    #[must_use = "the count says whether to log"]
+    pub fn held_by_limit(&self) -> u64 {
+        self.held.inc() + 1
+    }
+
+    /// The rounds the in-flight limit held back so far.
+    #[must_use]
+    pub fn rounds_held(&self) -> u64 {
+        self.held.get()
     }
 }
 

@@ -188,6 +188,8 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
     let pid = lab.start_agent(&nodes_file, opts.interval)?;
     let client = Client::new(lab.socket());
     let served = served_after(&rt, &client, started, &mut lab)?;
+    // Read once it serves: the agent raises its limit at start.
+    let open_files = crate::usage::open_file_limit(pid)?;
     // 8 clients hammer GET /v1/status, and one asks for the summary and
     // one node's status, through the clients' round.
     let clients_at = clients_round(opts.rounds);
@@ -327,6 +329,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
 
     let measured = Measured {
         served,
+        open_files,
         since_ready,
         rounds,
         clients_at,
@@ -390,6 +393,8 @@ fn served_after(
 /// What a run measured.
 struct Measured {
     served: Duration,
+    /// The agent's open-file limit once it served (`None`: unlimited).
+    open_files: Option<u64>,
     /// The first round against the endpoint's readiness.
     since_ready: Option<SinceReady>,
     rounds: Vec<Round>,

@@ -32,6 +32,8 @@ pub(super) fn render(opts: &Options, m: &Measured) -> String {
         }
     );
     let _ = writeln!(text, "socket served after {} ms", served.as_millis());
+    let args = std::env::var("BENCH_AGENT_ARGS").unwrap_or_default();
+    let _ = writeln!(text, "{}", in_flight_line(opts, m.open_files, &args));
     let _ = writeln!(text, "{}", SinceReady::line(m.since_ready));
     for r in rounds {
         let _ = writeln!(
@@ -182,4 +184,85 @@ fn render_steady_cpu(text: &mut String, opts: &Options, steady: &[&Round]) {
         lab.as_millis() / u128::from(n),
         (cpu + lab).as_secs_f64() * 1e6 / probes.max(1.0)
     );
+}
+
+/// The HTTP probes the agent holds in flight at most, and whether the
+/// silent peers' fit: each such probe holds its socket a whole timeout,
+/// so past the bound a round lasts a timeout more for each bound's worth.
+/// The bound is `--max-in-flight` from the agent's extra flags
+/// (`BENCH_AGENT_ARGS`), else the agent's default: its open-file limit
+/// `open_files` less what it keeps.
+fn in_flight_line(opts: &Options, open_files: Option<u64>, agent_args: &str) -> String {
+    let mut words = agent_args.split_whitespace();
+    let given = words
+        .by_ref()
+        .find(|w| *w == "--max-in-flight")
+        .and_then(|_| words.next()?.parse::<u64>().ok());
+    let reserved = health_agent::probe::RESERVED_FILES as u64;
+    let (bound, why) = match (given, open_files) {
+        (Some(n), _) => (n, "--max-in-flight in BENCH_AGENT_ARGS".to_owned()),
+        (None, Some(limit)) => (
+            limit.saturating_sub(reserved).max(64),
+            format!("the agent's open-file limit {limit} less {reserved}"),
+        ),
+        (None, None) => return "HTTP probes in flight: no open-file limit".to_owned(),
+    };
+    let silent = 2
+        * (0..opts.peers)
+            .filter(|&k| super::peers::silent(k, opts.silent_pct))
+            .count() as u64;
+    let fit = if silent <= bound {
+        "fit".to_owned()
+    } else {
+        format!(
+            "do not: a round lasts about {} timeouts",
+            silent.div_ceil(bound)
+        )
+    };
+    format!("HTTP probes in flight at most {bound} ({why}); the {silent} to silent peers {fit}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(peers: usize) -> Options {
+        Options {
+            peers,
+            silent_pct: 50,
+            rounds: 3,
+            interval: Duration::from_secs(5),
+            network_thread: false,
+        }
+    }
+
+    /// The bound follows the agent's rule (its limit less what it keeps)
+    /// or the flag given, and a round past it is said to last a timeout
+    /// for each bound's worth of silent peers' probes.
+    #[test]
+    fn the_in_flight_bound_says_whether_the_silent_peers_probes_fit() {
+        let line = in_flight_line(&opts(10_000), Some(20_000), "");
+        assert_eq!(
+            line,
+            "HTTP probes in flight at most 10976 (the agent's open-file limit 20000 less 9024); \
+             the 10000 to silent peers fit"
+        );
+        let line = in_flight_line(&opts(20_000), Some(20_000), "--probe-mtu off");
+        assert!(
+            line.ends_with("the 20000 to silent peers do not: a round lasts about 2 timeouts"),
+            "{line}"
+        );
+        let line = in_flight_line(&opts(10_000), Some(20_000), "--max-in-flight 4000");
+        assert!(
+            line.starts_with("HTTP probes in flight at most 4000 (--max-in-flight"),
+            "{line}"
+        );
+        assert!(line.ends_with("about 3 timeouts"), "{line}");
+        // A limit below what the agent keeps: its floor of 64.
+        assert!(in_flight_line(&opts(100), Some(1_024), "").contains("at most 64 "));
+        assert_eq!(
+            in_flight_line(&opts(100), None, ""),
+            "HTTP probes in flight: no open-file limit"
+        );
+    }
 }

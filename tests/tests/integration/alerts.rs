@@ -30,7 +30,7 @@ fn the_alert_rules_load_and_pass_their_unit_tests() {
         .expect("promtool (Debian package prometheus: cargo xtask setup installs it)");
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success(), "{check:?}");
-    assert!(text.contains("SUCCESS: 7 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 8 rules found"), "{text}");
     let unit = Command::new("promtool")
         .args(["test", "rules"])
         .arg(packaging("prometheus/health-alerts.test.yml"))
@@ -106,10 +106,15 @@ fn the_rules_and_the_dashboard_work_on_real_agents() {
         .iter()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(all.len(), 7, "{rules}");
+    assert_eq!(all.len(), 8, "{rules}");
     for r in &all {
         assert_eq!(r["health"], "ok", "{r}");
     }
+    // The counter the in-flight rule reads is there, and idle: three
+    // peers never wait for the limit.
+    let held = prom.query("health_probe_rounds_held_by_in_flight_limit_total");
+    assert_eq!(held.len(), 3, "{held:?}");
+    assert!(held.iter().all(|(_, v)| *v < 0.5), "{held:?}");
     let active = |name: &str| {
         prom.query(&format!(r#"ALERTS{{alertname="{name}"}}"#))
             .into_iter()

@@ -141,7 +141,7 @@ fn the_debian_package_installs_verifies_and_removes_cleanly() {
     }
     // The installed alert rules load, and pass their own tests.
     let rules = ok(Command::new("promtool").args(["check", "rules", FILES[8]]));
-    assert!(rules.contains("SUCCESS: 7 rules found"), "{rules}");
+    assert!(rules.contains("SUCCESS: 8 rules found"), "{rules}");
     let tested = ok(Command::new("promtool").args(["test", "rules", FILES[9]]));
     assert!(tested.contains("SUCCESS"), "{tested}");
     let version = ok(Command::new("/usr/bin/health-agent").arg("--version"));

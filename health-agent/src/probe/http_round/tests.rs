@@ -170,11 +170,16 @@ async fn round_with(
         http_port: port,
         ..ProbeConfig::default()
     };
+    round_of(&cfg, targets, echoes).await
+}
+
+/// A round of `cfg`'s over `targets`, whose probes wait for `echoes`.
+async fn round_of(cfg: &ProbeConfig, targets: Vec<IpAddr>, echoes: &Arc<Echoes>) -> Vec<Outcome> {
     let n = targets.len();
     let order = Suspects::of(n, |_| Failed::default());
     let spread = Spread { n, flows: 1 };
     run(
-        &cfg,
+        cfg,
         (&Arc::new(targets), &Arc::default()),
         spread,
         None,
@@ -310,6 +315,46 @@ async fn past_the_budget_probes_wait_for_a_socket_and_none_is_lost() {
     for o in &outcomes[1..] {
         assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
     }
+}
+
+/// A round whose probes wait for the in-flight limit until after a probe
+/// timeout (a silent one's socket held that long) is counted as held back
+/// by it; one whose probes waited only for answered ones is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_the_in_flight_limit_holds_past_a_timeout_are_counted() {
+    let port = serve(1, 0, Answer::Parts(&[b"HTTP/1.1 200 OK\r\n\r\n"])).await;
+    serve(2, port, Answer::Held(&[])).await;
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    let metrics = Arc::new(ProbeMetrics::default());
+    // One probe in flight a task, the others due at once.
+    let cfg = ProbeConfig {
+        timeout: Duration::from_millis(400),
+        spread: Duration::ZERO,
+        max_in_flight: workers,
+        http_port: port,
+        metrics: Some(metrics.clone()),
+        ..ProbeConfig::default()
+    };
+    let round = |targets: Vec<IpAddr>| {
+        let echoes = Arc::new(Echoes::without(targets.len()));
+        let cfg = &cfg;
+        async move { round_of(cfg, targets, &echoes).await }
+    };
+    for o in round(vec![host(1); 4 * workers]).await {
+        assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+    }
+    assert_eq!(metrics.rounds_held(), 0, "waited for answers only");
+    for o in round(vec![host(2); 2 * workers]).await {
+        assert!(
+            matches!(o, Outcome::Failed(ProbeError::Timeout { .. })),
+            "{o:?}"
+        );
+    }
+    assert_eq!(
+        metrics.rounds_held(),
+        1,
+        "each task's second probe waited a timeout"
+    );
 }
 
 /// Probes wait for their echo: those whose echo is never sent (an
@@ -589,6 +634,7 @@ fn by_hand(targets: Vec<IpAddr>) -> Shared {
         latest_timed_out: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         given_back: AtomicUsize::new(0),
+        limit_reached: AtomicBool::new(false),
         echoes: Arc::new(Echoes::without(n)),
         metrics: None,
         outcomes: Mutex::new(vec![Outcome::Failed(ProbeError::ReceiverStopped); n]),
