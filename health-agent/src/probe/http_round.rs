@@ -29,7 +29,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -119,8 +119,10 @@ struct Shared {
     /// round's probes are in flight, or its sockets keep coming back.
     in_flight: AtomicUsize,
     given_back: AtomicUsize,
-    /// Some probe waited for its task's share of the in-flight limit.
-    limit_reached: AtomicBool,
+    /// The latest start of a probe that waited for descriptors (its
+    /// task's share of the in-flight limit, or `EMFILE`) for at least
+    /// [`HELD`] of the timeout, in microseconds from `t0` (0: none).
+    latest_held_start: AtomicU64,
     echoes: Arc<Echoes>,
     metrics: Option<Arc<ProbeMetrics>>,
     /// The round's outcomes, in the order of `targets`: each task moves
@@ -221,7 +223,7 @@ pub(super) async fn run(
         latest_timed_out: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         given_back: AtomicUsize::new(0),
-        limit_reached: AtomicBool::new(false),
+        latest_held_start: AtomicU64::new(0),
         echoes: echoes.clone(),
         metrics: cfg.metrics.clone(),
         // A probe no task settled (its task panicked, or its epoll set
@@ -250,7 +252,7 @@ pub(super) async fn run(
         done_ms = shared.t0.elapsed().as_millis(),
         "HTTP probes"
     );
-    report_held(&shared, cfg.max_in_flight);
+    report_held(&shared, workers, cfg.max_in_flight);
     let mut outcomes = shared
         .outcomes
         .lock()
@@ -258,33 +260,49 @@ pub(super) async fn run(
     std::mem::take(&mut *outcomes)
 }
 
-/// After a round: when its probes waited for the in-flight limit and its
-/// last one started only after a probe timeout, the limit held the round
-/// back (each limit's worth of unanswered probes holds their sockets a
-/// whole timeout): counted, and logged at the first such round and then
-/// at the 2nd, 4th, 8th, ...
-fn report_held(shared: &Shared, max_in_flight: usize) {
-    let last_start = Duration::from_micros(shared.latest_start.load(Ordering::Relaxed));
-    if !shared.limit_reached.load(Ordering::Relaxed) || last_start <= shared.timeout {
+/// A wait for descriptors shorter than this share of the timeout (one
+/// for an answered probe to end) holds no round back.
+const HELD: u32 = 10;
+
+/// After a round: when one of its probes waited for descriptors (see
+/// [`Shared::latest_held_start`]) and started only after a probe timeout,
+/// the in-flight limit held the round back: each limit's worth of
+/// unanswered probes holds their sockets a whole timeout. Counted, and
+/// logged at the first of a run of such rounds, then at the 2nd, 4th,
+/// 8th, ... (with no metrics, as in some tests, at each).
+fn report_held(shared: &Shared, workers: usize, max_in_flight: usize) {
+    let held_start = Duration::from_micros(shared.latest_held_start.load(Ordering::Relaxed));
+    let metrics = shared.metrics.as_deref();
+    if held_start <= shared.timeout {
+        metrics.inspect(|m| m.not_held());
         return;
     }
-    let rounds = shared
-        .metrics
-        .as_deref()
-        .map_or(1, ProbeMetrics::held_by_limit);
-    if rounds.is_power_of_two() {
-        tracing::warn!(
-            rounds,
-            probes = shared.targets.len(),
-            max_in_flight,
-            last_start_ms = last_start.as_millis(),
-            "HTTP probes waited for the in-flight limit (--max-in-flight) until after a probe \
-             timeout: each {max_in_flight} unanswered probes (peers down) add a timeout to a \
-             round. Raise the agent's open-file limit, of which the limit is what is left once \
-             {RESERVED_FILES} are kept for the rest (LimitNOFILE, or CAP_SYS_RESOURCE, with \
-             which the agent lifts it to 1,048,576), or --max-in-flight"
-        );
+    let run = metrics.map_or(1, ProbeMetrics::held_by_limit);
+    if !run.is_power_of_two() {
+        return;
     }
+    let unanswered = shared
+        .outcomes
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter(|o| matches!(o, Outcome::Failed(ProbeError::Timeout { .. })))
+        .count();
+    tracing::warn!(
+        rounds_in_a_row = run,
+        probes = shared.targets.len(),
+        unanswered,
+        in_flight_at_most = shared.share * workers,
+        max_in_flight,
+        held_start_ms = held_start.as_millis(),
+        "HTTP probes waited for descriptors until after a probe timeout: each {max_in_flight} \
+         unanswered probes (peers down) add a timeout to a round. The bound is the agent's \
+         open-file limit less {RESERVED_FILES} kept for the rest, or --max-in-flight where that \
+         is lower: for this round's unanswered probes, raise the limit to {} at least \
+         (LimitNOFILE, or CAP_SYS_RESOURCE, with which the agent lifts it to 1,048,576), and \
+         --max-in-flight where it was set lower",
+        unanswered + RESERVED_FILES
+    );
 }
 
 /// The earlier of two wakes, either of which may be none.
@@ -356,6 +374,9 @@ struct Flights<'a> {
     /// in flight and none given back by the round, and how many the round
     /// had given back then.
     short: Option<(Instant, usize)>,
+    /// Since when the next probe has waited for descriptors: its task's
+    /// share of the in-flight limit full, or none to be had (`EMFILE`).
+    held_since: Option<Instant>,
     busy: usize,
     /// Outcomes not yet settled into the round's ([`FLUSH`] at most).
     done: Vec<(usize, Outcome)>,
@@ -442,7 +463,7 @@ impl Shared {
                     held_back = None;
                     making = Some(Box::pin(self.make(family, room)));
                 } else {
-                    self.limit_reached.store(true, Ordering::Relaxed);
+                    f.held_since.get_or_insert(now);
                 }
             }
             if started == count && f.busy == 0 {
@@ -530,6 +551,7 @@ impl<'a> Flights<'a> {
             deadlines: VecDeque::new(),
             spare,
             short: None,
+            held_since: None,
             busy: 0,
             done: Vec::with_capacity(FLUSH.min(count)),
         }
@@ -579,10 +601,11 @@ impl<'a> Flights<'a> {
             Err(e) => e,
         };
         if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+            let now = Instant::now();
+            self.held_since.get_or_insert(now);
             if self.busy > 0 {
                 return Some(Held::InFlight(self.busy));
             }
-            let now = Instant::now();
             let other = &mut self.spare[1 - family.index()];
             if !other.is_empty() {
                 let closed = other.len() - other.len() / 2;
@@ -620,6 +643,11 @@ impl<'a> Flights<'a> {
         let shared = self.shared;
         let late = u64::try_from(shared.t0.elapsed().as_micros()).unwrap_or(u64::MAX);
         shared.latest_start.fetch_max(late, Ordering::Relaxed);
+        if let Some(since) = self.held_since.take()
+            && since.elapsed() >= shared.timeout / HELD
+        {
+            shared.latest_held_start.fetch_max(late, Ordering::Relaxed);
+        }
         let to = SocketAddr::new(shared.targets[i], shared.port);
         if let Some((spread, plan)) = shared.flows {
             let f = u16::try_from(spread.of(i).0).unwrap_or(u16::MAX);

@@ -1,10 +1,13 @@
 //! The prober's instruments: probe latency by path type, protocol, RTT
 //! source and address family, probes by protocol, result and family, round
 //! durations, probes in flight and the rounds the in-flight limit held
-//! back. Their series are fixed (40 label sets at
-//! most), whatever the number of peers.
+//! back. Their series are fixed (27 label sets at most: 16 of latency, 8
+//! of probes and one each for the rest), whatever the number of peers.
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -65,6 +68,8 @@ pub struct ProbeMetrics {
     rounds: Histogram,
     in_flight: Gauge,
     held: Counter,
+    /// Held rounds in a row (not exported): the log's pace.
+    held_run: AtomicU64,
 }
 
 impl Default for ProbeMetrics {
@@ -75,6 +80,7 @@ impl Default for ProbeMetrics {
             rounds: round_histogram(),
             in_flight: Gauge::default(),
             held: Counter::default(),
+            held_run: AtomicU64::new(0),
         }
     }
 }
@@ -203,10 +209,17 @@ impl ProbeMetrics {
     }
 
     /// A round's HTTP probes were held back by the in-flight limit past a
-    /// probe timeout; returns how many rounds were, this one included.
+    /// probe timeout; returns how many rounds in a row were, this one
+    /// included.
     #[must_use = "the count says whether to log"]
     pub fn held_by_limit(&self) -> u64 {
-        self.held.inc() + 1
+        self.held.inc();
+        self.held_run.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A round's HTTP probes were not held back: a run of held rounds ends.
+    pub fn not_held(&self) {
+        self.held_run.store(0, Ordering::Relaxed);
     }
 
     /// The rounds the in-flight limit held back so far.
@@ -352,5 +365,20 @@ mod tests {
         assert_eq!(m.in_flight(), 9);
         drop(held);
         assert_eq!(m.in_flight(), 6, "settled when dropped");
+    }
+
+    /// Held rounds are counted for good; the run the log is paced by
+    /// starts again after a round that was not held.
+    #[test]
+    fn held_rounds_count_and_their_runs_start_again() {
+        let m = ProbeMetrics::default();
+        assert_eq!(
+            (m.held_by_limit(), m.held_by_limit(), m.held_by_limit()),
+            (1, 2, 3)
+        );
+        m.not_held();
+        assert_eq!(m.held_by_limit(), 1, "a new run");
+        assert_eq!(m.rounds_held(), 4);
+        assert!(text(&m).contains("health_probe_rounds_held_by_in_flight_limit_total 4"));
     }
 }

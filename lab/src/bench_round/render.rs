@@ -189,25 +189,35 @@ fn render_steady_cpu(text: &mut String, opts: &Options, steady: &[&Round]) {
 /// The HTTP probes the agent holds in flight at most, and whether the
 /// silent peers' fit: each such probe holds its socket a whole timeout,
 /// so past the bound a round lasts a timeout more for each bound's worth.
-/// The bound is `--max-in-flight` from the agent's extra flags
-/// (`BENCH_AGENT_ARGS`), else the agent's default: its open-file limit
-/// `open_files` less what it keeps.
+/// The bound is the agent's: its open-file limit `open_files` less what it
+/// keeps, or `--max-in-flight` from its extra flags (`BENCH_AGENT_ARGS`)
+/// where that is lower; `--probe-flows` there multiplies the probes.
 fn in_flight_line(opts: &Options, open_files: Option<u64>, agent_args: &str) -> String {
-    let mut words = agent_args.split_whitespace();
-    let given = words
-        .by_ref()
-        .find(|w| *w == "--max-in-flight")
-        .and_then(|_| words.next()?.parse::<u64>().ok());
+    let flag = |name: &str| {
+        let mut words = agent_args.split_whitespace();
+        while let Some(w) = words.next() {
+            if w == name {
+                return words.next().and_then(|v| v.parse::<u64>().ok());
+            }
+            if let Some(v) = w.strip_prefix(name).and_then(|r| r.strip_prefix('=')) {
+                return v.parse().ok();
+            }
+        }
+        None
+    };
     let reserved = health_agent::probe::RESERVED_FILES as u64;
-    let (bound, why) = match (given, open_files) {
-        (Some(n), _) => (n, "--max-in-flight in BENCH_AGENT_ARGS".to_owned()),
-        (None, Some(limit)) => (
-            limit.saturating_sub(reserved).max(64),
+    let budget = open_files.map(|limit| (limit.saturating_sub(reserved).max(64), limit));
+    let (bound, why) = match (flag("--max-in-flight"), budget) {
+        (Some(n), Some((b, _))) if n < b => (n, "--max-in-flight in BENCH_AGENT_ARGS".to_owned()),
+        (_, Some((b, limit))) => (
+            b,
             format!("the agent's open-file limit {limit} less {reserved}"),
         ),
-        (None, None) => return "HTTP probes in flight: no open-file limit".to_owned(),
+        (_, None) => return "HTTP probes in flight: no open-file limit".to_owned(),
     };
+    let flows = flag("--probe-flows").unwrap_or(1).max(1);
     let silent = 2
+        * flows
         * (0..opts.peers)
             .filter(|&k| super::peers::silent(k, opts.silent_pct))
             .count() as u64;
@@ -258,6 +268,17 @@ mod tests {
             "{line}"
         );
         assert!(line.ends_with("about 3 timeouts"), "{line}");
+        // Written with `=`; set above the budget, the budget binds.
+        let line = in_flight_line(&opts(10_000), Some(20_000), "--max-in-flight=4000");
+        assert!(line.ends_with("about 3 timeouts"), "{line}");
+        let line = in_flight_line(&opts(10_000), Some(20_000), "--max-in-flight 50000");
+        assert!(line.contains("at most 10976 (the agent's"), "{line}");
+        // Two flows: twice the probes.
+        let line = in_flight_line(&opts(10_000), Some(20_000), "--probe-flows 2");
+        assert!(
+            line.ends_with("the 20000 to silent peers do not: a round lasts about 2 timeouts"),
+            "{line}"
+        );
         // A limit below what the agent keeps: its floor of 64.
         assert!(in_flight_line(&opts(100), Some(1_024), "").contains("at most 64 "));
         assert_eq!(

@@ -355,6 +355,11 @@ async fn rounds_the_in_flight_limit_holds_past_a_timeout_are_counted() {
         1,
         "each task's second probe waited a timeout"
     );
+    // Waits for answered probes alone, after a held round: not held.
+    for o in round(vec![host(1); 4 * workers]).await {
+        assert!(matches!(o, Outcome::Ok { .. }), "{o:?}");
+    }
+    assert_eq!(metrics.rounds_held(), 1);
 }
 
 /// Probes wait for their echo: those whose echo is never sent (an
@@ -634,7 +639,7 @@ fn by_hand(targets: Vec<IpAddr>) -> Shared {
         latest_timed_out: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         given_back: AtomicUsize::new(0),
-        limit_reached: AtomicBool::new(false),
+        latest_held_start: AtomicU64::new(0),
         echoes: Arc::new(Echoes::without(n)),
         metrics: None,
         outcomes: Mutex::new(vec![Outcome::Failed(ProbeError::ReceiverStopped); n]),
@@ -678,6 +683,10 @@ fn a_task_out_of_descriptors_closes_the_other_familys_spares_before_it_waits() {
     }
     // 5 spare: 3 closed, then 1, then the last.
     assert_eq!(closed, [3, 4, 5]);
+    assert!(
+        f.held_since.is_some(),
+        "a wait for descriptors, as the round reports it"
+    );
     assert!(f.spare[Family::Ipv4.index()].is_empty());
     assert_eq!((next, started), (Some(1), 0), "the probe waits, not failed");
     assert!(f.done.is_empty(), "{:?}", f.done);
@@ -754,6 +763,7 @@ fn a_socket_error_other_than_descriptors_fails_at_once_with_probes_in_flight() {
     let denied = Err(io::Error::from_raw_os_error(libc::EACCES));
     assert_eq!(f.took(Family::Ipv4, denied, &mut next, &mut started), None);
     assert_eq!((next, started), (None, 1));
+    assert_eq!(f.held_since, None, "no wait");
     assert!(
         matches!(
             &f.done[..],
