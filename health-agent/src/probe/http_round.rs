@@ -131,6 +131,43 @@ struct Shared {
 }
 
 impl Shared {
+    /// A round of `cfg`'s to `targets` (each tagged by `tags`, or none), in
+    /// flows as `spread` says, its sockets made by `factory`, shared by
+    /// `workers` tasks, its probes waiting for `echoes`.
+    fn new(
+        cfg: &ProbeConfig,
+        (targets, tags): (&Arc<Vec<IpAddr>>, &Arc<Vec<u32>>),
+        spread: Spread,
+        factory: Option<Arc<SocketFactory>>,
+        workers: usize,
+        echoes: &Arc<Echoes>,
+    ) -> Self {
+        Self {
+            targets: targets.clone(),
+            tags: tags.clone(),
+            flows: cfg.flows.many().then_some((spread, cfg.flows)),
+            factory,
+            share: (cfg.max_in_flight / workers.max(1)).max(1),
+            port: cfg.http_port,
+            timeout: cfg.timeout,
+            spread: cfg.spread,
+            t0: Instant::now(),
+            latest_start: AtomicU64::new(0),
+            latest_timed_out: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            given_back: AtomicUsize::new(0),
+            latest_held_start: AtomicU64::new(0),
+            echoes: echoes.clone(),
+            metrics: cfg.metrics.clone(),
+            // A probe no task settled (its task panicked, or its epoll set
+            // failed while it was in flight) fails naming that.
+            outcomes: Mutex::new(vec![
+                Outcome::Failed(ProbeError::ReceiverStopped);
+                targets.len()
+            ]),
+        }
+    }
+
     /// Moves `done` into the round's outcomes.
     fn settle(&self, done: &mut Vec<(usize, Outcome)>) {
         let mut outcomes = self.outcomes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -209,27 +246,14 @@ pub(super) async fn run(
         .metrics()
         .num_workers()
         .max(1);
-    let shared = Arc::new(Shared {
-        targets: targets.clone(),
-        tags: tags.clone(),
-        flows: cfg.flows.many().then_some((spread, cfg.flows)),
+    let shared = Arc::new(Shared::new(
+        cfg,
+        (targets, tags),
+        spread,
         factory,
-        share: (cfg.max_in_flight / workers).max(1),
-        port: cfg.http_port,
-        timeout: cfg.timeout,
-        spread: cfg.spread,
-        t0: Instant::now(),
-        latest_start: AtomicU64::new(0),
-        latest_timed_out: AtomicU64::new(0),
-        in_flight: AtomicUsize::new(0),
-        given_back: AtomicUsize::new(0),
-        latest_held_start: AtomicU64::new(0),
-        echoes: echoes.clone(),
-        metrics: cfg.metrics.clone(),
-        // A probe no task settled (its task panicked, or its epoll set
-        // failed while it was in flight) fails naming that.
-        outcomes: Mutex::new(vec![Outcome::Failed(ProbeError::ReceiverStopped); n]),
-    });
+        workers,
+        echoes,
+    ));
     // In a set, so that a round dropped (its prober replaced by a reload,
     // or the agent stopping) stops making connections: dropping the set
     // aborts its tasks.

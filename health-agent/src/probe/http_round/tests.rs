@@ -624,26 +624,28 @@ async fn a_round_that_can_make_no_socket_fails_its_probes_within_a_timeout() {
 /// (`Flights::took`): `targets`, a share of 8 sockets, a timeout of 400
 /// ms, nothing in flight.
 fn by_hand(targets: Vec<IpAddr>) -> Shared {
-    let n = targets.len();
-    Shared {
-        targets: Arc::new(targets),
-        tags: Arc::new(Vec::new()),
-        flows: None,
-        factory: None,
-        share: 8,
-        port: 4240,
+    let cfg = ProbeConfig {
         timeout: Duration::from_millis(400),
-        spread: Duration::ZERO,
-        t0: Instant::now(),
-        latest_start: AtomicU64::new(0),
-        latest_timed_out: AtomicU64::new(0),
-        in_flight: AtomicUsize::new(0),
-        given_back: AtomicUsize::new(0),
-        latest_held_start: AtomicU64::new(0),
-        echoes: Arc::new(Echoes::without(n)),
-        metrics: None,
-        outcomes: Mutex::new(vec![Outcome::Failed(ProbeError::ReceiverStopped); n]),
-    }
+        max_in_flight: 8,
+        ..ProbeConfig::default()
+    };
+    let echoes = Arc::new(Echoes::without(targets.len()));
+    let spread = Spread {
+        n: targets.len(),
+        flows: 1,
+    };
+    let to = (&Arc::new(targets), &Arc::default());
+    Shared::new(&cfg, to, spread, None, 1, &echoes)
+}
+
+/// Whether `done` is exactly probe `i` failed making its socket, with an
+/// error saying `why`.
+fn failed_making_its_socket(done: &[(usize, Outcome)], i: usize, why: &str) -> bool {
+    matches!(
+        done,
+        [(at, Outcome::Failed(ProbeError::Io { step: "socket", error }))]
+            if *at == i && error.contains(why)
+    )
 }
 
 /// `n` real sockets of `family`, spare.
@@ -706,11 +708,7 @@ fn a_task_out_of_descriptors_closes_the_other_familys_spares_before_it_waits() {
     );
     assert_eq!((next, started), (None, 1));
     assert!(
-        matches!(
-            &f.done[..],
-            [(1, Outcome::Failed(ProbeError::Io { step: "socket", error }))]
-                if error.contains("Too many open files")
-        ),
+        failed_making_its_socket(&f.done, 1, "Too many open files"),
         "{:?}",
         f.done
     );
@@ -765,11 +763,7 @@ fn a_socket_error_other_than_descriptors_fails_at_once_with_probes_in_flight() {
     assert_eq!((next, started), (None, 1));
     assert_eq!(f.held_since, None, "no wait");
     assert!(
-        matches!(
-            &f.done[..],
-            [(0, Outcome::Failed(ProbeError::Io { step: "socket", error }))]
-                if error.contains("Permission denied")
-        ),
+        failed_making_its_socket(&f.done, 0, "Permission denied"),
         "{:?}",
         f.done
     );
