@@ -223,14 +223,19 @@ fn assert_kernel_rtt_agrees(pins: &Path, dst: Ipv4Addr, ex: &[Exchange]) {
         "kernel {kernel_avg:?} vs user {user_avg:?}"
     );
     // Closeness says the two clocks time the same exchange; it holds on
-    // real CPUs. In an emulated guest (TCG: `HEALTH_TEST_TIME_SCALE` > 1)
-    // the syscalls around the user-space timing cost milliseconds, so
-    // there only the bounds above are asserted (the host run, in CI too,
-    // asserts this one).
+    // real CPUs, compared at the fastest exchange of each: one answer read
+    // late by a busy machine's scheduler (1.5 ms once, in a CI run) moves
+    // the user-space average, not the two minimums. In an emulated guest
+    // (TCG: `HEALTH_TEST_TIME_SCALE` > 1) the syscalls around the
+    // user-space timing cost milliseconds, so there only the bounds above
+    // are asserted (the host run, in CI too, asserts this one).
     if health_tests::patience(Duration::from_secs(1)) == Duration::from_secs(1) {
+        let user_min = ex.iter().filter_map(|e| e.rtt).min().unwrap_or_default();
+        let kernel_min = Duration::from_nanos(s.min_ns);
         assert!(
-            user_avg.saturating_sub(kernel_avg) < Duration::from_micros(500),
-            "kernel {kernel_avg:?} vs user {user_avg:?}"
+            user_min.saturating_sub(kernel_min) < Duration::from_micros(500),
+            "kernel {kernel_min:?} vs user {user_min:?} at their fastest (averages {kernel_avg:?} \
+             and {user_avg:?})"
         );
     }
 }
