@@ -475,10 +475,7 @@ fn probe_config(
     tc_hook: crate::datapath::TcHook,
 ) -> Result<ProbeConfig, DaemonError> {
     let e = &cfg.settings.endpoint;
-    let fd_budget = usize::try_from(open_files)
-        .unwrap_or(usize::MAX)
-        .saturating_sub(RESERVED_FILES)
-        .max(64);
+    let fd_budget = crate::probe::fd_budget(open_files);
     let families = crate::probe::family::Families::from_flags(
         e.health_cidr.is_some(),
         e.health_cidr6.is_some(),

@@ -191,6 +191,17 @@ pub const RESERVED_FILES: usize = 512
     + crate::api::MAX_CONNECTIONS
     + crate::web::conn::MAX_CONNECTIONS;
 
+/// The HTTP probes in flight at most under an open-file limit of
+/// `open_files`: what is left once [`RESERVED_FILES`] are kept, and 64 at
+/// least (`--max-in-flight` lowers it, never raises it).
+#[must_use]
+pub fn fd_budget(open_files: u64) -> usize {
+    usize::try_from(open_files)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(RESERVED_FILES)
+        .max(64)
+}
+
 /// Grows the descriptor table, in one step, to hold the sockets of a round
 /// of `targets` HTTP probes (at most the in-flight bound) beside the
 /// [`RESERVED_FILES`]: grown by doubling during the first round instead,

@@ -114,7 +114,7 @@ impl ProbeMetrics {
         );
         registry.register(
             "probe_rounds_held_by_in_flight_limit",
-            "Rounds whose HTTP probes waited for the in-flight limit (--max-in-flight) until after a probe timeout: each limit's worth of unanswered probes adds a timeout to such a round",
+            "Rounds whose HTTP probes waited for descriptors (their share of --max-in-flight, or none left) until after a probe timeout: each limit's worth of unanswered probes adds a timeout to such a round",
             self.held.clone(),
         );
     }

@@ -39,6 +39,6 @@ mod targets;
 pub mod trace;
 
 pub use config::ProbeConfig;
-pub use http_round::RESERVED_FILES;
+pub use http_round::{RESERVED_FILES, fd_budget};
 pub(crate) use published::CHUNK;
 pub use round::Prober;

@@ -206,7 +206,7 @@ fn in_flight_line(opts: &Options, open_files: Option<u64>, agent_args: &str) -> 
         None
     };
     let reserved = health_agent::probe::RESERVED_FILES as u64;
-    let budget = open_files.map(|limit| (limit.saturating_sub(reserved).max(64), limit));
+    let budget = open_files.map(|limit| (health_agent::probe::fd_budget(limit) as u64, limit));
     let (bound, why) = match (flag("--max-in-flight"), budget) {
         (Some(n), Some((b, _))) if n < b => (n, "--max-in-flight in BENCH_AGENT_ARGS".to_owned()),
         (_, Some((b, limit))) => (
