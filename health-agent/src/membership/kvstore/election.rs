@@ -171,7 +171,7 @@ impl KvStore {
                 }
                 _ = tick.tick() => {
                     if answered.elapsed() > ttl {
-                        break Err(KvError::KeepaliveSilent { lease, ttl });
+                        break Err(KvError::KeepaliveSilent { lease, waited: ttl });
                     }
                     if let Err(e) = keeper.keep_alive().await {
                         break Err(call_error("keeping the election lease alive")(e));

@@ -50,7 +50,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use etcd_client::{Client, ConnectOptions, PutOptions};
@@ -67,6 +67,7 @@ pub use self::listing::Listing;
 mod config;
 mod election;
 mod follow;
+mod keepalive;
 mod kept_lease;
 mod listing;
 
@@ -105,16 +106,25 @@ pub enum KvError {
     Auth { user: String, detail: String },
     #[error("{op}: {detail}")]
     Call { op: String, detail: String },
-    #[error("{op}: no answer from etcd in {}s", timeout.as_secs())]
+    #[error("{op}: no answer from etcd in {}", humantime::format_duration(*timeout))]
     Timeout { op: String, timeout: Duration },
     #[error("lease {lease:x} expired")]
     LeaseExpired { lease: i64 },
-    #[error("no keepalive answer for lease {lease:x} in {}s", ttl.as_secs())]
-    KeepaliveSilent { lease: i64, ttl: Duration },
+    #[error("no keepalive answer for lease {lease:x} in {}", humantime::format_duration(*waited))]
+    KeepaliveSilent { lease: i64, waited: Duration },
     #[error("etcd closed the {what} stream")]
     StreamEnded { what: &'static str },
     #[error("etcd canceled the watch of {prefix:?}: {reason}")]
     WatchCanceled { prefix: String, reason: String },
+}
+
+impl KvError {
+    /// Whether etcd was waited for and did not answer (rather than
+    /// refused or failed at once).
+    #[must_use]
+    pub fn waited(&self) -> bool {
+        matches!(self, Self::Timeout { .. } | Self::KeepaliveSilent { .. })
+    }
 }
 
 /// An `etcd-client` error as one readable line: a gRPC status's message
@@ -440,7 +450,11 @@ impl KvStore {
             }
             self.mark_down(&err);
             if quiet_until.is_some_and(|until| tokio::time::Instant::now() < until) {
-                tokio::time::sleep(QUIET_RETRY_PAUSE).await;
+                // A try that waited out a silent member goes again at once:
+                // the lease may have no more than a few such waits left.
+                if !err.waited() {
+                    tokio::time::sleep(QUIET_RETRY_PAUSE).await;
+                }
                 continue;
             }
             backoff = self.back_off(backoff, &mut down).await;
@@ -540,21 +554,24 @@ impl KvStore {
             Some(_) => None,
             None => self.adoptable(&mut leases, ttl_s).await.map_err(down)?,
         };
+        // A keep-alive, the first included, waits for its answer no longer
+        // than this: the next session may go through another member.
+        let beat = keepalive::Beat::new(keepalive::answer_wait(ttl));
         let kept = match previous.or(adopted) {
-            Some(id) => match tokio::time::timeout(REQUEST_TIMEOUT, leases.keep_alive(id)).await {
+            Some(id) => match tokio::time::timeout(beat.wait(), leases.keep_alive(id)).await {
                 Ok(Ok(k)) => Some(k),
                 Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => None,
                 Ok(Err(e)) => return Err(down(call_error("keeping the lease alive")(e))),
                 Err(_) => {
                     return Err(down(KvError::Timeout {
                         op: "keeping the lease alive".into(),
-                        timeout: REQUEST_TIMEOUT,
+                        timeout: beat.wait(),
                     }));
                 }
             },
             None => None,
         };
-        let (mut keeper, mut stream) = if let Some(k) = kept {
+        let (keeper, stream) = if let Some(k) = kept {
             k
         } else {
             let grant = timed("granting a lease", leases.grant(ttl_s, None))
@@ -573,7 +590,14 @@ impl KvStore {
                 .map_err(down)?
         };
         let lease = keeper.id();
-        let keys = self.put_all(&client, lease).await.map_err(down)?;
+        let mut alive = keepalive::Keeping::new(keeper, stream, beat, ttl);
+        // The lease is kept alive while the writes wait: a write that
+        // waits out a member not serving (or another writer's, holding
+        // the keys' lock) must not cost the lease it is for.
+        let keys = tokio::select! {
+            keys = self.put_all(&client, lease) => keys.map_err(down)?,
+            e = alive.until_broken() => return Err(down(self.lost(e))),
+        };
         // After the writes' revisions are kept: what waits for the link
         // to come up reads them then. Under the keys' lock: a key put
         // meanwhile waits, then is written with the lease, not left until
@@ -587,32 +611,18 @@ impl KvStore {
         };
         self.mark_up(lease, how, keys.len());
         drop(keys);
-        let up = |e| (true, e);
-        let mut tick = tokio::time::interval(ttl / 3);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        let mut answered = Instant::now();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    if answered.elapsed() > ttl {
-                        return Err(up(KvError::KeepaliveSilent { lease, ttl }));
-                    }
-                    keeper.keep_alive().await.map_err(|e| up(call_error("keeping the lease alive")(e)))?;
-                }
-                msg = stream.message() => match msg {
-                    Ok(Some(r)) if r.ttl() <= 0 => {
-                        if let Ok(mut l) = self.inner.lease.lock() {
-                            *l = None;
-                        }
-                        return Err(up(KvError::LeaseExpired { lease }));
-                    }
-                    Ok(Some(_)) => answered = Instant::now(),
-                    Ok(None) => return Err(up(KvError::StreamEnded { what: "lease keepalive" })),
-                    Err(e) => return Err(up(call_error("keeping the lease alive")(e))),
-                },
-            }
+        Err((true, self.lost(alive.until_broken().await)))
+    }
+
+    /// `e`, which ended a lease session; the lease forgotten when it
+    /// expired.
+    fn lost(&self, e: KvError) -> KvError {
+        if matches!(e, KvError::LeaseExpired { .. })
+            && let Ok(mut l) = self.inner.lease.lock()
+        {
+            *l = None;
         }
+        e
     }
 
     /// Keeps `lease` in the lease file (removes it with `None`), for the

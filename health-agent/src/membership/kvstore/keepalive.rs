@@ -1,0 +1,184 @@
+//! When a lease's keep-alives go out, and when one left unanswered means
+//! that the member carrying the stream no longer serves.
+//!
+//! A keep-alive goes out every third of the lease's TTL. etcd answers one
+//! in milliseconds, through any member with a leader. A member cut off
+//! from the others (a partition, its peer traffic dropped) leaves it
+//! unanswered: etcd itself only ends such a stream once the member has
+//! gone without a leader for about three election timeouts, and with a
+//! short TTL that is the lease's whole life. The session is made again
+//! (through whichever member the client picks) once a keep-alive has gone
+//! unanswered for [`answer_wait`]: with a TTL of 4 s, the silence is seen
+//! 1.8 s after the last renewal at the latest, which leaves time for four
+//! tries of 0.5 s each before the lease ends.
+
+use std::time::Duration;
+
+use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use super::{KvError, REQUEST_TIMEOUT, call_error};
+
+/// How long a keep-alive may go unanswered before its member is taken as
+/// not serving: an eighth of the TTL, at most [`REQUEST_TIMEOUT`] (the
+/// wait of any other request).
+#[must_use]
+pub(super) fn answer_wait(ttl: Duration) -> Duration {
+    (ttl / 8).min(REQUEST_TIMEOUT)
+}
+
+/// The keep-alives of one lease session: whether one is unanswered, and
+/// since when.
+#[derive(Debug)]
+pub(super) struct Beat {
+    wait: Duration,
+    unanswered_since: Option<Instant>,
+}
+
+impl Beat {
+    /// A session whose keep-alives may go unanswered for `wait`.
+    #[must_use]
+    pub(super) fn new(wait: Duration) -> Self {
+        Self {
+            wait,
+            unanswered_since: None,
+        }
+    }
+
+    /// The wait this session allows.
+    #[must_use]
+    pub(super) fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// A keep-alive went out at `now`. One already unanswered keeps its
+    /// time: a member that answers none is not given a new wait per tick.
+    pub(super) fn sent(&mut self, now: Instant) {
+        self.unanswered_since.get_or_insert(now);
+    }
+
+    /// etcd answered: nothing is unanswered any more.
+    pub(super) fn answered(&mut self) {
+        self.unanswered_since = None;
+    }
+
+    /// When the keep-alive left unanswered counts as silence; `None` when
+    /// none is.
+    #[must_use]
+    pub(super) fn silent_at(&self) -> Option<Instant> {
+        self.unanswered_since.map(|since| since + self.wait)
+    }
+
+    /// Resolves when the keep-alive left unanswered counts as silence;
+    /// never while none is.
+    pub(super) async fn silence(&self) {
+        match self.silent_at() {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// One lease kept alive: its keep-alive stream and rhythm.
+pub(super) struct Keeping {
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
+    beat: Beat,
+    tick: Interval,
+}
+
+impl Keeping {
+    /// The lease `keeper` keeps alive, a keep-alive having just been
+    /// answered on `stream`; the next goes out a third of `ttl` from now.
+    pub(super) fn new(
+        keeper: LeaseKeeper,
+        stream: LeaseKeepAliveStream,
+        beat: Beat,
+        ttl: Duration,
+    ) -> Self {
+        let every = ttl / 3;
+        let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Self {
+            keeper,
+            stream,
+            beat,
+            tick,
+        }
+    }
+
+    /// Keeps the lease alive until that fails: the error says how (the
+    /// lease expired, the stream ended or broke, a keep-alive went
+    /// unanswered). Cancel-safe: dropped between two keep-alives, it
+    /// resumes where it was when called again.
+    pub(super) async fn until_broken(&mut self) -> KvError {
+        let lease = self.keeper.id();
+        let failed = |e| call_error("keeping the lease alive")(e);
+        loop {
+            tokio::select! {
+                _ = self.tick.tick() => {
+                    self.beat.sent(Instant::now());
+                    if let Err(e) = self.keeper.keep_alive().await {
+                        return failed(e);
+                    }
+                }
+                () = self.beat.silence() => {
+                    return KvError::KeepaliveSilent { lease, waited: self.beat.wait() };
+                }
+                msg = self.stream.message() => match msg {
+                    Ok(Some(r)) if r.ttl() <= 0 => return KvError::LeaseExpired { lease },
+                    Ok(Some(_)) => self.beat.answered(),
+                    Ok(None) => return KvError::StreamEnded { what: "lease keepalive" },
+                    Err(e) => return failed(e),
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_is_an_eighth_of_the_ttl_and_no_longer_than_a_request() {
+        assert_eq!(
+            answer_wait(Duration::from_secs(4)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            answer_wait(Duration::from_secs(10)),
+            Duration::from_millis(1250)
+        );
+        assert_eq!(answer_wait(Duration::from_mins(15)), REQUEST_TIMEOUT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keepalive_unanswered_for_the_wait_is_silence_and_an_answer_ends_it() {
+        let wait = Duration::from_millis(500);
+        let mut beat = Beat::new(wait);
+        assert_eq!(beat.silent_at(), None, "nothing sent yet");
+        let first = Instant::now();
+        beat.sent(first);
+        // A second keep-alive, sent while the first is unanswered, does
+        // not put the silence off.
+        tokio::time::advance(Duration::from_millis(300)).await;
+        beat.sent(Instant::now());
+        assert_eq!(beat.silent_at(), Some(first + wait));
+        tokio::time::timeout(Duration::from_millis(199), beat.silence())
+            .await
+            .expect_err("silence only after the whole wait");
+        tokio::time::timeout(Duration::from_millis(2), beat.silence())
+            .await
+            .expect("silence at the end of the wait");
+
+        beat.answered();
+        assert_eq!(beat.silent_at(), None, "an answer ends it");
+        tokio::time::timeout(Duration::from_secs(3600), beat.silence())
+            .await
+            .expect_err("no silence with nothing unanswered");
+        let later = Instant::now();
+        beat.sent(later);
+        assert_eq!(beat.silent_at(), Some(later + wait), "a new wait");
+    }
+}
