@@ -6,16 +6,21 @@
 //! from the others (a partition, its peer traffic dropped) leaves it
 //! unanswered: etcd itself only ends such a stream once the member has
 //! gone without a leader for about three election timeouts, and with a
-//! short TTL that is the lease's whole life. The session is made again
-//! (through whichever member the client picks) once a keep-alive has gone
-//! unanswered for [`answer_wait`]: with a TTL of 4 s, the silence is seen
-//! 1.8 s after the last renewal at the latest, which leaves time for four
-//! tries of 0.5 s each before the lease ends.
+//! short TTL that is the lease's whole life. Once a keep-alive has gone
+//! unanswered for [`answer_wait`], a new stream is opened (through
+//! whichever member the client picks) and the old one dropped when the new
+//! one's first keep-alive is answered; the session goes on, the link up.
+//! With a TTL of 4 s the silence is seen 1.8 s after the last renewal at
+//! the latest, which leaves time for four tries of 0.5 s each (three new
+//! streams, then a new session) before the lease ends. A leader election
+//! is ridden out the same way: the new stream's keep-alive is answered
+//! once a leader is elected.
 
 use std::time::Duration;
 
-use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tracing::info;
 
 use super::{KvError, REQUEST_TIMEOUT, call_error};
 
@@ -79,20 +84,33 @@ impl Beat {
     }
 }
 
+/// How many new keep-alive streams are tried, one after the other, when
+/// the one in use goes silent, before the session is given up (made again
+/// from the start, the link reported down). Each picks a member at random
+/// and waits [`answer_wait`]: with one member of three cut off, all three
+/// land on it once in 27 silences.
+const NEW_STREAM_TRIES: u32 = 3;
+
 /// One lease kept alive: its keep-alive stream and rhythm.
 pub(super) struct Keeping {
+    leases: LeaseClient,
     keeper: LeaseKeeper,
     stream: LeaseKeepAliveStream,
     beat: Beat,
     tick: Interval,
+    ttl: Duration,
+    /// When etcd last answered a keep-alive: the lease lives until about
+    /// a TTL after.
+    renewed: Instant,
 }
 
 impl Keeping {
     /// The lease `keeper` keeps alive, a keep-alive having just been
     /// answered on `stream`; the next goes out a third of `ttl` from now.
+    /// New streams are made through `leases`.
     pub(super) fn new(
-        keeper: LeaseKeeper,
-        stream: LeaseKeepAliveStream,
+        leases: LeaseClient,
+        (keeper, stream): (LeaseKeeper, LeaseKeepAliveStream),
         beat: Beat,
         ttl: Duration,
     ) -> Self {
@@ -100,40 +118,111 @@ impl Keeping {
         let mut tick = tokio::time::interval_at(Instant::now() + every, every);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Self {
+            leases,
             keeper,
             stream,
             beat,
             tick,
+            ttl,
+            renewed: Instant::now(),
         }
     }
 
     /// Keeps the lease alive until that fails: the error says how (the
-    /// lease expired, the stream ended or broke, a keep-alive went
-    /// unanswered). Cancel-safe: dropped between two keep-alives, it
-    /// resumes where it was when called again.
+    /// lease expired, the stream ended or broke, keep-alives went
+    /// unanswered on new streams too). A stream gone silent is replaced
+    /// by a new one, through whichever member the client picks, without
+    /// ending the session: a member cut off from the others (or a leader
+    /// election) costs no outage. Cancel-safe: dropped between two
+    /// keep-alives, it resumes where it was when called again.
     pub(super) async fn until_broken(&mut self) -> KvError {
+        loop {
+            let silence = match self.until_silent().await {
+                Ok(silence) => silence,
+                Err(e) => return e,
+            };
+            if let Err(e) = self.new_stream(silence).await {
+                return e;
+            }
+        }
+    }
+
+    /// Keeps the lease alive on the stream in use until a keep-alive goes
+    /// unanswered for the wait (`Ok`, the silence), or the stream fails.
+    async fn until_silent(&mut self) -> Result<KvError, KvError> {
         let lease = self.keeper.id();
-        let failed = |e| call_error("keeping the lease alive")(e);
         loop {
             tokio::select! {
                 _ = self.tick.tick() => {
+                    self.keeper.keep_alive().await.map_err(failed)?;
                     self.beat.sent(Instant::now());
-                    if let Err(e) = self.keeper.keep_alive().await {
-                        return failed(e);
-                    }
                 }
                 () = self.beat.silence() => {
-                    return KvError::KeepaliveSilent { lease, waited: self.beat.wait() };
+                    return Ok(KvError::KeepaliveSilent { lease, waited: self.beat.wait() });
                 }
                 msg = self.stream.message() => match msg {
-                    Ok(Some(r)) if r.ttl() <= 0 => return KvError::LeaseExpired { lease },
-                    Ok(Some(_)) => self.beat.answered(),
-                    Ok(None) => return KvError::StreamEnded { what: "lease keepalive" },
-                    Err(e) => return failed(e),
+                    Ok(Some(r)) if r.ttl() <= 0 => return Err(KvError::LeaseExpired { lease }),
+                    Ok(Some(_)) => {
+                        self.beat.answered();
+                        self.renewed = Instant::now();
+                    }
+                    Ok(None) => return Err(KvError::StreamEnded { what: "lease keepalive" }),
+                    Err(e) => return Err(failed(e)),
                 },
             }
         }
     }
+
+    /// Replaces the silent stream with a new one whose first keep-alive
+    /// is answered: up to [`NEW_STREAM_TRIES`] tries while the lease may
+    /// live, each waiting the wait. The error is the last try's (or
+    /// `silence`, the old stream's, when none could be made).
+    async fn new_stream(&mut self, silence: KvError) -> Result<(), KvError> {
+        let lease = self.keeper.id();
+        let wait = self.beat.wait();
+        let mut last = silence;
+        for tries in 1..=NEW_STREAM_TRIES {
+            if Instant::now() >= self.renewed + self.ttl {
+                break;
+            }
+            match tokio::time::timeout(wait, self.leases.keep_alive(lease)).await {
+                Ok(Ok((keeper, stream))) => {
+                    info!(
+                        lease = %format!("{lease:x}"), tries,
+                        "etcd lease keep-alives moved to a new stream: {}",
+                        crate::util::errors::chain(&last)
+                    );
+                    (self.keeper, self.stream) = (keeper, stream);
+                    self.beat.answered();
+                    self.renewed = Instant::now();
+                    self.tick.reset();
+                    return Ok(());
+                }
+                // The crate's word for an answer with no TTL left.
+                Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
+                    return Err(KvError::LeaseExpired { lease });
+                }
+                Ok(Err(e)) => {
+                    last = failed(e);
+                    // Refused at once (a member that knows it has no
+                    // leader): the next try after a pause, not in a spin.
+                    tokio::time::sleep(wait / 4).await;
+                }
+                Err(_) => {
+                    last = KvError::KeepaliveSilent {
+                        lease,
+                        waited: wait,
+                    }
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+/// An error of the keep-alive stream.
+fn failed(e: etcd_client::Error) -> KvError {
+    call_error("keeping the lease alive")(e)
 }
 
 #[cfg(test)]

@@ -554,8 +554,10 @@ impl KvStore {
             Some(_) => None,
             None => self.adoptable(&mut leases, ttl_s).await.map_err(down)?,
         };
-        // A keep-alive, the first included, waits for its answer no longer
-        // than this: the next session may go through another member.
+        // A kept lease's first keep-alive, and every one after it, waits
+        // for its answer no longer than this: the next try may go through
+        // another member. (A new lease has a whole TTL to live: its grant
+        // and first keep-alive wait as any request.)
         let beat = keepalive::Beat::new(keepalive::answer_wait(ttl));
         let kept = match previous.or(adopted) {
             Some(id) => match tokio::time::timeout(beat.wait(), leases.keep_alive(id)).await {
@@ -590,7 +592,7 @@ impl KvStore {
                 .map_err(down)?
         };
         let lease = keeper.id();
-        let mut alive = keepalive::Keeping::new(keeper, stream, beat, ttl);
+        let mut alive = keepalive::Keeping::new(leases, (keeper, stream), beat, ttl);
         // The lease is kept alive while the writes wait: a write that
         // waits out a member not serving (or another writer's, holding
         // the keys' lock) must not cost the lease it is for.
