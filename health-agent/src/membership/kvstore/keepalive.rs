@@ -11,16 +11,17 @@
 //! whichever member the client picks) and the old one dropped when the new
 //! one's first keep-alive is answered; the session goes on, the link up.
 //! With a TTL of 4 s the silence is seen 1.8 s after the last renewal at
-//! the latest, which leaves time for four tries of 0.5 s each (three new
-//! streams, then a new session) before the lease ends. A leader election
-//! is ridden out the same way: the new stream's keep-alive is answered
-//! once a leader is elected.
+//! the latest, which leaves time for four tries of 0.5 s each before the
+//! lease ends. A leader election is ridden out the same way: new streams
+//! are tried for 3 s at least (members without a leader refuse them at
+//! once), and the old stream is still heard, its keep-alive answered once
+//! a leader is elected.
 
 use std::time::Duration;
 
-use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
-use tokio::time::{Instant, Interval, MissedTickBehavior};
-use tracing::info;
+use etcd_client::{LeaseClient, LeaseKeepAliveResponse, LeaseKeepAliveStream, LeaseKeeper};
+use tokio::time::{Instant, Interval, MissedTickBehavior, error::Elapsed};
+use tracing::{debug, info};
 
 use super::{KvError, REQUEST_TIMEOUT, call_error};
 
@@ -84,12 +85,19 @@ impl Beat {
     }
 }
 
-/// How many new keep-alive streams are tried, one after the other, when
-/// the one in use goes silent, before the session is given up (made again
-/// from the start, the link reported down). Each picks a member at random
-/// and waits [`answer_wait`]: with one member of three cut off, all three
-/// land on it once in 27 silences.
-const NEW_STREAM_TRIES: u32 = 3;
+/// New keep-alive streams are tried for at least this long after a
+/// silence (and at least three waits; never past the lease's end): a leader
+/// election, while which every member refuses new streams with "no
+/// leader", takes one to three election timeouts.
+const ELECTION_ALLOWANCE: Duration = Duration::from_secs(3);
+
+/// What was heard while a new stream was tried.
+enum Heard {
+    /// The old stream, answering after all (or failing).
+    Old(Result<Option<LeaseKeepAliveResponse>, etcd_client::Error>),
+    /// The new stream's first keep-alive, or the try's end.
+    New(Result<Result<(LeaseKeeper, LeaseKeepAliveStream), etcd_client::Error>, Elapsed>),
+}
 
 /// One lease kept alive: its keep-alive stream and rhythm.
 pub(super) struct Keeping {
@@ -153,13 +161,9 @@ impl Keeping {
         let lease = self.keeper.id();
         loop {
             tokio::select! {
-                _ = self.tick.tick() => {
-                    self.keeper.keep_alive().await.map_err(failed)?;
-                    self.beat.sent(Instant::now());
-                }
-                () = self.beat.silence() => {
-                    return Ok(KvError::KeepaliveSilent { lease, waited: self.beat.wait() });
-                }
+                // An answer first: one come with the silence's deadline
+                // does not move a stream that serves.
+                biased;
                 msg = self.stream.message() => match msg {
                     Ok(Some(r)) if r.ttl() <= 0 => return Err(KvError::LeaseExpired { lease }),
                     Ok(Some(_)) => {
@@ -169,28 +173,54 @@ impl Keeping {
                     Ok(None) => return Err(KvError::StreamEnded { what: "lease keepalive" }),
                     Err(e) => return Err(failed(e)),
                 },
+                _ = self.tick.tick() => {
+                    self.keeper.keep_alive().await.map_err(failed)?;
+                    self.beat.sent(Instant::now());
+                }
+                () = self.beat.silence() => {
+                    return Ok(KvError::KeepaliveSilent { lease, waited: self.beat.wait() });
+                }
             }
         }
     }
 
     /// Replaces the silent stream with a new one whose first keep-alive
-    /// is answered: up to [`NEW_STREAM_TRIES`] tries while the lease may
-    /// live, each waiting the wait. The error is the last try's (or
-    /// `silence`, the old stream's, when none could be made).
+    /// is answered, trying one after another (each waiting the wait, a
+    /// refusal followed by a pause of a quarter of it) for three waits or
+    /// [`ELECTION_ALLOWANCE`], whichever is longer, and never past the
+    /// lease's end as last renewed. The old stream is still heard
+    /// meanwhile: its keep-alive answered late (a leader elected) ends the
+    /// tries, the old stream kept. The error, when all of that fails, is
+    /// `silence`.
     async fn new_stream(&mut self, silence: KvError) -> Result<(), KvError> {
         let lease = self.keeper.id();
         let wait = self.beat.wait();
-        let mut last = silence;
-        for tries in 1..=NEW_STREAM_TRIES {
-            if Instant::now() >= self.renewed + self.ttl {
-                break;
-            }
-            match tokio::time::timeout(wait, self.leases.keep_alive(lease)).await {
-                Ok(Ok((keeper, stream))) => {
+        let until =
+            (self.renewed + self.ttl).min(Instant::now() + (wait * 3).max(ELECTION_ALLOWANCE));
+        let (mut tries, mut old_open, mut refused) = (0u32, true, None);
+        while Instant::now() < until {
+            tries += 1;
+            let deadline = (Instant::now() + wait).min(until);
+            let heard = tokio::select! {
+                biased;
+                msg = self.stream.message(), if old_open => Heard::Old(msg),
+                r = tokio::time::timeout_at(deadline, self.leases.keep_alive(lease)) => Heard::New(r),
+            };
+            match heard {
+                Heard::Old(Ok(Some(r))) if r.ttl() <= 0 => {
+                    return Err(KvError::LeaseExpired { lease });
+                }
+                Heard::Old(Ok(Some(_))) => {
+                    self.beat.answered();
+                    self.renewed = Instant::now();
+                    return Ok(());
+                }
+                Heard::Old(_) => old_open = false,
+                Heard::New(Ok(Ok((keeper, stream)))) => {
                     info!(
                         lease = %format!("{lease:x}"), tries,
                         "etcd lease keep-alives moved to a new stream: {}",
-                        crate::util::errors::chain(&last)
+                        crate::util::errors::chain(&silence)
                     );
                     (self.keeper, self.stream) = (keeper, stream);
                     self.beat.answered();
@@ -199,24 +229,22 @@ impl Keeping {
                     return Ok(());
                 }
                 // The crate's word for an answer with no TTL left.
-                Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
+                Heard::New(Ok(Err(etcd_client::Error::LeaseKeepAliveError(_)))) => {
                     return Err(KvError::LeaseExpired { lease });
                 }
-                Ok(Err(e)) => {
-                    last = failed(e);
-                    // Refused at once (a member that knows it has no
-                    // leader): the next try after a pause, not in a spin.
+                Heard::New(Ok(Err(e))) => {
+                    refused = Some(failed(e));
+                    // Refused at once (no leader, the member gone): the
+                    // next try after a pause, not in a spin.
                     tokio::time::sleep(wait / 4).await;
                 }
-                Err(_) => {
-                    last = KvError::KeepaliveSilent {
-                        lease,
-                        waited: wait,
-                    }
-                }
+                Heard::New(Err(_)) => {}
             }
         }
-        Err(last)
+        if let Some(e) = refused {
+            debug!(lease = %format!("{lease:x}"), tries, "no new etcd lease keep-alive stream; the last refusal: {}", crate::util::errors::chain(&e));
+        }
+        Err(silence)
     }
 }
 
