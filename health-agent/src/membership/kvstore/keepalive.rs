@@ -51,7 +51,7 @@ impl Beat {
         }
     }
 
-    /// The wait this session allows.
+    /// How long a keep-alive may go unanswered.
     #[must_use]
     pub(super) fn wait(&self) -> Duration {
         self.wait
