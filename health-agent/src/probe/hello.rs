@@ -8,7 +8,10 @@
 //! and cannot starve the others, even those sharing its source. The
 //! kernel hands over a connection when its first bytes arrive, and one
 //! whose whole head is there then is never closed for a newer connection
-//! of its source (the rules are [`crate::util::admission`]'s).
+//! of its source (the rules are [`crate::util::admission`]'s). A probe
+//! costs the server two segments, the SYN-ACK and the answer with its FIN
+//! (`answer_in_few_segments`): every peer probes each of the node's
+//! addresses every round.
 
 use std::{net::Ipv4Addr, sync::Arc, time::Duration};
 
@@ -54,8 +57,8 @@ pub const BACKLOG: i32 = 65_535;
 /// A non-blocking listener on `[::]:port` of the calling thread's
 /// namespace, dual-stack (IPv4 peers arrive as IPv4-mapped addresses), with
 /// [`BACKLOG`], accepting a connection when its first bytes arrive, or
-/// after [`admission::ACCEPT_ON_DATA`]; on `0.0.0.0:port` where the
-/// namespace has no IPv6.
+/// after [`admission::ACCEPT_ON_DATA`], its connections starting with
+/// delayed ACKs; on `0.0.0.0:port` where the namespace has no IPv6.
 pub fn listen(port: u16) -> std::io::Result<std::net::TcpListener> {
     match listen_on(socket2::Domain::IPV6, port) {
         Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
@@ -75,12 +78,30 @@ fn listen_on(domain: socket2::Domain, port: u16) -> std::io::Result<std::net::Tc
         std::net::SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
     };
     sock.bind(&addr.into())?;
-    crate::sys::sockopt::defer_accept(&sock, admission::ACCEPT_ON_DATA)?;
     crate::sys::sysctl::with_at_least("net/core/somaxconn", BACKLOG.unsigned_abs().into(), || {
         sock.listen(BACKLOG)
     })?;
+    answer_in_few_segments(&sock)?;
     sock.set_nonblocking(true)?;
     Ok(sock.into())
+}
+
+/// The listener's options that keep an exchange to the fewest segments:
+/// the kernel hands a connection over once its first bytes arrive (or
+/// after [`admission::ACCEPT_ON_DATA`]), and its connections start with
+/// delayed ACKs (`TCP_QUICKACK` off is inherited from the listener), so
+/// the request is acknowledged by the answer instead of by an ACK of its
+/// own. With the answer and its FIN in one segment ([`handle`]), a
+/// prober's request costs the server two segments, the SYN-ACK and the
+/// answer, where it took four. Were the answer 40 ms late, the kernel's
+/// delayed-ACK timer would still send the ACK, well before a client
+/// would send its request again. Delayed ACKs only save segments, so a
+/// failure to turn quick ACKs off is ignored. Called on a listening
+/// socket: `listen()` resets the ACK settings made before it.
+fn answer_in_few_segments(sock: &socket2::Socket) -> std::io::Result<()> {
+    crate::sys::sockopt::defer_accept(sock, admission::ACCEPT_ON_DATA)?;
+    let _ = sock.set_tcp_quickack(false);
+    Ok(())
 }
 
 /// Serves until `shutdown` (connections being answered finish on their own,
@@ -182,6 +203,12 @@ async fn handle(
     named: &str,
 ) -> std::io::Result<()> {
     let whole = complete(&head);
+    if !whole {
+        // A head in parts: each part is acknowledged at once, so that a
+        // client writing it in small writes with Nagle's algorithm on
+        // does not wait for a delayed ACK between them.
+        let _ = socket2::SockRef::from(&stream).set_tcp_quickack(true);
+    }
     let mut buf = [0u8; 1024];
     let read = tokio::time::timeout(HEAD_TIMEOUT, async {
         while !complete(&head) {
@@ -206,6 +233,9 @@ async fn handle(
         Ok(Err(e)) => return Err(e),
         Err(_) => reply(408, "request timeout\n", named),
     };
+    // Corked, the answer waits in the socket for the FIN, and both leave
+    // in one segment: a failure to cork only costs that segment.
+    let _ = socket2::SockRef::from(&stream).set_tcp_cork(true);
     stream.write_all(response.as_bytes()).await?;
     stream.shutdown().await
 }
@@ -561,5 +591,115 @@ mod tests {
         let big = exchange(huge).await;
         assert!(big.starts_with("HTTP/1.1 400"), "{big}");
         server.abort();
+    }
+
+    /// A loopback listener with the server's segment-saving options, and
+    /// its server (stopped by the token).
+    fn few_segments_server() -> (std::net::SocketAddr, CancellationToken) {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        sock.bind(&std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())
+            .expect("bind");
+        sock.listen(128).expect("listen");
+        answer_in_few_segments(&sock).expect("listener options");
+        sock.set_nonblocking(true).expect("non-blocking");
+        let std_listener: std::net::TcpListener = sock.into();
+        let addr = std_listener.local_addr().expect("address");
+        let listener = TcpListener::from_std(std_listener).expect("listener");
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, stop.clone(), "node-1"));
+        (addr, stop)
+    }
+
+    /// One exchange as the agent's prober makes it (quick acks off, the
+    /// request in one write, closed with a reset), its request written in
+    /// `parts` with `pause` between them: the answer, the segments the
+    /// server sent, and how long the answer took from the first write.
+    fn exchange(
+        addr: std::net::SocketAddr,
+        parts: &[&[u8]],
+        pause: Duration,
+    ) -> (String, u32, Duration) {
+        use std::io::{Read as _, Write as _};
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        sock.set_linger(Some(Duration::ZERO)).expect("SO_LINGER");
+        sock.set_tcp_quickack(false).expect("TCP_QUICKACK");
+        sock.connect(&addr.into()).expect("connect");
+        let mut stream: std::net::TcpStream = sock.try_clone().expect("clone").into();
+        let t = std::time::Instant::now();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                std::thread::sleep(pause);
+            }
+            stream.write_all(part).expect("request");
+        }
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).expect("answer");
+        let took = t.elapsed();
+        let segments = crate::sys::sockopt::tcp_info(&sock)
+            .expect("TCP_INFO")
+            .tcpi_segs_in;
+        (answer, segments, took)
+    }
+
+    /// A request costs the server two segments, the SYN-ACK and the answer
+    /// with its FIN, where an ACK of the request and a FIN of their own
+    /// made four. A server held up past the delayed-ACK timer (40 ms)
+    /// rightly acknowledges the request on its own: such a try says
+    /// nothing, and at least one of five must be prompt.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_costs_the_server_two_segments() {
+        let (addr, stop) = few_segments_server();
+        let mut prompt = 0;
+        for _ in 0..5 {
+            let (answer, segments, took) = tokio::task::spawn_blocking(move || {
+                exchange(
+                    addr,
+                    &[b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"],
+                    Duration::ZERO,
+                )
+            })
+            .await
+            .expect("client");
+            assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+            if took < Duration::from_millis(20) {
+                prompt += 1;
+                assert_eq!(
+                    segments, 2,
+                    "the server sent {segments} segments for one answer (SYN-ACK, answer and FIN: 2)"
+                );
+            }
+        }
+        assert!(prompt > 0, "no try was answered within 20 ms");
+        stop.cancel();
+    }
+
+    /// A head that comes in parts is acknowledged part by part: a client
+    /// with Nagle's algorithm on sends its second part only once the first
+    /// is acknowledged, which a delayed ACK would put off by 40 ms or more
+    /// every time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_head_in_parts_is_acknowledged_at_once() {
+        let (addr, stop) = few_segments_server();
+        let mut fastest = Duration::MAX;
+        for _ in 0..5 {
+            let (answer, _, took) = tokio::task::spawn_blocking(move || {
+                exchange(
+                    addr,
+                    &[b"GET /hello HTTP/1.1\r\n", b"Host: x\r\n\r\n"],
+                    Duration::from_millis(2),
+                )
+            })
+            .await
+            .expect("client");
+            assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+            fastest = fastest.min(took);
+        }
+        assert!(
+            fastest < Duration::from_millis(30),
+            "a head in two parts took {fastest:?} at best: its first part waited for a delayed ACK"
+        );
+        stop.cancel();
     }
 }

@@ -411,22 +411,9 @@ mod tests {
 
     /// Segments `sock` has sent (`tcpi_segs_out`).
     fn segments_out(sock: &socket2::Socket) -> u32 {
-        use std::os::fd::AsRawFd as _;
-        // SAFETY: tcp_info is plain data; an all-zero value is valid.
-        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-        let mut len = libc::socklen_t::try_from(size_of::<libc::tcp_info>()).expect("small");
-        // SAFETY: `info` is writable for `len` bytes.
-        let rc = unsafe {
-            libc::getsockopt(
-                sock.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                (&raw mut info).cast(),
-                &raw mut len,
-            )
-        };
-        assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
-        info.tcpi_segs_out
+        crate::sys::sockopt::tcp_info(sock)
+            .expect("TCP_INFO")
+            .tcpi_segs_out
     }
 
     fn wait_for(sock: &socket2::Socket, events: libc::c_short) {

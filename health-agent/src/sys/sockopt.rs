@@ -89,6 +89,32 @@ pub(crate) fn queued(sock: &impl AsFd) -> io::Result<usize> {
     }
 }
 
+/// A TCP socket's `TCP_INFO`: what tests read of the segments it sent
+/// and received.
+#[cfg(test)]
+pub(crate) fn tcp_info(sock: &impl AsFd) -> io::Result<libc::tcp_info> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: tcp_info is plain data; an all-zero value is valid.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(size_of::<libc::tcp_info>()).unwrap_or(0);
+    // SAFETY: a valid descriptor (borrowed for the call); `info` is
+    // writable for `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_fd().as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(info)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::UnixStream;

@@ -83,6 +83,8 @@ struct Round {
     /// Bytes on the agent node's uplink, both directions (the probes and
     /// their answers: nothing else crosses it).
     bytes: u64,
+    /// Packets on that uplink, both directions.
+    packets: u64,
     /// CPU of the simulated network's threads, with `--network-thread`.
     network: Duration,
     /// CPU of this process: the peers' HTTP server (with
@@ -210,7 +212,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
         network_dev.map(crate::napi::thread_cpu).unwrap_or_default()
             + echo.as_ref().map(EchoPeers::cpu).unwrap_or_default()
     };
-    let mut before = (usage(pid)?.0, cpu_times(pid)?.0, lab.uplink_bytes()?);
+    let mut before = (usage(pid)?.0, cpu_times(pid)?.0, lab.uplink()?);
     let mut network_before = network_cpu();
     let lab_cpu = || cpu_times(std::process::id()).map(|(u, s)| u + s);
     let mut lab_before = lab_cpu()?;
@@ -248,7 +250,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             && r.seq != last_seq
         {
             let ((cpu, rss), (user, _)) = (usage(pid)?, cpu_times(pid)?);
-            let bytes = lab.uplink_bytes()?;
+            let (bytes, packets) = lab.uplink()?;
             let network = network_cpu();
             let lab_now = lab_cpu()?;
             let clients = rounds.len() + 1 == clients_at;
@@ -285,7 +287,8 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
                 cpu: cpu.saturating_sub(before.0) / spans,
                 user: user.saturating_sub(before.1) / spans,
                 rss,
-                bytes: bytes.saturating_sub(before.2) / u64::from(spans),
+                bytes: bytes.saturating_sub(before.2.0) / u64::from(spans),
+                packets: packets.saturating_sub(before.2.1) / u64::from(spans),
                 network: network.saturating_sub(network_before) / spans,
                 lab: lab_now.saturating_sub(lab_before) / spans,
                 clients,
@@ -293,7 +296,7 @@ pub(crate) fn run(opts: &Options) -> anyhow::Result<Report> {
             if rounds.len() + 1 == clients_at {
                 latencies = start_clients();
             }
-            before = (cpu, user, bytes);
+            before = (cpu, user, (bytes, packets));
             network_before = network;
             lab_before = lab_now;
             last_seq = r.seq;
@@ -439,6 +442,7 @@ mod tests {
                 file_kib: 0,
             },
             bytes: 0,
+            packets: 0,
             network: Duration::ZERO,
             lab: Duration::ZERO,
             clients: false,

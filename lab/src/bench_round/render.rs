@@ -64,15 +64,7 @@ pub(super) fn render(opts: &Options, m: &Measured) -> String {
             per_peer * 1000.0 / f64::from(PROBES_A_PEER)
         );
         render_steady_cpu(&mut text, opts, &steady);
-        let bytes: u64 = steady.iter().map(|r| r.bytes).sum();
-        let _ = writeln!(
-            text,
-            "steady network: {:.1} kbit/s on the node's uplink at a {} s interval (both directions, {} B a round, {:.0} B a peer)",
-            8.0 * bytes as f64 / (1e3 * opts.interval.as_secs_f64() * steady.len() as f64),
-            opts.interval.as_secs_f64(),
-            bytes / n,
-            bytes as f64 / (n as f64 * opts.peers as f64)
-        );
+        render_network(&mut text, opts, &steady);
         for (what, kib) in [
             (
                 "RSS at the rounds' ends",
@@ -230,6 +222,28 @@ fn in_flight_line(opts: &Options, open_files: Option<u64>, agent_args: &str) -> 
         )
     };
     format!("HTTP probes in flight at most {bound} ({why}); the {silent} to silent peers {fit}")
+}
+
+/// The steady rounds' traffic on the node's uplink: rate, bytes and
+/// packets, a round and a peer.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "rates and means for display, from values far below 2^52"
+)]
+fn render_network(text: &mut String, opts: &Options, steady: &[&Round]) {
+    let n = steady.len() as u64;
+    let bytes: u64 = steady.iter().map(|r| r.bytes).sum();
+    let packets: u64 = steady.iter().map(|r| r.packets).sum();
+    let _ = writeln!(
+        text,
+        "steady network: {:.1} kbit/s on the node's uplink at a {} s interval (both directions, {} B a round, {:.0} B a peer; {} packets a round, {:.2} a peer)",
+        8.0 * bytes as f64 / (1e3 * opts.interval.as_secs_f64() * n as f64),
+        opts.interval.as_secs_f64(),
+        bytes / n,
+        bytes as f64 / (n as f64 * opts.peers as f64),
+        packets / n,
+        packets as f64 / (n as f64 * opts.peers as f64)
+    );
 }
 
 #[cfg(test)]

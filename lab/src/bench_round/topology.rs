@@ -142,11 +142,13 @@ impl Lab {
     }
 
     /// Bytes received and sent on the agent node's uplink so far.
-    pub(super) fn uplink_bytes(&self) -> anyhow::Result<u64> {
+    /// Bytes and packets on the agent node's uplink so far, both
+    /// directions.
+    pub(super) fn uplink(&self) -> anyhow::Result<(u64, u64)> {
         let s = in_netns(Some(&self.agent), |nl| async move {
             nl.link_stats("uplink").await
         })?;
-        Ok(s.rx_bytes + s.tx_bytes)
+        Ok((s.rx_bytes + s.tx_bytes, s.rx_packets + s.tx_packets))
     }
 
     pub(crate) fn nodes_file(&self, n: usize) -> anyhow::Result<PathBuf> {
