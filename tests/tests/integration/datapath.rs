@@ -474,7 +474,9 @@ fn http_flows_are_counted_exactly_and_timed() {
             tally(false),
             "received on port {port}: {e:?}"
         );
-        assert!(e.tx_packets >= 4 && e.rx_packets >= 4, "{e:?}");
+        // A whole exchange each way: the server sends at least its
+        // SYN-ACK, its answer with its FIN, and an ACK of the client's.
+        assert!(e.tx_packets >= 4 && e.rx_packets >= 3, "{e:?}");
     }
     let tcp = rtt::list(&node.pins)
         .expect("rtt")
